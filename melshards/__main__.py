@@ -1,0 +1,3 @@
+from melshards.cli import main
+
+main()

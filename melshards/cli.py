@@ -1,0 +1,35 @@
+"""The `melshards` command: subcommands are imported only when used (TensorFlow is slow to import)."""
+from __future__ import annotations
+
+import importlib
+
+import click
+
+_COMMANDS = {
+    "preprocess": ("preprocess.run", "preprocess_command"),
+    "train": ("train.run", "train_command"),
+    "synthesize": ("train.synthesize", "synthesize_command"),
+    "stats": ("melshards.stats_cli", "stats_command"),
+    "inspect": ("melshards.inspect_cli", "inspect_command"),
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in _COMMANDS:
+            return None
+        module, attr = _COMMANDS[name]
+        return getattr(importlib.import_module(module), attr)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="melshards")
+def cli() -> None:
+    """Log-mel TFRecord shards for TTS training: preprocess once, train with static shapes."""
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,1 @@
+"""The Beam preprocessing job: corpus -> log-mel once -> statistics -> filter -> pad -> TFRecord shards."""

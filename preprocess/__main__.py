@@ -1,0 +1,3 @@
+from preprocess.run import main
+
+main()

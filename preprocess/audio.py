@@ -1,0 +1,84 @@
+"""Audio decoding and the project's one log-mel implementation (librosa). Pure functions."""
+from __future__ import annotations
+
+import io
+import struct
+
+import librosa
+import numpy as np
+import soundfile as sf
+
+from preprocess.config import AudioConfig, MelConfig
+
+
+class AudioError(ValueError):
+    """The bytes are not decodable audio (unreadable, truncated, empty)."""
+
+
+def riff_data_shortfall(data: bytes) -> int:
+    """Bytes a RIFF/WAVE file's `data` chunk declares but does not hold (0 if whole or not a WAV).
+
+    libsndfile quietly shortens a truncated WAV to what is present, so the header is checked here.
+    """
+    if len(data) < 12 or data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return 0
+    pos = 12
+    while pos + 8 <= len(data):
+        chunk, size = data[pos:pos + 4], struct.unpack("<I", data[pos + 4:pos + 8])[0]
+        if chunk == b"data":
+            return max(0, size - (len(data) - pos - 8)) if size != 0xFFFFFFFF else 0
+        pos += 8 + size + (size & 1)
+    return 0
+
+
+def decode_audio(data: bytes, target_sr: int) -> tuple[np.ndarray, int]:
+    """Any libsndfile format, any rate and channel count -> mono float32 at target_sr.
+
+    Returns (samples, original sample rate). A file whose header promises more frames than it holds
+    is an error, not a shorter clip: truncated audio must not be trained on silently.
+    """
+    missing = riff_data_shortfall(data)
+    if missing:
+        raise AudioError(f"truncated: the WAV data chunk is {missing} bytes short")
+    try:
+        with sf.SoundFile(io.BytesIO(data)) as f:
+            sr, promised = f.samplerate, f.frames
+            y = f.read(dtype="float32", always_2d=True)
+    except sf.LibsndfileError as e:
+        raise AudioError(f"cannot decode: {e.error_string}") from e
+    except (RuntimeError, TypeError) as e:
+        raise AudioError(f"cannot decode: {e}") from e
+    if promised > 0 and len(y) < promised:
+        raise AudioError(f"truncated: header promises {promised} frames, file holds {len(y)}")
+    if len(y) == 0:
+        raise AudioError("no audio frames")
+    y = y.mean(axis=1)  # downmix: average of channels
+    if sr != target_sr:
+        y = librosa.resample(y, orig_sr=sr, target_sr=target_sr, res_type="soxr_hq")
+    return np.ascontiguousarray(y, dtype=np.float32), sr
+
+
+def peak_dbfs(y: np.ndarray) -> float:
+    peak = float(np.max(np.abs(y))) if y.size else 0.0
+    return -np.inf if peak == 0.0 else 20.0 * np.log10(peak)
+
+
+def trim(y: np.ndarray, cfg: AudioConfig) -> np.ndarray:
+    """Strip leading/trailing silence (relative to the clip's peak) when configured."""
+    if not cfg.trim_silence:
+        return y
+    trimmed, _ = librosa.effects.trim(y, top_db=cfg.trim_top_db)
+    return trimmed
+
+
+def log_mel(y: np.ndarray, sr: int, cfg: MelConfig) -> np.ndarray:
+    """Log-mel spectrogram, shape [frames, n_mels], float32: log(max(mel, log_floor))."""
+    mel = librosa.feature.melspectrogram(
+        y=y, sr=sr, n_fft=cfg.n_fft, hop_length=cfg.hop_length, win_length=cfg.win_length,
+        n_mels=cfg.n_mels, fmin=cfg.fmin, fmax=cfg.fmax, power=cfg.power, center=True)
+    return np.log(np.maximum(mel, cfg.log_floor)).T.astype(np.float32)
+
+
+def num_frames(num_samples: int, hop_length: int) -> int:
+    """Frames librosa produces with center=True: 1 + n // hop."""
+    return 1 + num_samples // hop_length

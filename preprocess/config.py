@@ -1,0 +1,87 @@
+"""Preprocessing config: every default in one place. Loaded from configs/*.yaml; unknown keys are errors."""
+from __future__ import annotations
+
+import dataclasses
+
+from shards_schema.config import ConfigError, load_yaml
+
+
+@dataclasses.dataclass(frozen=True)
+class AudioConfig:
+    sample_rate: int = 22050
+    trim_silence: bool = True
+    trim_top_db: float = 40.0  # librosa.effects.trim: below peak - top_db counts as silence
+    silence_peak_dbfs: float = -50.0  # a clip whose peak is below this is rejected as silent
+
+
+@dataclasses.dataclass(frozen=True)
+class MelConfig:
+    n_fft: int = 1024
+    hop_length: int = 256
+    win_length: int = 1024
+    n_mels: int = 80
+    fmin: float = 0.0
+    fmax: float = 8000.0
+    log_floor: float = 1e-5  # log(max(mel, floor)); padding uses log(floor)
+    power: float = 1.0  # 1: magnitude mel (Tacotron 2 convention), 2: power
+
+
+@dataclasses.dataclass(frozen=True)
+class FilterConfig:
+    min_duration_s: float = 0.5  # after trimming; shorter clips are rejected as too_short
+    mel_frames_lower_percentile: float = 0.5
+    mel_frames_upper_percentile: float = 99.0
+    text_len_upper_percentile: float = 99.0
+
+
+@dataclasses.dataclass(frozen=True)
+class PadConfig:
+    multiple: int = 8  # padded lengths are rounded up to this (keeps reduction factors 1,2,4,8 exact)
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitConfig:
+    val_fraction: float = 0.05
+    salt: str = "melshards"  # changes which clips land in val without changing the fraction
+
+
+@dataclasses.dataclass(frozen=True)
+class WriteConfig:
+    target_shard_mb: float = 150.0  # shards are sized from the data to about this many MB
+    num_shards: int = 0  # 0: sized from the data; N: exactly N shards per split
+
+
+@dataclasses.dataclass(frozen=True)
+class PreprocessConfig:
+    audio: AudioConfig = AudioConfig()
+    mel: MelConfig = MelConfig()
+    filter: FilterConfig = FilterConfig()
+    pad: PadConfig = PadConfig()
+    split: SplitConfig = SplitConfig()
+    write: WriteConfig = WriteConfig()
+
+    def validate(self) -> "PreprocessConfig":
+        problems = []
+        if self.mel.win_length > self.mel.n_fft:
+            problems.append(f"mel.win_length {self.mel.win_length} > mel.n_fft {self.mel.n_fft}")
+        if self.mel.fmax > self.audio.sample_rate / 2:
+            problems.append(f"mel.fmax {self.mel.fmax} is above Nyquist ({self.audio.sample_rate / 2})")
+        f = self.filter
+        if not 0 <= f.mel_frames_lower_percentile < f.mel_frames_upper_percentile <= 100:
+            problems.append("need 0 <= filter.mel_frames_lower_percentile < mel_frames_upper_percentile <= 100")
+        if not 0 < f.text_len_upper_percentile <= 100:
+            problems.append("filter.text_len_upper_percentile must be in (0, 100]")
+        if not 0 <= self.split.val_fraction < 1:
+            problems.append("split.val_fraction must be in [0, 1)")
+        if self.pad.multiple < 1:
+            problems.append("pad.multiple must be >= 1")
+        if self.write.num_shards < 0 or self.write.target_shard_mb <= 0:
+            problems.append("write.num_shards must be >= 0 and write.target_shard_mb > 0")
+        if problems:
+            raise ConfigError("invalid preprocess config: " + "; ".join(problems))
+        return self
+
+
+def load_config(path: str | None) -> PreprocessConfig:
+    cfg = PreprocessConfig() if path is None else load_yaml(PreprocessConfig, path)
+    return cfg.validate()

@@ -1,0 +1,169 @@
+"""Stage 1, Read: LJSpeech directories and manifest files (CSV/TSV/JSONL) -> row dicts.
+
+Nothing here opens corpus files while the pipeline is being built: `detect_corpus` only checks
+that paths exist, and the rows are read inside the pipeline, so a Dataflow graph builds offline.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import json
+import posixpath
+
+import apache_beam as beam
+from apache_beam.io import fileio
+from apache_beam.io.filesystems import FileSystems
+
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
+MANIFEST_EXTENSIONS = (".csv", ".tsv", ".jsonl")
+REJECTED = "rejected"
+
+
+class CorpusError(ValueError):
+    """The input path is not a corpus melshards can read; the message says what it expected."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    kind: str  # "ljspeech" | "manifest"
+    rows_path: str  # metadata.csv or the manifest
+    root: str  # audio paths are relative to this
+
+
+def detect_corpus(path: str) -> Corpus:
+    """Decide the corpus layout from paths alone (existence checks, no reads)."""
+    path = path.rstrip("/")
+    if path.lower().endswith(MANIFEST_EXTENSIONS):
+        if not FileSystems.exists(path):
+            raise CorpusError(f"manifest {path} does not exist; check the --input path")
+        return Corpus("manifest", path, posixpath.dirname(path) or ".")
+    metadata = FileSystems.join(path, "metadata.csv")
+    if FileSystems.exists(metadata):
+        return Corpus("ljspeech", metadata, path)
+    if not FileSystems.exists(path) and not FileSystems.match([path + "/*"])[0].metadata_list:
+        raise CorpusError(f"--input {path} does not exist; give an LJSpeech directory or a manifest file")
+    raise CorpusError(
+        f"--input {path} is not a corpus: expected an LJSpeech directory with metadata.csv and wavs/, "
+        f"or a manifest file ending in {', '.join(MANIFEST_EXTENSIONS)} with columns audio, text "
+        "(and optional id, speaker)")
+
+
+def reject(row_id: str, reason: str, detail: str) -> dict:
+    return {"id": row_id, "reason": reason, "detail": detail}
+
+
+def parse_ljspeech_line(line: str, index: int) -> dict:
+    """`id|text|normalized_text` -> row; the normalised column wins when present (LJSpeech convention)."""
+    fields = line.rstrip("\r\n").split("|")
+    if len(fields) < 2 or not fields[0].strip():
+        raise ValueError(f"line {index + 1}: expected id|text|normalized_text, got {line.strip()[:80]!r}")
+    text = fields[2] if len(fields) > 2 and fields[2].strip() else fields[1]
+    return {"id": fields[0].strip(), "text": text, "speaker": "", "audio": None, "row": index}
+
+
+def _join(root: str, rel: str) -> str:
+    return rel if "://" in rel or rel.startswith("/") else FileSystems.join(root, rel)
+
+
+def parse_manifest(text: str, path: str, root: str):
+    """Yield (index, row-or-ValueError) for every data row of a CSV/TSV/JSONL manifest."""
+    if path.lower().endswith(".jsonl"):
+        for i, line in enumerate(l for l in text.splitlines() if l.strip()):
+            try:
+                rec = json.loads(line)
+                if not isinstance(rec, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as e:
+                yield i, ValueError(f"line {i + 1}: not a JSON object ({e})")
+                continue
+            yield i, _manifest_row(rec, i, root, path)
+        return
+    delimiter = "\t" if path.lower().endswith(".tsv") else ","
+    reader = csv.DictReader(io.StringIO(text), delimiter=delimiter)
+    missing = {"audio", "text"} - set(reader.fieldnames or ())
+    if missing:
+        raise CorpusError(f"manifest {path} has columns {reader.fieldnames}; it needs audio and text "
+                          "(and may have id, speaker). Rename the header columns.")
+    for i, rec in enumerate(reader):
+        yield i, _manifest_row(rec, i, root, path)
+
+
+def _manifest_row(rec: dict, i: int, root: str, path: str):
+    if not rec.get("audio"):
+        return ValueError(f"row {i + 1}: no audio path")
+    audio = str(rec["audio"])
+    clip_id = str(rec.get("id") or posixpath.splitext(posixpath.basename(audio))[0])
+    return {"id": clip_id, "text": str(rec.get("text") or ""), "speaker": str(rec.get("speaker") or ""),
+            "audio": _join(root, audio), "row": i}
+
+
+class _ReadRows(beam.DoFn):
+    def __init__(self, corpus: Corpus):
+        self.corpus = corpus
+
+    def process(self, rows_path):
+        with FileSystems.open(rows_path) as f:
+            text = f.read().decode("utf-8-sig")
+        if self.corpus.kind == "ljspeech":
+            items = []
+            for i, line in enumerate(l for l in text.splitlines() if l.strip()):
+                try:
+                    items.append((i, parse_ljspeech_line(line, i)))
+                except ValueError as e:
+                    items.append((i, e))
+        else:
+            items = parse_manifest(text, rows_path, self.corpus.root)
+        for i, row in items:
+            beam.metrics.Metrics.counter("melshards", "input_rows").inc()
+            if isinstance(row, Exception):
+                yield beam.pvalue.TaggedOutput(REJECTED, reject(f"row-{i + 1}", "malformed_row", str(row)))
+            else:
+                yield row
+
+
+def _attach_ljspeech_audio(row: dict, audio_by_id: dict):
+    paths = sorted(audio_by_id[row["id"]])  # AsMultiMap: an empty list for unknown ids
+    if not paths:
+        return dict(row, audio=None)
+    return dict(row, audio=paths[0])
+
+
+class ReadCorpus(beam.PTransform):
+    """Rows {id, text, speaker, audio, row}; malformed rows go to the `rejected` output."""
+
+    def __init__(self, corpus: Corpus):
+        super().__init__()
+        self.corpus = corpus
+
+    def expand(self, pbegin):
+        read = (pbegin
+                | "RowsFile" >> beam.Create([self.corpus.rows_path])
+                | "ParseRows" >> beam.ParDo(_ReadRows(self.corpus)).with_outputs(REJECTED, main="rows"))
+        rows = read.rows
+        if self.corpus.kind == "ljspeech":
+            audio = (pbegin
+                     | "ListAudio" >> fileio.MatchFiles(FileSystems.join(self.corpus.root, "wavs", "*"))
+                     | "KeepAudio" >> beam.Filter(lambda m: m.path.lower().endswith(AUDIO_EXTENSIONS))
+                     | "ById" >> beam.Map(lambda m: (posixpath.splitext(posixpath.basename(m.path))[0], m.path)))
+            rows = rows | "AttachAudio" >> beam.Map(_attach_ljspeech_audio, beam.pvalue.AsMultiMap(audio))
+        return {"rows": rows, REJECTED: read[REJECTED]}
+
+
+class DropDuplicateIds(beam.PTransform):
+    """Keep the first row (by position) of every id; later rows with that id are rejected."""
+
+    def expand(self, rows):
+        def split(kv):
+            clip_id, group = kv
+            group = sorted(group, key=lambda r: r["row"])
+            yield group[0]
+            for dup in group[1:]:
+                yield beam.pvalue.TaggedOutput(REJECTED, reject(
+                    clip_id, "duplicate_id", f"row {dup['row'] + 1} repeats the id of row {group[0]['row'] + 1}"))
+
+        # The shuffle also spreads rows over workers: the rows file is read by one worker.
+        return (rows
+                | "ById" >> beam.Map(lambda r: (r["id"], r))
+                | "Group" >> beam.GroupByKey()
+                | "FirstOfEach" >> beam.FlatMap(split).with_outputs(REJECTED, main="rows"))

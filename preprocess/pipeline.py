@@ -1,0 +1,252 @@
+"""The preprocessing job: corpus -> log-mel once -> percentile statistics -> filter -> pad -> shards.
+
+One composite PTransform per stage, each with a labelled expand(); global statistics reach later
+stages as side inputs. `build(p, ...)` wires the stages; `run(argv)` is the entry point tests use.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections import Counter
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+
+from preprocess import clips as C
+from preprocess.config import PreprocessConfig
+from preprocess.corpus import REJECTED, Corpus, DropDuplicateIds, ReadCorpus
+from preprocess.report import WriteReport
+from preprocess.shards import WriteShards
+from preprocess.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs
+from shards_schema import REJECTED_FILE, Schema, Vocabulary
+from shards_schema.records import encode_example
+
+log = logging.getLogger("melshards.preprocess")
+NS = "melshards"
+
+
+def _count(name: str) -> None:
+    Metrics.counter(NS, name).inc()
+
+
+# -- stages 2-3: per clip ----------------------------------------------------------------------
+class _MeasureFn(beam.DoFn):
+    def __init__(self, cfg: PreprocessConfig):
+        self.cfg = cfg
+
+    def setup(self):
+        self.vocab = Vocabulary()
+
+    def process(self, row):
+        try:
+            clip = C.measure(row, self.cfg, self.vocab)
+        except C.ClipRejected as e:
+            _count(e.reason)
+            yield beam.pvalue.TaggedOutput(REJECTED, C.as_rejection(row["id"], e))
+            return
+        _count("clips_measured")
+        Metrics.distribution(NS, "mel_frames").update(clip["mel_frames"])
+        yield clip
+
+
+class MeasureClips(beam.PTransform):
+    """Rows -> clips with normalised text, ids and lengths; bad clips -> `rejected`."""
+
+    def __init__(self, cfg: PreprocessConfig):
+        super().__init__()
+        self.cfg = cfg
+
+    def expand(self, rows):
+        return rows | "Measure" >> beam.ParDo(_MeasureFn(self.cfg)).with_outputs(REJECTED, main="clips")
+
+
+# -- stage 4: statistics -----------------------------------------------------------------------
+class _HistogramsFn(beam.CombineFn):
+    """Exact value->count histograms of the three lengths; merges are Counter sums."""
+
+    def create_accumulator(self):
+        return {k: Counter() for k in LENGTH_KEYS}
+
+    def add_input(self, acc, clip):
+        for k in LENGTH_KEYS:
+            acc[k][clip[k]] += 1
+        return acc
+
+    def merge_accumulators(self, accs):
+        out = self.create_accumulator()
+        for a in accs:
+            for k in LENGTH_KEYS:
+                out[k].update(a[k])
+        return out
+
+    def extract_output(self, acc):
+        return {k: dict(v) for k, v in acc.items()}
+
+
+class LengthHistograms(beam.PTransform):
+    def expand(self, clips):
+        return clips | "Histograms" >> beam.CombineGlobally(_HistogramsFn())
+
+
+class _MomentsFn(beam.CombineFn):
+    def __init__(self, n_mels: int):
+        self.n_mels = n_mels
+
+    def create_accumulator(self):
+        return Moments.empty(self.n_mels)
+
+    def add_input(self, acc, mel):
+        return acc.merge(Moments.of(mel))
+
+    def merge_accumulators(self, accs):
+        out = Moments.empty(self.n_mels)
+        for a in accs:
+            out = out.merge(a)
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+class MelStatistics(beam.PTransform):
+    """Per-bin mean/std over the valid frames of the training split (for normalisation)."""
+
+    def __init__(self, n_mels: int):
+        super().__init__()
+        self.n_mels = n_mels
+
+    def expand(self, clips):
+        return (clips
+                | "TrainOnly" >> beam.Filter(lambda c: c["split"] == "train")
+                | "Mel" >> beam.Map(lambda c: c["mel"])
+                | "Moments" >> beam.CombineGlobally(_MomentsFn(self.n_mels)))
+
+
+def cutoffs_from(hists: dict, cfg: PreprocessConfig) -> Cutoffs | None:
+    if not hists["mel_frames"]:
+        return None
+    f = cfg.filter
+    return compute_cutoffs(hists, f.min_duration_s, f.mel_frames_lower_percentile,
+                           f.mel_frames_upper_percentile, f.text_len_upper_percentile, cfg.pad.multiple)
+
+
+# -- stage 5: filter ---------------------------------------------------------------------------
+def _filter(clip: dict, cutoffs: Cutoffs):
+    reason = cutoffs.reason(clip["text_len"], clip["mel_frames"], clip["duration_ms"])
+    if reason is None:
+        yield clip
+        return
+    _count(reason)
+    detail = (f"text_len={clip['text_len']} mel_frames={clip['mel_frames']} duration_ms={clip['duration_ms']}; "
+              f"kept: duration_ms>={cutoffs.min_duration_ms}, "
+              f"{cutoffs.min_mel_frames}<=mel_frames<={cutoffs.max_mel_frames}, text_len<={cutoffs.max_text_len}")
+    yield beam.pvalue.TaggedOutput(REJECTED, {"id": clip["id"], "reason": reason, "detail": detail})
+
+
+class FilterByPercentiles(beam.PTransform):
+    """Drop (never truncate) clips outside the percentile cut-offs, which arrive as a side input."""
+
+    def __init__(self, cutoffs):
+        super().__init__()
+        self.cutoffs = cutoffs
+
+    def expand(self, clips):
+        return clips | "Filter" >> beam.FlatMap(_filter, beam.pvalue.AsSingleton(self.cutoffs)).with_outputs(
+            REJECTED, main="kept")
+
+
+# -- stage 3 (mel) + 7 (split) ---------------------------------------------------------------
+def split_of(clip_id: str, val_fraction: float, salt: str) -> str:
+    """Deterministic: the same id lands in the same split on every run and every worker."""
+    h = hashlib.sha256(f"{salt}:{clip_id}".encode("utf-8")).digest()
+    return "val" if int.from_bytes(h[:8], "big") / 2.0 ** 64 < val_fraction else "train"
+
+
+class _FeaturizeFn(beam.DoFn):
+    def __init__(self, cfg: PreprocessConfig):
+        self.cfg = cfg
+
+    def process(self, clip):
+        try:
+            out = C.featurize(clip, self.cfg)
+        except C.ClipRejected as e:
+            _count(e.reason)
+            yield beam.pvalue.TaggedOutput(REJECTED, C.as_rejection(clip["id"], e))
+            return
+        _count("mels_computed")
+        out["split"] = split_of(clip["id"], self.cfg.split.val_fraction, self.cfg.split.salt)
+        yield out
+
+
+class ComputeMel(beam.PTransform):
+    def __init__(self, cfg: PreprocessConfig):
+        super().__init__()
+        self.cfg = cfg
+
+    def expand(self, clips):
+        return clips | "LogMel" >> beam.ParDo(_FeaturizeFn(self.cfg)).with_outputs(REJECTED, main="clips")
+
+
+# -- stage 6: pad + encode ---------------------------------------------------------------------
+def pad_to(x: np.ndarray, length: int, value) -> np.ndarray:
+    """Pad axis 0 to `length` with `value`; longer input is a bug (the filter guarantees it fits)."""
+    if len(x) > length:
+        raise ValueError(f"cannot pad {len(x)} to {length}: the filter should have dropped this clip")
+    pad = [(0, length - len(x))] + [(0, 0)] * (x.ndim - 1)
+    return np.pad(x, pad, constant_values=value)
+
+
+def encode_clip(clip: dict, cutoffs: Cutoffs, cfg: PreprocessConfig) -> tuple[str, str, bytes]:
+    features = Schema.feature_table(cutoffs.padded_text_len, cutoffs.padded_mel_frames, cfg.mel.n_mels)
+    pad_value = float(np.log(cfg.mel.log_floor))
+    values = {
+        "id": clip["id"], "speaker": clip["speaker"], "text": clip["text"],
+        "text_ids": pad_to(np.asarray(clip["text_ids"], np.int32), cutoffs.padded_text_len, 0),
+        "text_len": clip["text_len"],
+        "mel": pad_to(clip["mel"], cutoffs.padded_mel_frames, pad_value),
+        "mel_len": clip["mel"].shape[0],
+    }
+    return clip["split"], clip["id"], encode_example(features, values)
+
+
+class PadAndEncode(beam.PTransform):
+    def __init__(self, cutoffs, cfg: PreprocessConfig):
+        super().__init__()
+        self.cutoffs, self.cfg = cutoffs, cfg
+
+    def expand(self, clips):
+        return clips | "Encode" >> beam.Map(encode_clip, beam.pvalue.AsSingleton(self.cutoffs), self.cfg)
+
+
+# -- the job -----------------------------------------------------------------------------------
+def build(p: beam.Pipeline, corpus: Corpus, out_dir: str, cfg: PreprocessConfig):
+    """Wire every stage; returns the PCollection holding the schema.json path once it is written."""
+    read = p | "Read" >> ReadCorpus(corpus)
+    unique = read["rows"] | "Dedupe" >> DropDuplicateIds()
+    measured = unique.rows | "Measure" >> MeasureClips(cfg)
+    before = measured.clips | "StatsBefore" >> LengthHistograms()
+    cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, cfg)
+    filtered = measured.clips | "FilterByPercentiles" >> FilterByPercentiles(cutoffs)
+    after = filtered.kept | "StatsAfter" >> LengthHistograms()
+    featurized = filtered.kept | "ComputeMel" >> ComputeMel(cfg)
+    moments = featurized.clips | "MelStats" >> MelStatistics(cfg.mel.n_mels)
+    shards = (featurized.clips
+              | "PadAndEncode" >> PadAndEncode(cutoffs, cfg)
+              | "WriteShards" >> WriteShards(out_dir, cfg.write.target_shard_mb, cfg.write.num_shards))
+
+    rejected = ((read[REJECTED], unique[REJECTED], measured[REJECTED], filtered[REJECTED],
+                 featurized[REJECTED]) | "AllRejected" >> beam.Flatten())
+    rejected_files = (rejected
+                      | "ToJson" >> beam.Map(lambda r: json.dumps(r, sort_keys=True))
+                      | "WriteRejected" >> beam.io.WriteToText(
+                          beam.io.filesystems.FileSystems.join(out_dir, REJECTED_FILE),
+                          shard_name_template="", num_shards=1))
+    reasons = (rejected | "Reason" >> beam.Map(lambda r: r["reason"])
+               | "CountReasons" >> beam.combiners.Count.PerElement())
+    input_rows = ((read["rows"], read[REJECTED]) | "AllRows" >> beam.Flatten()
+                  | "CountRows" >> beam.combiners.Count.Globally())
+    return {"input_rows": input_rows, "before": before, "after": after, "cutoffs": cutoffs,
+            "reasons": reasons, "shards": shards, "moments": moments,
+            "rejected_files": rejected_files} | "Report" >> WriteReport(out_dir, cfg)

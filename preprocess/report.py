@@ -1,0 +1,134 @@
+"""Stage 9, Report: stats.json, then schema.json (last: its presence marks a finished run)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+
+from preprocess.config import PreprocessConfig
+from preprocess.stats import Cutoffs, Moments, padding_fraction, summarize
+from preprocess.shards import TEMP_DIR
+from shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
+                           AudioParams, MelParams, Schema, Vocabulary)
+
+
+class AccountingError(RuntimeError):
+    """Records in shards + rejected rows != input rows: a bug, never a property of the data."""
+
+
+def length_summaries(hists: dict, sample_rate: int) -> dict:
+    return {
+        "text_len": summarize(hists.get("text_len", {})),
+        "mel_frames": summarize(hists.get("mel_frames", {})),
+        "duration_s": summarize(hists.get("duration_ms", {}), scale=0.001),
+    }
+
+
+def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dict, cutoffs: Cutoffs | None,
+                reasons: dict, shards: list[dict]) -> dict:
+    in_shards = sum(s["records"] for s in shards)
+    rejected = sum(reasons.values())
+    if in_shards + rejected != input_rows:
+        raise AccountingError(f"{input_rows} input rows but {in_shards} in shards + {rejected} rejected")
+    filter_reasons = {"too_short", "mel_frames_below_cutoff", "mel_frames_above_cutoff", "text_len_above_cutoff"}
+    stats = {
+        "schema_version": SCHEMA_VERSION,
+        "counts": {
+            "input_rows": input_rows,
+            "in_shards": in_shards,
+            "filtered": sum(v for k, v in reasons.items() if k in filter_reasons),
+            "rejected": sum(v for k, v in reasons.items() if k not in filter_reasons),
+            "per_split": {s: sum(x["records"] for x in shards if x["split"] == s) for s in SPLITS},
+            "per_reason": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+        },
+        "before_filter": length_summaries(before, cfg.audio.sample_rate),
+        "after_filter": length_summaries(after, cfg.audio.sample_rate),
+        "histograms": {
+            "before_filter": {k: {str(v): c for v, c in sorted(h.items())} for k, h in before.items()},
+            "after_filter": {k: {str(v): c for v, c in sorted(h.items())} for k, h in after.items()},
+        },
+        "filter": dataclasses.asdict(cfg.filter),
+        "cutoffs": dataclasses.asdict(cutoffs) if cutoffs else None,
+    }
+    if cutoffs:
+        stats["padding"] = {
+            "max_text_len": cutoffs.padded_text_len,
+            "max_mel_frames": cutoffs.padded_mel_frames,
+            "multiple": cfg.pad.multiple,
+            "mel_padding_fraction": padding_fraction(after.get("mel_frames", {}), cutoffs.padded_mel_frames),
+            "text_padding_fraction": padding_fraction(after.get("text_len", {}), cutoffs.padded_text_len),
+        }
+    return stats
+
+
+def build_schema(cfg: PreprocessConfig, cutoffs: Cutoffs, moments: Moments, shards: list[dict]) -> Schema:
+    m = cfg.mel
+    if moments.n == 0:  # no training frames: identity normalisation, stated rather than invented
+        mean, std = [0.0] * m.n_mels, [1.0] * m.n_mels
+    else:
+        mean = [round(float(x), 6) for x in moments.mean]
+        std = [round(float(max(x, 1e-5)), 6) for x in moments.std()]
+    return Schema(
+        version=SCHEMA_VERSION,
+        features=Schema.feature_table(cutoffs.padded_text_len, cutoffs.padded_mel_frames, m.n_mels),
+        audio=AudioParams(cfg.audio.sample_rate, cfg.audio.trim_silence, cfg.audio.trim_top_db),
+        mel=MelParams(m.n_fft, m.hop_length, m.win_length, m.n_mels, m.fmin, m.fmax, m.log_floor, m.power),
+        vocabulary=Vocabulary().symbols,
+        mel_mean=tuple(mean), mel_std=tuple(std),
+        max_text_len=cutoffs.padded_text_len, max_mel_frames=cutoffs.padded_mel_frames,
+        pad_multiple=cfg.pad.multiple,
+        counts={s: sum(x["records"] for x in shards if x["split"] == s) for s in SPLITS},
+        shards={s: sorted(({"file": x["file"], "records": x["records"]} for x in shards if x["split"] == s),
+                          key=lambda x: x["file"]) for s in SPLITS},
+    )
+
+
+def _write_text(path: str, text: str) -> None:
+    with FileSystems.create(path) as f:
+        f.write(text.encode("utf-8"))
+
+
+class _WriteReportFn(beam.DoFn):
+    def __init__(self, out_dir: str, cfg: PreprocessConfig):
+        self.out_dir, self.cfg = out_dir, cfg
+
+    def process(self, _, input_rows, before, after, cutoffs, reasons, shards, moments, rejected_files):
+        stats = build_stats(self.cfg, input_rows, before, after, cutoffs, dict(reasons), list(shards))
+        _write_text(FileSystems.join(self.out_dir, STATS_FILE), json.dumps(stats, indent=2) + "\n")
+        tmp = FileSystems.join(self.out_dir, TEMP_DIR)
+        if FileSystems.exists(tmp):
+            FileSystems.delete([tmp])
+        if cutoffs is None:  # every row rejected: leave no schema, the run has nothing to train on
+            raise AccountingError(
+                f"all {input_rows} input rows were rejected; see {REJECTED_FILE} for the reasons")
+        schema = build_schema(self.cfg, cutoffs, moments, list(shards))
+        _write_text(FileSystems.join(self.out_dir, SCHEMA_FILE), schema.to_json())
+        yield FileSystems.join(self.out_dir, SCHEMA_FILE)
+
+
+class WriteReport(beam.PTransform):
+    """Writes stats.json then schema.json once the shards and rejected.jsonl are in place."""
+
+    def __init__(self, out_dir: str, cfg: PreprocessConfig):
+        super().__init__()
+        self.out_dir, self.cfg = out_dir, cfg
+
+    def expand(self, inputs):
+        S = beam.pvalue
+        return (inputs["input_rows"].pipeline
+                | "Once" >> beam.Create([None])
+                | "Write" >> beam.ParDo(
+                    _WriteReportFn(self.out_dir, self.cfg),
+                    input_rows=S.AsSingleton(inputs["input_rows"]),
+                    before=S.AsSingleton(inputs["before"]),
+                    after=S.AsSingleton(inputs["after"]),
+                    cutoffs=S.AsSingleton(inputs["cutoffs"]),
+                    reasons=S.AsDict(inputs["reasons"]),
+                    shards=S.AsList(inputs["shards"]),
+                    moments=S.AsSingleton(inputs["moments"]),
+                    rejected_files=S.AsList(inputs["rejected_files"])))
+
+

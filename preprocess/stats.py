@@ -1,0 +1,147 @@
+"""Dataset statistics as pure functions: exact percentiles from mergeable histograms, cut-offs,
+padding lengths, padding efficiency, and per-bin mel moments (Chan et al. parallel merge).
+
+Lengths are small integers (symbols, frames, milliseconds), so a value->count histogram is exact,
+merges associatively across Beam workers, and stays small: its size is the number of distinct
+lengths, not the number of clips.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from typing import Iterable, Mapping
+
+import numpy as np
+
+REPORT_PERCENTILES = (0, 1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9, 100)
+LENGTH_KEYS = ("text_len", "mel_frames", "duration_ms")
+
+
+def pkey(q: float) -> str:
+    return f"p{q:g}"
+
+
+def percentile(hist: Mapping[int, int], q: float) -> int:
+    """Inverted-CDF percentile (numpy method='inverted_cdf'): the smallest value v with CDF(v) >= q/100.
+
+    Always an observed value, so a cut-off at p99 keeps exactly the clips <= that observed length.
+    """
+    if not hist:
+        raise ValueError("percentile of an empty histogram")
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile {q} outside [0, 100]")
+    values = sorted(hist)
+    if q == 0:
+        return values[0]
+    n = sum(hist.values())
+    target = q / 100.0 * n
+    seen = 0
+    for v in values:
+        seen += hist[v]
+        if seen >= target - 1e-9 * n:
+            return v
+    return values[-1]
+
+
+def summarize(hist: Mapping[int, int], scale: float = 1.0) -> dict:
+    """Count, mean, min/max and the report percentiles of a histogram, values multiplied by `scale`."""
+    n = sum(hist.values())
+    if n == 0:
+        return {"count": 0, "mean": None, "percentiles": {}}
+    total = sum(v * c for v, c in hist.items())
+    return {
+        "count": n,
+        "mean": round(total / n * scale, 4),
+        "percentiles": {pkey(q): round(percentile(hist, q) * scale, 4) for q in REPORT_PERCENTILES},
+    }
+
+
+def merge_histograms(hists: Iterable[Mapping[int, int]]) -> Counter:
+    out: Counter = Counter()
+    for h in hists:
+        out.update(h)
+    return out
+
+
+def round_up(n: int, multiple: int) -> int:
+    return int(math.ceil(n / multiple) * multiple)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cutoffs:
+    """Filter bounds (inclusive) and the padded lengths they imply."""
+    min_duration_ms: int
+    min_mel_frames: int
+    max_mel_frames: int
+    max_text_len: int
+    padded_mel_frames: int
+    padded_text_len: int
+
+    def reason(self, text_len: int, mel_frames: int, duration_ms: int) -> str | None:
+        """Why a clip is filtered out, or None if it is kept."""
+        if duration_ms < self.min_duration_ms:
+            return "too_short"
+        if mel_frames < self.min_mel_frames:
+            return "mel_frames_below_cutoff"
+        if mel_frames > self.max_mel_frames:
+            return "mel_frames_above_cutoff"
+        if text_len > self.max_text_len:
+            return "text_len_above_cutoff"
+        return None
+
+
+def compute_cutoffs(hists: Mapping[str, Mapping[int, int]], min_duration_s: float,
+                    mel_lower_q: float, mel_upper_q: float, text_upper_q: float, multiple: int) -> Cutoffs:
+    mel_hi = percentile(hists["mel_frames"], mel_upper_q)
+    text_hi = percentile(hists["text_len"], text_upper_q)
+    return Cutoffs(
+        min_duration_ms=int(round(min_duration_s * 1000)),
+        min_mel_frames=percentile(hists["mel_frames"], mel_lower_q),
+        max_mel_frames=mel_hi,
+        max_text_len=text_hi,
+        padded_mel_frames=round_up(mel_hi, multiple),
+        padded_text_len=round_up(text_hi, multiple),
+    )
+
+
+def padding_fraction(hist: Mapping[int, int], padded: int) -> float:
+    """Share of the padded tensor that is padding, over all clips in `hist` (all must be <= padded)."""
+    n = sum(hist.values())
+    if n == 0:
+        return 0.0
+    valid = sum(v * c for v, c in hist.items())
+    return round(1.0 - valid / (n * padded), 6)
+
+
+# -- per-bin mel moments -----------------------------------------------------------------------
+@dataclasses.dataclass
+class Moments:
+    """Count, mean and sum of squared deviations per bin; merges exactly (Chan et al. 1979)."""
+    n: int
+    mean: np.ndarray
+    m2: np.ndarray
+
+    @classmethod
+    def empty(cls, dim: int) -> "Moments":
+        return cls(0, np.zeros(dim, np.float64), np.zeros(dim, np.float64))
+
+    @classmethod
+    def of(cls, frames: np.ndarray) -> "Moments":
+        x = np.asarray(frames, np.float64)
+        mean = x.mean(axis=0)
+        return cls(len(x), mean, ((x - mean) ** 2).sum(axis=0))
+
+    def merge(self, other: "Moments") -> "Moments":
+        if other.n == 0:
+            return self
+        if self.n == 0:
+            return other
+        n = self.n + other.n
+        delta = other.mean - self.mean
+        mean = self.mean + delta * (other.n / n)
+        m2 = self.m2 + other.m2 + delta ** 2 * (self.n * other.n / n)
+        return Moments(n, mean, m2)
+
+    def std(self) -> np.ndarray:
+        return np.sqrt(self.m2 / max(self.n, 1))
