@@ -18,8 +18,9 @@ $(STAMP): setup.cfg setup.py
 demo: $(STAMP)
 	$(BIN)/melshards preprocess --input data/ljspeech_tiny --output $(DEMO)/shards --config configs/ljspeech_tiny.yaml --overwrite
 	$(BIN)/melshards stats $(DEMO)/shards
+	rm -rf $(DEMO)/model
 	$(BIN)/melshards train '$(DEMO)/shards/train-*.tfrecord' --val '$(DEMO)/shards/val-*.tfrecord' \
-	    --model-dir $(DEMO)/model --config configs/train_tiny.yaml --steps 40 --fresh
+	    --model-dir $(DEMO)/model --config configs/train_tiny.yaml --steps 40
 	$(BIN)/melshards inspect '$(DEMO)/shards/*.tfrecord' --show 1 --out $(DEMO)/inspect
 
 test: $(STAMP)

@@ -1,0 +1,151 @@
+"""`melshards stats --html`: one self-contained HTML file (plots embedded as base64 PNG, inline CSS).
+
+Self-contained so it can be attached to an issue or mailed: no external script, style sheet or image.
+Figures are built with `matplotlib.figure.Figure` (no pyplot), which renders with Agg and needs no display.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+
+from matplotlib.figure import Figure
+
+from melshards.stats_tables import compare_rows, q_label, reasons_rows, whatif_notes, whatif_rows
+from melshards.whatif import int_hist
+from preprocess.tables import Table, counts_rows, padding_rows, pct, percentile_rows
+
+BEFORE, AFTER, CUT, PAD, LOW = "#b8b8b8", "#3a6ea5", "#c0392b", "#c0392b", "#e67e22"
+PANELS = (("text_len", "text length (symbols)", 1.0),
+          ("mel_frames", "mel frames", 1.0),
+          ("duration_ms", "duration (seconds)", 0.001))
+CSS = """
+body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
+th, td { padding: 0.2em 0.7em; border-bottom: 1px solid #eee; text-align: right; }
+th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
+td.text { text-align: left; font-family: monospace; font-size: 0.9em; }
+p.note { color: #555; font-size: 0.9em; margin: 0.2em 0; } img { max-width: 100%; }
+code { background: #f4f4f4; padding: 0 0.2em; }
+"""
+
+
+def _marks(key: str, report: dict) -> list[tuple[float, str, str, str]]:
+    """(x, label, colour, linestyle) of the cut-offs and padded lengths drawn on a panel."""
+    cut, pad = report["cutoffs"], report["padding"]
+    if not cut or not pad:
+        return []
+    if key == "text_len":
+        return [(cut["max_text_len"], f"cut-off {cut['max_text_len']}", CUT, "-"),
+                (pad["max_text_len"], f"padded to {pad['max_text_len']}", PAD, "--")]
+    if key == "mel_frames":
+        return [(cut["min_mel_frames"], f"min {cut['min_mel_frames']}", LOW, "-"),
+                (cut["max_mel_frames"], f"cut-off {cut['max_mel_frames']}", CUT, "-"),
+                (pad["max_mel_frames"], f"padded to {pad['max_mel_frames']}", PAD, "--")]
+    return [(cut["min_duration_ms"] / 1000, f"min {cut['min_duration_ms'] / 1000:g} s", LOW, "-")]
+
+
+def histogram_figure(report: dict, histograms: dict) -> Figure:
+    """The three length distributions before (grey) and after (blue) filtering, cut-offs and padding marked."""
+    fig = Figure(figsize=(13, 3.6), dpi=100, layout="constrained")
+    axes = fig.subplots(1, 3)
+    for ax, (key, title, scale) in zip(axes, PANELS):
+        before = int_hist(histograms.get("before_filter", {}).get(key, {}))
+        after = int_hist(histograms.get("after_filter", {}).get(key, {}))
+        ax.set_title(title, fontsize=10)
+        ax.set_ylabel("clips", fontsize=9)
+        ax.tick_params(labelsize=8)
+        if not before:
+            ax.text(0.5, 0.5, "no clips", ha="center", va="center", transform=ax.transAxes)
+            continue
+        lo, hi = min(before) * scale, max(before) * scale
+        bins = [lo + (hi - lo) * i / 40 for i in range(41)] if hi > lo else 1
+        for hist, colour, label in ((before, BEFORE, f"before filter ({sum(before.values())})"),
+                                    (after, AFTER, f"after filter ({sum(after.values())})")):
+            if hist:
+                ax.hist([v * scale for v in hist], bins=bins, weights=list(hist.values()), color=colour,
+                        label=label)
+        for x, label, colour, style in _marks(key, report):
+            ax.axvline(x, color=colour, linestyle=style, linewidth=1.2, label=label)
+        ax.legend(fontsize=7, frameon=False)
+    return fig
+
+
+def whatif_figure(report: dict) -> Figure:
+    """Clips kept and mel padding against the padded mel length, one point per what-if row."""
+    fig = Figure(figsize=(6.5, 3.4), dpi=100, layout="constrained")
+    ax = fig.subplots()
+    rows = report["what_if"]
+    x = [w["padded_mel_frames"] for w in rows]
+    ax.plot(x, [100 * w["kept_fraction"] for w in rows], "o-", color=AFTER, label="clips kept %")
+    ax.plot(x, [100 * w["mel_padding_fraction"] for w in rows], "s--", color=CUT, label="mel padding %")
+    for w in rows:
+        ax.annotate(q_label(w["mel_q"], w["text_q"]) + ("*" if w["is_job"] else ""),
+                    (w["padded_mel_frames"], 100 * w["kept_fraction"]), textcoords="offset points",
+                    xytext=(0, 6), ha="center", fontsize=7)
+    ax.set_xlabel("padded mel frames (upper cut-off at the percentile shown)", fontsize=9)
+    ax.set_ylabel("%", fontsize=9)
+    ax.set_ylim(0, 105)
+    ax.tick_params(labelsize=8)
+    ax.legend(fontsize=8, frameon=False, loc="lower right")
+    return fig
+
+
+def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+def _img(fig: Figure, alt: str) -> str:
+    data = base64.b64encode(png_bytes(fig)).decode("ascii")
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _table(table: Table, text_cols: tuple[int, ...] = ()) -> str:
+    header, rows = table
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join(
+        "<tr>" + "".join(f'<td{" class=text" if i in text_cols else ""}>{html.escape(str(c))}</td>'
+                         for i, c in enumerate(r)) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _notes(lines: list[str]) -> str:
+    return "".join(f'<p class="note">{html.escape(line)}</p>' for line in lines)
+
+
+def render_html(report: dict, histograms: dict, other: dict | None = None) -> str:
+    """The whole report as one HTML document; `other` adds the comparison with a second run."""
+    c, pad = report["counts"], report["padding"]
+    e = html.escape
+    parts = [
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+        f"<title>melshards stats: {e(report['source'])}</title><style>{CSS}</style></head><body>",
+        "<h1>melshards stats</h1>",
+        f"<p><code>{e(report['source'])}</code>: {c['input_rows']} input rows, {c['in_shards']} in shards "
+        f"(" + ", ".join(f"{s} {n}" for s, n in c["per_split"].items()) + f"), {c['filtered']} filtered, "
+        f"{c['rejected']} rejected; {report['hours']['after_filter']:.2f} h of audio in shards.</p>",
+        "<h2>Length distributions</h2>",
+        _img(histogram_figure(report, histograms), "histograms of text length, mel frames and duration"),
+        _notes(["Grey: every clip measured (before filtering); blue: clips in the shards. Solid lines: "
+                "cut-offs; dashed: padded lengths."]),
+    ]
+    if pad:
+        parts += ["<h2>Padding</h2>", _table(padding_rows(report)),
+                  _notes([f"padding = share of the padded tensor that is padding, over the clips in the shards "
+                          f"(useful = 1 - padding). Mel padding {pct(pad['mel_padding_fraction'])}, text "
+                          f"padding {pct(pad['text_padding_fraction'])}."])]
+    if report["what_if"]:
+        parts += ["<h2>What if the upper cut-off were different</h2>", _table(whatif_rows(report)),
+                  _notes(whatif_notes(report)), _img(whatif_figure(report), "clips kept and padding per cut-off")]
+    parts += ["<h2>Percentiles</h2>", _table(percentile_rows(report)),
+              "<h2>Counts</h2>", _table(counts_rows(report)),
+              "<h2>Filter and rejection reasons</h2>", _table(reasons_rows(report), text_cols=(3, 4)),
+              _notes([f"Example ids and details from {report['rejected_file'] or 'rejected.jsonl (not found)'}."])]
+    if other is not None:
+        parts += ["<h2>Comparison</h2>",
+                  _notes([f"A = {report['source']}", f"B = {other['source']}"]), _table(compare_rows(report, other))]
+    parts.append("</body></html>\n")
+    return "\n".join(parts)

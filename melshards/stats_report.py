@@ -1,0 +1,135 @@
+"""Load a finished preprocessing run's stats.json and gather every figure `melshards stats` shows.
+
+`build_report` returns one plain dict (the `--json` output); the terminal tables, the HTML report
+and the comparison are all rendered from it, so they cannot disagree.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Iterable
+
+from apache_beam.io.filesystems import FileSystems
+
+from preprocess.tables import FILTER_REASONS
+from melshards.whatif import DEFAULT_WHAT_IF, WhatIf, batch_bytes, int_hist, what_if_table
+from shards_schema import REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, STATS_FILE, SchemaError, read_schema
+
+EXAMPLES_PER_REASON = 3
+
+
+class StatsError(ValueError):
+    """The path holds no usable stats.json."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    stats_path: str
+    stats: dict
+    n_mels: int | None  # from schema.json beside stats.json, or --n-mels
+    rejected_path: str | None
+
+
+def _dir_of(path: str) -> str:
+    return path.rsplit("/", 1)[0] if "/" in path else "."
+
+
+def stats_path_of(path: str) -> str:
+    """A run directory or its stats.json, local or gs://."""
+    path = path.rstrip("/") if len(path) > 1 else path
+    return path if path.endswith(".json") else FileSystems.join(path, STATS_FILE)
+
+
+def load_run(path: str, n_mels: int | None = None) -> Run:
+    stats_path = stats_path_of(path)
+    if not FileSystems.exists(stats_path):
+        raise StatsError(
+            f"{stats_path} does not exist: pass the --output directory of a finished `melshards preprocess` "
+            f"run or its {STATS_FILE} (the job writes {STATS_FILE} when it ends).")
+    with FileSystems.open(stats_path) as f:
+        text = f.read().decode("utf-8")
+    try:
+        stats = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise StatsError(f"{stats_path} is not valid JSON ({e}); re-run `melshards preprocess`.") from e
+    missing = [k for k in ("counts", "before_filter", "after_filter", "histograms") if k not in stats]
+    if not isinstance(stats, dict) or missing:
+        raise StatsError(f"{stats_path} is not a melshards stats.json (missing {missing}); "
+                         "pass the stats.json `melshards preprocess` wrote.")
+    version = str(stats.get("schema_version", ""))
+    if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
+        raise StatsError(f"{stats_path} has version {version or '(none)'}, this melshards reads "
+                         f"{SCHEMA_VERSION.split('.')[0]}.x; re-run `melshards preprocess` with this version.")
+    run_dir = _dir_of(stats_path)
+    if n_mels is None:
+        schema_path = FileSystems.join(run_dir, SCHEMA_FILE)
+        if FileSystems.exists(schema_path):
+            try:
+                n_mels = read_schema(schema_path).n_mels
+            except SchemaError as e:
+                raise StatsError(f"{e} (needed for n_mels; pass --n-mels to skip reading it)") from e
+    rejected = FileSystems.join(run_dir, REJECTED_FILE)
+    return Run(stats_path, stats, n_mels, rejected if FileSystems.exists(rejected) else None)
+
+
+def read_jsonl(path: str) -> Iterable[dict]:
+    with FileSystems.open(path) as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as e:
+                raise StatsError(f"{path} line {n} is not JSON ({e}); re-run `melshards preprocess`.") from e
+
+
+def top_reasons(per_reason: dict, rows: Iterable[dict], examples: int = EXAMPLES_PER_REASON) -> list[dict]:
+    """Reasons by count (most first), each with the first `examples` ids and details from rejected.jsonl."""
+    found: dict[str, list[dict]] = {r: [] for r in per_reason}
+    wanted = sum(min(examples, n) for n in per_reason.values())
+    for row in rows:
+        bucket = found.get(row.get("reason"))
+        if bucket is not None and len(bucket) < examples:
+            bucket.append({"id": row.get("id", "?"), "detail": row.get("detail", "")})
+            wanted -= 1
+            if wanted <= 0:  # rejected.jsonl can be long; stop once every reason has its examples
+                break
+    ordered = sorted(per_reason.items(), key=lambda kv: (-kv[1], kv[0]))
+    return [{"reason": r, "kind": "filtered" if r in FILTER_REASONS else "rejected", "count": n,
+             "examples": found.get(r, [])} for r, n in ordered]
+
+
+def audio_hours(hist: dict) -> float:
+    """Hours of audio in a duration_ms histogram."""
+    return round(sum(v * c for v, c in int_hist(hist).items()) / 3.6e6, 4)
+
+
+def build_report(run: Run, batch_size: int, qs: tuple[float, ...] = DEFAULT_WHAT_IF,
+                 examples: int = EXAMPLES_PER_REASON) -> dict:
+    s = run.stats
+    c = s["counts"]
+    rows = read_jsonl(run.rejected_path) if run.rejected_path else ()
+    hists = s["histograms"]
+    padding = dict(s["padding"]) if s.get("padding") else None
+    if padding is not None:
+        padding["batch_bytes"] = (None if run.n_mels is None else
+                                  batch_bytes(batch_size, padding["max_mel_frames"], run.n_mels,
+                                              padding["max_text_len"]))
+    table: list[WhatIf] = what_if_table(s, qs, batch_size, run.n_mels)
+    return {
+        "source": run.stats_path,
+        "counts": {k: c[k] for k in ("input_rows", "in_shards", "filtered", "rejected", "per_split", "per_reason")},
+        "hours": {"before_filter": audio_hours(hists.get("before_filter", {}).get("duration_ms", {})),
+                  "after_filter": audio_hours(hists.get("after_filter", {}).get("duration_ms", {}))},
+        "before_filter": s["before_filter"],
+        "after_filter": s["after_filter"],
+        "filter": s.get("filter"),
+        "cutoffs": s.get("cutoffs"),
+        "padding": padding,
+        "batch_size": batch_size,
+        "n_mels": run.n_mels,
+        "what_if": [w.to_dict() for w in table],
+        "reasons": top_reasons(c["per_reason"], rows, examples),
+        "rejected_file": run.rejected_path,
+    }

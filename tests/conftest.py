@@ -1,0 +1,32 @@
+"""Shared fixtures: the shipped corpus, and one preprocessing run reused by every test package."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = REPO / "data" / "ljspeech_tiny"
+TINY_CONFIG = REPO / "configs" / "ljspeech_tiny.yaml"
+
+
+@pytest.fixture(scope="session")
+def corpus_dir() -> Path:
+    return CORPUS
+
+
+@pytest.fixture(scope="session")
+def shards_dir(tmp_path_factory) -> Path:
+    """Shards, schema.json, stats.json and rejected.jsonl from the shipped corpus (in-process runner).
+
+    Read-only for tests: copy it before changing anything.
+    """
+    from preprocess.run import run
+
+    out = tmp_path_factory.mktemp("shards")
+    code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(TINY_CONFIG), "--overwrite"])
+    assert code == 0, f"preprocess exited with {code}"
+    return out

@@ -1,0 +1,194 @@
+"""Each stage's PTransform on its own, with TestPipeline + assert_that."""
+import json
+from collections import Counter
+
+import apache_beam as beam
+import numpy as np
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to, is_not_empty
+
+from preprocess.config import PreprocessConfig
+from preprocess.corpus import Corpus, DropDuplicateIds, ReadCorpus, detect_corpus
+from preprocess.pipeline import (ComputeMel, FilterByPercentiles, LengthHistograms, MeasureClips, MelStatistics,
+                                 PadAndEncode, encode_clip, split_of)
+from preprocess.shards import WriteShards, shard_count
+from preprocess.stats import Cutoffs
+
+CFG = PreprocessConfig()
+
+
+def pipeline():
+    # The in-process runner: the default DirectRunner first tries to download Prism.
+    return TestPipeline(runner="FnApiRunner")
+
+
+def _ids(rows):
+    return sorted(r["id"] for r in rows)
+
+
+def test_read_corpus_ljspeech_attaches_audio_and_rejects_malformed_rows(corpus_dir):
+    corpus = detect_corpus(str(corpus_dir))
+    with pipeline() as p:
+        out = p | ReadCorpus(corpus)
+
+        def check_rows(rows):
+            assert len(rows) == 55
+            by_id = {r["id"]: r for r in rows if r["id"] != "LJT001-0003" or r["row"] == 2}
+            assert by_id["LJT001-0003"]["audio"].endswith("LJT001-0003.flac")
+            assert by_id["LJT900-0001"]["audio"] is None  # no file: rejected later as missing_audio
+            assert by_id["LJT001-0001"]["text"] == by_id["LJT001-0001"]["text"].strip()
+
+        assert_that(out["rows"], check_rows, label="rows")
+        assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
+                    equal_to([("row-55", "malformed_row")]), label="rejected")
+
+
+def test_read_corpus_manifest_jsonl_resolves_relative_paths(tmp_path, corpus_dir):
+    manifest = tmp_path / "m.jsonl"
+    rows = [{"audio": str(corpus_dir / "wavs" / "LJT001-0001.wav"), "text": "Hello.", "speaker": "s1"},
+            {"audio": "wavs/x.wav", "text": "There.", "id": "x"}]
+    manifest.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
+    with pipeline() as p:
+        out = p | ReadCorpus(detect_corpus(str(manifest)))
+        assert_that(out["rows"] | beam.Map(lambda r: (r["id"], r["speaker"], r["audio"])), equal_to([
+            ("LJT001-0001", "s1", str(corpus_dir / "wavs" / "LJT001-0001.wav")),
+            ("x", "", str(tmp_path / "wavs" / "x.wav"))]), label="rows")
+        assert_that(out["rejected"] | beam.Map(lambda r: r["reason"]), equal_to(["malformed_row"]), label="rej")
+
+
+def test_read_corpus_csv_manifest_reads_header_columns(tmp_path):
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("audio,text,speaker\na.wav,\"Hi, there\",bob\n")
+    with pipeline() as p:
+        out = p | ReadCorpus(detect_corpus(str(manifest)))
+        assert_that(out["rows"] | beam.Map(lambda r: (r["id"], r["text"], r["speaker"])),
+                    equal_to([("a", "Hi, there", "bob")]))
+
+
+def test_drop_duplicate_ids_keeps_the_first_row():
+    rows = [{"id": "a", "row": 3}, {"id": "a", "row": 1}, {"id": "b", "row": 2}]
+    with pipeline() as p:
+        out = p | beam.Create(rows) | DropDuplicateIds()
+        assert_that(out.rows | beam.Map(lambda r: (r["id"], r["row"])), equal_to([("a", 1), ("b", 2)]), label="kept")
+        assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
+                    equal_to([("a", "duplicate_id")]), label="dups")
+
+
+def _row(corpus_dir, clip_id, text="Hello there.", ext="wav"):
+    return {"id": clip_id, "text": text, "speaker": "", "audio": str(corpus_dir / "wavs" / f"{clip_id}.{ext}"),
+            "row": 0}
+
+
+def test_measure_clips_gives_lengths_and_a_reason_per_bad_clip(corpus_dir):
+    rows = [_row(corpus_dir, "LJT001-0001"), _row(corpus_dir, "LJT900-0006"), _row(corpus_dir, "LJT900-0003"),
+            _row(corpus_dir, "LJT001-0002", text=" "), dict(_row(corpus_dir, "nope"), audio=str(corpus_dir / "x.wav"))]
+    with pipeline() as p:
+        out = p | beam.Create(rows) | MeasureClips(CFG)
+
+        def check(clips):
+            (c,) = clips
+            assert c["text"] == "hello there." and c["text_len"] == len("hello there.")
+            assert c["mel_frames"] == 1 + c["num_samples"] // CFG.mel.hop_length
+            assert c["duration_ms"] == round(1000 * c["num_samples"] / 22050)
+
+        assert_that(out.clips, check, label="clips")
+        assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])), equal_to([
+            ("LJT900-0006", "silent_audio"), ("LJT900-0003", "unreadable_audio"), ("LJT001-0002", "empty_text"),
+            ("nope", "missing_audio")]), label="rejected")
+
+
+def _clip(clip_id, text_len, mel_frames, duration_ms):
+    return {"id": clip_id, "text_len": text_len, "mel_frames": mel_frames, "duration_ms": duration_ms}
+
+
+def test_length_histograms_are_exact_counts():
+    clips = [_clip("a", 5, 100, 1000), _clip("b", 5, 120, 1300), _clip("c", 7, 100, 1000)]
+    with pipeline() as p:
+        out = p | beam.Create(clips) | LengthHistograms()
+        assert_that(out, equal_to([{"text_len": {5: 2, 7: 1}, "mel_frames": {100: 2, 120: 1},
+                                    "duration_ms": {1000: 2, 1300: 1}}]))
+
+
+def test_filter_drops_clips_outside_cutoffs_given_as_side_input():
+    cut = Cutoffs(500, 50, 200, 40, 200, 40)
+    clips = [_clip("ok", 40, 200, 2000), _clip("short", 5, 60, 400), _clip("long", 5, 201, 3000),
+             _clip("wordy", 41, 100, 2000), _clip("tiny", 5, 49, 600)]
+    with pipeline() as p:
+        cutoffs = p | "Cut" >> beam.Create([cut])
+        out = p | beam.Create(clips) | FilterByPercentiles(cutoffs)
+        assert_that(out.kept | beam.Map(lambda c: c["id"]), equal_to(["ok"]), label="kept")
+        assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])), equal_to([
+            ("short", "too_short"), ("long", "mel_frames_above_cutoff"), ("wordy", "text_len_above_cutoff"),
+            ("tiny", "mel_frames_below_cutoff")]), label="rejected")
+
+
+def _measured(corpus_dir, clip_id):
+    from preprocess.clips import measure
+    from shards_schema import Vocabulary
+    return measure(_row(corpus_dir, clip_id), CFG, Vocabulary())
+
+
+def test_compute_mel_matches_measured_frames_and_assigns_split(corpus_dir):
+    clip = _measured(corpus_dir, "LJT001-0001")
+    with pipeline() as p:
+        out = p | beam.Create([clip]) | ComputeMel(CFG)
+        assert_that(out.clips | beam.Map(lambda c: (c["mel"].shape, c["split"])),
+                    equal_to([((clip["mel_frames"], 80), split_of("LJT001-0001", 0.05, "melshards"))]))
+
+
+def test_split_is_deterministic_and_near_the_fraction():
+    splits = [split_of(f"id{i}", 0.1, "s") for i in range(5000)]
+    assert splits == [split_of(f"id{i}", 0.1, "s") for i in range(5000)]
+    assert 0.08 < splits.count("val") / 5000 < 0.12
+
+
+def test_mel_statistics_use_training_frames_only():
+    a = {"split": "train", "mel": np.array([[0.0, 2.0], [2.0, 2.0]], np.float32)}
+    b = {"split": "val", "mel": np.full((3, 2), 100.0, np.float32)}
+    with pipeline() as p:
+        out = p | beam.Create([a, b]) | MelStatistics(2)
+        assert_that(out | beam.Map(lambda m: (m.n, m.mean.tolist(), m.std().tolist())),
+                    equal_to([(2, [1.0, 2.0], [1.0, 0.0])]))
+
+
+def test_pad_and_encode_pads_to_the_cutoff_lengths(corpus_dir):
+    import tensorflow as tf
+    from shards_schema.records import decode_parsed, parse_spec
+
+    from preprocess.clips import featurize
+    from preprocess.report import build_schema
+    from preprocess.stats import Moments
+    clip = dict(featurize(_measured(corpus_dir, "LJT001-0001"), CFG), split="train")
+    cut = Cutoffs(0, 1, 400, 80, 400, 80)
+    with pipeline() as p:
+        out = p | beam.Create([clip]) | PadAndEncode(p | "Cut" >> beam.Create([cut]), CFG)
+        assert_that(out | beam.Map(lambda r: r[:2]), equal_to([("train", "LJT001-0001")]))
+    _, _, data = encode_clip(clip, cut, CFG)
+    schema = build_schema(CFG, cut, Moments.empty(80), [])
+    rec = decode_parsed(schema, tf.io.parse_example([data], parse_spec(schema)), 1)
+    n = clip["mel"].shape[0]
+    assert rec["mel"].shape == (1, 400, 80) and int(rec["mel_len"][0]) == n
+    np.testing.assert_allclose(rec["mel"][0, :n].numpy(), clip["mel"], atol=1e-2 * np.abs(clip["mel"]).max())
+    assert np.all(rec["mel"][0, n:].numpy() == np.float16(np.log(1e-5)))
+    assert rec["text_ids"][0, clip["text_len"]:].numpy().sum() == 0
+
+
+def test_write_shards_sizes_shard_count_from_bytes(tmp_path):
+    records = [("train", f"id{i}", bytes(1000)) for i in range(30)] + [("val", "v0", bytes(1000))]
+    with pipeline() as p:
+        out = p | beam.Create(records) | WriteShards(str(tmp_path), target_shard_mb=0.01, num_shards=0)
+        assert_that(out | beam.Map(lambda s: (s["split"], s["file"][-24:])) | beam.combiners.Count.PerKey(),
+                    equal_to([("train", 3), ("val", 1)]))
+    written = sorted(f.name for f in tmp_path.glob("*.tfrecord"))
+    assert written == ["train-00000-of-00003.tfrecord", "train-00001-of-00003.tfrecord",
+                       "train-00002-of-00003.tfrecord", "val-00000-of-00001.tfrecord"]
+    import tensorflow as tf
+    n = sum(1 for _ in tf.data.TFRecordDataset([str(tmp_path / w) for w in written]))
+    assert n == 31
+
+
+def test_shard_count_respects_target_fixed_count_and_record_count():
+    assert shard_count(450_000_000, 1000, 150, 0) == 3
+    assert shard_count(10, 1000, 150, 0) == 1
+    assert shard_count(10, 4, 150, 8) == 4

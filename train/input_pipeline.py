@@ -1,0 +1,196 @@
+"""Shards -> fixed-shape batches, in pure TF ops (no Python on the hot path).
+
+Everything about the records (parse spec, dtypes, static shapes) comes from the schema. Checks
+that can fail (globs, schemas beside the shards) run here in Python before anything is traced.
+"""
+from __future__ import annotations
+
+import posixpath
+from typing import Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from shards_schema import SCHEMA_FILE, Schema, read_schema
+from shards_schema.records import decode_parsed, encode_example, parse_spec
+from train.config import DataConfig
+
+# preprocess writes shards under this directory first and renames them into place; a directory
+# still holding it belongs to a run that has not finished (or died).
+UNFINISHED_MARKER = ".melshards-tmp"
+
+
+class InputError(ValueError):
+    """The shards cannot be read as given; the message names the path and how to fix it."""
+
+
+def expand_globs(patterns: Sequence[str]) -> list[str]:
+    """Local or gs:// globs -> sorted unique files; a glob matching nothing is an error."""
+    files: list[str] = []
+    for pattern in patterns:
+        matched = tf.io.gfile.glob(pattern)
+        if not matched:
+            raise InputError(f"{pattern!r} matches no file; check the path and quote the glob so the "
+                             "shell does not expand it")
+        files += matched
+    not_shards = [f for f in files if not f.endswith(".tfrecord")]
+    if not_shards:
+        raise InputError(f"{not_shards[0]} is not a .tfrecord shard; pass globs of the shards "
+                         "`melshards preprocess` wrote, e.g. 'DIR/train-*.tfrecord'")
+    return sorted(set(files))
+
+
+def check_schemas(files: Sequence[str], schema_path: str | None) -> tuple[Schema, str]:
+    """The schema to train with, after checking that every shard directory holds a finished run of it.
+
+    Returns (schema, where it was read from). Without `schema_path` the first directory's
+    schema.json is the reference.
+    """
+    dirs = sorted({posixpath.dirname(f) for f in files})
+    for d in dirs:
+        if tf.io.gfile.exists(posixpath.join(d, UNFINISHED_MARKER)):
+            raise InputError(
+                f"{d} holds an unfinished preprocessing run ({UNFINISHED_MARKER}/ is still there); "
+                "let `melshards preprocess` finish, or re-run it with --overwrite")
+    ref_path = schema_path or posixpath.join(dirs[0], SCHEMA_FILE)
+    ref = read_schema(ref_path)
+    for d in dirs:
+        here = posixpath.join(d, SCHEMA_FILE)
+        if here == ref_path:
+            continue
+        read_schema(here).check_compatible(ref, here=ref_path, there=here)
+    return ref, ref_path
+
+
+def padding_record(schema: Schema) -> bytes:
+    """A serialized record with zero lengths: fills a short last validation batch, masked out by length."""
+    values = {}
+    for f in schema.features:
+        if f.dtype == "string":
+            values[f.name] = ""
+        elif f.name == "mel":
+            values[f.name] = np.full(f.shape, schema.mel.pad_value, np.float32)
+        elif f.shape:
+            values[f.name] = np.zeros(f.shape, f.dtype)
+        else:
+            values[f.name] = 0
+    return encode_example(schema.features, values)
+
+
+def _parse_fn(schema: Schema, batch_size: int):
+    spec = parse_spec(schema)
+
+    def parse(serialized):
+        return decode_parsed(schema, tf.io.parse_example(serialized, spec), batch_size)
+    return parse
+
+
+def _stack(steps_per_execution: int):
+    """[B, ...] batches -> [K, B, ...]: one compiled call consumes K steps' worth."""
+    def stack(ds: tf.data.Dataset) -> tf.data.Dataset:
+        return ds.batch(steps_per_execution, drop_remainder=True)
+    return stack
+
+
+def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig,
+                  steps_per_execution: int) -> tf.data.Dataset:
+    """Endless stream of {feature: [K, B, *shape]} for the train step."""
+    files = list(files)
+    ds = (
+        tf.data.Dataset.from_tensor_slices(files)
+        # new file order every epoch (reshuffle_each_iteration), reproducible from the seed
+        .shuffle(len(files), seed=cfg.seed, reshuffle_each_iteration=True)
+        # several shards read at once: hides per-file latency (gs://) and mixes shards
+        .interleave(tf.data.TFRecordDataset, cycle_length=min(cfg.cycle_length, len(files)),
+                    block_length=1, num_parallel_calls=tf.data.AUTOTUNE, deterministic=cfg.deterministic)
+        # records within and across shards are mixed; serialized records keep the buffer small
+        .shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True)
+        # endless: the loop counts steps, not epochs
+        .repeat()
+        # static batch dim for the signature-bound step
+        .batch(cfg.batch_size, drop_remainder=True)
+        # one vectorised parse per batch, decoded to the schema's static shapes
+        .map(_parse_fn(schema, cfg.batch_size), num_parallel_calls=tf.data.AUTOTUNE,
+             deterministic=cfg.deterministic)
+        .apply(_stack(steps_per_execution))
+        # overlap input with the step
+        .prefetch(cfg.prefetch)
+    )
+    return ds.with_options(_options(cfg))
+
+
+def val_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig) -> tf.data.Dataset:
+    """One pass over the validation shards in order, every record once, batches of the train shape.
+
+    The last batch is topped up with zero-length records (masked out by the loss) instead of
+    dropped or given a smaller shape that would trace the eval step again.
+    """
+    b = cfg.batch_size
+    pad = tf.constant(padding_record(schema))
+
+    def top_up(serialized):
+        filler = tf.fill([b - tf.shape(serialized)[0]], pad)
+        return tf.ensure_shape(tf.concat([serialized, filler], 0), [b])
+
+    ds = (
+        tf.data.TFRecordDataset(list(files), num_parallel_reads=min(cfg.cycle_length, len(files)))
+        # keep the remainder: validation sees every record
+        .batch(b, drop_remainder=False)
+        .map(top_up)
+        .map(_parse_fn(schema, b), num_parallel_calls=tf.data.AUTOTUNE)
+        .prefetch(cfg.prefetch)
+    )
+    return ds.with_options(_options(cfg))
+
+
+def synthetic_dataset(schema: Schema, cfg: DataConfig, steps_per_execution: int,
+                      example: dict[str, tf.Tensor]) -> tf.data.Dataset:
+    """One constant batch repeated from memory: the input-free upper bound (as in tf_cnn_benchmarks).
+
+    `example` is one real decoded batch of [B, ...] (so the model sees realistic lengths).
+    """
+    stacked = {k: tf.stack([v] * steps_per_execution) for k, v in example.items()}
+    return tf.data.Dataset.from_tensors(stacked).repeat()
+
+
+def first_batch(files: Sequence[str], schema: Schema, cfg: DataConfig) -> dict[str, tf.Tensor]:
+    """The first `batch_size` records of the shards, decoded (records repeat if there are fewer)."""
+    ds = (tf.data.TFRecordDataset(list(files)).repeat()
+          .batch(cfg.batch_size, drop_remainder=True).map(_parse_fn(schema, cfg.batch_size)))
+    return next(iter(ds.take(1)))
+
+
+def locate_bad_shard(files: Sequence[str]) -> tuple[str, str] | None:
+    """(file, error) of the first shard whose records fail their length/CRC checks, or None.
+
+    Run only after the pipeline failed: TF's DataLossError gives a byte offset but no file name.
+    """
+    for f in files:
+        try:
+            for _ in tf.data.TFRecordDataset(f):
+                pass
+        except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as e:
+            return f, e.message.split("[Op:")[0].strip()
+    return None
+
+
+def _options(cfg: DataConfig) -> tf.data.Options:
+    options = tf.data.Options()
+    options.deterministic = cfg.deterministic
+    options.experimental_optimization.map_parallelization = True
+    return options
+
+
+def python_ops_in(ds: tf.data.Dataset) -> list[str]:
+    """Names of py_function / numpy_function ops in the dataset graph and its function library."""
+    from tensorflow.core.framework import graph_pb2
+
+    graph = graph_pb2.GraphDef()
+    graph.ParseFromString(tf.raw_ops.DatasetToGraphV2(
+        input_dataset=ds._variant_tensor, external_state_policy=0, strip_device_assignment=True).numpy())
+    python = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
+    found = [n.op for n in graph.node if n.op in python]
+    for fn in graph.library.function:
+        found += [n.op for n in fn.node_def if n.op in python]
+    return found
+
