@@ -11,8 +11,9 @@ venv: $(STAMP)
 
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	# uv resolves and installs in parallel: ~1 min from a cold cache where pip takes ~4 (TF + Beam[gcp]).
+	$(BIN)/pip install --quiet uv
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[test]'
 	touch $(STAMP)
 
 demo: $(STAMP)
