@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 
 import click
 
@@ -32,4 +33,5 @@ def cli() -> None:
 
 
 def main() -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up banner, in Beam workers too
     cli()

@@ -80,10 +80,14 @@ def whatif_figure(report: dict) -> Figure:
     x = [w["padded_mel_frames"] for w in rows]
     ax.plot(x, [100 * w["kept_fraction"] for w in rows], "o-", color=AFTER, label="clips kept %")
     ax.plot(x, [100 * w["mel_padding_fraction"] for w in rows], "s--", color=CUT, label="mel padding %")
+    # Several percentiles often give the same length (small corpora, long tails): one label per point.
+    labels: dict[tuple[int, float], list[str]] = {}
     for w in rows:
-        ax.annotate(q_label(w["mel_q"], w["text_q"]) + ("*" if w["is_job"] else ""),
-                    (w["padded_mel_frames"], 100 * w["kept_fraction"]), textcoords="offset points",
-                    xytext=(0, 6), ha="center", fontsize=7)
+        labels.setdefault((w["padded_mel_frames"], w["kept_fraction"]), []).append(
+            q_label(w["mel_q"], w["text_q"]) + ("*" if w["is_job"] else ""))
+    for (frames, kept), names in labels.items():
+        text = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
+        ax.annotate(text, (frames, 100 * kept), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
     ax.set_xlabel("padded mel frames (upper cut-off at the percentile shown)", fontsize=9)
     ax.set_ylabel("%", fontsize=9)
     ax.set_ylim(0, 105)

@@ -11,8 +11,8 @@ from typing import Iterable
 
 from apache_beam.io.filesystems import FileSystems
 
-from preprocess.tables import FILTER_REASONS
 from melshards.whatif import DEFAULT_WHAT_IF, WhatIf, batch_bytes, int_hist, what_if_table
+from preprocess.stats import FILTER_REASONS
 from shards_schema import REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, STATS_FILE, SchemaError, read_schema
 
 EXAMPLES_PER_REASON = 3
@@ -52,9 +52,12 @@ def load_run(path: str, n_mels: int | None = None) -> Run:
         stats = json.loads(text)
     except json.JSONDecodeError as e:
         raise StatsError(f"{stats_path} is not valid JSON ({e}); re-run `melshards preprocess`.") from e
+    if not isinstance(stats, dict):
+        raise StatsError(f"{stats_path} is not a melshards stats.json (not a JSON object); "
+                         "pass the stats.json `melshards preprocess` wrote.")
     missing = [k for k in ("counts", "before_filter", "after_filter", "histograms") if k not in stats]
-    if not isinstance(stats, dict) or missing:
-        raise StatsError(f"{stats_path} is not a melshards stats.json (missing {missing}); "
+    if missing:
+        raise StatsError(f"{stats_path} is not a melshards stats.json (no {', '.join(missing)}); "
                          "pass the stats.json `melshards preprocess` wrote.")
     version = str(stats.get("schema_version", ""))
     if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:

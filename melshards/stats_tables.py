@@ -5,8 +5,11 @@ Like `preprocess.tables`, each is (header, rows) of strings, rendered as text he
 """
 from __future__ import annotations
 
+import textwrap
+
 from preprocess.stats import pkey
-from preprocess.tables import COLUMNS, FILTER_REASONS, Table, pct, render
+from preprocess.stats import FILTER_REASONS
+from preprocess.tables import COLUMNS, Table, pct, render
 
 MIB = 2 ** 20
 
@@ -45,7 +48,8 @@ def whatif_notes(report: dict) -> list[str]:
         "kept = clips passing min duration and both mel-frame cut-offs (exact); text>cut = clips whose text is "
         "longer than the text cut, the most the text cut-off can drop on top of that.",
         "mel waste = padding share of the padded mel frames over the kept clips; text waste = padding share of "
-        "the padded text ids over the clips whose text fits the cut.",
+        "the padded text ids over the clips whose text fits the cut (the Padding table counts the clips in the "
+        "shards instead, so its text figure can differ slightly).",
         f"batch = {report['batch_size']} x (mel pad x {mels} x 4 B float32 + text pad x 4 B int32): the decoded "
         "input tensors of one batch, not the model's activations.",
         f"* the job's setting: after all filters {c['in_shards']} clips are in the shards "
@@ -55,9 +59,10 @@ def whatif_notes(report: dict) -> list[str]:
 
 def whatif_table(report: dict) -> str:
     if not report["what_if"]:
-        return "no what-if: the run kept no clip, so stats.json has no cut-offs"
+        return "no what-if: no clip was measured (every row was rejected), so stats.json has no cut-offs"
     header, rows = whatif_rows(report)
-    notes = "\n".join("  " + n for n in whatif_notes(report))
+    notes = "\n".join(textwrap.fill(n, width=110, initial_indent="  ", subsequent_indent="    ")
+                      for n in whatif_notes(report))
     return render(header, rows, left=1) + "\n" + notes
 
 

@@ -9,7 +9,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from preprocess.config import PreprocessConfig
-from preprocess.stats import Cutoffs, Moments, padding_fraction, summarize
+from preprocess.stats import FILTER_REASONS, Cutoffs, Moments, padding_fraction, summarize
 from preprocess.shards import TEMP_DIR
 from shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
                            AudioParams, MelParams, Schema, Vocabulary)
@@ -19,7 +19,7 @@ class AccountingError(RuntimeError):
     """Records in shards + rejected rows != input rows: a bug, never a property of the data."""
 
 
-def length_summaries(hists: dict, sample_rate: int) -> dict:
+def length_summaries(hists: dict) -> dict:
     return {
         "text_len": summarize(hists.get("text_len", {})),
         "mel_frames": summarize(hists.get("mel_frames", {})),
@@ -33,19 +33,18 @@ def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dic
     rejected = sum(reasons.values())
     if in_shards + rejected != input_rows:
         raise AccountingError(f"{input_rows} input rows but {in_shards} in shards + {rejected} rejected")
-    filter_reasons = {"too_short", "mel_frames_below_cutoff", "mel_frames_above_cutoff", "text_len_above_cutoff"}
     stats = {
         "schema_version": SCHEMA_VERSION,
         "counts": {
             "input_rows": input_rows,
             "in_shards": in_shards,
-            "filtered": sum(v for k, v in reasons.items() if k in filter_reasons),
-            "rejected": sum(v for k, v in reasons.items() if k not in filter_reasons),
+            "filtered": sum(v for k, v in reasons.items() if k in FILTER_REASONS),
+            "rejected": sum(v for k, v in reasons.items() if k not in FILTER_REASONS),
             "per_split": {s: sum(x["records"] for x in shards if x["split"] == s) for s in SPLITS},
             "per_reason": dict(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
         },
-        "before_filter": length_summaries(before, cfg.audio.sample_rate),
-        "after_filter": length_summaries(after, cfg.audio.sample_rate),
+        "before_filter": length_summaries(before),
+        "after_filter": length_summaries(after),
         "histograms": {
             "before_filter": {k: {str(v): c for v, c in sorted(h.items())} for k, h in before.items()},
             "after_filter": {k: {str(v): c for v, c in sorted(h.items())} for k, h in after.items()},

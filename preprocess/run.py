@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 
@@ -109,6 +110,8 @@ def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config
     --direct_running_mode multi_processing.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    for noisy in ("apache_beam.typehints", "apache_beam.runners.worker", "apache_beam.io.filebasedsink"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)  # per-transform chatter, not progress
     try:
         cfg = load_config(config_path)
         corpus = detect_corpus(input_path)
@@ -132,4 +135,5 @@ def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config
 
 
 def main() -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up banner, in workers too
     sys.exit(run())

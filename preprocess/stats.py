@@ -16,6 +16,8 @@ import numpy as np
 
 REPORT_PERCENTILES = (0, 1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9, 100)
 LENGTH_KEYS = ("text_len", "mel_frames", "duration_ms")
+# Reasons `Cutoffs.reason` gives: counted as "filtered", the rest of rejected.jsonl as "rejected".
+FILTER_REASONS = ("too_short", "mel_frames_below_cutoff", "mel_frames_above_cutoff", "text_len_above_cutoff")
 
 
 def pkey(q: float) -> str:

@@ -5,13 +5,9 @@ be rendered as text (`render`) or as HTML (`melshards.report_html`).
 """
 from __future__ import annotations
 
-from preprocess.stats import REPORT_PERCENTILES, pkey
+from preprocess.stats import FILTER_REASONS, REPORT_PERCENTILES, pkey
 
 COLUMNS = (("text_len", "text symbols"), ("mel_frames", "mel frames"), ("duration_s", "seconds"))
-
-# The reasons `preprocess.stats.Cutoffs.reason` gives: the clip was fine but outside the cut-offs.
-# report.build_stats counts every other reason as a rejection.
-FILTER_REASONS = ("too_short", "mel_frames_below_cutoff", "mel_frames_above_cutoff", "text_len_above_cutoff")
 
 Table = tuple[list[str], list[list[str]]]
 

@@ -1,0 +1,89 @@
+"""`melshards inspect SHARD_GLOB`: check shards against their schema without training."""
+from __future__ import annotations
+
+import click
+
+MAX_PROBLEMS_SHOWN = 20  # per file; a file of bad records would otherwise bury the summary
+
+
+def shard_table(results) -> str:
+    from preprocess.tables import render
+    from melshards.shard_check import base_name, dir_of
+
+    one_dir = len({dir_of(r.path) for r in results}) == 1
+    rows = [[base_name(r.path) if one_dir else r.path, r.split, str(r.records),
+             "-" if r.expected is None else str(r.expected), str(len(r.problems))] for r in results]
+    return render(["shard", "split", "records", "listed", "problems"], rows, left=2)
+
+
+@click.command("inspect", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("shard_globs", nargs=-1, required=True, metavar="SHARD_GLOB...")
+@click.option("--schema", "schema_path", default=None,
+              help="schema.json to check against; default: the one beside each shard.")
+@click.option("--show", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Print N good records and write their mel as PNG to --out.")
+@click.option("--out", "out_dir", default="melshards-inspect", show_default=True,
+              help="Directory for the --show PNGs.")
+def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show: int, out_dir: str) -> None:
+    """Count records per shard and split, check every record parses to the schema's shapes and that
+    0 < text_len <= max_text_len and 0 < mel_len <= max_mel_frames. Exits 1 when it finds problems.
+
+    Quote SHARD_GLOB, e.g. 'out/demo/shards/*.tfrecord' (local or gs://); file names the shell
+    expanded work too.
+    """
+    from melshards.shard_check import check_shard, match_files, schemas_for
+    from shards_schema import SPLITS, SchemaError
+
+    files = sorted({f for pattern in shard_globs for f in match_files(pattern)})
+    if not files:
+        raise click.UsageError(f"no shard matches {' '.join(shard_globs)!r}; "
+                               "quote the pattern, e.g. 'out/shards/*.tfrecord'")
+    try:
+        schemas, problems = schemas_for(files, schema_path)
+    except SchemaError as e:
+        raise click.ClickException(str(e)) from e
+    results, shown = [], []
+    for f in files:
+        result, records = check_shard(f, schemas[f], keep=show - len(shown))
+        results.append(result)
+        shown += [(r, schemas[f]) for r in records]
+        problems += result.problems
+
+    click.echo(shard_table(results))
+    per_split = dict.fromkeys([*SPLITS, *(r.split for r in results)], 0)
+    for r in results:
+        per_split[r.split] += r.records
+    click.echo(f"total: {sum(r.records for r in results)} records in {len(results)} shards ("
+               + ", ".join(f"{s} {n}" for s, n in per_split.items()) + ")")
+    if shown:
+        _show(shown, out_dir)
+    if problems:
+        click.echo(f"\nPROBLEMS ({len(problems)}):")
+        for path in dict.fromkeys(p.path for p in problems):
+            mine = [p for p in problems if p.path == path]
+            for p in mine[:MAX_PROBLEMS_SHOWN]:
+                click.echo(f"  {p}")
+            if len(mine) > MAX_PROBLEMS_SHOWN:
+                click.echo(f"  ... and {len(mine) - MAX_PROBLEMS_SHOWN} more in {path}")
+        raise SystemExit(1)
+    s = schemas[files[0]]
+    click.echo(f"\nOK: every record parses to the schema's shapes (text_ids [{s.max_text_len}], mel "
+               f"[{s.max_mel_frames}, {s.n_mels}]) with 0 < text_len <= {s.max_text_len} and "
+               f"0 < mel_len <= {s.max_mel_frames}")
+
+
+def _show(shown, out_dir: str) -> None:
+    from apache_beam.io.filesystems import FileSystems
+
+    from melshards.record_view import describe, mel_figure, png_name
+
+    if not FileSystems.exists(out_dir):
+        FileSystems.mkdirs(out_dir)
+    for record, schema in shown:
+        click.echo("")
+        for line in describe(record, schema):
+            click.echo(line)
+        path = FileSystems.join(out_dir, png_name(record) + ".png")
+        with FileSystems.create(path) as f:
+            mel_figure(record, schema).savefig(f, format="png", dpi=100)
+        click.echo(f"  mel PNG   {path}")

@@ -1,0 +1,55 @@
+"""`melshards inspect --show N`: one record as the trainer will see it, as text and as a mel PNG."""
+from __future__ import annotations
+
+import re
+import textwrap
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from shards_schema import Schema, Vocabulary
+
+
+def _text(v) -> str:
+    return v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def describe(record: dict, schema: Schema) -> list[str]:
+    """Id, text, lengths, and whether the text ids decode back to the stored text."""
+    text_len, mel_len = int(record["text_len"]), int(record["mel_len"])
+    decoded = Vocabulary(schema.vocabulary).decode([int(i) for i in record["text_ids"][:text_len]])
+    text = _text(record["text"])
+    mel = np.asarray(record["mel"])[:mel_len]
+    lines = [
+        f"{_text(record['id'])}  ({record['_file']}, record {record['_index']})",
+        f"  speaker   {_text(record['speaker']) or '(none)'}",
+        f"  text      {text}",
+        f"  text_len  {text_len} of {schema.max_text_len} ids; mel_len {mel_len} of {schema.max_mel_frames} frames "
+        f"({mel_len * schema.mel.hop_length / schema.audio.sample_rate:.2f} s)",
+        f"  mel       {schema.n_mels} bins, valid frames range {mel.min():.2f}..{mel.max():.2f} "
+        f"(log magnitude; padding is {schema.mel.pad_value:.2f})",
+    ]
+    # The writer drops characters outside the vocabulary, so a mismatch is worth seeing, not an error.
+    lines.append("  text_ids  decode to the text" if decoded == text else f"  text_ids  decode to: {decoded}")
+    return lines
+
+
+def mel_figure(record: dict, schema: Schema) -> Figure:
+    """The whole padded mel (what the model gets), the end of the valid frames marked."""
+    mel = np.asarray(record["mel"], np.float32)
+    mel_len = int(record["mel_len"])
+    fig = Figure(figsize=(10, 3.8), dpi=100, layout="constrained")
+    ax = fig.subplots()
+    im = ax.imshow(mel.T, origin="lower", aspect="auto", interpolation="nearest", cmap="magma")
+    ax.axvline(mel_len - 0.5, color="white", linestyle="--", linewidth=1)
+    ax.set_xlabel(f"frame (valid 0..{mel_len - 1}, padded to {mel.shape[0]})", fontsize=9)
+    ax.set_ylabel("mel bin", fontsize=9)
+    title = f"{_text(record['id'])}: {_text(record['text'])}"
+    ax.set_title("\n".join(textwrap.wrap(title, 130)[:2]), fontsize=9)
+    fig.colorbar(im, ax=ax, label="log magnitude")
+    return fig
+
+
+def png_name(record: dict) -> str:
+    """A file name from the clip id, safe on every filesystem."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", _text(record["id"])) or f"record-{record['_index']}"

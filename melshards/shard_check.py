@@ -1,0 +1,188 @@
+"""Check TFRecord shards against their schema.json the way the trainer will read them.
+
+Each file is read with its own `tf.data.TFRecordDataset`, one record at a time, so a truncated or
+corrupt file is named together with how many records were readable before the damage. Records are
+decoded with the schema's own codec (`shards_schema.records.parse_spec` / `decode_parsed`), in
+chunks for speed; a chunk that fails is decoded record by record to name the bad record.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+
+from shards_schema import Schema, SchemaError, read_schema
+from shards_schema.records import decode_parsed, parse_spec
+
+CHUNK = 256  # records decoded per parse_example call
+# Bytes per value of the raw storages in shards_schema.records (little-endian float16 / int16).
+RAW_ITEMSIZE = {"raw_float16": 2, "raw_int16": 2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    path: str
+    record: int | None  # 0-based index in the file; None for file-level problems
+    what: str
+
+    def __str__(self) -> str:
+        where = self.path if self.record is None else f"{self.path}: record {self.record}"
+        return f"{where}: {self.what}"
+
+
+@dataclasses.dataclass
+class ShardResult:
+    path: str
+    split: str
+    expected: int | None  # records schema.json lists for this file, None when it does not list it
+    records: int = 0  # records read (including ones that failed to decode)
+    problems: list[Problem] = dataclasses.field(default_factory=list)
+
+
+def match_files(pattern: str) -> list[str]:
+    from apache_beam.io.filesystems import FileSystems
+
+    matched = FileSystems.match([pattern])[0].metadata_list
+    return sorted(m.path for m in matched if not m.path.endswith(".json"))
+
+
+def dir_of(path: str) -> str:
+    return path.rsplit("/", 1)[0] if "/" in path else "."
+
+
+def base_name(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+def listed_split(schema: Schema, path: str) -> tuple[str, int | None]:
+    """The split and record count schema.json gives for this file; the name prefix when it is not listed."""
+    name = base_name(path)
+    for split, files in schema.shards.items():
+        for f in files:
+            if f["file"] == name:
+                return split, int(f["records"])
+    return name.split("-", 1)[0], None
+
+
+def _first_line(e: Exception) -> str:
+    """The useful part of a TensorFlow error: no {{function_node ...}} prefix or [Op:...] suffix."""
+    msg = getattr(e, "message", None) or str(e)
+    msg = re.sub(r"\{\{[^}]*\}\}\s*", "", msg)
+    msg = re.sub(r"\s*\[Op:[^\]]*\].*$", "", msg.strip().splitlines()[0] if msg.strip() else "")
+    line = msg.strip() or type(e).__name__
+    return line if len(line) <= 240 else line[:237] + "..."
+
+
+def record_problems(schema: Schema, rec: dict[str, np.ndarray]) -> list[str]:
+    """Shape and length checks on one decoded record (numpy values)."""
+    out = []
+    for f in schema.features:
+        shape = tuple(np.shape(rec[f.name]))
+        if shape != tuple(f.shape):
+            out.append(f"{f.name} has shape {list(shape)}, schema says {list(f.shape)}")
+    text_len, mel_len = int(rec["text_len"]), int(rec["mel_len"])
+    if not 0 < text_len <= schema.max_text_len:
+        out.append(f"text_len {text_len} outside 1..{schema.max_text_len} (max_text_len)")
+    if not 0 < mel_len <= schema.max_mel_frames:
+        out.append(f"mel_len {mel_len} outside 1..{schema.max_mel_frames} (max_mel_frames)")
+    if not np.isfinite(rec["mel"]).all():
+        out.append("mel holds NaN or infinite values")
+    return out
+
+
+def raw_size_problems(schema: Schema, parsed: dict) -> list[str]:
+    """Raw byte features whose length does not match their schema shape, named with both sizes."""
+    out = []
+    for f in schema.features:
+        if f.storage in RAW_ITEMSIZE:
+            got = len(parsed[f.name].numpy())
+            want = int(np.prod(f.shape)) * RAW_ITEMSIZE[f.storage]
+            if got != want:
+                out.append(f"{f.name} holds {got} bytes, schema shape {list(f.shape)} of {f.storage} needs {want}")
+    return out
+
+
+def _decode_one(schema: Schema, spec: dict, raw: bytes) -> dict | str:
+    import tensorflow as tf
+
+    try:
+        parsed = tf.io.parse_single_example(raw, spec)
+    except tf.errors.InvalidArgumentError as e:
+        return f"does not parse as the schema's features: {_first_line(e)}"
+    try:
+        return {k: v.numpy() for k, v in decode_parsed(schema, parsed, None).items()}
+    except tf.errors.InvalidArgumentError as e:
+        sizes = raw_size_problems(schema, parsed)
+        return "wrong shape: " + ("; ".join(sizes) if sizes else _first_line(e))
+
+
+def decode_records(schema: Schema, raws: list[bytes]) -> list[dict | str]:
+    """Each raw record decoded to numpy values, or the reason it does not parse."""
+    import tensorflow as tf
+
+    spec = parse_spec(schema)
+    try:
+        parsed = tf.io.parse_example(tf.constant(raws), spec)
+        batch = {k: v.numpy() for k, v in decode_parsed(schema, parsed, len(raws)).items()}
+    except tf.errors.InvalidArgumentError:
+        # Some record in the chunk is bad; decoding one by one says which and why.
+        return [_decode_one(schema, spec, raw) for raw in raws]
+    return [{k: v[i] for k, v in batch.items()} for i in range(len(raws))]
+
+
+def check_shard(path: str, schema: Schema, keep: int = 0) -> tuple[ShardResult, list[dict]]:
+    """Read and check every record of one file; also return up to `keep` good records for --show."""
+    import tensorflow as tf
+
+    split, expected = listed_split(schema, path)
+    result = ShardResult(path, split, expected)
+    shown: list[dict] = []
+
+    def flush(chunk: list[bytes], first: int) -> None:
+        for i, rec in enumerate(decode_records(schema, chunk)):
+            problems = [rec] if isinstance(rec, str) else record_problems(schema, rec)
+            result.problems += [Problem(path, first + i, p) for p in problems]
+            if not problems and len(shown) < keep:
+                shown.append(dict(rec, _file=path, _index=first + i))
+
+    chunk: list[bytes] = []
+    it = iter(tf.data.TFRecordDataset(path))
+    while True:
+        try:
+            raw = next(it)
+        except StopIteration:
+            break
+        except tf.errors.DataLossError as e:
+            result.problems.append(Problem(path, None, (
+                f"truncated or corrupt after {result.records} readable records ({_first_line(e)}); the file was "
+                "cut short or damaged in a copy: copy it again, or re-run `melshards preprocess`")))
+            break
+        except tf.errors.OpError as e:
+            result.problems.append(Problem(path, None, f"cannot read: {_first_line(e)}"))
+            break
+        chunk.append(raw.numpy())
+        result.records += 1
+        if len(chunk) == CHUNK:
+            flush(chunk, result.records - len(chunk))
+            chunk = []
+    if chunk:
+        flush(chunk, result.records - len(chunk))
+    if expected is not None and result.records != expected:
+        result.problems.append(Problem(path, None, f"holds {result.records} records, schema.json lists {expected}"))
+    return result, shown
+
+
+def schemas_for(files: list[str], schema_path: str | None) -> tuple[dict[str, Schema], list[Problem]]:
+    """The schema of each file's directory (or the one given), and problems if they cannot be mixed."""
+    by_dir: dict[str, Schema] = {}
+    for d in sorted({dir_of(f) for f in files}):
+        by_dir[d] = read_schema(schema_path or d)
+    problems = []
+    dirs = list(by_dir)
+    for d in dirs[1:]:
+        try:
+            by_dir[dirs[0]].check_compatible(by_dir[d], dirs[0], d)
+        except SchemaError as e:
+            problems.append(Problem(d, None, str(e)))
+    return {f: by_dir[dir_of(f)] for f in files}, problems

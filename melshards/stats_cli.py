@@ -1,0 +1,81 @@
+"""`melshards stats OUT_DIR_OR_STATS_JSON`: the percentile report of a preprocessing run, and what-ifs."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from melshards.whatif import DEFAULT_WHAT_IF
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    try:
+        qs = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError as e:
+        raise click.BadParameter(f"{text!r} is not a comma-separated list of percentiles, e.g. 90,95,99,100") from e
+    bad = [q for q in qs if not 0 < q <= 100]
+    if not qs or bad:
+        raise click.BadParameter(f"percentiles must lie in (0, 100], got {text!r}")
+    return qs
+
+
+def terminal_report(report: dict) -> str:
+    from melshards.stats_tables import mib, whatif_table
+    from preprocess.tables import counts_table, padding_table, percentile_table
+
+    pad = report["padding"]
+    parts = [f"stats of {report['source']}", "",
+             "Lengths before and after filtering (percentiles of the clips measured / in shards)",
+             percentile_table(report), "",
+             f"Clips ({report['hours']['after_filter']:.2f} h of audio in shards)", counts_table(report), ""]
+    if pad:
+        batch = (f"one batch of {report['batch_size']}: {mib(pad['batch_bytes'])} MiB of decoded mel + text ids"
+                 if pad["batch_bytes"] is not None else "batch memory unknown: no schema.json, pass --n-mels")
+        parts += ["Padding at the chosen lengths (padding = share of the padded tensors that is padding, "
+                  "over the clips in shards)", padding_table(report), batch, ""]
+    parts += ["What-if: other upper cut-offs", whatif_table(report)]
+    return "\n".join(parts)
+
+
+@click.command("stats", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("path")
+@click.option("--batch-size", default=32, show_default=True, type=click.IntRange(min=1),
+              help="Batch size for the batch-memory column.")
+@click.option("--what-if", "what_if", default=",".join(f"{q:g}" for q in DEFAULT_WHAT_IF), show_default=True,
+              help="Upper percentiles for the what-if table (mel frames and text length together).")
+@click.option("--n-mels", type=click.IntRange(min=1), default=None,
+              help="Mel bins for the batch memory; read from schema.json beside stats.json by default.")
+@click.option("--html", "html_path", default=None, help="Write a self-contained HTML report (plots embedded).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON instead of tables.")
+@click.option("--compare", "other_path", default=None, help="A second run (directory or stats.json) to compare.")
+def stats_command(path: str, batch_size: int, what_if: str, n_mels: int | None, html_path: str | None,
+                  as_json: bool, other_path: str | None) -> None:
+    """Percentiles, counts, padding efficiency and what-if cut-offs of a `melshards preprocess` run.
+
+    PATH is the run's output directory or its stats.json (local or gs://).
+    """
+    from apache_beam.io.filesystems import FileSystems
+
+    from melshards.stats_report import StatsError, build_report, load_run
+    from melshards.stats_tables import compare_table
+
+    qs = parse_percentiles(what_if)
+    try:
+        run = load_run(path, n_mels)
+        report = build_report(run, batch_size, qs)
+        other = build_report(load_run(other_path, n_mels), batch_size, qs) if other_path else None
+    except StatsError as e:
+        raise click.ClickException(str(e)) from e
+    if as_json:
+        click.echo(json.dumps(report if other is None else {"a": report, "b": other}, indent=2))
+    elif other is not None:
+        click.echo(compare_table(report, other))
+    else:
+        click.echo(terminal_report(report))
+    if html_path:
+        from melshards.report_html import render_html
+
+        with FileSystems.create(html_path) as f:
+            f.write(render_html(report, run.stats["histograms"], other).encode("utf-8"))
+        # stderr, so that `--json --html r.html > figures.json` stays valid JSON
+        click.echo(f"wrote {html_path}", err=True)

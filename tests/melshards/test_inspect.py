@@ -1,0 +1,117 @@
+"""`melshards inspect`: counts, a truncated shard, records of the wrong shape or length, --show."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from melshards.inspect_cli import inspect_command
+from shards_schema import read_schema
+from shards_schema.records import encode_example
+
+
+def run_inspect(*args):
+    return CliRunner().invoke(inspect_command, [str(a) for a in args])
+
+
+@pytest.fixture
+def copy_dir(shards_dir, tmp_path):
+    """A writable copy of the demo run (the session's shards_dir is read-only)."""
+    out = tmp_path / "shards"
+    shutil.copytree(shards_dir, out)
+    return out
+
+
+def good_values(schema, clip_id: str = "ok-1", mel_len: int = 10, text_len: int = 3) -> dict:
+    text_ids = np.zeros(schema.max_text_len, np.int32)
+    text_ids[:3] = [15, 16, 17]
+    return {"id": clip_id, "speaker": "", "text": "abc", "text_ids": text_ids, "text_len": text_len,
+            "mel": np.full((schema.max_mel_frames, schema.n_mels), -11.5, np.float32), "mel_len": mel_len}
+
+
+def write_records(path, records: list[bytes]) -> None:
+    import tensorflow as tf
+
+    with tf.io.TFRecordWriter(str(path)) as w:
+        for r in records:
+            w.write(r)
+
+
+def test_demo_shards_pass_and_are_counted_per_shard_and_split(shards_dir):
+    result = run_inspect(f"{shards_dir}/*.tfrecord")
+    assert result.exit_code == 0, result.output
+    counts = json.loads((shards_dir / "schema.json").read_text())["counts"]
+    assert f"({', '.join(f'{s} {n}' for s, n in counts.items())})" in result.output
+    assert f"train-00000-of-00001.tfrecord  train       {counts['train']}" in result.output
+    assert "OK: every record parses" in result.output
+
+
+def test_truncated_shard_is_named_and_fails(copy_dir):
+    shard = copy_dir / "train-00000-of-00001.tfrecord"
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) - 5000])  # cut inside the last record
+    result = run_inspect(f"{copy_dir}/*.tfrecord")
+    assert result.exit_code == 1, result.output
+    assert f"{shard}: truncated or corrupt after 39 readable records" in result.output
+    assert f"{shard}: holds 39 records, schema.json lists 40" in result.output
+    assert "val-00000-of-00001.tfrecord: " not in result.output.split("PROBLEMS")[1]
+
+
+def test_record_with_wrong_mel_shape_is_reported_with_its_index(copy_dir):
+    schema = read_schema(str(copy_dir))
+    short = tuple(dataclasses.replace(f, shape=(schema.max_mel_frames - 1, schema.n_mels)) if f.name == "mel" else f
+                  for f in schema.features)
+    bad = good_values(schema, "bad-1")
+    bad["mel"] = bad["mel"][:-1]
+    write_records(copy_dir / "extra-00000-of-00001.tfrecord",
+                  [encode_example(schema.features, good_values(schema)), encode_example(short, bad),
+                   encode_example(schema.features, good_values(schema, "ok-2"))])
+    result = run_inspect(f"{copy_dir}/extra-*.tfrecord")
+    assert result.exit_code == 1, result.output
+    problems = result.output.split("PROBLEMS (1):")[1]
+    mel = schema.feature("mel")
+    assert (f"{copy_dir}/extra-00000-of-00001.tfrecord: record 1: wrong shape: mel holds "
+            f"{(schema.max_mel_frames - 1) * schema.n_mels * 2} bytes, schema shape {list(mel.shape)} of "
+            f"raw_float16 needs {schema.max_mel_frames * schema.n_mels * 2}") in problems
+    assert "record 0" not in problems and "record 2" not in problems
+
+
+def test_lengths_outside_the_schema_are_reported(copy_dir):
+    schema = read_schema(str(copy_dir))
+    write_records(copy_dir / "extra-00000-of-00001.tfrecord", [
+        encode_example(schema.features, good_values(schema, "long", mel_len=schema.max_mel_frames + 1)),
+        encode_example(schema.features, good_values(schema, "empty", text_len=0)),
+    ])
+    result = run_inspect(f"{copy_dir}/extra-*.tfrecord")
+    assert result.exit_code == 1, result.output
+    assert f"record 0: mel_len {schema.max_mel_frames + 1} outside 1..{schema.max_mel_frames}" in result.output
+    assert f"record 1: text_len 0 outside 1..{schema.max_text_len}" in result.output
+
+
+def test_show_prints_records_and_writes_one_png_each(shards_dir, tmp_path):
+    out = tmp_path / "inspect"
+    result = run_inspect(f"{shards_dir}/*.tfrecord", "--show", 2, "--out", out)
+    assert result.exit_code == 0, result.output
+    pngs = sorted(out.glob("*.png"))
+    assert len(pngs) == 2
+    assert all(p.read_bytes().startswith(b"\x89PNG\r\n\x1a\n") for p in pngs)
+    for p in pngs:
+        assert f"{p.stem}  (" in result.output and f"mel PNG   {p}" in result.output
+    assert result.output.count("text_ids  decode to the text") == 2
+
+
+def test_a_glob_that_matches_nothing_is_a_usage_error(tmp_path):
+    result = run_inspect(f"{tmp_path}/*.tfrecord")
+    assert result.exit_code == 2 and "no shard matches" in result.output
+
+
+def test_shards_without_schema_json_say_how_to_fix_it(shards_dir, tmp_path):
+    shutil.copy(shards_dir / "val-00000-of-00001.tfrecord", tmp_path)
+    result = run_inspect(f"{tmp_path}/*.tfrecord")
+    assert result.exit_code == 1 and "schema.json does not exist" in result.output
+    ok = run_inspect(f"{tmp_path}/*.tfrecord", "--schema", shards_dir / "schema.json")
+    assert ok.exit_code == 0, ok.output

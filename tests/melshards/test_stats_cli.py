@@ -1,0 +1,187 @@
+"""`melshards stats`: printed tables against stats.json, JSON, the HTML report, comparison, errors."""
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+
+import pytest
+from click.testing import CliRunner
+
+from melshards.stats_cli import stats_command
+from preprocess.stats import REPORT_PERCENTILES, pkey
+from preprocess.tables import COLUMNS
+
+
+def run_stats(*args: str):
+    result = CliRunner().invoke(stats_command, [str(a) for a in args])
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def stats(shards_dir) -> dict:
+    return json.loads((shards_dir / "stats.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def printed(shards_dir) -> str:
+    result = run_stats(shards_dir, "--batch-size", "16")
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def cells(line: str) -> list[str]:
+    return [c.strip() for c in re.split(r"\s{2,}", line.strip())]
+
+
+def table(text: str, first_header: str) -> dict[str, list[str]]:
+    """Rows of the printed table whose header starts with `first_header`, keyed by the first cell.
+
+    The table ends at the first line without one cell per column (a blank line or the notes under it).
+    """
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(first_header) or
+                 line.strip().startswith(first_header + " "))
+    width = len(cells(lines[start]))
+    rows = {}
+    for line in lines[start + 2:]:
+        row = cells(line)
+        if len(row) != width:
+            break
+        rows[row[0]] = row[1:]
+    return rows
+
+
+def test_percentile_table_matches_stats_json(printed, stats):
+    rows = table(printed, "pct")
+    for q in REPORT_PERCENTILES:
+        cells = rows[pkey(q)]
+        want = [stats[part][key]["percentiles"][pkey(q)]
+                for key, _ in COLUMNS for part in ("before_filter", "after_filter")]
+        assert [float(c) for c in cells] == pytest.approx([round(w, 2) for w in want], abs=0.005)
+    means = [stats[part][key]["mean"] for key, _ in COLUMNS for part in ("before_filter", "after_filter")]
+    assert [float(c) for c in rows["mean"]] == pytest.approx([round(m, 2) for m in means], abs=0.005)
+
+
+def test_counts_table_matches_stats_json(printed, stats):
+    rows = table(printed, "clips")
+    c = stats["counts"]
+    for label, key in (("input rows", "input_rows"), ("in shards", "in_shards"), ("filtered", "filtered"),
+                       ("rejected", "rejected")):
+        assert int(rows[label][0]) == c[key]
+    for split, n in c["per_split"].items():
+        assert int(rows[split][0]) == n
+    for reason, n in c["per_reason"].items():
+        assert int(rows[reason][0]) == n
+        assert rows[reason][1] == f"{100 * n / c['input_rows']:.1f}%"
+
+
+def test_padding_table_matches_stats_json(printed, stats):
+    rows = table(printed, "length")
+    pad, cut = stats["padding"], stats["cutoffs"]
+    assert rows["mel frames"] == [f"{cut['min_mel_frames']}..{cut['max_mel_frames']}", str(pad["max_mel_frames"]),
+                                  f"{100 * pad['mel_padding_fraction']:.1f}%",
+                                  f"{100 * (1 - pad['mel_padding_fraction']):.1f}%"]
+    assert rows["text symbols"][1:3] == [str(pad["max_text_len"]), f"{100 * pad['text_padding_fraction']:.1f}%"]
+    mib = 16 * (pad["max_mel_frames"] * 80 * 4 + pad["max_text_len"] * 4) / 2 ** 20
+    assert f"one batch of 16: {mib:.1f} MiB" in printed
+
+
+def test_printed_what_if_rows_match_the_json_figures(shards_dir, printed):
+    figures = json.loads(run_stats(shards_dir, "--batch-size", "16", "--json").output)
+    rows = table(printed, "upper")
+    assert len(rows) == len(figures["what_if"]) == 6
+    for w in figures["what_if"]:
+        label = pkey(w["mel_q"]) + (" *" if w["is_job"] else "")
+        assert rows[label] == [str(w["mel_cut"]), str(w["padded_mel_frames"]), str(w["text_cut"]),
+                               str(w["padded_text_len"]), f"{w['kept']}/{w['clips']}",
+                               f"{100 * w['kept_fraction']:.1f}%", str(w["text_over_cut"]),
+                               f"{100 * w['mel_padding_fraction']:.1f}%", f"{100 * w['text_padding_fraction']:.1f}%",
+                               f"{w['batch_bytes'] / 2 ** 20:.1f}"]
+        assert w["batch_bytes"] == 16 * (w["padded_mel_frames"] * 80 * 4 + w["padded_text_len"] * 4)
+
+
+def test_json_holds_the_same_figures_as_stats_json(shards_dir, stats):
+    figures = json.loads(run_stats(shards_dir / "stats.json", "--json").output)
+    assert figures["counts"]["per_reason"] == stats["counts"]["per_reason"]
+    assert figures["after_filter"] == stats["after_filter"]
+    assert figures["padding"]["max_mel_frames"] == stats["padding"]["max_mel_frames"]
+    assert figures["n_mels"] == 80 and figures["batch_size"] == 32
+    reasons = {r["reason"]: r for r in figures["reasons"]}
+    assert reasons["mel_frames_above_cutoff"]["kind"] == "filtered"
+    assert reasons["unreadable_audio"]["kind"] == "rejected"
+    assert {e["id"] for e in reasons["mel_frames_above_cutoff"]["examples"]} == {"LJT003-0001", "LJT003-0002"}
+
+
+def test_html_report_is_self_contained_and_holds_the_plots(shards_dir, tmp_path):
+    out = tmp_path / "report.html"
+    result = run_stats(shards_dir, "--html", out)
+    assert result.exit_code == 0, result.output
+    page = out.read_text()
+    # nothing fetched from elsewhere: every src is an embedded image, no links, scripts or style sheets
+    sources = re.findall(r'src="([^"]*)"', page)
+    assert len(sources) == 2  # the histograms and the what-if plot
+    for src in sources:
+        assert src.startswith("data:image/png;base64,")
+        assert base64.b64decode(src.split(",", 1)[1]).startswith(b"\x89PNG\r\n\x1a\n")
+    assert not re.search(r"https?://|<link|<script|url\(", page)
+    for text in ("Length distributions", "What if", "Percentiles", "LJT003-0001", "mel_frames_above_cutoff",
+                 "p95 *"):
+        assert text in page
+
+
+def test_compare_shows_two_runs_side_by_side(shards_dir, tmp_path):
+    other = json.loads((shards_dir / "stats.json").read_text())
+    other["padding"]["max_mel_frames"] += 48
+    other["counts"]["per_reason"]["too_long_for_test"] = 2
+    (tmp_path / "stats.json").write_text(json.dumps(other))
+    result = run_stats(shards_dir, "--compare", tmp_path / "stats.json")
+    assert result.exit_code == 0, result.output
+    rows = table(result.output, "figure")
+    pad = other["padding"]["max_mel_frames"]
+    assert rows["padded mel frames"] == [str(pad - 48), str(pad), "+48"]
+    assert rows["reason too_long_for_test"] == ["0", "2", "+2"]
+    assert rows["in shards"][2] == "+0"
+
+
+def test_a_directory_without_stats_json_is_an_error_that_says_what_to_pass(tmp_path):
+    result = run_stats(tmp_path)
+    assert result.exit_code != 0
+    assert "stats.json does not exist" in result.output and "melshards preprocess" in result.output
+
+
+def test_a_stats_json_without_schema_beside_it_still_reports(shards_dir, tmp_path):
+    shutil.copy(shards_dir / "stats.json", tmp_path / "stats.json")
+    result = run_stats(tmp_path / "stats.json")
+    assert result.exit_code == 0, result.output
+    assert "pass --n-mels" in result.output
+    with_mels = run_stats(tmp_path / "stats.json", "--n-mels", "80")
+    assert "one batch of 32" in with_mels.output
+
+
+def test_bad_what_if_percentiles_are_refused():
+    result = run_stats("anything", "--what-if", "90,abc")
+    assert result.exit_code == 2 and "comma-separated" in result.output
+
+
+def test_a_run_that_rejected_every_row_still_reports_counts_and_html(tmp_path):
+    empty = {"count": 0, "mean": None, "percentiles": {}}
+    lengths = {"text_len": empty, "mel_frames": empty, "duration_s": empty}
+    (tmp_path / "stats.json").write_text(json.dumps({
+        "schema_version": "1.0.0",
+        "counts": {"input_rows": 3, "in_shards": 0, "filtered": 0, "rejected": 3,
+                   "per_split": {"train": 0, "val": 0}, "per_reason": {"unreadable_audio": 3}},
+        "before_filter": lengths, "after_filter": lengths,
+        "histograms": {"before_filter": {}, "after_filter": {}}, "filter": {}, "cutoffs": None}))
+    result = run_stats(tmp_path, "--html", tmp_path / "r.html")
+    assert result.exit_code == 0, result.output
+    assert table(result.output, "clips")["unreadable_audio"] == ["3", "100.0%"]
+    assert "no what-if: no clip was measured" in result.output
+    assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_json_compare_holds_both_runs(shards_dir):
+    figures = json.loads(run_stats(shards_dir, "--compare", shards_dir / "stats.json", "--json").output)
+    assert set(figures) == {"a", "b"} and figures["a"]["what_if"] == figures["b"]["what_if"]
