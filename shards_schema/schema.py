@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any
 
 SCHEMA_VERSION = "1.0.0"
@@ -52,7 +53,6 @@ class MelParams:
     @property
     def pad_value(self) -> float:
         """Padded frames hold log(floor): the value of digital silence."""
-        import math
         return math.log(self.log_floor)
 
 
