@@ -47,8 +47,7 @@ class SplitConfig:
 
 @dataclasses.dataclass(frozen=True)
 class WriteConfig:
-    target_shard_mb: float = 150.0  # shards are sized from the data to about this many MB
-    num_shards: int = 0  # 0: sized from the data; N: exactly N shards per split
+    target_shard_mb: float = 150.0  # shards hold about this many MB (100-200 MB reads well from GCS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,8 +74,8 @@ class PreprocessConfig:
             problems.append("split.val_fraction must be in [0, 1)")
         if self.pad.multiple < 1:
             problems.append("pad.multiple must be >= 1")
-        if self.write.num_shards < 0 or self.write.target_shard_mb <= 0:
-            problems.append("write.num_shards must be >= 0 and write.target_shard_mb > 0")
+        if self.write.target_shard_mb <= 0:
+            problems.append("write.target_shard_mb must be > 0")
         if problems:
             raise ConfigError("invalid preprocess config: " + "; ".join(problems))
         return self

@@ -234,7 +234,7 @@ def build(p: beam.Pipeline, corpus: Corpus, out_dir: str, cfg: PreprocessConfig)
     moments = featurized.clips | "MelStats" >> MelStatistics(cfg.mel.n_mels)
     shards = (featurized.clips
               | "PadAndEncode" >> PadAndEncode(cutoffs, cfg)
-              | "WriteShards" >> WriteShards(out_dir, cfg.write.target_shard_mb, cfg.write.num_shards))
+              | "WriteShards" >> WriteShards(out_dir, cfg.write.target_shard_mb))
 
     rejected = ((read[REJECTED], unique[REJECTED], measured[REJECTED], filtered[REJECTED],
                  featurized[REJECTED]) | "AllRejected" >> beam.Flatten())

@@ -1,81 +1,125 @@
-"""Stage 8, Write: TFRecord shards sized from the data.
+"""Stage 8, Write: TFRecord shards of about `target_shard_mb`, written where the records are made.
 
-`WriteToTFRecord` fixes its shard count when the graph is built, before the job knows how many
-bytes it will write; sizing shards to ~150 MB needs the byte count at run time. So records are
-keyed to `split-SSSSS-of-NNNNN` from a side input, grouped, and each group is written with Beam's
-own TFRecord codec (`_TFRecordUtil`, crc32c from google-crc32c) through FileSystems, to a temp
-name first and renamed into place, so a retried bundle never leaves a half-written shard.
+Records are written by the same fused stage that computes the mel, into temp files that roll over
+at the target size, so no encoded record is ever materialised between stages or shuffled (holding
+and grouping them all cost 13.9 GiB and lost records in Beam's local runner at LJSpeech size).
+The small per-file results are then planned into shards: files at the target size are renamed,
+smaller ones (each bundle's last) are concatenated, which is valid because a TFRecord file is just
+a sequence of framed records. Records are framed with Beam's own TFRecord codec (`_TFRecordUtil`,
+crc32c from google-crc32c), through FileSystems, so gs:// works.
 """
 from __future__ import annotations
 
-import math
 import uuid
-import zlib
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.io.tfrecordio import _TFRecordUtil
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.windowed_value import WindowedValue
+
+from shards_schema.schema import UNFINISHED_DIR as TEMP_DIR
 
 SHARD_SUFFIX = ".tfrecord"
-TEMP_DIR = ".melshards-tmp"
-
-
-def shard_count(total_bytes: int, records: int, target_mb: float, fixed: int) -> int:
-    """Shards for one split: `fixed` if given, else enough for ~target_mb each; never more than records."""
-    n = fixed if fixed > 0 else math.ceil(total_bytes / (target_mb * 1e6))
-    return max(1, min(n, records))
+_COPY_CHUNK = 16 << 20
 
 
 def shard_name(split: str, index: int, count: int) -> str:
     return f"{split}-{index:05d}-of-{count:05d}{SHARD_SUFFIX}"
 
 
-def shard_index(clip_id: str, count: int) -> int:
-    """Stable across runs and workers (unlike hash())."""
-    return zlib.crc32(clip_id.encode("utf-8")) % count
+def plan_shards(parts: list[dict], target_bytes: int) -> list[dict]:
+    """Group temp files into shards of at most ~target_bytes; name them split-SSSSS-of-NNNNN.
+
+    parts: [{split, path, records, bytes}]. A part is never split; a part larger than the target
+    (one record over, at most) is a shard by itself. Deterministic for a given set of parts.
+    """
+    shards = []
+    for split in sorted({p["split"] for p in parts}):
+        groups: list[list[dict]] = []
+        sizes: list[int] = []
+        # first-fit decreasing: each part goes into the first shard it fits, biggest parts first
+        for part in sorted((p for p in parts if p["split"] == split), key=lambda p: (-p["bytes"], p["path"])):
+            i = next((i for i, size in enumerate(sizes) if size + part["bytes"] <= target_bytes), len(groups))
+            if i == len(groups):
+                groups.append([])
+                sizes.append(0)
+            groups[i].append(part)
+            sizes[i] += part["bytes"]
+        for i, group in enumerate(groups):
+            shards.append({"split": split, "file": shard_name(split, i, len(groups)),
+                           "parts": [p["path"] for p in group], "records": sum(p["records"] for p in group),
+                           "bytes": sum(p["bytes"] for p in group)})
+    return shards
 
 
-class _WriteShard(beam.DoFn):
+class _RollingWriter(beam.DoFn):
+    """(split, id, bytes) -> temp TFRecord files of ~target bytes; yields one dict per closed file."""
+
+    def __init__(self, out_dir: str, target_bytes: int):
+        self.out_dir, self.target = out_dir, target_bytes
+
+    def start_bundle(self):
+        self.open: dict[str, dict] = {}
+
+    def _close(self, split: str) -> dict:
+        w = self.open.pop(split)
+        w.pop("fh").close()
+        beam.metrics.Metrics.counter("melshards", "temp_files_written").inc()
+        return w
+
+    def process(self, rec):
+        split, _, data = rec
+        w = self.open.get(split)
+        if w is not None and w["bytes"] >= self.target:
+            yield self._close(split)
+            w = None
+        if w is None:
+            path = FileSystems.join(self.out_dir, TEMP_DIR, f"{split}-{uuid.uuid4().hex}{SHARD_SUFFIX}")
+            w = self.open[split] = {"split": split, "path": path, "records": 0, "bytes": 0,
+                                    "fh": FileSystems.create(path)}
+        _TFRecordUtil.write_record(w["fh"], data)
+        w["records"] += 1
+        w["bytes"] += _TFRecordUtil.encoded_num_bytes(data)
+
+    def finish_bundle(self):
+        for split in list(self.open):
+            yield WindowedValue(self._close(split), 0, [GlobalWindow()])
+
+
+class _AssembleShard(beam.DoFn):
+    """Move (one part) or concatenate (several) temp files into the final shard."""
+
     def __init__(self, out_dir: str):
         self.out_dir = out_dir
 
-    def process(self, kv):
-        name, records = kv
-        tmp_dir = FileSystems.join(self.out_dir, TEMP_DIR)
-        tmp = FileSystems.join(tmp_dir, f"{uuid.uuid4().hex}-{name}")
-        final = FileSystems.join(self.out_dir, name)
-        n = size = 0
-        with FileSystems.create(tmp) as f:
-            for rec in records:
-                _TFRecordUtil.write_record(f, rec)
-                n += 1
-                size += _TFRecordUtil.encoded_num_bytes(rec)
-        if FileSystems.exists(final):  # a retried bundle already moved its copy into place
+    def process(self, shard):
+        final = FileSystems.join(self.out_dir, shard["file"])
+        if FileSystems.exists(final):  # a retried bundle already produced it
             FileSystems.delete([final])
-        FileSystems.rename([tmp], [final])
+        if len(shard["parts"]) == 1:
+            FileSystems.rename(shard["parts"], [final])
+        else:
+            with FileSystems.create(final) as out:
+                for part in shard["parts"]:
+                    with FileSystems.open(part) as f:
+                        while chunk := f.read(_COPY_CHUNK):
+                            out.write(chunk)
         beam.metrics.Metrics.counter("melshards", "shards_written").inc()
-        yield {"split": name.split("-", 1)[0], "file": name, "records": n, "bytes": size}
+        yield {k: shard[k] for k in ("split", "file", "records", "bytes")}
 
 
 class WriteShards(beam.PTransform):
     """(split, id, serialized Example) -> one dict per shard written: {split, file, records, bytes}."""
 
-    def __init__(self, out_dir: str, target_shard_mb: float, num_shards: int):
+    def __init__(self, out_dir: str, target_shard_mb: float):
         super().__init__()
-        self.out_dir, self.target_mb, self.num_shards = out_dir, target_shard_mb, num_shards
+        self.out_dir, self.target = out_dir, int(target_shard_mb * 1e6)
 
     def expand(self, records):
-        sizes = (records
-                 | "SizePerSplit" >> beam.Map(lambda r: (r[0], (len(r[2]), 1)))
-                 | "SumPerSplit" >> beam.CombinePerKey(lambda vs: tuple(map(sum, zip(*vs))) or (0, 0)))
-
-        def key(rec, sizes):
-            split, clip_id, data = rec
-            total, count = sizes[split]
-            n = shard_count(total, count, self.target_mb, self.num_shards)
-            return shard_name(split, shard_index(clip_id, n), n), data
-
         return (records
-                | "ShardKey" >> beam.Map(key, beam.pvalue.AsDict(sizes))
-                | "GroupShards" >> beam.GroupByKey()
-                | "WriteShard" >> beam.ParDo(_WriteShard(self.out_dir)))
+                | "WriteTempFiles" >> beam.ParDo(_RollingWriter(self.out_dir, self.target))
+                | "CollectParts" >> beam.combiners.ToList()
+                | "Plan" >> beam.FlatMap(plan_shards, self.target)
+                | "Spread" >> beam.Reshuffle()  # assemble shards in parallel
+                | "Assemble" >> beam.ParDo(_AssembleShard(self.out_dir)))

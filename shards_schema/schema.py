@@ -16,6 +16,7 @@ SCHEMA_FILE = "schema.json"
 STATS_FILE = "stats.json"
 REJECTED_FILE = "rejected.jsonl"
 SPLITS = ("train", "val")
+UNFINISHED_DIR = ".melshards-tmp"  # preprocess writes shards here first; present = run not finished
 
 
 class SchemaError(ValueError):

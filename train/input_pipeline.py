@@ -12,12 +12,10 @@ import numpy as np
 import tensorflow as tf
 
 from shards_schema import SCHEMA_FILE, Schema, read_schema
+from shards_schema.schema import UNFINISHED_DIR
 from shards_schema.records import decode_parsed, encode_example, parse_spec
 from train.config import DataConfig
 
-# preprocess writes shards under this directory first and renames them into place; a directory
-# still holding it belongs to a run that has not finished (or died).
-UNFINISHED_MARKER = ".melshards-tmp"
 
 
 class InputError(ValueError):
@@ -48,9 +46,9 @@ def check_schemas(files: Sequence[str], schema_path: str | None) -> tuple[Schema
     """
     dirs = sorted({posixpath.dirname(f) for f in files})
     for d in dirs:
-        if tf.io.gfile.exists(posixpath.join(d, UNFINISHED_MARKER)):
+        if tf.io.gfile.exists(posixpath.join(d, UNFINISHED_DIR)):
             raise InputError(
-                f"{d} holds an unfinished preprocessing run ({UNFINISHED_MARKER}/ is still there); "
+                f"{d} holds an unfinished preprocessing run ({UNFINISHED_DIR}/ is still there); "
                 "let `melshards preprocess` finish, or re-run it with --overwrite")
     ref_path = schema_path or posixpath.join(dirs[0], SCHEMA_FILE)
     ref = read_schema(ref_path)
@@ -77,11 +75,15 @@ def padding_record(schema: Schema) -> bytes:
     return encode_example(schema.features, values)
 
 
-def _parse_fn(schema: Schema, batch_size: int):
+def _parse_fn(schema: Schema, batch_size: int, names: Sequence[str]):
+    """Vectorised parse of a batch of serialized records, keeping the features the step reads."""
     spec = parse_spec(schema)
+    for name in names:
+        schema.feature(name)  # a schema without it is a SchemaError here, not a KeyError in a trace
 
     def parse(serialized):
-        return decode_parsed(schema, tf.io.parse_example(serialized, spec), batch_size)
+        decoded = decode_parsed(schema, tf.io.parse_example(serialized, spec), batch_size)
+        return {name: decoded[name] for name in names}
     return parse
 
 
@@ -92,7 +94,7 @@ def _stack(steps_per_execution: int):
     return stack
 
 
-def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig,
+def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig, names: Sequence[str],
                   steps_per_execution: int) -> tf.data.Dataset:
     """Endless stream of {feature: [K, B, *shape]} for the train step."""
     files = list(files)
@@ -110,7 +112,7 @@ def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig,
         # static batch dim for the signature-bound step
         .batch(cfg.batch_size, drop_remainder=True)
         # one vectorised parse per batch, decoded to the schema's static shapes
-        .map(_parse_fn(schema, cfg.batch_size), num_parallel_calls=tf.data.AUTOTUNE,
+        .map(_parse_fn(schema, cfg.batch_size, names), num_parallel_calls=tf.data.AUTOTUNE,
              deterministic=cfg.deterministic)
         .apply(_stack(steps_per_execution))
         # overlap input with the step
@@ -119,7 +121,8 @@ def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig,
     return ds.with_options(_options(cfg))
 
 
-def val_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig) -> tf.data.Dataset:
+def val_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig,
+                names: Sequence[str]) -> tf.data.Dataset:
     """One pass over the validation shards in order, every record once, batches of the train shape.
 
     The last batch is topped up with zero-length records (masked out by the loss) instead of
@@ -137,14 +140,13 @@ def val_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig) -> tf.dat
         # keep the remainder: validation sees every record
         .batch(b, drop_remainder=False)
         .map(top_up)
-        .map(_parse_fn(schema, b), num_parallel_calls=tf.data.AUTOTUNE)
+        .map(_parse_fn(schema, b, names), num_parallel_calls=tf.data.AUTOTUNE)
         .prefetch(cfg.prefetch)
     )
     return ds.with_options(_options(cfg))
 
 
-def synthetic_dataset(schema: Schema, cfg: DataConfig, steps_per_execution: int,
-                      example: dict[str, tf.Tensor]) -> tf.data.Dataset:
+def synthetic_dataset(example: dict[str, tf.Tensor], steps_per_execution: int) -> tf.data.Dataset:
     """One constant batch repeated from memory: the input-free upper bound (as in tf_cnn_benchmarks).
 
     `example` is one real decoded batch of [B, ...] (so the model sees realistic lengths).
@@ -153,23 +155,25 @@ def synthetic_dataset(schema: Schema, cfg: DataConfig, steps_per_execution: int,
     return tf.data.Dataset.from_tensors(stacked).repeat()
 
 
-def first_batch(files: Sequence[str], schema: Schema, cfg: DataConfig) -> dict[str, tf.Tensor]:
+def first_batch(files: Sequence[str], schema: Schema, cfg: DataConfig,
+                names: Sequence[str]) -> dict[str, tf.Tensor]:
     """The first `batch_size` records of the shards, decoded (records repeat if there are fewer)."""
     ds = (tf.data.TFRecordDataset(list(files)).repeat()
-          .batch(cfg.batch_size, drop_remainder=True).map(_parse_fn(schema, cfg.batch_size)))
+          .batch(cfg.batch_size, drop_remainder=True).map(_parse_fn(schema, cfg.batch_size, names)))
     return next(iter(ds.take(1)))
 
 
-def locate_bad_shard(files: Sequence[str]) -> tuple[str, str] | None:
-    """(file, error) of the first shard whose records fail their length/CRC checks, or None.
+def locate_bad_shard(files: Sequence[str], schema: Schema) -> tuple[str, str] | None:
+    """(file, error) of the first shard with a record that fails its CRC/length check or does not parse.
 
     Run only after the pipeline failed: TF's DataLossError gives a byte offset but no file name.
     """
+    parse = _parse_fn(schema, 1, [f.name for f in schema.features])
     for f in files:
         try:
-            for _ in tf.data.TFRecordDataset(f):
+            for _ in tf.data.TFRecordDataset(f).batch(1).map(parse):
                 pass
-        except (tf.errors.DataLossError, tf.errors.OutOfRangeError) as e:
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
             return f, e.message.split("[Op:")[0].strip()
     return None
 

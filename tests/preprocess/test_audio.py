@@ -85,3 +85,14 @@ def test_trim_removes_leading_and_trailing_silence():
 def test_peak_dbfs():
     assert A.peak_dbfs(np.array([0.5, -1.0], np.float32)) == 0.0
     assert A.peak_dbfs(np.zeros(3, np.float32)) == -np.inf
+
+
+def test_log_mel_equals_librosa_melspectrogram(corpus_dir):
+    y, sr = sf.read(corpus_dir / "wavs" / "LJT001-0002.wav", dtype="float32")
+    for power in (1.0, 2.0):
+        cfg = MelConfig(power=power)
+        ref = librosa.feature.melspectrogram(y=y, sr=sr, n_fft=cfg.n_fft, hop_length=cfg.hop_length,
+                                             win_length=cfg.win_length, n_mels=cfg.n_mels, fmin=cfg.fmin,
+                                             fmax=cfg.fmax, power=power, center=True)
+        np.testing.assert_allclose(A.log_mel(y, sr, cfg), np.log(np.maximum(ref, cfg.log_floor)).T,
+                                   rtol=1e-5, atol=1e-5)

@@ -12,7 +12,7 @@ from preprocess.config import PreprocessConfig
 from preprocess.corpus import Corpus, DropDuplicateIds, ReadCorpus, detect_corpus
 from preprocess.pipeline import (ComputeMel, FilterByPercentiles, LengthHistograms, MeasureClips, MelStatistics,
                                  PadAndEncode, encode_clip, split_of)
-from preprocess.shards import WriteShards, shard_count
+from preprocess.shards import WriteShards, plan_shards
 from preprocess.stats import Cutoffs
 
 CFG = PreprocessConfig()
@@ -174,21 +174,41 @@ def test_pad_and_encode_pads_to_the_cutoff_lengths(corpus_dir):
     assert rec["text_ids"][0, clip["text_len"]:].numpy().sum() == 0
 
 
-def test_write_shards_sizes_shard_count_from_bytes(tmp_path):
+def test_write_shards_rolls_files_at_the_target_size(tmp_path):
     records = [("train", f"id{i}", bytes(1000)) for i in range(30)] + [("val", "v0", bytes(1000))]
     with pipeline() as p:
-        out = p | beam.Create(records) | WriteShards(str(tmp_path), target_shard_mb=0.01, num_shards=0)
-        assert_that(out | beam.Map(lambda s: (s["split"], s["file"][-24:])) | beam.combiners.Count.PerKey(),
-                    equal_to([("train", 3), ("val", 1)]))
+        out = p | beam.Create(records) | WriteShards(str(tmp_path), target_shard_mb=0.01)
+        assert_that(out | beam.Map(lambda s: (s["split"], s["records"])),
+                    equal_to([("train", 10), ("train", 10), ("train", 10), ("val", 1)]))
     written = sorted(f.name for f in tmp_path.glob("*.tfrecord"))
     assert written == ["train-00000-of-00003.tfrecord", "train-00001-of-00003.tfrecord",
                        "train-00002-of-00003.tfrecord", "val-00000-of-00001.tfrecord"]
     import tensorflow as tf
-    n = sum(1 for _ in tf.data.TFRecordDataset([str(tmp_path / w) for w in written]))
-    assert n == 31
+    assert sum(1 for _ in tf.data.TFRecordDataset([str(tmp_path / w) for w in written])) == 31
 
 
-def test_shard_count_respects_target_fixed_count_and_record_count():
-    assert shard_count(450_000_000, 1000, 150, 0) == 3
-    assert shard_count(10, 1000, 150, 0) == 1
-    assert shard_count(10, 4, 150, 8) == 4
+def test_plan_packs_small_parts_and_keeps_full_ones_whole():
+    parts = [{"split": "train", "path": f"t{i}", "records": r, "bytes": b}
+             for i, (r, b) in enumerate([(10, 100), (3, 30), (9, 95), (2, 20), (1, 5)])]
+    parts.append({"split": "val", "path": "v", "records": 1, "bytes": 10})
+    plan = plan_shards(parts, target_bytes=100)
+    assert [(s["file"], s["parts"], s["records"]) for s in plan] == [
+        ("train-00000-of-00003.tfrecord", ["t0"], 10),
+        ("train-00001-of-00003.tfrecord", ["t2", "t4"], 10),
+        ("train-00002-of-00003.tfrecord", ["t1", "t3"], 5),
+        ("val-00000-of-00001.tfrecord", ["v"], 1)]
+
+
+def test_concatenated_parts_read_as_one_tfrecord_file(tmp_path):
+    import tensorflow as tf
+    for i in range(2):
+        with tf.io.TFRecordWriter(str(tmp_path / f"part{i}")) as w:
+            for j in range(3):
+                w.write(f"{i}-{j}".encode())
+    with pipeline() as p:
+        plan = [{"split": "train", "file": "train-00000-of-00001.tfrecord", "records": 6, "bytes": 0,
+                 "parts": [str(tmp_path / "part0"), str(tmp_path / "part1")]}]
+        from preprocess.shards import _AssembleShard
+        p | beam.Create(plan) | beam.ParDo(_AssembleShard(str(tmp_path)))
+    got = [r.numpy().decode() for r in tf.data.TFRecordDataset(str(tmp_path / "train-00000-of-00001.tfrecord"))]
+    assert got == ["0-0", "0-1", "0-2", "1-0", "1-1", "1-2"]
