@@ -65,7 +65,6 @@ class LoopConfig:
     precision: str = "float32"  # float32 | mixed_bfloat16 | mixed_float16 (with loss scaling)
     seed: int = 0  # weights and dropout
     op_determinism: bool = False  # tf.config.experimental.enable_op_determinism (slower)
-    synth_max_frames: int = 0  # autoregressive synthesis length; 0: the schema's max_mel_frames
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,10 +111,6 @@ class TrainConfig:
                 raise ConfigError(
                     f"{key} {value} is not a multiple of loop.steps_per_execution {k}: the compiled "
                     f"call runs {k} steps at a time. Use a multiple of {k}, or lower steps_per_execution")
-        synth = lp.synth_max_frames or schema.max_mel_frames
-        if synth % m.reduction_factor or lp.synth_max_frames < 0:
-            raise ConfigError(f"loop.synth_max_frames {lp.synth_max_frames} must be 0 or a positive "
-                              f"multiple of model.reduction_factor {m.reduction_factor}")
         return self
 
 

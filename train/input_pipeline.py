@@ -17,7 +17,6 @@ from shards_schema.records import decode_parsed, encode_example, parse_spec
 from train.config import DataConfig
 
 
-
 class InputError(ValueError):
     """The shards cannot be read as given; the message names the path and how to fix it."""
 

@@ -1,0 +1,118 @@
+"""Training end to end on tiny shard sets: it learns, it compiles once, it reports, it stops on NaN."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+import tensorflow as tf
+
+from shards_schema import read_schema
+from shards_schema.records import encode_example
+from tests.train.conftest import write_config, write_records
+from train.run import run
+from train.synthesize import synthesize_command
+
+STEPS = 60
+
+
+@pytest.fixture(scope="module")
+def overfit(four_records, tmp_path_factory):
+    """STEPS steps on 4 records, batch 4, two steps per compiled call, through the CLI entry point."""
+    tmp = tmp_path_factory.mktemp("overfit")
+    cfg = write_config(tmp / "c.yaml", loop={"steps": STEPS, "steps_per_execution": 2, "checkpoint_every": 30,
+                                             "val_every": 30, "log_every": 10})
+    model_dir = tmp / "model"
+    code = run([str(four_records / "train-*.tfrecord"), "--val", str(four_records / "train-*.tfrecord"),
+                "--model-dir", str(model_dir), "--config", str(cfg)])
+    assert code == 0
+    return model_dir, json.loads((model_dir / "run_summary.json").read_text())
+
+
+def test_loss_halves_when_overfitting_four_records(overfit):
+    _, summary = overfit
+    assert summary["final_losses"]["train"]["loss"] <= 0.5 * summary["first_loss"]
+    assert summary["final_losses"]["val"]["loss"] <= 0.5 * summary["first_loss"]
+
+
+def test_train_step_traces_once_over_sixty_steps(overfit):
+    _, summary = overfit
+    assert summary["steps_run"] == STEPS >= 20
+    assert summary["train_step_traces"] == 1
+    assert summary["eval_step_traces"] == 1
+
+
+def test_run_summary_reports_throughput_compile_time_and_data_source(overfit):
+    model_dir, summary = overfit
+    s = summary["steady_state"]
+    assert summary["synthetic_data"] is False and summary["stopped_by"] == "steps"
+    assert s["calls"] == STEPS // 2 - 1  # two steps per call; the first call (compile) is excluded
+    assert s["examples_per_second"] > 0 and s["mel_frames_per_second"] > s["examples_per_second"]
+    assert summary["compile_seconds"] > 0
+    assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-30.index", "ckpt-60.index"]
+    assert list((model_dir / "tensorboard" / "train").glob("events.out.tfevents.*"))
+
+
+def test_training_again_to_the_same_step_count_resumes_and_runs_nothing(overfit, four_records, tmp_path):
+    model_dir, _ = overfit
+    cfg = write_config(tmp_path / "c.yaml", loop={"steps": STEPS, "steps_per_execution": 2, "checkpoint_every": 30,
+                                                  "val_every": 30, "log_every": 10})
+    assert run([str(four_records / "train-*.tfrecord"), "--model-dir", str(model_dir), "--config", str(cfg)]) == 0
+    summary = json.loads((model_dir / "run_summary.json").read_text())
+    assert summary["start_step"] == summary["final_step"] == STEPS and summary["steps_run"] == 0
+
+
+def test_resuming_with_another_model_config_is_refused(overfit, four_records, tmp_path, capsys):
+    model_dir, _ = overfit
+    cfg = write_config(tmp_path / "c.yaml", model={"d_model": 64})
+    assert run([str(four_records / "train-*.tfrecord"), "--model-dir", str(model_dir), "--config", str(cfg)]) == 1
+    assert "d_model" in capsys.readouterr().err
+
+
+def test_synthesize_writes_a_playable_wav_and_exports_a_serving_signature(overfit, tmp_path):
+    model_dir, _ = overfit
+    wav, export = tmp_path / "out.wav", tmp_path / "export"
+    synthesize_command.main(["--model-dir", str(model_dir), "Printing, in the only sense.", "-o", str(wav),
+                             "--griffin-lim-iters", "4", "--export", str(export)], standalone_mode=False)
+    y, sr = sf.read(wav)
+    schema = read_schema(str(model_dir))
+    assert sr == schema.audio.sample_rate
+    assert y.ndim == 1 and len(y) >= schema.mel.hop_length and np.isfinite(y).all() and np.abs(y).max() > 0
+    serve = tf.saved_model.load(str(export)).signatures["serving_default"]
+    out = serve(text=tf.constant("printing, in the only sense."))
+    assert out["mel"].shape == (1, schema.max_mel_frames, schema.n_mels)
+    assert 0 < int(out["mel_len"][0]) <= schema.max_mel_frames
+
+
+def test_nan_loss_stops_the_run_with_the_step_number(shards_dir, tmp_path, test_config, capsys):
+    def poison(record: bytes) -> bytes:
+        schema = read_schema(str(shards_dir))
+        parsed = tf.train.Example.FromString(record).features.feature
+        values = {}
+        for f in schema.features:
+            feat = parsed[f.name]
+            if f.storage == "bytes":
+                values[f.name] = feat.bytes_list.value[0]
+            elif f.storage == "int64":
+                values[f.name] = feat.int64_list.value[0]
+            else:
+                dtype = np.float16 if f.storage == "raw_float16" else np.int16
+                values[f.name] = np.frombuffer(feat.bytes_list.value[0], dtype).reshape(f.shape).copy()
+        values["mel"][0, 0] = np.nan
+        return encode_example(schema.features, values)
+
+    nan_dir = write_records(shards_dir, tmp_path / "nan", 4, transform=poison)
+    code = run([str(nan_dir / "train-*.tfrecord"), "--model-dir", str(tmp_path / "m"), "--config", str(test_config)])
+    err = capsys.readouterr().err
+    assert code == 1 and "loss became nan at step 1" in err
+
+
+def test_synthetic_data_feeds_one_constant_batch_and_traces_once(shards_dir, tmp_path, capsys):
+    cfg = write_config(tmp_path / "c.yaml", loop={"steps": 20, "log_every": 10})
+    assert run([str(shards_dir / "train-*.tfrecord"), "--model-dir", str(tmp_path / "m"), "--config", str(cfg),
+                "--synthetic-data"]) == 0
+    summary = json.loads((tmp_path / "m" / "run_summary.json").read_text())
+    assert summary["synthetic_data"] is True and summary["steps_run"] == 20
+    assert summary["train_step_traces"] == 1 and summary["steady_state"]["calls"] == 19
+    assert "synthetic (one constant batch)" in capsys.readouterr().out

@@ -1,0 +1,1 @@
+"""The training half: a static-shape, compiled-once text-to-mel trainer over melshards shards."""

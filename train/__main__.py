@@ -1,0 +1,4 @@
+"""`python -m train ...` is `melshards train ...`."""
+from train.run import main
+
+main()

@@ -1,0 +1,64 @@
+"""`melshards train` / `python -m train`: check the invocation, then train.
+
+Every check that can fail (globs, schemas, config, batch and step arithmetic) runs before the model
+is built or anything is compiled, so a bad call fails in seconds with a message.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from shards_schema import SchemaError
+from shards_schema.config import ConfigError
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Entry point for tests and `python -m train`; returns the process exit code."""
+    try:
+        train_command.main(args=argv, standalone_mode=False, prog_name="melshards train")
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    return 0
+
+
+@click.command("train", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("shard_globs", nargs=-1, required=True)
+@click.option("--model-dir", required=True, help="Checkpoints, TensorBoard logs and run_summary.json; local or gs://. "
+                                                 "Training resumes from the newest checkpoint here.")
+@click.option("--val", "val_globs", multiple=True, help="Validation shard glob (repeatable).")
+@click.option("--config", "config_path", default=None, help="YAML config, e.g. configs/train_tiny.yaml.")
+@click.option("--steps", type=int, default=None, help="Total steps to reach (overrides loop.steps).")
+@click.option("--batch-size", type=int, default=None, help="Overrides data.batch_size.")
+@click.option("--schema", "schema_path", default=None,
+              help="schema.json to train with (default: the one beside the first shard).")
+@click.option("--synthetic-data", is_flag=True,
+              help="Feed one constant batch from memory: the input-free upper bound on throughput.")
+def train_command(shard_globs, model_dir, val_globs, config_path, steps, batch_size, schema_path,
+                  synthetic_data) -> None:
+    """Train a text-to-mel model on SHARD_GLOB... (local or gs://) written by `melshards preprocess`."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from train.config import load_config
+    from train.input_pipeline import InputError
+    from train.loop import TrainError, format_summary, resolve_inputs, train
+
+    try:
+        cfg = load_config(config_path).override(steps=steps, batch_size=batch_size)
+        inputs = resolve_inputs(shard_globs, val_globs, schema_path, cfg)
+    except (ConfigError, SchemaError, InputError) as e:
+        raise click.UsageError(str(e)) from e
+    try:
+        summary = train(inputs, model_dir, synthetic=synthetic_data)
+    except (TrainError, SchemaError) as e:
+        raise click.ClickException(str(e)) from e
+    click.echo("\nrun summary (" + f"{model_dir}/run_summary.json" + ")\n" + format_summary(summary))
+
+
+def main() -> None:
+    sys.exit(run())

@@ -1,0 +1,152 @@
+"""`melshards synthesize`: text -> mel (compiled autoregressive loop) -> Griffin-Lim -> WAV.
+
+The generator is one XLA-compiled function of fixed shapes: the decoder runs max_mel_frames / r
+times over a static buffer of its own past frames (a causal decoder ignores the unfilled tail),
+and the stop token decides afterwards how many frames are speech. The same function, behind a
+string-in serving signature, is what `--export` saves as a SavedModel.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+
+import click
+import numpy as np
+import tensorflow as tf
+
+from shards_schema import SCHEMA_FILE, Schema, SchemaError, Vocabulary, read_schema
+from shards_schema.config import ConfigError, from_dict
+
+log = logging.getLogger("melshards.synthesize")
+
+
+class Synthesizer(tf.Module):
+    """Text ids -> log-mel by greedy autoregression; `serve` maps a normalised string to the same."""
+
+    def __init__(self, model, schema: Schema):
+        super().__init__()
+        from train.step import Normaliser
+
+        # the functions close over the Keras model; only its variables are tracked for export
+        # (a tracked Keras 3 model adds its own default serving function, which needs all inputs)
+        self.model_variables = [v.value for v in model.variables]
+        self.schema = schema
+        self.norm = Normaliser(schema)
+        symbols = tf.constant(list(schema.vocabulary))
+        self.table = tf.lookup.StaticHashTable(
+            tf.lookup.KeyValueTensorInitializer(symbols, tf.range(len(schema.vocabulary), dtype=tf.int32)),
+            default_value=-1)
+        length, r, n_mels = schema.max_text_len, model.r, schema.n_mels
+        steps = model.steps
+
+        @tf.function(input_signature=[tf.TensorSpec([1, length], tf.int32, name="text_ids"),
+                                      tf.TensorSpec([1], tf.int32, name="text_len")], jit_compile=True)
+        def generate(text_ids, text_len):
+            seed = tf.zeros([2], tf.int32)  # unused: no dropout at inference
+            memory, mask = model.encode(text_ids, text_len, seed)
+            buf = tf.zeros([1, steps, n_mels])  # decoder input at each step: the frame before it
+            for i in tf.range(steps - 1):
+                mel, _ = model.decode(memory, mask, buf, seed)
+                frame = tf.gather(mel, i * r + r - 1, axis=1)  # last frame of step i feeds step i + 1
+                buf = buf + tf.one_hot(i + 1, steps)[None, :, None] * frame[:, None, :]
+            mel, stop = model.decode(memory, mask, buf, seed)
+            refined = model.refine(mel, seed)
+            stopped = tf.sigmoid(stop[0]) > 0.5
+            n = tf.where(tf.reduce_any(stopped), tf.argmax(tf.cast(stopped, tf.int32), output_type=tf.int32) + 1,
+                         steps)
+            return {"mel": self.norm.invert(refined), "mel_len": tf.reshape(n * r, [1])}
+
+        @tf.function(input_signature=[tf.TensorSpec([], tf.string, name="text")])
+        def serve(text):
+            """Normalised text (the vocabulary's symbols) -> {"mel": [1, T, n_mels], "mel_len": [1]}."""
+            ids = self.table.lookup(tf.strings.unicode_split(text, "UTF-8"))
+            ids = tf.boolean_mask(ids, ids > 1)[:length]  # unknown symbols, pad and eos are skipped
+            n = tf.shape(ids)[0]
+            return generate(tf.pad(ids, [[0, length - n]])[None, :], tf.reshape(n, [1]))
+
+        self.generate, self.serve = generate, serve
+
+    def export(self, path: str) -> None:
+        tf.saved_model.save(self, path, signatures={"serving_default": self.serve})
+
+
+def load_synthesizer(model_dir: str) -> Synthesizer:
+    """The newest checkpoint in model_dir, rebuilt from the schema and config saved beside it."""
+    from train.config import TrainConfig
+    from train.loop import CHECKPOINT_DIR, CONFIG_FILE
+    from train.model import build_model
+
+    schema = read_schema(posixpath.join(model_dir, SCHEMA_FILE))
+    cfg_path = posixpath.join(model_dir, CONFIG_FILE)
+    if not tf.io.gfile.exists(cfg_path):
+        raise SchemaError(f"{cfg_path} does not exist: {model_dir} is not a `melshards train` model dir")
+    with tf.io.gfile.GFile(cfg_path) as f:
+        cfg = from_dict(TrainConfig, json.load(f), where=cfg_path)
+    latest = tf.train.latest_checkpoint(posixpath.join(model_dir, CHECKPOINT_DIR))
+    if latest is None:
+        raise SchemaError(f"{model_dir}/{CHECKPOINT_DIR} holds no checkpoint; train first")
+    model = build_model(cfg.model, schema, "float32")  # inference in float32 whatever the training policy
+    tf.train.Checkpoint(model=model).restore(latest).expect_partial().assert_existing_objects_matched()
+    log.info("restored %s", latest)
+    return Synthesizer(model, schema)
+
+
+def text_ids(text: str, schema: Schema) -> tuple[np.ndarray, int, str]:
+    """Raw text -> (padded ids [1, max_text_len], length, normalised text), as preprocess made them."""
+    from preprocess.text import normalize_text
+
+    normalised = normalize_text(text)
+    ids, _ = Vocabulary(schema.vocabulary).encode(normalised)
+    if not ids:
+        raise ConfigError(f"{text!r} has nothing speakable after normalisation ({normalised!r})")
+    if len(ids) > schema.max_text_len:
+        raise ConfigError(f"the text is {len(ids)} symbols after normalisation; this model reads at most "
+                          f"{schema.max_text_len}. Split it into shorter sentences")
+    padded = np.zeros([1, schema.max_text_len], np.int32)
+    padded[0, :len(ids)] = ids
+    return padded, len(ids), normalised
+
+
+def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
+    """[frames, n_mels] natural-log mel -> waveform, with the schema's STFT and mel parameters."""
+    import librosa
+
+    m = schema.mel
+    mel = np.exp(log_mel.T.astype(np.float64))  # the shards hold log(max(mel, floor))
+    y = librosa.feature.inverse.mel_to_audio(
+        mel, sr=schema.audio.sample_rate, n_fft=m.n_fft, hop_length=m.hop_length, win_length=m.win_length,
+        fmin=m.fmin, fmax=m.fmax, power=m.power, n_iter=n_iter, center=True)
+    peak = float(np.max(np.abs(y))) if y.size else 0.0
+    return (0.95 * y / peak if peak > 0 else y).astype(np.float32)
+
+
+@click.command("synthesize", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("text")
+@click.option("--model-dir", required=True, help="A `melshards train` --model-dir (newest checkpoint is used).")
+@click.option("-o", "--output", required=True, help="WAV file to write.")
+@click.option("--griffin-lim-iters", default=32, show_default=True, help="Griffin-Lim iterations.")
+@click.option("--export", "export_dir", default=None,
+              help="Also save the generator as a SavedModel here (serving signature: text -> mel).")
+def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -> None:
+    """Speak TEXT with the model in --model-dir and write a WAV (Griffin-Lim vocoder)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    import soundfile as sf
+
+    try:
+        synth = load_synthesizer(model_dir)
+        ids, n, normalised = text_ids(text, synth.schema)
+    except (SchemaError, ConfigError) as e:
+        raise click.UsageError(str(e)) from e
+    out = synth.generate(tf.constant(ids), tf.constant([n], tf.int32))
+    frames = int(out["mel_len"][0])
+    mel = out["mel"][0, :frames].numpy()
+    y = griffin_lim(mel, synth.schema, griffin_lim_iters)
+    sf.write(output, y, synth.schema.audio.sample_rate, subtype="PCM_16")
+    click.echo(f"{normalised!r}: {frames} mel frames -> {len(y) / synth.schema.audio.sample_rate:.2f} s "
+               f"of audio at {synth.schema.audio.sample_rate} Hz -> {output}")
+    if export_dir:
+        synth.export(export_dir)
+        click.echo(f"SavedModel with a serving signature (text -> mel, mel_len) -> {export_dir}")
