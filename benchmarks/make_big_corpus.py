@@ -1,0 +1,121 @@
+"""Generate an LJSpeech-sized benchmark corpus from the shipped demo corpus (never committed).
+
+Every clip is 1-4 good clips of data/ljspeech_tiny (decoded and resampled to 22050 Hz by the
+project's own `preprocess.audio.decode_audio`) joined by short silent gaps, with their normalised
+texts joined by spaces. Clip lengths follow an LJSpeech-like distribution: 1-10 s, mean ~6.6 s.
+Output is LJSpeech layout: <out>/metadata.csv (`id|text|normalized_text`) + <out>/wavs/<id>.wav,
+22050 Hz mono 16-bit PCM.
+
+Deterministic: clip i depends only on (--seed, i), so the first N clips of a 13,100-clip corpus
+are exactly the clips of an N-clip corpus (the small throughput corpus is a prefix of the big one).
+
+Run: python -m benchmarks.make_big_corpus --out /tmp/melshards-bench/ljbig [--clips 13100] [--seed 1]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+TINY = Path(__file__).resolve().parents[1] / "data" / "ljspeech_tiny"
+SR = 22050
+MAX_S, MIN_S = 10.0, 1.0
+TARGET_MEAN_S, TARGET_SD_S = 7.3, 2.1  # of the target length; clips undershoot it to a mean of ~6.6 s
+LJSPEECH_CLIPS = 13100
+
+
+def good_clips() -> list[tuple[str, str, np.ndarray]]:
+    """(id, normalized text, mono float32 @ 22050 Hz) of the demo corpus's good clips <= 10 s."""
+    from preprocess import audio as A
+
+    seen, out = set(), []
+    for line in (TINY / "metadata.csv").read_text(encoding="utf-8").splitlines():
+        f = line.split("|")
+        if len(f) < 3 or not f[0].startswith(("LJT001", "LJT002", "LJT003")) or f[0] in seen:
+            continue
+        seen.add(f[0])
+        path = next(p for p in (TINY / "wavs").glob(f[0] + ".*"))
+        y, _ = A.decode_audio(path.read_bytes(), SR)
+        if len(y) / SR <= MAX_S:
+            out.append((f[0], f[2] or f[1], y))
+    return out
+
+
+def plan_clip(i: int, seed: int, durs: list[float]) -> list[tuple[int, float]]:
+    """[(source index, gap before it in seconds)] for clip i: greedy fill up to a drawn target length."""
+    rng = random.Random(f"{seed}:{i}")
+    target = min(MAX_S, max(MIN_S, rng.gauss(TARGET_MEAN_S, TARGET_SD_S)))
+    parts, total = [], 0.0
+    while len(parts) < 4:
+        gap = rng.uniform(0.15, 0.4) if parts else 0.0
+        fits = [k for k, d in enumerate(durs) if total + gap + d <= target]
+        if not fits:
+            if not parts:  # nothing fits the target: take the shortest clip
+                fits = [min(range(len(durs)), key=durs.__getitem__)]
+            else:
+                break
+        k = rng.choice(fits)
+        parts.append((k, gap))
+        total += gap + durs[k]
+    return parts
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True, help="output directory (LJSpeech layout); replaced if it exists")
+    ap.add_argument("--clips", type=int, default=LJSPEECH_CLIPS)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--plan-only", action="store_true", help="print the duration summary, write nothing")
+    args = ap.parse_args(argv)
+
+    t0 = time.perf_counter()
+    src = good_clips()
+    durs = [len(y) / SR for _, _, y in src]
+    plans = [plan_clip(i, args.seed, durs) for i in range(args.clips)]
+    seconds = np.array([sum(g + durs[k] for k, g in p) for p in plans])
+    summary = {"clips": args.clips, "sources": len(src), "hours": round(float(seconds.sum()) / 3600, 2),
+               "mean_s": round(float(seconds.mean()), 3), "min_s": round(float(seconds.min()), 2),
+               "max_s": round(float(seconds.max()), 2),
+               "parts_mean": round(float(np.mean([len(p) for p in plans])), 2)}
+    print(f"{args.clips} clips from {len(src)} sources: {summary['hours']} h, mean {summary['mean_s']} s "
+          f"(min {summary['min_s']}, max {summary['max_s']}), {summary['parts_mean']} parts/clip", flush=True)
+    if args.plan_only:
+        return summary
+
+    import soundfile as sf
+
+    out = Path(args.out)
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "wavs").mkdir(parents=True)
+    lines = []
+    for i, plan in enumerate(plans):
+        cid = f"LJB{i // 1000:03d}-{i % 1000:04d}"
+        pieces, texts = [], []
+        for k, gap in plan:
+            if gap:
+                pieces.append(np.zeros(int(round(gap * SR)), np.float32))
+            pieces.append(src[k][2])
+            texts.append(src[k][1])
+        y = np.clip(np.concatenate(pieces), -1.0, 1.0)
+        sf.write(out / "wavs" / f"{cid}.wav", y, SR, subtype="PCM_16")
+        text = " ".join(texts)
+        lines.append(f"{cid}|{text}|{text}")
+        if (i + 1) % 2000 == 0:
+            print(f"  {i + 1} clips written", flush=True)
+    (out / "metadata.csv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    size = sum(p.stat().st_size for p in (out / "wavs").iterdir())
+    summary.update(out=str(out), bytes=size, seconds_to_generate=round(time.perf_counter() - t0, 1))
+    print(f"wrote {out}: {args.clips} wavs, {size / 2**30:.2f} GiB in {summary['seconds_to_generate']} s")
+    return summary
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.fspath(Path(__file__).resolve().parents[1]))
+    main()
