@@ -15,6 +15,18 @@ _COMMANDS = {
 }
 
 
+def run_command(command: click.Command, argv: list[str] | None, prog_name: str) -> int:
+    """Run a click command without exiting (tests, `python -m ...`); returns the exit code."""
+    try:
+        command.main(args=argv, standalone_mode=False, prog_name=prog_name)
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    return 0
+
+
 class _LazyGroup(click.Group):
     def list_commands(self, ctx):
         return sorted(_COMMANDS)

@@ -16,7 +16,8 @@ import click
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
 
-from preprocess.config import PreprocessConfig, load_config
+from melshards.cli import run_command
+from preprocess.config import load_config
 from preprocess.corpus import CorpusError, detect_corpus
 from preprocess.pipeline import build
 from preprocess.shards import SHARD_SUFFIX, TEMP_DIR
@@ -65,14 +66,7 @@ def pipeline_options(beam_args: list[str]) -> PipelineOptions:
 
 def run(argv: list[str] | None = None) -> int:
     """Entry point for tests and `python -m preprocess`; returns the process exit code."""
-    try:
-        preprocess_command.main(args=argv, standalone_mode=False)
-    except click.exceptions.Exit as e:
-        return e.exit_code
-    except click.ClickException as e:
-        e.show()
-        return e.exit_code
-    return 0
+    return run_command(preprocess_command, argv, "melshards preprocess")
 
 
 def print_summary(out_dir: str, seconds: float) -> None:

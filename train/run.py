@@ -11,20 +11,14 @@ import sys
 
 import click
 
+from melshards.cli import run_command
 from shards_schema import SchemaError
 from shards_schema.config import ConfigError
 
 
 def run(argv: list[str] | None = None) -> int:
     """Entry point for tests and `python -m train`; returns the process exit code."""
-    try:
-        train_command.main(args=argv, standalone_mode=False, prog_name="melshards train")
-    except click.exceptions.Exit as e:
-        return e.exit_code
-    except click.ClickException as e:
-        e.show()
-        return e.exit_code
-    return 0
+    return run_command(train_command, argv, "melshards train")
 
 
 @click.command("train", context_settings={"help_option_names": ["-h", "--help"]})
