@@ -2,9 +2,10 @@
 
 Default: the full documented run (docs/performance.md), about 45-60 minutes on 2 cores:
   record_encoding        --records 1024 --rounds 5
-  train_input            (if benchmarks/train_input.py exists; otherwise a note is printed)
-  before_after           (if benchmarks/before_after.py exists; otherwise a note is printed)
-  preprocess_throughput  --clips 1000 --rounds 3 --profile
+  train_input            --steps 120 --rounds 3
+  before_after           --steps 24 --rounds 1   (all four variants; "before" retraces, ~5 s each)
+  before_after           --steps 60 --rounds 3 --variants fixed_nosig,sig_noxla,melshards
+  preprocess_throughput  --clips 1000 --rounds 2
   preprocess_scale       --clips 13100 --workers 2,1   (generates the 13,100-clip corpus if missing)
   padding_waste          on the 2-worker scale run's stats.json (measures the corpus if the run left none)
 Quick mode (`python -m benchmarks.run_all --quick`, or env MELSHARDS_BENCH_QUICK=1): small sizes,
@@ -12,13 +13,12 @@ a few minutes, for checking the benchmarks still run; its figures are not the do
 
 Generated corpora and job outputs go under --work-dir (default /tmp/melshards-bench, env
 MELSHARDS_BENCH_DIR); nothing is written inside the repository. `--only a,b` runs a subset.
-The final line is one JSON object {"benchmark": "run_all", "results": {name: result or skip note}}.
+The final line is one JSON object {"benchmark": "run_all", "results": {name: result or error}}.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import os
 import time
 import traceback
@@ -32,8 +32,8 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
     if quick:
         return [
             ("record_encoding", ["--records", "128", "--rounds", "2"]),
-            ("train_input", []),
-            ("before_after", []),
+            ("train_input", ["--steps", "20", "--rounds", "1", "--work", f"{work}/train-input"]),
+            ("before_after", ["--steps", "4", "--rounds", "1", "--work", f"{work}/before-after"]),
             ("preprocess_throughput", ["--clips", "60", "--rounds", "1", "--breakdown-clips", "30",
                                        "--work-dir", work]),
             ("preprocess_scale", ["--clips", "300", "--corpus", f"{work}/lj300", "--workers", "2",
@@ -43,18 +43,16 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
         ]
     return [
         ("record_encoding", ["--records", "1024", "--rounds", "5"]),
-        ("train_input", []),
-        ("before_after", []),
-        ("preprocess_throughput", ["--clips", "1000", "--rounds", "3", "--profile", "--work-dir", work]),
+        ("train_input", ["--steps", "120", "--rounds", "3", "--work", f"{work}/train-input"]),
+        ("before_after", ["--steps", "24", "--rounds", "1", "--work", f"{work}/before-after"]),
+        ("before_after", ["--steps", "60", "--rounds", "3", "--variants", "fixed_nosig,sig_noxla,melshards",
+                          "--work", f"{work}/before-after"]),
+        ("preprocess_throughput", ["--clips", "1000", "--rounds", "2", "--work-dir", work]),
         ("preprocess_scale", ["--clips", "13100", "--corpus", f"{work}/ljbig", "--workers", "2,1",
                               "--work-dir", work]),
         ("padding_waste", ["--stats", f"{work}/scale-out-2w/stats.json", "--corpus-fallback", f"{work}/ljbig",
                            "--work-dir", work]),
     ]
-
-
-# Written by the training-side engineer; run with their own defaults when present.
-OPTIONAL = {"train_input", "before_after"}
 
 
 def main(argv=None) -> dict:
@@ -69,17 +67,14 @@ def main(argv=None) -> dict:
         if only and name not in only:
             continue
         module = f"benchmarks.{name}"
-        if name in OPTIONAL and importlib.util.find_spec(module) is None:
-            print(f"\n== {name}: skipped ({module} does not exist yet)", flush=True)
-            results[name] = {"skipped": f"{module} not found"}
-            continue
+        key = name if name not in results else f"{name} {' '.join(bench_args)}"
         print(f"\n== {name} {' '.join(bench_args)}", flush=True)
         t = time.perf_counter()
         try:
-            results[name] = importlib.import_module(module).main(bench_args)
+            results[key] = importlib.import_module(module).main(bench_args)
         except Exception as e:  # one broken benchmark must not hide the others' figures
             traceback.print_exc()
-            results[name] = {"error": f"{type(e).__name__}: {e}"}
+            results[key] = {"error": f"{type(e).__name__}: {e}"}
         print(f"== {name}: {time.perf_counter() - t:.0f} s", flush=True)
     emit({"benchmark": "run_all", "quick": args.quick, "results": results})
     return results
