@@ -9,9 +9,9 @@ DEMO   := out/demo
 
 venv: $(STAMP)
 
+# uv resolves and installs in parallel: ~1 min from a cold cache where pip takes ~4 (TF + Beam[gcp]).
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
-	# uv resolves and installs in parallel: ~1 min from a cold cache where pip takes ~4 (TF + Beam[gcp]).
 	$(BIN)/pip install --quiet uv
 	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[test]'
 	touch $(STAMP)
