@@ -24,8 +24,10 @@ demo: $(STAMP)
 	    --model-dir $(DEMO)/model --config configs/train_tiny.yaml --steps 40
 	$(BIN)/melshards inspect '$(DEMO)/shards/*.tfrecord' --show 1 --out $(DEMO)/inspect
 
+# Two pytest workers, one test file each at a time: XLA compiles are single-threaded, so two
+# overlap on 2 cores (4m43s vs 6m45s measured for the full suite).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run_all
