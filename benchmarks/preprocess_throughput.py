@@ -176,12 +176,12 @@ def profile_beam1(corpus: str, out: str) -> dict:
         "  of which decode_audio (both passes)": get("audio.py:decode_audio"),
         "  of which trim (both passes)": get("audio.py:trim"),
         "encode_clip (pad + tf.train.Example)": get("pipeline.py:encode_clip"),
-        "_WriteShard.process": get("shards.py:process"),
+        "shard writing (shards.py process)": get("shards.py:process"),
         "_MomentsFn.add_input": get("pipeline.py:add_input"),
     }
     per_clip = parts["measure (decode+trim+text)"] + parts["featurize (decode+trim+mel)"]
     parts["runner + coders + other (total - per-clip work - encode - write - moments)"] = round(
-        wall - per_clip - parts["encode_clip (pad + tf.train.Example)"] - parts["_WriteShard.process"]
+        wall - per_clip - parts["encode_clip (pad + tf.train.Example)"] - parts["shard writing (shards.py process)"]
         - parts["_MomentsFn.add_input"], 2)
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(15)
