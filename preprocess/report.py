@@ -10,7 +10,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from preprocess.config import PreprocessConfig
 from preprocess.stats import FILTER_REASONS, Cutoffs, Moments, padding_fraction, summarize
-from preprocess.shards import TEMP_DIR
+from preprocess.shards import remove_temp_dir
 from shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
                            AudioParams, MelParams, Schema, Vocabulary)
 
@@ -97,9 +97,7 @@ class _WriteReportFn(beam.DoFn):
     def process(self, _, input_rows, before, after, cutoffs, reasons, shards, moments, rejected_files):
         stats = build_stats(self.cfg, input_rows, before, after, cutoffs, dict(reasons), list(shards))
         _write_text(FileSystems.join(self.out_dir, STATS_FILE), json.dumps(stats, indent=2) + "\n")
-        tmp = FileSystems.join(self.out_dir, TEMP_DIR)
-        if FileSystems.exists(tmp):
-            FileSystems.delete([tmp])
+        remove_temp_dir(self.out_dir)
         if cutoffs is None:  # every row rejected: leave no schema, the run has nothing to train on
             raise AccountingError(
                 f"all {input_rows} input rows were rejected; see {REJECTED_FILE} for the reasons")

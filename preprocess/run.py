@@ -20,7 +20,7 @@ from melshards.cli import run_command
 from preprocess.config import load_config
 from preprocess.corpus import CorpusError, detect_corpus
 from preprocess.pipeline import build
-from preprocess.shards import SHARD_SUFFIX, TEMP_DIR
+from preprocess.shards import SHARD_SUFFIX, remove_temp_dir
 from shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
 from shards_schema.config import ConfigError
 
@@ -39,7 +39,6 @@ class OutputError(ValueError):
 def _outputs(out_dir: str) -> list[str]:
     patterns = [FileSystems.join(out_dir, n) for n in (SCHEMA_FILE, STATS_FILE, REJECTED_FILE)]
     patterns += [FileSystems.join(out_dir, f"{s}-*{SHARD_SUFFIX}") for s in ("train", "val")]
-    patterns += [FileSystems.join(out_dir, TEMP_DIR)]
     return [m.path for r in FileSystems.match(patterns) for m in r.metadata_list]
 
 
@@ -54,6 +53,7 @@ def prepare_output(out_dir: str, overwrite: bool) -> None:
         log.info("removing %d files of the %s run in %s", len(stale), "previous" if finished else "unfinished",
                  out_dir)
         FileSystems.delete(stale)
+    remove_temp_dir(out_dir)
 
 
 def pipeline_options(beam_args: list[str]) -> PipelineOptions:

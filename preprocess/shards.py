@@ -105,8 +105,22 @@ class _AssembleShard(beam.DoFn):
                     with FileSystems.open(part) as f:
                         while chunk := f.read(_COPY_CHUNK):
                             out.write(chunk)
+            FileSystems.delete(shard["parts"])
         beam.metrics.Metrics.counter("melshards", "shards_written").inc()
         yield {k: shard[k] for k in ("split", "file", "records", "bytes")}
+
+
+def remove_temp_dir(out_dir: str) -> None:
+    """Delete what is left under the temp dir (parts of failed bundle attempts), then the dir.
+
+    Matched file by file: on gs:// a directory is only a prefix, and exists() is false for it.
+    """
+    tmp = FileSystems.join(out_dir, TEMP_DIR)
+    leftovers = [m.path for m in FileSystems.match([FileSystems.join(tmp, "*")])[0].metadata_list]
+    if leftovers:
+        FileSystems.delete(leftovers)
+    if FileSystems.exists(tmp):
+        FileSystems.delete([tmp])
 
 
 class WriteShards(beam.PTransform):

@@ -157,3 +157,14 @@ def test_dataflow_job_graph_builds_offline(tmp_path, corpus_dir):
                   "PadAndEncode", "WriteShards", "WriteRejected", "Report"):
         assert stage in names
     assert not any(tmp_path.iterdir())
+
+
+def test_files_of_an_unfinished_run_are_cleared_before_a_new_one(tmp_path):
+    from preprocess.run import prepare_output
+    from preprocess.shards import TEMP_DIR
+    (tmp_path / TEMP_DIR).mkdir()
+    (tmp_path / TEMP_DIR / "train-x.tfrecord").write_bytes(b"x")
+    (tmp_path / "train-00000-of-00002.tfrecord").write_bytes(b"x")
+    (tmp_path / "notes.txt").write_text("the user's own file")
+    prepare_output(str(tmp_path), overwrite=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

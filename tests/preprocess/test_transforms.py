@@ -212,3 +212,13 @@ def test_concatenated_parts_read_as_one_tfrecord_file(tmp_path):
         p | beam.Create(plan) | beam.ParDo(_AssembleShard(str(tmp_path)))
     got = [r.numpy().decode() for r in tf.data.TFRecordDataset(str(tmp_path / "train-00000-of-00001.tfrecord"))]
     assert got == ["0-0", "0-1", "0-2", "1-0", "1-1", "1-2"]
+    assert not (tmp_path / "part0").exists() and not (tmp_path / "part1").exists()
+
+
+def test_remove_temp_dir_deletes_leftover_parts(tmp_path):
+    from preprocess.shards import TEMP_DIR, remove_temp_dir
+    (tmp_path / TEMP_DIR).mkdir()
+    (tmp_path / TEMP_DIR / "train-abc.tfrecord").write_bytes(b"x")
+    remove_temp_dir(str(tmp_path))
+    assert not (tmp_path / TEMP_DIR).exists()
+    remove_temp_dir(str(tmp_path))  # nothing there: a no-op
