@@ -13,11 +13,9 @@ import re
 import numpy as np
 
 from shards_schema import Schema, SchemaError, read_schema
-from shards_schema.records import decode_parsed, parse_spec
+from shards_schema.records import RAW_DTYPES, decode_parsed, parse_spec
 
 CHUNK = 256  # records decoded per parse_example call
-# Bytes per value of the raw storages in shards_schema.records (little-endian float16 / int16).
-RAW_ITEMSIZE = {"raw_float16": 2, "raw_int16": 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +93,9 @@ def raw_size_problems(schema: Schema, parsed: dict) -> list[str]:
     """Raw byte features whose length does not match their schema shape, named with both sizes."""
     out = []
     for f in schema.features:
-        if f.storage in RAW_ITEMSIZE:
+        if f.storage in RAW_DTYPES:
             got = len(parsed[f.name].numpy())
-            want = int(np.prod(f.shape)) * RAW_ITEMSIZE[f.storage]
+            want = int(np.prod(f.shape)) * RAW_DTYPES[f.storage].itemsize
             if got != want:
                 out.append(f"{f.name} holds {got} bytes, schema shape {list(f.shape)} of {f.storage} needs {want}")
     return out

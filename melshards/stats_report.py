@@ -11,6 +11,7 @@ from typing import Iterable
 
 from apache_beam.io.filesystems import FileSystems
 
+from melshards.shard_check import dir_of
 from melshards.whatif import DEFAULT_WHAT_IF, WhatIf, batch_bytes, int_hist, what_if_table
 from preprocess.stats import FILTER_REASONS
 from shards_schema import REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, STATS_FILE, SchemaError, read_schema
@@ -28,10 +29,6 @@ class Run:
     stats: dict
     n_mels: int | None  # from schema.json beside stats.json, or --n-mels
     rejected_path: str | None
-
-
-def _dir_of(path: str) -> str:
-    return path.rsplit("/", 1)[0] if "/" in path else "."
 
 
 def stats_path_of(path: str) -> str:
@@ -63,7 +60,7 @@ def load_run(path: str, n_mels: int | None = None) -> Run:
     if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
         raise StatsError(f"{stats_path} has version {version or '(none)'}, this melshards reads "
                          f"{SCHEMA_VERSION.split('.')[0]}.x; re-run `melshards preprocess` with this version.")
-    run_dir = _dir_of(stats_path)
+    run_dir = dir_of(stats_path)
     if n_mels is None:
         schema_path = FileSystems.join(run_dir, SCHEMA_FILE)
         if FileSystems.exists(schema_path):

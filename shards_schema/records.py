@@ -11,7 +11,7 @@ import numpy as np
 
 from shards_schema.schema import Feature, Schema, SchemaError
 
-_RAW_DTYPES = {"raw_float16": np.dtype("<f2"), "raw_int16": np.dtype("<i2")}
+RAW_DTYPES = {"raw_float16": np.dtype("<f2"), "raw_int16": np.dtype("<i2")}
 
 
 def encode_example(features: Sequence[Feature], values: Mapping[str, Any]) -> bytes:
@@ -29,11 +29,11 @@ def encode_example(features: Sequence[Feature], values: Mapping[str, Any]) -> by
             feats[f.name] = feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[raw]))
         elif f.storage == "int64":
             feats[f.name] = feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[int(v)]))
-        elif f.storage in _RAW_DTYPES:
+        elif f.storage in RAW_DTYPES:
             arr = np.asarray(v)
             if arr.shape != f.shape:
                 raise SchemaError(f"feature {f.name} has shape {arr.shape}, schema says {f.shape}")
-            raw = arr.astype(_RAW_DTYPES[f.storage]).tobytes()
+            raw = arr.astype(RAW_DTYPES[f.storage]).tobytes()
             feats[f.name] = feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[raw]))
         else:
             raise SchemaError(f"feature {f.name}: unknown storage {f.storage!r}")
