@@ -55,7 +55,7 @@ def before_dataset(clips, batch_size: int, sample_rate: int):
 
     from preprocess import audio as A
     from preprocess.config import PreprocessConfig
-    from preprocess.text import normalize_text
+    from shards_schema.text import normalize_text
     from shards_schema import Vocabulary
 
     cfg, vocab = PreprocessConfig(), Vocabulary()

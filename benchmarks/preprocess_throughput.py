@@ -75,7 +75,7 @@ def loop(rows: list[dict], cfg) -> int:
     """measure every row -> cut-offs -> featurize the kept clips; returns rows processed."""
     from preprocess import clips as C
     from preprocess.pipeline import cutoffs_from
-    from preprocess.stats import LENGTH_KEYS
+    from shards_schema.stats import LENGTH_KEYS
     from shards_schema import Vocabulary
 
     vocab, measured = Vocabulary(), []
@@ -99,7 +99,7 @@ def breakdown(rows: list[dict], cfg, out_path: str) -> dict:
     from preprocess import audio as A
     from preprocess import clips as C
     from preprocess.pipeline import encode_clip, cutoffs_from
-    from preprocess.stats import LENGTH_KEYS
+    from shards_schema.stats import LENGTH_KEYS
     from shards_schema import Vocabulary
 
     vocab = Vocabulary()

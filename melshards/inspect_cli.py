@@ -1,14 +1,16 @@
 """`melshards inspect SHARD_GLOB`: check shards against their schema without training."""
 from __future__ import annotations
 
+import posixpath
+
 import click
 
 MAX_PROBLEMS_SHOWN = 20  # per file; a file of bad records would otherwise bury the summary
 
 
 def shard_table(results) -> str:
-    from preprocess.tables import render
-    from melshards.shard_check import base_name, dir_of
+    from melshards.tables import render
+    from shards_schema.shards import base_name, dir_of
 
     one_dir = len({dir_of(r.path) for r in results}) == 1
     rows = [[base_name(r.path) if one_dir else r.path, r.split, str(r.records),
@@ -31,16 +33,16 @@ def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show:
     Quote SHARD_GLOB, e.g. 'out/demo/shards/*.tfrecord' (local or gs://); file names the shell
     expanded work too.
     """
-    from melshards.shard_check import check_shard, match_files, schemas_for
     from shards_schema import SPLITS, SchemaError
+    from shards_schema.shards import InputError, check_shard, expand_globs, schemas_for
 
-    files = sorted({f for pattern in shard_globs for f in match_files(pattern)})
-    if not files:
-        raise click.UsageError(f"no shard matches {' '.join(shard_globs)!r}; "
-                               "quote the pattern, e.g. 'out/shards/*.tfrecord'")
+    try:
+        files = expand_globs(shard_globs)
+    except InputError as e:
+        raise click.UsageError(str(e)) from e
     try:
         schemas, problems = schemas_for(files, schema_path)
-    except SchemaError as e:
+    except (SchemaError, InputError) as e:
         raise click.ClickException(str(e)) from e
     results, shown = [], []
     for f in files:
@@ -73,17 +75,16 @@ def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show:
 
 
 def _show(shown, out_dir: str) -> None:
-    from apache_beam.io.filesystems import FileSystems
+    import tensorflow as tf
 
     from melshards.record_view import describe, mel_figure, png_name
 
-    if not FileSystems.exists(out_dir):
-        FileSystems.mkdirs(out_dir)
+    tf.io.gfile.makedirs(out_dir)
     for record, schema in shown:
         click.echo("")
         for line in describe(record, schema):
             click.echo(line)
-        path = FileSystems.join(out_dir, png_name(record) + ".png")
-        with FileSystems.create(path) as f:
+        path = posixpath.join(out_dir, png_name(record) + ".png")
+        with tf.io.gfile.GFile(path, "wb") as f:
             mel_figure(record, schema).savefig(f, format="png", dpi=100)
         click.echo(f"  mel PNG   {path}")

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 
 from melshards.stats_tables import compare_rows, q_label, reasons_rows, whatif_notes, whatif_rows
 from melshards.whatif import int_hist
-from preprocess.tables import Table, counts_rows, padding_rows, pct, percentile_rows
+from melshards.tables import Table, counts_rows, padding_rows, pct, percentile_rows
 
 BEFORE, AFTER, CUT, PAD, LOW = "#b8b8b8", "#3a6ea5", "#c0392b", "#c0392b", "#e67e22"
 PANELS = (("text_len", "text length (symbols)", 1.0),

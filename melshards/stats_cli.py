@@ -21,7 +21,7 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
 
 def terminal_report(report: dict) -> str:
     from melshards.stats_tables import mib, whatif_table
-    from preprocess.tables import counts_table, padding_table, percentile_table
+    from melshards.tables import counts_table, padding_table, percentile_table
 
     pad = report["padding"]
     parts = [f"stats of {report['source']}", "",

@@ -11,10 +11,10 @@ from typing import Iterable
 
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.shard_check import dir_of
+from shards_schema.shards import dir_of
 from melshards.whatif import DEFAULT_WHAT_IF, WhatIf, batch_bytes, int_hist, what_if_table
-from preprocess.stats import FILTER_REASONS
-from shards_schema import REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, STATS_FILE, SchemaError, read_schema
+from shards_schema.stats import FILTER_REASONS
+from shards_schema import REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, STATS_FILE, Schema, SchemaError
 
 EXAMPLES_PER_REASON = 3
 
@@ -65,7 +65,8 @@ def load_run(path: str, n_mels: int | None = None) -> Run:
         schema_path = FileSystems.join(run_dir, SCHEMA_FILE)
         if FileSystems.exists(schema_path):
             try:
-                n_mels = read_schema(schema_path).n_mels
+                with FileSystems.open(schema_path) as f:  # Beam's IO: `stats` must not import TensorFlow
+                    n_mels = Schema.from_json(f.read().decode("utf-8"), where=schema_path).n_mels
             except SchemaError as e:
                 raise StatsError(f"{e} (needed for n_mels; pass --n-mels to skip reading it)") from e
     rejected = FileSystems.join(run_dir, REJECTED_FILE)

@@ -1,15 +1,15 @@
 """The tables only `melshards stats` shows: what-if, rejection reasons with examples, two runs side by side.
 
-Like `preprocess.tables`, each is (header, rows) of strings, rendered as text here or as HTML by
+Like `melshards.tables`, each is (header, rows) of strings, rendered as text here or as HTML by
 `melshards.report_html`. They read the dict `melshards.stats_report.build_report` returns.
 """
 from __future__ import annotations
 
 import textwrap
 
-from preprocess.stats import pkey
-from preprocess.stats import FILTER_REASONS
-from preprocess.tables import COLUMNS, Table, pct, render
+from shards_schema.stats import pkey
+from shards_schema.stats import FILTER_REASONS
+from melshards.tables import COLUMNS, Table, pct, render
 
 MIB = 2 ** 20
 

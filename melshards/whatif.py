@@ -1,8 +1,7 @@
 """What a different upper cut-off would cost, computed from the exact before-filter histograms.
 
-For an upper percentile q the job's own rule gives the cut-offs (`preprocess.stats.percentile`,
-inverted CDF, so always an observed length) and the padded lengths (`round_up` to the pad
-multiple). From those follow the clips kept, the share of each padded tensor that is padding,
+For an upper percentile q the job's own rule (`shards_schema.stats.compute_cutoffs`, inverted-CDF
+percentiles, so always an observed length) gives the cut-offs and the padded lengths. From those follow the clips kept, the share of each padded tensor that is padding,
 and the bytes of one decoded batch.
 
 What is exact and what is not: stats.json holds one histogram per length, not their joint
@@ -18,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
-from preprocess.stats import padding_fraction, percentile, round_up
+from shards_schema.stats import compute_cutoffs, padding_fraction
 
 DEFAULT_WHAT_IF = (90.0, 95.0, 98.0, 99.0, 99.5, 100.0)
 FLOAT32_BYTES = 4  # mel is stored as float16 but decode_parsed casts it to float32
@@ -81,18 +80,19 @@ class WhatIf:
         return d
 
 
-def what_if(before: Mapping[str, Mapping[int, int]], min_duration_ms: int, min_mel_frames: int,
-            multiple: int, mel_q: float, text_q: float, batch_size: int, n_mels: int | None,
-            is_job: bool = False) -> WhatIf:
-    """Figures for upper cut-offs at (mel_q, text_q), lower cut-offs as the job had them."""
+def what_if(before: Mapping[str, Mapping[int, int]], filter_cfg: Mapping, multiple: int, mel_q: float,
+            text_q: float, batch_size: int, n_mels: int | None, is_job: bool = False) -> WhatIf:
+    """Figures for upper cut-offs at (mel_q, text_q), the other filter settings as the job had them."""
     mel, text, dur = before["mel_frames"], before["text_len"], before["duration_ms"]
     clips = sum(mel.values())
-    mel_cut, text_cut = percentile(mel, mel_q), percentile(text, text_q)
+    cut = compute_cutoffs(before, float(filter_cfg["min_duration_s"]),
+                          float(filter_cfg["mel_frames_lower_percentile"]), mel_q, text_q, multiple)
+    mel_cut, text_cut = cut.max_mel_frames, cut.max_text_len
     # Both lower filters remove a prefix of the clips ordered by sample count: the union is the longer one.
-    shortest = max(count_below(dur, min_duration_ms), count_below(mel, min_mel_frames))
+    shortest = max(count_below(dur, cut.min_duration_ms), count_below(mel, cut.min_mel_frames))
     kept_mel = {v: c for v, c in drop_smallest(mel, shortest).items() if v <= mel_cut}
     text_fits = {v: c for v, c in text.items() if v <= text_cut}
-    padded_mel, padded_text = round_up(mel_cut, multiple), round_up(text_cut, multiple)
+    padded_mel, padded_text = cut.padded_mel_frames, cut.padded_text_len
     return WhatIf(
         mel_q=mel_q, text_q=text_q, mel_cut=mel_cut, text_cut=text_cut,
         padded_mel_frames=padded_mel, padded_text_len=padded_text,
@@ -116,5 +116,5 @@ def what_if_table(stats: dict, qs: tuple[float, ...], batch_size: int, n_mels: i
     job = (float(flt["mel_frames_upper_percentile"]), float(flt["text_len_upper_percentile"]))
     multiple = int(stats["padding"]["multiple"])
     pairs = sorted({(float(q), float(q)) for q in qs} | {job})
-    return [what_if(before, int(cut["min_duration_ms"]), int(cut["min_mel_frames"]), multiple,
-                    mq, tq, batch_size, n_mels, is_job=(mq, tq) == job) for mq, tq in pairs]
+    return [what_if(before, flt, multiple, mq, tq, batch_size, n_mels, is_job=(mq, tq) == job)
+            for mq, tq in pairs]

@@ -12,7 +12,7 @@ from apache_beam.io.filesystems import FileSystems
 from preprocess import audio as A
 from preprocess.config import PreprocessConfig
 from preprocess.corpus import reject
-from preprocess.text import has_speakable_content, normalize_text
+from shards_schema.text import has_speakable_content, normalize_text
 from shards_schema import Vocabulary
 
 

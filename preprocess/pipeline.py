@@ -17,9 +17,9 @@ from apache_beam.metrics import Metrics
 from preprocess import clips as C
 from preprocess.config import PreprocessConfig
 from preprocess.corpus import REJECTED, Corpus, DropDuplicateIds, ReadCorpus
-from preprocess.report import WriteReport
+from preprocess.report import WriteReport, mel_params
 from preprocess.shards import WriteShards
-from preprocess.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs
+from shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs
 from shards_schema import REJECTED_FILE, Schema, Vocabulary
 from shards_schema.records import encode_example
 
@@ -212,7 +212,7 @@ def pad_to(x: np.ndarray, length: int, value) -> np.ndarray:
 
 def encode_clip(clip: dict, cutoffs: Cutoffs, cfg: PreprocessConfig) -> tuple[str, str, bytes]:
     features = Schema.feature_table(cutoffs.padded_text_len, cutoffs.padded_mel_frames, cfg.mel.n_mels)
-    pad_value = float(np.log(cfg.mel.log_floor))
+    pad_value = mel_params(cfg.mel).pad_value
     values = {
         "id": clip["id"], "speaker": clip["speaker"], "text": clip["text"],
         "text_ids": pad_to(np.asarray(clip["text_ids"], np.int32), cutoffs.padded_text_len, 0),

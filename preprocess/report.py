@@ -8,9 +8,10 @@ from collections import Counter
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from preprocess.config import PreprocessConfig
-from preprocess.stats import FILTER_REASONS, Cutoffs, Moments, padding_fraction, summarize
+from preprocess.config import MelConfig, PreprocessConfig
+from shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, padding_fraction, summarize
 from preprocess.shards import remove_temp_dir
+from shards_schema.text import FRONTEND
 from shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
                            AudioParams, MelParams, Schema, Vocabulary)
 
@@ -63,6 +64,11 @@ def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dic
     return stats
 
 
+def mel_params(m: MelConfig) -> MelParams:
+    """The mel settings as the contract records them (and derives the pad value from)."""
+    return MelParams(m.n_fft, m.hop_length, m.win_length, m.n_mels, m.fmin, m.fmax, m.log_floor, m.power)
+
+
 def build_schema(cfg: PreprocessConfig, cutoffs: Cutoffs, moments: Moments, shards: list[dict]) -> Schema:
     m = cfg.mel
     if moments.n == 0:  # no training frames: identity normalisation, stated rather than invented
@@ -74,8 +80,9 @@ def build_schema(cfg: PreprocessConfig, cutoffs: Cutoffs, moments: Moments, shar
         version=SCHEMA_VERSION,
         features=Schema.feature_table(cutoffs.padded_text_len, cutoffs.padded_mel_frames, m.n_mels),
         audio=AudioParams(cfg.audio.sample_rate, cfg.audio.trim_silence, cfg.audio.trim_top_db),
-        mel=MelParams(m.n_fft, m.hop_length, m.win_length, m.n_mels, m.fmin, m.fmax, m.log_floor, m.power),
+        mel=mel_params(m),
         vocabulary=Vocabulary().symbols,
+        text_frontend=dict(FRONTEND),
         mel_mean=tuple(mean), mel_std=tuple(std),
         max_text_len=cutoffs.padded_text_len, max_mel_frames=cutoffs.padded_mel_frames,
         pad_multiple=cfg.pad.multiple,

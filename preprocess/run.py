@@ -78,7 +78,7 @@ def print_summary(out_dir: str, seconds: float) -> None:
                f"{c['rejected']} rejected")
     for reason, n in c["per_reason"].items():
         click.echo(f"  {reason:<26}{n:>6}")
-    from preprocess.tables import percentile_table
+    from melshards.tables import percentile_table
     click.echo("\n" + percentile_table(stats))
     pad = stats["padding"]
     click.echo(f"\npadded to text {pad['max_text_len']} symbols, mel {pad['max_mel_frames']} frames; "

@@ -5,8 +5,8 @@ at the target size, so no encoded record is ever materialised between stages or 
 and grouping them all cost 13.9 GiB and lost records in Beam's local runner at LJSpeech size).
 The small per-file results are then planned into shards: files at the target size are renamed,
 smaller ones (each bundle's last) are concatenated, which is valid because a TFRecord file is just
-a sequence of framed records. Records are framed with Beam's own TFRecord codec (`_TFRecordUtil`,
-crc32c from google-crc32c), through FileSystems, so gs:// works.
+a sequence of framed records. Records are framed by the contract's own `frame_record` (crc32c from
+google-crc32c) and written through FileSystems, so gs:// works.
 """
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ import uuid
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.io.tfrecordio import _TFRecordUtil
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
+from shards_schema.records import frame_record
 from shards_schema.schema import UNFINISHED_DIR as TEMP_DIR
 
 SHARD_SUFFIX = ".tfrecord"
@@ -78,9 +78,10 @@ class _RollingWriter(beam.DoFn):
             path = FileSystems.join(self.out_dir, TEMP_DIR, f"{split}-{uuid.uuid4().hex}{SHARD_SUFFIX}")
             w = self.open[split] = {"split": split, "path": path, "records": 0, "bytes": 0,
                                     "fh": FileSystems.create(path)}
-        _TFRecordUtil.write_record(w["fh"], data)
+        framed = frame_record(data)
+        w["fh"].write(framed)
         w["records"] += 1
-        w["bytes"] += _TFRecordUtil.encoded_num_bytes(data)
+        w["bytes"] += len(framed)
 
     def finish_bundle(self):
         for split in list(self.open):

@@ -1,12 +1,14 @@
-"""Record codec derived from the schema: encode (writer) and parse spec + decode (readers).
+"""Record codec derived from the schema: encode + frame (writer) and parse spec + decode (readers).
 
 Storage choices were measured (docs/performance.md, benchmarks/record_encoding.py): mel as raw
 little-endian float16 bytes parsed with `tf.io.decode_raw`, text ids as raw int16, no compression.
 """
 from __future__ import annotations
 
+import struct
 from typing import Any, Mapping, Sequence
 
+import google_crc32c
 import numpy as np
 
 from shards_schema.schema import Feature, Schema, SchemaError
@@ -14,32 +16,80 @@ from shards_schema.schema import Feature, Schema, SchemaError
 RAW_DTYPES = {"raw_float16": np.dtype("<f2"), "raw_int16": np.dtype("<i2")}
 
 
-def encode_example(features: Sequence[Feature], values: Mapping[str, Any]) -> bytes:
-    """Serialize one clip (already padded to the features' shapes) as a tf.train.Example."""
-    from tensorflow.core.example import example_pb2, feature_pb2
+# -- writing, without TensorFlow ---------------------------------------------------------------
+# The Beam job must not import TensorFlow (5.6 s per worker process, measured) just to build
+# tf.train.Example bytes. The wire format of the three messages involved is small and frozen:
+#   Example{features=1: Features}  Features{feature=1: map<string, Feature>}
+#   Feature{bytes_list=1 | int64_list=3}  BytesList{value=1: repeated bytes}
+#   Int64List{value=1: repeated int64, packed}
+# Map entries are written in the order of protobuf's deterministic serialisation (upb, its default
+# backend: bytewise, a key before its own prefix), so the tests can compare bytes with
+# tf.train.Example.SerializeToString(deterministic=True). Readers do not depend on the order.
 
+
+def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1  # int64 on the wire: negatives as their 64-bit two's complement
+    out = bytearray()
+    while True:
+        byte = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def _feature(f: Feature, v: Any) -> bytes:
+    if f.storage == "bytes":
+        raw = v.encode("utf-8") if isinstance(v, str) else bytes(v)
+        return _field(1, _field(1, raw))
+    if f.storage == "int64":
+        return _field(3, _field(1, _varint(int(v))))
+    if f.storage in RAW_DTYPES:
+        arr = np.asarray(v)
+        if arr.shape != f.shape:
+            raise SchemaError(f"feature {f.name} has shape {arr.shape}, schema says {f.shape}")
+        return _field(1, _field(1, arr.astype(RAW_DTYPES[f.storage]).tobytes()))
+    raise SchemaError(f"feature {f.name}: unknown storage {f.storage!r}")
+
+
+def _map_key_order(name: str) -> bytes:
+    # 0xFF never occurs in UTF-8, so "mel_len" sorts before "mel" as in upb's map sorter
+    return name.encode("utf-8") + b"\xff"
+
+
+def encode_example(features: Sequence[Feature], values: Mapping[str, Any]) -> bytes:
+    """Serialize one clip (already padded to the features' shapes) as tf.train.Example bytes."""
     missing = [f.name for f in features if f.name not in values]
     if missing:
         raise SchemaError(f"record is missing features {missing}")
-    feats = {}
-    for f in features:
-        v = values[f.name]
-        if f.storage == "bytes":
-            raw = v.encode("utf-8") if isinstance(v, str) else bytes(v)
-            feats[f.name] = feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[raw]))
-        elif f.storage == "int64":
-            feats[f.name] = feature_pb2.Feature(int64_list=feature_pb2.Int64List(value=[int(v)]))
-        elif f.storage in RAW_DTYPES:
-            arr = np.asarray(v)
-            if arr.shape != f.shape:
-                raise SchemaError(f"feature {f.name} has shape {arr.shape}, schema says {f.shape}")
-            raw = arr.astype(RAW_DTYPES[f.storage]).tobytes()
-            feats[f.name] = feature_pb2.Feature(bytes_list=feature_pb2.BytesList(value=[raw]))
-        else:
-            raise SchemaError(f"feature {f.name}: unknown storage {f.storage!r}")
-    return example_pb2.Example(features=feature_pb2.Features(feature=feats)).SerializeToString()
+    entries = b"".join(
+        _field(1, _field(1, f.name.encode("utf-8")) + _field(2, _feature(f, values[f.name])))
+        for f in sorted(features, key=lambda f: _map_key_order(f.name)))
+    return _field(1, entries)
 
 
+def _masked_crc(data: bytes) -> int:
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def frame_record(data: bytes) -> bytes:
+    """One TFRecord: length, masked CRC32C of the length, data, masked CRC32C of the data.
+
+    A TFRecord file is these frames back to back, so files can be concatenated into shards.
+    """
+    length = struct.pack("<Q", len(data))
+    return length + struct.pack("<I", _masked_crc(length)) + data + struct.pack("<I", _masked_crc(data))
+
+
+# -- reading (TensorFlow, imported by the functions that need it) -------------------------------
 def parse_spec(schema: Schema) -> dict[str, Any]:
     """`tf.io.parse_example` spec: every feature is a fixed-length scalar entry."""
     import tensorflow as tf

@@ -9,9 +9,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import posixpath
 from typing import Any
 
-SCHEMA_VERSION = "1.0.0"
+SCHEMA_VERSION = "1.1.0"
 SCHEMA_FILE = "schema.json"
 STATS_FILE = "stats.json"
 REJECTED_FILE = "rejected.jsonl"
@@ -64,6 +65,7 @@ class Schema:
     audio: AudioParams
     mel: MelParams
     vocabulary: tuple[str, ...]
+    text_frontend: dict[str, Any]  # shards_schema.text.FRONTEND the text was normalised with
     mel_mean: tuple[float, ...]
     mel_std: tuple[float, ...]
     max_text_len: int
@@ -101,7 +103,7 @@ class Schema:
     def contract(self) -> dict[str, Any]:
         """The part two shard sets must share to be read by one trainer (not counts or file lists)."""
         d = self.to_dict()
-        return {k: d[k] for k in ("version", "features", "audio", "mel", "vocabulary",
+        return {k: d[k] for k in ("version", "features", "audio", "mel", "vocabulary", "text_frontend",
                                    "max_text_len", "max_mel_frames")}
 
     def check_compatible(self, other: "Schema", here: str, there: str) -> None:
@@ -139,6 +141,7 @@ class Schema:
                 audio=AudioParams(**d["audio"]),
                 mel=MelParams(**d["mel"]),
                 vocabulary=tuple(d["vocabulary"]),
+                text_frontend=dict(d["text_frontend"]),
                 mel_mean=tuple(float(x) for x in d["mel_mean"]),
                 mel_std=tuple(float(x) for x in d["mel_std"]),
                 max_text_len=int(d["max_text_len"]),
@@ -160,15 +163,22 @@ class Schema:
         return cls.from_dict(d, where)
 
 
+def read_text(path: str) -> str:
+    """A small text file, local or gs:// (tf.io.gfile: the trainer's IO; imported only when called)."""
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return f.read().decode("utf-8")
+
+
 def read_schema(path: str) -> Schema:
     """Read schema.json from a local or gs:// path (a directory or the file itself)."""
-    from apache_beam.io.filesystems import FileSystems
+    import tensorflow as tf
 
     if not path.endswith(".json"):
-        path = FileSystems.join(path, SCHEMA_FILE)
-    if not FileSystems.exists(path):
+        path = posixpath.join(path, SCHEMA_FILE)
+    if not tf.io.gfile.exists(path):
         raise SchemaError(
             f"{path} does not exist: the directory holds no finished preprocessing run "
-            "(schema.json is written last). Run `melshards preprocess` to completion, or pass --schema.")
-    with FileSystems.open(path) as f:
-        return Schema.from_json(f.read().decode("utf-8"), where=path)
+            "(schema.json is written last). Run `melshards preprocess` to completion.")
+    return Schema.from_json(read_text(path), where=path)

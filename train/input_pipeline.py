@@ -5,58 +5,15 @@ that can fail (globs, schemas beside the shards) run here in Python before anyth
 """
 from __future__ import annotations
 
-import posixpath
 from typing import Sequence
 
 import numpy as np
 import tensorflow as tf
 
-from shards_schema import SCHEMA_FILE, Schema, read_schema
-from shards_schema.schema import UNFINISHED_DIR
+from shards_schema import Schema
 from shards_schema.records import decode_parsed, encode_example, parse_spec
+from shards_schema.shards import InputError, check_schemas, expand_globs  # noqa: F401 (the trainer's checks)
 from train.config import DataConfig
-
-
-class InputError(ValueError):
-    """The shards cannot be read as given; the message names the path and how to fix it."""
-
-
-def expand_globs(patterns: Sequence[str]) -> list[str]:
-    """Local or gs:// globs -> sorted unique files; a glob matching nothing is an error."""
-    files: list[str] = []
-    for pattern in patterns:
-        matched = tf.io.gfile.glob(pattern)
-        if not matched:
-            raise InputError(f"{pattern!r} matches no file; check the path and quote the glob so the "
-                             "shell does not expand it")
-        files += matched
-    not_shards = [f for f in files if not f.endswith(".tfrecord")]
-    if not_shards:
-        raise InputError(f"{not_shards[0]} is not a .tfrecord shard; pass globs of the shards "
-                         "`melshards preprocess` wrote, e.g. 'DIR/train-*.tfrecord'")
-    return sorted(set(files))
-
-
-def check_schemas(files: Sequence[str], schema_path: str | None) -> tuple[Schema, str]:
-    """The schema to train with, after checking that every shard directory holds a finished run of it.
-
-    Returns (schema, where it was read from). Without `schema_path` the first directory's
-    schema.json is the reference.
-    """
-    dirs = sorted({posixpath.dirname(f) for f in files})
-    for d in dirs:
-        if tf.io.gfile.exists(posixpath.join(d, UNFINISHED_DIR)):
-            raise InputError(
-                f"{d} holds an unfinished preprocessing run ({UNFINISHED_DIR}/ is still there); "
-                "let `melshards preprocess` finish, or re-run it with --overwrite")
-    ref_path = schema_path or posixpath.join(dirs[0], SCHEMA_FILE)
-    ref = read_schema(ref_path)
-    for d in dirs:
-        here = posixpath.join(d, SCHEMA_FILE)
-        if here == ref_path:
-            continue
-        read_schema(here).check_compatible(ref, here=ref_path, there=here)
-    return ref, ref_path
 
 
 def padding_record(schema: Schema) -> bytes:
@@ -160,21 +117,6 @@ def first_batch(files: Sequence[str], schema: Schema, cfg: DataConfig,
     ds = (tf.data.TFRecordDataset(list(files)).repeat()
           .batch(cfg.batch_size, drop_remainder=True).map(_parse_fn(schema, cfg.batch_size, names)))
     return next(iter(ds.take(1)))
-
-
-def locate_bad_shard(files: Sequence[str], schema: Schema) -> tuple[str, str] | None:
-    """(file, error) of the first shard with a record that fails its CRC/length check or does not parse.
-
-    Run only after the pipeline failed: TF's DataLossError gives a byte offset but no file name.
-    """
-    parse = _parse_fn(schema, 1, [f.name for f in schema.features])
-    for f in files:
-        try:
-            for _ in tf.data.TFRecordDataset(f).batch(1).map(parse):
-                pass
-        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-            return f, e.message.split("[Op:")[0].strip()
-    return None
 
 
 def _options(cfg: DataConfig) -> tf.data.Options:

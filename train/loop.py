@@ -20,6 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from shards_schema import SCHEMA_FILE, Schema
+from shards_schema.shards import first_bad_shard
 from train import input_pipeline as ip
 from train.config import TrainConfig
 from train.model import build_model
@@ -160,8 +161,8 @@ def _read(fetch, files: Sequence[str], schema: Schema):
     try:
         return fetch()
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-        bad = ip.locate_bad_shard(files, schema)
-        where = f"{bad[0]}: {bad[1]}" if bad else f"one of {len(files)} shards ({e.message.split('[Op:')[0].strip()})"
+        bad = first_bad_shard(files, schema)
+        where = str(bad) if bad else f"one of {len(files)} shards ({e.message.split('[Op:')[0].strip()})"
         raise TrainError(f"corrupt or truncated shard {where}. Re-run `melshards preprocess` for it, or "
                          "leave it out of the glob") from e
 

@@ -95,7 +95,7 @@ def load_synthesizer(model_dir: str) -> Synthesizer:
 
 def text_ids(text: str, schema: Schema) -> tuple[np.ndarray, int, str]:
     """Raw text -> (padded ids [1, max_text_len], length, normalised text), as preprocess made them."""
-    from preprocess.text import normalize_text
+    from shards_schema.text import normalize_text
 
     normalised = normalize_text(text)
     ids, _ = Vocabulary(schema.vocabulary).encode(normalised)

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from melshards.stats_cli import stats_command
-from preprocess.stats import REPORT_PERCENTILES, pkey
-from preprocess.tables import COLUMNS
+from shards_schema.stats import REPORT_PERCENTILES, pkey
+from melshards.tables import COLUMNS
 
 
 def run_stats(*args: str):

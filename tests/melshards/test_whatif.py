@@ -8,7 +8,7 @@ import pytest
 
 from melshards.whatif import (DEFAULT_WHAT_IF, batch_bytes, count_above, count_below, drop_smallest, int_hist,
                               what_if, what_if_table)
-from preprocess.stats import padding_fraction
+from shards_schema.stats import padding_fraction
 
 BEFORE = {
     "mel_frames": {10: 1, 20: 2, 30: 3, 40: 4},
@@ -29,8 +29,13 @@ def test_batch_bytes_counts_float32_mel_and_int32_text():
     assert batch_bytes(2, 32, 3, 8) == 2 * (32 * 3 * 4 + 8 * 4)
 
 
+def _filter(min_duration_s: float, lower_q: float) -> dict:
+    """The filter section of stats.json; lower_q 20 puts the lower mel cut-off at 20 frames in BEFORE."""
+    return {"min_duration_s": min_duration_s, "mel_frames_lower_percentile": lower_q}
+
+
 def test_what_if_exact_figures_on_a_small_histogram():
-    w = what_if(BEFORE, min_duration_ms=200, min_mel_frames=20, multiple=8, mel_q=50, text_q=50,
+    w = what_if(BEFORE, _filter(0.2, lower_q=20), multiple=8, mel_q=50, text_q=50,
                 batch_size=2, n_mels=3)
     assert (w.mel_cut, w.padded_mel_frames, w.text_cut, w.padded_text_len) == (30, 32, 5, 8)
     # one clip under 200 ms, which is also the one under 20 frames; 4 clips above 30 frames
@@ -41,7 +46,7 @@ def test_what_if_exact_figures_on_a_small_histogram():
 
 
 def test_lower_filters_remove_the_longer_prefix_of_shortest_clips():
-    w = what_if(BEFORE, min_duration_ms=300, min_mel_frames=20, multiple=8, mel_q=100, text_q=100,
+    w = what_if(BEFORE, _filter(0.3, lower_q=20), multiple=8, mel_q=100, text_q=100,
                 batch_size=1, n_mels=1)
     assert w.kept == 10 - 3  # three clips are under 300 ms; the single clip under 20 frames is among them
 
@@ -49,7 +54,8 @@ def test_lower_filters_remove_the_longer_prefix_of_shortest_clips():
 def test_what_if_table_adds_and_marks_the_jobs_own_cutoff():
     stats = {"histograms": {"before_filter": {k: {str(v): c for v, c in h.items()} for k, h in BEFORE.items()}},
              "cutoffs": {"min_duration_ms": 0, "min_mel_frames": 10},
-             "filter": {"mel_frames_upper_percentile": 97.0, "text_len_upper_percentile": 90.0},
+             "filter": {"mel_frames_upper_percentile": 97.0, "text_len_upper_percentile": 90.0,
+                        "min_duration_s": 0.0, "mel_frames_lower_percentile": 0.0},
              "padding": {"multiple": 8}}
     rows = what_if_table(stats, (90.0, 100.0), batch_size=1, n_mels=None)
     assert [(r.mel_q, r.text_q, r.is_job) for r in rows] == [(90, 90, False), (97, 90, True), (100, 100, False)]

@@ -11,8 +11,8 @@ import tensorflow as tf
 from preprocess import audio as A
 from preprocess.config import PreprocessConfig, load_config
 from preprocess.run import run
-from preprocess.stats import percentile
-from preprocess.text import normalize_text
+from shards_schema.stats import percentile
+from shards_schema.text import normalize_text
 from shards_schema import read_schema
 from shards_schema.records import decode_parsed, parse_spec
 

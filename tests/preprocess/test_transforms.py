@@ -13,7 +13,7 @@ from preprocess.corpus import Corpus, DropDuplicateIds, ReadCorpus, detect_corpu
 from preprocess.pipeline import (ComputeMel, FilterByPercentiles, LengthHistograms, MeasureClips, MelStatistics,
                                  PadAndEncode, encode_clip, split_of)
 from preprocess.shards import WriteShards, plan_shards
-from preprocess.stats import Cutoffs
+from shards_schema.stats import Cutoffs
 
 CFG = PreprocessConfig()
 
@@ -158,7 +158,7 @@ def test_pad_and_encode_pads_to_the_cutoff_lengths(corpus_dir):
 
     from preprocess.clips import featurize
     from preprocess.report import build_schema
-    from preprocess.stats import Moments
+    from shards_schema.stats import Moments
     clip = dict(featurize(_measured(corpus_dir, "LJT001-0001"), CFG), split="train")
     cut = Cutoffs(0, 1, 400, 80, 400, 80)
     with pipeline() as p:

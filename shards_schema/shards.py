@@ -1,4 +1,8 @@
-"""Check TFRecord shards against their schema.json the way the trainer will read them.
+"""Shard discovery and checking: globs, one finished run per directory, schema compatibility, and
+finding the bad shard. Used by the trainer, `melshards inspect` and the public dataset API alike.
+
+Paths go through `tf.io.gfile`, so local paths and gs:// work the same. TensorFlow is imported
+inside the functions that read records, so importing this module stays cheap.
 
 Each file is read with its own `tf.data.TFRecordDataset`, one record at a time, so a truncated or
 corrupt file is named together with how many records were readable before the damage. Records are
@@ -8,12 +12,14 @@ chunks for speed; a chunk that fails is decoded record by record to name the bad
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 import re
+from typing import Sequence
 
 import numpy as np
 
-from shards_schema import Schema, SchemaError, read_schema
 from shards_schema.records import RAW_DTYPES, decode_parsed, parse_spec
+from shards_schema.schema import SCHEMA_FILE, UNFINISHED_DIR, Schema, SchemaError, read_schema
 
 CHUNK = 256  # records decoded per parse_example call
 
@@ -23,6 +29,7 @@ class Problem:
     path: str
     record: int | None  # 0-based index in the file; None for file-level problems
     what: str
+    listing: bool = False  # the file disagrees with schema.json's shard list, its records may be fine
 
     def __str__(self) -> str:
         where = self.path if self.record is None else f"{self.path}: record {self.record}"
@@ -38,11 +45,34 @@ class ShardResult:
     problems: list[Problem] = dataclasses.field(default_factory=list)
 
 
-def match_files(pattern: str) -> list[str]:
-    from apache_beam.io.filesystems import FileSystems
+class InputError(ValueError):
+    """The shards cannot be read as given; the message names the path and how to fix it."""
 
-    matched = FileSystems.match([pattern])[0].metadata_list
-    return sorted(m.path for m in matched if not m.path.endswith(".json"))
+
+SHARD_SUFFIX = ".tfrecord"
+
+
+def expand_globs(patterns: Sequence[str]) -> list[str]:
+    """Local or gs:// globs -> sorted unique shard files; a glob matching nothing is an error."""
+    import tensorflow as tf
+
+    files: list[str] = []
+    for pattern in patterns:
+        matched = tf.io.gfile.glob(pattern)
+        if not matched:
+            raise InputError(f"{pattern!r} matches no file; check the path and quote the glob so the "
+                             "shell does not expand it")
+        files += matched
+    # `DIR/*` is a natural thing to type: the run's JSON reports beside the shards are not shards
+    files = [f for f in files if not f.endswith((".json", ".jsonl"))]
+    not_shards = [f for f in files if not f.endswith(SHARD_SUFFIX)]
+    if not_shards:
+        raise InputError(f"{not_shards[0]} is not a {SHARD_SUFFIX} shard; pass globs of the shards "
+                         "`melshards preprocess` wrote, e.g. 'DIR/train-*.tfrecord'")
+    if not files:
+        raise InputError(f"{' '.join(patterns)!r} matches no shard, only the run's reports; pass globs of "
+                         "the shards, e.g. 'DIR/train-*.tfrecord'")
+    return sorted(set(files))
 
 
 def dir_of(path: str) -> str:
@@ -167,20 +197,54 @@ def check_shard(path: str, schema: Schema, keep: int = 0) -> tuple[ShardResult, 
     if chunk:
         flush(chunk, result.records - len(chunk))
     if expected is not None and result.records != expected:
-        result.problems.append(Problem(path, None, f"holds {result.records} records, schema.json lists {expected}"))
+        result.problems.append(Problem(path, None, f"holds {result.records} records, schema.json lists {expected}",
+                                       listing=True))
     return result, shown
 
 
-def schemas_for(files: list[str], schema_path: str | None) -> tuple[dict[str, Schema], list[Problem]]:
-    """The schema of each file's directory (or the one given), and problems if they cannot be mixed."""
-    by_dir: dict[str, Schema] = {}
-    for d in sorted({dir_of(f) for f in files}):
-        by_dir[d] = read_schema(schema_path or d)
+def schemas_for(files: Sequence[str], schema_path: str | None) -> tuple[dict[str, Schema], list[Problem]]:
+    """The schema of each file's directory (or the one given), and problems if they cannot be mixed.
+
+    A directory still holding the preprocessing job's temp dir is an unfinished run: an error.
+    """
+    import tensorflow as tf
+
+    dirs = sorted({dir_of(f) for f in files})
+    for d in dirs:
+        if tf.io.gfile.exists(posixpath.join(d, UNFINISHED_DIR)):
+            raise InputError(
+                f"{d} holds an unfinished preprocessing run ({UNFINISHED_DIR}/ is still there); "
+                "let `melshards preprocess` finish, or re-run it with --overwrite")
+    by_dir = {d: read_schema(schema_path or d) for d in dirs}
+    ref = schema_path or posixpath.join(dirs[0], SCHEMA_FILE)
     problems = []
-    dirs = list(by_dir)
-    for d in dirs[1:]:
+    for d in dirs:
         try:
-            by_dir[dirs[0]].check_compatible(by_dir[d], dirs[0], d)
+            by_dir[dirs[0]].check_compatible(by_dir[d], ref, posixpath.join(d, SCHEMA_FILE))
         except SchemaError as e:
             problems.append(Problem(d, None, str(e)))
     return {f: by_dir[dir_of(f)] for f in files}, problems
+
+
+def check_schemas(files: Sequence[str], schema_path: str | None) -> tuple[Schema, str]:
+    """The one schema every file can be read with, and where it was read from; raises otherwise.
+
+    Without `schema_path` the first directory's schema.json is the reference.
+    """
+    by_file, problems = schemas_for(files, schema_path)
+    if problems:
+        raise SchemaError(problems[0].what)
+    return by_file[sorted(files)[0]], schema_path or posixpath.join(dir_of(sorted(files)[0]), SCHEMA_FILE)
+
+
+def first_bad_shard(files: Sequence[str], schema: Schema) -> Problem | None:
+    """The first problem of the first shard that has one (unreadable, truncated, or a bad record).
+
+    Run only after a read failed: TensorFlow's DataLossError gives a byte offset but no file name.
+    """
+    for f in files:
+        result, _ = check_shard(f, schema)
+        unreadable = [p for p in result.problems if not p.listing]
+        if unreadable:
+            return unreadable[0]
+    return None

@@ -1,6 +1,6 @@
 import pytest
 
-from preprocess.text import expand_numbers, has_speakable_content, normalize_text
+from shards_schema.text import expand_numbers, has_speakable_content, normalize_text
 
 
 @pytest.mark.parametrize("raw, expected", [

@@ -1,4 +1,8 @@
-"""English text normalisation for TTS: pure functions, unit-tested for exact output.
+"""The text front end: English normalisation for TTS, pure functions unit-tested for exact output.
+
+Versioned: schema.json records the front end the shards were made with, and synthesis refuses a
+version it does not know, because text normalised differently maps to other ids than the model
+was trained on. Any change to the output of `normalize_text` must bump FRONTEND_VERSION.
 
 ASCII folding is unidecode's, number words are inflect's; only the abbreviation list and the
 currency/ordinal patterns are ours (no library covers them for TTS).
@@ -9,6 +13,8 @@ import functools
 import re
 
 from unidecode import unidecode
+
+FRONTEND = {"name": "english", "version": 1}
 
 _ABBREVIATIONS = [(re.compile(rf"\b{abbr}\.", re.IGNORECASE), full) for abbr, full in [
     ("mrs", "misess"), ("mr", "mister"), ("dr", "doctor"), ("st", "saint"), ("co", "company"),
@@ -93,3 +99,12 @@ def normalize_text(text: str) -> str:
 def has_speakable_content(normalized: str) -> bool:
     """A transcript is usable only if something in it is pronounced."""
     return any("a" <= c <= "z" for c in normalized)
+
+
+def normalizer_for(frontend: dict):
+    """The normalise function of the front end recorded in a schema; ValueError when it is unknown."""
+    if frontend != FRONTEND:
+        raise ValueError(
+            f"the shards were made with text front end {frontend}, this melshards has {FRONTEND}; "
+            "use the melshards version that made them, or re-run `melshards preprocess` and retrain")
+    return normalize_text
