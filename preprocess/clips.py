@@ -1,10 +1,13 @@
 """Stages 2-3: per-clip work. Thin DoFns over the pure functions in text.py and audio.py.
 
-`measure` decodes a clip and computes its lengths (cheap); `featurize` computes the log-mel for
-clips that survived the percentile filter. Audio is decoded twice, the mel is computed once: no
-mel array is held while the global statistics are still being gathered.
+`featurize` reads, decodes, resamples and trims a clip once and computes its lengths and its log-mel
+in the same pass; the job carries the mel across the statistics
+barrier (see pipeline.py) instead of decoding the clip a second time. `measure` is the lengths
+alone, for tools that need no mel.
 """
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
@@ -60,24 +63,45 @@ def prepare_text(raw: str, vocab: Vocabulary) -> tuple[str, list[int], int]:
     return text, ids, skipped
 
 
-def measure(row: dict, cfg: PreprocessConfig, vocab: Vocabulary) -> dict:
-    """Row -> row + normalised text, ids and the three lengths the statistics are made of."""
-    text, ids, _ = prepare_text(row["text"], vocab)
-    y = load_trimmed(row["audio"], cfg)
+def _measured(row: dict, text: str, ids: list[int], y: np.ndarray, cfg: PreprocessConfig) -> dict:
     return dict(row, text=text, text_ids=ids, text_len=len(ids), num_samples=int(y.size),
                 mel_frames=A.num_frames(y.size, cfg.mel.hop_length),
                 duration_ms=int(round(1000 * y.size / cfg.audio.sample_rate)))
 
 
-def featurize(clip: dict, cfg: PreprocessConfig) -> dict:
-    """Measured clip -> clip + log-mel [frames, n_mels] float32 (the project's one mel computation)."""
-    y = load_trimmed(clip["audio"], cfg)
-    if y.size != clip["num_samples"]:
-        raise ClipRejected("unreadable_audio", f"decoded to {y.size} samples, {clip['num_samples']} "
-                                               "when measured: the file changed during the run")
-    mel = A.log_mel(y, cfg.audio.sample_rate, cfg.mel)
-    return dict(clip, mel=mel)
+def measure(row: dict, cfg: PreprocessConfig, vocab: Vocabulary) -> dict:
+    """Row -> row + normalised text, ids and the three lengths the statistics are made of."""
+    text, ids, _ = prepare_text(row["text"], vocab)
+    return _measured(row, text, ids, load_trimmed(row["audio"], cfg), cfg)
+
+
+def featurize(row: dict, cfg: PreprocessConfig, vocab: Vocabulary) -> dict:
+    """Row -> measured clip + log-mel [frames, n_mels] float32 (the project's one mel computation)."""
+    text, ids, _ = prepare_text(row["text"], vocab)
+    y = load_trimmed(row["audio"], cfg)
+    return dict(_measured(row, text, ids, y, cfg), mel=A.log_mel(y, cfg.audio.sample_rate, cfg.mel))
 
 
 def as_rejection(clip_id: str, e: ClipRejected) -> dict:
     return reject(clip_id, e.reason, e.detail)
+
+
+# -- the mel across the statistics barrier ---------------------------------------------------
+def stash_mel(stash_dir: str, clip_id: str, mel: np.ndarray) -> str:
+    """Write the unpadded mel as raw little-endian float16 (what the shards store); returns the path.
+
+    The name comes from the id, so a retried bundle rewrites the same file instead of adding one.
+    """
+    name = hashlib.sha1(clip_id.encode("utf-8")).hexdigest()
+    path = FileSystems.join(stash_dir, f"mel-{name}.f16")
+    with FileSystems.create(path) as f:
+        f.write(np.ascontiguousarray(mel, "<f2").tobytes())
+    return path
+
+
+def load_mel(path: str, frames: int, n_mels: int) -> np.ndarray:
+    with FileSystems.open(path) as f:
+        data = f.read()
+    if len(data) != 2 * frames * n_mels:  # our own temp file: a short one is a bug or a lost write
+        raise IOError(f"{path} holds {len(data)} bytes, expected {frames} x {n_mels} float16")
+    return np.frombuffer(data, "<f2").reshape(frames, n_mels)

@@ -12,13 +12,14 @@ from collections import Counter
 
 import apache_beam as beam
 import numpy as np
+from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
 from preprocess import clips as C
 from preprocess.config import PreprocessConfig
 from preprocess.corpus import REJECTED, Corpus, DropDuplicateIds, ReadCorpus
 from preprocess.report import WriteReport, mel_params
-from preprocess.shards import WriteShards
+from preprocess.shards import TEMP_DIR, WriteShards
 from shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs
 from shards_schema import REJECTED_FILE, Schema, Vocabulary
 from shards_schema.records import encode_example
@@ -41,8 +42,14 @@ def _one_blas_thread() -> None:
 
 # -- stages 2-3: per clip ----------------------------------------------------------------------
 class _MeasureFn(beam.DoFn):
-    def __init__(self, cfg: PreprocessConfig):
-        self.cfg = cfg
+    """Row -> clip with text, lengths, split, the mel's moments and the mel (or where it is stashed).
+
+    The clip is decoded, resampled and trimmed once, here; the mel computed from it crosses the
+    statistics barrier either in the element (stash_dir None) or as a temp file in stash_dir.
+    """
+
+    def __init__(self, cfg: PreprocessConfig, stash_dir: str | None = None):
+        self.cfg, self.stash_dir = cfg, stash_dir
 
     def setup(self):
         _one_blas_thread()
@@ -50,25 +57,33 @@ class _MeasureFn(beam.DoFn):
 
     def process(self, row):
         try:
-            clip = C.measure(row, self.cfg, self.vocab)
+            clip = C.featurize(row, self.cfg, self.vocab)
         except C.ClipRejected as e:
             _count(e.reason)
             yield beam.pvalue.TaggedOutput(REJECTED, C.as_rejection(row["id"], e))
             return
         _count("clips_measured")
         Metrics.distribution(NS, "mel_frames").update(clip["mel_frames"])
+        mel = clip.pop("mel")
+        clip["split"] = split_of(clip["id"], self.cfg.split.val_fraction, self.cfg.split.salt)
+        clip["moments"] = Moments.of(mel)  # from the float32 mel, before it is stored as float16
+        if self.stash_dir is None:
+            clip["mel"] = mel.astype(np.float16)
+        else:
+            clip["mel_path"] = C.stash_mel(self.stash_dir, clip["id"], mel)
         yield clip
 
 
 class MeasureClips(beam.PTransform):
-    """Rows -> clips with normalised text, ids and lengths; bad clips -> `rejected`."""
+    """Rows -> clips with normalised text, ids, lengths and mel; bad clips -> `rejected`."""
 
-    def __init__(self, cfg: PreprocessConfig):
+    def __init__(self, cfg: PreprocessConfig, stash_dir: str | None = None):
         super().__init__()
-        self.cfg = cfg
+        self.cfg, self.stash_dir = cfg, stash_dir
 
     def expand(self, rows):
-        return rows | "Measure" >> beam.ParDo(_MeasureFn(self.cfg)).with_outputs(REJECTED, main="clips")
+        return rows | "Measure" >> beam.ParDo(_MeasureFn(self.cfg, self.stash_dir)).with_outputs(
+            REJECTED, main="clips")
 
 
 # -- stage 4: statistics -----------------------------------------------------------------------
@@ -106,8 +121,8 @@ class _MomentsFn(beam.CombineFn):
     def create_accumulator(self):
         return Moments.empty(self.n_mels)
 
-    def add_input(self, acc, mel):
-        return acc.merge(Moments.of(mel))
+    def add_input(self, acc, moments):
+        return acc.merge(moments)
 
     def merge_accumulators(self, accs):
         out = Moments.empty(self.n_mels)
@@ -129,7 +144,7 @@ class MelStatistics(beam.PTransform):
     def expand(self, clips):
         return (clips
                 | "TrainOnly" >> beam.Filter(lambda c: c["split"] == "train")
-                | "Mel" >> beam.Map(lambda c: c["mel"])
+                | "Mel" >> beam.Map(lambda c: c["moments"])
                 | "Moments" >> beam.CombineGlobally(_MomentsFn(self.n_mels)))
 
 
@@ -173,32 +188,26 @@ def split_of(clip_id: str, val_fraction: float, salt: str) -> str:
     return "val" if int.from_bytes(h[:8], "big") / 2.0 ** 64 < val_fraction else "train"
 
 
-class _FeaturizeFn(beam.DoFn):
-    def __init__(self, cfg: PreprocessConfig):
-        self.cfg = cfg
-
-    def setup(self):
-        _one_blas_thread()
+class _LoadMelFn(beam.DoFn):
+    def __init__(self, n_mels: int):
+        self.n_mels = n_mels
 
     def process(self, clip):
-        try:
-            out = C.featurize(clip, self.cfg)
-        except C.ClipRejected as e:
-            _count(e.reason)
-            yield beam.pvalue.TaggedOutput(REJECTED, C.as_rejection(clip["id"], e))
-            return
-        _count("mels_computed")
-        out["split"] = split_of(clip["id"], self.cfg.split.val_fraction, self.cfg.split.salt)
-        yield out
+        if "mel_path" in clip:
+            clip = dict(clip, mel=C.load_mel(clip["mel_path"], clip["mel_frames"], self.n_mels))
+        _count("mels_loaded")
+        yield clip
 
 
 class ComputeMel(beam.PTransform):
+    """Kept clips -> clips holding their mel (float16, unpadded), read back if it was stashed."""
+
     def __init__(self, cfg: PreprocessConfig):
         super().__init__()
         self.cfg = cfg
 
     def expand(self, clips):
-        return clips | "LogMel" >> beam.ParDo(_FeaturizeFn(self.cfg)).with_outputs(REJECTED, main="clips")
+        return clips | "LoadMel" >> beam.ParDo(_LoadMelFn(self.cfg.mel.n_mels)).with_outputs(main="clips")
 
 
 # -- stage 6: pad + encode ---------------------------------------------------------------------
@@ -232,12 +241,17 @@ class PadAndEncode(beam.PTransform):
         return clips | "Encode" >> beam.Map(encode_clip, beam.pvalue.AsSingleton(self.cutoffs), self.cfg)
 
 
+def mel_stash_dir(out_dir: str) -> str | None:
+    """Where mels wait for the cut-offs: the output's temp dir, emptied by the report stage."""
+    return FileSystems.join(out_dir, TEMP_DIR)
+
+
 # -- the job -----------------------------------------------------------------------------------
 def build(p: beam.Pipeline, corpus: Corpus, out_dir: str, cfg: PreprocessConfig):
     """Wire every stage; returns the PCollection holding the schema.json path once it is written."""
     read = p | "Read" >> ReadCorpus(corpus)
     unique = read["rows"] | "Dedupe" >> DropDuplicateIds()
-    measured = unique.rows | "Measure" >> MeasureClips(cfg)
+    measured = unique.rows | "Measure" >> MeasureClips(cfg, mel_stash_dir(out_dir))
     before = measured.clips | "StatsBefore" >> LengthHistograms()
     cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, cfg)
     filtered = measured.clips | "FilterByPercentiles" >> FilterByPercentiles(cutoffs)
@@ -248,8 +262,8 @@ def build(p: beam.Pipeline, corpus: Corpus, out_dir: str, cfg: PreprocessConfig)
               | "PadAndEncode" >> PadAndEncode(cutoffs, cfg)
               | "WriteShards" >> WriteShards(out_dir, cfg.write.target_shard_mb))
 
-    rejected = ((read[REJECTED], unique[REJECTED], measured[REJECTED], filtered[REJECTED],
-                 featurized[REJECTED]) | "AllRejected" >> beam.Flatten())
+    rejected = ((read[REJECTED], unique[REJECTED], measured[REJECTED], filtered[REJECTED])
+                | "AllRejected" >> beam.Flatten())
     rejected_files = (rejected
                       | "ToJson" >> beam.Map(lambda r: json.dumps(r, sort_keys=True))
                       | "WriteRejected" >> beam.io.WriteToText(

@@ -123,18 +123,32 @@ def test_filter_drops_clips_outside_cutoffs_given_as_side_input():
             ("tiny", "mel_frames_below_cutoff")]), label="rejected")
 
 
-def _measured(corpus_dir, clip_id):
-    from preprocess.clips import measure
+@pytest.mark.parametrize("stash", [True, False], ids=["stashed", "in_element"])
+def test_mel_computed_at_measure_reaches_compute_mel_once_decoded(corpus_dir, tmp_path, monkeypatch, stash):
+    from preprocess import audio as A
+    from preprocess.clips import featurize
     from shards_schema import Vocabulary
-    return measure(_row(corpus_dir, clip_id), CFG, Vocabulary())
-
-
-def test_compute_mel_matches_measured_frames_and_assigns_split(corpus_dir):
-    clip = _measured(corpus_dir, "LJT001-0001")
+    decodes = []
+    real_decode = A.decode_audio
+    monkeypatch.setattr(A, "decode_audio", lambda *a: decodes.append(1) or real_decode(*a))
+    expected = featurize(_row(corpus_dir, "LJT001-0001"), CFG, Vocabulary())["mel"]
+    decodes.clear()
     with pipeline() as p:
-        out = p | beam.Create([clip]) | ComputeMel(CFG)
-        assert_that(out.clips | beam.Map(lambda c: (c["mel"].shape, c["split"])),
-                    equal_to([((clip["mel_frames"], 80), split_of("LJT001-0001", 0.05, "melshards"))]))
+        measured = p | beam.Create([_row(corpus_dir, "LJT001-0001")]) | MeasureClips(
+            CFG, str(tmp_path) if stash else None)
+        out = measured.clips | ComputeMel(CFG)
+
+        def check(clips):
+            (c,) = clips
+            assert c["split"] == split_of("LJT001-0001", 0.05, "melshards")
+            assert c["mel"].shape == (c["mel_frames"], 80) and c["mel"].dtype == np.float16
+            np.testing.assert_array_equal(c["mel"], expected.astype(np.float16))
+            assert c["moments"].n == c["mel_frames"]
+            np.testing.assert_allclose(c["moments"].mean, expected.mean(axis=0), rtol=1e-6)
+
+        assert_that(out.clips, check)
+    assert len(decodes) == 1  # the in-process runner shares this module
+    assert len(list(tmp_path.glob("mel-*.f16"))) == (1 if stash else 0)
 
 
 def test_split_is_deterministic_and_near_the_fraction():
@@ -144,8 +158,9 @@ def test_split_is_deterministic_and_near_the_fraction():
 
 
 def test_mel_statistics_use_training_frames_only():
-    a = {"split": "train", "mel": np.array([[0.0, 2.0], [2.0, 2.0]], np.float32)}
-    b = {"split": "val", "mel": np.full((3, 2), 100.0, np.float32)}
+    from shards_schema.stats import Moments
+    a = {"split": "train", "moments": Moments.of(np.array([[0.0, 2.0], [2.0, 2.0]], np.float32))}
+    b = {"split": "val", "moments": Moments.of(np.full((3, 2), 100.0, np.float32))}
     with pipeline() as p:
         out = p | beam.Create([a, b]) | MelStatistics(2)
         assert_that(out | beam.Map(lambda m: (m.n, m.mean.tolist(), m.std().tolist())),
@@ -159,7 +174,8 @@ def test_pad_and_encode_pads_to_the_cutoff_lengths(corpus_dir):
     from preprocess.clips import featurize
     from preprocess.report import build_schema
     from shards_schema.stats import Moments
-    clip = dict(featurize(_measured(corpus_dir, "LJT001-0001"), CFG), split="train")
+    from shards_schema import Vocabulary
+    clip = dict(featurize(_row(corpus_dir, "LJT001-0001"), CFG, Vocabulary()), split="train")
     cut = Cutoffs(0, 1, 400, 80, 400, 80)
     with pipeline() as p:
         out = p | beam.Create([clip]) | PadAndEncode(p | "Cut" >> beam.Create([cut]), CFG)
