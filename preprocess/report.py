@@ -10,7 +10,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from preprocess.config import MelConfig, PreprocessConfig
 from shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, padding_fraction, summarize
-from preprocess.shards import remove_temp_dir
+from preprocess.shards import TEMP_DIR, remove_temp_dir
 from shards_schema.text import FRONTEND
 from shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
                            AudioParams, MelParams, Schema, Vocabulary)
@@ -92,9 +92,13 @@ def build_schema(cfg: PreprocessConfig, cutoffs: Cutoffs, moments: Moments, shar
     )
 
 
-def _write_text(path: str, text: str) -> None:
-    with FileSystems.create(path) as f:
+def _write_text(out_dir: str, name: str, text: str) -> None:
+    """Write to a temporary name, then rename: a retried or killed report never leaves a partial file
+    (schema.json's presence marks a finished run)."""
+    tmp = FileSystems.join(out_dir, TEMP_DIR, f"{name}.writing")
+    with FileSystems.create(tmp) as f:
         f.write(text.encode("utf-8"))
+    FileSystems.rename([tmp], [FileSystems.join(out_dir, name)])
 
 
 class _WriteReportFn(beam.DoFn):
@@ -103,13 +107,14 @@ class _WriteReportFn(beam.DoFn):
 
     def process(self, _, input_rows, before, after, cutoffs, reasons, shards, moments, rejected_files):
         stats = build_stats(self.cfg, input_rows, before, after, cutoffs, dict(reasons), list(shards))
-        _write_text(FileSystems.join(self.out_dir, STATS_FILE), json.dumps(stats, indent=2) + "\n")
+        _write_text(self.out_dir, STATS_FILE, json.dumps(stats, indent=2) + "\n")
         remove_temp_dir(self.out_dir)
         if cutoffs is None:  # every row rejected: leave no schema, the run has nothing to train on
             raise AccountingError(
                 f"all {input_rows} input rows were rejected; see {REJECTED_FILE} for the reasons")
         schema = build_schema(self.cfg, cutoffs, moments, list(shards))
-        _write_text(FileSystems.join(self.out_dir, SCHEMA_FILE), schema.to_json())
+        _write_text(self.out_dir, SCHEMA_FILE, schema.to_json())
+        remove_temp_dir(self.out_dir)
         yield FileSystems.join(self.out_dir, SCHEMA_FILE)
 
 

@@ -89,24 +89,40 @@ class _RollingWriter(beam.DoFn):
 
 
 class _AssembleShard(beam.DoFn):
-    """Move (one part) or concatenate (several) temp files into the final shard."""
+    """Move (one part) or concatenate (several) temp files into the final shard; safe to retry.
+
+    Runners retry bundles, so this may run again over a shard an earlier attempt finished, or
+    stopped half-way. Concatenation goes to a temporary name that is renamed onto the final one,
+    so a final shard is never partial; parts are deleted only after that. Hence: all parts present
+    -> (re)assemble; final present and parts (some or all) gone -> done, delete what is left;
+    final absent and parts gone -> records were lost, fail loudly.
+    """
 
     def __init__(self, out_dir: str):
         self.out_dir = out_dir
 
     def process(self, shard):
         final = FileSystems.join(self.out_dir, shard["file"])
-        if FileSystems.exists(final):  # a retried bundle already produced it
-            FileSystems.delete([final])
-        if len(shard["parts"]) == 1:
-            FileSystems.rename(shard["parts"], [final])
+        parts = shard["parts"]
+        missing = [p for p in parts if not FileSystems.exists(p)]
+        if missing:
+            if not FileSystems.exists(final):
+                raise IOError(f"cannot assemble {final}: parts {missing} are gone and the shard was never "
+                              "written")
+            left = [p for p in parts if p not in missing]
+            if left:
+                FileSystems.delete(left)
+        elif len(parts) == 1:
+            FileSystems.rename(parts, [final])
         else:
-            with FileSystems.create(final) as out:
-                for part in shard["parts"]:
+            tmp = FileSystems.join(self.out_dir, TEMP_DIR, f"{shard['file']}.assembling")
+            with FileSystems.create(tmp) as out:
+                for part in parts:
                     with FileSystems.open(part) as f:
                         while chunk := f.read(_COPY_CHUNK):
                             out.write(chunk)
-            FileSystems.delete(shard["parts"])
+            FileSystems.rename([tmp], [final])
+            FileSystems.delete(parts)
         beam.metrics.Metrics.counter("melshards", "shards_written").inc()
         yield {k: shard[k] for k in ("split", "file", "records", "bytes")}
 

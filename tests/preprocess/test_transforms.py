@@ -1,5 +1,6 @@
 """Each stage's PTransform on its own, with TestPipeline + assert_that."""
 import json
+import os
 from collections import Counter
 
 import apache_beam as beam
@@ -238,3 +239,72 @@ def test_remove_temp_dir_deletes_leftover_parts(tmp_path):
     remove_temp_dir(str(tmp_path))
     assert not (tmp_path / TEMP_DIR).exists()
     remove_temp_dir(str(tmp_path))  # nothing there: a no-op
+
+
+def _plan_with_parts(tmp_path):
+    """Two shards: one concatenated from two parts, one renamed from a single part."""
+    from preprocess.shards import TEMP_DIR
+    from shards_schema.records import frame_record
+    tmp = tmp_path / TEMP_DIR
+    tmp.mkdir(exist_ok=True)
+    expected = {}
+    plan = []
+    for file, n_parts in (("train-00000-of-00001.tfrecord", 2), ("val-00000-of-00001.tfrecord", 1)):
+        parts, whole = [], b""
+        for i in range(n_parts):
+            data = b"".join(frame_record(f"{file}-{i}-{j}".encode()) for j in range(3))
+            (tmp / f"{file}.part{i}").write_bytes(data)
+            parts.append(str(tmp / f"{file}.part{i}"))
+            whole += data
+        expected[file] = whole
+        plan.append({"split": file[:file.index("-")], "file": file, "parts": parts, "records": 3 * n_parts,
+                     "bytes": len(whole)})
+    return plan, expected
+
+
+def _assemble(tmp_path, plan):
+    from preprocess.shards import _AssembleShard
+    fn = _AssembleShard(str(tmp_path))
+    return [out for shard in plan for out in fn.process(shard)]
+
+
+def _check_shards(tmp_path, plan, expected):
+    for shard in plan:
+        assert (tmp_path / shard["file"]).read_bytes() == expected[shard["file"]]
+        assert not any(os.path.exists(p) for p in shard["parts"])
+    assert sorted(p.name for p in tmp_path.glob("*.tfrecord")) == sorted(expected)
+
+
+def test_assembling_the_same_plan_twice_leaves_identical_complete_shards(tmp_path):
+    plan, expected = _plan_with_parts(tmp_path)
+    first = _assemble(tmp_path, plan)
+    _check_shards(tmp_path, plan, expected)
+    assert _assemble(tmp_path, plan) == first  # the retry: final present, parts gone -> done
+    _check_shards(tmp_path, plan, expected)
+
+
+@pytest.mark.parametrize("deleted_before_crash", [0, 1], ids=["before_delete", "mid_delete"])
+def test_assembly_retried_after_a_crash_between_concatenation_and_deletion(tmp_path, monkeypatch,
+                                                                           deleted_before_crash):
+    from apache_beam.io.filesystems import FileSystems
+    plan, expected = _plan_with_parts(tmp_path)
+    real_delete = FileSystems.delete
+
+    def crash(paths):
+        real_delete(paths[:deleted_before_crash])
+        raise RuntimeError("worker died")
+
+    monkeypatch.setattr(FileSystems, "delete", staticmethod(crash))
+    with pytest.raises(RuntimeError, match="worker died"):
+        _assemble(tmp_path, plan[:1])
+    assert (tmp_path / plan[0]["file"]).read_bytes() == expected[plan[0]["file"]]  # never partial
+    monkeypatch.setattr(FileSystems, "delete", staticmethod(real_delete))
+    _assemble(tmp_path, plan)
+    _check_shards(tmp_path, plan, expected)
+
+
+def test_assembly_fails_when_parts_are_gone_and_the_shard_was_never_written(tmp_path):
+    plan, _ = _plan_with_parts(tmp_path)
+    os.remove(plan[0]["parts"][1])
+    with pytest.raises(IOError, match="never written"):
+        _assemble(tmp_path, plan[:1])
