@@ -8,6 +8,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
+import uuid
 from collections import Counter
 
 import apache_beam as beam
@@ -40,6 +42,29 @@ def _one_blas_thread() -> None:
     threadpool_limits(limits=1)
 
 
+PROGRESS_PREFIX = "progress-"
+_PROGRESS_EVERY_S = 2.0
+
+
+class _ProgressFile:
+    """This worker's count of measured rows, rewritten every few seconds into a small file that the
+    local CLI sums for its progress line: the local runner reports Metrics only once the job is over."""
+
+    def __init__(self, directory: str):
+        self.path = FileSystems.join(directory, f"{PROGRESS_PREFIX}{uuid.uuid4().hex}.txt")
+        self.rows, self.written_at = 0, 0.0
+
+    def add(self) -> None:
+        self.rows += 1
+        if time.monotonic() - self.written_at >= _PROGRESS_EVERY_S:
+            self.flush()
+
+    def flush(self) -> None:
+        with FileSystems.create(self.path) as f:
+            f.write(str(self.rows).encode())
+        self.written_at = time.monotonic()
+
+
 # -- stages 2-3: per clip ----------------------------------------------------------------------
 class _MeasureFn(beam.DoFn):
     """Row -> clip with text, lengths, split, the mel's moments and the mel (or where it is stashed).
@@ -48,14 +73,22 @@ class _MeasureFn(beam.DoFn):
     statistics barrier either in the element (stash_dir None) or as a temp file in stash_dir.
     """
 
-    def __init__(self, cfg: PreprocessConfig, stash_dir: str | None = None):
-        self.cfg, self.stash_dir = cfg, stash_dir
+    def __init__(self, cfg: PreprocessConfig, stash_dir: str | None = None, progress_dir: str | None = None):
+        self.cfg, self.stash_dir, self.progress_dir = cfg, stash_dir, progress_dir
 
     def setup(self):
         _one_blas_thread()
         self.vocab = Vocabulary()
+        self.progress = _ProgressFile(self.progress_dir) if self.progress_dir else None
+
+    def finish_bundle(self):
+        if self.progress:
+            self.progress.flush()
 
     def process(self, row):
+        _count("rows_measured")  # with the per-reason counters, the job's progress on Dataflow
+        if self.progress:
+            self.progress.add()
         try:
             clip = C.featurize(row, self.cfg, self.vocab)
         except C.ClipRejected as e:
@@ -77,12 +110,12 @@ class _MeasureFn(beam.DoFn):
 class MeasureClips(beam.PTransform):
     """Rows -> clips with normalised text, ids, lengths and mel; bad clips -> `rejected`."""
 
-    def __init__(self, cfg: PreprocessConfig, stash_dir: str | None = None):
+    def __init__(self, cfg: PreprocessConfig, stash_dir: str | None = None, progress_dir: str | None = None):
         super().__init__()
-        self.cfg, self.stash_dir = cfg, stash_dir
+        self.cfg, self.stash_dir, self.progress_dir = cfg, stash_dir, progress_dir
 
     def expand(self, rows):
-        return rows | "Measure" >> beam.ParDo(_MeasureFn(self.cfg, self.stash_dir)).with_outputs(
+        return rows | "Measure" >> beam.ParDo(_MeasureFn(self.cfg, self.stash_dir, self.progress_dir)).with_outputs(
             REJECTED, main="clips")
 
 
@@ -247,11 +280,16 @@ def mel_stash_dir(out_dir: str) -> str | None:
 
 
 # -- the job -----------------------------------------------------------------------------------
-def build(p: beam.Pipeline, corpus: Corpus, out_dir: str, cfg: PreprocessConfig):
-    """Wire every stage; returns the PCollection holding the schema.json path once it is written."""
+def build(p: beam.Pipeline, corpus: Corpus, out_dir: str, cfg: PreprocessConfig, progress: bool = False):
+    """Wire every stage; returns the PCollection holding the schema.json path once it is written.
+
+    progress: workers also write their row counts under the output's temp dir (for a local run's
+    progress line; on Dataflow the counters show it).
+    """
     read = p | "Read" >> ReadCorpus(corpus)
     unique = read["rows"] | "Dedupe" >> DropDuplicateIds()
-    measured = unique.rows | "Measure" >> MeasureClips(cfg, mel_stash_dir(out_dir))
+    measured = unique.rows | "Measure" >> MeasureClips(
+        cfg, mel_stash_dir(out_dir), FileSystems.join(out_dir, TEMP_DIR) if progress else None)
     before = measured.clips | "StatsBefore" >> LengthHistograms()
     cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, cfg)
     filtered = measured.clips | "FilterByPercentiles" >> FilterByPercentiles(cutoffs)

@@ -27,6 +27,7 @@ def shards_dir(tmp_path_factory) -> Path:
     from preprocess.run import run
 
     out = tmp_path_factory.mktemp("shards")
-    code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(TINY_CONFIG), "--overwrite"])
+    code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(TINY_CONFIG), "--overwrite",
+                "--workers", "1"])
     assert code == 0, f"preprocess exited with {code}"
     return out

@@ -87,14 +87,15 @@ def test_stats_json_percentiles_come_from_its_histograms(shards_dir):
     assert 0 < stats["padding"]["mel_padding_fraction"] < 1
 
 
-def test_cli_with_two_multiprocessing_workers_writes_the_same_records(shards_dir, corpus_dir, tmp_path):
+def test_cli_with_two_worker_processes_writes_the_same_records_quietly(shards_dir, corpus_dir, tmp_path):
     out = tmp_path / "mp"
     proc = subprocess.run(
         [sys.executable, "-m", "preprocess", "--input", str(corpus_dir), "--output", str(out),
-         "--config", str(TINY_CONFIG), "--direct_num_workers", "2", "--direct_running_mode", "multi_processing"],
+         "--config", str(TINY_CONFIG), "--workers", "2"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "56 input rows" in proc.stdout and "p99.9" in proc.stdout
+    assert "Worker:" not in proc.stderr  # the worker processes' own log lines stay out of the console
     _, a = _records(shards_dir)
     _, b = _records(out)
     assert sorted(r["id"].numpy()[0] for r in a) == sorted(r["id"].numpy()[0] for r in b)
@@ -108,6 +109,36 @@ def _fails(capsys, argv, *fragments):
     for f in fragments:
         assert f in err, err
     return err
+
+
+def _options(argv, workers):
+    from preprocess.run import apply_workers, pipeline_options
+    options = pipeline_options(argv)
+    apply_workers(options, argv, workers)
+    from apache_beam.options.pipeline_options import DirectOptions
+    d = options.view_as(DirectOptions)
+    return d.direct_num_workers, d.direct_running_mode
+
+
+def test_workers_default_to_every_core_in_worker_processes(monkeypatch):
+    import preprocess.run as R
+    monkeypatch.setattr(R, "all_cores", lambda: 4)
+    assert _options([], None) == (4, "multi_processing")
+    assert _options([], 3) == (3, "multi_processing")
+    assert _options([], 1) == (1, "in_memory")
+
+
+def test_beams_own_worker_options_win_over_workers():
+    assert _options(["--direct_num_workers", "3"], 2) == (3, "multi_processing")
+    assert _options(["--direct_num_workers=1"], None) == (1, "in_memory")
+    assert _options(["--direct_running_mode", "multi_threading"], 2) == (2, "multi_threading")
+
+
+def test_workers_is_refused_for_dataflow_and_below_one(capsys, tmp_path, corpus_dir):
+    _fails(capsys, ["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--workers", "0"],
+           "--workers must be at least 1")
+    _fails(capsys, ["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--workers", "2",
+                    "--runner", "DataflowRunner", "--dry_run=True"], "--max_num_workers")
 
 
 def test_missing_input_path_fails_before_any_work(capsys, tmp_path):
@@ -156,6 +187,25 @@ def test_dataflow_job_graph_builds_offline(tmp_path, corpus_dir):
     for stage in ("Read", "Dedupe", "Measure", "StatsBefore", "FilterByPercentiles", "ComputeMel", "MelStats",
                   "PadAndEncode", "WriteShards", "WriteRejected", "Report"):
         assert stage in names
+    assert not any(tmp_path.iterdir())
+
+
+def test_documented_dataflow_dry_run_builds_offline_through_the_cli(capsys, monkeypatch, tmp_path, corpus_dir):
+    from apache_beam.io.gcp.gcsfilesystem import GCSFileSystem
+
+    def no_gcs(*args, **kwargs):
+        raise AssertionError("a dry run contacted GCS")
+
+    for method in ("exists", "match", "delete", "create", "open", "rename"):
+        monkeypatch.setattr(GCSFileSystem, method, no_gcs)
+    monkeypatch.chdir(tmp_path)
+    code = run(["--input", str(corpus_dir), "--output", "gs://melshards-test/out",
+                "--runner", "DataflowRunner", "--project", "melshards-test", "--region", "us-central1",
+                "--temp_location", "gs://melshards-test/tmp", "--setup_file", str(REPO / "setup.py"),
+                "--dry_run=True", "--no_auth"])
+    out = capsys.readouterr()
+    assert code == 0, out.err[-3000:]
+    assert "dry run: the job graph was built and not submitted" in out.out
     assert not any(tmp_path.iterdir())
 
 
