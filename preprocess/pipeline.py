@@ -60,8 +60,10 @@ class _ProgressFile:
             self.flush()
 
     def flush(self) -> None:
-        with FileSystems.create(self.path) as f:
+        tmp = self.path + ".writing"  # then renamed: the reader never sees a half-written count
+        with FileSystems.create(tmp) as f:
             f.write(str(self.rows).encode())
+        FileSystems.rename([tmp], [self.path])
         self.written_at = time.monotonic()
 
 

@@ -19,7 +19,7 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from melshards.cli import run_command
 from preprocess.config import load_config
-from preprocess.corpus import CorpusError, detect_corpus
+from preprocess.corpus import Corpus, CorpusError, detect_corpus
 from preprocess.pipeline import PROGRESS_PREFIX, build
 from preprocess.shards import SHARD_SUFFIX, TEMP_DIR, remove_temp_dir
 from shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
@@ -103,11 +103,12 @@ def apply_workers(options: PipelineOptions, beam_args: list[str], workers: int |
         direct.direct_running_mode = "multi_processing" if direct.direct_num_workers > 1 else "in_memory"
 
 
-def count_rows(rows_path: str) -> int:
-    """Rows in the corpus file (lines; minus the header of a .csv/.tsv): the progress line's total."""
-    with FileSystems.open(rows_path) as f:
+def count_rows(corpus: Corpus) -> int:
+    """Rows in the corpus file (non-empty lines, less a manifest's CSV/TSV header): the progress total."""
+    with FileSystems.open(corpus.rows_path) as f:
         n = sum(1 for line in f if line.strip())
-    return n - 1 if rows_path.lower().endswith((".csv", ".tsv")) else n
+    header = corpus.kind == "manifest" and corpus.rows_path.lower().endswith((".csv", ".tsv"))
+    return n - 1 if header else n
 
 
 class ProgressReporter(threading.Thread):
@@ -119,7 +120,7 @@ class ProgressReporter(threading.Thread):
 
     def __init__(self, out_dir: str, total: int, every: float = 5.0):
         super().__init__(daemon=True)
-        self.pattern = FileSystems.join(out_dir, TEMP_DIR, f"{PROGRESS_PREFIX}*")
+        self.pattern = FileSystems.join(out_dir, TEMP_DIR, f"{PROGRESS_PREFIX}*.txt")
         self.total, self.every = total, every
         self.stopped = threading.Event()
 
@@ -145,7 +146,7 @@ class ProgressReporter(threading.Thread):
         while not self.stopped.wait(self.every):
             done, now = max(done, self.rows_done()), time.monotonic()  # the report stage deletes the files
             if first is None and done:
-                first = (now - self.every, 0)  # the previous tick, when none had reported yet
+                first = (now, done)
             rate = (done - first[1]) / (now - first[0]) if first and now > first[0] else None
             click.echo(self.line(min(done, self.total), rate))
 
@@ -223,7 +224,7 @@ def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config
     local = is_local(options) and not is_dry_run(options)
     p = beam.Pipeline(options=options)
     build(p, corpus, out_dir, cfg, progress=local)
-    reporter = ProgressReporter(out_dir, count_rows(corpus.rows_path)) if local else None
+    reporter = ProgressReporter(out_dir, count_rows(corpus)) if local else None
     if reporter:
         reporter.start()
     try:
