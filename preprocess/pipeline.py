@@ -68,6 +68,7 @@ class _ProgressFile:
 
 
 # -- stages 2-3: per clip ----------------------------------------------------------------------
+@beam.typehints.with_output_types(dict)  # declared: inferring it would import librosa into the launcher
 class _MeasureFn(beam.DoFn):
     """Row -> clip with text, lengths, split, the mel's moments and the mel (or where it is stashed).
 
