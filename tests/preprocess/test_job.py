@@ -45,6 +45,8 @@ def test_every_input_row_is_in_a_shard_or_in_rejected_jsonl(shards_dir, corpus_d
         "missing_audio", "unreadable_audio", "empty_text", "unusable_text", "silent_audio", "too_short",
         "duplicate_id", "malformed_row", "mel_frames_above_cutoff"}
     assert all(r["detail"] for r in rejected)
+    assert sorted(p.name for p in shards_dir.iterdir() if not p.name.endswith(".tfrecord")) == [
+        "rejected.jsonl", "schema.json", "stats.json"]  # the stashed mels and progress files are gone
 
 
 def test_schema_json_is_the_contract_the_records_follow(shards_dir):
