@@ -2,8 +2,10 @@
 
 Variants, each a separate process timed from start to exit (imports included), run interleaved in
 every round (the machine is shared: compare same-round ratios, not absolutes):
-  poolN     `python -m benchmarks.pool_baseline --workers N`: decode once, trim, librosa log-mel,
-            one .npy per clip, N processes (benchmarks/pool_baseline.py)
+  poolN     `python -m benchmarks.pool_baseline --workers N`: decode once, trim, librosa log-mel
+            (`librosa.feature.melspectrogram`), one .npy per clip, N processes
+  poolmN    the same with `--job-mel`: the job's own log_mel (cached filter bank, matmul), so
+            job/poolm is the price of the job itself (runner, statistics, shards)
   jobN      `python -m preprocess --workers N`: the whole job (statistics, filter, pad, shards)
   jobN@1    the same job on a 1-row corpus: the fixed start-up of a run
 for N in --workers (default 1,2). Reported: wall (median over rounds), job/pool wall ratio (median
@@ -76,14 +78,14 @@ def main(argv=None) -> dict:
     corpus = ensure_corpus(os.path.join(args.work_dir, f"lj{args.clips}"), args.clips)
     tiny = one_clip_corpus(corpus, os.path.join(args.work_dir, "lj1"))
     workers = [int(w) for w in args.workers.split(",") if w]
-    variants = [v for w in workers for v in (f"pool{w}", f"job{w}", f"job{w}@1")]
+    variants = [v for w in workers for v in (f"pool{w}", f"poolm{w}", f"job{w}", f"job{w}@1")]
 
     def command(v: str) -> list[str]:
-        w = v[4:].split("@")[0] if v.startswith("pool") else v[3:].split("@")[0]
+        w = v.lstrip("poolmjb").split("@")[0]
         out = os.path.join(args.work_dir, f"tp-out-{v.replace('@', '_at')}")
         if v.startswith("pool"):
             return [sys.executable, "-m", "benchmarks.pool_baseline", "--corpus", corpus, "--out", out,
-                    "--workers", w]
+                    "--workers", w] + (["--job-mel"] if v.startswith("poolm") else [])
         return [sys.executable, "-m", "preprocess", "--input", tiny if v.endswith("@1") else corpus,
                 "--output", out, "--overwrite", "--workers", w]
 
@@ -106,9 +108,8 @@ def main(argv=None) -> dict:
         "peak_rss_gib_median": {v: round(med(x["rss"] for x in rs) / 2 ** 30, 2) for v, rs in runs.items()},
         "load_range": [min(x["load"] for rs in runs.values() for x in rs),
                        max(x["load"] for rs in runs.values() for x in rs)],
-        "job_over_pool_median": {w: round(med(j["wall_s"] / p["wall_s"] for j, p in zip(runs[f"job{w}"],
-                                                                                     runs[f"pool{w}"])), 2)
-                                 for w in workers},
+        "job_over_pool_median": {f"{w}{m}": round(med(j["wall_s"] / p["wall_s"] for j, p in zip(
+            runs[f"job{w}"], runs[f"pool{m}{w}"])), 2) for w in workers for m in ("", "m")},
         "per_round": runs,
         "goals": {"job1@1_wall_s": 4.0, "job2@1_wall_s": 6.0, "job_over_pool": 2.0},
     }
@@ -119,7 +120,8 @@ def main(argv=None) -> dict:
         print(f"{v:<10} {result['wall_s_median'][v]:>8.1f} {result['cpu_s_median'][v]:>8.1f} "
               f"{result['peak_rss_gib_median'][v]:>12.2f}")
     for w in workers:
-        print(f"job{w} / pool{w} wall: {result['job_over_pool_median'][w]:.2f}x (goal <= 2x)")
+        for m in ("", "m"):
+            print(f"job{w} / pool{m}{w} wall: {result['job_over_pool_median'][f'{w}{m}']:.2f}x (goal <= 2x)")
     emit(result)
     return result
 
