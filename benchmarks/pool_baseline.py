@@ -56,6 +56,9 @@ def main(argv=None) -> int:
                          "librosa.feature.melspectrogram, whose einsum is most of the script's CPU")
     args = ap.parse_args(argv)
     t = time.perf_counter()
+    # before numpy/scipy load their BLAS (threadpoolctl can only limit libraries already loaded)
+    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
     from multiprocessing import Pool
 
     from preprocess.config import PreprocessConfig  # the job's mel settings (a dataclass: cheap)
