@@ -220,3 +220,15 @@ def test_files_of_an_unfinished_run_are_cleared_before_a_new_one(tmp_path):
     (tmp_path / "notes.txt").write_text("the user's own file")
     prepare_output(str(tmp_path), overwrite=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+def test_progress_sums_the_workers_counts_and_ignores_files_being_written(tmp_path):
+    from preprocess.run import ProgressReporter
+    from preprocess.shards import TEMP_DIR
+    (tmp_path / TEMP_DIR).mkdir()
+    (tmp_path / TEMP_DIR / "progress-a.txt").write_text("120")
+    (tmp_path / TEMP_DIR / "progress-b.txt").write_text("80")
+    (tmp_path / TEMP_DIR / "progress-b.txt.writing").write_text("9")
+    reporter = ProgressReporter(str(tmp_path), total=1000)
+    assert reporter.rows_done() == 200
+    assert reporter.line(200, 40.0) == "progress: 200/1000 rows (20%), 40.0 clips/s, ETA 20s"
