@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Union
 
+from shards_schema.buckets import AUTO
 from shards_schema.config import ConfigError, load_yaml
 
 
@@ -34,9 +36,19 @@ class FilterConfig:
     text_len_upper_percentile: float = 99.0
 
 
+MAX_BUCKETS = 99  # shard names carry the bucket as two digits (bNN)
+
+
 @dataclasses.dataclass(frozen=True)
 class PadConfig:
     multiple: int = 8  # padded lengths are rounded up to this (keeps reduction factors 1,2,4,8 exact)
+    # Length buckets (docs/preprocess.md): K static shapes whose bounds minimise the padded mel frames.
+    buckets: Union[int, str] = AUTO  # K >= 1, or "auto": the fewest <= max_buckets reaching target_padding
+    max_buckets: int = 8  # auto never uses more (each bucket is one compiled shape in the trainer)
+    target_padding: float = 0.10  # auto stops adding buckets once mel padding is at most this share
+    # Set to your training batch size: the trainer drops incomplete batches, so a bucket with fewer
+    # training records would never be trained on. Smaller buckets are merged (stats.json says which).
+    min_bucket_records: int = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +86,7 @@ class PreprocessConfig:
             problems.append("split.val_fraction must be in [0, 1)")
         if self.pad.multiple < 1:
             problems.append("pad.multiple must be >= 1")
+        problems += _bucket_problems(self.pad)
         if self.write.target_shard_mb <= 0:
             problems.append("write.target_shard_mb must be > 0")
         if problems:
@@ -81,6 +94,36 @@ class PreprocessConfig:
         return self
 
 
-def load_config(path: str | None) -> PreprocessConfig:
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _bucket_problems(pad: PadConfig) -> list[str]:
+    out = []
+    if not (pad.buckets == AUTO or _is_int(pad.buckets) and 1 <= pad.buckets <= MAX_BUCKETS):
+        out.append(f"pad.buckets must be an integer 1..{MAX_BUCKETS} or {AUTO!r}, got {pad.buckets!r}")
+    if not 1 <= pad.max_buckets <= MAX_BUCKETS:
+        out.append(f"pad.max_buckets must be in 1..{MAX_BUCKETS}, got {pad.max_buckets}")
+    if not 0.0 <= pad.target_padding < 1.0:
+        out.append(f"pad.target_padding must be in [0, 1), got {pad.target_padding}")
+    if pad.min_bucket_records < 1:
+        out.append(f"pad.min_bucket_records must be >= 1 (your training batch size), got {pad.min_bucket_records}")
+    return out
+
+
+def parse_buckets(value: str) -> Union[int, str]:
+    """`--buckets K|auto` -> the pad.buckets value (range checked by validate)."""
+    if value == AUTO:
+        return AUTO
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"--buckets must be an integer >= 1 or {AUTO!r}, got {value!r}") from None
+
+
+def load_config(path: str | None, buckets: str | None = None) -> PreprocessConfig:
+    """The config file (or the defaults), `--buckets` overriding pad.buckets, validated."""
     cfg = PreprocessConfig() if path is None else load_yaml(PreprocessConfig, path)
+    if buckets is not None:
+        cfg = dataclasses.replace(cfg, pad=dataclasses.replace(cfg.pad, buckets=parse_buckets(buckets)))
     return cfg.validate()

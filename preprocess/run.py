@@ -94,9 +94,10 @@ def print_summary(out_dir: str, seconds: float) -> None:
 @click.option("--output", "out_dir", required=True, help="Output directory for shards and reports; local or gs://.")
 @click.option("--config", "config_path", default=None, help="YAML config (see configs/ljspeech.yaml).")
 @click.option("--overwrite", is_flag=True, help="Replace a finished run in --output.")
+@click.option("--buckets", default=None, metavar="K|auto", help="Length buckets: overrides pad.buckets.")
 @click.pass_context
 def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config_path: str | None,
-                       overwrite: bool) -> None:
+                       overwrite: bool, buckets: str | None) -> None:
     """Corpus -> log-mel -> percentile statistics -> filter -> pad -> TFRecord shards.
 
     Options not listed here go to Beam, e.g. --runner DataflowRunner --project P --region R
@@ -107,7 +108,7 @@ def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config
     for noisy in ("apache_beam.typehints", "apache_beam.runners.worker", "apache_beam.io.filebasedsink"):
         logging.getLogger(noisy).setLevel(logging.WARNING)  # per-transform chatter, not progress
     try:
-        cfg = load_config(config_path)
+        cfg = load_config(config_path, buckets)
         corpus = detect_corpus(input_path)
         options = pipeline_options(list(ctx.args))
         prepare_output(out_dir, overwrite)
