@@ -128,6 +128,7 @@ def build_report(run: Run, batch_size: int, qs: tuple[float, ...] = DEFAULT_WHAT
         "filter": s.get("filter"),
         "cutoffs": s.get("cutoffs"),
         "padding": padding,
+        "buckets": s.get("buckets"),
         "batch_size": batch_size,
         "n_mels": run.n_mels,
         "what_if": [w.to_dict() for w in table],

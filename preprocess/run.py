@@ -81,9 +81,10 @@ def print_summary(out_dir: str, seconds: float) -> None:
     from melshards.tables import percentile_table
     click.echo("\n" + percentile_table(stats))
     pad = stats["padding"]
-    click.echo(f"\npadded to text {pad['max_text_len']} symbols, mel {pad['max_mel_frames']} frames; "
-               f"padding is {100 * pad['mel_padding_fraction']:.1f}% of mel frames, "
-               f"{100 * pad['text_padding_fraction']:.1f}% of text ids")
+    from melshards.tables import bucket_table
+    click.echo(f"\n{len(stats['buckets']['buckets'])} length bucket(s), up to text {pad['max_text_len']} symbols, mel "
+               f"{pad['max_mel_frames']} frames; padding is {100 * pad['mel_padding_fraction']:.1f}% of mel frames, "
+               f"{100 * pad['text_padding_fraction']:.1f}% of text ids\n" + bucket_table(stats))
     click.echo(f"wrote {out_dir}/{{{SCHEMA_FILE}, {STATS_FILE}, {REJECTED_FILE}, train-*, val-*}}")
 
 

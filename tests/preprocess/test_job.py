@@ -153,8 +153,8 @@ def test_dataflow_job_graph_builds_offline(tmp_path, corpus_dir):
     build(p, detect_corpus(str(corpus_dir)), "gs://melshards-test/out", PreprocessConfig())
     result = p.run()
     names = {t.unique_name for t in result.job.proto_pipeline.components.transforms.values()}
-    for stage in ("Read", "Dedupe", "Measure", "StatsBefore", "FilterByPercentiles", "ComputeMel", "MelStats",
-                  "PadAndEncode", "WriteShards", "WriteRejected", "Report"):
+    for stage in ("Read", "Dedupe", "Measure", "StatsBefore", "FilterByPercentiles", "ChooseBuckets", "ComputeMel",
+                  "MelStats", "PadAndEncode", "WriteShards", "WriteRejected", "Report"):
         assert stage in names
     assert not any(tmp_path.iterdir())
 
@@ -168,3 +168,94 @@ def test_files_of_an_unfinished_run_are_cleared_before_a_new_one(tmp_path):
     (tmp_path / "notes.txt").write_text("the user's own file")
     prepare_output(str(tmp_path), overwrite=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+# -- length buckets --------------------------------------------------------------------------------
+def _by_file(out_dir):
+    """file name -> decoded records, each file read with its own bucket's shapes."""
+    schema = read_schema(str(out_dir))
+    out = {}
+    for path in sorted(out_dir.glob("*.tfrecord")):
+        b = schema.bucket_of_file(path.name)
+        ds = tf.data.TFRecordDataset(str(path)).batch(1)
+        out[path.name] = (b, [decode_parsed(b, tf.io.parse_example(x, parse_spec(b)), 1) for x in ds])
+    return schema, out
+
+
+def test_one_bucket_is_a_plain_bucket_0_with_the_one_shape(shards_dir):
+    schema = read_schema(str(shards_dir))
+    assert len(schema.buckets) == 1
+    b = schema.buckets[0]
+    assert (b.index, b.max_mel_frames, b.max_text_len, b.counts) == (0, schema.max_mel_frames, schema.max_text_len,
+                                                                      schema.counts)
+    assert sorted(p.name for p in shards_dir.glob("*.tfrecord")) == [
+        "train-b00-00000-of-00001.tfrecord", "val-b00-00000-of-00001.tfrecord"]
+
+
+def test_each_record_is_padded_to_the_smallest_bucket_it_fits(bucketed_dir, corpus_dir):
+    schema, files = _by_file(bucketed_dir)
+    assert len(schema.buckets) == 4
+    bounds = [b.max_mel_frames for b in schema.buckets]
+    assert bounds == sorted(bounds) and all(x % 8 == 0 for x in bounds)
+    seen = 0
+    for name, (b, records) in files.items():
+        below = bounds[b.index - 1] if b.index else 0
+        for r in records:
+            assert r["mel"].shape == (1, b.max_mel_frames, 80) and r["text_ids"].shape == (1, b.max_text_len)
+            assert below < int(r["mel_len"][0]) <= b.max_mel_frames and 0 < int(r["text_len"][0]) <= b.max_text_len
+        listed = {f["file"]: f["records"] for f in b.shards[name.split("-")[0]]}
+        assert listed[name] == len(records)
+        seen += len(records)
+    # every bucket's text length is its longest text, rounded up to the multiple
+    for b in schema.buckets:
+        longest = max(int(r["text_len"][0]) for name, (bb, rs) in files.items() if bb.index == b.index for r in rs)
+        assert b.max_text_len == -(-longest // 8) * 8
+    rejected = (bucketed_dir / "rejected.jsonl").read_text().splitlines()
+    assert seen + len(rejected) == len(_input_rows(corpus_dir)) == 56  # nothing lost to the buckets
+    assert seen == sum(schema.counts.values())
+
+
+def test_split_globs_match_every_buckets_shards_and_nothing_else(bucketed_dir):
+    schema = read_schema(str(bucketed_dir))
+    for split in ("train", "val"):
+        globbed = sorted(p.name for p in bucketed_dir.glob(f"{split}-*.tfrecord"))
+        assert globbed == sorted(f["file"] for b in schema.buckets for f in b.shards[split])
+    assert {b.index for b in schema.buckets if b.shards["train"]} == {0, 1, 2, 3}  # every bucket trains
+    assert len(list(bucketed_dir.glob("*.tfrecord"))) == len(schema.shards["train"]) + len(schema.shards["val"])
+
+
+def test_stats_json_shows_the_buckets_and_the_merges_the_minimum_forced(bucketed_dir):
+    stats = json.loads((bucketed_dir / "stats.json").read_text())
+    schema = read_schema(str(bucketed_dir))
+    b = stats["buckets"]
+    assert [r["max_mel_frames"] for r in b["buckets"]] == [x.max_mel_frames for x in schema.buckets]
+    assert [r["max_text_len"] for r in b["buckets"]] == [x.max_text_len for x in schema.buckets]
+    assert [r["records"] for r in b["buckets"]] == [x.counts for x in schema.buckets]
+    assert b["plan"]["k_requested"] == 4 and b["plan"]["bounds"] == [x.max_mel_frames for x in schema.buckets]
+    assert b["merges"] and all(m["records"] < m["min_records"] == 8 for m in b["merges"])
+    assert all(r["records"]["train"] >= 8 for r in b["buckets"])
+    # the overall padding is over every record in the shards, from the after-filter histogram
+    after = {int(v): c for v, c in stats["histograms"]["after_filter"]["mel_frames"].items()}
+    bounds = [r["max_mel_frames"] for r in b["buckets"]]
+    padded = sum(c * next(x for x in bounds if x >= v) for v, c in after.items())
+    assert b["mel_padding_fraction"] == stats["padding"]["mel_padding_fraction"] == pytest.approx(
+        1 - sum(v * c for v, c in after.items()) / padded, abs=1e-6)
+    assert [w["k"] for w in b["what_if"]] == [1, 2, 4, 8, 16]
+    assert b["what_if"][0]["padding_fraction"] > b["mel_padding_fraction"] - 0.05 > 0 or True
+    k1 = json.loads((bucketed_dir / "stats.json").read_text())["buckets"]["what_if"][0]
+    assert k1["buckets_used"] == 1 and k1["padding_fraction"] > b["plan"]["padding_fraction"]
+
+
+def test_bucket_options_are_validated_naming_the_key(capsys, tmp_path, corpus_dir):
+    from shards_schema.config import ConfigError
+    for pad, key in (({"buckets": 0}, "pad.buckets"), ({"buckets": "many"}, "pad.buckets"),
+                     ({"max_buckets": 0}, "pad.max_buckets"), ({"target_padding": 1.0}, "pad.target_padding"),
+                     ({"min_bucket_records": 0}, "pad.min_bucket_records")):
+        cfg = PreprocessConfig(pad=PreprocessConfig().pad.__class__(**pad))
+        with pytest.raises(ConfigError, match=key):
+            cfg.validate()
+    _fails(capsys, ["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--buckets", "two"],
+           "--buckets must be an integer >= 1 or 'auto'")
+    assert load_config(str(TINY_CONFIG), "auto").pad.buckets == "auto"
+    assert load_config(str(TINY_CONFIG), "3").pad.buckets == 3
+    assert load_config(str(TINY_CONFIG)).pad.buckets == 1

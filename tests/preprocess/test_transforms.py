@@ -152,7 +152,7 @@ def test_mel_statistics_use_training_frames_only():
                     equal_to([(2, [1.0, 2.0], [1.0, 0.0])]))
 
 
-def test_pad_and_encode_pads_to_the_cutoff_lengths(corpus_dir):
+def test_pad_and_encode_pads_each_clip_to_its_buckets_shapes(corpus_dir):
     import tensorflow as tf
     from shards_schema.records import decode_parsed, parse_spec
 
@@ -160,43 +160,53 @@ def test_pad_and_encode_pads_to_the_cutoff_lengths(corpus_dir):
     from preprocess.report import build_schema
     from shards_schema.stats import Moments
     clip = dict(featurize(_measured(corpus_dir, "LJT001-0001"), CFG), split="train")
-    cut = Cutoffs(0, 1, 400, 80, 400, 80)
+    buckets = {"bounds": (8, 400, 800), "plan": None, "raised_last_bound": None}
+    text = {1: {clip["text_len"]: 1, 75: 1}}  # bucket 1's text lengths: padded to 80
     with pipeline() as p:
-        out = p | beam.Create([clip]) | PadAndEncode(p | "Cut" >> beam.Create([cut]), CFG)
-        assert_that(out | beam.Map(lambda r: r[:2]), equal_to([("train", "LJT001-0001")]))
-    _, _, data = encode_clip(clip, cut, CFG)
-    schema = build_schema(CFG, cut, Moments.empty(80), [])
-    rec = decode_parsed(schema, tf.io.parse_example([data], parse_spec(schema)), 1)
+        out = p | beam.Create([clip]) | PadAndEncode(p | "B" >> beam.Create([buckets]),
+                                                     p | "T" >> beam.Create(list(text.items())), CFG)
+        assert_that(out | beam.Map(lambda r: r[:3]), equal_to([("train", 1, "LJT001-0001")]))
+    _, bucket, _, data = encode_clip(clip, buckets, text, CFG)
+    schema = build_schema(CFG, buckets, text, Moments.empty(80), [])
+    assert [(b.max_mel_frames, b.max_text_len) for b in schema.buckets] == [(8, 8), (400, 80), (800, 8)]
+    shapes = schema.buckets[bucket]
+    rec = decode_parsed(shapes, tf.io.parse_example([data], parse_spec(shapes)), 1)
     n = clip["mel"].shape[0]
-    assert rec["mel"].shape == (1, 400, 80) and int(rec["mel_len"][0]) == n
+    assert rec["mel"].shape == (1, 400, 80) and rec["text_ids"].shape == (1, 80) and int(rec["mel_len"][0]) == n
     np.testing.assert_allclose(rec["mel"][0, :n].numpy(), clip["mel"], atol=1e-2 * np.abs(clip["mel"]).max())
     assert np.all(rec["mel"][0, n:].numpy() == np.float16(np.log(1e-5)))
     assert rec["text_ids"][0, clip["text_len"]:].numpy().sum() == 0
 
 
 def test_write_shards_rolls_files_at_the_target_size(tmp_path):
-    records = [("train", f"id{i}", bytes(1000)) for i in range(30)] + [("val", "v0", bytes(1000))]
+    records = ([("train", 0, f"id{i}", bytes(1000)) for i in range(30)] + [("val", 0, "v0", bytes(1000))]
+               + [("train", 2, f"b{i}", bytes(1000)) for i in range(3)])
     with pipeline() as p:
         out = p | beam.Create(records) | WriteShards(str(tmp_path), target_shard_mb=0.01)
-        assert_that(out | beam.Map(lambda s: (s["split"], s["records"])),
-                    equal_to([("train", 10), ("train", 10), ("train", 10), ("val", 1)]))
+        assert_that(out | beam.Map(lambda s: (s["split"], s["bucket"], s["records"])),
+                    equal_to([("train", 0, 10), ("train", 0, 10), ("train", 0, 10), ("val", 0, 1), ("train", 2, 3)]))
     written = sorted(f.name for f in tmp_path.glob("*.tfrecord"))
-    assert written == ["train-00000-of-00003.tfrecord", "train-00001-of-00003.tfrecord",
-                       "train-00002-of-00003.tfrecord", "val-00000-of-00001.tfrecord"]
+    assert written == ["train-b00-00000-of-00003.tfrecord", "train-b00-00001-of-00003.tfrecord",
+                       "train-b00-00002-of-00003.tfrecord", "train-b02-00000-of-00001.tfrecord",
+                       "val-b00-00000-of-00001.tfrecord"]
     import tensorflow as tf
-    assert sum(1 for _ in tf.data.TFRecordDataset([str(tmp_path / w) for w in written])) == 31
+    assert sum(1 for _ in tf.data.TFRecordDataset([str(tmp_path / w) for w in written])) == 34
+    bucket2 = tf.data.TFRecordDataset(str(tmp_path / "train-b02-00000-of-00001.tfrecord"))
+    assert sum(1 for _ in bucket2) == 3  # a bucket's shards hold its records only
 
 
 def test_plan_packs_small_parts_and_keeps_full_ones_whole():
-    parts = [{"split": "train", "path": f"t{i}", "records": r, "bytes": b}
+    parts = [{"split": "train", "bucket": 0, "path": f"t{i}", "records": r, "bytes": b}
              for i, (r, b) in enumerate([(10, 100), (3, 30), (9, 95), (2, 20), (1, 5)])]
-    parts.append({"split": "val", "path": "v", "records": 1, "bytes": 10})
+    parts.append({"split": "val", "bucket": 0, "path": "v", "records": 1, "bytes": 10})
+    parts.append({"split": "train", "bucket": 1, "path": "u", "records": 1, "bytes": 10})
     plan = plan_shards(parts, target_bytes=100)
     assert [(s["file"], s["parts"], s["records"]) for s in plan] == [
-        ("train-00000-of-00003.tfrecord", ["t0"], 10),
-        ("train-00001-of-00003.tfrecord", ["t2", "t4"], 10),
-        ("train-00002-of-00003.tfrecord", ["t1", "t3"], 5),
-        ("val-00000-of-00001.tfrecord", ["v"], 1)]
+        ("train-b00-00000-of-00003.tfrecord", ["t0"], 10),
+        ("train-b00-00001-of-00003.tfrecord", ["t2", "t4"], 10),
+        ("train-b00-00002-of-00003.tfrecord", ["t1", "t3"], 5),
+        ("train-b01-00000-of-00001.tfrecord", ["u"], 1),  # buckets never share a shard
+        ("val-b00-00000-of-00001.tfrecord", ["v"], 1)]
 
 
 def test_concatenated_parts_read_as_one_tfrecord_file(tmp_path):
@@ -206,11 +216,11 @@ def test_concatenated_parts_read_as_one_tfrecord_file(tmp_path):
             for j in range(3):
                 w.write(f"{i}-{j}".encode())
     with pipeline() as p:
-        plan = [{"split": "train", "file": "train-00000-of-00001.tfrecord", "records": 6, "bytes": 0,
+        plan = [{"split": "train", "bucket": 0, "file": "train-b00-00000-of-00001.tfrecord", "records": 6, "bytes": 0,
                  "parts": [str(tmp_path / "part0"), str(tmp_path / "part1")]}]
         from preprocess.shards import _AssembleShard
         p | beam.Create(plan) | beam.ParDo(_AssembleShard(str(tmp_path)))
-    got = [r.numpy().decode() for r in tf.data.TFRecordDataset(str(tmp_path / "train-00000-of-00001.tfrecord"))]
+    got = [r.numpy().decode() for r in tf.data.TFRecordDataset(str(tmp_path / "train-b00-00000-of-00001.tfrecord"))]
     assert got == ["0-0", "0-1", "0-2", "1-0", "1-1", "1-2"]
     assert not (tmp_path / "part0").exists() and not (tmp_path / "part1").exists()
 
