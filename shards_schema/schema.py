@@ -101,6 +101,10 @@ class Bucket:
                 return f
         raise SchemaError(f"schema has no feature {name!r}; it has {[f.name for f in self.features]}")
 
+    @property
+    def n_mels(self) -> int:
+        return self.feature("mel").shape[1]
+
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["features"] = [dict(dataclasses.asdict(f), shape=list(f.shape)) for f in self.features]

@@ -115,3 +115,22 @@ def test_shards_without_schema_json_say_how_to_fix_it(shards_dir, tmp_path):
     assert result.exit_code == 1 and "schema.json does not exist" in result.output
     ok = run_inspect(f"{tmp_path}/*.tfrecord", "--schema", shards_dir / "schema.json")
     assert ok.exit_code == 0, ok.output
+
+
+def test_records_are_checked_against_their_own_buckets_shapes(bucketed_dir, tmp_path):
+    result = run_inspect(f"{bucketed_dir}/*.tfrecord")
+    assert result.exit_code == 0, result.output
+    schema = read_schema(str(bucketed_dir))
+    assert f"b01 text_ids [{schema.buckets[1].max_text_len}] mel [{schema.buckets[1].max_mel_frames}, 80]" \
+        in result.output
+    copy = tmp_path / "run"
+    shutil.copytree(bucketed_dir, copy)
+    small, big = schema.buckets[0], schema.buckets[3]
+    # a record of the largest bucket's shape in a shard of bucket 0: named, with both sizes
+    write_records(copy / "train-b00-00007-of-00009.tfrecord", [encode_example(big.features, good_values(big))])
+    result = run_inspect(f"{copy}/*.tfrecord")
+    assert result.exit_code == 1
+    assert "train-b00-00007-of-00009.tfrecord: record 0: wrong shape: " in result.output
+    assert (f"mel holds {big.max_mel_frames * 80 * 2} bytes, schema shape [{small.max_mel_frames}, 80] of "
+            "raw_float16") in result.output
+    assert result.output.count("wrong shape") == 1  # every listed shard still passes against its bucket

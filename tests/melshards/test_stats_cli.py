@@ -11,6 +11,7 @@ from click.testing import CliRunner
 
 from melshards.stats_cli import stats_command
 from shards_schema.stats import REPORT_PERCENTILES, pkey
+from shards_schema import SCHEMA_VERSION
 from melshards.tables import COLUMNS
 
 
@@ -170,7 +171,7 @@ def test_a_run_that_rejected_every_row_still_reports_counts_and_html(tmp_path):
     empty = {"count": 0, "mean": None, "percentiles": {}}
     lengths = {"text_len": empty, "mel_frames": empty, "duration_s": empty}
     (tmp_path / "stats.json").write_text(json.dumps({
-        "schema_version": "1.0.0",
+        "schema_version": SCHEMA_VERSION,
         "counts": {"input_rows": 3, "in_shards": 0, "filtered": 0, "rejected": 3,
                    "per_split": {"train": 0, "val": 0}, "per_reason": {"unreadable_audio": 3}},
         "before_filter": lengths, "after_filter": lengths,
@@ -185,3 +186,40 @@ def test_a_run_that_rejected_every_row_still_reports_counts_and_html(tmp_path):
 def test_json_compare_holds_both_runs(shards_dir):
     figures = json.loads(run_stats(shards_dir, "--compare", shards_dir / "stats.json", "--json").output)
     assert set(figures) == {"a", "b"} and figures["a"]["what_if"] == figures["b"]["what_if"]
+
+
+def test_bucket_tables_match_stats_json(bucketed_dir):
+    stats = json.loads((bucketed_dir / "stats.json").read_text())
+    printed = run_stats(bucketed_dir).output
+    rows = table(printed, "bucket")
+    b = stats["buckets"]
+    for r in b["buckets"]:
+        assert rows[f"b{r['index']:02d}"] == [str(r["max_mel_frames"]), str(r["max_text_len"]),
+                                              str(r["records"]["train"]), str(r["records"]["val"]),
+                                              f"{100 * r['mel_padding_fraction']:.1f}%",
+                                              f"{100 * r['text_padding_fraction']:.1f}%"]
+    assert rows["all"][4] == f"{100 * b['mel_padding_fraction']:.1f}%"
+    for m in b["merges"]:
+        assert f"a bucket up to {m['bound']} frames would hold {m['records']} < 8 training records" in printed
+    ks = table(printed, "K")
+    assert list(ks) == ["1", "2", "4 *", "8", "16"]  # --buckets 4: the job's row is starred
+    for w in b["what_if"]:
+        row = ks[str(w["k"]) + (" *" if w["k"] == 4 else "")]
+        assert row == [str(w["buckets_used"])] * 2 + [f"{100 * w['padding_fraction']:.1f}%"]
+
+
+def test_html_report_shows_the_buckets(bucketed_dir, tmp_path):
+    out = tmp_path / "report.html"
+    assert run_stats(bucketed_dir, "--html", out).exit_code == 0
+    page = out.read_text()
+    assert "Length buckets" in page and "What if the number of buckets were different" in page
+    assert "<td>b03</td>" in page
+
+
+def test_histogram_axis_ends_past_the_kept_clips_and_counts_the_outliers():
+    from melshards.report_html import shown_range
+
+    before = {100: 5, 200: 5, 300: 1, 10_000: 2}  # two 100 s outliers
+    lo, hi, beyond = shown_range(before, {100: 5, 200: 5}, [216.0, 300.0])
+    assert (lo, hi, beyond) == (100, 346, 2)
+    assert shown_range({100: 1, 150: 1}, {100: 1}, [152.0]) == (100, 150, 0)  # nothing beyond: the data's end

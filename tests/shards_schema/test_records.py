@@ -77,7 +77,7 @@ def _schema_dict(features: list) -> dict:
     from shards_schema.text import FRONTEND
 
     bucket = {"index": 0, "max_text_len": 16, "max_mel_frames": 24, "features": features,
-              "counts": {"train": 3, "val": 0}}
+              "counts": {"train": 3, "val": 0}, "shards": {"train": [], "val": []}}
     return {"version": SCHEMA_VERSION, "buckets": [bucket],
             "audio": {"sample_rate": 22050, "trim_silence": True, "trim_top_db": 40.0},
             "mel": {"n_fft": 1024, "hop_length": 256, "win_length": 1024, "n_mels": 8, "fmin": 0.0,

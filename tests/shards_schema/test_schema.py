@@ -131,3 +131,13 @@ def test_shipped_preprocess_configs_load():
     from tests.conftest import REPO
     for path in (REPO / "configs").glob("ljspeech*.yaml"):
         load_config(str(path))
+
+
+def test_the_one_bucket_trainer_refuses_a_bucketed_run_saying_pass_buckets_1(bucketed_dir, shards_dir):
+    from shards_schema.shards import check_schemas
+
+    with pytest.raises(SchemaError, match="this trainer reads one bucket: re-run `melshards preprocess` with "
+                                          "--buckets 1"):
+        check_schemas([str(bucketed_dir / "train-b00-00000-of-00001.tfrecord")], None)
+    schema, _ = check_schemas([str(shards_dir / "train-b00-00000-of-00001.tfrecord")], None)
+    assert len(schema.buckets) == 1
