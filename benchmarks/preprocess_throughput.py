@@ -132,11 +132,14 @@ def breakdown(rows: list[dict], cfg, out_path: str) -> dict:
         kept.append(clip)
     cutoffs = cutoffs_from(hists, cfg)
     kept = [c for c in kept if cutoffs.reason(c["text_len"], c["mel_frames"], c["duration_ms"]) is None]
-    encode_clip(kept[0], cutoffs, cfg)  # warm-up: the first encode imports TensorFlow
+    # one bucket at the cut-offs: the encode cost does not depend on the number of buckets
+    buckets = {"bounds": (cutoffs.padded_mel_frames,), "plan": None, "raised_last_bound": None}
+    texts = {0: {cutoffs.max_text_len: 1}}
+    encode_clip(kept[0], buckets, texts, cfg)  # warm-up
     with open(out_path, "wb") as f:
         for c in kept:
             t0 = time.perf_counter()
-            _, _, rec = encode_clip(c, cutoffs, cfg)
+            _, _, _, rec = encode_clip(c, buckets, texts, cfg)
             t1 = time.perf_counter()
             _TFRecordUtil.write_record(f, rec)
             T["encode"] += t1 - t0
