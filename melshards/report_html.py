@@ -88,7 +88,7 @@ def histogram_figure(report: dict, histograms: dict) -> Figure:
                 ax.hist([v * scale for v in shown], bins=bins, weights=list(shown.values()), color=colour,
                         label=label)
         if beyond:
-            ax.plot([], [], " ", label=f"{beyond} longer clip(s) beyond {hi:g}, not drawn")
+            ax.plot([], [], " ", label=f"{beyond} longer clip(s) beyond {hi:.4g}, not drawn")
         for x, label, colour, style in marks:
             ax.axvline(x, color=colour, linestyle=style, linewidth=1.2 if style != ":" else 1.0, label=label)
         ax.legend(fontsize=7, frameon=False)
