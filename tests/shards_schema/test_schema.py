@@ -39,8 +39,9 @@ def test_an_edited_summary_disagreeing_with_the_buckets_is_refused(shards_dir):
 
 
 def _two_buckets(schema: Schema) -> Schema:
-    """The one-bucket schema of the shared run plus a shorter bucket 0 (its shards renamed b00)."""
-    small = Schema.make_bucket(0, 16, 8, schema.n_mels, [{"split": "train", "file": "train-b00-00000-of-00001.tfrecord",
+    """The one-bucket schema of the shared run, as bucket 1 (its files keep their b00 names), plus a
+    shorter bucket 0."""
+    small = Schema.make_bucket(0, 16, 8, schema.n_mels, [{"split": "train", "file": "train-b00-00001-of-00002.tfrecord",
                                                           "records": 2}])
     big = dataclasses.replace(schema.buckets[0], index=1)
     return dataclasses.replace(schema, buckets=(small, big))
@@ -53,15 +54,17 @@ def test_the_largest_bucket_gives_the_one_shape_readers_use(shards_dir):
     assert (two.max_text_len, two.max_mel_frames, two.features) == (one.max_text_len, one.max_mel_frames,
                                                                      one.features)
     assert two.counts == {"train": one.counts["train"] + 2, "val": one.counts["val"]}
-    assert two.shards["train"][0]["file"] == "train-b00-00000-of-00001.tfrecord"
+    assert [f["file"] for f in two.shards["train"]] == ["train-b00-00000-of-00001.tfrecord",
+                                                        "train-b00-00001-of-00002.tfrecord"]
     assert Schema.from_json(two.to_json()) == two
 
 
 def test_bucket_of_file_reads_the_listing_then_the_name(shards_dir):
     two = _two_buckets(read_schema(str(shards_dir)))
     listed = two.buckets[1].shards["train"][0]["file"]
-    assert two.bucket_of_file(f"gs://b/run/{listed}").index == 1
-    assert two.bucket_of_file("train-b00-00000-of-00001.tfrecord").index == 0
+    assert listed == "train-b00-00000-of-00001.tfrecord"
+    assert two.bucket_of_file(f"gs://b/run/{listed}").index == 1  # the listing wins over the name
+    assert two.bucket_of_file("train-b00-00001-of-00002.tfrecord").index == 0
     assert two.bucket_of_file("dir/val-b01-00003-of-00009.tfrecord").index == 1  # not listed: by its name
     assert two.bucket_of_file("val-b07-00000-of-00001.tfrecord") is None  # no such bucket
     assert two.bucket_of_file("extra.tfrecord") is None
