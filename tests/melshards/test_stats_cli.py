@@ -182,6 +182,11 @@ def test_a_run_that_rejected_every_row_still_reports_counts_and_html(tmp_path):
     assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
 
 
-def test_json_compare_holds_both_runs(shards_dir):
-    figures = json.loads(run_stats(shards_dir, "--compare", shards_dir / "stats.json", "--json").output)
-    assert set(figures) == {"a", "b"} and figures["a"]["what_if"] == figures["b"]["what_if"]
+def test_json_compare_holds_both_runs_figures(shards_dir, tmp_path):
+    other = json.loads((shards_dir / "stats.json").read_text())
+    other["counts"]["in_shards"] += 5
+    (tmp_path / "stats.json").write_text(json.dumps(other))
+    figures = json.loads(run_stats(shards_dir, "--compare", tmp_path / "stats.json", "--json").output)
+    assert set(figures) == {"a", "b"}
+    assert figures["b"]["counts"]["in_shards"] == figures["a"]["counts"]["in_shards"] + 5
+    assert figures["a"]["source"] != figures["b"]["source"]
