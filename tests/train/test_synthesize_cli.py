@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import soundfile as sf
-from click.testing import CliRunner
+from click.testing import CliRunner, Result
 
 from preprocess.clips import ClipRejected, prepare_text
 from shards_schema import Vocabulary
@@ -27,7 +27,7 @@ def model_dir(four_records, tmp_path_factory) -> Path:
     return tmp / "model"
 
 
-def synthesize(*args) -> "click.testing.Result":
+def synthesize(*args) -> Result:
     result = CliRunner().invoke(synthesize_command, [str(a) for a in args])
     # an error must be a message and an exit code, never a traceback
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
