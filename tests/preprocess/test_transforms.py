@@ -250,23 +250,32 @@ def _counters(result) -> dict:
             for c in result.metrics().query(MetricsFilter().with_namespace("melshards"))["counters"]}
 
 
-def test_malformed_and_duplicate_rows_are_rejected_and_counted(tmp_path):
+def _read_and_dedupe(tmp_path, lines):
     (tmp_path / "wavs").mkdir()
-    (tmp_path / "metadata.csv").write_text("\n".join(
-        ["a|Hello there.|Hello there.", *EXTRA_FIELD_ROWS, "lonely", "a|Again.|Again.", "b|Bye.|Bye."]) + "\n")
+    (tmp_path / "metadata.csv").write_text("\n".join(lines) + "\n")
     p = pipeline()
     read = p | ReadCorpus(detect_corpus(str(tmp_path)))
     unique = read["rows"] | DropDuplicateIds()
-    assert_that(unique.rows | beam.Map(lambda r: (r["id"], r["text"])),
-                equal_to([("a", "Hello there."), ("b", "Bye.")]), label="rows")
     rejected = (read["rejected"], unique["rejected"]) | beam.Flatten()
-    assert_that(rejected | beam.Map(lambda r: (r["id"], r["reason"])), equal_to([
-        ("row-2", "malformed_row"), ("row-3", "malformed_row"), ("row-4", "malformed_row"),
-        ("a", "duplicate_id")]), label="rejected")
+    return p, unique.rows, rejected
+
+
+def test_rows_with_extra_fields_are_rejected_as_malformed_not_read(tmp_path):
+    p, rows, rejected = _read_and_dedupe(tmp_path, ["a|Hello there.|Hello there.", *EXTRA_FIELD_ROWS])
+    assert_that(rows | beam.Map(lambda r: (r["id"], r["text"])), equal_to([("a", "Hello there.")]), label="rows")
+    assert_that(rejected | beam.Map(lambda r: (r["id"], r["reason"])),
+                equal_to([("row-2", "malformed_row"), ("row-3", "malformed_row")]), label="rejected")
+    p.run().wait_until_finish()
+
+
+def test_malformed_rows_and_duplicate_ids_have_counters(tmp_path):
+    p, _, rejected = _read_and_dedupe(tmp_path, ["a|Hello.|Hello.", "lonely", "a|Again.|Again.", "", "b|Bye.|"])
+    assert_that(rejected | beam.Map(lambda r: (r["id"], r["reason"])),
+                equal_to([("row-2", "malformed_row"), ("a", "duplicate_id")]))
     result = p.run()
     result.wait_until_finish()
     counters = _counters(result)
-    assert (counters["input_rows"], counters["malformed_row"], counters["duplicate_id"]) == (6, 3, 1)
+    assert (counters["input_rows"], counters["malformed_row"], counters["duplicate_id"]) == (4, 1, 1)
 
 
 def test_ljspeech_layout_finds_mp3_ogg_and_flac(tmp_path):
