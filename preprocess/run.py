@@ -1,7 +1,8 @@
 """`melshards preprocess` / `python -m preprocess`: validate the invocation, then run the job.
 
-Everything that can be wrong with the invocation (config, input, output) is checked before the
-pipeline is built, so a bad call fails in a second with a message, not after minutes of work.
+Everything that can be wrong with the invocation (options, config, input, output) is checked before
+the pipeline is built, so a bad call fails in a second with a message, not after minutes of work.
+A corpus whose every row is rejected is only known after the job: that also exits 2, in one line.
 """
 from __future__ import annotations
 
@@ -212,14 +213,14 @@ def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config
 
     Options not listed here go to Beam, e.g. --runner DataflowRunner --project P --region R
     --temp_location gs://B/tmp --setup_file ./setup.py, or --direct_num_workers 2
-    --direct_running_mode multi_processing.
+    --direct_running_mode multi_processing. An option neither knows is an error.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     for noisy in ("apache_beam.typehints", "apache_beam.runners.worker", "apache_beam.io.filebasedsink"):
         logging.getLogger(noisy).setLevel(logging.WARNING)  # per-transform chatter, not progress
     try:
         cfg = load_config(config_path)
-        own = [o for p in ctx.command.params for o in p.opts + p.secondary_opts]
+        own = [o for p in ctx.command.get_params(ctx) for o in p.opts + p.secondary_opts]
         options = pipeline_options(list(ctx.args), own)
         dry_run = options.view_as(TestOptions).dry_run
         corpus = detect_corpus(input_path)
