@@ -12,7 +12,7 @@ from preprocess.config import MelConfig, PreprocessConfig
 from shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, padding_fraction, summarize
 from preprocess.shards import remove_temp_dir
 from shards_schema.text import FRONTEND
-from shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
+from shards_schema import (SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
                            AudioParams, MelParams, Schema, Vocabulary)
 
 
@@ -105,9 +105,11 @@ class _WriteReportFn(beam.DoFn):
         stats = build_stats(self.cfg, input_rows, before, after, cutoffs, dict(reasons), list(shards))
         _write_text(FileSystems.join(self.out_dir, STATS_FILE), json.dumps(stats, indent=2) + "\n")
         remove_temp_dir(self.out_dir)
-        if cutoffs is None:  # every row rejected: leave no schema, the run has nothing to train on
-            raise AccountingError(
-                f"all {input_rows} input rows were rejected; see {REJECTED_FILE} for the reasons")
+        if cutoffs is None:
+            # Every row rejected: nothing to train on, so no schema.json (the run stays unfinished and
+            # the trainer refuses it). Not an exception: a runner would retry the bundle, and the CLI
+            # reports it from stats.json in one line.
+            return
         schema = build_schema(self.cfg, cutoffs, moments, list(shards))
         _write_text(FileSystems.join(self.out_dir, SCHEMA_FILE), schema.to_json())
         yield FileSystems.join(self.out_dir, SCHEMA_FILE)
