@@ -1,18 +1,29 @@
-"""The `melshards` command: subcommands are imported only when used (TensorFlow is slow to import)."""
+"""The `melshards` command: subcommands are imported only when they run.
+
+TensorFlow takes seconds to import and Beam more than one, so `melshards --help` lists the
+commands from the short help kept here and imports neither; `melshards stats` imports no TensorFlow.
+"""
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import sys
+import tempfile
 
 import click
 
+# name -> (module, click command, one-line help shown by `melshards --help`)
 _COMMANDS = {
-    "preprocess": ("preprocess.run", "preprocess_command"),
-    "train": ("train.run", "train_command"),
-    "synthesize": ("train.synthesize", "synthesize_command"),
-    "stats": ("melshards.stats_cli", "stats_command"),
-    "inspect": ("melshards.inspect_cli", "inspect_command"),
+    "preprocess": ("preprocess.run", "preprocess_command",
+                   "Corpus -> log-mel -> percentile statistics -> filter -> pad -> TFRecord shards."),
+    "train": ("train.run", "train_command", "Train a text-to-mel model on shards written by `preprocess`."),
+    "synthesize": ("train.synthesize", "synthesize_command", "Speak text with a trained model and write a WAV."),
+    "stats": ("melshards.stats_cli", "stats_command",
+              "Percentiles, counts, padding and what-if cut-offs of a preprocessing run."),
+    "inspect": ("melshards.inspect_cli", "inspect_command", "Check shards against their schema without training."),
 }
+_USES_TENSORFLOW = ("train", "synthesize", "inspect")
 
 
 def run_command(command: click.Command, argv: list[str] | None, prog_name: str) -> int:
@@ -27,15 +38,63 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str) 
     return 0
 
 
+@contextlib.contextmanager
+def _info_lines_dropped_from_stderr():
+    """TensorFlow's C++ start-up INFO lines (oneDNN, "Could not find cuda drivers") go to the stderr
+    file descriptor before its logging reads TF_CPP_MIN_LOG_LEVEL (tensorflow/tensorflow#100442), so
+    the only way to drop them is to hold fd 2 during the import and pass on everything else."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            for line in held.read().decode("utf-8", errors="replace").splitlines(keepends=True):
+                if not (line.startswith("I0000") or "before absl::InitializeLog()" in line):
+                    sys.stderr.write(line)
+            sys.stderr.flush()
+
+
+def import_tensorflow_quietly() -> None:
+    """Import TensorFlow without its C++ INFO lines; warnings and errors still show.
+
+    A TF_CPP_MIN_LOG_LEVEL the user set is left alone, and then nothing is filtered."""
+    if "tensorflow" in sys.modules:
+        return
+    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        importlib.import_module("tensorflow")
+        return
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "1"  # INFO off for everything logged after start-up
+    with _info_lines_dropped_from_stderr():
+        importlib.import_module("tensorflow")
+
+
 class _LazyGroup(click.Group):
     def list_commands(self, ctx):
-        return sorted(_COMMANDS)
+        return list(_COMMANDS)
 
     def get_command(self, ctx, name):
         if name not in _COMMANDS:
             return None
-        module, attr = _COMMANDS[name]
-        return getattr(importlib.import_module(module), attr)
+        module, attr, _ = _COMMANDS[name]
+        command = getattr(importlib.import_module(module), attr)
+        if name in _USES_TENSORFLOW and not getattr(command, "_imports_tf_quietly", False):
+            run = command.invoke  # runs the command; `--help` exits before it, without TensorFlow
+
+            def invoke(ctx, run=run):
+                import_tensorflow_quietly()
+                return run(ctx)
+            command.invoke, command._imports_tf_quietly = invoke, True
+        return command
+
+    def format_commands(self, ctx, formatter):
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, short) for name, (_, _, short) in _COMMANDS.items()])
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -45,5 +104,4 @@ def cli() -> None:
 
 
 def main() -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up banner, in Beam workers too
     cli()

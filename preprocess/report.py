@@ -13,7 +13,7 @@ from preprocess.config import MelConfig, PreprocessConfig
 from shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, summarize
 from preprocess.shards import remove_temp_dir
 from shards_schema.text import FRONTEND
-from shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
+from shards_schema import (SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
                            AudioParams, MelParams, Schema, Vocabulary)
 
 
@@ -111,12 +111,11 @@ class _WriteReportFn(beam.DoFn):
                             dict(text), train_hist)
         _write_text(FileSystems.join(self.out_dir, STATS_FILE), json.dumps(stats, indent=2) + "\n")
         remove_temp_dir(self.out_dir)
-        if cutoffs is None:  # every row rejected: leave no schema, the run has nothing to train on
-            raise AccountingError(
-                f"all {input_rows} input rows were rejected; see {REJECTED_FILE} for the reasons")
-        if buckets is None:  # clips were measured but the filter kept none
-            raise AccountingError(
-                f"the percentile filter kept none of the {input_rows} input rows; see {REJECTED_FILE}")
+        if cutoffs is None or buckets is None:
+            # Every row rejected (or every measured clip filtered): nothing to train on, so no
+            # schema.json (the run stays unfinished and the trainer refuses it). Not an exception: a
+            # runner would retry the bundle, and the CLI reports it from stats.json in one line.
+            return
         schema = build_schema(self.cfg, buckets, dict(text), moments, list(shards))
         _write_text(FileSystems.join(self.out_dir, SCHEMA_FILE), schema.to_json())
         yield FileSystems.join(self.out_dir, SCHEMA_FILE)

@@ -72,16 +72,31 @@ class Synthesizer(tf.Module):
         tf.saved_model.save(self, path, signatures={"serving_default": self.serve})
 
 
+def check_model_dir(model_dir: str) -> None:
+    """Refuse a path that is not a train model dir before read_schema, whose errors speak of preprocessing."""
+    from train.loop import CONFIG_FILE
+
+    if not tf.io.gfile.isdir(model_dir):
+        problem = "it does not exist" if not tf.io.gfile.exists(model_dir) else "it is not a directory"
+    else:
+        missing = [name for name in (SCHEMA_FILE, CONFIG_FILE)
+                   if not tf.io.gfile.exists(posixpath.join(model_dir, name))]
+        if not missing:
+            return
+        problem = f"it holds no {' and no '.join(missing)}"
+    raise SchemaError(f"{model_dir} is not a melshards train model dir: {problem}; "
+                      "pass the --model-dir of a `melshards train` run")
+
+
 def load_synthesizer(model_dir: str) -> Synthesizer:
     """The newest checkpoint in model_dir, rebuilt from the schema and config saved beside it."""
     from train.config import TrainConfig
     from train.loop import CHECKPOINT_DIR, CONFIG_FILE
     from train.model import build_model
 
+    check_model_dir(model_dir)
     schema = read_schema(posixpath.join(model_dir, SCHEMA_FILE))
     cfg_path = posixpath.join(model_dir, CONFIG_FILE)
-    if not tf.io.gfile.exists(cfg_path):
-        raise SchemaError(f"{cfg_path} does not exist: {model_dir} is not a `melshards train` model dir")
     with tf.io.gfile.GFile(cfg_path) as f:
         cfg = from_dict(TrainConfig, json.load(f), where=cfg_path)
     latest = tf.train.latest_checkpoint(posixpath.join(model_dir, CHECKPOINT_DIR))
@@ -93,20 +108,17 @@ def load_synthesizer(model_dir: str) -> Synthesizer:
     return Synthesizer(model, schema)
 
 
-def text_ids(text: str, schema: Schema) -> tuple[np.ndarray, int, str]:
-    """Raw text -> (padded ids [1, max_text_len], length, normalised text), as preprocess made them."""
-    from shards_schema.text import normalize_text
-
-    normalised = normalize_text(text)
+def text_ids(normalised: str, schema: Schema) -> tuple[np.ndarray, int]:
+    """Text normalised by `check_text` -> (padded ids [1, max_text_len], length), as preprocess made them."""
     ids, _ = Vocabulary(schema.vocabulary).encode(normalised)
     if not ids:
-        raise ConfigError(f"{text!r} has nothing speakable after normalisation ({normalised!r})")
+        raise ConfigError(f"{normalised!r} holds no symbol of this model's vocabulary")
     if len(ids) > schema.max_text_len:
         raise ConfigError(f"the text is {len(ids)} symbols after normalisation; this model reads at most "
                           f"{schema.max_text_len}. Split it into shorter sentences")
     padded = np.zeros([1, schema.max_text_len], np.int32)
     padded[0, :len(ids)] = ids
-    return padded, len(ids), normalised
+    return padded, len(ids)
 
 
 def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
@@ -126,7 +138,8 @@ def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
 @click.argument("text")
 @click.option("--model-dir", required=True, help="A `melshards train` --model-dir (newest checkpoint is used).")
 @click.option("-o", "--output", required=True, help="WAV file to write.")
-@click.option("--griffin-lim-iters", default=32, show_default=True, help="Griffin-Lim iterations.")
+@click.option("--griffin-lim-iters", default=32, show_default=True, type=click.IntRange(min=1),
+              help="Griffin-Lim iterations.")
 @click.option("--export", "export_dir", default=None,
               help="Also save the generator as a SavedModel here (serving signature: text -> mel).")
 def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -> None:
@@ -135,9 +148,26 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import soundfile as sf
 
+    from shards_schema.text import TextRejected, check_text
+
+    # every check that needs no model first: loading and compiling the model takes a while
+    try:
+        normalised = check_text(text)
+    except TextRejected as e:
+        raise click.UsageError(f"TEXT refused ({e.reason}): {e.detail}. `melshards preprocess` rejects such "
+                               "transcripts too, so the model never learnt them; pass text with words in it") from e
+    try:
+        check_model_dir(model_dir)  # before creating -o's directory, so a wrong --model-dir leaves nothing behind
+    except SchemaError as e:
+        raise click.UsageError(str(e)) from e
+    out_dir = os.path.dirname(os.path.abspath(output))
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise click.UsageError(f"-o {output}: cannot create its directory {out_dir} ({e})") from e
     try:
         synth = load_synthesizer(model_dir)
-        ids, n, normalised = text_ids(text, synth.schema)
+        ids, n = text_ids(normalised, synth.schema)
     except (SchemaError, ConfigError) as e:
         raise click.UsageError(str(e)) from e
     out = synth.generate(tf.constant(ids), tf.constant([n], tf.int32))

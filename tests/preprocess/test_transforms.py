@@ -232,3 +232,90 @@ def test_remove_temp_dir_deletes_leftover_parts(tmp_path):
     remove_temp_dir(str(tmp_path))
     assert not (tmp_path / TEMP_DIR).exists()
     remove_temp_dir(str(tmp_path))  # nothing there: a no-op
+
+
+# The rows: a "|" inside the text shifted the fields, and the shard got the wrong transcript.
+EXTRA_FIELD_ROWS = [
+    "LJT001-0004|Rain fell | softly on the tin roof.|Rain fell | softly on the tin roof.",
+    "LJT001-0008|Well|are you coming|with us|she asked.",
+]
+
+
+@pytest.mark.parametrize("line", EXTRA_FIELD_ROWS)
+def test_ljspeech_line_with_more_than_three_fields_is_malformed(line):
+    from preprocess.corpus import parse_ljspeech_line
+    with pytest.raises(ValueError, match=r"\|-separated fields, expected at most 3"):
+        parse_ljspeech_line(line, 0)
+
+
+def test_ljspeech_line_with_two_or_three_fields_is_a_row():
+    from preprocess.corpus import parse_ljspeech_line
+    assert parse_ljspeech_line("a|Hello.", 0)["text"] == "Hello."
+    assert parse_ljspeech_line("a|Dr. Who|Doctor Who", 0)["text"] == "Doctor Who"
+
+
+def _counters(result) -> dict:
+    from apache_beam.metrics.metric import MetricsFilter
+    return {c.key.metric.name: c.committed
+            for c in result.metrics().query(MetricsFilter().with_namespace("melshards"))["counters"]}
+
+
+def _read_and_dedupe(tmp_path, lines):
+    (tmp_path / "wavs").mkdir()
+    (tmp_path / "metadata.csv").write_text("\n".join(lines) + "\n")
+    p = pipeline()
+    read = p | ReadCorpus(detect_corpus(str(tmp_path)))
+    unique = read["rows"] | DropDuplicateIds()
+    rejected = (read["rejected"], unique["rejected"]) | beam.Flatten()
+    return p, unique.rows, rejected
+
+
+def test_rows_with_extra_fields_are_rejected_as_malformed_not_read(tmp_path):
+    p, rows, rejected = _read_and_dedupe(tmp_path, ["a|Hello there.|Hello there.", *EXTRA_FIELD_ROWS])
+    assert_that(rows | beam.Map(lambda r: (r["id"], r["text"])), equal_to([("a", "Hello there.")]), label="rows")
+    assert_that(rejected | beam.Map(lambda r: (r["id"], r["reason"])),
+                equal_to([("row-2", "malformed_row"), ("row-3", "malformed_row")]), label="rejected")
+    p.run().wait_until_finish()
+
+
+def test_malformed_rows_and_duplicate_ids_have_counters(tmp_path):
+    p, _, rejected = _read_and_dedupe(tmp_path, ["a|Hello.|Hello.", "lonely", "a|Again.|Again.", "", "b|Bye.|"])
+    assert_that(rejected | beam.Map(lambda r: (r["id"], r["reason"])),
+                equal_to([("row-2", "malformed_row"), ("a", "duplicate_id")]))
+    result = p.run()
+    result.wait_until_finish()
+    counters = _counters(result)
+    assert (counters["input_rows"], counters["malformed_row"], counters["duplicate_id"]) == (4, 1, 1)
+
+
+def test_ljspeech_layout_finds_mp3_ogg_and_flac(tmp_path):
+    from tests.preprocess.conftest import encode, tone
+    (tmp_path / "wavs").mkdir()
+    for clip_id, fmt in (("m", "MP3"), ("o", "OGG"), ("f", "FLAC")):
+        (tmp_path / "wavs" / f"{clip_id}.{fmt.lower()}").write_bytes(encode(tone(0.5), 22050, fmt))
+    (tmp_path / "metadata.csv").write_text("m|One.|One.\no|Two.|Two.\nf|Three.|Three.\n")
+    with pipeline() as p:
+        out = p | ReadCorpus(detect_corpus(str(tmp_path)))
+        assert_that(out["rows"] | beam.Map(lambda r: (r["id"], r["audio"].rsplit(".", 1)[1])),
+                    equal_to([("m", "mp3"), ("o", "ogg"), ("f", "flac")]))
+
+
+@pytest.mark.parametrize("name,content,problem", [
+    ("metadata.csv", "", "holds no rows"),
+    ("metadata.csv", "\n  \n", "holds no rows"),
+    ("m.csv", "", "holds no rows"),
+    ("m.csv", "path,transcript\na.wav,Hi\n", "missing audio, text"),
+    ("m.tsv", "\naudio\ttext\n", None),  # blank lines before the header
+    ("m.tsv", "audio,text\na.wav,Hi\n", "missing audio, text"),  # commas are not the TSV separator
+    ("m.jsonl", '{"audio": "a.wav", "txt": "Hi"}\n', "missing text"),
+    ("m.jsonl", 'not json\n{"audio": "a.wav", "text": "Hi"}\n', None),  # a malformed row, not a header
+])
+def test_rows_file_check_reads_the_first_line(tmp_path, name, content, problem):
+    from preprocess.corpus import CorpusError, check_rows_file
+    (tmp_path / name).write_text(content)
+    corpus = detect_corpus(str(tmp_path / name) if name != "metadata.csv" else str(tmp_path))
+    if problem is None:
+        check_rows_file(corpus)
+    else:
+        with pytest.raises(CorpusError, match=problem):
+            check_rows_file(corpus)

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -129,11 +130,26 @@ def test_config_loader_rejects_unknown_keys_and_wrong_types(tmp_path):
         load_yaml(_Outer, tmp_path / "missing.yaml")
 
 
-def test_shipped_preprocess_configs_load():
-    from preprocess.config import load_config
-    from tests.conftest import REPO
-    for path in (REPO / "configs").glob("ljspeech*.yaml"):
-        load_config(str(path))
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+def test_every_shipped_config_is_checked():
+    assert {p.name for p in CONFIGS} >= {"ljspeech.yaml", "ljspeech_tiny.yaml", "train_base.yaml", "train_tiny.yaml"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_config_loads_and_validates(path, shards_dir):
+    """Preprocess configs validate on their own; train configs against the demo run's schema (the
+    shapes decide e.g. whether model.reduction_factor divides the padded length)."""
+    if path.name.startswith("train"):
+        from train.config import load_config
+        cfg = load_config(str(path))
+        cfg.validate(read_schema(str(shards_dir)))
+        assert cfg != type(cfg)(), f"{path.name} sets nothing: it should say what it is for"
+    else:
+        from preprocess.config import PreprocessConfig, load_config
+        cfg = load_config(str(path))
+        assert isinstance(cfg, PreprocessConfig)
 
 
 def test_the_one_bucket_trainer_refuses_a_bucketed_run_saying_pass_buckets_1(bucketed_dir, shards_dir):
