@@ -208,9 +208,12 @@ def check_shard(path: str, schema: Schema, keep: int = 0) -> tuple[ShardResult, 
 
 
 def schemas_for(files: Sequence[str], schema_path: str | None) -> tuple[dict[str, Schema], list[Problem]]:
-    """The schema of each file's directory (or the one given), and problems if they cannot be mixed.
+    """The schema of each file's directory, and problems if they cannot be mixed.
 
-    A directory still holding the preprocessing job's temp dir is an unfinished run: an error.
+    Each directory's own schema.json is checked against the reference: `schema_path` when given,
+    else the first directory's. A directory without schema.json is read with `schema_path` when
+    given (shards copied away from their run), and is an error otherwise. A directory still
+    holding the preprocessing job's temp dir is an unfinished run: an error.
     """
     import tensorflow as tf
 
@@ -220,12 +223,15 @@ def schemas_for(files: Sequence[str], schema_path: str | None) -> tuple[dict[str
             raise InputError(
                 f"{d} holds an unfinished preprocessing run ({UNFINISHED_DIR}/ is still there); "
                 "let `melshards preprocess` finish, or re-run it with --overwrite")
-    by_dir = {d: read_schema(schema_path or d) for d in dirs}
-    ref = schema_path or posixpath.join(dirs[0], SCHEMA_FILE)
+    own = {d: posixpath.join(d, SCHEMA_FILE) for d in dirs}
+    where = {d: own[d] if schema_path is None or tf.io.gfile.exists(own[d]) else schema_path for d in dirs}
+    by_dir = {d: read_schema(where[d]) for d in dirs}
+    ref_path = schema_path or where[dirs[0]]
+    ref = read_schema(ref_path) if schema_path else by_dir[dirs[0]]
     problems = []
     for d in dirs:
         try:
-            by_dir[dirs[0]].check_compatible(by_dir[d], ref, posixpath.join(d, SCHEMA_FILE))
+            ref.check_compatible(by_dir[d], ref_path, where[d])
         except SchemaError as e:
             problems.append(Problem(d, None, str(e)))
     return {f: by_dir[dir_of(f)] for f in files}, problems
