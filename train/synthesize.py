@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from shards_schema import SCHEMA_FILE, Schema, SchemaError, Vocabulary, read_schema
 from shards_schema.config import ConfigError, from_dict
+from train.errors import RestoreError
 
 log = logging.getLogger("melshards.synthesize")
 
@@ -75,7 +76,8 @@ class Synthesizer(tf.Module):
 def load_synthesizer(model_dir: str) -> Synthesizer:
     """The newest checkpoint in model_dir, rebuilt from the schema and config saved beside it."""
     from train.config import TrainConfig
-    from train.loop import CHECKPOINT_DIR, CONFIG_FILE
+    from train.checkpoints import CHECKPOINT_DIR, restore_model
+    from train.loop import CONFIG_FILE
     from train.model import build_model
 
     schema = read_schema(posixpath.join(model_dir, SCHEMA_FILE))
@@ -88,7 +90,7 @@ def load_synthesizer(model_dir: str) -> Synthesizer:
     if latest is None:
         raise SchemaError(f"{model_dir}/{CHECKPOINT_DIR} holds no checkpoint; train first")
     model = build_model(cfg.model, schema, "float32")  # inference in float32 whatever the training policy
-    tf.train.Checkpoint(model=model).restore(latest).expect_partial().assert_existing_objects_matched()
+    restore_model(model, latest)  # fails unless every variable of the model is restored
     log.info("restored %s", latest)
     return Synthesizer(model, schema)
 
@@ -109,15 +111,37 @@ def text_ids(text: str, schema: Schema) -> tuple[np.ndarray, int, str]:
     return padded, len(ids), normalised
 
 
+def min_frames(schema: Schema) -> int:
+    """Fewest mel frames Griffin-Lim can invert: the signal they span must hold one FFT window.
+
+    With centred frames, n frames span (n - 1) * hop_length samples.
+    """
+    m = schema.mel
+    return -(-m.n_fft // m.hop_length) + 1
+
+
+def check_spoke(frames: int, schema: Schema) -> None:
+    """Refuse a mel too short to be speech (an undertrained model's stop token fires at once)."""
+    needed = min_frames(schema)
+    if frames < needed:
+        raise click.ClickException(
+            f"the model stopped before speaking: it produced {frames} mel frame{'s' * (frames != 1)}, fewer "
+            f"than the {needed} that one FFT window ({schema.mel.n_fft} samples) needs. Train it for more "
+            "steps (the stop token has not learned when speech ends), then synthesize again")
+
+
 def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
     """[frames, n_mels] natural-log mel -> waveform, with the schema's STFT and mel parameters."""
     import librosa
 
     m = schema.mel
     mel = np.exp(log_mel.T.astype(np.float64))  # the shards hold log(max(mel, floor))
-    y = librosa.feature.inverse.mel_to_audio(
-        mel, sr=schema.audio.sample_rate, n_fft=m.n_fft, hop_length=m.hop_length, win_length=m.win_length,
-        fmin=m.fmin, fmax=m.fmax, power=m.power, n_iter=n_iter, center=True)
+    # librosa.feature.inverse.mel_to_audio in two steps, to fix Griffin-Lim's random initial phases:
+    # the same mel then gives the same WAV
+    stft = librosa.feature.inverse.mel_to_stft(mel, sr=schema.audio.sample_rate, n_fft=m.n_fft, power=m.power,
+                                               fmin=m.fmin, fmax=m.fmax)
+    y = librosa.griffinlim(stft, n_iter=n_iter, hop_length=m.hop_length, win_length=m.win_length, n_fft=m.n_fft,
+                           center=True, random_state=0)
     peak = float(np.max(np.abs(y))) if y.size else 0.0
     return (0.95 * y / peak if peak > 0 else y).astype(np.float32)
 
@@ -140,8 +164,11 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -
         ids, n, normalised = text_ids(text, synth.schema)
     except (SchemaError, ConfigError) as e:
         raise click.UsageError(str(e)) from e
+    except RestoreError as e:
+        raise click.ClickException(str(e)) from e
     out = synth.generate(tf.constant(ids), tf.constant([n], tf.int32))
     frames = int(out["mel_len"][0])
+    check_spoke(frames, synth.schema)
     mel = out["mel"][0, :frames].numpy()
     y = griffin_lim(mel, synth.schema, griffin_lim_iters)
     sf.write(output, y, synth.schema.audio.sample_rate, subtype="PCM_16")
