@@ -45,5 +45,5 @@ def cli() -> None:
 
 
 def main() -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up banner, in Beam workers too
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # TF C++ INFO off, warnings kept; Beam workers inherit it
     cli()

@@ -15,7 +15,7 @@ import os
 import posixpath
 from typing import Sequence
 
-import tensorflow as tf
+from train.tf_quiet import tf
 
 from train.config import TrainConfig
 from train.errors import ModelDirError, RestoreError

@@ -9,7 +9,7 @@ import posixpath
 from typing import Sequence
 
 import numpy as np
-import tensorflow as tf
+from train.tf_quiet import tf
 
 from shards_schema import SCHEMA_FILE, Schema, read_schema
 from shards_schema.schema import UNFINISHED_DIR

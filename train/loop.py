@@ -8,10 +8,10 @@ steps_per_execution optimizer steps) and does nothing else.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import logging
-import os
 import posixpath
 import signal
 import socket
@@ -20,9 +20,9 @@ import threading
 import time
 from typing import Sequence
 
+from train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 import keras
 import numpy as np
-import tensorflow as tf
 
 from shards_schema import SCHEMA_FILE, Schema
 from train import input_pipeline as ip
@@ -67,17 +67,18 @@ def resolve_inputs(globs: Sequence[str], val_globs: Sequence[str], schema_path: 
 class StopFlag:
     """SIGINT/SIGTERM set a flag; the loop checkpoints at the next step boundary and exits cleanly.
 
-    A second signal ends the process at once (exit 128 + signal number), without a checkpoint. It
-    must work while the main thread sits in a long C++ call (the first XLA compile takes tens of
-    seconds), where Python signal handlers do not run until the call returns. So the signals are
-    also counted on a watcher thread woken through `signal.set_wakeup_fd`, which the C-level
-    handler writes to immediately.
+    A second signal ends the process at once, without a checkpoint, even while the main thread
+    sits in a long C++ call (the first XLA compile takes tens of seconds). Python runs its signal
+    handlers only on the main thread between bytecodes, so they would wait for the call to end; and
+    while one signal is pending CPython does not even report the next one to `set_wakeup_fd`. So a
+    watcher thread, woken through the wakeup fd by the first signal, acknowledges it at once and
+    puts the C-level default action (terminate) back for both signals: the next one ends the
+    process in the kernel (exit status 128 + signal number in a shell).
     """
 
     def __init__(self):
         self.signal_name: str | None = None
         self._previous = {}
-        self._count = 0
 
     def __enter__(self):
         self._reader, self._writer = socket.socketpair()
@@ -89,7 +90,7 @@ class StopFlag:
         self._watcher.start()
         return self
 
-    def _handle(self, signum, frame):  # main thread, between bytecodes: only records the request
+    def _handle(self, signum, frame):  # main thread, between bytecodes: records the request only
         if self.signal_name is None:
             self.signal_name = signal.Signals(signum).name
 
@@ -101,27 +102,29 @@ class StopFlag:
                 return
             if not data:  # __exit__ closed the writer
                 return
-            for signum in data:
-                if signum in (signal.SIGINT, signal.SIGTERM):
-                    self._on_signal(signal.Signals(signum))
-
-    def _on_signal(self, sig: signal.Signals) -> None:
-        self._count += 1
-        if self._count == 1:
-            log.warning("%s received: checkpointing at the end of this step, then exiting "
-                        "(send it again to stop at once, without a checkpoint)", sig.name)
-            return
-        sys.stderr.write(f"\n{sig.name} received again: stopping now, without a checkpoint\n")
-        sys.stderr.flush()
-        os._exit(128 + sig.value)
+            stops = [signal.Signals(b) for b in data if b in (signal.SIGINT, signal.SIGTERM)]
+            if stops:
+                _default_action_for(signal.SIGINT, signal.SIGTERM)
+                log.warning("%s received: checkpointing at the end of this step, then exiting "
+                            "(send it again to stop at once, without a checkpoint)", stops[0].name)
+                return
 
     def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
+        for sig, handler in self._previous.items():  # also replaces the C-level default action
             signal.signal(sig, handler)
         signal.set_wakeup_fd(self._previous_fd)
         self._writer.close()
         self._watcher.join()
         self._reader.close()
+
+
+def _default_action_for(*signals: signal.Signals) -> None:
+    """sigaction(SIG_DFL) from any thread: Python's signal.signal may only be called on the main one."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    for sig in signals:
+        libc.signal(int(sig), None)  # None is SIG_DFL (0)
 
 
 class Progress:

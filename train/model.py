@@ -7,9 +7,9 @@ Every shape is static (the schema's max lengths), so the whole thing compiles wi
 """
 from __future__ import annotations
 
+from train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 import keras
 import numpy as np
-import tensorflow as tf
 from keras import layers
 
 from train.config import ModelConfig

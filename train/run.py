@@ -6,7 +6,6 @@ is built or anything is compiled, so a bad call fails in seconds with a message.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 import click
@@ -36,7 +35,6 @@ def run(argv: list[str] | None = None) -> int:
 def train_command(shard_globs, model_dir, val_globs, config_path, steps, batch_size, schema_path,
                   synthetic_data) -> None:
     """Train a text-to-mel model on SHARD_GLOB... (local or gs://) written by `melshards preprocess`."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from train.config import load_config
     from train.input_pipeline import InputError

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import posixpath
 
-import tensorflow as tf
+from train.tf_quiet import tf
 
 TENSORBOARD_DIR = "tensorboard"
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import posixpath
 
 import click
 import numpy as np
-import tensorflow as tf
+from train.tf_quiet import tf
 
 from shards_schema import SCHEMA_FILE, Schema, SchemaError, Vocabulary, read_schema
 from shards_schema.config import ConfigError, from_dict
@@ -155,7 +154,6 @@ def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
               help="Also save the generator as a SavedModel here (serving signature: text -> mel).")
 def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -> None:
     """Speak TEXT with the model in --model-dir and write a WAV (Griffin-Lim vocoder)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import soundfile as sf
 
