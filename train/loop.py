@@ -240,12 +240,17 @@ class Run:
 
     def call(self) -> tuple[dict, np.ndarray, float, float]:
         """One compiled call: (mean metrics, the K step losses, input wait s, call s)."""
+        first = self.train_step.experimental_get_tracing_count() == 0
+        if first:
+            log.info("first call: tracing and XLA-compiling the train step (tens of seconds on CPU)")
         t0 = time.perf_counter()
         batch = _read(lambda: next(self.iterator), self.inputs.files, self.inputs.schema)
         t1 = time.perf_counter()
         out = self.train_step(batch)
         losses = out.pop("losses").numpy()  # waits for the call: the per-call sync point
         t2 = time.perf_counter()
+        if first:
+            log.info("first call (trace + XLA compile + %d steps): %.1f s", self.k_steps, t2 - t0)
         return out, losses, t1 - t0, t2 - t0
 
     def evaluate(self) -> dict:
@@ -279,19 +284,17 @@ def prepare_model_dir(model_dir: str, inputs: Inputs) -> None:
 def train(inputs: Inputs, model_dir: str, synthetic: bool = False) -> dict:
     """Train to cfg.loop.steps (resuming from model_dir); returns the run summary (also written)."""
     lp = inputs.cfg.loop
-    prepare_model_dir(model_dir, inputs)
-    run = Run(inputs, model_dir, synthetic)
-    start, changes = run.restore()
-    state = RunState(start=start, target=lp.steps, steps_per_call=run.k_steps, data_changes=changes)
-    log.info("model %d parameters, batch %d, %d steps per call, precision %s, %s data, steps %d -> %d",
-             run.model.count_params(), run.batch_size, run.k_steps, lp.precision,
-             "synthetic" if synthetic else "shard", start, lp.steps)
-    scalars, progress = Scalars(model_dir), Progress(lp.steps, lp.log_every)
-    with StopFlag() as stop:
-        while state.running:
+    with StopFlag() as stop:  # from the start: a Ctrl-C during set-up stops before the first call
+        prepare_model_dir(model_dir, inputs)
+        run = Run(inputs, model_dir, synthetic)
+        start, changes = run.restore()
+        state = RunState(start=start, target=lp.steps, steps_per_call=run.k_steps, data_changes=changes)
+        log.info("model %d parameters, batch %d, %d steps per call, precision %s, %s data, steps %d -> %d",
+                 run.model.count_params(), run.batch_size, run.k_steps, lp.precision,
+                 "synthetic" if synthetic else "shard", start, lp.steps)
+        scalars, progress = Scalars(model_dir), Progress(lp.steps, lp.log_every)
+        while state.running and not stop.signal_name:
             state.record(*run.call(), last_checkpoint=run.checkpointer.latest)
-            if state.steady.calls == 0:
-                log.info("first call (trace + XLA compile + %d steps): %.1f s", run.k_steps, state.compile_seconds)
             if state.due(lp.log_every):
                 scalars.write("train", state.step, state.train_scalars())
             progress.update(state)
@@ -302,11 +305,9 @@ def train(inputs: Inputs, model_dir: str, synthetic: bool = False) -> dict:
             if state.due(lp.checkpoint_every):
                 run.checkpointer.save(state.step)
                 state.saved_at = state.step
-            if stop.signal_name:
-                state.stopped_by = stop.signal_name
-                break
-    progress.close()
-    finish(run, state, scalars, model_dir)
+        state.stopped_by = stop.signal_name or "steps"
+        progress.close()
+        finish(run, state, scalars, model_dir)
     summary = state.summary(**run.facts())
     _write_json(posixpath.join(model_dir, SUMMARY_FILE), summary)
     return summary
