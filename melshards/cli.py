@@ -5,11 +5,7 @@ commands from the short help kept here and imports neither; `melshards stats` im
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
-import os
-import sys
-import tempfile
 
 import click
 
@@ -38,40 +34,11 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str) 
     return 0
 
 
-@contextlib.contextmanager
-def _info_lines_dropped_from_stderr():
-    """TensorFlow's C++ start-up INFO lines (oneDNN, "Could not find cuda drivers") go to the stderr
-    file descriptor before its logging reads TF_CPP_MIN_LOG_LEVEL (tensorflow/tensorflow#100442), so
-    the only way to drop them is to hold fd 2 during the import and pass on everything else."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as held:
-        os.dup2(held.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            held.seek(0)
-            for line in held.read().decode("utf-8", errors="replace").splitlines(keepends=True):
-                if not (line.startswith("I0000") or "before absl::InitializeLog()" in line):
-                    sys.stderr.write(line)
-            sys.stderr.flush()
-
-
 def import_tensorflow_quietly() -> None:
-    """Import TensorFlow without its C++ INFO lines; warnings and errors still show.
+    """TensorFlow without its C++ start-up INFO lines (`train.tf_quiet`), before a command runs."""
+    from train.tf_quiet import import_tensorflow
 
-    A TF_CPP_MIN_LOG_LEVEL the user set is left alone, and then nothing is filtered."""
-    if "tensorflow" in sys.modules:
-        return
-    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
-        importlib.import_module("tensorflow")
-        return
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "1"  # INFO off for everything logged after start-up
-    with _info_lines_dropped_from_stderr():
-        importlib.import_module("tensorflow")
+    import_tensorflow()
 
 
 class _LazyGroup(click.Group):

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import posixpath
 
 import click
 import numpy as np
-import tensorflow as tf
+from train.tf_quiet import tf
 
 from shards_schema import SCHEMA_FILE, Schema, SchemaError, Vocabulary, read_schema
 from shards_schema.config import ConfigError, from_dict
+from train.errors import RestoreError
 
 log = logging.getLogger("melshards.synthesize")
 
@@ -91,7 +91,8 @@ def check_model_dir(model_dir: str) -> None:
 def load_synthesizer(model_dir: str) -> Synthesizer:
     """The newest checkpoint in model_dir, rebuilt from the schema and config saved beside it."""
     from train.config import TrainConfig
-    from train.loop import CHECKPOINT_DIR, CONFIG_FILE
+    from train.checkpoints import CHECKPOINT_DIR, restore_model
+    from train.loop import CONFIG_FILE
     from train.model import build_model
 
     check_model_dir(model_dir)
@@ -103,7 +104,7 @@ def load_synthesizer(model_dir: str) -> Synthesizer:
     if latest is None:
         raise SchemaError(f"{model_dir}/{CHECKPOINT_DIR} holds no checkpoint; train first")
     model = build_model(cfg.model, schema, "float32")  # inference in float32 whatever the training policy
-    tf.train.Checkpoint(model=model).restore(latest).expect_partial().assert_existing_objects_matched()
+    restore_model(model, latest)  # fails unless every variable of the model is restored
     log.info("restored %s", latest)
     return Synthesizer(model, schema)
 
@@ -121,15 +122,37 @@ def text_ids(normalised: str, schema: Schema) -> tuple[np.ndarray, int]:
     return padded, len(ids)
 
 
+def min_frames(schema: Schema) -> int:
+    """Fewest mel frames Griffin-Lim can invert: the signal they span must hold one FFT window.
+
+    With centred frames, n frames span (n - 1) * hop_length samples.
+    """
+    m = schema.mel
+    return -(-m.n_fft // m.hop_length) + 1
+
+
+def check_spoke(frames: int, schema: Schema) -> None:
+    """Refuse a mel too short to be speech (an undertrained model's stop token fires at once)."""
+    needed = min_frames(schema)
+    if frames < needed:
+        raise click.ClickException(
+            f"the model stopped before speaking: it produced {frames} mel frame{'s' * (frames != 1)}, fewer "
+            f"than the {needed} that one FFT window ({schema.mel.n_fft} samples) needs. Train it for more "
+            "steps (the stop token has not learned when speech ends), then synthesize again")
+
+
 def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
     """[frames, n_mels] natural-log mel -> waveform, with the schema's STFT and mel parameters."""
     import librosa
 
     m = schema.mel
     mel = np.exp(log_mel.T.astype(np.float64))  # the shards hold log(max(mel, floor))
-    y = librosa.feature.inverse.mel_to_audio(
-        mel, sr=schema.audio.sample_rate, n_fft=m.n_fft, hop_length=m.hop_length, win_length=m.win_length,
-        fmin=m.fmin, fmax=m.fmax, power=m.power, n_iter=n_iter, center=True)
+    # librosa.feature.inverse.mel_to_audio in two steps, to fix Griffin-Lim's random initial phases:
+    # the same mel then gives the same WAV
+    stft = librosa.feature.inverse.mel_to_stft(mel, sr=schema.audio.sample_rate, n_fft=m.n_fft, power=m.power,
+                                               fmin=m.fmin, fmax=m.fmax)
+    y = librosa.griffinlim(stft, n_iter=n_iter, hop_length=m.hop_length, win_length=m.win_length, n_fft=m.n_fft,
+                           center=True, random_state=0)
     peak = float(np.max(np.abs(y))) if y.size else 0.0
     return (0.95 * y / peak if peak > 0 else y).astype(np.float32)
 
@@ -144,7 +167,6 @@ def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
               help="Also save the generator as a SavedModel here (serving signature: text -> mel).")
 def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -> None:
     """Speak TEXT with the model in --model-dir and write a WAV (Griffin-Lim vocoder)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     import soundfile as sf
 
@@ -170,8 +192,11 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -
         ids, n = text_ids(normalised, synth.schema)
     except (SchemaError, ConfigError) as e:
         raise click.UsageError(str(e)) from e
+    except RestoreError as e:
+        raise click.ClickException(str(e)) from e
     out = synth.generate(tf.constant(ids), tf.constant([n], tf.int32))
     frames = int(out["mel_len"][0])
+    check_spoke(frames, synth.schema)
     mel = out["mel"][0, :frames].numpy()
     y = griffin_lim(mel, synth.schema, griffin_lim_iters)
     sf.write(output, y, synth.schema.audio.sample_rate, subtype="PCM_16")
