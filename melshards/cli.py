@@ -13,8 +13,8 @@ import click
 _COMMANDS = {
     "preprocess": ("preprocess.run", "preprocess_command",
                    "Corpus -> log-mel -> percentile statistics -> filter -> pad -> TFRecord shards."),
-    "train": ("train.run", "train_command", "Train a text-to-mel model on shards written by `preprocess`."),
-    "synthesize": ("train.synthesize", "synthesize_command", "Speak text with a trained model and write a WAV."),
+    "train": ("melshards.train_cli", "train_command", "Train a text-to-mel model on shards written by `preprocess`."),
+    "synthesize": ("melshards.synthesize_cli", "synthesize_command", "Speak text with a trained model and write a WAV."),
     "stats": ("melshards.stats_cli", "stats_command",
               "Percentiles, counts, padding and what-if cut-offs of a preprocessing run."),
     "inspect": ("melshards.inspect_cli", "inspect_command", "Check shards against their schema without training."),

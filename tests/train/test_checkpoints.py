@@ -20,7 +20,8 @@ from tests.train.conftest import TEST_CONFIG, model_dir_from_weights
 from train.checkpoints import RestoreError, restore_model, untracked_variables
 from train.config import config_from_dict
 from train.model import build_model
-from train.synthesize import load_synthesizer, synthesize_command
+from melshards.synthesize_cli import synthesize_command
+from train.synthesize import load_synthesizer
 
 TEXT = "Printing, in the only sense."
 
@@ -82,7 +83,7 @@ def _synthesize(model_dir, wav, *extra):
 def test_the_same_text_gives_the_same_wav_in_two_processes(speaking, tmp_path):
     model_dir, _ = speaking
     _synthesize(model_dir, tmp_path / "here.wav")
-    code = ("import sys; from train.synthesize import synthesize_command; "
+    code = ("import sys; from melshards.synthesize_cli import synthesize_command; "
             "synthesize_command.main(sys.argv[1:])")
     done = subprocess.run([sys.executable, "-c", code, "--model-dir", str(model_dir), TEXT, "-o",
                            str(tmp_path / "there.wav"), "--griffin-lim-iters", "2"],

@@ -124,7 +124,7 @@ def test_a_second_ctrl_c_during_the_first_compile_stops_at_once(shards_dir, tmp_
     """The first XLA compile keeps the main thread in C++ for seconds, where Python handlers cannot run."""
     cfg = write_config(tmp_path / "c.yaml")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "train", str(shards_dir / "train-*.tfrecord"), "--model-dir", str(tmp_path / "m"),
+        [sys.executable, "-m", "melshards", "train", str(shards_dir / "train-*.tfrecord"), "--model-dir", str(tmp_path / "m"),
          "--config", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env=dict(os.environ, PYTHONUNBUFFERED="1"))
     lines = []

@@ -16,7 +16,7 @@ import pytest
 from tests.train.conftest import write_config
 from train.config import load_config
 from train.loop import Run, prepare_model_dir, resolve_inputs
-from train.run import run
+from melshards.train_cli import run
 
 AT = 4  # the step the hand-written checkpoints are at
 

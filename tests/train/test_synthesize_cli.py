@@ -10,9 +10,9 @@ from click.testing import CliRunner, Result
 from preprocess.clips import ClipRejected, prepare_text
 from shards_schema import Vocabulary
 from tests.train.conftest import write_config
-from train.run import run
+from melshards.train_cli import run
 from train import synthesize as synthesize_module
-from train.synthesize import synthesize_command
+from melshards.synthesize_cli import synthesize_command
 
 FIX = "pass the --model-dir of a `melshards train` run"
 

@@ -1,4 +1,4 @@
-"""`melshards train` / `python -m train`: check the invocation, then train.
+"""`melshards train`: check the invocation, then train (`train.loop`).
 
 Every check that can fail (globs, schemas, config, batch and step arithmetic) runs before the model
 is built or anything is compiled, so a bad call fails in seconds with a message.
@@ -6,7 +6,6 @@ is built or anything is compiled, so a bad call fails in seconds with a message.
 from __future__ import annotations
 
 import logging
-import sys
 
 import click
 
@@ -16,7 +15,7 @@ from shards_schema.config import ConfigError
 
 
 def run(argv: list[str] | None = None) -> int:
-    """Entry point for tests and `python -m train`; returns the process exit code."""
+    """Entry point for tests; returns the process exit code."""
     return run_command(train_command, argv, "melshards train")
 
 
@@ -54,7 +53,3 @@ def train_command(shard_globs, model_dir, val_globs, config_path, steps, batch_s
     except (TrainError, RestoreError, SchemaError) as e:
         raise click.ClickException(str(e)) from e
     click.echo("\nrun summary (" + f"{model_dir}/run_summary.json" + ")\n" + format_summary(summary))
-
-
-def main() -> None:
-    sys.exit(run())
