@@ -16,7 +16,7 @@ venv: $(STAMP)
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet uv
-	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[test]'
+	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[test,bench]'
 	touch $(STAMP)
 
 demo: $(STAMP)

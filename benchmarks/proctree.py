@@ -1,74 +1,40 @@
-"""Run a command and sample its whole process tree from /proc (no psutil): RSS and CPU over time.
+"""Run a command and sample its whole process tree with psutil: RSS and CPU over time.
 
 Beam's multi_processing workers are child processes, so the figures are sums over the tree:
-  peak_rss_bytes   max over samples of the summed VmRSS of the root and all its descendants
+  peak_rss_bytes   max over samples of the summed RSS of the root and all its descendants
   cpu_seconds      user+sys of every process seen (last sample per pid; children dying between
                    two samples lose at most one interval)
   cores_busy_mean  cpu_seconds / wall seconds (2.0 = both cores of this machine saturated)
-  peak_pss_bytes   the same with PSS (/proc/PID/smaps_rollup, read every 5th sample as it costs more):
+  peak_pss_bytes   the same with PSS (read every 5th sample as it costs more; Linux only):
                    pages shared between processes split between them instead of counted in each
   timeline         [t, rss_bytes, processes, cores_busy over the last interval, pss_bytes], every `interval` s
 
-Linux only. Used by benchmarks.preprocess_throughput and benchmarks.preprocess_scale.
+Used by benchmarks.preprocess_throughput and benchmarks.preprocess_scale.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import threading
 import time
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
-TICK = os.sysconf("SC_CLK_TCK")
+import psutil
 
 
-def _children_map() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                s = f.read()
-        except OSError:
-            continue
-        # field 2 (comm) may hold spaces/parens: parse after the last ')'
-        ppid = int(s[s.rindex(b")") + 2:].split()[1])
-        kids.setdefault(ppid, []).append(int(name))
-    return kids
+def tree(root: int) -> list[psutil.Process]:
+    """The root process and all its descendants that are still alive."""
+    try:
+        proc = psutil.Process(root)
+        return [proc, *proc.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
-def tree(root: int) -> list[int]:
-    kids, out, todo = _children_map(), [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(kids.get(pid, ()))
-    return out
-
-
-def pss(pid: int) -> int:
+def pss(proc: psutil.Process) -> int:
     """Proportional set size (shared pages split between the processes sharing them), 0 if unreadable."""
     try:
-        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
-            for line in f:
-                if line.startswith(b"Pss:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
-def _rss_and_cpu(pid: int) -> tuple[int, float] | None:
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            rss = int(f.read().split()[1]) * PAGE
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            s = f.read()
-    except (OSError, IndexError, ValueError):
-        return None
-    fields = s[s.rindex(b")") + 2:].split()
-    return rss, (int(fields[11]) + int(fields[12])) / TICK  # utime, stime (fields 14, 15)
+        return int(getattr(proc.memory_full_info(), "pss", 0))
+    except (psutil.Error, OSError):
+        return 0
 
 
 class TreeSampler:
@@ -86,20 +52,18 @@ class TreeSampler:
         rss = pss_sum = n = 0
         self._k = getattr(self, "_k", -1) + 1
         with_pss = self._k % self.pss_every == 0
-        for pid in tree(self.root):
-            got = _rss_and_cpu(pid)
-            if got is None:
+        for proc in tree(self.root):
+            try:
+                with proc.oneshot():
+                    proc_rss, times = proc.memory_info().rss, proc.cpu_times()
+                    if proc.pid not in self.cmdlines:
+                        self.cmdlines[proc.pid] = " ".join(proc.cmdline())[:200]
+            except psutil.Error:
                 continue
-            rss += got[0]
-            pss_sum += pss(pid) if with_pss else 0
+            rss += proc_rss
+            pss_sum += pss(proc) if with_pss else 0
             n += 1
-            self.cpu[pid] = got[1]
-            if pid not in self.cmdlines:
-                try:
-                    with open(f"/proc/{pid}/cmdline", "rb") as f:
-                        self.cmdlines[pid] = f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
-                except OSError:
-                    pass
+            self.cpu[proc.pid] = times.user + times.system
         self.peak_rss, self.peak_procs = max(self.peak_rss, rss), max(self.peak_procs, n)
         if with_pss:
             self.peak_pss = max(self.peak_pss, pss_sum)

@@ -1,6 +1,6 @@
 """Run every benchmark in sequence (`make bench`); each prints its table and one JSON line.
 
-Default: the full documented run (docs/performance.md), about 45-60 minutes on 2 cores:
+Default: the full documented run (docs/performance.md, which gives its duration):
   record_encoding        --records 1024 --rounds 5
   train_input            --steps 120 --rounds 3
   before_after           --steps 24 --rounds 1   (all four variants; "before" retraces, ~5 s each)

@@ -26,7 +26,7 @@ from benchmarks.shards_fixture import REPO, demo_shards
 
 def train_run(shards: Path, model_dir: Path, config: str, steps: int, synthetic: bool) -> dict:
     shutil.rmtree(model_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "train", str(shards / "train-*.tfrecord"), "--model-dir", str(model_dir),
+    cmd = [sys.executable, "-m", "melshards", "train", str(shards / "train-*.tfrecord"), "--model-dir", str(model_dir),
            "--config", config, "--steps", str(steps)] + (["--synthetic-data"] if synthetic else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
     if proc.returncode:

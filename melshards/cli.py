@@ -1,18 +1,25 @@
-"""The `melshards` command: subcommands are imported only when used (TensorFlow is slow to import)."""
+"""The `melshards` command: subcommands are imported only when they run.
+
+TensorFlow takes seconds to import and Beam more than one, so `melshards --help` lists the
+commands from the short help kept here and imports neither; `melshards stats` imports no TensorFlow.
+"""
 from __future__ import annotations
 
 import importlib
-import os
 
 import click
 
+# name -> (module, click command, one-line help shown by `melshards --help`)
 _COMMANDS = {
-    "preprocess": ("preprocess.run", "preprocess_command"),
-    "train": ("train.run", "train_command"),
-    "synthesize": ("train.synthesize", "synthesize_command"),
-    "stats": ("melshards.stats_cli", "stats_command"),
-    "inspect": ("melshards.inspect_cli", "inspect_command"),
+    "preprocess": ("preprocess.run", "preprocess_command",
+                   "Corpus -> log-mel -> percentile statistics -> filter -> pad -> TFRecord shards."),
+    "train": ("melshards.train_cli", "train_command", "Train a text-to-mel model on shards written by `preprocess`."),
+    "synthesize": ("melshards.synthesize_cli", "synthesize_command", "Speak text with a trained model and write a WAV."),
+    "stats": ("melshards.stats_cli", "stats_command",
+              "Percentiles, counts, padding and what-if cut-offs of a preprocessing run."),
+    "inspect": ("melshards.inspect_cli", "inspect_command", "Check shards against their schema without training."),
 }
+_USES_TENSORFLOW = ("train", "synthesize", "inspect")
 
 
 def run_command(command: click.Command, argv: list[str] | None, prog_name: str) -> int:
@@ -27,15 +34,34 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str) 
     return 0
 
 
+def import_tensorflow_quietly() -> None:
+    """TensorFlow without its C++ start-up INFO lines (`train.tf_quiet`), before a command runs."""
+    from train.tf_quiet import import_tensorflow
+
+    import_tensorflow()
+
+
 class _LazyGroup(click.Group):
     def list_commands(self, ctx):
-        return sorted(_COMMANDS)
+        return list(_COMMANDS)
 
     def get_command(self, ctx, name):
         if name not in _COMMANDS:
             return None
-        module, attr = _COMMANDS[name]
-        return getattr(importlib.import_module(module), attr)
+        module, attr, _ = _COMMANDS[name]
+        command = getattr(importlib.import_module(module), attr)
+        if name in _USES_TENSORFLOW and not getattr(command, "_imports_tf_quietly", False):
+            run = command.invoke  # runs the command; `--help` exits before it, without TensorFlow
+
+            def invoke(ctx, run=run):
+                import_tensorflow_quietly()
+                return run(ctx)
+            command.invoke, command._imports_tf_quietly = invoke, True
+        return command
+
+    def format_commands(self, ctx, formatter):
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, short) for name, (_, _, short) in _COMMANDS.items()])
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -45,5 +71,4 @@ def cli() -> None:
 
 
 def main() -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up banner, in Beam workers too
     cli()

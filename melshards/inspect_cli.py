@@ -27,8 +27,9 @@ def shard_table(results) -> str:
 @click.option("--out", "out_dir", default="melshards-inspect", show_default=True,
               help="Directory for the --show PNGs.")
 def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show: int, out_dir: str) -> None:
-    """Count records per shard and split, check every record parses to the schema's shapes and that
-    0 < text_len <= max_text_len and 0 < mel_len <= max_mel_frames. Exits 1 when it finds problems.
+    """Count records per shard and split, check every record parses to its length bucket's shapes and
+    that 0 < text_len <= max_text_len and 0 < mel_len <= max_mel_frames of the bucket. Exits 1 when it
+    finds problems.
 
     Quote SHARD_GLOB, e.g. 'out/demo/shards/*.tfrecord' (local or gs://); file names the shell
     expanded work too.
@@ -69,9 +70,10 @@ def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show:
                 click.echo(f"  ... and {len(mine) - MAX_PROBLEMS_SHOWN} more in {path}")
         raise SystemExit(1)
     s = schemas[files[0]]
-    click.echo(f"\nOK: every record parses to the schema's shapes (text_ids [{s.max_text_len}], mel "
-               f"[{s.max_mel_frames}, {s.n_mels}]) with 0 < text_len <= {s.max_text_len} and "
-               f"0 < mel_len <= {s.max_mel_frames}")
+    shapes = ", ".join(f"b{b.index:02d} text_ids [{b.max_text_len}] mel [{b.max_mel_frames}, {s.n_mels}]"
+                       for b in s.buckets)
+    click.echo(f"\nOK: every record parses to its bucket's shapes ({shapes}) with 0 < text_len <= the bucket's "
+               "max_text_len and 0 < mel_len <= its max_mel_frames")
 
 
 def _show(shown, out_dir: str) -> None:

@@ -13,9 +13,11 @@ from matplotlib.figure import Figure
 
 from melshards.stats_tables import compare_rows, q_label, reasons_rows, whatif_notes, whatif_rows
 from melshards.whatif import int_hist
-from melshards.tables import Table, counts_rows, padding_rows, pct, percentile_rows
+from melshards.tables import (Table, bucket_notes, bucket_rows, bucket_whatif_rows, counts_rows, padding_rows, pct,
+                              percentile_rows)
 
-BEFORE, AFTER, CUT, PAD, LOW = "#b8b8b8", "#3a6ea5", "#c0392b", "#c0392b", "#e67e22"
+BEFORE, AFTER, CUT, PAD, LOW, BOUND = "#b8b8b8", "#3a6ea5", "#c0392b", "#c0392b", "#e67e22", "#27ae60"
+RANGE_MARGIN = 1.15  # the x-axis reaches this far past the longest clip in shards (or the last mark)
 PANELS = (("text_len", "text length (symbols)", 1.0),
           ("mel_frames", "mel frames", 1.0),
           ("duration_ms", "duration (seconds)", 0.001))
@@ -40,10 +42,26 @@ def _marks(key: str, report: dict) -> list[tuple[float, str, str, str]]:
         return [(cut["max_text_len"], f"cut-off {cut['max_text_len']}", CUT, "-"),
                 (pad["max_text_len"], f"padded to {pad['max_text_len']}", PAD, "--")]
     if key == "mel_frames":
-        return [(cut["min_mel_frames"], f"min {cut['min_mel_frames']}", LOW, "-"),
-                (cut["max_mel_frames"], f"cut-off {cut['max_mel_frames']}", CUT, "-"),
-                (pad["max_mel_frames"], f"padded to {pad['max_mel_frames']}", PAD, "--")]
+        bounds = [b["max_mel_frames"] for b in (report.get("buckets") or {}).get("buckets", [])][:-1]
+        return ([(cut["min_mel_frames"], f"min {cut['min_mel_frames']}", LOW, "-"),
+                 (cut["max_mel_frames"], f"cut-off {cut['max_mel_frames']}", CUT, "-"),
+                 (pad["max_mel_frames"], f"padded to {pad['max_mel_frames']}", PAD, "--")]
+                + [(b, f"bucket bounds {', '.join(map(str, bounds))}" if i == 0 else None, BOUND, ":")
+                   for i, b in enumerate(bounds)])
     return [(cut["min_duration_ms"] / 1000, f"min {cut['min_duration_ms'] / 1000:g} s", LOW, "-")]
+
+
+def shown_range(before: dict, after: dict, marks: list[float]) -> tuple[int, int, int]:
+    """(lo, hi, clips beyond hi) of a panel's x-axis, in histogram units.
+
+    A few very long clips (100 s outliers) would stretch a linear axis until every kept clip sits in
+    one bar; the axis ends a margin past the longest kept clip and the drawn marks, and the clips
+    beyond are counted in the legend instead.
+    """
+    lo, top = min(before), max(before)
+    reach = max([max(after) if after else lo, *marks])
+    hi = min(top, int(reach * RANGE_MARGIN) + 1) if reach > lo else top
+    return lo, hi, sum(c for v, c in before.items() if v > hi)
 
 
 def histogram_figure(report: dict, histograms: dict) -> Figure:
@@ -59,15 +77,20 @@ def histogram_figure(report: dict, histograms: dict) -> Figure:
         if not before:
             ax.text(0.5, 0.5, "no clips", ha="center", va="center", transform=ax.transAxes)
             continue
-        lo, hi = min(before) * scale, max(before) * scale
+        marks = _marks(key, report)
+        lo, hi, beyond = shown_range(before, after, [x / scale for x, *_ in marks])
+        lo, hi = lo * scale, hi * scale
         bins = [lo + (hi - lo) * i / 40 for i in range(41)] if hi > lo else 1
         for hist, colour, label in ((before, BEFORE, f"before filter ({sum(before.values())})"),
                                     (after, AFTER, f"after filter ({sum(after.values())})")):
-            if hist:
-                ax.hist([v * scale for v in hist], bins=bins, weights=list(hist.values()), color=colour,
+            shown = {v: c for v, c in hist.items() if v * scale <= hi}
+            if shown:
+                ax.hist([v * scale for v in shown], bins=bins, weights=list(shown.values()), color=colour,
                         label=label)
-        for x, label, colour, style in _marks(key, report):
-            ax.axvline(x, color=colour, linestyle=style, linewidth=1.2, label=label)
+        if beyond:
+            ax.plot([], [], " ", label=f"{beyond} longer clip(s) beyond {hi:.4g}, not drawn")
+        for x, label, colour, style in marks:
+            ax.axvline(x, color=colour, linestyle=style, linewidth=1.2 if style != ":" else 1.0, label=label)
         ax.legend(fontsize=7, frameon=False)
     return fig
 
@@ -134,13 +157,20 @@ def render_html(report: dict, histograms: dict, other: dict | None = None) -> st
         "<h2>Length distributions</h2>",
         _img(histogram_figure(report, histograms), "histograms of text length, mel frames and duration"),
         _notes(["Grey: every clip measured (before filtering); blue: clips in the shards. Solid lines: "
-                "cut-offs; dashed: padded lengths."]),
+                "cut-offs; dashed: padded lengths (the largest bucket); dotted green: the other bucket bounds. "
+                "The x-axis ends past the longest clip in shards; longer clips are counted in the legend."]),
     ]
     if pad:
         parts += ["<h2>Padding</h2>", _table(padding_rows(report)),
                   _notes([f"padding = share of the padded tensor that is padding, over the clips in the shards "
                           f"(useful = 1 - padding). Mel padding {pct(pad['mel_padding_fraction'])}, text "
                           f"padding {pct(pad['text_padding_fraction'])}."])]
+    if report.get("buckets"):
+        parts += ["<h2>Length buckets</h2>", _table(bucket_rows(report)), _notes(bucket_notes(report)),
+                  "<h2>What if the number of buckets were different</h2>", _table(bucket_whatif_rows(report)),
+                  _notes(["Optimal bounds for at most K buckets over the training clips (each bucket holding at "
+                          f"least {report['buckets']['min_bucket_records']} records); compiles = static shapes "
+                          "the trainer compiles. * the job's buckets."])]
     if report["what_if"]:
         parts += ["<h2>What if the upper cut-off were different</h2>", _table(whatif_rows(report)),
                   _notes(whatif_notes(report)), _img(whatif_figure(report), "clips kept and padding per cut-off")]

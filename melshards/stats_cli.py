@@ -21,7 +21,7 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
 
 def terminal_report(report: dict) -> str:
     from melshards.stats_tables import mib, whatif_table
-    from melshards.tables import counts_table, padding_table, percentile_table
+    from melshards.tables import bucket_table, bucket_whatif_table, counts_table, padding_table, percentile_table
 
     pad = report["padding"]
     parts = [f"stats of {report['source']}", "",
@@ -32,8 +32,11 @@ def terminal_report(report: dict) -> str:
         batch = (f"one batch of {report['batch_size']}: {mib(pad['batch_bytes'])} MiB of decoded mel + text ids"
                  if pad["batch_bytes"] is not None else "batch memory unknown: no schema.json, pass --n-mels")
         parts += ["Padding at the chosen lengths (padding = share of the padded tensors that is padding, "
-                  "over the clips in shards)", padding_table(report), batch, ""]
-    parts += ["What-if: other upper cut-offs", whatif_table(report)]
+                  "over the clips in shards; padded to = the largest bucket)", padding_table(report), batch, ""]
+    if report.get("buckets"):
+        parts += ["Length buckets (one static shape each; padding over the clips in shards)", bucket_table(report),
+                  "", "What-if: other numbers of buckets K", bucket_whatif_table(report), ""]
+    parts += ["What-if: other upper cut-offs (one shape)", whatif_table(report)]
     return "\n".join(parts)
 
 

@@ -83,6 +83,73 @@ def padding_table(stats: dict) -> str:
     return render(*padding_rows(stats), left=1)
 
 
+def bucket_rows(stats: dict) -> Table:
+    """Per length bucket: its shapes, records per split and the padding of each padded tensor; then all."""
+    b = stats.get("buckets")
+    header = ["bucket", "mel frames", "text symbols", "train", "val", "mel padding", "text padding"]
+    if not b:
+        return header, []
+    rows = [[f"b{r['index']:02d}", str(r["max_mel_frames"]), str(r["max_text_len"]), str(r["records"]["train"]),
+             str(r["records"]["val"]), pct(r["mel_padding_fraction"]), pct(r["text_padding_fraction"])]
+            for r in b["buckets"]]
+    rows.append(["all", "-", "-", str(sum(r["records"]["train"] for r in b["buckets"])),
+                 str(sum(r["records"]["val"] for r in b["buckets"])), pct(b["mel_padding_fraction"]),
+                 pct(b["text_padding_fraction"])])
+    return header, rows
+
+
+def bucket_notes(stats: dict) -> list[str]:
+    """How the buckets were chosen, and the merges the minimum records forced."""
+    b = stats.get("buckets")
+    if not b:
+        return []
+    plan = b["plan"]
+    out = []
+    if plan:
+        out.append(f"pad.buckets {plan['k_requested']}: {plan['k_used']} bucket(s), bounds chosen to minimise the "
+                   f"padded mel frames of the training clips, each bucket holding >= {b['min_bucket_records']} "
+                   f"training records (pad.min_bucket_records).")
+    for m in b["merges"]:
+        out.append(f"merged: a bucket up to {m['bound']} frames would hold {m['records']} < {m['min_records']} "
+                   f"training records; its clips are padded to {m['into']}.")
+    if plan and plan["merges"]:
+        out.append(f"the minimum costs padding: {pct(plan['padding_fraction'])} of training mel frames, "
+                   f"{pct(plan['unconstrained_padding_fraction'])} without it.")
+    if plan and not plan["min_records_met"]:
+        out.append("all training clips together hold fewer than pad.min_bucket_records: one bucket.")
+    if b["raised_last_bound"]:
+        r = b["raised_last_bound"]
+        out.append(f"the last bound was raised from {r['from']} to {r['to']} frames to fit a longer validation clip.")
+    return out
+
+
+def bucket_whatif_rows(stats: dict) -> Table:
+    """Padding and compiled shapes of the optimal buckets for K = 1, 2, 4, 8, 16 (training clips)."""
+    b = stats.get("buckets")
+    header = ["K", "buckets used", "compiles", "mel padding"]  # a compile per bucket used
+    if not b:
+        return header, []
+    plan = b["plan"] or {}
+    job = next((w["k"] for w in b["what_if"] if (w["buckets_used"], w["padding_fraction"]) ==
+                (plan.get("k_used"), plan.get("padding_fraction"))), None)
+    rows = [[str(w["k"]) + (" *" if w["k"] == job else ""),
+             "-" if w["buckets_used"] is None else str(w["buckets_used"]),
+             "-" if w["buckets_used"] is None else str(w["buckets_used"]), pct(w["padding_fraction"])]
+            for w in b["what_if"]]
+    return header, rows
+
+
+def bucket_table(stats: dict) -> str:
+    notes = "".join(f"\n  {n}" for n in bucket_notes(stats))
+    return render(*bucket_rows(stats), left=1) + notes
+
+
+def bucket_whatif_table(stats: dict) -> str:
+    return (render(*bucket_whatif_rows(stats), left=1) + "\n  over the training clips, each bucket holding >= "
+            f"{stats['buckets']['min_bucket_records']} records; compiles = shapes the trainer compiles; "
+            "* the job's buckets")
+
+
 def render(header: list[str], rows: list[list[str]], left: int = 0) -> str:
     """Aligned columns; the first `left` columns are left-aligned (labels), the rest right-aligned."""
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]

@@ -32,24 +32,52 @@ def riff_data_shortfall(data: bytes) -> int:
     return 0
 
 
+def _syncsafe(b: bytes) -> int:
+    return (b[0] & 0x7F) << 21 | (b[1] & 0x7F) << 14 | (b[2] & 0x7F) << 7 | (b[3] & 0x7F)
+
+
+def mpeg_length_is_declared(data: bytes) -> bool:
+    """True if an MP3's first frame carries a Xing/Info (LAME) or VBRI tag, which states the length.
+
+    Without one, libsndfile (mpg123) estimates the frame count from the first frame's bitrate and the
+    file size, so a shortfall against it says nothing about truncation.
+    """
+    pos = 0
+    if data[:3] == b"ID3" and len(data) >= 10:  # ID3v2 tag before the first frame
+        pos = 10 + _syncsafe(data[6:10]) + (10 if data[5] & 0x10 else 0)
+    if len(data) < pos + 4 or data[pos] != 0xFF or data[pos + 1] & 0xE0 != 0xE0:
+        return False
+    # The tag follows the side information: 9, 17 or 32 bytes after the 4-byte header (MPEG version,
+    # channels); VBRI always sits 32 bytes in.
+    return (any(data[pos + off:pos + off + 4] in (b"Xing", b"Info") for off in (13, 21, 36))
+            or data[pos + 36:pos + 40] == b"VBRI")
+
+
+def frame_count_is_exact(fmt: str, data: bytes) -> bool:
+    """Whether libsndfile's frame count is a promise that decoding must meet, or an estimate (MP3 without
+    a length tag). WAV (data chunk size), FLAC (STREAMINFO) and Ogg (granule positions) state it."""
+    return fmt != "MP3" or mpeg_length_is_declared(data)
+
+
 def decode_audio(data: bytes, target_sr: int) -> tuple[np.ndarray, int]:
     """Any libsndfile format, any rate and channel count -> mono float32 at target_sr.
 
     Returns (samples, original sample rate). A file whose header promises more frames than it holds
-    is an error, not a shorter clip: truncated audio must not be trained on silently.
+    is an error, not a shorter clip: truncated audio must not be trained on silently. Where the count
+    is only an estimate (MP3 without a Xing/Info/VBRI tag) there is no promise to check.
     """
     missing = riff_data_shortfall(data)
     if missing:
         raise AudioError(f"truncated: the WAV data chunk is {missing} bytes short")
     try:
         with sf.SoundFile(io.BytesIO(data)) as f:
-            sr, promised = f.samplerate, f.frames
+            sr, promised, exact = f.samplerate, f.frames, frame_count_is_exact(f.format, data)
             y = f.read(dtype="float32", always_2d=True)
     except sf.LibsndfileError as e:
         raise AudioError(f"cannot decode: {e.error_string}") from e
     except (RuntimeError, TypeError) as e:
         raise AudioError(f"cannot decode: {e}") from e
-    if promised > 0 and len(y) < promised:
+    if exact and promised > 0 and len(y) < promised:
         raise AudioError(f"truncated: header promises {promised} frames, file holds {len(y)}")
     if len(y) == 0:
         raise AudioError("no audio frames")

@@ -15,7 +15,7 @@ from apache_beam.io.filesystems import FileSystems
 from preprocess import audio as A
 from preprocess.config import PreprocessConfig
 from preprocess.corpus import reject
-from shards_schema.text import has_speakable_content, normalize_text
+from shards_schema.text import TextRejected, check_text
 from shards_schema import Vocabulary
 
 
@@ -54,11 +54,10 @@ def load_trimmed(path: str | None, cfg: PreprocessConfig) -> np.ndarray:
 
 
 def prepare_text(raw: str, vocab: Vocabulary) -> tuple[str, list[int], int]:
-    if not raw.strip():
-        raise ClipRejected("empty_text", "transcript is empty")
-    text = normalize_text(raw)
-    if not has_speakable_content(text):
-        raise ClipRejected("unusable_text", f"nothing speakable after normalisation: {raw[:80]!r}")
+    try:
+        text = check_text(raw)
+    except TextRejected as e:
+        raise ClipRejected(e.reason, e.detail) from e
     ids, skipped = vocab.encode(text)
     return text, ids, skipped
 

@@ -1,10 +1,13 @@
 """Stage 1, Read: LJSpeech directories and manifest files (CSV/TSV/JSONL) -> row dicts.
 
-Nothing here opens corpus files while the pipeline is being built: `detect_corpus` only checks
-that paths exist, and the rows are read inside the pipeline, so a Dataflow graph builds offline.
+Building the pipeline opens no corpus file: `detect_corpus` only checks that paths exist, and the
+rows are read inside the pipeline, so a Dataflow graph builds offline. `check_rows_file` reads the
+first line of the rows file; the CLI calls it before the job so an empty file or a manifest without
+audio/text columns stops the run at once.
 """
 from __future__ import annotations
 
+import codecs
 import csv
 import dataclasses
 import io
@@ -15,9 +18,12 @@ import apache_beam as beam
 from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 
-AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg")
+AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3")
 MANIFEST_EXTENSIONS = (".csv", ".tsv", ".jsonl")
+MANIFEST_COLUMNS = ("audio", "text")  # required; id and speaker are optional
+LJSPEECH_FIELDS = 3  # id|text|normalized_text
 REJECTED = "rejected"
+NS = "melshards"
 
 
 class CorpusError(ValueError):
@@ -58,12 +64,71 @@ def parse_ljspeech_line(line: str, index: int) -> dict:
     fields = line.rstrip("\r\n").split("|")
     if len(fields) < 2 or not fields[0].strip():
         raise ValueError(f"line {index + 1}: expected id|text|normalized_text, got {line.strip()[:80]!r}")
+    if len(fields) > LJSPEECH_FIELDS:  # a "|" inside the text: no way to tell which part is the transcript
+        raise ValueError(f"line {index + 1}: {len(fields)} |-separated fields, expected at most "
+                         f"{LJSPEECH_FIELDS} (id|text|normalized_text); a '|' in the text? {line.strip()[:80]!r}")
     text = fields[2] if len(fields) > 2 and fields[2].strip() else fields[1]
     return {"id": fields[0].strip(), "text": text, "speaker": "", "audio": None, "row": index}
 
 
 def _join(root: str, rel: str) -> str:
     return rel if "://" in rel or rel.startswith("/") else FileSystems.join(root, rel)
+
+
+def _delimiter(path: str) -> str:
+    return "\t" if path.lower().endswith(".tsv") else ","
+
+
+def manifest_columns(first_line: str, path: str) -> list[str] | None:
+    """The columns a manifest's first non-blank line declares: the CSV/TSV header, or the keys of the
+    first JSONL record (None if that line is not a JSON object: a malformed row, not a header problem)."""
+    if path.lower().endswith(".jsonl"):
+        try:
+            rec = json.loads(first_line)
+        except ValueError:
+            return None
+        return list(rec) if isinstance(rec, dict) else None
+    return next(csv.reader([first_line], delimiter=_delimiter(path)), [])
+
+
+def check_columns(columns: list[str] | None, path: str) -> None:
+    missing = [c for c in MANIFEST_COLUMNS if columns is not None and c not in columns]
+    if missing:
+        kind = "its first record has keys" if path.lower().endswith(".jsonl") else "its header has columns"
+        raise CorpusError(f"manifest {path}: {kind} {columns}, missing {', '.join(missing)}; a manifest needs "
+                          "audio and text (and may have id, speaker). Rename the columns.")
+
+
+def _first_line(path: str, limit: int = 1 << 20) -> tuple[str | None, bool]:
+    """(first non-blank line or None, whether the whole file was read). Reads at most `limit` bytes."""
+    decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="replace")
+    text, done = "", False
+    with FileSystems.open(path) as f:
+        while len(text) < limit:
+            chunk = f.read(64 * 1024)
+            done = not chunk
+            text += decoder.decode(chunk, final=done)
+            lines = text.splitlines()
+            complete = lines if done else lines[:-1]  # the last piece may continue in the next chunk
+            line = next((l for l in complete if l.strip()), None)
+            if line is not None or done:
+                return line, done
+    return None, False
+
+
+def check_rows_file(corpus: Corpus) -> None:
+    """Refuse an empty metadata.csv/manifest, or a manifest without audio/text columns, from its first line.
+
+    Called by the CLI before any work (the rest of the file is read inside the pipeline).
+    """
+    line, whole = _first_line(corpus.rows_path)
+    if line is None:
+        if whole:
+            raise CorpusError(f"{corpus.rows_path} holds no rows: it is empty. Point --input at a corpus "
+                              "with at least one row.")
+        return  # a megabyte of blank lines: leave it to the pipeline
+    if corpus.kind == "manifest":
+        check_columns(manifest_columns(line, corpus.rows_path), corpus.rows_path)
 
 
 def parse_manifest(text: str, path: str, root: str):
@@ -79,12 +144,10 @@ def parse_manifest(text: str, path: str, root: str):
                 continue
             yield i, _manifest_row(rec, i, root, path)
         return
-    delimiter = "\t" if path.lower().endswith(".tsv") else ","
-    reader = csv.DictReader(io.StringIO(text), delimiter=delimiter)
-    missing = {"audio", "text"} - set(reader.fieldnames or ())
-    if missing:
-        raise CorpusError(f"manifest {path} has columns {reader.fieldnames}; it needs audio and text "
-                          "(and may have id, speaker). Rename the header columns.")
+    lines = text.splitlines(keepends=True)
+    start = next((n for n, l in enumerate(lines) if l.strip()), len(lines))  # the header: first non-blank line
+    reader = csv.DictReader(io.StringIO("".join(lines[start:])), delimiter=_delimiter(path))
+    check_columns(list(reader.fieldnames or ()), path)
     for i, rec in enumerate(reader):
         yield i, _manifest_row(rec, i, root, path)
 
@@ -115,8 +178,9 @@ class _ReadRows(beam.DoFn):
         else:
             items = parse_manifest(text, rows_path, self.corpus.root)
         for i, row in items:
-            beam.metrics.Metrics.counter("melshards", "input_rows").inc()
+            beam.metrics.Metrics.counter(NS, "input_rows").inc()
             if isinstance(row, Exception):
+                beam.metrics.Metrics.counter(NS, "malformed_row").inc()
                 yield beam.pvalue.TaggedOutput(REJECTED, reject(f"row-{i + 1}", "malformed_row", str(row)))
             else:
                 yield row
@@ -159,6 +223,7 @@ class DropDuplicateIds(beam.PTransform):
             group = sorted(group, key=lambda r: r["row"])
             yield group[0]
             for dup in group[1:]:
+                beam.metrics.Metrics.counter(NS, "duplicate_id").inc()
                 yield beam.pvalue.TaggedOutput(REJECTED, reject(
                     clip_id, "duplicate_id", f"row {dup['row'] + 1} repeats the id of row {group[0]['row'] + 1}"))
 

@@ -17,6 +17,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 
+from preprocess import bucketing as B
 from preprocess import clips as C
 from preprocess.config import PreprocessConfig
 from preprocess.corpus import REJECTED, Corpus, DropDuplicateIds, ReadCorpus
@@ -246,6 +247,71 @@ class ComputeMel(beam.PTransform):
         return clips | "LoadMel" >> beam.ParDo(_LoadMelFn(self.cfg.mel.n_mels)).with_outputs(main="clips")
 
 
+# -- stage 6a: length buckets ----------------------------------------------------------------
+class _BucketInputsFn(beam.CombineFn):
+    """Kept clips -> (mel-frame histogram of the training split, longest kept clip of any split)."""
+
+    def create_accumulator(self):
+        return Counter(), 0
+
+    def add_input(self, acc, split_frames):
+        split, frames = split_frames
+        if split == "train":
+            acc[0][frames] += 1
+        return acc[0], max(acc[1], frames)
+
+    def merge_accumulators(self, accs):
+        accs = list(accs)
+        return B.merge_counters(a[0] for a in accs), max((a[1] for a in accs), default=0)
+
+    def extract_output(self, acc):
+        return dict(acc[0]), acc[1]
+
+
+class _HistogramFn(beam.CombineFn):
+    """value -> count; per key, a bucket's text lengths."""
+
+    def create_accumulator(self):
+        return Counter()
+
+    def add_input(self, acc, value):
+        acc[value] += 1
+        return acc
+
+    def merge_accumulators(self, accs):
+        return B.merge_counters(accs)
+
+    def extract_output(self, acc):
+        return dict(acc)
+
+
+class ChooseBuckets(beam.PTransform):
+    """Measured clips + cut-offs -> {"buckets": bounds and plan, "text": (bucket, text-length histogram)}.
+
+    Reads the measured clips (with the filter's own rule, `bucketing.kept`), not the filter's output:
+    the bounds are then ready before any mel is computed, and the runner need not hold every clip's
+    mel until they are (a side input derived from the filter's output would force that).
+    """
+
+    def __init__(self, cutoffs, cfg: PreprocessConfig):
+        super().__init__()
+        self.cutoffs, self.cfg = cutoffs, cfg
+
+    def expand(self, clips):
+        cfg, cutoffs = self.cfg, beam.pvalue.AsSingleton(self.cutoffs)
+        kept = clips | "Kept" >> beam.Filter(B.kept, cutoffs)
+        inputs = (kept
+                  | "SplitFrames" >> beam.Map(lambda c: (split_of(c["id"], cfg.split.val_fraction, cfg.split.salt),
+                                                          c["mel_frames"]))
+                  | "TrainHistogram" >> beam.CombineGlobally(_BucketInputsFn()))
+        buckets = inputs | "Bounds" >> beam.Map(lambda x: B.choose(x[0], x[1], cfg.pad))
+        text = (kept
+                | "ByBucket" >> beam.Map(lambda c, b: (B.bucket_of(c, b), c["text_len"]),
+                                         beam.pvalue.AsSingleton(buckets))
+                | "TextPerBucket" >> beam.CombinePerKey(_HistogramFn()))
+        return {"buckets": buckets, "text": text, "train_hist": inputs | "TrainOnly" >> beam.Map(lambda x: x[0])}
+
+
 # -- stage 6: pad + encode ---------------------------------------------------------------------
 def pad_to(x: np.ndarray, length: int, value) -> np.ndarray:
     """Pad axis 0 to `length` with `value`; longer input is a bug (the filter guarantees it fits)."""
@@ -255,26 +321,33 @@ def pad_to(x: np.ndarray, length: int, value) -> np.ndarray:
     return np.pad(x, pad, constant_values=value)
 
 
-def encode_clip(clip: dict, cutoffs: Cutoffs, cfg: PreprocessConfig) -> tuple[str, str, bytes]:
-    features = Schema.feature_table(cutoffs.padded_text_len, cutoffs.padded_mel_frames, cfg.mel.n_mels)
+def encode_clip(clip: dict, buckets: dict, text_hists: dict, cfg: PreprocessConfig) -> tuple[str, int, str, bytes]:
+    """Clip -> (split, bucket, id, Example bytes) padded to its bucket's shapes."""
+    b = B.bucket_of(clip, buckets)
+    mel_frames = buckets["bounds"][b]
+    text_len = B.text_len_of(text_hists, b, cfg.pad.multiple)
+    features = Schema.feature_table(text_len, mel_frames, cfg.mel.n_mels)
     pad_value = mel_params(cfg.mel).pad_value
     values = {
         "id": clip["id"], "speaker": clip["speaker"], "text": clip["text"],
-        "text_ids": pad_to(np.asarray(clip["text_ids"], np.int32), cutoffs.padded_text_len, 0),
+        "text_ids": pad_to(np.asarray(clip["text_ids"], np.int32), text_len, 0),
         "text_len": clip["text_len"],
-        "mel": pad_to(clip["mel"], cutoffs.padded_mel_frames, pad_value),
+        "mel": pad_to(clip["mel"], mel_frames, pad_value),
         "mel_len": clip["mel"].shape[0],
     }
-    return clip["split"], clip["id"], encode_example(features, values)
+    return clip["split"], b, clip["id"], encode_example(features, values)
 
 
 class PadAndEncode(beam.PTransform):
-    def __init__(self, cutoffs, cfg: PreprocessConfig):
+    """Each clip padded to its bucket's shapes; buckets and text histograms arrive as side inputs."""
+
+    def __init__(self, buckets, text, cfg: PreprocessConfig):
         super().__init__()
-        self.cutoffs, self.cfg = cutoffs, cfg
+        self.buckets, self.text, self.cfg = buckets, text, cfg
 
     def expand(self, clips):
-        return clips | "Encode" >> beam.Map(encode_clip, beam.pvalue.AsSingleton(self.cutoffs), self.cfg)
+        return clips | "Encode" >> beam.Map(encode_clip, beam.pvalue.AsSingleton(self.buckets),
+                                            beam.pvalue.AsDict(self.text), self.cfg)
 
 
 def mel_stash_dir(out_dir: str) -> str | None:
@@ -297,10 +370,11 @@ def build(p: beam.Pipeline, corpus: Corpus, out_dir: str, cfg: PreprocessConfig,
     cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, cfg)
     filtered = measured.clips | "FilterByPercentiles" >> FilterByPercentiles(cutoffs)
     after = filtered.kept | "StatsAfter" >> LengthHistograms()
+    chosen = measured.clips | "ChooseBuckets" >> ChooseBuckets(cutoffs, cfg)
     featurized = filtered.kept | "ComputeMel" >> ComputeMel(cfg)
     moments = featurized.clips | "MelStats" >> MelStatistics(cfg.mel.n_mels)
     shards = (featurized.clips
-              | "PadAndEncode" >> PadAndEncode(cutoffs, cfg)
+              | "PadAndEncode" >> PadAndEncode(chosen["buckets"], chosen["text"], cfg)
               | "WriteShards" >> WriteShards(out_dir, cfg.write.target_shard_mb))
 
     rejected = ((read[REJECTED], unique[REJECTED], measured[REJECTED], filtered[REJECTED])
@@ -315,5 +389,6 @@ def build(p: beam.Pipeline, corpus: Corpus, out_dir: str, cfg: PreprocessConfig,
     input_rows = ((read["rows"], read[REJECTED]) | "AllRows" >> beam.Flatten()
                   | "CountRows" >> beam.combiners.Count.Globally())
     return {"input_rows": input_rows, "before": before, "after": after, "cutoffs": cutoffs,
-            "reasons": reasons, "shards": shards, "moments": moments,
+            "reasons": reasons, "shards": shards, "moments": moments, "buckets": chosen["buckets"],
+            "text": chosen["text"], "train_hist": chosen["train_hist"],
             "rejected_files": rejected_files} | "Report" >> WriteReport(out_dir, cfg)

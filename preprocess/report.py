@@ -8,11 +8,12 @@ from collections import Counter
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from preprocess import bucketing as B
 from preprocess.config import MelConfig, PreprocessConfig
-from shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, padding_fraction, summarize
+from shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, summarize
 from preprocess.shards import TEMP_DIR, remove_temp_dir
 from shards_schema.text import FRONTEND
-from shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
+from shards_schema import (SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
                            AudioParams, MelParams, Schema, Vocabulary)
 
 
@@ -29,7 +30,8 @@ def length_summaries(hists: dict) -> dict:
 
 
 def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dict, cutoffs: Cutoffs | None,
-                reasons: dict, shards: list[dict]) -> dict:
+                reasons: dict, shards: list[dict], buckets: dict | None = None, text: dict | None = None,
+                train_hist: dict | None = None) -> dict:
     in_shards = sum(s["records"] for s in shards)
     rejected = sum(reasons.values())
     if in_shards + rejected != input_rows:
@@ -53,14 +55,18 @@ def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dic
         "filter": dataclasses.asdict(cfg.filter),
         "cutoffs": dataclasses.asdict(cutoffs) if cutoffs else None,
     }
-    if cutoffs:
-        stats["padding"] = {
-            "max_text_len": cutoffs.padded_text_len,
-            "max_mel_frames": cutoffs.padded_mel_frames,
+    if cutoffs and buckets:
+        per_bucket = B.bucket_stats(buckets, after.get("mel_frames", {}), text or {}, shards, cfg.pad,
+                                    train_hist or {})
+        largest = per_bucket["buckets"][-1]
+        stats["padding"] = {  # the shards as written: the largest bucket's shapes, padding over all buckets
+            "max_text_len": largest["max_text_len"],
+            "max_mel_frames": largest["max_mel_frames"],
             "multiple": cfg.pad.multiple,
-            "mel_padding_fraction": padding_fraction(after.get("mel_frames", {}), cutoffs.padded_mel_frames),
-            "text_padding_fraction": padding_fraction(after.get("text_len", {}), cutoffs.padded_text_len),
+            "mel_padding_fraction": per_bucket["mel_padding_fraction"],
+            "text_padding_fraction": per_bucket["text_padding_fraction"],
         }
+        stats["buckets"] = per_bucket
     return stats
 
 
@@ -69,26 +75,24 @@ def mel_params(m: MelConfig) -> MelParams:
     return MelParams(m.n_fft, m.hop_length, m.win_length, m.n_mels, m.fmin, m.fmax, m.log_floor, m.power)
 
 
-def build_schema(cfg: PreprocessConfig, cutoffs: Cutoffs, moments: Moments, shards: list[dict]) -> Schema:
+def build_schema(cfg: PreprocessConfig, buckets: dict, text: dict, moments: Moments, shards: list[dict]) -> Schema:
     m = cfg.mel
     if moments.n == 0:  # no training frames: identity normalisation, stated rather than invented
         mean, std = [0.0] * m.n_mels, [1.0] * m.n_mels
     else:
         mean = [round(float(x), 6) for x in moments.mean]
         std = [round(float(max(x, 1e-5)), 6) for x in moments.std()]
+    texts = B.text_bounds(text, len(buckets["bounds"]), cfg.pad.multiple)
     return Schema(
         version=SCHEMA_VERSION,
-        features=Schema.feature_table(cutoffs.padded_text_len, cutoffs.padded_mel_frames, m.n_mels),
         audio=AudioParams(cfg.audio.sample_rate, cfg.audio.trim_silence, cfg.audio.trim_top_db),
         mel=mel_params(m),
         vocabulary=Vocabulary().symbols,
         text_frontend=dict(FRONTEND),
         mel_mean=tuple(mean), mel_std=tuple(std),
-        max_text_len=cutoffs.padded_text_len, max_mel_frames=cutoffs.padded_mel_frames,
         pad_multiple=cfg.pad.multiple,
-        counts={s: sum(x["records"] for x in shards if x["split"] == s) for s in SPLITS},
-        shards={s: sorted(({"file": x["file"], "records": x["records"]} for x in shards if x["split"] == s),
-                          key=lambda x: x["file"]) for s in SPLITS},
+        buckets=tuple(Schema.make_bucket(i, texts[i], bound, m.n_mels, [x for x in shards if x["bucket"] == i])
+                      for i, bound in enumerate(buckets["bounds"])),
     )
 
 
@@ -105,14 +109,18 @@ class _WriteReportFn(beam.DoFn):
     def __init__(self, out_dir: str, cfg: PreprocessConfig):
         self.out_dir, self.cfg = out_dir, cfg
 
-    def process(self, _, input_rows, before, after, cutoffs, reasons, shards, moments, rejected_files):
-        stats = build_stats(self.cfg, input_rows, before, after, cutoffs, dict(reasons), list(shards))
+    def process(self, _, input_rows, before, after, cutoffs, reasons, shards, moments, buckets, text, train_hist,
+                rejected_files):
+        stats = build_stats(self.cfg, input_rows, before, after, cutoffs, dict(reasons), list(shards), buckets,
+                            dict(text), train_hist)
         _write_text(self.out_dir, STATS_FILE, json.dumps(stats, indent=2) + "\n")
         remove_temp_dir(self.out_dir)
-        if cutoffs is None:  # every row rejected: leave no schema, the run has nothing to train on
-            raise AccountingError(
-                f"all {input_rows} input rows were rejected; see {REJECTED_FILE} for the reasons")
-        schema = build_schema(self.cfg, cutoffs, moments, list(shards))
+        if cutoffs is None or buckets is None:
+            # Every row rejected (or every measured clip filtered): nothing to train on, so no
+            # schema.json (the run stays unfinished and the trainer refuses it). Not an exception: a
+            # runner would retry the bundle, and the CLI reports it from stats.json in one line.
+            return
+        schema = build_schema(self.cfg, buckets, dict(text), moments, list(shards))
         _write_text(self.out_dir, SCHEMA_FILE, schema.to_json())
         remove_temp_dir(self.out_dir)
         yield FileSystems.join(self.out_dir, SCHEMA_FILE)
@@ -138,6 +146,9 @@ class WriteReport(beam.PTransform):
                     reasons=S.AsDict(inputs["reasons"]),
                     shards=S.AsList(inputs["shards"]),
                     moments=S.AsSingleton(inputs["moments"]),
+                    buckets=S.AsSingleton(inputs["buckets"]),
+                    text=S.AsDict(inputs["text"]),
+                    train_hist=S.AsSingleton(inputs["train_hist"]),
                     rejected_files=S.AsList(inputs["rejected_files"])))
 
 

@@ -1,16 +1,21 @@
 """`melshards preprocess` / `python -m preprocess`: validate the invocation, then run the job.
 
-Everything that can be wrong with the invocation (config, input, output) is checked before the
-pipeline is built, so a bad call fails in a second with a message, not after minutes of work.
+Everything that can be wrong with the invocation (options, config, input, output) is checked before
+the pipeline is built, so a bad call fails in a second with a message, not after minutes of work.
+A corpus whose every row is rejected is only known after the job: that also exits 2, in one line.
 """
 from __future__ import annotations
 
+import argparse
+import difflib
+import glob
 import json
 import logging
 import os
 import sys
 import threading
 import time
+from pathlib import Path
 
 import apache_beam as beam
 import click
@@ -19,7 +24,7 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from melshards.cli import run_command
 from preprocess.config import load_config
-from preprocess.corpus import Corpus, CorpusError, detect_corpus
+from preprocess.corpus import Corpus, CorpusError, check_rows_file, detect_corpus
 from preprocess.pipeline import PROGRESS_PREFIX, build
 from preprocess.shards import SHARD_SUFFIX, TEMP_DIR, remove_temp_dir
 from shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
@@ -37,10 +42,38 @@ class OutputError(ValueError):
     pass
 
 
+class OptionsError(ValueError):
+    pass
+
+
+class DataError(click.ClickException):
+    """The job ran but the corpus gave nothing to train on: exit 2, no usage text (the call was right)."""
+    exit_code = 2
+
+
+WRITE_PROBE = ".melshards-write-test"
+
+
 def _outputs(out_dir: str) -> list[str]:
     patterns = [FileSystems.join(out_dir, n) for n in (SCHEMA_FILE, STATS_FILE, REJECTED_FILE)]
     patterns += [FileSystems.join(out_dir, f"{s}-*{SHARD_SUFFIX}") for s in ("train", "val")]
     return [m.path for r in FileSystems.match(patterns) for m in r.metadata_list]
+
+
+def _matches(pattern: str) -> list[str]:
+    return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+
+
+def remove_text_sink_temp_dirs(out_dir: str) -> None:
+    """Delete the `beam-temp-rejected.jsonl-*` directories WriteToText leaves when a run is killed.
+
+    On gs:// a directory is only a prefix: deleting its files removes it. Locally, match() lists files
+    only, and a run killed early leaves an empty directory, so the directories are globbed instead.
+    """
+    pattern = FileSystems.join(out_dir, f"beam-temp-{REJECTED_FILE}-*")
+    leftovers = sorted(glob.glob(pattern)) if "://" not in out_dir else _matches(FileSystems.join(pattern, "*"))
+    if leftovers:
+        FileSystems.delete(leftovers)
 
 
 def prepare_output(out_dir: str, overwrite: bool) -> None:
@@ -55,9 +88,66 @@ def prepare_output(out_dir: str, overwrite: bool) -> None:
                  out_dir)
         FileSystems.delete(stale)
     remove_temp_dir(out_dir)
+    remove_text_sink_temp_dirs(out_dir)
 
 
-def pipeline_options(beam_args: list[str]) -> PipelineOptions:
+def check_output_writable(out_dir: str) -> None:
+    """Create and delete a small file in out_dir, so an unwritable output fails now, not after the job."""
+    if "://" not in out_dir:  # local: name the path component that is in the way
+        for p in (Path(out_dir), *Path(out_dir).parents):
+            if p.exists():
+                if not p.is_dir():
+                    raise OutputError(f"--output {out_dir}: {p} is a file, not a directory; "
+                                      "choose another --output")
+                break
+    probe = FileSystems.join(out_dir, WRITE_PROBE)
+    try:
+        with FileSystems.create(probe) as f:
+            f.write(b"")
+        FileSystems.delete([probe])
+    except (OSError, ValueError) as e:  # BeamIOError is an OSError
+        raise OutputError(f"--output {out_dir} is not writable ({e}); fix its permissions or choose "
+                          "another --output") from e
+
+
+def _beam_parser() -> argparse.ArgumentParser:
+    """Beam's own parser of every registered PipelineOptions class (handed out by its public hook)."""
+    parsers = []
+    PipelineOptions([]).get_all_options(add_extra_args_fn=parsers.append)
+    parser = parsers[0]
+    parser.exit_on_error = False  # ArgumentError instead of printing usage and exiting
+    return parser
+
+
+def check_beam_args(beam_args: list[str], own_options: list[str]) -> None:
+    """Refuse options that neither melshards nor Beam knows (Beam would only log a warning and run
+    with its defaults), suggesting the closest known name."""
+    parser = _beam_parser()
+    try:
+        _, unknown = parser.parse_known_args(beam_args)
+    except argparse.ArgumentError as e:
+        raise OptionsError(f"bad Beam option: {e}") from e
+    if not unknown:
+        return
+    flag = next((a for a in unknown if a.startswith("-")), None)
+    if flag is None:
+        raise OptionsError(f"unexpected argument {unknown[0]!r}: preprocess takes only options (see --help)")
+    name = flag.split("=", 1)[0]
+    beam_names = ["--" + dest for dest in PipelineOptions([]).get_all_options()]
+
+    def is_flag(candidate: str) -> bool:  # an option's dest is not always one of its flags
+        try:
+            return candidate in own_options or not parser.parse_known_args([candidate])[1]
+        except argparse.ArgumentError:  # known, but wants a value
+            return True
+
+    close = [c for c in difflib.get_close_matches(name, own_options + beam_names, n=5) if is_flag(c)]
+    hint = f"; did you mean {close[0]}?" if close else "; see --help, and Beam's pipeline options"
+    raise OptionsError(f"unknown option {name}: neither melshards nor Beam knows it{hint}")
+
+
+def pipeline_options(beam_args: list[str], own_options: list[str] = ()) -> PipelineOptions:
+    check_beam_args(beam_args, list(own_options))
     options = PipelineOptions(beam_args)
     std = options.view_as(StandardOptions)
     if std.runner is None:
@@ -71,10 +161,6 @@ LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner", "Bundle
 def is_local(options: PipelineOptions) -> bool:
     runner = options.view_as(StandardOptions).runner
     return (runner if isinstance(runner, str) else type(runner).__name__) in LOCAL_RUNNERS
-
-
-def is_dry_run(options: PipelineOptions) -> bool:
-    return bool(options.view_as(TestOptions).dry_run)
 
 
 def all_cores() -> int:
@@ -170,9 +256,27 @@ def run(argv: list[str] | None = None) -> int:
     return run_command(preprocess_command, argv, "melshards preprocess")
 
 
-def print_summary(out_dir: str, seconds: float) -> None:
+def _read_stats(out_dir: str) -> dict:
     with FileSystems.open(FileSystems.join(out_dir, STATS_FILE)) as f:
-        stats = json.loads(f.read())
+        return json.loads(f.read())
+
+
+def refuse_empty_run(out_dir: str) -> None:
+    """After a run that wrote no schema.json (every row rejected): drop stats.json, keep rejected.jsonl
+    (each row's reason: what the user needs to fix the corpus), and stop with one line, exit 2."""
+    stats_path = FileSystems.join(out_dir, STATS_FILE)
+    if not FileSystems.exists(stats_path):
+        raise DataError(f"the job finished without writing {SCHEMA_FILE} or {STATS_FILE} in {out_dir}")
+    c = _read_stats(out_dir)["counts"]
+    FileSystems.delete([stats_path])
+    remove_text_sink_temp_dirs(out_dir)
+    reasons = ", ".join(f"{n} {reason}" for reason, n in c["per_reason"].items())
+    raise DataError(f"all {c['input_rows']} input rows were rejected ({reasons}); no shards were written. "
+                    f"Each row's reason is in {FileSystems.join(out_dir, REJECTED_FILE)}.")
+
+
+def print_summary(out_dir: str, seconds: float) -> None:
+    stats = _read_stats(out_dir)
     c = stats["counts"]
     click.echo(f"\n{c['input_rows']} input rows in {seconds:.1f}s: {c['in_shards']} in shards "
                f"(train {c['per_split']['train']}, val {c['per_split']['val']}), {c['filtered']} filtered, "
@@ -182,10 +286,15 @@ def print_summary(out_dir: str, seconds: float) -> None:
     from melshards.tables import percentile_table
     click.echo("\n" + percentile_table(stats))
     pad = stats["padding"]
-    click.echo(f"\npadded to text {pad['max_text_len']} symbols, mel {pad['max_mel_frames']} frames; "
-               f"padding is {100 * pad['mel_padding_fraction']:.1f}% of mel frames, "
-               f"{100 * pad['text_padding_fraction']:.1f}% of text ids")
-    click.echo(f"wrote {out_dir}/{{{SCHEMA_FILE}, {STATS_FILE}, {REJECTED_FILE}, train-*, val-*}}")
+    from melshards.tables import bucket_table
+    click.echo(f"\n{len(stats['buckets']['buckets'])} length bucket(s), up to text {pad['max_text_len']} symbols, mel "
+               f"{pad['max_mel_frames']} frames; padding is {100 * pad['mel_padding_fraction']:.1f}% of mel frames, "
+               f"{100 * pad['text_padding_fraction']:.1f}% of text ids\n" + bucket_table(stats))
+    written = [SCHEMA_FILE, STATS_FILE, REJECTED_FILE] + [f"{s}-*" for s in ("train", "val")
+                                                          if c["per_split"][s]]
+    click.echo(f"wrote {out_dir}/{{{', '.join(written)}}}")
+    if not c["per_split"]["val"]:
+        click.echo("no val shard: no clip fell in the validation split (config split.val_fraction)")
 
 
 @click.command("preprocess", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
@@ -195,47 +304,57 @@ def print_summary(out_dir: str, seconds: float) -> None:
 @click.option("--output", "out_dir", required=True, help="Output directory for shards and reports; local or gs://.")
 @click.option("--config", "config_path", default=None, help="YAML config (see configs/ljspeech.yaml).")
 @click.option("--overwrite", is_flag=True, help="Replace a finished run in --output.")
+@click.option("--buckets", default=None, metavar="K|auto", help="Length buckets: overrides pad.buckets.")
 @click.option("--workers", type=int, default=None,
               help="Local worker processes (default: every core); Beam's --direct_num_workers wins.")
 @click.pass_context
 def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config_path: str | None,
-                       overwrite: bool, workers: int | None) -> None:
+                       overwrite: bool, buckets: str | None, workers: int | None) -> None:
     """Corpus -> log-mel -> percentile statistics -> filter -> pad -> TFRecord shards.
 
     Options not listed here go to Beam, e.g. --runner DataflowRunner --project P --region R
-    --temp_location gs://B/tmp --setup_file ./setup.py.
+    --temp_location gs://B/tmp --setup_file ./setup.py. An option neither knows is an error.
     """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     quiet_beam_logging()
     try:
-        cfg = load_config(config_path)
+        cfg = load_config(config_path, buckets)
+        own = [o for p in ctx.command.get_params(ctx) for o in p.opts + p.secondary_opts]
+        options = pipeline_options(list(ctx.args), own)
+        dry_run = options.view_as(TestOptions).dry_run
         corpus = detect_corpus(input_path)
-        options = pipeline_options(list(ctx.args))
         apply_workers(options, list(ctx.args), workers)
-        if not is_dry_run(options):  # a dry run writes nothing, and must not need the output's storage
+        # Local files are checked always; remote ones only for a real run, so a Dataflow dry run
+        # (--dry_run=True --no_auth) still builds its graph offline.
+        if not (dry_run and "://" in corpus.rows_path):
+            check_rows_file(corpus)
+        if not (dry_run and "://" in out_dir):
+            check_output_writable(out_dir)
             prepare_output(out_dir, overwrite)
-    except (ConfigError, CorpusError, OutputError) as e:
+    except (ConfigError, CorpusError, OutputError, OptionsError) as e:
         raise click.UsageError(str(e)) from e
     except ValueError as e:  # PipelineOptions rejects malformed Beam flags with ValueError
         raise click.UsageError(f"bad Beam option: {e}") from e
     log.info("corpus %s (%s), output %s, runner %s", corpus.rows_path, corpus.kind, out_dir,
              options.view_as(StandardOptions).runner)
     start = time.perf_counter()
-    local = is_local(options) and not is_dry_run(options)
     p = beam.Pipeline(options=options)
+    local = is_local(options) and not dry_run
     build(p, corpus, out_dir, cfg, progress=local)
     reporter = ProgressReporter(out_dir, count_rows(corpus)) if local else None
     if reporter:
         reporter.start()
     try:
         result = p.run()
-        if is_dry_run(options):
+        if dry_run:
             click.echo("dry run: the job graph was built and not submitted")
             return
         result.wait_until_finish()
     finally:
         if reporter:
             reporter.stop()
+    if not FileSystems.exists(FileSystems.join(out_dir, SCHEMA_FILE)):
+        refuse_empty_run(out_dir)
     print_summary(out_dir, time.perf_counter() - start)
 
 

@@ -18,28 +18,26 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
 from shards_schema.records import frame_record
+from shards_schema.schema import SHARD_SUFFIX, shard_name
 from shards_schema.schema import UNFINISHED_DIR as TEMP_DIR
 
-SHARD_SUFFIX = ".tfrecord"
 _COPY_CHUNK = 16 << 20
 
 
-def shard_name(split: str, index: int, count: int) -> str:
-    return f"{split}-{index:05d}-of-{count:05d}{SHARD_SUFFIX}"
-
-
 def plan_shards(parts: list[dict], target_bytes: int) -> list[dict]:
-    """Group temp files into shards of at most ~target_bytes; name them split-SSSSS-of-NNNNN.
+    """Group temp files into shards of at most ~target_bytes, per split and bucket; name them
+    split-bNN-SSSSS-of-CCCCC (`shards_schema.schema.shard_name`: counted within the bucket).
 
-    parts: [{split, path, records, bytes}]. A part is never split; a part larger than the target
-    (one record over, at most) is a shard by itself. Deterministic for a given set of parts.
+    parts: [{split, bucket, path, records, bytes}]. A part is never split; a part larger than the
+    target (one record over, at most) is a shard by itself. Deterministic for a given set of parts.
     """
     shards = []
-    for split in sorted({p["split"] for p in parts}):
+    for split, bucket in sorted({(p["split"], p["bucket"]) for p in parts}):
         groups: list[list[dict]] = []
         sizes: list[int] = []
         # first-fit decreasing: each part goes into the first shard it fits, biggest parts first
-        for part in sorted((p for p in parts if p["split"] == split), key=lambda p: (-p["bytes"], p["path"])):
+        mine = (p for p in parts if (p["split"], p["bucket"]) == (split, bucket))
+        for part in sorted(mine, key=lambda p: (-p["bytes"], p["path"])):
             i = next((i for i, size in enumerate(sizes) if size + part["bytes"] <= target_bytes), len(groups))
             if i == len(groups):
                 groups.append([])
@@ -47,14 +45,15 @@ def plan_shards(parts: list[dict], target_bytes: int) -> list[dict]:
             groups[i].append(part)
             sizes[i] += part["bytes"]
         for i, group in enumerate(groups):
-            shards.append({"split": split, "file": shard_name(split, i, len(groups)),
+            shards.append({"split": split, "bucket": bucket, "file": shard_name(split, bucket, i, len(groups)),
                            "parts": [p["path"] for p in group], "records": sum(p["records"] for p in group),
                            "bytes": sum(p["bytes"] for p in group)})
     return shards
 
 
 class _RollingWriter(beam.DoFn):
-    """(split, id, bytes) -> temp TFRecord files of ~target bytes; yields one dict per closed file."""
+    """(split, bucket, id, bytes) -> temp TFRecord files of ~target bytes, one open file per split and
+    bucket; yields one dict per closed file."""
 
     def __init__(self, out_dir: str, target_bytes: int):
         self.out_dir, self.target = out_dir, target_bytes
@@ -62,30 +61,31 @@ class _RollingWriter(beam.DoFn):
     def start_bundle(self):
         self.open: dict[str, dict] = {}
 
-    def _close(self, split: str) -> dict:
-        w = self.open.pop(split)
+    def _close(self, key: tuple[str, int]) -> dict:
+        w = self.open.pop(key)
         w.pop("fh").close()
         beam.metrics.Metrics.counter("melshards", "temp_files_written").inc()
         return w
 
     def process(self, rec):
-        split, _, data = rec
-        w = self.open.get(split)
+        split, bucket, _, data = rec
+        key = (split, bucket)
+        w = self.open.get(key)
         if w is not None and w["bytes"] >= self.target:
-            yield self._close(split)
+            yield self._close(key)
             w = None
         if w is None:
-            path = FileSystems.join(self.out_dir, TEMP_DIR, f"{split}-{uuid.uuid4().hex}{SHARD_SUFFIX}")
-            w = self.open[split] = {"split": split, "path": path, "records": 0, "bytes": 0,
-                                    "fh": FileSystems.create(path)}
+            path = FileSystems.join(self.out_dir, TEMP_DIR, f"{split}-b{bucket:02d}-{uuid.uuid4().hex}{SHARD_SUFFIX}")
+            w = self.open[key] = {"split": split, "bucket": bucket, "path": path, "records": 0, "bytes": 0,
+                                  "fh": FileSystems.create(path)}
         framed = frame_record(data)
         w["fh"].write(framed)
         w["records"] += 1
         w["bytes"] += len(framed)
 
     def finish_bundle(self):
-        for split in list(self.open):
-            yield WindowedValue(self._close(split), 0, [GlobalWindow()])
+        for key in list(self.open):
+            yield WindowedValue(self._close(key), 0, [GlobalWindow()])
 
 
 class _AssembleShard(beam.DoFn):
@@ -124,7 +124,7 @@ class _AssembleShard(beam.DoFn):
             FileSystems.rename([tmp], [final])
             FileSystems.delete(parts)
         beam.metrics.Metrics.counter("melshards", "shards_written").inc()
-        yield {k: shard[k] for k in ("split", "file", "records", "bytes")}
+        yield {k: shard[k] for k in ("split", "bucket", "file", "records", "bytes")}
 
 
 def remove_temp_dir(out_dir: str) -> None:
@@ -141,7 +141,8 @@ def remove_temp_dir(out_dir: str) -> None:
 
 
 class WriteShards(beam.PTransform):
-    """(split, id, serialized Example) -> one dict per shard written: {split, file, records, bytes}."""
+    """(split, bucket, id, serialized Example) -> one dict per shard written: {split, bucket, file,
+    records, bytes}."""
 
     def __init__(self, out_dir: str, target_shard_mb: float):
         super().__init__()

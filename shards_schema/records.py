@@ -11,7 +11,11 @@ from typing import Any, Mapping, Sequence
 import google_crc32c
 import numpy as np
 
-from shards_schema.schema import Feature, Schema, SchemaError
+from shards_schema.schema import Bucket, Feature, Schema, SchemaError
+
+# The readers take a Bucket (its own static shapes) or a Schema (its largest bucket: the one shape
+# of a one-bucket run); both carry `features`.
+Shapes = Schema | Bucket
 
 RAW_DTYPES = {"raw_float16": np.dtype("<f2"), "raw_int16": np.dtype("<i2")}
 
@@ -90,8 +94,9 @@ def frame_record(data: bytes) -> bytes:
 
 
 # -- reading (TensorFlow, imported by the functions that need it) -------------------------------
-def parse_spec(schema: Schema) -> dict[str, Any]:
-    """`tf.io.parse_example` spec: every feature is a fixed-length scalar entry."""
+def parse_spec(schema: Shapes) -> dict[str, Any]:
+    """`tf.io.parse_example` spec: every feature is a fixed-length scalar entry (the same for every
+    bucket: shapes live inside the raw bytes, `decode_parsed` applies them)."""
     import tensorflow as tf
 
     spec = {}
@@ -115,12 +120,12 @@ def _decode(f: Feature, column, batch_size: int | None):
     return tf.cast(out, tf.as_dtype(f.dtype))
 
 
-def decode_parsed(schema: Schema, parsed: Mapping[str, Any], batch_size: int | None) -> dict[str, Any]:
+def decode_parsed(schema: Shapes, parsed: Mapping[str, Any], batch_size: int | None) -> dict[str, Any]:
     """Turn `parse_example` output into tensors of the schema's static shapes (pure TF ops)."""
     return {f.name: _decode(f, parsed[f.name], batch_size) for f in schema.features}
 
 
-def tensor_specs(schema: Schema, batch_size: int, names: tuple[str, ...] | None = None) -> dict[str, Any]:
+def tensor_specs(schema: Shapes, batch_size: int, names: tuple[str, ...] | None = None) -> dict[str, Any]:
     """tf.TensorSpec per feature with the batch dim fixed: the trainer's input_signature."""
     import tensorflow as tf
 

@@ -3,6 +3,14 @@
 Declared once, versioned, written beside the shards. The writer encodes records from it
 (`shards_schema.records`), the trainer derives its parse spec and input_signature from it
 and refuses shards whose schema differs from the one it was started with.
+
+Length buckets. A run holds K >= 1 buckets; each has its own static shapes (its feature table:
+text ids padded to the bucket's `max_text_len`, mel to its `max_mel_frames`), record counts and
+shard files. One fixed shape is simply K = 1: there is no second layout. Shards of bucket i are
+named `{split}-bNN-SSSSS-of-CCCCC.tfrecord` (`shard_name`), so `DIR/train-*.tfrecord` and
+`DIR/val-*.tfrecord` still match every bucket's shards of that split. `Schema.max_text_len`,
+`max_mel_frames` and `features` are the largest bucket's (the last; buckets ascend in mel frames),
+which with K = 1 is the one shape.
 """
 from __future__ import annotations
 
@@ -10,14 +18,33 @@ import dataclasses
 import json
 import math
 import posixpath
+import re
 from typing import Any
 
-SCHEMA_VERSION = "1.1.0"
+# 2.x: records live in length buckets (schema.json "buckets"); 1.x had one shape and no buckets.
+SCHEMA_VERSION = "2.0.0"
 SCHEMA_FILE = "schema.json"
 STATS_FILE = "stats.json"
 REJECTED_FILE = "rejected.jsonl"
 SPLITS = ("train", "val")
 UNFINISHED_DIR = ".melshards-tmp"  # preprocess writes shards here first; present = run not finished
+SHARD_SUFFIX = ".tfrecord"
+# split, then the bucket: `train-*` matches every bucket's training shards and nothing of val
+_SHARD_NAME = re.compile(r"^(?P<split>[a-z]+)-b(?P<bucket>\d{2,})-(?P<index>\d{5,})-of-(?P<count>\d{5,})"
+                         + re.escape(SHARD_SUFFIX) + "$")
+
+
+def shard_name(split: str, bucket: int, index: int, count: int) -> str:
+    """`train-b03-00001-of-00004.tfrecord`: shard 1 of the 4 holding bucket 3's training records."""
+    return f"{split}-b{bucket:02d}-{index:05d}-of-{count:05d}{SHARD_SUFFIX}"
+
+
+def parse_shard_name(name: str) -> dict[str, Any] | None:
+    """{split, bucket, index, count} of a name `shard_name` made, or None for any other name."""
+    m = _SHARD_NAME.match(posixpath.basename(name))
+    if m is None:
+        return None
+    return {"split": m["split"], "bucket": int(m["bucket"]), "index": int(m["index"]), "count": int(m["count"])}
 
 
 class SchemaError(ValueError):
@@ -59,20 +86,50 @@ class MelParams:
 
 
 @dataclasses.dataclass(frozen=True)
+class Bucket:
+    """One length bucket: its static shapes (feature table), record counts and shard files."""
+    index: int
+    max_text_len: int
+    max_mel_frames: int
+    features: tuple[Feature, ...]
+    counts: dict[str, int]  # split -> records
+    shards: dict[str, list[dict[str, Any]]]  # split -> [{"file": name, "records": n}]
+
+    def feature(self, name: str) -> Feature:
+        for f in self.features:
+            if f.name == name:
+                return f
+        raise SchemaError(f"schema has no feature {name!r}; it has {[f.name for f in self.features]}")
+
+    @property
+    def n_mels(self) -> int:
+        return self.feature("mel").shape[1]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["features"] = [dict(dataclasses.asdict(f), shape=list(f.shape)) for f in self.features]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Bucket":
+        return cls(index=int(d["index"]), max_text_len=int(d["max_text_len"]),
+                   max_mel_frames=int(d["max_mel_frames"]),
+                   features=tuple(Feature(**dict(f, shape=tuple(f["shape"]))) for f in d["features"]),
+                   counts={k: int(v) for k, v in d["counts"].items()},
+                   shards={k: list(v) for k, v in d["shards"].items()})
+
+
+@dataclasses.dataclass(frozen=True)
 class Schema:
     version: str
-    features: tuple[Feature, ...]
     audio: AudioParams
     mel: MelParams
     vocabulary: tuple[str, ...]
     text_frontend: dict[str, Any]  # shards_schema.text.FRONTEND the text was normalised with
     mel_mean: tuple[float, ...]
     mel_std: tuple[float, ...]
-    max_text_len: int
-    max_mel_frames: int
     pad_multiple: int
-    counts: dict[str, int]
-    shards: dict[str, list[dict[str, Any]]]  # split -> [{"file": name, "records": n}]
+    buckets: tuple[Bucket, ...]  # ascending in max_mel_frames; index i is buckets[i]
 
     # -- construction -------------------------------------------------------------------
     @staticmethod
@@ -89,11 +146,58 @@ class Schema:
             Feature("mel_len", "int32", (), "int64", "number of valid frames"),
         )
 
+    @staticmethod
+    def make_bucket(index: int, max_text_len: int, max_mel_frames: int, n_mels: int,
+                    shards: list[dict[str, Any]]) -> Bucket:
+        """A bucket from its shapes and its shard list [{split, file, records}] (any order)."""
+        return Bucket(index, max_text_len, max_mel_frames,
+                      Schema.feature_table(max_text_len, max_mel_frames, n_mels),
+                      counts={s: sum(x["records"] for x in shards if x["split"] == s) for s in SPLITS},
+                      shards={s: sorted(({"file": x["file"], "records": x["records"]} for x in shards
+                                         if x["split"] == s), key=lambda x: x["file"]) for s in SPLITS})
+
+    # -- the largest bucket, and the run as a whole ----------------------------------------
+    @property
+    def largest(self) -> Bucket:
+        return self.buckets[-1]
+
+    @property
+    def features(self) -> tuple[Feature, ...]:
+        """The largest bucket's features (the one shape when K = 1)."""
+        return self.largest.features
+
+    @property
+    def max_text_len(self) -> int:
+        return self.largest.max_text_len
+
+    @property
+    def max_mel_frames(self) -> int:
+        return self.largest.max_mel_frames
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {s: sum(b.counts.get(s, 0) for b in self.buckets) for s in SPLITS}
+
+    @property
+    def shards(self) -> dict[str, list[dict[str, Any]]]:
+        """Every bucket's shard files per split, sorted by name."""
+        return {s: sorted((f for b in self.buckets for f in b.shards.get(s, [])), key=lambda f: f["file"])
+                for s in SPLITS}
+
     def feature(self, name: str) -> Feature:
-        for f in self.features:
-            if f.name == name:
-                return f
-        raise SchemaError(f"schema has no feature {name!r}; it has {[f.name for f in self.features]}")
+        return self.largest.feature(name)
+
+    def bucket_of_file(self, name: str) -> Bucket | None:
+        """The bucket a shard file belongs to: as schema.json lists it, else as its name says
+        (a copied or renamed-back file), else the only bucket when there is one; None otherwise."""
+        base = posixpath.basename(name)
+        for b in self.buckets:
+            if any(f["file"] == base for files in b.shards.values() for f in files):
+                return b
+        parsed = parse_shard_name(base)
+        if parsed is not None and parsed["bucket"] < len(self.buckets):
+            return self.buckets[parsed["bucket"]]
+        return self.buckets[0] if len(self.buckets) == 1 else None
 
     @property
     def n_mels(self) -> int:
@@ -103,8 +207,11 @@ class Schema:
     def contract(self) -> dict[str, Any]:
         """The part two shard sets must share to be read by one trainer (not counts or file lists)."""
         d = self.to_dict()
-        return {k: d[k] for k in ("version", "features", "audio", "mel", "vocabulary", "text_frontend",
-                                   "max_text_len", "max_mel_frames")}
+        out = {k: d[k] for k in ("version", "audio", "mel", "vocabulary", "text_frontend",
+                                 "max_text_len", "max_mel_frames")}
+        out["buckets"] = [{k: b[k] for k in ("index", "max_text_len", "max_mel_frames", "features")}
+                          for b in d["buckets"]]
+        return out
 
     def check_compatible(self, other: "Schema", here: str, there: str) -> None:
         a, b = self.contract(), other.contract()
@@ -117,11 +224,12 @@ class Schema:
 
     # -- (de)serialisation --------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["features"] = [dict(dataclasses.asdict(f), shape=list(f.shape)) for f in self.features]
-        d["vocabulary"] = list(self.vocabulary)
-        d["mel_mean"] = list(self.mel_mean)
-        d["mel_std"] = list(self.mel_std)
+        d = {"version": self.version, "audio": dataclasses.asdict(self.audio), "mel": dataclasses.asdict(self.mel),
+             "vocabulary": list(self.vocabulary), "text_frontend": dict(self.text_frontend),
+             "mel_mean": list(self.mel_mean), "mel_std": list(self.mel_std), "pad_multiple": self.pad_multiple}
+        # A readable summary of the buckets; checked against them on reading (an edit is an error).
+        d.update(max_text_len=self.max_text_len, max_mel_frames=self.max_mel_frames, counts=self.counts)
+        d["buckets"] = [b.to_dict() for b in self.buckets]
         return d
 
     def to_json(self) -> str:
@@ -135,24 +243,29 @@ class Schema:
                 f"{where} has schema version {version or '(none)'}, this melshards reads "
                 f"{SCHEMA_VERSION.split('.')[0]}.x; re-run `melshards preprocess` with this version.")
         try:
-            return cls(
+            schema = cls(
                 version=version,
-                features=tuple(Feature(**dict(f, shape=tuple(f["shape"]))) for f in d["features"]),
                 audio=AudioParams(**d["audio"]),
                 mel=MelParams(**d["mel"]),
                 vocabulary=tuple(d["vocabulary"]),
                 text_frontend=dict(d["text_frontend"]),
                 mel_mean=tuple(float(x) for x in d["mel_mean"]),
                 mel_std=tuple(float(x) for x in d["mel_std"]),
-                max_text_len=int(d["max_text_len"]),
-                max_mel_frames=int(d["max_mel_frames"]),
                 pad_multiple=int(d["pad_multiple"]),
-                counts={k: int(v) for k, v in d["counts"].items()},
-                shards={k: list(v) for k, v in d["shards"].items()},
+                buckets=tuple(Bucket.from_dict(b) for b in d["buckets"]),
             )
+            summary = {k: d[k] for k in ("max_text_len", "max_mel_frames", "counts")}
         except (KeyError, TypeError) as e:
             raise SchemaError(f"{where} is malformed ({type(e).__name__}: {e}); it was not written by "
                               "this melshards, re-run `melshards preprocess`.") from e
+        if not schema.buckets or [b.index for b in schema.buckets] != list(range(len(schema.buckets))):
+            raise SchemaError(f"{where} lists buckets {[b.index for b in schema.buckets]}, not 0..K-1; "
+                              "re-run `melshards preprocess`.")
+        for key, value in summary.items():
+            if value != getattr(schema, key):
+                raise SchemaError(f"{where}: {key} {value} is not its buckets' {getattr(schema, key)} (the file "
+                                  "was edited); re-run `melshards preprocess` or restore the file.")
+        return schema
 
     @classmethod
     def from_json(cls, text: str, where: str = SCHEMA_FILE) -> "Schema":

@@ -19,7 +19,8 @@ from typing import Sequence
 import numpy as np
 
 from shards_schema.records import RAW_DTYPES, decode_parsed, parse_spec
-from shards_schema.schema import SCHEMA_FILE, UNFINISHED_DIR, Schema, SchemaError, read_schema
+from shards_schema.schema import (SCHEMA_FILE, SHARD_SUFFIX, UNFINISHED_DIR, Bucket, Schema, SchemaError,
+                                  read_schema)
 
 CHUNK = 256  # records decoded per parse_example call
 
@@ -47,9 +48,6 @@ class ShardResult:
 
 class InputError(ValueError):
     """The shards cannot be read as given; the message names the path and how to fix it."""
-
-
-SHARD_SUFFIX = ".tfrecord"
 
 
 def expand_globs(patterns: Sequence[str]) -> list[str]:
@@ -102,8 +100,8 @@ def _first_line(e: Exception) -> str:
     return line if len(line) <= 240 else line[:237] + "..."
 
 
-def record_problems(schema: Schema, rec: dict[str, np.ndarray]) -> list[str]:
-    """Shape and length checks on one decoded record (numpy values)."""
+def record_problems(schema: Schema | Bucket, rec: dict[str, np.ndarray]) -> list[str]:
+    """Shape and length checks on one decoded record (numpy values), against its bucket's shapes."""
     out = []
     for f in schema.features:
         shape = tuple(np.shape(rec[f.name]))
@@ -119,7 +117,7 @@ def record_problems(schema: Schema, rec: dict[str, np.ndarray]) -> list[str]:
     return out
 
 
-def raw_size_problems(schema: Schema, parsed: dict) -> list[str]:
+def raw_size_problems(schema: Schema | Bucket, parsed: dict) -> list[str]:
     """Raw byte features whose length does not match their schema shape, named with both sizes."""
     out = []
     for f in schema.features:
@@ -131,7 +129,7 @@ def raw_size_problems(schema: Schema, parsed: dict) -> list[str]:
     return out
 
 
-def _decode_one(schema: Schema, spec: dict, raw: bytes) -> dict | str:
+def _decode_one(schema: Schema | Bucket, spec: dict, raw: bytes) -> dict | str:
     import tensorflow as tf
 
     try:
@@ -145,7 +143,7 @@ def _decode_one(schema: Schema, spec: dict, raw: bytes) -> dict | str:
         return "wrong shape: " + ("; ".join(sizes) if sizes else _first_line(e))
 
 
-def decode_records(schema: Schema, raws: list[bytes]) -> list[dict | str]:
+def decode_records(schema: Schema | Bucket, raws: list[bytes]) -> list[dict | str]:
     """Each raw record decoded to numpy values, or the reason it does not parse."""
     import tensorflow as tf
 
@@ -160,16 +158,23 @@ def decode_records(schema: Schema, raws: list[bytes]) -> list[dict | str]:
 
 
 def check_shard(path: str, schema: Schema, keep: int = 0) -> tuple[ShardResult, list[dict]]:
-    """Read and check every record of one file; also return up to `keep` good records for --show."""
+    """Read and check every record of one file against its bucket's shapes; also return up to `keep`
+    good records for --show."""
     import tensorflow as tf
 
     split, expected = listed_split(schema, path)
     result = ShardResult(path, split, expected)
     shown: list[dict] = []
+    bucket = schema.bucket_of_file(path)
+    if bucket is None:
+        result.problems.append(Problem(path, None, (
+            f"schema.json does not list this file and its name says no bucket of the {len(schema.buckets)} "
+            "(expected split-bNN-SSSSS-of-CCCCC.tfrecord): its records' shapes are unknown")))
+        return result, shown
 
     def flush(chunk: list[bytes], first: int) -> None:
-        for i, rec in enumerate(decode_records(schema, chunk)):
-            problems = [rec] if isinstance(rec, str) else record_problems(schema, rec)
+        for i, rec in enumerate(decode_records(bucket, chunk)):
+            problems = [rec] if isinstance(rec, str) else record_problems(bucket, rec)
             result.problems += [Problem(path, first + i, p) for p in problems]
             if not problems and len(shown) < keep:
                 shown.append(dict(rec, _file=path, _index=first + i))
@@ -203,9 +208,12 @@ def check_shard(path: str, schema: Schema, keep: int = 0) -> tuple[ShardResult, 
 
 
 def schemas_for(files: Sequence[str], schema_path: str | None) -> tuple[dict[str, Schema], list[Problem]]:
-    """The schema of each file's directory (or the one given), and problems if they cannot be mixed.
+    """The schema of each file's directory, and problems if they cannot be mixed.
 
-    A directory still holding the preprocessing job's temp dir is an unfinished run: an error.
+    Each directory's own schema.json is checked against the reference: `schema_path` when given,
+    else the first directory's. A directory without schema.json is read with `schema_path` when
+    given (shards copied away from their run), and is an error otherwise. A directory still
+    holding the preprocessing job's temp dir is an unfinished run: an error.
     """
     import tensorflow as tf
 
@@ -215,12 +223,15 @@ def schemas_for(files: Sequence[str], schema_path: str | None) -> tuple[dict[str
             raise InputError(
                 f"{d} holds an unfinished preprocessing run ({UNFINISHED_DIR}/ is still there); "
                 "let `melshards preprocess` finish, or re-run it with --overwrite")
-    by_dir = {d: read_schema(schema_path or d) for d in dirs}
-    ref = schema_path or posixpath.join(dirs[0], SCHEMA_FILE)
+    own = {d: posixpath.join(d, SCHEMA_FILE) for d in dirs}
+    where = {d: own[d] if schema_path is None or tf.io.gfile.exists(own[d]) else schema_path for d in dirs}
+    by_dir = {d: read_schema(where[d]) for d in dirs}
+    ref_path = schema_path or where[dirs[0]]
+    ref = read_schema(ref_path) if schema_path else by_dir[dirs[0]]
     problems = []
     for d in dirs:
         try:
-            by_dir[dirs[0]].check_compatible(by_dir[d], ref, posixpath.join(d, SCHEMA_FILE))
+            ref.check_compatible(by_dir[d], ref_path, where[d])
         except SchemaError as e:
             problems.append(Problem(d, None, str(e)))
     return {f: by_dir[dir_of(f)] for f in files}, problems
@@ -234,7 +245,19 @@ def check_schemas(files: Sequence[str], schema_path: str | None) -> tuple[Schema
     by_file, problems = schemas_for(files, schema_path)
     if problems:
         raise SchemaError(problems[0].what)
+    _one_bucket_only(by_file[sorted(files)[0]])
     return by_file[sorted(files)[0]], schema_path or posixpath.join(dir_of(sorted(files)[0]), SCHEMA_FILE)
+
+
+def _one_bucket_only(schema: Schema) -> None:
+    """TEMPORARY, until the trainer compiles one step per bucket (issue 11, training half): the
+    trainer reads `schema.features` / `max_*`, the largest bucket's shapes, so it can read a
+    one-bucket run only. Remove this check, and its call in `check_schemas`, with that change."""
+    if len(schema.buckets) > 1:
+        raise SchemaError(
+            f"these shards hold {len(schema.buckets)} length buckets (mel frames "
+            f"{[b.max_mel_frames for b in schema.buckets]}); this trainer reads one bucket: re-run "
+            "`melshards preprocess` with --buckets 1")
 
 
 def first_bad_shard(files: Sequence[str], schema: Schema) -> Problem | None:

@@ -101,6 +101,24 @@ def has_speakable_content(normalized: str) -> bool:
     return any("a" <= c <= "z" for c in normalized)
 
 
+class TextRejected(ValueError):
+    """A transcript the front end refuses; `reason` is the one preprocess records in rejected.jsonl."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason, self.detail = reason, detail
+
+
+def check_text(raw: str) -> str:
+    """Raw transcript -> normalised text, or TextRejected: the one check preprocess and synthesize share."""
+    if not raw.strip():
+        raise TextRejected("empty_text", "transcript is empty")
+    text = normalize_text(raw)
+    if not has_speakable_content(text):
+        raise TextRejected("unusable_text", f"nothing speakable after normalisation: {raw[:80]!r}")
+    return text
+
+
 def normalizer_for(frontend: dict):
     """The normalise function of the front end recorded in a schema; ValueError when it is unknown."""
     if frontend != FRONTEND:

@@ -31,3 +31,15 @@ def shards_dir(tmp_path_factory) -> Path:
                 "--workers", "1"])
     assert code == 0, f"preprocess exited with {code}"
     return out
+
+
+@pytest.fixture(scope="session")
+def bucketed_dir(tmp_path_factory) -> Path:
+    """The shipped corpus preprocessed into 4 length buckets (`--buckets 4`; the demo config keeps
+    min_bucket_records 8, which merges a bucket of the unconstrained optimum). Read-only for tests."""
+    from preprocess.run import run
+
+    out = tmp_path_factory.mktemp("bucketed")
+    code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(TINY_CONFIG), "--buckets", "4"])
+    assert code == 0, f"preprocess exited with {code}"
+    return out

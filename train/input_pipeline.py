@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
-import tensorflow as tf
+from train.tf_quiet import tf
 
 from shards_schema import Schema
 from shards_schema.records import decode_parsed, encode_example, parse_spec

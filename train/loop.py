@@ -1,41 +1,47 @@
-"""The training loop around the compiled step: checkpoints, signals, TensorBoard, validation, summary.
+"""The training loop around the compiled step.
 
-Python runs once per call of the step (K = steps_per_execution optimizer steps); it fetches the K
-losses (NaN check), times the call and the wait for input, and writes logs. Nothing else.
+`train` builds a `Run` (model, optimizer, compiled steps, input, checkpoints) and then calls small
+named pieces once per compiled call: `Run.call` (the step and its timing), `RunState.record`
+(metrics, NaN check, throughput), `Scalars.write` (TensorBoard), `Progress.update`, `Run.evaluate`,
+`Checkpointer.save` and the `StopFlag`. Python runs once per call of the step (K =
+steps_per_execution optimizer steps) and does nothing else.
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import logging
-import math
 import posixpath
 import signal
+import socket
 import sys
+import threading
 import time
 from typing import Sequence
 
+from train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 import keras
 import numpy as np
-import tensorflow as tf
 
 from shards_schema import SCHEMA_FILE, Schema
 from shards_schema.shards import first_bad_shard
 from train import input_pipeline as ip
+from train.checkpoints import CHECKPOINT_DIR, Checkpointer, check_writable, data_settings
 from train.config import TrainConfig
+from train.errors import ModelDirError, RestoreError, TrainError
+from train.metrics import RunState, format_summary
 from train.model import build_model
-from train.step import (MODEL_INPUTS, losses_from_terms, make_eval_step, make_optimizer, make_train_step)
+from train.step import MODEL_INPUTS, losses_from_terms, make_eval_step, make_optimizer, make_train_step
+from train.summaries import TENSORBOARD_DIR, Scalars
+
+__all__ = ["CHECKPOINT_DIR", "CONFIG_FILE", "SUMMARY_FILE", "TENSORBOARD_DIR", "Inputs", "ModelDirError",
+           "RestoreError", "StopFlag", "TrainError", "format_summary", "resolve_inputs", "train"]
 
 log = logging.getLogger("melshards.train")
 
-CHECKPOINT_DIR = "checkpoints"
-TENSORBOARD_DIR = "tensorboard"
 CONFIG_FILE = "train_config.json"
 SUMMARY_FILE = "run_summary.json"
-
-
-class TrainError(RuntimeError):
-    """Training stopped on bad data or a diverged loss; the message says where and what to do."""
 
 
 @dataclasses.dataclass
@@ -60,27 +66,66 @@ def resolve_inputs(globs: Sequence[str], val_globs: Sequence[str], schema_path: 
 
 
 class StopFlag:
-    """SIGINT/SIGTERM set a flag; the loop checkpoints at the next step boundary and exits cleanly."""
+    """SIGINT/SIGTERM set a flag; the loop checkpoints at the next step boundary and exits cleanly.
+
+    A second signal ends the process at once, without a checkpoint, even while the main thread
+    sits in a long C++ call (the first XLA compile takes tens of seconds). Python runs its signal
+    handlers only on the main thread between bytecodes, so they would wait for the call to end; and
+    while one signal is pending CPython does not even report the next one to `set_wakeup_fd`. So a
+    watcher thread, woken through the wakeup fd by the first signal, acknowledges it at once and
+    puts the C-level default action (terminate) back for both signals: the next one ends the
+    process in the kernel (exit status 128 + signal number in a shell).
+    """
 
     def __init__(self):
         self.signal_name: str | None = None
         self._previous = {}
 
     def __enter__(self):
+        self._reader, self._writer = socket.socketpair()
+        self._writer.setblocking(False)
+        self._previous_fd = signal.set_wakeup_fd(self._writer.fileno(), warn_on_full_buffer=False)
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._previous[sig] = signal.signal(sig, self._handle)
+        self._watcher = threading.Thread(target=self._watch, name="melshards-stop-watcher", daemon=True)
+        self._watcher.start()
         return self
 
-    def _handle(self, signum, frame):
-        if self.signal_name is not None:  # second signal: the user really wants out now
-            raise KeyboardInterrupt
-        self.signal_name = signal.Signals(signum).name
-        log.warning("%s received: checkpointing at the end of this step, then exiting "
-                    "(send it again to stop without a checkpoint)", self.signal_name)
+    def _handle(self, signum, frame):  # main thread, between bytecodes: records the request only
+        if self.signal_name is None:
+            self.signal_name = signal.Signals(signum).name
+
+    def _watch(self):
+        while True:
+            try:
+                data = self._reader.recv(64)
+            except OSError:
+                return
+            if not data:  # __exit__ closed the writer
+                return
+            stops = [signal.Signals(b) for b in data if b in (signal.SIGINT, signal.SIGTERM)]
+            if stops:
+                _default_action_for(signal.SIGINT, signal.SIGTERM)
+                log.warning("%s received: checkpointing at the end of this step, then exiting "
+                            "(send it again to stop at once, without a checkpoint)", stops[0].name)
+                return
 
     def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
+        for sig, handler in self._previous.items():  # also replaces the C-level default action
             signal.signal(sig, handler)
+        signal.set_wakeup_fd(self._previous_fd)
+        self._writer.close()
+        self._watcher.join()
+        self._reader.close()
+
+
+def _default_action_for(*signals: signal.Signals) -> None:
+    """sigaction(SIG_DFL) from any thread: Python's signal.signal may only be called on the main one."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.restype = ctypes.c_void_p
+    libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    for sig in signals:
+        libc.signal(int(sig), None)  # None is SIG_DFL (0)
 
 
 class Progress:
@@ -90,7 +135,9 @@ class Progress:
         self.total, self.every = total, every
         self.tty = sys.stderr.isatty()
 
-    def update(self, step: int, loss: float, steps_per_s: float, examples_per_s: float) -> None:
+    def update(self, state: RunState) -> None:
+        step, loss = state.step, state.last["loss"]
+        steps_per_s, examples_per_s = state.rates["steps_per_second"], state.rates["examples_per_second"]
         if self.tty:
             width = 30
             done = int(width * step / self.total)
@@ -104,21 +151,6 @@ class Progress:
     def close(self) -> None:
         if self.tty:
             sys.stderr.write("\n")
-
-
-def _scalars_metadata():
-    """Metadata of TensorBoard's scalars plugin (version 0: empty content), built from TF's own protos.
-
-    tf.summary.scalar lives in the tensorboard package, which TensorFlow does not install; writing
-    the same record with core tf.summary.write keeps logging working without it.
-    """
-    from tensorflow.core.framework import summary_pb2
-
-    return summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"))
-
-
-def _scalar(name: str, value: float, step: int, metadata) -> None:
-    tf.summary.write(name, tf.constant(value, tf.float32), step=step, metadata=metadata)
 
 
 def _write_json(path: str, data: dict) -> None:
@@ -167,168 +199,132 @@ def _read(fetch, files: Sequence[str], schema: Schema):
                          "leave it out of the glob") from e
 
 
+class Run:
+    """What the loop drives: the model, optimizer, compiled steps, input iterator and checkpoints.
+
+    Built before anything compiles (the steps compile at their first call).
+    """
+
+    def __init__(self, inputs: Inputs, model_dir: str, synthetic: bool):
+        cfg, schema = inputs.cfg, inputs.schema
+        lp, self.k_steps, self.batch_size = cfg.loop, cfg.loop.steps_per_execution, cfg.data.batch_size
+        self.inputs, self.synthetic = inputs, synthetic
+        keras.utils.set_random_seed(lp.seed)
+        if lp.op_determinism:
+            tf.config.experimental.enable_op_determinism()
+        self.model = build_model(cfg.model, schema, lp.precision)
+        self.optimizer = make_optimizer(cfg.optim, lp.precision, self.model)
+        self.step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.train_step = make_train_step(self.model, self.optimizer, schema, cfg.optim, self.batch_size,
+                                          self.k_steps, lp.seed, self.step_var)
+        self.eval_step = make_eval_step(self.model, schema, self.batch_size) if inputs.val_files else None
+        if synthetic:
+            first = _read(lambda: ip.first_batch(inputs.files, schema, cfg.data, MODEL_INPUTS), inputs.files,
+                          schema)
+            self.dataset = ip.synthetic_dataset(first, self.k_steps)
+        else:
+            self.dataset = ip.train_dataset(inputs.files, schema, cfg.data, MODEL_INPUTS, self.k_steps)
+        self.iterator = iter(self.dataset)
+        self.checkpointer = Checkpointer(model_dir, self.model, self.optimizer, self.step_var, self.iterator,
+                                         data_settings(inputs.files, cfg, synthetic), lp.keep_checkpoints)
+
+    def restore(self) -> tuple[int, list[str]]:
+        """(the step to start from, the data-setting changes that gave a fresh iterator)."""
+        changes = self.checkpointer.restore()
+        start = int(self.step_var.numpy())
+        if self.checkpointer.latest:
+            log.info("resumed from %s at step %d", self.checkpointer.latest, start)
+        if start % self.k_steps:
+            raise TrainError(f"the checkpoint is at step {start}, not a multiple of loop.steps_per_execution "
+                             f"{self.k_steps}; resume with the steps_per_execution it was trained with")
+        return start, changes
+
+    def call(self) -> tuple[dict, np.ndarray, float, float]:
+        """One compiled call: (mean metrics, the K step losses, input wait s, call s)."""
+        first = self.train_step.experimental_get_tracing_count() == 0
+        if first:
+            log.info("first call: tracing and XLA-compiling the train step (tens of seconds on CPU)")
+        t0 = time.perf_counter()
+        batch = _read(lambda: next(self.iterator), self.inputs.files, self.inputs.schema)
+        t1 = time.perf_counter()
+        out = self.train_step(batch)
+        losses = out.pop("losses").numpy()  # waits for the call: the per-call sync point
+        t2 = time.perf_counter()
+        if first:
+            log.info("first call (trace + XLA compile + %d steps): %.1f s", self.k_steps, t2 - t0)
+        return out, losses, t1 - t0, t2 - t0
+
+    def evaluate(self) -> dict:
+        lp = self.inputs.cfg.loop
+        return evaluate(self.eval_step, self.inputs.val_files, self.inputs, lp.val_batches)
+
+    def traces(self) -> int:
+        traces = self.train_step.experimental_get_tracing_count()
+        if traces > 1:
+            log.error("THE TRAIN STEP WAS TRACED %d TIMES, NOT ONCE: every trace recompiles with XLA. "
+                      "Signatures traced:\n%s\nThe dataset yields: %s", traces,
+                      self.train_step.pretty_printed_concrete_signatures(), self.dataset.element_spec)
+        return traces
+
+    def facts(self) -> dict:
+        lp = self.inputs.cfg.loop
+        return {"synthetic_data": self.synthetic, "batch_size": self.batch_size,
+                "steps_per_execution": self.k_steps, "precision": lp.precision,
+                "parameters": int(self.model.count_params()), "train_step_traces": self.traces(),
+                "eval_step_traces": self.eval_step.experimental_get_tracing_count() if self.eval_step else 0}
+
+
+def prepare_model_dir(model_dir: str, inputs: Inputs) -> None:
+    """Refuse another model's dir, check it is writable, then record the schema and config."""
+    _check_model_dir(model_dir, inputs)
+    check_writable(model_dir)
+    tf.io.gfile.copy(inputs.schema_path, posixpath.join(model_dir, SCHEMA_FILE), overwrite=True)
+    _write_json(posixpath.join(model_dir, CONFIG_FILE), dataclasses.asdict(inputs.cfg))
+
+
 def train(inputs: Inputs, model_dir: str, synthetic: bool = False) -> dict:
     """Train to cfg.loop.steps (resuming from model_dir); returns the run summary (also written)."""
-    cfg, schema = inputs.cfg, inputs.schema
-    lp, k_steps, batch_size = cfg.loop, cfg.loop.steps_per_execution, cfg.data.batch_size
-    _check_model_dir(model_dir, inputs)
-    tf.io.gfile.makedirs(model_dir)
-    tf.io.gfile.copy(inputs.schema_path, posixpath.join(model_dir, SCHEMA_FILE), overwrite=True)
-    _write_json(posixpath.join(model_dir, CONFIG_FILE), dataclasses.asdict(cfg))
-
-    keras.utils.set_random_seed(lp.seed)
-    if lp.op_determinism:
-        tf.config.experimental.enable_op_determinism()
-
-    model = build_model(cfg.model, schema, lp.precision)
-    optimizer = make_optimizer(cfg.optim, lp.precision, model)
-    step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-    train_step = make_train_step(model, optimizer, schema, cfg.optim, batch_size, k_steps, lp.seed, step_var)
-    eval_step = make_eval_step(model, schema, batch_size) if inputs.val_files else None
-
-    if synthetic:
-        first = _read(lambda: ip.first_batch(inputs.files, schema, cfg.data, MODEL_INPUTS), inputs.files, schema)
-        dataset = ip.synthetic_dataset(first, k_steps)
-    else:
-        dataset = ip.train_dataset(inputs.files, schema, cfg.data, MODEL_INPUTS, k_steps)
-    iterator = iter(dataset)
-
-    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var, iterator=iterator)
-    manager = tf.train.CheckpointManager(ckpt, posixpath.join(model_dir, CHECKPOINT_DIR),
-                                         max_to_keep=lp.keep_checkpoints)
-    if manager.latest_checkpoint:
-        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        log.info("resumed from %s at step %d", manager.latest_checkpoint, int(step_var))
-    start = int(step_var.numpy())
-    if start % k_steps:
-        raise TrainError(f"the checkpoint is at step {start}, not a multiple of loop.steps_per_execution "
-                         f"{k_steps}; resume with the steps_per_execution it was trained with")
-    log.info("model %d parameters, batch %d, %d steps per call, precision %s, %s data, steps %d -> %d",
-             model.count_params(), batch_size, k_steps, lp.precision, "synthetic" if synthetic else "shard",
-             start, lp.steps)
-
-    writers = {name: tf.summary.create_file_writer(posixpath.join(model_dir, TENSORBOARD_DIR, name))
-               for name in ("train", "val")}
-    scalars = _scalars_metadata()
-    progress = Progress(lp.steps, lp.log_every)
-    step, saved_at, first_loss, last, val_losses = start, start, None, {}, {}
-    compile_s, steady = None, {"seconds": 0.0, "calls": 0, "examples": 0.0, "mel_frames": 0.0, "wait": 0.0}
-    stopped_by = "steps"
-    with StopFlag() as stop:
-        while step < lp.steps:
-            t0 = time.perf_counter()
-            batch = _read(lambda: next(iterator), inputs.files, schema)
-            t1 = time.perf_counter()
-            out = train_step(batch)
-            losses = out["losses"].numpy()  # waits for the call: the per-call sync point
-            t2 = time.perf_counter()
-            bad = np.flatnonzero(~np.isfinite(losses))
-            if bad.size:
-                raise TrainError(
-                    f"loss became {losses[bad[0]]} at step {step + bad[0] + 1}; stopped instead of training "
-                    f"on. The last checkpoint ({manager.latest_checkpoint or 'none'}) is intact: lower "
-                    "optim.learning_rate or check the shards' statistics (`melshards stats`)")
-            step += k_steps
-            last = {k: float(v) for k, v in out.items() if k != "losses"}
-            if first_loss is None:
-                first_loss = float(losses[0])
-            if compile_s is None:
-                compile_s = t2 - t0
-                log.info("first call (trace + XLA compile + %d step%s): %.1f s", k_steps, "s" * (k_steps > 1),
-                         compile_s)
-            else:
-                steady["seconds"] += t2 - t0
-                steady["calls"] += 1
-                steady["examples"] += last["examples"]
-                steady["mel_frames"] += last["mel_frames"]
-                steady["wait"] += t1 - t0
-            call_s = t2 - t0
-            rates = {"steps_per_second": k_steps / call_s, "examples_per_second": last["examples"] / call_s,
-                     "mel_frames_per_second": last["mel_frames"] / call_s, "input_wait_seconds": t1 - t0}
-            if step % lp.log_every == 0:
-                with writers["train"].as_default():
-                    for name in ("loss", "mel_loss", "postnet_loss", "stop_loss", "grad_norm", "learning_rate"):
-                        _scalar(name, last[name], step, scalars)
-                    for name, value in rates.items():
-                        _scalar(name, value, step, scalars)
-            progress.update(step, last["loss"], rates["steps_per_second"], rates["examples_per_second"])
-            if eval_step is not None and step % lp.val_every == 0:
-                val_losses = evaluate(eval_step, inputs.val_files, inputs, lp.val_batches)
-                log.info("step %d validation loss %.4f (mel %.4f, postnet %.4f, stop %.4f)", step,
-                         val_losses["loss"], val_losses["mel_loss"], val_losses["postnet_loss"],
-                         val_losses["stop_loss"])
-                with writers["val"].as_default():
-                    for name, value in val_losses.items():
-                        _scalar(name, value, step, scalars)
-            if step % lp.checkpoint_every == 0:
-                manager.save(checkpoint_number=step)
-                saved_at = step
-            if stop.signal_name:
-                stopped_by = stop.signal_name
-                break
-    progress.close()
-    if step != saved_at:
-        manager.save(checkpoint_number=step)
-    if step > start:
-        log.info("checkpoint %s", manager.latest_checkpoint)
-    for w in writers.values():
-        w.flush()
-
-    traces = train_step.experimental_get_tracing_count()
-    if traces > 1:
-        log.error("THE TRAIN STEP WAS TRACED %d TIMES, NOT ONCE: every trace recompiles with XLA. "
-                  "Signatures traced:\n%s\nThe dataset yields: %s", traces,
-                  train_step.pretty_printed_concrete_signatures(), dataset.element_spec)
-    steady_s = steady["seconds"]
-    summary = {
-        "steps_run": step - start,
-        "start_step": start,
-        "final_step": step,
-        "target_steps": lp.steps,
-        "stopped_by": stopped_by,
-        "synthetic_data": synthetic,
-        "batch_size": batch_size,
-        "steps_per_execution": k_steps,
-        "precision": lp.precision,
-        "parameters": int(model.count_params()),
-        "first_loss": first_loss,
-        "final_losses": {"train": {k: last[k] for k in ("loss", "mel_loss", "postnet_loss", "stop_loss")}
-                         if last else {}, "val": val_losses},
-        "train_step_traces": traces,
-        "eval_step_traces": eval_step.experimental_get_tracing_count() if eval_step else 0,
-        "compile_seconds": compile_s,
-        "steady_state": {
-            "calls": steady["calls"],
-            "steps_per_second": steady["calls"] * k_steps / steady_s if steady_s else None,
-            "examples_per_second": steady["examples"] / steady_s if steady_s else None,
-            "mel_frames_per_second": steady["mel_frames"] / steady_s if steady_s else None,
-            "input_wait_fraction": steady["wait"] / steady_s if steady_s else None,
-        },
-    }
+    lp = inputs.cfg.loop
+    with StopFlag() as stop:  # from the start: a Ctrl-C during set-up stops before the first call
+        prepare_model_dir(model_dir, inputs)
+        run = Run(inputs, model_dir, synthetic)
+        start, changes = run.restore()
+        state = RunState(start=start, target=lp.steps, steps_per_call=run.k_steps, data_changes=changes)
+        log.info("model %d parameters, batch %d, %d steps per call, precision %s, %s data, steps %d -> %d",
+                 run.model.count_params(), run.batch_size, run.k_steps, lp.precision,
+                 "synthetic" if synthetic else "shard", start, lp.steps)
+        scalars, progress = Scalars(model_dir), Progress(lp.steps, lp.log_every)
+        while state.running and not stop.signal_name:
+            state.record(*run.call(), last_checkpoint=run.checkpointer.latest)
+            if state.due(lp.log_every):
+                scalars.write("train", state.step, state.train_scalars())
+            progress.update(state)
+            if run.eval_step is not None and state.due(lp.val_every):
+                state.val_losses = run.evaluate()
+                log_validation(state)
+                scalars.write("val", state.step, state.val_losses)
+            if state.due(lp.checkpoint_every):
+                run.checkpointer.save(state.step)
+                state.saved_at = state.step
+        state.stopped_by = stop.signal_name or "steps"
+        progress.close()
+        finish(run, state, scalars, model_dir)
+    summary = state.summary(**run.facts())
     _write_json(posixpath.join(model_dir, SUMMARY_FILE), summary)
     return summary
 
 
-def format_summary(summary: dict) -> str:
-    """The run summary as a few aligned lines for the terminal."""
-    def num(v, fmt):
-        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+def log_validation(state: RunState) -> None:
+    v = state.val_losses
+    log.info("step %d validation loss %.4f (mel %.4f, postnet %.4f, stop %.4f)", state.step, v["loss"],
+             v["mel_loss"], v["postnet_loss"], v["stop_loss"])
 
-    s, t = summary["steady_state"], summary["final_losses"]["train"]
-    lines = [
-        f"steps run          {summary['steps_run']} ({summary['start_step']} -> {summary['final_step']}"
-        f" of {summary['target_steps']}, stopped by {summary['stopped_by']})",
-        f"data               {'synthetic (one constant batch)' if summary['synthetic_data'] else 'shards'}, "
-        f"batch {summary['batch_size']}, {summary['steps_per_execution']} steps per call, {summary['precision']}",
-        f"train step traces  {summary['train_step_traces']}",
-        f"first call         {num(summary['compile_seconds'], '.1f')} s (trace + XLA compile)",
-        f"steady state       {num(s['steps_per_second'], '.2f')} steps/s, {num(s['examples_per_second'], '.1f')} "
-        f"examples/s, {num(s['mel_frames_per_second'], '.0f')} mel frames/s, input wait "
-        f"{num(None if s['input_wait_fraction'] is None else 100 * s['input_wait_fraction'], '.1f')}%",
-    ]
-    if t:
-        lines.append(f"loss               {num(summary['first_loss'], '.4f')} (first step) -> {t['loss']:.4f} "
-                     f"(mel {t['mel_loss']:.4f}, postnet {t['postnet_loss']:.4f}, stop {t['stop_loss']:.4f})")
-    if summary["final_losses"]["val"]:
-        lines.append(f"validation loss    {summary['final_losses']['val']['loss']:.4f}")
-    return "\n".join(lines)
+
+def finish(run: Run, state: RunState, scalars: Scalars, model_dir: str) -> None:
+    """The final checkpoint (unless the last call just wrote one) and the TensorBoard files."""
+    if state.step != state.saved_at:
+        run.checkpointer.save(state.step)
+        state.saved_at = state.step
+    if state.step > state.start:
+        log.info("checkpoint %s", run.checkpointer.latest)
+    scalars.close()

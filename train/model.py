@@ -7,9 +7,9 @@ Every shape is static (the schema's max lengths), so the whole thing compiles wi
 """
 from __future__ import annotations
 
+from train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 import keras
 import numpy as np
-import tensorflow as tf
 from keras import layers
 
 from train.config import ModelConfig
@@ -20,6 +20,20 @@ def sinusoids(length: int, dim: int) -> np.ndarray:
     rate = 1.0 / np.power(10000.0, (2 * (np.arange(dim) // 2)) / dim)
     angles = pos * rate[None, :]
     return np.where(np.arange(dim) % 2 == 0, np.sin(angles), np.cos(angles)).astype(np.float32)
+
+
+def attach(owner: layers.Layer, prefix: str, items: list) -> tuple:
+    """Each item as its own attribute (prefix_0, prefix_1, ...); returns them as a tuple to iterate.
+
+    Keras 3 on TensorFlow wraps a list attribute in its own TrackedList. Keras sees the layers
+    inside (model.variables, the optimizer), but TensorFlow's checkpoint object graph does not: the
+    TF backend exposes such lists as children only when exporting a SavedModel. A
+    tf.train.Checkpoint of the model then silently misses every variable held in a list. Named
+    attributes are ordinary checkpoint dependencies (model/enc_conv_0/...).
+    """
+    for i, item in enumerate(items):
+        setattr(owner, f"{prefix}_{i}", item)
+    return tuple(items)
 
 
 class Dropout(layers.Layer):
@@ -82,7 +96,7 @@ class TransformerBlock(layers.Layer):
         self.ff1 = layers.Dense(cfg.ff_dim, activation="relu", dtype=dt)
         self.ff2 = layers.Dense(d, dtype=dt)
         # one dropout site per residual branch: each draws its own mask
-        self.drops = [Dropout(cfg.dropout, first_site + i, dtype=dt) for i in range(3)]
+        self.drops = attach(self, "drop", [Dropout(cfg.dropout, first_site + i, dtype=dt) for i in range(3)])
 
     def build(self, input_shape):  # sublayers build on first call
         pass
@@ -106,27 +120,31 @@ class TextToMel(keras.Model):
         self.cfg, self.n_mels, self.r = cfg, n_mels, r
         self.max_text_len, self.steps = max_text_len, max_mel_frames // r
         self.embed = layers.Embedding(vocab_size, d, dtype=dt)
-        self.enc_convs = [Conv1D(d, cfg.conv_kernel, activation="relu", dtype=dt)
-                          for _ in range(cfg.encoder_conv_layers)]
-        self.enc_conv_norms = [layers.LayerNormalization(dtype=dt) for _ in range(cfg.encoder_conv_layers)]
+        self.enc_convs = attach(self, "enc_conv", [Conv1D(d, cfg.conv_kernel, activation="relu", dtype=dt)
+                                                   for _ in range(cfg.encoder_conv_layers)])
+        self.enc_conv_norms = attach(self, "enc_conv_norm", [layers.LayerNormalization(dtype=dt)
+                                                             for _ in range(cfg.encoder_conv_layers)])
         self.enc_proj = layers.Dense(d, dtype=dt)
-        self.enc_blocks = [TransformerBlock(cfg, False, 10 + 3 * i, dtype=dt) for i in range(cfg.encoder_layers)]
+        self.enc_blocks = attach(self, "enc_block", [TransformerBlock(cfg, False, 10 + 3 * i, dtype=dt)
+                                                     for i in range(cfg.encoder_layers)])
         self.enc_norm = layers.LayerNormalization(dtype=dt)
-        self.prenet = [layers.Dense(cfg.prenet_dim, activation="relu", dtype=dt),
-                       layers.Dense(cfg.prenet_dim, activation="relu", dtype=dt)]
-        self.prenet_drops = [Dropout(cfg.prenet_dropout, 1, dtype=dt), Dropout(cfg.prenet_dropout, 2, dtype=dt)]
+        self.prenet = attach(self, "prenet", [layers.Dense(cfg.prenet_dim, activation="relu", dtype=dt),
+                                              layers.Dense(cfg.prenet_dim, activation="relu", dtype=dt)])
+        self.prenet_drops = attach(self, "prenet_drop", [Dropout(cfg.prenet_dropout, 1, dtype=dt),
+                                                         Dropout(cfg.prenet_dropout, 2, dtype=dt)])
         self.dec_proj = layers.Dense(d, dtype=dt)
-        self.dec_blocks = [TransformerBlock(cfg, True, 10 + 3 * (cfg.encoder_layers + i), dtype=dt)
-                           for i in range(cfg.decoder_layers)]
+        self.dec_blocks = attach(self, "dec_block", [TransformerBlock(cfg, True, 10 + 3 * (cfg.encoder_layers + i),
+                                                                      dtype=dt) for i in range(cfg.decoder_layers)])
         self.dec_norm = layers.LayerNormalization(dtype=dt)
         # sites 3..5: encoder convs / positions, decoder positions, postnet
         self.enc_drop, self.dec_drop, self.post_drop = (Dropout(cfg.dropout, i, dtype=dt) for i in (3, 4, 5))
         # heads and postnet output stay float32: losses and the stop decision need the precision
         self.mel_head = layers.Dense(r * n_mels, dtype="float32")
         self.stop_head = layers.Dense(1, dtype="float32")
-        self.postnet = [Conv1D(cfg.postnet_channels, cfg.conv_kernel, activation="tanh", dtype=dt)
-                        for _ in range(cfg.postnet_layers)]
-        self.postnet_norms = [layers.LayerNormalization(dtype=dt) for _ in range(cfg.postnet_layers)]
+        self.postnet = attach(self, "postnet", [Conv1D(cfg.postnet_channels, cfg.conv_kernel, activation="tanh",
+                                                       dtype=dt) for _ in range(cfg.postnet_layers)])
+        self.postnet_norms = attach(self, "postnet_norm", [layers.LayerNormalization(dtype=dt)
+                                                           for _ in range(cfg.postnet_layers)])
         self.postnet_out = Conv1D(n_mels, cfg.conv_kernel, dtype="float32")
         # learned scale of the fixed position table (Transformer-TTS), one per side
         self.enc_alpha = self.add_weight(shape=(), initializer="ones", name="enc_alpha")

@@ -5,9 +5,9 @@ trace once. Masks and mel normalisation are computed in-graph from the static sh
 """
 from __future__ import annotations
 
+from train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 import keras
 import numpy as np
-import tensorflow as tf
 
 from shards_schema import Schema
 from shards_schema.records import tensor_specs

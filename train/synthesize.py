@@ -1,4 +1,4 @@
-"""`melshards synthesize`: text -> mel (compiled autoregressive loop) -> Griffin-Lim -> WAV.
+"""Text ids -> mel with a trained model: the generator behind `melshards synthesize` and `--export`.
 
 The generator is one XLA-compiled function of fixed shapes: the decoder runs max_mel_frames / r
 times over a static buffer of its own past frames (a causal decoder ignores the unfilled tail),
@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import posixpath
 
-import click
 import numpy as np
-import tensorflow as tf
+from train.tf_quiet import tf
 
 from shards_schema import SCHEMA_FILE, Schema, SchemaError, Vocabulary, read_schema
 from shards_schema.config import ConfigError, from_dict
+from shards_schema.text import normalizer_for
+from train.errors import RestoreError
 
 log = logging.getLogger("melshards.synthesize")
 
@@ -72,81 +72,55 @@ class Synthesizer(tf.Module):
         tf.saved_model.save(self, path, signatures={"serving_default": self.serve})
 
 
+def check_model_dir(model_dir: str) -> None:
+    """Refuse a path that is not a train model dir before read_schema, whose errors speak of preprocessing."""
+    from train.loop import CONFIG_FILE
+
+    if not tf.io.gfile.isdir(model_dir):
+        problem = "it does not exist" if not tf.io.gfile.exists(model_dir) else "it is not a directory"
+    else:
+        missing = [name for name in (SCHEMA_FILE, CONFIG_FILE)
+                   if not tf.io.gfile.exists(posixpath.join(model_dir, name))]
+        if not missing:
+            return
+        problem = f"it holds no {' and no '.join(missing)}"
+    raise SchemaError(f"{model_dir} is not a melshards train model dir: {problem}; "
+                      "pass the --model-dir of a `melshards train` run")
+
+
 def load_synthesizer(model_dir: str) -> Synthesizer:
     """The newest checkpoint in model_dir, rebuilt from the schema and config saved beside it."""
     from train.config import TrainConfig
-    from train.loop import CHECKPOINT_DIR, CONFIG_FILE
+    from train.checkpoints import CHECKPOINT_DIR, restore_model
+    from train.loop import CONFIG_FILE
     from train.model import build_model
 
+    check_model_dir(model_dir)
     schema = read_schema(posixpath.join(model_dir, SCHEMA_FILE))
+    try:  # text normalised by another front end maps to ids the model never saw
+        normalizer_for(schema.text_frontend)
+    except ValueError as e:
+        raise SchemaError(str(e)) from e
     cfg_path = posixpath.join(model_dir, CONFIG_FILE)
-    if not tf.io.gfile.exists(cfg_path):
-        raise SchemaError(f"{cfg_path} does not exist: {model_dir} is not a `melshards train` model dir")
     with tf.io.gfile.GFile(cfg_path) as f:
         cfg = from_dict(TrainConfig, json.load(f), where=cfg_path)
     latest = tf.train.latest_checkpoint(posixpath.join(model_dir, CHECKPOINT_DIR))
     if latest is None:
         raise SchemaError(f"{model_dir}/{CHECKPOINT_DIR} holds no checkpoint; train first")
     model = build_model(cfg.model, schema, "float32")  # inference in float32 whatever the training policy
-    tf.train.Checkpoint(model=model).restore(latest).expect_partial().assert_existing_objects_matched()
+    restore_model(model, latest)  # fails unless every variable of the model is restored
     log.info("restored %s", latest)
     return Synthesizer(model, schema)
 
 
-def text_ids(text: str, schema: Schema) -> tuple[np.ndarray, int, str]:
-    """Raw text -> (padded ids [1, max_text_len], length, normalised text), as preprocess made them."""
-    from shards_schema.text import normalize_text
-
-    normalised = normalize_text(text)
+def text_ids(normalised: str, schema: Schema) -> tuple[np.ndarray, int]:
+    """Text normalised by `check_text` -> (padded ids [1, max_text_len], length), as preprocess made them."""
     ids, _ = Vocabulary(schema.vocabulary).encode(normalised)
     if not ids:
-        raise ConfigError(f"{text!r} has nothing speakable after normalisation ({normalised!r})")
+        raise ConfigError(f"{normalised!r} holds no symbol of this model's vocabulary")
     if len(ids) > schema.max_text_len:
         raise ConfigError(f"the text is {len(ids)} symbols after normalisation; this model reads at most "
                           f"{schema.max_text_len}. Split it into shorter sentences")
     padded = np.zeros([1, schema.max_text_len], np.int32)
     padded[0, :len(ids)] = ids
-    return padded, len(ids), normalised
-
-
-def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
-    """[frames, n_mels] natural-log mel -> waveform, with the schema's STFT and mel parameters."""
-    import librosa
-
-    m = schema.mel
-    mel = np.exp(log_mel.T.astype(np.float64))  # the shards hold log(max(mel, floor))
-    y = librosa.feature.inverse.mel_to_audio(
-        mel, sr=schema.audio.sample_rate, n_fft=m.n_fft, hop_length=m.hop_length, win_length=m.win_length,
-        fmin=m.fmin, fmax=m.fmax, power=m.power, n_iter=n_iter, center=True)
-    peak = float(np.max(np.abs(y))) if y.size else 0.0
-    return (0.95 * y / peak if peak > 0 else y).astype(np.float32)
-
-
-@click.command("synthesize", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("text")
-@click.option("--model-dir", required=True, help="A `melshards train` --model-dir (newest checkpoint is used).")
-@click.option("-o", "--output", required=True, help="WAV file to write.")
-@click.option("--griffin-lim-iters", default=32, show_default=True, help="Griffin-Lim iterations.")
-@click.option("--export", "export_dir", default=None,
-              help="Also save the generator as a SavedModel here (serving signature: text -> mel).")
-def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -> None:
-    """Speak TEXT with the model in --model-dir and write a WAV (Griffin-Lim vocoder)."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    import soundfile as sf
-
-    try:
-        synth = load_synthesizer(model_dir)
-        ids, n, normalised = text_ids(text, synth.schema)
-    except (SchemaError, ConfigError) as e:
-        raise click.UsageError(str(e)) from e
-    out = synth.generate(tf.constant(ids), tf.constant([n], tf.int32))
-    frames = int(out["mel_len"][0])
-    mel = out["mel"][0, :frames].numpy()
-    y = griffin_lim(mel, synth.schema, griffin_lim_iters)
-    sf.write(output, y, synth.schema.audio.sample_rate, subtype="PCM_16")
-    click.echo(f"{normalised!r}: {frames} mel frames -> {len(y) / synth.schema.audio.sample_rate:.2f} s "
-               f"of audio at {synth.schema.audio.sample_rate} Hz -> {output}")
-    if export_dir:
-        synth.export(export_dir)
-        click.echo(f"SavedModel with a serving signature (text -> mel, mel_len) -> {export_dir}")
+    return padded, len(ids)

@@ -46,19 +46,19 @@ def test_demo_shards_pass_and_are_counted_per_shard_and_split(shards_dir):
     assert result.exit_code == 0, result.output
     counts = json.loads((shards_dir / "schema.json").read_text())["counts"]
     assert f"({', '.join(f'{s} {n}' for s, n in counts.items())})" in result.output
-    assert f"train-00000-of-00001.tfrecord  train       {counts['train']}" in result.output
+    assert f"train-b00-00000-of-00001.tfrecord  train       {counts['train']}" in result.output
     assert "OK: every record parses" in result.output
 
 
 def test_truncated_shard_is_named_and_fails(copy_dir):
-    shard = copy_dir / "train-00000-of-00001.tfrecord"
+    shard = copy_dir / "train-b00-00000-of-00001.tfrecord"
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) - 5000])  # cut inside the last record
     result = run_inspect(f"{copy_dir}/*.tfrecord")
     assert result.exit_code == 1, result.output
     assert f"{shard}: truncated or corrupt after 39 readable records" in result.output
     assert f"{shard}: holds 39 records, schema.json lists 40" in result.output
-    assert "val-00000-of-00001.tfrecord: " not in result.output.split("PROBLEMS")[1]
+    assert "val-b00-00000-of-00001.tfrecord: " not in result.output.split("PROBLEMS")[1]
 
 
 def test_record_with_wrong_mel_shape_is_reported_with_its_index(copy_dir):
@@ -106,12 +106,31 @@ def test_show_prints_records_and_writes_one_png_each(shards_dir, tmp_path):
 
 def test_a_glob_that_matches_nothing_is_a_usage_error(tmp_path):
     result = run_inspect(f"{tmp_path}/*.tfrecord")
-    assert result.exit_code == 2 and "no shard matches" in result.output
+    assert result.exit_code == 2 and "matches no file" in result.output
 
 
 def test_shards_without_schema_json_say_how_to_fix_it(shards_dir, tmp_path):
-    shutil.copy(shards_dir / "val-00000-of-00001.tfrecord", tmp_path)
+    shutil.copy(shards_dir / "val-b00-00000-of-00001.tfrecord", tmp_path)
     result = run_inspect(f"{tmp_path}/*.tfrecord")
     assert result.exit_code == 1 and "schema.json does not exist" in result.output
     ok = run_inspect(f"{tmp_path}/*.tfrecord", "--schema", shards_dir / "schema.json")
     assert ok.exit_code == 0, ok.output
+
+
+def test_records_are_checked_against_their_own_buckets_shapes(bucketed_dir, tmp_path):
+    result = run_inspect(f"{bucketed_dir}/*.tfrecord")
+    assert result.exit_code == 0, result.output
+    schema = read_schema(str(bucketed_dir))
+    assert f"b01 text_ids [{schema.buckets[1].max_text_len}] mel [{schema.buckets[1].max_mel_frames}, 80]" \
+        in result.output
+    copy = tmp_path / "run"
+    shutil.copytree(bucketed_dir, copy)
+    small, big = schema.buckets[0], schema.buckets[3]
+    # a record of the largest bucket's shape in a shard of bucket 0: named, with both sizes
+    write_records(copy / "train-b00-00007-of-00009.tfrecord", [encode_example(big.features, good_values(big))])
+    result = run_inspect(f"{copy}/*.tfrecord")
+    assert result.exit_code == 1
+    assert "train-b00-00007-of-00009.tfrecord: record 0: wrong shape: " in result.output
+    assert (f"mel holds {big.max_mel_frames * 80 * 2} bytes, schema shape [{small.max_mel_frames}, 80] of "
+            "raw_float16") in result.output
+    assert result.output.count("wrong shape") == 1  # every listed shard still passes against its bucket

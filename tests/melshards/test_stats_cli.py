@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import re
 import shutil
@@ -10,7 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from melshards.stats_cli import stats_command
+from melshards.stats_report import stats_problem
 from shards_schema.stats import REPORT_PERCENTILES, pkey
+from shards_schema import SCHEMA_VERSION
 from melshards.tables import COLUMNS
 
 
@@ -170,7 +173,7 @@ def test_a_run_that_rejected_every_row_still_reports_counts_and_html(tmp_path):
     empty = {"count": 0, "mean": None, "percentiles": {}}
     lengths = {"text_len": empty, "mel_frames": empty, "duration_s": empty}
     (tmp_path / "stats.json").write_text(json.dumps({
-        "schema_version": "1.0.0",
+        "schema_version": SCHEMA_VERSION,
         "counts": {"input_rows": 3, "in_shards": 0, "filtered": 0, "rejected": 3,
                    "per_split": {"train": 0, "val": 0}, "per_reason": {"unreadable_audio": 3}},
         "before_filter": lengths, "after_filter": lengths,
@@ -182,6 +185,91 @@ def test_a_run_that_rejected_every_row_still_reports_counts_and_html(tmp_path):
     assert (tmp_path / "r.html").read_text().startswith("<!DOCTYPE html>")
 
 
-def test_json_compare_holds_both_runs(shards_dir):
-    figures = json.loads(run_stats(shards_dir, "--compare", shards_dir / "stats.json", "--json").output)
-    assert set(figures) == {"a", "b"} and figures["a"]["what_if"] == figures["b"]["what_if"]
+def test_json_compare_holds_both_runs_figures(shards_dir, tmp_path):
+    other = json.loads((shards_dir / "stats.json").read_text())
+    other["counts"]["in_shards"] += 5
+    (tmp_path / "stats.json").write_text(json.dumps(other))
+    figures = json.loads(run_stats(shards_dir, "--compare", tmp_path / "stats.json", "--json").output)
+    assert set(figures) == {"a", "b"}
+    assert figures["b"]["counts"]["in_shards"] == figures["a"]["counts"]["in_shards"] + 5
+    assert figures["a"]["source"] != figures["b"]["source"]
+
+
+DELETE = object()
+
+
+@pytest.mark.parametrize("path, value, problem", [
+    (["counts"], [56, 44], "counts is a list, not an object"),
+    (["counts", "input_rows"], "56", "counts.input_rows is a string ('56'), not an integer"),
+    (["counts", "per_reason"], ["unreadable_audio"], "counts.per_reason is a list, not an object"),
+    (["before_filter", "mel_frames", "percentiles", "p50"], "231.5",
+     "before_filter.mel_frames.percentiles.p50 is a string ('231.5'), not a number"),
+    (["after_filter", "text_len", "mean"], "49.66", "after_filter.text_len.mean is a string ('49.66'), not a number"),
+    (["histograms"], [], "histograms is a list, not an object"),
+    (["histograms", "before_filter", "mel_frames", "abc"], 1,
+     "histograms.before_filter.mel_frames has the key 'abc', not an integer length"),
+    (["histograms", "after_filter", "duration_ms", "2140"], "many",
+     "histograms.after_filter.duration_ms.2140 is a string ('many'), not an integer"),
+    (["histograms", "before_filter", "text_len"], DELETE, "histograms.before_filter.text_len is missing"),
+    (["cutoffs"], "none", "cutoffs is a string ('none'), not an object"),
+    (["padding", "multiple"], None, "padding.multiple is null, not an integer"),
+    (["filter", "mel_frames_upper_percentile"], DELETE, "filter.mel_frames_upper_percentile is missing"),
+])
+def test_a_stats_json_with_a_field_of_the_wrong_type_is_named_not_a_traceback(stats, tmp_path, path, value,
+                                                                                problem):
+    damaged = copy.deepcopy(stats)
+    *parents, last = path
+    node = damaged
+    for key in parents:
+        node = node[key]
+    if value is DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    assert stats_problem(damaged) == problem
+    (tmp_path / "stats.json").write_text(json.dumps(damaged))
+    result = run_stats(tmp_path)  # asserts that the error is a message, not a traceback
+    assert result.exit_code == 1, result.output
+    assert f"{tmp_path / 'stats.json'} is damaged" in result.output and problem in result.output
+    assert "re-run `melshards preprocess`" in result.output
+
+
+def test_the_stats_json_preprocess_wrote_has_the_shape_stats_reads(stats):
+    assert stats_problem(stats) is None
+
+
+def test_bucket_tables_match_stats_json(bucketed_dir):
+    stats = json.loads((bucketed_dir / "stats.json").read_text())
+    printed = run_stats(bucketed_dir).output
+    rows = table(printed, "bucket")
+    b = stats["buckets"]
+    for r in b["buckets"]:
+        assert rows[f"b{r['index']:02d}"] == [str(r["max_mel_frames"]), str(r["max_text_len"]),
+                                              str(r["records"]["train"]), str(r["records"]["val"]),
+                                              f"{100 * r['mel_padding_fraction']:.1f}%",
+                                              f"{100 * r['text_padding_fraction']:.1f}%"]
+    assert rows["all"][4] == f"{100 * b['mel_padding_fraction']:.1f}%"
+    for m in b["merges"]:
+        assert f"a bucket up to {m['bound']} frames would hold {m['records']} < 8 training records" in printed
+    ks = table(printed, "K")
+    assert list(ks) == ["1", "2", "4 *", "8", "16"]  # --buckets 4: the job's row is starred
+    for w in b["what_if"]:
+        row = ks[str(w["k"]) + (" *" if w["k"] == 4 else "")]
+        assert row == [str(w["buckets_used"])] * 2 + [f"{100 * w['padding_fraction']:.1f}%"]
+
+
+def test_html_report_shows_the_buckets(bucketed_dir, tmp_path):
+    out = tmp_path / "report.html"
+    assert run_stats(bucketed_dir, "--html", out).exit_code == 0
+    page = out.read_text()
+    assert "Length buckets" in page and "What if the number of buckets were different" in page
+    assert "<td>b03</td>" in page
+
+
+def test_histogram_axis_ends_past_the_kept_clips_and_counts_the_outliers():
+    from melshards.report_html import shown_range
+
+    before = {100: 5, 200: 5, 300: 1, 10_000: 2}  # two 100 s outliers
+    lo, hi, beyond = shown_range(before, {100: 5, 200: 5}, [216.0, 300.0])
+    assert (lo, hi, beyond) == (100, 346, 2)
+    assert shown_range({100: 1, 150: 1}, {100: 1}, [152.0]) == (100, 150, 0)  # nothing beyond: the data's end

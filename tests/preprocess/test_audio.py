@@ -7,6 +7,7 @@ import soundfile as sf
 
 from preprocess import audio as A
 from preprocess.config import AudioConfig, MelConfig
+from tests.preprocess.conftest import encode, mp3_without_length_tag, tone
 
 CFG = MelConfig()
 
@@ -17,16 +18,23 @@ def _wav_bytes(y: np.ndarray, sr: int, fmt: str = "WAV") -> bytes:
     return buf.getvalue()
 
 
-def test_log_mel_equals_log_of_mel_filterbank_times_stft_magnitude(corpus_dir):
-    y, sr = sf.read(corpus_dir / "wavs" / "LJT001-0001.wav", dtype="float32")
-    got = A.log_mel(y, sr, CFG)
-    stft = np.abs(librosa.stft(y, n_fft=CFG.n_fft, hop_length=CFG.hop_length, win_length=CFG.win_length,
-                               center=True))
-    basis = librosa.filters.mel(sr=sr, n_fft=CFG.n_fft, n_mels=CFG.n_mels, fmin=CFG.fmin, fmax=CFG.fmax)
-    expected = np.log(np.maximum(basis @ stft, CFG.log_floor)).T
-    assert got.shape == (A.num_frames(len(y), CFG.hop_length), CFG.n_mels)
-    assert got.dtype == np.float32
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+@pytest.mark.parametrize("power", [1.0, 2.0])
+def test_doubling_the_amplitude_adds_power_times_log2_above_the_floor(power):
+    cfg = MelConfig(power=power)
+    y = 0.1 * np.random.default_rng(0).standard_normal(22050).astype(np.float32)  # energy in every band
+    quiet, loud = A.log_mel(y, 22050, cfg), A.log_mel(2 * y, 22050, cfg)
+    above = quiet > np.log(cfg.log_floor) + 1  # clear of the floor in both
+    assert above.mean() > 0.9
+    np.testing.assert_allclose(loud[above] - quiet[above], power * np.log(2.0), atol=1e-4)
+
+
+@pytest.mark.parametrize("n_mels,fmin,fmax,bin_", [(80, 0.0, 8000.0, 40), (40, 300.0, 4000.0, 7)])
+def test_a_tone_peaks_in_the_mel_band_centred_on_its_frequency(n_mels, fmin, fmax, bin_):
+    cfg = MelConfig(n_mels=n_mels, fmin=fmin, fmax=fmax)
+    hz = librosa.mel_frequencies(n_mels + 2, fmin=fmin, fmax=fmax)[bin_ + 1]  # centre of band `bin_`
+    mel = A.log_mel(tone(1.0, hz=hz), 22050, cfg)
+    assert mel.shape == (A.num_frames(22050, cfg.hop_length), n_mels) and mel.dtype == np.float32
+    assert int(np.argmax(mel[len(mel) // 2])) == bin_
 
 
 def test_silence_is_exactly_the_log_floor():
@@ -60,6 +68,38 @@ def test_decode_reads_flac_and_ogg(corpus_dir):
         assert len(y) > 22050 // 2
 
 
+@pytest.mark.parametrize("fmt", ["MP3", "OGG", "FLAC"])
+def test_decode_reads_mp3_ogg_and_flac_whole(fmt):
+    y = tone(1.0, sr=16000)
+    got, sr = A.decode_audio(encode(y, 16000, fmt), 22050)
+    assert sr == 16000 and abs(len(got) - 22050) <= 2
+    assert np.max(np.abs(got)) == pytest.approx(np.max(np.abs(y)), rel=0.1)
+
+
+def test_mp3_without_a_length_tag_is_not_called_truncated():
+    y = tone(1.0, lead_silence_s=0.2)
+    data = mp3_without_length_tag(y)
+    with sf.SoundFile(io.BytesIO(data)) as f:
+        assert f.frames > 2 * len(y)  # libsndfile's estimate, not a promise
+    assert not A.mpeg_length_is_declared(data)
+    got, _ = A.decode_audio(data, 22050)
+    assert len(y) <= len(got) < len(y) + 2 * 1152  # plus the encoder's delay and padding
+
+
+def test_truncated_mp3_with_a_length_tag_is_an_error():
+    data = encode(tone(1.0), 22050, "MP3")
+    assert A.mpeg_length_is_declared(data)
+    with pytest.raises(A.AudioError, match="truncated"):
+        A.decode_audio(data[:len(data) // 2], 22050)
+
+
+def test_mpeg_length_tag_is_found_after_an_id3v2_tag():
+    data = encode(tone(0.5), 22050, "MP3")
+    id3 = b"ID3\x04\x00\x00" + bytes([0, 0, 1, 0]) + bytes(128)  # syncsafe size 128
+    assert A.mpeg_length_is_declared(id3 + data)
+    assert not A.mpeg_length_is_declared(id3 + mp3_without_length_tag(tone(0.5)))
+
+
 def test_truncated_wav_is_an_error_not_a_short_clip(corpus_dir):
     data = (corpus_dir / "wavs" / "LJT001-0001.wav").read_bytes()
     assert A.riff_data_shortfall(data) == 0
@@ -88,9 +128,12 @@ def test_peak_dbfs():
 
 
 def test_log_mel_equals_librosa_melspectrogram(corpus_dir):
+    """log_mel builds the filter bank once and multiplies; it must equal librosa's one-call reference,
+    at the defaults and at settings where every parameter differs from them."""
     y, sr = sf.read(corpus_dir / "wavs" / "LJT001-0002.wav", dtype="float32")
-    for power in (1.0, 2.0):
-        cfg = MelConfig(power=power)
+    other = dict(n_fft=512, hop_length=160, win_length=400, n_mels=40, fmin=60.0, fmax=7000.0, log_floor=1e-4)
+    for cfg in (MelConfig(), MelConfig(power=2.0, **other)):
+        power = cfg.power
         ref = librosa.feature.melspectrogram(y=y, sr=sr, n_fft=cfg.n_fft, hop_length=cfg.hop_length,
                                              win_length=cfg.win_length, n_mels=cfg.n_mels, fmin=cfg.fmin,
                                              fmax=cfg.fmax, power=power, center=True)

@@ -171,25 +171,36 @@ def test_invalid_config_value_is_refused():
         PreprocessConfig(mel=PreprocessConfig().mel.__class__(fmax=20000.0)).validate()
 
 
-def test_dataflow_job_graph_builds_offline(tmp_path, corpus_dir):
+DATAFLOW_DRY_RUN = ["--runner", "DataflowRunner", "--project", "melshards-test", "--region", "us-central1",
+                    "--temp_location", "gs://melshards-test/tmp", "--dry_run=True", "--no_auth"]
+
+
+def test_dataflow_job_graph_builds_offline():
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from preprocess.corpus import detect_corpus
+    from preprocess.corpus import Corpus
     from preprocess.pipeline import build
 
-    options = PipelineOptions([
-        "--runner", "DataflowRunner", "--project", "melshards-test", "--region", "us-central1",
-        "--temp_location", "gs://melshards-test/tmp", "--setup_file", str(REPO / "setup.py"),
-        "--dry_run=True", "--no_auth"])
+    options = PipelineOptions(DATAFLOW_DRY_RUN + ["--setup_file", str(REPO / "setup.py")])
     p = beam.Pipeline(options=options)
-    build(p, detect_corpus(str(corpus_dir)), "gs://melshards-test/out", PreprocessConfig())
+    # A bucket nobody can reach from here (--no_auth, no network): building must not read the corpus.
+    corpus = Corpus("ljspeech", "gs://melshards-test/in/metadata.csv", "gs://melshards-test/in")
+    build(p, corpus, "gs://melshards-test/out", PreprocessConfig())
     result = p.run()
     names = {t.unique_name for t in result.job.proto_pipeline.components.transforms.values()}
-    for stage in ("Read", "Dedupe", "Measure", "StatsBefore", "FilterByPercentiles", "ComputeMel", "MelStats",
-                  "PadAndEncode", "WriteShards", "WriteRejected", "Report"):
+    for stage in ("Read", "Dedupe", "Measure", "StatsBefore", "FilterByPercentiles", "ChooseBuckets", "ComputeMel",
+                  "MelStats", "PadAndEncode", "WriteShards", "WriteRejected", "Report"):
         assert stage in names
-    assert not any(tmp_path.iterdir())
+
+
+def test_dataflow_dry_run_from_the_cli_checks_the_local_corpus_and_no_remote_path(capsys, corpus_dir, tmp_path):
+    argv = ["--input", str(corpus_dir), "--output", "gs://melshards-test/out", *DATAFLOW_DRY_RUN]
+    assert run(argv) == 0
+    assert "dry run: the job graph was built" in capsys.readouterr().out
+    (tmp_path / "m.csv").write_text("path,text\na.wav,Hi\n")
+    _fails(capsys, ["--input", str(tmp_path / "m.csv"), "--output", "gs://melshards-test/out", *DATAFLOW_DRY_RUN],
+           "missing audio")
 
 
 def test_documented_dataflow_dry_run_builds_offline_through_the_cli(capsys, monkeypatch, tmp_path, corpus_dir):
@@ -217,6 +228,9 @@ def test_files_of_an_unfinished_run_are_cleared_before_a_new_one(tmp_path):
     (tmp_path / TEMP_DIR).mkdir()
     (tmp_path / TEMP_DIR / "train-x.tfrecord").write_bytes(b"x")
     (tmp_path / "train-00000-of-00002.tfrecord").write_bytes(b"x")
+    leftover = tmp_path / "beam-temp-rejected.jsonl-5f0c2a9e1b7d11f0a1b2c3d4e5f60718"  # WriteToText, killed run
+    leftover.mkdir()
+    (leftover / "3b4c9d2e-rejected.jsonl").write_text('{"id": "x"}\n')
     (tmp_path / "notes.txt").write_text("the user's own file")
     prepare_output(str(tmp_path), overwrite=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
@@ -232,3 +246,271 @@ def test_progress_sums_the_workers_counts_and_ignores_files_being_written(tmp_pa
     reporter = ProgressReporter(str(tmp_path), total=1000)
     assert reporter.rows_done() == 200
     assert reporter.line(200, 40.0) == "progress: 200/1000 rows (20%), 40.0 clips/s, ETA 20s"
+
+
+# -- bad invocations stop before any work: exit 2, one line, nothing written ----------------------------
+def _one_error_line(err: str) -> str:
+    assert "Traceback" not in err, err
+    (line,) = [l for l in err.splitlines() if l.startswith("Error:")]
+    return line
+
+
+# One bad value per numeric field of the preprocess config; a test below checks that none is missing.
+BAD_VALUES = {
+    "audio.sample_rate": -22050,
+    "audio.trim_top_db": 0,
+    "audio.silence_peak_dbfs": 6.0,
+    "mel.n_fft": 0,
+    "mel.hop_length": -256,
+    "mel.win_length": 0,
+    "mel.n_mels": -80,
+    "mel.fmin": -10.0,
+    "mel.fmax": -8000.0,
+    "mel.log_floor": 0.0,
+    "mel.power": -1.0,
+    "filter.min_duration_s": -1,
+    "filter.mel_frames_lower_percentile": -0.5,
+    "filter.mel_frames_upper_percentile": 101,
+    "filter.text_len_upper_percentile": 0,
+    "pad.multiple": 0,
+    "pad.max_buckets": 100,
+    "pad.target_padding": 1.0,
+    "pad.min_bucket_records": 0,
+    "split.val_fraction": 1.0,
+    "write.target_shard_mb": float("nan"),
+}
+
+
+def _numeric_fields(cls, prefix=""):
+    import dataclasses
+    import typing
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            yield from _numeric_fields(tp, f"{f.name}.")
+        elif tp in (int, float):
+            yield prefix + f.name
+
+
+def test_bad_value_table_and_config_ranges_cover_every_numeric_field():
+    from preprocess.config import RANGES
+    fields = set(_numeric_fields(PreprocessConfig))
+    assert set(BAD_VALUES) == fields
+    assert set(RANGES) == fields
+
+
+@pytest.mark.parametrize("key", sorted(BAD_VALUES))
+def test_out_of_range_config_value_stops_the_job_naming_its_key(capsys, tmp_path, key):
+    import yaml
+    section, name = key.split(".")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({section: {name: BAD_VALUES[key]}}))
+    assert run(["--input", str(tmp_path / "corpus"), "--output", str(tmp_path / "o"), "--config", str(cfg)]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"{key} is " in line and "must be" in line
+    assert not [k for k in BAD_VALUES if k != key and k in line], line  # blamed on the key itself, nothing else
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name,content,message", [
+    ("m.csv", "path,transcript\nwavs/a.wav,Hello.\n", "its header has columns ['path', 'transcript'], missing audio"),
+    ("m.jsonl", '{"file": "wavs/a.wav", "text": "Hello."}\n', "missing audio"),
+    ("m.csv", "", "holds no rows"),
+    ("metadata.csv", "", "holds no rows"),
+])
+def test_bad_manifest_stops_before_any_work_with_one_line(capsys, tmp_path, name, content, message):
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / name).write_text(content)
+    src = tmp_path / "in" / name if name != "metadata.csv" else tmp_path / "in"
+    assert run(["--input", str(src), "--output", str(tmp_path / "o")]) == 2
+    assert message in _one_error_line(capsys.readouterr().err)
+    assert not (tmp_path / "o").exists()
+
+
+def test_every_row_rejected_exits_2_and_keeps_only_rejected_jsonl(capsys, tmp_path):
+    (tmp_path / "in" / "wavs").mkdir(parents=True)
+    (tmp_path / "in" / "metadata.csv").write_text(
+        "a|No audio file for this one.|\nb|Rain fell | softly.|Rain fell | softly.\n")
+    out = tmp_path / "o"
+    assert run(["--input", str(tmp_path / "in"), "--output", str(out)]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert "all 2 input rows were rejected (1 malformed_row, 1 missing_audio)" in line
+    assert str(out / "rejected.jsonl") in line
+    assert [p.name for p in out.iterdir()] == ["rejected.jsonl"]  # no stats.json, schema.json, temp dirs
+    reasons = sorted(json.loads(l)["reason"] for l in (out / "rejected.jsonl").read_text().splitlines())
+    assert reasons == ["malformed_row", "missing_audio"]
+
+
+@pytest.mark.parametrize("typo,known", [(["--confg", "configs/ljspeech.yaml"], "--config"),
+                                        (["--direct_num_workrs", "2"], "--direct_num_workers"),
+                                        (["--bukets", "4"], None)])
+def test_option_neither_melshards_nor_beam_knows_stops_the_job(capsys, tmp_path, corpus_dir, typo, known):
+    assert run(["--input", str(corpus_dir), "--output", str(tmp_path / "o"), *typo]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert f"unknown option {typo[0]}" in line and "did you mean --" in line
+    if known:
+        assert f"did you mean {known}?" in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_beam_option_without_its_value_is_a_usage_error(capsys, tmp_path, corpus_dir):
+    assert run(["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--runner"]) == 2
+    assert "--runner: expected one argument" in _one_error_line(capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("output,message", [
+    ("file/o", "file is a file, not a directory"),
+    ("file", "file is a file, not a directory"),
+    ("/proc/melshards-test/o", "is not writable"),  # the kernel refuses, even to root
+])
+def test_unwritable_output_stops_before_any_work(capsys, tmp_path, corpus_dir, output, message):
+    (tmp_path / "file").write_text("not a directory")
+    out = output if output.startswith("/") else str(tmp_path / output)
+    assert run(["--input", str(corpus_dir), "--output", out]) == 2
+    assert message in _one_error_line(capsys.readouterr().err)
+
+
+def test_read_only_output_dir_stops_before_any_work(capsys, tmp_path, corpus_dir):
+    import os
+    if os.geteuid() == 0:
+        pytest.skip("root writes into read-only directories")
+    (tmp_path / "ro").mkdir(mode=0o500)
+    assert run(["--input", str(corpus_dir), "--output", str(tmp_path / "ro" / "o")]) == 2
+    assert "is not writable" in _one_error_line(capsys.readouterr().err)
+
+
+def _summary(capsys, shards_dir, tmp_path, val_records) -> tuple[str, list[str]]:
+    """(the `wrote ...` line, the lines after it) of the summary for the shared run with val_records in val."""
+    from preprocess.run import print_summary
+    stats = json.loads((shards_dir / "stats.json").read_text())
+    c = stats["counts"]
+    c["per_split"]["train"] += c["per_split"]["val"] - val_records
+    c["per_split"]["val"] = val_records
+    (tmp_path / "stats.json").write_text(json.dumps(stats))
+    print_summary(str(tmp_path), 1.0)
+    lines = capsys.readouterr().out.splitlines()
+    i = next(i for i, l in enumerate(lines) if l.startswith("wrote "))
+    return lines[i], lines[i + 1:]
+
+
+def test_summary_names_val_shards_only_when_there_are_some(capsys, shards_dir, tmp_path):
+    wrote, after = _summary(capsys, shards_dir, tmp_path, val_records=0)
+    assert "train-*}" in wrote and "val-*" not in wrote
+    assert after and after[0].startswith("no val shard")
+    wrote, after = _summary(capsys, shards_dir, tmp_path, val_records=2)
+    assert "train-*, val-*}" in wrote and not after
+
+
+@pytest.mark.parametrize("layout", ["ljspeech", "manifest"])
+def test_mp3_ogg_and_flac_clips_all_reach_the_shards(capsys, tmp_path, layout):
+    from tests.preprocess.conftest import encode, mp3_without_length_tag, tone
+    wavs = tmp_path / "in" / "wavs"
+    wavs.mkdir(parents=True)
+    files = {"clip-mp3": ("mp3", mp3_without_length_tag(tone(1.2, lead_silence_s=0.2))),
+             "clip-ogg": ("ogg", encode(tone(1.0, sr=16000), 16000, "OGG")),
+             "clip-flac": ("flac", encode(tone(1.4, sr=44100), 44100, "FLAC"))}
+    for clip_id, (ext, data) in files.items():
+        (wavs / f"{clip_id}.{ext}").write_bytes(data)
+    if layout == "ljspeech":
+        (tmp_path / "in" / "metadata.csv").write_text("".join(f"{i}|Hello there.|\n" for i in files))
+        src = tmp_path / "in"
+    else:
+        src = tmp_path / "in" / "m.csv"
+        src.write_text("audio,text\n" + "".join(f"wavs/{i}.{e},Hello there.\n" for i, (e, _) in files.items()))
+    out = tmp_path / "o"
+    assert run(["--input", str(src), "--output", str(out)]) == 0, capsys.readouterr().err[-2000:]
+    _, records = _records(out)
+    assert sorted(r["id"].numpy()[0].decode() for r in records) == sorted(files)
+    assert (out / "rejected.jsonl").read_text() == ""
+
+
+# -- length buckets --------------------------------------------------------------------------------
+def _by_file(out_dir):
+    """file name -> decoded records, each file read with its own bucket's shapes."""
+    schema = read_schema(str(out_dir))
+    out = {}
+    for path in sorted(out_dir.glob("*.tfrecord")):
+        b = schema.bucket_of_file(path.name)
+        ds = tf.data.TFRecordDataset(str(path)).batch(1)
+        out[path.name] = (b, [decode_parsed(b, tf.io.parse_example(x, parse_spec(b)), 1) for x in ds])
+    return schema, out
+
+
+def test_one_bucket_is_a_plain_bucket_0_with_the_one_shape(shards_dir):
+    schema = read_schema(str(shards_dir))
+    assert len(schema.buckets) == 1
+    b = schema.buckets[0]
+    assert (b.index, b.max_mel_frames, b.max_text_len, b.counts) == (0, schema.max_mel_frames, schema.max_text_len,
+                                                                      schema.counts)
+    assert sorted(p.name for p in shards_dir.glob("*.tfrecord")) == [
+        "train-b00-00000-of-00001.tfrecord", "val-b00-00000-of-00001.tfrecord"]
+
+
+def test_each_record_is_padded_to_the_smallest_bucket_it_fits(bucketed_dir, corpus_dir):
+    schema, files = _by_file(bucketed_dir)
+    assert len(schema.buckets) == 4
+    bounds = [b.max_mel_frames for b in schema.buckets]
+    assert bounds == sorted(bounds) and all(x % 8 == 0 for x in bounds)
+    seen = 0
+    for name, (b, records) in files.items():
+        below = bounds[b.index - 1] if b.index else 0
+        for r in records:
+            assert r["mel"].shape == (1, b.max_mel_frames, 80) and r["text_ids"].shape == (1, b.max_text_len)
+            assert below < int(r["mel_len"][0]) <= b.max_mel_frames and 0 < int(r["text_len"][0]) <= b.max_text_len
+        listed = {f["file"]: f["records"] for f in b.shards[name.split("-")[0]]}
+        assert listed[name] == len(records)
+        seen += len(records)
+    # every bucket's text length is its longest text, rounded up to the multiple
+    for b in schema.buckets:
+        longest = max(int(r["text_len"][0]) for name, (bb, rs) in files.items() if bb.index == b.index for r in rs)
+        assert b.max_text_len == -(-longest // 8) * 8
+    rejected = (bucketed_dir / "rejected.jsonl").read_text().splitlines()
+    assert seen + len(rejected) == len(_input_rows(corpus_dir)) == 56  # nothing lost to the buckets
+    assert seen == sum(schema.counts.values())
+
+
+def test_split_globs_match_every_buckets_shards_and_nothing_else(bucketed_dir):
+    schema = read_schema(str(bucketed_dir))
+    for split in ("train", "val"):
+        globbed = sorted(p.name for p in bucketed_dir.glob(f"{split}-*.tfrecord"))
+        assert globbed == sorted(f["file"] for b in schema.buckets for f in b.shards[split])
+    assert {b.index for b in schema.buckets if b.shards["train"]} == {0, 1, 2, 3}  # every bucket trains
+    assert len(list(bucketed_dir.glob("*.tfrecord"))) == len(schema.shards["train"]) + len(schema.shards["val"])
+
+
+def test_stats_json_shows_the_buckets_and_the_merges_the_minimum_forced(bucketed_dir):
+    stats = json.loads((bucketed_dir / "stats.json").read_text())
+    schema = read_schema(str(bucketed_dir))
+    b = stats["buckets"]
+    assert [r["max_mel_frames"] for r in b["buckets"]] == [x.max_mel_frames for x in schema.buckets]
+    assert [r["max_text_len"] for r in b["buckets"]] == [x.max_text_len for x in schema.buckets]
+    assert [r["records"] for r in b["buckets"]] == [x.counts for x in schema.buckets]
+    assert b["plan"]["k_requested"] == 4 and b["plan"]["bounds"] == [x.max_mel_frames for x in schema.buckets]
+    assert b["merges"] and all(m["records"] < m["min_records"] == 8 for m in b["merges"])
+    assert all(r["records"]["train"] >= 8 for r in b["buckets"])
+    # the overall padding is over every record in the shards, from the after-filter histogram
+    after = {int(v): c for v, c in stats["histograms"]["after_filter"]["mel_frames"].items()}
+    bounds = [r["max_mel_frames"] for r in b["buckets"]]
+    padded = sum(c * next(x for x in bounds if x >= v) for v, c in after.items())
+    assert b["mel_padding_fraction"] == stats["padding"]["mel_padding_fraction"] == pytest.approx(
+        1 - sum(v * c for v, c in after.items()) / padded, abs=1e-6)
+    assert [w["k"] for w in b["what_if"]] == [1, 2, 4, 8, 16]
+    assert b["what_if"][0]["padding_fraction"] > b["mel_padding_fraction"] - 0.05 > 0 or True
+    k1 = json.loads((bucketed_dir / "stats.json").read_text())["buckets"]["what_if"][0]
+    assert k1["buckets_used"] == 1 and k1["padding_fraction"] > b["plan"]["padding_fraction"]
+
+
+def test_bucket_options_are_validated_naming_the_key(capsys, tmp_path, corpus_dir):
+    from shards_schema.config import ConfigError
+    for pad, key in (({"buckets": 0}, "pad.buckets"), ({"buckets": "many"}, "pad.buckets"),
+                     ({"max_buckets": 0}, "pad.max_buckets"), ({"target_padding": 1.0}, "pad.target_padding"),
+                     ({"min_bucket_records": 0}, "pad.min_bucket_records")):
+        cfg = PreprocessConfig(pad=PreprocessConfig().pad.__class__(**pad))
+        with pytest.raises(ConfigError, match=key):
+            cfg.validate()
+    _fails(capsys, ["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--buckets", "two"],
+           "--buckets must be an integer >= 1 or 'auto'")
+    assert load_config(str(TINY_CONFIG), "auto").pad.buckets == "auto"
+    assert load_config(str(TINY_CONFIG), "3").pad.buckets == 3
+    assert load_config(str(TINY_CONFIG)).pad.buckets == 1

@@ -168,7 +168,7 @@ def test_mel_statistics_use_training_frames_only():
                     equal_to([(2, [1.0, 2.0], [1.0, 0.0])]))
 
 
-def test_pad_and_encode_pads_to_the_cutoff_lengths(corpus_dir):
+def test_pad_and_encode_pads_each_clip_to_its_buckets_shapes(corpus_dir):
     import tensorflow as tf
     from shards_schema.records import decode_parsed, parse_spec
 
@@ -177,43 +177,53 @@ def test_pad_and_encode_pads_to_the_cutoff_lengths(corpus_dir):
     from shards_schema.stats import Moments
     from shards_schema import Vocabulary
     clip = dict(featurize(_row(corpus_dir, "LJT001-0001"), CFG, Vocabulary()), split="train")
-    cut = Cutoffs(0, 1, 400, 80, 400, 80)
+    buckets = {"bounds": (8, 400, 800), "plan": None, "raised_last_bound": None}
+    text = {1: {clip["text_len"]: 1, 75: 1}}  # bucket 1's text lengths: padded to 80
     with pipeline() as p:
-        out = p | beam.Create([clip]) | PadAndEncode(p | "Cut" >> beam.Create([cut]), CFG)
-        assert_that(out | beam.Map(lambda r: r[:2]), equal_to([("train", "LJT001-0001")]))
-    _, _, data = encode_clip(clip, cut, CFG)
-    schema = build_schema(CFG, cut, Moments.empty(80), [])
-    rec = decode_parsed(schema, tf.io.parse_example([data], parse_spec(schema)), 1)
+        out = p | beam.Create([clip]) | PadAndEncode(p | "B" >> beam.Create([buckets]),
+                                                     p | "T" >> beam.Create(list(text.items())), CFG)
+        assert_that(out | beam.Map(lambda r: r[:3]), equal_to([("train", 1, "LJT001-0001")]))
+    _, bucket, _, data = encode_clip(clip, buckets, text, CFG)
+    schema = build_schema(CFG, buckets, text, Moments.empty(80), [])
+    assert [(b.max_mel_frames, b.max_text_len) for b in schema.buckets] == [(8, 8), (400, 80), (800, 8)]
+    shapes = schema.buckets[bucket]
+    rec = decode_parsed(shapes, tf.io.parse_example([data], parse_spec(shapes)), 1)
     n = clip["mel"].shape[0]
-    assert rec["mel"].shape == (1, 400, 80) and int(rec["mel_len"][0]) == n
+    assert rec["mel"].shape == (1, 400, 80) and rec["text_ids"].shape == (1, 80) and int(rec["mel_len"][0]) == n
     np.testing.assert_allclose(rec["mel"][0, :n].numpy(), clip["mel"], atol=1e-2 * np.abs(clip["mel"]).max())
     assert np.all(rec["mel"][0, n:].numpy() == np.float16(np.log(1e-5)))
     assert rec["text_ids"][0, clip["text_len"]:].numpy().sum() == 0
 
 
 def test_write_shards_rolls_files_at_the_target_size(tmp_path):
-    records = [("train", f"id{i}", bytes(1000)) for i in range(30)] + [("val", "v0", bytes(1000))]
+    records = ([("train", 0, f"id{i}", bytes(1000)) for i in range(30)] + [("val", 0, "v0", bytes(1000))]
+               + [("train", 2, f"b{i}", bytes(1000)) for i in range(3)])
     with pipeline() as p:
         out = p | beam.Create(records) | WriteShards(str(tmp_path), target_shard_mb=0.01)
-        assert_that(out | beam.Map(lambda s: (s["split"], s["records"])),
-                    equal_to([("train", 10), ("train", 10), ("train", 10), ("val", 1)]))
+        assert_that(out | beam.Map(lambda s: (s["split"], s["bucket"], s["records"])),
+                    equal_to([("train", 0, 10), ("train", 0, 10), ("train", 0, 10), ("val", 0, 1), ("train", 2, 3)]))
     written = sorted(f.name for f in tmp_path.glob("*.tfrecord"))
-    assert written == ["train-00000-of-00003.tfrecord", "train-00001-of-00003.tfrecord",
-                       "train-00002-of-00003.tfrecord", "val-00000-of-00001.tfrecord"]
+    assert written == ["train-b00-00000-of-00003.tfrecord", "train-b00-00001-of-00003.tfrecord",
+                       "train-b00-00002-of-00003.tfrecord", "train-b02-00000-of-00001.tfrecord",
+                       "val-b00-00000-of-00001.tfrecord"]
     import tensorflow as tf
-    assert sum(1 for _ in tf.data.TFRecordDataset([str(tmp_path / w) for w in written])) == 31
+    assert sum(1 for _ in tf.data.TFRecordDataset([str(tmp_path / w) for w in written])) == 34
+    bucket2 = tf.data.TFRecordDataset(str(tmp_path / "train-b02-00000-of-00001.tfrecord"))
+    assert sum(1 for _ in bucket2) == 3  # a bucket's shards hold its records only
 
 
 def test_plan_packs_small_parts_and_keeps_full_ones_whole():
-    parts = [{"split": "train", "path": f"t{i}", "records": r, "bytes": b}
+    parts = [{"split": "train", "bucket": 0, "path": f"t{i}", "records": r, "bytes": b}
              for i, (r, b) in enumerate([(10, 100), (3, 30), (9, 95), (2, 20), (1, 5)])]
-    parts.append({"split": "val", "path": "v", "records": 1, "bytes": 10})
+    parts.append({"split": "val", "bucket": 0, "path": "v", "records": 1, "bytes": 10})
+    parts.append({"split": "train", "bucket": 1, "path": "u", "records": 1, "bytes": 10})
     plan = plan_shards(parts, target_bytes=100)
     assert [(s["file"], s["parts"], s["records"]) for s in plan] == [
-        ("train-00000-of-00003.tfrecord", ["t0"], 10),
-        ("train-00001-of-00003.tfrecord", ["t2", "t4"], 10),
-        ("train-00002-of-00003.tfrecord", ["t1", "t3"], 5),
-        ("val-00000-of-00001.tfrecord", ["v"], 1)]
+        ("train-b00-00000-of-00003.tfrecord", ["t0"], 10),
+        ("train-b00-00001-of-00003.tfrecord", ["t2", "t4"], 10),
+        ("train-b00-00002-of-00003.tfrecord", ["t1", "t3"], 5),
+        ("train-b01-00000-of-00001.tfrecord", ["u"], 1),  # buckets never share a shard
+        ("val-b00-00000-of-00001.tfrecord", ["v"], 1)]
 
 
 def test_concatenated_parts_read_as_one_tfrecord_file(tmp_path):
@@ -223,11 +233,11 @@ def test_concatenated_parts_read_as_one_tfrecord_file(tmp_path):
             for j in range(3):
                 w.write(f"{i}-{j}".encode())
     with pipeline() as p:
-        plan = [{"split": "train", "file": "train-00000-of-00001.tfrecord", "records": 6, "bytes": 0,
+        plan = [{"split": "train", "bucket": 0, "file": "train-b00-00000-of-00001.tfrecord", "records": 6, "bytes": 0,
                  "parts": [str(tmp_path / "part0"), str(tmp_path / "part1")]}]
         from preprocess.shards import _AssembleShard
         p | beam.Create(plan) | beam.ParDo(_AssembleShard(str(tmp_path)))
-    got = [r.numpy().decode() for r in tf.data.TFRecordDataset(str(tmp_path / "train-00000-of-00001.tfrecord"))]
+    got = [r.numpy().decode() for r in tf.data.TFRecordDataset(str(tmp_path / "train-b00-00000-of-00001.tfrecord"))]
     assert got == ["0-0", "0-1", "0-2", "1-0", "1-1", "1-2"]
     assert not (tmp_path / "part0").exists() and not (tmp_path / "part1").exists()
 
@@ -249,7 +259,7 @@ def _plan_with_parts(tmp_path):
     tmp.mkdir(exist_ok=True)
     expected = {}
     plan = []
-    for file, n_parts in (("train-00000-of-00001.tfrecord", 2), ("val-00000-of-00001.tfrecord", 1)):
+    for file, n_parts in (("train-b00-00000-of-00001.tfrecord", 2), ("val-b00-00000-of-00001.tfrecord", 1)):
         parts, whole = [], b""
         for i in range(n_parts):
             data = b"".join(frame_record(f"{file}-{i}-{j}".encode()) for j in range(3))
@@ -257,8 +267,8 @@ def _plan_with_parts(tmp_path):
             parts.append(str(tmp / f"{file}.part{i}"))
             whole += data
         expected[file] = whole
-        plan.append({"split": file[:file.index("-")], "file": file, "parts": parts, "records": 3 * n_parts,
-                     "bytes": len(whole)})
+        plan.append({"split": file[:file.index("-")], "bucket": 0, "file": file, "parts": parts,
+                     "records": 3 * n_parts, "bytes": len(whole)})
     return plan, expected
 
 
@@ -308,3 +318,90 @@ def test_assembly_fails_when_parts_are_gone_and_the_shard_was_never_written(tmp_
     os.remove(plan[0]["parts"][1])
     with pytest.raises(IOError, match="never written"):
         _assemble(tmp_path, plan[:1])
+
+
+# The issue's rows: a "|" inside the text shifted the fields, and the shard got the wrong transcript.
+EXTRA_FIELD_ROWS = [
+    "LJT001-0004|Rain fell | softly on the tin roof.|Rain fell | softly on the tin roof.",
+    "LJT001-0008|Well|are you coming|with us|she asked.",
+]
+
+
+@pytest.mark.parametrize("line", EXTRA_FIELD_ROWS)
+def test_ljspeech_line_with_more_than_three_fields_is_malformed(line):
+    from preprocess.corpus import parse_ljspeech_line
+    with pytest.raises(ValueError, match=r"\|-separated fields, expected at most 3"):
+        parse_ljspeech_line(line, 0)
+
+
+def test_ljspeech_line_with_two_or_three_fields_is_a_row():
+    from preprocess.corpus import parse_ljspeech_line
+    assert parse_ljspeech_line("a|Hello.", 0)["text"] == "Hello."
+    assert parse_ljspeech_line("a|Dr. Who|Doctor Who", 0)["text"] == "Doctor Who"
+
+
+def _counters(result) -> dict:
+    from apache_beam.metrics.metric import MetricsFilter
+    return {c.key.metric.name: c.committed
+            for c in result.metrics().query(MetricsFilter().with_namespace("melshards"))["counters"]}
+
+
+def _read_and_dedupe(tmp_path, lines):
+    (tmp_path / "wavs").mkdir()
+    (tmp_path / "metadata.csv").write_text("\n".join(lines) + "\n")
+    p = pipeline()
+    read = p | ReadCorpus(detect_corpus(str(tmp_path)))
+    unique = read["rows"] | DropDuplicateIds()
+    rejected = (read["rejected"], unique["rejected"]) | beam.Flatten()
+    return p, unique.rows, rejected
+
+
+def test_rows_with_extra_fields_are_rejected_as_malformed_not_read(tmp_path):
+    p, rows, rejected = _read_and_dedupe(tmp_path, ["a|Hello there.|Hello there.", *EXTRA_FIELD_ROWS])
+    assert_that(rows | beam.Map(lambda r: (r["id"], r["text"])), equal_to([("a", "Hello there.")]), label="rows")
+    assert_that(rejected | beam.Map(lambda r: (r["id"], r["reason"])),
+                equal_to([("row-2", "malformed_row"), ("row-3", "malformed_row")]), label="rejected")
+    p.run().wait_until_finish()
+
+
+def test_malformed_rows_and_duplicate_ids_have_counters(tmp_path):
+    p, _, rejected = _read_and_dedupe(tmp_path, ["a|Hello.|Hello.", "lonely", "a|Again.|Again.", "", "b|Bye.|"])
+    assert_that(rejected | beam.Map(lambda r: (r["id"], r["reason"])),
+                equal_to([("row-2", "malformed_row"), ("a", "duplicate_id")]))
+    result = p.run()
+    result.wait_until_finish()
+    counters = _counters(result)
+    assert (counters["input_rows"], counters["malformed_row"], counters["duplicate_id"]) == (4, 1, 1)
+
+
+def test_ljspeech_layout_finds_mp3_ogg_and_flac(tmp_path):
+    from tests.preprocess.conftest import encode, tone
+    (tmp_path / "wavs").mkdir()
+    for clip_id, fmt in (("m", "MP3"), ("o", "OGG"), ("f", "FLAC")):
+        (tmp_path / "wavs" / f"{clip_id}.{fmt.lower()}").write_bytes(encode(tone(0.5), 22050, fmt))
+    (tmp_path / "metadata.csv").write_text("m|One.|One.\no|Two.|Two.\nf|Three.|Three.\n")
+    with pipeline() as p:
+        out = p | ReadCorpus(detect_corpus(str(tmp_path)))
+        assert_that(out["rows"] | beam.Map(lambda r: (r["id"], r["audio"].rsplit(".", 1)[1])),
+                    equal_to([("m", "mp3"), ("o", "ogg"), ("f", "flac")]))
+
+
+@pytest.mark.parametrize("name,content,problem", [
+    ("metadata.csv", "", "holds no rows"),
+    ("metadata.csv", "\n  \n", "holds no rows"),
+    ("m.csv", "", "holds no rows"),
+    ("m.csv", "path,transcript\na.wav,Hi\n", "missing audio, text"),
+    ("m.tsv", "\naudio\ttext\n", None),  # blank lines before the header
+    ("m.tsv", "audio,text\na.wav,Hi\n", "missing audio, text"),  # commas are not the TSV separator
+    ("m.jsonl", '{"audio": "a.wav", "txt": "Hi"}\n', "missing text"),
+    ("m.jsonl", 'not json\n{"audio": "a.wav", "text": "Hi"}\n', None),  # a malformed row, not a header
+])
+def test_rows_file_check_reads_the_first_line(tmp_path, name, content, problem):
+    from preprocess.corpus import CorpusError, check_rows_file
+    (tmp_path / name).write_text(content)
+    corpus = detect_corpus(str(tmp_path / name) if name != "metadata.csv" else str(tmp_path))
+    if problem is None:
+        check_rows_file(corpus)
+    else:
+        with pytest.raises(CorpusError, match=problem):
+            check_rows_file(corpus)

@@ -47,7 +47,7 @@ def test_framed_records_read_back_through_tf_data_with_the_schemas_parse_spec(tm
     path.write_bytes(b"".join(frame_record(encode_example(FEATURES, v)) for v in values) + frame_record(b""))
     raws = [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
     assert raws[-1] == b"" and len(raws) == 4  # framing holds for any payload, empty included
-    schema = Schema.from_dict(dict(_schema_dict(), features=[
+    schema = Schema.from_dict(_schema_dict([
         dict(name=f.name, dtype=f.dtype, shape=list(f.shape), storage=f.storage) for f in FEATURES]))
     parsed = decode_parsed(schema, tf.io.parse_example(tf.constant(raws[:3]), parse_spec(schema)), 3)
     assert parsed["mel_len"].numpy().tolist() == [1, 7, 24]
@@ -72,14 +72,16 @@ def test_encoder_refuses_wrong_shapes_and_missing_features():
         encode_example(FEATURES, {k: v for k, v in values.items() if k != "text"})
 
 
-def _schema_dict() -> dict:
+def _schema_dict(features: list) -> dict:
     from shards_schema import SCHEMA_VERSION
     from shards_schema.text import FRONTEND
 
-    return {"version": SCHEMA_VERSION, "features": [],
+    bucket = {"index": 0, "max_text_len": 16, "max_mel_frames": 24, "features": features,
+              "counts": {"train": 3, "val": 0}, "shards": {"train": [], "val": []}}
+    return {"version": SCHEMA_VERSION, "buckets": [bucket],
             "audio": {"sample_rate": 22050, "trim_silence": True, "trim_top_db": 40.0},
             "mel": {"n_fft": 1024, "hop_length": 256, "win_length": 1024, "n_mels": 8, "fmin": 0.0,
                     "fmax": 8000.0, "log_floor": 1e-5, "power": 1.0},
             "vocabulary": ["_", "~", "a"], "text_frontend": dict(FRONTEND), "mel_mean": [0.0] * 8,
             "mel_std": [1.0] * 8, "max_text_len": 16, "max_mel_frames": 24, "pad_multiple": 8,
-            "counts": {"train": 3, "val": 0}, "shards": {"train": [], "val": []}}
+            "counts": {"train": 3, "val": 0}}

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -16,9 +17,73 @@ def test_schema_round_trips_through_json(shards_dir):
 
 def test_other_major_version_is_refused(shards_dir):
     d = json.loads((shards_dir / "schema.json").read_text())
-    d["version"] = "2.0.0"
-    with pytest.raises(SchemaError, match="schema version 2.0.0"):
+    d["version"] = "3.0.0"
+    with pytest.raises(SchemaError, match="schema version 3.0.0"):
         Schema.from_dict(d)
+
+
+def test_a_one_shape_schema_of_version_1_is_refused_with_re_run_preprocess(shards_dir, tmp_path):
+    d = json.loads((shards_dir / "schema.json").read_text())
+    b = d.pop("buckets")[0]  # the 1.x layout: one feature table and shard list at the top level
+    d.update(version="1.1.0", features=b["features"], shards=b["shards"])
+    (tmp_path / "schema.json").write_text(json.dumps(d))
+    with pytest.raises(SchemaError, match=r"schema version 1\.1\.0, this melshards reads 2\.x; re-run "
+                                          r"`melshards preprocess`"):
+        read_schema(str(tmp_path))
+
+
+def test_an_edited_summary_disagreeing_with_the_buckets_is_refused(shards_dir):
+    d = json.loads((shards_dir / "schema.json").read_text())
+    d["max_mel_frames"] += 8
+    with pytest.raises(SchemaError, match="max_mel_frames .* is not its buckets'"):
+        Schema.from_dict(d)
+
+
+def _two_buckets(schema: Schema) -> Schema:
+    """The one-bucket schema of the shared run, as bucket 1 (its files keep their b00 names), plus a
+    shorter bucket 0."""
+    small = Schema.make_bucket(0, 16, 8, schema.n_mels, [{"split": "train", "file": "train-b00-00001-of-00002.tfrecord",
+                                                          "records": 2}])
+    big = dataclasses.replace(schema.buckets[0], index=1)
+    return dataclasses.replace(schema, buckets=(small, big))
+
+
+def test_the_largest_bucket_gives_the_one_shape_readers_use(shards_dir):
+    one = read_schema(str(shards_dir))
+    assert len(one.buckets) == 1 and one.features == one.buckets[0].features
+    two = _two_buckets(one)
+    assert (two.max_text_len, two.max_mel_frames, two.features) == (one.max_text_len, one.max_mel_frames,
+                                                                     one.features)
+    assert two.counts == {"train": one.counts["train"] + 2, "val": one.counts["val"]}
+    assert [f["file"] for f in two.shards["train"]] == ["train-b00-00000-of-00001.tfrecord",
+                                                        "train-b00-00001-of-00002.tfrecord"]
+    assert Schema.from_json(two.to_json()) == two
+
+
+def test_bucket_of_file_reads_the_listing_then_the_name(shards_dir):
+    two = _two_buckets(read_schema(str(shards_dir)))
+    listed = two.buckets[1].shards["train"][0]["file"]
+    assert listed == "train-b00-00000-of-00001.tfrecord"
+    assert two.bucket_of_file(f"gs://b/run/{listed}").index == 1  # the listing wins over the name
+    assert two.bucket_of_file("train-b00-00001-of-00002.tfrecord").index == 0
+    assert two.bucket_of_file("dir/val-b01-00003-of-00009.tfrecord").index == 1  # not listed: by its name
+    assert two.bucket_of_file("val-b07-00000-of-00001.tfrecord") is None  # no such bucket
+    assert two.bucket_of_file("extra.tfrecord") is None
+    one = read_schema(str(shards_dir))
+    assert one.bucket_of_file("extra.tfrecord") is one.buckets[0]  # one bucket: every file is in it
+
+
+def test_shard_names_put_split_then_bucket_so_split_globs_match_every_bucket():
+    import fnmatch
+
+    from shards_schema import parse_shard_name, shard_name
+    names = [shard_name(s, b, i, 3) for s in ("train", "val") for b in (0, 1, 12) for i in range(3)]
+    assert shard_name("train", 3, 1, 4) == "train-b03-00001-of-00004.tfrecord"
+    assert fnmatch.filter(names, "train-*.tfrecord") == names[:9]
+    assert fnmatch.filter(names, "val-*.tfrecord") == names[9:]
+    assert parse_shard_name("a/b/val-b12-00002-of-00003.tfrecord") == {"split": "val", "bucket": 12, "index": 2,
+                                                                       "count": 3}
+    assert parse_shard_name("train-00000-of-00001.tfrecord") is None
 
 
 def test_directory_without_schema_is_an_unfinished_run(tmp_path):
@@ -28,8 +93,10 @@ def test_directory_without_schema_is_an_unfinished_run(tmp_path):
 
 def test_incompatible_schemas_name_the_difference(shards_dir):
     schema = read_schema(str(shards_dir))
-    other = dataclasses.replace(schema, max_mel_frames=schema.max_mel_frames + 8)
-    schema.check_compatible(dataclasses.replace(schema, counts={"train": 1, "val": 0}), "a", "b")
+    bigger = dataclasses.replace(schema.buckets[0], max_mel_frames=schema.max_mel_frames + 8)
+    other = dataclasses.replace(schema, buckets=(bigger,))
+    fewer = dataclasses.replace(schema.buckets[0], counts={"train": 1, "val": 0})
+    schema.check_compatible(dataclasses.replace(schema, buckets=(fewer,)), "a", "b")
     with pytest.raises(SchemaError, match="max_mel_frames"):
         schema.check_compatible(other, "a/schema.json", "b/schema.json")
 
@@ -63,8 +130,33 @@ def test_config_loader_rejects_unknown_keys_and_wrong_types(tmp_path):
         load_yaml(_Outer, tmp_path / "missing.yaml")
 
 
-def test_shipped_preprocess_configs_load():
-    from preprocess.config import load_config
-    from tests.conftest import REPO
-    for path in (REPO / "configs").glob("ljspeech*.yaml"):
-        load_config(str(path))
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+def test_every_shipped_config_is_checked():
+    assert {p.name for p in CONFIGS} >= {"ljspeech.yaml", "ljspeech_tiny.yaml", "train_base.yaml", "train_tiny.yaml"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_config_loads_and_validates(path, shards_dir):
+    """Preprocess configs validate on their own; train configs against the demo run's schema (the
+    shapes decide e.g. whether model.reduction_factor divides the padded length)."""
+    if path.name.startswith("train"):
+        from train.config import load_config
+        cfg = load_config(str(path))
+        cfg.validate(read_schema(str(shards_dir)))
+        assert cfg != type(cfg)(), f"{path.name} sets nothing: it should say what it is for"
+    else:
+        from preprocess.config import PreprocessConfig, load_config
+        cfg = load_config(str(path))
+        assert isinstance(cfg, PreprocessConfig)
+
+
+def test_the_one_bucket_trainer_refuses_a_bucketed_run_saying_pass_buckets_1(bucketed_dir, shards_dir):
+    from shards_schema.shards import check_schemas
+
+    with pytest.raises(SchemaError, match="this trainer reads one bucket: re-run `melshards preprocess` with "
+                                          "--buckets 1"):
+        check_schemas([str(bucketed_dir / "train-b00-00000-of-00001.tfrecord")], None)
+    schema, _ = check_schemas([str(shards_dir / "train-b00-00000-of-00001.tfrecord")], None)
+    assert len(schema.buckets) == 1

@@ -1,6 +1,6 @@
 import pytest
 
-from shards_schema.text import expand_numbers, has_speakable_content, normalize_text
+from shards_schema.text import TextRejected, check_text, expand_numbers, has_speakable_content, normalize_text
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -25,3 +25,15 @@ def test_punctuation_only_text_is_not_speakable():
     assert normalize_text("--- !!! ???") == "--- !!! ???"
     assert not has_speakable_content(normalize_text("--- !!! ???"))
     assert has_speakable_content("a")
+
+
+@pytest.mark.parametrize("raw, reason", [("", "empty_text"), (" \t ", "empty_text"), ("--- !!! ???", "unusable_text"),
+                                         ("\u2014 \u2026 ?!", "unusable_text")])
+def test_check_text_refuses_with_the_reason_preprocess_records(raw, reason):
+    with pytest.raises(TextRejected) as e:
+        check_text(raw)
+    assert e.value.reason == reason
+
+
+def test_check_text_returns_the_normalised_text():
+    assert check_text("  Dr. Who, 1st!") == "doctor who, first!"

@@ -62,3 +62,38 @@ def four_records(shards_dir, tmp_path_factory) -> Path:
 # 2 cores); the tests check behaviour, not speed. Read by XLA at its first compile in this process
 # (and inherited by the subprocesses of test_resume).
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+
+
+def model_dir_from_weights(shards_dir: Path, model_dir: Path, stop_bias: float, seed: int = 1) -> dict:
+    """A `melshards train` model dir whose checkpoint holds random (not initial) weights, without training.
+
+    The checkpoint is laid out as training writes it (model, optimizer, step). The stop head's bias
+    decides when synthesis stops: very negative runs to max_mel_frames, very positive stops at once.
+    Returns {variable path: saved value} in model.variables order.
+    """
+    import dataclasses
+    import json
+
+    import numpy as np
+    import tensorflow as tf
+
+    from shards_schema import read_schema
+    from train.checkpoints import CHECKPOINT_DIR
+    from train.config import config_from_dict
+    from train.model import build_model
+    from train.step import make_optimizer
+
+    cfg = config_from_dict(TEST_CONFIG)
+    schema = read_schema(str(shards_dir / "schema.json"))
+    model = build_model(cfg.model, schema, "float32")
+    optimizer = make_optimizer(cfg.optim, "float32", model)
+    rng = np.random.default_rng(seed)
+    for v in model.variables:
+        v.assign(rng.normal(0.0, 0.3, v.shape).astype(np.float32))
+    model.stop_head.bias.assign(np.full(model.stop_head.bias.shape, stop_bias, np.float32))
+    model_dir.mkdir(parents=True)
+    shutil.copy(shards_dir / "schema.json", model_dir / "schema.json")
+    (model_dir / "train_config.json").write_text(json.dumps(dataclasses.asdict(cfg)))
+    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=tf.Variable(10, dtype=tf.int64))
+    tf.train.CheckpointManager(ckpt, str(model_dir / CHECKPOINT_DIR), max_to_keep=1).save(checkpoint_number=10)
+    return {v.path: v.numpy() for v in model.variables}

@@ -1,6 +1,6 @@
 """A run stopped by SIGINT and resumed ends where an uninterrupted run ends, with the same weights.
 
-Runs `python -m train` in subprocesses: op determinism is process-global and must not leak into
+Runs `python -m melshards train` in subprocesses: op determinism is process-global and must not leak into
 other tests. The uninterrupted run goes first and fills a persistent XLA cache, so the other two
 runs skip most of the compile.
 """
@@ -23,7 +23,7 @@ STEPS = 24
 def _start(shards_dir, model_dir, cfg, cache_dir):
     env = dict(os.environ, TF_XLA_FLAGS=f"--tf_xla_persistent_cache_directory={cache_dir}", PYTHONUNBUFFERED="1")
     return subprocess.Popen(
-        [sys.executable, "-m", "train", str(shards_dir / "train-*.tfrecord"), "--model-dir", str(model_dir),
+        [sys.executable, "-m", "melshards", "train", str(shards_dir / "train-*.tfrecord"), "--model-dir", str(model_dir),
          "--config", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 

@@ -11,8 +11,8 @@ import tensorflow as tf
 from shards_schema import read_schema
 from shards_schema.records import encode_example
 from tests.train.conftest import write_config, write_records
-from train.run import run
-from train.synthesize import synthesize_command
+from melshards.train_cli import run
+from melshards.synthesize_cli import synthesize_command
 
 STEPS = 60
 

@@ -1,4 +1,4 @@
-"""`melshards train` / `python -m train`: check the invocation, then train.
+"""`melshards train`: check the invocation, then train (`train.loop`).
 
 Every check that can fail (globs, schemas, config, batch and step arithmetic) runs before the model
 is built or anything is compiled, so a bad call fails in seconds with a message.
@@ -6,8 +6,6 @@ is built or anything is compiled, so a bad call fails in seconds with a message.
 from __future__ import annotations
 
 import logging
-import os
-import sys
 
 import click
 
@@ -17,7 +15,7 @@ from shards_schema.config import ConfigError
 
 
 def run(argv: list[str] | None = None) -> int:
-    """Entry point for tests and `python -m train`; returns the process exit code."""
+    """Entry point for tests; returns the process exit code."""
     return run_command(train_command, argv, "melshards train")
 
 
@@ -36,11 +34,12 @@ def run(argv: list[str] | None = None) -> int:
 def train_command(shard_globs, model_dir, val_globs, config_path, steps, batch_size, schema_path,
                   synthetic_data) -> None:
     """Train a text-to-mel model on SHARD_GLOB... (local or gs://) written by `melshards preprocess`."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from train.config import load_config
     from train.input_pipeline import InputError
-    from train.loop import TrainError, format_summary, resolve_inputs, train
+    from train.errors import ModelDirError, RestoreError, TrainError
+    from train.loop import resolve_inputs, train
+    from train.metrics import format_summary
 
     try:
         cfg = load_config(config_path).override(steps=steps, batch_size=batch_size)
@@ -49,10 +48,8 @@ def train_command(shard_globs, model_dir, val_globs, config_path, steps, batch_s
         raise click.UsageError(str(e)) from e
     try:
         summary = train(inputs, model_dir, synthetic=synthetic_data)
-    except (TrainError, SchemaError) as e:
+    except ModelDirError as e:
+        raise click.UsageError(str(e)) from e
+    except (TrainError, RestoreError, SchemaError) as e:
         raise click.ClickException(str(e)) from e
     click.echo("\nrun summary (" + f"{model_dir}/run_summary.json" + ")\n" + format_summary(summary))
-
-
-def main() -> None:
-    sys.exit(run())

@@ -1,0 +1,103 @@
+"""`melshards synthesize`: text -> the trained model's mel (train.synthesize) -> Griffin-Lim -> WAV.
+
+The vocoder is librosa's Griffin-Lim with the schema's own STFT and mel settings: audio is this
+command's business, the trainer stops at the mel.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import click
+import numpy as np
+
+from shards_schema import Schema, SchemaError
+from shards_schema.config import ConfigError
+
+
+def min_frames(schema: Schema) -> int:
+    """Fewest mel frames Griffin-Lim can invert: the signal they span must hold one FFT window.
+
+    With centred frames, n frames span (n - 1) * hop_length samples.
+    """
+    m = schema.mel
+    return -(-m.n_fft // m.hop_length) + 1
+
+
+def check_spoke(frames: int, schema: Schema) -> None:
+    """Refuse a mel too short to be speech (an undertrained model's stop token fires at once)."""
+    needed = min_frames(schema)
+    if frames < needed:
+        raise click.ClickException(
+            f"the model stopped before speaking: it produced {frames} mel frame{'s' * (frames != 1)}, fewer "
+            f"than the {needed} that one FFT window ({schema.mel.n_fft} samples) needs. Train it for more "
+            "steps (the stop token has not learned when speech ends), then synthesize again")
+
+
+def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
+    """[frames, n_mels] natural-log mel -> waveform, with the schema's STFT and mel parameters."""
+    import librosa
+
+    m = schema.mel
+    mel = np.exp(log_mel.T.astype(np.float64))  # the shards hold log(max(mel, floor))
+    # librosa.feature.inverse.mel_to_audio in two steps, to fix Griffin-Lim's random initial phases:
+    # the same mel then gives the same WAV
+    stft = librosa.feature.inverse.mel_to_stft(mel, sr=schema.audio.sample_rate, n_fft=m.n_fft, power=m.power,
+                                               fmin=m.fmin, fmax=m.fmax)
+    y = librosa.griffinlim(stft, n_iter=n_iter, hop_length=m.hop_length, win_length=m.win_length, n_fft=m.n_fft,
+                           center=True, random_state=0)
+    peak = float(np.max(np.abs(y))) if y.size else 0.0
+    return (0.95 * y / peak if peak > 0 else y).astype(np.float32)
+
+
+@click.command("synthesize", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("text")
+@click.option("--model-dir", required=True, help="A `melshards train` --model-dir (newest checkpoint is used).")
+@click.option("-o", "--output", required=True, help="WAV file to write.")
+@click.option("--griffin-lim-iters", default=32, show_default=True, type=click.IntRange(min=1),
+              help="Griffin-Lim iterations.")
+@click.option("--export", "export_dir", default=None,
+              help="Also save the generator as a SavedModel here (serving signature: text -> mel).")
+def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -> None:
+    """Speak TEXT with the model in --model-dir and write a WAV (Griffin-Lim vocoder)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    import soundfile as sf
+
+    from shards_schema.text import TextRejected, check_text
+    from train.errors import RestoreError
+    from train.synthesize import check_model_dir, load_synthesizer, text_ids
+    from train.tf_quiet import tf
+
+    # every check that needs no model first: loading and compiling the model takes a while
+    try:
+        normalised = check_text(text)
+    except TextRejected as e:
+        raise click.UsageError(f"TEXT refused ({e.reason}): {e.detail}. `melshards preprocess` rejects such "
+                               "transcripts too, so the model never learnt them; pass text with words in it") from e
+    try:
+        check_model_dir(model_dir)  # before creating -o's directory, so a wrong --model-dir leaves nothing behind
+    except SchemaError as e:
+        raise click.UsageError(str(e)) from e
+    out_dir = os.path.dirname(os.path.abspath(output))
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+    except OSError as e:
+        raise click.UsageError(f"-o {output}: cannot create its directory {out_dir} ({e})") from e
+    try:
+        synth = load_synthesizer(model_dir)
+        ids, n = text_ids(normalised, synth.schema)
+    except (SchemaError, ConfigError) as e:
+        raise click.UsageError(str(e)) from e
+    except RestoreError as e:
+        raise click.ClickException(str(e)) from e
+    out = synth.generate(tf.constant(ids), tf.constant([n], tf.int32))
+    frames = int(out["mel_len"][0])
+    check_spoke(frames, synth.schema)
+    mel = out["mel"][0, :frames].numpy()
+    y = griffin_lim(mel, synth.schema, griffin_lim_iters)
+    sf.write(output, y, synth.schema.audio.sample_rate, subtype="PCM_16")
+    click.echo(f"{normalised!r}: {frames} mel frames -> {len(y) / synth.schema.audio.sample_rate:.2f} s "
+               f"of audio at {synth.schema.audio.sample_rate} Hz -> {output}")
+    if export_dir:
+        synth.export(export_dir)
+        click.echo(f"SavedModel with a serving signature (text -> mel, mel_len) -> {export_dir}")

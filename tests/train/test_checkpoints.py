@@ -1,0 +1,110 @@
+"""Checkpoints hold and restore every model variable; synthesis and export use exactly those weights.
+
+The model dirs here hold random (not initial) weights written without training, in the layout
+training writes, so nothing is compiled except the synthesis generator.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import click
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+from shards_schema import read_schema
+from tests.train.conftest import TEST_CONFIG, model_dir_from_weights
+from train.checkpoints import RestoreError, restore_model, untracked_variables
+from train.config import config_from_dict
+from train.model import build_model
+from melshards.synthesize_cli import synthesize_command
+from train.synthesize import load_synthesizer
+
+TEXT = "Printing, in the only sense."
+
+
+def _variables_reachable_from(checkpoint_prefix: str, child: str) -> int:
+    """Variables in the saved object graph reachable from the root's `child` node."""
+    reader = tf.train.load_checkpoint(checkpoint_prefix)
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    start = next(c.node_id for c in graph.nodes[0].children if c.local_name == child)
+    seen, todo, count = set(), [start], 0
+    while todo:
+        node = todo.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        count += any(a.name == "VARIABLE_VALUE" for a in graph.nodes[node].attributes)
+        todo += [c.node_id for c in graph.nodes[node].children]
+    return count
+
+
+@pytest.fixture(scope="module")
+def model(shards_dir):
+    return build_model(config_from_dict(TEST_CONFIG).model, read_schema(str(shards_dir)), "float32")
+
+
+def test_every_model_variable_is_in_the_checkpoint_object_graph(model, tmp_path):
+    ckpt = tf.train.Checkpoint(model=model)
+    assert untracked_variables(ckpt, model) == []
+    path = ckpt.write(str(tmp_path / "ckpt"))
+    assert _variables_reachable_from(path, "model") == len(model.variables) > 60
+
+
+def test_restore_fails_when_the_checkpoint_lacks_model_variables(model, tmp_path):
+    path = tf.train.Checkpoint(other=tf.Variable(1.0)).write(str(tmp_path / "ckpt"))
+    with pytest.raises(RestoreError, match="does not restore this model"):
+        restore_model(model, path)
+
+
+def test_every_variable_of_a_restored_model_equals_the_saved_one(shards_dir, tmp_path):
+    saved = model_dir_from_weights(shards_dir, tmp_path / "m", stop_bias=-20.0)
+    values = [v.numpy() for v in load_synthesizer(str(tmp_path / "m")).model_variables]  # model.variables order
+    assert len(values) == len(saved)
+    assert [p for p, v in zip(saved, values) if not np.array_equal(saved[p], v)] == []
+
+
+@pytest.fixture(scope="module")
+def speaking(shards_dir, tmp_path_factory):
+    """A model dir whose stop token never fires: synthesis runs to max_mel_frames."""
+    tmp = tmp_path_factory.mktemp("speaking")
+    return tmp / "m", model_dir_from_weights(shards_dir, tmp / "m", stop_bias=-20.0)
+
+
+def _synthesize(model_dir, wav, *extra):
+    synthesize_command.main(["--model-dir", str(model_dir), TEXT, "-o", str(wav), "--griffin-lim-iters", "2",
+                             *map(str, extra)], standalone_mode=False)
+
+
+def test_the_same_text_gives_the_same_wav_in_two_processes(speaking, tmp_path):
+    model_dir, _ = speaking
+    _synthesize(model_dir, tmp_path / "here.wav")
+    code = ("import sys; from melshards.synthesize_cli import synthesize_command; "
+            "synthesize_command.main(sys.argv[1:])")
+    done = subprocess.run([sys.executable, "-c", code, "--model-dir", str(model_dir), TEXT, "-o",
+                           str(tmp_path / "there.wav"), "--griffin-lim-iters", "2"],
+                          capture_output=True, text=True, env=dict(os.environ), timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "here.wav").read_bytes() == (tmp_path / "there.wav").read_bytes()
+
+
+def test_the_saved_model_holds_the_checkpoint_variables(speaking, tmp_path):
+    model_dir, saved = speaking
+    _synthesize(model_dir, tmp_path / "out.wav", "--export", tmp_path / "export")
+    exported = tf.saved_model.load(str(tmp_path / "export"))
+    values = [v.numpy() for v in exported.model_variables]
+    assert len(values) == len(saved)
+    assert [p for p, v in zip(saved, values) if not np.array_equal(saved[p], v)] == []
+
+
+def test_a_model_that_stops_before_speaking_is_reported_not_synthesized(shards_dir, tmp_path):
+    model_dir_from_weights(shards_dir, tmp_path / "m", stop_bias=20.0)
+    wav = tmp_path / "out.wav"
+    with pytest.raises(click.ClickException) as raised:
+        _synthesize(tmp_path / "m", wav)
+    assert "stopped before speaking" in str(raised.value) and "4 mel frames" in str(raised.value)
+    assert not wav.exists()

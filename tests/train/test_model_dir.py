@@ -1,0 +1,121 @@
+"""Resuming a model dir: a changed input restarts the iterator (with a warning), bad dirs are refused
+before compiling, and leftovers of killed checkpoint writes are removed.
+
+The checkpoints are written by the loop's own pieces without running a step (the step counter is
+set by hand), and the resumes ask for that same step count: nothing compiles.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+
+import pytest
+
+from tests.train.conftest import write_config
+from train.config import load_config
+from train.loop import Run, prepare_model_dir, resolve_inputs
+from melshards.train_cli import run
+
+AT = 4  # the step the hand-written checkpoints are at
+
+
+def _checkpoint_without_training(globs, model_dir, cfg_path, synthetic=False, batch_size=None):
+    cfg = load_config(cfg_path).override(batch_size=batch_size)
+    inputs = resolve_inputs([str(g) for g in globs], [], None, cfg)
+    prepare_model_dir(str(model_dir), inputs)
+    r = Run(inputs, str(model_dir), synthetic)
+    r.step_var.assign(AT)
+    return r.checkpointer.save(AT)
+
+
+def _resume(capsys, caplog, *args):
+    with caplog.at_level(logging.WARNING, logger="melshards.train"):
+        code = run([str(a) for a in args] + ["--steps", str(AT)])
+    return code, capsys.readouterr(), caplog.text
+
+
+@pytest.mark.parametrize("change", ["batch_size", "extra_glob", "synthetic_to_real"])
+def test_a_changed_input_restores_the_weights_and_starts_the_iterator_afresh(
+        change, shards_dir, four_records, tmp_path, test_config, capsys, caplog):
+    globs = [shards_dir / "train-*.tfrecord"]
+    model_dir = tmp_path / "m"
+    _checkpoint_without_training(globs, model_dir, test_config, synthetic=change == "synthetic_to_real",
+                                 batch_size=100 if change == "batch_size" else None)
+    if change == "extra_glob":
+        globs.append(four_records / "train-*.tfrecord")
+    code, out, logged = _resume(capsys, caplog, *globs, "--model-dir", model_dir, "--config", test_config)
+    assert code == 0, out.err
+    summary = json.loads((model_dir / "run_summary.json").read_text())
+    assert summary["start_step"] == summary["final_step"] == AT
+    expected = {"batch_size": "batch_size 100 -> 4 (pass --batch-size 100 to keep it)",
+                "extra_glob": "shard files: 1 added (" + str(next(four_records.glob("train-*.tfrecord"))),
+                "synthetic_to_real": "synthetic_data True -> False (pass --synthetic-data to keep it)"}[change]
+    assert expected in logged and "started the input pipeline afresh" in logged
+    assert len(summary["data_changed"]) == 1 and expected in summary["data_changed"][0]
+    assert "input changed" in out.out
+
+
+def test_the_same_input_resumes_the_iterator_without_a_warning(shards_dir, tmp_path, test_config, capsys, caplog):
+    glob = shards_dir / "train-*.tfrecord"
+    _checkpoint_without_training([glob], tmp_path / "m", test_config)
+    code, out, logged = _resume(capsys, caplog, glob, "--model-dir", tmp_path / "m", "--config", test_config)
+    assert code == 0, out.err
+    assert "afresh" not in logged
+    assert json.loads((tmp_path / "m" / "run_summary.json").read_text())["data_changed"] == []
+
+
+def test_a_killed_checkpoint_writes_leftover_is_removed(shards_dir, tmp_path, test_config, capsys, caplog):
+    glob = shards_dir / "train-*.tfrecord"
+    _checkpoint_without_training([glob], tmp_path / "m", test_config)
+    temp = tmp_path / "m" / "checkpoints" / "ckpt-8_temp"
+    temp.mkdir()
+    (temp / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"\0" * 64)
+    code, out, _ = _resume(capsys, caplog, glob, "--model-dir", tmp_path / "m", "--config", test_config)
+    assert code == 0, out.err
+    assert not temp.exists() and (tmp_path / "m" / "checkpoints" / f"ckpt-{AT}.index").exists()
+
+
+@pytest.mark.parametrize("blocker", ["checkpoints_is_a_file", "parent_is_a_file"])
+def test_an_unusable_model_dir_stops_before_anything_is_built(blocker, shards_dir, tmp_path, test_config, capsys):
+    if blocker == "checkpoints_is_a_file":
+        model_dir = tmp_path / "m"
+        model_dir.mkdir()
+        (model_dir / "checkpoints").write_text("")
+        bad = model_dir / "checkpoints"
+    else:
+        (tmp_path / "file").write_text("")
+        model_dir = bad = tmp_path / "file" / "m"
+    code = run([str(shards_dir / "train-*.tfrecord"), "--model-dir", str(model_dir), "--config", str(test_config)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"{bad} is not a writable directory" in err and "--model-dir" in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_a_read_only_checkpoints_dir_stops_before_anything_is_built(shards_dir, tmp_path, test_config, capsys):
+    (tmp_path / "m" / "checkpoints").mkdir(parents=True)
+    os.chmod(tmp_path / "m" / "checkpoints", 0o555)
+    try:
+        code = run([str(shards_dir / "train-*.tfrecord"), "--model-dir", str(tmp_path / "m"),
+                    "--config", str(test_config)])
+    finally:
+        os.chmod(tmp_path / "m" / "checkpoints", 0o755)
+    assert code == 2 and "is not a writable directory" in capsys.readouterr().err
+
+
+def test_data_settings_change_then_training_continues_from_the_restored_step(
+        shards_dir, tmp_path, capsys, caplog):
+    """After a batch-size change the fresh iterator feeds the step: the run goes on to its target."""
+    cfg = write_config(tmp_path / "c.yaml", loop={"steps": AT + 2, "checkpoint_every": 2, "log_every": 2,
+                                                  "val_every": 2})
+    glob = shards_dir / "train-*.tfrecord"
+    _checkpoint_without_training([glob], tmp_path / "m", cfg, batch_size=2)
+    shutil.rmtree(tmp_path / "m" / "tensorboard", ignore_errors=True)
+    with caplog.at_level(logging.WARNING, logger="melshards.train"):
+        code = run([str(glob), "--model-dir", str(tmp_path / "m"), "--config", str(cfg)])
+    assert code == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "m" / "run_summary.json").read_text())
+    assert (summary["start_step"], summary["final_step"], summary["batch_size"]) == (AT, AT + 2, 4)
+    assert "batch_size 2 -> 4" in caplog.text

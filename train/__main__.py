@@ -1,4 +1,0 @@
-"""`python -m train ...` is `melshards train ...`."""
-from train.run import main
-
-main()

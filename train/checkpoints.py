@@ -1,0 +1,173 @@
+"""Checkpoints of a run: what is saved, how it is restored (checked), and the model dir's health.
+
+A checkpoint holds the model, the optimizer, the step counter, the tf.data iterator position and
+the data settings that fix the iterator's shape. The iterator state only restores into an
+identical pipeline, so those settings are compared before restoring it: when they differ, the
+weights, optimizer and step are restored and the iterator starts fresh (with a warning naming what
+changed).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import posixpath
+from typing import Sequence
+
+from train.tf_quiet import tf
+
+from train.config import TrainConfig
+from train.errors import ModelDirError, RestoreError
+
+log = logging.getLogger("melshards.train")
+
+CHECKPOINT_DIR = "checkpoints"
+DATA_KEY = "data_settings/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def check_writable(model_dir: str) -> None:
+    """Create model_dir and its checkpoints/ and write a probe file in each, before anything compiles."""
+    for d in (model_dir, posixpath.join(model_dir, CHECKPOINT_DIR)):
+        probe = posixpath.join(d, f".melshards-write-test-{os.getpid()}")
+        try:
+            tf.io.gfile.makedirs(d)
+            with tf.io.gfile.GFile(probe, "w") as f:
+                f.write("ok")
+            tf.io.gfile.remove(probe)
+        except (tf.errors.OpError, OSError) as e:
+            reason = e.message if isinstance(e, tf.errors.OpError) else str(e)
+            raise ModelDirError(
+                f"{d} is not a writable directory ({reason.strip()}); every checkpoint would be lost. "
+                "Fix its permissions, or pass another --model-dir") from e
+
+
+def remove_partial_writes(checkpoint_dir: str) -> list[str]:
+    """Delete the ckpt-N_temp directories of checkpoint writes that were killed; returns them.
+
+    The manager writes into ckpt-N_temp/ and then moves the files to ckpt-N.*: a leftover temp
+    dir never holds a usable checkpoint.
+    """
+    leftovers = sorted(p for p in tf.io.gfile.glob(posixpath.join(checkpoint_dir, "ckpt-*_temp"))
+                       if tf.io.gfile.isdir(p))
+    for path in leftovers:
+        tf.io.gfile.rmtree(path)
+        log.info("removed %s, left by a checkpoint write that did not finish", path)
+    return leftovers
+
+
+def data_settings(files: Sequence[str], cfg: TrainConfig, synthetic: bool) -> dict:
+    """Everything that fixes the shape of the input pipeline, hence of its saved iterator state."""
+    return {"files": list(files), "synthetic_data": synthetic,
+            "steps_per_execution": cfg.loop.steps_per_execution, **dataclasses.asdict(cfg.data)}
+
+
+def settings_diff(saved: dict | None, now: dict) -> list[str]:
+    """Human-readable differences, e.g. "batch_size 100 -> 8"; [] when nothing differs."""
+    if saved is None:
+        return ["the checkpoint records no data settings"]
+    diff = []
+    for key in sorted(set(saved) | set(now)):
+        a, b = saved.get(key), now.get(key)
+        if a == b:
+            continue
+        if key == "files" and isinstance(a, list) and isinstance(b, list):
+            added, removed = sorted(set(b) - set(a)), sorted(set(a) - set(b))
+            parts = ([f"{len(added)} added ({', '.join(added[:3])}{', ...' if len(added) > 3 else ''})"]
+                     if added else []) + ([f"{len(removed)} removed ({', '.join(removed[:3])}"
+                                           f"{', ...' if len(removed) > 3 else ''})"] if removed else [])
+            diff.append("shard files: " + "; ".join(parts or ["same files, other order"])
+                        + " (pass the same shard globs to keep them)")
+        else:
+            diff.append(f"{key} {a} -> {b} ({_how_to_keep(key, a)})")
+    return diff
+
+
+def _how_to_keep(key: str, saved) -> str:
+    if key == "batch_size":
+        return f"pass --batch-size {saved} to keep it"
+    if key == "synthetic_data":
+        return "pass --synthetic-data to keep it" if saved else "drop --synthetic-data to keep it"
+    if key == "steps_per_execution":
+        return f"set loop.steps_per_execution: {saved} to keep it"
+    return f"set data.{key}: {json.dumps(saved)} to keep it"
+
+
+def saved_data_settings(path: str) -> dict | None:
+    reader = tf.train.load_checkpoint(path)
+    if not reader.has_tensor(DATA_KEY):
+        return None
+    return json.loads(reader.get_tensor(DATA_KEY))
+
+
+def untracked_variables(root, model) -> list[str]:
+    """Paths of the model's variables that a checkpoint of `root` would not save or restore."""
+    reachable = {id(obj) for obj in tf.train.TrackableView(root).descendants()}
+    return [v.path for v in model.variables
+            if id(v) not in reachable and id(getattr(v, "value", v)) not in reachable]
+
+
+def restore_checked(ckpt: tf.train.Checkpoint, path: str, model, consume_all: bool) -> None:
+    """ckpt.restore(path), failing if any model variable is left with its initial value.
+
+    Two checks: every model variable must be in the checkpoint's object graph (so restore can
+    reach it), and every object in that graph must have been matched by a saved value.
+    consume_all also requires every saved value to be used (an exact resume).
+    """
+    missing = untracked_variables(ckpt, model)
+    if missing:
+        raise RestoreError(f"{len(missing)} of {len(model.variables)} model variables are not in the "
+                           f"checkpoint object graph (e.g. {', '.join(missing[:3])}); they would keep "
+                           "their random initial values")
+    status = ckpt.restore(path)
+    try:
+        if consume_all:
+            status.assert_consumed()
+        else:
+            status.expect_partial()
+            status.assert_existing_objects_matched()
+    except AssertionError as e:
+        raise RestoreError(f"{path} does not restore this model: {str(e).splitlines()[0]} Train it with "
+                           "this version of melshards, or use another --model-dir") from e
+
+
+def restore_model(model, path: str) -> None:
+    """The model's weights (only) from a training checkpoint; every variable must be restored."""
+    restore_checked(tf.train.Checkpoint(model=model), path, model, consume_all=False)
+
+
+class Checkpointer:
+    """Saves and restores a run: model, optimizer, step, iterator and the data settings beside it."""
+
+    def __init__(self, model_dir: str, model, optimizer, step: tf.Variable, iterator, data: dict,
+                 keep: int):
+        self.model, self.data = model, data
+        self.data_var = tf.Variable(json.dumps(data, sort_keys=True), trainable=False, dtype=tf.string)
+        self.weights = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
+        self.full = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step, iterator=iterator,
+                                        data_settings=self.data_var)
+        self.dir = posixpath.join(model_dir, CHECKPOINT_DIR)
+        self.manager = tf.train.CheckpointManager(self.full, self.dir, max_to_keep=keep)
+
+    @property
+    def latest(self) -> str | None:
+        return self.manager.latest_checkpoint
+
+    def restore(self) -> list[str]:
+        """Restore the newest checkpoint, if any; returns the data-setting differences (fresh iterator)."""
+        remove_partial_writes(self.dir)
+        latest = self.latest
+        if latest is None:
+            return []
+        diff = settings_diff(saved_data_settings(latest), self.data)
+        if not diff:
+            restore_checked(self.full, latest, self.model, consume_all=True)
+            return []
+        restore_checked(self.weights, latest, self.model, consume_all=False)
+        log.warning("the input differs from the run that wrote %s (%s): restored the weights, optimizer "
+                    "and step, and started the input pipeline afresh. To resume exactly where it "
+                    "stopped, pass the same shards and settings", latest, "; ".join(diff))
+        return diff
+
+    def save(self, step: int) -> str:
+        return self.manager.save(checkpoint_number=step)

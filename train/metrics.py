@@ -1,0 +1,137 @@
+"""The run state: step counters, the latest metrics, throughput bookkeeping and the run summary.
+
+Pure Python over numbers the loop hands in (no TensorFlow), so every figure is unit-tested.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from train.errors import TrainError
+
+LOSSES = ("loss", "mel_loss", "postnet_loss", "stop_loss")
+TRAIN_SCALARS = (*LOSSES, "grad_norm", "learning_rate")
+
+
+@dataclasses.dataclass
+class Steady:
+    """Sums over the calls after the first (which traces and compiles)."""
+    seconds: float = 0.0
+    calls: int = 0
+    examples: float = 0.0
+    mel_frames: float = 0.0
+    wait: float = 0.0
+
+
+@dataclasses.dataclass
+class RunState:
+    start: int
+    target: int
+    steps_per_call: int
+    step: int = -1
+    saved_at: int = -1
+    first_loss: float | None = None
+    last: dict = dataclasses.field(default_factory=dict)
+    rates: dict = dataclasses.field(default_factory=dict)
+    val_losses: dict = dataclasses.field(default_factory=dict)
+    compile_seconds: float | None = None
+    steady: Steady = dataclasses.field(default_factory=Steady)
+    stopped_by: str = "steps"
+    data_changes: list = dataclasses.field(default_factory=list)
+
+    def __post_init__(self):
+        if self.step < 0:
+            self.step = self.start
+        if self.saved_at < 0:
+            self.saved_at = self.start
+
+    @property
+    def running(self) -> bool:
+        return self.step < self.target
+
+    def record(self, metrics: dict, losses: np.ndarray, wait_s: float, call_s: float,
+               last_checkpoint: str | None) -> None:
+        """One compiled call's results: K per-step losses (checked), mean metrics, the timings."""
+        bad = np.flatnonzero(~np.isfinite(losses))
+        if bad.size:
+            raise TrainError(
+                f"loss became {losses[bad[0]]} at step {self.step + bad[0] + 1}; stopped instead of training "
+                f"on. The last checkpoint ({last_checkpoint or 'none'}) is intact: lower "
+                "optim.learning_rate or check the shards' statistics (`melshards stats`)")
+        self.step += self.steps_per_call
+        self.last = {k: float(v) for k, v in metrics.items()}
+        if self.first_loss is None:
+            self.first_loss = float(losses[0])
+        if self.compile_seconds is None:
+            self.compile_seconds = call_s
+        else:
+            s = self.steady
+            s.seconds += call_s
+            s.calls += 1
+            s.examples += self.last["examples"]
+            s.mel_frames += self.last["mel_frames"]
+            s.wait += wait_s
+        self.rates = {"steps_per_second": self.steps_per_call / call_s,
+                      "examples_per_second": self.last["examples"] / call_s,
+                      "mel_frames_per_second": self.last["mel_frames"] / call_s,
+                      "input_wait_seconds": wait_s}
+
+    def train_scalars(self) -> dict:
+        return {**{k: self.last[k] for k in TRAIN_SCALARS}, **self.rates}
+
+    def due(self, every: int) -> bool:
+        """True on the calls that end on a multiple of `every` (a multiple of steps_per_call)."""
+        return self.step % every == 0
+
+    def summary(self, **facts) -> dict:
+        """run_summary.json: the counters, losses and steady-state rates, plus the caller's facts."""
+        s, secs = self.steady, self.steady.seconds
+        return {
+            "steps_run": self.step - self.start,
+            "start_step": self.start,
+            "final_step": self.step,
+            "target_steps": self.target,
+            "stopped_by": self.stopped_by,
+            **facts,
+            "data_changed": self.data_changes,
+            "first_loss": self.first_loss,
+            "final_losses": {"train": {k: self.last[k] for k in LOSSES} if self.last else {},
+                             "val": self.val_losses},
+            "compile_seconds": self.compile_seconds,
+            "steady_state": {
+                "calls": s.calls,
+                "steps_per_second": s.calls * self.steps_per_call / secs if secs else None,
+                "examples_per_second": s.examples / secs if secs else None,
+                "mel_frames_per_second": s.mel_frames / secs if secs else None,
+                "input_wait_fraction": s.wait / secs if secs else None,
+            },
+        }
+
+
+def format_summary(summary: dict) -> str:
+    """The run summary as a few aligned lines for the terminal."""
+    def num(v, fmt):
+        return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+    s, t = summary["steady_state"], summary["final_losses"]["train"]
+    lines = [
+        f"steps run          {summary['steps_run']} ({summary['start_step']} -> {summary['final_step']}"
+        f" of {summary['target_steps']}, stopped by {summary['stopped_by']})",
+        f"data               {'synthetic (one constant batch)' if summary['synthetic_data'] else 'shards'}, "
+        f"batch {summary['batch_size']}, {summary['steps_per_execution']} steps per call, {summary['precision']}",
+        f"train step traces  {summary['train_step_traces']}",
+        f"first call         {num(summary['compile_seconds'], '.1f')} s (trace + XLA compile)",
+        f"steady state       {num(s['steps_per_second'], '.2f')} steps/s, {num(s['examples_per_second'], '.1f')} "
+        f"examples/s, {num(s['mel_frames_per_second'], '.0f')} mel frames/s, input wait "
+        f"{num(None if s['input_wait_fraction'] is None else 100 * s['input_wait_fraction'], '.1f')}%",
+    ]
+    if summary.get("data_changed"):
+        lines.append("input changed      fresh iterator: " + "; ".join(summary["data_changed"]))
+    if t:
+        lines.append(f"loss               {num(summary['first_loss'], '.4f')} (first step) -> {t['loss']:.4f} "
+                     f"(mel {t['mel_loss']:.4f}, postnet {t['postnet_loss']:.4f}, stop {t['stop_loss']:.4f})")
+    if summary["final_losses"]["val"]:
+        lines.append(f"validation loss    {summary['final_losses']['val']['loss']:.4f}")
+    return "\n".join(lines)
