@@ -1,6 +1,6 @@
 """Preprocessing at LJSpeech scale: wall time, clips/s and peak RSS of the local Beam job.
 
-Runs `python -m preprocess` (the real CLI, FnApiRunner) on an LJSpeech-sized generated corpus
+Runs `python -m melshards preprocess` (the real CLI, FnApiRunner) on an LJSpeech-sized generated corpus
 (benchmarks.make_big_corpus: 13,100 clips, ~24 h, 22050 Hz 16-bit WAV; generated if missing) and
 samples the job's whole process tree from /proc every 0.2 s (multi_processing workers are child
 processes, so RSS is the sum over the tree). Reports per worker setting:
@@ -50,7 +50,7 @@ def beam_flags(workers: int) -> list[str]:
 
 def run_job(corpus: str, out: str, workers: int, log_path: str, config: str | None = None) -> dict:
     """One preprocessing run under the /proc sampler, plus the job's own timer and stats.json."""
-    cmd = [sys.executable, "-m", "preprocess", "--input", corpus, "--output", out, "--overwrite"]
+    cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", corpus, "--output", out, "--overwrite"]
     if config:
         cmd += ["--config", config]
     r = run_sampled(cmd + beam_flags(workers), log_path=log_path)

@@ -6,7 +6,7 @@ every round (the machine is shared: compare same-round ratios, not absolutes):
             (`librosa.feature.melspectrogram`), one .npy per clip, N processes
   poolmN    the same with `--job-mel`: the job's own log_mel (cached filter bank, matmul), so
             job/poolm is the price of the job itself (runner, statistics, shards)
-  jobN      `python -m preprocess --workers N`: the whole job (statistics, filter, pad, shards)
+  jobN      `python -m melshards preprocess --workers N`: the whole job (statistics, filter, pad, shards)
   jobN@1    the same job on a 1-row corpus: the fixed start-up of a run
 for N in --workers (default 1,2). Reported: wall (median over rounds), job/pool wall ratio (median
 of per-round ratios), CPU seconds and peak RSS of the process tree, and the load average before
@@ -86,7 +86,7 @@ def main(argv=None) -> dict:
         if v.startswith("pool"):
             return [sys.executable, "-m", "benchmarks.pool_baseline", "--corpus", corpus, "--out", out,
                     "--workers", w] + (["--job-mel"] if v.startswith("poolm") else [])
-        return [sys.executable, "-m", "preprocess", "--input", tiny if v.endswith("@1") else corpus,
+        return [sys.executable, "-m", "melshards", "preprocess", "--input", tiny if v.endswith("@1") else corpus,
                 "--output", out, "--overwrite", "--workers", w]
 
     runs = {v: [] for v in variants}

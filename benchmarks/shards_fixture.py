@@ -12,7 +12,7 @@ def demo_shards(out: str) -> Path:
     """Preprocess data/ljspeech_tiny into `out` unless a finished run is already there."""
     path = Path(out)
     if not (path / "schema.json").exists():
-        from preprocess.run import run
+        from melshards.preprocess_cli import run
         code = run(["--input", str(CORPUS), "--output", str(path), "--config", str(TINY), "--overwrite"])
         if code:
             raise SystemExit(f"preprocessing the demo corpus into {out} failed with exit code {code}")

@@ -11,7 +11,7 @@ import click
 
 # name -> (module, click command, one-line help shown by `melshards --help`)
 _COMMANDS = {
-    "preprocess": ("preprocess.run", "preprocess_command",
+    "preprocess": ("melshards.preprocess_cli", "preprocess_command",
                    "Corpus -> log-mel -> percentile statistics -> filter -> pad -> TFRecord shards."),
     "train": ("melshards.train_cli", "train_command", "Train a text-to-mel model on shards written by `preprocess`."),
     "synthesize": ("melshards.synthesize_cli", "synthesize_command", "Speak text with a trained model and write a WAV."),

@@ -1,7 +1,7 @@
 """The preprocessing job: corpus -> log-mel once -> percentile statistics -> filter -> pad -> shards.
 
 One composite PTransform per stage, each with a labelled expand(); global statistics reach later
-stages as side inputs. `build(p, ...)` wires the stages; `run(argv)` is the entry point tests use.
+stages as side inputs. `build(p, ...)` wires the stages; `preprocess.run.run_job` checks an invocation and runs them.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""`melshards preprocess` / `python -m preprocess`: validate the invocation, then run the job.
+"""`run_job`: check an invocation of the preprocessing job, then run it (`melshards preprocess` calls it).
 
 Everything that can be wrong with the invocation (options, config, input, output) is checked before
 the pipeline is built, so a bad call fails in a second with a message, not after minutes of work.
-A corpus whose every row is rejected is only known after the job: that also exits 2, in one line.
+A corpus whose every row is rejected is only known after the job: `EmptyRunError`, in one line.
 """
 from __future__ import annotations
 
@@ -12,17 +12,15 @@ import glob
 import json
 import logging
 import os
-import sys
 import threading
 import time
+from typing import Callable, Sequence
 from pathlib import Path
 
 import apache_beam as beam
-import click
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
-from melshards.cli import run_command
 from preprocess.config import load_config
 from preprocess.corpus import Corpus, CorpusError, check_rows_file, detect_corpus
 from preprocess.pipeline import PROGRESS_PREFIX, build
@@ -46,9 +44,8 @@ class OptionsError(ValueError):
     pass
 
 
-class DataError(click.ClickException):
-    """The job ran but the corpus gave nothing to train on: exit 2, no usage text (the call was right)."""
-    exit_code = 2
+class EmptyRunError(RuntimeError):
+    """The job ran but the corpus gave nothing to train on (every row rejected)."""
 
 
 WRITE_PROBE = ".melshards-write-test"
@@ -175,14 +172,14 @@ def apply_workers(options: PipelineOptions, beam_args: list[str], workers: int |
     """
     if not is_local(options):
         if workers is not None:
-            raise click.UsageError("--workers sets the local runner's processes; for Dataflow use --num_workers "
-                              "/ --max_num_workers")
+            raise OptionsError("--workers sets the local runner's processes; for Dataflow use --num_workers "
+                               "/ --max_num_workers")
         return
     given = {a.split("=")[0] for a in beam_args if a.startswith("--direct_")}
     direct = options.view_as(DirectOptions)
     n = workers or all_cores()
     if workers is not None and workers < 1:
-        raise click.UsageError(f"--workers must be at least 1, got {workers}")
+        raise OptionsError(f"--workers must be at least 1, got {workers}")
     if "--direct_num_workers" not in given:
         direct.direct_num_workers = n
     if "--direct_running_mode" not in given:
@@ -204,8 +201,9 @@ class ProgressReporter(threading.Thread):
     (pipeline._ProgressFile): the local runner's Metrics are only available after the job.
     """
 
-    def __init__(self, out_dir: str, total: int, every: float = 5.0):
+    def __init__(self, out_dir: str, total: int, echo: Callable[[str], None], every: float = 5.0):
         super().__init__(daemon=True)
+        self.echo = echo
         self.pattern = FileSystems.join(out_dir, TEMP_DIR, f"{PROGRESS_PREFIX}*.txt")
         self.total, self.every = total, every
         self.stopped = threading.Event()
@@ -234,7 +232,7 @@ class ProgressReporter(threading.Thread):
             if first is None and done:
                 first = (now, done)
             rate = (done - first[1]) / (now - first[0]) if first and now > first[0] else None
-            click.echo(self.line(min(done, self.total), rate))
+            self.echo(self.line(min(done, self.total), rate))
 
     def stop(self):
         self.stopped.set()
@@ -251,11 +249,6 @@ def quiet_beam_logging() -> None:
     logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
 
 
-def run(argv: list[str] | None = None) -> int:
-    """Entry point for tests and `python -m preprocess`; returns the process exit code."""
-    return run_command(preprocess_command, argv, "melshards preprocess")
-
-
 def _read_stats(out_dir: str) -> dict:
     with FileSystems.open(FileSystems.join(out_dir, STATS_FILE)) as f:
         return json.loads(f.read())
@@ -266,98 +259,52 @@ def refuse_empty_run(out_dir: str) -> None:
     (each row's reason: what the user needs to fix the corpus), and stop with one line, exit 2."""
     stats_path = FileSystems.join(out_dir, STATS_FILE)
     if not FileSystems.exists(stats_path):
-        raise DataError(f"the job finished without writing {SCHEMA_FILE} or {STATS_FILE} in {out_dir}")
+        raise EmptyRunError(f"the job finished without writing {SCHEMA_FILE} or {STATS_FILE} in {out_dir}")
     c = _read_stats(out_dir)["counts"]
     FileSystems.delete([stats_path])
     remove_text_sink_temp_dirs(out_dir)
     reasons = ", ".join(f"{n} {reason}" for reason, n in c["per_reason"].items())
-    raise DataError(f"all {c['input_rows']} input rows were rejected ({reasons}); no shards were written. "
+    raise EmptyRunError(f"all {c['input_rows']} input rows were rejected ({reasons}); no shards were written. "
                     f"Each row's reason is in {FileSystems.join(out_dir, REJECTED_FILE)}.")
 
 
-def print_summary(out_dir: str, seconds: float) -> None:
-    stats = _read_stats(out_dir)
-    c = stats["counts"]
-    click.echo(f"\n{c['input_rows']} input rows in {seconds:.1f}s: {c['in_shards']} in shards "
-               f"(train {c['per_split']['train']}, val {c['per_split']['val']}), {c['filtered']} filtered, "
-               f"{c['rejected']} rejected")
-    for reason, n in c["per_reason"].items():
-        click.echo(f"  {reason:<26}{n:>6}")
-    from melshards.tables import percentile_table
-    click.echo("\n" + percentile_table(stats))
-    pad = stats["padding"]
-    from melshards.tables import bucket_table
-    click.echo(f"\n{len(stats['buckets']['buckets'])} length bucket(s), up to text {pad['max_text_len']} symbols, mel "
-               f"{pad['max_mel_frames']} frames; padding is {100 * pad['mel_padding_fraction']:.1f}% of mel frames, "
-               f"{100 * pad['text_padding_fraction']:.1f}% of text ids\n" + bucket_table(stats))
-    written = [SCHEMA_FILE, STATS_FILE, REJECTED_FILE] + [f"{s}-*" for s in ("train", "val")
-                                                          if c["per_split"][s]]
-    click.echo(f"wrote {out_dir}/{{{', '.join(written)}}}")
-    if not c["per_split"]["val"]:
-        click.echo("no val shard: no clip fell in the validation split (config split.val_fraction)")
+def run_job(input_path: str, out_dir: str, *, config_path: str | None = None, buckets: str | None = None,
+            overwrite: bool = False, workers: int | None = None, beam_args: Sequence[str] = (),
+            own_options: Sequence[str] = (), echo: Callable[[str], None] = print) -> dict | None:
+    """Check the invocation, run the job to completion, and return the stats.json it wrote.
 
-
-@click.command("preprocess", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
-                                               "help_option_names": ["-h", "--help"]})
-@click.option("--input", "input_path", required=True,
-              help="LJSpeech directory (metadata.csv + wavs/) or a .csv/.tsv/.jsonl manifest; local or gs://.")
-@click.option("--output", "out_dir", required=True, help="Output directory for shards and reports; local or gs://.")
-@click.option("--config", "config_path", default=None, help="YAML config (see configs/ljspeech.yaml).")
-@click.option("--overwrite", is_flag=True, help="Replace a finished run in --output.")
-@click.option("--buckets", default=None, metavar="K|auto", help="Length buckets: overrides pad.buckets.")
-@click.option("--workers", type=int, default=None,
-              help="Local worker processes (default: every core); Beam's --direct_num_workers wins.")
-@click.pass_context
-def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config_path: str | None,
-                       overwrite: bool, buckets: str | None, workers: int | None) -> None:
-    """Corpus -> log-mel -> percentile statistics -> filter -> pad -> TFRecord shards.
-
-    Options not listed here go to Beam, e.g. --runner DataflowRunner --project P --region R
-    --temp_location gs://B/tmp --setup_file ./setup.py. An option neither knows is an error.
+    Returns None for a dry run (the graph was built, not submitted). Raises ConfigError,
+    CorpusError, OutputError or OptionsError (all ValueError) before any work when the call is
+    wrong, and EmptyRunError when every row was rejected. `echo` receives the progress lines.
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    quiet_beam_logging()
-    try:
-        cfg = load_config(config_path, buckets)
-        own = [o for p in ctx.command.get_params(ctx) for o in p.opts + p.secondary_opts]
-        options = pipeline_options(list(ctx.args), own)
-        dry_run = options.view_as(TestOptions).dry_run
-        corpus = detect_corpus(input_path)
-        apply_workers(options, list(ctx.args), workers)
-        # Local files are checked always; remote ones only for a real run, so a Dataflow dry run
-        # (--dry_run=True --no_auth) still builds its graph offline.
-        if not (dry_run and "://" in corpus.rows_path):
-            check_rows_file(corpus)
-        if not (dry_run and "://" in out_dir):
-            check_output_writable(out_dir)
-            prepare_output(out_dir, overwrite)
-    except (ConfigError, CorpusError, OutputError, OptionsError) as e:
-        raise click.UsageError(str(e)) from e
-    except ValueError as e:  # PipelineOptions rejects malformed Beam flags with ValueError
-        raise click.UsageError(f"bad Beam option: {e}") from e
+    cfg = load_config(config_path, buckets)
+    options = pipeline_options(list(beam_args), list(own_options))
+    dry_run = options.view_as(TestOptions).dry_run
+    corpus = detect_corpus(input_path)
+    apply_workers(options, list(beam_args), workers)
+    # Local files are checked always; remote ones only for a real run, so a Dataflow dry run
+    # (--dry_run=True --no_auth) still builds its graph offline.
+    if not (dry_run and "://" in corpus.rows_path):
+        check_rows_file(corpus)
+    if not (dry_run and "://" in out_dir):
+        check_output_writable(out_dir)
+        prepare_output(out_dir, overwrite)
     log.info("corpus %s (%s), output %s, runner %s", corpus.rows_path, corpus.kind, out_dir,
              options.view_as(StandardOptions).runner)
-    start = time.perf_counter()
     p = beam.Pipeline(options=options)
     local = is_local(options) and not dry_run
     build(p, corpus, out_dir, cfg, progress=local)
-    reporter = ProgressReporter(out_dir, count_rows(corpus)) if local else None
+    reporter = ProgressReporter(out_dir, count_rows(corpus), echo) if local else None
     if reporter:
         reporter.start()
     try:
         result = p.run()
         if dry_run:
-            click.echo("dry run: the job graph was built and not submitted")
-            return
+            return None
         result.wait_until_finish()
     finally:
         if reporter:
             reporter.stop()
     if not FileSystems.exists(FileSystems.join(out_dir, SCHEMA_FILE)):
         refuse_empty_run(out_dir)
-    print_summary(out_dir, time.perf_counter() - start)
-
-
-def main() -> None:
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up banner, in workers too
-    sys.exit(run())
+    return _read_stats(out_dir)

@@ -24,7 +24,7 @@ def shards_dir(tmp_path_factory) -> Path:
 
     Read-only for tests: copy it before changing anything.
     """
-    from preprocess.run import run
+    from melshards.preprocess_cli import run
 
     out = tmp_path_factory.mktemp("shards")
     code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(TINY_CONFIG), "--overwrite",
@@ -37,7 +37,7 @@ def shards_dir(tmp_path_factory) -> Path:
 def bucketed_dir(tmp_path_factory) -> Path:
     """The shipped corpus preprocessed into 4 length buckets (`--buckets 4`; the demo config keeps
     min_bucket_records 8, which merges a bucket of the unconstrained optimum). Read-only for tests."""
-    from preprocess.run import run
+    from melshards.preprocess_cli import run
 
     out = tmp_path_factory.mktemp("bucketed")
     code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(TINY_CONFIG), "--buckets", "4"])

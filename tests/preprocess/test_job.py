@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from preprocess import audio as A
 from preprocess.config import PreprocessConfig, load_config
-from preprocess.run import run
+from melshards.preprocess_cli import run
 from shards_schema.stats import percentile
 from shards_schema.text import normalize_text
 from shards_schema import read_schema
@@ -92,7 +92,7 @@ def test_stats_json_percentiles_come_from_its_histograms(shards_dir):
 def test_cli_with_two_worker_processes_writes_the_same_records_quietly(shards_dir, corpus_dir, tmp_path):
     out = tmp_path / "mp"
     proc = subprocess.run(
-        [sys.executable, "-m", "preprocess", "--input", str(corpus_dir), "--output", str(out),
+        [sys.executable, "-m", "melshards", "preprocess", "--input", str(corpus_dir), "--output", str(out),
          "--config", str(TINY_CONFIG), "--workers", "2"],
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -243,7 +243,7 @@ def test_progress_sums_the_workers_counts_and_ignores_files_being_written(tmp_pa
     (tmp_path / TEMP_DIR / "progress-a.txt").write_text("120")
     (tmp_path / TEMP_DIR / "progress-b.txt").write_text("80")
     (tmp_path / TEMP_DIR / "progress-b.txt.writing").write_text("9")
-    reporter = ProgressReporter(str(tmp_path), total=1000)
+    reporter = ProgressReporter(str(tmp_path), total=1000, echo=print)
     assert reporter.rows_done() == 200
     assert reporter.line(200, 40.0) == "progress: 200/1000 rows (20%), 40.0 clips/s, ETA 20s"
 
@@ -382,13 +382,13 @@ def test_read_only_output_dir_stops_before_any_work(capsys, tmp_path, corpus_dir
 
 def _summary(capsys, shards_dir, tmp_path, val_records) -> tuple[str, list[str]]:
     """(the `wrote ...` line, the lines after it) of the summary for the shared run with val_records in val."""
-    from preprocess.run import print_summary
+    from melshards.preprocess_cli import print_summary
     stats = json.loads((shards_dir / "stats.json").read_text())
     c = stats["counts"]
     c["per_split"]["train"] += c["per_split"]["val"] - val_records
     c["per_split"]["val"] = val_records
     (tmp_path / "stats.json").write_text(json.dumps(stats))
-    print_summary(str(tmp_path), 1.0)
+    print_summary(stats, str(tmp_path), 1.0)
     lines = capsys.readouterr().out.splitlines()
     i = next(i for i, l in enumerate(lines) if l.startswith("wrote "))
     return lines[i], lines[i + 1:]

@@ -1,0 +1,85 @@
+"""`melshards preprocess`: the command over `preprocess.run.run_job`, and the summary it prints.
+
+Beam is imported when the command runs, not when `melshards --help` lists it.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+import click
+
+from melshards.cli import run_command
+from melshards.tables import bucket_table, percentile_table
+from shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
+
+
+class DataError(click.ClickException):
+    """The job ran but the corpus gave nothing to train on: exit 2, no usage text (the call was right)."""
+    exit_code = 2
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Entry point for tests; returns the process exit code."""
+    return run_command(preprocess_command, argv, "melshards preprocess")
+
+
+def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
+    c = stats["counts"]
+    click.echo(f"\n{c['input_rows']} input rows in {seconds:.1f}s: {c['in_shards']} in shards "
+               f"(train {c['per_split']['train']}, val {c['per_split']['val']}), {c['filtered']} filtered, "
+               f"{c['rejected']} rejected")
+    for reason, n in c["per_reason"].items():
+        click.echo(f"  {reason:<26}{n:>6}")
+    click.echo("\n" + percentile_table(stats))
+    pad = stats["padding"]
+    click.echo(f"\n{len(stats['buckets']['buckets'])} length bucket(s), up to text {pad['max_text_len']} symbols, mel "
+               f"{pad['max_mel_frames']} frames; padding is {100 * pad['mel_padding_fraction']:.1f}% of mel frames, "
+               f"{100 * pad['text_padding_fraction']:.1f}% of text ids\n" + bucket_table(stats))
+    written = [SCHEMA_FILE, STATS_FILE, REJECTED_FILE] + [f"{s}-*" for s in ("train", "val")
+                                                          if c["per_split"][s]]
+    click.echo(f"wrote {out_dir}/{{{', '.join(written)}}}")
+    if not c["per_split"]["val"]:
+        click.echo("no val shard: no clip fell in the validation split (config split.val_fraction)")
+
+
+@click.command("preprocess", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
+                                               "help_option_names": ["-h", "--help"]})
+@click.option("--input", "input_path", required=True,
+              help="LJSpeech directory (metadata.csv + wavs/) or a .csv/.tsv/.jsonl manifest; local or gs://.")
+@click.option("--output", "out_dir", required=True, help="Output directory for shards and reports; local or gs://.")
+@click.option("--config", "config_path", default=None, help="YAML config (see configs/ljspeech.yaml).")
+@click.option("--overwrite", is_flag=True, help="Replace a finished run in --output.")
+@click.option("--buckets", default=None, metavar="K|auto", help="Length buckets: overrides pad.buckets.")
+@click.option("--workers", type=int, default=None,
+              help="Local worker processes (default: every core); Beam's --direct_num_workers wins.")
+@click.pass_context
+def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config_path: str | None,
+                       overwrite: bool, buckets: str | None, workers: int | None) -> None:
+    """Corpus -> log-mel -> percentile statistics -> filter -> pad -> TFRecord shards.
+
+    Options not listed here go to Beam, e.g. --runner DataflowRunner --project P --region R
+    --temp_location gs://B/tmp --setup_file ./setup.py. An option neither knows is an error.
+    """
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from preprocess.config import ConfigError
+    from preprocess.corpus import CorpusError
+    from preprocess.run import EmptyRunError, OptionsError, OutputError, quiet_beam_logging, run_job
+
+    quiet_beam_logging()
+    start = time.perf_counter()
+    try:
+        stats = run_job(input_path, out_dir, config_path=config_path, buckets=buckets, overwrite=overwrite,
+                        workers=workers, beam_args=list(ctx.args),
+                        own_options=[o for p in ctx.command.get_params(ctx) for o in p.opts + p.secondary_opts],
+                        echo=click.echo)
+    except (ConfigError, CorpusError, OutputError, OptionsError) as e:
+        raise click.UsageError(str(e)) from e
+    except EmptyRunError as e:
+        raise DataError(str(e)) from e
+    except ValueError as e:  # PipelineOptions rejects malformed Beam flags with ValueError
+        raise click.UsageError(f"bad Beam option: {e}") from e
+    if stats is None:
+        click.echo("dry run: the job graph was built and not submitted")
+        return
+    print_summary(stats, out_dir, time.perf_counter() - start)

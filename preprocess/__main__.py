@@ -1,3 +1,0 @@
-from preprocess.run import main
-
-main()
