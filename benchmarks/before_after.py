@@ -84,9 +84,8 @@ def plain_step(model, optimizer, schema, batch_size: int, signature: bool, pad_t
     import tensorflow as tf
 
     from shards_schema.records import tensor_specs
-    from train.step import MODEL_INPUTS, Normaliser, loss_terms, losses_from_terms
+    from train.step import MODEL_INPUTS
 
-    norm = Normaliser(schema)
     key = tf.constant([0, 0], tf.int32)
 
     def step(batch):
@@ -98,7 +97,7 @@ def plain_step(model, optimizer, schema, batch_size: int, signature: bool, pad_t
                          mel=tf.ensure_shape(tf.pad(batch["mel"], [[0, 0], [0, m - tf.shape(batch["mel"])[1]], [0, 0]],
                                                     constant_values=schema.mel.pad_value), [batch_size, m, schema.n_mels]))
         with tf.GradientTape() as tape:
-            loss = losses_from_terms(loss_terms(model, norm, batch, key, training=True), 1.0)["loss"]
+            loss = model.losses_from_terms(model.loss_terms(batch, key, training=True))["loss"]
         optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
         return {"loss": loss, "examples": tf.cast(tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.int32)), tf.float32)}
 
@@ -119,7 +118,7 @@ def run_variant(name: str, shards: Path, clips, config: str, steps: int) -> dict
     cfg = load_config(config)
     # The model's threefry dropout has an XLA kernel only (on CPU); the non-XLA variants need it off,
     # so every variant trains the same model without dropout.
-    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dropout=0.0, prenet_dropout=0.0))
+    cfg = dataclasses.replace(cfg, model=dict(cfg.model, dropout=0.0, prenet_dropout=0.0))
     schema = read_schema(str(shards))
     b = cfg.data.batch_size
     keras.utils.set_random_seed(0)
@@ -131,7 +130,8 @@ def run_variant(name: str, shards: Path, clips, config: str, steps: int) -> dict
         files = ip.expand_globs([str(shards / "train-*.tfrecord")])
         data = ip.train_dataset(files, schema, cfg.data, MODEL_INPUTS, 1)
         if name == "melshards":
-            step = make_train_step(model, opt, schema, cfg.optim, b, 1, 0, tf.Variable(0, dtype=tf.int64))
+            step = make_train_step(model, opt, schema, cfg.optim, b, 1, 0, tf.Variable(0, dtype=tf.int64),
+                                   ("loss", "mel_loss", "postnet_loss", "stop_loss"))
         else:
             data = data.map(lambda d: {k: v[0] for k, v in d.items()})
             step = plain_step(model, opt, schema, b, signature=(name == "sig_noxla"), pad_to_schema=False)

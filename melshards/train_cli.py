@@ -29,10 +29,13 @@ def run(argv: list[str] | None = None) -> int:
 @click.option("--batch-size", type=int, default=None, help="Overrides data.batch_size.")
 @click.option("--schema", "schema_path", default=None,
               help="schema.json to train with (default: the one beside the first shard).")
+@click.option("--model", "model_factory", default=None, metavar="PACKAGE.MODULE:FACTORY",
+              help="Model factory (train/contract.py), e.g. examples.fastspeech_lite:build; overrides "
+                   "model.factory (default: the built-in Transformer-TTS, train.model:build).")
 @click.option("--synthetic-data", is_flag=True,
               help="Feed one constant batch from memory: the input-free upper bound on throughput.")
 def train_command(shard_globs, model_dir, val_globs, config_path, steps, batch_size, schema_path,
-                  synthetic_data) -> None:
+                  model_factory, synthetic_data) -> None:
     """Train a text-to-mel model on SHARD_GLOB... (local or gs://) written by `melshards preprocess`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from train.config import load_config
@@ -42,13 +45,13 @@ def train_command(shard_globs, model_dir, val_globs, config_path, steps, batch_s
     from train.metrics import format_summary
 
     try:
-        cfg = load_config(config_path).override(steps=steps, batch_size=batch_size)
+        cfg = load_config(config_path).override(steps=steps, batch_size=batch_size, model_factory=model_factory)
         inputs = resolve_inputs(shard_globs, val_globs, schema_path, cfg)
     except (ConfigError, SchemaError, InputError) as e:
         raise click.UsageError(str(e)) from e
     try:
         summary = train(inputs, model_dir, synthetic=synthetic_data)
-    except ModelDirError as e:
+    except (ModelDirError, ConfigError) as e:  # ConfigError: the model factory or its model (PluginError)
         raise click.UsageError(str(e)) from e
     except (TrainError, RestoreError, SchemaError) as e:
         raise click.ClickException(str(e)) from e

@@ -1,8 +1,12 @@
 """Typed trainer config: every default lives here, YAML files override them (unknown keys are errors).
 
-Sections: `data` (input pipeline), `model` (text-to-mel network), `optim` (AdamW + schedule),
+Sections: `data` (input pipeline), `model` (the text-to-mel network: `factory`, the
+`package.module:factory` that builds it, and that factory's options), `optim` (AdamW + schedule),
 `loop` (steps, checkpoints, logging, validation, precision). The command line may override
-`loop.steps` and `data.batch_size`; nothing else invents a value.
+`loop.steps`, `data.batch_size` and `model.factory`; nothing else invents a value.
+
+The `model` section is free-form here: it belongs to the factory (train/contract.py). The built-in
+model's factory reads it into `ModelConfig`, strictly (unknown keys are errors).
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from pathlib import Path
 
 from shards_schema import Schema
 from shards_schema.config import ConfigError, from_dict, load_yaml
+from train.contract import BUILTIN_FACTORY
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
@@ -27,6 +32,7 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
+    """The built-in Transformer-TTS (`train.model:build`)."""
     d_model: int = 128
     num_heads: int = 2
     ff_dim: int = 256
@@ -40,6 +46,20 @@ class ModelConfig:
     postnet_layers: int = 3
     reduction_factor: int = 4  # mel frames predicted per decoder step
     dropout: float = 0.1
+    stop_loss_weight: float = 1.0
+
+    def validate(self, schema: Schema) -> "ModelConfig":
+        for key in ("d_model", "num_heads", "reduction_factor"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"model.{key} is {getattr(self, key)}; it must be at least 1")
+        if self.d_model % self.num_heads:
+            raise ConfigError(f"model.d_model {self.d_model} is not divisible by model.num_heads {self.num_heads}")
+        if schema.max_mel_frames % self.reduction_factor:
+            raise ConfigError(
+                f"the shards' max_mel_frames {schema.max_mel_frames} is not divisible by "
+                f"model.reduction_factor {self.reduction_factor}; pick a factor of it (the shards are "
+                f"padded to a multiple of {schema.pad_multiple})")
+        return self
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +70,6 @@ class OptimConfig:
     beta_1: float = 0.9
     beta_2: float = 0.98
     clip_norm: float = 1.0
-    stop_loss_weight: float = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,12 +89,24 @@ class LoopConfig:
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     data: DataConfig = DataConfig()
-    model: ModelConfig = ModelConfig()
+    model: dict = dataclasses.field(default_factory=dict)  # {"factory": "pkg.mod:fn", **its options}
     optim: OptimConfig = OptimConfig()
     loop: LoopConfig = LoopConfig()
 
-    def override(self, steps: int | None = None, batch_size: int | None = None) -> "TrainConfig":
+    @property
+    def model_factory(self) -> str:
+        return self.model.get("factory", BUILTIN_FACTORY)
+
+    @property
+    def model_options(self) -> dict:
+        """The model section as the factory receives it (without `factory`)."""
+        return {k: v for k, v in self.model.items() if k != "factory"}
+
+    def override(self, steps: int | None = None, batch_size: int | None = None,
+                 model_factory: str | None = None) -> "TrainConfig":
         cfg = self
+        if model_factory is not None:
+            cfg = dataclasses.replace(cfg, model=dict(cfg.model, factory=model_factory))
         if steps is not None:
             cfg = dataclasses.replace(cfg, loop=dataclasses.replace(cfg.loop, steps=steps))
         if batch_size is not None:
@@ -84,11 +115,9 @@ class TrainConfig:
 
     def validate(self, schema: Schema) -> "TrainConfig":
         """Everything that would otherwise fail (or silently misbehave) after compilation."""
-        d, m, lp = self.data, self.model, self.loop
+        d, lp = self.data, self.loop
         positive = {"data.batch_size": d.batch_size, "data.shuffle_buffer": d.shuffle_buffer,
-                    "data.cycle_length": d.cycle_length, "data.prefetch": d.prefetch,
-                    "model.d_model": m.d_model, "model.num_heads": m.num_heads,
-                    "model.reduction_factor": m.reduction_factor, "loop.steps": lp.steps,
+                    "data.cycle_length": d.cycle_length, "data.prefetch": d.prefetch, "loop.steps": lp.steps,
                     "loop.steps_per_execution": lp.steps_per_execution,
                     "loop.checkpoint_every": lp.checkpoint_every, "loop.log_every": lp.log_every,
                     "loop.val_every": lp.val_every, "loop.keep_checkpoints": lp.keep_checkpoints}
@@ -97,13 +126,6 @@ class TrainConfig:
                 raise ConfigError(f"{key} is {value}; it must be at least 1")
         if lp.precision not in PRECISIONS:
             raise ConfigError(f"loop.precision is {lp.precision!r}; choose one of {', '.join(PRECISIONS)}")
-        if m.d_model % m.num_heads:
-            raise ConfigError(f"model.d_model {m.d_model} is not divisible by model.num_heads {m.num_heads}")
-        if schema.max_mel_frames % m.reduction_factor:
-            raise ConfigError(
-                f"the shards' max_mel_frames {schema.max_mel_frames} is not divisible by "
-                f"model.reduction_factor {m.reduction_factor}; pick a factor of it (the shards are "
-                f"padded to a multiple of {schema.pad_multiple})")
         k = lp.steps_per_execution
         for key, value in {"loop.steps": lp.steps, "loop.checkpoint_every": lp.checkpoint_every,
                            "loop.log_every": lp.log_every, "loop.val_every": lp.val_every}.items():
@@ -111,6 +133,11 @@ class TrainConfig:
                 raise ConfigError(
                     f"{key} {value} is not a multiple of loop.steps_per_execution {k}: the compiled "
                     f"call runs {k} steps at a time. Use a multiple of {k}, or lower steps_per_execution")
+        if not isinstance(self.model.get("factory", BUILTIN_FACTORY), str):
+            raise ConfigError(f"model.factory is {self.model['factory']!r}; give it as package.module:factory")
+        from train.plugins import validate_options  # the factory's own checks of its options
+
+        validate_options(self.model_factory, schema, self.model_options)
         return self
 
 

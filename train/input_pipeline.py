@@ -43,28 +43,36 @@ def _parse_fn(schema: Schema, batch_size: int, names: Sequence[str]):
     return parse
 
 
-def _stack(steps_per_execution: int):
-    """[B, ...] batches -> [K, B, ...]: one compiled call consumes K steps' worth."""
+def _stack(steps_per_execution: int | None):
+    """[B, ...] batches -> [K, B, ...]: one compiled call consumes K steps' worth (None: no stacking)."""
     def stack(ds: tf.data.Dataset) -> tf.data.Dataset:
-        return ds.batch(steps_per_execution, drop_remainder=True)
+        return ds if steps_per_execution is None else ds.batch(steps_per_execution, drop_remainder=True)
     return stack
 
 
+def _if(flag: bool, transform):
+    return transform if flag else (lambda ds: ds)
+
+
 def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig, names: Sequence[str],
-                  steps_per_execution: int) -> tf.data.Dataset:
-    """Endless stream of {feature: [K, B, *shape]} for the train step."""
+                  steps_per_execution: int | None, shuffle: bool = True, repeat: bool = True) -> tf.data.Dataset:
+    """Endless stream of {feature: [K, B, *shape]} for the train step ([B, ...] when K is None).
+
+    shuffle=False reads the files and records in order; repeat=False makes one pass (the public
+    `melshards.dataset` offers both; the trainer uses neither).
+    """
     files = list(files)
     ds = (
         tf.data.Dataset.from_tensor_slices(files)
         # new file order every epoch (reshuffle_each_iteration), reproducible from the seed
-        .shuffle(len(files), seed=cfg.seed, reshuffle_each_iteration=True)
+        .apply(_if(shuffle, lambda d: d.shuffle(len(files), seed=cfg.seed, reshuffle_each_iteration=True)))
         # several shards read at once: hides per-file latency (gs://) and mixes shards
         .interleave(tf.data.TFRecordDataset, cycle_length=min(cfg.cycle_length, len(files)),
                     block_length=1, num_parallel_calls=tf.data.AUTOTUNE, deterministic=cfg.deterministic)
         # records within and across shards are mixed; serialized records keep the buffer small
-        .shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True)
+        .apply(_if(shuffle, lambda d: d.shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True)))
         # endless: the loop counts steps, not epochs
-        .repeat()
+        .apply(_if(repeat, lambda d: d.repeat()))
         # static batch dim for the signature-bound step
         .batch(cfg.batch_size, drop_remainder=True)
         # one vectorised parse per batch, decoded to the schema's static shapes

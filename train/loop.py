@@ -31,8 +31,8 @@ from train.checkpoints import CHECKPOINT_DIR, Checkpointer, check_writable, data
 from train.config import TrainConfig
 from train.errors import ModelDirError, RestoreError, TrainError
 from train.metrics import RunState, format_summary
-from train.model import build_model
-from train.step import MODEL_INPUTS, losses_from_terms, make_eval_step, make_optimizer, make_train_step
+from train.plugins import build_model
+from train.step import MODEL_INPUTS, make_eval_step, make_optimizer, make_train_step
 from train.summaries import TENSORBOARD_DIR, Scalars
 
 __all__ = ["CHECKPOINT_DIR", "CONFIG_FILE", "SUMMARY_FILE", "TENSORBOARD_DIR", "Inputs", "ModelDirError",
@@ -169,14 +169,20 @@ def _check_model_dir(model_dir: str, inputs: Inputs) -> None:
     if tf.io.gfile.exists(cfg_path):
         with tf.io.gfile.GFile(cfg_path) as f:
             saved = json.load(f)["model"]
-        now = dataclasses.asdict(inputs.cfg.model)
+        now = recorded_model_section(inputs.cfg)
+        saved = dict(saved, factory=saved.get("factory", now["factory"]))  # recorded since plug-ins exist
         if saved != now:
-            diff = sorted(k for k in now if saved.get(k) != now[k])
+            diff = sorted(k for k in set(now) | set(saved) if saved.get(k) != now.get(k))
             raise TrainError(f"{model_dir} holds a model trained with other model settings ({', '.join(diff)}); "
                              "use the same config to resume, or a new --model-dir")
 
 
-def evaluate(eval_step, files: Sequence[str], inputs: Inputs, max_batches: int) -> dict:
+def recorded_model_section(cfg: TrainConfig) -> dict:
+    """The model section as train_config.json records it: with its factory, so synthesis can rebuild it."""
+    return dict(cfg.model, factory=cfg.model_factory)
+
+
+def evaluate(eval_step, files: Sequence[str], inputs: Inputs, max_batches: int, model) -> dict:
     ds = ip.val_dataset(files, inputs.schema, inputs.cfg.data, MODEL_INPUTS)
     if max_batches:
         ds = ds.take(max_batches)
@@ -184,7 +190,7 @@ def evaluate(eval_step, files: Sequence[str], inputs: Inputs, max_batches: int) 
     for batch in ds:
         for k, v in eval_step(batch).items():
             sums[k] = sums.get(k, 0.0) + float(v)
-    losses = losses_from_terms({k: tf.constant(v) for k, v in sums.items()}, inputs.cfg.optim.stop_loss_weight)
+    losses = model.losses_from_terms({k: tf.constant(v, tf.float32) for k, v in sums.items()})
     return {k: float(v) for k, v in losses.items()}
 
 
@@ -212,11 +218,12 @@ class Run:
         keras.utils.set_random_seed(lp.seed)
         if lp.op_determinism:
             tf.config.experimental.enable_op_determinism()
-        self.model = build_model(cfg.model, schema, lp.precision)
+        # the factory and the contract checks: before anything compiles
+        self.model, self.loss_names = build_model(cfg.model_factory, schema, cfg.model_options, lp.precision)
         self.optimizer = make_optimizer(cfg.optim, lp.precision, self.model)
         self.step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.train_step = make_train_step(self.model, self.optimizer, schema, cfg.optim, self.batch_size,
-                                          self.k_steps, lp.seed, self.step_var)
+                                          self.k_steps, lp.seed, self.step_var, self.loss_names)
         self.eval_step = make_eval_step(self.model, schema, self.batch_size) if inputs.val_files else None
         if synthetic:
             first = _read(lambda: ip.first_batch(inputs.files, schema, cfg.data, MODEL_INPUTS), inputs.files,
@@ -256,7 +263,7 @@ class Run:
 
     def evaluate(self) -> dict:
         lp = self.inputs.cfg.loop
-        return evaluate(self.eval_step, self.inputs.val_files, self.inputs, lp.val_batches)
+        return evaluate(self.eval_step, self.inputs.val_files, self.inputs, lp.val_batches, self.model)
 
     def traces(self) -> int:
         traces = self.train_step.experimental_get_tracing_count()
@@ -268,7 +275,8 @@ class Run:
 
     def facts(self) -> dict:
         lp = self.inputs.cfg.loop
-        return {"synthetic_data": self.synthetic, "batch_size": self.batch_size,
+        return {"model_factory": self.inputs.cfg.model_factory, "synthetic_data": self.synthetic,
+                "batch_size": self.batch_size,
                 "steps_per_execution": self.k_steps, "precision": lp.precision,
                 "parameters": int(self.model.count_params()), "train_step_traces": self.traces(),
                 "eval_step_traces": self.eval_step.experimental_get_tracing_count() if self.eval_step else 0}
@@ -279,7 +287,8 @@ def prepare_model_dir(model_dir: str, inputs: Inputs) -> None:
     _check_model_dir(model_dir, inputs)
     check_writable(model_dir)
     tf.io.gfile.copy(inputs.schema_path, posixpath.join(model_dir, SCHEMA_FILE), overwrite=True)
-    _write_json(posixpath.join(model_dir, CONFIG_FILE), dataclasses.asdict(inputs.cfg))
+    _write_json(posixpath.join(model_dir, CONFIG_FILE),
+                dict(dataclasses.asdict(inputs.cfg), model=recorded_model_section(inputs.cfg)))
 
 
 def train(inputs: Inputs, model_dir: str, synthetic: bool = False) -> dict:
@@ -289,7 +298,8 @@ def train(inputs: Inputs, model_dir: str, synthetic: bool = False) -> dict:
         prepare_model_dir(model_dir, inputs)
         run = Run(inputs, model_dir, synthetic)
         start, changes = run.restore()
-        state = RunState(start=start, target=lp.steps, steps_per_call=run.k_steps, data_changes=changes)
+        state = RunState(start=start, target=lp.steps, steps_per_call=run.k_steps, data_changes=changes,
+                         loss_names=run.loss_names)
         log.info("model %d parameters, batch %d, %d steps per call, precision %s, %s data, steps %d -> %d",
                  run.model.count_params(), run.batch_size, run.k_steps, lp.precision,
                  "synthetic" if synthetic else "shard", start, lp.steps)
@@ -316,8 +326,8 @@ def train(inputs: Inputs, model_dir: str, synthetic: bool = False) -> dict:
 
 def log_validation(state: RunState) -> None:
     v = state.val_losses
-    log.info("step %d validation loss %.4f (mel %.4f, postnet %.4f, stop %.4f)", state.step, v["loss"],
-             v["mel_loss"], v["postnet_loss"], v["stop_loss"])
+    parts = ", ".join(f"{k} {v[k]:.4f}" for k in v if k != "loss")
+    log.info("step %d validation loss %.4f (%s)", state.step, v["loss"], parts)
 
 
 def finish(run: Run, state: RunState, scalars: Scalars, model_dir: str) -> None:

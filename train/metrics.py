@@ -11,8 +11,8 @@ import numpy as np
 
 from train.errors import TrainError
 
-LOSSES = ("loss", "mel_loss", "postnet_loss", "stop_loss")
-TRAIN_SCALARS = (*LOSSES, "grad_norm", "learning_rate")
+LOSSES = ("loss", "mel_loss", "postnet_loss", "stop_loss")  # the built-in model's; a plug-in names its own
+STEP_SCALARS = ("grad_norm", "learning_rate")
 
 
 @dataclasses.dataclass
@@ -40,6 +40,7 @@ class RunState:
     steady: Steady = dataclasses.field(default_factory=Steady)
     stopped_by: str = "steps"
     data_changes: list = dataclasses.field(default_factory=list)
+    loss_names: tuple = LOSSES  # the keys of the model's losses_from_terms, "loss" first
 
     def __post_init__(self):
         if self.step < 0:
@@ -79,7 +80,7 @@ class RunState:
                       "input_wait_seconds": wait_s}
 
     def train_scalars(self) -> dict:
-        return {**{k: self.last[k] for k in TRAIN_SCALARS}, **self.rates}
+        return {**{k: self.last[k] for k in (*self.loss_names, *STEP_SCALARS)}, **self.rates}
 
     def due(self, every: int) -> bool:
         """True on the calls that end on a multiple of `every` (a multiple of steps_per_call)."""
@@ -97,7 +98,7 @@ class RunState:
             **facts,
             "data_changed": self.data_changes,
             "first_loss": self.first_loss,
-            "final_losses": {"train": {k: self.last[k] for k in LOSSES} if self.last else {},
+            "final_losses": {"train": {k: self.last[k] for k in self.loss_names} if self.last else {},
                              "val": self.val_losses},
             "compile_seconds": self.compile_seconds,
             "steady_state": {
@@ -130,8 +131,9 @@ def format_summary(summary: dict) -> str:
     if summary.get("data_changed"):
         lines.append("input changed      fresh iterator: " + "; ".join(summary["data_changed"]))
     if t:
-        lines.append(f"loss               {num(summary['first_loss'], '.4f')} (first step) -> {t['loss']:.4f} "
-                     f"(mel {t['mel_loss']:.4f}, postnet {t['postnet_loss']:.4f}, stop {t['stop_loss']:.4f})")
+        parts = ", ".join(f"{k.removesuffix('_loss')} {v:.4f}" for k, v in t.items() if k != "loss")
+        lines.append(f"loss               {num(summary['first_loss'], '.4f')} (first step) -> {t['loss']:.4f}"
+                     + (f" ({parts})" if parts else ""))
     if summary["final_losses"]["val"]:
         lines.append(f"validation loss    {summary['final_losses']['val']['loss']:.4f}")
     return "\n".join(lines)

@@ -4,6 +4,9 @@ Encoder: character embedding -> conv prenet -> scaled sinusoidal positions -> pr
 blocks. Decoder: teacher-forced previous frame -> bottleneck prenet -> causal self-attention +
 cross-attention blocks -> r mel frames and one stop logit per step. Postnet: residual conv stack.
 Every shape is static (the schema's max lengths), so the whole thing compiles with XLA.
+
+It is a plug-in like any other (train/contract.py): `build` is its factory, `loss_terms`,
+`losses_from_terms` and `generate` are what the trainer and `melshards synthesize` call.
 """
 from __future__ import annotations
 
@@ -12,7 +15,9 @@ import keras
 import numpy as np
 from keras import layers
 
+from shards_schema.config import from_dict
 from train.config import ModelConfig
+from train.step import Normaliser
 
 
 def sinusoids(length: int, dim: int) -> np.ndarray:
@@ -114,10 +119,11 @@ class TransformerBlock(layers.Layer):
 
 class TextToMel(keras.Model):
     def __init__(self, cfg: ModelConfig, vocab_size: int, n_mels: int, max_text_len: int,
-                 max_mel_frames: int, precision: str = "float32", **kw):
+                 max_mel_frames: int, precision: str = "float32", norm: Normaliser | None = None, **kw):
         super().__init__(dtype=precision, **kw)
         dt, d, r = self.dtype_policy, cfg.d_model, cfg.reduction_factor
         self.cfg, self.n_mels, self.r = cfg, n_mels, r
+        self.norm = norm
         self.max_text_len, self.steps = max_text_len, max_mel_frames // r
         self.embed = layers.Embedding(vocab_size, d, dtype=dt)
         self.enc_convs = attach(self, "enc_conv", [Conv1D(d, cfg.conv_kernel, activation="relu", dtype=dt)
@@ -198,12 +204,81 @@ class TextToMel(keras.Model):
         mel, stop = self.decode(memory, text_mask, self.teacher_inputs(target), seed, training=training)
         return mel, self.refine(mel, seed, training=training), stop
 
+    # -- the plug-in contract (train/contract.py) ---------------------------------------------
+    def loss_terms(self, batch: dict, seed, training: bool) -> dict:
+        """Masked sums and counts, so batches (and padded records) combine exactly."""
+        target = self.norm(batch["mel"])
+        mel, refined, stop_logits = self(batch["text_ids"], batch["text_len"], target, seed, training=training)
+        frames = target.shape[1]
+        frame_mask = tf.cast(tf.sequence_mask(batch["mel_len"], frames), tf.float32)[..., None]  # [B, T, 1]
+        groups = stop_logits.shape[1]
+        # stop target: 1 at the step holding the last real frame; weighted up to that step only, so the
+        # padding (half of all steps here) does not teach "stop now". Length-0 (padding) records weigh 0.
+        last_step = (batch["mel_len"] - 1) // self.r
+        steps = tf.range(groups)[None, :]
+        stop_target = tf.cast(steps == last_step[:, None], tf.float32)
+        stop_weight = tf.cast(steps <= last_step[:, None], tf.float32)
+        bce = tf.nn.sigmoid_cross_entropy_with_logits(labels=stop_target, logits=stop_logits)
+        return {
+            "mel_abs": tf.reduce_sum(tf.abs(mel - target) * frame_mask),
+            "postnet_abs": tf.reduce_sum(tf.abs(refined - target) * frame_mask),
+            "mel_count": tf.reduce_sum(frame_mask) * target.shape[2],
+            "stop_bce": tf.reduce_sum(bce * stop_weight),
+            "stop_count": tf.reduce_sum(stop_weight),
+            "examples": tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.float32)),
+            "mel_frames": tf.cast(tf.reduce_sum(batch["mel_len"]), tf.float32),
+        }
 
-def build_model(cfg: ModelConfig, schema, precision: str) -> TextToMel:
+    def losses_from_terms(self, terms: dict) -> dict:
+        mel = terms["mel_abs"] / tf.maximum(terms["mel_count"], 1.0)
+        post = terms["postnet_abs"] / tf.maximum(terms["mel_count"], 1.0)
+        stop = terms["stop_bce"] / tf.maximum(terms["stop_count"], 1.0)
+        return {"loss": mel + post + self.cfg.stop_loss_weight * stop, "mel_loss": mel, "postnet_loss": post,
+                "stop_loss": stop}
+
+    def generate(self, text_ids, text_len) -> dict:
+        """Greedy autoregression over a static buffer of its own past frames (a causal decoder
+        ignores the unfilled tail); the stop token decides afterwards how many frames are speech."""
+        seed = tf.zeros([2], tf.int32)  # unused: no dropout at inference
+        steps, r = self.steps, self.r
+        memory, mask = self.encode(text_ids, text_len, seed)
+        buf = tf.zeros([1, steps, self.n_mels])  # decoder input at each step: the frame before it
+        for i in tf.range(steps - 1):
+            mel, _ = self.decode(memory, mask, buf, seed)
+            frame = tf.gather(mel, i * r + r - 1, axis=1)  # last frame of step i feeds step i + 1
+            buf = buf + tf.one_hot(i + 1, steps)[None, :, None] * frame[:, None, :]
+        mel, stop = self.decode(memory, mask, buf, seed)
+        refined = self.refine(mel, seed)
+        stopped = tf.sigmoid(stop[0]) > 0.5
+        n = tf.where(tf.reduce_any(stopped), tf.argmax(tf.cast(stopped, tf.int32), output_type=tf.int32) + 1, steps)
+        return {"mel": self.norm.invert(refined), "mel_len": tf.reshape(n * r, [1])}
+
+
+def _options(options: dict) -> ModelConfig:
+    return from_dict(ModelConfig, dict(options), where="model")
+
+
+def validate(schema, options: dict) -> None:
+    """The built-in model's config checks: unknown keys, sizes, shapes (run before anything is built)."""
+    _options(options).validate(schema)
+
+
+def build(schema, options: dict) -> TextToMel:
+    """The built-in model's factory (train/contract.py), in the Keras global dtype policy."""
+    cfg = _options(options).validate(schema)
+    return build_model(cfg, schema, keras.config.dtype_policy().name)
+
+
+build.validate = validate
+
+
+def build_model(cfg: ModelConfig | dict, schema, precision: str) -> TextToMel:
     """The model for this schema, with its variables created (so the optimizer can be built)."""
+    if isinstance(cfg, dict):
+        cfg = _options({k: v for k, v in cfg.items() if k != "factory"})
     model = TextToMel(cfg, vocab_size=len(schema.vocabulary), n_mels=schema.n_mels,
                       max_text_len=schema.max_text_len, max_mel_frames=schema.max_mel_frames,
-                      precision=precision)
+                      precision=precision, norm=Normaliser(schema))
     model(tf.zeros([1, schema.max_text_len], tf.int32), tf.ones([1], tf.int32),
           tf.zeros([1, schema.max_mel_frames, schema.n_mels]), tf.zeros([2], tf.int32))
     return model

@@ -1,9 +1,9 @@
 """Text ids -> mel with a trained model: the generator behind `melshards synthesize` and `--export`.
 
-The generator is one XLA-compiled function of fixed shapes: the decoder runs max_mel_frames / r
-times over a static buffer of its own past frames (a causal decoder ignores the unfilled tail),
-and the stop token decides afterwards how many frames are speech. The same function, behind a
-string-in serving signature, is what `--export` saves as a SavedModel.
+The model is rebuilt with the factory recorded in the model dir's train_config.json, and speaks
+through the contract's optional `generate` (train/contract.py) compiled with XLA at fixed shapes;
+a model without it cannot synthesize, and is refused before loading its weights. The same function,
+behind a string-in serving signature, is what `--export` saves as a SavedModel.
 """
 from __future__ import annotations
 
@@ -23,40 +23,25 @@ log = logging.getLogger("melshards.synthesize")
 
 
 class Synthesizer(tf.Module):
-    """Text ids -> log-mel by greedy autoregression; `serve` maps a normalised string to the same."""
+    """Text ids -> log-mel with the model's `generate`; `serve` maps a normalised string to the same."""
 
     def __init__(self, model, schema: Schema):
         super().__init__()
-        from train.step import Normaliser
-
         # the functions close over the Keras model; only its variables are tracked for export
         # (a tracked Keras 3 model adds its own default serving function, which needs all inputs)
         self.model_variables = [v.value for v in model.variables]
         self.schema = schema
-        self.norm = Normaliser(schema)
         symbols = tf.constant(list(schema.vocabulary))
         self.table = tf.lookup.StaticHashTable(
             tf.lookup.KeyValueTensorInitializer(symbols, tf.range(len(schema.vocabulary), dtype=tf.int32)),
             default_value=-1)
-        length, r, n_mels = schema.max_text_len, model.r, schema.n_mels
-        steps = model.steps
+        length = schema.max_text_len
 
         @tf.function(input_signature=[tf.TensorSpec([1, length], tf.int32, name="text_ids"),
                                       tf.TensorSpec([1], tf.int32, name="text_len")], jit_compile=True)
         def generate(text_ids, text_len):
-            seed = tf.zeros([2], tf.int32)  # unused: no dropout at inference
-            memory, mask = model.encode(text_ids, text_len, seed)
-            buf = tf.zeros([1, steps, n_mels])  # decoder input at each step: the frame before it
-            for i in tf.range(steps - 1):
-                mel, _ = model.decode(memory, mask, buf, seed)
-                frame = tf.gather(mel, i * r + r - 1, axis=1)  # last frame of step i feeds step i + 1
-                buf = buf + tf.one_hot(i + 1, steps)[None, :, None] * frame[:, None, :]
-            mel, stop = model.decode(memory, mask, buf, seed)
-            refined = model.refine(mel, seed)
-            stopped = tf.sigmoid(stop[0]) > 0.5
-            n = tf.where(tf.reduce_any(stopped), tf.argmax(tf.cast(stopped, tf.int32), output_type=tf.int32) + 1,
-                         steps)
-            return {"mel": self.norm.invert(refined), "mel_len": tf.reshape(n * r, [1])}
+            out = model.generate(text_ids, text_len)
+            return {"mel": tf.cast(out["mel"], tf.float32), "mel_len": tf.cast(out["mel_len"], tf.int32)}
 
         @tf.function(input_signature=[tf.TensorSpec([], tf.string, name="text")])
         def serve(text):
@@ -93,7 +78,7 @@ def load_synthesizer(model_dir: str) -> Synthesizer:
     from train.config import TrainConfig
     from train.checkpoints import CHECKPOINT_DIR, restore_model
     from train.loop import CONFIG_FILE
-    from train.model import build_model
+    from train.plugins import build_model, can_generate
 
     check_model_dir(model_dir)
     schema = read_schema(posixpath.join(model_dir, SCHEMA_FILE))
@@ -107,7 +92,12 @@ def load_synthesizer(model_dir: str) -> Synthesizer:
     latest = tf.train.latest_checkpoint(posixpath.join(model_dir, CHECKPOINT_DIR))
     if latest is None:
         raise SchemaError(f"{model_dir}/{CHECKPOINT_DIR} holds no checkpoint; train first")
-    model = build_model(cfg.model, schema, "float32")  # inference in float32 whatever the training policy
+    # inference in float32 whatever the training policy
+    model, _ = build_model(cfg.model_factory, schema, cfg.model_options, "float32")
+    if not can_generate(model):
+        raise SchemaError(f"the model in {model_dir} ({cfg.model_factory}, {type(model).__name__}) has no "
+                          "generate(text_ids, text_len) method, so it cannot synthesize; add one "
+                          "(train/contract.py, GeneratingModel) and synthesize again")
     restore_model(model, latest)  # fails unless every variable of the model is restored
     log.info("restored %s", latest)
     return Synthesizer(model, schema)

@@ -1,0 +1,1 @@
+"""Example model plug-ins for `melshards train --model examples.<module>:build` (run from the repository root)."""

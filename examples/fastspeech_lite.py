@@ -1,0 +1,137 @@
+"""A small non-autoregressive text-to-mel model: a plug-in for `melshards train` (train/contract.py).
+
+    melshards train 'out/demo/shards/train-*.tfrecord' --model examples.fastspeech_lite:build \
+        --model-dir out/demo/fs --config configs/train_tiny_fastspeech.yaml
+
+FastSpeech-like, with the simplest duration rule: a uniform alignment. Every character of an
+utterance gets the same share of its frames (frame t reads character floor(t * text_len / mel_len)),
+so no aligner or duration targets are needed; the model learns the utterance's length in frames
+from the text (log-length regression) and uses it at synthesis. Encoder and decoder are stacks of
+'same' convolutions over the characters and over the expanded frames; every shape is static.
+Only the public API (`melshards.normalizer`) and Keras are used.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import melshards
+from shards_schema.config import from_dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The `model:` section of the config (unknown keys are errors)."""
+    d_model: int = 64
+    encoder_layers: int = 2
+    decoder_layers: int = 2
+    kernel: int = 3
+    length_loss_weight: float = 0.1
+
+
+def conv(x, dense: keras.layers.Dense, kernel: int):
+    """'same' 1-D convolution as shifted copies + one Dense (fast under XLA on CPU)."""
+    left = (kernel - 1) // 2
+    padded = tf.pad(x, [[0, 0], [left, kernel - 1 - left], [0, 0]])
+    return dense(tf.concat([padded[:, i:i + x.shape[1], :] for i in range(kernel)], axis=-1))
+
+
+def uniform_alignment(text_len, mel_len, frames: int):
+    """[B] lengths -> [B, frames] character index of each frame; every character gets an equal share."""
+    t = tf.range(frames, dtype=tf.float32)[None, :]
+    share = tf.cast(tf.maximum(text_len, 1), tf.float32)[:, None] / tf.cast(tf.maximum(mel_len, 1), tf.float32)[:, None]
+    return tf.minimum(tf.cast(tf.floor(t * share), tf.int32), tf.maximum(text_len, 1)[:, None] - 1)
+
+
+class FastSpeechLite(keras.Model):
+    def __init__(self, opts: Options, schema, **kw):
+        super().__init__(**kw)
+        d = opts.d_model
+        self.opts, self.n_mels = opts, schema.n_mels
+        self.max_text_len, self.max_frames = schema.max_text_len, schema.max_mel_frames
+        self.norm = melshards.normalizer(schema)
+        self.embed = keras.layers.Embedding(len(schema.vocabulary), d)
+        # named attributes, not lists: a tf.train.Checkpoint sees every variable (see train/model.py attach)
+        for i in range(opts.encoder_layers):
+            setattr(self, f"enc_{i}", keras.layers.Dense(d, activation="relu"))
+        for i in range(opts.decoder_layers):
+            setattr(self, f"dec_{i}", keras.layers.Dense(d, activation="relu"))
+        self.enc_norm = keras.layers.LayerNormalization()
+        self.length_head = keras.layers.Dense(1, dtype="float32")
+        self.frame_pos = keras.layers.Dense(d)  # relative position of a frame inside its character
+        self.mel_head = keras.layers.Dense(schema.n_mels, dtype="float32")
+
+    def encode(self, text_ids, text_len):
+        mask = tf.sequence_mask(text_len, self.max_text_len, dtype=tf.float32)[..., None]
+        x = self.embed(text_ids)
+        for i in range(self.opts.encoder_layers):
+            x = x + conv(x, getattr(self, f"enc_{i}"), self.opts.kernel) * tf.cast(mask, x.dtype)
+        x = self.enc_norm(x)
+        pooled = tf.reduce_sum(tf.cast(x, tf.float32) * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)
+        log_frames = tf.squeeze(self.length_head(pooled), -1)  # predicted log(mel_len)
+        return x, log_frames
+
+    def decode(self, memory, text_len, mel_len):
+        idx = uniform_alignment(text_len, mel_len, self.max_frames)  # [B, T]
+        x = tf.gather(memory, idx, batch_dims=1)  # the length regulator: [B, T, d]
+        t = tf.range(self.max_frames, dtype=tf.float32)[None, :]
+        where = t * tf.cast(tf.maximum(text_len, 1), tf.float32)[:, None] / tf.cast(tf.maximum(mel_len, 1),
+                                                                                     tf.float32)[:, None]
+        x = x + self.frame_pos(tf.stack([where - tf.floor(where), tf.broadcast_to(t / self.max_frames, tf.shape(where))],
+                                        -1))
+        for i in range(self.opts.decoder_layers):
+            x = x + conv(x, getattr(self, f"dec_{i}"), self.opts.kernel)
+        return self.mel_head(x)  # normalised log-mel [B, T, n_mels]
+
+    def call(self, text_ids, text_len, mel_len):
+        memory, log_frames = self.encode(text_ids, text_len)
+        return self.decode(memory, text_len, mel_len), log_frames
+
+    # -- the contract ---------------------------------------------------------------------------
+    def loss_terms(self, batch, seed, training):
+        target = self.norm(batch["mel"])
+        mel, log_frames = self(batch["text_ids"], batch["text_len"], batch["mel_len"], training=training)
+        frame_mask = tf.sequence_mask(batch["mel_len"], self.max_frames, dtype=tf.float32)[..., None]
+        real = tf.cast(batch["mel_len"] > 0, tf.float32)
+        length_err = log_frames - tf.math.log(tf.maximum(tf.cast(batch["mel_len"], tf.float32), 1.0))
+        return {
+            "mel_abs": tf.reduce_sum(tf.abs(mel - target) * frame_mask),
+            "mel_count": tf.reduce_sum(frame_mask) * self.n_mels,
+            "length_sq": tf.reduce_sum(tf.square(length_err) * real),
+            "examples": tf.reduce_sum(real),
+            "mel_frames": tf.cast(tf.reduce_sum(batch["mel_len"]), tf.float32),
+        }
+
+    def losses_from_terms(self, terms):
+        mel = terms["mel_abs"] / tf.maximum(terms["mel_count"], 1.0)
+        length = terms["length_sq"] / tf.maximum(terms["examples"], 1.0)
+        return {"loss": mel + self.opts.length_loss_weight * length, "mel_loss": mel, "length_loss": length}
+
+    def generate(self, text_ids, text_len):
+        memory, log_frames = self.encode(text_ids, text_len)
+        n = tf.clip_by_value(tf.cast(tf.round(tf.exp(log_frames)), tf.int32), 1, self.max_frames)
+        mel = self.decode(memory, text_len, n)
+        return {"mel": self.norm.invert(mel), "mel_len": n}
+
+
+def validate(schema, options: dict) -> None:
+    opts = from_dict(Options, options, where="model")
+    for key in ("d_model", "kernel"):
+        if getattr(opts, key) < 1:
+            from shards_schema.config import ConfigError
+            raise ConfigError(f"model.{key} is {getattr(opts, key)}; it must be at least 1")
+
+
+def build(schema, options: dict) -> FastSpeechLite:
+    """The factory: `--model examples.fastspeech_lite:build`."""
+    validate(schema, options)
+    model = FastSpeechLite(from_dict(Options, options, where="model"), schema)
+    zeros = np.zeros([1], np.int32)
+    model(tf.zeros([1, schema.max_text_len], tf.int32), tf.constant(zeros + 1), tf.constant(zeros + 1))  # build
+    return model
+
+
+build.validate = validate

@@ -1,0 +1,148 @@
+"""The public Python API: the shards as static-shaped tf.data datasets, their schema, and the mel
+normalisation. Re-exported as `melshards.dataset`, `melshards.bucket_datasets`,
+`melshards.read_schema` and `melshards.normalizer` (docs/api.md).
+
+The datasets are the trainer's own chain (`train.input_pipeline.train_dataset`: interleaved shard
+reads, record shuffle, one vectorised parse per batch, pure TF ops), after the trainer's checks
+(`shards_schema.shards`: globs, finished runs, one compatible schema for every directory).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Sequence
+
+from shards_schema import Schema, SchemaError
+from shards_schema.shards import InputError, expand_globs, listed_split, schemas_for
+
+if TYPE_CHECKING:  # importing melshards must not import TensorFlow
+    import tensorflow as tf
+
+    from train.step import Normaliser
+
+# The features a text-to-mel model reads; `features=` may ask for any of the schema's (id, speaker,
+# text are strings: fine for tf.data, not inside an XLA-compiled function).
+DEFAULT_FEATURES = ("text_ids", "text_len", "mel", "mel_len")
+
+
+def read_schema(path_or_dir: str) -> Schema:
+    """The `Schema` of a preprocessing run: its schema.json, or the directory holding it (local or gs://).
+
+    `schema.buckets[i].features` are bucket i's static shapes; `shards_schema.records.tensor_specs(
+    schema or bucket, batch_size)` gives `tf.TensorSpec`s for your own `input_signature`.
+    """
+    from shards_schema import read_schema as _read
+
+    return _read(str(path_or_dir))
+
+
+def normalizer(schema: Schema) -> "Normaliser":
+    """In-graph per-bin standardisation of log-mel with the corpus statistics of `schema`.
+
+    `norm(mel)` -> (mel - mean) / std, `norm.invert(x)` -> x * std + mean; TF ops, usable inside
+    `tf.function(jit_compile=True)`. The same object the built-in model trains with.
+    """
+    from train.step import Normaliser
+
+    return Normaliser(schema)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Files:
+    schema: Schema
+    by_bucket: dict[int, list[str]]  # bucket index -> its files
+    records: dict[int, int]  # bucket index -> records schema.json lists for those files
+
+
+def _resolve(patterns: str | Sequence[str], split: str | None, schema_path: str | None) -> _Files:
+    files = expand_globs([patterns] if isinstance(patterns, str) else list(patterns))
+    by_file, problems = schemas_for(files, schema_path)
+    if problems:
+        raise SchemaError(problems[0].what)
+    schema = by_file[files[0]]
+    if split is not None:
+        files = [f for f in files if listed_split(schema, f)[0] == split]
+        if not files:
+            raise InputError(f"{patterns!r} matches no {split!r} shard; splits are named by the file prefix, "
+                             f"e.g. DIR/{split}-*.tfrecord")
+    by_bucket: dict[int, list[str]] = {}
+    records: dict[int, int] = {}
+    for f in files:
+        bucket = schema.bucket_of_file(f)
+        if bucket is None:
+            raise InputError(f"{f}: schema.json does not list it and its name gives no bucket "
+                             "(split-bNN-SSSSS-of-CCCCC.tfrecord), so its shapes are unknown")
+        by_bucket.setdefault(bucket.index, []).append(f)
+        records[bucket.index] = records.get(bucket.index, 0) + (listed_split(schema, f)[1] or 1)
+    return _Files(schema, by_bucket, records)
+
+
+def _bucket_dataset(files: list[str], shapes, batch_size: int, shuffle: bool, repeat: bool, seed: int,
+                    features: Sequence[str], shuffle_buffer: int, cycle_length: int,
+                    deterministic: bool) -> "tf.data.Dataset":
+    from train.config import DataConfig
+    from train.input_pipeline import train_dataset
+
+    cfg = DataConfig(batch_size=batch_size, shuffle_buffer=shuffle_buffer, cycle_length=cycle_length,
+                     seed=seed, deterministic=deterministic)
+    return train_dataset(files, shapes, cfg, tuple(features), None, shuffle=shuffle, repeat=repeat)
+
+
+def bucket_datasets(patterns: str | Sequence[str], batch_size: int, *, split: str | None = None,
+                    shuffle: bool = True, repeat: bool = True, seed: int = 0,
+                    features: Sequence[str] = DEFAULT_FEATURES, shuffle_buffer: int = 64, cycle_length: int = 4,
+                    deterministic: bool = True, schema_path: str | None = None) -> dict[int, "tf.data.Dataset"]:
+    """One dataset per length bucket: {bucket index: dataset of {feature: [batch_size, *bucket shape]}}.
+
+    Every element of one bucket's dataset has the same static shapes (`element_spec` is fully
+    defined), so a `tf.function` over it traces once. Arguments as for `dataset`.
+    """
+    return _datasets(patterns, batch_size, split, shuffle, repeat, seed, features, shuffle_buffer, cycle_length,
+                     deterministic, schema_path)[1]
+
+
+def _datasets(patterns, batch_size, split, shuffle, repeat, seed, features, shuffle_buffer, cycle_length,
+              deterministic, schema_path) -> tuple[_Files, dict[int, "tf.data.Dataset"]]:
+    if batch_size < 1:
+        raise ValueError(f"batch_size is {batch_size}; it must be at least 1")
+    found = _resolve(patterns, split, schema_path)
+    return found, {i: _bucket_dataset(files, found.schema.buckets[i], batch_size, shuffle, repeat, seed, features,
+                                      shuffle_buffer, cycle_length, deterministic)
+                   for i, files in sorted(found.by_bucket.items())}
+
+
+def dataset(patterns: str | Sequence[str], batch_size: int, *, split: str | None = None, shuffle: bool = True,
+            repeat: bool = True, seed: int = 0, bucket: int | None = None,
+            features: Sequence[str] = DEFAULT_FEATURES, shuffle_buffer: int = 64, cycle_length: int = 4,
+            deterministic: bool = True, schema_path: str | None = None) -> "tf.data.Dataset":
+    """The shards as a `tf.data.Dataset` of dict batches {feature: tensor}, as the trainer reads them.
+
+    patterns: shard globs, local or gs:// (e.g. "shards/train-*.tfrecord"); split: keep only the
+      "train" or "val" shards among them. The directories' schema.json must agree, and each run must
+      be finished (else SchemaError / InputError, before anything is read).
+    batch_size: records per batch; the last partial batch is dropped, so the batch dimension is
+      static too. Padding frames hold log(log_floor); `mel_len` / `text_len` say what is real.
+    shuffle: shuffle the file order and records (a `shuffle_buffer` of serialized records), from
+      `seed`; False reads in a fixed order. repeat: endless (use `steps_per_epoch` with
+      `model.fit`); False makes one pass.
+    bucket: only this length bucket (its static shapes). With None and one bucket, the shapes are
+      static; with several, batches of every bucket are interleaved (drawn in proportion to their
+      records, from `seed`) and the element_spec leaves the padded lengths undefined: each batch
+      still has one bucket's static shapes, and a jit-compiled function compiles once per bucket
+      shape (docs/api.md). `bucket_datasets` gives one dataset per bucket.
+    features: the record fields to keep (schema.features names); log-mel is not normalised (see
+      `normalizer`).
+    """
+    import tensorflow as tf
+
+    found, per_bucket = _datasets(patterns, batch_size, split, shuffle, repeat, seed, features, shuffle_buffer,
+                                  cycle_length, deterministic, schema_path)
+    if bucket is not None:
+        if bucket not in per_bucket:
+            raise InputError(f"bucket {bucket}: {patterns!r} holds shards of bucket(s) {sorted(per_bucket)} only")
+        return per_bucket[bucket]
+    if len(per_bucket) == 1:
+        return next(iter(per_bucket.values()))
+    weights = [float(found.records[i]) for i in per_bucket]
+    total = sum(weights)
+    return tf.data.Dataset.sample_from_datasets(
+        list(per_bucket.values()), weights=[w / total for w in weights], seed=seed, stop_on_empty_dataset=False)

@@ -1,0 +1,105 @@
+"""The public API: melshards.dataset feeds model.fit with static shapes, one trace per shape."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import melshards
+
+
+def _length_model(schema, text_len=None):
+    """A stock Keras model (predicts an utterance's log mel frames from its text ids), with a layer
+    that counts the traces of the functions it runs in: Python runs only while tracing."""
+    import keras
+    import tensorflow as tf
+
+    class TraceCounter(keras.layers.Layer):
+        traces: list = []
+
+        def call(self, x):
+            if isinstance(x, tf.Tensor) and not tf.executing_eagerly():
+                self.traces.append(tuple(x.shape))
+            return x
+
+    counter = TraceCounter()
+    counter.traces = []
+    model = keras.Sequential([keras.Input((text_len,), dtype="int32"), counter,
+                              keras.layers.Embedding(len(schema.vocabulary), 8),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse", jit_compile=True)
+    # built before fit: variables an optimizer creates inside its first trace make Keras trace again
+    model.optimizer.build(model.trainable_variables)
+    del counter.traces[:]  # Keras' symbolic build of the Sequential model above is not a train trace
+    return model, counter.traces
+
+
+def _xy(batch):
+    import tensorflow as tf
+
+    return batch["text_ids"], tf.math.log(tf.cast(batch["mel_len"], tf.float32))
+
+
+def test_importing_melshards_imports_no_tensorflow():
+    out = subprocess.run([sys.executable, "-c", "import sys, melshards; melshards.__all__; "
+                          "print('tensorflow' in sys.modules)"], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_model_fit_on_melshards_dataset_has_static_shapes_finite_loss_and_one_trace(shards_dir):
+    schema = melshards.read_schema(str(shards_dir))
+    ds = melshards.dataset(str(shards_dir / "train-*.tfrecord"), 4, seed=1)
+    spec = ds.element_spec
+    assert spec["mel"].shape.as_list() == [4, schema.max_mel_frames, schema.n_mels]
+    assert spec["text_ids"].shape.as_list() == [4, schema.max_text_len]
+    assert all(s.shape.is_fully_defined() for s in spec.values())
+    model, traces = _length_model(schema, schema.max_text_len)
+    history = model.fit(ds.map(_xy), steps_per_epoch=5, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert traces == [(4, schema.max_text_len)], traces
+
+
+def test_split_and_one_pass_read_every_val_record_once_in_order(shards_dir):
+    schema = melshards.read_schema(str(shards_dir / "schema.json"))
+    ds = melshards.dataset(str(shards_dir / "*.tfrecord"), 1, split="val", shuffle=False, repeat=False)
+    ids = [b["mel_len"].numpy()[0] for b in ds]
+    assert len(ids) == schema.counts["val"]
+    again = [b["mel_len"].numpy()[0] for b in ds]
+    assert ids == again
+
+
+def test_normalizer_inverts_to_the_input(shards_dir):
+    import tensorflow as tf
+
+    schema = melshards.read_schema(str(shards_dir))
+    norm = melshards.normalizer(schema)
+    mel = next(iter(melshards.dataset(str(shards_dir / "train-*.tfrecord"), 2)))["mel"]
+    x = norm(mel)
+    assert abs(float(tf.reduce_mean(x))) < 5.0
+    np.testing.assert_allclose(norm.invert(x).numpy(), mel.numpy(), atol=1e-4)
+
+
+def test_buckets_each_have_static_shapes_and_fit_traces_once_per_shape(bucketed_dir):
+    schema = melshards.read_schema(str(bucketed_dir))
+    assert len(schema.buckets) > 1
+    per_bucket = melshards.bucket_datasets(str(bucketed_dir / "train-*.tfrecord"), 2)
+    assert sorted(per_bucket) == [b.index for b in schema.buckets]
+    for i, ds in per_bucket.items():
+        assert ds.element_spec["mel"].shape.as_list() == [2, schema.buckets[i].max_mel_frames, schema.n_mels]
+    mixed = melshards.dataset(str(bucketed_dir / "train-*.tfrecord"), 2)
+    shapes = {tuple(b["text_ids"].shape) for b in mixed.take(40)}
+    assert shapes <= {(2, b.max_text_len) for b in schema.buckets} and len(shapes) > 1
+    model, traces = _length_model(schema)
+    history = model.fit(mixed.map(_xy), steps_per_epoch=20, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    # each bucket shape traces once at most: no shape is traced twice
+    assert len(traces) == len(set(traces)) <= len(schema.buckets), traces
+
+
+def test_a_bucket_the_shards_do_not_hold_is_refused(shards_dir):
+    from shards_schema.shards import InputError
+
+    with pytest.raises(InputError, match="bucket 3"):
+        melshards.dataset(str(shards_dir / "train-*.tfrecord"), 2, bucket=3)

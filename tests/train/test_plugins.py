@@ -1,0 +1,167 @@
+"""Model plug-ins (train/contract.py): the example trains, resumes exactly and synthesizes; bad
+plug-ins stop before anything compiles, naming what is wrong."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from melshards.train_cli import run
+from tests.train.conftest import TEST_CONFIG, write_config
+
+EXAMPLE = "examples.fastspeech_lite:build"
+FS_MODEL = {"d_model": 16, "encoder_layers": 1, "decoder_layers": 1}
+
+
+def _config(path, steps):
+    """TEST_CONFIG with the example's model section (in place of the built-in's) and a short loop."""
+    import yaml
+
+    cfg = {k: dict(v) for k, v in TEST_CONFIG.items()}
+    cfg["model"] = dict(FS_MODEL)
+    cfg["loop"].update(steps=steps, checkpoint_every=4, log_every=2, val_every=4)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def _train(shards, model_dir, cfg, *extra):
+    return run([str(shards / "train-*.tfrecord"), "--model-dir", str(model_dir), "--config", str(cfg),
+                "--model", EXAMPLE, *extra])
+
+
+@pytest.fixture(scope="module")
+def example_run(four_records, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fs")
+    cfg = _config(tmp / "c.yaml", 8)
+    assert _train(four_records, tmp / "model", cfg, "--val", str(four_records / "train-*.tfrecord")) == 0
+    return tmp / "model", json.loads((tmp / "model" / "run_summary.json").read_text())
+
+
+def test_example_plugin_trains_with_one_trace_checkpoints_and_tensorboard(example_run):
+    model_dir, summary = example_run
+    assert summary["model_factory"] == EXAMPLE and summary["steps_run"] == 8
+    assert summary["train_step_traces"] == 1 and summary["eval_step_traces"] == 1
+    assert summary["final_losses"]["train"]["loss"] < summary["first_loss"]
+    assert set(summary["final_losses"]["train"]) == {"loss", "mel_loss", "length_loss"}
+    assert set(summary["final_losses"]["val"]) == {"loss", "mel_loss", "length_loss"}
+    assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-4.index", "ckpt-8.index"]
+    assert list((model_dir / "tensorboard" / "train").glob("events.out.tfevents.*"))
+    assert json.loads((model_dir / "train_config.json").read_text())["model"]["factory"] == EXAMPLE
+
+
+def test_example_plugin_resumed_run_matches_an_uninterrupted_one(four_records, tmp_path):
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert _train(four_records, whole, _config(tmp_path / "a.yaml", 8)) == 0
+    assert _train(four_records, parts, _config(tmp_path / "b.yaml", 4)) == 0
+    assert _train(four_records, parts, _config(tmp_path / "c.yaml", 8)) == 0
+    assert json.loads((parts / "run_summary.json").read_text())["start_step"] == 4
+    a, b = (tf.train.load_checkpoint(str(d / "checkpoints")) for d in (whole, parts))
+    names = [n for n in a.get_variable_to_shape_map() if n.startswith(("model/", "optimizer/", "step/"))]
+    assert any(n.startswith("optimizer/") for n in names)
+    assert [n for n in names if not np.array_equal(a.get_tensor(n), b.get_tensor(n))] == []
+
+
+def test_example_plugin_dataset_graph_holds_no_python_ops(four_records, tmp_path):
+    from train import input_pipeline as ip
+    from train.config import config_from_dict
+    from train.loop import Run, resolve_inputs
+
+    cfg = config_from_dict({"model": dict(FS_MODEL, factory=EXAMPLE), "data": {"batch_size": 2}})
+    inputs = resolve_inputs([str(four_records / "train-*.tfrecord")], [], None, cfg)
+    built = Run(inputs, str(tmp_path / "m"), synthetic=False)  # builds, does not compile
+    assert built.train_step.experimental_get_tracing_count() == 0
+    assert ip.python_ops_in(built.dataset) == []
+
+
+def test_synthesis_uses_the_plugins_generate(example_run):
+    from train.synthesize import load_synthesizer, text_ids
+
+    synth = load_synthesizer(str(example_run[0]))
+    ids, n = text_ids("printing, in the only sense.", synth.schema)
+    out = synth.generate(tf.constant(ids), tf.constant([n], tf.int32))
+    assert out["mel"].shape == (1, synth.schema.max_mel_frames, synth.schema.n_mels)
+    assert 1 <= int(out["mel_len"][0]) <= synth.schema.max_mel_frames
+    assert np.isfinite(out["mel"].numpy()).all()
+
+
+BAD_PLUGINS = textwrap.dedent('''
+    import keras
+    import tensorflow as tf
+
+    class NoFrames(keras.Model):
+        """Valid but for its loss terms: no mel_frames. Without generate."""
+        def __init__(self, full=False):
+            super().__init__()
+            self.full = full
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, mel):
+            return self.dense(mel)
+
+        def loss_terms(self, batch, seed, training):
+            err = tf.reduce_sum(tf.abs(self(batch["mel"])))
+            terms = {"err": err, "examples": tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.float32))}
+            if self.full:
+                terms["mel_frames"] = tf.cast(tf.reduce_sum(batch["mel_len"]), tf.float32)
+            return terms
+
+        def losses_from_terms(self, terms):
+            return {"loss": terms["err"] / tf.maximum(terms["examples"], 1.0)}
+
+    def no_frames(schema, options):
+        return NoFrames()
+
+    def no_generate(schema, options):
+        return NoFrames(full=True)
+
+    def not_a_model(schema, options):
+        return {"weights": 1}
+''')
+
+
+@pytest.fixture
+def bad_plugins(tmp_path, monkeypatch):
+    (tmp_path / "bad_plugins.py").write_text(BAD_PLUGINS)
+    (tmp_path / "broken_plugin.py").write_text("import no_such_module_anywhere\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.parametrize("factory, message", [
+    ("broken_plugin:build", "module 'broken_plugin' does not import (ModuleNotFoundError: No module named "
+                            "'no_such_module_anywhere')"),
+    ("bad_plugins:buld", "module 'bad_plugins' has no 'buld'; its callables are: NoFrames, no_frames"),
+    ("bad_plugins", "is not of the form package.module:factory"),
+    ("bad_plugins:not_a_model", "returned a builtins.dict, not a keras.Model"),
+    ("bad_plugins:no_frames", "NoFrames.loss_terms misses the key(s) mel_frames"),
+])
+def test_a_bad_plugin_is_a_usage_error_before_anything_compiles(factory, message, four_records, bad_plugins,
+                                                                capsys):
+    cfg = write_config(bad_plugins / "c.yaml", model={})
+    model_dir = bad_plugins / "m"
+    code = run([str(four_records / "train-*.tfrecord"), "--model-dir", str(model_dir), "--config", str(cfg),
+                "--model", factory])
+    assert code == 2 and message in capsys.readouterr().err
+    assert not (model_dir / "run_summary.json").exists() and not (model_dir / "tensorboard").exists()
+
+
+def test_synthesize_refuses_a_model_without_generate(four_records, bad_plugins, capsys):
+    from melshards.synthesize_cli import synthesize_command
+
+    cfg = write_config(bad_plugins / "c.yaml", model={}, loop={"steps": 2, "checkpoint_every": 2, "log_every": 2,
+                                                               "val_every": 2})
+    model_dir = bad_plugins / "m"
+    assert run([str(four_records / "train-*.tfrecord"), "--model-dir", str(model_dir), "--config", str(cfg),
+                "--model", "bad_plugins:no_generate"]) == 0
+    with pytest.raises(Exception, match="has no generate"):
+        synthesize_command.main(["--model-dir", str(model_dir), "Printing.", "-o", str(bad_plugins / "o.wav")],
+                                standalone_mode=False)
+
+
+def test_the_builtin_model_keeps_strict_config_validation(four_records, tmp_path, capsys):
+    cfg = write_config(tmp_path / "c.yaml", model={"d_modle": 32})
+    assert run([str(four_records / "train-*.tfrecord"), "--model-dir", str(tmp_path / "m"), "--config", str(cfg)]) == 2
+    assert "unknown key(s) d_modle" in capsys.readouterr().err

@@ -1,0 +1,68 @@
+"""The model plug-in contract of `melshards train`: what a factory returns and what the trainer calls.
+
+    melshards train ... --model package.module:factory      (or `model: {factory: ...}` in the config)
+
+A **factory** is `factory(schema, options) -> keras.Model`:
+- `schema` is the shards' `shards_schema.Schema` (vocabulary, static shapes, mel statistics);
+- `options` is the config's `model:` section as a plain dict, without its `factory` key (free-form:
+  the factory owns its validation and should raise `shards_schema.config.ConfigError` naming a bad
+  key);
+- the model's variables must exist when it returns (build it, e.g. by calling it once on zeros):
+  the trainer builds the optimizer before the first step, so the step traces once;
+- layers built without an explicit dtype follow the Keras global dtype policy, which the trainer
+  sets to `loop.precision` while the factory runs (float32 for synthesis).
+A factory may carry `factory.validate(schema, options)`: cheap checks the trainer runs while it
+checks the command line, before building anything.
+
+The **model** (`TTSModel` below) turns one batch into masked **sums and counts**, never means: the
+trainer adds them up over batches, length buckets and replicas (and over the zero-length records
+that pad the last validation batch, which must add nothing), then calls `losses_from_terms` once on
+the totals. So a loss equals the loss of all the records at once, exactly.
+
+Every model, the built-in Transformer-TTS (`train.model:build`) included, goes through this
+contract; the trainer has no other path. `train.plugins` checks a model against it before anything
+compiles.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Protocol, runtime_checkable
+
+BUILTIN_FACTORY = "train.model:build"
+
+# What the trainer reads from a record; the shapes and dtypes come from the schema (bucket).
+MODEL_INPUTS = ("text_ids", "text_len", "mel", "mel_len")
+
+# Keys every loss_terms dict holds, besides the model's own sums and counts: real (non-padding)
+# records in the batch and their mel frames. The trainer reports throughput from them.
+REQUIRED_TERMS = ("examples", "mel_frames")
+
+
+@runtime_checkable
+class TTSModel(Protocol):
+    """A keras.Model the trainer can drive. `generate` is optional (needed only by `synthesize`)."""
+
+    def loss_terms(self, batch: Mapping[str, Any], seed: Any, training: bool) -> dict[str, Any]:
+        """Masked sums and counts over one batch: float32 scalars, REQUIRED_TERMS among them.
+
+        batch: {name: tensor} for MODEL_INPUTS, static shapes [B, ...] (log-mel not normalised;
+        `train.step.Normaliser(schema)` normalises in-graph). Records with mel_len 0 are padding:
+        they must add 0 to every term. seed: int32 [2], (loop.seed, step) while training: a
+        stateless key for dropout, so a resumed run draws the same masks. Runs inside an XLA
+        compiled function: TensorFlow ops only, static shapes.
+        """
+
+    def losses_from_terms(self, terms: Mapping[str, Any]) -> dict[str, Any]:
+        """Terms (summed over any number of batches) -> named scalar losses; "loss" is minimised."""
+
+
+class GeneratingModel(TTSModel, Protocol):
+    """A model `melshards synthesize` can speak with."""
+
+    def generate(self, text_ids: Any, text_len: Any) -> dict[str, Any]:
+        """text_ids int32 [1, max_text_len], text_len int32 [1] -> {"mel": float32 [1, T, n_mels] log-mel
+        (the shards' scale, not normalised), "mel_len": int32 [1] frames of speech}. Static shapes;
+        compiled with XLA."""
+
+
+class ModelFactory(Protocol):
+    def __call__(self, schema: Any, options: dict[str, Any]) -> TTSModel: ...

@@ -1,0 +1,122 @@
+"""Finding a model factory (`package.module:factory`) and checking what it builds against
+`train.contract`, before anything compiles. Every failure is a `PluginError` naming what is wrong.
+
+Factories are imported with `importlib.import_module`, from `sys.path` and the current directory
+(as `python -m` and uvicorn do): an installed package, or a module under the directory the command
+runs in, such as this repository's `examples/` (`--model examples.fastspeech_lite:build`).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import os
+import sys
+import traceback
+from typing import Any, Callable
+
+from train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
+import keras
+
+from shards_schema.config import ConfigError
+from train.contract import MODEL_INPUTS, REQUIRED_TERMS
+
+
+class PluginError(ConfigError):
+    """The model plug-in cannot be used; the message names the factory and what to fix."""
+
+
+def load_factory(spec: str) -> Callable:
+    """`package.module:factory` -> the callable; raises PluginError if it cannot be found."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise PluginError(f"model factory {spec!r} is not of the form package.module:factory "
+                          "(e.g. examples.fastspeech_lite:build)")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # last: an installed package of the same name wins
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as e:  # noqa: BLE001 (any error while importing user code is reported the same way)
+        last = traceback.format_exception_only(type(e), e)[-1].strip()
+        raise PluginError(f"model factory {spec!r}: module {module_name!r} does not import ({last}). "
+                          "Install it, or run from the directory that holds it") from e
+    factory = module
+    for part in attr.split("."):
+        factory = getattr(factory, part, None)
+        if factory is None:
+            public = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
+            raise PluginError(f"model factory {spec!r}: module {module_name!r} has no {attr!r}; its callables "
+                              f"are: {', '.join(public) or '(none)'}")
+    if not callable(factory):
+        raise PluginError(f"model factory {spec!r} is a {type(factory).__name__}, not a callable")
+    return factory
+
+
+def validate_options(spec: str, schema, options: dict) -> None:
+    """The factory's own cheap checks (`factory.validate`), if it has them."""
+    validate = getattr(load_factory(spec), "validate", None)
+    if validate is not None:
+        validate(schema, dict(options))
+
+
+@contextlib.contextmanager
+def dtype_policy(precision: str):
+    """The Keras global dtype policy for the duration: layers built without a dtype follow it."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(precision)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def zero_batch(schema, batch_size: int = 1) -> dict:
+    """A batch of zero-length (padding) records of the schema's shapes."""
+    from shards_schema.records import tensor_specs
+
+    return {k: tf.zeros(s.shape, s.dtype) for k, s in tensor_specs(schema, batch_size, MODEL_INPUTS).items()}
+
+
+def check_model(model: Any, spec: str, schema) -> tuple[str, ...]:
+    """Check `model` against the contract by calling it once, eagerly, on a tiny padding batch.
+
+    Returns the names of its losses ("loss" first). Eager: nothing is traced or compiled here.
+    """
+    if not isinstance(model, keras.Model):
+        raise PluginError(f"model factory {spec!r} returned a {type(model).__module__}.{type(model).__name__}, "
+                          "not a keras.Model; return the model it builds")
+    for method in ("loss_terms", "losses_from_terms"):
+        if not callable(getattr(model, method, None)):
+            raise PluginError(f"the model of {spec!r} ({type(model).__name__}) has no {method}() method; "
+                              "see train/contract.py for what the trainer calls")
+    terms = model.loss_terms(zero_batch(schema), tf.zeros([2], tf.int32), training=False)
+    if not isinstance(terms, dict):
+        raise PluginError(f"{type(model).__name__}.loss_terms returned a {type(terms).__name__}, not a dict "
+                          "of scalar sums and counts")
+    missing = [k for k in REQUIRED_TERMS if k not in terms]
+    if missing:
+        raise PluginError(f"{type(model).__name__}.loss_terms misses the key(s) {', '.join(missing)} "
+                          f"(it returned {', '.join(sorted(terms)) or 'nothing'}); the trainer needs "
+                          f"{', '.join(REQUIRED_TERMS)}: the real records and their mel frames in the batch")
+    not_scalar = [k for k, v in terms.items() if tf.convert_to_tensor(v).shape.rank != 0]
+    if not_scalar:
+        raise PluginError(f"{type(model).__name__}.loss_terms returned non-scalar {', '.join(not_scalar)}; "
+                          "return sums over the batch, so batches add up")
+    losses = model.losses_from_terms(terms)
+    if not isinstance(losses, dict) or "loss" not in losses:
+        raise PluginError(f"{type(model).__name__}.losses_from_terms must return a dict with the key 'loss' "
+                          "(the value minimised)")
+    if not model.trainable_variables:
+        raise PluginError(f"the model of {spec!r} has no trainable variables")
+    return ("loss", *sorted(k for k in losses if k != "loss"))
+
+
+def build_model(spec: str, schema, options: dict, precision: str = "float32") -> tuple[Any, tuple[str, ...]]:
+    """factory(schema, options) under the `precision` policy, checked; returns (model, loss names)."""
+    factory = load_factory(spec)
+    with dtype_policy(precision):
+        model = factory(schema, dict(options))
+    return model, check_model(model, spec, schema)
+
+
+def can_generate(model: Any) -> bool:
+    return callable(getattr(model, "generate", None))
