@@ -6,6 +6,7 @@ commands from the short help kept here and imports neither; `melshards stats` im
 from __future__ import annotations
 
 import importlib
+import logging
 
 import click
 
@@ -20,6 +21,12 @@ _COMMANDS = {
     "inspect": ("melshards.inspect_cli", "inspect_command", "Check shards against their schema without training."),
 }
 _USES_TENSORFLOW = ("train", "synthesize", "inspect")
+
+
+def setup_logging() -> None:
+    """INFO lines of melshards itself; libraries' INFO chatter (absl's checkpoint callbacks) stays out."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("absl").setLevel(logging.WARNING)
 
 
 def run_command(command: click.Command, argv: list[str] | None, prog_name: str) -> int:

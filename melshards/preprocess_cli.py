@@ -4,12 +4,11 @@ Beam is imported when the command runs, not when `melshards --help` lists it.
 """
 from __future__ import annotations
 
-import logging
 import time
 
 import click
 
-from melshards.cli import run_command
+from melshards.cli import run_command, setup_logging
 from melshards.tables import bucket_table, percentile_table
 from shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
 
@@ -61,7 +60,7 @@ def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config
     Options not listed here go to Beam, e.g. --runner DataflowRunner --project P --region R
     --temp_location gs://B/tmp --setup_file ./setup.py. An option neither knows is an error.
     """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging()
     from preprocess.config import ConfigError
     from preprocess.corpus import CorpusError
     from preprocess.run import EmptyRunError, OptionsError, OutputError, quiet_beam_logging, run_job

@@ -5,10 +5,11 @@ command's business, the trainer stops at the mel.
 """
 from __future__ import annotations
 
-import logging
 import os
 
 import click
+
+from melshards.cli import setup_logging
 import numpy as np
 
 from shards_schema import Schema, SchemaError
@@ -60,7 +61,7 @@ def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
               help="Also save the generator as a SavedModel here (serving signature: text -> mel).")
 def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -> None:
     """Speak TEXT with the model in --model-dir and write a WAV (Griffin-Lim vocoder)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging()
     import soundfile as sf
 
     from shards_schema.text import TextRejected, check_text

@@ -5,11 +5,10 @@ is built or anything is compiled, so a bad call fails in seconds with a message.
 """
 from __future__ import annotations
 
-import logging
 
 import click
 
-from melshards.cli import run_command
+from melshards.cli import run_command, setup_logging
 from shards_schema import SchemaError
 from shards_schema.config import ConfigError
 
@@ -37,7 +36,7 @@ def run(argv: list[str] | None = None) -> int:
 def train_command(shard_globs, model_dir, val_globs, config_path, steps, batch_size, schema_path,
                   model_factory, synthetic_data) -> None:
     """Train a text-to-mel model on SHARD_GLOB... (local or gs://) written by `melshards preprocess`."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    setup_logging()
     from train.config import load_config
     from train.input_pipeline import InputError
     from train.errors import ModelDirError, RestoreError, TrainError
