@@ -2,7 +2,7 @@
 
 Sections: `data` (input pipeline), `model` (text-to-mel network), `optim` (AdamW + schedule),
 `loop` (steps, checkpoints, logging, validation, precision). The command line may override
-`loop.steps` and `data.batch_size`; nothing else invents a value.
+`loop.steps`, `loop.precision`, `loop.strategy` and `data.batch_size`; nothing else invents a value.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from shards_schema import Schema
 from shards_schema.config import ConfigError, from_dict, load_yaml
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+STRATEGIES = ("auto", "one", "mirrored", "multiworker", "tpu")  # train/distribute.py builds them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,7 @@ class LoopConfig:
     val_every: int = 100
     val_batches: int = 0  # 0: the whole --val set each time
     precision: str = "float32"  # float32 | mixed_bfloat16 | mixed_float16 (with loss scaling)
+    strategy: str = "auto"  # auto | one | mirrored | multiworker | tpu; data.batch_size is the global batch
     seed: int = 0  # weights and dropout
     op_determinism: bool = False  # tf.config.experimental.enable_op_determinism (slower)
 
@@ -74,10 +76,13 @@ class TrainConfig:
     optim: OptimConfig = OptimConfig()
     loop: LoopConfig = LoopConfig()
 
-    def override(self, steps: int | None = None, batch_size: int | None = None) -> "TrainConfig":
+    def override(self, steps: int | None = None, batch_size: int | None = None, precision: str | None = None,
+                 strategy: str | None = None) -> "TrainConfig":
         cfg = self
-        if steps is not None:
-            cfg = dataclasses.replace(cfg, loop=dataclasses.replace(cfg.loop, steps=steps))
+        loop = {k: v for k, v in {"steps": steps, "precision": precision, "strategy": strategy}.items()
+                if v is not None}
+        if loop:
+            cfg = dataclasses.replace(cfg, loop=dataclasses.replace(cfg.loop, **loop))
         if batch_size is not None:
             cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=batch_size))
         return cfg
@@ -97,6 +102,8 @@ class TrainConfig:
                 raise ConfigError(f"{key} is {value}; it must be at least 1")
         if lp.precision not in PRECISIONS:
             raise ConfigError(f"loop.precision is {lp.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        if lp.strategy not in STRATEGIES:
+            raise ConfigError(f"loop.strategy is {lp.strategy!r}; choose one of {', '.join(STRATEGIES)}")
         if m.d_model % m.num_heads:
             raise ConfigError(f"model.d_model {m.d_model} is not divisible by model.num_heads {m.num_heads}")
         if schema.max_mel_frames % m.reduction_factor:

@@ -37,11 +37,13 @@ def attach(owner: layers.Layer, prefix: str, items: list) -> tuple:
 
 
 class Dropout(layers.Layer):
-    """Dropout from a stateless threefry stream keyed by (seed, step) and the layer's site number.
+    """Dropout from a stateless threefry stream keyed by the step's key and the layer's own site number.
 
     keras.layers.Dropout and tf.nn.experimental.stateless_dropout draw with the "auto_select"
     algorithm, which XLA on CPU runs ~300x slower than threefry (1.6 s vs 5 ms for one
-    [8, 552, 128] mask, measured). Keying by the step also makes a resumed run draw the same masks.
+    [8, 552, 128] mask, measured). `seed` is the [2] key of (run seed, step, replica)
+    (train/step.py dropout_key); folding in the site gives every site an independent stream, and a
+    resumed run draws the same masks.
     """
 
     def __init__(self, rate: float, site: int, **kw):
@@ -51,7 +53,7 @@ class Dropout(layers.Layer):
     def call(self, x, seed, training=False):
         if not training or self.rate == 0.0:
             return x
-        key = seed + tf.constant([0, 7919], tf.int32) * self.site  # a distinct stream per site
+        key = tf.random.experimental.stateless_fold_in(seed, self.site, alg="threefry")
         keep = tf.random.stateless_uniform(tf.shape(x), key, alg="threefry") >= self.rate
         return tf.where(keep, x / tf.cast(1.0 - self.rate, x.dtype), tf.zeros_like(x))
 
@@ -136,8 +138,12 @@ class TextToMel(keras.Model):
         self.dec_blocks = attach(self, "dec_block", [TransformerBlock(cfg, True, 10 + 3 * (cfg.encoder_layers + i),
                                                                       dtype=dt) for i in range(cfg.decoder_layers)])
         self.dec_norm = layers.LayerNormalization(dtype=dt)
-        # sites 3..5: encoder convs / positions, decoder positions, postnet
-        self.enc_drop, self.dec_drop, self.post_drop = (Dropout(cfg.dropout, i, dtype=dt) for i in (3, 4, 5))
+        # one site per dropout layer: 3 encoder positions, 4 decoder positions, 100+ encoder convs, 200+ postnet
+        self.enc_drop, self.dec_drop = (Dropout(cfg.dropout, i, dtype=dt) for i in (3, 4))
+        self.enc_conv_drops = attach(self, "enc_conv_drop", [Dropout(cfg.dropout, 100 + i, dtype=dt)
+                                                             for i in range(cfg.encoder_conv_layers)])
+        self.post_drops = attach(self, "post_drop", [Dropout(cfg.dropout, 200 + i, dtype=dt)
+                                                     for i in range(cfg.postnet_layers)])
         # heads and postnet output stay float32: losses and the stop decision need the precision
         self.mel_head = layers.Dense(r * n_mels, dtype="float32")
         self.stop_head = layers.Dense(1, dtype="float32")
@@ -156,10 +162,10 @@ class TextToMel(keras.Model):
     def encode(self, text_ids, text_len, seed, training=False):
         mask = tf.sequence_mask(text_len, self.max_text_len)  # [B, L]
         x = self.embed(text_ids)
-        for conv, norm in zip(self.enc_convs, self.enc_conv_norms):
-            x = self.enc_drop(norm(conv(x)), seed, training=training)
+        for conv, norm, drop in zip(self.enc_convs, self.enc_conv_norms, self.enc_conv_drops):
+            x = drop(norm(conv(x)), seed, training=training)
         x = self.enc_proj(x) + tf.cast(self.enc_alpha * self.enc_pos, x.dtype)
-        x = self.enc_drop(x, seed + 1, training=training)
+        x = self.enc_drop(x, seed, training=training)
         self_mask = mask[:, None, :] & mask[:, :, None]
         for block in self.enc_blocks:
             x = block(x, self_mask, seed, training=training)
@@ -182,8 +188,8 @@ class TextToMel(keras.Model):
     def refine(self, mel, seed, training=False):
         """Postnet: residual correction of the decoder's frames."""
         x = mel
-        for i, (conv, norm) in enumerate(zip(self.postnet, self.postnet_norms)):
-            x = self.post_drop(norm(conv(x)), seed + i, training=training)
+        for conv, norm, drop in zip(self.postnet, self.postnet_norms, self.post_drops):
+            x = drop(norm(conv(x)), seed, training=training)
         return mel + self.postnet_out(x)
 
     def teacher_inputs(self, target):
@@ -193,7 +199,7 @@ class TextToMel(keras.Model):
         return tf.concat([go, last[:, :-1, :]], axis=1)
 
     def call(self, text_ids, text_len, target, seed, training=False):
-        """Teacher-forced pass. seed: int32 [2], (run seed, step) while training; ignored otherwise."""
+        """Teacher-forced pass. seed: int32 [2] dropout key of (run seed, step, replica) while training."""
         memory, text_mask = self.encode(text_ids, text_len, seed, training=training)
         mel, stop = self.decode(memory, text_mask, self.teacher_inputs(target), seed, training=training)
         return mel, self.refine(mel, seed, training=training), stop
