@@ -56,6 +56,10 @@ class Topology:
     resolver: object = None
 
     @property
+    def local_replicas(self) -> int:
+        return self.replicas // self.workers
+
+    @property
     def distributed(self) -> bool:
         return self.strategy is not None
 
@@ -72,6 +76,7 @@ class Topology:
 
     def facts(self, global_batch: int) -> dict:
         return {"strategy": self.name, "replicas": self.replicas, "workers": self.workers,
+                "local_replicas": self.local_replicas,
                 "global_batch_size": global_batch, "per_replica_batch_size": global_batch // self.replicas}
 
 
@@ -159,7 +164,7 @@ def distributed_dataset(topo: Topology, make: Callable[..., tf.data.Dataset], fi
             how = shard_plan(len(files), n)
             log.info("input pipeline %d of %d reads %s", i, n,
                      f"{len(files[i::n])} of {len(files)} shard files" if how == "files" else
-                     f"every {n}th record of all {len(files)} shard files (fewer files than workers)")
+                     f"one record in {n} of all {len(files)} shard files (fewer files than workers)")
             shard = (how, n, i)
         ds = make(batch_size=b, shard=shard)
         return ds.map(lambda batch: {k: tf.ensure_shape(v, specs[k].shape) for k, v in batch.items()})

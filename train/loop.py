@@ -288,11 +288,15 @@ class Run:
         return evaluate(self.eval_step, self.inputs.val_files, self.inputs, lp.val_batches)
 
     def traces(self) -> int:
-        """Traces of the XLA-compiled function: the whole step on one device, a replica's pass under a strategy."""
+        """Traces of the XLA-compiled function: the whole step on one device, a replica's pass under a strategy.
+
+        Under MirroredStrategy that function is traced once per local replica device (each trace
+        captures that device's copies of the variables), so the expected count is the local replicas.
+        """
         traces = self.train_step.grad_fn.experimental_get_tracing_count()
-        if traces > 1:
-            log.error("THE TRAIN STEP WAS TRACED %d TIMES, NOT ONCE: every trace recompiles with XLA. "
-                      "Signatures traced:\n%s\nThe dataset yields: %s", traces,
+        if traces > self.topo.local_replicas:
+            log.error("THE TRAIN STEP WAS TRACED %d TIMES, NOT ONCE (PER REPLICA DEVICE): every trace recompiles "
+                      "with XLA. Signatures traced:\n%s\nThe dataset yields: %s", traces,
                       self.train_step.grad_fn.pretty_printed_concrete_signatures(), self.dataset.element_spec)
         return traces
 
@@ -324,10 +328,8 @@ def train(inputs: Inputs, model_dir: str, synthetic: bool = False, topo: dist.To
     topo = topo or dist.Topology("one", None)
     with StopFlag() as stop:  # from the start: a Ctrl-C during set-up stops before the first call
         topo.per_replica_batch(inputs.cfg.data.batch_size)  # a ConfigError before any model is built
-        if topo.chief:
+        if topo.chief:  # the others would race the chief's writes; the chief's refusal stops them all
             prepare_model_dir(model_dir, inputs)
-        else:
-            _check_model_dir(model_dir, inputs)
         run = Run(inputs, model_dir, synthetic, topo)
         out_dir = run.write_dir
         if not topo.chief:

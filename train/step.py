@@ -123,8 +123,8 @@ def clip_factor(norm, clip_norm: float):
 def dropout_key(seed: int, step, replica) -> tf.Tensor:
     """The [2] key of one replica's dropout at one step; each Dropout folds in its site number."""
     key = tf.random.experimental.stateless_fold_in(tf.constant([seed, 0], tf.int32), tf.cast(step, tf.int32),
-                                                   alg="threefry")
-    return tf.random.experimental.stateless_fold_in(key, tf.cast(replica, tf.int32), alg="threefry")
+                                                   alg="philox")
+    return tf.random.experimental.stateless_fold_in(key, tf.cast(replica, tf.int32), alg="philox")
 
 
 def make_train_step(model: TextToMel, optimizer, schema: Schema, cfg: OptimConfig, specs: dict,
