@@ -138,9 +138,9 @@ def _digest(out: str) -> str:
 
 def test_two_workers_preempted_by_sigterm_resume_to_the_target_with_equal_weights(shards_dir, tmp_path):
     """Worker 1 gets SIGTERM mid-run: every worker checkpoints and exits 0; a restart resumes and finishes."""
-    steps = 40
+    steps = 16
     cfg = write_config(tmp_path / "c.yaml", model=NO_DROPOUT,
-                       loop={"steps": steps, "log_every": 1, "checkpoint_every": 20, "val_every": 20})
+                       loop={"steps": steps, "log_every": 1, "checkpoint_every": 8, "val_every": 8})
     model_dir, cache = tmp_path / "model", tmp_path / "xla"
     chief, other = _cluster(shards_dir, model_dir, cfg, cache, [_free_port(), _free_port()])
     lines, deadline = [], time.monotonic() + TIMEOUT
