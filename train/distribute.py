@@ -25,7 +25,6 @@ from typing import Callable, Sequence
 from train.tf_quiet import tf
 
 from shards_schema.config import ConfigError
-from train.errors import TrainError
 
 log = logging.getLogger("melshards.train")
 

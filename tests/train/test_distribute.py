@@ -34,6 +34,14 @@ def test_batch_size_must_divide_by_the_replicas():
         topo.per_replica_batch(6)
 
 
+def test_an_unknown_strategy_in_the_config_is_refused(shards_dir):
+    from shards_schema import read_schema
+    from train.config import TrainConfig
+
+    with pytest.raises(ConfigError, match="loop.strategy is 'gpus'; choose one of auto, one, mirrored"):
+        TrainConfig().override(strategy="gpus").validate(read_schema(str(shards_dir)))
+
+
 def test_workers_read_whole_files_when_each_gets_one_else_records():
     assert dist.shard_plan(files=8, pipelines=2) == "files"
     assert dist.shard_plan(files=2, pipelines=2) == "files"
@@ -113,7 +121,7 @@ def test_mirrored_on_two_cpu_devices_follows_the_single_device_losses(shards_dir
     _finish(mirrored)
     a, b = _losses(tmp_path / "one"), _losses(tmp_path / "mirrored")
     assert len(a) == len(b) == STEPS and a[-1] < a[0]
-    np.testing.assert_allclose(b, a, rtol=2e-5)
+    np.testing.assert_allclose(b, a, rtol=1e-5)  # measured: within 3e-7 (summation order)
     s = _summary(tmp_path / "mirrored")
     assert (s["strategy"], s["replicas"], s["workers"]) == ("mirrored", 2, 1)
     assert (s["global_batch_size"], s["per_replica_batch_size"]) == (4, 2)
@@ -180,9 +188,10 @@ def bf16_run(four_records, tmp_path_factory):
     return tmp / "model"
 
 
-@pytest.mark.parametrize("precision", ["mixed_float16"])
-def test_mixed_float16_trains_with_a_finite_falling_loss(four_records, tmp_path, precision):
+def test_mixed_float16_trains_with_a_finite_falling_loss_under_loss_scaling(four_records, tmp_path):
     from melshards.train_cli import run
+
+    precision = "mixed_float16"
 
     cfg = write_config(tmp_path / "c.yaml", loop={"steps": 8, "log_every": 4, "checkpoint_every": 8,
                                                   "val_every": 8})
