@@ -113,7 +113,7 @@ def make_topology(name: str) -> Topology:
         tf.tpu.experimental.initialize_tpu_system(resolver)
         strategy = tf.distribute.TPUStrategy(resolver)
         return Topology(name, strategy, replicas=strategy.num_replicas_in_sync,
-                        workers=max(1, len(resolver.cluster_spec().as_dict().get("worker", [])) or 1),
+                        workers=max(1, len(resolver.cluster_spec().as_dict().get("worker", []))),
                         resolver=resolver)
     raise ConfigError(f"unknown strategy {name!r}")
 

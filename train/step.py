@@ -1,7 +1,8 @@
 """Losses and the compiled train/eval steps: small functions returning metrics.
 
 Both steps are `tf.function(input_signature=..., jit_compile=True)` built from the schema, so they
-trace once. Masks and mel normalisation are computed in-graph from the static shapes.
+trace once (under a tf.distribute strategy the compiled part is each replica's forward and backward
+pass, see make_train_step). Masks and mel normalisation are computed in-graph from the static shapes.
 """
 from __future__ import annotations
 
