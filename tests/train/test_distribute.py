@@ -170,6 +170,7 @@ def test_two_workers_preempted_by_sigterm_resume_to_the_target_with_equal_weight
     assert f"at step {stopped['final_step']}" in chief_out
     assert done["start_step"] == stopped["final_step"] and done["final_step"] == steps
     assert (done["strategy"], done["workers"], done["replicas"]) == ("multiworker", 2, 2)
+    assert done["train_step_traces"] == 1 and done["step_function_traces"] == 1  # one replica per worker
     assert (model_dir / "checkpoints" / f"ckpt-{steps}.index").exists()
     assert _digest(chief_out) == _digest(other_out)
     assert "one record in 2 of all 1 shard files" in chief_out  # one shard file, two workers
