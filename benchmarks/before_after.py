@@ -98,7 +98,8 @@ def plain_step(model, optimizer, schema, batch_size: int, signature: bool, pad_t
                                                     constant_values=schema.mel.pad_value), [batch_size, m, schema.n_mels]))
         with tf.GradientTape() as tape:
             loss = model.losses_from_terms(model.loss_terms(batch, key, training=True))["loss"]
-        optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+        grads, _ = tf.clip_by_global_norm(tape.gradient(loss, model.trainable_variables), 1.0)  # as the step does
+        optimizer.apply(grads, model.trainable_variables)
         return {"loss": loss, "examples": tf.cast(tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.int32)), tf.float32)}
 
     sig = [tensor_specs(schema, batch_size, MODEL_INPUTS)] if signature else None
@@ -113,7 +114,7 @@ def run_variant(name: str, shards: Path, clips, config: str, steps: int) -> dict
     from train import input_pipeline as ip
     from train.config import load_config
     from train.model import build_model
-    from train.step import MODEL_INPUTS, make_optimizer, make_train_step
+    from train.step import MODEL_INPUTS, make_optimizer, make_train_step, step_specs
 
     cfg = load_config(config)
     # The model's threefry dropout has an XLA kernel only (on CPU); the non-XLA variants need it off,
@@ -130,8 +131,8 @@ def run_variant(name: str, shards: Path, clips, config: str, steps: int) -> dict
         files = ip.expand_globs([str(shards / "train-*.tfrecord")])
         data = ip.train_dataset(files, schema, cfg.data, MODEL_INPUTS, 1)
         if name == "melshards":
-            step = make_train_step(model, opt, schema, cfg.optim, b, 1, 0, tf.Variable(0, dtype=tf.int64),
-                                   ("loss", "mel_loss", "postnet_loss", "stop_loss"))
+            step = make_train_step(model, opt, schema, cfg.optim, step_specs(schema, b), 1, 0,
+                                   tf.Variable(0, dtype=tf.int64), ("loss", "mel_loss", "postnet_loss", "stop_loss"))
         else:
             data = data.map(lambda d: {k: v[0] for k, v in d.items()})
             step = plain_step(model, opt, schema, b, signature=(name == "sig_noxla"), pad_to_schema=False)

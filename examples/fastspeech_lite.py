@@ -91,6 +91,11 @@ class FastSpeechLite(keras.Model):
         return self.decode(memory, text_len, mel_len), log_frames
 
     # -- the contract ---------------------------------------------------------------------------
+    def loss_counts(self, batch):
+        frame_mask = tf.sequence_mask(batch["mel_len"], self.max_frames, dtype=tf.float32)
+        return {"mel_count": tf.reduce_sum(frame_mask) * self.n_mels,
+                "examples": tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.float32))}
+
     def loss_terms(self, batch, seed, training):
         target = self.norm(batch["mel"])
         mel, log_frames = self(batch["text_ids"], batch["text_len"], batch["mel_len"], training=training)

@@ -33,10 +33,18 @@ def run(argv: list[str] | None = None) -> int:
                    "model.factory (default: the built-in Transformer-TTS, train.model:build).")
 @click.option("--synthetic-data", is_flag=True,
               help="Feed one constant batch from memory: the input-free upper bound on throughput.")
+@click.option("--strategy", type=click.Choice(["auto", "one", "mirrored", "multiworker", "tpu"]), default=None,
+              help="tf.distribute strategy (overrides loop.strategy): auto is mirrored over several GPUs, else one "
+                   "device; multiworker reads TF_CONFIG; tpu uses TPU_NAME (default: local). --batch-size is global.")
+@click.option("--cpu-devices", type=int, default=1, show_default=True,
+              help="Split the CPU into N logical devices, e.g. to try --strategy mirrored without GPUs.")
+@click.option("--precision", type=click.Choice(["float32", "mixed_bfloat16", "mixed_float16"]), default=None,
+              help="Overrides loop.precision (mixed_float16 trains with loss scaling).")
 def train_command(shard_globs, model_dir, val_globs, config_path, steps, batch_size, schema_path,
-                  model_factory, synthetic_data) -> None:
+                  model_factory, synthetic_data, strategy, cpu_devices, precision) -> None:
     """Train a text-to-mel model on SHARD_GLOB... (local or gs://) written by `melshards preprocess`."""
     setup_logging()
+    from train import distribute
     from train.config import load_config
     from train.input_pipeline import InputError
     from train.errors import ModelDirError, RestoreError, TrainError
@@ -44,12 +52,16 @@ def train_command(shard_globs, model_dir, val_globs, config_path, steps, batch_s
     from train.metrics import format_summary
 
     try:
-        cfg = load_config(config_path).override(steps=steps, batch_size=batch_size, model_factory=model_factory)
+        distribute.set_cpu_devices(cpu_devices)  # before anything sets up TensorFlow's devices
+        cfg = load_config(config_path).override(steps=steps, batch_size=batch_size, precision=precision,
+                                                strategy=strategy, model_factory=model_factory)
         inputs = resolve_inputs(shard_globs, val_globs, schema_path, cfg)
+        topo = distribute.make_topology(inputs.cfg.loop.strategy)
+        topo.per_replica_batch(inputs.cfg.data.batch_size)
     except (ConfigError, SchemaError, InputError) as e:
         raise click.UsageError(str(e)) from e
     try:
-        summary = train(inputs, model_dir, synthetic=synthetic_data)
+        summary = train(inputs, model_dir, synthetic=synthetic_data, topo=topo)
     except (ModelDirError, ConfigError) as e:  # ConfigError: the model factory or its model (PluginError)
         raise click.UsageError(str(e)) from e
     except (TrainError, RestoreError, SchemaError) as e:

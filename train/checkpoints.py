@@ -140,13 +140,17 @@ class Checkpointer:
     """Saves and restores a run: model, optimizer, step, iterator and the data settings beside it."""
 
     def __init__(self, model_dir: str, model, optimizer, step: tf.Variable, iterator, data: dict,
-                 keep: int):
-        self.model, self.data = model, data
+                 keep: int, read_dir: str | None = None):
+        """iterator None: the input position is not saved (distributed iterators are not trackable).
+        read_dir: the model dir to resume from when it is not the one written (a non-chief worker)."""
+        self.model, self.data, self.has_iterator = model, data, iterator is not None
         self.data_var = tf.Variable(json.dumps(data, sort_keys=True), trainable=False, dtype=tf.string)
         self.weights = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
-        self.full = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step, iterator=iterator,
-                                        data_settings=self.data_var)
+        saved = {"iterator": iterator} if iterator is not None else {}
+        self.full = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step, data_settings=self.data_var,
+                                        **saved)
         self.dir = posixpath.join(model_dir, CHECKPOINT_DIR)
+        self.read_dir = posixpath.join(read_dir, CHECKPOINT_DIR) if read_dir else self.dir
         self.manager = tf.train.CheckpointManager(self.full, self.dir, max_to_keep=keep)
 
     @property
@@ -156,12 +160,15 @@ class Checkpointer:
     def restore(self) -> list[str]:
         """Restore the newest checkpoint, if any; returns the data-setting differences (fresh iterator)."""
         remove_partial_writes(self.dir)
-        latest = self.latest
+        latest = self.latest if self.read_dir == self.dir else tf.train.latest_checkpoint(self.read_dir)
         if latest is None:
             return []
         diff = settings_diff(saved_data_settings(latest), self.data)
-        if not diff:
+        if not diff and self.has_iterator:
             restore_checked(self.full, latest, self.model, consume_all=True)
+            return []
+        if not self.has_iterator:  # the input restarts anyway; a position saved by a one-device run is unused
+            restore_checked(self.weights, latest, self.model, consume_all=False)
             return []
         restore_checked(self.weights, latest, self.model, consume_all=False)
         log.warning("the input differs from the run that wrote %s (%s): restored the weights, optimizer "

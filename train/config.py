@@ -3,7 +3,7 @@
 Sections: `data` (input pipeline), `model` (the text-to-mel network: `factory`, the
 `package.module:factory` that builds it, and that factory's options), `optim` (AdamW + schedule),
 `loop` (steps, checkpoints, logging, validation, precision). The command line may override
-`loop.steps`, `data.batch_size` and `model.factory`; nothing else invents a value.
+`loop.steps`, `loop.precision`, `loop.strategy`, `data.batch_size` and `model.factory`; nothing else invents a value.
 
 The `model` section is free-form here: it belongs to the factory (train/contract.py). The built-in
 model's factory reads it into `ModelConfig`, strictly (unknown keys are errors).
@@ -18,6 +18,7 @@ from shards_schema.config import ConfigError, from_dict, load_yaml
 from train.contract import BUILTIN_FACTORY
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+STRATEGIES = ("auto", "one", "mirrored", "multiworker", "tpu")  # train/distribute.py builds them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +83,7 @@ class LoopConfig:
     val_every: int = 100
     val_batches: int = 0  # 0: the whole --val set each time
     precision: str = "float32"  # float32 | mixed_bfloat16 | mixed_float16 (with loss scaling)
+    strategy: str = "auto"  # auto | one | mirrored | multiworker | tpu; data.batch_size is the global batch
     seed: int = 0  # weights and dropout
     op_determinism: bool = False  # tf.config.experimental.enable_op_determinism (slower)
 
@@ -102,13 +104,15 @@ class TrainConfig:
         """The model section as the factory receives it (without `factory`)."""
         return {k: v for k, v in self.model.items() if k != "factory"}
 
-    def override(self, steps: int | None = None, batch_size: int | None = None,
-                 model_factory: str | None = None) -> "TrainConfig":
+    def override(self, steps: int | None = None, batch_size: int | None = None, precision: str | None = None,
+                 strategy: str | None = None, model_factory: str | None = None) -> "TrainConfig":
         cfg = self
         if model_factory is not None:
             cfg = dataclasses.replace(cfg, model=dict(cfg.model, factory=model_factory))
-        if steps is not None:
-            cfg = dataclasses.replace(cfg, loop=dataclasses.replace(cfg.loop, steps=steps))
+        loop = {k: v for k, v in {"steps": steps, "precision": precision, "strategy": strategy}.items()
+                if v is not None}
+        if loop:
+            cfg = dataclasses.replace(cfg, loop=dataclasses.replace(cfg.loop, **loop))
         if batch_size is not None:
             cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=batch_size))
         return cfg
@@ -126,6 +130,8 @@ class TrainConfig:
                 raise ConfigError(f"{key} is {value}; it must be at least 1")
         if lp.precision not in PRECISIONS:
             raise ConfigError(f"loop.precision is {lp.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        if lp.strategy not in STRATEGIES:
+            raise ConfigError(f"loop.strategy is {lp.strategy!r}; choose one of {', '.join(STRATEGIES)}")
         k = lp.steps_per_execution
         for key, value in {"loop.steps": lp.steps, "loop.checkpoint_every": lp.checkpoint_every,
                            "loop.log_every": lp.log_every, "loop.val_every": lp.val_every}.items():

@@ -51,6 +51,15 @@ class TTSModel(Protocol):
         compiled function: TensorFlow ops only, static shapes.
         """
 
+    def loss_counts(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """The count terms of `loss_terms` (the denominators: valid frames, real records, ...),
+        computed from the batch alone, without running the network.
+
+        Under tf.distribute the trainer sums them over all replicas before the backward pass and
+        gives each replica `losses_from_terms(dict(its terms, **global counts))`, so the summed
+        gradients are those of the global masked mean. That is exact when `losses_from_terms` is
+        linear in the sums (masked means and their weighted sums are)."""
+
     def losses_from_terms(self, terms: Mapping[str, Any]) -> dict[str, Any]:
         """Terms (summed over any number of batches) -> named scalar losses; "loss" is minimised."""
 

@@ -55,28 +55,40 @@ def _if(flag: bool, transform):
 
 
 def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig, names: Sequence[str],
-                  steps_per_execution: int | None, shuffle: bool = True, repeat: bool = True) -> tf.data.Dataset:
+                  steps_per_execution: int | None, batch_size: int | None = None, shard: tuple | None = None,
+                  seed: int | None = None, shuffle: bool = True, repeat: bool = True) -> tf.data.Dataset:
     """Endless stream of {feature: [K, B, *shape]} for the train step ([B, ...] when K is None).
 
+    batch_size: B (default cfg.batch_size; a replica's share under tf.distribute). shard: (how, n, i)
+    keeps the i-th of n parts, by "files" or by "records". seed: overrides cfg.seed for the shuffles.
     shuffle=False reads the files and records in order; repeat=False makes one pass (the public
     `melshards.dataset` offers both; the trainer uses neither).
     """
     files = list(files)
+    b = cfg.batch_size if batch_size is None else batch_size
+    seed = cfg.seed if seed is None else seed
+    how, n, i = shard or (None, 1, 0)
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if how == "files":  # before the shuffle: each part is a fixed set of files
+        ds, files = ds.shard(n, i), files[i::n]
     ds = (
-        tf.data.Dataset.from_tensor_slices(files)
         # new file order every epoch (reshuffle_each_iteration), reproducible from the seed
-        .apply(_if(shuffle, lambda d: d.shuffle(len(files), seed=cfg.seed, reshuffle_each_iteration=True)))
+        ds.apply(_if(shuffle, lambda d: d.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)))
         # several shards read at once: hides per-file latency (gs://) and mixes shards
         .interleave(tf.data.TFRecordDataset, cycle_length=min(cfg.cycle_length, len(files)),
                     block_length=1, num_parallel_calls=tf.data.AUTOTUNE, deterministic=cfg.deterministic)
+    )
+    if how == "records":  # every part reads every file and keeps every n-th record
+        ds = ds.shard(n, i)
+    ds = (
         # records within and across shards are mixed; serialized records keep the buffer small
-        .apply(_if(shuffle, lambda d: d.shuffle(cfg.shuffle_buffer, seed=cfg.seed, reshuffle_each_iteration=True)))
+        ds.apply(_if(shuffle, lambda d: d.shuffle(cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)))
         # endless: the loop counts steps, not epochs
         .apply(_if(repeat, lambda d: d.repeat()))
         # static batch dim for the signature-bound step
-        .batch(cfg.batch_size, drop_remainder=True)
+        .batch(b, drop_remainder=True)
         # one vectorised parse per batch, decoded to the schema's static shapes
-        .map(_parse_fn(schema, cfg.batch_size, names), num_parallel_calls=tf.data.AUTOTUNE,
+        .map(_parse_fn(schema, b, names), num_parallel_calls=tf.data.AUTOTUNE,
              deterministic=cfg.deterministic)
         .apply(_stack(steps_per_execution))
         # overlap input with the step

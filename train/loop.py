@@ -26,13 +26,14 @@ import numpy as np
 
 from shards_schema import SCHEMA_FILE, Schema
 from shards_schema.shards import first_bad_shard
+from train import distribute as dist
 from train import input_pipeline as ip
 from train.checkpoints import CHECKPOINT_DIR, Checkpointer, check_writable, data_settings
 from train.config import TrainConfig
 from train.errors import ModelDirError, RestoreError, TrainError
 from train.metrics import RunState, format_summary
 from train.plugins import build_model
-from train.step import MODEL_INPUTS, make_eval_step, make_optimizer, make_train_step
+from train.step import MODEL_INPUTS, make_eval_step, make_optimizer, make_train_step, step_specs
 from train.summaries import TENSORBOARD_DIR, Scalars
 
 __all__ = ["CHECKPOINT_DIR", "CONFIG_FILE", "SUMMARY_FILE", "TENSORBOARD_DIR", "Inputs", "ModelDirError",
@@ -211,29 +212,56 @@ class Run:
     Built before anything compiles (the steps compile at their first call).
     """
 
-    def __init__(self, inputs: Inputs, model_dir: str, synthetic: bool):
+    def __init__(self, inputs: Inputs, model_dir: str, synthetic: bool, topo: dist.Topology | None = None):
         cfg, schema = inputs.cfg, inputs.schema
         lp, self.k_steps, self.batch_size = cfg.loop, cfg.loop.steps_per_execution, cfg.data.batch_size
         self.inputs, self.synthetic = inputs, synthetic
+        self.topo = topo = topo or dist.Topology("one", None)
+        self.per_replica = topo.per_replica_batch(self.batch_size)
         keras.utils.set_random_seed(lp.seed)
         if lp.op_determinism:
             tf.config.experimental.enable_op_determinism()
-        # the factory and the contract checks: before anything compiles
-        self.model, self.loss_names = build_model(cfg.model_factory, schema, cfg.model_options, lp.precision)
-        self.optimizer = make_optimizer(cfg.optim, lp.precision, self.model)
-        self.step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        self.train_step = make_train_step(self.model, self.optimizer, schema, cfg.optim, self.batch_size,
-                                          self.k_steps, lp.seed, self.step_var, self.loss_names)
+        with topo.scope():  # variables mirrored over the replicas (the default scope on one device)
+            # the factory and the contract checks: before anything compiles
+            self.model, self.loss_names = build_model(cfg.model_factory, schema, cfg.model_options, lp.precision)
+            self.optimizer = make_optimizer(cfg.optim, lp.precision, self.model)
+            self.step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.specs = step_specs(schema, self.per_replica)
+        self.train_step = make_train_step(self.model, self.optimizer, schema, cfg.optim, self.specs,
+                                          self.k_steps, lp.seed, self.step_var, self.loss_names,
+                                          strategy=topo.strategy)
         self.eval_step = make_eval_step(self.model, schema, self.batch_size) if inputs.val_files else None
-        if synthetic:
-            first = _read(lambda: ip.first_batch(inputs.files, schema, cfg.data, MODEL_INPUTS), inputs.files,
-                          schema)
-            self.dataset = ip.synthetic_dataset(first, self.k_steps)
+        self.write_dir = dist.write_dir(model_dir, topo)
+        if topo.distributed:  # built at restore: its shuffle seed depends on the step it starts at
+            self.dataset, self.iterator = None, None
         else:
-            self.dataset = ip.train_dataset(inputs.files, schema, cfg.data, MODEL_INPUTS, self.k_steps)
+            self.dataset = self.make_dataset()
+            self.iterator = iter(self.dataset)
+        self.checkpointer = Checkpointer(self.write_dir, self.model, self.optimizer, self.step_var, self.iterator,
+                                         data_settings(inputs.files, cfg, synthetic), lp.keep_checkpoints,
+                                         read_dir=model_dir)
+
+    def make_dataset(self, batch_size: int | None = None, shard: tuple | None = None, seed: int | None = None):
+        """The train input of one replica's batch (the global batch on one device)."""
+        cfg, schema, files = self.inputs.cfg, self.inputs.schema, self.inputs.files
+        if self.synthetic:
+            data = cfg.data if batch_size is None else dataclasses.replace(cfg.data, batch_size=batch_size)
+            first = _read(lambda: ip.first_batch(files, schema, data, MODEL_INPUTS), files, schema)
+            return ip.synthetic_dataset(first, self.k_steps)
+        return ip.train_dataset(files, schema, cfg.data, MODEL_INPUTS, self.k_steps, batch_size=batch_size,
+                                shard=shard, seed=seed)
+
+    def start_input(self, start: int) -> None:
+        """Under a strategy: the distributed input, reshuffled for the step it starts at (no saved position)."""
+        seed = dist.resume_seed(self.inputs.cfg.data.seed, start)
+        if start:
+            log.info("distributed input position is not checkpointable in TensorFlow; reshuffled the input with "
+                     "seed %d (derived from step %d) instead of replaying its first batches", seed, start)
+        specs = {k: tf.TensorSpec([self.k_steps, *s.shape], s.dtype) for k, s in self.specs.items()}
+        self.dataset = dist.distributed_dataset(
+            self.topo, lambda batch_size, shard: self.make_dataset(batch_size, shard, seed), self.inputs.files,
+            self.batch_size, specs)
         self.iterator = iter(self.dataset)
-        self.checkpointer = Checkpointer(model_dir, self.model, self.optimizer, self.step_var, self.iterator,
-                                         data_settings(inputs.files, cfg, synthetic), lp.keep_checkpoints)
 
     def restore(self) -> tuple[int, list[str]]:
         """(the step to start from, the data-setting changes that gave a fresh iterator)."""
@@ -244,6 +272,8 @@ class Run:
         if start % self.k_steps:
             raise TrainError(f"the checkpoint is at step {start}, not a multiple of loop.steps_per_execution "
                              f"{self.k_steps}; resume with the steps_per_execution it was trained with")
+        if self.iterator is None:
+            self.start_input(start)
         return start, changes
 
     def call(self) -> tuple[dict, np.ndarray, float, float]:
@@ -266,11 +296,16 @@ class Run:
         return evaluate(self.eval_step, self.inputs.val_files, self.inputs, lp.val_batches, self.model)
 
     def traces(self) -> int:
-        traces = self.train_step.experimental_get_tracing_count()
-        if traces > 1:
-            log.error("THE TRAIN STEP WAS TRACED %d TIMES, NOT ONCE: every trace recompiles with XLA. "
-                      "Signatures traced:\n%s\nThe dataset yields: %s", traces,
-                      self.train_step.pretty_printed_concrete_signatures(), self.dataset.element_spec)
+        """Traces of the XLA-compiled function: the whole step on one device, a replica's pass under a strategy.
+
+        Under MirroredStrategy that function is traced once per local replica device (each trace
+        captures that device's copies of the variables), so the expected count is the local replicas.
+        """
+        traces = self.train_step.grad_fn.experimental_get_tracing_count()
+        if traces > self.topo.local_replicas:
+            log.error("THE TRAIN STEP WAS TRACED %d TIMES, NOT ONCE (PER REPLICA DEVICE): every trace recompiles "
+                      "with XLA. Signatures traced:\n%s\nThe dataset yields: %s", traces,
+                      self.train_step.grad_fn.pretty_printed_concrete_signatures(), self.dataset.element_spec)
         return traces
 
     def facts(self) -> dict:
@@ -278,6 +313,8 @@ class Run:
         return {"model_factory": self.inputs.cfg.model_factory, "synthetic_data": self.synthetic,
                 "batch_size": self.batch_size,
                 "steps_per_execution": self.k_steps, "precision": lp.precision,
+                **self.topo.facts(self.batch_size),
+                "step_function_traces": self.train_step.experimental_get_tracing_count(),
                 "parameters": int(self.model.count_params()), "train_step_traces": self.traces(),
                 "eval_step_traces": self.eval_step.experimental_get_tracing_count() if self.eval_step else 0}
 
@@ -291,37 +328,68 @@ def prepare_model_dir(model_dir: str, inputs: Inputs) -> None:
                 dict(dataclasses.asdict(inputs.cfg), model=recorded_model_section(inputs.cfg)))
 
 
-def train(inputs: Inputs, model_dir: str, synthetic: bool = False) -> dict:
-    """Train to cfg.loop.steps (resuming from model_dir); returns the run summary (also written)."""
+def train(inputs: Inputs, model_dir: str, synthetic: bool = False, topo: dist.Topology | None = None) -> dict:
+    """Train to cfg.loop.steps (resuming from model_dir); returns the run summary (also written).
+
+    topo: the tf.distribute set-up (train.distribute.make_topology); None: one device. A non-chief
+    worker writes its checkpoints and summary to a temp dir, removed at the end.
+    """
     lp = inputs.cfg.loop
+    topo = topo or dist.Topology("one", None)
     with StopFlag() as stop:  # from the start: a Ctrl-C during set-up stops before the first call
-        prepare_model_dir(model_dir, inputs)
-        run = Run(inputs, model_dir, synthetic)
+        topo.per_replica_batch(inputs.cfg.data.batch_size)  # a ConfigError before any model is built
+        if topo.chief:  # the others would race the chief's writes; the chief's refusal stops them all
+            prepare_model_dir(model_dir, inputs)
+        run = Run(inputs, model_dir, synthetic, topo)
+        out_dir = run.write_dir
+        if not topo.chief:
+            check_writable(out_dir)
         start, changes = run.restore()
+        preemption = (dist.Preemption(topo, run.checkpointer.full, run.checkpointer.read_dir, run.checkpointer.save)
+                      if topo.name == "multiworker" else None)
         state = RunState(start=start, target=lp.steps, steps_per_call=run.k_steps, data_changes=changes,
                          loss_names=run.loss_names)
-        log.info("model %d parameters, batch %d, %d steps per call, precision %s, %s data, steps %d -> %d",
-                 run.model.count_params(), run.batch_size, run.k_steps, lp.precision,
-                 "synthetic" if synthetic else "shard", start, lp.steps)
-        scalars, progress = Scalars(model_dir), Progress(lp.steps, lp.log_every)
-        while state.running and not stop.signal_name:
-            state.record(*run.call(), last_checkpoint=run.checkpointer.latest)
-            if state.due(lp.log_every):
-                scalars.write("train", state.step, state.train_scalars())
-            progress.update(state)
-            if run.eval_step is not None and state.due(lp.val_every):
-                state.val_losses = run.evaluate()
-                log_validation(state)
-                scalars.write("val", state.step, state.val_losses)
-            if state.due(lp.checkpoint_every):
-                run.checkpointer.save(state.step)
-                state.saved_at = state.step
-        state.stopped_by = stop.signal_name or "steps"
+        log.info("model %d parameters, batch %d (%d per replica, %d replicas on %d workers, strategy %s), "
+                 "%d steps per call, precision %s, %s data, steps %d -> %d", run.model.count_params(),
+                 run.batch_size, run.per_replica, topo.replicas, topo.workers, topo.name, run.k_steps,
+                 lp.precision, "synthetic" if synthetic else "shard", start, lp.steps)
+        scalars, progress = Scalars(out_dir), Progress(lp.steps, lp.log_every)
+        try:
+            while state.running and not stop.signal_name:
+                state.record(*run.call(), last_checkpoint=run.checkpointer.latest)
+                if preemption is not None:
+                    preemption.check(state.step)
+                if state.due(lp.log_every):
+                    scalars.write("train", state.step, state.train_scalars())
+                progress.update(state)
+                if run.eval_step is not None and state.due(lp.val_every):
+                    state.val_losses = run.evaluate()
+                    log_validation(state)
+                    scalars.write("val", state.step, state.val_losses)
+                if state.due(lp.checkpoint_every):
+                    run.checkpointer.save(state.step)
+                    state.saved_at = state.step
+            state.stopped_by = stop.signal_name or "steps"
+        except dist.Preempted:
+            log.warning("preempted (SIGTERM on a worker): all workers checkpointed at step %d", state.step)
+            state.stopped_by, state.saved_at = "SIGTERM", state.step
         progress.close()
         finish(run, state, scalars, model_dir)
     summary = state.summary(**run.facts())
-    _write_json(posixpath.join(model_dir, SUMMARY_FILE), summary)
+    log.info("weights digest %s", weights_digest(run.model))
+    _write_json(posixpath.join(out_dir, SUMMARY_FILE), summary)
+    dist.remove_write_dir(out_dir, model_dir)
     return summary
+
+
+def weights_digest(model) -> str:
+    """A short hash of every weight: equal on all workers of a synchronous run."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for v in model.variables:
+        h.update(np.ascontiguousarray(v.numpy()).tobytes())
+    return h.hexdigest()[:16]
 
 
 def log_validation(state: RunState) -> None:

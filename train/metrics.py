@@ -122,6 +122,8 @@ def format_summary(summary: dict) -> str:
         f" of {summary['target_steps']}, stopped by {summary['stopped_by']})",
         f"data               {'synthetic (one constant batch)' if summary['synthetic_data'] else 'shards'}, "
         f"batch {summary['batch_size']}, {summary['steps_per_execution']} steps per call, {summary['precision']}",
+        *([f"strategy           {summary['strategy']}: {summary['replicas']} replicas on {summary['workers']} "
+           f"workers, {summary['per_replica_batch_size']} examples per replica"] if "strategy" in summary else []),
         f"train step traces  {summary['train_step_traces']}",
         f"first call         {num(summary['compile_seconds'], '.1f')} s (trace + XLA compile)",
         f"steady state       {num(s['steps_per_second'], '.2f')} steps/s, {num(s['examples_per_second'], '.1f')} "

@@ -42,11 +42,14 @@ def attach(owner: layers.Layer, prefix: str, items: list) -> tuple:
 
 
 class Dropout(layers.Layer):
-    """Dropout from a stateless threefry stream keyed by (seed, step) and the layer's site number.
+    """Dropout from a stateless threefry stream keyed by the step's key and the layer's own site number.
 
     keras.layers.Dropout and tf.nn.experimental.stateless_dropout draw with the "auto_select"
     algorithm, which XLA on CPU runs ~300x slower than threefry (1.6 s vs 5 ms for one
-    [8, 552, 128] mask, measured). Keying by the step also makes a resumed run draw the same masks.
+    [8, 552, 128] mask, measured). `seed` is the [2] key of (run seed, step, replica)
+    (train/step.py dropout_key); folding in the site gives every site an independent stream, and a
+    resumed run draws the same masks. (The fold-in draws with philox: TF's threefry kernel
+    outside XLA refuses a [2] key, and the fold-in is two numbers.)
     """
 
     def __init__(self, rate: float, site: int, **kw):
@@ -56,7 +59,7 @@ class Dropout(layers.Layer):
     def call(self, x, seed, training=False):
         if not training or self.rate == 0.0:
             return x
-        key = seed + tf.constant([0, 7919], tf.int32) * self.site  # a distinct stream per site
+        key = tf.random.experimental.stateless_fold_in(seed, self.site, alg="philox")
         keep = tf.random.stateless_uniform(tf.shape(x), key, alg="threefry") >= self.rate
         return tf.where(keep, x / tf.cast(1.0 - self.rate, x.dtype), tf.zeros_like(x))
 
@@ -142,8 +145,12 @@ class TextToMel(keras.Model):
         self.dec_blocks = attach(self, "dec_block", [TransformerBlock(cfg, True, 10 + 3 * (cfg.encoder_layers + i),
                                                                       dtype=dt) for i in range(cfg.decoder_layers)])
         self.dec_norm = layers.LayerNormalization(dtype=dt)
-        # sites 3..5: encoder convs / positions, decoder positions, postnet
-        self.enc_drop, self.dec_drop, self.post_drop = (Dropout(cfg.dropout, i, dtype=dt) for i in (3, 4, 5))
+        # one site per dropout layer: 3 encoder positions, 4 decoder positions, 100+ encoder convs, 200+ postnet
+        self.enc_drop, self.dec_drop = (Dropout(cfg.dropout, i, dtype=dt) for i in (3, 4))
+        self.enc_conv_drops = attach(self, "enc_conv_drop", [Dropout(cfg.dropout, 100 + i, dtype=dt)
+                                                             for i in range(cfg.encoder_conv_layers)])
+        self.post_drops = attach(self, "post_drop", [Dropout(cfg.dropout, 200 + i, dtype=dt)
+                                                     for i in range(cfg.postnet_layers)])
         # heads and postnet output stay float32: losses and the stop decision need the precision
         self.mel_head = layers.Dense(r * n_mels, dtype="float32")
         self.stop_head = layers.Dense(1, dtype="float32")
@@ -162,10 +169,10 @@ class TextToMel(keras.Model):
     def encode(self, text_ids, text_len, seed, training=False):
         mask = tf.sequence_mask(text_len, self.max_text_len)  # [B, L]
         x = self.embed(text_ids)
-        for conv, norm in zip(self.enc_convs, self.enc_conv_norms):
-            x = self.enc_drop(norm(conv(x)), seed, training=training)
+        for conv, norm, drop in zip(self.enc_convs, self.enc_conv_norms, self.enc_conv_drops):
+            x = drop(norm(conv(x)), seed, training=training)
         x = self.enc_proj(x) + tf.cast(self.enc_alpha * self.enc_pos, x.dtype)
-        x = self.enc_drop(x, seed + 1, training=training)
+        x = self.enc_drop(x, seed, training=training)
         self_mask = mask[:, None, :] & mask[:, :, None]
         for block in self.enc_blocks:
             x = block(x, self_mask, seed, training=training)
@@ -188,8 +195,8 @@ class TextToMel(keras.Model):
     def refine(self, mel, seed, training=False):
         """Postnet: residual correction of the decoder's frames."""
         x = mel
-        for i, (conv, norm) in enumerate(zip(self.postnet, self.postnet_norms)):
-            x = self.post_drop(norm(conv(x)), seed + i, training=training)
+        for conv, norm, drop in zip(self.postnet, self.postnet_norms, self.post_drops):
+            x = drop(norm(conv(x)), seed, training=training)
         return mel + self.postnet_out(x)
 
     def teacher_inputs(self, target):
@@ -199,35 +206,41 @@ class TextToMel(keras.Model):
         return tf.concat([go, last[:, :-1, :]], axis=1)
 
     def call(self, text_ids, text_len, target, seed, training=False):
-        """Teacher-forced pass. seed: int32 [2], (run seed, step) while training; ignored otherwise."""
+        """Teacher-forced pass. seed: int32 [2] dropout key of (run seed, step, replica) while training."""
         memory, text_mask = self.encode(text_ids, text_len, seed, training=training)
         mel, stop = self.decode(memory, text_mask, self.teacher_inputs(target), seed, training=training)
         return mel, self.refine(mel, seed, training=training), stop
 
     # -- the plug-in contract (train/contract.py) ---------------------------------------------
+    def loss_masks(self, mel_len, frames: int) -> tuple:
+        """Frame mask [B, T, 1], stop target and stop weight [B, G]: functions of the lengths only."""
+        frame_mask = tf.cast(tf.sequence_mask(mel_len, frames), tf.float32)[..., None]
+        # stop target: 1 at the step holding the last real frame; weighted up to that step only, so the
+        # padding (half of all steps here) does not teach "stop now". Length-0 (padding) records weigh 0.
+        last_step = (mel_len - 1) // self.r
+        steps = tf.range(frames // self.r)[None, :]
+        return (frame_mask, tf.cast(steps == last_step[:, None], tf.float32),
+                tf.cast(steps <= last_step[:, None], tf.float32))
+
+    def loss_counts(self, batch: dict) -> dict:
+        frame_mask, _, stop_weight = self.loss_masks(batch["mel_len"], batch["mel"].shape[1])
+        return {"mel_count": tf.reduce_sum(frame_mask) * batch["mel"].shape[2],
+                "stop_count": tf.reduce_sum(stop_weight)}
+
     def loss_terms(self, batch: dict, seed, training: bool) -> dict:
         """Masked sums and counts, so batches (and padded records) combine exactly."""
         target = self.norm(batch["mel"])
         mel, refined, stop_logits = self(batch["text_ids"], batch["text_len"], target, seed, training=training)
-        frames = target.shape[1]
-        frame_mask = tf.cast(tf.sequence_mask(batch["mel_len"], frames), tf.float32)[..., None]  # [B, T, 1]
-        groups = stop_logits.shape[1]
-        # stop target: 1 at the step holding the last real frame; weighted up to that step only, so the
-        # padding (half of all steps here) does not teach "stop now". Length-0 (padding) records weigh 0.
-        last_step = (batch["mel_len"] - 1) // self.r
-        steps = tf.range(groups)[None, :]
-        stop_target = tf.cast(steps == last_step[:, None], tf.float32)
-        stop_weight = tf.cast(steps <= last_step[:, None], tf.float32)
+        frame_mask, stop_target, stop_weight = self.loss_masks(batch["mel_len"], target.shape[1])
         bce = tf.nn.sigmoid_cross_entropy_with_logits(labels=stop_target, logits=stop_logits)
-        return {
-            "mel_abs": tf.reduce_sum(tf.abs(mel - target) * frame_mask),
-            "postnet_abs": tf.reduce_sum(tf.abs(refined - target) * frame_mask),
-            "mel_count": tf.reduce_sum(frame_mask) * target.shape[2],
-            "stop_bce": tf.reduce_sum(bce * stop_weight),
-            "stop_count": tf.reduce_sum(stop_weight),
-            "examples": tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.float32)),
-            "mel_frames": tf.cast(tf.reduce_sum(batch["mel_len"]), tf.float32),
-        }
+        return dict(
+            self.loss_counts(batch),
+            mel_abs=tf.reduce_sum(tf.abs(mel - target) * frame_mask),
+            postnet_abs=tf.reduce_sum(tf.abs(refined - target) * frame_mask),
+            stop_bce=tf.reduce_sum(bce * stop_weight),
+            examples=tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.float32)),
+            mel_frames=tf.cast(tf.reduce_sum(batch["mel_len"]), tf.float32),
+        )
 
     def losses_from_terms(self, terms: dict) -> dict:
         mel = terms["mel_abs"] / tf.maximum(terms["mel_count"], 1.0)

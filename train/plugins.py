@@ -84,7 +84,7 @@ def check_model(model: Any, spec: str, schema) -> tuple[str, ...]:
     if not isinstance(model, keras.Model):
         raise PluginError(f"model factory {spec!r} returned a {type(model).__module__}.{type(model).__name__}, "
                           "not a keras.Model; return the model it builds")
-    for method in ("loss_terms", "losses_from_terms"):
+    for method in ("loss_terms", "loss_counts", "losses_from_terms"):
         if not callable(getattr(model, method, None)):
             raise PluginError(f"the model of {spec!r} ({type(model).__name__}) has no {method}() method; "
                               "see train/contract.py for what the trainer calls")
@@ -101,6 +101,10 @@ def check_model(model: Any, spec: str, schema) -> tuple[str, ...]:
     if not_scalar:
         raise PluginError(f"{type(model).__name__}.loss_terms returned non-scalar {', '.join(not_scalar)}; "
                           "return sums over the batch, so batches add up")
+    counts = model.loss_counts(zero_batch(schema))
+    if not isinstance(counts, dict) or not set(counts) <= set(terms):
+        raise PluginError(f"{type(model).__name__}.loss_counts must return a dict of some of loss_terms' keys "
+                          f"(the counts), got {sorted(counts) if isinstance(counts, dict) else type(counts).__name__}")
     losses = model.losses_from_terms(terms)
     if not isinstance(losses, dict) or "loss" not in losses:
         raise PluginError(f"{type(model).__name__}.losses_from_terms must return a dict with the key 'loss' "

@@ -1,7 +1,8 @@
 """Losses and the compiled train/eval steps: small functions returning metrics.
 
 Both steps are `tf.function(input_signature=..., jit_compile=True)` built from the schema, so they
-trace once. Masks and mel normalisation are computed in-graph from the static shapes.
+trace once (under a tf.distribute strategy the compiled part is each replica's forward and backward
+pass, see make_train_step). Masks and mel normalisation are computed in-graph from the static shapes.
 """
 from __future__ import annotations
 
@@ -56,56 +57,109 @@ class WarmupRsqrt(keras.optimizers.schedules.LearningRateSchedule):
 
 
 def make_optimizer(cfg: OptimConfig, precision: str, model: keras.Model):
-    """AdamW (with loss scaling for float16), built now: an unbuilt optimizer makes the step trace twice."""
+    """AdamW (with loss scaling for float16), built now: an unbuilt optimizer makes the step trace twice.
+
+    No clipping inside Keras: it would clip each replica's gradient before the all-reduce; the step
+    clips the global gradient itself (clip_factor).
+    """
     opt = keras.optimizers.AdamW(
         learning_rate=WarmupRsqrt(cfg.learning_rate, cfg.warmup_steps), weight_decay=cfg.weight_decay,
-        beta_1=cfg.beta_1, beta_2=cfg.beta_2, global_clipnorm=cfg.clip_norm)
+        beta_1=cfg.beta_1, beta_2=cfg.beta_2)
     if precision == "mixed_float16":
         opt = keras.optimizers.LossScaleOptimizer(opt)
     opt.build(model.trainable_variables)
     return opt
 
 
-def make_train_step(model: keras.Model, optimizer, schema: Schema, cfg: OptimConfig, batch_size: int,
-                    steps_per_execution: int, seed: int, step: tf.Variable, loss_names: tuple[str, ...]):
-    """The compiled step: K optimizer steps per call over a [K, B, ...] stack of batches.
+def clip_factor(norm, clip_norm: float):
+    """The global-norm clip scale (as tf.clip_by_global_norm); NaN for a non-finite norm, so every
+    replica sees non-finite gradients alike (the loss-scale optimizer then skips the step)."""
+    scale = clip_norm * tf.minimum(1.0 / norm, 1.0 / clip_norm)
+    return tf.where(tf.math.is_finite(norm), scale, tf.constant(float("nan")))
 
-    Returns {metric: mean over the K steps} plus "losses": the K total losses (NaN detection).
+
+def dropout_key(seed: int, step, replica) -> tf.Tensor:
+    """The [2] key of one replica's dropout at one step; each Dropout folds in its site number."""
+    key = tf.random.experimental.stateless_fold_in(tf.constant([seed, 0], tf.int32), tf.cast(step, tf.int32),
+                                                   alg="philox")
+    return tf.random.experimental.stateless_fold_in(key, tf.cast(replica, tf.int32), alg="philox")
+
+
+def make_train_step(model: keras.Model, optimizer, schema: Schema, cfg: OptimConfig, specs: dict,
+                    steps_per_execution: int, seed: int, step: tf.Variable, loss_names: tuple[str, ...],
+                    strategy=None):
+    """The step: K optimizer steps per call over a [K, B, ...] stack of batches.
+
+    specs: one replica's {name: TensorSpec [B, ...]} (step_specs); one step is built per shape.
+    strategy None (one device): the whole call, optimizer included, is one XLA-compiled function
+    bound to the specs. Under a tf.distribute strategy only each replica's forward and backward pass
+    is compiled (bound to the same specs), and the all-reduces and optimizer.apply run around it
+    (train/distribute.py says why). The loss is the global masked mean: each replica divides its
+    masked sums by the counts summed over all replicas, so the summed gradient is the gradient of
+    the global mean. Returns {metric: mean over the K steps} plus "losses": the K total losses.
+    The function's `grad_fn` is the compiled per-replica function (its traces are counted).
     """
     scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     inner = optimizer.inner_optimizer if scaled else optimizer
     k_steps = steps_per_execution
+    names = list(specs)
 
-    def one_step(batch):
+    def allsum(ctx, values):  # the default strategy's replica context needs no all-reduce
+        return values if strategy is None else ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
+
+    def grads(batch, key, counts):
         variables = model.trainable_variables
-        # dropout masks are a function of (seed, step): a resumed run draws what it would have drawn
-        key = tf.stack([tf.constant(seed, tf.int32), tf.cast(step, tf.int32)])
         with tf.GradientTape() as tape:
             terms = model.loss_terms(batch, key, training=True)
-            losses = model.losses_from_terms(terms)
-            losses = {name: tf.cast(losses[name], tf.float32) for name in loss_names}
-            loss = optimizer.scale_loss(losses["loss"]) if scaled else losses["loss"]
-        grads = tape.gradient(loss, variables)
-        grad_norm = tf.linalg.global_norm(grads)
+            # each replica's sums over the counts of all replicas: the summed gradients are those of
+            # the global masked mean (losses_from_terms is linear in the sums, train/contract.py)
+            loss = tf.cast(model.losses_from_terms(dict(terms, **counts))["loss"], tf.float32)
+            loss = optimizer.scale_loss(loss) if scaled else loss
+        return tape.gradient(loss, variables), terms
+
+    count_keys = tuple(model.loss_counts({k: tf.zeros(s.shape, s.dtype) for k, s in specs.items()}))
+    if strategy is not None:
+        grads = tf.function(grads, jit_compile=True, input_signature=[
+            specs, tf.TensorSpec([2], tf.int32), {k: tf.TensorSpec([], tf.float32) for k in count_keys}])
+
+    def replica_step(batches, k):
+        ctx = tf.distribute.get_replica_context()
+        batch = {name: batches[name][k] for name in names}
+        # dropout masks are a function of (seed, step, replica, site): a resumed run draws what it would have drawn
+        key = dropout_key(seed, step, ctx.replica_id_in_sync_group)
+        counts = allsum(ctx, {k: tf.cast(v, tf.float32) for k, v in model.loss_counts(batch).items()})
+        local, terms = grads(batch, key, counts)
+        total = allsum(ctx, local)
+        grad_norm = tf.linalg.global_norm(total)
         if scaled:
             grad_norm = grad_norm / tf.cast(optimizer.dynamic_scale, grad_norm.dtype)
+        clip = clip_factor(grad_norm, cfg.clip_norm)
         lr = inner.learning_rate  # value at this step, before apply() increments iterations
-        optimizer.apply(grads, variables)
+        optimizer.apply([g * tf.cast(clip, g.dtype) for g in local], model.trainable_variables)
+        terms = allsum(ctx, terms)
+        losses = model.losses_from_terms(terms)
+        return dict({name: tf.cast(losses[name], tf.float32) for name in loss_names}, grad_norm=grad_norm,
+                    learning_rate=tf.cast(lr, tf.float32), examples=terms["examples"],
+                    mel_frames=terms["mel_frames"])
+
+    def one_step(batches, k):
+        if strategy is None:
+            metrics = replica_step(batches, k)
+        else:  # every replica returns the same all-reduced values
+            metrics = strategy.experimental_local_results(strategy.run(replica_step, args=(batches, k)))[0]
         step.assign_add(1)
-        return dict(losses, grad_norm=grad_norm, learning_rate=tf.cast(lr, tf.float32),
-                    examples=terms["examples"], mel_frames=terms["mel_frames"])
+        return metrics
 
     metric_names = (*loss_names, *STEP_METRICS)
 
-    @tf.function(input_signature=[step_specs(schema, batch_size, k_steps)], jit_compile=True)
     def train_step(batches):
         if k_steps == 1:  # no loop: XLA fuses and schedules a straight-line step better than a while body
-            metrics = one_step({name: batches[name][0] for name in MODEL_INPUTS})
+            metrics = one_step(batches, 0)
             return dict({name: metrics[name] for name in metric_names}, losses=metrics["loss"][None])
         totals = {name: tf.constant(0.0) for name in metric_names}
         step_losses = tf.TensorArray(tf.float32, size=k_steps)
         for k in tf.range(k_steps):
-            metrics = one_step({name: batches[name][k] for name in MODEL_INPUTS})
+            metrics = one_step(batches, k)
             totals = {name: totals[name] + metrics[name] for name in metric_names}
             step_losses = step_losses.write(k, metrics["loss"])
         out = {name: totals[name] / k_steps for name in metric_names}
@@ -113,6 +167,13 @@ def make_train_step(model: keras.Model, optimizer, schema: Schema, cfg: OptimCon
         out["losses"] = step_losses.stack()
         return out
 
+    if strategy is None:
+        stacked = {k: tf.TensorSpec([k_steps, *s.shape], s.dtype, name=k) for k, s in specs.items()}
+        train_step = tf.function(train_step, input_signature=[stacked], jit_compile=True)
+        train_step.grad_fn = train_step
+    else:  # traced once per distributed element spec; the compiled part is grad_fn
+        train_step = tf.function(train_step)
+        train_step.grad_fn = grads
     return train_step
 
 

@@ -108,6 +108,9 @@ BAD_PLUGINS = textwrap.dedent('''
                 terms["mel_frames"] = tf.cast(tf.reduce_sum(batch["mel_len"]), tf.float32)
             return terms
 
+        def loss_counts(self, batch):
+            return {"examples": tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.float32))}
+
         def losses_from_terms(self, terms):
             return {"loss": terms["err"] / tf.maximum(terms["examples"], 1.0)}
 

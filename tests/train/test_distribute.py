@@ -1,0 +1,221 @@
+"""tf.distribute: mirrored against one device, two local workers joined by TF_CONFIG, preemption, precisions.
+
+Runs that need their own devices (--cpu-devices, TF_CONFIG) are `python -m melshards train`
+subprocesses; they share a persistent XLA cache so a model already compiled is not compiled again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from shards_schema.config import ConfigError
+from tests.train.conftest import write_config
+from train import distribute as dist
+from train.step import dropout_key
+
+TIMEOUT = 300  # seconds for any one run; a hung collective fails the test instead of the suite
+
+
+# -- pure pieces --------------------------------------------------------------------------------
+def test_batch_size_must_divide_by_the_replicas():
+    topo = dist.Topology("mirrored", None, replicas=4)
+    assert topo.per_replica_batch(8) == 2
+    with pytest.raises(ConfigError, match="does not divide by the 4 replicas"):
+        topo.per_replica_batch(6)
+
+
+def test_an_unknown_strategy_in_the_config_is_refused(shards_dir):
+    from shards_schema import read_schema
+    from train.config import TrainConfig
+
+    with pytest.raises(ConfigError, match="loop.strategy is 'gpus'; choose one of auto, one, mirrored"):
+        TrainConfig().override(strategy="gpus").validate(read_schema(str(shards_dir)))
+
+
+def test_workers_read_whole_files_when_each_gets_one_else_records():
+    assert dist.shard_plan(files=8, pipelines=2) == "files"
+    assert dist.shard_plan(files=2, pipelines=2) == "files"
+    assert dist.shard_plan(files=1, pipelines=2) == "records"
+
+
+def test_a_resumed_distributed_input_gets_a_new_seed_per_start_step():
+    assert dist.resume_seed(7, 0) == 7
+    seeds = {dist.resume_seed(7, step) for step in (0, 10, 20, 30)}
+    assert len(seeds) == 4
+
+
+def test_dropout_keys_differ_by_step_replica_and_site_without_the_old_collision():
+    def site_key(step, replica, site):
+        key = dropout_key(0, tf.constant(step, tf.int64), replica)
+        return tuple(tf.random.experimental.stateless_fold_in(key, site, alg="philox").numpy())
+
+    keys = {site_key(t, r, s) for t in range(3) for r in range(2) for s in (1, 2, 100)}
+    assert len(keys) == 3 * 2 * 3
+    # the old key seed + [0, 7919] * site made site 1 at step 7919 equal site 0 at step 0
+    assert site_key(7919, 0, 1) != site_key(0, 0, 0)
+
+
+# -- runs -------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _train(shards_dir, model_dir, cfg, cache, *args, env=None):
+    env = dict(os.environ, **(env or {}), PYTHONUNBUFFERED="1",
+               TF_XLA_FLAGS=f"--tf_xla_persistent_cache_directory={cache}")
+    return subprocess.Popen(
+        [sys.executable, "-m", "melshards", "train", str(shards_dir / "train-*.tfrecord"), "--model-dir",
+         str(model_dir), "--config", str(cfg), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env=env)
+
+
+def _finish(proc) -> str:
+    try:
+        out, _ = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError("run timed out:\n" + out[-4000:])
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def _losses(model_dir) -> list[float]:
+    """The per-step train loss from TensorBoard (log_every 1)."""
+    losses = {}
+    for path in (model_dir / "tensorboard" / "train").glob("events.out.tfevents.*"):
+        for event in tf.compat.v1.train.summary_iterator(str(path)):
+            for v in event.summary.value:
+                if v.tag == "loss":
+                    losses[event.step] = float(tf.make_ndarray(v.tensor))
+    return [losses[k] for k in sorted(losses)]
+
+
+def _summary(model_dir) -> dict:
+    return json.loads((model_dir / "run_summary.json").read_text())
+
+
+STEPS = 6
+NO_DROPOUT = {"dropout": 0.0, "prenet_dropout": 0.0}
+
+
+def test_mirrored_on_two_cpu_devices_follows_the_single_device_losses(shards_dir, tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", model=NO_DROPOUT,
+                       loop={"steps": STEPS, "log_every": 1, "checkpoint_every": STEPS, "val_every": STEPS})
+    one = _train(shards_dir, tmp_path / "one", cfg, tmp_path / "xla", "--strategy", "one")
+    _finish(one)
+    mirrored = _train(shards_dir, tmp_path / "mirrored", cfg, tmp_path / "xla", "--strategy", "mirrored",
+                      "--cpu-devices", "2")
+    _finish(mirrored)
+    a, b = _losses(tmp_path / "one"), _losses(tmp_path / "mirrored")
+    assert len(a) == len(b) == STEPS and a[-1] < a[0]
+    np.testing.assert_allclose(b, a, rtol=1e-5)  # measured: within 3e-7 (summation order)
+    s = _summary(tmp_path / "mirrored")
+    assert (s["strategy"], s["replicas"], s["workers"]) == ("mirrored", 2, 1)
+    assert (s["global_batch_size"], s["per_replica_batch_size"]) == (4, 2)
+    # the compiled per-replica pass: traced once on each replica device, for the one shape
+    assert s["train_step_traces"] == 2 and s["step_function_traces"] == 1
+    assert _summary(tmp_path / "one")["train_step_traces"] == 1
+
+
+def _cluster(shards_dir, model_dir, cfg, cache, ports):
+    workers = [f"127.0.0.1:{p}" for p in ports]
+    procs = []
+    for i in range(len(ports)):
+        tf_config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
+        procs.append(_train(shards_dir, model_dir, cfg, cache, "--strategy", "multiworker",
+                            env={"TF_CONFIG": tf_config}))
+    return procs
+
+
+def _digest(out: str) -> str:
+    return re.findall(r"weights digest (\w+)", out)[-1]
+
+
+def test_two_workers_preempted_by_sigterm_resume_to_the_target_with_equal_weights(shards_dir, tmp_path):
+    """Worker 1 gets SIGTERM mid-run: every worker checkpoints and exits 0; a restart resumes and finishes."""
+    steps = 16
+    cfg = write_config(tmp_path / "c.yaml", model=NO_DROPOUT,
+                       loop={"steps": steps, "log_every": 1, "checkpoint_every": 8, "val_every": 8})
+    model_dir, cache = tmp_path / "model", tmp_path / "xla"
+    chief, other = _cluster(shards_dir, model_dir, cfg, cache, [_free_port(), _free_port()])
+    lines, deadline = [], time.monotonic() + TIMEOUT
+    for line in other.stdout:
+        lines.append(line)
+        if re.search(rf"step [3-9]/{steps}", line):
+            other.send_signal(signal.SIGTERM)
+            break
+        assert time.monotonic() < deadline, "".join(lines)
+    other_out = "".join(lines) + _finish(other)
+    _finish(chief)
+    stopped = _summary(model_dir)
+    assert stopped["stopped_by"] == "SIGTERM" and 3 <= stopped["final_step"] < steps, other_out[-3000:]
+    assert (model_dir / "checkpoints" / f"ckpt-{stopped['final_step']}.index").exists()
+
+    chief, other = _cluster(shards_dir, model_dir, cfg, cache, [_free_port(), _free_port()])
+    other_out, chief_out = _finish(other), _finish(chief)
+    done = _summary(model_dir)
+    assert f"at step {stopped['final_step']}" in chief_out
+    assert done["start_step"] == stopped["final_step"] and done["final_step"] == steps
+    assert (done["strategy"], done["workers"], done["replicas"]) == ("multiworker", 2, 2)
+    assert done["train_step_traces"] == 1 and done["step_function_traces"] == 1  # one replica per worker
+    assert (model_dir / "checkpoints" / f"ckpt-{steps}.index").exists()
+    assert _digest(chief_out) == _digest(other_out)
+    assert "one record in 2 of all 1 shard files" in chief_out  # one shard file, two workers
+    assert not list(model_dir.glob("workertemp*"))
+
+
+# -- precisions -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bf16_run(four_records, tmp_path_factory):
+    from melshards.train_cli import run
+
+    tmp = tmp_path_factory.mktemp("bf16")
+    cfg = write_config(tmp / "c.yaml", loop={"steps": 8, "log_every": 4, "checkpoint_every": 8, "val_every": 8})
+    assert run([str(four_records / "train-*.tfrecord"), "--model-dir", str(tmp / "model"), "--config", str(cfg),
+                "--precision", "mixed_bfloat16"]) == 0
+    return tmp / "model"
+
+
+def test_mixed_float16_trains_with_a_finite_falling_loss_under_loss_scaling(four_records, tmp_path):
+    from melshards.train_cli import run
+
+    precision = "mixed_float16"
+
+    cfg = write_config(tmp_path / "c.yaml", loop={"steps": 8, "log_every": 4, "checkpoint_every": 8,
+                                                  "val_every": 8})
+    assert run([str(four_records / "train-*.tfrecord"), "--model-dir", str(tmp_path / "m"), "--config", str(cfg),
+                "--precision", precision]) == 0
+    s = _summary(tmp_path / "m")
+    assert s["precision"] == precision and s["train_step_traces"] == 1
+    assert np.isfinite(s["final_losses"]["train"]["loss"]) and s["final_losses"]["train"]["loss"] < s["first_loss"]
+
+
+def test_mixed_bfloat16_trains_with_a_finite_falling_loss(bf16_run):
+    s = _summary(bf16_run)
+    assert s["precision"] == "mixed_bfloat16" and s["train_step_traces"] == 1
+    assert np.isfinite(s["final_losses"]["train"]["loss"]) and s["final_losses"]["train"]["loss"] < s["first_loss"]
+
+
+def test_synthesize_from_a_bfloat16_checkpoint(bf16_run, tmp_path):
+    import soundfile as sf
+
+    from melshards.synthesize_cli import synthesize_command
+
+    wav = tmp_path / "out.wav"
+    synthesize_command.main(["--model-dir", str(bf16_run), "Printing, in the only sense.", "-o", str(wav),
+                             "--griffin-lim-iters", "2"], standalone_mode=False)
+    y, _ = sf.read(wav)
+    assert y.ndim == 1 and np.isfinite(y).all() and np.abs(y).max() > 0
