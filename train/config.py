@@ -17,7 +17,8 @@ PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    batch_size: int = 8
+    batch_size: int = 8  # of the longest length bucket; shorter buckets get larger ones (train/buckets.py)
+    fixed_batch_size: bool = False  # true: batch_size in every bucket
     shuffle_buffer: int = 64  # records (serialized); the iterator checkpoint holds this buffer
     cycle_length: int = 4  # shards read at once by interleave
     prefetch: int = 2  # batches (of steps_per_execution steps each) prepared ahead of the step
@@ -99,11 +100,12 @@ class TrainConfig:
             raise ConfigError(f"loop.precision is {lp.precision!r}; choose one of {', '.join(PRECISIONS)}")
         if m.d_model % m.num_heads:
             raise ConfigError(f"model.d_model {m.d_model} is not divisible by model.num_heads {m.num_heads}")
-        if schema.max_mel_frames % m.reduction_factor:
-            raise ConfigError(
-                f"the shards' max_mel_frames {schema.max_mel_frames} is not divisible by "
-                f"model.reduction_factor {m.reduction_factor}; pick a factor of it (the shards are "
-                f"padded to a multiple of {schema.pad_multiple})")
+        for b in schema.buckets:  # every bucket's shape is run through the decoder, r frames a step
+            if b.max_mel_frames % m.reduction_factor:
+                raise ConfigError(
+                    f"the shards' max_mel_frames {b.max_mel_frames} (bucket {b.index}) is not divisible by "
+                    f"model.reduction_factor {m.reduction_factor}; pick a factor of it (the shards are "
+                    f"padded to a multiple of {schema.pad_multiple})")
         k = lp.steps_per_execution
         for key, value in {"loop.steps": lp.steps, "loop.checkpoint_every": lp.checkpoint_every,
                            "loop.log_every": lp.log_every, "loop.val_every": lp.val_every}.items():

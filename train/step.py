@@ -10,6 +10,7 @@ import keras
 import numpy as np
 
 from shards_schema import Schema
+from shards_schema.schema import Bucket
 from shards_schema.records import tensor_specs
 from train.config import OptimConfig
 from train.model import TextToMel
@@ -35,7 +36,7 @@ class Normaliser:
         return mel * self.std + self.mean
 
 
-def step_specs(schema: Schema, batch_size: int, steps_per_execution: int | None = None) -> dict:
+def step_specs(schema: Schema | Bucket, batch_size: int, steps_per_execution: int | None = None) -> dict:
     """input_signature: the schema's specs for MODEL_INPUTS, with a leading K dim for the train step."""
     specs = tensor_specs(schema, batch_size, MODEL_INPUTS)
     if steps_per_execution is None:
@@ -101,8 +102,10 @@ def make_optimizer(cfg: OptimConfig, precision: str, model: TextToMel):
 
 
 def make_train_step(model: TextToMel, optimizer, schema: Schema, cfg: OptimConfig, batch_size: int,
-                    steps_per_execution: int, seed: int, step: tf.Variable):
+                    steps_per_execution: int, seed: int, step: tf.Variable, shapes: Bucket | None = None):
     """The compiled step: K optimizer steps per call over a [K, B, ...] stack of batches.
+
+    `shapes`: the length bucket whose static shapes the signature takes (default: the largest).
 
     Returns {metric: mean over the K steps} plus "losses": the K total losses (NaN detection).
     """
@@ -129,7 +132,7 @@ def make_train_step(model: TextToMel, optimizer, schema: Schema, cfg: OptimConfi
         return dict(losses, grad_norm=grad_norm, learning_rate=tf.cast(lr, tf.float32),
                     examples=terms["examples"], mel_frames=terms["mel_frames"])
 
-    @tf.function(input_signature=[step_specs(schema, batch_size, k_steps)], jit_compile=True)
+    @tf.function(input_signature=[step_specs(shapes or schema, batch_size, k_steps)], jit_compile=True)
     def train_step(batches):
         if k_steps == 1:  # no loop: XLA fuses and schedules a straight-line step better than a while body
             metrics = one_step({name: batches[name][0] for name in MODEL_INPUTS})
@@ -148,11 +151,11 @@ def make_train_step(model: TextToMel, optimizer, schema: Schema, cfg: OptimConfi
     return train_step
 
 
-def make_eval_step(model: TextToMel, schema: Schema, batch_size: int):
+def make_eval_step(model: TextToMel, schema: Schema, batch_size: int, shapes: Bucket | None = None):
     """Compiled once like the train step; returns masked sums so the caller adds batches up exactly."""
     norm = Normaliser(schema)
 
-    @tf.function(input_signature=[step_specs(schema, batch_size)], jit_compile=True)
+    @tf.function(input_signature=[step_specs(shapes or schema, batch_size)], jit_compile=True)
     def eval_step(batch):
         return loss_terms(model, norm, batch, tf.zeros([2], tf.int32), training=False)
 
