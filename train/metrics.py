@@ -134,8 +134,7 @@ def format_summary(summary: dict) -> str:
         f"train step traces  {summary['train_step_traces']}{_per_bucket(summary)}",
         f"compile            {num(summary['compile_seconds'], '.1f')} s (first call of each step: trace + XLA "
         f"compile)",
-        f"padding            {num(None if summary.get('padding_fraction') is None else 100 * summary['padding_fraction'], '.1f')}"
-        "% of the mel frames run",
+        f"padding            {num(_percent(summary.get('padding_fraction')), '.1f')}% of the mel frames run",
         f"steady state       {num(s['steps_per_second'], '.2f')} steps/s, {num(s['examples_per_second'], '.1f')} "
         f"examples/s, {num(s['mel_frames_per_second'], '.0f')} mel frames/s, input wait "
         f"{num(None if s['input_wait_fraction'] is None else 100 * s['input_wait_fraction'], '.1f')}%",
@@ -157,3 +156,7 @@ def _per_bucket(summary: dict) -> str:
         return ""
     return " (" + ", ".join(f"{b['max_mel_frames']} frames x {b['batch_size']}: {b['train_step_traces']}"
                             for b in buckets) + ")"
+
+
+def _percent(fraction: float | None) -> float | None:
+    return None if fraction is None else 100 * fraction
