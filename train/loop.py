@@ -63,6 +63,7 @@ def resolve_inputs(globs: Sequence[str], val_globs: Sequence[str], schema_path: 
     val_files = ip.expand_globs(val_globs) if val_globs else []
     if val_files:
         ip.check_schemas(val_files, where)
+    bk.files_by_bucket([*files, *val_files], schema)  # every file's length bucket is known
     return Inputs(files, val_files, schema, where, cfg.validate(schema))
 
 
