@@ -9,7 +9,11 @@ Output is LJSpeech layout: <out>/metadata.csv (`id|text|normalized_text`) + <out
 Deterministic: clip i depends only on (--seed, i), so the first N clips of a 13,100-clip corpus
 are exactly the clips of an N-clip corpus (the small throughput corpus is a prefix of the big one).
 
+`--max-s 15 --sd-s 3.5` makes the broader 1-15 s spread the length-bucket benchmark trains on
+(benchmarks/train_buckets.py).
+
 Run: python -m benchmarks.make_big_corpus --out /tmp/melshards-bench/ljbig [--clips 13100] [--seed 1]
+     [--max-s 10] [--sd-s 2.1]
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ TARGET_MEAN_S, TARGET_SD_S = 7.3, 2.1  # of the target length; clips undershoot 
 LJSPEECH_CLIPS = 13100
 
 
-def good_clips() -> list[tuple[str, str, np.ndarray]]:
+def good_clips(max_s: float = MAX_S) -> list[tuple[str, str, np.ndarray]]:
     """(id, normalized text, mono float32 @ 22050 Hz) of the demo corpus's good clips <= 10 s."""
     from preprocess import audio as A
 
@@ -42,15 +46,16 @@ def good_clips() -> list[tuple[str, str, np.ndarray]]:
         seen.add(f[0])
         path = next(p for p in (TINY / "wavs").glob(f[0] + ".*"))
         y, _ = A.decode_audio(path.read_bytes(), SR)
-        if len(y) / SR <= MAX_S:
+        if len(y) / SR <= max_s:
             out.append((f[0], f[2] or f[1], y))
     return out
 
 
-def plan_clip(i: int, seed: int, durs: list[float]) -> list[tuple[int, float]]:
+def plan_clip(i: int, seed: int, durs: list[float], max_s: float = MAX_S,
+              sd_s: float = TARGET_SD_S) -> list[tuple[int, float]]:
     """[(source index, gap before it in seconds)] for clip i: greedy fill up to a drawn target length."""
     rng = random.Random(f"{seed}:{i}")
-    target = min(MAX_S, max(MIN_S, rng.gauss(TARGET_MEAN_S, TARGET_SD_S)))
+    target = min(max_s, max(MIN_S, rng.gauss(TARGET_MEAN_S, sd_s)))
     parts, total = [], 0.0
     while len(parts) < 4:
         gap = rng.uniform(0.15, 0.4) if parts else 0.0
@@ -71,13 +76,15 @@ def main(argv=None) -> dict:
     ap.add_argument("--out", required=True, help="output directory (LJSpeech layout); replaced if it exists")
     ap.add_argument("--clips", type=int, default=LJSPEECH_CLIPS)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--max-s", type=float, default=MAX_S, help="longest clip in seconds")
+    ap.add_argument("--sd-s", type=float, default=TARGET_SD_S, help="spread of the drawn clip lengths (s)")
     ap.add_argument("--plan-only", action="store_true", help="print the duration summary, write nothing")
     args = ap.parse_args(argv)
 
     t0 = time.perf_counter()
-    src = good_clips()
+    src = good_clips(args.max_s)
     durs = [len(y) / SR for _, _, y in src]
-    plans = [plan_clip(i, args.seed, durs) for i in range(args.clips)]
+    plans = [plan_clip(i, args.seed, durs, args.max_s, args.sd_s) for i in range(args.clips)]
     seconds = np.array([sum(g + durs[k] for k, g in p) for p in plans])
     summary = {"clips": args.clips, "sources": len(src), "hours": round(float(seconds.sum()) / 3600, 2),
                "mean_s": round(float(seconds.mean()), 3), "min_s": round(float(seconds.min()), 2),

@@ -13,7 +13,9 @@ def demo_shards(out: str) -> Path:
     path = Path(out)
     if not (path / "schema.json").exists():
         from melshards.preprocess_cli import run
-        code = run(["--input", str(CORPUS), "--output", str(path), "--config", str(TINY), "--overwrite"])
+        # one shape: these benchmarks compare input pipelines of the schema's one static shape
+        code = run(["--input", str(CORPUS), "--output", str(path), "--config", str(TINY), "--overwrite",
+                    "--buckets", "1"])
         if code:
             raise SystemExit(f"preprocessing the demo corpus into {out} failed with exit code {code}")
     return path

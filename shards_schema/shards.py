@@ -245,19 +245,7 @@ def check_schemas(files: Sequence[str], schema_path: str | None) -> tuple[Schema
     by_file, problems = schemas_for(files, schema_path)
     if problems:
         raise SchemaError(problems[0].what)
-    _one_bucket_only(by_file[sorted(files)[0]])
     return by_file[sorted(files)[0]], schema_path or posixpath.join(dir_of(sorted(files)[0]), SCHEMA_FILE)
-
-
-def _one_bucket_only(schema: Schema) -> None:
-    """TEMPORARY, until the trainer compiles one step per bucket (issue 11, training half): the
-    trainer reads `schema.features` / `max_*`, the largest bucket's shapes, so it can read a
-    one-bucket run only. Remove this check, and its call in `check_schemas`, with that change."""
-    if len(schema.buckets) > 1:
-        raise SchemaError(
-            f"these shards hold {len(schema.buckets)} length buckets (mel frames "
-            f"{[b.max_mel_frames for b in schema.buckets]}); this trainer reads one bucket: re-run "
-            "`melshards preprocess` with --buckets 1")
 
 
 def first_bad_shard(files: Sequence[str], schema: Schema) -> Problem | None:

@@ -20,7 +20,8 @@ def corpus_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def shards_dir(tmp_path_factory) -> Path:
-    """Shards, schema.json, stats.json and rejected.jsonl from the shipped corpus (in-process runner).
+    """Shards, schema.json, stats.json and rejected.jsonl from the shipped corpus (in-process runner),
+    in one length bucket (`--buckets 1`: the demo config's `auto` makes four, see `bucketed_dir`).
 
     Read-only for tests: copy it before changing anything.
     """
@@ -28,15 +29,15 @@ def shards_dir(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("shards")
     code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(TINY_CONFIG), "--overwrite",
-                "--workers", "1"])
+                "--workers", "1", "--buckets", "1"])
     assert code == 0, f"preprocess exited with {code}"
     return out
 
 
 @pytest.fixture(scope="session")
 def bucketed_dir(tmp_path_factory) -> Path:
-    """The shipped corpus preprocessed into 4 length buckets (`--buckets 4`; the demo config keeps
-    min_bucket_records 8, which merges a bucket of the unconstrained optimum). Read-only for tests."""
+    """The shipped corpus preprocessed into 4 length buckets (`--buckets 4`, what the demo config's
+    `auto` gives: min_bucket_records 8 merges the rest). Read-only for tests."""
     from melshards.preprocess_cli import run
 
     out = tmp_path_factory.mktemp("bucketed")

@@ -23,7 +23,8 @@ STRATEGIES = ("auto", "one", "mirrored", "multiworker", "tpu")  # train/distribu
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    batch_size: int = 8
+    batch_size: int = 8  # of the longest length bucket; shorter buckets get larger ones (train/buckets.py)
+    fixed_batch_size: bool = False  # true: batch_size in every bucket
     shuffle_buffer: int = 64  # records (serialized); the iterator checkpoint holds this buffer
     cycle_length: int = 4  # shards read at once by interleave
     prefetch: int = 2  # batches (of steps_per_execution steps each) prepared ahead of the step
@@ -55,11 +56,12 @@ class ModelConfig:
                 raise ConfigError(f"model.{key} is {getattr(self, key)}; it must be at least 1")
         if self.d_model % self.num_heads:
             raise ConfigError(f"model.d_model {self.d_model} is not divisible by model.num_heads {self.num_heads}")
-        if schema.max_mel_frames % self.reduction_factor:
-            raise ConfigError(
-                f"the shards' max_mel_frames {schema.max_mel_frames} is not divisible by "
-                f"model.reduction_factor {self.reduction_factor}; pick a factor of it (the shards are "
-                f"padded to a multiple of {schema.pad_multiple})")
+        for b in schema.buckets:  # every bucket's shape is run through the decoder, r frames a step
+            if b.max_mel_frames % self.reduction_factor:
+                raise ConfigError(
+                    f"the shards' max_mel_frames {b.max_mel_frames} (bucket {b.index}) is not divisible by "
+                    f"model.reduction_factor {self.reduction_factor}; pick a factor of it (the shards are "
+                    f"padded to a multiple of {schema.pad_multiple})")
         return self
 
 

@@ -11,15 +11,16 @@ import numpy as np
 from train.tf_quiet import tf
 
 from shards_schema import Schema
+from shards_schema.schema import Bucket
 from shards_schema.records import decode_parsed, encode_example, parse_spec
 from shards_schema.shards import InputError, check_schemas, expand_globs  # noqa: F401 (the trainer's checks)
 from train.config import DataConfig
 
 
-def padding_record(schema: Schema) -> bytes:
+def padding_record(schema: Schema, shapes: Bucket | None = None) -> bytes:
     """A serialized record with zero lengths: fills a short last validation batch, masked out by length."""
-    values = {}
-    for f in schema.features:
+    values, shapes = {}, shapes or schema
+    for f in shapes.features:
         if f.dtype == "string":
             values[f.name] = ""
         elif f.name == "mel":
@@ -28,7 +29,7 @@ def padding_record(schema: Schema) -> bytes:
             values[f.name] = np.zeros(f.shape, f.dtype)
         else:
             values[f.name] = 0
-    return encode_example(schema.features, values)
+    return encode_example(shapes.features, values)
 
 
 def _parse_fn(schema: Schema, batch_size: int, names: Sequence[str]):
@@ -98,14 +99,16 @@ def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig, names: 
 
 
 def val_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig,
-                names: Sequence[str]) -> tf.data.Dataset:
+                names: Sequence[str], shapes: Bucket | None = None) -> tf.data.Dataset:
     """One pass over the validation shards in order, every record once, batches of the train shape.
 
     The last batch is topped up with zero-length records (masked out by the loss) instead of
-    dropped or given a smaller shape that would trace the eval step again.
+    dropped or given a smaller shape that would trace the eval step again. `shapes`: the length
+    bucket the files hold (default: the largest); train_dataset takes a Bucket as its schema.
     """
     b = cfg.batch_size
-    pad = tf.constant(padding_record(schema))
+    pad = tf.constant(padding_record(schema, shapes))
+    schema = shapes or schema
 
     def top_up(serialized):
         filler = tf.fill([b - tf.shape(serialized)[0]], pad)

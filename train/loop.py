@@ -26,6 +26,7 @@ import numpy as np
 
 from shards_schema import SCHEMA_FILE, Schema
 from shards_schema.shards import first_bad_shard
+from train import buckets as bk
 from train import distribute as dist
 from train import input_pipeline as ip
 from train.checkpoints import CHECKPOINT_DIR, Checkpointer, check_writable, data_settings
@@ -63,6 +64,7 @@ def resolve_inputs(globs: Sequence[str], val_globs: Sequence[str], schema_path: 
     val_files = ip.expand_globs(val_globs) if val_globs else []
     if val_files:
         ip.check_schemas(val_files, where)
+    bk.files_by_bucket([*files, *val_files], schema)  # every file's length bucket is known
     return Inputs(files, val_files, schema, where, cfg.validate(schema))
 
 
@@ -183,16 +185,26 @@ def recorded_model_section(cfg: TrainConfig) -> dict:
     return dict(cfg.model, factory=cfg.model_factory)
 
 
-def evaluate(eval_step, files: Sequence[str], inputs: Inputs, max_batches: int, model) -> dict:
-    ds = ip.val_dataset(files, inputs.schema, inputs.cfg.data, MODEL_INPUTS)
-    if max_batches:
-        ds = ds.take(max_batches)
+def evaluate(eval_steps: dict, lanes: Sequence[bk.Lane], inputs: Inputs, max_batches: int, model) -> dict:
+    """Validation losses over every bucket's validation shards, each with its own eval step and batch;
+    max_batches (when > 0) caps the batches of each bucket. "examples" counts the records seen."""
     sums: dict[str, float] = {}
-    for batch in ds:
-        for k, v in eval_step(batch).items():
-            sums[k] = sums.get(k, 0.0) + float(v)
+    for lane in lanes:
+        if lane.index not in eval_steps:
+            continue
+        ds = ip.val_dataset(lane.val_files, inputs.schema, lane_data(inputs.cfg, lane), MODEL_INPUTS, lane.bucket)
+        if max_batches:
+            ds = ds.take(max_batches)
+        for batch in ds:
+            for k, v in eval_steps[lane.index](batch).items():
+                sums[k] = sums.get(k, 0.0) + float(v)
     losses = model.losses_from_terms({k: tf.constant(v, tf.float32) for k, v in sums.items()})
-    return {k: float(v) for k, v in losses.items()}
+    return dict({k: float(v) for k, v in losses.items()}, examples=sums.get("examples", 0.0))
+
+
+def lane_data(cfg: TrainConfig, lane: bk.Lane):
+    """The data config of one bucket's pipeline: its own (global) batch size."""
+    return dataclasses.replace(cfg.data, batch_size=lane.batch_size)
 
 
 def _read(fetch, files: Sequence[str], schema: Schema):
@@ -207,9 +219,11 @@ def _read(fetch, files: Sequence[str], schema: Schema):
 
 
 class Run:
-    """What the loop drives: the model, optimizer, compiled steps, input iterator and checkpoints.
+    """What the loop drives: the model, optimizer, compiled steps, input iterators and checkpoints.
 
-    Built before anything compiles (the steps compile at their first call).
+    One input pipeline, train step and eval step per length bucket (train/buckets.py), each bound to
+    the bucket's shapes and batch; the schedule picks the bucket of each call. Built before anything
+    compiles (each step compiles at its first call).
     """
 
     def __init__(self, inputs: Inputs, model_dir: str, synthetic: bool, topo: dist.Topology | None = None):
@@ -226,97 +240,144 @@ class Run:
             self.model, self.loss_names = build_model(cfg.model_factory, schema, cfg.model_options, lp.precision)
             self.optimizer = make_optimizer(cfg.optim, lp.precision, self.model)
             self.step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        self.specs = step_specs(schema, self.per_replica)
-        self.train_step = make_train_step(self.model, self.optimizer, schema, cfg.optim, self.specs,
-                                          self.k_steps, lp.seed, self.step_var, self.loss_names,
-                                          strategy=topo.strategy)
-        self.eval_step = make_eval_step(self.model, schema, self.batch_size) if inputs.val_files else None
+        self.lanes = bk.plan(inputs.files, inputs.val_files, schema, cfg.data.batch_size,
+                             cfg.data.fixed_batch_size, self.k_steps)
+        used = [lane for lane in self.lanes if lane.calls_per_epoch]
+        self.schedule = bk.Schedule([lane.calls_per_epoch for lane in self.lanes], cfg.data.seed)
+        self.next_call = 0  # the schedule position: set from the restored step
+        # one replica's specs per bucket (each bucket's batch must divide by the replicas too)
+        self.specs = {lane.index: step_specs(lane.bucket, topo.per_replica_batch(lane.batch_size)) for lane in used}
+        self.train_steps = {lane.index: make_train_step(self.model, self.optimizer, schema, cfg.optim,
+                                                        self.specs[lane.index], self.k_steps, lp.seed, self.step_var,
+                                                        self.loss_names, strategy=topo.strategy) for lane in used}
+        self.eval_steps = {lane.index: make_eval_step(self.model, schema, lane.batch_size, lane.bucket)
+                           for lane in self.lanes if lane.val_files}
         self.write_dir = dist.write_dir(model_dir, topo)
-        if topo.distributed:  # built at restore: its shuffle seed depends on the step it starts at
-            self.dataset, self.iterator = None, None
-        else:
-            self.dataset = self.make_dataset()
-            self.iterator = iter(self.dataset)
-        self.checkpointer = Checkpointer(self.write_dir, self.model, self.optimizer, self.step_var, self.iterator,
+        self.datasets: dict = {}
+        self.iterators: dict = {}
+        iterators = None  # distributed iterators are not trackable: built at restore, position not saved
+        if not topo.distributed:
+            self.datasets = {lane.index: self.make_dataset(lane) for lane in used}
+            self.iterators = {i: iter(ds) for i, ds in self.datasets.items()}
+            # every bucket's iterator position is saved (the schedule position is the step counter)
+            iterators = tf.Module()
+            for i, it in self.iterators.items():
+                setattr(iterators, f"bucket_{i:02d}", it)
+        self.checkpointer = Checkpointer(self.write_dir, self.model, self.optimizer, self.step_var, iterators,
                                          data_settings(inputs.files, cfg, synthetic), lp.keep_checkpoints,
                                          read_dir=model_dir)
+        for lane in self.lanes:
+            log.info("bucket %d: text %d, mel %d frames, batch %d, %d train records (%d calls per schedule "
+                     "epoch), %d val shards", lane.index, lane.bucket.max_text_len, lane.bucket.max_mel_frames,
+                     lane.batch_size, lane.records, lane.calls_per_epoch, len(lane.val_files))
 
-    def make_dataset(self, batch_size: int | None = None, shard: tuple | None = None, seed: int | None = None):
-        """The train input of one replica's batch (the global batch on one device)."""
-        cfg, schema, files = self.inputs.cfg, self.inputs.schema, self.inputs.files
-        if self.synthetic:
-            data = cfg.data if batch_size is None else dataclasses.replace(cfg.data, batch_size=batch_size)
-            first = _read(lambda: ip.first_batch(files, schema, data, MODEL_INPUTS), files, schema)
+    def make_dataset(self, lane: bk.Lane, batch_size: int | None = None, shard: tuple | None = None,
+                     seed: int | None = None) -> tf.data.Dataset:
+        """One bucket's train input of one replica's batch (the bucket's global batch on one device)."""
+        data = lane_data(self.inputs.cfg, lane)
+        if self.synthetic:  # one constant batch of each bucket: every bucket's shape is measured
+            if batch_size is not None:
+                data = dataclasses.replace(data, batch_size=batch_size)
+            first = _read(lambda: ip.first_batch(lane.files, lane.bucket, data, MODEL_INPUTS), list(lane.files),
+                          self.inputs.schema)
             return ip.synthetic_dataset(first, self.k_steps)
-        return ip.train_dataset(files, schema, cfg.data, MODEL_INPUTS, self.k_steps, batch_size=batch_size,
+        return ip.train_dataset(lane.files, lane.bucket, data, MODEL_INPUTS, self.k_steps, batch_size=batch_size,
                                 shard=shard, seed=seed)
 
     def start_input(self, start: int) -> None:
-        """Under a strategy: the distributed input, reshuffled for the step it starts at (no saved position)."""
+        """Under a strategy: every bucket's distributed input, reshuffled for the step it starts at
+        (no saved position)."""
         seed = dist.resume_seed(self.inputs.cfg.data.seed, start)
         if start:
             log.info("distributed input position is not checkpointable in TensorFlow; reshuffled the input with "
                      "seed %d (derived from step %d) instead of replaying its first batches", seed, start)
-        specs = {k: tf.TensorSpec([self.k_steps, *s.shape], s.dtype) for k, s in self.specs.items()}
-        self.dataset = dist.distributed_dataset(
-            self.topo, lambda batch_size, shard: self.make_dataset(batch_size, shard, seed), self.inputs.files,
-            self.batch_size, specs)
-        self.iterator = iter(self.dataset)
+        for lane in self.lanes:
+            if lane.index not in self.train_steps:
+                continue
+            specs = {k: tf.TensorSpec([self.k_steps, *s.shape], s.dtype) for k, s in self.specs[lane.index].items()}
+            self.datasets[lane.index] = dist.distributed_dataset(
+                self.topo, lambda batch_size, shard, lane=lane: self.make_dataset(lane, batch_size, shard, seed),
+                list(lane.files), lane.batch_size, specs)
+            self.iterators[lane.index] = iter(self.datasets[lane.index])
+
+    @property
+    def eval_step(self):
+        """Truthy when the run validates (some bucket has validation shards)."""
+        return self.eval_steps or None
 
     def restore(self) -> tuple[int, list[str]]:
         """(the step to start from, the data-setting changes that gave a fresh iterator)."""
         changes = self.checkpointer.restore()
         start = int(self.step_var.numpy())
+        self.next_call = start // self.k_steps
         if self.checkpointer.latest:
             log.info("resumed from %s at step %d", self.checkpointer.latest, start)
         if start % self.k_steps:
             raise TrainError(f"the checkpoint is at step {start}, not a multiple of loop.steps_per_execution "
                              f"{self.k_steps}; resume with the steps_per_execution it was trained with")
-        if self.iterator is None:
+        if self.topo.distributed:
             self.start_input(start)
         return start, changes
 
     def call(self) -> tuple[dict, np.ndarray, float, float]:
-        """One compiled call: (mean metrics, the K step losses, input wait s, call s)."""
-        first = self.train_step.experimental_get_tracing_count() == 0
+        """One compiled call of the scheduled bucket: (mean metrics, the K step losses, input wait s, call s)."""
+        lane = self.lanes[self.schedule.bucket(self.next_call)]
+        train_step = self.train_steps[lane.index]
+        first = train_step.experimental_get_tracing_count() == 0
         if first:
-            log.info("first call: tracing and XLA-compiling the train step (tens of seconds on CPU)")
+            log.info("first call: tracing and XLA-compiling the train step of bucket %d (tens of seconds on CPU)",
+                     lane.index)
         t0 = time.perf_counter()
-        batch = _read(lambda: next(self.iterator), self.inputs.files, self.inputs.schema)
+        batch = _read(lambda: next(self.iterators[lane.index]), list(lane.files), self.inputs.schema)
         t1 = time.perf_counter()
-        out = self.train_step(batch)
+        out = train_step(batch)
         losses = out.pop("losses").numpy()  # waits for the call: the per-call sync point
         t2 = time.perf_counter()
+        self.next_call += 1
         if first:
-            log.info("first call (trace + XLA compile + %d steps): %.1f s", self.k_steps, t2 - t0)
+            log.info("first call (trace + XLA compile + %d steps) of bucket %d: %.1f s", self.k_steps, lane.index,
+                     t2 - t0)
+        out["compiled"] = float(first)
+        out["padded_frames"] = float(self.k_steps * lane.batch_size * lane.bucket.max_mel_frames)
         return out, losses, t1 - t0, t2 - t0
 
     def evaluate(self) -> dict:
         lp = self.inputs.cfg.loop
-        return evaluate(self.eval_step, self.inputs.val_files, self.inputs, lp.val_batches, self.model)
+        return evaluate(self.eval_steps, self.lanes, self.inputs, lp.val_batches, self.model)
 
-    def traces(self) -> int:
-        """Traces of the XLA-compiled function: the whole step on one device, a replica's pass under a strategy.
+    def traces(self) -> dict[int, int]:
+        """Traces per bucket of the XLA-compiled function: the whole step on one device, a replica's
+        pass under a strategy (0: the bucket's step never ran).
 
         Under MirroredStrategy that function is traced once per local replica device (each trace
         captures that device's copies of the variables), so the expected count is the local replicas.
         """
-        traces = self.train_step.grad_fn.experimental_get_tracing_count()
-        if traces > self.topo.local_replicas:
-            log.error("THE TRAIN STEP WAS TRACED %d TIMES, NOT ONCE (PER REPLICA DEVICE): every trace recompiles "
-                      "with XLA. Signatures traced:\n%s\nThe dataset yields: %s", traces,
-                      self.train_step.grad_fn.pretty_printed_concrete_signatures(), self.dataset.element_spec)
-        return traces
+        out = {}
+        for i, step in self.train_steps.items():
+            out[i] = traces = step.grad_fn.experimental_get_tracing_count()
+            if traces > self.topo.local_replicas:
+                log.error("THE TRAIN STEP OF BUCKET %d WAS TRACED %d TIMES, NOT ONCE (PER REPLICA DEVICE): every "
+                          "trace recompiles with XLA. Signatures traced:\n%s\nThe dataset yields: %s", i, traces,
+                          step.grad_fn.pretty_printed_concrete_signatures(), self.datasets[i].element_spec)
+        return out
 
     def facts(self) -> dict:
         lp = self.inputs.cfg.loop
+        traces = self.traces()
+        evals = {i: step.experimental_get_tracing_count() for i, step in self.eval_steps.items()}
+        buckets = [{"index": lane.index, "max_text_len": lane.bucket.max_text_len,
+                    "max_mel_frames": lane.bucket.max_mel_frames, "batch_size": lane.batch_size,
+                    "train_records": lane.records, "calls_per_epoch": lane.calls_per_epoch,
+                    "train_step_traces": traces.get(lane.index, 0), "eval_step_traces": evals.get(lane.index, 0)}
+                   for lane in self.lanes]
         return {"model_factory": self.inputs.cfg.model_factory, "synthetic_data": self.synthetic,
-                "batch_size": self.batch_size,
+                "batch_size": self.batch_size, "fixed_batch_size": self.inputs.cfg.data.fixed_batch_size,
                 "steps_per_execution": self.k_steps, "precision": lp.precision,
                 **self.topo.facts(self.batch_size),
-                "step_function_traces": self.train_step.experimental_get_tracing_count(),
-                "parameters": int(self.model.count_params()), "train_step_traces": self.traces(),
-                "eval_step_traces": self.eval_step.experimental_get_tracing_count() if self.eval_step else 0}
+                "step_function_traces": sum(s.experimental_get_tracing_count() for s in self.train_steps.values()),
+                "parameters": int(self.model.count_params()), "train_step_traces": sum(traces.values()),
+                "eval_step_traces": sum(evals.values()),
+                "buckets_used": sum(1 for n in traces.values() if n), "buckets": buckets}
 
 
 def prepare_model_dir(model_dir: str, inputs: Inputs) -> None:

@@ -41,6 +41,8 @@ class RunState:
     stopped_by: str = "steps"
     data_changes: list = dataclasses.field(default_factory=list)
     loss_names: tuple = LOSSES  # the keys of the model's losses_from_terms, "loss" first
+    valid_frames: float = 0.0  # mel frames over every step run, valid and as padded (length buckets)
+    padded_frames: float = 0.0
 
     def __post_init__(self):
         if self.step < 0:
@@ -54,7 +56,12 @@ class RunState:
 
     def record(self, metrics: dict, losses: np.ndarray, wait_s: float, call_s: float,
                last_checkpoint: str | None) -> None:
-        """One compiled call's results: K per-step losses (checked), mean metrics, the timings."""
+        """One compiled call's results: K per-step losses (checked), mean metrics, the timings.
+
+        metrics may carry "compiled" (1: this call traced and compiled its bucket's step; every
+        bucket's first call does, they add up to compile_seconds; default: the run's first call) and
+        "padded_frames" (the frames the call ran, padding included: the padding fraction).
+        """
         bad = np.flatnonzero(~np.isfinite(losses))
         if bad.size:
             raise TrainError(
@@ -65,8 +72,10 @@ class RunState:
         self.last = {k: float(v) for k, v in metrics.items()}
         if self.first_loss is None:
             self.first_loss = float(losses[0])
-        if self.compile_seconds is None:
-            self.compile_seconds = call_s
+        self.valid_frames += self.last["mel_frames"]
+        self.padded_frames += self.last.get("padded_frames", 0.0)
+        if self.last.get("compiled", self.compile_seconds is None):
+            self.compile_seconds = (self.compile_seconds or 0.0) + call_s
         else:
             s = self.steady
             s.seconds += call_s
@@ -101,6 +110,7 @@ class RunState:
             "final_losses": {"train": {k: self.last[k] for k in self.loss_names} if self.last else {},
                              "val": self.val_losses},
             "compile_seconds": self.compile_seconds,
+            "padding_fraction": 1.0 - self.valid_frames / self.padded_frames if self.padded_frames else None,
             "steady_state": {
                 "calls": s.calls,
                 "steps_per_second": s.calls * self.steps_per_call / secs if secs else None,
@@ -124,8 +134,10 @@ def format_summary(summary: dict) -> str:
         f"batch {summary['batch_size']}, {summary['steps_per_execution']} steps per call, {summary['precision']}",
         *([f"strategy           {summary['strategy']}: {summary['replicas']} replicas on {summary['workers']} "
            f"workers, {summary['per_replica_batch_size']} examples per replica"] if "strategy" in summary else []),
-        f"train step traces  {summary['train_step_traces']}",
-        f"first call         {num(summary['compile_seconds'], '.1f')} s (trace + XLA compile)",
+        f"train step traces  {summary['train_step_traces']}{_per_bucket(summary)}",
+        f"compile            {num(summary['compile_seconds'], '.1f')} s (first call of each step: trace + XLA "
+        f"compile)",
+        f"padding            {num(_percent(summary.get('padding_fraction')), '.1f')}% of the mel frames run",
         f"steady state       {num(s['steps_per_second'], '.2f')} steps/s, {num(s['examples_per_second'], '.1f')} "
         f"examples/s, {num(s['mel_frames_per_second'], '.0f')} mel frames/s, input wait "
         f"{num(None if s['input_wait_fraction'] is None else 100 * s['input_wait_fraction'], '.1f')}%",
@@ -139,3 +151,16 @@ def format_summary(summary: dict) -> str:
     if summary["final_losses"]["val"]:
         lines.append(f"validation loss    {summary['final_losses']['val']['loss']:.4f}")
     return "\n".join(lines)
+
+
+def _per_bucket(summary: dict) -> str:
+    """ " (bucket frames x batch: traces, ...)" when the run has length buckets."""
+    buckets = summary.get("buckets") or []
+    if not buckets:
+        return ""
+    return " (" + ", ".join(f"{b['max_mel_frames']} frames x {b['batch_size']}: {b['train_step_traces']}"
+                            for b in buckets) + ")"
+
+
+def _percent(fraction: float | None) -> float | None:
+    return None if fraction is None else 100 * fraction

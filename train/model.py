@@ -3,10 +3,12 @@
 Encoder: character embedding -> conv prenet -> scaled sinusoidal positions -> pre-LN self-attention
 blocks. Decoder: teacher-forced previous frame -> bottleneck prenet -> causal self-attention +
 cross-attention blocks -> r mel frames and one stop logit per step. Postnet: residual conv stack.
-Every shape is static (the schema's max lengths), so the whole thing compiles with XLA.
+Every shape is static, so the whole thing compiles with XLA. The position tables are sized for the
+longest bucket (the schema's max lengths) and sliced to each input's length, so one model runs every
+length bucket.
 
 It is a plug-in like any other (train/contract.py): `build` is its factory, `loss_terms`,
-`losses_from_terms` and `generate` are what the trainer and `melshards synthesize` call.
+`loss_counts`, `losses_from_terms` and `generate` are what the trainer and `melshards synthesize` call.
 """
 from __future__ import annotations
 
@@ -167,11 +169,12 @@ class TextToMel(keras.Model):
 
     # -- pieces used by training (all at once) and synthesis (decoder step by step) ------------
     def encode(self, text_ids, text_len, seed, training=False):
-        mask = tf.sequence_mask(text_len, self.max_text_len)  # [B, L]
+        length = text_ids.shape[1]  # the bucket's text length (<= max_text_len: tables are sliced)
+        mask = tf.sequence_mask(text_len, length)  # [B, L]
         x = self.embed(text_ids)
         for conv, norm, drop in zip(self.enc_convs, self.enc_conv_norms, self.enc_conv_drops):
             x = drop(norm(conv(x)), seed, training=training)
-        x = self.enc_proj(x) + tf.cast(self.enc_alpha * self.enc_pos, x.dtype)
+        x = self.enc_proj(x) + tf.cast(self.enc_alpha * self.enc_pos[:length], x.dtype)
         x = self.enc_drop(x, seed, training=training)
         self_mask = mask[:, None, :] & mask[:, :, None]
         for block in self.enc_blocks:
@@ -180,16 +183,16 @@ class TextToMel(keras.Model):
 
     def decode(self, memory, text_mask, prev_frames, seed, training=False):
         """prev_frames [B, G, n_mels] (frame before each step) -> mel [B, G*r, n_mels], stop logits [B, G]."""
-        x = prev_frames
+        x, steps, length = prev_frames, prev_frames.shape[1], memory.shape[1]  # the bucket's shapes
         for dense, drop in zip(self.prenet, self.prenet_drops):
             x = drop(dense(x), seed, training=training)
-        x = self.dec_proj(x) + tf.cast(self.dec_alpha * self.dec_pos, x.dtype)
+        x = self.dec_proj(x) + tf.cast(self.dec_alpha * self.dec_pos[:steps], x.dtype)
         x = self.dec_drop(x, seed, training=training)
-        cross_mask = tf.broadcast_to(text_mask[:, None, :], [tf.shape(x)[0], self.steps, self.max_text_len])
+        cross_mask = tf.broadcast_to(text_mask[:, None, :], [tf.shape(x)[0], steps, length])
         for block in self.dec_blocks:
             x = block(x, None, seed, memory=memory, cross_mask=cross_mask, causal=True, training=training)
         x = self.dec_norm(x)
-        mel = tf.reshape(self.mel_head(x), [-1, self.steps * self.r, self.n_mels])
+        mel = tf.reshape(self.mel_head(x), [-1, steps * self.r, self.n_mels])
         return mel, tf.squeeze(self.stop_head(x), -1)
 
     def refine(self, mel, seed, training=False):
@@ -289,8 +292,10 @@ def build_model(cfg: ModelConfig | dict, schema, precision: str) -> TextToMel:
     """The model for this schema, with its variables created (so the optimizer can be built)."""
     if isinstance(cfg, dict):
         cfg = _options({k: v for k, v in cfg.items() if k != "factory"})
+    # a shorter bucket may hold longer texts than the longest one: the text table covers them all
     model = TextToMel(cfg, vocab_size=len(schema.vocabulary), n_mels=schema.n_mels,
-                      max_text_len=schema.max_text_len, max_mel_frames=schema.max_mel_frames,
+                      max_text_len=max(b.max_text_len for b in schema.buckets),
+                      max_mel_frames=schema.max_mel_frames,
                       precision=precision, norm=Normaliser(schema))
     model(tf.zeros([1, schema.max_text_len], tf.int32), tf.ones([1], tf.int32),
           tf.zeros([1, schema.max_mel_frames, schema.n_mels]), tf.zeros([2], tf.int32))

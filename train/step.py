@@ -11,6 +11,7 @@ import keras
 import numpy as np
 
 from shards_schema import Schema
+from shards_schema.schema import Bucket
 from shards_schema.records import tensor_specs
 from train.config import OptimConfig
 from train.contract import MODEL_INPUTS
@@ -34,7 +35,7 @@ class Normaliser:
         return mel * self.std + self.mean
 
 
-def step_specs(schema: Schema, batch_size: int, steps_per_execution: int | None = None) -> dict:
+def step_specs(schema: Schema | Bucket, batch_size: int, steps_per_execution: int | None = None) -> dict:
     """input_signature: the schema's specs for MODEL_INPUTS, with a leading K dim for the train step."""
     specs = tensor_specs(schema, batch_size, MODEL_INPUTS)
     if steps_per_execution is None:
@@ -177,9 +178,11 @@ def make_train_step(model: keras.Model, optimizer, schema: Schema, cfg: OptimCon
     return train_step
 
 
-def make_eval_step(model: keras.Model, schema: Schema, batch_size: int):
-    """Compiled once like the train step; returns masked sums so the caller adds batches up exactly."""
-    @tf.function(input_signature=[step_specs(schema, batch_size)], jit_compile=True)
+def make_eval_step(model: keras.Model, schema: Schema, batch_size: int, shapes: Bucket | None = None):
+    """Compiled once like the train step; returns masked sums so the caller adds batches up exactly.
+
+    `shapes`: the length bucket whose static shapes the signature takes (default: the largest)."""
+    @tf.function(input_signature=[step_specs(shapes or schema, batch_size)], jit_compile=True)
     def eval_step(batch):
         return model.loss_terms(batch, tf.zeros([2], tf.int32), training=False)
 

@@ -511,6 +511,6 @@ def test_bucket_options_are_validated_naming_the_key(capsys, tmp_path, corpus_di
             cfg.validate()
     _fails(capsys, ["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--buckets", "two"],
            "--buckets must be an integer >= 1 or 'auto'")
-    assert load_config(str(TINY_CONFIG), "auto").pad.buckets == "auto"
+    assert load_config(str(TINY_CONFIG), "1").pad.buckets == 1
     assert load_config(str(TINY_CONFIG), "3").pad.buckets == 3
-    assert load_config(str(TINY_CONFIG)).pad.buckets == 1
+    assert load_config(str(TINY_CONFIG)).pad.buckets == "auto"

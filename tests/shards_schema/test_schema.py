@@ -150,13 +150,3 @@ def test_shipped_config_loads_and_validates(path, shards_dir):
         from preprocess.config import PreprocessConfig, load_config
         cfg = load_config(str(path))
         assert isinstance(cfg, PreprocessConfig)
-
-
-def test_the_one_bucket_trainer_refuses_a_bucketed_run_saying_pass_buckets_1(bucketed_dir, shards_dir):
-    from shards_schema.shards import check_schemas
-
-    with pytest.raises(SchemaError, match="this trainer reads one bucket: re-run `melshards preprocess` with "
-                                          "--buckets 1"):
-        check_schemas([str(bucketed_dir / "train-b00-00000-of-00001.tfrecord")], None)
-    schema, _ = check_schemas([str(shards_dir / "train-b00-00000-of-00001.tfrecord")], None)
-    assert len(schema.buckets) == 1

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests.train.conftest import write_config
@@ -34,7 +35,10 @@ def _weights(model_dir):
     return {n: reader.get_tensor(n) for n in names}
 
 
-def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(shards_dir, tmp_path):
+@pytest.mark.parametrize("shards", ["shards_dir", "bucketed_dir"])
+def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(shards, request, tmp_path):
+    """One length bucket, and four (every bucket's iterator and the schedule position resume)."""
+    shards_dir = request.getfixturevalue(shards)
     cfg = write_config(tmp_path / "c.yaml",
                        model={"dropout": 0.1},
                        loop={"steps": STEPS, "checkpoint_every": 10, "log_every": 1, "val_every": 10,
@@ -62,6 +66,8 @@ def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(shards_dir, tm
 
     done = json.loads((tmp_path / "parts" / "run_summary.json").read_text())
     assert done["start_step"] == stopped["final_step"] and done["final_step"] == STEPS
+    whole_summary = json.loads((tmp_path / "whole" / "run_summary.json").read_text())
+    assert whole_summary["buckets_used"] == len(whole_summary["buckets"])  # 24 steps reach every bucket
     a, b = _weights(tmp_path / "whole"), _weights(tmp_path / "parts")
     assert a.keys() == b.keys() and any(k.startswith("optimizer/") for k in a)
     different = [k for k in a if not np.array_equal(a[k], b[k])]

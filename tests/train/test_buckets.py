@@ -1,0 +1,137 @@
+"""Length buckets in the trainer: batch per bucket, the schedule, and every bucket's pipeline."""
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from shards_schema import read_schema
+from train import buckets as bk
+from train import input_pipeline as ip
+from train.config import DataConfig
+from train.step import MODEL_INPUTS
+
+
+def test_batch_per_bucket_keeps_padded_frames_per_batch_at_most_the_longest_buckets():
+    # B * T_max / T = 16*1000/250 = 64, /400 = 40, /700 = 22.9 -> 16 (multiple of 8), 1000 -> 16
+    assert bk.batch_sizes([250, 400, 700, 1000], [10**6] * 4, 16) == [64, 40, 16, 16]
+    # B = 4: multiples of gcd(4, 8) = 4; capped by each bucket's records (9 -> 8), never below B
+    assert bk.batch_sizes([184, 224, 320, 552], [9, 12, 11, 8], 4) == [8, 8, 4, 4]
+    assert bk.batch_sizes([100, 200], [2, 3], 4) == [4, 4]
+    # B = 6: multiples of 2
+    assert bk.batch_sizes([100, 300], [100, 100], 6) == [18, 6]
+    assert bk.batch_sizes([250, 400, 1000], [10**6] * 3, 16, fixed=True) == [16, 16, 16]
+    assert bk.batch_sizes([552], [40], 8) == [8]
+
+
+def test_calls_per_epoch_follow_each_buckets_batches_and_none_starves():
+    assert bk.calls_per_epoch([96, 40, 3, 0], [8, 8, 4, 4], 1) == [12, 5, 1, 0]
+    assert bk.calls_per_epoch([96, 40, 3], [8, 8, 4], 2) == [6, 2, 1]  # 2.5 rounds to even
+
+
+def test_schedule_is_a_seeded_permutation_per_epoch_in_proportion_to_the_calls():
+    calls = [6, 3, 1]
+    order = bk.schedule(calls, seed=7, first=0, count=50)
+    for e in range(5):  # every epoch of 10 calls holds exactly 6, 3 and 1 calls of the buckets
+        assert collections.Counter(order[10 * e:10 * e + 10].tolist()) == {0: 6, 1: 3, 2: 1}
+    assert not np.array_equal(order[:10], order[10:20])  # a new order every epoch
+    assert np.array_equal(order, bk.schedule(calls, seed=7, first=0, count=50))
+    assert not np.array_equal(order, bk.schedule(calls, seed=8, first=0, count=50))
+    # any position is a pure function of the call index: a resumed run continues the same sequence
+    assert np.array_equal(order[13:37], bk.schedule(calls, seed=7, first=13, count=24))
+    live = bk.Schedule(calls, seed=7)
+    assert [live.bucket(c) for c in range(23, 50)] == order[23:].tolist()
+
+
+def test_schedule_of_one_bucket_is_all_that_bucket():
+    assert bk.schedule([5], 0, 3, 8).tolist() == [0] * 8
+    assert bk.schedule([0, 4, 0], 0, 0, 6).tolist() == [1] * 6
+
+
+@pytest.fixture(scope="module")
+def bucketed(bucketed_dir):
+    files = ip.expand_globs([str(bucketed_dir / "train-*.tfrecord")])
+    val = ip.expand_globs([str(bucketed_dir / "val-*.tfrecord")])
+    schema, _ = ip.check_schemas(files, None)
+    return schema, bk.plan(files, val, schema, 4, False, 1)
+
+
+def test_the_plan_gives_every_bucket_its_files_shapes_batch_and_records(bucketed):
+    schema, lanes = bucketed
+    assert len(lanes) == len(schema.buckets) > 1
+    for lane, b in zip(lanes, schema.buckets):
+        assert lane.bucket == b and lane.records == b.counts["train"] and lane.calls_per_epoch >= 1
+        assert all(f"-b{b.index:02d}-" in f for f in lane.files + lane.val_files)
+    assert [lane.batch_size for lane in lanes] == bk.batch_sizes(
+        [b.max_mel_frames for b in schema.buckets], [b.counts["train"] for b in schema.buckets], 4)
+
+
+def test_every_buckets_pipeline_has_its_own_static_shapes_and_no_python_ops(bucketed):
+    schema, lanes = bucketed
+    for lane in lanes:
+        data = DataConfig(batch_size=lane.batch_size)
+        train = ip.train_dataset(lane.files, lane.bucket, data, MODEL_INPUTS, steps_per_execution=2)
+        assert train.element_spec["mel"].shape.as_list() == [2, lane.batch_size, lane.bucket.max_mel_frames,
+                                                             schema.n_mels]
+        assert train.element_spec["text_ids"].shape.as_list() == [2, lane.batch_size, lane.bucket.max_text_len]
+        assert ip.python_ops_in(train) == []
+        if lane.val_files:
+            val = ip.val_dataset(lane.val_files, schema, data, MODEL_INPUTS, lane.bucket)
+            assert ip.python_ops_in(val) == []
+
+
+def test_validation_covers_every_bucket_every_record_once_with_a_masked_top_up(bucketed):
+    schema, lanes = bucketed
+    seen = 0
+    for lane in lanes:
+        if not lane.val_files:
+            continue
+        batches = list(ip.val_dataset(lane.val_files, schema, DataConfig(batch_size=3), MODEL_INPUTS, lane.bucket))
+        lens = tf.concat([b["mel_len"] for b in batches], 0).numpy()
+        assert all(b["mel"].shape[1:] == (lane.bucket.max_mel_frames, schema.n_mels) for b in batches)
+        assert (lens > 0).sum() == lane.bucket.counts["val"] and len(lens) % 3 == 0
+        seen += (lens > 0).sum()
+    assert seen == schema.counts["val"] > 0
+
+
+def test_a_file_of_no_bucket_is_refused_naming_it(bucketed_dir, tmp_path):
+    schema = read_schema(str(bucketed_dir))
+    with pytest.raises(ip.InputError, match="renamed.tfrecord: schema.json does not list it"):
+        bk.files_by_bucket([str(tmp_path / "renamed.tfrecord")], schema)
+
+
+@pytest.fixture(scope="module")
+def bucketed_run(bucketed_dir, tmp_path_factory):
+    """16 steps on four length buckets, two steps per call, validating every bucket, through the CLI."""
+    import json
+
+    from melshards.train_cli import run
+    from tests.train.conftest import write_config
+
+    tmp = tmp_path_factory.mktemp("bucketed_run")
+    cfg = write_config(tmp / "c.yaml", loop={"steps": 16, "steps_per_execution": 2, "checkpoint_every": 16,
+                                             "val_every": 16, "log_every": 2})
+    code = run([str(bucketed_dir / "train-*.tfrecord"), "--val", str(bucketed_dir / "val-*.tfrecord"),
+                "--model-dir", str(tmp / "m"), "--config", str(cfg)])
+    assert code == 0
+    return json.loads((tmp / "m" / "run_summary.json").read_text())
+
+
+def test_each_bucket_traces_its_train_step_once_and_the_total_is_the_buckets_used(bucketed_run, bucketed_dir):
+    schema = read_schema(str(bucketed_dir))
+    buckets = bucketed_run["buckets"]
+    assert [b["max_mel_frames"] for b in buckets] == [b.max_mel_frames for b in schema.buckets]
+    assert [b["train_step_traces"] for b in buckets] == [1] * len(schema.buckets)
+    assert bucketed_run["train_step_traces"] == bucketed_run["buckets_used"] == len(schema.buckets) > 1
+    # an eval step for each bucket with validation records, traced once
+    assert [b["eval_step_traces"] for b in buckets] == [int(b.counts["val"] > 0) for b in schema.buckets]
+    assert bucketed_run["eval_step_traces"] == sum(b.counts["val"] > 0 for b in schema.buckets)
+
+
+def test_a_bucketed_run_validates_every_record_and_reports_padding_and_compile_time(bucketed_run, bucketed_dir):
+    schema = read_schema(str(bucketed_dir))
+    assert bucketed_run["final_losses"]["val"]["examples"] == schema.counts["val"]
+    assert 0.0 < bucketed_run["padding_fraction"] < 1.0
+    assert bucketed_run["compile_seconds"] > 0 and bucketed_run["steady_state"]["calls"] == 8 - len(schema.buckets)

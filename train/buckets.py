@@ -1,0 +1,137 @@
+"""Length buckets in the trainer: batch size per bucket, the seeded bucket schedule, and the plan.
+
+The shards come in K >= 1 length buckets, each with its own static shapes (schema.json). The trainer
+keeps one input pipeline, one compiled train step and one eval step per bucket used, each bound to
+that bucket's input_signature, so each traces exactly once. Python picks the bucket of every
+compiled call from a schedule that is a pure function of (seed, call index): nothing about the
+order is stored, so a checkpoint's step counter is the schedule position, and a resumed run draws
+exactly the buckets an uninterrupted one would. K = 1 is the same code with one bucket.
+
+Batch size per bucket (`batch_sizes`). `data.batch_size` B is the batch of the longest bucket (the
+one the memory budget is set for). A bucket of T frames gets floor(B * T_max / T) records, so every
+bucket's batch holds about the same padded frames as the longest one's (B * T_max, never more),
+rounded down to a multiple of gcd(B, 8) (a global batch split over up to 8 replicas stays
+divisible whenever B is; multiples of 8 suit tensor cores), then capped at the bucket's training
+records (so one batch never holds a record twice) and never below B. `data.fixed_batch_size: true`
+gives every bucket batch B.
+
+Schedule (`schedule`). Calls run in epochs of the schedule: bucket i appears n_i times per epoch,
+n_i = its records / (its batch * steps_per_execution) rounded, at least 1 (no bucket starves), so an
+epoch sees every record about once; the order within epoch e is a permutation drawn by numpy from
+(seed, e). A call's K = steps_per_execution steps all come from one bucket.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+
+from shards_schema import Schema
+from shards_schema.schema import Bucket
+from shards_schema.shards import InputError, listed_split
+
+
+def batch_sizes(frames: Sequence[int], records: Sequence[int], batch_size: int, fixed: bool = False) -> list[int]:
+    """Batch per bucket: ~constant padded frames per batch (see the module doc); B for all when fixed."""
+    if fixed:
+        return [batch_size] * len(frames)
+    longest, multiple = max(frames), math.gcd(batch_size, 8)
+    out = []
+    for t, n in zip(frames, records):
+        b = min(batch_size * longest // t, n)
+        out.append(max(batch_size, b // multiple * multiple))
+    return out
+
+
+def calls_per_epoch(records: Sequence[int], batches: Sequence[int], steps_per_execution: int) -> list[int]:
+    """Compiled calls of each bucket in one schedule epoch: its batches, rounded, >= 1; 0 if no records."""
+    return [0 if n == 0 else max(1, round(n / (b * steps_per_execution))) for n, b in zip(records, batches)]
+
+
+def epoch_order(calls: Sequence[int], seed: int, epoch: int) -> np.ndarray:
+    """The buckets of one schedule epoch's calls, in order: a seeded permutation of n_i copies of i."""
+    slots = np.repeat(np.arange(len(calls)), calls)
+    return np.random.default_rng([seed, epoch]).permutation(slots)
+
+
+def schedule(calls: Sequence[int], seed: int, first: int, count: int) -> np.ndarray:
+    """The bucket of each call first .. first + count - 1: a pure function of (calls, seed, index)."""
+    per_epoch = int(sum(calls))
+    if per_epoch == 0:
+        raise ValueError("no bucket has records")
+    out = np.empty(count, np.int64)
+    for j, c in enumerate(range(first, first + count)):
+        epoch, pos = divmod(c, per_epoch)
+        if j == 0 or pos == 0:
+            order = epoch_order(calls, seed, epoch)
+        out[j] = order[pos]
+    return out
+
+
+class Schedule:
+    """`schedule` one call at a time, keeping the current epoch's order (the loop asks call by call)."""
+
+    def __init__(self, calls: Sequence[int], seed: int):
+        self.calls, self.seed = list(calls), seed
+        self.per_epoch = int(sum(calls))
+        self._epoch, self._order = -1, None
+
+    def bucket(self, call: int) -> int:
+        epoch, pos = divmod(call, self.per_epoch)
+        if epoch != self._epoch:
+            self._epoch, self._order = epoch, epoch_order(self.calls, self.seed, epoch)
+        return int(self._order[pos])
+
+
+@dataclasses.dataclass(frozen=True)
+class Lane:
+    """One bucket as the trainer uses it: shapes, batch, its train and validation shard files."""
+    bucket: Bucket
+    batch_size: int
+    files: tuple[str, ...]
+    val_files: tuple[str, ...]
+    records: int  # training records in `files`
+    calls_per_epoch: int
+
+    @property
+    def index(self) -> int:
+        return self.bucket.index
+
+
+def files_by_bucket(files: Sequence[str], schema: Schema) -> dict[int, list[str]]:
+    """Each bucket's files among `files`; a file of no bucket is an InputError (its shapes are unknown)."""
+    out: dict[int, list[str]] = {b.index: [] for b in schema.buckets}
+    for f in files:
+        b = schema.bucket_of_file(f)
+        if b is None:
+            raise InputError(f"{f}: schema.json does not list it and its name says no bucket of the "
+                             f"{len(schema.buckets)} (split-bNN-SSSSS-of-CCCCC.tfrecord); its shapes are "
+                             "unknown. Keep the names preprocess gave the shards")
+        out[b.index].append(f)
+    return out
+
+
+def records_in(files: Sequence[str], schema: Schema, bucket: Bucket) -> int:
+    """Training records of a bucket's files as schema.json lists them; an unlisted file (renamed or
+    copied) counts as the bucket's mean file."""
+    listed = bucket.shards.get("train", [])
+    mean = round(bucket.counts.get("train", 0) / len(listed)) if listed else 0
+    total = 0
+    for f in files:
+        _, n = listed_split(schema, f)
+        total += mean if n is None else n
+    return total
+
+
+def plan(files: Sequence[str], val_files: Sequence[str], schema: Schema, batch_size: int, fixed: bool,
+         steps_per_execution: int) -> list[Lane]:
+    """The buckets of a run, each with its batch, files and share of the schedule."""
+    train, val = files_by_bucket(files, schema), files_by_bucket(val_files, schema)
+    records = [records_in(train[b.index], schema, b) if train[b.index] else 0 for b in schema.buckets]
+    frames = [b.max_mel_frames for b in schema.buckets]
+    batches = batch_sizes(frames, records, batch_size, fixed)
+    calls = calls_per_epoch(records, batches, steps_per_execution)
+    return [Lane(b, batches[b.index], tuple(train[b.index]), tuple(val[b.index]), records[b.index],
+                 calls[b.index]) for b in schema.buckets]
