@@ -93,7 +93,7 @@ def test_cli_with_two_worker_processes_writes_the_same_records_quietly(shards_di
     out = tmp_path / "mp"
     proc = subprocess.run(
         [sys.executable, "-m", "melshards", "preprocess", "--input", str(corpus_dir), "--output", str(out),
-         "--config", str(TINY_CONFIG), "--workers", "2"],
+         "--config", str(TINY_CONFIG), "--workers", "2", "--buckets", "1"],  # as shards_dir, but 2 workers
         cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "56 input rows" in proc.stdout and "p99.9" in proc.stdout
