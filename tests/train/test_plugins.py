@@ -46,7 +46,7 @@ def test_example_plugin_trains_with_one_trace_checkpoints_and_tensorboard(exampl
     assert summary["train_step_traces"] == 1 and summary["eval_step_traces"] == 1
     assert summary["final_losses"]["train"]["loss"] < summary["first_loss"]
     assert set(summary["final_losses"]["train"]) == {"loss", "mel_loss", "length_loss"}
-    assert set(summary["final_losses"]["val"]) == {"loss", "mel_loss", "length_loss"}
+    assert set(summary["final_losses"]["val"]) == {"loss", "mel_loss", "length_loss", "examples"}
     assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-4.index", "ckpt-8.index"]
     assert list((model_dir / "tensorboard" / "train").glob("events.out.tfevents.*"))
     assert json.loads((model_dir / "train_config.json").read_text())["model"]["factory"] == EXAMPLE
@@ -72,8 +72,9 @@ def test_example_plugin_dataset_graph_holds_no_python_ops(four_records, tmp_path
     cfg = config_from_dict({"model": dict(FS_MODEL, factory=EXAMPLE), "data": {"batch_size": 2}})
     inputs = resolve_inputs([str(four_records / "train-*.tfrecord")], [], None, cfg)
     built = Run(inputs, str(tmp_path / "m"), synthetic=False)  # builds, does not compile
-    assert built.train_step.experimental_get_tracing_count() == 0
-    assert ip.python_ops_in(built.dataset) == []
+    assert built.datasets and all(s.experimental_get_tracing_count() == 0 for s in built.train_steps.values())
+    for ds in built.datasets.values():
+        assert ip.python_ops_in(ds) == []
 
 
 def test_synthesis_uses_the_plugins_generate(example_run):
