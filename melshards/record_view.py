@@ -15,7 +15,8 @@ def _text(v) -> str:
 
 
 def describe(record: dict, schema: Schema) -> list[str]:
-    """Id, text, lengths, and whether the text ids decode back to the stored text."""
+    """Id, text, lengths (of its bucket's padded lengths), and whether the text ids decode back to the text."""
+    shapes = schema.bucket_of_file(record["_file"]) or schema  # the largest shapes when the file is unknown
     text_len, mel_len = int(record["text_len"]), int(record["mel_len"])
     decoded = Vocabulary(schema.vocabulary).decode([int(i) for i in record["text_ids"][:text_len]])
     text = _text(record["text"])
@@ -24,7 +25,7 @@ def describe(record: dict, schema: Schema) -> list[str]:
         f"{_text(record['id'])}  ({record['_file']}, record {record['_index']})",
         f"  speaker   {_text(record['speaker']) or '(none)'}",
         f"  text      {text}",
-        f"  text_len  {text_len} of {schema.max_text_len} ids; mel_len {mel_len} of {schema.max_mel_frames} frames "
+        f"  text_len  {text_len} of {shapes.max_text_len} ids; mel_len {mel_len} of {shapes.max_mel_frames} frames "
         f"({mel_len * schema.mel.hop_length / schema.audio.sample_rate:.2f} s)",
         f"  mel       {schema.n_mels} bins, valid frames range {mel.min():.2f}..{mel.max():.2f} "
         f"(log magnitude; padding is {schema.mel.pad_value:.2f})",

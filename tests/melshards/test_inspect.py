@@ -134,3 +134,12 @@ def test_records_are_checked_against_their_own_buckets_shapes(bucketed_dir, tmp_
     assert (f"mel holds {big.max_mel_frames * 80 * 2} bytes, schema shape [{small.max_mel_frames}, 80] of "
             "raw_float16") in result.output
     assert result.output.count("wrong shape") == 1  # every listed shard still passes against its bucket
+
+
+def test_show_gives_a_records_lengths_against_its_own_bucket(bucketed_dir, tmp_path):
+    schema = read_schema(str(bucketed_dir))
+    first = schema.buckets[0]
+    result = run_inspect(f"{bucketed_dir}/{first.shards['train'][0]['file']}", "--show", 1, "--out", tmp_path)
+    assert result.exit_code == 0, result.output
+    assert f"of {first.max_text_len} ids" in result.output and f"of {first.max_mel_frames} frames" in result.output
+    assert first.max_mel_frames < schema.max_mel_frames  # not the largest bucket's, which it used to print
