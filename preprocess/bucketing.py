@@ -8,13 +8,11 @@ text among its clips (every split), rounded up (`shards_schema.buckets.text_boun
 """
 from __future__ import annotations
 
-from collections import Counter
 from typing import Any, Mapping
 
 from preprocess.config import PadConfig
-from shards_schema.buckets import (BucketPlan, bucket_index, choose_buckets, describe, round_up,
-                                   text_bound, what_if)
-from shards_schema.stats import Cutoffs
+from shards_schema.buckets import BucketPlan, bucket_index, choose_buckets, describe, text_bound, what_if
+from shards_schema.stats import Cutoffs, round_up
 
 
 def kept(clip: dict, cutoffs: Cutoffs | None) -> bool:
@@ -96,10 +94,3 @@ def bucket_stats(buckets: dict, kept_mel: Mapping[int, int], text_hists: Mapping
 
 def _fraction(valid: int, padded: int) -> float:
     return round(1.0 - valid / padded, 6) if padded else 0.0
-
-
-def merge_counters(accs) -> Counter:
-    out: Counter = Counter()
-    for a in accs:
-        out.update(a)
-    return out

@@ -23,7 +23,7 @@ from preprocess.config import PreprocessConfig
 from preprocess.corpus import REJECTED, Corpus, DropDuplicateIds, ReadCorpus
 from preprocess.report import WriteReport, mel_params
 from preprocess.shards import TEMP_DIR, WriteShards
-from shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs
+from shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
 from shards_schema import REJECTED_FILE, Schema, Vocabulary
 from shards_schema.records import encode_example
 
@@ -262,7 +262,7 @@ class _BucketInputsFn(beam.CombineFn):
 
     def merge_accumulators(self, accs):
         accs = list(accs)
-        return B.merge_counters(a[0] for a in accs), max((a[1] for a in accs), default=0)
+        return merge_histograms(a[0] for a in accs), max((a[1] for a in accs), default=0)
 
     def extract_output(self, acc):
         return dict(acc[0]), acc[1]
@@ -279,7 +279,7 @@ class _HistogramFn(beam.CombineFn):
         return acc
 
     def merge_accumulators(self, accs):
-        return B.merge_counters(accs)
+        return merge_histograms(accs)
 
     def extract_output(self, acc):
         return dict(acc)

@@ -44,16 +44,14 @@ from typing import Any, Callable, Mapping, Sequence, Union
 
 import numpy as np
 
+from shards_schema.stats import round_up  # re-exported: the one rounding rule of padded lengths
+
 MinRecords = Union[int, Callable[[int], int]]
 WHAT_IF_KS = (1, 2, 4, 8, 16)
 AUTO = "auto"
 
 _INF = np.int64(2**61)  # unreachable state; every real cost is < 2**60 (checked), so sums never overflow
 _BLOCK_ELEMS = 1 << 20  # rows per vectorised block are chosen so each temporary stays ~8 MB of int64
-
-
-def round_up(n: int, multiple: int) -> int:
-    return -(-int(n) // int(multiple)) * int(multiple)
 
 
 def text_bound(max_text_len: int, multiple: int) -> int:

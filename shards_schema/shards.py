@@ -225,9 +225,10 @@ def schemas_for(files: Sequence[str], schema_path: str | None) -> tuple[dict[str
                 "let `melshards preprocess` finish, or re-run it with --overwrite")
     own = {d: posixpath.join(d, SCHEMA_FILE) for d in dirs}
     where = {d: own[d] if schema_path is None or tf.io.gfile.exists(own[d]) else schema_path for d in dirs}
-    by_dir = {d: read_schema(where[d]) for d in dirs}
     ref_path = schema_path or where[dirs[0]]
-    ref = read_schema(ref_path) if schema_path else by_dir[dirs[0]]
+    read = {path: read_schema(path) for path in {*where.values(), ref_path}}  # each file once
+    by_dir = {d: read[where[d]] for d in dirs}
+    ref = read[ref_path]
     problems = []
     for d in dirs:
         try:

@@ -8,7 +8,6 @@ lengths, not the number of clips.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import Counter
 from typing import Iterable, Mapping
 
@@ -67,7 +66,8 @@ def merge_histograms(hists: Iterable[Mapping[int, int]]) -> Counter:
 
 
 def round_up(n: int, multiple: int) -> int:
-    return int(math.ceil(n / multiple) * multiple)
+    """n rounded up to a multiple of `multiple` (integer arithmetic: exact for any length)."""
+    return -(-int(n) // int(multiple)) * int(multiple)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -56,26 +56,15 @@ def epoch_order(calls: Sequence[int], seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(slots)
 
 
-def schedule(calls: Sequence[int], seed: int, first: int, count: int) -> np.ndarray:
-    """The bucket of each call first .. first + count - 1: a pure function of (calls, seed, index)."""
-    per_epoch = int(sum(calls))
-    if per_epoch == 0:
-        raise ValueError("no bucket has records")
-    out = np.empty(count, np.int64)
-    for j, c in enumerate(range(first, first + count)):
-        epoch, pos = divmod(c, per_epoch)
-        if j == 0 or pos == 0:
-            order = epoch_order(calls, seed, epoch)
-        out[j] = order[pos]
-    return out
-
-
 class Schedule:
-    """`schedule` one call at a time, keeping the current epoch's order (the loop asks call by call)."""
+    """The bucket of each call, a pure function of (calls, seed, call index); keeps the current
+    epoch's order, as the loop asks call by call."""
 
     def __init__(self, calls: Sequence[int], seed: int):
         self.calls, self.seed = list(calls), seed
         self.per_epoch = int(sum(calls))
+        if self.per_epoch == 0:
+            raise ValueError("no bucket has records")
         self._epoch, self._order = -1, None
 
     def bucket(self, call: int) -> int:
@@ -83,6 +72,12 @@ class Schedule:
         if epoch != self._epoch:
             self._epoch, self._order = epoch, epoch_order(self.calls, self.seed, epoch)
         return int(self._order[pos])
+
+
+def schedule(calls: Sequence[int], seed: int, first: int, count: int) -> np.ndarray:
+    """The buckets of calls first .. first + count - 1."""
+    s = Schedule(calls, seed)
+    return np.array([s.bucket(c) for c in range(first, first + count)], np.int64)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,8 @@ import pytest
 
 from shards_schema.buckets import (
     Bucket, Merge, bucket_index, choose_buckets, describe, equal_count_bounds, merge_small_buckets,
-    optimal_bounds, padding_fraction, round_up, text_bound, what_if)
+    optimal_bounds, padding_fraction, text_bound, what_if)
+from shards_schema.stats import round_up
 
 # 12 clips, 283 valid frames; candidates at multiple 8: 16, 24, 32, 96
 SMALL = {10: 5, 17: 3, 30: 1, 31: 2, 90: 1}
