@@ -5,6 +5,9 @@ commands from the short help kept here and imports neither; `melshards stats` im
 """
 from __future__ import annotations
 
+import atexit
+import gc
+
 import importlib
 import logging
 
@@ -78,4 +81,8 @@ def cli() -> None:
 
 
 def main() -> None:
+    # At exit, the interpreter's last garbage collections walk the whole heap (Beam, librosa, numba,
+    # TensorFlow): 1.2 s of a 1-row preprocess run, measured. Frozen objects are skipped; memory goes
+    # back to the OS with the process either way.
+    atexit.register(gc.freeze)
     cli()

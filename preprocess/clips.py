@@ -85,22 +85,27 @@ def as_rejection(clip_id: str, e: ClipRejected) -> dict:
     return reject(clip_id, e.reason, e.detail)
 
 
-# -- the mel across the statistics barrier ---------------------------------------------------
-def stash_mel(stash_dir: str, clip_id: str, mel: np.ndarray) -> str:
-    """Write the unpadded mel as raw little-endian float16 (what the shards store); returns the path.
+# -- the mels across the statistics barrier --------------------------------------------------
+def stash_mels(stash_dir: str, clip_ids: list[str], mels: list[np.ndarray]) -> str:
+    """Write a batch's unpadded mels, concatenated, as raw little-endian float16 (what the shards
+    store); returns the path. Each clip's frame count says where its mel starts.
 
-    The name comes from the id, so a retried bundle rewrites the same file instead of adding one.
+    The name comes from the ids, so a retried bundle rewrites the same file instead of adding one.
     """
-    name = hashlib.sha1(clip_id.encode("utf-8")).hexdigest()
-    path = FileSystems.join(stash_dir, f"mel-{name}.f16")
+    name = hashlib.sha1("\n".join(clip_ids).encode("utf-8")).hexdigest()
+    path = FileSystems.join(stash_dir, f"mels-{name}.f16")
     with FileSystems.create(path) as f:
-        f.write(np.ascontiguousarray(mel, "<f2").tobytes())
+        for mel in mels:
+            f.write(np.ascontiguousarray(mel, "<f2").tobytes())
     return path
 
 
-def load_mel(path: str, frames: int, n_mels: int) -> np.ndarray:
+def load_mels(path: str, frames: list[int], n_mels: int) -> list[np.ndarray]:
+    """The mels `stash_mels` wrote, given each one's frame count, in order."""
     with FileSystems.open(path) as f:
         data = f.read()
-    if len(data) != 2 * frames * n_mels:  # our own temp file: a short one is a bug or a lost write
-        raise IOError(f"{path} holds {len(data)} bytes, expected {frames} x {n_mels} float16")
-    return np.frombuffer(data, "<f2").reshape(frames, n_mels)
+    if len(data) != 2 * sum(frames) * n_mels:  # our own temp file: a short one is a bug or a lost write
+        raise IOError(f"{path} holds {len(data)} bytes, expected {sum(frames)} x {n_mels} float16")
+    flat = np.frombuffer(data, "<f2").reshape(-1, n_mels)
+    ends = np.cumsum(frames)
+    return [flat[end - n:end] for n, end in zip(frames, ends)]

@@ -15,7 +15,6 @@ import json
 import posixpath
 
 import apache_beam as beam
-from apache_beam.io import fileio
 from apache_beam.io.filesystems import FileSystems
 
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3")
@@ -23,6 +22,7 @@ MANIFEST_EXTENSIONS = (".csv", ".tsv", ".jsonl")
 MANIFEST_COLUMNS = ("audio", "text")  # required; id and speaker are optional
 LJSPEECH_FIELDS = 3  # id|text|normalized_text
 REJECTED = "rejected"
+INPUT_ROWS = "input_rows"
 NS = "melshards"
 
 
@@ -161,7 +161,49 @@ def _manifest_row(rec: dict, i: int, root: str, path: str):
             "audio": _join(root, audio), "row": i}
 
 
+def drop_duplicate_ids(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(rows keeping the first row of every id, by position; a rejection for each later repeat)."""
+    first: dict[str, dict] = {}
+    kept, dups = [], []
+    for row in sorted(rows, key=lambda r: r["row"]):
+        seen = first.setdefault(row["id"], row)
+        if seen is row:
+            kept.append(row)
+        else:
+            dups.append(reject(row["id"], "duplicate_id",
+                               f"row {row['row'] + 1} repeats the id of row {seen['row'] + 1}"))
+    return kept, dups
+
+
+def ljspeech_audio(root: str) -> dict[str, str]:
+    """id -> audio path under root/wavs (one listing; the first extension in sort order wins)."""
+    found: dict[str, str] = {}
+    for m in sorted(FileSystems.match([FileSystems.join(root, "wavs", "*")])[0].metadata_list, key=lambda m: m.path):
+        if m.path.lower().endswith(AUDIO_EXTENSIONS):
+            found.setdefault(posixpath.splitext(posixpath.basename(m.path))[0], m.path)
+    return found
+
+
+MAX_BATCH_ROWS = 32
+
+
+def batch_rows(n: int) -> int:
+    """Rows per element: up to MAX_BATCH_ROWS, but at least ~16 elements when there are rows enough.
+
+    Beam's per-element cost (coding, the local runner relaying every element through its launcher)
+    is paid per batch instead of per clip; 16 elements or more keep every worker busy.
+    """
+    return max(1, min(MAX_BATCH_ROWS, -(-n // 16)))
+
+
+def batches(rows: list[dict], size: int) -> list[list[dict]]:
+    return [rows[i:i + size] for i in range(0, len(rows), size)]
+
+
 class _ReadRows(beam.DoFn):
+    """The rows file -> batches of unique rows; malformed and duplicate rows -> `rejected`; the
+    number of input rows -> `input_rows` (one element)."""
+
     def __init__(self, corpus: Corpus):
         self.corpus = corpus
 
@@ -175,26 +217,35 @@ class _ReadRows(beam.DoFn):
                     items.append((i, parse_ljspeech_line(line, i)))
                 except ValueError as e:
                     items.append((i, e))
+            audio = ljspeech_audio(self.corpus.root)
         else:
-            items = parse_manifest(text, rows_path, self.corpus.root)
+            items, audio = list(parse_manifest(text, rows_path, self.corpus.root)), None
+        rows = []
         for i, row in items:
-            beam.metrics.Metrics.counter(NS, "input_rows").inc()
             if isinstance(row, Exception):
                 beam.metrics.Metrics.counter(NS, "malformed_row").inc()
                 yield beam.pvalue.TaggedOutput(REJECTED, reject(f"row-{i + 1}", "malformed_row", str(row)))
             else:
-                yield row
-
-
-def _attach_ljspeech_audio(row: dict, audio_by_id: dict):
-    paths = sorted(audio_by_id[row["id"]])  # AsMultiMap: an empty list for unknown ids
-    if not paths:
-        return dict(row, audio=None)
-    return dict(row, audio=paths[0])
+                rows.append(row if audio is None else dict(row, audio=audio.get(row["id"])))
+        beam.metrics.Metrics.counter(NS, "input_rows").inc(len(items))
+        yield beam.pvalue.TaggedOutput(INPUT_ROWS, len(items))
+        rows, dups = drop_duplicate_ids(rows)
+        for dup in dups:
+            beam.metrics.Metrics.counter(NS, "duplicate_id").inc()
+            yield beam.pvalue.TaggedOutput(REJECTED, dup)
+        # Always at least one (maybe empty) batch: every later statistic then has an input.
+        for batch in batches(rows, batch_rows(len(rows))) or [[]]:
+            yield batch
 
 
 class ReadCorpus(beam.PTransform):
-    """Rows {id, text, speaker, audio, row}; malformed rows go to the `rejected` output."""
+    """Batches of unique rows {id, text, speaker, audio, row}, spread over the workers; malformed and
+    duplicate rows go to `rejected`; `input_rows` holds the row count.
+
+    The rows file is read by one worker (it is small next to the audio): duplicates are found there
+    without a shuffle, and an LJSpeech corpus' audio is listed with one match. The Reshuffle then
+    spreads the batches, which carry the work, over every worker.
+    """
 
     def __init__(self, corpus: Corpus):
         super().__init__()
@@ -203,32 +254,6 @@ class ReadCorpus(beam.PTransform):
     def expand(self, pbegin):
         read = (pbegin
                 | "RowsFile" >> beam.Create([self.corpus.rows_path])
-                | "ParseRows" >> beam.ParDo(_ReadRows(self.corpus)).with_outputs(REJECTED, main="rows"))
-        rows = read.rows
-        if self.corpus.kind == "ljspeech":
-            audio = (pbegin
-                     | "ListAudio" >> fileio.MatchFiles(FileSystems.join(self.corpus.root, "wavs", "*"))
-                     | "KeepAudio" >> beam.Filter(lambda m: m.path.lower().endswith(AUDIO_EXTENSIONS))
-                     | "ById" >> beam.Map(lambda m: (posixpath.splitext(posixpath.basename(m.path))[0], m.path)))
-            rows = rows | "AttachAudio" >> beam.Map(_attach_ljspeech_audio, beam.pvalue.AsMultiMap(audio))
-        return {"rows": rows, REJECTED: read[REJECTED]}
-
-
-class DropDuplicateIds(beam.PTransform):
-    """Keep the first row (by position) of every id; later rows with that id are rejected."""
-
-    def expand(self, rows):
-        def split(kv):
-            clip_id, group = kv
-            group = sorted(group, key=lambda r: r["row"])
-            yield group[0]
-            for dup in group[1:]:
-                beam.metrics.Metrics.counter(NS, "duplicate_id").inc()
-                yield beam.pvalue.TaggedOutput(REJECTED, reject(
-                    clip_id, "duplicate_id", f"row {dup['row'] + 1} repeats the id of row {group[0]['row'] + 1}"))
-
-        # The shuffle also spreads rows over workers: the rows file is read by one worker.
-        return (rows
-                | "ById" >> beam.Map(lambda r: (r["id"], r))
-                | "Group" >> beam.GroupByKey()
-                | "FirstOfEach" >> beam.FlatMap(split).with_outputs(REJECTED, main="rows"))
+                | "ParseRows" >> beam.ParDo(_ReadRows(self.corpus)).with_outputs(REJECTED, INPUT_ROWS, main="rows"))
+        spread = read.rows | "Spread" >> beam.Reshuffle()
+        return {"batches": spread, REJECTED: read[REJECTED], INPUT_ROWS: read[INPUT_ROWS]}

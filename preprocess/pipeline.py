@@ -5,8 +5,9 @@ stages as side inputs. `build(p, ...)` wires the stages; `preprocess.run.run_job
 """
 from __future__ import annotations
 
+import atexit
+import gc
 import hashlib
-import json
 import logging
 import time
 import uuid
@@ -16,15 +17,17 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.windowed_value import WindowedValue
 
 from preprocess import bucketing as B
 from preprocess import clips as C
 from preprocess.config import PreprocessConfig
-from preprocess.corpus import REJECTED, Corpus, DropDuplicateIds, ReadCorpus
+from preprocess.corpus import INPUT_ROWS, REJECTED, Corpus, ReadCorpus
 from preprocess.report import WriteReport, mel_params
-from preprocess.shards import TEMP_DIR, WriteShards
+from preprocess.shards import TEMP_DIR, AssembleShards, RollingFiles
 from shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
-from shards_schema import REJECTED_FILE, Schema, Vocabulary
+from shards_schema import Schema, Vocabulary
 from shards_schema.records import encode_example
 
 log = logging.getLogger("melshards.preprocess")
@@ -33,6 +36,21 @@ NS = "melshards"
 
 def _count(name: str) -> None:
     Metrics.counter(NS, name).inc()
+
+
+def _count_n(name: str, n: int) -> None:
+    Metrics.counter(NS, name).inc(n)
+
+
+def _worker_setup() -> None:
+    """Once per DoFn instance in each worker: one BLAS thread, and no heap walk at exit.
+
+    A worker's interpreter spends ~0.45 s at exit in its last garbage collections over librosa,
+    numba and Beam (measured), and the local runner stops its workers one after the other. The
+    atexit hook runs only when the process ends, so a long-lived (Dataflow) worker is unaffected.
+    """
+    _one_blas_thread()
+    atexit.register(gc.freeze)
 
 
 def _one_blas_thread() -> None:
@@ -55,8 +73,8 @@ class _ProgressFile:
         self.path = FileSystems.join(directory, f"{PROGRESS_PREFIX}{uuid.uuid4().hex}.txt")
         self.rows, self.written_at = 0, 0.0
 
-    def add(self) -> None:
-        self.rows += 1
+    def add(self, rows: int) -> None:
+        self.rows += rows
         if time.monotonic() - self.written_at >= _PROGRESS_EVERY_S:
             self.flush()
 
@@ -68,20 +86,21 @@ class _ProgressFile:
         self.written_at = time.monotonic()
 
 
-# -- stages 2-3: per clip ----------------------------------------------------------------------
+# -- stages 2-3: per clip, a batch at a time ---------------------------------------------------
 @beam.typehints.with_output_types(dict)  # declared: inferring it would import librosa into the launcher
 class _MeasureFn(beam.DoFn):
-    """Row -> clip with text, lengths, split, the mel's moments and the mel (or where it is stashed).
+    """Batch of rows -> {"clips": [clip with text, lengths, split, the mel's moments, its place in the
+    stash], "stash": path}; bad clips -> `rejected`.
 
-    The clip is decoded, resampled and trimmed once, here; the mel computed from it crosses the
-    statistics barrier either in the element (stash_dir None) or as a temp file in stash_dir.
+    Each clip is decoded, resampled and trimmed once, here, and its mel computed from it. The mels
+    cross the statistics barrier in one temp file per batch (float16, unpadded, concatenated).
     """
 
-    def __init__(self, cfg: PreprocessConfig, stash_dir: str | None = None, progress_dir: str | None = None):
+    def __init__(self, cfg: PreprocessConfig, stash_dir: str, progress_dir: str | None = None):
         self.cfg, self.stash_dir, self.progress_dir = cfg, stash_dir, progress_dir
 
     def setup(self):
-        _one_blas_thread()
+        _worker_setup()
         self.vocab = Vocabulary()
         self.progress = _ProgressFile(self.progress_dir) if self.progress_dir else None
 
@@ -89,50 +108,53 @@ class _MeasureFn(beam.DoFn):
         if self.progress:
             self.progress.flush()
 
-    def process(self, row):
-        _count("rows_measured")  # with the per-reason counters, the job's progress on Dataflow
+    def process(self, rows):
+        clips, mels = [], []
+        for row in rows:
+            _count("rows_measured")  # with the per-reason counters, the job's progress on Dataflow
+            try:
+                clip = C.featurize(row, self.cfg, self.vocab)
+            except C.ClipRejected as e:
+                _count(e.reason)
+                yield beam.pvalue.TaggedOutput(REJECTED, C.as_rejection(row["id"], e))
+                continue
+            Metrics.distribution(NS, "mel_frames").update(clip["mel_frames"])
+            mel = clip.pop("mel")
+            clip["split"] = split_of(clip["id"], self.cfg.split.val_fraction, self.cfg.split.salt)
+            clip["moments"] = Moments.of(mel)  # from the float32 mel, before it is stored as float16
+            clips.append(clip)
+            mels.append(mel)
         if self.progress:
-            self.progress.add()
-        try:
-            clip = C.featurize(row, self.cfg, self.vocab)
-        except C.ClipRejected as e:
-            _count(e.reason)
-            yield beam.pvalue.TaggedOutput(REJECTED, C.as_rejection(row["id"], e))
-            return
-        _count("clips_measured")
-        Metrics.distribution(NS, "mel_frames").update(clip["mel_frames"])
-        mel = clip.pop("mel")
-        clip["split"] = split_of(clip["id"], self.cfg.split.val_fraction, self.cfg.split.salt)
-        clip["moments"] = Moments.of(mel)  # from the float32 mel, before it is stored as float16
-        if self.stash_dir is None:
-            clip["mel"] = mel.astype(np.float16)
-        else:
-            clip["mel_path"] = C.stash_mel(self.stash_dir, clip["id"], mel)
-        yield clip
+            self.progress.add(len(rows))
+        Metrics.counter(NS, "clips_measured").inc(len(clips))
+        stash = C.stash_mels(self.stash_dir, [c["id"] for c in clips], mels) if clips else None
+        yield {"clips": clips, "stash": stash}
 
 
 class MeasureClips(beam.PTransform):
-    """Rows -> clips with normalised text, ids, lengths and mel; bad clips -> `rejected`."""
+    """Batches of rows -> batches of clips with normalised text, ids, lengths and stashed mels;
+    bad clips -> `rejected`."""
 
-    def __init__(self, cfg: PreprocessConfig, stash_dir: str | None = None, progress_dir: str | None = None):
+    def __init__(self, cfg: PreprocessConfig, stash_dir: str, progress_dir: str | None = None):
         super().__init__()
         self.cfg, self.stash_dir, self.progress_dir = cfg, stash_dir, progress_dir
 
-    def expand(self, rows):
-        return rows | "Measure" >> beam.ParDo(_MeasureFn(self.cfg, self.stash_dir, self.progress_dir)).with_outputs(
+    def expand(self, batches):
+        return batches | "Measure" >> beam.ParDo(_MeasureFn(self.cfg, self.stash_dir, self.progress_dir)).with_outputs(
             REJECTED, main="clips")
 
 
 # -- stage 4: statistics -----------------------------------------------------------------------
 class _HistogramsFn(beam.CombineFn):
-    """Exact value->count histograms of the three lengths; merges are Counter sums."""
+    """Batches of clips -> exact value->count histograms of the three lengths; merges are Counter sums."""
 
     def create_accumulator(self):
         return {k: Counter() for k in LENGTH_KEYS}
 
-    def add_input(self, acc, clip):
-        for k in LENGTH_KEYS:
-            acc[k][clip[k]] += 1
+    def add_input(self, acc, batch):
+        for clip in batch["clips"]:
+            for k in LENGTH_KEYS:
+                acc[k][clip[k]] += 1
         return acc
 
     def merge_accumulators(self, accs):
@@ -147,8 +169,8 @@ class _HistogramsFn(beam.CombineFn):
 
 
 class LengthHistograms(beam.PTransform):
-    def expand(self, clips):
-        return clips | "Histograms" >> beam.CombineGlobally(_HistogramsFn())
+    def expand(self, batches):
+        return batches | "Histograms" >> beam.CombineGlobally(_HistogramsFn())
 
 
 class _MomentsFn(beam.CombineFn):
@@ -172,17 +194,15 @@ class _MomentsFn(beam.CombineFn):
 
 
 class MelStatistics(beam.PTransform):
-    """Per-bin mean/std over the valid frames of the training split (for normalisation)."""
+    """Per-bin mean/std over the valid frames of the training split's kept clips (for normalisation),
+    merged from the per-batch moments the writer emits."""
 
     def __init__(self, n_mels: int):
         super().__init__()
         self.n_mels = n_mels
 
-    def expand(self, clips):
-        return (clips
-                | "TrainOnly" >> beam.Filter(lambda c: c["split"] == "train")
-                | "Mel" >> beam.Map(lambda c: c["moments"])
-                | "Moments" >> beam.CombineGlobally(_MomentsFn(self.n_mels)))
+    def expand(self, moments):
+        return moments | "Moments" >> beam.CombineGlobally(_MomentsFn(self.n_mels))
 
 
 def cutoffs_from(hists: dict, cfg: PreprocessConfig) -> Cutoffs | None:
@@ -194,28 +214,15 @@ def cutoffs_from(hists: dict, cfg: PreprocessConfig) -> Cutoffs | None:
 
 
 # -- stage 5: filter ---------------------------------------------------------------------------
-def _filter(clip: dict, cutoffs: Cutoffs):
+def filter_reason(clip: dict, cutoffs: Cutoffs | None) -> dict | None:
+    """None if the percentile filter keeps the clip, else its rejected.jsonl entry (never truncated)."""
     reason = cutoffs.reason(clip["text_len"], clip["mel_frames"], clip["duration_ms"])
     if reason is None:
-        yield clip
-        return
-    _count(reason)
+        return None
     detail = (f"text_len={clip['text_len']} mel_frames={clip['mel_frames']} duration_ms={clip['duration_ms']}; "
               f"kept: duration_ms>={cutoffs.min_duration_ms}, "
               f"{cutoffs.min_mel_frames}<=mel_frames<={cutoffs.max_mel_frames}, text_len<={cutoffs.max_text_len}")
-    yield beam.pvalue.TaggedOutput(REJECTED, {"id": clip["id"], "reason": reason, "detail": detail})
-
-
-class FilterByPercentiles(beam.PTransform):
-    """Drop (never truncate) clips outside the percentile cut-offs, which arrive as a side input."""
-
-    def __init__(self, cutoffs):
-        super().__init__()
-        self.cutoffs = cutoffs
-
-    def expand(self, clips):
-        return clips | "Filter" >> beam.FlatMap(_filter, beam.pvalue.AsSingleton(self.cutoffs)).with_outputs(
-            REJECTED, main="kept")
+    return {"id": clip["id"], "reason": reason, "detail": detail}
 
 
 # -- stage 3 (mel) + 7 (split) ---------------------------------------------------------------
@@ -225,47 +232,41 @@ def split_of(clip_id: str, val_fraction: float, salt: str) -> str:
     return "val" if int.from_bytes(h[:8], "big") / 2.0 ** 64 < val_fraction else "train"
 
 
-class _LoadMelFn(beam.DoFn):
-    def __init__(self, n_mels: int):
-        self.n_mels = n_mels
-
-    def process(self, clip):
-        if "mel_path" in clip:
-            clip = dict(clip, mel=C.load_mel(clip["mel_path"], clip["mel_frames"], self.n_mels))
-        _count("mels_loaded")
-        yield clip
-
-
-class ComputeMel(beam.PTransform):
-    """Kept clips -> clips holding their mel (float16, unpadded), read back if it was stashed."""
-
-    def __init__(self, cfg: PreprocessConfig):
-        super().__init__()
-        self.cfg = cfg
-
-    def expand(self, clips):
-        return clips | "LoadMel" >> beam.ParDo(_LoadMelFn(self.cfg.mel.n_mels)).with_outputs(main="clips")
-
-
 # -- stage 6a: length buckets ----------------------------------------------------------------
-class _BucketInputsFn(beam.CombineFn):
-    """Kept clips -> (mel-frame histogram of the training split, longest kept clip of any split)."""
+def kept_summary(batch: dict, cutoffs: Cutoffs | None) -> dict:
+    """One batch's share of what the buckets and the after-filter report need: the lengths of its
+    kept clips, the mel-frame histogram of its kept training clips, and its longest kept clip."""
+    after = {k: Counter() for k in LENGTH_KEYS}
+    train, longest = Counter(), 0
+    for clip in batch["clips"]:
+        if B.kept(clip, cutoffs):
+            for k in LENGTH_KEYS:
+                after[k][clip[k]] += 1
+            if clip["split"] == "train":
+                train[clip["mel_frames"]] += 1
+            longest = max(longest, clip["mel_frames"])
+    return {"after": after, "train": train, "longest": longest}
 
+
+class _KeptSummaryFn(beam.CombineFn):
     def create_accumulator(self):
-        return Counter(), 0
+        return {"after": {k: Counter() for k in LENGTH_KEYS}, "train": Counter(), "longest": 0}
 
-    def add_input(self, acc, split_frames):
-        split, frames = split_frames
-        if split == "train":
-            acc[0][frames] += 1
-        return acc[0], max(acc[1], frames)
+    def add_input(self, acc, summary):
+        return self.merge_accumulators([acc, summary])
 
     def merge_accumulators(self, accs):
-        accs = list(accs)
-        return merge_histograms(a[0] for a in accs), max((a[1] for a in accs), default=0)
+        out = self.create_accumulator()
+        for a in accs:
+            for k in LENGTH_KEYS:
+                out["after"][k].update(a["after"][k])
+            out["train"].update(a["train"])
+            out["longest"] = max(out["longest"], a["longest"])
+        return out
 
     def extract_output(self, acc):
-        return dict(acc[0]), acc[1]
+        return {"after": {k: dict(v) for k, v in acc["after"].items()}, "train": dict(acc["train"]),
+                "longest": acc["longest"]}
 
 
 class _HistogramFn(beam.CombineFn):
@@ -274,8 +275,8 @@ class _HistogramFn(beam.CombineFn):
     def create_accumulator(self):
         return Counter()
 
-    def add_input(self, acc, value):
-        acc[value] += 1
+    def add_input(self, acc, hist):
+        acc.update(hist)
         return acc
 
     def merge_accumulators(self, accs):
@@ -285,31 +286,39 @@ class _HistogramFn(beam.CombineFn):
         return dict(acc)
 
 
-class ChooseBuckets(beam.PTransform):
-    """Measured clips + cut-offs -> {"buckets": bounds and plan, "text": (bucket, text-length histogram)}.
+def text_per_bucket(batch: dict, cutoffs: Cutoffs | None, buckets: dict | None):
+    """(bucket, text-length histogram) of one batch's kept clips."""
+    per: dict[int, Counter] = {}
+    for clip in batch["clips"]:
+        if B.kept(clip, cutoffs):
+            per.setdefault(B.bucket_of(clip, buckets), Counter())[clip["text_len"]] += 1
+    return list(per.items())
 
-    Reads the measured clips (with the filter's own rule, `bucketing.kept`), not the filter's output:
-    the bounds are then ready before any mel is computed, and the runner need not hold every clip's
-    mel until they are (a side input derived from the filter's output would force that).
+
+class ChooseBuckets(beam.PTransform):
+    """Measured batches + cut-offs -> {"buckets": bounds and plan, "text": (bucket, text-length
+    histogram), "after": after-filter histograms, "train_hist": kept training clips' mel frames}.
+
+    Reads the measured clips with the filter's own rule (`bucketing.kept`), not the filter's output:
+    the bounds are then ready before any mel is read back, so the filter, padding and writing run
+    in one pass over the stashed mels.
     """
 
     def __init__(self, cutoffs, cfg: PreprocessConfig):
         super().__init__()
         self.cutoffs, self.cfg = cutoffs, cfg
 
-    def expand(self, clips):
+    def expand(self, batches):
         cfg, cutoffs = self.cfg, beam.pvalue.AsSingleton(self.cutoffs)
-        kept = clips | "Kept" >> beam.Filter(B.kept, cutoffs)
-        inputs = (kept
-                  | "SplitFrames" >> beam.Map(lambda c: (split_of(c["id"], cfg.split.val_fraction, cfg.split.salt),
-                                                          c["mel_frames"]))
-                  | "TrainHistogram" >> beam.CombineGlobally(_BucketInputsFn()))
-        buckets = inputs | "Bounds" >> beam.Map(lambda x: B.choose(x[0], x[1], cfg.pad))
-        text = (kept
-                | "ByBucket" >> beam.Map(lambda c, b: (B.bucket_of(c, b), c["text_len"]),
-                                         beam.pvalue.AsSingleton(buckets))
+        summary = (batches
+                   | "Kept" >> beam.Map(kept_summary, cutoffs)
+                   | "Summary" >> beam.CombineGlobally(_KeptSummaryFn()))
+        buckets = summary | "Bounds" >> beam.Map(lambda s: B.choose(s["train"], s["longest"], cfg.pad))
+        text = (batches
+                | "ByBucket" >> beam.FlatMap(text_per_bucket, cutoffs, beam.pvalue.AsSingleton(buckets))
                 | "TextPerBucket" >> beam.CombinePerKey(_HistogramFn()))
-        return {"buckets": buckets, "text": text, "train_hist": inputs | "TrainOnly" >> beam.Map(lambda x: x[0])}
+        return {"buckets": buckets, "text": text, "after": summary | "After" >> beam.Map(lambda s: s["after"]),
+                "train_hist": summary | "TrainHist" >> beam.Map(lambda s: s["train"])}
 
 
 # -- stage 6: pad + encode ---------------------------------------------------------------------
@@ -321,36 +330,90 @@ def pad_to(x: np.ndarray, length: int, value) -> np.ndarray:
     return np.pad(x, pad, constant_values=value)
 
 
-def encode_clip(clip: dict, buckets: dict, text_hists: dict, cfg: PreprocessConfig) -> tuple[str, int, str, bytes]:
-    """Clip -> (split, bucket, id, Example bytes) padded to its bucket's shapes."""
+def encode_clip(clip: dict, mel: np.ndarray, buckets: dict, text_hists: dict,
+                cfg: PreprocessConfig) -> tuple[str, int, bytes]:
+    """Clip and its unpadded mel -> (split, bucket, Example bytes) padded to its bucket's shapes."""
     b = B.bucket_of(clip, buckets)
     mel_frames = buckets["bounds"][b]
     text_len = B.text_len_of(text_hists, b, cfg.pad.multiple)
     features = Schema.feature_table(text_len, mel_frames, cfg.mel.n_mels)
-    pad_value = mel_params(cfg.mel).pad_value
     values = {
         "id": clip["id"], "speaker": clip["speaker"], "text": clip["text"],
         "text_ids": pad_to(np.asarray(clip["text_ids"], np.int32), text_len, 0),
         "text_len": clip["text_len"],
-        "mel": pad_to(clip["mel"], mel_frames, pad_value),
-        "mel_len": clip["mel"].shape[0],
+        "mel": pad_to(mel, mel_frames, mel_params(cfg.mel).pad_value),
+        "mel_len": mel.shape[0],
     }
-    return clip["split"], b, clip["id"], encode_example(features, values)
+    return clip["split"], b, encode_example(features, values)
 
 
-class PadAndEncode(beam.PTransform):
-    """Each clip padded to its bucket's shapes; buckets and text histograms arrive as side inputs."""
+MOMENTS = "moments"
 
-    def __init__(self, buckets, text, cfg: PreprocessConfig):
+
+class _FilterAndWriteFn(beam.DoFn):
+    """Batch of clips -> kept clips padded, encoded and appended to temp TFRecord files (one per split
+    and bucket, rolled at the target size); one dict per closed file at the end of the bundle.
+
+    Dropped clips -> `rejected`; the training clips' mel moments, one per batch -> `moments`. Each
+    batch's mels are read back from its stash file once.
+    """
+
+    def __init__(self, out_dir: str, target_bytes: int, cfg: PreprocessConfig):
+        self.out_dir, self.target, self.cfg = out_dir, target_bytes, cfg
+
+    def setup(self):
+        _worker_setup()
+
+    def start_bundle(self):
+        self.files = RollingFiles(self.out_dir, self.target)
+
+    def process(self, batch, cutoffs, buckets, text):
+        kept = []
+        for clip in batch["clips"]:
+            rejection = filter_reason(clip, cutoffs)
+            if rejection:
+                _count(rejection["reason"])
+                yield beam.pvalue.TaggedOutput(REJECTED, rejection)
+            else:
+                kept.append(clip)
+        if not kept:
+            return
+        mels = C.load_mels(batch["stash"], [c["mel_frames"] for c in batch["clips"]], self.cfg.mel.n_mels)
+        by_id = dict(zip((c["id"] for c in batch["clips"]), mels))
+        moments = Moments.empty(self.cfg.mel.n_mels)
+        for clip in kept:
+            split, bucket, data = encode_clip(clip, by_id[clip["id"]], buckets, text, self.cfg)
+            yield from self.files.write(split, bucket, data)
+            if split == "train":
+                moments = moments.merge(clip["moments"])
+        _count_n("records_written", len(kept))
+        yield beam.pvalue.TaggedOutput(MOMENTS, moments)
+
+    def finish_bundle(self):
+        for part in self.files.close_all():
+            yield WindowedValue(part, 0, [GlobalWindow()])
+
+
+class FilterAndWrite(beam.PTransform):
+    """Drop (never truncate) clips outside the percentile cut-offs, pad the rest to their bucket's
+    shapes and write them; cut-offs, buckets and text lengths arrive as side inputs.
+
+    Returns {"parts": temp files written, "rejected": dropped clips, "moments": per-batch mel moments}.
+    """
+
+    def __init__(self, cutoffs, buckets, text, out_dir: str, cfg: PreprocessConfig):
         super().__init__()
-        self.buckets, self.text, self.cfg = buckets, text, cfg
+        self.cutoffs, self.buckets, self.text, self.out_dir, self.cfg = cutoffs, buckets, text, out_dir, cfg
 
-    def expand(self, clips):
-        return clips | "Encode" >> beam.Map(encode_clip, beam.pvalue.AsSingleton(self.buckets),
-                                            beam.pvalue.AsDict(self.text), self.cfg)
+    def expand(self, batches):
+        S = beam.pvalue
+        return batches | "FilterPadWrite" >> beam.ParDo(
+            _FilterAndWriteFn(self.out_dir, int(self.cfg.write.target_shard_mb * 1e6), self.cfg),
+            S.AsSingleton(self.cutoffs), S.AsSingleton(self.buckets), S.AsDict(self.text)).with_outputs(
+            REJECTED, MOMENTS, main="parts")
 
 
-def mel_stash_dir(out_dir: str) -> str | None:
+def mel_stash_dir(out_dir: str) -> str:
     """Where mels wait for the cut-offs: the output's temp dir, emptied by the report stage."""
     return FileSystems.join(out_dir, TEMP_DIR)
 
@@ -359,36 +422,21 @@ def mel_stash_dir(out_dir: str) -> str | None:
 def build(p: beam.Pipeline, corpus: Corpus, out_dir: str, cfg: PreprocessConfig, progress: bool = False):
     """Wire every stage; returns the PCollection holding the schema.json path once it is written.
 
-    progress: workers also write their row counts under the output's temp dir (for a local run's
-    progress line; on Dataflow the counters show it).
+    Elements are batches of rows/clips (corpus.batch_rows): the per-element cost of a runner is
+    paid per batch. progress: workers also write their row counts under the output's temp dir (for
+    a local run's progress line; on Dataflow the counters show it).
     """
     read = p | "Read" >> ReadCorpus(corpus)
-    unique = read["rows"] | "Dedupe" >> DropDuplicateIds()
-    measured = unique.rows | "Measure" >> MeasureClips(
+    measured = read["batches"] | "Measure" >> MeasureClips(
         cfg, mel_stash_dir(out_dir), FileSystems.join(out_dir, TEMP_DIR) if progress else None)
     before = measured.clips | "StatsBefore" >> LengthHistograms()
     cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, cfg)
-    filtered = measured.clips | "FilterByPercentiles" >> FilterByPercentiles(cutoffs)
-    after = filtered.kept | "StatsAfter" >> LengthHistograms()
     chosen = measured.clips | "ChooseBuckets" >> ChooseBuckets(cutoffs, cfg)
-    featurized = filtered.kept | "ComputeMel" >> ComputeMel(cfg)
-    moments = featurized.clips | "MelStats" >> MelStatistics(cfg.mel.n_mels)
-    shards = (featurized.clips
-              | "PadAndEncode" >> PadAndEncode(chosen["buckets"], chosen["text"], cfg)
-              | "WriteShards" >> WriteShards(out_dir, cfg.write.target_shard_mb))
-
-    rejected = ((read[REJECTED], unique[REJECTED], measured[REJECTED], filtered[REJECTED])
-                | "AllRejected" >> beam.Flatten())
-    rejected_files = (rejected
-                      | "ToJson" >> beam.Map(lambda r: json.dumps(r, sort_keys=True))
-                      | "WriteRejected" >> beam.io.WriteToText(
-                          beam.io.filesystems.FileSystems.join(out_dir, REJECTED_FILE),
-                          shard_name_template="", num_shards=1))
-    reasons = (rejected | "Reason" >> beam.Map(lambda r: r["reason"])
-               | "CountReasons" >> beam.combiners.Count.PerElement())
-    input_rows = ((read["rows"], read[REJECTED]) | "AllRows" >> beam.Flatten()
-                  | "CountRows" >> beam.combiners.Count.Globally())
-    return {"input_rows": input_rows, "before": before, "after": after, "cutoffs": cutoffs,
-            "reasons": reasons, "shards": shards, "moments": moments, "buckets": chosen["buckets"],
-            "text": chosen["text"], "train_hist": chosen["train_hist"],
-            "rejected_files": rejected_files} | "Report" >> WriteReport(out_dir, cfg)
+    written = measured.clips | "FilterAndWrite" >> FilterAndWrite(cutoffs, chosen["buckets"], chosen["text"],
+                                                                  out_dir, cfg)
+    moments = written[MOMENTS] | "MelStats" >> MelStatistics(cfg.mel.n_mels)
+    shards = written.parts | "Shards" >> AssembleShards(out_dir, cfg.write.target_shard_mb)
+    rejected = ((read[REJECTED], measured[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten())
+    return {"input_rows": read[INPUT_ROWS], "before": before, "after": chosen["after"], "cutoffs": cutoffs,
+            "rejected": rejected, "shards": shards, "moments": moments, "buckets": chosen["buckets"],
+            "text": chosen["text"], "train_hist": chosen["train_hist"]} | "Report" >> WriteReport(out_dir, cfg)

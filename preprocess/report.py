@@ -13,7 +13,7 @@ from preprocess.config import MelConfig, PreprocessConfig
 from shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, summarize
 from preprocess.shards import TEMP_DIR, remove_temp_dir
 from shards_schema.text import FRONTEND
-from shards_schema import (SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
+from shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
                            AudioParams, MelParams, Schema, Vocabulary)
 
 
@@ -105,14 +105,22 @@ def _write_text(out_dir: str, name: str, text: str) -> None:
     FileSystems.rename([tmp], [FileSystems.join(out_dir, name)])
 
 
+def rejected_lines(rejected: list[dict]) -> str:
+    """rejected.jsonl: one JSON object per rejected row, sorted by id and reason (stable across runs)."""
+    rows = sorted(rejected, key=lambda r: (r["id"], r["reason"], r.get("detail", "")))
+    return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+
+
 class _WriteReportFn(beam.DoFn):
     def __init__(self, out_dir: str, cfg: PreprocessConfig):
         self.out_dir, self.cfg = out_dir, cfg
 
-    def process(self, _, input_rows, before, after, cutoffs, reasons, shards, moments, buckets, text, train_hist,
-                rejected_files):
+    def process(self, _, input_rows, before, after, cutoffs, rejected, shards, moments, buckets, text, train_hist):
+        rejected = list(rejected)
+        reasons = Counter(r["reason"] for r in rejected)
         stats = build_stats(self.cfg, input_rows, before, after, cutoffs, dict(reasons), list(shards), buckets,
                             dict(text), train_hist)
+        _write_text(self.out_dir, REJECTED_FILE, rejected_lines(rejected))
         _write_text(self.out_dir, STATS_FILE, json.dumps(stats, indent=2) + "\n")
         remove_temp_dir(self.out_dir)
         if cutoffs is None or buckets is None:
@@ -127,7 +135,7 @@ class _WriteReportFn(beam.DoFn):
 
 
 class WriteReport(beam.PTransform):
-    """Writes stats.json then schema.json once the shards and rejected.jsonl are in place."""
+    """Writes rejected.jsonl and stats.json, then schema.json, once the shards are in place."""
 
     def __init__(self, out_dir: str, cfg: PreprocessConfig):
         super().__init__()
@@ -143,12 +151,9 @@ class WriteReport(beam.PTransform):
                     before=S.AsSingleton(inputs["before"]),
                     after=S.AsSingleton(inputs["after"]),
                     cutoffs=S.AsSingleton(inputs["cutoffs"]),
-                    reasons=S.AsDict(inputs["reasons"]),
+                    rejected=S.AsList(inputs["rejected"]),
                     shards=S.AsList(inputs["shards"]),
                     moments=S.AsSingleton(inputs["moments"]),
                     buckets=S.AsSingleton(inputs["buckets"]),
                     text=S.AsDict(inputs["text"]),
-                    train_hist=S.AsSingleton(inputs["train_hist"]),
-                    rejected_files=S.AsList(inputs["rejected_files"])))
-
-
+                    train_hist=S.AsSingleton(inputs["train_hist"])))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import glob
 import json
 import logging
 import os
@@ -57,22 +56,6 @@ def _outputs(out_dir: str) -> list[str]:
     return [m.path for r in FileSystems.match(patterns) for m in r.metadata_list]
 
 
-def _matches(pattern: str) -> list[str]:
-    return [m.path for m in FileSystems.match([pattern])[0].metadata_list]
-
-
-def remove_text_sink_temp_dirs(out_dir: str) -> None:
-    """Delete the `beam-temp-rejected.jsonl-*` directories WriteToText leaves when a run is killed.
-
-    On gs:// a directory is only a prefix: deleting its files removes it. Locally, match() lists files
-    only, and a run killed early leaves an empty directory, so the directories are globbed instead.
-    """
-    pattern = FileSystems.join(out_dir, f"beam-temp-{REJECTED_FILE}-*")
-    leftovers = sorted(glob.glob(pattern)) if "://" not in out_dir else _matches(FileSystems.join(pattern, "*"))
-    if leftovers:
-        FileSystems.delete(leftovers)
-
-
 def prepare_output(out_dir: str, overwrite: bool) -> None:
     """Refuse to clobber a finished run; clear a finished run (with --overwrite) or an unfinished one."""
     finished = FileSystems.exists(FileSystems.join(out_dir, SCHEMA_FILE))
@@ -85,7 +68,6 @@ def prepare_output(out_dir: str, overwrite: bool) -> None:
                  out_dir)
         FileSystems.delete(stale)
     remove_temp_dir(out_dir)
-    remove_text_sink_temp_dirs(out_dir)
 
 
 def check_output_writable(out_dir: str) -> None:
@@ -262,7 +244,6 @@ def refuse_empty_run(out_dir: str) -> None:
         raise EmptyRunError(f"the job finished without writing {SCHEMA_FILE} or {STATS_FILE} in {out_dir}")
     c = _read_stats(out_dir)["counts"]
     FileSystems.delete([stats_path])
-    remove_text_sink_temp_dirs(out_dir)
     reasons = ", ".join(f"{n} {reason}" for reason, n in c["per_reason"].items())
     raise EmptyRunError(f"all {c['input_rows']} input rows were rejected ({reasons}); no shards were written. "
                     f"Each row's reason is in {FileSystems.join(out_dir, REJECTED_FILE)}.")

@@ -14,8 +14,6 @@ import uuid
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.transforms.window import GlobalWindow
-from apache_beam.utils.windowed_value import WindowedValue
 
 from shards_schema.records import frame_record
 from shards_schema.schema import SHARD_SUFFIX, shard_name
@@ -51,15 +49,13 @@ def plan_shards(parts: list[dict], target_bytes: int) -> list[dict]:
     return shards
 
 
-class _RollingWriter(beam.DoFn):
-    """(split, bucket, id, bytes) -> temp TFRecord files of ~target bytes, one open file per split and
-    bucket; yields one dict per closed file."""
+class RollingFiles:
+    """Temp TFRecord files of ~target bytes under the output's temp dir, one open file per split and
+    bucket; `write` and `close_all` return the closed files as {split, bucket, path, records, bytes}."""
 
     def __init__(self, out_dir: str, target_bytes: int):
         self.out_dir, self.target = out_dir, target_bytes
-
-    def start_bundle(self):
-        self.open: dict[str, dict] = {}
+        self.open: dict[tuple[str, int], dict] = {}
 
     def _close(self, key: tuple[str, int]) -> dict:
         w = self.open.pop(key)
@@ -67,12 +63,11 @@ class _RollingWriter(beam.DoFn):
         beam.metrics.Metrics.counter("melshards", "temp_files_written").inc()
         return w
 
-    def process(self, rec):
-        split, bucket, _, data = rec
-        key = (split, bucket)
+    def write(self, split: str, bucket: int, data: bytes) -> list[dict]:
+        key, closed = (split, bucket), []
         w = self.open.get(key)
         if w is not None and w["bytes"] >= self.target:
-            yield self._close(key)
+            closed.append(self._close(key))
             w = None
         if w is None:
             path = FileSystems.join(self.out_dir, TEMP_DIR, f"{split}-b{bucket:02d}-{uuid.uuid4().hex}{SHARD_SUFFIX}")
@@ -82,10 +77,10 @@ class _RollingWriter(beam.DoFn):
         w["fh"].write(framed)
         w["records"] += 1
         w["bytes"] += len(framed)
+        return closed
 
-    def finish_bundle(self):
-        for key in list(self.open):
-            yield WindowedValue(self._close(key), 0, [GlobalWindow()])
+    def close_all(self) -> list[dict]:
+        return [self._close(key) for key in list(self.open)]
 
 
 class _AssembleShard(beam.DoFn):
@@ -140,17 +135,16 @@ def remove_temp_dir(out_dir: str) -> None:
         FileSystems.delete([tmp])
 
 
-class WriteShards(beam.PTransform):
-    """(split, bucket, id, serialized Example) -> one dict per shard written: {split, bucket, file,
-    records, bytes}."""
+class AssembleShards(beam.PTransform):
+    """Temp files ({split, bucket, path, records, bytes}) -> one dict per shard written: {split, bucket,
+    file, records, bytes}."""
 
     def __init__(self, out_dir: str, target_shard_mb: float):
         super().__init__()
         self.out_dir, self.target = out_dir, int(target_shard_mb * 1e6)
 
-    def expand(self, records):
-        return (records
-                | "WriteTempFiles" >> beam.ParDo(_RollingWriter(self.out_dir, self.target))
+    def expand(self, parts):
+        return (parts
                 | "CollectParts" >> beam.combiners.ToList()
                 | "Plan" >> beam.FlatMap(plan_shards, self.target)
                 | "Spread" >> beam.Reshuffle()  # assemble shards in parallel

@@ -189,8 +189,8 @@ def test_dataflow_job_graph_builds_offline():
     build(p, corpus, "gs://melshards-test/out", PreprocessConfig())
     result = p.run()
     names = {t.unique_name for t in result.job.proto_pipeline.components.transforms.values()}
-    for stage in ("Read", "Dedupe", "Measure", "StatsBefore", "FilterByPercentiles", "ChooseBuckets", "ComputeMel",
-                  "MelStats", "PadAndEncode", "WriteShards", "WriteRejected", "Report"):
+    for stage in ("Read", "Measure", "StatsBefore", "Cutoffs", "ChooseBuckets", "FilterAndWrite", "MelStats",
+                  "Shards", "AllRejected", "Report"):
         assert stage in names
 
 
@@ -228,9 +228,7 @@ def test_files_of_an_unfinished_run_are_cleared_before_a_new_one(tmp_path):
     (tmp_path / TEMP_DIR).mkdir()
     (tmp_path / TEMP_DIR / "train-x.tfrecord").write_bytes(b"x")
     (tmp_path / "train-00000-of-00002.tfrecord").write_bytes(b"x")
-    leftover = tmp_path / "beam-temp-rejected.jsonl-5f0c2a9e1b7d11f0a1b2c3d4e5f60718"  # WriteToText, killed run
-    leftover.mkdir()
-    (leftover / "3b4c9d2e-rejected.jsonl").write_text('{"id": "x"}\n')
+    (tmp_path / "rejected.jsonl").write_text('{"id": "x"}\n')
     (tmp_path / "notes.txt").write_text("the user's own file")
     prepare_output(str(tmp_path), overwrite=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

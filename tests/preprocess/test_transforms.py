@@ -10,10 +10,10 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to, is_not_empty
 
 from preprocess.config import PreprocessConfig
-from preprocess.corpus import Corpus, DropDuplicateIds, ReadCorpus, detect_corpus
-from preprocess.pipeline import (ComputeMel, FilterByPercentiles, LengthHistograms, MeasureClips, MelStatistics,
-                                 PadAndEncode, encode_clip, split_of)
-from preprocess.shards import WriteShards, plan_shards
+from preprocess.corpus import Corpus, ReadCorpus, batch_rows, detect_corpus, drop_duplicate_ids
+from preprocess.pipeline import (FilterAndWrite, LengthHistograms, MeasureClips, MelStatistics, encode_clip,
+                                 filter_reason, split_of)
+from preprocess.shards import AssembleShards, RollingFiles, plan_shards
 from shards_schema.stats import Cutoffs
 
 CFG = PreprocessConfig()
@@ -28,21 +28,27 @@ def _ids(rows):
     return sorted(r["id"] for r in rows)
 
 
+def _flat(batches):
+    return batches | "Unbatch" >> beam.FlatMap(lambda b: b)
+
+
 def test_read_corpus_ljspeech_attaches_audio_and_rejects_malformed_rows(corpus_dir):
     corpus = detect_corpus(str(corpus_dir))
     with pipeline() as p:
         out = p | ReadCorpus(corpus)
 
         def check_rows(rows):
-            assert len(rows) == 55
-            by_id = {r["id"]: r for r in rows if r["id"] != "LJT001-0003" or r["row"] == 2}
+            assert len(rows) == 54  # 56 rows, less one malformed and one repeated id
+            by_id = {r["id"]: r for r in rows}
+            assert by_id["LJT001-0003"]["row"] == 2  # the first of the two rows with this id
             assert by_id["LJT001-0003"]["audio"].endswith("LJT001-0003.flac")
             assert by_id["LJT900-0001"]["audio"] is None  # no file: rejected later as missing_audio
             assert by_id["LJT001-0001"]["text"] == by_id["LJT001-0001"]["text"].strip()
 
-        assert_that(out["rows"], check_rows, label="rows")
+        assert_that(_flat(out["batches"]), check_rows, label="rows")
         assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
-                    equal_to([("row-55", "malformed_row")]), label="rejected")
+                    equal_to([("row-55", "malformed_row"), ("LJT001-0003", "duplicate_id")]), label="rejected")
+        assert_that(out["input_rows"], equal_to([56]), label="input_rows")
 
 
 def test_read_corpus_manifest_jsonl_resolves_relative_paths(tmp_path, corpus_dir):
@@ -52,7 +58,7 @@ def test_read_corpus_manifest_jsonl_resolves_relative_paths(tmp_path, corpus_dir
     manifest.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
     with pipeline() as p:
         out = p | ReadCorpus(detect_corpus(str(manifest)))
-        assert_that(out["rows"] | beam.Map(lambda r: (r["id"], r["speaker"], r["audio"])), equal_to([
+        assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["speaker"], r["audio"])), equal_to([
             ("LJT001-0001", "s1", str(corpus_dir / "wavs" / "LJT001-0001.wav")),
             ("x", "", str(tmp_path / "wavs" / "x.wav"))]), label="rows")
         assert_that(out["rejected"] | beam.Map(lambda r: r["reason"]), equal_to(["malformed_row"]), label="rej")
@@ -63,17 +69,31 @@ def test_read_corpus_csv_manifest_reads_header_columns(tmp_path):
     manifest.write_text("audio,text,speaker\na.wav,\"Hi, there\",bob\n")
     with pipeline() as p:
         out = p | ReadCorpus(detect_corpus(str(manifest)))
-        assert_that(out["rows"] | beam.Map(lambda r: (r["id"], r["text"], r["speaker"])),
+        assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["text"], r["speaker"])),
                     equal_to([("a", "Hi, there", "bob")]))
 
 
 def test_drop_duplicate_ids_keeps_the_first_row():
     rows = [{"id": "a", "row": 3}, {"id": "a", "row": 1}, {"id": "b", "row": 2}]
+    kept, dups = drop_duplicate_ids(rows)
+    assert [(r["id"], r["row"]) for r in kept] == [("a", 1), ("b", 2)]
+    assert [(r["id"], r["reason"], r["detail"]) for r in dups] == [("a", "duplicate_id", "row 4 repeats the id of row 2")]
+
+
+@pytest.mark.parametrize("rows, size, batches", [(1, 1, 1), (16, 1, 16), (17, 2, 9), (56, 4, 14), (1000, 32, 32),
+                                                 (13100, 32, 410)])
+def test_rows_are_batched_into_at_least_16_elements_of_at_most_32(rows, size, batches):
+    assert batch_rows(rows) == size and -(-rows // size) == batches
+
+
+def test_read_corpus_spreads_every_row_in_batches(tmp_path):
+    (tmp_path / "wavs").mkdir()
+    (tmp_path / "metadata.csv").write_text("".join(f"id{i}|Text {i}.|\n" for i in range(40)))
     with pipeline() as p:
-        out = p | beam.Create(rows) | DropDuplicateIds()
-        assert_that(out.rows | beam.Map(lambda r: (r["id"], r["row"])), equal_to([("a", 1), ("b", 2)]), label="kept")
-        assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
-                    equal_to([("a", "duplicate_id")]), label="dups")
+        out = p | ReadCorpus(detect_corpus(str(tmp_path)))
+        assert_that(out["batches"] | beam.Map(len), equal_to([3] * 13 + [1]), label="sizes")
+        assert_that(_flat(out["batches"]) | beam.Map(lambda r: r["id"]), equal_to([f"id{i}" for i in range(40)]),
+                    label="ids")
 
 
 def _row(corpus_dir, clip_id, text="Hello there.", ext="wav"):
@@ -81,14 +101,14 @@ def _row(corpus_dir, clip_id, text="Hello there.", ext="wav"):
             "row": 0}
 
 
-def test_measure_clips_gives_lengths_and_a_reason_per_bad_clip(corpus_dir):
+def test_measure_clips_gives_lengths_and_a_reason_per_bad_clip(corpus_dir, tmp_path):
     rows = [_row(corpus_dir, "LJT001-0001"), _row(corpus_dir, "LJT900-0006"), _row(corpus_dir, "LJT900-0003"),
             _row(corpus_dir, "LJT001-0002", text=" "), dict(_row(corpus_dir, "nope"), audio=str(corpus_dir / "x.wav"))]
     with pipeline() as p:
-        out = p | beam.Create(rows) | MeasureClips(CFG)
+        out = p | beam.Create([rows]) | MeasureClips(CFG, str(tmp_path))
 
-        def check(clips):
-            (c,) = clips
+        def check(batches):
+            ((c,),) = [b["clips"] for b in batches]
             assert c["text"] == "hello there." and c["text_len"] == len("hello there.")
             assert c["mel_frames"] == 1 + c["num_samples"] // CFG.mel.hop_length
             assert c["duration_ms"] == round(1000 * c["num_samples"] / 22050)
@@ -106,50 +126,70 @@ def _clip(clip_id, text_len, mel_frames, duration_ms):
 def test_length_histograms_are_exact_counts():
     clips = [_clip("a", 5, 100, 1000), _clip("b", 5, 120, 1300), _clip("c", 7, 100, 1000)]
     with pipeline() as p:
-        out = p | beam.Create(clips) | LengthHistograms()
+        out = p | beam.Create([{"clips": clips[:2]}, {"clips": []}, {"clips": clips[2:]}]) | LengthHistograms()
         assert_that(out, equal_to([{"text_len": {5: 2, 7: 1}, "mel_frames": {100: 2, 120: 1},
                                     "duration_ms": {1000: 2, 1300: 1}}]))
 
 
-def test_filter_drops_clips_outside_cutoffs_given_as_side_input():
+def test_filter_drops_clips_outside_cutoffs_with_the_reason():
     cut = Cutoffs(500, 50, 200, 40, 200, 40)
     clips = [_clip("ok", 40, 200, 2000), _clip("short", 5, 60, 400), _clip("long", 5, 201, 3000),
              _clip("wordy", 41, 100, 2000), _clip("tiny", 5, 49, 600)]
-    with pipeline() as p:
-        cutoffs = p | "Cut" >> beam.Create([cut])
-        out = p | beam.Create(clips) | FilterByPercentiles(cutoffs)
-        assert_that(out.kept | beam.Map(lambda c: c["id"]), equal_to(["ok"]), label="kept")
-        assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])), equal_to([
-            ("short", "too_short"), ("long", "mel_frames_above_cutoff"), ("wordy", "text_len_above_cutoff"),
-            ("tiny", "mel_frames_below_cutoff")]), label="rejected")
+    out = [(c["id"], (filter_reason(c, cut) or {}).get("reason")) for c in clips]
+    assert out == [("ok", None), ("short", "too_short"), ("long", "mel_frames_above_cutoff"),
+                   ("wordy", "text_len_above_cutoff"), ("tiny", "mel_frames_below_cutoff")]
+    assert filter_reason(clips[2], cut)["detail"] == ("text_len=5 mel_frames=201 duration_ms=3000; kept: "
+                                                      "duration_ms>=500, 50<=mel_frames<=200, text_len<=40")
 
 
-@pytest.mark.parametrize("stash", [True, False], ids=["stashed", "in_element"])
-def test_mel_computed_at_measure_reaches_compute_mel_once_decoded(corpus_dir, tmp_path, monkeypatch, stash):
+def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpus_dir, tmp_path, monkeypatch):
+    """Measure -> stash -> FilterAndWrite: each clip is decoded once; the record holds the mel
+    Measure computed; filtered clips are rejected with their reason; moments count training
+    frames only; the stash is one file per batch."""
+    import tensorflow as tf
     from preprocess import audio as A
     from preprocess.clips import featurize
     from shards_schema import Vocabulary
+    from shards_schema.records import decode_parsed, parse_spec
+    from preprocess.report import build_schema
+    from shards_schema.stats import Moments
     decodes = []
     real_decode = A.decode_audio
     monkeypatch.setattr(A, "decode_audio", lambda *a: decodes.append(1) or real_decode(*a))
-    expected = featurize(_row(corpus_dir, "LJT001-0001"), CFG, Vocabulary())["mel"]
+    ids = ["LJT001-0001", "LJT001-0002", "LJT001-0004"]
+    expected = {i: featurize(_row(corpus_dir, i), CFG, Vocabulary())["mel"] for i in ids}
+    splits = {"LJT001-0001": "train", "LJT001-0002": "val", "LJT001-0004": "train"}
+    frames = {i: m.shape[0] for i, m in expected.items()}
+    longest = max(frames, key=frames.get)
+    monkeypatch.setattr("preprocess.pipeline.split_of", lambda clip_id, *_: splits[clip_id])
     decodes.clear()
+    cut = Cutoffs(0, 1, frames[longest] - 1, 1000, frames[longest] - 1, 1000)  # the longest clip is filtered
+    buckets = {"bounds": (1000,), "plan": None, "raised_last_bound": None}
+    text = {0: {200: 1}}
     with pipeline() as p:
-        measured = p | beam.Create([_row(corpus_dir, "LJT001-0001")]) | MeasureClips(
-            CFG, str(tmp_path) if stash else None)
-        out = measured.clips | ComputeMel(CFG)
-
-        def check(clips):
-            (c,) = clips
-            assert c["split"] == split_of("LJT001-0001", 0.05, "melshards")
-            assert c["mel"].shape == (c["mel_frames"], 80) and c["mel"].dtype == np.float16
-            np.testing.assert_array_equal(c["mel"], expected.astype(np.float16))
-            assert c["moments"].n == c["mel_frames"]
-            np.testing.assert_allclose(c["moments"].mean, expected.mean(axis=0), rtol=1e-6)
-
-        assert_that(out.clips, check)
-    assert len(decodes) == 1  # the in-process runner shares this module
-    assert len(list(tmp_path.glob("mel-*.f16"))) == (1 if stash else 0)
+        measured = p | beam.Create([[_row(corpus_dir, i) for i in ids]]) | MeasureClips(CFG, str(tmp_path))
+        side = lambda name, v: p | name >> beam.Create(v)  # noqa: E731
+        written = measured.clips | FilterAndWrite(side("C", [cut]), side("B", [buckets]), side("T", list(text.items())),
+                                                  str(tmp_path), CFG)
+        assert_that(written["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
+                    equal_to([(longest, "mel_frames_above_cutoff")]), label="rejected")
+        kept_train = [i for i in ids if i != longest and splits[i] == "train"]
+        n = sum(frames[i] for i in kept_train)
+        assert_that(written["moments"] | beam.Map(lambda m: m.n), equal_to([n]), label="moments")
+        assert_that(written.parts | beam.Map(lambda f: (f["split"], f["records"])),
+                    equal_to(sorted((splits[i], 1) for i in ids if i != longest)), label="parts")
+    assert len(decodes) == len(ids)  # once per clip (the in-process runner shares this module)
+    assert len(list(tmp_path.glob(".melshards-tmp/mels-*.f16"))) + len(list(tmp_path.glob("mels-*.f16"))) == 1
+    shapes = build_schema(CFG, buckets, text, Moments.empty(80), []).buckets[0]
+    files = [str(f) for f in tmp_path.rglob("*.tfrecord")]
+    recs = {}
+    for data in tf.data.TFRecordDataset(files):
+        rec = decode_parsed(shapes, tf.io.parse_example([data], parse_spec(shapes)), 1)
+        recs[rec["id"][0].numpy().decode()] = rec
+    assert sorted(recs) == sorted(i for i in ids if i != longest)
+    for clip_id, rec in recs.items():
+        m = frames[clip_id]
+        np.testing.assert_array_equal(rec["mel"][0, :m].numpy(), expected[clip_id].astype(np.float16))
 
 
 def test_split_is_deterministic_and_near_the_fraction():
@@ -158,17 +198,17 @@ def test_split_is_deterministic_and_near_the_fraction():
     assert 0.08 < splits.count("val") / 5000 < 0.12
 
 
-def test_mel_statistics_use_training_frames_only():
+def test_mel_statistics_merge_the_batches_moments_exactly():
     from shards_schema.stats import Moments
-    a = {"split": "train", "moments": Moments.of(np.array([[0.0, 2.0], [2.0, 2.0]], np.float32))}
-    b = {"split": "val", "moments": Moments.of(np.full((3, 2), 100.0, np.float32))}
+    a = Moments.of(np.array([[0.0, 2.0], [2.0, 2.0]], np.float32))
+    b = Moments.of(np.array([[4.0, 2.0]], np.float32))
     with pipeline() as p:
-        out = p | beam.Create([a, b]) | MelStatistics(2)
-        assert_that(out | beam.Map(lambda m: (m.n, m.mean.tolist(), m.std().tolist())),
-                    equal_to([(2, [1.0, 2.0], [1.0, 0.0])]))
+        out = p | beam.Create([a, Moments.empty(2), b]) | MelStatistics(2)
+        assert_that(out | beam.Map(lambda m: (m.n, m.mean.tolist(), m.std().round(6).tolist())),
+                    equal_to([(3, [2.0, 2.0], [round(float(np.sqrt(8 / 3)), 6), 0.0])]))
 
 
-def test_pad_and_encode_pads_each_clip_to_its_buckets_shapes(corpus_dir):
+def test_encode_clip_pads_each_clip_to_its_buckets_shapes(corpus_dir):
     import tensorflow as tf
     from shards_schema.records import decode_parsed, parse_spec
 
@@ -179,11 +219,8 @@ def test_pad_and_encode_pads_each_clip_to_its_buckets_shapes(corpus_dir):
     clip = dict(featurize(_row(corpus_dir, "LJT001-0001"), CFG, Vocabulary()), split="train")
     buckets = {"bounds": (8, 400, 800), "plan": None, "raised_last_bound": None}
     text = {1: {clip["text_len"]: 1, 75: 1}}  # bucket 1's text lengths: padded to 80
-    with pipeline() as p:
-        out = p | beam.Create([clip]) | PadAndEncode(p | "B" >> beam.Create([buckets]),
-                                                     p | "T" >> beam.Create(list(text.items())), CFG)
-        assert_that(out | beam.Map(lambda r: r[:3]), equal_to([("train", 1, "LJT001-0001")]))
-    _, bucket, _, data = encode_clip(clip, buckets, text, CFG)
+    split, bucket, data = encode_clip(clip, clip["mel"].astype(np.float16), buckets, text, CFG)
+    assert (split, bucket) == ("train", 1)
     schema = build_schema(CFG, buckets, text, Moments.empty(80), [])
     assert [(b.max_mel_frames, b.max_text_len) for b in schema.buckets] == [(8, 8), (400, 80), (800, 8)]
     shapes = schema.buckets[bucket]
@@ -195,11 +232,14 @@ def test_pad_and_encode_pads_each_clip_to_its_buckets_shapes(corpus_dir):
     assert rec["text_ids"][0, clip["text_len"]:].numpy().sum() == 0
 
 
-def test_write_shards_rolls_files_at_the_target_size(tmp_path):
-    records = ([("train", 0, f"id{i}", bytes(1000)) for i in range(30)] + [("val", 0, "v0", bytes(1000))]
-               + [("train", 2, f"b{i}", bytes(1000)) for i in range(3)])
+def test_rolling_files_and_assembly_give_shards_of_the_target_size(tmp_path):
+    records = ([("train", 0, bytes(1000)) for i in range(30)] + [("val", 0, bytes(1000))]
+               + [("train", 2, bytes(1000)) for i in range(3)])
+    files = RollingFiles(str(tmp_path), 10_000)
+    parts = [part for r in records for part in files.write(*r)] + files.close_all()
+    assert sorted(p["records"] for p in parts) == [1, 3, 10, 10, 10]  # a file rolls once it holds >= 10 kB
     with pipeline() as p:
-        out = p | beam.Create(records) | WriteShards(str(tmp_path), target_shard_mb=0.01)
+        out = p | beam.Create(parts) | AssembleShards(str(tmp_path), target_shard_mb=0.01)
         assert_that(out | beam.Map(lambda s: (s["split"], s["bucket"], s["records"])),
                     equal_to([("train", 0, 10), ("train", 0, 10), ("train", 0, 10), ("val", 0, 1), ("train", 2, 3)]))
     written = sorted(f.name for f in tmp_path.glob("*.tfrecord"))
@@ -351,9 +391,7 @@ def _read_and_dedupe(tmp_path, lines):
     (tmp_path / "metadata.csv").write_text("\n".join(lines) + "\n")
     p = pipeline()
     read = p | ReadCorpus(detect_corpus(str(tmp_path)))
-    unique = read["rows"] | DropDuplicateIds()
-    rejected = (read["rejected"], unique["rejected"]) | beam.Flatten()
-    return p, unique.rows, rejected
+    return p, _flat(read["batches"]), read["rejected"]
 
 
 def test_rows_with_extra_fields_are_rejected_as_malformed_not_read(tmp_path):
@@ -382,7 +420,7 @@ def test_ljspeech_layout_finds_mp3_ogg_and_flac(tmp_path):
     (tmp_path / "metadata.csv").write_text("m|One.|One.\no|Two.|Two.\nf|Three.|Three.\n")
     with pipeline() as p:
         out = p | ReadCorpus(detect_corpus(str(tmp_path)))
-        assert_that(out["rows"] | beam.Map(lambda r: (r["id"], r["audio"].rsplit(".", 1)[1])),
+        assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"].rsplit(".", 1)[1])),
                     equal_to([("m", "mp3"), ("o", "ogg"), ("f", "flac")]))
 
 
