@@ -34,23 +34,23 @@ log = logging.getLogger("melshards.preprocess")
 NS = "melshards"
 
 
-def _count(name: str) -> None:
-    Metrics.counter(NS, name).inc()
-
-
-def _count_n(name: str, n: int) -> None:
+def _count(name: str, n: int = 1) -> None:
     Metrics.counter(NS, name).inc(n)
 
 
+_exit_hook = []
+
+
 def _worker_setup() -> None:
-    """Once per DoFn instance in each worker: one BLAS thread, and no heap walk at exit.
+    """In each worker (DoFn.setup): one BLAS thread, and no heap walk at exit.
 
     A worker's interpreter spends ~0.45 s at exit in its last garbage collections over librosa,
     numba and Beam (measured), and the local runner stops its workers one after the other. The
     atexit hook runs only when the process ends, so a long-lived (Dataflow) worker is unaffected.
     """
     _one_blas_thread()
-    atexit.register(gc.freeze)
+    if not _exit_hook:
+        _exit_hook.append(atexit.register(gc.freeze))
 
 
 def _one_blas_thread() -> None:
@@ -386,7 +386,7 @@ class _FilterAndWriteFn(beam.DoFn):
             yield from self.files.write(split, bucket, data)
             if split == "train":
                 moments = moments.merge(clip["moments"])
-        _count_n("records_written", len(kept))
+        _count("records_written", len(kept))
         yield beam.pvalue.TaggedOutput(MOMENTS, moments)
 
     def finish_bundle(self):
