@@ -92,12 +92,30 @@ def peak_dbfs(y: np.ndarray) -> float:
     return -np.inf if peak == 0.0 else 20.0 * np.log10(peak)
 
 
+TRIM_FRAME, TRIM_HOP = 2048, 512  # librosa.effects.trim's defaults
+
+
+def nonsilent_span(y: np.ndarray, top_db: float) -> tuple[int, int]:
+    """[start, end) samples of `y` from its first to its last frame whose RMS is within top_db of
+    the loudest frame's: `librosa.effects.trim`'s rule and numbers (tested equal to it).
+
+    Built from librosa.feature.rms and librosa.amplitude_to_db because importing librosa.effects
+    also imports scikit-learn and scipy.stats (librosa.decompose): 0.2 s in every worker process.
+    """
+    db = librosa.amplitude_to_db(librosa.feature.rms(y=y, frame_length=TRIM_FRAME, hop_length=TRIM_HOP)[0],
+                                 ref=np.max, top_db=None)
+    loud = np.flatnonzero(db > -top_db)
+    if loud.size == 0:
+        return 0, 0
+    return int(loud[0]) * TRIM_HOP, min(y.shape[-1], (int(loud[-1]) + 1) * TRIM_HOP)
+
+
 def trim(y: np.ndarray, cfg: AudioConfig) -> np.ndarray:
     """Strip leading/trailing silence (relative to the clip's peak) when configured."""
     if not cfg.trim_silence:
         return y
-    trimmed, _ = librosa.effects.trim(y, top_db=cfg.trim_top_db)
-    return trimmed
+    start, end = nonsilent_span(y, cfg.trim_top_db)
+    return y[start:end]
 
 
 @functools.lru_cache(maxsize=8)

@@ -42,11 +42,11 @@ _exit_hook = []
 
 
 def _worker_setup() -> None:
-    """In each worker (DoFn.setup): one BLAS thread, and no heap walk at exit.
+    """In each worker (DoFn.setup): one BLAS thread, and no walk of the heap at exit.
 
     A worker's interpreter spends ~0.45 s at exit in its last garbage collections over librosa,
     numba and Beam (measured), and the local runner stops its workers one after the other. The
-    atexit hook runs only when the process ends, so a long-lived (Dataflow) worker is unaffected.
+    hook runs only when the process ends, so a long-lived (Dataflow) worker is unaffected.
     """
     _one_blas_thread()
     if not _exit_hook:

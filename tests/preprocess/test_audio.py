@@ -1,4 +1,5 @@
 import io
+from pathlib import Path
 
 import librosa
 import numpy as np
@@ -120,6 +121,29 @@ def test_trim_removes_leading_and_trailing_silence():
     trimmed = A.trim(y, AudioConfig())
     assert sr <= len(trimmed) < sr + 2 * 2048
     assert len(A.trim(y, AudioConfig(trim_silence=False))) == len(y)
+
+
+def _trim_cases():
+    rng = np.random.default_rng(7)
+    sr = 22050
+    for seed in range(12):
+        lead, tail = rng.integers(0, 3 * sr, 2)
+        body = (rng.uniform(0.01, 0.9) * rng.standard_normal(int(rng.integers(100, 2 * sr)))).astype(np.float32)
+        quiet = (rng.uniform(0, 1e-3) * rng.standard_normal(lead + tail)).astype(np.float32)
+        yield f"noise{seed}", np.concatenate([quiet[:lead], body, quiet[lead:]])
+    yield "tone_after_silence", tone(1.3, lead_silence_s=0.7)
+    yield "digital_silence", np.zeros(sr, np.float32)
+    yield "shorter_than_a_frame", tone(0.05)
+    yield "demo_clip", librosa.load(str(Path(__file__).parents[2] / "data/ljspeech_tiny/wavs/LJT001-0001.wav"),
+                                    sr=None)[0]
+
+
+@pytest.mark.parametrize("top_db", [20, 40, 60])
+def test_trim_gives_librosa_effects_trims_samples_exactly(top_db):
+    for name, y in _trim_cases():
+        expected, _ = librosa.effects.trim(y, top_db=top_db)
+        got = A.trim(y, AudioConfig(trim_top_db=top_db))
+        assert got.shape == expected.shape and np.array_equal(got, expected), name
 
 
 def test_peak_dbfs():
