@@ -20,8 +20,7 @@ $(STAMP): setup.cfg setup.py
 	touch $(STAMP)
 
 demo: $(STAMP)
-	# 56 clips: one in-process worker starts faster than worker processes do (docs/performance.md)
-	$(BIN)/melshards preprocess --input data/ljspeech_tiny --output $(DEMO)/shards --config configs/ljspeech_tiny.yaml --overwrite --workers 1
+	$(BIN)/melshards preprocess --input data/ljspeech_tiny --output $(DEMO)/shards --config configs/ljspeech_tiny.yaml --overwrite
 	$(BIN)/melshards stats $(DEMO)/shards
 	rm -rf $(DEMO)/model
 	$(BIN)/melshards train '$(DEMO)/shards/train-*.tfrecord' --val '$(DEMO)/shards/val-*.tfrecord' \

@@ -52,7 +52,8 @@ def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace a finished run in --output.")
 @click.option("--buckets", default=None, metavar="K|auto", help="Length buckets: overrides pad.buckets.")
 @click.option("--workers", type=int, default=None,
-              help="Local worker processes (default: every core); Beam's --direct_num_workers wins.")
+              help="Local worker processes (default: every core, at most one per 1,000 rows); "
+                   "Beam's --direct_num_workers wins.")
 @click.pass_context
 def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config_path: str | None,
                        overwrite: bool, buckets: str | None, workers: int | None) -> None:

@@ -113,10 +113,10 @@ def _fails(capsys, argv, *fragments):
     return err
 
 
-def _options(argv, workers):
+def _options(argv, workers, rows=None):
     from preprocess.run import apply_workers, pipeline_options
     options = pipeline_options(argv)
-    apply_workers(options, argv, workers)
+    apply_workers(options, argv, workers, rows)
     from apache_beam.options.pipeline_options import DirectOptions
     d = options.view_as(DirectOptions)
     return d.direct_num_workers, d.direct_running_mode
@@ -128,6 +128,14 @@ def test_workers_default_to_every_core_in_worker_processes(monkeypatch):
     assert _options([], None) == (4, "multi_processing")
     assert _options([], 3) == (3, "multi_processing")
     assert _options([], 1) == (1, "in_memory")
+
+
+@pytest.mark.parametrize("rows, workers", [(1, 1), (56, 1), (1000, 1), (1001, 2), (2500, 3), (13100, 4)])
+def test_default_workers_are_one_per_thousand_rows_up_to_every_core(monkeypatch, rows, workers):
+    import preprocess.run as R
+    monkeypatch.setattr(R, "all_cores", lambda: 4)
+    assert _options([], None, rows)[0] == workers
+    assert _options([], 2, rows)[0] == 2  # an explicit --workers is taken as given
 
 
 def test_beams_own_worker_options_win_over_workers():
