@@ -73,13 +73,14 @@ def load() -> float:
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clips", type=int, default=1000, help="corpus size: the first N clips of the big corpus")
+    ap.add_argument("--corpus", help="an LJSpeech-layout corpus of --clips rows (default: generated under --work-dir)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--work-dir", default=WORK)
     args = ap.parse_args(argv)
 
     os.makedirs(args.work_dir, exist_ok=True)
-    corpus = ensure_corpus(os.path.join(args.work_dir, f"lj{args.clips}"), args.clips)
+    corpus = ensure_corpus(args.corpus or os.path.join(args.work_dir, f"lj{args.clips}"), args.clips)
     tiny = one_clip_corpus(corpus, os.path.join(args.work_dir, "lj1"))
     workers = [int(w) for w in args.workers.split(",") if w]
     variants = [v for w in workers for v in (f"pool{w}", f"poolm{w}", f"job{w}", f"job{w}@1")]

@@ -5,7 +5,9 @@ Default: the full documented run (docs/performance.md, which gives its duration)
   train_input            --steps 120 --rounds 3
   before_after           --steps 24 --rounds 1   (all four variants; "before" retraces, ~5 s each)
   before_after           --steps 60 --rounds 3 --variants fixed_nosig,sig_noxla,melshards
+  preprocess_startup     --rounds 3
   preprocess_throughput  --clips 1000 --rounds 2
+  preprocess_throughput  --clips 13100 --rounds 2 --workers 2   (on the scale corpus, generated if missing)
   preprocess_scale       --clips 13100 --workers 2,1   (generates the 13,100-clip corpus if missing)
   padding_waste          on the 2-worker scale run's stats.json (measures the corpus if the run left none)
 Quick mode (`python -m benchmarks.run_all --quick`, or env MELSHARDS_BENCH_QUICK=1): small sizes,
@@ -34,6 +36,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
             ("record_encoding", ["--records", "128", "--rounds", "2"]),
             ("train_input", ["--steps", "20", "--rounds", "1", "--work", f"{work}/train-input"]),
             ("before_after", ["--steps", "4", "--rounds", "1", "--work", f"{work}/before-after"]),
+            ("preprocess_startup", ["--rounds", "1", "--work-dir", work]),
             ("preprocess_throughput", ["--clips", "60", "--rounds", "1", "--work-dir", work]),
             ("preprocess_scale", ["--clips", "300", "--corpus", f"{work}/lj300", "--workers", "2",
                                   "--work-dir", work]),
@@ -46,7 +49,10 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
         ("before_after", ["--steps", "24", "--rounds", "1", "--work", f"{work}/before-after"]),
         ("before_after", ["--steps", "60", "--rounds", "3", "--variants", "fixed_nosig,sig_noxla,melshards",
                           "--work", f"{work}/before-after"]),
+        ("preprocess_startup", ["--rounds", "3", "--work-dir", work]),
         ("preprocess_throughput", ["--clips", "1000", "--rounds", "2", "--work-dir", work]),
+        ("preprocess_throughput", ["--clips", "13100", "--rounds", "2", "--workers", "2", "--corpus", f"{work}/ljbig",
+                                   "--work-dir", work]),
         ("preprocess_scale", ["--clips", "13100", "--corpus", f"{work}/ljbig", "--workers", "2,1",
                               "--work-dir", work]),
         ("padding_waste", ["--stats", f"{work}/scale-out-2w/stats.json", "--corpus-fallback", f"{work}/ljbig",

@@ -26,7 +26,7 @@ from preprocess.config import PreprocessConfig
 from preprocess.corpus import INPUT_ROWS, REJECTED, Corpus, ReadCorpus
 from preprocess.report import WriteReport, mel_params
 from preprocess.shards import TEMP_DIR, AssembleShards, RollingFiles
-from shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
+from shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs
 from shards_schema import Schema, Vocabulary
 from shards_schema.records import encode_example
 
@@ -169,8 +169,11 @@ class _HistogramsFn(beam.CombineFn):
 
 
 class LengthHistograms(beam.PTransform):
+    """Batches of clips -> one dict of histograms. The read always emits a batch (maybe empty), so the
+    combine needs no default value (which would cost the local runner two more stages)."""
+
     def expand(self, batches):
-        return batches | "Histograms" >> beam.CombineGlobally(_HistogramsFn())
+        return batches | "Histograms" >> beam.CombineGlobally(_HistogramsFn()).without_defaults()
 
 
 class _MomentsFn(beam.CombineFn):
@@ -201,8 +204,8 @@ class MelStatistics(beam.PTransform):
         super().__init__()
         self.n_mels = n_mels
 
-    def expand(self, moments):
-        return moments | "Moments" >> beam.CombineGlobally(_MomentsFn(self.n_mels))
+    def expand(self, moments):  # one Moments per batch, so never empty: no default needed
+        return moments | "Moments" >> beam.CombineGlobally(_MomentsFn(self.n_mels)).without_defaults()
 
 
 def cutoffs_from(hists: dict, cfg: PreprocessConfig) -> Cutoffs | None:
@@ -234,23 +237,25 @@ def split_of(clip_id: str, val_fraction: float, salt: str) -> str:
 
 # -- stage 6a: length buckets ----------------------------------------------------------------
 def kept_summary(batch: dict, cutoffs: Cutoffs | None) -> dict:
-    """One batch's share of what the buckets and the after-filter report need: the lengths of its
-    kept clips, the mel-frame histogram of its kept training clips, and its longest kept clip."""
+    """One batch's share of what the buckets and the after-filter report need: the three length
+    histograms of its kept clips, the mel-frame histogram of its kept training clips, and the
+    text lengths of its kept clips per mel-frame count (each bucket's text length follows from it
+    once the bounds are known)."""
     after = {k: Counter() for k in LENGTH_KEYS}
-    train, longest = Counter(), 0
+    train, text_by_frames = Counter(), Counter()
     for clip in batch["clips"]:
         if B.kept(clip, cutoffs):
             for k in LENGTH_KEYS:
                 after[k][clip[k]] += 1
             if clip["split"] == "train":
                 train[clip["mel_frames"]] += 1
-            longest = max(longest, clip["mel_frames"])
-    return {"after": after, "train": train, "longest": longest}
+            text_by_frames[clip["mel_frames"], clip["text_len"]] += 1
+    return {"after": after, "train": train, "text_by_frames": text_by_frames}
 
 
 class _KeptSummaryFn(beam.CombineFn):
     def create_accumulator(self):
-        return {"after": {k: Counter() for k in LENGTH_KEYS}, "train": Counter(), "longest": 0}
+        return {"after": {k: Counter() for k in LENGTH_KEYS}, "train": Counter(), "text_by_frames": Counter()}
 
     def add_input(self, acc, summary):
         return self.merge_accumulators([acc, summary])
@@ -261,43 +266,29 @@ class _KeptSummaryFn(beam.CombineFn):
             for k in LENGTH_KEYS:
                 out["after"][k].update(a["after"][k])
             out["train"].update(a["train"])
-            out["longest"] = max(out["longest"], a["longest"])
+            out["text_by_frames"].update(a["text_by_frames"])
         return out
 
     def extract_output(self, acc):
-        return {"after": {k: dict(v) for k, v in acc["after"].items()}, "train": dict(acc["train"]),
-                "longest": acc["longest"]}
-
-
-class _HistogramFn(beam.CombineFn):
-    """value -> count; per key, a bucket's text lengths."""
-
-    def create_accumulator(self):
-        return Counter()
-
-    def add_input(self, acc, hist):
-        acc.update(hist)
         return acc
 
-    def merge_accumulators(self, accs):
-        return merge_histograms(accs)
 
-    def extract_output(self, acc):
-        return dict(acc)
-
-
-def text_per_bucket(batch: dict, cutoffs: Cutoffs | None, buckets: dict | None):
-    """(bucket, text-length histogram) of one batch's kept clips."""
-    per: dict[int, Counter] = {}
-    for clip in batch["clips"]:
-        if B.kept(clip, cutoffs):
-            per.setdefault(B.bucket_of(clip, buckets), Counter())[clip["text_len"]] += 1
-    return list(per.items())
+def plan_buckets(summary: dict, pad) -> dict:
+    """The summed kept-clip summary -> {"buckets": bounds and plan (None without clips), "text":
+    {bucket: text-length histogram}, "after": after-filter histograms, "train_hist": kept training
+    clips' mel frames}: everything the writer and the report need, as one side input."""
+    after = {k: dict(v) for k, v in summary["after"].items()}
+    longest = max(after["mel_frames"], default=0)
+    buckets = B.choose(dict(summary["train"]), longest, pad)
+    text: dict[int, Counter] = {}
+    for (frames, text_len), n in (summary["text_by_frames"].items() if buckets else ()):
+        text.setdefault(B.bucket_index(frames, buckets["bounds"]), Counter())[text_len] += n
+    return {"buckets": buckets, "text": {b: dict(h) for b, h in text.items()}, "after": after,
+            "train_hist": dict(summary["train"])}
 
 
 class ChooseBuckets(beam.PTransform):
-    """Measured batches + cut-offs -> {"buckets": bounds and plan, "text": (bucket, text-length
-    histogram), "after": after-filter histograms, "train_hist": kept training clips' mel frames}.
+    """Measured batches + cut-offs -> one element, `plan_buckets`' dict.
 
     Reads the measured clips with the filter's own rule (`bucketing.kept`), not the filter's output:
     the bounds are then ready before any mel is read back, so the filter, padding and writing run
@@ -309,16 +300,10 @@ class ChooseBuckets(beam.PTransform):
         self.cutoffs, self.cfg = cutoffs, cfg
 
     def expand(self, batches):
-        cfg, cutoffs = self.cfg, beam.pvalue.AsSingleton(self.cutoffs)
-        summary = (batches
-                   | "Kept" >> beam.Map(kept_summary, cutoffs)
-                   | "Summary" >> beam.CombineGlobally(_KeptSummaryFn()))
-        buckets = summary | "Bounds" >> beam.Map(lambda s: B.choose(s["train"], s["longest"], cfg.pad))
-        text = (batches
-                | "ByBucket" >> beam.FlatMap(text_per_bucket, cutoffs, beam.pvalue.AsSingleton(buckets))
-                | "TextPerBucket" >> beam.CombinePerKey(_HistogramFn()))
-        return {"buckets": buckets, "text": text, "after": summary | "After" >> beam.Map(lambda s: s["after"]),
-                "train_hist": summary | "TrainHist" >> beam.Map(lambda s: s["train"])}
+        return (batches
+                | "Kept" >> beam.Map(kept_summary, beam.pvalue.AsSingleton(self.cutoffs))
+                | "Summary" >> beam.CombineGlobally(_KeptSummaryFn()).without_defaults()  # >= 1 batch
+                | "Bounds" >> beam.Map(plan_buckets, self.cfg.pad))
 
 
 # -- stage 6: pad + encode ---------------------------------------------------------------------
@@ -367,7 +352,8 @@ class _FilterAndWriteFn(beam.DoFn):
     def start_bundle(self):
         self.files = RollingFiles(self.out_dir, self.target)
 
-    def process(self, batch, cutoffs, buckets, text):
+    def process(self, batch, cutoffs, plan):
+        buckets, text = plan["buckets"], plan["text"]
         kept = []
         for clip in batch["clips"]:
             rejection = filter_reason(clip, cutoffs)
@@ -376,11 +362,10 @@ class _FilterAndWriteFn(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
             else:
                 kept.append(clip)
-        if not kept:
-            return
-        mels = C.load_mels(batch["stash"], [c["mel_frames"] for c in batch["clips"]], self.cfg.mel.n_mels)
-        by_id = dict(zip((c["id"] for c in batch["clips"]), mels))
         moments = Moments.empty(self.cfg.mel.n_mels)
+        mels = C.load_mels(batch["stash"], [c["mel_frames"] for c in batch["clips"]],
+                           self.cfg.mel.n_mels) if kept else []
+        by_id = dict(zip((c["id"] for c in batch["clips"]), mels))
         for clip in kept:
             split, bucket, data = encode_clip(clip, by_id[clip["id"]], buckets, text, self.cfg)
             yield from self.files.write(split, bucket, data)
@@ -396,21 +381,21 @@ class _FilterAndWriteFn(beam.DoFn):
 
 class FilterAndWrite(beam.PTransform):
     """Drop (never truncate) clips outside the percentile cut-offs, pad the rest to their bucket's
-    shapes and write them; cut-offs, buckets and text lengths arrive as side inputs.
+    shapes and write them; the cut-offs and the buckets (`plan_buckets`) arrive as side inputs.
 
-    Returns {"parts": temp files written, "rejected": dropped clips, "moments": per-batch mel moments}.
+    Returns {"parts": temp files written, "rejected": dropped clips, "moments": mel moments of each
+    batch's kept training clips (one per batch, maybe empty)}.
     """
 
-    def __init__(self, cutoffs, buckets, text, out_dir: str, cfg: PreprocessConfig):
+    def __init__(self, cutoffs, plan, out_dir: str, cfg: PreprocessConfig):
         super().__init__()
-        self.cutoffs, self.buckets, self.text, self.out_dir, self.cfg = cutoffs, buckets, text, out_dir, cfg
+        self.cutoffs, self.plan, self.out_dir, self.cfg = cutoffs, plan, out_dir, cfg
 
     def expand(self, batches):
         S = beam.pvalue
         return batches | "FilterPadWrite" >> beam.ParDo(
             _FilterAndWriteFn(self.out_dir, int(self.cfg.write.target_shard_mb * 1e6), self.cfg),
-            S.AsSingleton(self.cutoffs), S.AsSingleton(self.buckets), S.AsDict(self.text)).with_outputs(
-            REJECTED, MOMENTS, main="parts")
+            S.AsSingleton(self.cutoffs), S.AsSingleton(self.plan)).with_outputs(REJECTED, MOMENTS, main="parts")
 
 
 def mel_stash_dir(out_dir: str) -> str:
@@ -431,12 +416,10 @@ def build(p: beam.Pipeline, corpus: Corpus, out_dir: str, cfg: PreprocessConfig,
         cfg, mel_stash_dir(out_dir), FileSystems.join(out_dir, TEMP_DIR) if progress else None)
     before = measured.clips | "StatsBefore" >> LengthHistograms()
     cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, cfg)
-    chosen = measured.clips | "ChooseBuckets" >> ChooseBuckets(cutoffs, cfg)
-    written = measured.clips | "FilterAndWrite" >> FilterAndWrite(cutoffs, chosen["buckets"], chosen["text"],
-                                                                  out_dir, cfg)
+    plan = measured.clips | "ChooseBuckets" >> ChooseBuckets(cutoffs, cfg)
+    written = measured.clips | "FilterAndWrite" >> FilterAndWrite(cutoffs, plan, out_dir, cfg)
     moments = written[MOMENTS] | "MelStats" >> MelStatistics(cfg.mel.n_mels)
     shards = written.parts | "Shards" >> AssembleShards(out_dir, cfg.write.target_shard_mb)
     rejected = ((read[REJECTED], measured[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten())
-    return {"input_rows": read[INPUT_ROWS], "before": before, "after": chosen["after"], "cutoffs": cutoffs,
-            "rejected": rejected, "shards": shards, "moments": moments, "buckets": chosen["buckets"],
-            "text": chosen["text"], "train_hist": chosen["train_hist"]} | "Report" >> WriteReport(out_dir, cfg)
+    return {"input_rows": read[INPUT_ROWS], "before": before, "cutoffs": cutoffs, "plan": plan,
+            "rejected": rejected, "shards": shards, "moments": moments} | "Report" >> WriteReport(out_dir, cfg)

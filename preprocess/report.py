@@ -115,11 +115,12 @@ class _WriteReportFn(beam.DoFn):
     def __init__(self, out_dir: str, cfg: PreprocessConfig):
         self.out_dir, self.cfg = out_dir, cfg
 
-    def process(self, _, input_rows, before, after, cutoffs, rejected, shards, moments, buckets, text, train_hist):
+    def process(self, _, input_rows, before, cutoffs, plan, rejected, shards, moments):
         rejected = list(rejected)
         reasons = Counter(r["reason"] for r in rejected)
-        stats = build_stats(self.cfg, input_rows, before, after, cutoffs, dict(reasons), list(shards), buckets,
-                            dict(text), train_hist)
+        buckets, text = plan["buckets"], plan["text"]
+        stats = build_stats(self.cfg, input_rows, before, plan["after"], cutoffs, dict(reasons), list(shards),
+                            buckets, text, plan["train_hist"])
         _write_text(self.out_dir, REJECTED_FILE, rejected_lines(rejected))
         _write_text(self.out_dir, STATS_FILE, json.dumps(stats, indent=2) + "\n")
         remove_temp_dir(self.out_dir)
@@ -128,7 +129,7 @@ class _WriteReportFn(beam.DoFn):
             # schema.json (the run stays unfinished and the trainer refuses it). Not an exception: a
             # runner would retry the bundle, and the CLI reports it from stats.json in one line.
             return
-        schema = build_schema(self.cfg, buckets, dict(text), moments, list(shards))
+        schema = build_schema(self.cfg, buckets, text, moments, list(shards))
         _write_text(self.out_dir, SCHEMA_FILE, schema.to_json())
         remove_temp_dir(self.out_dir)
         yield FileSystems.join(self.out_dir, SCHEMA_FILE)
@@ -149,11 +150,8 @@ class WriteReport(beam.PTransform):
                     _WriteReportFn(self.out_dir, self.cfg),
                     input_rows=S.AsSingleton(inputs["input_rows"]),
                     before=S.AsSingleton(inputs["before"]),
-                    after=S.AsSingleton(inputs["after"]),
                     cutoffs=S.AsSingleton(inputs["cutoffs"]),
+                    plan=S.AsSingleton(inputs["plan"]),
                     rejected=S.AsList(inputs["rejected"]),
                     shards=S.AsList(inputs["shards"]),
-                    moments=S.AsSingleton(inputs["moments"]),
-                    buckets=S.AsSingleton(inputs["buckets"]),
-                    text=S.AsDict(inputs["text"]),
-                    train_hist=S.AsSingleton(inputs["train_hist"])))
+                    moments=S.AsSingleton(inputs["moments"])))

@@ -144,8 +144,9 @@ class AssembleShards(beam.PTransform):
         self.out_dir, self.target = out_dir, int(target_shard_mb * 1e6)
 
     def expand(self, parts):
-        return (parts
-                | "CollectParts" >> beam.combiners.ToList()
-                | "Plan" >> beam.FlatMap(plan_shards, self.target)
+        return (parts.pipeline
+                | "Once" >> beam.Create([None])
+                | "Plan" >> beam.FlatMap(lambda _, parts: plan_shards(list(parts), self.target),
+                                         beam.pvalue.AsList(parts))
                 | "Spread" >> beam.Reshuffle()  # assemble shards in parallel
                 | "Assemble" >> beam.ParDo(_AssembleShard(self.out_dir)))

@@ -11,8 +11,9 @@ from apache_beam.testing.util import assert_that, equal_to, is_not_empty
 
 from preprocess.config import PreprocessConfig
 from preprocess.corpus import Corpus, ReadCorpus, batch_rows, detect_corpus, drop_duplicate_ids
-from preprocess.pipeline import (FilterAndWrite, LengthHistograms, MeasureClips, MelStatistics, encode_clip,
-                                 filter_reason, split_of)
+from preprocess.config import PadConfig
+from preprocess.pipeline import (ChooseBuckets, FilterAndWrite, LengthHistograms, MeasureClips, MelStatistics,
+                                 encode_clip, filter_reason, split_of)
 from preprocess.shards import AssembleShards, RollingFiles, plan_shards
 from shards_schema.stats import Cutoffs
 
@@ -168,8 +169,8 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
     text = {0: {200: 1}}
     with pipeline() as p:
         measured = p | beam.Create([[_row(corpus_dir, i) for i in ids]]) | MeasureClips(CFG, str(tmp_path))
-        side = lambda name, v: p | name >> beam.Create(v)  # noqa: E731
-        written = measured.clips | FilterAndWrite(side("C", [cut]), side("B", [buckets]), side("T", list(text.items())),
+        plan = {"buckets": buckets, "text": text}
+        written = measured.clips | FilterAndWrite(p | "C" >> beam.Create([cut]), p | "P" >> beam.Create([plan]),
                                                   str(tmp_path), CFG)
         assert_that(written["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
                     equal_to([(longest, "mel_frames_above_cutoff")]), label="rejected")
@@ -190,6 +191,29 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
     for clip_id, rec in recs.items():
         m = frames[clip_id]
         np.testing.assert_array_equal(rec["mel"][0, :m].numpy(), expected[clip_id].astype(np.float16))
+
+
+def test_choose_buckets_plans_from_the_kept_clips_of_every_batch():
+    cut = Cutoffs(0, 10, 200, 50, 200, 50)  # keeps 10..200 frames and text <= 50
+
+    def clip(clip_id, text_len, frames, split="train"):
+        return dict(_clip(clip_id, text_len, frames, 1000), split=split)
+
+    batches = [{"clips": [clip("a", 10, 100), clip("b", 30, 104), clip("dropped", 60, 100)]},
+               {"clips": []},
+               {"clips": [clip("c", 20, 200), clip("v", 40, 150, "val"), clip("short", 5, 9)]}]
+    cfg = PreprocessConfig(pad=PadConfig(buckets=2, min_bucket_records=1))
+    with pipeline() as p:
+        plan = (p | beam.Create(batches)) | ChooseBuckets(p | "Cut" >> beam.Create([cut]), cfg)
+
+        def check(plans):
+            (got,) = plans
+            assert got["buckets"]["bounds"] == (104, 200)
+            assert got["text"] == {0: {10: 1, 30: 1}, 1: {20: 1, 40: 1}}  # val clips count for text too
+            assert got["train_hist"] == {100: 1, 104: 1, 200: 1}
+            assert got["after"]["mel_frames"] == {100: 1, 104: 1, 200: 1, 150: 1}
+
+        assert_that(plan, check)
 
 
 def test_split_is_deterministic_and_near_the_fraction():
