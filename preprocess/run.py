@@ -21,11 +21,10 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
 from preprocess.config import load_config
-from preprocess.corpus import Corpus, CorpusError, check_rows_file, detect_corpus
+from preprocess.corpus import Corpus, check_rows_file, detect_corpus
 from preprocess.pipeline import PROGRESS_PREFIX, build
 from preprocess.shards import SHARD_SUFFIX, TEMP_DIR, remove_temp_dir
 from shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
-from shards_schema.config import ConfigError
 
 log = logging.getLogger("melshards.preprocess")
 

@@ -1,6 +1,5 @@
 """The whole job: accounting, the round trip through schema.json, the CLI, bad invocations, Dataflow."""
 import json
-import shutil
 import subprocess
 import sys
 

@@ -1,16 +1,15 @@
 """Each stage's PTransform on its own, with TestPipeline + assert_that."""
 import json
 import os
-from collections import Counter
 
 import apache_beam as beam
 import numpy as np
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
-from apache_beam.testing.util import assert_that, equal_to, is_not_empty
+from apache_beam.testing.util import assert_that, equal_to
 
 from preprocess.config import PreprocessConfig
-from preprocess.corpus import Corpus, ReadCorpus, batch_rows, detect_corpus, drop_duplicate_ids
+from preprocess.corpus import ReadCorpus, batch_rows, detect_corpus, drop_duplicate_ids
 from preprocess.config import PadConfig
 from preprocess.pipeline import (ChooseBuckets, FilterAndWrite, LengthHistograms, MeasureClips, MelStatistics,
                                  encode_clip, filter_reason, split_of)
