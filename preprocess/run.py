@@ -153,7 +153,7 @@ def default_workers(rows: int | None) -> int:
 
     A worker process costs ~2 s to start and stop (Beam's harness, librosa's import), paid back
     by about 1,000 clips of work shared (measured on 2 cores: 56 clips 3.3 s with one worker,
-    5.2 s with two; 1,000 clips 8.9 s and 8.6 s). rows None (a remote corpus not counted): every core.
+    5.2 s with two; 1,000 clips 8.8 s and 9.5 s). rows None (a remote corpus not counted): every core.
     """
     cores = all_cores()
     return cores if rows is None else max(1, min(cores, -(-rows // ROWS_PER_WORKER)))
