@@ -6,6 +6,7 @@ stages as side inputs. `build(p, ...)` wires the stages; `preprocess.run.run_job
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 import hashlib
 import logging
@@ -26,7 +27,7 @@ from preprocess.config import PreprocessConfig
 from preprocess.corpus import INPUT_ROWS, REJECTED, Corpus, ReadCorpus
 from preprocess.report import WriteReport, mel_params
 from preprocess.shards import TEMP_DIR, AssembleShards, RollingFiles
-from shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs
+from shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
 from shards_schema import Schema, Vocabulary
 from shards_schema.records import encode_example
 
@@ -38,7 +39,9 @@ def _count(name: str, n: int = 1) -> None:
     Metrics.counter(NS, name).inc(n)
 
 
-_exit_hook = []
+@functools.cache  # once per process
+def _freeze_heap_at_exit() -> None:
+    atexit.register(gc.freeze)
 
 
 def _worker_setup() -> None:
@@ -49,8 +52,7 @@ def _worker_setup() -> None:
     hook runs only when the process ends, so a long-lived (Dataflow) worker is unaffected.
     """
     _one_blas_thread()
-    if not _exit_hook:
-        _exit_hook.append(atexit.register(gc.freeze))
+    _freeze_heap_at_exit()
 
 
 def _one_blas_thread() -> None:
@@ -145,24 +147,27 @@ class MeasureClips(beam.PTransform):
 
 
 # -- stage 4: statistics -----------------------------------------------------------------------
+def length_histograms(clips) -> dict[str, Counter]:
+    """Exact value->count histograms of the three lengths of `clips`."""
+    return {k: Counter(c[k] for c in clips) for k in LENGTH_KEYS}
+
+
+def merge_lengths(hists) -> dict[str, Counter]:
+    hists = list(hists)
+    return {k: merge_histograms(h[k] for h in hists) for k in LENGTH_KEYS}
+
+
 class _HistogramsFn(beam.CombineFn):
     """Batches of clips -> exact value->count histograms of the three lengths; merges are Counter sums."""
 
     def create_accumulator(self):
-        return {k: Counter() for k in LENGTH_KEYS}
+        return length_histograms(())
 
     def add_input(self, acc, batch):
-        for clip in batch["clips"]:
-            for k in LENGTH_KEYS:
-                acc[k][clip[k]] += 1
-        return acc
+        return merge_lengths([acc, length_histograms(batch["clips"])])
 
     def merge_accumulators(self, accs):
-        out = self.create_accumulator()
-        for a in accs:
-            for k in LENGTH_KEYS:
-                out[k].update(a[k])
-        return out
+        return merge_lengths(accs)
 
     def extract_output(self, acc):
         return {k: dict(v) for k, v in acc.items()}
@@ -241,33 +246,24 @@ def kept_summary(batch: dict, cutoffs: Cutoffs | None) -> dict:
     histograms of its kept clips, the mel-frame histogram of its kept training clips, and the
     text lengths of its kept clips per mel-frame count (each bucket's text length follows from it
     once the bounds are known)."""
-    after = {k: Counter() for k in LENGTH_KEYS}
-    train, text_by_frames = Counter(), Counter()
-    for clip in batch["clips"]:
-        if B.kept(clip, cutoffs):
-            for k in LENGTH_KEYS:
-                after[k][clip[k]] += 1
-            if clip["split"] == "train":
-                train[clip["mel_frames"]] += 1
-            text_by_frames[clip["mel_frames"], clip["text_len"]] += 1
-    return {"after": after, "train": train, "text_by_frames": text_by_frames}
+    kept = [c for c in batch["clips"] if B.kept(c, cutoffs)]
+    return {"after": length_histograms(kept),
+            "train": Counter(c["mel_frames"] for c in kept if c["split"] == "train"),
+            "text_by_frames": Counter((c["mel_frames"], c["text_len"]) for c in kept)}
 
 
 class _KeptSummaryFn(beam.CombineFn):
     def create_accumulator(self):
-        return {"after": {k: Counter() for k in LENGTH_KEYS}, "train": Counter(), "text_by_frames": Counter()}
+        return {"after": length_histograms(()), "train": Counter(), "text_by_frames": Counter()}
 
     def add_input(self, acc, summary):
         return self.merge_accumulators([acc, summary])
 
     def merge_accumulators(self, accs):
-        out = self.create_accumulator()
-        for a in accs:
-            for k in LENGTH_KEYS:
-                out["after"][k].update(a["after"][k])
-            out["train"].update(a["train"])
-            out["text_by_frames"].update(a["text_by_frames"])
-        return out
+        accs = list(accs)
+        return {"after": merge_lengths(a["after"] for a in accs),
+                "train": merge_histograms(a["train"] for a in accs),
+                "text_by_frames": merge_histograms(a["text_by_frames"] for a in accs)}
 
     def extract_output(self, acc):
         return acc
