@@ -19,6 +19,11 @@ class DataError(click.ClickException):
     exit_code = 2
 
 
+class DiskFull(click.ClickException):
+    """The disk filled up during the job: exit 1, one line (where, how much), temp files removed."""
+    exit_code = 1
+
+
 def run(argv: list[str] | None = None) -> int:
     """Entry point for tests; returns the process exit code."""
     return run_command(preprocess_command, argv, "melshards preprocess")
@@ -49,7 +54,8 @@ def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
               help="LJSpeech directory (metadata.csv + wavs/) or a .csv/.tsv/.jsonl manifest; local or gs://.")
 @click.option("--output", "out_dir", required=True, help="Output directory for shards and reports; local or gs://.")
 @click.option("--config", "config_path", default=None, help="YAML config (see configs/ljspeech.yaml).")
-@click.option("--overwrite", is_flag=True, help="Replace a finished run in --output.")
+@click.option("--overwrite", is_flag=True,
+              help="Replace a finished run in --output, once the new run has finished beside it.")
 @click.option("--buckets", default=None, metavar="K|auto", help="Length buckets: overrides pad.buckets.")
 @click.option("--workers", type=int, default=None,
               help="Local worker processes (default: every core, at most one per 1,000 rows); "
@@ -65,7 +71,8 @@ def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config
     setup_logging()
     from preprocess.config import ConfigError
     from preprocess.corpus import CorpusError
-    from preprocess.run import EmptyRunError, OptionsError, OutputError, quiet_beam_logging, run_job
+    from melshards.ctrl_c import StopOnCtrlC
+    from preprocess.run import DiskFullError, EmptyRunError, OptionsError, OutputError, quiet_beam_logging, run_job
 
     quiet_beam_logging()
     # Beam and this CLI, loaded by now, live until the process ends: frozen, the collector stops
@@ -74,14 +81,17 @@ def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config
     gc.freeze()
     start = time.perf_counter()
     try:
-        stats = run_job(input_path, out_dir, config_path=config_path, buckets=buckets, overwrite=overwrite,
-                        workers=workers, beam_args=list(ctx.args),
-                        own_options=[o for p in ctx.command.get_params(ctx) for o in p.opts + p.secondary_opts],
-                        echo=click.echo)
+        with StopOnCtrlC(out_dir):
+            stats = run_job(input_path, out_dir, config_path=config_path, buckets=buckets, overwrite=overwrite,
+                            workers=workers, beam_args=list(ctx.args),
+                            own_options=[o for p in ctx.command.get_params(ctx) for o in p.opts + p.secondary_opts],
+                            echo=click.echo)
     except (ConfigError, CorpusError, OutputError, OptionsError) as e:
         raise click.UsageError(str(e)) from e
     except EmptyRunError as e:
         raise DataError(str(e)) from e
+    except DiskFullError as e:
+        raise DiskFull(str(e)) from e
     except ValueError as e:  # PipelineOptions rejects malformed Beam flags with ValueError
         raise click.UsageError(f"bad Beam option: {e}") from e
     if stats is None:

@@ -1,4 +1,5 @@
-"""Stage 9, Report: stats.json, then schema.json (last: its presence marks a finished run)."""
+"""Stage 9, Report: rejected.jsonl, stats.json, then schema.json (last: its presence marks a finished
+run), into the run's staging dir; `preprocess.output` moves them into the output directory."""
 from __future__ import annotations
 
 import dataclasses
@@ -123,16 +124,13 @@ class _WriteReportFn(beam.DoFn):
                             buckets, text, plan["train_hist"])
         _write_text(self.out_dir, REJECTED_FILE, rejected_lines(rejected))
         _write_text(self.out_dir, STATS_FILE, json.dumps(stats, indent=2) + "\n")
+        finished = cutoffs is not None and buckets is not None
+        if finished:  # else every row was rejected (or filtered): no schema.json, the CLI says so from stats.json
+            _write_text(self.out_dir, SCHEMA_FILE, build_schema(self.cfg, buckets, text, moments, list(shards)).to_json())
+        # Once, after the last file: schema.json is never written into a temp dir already removed.
         remove_temp_dir(self.out_dir)
-        if cutoffs is None or buckets is None:
-            # Every row rejected (or every measured clip filtered): nothing to train on, so no
-            # schema.json (the run stays unfinished and the trainer refuses it). Not an exception: a
-            # runner would retry the bundle, and the CLI reports it from stats.json in one line.
-            return
-        schema = build_schema(self.cfg, buckets, text, moments, list(shards))
-        _write_text(self.out_dir, SCHEMA_FILE, schema.to_json())
-        remove_temp_dir(self.out_dir)
-        yield FileSystems.join(self.out_dir, SCHEMA_FILE)
+        if finished:
+            yield FileSystems.join(self.out_dir, SCHEMA_FILE)
 
 
 class WriteReport(beam.PTransform):

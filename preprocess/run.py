@@ -11,10 +11,10 @@ import difflib
 import json
 import logging
 import os
+import re
 import threading
 import time
 from typing import Callable, Sequence
-from pathlib import Path
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -23,7 +23,8 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 from preprocess.config import load_config
 from preprocess.corpus import Corpus, check_rows_file, detect_corpus
 from preprocess.pipeline import PROGRESS_PREFIX, build
-from preprocess.shards import SHARD_SUFFIX, TEMP_DIR, remove_temp_dir
+from preprocess.output import OutputError, Run, close_run, exception_chain, is_disk_full, open_run, tree_bytes
+from preprocess.shards import TEMP_DIR
 from shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
 
 log = logging.getLogger("melshards.preprocess")
@@ -34,10 +35,6 @@ log = logging.getLogger("melshards.preprocess")
 DEFAULT_RUNNER = "FnApiRunner"
 
 
-class OutputError(ValueError):
-    pass
-
-
 class OptionsError(ValueError):
     pass
 
@@ -46,46 +43,8 @@ class EmptyRunError(RuntimeError):
     """The job ran but the corpus gave nothing to train on (every row rejected)."""
 
 
-WRITE_PROBE = ".melshards-write-test"
-
-
-def _outputs(out_dir: str) -> list[str]:
-    patterns = [FileSystems.join(out_dir, n) for n in (SCHEMA_FILE, STATS_FILE, REJECTED_FILE)]
-    patterns += [FileSystems.join(out_dir, f"{s}-*{SHARD_SUFFIX}") for s in ("train", "val")]
-    return [m.path for r in FileSystems.match(patterns) for m in r.metadata_list]
-
-
-def prepare_output(out_dir: str, overwrite: bool) -> None:
-    """Refuse to clobber a finished run; clear a finished run (with --overwrite) or an unfinished one."""
-    finished = FileSystems.exists(FileSystems.join(out_dir, SCHEMA_FILE))
-    if finished and not overwrite:
-        raise OutputError(f"--output {out_dir} already holds a finished run ({SCHEMA_FILE} exists); "
-                          "pass --overwrite to replace it, or choose another directory")
-    stale = _outputs(out_dir)
-    if stale:
-        log.info("removing %d files of the %s run in %s", len(stale), "previous" if finished else "unfinished",
-                 out_dir)
-        FileSystems.delete(stale)
-    remove_temp_dir(out_dir)
-
-
-def check_output_writable(out_dir: str) -> None:
-    """Create and delete a small file in out_dir, so an unwritable output fails now, not after the job."""
-    if "://" not in out_dir:  # local: name the path component that is in the way
-        for p in (Path(out_dir), *Path(out_dir).parents):
-            if p.exists():
-                if not p.is_dir():
-                    raise OutputError(f"--output {out_dir}: {p} is a file, not a directory; "
-                                      "choose another --output")
-                break
-    probe = FileSystems.join(out_dir, WRITE_PROBE)
-    try:
-        with FileSystems.create(probe) as f:
-            f.write(b"")
-        FileSystems.delete([probe])
-    except (OSError, ValueError) as e:  # BeamIOError is an OSError
-        raise OutputError(f"--output {out_dir} is not writable ({e}); fix its permissions or choose "
-                          "another --output") from e
+class DiskFullError(RuntimeError):
+    """The job ran out of space; the message says where and about how much the run needed."""
 
 
 def _beam_parser() -> argparse.ArgumentParser:
@@ -250,17 +209,48 @@ def _read_stats(out_dir: str) -> dict:
         return json.loads(f.read())
 
 
-def refuse_empty_run(out_dir: str) -> None:
-    """After a run that wrote no schema.json (every row rejected): drop stats.json, keep rejected.jsonl
-    (each row's reason: what the user needs to fix the corpus), and stop with one line, exit 2."""
-    stats_path = FileSystems.join(out_dir, STATS_FILE)
-    if not FileSystems.exists(stats_path):
-        raise EmptyRunError(f"the job finished without writing {SCHEMA_FILE} or {STATS_FILE} in {out_dir}")
-    c = _read_stats(out_dir)["counts"]
-    FileSystems.delete([stats_path])
+def empty_run_message(stage: str) -> str:
+    """After a run that wrote no schema.json (every row rejected): one line counting the reasons and
+    naming the rejected.jsonl kept in the staging dir (each row's reason: what fixes the corpus)."""
+    if not FileSystems.exists(FileSystems.join(stage, STATS_FILE)):
+        return f"the job finished without writing {SCHEMA_FILE} or {STATS_FILE}"
+    c = _read_stats(stage)["counts"]
     reasons = ", ".join(f"{n} {reason}" for reason, n in c["per_reason"].items())
-    raise EmptyRunError(f"all {c['input_rows']} input rows were rejected ({reasons}); no shards were written. "
-                    f"Each row's reason is in {FileSystems.join(out_dir, REJECTED_FILE)}.")
+    return (f"all {c['input_rows']} input rows were rejected ({reasons}); no shards were written and the "
+            f"output directory is as it was. Each row's reason is in {FileSystems.join(stage, REJECTED_FILE)} "
+            "(removed by the next run into this directory).")
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return ""
+
+
+def _free_bytes(path: str) -> int | None:
+    try:
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize
+    except OSError:
+        return None
+
+
+def disk_full_message(exc: BaseException, run: Run, done: int, total: int | None) -> str:
+    """Which path is full and about how much the run needed: what it had staged, scaled by the rows
+    done (the shards and the mel stash grow with the rows)."""
+    found = re.search(r"No space left on device: '([^']+)'", "".join(str(e) for e in exception_chain(exc)))
+    path = found.group(1) if found else run.stage
+    staged = tree_bytes(run.stage)
+    need = staged * total / done if total and done else None
+    where = os.path.dirname(path) if "://" not in path else path
+    free = _free_bytes(where) if "://" not in path else None
+    needed = (f"the run had written {_size(staged)} for {done} of {total} rows, so it needs about "
+              f"{_size(need)} free there" if need else f"the run had written {_size(staged)} when it failed")
+    return (f"no space left on the device of {path}{f' ({_size(free)} free)' if free is not None else ''}: "
+            f"{needed}; free some space or choose another --output. Its temporary files were removed and "
+            f"{run.out_dir} is as it was.")
 
 
 def run_job(input_path: str, out_dir: str, *, config_path: str | None = None, buckets: str | None = None,
@@ -268,9 +258,14 @@ def run_job(input_path: str, out_dir: str, *, config_path: str | None = None, bu
             own_options: Sequence[str] = (), echo: Callable[[str], None] = print) -> dict | None:
     """Check the invocation, run the job to completion, and return the stats.json it wrote.
 
+    The job writes into a staging dir of its own beside any earlier run in out_dir (see
+    `preprocess.output`) and is moved into place only once it has finished; a failure or an
+    interrupt removes the staging dir and leaves out_dir as it was.
+
     Returns None for a dry run (the graph was built, not submitted). Raises ConfigError,
     CorpusError, OutputError or OptionsError (all ValueError) before any work when the call is
-    wrong, and EmptyRunError when every row was rejected. `echo` receives the progress lines.
+    wrong, EmptyRunError when every row was rejected, DiskFullError when the disk filled up.
+    `echo` receives the progress lines.
     """
     cfg = load_config(config_path, buckets)
     options = pipeline_options(list(beam_args), list(own_options))
@@ -283,24 +278,40 @@ def run_job(input_path: str, out_dir: str, *, config_path: str | None = None, bu
     local = is_local(options) and not dry_run
     rows = count_rows(corpus) if local else None
     apply_workers(options, list(beam_args), workers, rows)
-    if not (dry_run and "://" in out_dir):
-        check_output_writable(out_dir)
-        prepare_output(out_dir, overwrite)
-    log.info("corpus %s (%s), output %s, runner %s", corpus.rows_path, corpus.kind, out_dir,
-             options.view_as(StandardOptions).runner)
-    p = beam.Pipeline(options=options)
-    build(p, corpus, out_dir, cfg, progress=local)
-    reporter = ProgressReporter(out_dir, rows, echo) if local else None
-    if reporter:
-        reporter.start()
+    if dry_run:
+        p = beam.Pipeline(options=options)
+        build(p, corpus, out_dir, cfg)
+        p.run()
+        return None
+    run = open_run(out_dir, overwrite, echo=echo)
+    log.info("corpus %s (%s), output %s (staged in %s), runner %s", corpus.rows_path, corpus.kind, out_dir,
+             run.stage, options.view_as(StandardOptions).runner)
+    reporter = ProgressReporter(run.stage, rows, echo) if local else None
+    finished = False
     try:
-        result = p.run()
-        if dry_run:
-            return None
-        result.wait_until_finish()
-    finally:
+        p = beam.Pipeline(options=options)
+        build(p, corpus, run.stage, cfg, progress=local)
         if reporter:
-            reporter.stop()
-    if not FileSystems.exists(FileSystems.join(out_dir, SCHEMA_FILE)):
-        refuse_empty_run(out_dir)
-    return _read_stats(out_dir)
+            reporter.start()
+        try:
+            p.run().wait_until_finish()
+        finally:
+            if reporter:
+                reporter.stop()
+        finished = FileSystems.exists(FileSystems.join(run.stage, SCHEMA_FILE))
+        if not finished:
+            message = empty_run_message(run.stage)
+            close_run(run, ok=False, keep=(REJECTED_FILE,))
+            raise EmptyRunError(message)
+        stats = _read_stats(run.stage)
+    except Exception as e:
+        if is_disk_full(e):
+            message = disk_full_message(e, run, reporter.rows_done() if reporter else 0, rows)
+            close_run(run, ok=False)
+            raise DiskFullError(message) from e
+        raise
+    finally:
+        if not finished:
+            close_run(run, ok=False)  # a no-op after the empty-run close above
+    close_run(run, ok=True)
+    return stats

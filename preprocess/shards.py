@@ -17,9 +17,9 @@ from apache_beam.io.filesystems import FileSystems
 
 from shards_schema.records import frame_record
 from shards_schema.schema import SHARD_SUFFIX, shard_name
-from shards_schema.schema import UNFINISHED_DIR as TEMP_DIR
 
 _COPY_CHUNK = 16 << 20
+TEMP_DIR = ".melshards-tmp"  # under the run's staging dir: temp shards, mel stash, progress files
 
 
 def plan_shards(parts: list[dict], target_bytes: int) -> list[dict]:

@@ -27,7 +27,9 @@ SCHEMA_FILE = "schema.json"
 STATS_FILE = "stats.json"
 REJECTED_FILE = "rejected.jsonl"
 SPLITS = ("train", "val")
-UNFINISHED_DIR = ".melshards-tmp"  # preprocess writes shards here first; present = run not finished
+# Present while `melshards preprocess` moves a finished run into the directory (or if that was cut
+# short): the directory holds no readable run until the next preprocess run in it finishes the move.
+PUBLISH_JOURNAL = ".melshards-publish.json"
 SHARD_SUFFIX = ".tfrecord"
 # split, then the bucket: `train-*` matches every bucket's training shards and nothing of val
 _SHARD_NAME = re.compile(r"^(?P<split>[a-z]+)-b(?P<bucket>\d{2,})-(?P<index>\d{5,})-of-(?P<count>\d{5,})"

@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 
 from shards_schema.records import RAW_DTYPES, decode_parsed, parse_spec
-from shards_schema.schema import (SCHEMA_FILE, SHARD_SUFFIX, UNFINISHED_DIR, Bucket, Schema, SchemaError,
+from shards_schema.schema import (SCHEMA_FILE, SHARD_SUFFIX, PUBLISH_JOURNAL, Bucket, Schema, SchemaError,
                                   read_schema)
 
 CHUNK = 256  # records decoded per parse_example call
@@ -212,17 +212,17 @@ def schemas_for(files: Sequence[str], schema_path: str | None) -> tuple[dict[str
 
     Each directory's own schema.json is checked against the reference: `schema_path` when given,
     else the first directory's. A directory without schema.json is read with `schema_path` when
-    given (shards copied away from their run), and is an error otherwise. A directory still
-    holding the preprocessing job's temp dir is an unfinished run: an error.
+    given (shards copied away from their run), and is an error otherwise. A directory whose run is
+    being replaced (preprocess's publish journal is there) is an error: its files are a mix.
     """
     import tensorflow as tf
 
     dirs = sorted({dir_of(f) for f in files})
     for d in dirs:
-        if tf.io.gfile.exists(posixpath.join(d, UNFINISHED_DIR)):
+        if tf.io.gfile.exists(posixpath.join(d, PUBLISH_JOURNAL)):
             raise InputError(
-                f"{d} holds an unfinished preprocessing run ({UNFINISHED_DIR}/ is still there); "
-                "let `melshards preprocess` finish, or re-run it with --overwrite")
+                f"{d} is in the middle of having its run replaced ({PUBLISH_JOURNAL} is there); let "
+                "`melshards preprocess` finish, or run it again with the same --output to complete the move")
     own = {d: posixpath.join(d, SCHEMA_FILE) for d in dirs}
     where = {d: own[d] if schema_path is None or tf.io.gfile.exists(own[d]) else schema_path for d in dirs}
     ref_path = schema_path or where[dirs[0]]

@@ -229,18 +229,6 @@ def test_documented_dataflow_dry_run_builds_offline_through_the_cli(capsys, monk
     assert not any(tmp_path.iterdir())
 
 
-def test_files_of_an_unfinished_run_are_cleared_before_a_new_one(tmp_path):
-    from preprocess.run import prepare_output
-    from preprocess.shards import TEMP_DIR
-    (tmp_path / TEMP_DIR).mkdir()
-    (tmp_path / TEMP_DIR / "train-x.tfrecord").write_bytes(b"x")
-    (tmp_path / "train-00000-of-00002.tfrecord").write_bytes(b"x")
-    (tmp_path / "rejected.jsonl").write_text('{"id": "x"}\n')
-    (tmp_path / "notes.txt").write_text("the user's own file")
-    prepare_output(str(tmp_path), overwrite=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
-
-
 def test_progress_sums_the_workers_counts_and_ignores_files_being_written(tmp_path):
     from preprocess.run import ProgressReporter
     from preprocess.shards import TEMP_DIR
@@ -341,9 +329,10 @@ def test_every_row_rejected_exits_2_and_keeps_only_rejected_jsonl(capsys, tmp_pa
     assert run(["--input", str(tmp_path / "in"), "--output", str(out)]) == 2
     line = _one_error_line(capsys.readouterr().err)
     assert "all 2 input rows were rejected (1 malformed_row, 1 missing_audio)" in line
-    assert str(out / "rejected.jsonl") in line
-    assert [p.name for p in out.iterdir()] == ["rejected.jsonl"]  # no stats.json, schema.json, temp dirs
-    reasons = sorted(json.loads(l)["reason"] for l in (out / "rejected.jsonl").read_text().splitlines())
+    (stage,) = out.iterdir()  # the run's staging dir: no stats.json, schema.json, shards, lock
+    assert str(stage / "rejected.jsonl") in line
+    assert sorted(p.name for p in stage.iterdir()) == ["rejected.jsonl", "run.json"]
+    reasons = sorted(json.loads(l)["reason"] for l in (stage / "rejected.jsonl").read_text().splitlines())
     assert reasons == ["malformed_row", "missing_audio"]
 
 

@@ -45,11 +45,11 @@ def test_unfinished_run_is_refused(shards_dir, tmp_path, test_config, capsys):
                        "--config", test_config)
     assert code == 2 and f"{unfinished}/schema.json does not exist" in out.err
 
-    (unfinished / ".melshards-tmp").mkdir()
+    (unfinished / ".melshards-publish.json").write_text("{}")  # a publish of a new run was cut short
     shutil.copy(shards_dir / "schema.json", unfinished / "schema.json")
     code, out = _train(capsys, unfinished / "train-*.tfrecord", "--model-dir", tmp_path / "m",
                        "--config", test_config)
-    assert code == 2 and "unfinished preprocessing run" in out.err and str(unfinished) in out.err
+    assert code == 2 and "having its run replaced" in out.err and str(unfinished) in out.err
 
 
 def test_glob_matching_nothing_is_an_error(tmp_path, test_config, capsys):

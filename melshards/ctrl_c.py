@@ -1,0 +1,124 @@
+"""Ctrl-C during `melshards preprocess`: one line, the run's staging dir removed, exit 130.
+
+Without this, SIGINT reaches the launcher and every local worker process (one process group): each
+prints its traceback, Beam logs the broken channels, and the run's temp files stay (254 lines and
+three tracebacks, measured). The workers cannot be kept from the signal: Beam starts them through
+`/bin/sh`, and dash clears an inherited signal mask. So, for the length of the run, this process's
+stdout and stderr (and so the workers', which inherit them) go through a pipe relayed to the
+console. On Ctrl-C the handler mutes the relay and logging, kills the worker processes and raises
+KeyboardInterrupt in the main thread, which removes the staging dir on its way out
+(`preprocess.run.run_job`); then one line, exit 130.
+A publish under way (the finished run being moved into place) is never cut in half: the interrupt
+takes effect after it, and the line says the new run is in place.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+
+from preprocess import output
+
+
+def descendants(pid: int) -> list[int]:
+    """Process ids below pid (Linux /proc; elsewhere none are found and workers end with the launcher)."""
+    parents: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for e in entries:
+        try:
+            with open(f"/proc/{e}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents.setdefault(ppid, []).append(int(e))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+class _Relay(threading.Thread):
+    """Copies what is written to one of this process's fds (and, inherited, the worker processes')
+    to where it pointed before, until muted: the workers' dying words never reach the console."""
+
+    def __init__(self, fd: int):
+        super().__init__(name=f"melshards-relay-{fd}", daemon=True)
+        self.fd, self.muted = fd, False
+        self.original = os.dup(fd)
+        read, write = os.pipe()
+        os.dup2(write, fd)
+        os.close(write)
+        self.read = read
+        self.start()
+
+    def run(self) -> None:
+        while chunk := os.read(self.read, 65536):
+            if not self.muted:
+                os.write(self.original, chunk)
+        os.close(self.read)
+
+    def restore(self) -> None:
+        os.dup2(self.original, self.fd)  # closes our last write end: the relay reads to the end, stops
+        self.join()
+        os.close(self.original)
+
+
+class StopOnCtrlC:
+    """Context manager around a preprocess run (main thread only; elsewhere it does nothing)."""
+
+    def __init__(self, out_dir: str):
+        self.out_dir = out_dir
+        # Not where SIGINT is ignored (a background job of a script): the user asked for no interrupts.
+        self.active = (threading.current_thread() is threading.main_thread()
+                       and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
+        self.interrupted = False
+
+    def __enter__(self):
+        if self.active:
+            _flush()
+            self.relays = [_Relay(1), _Relay(2)]
+            self.old_handler = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def _on_sigint(self, signum, frame) -> None:
+        if self.interrupted:  # a second Ctrl-C while the first is handled
+            return
+        self.interrupted = True
+        for relay in self.relays:
+            relay.muted = True
+        logging.disable(logging.CRITICAL)
+        output.STOPPING.set()  # no publish begins from now on
+        for pid in descendants(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        if not output.PUBLISHING:  # else the publish finishes, then __exit__ ends the process
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc) -> bool:
+        if not self.active:
+            return False
+        if self.interrupted:  # remove what the run staged, one line, exit 130
+            output.abort_active()
+            line = (f"interrupted: the new run was already in place in {self.out_dir}" if output.PUBLISHED
+                    else f"interrupted: the run's temporary files were removed; {self.out_dir} is as it was")
+            os.write(self.relays[1].original, (line + "\n").encode())
+            os._exit(130)
+        signal.signal(signal.SIGINT, self.old_handler)
+        _flush()
+        for relay in self.relays:
+            relay.restore()
+        return False
+
+
+def _flush() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()

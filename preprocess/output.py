@@ -1,0 +1,554 @@
+"""The output directory: one run at a time, built beside the run it replaces, published only once
+it has finished, and never a file removed that melshards cannot prove it wrote.
+
+While a run is live, `OUT_DIR` holds, besides a finished earlier run (if any):
+
+    .melshards-lock           the holder: host, pid, run id, heartbeat. One live run per directory.
+    .melshards-run-<id>/      the run's staging dir. `run.json` is written there before anything
+                              else; the job writes its shards, reports and temp files only in it.
+    .melshards-publish.json   only while a finished run is being moved into place (the journal).
+
+melshards removes only:
+- the files a finished run's `schema.json` lists (its shards), with that run's `schema.json`,
+  `stats.json` and `rejected.jsonl`, and only when `--overwrite` replaces it with a newer run that
+  has finished;
+- a staging dir whose `run.json` names it (an unfinished run: failed, interrupted, or killed).
+Any other file is left alone; one that a run would write over (`schema.json`, `stats.json`,
+`rejected.jsonl`) or that the shard globs would pick up (`train-*.tfrecord`, `val-*.tfrecord`)
+stops the run before any work, named, with what to do.
+
+The lock is created exclusively: `O_CREAT|O_EXCL` locally, an object upload with
+`if_generation_match=0` on gs://. Its holder rewrites it every `HEARTBEAT_S`; a holder whose
+process is gone (same host) or whose heartbeat is older than `STALE_AFTER_S` is stale and is taken
+over (locally by an atomic rename, on gs:// by a delete conditional on the stale generation).
+
+Publishing (`Run.publish`): the journal lists the old run's files and the new run's; the old
+`schema.json` goes first (the directory is then visibly unfinished: the trainer refuses it rather
+than read a mix), then the old files, then the new files are renamed in, `schema.json` last. A
+publish cut short (power loss, kill -9) is finished by the next run that takes the lock, from the
+journal, before it does anything else.
+"""
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import logging
+import os
+import posixpath
+import shutil
+import socket
+import threading
+import time
+import uuid
+from typing import Callable
+
+from apache_beam.io.filesystems import FileSystems
+
+from shards_schema import REJECTED_FILE, SCHEMA_FILE, SHARD_SUFFIX, SPLITS, STATS_FILE, SchemaError
+from shards_schema.schema import PUBLISH_JOURNAL, Schema
+
+log = logging.getLogger("melshards.preprocess")
+
+LOCK_FILE = ".melshards-lock"
+STAGE_PREFIX = ".melshards-run-"
+RUN_FILE = "run.json"
+REPORTS = (SCHEMA_FILE, STATS_FILE, REJECTED_FILE)
+HEARTBEAT_S = 60.0
+STALE_AFTER_S = 600.0  # ten missed heartbeats: the holder is gone (documented in docs/preprocess.md)
+
+
+class OutputError(ValueError):
+    """The output directory cannot take this run; the message says why and what to do."""
+
+
+class OutputBusyError(OutputError):
+    """Another live run holds the output directory."""
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path
+
+
+def join(*parts: str) -> str:
+    return FileSystems.join(*parts)
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+# -- the lock: one marker object, created exclusively ------------------------------------------------
+class _LocalMarker:
+    """A local file created with O_EXCL; replaced atomically; taken over by rename."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def create(self, data: bytes) -> bool:
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+
+    def read(self) -> tuple[bytes, object] | None:
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+            return data, data
+        except FileNotFoundError:
+            return None
+
+    def replace(self, data: bytes, token) -> bool:
+        current = self.read()
+        if current is None or current[1] != token:
+            return False
+        tmp = f"{self.path}.{uuid.uuid4().hex}"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, self.path)
+        return True
+
+    def delete(self, token) -> bool:
+        """Remove the marker if it still holds `token`: renamed aside first (only one of two racing
+        deleters gets it), put back if it turned out to be someone else's."""
+        aside = f"{self.path}.{uuid.uuid4().hex}.stale"
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return False
+        with open(aside, "rb") as f:
+            taken = f.read()
+        if taken != token:
+            try:
+                os.link(aside, self.path)  # fails if yet another run created one meanwhile
+            except FileExistsError:
+                pass
+            os.unlink(aside)
+            return False
+        os.unlink(aside)
+        return True
+
+
+class _GcsMarker:
+    """A GCS object written with generation preconditions (google-cloud-storage, installed with
+    apache-beam[gcp]): create if absent, replace or delete only the generation that was read."""
+
+    def __init__(self, path: str, bucket=None):
+        bucket_name, _, name = path[len("gs://"):].partition("/")
+        if bucket is None:
+            from google.cloud import storage
+            bucket = storage.Client().bucket(bucket_name)
+        self.blob_name, self.bucket = name, bucket
+
+    def _blob(self):
+        return self.bucket.blob(self.blob_name)
+
+    def create(self, data: bytes) -> bool:
+        from google.api_core.exceptions import PreconditionFailed
+        try:
+            self._blob().upload_from_string(data, if_generation_match=0)
+        except PreconditionFailed:
+            return False
+        return True
+
+    def read(self):
+        from google.api_core.exceptions import NotFound
+        blob = self._blob()
+        try:
+            blob.reload()
+            return blob.download_as_bytes(if_generation_match=blob.generation), blob.generation
+        except NotFound:
+            return None
+
+    def replace(self, data: bytes, token) -> bool:
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+        try:
+            self._blob().upload_from_string(data, if_generation_match=token)
+        except (PreconditionFailed, NotFound):
+            return False
+        return True
+
+    def delete(self, token) -> bool:
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+        try:
+            self._blob().delete(if_generation_match=token)
+        except (PreconditionFailed, NotFound):
+            return False
+        return True
+
+
+def marker(path: str, gcs_bucket=None):
+    if is_local(path):
+        return _LocalMarker(path)
+    if path.startswith("gs://"):
+        return _GcsMarker(path, gcs_bucket)
+    raise OutputError(f"--output {path}: melshards can lock only local and gs:// directories; "
+                      "write to one of those")
+
+
+def holder_text(h: dict) -> str:
+    age = _now() - h.get("heartbeat", 0)
+    return (f"run {h.get('run_id')} (pid {h.get('pid')} on {h.get('host')}, started "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h.get('started', 0)))}, "
+            f"last heartbeat {age:.0f}s ago)")
+
+
+def is_stale(holder: dict, now: float, host: str) -> bool:
+    """A holder is stale when its process is gone (same host) or its heartbeat is STALE_AFTER_S old."""
+    if now - float(holder.get("heartbeat", 0)) > STALE_AFTER_S:
+        return True
+    return holder.get("host") == host and not _pid_alive(int(holder.get("pid", -1)))
+
+
+class Lock:
+    """The output directory's lock, held by this process for one run, with a heartbeat thread."""
+
+    def __init__(self, out_dir: str, run_id: str, gcs_bucket=None):
+        self.path = join(out_dir, LOCK_FILE)
+        self.marker = marker(self.path, gcs_bucket)
+        self.info = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(),
+                     "started": _now(), "heartbeat": _now()}
+        self.token = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _data(self) -> bytes:
+        return json.dumps(self.info, sort_keys=True).encode()
+
+    def acquire(self) -> None:
+        for _ in range(3):
+            if self.marker.create(self._data()):
+                self.token = self.marker.read()[1]
+                return
+            current = self.marker.read()
+            if current is None:  # released between our create and read
+                continue
+            try:
+                holder = json.loads(current[0])
+            except ValueError:
+                holder = {}
+            if not isinstance(holder, dict):
+                holder = {}
+            if not is_stale(holder, _now(), self.info["host"]):
+                raise OutputBusyError(
+                    f"--output {posixpath.dirname(self.path)} is in use by another melshards preprocess "
+                    f"{holder_text(holder)}; wait for it to finish, or choose another --output "
+                    f"(a holder is stale once its process is gone or {STALE_AFTER_S / 60:.0f} minutes "
+                    "pass without a heartbeat)")
+            log.warning("taking over %s from a stale holder: %s", self.path, holder_text(holder))
+            self.marker.delete(current[1])
+        raise OutputBusyError(f"could not take {self.path}: other runs keep taking it; try again")
+
+    def start_heartbeat(self, every: float = HEARTBEAT_S) -> None:
+        def beat():
+            while not self._stop.wait(every):
+                self.info["heartbeat"] = _now()
+                data = self._data()
+                if not self.marker.replace(data, self.token):
+                    log.warning("%s is no longer held by this run", self.path)
+                    return
+                self.token = self.marker.read()[1] if not is_local(self.path) else data
+
+        self._thread = threading.Thread(target=beat, name="melshards-lock-heartbeat", daemon=True)
+        self._thread.start()
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        if self.token is not None:
+            self.marker.delete(self.token)
+            self.token = None
+
+
+# -- files: what a finished run owns, and what would be clobbered ------------------------------------
+def list_names(out_dir: str, patterns: tuple[str, ...]) -> list[str]:
+    """Names (not paths) of the files directly in out_dir that match any of the patterns."""
+    found = FileSystems.match([join(out_dir, p) for p in patterns])
+    names = set()
+    for result in found:
+        for m in result.metadata_list:
+            rel = m.path[len(out_dir.rstrip("/")) + 1:]
+            if "/" not in rel:
+                names.add(rel)
+    return sorted(names)
+
+
+def output_names(out_dir: str) -> list[str]:
+    """Files a run writes or the shard globs read: the reports and DIR/{train,val}-*.tfrecord."""
+    return list_names(out_dir, REPORTS + tuple(f"{s}-*{SHARD_SUFFIX}" for s in SPLITS))
+
+
+def read_schema_at(path: str) -> Schema:
+    with FileSystems.open(path) as f:
+        return Schema.from_json(f.read().decode("utf-8"), where=path)
+
+
+def run_files(schema: Schema) -> list[str]:
+    """The names a finished run owns: its shards as schema.json lists them, and its three reports."""
+    shards = [s["file"] for b in schema.buckets for split in b.shards.values() for s in split]
+    return sorted(set(shards) | set(REPORTS))
+
+
+def finished_run(out_dir: str) -> list[str] | None:
+    """The files of the finished run in out_dir, or None when there is none; a schema.json that is not
+    one of ours is an OutputError."""
+    path = join(out_dir, SCHEMA_FILE)
+    if not FileSystems.exists(path):
+        return None
+    try:
+        return run_files(read_schema_at(path))
+    except (SchemaError, ValueError, KeyError, TypeError) as e:
+        raise OutputError(f"--output {out_dir} holds a {SCHEMA_FILE} that is not a melshards schema ({e}); "
+                          "move it away or choose another --output") from e
+
+
+def foreign_files(present: list[str], owned: list[str]) -> list[str]:
+    """Files a run would write over or whose shard names the globs would read, not owned by a run."""
+    return sorted(set(present) - set(owned))
+
+
+def conflict_message(out_dir: str, foreign: list[str]) -> str:
+    shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+    return (f"--output {out_dir} holds files that melshards did not write and would write over or read as "
+            f"shards: {shown}; move them out of {out_dir} or choose another --output")
+
+
+# -- staging, removal, publishing --------------------------------------------------------------------
+def files_under(path: str) -> dict[str, int]:
+    """Every file under a directory (gs://: every object under the prefix) -> its size in bytes."""
+    if is_local(path):
+        found = {}
+        for d, _, names in os.walk(path):
+            for n in names:
+                try:
+                    found[os.path.join(d, n)] = os.path.getsize(os.path.join(d, n))
+                except OSError:  # removed meanwhile
+                    pass
+        return found
+    return {m.path: m.size_in_bytes for m in FileSystems.match([path.rstrip("/") + "/**"])[0].metadata_list}
+
+
+def remove_tree(path: str, keep: tuple[str, ...] = ()) -> None:
+    """Delete a staging dir and everything under it, but the files named in `keep` directly in it."""
+    if is_local(path) and not keep:
+        shutil.rmtree(path, ignore_errors=True)
+        return
+    doomed = [f for f in files_under(path) if f not in {join(path, k) for k in keep}]
+    if doomed:
+        FileSystems.delete(doomed)
+    if is_local(path):  # the emptied subdirectories
+        for d, subdirs, _ in os.walk(path, topdown=False):
+            for s in subdirs:
+                shutil.rmtree(os.path.join(d, s), ignore_errors=True)
+
+
+def tree_bytes(path: str) -> int:
+    return sum(files_under(path).values())
+
+
+def _write(path: str, data: bytes) -> None:
+    """Write whole or not at all (a local temp file renamed; a GCS object appears when closed)."""
+    if is_local(path):
+        tmp = f"{path}.{uuid.uuid4().hex}.writing"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    else:
+        with FileSystems.create(path) as f:
+            f.write(data)
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with FileSystems.open(path) as f:
+            data = json.loads(f.read())
+        return data if isinstance(data, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def unfinished_stages(out_dir: str) -> list[str]:
+    """Staging dirs that melshards made (their run.json names them) and that no run holds now."""
+    stages = []
+    for result in FileSystems.match([join(out_dir, f"{STAGE_PREFIX}*/{RUN_FILE}")]):
+        for m in result.metadata_list:
+            stage = posixpath.dirname(m.path)
+            info = _read_json(m.path)
+            if info and STAGE_PREFIX + str(info.get("run_id")) == posixpath.basename(stage):
+                stages.append(stage)
+    return sorted(stages)
+
+
+def apply_journal(out_dir: str, journal: dict) -> None:
+    """Move a finished staged run into out_dir as the journal says; safe to run again after a crash."""
+    stage, remove, move = journal["stage"], journal["remove"], journal["move"]
+    existing = set(output_names(out_dir))
+    if SCHEMA_FILE in remove and SCHEMA_FILE in existing and FileSystems.exists(join(stage, SCHEMA_FILE)):
+        FileSystems.delete([join(out_dir, SCHEMA_FILE)])  # first: nobody reads a half-replaced run
+    old = [join(out_dir, n) for n in remove if n in existing and n != SCHEMA_FILE and n not in move]
+    if old:
+        FileSystems.delete(old)
+    for name in sorted(move, key=lambda n: n == SCHEMA_FILE):  # schema.json last
+        src = join(stage, name)
+        if FileSystems.exists(src):
+            FileSystems.rename([src], [join(out_dir, name)])
+    FileSystems.delete([join(out_dir, PUBLISH_JOURNAL)])
+    remove_tree(stage)
+
+
+# For an interrupt handler (melshards.ctrl_c, in the main thread, where publishing runs too): it sets
+# STOPPING so that no publish begins, and lets one under way (PUBLISHING) finish; PUBLISHED lists
+# the directories this process published.
+STOPPING = threading.Event()
+PUBLISHING = False
+PUBLISHED: list[str] = []
+
+
+@dataclasses.dataclass(eq=False)
+class Run:
+    """One run's hold on its output directory: the lock, the staging dir, and the run it replaces."""
+    out_dir: str
+    stage: str
+    replaces: list[str]  # names of the finished run it replaces on publish ([] when there is none)
+    lock: Lock
+    publishing: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    done: bool = False
+
+    def publish(self) -> None:
+        """Replace the finished run (if any) with the staged one, which must have written schema.json.
+        Not begun once an interrupt is being handled (STOPPING); an interrupt waits for one under way."""
+        global PUBLISHING
+        with self.publishing:
+            if STOPPING.is_set():
+                raise KeyboardInterrupt
+            staged = run_files(read_schema_at(join(self.stage, SCHEMA_FILE)))
+            journal = {"run_id": self.lock.info["run_id"], "stage": self.stage, "remove": self.replaces,
+                       "move": staged}
+            PUBLISHING = True
+            try:
+                _write(join(self.out_dir, PUBLISH_JOURNAL), json.dumps(journal, indent=1).encode())
+                apply_journal(self.out_dir, journal)
+                self.done = True
+                PUBLISHED.append(self.out_dir)
+            finally:
+                PUBLISHING = False
+        self.lock.release()
+
+    def abort(self, keep: tuple[str, ...] = ()) -> None:
+        """Remove what this run staged (but `keep`, left in the staging dir) and give the directory up.
+        A run whose publish began is left to finish it."""
+        with self.publishing:
+            if self.done:
+                return
+            self.done = True
+            remove_tree(self.stage, keep + (RUN_FILE,) if keep else ())
+        self.lock.release()
+
+
+ACTIVE: set[Run] = set()  # runs of this process, for the interrupt handler
+
+
+def check_not_a_file(out_dir: str) -> None:
+    if is_local(out_dir):
+        from pathlib import Path
+        for p in (Path(out_dir), *Path(out_dir).parents):
+            if p.exists():
+                if not p.is_dir():
+                    raise OutputError(f"--output {out_dir}: {p} is a file, not a directory; choose another --output")
+                break
+
+
+def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
+             echo: Callable[[str], None] = lambda s: None) -> Run:
+    """Take the output directory for a new run, or raise OutputError before any work.
+
+    Takes the lock, finishes a publish that was cut short, removes unfinished runs' staging dirs,
+    checks that no file of someone else's would be written over or read as a shard, and refuses a
+    finished run without `overwrite`. Returns the Run whose staging dir the job writes into.
+    """
+    check_not_a_file(out_dir)
+    run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
+    try:
+        if is_local(out_dir):
+            os.makedirs(out_dir, exist_ok=True)
+        lock = Lock(out_dir, run_id, gcs_bucket)
+        lock.acquire()
+    except OutputError:
+        raise
+    except OSError as e:  # includes Beam's BeamIOError and GCS errors
+        raise OutputError(f"--output {out_dir} is not writable ({e}); fix its permissions or choose "
+                          "another --output") from e
+    try:
+        journal = _read_json(join(out_dir, PUBLISH_JOURNAL))
+        if journal is not None:
+            echo(f"finishing the publish of run {journal.get('run_id')} that was cut short in {out_dir}")
+            apply_journal(out_dir, journal)
+        for stage in unfinished_stages(out_dir):
+            log.info("removing %s, the staging dir of an unfinished run", stage)
+            remove_tree(stage)
+        if not overwrite and FileSystems.exists(join(out_dir, SCHEMA_FILE)):
+            raise OutputError(f"--output {out_dir} already holds a finished run ({SCHEMA_FILE} exists); "
+                              "pass --overwrite to replace it once the new run has finished, or choose "
+                              "another directory")
+        owned = finished_run(out_dir)
+        foreign = foreign_files(output_names(out_dir), owned or [])
+        if foreign:
+            raise OutputError(conflict_message(out_dir, foreign))
+        stage = join(out_dir, STAGE_PREFIX + run_id)
+        if is_local(stage):
+            os.makedirs(stage)
+        _write(join(stage, RUN_FILE), json.dumps(dict(lock.info, output=out_dir)).encode())  # before any other
+    except BaseException:
+        lock.release()
+        raise
+    lock.start_heartbeat()
+    run = Run(out_dir, stage, owned or [], lock)
+    ACTIVE.add(run)
+    return run
+
+
+def close_run(run: Run, ok: bool, keep: tuple[str, ...] = ()) -> None:
+    """Publish a finished run, or remove what it staged."""
+    ACTIVE.discard(run)
+    if ok:
+        run.publish()
+    else:
+        run.abort(keep)
+
+
+def abort_active() -> None:
+    """For an interrupt: remove every active run's staging dir and release its lock."""
+    for run in list(ACTIVE):
+        ACTIVE.discard(run)
+        run.abort()
+
+
+def exception_chain(exc: BaseException | None):
+    """exc, then its cause or context, and so on (Beam wraps a worker's error in its own)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
+               for e in exception_chain(exc))

@@ -1,0 +1,349 @@
+"""The output directory: never a file melshards did not write, never a good run before a new one
+exists, one run at a time, and a failed, full or interrupted run leaves it as it was."""
+import errno
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from melshards.preprocess_cli import run
+from preprocess import output as O
+from shards_schema.schema import PUBLISH_JOURNAL
+
+from tests.conftest import TINY_CONFIG
+
+
+def _snapshot(d: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def _error_line(err: str) -> str:
+    assert "Traceback" not in err, err
+    (line,) = [l for l in err.splitlines() if l.startswith("Error:")]
+    return line
+
+
+def _preprocess(corpus, out, *extra):
+    return run(["--input", str(corpus), "--output", str(out), "--config", str(TINY_CONFIG), "--workers", "1",
+                "--buckets", "1", *extra])
+
+
+def _copy_run(shards_dir: Path, dst: Path) -> Path:
+    shutil.copytree(shards_dir, dst)
+    return dst
+
+
+@pytest.fixture()
+def all_rejected_corpus(tmp_path) -> Path:
+    d = tmp_path / "bad"
+    (d / "wavs").mkdir(parents=True)
+    (d / "metadata.csv").write_text("a|No audio file for this one.|\nb|Nor for this one.|\n")
+    return d
+
+
+def test_a_directory_of_the_users_files_is_refused_naming_them_and_left_untouched(capsys, tmp_path, corpus_dir):
+    out = tmp_path / "o"
+    (out / ".melshards-tmp").mkdir(parents=True)
+    for name, text in [("notes.txt", "mine"), ("stats.json", "{}"), ("rejected.jsonl", "{}\n"),
+                       ("train-important.tfrecord", "data"), ("val-keep.tfrecord", "data"),
+                       (".melshards-tmp/x", "x")]:
+        (out / name).write_text(text)
+    before = _snapshot(out)
+    assert _preprocess(corpus_dir, out) == 2
+    line = _error_line(capsys.readouterr().err)
+    for name in ("stats.json", "rejected.jsonl", "train-important.tfrecord", "val-keep.tfrecord"):
+        assert name in line
+    assert "notes.txt" not in line and "move them out" in line
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in out.iterdir()) == sorted(["notes.txt", "stats.json", "rejected.jsonl",
+                                                             "train-important.tfrecord", "val-keep.tfrecord",
+                                                             ".melshards-tmp"])  # no lock, no staging dir
+
+
+def test_overwrite_refuses_shard_named_files_the_finished_run_does_not_list(capsys, tmp_path, corpus_dir,
+                                                                            shards_dir):
+    out = _copy_run(shards_dir, tmp_path / "o")
+    (out / "train-mydata.tfrecord").write_bytes(b"users")
+    (out / "val-b07-00003-of-00009.tfrecord").write_bytes(b"users")
+    before = _snapshot(out)
+    assert _preprocess(corpus_dir, out, "--overwrite") == 2
+    line = _error_line(capsys.readouterr().err)
+    assert "train-mydata.tfrecord" in line and "val-b07-00003-of-00009.tfrecord" in line
+    assert _snapshot(out) == before
+
+
+def test_a_failed_overwrite_leaves_the_old_run_as_it_was_and_readable(capsys, tmp_path, shards_dir,
+                                                                      all_rejected_corpus):
+    from shards_schema.shards import check_schemas, expand_globs
+    out = _copy_run(shards_dir, tmp_path / "o")
+    before = _snapshot(out)
+    assert _preprocess(all_rejected_corpus, out, "--overwrite") == 2
+    line = _error_line(capsys.readouterr().err)
+    assert "all 2 input rows were rejected" in line and "as it was" in line
+    kept = line.split("reason is in ")[1].split(" ")[0]
+    assert Path(kept).name == "rejected.jsonl" and Path(kept).parent.parent == out
+    assert {json.loads(l)["reason"] for l in Path(kept).read_text().splitlines()} == {"missing_audio"}
+    after = _snapshot(out)
+    assert {k: v for k, v in after.items() if not k.startswith(O.STAGE_PREFIX)} == before
+    files = expand_globs([str(out / "train-*.tfrecord")])
+    schema, _ = check_schemas(files, None)  # what the trainer checks first: the old run is still whole
+    assert schema.counts["train"] > 0
+    # the next run removes that staging dir (its run.json proves melshards made it), and only it
+    assert _preprocess(all_rejected_corpus, out, "--overwrite") == 2
+    capsys.readouterr()
+    assert not Path(kept).exists()
+
+
+def test_overwrite_replaces_the_old_run_only_with_a_finished_one_and_keeps_other_files(
+        capsys, tmp_path, corpus_dir, bucketed_dir):
+    from shards_schema import read_schema
+    out = _copy_run(bucketed_dir, tmp_path / "o")
+    (out / "notes.txt").write_text("mine")
+    assert _preprocess(corpus_dir, out, "--overwrite") == 0
+    capsys.readouterr()
+    schema = read_schema(str(out))
+    listed = {s["file"] for b in schema.buckets for split in b.shards.values() for s in split}
+    assert {p.name for p in out.glob("*.tfrecord")} == listed  # the old 4 buckets' shards are gone
+    assert len(schema.buckets) == 1
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".tfrecord")) == [
+        "notes.txt", "rejected.jsonl", "schema.json", "stats.json"]
+
+
+def _hold(out: Path, **holder):
+    info = {"run_id": "other", "host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+            "heartbeat": time.time()}
+    info.update(holder)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / O.LOCK_FILE).write_text(json.dumps(info))
+
+
+def test_a_run_into_a_directory_a_live_run_holds_stops_at_once_naming_the_holder(capsys, tmp_path, corpus_dir):
+    out = tmp_path / "o"
+    _hold(out)  # this very process: alive
+    assert _preprocess(corpus_dir, out) == 2
+    line = _error_line(capsys.readouterr().err)
+    assert "in use by another melshards preprocess run other" in line and f"pid {os.getpid()}" in line
+    assert sorted(p.name for p in out.iterdir()) == [O.LOCK_FILE]
+
+
+@pytest.mark.parametrize("holder,stale", [
+    ({"pid": 2 ** 22 + 12345}, True),  # this host, its process is gone
+    ({"host": "elsewhere", "heartbeat": time.time() - O.STALE_AFTER_S - 5}, True),  # no heartbeat for too long
+    ({"host": "elsewhere"}, False),  # another machine, heartbeat fresh
+])
+def test_a_stale_holder_is_taken_over_and_a_live_one_is_not(tmp_path, holder, stale):
+    _hold(tmp_path, **holder)
+    if not stale:
+        with pytest.raises(O.OutputBusyError, match="pid"):
+            O.open_run(str(tmp_path), overwrite=False)
+        return
+    run_ = O.open_run(str(tmp_path), overwrite=False)
+    assert json.loads((tmp_path / O.LOCK_FILE).read_text())["run_id"] == run_.lock.info["run_id"]
+    O.close_run(run_, ok=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_lock_heartbeat_rewrites_the_marker_and_release_removes_only_its_own(tmp_path):
+    lock = O.Lock(str(tmp_path), "me")
+    lock.acquire()
+    first = json.loads((tmp_path / O.LOCK_FILE).read_text())["heartbeat"]
+    lock.start_heartbeat(every=0.05)
+    deadline = time.time() + 30
+    while json.loads((tmp_path / O.LOCK_FILE).read_text())["heartbeat"] == first and time.time() < deadline:
+        time.sleep(0.05)
+    assert json.loads((tmp_path / O.LOCK_FILE).read_text())["heartbeat"] > first
+    lock._stop.set()
+    lock._thread.join()
+    (tmp_path / O.LOCK_FILE).write_text(json.dumps({"run_id": "someone else"}))  # taken over meanwhile
+    lock.release()
+    assert json.loads((tmp_path / O.LOCK_FILE).read_text())["run_id"] == "someone else"
+
+
+class _FakeBlob:
+    """google-cloud-storage's Blob as far as the lock uses it: generation preconditions."""
+
+    def __init__(self, store, name):
+        self.store, self.name, self.generation = store, name, None
+
+    def upload_from_string(self, data, if_generation_match=None):
+        from google.api_core.exceptions import PreconditionFailed
+        current = self.store.get(self.name)
+        if if_generation_match is not None and (current[1] if current else 0) != if_generation_match:
+            raise PreconditionFailed("generation mismatch")
+        self.store[self.name] = (data, (current[1] if current else 0) + 1)
+
+    def reload(self):
+        from google.api_core.exceptions import NotFound
+        if self.name not in self.store:
+            raise NotFound("no such object")
+        self.generation = self.store[self.name][1]
+
+    def download_as_bytes(self, if_generation_match=None):
+        return self.store[self.name][0]
+
+    def delete(self, if_generation_match=None):
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+        if self.name not in self.store:
+            raise NotFound("no such object")
+        if if_generation_match is not None and self.store[self.name][1] != if_generation_match:
+            raise PreconditionFailed("generation mismatch")
+        del self.store[self.name]
+
+
+class _FakeBucket:
+    def __init__(self):
+        self.store = {}
+
+    def blob(self, name):
+        return _FakeBlob(self.store, name)
+
+
+def test_on_gcs_the_lock_is_an_object_created_only_if_absent():
+    bucket = _FakeBucket()
+    first = O.Lock("gs://b/out", "first", gcs_bucket=bucket)
+    first.acquire()
+    assert json.loads(bucket.store["out/.melshards-lock"][0])["run_id"] == "first"
+    with pytest.raises(O.OutputBusyError, match="run first"):
+        O.Lock("gs://b/out", "second", gcs_bucket=bucket).acquire()
+    first.release()
+    second = O.Lock("gs://b/out", "second", gcs_bucket=bucket)
+    second.acquire()
+    # a stale holder's object is deleted only at the generation that was judged stale
+    data = json.loads(bucket.store["out/.melshards-lock"][0])
+    data["heartbeat"] -= O.STALE_AFTER_S + 1
+    data["host"] = "elsewhere"
+    bucket.store["out/.melshards-lock"] = (json.dumps(data).encode(), bucket.store["out/.melshards-lock"][1])
+    third = O.Lock("gs://b/out", "third", gcs_bucket=bucket)
+    third.acquire()
+    assert json.loads(bucket.store["out/.melshards-lock"][0])["run_id"] == "third"
+
+
+def test_two_runs_started_together_into_one_output_one_writes_and_the_other_stops(tmp_path, corpus_dir):
+    out = tmp_path / "o"
+    cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", str(corpus_dir), "--output", str(out),
+           "--config", str(TINY_CONFIG), "--workers", "1", "--buckets", "1"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    results = [(p.wait(timeout=600), *p.communicate()) for p in procs]
+    codes = sorted(r[0] for r in results)
+    assert codes == [0, 2], results
+    loser = next(r for r in results if r[0] == 2)
+    assert "is in use by another melshards preprocess run" in loser[2]
+    winner = next(r for r in results if r[0] == 0)
+    assert "wrote " in winner[1]
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".tfrecord")) == [
+        "rejected.jsonl", "schema.json", "stats.json"]
+
+
+def test_staging_dirs_of_unfinished_runs_are_removed_and_nothing_else(tmp_path):
+    ours = tmp_path / f"{O.STAGE_PREFIX}20260101-000000-abcd1234"
+    (ours / ".melshards-tmp").mkdir(parents=True)
+    (ours / O.RUN_FILE).write_text(json.dumps({"run_id": "20260101-000000-abcd1234"}))
+    (ours / ".melshards-tmp" / "train-b00-x.tfrecord").write_bytes(b"x")
+    lookalike = tmp_path / f"{O.STAGE_PREFIX}mine"  # no run.json naming it: not proven ours
+    lookalike.mkdir()
+    (lookalike / "data.bin").write_bytes(b"users")
+    (tmp_path / ".melshards-tmp").mkdir()
+    (tmp_path / ".melshards-tmp" / "x").write_text("users")
+    run_ = O.open_run(str(tmp_path), overwrite=False)
+    O.close_run(run_, ok=False)
+    assert not ours.exists()
+    assert (lookalike / "data.bin").read_bytes() == b"users"
+    assert (tmp_path / ".melshards-tmp" / "x").read_text() == "users"
+
+
+def test_a_publish_cut_short_is_refused_by_the_trainer_and_finished_by_the_next_run(tmp_path, shards_dir,
+                                                                                     bucketed_dir):
+    from shards_schema.shards import InputError, check_schemas
+    out = _copy_run(bucketed_dir, tmp_path / "o")
+    old = O.run_files(O.read_schema_at(str(out / "schema.json")))
+    stage = out / f"{O.STAGE_PREFIX}x"
+    shutil.copytree(shards_dir, stage)
+    new = O.run_files(O.read_schema_at(str(stage / "schema.json")))
+    journal = {"run_id": "x", "stage": str(stage), "remove": old, "move": new}
+    (out / PUBLISH_JOURNAL).write_text(json.dumps(journal))
+    # cut short after the old schema.json and one new shard moved: a mix on disk
+    (out / "schema.json").unlink()
+    moved = next(n for n in new if n.endswith(".tfrecord"))
+    os.replace(stage / moved, out / moved)
+    (out / "schema.json").write_text((bucketed_dir / "schema.json").read_text())  # worst case: looks finished
+    with pytest.raises(InputError, match="having its run replaced"):
+        check_schemas([str(out / moved)], None)
+    run_ = O.open_run(str(out), overwrite=True)
+    O.close_run(run_, ok=False)
+    assert not (out / PUBLISH_JOURNAL).exists() and not stage.exists()
+    assert _snapshot(out) == {k: v for k, v in _snapshot(shards_dir).items()}
+
+
+def test_the_report_writes_schema_json_before_it_removes_the_temp_dir(monkeypatch, capsys, tmp_path, corpus_dir):
+    """schema.json is never written into a temp dir the report already removed (a crash between the
+    two left both behind, and preprocess and train disagreed on whether the run had finished)."""
+    from preprocess import report
+    calls = []
+    real = report.remove_temp_dir
+
+    def spy(out_dir):
+        calls.append((Path(out_dir) / "schema.json").exists())
+        real(out_dir)
+    monkeypatch.setattr(report, "remove_temp_dir", spy)
+    assert _preprocess(corpus_dir, tmp_path / "o") == 0
+    capsys.readouterr()
+    assert calls == [True]
+
+
+def test_a_full_disk_stops_the_run_with_one_line_and_leaves_the_old_run(monkeypatch, capsys, tmp_path, corpus_dir,
+                                                                         shards_dir):
+    from preprocess import shards
+    out = _copy_run(shards_dir, tmp_path / "o")
+    before = _snapshot(out)
+    real = shards.RollingFiles.write
+    writes = []
+
+    def write(self, split, bucket, data):
+        writes.append(1)
+        if len(writes) > 3:
+            path = os.path.join(self.out_dir, "x.tfrecord")
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        return real(self, split, bucket, data)
+    monkeypatch.setattr(shards.RollingFiles, "write", write)
+    assert _preprocess(corpus_dir, out, "--overwrite") == 1
+    line = _error_line(capsys.readouterr().err)
+    assert "no space left on the device of" in line and f"{out}/{O.STAGE_PREFIX}" in line
+    assert "needs about" in line and "rows" in line and "free" in line
+    assert _snapshot(out) == before  # no staging dir, no lock, the old run whole
+
+
+def _long_corpus(tmp_path: Path, corpus_dir: Path, rows: int) -> Path:
+    """A manifest repeating one clip of the shipped corpus: long enough to interrupt."""
+    wav = next(p for p in sorted((corpus_dir / "wavs").glob("*.wav")))
+    text = "The quick brown fox jumps over the lazy dog."
+    lines = [json.dumps({"id": f"r{i:05d}", "audio": str(wav), "text": text}) for i in range(rows)]
+    path = tmp_path / "long.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_ctrl_c_prints_one_line_exits_130_and_leaves_the_old_run(tmp_path, corpus_dir, shards_dir):
+    out = _copy_run(shards_dir, tmp_path / "o")
+    before = _snapshot(out)
+    cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", str(_long_corpus(tmp_path, corpus_dir, 3000)),
+           "--output", str(out), "--config", str(TINY_CONFIG), "--workers", "2", "--overwrite"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 300
+    # wait for a worker to report progress: the worker processes are running
+    while not list(out.glob(f"{O.STAGE_PREFIX}*/.melshards-tmp/progress-*.txt")) and time.time() < deadline:
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.1)
+    os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
+    stdout, stderr = p.communicate(timeout=300)
+    assert p.returncode == 130, stderr
+    assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
+    assert stderr.splitlines()[-1] == f"interrupted: the run's temporary files were removed; {out} is as it was"
+    assert [l for l in stderr.splitlines() if " INFO " not in l] == [stderr.splitlines()[-1]]
+    assert _snapshot(out) == before
