@@ -545,3 +545,19 @@ def test_a_short_csv_row_is_named_with_the_header_it_falls_short_of():
     (_, _), (_, err) = parse_manifest("audio,text,speaker\na.wav,Hi,s\nb.wav,Hi\n", "m.csv", ".")
     assert str(err) == "row 2: 2 fields, the header has 3 (audio, text, speaker); a missing separator?"
 
+
+def test_measure_clips_rejects_constant_dc_as_silent_and_nan_as_invalid_samples(corpus_dir, tmp_path):
+    import soundfile as sf
+    from tests.preprocess.conftest import tone
+    nan = tone(1.0)
+    nan[300] = np.nan
+    sf.write(tmp_path / "nan.wav", nan, 22050, subtype="FLOAT")
+    sf.write(tmp_path / "dc.wav", np.full(2 * 22050, 0.3, np.float32), 22050, subtype="PCM_16")
+    rows = [_row(corpus_dir, "LJT001-0001"), dict(_row(corpus_dir, "nan"), audio=str(tmp_path / "nan.wav")),
+            dict(_row(corpus_dir, "dc"), audio=str(tmp_path / "dc.wav"))]
+    with pipeline() as p:
+        out = p | beam.Create([rows]) | MeasureClips(CFG, str(tmp_path))
+        assert_that(out.clips | beam.FlatMap(lambda b: [c["id"] for c in b["clips"]]), equal_to(["LJT001-0001"]),
+                    label="clips")
+        assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
+                    equal_to([("nan", "invalid_samples"), ("dc", "silent_audio")]), label="rejected")
