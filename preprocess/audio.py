@@ -16,6 +16,28 @@ class AudioError(ValueError):
     """The bytes are not decodable audio (unreadable, truncated, empty)."""
 
 
+class InvalidSamples(AudioError):
+    """The file decodes, but some samples are NaN or infinite (a float WAV/FLAC written from broken data)."""
+
+
+def check_finite(y: np.ndarray) -> None:
+    """Raise InvalidSamples if any sample is NaN or infinite, saying how many and where the first is.
+
+    Checked before any arithmetic: a NaN would spread through resampling and the mel, and librosa would
+    warn about it on the console instead of the clip being rejected.
+    """
+    bad = ~np.isfinite(y)
+    if bad.any():
+        frames = np.flatnonzero(bad.any(axis=-1)) if y.ndim > 1 else np.flatnonzero(bad)
+        nan, inf = int(np.isnan(y).sum()), int(np.isinf(y).sum())
+        raise InvalidSamples(f"{nan} NaN and {inf} infinite samples, the first at frame {int(frames[0])}")
+
+
+def remove_dc(y: np.ndarray) -> np.ndarray:
+    """`y` minus its mean (the DC offset), float32; the mean is accumulated in float64."""
+    return (y - np.mean(y, dtype=np.float64)).astype(np.float32)
+
+
 def riff_data_shortfall(data: bytes) -> int:
     """Bytes a RIFF/WAVE file's `data` chunk declares but does not hold (0 if whole or not a WAV).
 
@@ -60,11 +82,16 @@ def frame_count_is_exact(fmt: str, data: bytes) -> bool:
 
 
 def decode_audio(data: bytes, target_sr: int) -> tuple[np.ndarray, int]:
-    """Any libsndfile format, any rate and channel count -> mono float32 at target_sr.
+    """Any libsndfile format, any rate and channel count -> mono float32 at target_sr, DC offset removed.
 
     Returns (samples, original sample rate). A file whose header promises more frames than it holds
     is an error, not a shorter clip: truncated audio must not be trained on silently. Where the count
-    is only an estimate (MP3 without a Xing/Info/VBRI tag) there is no promise to check.
+    is only an estimate (MP3 without a Xing/Info/VBRI tag) there is no promise to check. NaN or
+    infinite samples raise InvalidSamples.
+
+    The DC offset (the clip's mean) is subtracted after the downmix and before resampling: a constant
+    offset would otherwise count as signal in the silence checks and the trim, leak into the lowest
+    mel bins, and (resampled with the file's edges) ring at both ends.
     """
     missing = riff_data_shortfall(data)
     if missing:
@@ -81,7 +108,8 @@ def decode_audio(data: bytes, target_sr: int) -> tuple[np.ndarray, int]:
         raise AudioError(f"truncated: header promises {promised} frames, file holds {len(y)}")
     if len(y) == 0:
         raise AudioError("no audio frames")
-    y = y.mean(axis=1)  # downmix: average of channels
+    check_finite(y)
+    y = remove_dc(y.mean(axis=1))  # downmix: average of channels
     if sr != target_sr:
         y = librosa.resample(y, orig_sr=sr, target_sr=target_sr, res_type="soxr_hq")
     return np.ascontiguousarray(y, dtype=np.float32), sr

@@ -38,15 +38,22 @@ def _read_bytes(path: str | None) -> bytes:
 
 
 def load_trimmed(path: str | None, cfg: PreprocessConfig) -> np.ndarray:
-    """Decode, resample, downmix, reject silence, trim. Raises ClipRejected with the reason."""
+    """Decode, downmix, remove the DC offset, resample, reject silence, trim. Raises ClipRejected with
+    the reason."""
     data = _read_bytes(path)
     try:
         y, _ = A.decode_audio(data, cfg.audio.sample_rate)
+    except A.InvalidSamples as e:
+        raise ClipRejected("invalid_samples", f"{path}: {e}") from e
     except A.AudioError as e:
         raise ClipRejected("unreadable_audio", f"{path}: {e}") from e
-    peak = A.peak_dbfs(y)
+    peak = A.peak_dbfs(y)  # of the samples less their DC offset: a constant is not sound
+    if peak == -np.inf:
+        raise ClipRejected("silent_audio", "no signal: every sample has the same value (digital silence or "
+                                           "a constant DC offset)")
     if peak < cfg.audio.silence_peak_dbfs:
-        raise ClipRejected("silent_audio", f"peak {peak:.1f} dBFS < {cfg.audio.silence_peak_dbfs} dBFS")
+        raise ClipRejected("silent_audio", f"peak {peak:.1f} dBFS (DC offset removed) < "
+                                           f"{cfg.audio.silence_peak_dbfs} dBFS")
     y = A.trim(y, cfg.audio)
     if y.size == 0:
         raise ClipRejected("silent_audio", "nothing left after trimming silence")

@@ -147,14 +147,22 @@ def parse_manifest(text: str, path: str, root: str):
     lines = text.splitlines(keepends=True)
     start = next((n for n, l in enumerate(lines) if l.strip()), len(lines))  # the header: first non-blank line
     reader = csv.DictReader(io.StringIO("".join(lines[start:])), delimiter=_delimiter(path))
-    check_columns(list(reader.fieldnames or ()), path)
+    columns = list(reader.fieldnames or ())
+    check_columns(columns, path)
     for i, rec in enumerate(reader):
+        given = sum(v is not None for k, v in rec.items() if k is not None)
+        if given < len(columns):  # DictReader fills the missing columns with None
+            yield i, ValueError(f"row {i + 1}: {given} fields, the header has {len(columns)} "
+                                f"({', '.join(columns)}); a missing separator?")
+            continue
         yield i, _manifest_row(rec, i, root, path)
 
 
 def _manifest_row(rec: dict, i: int, root: str, path: str):
     if not rec.get("audio"):
         return ValueError(f"row {i + 1}: no audio path")
+    if rec.get("text") is None:  # a JSONL record without the key; an empty text is `empty_text`
+        return ValueError(f"row {i + 1}: no text field")
     audio = str(rec["audio"])
     clip_id = str(rec.get("id") or posixpath.splitext(posixpath.basename(audio))[0])
     return {"id": clip_id, "text": str(rec.get("text") or ""), "speaker": str(rec.get("speaker") or ""),
@@ -175,13 +183,40 @@ def drop_duplicate_ids(rows: list[dict]) -> tuple[list[dict], list[dict]]:
     return kept, dups
 
 
-def ljspeech_audio(root: str) -> dict[str, str]:
-    """id -> audio path under root/wavs (one listing; the first extension in sort order wins)."""
-    found: dict[str, str] = {}
-    for m in sorted(FileSystems.match([FileSystems.join(root, "wavs", "*")])[0].metadata_list, key=lambda m: m.path):
-        if m.path.lower().endswith(AUDIO_EXTENSIONS):
-            found.setdefault(posixpath.splitext(posixpath.basename(m.path))[0], m.path)
+def audio_files_by_id(paths) -> dict[str, list[str]]:
+    """Audio files (paths of one listing of `wavs/`) -> id (the file's stem) -> its files, in the order
+    of AUDIO_EXTENSIONS (`.wav`, `.flac`, `.ogg`, `.mp3`), then by path. Other files are ignored."""
+    found: dict[str, list[str]] = {}
+    for path in paths:
+        ext = posixpath.splitext(path)[1].lower()
+        if ext in AUDIO_EXTENSIONS:
+            found.setdefault(posixpath.splitext(posixpath.basename(path))[0], []).append(path)
+    for files in found.values():
+        files.sort(key=lambda p: (AUDIO_EXTENSIONS.index(posixpath.splitext(p)[1].lower()), p))
     return found
+
+
+def ljspeech_audio(root: str) -> dict[str, list[str]]:
+    """id -> its audio files under root/wavs (one listing through FileSystems: local or gs://)."""
+    return audio_files_by_id(m.path for m in FileSystems.match([FileSystems.join(root, "wavs", "*")])[0].metadata_list)
+
+
+def attach_audio(rows: list[dict], files: dict[str, list[str]]) -> tuple[list[dict], list[dict]]:
+    """(rows with the audio file of their id, None where there is none (rejected later as
+    missing_audio); an `ambiguous_audio` rejection for each row whose id has several files).
+
+    Two files for one id (`c1.wav` beside `c1.flac`) may hold different speech: which one the
+    transcript belongs to cannot be known, so no file is picked.
+    """
+    kept, ambiguous = [], []
+    for row in rows:
+        found = files.get(row["id"], [])
+        if len(found) > 1:
+            ambiguous.append(reject(row["id"], "ambiguous_audio",
+                                    f"{len(found)} audio files for this id: {', '.join(found)}; keep one"))
+        else:
+            kept.append(dict(row, audio=found[0] if found else None))
+    return kept, ambiguous
 
 
 MAX_BATCH_ROWS = 32
@@ -201,8 +236,8 @@ def batches(rows: list[dict], size: int) -> list[list[dict]]:
 
 
 class _ReadRows(beam.DoFn):
-    """The rows file -> batches of unique rows; malformed and duplicate rows -> `rejected`; the
-    number of input rows -> `input_rows` (one element)."""
+    """The rows file -> batches of unique rows; malformed and duplicate rows, and LJSpeech rows whose id
+    has several audio files, -> `rejected`; the number of input rows -> `input_rows` (one element)."""
 
     def __init__(self, corpus: Corpus):
         self.corpus = corpus
@@ -226,21 +261,24 @@ class _ReadRows(beam.DoFn):
                 beam.metrics.Metrics.counter(NS, "malformed_row").inc()
                 yield beam.pvalue.TaggedOutput(REJECTED, reject(f"row-{i + 1}", "malformed_row", str(row)))
             else:
-                rows.append(row if audio is None else dict(row, audio=audio.get(row["id"])))
+                rows.append(row)
         beam.metrics.Metrics.counter(NS, "input_rows").inc(len(items))
         yield beam.pvalue.TaggedOutput(INPUT_ROWS, len(items))
-        rows, dups = drop_duplicate_ids(rows)
-        for dup in dups:
-            beam.metrics.Metrics.counter(NS, "duplicate_id").inc()
-            yield beam.pvalue.TaggedOutput(REJECTED, dup)
+        rows, rejected = drop_duplicate_ids(rows)
+        if audio is not None:  # LJSpeech: the id names the audio file
+            rows, ambiguous = attach_audio(rows, audio)
+            rejected += ambiguous
+        for r in rejected:
+            beam.metrics.Metrics.counter(NS, r["reason"]).inc()
+            yield beam.pvalue.TaggedOutput(REJECTED, r)
         # Always at least one (maybe empty) batch: every later statistic then has an input.
         for batch in batches(rows, batch_rows(len(rows))) or [[]]:
             yield batch
 
 
 class ReadCorpus(beam.PTransform):
-    """Batches of unique rows {id, text, speaker, audio, row}, spread over the workers; malformed and
-    duplicate rows go to `rejected`; `input_rows` holds the row count.
+    """Batches of unique rows {id, text, speaker, audio, row}, spread over the workers; malformed,
+    duplicate and ambiguous-audio rows go to `rejected`; `input_rows` holds the row count.
 
     The rows file is read by one worker (it is small next to the audio): duplicates are found there
     without a shuffle, and an LJSpeech corpus' audio is listed with one match. The Reshuffle then

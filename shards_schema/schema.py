@@ -22,7 +22,8 @@ import re
 from typing import Any
 
 # 2.x: records live in length buckets (schema.json "buckets"); 1.x had one shape and no buckets.
-SCHEMA_VERSION = "2.0.0"
+# 2.1: `audio.remove_dc` (the mel is computed from samples less their DC offset); 2.0 files read as False.
+SCHEMA_VERSION = "2.1.0"
 SCHEMA_FILE = "schema.json"
 STATS_FILE = "stats.json"
 REJECTED_FILE = "rejected.jsonl"
@@ -68,6 +69,9 @@ class AudioParams:
     sample_rate: int
     trim_silence: bool
     trim_top_db: float
+    # The clip's mean was subtracted before trimming and the mel: always, since schema 2.1. A 2.0
+    # schema.json has no such key and its shards were made without it (read as False).
+    remove_dc: bool = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -247,7 +251,7 @@ class Schema:
         try:
             schema = cls(
                 version=version,
-                audio=AudioParams(**d["audio"]),
+                audio=AudioParams(**{"remove_dc": False, **d["audio"]}),
                 mel=MelParams(**d["mel"]),
                 vocabulary=tuple(d["vocabulary"]),
                 text_frontend=dict(d["text_frontend"]),

@@ -1,4 +1,5 @@
 import io
+import warnings
 from pathlib import Path
 
 import librosa
@@ -163,3 +164,93 @@ def test_log_mel_equals_librosa_melspectrogram(corpus_dir):
                                              fmax=cfg.fmax, power=power, center=True)
         np.testing.assert_allclose(A.log_mel(y, sr, cfg), np.log(np.maximum(ref, cfg.log_floor)).T,
                                    rtol=1e-5, atol=1e-5)
+
+
+# -- DC offset and invalid samples ---------------------------------------------------------------
+def _float_wav(y: np.ndarray, sr: int = 22050) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, y, sr, format="WAV", subtype="FLOAT")
+    return buf.getvalue()
+
+
+def test_remove_dc_subtracts_the_mean():
+    np.testing.assert_array_equal(A.remove_dc(np.array([1.0, 2.0, 3.0, 6.0], np.float32)),
+                                  np.array([-2.0, -1.0, 0.0, 3.0], np.float32))
+    assert A.remove_dc(np.full(44100, 0.3, np.float32)).tolist() == [0.0] * 44100
+
+
+@pytest.mark.parametrize("sr", [22050, 16000])
+def test_decoded_constant_dc_is_all_zeros_also_after_resampling(sr):
+    y, _ = A.decode_audio(_wav_bytes(np.full(2 * sr, 0.3), sr), 22050)
+    assert len(y) == 2 * 22050 and np.max(np.abs(y)) < 1e-6  # removed before resampling: no edge ringing
+    assert A.peak_dbfs(A.decode_audio(_wav_bytes(np.full(2 * sr, 0.3), sr), sr)[0]) == -np.inf
+
+
+def test_decoding_removes_a_dc_offset_and_keeps_the_rest():
+    y = tone(1.0)
+    got, _ = A.decode_audio(_float_wav(y + 0.2), 22050)
+    np.testing.assert_allclose(got, y - y.mean(dtype=np.float64), atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("sr", [22050, 16000])
+def test_nan_or_infinite_samples_are_invalid_samples_without_a_warning(bad, sr):
+    y = tone(1.0, sr=sr)
+    y[[100, 101, 5000]] = bad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(A.InvalidSamples) as e:
+            A.decode_audio(_float_wav(y, sr), 22050)
+    nan, inf = (3, 0) if np.isnan(bad) else (0, 3)
+    assert str(e.value) == f"{nan} NaN and {inf} infinite samples, the first at frame 100"
+    assert isinstance(e.value, A.AudioError)
+
+
+def test_a_nan_in_one_channel_of_a_stereo_file_is_invalid():
+    stereo = np.stack([tone(0.5), tone(0.5)], axis=1)
+    stereo[7, 1] = np.nan
+    with pytest.raises(A.InvalidSamples, match="1 NaN and 0 infinite samples, the first at frame 7"):
+        A.decode_audio(_float_wav(stereo), 22050)
+
+
+def _load(tmp_path, y, sr=22050):
+    from preprocess.clips import load_trimmed
+    from preprocess.config import PreprocessConfig
+    path = tmp_path / "c.wav"
+    path.write_bytes(_float_wav(y, sr))
+    return load_trimmed(str(path), PreprocessConfig())
+
+
+def _rejection(tmp_path, y, sr=22050):
+    from preprocess.clips import ClipRejected
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # librosa used to warn about NaN on the console
+        with pytest.raises(ClipRejected) as e:
+            _load(tmp_path, y, sr)
+    return e.value.reason, e.value.detail
+
+
+def test_two_seconds_of_constant_dc_are_silent_audio_not_a_clip(tmp_path):
+    reason, detail = _rejection(tmp_path, np.full(2 * 22050, 0.3, np.float32))
+    assert reason == "silent_audio" and detail.startswith("no signal: every sample has the same value")
+
+
+def test_nan_samples_are_invalid_samples_not_silent_audio(tmp_path):
+    y = tone(1.0)
+    y[10:20] = np.nan
+    reason, detail = _rejection(tmp_path, y)
+    assert (reason, detail) == ("invalid_samples", f"{tmp_path / 'c.wav'}: 10 NaN and 0 infinite samples, "
+                                                   "the first at frame 10")
+
+
+def test_a_dc_offset_does_not_change_the_trimmed_clip_or_its_mel(tmp_path):
+    """The mel is computed from the samples less their DC offset: a clip recorded with an offset gives
+    the same clip (silence trimmed as without it) and the same mel as the clip without one."""
+    from preprocess.config import PreprocessConfig
+    y = tone(1.0, lead_silence_s=0.5)
+    clean, offset = _load(tmp_path, y), _load(tmp_path, y + 0.25)
+    assert len(clean) < len(y) - 0.4 * 22050  # the leading silence is trimmed, with the offset too
+    assert offset.shape == clean.shape
+    np.testing.assert_allclose(offset, clean, atol=1e-6)
+    mel = PreprocessConfig().mel
+    np.testing.assert_allclose(A.log_mel(offset, 22050, mel), A.log_mel(clean, 22050, mel), atol=1e-3)

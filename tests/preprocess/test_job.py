@@ -10,7 +10,7 @@ import tensorflow as tf
 from preprocess import audio as A
 from preprocess.config import PreprocessConfig, load_config
 from melshards.preprocess_cli import run
-from shards_schema.stats import percentile
+from shards_schema.stats import FILTER_REASONS, REJECT_REASONS, percentile
 from shards_schema.text import normalize_text
 from shards_schema import read_schema
 from shards_schema.records import decode_parsed, parse_spec
@@ -44,8 +44,18 @@ def test_every_input_row_is_in_a_shard_or_in_rejected_jsonl(shards_dir, corpus_d
         "missing_audio", "unreadable_audio", "empty_text", "unusable_text", "silent_audio", "too_short",
         "duplicate_id", "malformed_row", "mel_frames_above_cutoff"}
     assert all(r["detail"] for r in rejected)
+    assert {r["reason"] for r in rejected} <= set(REJECT_REASONS + FILTER_REASONS)
     assert sorted(p.name for p in shards_dir.iterdir() if not p.name.endswith(".tfrecord")) == [
         "rejected.jsonl", "schema.json", "stats.json"]  # the stashed mels and progress files are gone
+
+
+def test_docs_reasons_table_lists_every_reason_once():
+    import re
+    doc = (REPO / "docs" / "preprocess.md").read_text()
+    table = doc[doc.index("| reason | meaning |"):doc.index("Every such row also increments")]
+    rows = [line.strip() for line in table.splitlines()[2:] if line.strip()]
+    documented = [r for line in rows for r in re.findall(r"`([a-z_]+)`", line.split("|")[1])]
+    assert documented == list(REJECT_REASONS + FILTER_REASONS)
 
 
 def test_schema_json_is_the_contract_the_records_follow(shards_dir):
@@ -417,6 +427,53 @@ def test_mp3_ogg_and_flac_clips_all_reach_the_shards(capsys, tmp_path, layout):
     _, records = _records(out)
     assert sorted(r["id"].numpy()[0].decode() for r in records) == sorted(files)
     assert (out / "rejected.jsonl").read_text() == ""
+
+
+def test_rows_that_used_to_be_read_silently_wrong_are_rejected_with_their_reason(capsys, tmp_path):
+    """Two audio files for one id, a constant DC offset and NaN/inf samples, through the whole job: each
+    row is rejected with its own reason, no warning is printed, and the counts add up. A clip recorded
+    with a DC offset is kept, with the mel of the same clip without it."""
+    import warnings
+
+    import soundfile as sf
+    from tests.preprocess.conftest import encode, tone
+    wavs = tmp_path / "in" / "wavs"
+    wavs.mkdir(parents=True)
+    speech = tone(1.2, lead_silence_s=0.3)
+    (wavs / "good.wav").write_bytes(encode(tone(1.4), 22050, "WAV"))
+    sf.write(wavs / "offset.wav", speech + 0.25, 22050, subtype="FLOAT")
+    (wavs / "two.wav").write_bytes(encode(tone(1.0), 22050, "WAV"))
+    (wavs / "two.flac").write_bytes(encode(tone(2.0, hz=330.0), 22050, "FLAC"))
+    sf.write(wavs / "dc.wav", np.full(2 * 22050, 0.3), 22050, subtype="PCM_16")
+    for clip_id, bad in (("nan", np.nan), ("inf", np.inf)):
+        y = tone(1.0)
+        y[500:600] = bad
+        sf.write(wavs / f"{clip_id}.wav", y, 22050, subtype="FLOAT")
+    ids = ["good", "offset", "two", "dc", "nan", "inf"]
+    (tmp_path / "in" / "metadata.csv").write_text("".join(f"{i}|Hello there.|\n" for i in ids))
+    out = tmp_path / "o"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run(["--input", str(tmp_path / "in"), "--output", str(out)]) == 0, capsys.readouterr().err[-2000:]
+    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
+    assert "Warning" not in capsys.readouterr().err
+    rejected = {r["id"]: r for r in map(json.loads, (out / "rejected.jsonl").read_text().splitlines())}
+    assert {i: r["reason"] for i, r in rejected.items()} == {
+        "two": "ambiguous_audio", "dc": "silent_audio", "nan": "invalid_samples", "inf": "invalid_samples"}
+    assert str(wavs / "two.wav") in rejected["two"]["detail"] and str(wavs / "two.flac") in rejected["two"]["detail"]
+    c = json.loads((out / "stats.json").read_text())["counts"]
+    assert (c["input_rows"], c["in_shards"], c["filtered"], c["rejected"]) == (6, 2, 0, 4)
+    assert c["per_reason"] == {"invalid_samples": 2, "ambiguous_audio": 1, "silent_audio": 1}
+    schema, records = _records(out)
+    assert schema.audio.remove_dc is True
+    rec = next(r for r in records if r["id"].numpy()[0] == b"offset")
+    cfg = PreprocessConfig()
+    sf.write(tmp_path / "clean.wav", speech, 22050, subtype="FLOAT")
+    clean, _ = A.decode_audio((tmp_path / "clean.wav").read_bytes(), 22050)
+    expected = A.log_mel(A.trim(clean, cfg.audio), 22050, cfg.mel)
+    n = int(rec["mel_len"][0])
+    assert n == expected.shape[0]
+    np.testing.assert_allclose(rec["mel"][0, :n].numpy(), expected, rtol=1e-3, atol=1e-2)
 
 
 # -- length buckets --------------------------------------------------------------------------------

@@ -466,3 +466,98 @@ def test_rows_file_check_reads_the_first_line(tmp_path, name, content, problem):
     else:
         with pytest.raises(CorpusError, match=problem):
             check_rows_file(corpus)
+
+
+# -- rows that would be read silently wrong ------------------------------------------------------
+def test_audio_files_of_an_id_are_listed_in_extension_order_local_or_gcs():
+    from preprocess.corpus import audio_files_by_id
+    listing = ["gs://b/lj/wavs/c1.wav", "gs://b/lj/wavs/c1.flac", "gs://b/lj/wavs/c2.ogg", "gs://b/lj/wavs/c2.MP3",
+               "gs://b/lj/wavs/c3.flac", "gs://b/lj/wavs/notes.txt", "/d/wavs/c4.mp3", "/d/wavs/c4.WAV"]
+    assert audio_files_by_id(listing) == {
+        "c1": ["gs://b/lj/wavs/c1.wav", "gs://b/lj/wavs/c1.flac"],
+        "c2": ["gs://b/lj/wavs/c2.ogg", "gs://b/lj/wavs/c2.MP3"],
+        "c3": ["gs://b/lj/wavs/c3.flac"],
+        "c4": ["/d/wavs/c4.WAV", "/d/wavs/c4.mp3"]}
+
+
+def test_an_id_with_two_audio_files_is_rejected_naming_both_not_guessed():
+    from preprocess.corpus import attach_audio
+    files = {"c1": ["gs://b/wavs/c1.wav", "gs://b/wavs/c1.flac"], "c2": ["gs://b/wavs/c2.flac"]}
+    rows = [{"id": i, "audio": None, "row": n} for n, i in enumerate(["c1", "c2", "c3"])]
+    kept, rejected = attach_audio(rows, files)
+    assert kept == [{"id": "c2", "audio": "gs://b/wavs/c2.flac", "row": 1}, {"id": "c3", "audio": None, "row": 2}]
+    assert rejected == [{"id": "c1", "reason": "ambiguous_audio",
+                         "detail": "2 audio files for this id: gs://b/wavs/c1.wav, gs://b/wavs/c1.flac; keep one"}]
+
+
+def test_read_corpus_rejects_an_ljspeech_id_with_a_wav_and_a_flac_and_counts_it(tmp_path):
+    (tmp_path / "wavs").mkdir()
+    for name in ("c1.wav", "c1.flac", "c2.flac"):
+        (tmp_path / "wavs" / name).write_bytes(b"")  # the read stage lists files, it does not open them
+    (tmp_path / "metadata.csv").write_text("c1|The speech of the wav.|\nc2|Only a flac.|\nc1|Again.|\n")
+    p = pipeline()
+    out = p | ReadCorpus(detect_corpus(str(tmp_path)))
+    assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"])),
+                equal_to([("c2", str(tmp_path / "wavs" / "c2.flac"))]), label="rows")
+    assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"], r["detail"])), equal_to([
+        ("c1", "ambiguous_audio",
+         f"2 audio files for this id: {tmp_path / 'wavs' / 'c1.wav'}, {tmp_path / 'wavs' / 'c1.flac'}; keep one"),
+        ("c1", "duplicate_id", "row 3 repeats the id of row 1")]), label="rejected")
+    result = p.run()
+    result.wait_until_finish()
+    counters = _counters(result)
+    assert (counters["input_rows"], counters["ambiguous_audio"], counters["duplicate_id"]) == (3, 1, 1)
+
+
+def test_a_manifest_names_its_audio_file_so_a_second_file_beside_it_is_no_ambiguity(tmp_path):
+    (tmp_path / "wavs").mkdir()
+    for name in ("c1.wav", "c1.flac"):
+        (tmp_path / "wavs" / name).write_bytes(b"")
+    (tmp_path / "m.csv").write_text("audio,text\nwavs/c1.wav,The speech of the wav.\n")
+    with pipeline() as p:
+        out = p | ReadCorpus(detect_corpus(str(tmp_path / "m.csv")))
+        assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"])),
+                    equal_to([("c1", str(tmp_path / "wavs" / "c1.wav"))]), label="rows")
+        assert_that(out["rejected"], equal_to([]), label="rejected")
+
+
+@pytest.mark.parametrize("name,content", [
+    ("m.csv", "audio,text\na.wav,Hello.\nb.wav\n"),
+    ("m.csv", "audio,text,speaker\na.wav,Hello.,s1\nb.wav,Bye.\n"),  # short by its optional column too
+    ("m.tsv", "audio\ttext\na.wav\tHello.\nb.wav\n"),
+    ("m.jsonl", '{"audio": "a.wav", "text": "Hello."}\n{"audio": "b.wav"}\n'),
+])
+def test_a_manifest_row_with_too_few_columns_is_malformed_not_empty_text(tmp_path, name, content):
+    from preprocess.corpus import parse_manifest
+    (tmp_path / name).write_text(content)
+    (i, first), (j, second) = parse_manifest(content, str(tmp_path / name), str(tmp_path))
+    assert (i, first["id"], first["text"], j) == (0, "a", "Hello.", 1)
+    assert isinstance(second, ValueError) and str(second).startswith("row 2: ")
+    with pipeline() as p:
+        out = p | ReadCorpus(detect_corpus(str(tmp_path / name)))
+        assert_that(_flat(out["batches"]) | beam.Map(lambda r: r["id"]), equal_to(["a"]), label="rows")
+        assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
+                    equal_to([("row-2", "malformed_row")]), label="rejected")
+
+
+def test_a_short_csv_row_is_named_with_the_header_it_falls_short_of():
+    from preprocess.corpus import parse_manifest
+    (_, _), (_, err) = parse_manifest("audio,text,speaker\na.wav,Hi,s\nb.wav,Hi\n", "m.csv", ".")
+    assert str(err) == "row 2: 2 fields, the header has 3 (audio, text, speaker); a missing separator?"
+
+
+def test_measure_clips_rejects_constant_dc_as_silent_and_nan_as_invalid_samples(corpus_dir, tmp_path):
+    import soundfile as sf
+    from tests.preprocess.conftest import tone
+    nan = tone(1.0)
+    nan[300] = np.nan
+    sf.write(tmp_path / "nan.wav", nan, 22050, subtype="FLOAT")
+    sf.write(tmp_path / "dc.wav", np.full(2 * 22050, 0.3, np.float32), 22050, subtype="PCM_16")
+    rows = [_row(corpus_dir, "LJT001-0001"), dict(_row(corpus_dir, "nan"), audio=str(tmp_path / "nan.wav")),
+            dict(_row(corpus_dir, "dc"), audio=str(tmp_path / "dc.wav"))]
+    with pipeline() as p:
+        out = p | beam.Create([rows]) | MeasureClips(CFG, str(tmp_path))
+        assert_that(out.clips | beam.FlatMap(lambda b: [c["id"] for c in b["clips"]]), equal_to(["LJT001-0001"]),
+                    label="clips")
+        assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
+                    equal_to([("nan", "invalid_samples"), ("dc", "silent_audio")]), label="rejected")

@@ -32,6 +32,16 @@ def test_a_one_shape_schema_of_version_1_is_refused_with_re_run_preprocess(shard
         read_schema(str(tmp_path))
 
 
+def test_a_2_0_schema_made_before_dc_removal_reads_as_such_and_does_not_mix_with_this_one(shards_dir):
+    d = json.loads((shards_dir / "schema.json").read_text())
+    assert d["version"] == "2.1.0" and d["audio"]["remove_dc"] is True
+    del d["audio"]["remove_dc"]
+    old = Schema.from_dict(dict(d, version="2.0.0"))
+    assert old.audio.remove_dc is False
+    with pytest.raises(SchemaError, match="differs from here in version, audio"):
+        read_schema(str(shards_dir)).check_compatible(old, here="here", there="there")
+
+
 def test_an_edited_summary_disagreeing_with_the_buckets_is_refused(shards_dir):
     d = json.loads((shards_dir / "schema.json").read_text())
     d["max_mel_frames"] += 8
