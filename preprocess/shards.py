@@ -1,8 +1,9 @@
 """Stage 8, Write: TFRecord shards of about `target_shard_mb`, written where the records are made.
 
-Records are written by the same fused stage that computes the mel, into temp files that roll over
-at the target size, so no encoded record is ever materialised between stages or shuffled (holding
-and grouping them all cost 13.9 GiB and lost records in Beam's local runner at LJSpeech size).
+Records are written by the stage that filters and pads them (reading each batch's stashed mels
+back once), into temp files that roll over at the target size, so no encoded record is ever
+materialised between stages or shuffled (holding and grouping them all cost 13.9 GiB and lost
+records in Beam's local runner at LJSpeech size).
 The small per-file results are then planned into shards: files at the target size are renamed,
 smaller ones (each bundle's last) are concatenated, which is valid because a TFRecord file is just
 a sequence of framed records. Records are framed by the contract's own `frame_record` (crc32c from

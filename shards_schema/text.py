@@ -2,7 +2,7 @@
 
 Versioned: schema.json records the front end the shards were made with, and synthesis refuses a
 version it does not know, because text normalised differently maps to other ids than the model
-was trained on. Any change to the output of `normalize_text` must bump FRONTEND_VERSION.
+was trained on. Any change to the output of `normalize_text` must bump `FRONTEND["version"]`.
 
 ASCII folding is unidecode's, number words are inflect's; only the abbreviation list and the
 currency/ordinal patterns are ours (no library covers them for TTS).

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 PAD = "_"  # id 0: padding, so zero-filled text_ids are masked by construction
-EOS = "~"  # id 1: end of sequence, appended by the model, never by the writer
+EOS = "~"  # id 1: reserved end of sequence; nothing appends it (encode skips it, the stop token ends speech)
 PUNCTUATION = "!'\"(),-.:;? "
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 

@@ -62,11 +62,16 @@ def test_model_fit_on_melshards_dataset_has_static_shapes_finite_loss_and_one_tr
 
 
 def test_split_and_one_pass_read_every_val_record_once_in_order(shards_dir):
+    from tests.train.conftest import ids_in
+
     schema = melshards.read_schema(str(shards_dir / "schema.json"))
-    ds = melshards.dataset(str(shards_dir / "*.tfrecord"), 1, split="val", shuffle=False, repeat=False)
-    ids = [b["mel_len"].numpy()[0] for b in ds]
-    assert len(ids) == schema.counts["val"]
-    again = [b["mel_len"].numpy()[0] for b in ds]
+    ds = melshards.dataset(str(shards_dir / "*.tfrecord"), 1, split="val", shuffle=False, repeat=False,
+                           features=("id", "mel_len"))
+    ids = [b["id"].numpy()[0] for b in ds]
+    every = ids_in(sorted(str(p) for p in shards_dir.glob("val-*.tfrecord")))
+    assert len(set(every)) == len(every) == schema.counts["val"] > 1
+    assert sorted(ids) == sorted(every)  # each val record once, no train record
+    again = [b["id"].numpy()[0] for b in ds]
     assert ids == again
 
 

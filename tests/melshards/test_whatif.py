@@ -25,8 +25,15 @@ def test_histogram_helpers_count_exactly():
     assert int_hist({"7": 2}) == {7: 2}
 
 
-def test_batch_bytes_counts_float32_mel_and_int32_text():
-    assert batch_bytes(2, 32, 3, 8) == 2 * (32 * 3 * 4 + 8 * 4)
+def test_batch_bytes_is_the_size_of_a_decoded_batchs_mel_and_text_ids(shards_dir):
+    import melshards
+
+    schema = melshards.read_schema(str(shards_dir))
+    batch = next(iter(melshards.dataset(str(shards_dir / "train-*.tfrecord"), 2, shuffle=False)))
+    decoded = batch["mel"].numpy().nbytes + batch["text_ids"].numpy().nbytes
+    assert batch_bytes(2, schema.max_mel_frames, schema.n_mels, schema.max_text_len) == decoded
+    # by hand: 2 x 32 frames x 3 bins of 4-byte floats = 768 bytes, 2 x 8 ids of 4 bytes = 64
+    assert batch_bytes(2, 32, 3, 8) == 832
 
 
 def _filter(min_duration_s: float, lower_q: float) -> dict:

@@ -97,3 +97,19 @@ def model_dir_from_weights(shards_dir: Path, model_dir: Path, stop_bias: float, 
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=tf.Variable(10, dtype=tf.int64))
     tf.train.CheckpointManager(ckpt, str(model_dir / CHECKPOINT_DIR), max_to_keep=1).save(checkpoint_number=10)
     return {v.path: v.numpy() for v in model.variables}
+
+
+def ids_in(files) -> list[bytes]:
+    """The clip id of every record in the files, read straight from the TFRecords."""
+    import tensorflow as tf
+
+    spec = {"id": tf.io.FixedLenFeature([], tf.string)}
+    return [tf.io.parse_single_example(raw, spec)["id"].numpy() for raw in tf.data.TFRecordDataset(list(files))]
+
+
+def real_ids(batches) -> list[bytes]:
+    """The ids of a pipeline's real records (mel_len > 0), in the order it gave them; padding left out."""
+    import tensorflow as tf
+
+    ids = tf.concat([b["id"] for b in batches], 0).numpy()
+    return ids[tf.concat([b["mel_len"] for b in batches], 0).numpy() > 0].tolist()

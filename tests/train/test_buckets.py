@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from shards_schema import read_schema
+from shards_schema import Schema, read_schema, shard_name
+from tests.train.conftest import ids_in, real_ids
 from train import buckets as bk
 from train import input_pipeline as ip
 from train.config import DataConfig
@@ -64,8 +66,46 @@ def test_the_plan_gives_every_bucket_its_files_shapes_batch_and_records(bucketed
     for lane, b in zip(lanes, schema.buckets):
         assert lane.bucket == b and lane.records == b.counts["train"] and lane.calls_per_epoch >= 1
         assert all(f"-b{b.index:02d}-" in f for f in lane.files + lane.val_files)
-    assert [lane.batch_size for lane in lanes] == bk.batch_sizes(
-        [b.max_mel_frames for b in schema.buckets], [b.counts["train"] for b in schema.buckets], 4)
+        # no bucket's batch holds more padded frames than the longest bucket's batch of B = 4
+        assert lane.batch_size * b.max_mel_frames <= 4 * schema.max_mel_frames
+
+
+def _three_buckets(schema):
+    """Buckets of 128, 256 and 512 frames; train records 640 + 320, 320, 80; val in buckets 0 and 2."""
+    def shard(split, bucket, index, count, records):
+        return {"split": split, "file": shard_name(split, bucket, index, count), "records": records}
+
+    shards = [[shard("train", 0, 0, 2, 640), shard("train", 0, 1, 2, 320), shard("val", 0, 0, 1, 5)],
+              [shard("train", 1, 0, 1, 320)],
+              [shard("train", 2, 0, 1, 80), shard("val", 2, 0, 1, 3)]]
+    buckets = tuple(Schema.make_bucket(i, 16 * (i + 1), frames, schema.n_mels, shards[i])
+                    for i, frames in enumerate((128, 256, 512)))
+    return dataclasses.replace(schema, buckets=buckets)
+
+
+def test_the_plan_of_a_concrete_run_by_hand(bucketed):
+    schema = _three_buckets(bucketed[0])
+    names = {b.index: [f["file"] for f in b.shards["train"]] for b in schema.buckets}
+    val = [f"/d/{f['file']}" for f in schema.shards["val"]]
+    train = [f"/d/{f}" for i in (0, 1, 2) for f in names[i]]
+    lanes = bk.plan(train, val, schema, 8, False, 2)
+    # B = 8 for 512 frames: 8 * 512 / 256 = 16 records of 256 frames, 32 of 128 (none capped by records)
+    assert [lane.batch_size for lane in lanes] == [32, 16, 8]
+    assert [lane.records for lane in lanes] == [960, 320, 80]
+    # calls of 2 steps per epoch: 960 / (32 * 2), 320 / (16 * 2), 80 / (8 * 2)
+    assert [lane.calls_per_epoch for lane in lanes] == [15, 10, 5]
+    assert [lane.files for lane in lanes] == [tuple(f"/d/{f}" for f in names[i]) for i in (0, 1, 2)]
+    assert [lane.val_files for lane in lanes] == [("/d/val-b00-00000-of-00001.tfrecord",), (),
+                                                  ("/d/val-b02-00000-of-00001.tfrecord",)]
+    assert [lane.bucket.max_mel_frames for lane in lanes] == [128, 256, 512]
+
+    # a run given some of the files: its records are those files' records, a bucket without files has no calls
+    lanes = bk.plan(["/d/train-b00-00000-of-00002.tfrecord", "/d/train-b02-00000-of-00001.tfrecord"], [],
+                    schema, 8, False, 1)
+    assert [lane.records for lane in lanes] == [640, 0, 80]
+    assert [lane.calls_per_epoch for lane in lanes][::2] == [640 // 32, 80 // 8] and lanes[1].calls_per_epoch == 0
+    # fixed_batch_size: every bucket gets B
+    assert [lane.batch_size for lane in bk.plan(train, [], schema, 8, True, 1)] == [8, 8, 8]
 
 
 def test_every_buckets_pipeline_has_its_own_static_shapes_and_no_python_ops(bucketed):
@@ -82,18 +122,22 @@ def test_every_buckets_pipeline_has_its_own_static_shapes_and_no_python_ops(buck
             assert ip.python_ops_in(val) == []
 
 
-def test_validation_covers_every_bucket_every_record_once_with_a_masked_top_up(bucketed):
+def test_validation_covers_every_bucket_every_record_once_with_a_masked_top_up(bucketed, bucketed_dir):
     schema, lanes = bucketed
-    seen = 0
+    seen = []
     for lane in lanes:
         if not lane.val_files:
             continue
-        batches = list(ip.val_dataset(lane.val_files, schema, DataConfig(batch_size=3), MODEL_INPUTS, lane.bucket))
+        batches = list(ip.val_dataset(lane.val_files, schema, DataConfig(batch_size=3), (*MODEL_INPUTS, "id"),
+                                      lane.bucket))
         lens = tf.concat([b["mel_len"] for b in batches], 0).numpy()
         assert all(b["mel"].shape[1:] == (lane.bucket.max_mel_frames, schema.n_mels) for b in batches)
-        assert (lens > 0).sum() == lane.bucket.counts["val"] and len(lens) % 3 == 0
-        seen += (lens > 0).sum()
-    assert seen == schema.counts["val"] > 0
+        assert sorted(real_ids(batches)) == sorted(ids_in(lane.val_files)) and len(lens) % 3 == 0
+        seen += real_ids(batches)
+    # every validation record of every bucket, each once: none missing, none repeated
+    every = ids_in(sorted(str(p) for p in bucketed_dir.glob("val-*.tfrecord")))
+    assert len(set(every)) == len(every) == schema.counts["val"] > 0
+    assert sorted(seen) == sorted(every)
 
 
 def test_a_file_of_no_bucket_is_refused_naming_it(bucketed_dir, tmp_path):

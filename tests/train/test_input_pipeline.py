@@ -5,6 +5,7 @@ import tensorflow as tf
 
 from train import input_pipeline as ip
 from train.config import DataConfig
+from tests.train.conftest import ids_in, real_ids
 from train.step import MODEL_INPUTS
 
 
@@ -42,8 +43,10 @@ def test_train_batches_have_the_schema_static_shapes(shards_dir):
 
 def test_validation_pass_sees_every_record_once_and_pads_the_last_batch(shards_dir):
     files, schema = _inputs(shards_dir, "val")
-    batches = list(ip.val_dataset(files, schema, DataConfig(batch_size=3), MODEL_INPUTS))
+    batches = list(ip.val_dataset(files, schema, DataConfig(batch_size=3), (*MODEL_INPUTS, "id")))
+    expected = ids_in(files)
+    assert len(set(expected)) == len(expected) == schema.counts["val"] > 3  # distinct ids, more than a batch
+    assert sorted(real_ids(batches)) == sorted(expected)  # each record once: none missing, none repeated
     lens = tf.concat([b["mel_len"] for b in batches], 0).numpy()
     assert all(b["mel"].shape[0] == 3 for b in batches)
-    assert (lens > 0).sum() == schema.counts["val"]
     assert len(lens) % 3 == 0 and (lens[schema.counts["val"]:] == 0).all()
