@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import json
-import os
 
 import click
 
+from melshards.cli import check_output_file
 from melshards.whatif import DEFAULT_WHAT_IF
 
 
@@ -39,24 +39,6 @@ def terminal_report(report: dict) -> str:
                   "", "What-if: other numbers of buckets K", bucket_whatif_table(report), ""]
     parts += ["What-if: other upper cut-offs (one shape)", whatif_table(report)]
     return "\n".join(parts)
-
-
-def check_html_path(path: str) -> None:
-    """Refuse an --html path that cannot be written as a file, before anything is printed (local paths;
-    a gs:// path fails when written). Creates nothing: the report's directory is made when it is written."""
-    if "://" in path:
-        return
-    if os.path.isdir(path):
-        raise click.UsageError(f"--html {path} is a directory; pass the path of the file to write, "
-                               f"e.g. {os.path.join(path, 'report.html')}")
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):  # the nearest existing ancestor decides
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise click.UsageError(f"--html {path}: cannot create its directory, {parent} is a file; "
-                               "pass a path in a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise click.UsageError(f"--html {path}: {parent} is not writable; pass a path in a writable directory")
 
 
 def write_html(path: str, html: str) -> None:
@@ -97,8 +79,8 @@ def stats_command(path: str, batch_size: int, what_if: str, n_mels: int | None, 
     from melshards.stats_tables import compare_table
 
     qs = parse_percentiles(what_if)
-    if html_path:
-        check_html_path(html_path)
+    if html_path:  # before anything is printed
+        check_output_file("--html", html_path, "report.html")
     try:
         run = load_run(path, n_mels)
         report = build_report(run, batch_size, qs)
