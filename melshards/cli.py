@@ -38,8 +38,8 @@ def check_output_file(option: str, path: str, example: str) -> None:
     one in a directory that is not writable. Creates nothing; gs:// paths are left to the write."""
     if "://" in path:
         return
-    if os.path.isdir(path):
-        raise click.UsageError(f"{option} {path} is a directory; pass the path of the file to write, "
+    if os.path.isdir(path) or path.endswith(("/", os.sep)):
+        raise click.UsageError(f"{option} {path} names a directory; pass the path of the file to write, "
                                f"e.g. {os.path.join(path, example)}")
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent):  # the nearest existing ancestor decides: the rest is created later

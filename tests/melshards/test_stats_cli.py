@@ -266,7 +266,7 @@ def test_html_to_a_path_that_cannot_be_a_file_is_exit_2_before_any_output(shards
     result = run_stats(shards_dir, "--html", html)
     assert result.exit_code == 2, result.output
     assert f"--html {html}" in result.output
-    assert ("is a directory" if where == "directory" else "is a file") in result.output
+    assert ("names a directory" if where == "directory" else "is a file") in result.output
     assert "stats of" not in result.output
     assert sorted(tmp_path.rglob("*")) == before  # nothing created
 
