@@ -12,7 +12,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Sequence
 
 from shards_schema import Schema, SchemaError
-from shards_schema.shards import InputError, expand_globs, listed_split, schemas_for
+from shards_schema.shards import InputError, check_shard, expand_globs, listed_split, schemas_for
 
 if TYPE_CHECKING:  # importing melshards must not import TensorFlow
     import tensorflow as tf
@@ -43,7 +43,33 @@ def normalizer(schema: Schema) -> "Normaliser":
     """
     from train.step import Normaliser
 
+    if not isinstance(schema, Schema):
+        raise TypeError(f"normalizer(schema): schema is {schema!r} ({type(schema).__name__}), not a Schema; "
+                        "pass melshards.read_schema(RUN_DIR)")
     return Normaliser(schema)
+
+
+def _check_int(name: str, value, minimum: int | None) -> None:
+    """An int argument (numpy ints too, not bool) of at least `minimum`; else an error naming it."""
+    import numbers
+
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} is {value!r} ({type(value).__name__}); pass an int, e.g. {name}=4")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} is {value}; it must be at least {minimum}")
+
+
+def _check_unlisted(path: str, schema: Schema) -> int:
+    """Records of a shard that schema.json does not list (copied in or renamed), after `melshards inspect`'s
+    check of every record against the bucket its name gives: a shard of another run fails here, named,
+    rather than as an unnamed DecodeRaw error while the dataset is read."""
+    result, _ = check_shard(path, schema)
+    if result.problems:
+        bucket = schema.bucket_of_file(path)
+        raise InputError(f"{result.problems[0]} (schema.json does not list this file, so its records were checked "
+                         f"against bucket {bucket.index}, which its name gives); leave it out of the glob, or "
+                         "re-run `melshards preprocess` to write it into the run")
+    return result.records
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,20 +85,23 @@ def _resolve(patterns: str | Sequence[str], split: str | None, schema_path: str 
     if problems:
         raise SchemaError(problems[0].what)
     schema = by_file[files[0]]
-    if split is not None:
-        files = [f for f in files if listed_split(schema, f)[0] == split]
+    if split is not None:  # each file by its own directory's schema.json (their contracts agree)
+        files = [f for f in files if listed_split(by_file[f], f)[0] == split]
         if not files:
             raise InputError(f"{patterns!r} matches no {split!r} shard; splits are named by the file prefix, "
                              f"e.g. DIR/{split}-*.tfrecord")
     by_bucket: dict[int, list[str]] = {}
     records: dict[int, int] = {}
     for f in files:
-        bucket = schema.bucket_of_file(f)
+        own = by_file[f]
+        bucket = own.bucket_of_file(f)
         if bucket is None:
             raise InputError(f"{f}: schema.json does not list it and its name gives no bucket "
                              "(split-bNN-SSSSS-of-CCCCC.tfrecord), so its shapes are unknown")
         by_bucket.setdefault(bucket.index, []).append(f)
-        records[bucket.index] = records.get(bucket.index, 0) + (listed_split(schema, f)[1] or 1)
+        listed = listed_split(own, f)[1]
+        records[bucket.index] = records.get(bucket.index, 0) + (listed if listed is not None
+                                                                else _check_unlisted(f, own))
     return _Files(schema, by_bucket, records)
 
 
@@ -102,8 +131,9 @@ def bucket_datasets(patterns: str | Sequence[str], batch_size: int, *, split: st
 
 def _datasets(patterns, batch_size, split, shuffle, repeat, seed, features, shuffle_buffer, cycle_length,
               deterministic, schema_path) -> tuple[_Files, dict[int, "tf.data.Dataset"]]:
-    if batch_size < 1:
-        raise ValueError(f"batch_size is {batch_size}; it must be at least 1")
+    for name, value, minimum in (("batch_size", batch_size, 1), ("seed", seed, None),
+                                 ("shuffle_buffer", shuffle_buffer, 1), ("cycle_length", cycle_length, 1)):
+        _check_int(name, value, minimum)
     found = _resolve(patterns, split, schema_path)
     return found, {i: _bucket_dataset(files, found.schema.buckets[i], batch_size, shuffle, repeat, seed, features,
                                       shuffle_buffer, cycle_length, deterministic)
@@ -118,7 +148,8 @@ def dataset(patterns: str | Sequence[str], batch_size: int, *, split: str | None
 
     patterns: shard globs, local or gs:// (e.g. "shards/train-*.tfrecord"); split: keep only the
       "train" or "val" shards among them. The directories' schema.json must agree, and each run must
-      be finished (else SchemaError / InputError, before anything is read).
+      be finished (else SchemaError / InputError, before anything is read). A shard schema.json does
+      not list is read once and checked against its bucket's shapes (InputError naming it).
     batch_size: records per batch; the last partial batch is dropped, so the batch dimension is
       static too. Padding frames hold log(log_floor); `mel_len` / `text_len` say what is real.
     shuffle: shuffle the file order and records (a `shuffle_buffer` of serialized records), from

@@ -10,6 +10,7 @@ import gc
 
 import importlib
 import logging
+import os
 
 import click
 
@@ -30,6 +31,24 @@ def setup_logging() -> None:
     """INFO lines of melshards itself; libraries' INFO chatter (absl's checkpoint callbacks) stays out."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("absl").setLevel(logging.WARNING)
+
+
+def check_output_file(option: str, path: str, example: str) -> None:
+    """Refuse (exit 2) a local output file that cannot be written: a directory, a path under a file, or
+    one in a directory that is not writable. Creates nothing; gs:// paths are left to the write."""
+    if "://" in path:
+        return
+    if os.path.isdir(path) or path.endswith(("/", os.sep)):
+        raise click.UsageError(f"{option} {path} names a directory; pass the path of the file to write, "
+                               f"e.g. {os.path.join(path, example)}")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):  # the nearest existing ancestor decides: the rest is created later
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise click.UsageError(f"{option} {path}: cannot create its directory, {parent} is a file; "
+                               "pass a path in a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise click.UsageError(f"{option} {path}: {parent} is not writable; pass a path in a writable directory")
 
 
 def run_command(command: click.Command, argv: list[str] | None, prog_name: str) -> int:

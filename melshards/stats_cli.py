@@ -5,6 +5,7 @@ import json
 
 import click
 
+from melshards.cli import check_output_file
 from melshards.whatif import DEFAULT_WHAT_IF
 
 
@@ -40,6 +41,23 @@ def terminal_report(report: dict) -> str:
     return "\n".join(parts)
 
 
+def write_html(path: str, html: str) -> None:
+    """The report to path; a failed write is exit 2 with the reason, and leaves no partial file."""
+    from apache_beam.io.filesystems import FileSystems
+
+    data = html.encode("utf-8")
+    try:
+        f = FileSystems.create(path)
+    except OSError as e:
+        raise click.UsageError(f"--html {path}: cannot write it ({e}); pass a writable file path") from e
+    try:
+        with f:
+            f.write(data)
+    except OSError as e:  # e.g. the disk filled up: remove the partial report
+        FileSystems.delete([path])
+        raise click.UsageError(f"--html {path}: cannot write it ({e}); pass a writable file path") from e
+
+
 @click.command("stats", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("path")
 @click.option("--batch-size", default=32, show_default=True, type=click.IntRange(min=1),
@@ -57,18 +75,18 @@ def stats_command(path: str, batch_size: int, what_if: str, n_mels: int | None, 
 
     PATH is the run's output directory or its stats.json (local or gs://).
     """
-    from apache_beam.io.filesystems import FileSystems
-
     from melshards.stats_report import StatsError, build_report, load_run
     from melshards.stats_tables import compare_table
 
     qs = parse_percentiles(what_if)
+    if html_path:  # before anything is printed
+        check_output_file("--html", html_path, "report.html")
     try:
         run = load_run(path, n_mels)
         report = build_report(run, batch_size, qs)
         other = build_report(load_run(other_path, n_mels), batch_size, qs) if other_path else None
-    except StatsError as e:
-        raise click.ClickException(str(e)) from e
+    except StatsError as e:  # the path holds no usable stats.json: a bad call
+        raise click.UsageError(str(e)) from e
     if as_json:
         click.echo(json.dumps(report if other is None else {"a": report, "b": other}, indent=2))
     elif other is not None:
@@ -78,7 +96,6 @@ def stats_command(path: str, batch_size: int, what_if: str, n_mels: int | None, 
     if html_path:
         from melshards.report_html import render_html
 
-        with FileSystems.create(html_path) as f:
-            f.write(render_html(report, run.stats["histograms"], other).encode("utf-8"))
+        write_html(html_path, render_html(report, run.stats["histograms"], other))
         # stderr, so that `--json --html r.html > figures.json` stays valid JSON
         click.echo(f"wrote {html_path}", err=True)

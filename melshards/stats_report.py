@@ -107,12 +107,38 @@ def shape_problem(value, shape, where: str = "") -> str | None:
     return None
 
 
+def counts_problem(counts: dict) -> str | None:
+    """The first count of stats.json's `counts` that is negative or does not add up, or None.
+
+    As preprocess/report.py build_stats writes them: input_rows = in_shards + filtered + rejected,
+    per_split sums to in_shards, and per_reason's filter reasons sum to filtered, the others to rejected.
+    """
+    fields = [(f"counts.{k}", counts[k]) for k in ("input_rows", "in_shards", "filtered", "rejected")]
+    fields += [(f"counts.{group}.{k}", v) for group in ("per_split", "per_reason") for k, v in counts[group].items()]
+    negative = next(((name, v) for name, v in fields if v < 0), None)
+    if negative:
+        return f"{negative[0]} is {negative[1]}, a negative count"
+    parts = counts["in_shards"] + counts["filtered"] + counts["rejected"]
+    if counts["input_rows"] != parts:
+        return (f"counts.input_rows is {counts['input_rows']}, but in_shards + filtered + rejected "
+                f"({counts['in_shards']} + {counts['filtered']} + {counts['rejected']}) is {parts}")
+    split_sum = sum(counts["per_split"].values())
+    if split_sum != counts["in_shards"]:
+        return f"counts.per_split sums to {split_sum}, but counts.in_shards is {counts['in_shards']}"
+    for key, of_kind in (("filtered", True), ("rejected", False)):
+        total = sum(v for r, v in counts["per_reason"].items() if (r in FILTER_REASONS) == of_kind)
+        if total != counts[key]:
+            return f"counts.per_reason's {key} reasons sum to {total}, but counts.{key} is {counts[key]}"
+    return None
+
+
 def stats_problem(stats: dict) -> str | None:
-    """Why stats.json cannot be reported as it is (its first field of the wrong type or missing), or None."""
+    """Why stats.json cannot be reported as it is (its first field of the wrong type or missing, or a
+    count that is negative or does not add up), or None."""
     problem = shape_problem(stats, STATS_SHAPE)
     if problem is None and stats.get("cutoffs") is not None:
         problem = shape_problem(stats, MEASURED_SHAPE)
-    return problem
+    return problem or counts_problem(stats["counts"])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,10 +6,11 @@ command's business, the trainer stops at the mel.
 from __future__ import annotations
 
 import os
+import posixpath
 
 import click
 
-from melshards.cli import setup_logging
+from melshards.cli import check_output_file, setup_logging
 import numpy as np
 
 from shards_schema import Schema, SchemaError
@@ -64,20 +65,25 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -
     setup_logging()
     import soundfile as sf
 
+    from shards_schema import SCHEMA_FILE, read_schema
     from shards_schema.text import TextRejected, check_text
     from train.errors import RestoreError
-    from train.synthesize import check_model_dir, load_synthesizer, text_ids
+    from train.synthesize import checkpoint_to_restore, check_model_dir, load_synthesizer, text_ids
     from train.tf_quiet import tf
 
-    # every check that needs no model first: loading and compiling the model takes a while
+    # every check that needs no model first, and nothing created before they pass: loading and
+    # compiling the model takes a while
     try:
         normalised = check_text(text)
     except TextRejected as e:
         raise click.UsageError(f"TEXT refused ({e.reason}): {e.detail}. `melshards preprocess` rejects such "
                                "transcripts too, so the model never learnt them; pass text with words in it") from e
+    check_output_file("-o", output, "out.wav")
     try:
-        check_model_dir(model_dir)  # before creating -o's directory, so a wrong --model-dir leaves nothing behind
-    except SchemaError as e:
+        check_model_dir(model_dir)
+        ids, n = text_ids(normalised, read_schema(posixpath.join(model_dir, SCHEMA_FILE)))
+        checkpoint = checkpoint_to_restore(model_dir)
+    except (SchemaError, ConfigError) as e:
         raise click.UsageError(str(e)) from e
     out_dir = os.path.dirname(os.path.abspath(output))
     try:
@@ -85,8 +91,7 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -
     except OSError as e:
         raise click.UsageError(f"-o {output}: cannot create its directory {out_dir} ({e})") from e
     try:
-        synth = load_synthesizer(model_dir)
-        ids, n = text_ids(normalised, synth.schema)
+        synth = load_synthesizer(model_dir, checkpoint)
     except (SchemaError, ConfigError) as e:
         raise click.UsageError(str(e)) from e
     except RestoreError as e:

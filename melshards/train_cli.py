@@ -27,7 +27,8 @@ def run(argv: list[str] | None = None) -> int:
 @click.option("--steps", type=int, default=None, help="Total steps to reach (overrides loop.steps).")
 @click.option("--batch-size", type=int, default=None, help="Overrides data.batch_size.")
 @click.option("--schema", "schema_path", default=None,
-              help="schema.json to train with (default: the one beside the first shard).")
+              help="Reference schema.json every shard directory must agree with, and the schema of shards "
+                   "without one beside them (default: the one beside the first shard).")
 @click.option("--model", "model_factory", default=None, metavar="PACKAGE.MODULE:FACTORY",
               help="Model factory (train/contract.py), e.g. examples.fastspeech_lite:build; overrides "
                    "model.factory (default: the built-in Transformer-TTS, train.model:build).")

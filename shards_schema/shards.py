@@ -207,6 +207,14 @@ def check_shard(path: str, schema: Schema, keep: int = 0) -> tuple[ShardResult, 
     return result, shown
 
 
+def schema_file_of(directory: str, schema_path: str | None) -> str:
+    """The schema.json a directory's shards are read with: its own, else `schema_path` when given."""
+    import tensorflow as tf
+
+    own = posixpath.join(directory, SCHEMA_FILE)
+    return own if schema_path is None or tf.io.gfile.exists(own) else schema_path
+
+
 def schemas_for(files: Sequence[str], schema_path: str | None) -> tuple[dict[str, Schema], list[Problem]]:
     """The schema of each file's directory, and problems if they cannot be mixed.
 
@@ -223,8 +231,7 @@ def schemas_for(files: Sequence[str], schema_path: str | None) -> tuple[dict[str
             raise InputError(
                 f"{d} is in the middle of having its run replaced ({PUBLISH_JOURNAL} is there); let "
                 "`melshards preprocess` finish, or run it again with the same --output to complete the move")
-    own = {d: posixpath.join(d, SCHEMA_FILE) for d in dirs}
-    where = {d: own[d] if schema_path is None or tf.io.gfile.exists(own[d]) else schema_path for d in dirs}
+    where = {d: schema_file_of(d, schema_path) for d in dirs}
     ref_path = schema_path or where[dirs[0]]
     read = {path: read_schema(path) for path in {*where.values(), ref_path}}  # each file once
     by_dir = {d: read[where[d]] for d in dirs}
@@ -239,14 +246,19 @@ def schemas_for(files: Sequence[str], schema_path: str | None) -> tuple[dict[str
 
 
 def check_schemas(files: Sequence[str], schema_path: str | None) -> tuple[Schema, str]:
-    """The one schema every file can be read with, and where it was read from; raises otherwise.
+    """The one schema every file can be read with (the first file's directory's), and the file it was
+    read from; raises otherwise.
 
-    Without `schema_path` the first directory's schema.json is the reference.
+    `schema_path` is the reference the directories must agree with, and the schema of a directory
+    without its own; the returned file is the directory's own schema.json when it has one, since its
+    mel statistics are the ones the records are normalised with. Without `schema_path` the first
+    directory's schema.json is the reference.
     """
     by_file, problems = schemas_for(files, schema_path)
     if problems:
         raise SchemaError(problems[0].what)
-    return by_file[sorted(files)[0]], schema_path or posixpath.join(dir_of(sorted(files)[0]), SCHEMA_FILE)
+    first = sorted(files)[0]
+    return by_file[first], schema_file_of(dir_of(first), schema_path)
 
 
 def first_bad_shard(files: Sequence[str], schema: Schema) -> Problem | None:

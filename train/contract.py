@@ -68,9 +68,10 @@ class GeneratingModel(TTSModel, Protocol):
     """A model `melshards synthesize` can speak with."""
 
     def generate(self, text_ids: Any, text_len: Any) -> dict[str, Any]:
-        """text_ids int32 [1, max_text_len], text_len int32 [1] -> {"mel": float32 [1, T, n_mels] log-mel
-        (the shards' scale, not normalised), "mel_len": int32 [1] frames of speech}. Static shapes;
-        compiled with XLA."""
+        """text_ids int32 [1, L], text_len int32 [1] -> {"mel": float32 [1, T, n_mels] log-mel
+        (the shards' scale, not normalised), "mel_len": int32 [1] frames of speech}. L is the longest
+        max_text_len over the schema's buckets (train.synthesize.text_capacity: a bucket of shorter
+        clips can hold longer texts than the largest bucket). Static shapes; compiled with XLA."""
 
 
 class ModelFactory(Protocol):

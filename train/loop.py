@@ -52,7 +52,7 @@ class Inputs:
     files: list[str]
     val_files: list[str]
     schema: Schema
-    schema_path: str
+    schema_path: str  # the file `schema` was read from: the model dir records this one
     cfg: TrainConfig
 
 

@@ -22,6 +22,13 @@ from train.errors import RestoreError
 log = logging.getLogger("melshards.synthesize")
 
 
+def text_capacity(schema: Schema) -> int:
+    """The most text symbols the model reads: the longest max_text_len over the buckets (a bucket of
+    shorter clips can hold longer texts than the largest one), which the model's text table covers
+    (train/model.py build_model). `generate` gets text ids padded to this length."""
+    return max(b.max_text_len for b in schema.buckets)
+
+
 class Synthesizer(tf.Module):
     """Text ids -> log-mel with the model's `generate`; `serve` maps a normalised string to the same."""
 
@@ -35,7 +42,7 @@ class Synthesizer(tf.Module):
         self.table = tf.lookup.StaticHashTable(
             tf.lookup.KeyValueTensorInitializer(symbols, tf.range(len(schema.vocabulary), dtype=tf.int32)),
             default_value=-1)
-        length = schema.max_text_len
+        self.capacity = length = text_capacity(schema)
 
         @tf.function(input_signature=[tf.TensorSpec([1, length], tf.int32, name="text_ids"),
                                       tf.TensorSpec([1], tf.int32, name="text_len")], jit_compile=True)
@@ -47,8 +54,16 @@ class Synthesizer(tf.Module):
         def serve(text):
             """Normalised text (the vocabulary's symbols) -> {"mel": [1, T, n_mels], "mel_len": [1]}."""
             ids = self.table.lookup(tf.strings.unicode_split(text, "UTF-8"))
-            ids = tf.boolean_mask(ids, ids > 1)[:length]  # unknown symbols, pad and eos are skipped
+            ids = tf.boolean_mask(ids, ids > 1)  # unknown symbols, pad and eos are skipped
             n = tf.shape(ids)[0]
+            # refused, never truncated: the assertion fails the call with this message
+            checks = [
+                tf.debugging.assert_less_equal(n, length, message=(
+                    f"the text is longer than the {length} symbols this model reads (after unknown symbols "
+                    "are skipped); split it into shorter sentences")),
+                tf.debugging.assert_positive(n, message="the text holds no symbol of the vocabulary this model reads")]
+            with tf.control_dependencies(checks):
+                n = tf.identity(n)
             return generate(tf.pad(ids, [[0, length - n]])[None, :], tf.reshape(n, [1]))
 
         self.generate, self.serve = generate, serve
@@ -73,14 +88,29 @@ def check_model_dir(model_dir: str) -> None:
                       "pass the --model-dir of a `melshards train` run")
 
 
-def load_synthesizer(model_dir: str) -> Synthesizer:
-    """The newest checkpoint in model_dir, rebuilt from the schema and config saved beside it."""
+def checkpoint_to_restore(model_dir: str) -> str:
+    """The checkpoint synthesis restores: the newest in model_dir. Cheap (reads the checkpoint index
+    only), so `synthesize` calls it before creating anything; the one place a check of the
+    checkpoint's files belongs."""
+    from train.checkpoints import CHECKPOINT_DIR
+
+    latest = tf.train.latest_checkpoint(posixpath.join(model_dir, CHECKPOINT_DIR))
+    if latest is None:
+        raise SchemaError(f"{posixpath.join(model_dir, CHECKPOINT_DIR)} holds no checkpoint; train the model "
+                          "first, or pass the --model-dir of a run that wrote one")
+    return latest
+
+
+def load_synthesizer(model_dir: str, checkpoint: str | None = None) -> Synthesizer:
+    """The model of model_dir rebuilt from the schema and config saved beside it, with the weights of
+    `checkpoint` (default: checkpoint_to_restore(model_dir))."""
     from train.config import TrainConfig
-    from train.checkpoints import CHECKPOINT_DIR, restore_model
+    from train.checkpoints import restore_model
     from train.loop import CONFIG_FILE
     from train.plugins import build_model, can_generate
 
     check_model_dir(model_dir)
+    latest = checkpoint or checkpoint_to_restore(model_dir)
     schema = read_schema(posixpath.join(model_dir, SCHEMA_FILE))
     try:  # text normalised by another front end maps to ids the model never saw
         normalizer_for(schema.text_frontend)
@@ -89,9 +119,6 @@ def load_synthesizer(model_dir: str) -> Synthesizer:
     cfg_path = posixpath.join(model_dir, CONFIG_FILE)
     with tf.io.gfile.GFile(cfg_path) as f:
         cfg = from_dict(TrainConfig, json.load(f), where=cfg_path)
-    latest = tf.train.latest_checkpoint(posixpath.join(model_dir, CHECKPOINT_DIR))
-    if latest is None:
-        raise SchemaError(f"{model_dir}/{CHECKPOINT_DIR} holds no checkpoint; train first")
     # inference in float32 whatever the training policy
     model, _ = build_model(cfg.model_factory, schema, cfg.model_options, "float32")
     if not can_generate(model):
@@ -104,13 +131,14 @@ def load_synthesizer(model_dir: str) -> Synthesizer:
 
 
 def text_ids(normalised: str, schema: Schema) -> tuple[np.ndarray, int]:
-    """Text normalised by `check_text` -> (padded ids [1, max_text_len], length), as preprocess made them."""
+    """Text normalised by `check_text` -> (ids padded to [1, text_capacity], length), as preprocess made them."""
     ids, _ = Vocabulary(schema.vocabulary).encode(normalised)
     if not ids:
         raise ConfigError(f"{normalised!r} holds no symbol of this model's vocabulary")
-    if len(ids) > schema.max_text_len:
+    capacity = text_capacity(schema)
+    if len(ids) > capacity:
         raise ConfigError(f"the text is {len(ids)} symbols after normalisation; this model reads at most "
-                          f"{schema.max_text_len}. Split it into shorter sentences")
-    padded = np.zeros([1, schema.max_text_len], np.int32)
+                          f"{capacity}. Split it into shorter sentences")
+    padded = np.zeros([1, capacity], np.int32)
     padded[0, :len(ids)] = ids
     return padded, len(ids)

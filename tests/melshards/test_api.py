@@ -108,3 +108,38 @@ def test_a_bucket_the_shards_do_not_hold_is_refused(shards_dir):
 
     with pytest.raises(InputError, match="bucket 3"):
         melshards.dataset(str(shards_dir / "train-*.tfrecord"), 2, bucket=3)
+
+
+def test_a_shard_schema_json_does_not_list_is_checked_and_named_before_reading(bucketed_dir, tmp_path):
+    import shutil
+
+    from shards_schema.shards import InputError
+
+    run = tmp_path / "run"
+    shutil.copytree(bucketed_dir, run)
+    # a copy of a bucket-0 shard under another bucket-0 name reads fine (a renamed or copied-in shard)
+    shutil.copy(next(run.glob("train-b00-*.tfrecord")), run / "train-b00-00098-of-00100.tfrecord")
+    per_bucket = melshards.bucket_datasets(str(run / "train-*.tfrecord"), 2)
+    assert 0 in per_bucket
+    # bucket 1's records under a bucket-0 name: today a DecodeRaw error, while reading, naming no file
+    stray = run / "train-b00-00099-of-00100.tfrecord"
+    shutil.copy(next(run.glob("train-b01-*.tfrecord")), stray)
+    with pytest.raises(InputError) as e:
+        melshards.dataset(str(run / "train-*.tfrecord"), 2)
+    message = str(e.value)
+    assert message.startswith(f"{stray}: record 0: wrong shape:") and "\n" not in message
+    assert "schema.json does not list this file" in message and "leave it out of the glob" in message
+
+
+@pytest.mark.parametrize("batch_size", ["4", 2.0, True])
+def test_a_batch_size_that_is_not_an_int_is_a_type_error_naming_it(shards_dir, batch_size):
+    with pytest.raises(TypeError, match=r"^batch_size is .*; pass an int"):
+        melshards.dataset(str(shards_dir / "train-*.tfrecord"), batch_size)
+    with pytest.raises(TypeError, match=r"^batch_size is "):
+        melshards.bucket_datasets(str(shards_dir / "train-*.tfrecord"), batch_size)
+
+
+def test_normalizer_of_something_not_a_schema_is_a_type_error_naming_the_argument(shards_dir):
+    with pytest.raises(TypeError, match=r"normalizer\(schema\): schema is 'x' \(str\), not a Schema; "
+                                        r"pass melshards.read_schema"):
+        melshards.normalizer("x")

@@ -138,7 +138,9 @@ def test_html_report_is_self_contained_and_holds_the_plots(shards_dir, tmp_path)
 def test_compare_shows_two_runs_side_by_side(shards_dir, tmp_path):
     other = json.loads((shards_dir / "stats.json").read_text())
     other["padding"]["max_mel_frames"] += 48
-    other["counts"]["per_reason"]["too_long_for_test"] = 2
+    other["counts"]["per_reason"]["too_long_for_test"] = 2  # a rejection reason: the counts must still add up
+    other["counts"]["rejected"] += 2
+    other["counts"]["input_rows"] += 2
     (tmp_path / "stats.json").write_text(json.dumps(other))
     result = run_stats(shards_dir, "--compare", tmp_path / "stats.json")
     assert result.exit_code == 0, result.output
@@ -187,7 +189,9 @@ def test_a_run_that_rejected_every_row_still_reports_counts_and_html(tmp_path):
 
 def test_json_compare_holds_both_runs_figures(shards_dir, tmp_path):
     other = json.loads((shards_dir / "stats.json").read_text())
-    other["counts"]["in_shards"] += 5
+    for key in ("in_shards", "input_rows"):  # the counts must still add up
+        other["counts"][key] += 5
+    other["counts"]["per_split"]["train"] += 5
     (tmp_path / "stats.json").write_text(json.dumps(other))
     figures = json.loads(run_stats(shards_dir, "--compare", tmp_path / "stats.json", "--json").output)
     assert set(figures) == {"a", "b"}
@@ -229,9 +233,56 @@ def test_a_stats_json_with_a_field_of_the_wrong_type_is_named_not_a_traceback(st
     assert stats_problem(damaged) == problem
     (tmp_path / "stats.json").write_text(json.dumps(damaged))
     result = run_stats(tmp_path)  # asserts that the error is a message, not a traceback
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output
     assert f"{tmp_path / 'stats.json'} is damaged" in result.output and problem in result.output
     assert "re-run `melshards preprocess`" in result.output
+
+
+@pytest.mark.parametrize("edit, problem", [
+    ({"input_rows": 999}, "counts.input_rows is 999, but in_shards + filtered + rejected"),
+    ({"in_shards": -1}, "counts.in_shards is -1, a negative count"),
+    ({"per_split": {"train": 1, "val": 0}}, "counts.per_split sums to 1, but counts.in_shards is"),
+    ({"per_reason": {"unreadable_audio": -4}}, "counts.per_reason.unreadable_audio is -4, a negative count"),
+    ({"filtered": 0, "rejected": "ALL"}, "counts.per_reason's filtered reasons sum to"),
+])
+def test_a_stats_json_whose_counts_do_not_add_up_names_the_field_with_exit_2(stats, tmp_path, edit, problem):
+    damaged = copy.deepcopy(stats)
+    counts = damaged["counts"]
+    if edit.get("rejected") == "ALL":  # every dropped row moved to `rejected`: the sum holds, the split does not
+        edit = dict(edit, rejected=counts["filtered"] + counts["rejected"])
+    counts.update(edit)
+    (tmp_path / "stats.json").write_text(json.dumps(damaged))
+    result = run_stats(tmp_path)
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path / 'stats.json'} is damaged" in result.output and problem in result.output
+    assert "stats of" not in result.output  # no table printed from the bad counts
+
+
+@pytest.mark.parametrize("where", ["directory", "under a file"])
+def test_html_to_a_path_that_cannot_be_a_file_is_exit_2_before_any_output(shards_dir, tmp_path, where):
+    (tmp_path / "taken").write_text("a file")
+    html = tmp_path if where == "directory" else tmp_path / "taken" / "sub" / "r.html"
+    before = sorted(tmp_path.rglob("*"))
+    result = run_stats(shards_dir, "--html", html)
+    assert result.exit_code == 2, result.output
+    assert f"--html {html}" in result.output
+    assert ("names a directory" if where == "directory" else "is a file") in result.output
+    assert "stats of" not in result.output
+    assert sorted(tmp_path.rglob("*")) == before  # nothing created
+
+
+def test_html_write_failure_is_exit_2_naming_the_path(shards_dir, tmp_path, monkeypatch):
+    from apache_beam.io.filesystems import FileSystems
+
+    def create(path, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(FileSystems, "create", staticmethod(create))
+    out = tmp_path / "r.html"
+    result = run_stats(shards_dir, "--html", out)
+    assert result.exit_code == 2, result.output
+    assert f"--html {out}: cannot write it" in result.output and "Permission denied" in result.output
+    assert not out.exists()
 
 
 def test_the_stats_json_preprocess_wrote_has_the_shape_stats_reads(stats):

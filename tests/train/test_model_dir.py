@@ -119,3 +119,24 @@ def test_data_settings_change_then_training_continues_from_the_restored_step(
     summary = json.loads((tmp_path / "m" / "run_summary.json").read_text())
     assert (summary["start_step"], summary["final_step"], summary["batch_size"]) == (AT, AT + 2, 4)
     assert "batch_size 2 -> 4" in caplog.text
+
+
+@pytest.mark.parametrize("own_schema", [True, False])
+def test_the_model_dir_records_the_schema_the_shards_were_read_and_normalised_with(shards_dir, tmp_path,
+                                                                                   test_config, own_schema):
+    """--schema is the reference; shards with their own schema.json are read (and their mel normalised)
+    with it, so that one is recorded for synthesis; shards without one are read with --schema."""
+    shards = tmp_path / "shards"
+    shutil.copytree(shards_dir, shards)
+    reference = json.loads((shards / "schema.json").read_text())
+    reference["mel_mean"] = [m + 1.0 for m in reference["mel_mean"]]  # same contract, other statistics
+    (tmp_path / "reference.json").write_text(json.dumps(reference))
+    if not own_schema:
+        (shards / "schema.json").unlink()
+    inputs = resolve_inputs([str(shards / "train-*.tfrecord")], [], str(tmp_path / "reference.json"),
+                            load_config(str(test_config)))
+    prepare_model_dir(str(tmp_path / "m"), inputs)
+    recorded = json.loads((tmp_path / "m" / "schema.json").read_text())
+    assert recorded["mel_mean"] == pytest.approx(list(inputs.schema.mel_mean))
+    expected = json.loads((shards_dir / "schema.json").read_text()) if own_schema else reference
+    assert recorded["mel_mean"] == pytest.approx(expected["mel_mean"])

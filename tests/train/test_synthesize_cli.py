@@ -96,7 +96,7 @@ def test_no_griffin_lim_iterations_is_refused_before_the_model_is_loaded(tmp_pat
     for name in ("schema.json", "train_config.json"):
         (looks_trained / name).write_text("{}")
 
-    def load_synthesizer(model_dir):
+    def load_synthesizer(*args, **kwargs):
         raise AssertionError("the model was loaded before --griffin-lim-iters was checked")
 
     monkeypatch.setattr(synthesize_module, "load_synthesizer", load_synthesizer)
@@ -105,3 +105,91 @@ def test_no_griffin_lim_iterations_is_refused_before_the_model_is_loaded(tmp_pat
     assert result.exit_code == 2, result.output
     assert "--griffin-lim-iters" in result.output
     assert not wav.parent.exists()
+
+
+def _refuse_loading(monkeypatch):
+    def load_synthesizer(*args, **kwargs):
+        raise AssertionError("the model was loaded before the call was checked")
+
+    monkeypatch.setattr(synthesize_module, "load_synthesizer", load_synthesizer)
+
+
+def _looks_trained(shards_dir, path: Path, checkpoint: bool = True) -> Path:
+    """A model dir with the run's schema.json, a train_config.json and (optionally) a checkpoint index."""
+    import shutil
+
+    path.mkdir()
+    shutil.copy(shards_dir / "schema.json", path / "schema.json")
+    (path / "train_config.json").write_text("{}")
+    if checkpoint:
+        (path / "checkpoints").mkdir()
+        (path / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-10"\n')
+        (path / "checkpoints" / "ckpt-10.index").write_bytes(b"")
+    return path
+
+
+def test_output_that_is_a_directory_is_refused_before_the_model_is_loaded(shards_dir, tmp_path, monkeypatch):
+    _refuse_loading(monkeypatch)
+    model = _looks_trained(shards_dir, tmp_path / "model")
+    (tmp_path / "wavs").mkdir()
+    result = synthesize("Printing.", "--model-dir", model, "-o", tmp_path / "wavs")
+    assert result.exit_code == 2, result.output
+    assert f"-o {tmp_path / 'wavs'} names a directory" in result.output
+    assert list((tmp_path / "wavs").iterdir()) == []
+
+
+def test_a_model_dir_without_a_checkpoint_is_refused_and_creates_nothing(shards_dir, tmp_path, monkeypatch):
+    _refuse_loading(monkeypatch)
+    model = _looks_trained(shards_dir, tmp_path / "model", checkpoint=False)
+    out = tmp_path / "new" / "out.wav"
+    result = synthesize("Printing.", "--model-dir", model, "-o", out)
+    assert result.exit_code == 2, result.output
+    assert f"{model / 'checkpoints'} holds no checkpoint; train the model first" in result.output
+    assert not out.parent.exists() and not (model / "checkpoints").exists()
+
+
+def test_a_text_longer_than_the_model_reads_is_refused_before_loading(shards_dir, tmp_path, monkeypatch):
+    from shards_schema import read_schema
+
+    _refuse_loading(monkeypatch)
+    model = _looks_trained(shards_dir, tmp_path / "model")
+    limit = read_schema(str(shards_dir)).max_text_len
+    out = tmp_path / "new" / "out.wav"
+    result = synthesize("a" * (limit + 1), "--model-dir", model, "-o", out)
+    assert result.exit_code == 2, result.output
+    assert f"the text is {limit + 1} symbols after normalisation; this model reads at most {limit}" in result.output
+    assert not out.parent.exists()
+
+
+def test_texts_up_to_the_longest_text_of_any_bucket_are_accepted(shards_dir):
+    """A bucket of shorter clips can hold longer texts than the largest bucket: the model reads those."""
+    import dataclasses
+
+    from shards_schema import read_schema
+    from shards_schema.config import ConfigError
+
+    one = read_schema(str(shards_dir))
+    make = one.make_bucket
+    schema = dataclasses.replace(one, buckets=(make(0, 40, 96, one.n_mels, []), make(1, 24, 192, one.n_mels, [])))
+    assert schema.max_text_len == 24  # the largest bucket's
+    ids, n = synthesize_module.text_ids("a" * 40, schema)
+    assert n == 40 and ids.shape == (1, 40) and (ids[0] > 1).all()
+    with pytest.raises(ConfigError, match="the text is 41 symbols after normalisation; this model reads at most 40"):
+        synthesize_module.text_ids("a" * 41, schema)
+
+
+def test_serving_refuses_a_text_longer_than_the_model_reads_instead_of_truncating(shards_dir, tmp_path):
+    import tensorflow as tf
+
+    from tests.train.conftest import model_dir_from_weights
+
+    model_dir_from_weights(shards_dir, tmp_path / "m", stop_bias=20.0)
+    synth = synthesize_module.load_synthesizer(str(tmp_path / "m"))
+    limit = synth.schema.max_text_len  # one bucket: the longest text of the run
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"the text is longer than the {limit} symbols this "
+                                                             "model reads"):
+        synth.serve(tf.constant("a" * (limit + 1)))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="holds no symbol of the vocabulary this model reads"):
+        synth.serve(tf.constant("\u00e9\u00e9"))
+    out = synth.serve(tf.constant("a" * limit))  # the longest text it reads still speaks
+    assert int(out["mel_len"][0]) > 0
