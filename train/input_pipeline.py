@@ -39,7 +39,8 @@ def record_ids(files: Sequence[str]) -> set[bytes]:
     return {x for batch in ds.as_numpy_iterator() for x in batch.tolist()}
 
 
-def check_val_is_not_train(files: Sequence[str], val_files: Sequence[str], train_records: int | None = None) -> None:
+def check_val_is_not_train(files: Sequence[str], val_files: Sequence[str],
+                           train_records: int | None = None) -> None:
     """Refuse --val shards that are training shards, or hold records with the training records' ids.
 
     The same file in both: refused from the paths alone. Shards in the same directory: one
@@ -64,8 +65,9 @@ def check_val_is_not_train(files: Sequence[str], val_files: Sequence[str], train
     common = record_ids(other) & record_ids(list(files))
     if common:
         example = sorted(common)[0].decode("utf-8", "replace")
+        where = other[0] if len(other) == 1 else f"{len(other)} files such as {other[0]}"
         raise InputError(f"--val shards hold {len(common)} records with the ids of training records (e.g. "
-                         f"{example!r}, in {other[0] if len(other) == 1 else f'{len(other)} files such as ' + other[0]})"
+                         f"{example!r}, in {where})"
                          "; validating on the training data measures nothing. Pass validation shards of other "
                          "clips, e.g. the val-*.tfrecord of the same preprocessing run")
 

@@ -66,8 +66,9 @@ def resolve_inputs(globs: Sequence[str], val_globs: Sequence[str], schema_path: 
         ip.check_schemas(val_files, where)
     bk.files_by_bucket([*files, *val_files], schema)  # every file's length bucket is known
     if val_files:
-        records = sum(bk.records_in(fs, schema, schema.buckets[i]) for i, fs in bk.files_by_bucket(files, schema).items())
-        ip.check_val_is_not_train(files, val_files, records)
+        by_bucket = bk.files_by_bucket(files, schema)
+        ip.check_val_is_not_train(files, val_files,
+                                  sum(bk.records_in(fs, schema, schema.buckets[i]) for i, fs in by_bucket.items()))
     return Inputs(files, val_files, schema, where, cfg.validate(schema))
 
 
