@@ -71,8 +71,11 @@ def checkpoint_problem(path: str) -> str | None:
         return f"{name}.index is missing"
     try:
         reader = tf.train.load_checkpoint(path)
-        for key in reader.get_variable_to_shape_map():
-            reader.get_tensor(key)
+        for key, dtype in reader.get_variable_to_dtype_map().items():
+            if dtype == tf.variant:  # the iterator state: the reader cannot return it as numpy
+                tf.raw_ops.RestoreV2(prefix=path, tensor_names=[key], shape_and_slices=[""], dtypes=[dtype])
+            else:
+                reader.get_tensor(key)
     except (tf.errors.OpError, IndexError, ValueError, RuntimeError, OSError) as e:
         message = (getattr(e, "message", None) or str(e) or type(e).__name__).strip().splitlines()[0]
         if isinstance(e, IndexError):  # TensorFlow's way of saying the data file ends too early
