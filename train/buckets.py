@@ -10,10 +10,12 @@ exactly the buckets an uninterrupted one would. K = 1 is the same code with one 
 Batch size per bucket (`batch_sizes`). `data.batch_size` B is the batch of the longest bucket (the
 one the memory budget is set for). A bucket of T frames gets floor(B * T_max / T) records, so every
 bucket's batch holds about the same padded frames as the longest one's (B * T_max, never more),
-rounded down to a multiple of gcd(B, 8) (a global batch split over up to 8 replicas stays
-divisible whenever B is; multiples of 8 suit tensor cores), then capped at the bucket's training
-records (so one batch never holds a record twice) and never below B. `data.fixed_batch_size: true`
-gives every bucket batch B.
+capped at the bucket's training records (one batch never holds a record twice), then rounded down
+to a multiple of lcm(replicas, gcd(B, 8)): the replicas divide it, and so does whatever divides B
+up to 8 (multiples of 8 suit tensor cores). That multiple divides B, so a bucket with at least B
+records gets at least B. A bucket with fewer training records than B cannot fill a batch without
+repeating records: the run is refused (`BatchError`), naming the largest batch every bucket fits.
+`data.fixed_batch_size: true` gives every bucket batch B (the same refusal applies).
 
 Schedule (`schedule`). Calls run in epochs of the schedule: bucket i appears n_i times per epoch,
 n_i = its records / (its batch * steps_per_execution) rounded, at least 1 (no bucket starves), so an
@@ -29,20 +31,49 @@ from typing import Sequence
 import numpy as np
 
 from shards_schema import Schema
+from shards_schema.config import ConfigError
 from shards_schema.schema import Bucket
 from shards_schema.shards import InputError, listed_split
 
 
-def batch_sizes(frames: Sequence[int], records: Sequence[int], batch_size: int, fixed: bool = False) -> list[int]:
-    """Batch per bucket: ~constant padded frames per batch (see the module doc); B for all when fixed."""
+class BatchError(ConfigError):
+    """The batch does not fit the training records (a batch would hold a record twice)."""
+
+
+def batch_multiple(batch_size: int, replicas: int = 1) -> int:
+    """What every bucket's batch is a multiple of: the replicas and gcd(B, 8); it divides B."""
+    return math.lcm(replicas, math.gcd(batch_size, 8))
+
+
+def batch_sizes(frames: Sequence[int], records: Sequence[int], batch_size: int, fixed: bool = False,
+                replicas: int = 1) -> list[int]:
+    """Batch per bucket: ~constant padded frames per batch (see the module doc); B for all when fixed.
+
+    Raises BatchError when a bucket with records has fewer than B (B must divide by the replicas:
+    Topology.per_replica_batch checks that first). A bucket without records gets B (it is never run).
+    """
+    short = [(i, n) for i, n in enumerate(records) if 0 < n < batch_size]
+    if short:
+        raise BatchError(_too_few_records(short, records, batch_size, replicas))
     if fixed:
         return [batch_size] * len(frames)
-    longest, multiple = max(frames), math.gcd(batch_size, 8)
-    out = []
-    for t, n in zip(frames, records):
-        b = min(batch_size * longest // t, n)
-        out.append(max(batch_size, b // multiple * multiple))
-    return out
+    longest, multiple = max(frames), batch_multiple(batch_size, replicas)
+    return [batch_size if n == 0 else min(batch_size * longest // t, n) // multiple * multiple
+            for t, n in zip(frames, records)]
+
+
+def _too_few_records(short: list[tuple[int, int]], records: Sequence[int], batch_size: int, replicas: int) -> str:
+    fits = min(n for n in records if n) // replicas * replicas
+    which = ", ".join(f"bucket {i} has {n}" for i, n in short)
+    if len(records) == 1:
+        which = f"the shards hold {short[0][1]}"
+    advice = (f"the largest batch that fits is {fits}: pass --batch-size {fits} or less" if fits else
+              f"no bucket batch can divide by the {replicas} replicas: use fewer replicas or more records")
+    per_bucket = "" if len(records) == 1 else (
+        " (largest per bucket: " + ", ".join(f"bucket {i} {n // replicas * replicas}"
+                                             for i, n in enumerate(records) if n) + ")")
+    return (f"data.batch_size {batch_size} is more than the training records ({which}): a batch never holds a "
+            f"record twice, so {advice}{per_bucket}, or add training shards")
 
 
 def calls_per_epoch(records: Sequence[int], batches: Sequence[int], steps_per_execution: int) -> list[int]:
@@ -121,12 +152,15 @@ def records_in(files: Sequence[str], schema: Schema, bucket: Bucket) -> int:
 
 
 def plan(files: Sequence[str], val_files: Sequence[str], schema: Schema, batch_size: int, fixed: bool,
-         steps_per_execution: int) -> list[Lane]:
-    """The buckets of a run, each with its batch, files and share of the schedule."""
+         steps_per_execution: int, replicas: int = 1) -> list[Lane]:
+    """The buckets of a run, each with its batch, files and share of the schedule.
+
+    Pure and cheap (schema.json's record counts, no reads): the trainer calls it before anything is
+    written, so a batch that does not fit is refused first (BatchError)."""
     train, val = files_by_bucket(files, schema), files_by_bucket(val_files, schema)
     records = [records_in(train[b.index], schema, b) if train[b.index] else 0 for b in schema.buckets]
     frames = [b.max_mel_frames for b in schema.buckets]
-    batches = batch_sizes(frames, records, batch_size, fixed)
+    batches = batch_sizes(frames, records, batch_size, fixed, replicas)
     calls = calls_per_epoch(records, batches, steps_per_execution)
     return [Lane(b, batches[b.index], tuple(train[b.index]), tuple(val[b.index]), records[b.index],
                  calls[b.index]) for b in schema.buckets]

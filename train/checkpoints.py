@@ -18,7 +18,7 @@ from typing import Sequence
 from train.tf_quiet import tf
 
 from train.config import TrainConfig
-from train.errors import ModelDirError, RestoreError
+from train.errors import CheckpointError, ModelDirError, RestoreError
 
 log = logging.getLogger("melshards.train")
 
@@ -54,6 +54,72 @@ def remove_partial_writes(checkpoint_dir: str) -> list[str]:
         tf.io.gfile.rmtree(path)
         log.info("removed %s, left by a checkpoint write that did not finish", path)
     return leftovers
+
+
+def _files_of(path: str) -> list[str]:
+    return tf.io.gfile.glob(path + ".index") + tf.io.gfile.glob(path + ".data-*")
+
+
+def checkpoint_problem(path: str) -> str | None:
+    """What is wrong with the checkpoint `path` (ckpt-N), or None when every saved tensor reads back.
+
+    Reads every tensor once (a truncated ckpt-N.data-* file fails only at the tensors past its end,
+    e.g. the object graph written last), so its cost is one read of the checkpoint.
+    """
+    name = posixpath.basename(path)
+    if not tf.io.gfile.exists(path + ".index"):
+        return f"{name}.index is missing"
+    try:
+        reader = tf.train.load_checkpoint(path)
+        for key, dtype in reader.get_variable_to_dtype_map().items():
+            if dtype == tf.variant:  # the iterator state: the reader cannot return it as numpy
+                tf.raw_ops.RestoreV2(prefix=path, tensor_names=[key], shape_and_slices=[""], dtypes=[dtype])
+            else:
+                reader.get_tensor(key)
+    except (tf.errors.OpError, IndexError, ValueError, RuntimeError, OSError) as e:
+        message = (getattr(e, "message", None) or str(e) or type(e).__name__).strip().splitlines()[0]
+        if isinstance(e, IndexError):  # TensorFlow's way of saying the data file ends too early
+            message = f"its data file is truncated ({message})"
+        return message.split("[Op:")[0].strip()
+    return None
+
+
+def _listed(checkpoint_dir: str) -> list[str]:
+    """The checkpoints the manager's `checkpoint` file lists, oldest first (absolute paths)."""
+    state = tf.train.get_checkpoint_state(checkpoint_dir)
+    if state is None:
+        return []
+    paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
+    if state.model_checkpoint_path not in paths:
+        paths.append(state.model_checkpoint_path)
+    return [p if posixpath.isabs(p) or "://" in p else posixpath.join(checkpoint_dir, p) for p in paths]
+
+
+def resume_checkpoint(checkpoint_dir: str, repair: bool = True) -> str | None:
+    """The checkpoint to resume (or synthesize) from: the newest listed one; None when there is none.
+
+    Raises CheckpointError, naming it and how to go on, when it is damaged. A listed checkpoint whose
+    files are all gone (deleted by the user, as that message suggests) is skipped for the newest one
+    before it; `repair` then drops it from the `checkpoint` file so the CheckpointManager agrees.
+    """
+    listed = _listed(checkpoint_dir)
+    present = [p for p in listed if _files_of(p)]
+    if not present:
+        return None
+    latest = present[-1]
+    problem = checkpoint_problem(latest)
+    if problem is not None:
+        previous = next((p for p in reversed(present[:-1]) if checkpoint_problem(p) is None), None)
+        name = posixpath.basename(latest)
+        go_on = (f"delete {checkpoint_dir}/{name}.* to resume from {posixpath.basename(previous)}, the previous "
+                 "checkpoint (intact), or pass another --model-dir" if previous else
+                 "no earlier checkpoint is intact: pass another --model-dir to start afresh")
+        raise CheckpointError(f"checkpoint {latest} is damaged ({problem}); {go_on}")
+    if repair and latest != listed[-1]:
+        log.warning("%s: the newest listed checkpoint %s has no files; resuming from %s", checkpoint_dir,
+                    posixpath.basename(listed[-1]), posixpath.basename(latest))
+        tf.compat.v1.train.update_checkpoint_state(checkpoint_dir, latest, all_model_checkpoint_paths=present)
+    return latest
 
 
 def data_settings(files: Sequence[str], cfg: TrainConfig, synthetic: bool) -> dict:
@@ -100,6 +166,11 @@ def saved_data_settings(path: str) -> dict | None:
     return json.loads(reader.get_tensor(DATA_KEY))
 
 
+def has_input_position(path: str) -> bool:
+    """Whether a checkpoint holds the input iterators (runs on one device save them; strategies cannot)."""
+    return any(key.startswith("iterator/") for key in tf.train.load_checkpoint(path).get_variable_to_shape_map())
+
+
 def untracked_variables(root, model) -> list[str]:
     """Paths of the model's variables that a checkpoint of `root` would not save or restore."""
     reachable = {id(obj) for obj in tf.train.TrackableView(root).descendants()}
@@ -132,7 +203,12 @@ def restore_checked(ckpt: tf.train.Checkpoint, path: str, model, consume_all: bo
 
 
 def restore_model(model, path: str) -> None:
-    """The model's weights (only) from a training checkpoint; every variable must be restored."""
+    """The model's weights (only) from a training checkpoint; every variable must be restored.
+    A damaged checkpoint is a CheckpointError naming it (`checkpoint_problem`)."""
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise CheckpointError(f"checkpoint {path} is damaged ({problem}); train again into another --model-dir, "
+                              f"or resume training from an intact checkpoint")
     restore_checked(tf.train.Checkpoint(model=model), path, model, consume_all=False)
 
 
@@ -144,6 +220,7 @@ class Checkpointer:
         """iterator None: the input position is not saved (distributed iterators are not trackable).
         read_dir: the model dir to resume from when it is not the one written (a non-chief worker)."""
         self.model, self.data, self.has_iterator = model, data, iterator is not None
+        self.input_position_saved = True  # whether the restored checkpoint held the input position
         self.data_var = tf.Variable(json.dumps(data, sort_keys=True), trainable=False, dtype=tf.string)
         self.weights = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
         saved = {"iterator": iterator} if iterator is not None else {}
@@ -164,8 +241,12 @@ class Checkpointer:
         if latest is None:
             return []
         diff = settings_diff(saved_data_settings(latest), self.data)
-        if not diff and self.has_iterator:
+        self.input_position_saved = has_input_position(latest)
+        if not diff and self.has_iterator and self.input_position_saved:
             restore_checked(self.full, latest, self.model, consume_all=True)
+            return []
+        if not diff and self.has_iterator:  # written under a strategy: no input position to restore
+            restore_checked(self.weights, latest, self.model, consume_all=False)
             return []
         if not self.has_iterator:  # the input restarts anyway; a position saved by a one-device run is unused
             restore_checked(self.weights, latest, self.model, consume_all=False)

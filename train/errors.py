@@ -12,3 +12,8 @@ class ModelDirError(ValueError):
 
 class RestoreError(RuntimeError):
     """A checkpoint did not restore every variable of the model."""
+
+
+class CheckpointError(ModelDirError, RestoreError):
+    """A checkpoint's files are missing or damaged (truncated data, no index): a usage error that names the
+    checkpoint and how to go on. Also a RestoreError, for callers that catch those."""

@@ -5,6 +5,8 @@ that can fail (globs, schemas beside the shards) run here in Python before anyth
 """
 from __future__ import annotations
 
+import logging
+import os
 from typing import Sequence
 
 import numpy as np
@@ -13,8 +15,61 @@ from train.tf_quiet import tf
 from shards_schema import Schema
 from shards_schema.schema import Bucket
 from shards_schema.records import decode_parsed, encode_example, parse_spec
-from shards_schema.shards import InputError, check_schemas, expand_globs  # noqa: F401 (the trainer's checks)
+from shards_schema.shards import InputError, check_schemas, dir_of, expand_globs  # noqa: F401 (the trainer's checks)
 from train.config import DataConfig
+
+log = logging.getLogger("melshards.train")
+
+
+# Training records whose ids are compared with --val's when the two come from different directories:
+# about 2 GB of LJSpeech-sized records, one read of the id feature each. Above it the check is skipped
+# (with a warning): validation shards from another preprocessing run are then the user's to vouch for.
+ID_CHECK_MAX_RECORDS = 20_000
+
+
+def _same_path(path: str) -> str:
+    return path if "://" in path else os.path.realpath(path)
+
+
+def record_ids(files: Sequence[str]) -> set[bytes]:
+    """The `id` feature of every record in `files` (the other features are not decoded)."""
+    spec = {"id": tf.io.FixedLenFeature([], tf.string)}
+    ds = (tf.data.TFRecordDataset(list(files), num_parallel_reads=min(8, len(files))).batch(1024)
+          .map(lambda s: tf.io.parse_example(s, spec)["id"]))
+    return {x for batch in ds.as_numpy_iterator() for x in batch.tolist()}
+
+
+def check_val_is_not_train(files: Sequence[str], val_files: Sequence[str],
+                           train_records: int | None = None) -> None:
+    """Refuse --val shards that are training shards, or hold records with the training records' ids.
+
+    The same file in both: refused from the paths alone. Shards in the same directory: one
+    preprocessing run, which puts each clip in one split, so nothing is read. Otherwise the `id`
+    feature of the records is compared (a read of both sets) when the training set holds at most
+    ID_CHECK_MAX_RECORDS records (`train_records`, from schema.json; None: read).
+    """
+    train = {_same_path(f): f for f in files}
+    both = [f for f in val_files if _same_path(f) in train]
+    if both:
+        raise InputError(f"--val matches {len(both)} of the training shards (e.g. {both[0]}); validating on the "
+                         "training data measures nothing. Pass the validation shards, e.g. 'DIR/val-*.tfrecord'")
+    train_dirs = {dir_of(p) for p in train}
+    other = [f for f in val_files if dir_of(_same_path(f)) not in train_dirs]
+    if not other:
+        return
+    if train_records is not None and train_records > ID_CHECK_MAX_RECORDS:
+        log.warning("--val shards from another directory than the training shards: their record ids were not "
+                    "compared with the %d training records (more than the %d compared before training); make "
+                    "sure they hold other clips", train_records, ID_CHECK_MAX_RECORDS)
+        return
+    common = record_ids(other) & record_ids(list(files))
+    if common:
+        example = sorted(common)[0].decode("utf-8", "replace")
+        where = other[0] if len(other) == 1 else f"{len(other)} files such as {other[0]}"
+        raise InputError(f"--val shards hold {len(common)} records with the ids of training records (e.g. "
+                         f"{example!r}, in {where})"
+                         "; validating on the training data measures nothing. Pass validation shards of other "
+                         "clips, e.g. the val-*.tfrecord of the same preprocessing run")
 
 
 def padding_record(schema: Schema, shapes: Bucket | None = None) -> bytes:
@@ -72,15 +127,19 @@ def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig, names: 
     ds = tf.data.Dataset.from_tensor_slices(files)
     if how == "files":  # before the shuffle: each part is a fixed set of files
         ds, files = ds.shard(n, i), files[i::n]
+    def read(path):
+        records = tf.data.TFRecordDataset(path)
+        # every part reads every file and keeps every n-th record of each file: sharded before the
+        # interleave, so the parts are disjoint and complete whatever order it yields (deterministic: false)
+        return records.shard(n, i) if how == "records" else records
+
     ds = (
         # new file order every epoch (reshuffle_each_iteration), reproducible from the seed
         ds.apply(_if(shuffle, lambda d: d.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)))
         # several shards read at once: hides per-file latency (gs://) and mixes shards
-        .interleave(tf.data.TFRecordDataset, cycle_length=min(cfg.cycle_length, len(files)),
+        .interleave(read, cycle_length=min(cfg.cycle_length, len(files)),
                     block_length=1, num_parallel_calls=tf.data.AUTOTUNE, deterministic=cfg.deterministic)
     )
-    if how == "records":  # every part reads every file and keeps every n-th record
-        ds = ds.shard(n, i)
     ds = (
         # records within and across shards are mixed; serialized records keep the buffer small
         ds.apply(_if(shuffle, lambda d: d.shuffle(cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)))

@@ -29,7 +29,7 @@ from shards_schema.shards import first_bad_shard
 from train import buckets as bk
 from train import distribute as dist
 from train import input_pipeline as ip
-from train.checkpoints import CHECKPOINT_DIR, Checkpointer, check_writable, data_settings
+from train.checkpoints import CHECKPOINT_DIR, Checkpointer, check_writable, data_settings, resume_checkpoint
 from train.config import TrainConfig
 from train.errors import ModelDirError, RestoreError, TrainError
 from train.metrics import RunState, format_summary
@@ -65,6 +65,10 @@ def resolve_inputs(globs: Sequence[str], val_globs: Sequence[str], schema_path: 
     if val_files:
         ip.check_schemas(val_files, where)
     bk.files_by_bucket([*files, *val_files], schema)  # every file's length bucket is known
+    if val_files:
+        by_bucket = bk.files_by_bucket(files, schema)
+        ip.check_val_is_not_train(files, val_files,
+                                  sum(bk.records_in(fs, schema, schema.buckets[i]) for i, fs in by_bucket.items()))
     return Inputs(files, val_files, schema, where, cfg.validate(schema))
 
 
@@ -202,6 +206,15 @@ def evaluate(eval_steps: dict, lanes: Sequence[bk.Lane], inputs: Inputs, max_bat
     return dict({k: float(v) for k, v in losses.items()}, examples=sums.get("examples", 0.0))
 
 
+def plan_lanes(inputs: Inputs, topo: dist.Topology) -> list[bk.Lane]:
+    """Every bucket's batch, files and schedule share; a batch that does not fit the records or the
+    replicas is a ConfigError. Pure: called before anything is written."""
+    cfg = inputs.cfg
+    topo.per_replica_batch(cfg.data.batch_size)
+    return bk.plan(inputs.files, inputs.val_files, inputs.schema, cfg.data.batch_size, cfg.data.fixed_batch_size,
+                   cfg.loop.steps_per_execution, replicas=topo.replicas)
+
+
 def lane_data(cfg: TrainConfig, lane: bk.Lane):
     """The data config of one bucket's pipeline: its own (global) batch size."""
     return dataclasses.replace(cfg.data, batch_size=lane.batch_size)
@@ -240,8 +253,7 @@ class Run:
             self.model, self.loss_names = build_model(cfg.model_factory, schema, cfg.model_options, lp.precision)
             self.optimizer = make_optimizer(cfg.optim, lp.precision, self.model)
             self.step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        self.lanes = bk.plan(inputs.files, inputs.val_files, schema, cfg.data.batch_size,
-                             cfg.data.fixed_batch_size, self.k_steps)
+        self.lanes = plan_lanes(inputs, topo)
         used = [lane for lane in self.lanes if lane.calls_per_epoch]
         self.schedule = bk.Schedule([lane.calls_per_epoch for lane in self.lanes], cfg.data.seed)
         self.next_call = 0  # the schedule position: set from the restored step
@@ -255,15 +267,13 @@ class Run:
         self.write_dir = dist.write_dir(model_dir, topo)
         self.datasets: dict = {}
         self.iterators: dict = {}
-        iterators = None  # distributed iterators are not trackable: built at restore, position not saved
+        self.saved_iterators = None  # distributed iterators are not trackable: built at restore, position not saved
         if not topo.distributed:
-            self.datasets = {lane.index: self.make_dataset(lane) for lane in used}
-            self.iterators = {i: iter(ds) for i, ds in self.datasets.items()}
             # every bucket's iterator position is saved (the schedule position is the step counter)
-            iterators = tf.Module()
-            for i, it in self.iterators.items():
-                setattr(iterators, f"bucket_{i:02d}", it)
-        self.checkpointer = Checkpointer(self.write_dir, self.model, self.optimizer, self.step_var, iterators,
+            self.saved_iterators = tf.Module()
+            self.start_local_input(seed=None)
+        self.checkpointer = Checkpointer(self.write_dir, self.model, self.optimizer, self.step_var,
+                                         self.saved_iterators,
                                          data_settings(inputs.files, cfg, synthetic), lp.keep_checkpoints,
                                          read_dir=model_dir)
         for lane in self.lanes:
@@ -283,6 +293,14 @@ class Run:
             return ip.synthetic_dataset(first, self.k_steps)
         return ip.train_dataset(lane.files, lane.bucket, data, MODEL_INPUTS, self.k_steps, batch_size=batch_size,
                                 shard=shard, seed=seed)
+
+    def start_local_input(self, seed: int | None) -> None:
+        """On one device: every bucket's input iterator, in the checkpoint's `iterator/bucket_NN`."""
+        self.datasets = {lane.index: self.make_dataset(lane, seed=seed) for lane in self.lanes
+                         if lane.index in self.train_steps}
+        self.iterators = {i: iter(ds) for i, ds in self.datasets.items()}
+        for i, it in self.iterators.items():
+            setattr(self.saved_iterators, f"bucket_{i:02d}", it)
 
     def start_input(self, start: int) -> None:
         """Under a strategy: every bucket's distributed input, reshuffled for the step it starts at
@@ -317,6 +335,13 @@ class Run:
                              f"{self.k_steps}; resume with the steps_per_execution it was trained with")
         if self.topo.distributed:
             self.start_input(start)
+        elif start and not self.checkpointer.input_position_saved and not changes:
+            # a checkpoint written under a strategy holds no input position: reshuffle, as a strategy does
+            seed = dist.resume_seed(self.inputs.cfg.data.seed, start)
+            log.info("%s holds no input position (written under a tf.distribute strategy); reshuffled the input "
+                     "with seed %d (derived from step %d) instead of replaying its first batches",
+                     self.checkpointer.latest, seed, start)
+            self.start_local_input(seed)
         return start, changes
 
     def call(self) -> tuple[dict, np.ndarray, float, float]:
@@ -398,7 +423,9 @@ def train(inputs: Inputs, model_dir: str, synthetic: bool = False, topo: dist.To
     lp = inputs.cfg.loop
     topo = topo or dist.Topology("one", None)
     with StopFlag() as stop:  # from the start: a Ctrl-C during set-up stops before the first call
-        topo.per_replica_batch(inputs.cfg.data.batch_size)  # a ConfigError before any model is built
+        plan_lanes(inputs, topo)  # batch vs replicas and records: a ConfigError before anything is written
+        # a damaged newest checkpoint: a CheckpointError before anything is written or built
+        resume_checkpoint(posixpath.join(model_dir, CHECKPOINT_DIR), repair=topo.chief)
         if topo.chief:  # the others would race the chief's writes; the chief's refusal stops them all
             prepare_model_dir(model_dir, inputs)
         run = Run(inputs, model_dir, synthetic, topo)

@@ -106,3 +106,29 @@ def test_corrupt_or_truncated_shard_error_names_the_file(shards_dir, tmp_path, t
     assert code == 1
     assert f"corrupt or truncated shard {shard}" in out.err
     assert ("corrupted record" if damage == "flip" else "truncated record") in out.err
+
+
+def test_validation_on_the_training_shards_is_refused_before_anything_is_written(shards_dir, tmp_path, test_config,
+                                                                                 capsys):
+    code, out = _train(capsys, shards_dir / "train-*.tfrecord", "--val", shards_dir / "*.tfrecord",
+                       "--model-dir", tmp_path / "m", "--config", test_config)
+    assert code == 2 and "--val matches 1 of the training shards" in out.err
+    assert not (tmp_path / "m").exists()
+
+
+def test_validation_records_with_training_ids_are_refused(shards_dir, tmp_path, test_config, capsys):
+    """A copy of the training shards elsewhere: other files, the same records (compared by their `id`)."""
+    copy = copy_shards(shards_dir, tmp_path / "copy")
+    code, out = _train(capsys, shards_dir / "train-*.tfrecord", "--val", copy / "train-*.tfrecord",
+                       "--model-dir", tmp_path / "m", "--config", test_config)
+    assert code == 2 and "--val shards hold 40 records with the ids of training records" in out.err
+    assert not (tmp_path / "m").exists()
+
+
+def test_a_batch_larger_than_the_training_records_is_refused_naming_the_largest_that_fits(
+        shards_dir, tmp_path, test_config, capsys):
+    # the shards hold 40 training records: a batch of 64 would hold each record about 1.6 times
+    code, out = _train(capsys, shards_dir / "train-*.tfrecord", "--model-dir", tmp_path / "m",
+                       "--config", test_config, "--batch-size", 64, "--steps", 1)
+    assert code == 2 and "the largest batch that fits is 40: pass --batch-size 40 or less" in out.err
+    assert not (tmp_path / "m").exists()

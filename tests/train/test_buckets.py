@@ -21,11 +21,37 @@ def test_batch_per_bucket_keeps_padded_frames_per_batch_at_most_the_longest_buck
     assert bk.batch_sizes([250, 400, 700, 1000], [10**6] * 4, 16) == [64, 40, 16, 16]
     # B = 4: multiples of gcd(4, 8) = 4; capped by each bucket's records (9 -> 8), never below B
     assert bk.batch_sizes([184, 224, 320, 552], [9, 12, 11, 8], 4) == [8, 8, 4, 4]
-    assert bk.batch_sizes([100, 200], [2, 3], 4) == [4, 4]
     # B = 6: multiples of 2
     assert bk.batch_sizes([100, 300], [100, 100], 6) == [18, 6]
     assert bk.batch_sizes([250, 400, 1000], [10**6] * 3, 16, fixed=True) == [16, 16, 16]
     assert bk.batch_sizes([552], [40], 8) == [8]
+
+
+@pytest.mark.parametrize("replicas", [3, 5, 6, 7])
+def test_every_buckets_batch_divides_by_the_replicas(replicas):
+    b = 4 * replicas  # a global batch the replicas divide; gcd(B, 8) = 4 alone would not suffice
+    frames = [184, 224, 320, 552]
+    batches = bk.batch_sizes(frames, [10**6] * 4, b, replicas=replicas)
+    assert [x % replicas for x in batches] == [0] * 4 and min(batches) == batches[-1] == b
+    # still about the longest bucket's padded frames per batch, never more
+    assert all(x * t <= b * 552 for x, t in zip(batches, frames))
+    capped = bk.batch_sizes(frames, [b + replicas - 1, 10**6, 10**6, 10**6], b, replicas=replicas)
+    assert capped[0] == b  # capped at the records, rounded down to a multiple the replicas divide
+    assert bk.batch_sizes([184, 552], [10**6] * 2, 12, replicas=3) == [36, 12]
+
+
+def test_a_batch_larger_than_a_buckets_records_is_refused_naming_the_largest_that_fits():
+    with pytest.raises(bk.BatchError, match=r"batch_size 64 is more than the training records \(the shards hold "
+                                            r"8\).* largest batch that fits is 8: pass --batch-size 8 or less"):
+        bk.batch_sizes([552], [8], 64)
+    # a small bucket never repeats records either (this used to give [4, 4] for 2 and 3 records)
+    with pytest.raises(bk.BatchError, match=r"bucket 0 has 2, bucket 1 has 3\).* largest batch that fits is 2"):
+        bk.batch_sizes([100, 200], [2, 3], 4)
+    with pytest.raises(bk.BatchError, match="largest batch that fits is 6"):  # a multiple of the replicas
+        bk.batch_sizes([100, 200], [7, 30], 12, replicas=3)
+    with pytest.raises(bk.BatchError, match="largest batch that fits is 8"):
+        bk.batch_sizes([100, 200], [8, 30], 12, fixed=True)
+    assert bk.batch_sizes([100, 200], [0, 30], 12) == [12, 12]  # a bucket without records is never run
 
 
 def test_calls_per_epoch_follow_each_buckets_batches_and_none_starves():

@@ -108,3 +108,67 @@ def test_a_model_that_stops_before_speaking_is_reported_not_synthesized(shards_d
         _synthesize(tmp_path / "m", wav)
     assert "stopped before speaking" in str(raised.value) and "4 mel frames" in str(raised.value)
     assert not wav.exists()
+
+
+# -- damaged checkpoints --------------------------------------------------------------------------
+def _two_checkpoints(shards_dir, model_dir):
+    """ckpt-10 and ckpt-20 (a copy), listed by the manager's `checkpoint` file, ckpt-20 the newest."""
+    import shutil
+
+    model_dir_from_weights(shards_dir, model_dir, stop_bias=-20.0)
+    ckpts = model_dir / "checkpoints"
+    for f in ckpts.glob("ckpt-10.*"):
+        shutil.copy(f, ckpts / f.name.replace("ckpt-10", "ckpt-20"))
+    tf.compat.v1.train.update_checkpoint_state(str(ckpts), str(ckpts / "ckpt-20"),
+                                               [str(ckpts / "ckpt-10"), str(ckpts / "ckpt-20")])
+    return ckpts
+
+
+def _damage(ckpts, name, how):
+    if how == "truncated":
+        data = next(ckpts.glob(f"{name}.data-*"))
+        data.write_bytes(data.read_bytes()[:-100])
+    else:
+        (ckpts / f"{name}.index").unlink()
+
+
+def _files(d):
+    return sorted((str(p.relative_to(d)), p.stat().st_mtime_ns) for p in d.rglob("*"))
+
+
+@pytest.mark.parametrize("how, problem", [("truncated", "its data file is truncated"),
+                                          ("no index", "ckpt-20.index is missing")])
+def test_resuming_from_a_damaged_checkpoint_names_it_and_the_intact_one_before(shards_dir, tmp_path, test_config,
+                                                                               capsys, how, problem):
+    from melshards.train_cli import run
+
+    model_dir = tmp_path / "m"
+    ckpts = _two_checkpoints(shards_dir, model_dir)
+    _damage(ckpts, "ckpt-20", how)
+    before = _files(model_dir)
+    code = run([str(shards_dir / "train-*.tfrecord"), "--model-dir", str(model_dir), "--config", str(test_config)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    line = err.strip().splitlines()[-1]
+    assert f"checkpoint {ckpts / 'ckpt-20'} is damaged ({problem}" in line
+    assert f"delete {ckpts}/ckpt-20.* to resume from ckpt-10, the previous checkpoint (intact)" in line
+    assert "Traceback" not in err and _files(model_dir) == before  # nothing written
+
+
+def test_a_deleted_newest_checkpoint_resumes_from_the_one_before(shards_dir, tmp_path):
+    from train.checkpoints import resume_checkpoint
+
+    ckpts = _two_checkpoints(shards_dir, tmp_path / "m")
+    for f in ckpts.glob("ckpt-20.*"):
+        f.unlink()
+    assert resume_checkpoint(str(ckpts)) == str(ckpts / "ckpt-10")
+    assert tf.train.CheckpointManager(tf.train.Checkpoint(), str(ckpts), 3).latest_checkpoint == str(ckpts / "ckpt-10")
+
+
+def test_synthesis_from_a_truncated_checkpoint_names_it(shards_dir, tmp_path):
+    from train.errors import CheckpointError
+
+    model_dir_from_weights(shards_dir, tmp_path / "m", stop_bias=-20.0)
+    _damage(tmp_path / "m" / "checkpoints", "ckpt-10", "truncated")
+    with pytest.raises(CheckpointError, match=r"ckpt-10 is damaged \(its data file is truncated"):
+        load_synthesizer(str(tmp_path / "m"))

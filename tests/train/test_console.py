@@ -12,7 +12,9 @@ from train.tf_quiet import keep_line
 
 INFO = "I0000 00:00:1795333283.558699    6284 port.cc:153] oneDNN custom operations are on."
 WARN = "W0000 00:00:1795333283.558699    6284 x.cc:1] a warning"
-ERROR = "E0000 00:00:1795333291.594740    6284 cuda_platform.cc:52] failed call to cuInit"
+ERROR = "E0000 00:00:1795333291.594740    6284 x.cc:1] an error"
+NO_GPU = ("E0000 00:00:1795333291.594740    6284 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: "
+          "Failed call to cuInit: UNKNOWN ERROR (303)")
 BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 OTHER = "Traceback (most recent call last):"
 
@@ -62,6 +64,12 @@ os.write(2, {(BANNER + chr(10)).encode()!r})
 os.write(2, b"I0000 00:00:1795333283.558699    6284 fake.cc:1] known info line\\n")
 os.write(2, b"W0000 00:00:1795333283.558699    6284 fake.cc:2] known warning line\\n")
 os.write(2, b"E0000 00:00:1795333283.558699    6284 fake.cc:3] known error line\\n")
+
+
+class config:  # what train.tf_quiet calls inside its capture
+    @staticmethod
+    def list_physical_devices(device_type=None):
+        return []
 """
 
 
@@ -80,3 +88,28 @@ def test_a_users_own_log_level_decides_which_import_lines_are_shown(tmp_path, us
     err = _stderr_of([sys.executable, "-c", code], **env)
     everything = [BANNER, "known info line", "known warning line", "known error line"]
     assert [text for text in everything if text in err] == shown, err
+
+
+def test_cuinit_failing_is_shown_only_when_a_gpu_was_asked_for():
+    assert not keep_line(NO_GPU, 1) and not keep_line(NO_GPU, 2)
+    assert keep_line(NO_GPU, 1, gpu=True) and keep_line(NO_GPU, 0)
+    assert keep_line(ERROR, 2)
+
+
+def test_a_cpu_run_prints_no_cuinit_error_unless_a_gpu_was_asked_for():
+    code = "from train.tf_quiet import tf; tf.config.list_physical_devices(); tf.constant(1.0).numpy()"
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={k: v for k, v in env.items() if k != "TF_CPP_MIN_LOG_LEVEL"})
+    assert done.returncode == 0, done.stderr
+    assert "cuInit" not in done.stderr and "cuda_platform" not in done.stderr
+
+
+def test_gpu_asked_means_cuda_visible_devices_names_a_device(monkeypatch):
+    from train.tf_quiet import gpu_asked
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert not gpu_asked()
+    for value, asked in (("0", True), ("0,1", True), ("", False), ("-1", False)):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert gpu_asked() is asked

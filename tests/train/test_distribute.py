@@ -228,3 +228,45 @@ def test_synthesize_from_a_bfloat16_checkpoint(bf16_run, tmp_path):
                              "--griffin-lim-iters", "2"], standalone_mode=False)
     y, _ = sf.read(wav)
     assert y.ndim == 1 and np.isfinite(y).all() and np.abs(y).max() > 0
+
+
+# -- replicas that do not divide 8, validation and resume across strategies -------------------------
+@pytest.fixture(scope="module")
+def xla_cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("xla")
+
+
+@pytest.mark.parametrize("replicas", [3, 6])
+def test_mirrored_on_3_and_6_devices_gives_every_bucket_a_batch_they_divide_and_validates(
+        replicas, bucketed_dir, tmp_path, xla_cache):
+    """gcd(B, 8) alone made bucket batches such as 7 or 8 for B = 3 or 6: refused after the model dir was
+    written, naming a batch never set. Now every bucket's batch divides, and validation runs under mirrored."""
+    from shards_schema import read_schema
+
+    cfg = write_config(tmp_path / "c.yaml", loop={"steps": 2, "log_every": 1, "checkpoint_every": 2,
+                                                  "val_every": 2})
+    proc = _train(bucketed_dir, tmp_path / "m", cfg, xla_cache, "--strategy", "mirrored", "--cpu-devices",
+                  str(replicas), "--batch-size", str(replicas), "--val", str(bucketed_dir / "val-*.tfrecord"))
+    _finish(proc)
+    s = _summary(tmp_path / "m")
+    assert (s["strategy"], s["replicas"], s["final_step"]) == ("mirrored", replicas, 2)
+    batches = [b["batch_size"] for b in s["buckets"]]
+    assert len(batches) > 1 and [b % replicas for b in batches] == [0] * len(batches)
+    assert s["final_losses"]["val"]["examples"] == read_schema(str(bucketed_dir)).counts["val"] > 0
+    assert np.isfinite(s["final_losses"]["val"]["loss"])
+
+
+def test_a_run_trained_under_mirrored_resumes_on_one_device(shards_dir, tmp_path, xla_cache):
+    """Weights, optimizer and step come back; the input position (not saved under a strategy) is reshuffled."""
+    cfg = write_config(tmp_path / "c.yaml", loop={"steps": 4, "log_every": 1, "checkpoint_every": 4, "val_every": 4})
+    _finish(_train(shards_dir, tmp_path / "m", cfg, xla_cache, "--strategy", "mirrored", "--cpu-devices", "2"))
+    mirrored = tf.train.load_checkpoint(str(tmp_path / "m" / "checkpoints"))
+    out = _finish(_train(shards_dir, tmp_path / "m", cfg, xla_cache, "--strategy", "one", "--steps", "8"))
+    assert "at step 4" in out and "holds no input position" in out and "reshuffled the input" in out
+    s = _summary(tmp_path / "m")
+    assert (s["strategy"], s["start_step"], s["final_step"]) == ("one", 4, 8)
+    resumed = tf.train.load_checkpoint(str(tmp_path / "m" / "checkpoints"))
+    assert resumed.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == 8
+    assert any(k.startswith("iterator/") for k in resumed.get_variable_to_shape_map())  # one device saves it
+    assert int(mirrored.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == 4
+    assert int(resumed.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == 8  # the optimizer resumed

@@ -50,3 +50,27 @@ def test_validation_pass_sees_every_record_once_and_pads_the_last_batch(shards_d
     lens = tf.concat([b["mel_len"] for b in batches], 0).numpy()
     assert all(b["mel"].shape[0] == 3 for b in batches)
     assert len(lens) % 3 == 0 and (lens[schema.counts["val"]:] == 0).all()
+
+
+def test_record_sharding_keeps_every_nth_record_of_every_file_in_any_interleave_order(shards_dir, tmp_path):
+    """Fewer files than input pipelines: each keeps every n-th record of each file. With
+    `deterministic: false` the interleave's order varies, so the records are sharded before it."""
+    files, schema = _inputs(shards_dir, "train")
+    records = [r.numpy() for r in tf.data.TFRecordDataset(files)]
+    parts = [records[0:13], records[13:26], records[26:]]
+    paths = []
+    for k, part in enumerate(parts):
+        paths.append(str(tmp_path / f"part-{k}.tfrecord"))
+        with tf.io.TFRecordWriter(paths[-1]) as w:
+            for r in part:
+                w.write(r)
+    ids = [[tf.train.Example.FromString(r).features.feature["id"].bytes_list.value[0] for r in p] for p in parts]
+    n = 4
+    cfg = DataConfig(batch_size=1, cycle_length=3, deterministic=False)
+    seen = []
+    for i in range(n):
+        ds = ip.train_dataset(paths, schema, cfg, ("id",), None, shard=("records", n, i), shuffle=False, repeat=False)
+        got = [x for batch in ds.as_numpy_iterator() for x in batch["id"].tolist()]
+        assert sorted(got) == sorted(x for file_ids in ids for x in file_ids[i::n])
+        seen += got
+    assert sorted(seen) == sorted(x for file_ids in ids for x in file_ids)  # every record once

@@ -42,14 +42,14 @@ def test_a_changed_input_restores_the_weights_and_starts_the_iterator_afresh(
     globs = [shards_dir / "train-*.tfrecord"]
     model_dir = tmp_path / "m"
     _checkpoint_without_training(globs, model_dir, test_config, synthetic=change == "synthetic_to_real",
-                                 batch_size=100 if change == "batch_size" else None)
+                                 batch_size=8 if change == "batch_size" else None)
     if change == "extra_glob":
         globs.append(four_records / "train-*.tfrecord")
     code, out, logged = _resume(capsys, caplog, *globs, "--model-dir", model_dir, "--config", test_config)
     assert code == 0, out.err
     summary = json.loads((model_dir / "run_summary.json").read_text())
     assert summary["start_step"] == summary["final_step"] == AT
-    expected = {"batch_size": "batch_size 100 -> 4 (pass --batch-size 100 to keep it)",
+    expected = {"batch_size": "batch_size 8 -> 4 (pass --batch-size 8 to keep it)",
                 "extra_glob": "shard files: 1 added (" + str(next(four_records.glob("train-*.tfrecord"))),
                 "synthetic_to_real": "synthetic_data True -> False (pass --synthetic-data to keep it)"}[change]
     assert expected in logged and "started the input pipeline afresh" in logged

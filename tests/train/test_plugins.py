@@ -33,10 +33,10 @@ def _train(shards, model_dir, cfg, *extra):
 
 
 @pytest.fixture(scope="module")
-def example_run(four_records, tmp_path_factory):
+def example_run(four_records, shards_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fs")
     cfg = _config(tmp / "c.yaml", 8)
-    assert _train(four_records, tmp / "model", cfg, "--val", str(four_records / "train-*.tfrecord")) == 0
+    assert _train(four_records, tmp / "model", cfg, "--val", str(shards_dir / "val-*.tfrecord")) == 0
     return tmp / "model", json.loads((tmp / "model" / "run_summary.json").read_text())
 
 

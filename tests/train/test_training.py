@@ -18,22 +18,24 @@ STEPS = 60
 
 
 @pytest.fixture(scope="module")
-def overfit(four_records, tmp_path_factory):
-    """STEPS steps on 4 records, batch 4, two steps per compiled call, through the CLI entry point."""
+def overfit(four_records, shards_dir, tmp_path_factory):
+    """STEPS steps on 4 records, batch 4, two steps per compiled call, through the CLI entry point
+    (validating on the validation shards: --val on the training records is refused)."""
     tmp = tmp_path_factory.mktemp("overfit")
     cfg = write_config(tmp / "c.yaml", loop={"steps": STEPS, "steps_per_execution": 2, "checkpoint_every": 30,
                                              "val_every": 30, "log_every": 10})
     model_dir = tmp / "model"
-    code = run([str(four_records / "train-*.tfrecord"), "--val", str(four_records / "train-*.tfrecord"),
+    code = run([str(four_records / "train-*.tfrecord"), "--val", str(shards_dir / "val-*.tfrecord"),
                 "--model-dir", str(model_dir), "--config", str(cfg)])
     assert code == 0
     return model_dir, json.loads((model_dir / "run_summary.json").read_text())
 
 
-def test_loss_halves_when_overfitting_four_records(overfit):
+def test_loss_halves_when_overfitting_four_records(overfit, shards_dir):
     _, summary = overfit
     assert summary["final_losses"]["train"]["loss"] <= 0.5 * summary["first_loss"]
-    assert summary["final_losses"]["val"]["loss"] <= 0.5 * summary["first_loss"]
+    val = summary["final_losses"]["val"]  # other clips: measured, not overfitted
+    assert np.isfinite(val["loss"]) and val["examples"] == read_schema(str(shards_dir)).counts["val"] > 0
 
 
 def test_train_step_traces_once_over_sixty_steps(overfit):
