@@ -67,7 +67,7 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -
 
     from shards_schema import SCHEMA_FILE, read_schema
     from shards_schema.text import TextRejected, check_text
-    from train.errors import RestoreError
+    from train.errors import CheckpointError, RestoreError
     from train.synthesize import checkpoint_to_restore, check_model_dir, load_synthesizer, text_ids
     from train.tf_quiet import tf
 
@@ -83,7 +83,7 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -
         check_model_dir(model_dir)
         ids, n = text_ids(normalised, read_schema(posixpath.join(model_dir, SCHEMA_FILE)))
         checkpoint = checkpoint_to_restore(model_dir)
-    except (SchemaError, ConfigError) as e:
+    except (SchemaError, ConfigError, CheckpointError) as e:
         raise click.UsageError(str(e)) from e
     out_dir = os.path.dirname(os.path.abspath(output))
     try:

@@ -89,12 +89,12 @@ def check_model_dir(model_dir: str) -> None:
 
 
 def checkpoint_to_restore(model_dir: str) -> str:
-    """The checkpoint synthesis restores: the newest in model_dir. Cheap (reads the checkpoint index
-    only), so `synthesize` calls it before creating anything; the one place a check of the
-    checkpoint's files belongs."""
-    from train.checkpoints import CHECKPOINT_DIR
+    """The checkpoint synthesis restores: the newest in model_dir, checked whole (a truncated data file
+    or a missing index is a CheckpointError naming it and the previous intact one). `synthesize`
+    calls it before creating anything."""
+    from train.checkpoints import CHECKPOINT_DIR, resume_checkpoint
 
-    latest = tf.train.latest_checkpoint(posixpath.join(model_dir, CHECKPOINT_DIR))
+    latest = resume_checkpoint(posixpath.join(model_dir, CHECKPOINT_DIR), repair=False)
     if latest is None:
         raise SchemaError(f"{posixpath.join(model_dir, CHECKPOINT_DIR)} holds no checkpoint; train the model "
                           "first, or pass the --model-dir of a run that wrote one")

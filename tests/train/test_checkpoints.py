@@ -172,3 +172,18 @@ def test_synthesis_from_a_truncated_checkpoint_names_it(shards_dir, tmp_path):
     _damage(tmp_path / "m" / "checkpoints", "ckpt-10", "truncated")
     with pytest.raises(CheckpointError, match=r"ckpt-10 is damaged \(its data file is truncated"):
         load_synthesizer(str(tmp_path / "m"))
+
+
+@pytest.mark.parametrize("how", ["truncated", "no index"])
+def test_synthesize_with_a_damaged_checkpoint_is_exit_2_naming_it_and_creates_nothing(shards_dir, tmp_path, how):
+    from click.testing import CliRunner
+
+    from melshards.synthesize_cli import synthesize_command
+
+    model_dir_from_weights(shards_dir, tmp_path / "m", stop_bias=-20.0)
+    _damage(tmp_path / "m" / "checkpoints", "ckpt-10", how)
+    out = tmp_path / "new" / "out.wav"
+    result = CliRunner().invoke(synthesize_command, ["Printing.", "--model-dir", str(tmp_path / "m"), "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "ckpt-10 is damaged" in result.output and "Traceback" not in result.output
+    assert not out.parent.exists()
