@@ -155,6 +155,11 @@ def parse_manifest(text: str, path: str, root: str):
             yield i, ValueError(f"row {i + 1}: {given} fields, the header has {len(columns)} "
                                 f"({', '.join(columns)}); a missing separator?")
             continue
+        extra = [v for v in rec.get(None) or () if v.strip()]  # DictReader puts fields past the header there
+        if extra:  # e.g. an unquoted comma in the text: reading on would cut the transcript short
+            yield i, ValueError(f"row {i + 1}: {given + len(extra)} fields, the header has {len(columns)} "
+                                f"({', '.join(columns)}); quote a field that holds the separator")
+            continue
         yield i, _manifest_row(rec, i, root, path)
 
 

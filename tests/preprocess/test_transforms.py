@@ -546,6 +546,16 @@ def test_a_short_csv_row_is_named_with_the_header_it_falls_short_of():
     assert str(err) == "row 2: 2 fields, the header has 3 (audio, text, speaker); a missing separator?"
 
 
+def test_a_csv_row_with_more_fields_than_the_header_is_malformed_not_cut_short():
+    """An unquoted comma in the text: reading the first fields would silently drop the rest of it."""
+    from preprocess.corpus import parse_manifest
+    rows = list(parse_manifest("audio,text\na.wav,Hello, world.\nb.wav,\"Hi, there.\"\nc.wav,Bye.,\n",
+                               "m.csv", "."))
+    (_, first), (_, quoted), (_, trailing) = rows
+    assert str(first) == "row 1: 3 fields, the header has 2 (audio, text); quote a field that holds the separator"
+    assert quoted["text"] == "Hi, there." and trailing["text"] == "Bye."  # an empty extra field loses nothing
+
+
 def test_measure_clips_rejects_constant_dc_as_silent_and_nan_as_invalid_samples(corpus_dir, tmp_path):
     import soundfile as sf
     from tests.preprocess.conftest import tone
