@@ -6,7 +6,7 @@
                 is still a new trace.
   fixed_nosig   melshards shards (fixed shapes, pure-TF parse), tf.function step without signature
   sig_noxla     melshards shards, step with the schema's input_signature, jit_compile=False
-  melshards     melshards shards, train.step.make_train_step: signature + jit_compile=True
+  melshards     melshards shards, melshards.train.step.make_train_step: signature + jit_compile=True
 
 Each variant trains a freshly built model (same seed) for --steps steps; variants alternate per
 round under the same load. Dropout is off in every variant (see run_variant). Reported: wall steps/s over all steps (trace/compile included: what a
@@ -53,10 +53,10 @@ def before_dataset(clips, batch_size: int, sample_rate: int):
     """The classic loader: Python decode + mel per clip, then pad to the batch's own maximum."""
     import tensorflow as tf
 
-    from preprocess import audio as A
-    from preprocess.config import PreprocessConfig
-    from shards_schema.text import normalize_text
-    from shards_schema import Vocabulary
+    from melshards.preprocess import audio as A
+    from melshards.preprocess.config import PreprocessConfig
+    from melshards.shards_schema.text import normalize_text
+    from melshards.shards_schema import Vocabulary
 
     cfg, vocab = PreprocessConfig(), Vocabulary()
 
@@ -83,8 +83,8 @@ def before_dataset(clips, batch_size: int, sample_rate: int):
 def plain_step(model, optimizer, schema, batch_size: int, signature: bool, pad_to_schema: bool):
     import tensorflow as tf
 
-    from shards_schema.records import tensor_specs
-    from train.step import MODEL_INPUTS
+    from melshards.shards_schema.records import tensor_specs
+    from melshards.train.step import MODEL_INPUTS
 
     key = tf.constant([0, 0], tf.int32)
 
@@ -110,11 +110,11 @@ def run_variant(name: str, shards: Path, clips, config: str, steps: int) -> dict
     import keras
     import tensorflow as tf
 
-    from shards_schema import read_schema
-    from train import input_pipeline as ip
-    from train.config import load_config
-    from train.model import build_model
-    from train.step import MODEL_INPUTS, make_optimizer, make_train_step, step_specs
+    from melshards.shards_schema import read_schema
+    from melshards.train import input_pipeline as ip
+    from melshards.train.config import load_config
+    from melshards.train.model import build_model
+    from melshards.train.step import MODEL_INPUTS, make_optimizer, make_train_step, step_specs
 
     cfg = load_config(config)
     # The model's threefry dropout has an XLA kernel only (on CPU); the non-XLA variants need it off,
@@ -180,7 +180,7 @@ def main(argv=None) -> dict:
     def ratio(key, v):
         return round(statistics.median(a[key] / b[key] for a, b in zip(res[v], res[base])), 2)
 
-    from train.config import load_config
+    from melshards.train.config import load_config
     result = {"benchmark": "before_after", "steps": args.steps, "rounds": args.rounds,
               "batch_size": load_config(args.config).data.batch_size, "median": med,
               "baseline": base,

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import emit
-from shards_schema.buckets import (
+from melshards.shards_schema.buckets import (
     WHAT_IF_KS, describe, equal_count_bounds, optimal_bounds, padding_fraction)
 
 SR, HOP = 22050, 256

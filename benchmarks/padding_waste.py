@@ -4,7 +4,7 @@ Reads a finished run's stats.json (by default the 2-worker LJSpeech-scale run of
 benchmarks.preprocess_scale). The figure at the configured cut-offs is the job's own
 (`padding.mel_padding_fraction`, `padding.text_padding_fraction`, exact). For other upper cut-offs
 (p95, p99, p99.9, p100) it is recomputed from the before-filter histograms with the job's functions
-(`shards_schema.stats.percentile`, `round_up`, `padding_fraction`): a clip is kept per axis when its
+(`melshards.shards_schema.stats.percentile`, `round_up`, `padding_fraction`): a clip is kept per axis when its
 length lies within that axis's bounds. The real filter is joint (a clip dropped for its text is also
 dropped from the mel histogram), which marginal histograms cannot express, so these rows are
 approximations; the `p99 (recomputed)` row, set against the job's exact figure, shows their error.
@@ -40,7 +40,7 @@ def within(hist: dict[int, int], lo: int, hi: int) -> dict[int, int]:
 
 def bucketed_fraction(hist: dict[int, int], buckets: int, multiple: int) -> float:
     """Padding share when each of `buckets` equal-count length buckets pads to its own rounded maximum."""
-    from shards_schema.stats import percentile, round_up
+    from melshards.shards_schema.stats import percentile, round_up
 
     edges = [percentile(hist, 100 * (i + 1) / buckets) for i in range(buckets)]
     valid = sum(v * c for v, c in hist.items())
@@ -63,9 +63,9 @@ def measure_corpus(corpus: str, work_dir: str) -> list[tuple[int, int, int]]:
     if cache.exists():
         return [tuple(x) for x in json.loads(cache.read_text())]
     from benchmarks.preprocess_throughput import corpus_rows
-    from preprocess import clips as C
-    from preprocess.config import PreprocessConfig
-    from shards_schema import Vocabulary
+    from melshards.preprocess import clips as C
+    from melshards.preprocess.config import PreprocessConfig
+    from melshards.shards_schema import Vocabulary
 
     cfg, vocab, out = PreprocessConfig(), Vocabulary(), []
     for r in corpus_rows(corpus):
@@ -84,9 +84,9 @@ def from_corpus(corpus: str, work_dir: str, qs: list[float]) -> tuple[list[dict]
     import dataclasses
     from collections import Counter
 
-    from preprocess.config import PreprocessConfig
-    from preprocess.pipeline import cutoffs_from
-    from shards_schema.stats import padding_fraction
+    from melshards.preprocess.config import PreprocessConfig
+    from melshards.preprocess.pipeline import cutoffs_from
+    from melshards.shards_schema.stats import padding_fraction
 
     lengths = measure_corpus(corpus, work_dir)
     before = {k: Counter(x[i] for x in lengths) for i, k in enumerate(("text_len", "mel_frames", "duration_ms"))}
@@ -113,7 +113,7 @@ def from_corpus(corpus: str, work_dir: str, qs: list[float]) -> tuple[list[dict]
 
 
 def main(argv=None) -> dict:
-    from shards_schema.stats import padding_fraction, percentile, round_up
+    from melshards.shards_schema.stats import padding_fraction, percentile, round_up
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stats", default=f"{WORK}/scale-out-2w/stats.json")

@@ -26,8 +26,8 @@ def _work(job):
         y = librosa.resample(y, orig_sr=file_sr, target_sr=sr, res_type="soxr_hq")
     y, _ = librosa.effects.trim(y, top_db=top_db)
     if job_mel:  # the job's own log_mel: the same numbers, a matmul where librosa uses einsum
-        from preprocess.audio import log_mel
-        from preprocess.config import MelConfig
+        from melshards.preprocess.audio import log_mel
+        from melshards.preprocess.config import MelConfig
 
         mel = log_mel(y, sr, MelConfig(n_fft, hop, win, n_mels, fmin, fmax, floor, 1.0))
         np.save(out, mel)
@@ -61,7 +61,7 @@ def main(argv=None) -> int:
         os.environ.setdefault(var, "1")
     from multiprocessing import Pool
 
-    from preprocess.config import PreprocessConfig  # the job's mel settings (a dataclass: cheap)
+    from melshards.preprocess.config import PreprocessConfig  # the job's mel settings (a dataclass: cheap)
 
     cfg = PreprocessConfig()
     m = cfg.mel

@@ -24,8 +24,8 @@ CORPUS = Path(__file__).resolve().parents[1] / "data" / "ljspeech_tiny"
 
 
 def corpus_mels(frames: int) -> list[np.ndarray]:
-    from preprocess import audio as A
-    from preprocess.config import PreprocessConfig
+    from melshards.preprocess import audio as A
+    from melshards.preprocess.config import PreprocessConfig
 
     cfg = PreprocessConfig()
     mels = []

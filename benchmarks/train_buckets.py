@@ -34,7 +34,7 @@ KS = ("1", "2", "4", "8", "16", "auto")
 def shard_padding(out: Path) -> dict:
     import tensorflow as tf
 
-    from shards_schema import read_schema
+    from melshards.shards_schema import read_schema
 
     schema = read_schema(str(out))
     valid = padded = 0

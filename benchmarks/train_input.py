@@ -36,10 +36,10 @@ def train_run(shards: Path, model_dir: Path, config: str, steps: int, synthetic:
 
 def parse_only_rate(shards: Path, config: str, batches: int) -> float:
     """Records/s of the trainer's own input pipeline with nothing consuming it but a loop."""
-    from train.config import load_config
-    from train import input_pipeline as ip
-    from train.step import MODEL_INPUTS
-    from shards_schema import read_schema
+    from melshards.train.config import load_config
+    from melshards.train import input_pipeline as ip
+    from melshards.train.step import MODEL_INPUTS
+    from melshards.shards_schema import read_schema
 
     cfg = load_config(config)
     schema = read_schema(str(shards))

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 import melshards
-from shards_schema.config import from_dict
+from melshards.shards_schema.config import from_dict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +126,7 @@ def validate(schema, options: dict) -> None:
     opts = from_dict(Options, options, where="model")
     for key in ("d_model", "kernel"):
         if getattr(opts, key) < 1:
-            from shards_schema.config import ConfigError
+            from melshards.shards_schema.config import ConfigError
             raise ConfigError(f"model.{key} is {getattr(opts, key)}; it must be at least 1")
 
 

@@ -2,22 +2,22 @@
 normalisation. Re-exported as `melshards.dataset`, `melshards.bucket_datasets`,
 `melshards.read_schema` and `melshards.normalizer` (docs/api.md).
 
-The datasets are the trainer's own chain (`train.input_pipeline.train_dataset`: interleaved shard
+The datasets are the trainer's own chain (`melshards.train.input_pipeline.train_dataset`: interleaved shard
 reads, record shuffle, one vectorised parse per batch, pure TF ops), after the trainer's checks
-(`shards_schema.shards`: globs, finished runs, one compatible schema for every directory).
+(`melshards.shards_schema.shards`: globs, finished runs, one compatible schema for every directory).
 """
 from __future__ import annotations
 
 import dataclasses
 from typing import TYPE_CHECKING, Sequence
 
-from shards_schema import Schema, SchemaError
-from shards_schema.shards import InputError, check_shard, expand_globs, listed_split, schemas_for
+from melshards.shards_schema import Schema, SchemaError
+from melshards.shards_schema.shards import InputError, check_shard, expand_globs, listed_split, schemas_for
 
 if TYPE_CHECKING:  # importing melshards must not import TensorFlow
     import tensorflow as tf
 
-    from train.step import Normaliser
+    from melshards.train.step import Normaliser
 
 # The features a text-to-mel model reads; `features=` may ask for any of the schema's (id, speaker,
 # text are strings: fine for tf.data, not inside an XLA-compiled function).
@@ -27,10 +27,10 @@ DEFAULT_FEATURES = ("text_ids", "text_len", "mel", "mel_len")
 def read_schema(path_or_dir: str) -> Schema:
     """The `Schema` of a preprocessing run: its schema.json, or the directory holding it (local or gs://).
 
-    `schema.buckets[i].features` are bucket i's static shapes; `shards_schema.records.tensor_specs(
+    `schema.buckets[i].features` are bucket i's static shapes; `melshards.shards_schema.records.tensor_specs(
     schema or bucket, batch_size)` gives `tf.TensorSpec`s for your own `input_signature`.
     """
-    from shards_schema import read_schema as _read
+    from melshards.shards_schema import read_schema as _read
 
     return _read(str(path_or_dir))
 
@@ -41,7 +41,7 @@ def normalizer(schema: Schema) -> "Normaliser":
     `norm(mel)` -> (mel - mean) / std, `norm.invert(x)` -> x * std + mean; TF ops, usable inside
     `tf.function(jit_compile=True)`. The same object the built-in model trains with.
     """
-    from train.step import Normaliser
+    from melshards.train.step import Normaliser
 
     if not isinstance(schema, Schema):
         raise TypeError(f"normalizer(schema): schema is {schema!r} ({type(schema).__name__}), not a Schema; "
@@ -108,8 +108,8 @@ def _resolve(patterns: str | Sequence[str], split: str | None, schema_path: str 
 def _bucket_dataset(files: list[str], shapes, batch_size: int, shuffle: bool, repeat: bool, seed: int,
                     features: Sequence[str], shuffle_buffer: int, cycle_length: int,
                     deterministic: bool) -> "tf.data.Dataset":
-    from train.config import DataConfig
-    from train.input_pipeline import train_dataset
+    from melshards.train.config import DataConfig
+    from melshards.train.input_pipeline import train_dataset
 
     cfg = DataConfig(batch_size=batch_size, shuffle_buffer=shuffle_buffer, cycle_length=cycle_length,
                      seed=seed, deterministic=deterministic)

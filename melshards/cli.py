@@ -64,8 +64,8 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str) 
 
 
 def import_tensorflow_quietly() -> None:
-    """TensorFlow without its C++ start-up INFO lines (`train.tf_quiet`), before a command runs."""
-    from train.tf_quiet import import_tensorflow
+    """TensorFlow without its C++ start-up INFO lines (`melshards.train.tf_quiet`), before a command runs."""
+    from melshards.train.tf_quiet import import_tensorflow
 
     import_tensorflow()
 

@@ -7,7 +7,7 @@ three tracebacks, measured). The workers cannot be kept from the signal: Beam st
 stdout and stderr (and so the workers', which inherit them) go through a pipe relayed to the
 console. On Ctrl-C the handler mutes the relay and logging, kills the worker processes and raises
 KeyboardInterrupt in the main thread, which removes the staging dir on its way out
-(`preprocess.run.run_job`); then one line, exit 130.
+(`melshards.preprocess.run.run_job`); then one line, exit 130.
 A publish under way (the finished run being moved into place) is never cut in half: the interrupt
 takes effect after it, and the line says the new run is in place.
 """
@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 
-from preprocess import output
+from melshards.preprocess import output
 
 
 def descendants(pid: int) -> list[int]:

@@ -10,7 +10,7 @@ MAX_PROBLEMS_SHOWN = 20  # per file; a file of bad records would otherwise bury 
 
 def shard_table(results) -> str:
     from melshards.tables import render
-    from shards_schema.shards import base_name, dir_of
+    from melshards.shards_schema.shards import base_name, dir_of
 
     one_dir = len({dir_of(r.path) for r in results}) == 1
     rows = [[base_name(r.path) if one_dir else r.path, r.split, str(r.records),
@@ -34,8 +34,8 @@ def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show:
     Quote SHARD_GLOB, e.g. 'out/demo/shards/*.tfrecord' (local or gs://); file names the shell
     expanded work too.
     """
-    from shards_schema import SPLITS, SchemaError
-    from shards_schema.shards import InputError, check_shard, expand_globs, schemas_for
+    from melshards.shards_schema import SPLITS, SchemaError
+    from melshards.shards_schema.shards import InputError, check_shard, expand_globs, schemas_for
 
     try:
         files = expand_globs(shard_globs)

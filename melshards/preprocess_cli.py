@@ -1,4 +1,4 @@
-"""`melshards preprocess`: the command over `preprocess.run.run_job`, and the summary it prints.
+"""`melshards preprocess`: the command over `melshards.preprocess.run.run_job`, and the summary it prints.
 
 Beam is imported when the command runs, not when `melshards --help` lists it.
 """
@@ -11,7 +11,7 @@ import click
 
 from melshards.cli import run_command, setup_logging
 from melshards.tables import bucket_table, percentile_table
-from shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
+from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
 
 
 class DataError(click.ClickException):
@@ -69,10 +69,10 @@ def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config
     --temp_location gs://B/tmp --setup_file ./setup.py. An option neither knows is an error.
     """
     setup_logging()
-    from preprocess.config import ConfigError
-    from preprocess.corpus import CorpusError
+    from melshards.preprocess.config import ConfigError
+    from melshards.preprocess.corpus import CorpusError
     from melshards.ctrl_c import StopOnCtrlC
-    from preprocess.run import DiskFullError, EmptyRunError, OptionsError, OutputError, quiet_beam_logging, run_job
+    from melshards.preprocess.run import DiskFullError, EmptyRunError, OptionsError, OutputError, quiet_beam_logging, run_job
 
     quiet_beam_logging()
     # Beam and this CLI, loaded by now, live until the process ends: frozen, the collector stops

@@ -7,7 +7,7 @@ import textwrap
 import numpy as np
 from matplotlib.figure import Figure
 
-from shards_schema import Schema, Vocabulary
+from melshards.shards_schema import Schema, Vocabulary
 
 
 def _text(v) -> str:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import textwrap
 
-from shards_schema.stats import pkey
-from shards_schema.stats import FILTER_REASONS
+from melshards.shards_schema.stats import pkey
+from melshards.shards_schema.stats import FILTER_REASONS
 from melshards.tables import COLUMNS, Table, pct, render
 
 MIB = 2 ** 20

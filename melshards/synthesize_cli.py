@@ -1,4 +1,4 @@
-"""`melshards synthesize`: text -> the trained model's mel (train.synthesize) -> Griffin-Lim -> WAV.
+"""`melshards synthesize`: text -> the trained model's mel (melshards.train.synthesize) -> Griffin-Lim -> WAV.
 
 The vocoder is librosa's Griffin-Lim with the schema's own STFT and mel settings: audio is this
 command's business, the trainer stops at the mel.
@@ -13,8 +13,8 @@ import click
 from melshards.cli import check_output_file, setup_logging
 import numpy as np
 
-from shards_schema import Schema, SchemaError
-from shards_schema.config import ConfigError
+from melshards.shards_schema import Schema, SchemaError
+from melshards.shards_schema.config import ConfigError
 
 
 def min_frames(schema: Schema) -> int:
@@ -65,11 +65,11 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -
     setup_logging()
     import soundfile as sf
 
-    from shards_schema import SCHEMA_FILE, read_schema
-    from shards_schema.text import TextRejected, check_text
-    from train.errors import CheckpointError, RestoreError
-    from train.synthesize import checkpoint_to_restore, check_model_dir, load_synthesizer, text_ids
-    from train.tf_quiet import tf
+    from melshards.shards_schema import SCHEMA_FILE, read_schema
+    from melshards.shards_schema.text import TextRejected, check_text
+    from melshards.train.errors import CheckpointError, RestoreError
+    from melshards.train.synthesize import checkpoint_to_restore, check_model_dir, load_synthesizer, text_ids
+    from melshards.train.tf_quiet import tf
 
     # every check that needs no model first, and nothing created before they pass: loading and
     # compiling the model takes a while

@@ -5,7 +5,7 @@ be rendered as text (`render`) or as HTML (`melshards.report_html`).
 """
 from __future__ import annotations
 
-from shards_schema.stats import FILTER_REASONS, REPORT_PERCENTILES, pkey
+from melshards.shards_schema.stats import FILTER_REASONS, REPORT_PERCENTILES, pkey
 
 COLUMNS = (("text_len", "text symbols"), ("mel_frames", "mel frames"), ("duration_s", "seconds"))
 

@@ -1,4 +1,4 @@
-"""`melshards train`: check the invocation, then train (`train.loop`).
+"""`melshards train`: check the invocation, then train (`melshards.train.loop`).
 
 Every check that can fail (globs, schemas, config, batch and step arithmetic) runs before the model
 is built or anything is compiled, so a bad call fails in seconds with a message.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import click
 
 from melshards.cli import run_command, setup_logging
-from shards_schema import SchemaError
-from shards_schema.config import ConfigError
+from melshards.shards_schema import SchemaError
+from melshards.shards_schema.config import ConfigError
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -31,7 +31,7 @@ def run(argv: list[str] | None = None) -> int:
                    "without one beside them (default: the one beside the first shard).")
 @click.option("--model", "model_factory", default=None, metavar="PACKAGE.MODULE:FACTORY",
               help="Model factory (train/contract.py), e.g. examples.fastspeech_lite:build; overrides "
-                   "model.factory (default: the built-in Transformer-TTS, train.model:build).")
+                   "model.factory (default: the built-in Transformer-TTS, melshards.train.model:build).")
 @click.option("--synthetic-data", is_flag=True,
               help="Feed one constant batch from memory: the input-free upper bound on throughput.")
 @click.option("--strategy", type=click.Choice(["auto", "one", "mirrored", "multiworker", "tpu"]), default=None,
@@ -45,12 +45,12 @@ def train_command(shard_globs, model_dir, val_globs, config_path, steps, batch_s
                   model_factory, synthetic_data, strategy, cpu_devices, precision) -> None:
     """Train a text-to-mel model on SHARD_GLOB... (local or gs://) written by `melshards preprocess`."""
     setup_logging()
-    from train import distribute
-    from train.config import load_config
-    from train.input_pipeline import InputError
-    from train.errors import ModelDirError, RestoreError, TrainError
-    from train.loop import resolve_inputs, train
-    from train.metrics import format_summary
+    from melshards.train import distribute
+    from melshards.train.config import load_config
+    from melshards.train.input_pipeline import InputError
+    from melshards.train.errors import ModelDirError, RestoreError, TrainError
+    from melshards.train.loop import resolve_inputs, train
+    from melshards.train.metrics import format_summary
 
     try:
         distribute.set_cpu_devices(cpu_devices)  # before anything sets up TensorFlow's devices

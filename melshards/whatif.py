@@ -1,12 +1,12 @@
 """What a different upper cut-off would cost, computed from the exact before-filter histograms.
 
-For an upper percentile q the job's own rule (`shards_schema.stats.compute_cutoffs`, inverted-CDF
+For an upper percentile q the job's own rule (`melshards.shards_schema.stats.compute_cutoffs`, inverted-CDF
 percentiles, so always an observed length) gives the cut-offs and the padded lengths. From those follow the clips kept, the share of each padded tensor that is padding,
 and the bytes of one decoded batch.
 
 What is exact and what is not: stats.json holds one histogram per length, not their joint
 distribution. Duration and mel frames both grow with the clip's sample count
-(`preprocess.audio.num_frames` is 1 + samples // hop), so the clips below the minimum duration
+(`melshards.preprocess.audio.num_frames` is 1 + samples // hop), so the clips below the minimum duration
 and those below the lower mel-frame cut-off are both "the shortest clips", and the frame
 filters together are exact. Text length is not tied to the sample count, so how many of the
 clips the frame filters keep also fail the text cut-off is unknown; `text_over_cut` gives the
@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping
 
-from shards_schema.stats import compute_cutoffs, padding_fraction
+from melshards.shards_schema.stats import compute_cutoffs, padding_fraction
 
 DEFAULT_WHAT_IF = (90.0, 95.0, 98.0, 99.0, 99.5, 100.0)
 FLOAT32_BYTES = 4  # mel is stored as float16 but decode_parsed casts it to float32

@@ -9,7 +9,7 @@ import librosa
 import numpy as np
 import soundfile as sf
 
-from preprocess.config import AudioConfig, MelConfig
+from melshards.preprocess.config import AudioConfig, MelConfig
 
 
 class AudioError(ValueError):

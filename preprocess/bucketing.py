@@ -2,17 +2,17 @@
 
 The bounds come from the after-filter mel-frame histogram of the training split (the records that
 fill training batches, so `pad.min_bucket_records` = the batch size is a guarantee about them) by
-the exact DP in `shards_schema.buckets`. Validation records use the same bounds; the last bound is
+the exact DP in `melshards.shards_schema.buckets`. Validation records use the same bounds; the last bound is
 raised, when needed, to fit the longest validation clip. Each bucket's text length is the longest
-text among its clips (every split), rounded up (`shards_schema.buckets.text_bound`).
+text among its clips (every split), rounded up (`melshards.shards_schema.buckets.text_bound`).
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from preprocess.config import PadConfig
-from shards_schema.buckets import BucketPlan, bucket_index, choose_buckets, describe, text_bound, what_if
-from shards_schema.stats import Cutoffs, round_up
+from melshards.preprocess.config import PadConfig
+from melshards.shards_schema.buckets import BucketPlan, bucket_index, choose_buckets, describe, text_bound, what_if
+from melshards.shards_schema.stats import Cutoffs, round_up
 
 
 def kept(clip: dict, cutoffs: Cutoffs | None) -> bool:

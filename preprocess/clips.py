@@ -12,11 +12,11 @@ import hashlib
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from preprocess import audio as A
-from preprocess.config import PreprocessConfig
-from preprocess.corpus import reject
-from shards_schema.text import TextRejected, check_text
-from shards_schema import Vocabulary
+from melshards.preprocess import audio as A
+from melshards.preprocess.config import PreprocessConfig
+from melshards.preprocess.corpus import reject
+from melshards.shards_schema.text import TextRejected, check_text
+from melshards.shards_schema import Vocabulary
 
 
 class ClipRejected(Exception):

@@ -5,8 +5,8 @@ import dataclasses
 import math
 from typing import Union
 
-from shards_schema.buckets import AUTO
-from shards_schema.config import ConfigError, load_yaml
+from melshards.shards_schema.buckets import AUTO
+from melshards.shards_schema.config import ConfigError, load_yaml
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,8 +45,8 @@ from typing import Callable
 
 from apache_beam.io.filesystems import FileSystems
 
-from shards_schema import REJECTED_FILE, SCHEMA_FILE, SHARD_SUFFIX, SPLITS, STATS_FILE, SchemaError
-from shards_schema.schema import PUBLISH_JOURNAL, Schema
+from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, SHARD_SUFFIX, SPLITS, STATS_FILE, SchemaError
+from melshards.shards_schema.schema import PUBLISH_JOURNAL, Schema
 
 log = logging.getLogger("melshards.preprocess")
 

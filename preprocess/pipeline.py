@@ -1,7 +1,7 @@
 """The preprocessing job: corpus -> log-mel once -> percentile statistics -> filter -> pad -> shards.
 
 One composite PTransform per stage, each with a labelled expand(); global statistics reach later
-stages as side inputs. `build(p, ...)` wires the stages; `preprocess.run.run_job` checks an invocation and runs them.
+stages as side inputs. `build(p, ...)` wires the stages; `melshards.preprocess.run.run_job` checks an invocation and runs them.
 """
 from __future__ import annotations
 
@@ -21,15 +21,15 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from preprocess import bucketing as B
-from preprocess import clips as C
-from preprocess.config import PreprocessConfig
-from preprocess.corpus import INPUT_ROWS, REJECTED, Corpus, ReadCorpus
-from preprocess.report import WriteReport, mel_params
-from preprocess.shards import TEMP_DIR, AssembleShards, RollingFiles
-from shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
-from shards_schema import Schema, Vocabulary
-from shards_schema.records import encode_example
+from melshards.preprocess import bucketing as B
+from melshards.preprocess import clips as C
+from melshards.preprocess.config import PreprocessConfig
+from melshards.preprocess.corpus import INPUT_ROWS, REJECTED, Corpus, ReadCorpus
+from melshards.preprocess.report import WriteReport, mel_params
+from melshards.preprocess.shards import TEMP_DIR, AssembleShards, RollingFiles
+from melshards.shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
+from melshards.shards_schema import Schema, Vocabulary
+from melshards.shards_schema.records import encode_example
 
 log = logging.getLogger("melshards.preprocess")
 NS = "melshards"

@@ -1,5 +1,5 @@
 """Stage 9, Report: rejected.jsonl, stats.json, then schema.json (last: its presence marks a finished
-run), into the run's staging dir; `preprocess.output` moves them into the output directory."""
+run), into the run's staging dir; `melshards.preprocess.output` moves them into the output directory."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,12 +9,12 @@ from collections import Counter
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from preprocess import bucketing as B
-from preprocess.config import MelConfig, PreprocessConfig
-from shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, summarize
-from preprocess.shards import TEMP_DIR, remove_temp_dir
-from shards_schema.text import FRONTEND
-from shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
+from melshards.preprocess import bucketing as B
+from melshards.preprocess.config import MelConfig, PreprocessConfig
+from melshards.shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, summarize
+from melshards.preprocess.shards import TEMP_DIR, remove_temp_dir
+from melshards.shards_schema.text import FRONTEND
+from melshards.shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
                            AudioParams, MelParams, Schema, Vocabulary)
 
 

@@ -20,12 +20,12 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
-from preprocess.config import load_config
-from preprocess.corpus import Corpus, check_rows_file, detect_corpus
-from preprocess.pipeline import PROGRESS_PREFIX, build
-from preprocess.output import OutputError, Run, close_run, exception_chain, is_disk_full, open_run, tree_bytes
-from preprocess.shards import TEMP_DIR
-from shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
+from melshards.preprocess.config import load_config
+from melshards.preprocess.corpus import Corpus, check_rows_file, detect_corpus
+from melshards.preprocess.pipeline import PROGRESS_PREFIX, build
+from melshards.preprocess.output import OutputError, Run, close_run, exception_chain, is_disk_full, open_run, tree_bytes
+from melshards.preprocess.shards import TEMP_DIR
+from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
 
 log = logging.getLogger("melshards.preprocess")
 
@@ -259,7 +259,7 @@ def run_job(input_path: str, out_dir: str, *, config_path: str | None = None, bu
     """Check the invocation, run the job to completion, and return the stats.json it wrote.
 
     The job writes into a staging dir of its own beside any earlier run in out_dir (see
-    `preprocess.output`) and is moved into place only once it has finished; a failure or an
+    `melshards.preprocess.output`) and is moved into place only once it has finished; a failure or an
     interrupt removes the staging dir and leaves out_dir as it was.
 
     Returns None for a dry run (the graph was built, not submitted). Raises ConfigError,

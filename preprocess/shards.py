@@ -16,8 +16,8 @@ import uuid
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from shards_schema.records import frame_record
-from shards_schema.schema import SHARD_SUFFIX, shard_name
+from melshards.shards_schema.records import frame_record
+from melshards.shards_schema.schema import SHARD_SUFFIX, shard_name
 
 _COPY_CHUNK = 16 << 20
 TEMP_DIR = ".melshards-tmp"  # under the run's staging dir: temp shards, mel stash, progress files
@@ -25,7 +25,7 @@ TEMP_DIR = ".melshards-tmp"  # under the run's staging dir: temp shards, mel sta
 
 def plan_shards(parts: list[dict], target_bytes: int) -> list[dict]:
     """Group temp files into shards of at most ~target_bytes, per split and bucket; name them
-    split-bNN-SSSSS-of-CCCCC (`shards_schema.schema.shard_name`: counted within the bucket).
+    split-bNN-SSSSS-of-CCCCC (`melshards.shards_schema.schema.shard_name`: counted within the bucket).
 
     parts: [{split, bucket, path, records, bytes}]. A part is never split; a part larger than the
     target (one record over, at most) is a shard by itself. Deterministic for a given set of parts.

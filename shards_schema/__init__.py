@@ -1,8 +1,8 @@
 """The contract between `preprocess` (writer) and `train` (reader): schema.json and its record codec."""
-from shards_schema.schema import (
+from melshards.shards_schema.schema import (
     REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SHARD_SUFFIX, SPLITS, STATS_FILE, AudioParams, Bucket,
     Feature, MelParams, Schema, SchemaError, parse_shard_name, read_schema, shard_name)
-from shards_schema.vocab import Vocabulary
+from melshards.shards_schema.vocab import Vocabulary
 
 __all__ = [
     "REJECTED_FILE", "SCHEMA_FILE", "SCHEMA_VERSION", "SHARD_SUFFIX", "SPLITS", "STATS_FILE", "AudioParams",

@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping, Sequence, Union
 
 import numpy as np
 
-from shards_schema.stats import round_up  # re-exported: the one rounding rule of padded lengths
+from melshards.shards_schema.stats import round_up  # re-exported: the one rounding rule of padded lengths
 
 MinRecords = Union[int, Callable[[int], int]]
 WHAT_IF_KS = (1, 2, 4, 8, 16)

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 import google_crc32c
 import numpy as np
 
-from shards_schema.schema import Bucket, Feature, Schema, SchemaError
+from melshards.shards_schema.schema import Bucket, Feature, Schema, SchemaError
 
 # The readers take a Bucket (its own static shapes) or a Schema (its largest bucket: the one shape
 # of a one-bucket run); both carry `features`.

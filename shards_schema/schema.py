@@ -1,7 +1,7 @@
 """schema.json: the contract between the preprocessing job and the trainer.
 
 Declared once, versioned, written beside the shards. The writer encodes records from it
-(`shards_schema.records`), the trainer derives its parse spec and input_signature from it
+(`melshards.shards_schema.records`), the trainer derives its parse spec and input_signature from it
 and refuses shards whose schema differs from the one it was started with.
 
 Length buckets. A run holds K >= 1 buckets; each has its own static shapes (its feature table:
@@ -131,7 +131,7 @@ class Schema:
     audio: AudioParams
     mel: MelParams
     vocabulary: tuple[str, ...]
-    text_frontend: dict[str, Any]  # shards_schema.text.FRONTEND the text was normalised with
+    text_frontend: dict[str, Any]  # melshards.shards_schema.text.FRONTEND the text was normalised with
     mel_mean: tuple[float, ...]
     mel_std: tuple[float, ...]
     pad_multiple: int

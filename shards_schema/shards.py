@@ -6,7 +6,7 @@ inside the functions that read records, so importing this module stays cheap.
 
 Each file is read with its own `tf.data.TFRecordDataset`, one record at a time, so a truncated or
 corrupt file is named together with how many records were readable before the damage. Records are
-decoded with the schema's own codec (`shards_schema.records.parse_spec` / `decode_parsed`), in
+decoded with the schema's own codec (`melshards.shards_schema.records.parse_spec` / `decode_parsed`), in
 chunks for speed; a chunk that fails is decoded record by record to name the bad record.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
-from shards_schema.records import RAW_DTYPES, decode_parsed, parse_spec
-from shards_schema.schema import (SCHEMA_FILE, SHARD_SUFFIX, PUBLISH_JOURNAL, Bucket, Schema, SchemaError,
+from melshards.shards_schema.records import RAW_DTYPES, decode_parsed, parse_spec
+from melshards.shards_schema.schema import (SCHEMA_FILE, SHARD_SUFFIX, PUBLISH_JOURNAL, Bucket, Schema, SchemaError,
                                   read_schema)
 
 CHUNK = 256  # records decoded per parse_example call

@@ -30,10 +30,10 @@ from typing import Sequence
 
 import numpy as np
 
-from shards_schema import Schema
-from shards_schema.config import ConfigError
-from shards_schema.schema import Bucket
-from shards_schema.shards import InputError, listed_split
+from melshards.shards_schema import Schema
+from melshards.shards_schema.config import ConfigError
+from melshards.shards_schema.schema import Bucket
+from melshards.shards_schema.shards import InputError, listed_split
 
 
 class BatchError(ConfigError):

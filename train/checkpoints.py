@@ -15,10 +15,10 @@ import os
 import posixpath
 from typing import Sequence
 
-from train.tf_quiet import tf
+from melshards.train.tf_quiet import tf
 
-from train.config import TrainConfig
-from train.errors import CheckpointError, ModelDirError, RestoreError
+from melshards.train.config import TrainConfig
+from melshards.train.errors import CheckpointError, ModelDirError, RestoreError
 
 log = logging.getLogger("melshards.train")
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from shards_schema import Schema
-from shards_schema.config import ConfigError, from_dict, load_yaml
-from train.contract import BUILTIN_FACTORY
+from melshards.shards_schema import Schema
+from melshards.shards_schema.config import ConfigError, from_dict, load_yaml
+from melshards.train.contract import BUILTIN_FACTORY, current_factory
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 STRATEGIES = ("auto", "one", "mirrored", "multiworker", "tpu")  # train/distribute.py builds them
@@ -34,7 +34,7 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """The built-in Transformer-TTS (`train.model:build`)."""
+    """The built-in Transformer-TTS (`melshards.train.model:build`)."""
     d_model: int = 128
     num_heads: int = 2
     ff_dim: int = 256
@@ -99,7 +99,7 @@ class TrainConfig:
 
     @property
     def model_factory(self) -> str:
-        return self.model.get("factory", BUILTIN_FACTORY)
+        return current_factory(self.model.get("factory", BUILTIN_FACTORY))
 
     @property
     def model_options(self) -> dict:
@@ -143,7 +143,7 @@ class TrainConfig:
                     f"call runs {k} steps at a time. Use a multiple of {k}, or lower steps_per_execution")
         if not isinstance(self.model.get("factory", BUILTIN_FACTORY), str):
             raise ConfigError(f"model.factory is {self.model['factory']!r}; give it as package.module:factory")
-        from train.plugins import validate_options  # the factory's own checks of its options
+        from melshards.train.plugins import validate_options  # the factory's own checks of its options
 
         validate_options(self.model_factory, schema, self.model_options)
         return self

@@ -5,7 +5,7 @@
 A **factory** is `factory(schema, options) -> keras.Model`:
 - `schema` is the shards' `shards_schema.Schema` (vocabulary, static shapes, mel statistics);
 - `options` is the config's `model:` section as a plain dict, without its `factory` key (free-form:
-  the factory owns its validation and should raise `shards_schema.config.ConfigError` naming a bad
+  the factory owns its validation and should raise `melshards.shards_schema.config.ConfigError` naming a bad
   key);
 - the model's variables must exist when it returns (build it, e.g. by calling it once on zeros):
   the trainer builds the optimizer before the first step, so the step traces once;
@@ -19,15 +19,22 @@ trainer adds them up over batches, length buckets and replicas (and over the zer
 that pad the last validation batch, which must add nothing), then calls `losses_from_terms` once on
 the totals. So a loss equals the loss of all the records at once, exactly.
 
-Every model, the built-in Transformer-TTS (`train.model:build`) included, goes through this
-contract; the trainer has no other path. `train.plugins` checks a model against it before anything
+Every model, the built-in Transformer-TTS (`melshards.train.model:build`) included, goes through this
+contract; the trainer has no other path. `melshards.train.plugins` checks a model against it before anything
 compiles.
 """
 from __future__ import annotations
 
 from typing import Any, Mapping, Protocol, runtime_checkable
 
-BUILTIN_FACTORY = "train.model:build"
+BUILTIN_FACTORY = "melshards.train.model:build"
+# Names model dirs recorded before the trainer became `melshards.train` (one import name).
+RENAMED_FACTORIES = {"train.model:build": BUILTIN_FACTORY}
+
+
+def current_factory(spec: str) -> str:
+    """A factory as a model dir may have recorded it -> the name it has now."""
+    return RENAMED_FACTORIES.get(spec, spec)
 
 # What the trainer reads from a record; the shapes and dtypes come from the schema (bucket).
 MODEL_INPUTS = ("text_ids", "text_len", "mel", "mel_len")
@@ -45,7 +52,7 @@ class TTSModel(Protocol):
         """Masked sums and counts over one batch: float32 scalars, REQUIRED_TERMS among them.
 
         batch: {name: tensor} for MODEL_INPUTS, static shapes [B, ...] (log-mel not normalised;
-        `train.step.Normaliser(schema)` normalises in-graph). Records with mel_len 0 are padding:
+        `melshards.train.step.Normaliser(schema)` normalises in-graph). Records with mel_len 0 are padding:
         they must add 0 to every term. seed: int32 [2], (loop.seed, step) while training: a
         stateless key for dropout, so a resumed run draws the same masks. Runs inside an XLA
         compiled function: TensorFlow ops only, static shapes.
@@ -70,7 +77,7 @@ class GeneratingModel(TTSModel, Protocol):
     def generate(self, text_ids: Any, text_len: Any) -> dict[str, Any]:
         """text_ids int32 [1, L], text_len int32 [1] -> {"mel": float32 [1, T, n_mels] log-mel
         (the shards' scale, not normalised), "mel_len": int32 [1] frames of speech}. L is the longest
-        max_text_len over the schema's buckets (train.synthesize.text_capacity: a bucket of shorter
+        max_text_len over the schema's buckets (melshards.train.synthesize.text_capacity: a bucket of shorter
         clips can hold longer texts than the largest bucket). Static shapes; compiled with XLA."""
 
 

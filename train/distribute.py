@@ -22,9 +22,9 @@ import shutil
 import tempfile
 from typing import Callable, Sequence
 
-from train.tf_quiet import tf
+from melshards.train.tf_quiet import tf
 
-from shards_schema.config import ConfigError
+from melshards.shards_schema.config import ConfigError
 
 log = logging.getLogger("melshards.train")
 

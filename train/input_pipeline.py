@@ -10,13 +10,13 @@ import os
 from typing import Sequence
 
 import numpy as np
-from train.tf_quiet import tf
+from melshards.train.tf_quiet import tf
 
-from shards_schema import Schema
-from shards_schema.schema import Bucket
-from shards_schema.records import decode_parsed, encode_example, parse_spec
-from shards_schema.shards import InputError, check_schemas, dir_of, expand_globs  # noqa: F401 (the trainer's checks)
-from train.config import DataConfig
+from melshards.shards_schema import Schema
+from melshards.shards_schema.schema import Bucket
+from melshards.shards_schema.records import decode_parsed, encode_example, parse_spec
+from melshards.shards_schema.shards import InputError, check_schemas, dir_of, expand_globs  # noqa: F401 (the trainer's checks)
+from melshards.train.config import DataConfig
 
 log = logging.getLogger("melshards.train")
 

@@ -20,22 +20,23 @@ import threading
 import time
 from typing import Sequence
 
-from train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
+from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 import keras
 import numpy as np
 
-from shards_schema import SCHEMA_FILE, Schema
-from shards_schema.shards import first_bad_shard
-from train import buckets as bk
-from train import distribute as dist
-from train import input_pipeline as ip
-from train.checkpoints import CHECKPOINT_DIR, Checkpointer, check_writable, data_settings, resume_checkpoint
-from train.config import TrainConfig
-from train.errors import ModelDirError, RestoreError, TrainError
-from train.metrics import RunState, format_summary
-from train.plugins import build_model
-from train.step import MODEL_INPUTS, make_eval_step, make_optimizer, make_train_step, step_specs
-from train.summaries import TENSORBOARD_DIR, Scalars
+from melshards.shards_schema import SCHEMA_FILE, Schema
+from melshards.shards_schema.shards import first_bad_shard
+from melshards.train import buckets as bk
+from melshards.train import distribute as dist
+from melshards.train import input_pipeline as ip
+from melshards.train.checkpoints import CHECKPOINT_DIR, Checkpointer, check_writable, data_settings, resume_checkpoint
+from melshards.train.config import TrainConfig
+from melshards.train.contract import current_factory
+from melshards.train.errors import ModelDirError, RestoreError, TrainError
+from melshards.train.metrics import RunState, format_summary
+from melshards.train.plugins import build_model
+from melshards.train.step import MODEL_INPUTS, make_eval_step, make_optimizer, make_train_step, step_specs
+from melshards.train.summaries import TENSORBOARD_DIR, Scalars
 
 __all__ = ["CHECKPOINT_DIR", "CONFIG_FILE", "SUMMARY_FILE", "TENSORBOARD_DIR", "Inputs", "ModelDirError",
            "RestoreError", "StopFlag", "TrainError", "format_summary", "resolve_inputs", "train"]
@@ -167,7 +168,7 @@ def _write_json(path: str, data: dict) -> None:
 
 def _check_model_dir(model_dir: str, inputs: Inputs) -> None:
     """A model dir holds one model: refuse to resume it with other shards' schema or another model."""
-    from shards_schema import read_schema
+    from melshards.shards_schema import read_schema
 
     here = posixpath.join(model_dir, SCHEMA_FILE)
     if tf.io.gfile.exists(here):
@@ -177,7 +178,7 @@ def _check_model_dir(model_dir: str, inputs: Inputs) -> None:
         with tf.io.gfile.GFile(cfg_path) as f:
             saved = json.load(f)["model"]
         now = recorded_model_section(inputs.cfg)
-        saved = dict(saved, factory=saved.get("factory", now["factory"]))  # recorded since plug-ins exist
+        saved = dict(saved, factory=current_factory(saved.get("factory", now["factory"])))  # since plug-ins exist
         if saved != now:
             diff = sorted(k for k in set(now) | set(saved) if saved.get(k) != now.get(k))
             raise TrainError(f"{model_dir} holds a model trained with other model settings ({', '.join(diff)}); "
@@ -417,7 +418,7 @@ def prepare_model_dir(model_dir: str, inputs: Inputs) -> None:
 def train(inputs: Inputs, model_dir: str, synthetic: bool = False, topo: dist.Topology | None = None) -> dict:
     """Train to cfg.loop.steps (resuming from model_dir); returns the run summary (also written).
 
-    topo: the tf.distribute set-up (train.distribute.make_topology); None: one device. A non-chief
+    topo: the tf.distribute set-up (melshards.train.distribute.make_topology); None: one device. A non-chief
     worker writes its checkpoints and summary to a temp dir, removed at the end.
     """
     lp = inputs.cfg.loop

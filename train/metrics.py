@@ -9,7 +9,7 @@ import math
 
 import numpy as np
 
-from train.errors import TrainError
+from melshards.train.errors import TrainError
 
 LOSSES = ("loss", "mel_loss", "postnet_loss", "stop_loss")  # the built-in model's; a plug-in names its own
 STEP_SCALARS = ("grad_norm", "learning_rate")

@@ -12,14 +12,14 @@ It is a plug-in like any other (train/contract.py): `build` is its factory, `los
 """
 from __future__ import annotations
 
-from train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
+from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 import keras
 import numpy as np
 from keras import layers
 
-from shards_schema.config import from_dict
-from train.config import ModelConfig
-from train.step import Normaliser
+from melshards.shards_schema.config import from_dict
+from melshards.train.config import ModelConfig
+from melshards.train.step import Normaliser
 
 
 def sinusoids(length: int, dim: int) -> np.ndarray:

@@ -1,5 +1,5 @@
 """Finding a model factory (`package.module:factory`) and checking what it builds against
-`train.contract`, before anything compiles. Every failure is a `PluginError` naming what is wrong.
+`melshards.train.contract`, before anything compiles. Every failure is a `PluginError` naming what is wrong.
 
 Factories are imported with `importlib.import_module`, from `sys.path` and the current directory
 (as `python -m` and uvicorn do): an installed package, or a module under the directory the command
@@ -14,11 +14,11 @@ import sys
 import traceback
 from typing import Any, Callable
 
-from train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
+from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 import keras
 
-from shards_schema.config import ConfigError
-from train.contract import MODEL_INPUTS, REQUIRED_TERMS
+from melshards.shards_schema.config import ConfigError
+from melshards.train.contract import MODEL_INPUTS, REQUIRED_TERMS
 
 
 class PluginError(ConfigError):
@@ -71,7 +71,7 @@ def dtype_policy(precision: str):
 
 def zero_batch(schema, batch_size: int = 1) -> dict:
     """A batch of zero-length (padding) records of the schema's shapes."""
-    from shards_schema.records import tensor_specs
+    from melshards.shards_schema.records import tensor_specs
 
     return {k: tf.zeros(s.shape, s.dtype) for k, s in tensor_specs(schema, batch_size, MODEL_INPUTS).items()}
 

@@ -6,15 +6,15 @@ pass, see make_train_step). Masks and mel normalisation are computed in-graph fr
 """
 from __future__ import annotations
 
-from train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
+from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 import keras
 import numpy as np
 
-from shards_schema import Schema
-from shards_schema.schema import Bucket
-from shards_schema.records import tensor_specs
-from train.config import OptimConfig
-from train.contract import MODEL_INPUTS
+from melshards.shards_schema import Schema
+from melshards.shards_schema.schema import Bucket
+from melshards.shards_schema.records import tensor_specs
+from melshards.train.config import OptimConfig
+from melshards.train.contract import MODEL_INPUTS
 
 # Besides the model's own losses (the keys of its losses_from_terms), every step reports these.
 STEP_METRICS = ("grad_norm", "learning_rate", "examples", "mel_frames")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import posixpath
 
-from train.tf_quiet import tf
+from melshards.train.tf_quiet import tf
 
 TENSORBOARD_DIR = "tensorboard"
 

@@ -12,12 +12,12 @@ import logging
 import posixpath
 
 import numpy as np
-from train.tf_quiet import tf
+from melshards.train.tf_quiet import tf
 
-from shards_schema import SCHEMA_FILE, Schema, SchemaError, Vocabulary, read_schema
-from shards_schema.config import ConfigError, from_dict
-from shards_schema.text import normalizer_for
-from train.errors import RestoreError
+from melshards.shards_schema import SCHEMA_FILE, Schema, SchemaError, Vocabulary, read_schema
+from melshards.shards_schema.config import ConfigError, from_dict
+from melshards.shards_schema.text import normalizer_for
+from melshards.train.errors import RestoreError
 
 log = logging.getLogger("melshards.synthesize")
 
@@ -74,7 +74,7 @@ class Synthesizer(tf.Module):
 
 def check_model_dir(model_dir: str) -> None:
     """Refuse a path that is not a train model dir before read_schema, whose errors speak of preprocessing."""
-    from train.loop import CONFIG_FILE
+    from melshards.train.loop import CONFIG_FILE
 
     if not tf.io.gfile.isdir(model_dir):
         problem = "it does not exist" if not tf.io.gfile.exists(model_dir) else "it is not a directory"
@@ -92,7 +92,7 @@ def checkpoint_to_restore(model_dir: str) -> str:
     """The checkpoint synthesis restores: the newest in model_dir, checked whole (a truncated data file
     or a missing index is a CheckpointError naming it and the previous intact one). `synthesize`
     calls it before creating anything."""
-    from train.checkpoints import CHECKPOINT_DIR, resume_checkpoint
+    from melshards.train.checkpoints import CHECKPOINT_DIR, resume_checkpoint
 
     latest = resume_checkpoint(posixpath.join(model_dir, CHECKPOINT_DIR), repair=False)
     if latest is None:
@@ -104,10 +104,10 @@ def checkpoint_to_restore(model_dir: str) -> str:
 def load_synthesizer(model_dir: str, checkpoint: str | None = None) -> Synthesizer:
     """The model of model_dir rebuilt from the schema and config saved beside it, with the weights of
     `checkpoint` (default: checkpoint_to_restore(model_dir))."""
-    from train.config import TrainConfig
-    from train.checkpoints import restore_model
-    from train.loop import CONFIG_FILE
-    from train.plugins import build_model, can_generate
+    from melshards.train.config import TrainConfig
+    from melshards.train.checkpoints import restore_model
+    from melshards.train.loop import CONFIG_FILE
+    from melshards.train.plugins import build_model, can_generate
 
     check_model_dir(model_dir)
     latest = checkpoint or checkpoint_to_restore(model_dir)

@@ -1,4 +1,4 @@
-"""`from train.tf_quiet import tf`: TensorFlow, imported without its C++ start-up INFO lines.
+"""`from melshards.train.tf_quiet import tf`: TensorFlow, imported without its C++ start-up INFO lines.
 
 Importing TensorFlow 2.21 prints "oneDNN custom operations are on" and "Could not find cuda
 drivers" (INFO), twice, through absl logging before absl::InitializeLog, which writes everything

@@ -104,7 +104,7 @@ def test_buckets_each_have_static_shapes_and_fit_traces_once_per_shape(bucketed_
 
 
 def test_a_bucket_the_shards_do_not_hold_is_refused(shards_dir):
-    from shards_schema.shards import InputError
+    from melshards.shards_schema.shards import InputError
 
     with pytest.raises(InputError, match="bucket 3"):
         melshards.dataset(str(shards_dir / "train-*.tfrecord"), 2, bucket=3)
@@ -113,7 +113,7 @@ def test_a_bucket_the_shards_do_not_hold_is_refused(shards_dir):
 def test_a_shard_schema_json_does_not_list_is_checked_and_named_before_reading(bucketed_dir, tmp_path):
     import shutil
 
-    from shards_schema.shards import InputError
+    from melshards.shards_schema.shards import InputError
 
     run = tmp_path / "run"
     shutil.copytree(bucketed_dir, run)

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 from melshards.inspect_cli import inspect_command
-from shards_schema import read_schema
-from shards_schema.records import encode_example
+from melshards.shards_schema import read_schema
+from melshards.shards_schema.records import encode_example
 
 
 def run_inspect(*args):

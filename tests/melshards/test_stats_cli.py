@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from melshards.stats_cli import stats_command
 from melshards.stats_report import stats_problem
-from shards_schema.stats import REPORT_PERCENTILES, pkey
-from shards_schema import SCHEMA_VERSION
+from melshards.shards_schema.stats import REPORT_PERCENTILES, pkey
+from melshards.shards_schema import SCHEMA_VERSION
 from melshards.tables import COLUMNS
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from melshards.whatif import (DEFAULT_WHAT_IF, batch_bytes, count_above, count_below, drop_smallest, int_hist,
                               what_if, what_if_table)
-from shards_schema.stats import padding_fraction
+from melshards.shards_schema.stats import padding_fraction
 
 BEFORE = {
     "mel_frames": {10: 1, 20: 2, 30: 3, 40: 4},

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from preprocess import audio as A
-from preprocess.config import AudioConfig, MelConfig
+from melshards.preprocess import audio as A
+from melshards.preprocess.config import AudioConfig, MelConfig
 from tests.preprocess.conftest import encode, mp3_without_length_tag, tone
 
 CFG = MelConfig()
@@ -214,15 +214,15 @@ def test_a_nan_in_one_channel_of_a_stereo_file_is_invalid():
 
 
 def _load(tmp_path, y, sr=22050):
-    from preprocess.clips import load_trimmed
-    from preprocess.config import PreprocessConfig
+    from melshards.preprocess.clips import load_trimmed
+    from melshards.preprocess.config import PreprocessConfig
     path = tmp_path / "c.wav"
     path.write_bytes(_float_wav(y, sr))
     return load_trimmed(str(path), PreprocessConfig())
 
 
 def _rejection(tmp_path, y, sr=22050):
-    from preprocess.clips import ClipRejected
+    from melshards.preprocess.clips import ClipRejected
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # librosa used to warn about NaN on the console
         with pytest.raises(ClipRejected) as e:
@@ -246,7 +246,7 @@ def test_nan_samples_are_invalid_samples_not_silent_audio(tmp_path):
 def test_a_dc_offset_does_not_change_the_trimmed_clip_or_its_mel(tmp_path):
     """The mel is computed from the samples less their DC offset: a clip recorded with an offset gives
     the same clip (silence trimmed as without it) and the same mel as the clip without one."""
-    from preprocess.config import PreprocessConfig
+    from melshards.preprocess.config import PreprocessConfig
     y = tone(1.0, lead_silence_s=0.5)
     clean, offset = _load(tmp_path, y), _load(tmp_path, y + 0.25)
     assert len(clean) < len(y) - 0.4 * 22050  # the leading silence is trimmed, with the offset too

@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from preprocess import audio as A
-from preprocess.config import PreprocessConfig, load_config
+from melshards.preprocess import audio as A
+from melshards.preprocess.config import PreprocessConfig, load_config
 from melshards.preprocess_cli import run
-from shards_schema.stats import FILTER_REASONS, REJECT_REASONS, percentile
-from shards_schema.text import normalize_text
-from shards_schema import read_schema
-from shards_schema.records import decode_parsed, parse_spec
+from melshards.shards_schema.stats import FILTER_REASONS, REJECT_REASONS, percentile
+from melshards.shards_schema.text import normalize_text
+from melshards.shards_schema import read_schema
+from melshards.shards_schema.records import decode_parsed, parse_spec
 
 from tests.conftest import REPO, TINY_CONFIG
 
@@ -51,7 +51,7 @@ def test_every_input_row_is_in_a_shard_or_in_rejected_jsonl(shards_dir, corpus_d
 
 def test_docs_reasons_table_lists_every_reason_once():
     import re
-    doc = (REPO / "docs" / "preprocess.md").read_text()
+    doc = (REPO / "docs" / "melshards.preprocess.md").read_text()
     table = doc[doc.index("| reason | meaning |"):doc.index("Every such row also increments")]
     rows = [line.strip() for line in table.splitlines()[2:] if line.strip()]
     documented = [r for line in rows for r in re.findall(r"`([a-z_]+)`", line.split("|")[1])]
@@ -83,7 +83,7 @@ def test_shards_hold_the_librosa_mel_and_normalised_text_of_each_clip(shards_dir
     row = next(l for l in _input_rows(corpus_dir) if l.startswith("LJT001-0003|"))
     text = normalize_text(row.split("|")[2] or row.split("|")[1])
     assert rec["text"].numpy()[0].decode() == text
-    from shards_schema import Vocabulary
+    from melshards.shards_schema import Vocabulary
     ids = rec["text_ids"][0, : int(rec["text_len"][0])].numpy().tolist()
     assert Vocabulary(schema.vocabulary).decode(ids) == text
 
@@ -123,7 +123,7 @@ def _fails(capsys, argv, *fragments):
 
 
 def _options(argv, workers, rows=None):
-    from preprocess.run import apply_workers, pipeline_options
+    from melshards.preprocess.run import apply_workers, pipeline_options
     options = pipeline_options(argv)
     apply_workers(options, argv, workers, rows)
     from apache_beam.options.pipeline_options import DirectOptions
@@ -132,7 +132,7 @@ def _options(argv, workers, rows=None):
 
 
 def test_workers_default_to_every_core_in_worker_processes(monkeypatch):
-    import preprocess.run as R
+    import melshards.preprocess.run as R
     monkeypatch.setattr(R, "all_cores", lambda: 4)
     assert _options([], None) == (4, "multi_processing")
     assert _options([], 3) == (3, "multi_processing")
@@ -141,7 +141,7 @@ def test_workers_default_to_every_core_in_worker_processes(monkeypatch):
 
 @pytest.mark.parametrize("rows, workers", [(1, 1), (56, 1), (1000, 1), (1001, 2), (2500, 3), (13100, 4)])
 def test_default_workers_are_one_per_thousand_rows_up_to_every_core(monkeypatch, rows, workers):
-    import preprocess.run as R
+    import melshards.preprocess.run as R
     monkeypatch.setattr(R, "all_cores", lambda: 4)
     assert _options([], None, rows)[0] == workers
     assert _options([], 2, rows)[0] == 2  # an explicit --workers is taken as given
@@ -196,8 +196,8 @@ def test_dataflow_job_graph_builds_offline():
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from preprocess.corpus import Corpus
-    from preprocess.pipeline import build
+    from melshards.preprocess.corpus import Corpus
+    from melshards.preprocess.pipeline import build
 
     options = PipelineOptions(DATAFLOW_DRY_RUN + ["--setup_file", str(REPO / "setup.py")])
     p = beam.Pipeline(options=options)
@@ -240,8 +240,8 @@ def test_documented_dataflow_dry_run_builds_offline_through_the_cli(capsys, monk
 
 
 def test_progress_sums_the_workers_counts_and_ignores_files_being_written(tmp_path):
-    from preprocess.run import ProgressReporter
-    from preprocess.shards import TEMP_DIR
+    from melshards.preprocess.run import ProgressReporter
+    from melshards.preprocess.shards import TEMP_DIR
     (tmp_path / TEMP_DIR).mkdir()
     (tmp_path / TEMP_DIR / "progress-a.txt").write_text("120")
     (tmp_path / TEMP_DIR / "progress-b.txt").write_text("80")
@@ -297,7 +297,7 @@ def _numeric_fields(cls, prefix=""):
 
 
 def test_bad_value_table_and_config_ranges_cover_every_numeric_field():
-    from preprocess.config import RANGES
+    from melshards.preprocess.config import RANGES
     fields = set(_numeric_fields(PreprocessConfig))
     assert set(BAD_VALUES) == fields
     assert set(RANGES) == fields
@@ -553,7 +553,7 @@ def test_stats_json_shows_the_buckets_and_the_merges_the_minimum_forced(bucketed
 
 
 def test_bucket_options_are_validated_naming_the_key(capsys, tmp_path, corpus_dir):
-    from shards_schema.config import ConfigError
+    from melshards.shards_schema.config import ConfigError
     for pad, key in (({"buckets": 0}, "pad.buckets"), ({"buckets": "many"}, "pad.buckets"),
                      ({"max_buckets": 0}, "pad.max_buckets"), ({"target_padding": 1.0}, "pad.target_padding"),
                      ({"min_bucket_records": 0}, "pad.min_bucket_records")):

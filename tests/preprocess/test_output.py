@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from melshards.preprocess_cli import run
-from preprocess import output as O
-from shards_schema.schema import PUBLISH_JOURNAL
+from melshards.preprocess import output as O
+from melshards.shards_schema.schema import PUBLISH_JOURNAL
 
 from tests.conftest import TINY_CONFIG
 
@@ -81,7 +81,7 @@ def test_overwrite_refuses_shard_named_files_the_finished_run_does_not_list(caps
 
 def test_a_failed_overwrite_leaves_the_old_run_as_it_was_and_readable(capsys, tmp_path, shards_dir,
                                                                       all_rejected_corpus):
-    from shards_schema.shards import check_schemas, expand_globs
+    from melshards.shards_schema.shards import check_schemas, expand_globs
     out = _copy_run(shards_dir, tmp_path / "o")
     before = _snapshot(out)
     assert _preprocess(all_rejected_corpus, out, "--overwrite") == 2
@@ -103,7 +103,7 @@ def test_a_failed_overwrite_leaves_the_old_run_as_it_was_and_readable(capsys, tm
 
 def test_overwrite_replaces_the_old_run_only_with_a_finished_one_and_keeps_other_files(
         capsys, tmp_path, corpus_dir, bucketed_dir):
-    from shards_schema import read_schema
+    from melshards.shards_schema import read_schema
     out = _copy_run(bucketed_dir, tmp_path / "o")
     (out / "notes.txt").write_text("mine")
     assert _preprocess(corpus_dir, out, "--overwrite") == 0
@@ -260,7 +260,7 @@ def test_staging_dirs_of_unfinished_runs_are_removed_and_nothing_else(tmp_path):
 
 def test_a_publish_cut_short_is_refused_by_the_trainer_and_finished_by_the_next_run(tmp_path, shards_dir,
                                                                                      bucketed_dir):
-    from shards_schema.shards import InputError, check_schemas
+    from melshards.shards_schema.shards import InputError, check_schemas
     out = _copy_run(bucketed_dir, tmp_path / "o")
     old = O.run_files(O.read_schema_at(str(out / "schema.json")))
     stage = out / f"{O.STAGE_PREFIX}x"
@@ -284,7 +284,7 @@ def test_a_publish_cut_short_is_refused_by_the_trainer_and_finished_by_the_next_
 def test_the_report_writes_schema_json_before_it_removes_the_temp_dir(monkeypatch, capsys, tmp_path, corpus_dir):
     """schema.json is never written into a temp dir the report already removed (a crash between the
     two left both behind, and preprocess and train disagreed on whether the run had finished)."""
-    from preprocess import report
+    from melshards.preprocess import report
     calls = []
     real = report.remove_temp_dir
 
@@ -299,7 +299,7 @@ def test_the_report_writes_schema_json_before_it_removes_the_temp_dir(monkeypatc
 
 def test_a_full_disk_stops_the_run_with_one_line_and_leaves_the_old_run(monkeypatch, capsys, tmp_path, corpus_dir,
                                                                          shards_dir):
-    from preprocess import shards
+    from melshards.preprocess import shards
     out = _copy_run(shards_dir, tmp_path / "o")
     before = _snapshot(out)
     real = shards.RollingFiles.write

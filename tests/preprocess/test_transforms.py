@@ -8,13 +8,13 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from preprocess.config import PreprocessConfig
-from preprocess.corpus import ReadCorpus, batch_rows, detect_corpus, drop_duplicate_ids
-from preprocess.config import PadConfig
-from preprocess.pipeline import (ChooseBuckets, FilterAndWrite, LengthHistograms, MeasureClips, MelStatistics,
+from melshards.preprocess.config import PreprocessConfig
+from melshards.preprocess.corpus import ReadCorpus, batch_rows, detect_corpus, drop_duplicate_ids
+from melshards.preprocess.config import PadConfig
+from melshards.preprocess.pipeline import (ChooseBuckets, FilterAndWrite, LengthHistograms, MeasureClips, MelStatistics,
                                  encode_clip, filter_reason, split_of)
-from preprocess.shards import AssembleShards, RollingFiles, plan_shards
-from shards_schema.stats import Cutoffs
+from melshards.preprocess.shards import AssembleShards, RollingFiles, plan_shards
+from melshards.shards_schema.stats import Cutoffs
 
 CFG = PreprocessConfig()
 
@@ -147,12 +147,12 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
     Measure computed; filtered clips are rejected with their reason; moments count training
     frames only; the stash is one file per batch."""
     import tensorflow as tf
-    from preprocess import audio as A
-    from preprocess.clips import featurize
-    from shards_schema import Vocabulary
-    from shards_schema.records import decode_parsed, parse_spec
-    from preprocess.report import build_schema
-    from shards_schema.stats import Moments
+    from melshards.preprocess import audio as A
+    from melshards.preprocess.clips import featurize
+    from melshards.shards_schema import Vocabulary
+    from melshards.shards_schema.records import decode_parsed, parse_spec
+    from melshards.preprocess.report import build_schema
+    from melshards.shards_schema.stats import Moments
     decodes = []
     real_decode = A.decode_audio
     monkeypatch.setattr(A, "decode_audio", lambda *a: decodes.append(1) or real_decode(*a))
@@ -161,7 +161,7 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
     splits = {"LJT001-0001": "train", "LJT001-0002": "val", "LJT001-0004": "train"}
     frames = {i: m.shape[0] for i, m in expected.items()}
     longest = max(frames, key=frames.get)
-    monkeypatch.setattr("preprocess.pipeline.split_of", lambda clip_id, *_: splits[clip_id])
+    monkeypatch.setattr("melshards.preprocess.pipeline.split_of", lambda clip_id, *_: splits[clip_id])
     decodes.clear()
     cut = Cutoffs(0, 1, frames[longest] - 1, 1000, frames[longest] - 1, 1000)  # the longest clip is filtered
     buckets = {"bounds": (1000,), "plan": None, "raised_last_bound": None}
@@ -222,7 +222,7 @@ def test_split_is_deterministic_and_near_the_fraction():
 
 
 def test_mel_statistics_merge_the_batches_moments_exactly():
-    from shards_schema.stats import Moments
+    from melshards.shards_schema.stats import Moments
     a = Moments.of(np.array([[0.0, 2.0], [2.0, 2.0]], np.float32))
     b = Moments.of(np.array([[4.0, 2.0]], np.float32))
     with pipeline() as p:
@@ -233,12 +233,12 @@ def test_mel_statistics_merge_the_batches_moments_exactly():
 
 def test_encode_clip_pads_each_clip_to_its_buckets_shapes(corpus_dir):
     import tensorflow as tf
-    from shards_schema.records import decode_parsed, parse_spec
+    from melshards.shards_schema.records import decode_parsed, parse_spec
 
-    from preprocess.clips import featurize
-    from preprocess.report import build_schema
-    from shards_schema.stats import Moments
-    from shards_schema import Vocabulary
+    from melshards.preprocess.clips import featurize
+    from melshards.preprocess.report import build_schema
+    from melshards.shards_schema.stats import Moments
+    from melshards.shards_schema import Vocabulary
     clip = dict(featurize(_row(corpus_dir, "LJT001-0001"), CFG, Vocabulary()), split="train")
     buckets = {"bounds": (8, 400, 800), "plan": None, "raised_last_bound": None}
     text = {1: {clip["text_len"]: 1, 75: 1}}  # bucket 1's text lengths: padded to 80
@@ -298,7 +298,7 @@ def test_concatenated_parts_read_as_one_tfrecord_file(tmp_path):
     with pipeline() as p:
         plan = [{"split": "train", "bucket": 0, "file": "train-b00-00000-of-00001.tfrecord", "records": 6, "bytes": 0,
                  "parts": [str(tmp_path / "part0"), str(tmp_path / "part1")]}]
-        from preprocess.shards import _AssembleShard
+        from melshards.preprocess.shards import _AssembleShard
         p | beam.Create(plan) | beam.ParDo(_AssembleShard(str(tmp_path)))
     got = [r.numpy().decode() for r in tf.data.TFRecordDataset(str(tmp_path / "train-b00-00000-of-00001.tfrecord"))]
     assert got == ["0-0", "0-1", "0-2", "1-0", "1-1", "1-2"]
@@ -306,7 +306,7 @@ def test_concatenated_parts_read_as_one_tfrecord_file(tmp_path):
 
 
 def test_remove_temp_dir_deletes_leftover_parts(tmp_path):
-    from preprocess.shards import TEMP_DIR, remove_temp_dir
+    from melshards.preprocess.shards import TEMP_DIR, remove_temp_dir
     (tmp_path / TEMP_DIR).mkdir()
     (tmp_path / TEMP_DIR / "train-abc.tfrecord").write_bytes(b"x")
     remove_temp_dir(str(tmp_path))
@@ -316,8 +316,8 @@ def test_remove_temp_dir_deletes_leftover_parts(tmp_path):
 
 def _plan_with_parts(tmp_path):
     """Two shards: one concatenated from two parts, one renamed from a single part."""
-    from preprocess.shards import TEMP_DIR
-    from shards_schema.records import frame_record
+    from melshards.preprocess.shards import TEMP_DIR
+    from melshards.shards_schema.records import frame_record
     tmp = tmp_path / TEMP_DIR
     tmp.mkdir(exist_ok=True)
     expected = {}
@@ -336,7 +336,7 @@ def _plan_with_parts(tmp_path):
 
 
 def _assemble(tmp_path, plan):
-    from preprocess.shards import _AssembleShard
+    from melshards.preprocess.shards import _AssembleShard
     fn = _AssembleShard(str(tmp_path))
     return [out for shard in plan for out in fn.process(shard)]
 
@@ -392,13 +392,13 @@ EXTRA_FIELD_ROWS = [
 
 @pytest.mark.parametrize("line", EXTRA_FIELD_ROWS)
 def test_ljspeech_line_with_more_than_three_fields_is_malformed(line):
-    from preprocess.corpus import parse_ljspeech_line
+    from melshards.preprocess.corpus import parse_ljspeech_line
     with pytest.raises(ValueError, match=r"\|-separated fields, expected at most 3"):
         parse_ljspeech_line(line, 0)
 
 
 def test_ljspeech_line_with_two_or_three_fields_is_a_row():
-    from preprocess.corpus import parse_ljspeech_line
+    from melshards.preprocess.corpus import parse_ljspeech_line
     assert parse_ljspeech_line("a|Hello.", 0)["text"] == "Hello."
     assert parse_ljspeech_line("a|Dr. Who|Doctor Who", 0)["text"] == "Doctor Who"
 
@@ -458,7 +458,7 @@ def test_ljspeech_layout_finds_mp3_ogg_and_flac(tmp_path):
     ("m.jsonl", 'not json\n{"audio": "a.wav", "text": "Hi"}\n', None),  # a malformed row, not a header
 ])
 def test_rows_file_check_reads_the_first_line(tmp_path, name, content, problem):
-    from preprocess.corpus import CorpusError, check_rows_file
+    from melshards.preprocess.corpus import CorpusError, check_rows_file
     (tmp_path / name).write_text(content)
     corpus = detect_corpus(str(tmp_path / name) if name != "metadata.csv" else str(tmp_path))
     if problem is None:
@@ -470,7 +470,7 @@ def test_rows_file_check_reads_the_first_line(tmp_path, name, content, problem):
 
 # -- rows that would be read silently wrong ------------------------------------------------------
 def test_audio_files_of_an_id_are_listed_in_extension_order_local_or_gcs():
-    from preprocess.corpus import audio_files_by_id
+    from melshards.preprocess.corpus import audio_files_by_id
     listing = ["gs://b/lj/wavs/c1.wav", "gs://b/lj/wavs/c1.flac", "gs://b/lj/wavs/c2.ogg", "gs://b/lj/wavs/c2.MP3",
                "gs://b/lj/wavs/c3.flac", "gs://b/lj/wavs/notes.txt", "/d/wavs/c4.mp3", "/d/wavs/c4.WAV"]
     assert audio_files_by_id(listing) == {
@@ -481,7 +481,7 @@ def test_audio_files_of_an_id_are_listed_in_extension_order_local_or_gcs():
 
 
 def test_an_id_with_two_audio_files_is_rejected_naming_both_not_guessed():
-    from preprocess.corpus import attach_audio
+    from melshards.preprocess.corpus import attach_audio
     files = {"c1": ["gs://b/wavs/c1.wav", "gs://b/wavs/c1.flac"], "c2": ["gs://b/wavs/c2.flac"]}
     rows = [{"id": i, "audio": None, "row": n} for n, i in enumerate(["c1", "c2", "c3"])]
     kept, rejected = attach_audio(rows, files)
@@ -528,7 +528,7 @@ def test_a_manifest_names_its_audio_file_so_a_second_file_beside_it_is_no_ambigu
     ("m.jsonl", '{"audio": "a.wav", "text": "Hello."}\n{"audio": "b.wav"}\n'),
 ])
 def test_a_manifest_row_with_too_few_columns_is_malformed_not_empty_text(tmp_path, name, content):
-    from preprocess.corpus import parse_manifest
+    from melshards.preprocess.corpus import parse_manifest
     (tmp_path / name).write_text(content)
     (i, first), (j, second) = parse_manifest(content, str(tmp_path / name), str(tmp_path))
     assert (i, first["id"], first["text"], j) == (0, "a", "Hello.", 1)
@@ -541,14 +541,14 @@ def test_a_manifest_row_with_too_few_columns_is_malformed_not_empty_text(tmp_pat
 
 
 def test_a_short_csv_row_is_named_with_the_header_it_falls_short_of():
-    from preprocess.corpus import parse_manifest
+    from melshards.preprocess.corpus import parse_manifest
     (_, _), (_, err) = parse_manifest("audio,text,speaker\na.wav,Hi,s\nb.wav,Hi\n", "m.csv", ".")
     assert str(err) == "row 2: 2 fields, the header has 3 (audio, text, speaker); a missing separator?"
 
 
 def test_a_csv_row_with_more_fields_than_the_header_is_malformed_not_cut_short():
     """An unquoted comma in the text: reading the first fields would silently drop the rest of it."""
-    from preprocess.corpus import parse_manifest
+    from melshards.preprocess.corpus import parse_manifest
     rows = list(parse_manifest("audio,text\na.wav,Hello, world.\nb.wav,\"Hi, there.\"\nc.wav,Bye.,\n",
                                "m.csv", "."))
     (_, first), (_, quoted), (_, trailing) = rows

@@ -6,10 +6,10 @@ import sys
 import numpy as np
 import pytest
 
-from shards_schema.buckets import (
+from melshards.shards_schema.buckets import (
     Bucket, Merge, bucket_index, choose_buckets, describe, equal_count_bounds, merge_small_buckets,
     optimal_bounds, padding_fraction, text_bound, what_if)
-from shards_schema.stats import round_up
+from melshards.shards_schema.stats import round_up
 
 # 12 clips, 283 valid frames; candidates at multiple 8: 16, 24, 32, 96
 SMALL = {10: 5, 17: 3, 30: 1, 31: 2, 90: 1}
@@ -228,7 +228,7 @@ def test_text_bound_and_bucket_index():
 
 
 def test_module_imports_neither_beam_nor_tensorflow():
-    code = ("import sys, shards_schema.buckets; "
+    code = ("import sys, melshards.shards_schema.buckets; "
             "print([m for m in sys.modules if m.split('.')[0] in ('apache_beam', 'tensorflow', "
             "'preprocess', 'train', 'melshards')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

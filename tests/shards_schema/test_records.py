@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from shards_schema import Schema, SchemaError
-from shards_schema.records import decode_parsed, encode_example, frame_record, parse_spec
+from melshards.shards_schema import Schema, SchemaError
+from melshards.shards_schema.records import decode_parsed, encode_example, frame_record, parse_spec
 
 FEATURES = Schema.feature_table(max_text_len=16, max_mel_frames=24, n_mels=8)
 
@@ -73,8 +73,8 @@ def test_encoder_refuses_wrong_shapes_and_missing_features():
 
 
 def _schema_dict(features: list) -> dict:
-    from shards_schema import SCHEMA_VERSION
-    from shards_schema.text import FRONTEND
+    from melshards.shards_schema import SCHEMA_VERSION
+    from melshards.shards_schema.text import FRONTEND
 
     bucket = {"index": 0, "max_text_len": 16, "max_mel_frames": 24, "features": features,
               "counts": {"train": 3, "val": 0}, "shards": {"train": [], "val": []}}

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from shards_schema import SCHEMA_VERSION, Schema, SchemaError, Vocabulary, read_schema
-from shards_schema.config import ConfigError, from_dict, load_yaml
+from melshards.shards_schema import SCHEMA_VERSION, Schema, SchemaError, Vocabulary, read_schema
+from melshards.shards_schema.config import ConfigError, from_dict, load_yaml
 
 
 def test_schema_round_trips_through_json(shards_dir):
@@ -86,7 +86,7 @@ def test_bucket_of_file_reads_the_listing_then_the_name(shards_dir):
 def test_shard_names_put_split_then_bucket_so_split_globs_match_every_bucket():
     import fnmatch
 
-    from shards_schema import parse_shard_name, shard_name
+    from melshards.shards_schema import parse_shard_name, shard_name
     names = [shard_name(s, b, i, 3) for s in ("train", "val") for b in (0, 1, 12) for i in range(3)]
     assert shard_name("train", 3, 1, 4) == "train-b03-00001-of-00004.tfrecord"
     assert fnmatch.filter(names, "train-*.tfrecord") == names[:9]
@@ -152,11 +152,11 @@ def test_shipped_config_loads_and_validates(path, shards_dir):
     """Preprocess configs validate on their own; train configs against the demo run's schema (the
     shapes decide e.g. whether model.reduction_factor divides the padded length)."""
     if path.name.startswith("train"):
-        from train.config import load_config
+        from melshards.train.config import load_config
         cfg = load_config(str(path))
         cfg.validate(read_schema(str(shards_dir)))
         assert cfg != type(cfg)(), f"{path.name} sets nothing: it should say what it is for"
     else:
-        from preprocess.config import PreprocessConfig, load_config
+        from melshards.preprocess.config import PreprocessConfig, load_config
         cfg = load_config(str(path))
         assert isinstance(cfg, PreprocessConfig)

@@ -3,7 +3,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from shards_schema.stats import (Cutoffs, Moments, compute_cutoffs, padding_fraction, percentile, round_up,
+from melshards.shards_schema.stats import (Cutoffs, Moments, compute_cutoffs, padding_fraction, percentile, round_up,
                               summarize)
 
 

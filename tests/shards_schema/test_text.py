@@ -1,6 +1,6 @@
 import pytest
 
-from shards_schema.text import TextRejected, check_text, expand_numbers, has_speakable_content, normalize_text
+from melshards.shards_schema.text import TextRejected, check_text, expand_numbers, has_speakable_content, normalize_text
 
 
 @pytest.mark.parametrize("raw, expected", [

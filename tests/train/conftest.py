@@ -77,11 +77,11 @@ def model_dir_from_weights(shards_dir: Path, model_dir: Path, stop_bias: float, 
     import numpy as np
     import tensorflow as tf
 
-    from shards_schema import read_schema
-    from train.checkpoints import CHECKPOINT_DIR
-    from train.config import config_from_dict
-    from train.model import build_model
-    from train.step import make_optimizer
+    from melshards.shards_schema import read_schema
+    from melshards.train.checkpoints import CHECKPOINT_DIR
+    from melshards.train.config import config_from_dict
+    from melshards.train.model import build_model
+    from melshards.train.step import make_optimizer
 
     cfg = config_from_dict(TEST_CONFIG)
     schema = read_schema(str(shards_dir / "schema.json"))

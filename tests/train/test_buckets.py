@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from shards_schema import Schema, read_schema, shard_name
+from melshards.shards_schema import Schema, read_schema, shard_name
 from tests.train.conftest import ids_in, real_ids
-from train import buckets as bk
-from train import input_pipeline as ip
-from train.config import DataConfig
-from train.step import MODEL_INPUTS
+from melshards.train import buckets as bk
+from melshards.train import input_pipeline as ip
+from melshards.train.config import DataConfig
+from melshards.train.step import MODEL_INPUTS
 
 
 def test_batch_per_bucket_keeps_padded_frames_per_batch_at_most_the_longest_buckets():

@@ -15,13 +15,13 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
-from shards_schema import read_schema
+from melshards.shards_schema import read_schema
 from tests.train.conftest import TEST_CONFIG, model_dir_from_weights
-from train.checkpoints import RestoreError, restore_model, untracked_variables
-from train.config import config_from_dict
-from train.model import build_model
+from melshards.train.checkpoints import RestoreError, restore_model, untracked_variables
+from melshards.train.config import config_from_dict
+from melshards.train.model import build_model
 from melshards.synthesize_cli import synthesize_command
-from train.synthesize import load_synthesizer
+from melshards.train.synthesize import load_synthesizer
 
 TEXT = "Printing, in the only sense."
 
@@ -156,7 +156,7 @@ def test_resuming_from_a_damaged_checkpoint_names_it_and_the_intact_one_before(s
 
 
 def test_a_deleted_newest_checkpoint_resumes_from_the_one_before(shards_dir, tmp_path):
-    from train.checkpoints import resume_checkpoint
+    from melshards.train.checkpoints import resume_checkpoint
 
     ckpts = _two_checkpoints(shards_dir, tmp_path / "m")
     for f in ckpts.glob("ckpt-20.*"):
@@ -166,7 +166,7 @@ def test_a_deleted_newest_checkpoint_resumes_from_the_one_before(shards_dir, tmp
 
 
 def test_synthesis_from_a_truncated_checkpoint_names_it(shards_dir, tmp_path):
-    from train.errors import CheckpointError
+    from melshards.train.errors import CheckpointError
 
     model_dir_from_weights(shards_dir, tmp_path / "m", stop_bias=-20.0)
     _damage(tmp_path / "m" / "checkpoints", "ckpt-10", "truncated")

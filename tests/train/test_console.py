@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from train.tf_quiet import keep_line
+from melshards.train.tf_quiet import keep_line
 
 INFO = "I0000 00:00:1795333283.558699    6284 port.cc:153] oneDNN custom operations are on."
 WARN = "W0000 00:00:1795333283.558699    6284 x.cc:1] a warning"
@@ -66,7 +66,7 @@ os.write(2, b"W0000 00:00:1795333283.558699    6284 fake.cc:2] known warning lin
 os.write(2, b"E0000 00:00:1795333283.558699    6284 fake.cc:3] known error line\\n")
 
 
-class config:  # what train.tf_quiet calls inside its capture
+class config:  # what melshards.train.tf_quiet calls inside its capture
     @staticmethod
     def list_physical_devices(device_type=None):
         return []
@@ -82,7 +82,7 @@ class config:  # what train.tf_quiet calls inside its capture
 def test_a_users_own_log_level_decides_which_import_lines_are_shown(tmp_path, user_level, shown):
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "__init__.py").write_text(FAKE_TF)
-    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from train.tf_quiet import tf; "
+    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from melshards.train.tf_quiet import tf; "
             f"assert tf.__file__.startswith({str(tmp_path)!r}), tf.__file__")
     env = {} if user_level is None else {"TF_CPP_MIN_LOG_LEVEL": user_level}
     err = _stderr_of([sys.executable, "-c", code], **env)
@@ -97,7 +97,7 @@ def test_cuinit_failing_is_shown_only_when_a_gpu_was_asked_for():
 
 
 def test_a_cpu_run_prints_no_cuinit_error_unless_a_gpu_was_asked_for():
-    code = "from train.tf_quiet import tf; tf.config.list_physical_devices(); tf.constant(1.0).numpy()"
+    code = "from melshards.train.tf_quiet import tf; tf.config.list_physical_devices(); tf.constant(1.0).numpy()"
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={k: v for k, v in env.items() if k != "TF_CPP_MIN_LOG_LEVEL"})
@@ -106,7 +106,7 @@ def test_a_cpu_run_prints_no_cuinit_error_unless_a_gpu_was_asked_for():
 
 
 def test_gpu_asked_means_cuda_visible_devices_names_a_device(monkeypatch):
-    from train.tf_quiet import gpu_asked
+    from melshards.train.tf_quiet import gpu_asked
 
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert not gpu_asked()

@@ -18,10 +18,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from shards_schema.config import ConfigError
+from melshards.shards_schema.config import ConfigError
 from tests.train.conftest import write_config
-from train import distribute as dist
-from train.step import dropout_key
+from melshards.train import distribute as dist
+from melshards.train.step import dropout_key
 
 # Seconds for any one run: a guard against a hung collective only, so it fails the test instead of
 # hanging the suite. Generous: a bucketed mirrored run compiles every bucket on each replica device,
@@ -38,8 +38,8 @@ def test_batch_size_must_divide_by_the_replicas():
 
 
 def test_an_unknown_strategy_in_the_config_is_refused(shards_dir):
-    from shards_schema import read_schema
-    from train.config import TrainConfig
+    from melshards.shards_schema import read_schema
+    from melshards.train.config import TrainConfig
 
     with pytest.raises(ConfigError, match="loop.strategy is 'gpus'; choose one of auto, one, mirrored"):
         TrainConfig().override(strategy="gpus").validate(read_schema(str(shards_dir)))
@@ -241,7 +241,7 @@ def test_mirrored_on_3_and_6_devices_gives_every_bucket_a_batch_they_divide_and_
         replicas, bucketed_dir, tmp_path, xla_cache):
     """gcd(B, 8) alone made bucket batches such as 7 or 8 for B = 3 or 6: refused after the model dir was
     written, naming a batch never set. Now every bucket's batch divides, and validation runs under mirrored."""
-    from shards_schema import read_schema
+    from melshards.shards_schema import read_schema
 
     cfg = write_config(tmp_path / "c.yaml", loop={"steps": 2, "log_every": 1, "checkpoint_every": 2,
                                                   "val_every": 2})

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from train import input_pipeline as ip
-from train.config import DataConfig
+from melshards.train import input_pipeline as ip
+from melshards.train.config import DataConfig
 from tests.train.conftest import ids_in, real_ids
-from train.step import MODEL_INPUTS
+from melshards.train.step import MODEL_INPUTS
 
 
 def _inputs(shards_dir, split):

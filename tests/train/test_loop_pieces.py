@@ -16,12 +16,12 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.train.conftest import write_config
-from train.checkpoints import data_settings, remove_partial_writes, settings_diff
-from train.config import TrainConfig
-from train.errors import TrainError
-from train.loop import Progress
-from train.metrics import RunState, format_summary
-from train.summaries import Scalars
+from melshards.train.checkpoints import data_settings, remove_partial_writes, settings_diff
+from melshards.train.config import TrainConfig
+from melshards.train.errors import TrainError
+from melshards.train.loop import Progress
+from melshards.train.metrics import RunState, format_summary
+from melshards.train.summaries import Scalars
 
 
 def _metrics(loss, examples=4.0, frames=400.0):

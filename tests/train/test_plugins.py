@@ -65,9 +65,9 @@ def test_example_plugin_resumed_run_matches_an_uninterrupted_one(four_records, t
 
 
 def test_example_plugin_dataset_graph_holds_no_python_ops(four_records, tmp_path):
-    from train import input_pipeline as ip
-    from train.config import config_from_dict
-    from train.loop import Run, resolve_inputs
+    from melshards.train import input_pipeline as ip
+    from melshards.train.config import config_from_dict
+    from melshards.train.loop import Run, resolve_inputs
 
     cfg = config_from_dict({"model": dict(FS_MODEL, factory=EXAMPLE), "data": {"batch_size": 2}})
     inputs = resolve_inputs([str(four_records / "train-*.tfrecord")], [], None, cfg)
@@ -78,7 +78,7 @@ def test_example_plugin_dataset_graph_holds_no_python_ops(four_records, tmp_path
 
 
 def test_synthesis_uses_the_plugins_generate(example_run):
-    from train.synthesize import load_synthesizer, text_ids
+    from melshards.train.synthesize import load_synthesizer, text_ids
 
     synth = load_synthesizer(str(example_run[0]))
     ids, n = text_ids("printing, in the only sense.", synth.schema)

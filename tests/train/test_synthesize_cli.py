@@ -7,11 +7,11 @@ import pytest
 import soundfile as sf
 from click.testing import CliRunner, Result
 
-from preprocess.clips import ClipRejected, prepare_text
-from shards_schema import Vocabulary
+from melshards.preprocess.clips import ClipRejected, prepare_text
+from melshards.shards_schema import Vocabulary
 from tests.train.conftest import write_config
 from melshards.train_cli import run
-from train import synthesize as synthesize_module
+from melshards.train import synthesize as synthesize_module
 from melshards.synthesize_cli import synthesize_command
 
 FIX = "pass the --model-dir of a `melshards train` run"
@@ -149,7 +149,7 @@ def test_a_model_dir_without_a_checkpoint_is_refused_and_creates_nothing(shards_
 
 
 def test_a_text_longer_than_the_model_reads_is_refused_before_loading(shards_dir, tmp_path, monkeypatch):
-    from shards_schema import read_schema
+    from melshards.shards_schema import read_schema
 
     _refuse_loading(monkeypatch)
     model = _looks_trained(shards_dir, tmp_path / "model")
@@ -165,8 +165,8 @@ def test_texts_up_to_the_longest_text_of_any_bucket_are_accepted(shards_dir):
     """A bucket of shorter clips can hold longer texts than the largest bucket: the model reads those."""
     import dataclasses
 
-    from shards_schema import read_schema
-    from shards_schema.config import ConfigError
+    from melshards.shards_schema import read_schema
+    from melshards.shards_schema.config import ConfigError
 
     one = read_schema(str(shards_dir))
     make = one.make_bucket

@@ -8,8 +8,8 @@ import pytest
 import soundfile as sf
 import tensorflow as tf
 
-from shards_schema import read_schema
-from shards_schema.records import encode_example
+from melshards.shards_schema import read_schema
+from melshards.shards_schema.records import encode_example
 from tests.train.conftest import write_config, write_records
 from melshards.train_cli import run
 from melshards.synthesize_cli import synthesize_command
