@@ -22,10 +22,34 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import emit
-from melshards.shards_schema.buckets import (
-    WHAT_IF_KS, describe, equal_count_bounds, optimal_bounds, padding_fraction)
+from melshards.shards_schema.buckets import WHAT_IF_KS, fill_buckets, optimal_bounds, padding_fraction
+from melshards.shards_schema.stats import round_up
 
 SR, HOP = 22050, 256
+
+
+def equal_count_bounds(hist: dict[int, int], k: int, multiple: int) -> tuple[int, ...]:
+    """The quantile baseline (NeMo, lhotse, tf.data bucket_by_sequence_length style), for comparison.
+
+    Bound i is the inverted-CDF percentile 100 * (i+1) / k of the lengths, rounded up to `multiple`;
+    bounds that coincide after rounding are merged, so fewer than k may come back.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"number of buckets must be an integer >= 1, got {k!r}")
+    items = sorted((int(v), int(c)) for v, c in hist.items() if c)
+    if not items:
+        raise ValueError("empty length histogram")
+    lengths = np.array([v for v, _ in items], dtype=np.int64)
+    cum = np.cumsum([c for _, c in items], dtype=np.int64)
+    n = int(cum[-1])
+    out: list[int] = []
+    for i in range(1, k + 1):
+        # smallest length whose CDF reaches i/k of the clips, in integers: cum * k >= i * n
+        j = int(np.searchsorted(cum * k, i * n, side="left"))
+        b = round_up(int(lengths[j]), multiple)
+        if not out or b > out[-1]:
+            out.append(b)
+    return tuple(out)
 
 
 def synthetic(seed: int, clips: int, median_s: float, sigma: float) -> dict[int, int]:
@@ -41,9 +65,9 @@ def table(hist: dict[int, int], multiple: int) -> list[dict]:
     for k in WHAT_IF_KS:
         opt, eq = optimal_bounds(hist, k, multiple), equal_count_bounds(hist, k, multiple)
         rows.append({"k": k, "optimal_used": len(opt),
-                     "optimal": round(padding_fraction(describe(opt, hist)), 6),
+                     "optimal": round(padding_fraction(fill_buckets(opt, hist)), 6),
                      "equal_count_used": len(eq),
-                     "equal_count": round(padding_fraction(describe(eq, hist)), 6),
+                     "equal_count": round(padding_fraction(fill_buckets(eq, hist)), 6),
                      "optimal_bounds": list(opt)})
     return rows
 

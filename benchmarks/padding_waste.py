@@ -63,15 +63,15 @@ def measure_corpus(corpus: str, work_dir: str) -> list[tuple[int, int, int]]:
     if cache.exists():
         return [tuple(x) for x in json.loads(cache.read_text())]
     from benchmarks.preprocess_throughput import corpus_rows
-    from melshards.preprocess import clips as C
+    from melshards.preprocess import clips
     from melshards.preprocess.config import PreprocessConfig
     from melshards.shards_schema import Vocabulary
 
     cfg, vocab, out = PreprocessConfig(), Vocabulary(), []
     for r in corpus_rows(corpus):
         try:
-            c = C.measure(r, cfg, vocab)
-        except C.ClipRejected:
+            c = clips.measure(r, cfg, vocab)
+        except clips.ClipRejected:
             continue
         out.append((c["text_len"], c["mel_frames"], c["duration_ms"]))
     Path(work_dir).mkdir(parents=True, exist_ok=True)

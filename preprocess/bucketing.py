@@ -8,38 +8,51 @@ text among its clips (every split), rounded up (`melshards.shards_schema.buckets
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Mapping
 
 from melshards.preprocess.config import PadConfig
-from melshards.shards_schema.buckets import BucketPlan, bucket_index, choose_buckets, describe, text_bound, what_if
-from melshards.shards_schema.stats import Cutoffs, round_up
-
-
-def kept(clip: dict, cutoffs: Cutoffs | None) -> bool:
-    """Whether the percentile filter keeps the clip (the filter's own rule, `Cutoffs.reason`)."""
-    return cutoffs is not None and cutoffs.reason(clip["text_len"], clip["mel_frames"], clip["duration_ms"]) is None
+from melshards.shards_schema.buckets import (BucketChoice, bucket_index, choose_buckets, fill_buckets, padding_by_k,
+                                             text_bound)
+from melshards.shards_schema.stats import round_up
 
 
 def choose(train_hist: Mapping[int, int], longest: int, pad: PadConfig) -> dict[str, Any] | None:
-    """The job's buckets: {"bounds", "plan" (stats.json figures), "raised_last_bound"}; None without clips.
+    """The job's buckets: {"bounds", "plan" (`BucketChoice.to_dict()`, stats.json's `buckets.plan`),
+    "raised_last_bound"}; None without clips.
 
     `train_hist`: mel frames -> training clips kept; `longest`: the longest kept clip of any split.
     Without training clips there is one bucket, fitted to the longest clip.
     """
     if longest <= 0:
         return None
-    plan: BucketPlan | None = None
+    choice: BucketChoice | None = None
     if train_hist:
-        plan = choose_buckets(dict(train_hist), pad.buckets, pad.max_buckets, pad.target_padding, pad.multiple,
-                              pad.min_bucket_records)
-        bounds = list(plan.bounds)
+        choice = choose_buckets(dict(train_hist), pad.buckets, pad.max_buckets, pad.target_padding, pad.multiple,
+                                pad.min_bucket_records)
+        bounds = list(choice.bounds)
     else:
         bounds = [round_up(longest, pad.multiple)]
     raised = None
     if longest > bounds[-1]:  # a validation clip is longer than every training clip
         raised = {"from": bounds[-1], "to": round_up(longest, pad.multiple)}
         bounds[-1] = raised["to"]
-    return {"bounds": tuple(bounds), "plan": plan.to_dict() if plan else None, "raised_last_bound": raised}
+    return {"bounds": tuple(bounds), "plan": choice.to_dict() if choice else None, "raised_last_bound": raised}
+
+
+def choose_from_summary(summary: dict, pad: PadConfig) -> dict:
+    """The summed kept-clip summary (`pipeline.kept_summary`) -> {"buckets": `choose`'s dict (None
+    without clips), "text": {bucket: text-length histogram}, "after": after-filter histograms,
+    "train_hist": kept training clips' mel frames}: everything the writer and the report need, as one
+    side input."""
+    after = {k: dict(v) for k, v in summary["after"].items()}
+    longest = max(after["mel_frames"], default=0)
+    buckets = choose(dict(summary["train"]), longest, pad)
+    text: dict[int, Counter] = {}
+    for (frames, text_len), n in (summary["text_by_frames"].items() if buckets else ()):
+        text.setdefault(bucket_index(frames, buckets["bounds"]), Counter())[text_len] += n
+    return {"buckets": buckets, "text": {b: dict(h) for b, h in text.items()}, "after": after,
+            "train_hist": dict(summary["train"])}
 
 
 def bucket_of(clip: dict, buckets: dict) -> int:
@@ -64,10 +77,11 @@ def _padding(hist: Mapping[int, int], bound: int) -> tuple[int, int]:
 def bucket_stats(buckets: dict, kept_mel: Mapping[int, int], text_hists: Mapping[int, Mapping[int, int]],
                  shards: list[dict], pad: PadConfig, train_hist: Mapping[int, int]) -> dict[str, Any]:
     """stats.json "buckets": per bucket its shapes, records per split, shards and padding; overall
-    padding; the plan with its merges; the what-if over K (from the training histogram)."""
+    padding; the bucket choice (`plan`) with its merges; the padding over K (`what_if`, from the
+    training histogram)."""
     bounds = buckets["bounds"]
     texts = text_bounds(text_hists, len(bounds), pad.multiple)
-    mel_parts = describe(bounds, kept_mel) if kept_mel else ()
+    mel_parts = fill_buckets(bounds, kept_mel) if kept_mel else ()
     rows, mel_vp, text_vp = [], [0, 0], [0, 0]
     for i, bound in enumerate(bounds):
         mine = [s for s in shards if s["bucket"] == i]
@@ -88,7 +102,7 @@ def bucket_stats(buckets: dict, kept_mel: Mapping[int, int], text_hists: Mapping
         "plan": buckets["plan"],
         "merges": buckets["plan"]["merges"] if buckets["plan"] else [],
         "raised_last_bound": buckets["raised_last_bound"],
-        "what_if": list(what_if(dict(train_hist), pad.multiple, pad.min_bucket_records)) if train_hist else [],
+        "what_if": list(padding_by_k(dict(train_hist), pad.multiple, pad.min_bucket_records)) if train_hist else [],
     }
 
 

@@ -1,9 +1,11 @@
-"""Stages 2-3: per-clip work. Thin DoFns over the pure functions in text.py and audio.py.
+"""Per-clip work, the pure functions the job's DoFns call: measure a clip (stages 2-3), its split,
+and the percentile filter's rule (stage 5).
 
 `featurize` reads, decodes, resamples and trims a clip once and computes its lengths and its log-mel
-in the same pass; the job carries the mel across the statistics
-barrier (see pipeline.py) instead of decoding the clip a second time. `measure` is the lengths
-alone, for tools that need no mel.
+in the same pass; the job carries the mel across the statistics barrier (`melshards.preprocess.stash`)
+instead of decoding the clip a second time. `measure` is the lengths alone, for tools that need no mel.
+`filter_rejection` is the one filter rule: the buckets are chosen from the clips it keeps, and the
+writer drops the clips it rejects.
 """
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ import hashlib
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess import audio as A
+from melshards.preprocess import audio
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import reject
+from melshards.shards_schema.stats import Cutoffs
 from melshards.shards_schema.text import TextRejected, check_text
 from melshards.shards_schema import Vocabulary
 
@@ -42,19 +45,19 @@ def load_trimmed(path: str | None, cfg: PreprocessConfig) -> np.ndarray:
     the reason."""
     data = _read_bytes(path)
     try:
-        y, _ = A.decode_audio(data, cfg.audio.sample_rate)
-    except A.InvalidSamples as e:
+        y, _ = audio.decode_audio(data, cfg.audio.sample_rate)
+    except audio.InvalidSamples as e:
         raise ClipRejected("invalid_samples", f"{path}: {e}") from e
-    except A.AudioError as e:
+    except audio.AudioError as e:
         raise ClipRejected("unreadable_audio", f"{path}: {e}") from e
-    peak = A.peak_dbfs(y)  # of the samples less their DC offset: a constant is not sound
+    peak = audio.peak_dbfs(y)  # of the samples less their DC offset: a constant is not sound
     if peak == -np.inf:
         raise ClipRejected("silent_audio", "no signal: every sample has the same value (digital silence or "
                                            "a constant DC offset)")
     if peak < cfg.audio.silence_peak_dbfs:
         raise ClipRejected("silent_audio", f"peak {peak:.1f} dBFS (DC offset removed) < "
                                            f"{cfg.audio.silence_peak_dbfs} dBFS")
-    y = A.trim(y, cfg.audio)
+    y = audio.trim(y, cfg.audio)
     if y.size == 0:
         raise ClipRejected("silent_audio", "nothing left after trimming silence")
     return y
@@ -71,7 +74,7 @@ def prepare_text(raw: str, vocab: Vocabulary) -> tuple[str, list[int], int]:
 
 def _measured(row: dict, text: str, ids: list[int], y: np.ndarray, cfg: PreprocessConfig) -> dict:
     return dict(row, text=text, text_ids=ids, text_len=len(ids), num_samples=int(y.size),
-                mel_frames=A.num_frames(y.size, cfg.mel.hop_length),
+                mel_frames=audio.num_frames(y.size, cfg.mel.hop_length),
                 duration_ms=int(round(1000 * y.size / cfg.audio.sample_rate)))
 
 
@@ -85,34 +88,26 @@ def featurize(row: dict, cfg: PreprocessConfig, vocab: Vocabulary) -> dict:
     """Row -> measured clip + log-mel [frames, n_mels] float32 (the project's one mel computation)."""
     text, ids, _ = prepare_text(row["text"], vocab)
     y = load_trimmed(row["audio"], cfg)
-    return dict(_measured(row, text, ids, y, cfg), mel=A.log_mel(y, cfg.audio.sample_rate, cfg.mel))
+    return dict(_measured(row, text, ids, y, cfg), mel=audio.log_mel(y, cfg.audio.sample_rate, cfg.mel))
 
 
 def as_rejection(clip_id: str, e: ClipRejected) -> dict:
     return reject(clip_id, e.reason, e.detail)
 
 
-# -- the mels across the statistics barrier --------------------------------------------------
-def stash_mels(stash_dir: str, clip_ids: list[str], mels: list[np.ndarray]) -> str:
-    """Write a batch's unpadded mels, concatenated, as raw little-endian float16 (what the shards
-    store); returns the path. Each clip's frame count says where its mel starts.
-
-    The name comes from the ids, so a retried bundle rewrites the same file instead of adding one.
-    """
-    name = hashlib.sha1("\n".join(clip_ids).encode("utf-8")).hexdigest()
-    path = FileSystems.join(stash_dir, f"mels-{name}.f16")
-    with FileSystems.create(path) as f:
-        for mel in mels:
-            f.write(np.ascontiguousarray(mel, "<f2").tobytes())
-    return path
+def split_of(clip_id: str, val_fraction: float, salt: str) -> str:
+    """Deterministic: the same id lands in the same split on every run and every worker."""
+    h = hashlib.sha256(f"{salt}:{clip_id}".encode("utf-8")).digest()
+    return "val" if int.from_bytes(h[:8], "big") / 2.0 ** 64 < val_fraction else "train"
 
 
-def load_mels(path: str, frames: list[int], n_mels: int) -> list[np.ndarray]:
-    """The mels `stash_mels` wrote, given each one's frame count, in order."""
-    with FileSystems.open(path) as f:
-        data = f.read()
-    if len(data) != 2 * sum(frames) * n_mels:  # our own temp file: a short one is a bug or a lost write
-        raise IOError(f"{path} holds {len(data)} bytes, expected {sum(frames)} x {n_mels} float16")
-    flat = np.frombuffer(data, "<f2").reshape(-1, n_mels)
-    ends = np.cumsum(frames)
-    return [flat[end - n:end] for n, end in zip(frames, ends)]
+def filter_rejection(clip: dict, cutoffs: Cutoffs) -> dict | None:
+    """The percentile filter's rule (`Cutoffs.reason`): None if it keeps the clip, else the clip's
+    rejected.jsonl entry (a clip is dropped, never truncated)."""
+    reason = cutoffs.reason(clip["text_len"], clip["mel_frames"], clip["duration_ms"])
+    if reason is None:
+        return None
+    detail = (f"text_len={clip['text_len']} mel_frames={clip['mel_frames']} duration_ms={clip['duration_ms']}; "
+              f"kept: duration_ms>={cutoffs.min_duration_ms}, "
+              f"{cutoffs.min_mel_frames}<=mel_frames<={cutoffs.max_mel_frames}, text_len<={cutoffs.max_text_len}")
+    return reject(clip["id"], reason, detail)

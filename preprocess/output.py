@@ -22,7 +22,7 @@ The lock is created exclusively: `O_CREAT|O_EXCL` locally, an object upload with
 process is gone (same host) or whose heartbeat is older than `STALE_AFTER_S` is stale and is taken
 over (locally by an atomic rename, on gs:// by a delete conditional on the stale generation).
 
-Publishing (`Run.publish`): the journal lists the old run's files and the new run's; the old
+Publishing (`OutputRun.publish`): the journal lists the old run's files and the new run's; the old
 `schema.json` goes first (the directory is then visibly unfinished: the trainer refuses it rather
 than read a mix), then the old files, then the new files are renamed in, `schema.json` last. A
 publish cut short (power loss, kill -9) is finished by the next run that takes the lock, from the
@@ -422,7 +422,7 @@ PUBLISHED: list[str] = []
 
 
 @dataclasses.dataclass(eq=False)
-class Run:
+class OutputRun:
     """One run's hold on its output directory: the lock, the staging dir, and the run it replaces."""
     out_dir: str
     stage: str
@@ -462,7 +462,7 @@ class Run:
         self.lock.release()
 
 
-ACTIVE: set[Run] = set()  # runs of this process, for the interrupt handler
+ACTIVE: set[OutputRun] = set()  # runs of this process, for the interrupt handler
 
 
 def check_not_a_file(out_dir: str) -> None:
@@ -476,12 +476,12 @@ def check_not_a_file(out_dir: str) -> None:
 
 
 def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
-             echo: Callable[[str], None] = lambda s: None) -> Run:
+             echo: Callable[[str], None] = lambda s: None) -> OutputRun:
     """Take the output directory for a new run, or raise OutputError before any work.
 
     Takes the lock, finishes a publish that was cut short, removes unfinished runs' staging dirs,
     checks that no file of someone else's would be written over or read as a shard, and refuses a
-    finished run without `overwrite`. Returns the Run whose staging dir the job writes into.
+    finished run without `overwrite`. Returns the OutputRun whose staging dir the job writes into.
     """
     check_not_a_file(out_dir)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
@@ -519,12 +519,12 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
         lock.release()
         raise
     lock.start_heartbeat()
-    run = Run(out_dir, stage, owned or [], lock)
+    run = OutputRun(out_dir, stage, owned or [], lock)
     ACTIVE.add(run)
     return run
 
 
-def close_run(run: Run, ok: bool, keep: tuple[str, ...] = ()) -> None:
+def close_run(run: OutputRun, ok: bool, keep: tuple[str, ...] = ()) -> None:
     """Publish a finished run, or remove what it staged."""
     ACTIVE.discard(run)
     if ok:

@@ -1,35 +1,33 @@
 """The preprocessing job: corpus -> log-mel once -> percentile statistics -> filter -> pad -> shards.
 
 One composite PTransform per stage, each with a labelled expand(); global statistics reach later
-stages as side inputs. `build(p, ...)` wires the stages; `melshards.preprocess.run.run_job` checks an invocation and runs them.
+stages as side inputs. `build(p, ...)` wires the stages; `melshards.preprocess.run.run_job` checks an
+invocation and runs them. The per-clip and per-batch work are pure functions in the modules beside
+this one (clips, bucketing, encode, shards, report); the two side channels outside Beam's model have their
+own modules (stash: the mels across the statistics barrier; progress: the local progress line).
 """
 from __future__ import annotations
 
-import atexit
-import functools
-import gc
-import hashlib
 import logging
-import time
-import uuid
 from collections import Counter
 
 import apache_beam as beam
-import numpy as np
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from melshards.preprocess import bucketing as B
-from melshards.preprocess import clips as C
+from melshards.preprocess import bucketing
+from melshards.preprocess.clips import ClipRejected, as_rejection, featurize, filter_rejection, split_of
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import INPUT_ROWS, REJECTED, Corpus, ReadCorpus
-from melshards.preprocess.report import WriteReport, mel_params
-from melshards.preprocess.shards import TEMP_DIR, AssembleShards, RollingFiles
+from melshards.preprocess.encode import encode_clip
+from melshards.preprocess.progress import ProgressFile, progress_dir
+from melshards.preprocess.report import WriteReport
+from melshards.preprocess.shards import AssembleShards, RollingFiles
+from melshards.preprocess.stash import load_mels, mel_stash_dir, stash_mels
+from melshards.preprocess.workers import worker_setup
 from melshards.shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
-from melshards.shards_schema import Schema, Vocabulary
-from melshards.shards_schema.records import encode_example
+from melshards.shards_schema import Vocabulary
 
 log = logging.getLogger("melshards.preprocess")
 NS = "melshards"
@@ -37,55 +35,6 @@ NS = "melshards"
 
 def _count(name: str, n: int = 1) -> None:
     Metrics.counter(NS, name).inc(n)
-
-
-@functools.cache  # once per process
-def _freeze_heap_at_exit() -> None:
-    atexit.register(gc.freeze)
-
-
-def _worker_setup() -> None:
-    """In each worker (DoFn.setup): one BLAS thread, and no walk of the heap at exit.
-
-    A worker's interpreter spends ~0.45 s at exit in its last garbage collections over librosa,
-    numba and Beam (measured), and the local runner stops its workers one after the other. The
-    hook runs only when the process ends, so a long-lived (Dataflow) worker is unaffected.
-    """
-    _one_blas_thread()
-    _freeze_heap_at_exit()
-
-
-def _one_blas_thread() -> None:
-    """Runners start one worker process per core; BLAS threads per worker then oversubscribe the
-    cores and spin (measured: 52.3 -> 41.6 CPU s for 500 clips on 2 workers with 1 thread each)."""
-    from threadpoolctl import threadpool_limits
-
-    threadpool_limits(limits=1)
-
-
-PROGRESS_PREFIX = "progress-"
-_PROGRESS_EVERY_S = 2.0
-
-
-class _ProgressFile:
-    """This worker's count of measured rows, rewritten every few seconds into a small file that the
-    local CLI sums for its progress line: the local runner reports Metrics only once the job is over."""
-
-    def __init__(self, directory: str):
-        self.path = FileSystems.join(directory, f"{PROGRESS_PREFIX}{uuid.uuid4().hex}.txt")
-        self.rows, self.written_at = 0, 0.0
-
-    def add(self, rows: int) -> None:
-        self.rows += rows
-        if time.monotonic() - self.written_at >= _PROGRESS_EVERY_S:
-            self.flush()
-
-    def flush(self) -> None:
-        tmp = self.path + ".writing"  # then renamed: the reader never sees a half-written count
-        with FileSystems.create(tmp) as f:
-            f.write(str(self.rows).encode())
-        FileSystems.rename([tmp], [self.path])
-        self.written_at = time.monotonic()
 
 
 # -- stages 2-3: per clip, a batch at a time ---------------------------------------------------
@@ -102,9 +51,9 @@ class _MeasureFn(beam.DoFn):
         self.cfg, self.stash_dir, self.progress_dir = cfg, stash_dir, progress_dir
 
     def setup(self):
-        _worker_setup()
+        worker_setup()
         self.vocab = Vocabulary()
-        self.progress = _ProgressFile(self.progress_dir) if self.progress_dir else None
+        self.progress = ProgressFile(self.progress_dir) if self.progress_dir else None
 
     def finish_bundle(self):
         if self.progress:
@@ -115,10 +64,10 @@ class _MeasureFn(beam.DoFn):
         for row in rows:
             _count("rows_measured")  # with the per-reason counters, the job's progress on Dataflow
             try:
-                clip = C.featurize(row, self.cfg, self.vocab)
-            except C.ClipRejected as e:
+                clip = featurize(row, self.cfg, self.vocab)
+            except ClipRejected as e:
                 _count(e.reason)
-                yield beam.pvalue.TaggedOutput(REJECTED, C.as_rejection(row["id"], e))
+                yield beam.pvalue.TaggedOutput(REJECTED, as_rejection(row["id"], e))
                 continue
             Metrics.distribution(NS, "mel_frames").update(clip["mel_frames"])
             mel = clip.pop("mel")
@@ -129,7 +78,7 @@ class _MeasureFn(beam.DoFn):
         if self.progress:
             self.progress.add(len(rows))
         Metrics.counter(NS, "clips_measured").inc(len(clips))
-        stash = C.stash_mels(self.stash_dir, [c["id"] for c in clips], mels) if clips else None
+        stash = stash_mels(self.stash_dir, [c["id"] for c in clips], mels) if clips else None
         yield {"clips": clips, "stash": stash}
 
 
@@ -221,32 +170,13 @@ def cutoffs_from(hists: dict, cfg: PreprocessConfig) -> Cutoffs | None:
                            f.mel_frames_upper_percentile, f.text_len_upper_percentile, cfg.pad.multiple)
 
 
-# -- stage 5: filter ---------------------------------------------------------------------------
-def filter_reason(clip: dict, cutoffs: Cutoffs | None) -> dict | None:
-    """None if the percentile filter keeps the clip, else its rejected.jsonl entry (never truncated)."""
-    reason = cutoffs.reason(clip["text_len"], clip["mel_frames"], clip["duration_ms"])
-    if reason is None:
-        return None
-    detail = (f"text_len={clip['text_len']} mel_frames={clip['mel_frames']} duration_ms={clip['duration_ms']}; "
-              f"kept: duration_ms>={cutoffs.min_duration_ms}, "
-              f"{cutoffs.min_mel_frames}<=mel_frames<={cutoffs.max_mel_frames}, text_len<={cutoffs.max_text_len}")
-    return {"id": clip["id"], "reason": reason, "detail": detail}
-
-
-# -- stage 3 (mel) + 7 (split) ---------------------------------------------------------------
-def split_of(clip_id: str, val_fraction: float, salt: str) -> str:
-    """Deterministic: the same id lands in the same split on every run and every worker."""
-    h = hashlib.sha256(f"{salt}:{clip_id}".encode("utf-8")).digest()
-    return "val" if int.from_bytes(h[:8], "big") / 2.0 ** 64 < val_fraction else "train"
-
-
 # -- stage 6a: length buckets ----------------------------------------------------------------
 def kept_summary(batch: dict, cutoffs: Cutoffs | None) -> dict:
     """One batch's share of what the buckets and the after-filter report need: the three length
     histograms of its kept clips, the mel-frame histogram of its kept training clips, and the
     text lengths of its kept clips per mel-frame count (each bucket's text length follows from it
     once the bounds are known)."""
-    kept = [c for c in batch["clips"] if B.kept(c, cutoffs)]
+    kept = [c for c in batch["clips"] if filter_rejection(c, cutoffs) is None] if cutoffs else []
     return {"after": length_histograms(kept),
             "train": Counter(c["mel_frames"] for c in kept if c["split"] == "train"),
             "text_by_frames": Counter((c["mel_frames"], c["text_len"]) for c in kept)}
@@ -269,24 +199,10 @@ class _KeptSummaryFn(beam.CombineFn):
         return acc
 
 
-def plan_buckets(summary: dict, pad) -> dict:
-    """The summed kept-clip summary -> {"buckets": bounds and plan (None without clips), "text":
-    {bucket: text-length histogram}, "after": after-filter histograms, "train_hist": kept training
-    clips' mel frames}: everything the writer and the report need, as one side input."""
-    after = {k: dict(v) for k, v in summary["after"].items()}
-    longest = max(after["mel_frames"], default=0)
-    buckets = B.choose(dict(summary["train"]), longest, pad)
-    text: dict[int, Counter] = {}
-    for (frames, text_len), n in (summary["text_by_frames"].items() if buckets else ()):
-        text.setdefault(B.bucket_index(frames, buckets["bounds"]), Counter())[text_len] += n
-    return {"buckets": buckets, "text": {b: dict(h) for b, h in text.items()}, "after": after,
-            "train_hist": dict(summary["train"])}
-
-
 class ChooseBuckets(beam.PTransform):
-    """Measured batches + cut-offs -> one element, `plan_buckets`' dict.
+    """Measured batches + cut-offs -> one element, `bucketing.choose_from_summary`'s dict.
 
-    Reads the measured clips with the filter's own rule (`bucketing.kept`), not the filter's output:
+    Reads the measured clips with the filter's own rule (`clips.filter_rejection`), not the filter's output:
     the bounds are then ready before any mel is read back, so the filter, padding and writing run
     in one pass over the stashed mels.
     """
@@ -299,35 +215,10 @@ class ChooseBuckets(beam.PTransform):
         return (batches
                 | "Kept" >> beam.Map(kept_summary, beam.pvalue.AsSingleton(self.cutoffs))
                 | "Summary" >> beam.CombineGlobally(_KeptSummaryFn()).without_defaults()  # >= 1 batch
-                | "Bounds" >> beam.Map(plan_buckets, self.cfg.pad))
+                | "Bounds" >> beam.Map(bucketing.choose_from_summary, self.cfg.pad))
 
 
-# -- stage 6: pad + encode ---------------------------------------------------------------------
-def pad_to(x: np.ndarray, length: int, value) -> np.ndarray:
-    """Pad axis 0 to `length` with `value`; longer input is a bug (the filter guarantees it fits)."""
-    if len(x) > length:
-        raise ValueError(f"cannot pad {len(x)} to {length}: the filter should have dropped this clip")
-    pad = [(0, length - len(x))] + [(0, 0)] * (x.ndim - 1)
-    return np.pad(x, pad, constant_values=value)
-
-
-def encode_clip(clip: dict, mel: np.ndarray, buckets: dict, text_hists: dict,
-                cfg: PreprocessConfig) -> tuple[str, int, bytes]:
-    """Clip and its unpadded mel -> (split, bucket, Example bytes) padded to its bucket's shapes."""
-    b = B.bucket_of(clip, buckets)
-    mel_frames = buckets["bounds"][b]
-    text_len = B.text_len_of(text_hists, b, cfg.pad.multiple)
-    features = Schema.feature_table(text_len, mel_frames, cfg.mel.n_mels)
-    values = {
-        "id": clip["id"], "speaker": clip["speaker"], "text": clip["text"],
-        "text_ids": pad_to(np.asarray(clip["text_ids"], np.int32), text_len, 0),
-        "text_len": clip["text_len"],
-        "mel": pad_to(mel, mel_frames, mel_params(cfg.mel).pad_value),
-        "mel_len": mel.shape[0],
-    }
-    return clip["split"], b, encode_example(features, values)
-
-
+# -- stages 5-6: filter, pad + encode, write ---------------------------------------------------
 MOMENTS = "moments"
 
 
@@ -343,23 +234,23 @@ class _FilterAndWriteFn(beam.DoFn):
         self.out_dir, self.target, self.cfg = out_dir, target_bytes, cfg
 
     def setup(self):
-        _worker_setup()
+        worker_setup()
 
     def start_bundle(self):
         self.files = RollingFiles(self.out_dir, self.target)
 
-    def process(self, batch, cutoffs, plan):
-        buckets, text = plan["buckets"], plan["text"]
+    def process(self, batch, cutoffs, chosen):
+        buckets, text = chosen["buckets"], chosen["text"]
         kept = []
         for clip in batch["clips"]:
-            rejection = filter_reason(clip, cutoffs)
+            rejection = filter_rejection(clip, cutoffs)
             if rejection:
                 _count(rejection["reason"])
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
             else:
                 kept.append(clip)
         moments = Moments.empty(self.cfg.mel.n_mels)
-        mels = C.load_mels(batch["stash"], [c["mel_frames"] for c in batch["clips"]],
+        mels = load_mels(batch["stash"], [c["mel_frames"] for c in batch["clips"]],
                            self.cfg.mel.n_mels) if kept else []
         by_id = dict(zip((c["id"] for c in batch["clips"]), mels))
         for clip in kept:
@@ -377,26 +268,21 @@ class _FilterAndWriteFn(beam.DoFn):
 
 class FilterAndWrite(beam.PTransform):
     """Drop (never truncate) clips outside the percentile cut-offs, pad the rest to their bucket's
-    shapes and write them; the cut-offs and the buckets (`plan_buckets`) arrive as side inputs.
+    shapes and write them; the cut-offs and the chosen buckets (`ChooseBuckets`) arrive as side inputs.
 
     Returns {"parts": temp files written, "rejected": dropped clips, "moments": mel moments of each
     batch's kept training clips (one per batch, maybe empty)}.
     """
 
-    def __init__(self, cutoffs, plan, out_dir: str, cfg: PreprocessConfig):
+    def __init__(self, cutoffs, chosen, out_dir: str, cfg: PreprocessConfig):
         super().__init__()
-        self.cutoffs, self.plan, self.out_dir, self.cfg = cutoffs, plan, out_dir, cfg
+        self.cutoffs, self.chosen, self.out_dir, self.cfg = cutoffs, chosen, out_dir, cfg
 
     def expand(self, batches):
         S = beam.pvalue
         return batches | "FilterPadWrite" >> beam.ParDo(
             _FilterAndWriteFn(self.out_dir, int(self.cfg.write.target_shard_mb * 1e6), self.cfg),
-            S.AsSingleton(self.cutoffs), S.AsSingleton(self.plan)).with_outputs(REJECTED, MOMENTS, main="parts")
-
-
-def mel_stash_dir(out_dir: str) -> str:
-    """Where mels wait for the cut-offs: the output's temp dir, emptied by the report stage."""
-    return FileSystems.join(out_dir, TEMP_DIR)
+            S.AsSingleton(self.cutoffs), S.AsSingleton(self.chosen)).with_outputs(REJECTED, MOMENTS, main="parts")
 
 
 # -- the job -----------------------------------------------------------------------------------
@@ -409,13 +295,13 @@ def build(p: beam.Pipeline, corpus: Corpus, out_dir: str, cfg: PreprocessConfig,
     """
     read = p | "Read" >> ReadCorpus(corpus)
     measured = read["batches"] | "Measure" >> MeasureClips(
-        cfg, mel_stash_dir(out_dir), FileSystems.join(out_dir, TEMP_DIR) if progress else None)
+        cfg, mel_stash_dir(out_dir), progress_dir(out_dir) if progress else None)
     before = measured.clips | "StatsBefore" >> LengthHistograms()
     cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, cfg)
-    plan = measured.clips | "ChooseBuckets" >> ChooseBuckets(cutoffs, cfg)
-    written = measured.clips | "FilterAndWrite" >> FilterAndWrite(cutoffs, plan, out_dir, cfg)
+    chosen = measured.clips | "ChooseBuckets" >> ChooseBuckets(cutoffs, cfg)
+    written = measured.clips | "FilterAndWrite" >> FilterAndWrite(cutoffs, chosen, out_dir, cfg)
     moments = written[MOMENTS] | "MelStats" >> MelStatistics(cfg.mel.n_mels)
     shards = written.parts | "Shards" >> AssembleShards(out_dir, cfg.write.target_shard_mb)
     rejected = ((read[REJECTED], measured[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten())
-    return {"input_rows": read[INPUT_ROWS], "before": before, "cutoffs": cutoffs, "plan": plan,
+    return {"input_rows": read[INPUT_ROWS], "before": before, "cutoffs": cutoffs, "plan": chosen,  # WriteReport's name
             "rejected": rejected, "shards": shards, "moments": moments} | "Report" >> WriteReport(out_dir, cfg)

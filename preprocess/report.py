@@ -9,7 +9,7 @@ from collections import Counter
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess import bucketing as B
+from melshards.preprocess import bucketing
 from melshards.preprocess.config import MelConfig, PreprocessConfig
 from melshards.shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, summarize
 from melshards.preprocess.shards import TEMP_DIR, remove_temp_dir
@@ -57,7 +57,7 @@ def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dic
         "cutoffs": dataclasses.asdict(cutoffs) if cutoffs else None,
     }
     if cutoffs and buckets:
-        per_bucket = B.bucket_stats(buckets, after.get("mel_frames", {}), text or {}, shards, cfg.pad,
+        per_bucket = bucketing.bucket_stats(buckets, after.get("mel_frames", {}), text or {}, shards, cfg.pad,
                                     train_hist or {})
         largest = per_bucket["buckets"][-1]
         stats["padding"] = {  # the shards as written: the largest bucket's shapes, padding over all buckets
@@ -83,7 +83,7 @@ def build_schema(cfg: PreprocessConfig, buckets: dict, text: dict, moments: Mome
     else:
         mean = [round(float(x), 6) for x in moments.mean]
         std = [round(float(max(x, 1e-5)), 6) for x in moments.std()]
-    texts = B.text_bounds(text, len(buckets["bounds"]), cfg.pad.multiple)
+    texts = bucketing.text_bounds(text, len(buckets["bounds"]), cfg.pad.multiple)
     return Schema(
         version=SCHEMA_VERSION,
         audio=AudioParams(cfg.audio.sample_rate, cfg.audio.trim_silence, cfg.audio.trim_top_db),

@@ -6,37 +6,30 @@ A corpus whose every row is rejected is only known after the job: `EmptyRunError
 """
 from __future__ import annotations
 
-import argparse
-import difflib
 import json
 import logging
 import os
 import re
-import threading
-import time
 from typing import Callable, Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
+from apache_beam.options.pipeline_options import StandardOptions, TestOptions
 
 from melshards.preprocess.config import load_config
-from melshards.preprocess.corpus import Corpus, check_rows_file, detect_corpus
-from melshards.preprocess.pipeline import PROGRESS_PREFIX, build
-from melshards.preprocess.output import OutputError, Run, close_run, exception_chain, is_disk_full, open_run, tree_bytes
-from melshards.preprocess.shards import TEMP_DIR
+from melshards.preprocess.corpus import check_rows_file, detect_corpus
+from melshards.preprocess.options import OptionsError, is_local, pipeline_options
+from melshards.preprocess.output import (OutputError, OutputRun, close_run, exception_chain, is_disk_full, open_run,
+                                         tree_bytes)
+from melshards.preprocess.pipeline import build
+from melshards.preprocess.progress import ProgressReporter, count_rows
+from melshards.preprocess.workers import apply_workers
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
 
 log = logging.getLogger("melshards.preprocess")
 
-# Beam 2.77's DirectRunner first tries to download the Prism runner (no network here, and a slow
-# start everywhere); the in-process FnApiRunner runs this job and honours --direct_num_workers
-# and --direct_running_mode.
-DEFAULT_RUNNER = "FnApiRunner"
-
-
-class OptionsError(ValueError):
-    pass
+# What `melshards preprocess` imports from here: the errors of every check it reports, and run_job.
+__all__ = ["DiskFullError", "EmptyRunError", "OptionsError", "OutputError", "quiet_beam_logging", "run_job"]
 
 
 class EmptyRunError(RuntimeError):
@@ -45,153 +38,6 @@ class EmptyRunError(RuntimeError):
 
 class DiskFullError(RuntimeError):
     """The job ran out of space; the message says where and about how much the run needed."""
-
-
-def _beam_parser() -> argparse.ArgumentParser:
-    """Beam's own parser of every registered PipelineOptions class (handed out by its public hook)."""
-    parsers = []
-    PipelineOptions([]).get_all_options(add_extra_args_fn=parsers.append)
-    parser = parsers[0]
-    parser.exit_on_error = False  # ArgumentError instead of printing usage and exiting
-    return parser
-
-
-def check_beam_args(beam_args: list[str], own_options: list[str]) -> None:
-    """Refuse options that neither melshards nor Beam knows (Beam would only log a warning and run
-    with its defaults), suggesting the closest known name."""
-    parser = _beam_parser()
-    try:
-        _, unknown = parser.parse_known_args(beam_args)
-    except argparse.ArgumentError as e:
-        raise OptionsError(f"bad Beam option: {e}") from e
-    if not unknown:
-        return
-    flag = next((a for a in unknown if a.startswith("-")), None)
-    if flag is None:
-        raise OptionsError(f"unexpected argument {unknown[0]!r}: preprocess takes only options (see --help)")
-    name = flag.split("=", 1)[0]
-    beam_names = ["--" + dest for dest in PipelineOptions([]).get_all_options()]
-
-    def is_flag(candidate: str) -> bool:  # an option's dest is not always one of its flags
-        try:
-            return candidate in own_options or not parser.parse_known_args([candidate])[1]
-        except argparse.ArgumentError:  # known, but wants a value
-            return True
-
-    close = [c for c in difflib.get_close_matches(name, own_options + beam_names, n=5) if is_flag(c)]
-    hint = f"; did you mean {close[0]}?" if close else "; see --help, and Beam's pipeline options"
-    raise OptionsError(f"unknown option {name}: neither melshards nor Beam knows it{hint}")
-
-
-def pipeline_options(beam_args: list[str], own_options: list[str] = ()) -> PipelineOptions:
-    check_beam_args(beam_args, list(own_options))
-    options = PipelineOptions(beam_args)
-    std = options.view_as(StandardOptions)
-    if std.runner is None:
-        std.runner = DEFAULT_RUNNER
-    return options
-
-
-LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner", "BundleBasedDirectRunner")
-
-
-def is_local(options: PipelineOptions) -> bool:
-    runner = options.view_as(StandardOptions).runner
-    return (runner if isinstance(runner, str) else type(runner).__name__) in LOCAL_RUNNERS
-
-
-def all_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-ROWS_PER_WORKER = 1000
-
-
-def default_workers(rows: int | None) -> int:
-    """Every core, but one worker per ROWS_PER_WORKER rows at most.
-
-    A worker process costs ~2 s to start and stop (Beam's harness, librosa's import), paid back
-    by about 1,000 clips of work shared (measured on 2 cores: 56 clips 3.3 s with one worker,
-    5.2 s with two; 1,000 clips 8.8 s and 9.5 s). rows None (a remote corpus not counted): every core.
-    """
-    cores = all_cores()
-    return cores if rows is None else max(1, min(cores, -(-rows // ROWS_PER_WORKER)))
-
-
-def apply_workers(options: PipelineOptions, beam_args: list[str], workers: int | None,
-                  rows: int | None = None) -> None:
-    """--workers N (default: `default_workers(rows)`) -> the local runner's worker count and mode.
-
-    N > 1 runs N worker processes (multi_processing); 1 runs in this process. Beam's own
-    --direct_num_workers / --direct_running_mode, when given, win.
-    """
-    if not is_local(options):
-        if workers is not None:
-            raise OptionsError("--workers sets the local runner's processes; for Dataflow use --num_workers "
-                               "/ --max_num_workers")
-        return
-    given = {a.split("=")[0] for a in beam_args if a.startswith("--direct_")}
-    direct = options.view_as(DirectOptions)
-    if workers is not None and workers < 1:
-        raise OptionsError(f"--workers must be at least 1, got {workers}")
-    n = workers or default_workers(rows)
-    if "--direct_num_workers" not in given:
-        direct.direct_num_workers = n
-    if "--direct_running_mode" not in given:
-        direct.direct_running_mode = "multi_processing" if direct.direct_num_workers > 1 else "in_memory"
-
-
-def count_rows(corpus: Corpus) -> int:
-    """Rows in the corpus file (non-empty lines, less a manifest's CSV/TSV header): the progress total."""
-    with FileSystems.open(corpus.rows_path) as f:
-        n = sum(1 for line in f if line.strip())
-    header = corpus.kind == "manifest" and corpus.rows_path.lower().endswith((".csv", ".tsv"))
-    return n - 1 if header else n
-
-
-class ProgressReporter(threading.Thread):
-    """Prints rows done of total, clips/s and ETA every `every` seconds while a local job runs.
-
-    The counts come from the files the Measure workers rewrite under the output's temp dir
-    (pipeline._ProgressFile): the local runner's Metrics are only available after the job.
-    """
-
-    def __init__(self, out_dir: str, total: int, echo: Callable[[str], None], every: float = 5.0):
-        super().__init__(daemon=True)
-        self.echo = echo
-        self.pattern = FileSystems.join(out_dir, TEMP_DIR, f"{PROGRESS_PREFIX}*.txt")
-        self.total, self.every = total, every
-        self.stopped = threading.Event()
-
-    def rows_done(self) -> int:
-        n = 0
-        for m in FileSystems.match([self.pattern])[0].metadata_list:
-            try:
-                with FileSystems.open(m.path) as f:
-                    n += int(f.read() or 0)
-            except (OSError, ValueError):  # being rewritten right now: counted at the next tick
-                pass
-        return n
-
-    def line(self, done: int, rate: float | None) -> str:
-        pct = 100 * done / self.total if self.total else 100.0
-        if not rate:
-            return f"progress: {done}/{self.total} rows ({pct:.0f}%), starting"
-        eta = max(self.total - done, 0) / rate
-        return f"progress: {done}/{self.total} rows ({pct:.0f}%), {rate:.1f} clips/s, ETA {eta:.0f}s"
-
-    def run(self):
-        first, done = None, 0  # first: (time, rows) when workers first reported; rates exclude start-up
-        while not self.stopped.wait(self.every):
-            done, now = max(done, self.rows_done()), time.monotonic()  # the report stage deletes the files
-            if first is None and done:
-                first = (now, done)
-            rate = (done - first[1]) / (now - first[0]) if first and now > first[0] else None
-            self.echo(self.line(min(done, self.total), rate))
-
-    def stop(self):
-        self.stopped.set()
-        self.join()
 
 
 def quiet_beam_logging() -> None:
@@ -237,7 +83,7 @@ def _free_bytes(path: str) -> int | None:
         return None
 
 
-def disk_full_message(exc: BaseException, run: Run, done: int, total: int | None) -> str:
+def disk_full_message(exc: BaseException, run: OutputRun, done: int, total: int | None) -> str:
     """Which path is full and about how much the run needed: what it had staged, scaled by the rows
     done (the shards and the mel stash grow with the rows)."""
     found = re.search(r"No space left on device: '([^']+)'", "".join(str(e) for e in exception_chain(exc)))

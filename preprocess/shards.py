@@ -4,7 +4,7 @@ Records are written by the stage that filters and pads them (reading each batch'
 back once), into temp files that roll over at the target size, so no encoded record is ever
 materialised between stages or shuffled (holding and grouping them all cost 13.9 GiB and lost
 records in Beam's local runner at LJSpeech size).
-The small per-file results are then planned into shards: files at the target size are renamed,
+The small per-file results are then grouped into shards: files at the target size are renamed,
 smaller ones (each bundle's last) are concatenated, which is valid because a TFRecord file is just
 a sequence of framed records. Records are framed by the contract's own `frame_record` (crc32c from
 google-crc32c) and written through FileSystems, so gs:// works.
@@ -23,7 +23,7 @@ _COPY_CHUNK = 16 << 20
 TEMP_DIR = ".melshards-tmp"  # under the run's staging dir: temp shards, mel stash, progress files
 
 
-def plan_shards(parts: list[dict], target_bytes: int) -> list[dict]:
+def group_into_shards(parts: list[dict], target_bytes: int) -> list[dict]:
     """Group temp files into shards of at most ~target_bytes, per split and bucket; name them
     split-bNN-SSSSS-of-CCCCC (`melshards.shards_schema.schema.shard_name`: counted within the bucket).
 
@@ -147,7 +147,7 @@ class AssembleShards(beam.PTransform):
     def expand(self, parts):
         return (parts.pipeline
                 | "Once" >> beam.Create([None])
-                | "Plan" >> beam.FlatMap(lambda _, parts: plan_shards(list(parts), self.target),
+                | "Group" >> beam.FlatMap(lambda _, parts: group_into_shards(list(parts), self.target),
                                          beam.pvalue.AsList(parts))
                 | "Spread" >> beam.Reshuffle()  # assemble shards in parallel
                 | "Assemble" >> beam.ParDo(_AssembleShard(self.out_dir)))

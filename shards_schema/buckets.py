@@ -1,7 +1,13 @@
 """Length buckets: the K static mel shapes that minimise padding, chosen from an exact length histogram.
 
 Pure math, no Beam and no TensorFlow: the preprocessing job calls it with its exact histogram of kept
-clips' mel frames, the stats report and benchmarks call it for what-if tables.
+clips' mel frames (`melshards.preprocess.bucketing`; the figures go into stats.json's `buckets`), and
+the benchmarks for their tables. Over 300 lines because the derivation below is part of it: the code
+is ~200 lines.
+
+Names: a `BucketFill` is how full one bound leaves its bucket (clips, valid frames), not the
+schema's `melshards.shards_schema.schema.Bucket` (a bucket's shapes and shards); `choose_buckets`
+returns a `BucketChoice`; `padding_by_k` is the padding over K (stats.json's `what_if`).
 
 Model. A clip of `v` mel frames goes to the bucket with the smallest bound `b >= v` and is padded to
 `b` frames. Bounds are multiples of `multiple` and the last one is `>= max(v)`. The cost of a bound set
@@ -28,10 +34,9 @@ drops remainders), otherwise a compiled shape is never run and its records are l
 This is a constraint inside the DP (a transition s -> e is allowed only if P_e - P_s >= the bucket's
 minimum), not a repair afterwards: the constrained DP is exact (the least padding among all bound sets
 that respect the minimum), costs the same O(K * C^2) (one more mask), and can move a bound rather than
-only delete it. Greedy merging of the unconstrained optimum (`merge_small_buckets`) can only delete
-bounds, so it is never better and often worse; it is kept for bound sets not made here (the
-equal-count baseline, bounds given by hand). The minimum may depend on the bound (a callable), since
-shorter buckets get larger batches. `choose_buckets` reports, as `merges`, the buckets of the
+only delete it (greedy merging of the unconstrained optimum can only delete bounds, so it is never
+better and often worse: `tests/shards_schema/test_buckets.py` keeps it as the reference). The minimum
+may depend on the bound (a callable), since shorter buckets get larger batches. `choose_buckets` reports, as `merges`, the buckets of the
 unconstrained optimum that the minimum removed, with the padding that the constraint costs.
 
 Tie-breaking: among bound sets of equal cost the one with fewer buckets wins (fewer compiles).
@@ -75,7 +80,7 @@ def bucket_index(mel_frames: int, bounds: Sequence[int]) -> int:
 
 # -- per-bucket figures ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
-class Bucket:
+class BucketFill:
     """One bucket: its bound (padded mel frames), how many clips it holds and their valid frames."""
     bound: int
     records: int
@@ -94,8 +99,8 @@ class Bucket:
                 "padded_frames": self.padded_frames, "padding_fraction": round(self.padding_fraction, 6)}
 
 
-def describe(bounds: Sequence[int], hist: Mapping[int, int]) -> tuple[Bucket, ...]:
-    """The clips of `hist` split by `bounds` (ascending, last >= max length): one Bucket per bound."""
+def fill_buckets(bounds: Sequence[int], hist: Mapping[int, int]) -> tuple[BucketFill, ...]:
+    """The clips of `hist` split by `bounds` (ascending, last >= max length): one BucketFill per bound."""
     bounds = _check_bounds(bounds)
     lengths, counts = _arrays(hist)
     if lengths[-1] > bounds[-1]:
@@ -104,10 +109,10 @@ def describe(bounds: Sequence[int], hist: Mapping[int, int]) -> tuple[Bucket, ..
     records = np.bincount(idx, weights=counts, minlength=len(bounds))
     valid = np.bincount(idx, weights=counts * lengths, minlength=len(bounds))
     # bincount weights are float64: exact for integers below 2**53, far above any corpus
-    return tuple(Bucket(int(b), int(r), int(v)) for b, r, v in zip(bounds, records, valid))
+    return tuple(BucketFill(int(b), int(r), int(v)) for b, r, v in zip(bounds, records, valid))
 
 
-def padding_fraction(buckets: Sequence[Bucket]) -> float:
+def padding_fraction(buckets: Sequence[BucketFill]) -> float:
     """Share of all padded mel frames that is padding, over every bucket."""
     padded = sum(b.padded_frames for b in buckets)
     return 1.0 - sum(b.valid_frames for b in buckets) / padded if padded else 0.0
@@ -128,26 +133,6 @@ def optimal_bounds(hist: Mapping[int, int], k: int, multiple: int,
     return table.bounds(kk)
 
 
-def equal_count_bounds(hist: Mapping[int, int], k: int, multiple: int) -> tuple[int, ...]:
-    """The quantile baseline (NeMo, lhotse, tf.data bucket_by_sequence_length style), for comparison.
-
-    Bound i is the inverted-CDF percentile 100 * (i+1) / k of the lengths, rounded up to `multiple`;
-    bounds that coincide after rounding are merged, so fewer than k may come back.
-    """
-    _check_k(k)
-    lengths, counts = _arrays(hist)
-    cum = np.cumsum(counts)
-    n = int(cum[-1])
-    out: list[int] = []
-    for i in range(1, k + 1):
-        # smallest length whose CDF reaches i/k of the clips, in integers: cum * k >= i * n
-        j = int(np.searchsorted(cum * k, i * n, side="left"))
-        b = round_up(int(lengths[j]), multiple)
-        if not out or b > out[-1]:
-            out.append(b)
-    return tuple(out)
-
-
 @dataclasses.dataclass(frozen=True)
 class Merge:
     """Bucket `bound` held `records` < `min_records` clips; its bound was removed (or moved).
@@ -163,47 +148,16 @@ class Merge:
         return dataclasses.asdict(self)
 
 
-def merge_small_buckets(bounds: Sequence[int], hist: Mapping[int, int],
-                        min_records: MinRecords) -> tuple[tuple[int, ...], tuple[Merge, ...]]:
-    """Merge every bucket with fewer than its `min_records` clips into a neighbour, for given bounds.
-
-    A clip can be padded up, never down, so a small bucket merges upward by removing its own bound.
-    The last bucket has no upper neighbour: it takes the one below by removing that one's bound (the
-    last bound must stay, it covers the longest clip). Scans from the shortest bucket, so a merged
-    bucket is checked again with its new count. Stops at one bucket even if it is still too small.
-    For bounds chosen here prefer `optimal_bounds(..., min_records=...)`, which is exact.
-    """
-    need = _min_records_fn(min_records)
-    bounds = list(_check_bounds(bounds))
-    records = [b.records for b in describe(bounds, hist)]
-    merges: list[Merge] = []
-    i = 0
-    while i < len(bounds) - 1:
-        if records[i] < need(bounds[i]):
-            merges.append(Merge(bounds[i], records[i], need(bounds[i]), bounds[i + 1]))
-            small = records.pop(i)
-            bounds.pop(i)
-            records[i] += small  # the upper neighbour, now at index i
-        else:
-            i += 1
-    while len(bounds) > 1 and records[-1] < need(bounds[-1]):
-        merges.append(Merge(bounds[-1], records[-1], need(bounds[-1]), bounds[-1]))
-        below = records.pop(-2)
-        bounds.pop(-2)
-        records[-1] += below
-    return tuple(bounds), tuple(merges)
-
-
 @dataclasses.dataclass(frozen=True)
-class BucketPlan:
-    """The buckets the job writes, with the figures stats.json shows.
+class BucketChoice:
+    """The buckets the job writes, with the figures stats.json shows (its `buckets.plan`).
 
     `merges`: buckets of the unconstrained optimum (same k) that held fewer than `min_records` clips,
-    each with `into`, the plan bound their longest clips are padded to; `unconstrained_padding` is that
+    each with `into`, the chosen bound their longest clips are padded to; `unconstrained_padding` is that
     optimum's padding, so the cost of the minimum is visible. `min_records_met` is False only when all
-    clips together cannot fill one bucket (the plan is then the single bucket).
+    clips together cannot fill one bucket (the choice is then the single bucket).
     """
-    buckets: tuple[Bucket, ...]
+    buckets: tuple[BucketFill, ...]
     k_requested: Union[int, str]
     max_buckets: int
     target_padding: float
@@ -240,7 +194,7 @@ class BucketPlan:
 
 
 def choose_buckets(hist: Mapping[int, int], buckets: Union[int, str], max_buckets: int,
-                   target_padding: float, multiple: int, min_records: MinRecords = 0) -> BucketPlan:
+                   target_padding: float, multiple: int, min_records: MinRecords = 0) -> BucketChoice:
     """The job's rule: `buckets` = K, or "auto" = the smallest K <= max_buckets with mel padding <=
     target_padding (else max_buckets); bounds are the exact optimum with every bucket >= min_records.
 
@@ -266,20 +220,21 @@ def choose_buckets(hist: Mapping[int, int], buckets: Union[int, str], max_bucket
     kk = table.best_k(k_ask)
     met = kk is not None
     bounds = table.bounds(kk) if met else (int(table.cand[-1]),)
-    free_buckets = describe(free.bounds(free.best_k(k_ask)), hist)
+    free_buckets = fill_buckets(free.bounds(free.best_k(k_ask)), hist)
     need = _min_records_fn(min_records)
     if met:
         merges = tuple(Merge(b.bound, b.records, need(b.bound), bounds[bucket_index(b.bound, bounds)])
                        for b in free_buckets if b.records < need(b.bound))
     else:
         merges = (Merge(bounds[0], table.total, need(bounds[0]), bounds[0]),)
-    return BucketPlan(describe(bounds, hist), buckets, max_buckets, target_padding, multiple, merges,
+    return BucketChoice(fill_buckets(bounds, hist), buckets, max_buckets, target_padding, multiple, merges,
                       padding_fraction(free_buckets), met)
 
 
-def what_if(hist: Mapping[int, int], multiple: int, min_records: MinRecords = 0,
+def padding_by_k(hist: Mapping[int, int], multiple: int, min_records: MinRecords = 0,
             ks: Sequence[int] = WHAT_IF_KS) -> tuple[dict[str, Any], ...]:
-    """Padding and compile count (= buckets used) of the optimal plan for each K in `ks`; one DP pass."""
+    """Padding and compile count (= buckets used) of the optimal bounds for each K in `ks`; one DP pass
+    (stats.json's `buckets.what_if`)."""
     table = _Table(hist, max(ks), multiple, min_records)
     rows = []
     for k in ks:

@@ -123,7 +123,8 @@ def _fails(capsys, argv, *fragments):
 
 
 def _options(argv, workers, rows=None):
-    from melshards.preprocess.run import apply_workers, pipeline_options
+    from melshards.preprocess.options import pipeline_options
+    from melshards.preprocess.workers import apply_workers
     options = pipeline_options(argv)
     apply_workers(options, argv, workers, rows)
     from apache_beam.options.pipeline_options import DirectOptions
@@ -132,8 +133,8 @@ def _options(argv, workers, rows=None):
 
 
 def test_workers_default_to_every_core_in_worker_processes(monkeypatch):
-    import melshards.preprocess.run as R
-    monkeypatch.setattr(R, "all_cores", lambda: 4)
+    from melshards.preprocess import workers
+    monkeypatch.setattr(workers, "all_cores", lambda: 4)
     assert _options([], None) == (4, "multi_processing")
     assert _options([], 3) == (3, "multi_processing")
     assert _options([], 1) == (1, "in_memory")
@@ -141,8 +142,8 @@ def test_workers_default_to_every_core_in_worker_processes(monkeypatch):
 
 @pytest.mark.parametrize("rows, workers", [(1, 1), (56, 1), (1000, 1), (1001, 2), (2500, 3), (13100, 4)])
 def test_default_workers_are_one_per_thousand_rows_up_to_every_core(monkeypatch, rows, workers):
-    import melshards.preprocess.run as R
-    monkeypatch.setattr(R, "all_cores", lambda: 4)
+    from melshards.preprocess import workers
+    monkeypatch.setattr(workers, "all_cores", lambda: 4)
     assert _options([], None, rows)[0] == workers
     assert _options([], 2, rows)[0] == 2  # an explicit --workers is taken as given
 
@@ -240,7 +241,7 @@ def test_documented_dataflow_dry_run_builds_offline_through_the_cli(capsys, monk
 
 
 def test_progress_sums_the_workers_counts_and_ignores_files_being_written(tmp_path):
-    from melshards.preprocess.run import ProgressReporter
+    from melshards.preprocess.progress import ProgressReporter
     from melshards.preprocess.shards import TEMP_DIR
     (tmp_path / TEMP_DIR).mkdir()
     (tmp_path / TEMP_DIR / "progress-a.txt").write_text("120")

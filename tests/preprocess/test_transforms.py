@@ -11,9 +11,10 @@ from apache_beam.testing.util import assert_that, equal_to
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import ReadCorpus, batch_rows, detect_corpus, drop_duplicate_ids
 from melshards.preprocess.config import PadConfig
-from melshards.preprocess.pipeline import (ChooseBuckets, FilterAndWrite, LengthHistograms, MeasureClips, MelStatistics,
-                                 encode_clip, filter_reason, split_of)
-from melshards.preprocess.shards import AssembleShards, RollingFiles, plan_shards
+from melshards.preprocess.clips import filter_rejection, split_of
+from melshards.preprocess.encode import encode_clip
+from melshards.preprocess.pipeline import ChooseBuckets, FilterAndWrite, LengthHistograms, MeasureClips, MelStatistics
+from melshards.preprocess.shards import AssembleShards, RollingFiles, group_into_shards
 from melshards.shards_schema.stats import Cutoffs
 
 CFG = PreprocessConfig()
@@ -135,10 +136,10 @@ def test_filter_drops_clips_outside_cutoffs_with_the_reason():
     cut = Cutoffs(500, 50, 200, 40, 200, 40)
     clips = [_clip("ok", 40, 200, 2000), _clip("short", 5, 60, 400), _clip("long", 5, 201, 3000),
              _clip("wordy", 41, 100, 2000), _clip("tiny", 5, 49, 600)]
-    out = [(c["id"], (filter_reason(c, cut) or {}).get("reason")) for c in clips]
+    out = [(c["id"], (filter_rejection(c, cut) or {}).get("reason")) for c in clips]
     assert out == [("ok", None), ("short", "too_short"), ("long", "mel_frames_above_cutoff"),
                    ("wordy", "text_len_above_cutoff"), ("tiny", "mel_frames_below_cutoff")]
-    assert filter_reason(clips[2], cut)["detail"] == ("text_len=5 mel_frames=201 duration_ms=3000; kept: "
+    assert filter_rejection(clips[2], cut)["detail"] == ("text_len=5 mel_frames=201 duration_ms=3000; kept: "
                                                       "duration_ms>=500, 50<=mel_frames<=200, text_len<=40")
 
 
@@ -280,7 +281,7 @@ def test_plan_packs_small_parts_and_keeps_full_ones_whole():
              for i, (r, b) in enumerate([(10, 100), (3, 30), (9, 95), (2, 20), (1, 5)])]
     parts.append({"split": "val", "bucket": 0, "path": "v", "records": 1, "bytes": 10})
     parts.append({"split": "train", "bucket": 1, "path": "u", "records": 1, "bytes": 10})
-    plan = plan_shards(parts, target_bytes=100)
+    plan = group_into_shards(parts, target_bytes=100)
     assert [(s["file"], s["parts"], s["records"]) for s in plan] == [
         ("train-b00-00000-of-00003.tfrecord", ["t0"], 10),
         ("train-b00-00001-of-00003.tfrecord", ["t2", "t4"], 10),

@@ -6,9 +6,10 @@ import sys
 import numpy as np
 import pytest
 
+from benchmarks.bucket_bounds import equal_count_bounds
 from melshards.shards_schema.buckets import (
-    Bucket, Merge, bucket_index, choose_buckets, describe, equal_count_bounds, merge_small_buckets,
-    optimal_bounds, padding_fraction, text_bound, what_if)
+    BucketFill, Merge, bucket_index, choose_buckets, fill_buckets, optimal_bounds, padding_by_k, padding_fraction,
+    text_bound)
 from melshards.shards_schema.stats import round_up
 
 # 12 clips, 283 valid frames; candidates at multiple 8: 16, 24, 32, 96
@@ -28,6 +29,31 @@ def records_per_bucket(bounds, hist):
     for v, c in hist.items():
         out[next(i for i, b in enumerate(bounds) if b >= v)] += c
     return out
+
+def merge_small_buckets(bounds, hist, min_records):
+    """The greedy reference the exact constrained optimum is measured against: merge every bucket of
+    given bounds with fewer than `min_records` clips into a neighbour (a clip is padded up, never down,
+    so a small bucket merges upward by removing its bound; the last takes the one below). Scans from
+    the shortest bucket, so a merged bucket is checked again; stops at one bucket even if too small."""
+    bounds = list(bounds)
+    records = [b.records for b in fill_buckets(bounds, hist)]
+    merges = []
+    i = 0
+    while i < len(bounds) - 1:
+        if records[i] < min_records:
+            merges.append(Merge(bounds[i], records[i], min_records, bounds[i + 1]))
+            small = records.pop(i)
+            bounds.pop(i)
+            records[i] += small  # the upper neighbour, now at index i
+        else:
+            i += 1
+    while len(bounds) > 1 and records[-1] < min_records:
+        merges.append(Merge(bounds[-1], records[-1], min_records, bounds[-1]))
+        below = records.pop(-2)
+        bounds.pop(-2)
+        records[-1] += below
+    return tuple(bounds), tuple(merges)
+
 
 
 def brute_force(hist, k, multiple, min_records=0):
@@ -77,7 +103,7 @@ def test_as_many_buckets_as_candidates_pads_only_to_the_multiple():
     assert bounds == (4, 12, 28)
     assert cost(bounds, hist) == sum(c * round_up(v, 4) for v, c in hist.items())
     assert optimal_bounds(hist, 10, 1) == (3, 9, 10, 25)
-    assert padding_fraction(describe(optimal_bounds(hist, 10, 1), hist)) == 0.0
+    assert padding_fraction(fill_buckets(optimal_bounds(hist, 10, 1), hist)) == 0.0
 
 
 def test_bounds_are_multiples_and_the_last_covers_the_longest_clip():
@@ -94,8 +120,8 @@ def test_bounds_are_multiples_and_the_last_covers_the_longest_clip():
 def test_exact_optimum_on_a_hand_checked_histogram():
     # (32, 96): 11*32 + 96 = 448 padded frames; (24, 96): 576; (16, 96): 752
     assert optimal_bounds(SMALL, 2, 8) == (32, 96)
-    buckets = describe((32, 96), SMALL)
-    assert buckets == (Bucket(32, 11, 193), Bucket(96, 1, 90))
+    buckets = fill_buckets((32, 96), SMALL)
+    assert buckets == (BucketFill(32, 11, 193), BucketFill(96, 1, 90))
     assert buckets[0].padded_frames == 352 and buckets[0].padding_fraction == 1 - 193 / 352
     assert padding_fraction(buckets) == 1 - 283 / 448
 
@@ -208,12 +234,12 @@ def test_bad_bucket_counts_are_refused():
     with pytest.raises(ValueError, match="empty"):
         optimal_bounds({}, 2, 8)
     with pytest.raises(ValueError, match="ascending"):
-        describe((32, 16), SMALL)
+        fill_buckets((32, 16), SMALL)
 
 
 def test_what_if_over_k_gives_padding_and_compile_count():
     hist = {100: 10, 200: 20, 300: 10}
-    rows = what_if(hist, 100)
+    rows = padding_by_k(hist, 100)
     assert [r["k"] for r in rows] == [1, 2, 4, 8, 16]
     assert [r["buckets_used"] for r in rows] == [1, 2, 3, 3, 3]
     assert [r["padding_fraction"] for r in rows] == [round(1 / 3, 6), round(1 / 9, 6), 0.0, 0.0, 0.0]
@@ -230,6 +256,6 @@ def test_text_bound_and_bucket_index():
 def test_module_imports_neither_beam_nor_tensorflow():
     code = ("import sys, melshards.shards_schema.buckets; "
             "print([m for m in sys.modules if m.split('.')[0] in ('apache_beam', 'tensorflow', "
-            "'preprocess', 'train', 'melshards')])")
+            "'melshards.preprocess', 'melshards.train')])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,0 +1,36 @@
+"""Stage 6, a kept clip padded to its bucket's shapes and encoded as one record (the contract's
+`melshards.shards_schema.records.encode_example`); `pipeline.FilterAndWrite` writes the bytes."""
+from __future__ import annotations
+
+import numpy as np
+
+from melshards.preprocess import bucketing
+from melshards.preprocess.config import PreprocessConfig
+from melshards.preprocess.report import mel_params
+from melshards.shards_schema import Schema
+from melshards.shards_schema.records import encode_example
+
+
+def pad_to(x: np.ndarray, length: int, value) -> np.ndarray:
+    """Pad axis 0 to `length` with `value`; longer input is a bug (the filter guarantees it fits)."""
+    if len(x) > length:
+        raise ValueError(f"cannot pad {len(x)} to {length}: the filter should have dropped this clip")
+    pad = [(0, length - len(x))] + [(0, 0)] * (x.ndim - 1)
+    return np.pad(x, pad, constant_values=value)
+
+
+def encode_clip(clip: dict, mel: np.ndarray, buckets: dict, text_hists: dict,
+                cfg: PreprocessConfig) -> tuple[str, int, bytes]:
+    """Clip and its unpadded mel -> (split, bucket, Example bytes) padded to its bucket's shapes."""
+    b = bucketing.bucket_of(clip, buckets)
+    mel_frames = buckets["bounds"][b]
+    text_len = bucketing.text_len_of(text_hists, b, cfg.pad.multiple)
+    features = Schema.feature_table(text_len, mel_frames, cfg.mel.n_mels)
+    values = {
+        "id": clip["id"], "speaker": clip["speaker"], "text": clip["text"],
+        "text_ids": pad_to(np.asarray(clip["text_ids"], np.int32), text_len, 0),
+        "text_len": clip["text_len"],
+        "mel": pad_to(mel, mel_frames, mel_params(cfg.mel).pad_value),
+        "mel_len": mel.shape[0],
+    }
+    return clip["split"], b, encode_example(features, values)

@@ -1,0 +1,97 @@
+"""The local run's progress line, through a side channel of small files outside Beam's model.
+
+The local runner hands out Beam Metrics only once the job is over, so each Measure worker rewrites
+its count of measured rows (`ProgressFile`, at most every few seconds) into a file of its own under
+the run's temp dir, and the command sums them (`ProgressReporter`) for a line every few seconds. On
+Dataflow the job's counters show the same progress and no files are written.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Callable
+
+from apache_beam.io.filesystems import FileSystems
+
+from melshards.preprocess.corpus import Corpus
+from melshards.preprocess.shards import TEMP_DIR
+
+PROGRESS_PREFIX = "progress-"
+_PROGRESS_EVERY_S = 2.0
+
+
+def progress_dir(out_dir: str) -> str:
+    """Where the workers' count files go: the run's temp dir, removed by the report stage."""
+    return FileSystems.join(out_dir, TEMP_DIR)
+
+
+class ProgressFile:
+    """In a worker: this worker's count of measured rows, rewritten every few seconds into a small
+    file that `ProgressReporter` sums."""
+
+    def __init__(self, directory: str):
+        self.path = FileSystems.join(directory, f"{PROGRESS_PREFIX}{uuid.uuid4().hex}.txt")
+        self.rows, self.written_at = 0, 0.0
+
+    def add(self, rows: int) -> None:
+        self.rows += rows
+        if time.monotonic() - self.written_at >= _PROGRESS_EVERY_S:
+            self.flush()
+
+    def flush(self) -> None:
+        tmp = self.path + ".writing"  # then renamed: the reader never sees a half-written count
+        with FileSystems.create(tmp) as f:
+            f.write(str(self.rows).encode())
+        FileSystems.rename([tmp], [self.path])
+        self.written_at = time.monotonic()
+
+
+def count_rows(corpus: Corpus) -> int:
+    """Rows in the corpus file (non-empty lines, less a manifest's CSV/TSV header): the progress total."""
+    with FileSystems.open(corpus.rows_path) as f:
+        n = sum(1 for line in f if line.strip())
+    header = corpus.kind == "manifest" and corpus.rows_path.lower().endswith((".csv", ".tsv"))
+    return n - 1 if header else n
+
+
+class ProgressReporter(threading.Thread):
+    """In the command: prints rows done of total, clips/s and ETA every `every` seconds while a local
+    job runs, from the workers' `ProgressFile`s under `out_dir`'s temp dir."""
+
+    def __init__(self, out_dir: str, total: int, echo: Callable[[str], None], every: float = 5.0):
+        super().__init__(daemon=True)
+        self.echo = echo
+        self.pattern = FileSystems.join(progress_dir(out_dir), f"{PROGRESS_PREFIX}*.txt")
+        self.total, self.every = total, every
+        self.stopped = threading.Event()
+
+    def rows_done(self) -> int:
+        n = 0
+        for m in FileSystems.match([self.pattern])[0].metadata_list:
+            try:
+                with FileSystems.open(m.path) as f:
+                    n += int(f.read() or 0)
+            except (OSError, ValueError):  # being rewritten right now: counted at the next tick
+                pass
+        return n
+
+    def line(self, done: int, rate: float | None) -> str:
+        pct = 100 * done / self.total if self.total else 100.0
+        if not rate:
+            return f"progress: {done}/{self.total} rows ({pct:.0f}%), starting"
+        eta = max(self.total - done, 0) / rate
+        return f"progress: {done}/{self.total} rows ({pct:.0f}%), {rate:.1f} clips/s, ETA {eta:.0f}s"
+
+    def run(self):
+        first, done = None, 0  # first: (time, rows) when workers first reported; rates exclude start-up
+        while not self.stopped.wait(self.every):
+            done, now = max(done, self.rows_done()), time.monotonic()  # the report stage deletes the files
+            if first is None and done:
+                first = (now, done)
+            rate = (done - first[1]) / (now - first[0]) if first and now > first[0] else None
+            self.echo(self.line(min(done, self.total), rate))
+
+    def stop(self):
+        self.stopped.set()
+        self.join()
