@@ -27,6 +27,10 @@ Publishing (`OutputRun.publish`): the journal lists the old run's files and the 
 than read a mix), then the old files, then the new files are renamed in, `schema.json` last. A
 publish cut short (power loss, kill -9) is finished by the next run that takes the lock, from the
 journal, before it does anything else.
+
+Over 300 lines on purpose: the lock, the checks of what a directory holds and the publish journal
+are one protocol (what may be removed, and when, depends on all three), read together. The lock's
+two back ends (`_LocalMarker`, `_GcsMarker`) would be the piece to move out if it grows.
 """
 from __future__ import annotations
 
