@@ -45,29 +45,54 @@ def descendants(pid: int) -> list[int]:
 
 
 class _Relay(threading.Thread):
-    """Copies what is written to one of this process's fds (and, inherited, the worker processes')
-    to where it pointed before, until muted: the workers' dying words never reach the console."""
+    """Copies what is written to some of this process's fds (and, inherited, the worker processes')
+    to where the first of them pointed before, until muted: the workers' dying words never reach the
+    console. fds that point to one file (`2>&1`) share one pipe, so their lines keep their order.
+    A console that goes away (`| head`, EPIPE) mutes it; it keeps draining the pipe, so no writer
+    ever blocks on a full pipe."""
 
-    def __init__(self, fd: int):
-        super().__init__(name=f"melshards-relay-{fd}", daemon=True)
-        self.fd, self.muted = fd, False
-        self.original = os.dup(fd)
+    def __init__(self, fds: tuple[int, ...]):
+        super().__init__(name=f"melshards-relay-{'-'.join(map(str, fds))}", daemon=True)
+        self.fds, self.muted = fds, False
+        self.original = os.dup(fds[0])
+        self.saved = {fd: os.dup(fd) for fd in fds}
         read, write = os.pipe()
-        os.dup2(write, fd)
+        for fd in fds:
+            os.dup2(write, fd)
         os.close(write)
         self.read = read
         self.start()
 
     def run(self) -> None:
         while chunk := os.read(self.read, 65536):
-            if not self.muted:
-                os.write(self.original, chunk)
+            while chunk and not self.muted:
+                try:
+                    chunk = chunk[os.write(self.original, chunk):]
+                except OSError:
+                    self.muted = True
         os.close(self.read)
 
+    def write_through(self, text: str) -> None:
+        """Straight to the console, past the pipe (the interrupt's one line)."""
+        try:
+            os.write(self.original, text.encode())
+        except OSError:
+            pass
+
     def restore(self) -> None:
-        os.dup2(self.original, self.fd)  # closes our last write end: the relay reads to the end, stops
-        self.join()
+        for fd, saved in self.saved.items():
+            os.dup2(saved, fd)  # closes a write end of the pipe; with the last, the relay reads to the end
+            os.close(saved)
+        self.join(timeout=30)  # a process still holding the pipe (none should) cannot hang us
         os.close(self.original)
+
+
+def _same_file(a: int, b: int) -> bool:
+    try:
+        sa, sb = os.fstat(a), os.fstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
 class StopOnCtrlC:
@@ -83,7 +108,7 @@ class StopOnCtrlC:
     def __enter__(self):
         if self.active:
             _flush()
-            self.relays = [_Relay(1), _Relay(2)]
+            self.relays = [_Relay((1, 2))] if _same_file(1, 2) else [_Relay((1,)), _Relay((2,))]
             self.old_handler = signal.signal(signal.SIGINT, self._on_sigint)
         return self
 
@@ -110,7 +135,7 @@ class StopOnCtrlC:
             output.abort_active()
             line = (f"interrupted: the new run was already in place in {self.out_dir}" if output.PUBLISHED
                     else f"interrupted: the run's temporary files were removed; {self.out_dir} is as it was")
-            os.write(self.relays[1].original, (line + "\n").encode())
+            self.relays[-1].write_through(line + "\n")
             os._exit(130)
         signal.signal(signal.SIGINT, self.old_handler)
         _flush()

@@ -74,6 +74,15 @@ def is_local(path: str) -> bool:
     return "://" not in path
 
 
+def normal_dir(path: str) -> str:
+    """One spelling per directory: absolute and normalised locally (`out//`, `./out/` and `out` are one
+    directory, whatever the working directory is later); on gs:// without repeated or trailing `/`."""
+    if is_local(path):
+        return os.path.abspath(path)
+    scheme, rest = path.split("://", 1)
+    return f"{scheme}://" + "/".join(part for part in rest.split("/") if part)
+
+
 def join(*parts: str) -> str:
     return FileSystems.join(*parts)
 
@@ -99,14 +108,20 @@ class _LocalMarker:
     def __init__(self, path: str):
         self.path = path
 
-    def create(self, data: bytes) -> bool:
-        try:
-            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "wb") as f:
+    def create(self, data: bytes):
+        """The token of the new marker, or None if one exists. Written whole under a temporary name,
+        then hard-linked to the marker's name: the link is the exclusive step, and a reader never
+        sees an empty or partial marker."""
+        tmp = f"{self.path}.{uuid.uuid4().hex}.new"
+        with open(tmp, "wb") as f:
             f.write(data)
-        return True
+        try:
+            os.link(tmp, self.path)
+        except FileExistsError:
+            return None
+        finally:
+            os.unlink(tmp)
+        return data
 
     def read(self) -> tuple[bytes, object] | None:
         try:
@@ -116,15 +131,16 @@ class _LocalMarker:
         except FileNotFoundError:
             return None
 
-    def replace(self, data: bytes, token) -> bool:
+    def replace(self, data: bytes, token):
+        """The new token, or None when the marker no longer holds `token`."""
         current = self.read()
         if current is None or current[1] != token:
-            return False
-        tmp = f"{self.path}.{uuid.uuid4().hex}"
+            return None
+        tmp = f"{self.path}.{uuid.uuid4().hex}.new"
         with open(tmp, "wb") as f:
             f.write(data)
         os.replace(tmp, self.path)
-        return True
+        return data
 
     def delete(self, token) -> bool:
         """Remove the marker if it still holds `token`: renamed aside first (only one of two racing
@@ -161,13 +177,14 @@ class _GcsMarker:
     def _blob(self):
         return self.bucket.blob(self.blob_name)
 
-    def create(self, data: bytes) -> bool:
+    def create(self, data: bytes):
         from google.api_core.exceptions import PreconditionFailed
+        blob = self._blob()
         try:
-            self._blob().upload_from_string(data, if_generation_match=0)
+            blob.upload_from_string(data, if_generation_match=0)
         except PreconditionFailed:
-            return False
-        return True
+            return None
+        return blob.generation  # set from the upload's response
 
     def read(self):
         from google.api_core.exceptions import NotFound
@@ -178,13 +195,14 @@ class _GcsMarker:
         except NotFound:
             return None
 
-    def replace(self, data: bytes, token) -> bool:
+    def replace(self, data: bytes, token):
         from google.api_core.exceptions import NotFound, PreconditionFailed
+        blob = self._blob()
         try:
-            self._blob().upload_from_string(data, if_generation_match=token)
+            blob.upload_from_string(data, if_generation_match=token)
         except (PreconditionFailed, NotFound):
-            return False
-        return True
+            return None
+        return blob.generation
 
     def delete(self, token) -> bool:
         from google.api_core.exceptions import NotFound, PreconditionFailed
@@ -204,6 +222,25 @@ def marker(path: str, gcs_bucket=None):
                       "write to one of those")
 
 
+def _read_first_line(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.readline().strip()
+    except OSError:
+        return ""
+
+
+def machine_identity() -> dict:
+    """Where a pid means this process table: host name, boot id and pid namespace (containers that
+    share a host name have their own pid namespaces; a reboot reuses pids)."""
+    try:
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pidns = ""
+    return {"host": socket.gethostname(), "boot_id": _read_first_line("/proc/sys/kernel/random/boot_id"),
+            "pidns": pidns}
+
+
 def holder_text(h: dict) -> str:
     age = _now() - h.get("heartbeat", 0)
     return (f"run {h.get('run_id')} (pid {h.get('pid')} on {h.get('host')}, started "
@@ -211,11 +248,13 @@ def holder_text(h: dict) -> str:
             f"last heartbeat {age:.0f}s ago)")
 
 
-def is_stale(holder: dict, now: float, host: str) -> bool:
-    """A holder is stale when its process is gone (same host) or its heartbeat is STALE_AFTER_S old."""
+def is_stale(holder: dict, now: float, here: dict) -> bool:
+    """A holder is stale when its heartbeat is STALE_AFTER_S old, or when it ran in this process table
+    (same host, boot and pid namespace: `machine_identity`) and its process is gone."""
     if now - float(holder.get("heartbeat", 0)) > STALE_AFTER_S:
         return True
-    return holder.get("host") == host and not _pid_alive(int(holder.get("pid", -1)))
+    same_table = all(holder.get(k) == v for k, v in here.items()) and all(here.values())
+    return same_table and not _pid_alive(int(holder.get("pid", -1)))
 
 
 class Lock:
@@ -224,9 +263,10 @@ class Lock:
     def __init__(self, out_dir: str, run_id: str, gcs_bucket=None):
         self.path = join(out_dir, LOCK_FILE)
         self.marker = marker(self.path, gcs_bucket)
-        self.info = {"run_id": run_id, "host": socket.gethostname(), "pid": os.getpid(),
-                     "started": _now(), "heartbeat": _now()}
+        self.here = machine_identity()
+        self.info = {"run_id": run_id, **self.here, "pid": os.getpid(), "started": _now(), "heartbeat": _now()}
         self.token = None
+        self.lost = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -235,8 +275,9 @@ class Lock:
 
     def acquire(self) -> None:
         for _ in range(3):
-            if self.marker.create(self._data()):
-                self.token = self.marker.read()[1]
+            token = self.marker.create(self._data())
+            if token is not None:
+                self.token = token
                 return
             current = self.marker.read()
             if current is None:  # released between our create and read
@@ -244,10 +285,12 @@ class Lock:
             try:
                 holder = json.loads(current[0])
             except ValueError:
-                holder = {}
+                holder = None
             if not isinstance(holder, dict):
-                holder = {}
-            if not is_stale(holder, _now(), self.info["host"]):
+                raise OutputBusyError(
+                    f"{self.path} is not a lock melshards can read; if no melshards preprocess is using "
+                    f"{posixpath.dirname(self.path)}, delete it")
+            if not is_stale(holder, _now(), self.here):
                 raise OutputBusyError(
                     f"--output {posixpath.dirname(self.path)} is in use by another melshards preprocess "
                     f"{holder_text(holder)}; wait for it to finish, or choose another --output "
@@ -261,19 +304,32 @@ class Lock:
         def beat():
             while not self._stop.wait(every):
                 self.info["heartbeat"] = _now()
-                data = self._data()
-                if not self.marker.replace(data, self.token):
-                    log.warning("%s is no longer held by this run", self.path)
+                try:
+                    token = self.marker.replace(self._data(), self.token)
+                except Exception as e:  # a transient error (network, 5xx): try again at the next beat
+                    log.warning("could not renew %s (%s); trying again in %.0fs", self.path, e, every)
+                    continue
+                if token is None:
+                    log.warning("%s is no longer held by this run; it will not publish", self.path)
+                    self.lost = True
                     return
-                self.token = self.marker.read()[1] if not is_local(self.path) else data
+                self.token = token
 
         self._thread = threading.Thread(target=beat, name="melshards-lock-heartbeat", daemon=True)
         self._thread.start()
 
-    def release(self) -> None:
+    def still_held(self) -> bool:
+        """Whether the marker is still this run's (checked before anything is published)."""
+        current = self.marker.read()
+        return not self.lost and current is not None and current[1] == self.token
+
+    def stop_heartbeat(self) -> None:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
+
+    def release(self) -> None:
+        self.stop_heartbeat()
         if self.token is not None:
             self.marker.delete(self.token)
             self.token = None
@@ -283,13 +339,8 @@ class Lock:
 def list_names(out_dir: str, patterns: tuple[str, ...]) -> list[str]:
     """Names (not paths) of the files directly in out_dir that match any of the patterns."""
     found = FileSystems.match([join(out_dir, p) for p in patterns])
-    names = set()
-    for result in found:
-        for m in result.metadata_list:
-            rel = m.path[len(out_dir.rstrip("/")) + 1:]
-            if "/" not in rel:
-                names.add(rel)
-    return sorted(names)
+    return sorted({posixpath.basename(m.path) for result in found for m in result.metadata_list
+                   if normal_dir(posixpath.dirname(m.path)) == normal_dir(out_dir)})
 
 
 def output_names(out_dir: str) -> list[str]:
@@ -317,6 +368,12 @@ def finished_run(out_dir: str) -> list[str] | None:
     try:
         return run_files(read_schema_at(path))
     except (SchemaError, ValueError, KeyError, TypeError) as e:
+        version = (_read_json(path) or {}).get("version")
+        if isinstance(version, str) and version.split(".")[0].isdigit():
+            raise OutputError(
+                f"--output {out_dir} holds a run made by another version of melshards (schema.json {version}), "
+                "whose files this version cannot list; move its schema.json, stats.json, rejected.jsonl and "
+                "train-*/val-* shards out of the directory, or choose another --output") from e
         raise OutputError(f"--output {out_dir} holds a {SCHEMA_FILE} that is not a melshards schema ({e}); "
                           "move it away or choose another --output") from e
 
@@ -400,9 +457,28 @@ def unfinished_stages(out_dir: str) -> list[str]:
     return sorted(stages)
 
 
+def journal_stage(out_dir: str, journal: dict) -> str:
+    """The staging dir a journal names: by name, under out_dir (the directory may have moved since),
+    and only one that its run.json proves melshards made."""
+    name = journal.get("stage")
+    stage = join(out_dir, str(name))
+    info = _read_json(join(stage, RUN_FILE))
+    if (not isinstance(name, str) or "/" in name or name != STAGE_PREFIX + str(journal.get("run_id"))
+            or not info or STAGE_PREFIX + str(info.get("run_id")) != name):
+        raise OutputError(f"{join(out_dir, PUBLISH_JOURNAL)} names no staging dir of melshards in {out_dir}; "
+                          "move the directory's files somewhere safe, delete the journal, and run again")
+    return stage
+
+
 def apply_journal(out_dir: str, journal: dict) -> None:
-    """Move a finished staged run into out_dir as the journal says; safe to run again after a crash."""
-    stage, remove, move = journal["stage"], journal["remove"], journal["move"]
+    """Move a finished staged run into out_dir as the journal says; safe to run again after a crash.
+    A file that is neither staged nor in place stops it (the journal is kept)."""
+    stage, remove, move = journal_stage(out_dir, journal), journal["remove"], journal["move"]
+    lost = [n for n in move if not FileSystems.exists(join(stage, n)) and not FileSystems.exists(join(out_dir, n))]
+    if lost:
+        raise OutputError(f"cannot finish the publish in {out_dir}: {', '.join(lost[:5])} are neither staged nor "
+                          f"in place; the journal {join(out_dir, PUBLISH_JOURNAL)} is kept; re-run the job with "
+                          "another --output")
     existing = set(output_names(out_dir))
     if SCHEMA_FILE in remove and SCHEMA_FILE in existing and FileSystems.exists(join(stage, SCHEMA_FILE)):
         FileSystems.delete([join(out_dir, SCHEMA_FILE)])  # first: nobody reads a half-replaced run
@@ -427,43 +503,48 @@ PUBLISHED: list[str] = []
 
 @dataclasses.dataclass(eq=False)
 class OutputRun:
-    """One run's hold on its output directory: the lock, the staging dir, and the run it replaces."""
+    """One run's hold on its output directory: the lock, the staging dir, and the run it replaces.
+    Publish and abort run in the main thread (so does the interrupt handler); each is safe to repeat."""
     out_dir: str
     stage: str
     replaces: list[str]  # names of the finished run it replaces on publish ([] when there is none)
     lock: Lock
-    publishing: threading.Lock = dataclasses.field(default_factory=threading.Lock)
-    done: bool = False
+    published: bool = False
+    closed: bool = False
 
     def publish(self) -> None:
         """Replace the finished run (if any) with the staged one, which must have written schema.json.
-        Not begun once an interrupt is being handled (STOPPING); an interrupt waits for one under way."""
+        Not begun once an interrupt is being handled (STOPPING), nor by a run that lost its lock."""
         global PUBLISHING
-        with self.publishing:
-            if STOPPING.is_set():
-                raise KeyboardInterrupt
+        if STOPPING.is_set():
+            raise KeyboardInterrupt
+        PUBLISHING = True  # from here on an interrupt waits for the end of the publish
+        try:
+            self.lock.stop_heartbeat()
+            if not self.lock.still_held():
+                raise OutputError(f"{self.lock.path} is no longer held by this run (another run took it over "
+                                  "after this one stopped renewing it); nothing was published, and "
+                                  f"{self.out_dir} is as that run left it")
             staged = run_files(read_schema_at(join(self.stage, SCHEMA_FILE)))
-            journal = {"run_id": self.lock.info["run_id"], "stage": self.stage, "remove": self.replaces,
-                       "move": staged}
-            PUBLISHING = True
-            try:
-                _write(join(self.out_dir, PUBLISH_JOURNAL), json.dumps(journal, indent=1).encode())
-                apply_journal(self.out_dir, journal)
-                self.done = True
-                PUBLISHED.append(self.out_dir)
-            finally:
-                PUBLISHING = False
-        self.lock.release()
+            journal = {"run_id": self.lock.info["run_id"], "stage": posixpath.basename(self.stage),
+                       "remove": self.replaces, "move": staged}
+            _write(join(self.out_dir, PUBLISH_JOURNAL), json.dumps(journal, indent=1).encode())
+            apply_journal(self.out_dir, journal)
+            self.published = True
+            PUBLISHED.append(self.out_dir)
+        finally:
+            PUBLISHING = False
+            self.lock.release()
 
     def abort(self, keep: tuple[str, ...] = ()) -> None:
-        """Remove what this run staged (but `keep`, left in the staging dir) and give the directory up.
-        A run whose publish began is left to finish it."""
-        with self.publishing:
-            if self.done:
-                return
-            self.done = True
+        """Remove what this run staged (but `keep`, left in the staging dir) and give the directory up."""
+        if self.published or self.closed:
+            return
+        self.lock.stop_heartbeat()
+        if self.lock.still_held():  # else another run holds the directory now, staging dir and all
             remove_tree(self.stage, keep + (RUN_FILE,) if keep else ())
         self.lock.release()
+        self.closed = True  # last: an abort cut short by an interrupt is done again by the handler
 
 
 ACTIVE: set[OutputRun] = set()  # runs of this process, for the interrupt handler
@@ -487,6 +568,7 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
     checks that no file of someone else's would be written over or read as a shard, and refuses a
     finished run without `overwrite`. Returns the OutputRun whose staging dir the job writes into.
     """
+    out_dir = normal_dir(out_dir)
     check_not_a_file(out_dir)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
     try:
@@ -496,9 +578,9 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
         lock.acquire()
     except OutputError:
         raise
-    except OSError as e:  # includes Beam's BeamIOError and GCS errors
-        raise OutputError(f"--output {out_dir} is not writable ({e}); fix its permissions or choose "
-                          "another --output") from e
+    except Exception as e:  # OSError, Beam's BeamIOError, GCS and credential errors
+        raise OutputError(f"--output {out_dir} is not writable ({type(e).__name__}: {e}); fix its permissions "
+                          "or credentials, or choose another --output") from e
     try:
         journal = _read_json(join(out_dir, PUBLISH_JOURNAL))
         if journal is not None:
@@ -529,19 +611,22 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
 
 
 def close_run(run: OutputRun, ok: bool, keep: tuple[str, ...] = ()) -> None:
-    """Publish a finished run, or remove what it staged."""
-    ACTIVE.discard(run)
-    if ok:
-        run.publish()
-    else:
-        run.abort(keep)
+    """Publish a finished run, or remove what it staged. The run stays ACTIVE until that is done, so
+    an interrupt in between still finds it."""
+    try:
+        if ok:
+            run.publish()
+        else:
+            run.abort(keep)
+    finally:
+        ACTIVE.discard(run)
 
 
 def abort_active() -> None:
     """For an interrupt: remove every active run's staging dir and release its lock."""
     for run in list(ACTIVE):
-        ACTIVE.discard(run)
         run.abort()
+        ACTIVE.discard(run)
 
 
 def exception_chain(exc: BaseException | None):

@@ -133,7 +133,7 @@ def run_job(input_path: str, out_dir: str, *, config_path: str | None = None, bu
     log.info("corpus %s (%s), output %s (staged in %s), runner %s", corpus.rows_path, corpus.kind, out_dir,
              run.stage, options.view_as(StandardOptions).runner)
     reporter = ProgressReporter(run.stage, rows, echo) if local else None
-    finished = False
+    closed = False
     try:
         p = beam.Pipeline(options=options)
         build(p, corpus, run.stage, cfg, progress=local)
@@ -144,20 +144,22 @@ def run_job(input_path: str, out_dir: str, *, config_path: str | None = None, bu
         finally:
             if reporter:
                 reporter.stop()
-        finished = FileSystems.exists(FileSystems.join(run.stage, SCHEMA_FILE))
-        if not finished:
+        if not FileSystems.exists(FileSystems.join(run.stage, SCHEMA_FILE)):
             message = empty_run_message(run.stage)
             close_run(run, ok=False, keep=(REJECTED_FILE,))
+            closed = True
             raise EmptyRunError(message)
         stats = _read_stats(run.stage)
+        close_run(run, ok=True)
+        closed = True
     except Exception as e:
-        if is_disk_full(e):
+        if is_disk_full(e) and not closed:
             message = disk_full_message(e, run, reporter.rows_done() if reporter else 0, rows)
             close_run(run, ok=False)
+            closed = True
             raise DiskFullError(message) from e
         raise
     finally:
-        if not finished:
-            close_run(run, ok=False)  # a no-op after the empty-run close above
-    close_run(run, ok=True)
+        if not closed:  # failed, or interrupted (KeyboardInterrupt): the staging dir goes, the lock too
+            close_run(run, ok=False)
     return stats

@@ -2,10 +2,10 @@
 exists, one run at a time, and a failed, full or interrupted run leaves it as it was."""
 import errno
 import json
+import re
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -117,7 +117,7 @@ def test_overwrite_replaces_the_old_run_only_with_a_finished_one_and_keeps_other
 
 
 def _hold(out: Path, **holder):
-    info = {"run_id": "other", "host": socket.gethostname(), "pid": os.getpid(), "started": time.time(),
+    info = {"run_id": "other", **O.machine_identity(), "pid": os.getpid(), "started": time.time(),
             "heartbeat": time.time()}
     info.update(holder)
     out.mkdir(parents=True, exist_ok=True)
@@ -135,6 +135,7 @@ def test_a_run_into_a_directory_a_live_run_holds_stops_at_once_naming_the_holder
 
 @pytest.mark.parametrize("holder,stale", [
     ({"pid": 2 ** 22 + 12345}, True),  # this host, its process is gone
+    ({"pid": 2 ** 22 + 12345, "pidns": "pid:[1]"}, False),  # same host name, another container: heartbeat decides
     ({"host": "elsewhere", "heartbeat": time.time() - O.STALE_AFTER_S - 5}, True),  # no heartbeat for too long
     ({"host": "elsewhere"}, False),  # another machine, heartbeat fresh
 ])
@@ -178,6 +179,7 @@ class _FakeBlob:
         if if_generation_match is not None and (current[1] if current else 0) != if_generation_match:
             raise PreconditionFailed("generation mismatch")
         self.store[self.name] = (data, (current[1] if current else 0) + 1)
+        self.generation = self.store[self.name][1]  # as the client sets it from the upload's response
 
     def reload(self):
         from google.api_core.exceptions import NotFound
@@ -223,22 +225,60 @@ def test_on_gcs_the_lock_is_an_object_created_only_if_absent():
     third = O.Lock("gs://b/out", "third", gcs_bucket=bucket)
     third.acquire()
     assert json.loads(bucket.store["out/.melshards-lock"][0])["run_id"] == "third"
+    # a delete or a renewal at a generation that is no longer the object's changes nothing
+    judged_stale = bucket.store["out/.melshards-lock"][1]
+    third.marker.replace(b'{"run_id": "third", "heartbeat": 1}', judged_stale)  # renewed meanwhile
+    assert third.marker.delete(judged_stale) is False and "out/.melshards-lock" in bucket.store
+    assert third.marker.replace(b"{}", judged_stale) is None
+    assert not third.still_held()  # its token is the stale generation: it will not publish
 
 
-def test_two_runs_started_together_into_one_output_one_writes_and_the_other_stops(tmp_path, corpus_dir):
+def test_release_removes_the_runs_own_lock(tmp_path):
+    lock = O.Lock(str(tmp_path), "me")
+    lock.acquire()
+    assert lock.still_held()
+    lock.release()
+    assert not (tmp_path / O.LOCK_FILE).exists()
+
+
+def _start_long_run(tmp_path, corpus_dir, out, rows=3000, *extra):
+    """A real `melshards preprocess` in its own process group, returned once its workers report progress."""
+    cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", str(_long_corpus(tmp_path, corpus_dir, rows)),
+           "--output", str(out), "--config", str(TINY_CONFIG), *extra]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 600
+    while not list(out.glob(f"{O.STAGE_PREFIX}*/.melshards-tmp/progress-*.txt")) and time.time() < deadline:
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.1)
+    return p
+
+
+def test_a_second_run_into_an_output_a_running_job_holds_stops_and_the_first_is_unharmed(tmp_path, corpus_dir):
     out = tmp_path / "o"
-    cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", str(corpus_dir), "--output", str(out),
-           "--config", str(TINY_CONFIG), "--workers", "1", "--buckets", "1"]
-    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    results = [(p.wait(timeout=600), *p.communicate()) for p in procs]
-    codes = sorted(r[0] for r in results)
-    assert codes == [0, 2], results
-    loser = next(r for r in results if r[0] == 2)
-    assert "is in use by another melshards preprocess run" in loser[2]
-    winner = next(r for r in results if r[0] == 0)
-    assert "wrote " in winner[1]
-    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".tfrecord")) == [
-        "rejected.jsonl", "schema.json", "stats.json"]
+    first = _start_long_run(tmp_path, corpus_dir, out, 3000, "--workers", "1")
+    second = subprocess.run([sys.executable, "-m", "melshards", "preprocess", "--input", str(corpus_dir),
+                             "--output", str(out), "--config", str(TINY_CONFIG), "--workers", "1"],
+                            capture_output=True, text=True, timeout=600)
+    assert first.poll() is None, "the first run should still be running"
+    assert second.returncode == 2, second.stderr
+    assert "is in use by another melshards preprocess run" in second.stderr and f"pid {first.pid}" in second.stderr
+    (stage,) = out.glob(f"{O.STAGE_PREFIX}*")
+    assert json.loads((stage / O.RUN_FILE).read_text())["pid"] == first.pid  # the first run's staging dir
+    os.killpg(first.pid, signal.SIGINT)
+    first.communicate(timeout=300)
+    assert first.returncode == 130 and sorted(p.name for p in out.iterdir()) == []
+
+
+def test_one_directory_spelt_two_ways_is_one_directory(capsys, tmp_path, corpus_dir, monkeypatch):
+    """`out//`, `./out/` and `out` hold the same files: the check for the user's files sees them all."""
+    out = tmp_path / "u"
+    out.mkdir()
+    (out / "stats.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    for spelling in ("u//", "./u/", str(out) + "//"):
+        assert _preprocess(corpus_dir, spelling) == 2
+        assert "stats.json" in _error_line(capsys.readouterr().err)
+    assert sorted(p.name for p in out.iterdir()) == ["stats.json"]
 
 
 def test_staging_dirs_of_unfinished_runs_are_removed_and_nothing_else(tmp_path):
@@ -265,8 +305,9 @@ def test_a_publish_cut_short_is_refused_by_the_trainer_and_finished_by_the_next_
     old = O.run_files(O.read_schema_at(str(out / "schema.json")))
     stage = out / f"{O.STAGE_PREFIX}x"
     shutil.copytree(shards_dir, stage)
+    (stage / O.RUN_FILE).write_text(json.dumps({"run_id": "x"}))
     new = O.run_files(O.read_schema_at(str(stage / "schema.json")))
-    journal = {"run_id": "x", "stage": str(stage), "remove": old, "move": new}
+    journal = {"run_id": "x", "stage": stage.name, "remove": old, "move": new}
     (out / PUBLISH_JOURNAL).write_text(json.dumps(journal))
     # cut short after the old schema.json and one new shard moved: a mix on disk
     (out / "schema.json").unlink()
@@ -275,10 +316,35 @@ def test_a_publish_cut_short_is_refused_by_the_trainer_and_finished_by_the_next_
     (out / "schema.json").write_text((bucketed_dir / "schema.json").read_text())  # worst case: looks finished
     with pytest.raises(InputError, match="having its run replaced"):
         check_schemas([str(out / moved)], None)
-    run_ = O.open_run(str(out), overwrite=True)
+    moved_away = shutil.move(str(out), str(tmp_path / "elsewhere"))  # the directory moved since: no matter
+    run_ = O.open_run(moved_away, overwrite=True)
     O.close_run(run_, ok=False)
-    assert not (out / PUBLISH_JOURNAL).exists() and not stage.exists()
-    assert _snapshot(out) == {k: v for k, v in _snapshot(shards_dir).items()}
+    assert not (Path(moved_away) / PUBLISH_JOURNAL).exists() and not (Path(moved_away) / stage.name).exists()
+    assert _snapshot(Path(moved_away)) == {k: v for k, v in _snapshot(shards_dir).items()}
+
+
+def test_a_journal_naming_no_staging_dir_of_ours_stops_and_removes_nothing(tmp_path, shards_dir):
+    out = _copy_run(shards_dir, tmp_path / "o")
+    (tmp_path / "precious").mkdir()
+    (tmp_path / "precious" / "data").write_text("users")
+    for stage in ("../precious", str(tmp_path / "precious"), f"{O.STAGE_PREFIX}gone"):
+        (out / PUBLISH_JOURNAL).write_text(json.dumps({"run_id": "gone", "stage": stage, "remove": [],
+                                                       "move": ["schema.json"]}))
+        before = _snapshot(out)
+        with pytest.raises(O.OutputError, match="names no staging dir of melshards"):
+            O.open_run(str(out), overwrite=True)
+        assert _snapshot(out) == before and (tmp_path / "precious" / "data").exists()
+
+
+def test_a_run_made_by_another_melshards_version_is_named_as_such_not_replaced(capsys, tmp_path, corpus_dir,
+                                                                              shards_dir):
+    out = _copy_run(shards_dir, tmp_path / "o")
+    (out / "schema.json").write_text(json.dumps({"version": "1.2.0", "max_mel_frames": 800}))
+    before = _snapshot(out)
+    assert _preprocess(corpus_dir, out, "--overwrite") == 2
+    line = _error_line(capsys.readouterr().err)
+    assert "made by another version of melshards (schema.json 1.2.0)" in line and "move its" in line
+    assert _snapshot(out) == before
 
 
 def test_the_report_writes_schema_json_before_it_removes_the_temp_dir(monkeypatch, capsys, tmp_path, corpus_dir):
@@ -315,7 +381,8 @@ def test_a_full_disk_stops_the_run_with_one_line_and_leaves_the_old_run(monkeypa
     assert _preprocess(corpus_dir, out, "--overwrite") == 1
     line = _error_line(capsys.readouterr().err)
     assert "no space left on the device of" in line and f"{out}/{O.STAGE_PREFIX}" in line
-    assert "needs about" in line and "rows" in line and "free" in line
+    assert "needs about" in line and "rows" in line
+    assert re.search(r"\(\d+(\.\d)? [KMGT]?B free\)", line), line
     assert _snapshot(out) == before  # no staging dir, no lock, the old run whole
 
 
@@ -347,3 +414,32 @@ def test_ctrl_c_prints_one_line_exits_130_and_leaves_the_old_run(tmp_path, corpu
     assert stderr.splitlines()[-1] == f"interrupted: the run's temporary files were removed; {out} is as it was"
     assert [l for l in stderr.splitlines() if " INFO " not in l] == [stderr.splitlines()[-1]]
     assert _snapshot(out) == before
+
+
+def test_output_piped_into_a_reader_that_stops_early_does_not_hang_the_run(tmp_path):
+    """`melshards preprocess ... | head`: the relay of the console loses its reader (EPIPE) and keeps
+    draining, so nothing blocks on a full pipe (the lock would be held forever)."""
+    code = ("import sys\n"
+            "from melshards.ctrl_c import StopOnCtrlC\n"
+            "with StopOnCtrlC('out'):\n"
+            "    for i in range(20000):\n"
+            "        print('progress line', i, 'x' * 40)\n"
+            "print('done', file=sys.stderr)\n")
+    script = tmp_path / "s.py"
+    script.write_text(code)
+    done = subprocess.run(f"{sys.executable} {script} | head -c 20 >/dev/null; echo ${{PIPESTATUS[0]}}",
+                          shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "0", done.stderr
+
+
+def test_stdout_and_stderr_into_one_file_keep_their_order(tmp_path):
+    code = ("import sys\n"
+            "from melshards.ctrl_c import StopOnCtrlC\n"
+            "with StopOnCtrlC('out'):\n"
+            "    for i in range(2000):\n"
+            "        print(i, file=sys.stdout if i % 2 else sys.stderr, flush=True)\n")
+    script = tmp_path / "s.py"
+    script.write_text(code)
+    log = tmp_path / "log"
+    subprocess.run(f"{sys.executable} {script} > {log} 2>&1", shell=True, check=True, timeout=120)
+    assert log.read_text().split() == [str(i) for i in range(2000)]
