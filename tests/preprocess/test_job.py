@@ -133,8 +133,7 @@ def _options(argv, workers, rows=None):
 
 
 def test_workers_default_to_every_core_in_worker_processes(monkeypatch):
-    from melshards.preprocess import workers
-    monkeypatch.setattr(workers, "all_cores", lambda: 4)
+    monkeypatch.setattr("melshards.preprocess.workers.all_cores", lambda: 4)
     assert _options([], None) == (4, "multi_processing")
     assert _options([], 3) == (3, "multi_processing")
     assert _options([], 1) == (1, "in_memory")
@@ -142,8 +141,7 @@ def test_workers_default_to_every_core_in_worker_processes(monkeypatch):
 
 @pytest.mark.parametrize("rows, workers", [(1, 1), (56, 1), (1000, 1), (1001, 2), (2500, 3), (13100, 4)])
 def test_default_workers_are_one_per_thousand_rows_up_to_every_core(monkeypatch, rows, workers):
-    from melshards.preprocess import workers
-    monkeypatch.setattr(workers, "all_cores", lambda: 4)
+    monkeypatch.setattr("melshards.preprocess.workers.all_cores", lambda: 4)
     assert _options([], None, rows)[0] == workers
     assert _options([], 2, rows)[0] == 2  # an explicit --workers is taken as given
 
