@@ -57,6 +57,27 @@ def test_no_module_imports_the_halves_by_their_folder_names():
     assert {p: bad for p, bad in offences.items() if bad} == {}
 
 
+def imported_modules(path: Path) -> set[str]:
+    """The full dotted name of every module a module imports (`from melshards import api` -> `melshards.api`)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def test_reports_and_the_api_import_no_command():
+    """Inside `melshards`, the commands sit on top: the reports and the public API never import them."""
+    paths = [*(REPO / "melshards" / "reports").rglob("*.py"), REPO / "melshards" / "api.py",
+             REPO / "melshards" / "__init__.py"]
+    offences = {str(p.relative_to(REPO)): sorted(m for m in imported_modules(p)
+                                                 if m == "melshards.commands" or m.startswith("melshards.commands."))
+                for p in paths}
+    assert {p: bad for p, bad in offences.items() if bad} == {}
+
+
 def test_rule_checker_sees_imports_inside_functions(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from apache_beam.io import fileio\n    import melshards.train.loop\n"
