@@ -51,7 +51,7 @@ def test_every_input_row_is_in_a_shard_or_in_rejected_jsonl(shards_dir, corpus_d
 
 def test_docs_reasons_table_lists_every_reason_once():
     import re
-    doc = (REPO / "docs" / "melshards.preprocess.md").read_text()
+    doc = (REPO / "docs" / "preprocess.md").read_text()
     table = doc[doc.index("| reason | meaning |"):doc.index("Every such row also increments")]
     rows = [line.strip() for line in table.splitlines()[2:] if line.strip()]
     documented = [r for line in rows for r in re.findall(r"`([a-z_]+)`", line.split("|")[1])]
