@@ -64,7 +64,7 @@ def test_the_built_wheel_holds_one_top_level_package(tmp_path):
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert top == {"melshards"}
     assert {"melshards/train/loop.py", "melshards/preprocess/pipeline.py", "melshards/shards_schema/schema.py",
-            "melshards/cli.py"} <= set(names)
+            "melshards/commands/__init__.py"} <= set(names)
     top_level = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
     assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["melshards"]
 

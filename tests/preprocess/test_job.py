@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from melshards.preprocess import audio as A
 from melshards.preprocess.config import PreprocessConfig, load_config
-from melshards.preprocess_cli import run
+from melshards.commands.preprocess import run
 from melshards.shards_schema.stats import FILTER_REASONS, REJECT_REASONS, percentile
 from melshards.shards_schema.text import normalize_text
 from melshards.shards_schema import read_schema
@@ -386,7 +386,7 @@ def test_read_only_output_dir_stops_before_any_work(capsys, tmp_path, corpus_dir
 
 def _summary(capsys, shards_dir, tmp_path, val_records) -> tuple[str, list[str]]:
     """(the `wrote ...` line, the lines after it) of the summary for the shared run with val_records in val."""
-    from melshards.preprocess_cli import print_summary
+    from melshards.commands.preprocess import print_summary
     stats = json.loads((shards_dir / "stats.json").read_text())
     c = stats["counts"]
     c["per_split"]["train"] += c["per_split"]["val"] - val_records

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from melshards.preprocess_cli import run
+from melshards.commands.preprocess import run
 from melshards.preprocess import output as O
 from melshards.shards_schema.schema import PUBLISH_JOURNAL
 

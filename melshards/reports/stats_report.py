@@ -12,7 +12,7 @@ from typing import Any, Iterable
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.shards_schema.shards import dir_of
-from melshards.whatif import DEFAULT_WHAT_IF, WhatIf, batch_bytes, int_hist, what_if_table
+from melshards.reports.whatif import DEFAULT_WHAT_IF, WhatIf, batch_bytes, int_hist, what_if_table
 from melshards.shards_schema.stats import FILTER_REASONS
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, STATS_FILE, Schema, SchemaError
 
