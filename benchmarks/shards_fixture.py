@@ -12,7 +12,7 @@ def demo_shards(out: str) -> Path:
     """Preprocess data/ljspeech_tiny into `out` unless a finished run is already there."""
     path = Path(out)
     if not (path / "schema.json").exists():
-        from melshards.preprocess_cli import run
+        from melshards.commands.preprocess import run
         # one shape: these benchmarks compare input pipelines of the schema's one static shape
         code = run(["--input", str(CORPUS), "--output", str(path), "--config", str(TINY), "--overwrite",
                     "--buckets", "1"])

@@ -1,3 +1,3 @@
-from melshards.cli import main
+from melshards.commands import main
 
 main()

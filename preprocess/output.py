@@ -493,7 +493,7 @@ def apply_journal(out_dir: str, journal: dict) -> None:
     remove_tree(stage)
 
 
-# For an interrupt handler (melshards.ctrl_c, in the main thread, where publishing runs too): it sets
+# For an interrupt handler (melshards.commands.ctrl_c, in the main thread, where publishing runs too): it sets
 # STOPPING so that no publish begins, and lets one under way (PUBLISHING) finish; PUBLISHED lists
 # the directories this process published.
 STOPPING = threading.Event()

@@ -12,6 +12,7 @@ from apache_beam.io.filesystems import FileSystems
 from melshards.preprocess import bucketing
 from melshards.preprocess.config import MelConfig, PreprocessConfig
 from melshards.shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, summarize
+from melshards.shards_schema.stats_model import stats_problem
 from melshards.preprocess.shards import TEMP_DIR, remove_temp_dir
 from melshards.shards_schema.text import FRONTEND
 from melshards.shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
@@ -19,7 +20,8 @@ from melshards.shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION,
 
 
 class AccountingError(RuntimeError):
-    """Records in shards + rejected rows != input rows: a bug, never a property of the data."""
+    """stats.json as built breaks its declaration (`melshards.shards_schema.stats_model`), e.g. records in
+    shards + rejected rows != input rows: a bug, never a property of the data."""
 
 
 def length_summaries(hists: dict) -> dict:
@@ -33,15 +35,12 @@ def length_summaries(hists: dict) -> dict:
 def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dict, cutoffs: Cutoffs | None,
                 reasons: dict, shards: list[dict], buckets: dict | None = None, text: dict | None = None,
                 train_hist: dict | None = None) -> dict:
-    in_shards = sum(s["records"] for s in shards)
-    rejected = sum(reasons.values())
-    if in_shards + rejected != input_rows:
-        raise AccountingError(f"{input_rows} input rows but {in_shards} in shards + {rejected} rejected")
+    """stats.json, checked against its declaration (StatsFile) before it is written."""
     stats = {
         "schema_version": SCHEMA_VERSION,
         "counts": {
             "input_rows": input_rows,
-            "in_shards": in_shards,
+            "in_shards": sum(s["records"] for s in shards),
             "filtered": sum(v for k, v in reasons.items() if k in FILTER_REASONS),
             "rejected": sum(v for k, v in reasons.items() if k not in FILTER_REASONS),
             "per_split": {s: sum(x["records"] for x in shards if x["split"] == s) for s in SPLITS},
@@ -68,6 +67,10 @@ def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dic
             "text_padding_fraction": per_bucket["text_padding_fraction"],
         }
         stats["buckets"] = per_bucket
+    problem = stats_problem(stats)
+    if problem:
+        raise AccountingError(f"stats.json as built is not what melshards.shards_schema.stats_model declares: "
+                              f"{problem}")
     return stats
 
 

@@ -1,16 +1,22 @@
-"""Typed config loading: YAML mapping -> nested dataclasses, unknown keys are errors.
+"""Typed config loading: YAML mapping -> nested dataclasses, validated by pydantic in one way.
 
-Every default lives on the dataclass field; nothing else in the code invents one.
+Every default lives on the dataclass field; nothing else in the code invents one. Every bound lives
+on the field too, as `Annotated[int, Field(gt=0)]` (pydantic reads it; plain dataclasses ignore it,
+so `dataclasses.replace` stays cheap and `check` validates the result). Unknown keys are errors that
+list the valid ones, and every error names its key, dotted (`mel.n_fft`).
 """
 from __future__ import annotations
 
 import dataclasses
-import types
+import functools
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Iterable, Iterator, Sequence, TypeVar
 
+import annotated_types
 import yaml
+from pydantic import AfterValidator, ConfigDict, TypeAdapter, ValidationError
+from pydantic_core import PydanticCustomError
 
 T = TypeVar("T")
 
@@ -19,52 +25,112 @@ class ConfigError(ValueError):
     """A config file or value is wrong; the message says which key and how to fix it."""
 
 
-def _strip_optional(tp: Any) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if len(args) == 1:
-            return args[0]
-    return tp
+def _dataclasses_in(cls: type) -> Iterator[type]:
+    yield cls
+    for tp in typing.get_type_hints(cls).values():
+        for t in (tp, *typing.get_args(tp)):
+            if dataclasses.is_dataclass(t) and isinstance(t, type):
+                yield from _dataclasses_in(t)
 
 
-def _coerce(value: Any, tp: Any, where: str) -> Any:
-    tp = _strip_optional(tp)
-    if value is None:
-        return None
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
-        return from_dict(tp, value, where)
-    origin = typing.get_origin(tp)
-    if origin in (list, tuple):
-        (inner, *_) = typing.get_args(tp) or (Any,)
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{where}: expected a list, got {value!r}")
-        items = [_coerce(v, inner, f"{where}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if tp in (int, str, bool) and not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
-        raise ConfigError(f"{where}: expected {tp.__name__}, got {value!r}")
-    return value
+@functools.lru_cache(maxsize=None)
+def _adapter(cls: type) -> TypeAdapter:
+    """pydantic's validator of config dataclass `cls`: its fields' types (declare them StrictInt,
+    StrictFloat, ... so that "1024" is not an int and true not a number) and the bounds declared on them (`Annotated[int, Field(gt=0)]`); unknown keys
+    are errors in every section."""
+    for c in _dataclasses_in(cls):
+        if "__pydantic_config__" not in c.__dict__:
+            c.__pydantic_config__ = ConfigDict(extra="forbid", allow_inf_nan=False)
+    return TypeAdapter(cls)
 
 
-def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
-    """Build dataclass ``cls`` from ``data``; unknown keys raise ConfigError naming the valid ones."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(
-            f"{where}: unknown key(s) {', '.join(unknown)}; valid keys are: {', '.join(fields)}. "
-            "Fix the spelling or remove the key.")
-    hints = typing.get_type_hints(cls)
-    kwargs = {name: _coerce(value, hints[name], f"{where}.{name}") for name, value in data.items()}
+def one_of(*choices: str) -> AfterValidator:
+    """A str field that must be one of `choices` (`Annotated[str, one_of("a", "b")]`)."""
+    def check(value: str) -> str:
+        if value not in choices:
+            raise PydanticCustomError(CHOICE, "choose one of {choices}", {"choices": ", ".join(choices)})
+        return value
+    return AfterValidator(check)
+
+
+CHOICE, VALUE = "config_choice", "config_value"  # error types of one_of and of a field's own check
+
+
+def bounds_text(meta: Iterable[Any]) -> str:
+    """The bounds in a field's Annotated metadata, as ">= 0 and < 1"."""
+    parts = []
+    for m in meta:
+        for item in getattr(m, "metadata", None) or [m]:  # a FieldInfo holds its bounds in .metadata
+            for name, op in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+                if isinstance(item, getattr(annotated_types, name.capitalize())):
+                    parts.append(f"{op} {getattr(item, name):g}")
+    return " and ".join(parts)
+
+
+def field_bounds(cls: type, path: Sequence[str]) -> str:
+    """bounds_text of the field at `path` (names) under dataclass `cls`, "" if none or not found."""
+    for i, name in enumerate(path):
+        hints = typing.get_type_hints(cls, include_extras=True) if dataclasses.is_dataclass(cls) else {}
+        if name not in hints:
+            return ""
+        tp = hints[name]
+        if i == len(path) - 1:
+            return bounds_text(typing.get_args(tp)[1:]) if typing.get_origin(tp) is Annotated else ""
+        cls = tp
+    return ""
+
+
+def _field_names(cls: type, path: Sequence[str]) -> list[str]:
+    for name in path:
+        cls = typing.get_type_hints(cls)[name]
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def error_texts(cls: type, errors: list[dict], prefix: str = "") -> list[str]:
+    """pydantic's errors for config dataclass `cls` as sentences naming the dotted key (after `prefix`)."""
+    out, unknown = [], {}
+    for e in errors:
+        loc = [str(x) for x in e["loc"] if not str(x).startswith("function-")]
+        key = prefix + ".".join(loc)
+        kind, value = e["type"], e.get("input")
+        if kind in ("unexpected_keyword_argument", "extra_forbidden"):
+            unknown.setdefault(tuple(loc[:-1]), []).append(loc[-1])
+        elif kind == "missing":
+            out.append(f"{key} is missing")
+        elif kind in (CHOICE, VALUE):
+            out.append(f"{key} is {value!r}; {e['msg']}" if kind == CHOICE else f"{key} is {value!r}, {e['msg']}")
+        elif kind.split("_")[0] in ("int", "float", "bool", "string", "dataclass", "dict"):
+            wanted = {"int": "an integer", "float": "a number", "bool": "true or false",
+                      "string": "a string"}.get(kind.split("_")[0], "a mapping")
+            out.append(f"{key} is {value!r}, must be {wanted}")
+        elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"):
+            bounds = field_bounds(cls, loc)
+            finite = "a finite number " if kind == "finite_number" else ""
+            out.append(f"{key} is {value!r}, must be {finite}{bounds}".rstrip())
+        else:
+            out.append(f"{key}: {e['msg']}")
+    for section, names in unknown.items():
+        where = (prefix + ".".join(section)).rstrip(".")
+        out.insert(0, f"{where + ': ' if where else ''}unknown key(s) {', '.join(sorted(names))}; valid keys are: "
+                      f"{', '.join(_field_names(cls, section))}. Fix the spelling or remove the key.")
+    return out
+
+
+def from_dict(cls: type[T], data: Any, where: str = "config", prefix: str = "") -> T:
+    """Build config dataclass ``cls`` from ``data``, validated by pydantic (types, declared bounds,
+    unknown keys): a ConfigError names every bad key, dotted (``mel.n_fft``) after ``prefix``."""
     try:
-        obj = cls(**kwargs)
-    except TypeError as e:
-        raise ConfigError(f"{where}: {e}") from e
-    return obj
+        return _adapter(cls).validate_python(data)
+    except ValidationError as e:
+        raise ConfigError(f"{where}: " + "; ".join(error_texts(cls, e.errors(), prefix))) from None
+
+
+def check(obj: Any, what: str, prefix: str = "") -> None:
+    """Validate a config dataclass built or changed in code (dataclasses.replace, overrides) the same way."""
+    try:
+        _adapter(type(obj)).validate_python(dataclasses.asdict(obj))
+    except ValidationError as e:
+        raise ConfigError(f"invalid {what}: " + "; ".join(error_texts(type(obj), e.errors(), prefix))) from None
 
 
 def load_yaml(cls: type[T], path: str | Path) -> T:

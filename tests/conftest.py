@@ -25,7 +25,7 @@ def shards_dir(tmp_path_factory) -> Path:
 
     Read-only for tests: copy it before changing anything.
     """
-    from melshards.preprocess_cli import run
+    from melshards.commands.preprocess import run
 
     out = tmp_path_factory.mktemp("shards")
     code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(TINY_CONFIG), "--overwrite",
@@ -38,7 +38,7 @@ def shards_dir(tmp_path_factory) -> Path:
 def bucketed_dir(tmp_path_factory) -> Path:
     """The shipped corpus preprocessed into 4 length buckets (`--buckets 4`, what the demo config's
     `auto` gives: min_bucket_records 8 merges the rest). Read-only for tests."""
-    from melshards.preprocess_cli import run
+    from melshards.commands.preprocess import run
 
     out = tmp_path_factory.mktemp("bucketed")
     code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(TINY_CONFIG), "--buckets", "4"])

@@ -56,15 +56,21 @@ def test_the_python_api_works_beside_a_users_train_and_preprocess_py(hostile_dir
 
 
 def test_the_built_wheel_holds_one_top_level_package(tmp_path):
+    import shutil
+    src = tmp_path / "src"  # a copy: building in the checkout would leave build/ there
+    for name in ("setup.py", "setup.cfg", "README.md"):
+        shutil.copy(REPO / name, src / name) if src.exists() else (src.mkdir(), shutil.copy(REPO / name, src / name))
+    for name in ("melshards", "preprocess", "train", "shards_schema"):
+        shutil.copytree(REPO / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     done = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                 str(tmp_path), str(REPO)], tmp_path)
+                 str(tmp_path), str(src)], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (wheel,) = tmp_path.glob("melshards-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
     assert top == {"melshards"}
     assert {"melshards/train/loop.py", "melshards/preprocess/pipeline.py", "melshards/shards_schema/schema.py",
-            "melshards/cli.py"} <= set(names)
+            "melshards/commands/__init__.py"} <= set(names)
     top_level = next(n for n in names if n.endswith(".dist-info/top_level.txt"))
     assert zipfile.ZipFile(wheel).read(top_level).decode().split() == ["melshards"]
 

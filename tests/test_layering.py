@@ -22,7 +22,7 @@ FORBIDDEN = {
 
 
 def package_of(module: str) -> str:
-    """`melshards.train.loop` -> `melshards.train`; `melshards.cli` -> `melshards`; `numpy.linalg` -> `numpy`."""
+    """`melshards.train.loop` -> `melshards.train`; `melshards.commands` -> `melshards`; `numpy.linalg` -> `numpy`."""
     parts = module.split(".")
     if parts[0] == "melshards":
         return f"melshards.{parts[1]}" if len(parts) > 1 and parts[1] in HALVES else "melshards"
@@ -57,10 +57,32 @@ def test_no_module_imports_the_halves_by_their_folder_names():
     assert {p: bad for p, bad in offences.items() if bad} == {}
 
 
+def imported_modules(path: Path) -> set[str]:
+    """The full dotted name of every module a module imports (`from melshards import api` -> `melshards.api`)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return names
+
+
+def test_reports_and_the_api_import_no_command():
+    """Inside `melshards`, the commands sit on top: the reports and the public API never import them."""
+    paths = [*(REPO / "melshards" / "reports").rglob("*.py"), REPO / "melshards" / "api.py",
+             REPO / "melshards" / "__init__.py"]
+    offences = {str(p.relative_to(REPO)): sorted(m for m in imported_modules(p)
+                                                 if m == "melshards.commands" or m.startswith("melshards.commands."))
+                for p in paths}
+    assert {p: bad for p, bad in offences.items() if bad} == {}
+
+
 def test_rule_checker_sees_imports_inside_functions(tmp_path):
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from apache_beam.io import fileio\n    import melshards.train.loop\n"
-                      "    from melshards import preprocess\n    from melshards.cli import main\n    import train\n")
+                      "    from melshards import preprocess\n"
+                      "    from melshards.commands import main\n    import train\n")
     assert imported_roots(module) == {"apache_beam", "melshards.train", "melshards.preprocess", "melshards", "train"}
 
 
@@ -80,7 +102,7 @@ def test_the_beam_job_imports_no_tensorflow():
 
 def test_melshards_help_and_stats_import_no_tensorflow(shards_dir):
     mods = _modules_after(
-        "from melshards.cli import cli\n"
+        "from melshards.commands import cli\n"
         "for args in (['--help'], ['stats', '--help'], ['stats', %r]):\n"
         "    try:\n"
         "        cli.main(args=args, standalone_mode=False)\n"

@@ -14,46 +14,49 @@ import dataclasses
 from pathlib import Path
 
 from melshards.shards_schema import Schema
-from melshards.shards_schema.config import ConfigError, from_dict, load_yaml
+from typing import Annotated
+
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
+
+from melshards.shards_schema.config import ConfigError, check, from_dict, load_yaml, one_of
 from melshards.train.contract import BUILTIN_FACTORY, current_factory
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 STRATEGIES = ("auto", "one", "mirrored", "multiworker", "tpu")  # train/distribute.py builds them
+AtLeast1 = Annotated[StrictInt, Field(ge=1)]  # bounds live on the fields; pydantic checks them (check)
 
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
-    batch_size: int = 8  # of the longest length bucket; shorter buckets get larger ones (train/buckets.py)
-    fixed_batch_size: bool = False  # true: batch_size in every bucket
-    shuffle_buffer: int = 64  # records (serialized); the iterator checkpoint holds this buffer
-    cycle_length: int = 4  # shards read at once by interleave
-    prefetch: int = 2  # batches (of steps_per_execution steps each) prepared ahead of the step
-    seed: int = 0
-    deterministic: bool = True  # fixed element order for a fixed seed, also across a resume
+    batch_size: AtLeast1 = 8  # of the longest length bucket; shorter buckets get larger ones (train/buckets.py)
+    fixed_batch_size: StrictBool = False  # true: batch_size in every bucket
+    shuffle_buffer: AtLeast1 = 64  # records (serialized); the iterator checkpoint holds this buffer
+    cycle_length: AtLeast1 = 4  # shards read at once by interleave
+    prefetch: AtLeast1 = 2  # batches (of steps_per_execution steps each) prepared ahead of the step
+    seed: StrictInt = 0
+    deterministic: StrictBool = True  # fixed element order for a fixed seed, also across a resume
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The built-in Transformer-TTS (`melshards.train.model:build`)."""
-    d_model: int = 128
-    num_heads: int = 2
-    ff_dim: int = 256
-    encoder_layers: int = 2
-    decoder_layers: int = 2
-    encoder_conv_layers: int = 2  # conv prenet over character embeddings
-    conv_kernel: int = 5
-    prenet_dim: int = 128  # decoder prenet (dropout kept on: the Tacotron bottleneck)
-    prenet_dropout: float = 0.5
-    postnet_channels: int = 128
-    postnet_layers: int = 3
-    reduction_factor: int = 4  # mel frames predicted per decoder step
-    dropout: float = 0.1
-    stop_loss_weight: float = 1.0
+    d_model: AtLeast1 = 128
+    num_heads: AtLeast1 = 2
+    ff_dim: StrictInt = 256
+    encoder_layers: StrictInt = 2
+    decoder_layers: StrictInt = 2
+    encoder_conv_layers: StrictInt = 2  # conv prenet over character embeddings
+    conv_kernel: StrictInt = 5
+    prenet_dim: StrictInt = 128  # decoder prenet (dropout kept on: the Tacotron bottleneck)
+    prenet_dropout: StrictFloat = 0.5
+    postnet_channels: StrictInt = 128
+    postnet_layers: StrictInt = 3
+    reduction_factor: AtLeast1 = 4  # mel frames predicted per decoder step
+    dropout: StrictFloat = 0.1
+    stop_loss_weight: StrictFloat = 1.0
 
     def validate(self, schema: Schema) -> "ModelConfig":
-        for key in ("d_model", "num_heads", "reduction_factor"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"model.{key} is {getattr(self, key)}; it must be at least 1")
+        check(self, "model options", prefix="model.")
         if self.d_model % self.num_heads:
             raise ConfigError(f"model.d_model {self.d_model} is not divisible by model.num_heads {self.num_heads}")
         for b in schema.buckets:  # every bucket's shape is run through the decoder, r frames a step
@@ -67,27 +70,27 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
-    learning_rate: float = 1e-3
-    warmup_steps: int = 200  # linear warmup, then inverse square root decay
-    weight_decay: float = 1e-6
-    beta_1: float = 0.9
-    beta_2: float = 0.98
-    clip_norm: float = 1.0
+    learning_rate: StrictFloat = 1e-3
+    warmup_steps: StrictInt = 200  # linear warmup, then inverse square root decay
+    weight_decay: StrictFloat = 1e-6
+    beta_1: StrictFloat = 0.9
+    beta_2: StrictFloat = 0.98
+    clip_norm: StrictFloat = 1.0
 
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
-    steps: int = 1000  # total optimizer steps; a resumed run continues up to this number
-    steps_per_execution: int = 1  # steps run inside one compiled call (Python dispatch once per K)
-    checkpoint_every: int = 100
-    keep_checkpoints: int = 3
-    log_every: int = 10
-    val_every: int = 100
-    val_batches: int = 0  # 0: the whole --val set each time
-    precision: str = "float32"  # float32 | mixed_bfloat16 | mixed_float16 (with loss scaling)
-    strategy: str = "auto"  # auto | one | mirrored | multiworker | tpu; data.batch_size is the global batch
-    seed: int = 0  # weights and dropout
-    op_determinism: bool = False  # tf.config.experimental.enable_op_determinism (slower)
+    steps: AtLeast1 = 1000  # total optimizer steps; a resumed run continues up to this number
+    steps_per_execution: AtLeast1 = 1  # steps run inside one compiled call (Python dispatch once per K)
+    checkpoint_every: AtLeast1 = 100
+    keep_checkpoints: AtLeast1 = 3
+    log_every: AtLeast1 = 10
+    val_every: AtLeast1 = 100
+    val_batches: StrictInt = 0  # 0: the whole --val set each time
+    precision: Annotated[StrictStr, one_of(*PRECISIONS)] = "float32"  # float32 | mixed_bfloat16 | mixed_float16 (with loss scaling)
+    strategy: Annotated[StrictStr, one_of(*STRATEGIES)] = "auto"  # auto | one | mirrored | multiworker | tpu; data.batch_size is the global batch
+    seed: StrictInt = 0  # weights and dropout
+    op_determinism: StrictBool = False  # tf.config.experimental.enable_op_determinism (slower)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,19 +124,8 @@ class TrainConfig:
 
     def validate(self, schema: Schema) -> "TrainConfig":
         """Everything that would otherwise fail (or silently misbehave) after compilation."""
-        d, lp = self.data, self.loop
-        positive = {"data.batch_size": d.batch_size, "data.shuffle_buffer": d.shuffle_buffer,
-                    "data.cycle_length": d.cycle_length, "data.prefetch": d.prefetch, "loop.steps": lp.steps,
-                    "loop.steps_per_execution": lp.steps_per_execution,
-                    "loop.checkpoint_every": lp.checkpoint_every, "loop.log_every": lp.log_every,
-                    "loop.val_every": lp.val_every, "loop.keep_checkpoints": lp.keep_checkpoints}
-        for key, value in positive.items():
-            if value < 1:
-                raise ConfigError(f"{key} is {value}; it must be at least 1")
-        if lp.precision not in PRECISIONS:
-            raise ConfigError(f"loop.precision is {lp.precision!r}; choose one of {', '.join(PRECISIONS)}")
-        if lp.strategy not in STRATEGIES:
-            raise ConfigError(f"loop.strategy is {lp.strategy!r}; choose one of {', '.join(STRATEGIES)}")
+        check(self, "train config")  # types and the bounds declared on the fields
+        lp = self.loop
         k = lp.steps_per_execution
         for key, value in {"loop.steps": lp.steps, "loop.checkpoint_every": lp.checkpoint_every,
                            "loop.log_every": lp.log_every, "loop.val_every": lp.val_every}.items():

@@ -271,7 +271,7 @@ class TextToMel(keras.Model):
 
 
 def _options(options: dict) -> ModelConfig:
-    return from_dict(ModelConfig, dict(options), where="model")
+    return from_dict(ModelConfig, dict(options), where="model options", prefix="model.")
 
 
 def validate(schema, options: dict) -> None:

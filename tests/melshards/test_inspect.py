@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from melshards.inspect_cli import inspect_command
+from melshards.commands.inspect import inspect_command
 from melshards.shards_schema import read_schema
 from melshards.shards_schema.records import encode_example
 

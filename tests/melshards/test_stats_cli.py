@@ -10,11 +10,11 @@ import shutil
 import pytest
 from click.testing import CliRunner
 
-from melshards.stats_cli import stats_command
-from melshards.stats_report import stats_problem
+from melshards.commands.stats import stats_command
+from melshards.reports.stats_report import stats_problem
 from melshards.shards_schema.stats import REPORT_PERCENTILES, pkey
 from melshards.shards_schema import SCHEMA_VERSION
-from melshards.tables import COLUMNS
+from melshards.reports.stats_json_tables import COLUMNS
 
 
 def run_stats(*args: str):
@@ -318,7 +318,7 @@ def test_html_report_shows_the_buckets(bucketed_dir, tmp_path):
 
 
 def test_histogram_axis_ends_past_the_kept_clips_and_counts_the_outliers():
-    from melshards.report_html import shown_range
+    from melshards.reports.html_report import shown_range
 
     before = {100: 5, 200: 5, 300: 1, 10_000: 2}  # two 100 s outliers
     lo, hi, beyond = shown_range(before, {100: 5, 200: 5}, [216.0, 300.0])

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from melshards.whatif import (DEFAULT_WHAT_IF, batch_bytes, count_above, count_below, drop_smallest, int_hist,
+from melshards.reports.whatif import (DEFAULT_WHAT_IF, batch_bytes, count_above, count_below, drop_smallest, int_hist,
                               what_if, what_if_table)
 from melshards.shards_schema.stats import padding_fraction
 

@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from melshards.preprocess import audio as A
 from melshards.preprocess.config import PreprocessConfig, load_config
-from melshards.preprocess_cli import run
+from melshards.commands.preprocess import run
 from melshards.shards_schema.stats import FILTER_REASONS, REJECT_REASONS, percentile
 from melshards.shards_schema.text import normalize_text
 from melshards.shards_schema import read_schema
@@ -51,7 +51,7 @@ def test_every_input_row_is_in_a_shard_or_in_rejected_jsonl(shards_dir, corpus_d
 
 def test_docs_reasons_table_lists_every_reason_once():
     import re
-    doc = (REPO / "docs" / "melshards.preprocess.md").read_text()
+    doc = (REPO / "docs" / "preprocess.md").read_text()
     table = doc[doc.index("| reason | meaning |"):doc.index("Every such row also increments")]
     rows = [line.strip() for line in table.splitlines()[2:] if line.strip()]
     documented = [r for line in rows for r in re.findall(r"`([a-z_]+)`", line.split("|")[1])]
@@ -385,7 +385,7 @@ def test_read_only_output_dir_stops_before_any_work(capsys, tmp_path, corpus_dir
 
 def _summary(capsys, shards_dir, tmp_path, val_records) -> tuple[str, list[str]]:
     """(the `wrote ...` line, the lines after it) of the summary for the shared run with val_records in val."""
-    from melshards.preprocess_cli import print_summary
+    from melshards.commands.preprocess import print_summary
     stats = json.loads((shards_dir / "stats.json").read_text())
     c = stats["counts"]
     c["per_split"]["train"] += c["per_split"]["val"] - val_records

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from melshards.preprocess_cli import run
+from melshards.commands.preprocess import run
 from melshards.preprocess import output as O
 from melshards.shards_schema.schema import PUBLISH_JOURNAL
 
@@ -420,7 +420,7 @@ def test_output_piped_into_a_reader_that_stops_early_does_not_hang_the_run(tmp_p
     """`melshards preprocess ... | head`: the relay of the console loses its reader (EPIPE) and keeps
     draining, so nothing blocks on a full pipe (the lock would be held forever)."""
     code = ("import sys\n"
-            "from melshards.ctrl_c import StopOnCtrlC\n"
+            "from melshards.commands.ctrl_c import StopOnCtrlC\n"
             "with StopOnCtrlC('out'):\n"
             "    for i in range(20000):\n"
             "        print('progress line', i, 'x' * 40)\n"
@@ -434,7 +434,7 @@ def test_output_piped_into_a_reader_that_stops_early_does_not_hang_the_run(tmp_p
 
 def test_stdout_and_stderr_into_one_file_keep_their_order(tmp_path):
     code = ("import sys\n"
-            "from melshards.ctrl_c import StopOnCtrlC\n"
+            "from melshards.commands.ctrl_c import StopOnCtrlC\n"
             "with StopOnCtrlC('out'):\n"
             "    for i in range(2000):\n"
             "        print(i, file=sys.stdout if i % 2 else sys.stderr, flush=True)\n")

@@ -134,7 +134,7 @@ def test_config_loader_rejects_unknown_keys_and_wrong_types(tmp_path):
     assert from_dict(_Outer, {"inner": {"y": 3}}) == _Outer(_Inner(1, 3.0))
     with pytest.raises(ConfigError, match=r"unknown key\(s\) z; valid keys are: x, y"):
         from_dict(_Outer, {"inner": {"z": 1}})
-    with pytest.raises(ConfigError, match="expected int"):
+    with pytest.raises(ConfigError, match="inner.x is .one., must be an integer"):
         from_dict(_Outer, {"inner": {"x": "one"}})
     with pytest.raises(ConfigError, match="does not exist"):
         load_yaml(_Outer, tmp_path / "missing.yaml")

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from tests.train.conftest import copy_shards, write_config
-from melshards.train_cli import run
+from melshards.commands.train import run
 
 
 def _train(capsys, *args):

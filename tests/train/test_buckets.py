@@ -177,7 +177,7 @@ def bucketed_run(bucketed_dir, tmp_path_factory):
     """16 steps on four length buckets, two steps per call, validating every bucket, through the CLI."""
     import json
 
-    from melshards.train_cli import run
+    from melshards.commands.train import run
     from tests.train.conftest import write_config
 
     tmp = tmp_path_factory.mktemp("bucketed_run")

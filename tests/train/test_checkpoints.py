@@ -20,7 +20,7 @@ from tests.train.conftest import TEST_CONFIG, model_dir_from_weights
 from melshards.train.checkpoints import RestoreError, restore_model, untracked_variables
 from melshards.train.config import config_from_dict
 from melshards.train.model import build_model
-from melshards.synthesize_cli import synthesize_command
+from melshards.commands.synthesize import synthesize_command
 from melshards.train.synthesize import load_synthesizer
 
 TEXT = "Printing, in the only sense."
@@ -83,7 +83,7 @@ def _synthesize(model_dir, wav, *extra):
 def test_the_same_text_gives_the_same_wav_in_two_processes(speaking, tmp_path):
     model_dir, _ = speaking
     _synthesize(model_dir, tmp_path / "here.wav")
-    code = ("import sys; from melshards.synthesize_cli import synthesize_command; "
+    code = ("import sys; from melshards.commands.synthesize import synthesize_command; "
             "synthesize_command.main(sys.argv[1:])")
     done = subprocess.run([sys.executable, "-c", code, "--model-dir", str(model_dir), TEXT, "-o",
                            str(tmp_path / "there.wav"), "--griffin-lim-iters", "2"],
@@ -140,7 +140,7 @@ def _files(d):
                                           ("no index", "ckpt-20.index is missing")])
 def test_resuming_from_a_damaged_checkpoint_names_it_and_the_intact_one_before(shards_dir, tmp_path, test_config,
                                                                                capsys, how, problem):
-    from melshards.train_cli import run
+    from melshards.commands.train import run
 
     model_dir = tmp_path / "m"
     ckpts = _two_checkpoints(shards_dir, model_dir)
@@ -178,7 +178,7 @@ def test_synthesis_from_a_truncated_checkpoint_names_it(shards_dir, tmp_path):
 def test_synthesize_with_a_damaged_checkpoint_is_exit_2_naming_it_and_creates_nothing(shards_dir, tmp_path, how):
     from click.testing import CliRunner
 
-    from melshards.synthesize_cli import synthesize_command
+    from melshards.commands.synthesize import synthesize_command
 
     model_dir_from_weights(shards_dir, tmp_path / "m", stop_bias=-20.0)
     _damage(tmp_path / "m" / "checkpoints", "ckpt-10", how)

@@ -41,7 +41,7 @@ def test_melshards_help_imports_neither_tensorflow_nor_beam():
     TensorFlow (whose import prints the start-up lines) or Beam."""
     code = """
 import sys
-from melshards.cli import cli
+from melshards.commands import cli
 for args in (["--help"], ["train", "--help"], ["synthesize", "--help"], ["inspect", "--help"],
              ["preprocess", "--help"], ["stats", "--help"]):
     try:

@@ -189,7 +189,7 @@ def test_two_workers_preempted_by_sigterm_resume_to_the_target_with_equal_weight
 # -- precisions -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def bf16_run(four_records, tmp_path_factory):
-    from melshards.train_cli import run
+    from melshards.commands.train import run
 
     tmp = tmp_path_factory.mktemp("bf16")
     cfg = write_config(tmp / "c.yaml", loop={"steps": 8, "log_every": 4, "checkpoint_every": 8, "val_every": 8})
@@ -199,7 +199,7 @@ def bf16_run(four_records, tmp_path_factory):
 
 
 def test_mixed_float16_trains_with_a_finite_falling_loss_under_loss_scaling(four_records, tmp_path):
-    from melshards.train_cli import run
+    from melshards.commands.train import run
 
     precision = "mixed_float16"
 
@@ -221,7 +221,7 @@ def test_mixed_bfloat16_trains_with_a_finite_falling_loss(bf16_run):
 def test_synthesize_from_a_bfloat16_checkpoint(bf16_run, tmp_path):
     import soundfile as sf
 
-    from melshards.synthesize_cli import synthesize_command
+    from melshards.commands.synthesize import synthesize_command
 
     wav = tmp_path / "out.wav"
     synthesize_command.main(["--model-dir", str(bf16_run), "Printing, in the only sense.", "-o", str(wav),

@@ -16,7 +16,7 @@ import pytest
 from tests.train.conftest import write_config
 from melshards.train.config import load_config
 from melshards.train.loop import Run, prepare_model_dir, resolve_inputs
-from melshards.train_cli import run
+from melshards.commands.train import run
 
 AT = 4  # the step the hand-written checkpoints are at
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from melshards.train_cli import run
+from melshards.commands.train import run
 from tests.train.conftest import TEST_CONFIG, write_config
 
 EXAMPLE = "examples.fastspeech_lite:build"
@@ -153,7 +153,7 @@ def test_a_bad_plugin_is_a_usage_error_before_anything_compiles(factory, message
 
 
 def test_synthesize_refuses_a_model_without_generate(four_records, bad_plugins, capsys):
-    from melshards.synthesize_cli import synthesize_command
+    from melshards.commands.synthesize import synthesize_command
 
     cfg = write_config(bad_plugins / "c.yaml", model={}, loop={"steps": 2, "checkpoint_every": 2, "log_every": 2,
                                                                "val_every": 2})

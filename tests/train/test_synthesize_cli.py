@@ -10,9 +10,9 @@ from click.testing import CliRunner, Result
 from melshards.preprocess.clips import ClipRejected, prepare_text
 from melshards.shards_schema import Vocabulary
 from tests.train.conftest import write_config
-from melshards.train_cli import run
+from melshards.commands.train import run
 from melshards.train import synthesize as synthesize_module
-from melshards.synthesize_cli import synthesize_command
+from melshards.commands.synthesize import synthesize_command
 
 FIX = "pass the --model-dir of a `melshards train` run"
 

@@ -11,8 +11,8 @@ import tensorflow as tf
 from melshards.shards_schema import read_schema
 from melshards.shards_schema.records import encode_example
 from tests.train.conftest import write_config, write_records
-from melshards.train_cli import run
-from melshards.synthesize_cli import synthesize_command
+from melshards.commands.train import run
+from melshards.commands.synthesize import synthesize_command
 
 STEPS = 60
 

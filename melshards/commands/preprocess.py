@@ -9,8 +9,8 @@ import time
 
 import click
 
-from melshards.cli import run_command, setup_logging
-from melshards.tables import bucket_table, percentile_table
+from melshards.commands import run_command, setup_logging
+from melshards.reports.stats_json_tables import bucket_table, percentile_table
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
 
 
@@ -71,7 +71,7 @@ def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config
     setup_logging()
     from melshards.preprocess.config import ConfigError
     from melshards.preprocess.corpus import CorpusError
-    from melshards.ctrl_c import StopOnCtrlC
+    from melshards.commands.ctrl_c import StopOnCtrlC
     from melshards.preprocess.run import DiskFullError, EmptyRunError, OptionsError, OutputError, quiet_beam_logging, run_job
 
     quiet_beam_logging()

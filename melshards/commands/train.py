@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from melshards.cli import run_command, setup_logging
+from melshards.commands import run_command, setup_logging
 from melshards.shards_schema import SchemaError
 from melshards.shards_schema.config import ConfigError
 

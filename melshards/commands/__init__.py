@@ -1,7 +1,10 @@
-"""The `melshards` command: subcommands are imported only when they run.
+"""The `melshards` command: the click group here, one module per subcommand beside it, each imported
+only when it runs.
 
 TensorFlow takes seconds to import and Beam more than one, so `melshards --help` lists the
 commands from the short help kept here and imports neither; `melshards stats` imports no TensorFlow.
+The subcommands share the helpers below (logging, output-file checks, running without exiting).
+The tables, what-ifs and HTML they print live in `melshards.reports`.
 """
 from __future__ import annotations
 
@@ -16,13 +19,15 @@ import click
 
 # name -> (module, click command, one-line help shown by `melshards --help`)
 _COMMANDS = {
-    "preprocess": ("melshards.preprocess_cli", "preprocess_command",
+    "preprocess": ("melshards.commands.preprocess", "preprocess_command",
                    "Corpus -> log-mel -> percentile statistics -> filter -> pad -> TFRecord shards."),
-    "train": ("melshards.train_cli", "train_command", "Train a text-to-mel model on shards written by `preprocess`."),
-    "synthesize": ("melshards.synthesize_cli", "synthesize_command", "Speak text with a trained model and write a WAV."),
-    "stats": ("melshards.stats_cli", "stats_command",
+    "train": ("melshards.commands.train", "train_command",
+              "Train a text-to-mel model on shards written by `preprocess`."),
+    "synthesize": ("melshards.commands.synthesize", "synthesize_command",
+                   "Speak text with a trained model and write a WAV."),
+    "stats": ("melshards.commands.stats", "stats_command",
               "Percentiles, counts, padding and what-if cut-offs of a preprocessing run."),
-    "inspect": ("melshards.inspect_cli", "inspect_command", "Check shards against their schema without training."),
+    "inspect": ("melshards.commands.inspect", "inspect_command", "Check shards against their schema without training."),
 }
 _USES_TENSORFLOW = ("train", "synthesize", "inspect")
 

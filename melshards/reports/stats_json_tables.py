@@ -1,7 +1,7 @@
 """Plain-text tables over stats.json (shared by the preprocess summary and `melshards stats`).
 
 Each table is built as (header, rows) of strings by a `*_rows` function, so the same figures can
-be rendered as text (`render`) or as HTML (`melshards.report_html`).
+be rendered as text (`render`) or as HTML (`melshards.reports.html_report`).
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ MAX_PROBLEMS_SHOWN = 20  # per file; a file of bad records would otherwise bury 
 
 
 def shard_table(results) -> str:
-    from melshards.tables import render
+    from melshards.reports.stats_json_tables import render
     from melshards.shards_schema.shards import base_name, dir_of
 
     one_dir = len({dir_of(r.path) for r in results}) == 1
@@ -79,7 +79,7 @@ def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show:
 def _show(shown, out_dir: str) -> None:
     import tensorflow as tf
 
-    from melshards.record_view import describe, mel_figure, png_name
+    from melshards.reports.record_view import describe, mel_figure, png_name
 
     tf.io.gfile.makedirs(out_dir)
     for record, schema in shown:

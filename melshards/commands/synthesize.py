@@ -10,7 +10,7 @@ import posixpath
 
 import click
 
-from melshards.cli import check_output_file, setup_logging
+from melshards.commands import check_output_file, setup_logging
 import numpy as np
 
 from melshards.shards_schema import Schema, SchemaError

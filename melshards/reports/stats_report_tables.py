@@ -1,7 +1,7 @@
 """The tables only `melshards stats` shows: what-if, rejection reasons with examples, two runs side by side.
 
-Like `melshards.tables`, each is (header, rows) of strings, rendered as text here or as HTML by
-`melshards.report_html`. They read the dict `melshards.stats_report.build_report` returns.
+Like `melshards.reports.stats_json_tables`, each is (header, rows) of strings, rendered as text here or as HTML by
+`melshards.reports.html_report`. They read the dict `melshards.reports.stats_report.build_report` returns.
 """
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 
 from melshards.shards_schema.stats import pkey
 from melshards.shards_schema.stats import FILTER_REASONS
-from melshards.tables import COLUMNS, Table, pct, render
+from melshards.reports.stats_json_tables import COLUMNS, Table, pct, render
 
 MIB = 2 ** 20
 

@@ -5,8 +5,8 @@ import json
 
 import click
 
-from melshards.cli import check_output_file
-from melshards.whatif import DEFAULT_WHAT_IF
+from melshards.commands import check_output_file
+from melshards.reports.whatif import DEFAULT_WHAT_IF
 
 
 def parse_percentiles(text: str) -> tuple[float, ...]:
@@ -21,8 +21,9 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
 
 
 def terminal_report(report: dict) -> str:
-    from melshards.stats_tables import mib, whatif_table
-    from melshards.tables import bucket_table, bucket_whatif_table, counts_table, padding_table, percentile_table
+    from melshards.reports.stats_report_tables import mib, whatif_table
+    from melshards.reports.stats_json_tables import (bucket_table, bucket_whatif_table, counts_table, padding_table,
+                                                     percentile_table)
 
     pad = report["padding"]
     parts = [f"stats of {report['source']}", "",
@@ -75,8 +76,8 @@ def stats_command(path: str, batch_size: int, what_if: str, n_mels: int | None, 
 
     PATH is the run's output directory or its stats.json (local or gs://).
     """
-    from melshards.stats_report import StatsError, build_report, load_run
-    from melshards.stats_tables import compare_table
+    from melshards.reports.stats_report import StatsError, build_report, load_run
+    from melshards.reports.stats_report_tables import compare_table
 
     qs = parse_percentiles(what_if)
     if html_path:  # before anything is printed
@@ -94,7 +95,7 @@ def stats_command(path: str, batch_size: int, what_if: str, n_mels: int | None, 
     else:
         click.echo(terminal_report(report))
     if html_path:
-        from melshards.report_html import render_html
+        from melshards.reports.html_report import render_html
 
         write_html(html_path, render_html(report, run.stats["histograms"], other))
         # stderr, so that `--json --html r.html > figures.json` stays valid JSON

@@ -11,10 +11,10 @@ import io
 
 from matplotlib.figure import Figure
 
-from melshards.stats_tables import compare_rows, q_label, reasons_rows, whatif_notes, whatif_rows
-from melshards.whatif import int_hist
-from melshards.tables import (Table, bucket_notes, bucket_rows, bucket_whatif_rows, counts_rows, padding_rows, pct,
-                              percentile_rows)
+from melshards.reports.stats_report_tables import compare_rows, q_label, reasons_rows, whatif_notes, whatif_rows
+from melshards.reports.whatif import int_hist
+from melshards.reports.stats_json_tables import (Table, bucket_notes, bucket_rows, bucket_whatif_rows, counts_rows,
+                                                 padding_rows, pct, percentile_rows)
 
 BEFORE, AFTER, CUT, PAD, LOW, BOUND = "#b8b8b8", "#3a6ea5", "#c0392b", "#c0392b", "#e67e22", "#27ae60"
 RANGE_MARGIN = 1.15  # the x-axis reaches this far past the longest clip in shards (or the last mark)
