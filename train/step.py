@@ -77,12 +77,12 @@ def make_optimizer(cfg: OptimConfig, precision: str, model: keras.Model):
 class SummedGradientsAdamW(keras.optimizers.AdamW):
     """AdamW whose apply() takes gradients already summed over the replicas.
 
-    Keras 3's TensorFlow optimizer all-reduces the gradients inside apply() (`_all_reduce_sum_gradients`)
-    and has no switch to turn that off (Keras 2's `experimental_aggregate_gradients=False` and
-    `skip_gradients_aggregation` are gone). The step needs the summed gradient before apply (its norm
-    clips it), so it all-reduces once itself and this optimizer does not reduce again. Its variables
-    are AdamW's (make_optimizer gives it AdamW's name too), so checkpoints are unchanged. On one device the reduction is the identity
-    either way.
+    Keras 3's TensorFlow optimizer all-reduces the gradients inside apply()
+    (`_all_reduce_sum_gradients`) and has no switch to turn that off (Keras 2's
+    `experimental_aggregate_gradients=False` and `skip_gradients_aggregation` are gone). The step
+    needs the summed gradient before apply (its norm clips it), so it all-reduces once itself and
+    this optimizer does not reduce again. Its variables are AdamW's (make_optimizer gives it AdamW's
+    name too), so checkpoints are unchanged. On one device the reduction is the identity either way.
     """
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
