@@ -65,6 +65,10 @@ def make_optimizer(cfg: OptimConfig, precision: str, model: keras.Model):
     clips the global gradient itself (clip_factor). No all-reduce inside Keras either: the step sums
     the gradients over the replicas once, for their norm, and applies that sum (SummedGradientsAdamW).
     """
+    if not hasattr(keras.optimizers.AdamW, "_all_reduce_sum_gradients"):  # pragma: no cover
+        # a Keras that reduces elsewhere would sum already-summed gradients: replicas x the step
+        raise RuntimeError(f"keras {keras.__version__}: AdamW has no _all_reduce_sum_gradients to override; "
+                           "train/step.py's SummedGradientsAdamW needs updating for this Keras")
     opt = SummedGradientsAdamW(
         learning_rate=WarmupRsqrt(cfg.learning_rate, cfg.warmup_steps), weight_decay=cfg.weight_decay,
         beta_1=cfg.beta_1, beta_2=cfg.beta_2, name="adam_w")  # AdamW's own name: the same variable names
@@ -88,11 +92,6 @@ class SummedGradientsAdamW(keras.optimizers.AdamW):
     def _all_reduce_sum_gradients(self, grads_and_vars):
         return list(grads_and_vars)
 
-
-if not hasattr(keras.optimizers.AdamW, "_all_reduce_sum_gradients"):  # pragma: no cover
-    # a Keras that reduces elsewhere would sum already-summed gradients: replicas x the step
-    raise ImportError(f"keras {keras.__version__}: AdamW has no _all_reduce_sum_gradients to override; "
-                      "train/step.py's SummedGradientsAdamW needs updating for this Keras")
 
 
 def clip_factor(norm, clip_norm: float):
