@@ -1,6 +1,6 @@
 """stats.json, declared once: the pydantic model the job validates what it writes against
 (`melshards.preprocess.report.build_stats`) and `melshards stats` validates what it reads against
-(`melshards.stats_report.load_run`), before either trusts a figure.
+(`melshards.reports.stats_report.load_run`), before either trusts a figure.
 
 Numbers are strict (a string "56" or a boolean is not a count). The counts must add up:
 input_rows = in_shards + filtered + rejected, per_split sums to in_shards, and per_reason's filter

@@ -1,4 +1,5 @@
-"""Length buckets in the trainer: batch size per bucket, the seeded bucket schedule, and the plan.
+"""Length buckets in the trainer: batch size per bucket, the seeded bucket schedule, and each bucket
+as the trainer runs it (`TrainerBucket`, made by `trainer_buckets`).
 
 The shards come in K >= 1 length buckets, each with its own static shapes (schema.json). The trainer
 keeps one input pipeline, one compiled train step and one eval step per bucket used, each bound to
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -34,6 +35,9 @@ from melshards.shards_schema import Schema
 from melshards.shards_schema.config import ConfigError
 from melshards.shards_schema.schema import Bucket
 from melshards.shards_schema.shards import InputError, listed_split
+
+if TYPE_CHECKING:
+    from melshards.train.config import DataConfig
 
 
 class BatchError(ConfigError):
@@ -112,8 +116,9 @@ def schedule(calls: Sequence[int], seed: int, first: int, count: int) -> np.ndar
 
 
 @dataclasses.dataclass(frozen=True)
-class Lane:
-    """One bucket as the trainer uses it: shapes, batch, its train and validation shard files."""
+class TrainerBucket:
+    """One length bucket as the trainer runs it: the schema's bucket (shapes), its batch, its train
+    and validation shard files, its training records and its calls per schedule epoch."""
     bucket: Bucket
     batch_size: int
     files: tuple[str, ...]
@@ -124,6 +129,10 @@ class Lane:
     @property
     def index(self) -> int:
         return self.bucket.index
+
+    def data_config(self, data: DataConfig) -> DataConfig:
+        """The data config of this bucket's pipelines: its own (global) batch size."""
+        return dataclasses.replace(data, batch_size=self.batch_size)
 
 
 def files_by_bucket(files: Sequence[str], schema: Schema) -> dict[int, list[str]]:
@@ -151,8 +160,8 @@ def records_in(files: Sequence[str], schema: Schema, bucket: Bucket) -> int:
     return total
 
 
-def plan(files: Sequence[str], val_files: Sequence[str], schema: Schema, batch_size: int, fixed: bool,
-         steps_per_execution: int, replicas: int = 1) -> list[Lane]:
+def trainer_buckets(files: Sequence[str], val_files: Sequence[str], schema: Schema, batch_size: int, fixed: bool,
+                    steps_per_execution: int, replicas: int = 1) -> list[TrainerBucket]:
     """The buckets of a run, each with its batch, files and share of the schedule.
 
     Pure and cheap (schema.json's record counts, no reads): the trainer calls it before anything is
@@ -162,5 +171,5 @@ def plan(files: Sequence[str], val_files: Sequence[str], schema: Schema, batch_s
     frames = [b.max_mel_frames for b in schema.buckets]
     batches = batch_sizes(frames, records, batch_size, fixed, replicas)
     calls = calls_per_epoch(records, batches, steps_per_execution)
-    return [Lane(b, batches[b.index], tuple(train[b.index]), tuple(val[b.index]), records[b.index],
+    return [TrainerBucket(b, batches[b.index], tuple(train[b.index]), tuple(val[b.index]), records[b.index],
                  calls[b.index]) for b in schema.buckets]

@@ -72,10 +72,11 @@ def check_val_is_not_train(files: Sequence[str], val_files: Sequence[str],
                          "clips, e.g. the val-*.tfrecord of the same preprocessing run")
 
 
-def padding_record(schema: Schema, shapes: Bucket | None = None) -> bytes:
-    """A serialized record with zero lengths: fills a short last validation batch, masked out by length."""
-    values, shapes = {}, shapes or schema
-    for f in shapes.features:
+def padding_record(schema: Schema, bucket: Bucket | None = None) -> bytes:
+    """A serialized record with zero lengths in the bucket's shapes (None: a one-bucket schema's, i.e.
+    `schema.largest`): fills a short last validation batch, masked out by length."""
+    values, bucket = {}, bucket or schema.largest
+    for f in bucket.features:
         if f.dtype == "string":
             values[f.name] = ""
         elif f.name == "mel":
@@ -84,7 +85,7 @@ def padding_record(schema: Schema, shapes: Bucket | None = None) -> bytes:
             values[f.name] = np.zeros(f.shape, f.dtype)
         else:
             values[f.name] = 0
-    return encode_example(shapes.features, values)
+    return encode_example(bucket.features, values)
 
 
 def _parse_fn(schema: Schema, batch_size: int, names: Sequence[str]):
@@ -158,16 +159,17 @@ def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig, names: 
 
 
 def val_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig,
-                names: Sequence[str], shapes: Bucket | None = None) -> tf.data.Dataset:
+                names: Sequence[str], bucket: Bucket | None = None) -> tf.data.Dataset:
     """One pass over the validation shards in order, every record once, batches of the train shape.
 
     The last batch is topped up with zero-length records (masked out by the loss) instead of
-    dropped or given a smaller shape that would trace the eval step again. `shapes`: the length
-    bucket the files hold (default: the largest); train_dataset takes a Bucket as its schema.
+    dropped or given a smaller shape that would trace the eval step again. `bucket`: the length
+    bucket the files hold (None: a one-bucket schema's, `schema.largest`); train_dataset takes a
+    Bucket as its schema.
     """
     b = cfg.batch_size
-    pad = tf.constant(padding_record(schema, shapes))
-    schema = shapes or schema
+    bucket = bucket or schema.largest
+    pad = tf.constant(padding_record(schema, bucket))
 
     def top_up(serialized):
         filler = tf.fill([b - tf.shape(serialized)[0]], pad)
@@ -178,7 +180,7 @@ def val_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig,
         # keep the remainder: validation sees every record
         .batch(b, drop_remainder=False)
         .map(top_up)
-        .map(_parse_fn(schema, b, names), num_parallel_calls=tf.data.AUTOTUNE)
+        .map(_parse_fn(bucket, b, names), num_parallel_calls=tf.data.AUTOTUNE)
         .prefetch(cfg.prefetch)
     )
     return ds.with_options(_options(cfg))

@@ -35,9 +35,10 @@ class Normaliser:
         return mel * self.std + self.mean
 
 
-def step_specs(schema: Schema | Bucket, batch_size: int, steps_per_execution: int | None = None) -> dict:
-    """input_signature: the schema's specs for MODEL_INPUTS, with a leading K dim for the train step."""
-    specs = tensor_specs(schema, batch_size, MODEL_INPUTS)
+def step_specs(bucket: Bucket, batch_size: int, steps_per_execution: int | None = None) -> dict:
+    """input_signature: one length bucket's specs for MODEL_INPUTS, with a leading K dim for the train
+    step (a one-shape run's bucket is `schema.largest`)."""
+    specs = tensor_specs(bucket, batch_size, MODEL_INPUTS)
     if steps_per_execution is None:
         return specs
     return {k: tf.TensorSpec([steps_per_execution, *s.shape], s.dtype, name=k) for k, s in specs.items()}
@@ -61,15 +62,36 @@ def make_optimizer(cfg: OptimConfig, precision: str, model: keras.Model):
     """AdamW (with loss scaling for float16), built now: an unbuilt optimizer makes the step trace twice.
 
     No clipping inside Keras: it would clip each replica's gradient before the all-reduce; the step
-    clips the global gradient itself (clip_factor).
+    clips the global gradient itself (clip_factor). No all-reduce inside Keras either: the step sums
+    the gradients over the replicas once, for their norm, and applies that sum (SummedGradientsAdamW).
     """
-    opt = keras.optimizers.AdamW(
+    if not hasattr(keras.optimizers.AdamW, "_all_reduce_sum_gradients"):  # pragma: no cover
+        # a Keras that reduces elsewhere would sum already-summed gradients: replicas x the step
+        raise RuntimeError(f"keras {keras.__version__}: AdamW has no _all_reduce_sum_gradients to override; "
+                           "train/step.py's SummedGradientsAdamW needs updating for this Keras")
+    opt = SummedGradientsAdamW(
         learning_rate=WarmupRsqrt(cfg.learning_rate, cfg.warmup_steps), weight_decay=cfg.weight_decay,
-        beta_1=cfg.beta_1, beta_2=cfg.beta_2)
+        beta_1=cfg.beta_1, beta_2=cfg.beta_2, name="adam_w")  # AdamW's own name: the same variable names
     if precision == "mixed_float16":
         opt = keras.optimizers.LossScaleOptimizer(opt)
     opt.build(model.trainable_variables)
     return opt
+
+
+class SummedGradientsAdamW(keras.optimizers.AdamW):
+    """AdamW whose apply() takes gradients already summed over the replicas.
+
+    Keras 3's TensorFlow optimizer all-reduces the gradients inside apply()
+    (`_all_reduce_sum_gradients`) and has no switch to turn that off (Keras 2's
+    `experimental_aggregate_gradients=False` and `skip_gradients_aggregation` are gone). The step
+    needs the summed gradient before apply (its norm clips it), so it all-reduces once itself and
+    this optimizer does not reduce again. Its variables are AdamW's (make_optimizer gives it AdamW's
+    name too), so checkpoints are unchanged. On one device the reduction is the identity either way.
+    """
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        return list(grads_and_vars)
+
 
 
 def clip_factor(norm, clip_norm: float):
@@ -86,6 +108,62 @@ def dropout_key(seed: int, step, replica) -> tf.Tensor:
     return tf.random.experimental.stateless_fold_in(key, tf.cast(replica, tf.int32), alg="philox")
 
 
+class ReplicaStep:
+    """One optimizer step on one replica's batch: forward and backward, the gradients summed over the
+    replicas (once), their global norm and clip, optimizer.apply; returns the step's metrics.
+
+    The loss is the global masked mean: each replica divides its masked sums by the counts summed
+    over all replicas, so the summed gradient is the gradient of the global mean (losses_from_terms
+    is linear in the sums, train/contract.py). On one device (no strategy) every sum is the identity.
+    `grads` is the forward and backward pass: XLA-compiled on its own, bound to one replica's specs,
+    under a strategy (train/distribute.py says why); inlined in the caller's XLA call on one device.
+    """
+
+    def __init__(self, model: keras.Model, optimizer, cfg: OptimConfig, specs: dict, seed: int,
+                 step: tf.Variable, loss_names: tuple[str, ...], distributed: bool):
+        self.model, self.optimizer, self.clip_norm, self.seed, self.step = model, optimizer, cfg.clip_norm, seed, step
+        self.loss_names, self.names, self.distributed = loss_names, list(specs), distributed
+        self.scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+        self.grads = self._grads
+        if distributed:
+            count_keys = tuple(model.loss_counts({k: tf.zeros(s.shape, s.dtype) for k, s in specs.items()}))
+            self.grads = tf.function(self._grads, jit_compile=True, input_signature=[
+                specs, tf.TensorSpec([2], tf.int32), {k: tf.TensorSpec([], tf.float32) for k in count_keys}])
+
+    def _sum(self, ctx, values):
+        return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values) if self.distributed else values
+
+    def _grads(self, batch, key, counts):
+        with tf.GradientTape() as tape:
+            terms = self.model.loss_terms(batch, key, training=True)
+            # each replica's sums over the counts of all replicas: the summed gradients are the global mean's
+            loss = tf.cast(self.model.losses_from_terms(dict(terms, **counts))["loss"], tf.float32)
+            loss = self.optimizer.scale_loss(loss) if self.scaled else loss
+        return tape.gradient(loss, self.model.trainable_variables), terms
+
+    def __call__(self, batches, k):
+        """Step k of a [K, B, ...] stack of this replica's batches."""
+        ctx = tf.distribute.get_replica_context()
+        batch = {name: batches[name][k] for name in self.names}
+        # dropout masks are a function of (seed, step, replica, site): a resumed run draws what it would have drawn
+        key = dropout_key(self.seed, self.step, ctx.replica_id_in_sync_group)
+        counts = self._sum(ctx, {n: tf.cast(v, tf.float32) for n, v in self.model.loss_counts(batch).items()})
+        local, terms = self.grads(batch, key, counts)
+        grads = self._sum(ctx, local)  # the one all-reduce of the gradients: the optimizer does not reduce again
+        grad_norm = tf.linalg.global_norm(grads)
+        if self.scaled:
+            grad_norm = grad_norm / tf.cast(self.optimizer.dynamic_scale, grad_norm.dtype)
+        clip = clip_factor(grad_norm, self.clip_norm)
+        inner = self.optimizer.inner_optimizer if self.scaled else self.optimizer
+        lr = inner.learning_rate  # value at this step, before apply() increments iterations
+        self.optimizer.apply([g * tf.cast(clip, g.dtype) for g in grads], self.model.trainable_variables)
+        terms = self._sum(ctx, terms)
+        losses = self.model.losses_from_terms(terms)
+        return dict({name: tf.cast(losses[name], tf.float32) for name in self.loss_names}, grad_norm=grad_norm,
+                    learning_rate=tf.cast(lr, tf.float32), examples=terms["examples"],
+                    mel_frames=terms["mel_frames"])
+
+
 def make_train_step(model: keras.Model, optimizer, schema: Schema, cfg: OptimConfig, specs: dict,
                     steps_per_execution: int, seed: int, step: tf.Variable, loss_names: tuple[str, ...],
                     strategy=None):
@@ -93,96 +171,72 @@ def make_train_step(model: keras.Model, optimizer, schema: Schema, cfg: OptimCon
 
     specs: one replica's {name: TensorSpec [B, ...]} (step_specs); one step is built per shape.
     strategy None (one device): the whole call, optimizer included, is one XLA-compiled function
-    bound to the specs. Under a tf.distribute strategy only each replica's forward and backward pass
-    is compiled (bound to the same specs), and the all-reduces and optimizer.apply run around it
-    (train/distribute.py says why). The loss is the global masked mean: each replica divides its
-    masked sums by the counts summed over all replicas, so the summed gradient is the gradient of
-    the global mean. Returns {metric: mean over the K steps} plus "losses": the K total losses.
-    The function's `grad_fn` is the compiled per-replica function (its traces are counted).
+    bound to the specs (one_device_step). Under a tf.distribute strategy only each replica's forward
+    and backward pass is compiled, bound to the same specs (distributed_step). Returns {metric: mean
+    over the K steps} plus "losses": the K total losses. The function's `grad_fn` is the compiled
+    function whose traces are counted. (`schema` is unused: kept for the callers' signature.)
     """
-    scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    inner = optimizer.inner_optimizer if scaled else optimizer
-    k_steps = steps_per_execution
-    names = list(specs)
-
-    def allsum(ctx, values):  # the default strategy's replica context needs no all-reduce
-        return values if strategy is None else ctx.all_reduce(tf.distribute.ReduceOp.SUM, values)
-
-    def grads(batch, key, counts):
-        variables = model.trainable_variables
-        with tf.GradientTape() as tape:
-            terms = model.loss_terms(batch, key, training=True)
-            # each replica's sums over the counts of all replicas: the summed gradients are those of
-            # the global masked mean (losses_from_terms is linear in the sums, train/contract.py)
-            loss = tf.cast(model.losses_from_terms(dict(terms, **counts))["loss"], tf.float32)
-            loss = optimizer.scale_loss(loss) if scaled else loss
-        return tape.gradient(loss, variables), terms
-
-    count_keys = tuple(model.loss_counts({k: tf.zeros(s.shape, s.dtype) for k, s in specs.items()}))
-    if strategy is not None:
-        grads = tf.function(grads, jit_compile=True, input_signature=[
-            specs, tf.TensorSpec([2], tf.int32), {k: tf.TensorSpec([], tf.float32) for k in count_keys}])
-
-    def replica_step(batches, k):
-        ctx = tf.distribute.get_replica_context()
-        batch = {name: batches[name][k] for name in names}
-        # dropout masks are a function of (seed, step, replica, site): a resumed run draws what it would have drawn
-        key = dropout_key(seed, step, ctx.replica_id_in_sync_group)
-        counts = allsum(ctx, {k: tf.cast(v, tf.float32) for k, v in model.loss_counts(batch).items()})
-        local, terms = grads(batch, key, counts)
-        total = allsum(ctx, local)
-        grad_norm = tf.linalg.global_norm(total)
-        if scaled:
-            grad_norm = grad_norm / tf.cast(optimizer.dynamic_scale, grad_norm.dtype)
-        clip = clip_factor(grad_norm, cfg.clip_norm)
-        lr = inner.learning_rate  # value at this step, before apply() increments iterations
-        optimizer.apply([g * tf.cast(clip, g.dtype) for g in local], model.trainable_variables)
-        terms = allsum(ctx, terms)
-        losses = model.losses_from_terms(terms)
-        return dict({name: tf.cast(losses[name], tf.float32) for name in loss_names}, grad_norm=grad_norm,
-                    learning_rate=tf.cast(lr, tf.float32), examples=terms["examples"],
-                    mel_frames=terms["mel_frames"])
-
-    def one_step(batches, k):
-        if strategy is None:
-            metrics = replica_step(batches, k)
-        else:  # every replica returns the same all-reduced values
-            metrics = strategy.experimental_local_results(strategy.run(replica_step, args=(batches, k)))[0]
-        step.assign_add(1)
-        return metrics
-
-    metric_names = (*loss_names, *STEP_METRICS)
-
-    def train_step(batches):
-        if k_steps == 1:  # no loop: XLA fuses and schedules a straight-line step better than a while body
-            metrics = one_step(batches, 0)
-            return dict({name: metrics[name] for name in metric_names}, losses=metrics["loss"][None])
-        totals = {name: tf.constant(0.0) for name in metric_names}
-        step_losses = tf.TensorArray(tf.float32, size=k_steps)
-        for k in tf.range(k_steps):
-            metrics = one_step(batches, k)
-            totals = {name: totals[name] + metrics[name] for name in metric_names}
-            step_losses = step_losses.write(k, metrics["loss"])
-        out = {name: totals[name] / k_steps for name in metric_names}
-        out["examples"], out["mel_frames"] = totals["examples"], totals["mel_frames"]  # sums, not means
-        out["losses"] = step_losses.stack()
-        return out
-
+    replica = ReplicaStep(model, optimizer, cfg, specs, seed, step, loss_names, distributed=strategy is not None)
     if strategy is None:
-        stacked = {k: tf.TensorSpec([k_steps, *s.shape], s.dtype, name=k) for k, s in specs.items()}
-        train_step = tf.function(train_step, input_signature=[stacked], jit_compile=True)
-        train_step.grad_fn = train_step
-    else:  # traced once per distributed element spec; the compiled part is grad_fn
-        train_step = tf.function(train_step)
-        train_step.grad_fn = grads
+        return one_device_step(replica, specs, steps_per_execution)
+    return distributed_step(replica, strategy, steps_per_execution)
+
+
+def one_device_step(replica: ReplicaStep, specs: dict, steps_per_execution: int):
+    """The whole call, K steps and the optimizer, as one XLA-compiled function bound to [K, *specs]."""
+    stacked = {k: tf.TensorSpec([steps_per_execution, *s.shape], s.dtype, name=k) for k, s in specs.items()}
+
+    @tf.function(input_signature=[stacked], jit_compile=True)
+    def train_step(batches):
+        return k_steps(replica, replica, batches, steps_per_execution)
+
+    train_step.grad_fn = train_step
     return train_step
 
 
-def make_eval_step(model: keras.Model, schema: Schema, batch_size: int, shapes: Bucket | None = None):
-    """Compiled once like the train step; returns masked sums so the caller adds batches up exactly.
+def distributed_step(replica: ReplicaStep, strategy, steps_per_execution: int):
+    """strategy.run of the replica step in an ordinary tf.function (traced once per distributed element
+    spec); its compiled part, each replica's forward and backward pass, is grad_fn."""
+    def on_every_replica(batches, k):  # every replica returns the same all-reduced values
+        return strategy.experimental_local_results(strategy.run(replica, args=(batches, k)))[0]
 
-    `shapes`: the length bucket whose static shapes the signature takes (default: the largest)."""
-    @tf.function(input_signature=[step_specs(shapes or schema, batch_size)], jit_compile=True)
+    @tf.function
+    def train_step(batches):
+        return k_steps(replica, on_every_replica, batches, steps_per_execution)
+
+    train_step.grad_fn = replica.grads
+    return train_step
+
+
+def k_steps(replica: ReplicaStep, run, batches, steps_per_execution: int) -> dict:
+    """run(batches, k) for k < K, counting each step: {metric: mean over the K steps} (examples and
+    frames: sums) and "losses", the K total losses."""
+    metric_names = (*replica.loss_names, *STEP_METRICS)
+
+    def one_step(k):
+        metrics = run(batches, k)
+        replica.step.assign_add(1)
+        return metrics
+
+    if steps_per_execution == 1:  # no loop: XLA fuses and schedules a straight-line step better than a while body
+        metrics = one_step(0)
+        return dict({name: metrics[name] for name in metric_names}, losses=metrics["loss"][None])
+    totals = {name: tf.constant(0.0) for name in metric_names}
+    step_losses = tf.TensorArray(tf.float32, size=steps_per_execution)
+    for k in tf.range(steps_per_execution):
+        metrics = one_step(k)
+        totals = {name: totals[name] + metrics[name] for name in metric_names}
+        step_losses = step_losses.write(k, metrics["loss"])
+    out = {name: totals[name] / steps_per_execution for name in metric_names}
+    out["examples"], out["mel_frames"] = totals["examples"], totals["mel_frames"]  # sums, not means
+    out["losses"] = step_losses.stack()
+    return out
+
+
+def make_eval_step(model: keras.Model, bucket: Bucket, batch_size: int):
+    """Compiled once like the train step, bound to the bucket's shapes; returns masked sums so the
+    caller adds batches up exactly."""
+    @tf.function(input_signature=[step_specs(bucket, batch_size)], jit_compile=True)
     def eval_step(batch):
         return model.loss_terms(batch, tf.zeros([2], tf.int32), training=False)
 

@@ -74,7 +74,7 @@ class Synthesizer(tf.Module):
 
 def check_model_dir(model_dir: str) -> None:
     """Refuse a path that is not a train model dir before read_schema, whose errors speak of preprocessing."""
-    from melshards.train.loop import CONFIG_FILE
+    from melshards.train.model_dir import CONFIG_FILE
 
     if not tf.io.gfile.isdir(model_dir):
         problem = "it does not exist" if not tf.io.gfile.exists(model_dir) else "it is not a directory"
@@ -106,7 +106,7 @@ def load_synthesizer(model_dir: str, checkpoint: str | None = None) -> Synthesiz
     `checkpoint` (default: checkpoint_to_restore(model_dir))."""
     from melshards.train.config import TrainConfig
     from melshards.train.checkpoints import restore_model
-    from melshards.train.loop import CONFIG_FILE
+    from melshards.train.model_dir import CONFIG_FILE
     from melshards.train.plugins import build_model, can_generate
 
     check_model_dir(model_dir)

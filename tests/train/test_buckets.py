@@ -83,17 +83,17 @@ def bucketed(bucketed_dir):
     files = ip.expand_globs([str(bucketed_dir / "train-*.tfrecord")])
     val = ip.expand_globs([str(bucketed_dir / "val-*.tfrecord")])
     schema, _ = ip.check_schemas(files, None)
-    return schema, bk.plan(files, val, schema, 4, False, 1)
+    return schema, bk.trainer_buckets(files, val, schema, 4, False, 1)
 
 
 def test_the_plan_gives_every_bucket_its_files_shapes_batch_and_records(bucketed):
-    schema, lanes = bucketed
-    assert len(lanes) == len(schema.buckets) > 1
-    for lane, b in zip(lanes, schema.buckets):
-        assert lane.bucket == b and lane.records == b.counts["train"] and lane.calls_per_epoch >= 1
-        assert all(f"-b{b.index:02d}-" in f for f in lane.files + lane.val_files)
+    schema, tbs = bucketed
+    assert len(tbs) == len(schema.buckets) > 1
+    for tb, b in zip(tbs, schema.buckets):
+        assert tb.bucket == b and tb.records == b.counts["train"] and tb.calls_per_epoch >= 1
+        assert all(f"-b{b.index:02d}-" in f for f in tb.files + tb.val_files)
         # no bucket's batch holds more padded frames than the longest bucket's batch of B = 4
-        assert lane.batch_size * b.max_mel_frames <= 4 * schema.max_mel_frames
+        assert tb.batch_size * b.max_mel_frames <= 4 * schema.max_mel_frames
 
 
 def _three_buckets(schema):
@@ -114,51 +114,51 @@ def test_the_plan_of_a_concrete_run_by_hand(bucketed):
     names = {b.index: [f["file"] for f in b.shards["train"]] for b in schema.buckets}
     val = [f"/d/{f['file']}" for f in schema.shards["val"]]
     train = [f"/d/{f}" for i in (0, 1, 2) for f in names[i]]
-    lanes = bk.plan(train, val, schema, 8, False, 2)
+    tbs = bk.trainer_buckets(train, val, schema, 8, False, 2)
     # B = 8 for 512 frames: 8 * 512 / 256 = 16 records of 256 frames, 32 of 128 (none capped by records)
-    assert [lane.batch_size for lane in lanes] == [32, 16, 8]
-    assert [lane.records for lane in lanes] == [960, 320, 80]
+    assert [tb.batch_size for tb in tbs] == [32, 16, 8]
+    assert [tb.records for tb in tbs] == [960, 320, 80]
     # calls of 2 steps per epoch: 960 / (32 * 2), 320 / (16 * 2), 80 / (8 * 2)
-    assert [lane.calls_per_epoch for lane in lanes] == [15, 10, 5]
-    assert [lane.files for lane in lanes] == [tuple(f"/d/{f}" for f in names[i]) for i in (0, 1, 2)]
-    assert [lane.val_files for lane in lanes] == [("/d/val-b00-00000-of-00001.tfrecord",), (),
+    assert [tb.calls_per_epoch for tb in tbs] == [15, 10, 5]
+    assert [tb.files for tb in tbs] == [tuple(f"/d/{f}" for f in names[i]) for i in (0, 1, 2)]
+    assert [tb.val_files for tb in tbs] == [("/d/val-b00-00000-of-00001.tfrecord",), (),
                                                   ("/d/val-b02-00000-of-00001.tfrecord",)]
-    assert [lane.bucket.max_mel_frames for lane in lanes] == [128, 256, 512]
+    assert [tb.bucket.max_mel_frames for tb in tbs] == [128, 256, 512]
 
     # a run given some of the files: its records are those files' records, a bucket without files has no calls
-    lanes = bk.plan(["/d/train-b00-00000-of-00002.tfrecord", "/d/train-b02-00000-of-00001.tfrecord"], [],
+    tbs = bk.trainer_buckets(["/d/train-b00-00000-of-00002.tfrecord", "/d/train-b02-00000-of-00001.tfrecord"], [],
                     schema, 8, False, 1)
-    assert [lane.records for lane in lanes] == [640, 0, 80]
-    assert [lane.calls_per_epoch for lane in lanes][::2] == [640 // 32, 80 // 8] and lanes[1].calls_per_epoch == 0
+    assert [tb.records for tb in tbs] == [640, 0, 80]
+    assert [tb.calls_per_epoch for tb in tbs][::2] == [640 // 32, 80 // 8] and tbs[1].calls_per_epoch == 0
     # fixed_batch_size: every bucket gets B
-    assert [lane.batch_size for lane in bk.plan(train, [], schema, 8, True, 1)] == [8, 8, 8]
+    assert [tb.batch_size for tb in bk.trainer_buckets(train, [], schema, 8, True, 1)] == [8, 8, 8]
 
 
 def test_every_buckets_pipeline_has_its_own_static_shapes_and_no_python_ops(bucketed):
-    schema, lanes = bucketed
-    for lane in lanes:
-        data = DataConfig(batch_size=lane.batch_size)
-        train = ip.train_dataset(lane.files, lane.bucket, data, MODEL_INPUTS, steps_per_execution=2)
-        assert train.element_spec["mel"].shape.as_list() == [2, lane.batch_size, lane.bucket.max_mel_frames,
+    schema, tbs = bucketed
+    for tb in tbs:
+        data = DataConfig(batch_size=tb.batch_size)
+        train = ip.train_dataset(tb.files, tb.bucket, data, MODEL_INPUTS, steps_per_execution=2)
+        assert train.element_spec["mel"].shape.as_list() == [2, tb.batch_size, tb.bucket.max_mel_frames,
                                                              schema.n_mels]
-        assert train.element_spec["text_ids"].shape.as_list() == [2, lane.batch_size, lane.bucket.max_text_len]
+        assert train.element_spec["text_ids"].shape.as_list() == [2, tb.batch_size, tb.bucket.max_text_len]
         assert ip.python_ops_in(train) == []
-        if lane.val_files:
-            val = ip.val_dataset(lane.val_files, schema, data, MODEL_INPUTS, lane.bucket)
+        if tb.val_files:
+            val = ip.val_dataset(tb.val_files, schema, data, MODEL_INPUTS, tb.bucket)
             assert ip.python_ops_in(val) == []
 
 
 def test_validation_covers_every_bucket_every_record_once_with_a_masked_top_up(bucketed, bucketed_dir):
-    schema, lanes = bucketed
+    schema, tbs = bucketed
     seen = []
-    for lane in lanes:
-        if not lane.val_files:
+    for tb in tbs:
+        if not tb.val_files:
             continue
-        batches = list(ip.val_dataset(lane.val_files, schema, DataConfig(batch_size=3), (*MODEL_INPUTS, "id"),
-                                      lane.bucket))
+        batches = list(ip.val_dataset(tb.val_files, schema, DataConfig(batch_size=3), (*MODEL_INPUTS, "id"),
+                                      tb.bucket))
         lens = tf.concat([b["mel_len"] for b in batches], 0).numpy()
-        assert all(b["mel"].shape[1:] == (lane.bucket.max_mel_frames, schema.n_mels) for b in batches)
-        assert sorted(real_ids(batches)) == sorted(ids_in(lane.val_files)) and len(lens) % 3 == 0
+        assert all(b["mel"].shape[1:] == (tb.bucket.max_mel_frames, schema.n_mels) for b in batches)
+        assert sorted(real_ids(batches)) == sorted(ids_in(tb.val_files)) and len(lens) % 3 == 0
         seen += real_ids(batches)
     # every validation record of every bucket, each once: none missing, none repeated
     every = ids_in(sorted(str(p) for p in bucketed_dir.glob("val-*.tfrecord")))

@@ -19,7 +19,7 @@ from tests.train.conftest import write_config
 from melshards.train.checkpoints import data_settings, remove_partial_writes, settings_diff
 from melshards.train.config import TrainConfig
 from melshards.train.errors import TrainError
-from melshards.train.loop import Progress
+from melshards.train.progress import Progress
 from melshards.train.metrics import RunState, format_summary
 from melshards.train.summaries import Scalars
 

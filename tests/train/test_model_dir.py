@@ -15,7 +15,9 @@ import pytest
 
 from tests.train.conftest import write_config
 from melshards.train.config import load_config
-from melshards.train.loop import Run, prepare_model_dir, resolve_inputs
+from melshards.train.inputs import resolve_inputs
+from melshards.train.model_dir import prepare_model_dir
+from melshards.train.trainer import Trainer
 from melshards.commands.train import run
 
 AT = 4  # the step the hand-written checkpoints are at
@@ -25,7 +27,7 @@ def _checkpoint_without_training(globs, model_dir, cfg_path, synthetic=False, ba
     cfg = load_config(cfg_path).override(batch_size=batch_size)
     inputs = resolve_inputs([str(g) for g in globs], [], None, cfg)
     prepare_model_dir(str(model_dir), inputs)
-    r = Run(inputs, str(model_dir), synthetic)
+    r = Trainer(inputs, str(model_dir), synthetic)
     r.step_var.assign(AT)
     return r.checkpointer.save(AT)
 

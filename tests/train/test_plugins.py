@@ -67,11 +67,12 @@ def test_example_plugin_resumed_run_matches_an_uninterrupted_one(four_records, t
 def test_example_plugin_dataset_graph_holds_no_python_ops(four_records, tmp_path):
     from melshards.train import input_pipeline as ip
     from melshards.train.config import config_from_dict
-    from melshards.train.loop import Run, resolve_inputs
+    from melshards.train.inputs import resolve_inputs
+    from melshards.train.trainer import Trainer
 
     cfg = config_from_dict({"model": dict(FS_MODEL, factory=EXAMPLE), "data": {"batch_size": 2}})
     inputs = resolve_inputs([str(four_records / "train-*.tfrecord")], [], None, cfg)
-    built = Run(inputs, str(tmp_path / "m"), synthetic=False)  # builds, does not compile
+    built = Trainer(inputs, str(tmp_path / "m"), synthetic=False)  # builds, does not compile
     assert built.datasets and all(s.experimental_get_tracing_count() == 0 for s in built.train_steps.values())
     for ds in built.datasets.values():
         assert ip.python_ops_in(ds) == []

@@ -1,0 +1,259 @@
+"""What the training loop drives (`Trainer`): the model, optimizer, compiled steps, input iterators
+and checkpoints of one run, and the three things the loop asks of them: one compiled call of the
+scheduled bucket (`call`), validation (`evaluate`) and the facts of the run summary (`facts`).
+
+One input pipeline, train step and eval step per length bucket (train/buckets.py), each bound to the
+bucket's shapes and batch; the schedule picks the bucket of each call. Everything is built before
+anything compiles (each step compiles at its first call).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Sequence
+
+from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
+import keras
+import numpy as np
+
+from melshards.shards_schema import Schema
+from melshards.shards_schema.shards import first_bad_shard
+from melshards.train import distribute, input_pipeline
+from melshards.train.buckets import Schedule, TrainerBucket, trainer_buckets
+from melshards.train.checkpoints import Checkpointer, data_settings
+from melshards.train.config import LoopConfig
+from melshards.train.errors import TrainError
+from melshards.train.inputs import Inputs
+from melshards.train.plugins import build_model
+from melshards.train.step import MODEL_INPUTS, make_eval_step, make_optimizer, make_train_step, step_specs
+
+log = logging.getLogger("melshards.train")
+
+
+def check_buckets(inputs: Inputs, topo: distribute.Topology) -> list[TrainerBucket]:
+    """Every bucket's batch, files and schedule share; a batch that does not fit the records or the
+    replicas is a ConfigError. Pure: called before anything is written."""
+    cfg = inputs.cfg
+    topo.per_replica_batch(cfg.data.batch_size)
+    return trainer_buckets(inputs.files, inputs.val_files, inputs.schema, cfg.data.batch_size,
+                           cfg.data.fixed_batch_size, cfg.loop.steps_per_execution, replicas=topo.replicas)
+
+
+def seed_everything(loop: LoopConfig) -> None:
+    """Keras, numpy and TF seeds; deterministic ops when loop.op_determinism (exact resume)."""
+    keras.utils.set_random_seed(loop.seed)
+    if loop.op_determinism:
+        tf.config.experimental.enable_op_determinism()
+
+
+def read_or_name_shard(fetch, files: Sequence[str], schema: Schema):
+    """fetch(), with a read or parse failure turned into an error naming the bad shard."""
+    try:
+        return fetch()
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+        bad = first_bad_shard(files, schema)
+        where = str(bad) if bad else f"one of {len(files)} shards ({e.message.split('[Op:')[0].strip()})"
+        raise TrainError(f"corrupt or truncated shard {where}. Re-run `melshards preprocess` for it, or "
+                         "leave it out of the glob") from e
+
+
+class Trainer:
+    """The model, optimizer, compiled steps (one per bucket used), input iterators and checkpointer."""
+
+    def __init__(self, inputs: Inputs, model_dir: str, synthetic: bool, topo: distribute.Topology | None = None):
+        cfg = inputs.cfg
+        self.inputs, self.synthetic = inputs, synthetic
+        self.k_steps, self.batch_size = cfg.loop.steps_per_execution, cfg.data.batch_size
+        self.topo = topo or distribute.Topology("one", None)
+        self.per_replica = self.topo.per_replica_batch(self.batch_size)
+        seed_everything(cfg.loop)
+        self._build_model()
+        self.buckets = check_buckets(inputs, self.topo)
+        self.schedule = Schedule([tb.calls_per_epoch for tb in self.buckets], cfg.data.seed)
+        self.next_call = 0  # the schedule position: set from the restored step
+        self._make_steps()
+        self.write_dir = distribute.write_dir(model_dir, self.topo)
+        self._make_input()
+        self.checkpointer = Checkpointer(self.write_dir, self.model, self.optimizer, self.step_var,
+                                         self.saved_iterators, data_settings(inputs.files, cfg, synthetic),
+                                         cfg.loop.keep_checkpoints, read_dir=model_dir)
+        self._log_buckets()
+
+    # -- construction, in order -------------------------------------------------------------------
+    def _build_model(self) -> None:
+        """The factory's model (its contract checked before anything compiles), the optimizer and the
+        step counter: variables mirrored over the replicas (the default scope on one device)."""
+        cfg = self.inputs.cfg
+        with self.topo.scope():
+            self.model, self.loss_names = build_model(cfg.model_factory, self.inputs.schema, cfg.model_options,
+                                                      cfg.loop.precision)
+            self.optimizer = make_optimizer(cfg.optim, cfg.loop.precision, self.model)
+            self.step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+
+    def _make_steps(self) -> None:
+        """A train step per bucket the schedule uses, an eval step per bucket with validation shards."""
+        cfg = self.inputs.cfg
+        # one replica's specs per bucket (each bucket's batch must divide by the replicas too)
+        self.specs = {tb.index: step_specs(tb.bucket, self.topo.per_replica_batch(tb.batch_size))
+                      for tb in self.buckets if tb.calls_per_epoch}
+        self.train_steps = {i: make_train_step(self.model, self.optimizer, self.inputs.schema, cfg.optim, specs,
+                                               self.k_steps, cfg.loop.seed, self.step_var, self.loss_names,
+                                               strategy=self.topo.strategy)
+                            for i, specs in self.specs.items()}
+        self.eval_steps = {tb.index: make_eval_step(self.model, tb.bucket, tb.batch_size)
+                           for tb in self.buckets if tb.val_files}
+
+    def _make_input(self) -> None:
+        """On one device every bucket's iterator now, its position saved in the checkpoint
+        (`iterator/bucket_NN`); under a strategy at restore (distributed iterators are not trackable)."""
+        self.datasets: dict = {}
+        self.iterators: dict = {}
+        self.saved_iterators = None
+        if not self.topo.distributed:
+            self.saved_iterators = tf.Module()
+            self.start_local_input(seed=None)
+
+    def _log_buckets(self) -> None:
+        for tb in self.buckets:
+            log.info("bucket %d: text %d, mel %d frames, batch %d, %d train records (%d calls per schedule "
+                     "epoch), %d val shards", tb.index, tb.bucket.max_text_len, tb.bucket.max_mel_frames,
+                     tb.batch_size, tb.records, tb.calls_per_epoch, len(tb.val_files))
+
+    # -- input ----------------------------------------------------------------------------------
+    def make_dataset(self, tb: TrainerBucket, batch_size: int | None = None, shard: tuple | None = None,
+                     seed: int | None = None) -> tf.data.Dataset:
+        """One bucket's train input of one replica's batch (the bucket's global batch on one device)."""
+        data = tb.data_config(self.inputs.cfg.data)
+        if self.synthetic:  # one constant batch of each bucket: every bucket's shape is measured
+            if batch_size is not None:
+                data = dataclasses.replace(data, batch_size=batch_size)
+            first = read_or_name_shard(lambda: input_pipeline.first_batch(tb.files, tb.bucket, data, MODEL_INPUTS),
+                                       list(tb.files), self.inputs.schema)
+            return input_pipeline.synthetic_dataset(first, self.k_steps)
+        return input_pipeline.train_dataset(tb.files, tb.bucket, data, MODEL_INPUTS, self.k_steps,
+                                            batch_size=batch_size, shard=shard, seed=seed)
+
+    def start_local_input(self, seed: int | None) -> None:
+        """On one device: every bucket's input iterator, in the checkpoint's `iterator/bucket_NN`."""
+        self.datasets = {tb.index: self.make_dataset(tb, seed=seed) for tb in self.buckets
+                         if tb.index in self.train_steps}
+        self.iterators = {i: iter(ds) for i, ds in self.datasets.items()}
+        for i, it in self.iterators.items():
+            setattr(self.saved_iterators, f"bucket_{i:02d}", it)
+
+    def start_distributed_input(self, start: int) -> None:
+        """Under a strategy: every bucket's distributed input, reshuffled for the step it starts at
+        (no saved position)."""
+        seed = distribute.resume_seed(self.inputs.cfg.data.seed, start)
+        if start:
+            log.info("distributed input position is not checkpointable in TensorFlow; reshuffled the input with "
+                     "seed %d (derived from step %d) instead of replaying its first batches", seed, start)
+        for tb in self.buckets:
+            if tb.index not in self.train_steps:
+                continue
+            specs = {k: tf.TensorSpec([self.k_steps, *s.shape], s.dtype) for k, s in self.specs[tb.index].items()}
+            self.datasets[tb.index] = distribute.distributed_dataset(
+                self.topo, lambda batch_size, shard, tb=tb: self.make_dataset(tb, batch_size, shard, seed),
+                list(tb.files), tb.batch_size, specs)
+            self.iterators[tb.index] = iter(self.datasets[tb.index])
+
+    # -- what the loop calls ----------------------------------------------------------------------
+    def restore(self) -> tuple[int, list[str]]:
+        """(the step to start from, the data-setting changes that gave a fresh iterator)."""
+        changes = self.checkpointer.restore()
+        start = int(self.step_var.numpy())
+        self.next_call = start // self.k_steps
+        if self.checkpointer.latest:
+            log.info("resumed from %s at step %d", self.checkpointer.latest, start)
+        if start % self.k_steps:
+            raise TrainError(f"the checkpoint is at step {start}, not a multiple of loop.steps_per_execution "
+                             f"{self.k_steps}; resume with the steps_per_execution it was trained with")
+        if self.topo.distributed:
+            self.start_distributed_input(start)
+        elif start and not self.checkpointer.input_position_saved and not changes:
+            # a checkpoint written under a strategy holds no input position: reshuffle, as a strategy does
+            seed = distribute.resume_seed(self.inputs.cfg.data.seed, start)
+            log.info("%s holds no input position (written under a tf.distribute strategy); reshuffled the input "
+                     "with seed %d (derived from step %d) instead of replaying its first batches",
+                     self.checkpointer.latest, seed, start)
+            self.start_local_input(seed)
+        return start, changes
+
+    def call(self) -> tuple[dict, np.ndarray, float, float]:
+        """One compiled call of the scheduled bucket: (mean metrics, the K step losses, input wait s, call s)."""
+        tb = self.buckets[self.schedule.bucket(self.next_call)]
+        train_step = self.train_steps[tb.index]
+        first = train_step.experimental_get_tracing_count() == 0
+        if first:
+            log.info("first call: tracing and XLA-compiling the train step of bucket %d (tens of seconds on CPU)",
+                     tb.index)
+        t0 = time.perf_counter()
+        batch = read_or_name_shard(lambda: next(self.iterators[tb.index]), list(tb.files), self.inputs.schema)
+        t1 = time.perf_counter()
+        out = train_step(batch)
+        losses = out.pop("losses").numpy()  # waits for the call: the per-call sync point
+        t2 = time.perf_counter()
+        self.next_call += 1
+        if first:
+            log.info("first call (trace + XLA compile + %d steps) of bucket %d: %.1f s", self.k_steps, tb.index,
+                     t2 - t0)
+        out["compiled"] = float(first)
+        out["padded_frames"] = float(self.k_steps * tb.batch_size * tb.bucket.max_mel_frames)
+        return out, losses, t1 - t0, t2 - t0
+
+    @property
+    def validates(self) -> bool:
+        """Some bucket has validation shards."""
+        return bool(self.eval_steps)
+
+    def evaluate(self) -> dict:
+        """Validation losses over every bucket's validation shards, each with its own eval step and
+        batch; loop.val_batches (when > 0) caps the batches of each bucket. "examples" counts the
+        records seen."""
+        max_batches, sums = self.inputs.cfg.loop.val_batches, {}
+        for tb in self.buckets:
+            if tb.index not in self.eval_steps:
+                continue
+            ds = input_pipeline.val_dataset(tb.val_files, self.inputs.schema, tb.data_config(self.inputs.cfg.data),
+                                            MODEL_INPUTS, tb.bucket)
+            for batch in (ds.take(max_batches) if max_batches else ds):
+                for k, v in self.eval_steps[tb.index](batch).items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        losses = self.model.losses_from_terms({k: tf.constant(v, tf.float32) for k, v in sums.items()})
+        return dict({k: float(v) for k, v in losses.items()}, examples=sums.get("examples", 0.0))
+
+    def traces(self) -> dict[int, int]:
+        """Traces per bucket of the XLA-compiled function: the whole step on one device, a replica's
+        pass under a strategy (0: the bucket's step never ran).
+
+        Under MirroredStrategy that function is traced once per local replica device (each trace
+        captures that device's copies of the variables), so the expected count is the local replicas.
+        """
+        out = {}
+        for i, step in self.train_steps.items():
+            out[i] = traces = step.grad_fn.experimental_get_tracing_count()
+            if traces > self.topo.local_replicas:
+                log.error("THE TRAIN STEP OF BUCKET %d WAS TRACED %d TIMES, NOT ONCE (PER REPLICA DEVICE): every "
+                          "trace recompiles with XLA. Signatures traced:\n%s\nThe dataset yields: %s", i, traces,
+                          step.grad_fn.pretty_printed_concrete_signatures(), self.datasets[i].element_spec)
+        return out
+
+    def facts(self) -> dict:
+        """The run summary's facts about the set-up and the compiled steps."""
+        cfg = self.inputs.cfg
+        traces = self.traces()
+        evals = {i: step.experimental_get_tracing_count() for i, step in self.eval_steps.items()}
+        buckets = [{"index": tb.index, "max_text_len": tb.bucket.max_text_len,
+                    "max_mel_frames": tb.bucket.max_mel_frames, "batch_size": tb.batch_size,
+                    "train_records": tb.records, "calls_per_epoch": tb.calls_per_epoch,
+                    "train_step_traces": traces.get(tb.index, 0), "eval_step_traces": evals.get(tb.index, 0)}
+                   for tb in self.buckets]
+        return {"model_factory": cfg.model_factory, "synthetic_data": self.synthetic,
+                "batch_size": self.batch_size, "fixed_batch_size": cfg.data.fixed_batch_size,
+                "steps_per_execution": self.k_steps, "precision": cfg.loop.precision,
+                **self.topo.facts(self.batch_size),
+                "step_function_traces": sum(s.experimental_get_tracing_count() for s in self.train_steps.values()),
+                "parameters": int(self.model.count_params()), "train_step_traces": sum(traces.values()),
+                "eval_step_traces": sum(evals.values()),
+                "buckets_used": sum(1 for n in traces.values() if n), "buckets": buckets}
