@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from melshards.commands.preprocess import run
+from melshards.preprocess import lock as L
 from melshards.preprocess import output as O
 from melshards.shards_schema.schema import PUBLISH_JOURNAL
 
@@ -117,11 +118,11 @@ def test_overwrite_replaces_the_old_run_only_with_a_finished_one_and_keeps_other
 
 
 def _hold(out: Path, **holder):
-    info = {"run_id": "other", **O.machine_identity(), "pid": os.getpid(), "started": time.time(),
+    info = {"run_id": "other", **L.machine_identity(), "pid": os.getpid(), "started": time.time(),
             "heartbeat": time.time()}
     info.update(holder)
     out.mkdir(parents=True, exist_ok=True)
-    (out / O.LOCK_FILE).write_text(json.dumps(info))
+    (out / L.LOCK_FILE).write_text(json.dumps(info))
 
 
 def test_a_run_into_a_directory_a_live_run_holds_stops_at_once_naming_the_holder(capsys, tmp_path, corpus_dir):
@@ -130,41 +131,41 @@ def test_a_run_into_a_directory_a_live_run_holds_stops_at_once_naming_the_holder
     assert _preprocess(corpus_dir, out) == 2
     line = _error_line(capsys.readouterr().err)
     assert "in use by another melshards preprocess run other" in line and f"pid {os.getpid()}" in line
-    assert sorted(p.name for p in out.iterdir()) == [O.LOCK_FILE]
+    assert sorted(p.name for p in out.iterdir()) == [L.LOCK_FILE]
 
 
 @pytest.mark.parametrize("holder,stale", [
     ({"pid": 2 ** 22 + 12345}, True),  # this host, its process is gone
     ({"pid": 2 ** 22 + 12345, "pidns": "pid:[1]"}, False),  # same host name, another container: heartbeat decides
-    ({"host": "elsewhere", "heartbeat": time.time() - O.STALE_AFTER_S - 5}, True),  # no heartbeat for too long
+    ({"host": "elsewhere", "heartbeat": time.time() - L.STALE_AFTER_S - 5}, True),  # no heartbeat for too long
     ({"host": "elsewhere"}, False),  # another machine, heartbeat fresh
 ])
 def test_a_stale_holder_is_taken_over_and_a_live_one_is_not(tmp_path, holder, stale):
     _hold(tmp_path, **holder)
     if not stale:
-        with pytest.raises(O.OutputBusyError, match="pid"):
+        with pytest.raises(L.OutputBusyError, match="pid"):
             O.open_run(str(tmp_path), overwrite=False)
         return
     run_ = O.open_run(str(tmp_path), overwrite=False)
-    assert json.loads((tmp_path / O.LOCK_FILE).read_text())["run_id"] == run_.lock.info["run_id"]
+    assert json.loads((tmp_path / L.LOCK_FILE).read_text())["run_id"] == run_.lock.info["run_id"]
     O.close_run(run_, ok=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_the_lock_heartbeat_rewrites_the_marker_and_release_removes_only_its_own(tmp_path):
-    lock = O.Lock(str(tmp_path), "me")
+    lock = L.Lock(str(tmp_path), "me")
     lock.acquire()
-    first = json.loads((tmp_path / O.LOCK_FILE).read_text())["heartbeat"]
+    first = json.loads((tmp_path / L.LOCK_FILE).read_text())["heartbeat"]
     lock.start_heartbeat(every=0.05)
     deadline = time.time() + 30
-    while json.loads((tmp_path / O.LOCK_FILE).read_text())["heartbeat"] == first and time.time() < deadline:
+    while json.loads((tmp_path / L.LOCK_FILE).read_text())["heartbeat"] == first and time.time() < deadline:
         time.sleep(0.05)
-    assert json.loads((tmp_path / O.LOCK_FILE).read_text())["heartbeat"] > first
+    assert json.loads((tmp_path / L.LOCK_FILE).read_text())["heartbeat"] > first
     lock._stop.set()
     lock._thread.join()
-    (tmp_path / O.LOCK_FILE).write_text(json.dumps({"run_id": "someone else"}))  # taken over meanwhile
+    (tmp_path / L.LOCK_FILE).write_text(json.dumps({"run_id": "someone else"}))  # taken over meanwhile
     lock.release()
-    assert json.loads((tmp_path / O.LOCK_FILE).read_text())["run_id"] == "someone else"
+    assert json.loads((tmp_path / L.LOCK_FILE).read_text())["run_id"] == "someone else"
 
 
 class _FakeBlob:
@@ -209,20 +210,20 @@ class _FakeBucket:
 
 def test_on_gcs_the_lock_is_an_object_created_only_if_absent():
     bucket = _FakeBucket()
-    first = O.Lock("gs://b/out", "first", gcs_bucket=bucket)
+    first = L.Lock("gs://b/out", "first", gcs_bucket=bucket)
     first.acquire()
     assert json.loads(bucket.store["out/.melshards-lock"][0])["run_id"] == "first"
-    with pytest.raises(O.OutputBusyError, match="run first"):
-        O.Lock("gs://b/out", "second", gcs_bucket=bucket).acquire()
+    with pytest.raises(L.OutputBusyError, match="run first"):
+        L.Lock("gs://b/out", "second", gcs_bucket=bucket).acquire()
     first.release()
-    second = O.Lock("gs://b/out", "second", gcs_bucket=bucket)
+    second = L.Lock("gs://b/out", "second", gcs_bucket=bucket)
     second.acquire()
     # a stale holder's object is deleted only at the generation that was judged stale
     data = json.loads(bucket.store["out/.melshards-lock"][0])
-    data["heartbeat"] -= O.STALE_AFTER_S + 1
+    data["heartbeat"] -= L.STALE_AFTER_S + 1
     data["host"] = "elsewhere"
     bucket.store["out/.melshards-lock"] = (json.dumps(data).encode(), bucket.store["out/.melshards-lock"][1])
-    third = O.Lock("gs://b/out", "third", gcs_bucket=bucket)
+    third = L.Lock("gs://b/out", "third", gcs_bucket=bucket)
     third.acquire()
     assert json.loads(bucket.store["out/.melshards-lock"][0])["run_id"] == "third"
     # a delete or a renewal at a generation that is no longer the object's changes nothing
@@ -234,11 +235,11 @@ def test_on_gcs_the_lock_is_an_object_created_only_if_absent():
 
 
 def test_release_removes_the_runs_own_lock(tmp_path):
-    lock = O.Lock(str(tmp_path), "me")
+    lock = L.Lock(str(tmp_path), "me")
     lock.acquire()
     assert lock.still_held()
     lock.release()
-    assert not (tmp_path / O.LOCK_FILE).exists()
+    assert not (tmp_path / L.LOCK_FILE).exists()
 
 
 def _start_long_run(tmp_path, corpus_dir, out, rows=3000, *extra):

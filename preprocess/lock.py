@@ -1,0 +1,293 @@
+"""The output directory's lock: one live `melshards preprocess` run per directory.
+
+One marker object, `OUT_DIR/.melshards-lock`, holding the run id, host name, boot id, pid namespace,
+pid, start and heartbeat. Created exclusively and whole: locally written under a temporary name and
+hard-linked to its name (the link fails if it exists), on gs:// an object upload with
+`if_generation_match=0` (google-cloud-storage, installed with apache-beam[gcp]). The holder rewrites
+it every `HEARTBEAT_S`, only if it is still the one it wrote. A holder is stale when its heartbeat
+is `STALE_AFTER_S` old, or when it ran in this process table (same host, boot and pid namespace) and
+its process is gone; a stale lock is taken over locally by an atomic rename, on gs:// by a delete
+conditional on the generation judged stale. `preprocess.output` uses it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import socket
+import threading
+import time
+import uuid
+
+from apache_beam.io.filesystems import FileSystems
+
+log = logging.getLogger("melshards.preprocess")
+
+LOCK_FILE = ".melshards-lock"
+HEARTBEAT_S = 60.0
+STALE_AFTER_S = 600.0  # ten missed heartbeats: the holder is gone (documented in docs/preprocess.md)
+
+
+class OutputError(ValueError):
+    """The output directory cannot take this run; the message says why and what to do."""
+
+
+class OutputBusyError(OutputError):
+    """Another live run holds the output directory."""
+
+
+def is_local(path: str) -> bool:
+    return "://" not in path
+
+
+def join(*parts: str) -> str:
+    return FileSystems.join(*parts)
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's live process
+        return True
+    return True
+
+
+# -- the lock: one marker object, created exclusively ------------------------------------------------
+class _LocalMarker:
+    """A local file created with O_EXCL; replaced atomically; taken over by rename."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def create(self, data: bytes):
+        """The token of the new marker, or None if one exists. Written whole under a temporary name,
+        then hard-linked to the marker's name: the link is the exclusive step, and a reader never
+        sees an empty or partial marker."""
+        tmp = f"{self.path}.{uuid.uuid4().hex}.new"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        try:
+            os.link(tmp, self.path)
+        except FileExistsError:
+            return None
+        finally:
+            os.unlink(tmp)
+        return data
+
+    def read(self) -> tuple[bytes, object] | None:
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+            return data, data
+        except FileNotFoundError:
+            return None
+
+    def replace(self, data: bytes, token):
+        """The new token, or None when the marker no longer holds `token`."""
+        current = self.read()
+        if current is None or current[1] != token:
+            return None
+        tmp = f"{self.path}.{uuid.uuid4().hex}.new"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, self.path)
+        return data
+
+    def delete(self, token) -> bool:
+        """Remove the marker if it still holds `token`: renamed aside first (only one of two racing
+        deleters gets it), put back if it turned out to be someone else's."""
+        aside = f"{self.path}.{uuid.uuid4().hex}.stale"
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return False
+        with open(aside, "rb") as f:
+            taken = f.read()
+        if taken != token:
+            try:
+                os.link(aside, self.path)  # fails if yet another run created one meanwhile
+            except FileExistsError:
+                pass
+            os.unlink(aside)
+            return False
+        os.unlink(aside)
+        return True
+
+
+class _GcsMarker:
+    """A GCS object written with generation preconditions (google-cloud-storage, installed with
+    apache-beam[gcp]): create if absent, replace or delete only the generation that was read."""
+
+    def __init__(self, path: str, bucket=None):
+        bucket_name, _, name = path[len("gs://"):].partition("/")
+        if bucket is None:
+            from google.cloud import storage
+            bucket = storage.Client().bucket(bucket_name)
+        self.blob_name, self.bucket = name, bucket
+
+    def _blob(self):
+        return self.bucket.blob(self.blob_name)
+
+    def create(self, data: bytes):
+        from google.api_core.exceptions import PreconditionFailed
+        blob = self._blob()
+        try:
+            blob.upload_from_string(data, if_generation_match=0)
+        except PreconditionFailed:
+            return None
+        return blob.generation  # set from the upload's response
+
+    def read(self):
+        from google.api_core.exceptions import NotFound
+        blob = self._blob()
+        try:
+            blob.reload()
+            return blob.download_as_bytes(if_generation_match=blob.generation), blob.generation
+        except NotFound:
+            return None
+
+    def replace(self, data: bytes, token):
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+        blob = self._blob()
+        try:
+            blob.upload_from_string(data, if_generation_match=token)
+        except (PreconditionFailed, NotFound):
+            return None
+        return blob.generation
+
+    def delete(self, token) -> bool:
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+        try:
+            self._blob().delete(if_generation_match=token)
+        except (PreconditionFailed, NotFound):
+            return False
+        return True
+
+
+def marker(path: str, gcs_bucket=None):
+    if is_local(path):
+        return _LocalMarker(path)
+    if path.startswith("gs://"):
+        return _GcsMarker(path, gcs_bucket)
+    raise OutputError(f"--output {path}: melshards can lock only local and gs:// directories; "
+                      "write to one of those")
+
+
+def _read_first_line(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.readline().strip()
+    except OSError:
+        return ""
+
+
+def machine_identity() -> dict:
+    """Where a pid means this process table: host name, boot id and pid namespace (containers that
+    share a host name have their own pid namespaces; a reboot reuses pids)."""
+    try:
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        pidns = ""
+    return {"host": socket.gethostname(), "boot_id": _read_first_line("/proc/sys/kernel/random/boot_id"),
+            "pidns": pidns}
+
+
+def holder_text(h: dict) -> str:
+    age = _now() - h.get("heartbeat", 0)
+    return (f"run {h.get('run_id')} (pid {h.get('pid')} on {h.get('host')}, started "
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h.get('started', 0)))}, "
+            f"last heartbeat {age:.0f}s ago)")
+
+
+def is_stale(holder: dict, now: float, here: dict) -> bool:
+    """A holder is stale when its heartbeat is STALE_AFTER_S old, or when it ran in this process table
+    (same host, boot and pid namespace: `machine_identity`) and its process is gone."""
+    if now - float(holder.get("heartbeat", 0)) > STALE_AFTER_S:
+        return True
+    same_table = all(holder.get(k) == v for k, v in here.items()) and all(here.values())
+    return same_table and not _pid_alive(int(holder.get("pid", -1)))
+
+
+class Lock:
+    """The output directory's lock, held by this process for one run, with a heartbeat thread."""
+
+    def __init__(self, out_dir: str, run_id: str, gcs_bucket=None):
+        self.path = join(out_dir, LOCK_FILE)
+        self.marker = marker(self.path, gcs_bucket)
+        self.here = machine_identity()
+        self.info = {"run_id": run_id, **self.here, "pid": os.getpid(), "started": _now(), "heartbeat": _now()}
+        self.token = None
+        self.lost = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _data(self) -> bytes:
+        return json.dumps(self.info, sort_keys=True).encode()
+
+    def acquire(self) -> None:
+        for _ in range(3):
+            token = self.marker.create(self._data())
+            if token is not None:
+                self.token = token
+                return
+            current = self.marker.read()
+            if current is None:  # released between our create and read
+                continue
+            try:
+                holder = json.loads(current[0])
+            except ValueError:
+                holder = None
+            if not isinstance(holder, dict):
+                raise OutputBusyError(
+                    f"{self.path} is not a lock melshards can read; if no melshards preprocess is using "
+                    f"{posixpath.dirname(self.path)}, delete it")
+            if not is_stale(holder, _now(), self.here):
+                raise OutputBusyError(
+                    f"--output {posixpath.dirname(self.path)} is in use by another melshards preprocess "
+                    f"{holder_text(holder)}; wait for it to finish, or choose another --output "
+                    f"(a holder is stale once its process is gone or {STALE_AFTER_S / 60:.0f} minutes "
+                    "pass without a heartbeat)")
+            log.warning("taking over %s from a stale holder: %s", self.path, holder_text(holder))
+            self.marker.delete(current[1])
+        raise OutputBusyError(f"could not take {self.path}: other runs keep taking it; try again")
+
+    def start_heartbeat(self, every: float = HEARTBEAT_S) -> None:
+        def beat():
+            while not self._stop.wait(every):
+                self.info["heartbeat"] = _now()
+                try:
+                    token = self.marker.replace(self._data(), self.token)
+                except Exception as e:  # a transient error (network, 5xx): try again at the next beat
+                    log.warning("could not renew %s (%s); trying again in %.0fs", self.path, e, every)
+                    continue
+                if token is None:
+                    log.warning("%s is no longer held by this run; it will not publish", self.path)
+                    self.lost = True
+                    return
+                self.token = token
+
+        self._thread = threading.Thread(target=beat, name="melshards-lock-heartbeat", daemon=True)
+        self._thread.start()
+
+    def still_held(self) -> bool:
+        """Whether the marker is still this run's (checked before anything is published)."""
+        current = self.marker.read()
+        return not self.lost and current is not None and current[1] == self.token
+
+    def stop_heartbeat(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def release(self) -> None:
+        self.stop_heartbeat()
+        if self.token is not None:
+            self.marker.delete(self.token)
+            self.token = None
