@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import StandardOptions, TestOptions
+from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
 
 from melshards.preprocess.config import load_config
 from melshards.preprocess.corpus import check_rows_file, detect_corpus
@@ -135,23 +135,8 @@ def run_job(input_path: str, out_dir: str, *, config_path: str | None = None, bu
     reporter = ProgressReporter(run.stage, rows, echo) if local else None
     closed = False
     try:
-        p = beam.Pipeline(options=options)
-        build(p, corpus, run.stage, cfg, progress=local)
-        if reporter:
-            reporter.start()
-        try:
-            p.run().wait_until_finish()
-        finally:
-            if reporter:
-                reporter.stop()
-        if not FileSystems.exists(FileSystems.join(run.stage, SCHEMA_FILE)):
-            message = empty_run_message(run.stage)
-            close_run(run, ok=False, keep=(REJECTED_FILE,))
-            closed = True
-            raise EmptyRunError(message)
-        stats = _read_stats(run.stage)
-        close_run(run, ok=True)
-        closed = True
+        _run_pipeline(options, corpus, run.stage, cfg, reporter)
+        stats, closed = _finish(run)
     except Exception as e:
         if is_disk_full(e) and not closed:
             message = disk_full_message(e, run, reporter.rows_done() if reporter else 0, rows)
@@ -163,3 +148,28 @@ def run_job(input_path: str, out_dir: str, *, config_path: str | None = None, bu
         if not closed:  # failed, or interrupted (KeyboardInterrupt): the staging dir goes, the lock too
             close_run(run, ok=False)
     return stats
+
+
+def _run_pipeline(options: PipelineOptions, corpus, stage: str, cfg, reporter: ProgressReporter | None) -> None:
+    """Build the job writing into the staging dir and run it to the end, with the progress line."""
+    p = beam.Pipeline(options=options)
+    build(p, corpus, stage, cfg, progress=reporter is not None)
+    if reporter:
+        reporter.start()
+    try:
+        p.run().wait_until_finish()
+    finally:
+        if reporter:
+            reporter.stop()
+
+
+def _finish(run: OutputRun) -> tuple[dict, bool]:
+    """Publish a run that wrote schema.json and return (its stats, closed); a run that did not (every
+    row rejected) keeps only its rejected.jsonl in the staging dir and is an EmptyRunError."""
+    if not FileSystems.exists(FileSystems.join(run.stage, SCHEMA_FILE)):
+        message = empty_run_message(run.stage)
+        close_run(run, ok=False, keep=(REJECTED_FILE,))
+        raise EmptyRunError(message)
+    stats = _read_stats(run.stage)
+    close_run(run, ok=True)
+    return stats, True
