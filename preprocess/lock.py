@@ -37,7 +37,8 @@ class OutputBusyError(OutputError):
     """Another live run holds the output directory."""
 
 
-def is_local(path: str) -> bool:
+def is_local_path(path: str) -> bool:
+    """A local path, not a URL (gs://...). (`preprocess.options.is_local` asks the same of a runner.)"""
     return "://" not in path
 
 
@@ -172,7 +173,7 @@ class _GcsMarker:
 
 
 def marker(path: str, gcs_bucket=None):
-    if is_local(path):
+    if is_local_path(path):
         return _LocalMarker(path)
     if path.startswith("gs://"):
         return _GcsMarker(path, gcs_bucket)

@@ -44,7 +44,7 @@ from typing import Callable
 
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess.lock import Lock, OutputError, is_local
+from melshards.preprocess.lock import Lock, OutputError, is_local_path, join
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, SHARD_SUFFIX, SPLITS, STATS_FILE, SchemaError
 from melshards.shards_schema.schema import PUBLISH_JOURNAL, Schema
 
@@ -58,14 +58,10 @@ REPORTS = (SCHEMA_FILE, STATS_FILE, REJECTED_FILE)
 def normal_dir(path: str) -> str:
     """One spelling per directory: absolute and normalised locally (`out//`, `./out/` and `out` are one
     directory, whatever the working directory is later); on gs:// without repeated or trailing `/`."""
-    if is_local(path):
+    if is_local_path(path):
         return os.path.abspath(path)
     scheme, rest = path.split("://", 1)
     return f"{scheme}://" + "/".join(part for part in rest.split("/") if part)
-
-
-def join(*parts: str) -> str:
-    return FileSystems.join(*parts)
 
 
 # -- files: what a finished run owns, and what would be clobbered ------------------------------------
@@ -125,7 +121,7 @@ def conflict_message(out_dir: str, foreign: list[str]) -> str:
 # -- staging, removal, publishing --------------------------------------------------------------------
 def files_under(path: str) -> dict[str, int]:
     """Every file under a directory (gs://: every object under the prefix) -> its size in bytes."""
-    if is_local(path):
+    if is_local_path(path):
         found = {}
         for d, _, names in os.walk(path):
             for n in names:
@@ -139,13 +135,13 @@ def files_under(path: str) -> dict[str, int]:
 
 def remove_tree(path: str, keep: tuple[str, ...] = ()) -> None:
     """Delete a staging dir and everything under it, but the files named in `keep` directly in it."""
-    if is_local(path) and not keep:
+    if is_local_path(path) and not keep:
         shutil.rmtree(path, ignore_errors=True)
         return
     doomed = [f for f in files_under(path) if f not in {join(path, k) for k in keep}]
     if doomed:
         FileSystems.delete(doomed)
-    if is_local(path):  # the emptied subdirectories
+    if is_local_path(path):  # the emptied subdirectories
         for d, subdirs, _ in os.walk(path, topdown=False):
             for s in subdirs:
                 shutil.rmtree(os.path.join(d, s), ignore_errors=True)
@@ -157,7 +153,7 @@ def tree_bytes(path: str) -> int:
 
 def _write(path: str, data: bytes) -> None:
     """Write whole or not at all (a local temp file renamed; a GCS object appears when closed)."""
-    if is_local(path):
+    if is_local_path(path):
         tmp = f"{path}.{uuid.uuid4().hex}.writing"
         with open(tmp, "wb") as f:
             f.write(data)
@@ -207,21 +203,22 @@ def apply_journal(out_dir: str, journal: dict) -> None:
     """Move a finished staged run into out_dir as the journal says; safe to run again after a crash.
     A file that is neither staged nor in place stops it (the journal is kept)."""
     stage, remove, move = journal_stage(out_dir, journal), journal["remove"], journal["move"]
-    lost = [n for n in move if not FileSystems.exists(join(stage, n)) and not FileSystems.exists(join(out_dir, n))]
+    # one listing each (on gs:// an existence check per shard is a request per shard)
+    staged = {posixpath.basename(f) for f in files_under(stage) if normal_dir(posixpath.dirname(f)) == stage}
+    existing = set(output_names(out_dir))
+    lost = [n for n in move if n not in staged and n not in existing]
     if lost:
         raise OutputError(f"cannot finish the publish in {out_dir}: {', '.join(lost[:5])} are neither staged nor "
                           f"in place; the journal {join(out_dir, PUBLISH_JOURNAL)} is kept; re-run the job with "
                           "another --output")
-    existing = set(output_names(out_dir))
-    if SCHEMA_FILE in remove and SCHEMA_FILE in existing and FileSystems.exists(join(stage, SCHEMA_FILE)):
+    if SCHEMA_FILE in remove and SCHEMA_FILE in existing and SCHEMA_FILE in staged:
         FileSystems.delete([join(out_dir, SCHEMA_FILE)])  # first: nobody reads a half-replaced run
     old = [join(out_dir, n) for n in remove if n in existing and n != SCHEMA_FILE and n not in move]
     if old:
         FileSystems.delete(old)
     for name in sorted(move, key=lambda n: n == SCHEMA_FILE):  # schema.json last
-        src = join(stage, name)
-        if FileSystems.exists(src):
-            FileSystems.rename([src], [join(out_dir, name)])
+        if name in staged:
+            FileSystems.rename([join(stage, name)], [join(out_dir, name)])
     FileSystems.delete([join(out_dir, PUBLISH_JOURNAL)])
     remove_tree(stage)
 
@@ -284,7 +281,7 @@ ACTIVE: set[OutputRun] = set()  # runs of this process, for the interrupt handle
 
 
 def check_not_a_file(out_dir: str) -> None:
-    if is_local(out_dir):
+    if is_local_path(out_dir):
         from pathlib import Path
         for p in (Path(out_dir), *Path(out_dir).parents):
             if p.exists():
@@ -305,7 +302,7 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
     check_not_a_file(out_dir)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
     try:
-        if is_local(out_dir):
+        if is_local_path(out_dir):
             os.makedirs(out_dir, exist_ok=True)
         lock = Lock(out_dir, run_id, gcs_bucket)
         lock.acquire()
@@ -331,7 +328,7 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
         if foreign:
             raise OutputError(conflict_message(out_dir, foreign))
         stage = join(out_dir, STAGE_PREFIX + run_id)
-        if is_local(stage):
+        if is_local_path(stage):
             os.makedirs(stage)
         _write(join(stage, RUN_FILE), json.dumps(dict(lock.info, output=out_dir)).encode())  # before any other
     except BaseException:

@@ -18,6 +18,7 @@ from apache_beam.options.pipeline_options import PipelineOptions, StandardOption
 
 from melshards.preprocess.config import load_config
 from melshards.preprocess.corpus import check_rows_file, detect_corpus
+from melshards.preprocess.lock import is_local_path
 from melshards.preprocess.options import OptionsError, is_local, pipeline_options
 from melshards.preprocess.output import (OutputError, OutputRun, close_run, exception_chain, is_disk_full, open_run,
                                          tree_bytes)
@@ -90,8 +91,7 @@ def disk_full_message(exc: BaseException, run: OutputRun, done: int, total: int 
     path = found.group(1) if found else run.stage
     staged = tree_bytes(run.stage)
     need = staged * total / done if total and done else None
-    where = os.path.dirname(path) if "://" not in path else path
-    free = _free_bytes(where) if "://" not in path else None
+    free = _free_bytes(os.path.dirname(path)) if is_local_path(path) else None
     needed = (f"the run had written {_size(staged)} for {done} of {total} rows, so it needs about "
               f"{_size(need)} free there" if need else f"the run had written {_size(staged)} when it failed")
     return (f"no space left on the device of {path}{f' ({_size(free)} free)' if free is not None else ''}: "
@@ -133,21 +133,17 @@ def run_job(input_path: str, out_dir: str, *, config_path: str | None = None, bu
     log.info("corpus %s (%s), output %s (staged in %s), runner %s", corpus.rows_path, corpus.kind, out_dir,
              run.stage, options.view_as(StandardOptions).runner)
     reporter = ProgressReporter(run.stage, rows, echo) if local else None
-    closed = False
     try:
         _run_pipeline(options, corpus, run.stage, cfg, reporter)
-        stats, closed = _finish(run)
+        return _finish(run)
     except Exception as e:
-        if is_disk_full(e) and not closed:
+        if is_disk_full(e) and not (run.published or run.closed):
             message = disk_full_message(e, run, reporter.rows_done() if reporter else 0, rows)
             close_run(run, ok=False)
-            closed = True
             raise DiskFullError(message) from e
         raise
-    finally:
-        if not closed:  # failed, or interrupted (KeyboardInterrupt): the staging dir goes, the lock too
-            close_run(run, ok=False)
-    return stats
+    finally:  # failed or interrupted (KeyboardInterrupt): the staging dir goes, the lock too. After a
+        close_run(run, ok=False)  # publish or an abort this does nothing: OutputRun.abort is idempotent
 
 
 def _run_pipeline(options: PipelineOptions, corpus, stage: str, cfg, reporter: ProgressReporter | None) -> None:
@@ -163,13 +159,13 @@ def _run_pipeline(options: PipelineOptions, corpus, stage: str, cfg, reporter: P
             reporter.stop()
 
 
-def _finish(run: OutputRun) -> tuple[dict, bool]:
-    """Publish a run that wrote schema.json and return (its stats, closed); a run that did not (every
-    row rejected) keeps only its rejected.jsonl in the staging dir and is an EmptyRunError."""
+def _finish(run: OutputRun) -> dict:
+    """Publish a run that wrote schema.json and return its stats; a run that did not (every row
+    rejected) keeps only its rejected.jsonl in the staging dir and is an EmptyRunError."""
     if not FileSystems.exists(FileSystems.join(run.stage, SCHEMA_FILE)):
         message = empty_run_message(run.stage)
         close_run(run, ok=False, keep=(REJECTED_FILE,))
         raise EmptyRunError(message)
     stats = _read_stats(run.stage)
     close_run(run, ok=True)
-    return stats, True
+    return stats

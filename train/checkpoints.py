@@ -203,12 +203,8 @@ def restore_checked(ckpt: tf.train.Checkpoint, path: str, model, consume_all: bo
 
 
 def restore_model(model, path: str) -> None:
-    """The model's weights (only) from a training checkpoint; every variable must be restored.
-    A damaged checkpoint is a CheckpointError naming it (`checkpoint_problem`)."""
-    problem = checkpoint_problem(path)
-    if problem is not None:
-        raise CheckpointError(f"checkpoint {path} is damaged ({problem}); train again into another --model-dir, "
-                              f"or resume training from an intact checkpoint")
+    """The model's weights (only) from a training checkpoint; every variable must be restored. `path`
+    comes from `resume_checkpoint`, which has read it whole (a damaged one is a CheckpointError there)."""
     restore_checked(tf.train.Checkpoint(model=model), path, model, consume_all=False)
 
 
