@@ -1,5 +1,5 @@
-"""Per-clip work, the pure functions the job's DoFns call: measure a clip (stages 2-3), its split,
-and the percentile filter's rule (stage 5).
+"""Per-clip work, the pure functions the job's DoFns call: measure a clip (stages 2-3) and the
+filter's rule (stage 5).
 
 `featurize` reads, decodes, resamples and trims a clip once and computes its lengths and its log-mel
 in the same pass; the job carries the mel across the statistics barrier (`melshards.preprocess.stash`)
@@ -9,17 +9,15 @@ writer drops the clips it rejects.
 """
 from __future__ import annotations
 
-import hashlib
-
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess import audio
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import reject
+from melshards.preprocess.tables import speaker_rejection_detail
 from melshards.shards_schema.stats import Cutoffs
 from melshards.shards_schema.text import TextRejected, check_text
-from melshards.shards_schema import Vocabulary
 
 
 class ClipRejected(Exception):
@@ -63,51 +61,51 @@ def load_trimmed(path: str | None, cfg: PreprocessConfig) -> np.ndarray:
     return y
 
 
-def prepare_text(raw: str, vocab: Vocabulary) -> tuple[str, list[int], int]:
+def prepare_text(raw: str, language: str, cfg: PreprocessConfig) -> str:
+    """Raw transcript -> the symbols of its language's front end (`cfg.text`); ClipRejected with the
+    front end's reason (empty_text, unusable_text, unsupported_language)."""
     try:
-        text = check_text(raw)
+        return check_text(raw, language, cfg.text.frontend_for(language))
     except TextRejected as e:
         raise ClipRejected(e.reason, e.detail) from e
-    ids, skipped = vocab.encode(text)
-    return text, ids, skipped
 
 
-def _measured(row: dict, text: str, ids: list[int], y: np.ndarray, cfg: PreprocessConfig) -> dict:
-    return dict(row, text=text, text_ids=ids, text_len=len(ids), num_samples=int(y.size),
+def _measured(row: dict, text: str, y: np.ndarray, cfg: PreprocessConfig) -> dict:
+    # text_len counts symbols: the ids are given once the corpus's vocabulary is known (tables.py)
+    return dict(row, text=text, text_len=len(text), num_samples=int(y.size),
                 mel_frames=audio.num_frames(y.size, cfg.mel.hop_length),
                 duration_ms=int(round(1000 * y.size / cfg.audio.sample_rate)))
 
 
-def measure(row: dict, cfg: PreprocessConfig, vocab: Vocabulary) -> dict:
-    """Row -> row + normalised text, ids and the three lengths the statistics are made of."""
-    text, ids, _ = prepare_text(row["text"], vocab)
-    return _measured(row, text, ids, load_trimmed(row["audio"], cfg), cfg)
+def measure(row: dict, cfg: PreprocessConfig) -> dict:
+    """Row -> row + normalised text and the three lengths the statistics are made of."""
+    text = prepare_text(row["text"], row["language"], cfg)
+    return _measured(row, text, load_trimmed(row["audio"], cfg), cfg)
 
 
-def featurize(row: dict, cfg: PreprocessConfig, vocab: Vocabulary) -> dict:
+def featurize(row: dict, cfg: PreprocessConfig) -> dict:
     """Row -> measured clip + log-mel [frames, n_mels] float32 (the project's one mel computation)."""
-    text, ids, _ = prepare_text(row["text"], vocab)
+    text = prepare_text(row["text"], row["language"], cfg)
     y = load_trimmed(row["audio"], cfg)
-    return dict(_measured(row, text, ids, y, cfg), mel=audio.log_mel(y, cfg.audio.sample_rate, cfg.mel))
+    return dict(_measured(row, text, y, cfg), mel=audio.log_mel(y, cfg.audio.sample_rate, cfg.mel))
 
 
 def as_rejection(clip_id: str, e: ClipRejected) -> dict:
     return reject(clip_id, e.reason, e.detail)
 
 
-def split_of(clip_id: str, val_fraction: float, salt: str) -> str:
-    """Deterministic: the same id lands in the same split on every run and every worker."""
-    h = hashlib.sha256(f"{salt}:{clip_id}".encode("utf-8")).digest()
-    return "val" if int.from_bytes(h[:8], "big") / 2.0 ** 64 < val_fraction else "train"
-
-
-def filter_rejection(clip: dict, cutoffs: Cutoffs) -> dict | None:
-    """The percentile filter's rule (`Cutoffs.reason`): None if it keeps the clip, else the clip's
-    rejected.jsonl entry (a clip is dropped, never truncated)."""
-    reason = cutoffs.reason(clip["text_len"], clip["mel_frames"], clip["duration_ms"])
+def filter_rejection(clip: dict, cutoffs: Cutoffs, tables: dict) -> dict | None:
+    """The filter's rule: a speaker with too few clips (`tables`), then the percentile cut-offs
+    (`Cutoffs.reason`). None if it keeps the clip, else the clip's rejected.jsonl entry (a clip is
+    dropped, never truncated)."""
+    speaker = speaker_rejection_detail(clip, tables)
+    if speaker is not None:
+        return reject(clip["id"], "speaker_too_few_clips", speaker)
+    reason = cutoffs.reason(clip["text_len"], clip["mel_frames"], clip["duration_ms"], clip["language"])
     if reason is None:
         return None
     detail = (f"text_len={clip['text_len']} mel_frames={clip['mel_frames']} duration_ms={clip['duration_ms']}; "
               f"kept: duration_ms>={cutoffs.min_duration_ms}, "
-              f"{cutoffs.min_mel_frames}<=mel_frames<={cutoffs.max_mel_frames}, text_len<={cutoffs.max_text_len}")
+              f"{cutoffs.min_mel_frames}<=mel_frames<={cutoffs.max_mel_frames}, "
+              f"text_len<={cutoffs.text_limit(clip['language'])} ({clip['language']})")
     return reject(clip["id"], reason, detail)

@@ -9,7 +9,7 @@ from melshards.shards_schema.buckets import AUTO
 from pydantic import Field, PlainValidator, StrictBool, StrictFloat, StrictInt, StrictStr
 from pydantic_core import PydanticCustomError
 
-from melshards.shards_schema.config import VALUE, ConfigError, check, field_bounds, load_yaml
+from melshards.shards_schema.config import VALUE, ConfigError, check, field_bounds, load_yaml, one_of
 
 # Bounds are declared on the fields (pydantic checks them, with the types, in `validate`); floats must be finite.
 POSITIVE = Field(gt=0)
@@ -41,7 +41,8 @@ class FilterConfig:
     min_duration_s: Annotated[StrictFloat, Field(ge=0)] = 0.5  # after trimming; shorter clips are rejected as too_short
     mel_frames_lower_percentile: Annotated[StrictFloat, PERCENTILE] = 0.5
     mel_frames_upper_percentile: Annotated[StrictFloat, PERCENTILE] = 99.0
-    text_len_upper_percentile: Annotated[StrictFloat, Field(gt=0, le=100)] = 99.0
+    text_len_upper_percentile: Annotated[StrictFloat, Field(gt=0, le=100)] = 99.0  # per language: a symbol means different things in each
+    min_speaker_clips: Annotated[StrictInt, Field(ge=1)] = 1  # a speaker with fewer measured clips is dropped (speaker_too_few_clips)
 
 
 MAX_BUCKETS = 99  # shard names carry the bucket as two digits (bNN)
@@ -71,6 +72,28 @@ class PadConfig:
 class SplitConfig:
     val_fraction: Annotated[StrictFloat, Field(ge=0, lt=1)] = 0.05
     salt: StrictStr = "melshards"  # changes which clips land in val without changing the fraction
+    # Whole speakers held out in val (unseen-speaker evaluation); the others' val clips are drawn within
+    # each speaker: round(val_fraction * clips) of them, so a speaker of >= 0.5 / val_fraction clips has some.
+    val_speakers: tuple[StrictStr, ...] = ()
+
+
+FRONTEND_NAMES = ("characters", "phonemes", "english")
+
+
+@dataclasses.dataclass(frozen=True)
+class TextConfig:
+    """The text front end of each language (docs/preprocess.md): `languages` maps a code (`en`, `zh-CN`)
+    or its primary subtag (`zh`) to a front end; every other language gets `default`."""
+    default: Annotated[StrictStr, one_of(*FRONTEND_NAMES)] = "characters"
+    languages: dict[StrictStr, Annotated[StrictStr, one_of(*FRONTEND_NAMES)]] = dataclasses.field(
+        default_factory=lambda: {"en": "english"})
+
+    def frontend_for(self, language: str) -> str:
+        """The front end's name for a language code: the code itself, then its primary subtag, then default."""
+        for key in (language, language.split("-")[0].split("_")[0]):
+            if key in self.languages:
+                return self.languages[key]
+        return self.default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +108,7 @@ class PreprocessConfig:
     filter: FilterConfig = FilterConfig()
     pad: PadConfig = PadConfig()
     split: SplitConfig = SplitConfig()
+    text: TextConfig = TextConfig()
     write: WriteConfig = WriteConfig()
 
     def validate(self) -> "PreprocessConfig":

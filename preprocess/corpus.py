@@ -68,7 +68,8 @@ def parse_ljspeech_line(line: str, index: int) -> dict:
         raise ValueError(f"line {index + 1}: {len(fields)} |-separated fields, expected at most "
                          f"{LJSPEECH_FIELDS} (id|text|normalized_text); a '|' in the text? {line.strip()[:80]!r}")
     text = fields[2] if len(fields) > 2 and fields[2].strip() else fields[1]
-    return {"id": fields[0].strip(), "text": text, "speaker": "", "audio": None, "row": index}
+    return {"id": fields[0].strip(), "text": text, "speaker": "ljspeech", "language": "en", "gender": "",
+            "audio": None, "row": index}
 
 
 def _join(root: str, rel: str) -> str:
@@ -170,8 +171,8 @@ def _manifest_row(rec: dict, i: int, root: str, path: str):
         return ValueError(f"row {i + 1}: no text field")
     audio = str(rec["audio"])
     clip_id = str(rec.get("id") or posixpath.splitext(posixpath.basename(audio))[0])
-    return {"id": clip_id, "text": str(rec.get("text") or ""), "speaker": str(rec.get("speaker") or ""),
-            "audio": _join(root, audio), "row": i}
+    return {"id": clip_id, "text": str(rec.get("text") or ""), "speaker": str(rec.get("speaker") or "manifest"),
+            "language": str(rec.get("language") or "en"), "gender": "", "audio": _join(root, audio), "row": i}
 
 
 def drop_duplicate_ids(rows: list[dict]) -> tuple[list[dict], list[dict]]:

@@ -7,7 +7,7 @@ import numpy as np
 from melshards.preprocess import bucketing
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.report import mel_params
-from melshards.shards_schema import Schema
+from melshards.shards_schema import Schema, Vocabulary
 from melshards.shards_schema.records import encode_example
 
 
@@ -19,16 +19,27 @@ def pad_to(x: np.ndarray, length: int, value) -> np.ndarray:
     return np.pad(x, pad, constant_values=value)
 
 
-def encode_clip(clip: dict, mel: np.ndarray, buckets: dict, text_hists: dict,
-                cfg: PreprocessConfig) -> tuple[str, int, bytes]:
-    """Clip and its unpadded mel -> (split, bucket, Example bytes) padded to its bucket's shapes."""
+def text_ids(text: str, vocab: Vocabulary) -> np.ndarray:
+    """The ids of a clip's symbols; the vocabulary was built from every clip's symbols, so none is missing."""
+    ids, skipped = vocab.encode(text)
+    if skipped:
+        raise ValueError(f"{skipped} symbol(s) of {text[:80]!r} are not in the corpus's vocabulary")
+    return np.asarray(ids, np.int32)
+
+
+def encode_clip(clip: dict, mel: np.ndarray, buckets: dict, text_hists: dict, corpus_tables: dict,
+                vocab: Vocabulary, cfg: PreprocessConfig) -> tuple[str, int, bytes]:
+    """Clip and its unpadded mel -> (split, bucket, Example bytes) padded to its bucket's shapes;
+    the speaker and language ids from `corpus_tables` (`melshards.preprocess.tables`)."""
     b = bucketing.bucket_of(clip, buckets)
     mel_frames = buckets["bounds"][b]
     text_len = bucketing.text_len_of(text_hists, b, cfg.pad.multiple)
     features = Schema.feature_table(text_len, mel_frames, cfg.mel.n_mels)
     values = {
         "id": clip["id"], "speaker": clip["speaker"], "text": clip["text"],
-        "text_ids": pad_to(np.asarray(clip["text_ids"], np.int32), text_len, 0),
+        "speaker_id": corpus_tables["speakers"][clip["speaker"]]["id"],
+        "language": clip["language"], "language_id": corpus_tables["languages"][clip["language"]]["id"],
+        "text_ids": pad_to(text_ids(clip["text"], vocab), text_len, 0),
         "text_len": clip["text_len"],
         "mel": pad_to(mel, mel_frames, mel_params(cfg.mel).pad_value),
         "mel_len": mel.shape[0],

@@ -16,8 +16,8 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from melshards.preprocess import bucketing
-from melshards.preprocess.clips import ClipRejected, as_rejection, featurize, filter_rejection, split_of
+from melshards.preprocess import bucketing, tables
+from melshards.preprocess.clips import ClipRejected, as_rejection, featurize, filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import INPUT_ROWS, REJECTED, Corpus, ReadCorpus
 from melshards.preprocess.encode import encode_clip
@@ -26,8 +26,8 @@ from melshards.preprocess.report import WriteReport
 from melshards.preprocess.shards import AssembleShards, RollingFiles
 from melshards.preprocess.stash import load_mels, mel_stash_dir, stash_mels
 from melshards.preprocess.workers import worker_setup
-from melshards.shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
 from melshards.shards_schema import Vocabulary
+from melshards.shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
 
 log = logging.getLogger("melshards.preprocess")
 NS = "melshards"
@@ -40,8 +40,8 @@ def _count(name: str, n: int = 1) -> None:
 # -- stages 2-3: per clip, a batch at a time ---------------------------------------------------
 @beam.typehints.with_output_types(dict)  # declared: inferring it would import librosa into the launcher
 class _MeasureFn(beam.DoFn):
-    """Batch of rows -> {"clips": [clip with text, lengths, split, the mel's moments, its place in the
-    stash], "stash": path}; bad clips -> `rejected`.
+    """Batch of rows -> {"clips": [clip with its front end's text, lengths, the mel's moments], "stash":
+    path}; bad clips -> `rejected`.
 
     Each clip is decoded, resampled and trimmed once, here, and its mel computed from it. The mels
     cross the statistics barrier in one temp file per batch (float16, unpadded, concatenated).
@@ -52,7 +52,6 @@ class _MeasureFn(beam.DoFn):
 
     def setup(self):
         worker_setup()
-        self.vocab = Vocabulary()
         self.progress = ProgressFile(self.progress_dir) if self.progress_dir else None
 
     def finish_bundle(self):
@@ -64,14 +63,13 @@ class _MeasureFn(beam.DoFn):
         for row in rows:
             _count("rows_measured")  # with the per-reason counters, the job's progress on Dataflow
             try:
-                clip = featurize(row, self.cfg, self.vocab)
+                clip = featurize(row, self.cfg)
             except ClipRejected as e:
                 _count(e.reason)
                 yield beam.pvalue.TaggedOutput(REJECTED, as_rejection(row["id"], e))
                 continue
             Metrics.distribution(NS, "mel_frames").update(clip["mel_frames"])
             mel = clip.pop("mel")
-            clip["split"] = split_of(clip["id"], self.cfg.split.val_fraction, self.cfg.split.salt)
             clip["moments"] = Moments.of(mel)  # from the float32 mel, before it is stored as float16
             clips.append(clip)
             mels.append(mel)
@@ -83,7 +81,7 @@ class _MeasureFn(beam.DoFn):
 
 
 class MeasureClips(beam.PTransform):
-    """Batches of rows -> batches of clips with normalised text, ids, lengths and stashed mels;
+    """Batches of rows -> batches of clips with normalised text, lengths and stashed mels;
     bad clips -> `rejected`."""
 
     def __init__(self, cfg: PreprocessConfig, stash_dir: str, progress_dir: str | None = None):
@@ -162,23 +160,60 @@ class MelStatistics(beam.PTransform):
         return moments | "Moments" >> beam.CombineGlobally(_MomentsFn(self.n_mels)).without_defaults()
 
 
-def cutoffs_from(hists: dict, cfg: PreprocessConfig) -> Cutoffs | None:
+class _TablesFn(beam.CombineFn):
+    """Batches of clips -> `tables.finish_tables`: speakers, languages, vocabulary, validation split."""
+
+    def __init__(self, cfg: PreprocessConfig):
+        self.cfg = cfg
+
+    def create_accumulator(self):
+        return tables.empty()
+
+    def add_input(self, acc, batch):
+        return tables.merge([acc, tables.summarize_clips(batch["clips"], self.cfg.split.salt)])
+
+    def merge_accumulators(self, accs):
+        return tables.merge(accs)
+
+    def extract_output(self, acc):
+        return tables.finish_tables(acc, self.cfg)
+
+
+def sum_counters(counters) -> Counter:
+    return merge_histograms(counters)
+
+
+class CorpusTables(beam.PTransform):
+    """Batches of clips -> one dict (`melshards.preprocess.tables`): the speaker and language tables,
+    the corpus's vocabulary, each speaker's validation clips, per-language length histograms."""
+
+    def __init__(self, cfg: PreprocessConfig):
+        super().__init__()
+        self.cfg = cfg
+
+    def expand(self, batches):  # the read always emits a batch: no default needed
+        return batches | "Tables" >> beam.CombineGlobally(_TablesFn(self.cfg)).without_defaults()
+
+
+def cutoffs_from(hists: dict, corpus_tables: dict, cfg: PreprocessConfig) -> Cutoffs | None:
+    """The filter's cut-offs from the before-filter histograms; text lengths per language."""
     if not hists["mel_frames"]:
         return None
     f = cfg.filter
+    text = {code: h["text_len"] for code, h in corpus_tables["language_lengths"].items()}
     return compute_cutoffs(hists, f.min_duration_s, f.mel_frames_lower_percentile,
-                           f.mel_frames_upper_percentile, f.text_len_upper_percentile, cfg.pad.multiple)
+                           f.mel_frames_upper_percentile, f.text_len_upper_percentile, cfg.pad.multiple, text)
 
 
 # -- stage 6a: length buckets ----------------------------------------------------------------
-def kept_summary(batch: dict, cutoffs: Cutoffs | None) -> dict:
+def kept_summary(batch: dict, cutoffs: Cutoffs | None, corpus_tables: dict, salt: str) -> dict:
     """One batch's share of what the buckets and the after-filter report need: the three length
     histograms of its kept clips, the mel-frame histogram of its kept training clips, and the
     text lengths of its kept clips per mel-frame count (each bucket's text length follows from it
     once the bounds are known)."""
-    kept = [c for c in batch["clips"] if filter_rejection(c, cutoffs) is None] if cutoffs else []
+    kept = [c for c in batch["clips"] if filter_rejection(c, cutoffs, corpus_tables) is None] if cutoffs else []
     return {"after": length_histograms(kept),
-            "train": Counter(c["mel_frames"] for c in kept if c["split"] == "train"),
+            "train": Counter(c["mel_frames"] for c in kept if tables.split_of(c, corpus_tables, salt) == "train"),
             "text_by_frames": Counter((c["mel_frames"], c["text_len"]) for c in kept)}
 
 
@@ -207,27 +242,43 @@ class ChooseBuckets(beam.PTransform):
     in one pass over the stashed mels.
     """
 
-    def __init__(self, cutoffs, cfg: PreprocessConfig):
+    def __init__(self, cutoffs, corpus_tables, cfg: PreprocessConfig):
         super().__init__()
-        self.cutoffs, self.cfg = cutoffs, cfg
+        self.cutoffs, self.tables, self.cfg = cutoffs, corpus_tables, cfg
 
     def expand(self, batches):
+        S = beam.pvalue
         return (batches
-                | "Kept" >> beam.Map(kept_summary, beam.pvalue.AsSingleton(self.cutoffs))
+                | "Kept" >> beam.Map(kept_summary, S.AsSingleton(self.cutoffs), S.AsSingleton(self.tables),
+                                     self.cfg.split.salt)
                 | "Summary" >> beam.CombineGlobally(_KeptSummaryFn()).without_defaults()  # >= 1 batch
                 | "Bounds" >> beam.Map(bucketing.choose_from_summary, self.cfg.pad))
 
 
 # -- stages 5-6: filter, pad + encode, write ---------------------------------------------------
 MOMENTS = "moments"
+WRITTEN = "written"
+
+
+def written_counts(clips) -> Counter:
+    """What a batch put in the shards, for the speaker and language tables: clips and milliseconds per
+    ("speaker", name), ("language", code) and ("split", speaker, split)."""
+    out = Counter()
+    for c in clips:
+        for key in (("speaker", c["speaker"]), ("language", c["language"])):
+            out[key + ("clips",)] += 1
+            out[key + ("ms",)] += c["duration_ms"]
+        out[("split", c["speaker"], c["split"])] += 1
+    return out
 
 
 class _FilterAndWriteFn(beam.DoFn):
     """Batch of clips -> kept clips padded, encoded and appended to temp TFRecord files (one per split
     and bucket, rolled at the target size); one dict per closed file at the end of the bundle.
 
-    Dropped clips -> `rejected`; the training clips' mel moments, one per batch -> `moments`. Each
-    batch's mels are read back from its stash file once.
+    Dropped clips -> `rejected`; the training clips' mel moments, one per batch -> `moments`; what
+    the batch wrote per speaker and language -> `written`. Each batch's mels are read back from its
+    stash file once.
     """
 
     def __init__(self, out_dir: str, target_bytes: int, cfg: PreprocessConfig):
@@ -239,27 +290,29 @@ class _FilterAndWriteFn(beam.DoFn):
     def start_bundle(self):
         self.files = RollingFiles(self.out_dir, self.target)
 
-    def process(self, batch, cutoffs, chosen):
+    def process(self, batch, cutoffs, chosen, corpus_tables):
         buckets, text = chosen["buckets"], chosen["text"]
         kept = []
         for clip in batch["clips"]:
-            rejection = filter_rejection(clip, cutoffs)
+            rejection = filter_rejection(clip, cutoffs, corpus_tables)
             if rejection:
                 _count(rejection["reason"])
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
             else:
-                kept.append(clip)
+                kept.append(dict(clip, split=tables.split_of(clip, corpus_tables, self.cfg.split.salt)))
         moments = Moments.empty(self.cfg.mel.n_mels)
         mels = load_mels(batch["stash"], [c["mel_frames"] for c in batch["clips"]],
                            self.cfg.mel.n_mels) if kept else []
         by_id = dict(zip((c["id"] for c in batch["clips"]), mels))
+        vocab = Vocabulary(corpus_tables["vocabulary"])
         for clip in kept:
-            split, bucket, data = encode_clip(clip, by_id[clip["id"]], buckets, text, self.cfg)
+            split, bucket, data = encode_clip(clip, by_id[clip["id"]], buckets, text, corpus_tables, vocab, self.cfg)
             yield from self.files.write(split, bucket, data)
             if split == "train":
                 moments = moments.merge(clip["moments"])
         _count("records_written", len(kept))
         yield beam.pvalue.TaggedOutput(MOMENTS, moments)
+        yield beam.pvalue.TaggedOutput(WRITTEN, written_counts(kept))
 
     def finish_bundle(self):
         for part in self.files.close_all():
@@ -268,21 +321,26 @@ class _FilterAndWriteFn(beam.DoFn):
 
 class FilterAndWrite(beam.PTransform):
     """Drop (never truncate) clips outside the percentile cut-offs, pad the rest to their bucket's
-    shapes and write them; the cut-offs and the chosen buckets (`ChooseBuckets`) arrive as side inputs.
+    shapes and write them; the cut-offs, the chosen buckets (`ChooseBuckets`) and the corpus tables
+    (`CorpusTables`) arrive as side inputs.
 
     Returns {"parts": temp files written, "rejected": dropped clips, "moments": mel moments of each
-    batch's kept training clips (one per batch, maybe empty)}.
+    batch's kept training clips (one per batch, maybe empty), "written": the clips and milliseconds
+    written per speaker and language (`written_counts`, summed)}.
     """
 
-    def __init__(self, cutoffs, chosen, out_dir: str, cfg: PreprocessConfig):
+    def __init__(self, cutoffs, chosen, corpus_tables, out_dir: str, cfg: PreprocessConfig):
         super().__init__()
-        self.cutoffs, self.chosen, self.out_dir, self.cfg = cutoffs, chosen, out_dir, cfg
+        self.cutoffs, self.chosen, self.tables, self.out_dir, self.cfg = cutoffs, chosen, corpus_tables, out_dir, cfg
 
     def expand(self, batches):
         S = beam.pvalue
-        return batches | "FilterPadWrite" >> beam.ParDo(
+        out = batches | "FilterPadWrite" >> beam.ParDo(
             _FilterAndWriteFn(self.out_dir, int(self.cfg.write.target_shard_mb * 1e6), self.cfg),
-            S.AsSingleton(self.cutoffs), S.AsSingleton(self.chosen)).with_outputs(REJECTED, MOMENTS, main="parts")
+            S.AsSingleton(self.cutoffs), S.AsSingleton(self.chosen), S.AsSingleton(self.tables)).with_outputs(
+                REJECTED, MOMENTS, WRITTEN, main="parts")
+        written = out[WRITTEN] | "SumWritten" >> beam.CombineGlobally(sum_counters).without_defaults()
+        return {"parts": out.parts, REJECTED: out[REJECTED], MOMENTS: out[MOMENTS], WRITTEN: written}
 
 
 # -- the job -----------------------------------------------------------------------------------
@@ -297,11 +355,13 @@ def build(p: beam.Pipeline, corpus: Corpus, out_dir: str, cfg: PreprocessConfig,
     measured = read["batches"] | "Measure" >> MeasureClips(
         cfg, mel_stash_dir(out_dir), progress_dir(out_dir) if progress else None)
     before = measured.clips | "StatsBefore" >> LengthHistograms()
-    cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, cfg)
-    chosen = measured.clips | "ChooseBuckets" >> ChooseBuckets(cutoffs, cfg)
-    written = measured.clips | "FilterAndWrite" >> FilterAndWrite(cutoffs, chosen, out_dir, cfg)
+    corpus_tables = measured.clips | "CorpusTables" >> CorpusTables(cfg)
+    cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, beam.pvalue.AsSingleton(corpus_tables), cfg)
+    chosen = measured.clips | "ChooseBuckets" >> ChooseBuckets(cutoffs, corpus_tables, cfg)
+    written = measured.clips | "FilterAndWrite" >> FilterAndWrite(cutoffs, chosen, corpus_tables, out_dir, cfg)
     moments = written[MOMENTS] | "MelStats" >> MelStatistics(cfg.mel.n_mels)
-    shards = written.parts | "Shards" >> AssembleShards(out_dir, cfg.write.target_shard_mb)
+    shards = written["parts"] | "Shards" >> AssembleShards(out_dir, cfg.write.target_shard_mb)
     rejected = ((read[REJECTED], measured[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten())
     return {"input_rows": read[INPUT_ROWS], "before": before, "cutoffs": cutoffs, "plan": chosen,  # WriteReport's name
-            "rejected": rejected, "shards": shards, "moments": moments} | "Report" >> WriteReport(out_dir, cfg)
+            "rejected": rejected, "shards": shards, "moments": moments, "tables": corpus_tables,
+            "written": written[WRITTEN]} | "Report" >> WriteReport(out_dir, cfg)

@@ -14,9 +14,9 @@ from melshards.preprocess.config import MelConfig, PreprocessConfig
 from melshards.shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, summarize
 from melshards.shards_schema.stats_model import stats_problem
 from melshards.preprocess.shards import TEMP_DIR, remove_temp_dir
-from melshards.shards_schema.text import FRONTEND
+from melshards.shards_schema.text import frontend_record
 from melshards.shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
-                           AudioParams, MelParams, Schema, Vocabulary)
+                                     AudioParams, Language, MelParams, Schema, Speaker)
 
 
 class AccountingError(RuntimeError):
@@ -32,9 +32,47 @@ def length_summaries(hists: dict) -> dict:
     }
 
 
+HOURS = 3_600_000  # milliseconds
+
+
+def speaker_table(corpus_tables: dict, written: dict) -> list[Speaker]:
+    """The speakers with ids, in id order; clips and hours as written into the shards."""
+    return [Speaker(s["id"], name, written.get(("speaker", name, "clips"), 0),
+                    round(written.get(("speaker", name, "ms"), 0) / HOURS, 4), s["gender"])
+            for name, s in sorted(corpus_tables["speakers"].items(), key=lambda kv: kv[1]["id"])]
+
+
+def language_table(corpus_tables: dict, written: dict) -> list[Language]:
+    return [Language(x["id"], code, written.get(("language", code, "clips"), 0),
+                     round(written.get(("language", code, "ms"), 0) / HOURS, 4), frontend_record(x["text_frontend"]))
+            for code, x in sorted(corpus_tables["languages"].items(), key=lambda kv: kv[1]["id"])]
+
+
+def speaker_stats(corpus_tables: dict, written: dict) -> list[dict]:
+    """stats.json `speakers`: the schema's table plus measured clips and clips per split; then the
+    speakers dropped for too few clips (id null)."""
+    rows = [dict(dataclasses.asdict(s), measured=corpus_tables["speakers"][s.name]["measured"],
+                 per_split={split: written.get(("split", s.name, split), 0) for split in SPLITS})
+            for s in speaker_table(corpus_tables, written)]
+    rows += [{"id": None, "name": name, "clips": 0, "hours": 0.0, "gender": "", "measured": n,
+              "per_split": {split: 0 for split in SPLITS}}
+             for name, n in sorted(corpus_tables["dropped_speakers"].items())]
+    return rows
+
+
+def language_stats(corpus_tables: dict, written: dict, cutoffs: Cutoffs | None) -> list[dict]:
+    """stats.json `languages`: the schema's table plus each language's before-filter length summaries
+    and its text-length cut-off."""
+    lengths = corpus_tables["language_lengths"]
+    return [dict(dataclasses.asdict(x), before_filter=length_summaries(lengths.get(x.code, {})),
+                 max_text_len=cutoffs.text_limit(x.code) if cutoffs else None)
+            for x in language_table(corpus_tables, written)]
+
+
 def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dict, cutoffs: Cutoffs | None,
                 reasons: dict, shards: list[dict], buckets: dict | None = None, text: dict | None = None,
-                train_hist: dict | None = None) -> dict:
+                train_hist: dict | None = None, corpus_tables: dict | None = None,
+                written: dict | None = None) -> dict:
     """stats.json, checked against its declaration (StatsFile) before it is written."""
     stats = {
         "schema_version": SCHEMA_VERSION,
@@ -55,6 +93,11 @@ def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dic
         "filter": dataclasses.asdict(cfg.filter),
         "cutoffs": dataclasses.asdict(cutoffs) if cutoffs else None,
     }
+    if corpus_tables is not None:
+        stats["speakers"] = speaker_stats(corpus_tables, written or {})
+        stats["languages"] = language_stats(corpus_tables, written or {}, cutoffs)
+        stats["split"] = {"val_fraction": cfg.split.val_fraction, "val_speakers": list(cfg.split.val_speakers),
+                          "val_speakers_not_found": corpus_tables["missing_val_speakers"]}
     if cutoffs and buckets:
         per_bucket = bucketing.bucket_stats(buckets, after.get("mel_frames", {}), text or {}, shards, cfg.pad,
                                     train_hist or {})
@@ -79,7 +122,8 @@ def mel_params(m: MelConfig) -> MelParams:
     return MelParams(m.n_fft, m.hop_length, m.win_length, m.n_mels, m.fmin, m.fmax, m.log_floor, m.power)
 
 
-def build_schema(cfg: PreprocessConfig, buckets: dict, text: dict, moments: Moments, shards: list[dict]) -> Schema:
+def build_schema(cfg: PreprocessConfig, buckets: dict, text: dict, moments: Moments, shards: list[dict],
+                 corpus_tables: dict, written: dict) -> Schema:
     m = cfg.mel
     if moments.n == 0:  # no training frames: identity normalisation, stated rather than invented
         mean, std = [0.0] * m.n_mels, [1.0] * m.n_mels
@@ -91,8 +135,9 @@ def build_schema(cfg: PreprocessConfig, buckets: dict, text: dict, moments: Mome
         version=SCHEMA_VERSION,
         audio=AudioParams(cfg.audio.sample_rate, cfg.audio.trim_silence, cfg.audio.trim_top_db),
         mel=mel_params(m),
-        vocabulary=Vocabulary().symbols,
-        text_frontend=dict(FRONTEND),
+        vocabulary=tuple(corpus_tables["vocabulary"]),
+        speakers=tuple(speaker_table(corpus_tables, written)),
+        languages=tuple(language_table(corpus_tables, written)),
         mel_mean=tuple(mean), mel_std=tuple(std),
         pad_multiple=cfg.pad.multiple,
         buckets=tuple(Schema.make_bucket(i, texts[i], bound, m.n_mels, [x for x in shards if x["bucket"] == i])
@@ -119,17 +164,19 @@ class _WriteReportFn(beam.DoFn):
     def __init__(self, out_dir: str, cfg: PreprocessConfig):
         self.out_dir, self.cfg = out_dir, cfg
 
-    def process(self, _, input_rows, before, cutoffs, plan, rejected, shards, moments):
+    def process(self, _, input_rows, before, cutoffs, plan, rejected, shards, moments, tables, written):
         rejected = list(rejected)
         reasons = Counter(r["reason"] for r in rejected)
         buckets, text = plan["buckets"], plan["text"]
+        written = written[0] if written else {}  # none when no batch was written
         stats = build_stats(self.cfg, input_rows, before, plan["after"], cutoffs, dict(reasons), list(shards),
-                            buckets, text, plan["train_hist"])
+                            buckets, text, plan["train_hist"], tables, written)
         _write_text(self.out_dir, REJECTED_FILE, rejected_lines(rejected))
         _write_text(self.out_dir, STATS_FILE, json.dumps(stats, indent=2) + "\n")
         finished = cutoffs is not None and buckets is not None
         if finished:  # else every row was rejected (or filtered): no schema.json, the CLI says so from stats.json
-            _write_text(self.out_dir, SCHEMA_FILE, build_schema(self.cfg, buckets, text, moments, list(shards)).to_json())
+            schema = build_schema(self.cfg, buckets, text, moments, list(shards), tables, written)
+            _write_text(self.out_dir, SCHEMA_FILE, schema.to_json())
         # Once, after the last file: schema.json is never written into a temp dir already removed.
         remove_temp_dir(self.out_dir)
         if finished:
@@ -155,4 +202,6 @@ class WriteReport(beam.PTransform):
                     plan=S.AsSingleton(inputs["plan"]),
                     rejected=S.AsList(inputs["rejected"]),
                     shards=S.AsList(inputs["shards"]),
-                    moments=S.AsSingleton(inputs["moments"])))
+                    moments=S.AsSingleton(inputs["moments"]),
+                    tables=S.AsSingleton(inputs["tables"]),
+                    written=S.AsList(inputs["written"])))

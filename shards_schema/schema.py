@@ -21,9 +21,10 @@ import posixpath
 import re
 from typing import Any
 
-# 2.x: records live in length buckets (schema.json "buckets"); 1.x had one shape and no buckets.
-# 2.1: `audio.remove_dc` (the mel is computed from samples less their DC offset); 2.0 files read as False.
-SCHEMA_VERSION = "2.1.0"
+# 3.x: records carry speaker_id, language and language_id; schema.json holds the speaker and language
+# tables (each language with the text front end its text went through) and the corpus's own vocabulary.
+# 2.x had no ids (one English front end); 1.x one shape and no buckets. Neither is read: re-run preprocess.
+SCHEMA_VERSION = "3.0.0"
 SCHEMA_FILE = "schema.json"
 STATS_FILE = "stats.json"
 REJECTED_FILE = "rejected.jsonl"
@@ -69,9 +70,7 @@ class AudioParams:
     sample_rate: int
     trim_silence: bool
     trim_top_db: float
-    # The clip's mean was subtracted before trimming and the mel: always, since schema 2.1. A 2.0
-    # schema.json has no such key and its shards were made without it (read as False).
-    remove_dc: bool = True
+    remove_dc: bool = True  # the clip's mean is subtracted before trimming and the mel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +88,27 @@ class MelParams:
     def pad_value(self) -> float:
         """Padded frames hold log(floor): the value of digital silence."""
         return math.log(self.log_floor)
+
+
+@dataclasses.dataclass(frozen=True)
+class Speaker:
+    """A row of the speaker table: `id` is the record's speaker_id; clips and hours are in the shards."""
+    id: int
+    name: str
+    clips: int
+    hours: float
+    gender: str = ""  # "F" | "M" | "" where the corpus does not say
+
+
+@dataclasses.dataclass(frozen=True)
+class Language:
+    """A row of the language table: `id` is the record's language_id; `text_frontend` ({name, version},
+    `melshards.shards_schema.text.frontend_record`) made the text of this language's records."""
+    id: int
+    code: str
+    clips: int
+    hours: float
+    text_frontend: dict[str, Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,8 +150,9 @@ class Schema:
     version: str
     audio: AudioParams
     mel: MelParams
-    vocabulary: tuple[str, ...]
-    text_frontend: dict[str, Any]  # melshards.shards_schema.text.FRONTEND the text was normalised with
+    vocabulary: tuple[str, ...]  # the corpus's own symbols after the front ends; pad and eos first
+    speakers: tuple[Speaker, ...]  # index i has id i
+    languages: tuple[Language, ...]  # index i has id i
     mel_mean: tuple[float, ...]
     mel_std: tuple[float, ...]
     pad_multiple: int
@@ -142,7 +163,10 @@ class Schema:
     def feature_table(max_text_len: int, max_mel_frames: int, n_mels: int) -> tuple[Feature, ...]:
         return (
             Feature("id", "string", (), "bytes", "clip id from the corpus"),
-            Feature("speaker", "string", (), "bytes", "speaker label, empty when the corpus has none"),
+            Feature("speaker", "string", (), "bytes", "speaker name (schema.json speakers)"),
+            Feature("speaker_id", "int32", (), "int64", "index of the speaker in schema.json speakers"),
+            Feature("language", "string", (), "bytes", "language code (schema.json languages)"),
+            Feature("language_id", "int32", (), "int64", "index of the language in schema.json languages"),
             Feature("text", "string", (), "bytes", "normalised text the ids were made from"),
             Feature("text_ids", "int32", (max_text_len,), "raw_int16",
                     "vocabulary ids, zero-padded (0 is the pad symbol)"),
@@ -209,12 +233,29 @@ class Schema:
     def n_mels(self) -> int:
         return self.mel.n_mels
 
+    def speaker(self, name: str) -> Speaker:
+        """The speaker called `name`; SchemaError naming a few known ones and the count otherwise."""
+        found = next((s for s in self.speakers if s.name == name), None)
+        if found is None:
+            raise SchemaError(f"unknown speaker {name!r}; the shards have {len(self.speakers)}: "
+                              f"{_first_few(s.name for s in self.speakers)}")
+        return found
+
+    def language(self, code: str) -> Language:
+        found = next((lang for lang in self.languages if lang.code == code), None)
+        if found is None:
+            raise SchemaError(f"unknown language {code!r}; the shards have {len(self.languages)}: "
+                              f"{_first_few(lang.code for lang in self.languages)}")
+        return found
+
     # -- contract checks ------------------------------------------------------------------
     def contract(self) -> dict[str, Any]:
         """The part two shard sets must share to be read by one trainer (not counts or file lists)."""
         d = self.to_dict()
-        out = {k: d[k] for k in ("version", "audio", "mel", "vocabulary", "text_frontend",
-                                 "max_text_len", "max_mel_frames")}
+        out = {k: d[k] for k in ("version", "audio", "mel", "vocabulary", "max_text_len", "max_mel_frames")}
+        # what the ids mean (not how many clips each has)
+        out["speakers"] = [[s["id"], s["name"]] for s in d["speakers"]]
+        out["languages"] = [[lang["id"], lang["code"], lang["text_frontend"]] for lang in d["languages"]]
         out["buckets"] = [{k: b[k] for k in ("index", "max_text_len", "max_mel_frames", "features")}
                           for b in d["buckets"]]
         return out
@@ -231,7 +272,9 @@ class Schema:
     # -- (de)serialisation --------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = {"version": self.version, "audio": dataclasses.asdict(self.audio), "mel": dataclasses.asdict(self.mel),
-             "vocabulary": list(self.vocabulary), "text_frontend": dict(self.text_frontend),
+             "vocabulary": list(self.vocabulary),
+             "speakers": [dataclasses.asdict(x) for x in self.speakers],
+             "languages": [dataclasses.asdict(x) for x in self.languages],
              "mel_mean": list(self.mel_mean), "mel_std": list(self.mel_std), "pad_multiple": self.pad_multiple}
         # A readable summary of the buckets; checked against them on reading (an edit is an error).
         d.update(max_text_len=self.max_text_len, max_mel_frames=self.max_mel_frames, counts=self.counts)
@@ -251,10 +294,11 @@ class Schema:
         try:
             schema = cls(
                 version=version,
-                audio=AudioParams(**{"remove_dc": False, **d["audio"]}),
+                audio=AudioParams(**d["audio"]),
                 mel=MelParams(**d["mel"]),
                 vocabulary=tuple(d["vocabulary"]),
-                text_frontend=dict(d["text_frontend"]),
+                speakers=tuple(Speaker(**x) for x in d["speakers"]),
+                languages=tuple(Language(**x) for x in d["languages"]),
                 mel_mean=tuple(float(x) for x in d["mel_mean"]),
                 mel_std=tuple(float(x) for x in d["mel_std"]),
                 pad_multiple=int(d["pad_multiple"]),
@@ -267,6 +311,10 @@ class Schema:
         if not schema.buckets or [b.index for b in schema.buckets] != list(range(len(schema.buckets))):
             raise SchemaError(f"{where} lists buckets {[b.index for b in schema.buckets]}, not 0..K-1; "
                               "re-run `melshards preprocess`.")
+        for what, table in (("speakers", schema.speakers), ("languages", schema.languages)):
+            if [x.id for x in table] != list(range(len(table))):
+                raise SchemaError(f"{where} lists {what} with ids {[x.id for x in table][:10]}, not 0..N-1 in "
+                                  "order; re-run `melshards preprocess` or restore the file.")
         for key, value in summary.items():
             if value != getattr(schema, key):
                 raise SchemaError(f"{where}: {key} {value} is not its buckets' {getattr(schema, key)} (the file "
@@ -280,6 +328,11 @@ class Schema:
         except json.JSONDecodeError as e:
             raise SchemaError(f"{where} is not valid JSON: {e}") from e
         return cls.from_dict(d, where)
+
+
+def _first_few(names, n: int = 8) -> str:
+    names = list(names)
+    return ", ".join(repr(x) for x in names[:n]) + (", ..." if len(names) > n else "")
 
 
 def read_text(path: str) -> str:

@@ -16,7 +16,8 @@ import numpy as np
 REPORT_PERCENTILES = (0, 1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9, 100)
 LENGTH_KEYS = ("text_len", "mel_frames", "duration_ms")
 # Reasons `Cutoffs.reason` gives: counted as "filtered", the rest of rejected.jsonl as "rejected".
-FILTER_REASONS = ("too_short", "mel_frames_below_cutoff", "mel_frames_above_cutoff", "text_len_above_cutoff")
+FILTER_REASONS = ("speaker_too_few_clips", "too_short", "mel_frames_below_cutoff", "mel_frames_above_cutoff",
+                  "text_len_above_cutoff")
 # The other reasons a row of rejected.jsonl can have (reading the rows file, then measuring the clip).
 REJECT_REASONS = ("malformed_row", "duplicate_id", "ambiguous_audio", "missing_audio", "unreadable_audio",
                   "invalid_samples", "empty_text", "unusable_text", "silent_audio")
@@ -75,15 +76,21 @@ def round_up(n: int, multiple: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Cutoffs:
-    """Filter bounds (inclusive) and the padded lengths they imply."""
+    """Filter bounds (inclusive) and the padded lengths they imply. Text lengths are cut per language
+    (a symbol is a letter in one, a phoneme or a Chinese character in another); `max_text_len` is the
+    largest of them."""
     min_duration_ms: int
     min_mel_frames: int
     max_mel_frames: int
     max_text_len: int
     padded_mel_frames: int
     padded_text_len: int
+    max_text_len_by_language: dict[str, int] = dataclasses.field(default_factory=dict)
 
-    def reason(self, text_len: int, mel_frames: int, duration_ms: int) -> str | None:
+    def text_limit(self, language: str) -> int:
+        return self.max_text_len_by_language.get(language, self.max_text_len)
+
+    def reason(self, text_len: int, mel_frames: int, duration_ms: int, language: str = "") -> str | None:
         """Why a clip is filtered out, or None if it is kept."""
         if duration_ms < self.min_duration_ms:
             return "too_short"
@@ -91,15 +98,19 @@ class Cutoffs:
             return "mel_frames_below_cutoff"
         if mel_frames > self.max_mel_frames:
             return "mel_frames_above_cutoff"
-        if text_len > self.max_text_len:
+        if text_len > self.text_limit(language):
             return "text_len_above_cutoff"
         return None
 
 
 def compute_cutoffs(hists: Mapping[str, Mapping[int, int]], min_duration_s: float,
-                    mel_lower_q: float, mel_upper_q: float, text_upper_q: float, multiple: int) -> Cutoffs:
+                    mel_lower_q: float, mel_upper_q: float, text_upper_q: float, multiple: int,
+                    text_by_language: Mapping[str, Mapping[int, int]] | None = None) -> Cutoffs:
+    """The cut-offs from the before-filter histograms; `text_by_language` (code -> text_len histogram)
+    gives each language its own text-length percentile (else one over all clips)."""
     mel_hi = percentile(hists["mel_frames"], mel_upper_q)
-    text_hi = percentile(hists["text_len"], text_upper_q)
+    by_language = {code: percentile(h, text_upper_q) for code, h in sorted((text_by_language or {}).items()) if h}
+    text_hi = max(by_language.values()) if by_language else percentile(hists["text_len"], text_upper_q)
     return Cutoffs(
         min_duration_ms=int(round(min_duration_s * 1000)),
         min_mel_frames=percentile(hists["mel_frames"], mel_lower_q),
@@ -107,6 +118,7 @@ def compute_cutoffs(hists: Mapping[str, Mapping[int, int]], min_duration_s: floa
         max_text_len=text_hi,
         padded_mel_frames=round_up(mel_hi, multiple),
         padded_text_len=round_up(text_hi, multiple),
+        max_text_len_by_language=by_language,
     )
 
 

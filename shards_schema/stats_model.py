@@ -99,6 +99,7 @@ class Cutoffs(_Section):
     max_text_len: StrictInt
     padded_mel_frames: Optional[StrictInt] = None
     padded_text_len: Optional[StrictInt] = None
+    max_text_len_by_language: dict[str, StrictInt] = {}
 
 
 class Padding(_Section):

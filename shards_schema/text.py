@@ -109,8 +109,14 @@ class TextRejected(ValueError):
         self.reason, self.detail = reason, detail
 
 
-def check_text(raw: str) -> str:
+def frontend_record(name: str) -> dict:
+    return dict(FRONTEND)
+
+
+def check_text(raw: str, language: str = "en", frontend_name: str = "english") -> str:
     """Raw transcript -> normalised text, or TextRejected: the one check preprocess and synthesize share."""
+    if not language.startswith("en"):
+        raise TextRejected("unsupported_language", language)
     if not raw.strip():
         raise TextRejected("empty_text", "transcript is empty")
     text = normalize_text(raw)

@@ -21,6 +21,11 @@ class Vocabulary:
         self.symbols = symbols
         self._ids = {s: i for i, s in enumerate(symbols)}
 
+    @classmethod
+    def from_symbols(cls, symbols) -> "Vocabulary":
+        """The vocabulary of a corpus: pad, eos, then its symbols sorted (the same on every run)."""
+        return cls((PAD, EOS, *sorted(set(symbols) - {PAD, EOS})))
+
     def __len__(self) -> int:
         return len(self.symbols)
 
