@@ -100,6 +100,21 @@ def _first_line(e: Exception) -> str:
     return line if len(line) <= 240 else line[:237] + "..."
 
 
+def id_problems(schema: Schema, rec: dict[str, np.ndarray]) -> list[str]:
+    """A record's speaker and language ids against schema.json's tables: in range, naming its own
+    speaker and language."""
+    out = []
+    for key, table, name_key, attr in (("speaker_id", schema.speakers, "speaker", "name"),
+                                       ("language_id", schema.languages, "language", "code")):
+        i = int(rec[key])
+        if not 0 <= i < len(table):
+            out.append(f"{key} {i} outside 0..{len(table) - 1} (schema.json {name_key}s)")
+        elif getattr(table[i], attr).encode("utf-8") != bytes(rec[name_key]):
+            out.append(f"{key} {i} is {getattr(table[i], attr)!r} in schema.json, the record says "
+                       f"{bytes(rec[name_key]).decode('utf-8', 'replace')!r}")
+    return out
+
+
 def record_problems(schema: Schema | Bucket, rec: dict[str, np.ndarray]) -> list[str]:
     """Shape and length checks on one decoded record (numpy values), against its bucket's shapes."""
     out = []
@@ -174,7 +189,7 @@ def check_shard(path: str, schema: Schema, keep: int = 0) -> tuple[ShardResult, 
 
     def flush(chunk: list[bytes], first: int) -> None:
         for i, rec in enumerate(decode_records(bucket, chunk)):
-            problems = [rec] if isinstance(rec, str) else record_problems(bucket, rec)
+            problems = [rec] if isinstance(rec, str) else record_problems(bucket, rec) + id_problems(schema, rec)
             result.problems += [Problem(path, first + i, p) for p in problems]
             if not problems and len(shown) < keep:
                 shown.append(dict(rec, _file=path, _index=first + i))

@@ -29,7 +29,8 @@ def copy_dir(shards_dir, tmp_path):
 def good_values(schema, clip_id: str = "ok-1", mel_len: int = 10, text_len: int = 3) -> dict:
     text_ids = np.zeros(schema.max_text_len, np.int32)
     text_ids[:3] = [15, 16, 17]
-    return {"id": clip_id, "speaker": "", "text": "abc", "text_ids": text_ids, "text_len": text_len,
+    return {"id": clip_id, "speaker": "ljspeech", "speaker_id": 0, "language": "en", "language_id": 0,
+            "text": "abc", "text_ids": text_ids, "text_len": text_len,
             "mel": np.full((schema.max_mel_frames, schema.n_mels), -11.5, np.float32), "mel_len": mel_len}
 
 
@@ -56,8 +57,9 @@ def test_truncated_shard_is_named_and_fails(copy_dir):
     shard.write_bytes(data[: len(data) - 5000])  # cut inside the last record
     result = run_inspect(f"{copy_dir}/*.tfrecord")
     assert result.exit_code == 1, result.output
-    assert f"{shard}: truncated or corrupt after 39 readable records" in result.output
-    assert f"{shard}: holds 39 records, schema.json lists 40" in result.output
+    n = read_schema(str(copy_dir)).counts["train"]
+    assert f"{shard}: truncated or corrupt after {n - 1} readable records" in result.output
+    assert f"{shard}: holds {n - 1} records, schema.json lists {n}" in result.output
     assert "val-b00-00000-of-00001.tfrecord: " not in result.output.split("PROBLEMS")[1]
 
 
@@ -90,6 +92,18 @@ def test_lengths_outside_the_schema_are_reported(copy_dir):
     assert result.exit_code == 1, result.output
     assert f"record 0: mel_len {schema.max_mel_frames + 1} outside 1..{schema.max_mel_frames}" in result.output
     assert f"record 1: text_len 0 outside 1..{schema.max_text_len}" in result.output
+
+
+def test_speaker_and_language_ids_are_checked_against_the_schemas_tables(copy_dir):
+    schema = read_schema(str(copy_dir))
+    write_records(copy_dir / "extra-00000-of-00001.tfrecord", [
+        encode_example(schema.features, dict(good_values(schema, "a"), speaker_id=1)),
+        encode_example(schema.features, dict(good_values(schema, "b"), language="de")),
+    ])
+    result = run_inspect(f"{copy_dir}/extra-*.tfrecord")
+    assert result.exit_code == 1, result.output
+    assert "record 0: speaker_id 1 outside 0..0 (schema.json speakers)" in result.output
+    assert "record 1: language_id 0 is 'en' in schema.json, the record says 'de'" in result.output
 
 
 def test_show_prints_records_and_writes_one_png_each(shards_dir, tmp_path):

@@ -1,4 +1,5 @@
 """Each stage's PTransform on its own, with TestPipeline + assert_that."""
+import dataclasses
 import json
 import os
 
@@ -11,7 +12,8 @@ from apache_beam.testing.util import assert_that, equal_to
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import ReadCorpus, batch_rows, detect_corpus, drop_duplicate_ids
 from melshards.preprocess.config import PadConfig
-from melshards.preprocess.clips import filter_rejection, split_of
+from melshards.preprocess import tables as T
+from melshards.preprocess.clips import filter_rejection
 from melshards.preprocess.encode import encode_clip
 from melshards.preprocess.pipeline import ChooseBuckets, FilterAndWrite, LengthHistograms, MeasureClips, MelStatistics
 from melshards.preprocess.shards import AssembleShards, RollingFiles, group_into_shards
@@ -98,8 +100,8 @@ def test_read_corpus_spreads_every_row_in_batches(tmp_path):
 
 
 def _row(corpus_dir, clip_id, text="Hello there.", ext="wav"):
-    return {"id": clip_id, "text": text, "speaker": "", "audio": str(corpus_dir / "wavs" / f"{clip_id}.{ext}"),
-            "row": 0}
+    return {"id": clip_id, "text": text, "speaker": "s", "language": "en", "gender": "",
+            "audio": str(corpus_dir / "wavs" / f"{clip_id}.{ext}"), "row": 0}
 
 
 def test_measure_clips_gives_lengths_and_a_reason_per_bad_clip(corpus_dir, tmp_path):
@@ -120,8 +122,14 @@ def test_measure_clips_gives_lengths_and_a_reason_per_bad_clip(corpus_dir, tmp_p
             ("nope", "missing_audio")]), label="rejected")
 
 
-def _clip(clip_id, text_len, mel_frames, duration_ms):
-    return {"id": clip_id, "text_len": text_len, "mel_frames": mel_frames, "duration_ms": duration_ms}
+def _clip(clip_id, text_len, mel_frames, duration_ms, speaker="s", language="en"):
+    return {"id": clip_id, "text": "a" * text_len, "text_len": text_len, "mel_frames": mel_frames,
+            "duration_ms": duration_ms, "speaker": speaker, "language": language}
+
+
+def _tables(clips, cfg=CFG):
+    """The corpus tables of `clips`, as the job computes them (`melshards.preprocess.tables`)."""
+    return T.finish_tables(T.summarize_clips(clips, cfg.split.salt), cfg)
 
 
 def test_length_histograms_are_exact_counts():
@@ -136,11 +144,33 @@ def test_filter_drops_clips_outside_cutoffs_with_the_reason():
     cut = Cutoffs(500, 50, 200, 40, 200, 40)
     clips = [_clip("ok", 40, 200, 2000), _clip("short", 5, 60, 400), _clip("long", 5, 201, 3000),
              _clip("wordy", 41, 100, 2000), _clip("tiny", 5, 49, 600)]
-    out = [(c["id"], (filter_rejection(c, cut) or {}).get("reason")) for c in clips]
+    tables = _tables(clips)
+    out = [(c["id"], (filter_rejection(c, cut, tables) or {}).get("reason")) for c in clips]
     assert out == [("ok", None), ("short", "too_short"), ("long", "mel_frames_above_cutoff"),
                    ("wordy", "text_len_above_cutoff"), ("tiny", "mel_frames_below_cutoff")]
-    assert filter_rejection(clips[2], cut)["detail"] == ("text_len=5 mel_frames=201 duration_ms=3000; kept: "
-                                                      "duration_ms>=500, 50<=mel_frames<=200, text_len<=40")
+    assert filter_rejection(clips[2], cut, tables)["detail"] == (
+        "text_len=5 mel_frames=201 duration_ms=3000; kept: duration_ms>=500, 50<=mel_frames<=200, text_len<=40 (en)")
+
+
+def test_text_length_is_cut_per_language():
+    cut = Cutoffs(0, 1, 200, 40, 200, 40, {"de": 40, "zh-CN": 12})
+    clips = [_clip("de", 30, 100, 1000, language="de"), _clip("zh", 30, 100, 1000, language="zh-CN"),
+             _clip("zh-ok", 12, 100, 1000, language="zh-CN")]
+    tables = _tables(clips)
+    assert [(filter_rejection(c, cut, tables) or {}).get("reason") for c in clips] == [
+        None, "text_len_above_cutoff", None]
+
+
+def test_speakers_with_too_few_clips_are_dropped_with_their_reason():
+    cfg = PreprocessConfig(filter=dataclasses.replace(CFG.filter, min_speaker_clips=2))
+    clips = [_clip("a1", 5, 100, 1000, "a"), _clip("a2", 5, 100, 1000, "a"), _clip("b1", 5, 100, 1000, "b")]
+    tables = _tables(clips, cfg)
+    cut = Cutoffs(0, 1, 200, 40, 200, 40)
+    assert [(c["id"], (filter_rejection(c, cut, tables) or {}).get("reason")) for c in clips] == [
+        ("a1", None), ("a2", None), ("b1", "speaker_too_few_clips")]
+    assert filter_rejection(clips[2], cut, tables)["detail"] == (
+        "speaker 'b' has 1 measured clip(s), fewer than filter.min_speaker_clips 2")
+    assert list(tables["speakers"]) == ["a"] and tables["dropped_speakers"] == {"b": 1}
 
 
 def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpus_dir, tmp_path, monkeypatch):
@@ -158,11 +188,13 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
     real_decode = A.decode_audio
     monkeypatch.setattr(A, "decode_audio", lambda *a: decodes.append(1) or real_decode(*a))
     ids = ["LJT001-0001", "LJT001-0002", "LJT001-0004"]
-    expected = {i: featurize(_row(corpus_dir, i), CFG, Vocabulary())["mel"] for i in ids}
+    clips = {i: featurize(_row(corpus_dir, i), CFG) for i in ids}
+    expected = {i: c["mel"] for i, c in clips.items()}
+    tables = _tables(list(clips.values()))
     splits = {"LJT001-0001": "train", "LJT001-0002": "val", "LJT001-0004": "train"}
     frames = {i: m.shape[0] for i, m in expected.items()}
     longest = max(frames, key=frames.get)
-    monkeypatch.setattr("melshards.preprocess.pipeline.split_of", lambda clip_id, *_: splits[clip_id])
+    monkeypatch.setattr("melshards.preprocess.tables.split_of", lambda clip, *_: splits[clip["id"]])
     decodes.clear()
     cut = Cutoffs(0, 1, frames[longest] - 1, 1000, frames[longest] - 1, 1000)  # the longest clip is filtered
     buckets = {"bounds": (1000,), "plan": None, "raised_last_bound": None}
@@ -171,17 +203,17 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
         measured = p | beam.Create([[_row(corpus_dir, i) for i in ids]]) | MeasureClips(CFG, str(tmp_path))
         plan = {"buckets": buckets, "text": text}
         written = measured.clips | FilterAndWrite(p | "C" >> beam.Create([cut]), p | "P" >> beam.Create([plan]),
-                                                  str(tmp_path), CFG)
+                                                  p | "T" >> beam.Create([tables]), str(tmp_path), CFG)
         assert_that(written["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
                     equal_to([(longest, "mel_frames_above_cutoff")]), label="rejected")
         kept_train = [i for i in ids if i != longest and splits[i] == "train"]
         n = sum(frames[i] for i in kept_train)
         assert_that(written["moments"] | beam.Map(lambda m: m.n), equal_to([n]), label="moments")
-        assert_that(written.parts | beam.Map(lambda f: (f["split"], f["records"])),
+        assert_that(written["parts"] | beam.Map(lambda f: (f["split"], f["records"])),
                     equal_to(sorted((splits[i], 1) for i in ids if i != longest)), label="parts")
     assert len(decodes) == len(ids)  # once per clip (the in-process runner shares this module)
     assert len(list(tmp_path.glob(".melshards-tmp/mels-*.f16"))) + len(list(tmp_path.glob("mels-*.f16"))) == 1
-    shapes = build_schema(CFG, buckets, text, Moments.empty(80), []).buckets[0]
+    shapes = build_schema(CFG, buckets, text, Moments.empty(80), [], tables, {}).buckets[0]
     files = [str(f) for f in tmp_path.rglob("*.tfrecord")]
     recs = {}
     for data in tf.data.TFRecordDataset(files):
@@ -193,7 +225,7 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
         np.testing.assert_array_equal(rec["mel"][0, :m].numpy(), expected[clip_id].astype(np.float16))
 
 
-def test_choose_buckets_plans_from_the_kept_clips_of_every_batch():
+def test_choose_buckets_plans_from_the_kept_clips_of_every_batch(monkeypatch):
     cut = Cutoffs(0, 10, 200, 50, 200, 50)  # keeps 10..200 frames and text <= 50
 
     def clip(clip_id, text_len, frames, split="train"):
@@ -203,8 +235,11 @@ def test_choose_buckets_plans_from_the_kept_clips_of_every_batch():
                {"clips": []},
                {"clips": [clip("c", 20, 200), clip("v", 40, 150, "val"), clip("short", 5, 9)]}]
     cfg = PreprocessConfig(pad=PadConfig(buckets=2, min_bucket_records=1))
+    tables = _tables([c for b in batches for c in b["clips"]])
+    monkeypatch.setattr("melshards.preprocess.tables.split_of", lambda clip, *_: clip["split"])
     with pipeline() as p:
-        plan = (p | beam.Create(batches)) | ChooseBuckets(p | "Cut" >> beam.Create([cut]), cfg)
+        plan = (p | beam.Create(batches)) | ChooseBuckets(p | "Cut" >> beam.Create([cut]),
+                                                          p | "Tables" >> beam.Create([tables]), cfg)
 
         def check(plans):
             (got,) = plans
@@ -216,10 +251,38 @@ def test_choose_buckets_plans_from_the_kept_clips_of_every_batch():
         assert_that(plan, check)
 
 
-def test_split_is_deterministic_and_near_the_fraction():
-    splits = [split_of(f"id{i}", 0.1, "s") for i in range(5000)]
-    assert splits == [split_of(f"id{i}", 0.1, "s") for i in range(5000)]
-    assert 0.08 < splits.count("val") / 5000 < 0.12
+def test_val_clips_are_drawn_within_each_speaker_and_stable():
+    cfg = PreprocessConfig(split=dataclasses.replace(CFG.split, val_fraction=0.1))
+    sizes = {"big": 200, "mid": 25, "ten": 5, "few": 4}
+    clips = [_clip(f"{s}{i}", 5, 100, 1000, s) for s, n in sizes.items() for i in range(n)]
+    tables = _tables(clips, cfg)
+    val = {s: sum(T.split_of(c, tables, cfg.split.salt) == "val" for c in clips if c["speaker"] == s) for s in sizes}
+    assert val == {"big": 20, "mid": 3, "ten": 1, "few": 0}  # round(0.1 * n), halves up: 2.5 -> 3, 0.5 -> 1
+    again = _tables(list(reversed(clips)), cfg)  # another order of the same clips: the same split
+    assert [T.split_of(c, again, cfg.split.salt) for c in clips] == [T.split_of(c, tables, cfg.split.salt) for c in clips]
+    more = _tables(clips + [_clip("big-new", 5, 100, 1000, "big")], cfg)  # one clip more: the others barely move
+    moved = sum(T.split_of(c, more, cfg.split.salt) != T.split_of(c, tables, cfg.split.salt) for c in clips)
+    assert moved <= 1
+
+
+def test_val_speakers_are_held_out_whole():
+    cfg = PreprocessConfig(split=dataclasses.replace(CFG.split, val_speakers=("mid", "nobody")))
+    clips = [_clip(f"{s}{i}", 5, 100, 1000, s) for s, n in (("big", 40), ("mid", 6)) for i in range(n)]
+    tables = _tables(clips, cfg)
+    assert all(T.split_of(c, tables, cfg.split.salt) == "val" for c in clips if c["speaker"] == "mid")
+    assert sum(T.split_of(c, tables, cfg.split.salt) == "val" for c in clips if c["speaker"] == "big") == 2
+    assert tables["missing_val_speakers"] == ["nobody"]
+
+
+def test_tables_give_ids_in_name_order_and_the_corpus_vocabulary():
+    clips = [dict(_clip("1", 3, 100, 1000, "zoe", "de"), text="schön", gender="F"),
+             dict(_clip("2", 3, 100, 1000, "adam", "zh-CN"), text="妈马"), _clip("3", 3, 100, 1000, "adam", "de")]
+    tables = _tables(clips)
+    assert {n: (s["id"], s["gender"], s["measured"]) for n, s in tables["speakers"].items()} == {
+        "adam": (0, "", 2), "zoe": (1, "F", 1)}
+    assert {c: x["id"] for c, x in tables["languages"].items()} == {"de": 0, "zh-CN": 1}
+    assert tables["vocabulary"] == ["_", "~", "a", "c", "h", "n", "s", "ö", "妈", "马"]
+    assert tables["language_lengths"]["de"]["text_len"] == {3: 2}
 
 
 def test_mel_statistics_merge_the_batches_moments_exactly():
@@ -240,12 +303,14 @@ def test_encode_clip_pads_each_clip_to_its_buckets_shapes(corpus_dir):
     from melshards.preprocess.report import build_schema
     from melshards.shards_schema.stats import Moments
     from melshards.shards_schema import Vocabulary
-    clip = dict(featurize(_row(corpus_dir, "LJT001-0001"), CFG, Vocabulary()), split="train")
+    clip = dict(featurize(_row(corpus_dir, "LJT001-0001"), CFG), split="train")
+    tables = _tables([clip])
     buckets = {"bounds": (8, 400, 800), "plan": None, "raised_last_bound": None}
     text = {1: {clip["text_len"]: 1, 75: 1}}  # bucket 1's text lengths: padded to 80
-    split, bucket, data = encode_clip(clip, clip["mel"].astype(np.float16), buckets, text, CFG)
+    vocab = Vocabulary(tables["vocabulary"])
+    split, bucket, data = encode_clip(clip, clip["mel"].astype(np.float16), buckets, text, tables, vocab, CFG)
     assert (split, bucket) == ("train", 1)
-    schema = build_schema(CFG, buckets, text, Moments.empty(80), [])
+    schema = build_schema(CFG, buckets, text, Moments.empty(80), [], tables, {})
     assert [(b.max_mel_frames, b.max_text_len) for b in schema.buckets] == [(8, 8), (400, 80), (800, 8)]
     shapes = schema.buckets[bucket]
     rec = decode_parsed(shapes, tf.io.parse_example([data], parse_spec(shapes)), 1)
@@ -254,6 +319,8 @@ def test_encode_clip_pads_each_clip_to_its_buckets_shapes(corpus_dir):
     np.testing.assert_allclose(rec["mel"][0, :n].numpy(), clip["mel"], atol=1e-2 * np.abs(clip["mel"]).max())
     assert np.all(rec["mel"][0, n:].numpy() == np.float16(np.log(1e-5)))
     assert rec["text_ids"][0, clip["text_len"]:].numpy().sum() == 0
+    assert vocab.decode(rec["text_ids"][0].numpy().tolist()) == clip["text"] == "hello there."
+    assert (int(rec["speaker_id"][0]), rec["language"][0].numpy(), int(rec["language_id"][0])) == (0, b"en", 0)
 
 
 def test_rolling_files_and_assembly_give_shards_of_the_target_size(tmp_path):

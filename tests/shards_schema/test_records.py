@@ -12,7 +12,7 @@ FEATURES = Schema.feature_table(max_text_len=16, max_mel_frames=24, n_mels=8)
 
 
 def _values(rng, text="héllo, wörld", text_len=5, mel_len=24) -> dict:
-    return {"id": "LJ001-0001", "speaker": "", "text": text,
+    return {"id": "LJ001-0001", "speaker": "p225", "speaker_id": 7, "language": "de", "language_id": 1, "text": text,
             "text_ids": rng.integers(-3, 40, 16), "text_len": text_len,
             "mel": rng.normal(size=(24, 8)), "mel_len": mel_len}
 
@@ -26,6 +26,8 @@ def _reference(values) -> bytes:
         return tf.train.Feature(int64_list=tf.train.Int64List(value=[n]))
 
     feats = {"id": b(values["id"].encode()), "speaker": b(values["speaker"].encode()),
+             "speaker_id": i(values["speaker_id"]), "language": b(values["language"].encode()),
+             "language_id": i(values["language_id"]),
              "text": b(values["text"].encode()),
              "text_ids": b(np.asarray(values["text_ids"]).astype("<i2").tobytes()),
              "text_len": i(values["text_len"]),
@@ -53,6 +55,7 @@ def test_framed_records_read_back_through_tf_data_with_the_schemas_parse_spec(tm
     assert parsed["mel_len"].numpy().tolist() == [1, 7, 24]
     np.testing.assert_array_equal(parsed["mel"].numpy()[1], np.asarray(values[1]["mel"], np.float16))
     np.testing.assert_array_equal(parsed["text_ids"].numpy()[2], values[2]["text_ids"])
+    assert parsed["speaker_id"].numpy().tolist() == [7] * 3 and parsed["language"].numpy().tolist() == [b"de"] * 3
 
 
 def test_a_damaged_frame_is_a_data_loss_error_in_tf_data(tmp_path):
@@ -74,7 +77,6 @@ def test_encoder_refuses_wrong_shapes_and_missing_features():
 
 def _schema_dict(features: list) -> dict:
     from melshards.shards_schema import SCHEMA_VERSION
-    from melshards.shards_schema.text import FRONTEND
 
     bucket = {"index": 0, "max_text_len": 16, "max_mel_frames": 24, "features": features,
               "counts": {"train": 3, "val": 0}, "shards": {"train": [], "val": []}}
@@ -82,6 +84,9 @@ def _schema_dict(features: list) -> dict:
             "audio": {"sample_rate": 22050, "trim_silence": True, "trim_top_db": 40.0},
             "mel": {"n_fft": 1024, "hop_length": 256, "win_length": 1024, "n_mels": 8, "fmin": 0.0,
                     "fmax": 8000.0, "log_floor": 1e-5, "power": 1.0},
-            "vocabulary": ["_", "~", "a"], "text_frontend": dict(FRONTEND), "mel_mean": [0.0] * 8,
+            "vocabulary": ["_", "~", "a"], "mel_mean": [0.0] * 8,
+            "speakers": [{"id": 0, "name": "p225", "clips": 3, "hours": 0.01, "gender": "F"}],
+            "languages": [{"id": 0, "code": "de", "clips": 3, "hours": 0.01,
+                           "text_frontend": {"name": "characters", "version": 1}}],
             "mel_std": [1.0] * 8, "max_text_len": 16, "max_mel_frames": 24, "pad_multiple": 8,
             "counts": {"train": 3, "val": 0}}

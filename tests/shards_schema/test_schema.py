@@ -17,8 +17,8 @@ def test_schema_round_trips_through_json(shards_dir):
 
 def test_other_major_version_is_refused(shards_dir):
     d = json.loads((shards_dir / "schema.json").read_text())
-    d["version"] = "3.0.0"
-    with pytest.raises(SchemaError, match="schema version 3.0.0"):
+    d["version"] = "4.0.0"
+    with pytest.raises(SchemaError, match="schema version 4.0.0"):
         Schema.from_dict(d)
 
 
@@ -27,19 +27,39 @@ def test_a_one_shape_schema_of_version_1_is_refused_with_re_run_preprocess(shard
     b = d.pop("buckets")[0]  # the 1.x layout: one feature table and shard list at the top level
     d.update(version="1.1.0", features=b["features"], shards=b["shards"])
     (tmp_path / "schema.json").write_text(json.dumps(d))
-    with pytest.raises(SchemaError, match=r"schema version 1\.1\.0, this melshards reads 2\.x; re-run "
+    with pytest.raises(SchemaError, match=r"schema version 1\.1\.0, this melshards reads 3\.x; re-run "
                                           r"`melshards preprocess`"):
         read_schema(str(tmp_path))
 
 
-def test_a_2_0_schema_made_before_dc_removal_reads_as_such_and_does_not_mix_with_this_one(shards_dir):
+def test_a_2_x_schema_without_speakers_and_languages_is_refused_with_re_run_preprocess(shards_dir):
     d = json.loads((shards_dir / "schema.json").read_text())
-    assert d["version"] == "2.1.0" and d["audio"]["remove_dc"] is True
-    del d["audio"]["remove_dc"]
-    old = Schema.from_dict(dict(d, version="2.0.0"))
-    assert old.audio.remove_dc is False
-    with pytest.raises(SchemaError, match="differs from here in version, audio"):
-        read_schema(str(shards_dir)).check_compatible(old, here="here", there="there")
+    for key in ("speakers", "languages"):
+        del d[key]
+    d.update(version="2.1.0", text_frontend={"name": "english", "version": 1})
+    with pytest.raises(SchemaError, match=r"schema version 2\.1\.0, this melshards reads 3\.x; re-run"):
+        Schema.from_dict(d)
+
+
+def test_the_speaker_and_language_tables_map_ids_back_to_names(shards_dir):
+    schema = read_schema(str(shards_dir))
+    assert [(s.id, s.name) for s in schema.speakers] == [(0, "ljspeech")]
+    assert [(x.id, x.code, x.text_frontend["name"]) for x in schema.languages] == [(0, "en", "english")]
+    assert schema.speakers[0].clips == schema.counts["train"] + schema.counts["val"]
+    assert schema.speaker("ljspeech").id == 0 and schema.language("en").id == 0
+    with pytest.raises(SchemaError, match=r"unknown speaker 'bob'; the shards have 1: 'ljspeech'"):
+        schema.speaker("bob")
+    d = json.loads(schema.to_json())
+    d["speakers"][0]["id"] = 3
+    with pytest.raises(SchemaError, match=r"speakers with ids \[3\], not 0..N-1"):
+        Schema.from_dict(d)
+
+
+def test_shards_with_other_speaker_ids_do_not_mix(shards_dir):
+    schema = read_schema(str(shards_dir))
+    other = dataclasses.replace(schema, speakers=(dataclasses.replace(schema.speakers[0], name="someone"),))
+    with pytest.raises(SchemaError, match="differs from here in speakers"):
+        schema.check_compatible(other, here="here", there="there")
 
 
 def test_an_edited_summary_disagreeing_with_the_buckets_is_refused(shards_dir):
