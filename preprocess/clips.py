@@ -17,7 +17,7 @@ from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import reject
 from melshards.preprocess.tables import speaker_rejection_detail
 from melshards.shards_schema.stats import Cutoffs
-from melshards.shards_schema.text import TextRejected, check_text
+from melshards.shards_schema.text import TextRejected, check_texts
 
 
 class ClipRejected(Exception):
@@ -61,13 +61,19 @@ def load_trimmed(path: str | None, cfg: PreprocessConfig) -> np.ndarray:
     return y
 
 
-def prepare_text(raw: str, language: str, cfg: PreprocessConfig) -> str:
-    """Raw transcript -> the symbols of its language's front end (`cfg.text`); ClipRejected with the
-    front end's reason (empty_text, unusable_text, unsupported_language)."""
-    try:
-        return check_text(raw, language, cfg.text.frontend_for(language))
-    except TextRejected as e:
-        raise ClipRejected(e.reason, e.detail) from e
+def prepare_texts(rows: list[dict], cfg: PreprocessConfig) -> list[str | ClipRejected]:
+    """Raw transcripts -> the symbols of each row's language's front end (`cfg.text`), or ClipRejected
+    with the front end's reason (empty_text, unusable_text, unsupported_language). One front-end call
+    per language of the batch: the phoneme front end costs less per row in batches."""
+    out: list[str | ClipRejected] = [""] * len(rows)
+    by_language: dict[str, list[int]] = {}
+    for i, row in enumerate(rows):
+        by_language.setdefault(row["language"], []).append(i)
+    for language, idx in by_language.items():
+        texts = check_texts([rows[i]["text"] for i in idx], language, cfg.text.frontend_for(language))
+        for i, text in zip(idx, texts):
+            out[i] = ClipRejected(text.reason, text.detail) if isinstance(text, TextRejected) else text
+    return out
 
 
 def _measured(row: dict, text: str, y: np.ndarray, cfg: PreprocessConfig) -> dict:
@@ -77,15 +83,23 @@ def _measured(row: dict, text: str, y: np.ndarray, cfg: PreprocessConfig) -> dic
                 duration_ms=int(round(1000 * y.size / cfg.audio.sample_rate)))
 
 
-def measure(row: dict, cfg: PreprocessConfig) -> dict:
-    """Row -> row + normalised text and the three lengths the statistics are made of."""
-    text = prepare_text(row["text"], row["language"], cfg)
+def _text(row: dict, text: str | ClipRejected | None, cfg: PreprocessConfig) -> str:
+    text = prepare_texts([row], cfg)[0] if text is None else text
+    if isinstance(text, ClipRejected):
+        raise text
+    return text
+
+
+def measure(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = None) -> dict:
+    """Row -> row + normalised text and the three lengths the statistics are made of. `text`: the
+    row's `prepare_texts` result when the caller made it for a batch."""
+    text = _text(row, text, cfg)
     return _measured(row, text, load_trimmed(row["audio"], cfg), cfg)
 
 
-def featurize(row: dict, cfg: PreprocessConfig) -> dict:
+def featurize(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = None) -> dict:
     """Row -> measured clip + log-mel [frames, n_mels] float32 (the project's one mel computation)."""
-    text = prepare_text(row["text"], row["language"], cfg)
+    text = _text(row, text, cfg)
     y = load_trimmed(row["audio"], cfg)
     return dict(_measured(row, text, y, cfg), mel=audio.log_mel(y, cfg.audio.sample_rate, cfg.mel))
 

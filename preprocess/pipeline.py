@@ -17,7 +17,7 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
 from melshards.preprocess import bucketing, tables
-from melshards.preprocess.clips import ClipRejected, as_rejection, featurize, filter_rejection
+from melshards.preprocess.clips import ClipRejected, as_rejection, featurize, filter_rejection, prepare_texts
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import INPUT_ROWS, REJECTED, Corpus, ReadCorpus
 from melshards.preprocess.encode import encode_clip
@@ -60,10 +60,10 @@ class _MeasureFn(beam.DoFn):
 
     def process(self, rows):
         clips, mels = [], []
-        for row in rows:
+        for row, text in zip(rows, prepare_texts(rows, self.cfg)):
             _count("rows_measured")  # with the per-reason counters, the job's progress on Dataflow
             try:
-                clip = featurize(row, self.cfg)
+                clip = featurize(row, self.cfg, text)
             except ClipRejected as e:
                 _count(e.reason)
                 yield beam.pvalue.TaggedOutput(REJECTED, as_rejection(row["id"], e))

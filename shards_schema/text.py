@@ -125,6 +125,16 @@ def check_text(raw: str, language: str = "en", frontend_name: str = "english") -
     return text
 
 
+def check_texts(raws, language: str, frontend_name: str) -> list:
+    out = []
+    for raw in raws:
+        try:
+            out.append(check_text(raw, language, frontend_name))
+        except TextRejected as e:
+            out.append(e)
+    return out
+
+
 def normalizer_for(frontend: dict):
     """The normalise function of the front end recorded in a schema; ValueError when it is unknown."""
     if frontend != FRONTEND:
