@@ -5,8 +5,11 @@
 Numbers are strict (a string "56" or a boolean is not a count). The counts must add up:
 input_rows = in_shards + filtered + rejected, per_split sums to in_shards, and per_reason's filter
 reasons sum to filtered, the others to rejected. A run that measured any clip (cut-offs present) also
-has the filter settings, the padding, and the three before-filter histograms the what-if tables need;
-a run that rejected every row has none of them.
+has the filter settings, the padding, the three before-filter histograms the what-if tables need, and
+the speaker and language tables with the validation split; a run that rejected every row has none of
+them (or empty tables). The tables add up too: the speakers' clips sum to in_shards and their per_split
+to counts.per_split, the languages' clips sum to in_shards, and ids run 0..N-1 in order (speakers
+dropped by filter.min_speaker_clips, id null, last).
 
 `stats_problem` turns the first validation error into one sentence naming the field's dotted path
 ("counts.input_rows is a string ('56'), not an integer"). Only pydantic is imported here.
@@ -14,7 +17,7 @@ a run that rejected every row has none of them.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
                       StringConstraints, ValidationError, model_validator)
@@ -172,8 +175,130 @@ class Buckets(_Section):
     what_if: list[WhatIfK]
 
 
+class SpeakerRow(_Section):
+    """`melshards.preprocess.report.speaker_stats`: one speaker; id null when filter.min_speaker_clips
+    dropped it (then it has no clips in the shards)."""
+    id: Optional[Count]
+    name: StrictStr
+    clips: Count  # in the shards
+    hours: Number  # in the shards
+    gender: Literal["F", "M", ""]
+    measured: Count  # clips measured (before the filter)
+    per_split: dict[str, Count]  # split -> clips in the shards
+
+
+class TextFrontend(_Section):
+    """`melshards.shards_schema.text.frontend_record`: the front end that made a language's text."""
+    name: StrictStr
+    version: Union[StrictInt, StrictStr]
+
+
+class LanguageRow(_Section):
+    """`melshards.preprocess.report.language_stats`: one language, its lengths before the filter and its
+    text-length cut-off (null when no clip was measured)."""
+    id: Count
+    code: StrictStr
+    clips: Count
+    hours: Number
+    text_frontend: TextFrontend
+    before_filter: LengthSummaries
+    max_text_len: Optional[StrictInt] = None
+
+
+class Split(_Section):
+    """The config's `split` section as the run used it, and the held-out speakers it did not find."""
+    val_fraction: Number
+    val_speakers: list[StrictStr]
+    val_speakers_not_found: list[StrictStr]
+
+
+class InputSummary(_Section):
+    """One --input of the run (`melshards.preprocess.corpus.input_summary`): its layout, its input rows,
+    the language of its rows that give none, and how many of its speaker labels and ids were prefixed
+    with its name because another input has them too."""
+    input: StrictStr
+    name: StrictStr
+    format: StrictStr
+    rows: Count
+    language: Optional[StrictStr] = None
+    prefixed_speakers: Count
+    prefixed_ids: Count
+
+
+def _ids_problem(table: str, ids: list[Optional[int]]) -> str | None:
+    """Ids must run 0..N-1 in table order, the rows with id null (dropped speakers) after them."""
+    for i, got in enumerate(ids):
+        kept = sum(x is not None for x in ids[:i])
+        if got is not None and kept < i:
+            return (f"{table}.{i}.id is {got}, after a dropped speaker (id null) at {table}.{ids.index(None)}: "
+                    "dropped speakers come last")
+        if got is not None and got != i:
+            return f"{table}.{i}.id is {got}, but ids run 0..N-1 in table order, so it should be {i}"
+    return None
+
+
+def _first_repeat(values: list[str]) -> tuple[int, str] | None:
+    seen: set[str] = set()
+    for i, v in enumerate(values):
+        if v in seen:
+            return i, v
+        seen.add(v)
+    return None
+
+
+def speakers_problem(speakers: list[SpeakerRow], counts: Counts) -> str | None:
+    """The speaker table against the counts: ids, unique names, dropped speakers without clips, and
+    clips per speaker and per split adding up to the clips in the shards."""
+    problem = _ids_problem("speakers", [s.id for s in speakers])
+    if problem:
+        return problem
+    repeat = _first_repeat([s.name for s in speakers])
+    if repeat:
+        return f"speakers.{repeat[0]}.name is {repeat[1]!r}, a speaker listed twice"
+    for i, s in enumerate(speakers):
+        if s.id is None and s.clips:
+            return f"speakers.{i}.clips is {s.clips}, but speaker {s.name!r} was dropped (id null): it has no clips"
+        if sum(s.per_split.values()) != s.clips:
+            return f"speakers.{i}.per_split sums to {sum(s.per_split.values())}, but speakers.{i}.clips is {s.clips}"
+    total = sum(s.clips for s in speakers)
+    if total != counts.in_shards:
+        return f"speakers' clips sum to {total}, but counts.in_shards is {counts.in_shards}"
+    for split in sorted(set(counts.per_split) | {k for s in speakers for k in s.per_split}):
+        n = sum(s.per_split.get(split, 0) for s in speakers)
+        if n != counts.per_split.get(split, 0):
+            return (f"speakers' per_split.{split} sums to {n}, but counts.per_split.{split} is "
+                    f"{counts.per_split.get(split, 0)}")
+    return None
+
+
+def languages_problem(languages: list[LanguageRow], counts: Counts, cutoffs: Optional[Cutoffs]) -> str | None:
+    """The language table against the counts and the cut-offs: ids, unique codes, clips adding up to
+    the clips in the shards, and each language's text-length cut-off as the cut-offs give it."""
+    problem = _ids_problem("languages", [x.id for x in languages])
+    if problem:
+        return problem
+    repeat = _first_repeat([x.code for x in languages])
+    if repeat:
+        return f"languages.{repeat[0]}.code is {repeat[1]!r}, a language listed twice"
+    total = sum(x.clips for x in languages)
+    if total != counts.in_shards:
+        return f"languages' clips sum to {total}, but counts.in_shards is {counts.in_shards}"
+    if cutoffs is None:
+        return None
+    for i, x in enumerate(languages):
+        limit = cutoffs.max_text_len_by_language.get(x.code, cutoffs.max_text_len)
+        where = (f"cutoffs.max_text_len_by_language.{x.code}" if x.code in cutoffs.max_text_len_by_language
+                 else "cutoffs.max_text_len")
+        if x.max_text_len is None:
+            return f"languages.{i}.max_text_len is null, but {where} is {limit}"
+        if x.max_text_len != limit:
+            return f"languages.{i}.max_text_len is {x.max_text_len}, but {where} is {limit}"
+    return None
+
+
 class StatsFile(_Section):
-    """stats.json. `filter`, `cutoffs`, `padding` and `buckets` are null or absent when no clip was measured."""
+    """stats.json. `filter`, `cutoffs`, `padding` and `buckets` are null or absent when no clip was measured;
+    so may `speakers`, `languages` and `split` be (or the tables empty)."""
     schema_version: StrictStr
     counts: Counts
     before_filter: LengthSummaries
@@ -183,6 +308,10 @@ class StatsFile(_Section):
     cutoffs: Optional[Cutoffs] = None
     padding: Optional[Padding] = None
     buckets: Optional[Buckets] = None
+    speakers: Optional[list[SpeakerRow]] = None
+    languages: Optional[list[LanguageRow]] = None
+    split: Optional[Split] = None
+    inputs: Optional[list[InputSummary]] = None  # absent from runs made before several inputs were read
 
     @model_validator(mode="after")
     def _measured(self) -> "StatsFile":
@@ -200,6 +329,22 @@ class StatsFile(_Section):
             missing = next((f for f in type(section).model_fields if getattr(section, f) is None), None)
             if missing is not None:
                 raise _problem(f"{key}.{missing} is missing")
+        for key, kind in (("speakers", "a list"), ("languages", "a list"), ("split", "an object")):
+            if getattr(self, key) is None:
+                raise _problem(f"{key} is null, not {kind}" if key in self.model_fields_set else f"{key} is missing")
+        by_language = self.cutoffs.max_text_len_by_language
+        if by_language and max(by_language.values()) != self.cutoffs.max_text_len:
+            raise _problem(f"cutoffs.max_text_len is {self.cutoffs.max_text_len}, but the largest of "
+                           f"cutoffs.max_text_len_by_language is {max(by_language.values())}")
+        return self
+
+    @model_validator(mode="after")
+    def _tables_add_up(self) -> "StatsFile":
+        """The speaker and language tables against the counts (and each other's ids), whenever present."""
+        problem = ((self.speakers is not None and speakers_problem(self.speakers, self.counts))
+                   or (self.languages is not None and languages_problem(self.languages, self.counts, self.cutoffs)))
+        if problem:
+            raise _problem(problem)
         return self
 
 
@@ -233,6 +378,8 @@ def error_text(error: dict) -> str:
         return f"{where} is missing"
     if error["type"] == "greater_than_equal":
         return f"{where} is {error['input']}, a negative count"
+    if error["type"] == "literal_error":
+        return f"{where} is {_describe(error['input'])}, not {error['ctx']['expected']}"
     if error["type"] in _KINDS:
         return f"{where} is {_describe(error['input'])}, not {_KINDS[error['type']]}"
     return f"{where}: {error['msg']}"

@@ -21,12 +21,13 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
 
 
 def terminal_report(report: dict) -> str:
+    from melshards.reports.by_tables import corpus_line
     from melshards.reports.stats_report_tables import mib, whatif_table
     from melshards.reports.stats_json_tables import (bucket_table, bucket_whatif_table, counts_table, padding_table,
                                                      percentile_table)
 
     pad = report["padding"]
-    parts = [f"stats of {report['source']}", "",
+    parts = [f"stats of {report['source']}", corpus_line(report), "",
              "Lengths before and after filtering (percentiles of the clips measured / in shards)",
              percentile_table(report), "",
              f"Clips ({report['hours']['after_filter']:.2f} h of audio in shards)", counts_table(report), ""]
@@ -70,13 +71,17 @@ def write_html(path: str, html: str) -> None:
 @click.option("--html", "html_path", default=None, help="Write a self-contained HTML report (plots embedded).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON instead of tables.")
 @click.option("--compare", "other_path", default=None, help="A second run (directory or stats.json) to compare.")
+@click.option("--by", type=click.Choice(["speaker", "language"]), default=None,
+              help="Print the table of speakers (most hours first, the top 50; --json lists all) or of languages "
+                   "instead; --html adds its section, --compare compares clips and hours per speaker or language.")
 def stats_command(path: str, batch_size: int, what_if: str, n_mels: int | None, html_path: str | None,
-                  as_json: bool, other_path: str | None) -> None:
-    """Percentiles, counts, padding efficiency and what-if cut-offs of a `melshards preprocess` run.
+                  as_json: bool, other_path: str | None, by: str | None) -> None:
+    """Percentiles, counts, padding efficiency and what-if cut-offs of a `melshards preprocess` run;
+    with --by, its speakers or languages.
 
     PATH is the run's output directory or its stats.json (local or gs://).
     """
-    from melshards.reports.stats_report import StatsError, build_report, load_run
+    from melshards.reports.stats_report import StatsError, build_report, load_run, view
     from melshards.reports.stats_report_tables import compare_table
 
     qs = parse_percentiles(what_if)
@@ -88,7 +93,15 @@ def stats_command(path: str, batch_size: int, what_if: str, n_mels: int | None, 
         other = build_report(load_run(other_path, n_mels), batch_size, qs) if other_path else None
     except StatsError as e:  # the path holds no usable stats.json: a bad call
         raise click.UsageError(str(e)) from e
-    if as_json:
+    if by is not None:
+        from melshards.reports.by_tables import by_table, compare_by_table
+
+        if as_json:
+            shown = view(report, by) if other is None else {"a": view(report, by), "b": view(other, by)}
+            click.echo(json.dumps(shown, indent=2))
+        else:
+            click.echo(by_table(report, by) if other is None else compare_by_table(report, other, by))
+    elif as_json:
         click.echo(json.dumps(report if other is None else {"a": report, "b": other}, indent=2))
     elif other is not None:
         click.echo(compare_table(report, other))
@@ -97,6 +110,6 @@ def stats_command(path: str, batch_size: int, what_if: str, n_mels: int | None, 
     if html_path:
         from melshards.reports.html_report import render_html
 
-        write_html(html_path, render_html(report, run.stats["histograms"], other))
+        write_html(html_path, render_html(report, run.stats["histograms"], other, by))
         # stderr, so that `--json --html r.html > figures.json` stays valid JSON
         click.echo(f"wrote {html_path}", err=True)

@@ -11,6 +11,8 @@ import io
 
 from matplotlib.figure import Figure
 
+from melshards.reports.by_tables import (TOP, compare_by_rows, corpus_line, language_length_rows, language_rows,
+                                        speaker_notes, speaker_rows)
 from melshards.reports.stats_report_tables import compare_rows, q_label, reasons_rows, whatif_notes, whatif_rows
 from melshards.reports.whatif import int_hist
 from melshards.reports.stats_json_tables import (Table, bucket_notes, bucket_rows, bucket_whatif_rows, counts_rows,
@@ -119,6 +121,34 @@ def whatif_figure(report: dict) -> Figure:
     return fig
 
 
+def hours_figure(rows: list[dict], label_key: str, top: int = TOP) -> Figure:
+    """Horizontal bars: hours in the shards of the first `top` rows (speakers, most hours first), top down."""
+    shown = rows[:top]
+    fig = Figure(figsize=(8, 0.8 + 0.22 * max(len(shown), 1)), dpi=100, layout="constrained")
+    ax = fig.subplots()
+    ax.barh(range(len(shown)), [r["hours"] for r in shown], color=AFTER)
+    ax.set_yticks(range(len(shown)), [str(r[label_key]) for r in shown], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("hours in the shards", fontsize=9)
+    ax.tick_params(axis="x", labelsize=8)
+    return fig
+
+
+def by_section(report: dict, by: str) -> list[str]:
+    """`--by speaker`: the bar chart of hours per speaker (top `TOP`), the table and its notes;
+    `--by language`: the language table and the lengths per language."""
+    if by == "speaker":
+        v = report["speakers"]
+        if not v["rows"]:
+            return ["<h2>Speakers</h2>", _notes(["No speakers: no clip was measured."])]
+        return ["<h2>Speakers</h2>", _img(hours_figure(v["rows"], "name"), f"hours per speaker, top {TOP}"),
+                _table(speaker_rows(report)), _notes(speaker_notes(report))]
+    if not report["languages"]["rows"]:
+        return ["<h2>Languages</h2>", _notes(["No languages: no clip was measured, or every speaker was dropped."])]
+    return ["<h2>Languages</h2>", _table(language_rows(report)),
+            "<h3>Lengths before filtering, per language</h3>", _table(language_length_rows(report))]
+
+
 def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
@@ -143,8 +173,9 @@ def _notes(lines: list[str]) -> str:
     return "".join(f'<p class="note">{html.escape(line)}</p>' for line in lines)
 
 
-def render_html(report: dict, histograms: dict, other: dict | None = None) -> str:
-    """The whole report as one HTML document; `other` adds the comparison with a second run."""
+def render_html(report: dict, histograms: dict, other: dict | None = None, by: str | None = None) -> str:
+    """The whole report as one HTML document; `other` adds the comparison with a second run, `by`
+    ("speaker" or "language") the section of that view (compared too, with `other`)."""
     c, pad = report["counts"], report["padding"]
     e = html.escape
     parts = [
@@ -153,7 +184,9 @@ def render_html(report: dict, histograms: dict, other: dict | None = None) -> st
         "<h1>melshards stats</h1>",
         f"<p><code>{e(report['source'])}</code>: {c['input_rows']} input rows, {c['in_shards']} in shards "
         f"(" + ", ".join(f"{s} {n}" for s, n in c["per_split"].items()) + f"), {c['filtered']} filtered, "
-        f"{c['rejected']} rejected; {report['hours']['after_filter']:.2f} h of audio in shards.</p>",
+        f"{c['rejected']} rejected; {report['hours']['after_filter']:.2f} h of audio in shards; "
+        f"{e(corpus_line(report))}.</p>",
+        *(by_section(report, by) if by else []),
         "<h2>Length distributions</h2>",
         _img(histogram_figure(report, histograms), "histograms of text length, mel frames and duration"),
         _notes(["Grey: every clip measured (before filtering); blue: clips in the shards. Solid lines: "
@@ -181,5 +214,10 @@ def render_html(report: dict, histograms: dict, other: dict | None = None) -> st
     if other is not None:
         parts += ["<h2>Comparison</h2>",
                   _notes([f"A = {report['source']}", f"B = {other['source']}"]), _table(compare_rows(report, other))]
+        if by:
+            table, left = compare_by_rows(report, other, by)
+            parts += [f"<h3>Per {by}</h3>", _table(table),
+                      _notes(["Largest change in hours first; - = not in that run."]
+                             + ([f"{left} more with smaller changes not shown."] if left else []))]
     parts.append("</body></html>\n")
     return "\n".join(parts)

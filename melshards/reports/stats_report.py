@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from typing import Iterable
 
 from apache_beam.io.filesystems import FileSystems
@@ -15,9 +16,13 @@ from melshards.shards_schema.shards import dir_of
 from melshards.reports.whatif import DEFAULT_WHAT_IF, WhatIf, batch_bytes, int_hist, what_if_table
 from melshards.shards_schema.stats import FILTER_REASONS
 from melshards.shards_schema.stats_model import stats_problem  # stats.json, declared once
-from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, STATS_FILE, Schema, SchemaError
+from melshards.shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE, Schema,
+                                     SchemaError)
 
 EXAMPLES_PER_REASON = 3
+LENGTHS = ("text_len", "mel_frames", "duration_s")  # the before-filter summaries of a language
+SPREAD = (("p50", "p50"), ("p90", "p90"), ("p99", "p99"), ("max", "p100"))  # label -> percentile key
+VIEWS = {"speaker": "speakers", "language": "languages"}  # --by -> the report's key
 
 
 class StatsError(ValueError):
@@ -111,6 +116,54 @@ def audio_hours(hist: dict) -> float:
     return round(sum(v * c for v, c in int_hist(hist).items()) / 3.6e6, 4)
 
 
+def speaker_figures(speakers: list[dict], split: dict | None) -> dict:
+    """`--by speaker`: every speaker of stats.json, most hours first (dropped speakers, id null, last),
+    the totals over all of them, and a summary of the kept ones (the speakers with ids)."""
+    rows = [dict(s, dropped=s["id"] is None)
+            for s in sorted(speakers, key=lambda s: (s["id"] is None, -s["hours"], s["name"]))]
+    kept = [s for s in rows if not s["dropped"]]
+    hours = sorted(s["hours"] for s in kept)
+    split = split or {}
+    return {
+        "summary": {
+            "speakers": len(kept),
+            "dropped": len(rows) - len(kept),
+            "hours_per_speaker": ({"median": round(statistics.median(hours), 4), "min": hours[0], "max": hours[-1]}
+                                  if hours else None),
+            "without_val": [s["name"] for s in kept if not s["per_split"].get("val")],
+            "val_speakers": list(split.get("val_speakers", [])),
+            "val_speakers_not_found": list(split.get("val_speakers_not_found", [])),
+        },
+        "total": {"clips": sum(s["clips"] for s in rows), "hours": round(sum(s["hours"] for s in rows), 4),
+                  "per_split": {k: sum(s["per_split"].get(k, 0) for s in rows) for k in SPLITS},
+                  "measured": sum(s["measured"] for s in rows)},
+        "rows": rows,
+    }
+
+
+def length_spread(summary: dict) -> dict:
+    """p50, p90, p99 and max (p100) of one length summary of stats.json, and its clips."""
+    return {"count": summary["count"], **{label: summary["percentiles"].get(q) for label, q in SPREAD}}
+
+
+def language_figures(languages: list[dict]) -> dict:
+    """`--by language`: every language in id order, its front end, clips and hours in the shards, its
+    text-length cut-off and the spread of its lengths before the filter."""
+    return {
+        "codes": [x["code"] for x in languages],
+        "rows": [{"id": x["id"], "code": x["code"], "text_frontend": x["text_frontend"], "clips": x["clips"],
+                  "hours": x["hours"], "measured": x["before_filter"]["text_len"]["count"],
+                  "max_text_len": x.get("max_text_len"),
+                  "before_filter": {k: length_spread(x["before_filter"][k]) for k in LENGTHS}}
+                 for x in languages],
+    }
+
+
+def view(report: dict, by: str) -> dict:
+    """The figures of one `--by` view (its `--json` output)."""
+    return {"source": report["source"], VIEWS[by]: report[VIEWS[by]]}
+
+
 def build_report(run: Run, batch_size: int, qs: tuple[float, ...] = DEFAULT_WHAT_IF,
                  examples: int = EXAMPLES_PER_REASON) -> dict:
     s = run.stats
@@ -139,4 +192,6 @@ def build_report(run: Run, batch_size: int, qs: tuple[float, ...] = DEFAULT_WHAT
         "what_if": [w.to_dict() for w in table],
         "reasons": top_reasons(c["per_reason"], rows, examples),
         "rejected_file": run.rejected_path,
+        "speakers": speaker_figures(s.get("speakers") or [], s.get("split")),
+        "languages": language_figures(s.get("languages") or []),
     }
