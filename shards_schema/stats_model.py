@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal, Optional, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+from pydantic import (BaseModel, ConfigDict, Field, PlainValidator, StrictBool, StrictFloat, StrictInt, StrictStr,
                       StringConstraints, ValidationError, model_validator)
 from pydantic_core import PydanticCustomError
 
@@ -31,10 +31,21 @@ IntKey = Annotated[str, StringConstraints(pattern=r"^-?[0-9]+$")]  # JSON keys o
 Histogram = dict[IntKey, StrictInt]  # length (as a string) -> clips of that length
 
 PROBLEM = "stats_json_problem"  # the error type of the checks below the field types
+INT_OR_STR = "int_or_str_type"
 
 
 def _problem(text: str) -> PydanticCustomError:
     return PydanticCustomError(PROBLEM, "{problem}", {"problem": text})
+
+
+def _int_or_str(value: Any) -> Union[int, str]:
+    """One error for a value that is neither (a pydantic Union would name each member in the path)."""
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise PydanticCustomError(INT_OR_STR, "not an integer or a string")
+    return value
+
+
+IntOrStr = Annotated[Any, PlainValidator(_int_or_str)]
 
 
 class _Section(BaseModel):
@@ -143,7 +154,7 @@ class Merge(_Section):
 
 class BucketPlan(_Section):
     """`melshards.shards_schema.buckets.BucketChoice.to_dict`: how the bounds were chosen."""
-    k_requested: Union[StrictInt, StrictStr]  # K or "auto"
+    k_requested: IntOrStr  # K or "auto"
     k_used: StrictInt
     max_buckets: StrictInt
     target_padding: Number
@@ -190,7 +201,7 @@ class SpeakerRow(_Section):
 class TextFrontend(_Section):
     """`melshards.shards_schema.text.frontend_record`: the front end that made a language's text."""
     name: StrictStr
-    version: Union[StrictInt, StrictStr]
+    version: IntOrStr
 
 
 class LanguageRow(_Section):
@@ -351,7 +362,7 @@ class StatsFile(_Section):
 # -- one sentence per error, naming the field ------------------------------------------------------
 _KINDS = {"int_type": "an integer", "float_type": "a number", "string_type": "a string",
           "bool_type": "a boolean", "list_type": "a list", "dict_type": "an object", "model_type": "an object",
-          "model_attributes_type": "an object"}
+          "model_attributes_type": "an object", INT_OR_STR: "an integer or a string"}
 
 
 def _describe(value) -> str:

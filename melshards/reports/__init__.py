@@ -7,6 +7,8 @@
   `melshards stats` shows into one dict (its `--json` output).
 - `stats_report_tables`: the tables only that report has: what-if cut-offs, rejection reasons with
   examples, two runs side by side.
+- `by_tables`: `melshards stats --by speaker|language`: the speaker and language tables, and both per
+  run side by side.
 - `html_report`: `melshards stats --html`, one self-contained HTML file.
 - `record_view`: `melshards inspect --show N`, one record as the trainer sees it, as text and a mel PNG.
 

@@ -63,8 +63,9 @@ def speaker_notes(report: dict, top: int = TOP) -> list[str]:
     without = s["without_val"]
     out.append(f"{_plural(s['speakers'], 'speaker')}; {spread}; {len(without)} without a validation clip"
                + (f" ({_names(without)})" if without else ""))
-    if s["val_speakers"]:
-        out.append(f"held out for validation (split.val_speakers): {_names(s['val_speakers'])}")
+    held_out = [n for n in s["val_speakers"] if n not in s["val_speakers_not_found"]]
+    if held_out:
+        out.append(f"held out for validation (split.val_speakers): {_names(held_out)}")
     if s["val_speakers_not_found"]:
         out.append(f"split.val_speakers not in the corpus: {_names(s['val_speakers_not_found'])}; "
                    "fix the names in the config")

@@ -122,7 +122,8 @@ def whatif_figure(report: dict) -> Figure:
 
 
 def hours_figure(rows: list[dict], label_key: str, top: int = TOP) -> Figure:
-    """Horizontal bars: hours in the shards of the first `top` rows (speakers, most hours first), top down."""
+    """Horizontal bars: hours in the shards of the first `top` rows (speakers, most hours first), top down;
+    the title says how many rows are left out."""
     shown = rows[:top]
     fig = Figure(figsize=(8, 0.8 + 0.22 * max(len(shown), 1)), dpi=100, layout="constrained")
     ax = fig.subplots()
@@ -131,6 +132,8 @@ def hours_figure(rows: list[dict], label_key: str, top: int = TOP) -> Figure:
     ax.invert_yaxis()
     ax.set_xlabel("hours in the shards", fontsize=9)
     ax.tick_params(axis="x", labelsize=8)
+    if len(rows) > top:
+        ax.set_title(f"the {top} with the most hours; {len(rows) - top} more not drawn", fontsize=9)
     return fig
 
 
@@ -141,7 +144,8 @@ def by_section(report: dict, by: str) -> list[str]:
         v = report["speakers"]
         if not v["rows"]:
             return ["<h2>Speakers</h2>", _notes(["No speakers: no clip was measured."])]
-        return ["<h2>Speakers</h2>", _img(hours_figure(v["rows"], "name"), f"hours per speaker, top {TOP}"),
+        kept = [r for r in v["rows"] if not r["dropped"]]
+        return ["<h2>Speakers</h2>", _img(hours_figure(kept, "name"), f"hours per speaker, top {TOP}"),
                 _table(speaker_rows(report)), _notes(speaker_notes(report))]
     if not report["languages"]["rows"]:
         return ["<h2>Languages</h2>", _notes(["No languages: no clip was measured, or every speaker was dropped."])]

@@ -189,9 +189,12 @@ def test_a_run_that_rejected_every_row_still_reports_counts_and_html(tmp_path):
 
 def test_json_compare_holds_both_runs_figures(shards_dir, tmp_path):
     other = json.loads((shards_dir / "stats.json").read_text())
-    for key in ("in_shards", "input_rows"):  # the counts must still add up
+    for key in ("in_shards", "input_rows"):  # the counts must still add up, and the tables with them
         other["counts"][key] += 5
     other["counts"]["per_split"]["train"] += 5
+    other["speakers"][0]["clips"] += 5
+    other["speakers"][0]["per_split"]["train"] += 5
+    other["languages"][0]["clips"] += 5
     (tmp_path / "stats.json").write_text(json.dumps(other))
     figures = json.loads(run_stats(shards_dir, "--compare", tmp_path / "stats.json", "--json").output)
     assert set(figures) == {"a", "b"}
