@@ -16,7 +16,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess import audio
 from melshards.preprocess.config import PreprocessConfig
-from melshards.preprocess.corpus import reject
+from melshards.preprocess.rows import reject
 from melshards.shards_schema.stats import Cutoffs
 from melshards.shards_schema.text import TextRejected, check_text
 from melshards.shards_schema import Vocabulary

@@ -34,7 +34,7 @@ def length_summaries(hists: dict) -> dict:
 
 def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dict, cutoffs: Cutoffs | None,
                 reasons: dict, shards: list[dict], buckets: dict | None = None, text: dict | None = None,
-                train_hist: dict | None = None) -> dict:
+                train_hist: dict | None = None, inputs: list[dict] | None = None) -> dict:
     """stats.json, checked against its declaration (StatsFile) before it is written."""
     stats = {
         "schema_version": SCHEMA_VERSION,
@@ -54,6 +54,7 @@ def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dic
         },
         "filter": dataclasses.asdict(cfg.filter),
         "cutoffs": dataclasses.asdict(cutoffs) if cutoffs else None,
+        **({"inputs": inputs} if inputs is not None else {}),  # each --input: its format, rows, prefixed labels
     }
     if cutoffs and buckets:
         per_bucket = bucketing.bucket_stats(buckets, after.get("mel_frames", {}), text or {}, shards, cfg.pad,
@@ -119,12 +120,12 @@ class _WriteReportFn(beam.DoFn):
     def __init__(self, out_dir: str, cfg: PreprocessConfig):
         self.out_dir, self.cfg = out_dir, cfg
 
-    def process(self, _, input_rows, before, cutoffs, plan, rejected, shards, moments):
+    def process(self, _, input_rows, before, cutoffs, plan, rejected, shards, moments, inputs=None):
         rejected = list(rejected)
         reasons = Counter(r["reason"] for r in rejected)
         buckets, text = plan["buckets"], plan["text"]
         stats = build_stats(self.cfg, input_rows, before, plan["after"], cutoffs, dict(reasons), list(shards),
-                            buckets, text, plan["train_hist"])
+                            buckets, text, plan["train_hist"], inputs)
         _write_text(self.out_dir, REJECTED_FILE, rejected_lines(rejected))
         _write_text(self.out_dir, STATS_FILE, json.dumps(stats, indent=2) + "\n")
         finished = cutoffs is not None and buckets is not None
@@ -155,4 +156,5 @@ class WriteReport(beam.PTransform):
                     plan=S.AsSingleton(inputs["plan"]),
                     rejected=S.AsList(inputs["rejected"]),
                     shards=S.AsList(inputs["shards"]),
-                    moments=S.AsSingleton(inputs["moments"])))
+                    moments=S.AsSingleton(inputs["moments"]),
+                    inputs=S.AsSingleton(inputs["inputs"])))

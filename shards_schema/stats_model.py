@@ -171,6 +171,19 @@ class Buckets(_Section):
     what_if: list[WhatIfK]
 
 
+class InputSummary(_Section):
+    """One --input of the run (`melshards.preprocess.corpus.input_summary`): its layout, its input rows,
+    the language of its rows that give none, and how many of its speaker labels and ids were prefixed
+    with its name because another input has them too."""
+    input: StrictStr
+    name: StrictStr
+    format: StrictStr
+    rows: Count
+    language: Optional[StrictStr] = None
+    prefixed_speakers: Count
+    prefixed_ids: Count
+
+
 class StatsFile(_Section):
     """stats.json. `filter`, `cutoffs`, `padding` and `buckets` are null or absent when no clip was measured."""
     schema_version: StrictStr
@@ -182,6 +195,14 @@ class StatsFile(_Section):
     cutoffs: Optional[Cutoffs] = None
     padding: Optional[Padding] = None
     buckets: Optional[Buckets] = None
+    inputs: Optional[list[InputSummary]] = None  # absent from runs made before several inputs were read
+
+    @model_validator(mode="after")
+    def _inputs_add_up(self) -> "StatsFile":
+        rows = sum(i.rows for i in self.inputs or ())
+        if self.inputs is not None and rows != self.counts.input_rows:
+            raise _problem(f"inputs' rows sum to {rows}, but counts.input_rows is {self.counts.input_rows}")
+        return self
 
     @model_validator(mode="after")
     def _measured(self) -> "StatsFile":
