@@ -37,8 +37,8 @@ def input_lines(inputs: list[dict]) -> list[str]:
     for i in inputs:
         prefixed = [f"{n} {what}" for n, what in ((i["prefixed_speakers"], "speaker label(s)"),
                                                     (i["prefixed_ids"], "id(s)")) if n]
-        lines.append(f"input {i['name']} ({i['format']}, {i['input']}): {i['rows']} rows, language "
-                     f"{i['language'] or '(from its rows)'}"
+        lines.append(f"input {i['name']} ({i['format']}, {i['input']}): {i['rows']} input row"
+                     f"{'s' * (i['rows'] != 1)}, default language {i['language'] or 'none'}"
                      + (f"; {' and '.join(prefixed)} prefixed with '{i['name']}/': other inputs have them too"
                         if prefixed else ""))
     return lines
