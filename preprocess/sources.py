@@ -180,26 +180,44 @@ def _locate_commonvoice(path: str, forced: bool) -> Corpus | None:
     return Corpus("commonvoice", tsv, path) if _exists(tsv) else None
 
 
+def _read_commonvoice(c: Corpus) -> LayoutRows:
+    return M.commonvoice_rows(_read_text(c.rows_path), c.rows_path)
+
+
 def _locate_manifest(path: str, forced: bool) -> Corpus | None:
     return Corpus("manifest", path, posixpath.dirname(path) or ".") if _is_table(path) and not _is_dir(path) else None
 
 
+def _read_manifest(c: Corpus) -> LayoutRows:
+    return M.manifest_rows(_read_text(c.rows_path), c.rows_path, c.root)
+
+
+# The default language of a layout's rows that give none, from the corpus and --language (or None).
+def _given_else_english(corpus: Corpus, given: str | None) -> str:
+    return given or "en"  # the LJSpeech layout: LJSpeech is English, many corpora in its layout are not
+
+
 def _english(corpus: Corpus, given: str | None) -> str:
-    return "en"  # VCTK and LibriTTS are English corpora: their rows say so, whatever --language says
+    return "en"  # VCTK and LibriTTS are English corpora, whatever --language says
+
+
+def _given_else_locale_dir(corpus: Corpus, given: str | None) -> str | None:
+    return given or M.commonvoice_language(corpus.rows_path)
+
+
+def _given(corpus: Corpus, given: str | None) -> str | None:
+    return given
 
 
 LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in (  # in the order detection tries them
-    Layout("ljspeech", "metadata.csv", _locate_ljspeech,
-           _read_ljspeech, _count_lines, lambda c, given: given or "en"),
+    Layout("ljspeech", "metadata.csv", _locate_ljspeech, _read_ljspeech, _count_lines, _given_else_english),
     Layout("vctk", f"speaker-info.txt and {L.VCTK_AUDIO_DIR}/", _locate_vctk, _read_vctk, _count_vctk, _english),
-    Layout("libritts", "SPEAKERS.txt in it or in its parent", _locate_libritts,
-           _read_libritts, _count_libritts, _english),
+    Layout("libritts", "SPEAKERS.txt in it or in its parent", _locate_libritts, _read_libritts, _count_libritts,
+           _english),
     Layout("commonvoice", "validated.tsv, or a .tsv with columns client_id, path, sentence", _locate_commonvoice,
-           lambda c: M.commonvoice_rows(_read_text(c.rows_path), c.rows_path), _count_lines,
-           lambda c, given: given or M.commonvoice_language(c.rows_path)),
-    Layout("manifest", "a .csv/.tsv/.jsonl file with columns audio, text", _locate_manifest,
-           lambda c: M.manifest_rows(_read_text(c.rows_path), c.rows_path, c.root), _count_lines,
-           lambda c, given: given),
+           _read_commonvoice, _count_lines, _given_else_locale_dir),
+    Layout("manifest", "a .csv/.tsv/.jsonl file with columns audio, text", _locate_manifest, _read_manifest,
+           _count_lines, _given),
 )}
 
 

@@ -198,13 +198,6 @@ class StatsFile(_Section):
     inputs: Optional[list[InputSummary]] = None  # absent from runs made before several inputs were read
 
     @model_validator(mode="after")
-    def _inputs_add_up(self) -> "StatsFile":
-        rows = sum(i.rows for i in self.inputs or ())
-        if self.inputs is not None and rows != self.counts.input_rows:
-            raise _problem(f"inputs' rows sum to {rows}, but counts.input_rows is {self.counts.input_rows}")
-        return self
-
-    @model_validator(mode="after")
     def _measured(self) -> "StatsFile":
         """Once any clip was measured there are cut-offs, and the what-if tables need all of these."""
         if self.cutoffs is None:

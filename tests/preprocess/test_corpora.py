@@ -341,6 +341,7 @@ def test_several_inputs_through_the_cli_are_one_run_whose_counts_add_up(capsys, 
     assert {r["id"]: r["reason"] for r in rejected if r["reason"] in ("missing_text", "missing_audio")} == {
         "p315_001": "missing_text", "p315_002": "missing_text", "84_121123_000000_000004": "missing_text",
         "p225_003": "missing_audio", "p226_002": "missing_audio"}
+    assert sum(i["rows"] for i in stats["inputs"]) == c["input_rows"]
     assert [(i["name"], i["format"], i["rows"], i["language"], i["prefixed_speakers"]) for i in stats["inputs"]] == [
         ("vctk", "vctk", 7, "en", 1), ("LibriTTS", "libritts", 5, "en", 0), ("cy", "commonvoice", 3, "en", 0),
         ("mine", "manifest", 1, "en", 1)]
