@@ -106,6 +106,9 @@ def find_corpora(input_paths: Sequence[str], format: str | None, language: str |
     if not input_paths:
         raise CorpusError("no --input given; give one or more corpora (--input PATH, repeated)")
     corpora = [detect_corpus(path, format, language) for path in input_paths]
+    twice = next((c.input for n, c in enumerate(corpora) if c.input in [d.input for d in corpora[:n]]), None)
+    if twice:  # read twice, every clip would be in the shards twice (under two prefixed ids)
+        raise CorpusError(f"--input {twice} is given twice; give each corpus once")
     for corpus in corpora:
         if check_remote or is_local_path(corpus.rows_path or corpus.root):
             check_rows_file(corpus)

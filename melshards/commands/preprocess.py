@@ -73,8 +73,9 @@ def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
 @click.option("--format", "format_name", type=click.Choice(FORMATS), default=None,
               help="Read every --input as this layout instead of recognising it (see docs/corpora.md).")
 @click.option("--language", default=None, metavar="CODE",
-              help="Language of rows whose corpus does not say (a manifest without a language column, an old "
-                   "Common Voice TSV, an LJSpeech layout: default en); a row's own language wins.")
+              help="Language code (en, de, zh-CN) of rows whose corpus gives none: a manifest without a language "
+                   "column, an old Common Voice TSV, the LJSpeech layout (else en). A row's own language wins; "
+                   "VCTK and LibriTTS are en.")
 @click.option("--output", "out_dir", required=True, help="Output directory for shards and reports; local or gs://.")
 @click.option("--config", "config_path", default=None, help="YAML config (see configs/ljspeech.yaml).")
 @click.option("--overwrite", is_flag=True,

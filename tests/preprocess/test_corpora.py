@@ -359,6 +359,9 @@ def test_a_bad_input_among_several_stops_the_run_naming_it(capsys, tmp_path):
     code = run(["--input", str(tmp_path / "vctk"), "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o")])
     assert code == 2
     assert f"--input {tmp_path / 'nope'} does not exist" in capsys.readouterr().err
+    twice = ["--input", str(tmp_path / "vctk"), "--input", f"{tmp_path / 'vctk'}/", "--output", str(tmp_path / "o")]
+    assert run(twice) == 2
+    assert f"--input {tmp_path / 'vctk'} is given twice" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
 
 
