@@ -165,7 +165,8 @@ def libritts_rows(transcripts: Mapping[str, str], audio_paths: Iterable[str], sp
     for i, key in enumerate(sorted(wavs.keys() | txts.keys())):
         utt, speaker = posixpath.basename(key), _dir_name(key, 2)
         if key not in txts:
-            rejected.append(reject(utt, "missing_text", f"{wavs[key]} has no transcript {utt}{LIBRITTS_TEXT} beside it"))
+            rejected.append(reject(utt, "missing_text",
+                                   f"{wavs[key]} has no transcript {utt}{LIBRITTS_TEXT} beside it"))
         elif key not in wavs:
             rejected.append(reject(utt, "missing_audio", f"{txts[key]} has no {utt}.wav beside it"))
         else:
