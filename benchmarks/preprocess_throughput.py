@@ -34,7 +34,7 @@ LJSPEECH_CLIPS = 13100
 
 def corpus_rows(corpus: str) -> list[dict]:
     """The rows the job would measure (malformed rows and repeated ids dropped, audio resolved)."""
-    from melshards.preprocess.corpus import parse_ljspeech_line
+    from melshards.preprocess.layouts import parse_ljspeech_line
 
     lines = [l for l in (Path(corpus) / "metadata.csv").read_text(encoding="utf-8").splitlines() if l.strip()]
     rows, seen = [], set()

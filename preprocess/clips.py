@@ -14,7 +14,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess import audio
 from melshards.preprocess.config import PreprocessConfig
-from melshards.preprocess.corpus import reject
+from melshards.preprocess.rows import reject
 from melshards.preprocess.tables import speaker_rejection_detail
 from melshards.shards_schema.stats import Cutoffs
 from melshards.shards_schema.text import TextRejected, check_texts

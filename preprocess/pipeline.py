@@ -19,7 +19,7 @@ from apache_beam.utils.windowed_value import WindowedValue
 from melshards.preprocess import bucketing, tables
 from melshards.preprocess.clips import ClipRejected, as_rejection, featurize, filter_rejection, prepare_texts
 from melshards.preprocess.config import PreprocessConfig
-from melshards.preprocess.corpus import INPUT_ROWS, REJECTED, Corpus, ReadCorpus
+from melshards.preprocess.corpus import INPUT_ROWS, INPUTS, REJECTED, Corpus, ReadCorpus
 from melshards.preprocess.encode import encode_clip
 from melshards.preprocess.progress import ProgressFile, progress_dir
 from melshards.preprocess.report import WriteReport
@@ -344,7 +344,8 @@ class FilterAndWrite(beam.PTransform):
 
 
 # -- the job -----------------------------------------------------------------------------------
-def build(p: beam.Pipeline, corpus: Corpus, out_dir: str, cfg: PreprocessConfig, progress: bool = False):
+def build(p: beam.Pipeline, corpus: Corpus | list[Corpus], out_dir: str, cfg: PreprocessConfig,
+          progress: bool = False):
     """Wire every stage; returns the PCollection holding the schema.json path once it is written.
 
     Elements are batches of rows/clips (corpus.batch_rows): the per-element cost of a runner is
@@ -363,5 +364,5 @@ def build(p: beam.Pipeline, corpus: Corpus, out_dir: str, cfg: PreprocessConfig,
     shards = written["parts"] | "Shards" >> AssembleShards(out_dir, cfg.write.target_shard_mb)
     rejected = ((read[REJECTED], measured[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten())
     return {"input_rows": read[INPUT_ROWS], "before": before, "cutoffs": cutoffs, "plan": chosen,  # WriteReport's name
-            "rejected": rejected, "shards": shards, "moments": moments, "tables": corpus_tables,
-            "written": written[WRITTEN]} | "Report" >> WriteReport(out_dir, cfg)
+            "inputs": read[INPUTS], "rejected": rejected, "shards": shards, "moments": moments,
+            "tables": corpus_tables, "written": written[WRITTEN]} | "Report" >> WriteReport(out_dir, cfg)

@@ -10,12 +10,12 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from typing import Callable
+from typing import Callable, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess.corpus import Corpus
 from melshards.preprocess.shards import TEMP_DIR
+from melshards.preprocess.sources import Corpus, count_input_rows
 
 PROGRESS_PREFIX = "progress-"
 _PROGRESS_EVERY_S = 2.0
@@ -47,12 +47,10 @@ class ProgressFile:
         self.written_at = time.monotonic()
 
 
-def count_rows(corpus: Corpus) -> int:
-    """Rows in the corpus file (non-empty lines, less a manifest's CSV/TSV header): the progress total."""
-    with FileSystems.open(corpus.rows_path) as f:
-        n = sum(1 for line in f if line.strip())
-    header = corpus.kind == "manifest" and corpus.rows_path.lower().endswith((".csv", ".tsv"))
-    return n - 1 if header else n
+def count_rows(corpora: Sequence[Corpus]) -> int:
+    """The input rows of every corpus (a table's non-empty lines less its header; the utterances a
+    VCTK or LibriTTS listing holds): the progress total."""
+    return sum(count_input_rows(c) for c in corpora)
 
 
 class ProgressReporter(threading.Thread):

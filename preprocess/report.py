@@ -72,7 +72,7 @@ def language_stats(corpus_tables: dict, written: dict, cutoffs: Cutoffs | None) 
 def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dict, cutoffs: Cutoffs | None,
                 reasons: dict, shards: list[dict], buckets: dict | None = None, text: dict | None = None,
                 train_hist: dict | None = None, corpus_tables: dict | None = None,
-                written: dict | None = None) -> dict:
+                written: dict | None = None, inputs: list[dict] | None = None) -> dict:
     """stats.json, checked against its declaration (StatsFile) before it is written."""
     stats = {
         "schema_version": SCHEMA_VERSION,
@@ -92,6 +92,7 @@ def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dic
         },
         "filter": dataclasses.asdict(cfg.filter),
         "cutoffs": dataclasses.asdict(cutoffs) if cutoffs else None,
+        **({"inputs": inputs} if inputs is not None else {}),  # each --input: its format, rows, prefixed labels
     }
     if corpus_tables is not None:
         stats["speakers"] = speaker_stats(corpus_tables, written or {})
@@ -164,13 +165,13 @@ class _WriteReportFn(beam.DoFn):
     def __init__(self, out_dir: str, cfg: PreprocessConfig):
         self.out_dir, self.cfg = out_dir, cfg
 
-    def process(self, _, input_rows, before, cutoffs, plan, rejected, shards, moments, tables, written):
+    def process(self, _, input_rows, before, cutoffs, plan, rejected, shards, moments, tables, written, inputs):
         rejected = list(rejected)
         reasons = Counter(r["reason"] for r in rejected)
         buckets, text = plan["buckets"], plan["text"]
         written = written[0] if written else {}  # none when no batch was written
         stats = build_stats(self.cfg, input_rows, before, plan["after"], cutoffs, dict(reasons), list(shards),
-                            buckets, text, plan["train_hist"], tables, written)
+                            buckets, text, plan["train_hist"], tables, written, inputs)
         _write_text(self.out_dir, REJECTED_FILE, rejected_lines(rejected))
         _write_text(self.out_dir, STATS_FILE, json.dumps(stats, indent=2) + "\n")
         finished = cutoffs is not None and buckets is not None
@@ -204,4 +205,5 @@ class WriteReport(beam.PTransform):
                     shards=S.AsList(inputs["shards"]),
                     moments=S.AsSingleton(inputs["moments"]),
                     tables=S.AsSingleton(inputs["tables"]),
-                    written=S.AsList(inputs["written"])))
+                    written=S.AsList(inputs["written"]),
+                    inputs=S.AsSingleton(inputs["inputs"])))

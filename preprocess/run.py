@@ -17,7 +17,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
 
 from melshards.preprocess.config import load_config
-from melshards.preprocess.corpus import check_rows_file, detect_corpus
+from melshards.preprocess.corpus import Corpus, CorpusError, check_rows_file, detect_corpus
 from melshards.preprocess.lock import is_local_path
 from melshards.preprocess.options import OptionsError, is_local, pipeline_options
 from melshards.preprocess.output import (OutputError, OutputRun, close_run, exception_chain, is_disk_full, open_run,
@@ -99,10 +99,30 @@ def disk_full_message(exc: BaseException, run: OutputRun, done: int, total: int 
             f"{run.out_dir} is as it was.")
 
 
-def run_job(input_path: str, out_dir: str, *, config_path: str | None = None, buckets: str | None = None,
+def find_corpora(input_paths: Sequence[str], format: str | None, language: str | None,
+                 check_remote: bool) -> list[Corpus]:
+    """Every --input's corpus (its layout recognised, or forced by `format`), each rows file's first
+    line checked (a remote one only if `check_remote`); a bad path fails naming it, before any work."""
+    if not input_paths:
+        raise CorpusError("no --input given; give one or more corpora (--input PATH, repeated)")
+    corpora = [detect_corpus(path, format, language) for path in input_paths]
+    twice = next((c.input for n, c in enumerate(corpora) if c.input in [d.input for d in corpora[:n]]), None)
+    if twice:  # read twice, every clip would be in the shards twice (under two prefixed ids)
+        raise CorpusError(f"--input {twice} is given twice; give each corpus once")
+    for corpus in corpora:
+        if check_remote or is_local_path(corpus.rows_path or corpus.root):
+            check_rows_file(corpus)
+    return corpora
+
+
+def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None = None, buckets: str | None = None,
             overwrite: bool = False, workers: int | None = None, beam_args: Sequence[str] = (),
-            own_options: Sequence[str] = (), echo: Callable[[str], None] = print) -> dict | None:
+            own_options: Sequence[str] = (), echo: Callable[[str], None] = print, format: str | None = None,
+            language: str | None = None) -> dict | None:
     """Check the invocation, run the job to completion, and return the stats.json it wrote.
+
+    `input_paths`: one corpus or several, merged into one run (see docs/corpora.md); `format` forces
+    their layout, `language` is the language of rows whose corpus does not say.
 
     The job writes into a staging dir of its own beside any earlier run in out_dir (see
     `melshards.preprocess.output`) and is moved into place only once it has finished; a failure or an
@@ -116,25 +136,25 @@ def run_job(input_path: str, out_dir: str, *, config_path: str | None = None, bu
     cfg = load_config(config_path, buckets)
     options = pipeline_options(list(beam_args), list(own_options))
     dry_run = options.view_as(TestOptions).dry_run
-    corpus = detect_corpus(input_path)
-    # Local files are checked always; remote ones only for a real run, so a Dataflow dry run
+    # Local rows files are checked always; remote ones only for a real run, so a Dataflow dry run
     # (--dry_run=True --no_auth) still builds its graph offline.
-    if not (dry_run and "://" in corpus.rows_path):
-        check_rows_file(corpus)
+    corpora = find_corpora([input_paths] if isinstance(input_paths, str) else list(input_paths), format, language,
+                           check_remote=not dry_run)
     local = is_local(options) and not dry_run
-    rows = count_rows(corpus) if local else None
+    rows = count_rows(corpora) if local else None
     apply_workers(options, list(beam_args), workers, rows)
     if dry_run:
         p = beam.Pipeline(options=options)
-        build(p, corpus, out_dir, cfg)
+        build(p, corpora, out_dir, cfg)
         p.run()
         return None
     run = open_run(out_dir, overwrite, echo=echo)
-    log.info("corpus %s (%s), output %s (staged in %s), runner %s", corpus.rows_path, corpus.kind, out_dir,
-             run.stage, options.view_as(StandardOptions).runner)
+    log.info("corpus %s, output %s (staged in %s), runner %s",
+             ", ".join(f"{c.input} ({c.kind})" for c in corpora), out_dir, run.stage,
+             options.view_as(StandardOptions).runner)
     reporter = ProgressReporter(run.stage, rows, echo) if local else None
     try:
-        _run_pipeline(options, corpus, run.stage, cfg, reporter)
+        _run_pipeline(options, corpora, run.stage, cfg, reporter)
         return _finish(run)
     except Exception as e:
         if is_disk_full(e) and not (run.published or run.closed):
@@ -146,10 +166,11 @@ def run_job(input_path: str, out_dir: str, *, config_path: str | None = None, bu
         close_run(run, ok=False)  # publish or an abort this does nothing: OutputRun.abort is idempotent
 
 
-def _run_pipeline(options: PipelineOptions, corpus, stage: str, cfg, reporter: ProgressReporter | None) -> None:
+def _run_pipeline(options: PipelineOptions, corpora: list[Corpus], stage: str, cfg,
+                  reporter: ProgressReporter | None) -> None:
     """Build the job writing into the staging dir and run it to the end, with the progress line."""
     p = beam.Pipeline(options=options)
-    build(p, corpus, stage, cfg, progress=reporter is not None)
+    build(p, corpora, stage, cfg, progress=reporter is not None)
     if reporter:
         reporter.start()
     try:

@@ -10,6 +10,7 @@ import time
 import click
 
 from melshards.commands import run_command, setup_logging
+from melshards.preprocess.layouts import FORMATS
 from melshards.reports.stats_json_tables import bucket_table, percentile_table
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
 
@@ -29,6 +30,20 @@ def run(argv: list[str] | None = None) -> int:
     return run_command(preprocess_command, argv, "melshards preprocess")
 
 
+def input_lines(inputs: list[dict]) -> list[str]:
+    """One line per --input (stats.json's `inputs`): name, layout, rows, default language, and the
+    labels prefixed with its name because another input has them too."""
+    lines = []
+    for i in inputs:
+        prefixed = [f"{n} {what}" for n, what in ((i["prefixed_speakers"], "speaker label(s)"),
+                                                    (i["prefixed_ids"], "id(s)")) if n]
+        lines.append(f"input {i['name']} ({i['format']}, {i['input']}): {i['rows']} input row"
+                     f"{'s' * (i['rows'] != 1)}, default language {i['language'] or 'none'}"
+                     + (f"; {' and '.join(prefixed)} prefixed with '{i['name']}/': other inputs have them too"
+                        if prefixed else ""))
+    return lines
+
+
 def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
     c = stats["counts"]
     click.echo(f"\n{c['input_rows']} input rows in {seconds:.1f}s: {c['in_shards']} in shards "
@@ -36,6 +51,8 @@ def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
                f"{c['rejected']} rejected")
     for reason, n in c["per_reason"].items():
         click.echo(f"  {reason:<26}{n:>6}")
+    for line in input_lines(stats.get("inputs") or []):
+        click.echo(line)
     click.echo("\n" + percentile_table(stats))
     pad = stats["padding"]
     click.echo(f"\n{len(stats['buckets']['buckets'])} length bucket(s), up to text {pad['max_text_len']} symbols, mel "
@@ -50,8 +67,15 @@ def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
 
 @click.command("preprocess", context_settings={"ignore_unknown_options": True, "allow_extra_args": True,
                                                "help_option_names": ["-h", "--help"]})
-@click.option("--input", "input_path", required=True,
-              help="LJSpeech directory (metadata.csv + wavs/) or a .csv/.tsv/.jsonl manifest; local or gs://.")
+@click.option("--input", "input_paths", required=True, multiple=True,
+              help="A corpus: LJSpeech, VCTK 0.92, LibriTTS(-R) or Common Voice as they ship, or a .csv/.tsv/.jsonl "
+                   "manifest; local or gs://. Repeat it to merge several corpora into one run.")
+@click.option("--format", "format_name", type=click.Choice(FORMATS), default=None,
+              help="Read every --input as this layout instead of recognising it (see docs/corpora.md).")
+@click.option("--language", default=None, metavar="CODE",
+              help="Language code (en, de, zh-CN) of rows whose corpus gives none: a manifest without a language "
+                   "column, an old Common Voice TSV, the LJSpeech layout (else en). A row's own language wins; "
+                   "VCTK and LibriTTS are en.")
 @click.option("--output", "out_dir", required=True, help="Output directory for shards and reports; local or gs://.")
 @click.option("--config", "config_path", default=None, help="YAML config (see configs/ljspeech.yaml).")
 @click.option("--overwrite", is_flag=True,
@@ -61,8 +85,9 @@ def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
               help="Local worker processes (default: every core, at most one per 1,000 rows); "
                    "Beam's --direct_num_workers wins.")
 @click.pass_context
-def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config_path: str | None,
-                       overwrite: bool, buckets: str | None, workers: int | None) -> None:
+def preprocess_command(ctx: click.Context, input_paths: tuple[str, ...], format_name: str | None,
+                       language: str | None, out_dir: str, config_path: str | None, overwrite: bool,
+                       buckets: str | None, workers: int | None) -> None:
     """Corpus -> log-mel -> percentile statistics -> filter -> pad -> TFRecord shards.
 
     Options not listed here go to Beam, e.g. --runner DataflowRunner --project P --region R
@@ -82,8 +107,9 @@ def preprocess_command(ctx: click.Context, input_path: str, out_dir: str, config
     start = time.perf_counter()
     try:
         with StopOnCtrlC(out_dir):
-            stats = run_job(input_path, out_dir, config_path=config_path, buckets=buckets, overwrite=overwrite,
-                            workers=workers, beam_args=list(ctx.args),
+            stats = run_job(list(input_paths), out_dir, config_path=config_path, buckets=buckets,
+                            overwrite=overwrite, workers=workers, beam_args=list(ctx.args), format=format_name,
+                            language=language,
                             own_options=[o for p in ctx.command.get_params(ctx) for o in p.opts + p.secondary_opts],
                             echo=click.echo)
     except (ConfigError, CorpusError, OutputError, OptionsError) as e:

@@ -421,7 +421,7 @@ def test_mp3_ogg_and_flac_clips_all_reach_the_shards(capsys, tmp_path, layout):
         src = tmp_path / "in"
     else:
         src = tmp_path / "in" / "m.csv"
-        src.write_text("audio,text\n" + "".join(f"wavs/{i}.{e},Hello there.\n" for i, (e, _) in files.items()))
+        src.write_text("audio,text,language\n" + "".join(f"wavs/{i}.{e},Hello there.,en\n" for i, (e, _) in files.items()))
     out = tmp_path / "o"
     assert run(["--input", str(src), "--output", str(out)]) == 0, capsys.readouterr().err[-2000:]
     _, records = _records(out)

@@ -391,7 +391,7 @@ def _long_corpus(tmp_path: Path, corpus_dir: Path, rows: int) -> Path:
     """A manifest repeating one clip of the shipped corpus: long enough to interrupt."""
     wav = next(p for p in sorted((corpus_dir / "wavs").glob("*.wav")))
     text = "The quick brown fox jumps over the lazy dog."
-    lines = [json.dumps({"id": f"r{i:05d}", "audio": str(wav), "text": text}) for i in range(rows)]
+    lines = [json.dumps({"id": f"r{i:05d}", "audio": str(wav), "text": text, "language": "en"}) for i in range(rows)]
     path = tmp_path / "long.jsonl"
     path.write_text("\n".join(lines) + "\n")
     return path

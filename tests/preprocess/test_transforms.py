@@ -10,7 +10,8 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from melshards.preprocess.config import PreprocessConfig
-from melshards.preprocess.corpus import ReadCorpus, batch_rows, detect_corpus, drop_duplicate_ids
+from melshards.preprocess.corpus import ReadCorpus, batch_rows, detect_corpus
+from melshards.preprocess.rows import drop_duplicate_ids
 from melshards.preprocess.config import PadConfig
 from melshards.preprocess import tables as T
 from melshards.preprocess.clips import filter_rejection
@@ -60,10 +61,10 @@ def test_read_corpus_manifest_jsonl_resolves_relative_paths(tmp_path, corpus_dir
             {"audio": "wavs/x.wav", "text": "There.", "id": "x"}]
     manifest.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
     with pipeline() as p:
-        out = p | ReadCorpus(detect_corpus(str(manifest)))
+        out = p | ReadCorpus(detect_corpus(str(manifest), language="en"))
         assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["speaker"], r["audio"])), equal_to([
             ("LJT001-0001", "s1", str(corpus_dir / "wavs" / "LJT001-0001.wav")),
-            ("x", "", str(tmp_path / "wavs" / "x.wav"))]), label="rows")
+            ("x", "m", str(tmp_path / "wavs" / "x.wav"))]), label="rows")  # no speaker: the input's name
         assert_that(out["rejected"] | beam.Map(lambda r: r["reason"]), equal_to(["malformed_row"]), label="rej")
 
 
@@ -71,7 +72,7 @@ def test_read_corpus_csv_manifest_reads_header_columns(tmp_path):
     manifest = tmp_path / "m.csv"
     manifest.write_text("audio,text,speaker\na.wav,\"Hi, there\",bob\n")
     with pipeline() as p:
-        out = p | ReadCorpus(detect_corpus(str(manifest)))
+        out = p | ReadCorpus(detect_corpus(str(manifest), language="en"))
         assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["text"], r["speaker"])),
                     equal_to([("a", "Hi, there", "bob")]))
 
@@ -460,13 +461,13 @@ EXTRA_FIELD_ROWS = [
 
 @pytest.mark.parametrize("line", EXTRA_FIELD_ROWS)
 def test_ljspeech_line_with_more_than_three_fields_is_malformed(line):
-    from melshards.preprocess.corpus import parse_ljspeech_line
+    from melshards.preprocess.layouts import parse_ljspeech_line
     with pytest.raises(ValueError, match=r"\|-separated fields, expected at most 3"):
         parse_ljspeech_line(line, 0)
 
 
 def test_ljspeech_line_with_two_or_three_fields_is_a_row():
-    from melshards.preprocess.corpus import parse_ljspeech_line
+    from melshards.preprocess.layouts import parse_ljspeech_line
     assert parse_ljspeech_line("a|Hello.", 0)["text"] == "Hello."
     assert parse_ljspeech_line("a|Dr. Who|Doctor Who", 0)["text"] == "Doctor Who"
 
@@ -528,7 +529,7 @@ def test_ljspeech_layout_finds_mp3_ogg_and_flac(tmp_path):
 def test_rows_file_check_reads_the_first_line(tmp_path, name, content, problem):
     from melshards.preprocess.corpus import CorpusError, check_rows_file
     (tmp_path / name).write_text(content)
-    corpus = detect_corpus(str(tmp_path / name) if name != "metadata.csv" else str(tmp_path))
+    corpus = detect_corpus(str(tmp_path / name) if name != "metadata.csv" else str(tmp_path), language="en")
     if problem is None:
         check_rows_file(corpus)
     else:
@@ -538,7 +539,7 @@ def test_rows_file_check_reads_the_first_line(tmp_path, name, content, problem):
 
 # -- rows that would be read silently wrong ------------------------------------------------------
 def test_audio_files_of_an_id_are_listed_in_extension_order_local_or_gcs():
-    from melshards.preprocess.corpus import audio_files_by_id
+    from melshards.preprocess.layouts import audio_files_by_id
     listing = ["gs://b/lj/wavs/c1.wav", "gs://b/lj/wavs/c1.flac", "gs://b/lj/wavs/c2.ogg", "gs://b/lj/wavs/c2.MP3",
                "gs://b/lj/wavs/c3.flac", "gs://b/lj/wavs/notes.txt", "/d/wavs/c4.mp3", "/d/wavs/c4.WAV"]
     assert audio_files_by_id(listing) == {
@@ -549,7 +550,7 @@ def test_audio_files_of_an_id_are_listed_in_extension_order_local_or_gcs():
 
 
 def test_an_id_with_two_audio_files_is_rejected_naming_both_not_guessed():
-    from melshards.preprocess.corpus import attach_audio
+    from melshards.preprocess.layouts import attach_audio
     files = {"c1": ["gs://b/wavs/c1.wav", "gs://b/wavs/c1.flac"], "c2": ["gs://b/wavs/c2.flac"]}
     rows = [{"id": i, "audio": None, "row": n} for n, i in enumerate(["c1", "c2", "c3"])]
     kept, rejected = attach_audio(rows, files)
@@ -583,7 +584,7 @@ def test_a_manifest_names_its_audio_file_so_a_second_file_beside_it_is_no_ambigu
         (tmp_path / "wavs" / name).write_bytes(b"")
     (tmp_path / "m.csv").write_text("audio,text\nwavs/c1.wav,The speech of the wav.\n")
     with pipeline() as p:
-        out = p | ReadCorpus(detect_corpus(str(tmp_path / "m.csv")))
+        out = p | ReadCorpus(detect_corpus(str(tmp_path / "m.csv"), language="en"))
         assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"])),
                     equal_to([("c1", str(tmp_path / "wavs" / "c1.wav"))]), label="rows")
         assert_that(out["rejected"], equal_to([]), label="rejected")
@@ -596,27 +597,27 @@ def test_a_manifest_names_its_audio_file_so_a_second_file_beside_it_is_no_ambigu
     ("m.jsonl", '{"audio": "a.wav", "text": "Hello."}\n{"audio": "b.wav"}\n'),
 ])
 def test_a_manifest_row_with_too_few_columns_is_malformed_not_empty_text(tmp_path, name, content):
-    from melshards.preprocess.corpus import parse_manifest
+    from melshards.preprocess.manifests import parse_manifest
     (tmp_path / name).write_text(content)
     (i, first), (j, second) = parse_manifest(content, str(tmp_path / name), str(tmp_path))
     assert (i, first["id"], first["text"], j) == (0, "a", "Hello.", 1)
     assert isinstance(second, ValueError) and str(second).startswith("row 2: ")
     with pipeline() as p:
-        out = p | ReadCorpus(detect_corpus(str(tmp_path / name)))
+        out = p | ReadCorpus(detect_corpus(str(tmp_path / name), language="en"))
         assert_that(_flat(out["batches"]) | beam.Map(lambda r: r["id"]), equal_to(["a"]), label="rows")
         assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
                     equal_to([("row-2", "malformed_row")]), label="rejected")
 
 
 def test_a_short_csv_row_is_named_with_the_header_it_falls_short_of():
-    from melshards.preprocess.corpus import parse_manifest
+    from melshards.preprocess.manifests import parse_manifest
     (_, _), (_, err) = parse_manifest("audio,text,speaker\na.wav,Hi,s\nb.wav,Hi\n", "m.csv", ".")
     assert str(err) == "row 2: 2 fields, the header has 3 (audio, text, speaker); a missing separator?"
 
 
 def test_a_csv_row_with_more_fields_than_the_header_is_malformed_not_cut_short():
     """An unquoted comma in the text: reading the first fields would silently drop the rest of it."""
-    from melshards.preprocess.corpus import parse_manifest
+    from melshards.preprocess.manifests import parse_manifest
     rows = list(parse_manifest("audio,text\na.wav,Hello, world.\nb.wav,\"Hi, there.\"\nc.wav,Bye.,\n",
                                "m.csv", "."))
     (_, first), (_, quoted), (_, trailing) = rows

@@ -1,0 +1,163 @@
+"""The table layouts, read by pure functions of the table's text: manifests (`.csv`, `.tsv`, `.jsonl`
+with `audio`, `text` and optional `id`, `speaker`, `language`, `gender`) and Common Voice TSVs
+(`client_id`, `path`, `sentence`, optional `locale`, `gender`; audio under `clips/` beside the TSV).
+
+The column checks (`check_columns`, `check_commonvoice_columns`, `check_language`) are run on the
+first line by `melshards.preprocess.sources.check_rows_file` before the job, and on the header again
+when the rows are read.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import posixpath
+import re
+
+from melshards.preprocess.rows import CorpusError, LayoutRows, gender_code, row, split_malformed
+
+MANIFEST_EXTENSIONS = (".csv", ".tsv", ".jsonl")
+MANIFEST_COLUMNS = ("audio", "text")  # required; id, speaker, language and gender are optional
+COMMONVOICE_COLUMNS = ("client_id", "path", "sentence")  # required; locale and gender are optional
+_LOCALE = re.compile(r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})*$")  # en, cy, zh-CN, rm-sursilv
+
+
+def _join(root: str, rel: str) -> str:
+    return rel if "://" in rel or rel.startswith("/") else posixpath.join(root, rel)
+
+
+def _delimiter(path: str) -> str:
+    return "\t" if path.lower().endswith(".tsv") else ","
+
+
+def _stem(path: str) -> str:
+    return posixpath.splitext(posixpath.basename(path))[0]
+
+
+# -- checks on the first line ---------------------------------------------------------------------
+def manifest_columns(first_line: str, path: str) -> list[str] | None:
+    """The columns a manifest's first non-blank line declares: the CSV/TSV header, or the keys of the
+    first JSONL record (None if that line is not a JSON object: a malformed row, not a header problem)."""
+    if path.lower().endswith(".jsonl"):
+        try:
+            rec = json.loads(first_line)
+        except ValueError:
+            return None
+        return list(rec) if isinstance(rec, dict) else None
+    return next(csv.reader([first_line], delimiter=_delimiter(path)), [])
+
+
+def _has(path: str) -> str:
+    return "its first record has keys" if path.lower().endswith(".jsonl") else "its header has columns"
+
+
+def check_columns(columns: list[str] | None, path: str) -> None:
+    missing = [c for c in MANIFEST_COLUMNS if columns is not None and c not in columns]
+    if missing:
+        raise CorpusError(f"manifest {path}: {_has(path)} {columns}, missing {', '.join(missing)}; a manifest needs "
+                          "audio and text (and may have id, speaker, language, gender). Rename the columns.")
+
+
+def commonvoice_columns(first_line: str) -> list[str]:
+    return first_line.rstrip("\r\n").split("\t")
+
+
+def is_commonvoice_header(columns: list[str]) -> bool:
+    return set(COMMONVOICE_COLUMNS) <= set(columns)
+
+
+def check_commonvoice_columns(columns: list[str], path: str) -> None:
+    missing = [c for c in COMMONVOICE_COLUMNS if c not in columns]
+    if missing:
+        raise CorpusError(f"Common Voice TSV {path}: its header has columns {columns}, missing {', '.join(missing)}; "
+                          "give a TSV of a Common Voice release (validated.tsv, train.tsv, ...), or --format manifest")
+
+
+def check_language(columns: list[str] | None, column: str, default: str | None, path: str) -> None:
+    """Refuse a table whose rows cannot have a language: no `column` and no default (--language)."""
+    if default is None and columns is not None and column not in columns:
+        raise CorpusError(f"{path}: {_has(path)} {columns}, no {column}, and this input has no default language; "
+                          f"give --language CODE (e.g. --language en), or add a {column} column")
+
+
+def commonvoice_language(tsv_path: str) -> str | None:
+    """An old Common Voice TSV (no locale column) has its locale in its directory's name (`.../cy/`)."""
+    name = posixpath.basename(posixpath.dirname(tsv_path.rstrip("/")))
+    return name if _LOCALE.match(name) else None
+
+
+# -- manifests ------------------------------------------------------------------------------------
+def parse_manifest(text: str, path: str, root: str):
+    """Yield (index, row-or-ValueError) for every data row of a CSV/TSV/JSONL manifest."""
+    if path.lower().endswith(".jsonl"):
+        for i, line in enumerate(l for l in text.splitlines() if l.strip()):
+            try:
+                rec = json.loads(line)
+                if not isinstance(rec, dict):
+                    raise ValueError("not a JSON object")
+            except ValueError as e:
+                yield i, ValueError(f"line {i + 1}: not a JSON object ({e})")
+                continue
+            yield i, _manifest_row(rec, i, root)
+        return
+    lines = text.splitlines(keepends=True)
+    start = next((n for n, l in enumerate(lines) if l.strip()), len(lines))  # the header: first non-blank line
+    reader = csv.DictReader(io.StringIO("".join(lines[start:])), delimiter=_delimiter(path))
+    columns = list(reader.fieldnames or ())
+    check_columns(columns, path)
+    for i, rec in enumerate(reader):
+        given = sum(v is not None for k, v in rec.items() if k is not None)
+        if given < len(columns):  # DictReader fills the missing columns with None
+            yield i, ValueError(f"row {i + 1}: {given} fields, the header has {len(columns)} "
+                                f"({', '.join(columns)}); a missing separator?")
+            continue
+        extra = [v for v in rec.get(None) or () if v.strip()]  # DictReader puts fields past the header there
+        if extra:  # e.g. an unquoted comma in the text: reading on would cut the transcript short
+            yield i, ValueError(f"row {i + 1}: {given + len(extra)} fields, the header has {len(columns)} "
+                                f"({', '.join(columns)}); quote a field that holds the separator")
+            continue
+        yield i, _manifest_row(rec, i, root)
+
+
+def _manifest_row(rec: dict, i: int, root: str):
+    if not rec.get("audio"):
+        return ValueError(f"row {i + 1}: no audio path")
+    if rec.get("text") is None:  # a JSONL record without the key; an empty text is `empty_text`
+        return ValueError(f"row {i + 1}: no text field")
+    audio = str(rec["audio"])
+    return row(str(rec.get("id") or _stem(audio)), str(rec.get("text") or ""), _join(root, audio), i,
+               speaker=str(rec.get("speaker") or ""), language=str(rec.get("language") or "").strip(),
+               gender=gender_code(rec.get("gender")))
+
+
+def manifest_rows(text: str, path: str, root: str) -> LayoutRows:
+    """A manifest's text -> rows; audio paths relative to `root` (the manifest's directory)."""
+    return split_malformed(parse_manifest(text, path, root))
+
+
+# -- Common Voice ---------------------------------------------------------------------------------
+def commonvoice_rows(text: str, path: str) -> LayoutRows:
+    """A Common Voice TSV's text -> rows: id the clip's file stem, audio `clips/<path>` beside the TSV,
+    speaker the `client_id`, language the `locale` column where there is one.
+
+    Common Voice writes its TSVs unquoted: a `"` in a sentence is part of it, so fields are split on
+    tabs alone. A row with another number of fields than the header -> `malformed_row`.
+    """
+    clips = posixpath.join(posixpath.dirname(path), "clips")
+    lines = [l for l in text.splitlines() if l.strip()]
+    columns = commonvoice_columns(lines[0]) if lines else []
+    check_commonvoice_columns(columns, path)
+    items = []
+    for i, line in enumerate(lines[1:]):
+        fields = line.split("\t")
+        rec = dict(zip(columns, fields))
+        if len(fields) != len(columns):
+            items.append((i, ValueError(f"row {i + 1}: {len(fields)} tab-separated fields, the header has "
+                                        f"{len(columns)} ({', '.join(columns)})")))
+        elif not rec["path"].strip():
+            items.append((i, ValueError(f"row {i + 1}: no path")))
+        else:
+            clip = rec["path"].strip()
+            items.append((i, row(_stem(clip), rec["sentence"], _join(clips, clip), i, speaker=rec["client_id"],
+                                 language=rec.get("locale", "").strip(), gender=gender_code(rec.get("gender")))))
+    return split_malformed(items)

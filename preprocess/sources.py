@@ -1,0 +1,284 @@
+"""Where each corpus layout keeps its files: recognising an input from its paths, checking its rows
+file's first line, and listing and reading its files through Beam's FileSystems (local or gs://) for
+the pure readers in `melshards.preprocess.layouts` and `melshards.preprocess.manifests`.
+
+`LAYOUTS` registers every layout (docs/corpora.md says how to add one). `detect_corpus` decides an
+input's layout from existence checks and listings of at most one file (and a `.tsv`'s first line: a
+Common Voice TSV or a manifest), never from reading the rows: building the pipeline reads no corpus
+file, so a Dataflow graph builds offline. `check_rows_file` reads a rows file's first line, so an
+empty file or a table without the columns it needs stops the run before any work.
+"""
+from __future__ import annotations
+
+import codecs
+import dataclasses
+import os
+import posixpath
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterable
+
+from apache_beam.io.filesystems import FileSystems
+
+from melshards.preprocess import layouts as L
+from melshards.preprocess import manifests as M
+from melshards.preprocess.lock import is_local_path
+from melshards.preprocess.merge import input_name
+from melshards.preprocess.rows import CorpusError, LayoutRows, complete_rows, drop_duplicate_ids
+
+_READ_THREADS = 16  # VCTK and LibriTTS: one small transcript file per utterance, read concurrently
+
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    kind: str  # the layout: a key of LAYOUTS
+    rows_path: str | None  # the table of rows (metadata.csv, a manifest, a Common Voice TSV); None: one file per row
+    root: str  # the layout's files (and relative audio paths) are under this
+    speakers_path: str | None = None  # VCTK's speaker-info.txt, LibriTTS' SPEAKERS.txt
+    name: str = ""  # the input's name (`melshards.preprocess.merge`)
+    language: str | None = None  # for rows that give none; None: such rows are `missing_language`
+    input: str = ""  # the --input as given
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """A corpus layout: `locate(path, forced)` the corpus at path if its telltale files are there
+    (forced by --format: only what reading needs), `read` its rows, `count` its input rows (the
+    progress line's total) and `language(corpus, --language)` its default language."""
+    name: str
+    telltale: str  # what `locate` looks for, as the error for an unrecognised input lists it
+    locate: Callable[[str, bool], Corpus | None]
+    read: Callable[[Corpus], LayoutRows]
+    count: Callable[[Corpus], int]
+    language: Callable[[Corpus, str | None], str | None]
+
+
+# -- FileSystems --------------------------------------------------------------------------------------
+def _join(*parts: str) -> str:
+    return FileSystems.join(*parts)
+
+
+def _exists(path: str) -> bool:
+    return FileSystems.exists(path)
+
+
+def _list(pattern: str, limit: int | None = None) -> list[str]:
+    return [m.path for m in FileSystems.match([pattern], [limit])[0].metadata_list]
+
+
+def _read_text(path: str) -> str:
+    with FileSystems.open(path) as f:
+        return f.read().decode("utf-8-sig")
+
+
+def _read_texts(paths: Iterable[str]) -> dict[str, str]:
+    paths = list(paths)
+    with ThreadPoolExecutor(_READ_THREADS) as pool:
+        return dict(zip(paths, pool.map(_read_text, paths)))
+
+
+def _first_line(path: str, limit: int = 1 << 20) -> tuple[str | None, bool]:
+    """(first non-blank line or None, whether the whole file was read). Reads at most `limit` bytes."""
+    decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="replace")
+    text, done = "", False
+    with FileSystems.open(path) as f:
+        while len(text) < limit:
+            chunk = f.read(64 * 1024)
+            done = not chunk
+            text += decoder.decode(chunk, final=done)
+            lines = text.splitlines()
+            complete = lines if done else lines[:-1]  # the last piece may continue in the next chunk
+            line = next((l for l in complete if l.strip()), None)
+            if line is not None or done:
+                return line, done
+    return None, False
+
+
+def _is_table(path: str) -> bool:
+    return path.lower().endswith(M.MANIFEST_EXTENSIONS)
+
+
+def _is_dir(path: str) -> bool:
+    """A directory; remote, a prefix with objects under it rather than an object (the caller has
+    checked that one of the two is there)."""
+    return os.path.isdir(path) if is_local_path(path) else not _exists(path)
+
+
+def _count_lines(corpus: Corpus) -> int:
+    """Non-blank lines of the rows file, less a table's header (every CSV/TSV but LJSpeech's metadata.csv)."""
+    with FileSystems.open(corpus.rows_path) as f:
+        n = sum(1 for line in f if line.strip())
+    header = corpus.kind != "ljspeech" and not corpus.rows_path.lower().endswith(".jsonl")
+    return n - 1 if header else n
+
+
+# -- the layouts ----------------------------------------------------------------------------------
+def _locate_ljspeech(path: str, forced: bool) -> Corpus | None:
+    metadata = _join(path, "metadata.csv")
+    return Corpus("ljspeech", metadata, path) if _exists(metadata) else None
+
+
+def _read_ljspeech(c: Corpus) -> LayoutRows:
+    return L.ljspeech_rows(_read_text(c.rows_path), _list(_join(c.root, "wavs", "*")))
+
+
+def _locate_vctk(path: str, forced: bool) -> Corpus | None:
+    if not _is_dir(path):
+        return None
+    info = _join(path, "speaker-info.txt")
+    has_info = _exists(info)
+    if not (has_info or forced) or not _list(_join(path, L.VCTK_AUDIO_DIR, "*", "*"), limit=1):
+        return None
+    return Corpus("vctk", None, path, speakers_path=info if has_info else None)
+
+
+def _vctk_files(c: Corpus) -> tuple[list[str], list[str]]:
+    return _list(_join(c.root, "txt", "*", "*.txt")), _list(_join(c.root, L.VCTK_AUDIO_DIR, "*", "*"))
+
+
+def _read_vctk(c: Corpus) -> LayoutRows:
+    txts, audio = _vctk_files(c)
+    return L.vctk_rows(_read_texts(txts), audio, _read_text(c.speakers_path) if c.speakers_path else None)
+
+
+def _count_vctk(c: Corpus) -> int:
+    txts, audio = _vctk_files(c)
+    return L.vctk_rows(dict.fromkeys(txts, ""), audio, None).input_rows
+
+
+def _locate_libritts(path: str, forced: bool) -> Corpus | None:
+    """The corpus root (SPEAKERS.txt in it) or one subset (SPEAKERS.txt in its parent)."""
+    if not _is_dir(path):
+        return None
+    speakers = next((p for p in (_join(path, "SPEAKERS.txt"), _join(posixpath.dirname(path), "SPEAKERS.txt"))
+                     if _exists(p)), None)
+    return Corpus("libritts", None, path, speakers_path=speakers) if speakers or forced else None
+
+
+def _libritts_files(c: Corpus) -> tuple[list[str], list[str]]:
+    files = _list(_join(c.root, "**"))
+    return [p for p in files if p.endswith(L.LIBRITTS_TEXT)], files
+
+
+def _read_libritts(c: Corpus) -> LayoutRows:
+    txts, files = _libritts_files(c)
+    return L.libritts_rows(_read_texts(txts), files, _read_text(c.speakers_path) if c.speakers_path else None)
+
+
+def _count_libritts(c: Corpus) -> int:
+    txts, files = _libritts_files(c)
+    return L.libritts_rows(dict.fromkeys(txts, ""), files, None).input_rows
+
+
+def _locate_commonvoice(path: str, forced: bool) -> Corpus | None:
+    """A locale directory (its validated.tsv), or a TSV whose header has client_id, path, sentence."""
+    if path.lower().endswith(".tsv"):
+        line = _first_line(path)[0]
+        if forced or (line is not None and M.is_commonvoice_header(M.commonvoice_columns(line))):
+            return Corpus("commonvoice", path, posixpath.dirname(path))
+        return None
+    tsv = _join(path, "validated.tsv")
+    return Corpus("commonvoice", tsv, path) if _exists(tsv) else None
+
+
+def _read_commonvoice(c: Corpus) -> LayoutRows:
+    return M.commonvoice_rows(_read_text(c.rows_path), c.rows_path)
+
+
+def _locate_manifest(path: str, forced: bool) -> Corpus | None:
+    return Corpus("manifest", path, posixpath.dirname(path) or ".") if _is_table(path) and not _is_dir(path) else None
+
+
+def _read_manifest(c: Corpus) -> LayoutRows:
+    return M.manifest_rows(_read_text(c.rows_path), c.rows_path, c.root)
+
+
+# The default language of a layout's rows that give none, from the corpus and --language (or None).
+def _given_else_english(corpus: Corpus, given: str | None) -> str:
+    return given or "en"  # the LJSpeech layout: LJSpeech is English, many corpora in its layout are not
+
+
+def _english(corpus: Corpus, given: str | None) -> str:
+    return "en"  # VCTK and LibriTTS are English corpora, whatever --language says
+
+
+def _given_else_locale_dir(corpus: Corpus, given: str | None) -> str | None:
+    return given or M.commonvoice_language(corpus.rows_path)
+
+
+def _given(corpus: Corpus, given: str | None) -> str | None:
+    return given
+
+
+LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in (  # in the order detection tries them
+    Layout("ljspeech", "metadata.csv", _locate_ljspeech, _read_ljspeech, _count_lines, _given_else_english),
+    Layout("vctk", f"speaker-info.txt and {L.VCTK_AUDIO_DIR}/", _locate_vctk, _read_vctk, _count_vctk, _english),
+    Layout("libritts", "SPEAKERS.txt in it or in its parent", _locate_libritts, _read_libritts, _count_libritts,
+           _english),
+    Layout("commonvoice", "validated.tsv, or a .tsv with columns client_id, path, sentence", _locate_commonvoice,
+           _read_commonvoice, _count_lines, _given_else_locale_dir),
+    Layout("manifest", "a .csv/.tsv/.jsonl file with columns audio, text", _locate_manifest, _read_manifest,
+           _count_lines, _given),
+)}
+
+
+def detect_corpus(path: str, format: str | None = None, language: str | None = None) -> Corpus:
+    """The corpus at `path`: its layout (`format` forces one), name and default language (`language`
+    where the layout takes one). Raises CorpusError, in one line, for a path that is not there or
+    that no layout recognises (listing what each looks for)."""
+    path = path.rstrip("/") or path
+    if format is not None and format not in LAYOUTS:
+        raise CorpusError(f"--format {format} is not a layout melshards reads; choose one of {', '.join(LAYOUTS)}")
+    if language is not None and not language.strip():
+        raise CorpusError("--language is empty; give a language code such as en, de or zh-CN")
+    if not _exists(path) and not _list(_join(path, "**"), limit=1):
+        raise CorpusError(f"--input {path} does not exist; check the path")
+    for layout in [LAYOUTS[format]] if format else LAYOUTS.values():
+        found = layout.locate(path, format is not None)
+        if found:
+            given = language.strip() if language else None
+            return dataclasses.replace(found, name=input_name(path), language=layout.language(found, given),
+                                       input=path)
+    if format:
+        raise CorpusError(f"--input {path} is not a {format} corpus: no {LAYOUTS[format].telltale}; "
+                          "check the path, or leave --format out to have the layout recognised")
+    looked = "; ".join(f"{layout.telltale} ({name})" for name, layout in LAYOUTS.items())
+    raise CorpusError(f"--input {path} is not a corpus: looked for {looked}; point --input at one of these, "
+                      "or force a layout with --format NAME (see docs/corpora.md)")
+
+
+def check_rows_file(corpus: Corpus) -> None:
+    """Refuse an empty rows file, or a table without the columns its layout needs (a language column
+    too when the input has no default language), from its first line.
+
+    Called by the CLI before any work (the rest of the file is read inside the pipeline).
+    """
+    if corpus.rows_path is None:
+        return
+    line, whole = _first_line(corpus.rows_path)
+    if line is None:
+        if whole:
+            raise CorpusError(f"{corpus.rows_path} holds no rows: it is empty. Point --input at a corpus "
+                              "with at least one row.")
+        return  # a megabyte of blank lines: leave it to the pipeline
+    if corpus.kind == "manifest":
+        columns = M.manifest_columns(line, corpus.rows_path)
+        M.check_columns(columns, corpus.rows_path)
+        M.check_language(columns, "language", corpus.language, corpus.rows_path)
+    elif corpus.kind == "commonvoice":
+        columns = M.commonvoice_columns(line)
+        M.check_commonvoice_columns(columns, corpus.rows_path)
+        M.check_language(columns, "locale", corpus.language, corpus.rows_path)
+
+
+def count_input_rows(corpus: Corpus) -> int:
+    """The corpus' input rows, from its rows file's lines or its listings (no transcript is read)."""
+    return LAYOUTS[corpus.kind].count(corpus)
+
+
+def read_input(corpus: Corpus) -> LayoutRows:
+    """One input's rows, each with a speaker and a language, unique ids (the first row of an id wins),
+    and its rejected input rows."""
+    read = LAYOUTS[corpus.kind].read(corpus)
+    rows, dups = drop_duplicate_ids(read.rows)
+    rows, unlabelled = complete_rows(rows, corpus.name, corpus.language)
+    return LayoutRows(rows, read.rejected + dups + unlabelled)
