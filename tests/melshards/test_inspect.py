@@ -29,7 +29,7 @@ def copy_dir(shards_dir, tmp_path):
 def good_values(schema, clip_id: str = "ok-1", mel_len: int = 10, text_len: int = 3) -> dict:
     text_ids = np.zeros(schema.max_text_len, np.int32)
     text_ids[:3] = [15, 16, 17]
-    return {"id": clip_id, "speaker": "ljspeech", "speaker_id": 0, "language": "en", "language_id": 0,
+    return {"id": clip_id, "speaker": "ljspeech_tiny", "speaker_id": 0, "language": "en", "language_id": 0,
             "text": "abc", "text_ids": text_ids, "text_len": text_len,
             "mel": np.full((schema.max_mel_frames, schema.n_mels), -11.5, np.float32), "mel_len": mel_len}
 

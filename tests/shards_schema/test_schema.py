@@ -43,11 +43,11 @@ def test_a_2_x_schema_without_speakers_and_languages_is_refused_with_re_run_prep
 
 def test_the_speaker_and_language_tables_map_ids_back_to_names(shards_dir):
     schema = read_schema(str(shards_dir))
-    assert [(s.id, s.name) for s in schema.speakers] == [(0, "ljspeech")]
+    assert [(s.id, s.name) for s in schema.speakers] == [(0, "ljspeech_tiny")]
     assert [(x.id, x.code, x.text_frontend["name"]) for x in schema.languages] == [(0, "en", "english")]
     assert schema.speakers[0].clips == schema.counts["train"] + schema.counts["val"]
-    assert schema.speaker("ljspeech").id == 0 and schema.language("en").id == 0
-    with pytest.raises(SchemaError, match=r"unknown speaker 'bob'; the shards have 1: 'ljspeech'"):
+    assert schema.speaker("ljspeech_tiny").id == 0 and schema.language("en").id == 0
+    with pytest.raises(SchemaError, match=r"unknown speaker 'bob'; the shards have 1: 'ljspeech_tiny'"):
         schema.speaker("bob")
     d = json.loads(schema.to_json())
     d["speakers"][0]["id"] = 3
