@@ -21,7 +21,7 @@ import math
 from collections import Counter
 
 from melshards.preprocess.config import PreprocessConfig
-from melshards.shards_schema.stats import LENGTH_KEYS, merge_histograms
+from melshards.shards_schema.stats import LENGTH_KEYS
 from melshards.shards_schema.vocab import Vocabulary
 
 
@@ -55,8 +55,11 @@ def summarize_clips(clips, salt: str) -> dict:
 
 
 def merge(parts) -> dict:
-    out = empty()
-    for p in parts:
+    """The parts' sum, added into the first (an accumulator grows in place: adding a batch costs
+    the batch, not the corpus so far)."""
+    parts = list(parts)
+    out = parts[0] if parts else empty()
+    for p in parts[1:]:
         for name, s in p["speakers"].items():
             o = out["speakers"].setdefault(name, _speaker_entry())
             o["hashes"].extend(s["hashes"])
@@ -65,7 +68,7 @@ def merge(parts) -> dict:
         for code, hists in p["languages"].items():
             o = out["languages"].setdefault(code, {k: Counter() for k in LENGTH_KEYS})
             for k in LENGTH_KEYS:
-                o[k] = merge_histograms([o[k], hists[k]])
+                o[k].update(hists[k])
         out["symbols"] |= p["symbols"]
     return out
 
