@@ -1,144 +1,194 @@
-"""The text front end: English normalisation for TTS, pure functions unit-tested for exact output.
+"""The text front ends: raw transcript -> the symbols the model reads, per language, versioned.
 
-Versioned: schema.json records the front end the shards were made with, and synthesis refuses a
-version it does not know, because text normalised differently maps to other ids than the model
-was trained on. Any change to the output of `normalize_text` must bump `FRONTEND["version"]`.
+Three front ends, each a small module of pure functions with a `NAME` and an integer `VERSION`:
 
-ASCII folding is unidecode's, number words are inflect's; only the abbreviation list and the
-currency/ordinal patterns are ours (no library covers them for TTS).
+- `characters` (text_characters.py): the transcript's own letters in any language, cleaned (NFC,
+  punctuation unified, numbers spoken with num2words in the row's language, lowercase); no ASCII
+  folding.
+- `phonemes` (text_phonemes.py): espeak-ng IPA (stress marks, word boundaries, punctuation, tones),
+  in every language espeak-ng has a voice for.
+- `english` (text_english.py): English words in lowercase ASCII, numbers, times, currency and
+  abbreviations spelled out; English codes only.
+
+schema.json records the front end (`frontend_record`: name and version) each language's text went
+through, and synthesis refuses a name or version this melshards does not have (`normalizer_for`):
+text normalised differently maps to other ids than the model was trained on. Any change to a front
+end's output bumps its VERSION.
+
+`check_text` / `check_texts` are the one check preprocess and synthesis share: the normalised text,
+or `TextRejected` with the reason preprocess records (`TEXT_REASONS`, a part of
+`melshards.shards_schema.stats.REJECT_REASONS`).
 """
 from __future__ import annotations
 
-import functools
-import re
+import unicodedata
+from typing import Callable, Iterable
 
-from unidecode import unidecode
+from melshards.shards_schema import text_characters, text_english, text_phonemes
+from melshards.shards_schema.text_clean import TextRejected
 
-FRONTEND = {"name": "english", "version": 1}
+__all__ = [
+    "FRONTENDS", "TEXT_REASONS", "Frontend", "TextRejected", "check_text", "check_texts", "frontend",
+    "frontend_record", "has_speakable_content", "normalizer_for",
+    # the english front end's pieces, under the names this module had before
+    "FRONTEND", "expand_numbers", "expand_abbreviations", "normalize_text",
+]
 
-_ABBREVIATIONS = [(re.compile(rf"\b{abbr}\.", re.IGNORECASE), full) for abbr, full in [
-    ("mrs", "misess"), ("mr", "mister"), ("dr", "doctor"), ("st", "saint"), ("co", "company"),
-    ("jr", "junior"), ("maj", "major"), ("gen", "general"), ("drs", "doctors"), ("rev", "reverend"),
-    ("lt", "lieutenant"), ("hon", "honorable"), ("sgt", "sergeant"), ("capt", "captain"),
-    ("esq", "esquire"), ("ltd", "limited"), ("col", "colonel"), ("ft", "fort"), ("etc", "et cetera"),
-    ("vs", "versus"),
-]]
-_COMMA_NUMBER = re.compile(r"(\d[\d,]+\d)")
-_POUNDS = re.compile(r"£([\d,]*\d+)")
-_DOLLARS = re.compile(r"\$(\d+(?:\.\d+)?)")
-_DECIMAL = re.compile(r"(\d+\.\d+)")
-_ORDINAL = re.compile(r"\b(\d+)(st|nd|rd|th)\b")
-_NUMBER = re.compile(r"\d+")
-_PERCENT = re.compile(r"(\d)\s*%")
-_WHITESPACE = re.compile(r"\s+")
-_KEEP = re.compile(r"[^a-z!'\"(),\-.:;? ]")
+TEXT_REASONS = ("empty_text", "unusable_text", "unsupported_language")
 
+class Frontend:
+    """A front end: `name`, `version`, `supports(language)`, `normalize(raw, language)` and
+    `normalize_many(raws, language)` (one call for a batch of one language's rows)."""
 
-@functools.lru_cache(maxsize=1)
-def _engine():
-    import inflect  # 4 s to import (typeguard): paid by workers on first use, not by every CLI call
+    def __init__(self, name: str, version: int, supports: Callable[[str], bool],
+                 normalize_rows: Callable[[list[str], str], list], languages: str):
+        self.name, self.version, self._supports, self._rows = name, version, supports, normalize_rows
+        self.languages = languages  # which languages it reads, for messages
 
-    return inflect.engine()
+    def __repr__(self) -> str:
+        return f"Frontend({self.name!r}, version={self.version})"
 
+    def supports(self, language: str) -> bool:
+        try:
+            return bool(self._supports(language))
+        except (TypeError, AttributeError):
+            return False
 
-def _words(n: int) -> str:
-    return _engine().number_to_words(n, andword="").replace(",", "")
+    def unsupported(self, language: str) -> TextRejected:
+        return TextRejected("unsupported_language",
+                            f"the {self.name} text front end does not read language {language!r} (it reads "
+                            f"{self.languages}); map the language to another front end in the config's "
+                            "`text.languages`, or fix the row's language code")
 
+    def rows(self, raws: list[str], language: str) -> list:
+        """Each raw text's normalised text or TextRejected; the language must be supported."""
+        return self._rows(list(raws), language)
 
-def _dollars(m: re.Match) -> str:
-    dollars, _, cents = m.group(1).partition(".")
-    d, c = int(dollars), int(cents.ljust(2, "0")[:2]) if cents else 0
-    parts = []
-    if d or not c:
-        parts.append(f"{_words(d)} dollar{'' if d == 1 else 's'}")
-    if c:
-        parts.append(f"{_words(c)} cent{'' if c == 1 else 's'}")
-    return " ".join(parts)
+    def normalize_many(self, raws: Iterable[str], language: str) -> list[str]:
+        """Raw texts of one language -> normalised texts; TextRejected (unsupported_language) if the
+        front end does not read the language or a text's script."""
+        if not self.supports(language):
+            raise self.unsupported(language)
+        out = self.rows(list(raws), language)
+        for x in out:
+            if isinstance(x, TextRejected):
+                raise x
+        return out
 
-
-def _number(m: re.Match) -> str:
-    n = int(m.group(0))
-    if 1000 < n < 3000 and len(m.group(0)) == 4:  # read 4-digit numbers in this range as years
-        if n == 2000:
-            return "two thousand"
-        if 2000 < n < 2010:
-            return "two thousand " + _words(n % 100)
-        if n % 100 == 0:
-            return _words(n // 100) + " hundred"
-        return _engine().number_to_words(n, andword="", zero="oh", group=2).replace(",", "")
-    return _words(n)
+    def normalize(self, raw: str, language: str) -> str:
+        return self.normalize_many([raw], language)[0]
 
 
-def expand_numbers(text: str) -> str:
-    text = _COMMA_NUMBER.sub(lambda m: m.group(1).replace(",", ""), text)
-    text = _POUNDS.sub(lambda m: f"{m.group(1)} pounds", text)
-    text = _DOLLARS.sub(_dollars, text)
-    text = _PERCENT.sub(lambda m: f"{m.group(1)} percent", text)
-    text = _DECIMAL.sub(lambda m: m.group(1).replace(".", " point "), text)
-    text = _ORDINAL.sub(lambda m: _engine().number_to_words(_engine().ordinal(int(m.group(1)))), text)
-    return _NUMBER.sub(_number, text)
+def _english_rows(raws: list[str], language: str) -> list:
+    out = []
+    for raw in raws:
+        foreign = text_english.foreign_letters(raw)
+        if foreign:
+            out.append(TextRejected(
+                "unsupported_language",
+                f"the english text front end reads Latin script only; {''.join(foreign[:8])!r} "
+                f"({unicodedata.name(foreign[0], '?').split(' ')[0].lower()} script) in {raw[:80]!r}: give the row its "
+                "language's code, or use the characters or phonemes front end"))
+        else:
+            out.append(text_english.normalize(raw))
+    return out
 
 
-def expand_abbreviations(text: str) -> str:
-    for pattern, full in _ABBREVIATIONS:
-        text = pattern.sub(full, text)
-    return text
+FRONTENDS: dict[str, Frontend] = {
+    f.name: f for f in (
+        Frontend(text_characters.NAME, text_characters.VERSION, text_characters.supports,
+                 text_characters.normalize_many, "every language code"),
+        Frontend(text_phonemes.NAME, text_phonemes.VERSION, text_phonemes.supports,
+                 text_phonemes.normalize_many, "the languages espeak-ng has a voice for"),
+        Frontend(text_english.NAME, text_english.VERSION, text_english.supports, _english_rows,
+                 "English: en, en-*"),
+    )
+}
 
 
-def normalize_text(text: str) -> str:
-    """Raw transcript -> lowercase ASCII with numbers, currency and abbreviations spelled out."""
-    text = expand_numbers(text)  # before folding: unidecode would turn "£" into "PS"
-    text = unidecode(text).lower()
-    text = expand_numbers(text)  # digits unidecode produced (e.g. from superscripts)
-    text = expand_abbreviations(text)
-    text = text.replace("&", " and ").replace(";", ",")
-    text = _KEEP.sub(" ", text)
-    return _WHITESPACE.sub(" ", text).strip()
-
-
-def has_speakable_content(normalized: str) -> bool:
-    """A transcript is usable only if something in it is pronounced."""
-    return any("a" <= c <= "z" for c in normalized)
-
-
-class TextRejected(ValueError):
-    """A transcript the front end refuses; `reason` is the one preprocess records in rejected.jsonl."""
-
-    def __init__(self, reason: str, detail: str):
-        super().__init__(f"{reason}: {detail}")
-        self.reason, self.detail = reason, detail
+def frontend(name: str) -> Frontend:
+    """The front end of a name; ValueError naming the known ones otherwise."""
+    try:
+        return FRONTENDS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown text front end {name!r}; the front ends are: "
+                         f"{', '.join(sorted(FRONTENDS))}") from None
 
 
 def frontend_record(name: str) -> dict:
-    return dict(FRONTEND)
+    """What schema.json records for a language: {"name", "version"} of the front end."""
+    f = frontend(name)
+    return {"name": f.name, "version": f.version}
+
+
+# Marks that are letters to Unicode (Lm) but pronounce nothing by themselves: IPA stress and length.
+_SILENT_MODIFIERS = frozenset("ˈˌːˑ")
+
+
+def has_speakable_content(text: str) -> bool:
+    """Whether anything in a normalised text is pronounced: a letter of any script (Unicode category
+    L: Latin, Han, IPA symbols...), not counting IPA stress and length marks alone, or a digit."""
+    for c in text:
+        cat = unicodedata.category(c)
+        if (cat[0] == "L" and c not in _SILENT_MODIFIERS) or cat[0] == "N":
+            return True
+    return False
+
+
+def check_texts(raws: Iterable[str], language: str, frontend_name: str) -> list:
+    """Raw transcripts of one language -> for each, its normalised text or its TextRejected (never
+    raised): `empty_text`, `unsupported_language` (the front end does not read the language, or the
+    text's script), `unusable_text` (nothing speakable after normalisation). The texts go through
+    the front end in one call. ValueError for an unknown front end name (a config error)."""
+    f = frontend(frontend_name)
+    raws = list(raws)
+    if not f.supports(language):
+        return [f.unsupported(language) for _ in raws]
+    out: list = [None] * len(raws)
+    todo = []
+    for i, raw in enumerate(raws):
+        if raw is None or not str(raw).strip():
+            out[i] = TextRejected("empty_text", "transcript is empty")
+        else:
+            todo.append(i)
+    for i, text in zip(todo, f.rows([raws[i] for i in todo], language)):
+        if not isinstance(text, TextRejected) and not has_speakable_content(text):
+            text = TextRejected("unusable_text", f"nothing speakable after normalisation: {raws[i][:80]!r}")
+        out[i] = text
+    return out
 
 
 def check_text(raw: str, language: str = "en", frontend_name: str = "english") -> str:
     """Raw transcript -> normalised text, or TextRejected: the one check preprocess and synthesize share."""
-    if not language.startswith("en"):
-        raise TextRejected("unsupported_language", language)
-    if not raw.strip():
-        raise TextRejected("empty_text", "transcript is empty")
-    text = normalize_text(raw)
-    if not has_speakable_content(text):
-        raise TextRejected("unusable_text", f"nothing speakable after normalisation: {raw[:80]!r}")
-    return text
-
-
-def check_texts(raws, language: str, frontend_name: str) -> list:
-    out = []
-    for raw in raws:
-        try:
-            out.append(check_text(raw, language, frontend_name))
-        except TextRejected as e:
-            out.append(e)
+    out = check_texts([raw], language, frontend_name)[0]
+    if isinstance(out, TextRejected):
+        raise out
     return out
 
 
-def normalizer_for(frontend: dict):
-    """The normalise function of the front end recorded in a schema; ValueError when it is unknown."""
-    if frontend != FRONTEND:
+def normalizer_for(record: dict) -> Callable[[str, str], str]:
+    """The `(raw, language) -> normalised text` function of the front end a schema records
+    ({"name", "version"}): `check_text` with that front end (TextRejected for a text preprocess would
+    have rejected). ValueError when this melshards has no such front end or version."""
+    name = record.get("name") if isinstance(record, dict) else None
+    version = record.get("version") if isinstance(record, dict) else None
+    f = FRONTENDS.get(name) if isinstance(name, str) else None
+    if f is None or str(version) != str(f.version):
+        have = ", ".join(f"{x.name} v{x.version}" for x in FRONTENDS.values())
         raise ValueError(
-            f"the shards were made with text front end {frontend}, this melshards has {FRONTEND}; "
-            "use the melshards version that made them, or re-run `melshards preprocess` and retrain")
-    return normalize_text
+            f"the shards were made with text front end {record!r}, this melshards has {have}; "
+            "synthesize with the melshards version that made them, or re-run `melshards preprocess` and retrain")
+
+    def normalize(raw: str, language: str) -> str:
+        return check_text(raw, language, f.name)
+
+    normalize.frontend = f
+    return normalize
+
+
+# --- the names this module had when it was the English front end alone ----------------------------
+
+FRONTEND = frontend_record("english")
+expand_numbers = text_english.expand_numbers
+expand_abbreviations = text_english.expand_abbreviations
+normalize_text = text_english.normalize

@@ -1,10 +1,19 @@
-"""The character vocabulary: symbol <-> id. Stored in schema.json so readers never guess it."""
+"""The symbol vocabulary: symbol <-> id. Stored in schema.json so readers never guess it.
+
+A symbol is one code point of the normalised text (the synthesizer splits text with
+tf.strings.unicode_split). Ids 0 and 1 are reserved: 0 pads (zero-filled text_ids are masked by
+construction), 1 is the end of sequence (reserved; nothing appends it, the stop token ends speech).
+Their symbols are control code points, U+0000 and U+0003, which no front end writes (they drop
+controls), so every printable character a corpus's text holds, "_" and "~" included, gets an id of
+its own. Vocabularies written before (pad "_", eos "~") still read: `LEGACY_RESERVED`.
+"""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
-PAD = "_"  # id 0: padding, so zero-filled text_ids are masked by construction
-EOS = "~"  # id 1: reserved end of sequence; nothing appends it (encode skips it, the stop token ends speech)
+PAD = "\x00"  # id 0: padding
+EOS = "\x03"  # id 1: end of sequence (U+0003 END OF TEXT), reserved
+LEGACY_RESERVED = ("_", "~")  # pad and eos of the vocabularies of schema.json files before 3.x's text front ends
 PUNCTUATION = "!'\"(),-.:;? "
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
@@ -16,15 +25,21 @@ class Vocabulary:
         symbols = tuple(symbols)
         if len(set(symbols)) != len(symbols):
             raise ValueError(f"vocabulary has repeated symbols: {symbols}")
-        if symbols[:2] != (PAD, EOS):
-            raise ValueError(f"vocabulary must start with pad {PAD!r} and eos {EOS!r}, got {symbols[:2]}")
+        if symbols[:2] not in ((PAD, EOS), LEGACY_RESERVED):
+            raise ValueError(f"vocabulary must start with pad {PAD!r} and eos {EOS!r} (or, written by an older "
+                             f"melshards, {LEGACY_RESERVED[0]!r} and {LEGACY_RESERVED[1]!r}), got {symbols[:2]}")
+        if any(len(s) != 1 for s in symbols):
+            raise ValueError(f"vocabulary symbols must be single code points: {[s for s in symbols if len(s) != 1]}")
         self.symbols = symbols
-        self._ids = {s: i for i, s in enumerate(symbols)}
+        self._ids = {s: i for i, s in enumerate(symbols) if i > 1}
 
     @classmethod
-    def from_symbols(cls, symbols) -> "Vocabulary":
-        """The vocabulary of a corpus: pad, eos, then its symbols sorted (the same on every run)."""
-        return cls((PAD, EOS, *sorted(set(symbols) - {PAD, EOS})))
+    def from_symbols(cls, symbols: Iterable[str]) -> "Vocabulary":
+        """The vocabulary of a corpus: pad, eos, then its symbols (code points) sorted by code point,
+        each once: the same symbols give the same ids on every run, in any order. A string of several
+        code points adds each of them."""
+        found = {c for s in symbols for c in s}
+        return cls((PAD, EOS, *sorted(found - {PAD, EOS})))
 
     def __len__(self) -> int:
         return len(self.symbols)
@@ -38,8 +53,9 @@ class Vocabulary:
         return 1
 
     def encode(self, text: str) -> tuple[list[int], int]:
-        """Map text to ids; returns (ids, number of characters outside the vocabulary, which are skipped)."""
-        ids = [self._ids[c] for c in text if c in self._ids and c not in (PAD, EOS)]
+        """Map text to ids; returns (ids, number of characters outside the vocabulary, which are skipped;
+        the reserved pad and eos symbols are never encoded)."""
+        ids = [self._ids[c] for c in text if c in self._ids]
         return ids, len(text) - len(ids)
 
     def decode(self, ids: Sequence[int]) -> str:

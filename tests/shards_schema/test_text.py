@@ -1,6 +1,10 @@
+"""The shared text API (`melshards.shards_schema.text`) and the `english` front end's exact output."""
 import pytest
 
-from melshards.shards_schema.text import TextRejected, check_text, expand_numbers, has_speakable_content, normalize_text
+from melshards.shards_schema.stats import REJECT_REASONS
+from melshards.shards_schema.text import (
+    FRONTENDS, TEXT_REASONS, TextRejected, check_text, check_texts, expand_numbers, frontend, frontend_record,
+    has_speakable_content, normalize_text, normalizer_for)
 
 
 @pytest.mark.parametrize("raw, expected", [
@@ -9,12 +13,56 @@ from melshards.shards_schema.text import TextRejected, check_text, expand_number
     ("Dr. Who, 1st of 2,000 on the 21st!", "doctor who, first of two thousand on the twenty-first!"),
     ("It cost £100 and 5% of $1 in 2005.",
      "it cost one hundred pounds and five percent of one dollar in two thousand five."),
-    ("naïve   Zoë & Co.", "naive zoe and company"),
+    ("naïve   Zoë & Co.", "naive zoe and company."),  # the abbreviation's dot ends the sentence
     ("He said: \"no\"; then left", "he said: \"no\", then left"),
     ("1900 and 2.5", "nineteen hundred and two point five"),
+    ("3.14 and 1905", "three point one four and nineteen oh five"),
+    ("1,500 people in 1500", "one thousand five hundred people in fifteen hundred"),  # a comma: not a year
+    ("COVID19 x²", "covid nineteen x two"),
 ])
 def test_normalize_text_spells_out_numbers_currency_and_abbreviations(raw, expected):
     assert normalize_text(raw) == expected
+
+
+@pytest.mark.parametrize("raw, expected", [
+    # times (v1: "ten:thirtypm", "seven:forty-five")
+    ("10:30pm", "ten thirty p m"),
+    ("7:45", "seven forty-five"),
+    ("7:00", "seven o'clock"),
+    ("7:00 PM", "seven p m"),
+    ("at 7:05 a.m. today", "at seven oh five a m today"),
+    ("10:30:15", "ten thirty and fifteen seconds"),
+    ("5pm", "five p m"),
+    # amounts with scale words (v1: "one dollar fifty cents million")
+    ("$1.5 million", "one point five million dollars"),
+    ("$3 billion", "three billion dollars"),
+    ("1.5 million €", "one point five million euros"),
+    # currency symbols before or after (v1: "eurtwenty")
+    ("€20", "twenty euros"),
+    ("20€", "twenty euros"),
+    ("€ 20", "twenty euros"),
+    ("20 €", "twenty euros"),
+    ("€1", "one euro"),
+    ("$0.01", "one cent"),
+    ("£2.50", "two pounds fifty pence"),
+    ("£1.01", "one pound one penny"),
+    ("¥500", "five hundred yen"),
+    ("¥2.5", "two point five yen"),
+    ("in $ or €", "in dollars or euros"),
+    # scientific notation (v1: "oneesix")
+    ("1e6", "one times ten to the six"),
+    ("1.5e-3", "one point five times ten to the minus three"),
+    ("6.02E23", "six point zero two times ten to the twenty-three"),
+    # St. by context (v1: "saint paul saint")
+    ("St. Paul st.", "saint paul street."),
+    ("Main St. is busy", "main street is busy"),
+    ("42nd St.", "forty-second street."),
+    ("St Paul", "saint paul"),
+    ("st. john", "saint john"),
+    ("the st. was empty", "the street was empty"),
+])
+def test_english_fixes_the_v1_faults(raw, expected):
+    assert check_text(raw, "en", "english") == expected
 
 
 def test_expand_numbers_reads_large_numbers_as_cardinals():
@@ -27,6 +75,14 @@ def test_punctuation_only_text_is_not_speakable():
     assert has_speakable_content("a")
 
 
+@pytest.mark.parametrize("text, speakable", [
+    ("妈", True), ("ʃˈøːn", True), ("мама", True), ("مرحبا", True), ("42", True),
+    ("ˈˌː", False), ("- ... ?!", False), ("", False), ("\u0301", False),
+])
+def test_speakable_content_is_a_letter_of_any_script_an_ipa_symbol_or_a_digit(text, speakable):
+    assert has_speakable_content(text) is speakable
+
+
 @pytest.mark.parametrize("raw, reason", [("", "empty_text"), (" \t ", "empty_text"), ("--- !!! ???", "unusable_text"),
                                          ("\u2014 \u2026 ?!", "unusable_text")])
 def test_check_text_refuses_with_the_reason_preprocess_records(raw, reason):
@@ -37,3 +93,66 @@ def test_check_text_refuses_with_the_reason_preprocess_records(raw, reason):
 
 def test_check_text_returns_the_normalised_text():
     assert check_text("  Dr. Who, 1st!") == "doctor who, first!"
+
+
+@pytest.mark.parametrize("language", ["en", "en-US", "en_GB", "EN-au"])
+def test_english_reads_english_codes(language):
+    assert frontend("english").supports(language)
+    assert check_text("Hi", language, "english") == "hi"
+
+
+@pytest.mark.parametrize("language", ["de", "fr", "zh-CN", "eng", ""])
+def test_english_refuses_other_languages(language):
+    assert not frontend("english").supports(language)
+    with pytest.raises(TextRejected) as e:
+        check_text("Hallo Welt", language, "english")
+    assert e.value.reason == "unsupported_language" and "text.languages" in e.value.detail
+
+
+def test_english_refuses_other_scripts_rather_than_fold_them():
+    with pytest.raises(TextRejected) as e:
+        check_text("my mother 妈", "en", "english")
+    assert e.value.reason == "unsupported_language" and "妈" in e.value.detail
+    assert check_text("Café Zoë, 5µm", "en", "english") == "cafe zoe, five um"
+
+
+def test_check_texts_gives_each_row_its_text_or_its_rejection():
+    out = check_texts(["Hi 2", "", "?!", "妈"], "en", "english")
+    assert out[0] == "hi two"
+    assert [x.reason for x in out[1:]] == ["empty_text", "unusable_text", "unsupported_language"]
+    unsupported = check_texts(["a", "b"], "de", "english")
+    assert [x.reason for x in unsupported] == ["unsupported_language"] * 2
+
+
+def test_every_reason_is_one_preprocess_records():
+    assert set(TEXT_REASONS) <= set(REJECT_REASONS)
+
+
+def test_the_registry_names_and_versions():
+    assert {n: f.version for n, f in FRONTENDS.items()} == {"characters": 1, "phonemes": 1, "english": 2}
+    assert frontend_record("english") == {"name": "english", "version": 2}
+    assert frontend_record("characters") == {"name": "characters", "version": 1}
+
+
+def test_an_unknown_front_end_is_a_config_error_naming_the_known_ones():
+    with pytest.raises(ValueError, match="characters, english, phonemes"):
+        frontend("ascii")
+    with pytest.raises(ValueError, match="unknown text front end 'ascii'"):
+        check_texts(["a"], "en", "ascii")
+
+
+def test_normalizer_for_a_recorded_front_end():
+    normalize = normalizer_for({"name": "english", "version": 2})
+    assert normalize("Dr. Who", "en") == "doctor who"
+    assert normalizer_for({"name": "characters", "version": 1})("Schön 2", "de") == "schön zwei"
+    with pytest.raises(TextRejected):
+        normalize("", "en")
+
+
+@pytest.mark.parametrize("record", [{"name": "english", "version": 1}, {"name": "english", "version": 99},
+                                    {"name": "ascii", "version": 1}, {}])
+def test_normalizer_for_refuses_a_front_end_or_version_this_melshards_does_not_have(record):
+    with pytest.raises(ValueError) as e:
+        normalizer_for(record)
+    message = str(e.value)
+    assert "\n" not in message and "english v2" in message and "re-run `melshards preprocess`" in message

@@ -1,0 +1,235 @@
+"""The `english` front end: English transcripts to lowercase ASCII words, for English codes only.
+
+Times, currency amounts (with scale words, the symbol before or after), scientific notation,
+percentages, ordinals, years, decimals and cardinals are spelled out (num2words, English), the
+abbreviations expanded ("St." by context: "saint" before a capitalised name, "street" after a word),
+then the Latin letters folded to ASCII (unidecode: "café" -> "cafe") and lowercased. A letter of
+another script is not folded (unidecode would write 妈 as "ma"): `foreign_letters` finds them and
+the front end refuses the row (`unsupported_language`).
+
+Symbols: a-z, space and !'"(),-.:;?
+
+Any change to `normalize`'s output must bump VERSION (1: inflect's number words, "St." always
+"saint", "10:30" as "ten:thirty", "€20" as "eurtwenty").
+"""
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from unidecode import unidecode
+
+NAME = "english"
+VERSION = 2
+
+
+def supports(language: str) -> bool:
+    """English codes only: `en` and `en-*` (`en_US` too)."""
+    code = language.strip().replace("_", "-").lower() if isinstance(language, str) else ""
+    return code == "en" or code.startswith("en-")
+
+
+# --- number words ---------------------------------------------------------------------------------
+
+def _num2words(value, **kw) -> str:
+    from num2words import num2words  # 0.1 s on first use
+
+    return num2words(value, lang="en", **kw)
+
+
+def cardinal(n: int) -> str:
+    """12345 -> "twelve thousand three hundred forty-five" (no "and", no commas)."""
+    return _plain(_num2words(n))
+
+
+def ordinal(n: int) -> str:
+    return _plain(_num2words(n, to="ordinal"))
+
+
+def year(n: int) -> str:
+    """1984 -> "nineteen eighty-four", 1905 -> "nineteen oh five", 2005 -> "two thousand five"."""
+    return _plain(_num2words(n, to="year")).replace("oh-", "oh ")
+
+
+def decimal(number: str) -> str:
+    """"2.5" -> "two point five", "3.14" -> "three point one four"."""
+    whole, _, frac = number.partition(".")
+    words = cardinal(int(whole))
+    return f"{words} point {' '.join(_DIGITS[d] for d in frac)}" if frac else words
+
+
+def _plain(words: str) -> str:
+    words = words.replace(",", "")
+    return re.sub(r"\s+", " ", re.sub(r"\band\b", " ", words)).strip()
+
+
+_DIGITS = dict(zip("0123456789", "zero one two three four five six seven eight nine".split()))
+_SCALE = r"(?:thousand|million|billion|trillion)"
+_AMOUNT = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+# symbol -> (unit, units, subunit, subunits); subunit None: amounts are read as decimals
+_CURRENCIES = {
+    "$": ("dollar", "dollars", "cent", "cents"),
+    "£": ("pound", "pounds", "penny", "pence"),
+    "€": ("euro", "euros", "cent", "cents"),
+    "¥": ("yen", "yen", None, None),
+}
+_SYMBOL = "[" + re.escape("".join(_CURRENCIES)) + "]"
+_CURRENCY_BEFORE = re.compile(rf"(?P<sym>{_SYMBOL})\s?(?P<amount>{_AMOUNT})(?:\s?(?P<scale>{_SCALE})\b)?")
+_CURRENCY_AFTER = re.compile(rf"(?<![\d.,])(?P<amount>{_AMOUNT})(?:\s?(?P<scale>{_SCALE}))?\s?(?P<sym>{_SYMBOL})")
+_LONE_SYMBOL = re.compile(_SYMBOL)
+_SCIENTIFIC = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)[eE]([+-]?)(\d+)\b")
+_AM_PM = r"(?:\s?(?P<ampm>[AaPp])\.?\s?[Mm]\b\.?)"
+_TIME = re.compile(rf"\b(?P<h>[01]?\d|2[0-4]):(?P<m>[0-5]\d)(?::(?P<s>[0-5]\d))?(?![\d:]){_AM_PM}?")
+_HOUR_AM_PM = re.compile(rf"\b(?P<h>1[0-2]|0?[1-9]){_AM_PM}")
+_PERCENT = re.compile(r"(\d)\s?%")
+_ORDINAL = re.compile(r"\b(\d+)(st|nd|rd|th)\b", re.IGNORECASE)
+_NUMBER = re.compile(r"(?<![\d,])(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?")
+
+
+def _amount_words(amount: str) -> str:
+    return decimal(amount.replace(",", ""))
+
+
+def _currency(m: re.Match) -> str:
+    unit, units, sub, subs = _CURRENCIES[m["sym"]]
+    amount, scale = m["amount"].replace(",", ""), m["scale"]
+    whole, _, frac = amount.partition(".")
+    if scale:  # "$1.5 million" -> "one point five million dollars"
+        return f" {decimal(amount)} {scale} {units} "
+    if sub is None or len(frac) > 2:  # "¥2.5" -> "two point five yen"
+        return f" {decimal(amount)} {unit if amount == '1' else units} "
+    d, c = int(whole), int(frac.ljust(2, "0")) if frac else 0
+    parts = []
+    if d or not c:
+        parts.append(f"{cardinal(d)} {unit if d == 1 else units}")
+    if c:
+        parts.append(f"{cardinal(c)} {sub if c == 1 else subs}")
+    return " " + " ".join(parts) + " "
+
+
+def _scientific(m: re.Match) -> str:
+    """"1e6" -> "one times ten to the six", "1.5e-3" -> "... to the minus three"."""
+    sign = "minus " if m.group(2) == "-" else ""
+    return f" {decimal(m.group(1))} times ten to the {sign}{cardinal(int(m.group(3)))} "
+
+
+def _ampm(m: re.Match) -> str:
+    return f" {m['ampm'].lower()} m" if m["ampm"] else ""
+
+
+def _time(m: re.Match) -> str:
+    """"10:30pm" -> "ten thirty p m", "7:45" -> "seven forty-five", "7:05" -> "seven oh five",
+    "7:00" -> "seven o'clock" ("seven p m" with am/pm)."""
+    h, mins = int(m["h"]), int(m["m"])
+    words = cardinal(h)
+    if mins == 0:
+        words += "" if m["ampm"] else " o'clock"
+    else:
+        words += f" oh {cardinal(mins)}" if mins < 10 else f" {cardinal(mins)}"
+    if m["s"] is not None:
+        secs = int(m["s"])
+        words += f" and {cardinal(secs)} second{'' if secs == 1 else 's'}"
+    return f" {words}{_ampm(m)} "
+
+
+def _number(m: re.Match) -> str:
+    whole, frac = m.group(1), m.group(2)
+    if frac is not None:
+        words = decimal(f"{whole.replace(',', '')}.{frac}")
+    elif "," not in whole and len(whole) == 4 and 1000 < int(whole) < 3000:  # a year
+        words = year(int(whole))
+    else:
+        words = cardinal(int(whole.replace(",", "")))
+    # set apart from a letter it touches: "COVID19" -> "COVID nineteen"
+    before = " " if m.start() > 0 and m.string[m.start() - 1].isalpha() else ""
+    after = " " if m.end() < len(m.string) and m.string[m.end()].isalpha() else ""
+    return before + words + after
+
+
+def expand_numbers(text: str) -> str:
+    """Times, currency, scientific notation, percentages, ordinals, years, decimals and numbers ->
+    words. Case and other text as they are."""
+    text = _SCIENTIFIC.sub(_scientific, text)
+    text = _TIME.sub(_time, text)
+    text = _HOUR_AM_PM.sub(lambda m: f" {cardinal(int(m['h']))}{_ampm(m)} ", text)
+    text = _CURRENCY_BEFORE.sub(_currency, text)
+    text = _CURRENCY_AFTER.sub(_currency, text)
+    text = _LONE_SYMBOL.sub(lambda m: f" {_CURRENCIES[m.group(0)][1]} ", text)
+    text = _PERCENT.sub(lambda m: f"{m.group(1)} percent", text)
+    text = _ORDINAL.sub(lambda m: ordinal(int(m.group(1))), text)
+    return _NUMBER.sub(_number, text)
+
+
+# --- abbreviations --------------------------------------------------------------------------------
+
+_ABBREVIATIONS = [(re.compile(rf"\b{abbr}\.", re.IGNORECASE), full) for abbr, full in [
+    ("mrs", "misess"), ("mr", "mister"), ("dr", "doctor"), ("co", "company"),
+    ("jr", "junior"), ("maj", "major"), ("gen", "general"), ("drs", "doctors"), ("rev", "reverend"),
+    ("lt", "lieutenant"), ("hon", "honorable"), ("sgt", "sergeant"), ("capt", "captain"),
+    ("esq", "esquire"), ("ltd", "limited"), ("col", "colonel"), ("ft", "fort"), ("etc", "et cetera"),
+    ("vs", "versus"),
+]]
+# "St." / "st." / "ST." (and "St" without its dot), not inside a word ("1st", "first")
+_ST = re.compile(r"\b(?:St|ST|st)\b\.?")
+_NEXT_WORD = re.compile(r"\s*(\w+)")
+_PREVIOUS_WORD = re.compile(r"(\w+)[\s,]*$")
+
+
+def _sentence_end(m: re.Match) -> str:
+    """The abbreviation's dot, kept as the sentence's full stop when nothing follows it."""
+    return "." if m.group(0).endswith(".") and not m.string[m.end():].strip() else ""
+
+
+def _saint_or_street(text: str, m: re.Match) -> str:
+    """"saint" before a capitalised name ("St. Paul"); "street" after a word of the same sentence
+    ("Main St.", "Paul st.", "42nd St."); "saint" otherwise (a sentence's first word)."""
+    after = _NEXT_WORD.match(text, m.end())
+    if after and after.group(1)[0].isupper():
+        return "saint"
+    if _PREVIOUS_WORD.search(text, 0, m.start()):
+        return "street" + _sentence_end(m)
+    if not m.group(0).endswith(".") and m.group(0) == "st":  # a lone lowercase "st" stays as it is
+        return m.group(0)
+    return "saint"
+
+
+def expand_abbreviations(text: str) -> str:
+    """Title and other abbreviations with their dot -> words; "St." by context. Needs the original
+    case (run before lowercasing)."""
+    text = _ST.sub(lambda m: _saint_or_street(text, m), text)
+    for pattern, full in _ABBREVIATIONS:
+        text = pattern.sub(lambda m, full=full: full + _sentence_end(m), text)
+    return text
+
+
+# --- the whole front end --------------------------------------------------------------------------
+
+_WHITESPACE = re.compile(r"\s+")
+_KEEP = re.compile(r"[^a-z!'\"(),\-.:;? ]")
+# Letters outside the Latin script that English text still uses, folded by unidecode
+_LATIN_LIKE = {"MICRO SIGN", "FEMININE ORDINAL INDICATOR", "MASCULINE ORDINAL INDICATOR"}
+
+
+def foreign_letters(text: str) -> list[str]:
+    """The letters of `text` that are not Latin script (sorted, each once): English does not read them."""
+    found = set()
+    for c in set(text):
+        if unicodedata.category(c) in ("Lu", "Ll", "Lt", "Lo"):
+            name = unicodedata.name(c, "")
+            if "LATIN" not in name and name not in _LATIN_LIKE:
+                found.add(c)
+    return sorted(found)
+
+
+def normalize(raw: str) -> str:
+    """Raw English transcript -> lowercase ASCII with numbers, currency and abbreviations spelled out.
+    Letters of other scripts are folded by unidecode here; the front end refuses such rows first
+    (`foreign_letters`)."""
+    text = unicodedata.normalize("NFC", raw)
+    text = expand_abbreviations(text)  # needs the case: "St. Paul" / "Paul st."
+    text = expand_numbers(text)  # before folding: unidecode would turn "£" into "PS"
+    text = unidecode(text).lower()
+    text = expand_numbers(text)  # digits unidecode produced (e.g. from superscripts)
+    text = text.replace("&", " and ").replace(";", ",")
+    text = _KEEP.sub(" ", text)
+    return _WHITESPACE.sub(" ", text).strip()
