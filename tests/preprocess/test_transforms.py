@@ -282,7 +282,8 @@ def test_tables_give_ids_in_name_order_and_the_corpus_vocabulary():
     assert {n: (s["id"], s["gender"], s["measured"]) for n, s in tables["speakers"].items()} == {
         "adam": (0, "", 2), "zoe": (1, "F", 1)}
     assert {c: x["id"] for c, x in tables["languages"].items()} == {"de": 0, "zh-CN": 1}
-    assert tables["vocabulary"] == ["_", "~", "a", "c", "h", "n", "s", "ö", "妈", "马"]
+    from melshards.shards_schema.vocab import EOS, PAD
+    assert tables["vocabulary"] == [PAD, EOS, "a", "c", "h", "n", "s", "ö", "妈", "马"]
     assert tables["language_lengths"]["de"]["text_len"] == {3: 2}
 
 
