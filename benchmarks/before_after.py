@@ -69,14 +69,17 @@ def before_dataset(clips, batch_size: int, sample_rate: int):
     def py_load(path, text):
         ids, mel, tl, ml = tf.numpy_function(load, [path, text], [tf.int32, tf.float32, tf.int32, tf.int32])
         ids.set_shape([None]), mel.set_shape([None, cfg.mel.n_mels]), tl.set_shape([]), ml.set_shape([])
-        return {"text_ids": ids, "mel": mel, "text_len": tl, "mel_len": ml}
+        # the corpus has one speaker and one language: id 0 of schema.json's tables
+        return {"text_ids": ids, "mel": mel, "text_len": tl, "mel_len": ml, "speaker_id": tf.constant(0, tf.int32),
+                "language_id": tf.constant(0, tf.int32)}
 
     paths, texts = zip(*clips)
     return (tf.data.Dataset.from_tensor_slices((list(paths), list(texts)))
             .shuffle(len(clips), seed=0).repeat()
             .map(py_load, num_parallel_calls=tf.data.AUTOTUNE)
             .padded_batch(batch_size, padding_values={"text_ids": 0, "mel": float(np.log(cfg.mel.log_floor)),
-                                                      "text_len": 0, "mel_len": 0}, drop_remainder=True)
+                                                      "text_len": 0, "mel_len": 0, "speaker_id": 0,
+                                                      "language_id": 0}, drop_remainder=True)
             .prefetch(tf.data.AUTOTUNE))
 
 

@@ -19,3 +19,48 @@ def demo_shards(out: str) -> Path:
         if code:
             raise SystemExit(f"preprocessing the demo corpus into {out} failed with exit code {code}")
     return path
+
+
+def relabel(src: Path, dst: Path, speaker_of, language_of, speakers: tuple[str, ...],
+            languages: tuple[str, ...]) -> Path:
+    """A copy of the preprocessing run in `src` whose records are spoken by speakers[speaker_of(i)] in
+    languages[language_of(i)] (i counts the records over the run's shard files, in schema.json's order),
+    with schema.json's speaker and language tables recounted to match. The audio stays the shipped
+    corpus's one voice: this makes shards of several speakers and languages for the trainer, not a
+    corpus to learn voices from."""
+    import json
+    import shutil
+
+    import tensorflow as tf
+
+    schema = json.loads((src / "schema.json").read_text())
+    sr, hop = schema["audio"]["sample_rate"], schema["mel"]["hop_length"]
+    frontend = schema["languages"][0]["text_frontend"]
+    clips = {"speakers": [0] * len(speakers), "languages": [0] * len(languages)}
+    frames = {"speakers": [0] * len(speakers), "languages": [0] * len(languages)}
+    dst.mkdir(parents=True)
+    i = 0
+    for bucket in schema["buckets"]:
+        for split in ("train", "val"):
+            for shard in bucket["shards"][split]:
+                with tf.io.TFRecordWriter(str(dst / shard["file"])) as w:
+                    for raw in tf.data.TFRecordDataset(str(src / shard["file"])).as_numpy_iterator():
+                        ex = tf.train.Example.FromString(raw)
+                        s, lang = speaker_of(i), language_of(i)
+                        f = ex.features.feature
+                        f["speaker"].bytes_list.value[:] = [speakers[s].encode()]
+                        f["speaker_id"].int64_list.value[:] = [s]
+                        f["language"].bytes_list.value[:] = [languages[lang].encode()]
+                        f["language_id"].int64_list.value[:] = [lang]
+                        for table, k in (("speakers", s), ("languages", lang)):
+                            clips[table][k] += 1
+                            frames[table][k] += f["mel_len"].int64_list.value[0]
+                        w.write(ex.SerializeToString(deterministic=True))
+                        i += 1
+    hours = {t: [round(n * hop / sr / 3600, 4) for n in v] for t, v in frames.items()}
+    schema["speakers"] = [{"id": k, "name": name, "clips": clips["speakers"][k], "hours": hours["speakers"][k],
+                           "gender": ""} for k, name in enumerate(speakers)]
+    schema["languages"] = [{"id": k, "code": code, "clips": clips["languages"][k], "hours": hours["languages"][k],
+                            "text_frontend": frontend} for k, code in enumerate(languages)]
+    (dst / "schema.json").write_text(json.dumps(schema, indent=2) + "\n")
+    return dst

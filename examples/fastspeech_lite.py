@@ -6,7 +6,9 @@
 FastSpeech-like, with the simplest duration rule: a uniform alignment. Every character of an
 utterance gets the same share of its frames (frame t reads character floor(t * text_len / mel_len)),
 so no aligner or duration targets are needed; the model learns the utterance's length in frames
-from the text (log-length regression) and uses it at synthesis. Encoder and decoder are stacks of
+from the text (log-length regression) and uses it at synthesis. A speaker and a language embedding
+(tables sized by schema.json's speakers and languages) are added to the encoder output, so the
+length and the frames depend on who speaks which language. Encoder and decoder are stacks of
 'same' convolutions over the characters and over the expanded frames; every shape is static.
 Only the public API (`melshards.normalizer`) and Keras are used.
 """
@@ -54,6 +56,8 @@ class FastSpeechLite(keras.Model):
         self.max_text_len, self.max_frames = schema.max_text_len, schema.max_mel_frames
         self.norm = melshards.normalizer(schema)
         self.embed = keras.layers.Embedding(len(schema.vocabulary), d)
+        self.speaker_embed = keras.layers.Embedding(len(schema.speakers), d)  # rows: the records' speaker_id
+        self.language_embed = keras.layers.Embedding(len(schema.languages), d)  # rows: their language_id
         # named attributes, not lists: a tf.train.Checkpoint sees every variable (see train/model.py attach)
         for i in range(opts.encoder_layers):
             setattr(self, f"enc_{i}", keras.layers.Dense(d, activation="relu"))
@@ -64,12 +68,13 @@ class FastSpeechLite(keras.Model):
         self.frame_pos = keras.layers.Dense(d)  # relative position of a frame inside its character
         self.mel_head = keras.layers.Dense(schema.n_mels, dtype="float32")
 
-    def encode(self, text_ids, text_len):
+    def encode(self, text_ids, text_len, speaker_id, language_id):
         mask = tf.sequence_mask(text_len, self.max_text_len, dtype=tf.float32)[..., None]
         x = self.embed(text_ids)
         for i in range(self.opts.encoder_layers):
             x = x + conv(x, getattr(self, f"enc_{i}"), self.opts.kernel) * tf.cast(mask, x.dtype)
-        x = self.enc_norm(x)
+        # who speaks which language, on every character: [B, d] broadcast over the text
+        x = self.enc_norm(x) + (self.speaker_embed(speaker_id) + self.language_embed(language_id))[:, None, :]
         pooled = tf.reduce_sum(tf.cast(x, tf.float32) * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)
         log_frames = tf.squeeze(self.length_head(pooled), -1)  # predicted log(mel_len)
         return x, log_frames
@@ -86,8 +91,8 @@ class FastSpeechLite(keras.Model):
             x = x + conv(x, getattr(self, f"dec_{i}"), self.opts.kernel)
         return self.mel_head(x)  # normalised log-mel [B, T, n_mels]
 
-    def call(self, text_ids, text_len, mel_len):
-        memory, log_frames = self.encode(text_ids, text_len)
+    def call(self, text_ids, text_len, speaker_id, language_id, mel_len):
+        memory, log_frames = self.encode(text_ids, text_len, speaker_id, language_id)
         return self.decode(memory, text_len, mel_len), log_frames
 
     # -- the contract ---------------------------------------------------------------------------
@@ -98,7 +103,8 @@ class FastSpeechLite(keras.Model):
 
     def loss_terms(self, batch, seed, training):
         target = self.norm(batch["mel"])
-        mel, log_frames = self(batch["text_ids"], batch["text_len"], batch["mel_len"], training=training)
+        mel, log_frames = self(batch["text_ids"], batch["text_len"], batch["speaker_id"], batch["language_id"],
+                               batch["mel_len"], training=training)
         frame_mask = tf.sequence_mask(batch["mel_len"], self.max_frames, dtype=tf.float32)[..., None]
         real = tf.cast(batch["mel_len"] > 0, tf.float32)
         length_err = log_frames - tf.math.log(tf.maximum(tf.cast(batch["mel_len"], tf.float32), 1.0))
@@ -115,8 +121,8 @@ class FastSpeechLite(keras.Model):
         length = terms["length_sq"] / tf.maximum(terms["examples"], 1.0)
         return {"loss": mel + self.opts.length_loss_weight * length, "mel_loss": mel, "length_loss": length}
 
-    def generate(self, text_ids, text_len):
-        memory, log_frames = self.encode(text_ids, text_len)
+    def generate(self, text_ids, text_len, speaker_id, language_id):
+        memory, log_frames = self.encode(text_ids, text_len, speaker_id, language_id)
         n = tf.clip_by_value(tf.cast(tf.round(tf.exp(log_frames)), tf.int32), 1, self.max_frames)
         mel = self.decode(memory, text_len, n)
         return {"mel": self.norm.invert(mel), "mel_len": n}
@@ -135,7 +141,8 @@ def build(schema, options: dict) -> FastSpeechLite:
     validate(schema, options)
     model = FastSpeechLite(from_dict(Options, options, where="model"), schema)
     zeros = np.zeros([1], np.int32)
-    model(tf.zeros([1, schema.max_text_len], tf.int32), tf.constant(zeros + 1), tf.constant(zeros + 1))  # build
+    model(tf.zeros([1, schema.max_text_len], tf.int32), tf.constant(zeros + 1), tf.constant(zeros), tf.constant(zeros),
+          tf.constant(zeros + 1))  # build
     return model
 
 

@@ -19,9 +19,10 @@ if TYPE_CHECKING:  # importing melshards must not import TensorFlow
 
     from melshards.train.step import Normaliser
 
-# The features a text-to-mel model reads; `features=` may ask for any of the schema's (id, speaker,
-# text are strings: fine for tf.data, not inside an XLA-compiled function).
-DEFAULT_FEATURES = ("text_ids", "text_len", "mel", "mel_len")
+# The features a text-to-mel model reads (the trainer's MODEL_INPUTS): speaker_id and language_id index
+# schema.speakers and schema.languages. `features=` may ask for any of the schema's (id, speaker,
+# language, text are strings: fine for tf.data, not inside an XLA-compiled function).
+DEFAULT_FEATURES = ("text_ids", "text_len", "speaker_id", "language_id", "mel", "mel_len")
 
 
 def read_schema(path_or_dir: str) -> Schema:

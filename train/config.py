@@ -22,6 +22,7 @@ from melshards.shards_schema.config import ConfigError, check, from_dict, load_y
 from melshards.train.contract import BUILTIN_FACTORY, current_factory
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+BALANCES = ("none", "speaker", "language")  # train/balance.py samples them
 STRATEGIES = ("auto", "one", "mirrored", "multiworker", "tpu")  # train/distribute.py builds them
 AtLeast1 = Annotated[StrictInt, Field(ge=1)]  # bounds live on the fields; pydantic checks them (check)
 
@@ -35,12 +36,20 @@ class DataConfig:
     prefetch: AtLeast1 = 2  # batches (of steps_per_execution steps each) prepared ahead of the step
     seed: StrictInt = 0
     deterministic: StrictBool = True  # fixed element order for a fixed seed, also across a resume
+    balance: Annotated[StrictStr, one_of(*BALANCES)] = "none"  # none | speaker | language (train/balance.py)
+    # a group's share of the records trained on is proportional to its clips ** alpha: 1 the corpus as it
+    # is, 0 every group equally often
+    balance_alpha: Annotated[StrictFloat, Field(ge=0.0, le=1.0)] = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The built-in Transformer-TTS (`melshards.train.model:build`)."""
     d_model: AtLeast1 = 128
+    # speaker and language embeddings (tables of schema.json's speakers and languages), projected onto the
+    # encoder output; 0 turns one off
+    speaker_dim: Annotated[StrictInt, Field(ge=0)] = 32
+    language_dim: Annotated[StrictInt, Field(ge=0)] = 16
     num_heads: AtLeast1 = 2
     ff_dim: StrictInt = 256
     encoder_layers: StrictInt = 2
@@ -59,6 +68,10 @@ class ModelConfig:
         check(self, "model options", prefix="model.")
         if self.d_model % self.num_heads:
             raise ConfigError(f"model.d_model {self.d_model} is not divisible by model.num_heads {self.num_heads}")
+        for key, table in (("speaker_dim", schema.speakers), ("language_dim", schema.languages)):
+            if getattr(self, key) and not table:
+                raise ConfigError(f"model.{key} is {getattr(self, key)} but schema.json lists no "
+                                  f"{key.split('_')[0]}s; set model.{key}: 0, or re-run `melshards preprocess`")
         for b in schema.buckets:  # every bucket's shape is run through the decoder, r frames a step
             if b.max_mel_frames % self.reduction_factor:
                 raise ConfigError(

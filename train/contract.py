@@ -3,7 +3,9 @@
     melshards train ... --model package.module:factory      (or `model: {factory: ...}` in the config)
 
 A **factory** is `factory(schema, options) -> keras.Model`:
-- `schema` is the shards' `shards_schema.Schema` (vocabulary, static shapes, mel statistics);
+- `schema` is the shards' `shards_schema.Schema` (vocabulary, static shapes, mel statistics, and the
+  `speakers` and `languages` tables: `len(schema.speakers)` and `len(schema.languages)` size the
+  model's speaker and language embeddings, whose ids are the records' `speaker_id` and `language_id`);
 - `options` is the config's `model:` section as a plain dict, without its `factory` key (free-form:
   the factory owns its validation and should raise `melshards.shards_schema.config.ConfigError` naming a bad
   key);
@@ -36,8 +38,10 @@ def current_factory(spec: str) -> str:
     """A factory as a model dir may have recorded it -> the name it has now."""
     return RENAMED_FACTORIES.get(spec, spec)
 
-# What the trainer reads from a record; the shapes and dtypes come from the schema (bucket).
-MODEL_INPUTS = ("text_ids", "text_len", "mel", "mel_len")
+# What the trainer reads from a record, so what every model's batch holds; the shapes and dtypes come
+# from the schema (bucket). speaker_id and language_id are int32 scalars per record: indices into
+# schema.speakers and schema.languages (a model may ignore them).
+MODEL_INPUTS = ("text_ids", "text_len", "speaker_id", "language_id", "mel", "mel_len")
 
 # Keys every loss_terms dict holds, besides the model's own sums and counts: real (non-padding)
 # records in the batch and their mel frames. The trainer reports throughput from them.
@@ -52,8 +56,8 @@ class TTSModel(Protocol):
         """Masked sums and counts over one batch: float32 scalars, REQUIRED_TERMS among them.
 
         batch: {name: tensor} for MODEL_INPUTS, static shapes [B, ...] (log-mel not normalised;
-        `melshards.train.step.Normaliser(schema)` normalises in-graph). Records with mel_len 0 are padding:
-        they must add 0 to every term. seed: int32 [2], (loop.seed, step) while training: a
+        `melshards.train.step.Normaliser(schema)` normalises in-graph; speaker_id and language_id int32
+        [B]). Records with mel_len 0 are padding (their ids are 0): they must add 0 to every term. seed: int32 [2], (loop.seed, step) while training: a
         stateless key for dropout, so a resumed run draws the same masks. Runs inside an XLA
         compiled function: TensorFlow ops only, static shapes.
         """
@@ -74,11 +78,13 @@ class TTSModel(Protocol):
 class GeneratingModel(TTSModel, Protocol):
     """A model `melshards synthesize` can speak with."""
 
-    def generate(self, text_ids: Any, text_len: Any) -> dict[str, Any]:
-        """text_ids int32 [1, L], text_len int32 [1] -> {"mel": float32 [1, T, n_mels] log-mel
-        (the shards' scale, not normalised), "mel_len": int32 [1] frames of speech}. L is the longest
-        max_text_len over the schema's buckets (melshards.train.synthesize.text_capacity: a bucket of shorter
-        clips can hold longer texts than the largest bucket). Static shapes; compiled with XLA."""
+    def generate(self, text_ids: Any, text_len: Any, speaker_id: Any, language_id: Any) -> dict[str, Any]:
+        """text_ids int32 [1, L], text_len, speaker_id, language_id int32 [1] -> {"mel": float32
+        [1, T, n_mels] log-mel (the shards' scale, not normalised), "mel_len": int32 [1] frames of
+        speech}. L is the longest max_text_len over the schema's buckets
+        (melshards.train.synthesize.text_capacity: a bucket of shorter clips can hold longer texts than
+        the largest bucket); the ids index schema.speakers and schema.languages. Static shapes;
+        compiled with XLA."""
 
 
 class ModelFactory(Protocol):

@@ -16,6 +16,7 @@ from melshards.shards_schema import Schema
 from melshards.shards_schema.schema import Bucket
 from melshards.shards_schema.records import decode_parsed, encode_example, parse_spec
 from melshards.shards_schema.shards import InputError, check_schemas, dir_of, expand_globs  # noqa: F401 (the trainer's checks)
+from melshards.train.balance import Plan, sampler
 from melshards.train.config import DataConfig
 
 log = logging.getLogger("melshards.train")
@@ -113,13 +114,15 @@ def _if(flag: bool, transform):
 
 def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig, names: Sequence[str],
                   steps_per_execution: int | None, batch_size: int | None = None, shard: tuple | None = None,
-                  seed: int | None = None, shuffle: bool = True, repeat: bool = True) -> tf.data.Dataset:
+                  seed: int | None = None, shuffle: bool = True, repeat: bool = True,
+                  balance: Plan | None = None) -> tf.data.Dataset:
     """Endless stream of {feature: [K, B, *shape]} for the train step ([B, ...] when K is None).
 
     batch_size: B (default cfg.batch_size; a replica's share under tf.distribute). shard: (how, n, i)
-    keeps the i-th of n parts, by "files" or by "records". seed: overrides cfg.seed for the shuffles.
-    shuffle=False reads the files and records in order; repeat=False makes one pass (the public
-    `melshards.dataset` offers both; the trainer uses neither).
+    keeps the i-th of n parts, by "files" or by "records". seed: overrides cfg.seed for the shuffles
+    and the balancing draws. shuffle=False reads the files and records in order; repeat=False makes
+    one pass (the public `melshards.dataset` offers both; the trainer uses neither). balance: keep
+    records by speaker or language (melshards.train.balance.plan of the schema; None keeps all).
     """
     files = list(files)
     b = cfg.batch_size if batch_size is None else batch_size
@@ -146,6 +149,9 @@ def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig, names: 
         ds.apply(_if(shuffle, lambda d: d.shuffle(cfg.shuffle_buffer, seed=seed, reshuffle_each_iteration=True)))
         # endless: the loop counts steps, not epochs
         .apply(_if(repeat, lambda d: d.repeat()))
+        # temperature sampling of speakers or languages; after the repeat, where an epoch that keeps
+        # no record of a small bucket cannot end the stream (repeat() stops at an empty epoch)
+        .apply(_if(balance is not None, lambda d: d.apply(sampler(balance, seed, cfg.deterministic))))
         # static batch dim for the signature-bound step
         .batch(b, drop_remainder=True)
         # one vectorised parse per batch, decoded to the schema's static shapes

@@ -1,7 +1,8 @@
 """A small Transformer-TTS: characters -> normalised log-mel, r frames per decoder step.
 
 Encoder: character embedding -> conv prenet -> scaled sinusoidal positions -> pre-LN self-attention
-blocks. Decoder: teacher-forced previous frame -> bottleneck prenet -> causal self-attention +
+blocks, plus the speaker and language embeddings (projected to d_model) on every position of its
+output, so the decoder's cross-attention reads who speaks which language. Decoder: teacher-forced previous frame -> bottleneck prenet -> causal self-attention +
 cross-attention blocks -> r mel frames and one stop logit per step. Postnet: residual conv stack.
 Every shape is static, so the whole thing compiles with XLA. The position tables are sized for the
 longest bucket (the schema's max lengths) and sliced to each input's length, so one model runs every
@@ -122,9 +123,34 @@ class TransformerBlock(layers.Layer):
         return x + self.drops[2](self.ff2(self.ff1(h)), seed, training=training)
 
 
+class Conditioning(layers.Layer):
+    """Speaker and language embeddings -> one [B, d_model] vector added to the encoder output.
+
+    Tables of `speakers` and `languages` rows (schema.json's, indexed by the records' ids), of
+    cfg.speaker_dim and cfg.language_dim (0: that one is off); the two are concatenated and projected
+    to d_model, without bias (the encoder's last layer norm has one).
+    """
+
+    def __init__(self, cfg: ModelConfig, speakers: int, languages: int, **kw):
+        super().__init__(**kw)
+        dt = self.dtype_policy
+        self.speaker = layers.Embedding(speakers, cfg.speaker_dim, dtype=dt) if cfg.speaker_dim else None
+        self.language = layers.Embedding(languages, cfg.language_dim, dtype=dt) if cfg.language_dim else None
+        self.proj = layers.Dense(cfg.d_model, use_bias=False, dtype=dt)
+
+    def build(self, input_shape):  # sublayers build on first call
+        pass
+
+    def call(self, speaker_id, language_id):
+        parts = [table(ids) for table, ids in ((self.speaker, speaker_id), (self.language, language_id))
+                 if table is not None]
+        return self.proj(tf.concat(parts, axis=-1))
+
+
 class TextToMel(keras.Model):
     def __init__(self, cfg: ModelConfig, vocab_size: int, n_mels: int, max_text_len: int,
-                 max_mel_frames: int, precision: str = "float32", norm: Normaliser | None = None, **kw):
+                 max_mel_frames: int, speakers: int, languages: int, precision: str = "float32",
+                 norm: Normaliser | None = None, **kw):
         super().__init__(dtype=precision, **kw)
         dt, d, r = self.dtype_policy, cfg.d_model, cfg.reduction_factor
         self.cfg, self.n_mels, self.r = cfg, n_mels, r
@@ -139,6 +165,8 @@ class TextToMel(keras.Model):
         self.enc_blocks = attach(self, "enc_block", [TransformerBlock(cfg, False, 10 + 3 * i, dtype=dt)
                                                      for i in range(cfg.encoder_layers)])
         self.enc_norm = layers.LayerNormalization(dtype=dt)
+        self.conditioning = (Conditioning(cfg, speakers, languages, dtype=dt)
+                             if cfg.speaker_dim or cfg.language_dim else None)
         self.prenet = attach(self, "prenet", [layers.Dense(cfg.prenet_dim, activation="relu", dtype=dt),
                                               layers.Dense(cfg.prenet_dim, activation="relu", dtype=dt)])
         self.prenet_drops = attach(self, "prenet_drop", [Dropout(cfg.prenet_dropout, 1, dtype=dt),
@@ -168,7 +196,8 @@ class TextToMel(keras.Model):
         self.dec_pos = tf.constant(sinusoids(self.steps, d))
 
     # -- pieces used by training (all at once) and synthesis (decoder step by step) ------------
-    def encode(self, text_ids, text_len, seed, training=False):
+    def encode(self, text_ids, text_len, speaker_id, language_id, seed, training=False):
+        """-> memory [B, L, d] (with the speaker and language on every position) and the text mask [B, L]."""
         length = text_ids.shape[1]  # the bucket's text length (<= max_text_len: tables are sliced)
         mask = tf.sequence_mask(text_len, length)  # [B, L]
         x = self.embed(text_ids)
@@ -179,7 +208,10 @@ class TextToMel(keras.Model):
         self_mask = mask[:, None, :] & mask[:, :, None]
         for block in self.enc_blocks:
             x = block(x, self_mask, seed, training=training)
-        return self.enc_norm(x), mask
+        x = self.enc_norm(x)
+        if self.conditioning is not None:
+            x = x + self.conditioning(speaker_id, language_id)[:, None, :]
+        return x, mask
 
     def decode(self, memory, text_mask, prev_frames, seed, training=False):
         """prev_frames [B, G, n_mels] (frame before each step) -> mel [B, G*r, n_mels], stop logits [B, G]."""
@@ -208,9 +240,9 @@ class TextToMel(keras.Model):
         go = tf.zeros_like(last[:, :1, :])
         return tf.concat([go, last[:, :-1, :]], axis=1)
 
-    def call(self, text_ids, text_len, target, seed, training=False):
+    def call(self, text_ids, text_len, speaker_id, language_id, target, seed, training=False):
         """Teacher-forced pass. seed: int32 [2] dropout key of (run seed, step, replica) while training."""
-        memory, text_mask = self.encode(text_ids, text_len, seed, training=training)
+        memory, text_mask = self.encode(text_ids, text_len, speaker_id, language_id, seed, training=training)
         mel, stop = self.decode(memory, text_mask, self.teacher_inputs(target), seed, training=training)
         return mel, self.refine(mel, seed, training=training), stop
 
@@ -233,7 +265,8 @@ class TextToMel(keras.Model):
     def loss_terms(self, batch: dict, seed, training: bool) -> dict:
         """Masked sums and counts, so batches (and padded records) combine exactly."""
         target = self.norm(batch["mel"])
-        mel, refined, stop_logits = self(batch["text_ids"], batch["text_len"], target, seed, training=training)
+        mel, refined, stop_logits = self(batch["text_ids"], batch["text_len"], batch["speaker_id"],
+                                         batch["language_id"], target, seed, training=training)
         frame_mask, stop_target, stop_weight = self.loss_masks(batch["mel_len"], target.shape[1])
         bce = tf.nn.sigmoid_cross_entropy_with_logits(labels=stop_target, logits=stop_logits)
         return dict(
@@ -252,12 +285,12 @@ class TextToMel(keras.Model):
         return {"loss": mel + post + self.cfg.stop_loss_weight * stop, "mel_loss": mel, "postnet_loss": post,
                 "stop_loss": stop}
 
-    def generate(self, text_ids, text_len) -> dict:
+    def generate(self, text_ids, text_len, speaker_id, language_id) -> dict:
         """Greedy autoregression over a static buffer of its own past frames (a causal decoder
         ignores the unfilled tail); the stop token decides afterwards how many frames are speech."""
         seed = tf.zeros([2], tf.int32)  # unused: no dropout at inference
         steps, r = self.steps, self.r
-        memory, mask = self.encode(text_ids, text_len, seed)
+        memory, mask = self.encode(text_ids, text_len, speaker_id, language_id, seed)
         buf = tf.zeros([1, steps, self.n_mels])  # decoder input at each step: the frame before it
         for i in tf.range(steps - 1):
             mel, _ = self.decode(memory, mask, buf, seed)
@@ -295,8 +328,9 @@ def build_model(cfg: ModelConfig | dict, schema, precision: str) -> TextToMel:
     # a shorter bucket may hold longer texts than the longest one: the text table covers them all
     model = TextToMel(cfg, vocab_size=len(schema.vocabulary), n_mels=schema.n_mels,
                       max_text_len=max(b.max_text_len for b in schema.buckets),
-                      max_mel_frames=schema.max_mel_frames,
-                      precision=precision, norm=Normaliser(schema))
-    model(tf.zeros([1, schema.max_text_len], tf.int32), tf.ones([1], tf.int32),
+                      max_mel_frames=schema.max_mel_frames, speakers=len(schema.speakers),
+                      languages=len(schema.languages), precision=precision, norm=Normaliser(schema))
+    ids = tf.zeros([1], tf.int32)
+    model(tf.zeros([1, schema.max_text_len], tf.int32), tf.ones([1], tf.int32), ids, ids,
           tf.zeros([1, schema.max_mel_frames, schema.n_mels]), tf.zeros([2], tf.int32))
     return model

@@ -3,10 +3,16 @@
 The model is rebuilt with the factory recorded in the model dir's train_config.json, and speaks
 through the contract's optional `generate` (train/contract.py) compiled with XLA at fixed shapes;
 a model without it cannot synthesize, and is refused before loading its weights. The same function,
-behind a string-in serving signature, is what `--export` saves as a SavedModel.
+behind a string-in serving signature (text, speaker name, language code), is what `--export` saves
+as a SavedModel.
+
+Who speaks and in which language: `pick_speaker` and `pick_language` resolve --speaker and
+--language against the schema's tables (the only one by default), and `normalise` puts TEXT through
+the front end that made that language's shards.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import posixpath
@@ -14,9 +20,9 @@ import posixpath
 import numpy as np
 from melshards.train.tf_quiet import tf
 
-from melshards.shards_schema import SCHEMA_FILE, Schema, SchemaError, Vocabulary, read_schema
+from melshards.shards_schema import SCHEMA_FILE, Language, Schema, SchemaError, Speaker, Vocabulary, read_schema
 from melshards.shards_schema.config import ConfigError, from_dict
-from melshards.shards_schema.text import normalizer_for
+from melshards.shards_schema.text import check_text, normalizer_for
 from melshards.train.errors import RestoreError
 
 log = logging.getLogger("melshards.synthesize")
@@ -29,8 +35,67 @@ def text_capacity(schema: Schema) -> int:
     return max(b.max_text_len for b in schema.buckets)
 
 
+def _first_few(names, n: int = 8, quote=repr) -> str:
+    names = list(names)
+    return ", ".join(quote(x) for x in names[:n]) + (", ..." if len(names) > n else "")
+
+
+def pick_speaker(schema: Schema, name: str | None) -> Speaker:
+    """--speaker NAME as schema.json's speaker table has it; the only speaker when it is left out.
+    ConfigError naming the first few known speakers and their count otherwise."""
+    known = f"this model was trained on {len(schema.speakers)} speaker(s): {_first_few(s.name for s in schema.speakers)}"
+    if name is None:
+        if len(schema.speakers) == 1:
+            return schema.speakers[0]
+        raise ConfigError(f"pass --speaker NAME: {known}")
+    try:
+        return schema.speaker(name)
+    except SchemaError:
+        raise ConfigError(f"--speaker {name!r} is not a speaker the model saw; {known}") from None
+
+
+def pick_language(schema: Schema, code: str | None) -> Language:
+    """--language CODE as schema.json's language table has it; the only language when it is left out
+    (schema.json does not say which languages a speaker speaks, so several need --language)."""
+    known = (f"this model was trained on {len(schema.languages)} language(s): "
+             f"{_first_few(x.code for x in schema.languages)}")
+    if code is None:
+        if len(schema.languages) == 1:
+            return schema.languages[0]
+        raise ConfigError(f"pass --language CODE: {known}")
+    try:
+        return schema.language(code)
+    except SchemaError:
+        raise ConfigError(f"--language {code!r} is not a language the model saw; {known}") from None
+
+
+def normalise(raw: str, language: Language) -> str:
+    """TEXT -> what the model reads, through the front end that made `language`'s shards; TextRejected
+    (with preprocess's reason) for text preprocess would not have kept, SchemaError for a front end
+    this melshards does not have (other ids than the model learnt)."""
+    try:
+        normalizer_for(language.text_frontend)  # refuses another front end, or another version of it
+    except ValueError as e:
+        raise SchemaError(f"language {language.code!r}: {e}") from e
+    # shards_schema.text's shared check of (raw, language): the normalisation preprocess applied, and its
+    # refusals (empty_text, unusable_text). TODO(text front ends per language): when normalizer_for(record)
+    # returns (raw, language) -> str, its result is this one; check_text stays the refusal preprocess shares.
+    return check_text(raw, language.code, language.text_frontend["name"])
+
+
+def check_generate(model) -> None:
+    """A generate that takes (text_ids, text_len, speaker_id, language_id), as train/contract.py asks."""
+    try:
+        inspect.signature(model.generate).bind(None, None, None, None)
+    except TypeError:
+        raise SchemaError(f"{type(model).__name__}.generate{inspect.signature(model.generate)} does not take "
+                          "(text_ids, text_len, speaker_id, language_id); give it the speaker and language ids "
+                          "(train/contract.py, GeneratingModel)") from None
+
+
 class Synthesizer(tf.Module):
-    """Text ids -> log-mel with the model's `generate`; `serve` maps a normalised string to the same."""
+    """Text ids, speaker and language ids -> log-mel with the model's `generate`; `serve` maps a
+    normalised string, a speaker name and a language code to the same."""
 
     def __init__(self, model, schema: Schema):
         super().__init__()
@@ -42,17 +107,29 @@ class Synthesizer(tf.Module):
         self.table = tf.lookup.StaticHashTable(
             tf.lookup.KeyValueTensorInitializer(symbols, tf.range(len(schema.vocabulary), dtype=tf.int32)),
             default_value=-1)
+        self.speaker_ids = _name_table([x.name for x in schema.speakers])
+        self.language_ids = _name_table([x.code for x in schema.languages])
         self.capacity = length = text_capacity(schema)
 
         @tf.function(input_signature=[tf.TensorSpec([1, length], tf.int32, name="text_ids"),
-                                      tf.TensorSpec([1], tf.int32, name="text_len")], jit_compile=True)
-        def generate(text_ids, text_len):
-            out = model.generate(text_ids, text_len)
+                                      tf.TensorSpec([1], tf.int32, name="text_len"),
+                                      tf.TensorSpec([1], tf.int32, name="speaker_id"),
+                                      tf.TensorSpec([1], tf.int32, name="language_id")], jit_compile=True)
+        def generate(text_ids, text_len, speaker_id, language_id):
+            out = model.generate(text_ids, text_len, speaker_id, language_id)
             return {"mel": tf.cast(out["mel"], tf.float32), "mel_len": tf.cast(out["mel_len"], tf.int32)}
 
-        @tf.function(input_signature=[tf.TensorSpec([], tf.string, name="text")])
-        def serve(text):
-            """Normalised text (the vocabulary's symbols) -> {"mel": [1, T, n_mels], "mel_len": [1]}."""
+        # unquoted: tf.debugging escapes quotes in its messages
+        speakers = _first_few((x.name for x in schema.speakers), quote=str)
+        languages = _first_few((x.code for x in schema.languages), quote=str)
+
+        @tf.function(input_signature=[tf.TensorSpec([], tf.string, name="text"),
+                                      tf.TensorSpec([], tf.string, name="speaker"),
+                                      tf.TensorSpec([], tf.string, name="language")])
+        def serve(text, speaker, language):
+            """Normalised text (the vocabulary's symbols), a speaker name and a language code (schema.json's)
+            -> {"mel": [1, T, n_mels], "mel_len": [1]}."""
+            speaker_id, language_id = self.speaker_ids.lookup(speaker), self.language_ids.lookup(language)
             ids = self.table.lookup(tf.strings.unicode_split(text, "UTF-8"))
             ids = tf.boolean_mask(ids, ids > 1)  # unknown symbols, pad and eos are skipped
             n = tf.shape(ids)[0]
@@ -61,15 +138,31 @@ class Synthesizer(tf.Module):
                 tf.debugging.assert_less_equal(n, length, message=(
                     f"the text is longer than the {length} symbols this model reads (after unknown symbols "
                     "are skipped); split it into shorter sentences")),
-                tf.debugging.assert_positive(n, message="the text holds no symbol of the vocabulary this model reads")]
+                tf.debugging.assert_positive(n, message="the text holds no symbol of the vocabulary this model reads"),
+                tf.debugging.assert_non_negative(speaker_id, message=(
+                    f"unknown speaker: this model was trained on {len(schema.speakers)} speaker(s): {speakers}")),
+                tf.debugging.assert_non_negative(language_id, message=(
+                    f"unknown language: this model was trained on {len(schema.languages)} language(s): {languages}"))]
             with tf.control_dependencies(checks):
                 n = tf.identity(n)
-            return generate(tf.pad(ids, [[0, length - n]])[None, :], tf.reshape(n, [1]))
+            return generate(tf.pad(ids, [[0, length - n]])[None, :], tf.reshape(n, [1]),
+                            tf.reshape(speaker_id, [1]), tf.reshape(language_id, [1]))
 
         self.generate, self.serve = generate, serve
 
+    def speak(self, ids, n: int, speaker: Speaker, language: Language) -> dict:
+        """`generate` of text ids [1, capacity] (of which n are text) by `speaker` in `language`."""
+        return self.generate(tf.constant(ids), tf.constant([n], tf.int32), tf.constant([speaker.id], tf.int32),
+                             tf.constant([language.id], tf.int32))
+
     def export(self, path: str) -> None:
         tf.saved_model.save(self, path, signatures={"serving_default": self.serve})
+
+
+def _name_table(names: list[str]) -> tf.lookup.StaticHashTable:
+    """name -> its index (its id in schema.json's table); -1 for a name not in it."""
+    return tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
+        tf.constant(names, tf.string), tf.range(len(names), dtype=tf.int32)), default_value=-1)
 
 
 def check_model_dir(model_dir: str) -> None:
@@ -112,10 +205,6 @@ def load_synthesizer(model_dir: str, checkpoint: str | None = None) -> Synthesiz
     check_model_dir(model_dir)
     latest = checkpoint or checkpoint_to_restore(model_dir)
     schema = read_schema(posixpath.join(model_dir, SCHEMA_FILE))
-    try:  # text normalised by another front end maps to ids the model never saw
-        normalizer_for(schema.text_frontend)
-    except ValueError as e:
-        raise SchemaError(str(e)) from e
     cfg_path = posixpath.join(model_dir, CONFIG_FILE)
     with tf.io.gfile.GFile(cfg_path) as f:
         cfg = from_dict(TrainConfig, json.load(f), where=cfg_path)
@@ -123,8 +212,9 @@ def load_synthesizer(model_dir: str, checkpoint: str | None = None) -> Synthesiz
     model, _ = build_model(cfg.model_factory, schema, cfg.model_options, "float32")
     if not can_generate(model):
         raise SchemaError(f"the model in {model_dir} ({cfg.model_factory}, {type(model).__name__}) has no "
-                          "generate(text_ids, text_len) method, so it cannot synthesize; add one "
-                          "(train/contract.py, GeneratingModel) and synthesize again")
+                          "generate(text_ids, text_len, speaker_id, language_id) method, so it cannot "
+                          "synthesize; add one (train/contract.py, GeneratingModel) and synthesize again")
+    check_generate(model)
     restore_model(model, latest)  # fails unless every variable of the model is restored
     log.info("restored %s", latest)
     return Synthesizer(model, schema)

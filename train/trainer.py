@@ -19,7 +19,7 @@ import numpy as np
 
 from melshards.shards_schema import Schema
 from melshards.shards_schema.shards import first_bad_shard
-from melshards.train import distribute, input_pipeline
+from melshards.train import balance, distribute, input_pipeline
 from melshards.train.buckets import Schedule, TrainerBucket, trainer_buckets
 from melshards.train.checkpoints import Checkpointer, data_settings
 from melshards.train.config import LoopConfig
@@ -70,6 +70,7 @@ class Trainer:
         seed_everything(cfg.loop)
         self._build_model()
         self.buckets = check_buckets(inputs, self.topo)
+        self.balance = balance.plan(inputs.schema, cfg.data.balance, cfg.data.balance_alpha)
         self.schedule = Schedule([tb.calls_per_epoch for tb in self.buckets], cfg.data.seed)
         self.next_call = 0  # the schedule position: set from the restored step
         self._make_steps()
@@ -115,6 +116,10 @@ class Trainer:
             self.start_local_input(seed=None)
 
     def _log_buckets(self) -> None:
+        data = self.inputs.cfg.data
+        if data.balance != "none":
+            log.info("%s%s", balance.describe(self.inputs.schema, data.balance, data.balance_alpha),
+                     " (--synthetic-data: not applied)" if self.synthetic else "")
         for tb in self.buckets:
             log.info("bucket %d: text %d, mel %d frames, batch %d, %d train records (%d calls per schedule "
                      "epoch), %d val shards", tb.index, tb.bucket.max_text_len, tb.bucket.max_mel_frames,
@@ -132,7 +137,7 @@ class Trainer:
                                        list(tb.files), self.inputs.schema)
             return input_pipeline.synthetic_dataset(first, self.k_steps)
         return input_pipeline.train_dataset(tb.files, tb.bucket, data, MODEL_INPUTS, self.k_steps,
-                                            batch_size=batch_size, shard=shard, seed=seed)
+                                            batch_size=batch_size, shard=shard, seed=seed, balance=self.balance)
 
     def start_local_input(self, seed: int | None) -> None:
         """On one device: every bucket's input iterator, in the checkpoint's `iterator/bucket_NN`."""

@@ -58,31 +58,37 @@ def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
 @click.option("-o", "--output", required=True, help="WAV file to write.")
 @click.option("--griffin-lim-iters", default=32, show_default=True, type=click.IntRange(min=1),
               help="Griffin-Lim iterations.")
+@click.option("--speaker", default=None,
+              help="Speaker name, as schema.json's speakers table has it (default: the only speaker).")
+@click.option("--language", default=None,
+              help="Language code, as schema.json's languages table has it (default: the only language).")
 @click.option("--export", "export_dir", default=None,
-              help="Also save the generator as a SavedModel here (serving signature: text -> mel).")
-def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -> None:
+              help="Also save the generator as a SavedModel here (serving signature: text, speaker name, "
+                   "language code -> mel).")
+def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, language, export_dir) -> None:
     """Speak TEXT with the model in --model-dir and write a WAV (Griffin-Lim vocoder)."""
     setup_logging()
     import soundfile as sf
 
     from melshards.shards_schema import SCHEMA_FILE, read_schema
-    from melshards.shards_schema.text import TextRejected, check_text
+    from melshards.shards_schema.text import TextRejected
     from melshards.train.errors import CheckpointError, RestoreError
-    from melshards.train.synthesize import checkpoint_to_restore, check_model_dir, load_synthesizer, text_ids
-    from melshards.train.tf_quiet import tf
+    from melshards.train.synthesize import (
+        checkpoint_to_restore, check_model_dir, load_synthesizer, normalise, pick_language, pick_speaker, text_ids)
 
     # every check that needs no model first, and nothing created before they pass: loading and
     # compiling the model takes a while
-    try:
-        normalised = check_text(text)
-    except TextRejected as e:
-        raise click.UsageError(f"TEXT refused ({e.reason}): {e.detail}. `melshards preprocess` rejects such "
-                               "transcripts too, so the model never learnt them; pass text with words in it") from e
     check_output_file("-o", output, "out.wav")
     try:
         check_model_dir(model_dir)
-        ids, n = text_ids(normalised, read_schema(posixpath.join(model_dir, SCHEMA_FILE)))
+        schema = read_schema(posixpath.join(model_dir, SCHEMA_FILE))
+        who, lang = pick_speaker(schema, speaker), pick_language(schema, language)
+        normalised = normalise(text, lang)
+        ids, n = text_ids(normalised, schema)
         checkpoint = checkpoint_to_restore(model_dir)
+    except TextRejected as e:
+        raise click.UsageError(f"TEXT refused ({e.reason}): {e.detail}. `melshards preprocess` rejects such "
+                               "transcripts too, so the model never learnt them; pass text with words in it") from e
     except (SchemaError, ConfigError, CheckpointError) as e:
         raise click.UsageError(str(e)) from e
     out_dir = os.path.dirname(os.path.abspath(output))
@@ -96,14 +102,14 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, export_dir) -
         raise click.UsageError(str(e)) from e
     except RestoreError as e:
         raise click.ClickException(str(e)) from e
-    out = synth.generate(tf.constant(ids), tf.constant([n], tf.int32))
+    out = synth.speak(ids, n, who, lang)
     frames = int(out["mel_len"][0])
     check_spoke(frames, synth.schema)
     mel = out["mel"][0, :frames].numpy()
     y = griffin_lim(mel, synth.schema, griffin_lim_iters)
     sf.write(output, y, synth.schema.audio.sample_rate, subtype="PCM_16")
-    click.echo(f"{normalised!r}: {frames} mel frames -> {len(y) / synth.schema.audio.sample_rate:.2f} s "
+    click.echo(f"{normalised!r} ({who.name}, {lang.code}): {frames} mel frames -> {len(y) / synth.schema.audio.sample_rate:.2f} s "
                f"of audio at {synth.schema.audio.sample_rate} Hz -> {output}")
     if export_dir:
         synth.export(export_dir)
-        click.echo(f"SavedModel with a serving signature (text -> mel, mel_len) -> {export_dir}")
+        click.echo(f"SavedModel with a serving signature (text, speaker, language -> mel, mel_len) -> {export_dir}")

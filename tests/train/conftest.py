@@ -58,6 +58,20 @@ def four_records(shards_dir, tmp_path_factory) -> Path:
     return write_records(shards_dir, tmp_path_factory.mktemp("four") / "shards", 4)
 
 
+SPEAKERS, LANGUAGES = ("ljspeech", "second"), ("en-US", "en-GB")
+
+
+@pytest.fixture(scope="session")
+def two_speakers_dir(shards_dir, tmp_path_factory) -> Path:
+    """`shards_dir` relabelled: every 4th record by speaker "second" (a quarter of the clips, so
+    balancing by speaker drops records), every other one in en-GB (half), with schema.json's
+    speaker and language tables to match. One bucket, as shards_dir. Read-only for tests."""
+    from benchmarks.shards_fixture import relabel
+
+    return relabel(shards_dir, tmp_path_factory.mktemp("two") / "shards", lambda i: int(i % 4 == 3),
+                   lambda i: i % 2, SPEAKERS, LANGUAGES)
+
+
 # XLA's LLVM backend at -O0 compiles the test model's step in ~14 s instead of ~25 s (measured on
 # 2 cores); the tests check behaviour, not speed. Read by XLA at its first compile in this process
 # (and inherited by the subprocesses of test_resume).

@@ -83,10 +83,24 @@ def test_synthesis_uses_the_plugins_generate(example_run):
 
     synth = load_synthesizer(str(example_run[0]))
     ids, n = text_ids("printing, in the only sense.", synth.schema)
-    out = synth.generate(tf.constant(ids), tf.constant([n], tf.int32))
+    out = synth.speak(ids, n, synth.schema.speakers[0], synth.schema.languages[0])
     assert out["mel"].shape == (1, synth.schema.max_mel_frames, synth.schema.n_mels)
     assert 1 <= int(out["mel_len"][0]) <= synth.schema.max_mel_frames
     assert np.isfinite(out["mel"].numpy()).all()
+
+
+def test_the_example_plugin_trains_on_two_speakers_and_two_languages(two_speakers_dir, tmp_path):
+    cfg = _config(tmp_path / "c.yaml", 4)
+    assert _train(two_speakers_dir, tmp_path / "m", cfg) == 0
+    summary = json.loads((tmp_path / "m" / "run_summary.json").read_text())
+    assert summary["train_step_traces"] == 1 and np.isfinite(summary["final_losses"]["train"]["loss"])
+    from examples.fastspeech_lite import build
+    from melshards.shards_schema import read_schema
+    from melshards.train.checkpoints import restore_model
+
+    model = build(read_schema(str(two_speakers_dir)), FS_MODEL)  # a speaker and a language table of two rows
+    restore_model(model, tf.train.latest_checkpoint(str(tmp_path / "m" / "checkpoints")))  # every variable
+    assert model.speaker_embed.embeddings.shape == model.language_embed.embeddings.shape == (2, FS_MODEL["d_model"])
 
 
 BAD_PLUGINS = textwrap.dedent('''
@@ -94,17 +108,20 @@ BAD_PLUGINS = textwrap.dedent('''
     import tensorflow as tf
 
     class NoFrames(keras.Model):
-        """Valid but for its loss terms: no mel_frames. Without generate."""
-        def __init__(self, full=False):
+        """Valid but for its loss terms: no mel_frames. Without generate. Conditions on the speaker
+        (every batch carries speaker_id and language_id)."""
+        def __init__(self, schema, full=False):
             super().__init__()
             self.full = full
             self.dense = keras.layers.Dense(1)
+            self.speaker = keras.layers.Embedding(len(schema.speakers), 1)
+            self.language = keras.layers.Embedding(len(schema.languages), 1)
 
-        def call(self, mel):
-            return self.dense(mel)
+        def call(self, mel, speaker_id, language_id):
+            return self.dense(mel) + (self.speaker(speaker_id) + self.language(language_id))[:, None, :]
 
         def loss_terms(self, batch, seed, training):
-            err = tf.reduce_sum(tf.abs(self(batch["mel"])))
+            err = tf.reduce_sum(tf.abs(self(batch["mel"], batch["speaker_id"], batch["language_id"])))
             terms = {"err": err, "examples": tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.float32))}
             if self.full:
                 terms["mel_frames"] = tf.cast(tf.reduce_sum(batch["mel_len"]), tf.float32)
@@ -116,11 +133,19 @@ BAD_PLUGINS = textwrap.dedent('''
         def losses_from_terms(self, terms):
             return {"loss": terms["err"] / tf.maximum(terms["examples"], 1.0)}
 
+    class OldGenerate(NoFrames):
+        """A generate without the speaker and language ids (train/contract.py before they existed)."""
+        def generate(self, text_ids, text_len):
+            return {}
+
     def no_frames(schema, options):
-        return NoFrames()
+        return NoFrames(schema)
 
     def no_generate(schema, options):
-        return NoFrames(full=True)
+        return NoFrames(schema, full=True)
+
+    def old_generate(schema, options):
+        return OldGenerate(schema, full=True)
 
     def not_a_model(schema, options):
         return {"weights": 1}
@@ -138,7 +163,7 @@ def bad_plugins(tmp_path, monkeypatch):
 @pytest.mark.parametrize("factory, message", [
     ("broken_plugin:build", "module 'broken_plugin' does not import (ModuleNotFoundError: No module named "
                             "'no_such_module_anywhere')"),
-    ("bad_plugins:buld", "module 'bad_plugins' has no 'buld'; its callables are: NoFrames, no_frames"),
+    ("bad_plugins:buld", "module 'bad_plugins' has no 'buld'; its callables are: NoFrames, OldGenerate, no_frames"),
     ("bad_plugins", "is not of the form package.module:factory"),
     ("bad_plugins:not_a_model", "returned a builtins.dict, not a keras.Model"),
     ("bad_plugins:no_frames", "NoFrames.loss_terms misses the key(s) mel_frames"),
@@ -153,17 +178,23 @@ def test_a_bad_plugin_is_a_usage_error_before_anything_compiles(factory, message
     assert not (model_dir / "run_summary.json").exists() and not (model_dir / "tensorboard").exists()
 
 
-def test_synthesize_refuses_a_model_without_generate(four_records, bad_plugins, capsys):
+@pytest.mark.parametrize("factory, message", [
+    ("bad_plugins:no_generate", "has no generate(text_ids, text_len, speaker_id, language_id) method"),
+    ("bad_plugins:old_generate", "OldGenerate.generate(text_ids, text_len) does not take (text_ids, text_len, "
+                                 "speaker_id, language_id)"),
+])
+def test_synthesize_refuses_a_model_without_generate(factory, message, four_records, bad_plugins, capsys):
     from melshards.commands.synthesize import synthesize_command
 
     cfg = write_config(bad_plugins / "c.yaml", model={}, loop={"steps": 2, "checkpoint_every": 2, "log_every": 2,
                                                                "val_every": 2})
     model_dir = bad_plugins / "m"
     assert run([str(four_records / "train-*.tfrecord"), "--model-dir", str(model_dir), "--config", str(cfg),
-                "--model", "bad_plugins:no_generate"]) == 0
-    with pytest.raises(Exception, match="has no generate"):
+                "--model", factory]) == 0
+    with pytest.raises(Exception) as refused:
         synthesize_command.main(["--model-dir", str(model_dir), "Printing.", "-o", str(bad_plugins / "o.wav")],
                                 standalone_mode=False)
+    assert message in str(refused.value)
 
 
 def test_the_builtin_model_keeps_strict_config_validation(four_records, tmp_path, capsys):

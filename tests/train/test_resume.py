@@ -35,11 +35,13 @@ def _weights(model_dir):
     return {n: reader.get_tensor(n) for n in names}
 
 
-@pytest.mark.parametrize("shards", ["shards_dir", "bucketed_dir"])
-def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(shards, request, tmp_path):
-    """One length bucket, and four (every bucket's iterator and the schedule position resume)."""
+@pytest.mark.parametrize("shards, balance", [("two_speakers_dir", "speaker"), ("bucketed_dir", "none")])
+def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(shards, balance, request, tmp_path):
+    """One length bucket of two speakers sampled equally often (the balancing draws resume too), and
+    four buckets (every bucket's iterator and the schedule position resume)."""
     shards_dir = request.getfixturevalue(shards)
     cfg = write_config(tmp_path / "c.yaml",
+                       data={"balance": balance},
                        model={"dropout": 0.1},
                        loop={"steps": STEPS, "checkpoint_every": 10, "log_every": 1, "val_every": 10,
                              "op_determinism": True})

@@ -193,3 +193,37 @@ def test_serving_refuses_a_text_longer_than_the_model_reads_instead_of_truncatin
         synth.serve(tf.constant("\u00e9\u00e9"))
     out = synth.serve(tf.constant("a" * limit))  # the longest text it reads still speaks
     assert int(out["mel_len"][0]) > 0
+
+
+def test_several_speakers_need_speaker_and_language_and_unknown_names_are_refused(two_speakers_dir, tmp_path,
+                                                                                 monkeypatch):
+    """Before anything is loaded: no default among several, a name the model never saw names those it saw."""
+    _refuse_loading(monkeypatch)
+    model = _looks_trained(two_speakers_dir, tmp_path / "model")
+    out = tmp_path / "new" / "out.wav"
+    cases = [
+        ((), "pass --speaker NAME: this model was trained on 2 speaker(s): 'ljspeech', 'second'"),
+        (("--speaker", "nobody"), "--speaker 'nobody' is not a speaker the model saw; this model was trained on 2 "
+                                  "speaker(s): 'ljspeech', 'second'"),
+        (("--speaker", "second"), "pass --language CODE: this model was trained on 2 language(s): 'en-US', 'en-GB'"),
+        (("--speaker", "second", "--language", "fr"), "--language 'fr' is not a language the model saw"),
+    ]
+    for extra, message in cases:
+        result = synthesize("Printing.", "--model-dir", model, "-o", out, *extra)
+        assert result.exit_code == 2 and message in " ".join(result.output.split()), (extra, result.output)
+    assert not out.parent.exists()
+
+
+def test_the_only_speaker_and_language_are_the_defaults_and_many_names_are_cut_short(shards_dir):
+    import dataclasses
+
+    from melshards.shards_schema import Speaker, read_schema
+    from melshards.shards_schema.config import ConfigError
+
+    schema = read_schema(str(shards_dir))
+    assert synthesize_module.pick_speaker(schema, None) == schema.speakers[0]
+    assert synthesize_module.pick_language(schema, None) == schema.languages[0]
+    many = dataclasses.replace(schema, speakers=tuple(Speaker(i, f"s{i}", 1, 0.0) for i in range(12)))
+    with pytest.raises(ConfigError, match=r"trained on 12 speaker\(s\): 's0', 's1', .*, 's7', \.\.\.$"):
+        synthesize_module.pick_speaker(many, "s12")
+    assert synthesize_module.pick_speaker(many, "s11").id == 11

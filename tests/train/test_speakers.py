@@ -1,0 +1,91 @@
+"""Speakers and languages in the built-in model: it trains on shards of two speakers and two languages
+(balanced by speaker), traces once, and speaks as the speaker and in the language it is asked for."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+import tensorflow as tf
+
+from melshards.commands.synthesize import synthesize_command
+from melshards.commands.train import run
+from tests.train.conftest import LANGUAGES, SPEAKERS, TEST_CONFIG, write_config
+
+
+@pytest.fixture(scope="module")
+def two_speaker_model(two_speakers_dir, tmp_path_factory):
+    """8 steps of the built-in model on two speakers and two languages, speakers drawn equally often."""
+    tmp = tmp_path_factory.mktemp("speakers")
+    cfg = write_config(tmp / "c.yaml", data={"balance": "speaker", "balance_alpha": 0.0},
+                       loop={"steps": 8, "steps_per_execution": 2, "checkpoint_every": 8, "log_every": 2,
+                             "val_every": 8})
+    assert run([str(two_speakers_dir / "train-*.tfrecord"), "--val", str(two_speakers_dir / "val-*.tfrecord"),
+                "--model-dir", str(tmp / "model"), "--config", str(cfg)]) == 0
+    return tmp / "model", json.loads((tmp / "model" / "run_summary.json").read_text())
+
+
+def test_the_builtin_model_trains_on_two_speakers_and_languages_with_one_trace(two_speaker_model):
+    model_dir, summary = two_speaker_model
+    assert summary["steps_run"] == 8 and summary["train_step_traces"] == 1 and summary["eval_step_traces"] == 1
+    assert np.isfinite(summary["final_losses"]["train"]["loss"]) and np.isfinite(summary["final_losses"]["val"]["loss"])
+    # the tables, sized by schema.json's speakers and languages, restore from the checkpoint (every variable
+    # of the model must be matched by a saved value)
+    from melshards.shards_schema import read_schema
+    from melshards.train.checkpoints import restore_model
+    from melshards.train.config import config_from_dict
+    from melshards.train.model import build_model
+
+    model = build_model(config_from_dict(TEST_CONFIG).model, read_schema(str(model_dir)), "float32")
+    restore_model(model, tf.train.latest_checkpoint(str(model_dir / "checkpoints")))
+    tables = model.conditioning
+    assert tables.speaker.embeddings.shape == (len(SPEAKERS), 32)
+    assert tables.language.embeddings.shape == (len(LANGUAGES), 16)
+    assert tables.proj.kernel.shape == (32 + 16, TEST_CONFIG["model"]["d_model"])
+
+
+def test_the_speaker_and_language_change_what_the_model_says(two_speaker_model):
+    from melshards.train.synthesize import load_synthesizer, normalise, text_ids
+
+    synth = load_synthesizer(str(two_speaker_model[0]))
+    schema = synth.schema
+    ids, n = text_ids(normalise("Printing, in the only sense.", schema.languages[0]), schema)
+    mels = {(s.name, lang.code): synth.speak(ids, n, s, lang)["mel"].numpy()
+            for s in schema.speakers for lang in schema.languages}
+    assert all(np.isfinite(m).all() for m in mels.values())
+    assert not np.allclose(mels[SPEAKERS[0], LANGUAGES[0]], mels[SPEAKERS[1], LANGUAGES[0]])
+    assert not np.allclose(mels[SPEAKERS[0], LANGUAGES[0]], mels[SPEAKERS[0], LANGUAGES[1]])
+    # the serving signature takes names: the same generator
+    served = synth.serve(tf.constant("printing, in the only sense."), tf.constant(SPEAKERS[1]),
+                         tf.constant(LANGUAGES[1]))
+    np.testing.assert_allclose(served["mel"].numpy(), mels[SPEAKERS[1], LANGUAGES[1]], rtol=1e-5, atol=1e-5)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"unknown speaker: this model was trained on 2 "
+                                                             r"speaker\(s\): ljspeech, second"):
+        synth.serve(tf.constant("printing."), tf.constant("nobody"), tf.constant(LANGUAGES[0]))
+
+
+def test_synthesize_speaks_as_the_speaker_asked_for(two_speaker_model, tmp_path):
+    wav = tmp_path / "out.wav"
+    synthesize_command.main(["--model-dir", str(two_speaker_model[0]), "Printing.", "-o", str(wav), "--speaker",
+                             SPEAKERS[1], "--language", LANGUAGES[1], "--griffin-lim-iters", "1"],
+                            standalone_mode=False)
+    y, _ = sf.read(wav)
+    assert y.ndim == 1 and len(y) > 0
+
+
+def test_speaker_and_language_embeddings_can_be_turned_off(two_speakers_dir):
+    from melshards.shards_schema import read_schema
+    from melshards.train.config import config_from_dict
+    from melshards.train.model import build_model
+    from melshards.train.plugins import zero_batch
+
+    schema = read_schema(str(two_speakers_dir))
+    cfg = config_from_dict(dict(TEST_CONFIG, model=dict(TEST_CONFIG["model"], speaker_dim=0, language_dim=0)))
+    off = build_model(cfg.model, schema, "float32")
+    assert off.conditioning is None and not any("conditioning" in v.path for v in off.variables)
+    cfg = config_from_dict(dict(TEST_CONFIG, model=dict(TEST_CONFIG["model"], language_dim=0)))
+    speaker_only = build_model(cfg.model, schema, "float32")
+    assert speaker_only.conditioning.language is None and speaker_only.conditioning.speaker is not None
+    terms = speaker_only.loss_terms(zero_batch(schema, 2), tf.zeros([2], tf.int32), training=False)
+    assert float(terms["examples"]) == 0.0  # padding records add nothing
