@@ -87,6 +87,8 @@ _PUNCTUATION_MAP = {
     **_SPACED_MARKS,
 }
 _PUNCTUATION_TABLE = str.maketrans(_PUNCTUATION_MAP)
+# French sets its guillemets apart by (narrow no-break) spaces: « oui » -> "oui"
+_GUILLEMET_SPACES = re.compile(r"(?<=«)\s+|\s+(?=»)")
 _WHITESPACE = re.compile(r"\s+")
 _SPACE_BEFORE = re.compile(r" (?=[.,!?;:)])")
 _SPACE_AFTER = re.compile(r"(?<=[(¡¿]) ")
@@ -112,7 +114,7 @@ def _keep(c: str) -> str:
 def clean(text: str) -> str:
     """NFC; full-width forms to ASCII; punctuation unified; other symbols and controls dropped;
     whitespace collapsed, no space before closing punctuation or after opening. Letters untouched."""
-    text = unicodedata.normalize("NFC", text)
+    text = _GUILLEMET_SPACES.sub("", unicodedata.normalize("NFC", text))
     text = "".join(_fullwidth_to_ascii(c) for c in text.translate(_PUNCTUATION_TABLE))
     return tidy(unicodedata.normalize("NFC", "".join(_keep(c) for c in text)))
 
@@ -168,6 +170,7 @@ def num2words_language(language: str) -> str | None:
     return next((c for c in candidates if c in CONVERTER_CLASSES), None)
 
 
+@functools.lru_cache(maxsize=4096)  # corpora repeat their numbers (small counts, years)
 def _words(value, lang: str) -> str | None:
     from num2words import num2words
 
@@ -181,19 +184,26 @@ def _words(value, lang: str) -> str | None:
 _UNPARSED = object()
 
 
+@functools.lru_cache(maxsize=2)
+def _number_patterns(decimal_comma: bool) -> tuple[re.Pattern, re.Pattern]:
+    """(grouped, plain): "1,000.5" / "2.5" with a decimal point; "1.000,5" / "1 000" / "2,5" with a comma."""
+    decimal, groups = (",", ".\u00a0\u202f ") if decimal_comma else (".", ",")
+    grouped = re.compile(rf"(\d{{1,3}}(?:[{re.escape(groups)}]\d{{3}})+)(?:{re.escape(decimal)}(\d+))?")
+    return grouped, re.compile(rf"(\d+)(?:{re.escape(decimal)}(\d+))?")
+
+
 def _read_number(token: str, language: str, lang: str):
     """A number token's words; None to keep its digits (a decimal fraction in a language whose
     reading was not checked, a number num2words cannot read); _UNPARSED if it is not one number."""
-    decimal, group = (",", ".") if primary_subtag(language_code(language) or "") in _DECIMAL_COMMA else (".", ",")
-    groups = group + "\u00a0\u202f " if decimal == "," else group
-    grouped = re.fullmatch(rf"(\d{{1,3}}(?:[{re.escape(groups)}]\d{{3}})+)(?:{re.escape(decimal)}(\d+))?", token)
-    if grouped:
-        whole, frac = re.sub(r"\D", "", grouped.group(1)), grouped.group(2)
+    grouped, plain = _number_patterns(primary_subtag(language_code(language) or "") in _DECIMAL_COMMA)
+    m = grouped.fullmatch(token)
+    if m:
+        whole, frac = re.sub(r"\D", "", m.group(1)), m.group(2)
     else:
-        plain = re.fullmatch(rf"(\d+)(?:{re.escape(decimal)}(\d+))?", token)
-        if not plain:
+        m = plain.fullmatch(token)
+        if not m:
             return _UNPARSED
-        whole, frac = plain.group(1), plain.group(2)
+        whole, frac = m.group(1), m.group(2)
     if frac is None:
         return _words(int(whole), lang)
     if lang.split("_")[0] not in _DECIMALS_READ:

@@ -14,6 +14,7 @@ Any change to `normalize`'s output must bump VERSION (1: inflect's number words,
 """
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
@@ -31,24 +32,25 @@ def supports(language: str) -> bool:
 
 # --- number words ---------------------------------------------------------------------------------
 
-def _num2words(value, **kw) -> str:
+@functools.lru_cache(maxsize=4096)  # corpora repeat their numbers
+def _num2words(n: int, to: str) -> str:
     from num2words import num2words  # 0.1 s on first use
 
-    return num2words(value, lang="en", **kw)
+    return _plain(num2words(n, lang="en", to=to))
 
 
 def cardinal(n: int) -> str:
     """12345 -> "twelve thousand three hundred forty-five" (no "and", no commas)."""
-    return _plain(_num2words(n))
+    return _num2words(n, "cardinal")
 
 
 def ordinal(n: int) -> str:
-    return _plain(_num2words(n, to="ordinal"))
+    return _num2words(n, "ordinal")
 
 
 def year(n: int) -> str:
     """1984 -> "nineteen eighty-four", 1905 -> "nineteen oh five", 2005 -> "two thousand five"."""
-    return _plain(_num2words(n, to="year")).replace("oh-", "oh ")
+    return _num2words(n, "year").replace("oh-", "oh ")
 
 
 def decimal(number: str) -> str:

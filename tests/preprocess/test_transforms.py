@@ -276,13 +276,13 @@ def test_val_speakers_are_held_out_whole():
 
 
 def test_tables_give_ids_in_name_order_and_the_corpus_vocabulary():
+    from melshards.shards_schema.vocab import EOS, PAD
     clips = [dict(_clip("1", 3, 100, 1000, "zoe", "de"), text="schön", gender="F"),
              dict(_clip("2", 3, 100, 1000, "adam", "zh-CN"), text="妈马"), _clip("3", 3, 100, 1000, "adam", "de")]
     tables = _tables(clips)
     assert {n: (s["id"], s["gender"], s["measured"]) for n, s in tables["speakers"].items()} == {
         "adam": (0, "", 2), "zoe": (1, "F", 1)}
     assert {c: x["id"] for c, x in tables["languages"].items()} == {"de": 0, "zh-CN": 1}
-    from melshards.shards_schema.vocab import EOS, PAD
     assert tables["vocabulary"] == [PAD, EOS, "a", "c", "h", "n", "s", "ö", "妈", "马"]
     assert tables["language_lengths"]["de"]["text_len"] == {3: 2}
 
