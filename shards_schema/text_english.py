@@ -183,9 +183,14 @@ def _sentence_end(m: re.Match) -> str:
 
 
 def _saint_or_street(text: str, m: re.Match) -> str:
-    """"saint" before a capitalised name ("St. Paul"); "street" after a word of the same sentence
-    ("Main St.", "Paul st.", "42nd St."); "saint" otherwise (a sentence's first word)."""
+    """"street" for a lowercase "st." after a word ("Paul st. It was": the next sentence's capital
+    does not make it a saint, and its dot stays the full stop); "saint" before a capitalised name
+    ("St. Paul"); "street" after a word of the same sentence ("Main St.", "42nd St."); "saint"
+    otherwise (a sentence's first word)."""
     after = _NEXT_WORD.match(text, m.end())
+    before = _PREVIOUS_WORD.search(text, 0, m.start())
+    if m.group(0).startswith("st") and m.group(0).endswith(".") and before:
+        return "street" + ("." if after is None or after.group(1)[0].isupper() else "")
     if after and after.group(1)[0].isupper():
         return "saint"
     if _PREVIOUS_WORD.search(text, 0, m.start()):
@@ -207,6 +212,7 @@ def expand_abbreviations(text: str) -> str:
 # --- the whole front end --------------------------------------------------------------------------
 
 _WHITESPACE = re.compile(r"\s+")
+_SPACE_BEFORE_PUNCTUATION = re.compile(r" ([,.!?;:])")  # left where a symbol before it was spelled out
 _KEEP = re.compile(r"[^a-z!'\"(),\-.:;? ]")
 # Letters outside the Latin script that English text still uses, folded by unidecode
 _LATIN_LIKE = {"MICRO SIGN", "FEMININE ORDINAL INDICATOR", "MASCULINE ORDINAL INDICATOR"}
@@ -234,4 +240,4 @@ def normalize(raw: str) -> str:
     text = expand_numbers(text)  # digits unidecode produced (e.g. from superscripts)
     text = text.replace("&", " and ").replace(";", ",")
     text = _KEEP.sub(" ", text)
-    return _WHITESPACE.sub(" ", text).strip()
+    return _SPACE_BEFORE_PUNCTUATION.sub(r"\1", _WHITESPACE.sub(" ", text)).strip()

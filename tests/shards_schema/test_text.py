@@ -69,8 +69,15 @@ def test_expand_numbers_reads_large_numbers_as_cardinals():
     assert expand_numbers("12345") == "twelve thousand three hundred forty-five"
 
 
+def test_english_keeps_no_space_before_punctuation_and_reads_a_lowercase_st_after_a_word_as_street():
+    assert normalize_text("At 10:30pm, $1.5 million.") == "at ten thirty p m, one point five million dollars."
+    assert normalize_text("St. Paul st. It was late.") == "saint paul street. it was late."
+    assert normalize_text("The church of St. Paul on Main St. is old.") == (
+        "the church of saint paul on main street is old.")
+
+
 def test_punctuation_only_text_is_not_speakable():
-    assert normalize_text("--- !!! ???") == "--- !!! ???"
+    assert normalize_text("--- !!! ???") == "---!!!???"
     assert not has_speakable_content(normalize_text("--- !!! ???"))
     assert has_speakable_content("a")
 
