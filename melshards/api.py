@@ -108,43 +108,62 @@ def _resolve(patterns: str | Sequence[str], split: str | None, schema_path: str 
 
 def _bucket_dataset(files: list[str], shapes, batch_size: int, shuffle: bool, repeat: bool, seed: int,
                     features: Sequence[str], shuffle_buffer: int, cycle_length: int,
-                    deterministic: bool) -> "tf.data.Dataset":
+                    deterministic: bool, balance) -> "tf.data.Dataset":
     from melshards.train.config import DataConfig
     from melshards.train.input_pipeline import train_dataset
 
     cfg = DataConfig(batch_size=batch_size, shuffle_buffer=shuffle_buffer, cycle_length=cycle_length,
                      seed=seed, deterministic=deterministic)
-    return train_dataset(files, shapes, cfg, tuple(features), None, shuffle=shuffle, repeat=repeat)
+    return train_dataset(files, shapes, cfg, tuple(features), None, shuffle=shuffle, repeat=repeat, balance=balance)
+
+
+def _check_balance(balance: str, balance_alpha: float) -> None:
+    """A `balance` of the trainer's choices and an alpha in [0, 1]; else a ValueError naming the argument."""
+    import numbers
+
+    from melshards.train.config import BALANCES
+
+    if balance not in BALANCES:
+        raise ValueError(f"balance is {balance!r}; pass one of {', '.join(BALANCES)}")
+    if isinstance(balance_alpha, bool) or not isinstance(balance_alpha, numbers.Real) or not 0 <= balance_alpha <= 1:
+        raise ValueError(f"balance_alpha is {balance_alpha!r}; pass a number from 0 (every group equally often) "
+                         "to 1 (the corpus as it is)")
 
 
 def bucket_datasets(patterns: str | Sequence[str], batch_size: int, *, split: str | None = None,
                     shuffle: bool = True, repeat: bool = True, seed: int = 0,
                     features: Sequence[str] = DEFAULT_FEATURES, shuffle_buffer: int = 64, cycle_length: int = 4,
-                    deterministic: bool = True, schema_path: str | None = None) -> dict[int, "tf.data.Dataset"]:
+                    deterministic: bool = True, schema_path: str | None = None, balance: str = "none",
+                    balance_alpha: float = 0.0) -> dict[int, "tf.data.Dataset"]:
     """One dataset per length bucket: {bucket index: dataset of {feature: [batch_size, *bucket shape]}}.
 
     Every element of one bucket's dataset has the same static shapes (`element_spec` is fully
     defined), so a `tf.function` over it traces once. Arguments as for `dataset`.
     """
     return _datasets(patterns, batch_size, split, shuffle, repeat, seed, features, shuffle_buffer, cycle_length,
-                     deterministic, schema_path)[1]
+                     deterministic, schema_path, balance, balance_alpha)[1]
 
 
 def _datasets(patterns, batch_size, split, shuffle, repeat, seed, features, shuffle_buffer, cycle_length,
-              deterministic, schema_path) -> tuple[_Files, dict[int, "tf.data.Dataset"]]:
+              deterministic, schema_path, balance, balance_alpha) -> tuple[_Files, dict[int, "tf.data.Dataset"]]:
     for name, value, minimum in (("batch_size", batch_size, 1), ("seed", seed, None),
                                  ("shuffle_buffer", shuffle_buffer, 1), ("cycle_length", cycle_length, 1)):
         _check_int(name, value, minimum)
+    _check_balance(balance, balance_alpha)
+    from melshards.train.balance import plan as balance_plan
+
     found = _resolve(patterns, split, schema_path)
+    plan = balance_plan(found.schema, balance, float(balance_alpha))
     return found, {i: _bucket_dataset(files, found.schema.buckets[i], batch_size, shuffle, repeat, seed, features,
-                                      shuffle_buffer, cycle_length, deterministic)
+                                      shuffle_buffer, cycle_length, deterministic, plan)
                    for i, files in sorted(found.by_bucket.items())}
 
 
 def dataset(patterns: str | Sequence[str], batch_size: int, *, split: str | None = None, shuffle: bool = True,
             repeat: bool = True, seed: int = 0, bucket: int | None = None,
             features: Sequence[str] = DEFAULT_FEATURES, shuffle_buffer: int = 64, cycle_length: int = 4,
-            deterministic: bool = True, schema_path: str | None = None) -> "tf.data.Dataset":
+            deterministic: bool = True, schema_path: str | None = None, balance: str = "none",
+            balance_alpha: float = 0.0) -> "tf.data.Dataset":
     """The shards as a `tf.data.Dataset` of dict batches {feature: tensor}, as the trainer reads them.
 
     patterns: shard globs, local or gs:// (e.g. "shards/train-*.tfrecord"); split: keep only the
@@ -162,12 +181,15 @@ def dataset(patterns: str | Sequence[str], batch_size: int, *, split: str | None
       still has one bucket's static shapes, and a jit-compiled function compiles once per bucket
       shape (docs/api.md). `bucket_datasets` gives one dataset per bucket.
     features: the record fields to keep (schema.features names); log-mel is not normalised (see
-      `normalizer`).
+      `normalizer`). By default those a text-to-mel model reads, speaker_id and language_id included.
+    balance: "speaker" or "language" draws each group's records in proportion to its clips **
+      balance_alpha (0 every group equally often, 1 the corpus as it is), as `data.balance` does in
+      the trainer (docs/train.md); "none" keeps every record.
     """
     import tensorflow as tf
 
     found, per_bucket = _datasets(patterns, batch_size, split, shuffle, repeat, seed, features, shuffle_buffer,
-                                  cycle_length, deterministic, schema_path)
+                                  cycle_length, deterministic, schema_path, balance, balance_alpha)
     if bucket is not None:
         if bucket not in per_bucket:
             raise InputError(f"bucket {bucket}: {patterns!r} holds shards of bucket(s) {sorted(per_bucket)} only")

@@ -143,3 +143,20 @@ def test_normalizer_of_something_not_a_schema_is_a_type_error_naming_the_argumen
     with pytest.raises(TypeError, match=r"normalizer\(schema\): schema is 'x' \(str\), not a Schema; "
                                         r"pass melshards.read_schema"):
         melshards.normalizer("x")
+
+
+def test_dataset_gives_speaker_and_language_ids_and_balances_speakers(shards_dir, tmp_path):
+    from benchmarks.shards_fixture import relabel
+
+    plain = next(iter(melshards.dataset(str(shards_dir / "train-*.tfrecord"), 4)))
+    assert plain["speaker_id"].shape == plain["language_id"].shape == (4,)  # the default features hold them
+    # every 5th record by a second speaker: 20% of the records, 50% of a stream balanced at alpha 0
+    two = relabel(shards_dir, tmp_path / "two", lambda i: int(i % 5 == 4), lambda i: 0, ("a", "b"), ("en",))
+    ds = melshards.dataset(str(two / "train-*.tfrecord"), 8, balance="speaker", balance_alpha=0.0,
+                           features=("speaker_id",))
+    ids = np.concatenate([b["speaker_id"].numpy() for b in ds.take(250)])
+    assert abs((ids == 1).mean() - 0.5) < 0.04, (ids == 1).mean()
+    with pytest.raises(ValueError, match="balance is 'gender'; pass one of none, speaker, language"):
+        melshards.dataset(str(two / "train-*.tfrecord"), 8, balance="gender")
+    with pytest.raises(ValueError, match="balance_alpha is 2; pass a number from 0"):
+        melshards.dataset(str(two / "train-*.tfrecord"), 8, balance="speaker", balance_alpha=2)

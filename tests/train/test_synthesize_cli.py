@@ -7,8 +7,7 @@ import pytest
 import soundfile as sf
 from click.testing import CliRunner, Result
 
-from melshards.preprocess.clips import ClipRejected, prepare_text
-from melshards.shards_schema import Vocabulary
+from melshards.shards_schema.text import TextRejected, check_text
 from tests.train.conftest import write_config
 from melshards.commands.train import run
 from melshards.train import synthesize as synthesize_module
@@ -36,8 +35,8 @@ def synthesize(*args) -> Result:
 
 @pytest.mark.parametrize("text", ["--- !!! ???", "   "])
 def test_text_preprocess_would_reject_is_refused_with_the_same_reason(model_dir, tmp_path, text):
-    with pytest.raises(ClipRejected) as rejected:
-        prepare_text(text, Vocabulary())
+    with pytest.raises(TextRejected) as rejected:  # the check preprocess makes of every transcript
+        check_text(text, "en", "english")
     wav = tmp_path / "out.wav"
     result = synthesize("--model-dir", model_dir, "-o", wav, "--", text)  # "--": the text starts with "-"
     assert result.exit_code == 2, result.output
@@ -186,12 +185,16 @@ def test_serving_refuses_a_text_longer_than_the_model_reads_instead_of_truncatin
     model_dir_from_weights(shards_dir, tmp_path / "m", stop_bias=20.0)
     synth = synthesize_module.load_synthesizer(str(tmp_path / "m"))
     limit = synth.schema.max_text_len  # one bucket: the longest text of the run
+    who = (tf.constant(synth.schema.speakers[0].name), tf.constant(synth.schema.languages[0].code))
     with pytest.raises(tf.errors.InvalidArgumentError, match=f"the text is longer than the {limit} symbols this "
                                                              "model reads"):
-        synth.serve(tf.constant("a" * (limit + 1)))
+        synth.serve(tf.constant("a" * (limit + 1)), *who)
     with pytest.raises(tf.errors.InvalidArgumentError, match="holds no symbol of the vocabulary this model reads"):
-        synth.serve(tf.constant("\u00e9\u00e9"))
-    out = synth.serve(tf.constant("a" * limit))  # the longest text it reads still speaks
+        synth.serve(tf.constant("\u00e9\u00e9"), *who)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"unknown language: this model was trained on 1 "
+                                                             r"language\(s\): en"):
+        synth.serve(tf.constant("a"), who[0], tf.constant("fr"))
+    out = synth.serve(tf.constant("a" * limit), *who)  # the longest text it reads still speaks
     assert int(out["mel_len"][0]) > 0
 
 
