@@ -22,8 +22,7 @@ from melshards.train.tf_quiet import tf
 
 from melshards.shards_schema import SCHEMA_FILE, Language, Schema, SchemaError, Speaker, Vocabulary, read_schema
 from melshards.shards_schema.config import ConfigError, from_dict
-from melshards.shards_schema.text import check_text, normalizer_for
-from melshards.train.errors import RestoreError
+from melshards.shards_schema.text import normalizer_for
 
 log = logging.getLogger("melshards.synthesize")
 
@@ -74,13 +73,10 @@ def normalise(raw: str, language: Language) -> str:
     (with preprocess's reason) for text preprocess would not have kept, SchemaError for a front end
     this melshards does not have (other ids than the model learnt)."""
     try:
-        normalizer_for(language.text_frontend)  # refuses another front end, or another version of it
+        normalize = normalizer_for(language.text_frontend)  # refuses another front end, or another version of it
     except ValueError as e:
         raise SchemaError(f"language {language.code!r}: {e}") from e
-    # shards_schema.text's shared check of (raw, language): the normalisation preprocess applied, and its
-    # refusals (empty_text, unusable_text). TODO(text front ends per language): when normalizer_for(record)
-    # returns (raw, language) -> str, its result is this one; check_text stays the refusal preprocess shares.
-    return check_text(raw, language.code, language.text_frontend["name"])
+    return normalize(raw, language.code)  # preprocess's own check: TextRejected for what it would not keep
 
 
 def check_generate(model) -> None:
