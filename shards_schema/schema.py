@@ -235,18 +235,11 @@ class Schema:
 
     def speaker(self, name: str) -> Speaker:
         """The speaker called `name`; SchemaError naming a few known ones and the count otherwise."""
-        found = next((s for s in self.speakers if s.name == name), None)
-        if found is None:
-            raise SchemaError(f"unknown speaker {name!r}; the shards have {len(self.speakers)}: "
-                              f"{_first_few(s.name for s in self.speakers)}")
-        return found
+        return _lookup(self.speakers, "name", name, "speaker")
 
     def language(self, code: str) -> Language:
-        found = next((lang for lang in self.languages if lang.code == code), None)
-        if found is None:
-            raise SchemaError(f"unknown language {code!r}; the shards have {len(self.languages)}: "
-                              f"{_first_few(lang.code for lang in self.languages)}")
-        return found
+        """The language of code `code`; SchemaError naming a few known ones and the count otherwise."""
+        return _lookup(self.languages, "code", code, "language")
 
     # -- contract checks ------------------------------------------------------------------
     def contract(self) -> dict[str, Any]:
@@ -328,6 +321,14 @@ class Schema:
         except json.JSONDecodeError as e:
             raise SchemaError(f"{where} is not valid JSON: {e}") from e
         return cls.from_dict(d, where)
+
+
+def _lookup(table, key: str, value: str, what: str):
+    found = next((x for x in table if getattr(x, key) == value), None)
+    if found is None:
+        raise SchemaError(f"unknown {what} {value!r}; the shards have {len(table)}: "
+                          f"{_first_few(getattr(x, key) for x in table)}")
+    return found
 
 
 def _first_few(names, n: int = 8) -> str:

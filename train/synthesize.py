@@ -39,33 +39,30 @@ def _first_few(names, n: int = 8, quote=repr) -> str:
     return ", ".join(quote(x) for x in names[:n]) + (", ..." if len(names) > n else "")
 
 
-def pick_speaker(schema: Schema, name: str | None) -> Speaker:
-    """--speaker NAME as schema.json's speaker table has it; the only speaker when it is left out.
-    ConfigError naming the first few known speakers and their count otherwise."""
-    known = f"this model was trained on {len(schema.speakers)} speaker(s): {_first_few(s.name for s in schema.speakers)}"
-    if name is None:
-        if len(schema.speakers) == 1:
-            return schema.speakers[0]
-        raise ConfigError(f"pass --speaker NAME: {known}")
+def _pick(table, value: str | None, option: str, what: str, find):
+    """--speaker/--language VALUE as schema.json's table has it (`find`); the only entry when it is
+    left out; ConfigError naming the first few known ones and their count otherwise."""
+    known = (f"this model was trained on {len(table)} {what}(s): "
+             f"{_first_few(getattr(x, 'name', None) or x.code for x in table)}")
+    if value is None:
+        if len(table) == 1:
+            return table[0]
+        raise ConfigError(f"pass {option}: {known}")
     try:
-        return schema.speaker(name)
+        return find(value)
     except SchemaError:
-        raise ConfigError(f"--speaker {name!r} is not a speaker the model saw; {known}") from None
+        raise ConfigError(f"{option.split()[0]} {value!r} is not a {what} the model saw; {known}") from None
+
+
+def pick_speaker(schema: Schema, name: str | None) -> Speaker:
+    """--speaker NAME; the only speaker when it is left out."""
+    return _pick(schema.speakers, name, "--speaker NAME", "speaker", schema.speaker)
 
 
 def pick_language(schema: Schema, code: str | None) -> Language:
-    """--language CODE as schema.json's language table has it; the only language when it is left out
-    (schema.json does not say which languages a speaker speaks, so several need --language)."""
-    known = (f"this model was trained on {len(schema.languages)} language(s): "
-             f"{_first_few(x.code for x in schema.languages)}")
-    if code is None:
-        if len(schema.languages) == 1:
-            return schema.languages[0]
-        raise ConfigError(f"pass --language CODE: {known}")
-    try:
-        return schema.language(code)
-    except SchemaError:
-        raise ConfigError(f"--language {code!r} is not a language the model saw; {known}") from None
+    """--language CODE; the only language when it is left out (schema.json does not say which
+    languages a speaker speaks, so several need --language)."""
+    return _pick(schema.languages, code, "--language CODE", "language", schema.language)
 
 
 def normalise(raw: str, language: Language) -> str:
