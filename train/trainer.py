@@ -70,7 +70,7 @@ class Trainer:
         seed_everything(cfg.loop)
         self._build_model()
         self.buckets = check_buckets(inputs, self.topo)
-        self.balance = balance.plan(inputs.schema, cfg.data.balance, cfg.data.balance_alpha)
+        self.balance_plan = balance.plan(inputs.schema, cfg.data.balance, cfg.data.balance_alpha)
         self.schedule = Schedule([tb.calls_per_epoch for tb in self.buckets], cfg.data.seed)
         self.next_call = 0  # the schedule position: set from the restored step
         self._make_steps()
@@ -137,7 +137,8 @@ class Trainer:
                                        list(tb.files), self.inputs.schema)
             return input_pipeline.synthetic_dataset(first, self.k_steps)
         return input_pipeline.train_dataset(tb.files, tb.bucket, data, MODEL_INPUTS, self.k_steps,
-                                            batch_size=batch_size, shard=shard, seed=seed, balance=self.balance)
+                                            batch_size=batch_size, shard=shard, seed=seed,
+                                            balance=self.balance_plan)
 
     def start_local_input(self, seed: int | None) -> None:
         """On one device: every bucket's input iterator, in the checkpoint's `iterator/bucket_NN`."""

@@ -21,15 +21,15 @@ def two_speaker_model(two_speakers_dir, tmp_path_factory):
     cfg = write_config(tmp / "c.yaml", data={"balance": "speaker", "balance_alpha": 0.0},
                        loop={"steps": 8, "steps_per_execution": 2, "checkpoint_every": 8, "log_every": 2,
                              "val_every": 8})
-    assert run([str(two_speakers_dir / "train-*.tfrecord"), "--val", str(two_speakers_dir / "val-*.tfrecord"),
-                "--model-dir", str(tmp / "model"), "--config", str(cfg)]) == 0
+    assert run([str(two_speakers_dir / "train-*.tfrecord"), "--model-dir", str(tmp / "model"), "--config",
+                str(cfg)]) == 0
     return tmp / "model", json.loads((tmp / "model" / "run_summary.json").read_text())
 
 
 def test_the_builtin_model_trains_on_two_speakers_and_languages_with_one_trace(two_speaker_model):
     model_dir, summary = two_speaker_model
-    assert summary["steps_run"] == 8 and summary["train_step_traces"] == 1 and summary["eval_step_traces"] == 1
-    assert np.isfinite(summary["final_losses"]["train"]["loss"]) and np.isfinite(summary["final_losses"]["val"]["loss"])
+    assert summary["steps_run"] == 8 and summary["train_step_traces"] == 1
+    assert np.isfinite(summary["final_losses"]["train"]["loss"])
     # the tables, sized by schema.json's speakers and languages, restore from the checkpoint (every variable
     # of the model must be matched by a saved value)
     from melshards.shards_schema import read_schema

@@ -82,7 +82,8 @@ def test_synthesize_writes_a_playable_wav_and_exports_a_serving_signature(overfi
     assert sr == schema.audio.sample_rate
     assert y.ndim == 1 and len(y) >= schema.mel.hop_length and np.isfinite(y).all() and np.abs(y).max() > 0
     serve = tf.saved_model.load(str(export)).signatures["serving_default"]
-    out = serve(text=tf.constant("printing, in the only sense."))
+    out = serve(text=tf.constant("printing, in the only sense."), speaker=tf.constant(schema.speakers[0].name),
+                language=tf.constant(schema.languages[0].code))  # names, as schema.json has them
     assert out["mel"].shape == (1, schema.max_mel_frames, schema.n_mels)
     assert 0 < int(out["mel_len"][0]) <= schema.max_mel_frames
 
