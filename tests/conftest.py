@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "data" / "ljspeech_tiny"
 TINY_CONFIG = REPO / "configs" / "ljspeech_tiny.yaml"
+
+
+@pytest.fixture(autouse=True)
+def sigint_as_it_was():
+    """Every test leaves Ctrl-C as it found it: the subprocesses later tests start inherit an ignored
+    SIGINT, and the preprocess tests that interrupt a run (tests/preprocess/test_output.py) need it."""
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    if signal.getsignal(signal.SIGINT) is not before and before is not None:
+        signal.signal(signal.SIGINT, before)
 
 
 @pytest.fixture(scope="session")

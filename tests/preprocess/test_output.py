@@ -246,7 +246,8 @@ def _start_long_run(tmp_path, corpus_dir, out, rows=3000, *extra):
     """A real `melshards preprocess` in its own process group, returned once its workers report progress."""
     cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", str(_long_corpus(tmp_path, corpus_dir, rows)),
            "--output", str(out), "--config", str(TINY_CONFIG), *extra]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=_ctrl_c_as_in_a_terminal)
     deadline = time.time() + 600
     while not list(out.glob(f"{O.STAGE_PREFIX}*/.melshards-tmp/progress-*.txt")) and time.time() < deadline:
         assert p.poll() is None, p.communicate()
@@ -256,7 +257,7 @@ def _start_long_run(tmp_path, corpus_dir, out, rows=3000, *extra):
 
 def test_a_second_run_into_an_output_a_running_job_holds_stops_and_the_first_is_unharmed(tmp_path, corpus_dir):
     out = tmp_path / "o"
-    first = _start_long_run(tmp_path, corpus_dir, out, 3000, "--workers", "1")
+    first = _start_long_run(tmp_path, corpus_dir, out, 20000, "--workers", "1")
     second = subprocess.run([sys.executable, "-m", "melshards", "preprocess", "--input", str(corpus_dir),
                              "--output", str(out), "--config", str(TINY_CONFIG), "--workers", "1"],
                             capture_output=True, text=True, timeout=600)
@@ -387,6 +388,12 @@ def test_a_full_disk_stops_the_run_with_one_line_and_leaves_the_old_run(monkeypa
     assert _snapshot(out) == before  # no staging dir, no lock, the old run whole
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT as a terminal's process has it, whatever the test runner's
+    worker inherited (an ignored SIGINT stays ignored across exec, and StopOnCtrlC then stands aside)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _long_corpus(tmp_path: Path, corpus_dir: Path, rows: int) -> Path:
     """A manifest repeating one clip of the shipped corpus: long enough to interrupt."""
     wav = next(p for p in sorted((corpus_dir / "wavs").glob("*.wav")))
@@ -400,9 +407,10 @@ def _long_corpus(tmp_path: Path, corpus_dir: Path, rows: int) -> Path:
 def test_ctrl_c_prints_one_line_exits_130_and_leaves_the_old_run(tmp_path, corpus_dir, shards_dir):
     out = _copy_run(shards_dir, tmp_path / "o")
     before = _snapshot(out)
-    cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", str(_long_corpus(tmp_path, corpus_dir, 3000)),
+    cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", str(_long_corpus(tmp_path, corpus_dir, 20000)),
            "--output", str(out), "--config", str(TINY_CONFIG), "--workers", "2", "--overwrite"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=_ctrl_c_as_in_a_terminal)
     deadline = time.time() + 300
     # wait for a worker to report progress: the worker processes are running
     while not list(out.glob(f"{O.STAGE_PREFIX}*/.melshards-tmp/progress-*.txt")) and time.time() < deadline:
@@ -429,7 +437,8 @@ def test_output_piped_into_a_reader_that_stops_early_does_not_hang_the_run(tmp_p
     script = tmp_path / "s.py"
     script.write_text(code)
     done = subprocess.run(f"{sys.executable} {script} | head -c 20 >/dev/null; echo ${{PIPESTATUS[0]}}",
-                          shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=120)
+                          shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=120,
+                          preexec_fn=_ctrl_c_as_in_a_terminal)
     assert done.stdout.strip() == "0", done.stderr
 
 
