@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.conftest import TINY_CONFIG
+
 # Smaller than configs/train_tiny.yaml so each compile stays short on 2 shared cores.
 TEST_CONFIG = {
     "data": {"batch_size": 4, "shuffle_buffer": 16, "cycle_length": 2},
@@ -58,18 +60,36 @@ def four_records(shards_dir, tmp_path_factory) -> Path:
     return write_records(shards_dir, tmp_path_factory.mktemp("four") / "shards", 4)
 
 
-SPEAKERS, LANGUAGES = ("ljspeech", "second"), ("en-US", "en-GB")
+# The merged run's tables, in id order (names and codes sorted): anna reads English (the `english`
+# front end), bert German (`characters`, the default for every language but en).
+SPEAKERS, LANGUAGES = ("anna", "bert"), ("de", "en")
 
 
 @pytest.fixture(scope="session")
-def two_speakers_dir(shards_dir, tmp_path_factory) -> Path:
-    """`shards_dir` relabelled: every 4th record by speaker "second" (a quarter of the clips, so
-    balancing by speaker drops records), every other one in en-GB (half), with schema.json's
-    speaker and language tables to match. One bucket, as shards_dir. Read-only for tests."""
-    from benchmarks.shards_fixture import relabel
+def two_speakers_dir(corpus_dir, tmp_path_factory) -> Path:
+    """A merged multilingual run, as `melshards preprocess` makes it from two inputs: a manifest of
+    anna in English (three of every four good clips of the shipped corpus) and one of bert in
+    German (the fourth), over the shipped audio. Speakers of very different sizes, so balancing by
+    speaker drops records. One bucket, as shards_dir. Read-only for tests."""
+    import csv
 
-    return relabel(shards_dir, tmp_path_factory.mktemp("two") / "shards", lambda i: int(i % 4 == 3),
-                   lambda i: i % 2, SPEAKERS, LANGUAGES)
+    from melshards.commands.preprocess import run
+
+    tmp = tmp_path_factory.mktemp("two")
+    texts = [line.split("|") for line in (corpus_dir / "metadata.csv").read_text().splitlines()]
+    wavs = {p.stem: p for p in (corpus_dir / "wavs").glob("*.wav")}
+    rows = [(fields[0], fields[-1]) for fields in texts if len(fields) == 3 and fields[0] in wavs]
+    for name, language, keep in (("anna", "en", lambda i: i % 4 != 3), ("bert", "de", lambda i: i % 4 == 3)):
+        with (tmp / f"{name}.csv").open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["audio", "text", "id", "speaker", "language"])
+            w.writerows([str(wavs[clip]), text, f"{name}-{clip}", name, language]
+                        for i, (clip, text) in enumerate(rows) if keep(i))
+    out = tmp / "shards"
+    code = run(["--input", str(tmp / "anna.csv"), "--input", str(tmp / "bert.csv"), "--output", str(out),
+                "--config", str(TINY_CONFIG), "--workers", "1", "--buckets", "1"])
+    assert code == 0, f"preprocess exited with {code}"
+    return out
 
 
 # XLA's LLVM backend at -O0 compiles the test model's step in ~14 s instead of ~25 s (measured on

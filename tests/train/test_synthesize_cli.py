@@ -205,11 +205,11 @@ def test_several_speakers_need_speaker_and_language_and_unknown_names_are_refuse
     model = _looks_trained(two_speakers_dir, tmp_path / "model")
     out = tmp_path / "new" / "out.wav"
     cases = [
-        ((), "pass --speaker NAME: this model was trained on 2 speaker(s): 'ljspeech', 'second'"),
+        ((), "pass --speaker NAME: this model was trained on 2 speaker(s): 'anna', 'bert'"),
         (("--speaker", "nobody"), "--speaker 'nobody' is not a speaker the model saw; this model was trained on 2 "
-                                  "speaker(s): 'ljspeech', 'second'"),
-        (("--speaker", "second"), "pass --language CODE: this model was trained on 2 language(s): 'en-US', 'en-GB'"),
-        (("--speaker", "second", "--language", "fr"), "--language 'fr' is not a language the model saw"),
+                                  "speaker(s): 'anna', 'bert'"),
+        (("--speaker", "bert"), "pass --language CODE: this model was trained on 2 language(s): 'de', 'en'"),
+        (("--speaker", "bert", "--language", "fr"), "--language 'fr' is not a language the model saw"),
     ]
     for extra, message in cases:
         result = synthesize("Printing.", "--model-dir", model, "-o", out, *extra)
