@@ -49,21 +49,24 @@ def _kept_clips(shards: Path) -> list[tuple[str, str]]:
     return sorted(clips)
 
 
-def before_dataset(clips, batch_size: int, sample_rate: int):
-    """The classic loader: Python decode + mel per clip, then pad to the batch's own maximum."""
+def before_dataset(clips, batch_size: int, schema):
+    """The classic loader: Python decode + mel per clip, then pad to the batch's own maximum. Text
+    through the front end and vocabulary the shards record (the model's ids)."""
     import tensorflow as tf
 
     from melshards.preprocess import audio as A
     from melshards.preprocess.config import PreprocessConfig
-    from melshards.shards_schema.text import normalize_text
+    from melshards.shards_schema.text import normalizer_for
     from melshards.shards_schema import Vocabulary
 
-    cfg, vocab = PreprocessConfig(), Vocabulary()
+    cfg, vocab, sample_rate = PreprocessConfig(), Vocabulary(schema.vocabulary), schema.audio.sample_rate
+    language = schema.languages[0]
+    normalize = normalizer_for(language.text_frontend)
 
     def load(path, text):
         y, _ = A.decode_audio(open(path.decode(), "rb").read(), sample_rate)
         mel = A.log_mel(A.trim(y, cfg.audio), sample_rate, cfg.mel)
-        ids, _ = vocab.encode(normalize_text(text.decode()))
+        ids, _ = vocab.encode(normalize(text.decode(), language.code))
         return np.asarray(ids, np.int32), mel, np.int32(len(ids)), np.int32(len(mel))
 
     def py_load(path, text):
@@ -129,7 +132,7 @@ def run_variant(name: str, shards: Path, clips, config: str, steps: int) -> dict
     model = build_model(cfg.model, schema, "float32")
     opt = make_optimizer(cfg.optim, "float32", model)
     if name == "before":
-        data, step = before_dataset(clips, b, schema.audio.sample_rate), plain_step(model, opt, schema, b, False, True)
+        data, step = before_dataset(clips, b, schema), plain_step(model, opt, schema, b, False, True)
     else:
         files = ip.expand_globs([str(shards / "train-*.tfrecord")])
         data = ip.train_dataset(files, schema, cfg.data, MODEL_INPUTS, 1)

@@ -65,12 +65,10 @@ def measure_corpus(corpus: str, work_dir: str) -> list[tuple[int, int, int]]:
     from benchmarks.preprocess_throughput import corpus_rows
     from melshards.preprocess import clips
     from melshards.preprocess.config import PreprocessConfig
-    from melshards.shards_schema import Vocabulary
-
-    cfg, vocab, out = PreprocessConfig(), Vocabulary(), []
+    cfg, out = PreprocessConfig(), []
     for r in corpus_rows(corpus):
         try:
-            c = clips.measure(r, cfg, vocab)
+            c = clips.measure(r, cfg)
         except clips.ClipRejected:
             continue
         out.append((c["text_len"], c["mel_frames"], c["duration_ms"]))
@@ -95,7 +93,7 @@ def from_corpus(corpus: str, work_dir: str, qs: list[float]) -> tuple[list[dict]
     for q in [None] + qs:
         cfg = base if q is None else dataclasses.replace(base, filter=dataclasses.replace(
             base.filter, mel_frames_upper_percentile=q, text_len_upper_percentile=q))
-        cut = cutoffs_from(before, cfg)
+        cut = cutoffs_from(before, {"language_lengths": {"en": before}}, cfg)  # one language: English
         kept = [x for x in lengths if cut.reason(*x) is None]
         mel, text = Counter(x[1] for x in kept), Counter(x[0] for x in kept)
         if q is None:

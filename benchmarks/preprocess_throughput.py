@@ -49,7 +49,7 @@ def corpus_rows(corpus: str) -> list[dict]:
         wav = os.path.join(corpus, "wavs", r["id"] + ".wav")
         if not os.path.exists(wav):  # the demo corpus also has .flac/.ogg (or nothing)
             wav = next(iter(sorted(Path(corpus, "wavs").glob(r["id"] + ".*"))), None)
-        rows.append(dict(r, audio=wav and str(wav)))
+        rows.append(dict(r, audio=wav and str(wav), language="en"))  # the job reads LJSpeech as English
     return rows
 
 
