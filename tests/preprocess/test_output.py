@@ -242,8 +242,9 @@ def test_release_removes_the_runs_own_lock(tmp_path):
     assert not (tmp_path / L.LOCK_FILE).exists()
 
 
-def _start_long_run(tmp_path, corpus_dir, out, rows=3000, *extra):
-    """A real `melshards preprocess` in its own process group, returned once its workers report progress."""
+def _start_long_run(tmp_path, corpus_dir, out, *extra, rows=20000):
+    """A real `melshards preprocess` of `rows` rows (long enough to interrupt) in its own process group,
+    returned once its workers report progress: the worker processes are running."""
     cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", str(_long_corpus(tmp_path, corpus_dir, rows)),
            "--output", str(out), "--config", str(TINY_CONFIG), *extra]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -257,7 +258,7 @@ def _start_long_run(tmp_path, corpus_dir, out, rows=3000, *extra):
 
 def test_a_second_run_into_an_output_a_running_job_holds_stops_and_the_first_is_unharmed(tmp_path, corpus_dir):
     out = tmp_path / "o"
-    first = _start_long_run(tmp_path, corpus_dir, out, 20000, "--workers", "1")
+    first = _start_long_run(tmp_path, corpus_dir, out, "--workers", "1")
     second = subprocess.run([sys.executable, "-m", "melshards", "preprocess", "--input", str(corpus_dir),
                              "--output", str(out), "--config", str(TINY_CONFIG), "--workers", "1"],
                             capture_output=True, text=True, timeout=600)
@@ -407,15 +408,7 @@ def _long_corpus(tmp_path: Path, corpus_dir: Path, rows: int) -> Path:
 def test_ctrl_c_prints_one_line_exits_130_and_leaves_the_old_run(tmp_path, corpus_dir, shards_dir):
     out = _copy_run(shards_dir, tmp_path / "o")
     before = _snapshot(out)
-    cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", str(_long_corpus(tmp_path, corpus_dir, 20000)),
-           "--output", str(out), "--config", str(TINY_CONFIG), "--workers", "2", "--overwrite"]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         preexec_fn=_ctrl_c_as_in_a_terminal)
-    deadline = time.time() + 300
-    # wait for a worker to report progress: the worker processes are running
-    while not list(out.glob(f"{O.STAGE_PREFIX}*/.melshards-tmp/progress-*.txt")) and time.time() < deadline:
-        assert p.poll() is None, p.communicate()
-        time.sleep(0.1)
+    p = _start_long_run(tmp_path, corpus_dir, out, "--workers", "2", "--overwrite")
     os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
     stdout, stderr = p.communicate(timeout=300)
     assert p.returncode == 130, stderr
