@@ -327,13 +327,14 @@ def _lookup(table, key: str, value: str, what: str):
     found = next((x for x in table if getattr(x, key) == value), None)
     if found is None:
         raise SchemaError(f"unknown {what} {value!r}; the shards have {len(table)}: "
-                          f"{_first_few(getattr(x, key) for x in table)}")
+                          f"{first_few(getattr(x, key) for x in table)}")
     return found
 
 
-def _first_few(names, n: int = 8) -> str:
+def first_few(names, n: int = 8, quote=repr) -> str:
+    """The first n names, quoted, then ", ..." if there are more: how messages list a table's entries."""
     names = list(names)
-    return ", ".join(repr(x) for x in names[:n]) + (", ..." if len(names) > n else "")
+    return ", ".join(quote(x) for x in names[:n]) + (", ..." if len(names) > n else "")
 
 
 def read_text(path: str) -> str:

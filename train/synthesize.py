@@ -20,6 +20,7 @@ import posixpath
 import numpy as np
 from melshards.train.tf_quiet import tf
 
+from melshards.shards_schema.schema import first_few
 from melshards.shards_schema import SCHEMA_FILE, Language, Schema, SchemaError, Speaker, Vocabulary, read_schema
 from melshards.shards_schema.config import ConfigError, from_dict
 from melshards.shards_schema.text import normalizer_for
@@ -34,16 +35,10 @@ def text_capacity(schema: Schema) -> int:
     return max(b.max_text_len for b in schema.buckets)
 
 
-def _first_few(names, n: int = 8, quote=repr) -> str:
-    names = list(names)
-    return ", ".join(quote(x) for x in names[:n]) + (", ..." if len(names) > n else "")
-
-
-def _pick(table, value: str | None, option: str, what: str, find):
+def _pick(table, names, value: str | None, option: str, what: str, find):
     """--speaker/--language VALUE as schema.json's table has it (`find`); the only entry when it is
-    left out; ConfigError naming the first few known ones and their count otherwise."""
-    known = (f"this model was trained on {len(table)} {what}(s): "
-             f"{_first_few(getattr(x, 'name', None) or x.code for x in table)}")
+    left out; ConfigError naming the first few known ones (`names`) and their count otherwise."""
+    known = f"this model was trained on {len(table)} {what}(s): {first_few(names)}"
     if value is None:
         if len(table) == 1:
             return table[0]
@@ -56,13 +51,14 @@ def _pick(table, value: str | None, option: str, what: str, find):
 
 def pick_speaker(schema: Schema, name: str | None) -> Speaker:
     """--speaker NAME; the only speaker when it is left out."""
-    return _pick(schema.speakers, name, "--speaker NAME", "speaker", schema.speaker)
+    return _pick(schema.speakers, (s.name for s in schema.speakers), name, "--speaker NAME", "speaker", schema.speaker)
 
 
 def pick_language(schema: Schema, code: str | None) -> Language:
     """--language CODE; the only language when it is left out (schema.json does not say which
     languages a speaker speaks, so several need --language)."""
-    return _pick(schema.languages, code, "--language CODE", "language", schema.language)
+    return _pick(schema.languages, (x.code for x in schema.languages), code, "--language CODE", "language",
+                 schema.language)
 
 
 def normalise(raw: str, language: Language) -> str:
@@ -113,8 +109,8 @@ class Synthesizer(tf.Module):
             return {"mel": tf.cast(out["mel"], tf.float32), "mel_len": tf.cast(out["mel_len"], tf.int32)}
 
         # unquoted: tf.debugging escapes quotes in its messages
-        speakers = _first_few((x.name for x in schema.speakers), quote=str)
-        languages = _first_few((x.code for x in schema.languages), quote=str)
+        speakers = first_few((x.name for x in schema.speakers), quote=str)
+        languages = first_few((x.code for x in schema.languages), quote=str)
 
         @tf.function(input_signature=[tf.TensorSpec([], tf.string, name="text"),
                                       tf.TensorSpec([], tf.string, name="speaker"),
