@@ -97,6 +97,31 @@ class TextConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class FeaturesConfig:
+    """What a record holds besides text and log-mel (docs/preprocess.md, Features). Each is computed in the
+    one pass, from the one decode, on the mel's frames."""
+    pitch: StrictBool = False  # f0 in Hz per mel frame, 0 where unvoiced (`pitch:` chooses the tracker and range)
+    energy: StrictBool = False  # per mel frame: the L2 norm of the magnitude STFT frame the mel is made from
+    audio: StrictBool = False  # the trimmed waveform, int16, sample i * mel.hop_length at the centre of mel frame i
+
+
+PITCH_TRACKERS = ("dio", "pyin")
+
+
+@dataclasses.dataclass(frozen=True)
+class PitchConfig:
+    tracker: Annotated[StrictStr, one_of(*PITCH_TRACKERS)] = "dio"  # WORLD dio + stonemask; pyin: librosa (docs/performance.md compares them)
+    fmin: Annotated[StrictFloat, POSITIVE] = 65.0  # Hz: the lowest f0 searched for
+    fmax: Annotated[StrictFloat, POSITIVE] = 800.0  # Hz: the highest
+
+
+@dataclasses.dataclass(frozen=True)
+class AlignmentsConfig:
+    """Phone durations from Montreal Forced Aligner TextGrids (`--alignments DIR`)."""
+    tolerance_ms: Annotated[StrictFloat, Field(ge=0)] = 20.0  # a TextGrid whose end differs from the audio's by more is alignment_mismatch
+
+
+@dataclasses.dataclass(frozen=True)
 class WriteConfig:
     target_shard_mb: Annotated[StrictFloat, POSITIVE] = 150.0  # shards hold about this many MB (100-200 MB reads well from GCS)
 
@@ -109,6 +134,9 @@ class PreprocessConfig:
     pad: PadConfig = PadConfig()
     split: SplitConfig = SplitConfig()
     text: TextConfig = TextConfig()
+    features: FeaturesConfig = FeaturesConfig()
+    pitch: PitchConfig = PitchConfig()
+    alignments: AlignmentsConfig = AlignmentsConfig()
     write: WriteConfig = WriteConfig()
 
     def validate(self) -> "PreprocessConfig":
@@ -135,6 +163,10 @@ class PreprocessConfig:
         if f.mel_frames_lower_percentile >= f.mel_frames_upper_percentile:
             problems.append(f"filter.mel_frames_lower_percentile {f.mel_frames_lower_percentile} must be below "
                             f"filter.mel_frames_upper_percentile {f.mel_frames_upper_percentile}")
+        if self.pitch.fmin >= self.pitch.fmax:
+            problems.append(f"pitch.fmin {self.pitch.fmin} must be below pitch.fmax {self.pitch.fmax}")
+        if self.pitch.fmax > self.audio.sample_rate / 2:
+            problems.append(f"pitch.fmax {self.pitch.fmax} is above Nyquist ({self.audio.sample_rate / 2})")
         return problems
 
 
