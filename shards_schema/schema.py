@@ -23,8 +23,10 @@ from typing import Any
 
 # 3.x: records carry speaker_id, language and language_id; schema.json holds the speaker and language
 # tables (each language with the text front end its text went through) and the corpus's own vocabulary.
+# 3.1: the optional per-frame features (OPTIONAL_FEATURES), their statistics (`feature_stats`, and per
+# speaker and language), phone vocabularies (`text_unit`); a 3.0 file reads as a run without them.
 # 2.x had no ids (one English front end); 1.x one shape and no buckets. Neither is read: re-run preprocess.
-SCHEMA_VERSION = "3.0.0"
+SCHEMA_VERSION = "3.1.0"
 SCHEMA_FILE = "schema.json"
 STATS_FILE = "stats.json"
 REJECTED_FILE = "rejected.jsonl"
@@ -65,6 +67,15 @@ class Feature:
     description: str = ""
 
 
+# The features a run may add to text and log-mel, each with what adds it (error messages say it).
+OPTIONAL_FEATURES = {
+    "pitch": "features.pitch: true in the preprocess config",
+    "energy": "features.energy: true in the preprocess config",
+    "audio": "features.audio: true in the preprocess config",
+    "durations": "`melshards preprocess --alignments DIR` (Montreal Forced Aligner TextGrids)",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class AudioParams:
     sample_rate: int
@@ -98,6 +109,7 @@ class Speaker:
     clips: int
     hours: float
     gender: str = ""  # "F" | "M" | "" where the corpus does not say
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)  # feature -> {mean, std, frames} (FeatureStats)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +121,7 @@ class Language:
     clips: int
     hours: float
     text_frontend: dict[str, Any]
+    stats: dict[str, Any] = dataclasses.field(default_factory=dict)  # feature -> {mean, std, frames}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +143,12 @@ class Bucket:
     @property
     def n_mels(self) -> int:
         return self.feature("mel").shape[1]
+
+    @property
+    def optional(self) -> tuple[str, ...]:
+        """The optional features (OPTIONAL_FEATURES) this bucket's records hold."""
+        names = {f.name for f in self.features}
+        return tuple(n for n in OPTIONAL_FEATURES if n in names)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -157,10 +176,37 @@ class Schema:
     mel_std: tuple[float, ...]
     pad_multiple: int
     buckets: tuple[Bucket, ...]  # ascending in max_mel_frames; index i is buckets[i]
+    text_unit: str = "character"  # "phone": text_ids are phones of forced alignments (`Vocabulary`)
+    # global statistics of the optional features over the training split: feature -> {mean, std, frames}
+    # (pitch over voiced frames only); per speaker and language in their tables' `stats`
+    feature_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     # -- construction -------------------------------------------------------------------
     @staticmethod
-    def feature_table(max_text_len: int, max_mel_frames: int, n_mels: int) -> tuple[Feature, ...]:
+    def feature_table(max_text_len: int, max_mel_frames: int, n_mels: int, optional: tuple[str, ...] = (),
+                      hop_length: int = 0) -> tuple[Feature, ...]:
+        """A bucket's features: the ten every run has, then the `optional` ones (OPTIONAL_FEATURES) the
+        run holds; `hop_length` sizes the audio (max_mel_frames * hop_length samples)."""
+        unknown = [n for n in optional if n not in OPTIONAL_FEATURES]
+        if unknown:
+            raise SchemaError(f"unknown optional features {unknown}; they are {list(OPTIONAL_FEATURES)}")
+        extra = {
+            "pitch": (Feature("pitch", "float32", (max_mel_frames,), "raw_float16",
+                              "f0 in Hz per mel frame, 0 where unvoiced (and in padding)"),),
+            "energy": (Feature("energy", "float32", (max_mel_frames,), "raw_float16",
+                               "L2 norm of each mel frame's magnitude STFT frame, 0 in padding"),),
+            "audio": (Feature("audio", "int16", (max_mel_frames * hop_length,), "raw_int16",
+                              "the trimmed waveform x 32767; sample i * hop_length is mel frame i's centre; "
+                              "zero after audio_len"),
+                      Feature("audio_len", "int32", (), "int64", "number of valid samples")),
+            "durations": (Feature("durations", "int32", (max_text_len,), "raw_int16",
+                                  "mel frames per phone of text_ids (they sum to mel_len), zero-padded"),),
+        }
+        return Schema.base_features(max_text_len, max_mel_frames, n_mels) + tuple(
+            f for n in OPTIONAL_FEATURES if n in optional for f in extra[n])
+
+    @staticmethod
+    def base_features(max_text_len: int, max_mel_frames: int, n_mels: int) -> tuple[Feature, ...]:
         return (
             Feature("id", "string", (), "bytes", "clip id from the corpus"),
             Feature("speaker", "string", (), "bytes", "speaker name (schema.json speakers)"),
@@ -178,10 +224,10 @@ class Schema:
 
     @staticmethod
     def make_bucket(index: int, max_text_len: int, max_mel_frames: int, n_mels: int,
-                    shards: list[dict[str, Any]]) -> Bucket:
+                    shards: list[dict[str, Any]], optional: tuple[str, ...] = (), hop_length: int = 0) -> Bucket:
         """A bucket from its shapes and its shard list [{split, file, records}] (any order)."""
         return Bucket(index, max_text_len, max_mel_frames,
-                      Schema.feature_table(max_text_len, max_mel_frames, n_mels),
+                      Schema.feature_table(max_text_len, max_mel_frames, n_mels, optional, hop_length),
                       counts={s: sum(x["records"] for x in shards if x["split"] == s) for s in SPLITS},
                       shards={s: sorted(({"file": x["file"], "records": x["records"]} for x in shards
                                          if x["split"] == s), key=lambda x: x["file"]) for s in SPLITS})
@@ -233,6 +279,28 @@ class Schema:
     def n_mels(self) -> int:
         return self.mel.n_mels
 
+    @property
+    def optional(self) -> tuple[str, ...]:
+        """The optional features (OPTIONAL_FEATURES) the run's records hold."""
+        return self.largest.optional
+
+    def require(self, names, who: str) -> None:
+        """SchemaError naming the first of `names` the records lack and what adds it."""
+        have = {f.name for f in self.features}
+        for name in names:
+            if name not in have:
+                how = OPTIONAL_FEATURES.get(name)
+                raise SchemaError(
+                    f"{who} needs the feature {name!r}, which these shards lack"
+                    + (f"; re-run `melshards preprocess` with {how}" if how else
+                       f"; the shards hold {', '.join(sorted(have))}"))
+
+    def vocab(self):
+        """The `Vocabulary` of the records' text_ids."""
+        from melshards.shards_schema.vocab import Vocabulary
+
+        return Vocabulary(self.vocabulary, self.text_unit)
+
     def speaker(self, name: str) -> Speaker:
         """The speaker called `name`; SchemaError naming a few known ones and the count otherwise."""
         return _lookup(self.speakers, "name", name, "speaker")
@@ -245,7 +313,8 @@ class Schema:
     def contract(self) -> dict[str, Any]:
         """The part two shard sets must share to be read by one trainer (not counts or file lists)."""
         d = self.to_dict()
-        out = {k: d[k] for k in ("version", "audio", "mel", "vocabulary", "max_text_len", "max_mel_frames")}
+        out = {k: d[k] for k in ("version", "audio", "mel", "vocabulary", "text_unit", "max_text_len",
+                                 "max_mel_frames")}
         # what the ids mean (not how many clips each has)
         out["speakers"] = [[s["id"], s["name"]] for s in d["speakers"]]
         out["languages"] = [[lang["id"], lang["code"], lang["text_frontend"]] for lang in d["languages"]]
@@ -265,7 +334,8 @@ class Schema:
     # -- (de)serialisation --------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = {"version": self.version, "audio": dataclasses.asdict(self.audio), "mel": dataclasses.asdict(self.mel),
-             "vocabulary": list(self.vocabulary),
+             "vocabulary": list(self.vocabulary), "text_unit": self.text_unit,
+             "feature_stats": self.feature_stats,
              "speakers": [dataclasses.asdict(x) for x in self.speakers],
              "languages": [dataclasses.asdict(x) for x in self.languages],
              "mel_mean": list(self.mel_mean), "mel_std": list(self.mel_std), "pad_multiple": self.pad_multiple}
@@ -296,6 +366,8 @@ class Schema:
                 mel_std=tuple(float(x) for x in d["mel_std"]),
                 pad_multiple=int(d["pad_multiple"]),
                 buckets=tuple(Bucket.from_dict(b) for b in d["buckets"]),
+                text_unit=str(d.get("text_unit", "character")),  # 3.0 files: characters, no optional features
+                feature_stats=dict(d.get("feature_stats", {})),
             )
             summary = {k: d[k] for k in ("max_text_len", "max_mel_frames", "counts")}
         except (KeyError, TypeError) as e:

@@ -21,7 +21,7 @@ FILTER_REASONS = ("speaker_too_few_clips", "too_short", "mel_frames_below_cutoff
 # The other reasons a row of rejected.jsonl can have (reading the rows file, then measuring the clip).
 REJECT_REASONS = ("malformed_row", "duplicate_id", "ambiguous_audio", "missing_text", "missing_language",
                   "missing_audio", "unreadable_audio", "invalid_samples", "empty_text", "unusable_text",
-                  "unsupported_language", "silent_audio")
+                  "unsupported_language", "silent_audio", "missing_alignment", "alignment_mismatch")
 
 
 def pkey(q: float) -> str:

@@ -186,6 +186,21 @@ class Buckets(_Section):
     what_if: list[WhatIfK]
 
 
+class FeatureMoments(_Section):
+    """`melshards.preprocess.feature_stats.moments_record`: mean and std of a per-frame feature over
+    `frames` frames (both null without frames)."""
+    mean: Optional[Number] = None
+    std: Optional[Number] = None
+    frames: Count
+
+
+class PitchPercentiles(_Section):
+    """A speaker's voiced f0 (Hz, to the nearest Hz): `melshards.shards_schema.stats.summarize`."""
+    count: Count
+    mean: Optional[Number] = None
+    percentiles: dict[str, Number]
+
+
 class SpeakerRow(_Section):
     """`melshards.preprocess.report.speaker_stats`: one speaker; id null when filter.min_speaker_clips
     dropped it (then it has no clips in the shards)."""
@@ -196,6 +211,8 @@ class SpeakerRow(_Section):
     gender: Literal["F", "M", ""]
     measured: Count  # clips measured (before the filter)
     per_split: dict[str, Count]  # split -> clips in the shards
+    stats: dict[str, FeatureMoments] = {}  # pitch, energy: as in schema.json (runs with those features)
+    pitch: Optional[PitchPercentiles] = None  # runs with pitch
 
 
 class TextFrontend(_Section):
@@ -214,6 +231,7 @@ class LanguageRow(_Section):
     text_frontend: TextFrontend
     before_filter: LengthSummaries
     max_text_len: Optional[StrictInt] = None
+    stats: dict[str, FeatureMoments] = {}
 
 
 class Split(_Section):
@@ -323,6 +341,8 @@ class StatsFile(_Section):
     languages: Optional[list[LanguageRow]] = None
     split: Optional[Split] = None
     inputs: Optional[list[InputSummary]] = None  # absent from runs made before several inputs were read
+    features: list[StrictStr] = []  # the optional features the records hold (schema.OPTIONAL_FEATURES)
+    feature_stats: dict[str, FeatureMoments] = {}  # global pitch and energy statistics (training split)
 
     @model_validator(mode="after")
     def _measured(self) -> "StatsFile":

@@ -9,6 +9,9 @@ Three front ends, each a small module of pure functions with a `NAME` and an int
   in every language espeak-ng has a voice for.
 - `english` (text_english.py): English words in lowercase ASCII, numbers, times, currency and
   abbreviations spelled out; English codes only.
+- `alignments`: the phones of forced alignments (`melshards preprocess --alignments DIR`), separated
+  by spaces. Preprocess takes them from each clip's TextGrid, not from the transcript; synthesis reads
+  phones typed the same way ("HH AH0 L OW1"). Its vocabulary's unit is the phone.
 
 schema.json records the front end (`frontend_record`: name and version) each language's text went
 through, and synthesis refuses a name or version this melshards does not have (`normalizer_for`):
@@ -28,7 +31,7 @@ from melshards.shards_schema import text_characters, text_english, text_phonemes
 from melshards.shards_schema.text_clean import TextRejected
 
 __all__ = [
-    "FRONTENDS", "TEXT_REASONS", "Frontend", "TextRejected", "check_text", "check_texts", "frontend",
+    "ALIGNMENTS", "FRONTENDS", "TEXT_REASONS", "Frontend", "TextRejected", "check_text", "check_texts", "frontend",
     "frontend_record", "has_speakable_content", "normalizer_for",
     # the english front end's pieces, under the names this module had before
     "FRONTEND", "expand_numbers", "expand_abbreviations", "normalize_text",
@@ -41,9 +44,10 @@ class Frontend:
     `normalize_many(raws, language)` (one call for a batch of one language's rows)."""
 
     def __init__(self, name: str, version: int, supports: Callable[[str], bool],
-                 normalize_rows: Callable[[list[str], str], list], languages: str):
+                 normalize_rows: Callable[[list[str], str], list], languages: str, unit: str = "character"):
         self.name, self.version, self._supports, self._rows = name, version, supports, normalize_rows
         self.languages = languages  # which languages it reads, for messages
+        self.unit = unit  # what a symbol of its output is (`melshards.shards_schema.vocab.UNITS`)
 
     def __repr__(self) -> str:
         return f"Frontend({self.name!r}, version={self.version})"
@@ -94,6 +98,14 @@ def _english_rows(raws: list[str], language: str) -> list:
     return out
 
 
+ALIGNMENTS = "alignments"
+
+
+def _phone_rows(raws: list[str], language: str) -> list:
+    """Phones separated by whitespace -> separated by single spaces."""
+    return [" ".join(str(raw).split()) for raw in raws]
+
+
 FRONTENDS: dict[str, Frontend] = {
     f.name: f for f in (
         Frontend(text_characters.NAME, text_characters.VERSION, text_characters.supports,
@@ -102,6 +114,8 @@ FRONTENDS: dict[str, Frontend] = {
                  text_phonemes.normalize_many, "the languages espeak-ng has a voice for"),
         Frontend(text_english.NAME, text_english.VERSION, text_english.supports, _english_rows,
                  "English: en, en-*"),
+        Frontend(ALIGNMENTS, 1, lambda language: True, _phone_rows, "every language code (phones of TextGrids)",
+                 unit="phone"),
     )
 }
 

@@ -1,7 +1,8 @@
 """The symbol vocabulary: symbol <-> id. Stored in schema.json so readers never guess it.
 
-A symbol is one code point of the normalised text (the synthesizer splits text with
-tf.strings.unicode_split). Ids 0 and 1 are reserved: 0 pads (zero-filled text_ids are masked by
+A symbol is one code point of the normalised text (unit "character"; the synthesizer splits text with
+tf.strings.unicode_split), or one phone of a forced alignment (unit "phone": the text is the phones
+separated by single spaces, e.g. "HH AH0 L OW1 sil"). Ids 0 and 1 are reserved: 0 pads (zero-filled text_ids are masked by
 construction), 1 is the end of sequence (reserved; nothing appends it, the stop token ends speech).
 Their symbols are control code points, U+0000 and U+0003, which no front end writes (they drop
 controls), so every printable character a corpus's text holds, "_" and "~" included, gets an id of
@@ -18,28 +19,40 @@ PUNCTUATION = "!'\"(),-.:;? "
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 DEFAULT_SYMBOLS: tuple[str, ...] = (PAD, EOS, *PUNCTUATION, *LETTERS)
+UNITS = ("character", "phone")
+
+
+def tokens(text: str, unit: str) -> list[str]:
+    """A text's symbols: its code points, or its space-separated phones."""
+    return list(text) if unit == "character" else text.split()
 
 
 class Vocabulary:
-    def __init__(self, symbols: Sequence[str] = DEFAULT_SYMBOLS):
+    def __init__(self, symbols: Sequence[str] = DEFAULT_SYMBOLS, unit: str = "character"):
+        if unit not in UNITS:
+            raise ValueError(f"vocabulary unit {unit!r} is not one of {UNITS}")
+        self.unit = unit
         symbols = tuple(symbols)
         if len(set(symbols)) != len(symbols):
             raise ValueError(f"vocabulary has repeated symbols: {symbols}")
         if symbols[:2] not in ((PAD, EOS), LEGACY_RESERVED):
             raise ValueError(f"vocabulary must start with pad {PAD!r} and eos {EOS!r} (or, written by an older "
                              f"melshards, {LEGACY_RESERVED[0]!r} and {LEGACY_RESERVED[1]!r}), got {symbols[:2]}")
-        if any(len(s) != 1 for s in symbols):
+        if unit == "character" and any(len(s) != 1 for s in symbols):
             raise ValueError(f"vocabulary symbols must be single code points: {[s for s in symbols if len(s) != 1]}")
+        if unit == "phone" and any(not s or s.split() != [s] for s in symbols[2:]):
+            raise ValueError(f"phones must be non-empty and hold no whitespace: "
+                             f"{[s for s in symbols[2:] if not s or s.split() != [s]]}")
         self.symbols = symbols
         self._ids = {s: i for i, s in enumerate(symbols) if i > 1}
 
     @classmethod
-    def from_symbols(cls, symbols: Iterable[str]) -> "Vocabulary":
-        """The vocabulary of a corpus: pad, eos, then its symbols (code points) sorted by code point,
-        each once: the same symbols give the same ids on every run, in any order. A string of several
-        code points adds each of them."""
-        found = {c for s in symbols for c in s}
-        return cls((PAD, EOS, *sorted(found - {PAD, EOS})))
+    def from_symbols(cls, symbols: Iterable[str], unit: str = "character") -> "Vocabulary":
+        """The vocabulary of a corpus: pad, eos, then its symbols sorted by code point, each once: the
+        same symbols give the same ids on every run, in any order. A string adds each of its symbols
+        (`tokens`: code points, or space-separated phones)."""
+        found = {t for s in symbols for t in tokens(s, unit)}
+        return cls((PAD, EOS, *sorted(found - {PAD, EOS})), unit)
 
     def __len__(self) -> int:
         return len(self.symbols)
@@ -53,10 +66,11 @@ class Vocabulary:
         return 1
 
     def encode(self, text: str) -> tuple[list[int], int]:
-        """Map text to ids; returns (ids, number of characters outside the vocabulary, which are skipped;
+        """Map text to ids; returns (ids, number of symbols outside the vocabulary, which are skipped;
         the reserved pad and eos symbols are never encoded)."""
-        ids = [self._ids[c] for c in text if c in self._ids]
-        return ids, len(text) - len(ids)
+        symbols = tokens(text, self.unit)
+        ids = [self._ids[c] for c in symbols if c in self._ids]
+        return ids, len(symbols) - len(ids)
 
     def decode(self, ids: Sequence[int]) -> str:
-        return "".join(self.symbols[i] for i in ids if i > 1)
+        return ("" if self.unit == "character" else " ").join(self.symbols[i] for i in ids if i > 1)

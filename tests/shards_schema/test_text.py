@@ -136,13 +136,14 @@ def test_every_reason_is_one_preprocess_records():
 
 
 def test_the_registry_names_and_versions():
-    assert {n: f.version for n, f in FRONTENDS.items()} == {"characters": 1, "phonemes": 1, "english": 2}
+    assert {n: f.version for n, f in FRONTENDS.items()} == {"characters": 1, "phonemes": 1, "english": 2,
+                                                            "alignments": 1}
     assert frontend_record("english") == {"name": "english", "version": 2}
     assert frontend_record("characters") == {"name": "characters", "version": 1}
 
 
 def test_an_unknown_front_end_is_a_config_error_naming_the_known_ones():
-    with pytest.raises(ValueError, match="characters, english, phonemes"):
+    with pytest.raises(ValueError, match="alignments, characters, english, phonemes"):
         frontend("ascii")
     with pytest.raises(ValueError, match="unknown text front end 'ascii'"):
         check_texts(["a"], "en", "ascii")
