@@ -151,18 +151,33 @@ def _mel_basis(sr: int, n_fft: int, n_mels: int, fmin: float, fmax: float) -> np
     return librosa.filters.mel(sr=sr, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)
 
 
+def magnitude(y: np.ndarray, cfg: MelConfig) -> np.ndarray:
+    """|STFT| of `y`, [1 + n_fft // 2, frames] (Hann window, centred frames: frame i is centred on
+    sample i * hop_length). The one transform the mel and the energy are both made from."""
+    return np.abs(librosa.stft(y, n_fft=cfg.n_fft, hop_length=cfg.hop_length, win_length=cfg.win_length,
+                               center=True))
+
+
+def log_mel_of(mag: np.ndarray, sr: int, cfg: MelConfig) -> np.ndarray:
+    """Log-mel [frames, n_mels] float32 of a `magnitude` spectrogram: log(max(mel, log_floor))."""
+    spec = mag ** cfg.power if cfg.power != 1.0 else mag
+    mel = _mel_basis(sr, cfg.n_fft, cfg.n_mels, cfg.fmin, cfg.fmax) @ spec
+    return np.log(np.maximum(mel, cfg.log_floor)).T.astype(np.float32)
+
+
 def log_mel(y: np.ndarray, sr: int, cfg: MelConfig) -> np.ndarray:
     """Log-mel spectrogram, shape [frames, n_mels], float32: log(max(mel, log_floor)).
 
     What librosa.feature.melspectrogram computes (Hann window, centred frames, Slaney mel filters),
     with the filter bank built once per setting instead of per clip, and a matmul for its einsum.
     """
-    spec = np.abs(librosa.stft(y, n_fft=cfg.n_fft, hop_length=cfg.hop_length, win_length=cfg.win_length,
-                               center=True))
-    if cfg.power != 1.0:
-        spec = spec ** cfg.power
-    mel = _mel_basis(sr, cfg.n_fft, cfg.n_mels, cfg.fmin, cfg.fmax) @ spec
-    return np.log(np.maximum(mel, cfg.log_floor)).T.astype(np.float32)
+    return log_mel_of(magnitude(y, cfg), sr, cfg)
+
+
+def energy_of(mag: np.ndarray) -> np.ndarray:
+    """Energy per frame, float32 [frames]: the L2 norm over frequency of each `magnitude` frame
+    (FastSpeech 2's and TensorFlowTTS's definition), from the STFT the mel is made from."""
+    return np.sqrt(np.einsum("ft,ft->t", mag, mag, dtype=np.float64)).astype(np.float32)
 
 
 def num_frames(num_samples: int, hop_length: int) -> int:

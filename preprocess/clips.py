@@ -1,9 +1,10 @@
 """Per-clip work, the pure functions the job's DoFns call: measure a clip (stages 2-3) and the
 filter's rule (stage 5).
 
-`featurize` reads, decodes, resamples and trims a clip once and computes its lengths and its log-mel
-in the same pass; the job carries the mel across the statistics barrier (`melshards.preprocess.stash`)
-instead of decoding the clip a second time. `measure` is the lengths alone, for tools that need no mel.
+`featurize` reads, decodes, resamples and trims a clip once and computes its lengths, its log-mel and
+the features the config asks for (pitch, energy, audio; durations from a TextGrid) in the same pass;
+the job carries them across the statistics barrier (`melshards.preprocess.stash`) instead of decoding
+the clip a second time. `measure` is the lengths alone, for tools that need no mel.
 `filter_rejection` is the one filter rule: the buckets are chosen from the clips it keeps, and the
 writer drops the clips it rejects.
 """
@@ -12,12 +13,13 @@ from __future__ import annotations
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess import audio
+from melshards.preprocess import alignments, audio, features
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.rows import reject
 from melshards.preprocess.tables import speaker_rejection_detail
 from melshards.shards_schema.stats import Cutoffs
 from melshards.shards_schema.text import TextRejected, check_texts
+from melshards.shards_schema.vocab import tokens
 
 
 class ClipRejected(Exception):
@@ -38,9 +40,9 @@ def _read_bytes(path: str | None) -> bytes:
         raise ClipRejected("unreadable_audio", f"{path}: {e}") from e
 
 
-def load_trimmed(path: str | None, cfg: PreprocessConfig) -> np.ndarray:
-    """Decode, downmix, remove the DC offset, resample, reject silence, trim. Raises ClipRejected with
-    the reason."""
+def load_decoded(path: str | None, cfg: PreprocessConfig) -> np.ndarray:
+    """Decode, downmix, remove the DC offset, resample, reject silence (untrimmed). Raises ClipRejected
+    with the reason."""
     data = _read_bytes(path)
     try:
         y, _ = audio.decode_audio(data, cfg.audio.sample_rate)
@@ -55,16 +57,32 @@ def load_trimmed(path: str | None, cfg: PreprocessConfig) -> np.ndarray:
     if peak < cfg.audio.silence_peak_dbfs:
         raise ClipRejected("silent_audio", f"peak {peak:.1f} dBFS (DC offset removed) < "
                                            f"{cfg.audio.silence_peak_dbfs} dBFS")
-    y = audio.trim(y, cfg.audio)
-    if y.size == 0:
-        raise ClipRejected("silent_audio", "nothing left after trimming silence")
     return y
 
 
-def prepare_texts(rows: list[dict], cfg: PreprocessConfig) -> list[str | ClipRejected]:
+def trim_span(y: np.ndarray, cfg: PreprocessConfig) -> tuple[int, int]:
+    """[start, end) of the samples kept: the non-silent span when trimming, else all; ClipRejected if empty."""
+    start, end = audio.nonsilent_span(y, cfg.audio.trim_top_db) if cfg.audio.trim_silence else (0, y.size)
+    if end <= start:
+        raise ClipRejected("silent_audio", "nothing left after trimming silence")
+    return start, end
+
+
+def load_trimmed(path: str | None, cfg: PreprocessConfig) -> np.ndarray:
+    """Decode, downmix, remove the DC offset, resample, reject silence, trim. Raises ClipRejected with
+    the reason."""
+    y = load_decoded(path, cfg)
+    start, end = trim_span(y, cfg)
+    return y[start:end]
+
+
+def prepare_texts(rows: list[dict], cfg: PreprocessConfig) -> list[str | ClipRejected | None]:
     """Raw transcripts -> the symbols of each row's language's front end (`cfg.text`), or ClipRejected
     with the front end's reason (empty_text, unusable_text, unsupported_language). One front-end call
-    per language of the batch: the phoneme front end costs less per row in batches."""
+    per language of the batch: the phoneme front end costs less per row in batches. In a run with
+    alignments the text is the TextGrids' phones (`featurize`): None for every row."""
+    if cfg.alignments.dir:
+        return [None] * len(rows)
     out: list[str | ClipRejected] = [""] * len(rows)
     by_language: dict[str, list[int]] = {}
     for i, row in enumerate(rows):
@@ -78,7 +96,7 @@ def prepare_texts(rows: list[dict], cfg: PreprocessConfig) -> list[str | ClipRej
 
 def _measured(row: dict, text: str, y: np.ndarray, cfg: PreprocessConfig) -> dict:
     # text_len counts symbols: the ids are given once the corpus's vocabulary is known (tables.py)
-    return dict(row, text=text, text_len=len(text), num_samples=int(y.size),
+    return dict(row, text=text, text_len=len(tokens(text, cfg.text_unit)), num_samples=int(y.size),
                 mel_frames=audio.num_frames(y.size, cfg.mel.hop_length),
                 duration_ms=int(round(1000 * y.size / cfg.audio.sample_rate)))
 
@@ -93,15 +111,53 @@ def _text(row: dict, text: str | ClipRejected | None, cfg: PreprocessConfig) -> 
 def measure(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = None) -> dict:
     """Row -> row + normalised text and the three lengths the statistics are made of. `text`: the
     row's `prepare_texts` result when the caller made it for a batch."""
-    text = _text(row, text, cfg)
-    return _measured(row, text, load_trimmed(row["audio"], cfg), cfg)
+    return featurize(row, cfg, text, arrays=False)[0]
 
 
-def featurize(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = None) -> dict:
-    """Row -> measured clip + log-mel [frames, n_mels] float32 (the project's one mel computation)."""
-    text = _text(row, text, cfg)
-    y = load_trimmed(row["audio"], cfg)
-    return dict(_measured(row, text, y, cfg), mel=audio.log_mel(y, cfg.audio.sample_rate, cfg.mel))
+def read_alignment(row: dict, cfg: PreprocessConfig) -> alignments.Alignment:
+    """The clip's TextGrid, parsed; ClipRejected missing_alignment / alignment_mismatch (unreadable)."""
+    path = alignments.textgrid_path(cfg.alignments.dir, row["id"], row.get("speaker", ""))
+    if path is None:
+        raise ClipRejected("missing_alignment", f"no {row['id']}.TextGrid in {cfg.alignments.dir} (nor in its "
+                                                f"{row.get('speaker', '')!r} folder)")
+    try:
+        with FileSystems.open(path) as f:
+            return alignments.read_phones(f.read(), path)
+    except alignments.AlignmentError as e:
+        raise ClipRejected("alignment_mismatch", f"{path}: {e}") from e
+
+
+def featurize(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = None,
+              arrays: bool = True) -> tuple[dict, dict]:
+    """Row -> (measured clip, its features), from one decode and one STFT (the project's one mel, pitch
+    and energy computation). The features: `mel` [frames, n_mels] float32, and as `cfg` asks `pitch`,
+    `energy` [frames] float32, `audio` [frames * hop] int16, `durations` [phones] int32 (a run with
+    alignments, whose text is then the TextGrid's phones). `arrays=False`: the lengths alone (no STFT)."""
+    aligned = read_alignment(row, cfg) if cfg.alignments.dir else None
+    if aligned is None:
+        text = _text(row, text, cfg)
+    y = load_decoded(row["audio"], cfg)
+    start, end = trim_span(y, cfg)
+    trimmed, hop, sr = y[start:end], cfg.mel.hop_length, cfg.audio.sample_rate
+    out: dict = {}
+    if aligned is not None:
+        problem = alignments.mismatch(aligned, y.size, sr, cfg.alignments.tolerance_ms)
+        if problem:
+            raise ClipRejected("alignment_mismatch", problem)
+        phones, out["durations"] = alignments.phone_durations(aligned, start, trimmed.size, sr, hop)
+        text = " ".join(phones)
+    clip = _measured(row, text, trimmed, cfg)
+    if not arrays:
+        return clip, out
+    mag = audio.magnitude(trimmed, cfg.mel)
+    out["mel"] = audio.log_mel_of(mag, sr, cfg.mel)
+    if cfg.features.energy:
+        out["energy"] = audio.energy_of(mag)
+    if cfg.features.pitch:
+        out["pitch"] = features.pitch(trimmed, sr, hop, clip["mel_frames"], cfg.pitch)
+    if cfg.features.audio:
+        out["audio"] = features.audio_int16(trimmed, clip["mel_frames"], hop)
+    return clip, out
 
 
 def as_rejection(clip_id: str, e: ClipRejected) -> dict:

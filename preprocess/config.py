@@ -117,7 +117,8 @@ class PitchConfig:
 
 @dataclasses.dataclass(frozen=True)
 class AlignmentsConfig:
-    """Phone durations from Montreal Forced Aligner TextGrids (`--alignments DIR`)."""
+    """Phone durations from Montreal Forced Aligner TextGrids (`--alignments DIR`, or `dir` here)."""
+    dir: Union[StrictStr, None] = None  # local or gs://: DIR/ID.TextGrid or DIR/SPEAKER/ID.TextGrid; text_ids become phones
     tolerance_ms: Annotated[StrictFloat, Field(ge=0)] = 20.0  # a TextGrid whose end differs from the audio's by more is alignment_mismatch
 
 
@@ -138,6 +139,23 @@ class PreprocessConfig:
     pitch: PitchConfig = PitchConfig()
     alignments: AlignmentsConfig = AlignmentsConfig()
     write: WriteConfig = WriteConfig()
+
+    def frontend_for(self, language: str) -> str:
+        """The text front end of a language's clips: the phones of their TextGrids (`alignments`, the
+        name `melshards.shards_schema.text.ALIGNMENTS`) in a run with alignments, else `text`'s choice."""
+        return "alignments" if self.alignments.dir else self.text.frontend_for(language)
+
+    @property
+    def text_unit(self) -> str:
+        """What one text id stands for: a phone in a run with alignments, else a character."""
+        return "phone" if self.alignments.dir else "character"
+
+    @property
+    def optional_features(self) -> tuple[str, ...]:
+        """The optional record features (`melshards.shards_schema.schema.OPTIONAL_FEATURES`) this config adds."""
+        f = self.features
+        return tuple(name for name, on in (("pitch", f.pitch), ("energy", f.energy), ("audio", f.audio),
+                                           ("durations", self.alignments.dir is not None)) if on)
 
     def validate(self) -> "PreprocessConfig":
         """Check every field against its declared type and bounds (pydantic), then the relations between
@@ -193,11 +211,14 @@ def parse_buckets(value: str) -> Union[int, str]:
         raise ConfigError(f"--buckets must be an integer >= 1 or {AUTO!r}, got {value!r}") from None
 
 
-def load_config(path: str | None, buckets: str | None = None) -> PreprocessConfig:
-    """The config file (or the defaults), `--buckets` overriding pad.buckets, validated."""
+def load_config(path: str | None, buckets: str | None = None, alignments: str | None = None) -> PreprocessConfig:
+    """The config file (or the defaults), `--buckets` overriding pad.buckets and `--alignments`
+    alignments.dir, validated."""
     cfg = PreprocessConfig() if path is None else load_yaml(PreprocessConfig, path)
     if buckets is not None:
         cfg = dataclasses.replace(cfg, pad=dataclasses.replace(cfg.pad, buckets=parse_buckets(buckets)))
+    if alignments is not None:
+        cfg = dataclasses.replace(cfg, alignments=dataclasses.replace(cfg.alignments, dir=alignments))
     try:
         return cfg.validate()
     except ConfigError as e:

@@ -27,14 +27,19 @@ def text_ids(text: str, vocab: Vocabulary) -> np.ndarray:
     return np.asarray(ids, np.int32)
 
 
-def encode_clip(clip: dict, mel: np.ndarray, buckets: dict, text_hists: dict, corpus_tables: dict,
+def encode_clip(clip: dict, arrays: dict, buckets: dict, text_hists: dict, corpus_tables: dict,
                 vocab: Vocabulary, cfg: PreprocessConfig) -> tuple[str, int, bytes]:
-    """Clip and its unpadded mel -> (split, bucket, Example bytes) padded to its bucket's shapes;
-    the speaker and language ids from `corpus_tables` (`melshards.preprocess.tables`)."""
+    """Clip and its unpadded features (`clips.featurize`'s arrays: mel, and pitch, energy, audio,
+    durations as the run computes them) -> (split, bucket, Example bytes) padded to its bucket's shapes;
+    the speaker and language ids from `corpus_tables` (`melshards.preprocess.tables`).
+
+    Padding: the mel with log(floor) (digital silence), pitch, energy, audio and durations with 0."""
     b = bucketing.bucket_of(clip, buckets)
     mel_frames = buckets["bounds"][b]
     text_len = bucketing.text_len_of(text_hists, b, cfg.pad.multiple)
-    features = Schema.feature_table(text_len, mel_frames, cfg.mel.n_mels)
+    hop = cfg.mel.hop_length
+    features = Schema.feature_table(text_len, mel_frames, cfg.mel.n_mels, cfg.optional_features, hop)
+    mel = arrays["mel"]
     values = {
         "id": clip["id"], "speaker": clip["speaker"], "text": clip["text"],
         "speaker_id": corpus_tables["speakers"][clip["speaker"]]["id"],
@@ -44,4 +49,10 @@ def encode_clip(clip: dict, mel: np.ndarray, buckets: dict, text_hists: dict, co
         "mel": pad_to(mel, mel_frames, mel_params(cfg.mel).pad_value),
         "mel_len": mel.shape[0],
     }
+    for name in ("pitch", "energy", "durations"):
+        if name in arrays:
+            values[name] = pad_to(arrays[name], text_len if name == "durations" else mel_frames, 0)
+    if "audio" in arrays:
+        values["audio"] = pad_to(arrays["audio"], mel_frames * hop, 0)
+        values["audio_len"] = clip["num_samples"]
     return clip["split"], b, encode_example(features, values)

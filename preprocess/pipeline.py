@@ -16,7 +16,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from melshards.preprocess import bucketing, tables
+from melshards.preprocess import bucketing, feature_stats, tables
 from melshards.preprocess.clips import ClipRejected, as_rejection, featurize, filter_rejection, prepare_texts
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import INPUT_ROWS, INPUTS, REJECTED, Corpus, ReadCorpus
@@ -24,7 +24,7 @@ from melshards.preprocess.encode import encode_clip
 from melshards.preprocess.progress import ProgressFile, progress_dir
 from melshards.preprocess.report import WriteReport
 from melshards.preprocess.shards import AssembleShards, RollingFiles
-from melshards.preprocess.stash import load_mels, mel_stash_dir, stash_mels
+from melshards.preprocess.stash import load_features, stash_dir, stash_features
 from melshards.preprocess.workers import worker_setup
 from melshards.shards_schema import Vocabulary
 from melshards.shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
@@ -59,24 +59,25 @@ class _MeasureFn(beam.DoFn):
             self.progress.flush()
 
     def process(self, rows):
-        clips, mels = [], []
+        clips, arrays = [], []
         for row, text in zip(rows, prepare_texts(rows, self.cfg)):
             _count("rows_measured")  # with the per-reason counters, the job's progress on Dataflow
             try:
-                clip = featurize(row, self.cfg, text)
+                clip, features = featurize(row, self.cfg, text)
             except ClipRejected as e:
                 _count(e.reason)
                 yield beam.pvalue.TaggedOutput(REJECTED, as_rejection(row["id"], e))
                 continue
             Metrics.distribution(NS, "mel_frames").update(clip["mel_frames"])
-            mel = clip.pop("mel")
-            clip["moments"] = Moments.of(mel)  # from the float32 mel, before it is stored as float16
+            # from the float32 features, before the mel is stored as float16
+            clip["moments"] = Moments.of(features["mel"])
+            clip["feature_summary"] = feature_stats.clip_summary(features)
             clips.append(clip)
-            mels.append(mel)
+            arrays.append(features)
         if self.progress:
             self.progress.add(len(rows))
         Metrics.counter(NS, "clips_measured").inc(len(clips))
-        stash = stash_mels(self.stash_dir, [c["id"] for c in clips], mels) if clips else None
+        stash = stash_features(self.stash_dir, [c["id"] for c in clips], arrays) if clips else None
         yield {"clips": clips, "stash": stash}
 
 
@@ -170,7 +171,7 @@ class _TablesFn(beam.CombineFn):
         return tables.empty()
 
     def add_input(self, acc, batch):
-        return tables.merge([acc, tables.summarize_clips(batch["clips"], self.cfg.split.salt)])
+        return tables.merge([acc, tables.summarize_clips(batch["clips"], self.cfg.split.salt, self.cfg.text_unit)])
 
     def merge_accumulators(self, accs):
         return tables.merge(accs)
@@ -258,6 +259,7 @@ class ChooseBuckets(beam.PTransform):
 # -- stages 5-6: filter, pad + encode, write ---------------------------------------------------
 MOMENTS = "moments"
 WRITTEN = "written"
+FEATURE_STATS = "feature_stats"
 
 
 def written_counts(clips) -> Counter:
@@ -301,10 +303,9 @@ class _FilterAndWriteFn(beam.DoFn):
             else:
                 kept.append(dict(clip, split=tables.split_of(clip, corpus_tables, self.cfg.split.salt)))
         moments = Moments.empty(self.cfg.mel.n_mels)
-        mels = load_mels(batch["stash"], [c["mel_frames"] for c in batch["clips"]],
-                           self.cfg.mel.n_mels) if kept else []
-        by_id = dict(zip((c["id"] for c in batch["clips"]), mels))
-        vocab = Vocabulary(corpus_tables["vocabulary"])
+        arrays = load_features(batch["stash"], len(batch["clips"])) if kept else []
+        by_id = dict(zip((c["id"] for c in batch["clips"]), arrays))
+        vocab = Vocabulary(corpus_tables["vocabulary"], self.cfg.text_unit)
         for clip in kept:
             split, bucket, data = encode_clip(clip, by_id[clip["id"]], buckets, text, corpus_tables, vocab, self.cfg)
             yield from self.files.write(split, bucket, data)
@@ -313,6 +314,9 @@ class _FilterAndWriteFn(beam.DoFn):
         _count("records_written", len(kept))
         yield beam.pvalue.TaggedOutput(MOMENTS, moments)
         yield beam.pvalue.TaggedOutput(WRITTEN, written_counts(kept))
+        if self.cfg.features.pitch or self.cfg.features.energy:
+            yield beam.pvalue.TaggedOutput(FEATURE_STATS, feature_stats.batch_stats(
+                (c, c["feature_summary"]) for c in kept))
 
     def finish_bundle(self):
         for part in self.files.close_all():
@@ -326,7 +330,8 @@ class FilterAndWrite(beam.PTransform):
 
     Returns {"parts": temp files written, "rejected": dropped clips, "moments": mel moments of each
     batch's kept training clips (one per batch, maybe empty), "written": the clips and milliseconds
-    written per speaker and language (`written_counts`, summed)}.
+    written per speaker and language (`written_counts`, summed), "feature_stats": the pitch and energy
+    statistics per group (`feature_stats.batch_stats`, merged; empty when the run computes neither)}.
     """
 
     def __init__(self, cutoffs, chosen, corpus_tables, out_dir: str, cfg: PreprocessConfig):
@@ -338,9 +343,11 @@ class FilterAndWrite(beam.PTransform):
         out = batches | "FilterPadWrite" >> beam.ParDo(
             _FilterAndWriteFn(self.out_dir, int(self.cfg.write.target_shard_mb * 1e6), self.cfg),
             S.AsSingleton(self.cutoffs), S.AsSingleton(self.chosen), S.AsSingleton(self.tables)).with_outputs(
-                REJECTED, MOMENTS, WRITTEN, main="parts")
+                REJECTED, MOMENTS, WRITTEN, FEATURE_STATS, main="parts")
         written = out[WRITTEN] | "SumWritten" >> beam.CombineGlobally(sum_counters).without_defaults()
-        return {"parts": out.parts, REJECTED: out[REJECTED], MOMENTS: out[MOMENTS], WRITTEN: written}
+        stats = out[FEATURE_STATS] | "FeatureStats" >> beam.CombineGlobally(feature_stats.merge).without_defaults()
+        return {"parts": out.parts, REJECTED: out[REJECTED], MOMENTS: out[MOMENTS], WRITTEN: written,
+                FEATURE_STATS: stats}
 
 
 # -- the job -----------------------------------------------------------------------------------
@@ -354,7 +361,7 @@ def build(p: beam.Pipeline, corpus: Corpus | list[Corpus], out_dir: str, cfg: Pr
     """
     read = p | "Read" >> ReadCorpus(corpus)
     measured = read["batches"] | "Measure" >> MeasureClips(
-        cfg, mel_stash_dir(out_dir), progress_dir(out_dir) if progress else None)
+        cfg, stash_dir(out_dir), progress_dir(out_dir) if progress else None)
     before = measured.clips | "StatsBefore" >> LengthHistograms()
     corpus_tables = measured.clips | "CorpusTables" >> CorpusTables(cfg)
     cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, beam.pvalue.AsSingleton(corpus_tables), cfg)
@@ -365,4 +372,5 @@ def build(p: beam.Pipeline, corpus: Corpus | list[Corpus], out_dir: str, cfg: Pr
     rejected = ((read[REJECTED], measured[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten())
     return {"input_rows": read[INPUT_ROWS], "before": before, "cutoffs": cutoffs, "plan": chosen,  # WriteReport's name
             "inputs": read[INPUTS], "rejected": rejected, "shards": shards, "moments": moments,
-            "tables": corpus_tables, "written": written[WRITTEN]} | "Report" >> WriteReport(out_dir, cfg)
+            "tables": corpus_tables, "written": written[WRITTEN],
+            "feature_stats": written[FEATURE_STATS]} | "Report" >> WriteReport(out_dir, cfg)

@@ -9,7 +9,7 @@ from collections import Counter
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess import bucketing
+from melshards.preprocess import bucketing, feature_stats
 from melshards.preprocess.config import MelConfig, PreprocessConfig
 from melshards.shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, summarize
 from melshards.shards_schema.stats_model import stats_problem
@@ -35,45 +35,54 @@ def length_summaries(hists: dict) -> dict:
 HOURS = 3_600_000  # milliseconds
 
 
-def speaker_table(corpus_tables: dict, written: dict) -> list[Speaker]:
-    """The speakers with ids, in id order; clips and hours as written into the shards."""
+def speaker_table(corpus_tables: dict, written: dict, features: dict | None = None) -> list[Speaker]:
+    """The speakers with ids, in id order; clips and hours as written into the shards; `features`
+    (`feature_stats.finish`) gives each its pitch and energy statistics."""
+    own = (features or {}).get("speakers", {})
     return [Speaker(s["id"], name, written.get(("speaker", name, "clips"), 0),
-                    round(written.get(("speaker", name, "ms"), 0) / HOURS, 4), s["gender"])
+                    round(written.get(("speaker", name, "ms"), 0) / HOURS, 4), s["gender"], own.get(name, {}))
             for name, s in sorted(corpus_tables["speakers"].items(), key=lambda kv: kv[1]["id"])]
 
 
-def language_table(corpus_tables: dict, written: dict) -> list[Language]:
+def language_table(corpus_tables: dict, written: dict, features: dict | None = None) -> list[Language]:
+    own = (features or {}).get("languages", {})
     return [Language(x["id"], code, written.get(("language", code, "clips"), 0),
-                     round(written.get(("language", code, "ms"), 0) / HOURS, 4), frontend_record(x["text_frontend"]))
+                     round(written.get(("language", code, "ms"), 0) / HOURS, 4), frontend_record(x["text_frontend"]),
+                     own.get(code, {}))
             for code, x in sorted(corpus_tables["languages"].items(), key=lambda kv: kv[1]["id"])]
 
 
-def speaker_stats(corpus_tables: dict, written: dict) -> list[dict]:
-    """stats.json `speakers`: the schema's table plus measured clips and clips per split; then the
-    speakers dropped for too few clips (id null)."""
+def speaker_stats(corpus_tables: dict, written: dict, features: dict | None = None) -> list[dict]:
+    """stats.json `speakers`: the schema's table plus measured clips and clips per split (and voiced
+    f0 percentiles in runs with pitch); then the speakers dropped for too few clips (id null)."""
+    pitch = (features or {}).get("pitch_percentiles", {})
     rows = [dict(dataclasses.asdict(s), measured=corpus_tables["speakers"][s.name]["measured"],
-                 per_split={split: written.get(("split", s.name, split), 0) for split in SPLITS})
-            for s in speaker_table(corpus_tables, written)]
+                 per_split={split: written.get(("split", s.name, split), 0) for split in SPLITS},
+                 **({"pitch": pitch[s.name]} if s.name in pitch else {}))
+            for s in speaker_table(corpus_tables, written, features)]
     rows += [{"id": None, "name": name, "clips": 0, "hours": 0.0, "gender": "", "measured": n,
               "per_split": {split: 0 for split in SPLITS}}
              for name, n in sorted(corpus_tables["dropped_speakers"].items())]
     return rows
 
 
-def language_stats(corpus_tables: dict, written: dict, cutoffs: Cutoffs | None) -> list[dict]:
+def language_stats(corpus_tables: dict, written: dict, cutoffs: Cutoffs | None,
+                   features: dict | None = None) -> list[dict]:
     """stats.json `languages`: the schema's table plus each language's before-filter length summaries
     and its text-length cut-off."""
     lengths = corpus_tables["language_lengths"]
     return [dict(dataclasses.asdict(x), before_filter=length_summaries(lengths.get(x.code, {})),
                  max_text_len=cutoffs.text_limit(x.code) if cutoffs else None)
-            for x in language_table(corpus_tables, written)]
+            for x in language_table(corpus_tables, written, features)]
 
 
 def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dict, cutoffs: Cutoffs | None,
                 reasons: dict, shards: list[dict], buckets: dict | None = None, text: dict | None = None,
                 train_hist: dict | None = None, corpus_tables: dict | None = None,
-                written: dict | None = None, inputs: list[dict] | None = None) -> dict:
-    """stats.json, checked against its declaration (StatsFile) before it is written."""
+                written: dict | None = None, inputs: list[dict] | None = None,
+                features: dict | None = None) -> dict:
+    """stats.json, checked against its declaration (StatsFile) before it is written; `features`:
+    `feature_stats.finish` (runs with pitch or energy)."""
     stats = {
         "schema_version": SCHEMA_VERSION,
         "counts": {
@@ -93,10 +102,12 @@ def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dic
         "filter": dataclasses.asdict(cfg.filter),
         "cutoffs": dataclasses.asdict(cutoffs) if cutoffs else None,
         **({"inputs": inputs} if inputs is not None else {}),  # each --input: its format, rows, prefixed labels
+        "features": list(cfg.optional_features),
+        "feature_stats": (features or {}).get("global", {}),
     }
     if corpus_tables is not None:
-        stats["speakers"] = speaker_stats(corpus_tables, written or {})
-        stats["languages"] = language_stats(corpus_tables, written or {}, cutoffs)
+        stats["speakers"] = speaker_stats(corpus_tables, written or {}, features)
+        stats["languages"] = language_stats(corpus_tables, written or {}, cutoffs, features)
         stats["split"] = {"val_fraction": cfg.split.val_fraction, "val_speakers": list(cfg.split.val_speakers),
                           "val_speakers_not_found": corpus_tables["missing_val_speakers"]}
     if cutoffs and buckets:
@@ -124,7 +135,7 @@ def mel_params(m: MelConfig) -> MelParams:
 
 
 def build_schema(cfg: PreprocessConfig, buckets: dict, text: dict, moments: Moments, shards: list[dict],
-                 corpus_tables: dict, written: dict) -> Schema:
+                 corpus_tables: dict, written: dict, features: dict | None = None) -> Schema:
     m = cfg.mel
     if moments.n == 0:  # no training frames: identity normalisation, stated rather than invented
         mean, std = [0.0] * m.n_mels, [1.0] * m.n_mels
@@ -137,12 +148,15 @@ def build_schema(cfg: PreprocessConfig, buckets: dict, text: dict, moments: Mome
         audio=AudioParams(cfg.audio.sample_rate, cfg.audio.trim_silence, cfg.audio.trim_top_db),
         mel=mel_params(m),
         vocabulary=tuple(corpus_tables["vocabulary"]),
-        speakers=tuple(speaker_table(corpus_tables, written)),
-        languages=tuple(language_table(corpus_tables, written)),
+        speakers=tuple(speaker_table(corpus_tables, written, features)),
+        languages=tuple(language_table(corpus_tables, written, features)),
         mel_mean=tuple(mean), mel_std=tuple(std),
         pad_multiple=cfg.pad.multiple,
-        buckets=tuple(Schema.make_bucket(i, texts[i], bound, m.n_mels, [x for x in shards if x["bucket"] == i])
+        buckets=tuple(Schema.make_bucket(i, texts[i], bound, m.n_mels, [x for x in shards if x["bucket"] == i],
+                                         cfg.optional_features, m.hop_length)
                       for i, bound in enumerate(buckets["bounds"])),
+        text_unit=cfg.text_unit,
+        feature_stats=(features or {}).get("global", {}),
     )
 
 
@@ -165,18 +179,22 @@ class _WriteReportFn(beam.DoFn):
     def __init__(self, out_dir: str, cfg: PreprocessConfig):
         self.out_dir, self.cfg = out_dir, cfg
 
-    def process(self, _, input_rows, before, cutoffs, plan, rejected, shards, moments, tables, written, inputs):
+    def process(self, _, input_rows, before, cutoffs, plan, rejected, shards, moments, tables, written, inputs,
+                feature_groups):
         rejected = list(rejected)
         reasons = Counter(r["reason"] for r in rejected)
         buckets, text = plan["buckets"], plan["text"]
         written = written[0] if written else {}  # none when no batch was written
+        features = None
+        if self.cfg.features.pitch or self.cfg.features.energy:
+            features = feature_stats.finish(feature_groups[0] if feature_groups else {}, self.cfg.optional_features)
         stats = build_stats(self.cfg, input_rows, before, plan["after"], cutoffs, dict(reasons), list(shards),
-                            buckets, text, plan["train_hist"], tables, written, inputs)
+                            buckets, text, plan["train_hist"], tables, written, inputs, features)
         _write_text(self.out_dir, REJECTED_FILE, rejected_lines(rejected))
         _write_text(self.out_dir, STATS_FILE, json.dumps(stats, indent=2) + "\n")
         finished = cutoffs is not None and buckets is not None
         if finished:  # else every row was rejected (or filtered): no schema.json, the CLI says so from stats.json
-            schema = build_schema(self.cfg, buckets, text, moments, list(shards), tables, written)
+            schema = build_schema(self.cfg, buckets, text, moments, list(shards), tables, written, features)
             _write_text(self.out_dir, SCHEMA_FILE, schema.to_json())
         # Once, after the last file: schema.json is never written into a temp dir already removed.
         remove_temp_dir(self.out_dir)
@@ -206,4 +224,5 @@ class WriteReport(beam.PTransform):
                     moments=S.AsSingleton(inputs["moments"]),
                     tables=S.AsSingleton(inputs["tables"]),
                     written=S.AsList(inputs["written"]),
-                    inputs=S.AsSingleton(inputs["inputs"])))
+                    inputs=S.AsSingleton(inputs["inputs"]),
+                    feature_groups=S.AsList(inputs["feature_stats"])))

@@ -115,14 +115,25 @@ def find_corpora(input_paths: Sequence[str], format: str | None, language: str |
     return corpora
 
 
+def check_alignments_dir(path: str) -> None:
+    """CorpusError at once when the alignments directory is missing (local or gs://)."""
+    local = is_local_path(path)
+    if (os.path.isdir(path) if local else FileSystems.exists(path.rstrip("/") + "/")
+            or bool(FileSystems.match([path.rstrip("/") + "/*"], limits=[1])[0].metadata_list)):
+        return
+    raise CorpusError(f"--alignments {path}: no such directory; give the directory Montreal Forced Aligner wrote "
+                      "its TextGrids into (DIR/ID.TextGrid or DIR/SPEAKER/ID.TextGrid)")
+
+
 def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None = None, buckets: str | None = None,
             overwrite: bool = False, workers: int | None = None, beam_args: Sequence[str] = (),
             own_options: Sequence[str] = (), echo: Callable[[str], None] = print, format: str | None = None,
-            language: str | None = None) -> dict | None:
+            language: str | None = None, alignments: str | None = None) -> dict | None:
     """Check the invocation, run the job to completion, and return the stats.json it wrote.
 
     `input_paths`: one corpus or several, merged into one run (see docs/corpora.md); `format` forces
-    their layout, `language` is the language of rows whose corpus does not say.
+    their layout, `language` is the language of rows whose corpus does not say; `alignments` a directory
+    of Montreal Forced Aligner TextGrids (overrides the config's alignments.dir).
 
     The job writes into a staging dir of its own beside any earlier run in out_dir (see
     `melshards.preprocess.output`) and is moved into place only once it has finished; a failure or an
@@ -133,9 +144,11 @@ def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None
     wrong, EmptyRunError when every row was rejected, DiskFullError when the disk filled up.
     `echo` receives the progress lines.
     """
-    cfg = load_config(config_path, buckets)
+    cfg = load_config(config_path, buckets, alignments)
     options = pipeline_options(list(beam_args), list(own_options))
     dry_run = options.view_as(TestOptions).dry_run
+    if cfg.alignments.dir and (not dry_run or is_local_path(cfg.alignments.dir)):
+        check_alignments_dir(cfg.alignments.dir)
     # Local rows files are checked always; remote ones only for a real run, so a Dataflow dry run
     # (--dry_run=True --no_auth) still builds its graph offline.
     corpora = find_corpora([input_paths] if isinstance(input_paths, str) else list(input_paths), format, language,

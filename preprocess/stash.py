@@ -1,14 +1,15 @@
-"""The mel stash: a side channel of temp files outside Beam's model, that carries each batch's mels
-across the statistics barrier.
+"""The feature stash: a side channel of temp files outside Beam's model, that carries each batch's
+mels (and pitch, energy, audio, durations) across the statistics barrier.
 
-Measure computes every mel once; the cut-offs and the buckets are known only once every clip is
-measured. Rather than hold the mels in the runner (or decode every clip a second time), Measure
-writes each batch's mels into one file here and passes its path on; FilterAndWrite reads the file
+Measure computes every clip's features once; the cut-offs and the buckets are known only once every
+clip is measured. Rather than hold the features in the runner (or decode every clip a second time), Measure
+writes each batch's features into one file here and passes its path on; FilterAndWrite reads the file
 back once. The stash is the run's temp dir, removed by the report stage.
 """
 from __future__ import annotations
 
 import hashlib
+import io
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
@@ -16,31 +17,37 @@ from apache_beam.io.filesystems import FileSystems
 from melshards.preprocess.shards import TEMP_DIR
 
 
-def mel_stash_dir(out_dir: str) -> str:
-    """Where mels wait for the cut-offs: the output's temp dir, emptied by the report stage."""
+def stash_dir(out_dir: str) -> str:
+    """Where features wait for the cut-offs: the output's temp dir, emptied by the report stage."""
     return FileSystems.join(out_dir, TEMP_DIR)
 
 
-def stash_mels(stash_dir: str, clip_ids: list[str], mels: list[np.ndarray]) -> str:
-    """Write a batch's unpadded mels, concatenated, as raw little-endian float16 (what the shards
-    store); returns the path. Each clip's frame count says where its mel starts.
+def stash_features(stash_dir: str, clip_ids: list[str], features: list[dict[str, np.ndarray]]) -> str:
+    """Write a batch's unpadded per-clip arrays (the mel as float16, what the shards store; pitch,
+    energy, audio, durations where the run computes them) into one uncompressed .npz; returns the path.
 
     The name comes from the ids, so a retried bundle rewrites the same file instead of adding one.
     """
     name = hashlib.sha1("\n".join(clip_ids).encode("utf-8")).hexdigest()
-    path = FileSystems.join(stash_dir, f"mels-{name}.f16")
+    path = FileSystems.join(stash_dir, f"features-{name}.npz")
+    arrays = {f"{i}/{key}": (value.astype("<f2") if key == "mel" else value)
+              for i, clip in enumerate(features) for key, value in clip.items()}
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
     with FileSystems.create(path) as f:
-        for mel in mels:
-            f.write(np.ascontiguousarray(mel, "<f2").tobytes())
+        f.write(buffer.getvalue())
     return path
 
 
-def load_mels(path: str, frames: list[int], n_mels: int) -> list[np.ndarray]:
-    """The mels `stash_mels` wrote, given each one's frame count, in order."""
+def load_features(path: str, count: int) -> list[dict[str, np.ndarray]]:
+    """The `count` clips' arrays `stash_features` wrote, in order."""
     with FileSystems.open(path) as f:
         data = f.read()
-    if len(data) != 2 * sum(frames) * n_mels:  # our own temp file: a short one is a bug or a lost write
-        raise IOError(f"{path} holds {len(data)} bytes, expected {sum(frames)} x {n_mels} float16")
-    flat = np.frombuffer(data, "<f2").reshape(-1, n_mels)
-    ends = np.cumsum(frames)
-    return [flat[end - n:end] for n, end in zip(frames, ends)]
+    out: list[dict[str, np.ndarray]] = [{} for _ in range(count)]
+    with np.load(io.BytesIO(data)) as npz:
+        for key in npz.files:
+            i, name = key.split("/", 1)
+            out[int(i)][name] = npz[key]
+    if any("mel" not in x for x in out):  # our own temp file: a missing clip is a bug or a lost write
+        raise IOError(f"{path} holds the features of {sum('mel' in x for x in out)} clips, expected {count}")
+    return out

@@ -22,7 +22,7 @@ from collections import Counter
 
 from melshards.preprocess.config import PreprocessConfig
 from melshards.shards_schema.stats import LENGTH_KEYS
-from melshards.shards_schema.vocab import Vocabulary
+from melshards.shards_schema.vocab import Vocabulary, tokens
 
 
 def split_hash(clip_id: str, salt: str) -> float:
@@ -39,8 +39,9 @@ def _speaker_entry() -> dict:
     return {"hashes": [], "gender": "", "languages": Counter()}
 
 
-def summarize_clips(clips, salt: str) -> dict:
-    """One batch of measured clips -> its share of the tables (merge with `merge`)."""
+def summarize_clips(clips, salt: str, unit: str = "character") -> dict:
+    """One batch of measured clips -> its share of the tables (merge with `merge`); `unit`: what a
+    symbol of the clips' text is (`PreprocessConfig.text_unit`)."""
     out = empty()
     for c in clips:
         s = out["speakers"].setdefault(c["speaker"], _speaker_entry())
@@ -50,7 +51,7 @@ def summarize_clips(clips, salt: str) -> dict:
         lang = out["languages"].setdefault(c["language"], {k: Counter() for k in LENGTH_KEYS})
         for k in LENGTH_KEYS:
             lang[k][c[k]] += 1
-        out["symbols"].update(c["text"])
+        out["symbols"].update(tokens(c["text"], unit))
     return out
 
 
@@ -93,9 +94,9 @@ def finish_tables(acc: dict, cfg: PreprocessConfig) -> dict:
     return {
         "speakers": speakers,
         "dropped_speakers": {name: len(s["hashes"]) for name, s in acc["speakers"].items() if name not in speakers},
-        "languages": {code: {"id": i, "text_frontend": cfg.text.frontend_for(code)} for i, code in enumerate(languages)},
+        "languages": {code: {"id": i, "text_frontend": cfg.frontend_for(code)} for i, code in enumerate(languages)},
         "language_lengths": {code: {k: dict(h) for k, h in hists.items()} for code, hists in acc["languages"].items()},
-        "vocabulary": list(Vocabulary.from_symbols(acc["symbols"]).symbols),
+        "vocabulary": list(Vocabulary.from_symbols(acc["symbols"], cfg.text_unit).symbols),
         "missing_val_speakers": sorted(held_out - set(kept)),
         "min_speaker_clips": cfg.filter.min_speaker_clips,
     }

@@ -129,6 +129,31 @@ def record_problems(schema: Schema | Bucket, rec: dict[str, np.ndarray]) -> list
         out.append(f"mel_len {mel_len} outside 1..{schema.max_mel_frames} (max_mel_frames)")
     if not np.isfinite(rec["mel"]).all():
         out.append("mel holds NaN or infinite values")
+    return out + feature_problems(schema, rec, text_len, mel_len)
+
+
+def feature_problems(schema: Schema | Bucket, rec: dict, text_len: int, mel_len: int) -> list[str]:
+    """The optional features against the lengths: durations sum to mel_len, audio_len gives mel_len
+    frames, pitch and energy are finite, not negative, and 0 in padding."""
+    out = []
+    names = {f.name for f in schema.features}
+    if "durations" in names:
+        d = np.asarray(rec["durations"], np.int64)
+        if d[:text_len].sum() != mel_len or (d < 0).any() or d[text_len:].any():
+            out.append(f"durations sum to {int(d[:text_len].sum())} over text_len {text_len} phones (mel_len "
+                       f"{mel_len}), or are negative or non-zero in padding")
+    for name in ("pitch", "energy"):
+        if name in names:
+            x = np.asarray(rec[name], np.float32)
+            if not np.isfinite(x).all() or (x < 0).any() or x[mel_len:].any():
+                out.append(f"{name} holds NaN, infinite or negative values, or non-zero padding")
+    if "audio" in names:
+        hop = len(rec["audio"]) // schema.max_mel_frames
+        audio_len = int(rec["audio_len"])
+        if hop and 1 + audio_len // hop != mel_len:
+            out.append(f"audio_len {audio_len} gives {1 + audio_len // hop} frames at hop {hop}, mel_len is {mel_len}")
+        elif np.asarray(rec["audio"])[audio_len:].any():
+            out.append("audio is not zero after audio_len")
     return out
 
 

@@ -55,3 +55,73 @@ def bucketed_dir(tmp_path_factory) -> Path:
     code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(TINY_CONFIG), "--buckets", "4"])
     assert code == 0, f"preprocess exited with {code}"
     return out
+
+
+def write_textgrids(corpus: Path, dest: Path, skip=(), stretch: dict | None = None) -> list[str]:
+    """Montreal Forced Aligner-like TextGrids (tiers `words` and `phones`, long format) for the clips of
+    an LJSpeech-layout corpus: each word of the normalised transcript spread evenly over 5-95% of the
+    clip's duration, one phone per letter (upper case), silences as MFA writes them (gaps, and an `sp`
+    between every third word). No TextGrid for the ids in `skip`; `stretch` {id: seconds} moves a
+    TextGrid's end away from the audio's. Returns the ids written. Unreadable audio gets none."""
+    import soundfile as sf
+    from praatio import textgrid
+
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    for line in (corpus / "metadata.csv").read_text(encoding="utf-8").splitlines():
+        clip_id, _, text = (line.split("|") + ["", ""])[:3]
+        wavs = sorted((corpus / "wavs").glob(f"{clip_id}.*"))
+        if clip_id in skip or not wavs:
+            continue
+        try:
+            end = sf.info(str(wavs[0])).duration + (stretch or {}).get(clip_id, 0.0)
+        except Exception:  # noqa: BLE001 (the corpus's broken files: the job rejects them)
+            continue
+        words = [w for w in "".join(c if c.isalpha() else " " for c in text.lower()).split()] or ["a"]
+        span, t = 0.9 * end / len(words), 0.05 * end
+        word_entries, phone_entries = [], []
+        for i, word in enumerate(words):
+            start, stop = t, t + span
+            speech_end = stop - (0.2 * span if i % 3 == 2 else 0.0)
+            word_entries.append((start, speech_end, word))
+            step = (speech_end - start) / len(word)
+            phone_entries += [(start + k * step, start + (k + 1) * step, c.upper()) for k, c in enumerate(word)]
+            if speech_end < stop:
+                phone_entries.append((speech_end, stop, "sp"))
+            t = stop
+        tg = textgrid.Textgrid()
+        tg.addTier(textgrid.IntervalTier("words", word_entries, 0, end))
+        tg.addTier(textgrid.IntervalTier("phones", phone_entries, 0, end))
+        tg.save(str(dest / f"{clip_id}.TextGrid"), format="long_textgrid", includeBlankSpaces=True)
+        written.append(clip_id)
+    return written
+
+
+FEATURES_CONFIG = """\
+filter: {mel_frames_upper_percentile: 95.0, text_len_upper_percentile: 95.0}
+pad: {min_bucket_records: 8}
+split: {val_fraction: 0.1}
+features: {pitch: true, energy: true, audio: true}
+"""
+
+
+@pytest.fixture(scope="session")
+def features_dir(tmp_path_factory) -> Path:
+    """The shipped corpus preprocessed with every optional feature: pitch, energy, audio, and phone
+    durations from TextGrids (`write_textgrids`, in `features_dir.parent / "alignments"`). Two clips have no TextGrid (missing_alignment) and one ends
+    0.5 s after its audio (alignment_mismatch). Read-only for tests."""
+    from melshards.commands.preprocess import run
+
+    root = tmp_path_factory.mktemp("features")
+    written = write_textgrids(CORPUS, root / "alignments", skip=MISSING_ALIGNMENTS, stretch={STRETCHED: 0.5})
+    assert len(written) > 40
+    (root / "features.yaml").write_text(FEATURES_CONFIG)
+    out = root / "run"
+    code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(root / "features.yaml"),
+                "--alignments", str(root / "alignments"), "--workers", "1"])
+    assert code == 0, f"preprocess exited with {code}"
+    return out
+
+
+MISSING_ALIGNMENTS = ("LJT001-0002", "LJT001-0005")
+STRETCHED = "LJT001-0007"

@@ -21,7 +21,7 @@ import numpy as np
 from melshards.train.tf_quiet import tf
 
 from melshards.shards_schema.schema import first_few
-from melshards.shards_schema import SCHEMA_FILE, Language, Schema, SchemaError, Speaker, Vocabulary, read_schema
+from melshards.shards_schema import SCHEMA_FILE, Language, Schema, SchemaError, Speaker, read_schema
 from melshards.shards_schema.config import ConfigError, from_dict
 from melshards.shards_schema.text import normalizer_for
 
@@ -116,10 +116,13 @@ class Synthesizer(tf.Module):
                                       tf.TensorSpec([], tf.string, name="speaker"),
                                       tf.TensorSpec([], tf.string, name="language")])
         def serve(text, speaker, language):
-            """Normalised text (the vocabulary's symbols), a speaker name and a language code (schema.json's)
+            """Normalised text (the vocabulary's symbols; phones separated by spaces when its unit is the
+            phone), a speaker name and a language code (schema.json's)
             -> {"mel": [1, T, n_mels], "mel_len": [1]}."""
             speaker_id, language_id = self.speaker_ids.lookup(speaker), self.language_ids.lookup(language)
-            ids = self.table.lookup(tf.strings.unicode_split(text, "UTF-8"))
+            symbols = (tf.strings.unicode_split(text, "UTF-8") if schema.text_unit == "character"
+                       else tf.strings.split(text))  # phones separated by whitespace
+            ids = self.table.lookup(symbols)
             ids = tf.boolean_mask(ids, ids > 1)  # unknown symbols, pad and eos are skipped
             n = tf.shape(ids)[0]
             # refused, never truncated: the assertion fails the call with this message
@@ -211,7 +214,7 @@ def load_synthesizer(model_dir: str, checkpoint: str | None = None) -> Synthesiz
 
 def text_ids(normalised: str, schema: Schema) -> tuple[np.ndarray, int]:
     """Text normalised by `check_text` -> (ids padded to [1, text_capacity], length), as preprocess made them."""
-    ids, _ = Vocabulary(schema.vocabulary).encode(normalised)
+    ids, _ = schema.vocab().encode(normalised)
     if not ids:
         raise ConfigError(f"{normalised!r} holds no symbol of this model's vocabulary")
     capacity = text_capacity(schema)

@@ -72,8 +72,9 @@ def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show:
     s = schemas[files[0]]
     shapes = ", ".join(f"b{b.index:02d} text_ids [{b.max_text_len}] mel [{b.max_mel_frames}, {s.n_mels}]"
                        for b in s.buckets)
+    extra = (f"; the records also hold {', '.join(s.optional)}, consistent with their lengths" if s.optional else "")
     click.echo(f"\nOK: every record parses to its bucket's shapes ({shapes}) with 0 < text_len <= the bucket's "
-               "max_text_len and 0 < mel_len <= its max_mel_frames")
+               f"max_text_len and 0 < mel_len <= its max_mel_frames{extra}")
 
 
 def _show(shown, out_dir: str) -> None:

@@ -44,6 +44,19 @@ def input_lines(inputs: list[dict]) -> list[str]:
     return lines
 
 
+def feature_lines(stats: dict) -> list[str]:
+    """What the records hold besides text and mel, and the global pitch and energy statistics."""
+    if not stats.get("features"):
+        return []
+    out = [f"records also hold: {', '.join(stats['features'])}"]
+    for name, m in stats.get("feature_stats", {}).items():
+        if m["frames"]:
+            unit = " Hz" if name == "pitch" else ""
+            over = "voiced training frames" if name == "pitch" else "training frames"
+            out.append(f"  {name:<8}mean {m['mean']:.2f}{unit}, std {m['std']:.2f}{unit} over {m['frames']} {over}")
+    return out
+
+
 def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
     c = stats["counts"]
     click.echo(f"\n{c['input_rows']} input rows in {seconds:.1f}s: {c['in_shards']} in shards "
@@ -58,6 +71,8 @@ def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
     click.echo(f"\n{len(stats['buckets']['buckets'])} length bucket(s), up to text {pad['max_text_len']} symbols, mel "
                f"{pad['max_mel_frames']} frames; padding is {100 * pad['mel_padding_fraction']:.1f}% of mel frames, "
                f"{100 * pad['text_padding_fraction']:.1f}% of text ids\n" + bucket_table(stats))
+    for line in feature_lines(stats):
+        click.echo(line)
     written = [SCHEMA_FILE, STATS_FILE, REJECTED_FILE] + [f"{s}-*" for s in ("train", "val")
                                                           if c["per_split"][s]]
     click.echo(f"wrote {out_dir}/{{{', '.join(written)}}}")
@@ -81,13 +96,16 @@ def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
 @click.option("--overwrite", is_flag=True,
               help="Replace a finished run in --output, once the new run has finished beside it.")
 @click.option("--buckets", default=None, metavar="K|auto", help="Length buckets: overrides pad.buckets.")
+@click.option("--alignments", default=None, metavar="DIR",
+              help="Montreal Forced Aligner TextGrids, one per clip (DIR/ID.TextGrid or DIR/SPEAKER/ID.TextGrid), "
+                   "local or gs://: text_ids become phones and records gain their durations in mel frames.")
 @click.option("--workers", type=int, default=None,
               help="Local worker processes (default: every core, at most one per 1,000 rows); "
                    "Beam's --direct_num_workers wins.")
 @click.pass_context
 def preprocess_command(ctx: click.Context, input_paths: tuple[str, ...], format_name: str | None,
                        language: str | None, out_dir: str, config_path: str | None, overwrite: bool,
-                       buckets: str | None, workers: int | None) -> None:
+                       buckets: str | None, alignments: str | None, workers: int | None) -> None:
     """Corpus -> log-mel -> percentile statistics -> filter -> pad -> TFRecord shards.
 
     Options not listed here go to Beam, e.g. --runner DataflowRunner --project P --region R
@@ -109,7 +127,7 @@ def preprocess_command(ctx: click.Context, input_paths: tuple[str, ...], format_
         with StopOnCtrlC(out_dir):
             stats = run_job(list(input_paths), out_dir, config_path=config_path, buckets=buckets,
                             overwrite=overwrite, workers=workers, beam_args=list(ctx.args), format=format_name,
-                            language=language,
+                            language=language, alignments=alignments,
                             own_options=[o for p in ctx.command.get_params(ctx) for o in p.opts + p.secondary_opts],
                             echo=click.echo)
     except (ConfigError, CorpusError, OutputError, OptionsError) as e:

@@ -39,14 +39,25 @@ def corpus_line(report: dict) -> str:
 def speaker_rows(report: dict, top: int = TOP) -> Table:
     """The `top` speakers with the most hours (dropped ones last, marked), then the total over all speakers."""
     v = report["speakers"]
-    header = ["id", "name", "gender", "clips", "hours", *SPLITS, "measured"]
+    pitch = any("pitch" in r for r in v["rows"])  # runs with features.pitch: voiced f0 percentiles
+    header = ["id", "name", "gender", "clips", "hours", *SPLITS, "measured",
+              *([f"f0 {q} Hz" for q in PITCH_PERCENTILES] if pitch else [])]
     rows = [["dropped" if r["dropped"] else str(r["id"]), r["name"], r["gender"] or "-", str(r["clips"]),
-             hours(r["hours"]), *(str(r["per_split"].get(k, 0)) for k in SPLITS), str(r["measured"])]
+             hours(r["hours"]), *(str(r["per_split"].get(k, 0)) for k in SPLITS), str(r["measured"]),
+             *(_f0(r, q) for q in (PITCH_PERCENTILES if pitch else ()))]
             for r in v["rows"][:top]]
     t = v["total"]
     rows.append(["total", "", "", str(t["clips"]), hours(t["hours"]), *(str(t["per_split"][k]) for k in SPLITS),
-                 str(t["measured"])])
+                 str(t["measured"]), *([""] * len(PITCH_PERCENTILES) if pitch else [])])
     return header, rows
+
+
+PITCH_PERCENTILES = ("p5", "p50", "p95")
+
+
+def _f0(row: dict, q: str) -> str:
+    value = row.get("pitch", {}).get("percentiles", {}).get(q)
+    return "-" if value is None else f"{value:g}"
 
 
 def speaker_notes(report: dict, top: int = TOP) -> list[str]:

@@ -7,7 +7,7 @@ import textwrap
 import numpy as np
 from matplotlib.figure import Figure
 
-from melshards.shards_schema import Schema, Vocabulary
+from melshards.shards_schema import Schema
 
 
 def _text(v) -> str:
@@ -18,7 +18,7 @@ def describe(record: dict, schema: Schema) -> list[str]:
     """Id, text, lengths (of its bucket's padded lengths), and whether the text ids decode back to the text."""
     shapes = schema.bucket_of_file(record["_file"]) or schema  # the largest shapes when the file is unknown
     text_len, mel_len = int(record["text_len"]), int(record["mel_len"])
-    decoded = Vocabulary(schema.vocabulary).decode([int(i) for i in record["text_ids"][:text_len]])
+    decoded = schema.vocab().decode([int(i) for i in record["text_ids"][:text_len]])
     text = _text(record["text"])
     mel = np.asarray(record["mel"])[:mel_len]
     lines = [
@@ -32,6 +32,29 @@ def describe(record: dict, schema: Schema) -> list[str]:
     ]
     # The writer drops characters outside the vocabulary, so a mismatch is worth seeing, not an error.
     lines.append("  text_ids  decode to the text" if decoded == text else f"  text_ids  decode to: {decoded}")
+    return lines + feature_lines(record, schema, text_len, mel_len)
+
+
+def feature_lines(record: dict, schema: Schema, text_len: int, mel_len: int) -> list[str]:
+    """One line per optional feature the record holds (schema.OPTIONAL_FEATURES)."""
+    lines = []
+    if "pitch" in record:
+        f0 = np.asarray(record["pitch"], np.float32)[:mel_len]
+        voiced = f0[f0 > 0]
+        lines.append(f"  pitch     {voiced.size} of {mel_len} frames voiced"
+                     + (f", f0 {voiced.min():.1f}..{voiced.max():.1f} Hz, median {np.median(voiced):.1f}"
+                        if voiced.size else ""))
+    if "energy" in record:
+        e = np.asarray(record["energy"], np.float32)[:mel_len]
+        lines.append(f"  energy    {e.min():.2f}..{e.max():.2f}, mean {e.mean():.2f}")
+    if "audio" in record:
+        n = int(record["audio_len"])
+        lines.append(f"  audio     {n} samples ({n / schema.audio.sample_rate:.2f} s) of {len(record['audio'])}, "
+                     f"peak {np.abs(np.asarray(record['audio'][:n], np.int32)).max() / 32767:.3f}")
+    if "durations" in record:
+        d = [int(x) for x in record["durations"][:text_len]]
+        shown = ", ".join(str(x) for x in d[:12]) + (", ..." if len(d) > 12 else "")
+        lines.append(f"  durations {shown} (sum {sum(d)} = mel_len {mel_len})")
     return lines
 
 

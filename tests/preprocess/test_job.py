@@ -1,4 +1,5 @@
 """The whole job: accounting, the round trip through schema.json, the CLI, bad invocations, Dataflow."""
+import dataclasses
 import json
 import subprocess
 import sys
@@ -281,6 +282,9 @@ BAD_VALUES = {
     "pad.min_bucket_records": 0,
     "split.val_fraction": 1.0,
     "write.target_shard_mb": float("nan"),
+    "pitch.fmin": 0.0,
+    "pitch.fmax": -800.0,
+    "alignments.tolerance_ms": -1.0,
 }
 
 
@@ -565,3 +569,14 @@ def test_bucket_options_are_validated_naming_the_key(capsys, tmp_path, corpus_di
     assert load_config(str(TINY_CONFIG), "1").pad.buckets == 1
     assert load_config(str(TINY_CONFIG), "3").pad.buckets == 3
     assert load_config(str(TINY_CONFIG)).pad.buckets == "auto"
+
+
+def test_the_reference_config_lists_every_key_with_its_default():
+    import yaml
+
+    reference = REPO / "configs" / "ljspeech.yaml"
+    assert load_config(str(reference)) == PreprocessConfig()
+    listed = yaml.safe_load(reference.read_text())
+    assert {k: set(v) for k, v in listed.items()} == {
+        f.name: {g.name for g in dataclasses.fields(getattr(PreprocessConfig(), f.name))}
+        for f in dataclasses.fields(PreprocessConfig)}

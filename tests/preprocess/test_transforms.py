@@ -189,8 +189,9 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
     real_decode = A.decode_audio
     monkeypatch.setattr(A, "decode_audio", lambda *a: decodes.append(1) or real_decode(*a))
     ids = ["LJT001-0001", "LJT001-0002", "LJT001-0004"]
-    clips = {i: featurize(_row(corpus_dir, i), CFG) for i in ids}
-    expected = {i: c["mel"] for i, c in clips.items()}
+    featurized = {i: featurize(_row(corpus_dir, i), CFG) for i in ids}
+    clips = {i: c for i, (c, _) in featurized.items()}
+    expected = {i: f["mel"] for i, (_, f) in featurized.items()}
     tables = _tables(list(clips.values()))
     splits = {"LJT001-0001": "train", "LJT001-0002": "val", "LJT001-0004": "train"}
     frames = {i: m.shape[0] for i, m in expected.items()}
@@ -213,7 +214,7 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
         assert_that(written["parts"] | beam.Map(lambda f: (f["split"], f["records"])),
                     equal_to(sorted((splits[i], 1) for i in ids if i != longest)), label="parts")
     assert len(decodes) == len(ids)  # once per clip (the in-process runner shares this module)
-    assert len(list(tmp_path.glob(".melshards-tmp/mels-*.f16"))) + len(list(tmp_path.glob("mels-*.f16"))) == 1
+    assert len(list(tmp_path.glob("features-*.npz"))) == 1  # one stash file for the one batch
     shapes = build_schema(CFG, buckets, text, Moments.empty(80), [], tables, {}).buckets[0]
     files = [str(f) for f in tmp_path.rglob("*.tfrecord")]
     recs = {}
@@ -305,20 +306,22 @@ def test_encode_clip_pads_each_clip_to_its_buckets_shapes(corpus_dir):
     from melshards.preprocess.report import build_schema
     from melshards.shards_schema.stats import Moments
     from melshards.shards_schema import Vocabulary
-    clip = dict(featurize(_row(corpus_dir, "LJT001-0001"), CFG), split="train")
+    clip, features = featurize(_row(corpus_dir, "LJT001-0001"), CFG)
+    clip = dict(clip, split="train")
     tables = _tables([clip])
     buckets = {"bounds": (8, 400, 800), "plan": None, "raised_last_bound": None}
     text = {1: {clip["text_len"]: 1, 75: 1}}  # bucket 1's text lengths: padded to 80
     vocab = Vocabulary(tables["vocabulary"])
-    split, bucket, data = encode_clip(clip, clip["mel"].astype(np.float16), buckets, text, tables, vocab, CFG)
+    split, bucket, data = encode_clip(clip, {"mel": features["mel"].astype(np.float16)}, buckets, text, tables, vocab,
+                                      CFG)
     assert (split, bucket) == ("train", 1)
     schema = build_schema(CFG, buckets, text, Moments.empty(80), [], tables, {})
     assert [(b.max_mel_frames, b.max_text_len) for b in schema.buckets] == [(8, 8), (400, 80), (800, 8)]
     shapes = schema.buckets[bucket]
     rec = decode_parsed(shapes, tf.io.parse_example([data], parse_spec(shapes)), 1)
-    n = clip["mel"].shape[0]
+    n = features["mel"].shape[0]
     assert rec["mel"].shape == (1, 400, 80) and rec["text_ids"].shape == (1, 80) and int(rec["mel_len"][0]) == n
-    np.testing.assert_allclose(rec["mel"][0, :n].numpy(), clip["mel"], atol=1e-2 * np.abs(clip["mel"]).max())
+    np.testing.assert_allclose(rec["mel"][0, :n].numpy(), features["mel"], atol=1e-2 * np.abs(features["mel"]).max())
     assert np.all(rec["mel"][0, n:].numpy() == np.float16(np.log(1e-5)))
     assert rec["text_ids"][0, clip["text_len"]:].numpy().sum() == 0
     assert vocab.decode(rec["text_ids"][0].numpy().tolist()) == clip["text"] == "hello there."
