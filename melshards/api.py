@@ -1,6 +1,6 @@
 """The public Python API: the shards as static-shaped tf.data datasets, their schema, and the mel
 normalisation. Re-exported as `melshards.dataset`, `melshards.bucket_datasets`,
-`melshards.read_schema` and `melshards.normalizer` (docs/api.md).
+`melshards.audio_segments`, `melshards.read_schema` and `melshards.normalizer` (docs/api.md).
 
 The datasets are the trainer's own chain (`melshards.train.input_pipeline.train_dataset`: interleaved shard
 reads, record shuffle, one vectorised parse per batch, pure TF ops), after the trainer's checks
@@ -41,6 +41,10 @@ def normalizer(schema: Schema) -> "Normaliser":
 
     `norm(mel)` -> (mel - mean) / std, `norm.invert(x)` -> x * std + mean; TF ops, usable inside
     `tf.function(jit_compile=True)`. The same object the built-in model trains with.
+    `norm.pitch(pitch, speaker_id=None)` and `norm.energy(energy, speaker_id=None)` standardise those
+    features (shards with features.pitch / features.energy) with the global statistics, or each
+    record's speaker's when `speaker_id` [B] is given; voiced pitch only (0 stays 0).
+    `norm.invert_pitch` / `norm.invert_energy` undo them.
     """
     from melshards.train.step import Normaliser
 
@@ -200,3 +204,36 @@ def dataset(patterns: str | Sequence[str], batch_size: int, *, split: str | None
     total = sum(weights)
     return tf.data.Dataset.sample_from_datasets(
         list(per_bucket.values()), weights=[w / total for w in weights], seed=seed, stop_on_empty_dataset=False)
+
+
+def audio_segments(patterns: str | Sequence[str], segment_frames: int, batch_size: int, *,
+                   split: str | None = None, seed: int = 0, shuffle: bool = True, repeat: bool = True,
+                   shuffle_buffer: int = 64, cycle_length: int = 4, deterministic: bool = True,
+                   schema_path: str | None = None) -> "tf.data.Dataset":
+    """Random fixed-length (audio, mel) segments of the shards, for vocoder training (docs/api.md,
+    Vocoder segments). The shards must hold audio (`features.audio: true` in the preprocess config).
+
+    Each record gives one segment of `segment_frames` mel frames, its start drawn uniformly over the
+    record's valid frames; its audio is the `segment_frames * hop_length` samples those frames are
+    centred on. Batches: {"mel" [B, S, n_mels] (not normalised), "audio" float32 [B, S * hop] in
+    [-1, 1], "mask" bool [B, S] (False past the end of a record shorter than the segment, which is
+    padded), "start" int32 [B], "speaker_id" int32 [B], and "pitch", "energy" [B, S] where the shards
+    hold them}. Every shape is static, whatever the buckets.
+
+    seed: the record order and the crops; the same seed gives the same segments, and the draws are
+    part of the iterator's state: `tf.train.Checkpoint(iterator=it)` resumes exactly where it was.
+    repeat=False makes one pass (up to batch_size - 1 records of each bucket are dropped).
+    Other arguments as for `dataset`.
+    """
+    from melshards.train.config import DataConfig
+    from melshards.train.segments import segment_dataset
+
+    for name, value, minimum in (("segment_frames", segment_frames, 1), ("batch_size", batch_size, 1),
+                                 ("seed", seed, None), ("shuffle_buffer", shuffle_buffer, 1),
+                                 ("cycle_length", cycle_length, 1)):
+        _check_int(name, value, minimum)
+    found = _resolve(patterns, split, schema_path)
+    cfg = DataConfig(batch_size=batch_size, shuffle_buffer=shuffle_buffer, cycle_length=cycle_length, seed=seed,
+                     deterministic=deterministic)
+    return segment_dataset(found.by_bucket, found.records, found.schema, segment_frames, batch_size, cfg,
+                           shuffle, repeat)

@@ -16,6 +16,15 @@ A **factory** is `factory(schema, options) -> keras.Model`:
 A factory may carry `factory.validate(schema, options)`: cheap checks the trainer runs while it
 checks the command line, before building anything.
 
+A factory may carry `factory.features`: the optional record features its model reads besides
+MODEL_INPUTS, a tuple of names of `melshards.shards_schema.schema.OPTIONAL_FEATURES` ("pitch",
+"energy", "audio", "durations"; `audio` brings `audio_len`). The batch then holds MODEL_INPUTS and
+those, with the bucket's static shapes (`melshards.train.plugins.model_inputs`). Shards without one of
+them stop the run while the command line is checked, before anything is built or compiled, with one
+line naming the feature and the preprocess setting that adds it. A model gets only what it asks for,
+not every feature the run holds: audio alone is 3.2x the bytes of an 80-bin mel per frame, and would
+be parsed and copied to the device every step for models that ignore it.
+
 The **model** (`TTSModel` below) turns one batch into masked **sums and counts**, never means: the
 trainer adds them up over batches, length buckets and replicas (and over the zero-length records
 that pad the last validation batch, which must add nothing), then calls `losses_from_terms` once on
@@ -55,7 +64,7 @@ class TTSModel(Protocol):
     def loss_terms(self, batch: Mapping[str, Any], seed: Any, training: bool) -> dict[str, Any]:
         """Masked sums and counts over one batch: float32 scalars, REQUIRED_TERMS among them.
 
-        batch: {name: tensor} for MODEL_INPUTS, static shapes [B, ...] (log-mel not normalised;
+        batch: {name: tensor} for MODEL_INPUTS and the factory's `features`, static shapes [B, ...] (log-mel not normalised;
         `melshards.train.step.Normaliser(schema)` normalises in-graph; speaker_id and language_id int32
         [B]). Records with mel_len 0 are padding (their ids are 0): they must add 0 to every term. seed: int32 [2], (loop.seed, step) while training: a
         stateless key for dropout, so a resumed run draws the same masks. Runs inside an XLA

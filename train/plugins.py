@@ -51,8 +51,39 @@ def load_factory(spec: str) -> Callable:
     return factory
 
 
+def model_inputs(spec: str) -> tuple[str, ...]:
+    """What the model's batch holds: MODEL_INPUTS, then the optional features its factory asks for
+    (`factory.features`, `melshards.train.contract`), with `audio_len` beside `audio`."""
+    from melshards.shards_schema.schema import OPTIONAL_FEATURES
+
+    asked = getattr(load_factory(spec), "features", ())
+    if isinstance(asked, str) or not all(isinstance(n, str) for n in asked):
+        raise PluginError(f"model factory {spec!r}: `features` is {asked!r}; give a tuple of feature names, "
+                          f"e.g. ('durations', 'pitch')")
+    unknown = [n for n in asked if n not in OPTIONAL_FEATURES and n != "audio_len"]
+    if unknown:
+        raise PluginError(f"model factory {spec!r} asks for the feature(s) {', '.join(map(repr, unknown))}; the "
+                          f"optional features are {', '.join(OPTIONAL_FEATURES)}")
+    extra = tuple(n for n in OPTIONAL_FEATURES if n in asked)
+    return MODEL_INPUTS + extra + (("audio_len",) if "audio" in extra else ())
+
+
+def check_features(spec: str, schema) -> tuple[str, ...]:
+    """`model_inputs(spec)`, or PluginError naming the first feature the shards lack and what adds it."""
+    from melshards.shards_schema import SchemaError
+
+    names = model_inputs(spec)
+    try:
+        schema.require(names[len(MODEL_INPUTS):], who=f"model {spec!r}")
+    except SchemaError as e:
+        raise PluginError(str(e)) from None
+    return names
+
+
 def validate_options(spec: str, schema, options: dict) -> None:
-    """The factory's own cheap checks (`factory.validate`), if it has them."""
+    """The features the factory asks for (`check_features`), then its own cheap checks
+    (`factory.validate`), if it has them."""
+    check_features(spec, schema)
     validate = getattr(load_factory(spec), "validate", None)
     if validate is not None:
         validate(schema, dict(options))
@@ -69,14 +100,14 @@ def dtype_policy(precision: str):
         keras.config.set_dtype_policy(previous)
 
 
-def zero_batch(schema, batch_size: int = 1) -> dict:
+def zero_batch(schema, batch_size: int = 1, names: tuple[str, ...] = MODEL_INPUTS) -> dict:
     """A batch of zero-length (padding) records of the schema's shapes."""
     from melshards.shards_schema.records import tensor_specs
 
-    return {k: tf.zeros(s.shape, s.dtype) for k, s in tensor_specs(schema, batch_size, MODEL_INPUTS).items()}
+    return {k: tf.zeros(s.shape, s.dtype) for k, s in tensor_specs(schema, batch_size, names).items()}
 
 
-def check_model(model: Any, spec: str, schema) -> tuple[str, ...]:
+def check_model(model: Any, spec: str, schema, names: tuple[str, ...] = MODEL_INPUTS) -> tuple[str, ...]:
     """Check `model` against the contract by calling it once, eagerly, on a tiny padding batch.
 
     Returns the names of its losses ("loss" first). Eager: nothing is traced or compiled here.
@@ -88,7 +119,7 @@ def check_model(model: Any, spec: str, schema) -> tuple[str, ...]:
         if not callable(getattr(model, method, None)):
             raise PluginError(f"the model of {spec!r} ({type(model).__name__}) has no {method}() method; "
                               "see train/contract.py for what the trainer calls")
-    terms = model.loss_terms(zero_batch(schema), tf.zeros([2], tf.int32), training=False)
+    terms = model.loss_terms(zero_batch(schema, 1, names), tf.zeros([2], tf.int32), training=False)
     if not isinstance(terms, dict):
         raise PluginError(f"{type(model).__name__}.loss_terms returned a {type(terms).__name__}, not a dict "
                           "of scalar sums and counts")
@@ -101,7 +132,7 @@ def check_model(model: Any, spec: str, schema) -> tuple[str, ...]:
     if not_scalar:
         raise PluginError(f"{type(model).__name__}.loss_terms returned non-scalar {', '.join(not_scalar)}; "
                           "return sums over the batch, so batches add up")
-    counts = model.loss_counts(zero_batch(schema))
+    counts = model.loss_counts(zero_batch(schema, 1, names))
     if not isinstance(counts, dict) or not set(counts) <= set(terms):
         raise PluginError(f"{type(model).__name__}.loss_counts must return a dict of some of loss_terms' keys "
                           f"(the counts), got {sorted(counts) if isinstance(counts, dict) else type(counts).__name__}")
@@ -117,9 +148,10 @@ def check_model(model: Any, spec: str, schema) -> tuple[str, ...]:
 def build_model(spec: str, schema, options: dict, precision: str = "float32") -> tuple[Any, tuple[str, ...]]:
     """factory(schema, options) under the `precision` policy, checked; returns (model, loss names)."""
     factory = load_factory(spec)
+    names = check_features(spec, schema)
     with dtype_policy(precision):
         model = factory(schema, dict(options))
-    return model, check_model(model, spec, schema)
+    return model, check_model(model, spec, schema, names)
 
 
 def can_generate(model: Any) -> bool:

@@ -21,12 +21,15 @@ STEP_METRICS = ("grad_norm", "learning_rate", "examples", "mel_frames")
 
 
 class Normaliser:
-    """Per-bin standardisation of log-mel with the schema's corpus statistics."""
+    """Per-bin standardisation of log-mel with the schema's corpus statistics; `pitch` and `energy`
+    standardise those features with the global statistics, or each record's speaker's."""
 
     def __init__(self, schema: Schema):
         self.mean = tf.constant(np.asarray(schema.mel_mean, np.float32))
         # a constant bin (std 0) must not divide by zero
         self.std = tf.constant(np.maximum(np.asarray(schema.mel_std, np.float32), 1e-3))
+        self.tables = {name: feature_table(schema, name) for name in ("pitch", "energy")
+                       if (schema.feature_stats.get(name) or {}).get("mean") is not None}
 
     def __call__(self, mel):
         return (mel - self.mean) / self.std
@@ -34,11 +37,62 @@ class Normaliser:
     def invert(self, mel):
         return mel * self.std + self.mean
 
+    def _stats(self, name: str, speaker_id):
+        """(mean, std) broadcastable against [B, T]: global, or gathered by speaker_id [B]."""
+        if name not in self.tables:
+            from melshards.shards_schema.schema import OPTIONAL_FEATURES
 
-def step_specs(bucket: Bucket, batch_size: int, steps_per_execution: int | None = None) -> dict:
-    """input_signature: one length bucket's specs for MODEL_INPUTS, with a leading K dim for the train
-    step (a one-shape run's bucket is `schema.largest`)."""
-    specs = tensor_specs(bucket, batch_size, MODEL_INPUTS)
+            raise ValueError(f"the schema has no {name} statistics; re-run `melshards preprocess` with "
+                             f"{OPTIONAL_FEATURES[name]}")
+        table = self.tables[name]
+        if speaker_id is None:
+            return table["global"]
+        return (tf.gather(table["mean"], speaker_id)[:, None], tf.gather(table["std"], speaker_id)[:, None])
+
+    def pitch(self, pitch, speaker_id=None):
+        """f0 [B, T] in Hz -> voiced frames standardised, unvoiced frames and padding (0) stay 0
+        (FastPitch's convention: 0 keeps meaning "no pitch"). Per speaker when `speaker_id` [B] is given."""
+        mean, std = self._stats("pitch", speaker_id)
+        return tf.where(pitch > 0, (pitch - mean) / std, tf.zeros_like(pitch))
+
+    def invert_pitch(self, x, speaker_id=None):
+        """Standardised pitch -> Hz everywhere (the caller masks unvoiced frames)."""
+        mean, std = self._stats("pitch", speaker_id)
+        return x * std + mean
+
+    def energy(self, energy, speaker_id=None):
+        """Energy [B, T] -> standardised (padding is not masked: the caller's loss masks by mel_len)."""
+        mean, std = self._stats("energy", speaker_id)
+        return (energy - mean) / std
+
+    def invert_energy(self, x, speaker_id=None):
+        mean, std = self._stats("energy", speaker_id)
+        return x * std + mean
+
+
+def feature_table(schema: Schema, name: str) -> dict:
+    """The global mean and std of a feature, and per speaker id (the global ones for a speaker
+    without statistics), as float32 constants; std at least 1e-3."""
+    g = schema.feature_stats[name]
+
+    def of(stats: dict) -> tuple[float, float]:
+        own = stats.get(name) or {}
+        if own.get("mean") is None:
+            return float(g["mean"]), float(g["std"])
+        return float(own["mean"]), float(own["std"])
+
+    pairs = [of(s.stats) for s in schema.speakers]
+    return {"global": (tf.constant(float(g["mean"])), tf.constant(max(float(g["std"]), 1e-3))),
+            "mean": tf.constant([m for m, _ in pairs], tf.float32),
+            "std": tf.constant([max(sd, 1e-3) for _, sd in pairs], tf.float32)}
+
+
+def step_specs(bucket: Bucket, batch_size: int, steps_per_execution: int | None = None,
+               names: tuple[str, ...] = MODEL_INPUTS) -> dict:
+    """input_signature: one length bucket's specs for the model's inputs (MODEL_INPUTS and the features
+    it asks for, `plugins.model_inputs`), with a leading K dim for the train step (a one-shape run's
+    bucket is `schema.largest`)."""
+    specs = tensor_specs(bucket, batch_size, names)
     if steps_per_execution is None:
         return specs
     return {k: tf.TensorSpec([steps_per_execution, *s.shape], s.dtype, name=k) for k, s in specs.items()}
@@ -233,10 +287,10 @@ def k_steps(replica: ReplicaStep, run, batches, steps_per_execution: int) -> dic
     return out
 
 
-def make_eval_step(model: keras.Model, bucket: Bucket, batch_size: int):
+def make_eval_step(model: keras.Model, bucket: Bucket, batch_size: int, names: tuple[str, ...] = MODEL_INPUTS):
     """Compiled once like the train step, bound to the bucket's shapes; returns masked sums so the
     caller adds batches up exactly."""
-    @tf.function(input_signature=[step_specs(bucket, batch_size)], jit_compile=True)
+    @tf.function(input_signature=[step_specs(bucket, batch_size, None, names)], jit_compile=True)
     def eval_step(batch):
         return model.loss_terms(batch, tf.zeros([2], tf.int32), training=False)
 

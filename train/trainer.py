@@ -25,8 +25,8 @@ from melshards.train.checkpoints import Checkpointer, data_settings
 from melshards.train.config import LoopConfig
 from melshards.train.errors import TrainError
 from melshards.train.inputs import Inputs
-from melshards.train.plugins import build_model
-from melshards.train.step import MODEL_INPUTS, make_eval_step, make_optimizer, make_train_step, step_specs
+from melshards.train.plugins import build_model, model_inputs
+from melshards.train.step import make_eval_step, make_optimizer, make_train_step, step_specs
 
 log = logging.getLogger("melshards.train")
 
@@ -87,6 +87,7 @@ class Trainer:
         step counter: variables mirrored over the replicas (the default scope on one device)."""
         cfg = self.inputs.cfg
         with self.topo.scope():
+            self.names = model_inputs(cfg.model_factory)  # MODEL_INPUTS + the features the model asks for
             self.model, self.loss_names = build_model(cfg.model_factory, self.inputs.schema, cfg.model_options,
                                                       cfg.loop.precision)
             self.optimizer = make_optimizer(cfg.optim, cfg.loop.precision, self.model)
@@ -96,13 +97,13 @@ class Trainer:
         """A train step per bucket the schedule uses, an eval step per bucket with validation shards."""
         cfg = self.inputs.cfg
         # one replica's specs per bucket (each bucket's batch must divide by the replicas too)
-        self.specs = {tb.index: step_specs(tb.bucket, self.topo.per_replica_batch(tb.batch_size))
+        self.specs = {tb.index: step_specs(tb.bucket, self.topo.per_replica_batch(tb.batch_size), None, self.names)
                       for tb in self.buckets if tb.calls_per_epoch}
         self.train_steps = {i: make_train_step(self.model, self.optimizer, self.inputs.schema, cfg.optim, specs,
                                                self.k_steps, cfg.loop.seed, self.step_var, self.loss_names,
                                                strategy=self.topo.strategy)
                             for i, specs in self.specs.items()}
-        self.eval_steps = {tb.index: make_eval_step(self.model, tb.bucket, tb.batch_size)
+        self.eval_steps = {tb.index: make_eval_step(self.model, tb.bucket, tb.batch_size, self.names)
                            for tb in self.buckets if tb.val_files}
 
     def _make_input(self) -> None:
@@ -133,10 +134,10 @@ class Trainer:
         if self.synthetic:  # one constant batch of each bucket: every bucket's shape is measured
             if batch_size is not None:
                 data = dataclasses.replace(data, batch_size=batch_size)
-            first = read_or_name_shard(lambda: input_pipeline.first_batch(tb.files, tb.bucket, data, MODEL_INPUTS),
+            first = read_or_name_shard(lambda: input_pipeline.first_batch(tb.files, tb.bucket, data, self.names),
                                        list(tb.files), self.inputs.schema)
             return input_pipeline.synthetic_dataset(first, self.k_steps)
-        return input_pipeline.train_dataset(tb.files, tb.bucket, data, MODEL_INPUTS, self.k_steps,
+        return input_pipeline.train_dataset(tb.files, tb.bucket, data, self.names, self.k_steps,
                                             batch_size=batch_size, shard=shard, seed=seed,
                                             balance=self.balance_plan)
 
@@ -222,7 +223,7 @@ class Trainer:
             if tb.index not in self.eval_steps:
                 continue
             ds = input_pipeline.val_dataset(tb.val_files, self.inputs.schema, tb.data_config(self.inputs.cfg.data),
-                                            MODEL_INPUTS, tb.bucket)
+                                            self.names, tb.bucket)
             for batch in (ds.take(max_batches) if max_batches else ds):
                 for k, v in self.eval_steps[tb.index](batch).items():
                     sums[k] = sums.get(k, 0.0) + float(v)
