@@ -1,0 +1,99 @@
+"""The FastSpeech 2-style plug-in (examples/fastspeech2.py) on a run with durations, pitch and energy;
+the features a model asks for (train/contract.py); pitch and energy normalisation (exact values)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import yaml
+
+from melshards.commands.train import run
+from melshards.shards_schema import read_schema
+from tests.train.conftest import TEST_CONFIG
+
+EXAMPLE = "examples.fastspeech2:build"
+MODEL = {"d_model": 16, "encoder_layers": 1, "decoder_layers": 1, "predictor_layers": 1}
+
+
+def _config(path, steps):
+    cfg = {k: dict(v) for k, v in TEST_CONFIG.items()}
+    cfg["model"] = dict(MODEL)
+    cfg["data"]["batch_size"] = 4
+    cfg["loop"].update(steps=steps, checkpoint_every=steps, log_every=2, val_every=steps)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def fs2_run(features_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fs2")
+    code = run([str(features_dir / "train-*.tfrecord"), "--val", str(features_dir / "val-*.tfrecord"),
+                "--model-dir", str(tmp / "model"), "--config", str(_config(tmp / "c.yaml", 6)), "--model", EXAMPLE])
+    assert code == 0
+    return tmp / "model", json.loads((tmp / "model" / "run_summary.json").read_text())
+
+
+def test_fastspeech2_trains_on_durations_pitch_and_energy_with_one_trace_per_bucket(fs2_run, features_dir):
+    _, summary = fs2_run
+    losses = summary["final_losses"]["train"]
+    assert set(losses) == {"loss", "mel_loss", "duration_loss", "pitch_loss", "energy_loss"}
+    assert all(np.isfinite(v) for v in losses.values())
+    assert summary["steps_run"] == 6 and len(summary["buckets"]) == len(read_schema(str(features_dir)).buckets) > 1
+    # every bucket the schedule reached traced its step once, and its eval step once
+    assert {b["train_step_traces"] for b in summary["buckets"]} <= {0, 1} and summary["buckets_used"] >= 2
+    assert all(b["eval_step_traces"] <= 1 for b in summary["buckets"])
+
+
+def test_the_batch_holds_the_features_the_model_asks_for_and_no_python_ops(features_dir, tmp_path):
+    from melshards.train import input_pipeline as ip
+    from melshards.train.config import config_from_dict
+    from melshards.train.inputs import resolve_inputs
+    from melshards.train.trainer import Trainer
+
+    cfg = config_from_dict({"model": dict(MODEL, factory=EXAMPLE), "data": {"batch_size": 2}})
+    inputs = resolve_inputs([str(features_dir / "train-*.tfrecord")], [], None, cfg)
+    built = Trainer(inputs, str(tmp_path / "m"), synthetic=False)
+    assert built.names[-3:] == ("pitch", "energy", "durations")
+    for ds in built.datasets.values():
+        assert {"pitch", "energy", "durations"} <= set(ds.element_spec) and "audio" not in ds.element_spec
+        assert ip.python_ops_in(ds) == []
+
+
+def test_a_model_asking_for_a_feature_the_shards_lack_stops_before_building(shards_dir, tmp_path, capsys):
+    code = run([str(shards_dir / "train-*.tfrecord"), "--model-dir", str(tmp_path / "m"),
+                "--config", str(_config(tmp_path / "c.yaml", 2)), "--model", EXAMPLE])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "model 'examples.fastspeech2:build' needs the feature 'pitch'" in err and "features.pitch: true" in err
+    assert not (tmp_path / "m" / "checkpoints").exists()
+
+
+def test_regulate_gives_each_frame_the_phone_whose_durations_span_it():
+    from examples.fastspeech2 import regulate
+
+    idx = regulate(tf.constant([[2, 0, 3, 1], [1, 1, 0, 0]]), 8)
+    # frames past the sum read index L = 4 (gather_frames gives them zeros)
+    assert idx.numpy().tolist() == [[0, 0, 2, 2, 2, 3, 4, 4], [0, 1, 4, 4, 4, 4, 4, 4]]
+
+
+def test_pitch_and_energy_are_normalised_globally_or_per_speaker(two_speakers_dir):
+    import melshards
+
+    schema = read_schema(str(two_speakers_dir))
+    g = {"pitch": {"mean": 200.0, "std": 50.0, "frames": 10}, "energy": {"mean": 4.0, "std": 2.0, "frames": 12}}
+    own = {"pitch": {"mean": 100.0, "std": 20.0, "frames": 4}, "energy": {"mean": 2.0, "std": 1.0, "frames": 4}}
+    speakers = (dataclasses.replace(schema.speakers[0], stats=own), dataclasses.replace(schema.speakers[1], stats={}))
+    norm = melshards.normalizer(dataclasses.replace(schema, feature_stats=g, speakers=speakers))
+    pitch = tf.constant([[250.0, 0.0, 120.0], [250.0, 0.0, 120.0]])
+    np.testing.assert_allclose(norm.pitch(pitch).numpy(), [[1.0, 0.0, -1.6]] * 2, rtol=1e-6)
+    # speaker 0 by its own statistics, speaker 1 (none of its own) by the global ones; unvoiced stays 0
+    np.testing.assert_allclose(norm.pitch(pitch, tf.constant([0, 1])).numpy(), [[7.5, 0.0, 1.0], [1.0, 0.0, -1.6]],
+                               rtol=1e-6)
+    np.testing.assert_allclose(norm.invert_pitch(norm.pitch(pitch, tf.constant([0, 1])), tf.constant([0, 1]))
+                               .numpy()[:, [0, 2]], [[250.0, 120.0]] * 2, rtol=1e-6)
+    np.testing.assert_allclose(norm.energy(tf.constant([[6.0], [6.0]]), tf.constant([0, 1])).numpy(), [[4.0], [1.0]])
+    with pytest.raises(ValueError, match="features.pitch: true"):
+        melshards.normalizer(schema).pitch(pitch)
