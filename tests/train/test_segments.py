@@ -93,3 +93,11 @@ def test_crop_takes_a_short_record_whole_and_pads_it_with_a_mask():
 def test_shards_without_audio_are_refused_naming_the_setting(shards_dir):
     with pytest.raises(SchemaError, match="audio_segments needs the feature 'audio'.*features.audio: true"):
         melshards.audio_segments(str(shards_dir / "train-*.tfrecord"), S, 4)
+
+
+def test_the_example_vocoder_loop_trains_with_one_trace(features_dir):
+    from examples.vocoder import strides_for, train
+
+    assert strides_for(256) == [8, 8, 4] and strides_for(300) == [4, 3, 5, 5]
+    out = train(str(features_dir / "train-*.tfrecord"), steps=3, segment_frames=16, batch_size=2)
+    assert out["traces"] == 1 and len(out["losses"]) == 3 and all(np.isfinite(out["losses"]))
