@@ -92,7 +92,7 @@ def profile(corpus: str, clips: int, tracker: str) -> dict:
             "pitch_over_stft_mel": round(parts["pitch"] / parts["stft_mel"], 2) if parts["stft_mel"] else None}
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clips", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
@@ -105,6 +105,7 @@ def main(argv: list[str] | None = None) -> None:
     work.mkdir(parents=True, exist_ok=True)
     corpus = ensure_corpus(str(work / f"ljbig-{args.clips}"), args.clips)
     walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpus: dict[str, list[float]] = {v: [] for v in VARIANTS}
     sizes = {}
     for r in range(args.rounds):
         for v in VARIANTS:
@@ -115,27 +116,34 @@ def main(argv: list[str] | None = None) -> None:
             if res["rc"] != 0:
                 raise SystemExit(f"{v}: preprocess exited {res['rc']}; see {work / f'features-{v}.log'}")
             walls[v].append(res["wall_s"])
+            cpus[v].append(res.get("cpu_s", 0.0))
             sizes[v] = shard_sizes(out)
             print(f"round {r + 1} {v:<13} wall {res['wall_s']:6.1f} s  cpu {res.get('cpu_s', 0):6.1f} s", flush=True)
     ratios = {v: [x / m for x, m in zip(walls[v], walls["mel"])] for v in VARIANTS if v != "mel"}
+    cpu_ratios = {v: [x / m for x, m in zip(cpus[v], cpus["mel"]) if m] for v in VARIANTS if v != "mel"}
     parts = profile(corpus, args.profile_clips, args.tracker)
     result = {"benchmark": "feature_wall", "clips": args.clips, "workers": args.workers, "rounds": args.rounds,
               "tracker": args.tracker,
               **{f"wall_s_{v}": round(statistics.median(walls[v]), 2) for v in VARIANTS},
               **{f"{v}_over_mel": round(statistics.median(x), 3) for v, x in ratios.items()},
+              **{f"cpu_s_{v}": round(statistics.median(cpus[v]), 1) for v in VARIANTS},
+              **{f"{v}_over_mel_cpu": round(statistics.median(x), 3) for v, x in cpu_ratios.items() if x},
               "per_round_ratios": {v: [round(x, 3) for x in xs] for v, xs in ratios.items()},
               "sizes": sizes, "per_clip_parts": parts}
-    print("\n| variant | wall s (median) | / mel (median of rounds) | bytes/record | MB of shards per audio hour |")
-    print("|---|---|---|---|---|")
+    print("\n| variant | wall s (median) | / mel (median of rounds) | CPU s (median) | / mel | bytes/record | "
+          "MB of shards per audio hour |")
+    print("|---|---|---|---|---|---|---|")
     for v in VARIANTS:
         ratio = "1" if v == "mel" else f"{result[f'{v}_over_mel']:.3f} ({', '.join(f'{x:.3f}' for x in ratios[v])})"
-        print(f"| {v} | {result[f'wall_s_{v}']:.1f} | {ratio} | {sizes[v]['bytes_per_record']:,} | "
-              f"{sizes[v]['mb_per_audio_hour']:,} |")
+        cpu = "1" if v == "mel" else f"{result.get(f'{v}_over_mel_cpu', 0):.3f}"
+        print(f"| {v} | {result[f'wall_s_{v}']:.1f} | {ratio} | {result[f'cpu_s_{v}']:.1f} | {cpu} | "
+              f"{sizes[v]['bytes_per_record']:,} | {sizes[v]['mb_per_audio_hour']:,} |")
     print(f"\nper-clip work, {parts['clips']} clips ({parts['audio_s']} s of audio), one core, CPU s per audio hour:")
     for k, v in parts["cpu_s_per_audio_hour"].items():
         print(f"  {k:<12}{v:>8.1f}  ({100 * parts['share'][k]:.1f}%)")
     print(f"goal: pitch_energy / mel <= 1.5; measured {result['pitch_energy_over_mel']:.3f}")
     emit(result)
+    return result
 
 
 if __name__ == "__main__":

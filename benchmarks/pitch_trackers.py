@@ -129,7 +129,7 @@ def cpu_seconds(fn, y) -> float:
     return time.process_time() - t0
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=20.0)
@@ -166,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"log-mel of the same audio: {per_hour['log_mel']} CPU s per audio hour")
     emit({"benchmark": "pitch_trackers", "seconds": args.seconds, "rounds": args.rounds, "trackers": rows,
           "log_mel_cpu_s_per_audio_hour": per_hour["log_mel"]})
+    return rows
 
 
 if __name__ == "__main__":

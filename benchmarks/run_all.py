@@ -10,6 +10,9 @@ Default: the full documented run (docs/performance.md, which gives its duration)
   preprocess_throughput  --clips 13100 --rounds 2 --workers 2   (on the scale corpus, generated if missing)
   preprocess_scale       --clips 13100 --workers 2,1   (generates the 13,100-clip corpus if missing)
   padding_waste          on the 2-worker scale run's stats.json (measures the corpus if the run left none)
+  pitch_trackers         --rounds 3
+  feature_wall           --clips 1000 --rounds 3 --workers 2
+  audio_headroom         --steps 120 --rounds 2
 Quick mode (`python -m benchmarks.run_all --quick`, or env MELSHARDS_BENCH_QUICK=1): small sizes,
 a few minutes, for checking the benchmarks still run; its figures are not the documented ones.
 
@@ -42,6 +45,9 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
                                   "--work-dir", work]),
             ("padding_waste", ["--stats", f"{work}/scale-out-2w/stats.json", "--corpus-fallback", f"{work}/lj300",
                                "--work-dir", work]),
+            ("pitch_trackers", ["--rounds", "1", "--seconds", "5"]),
+            ("feature_wall", ["--clips", "60", "--rounds", "1", "--profile-clips", "10", "--work-dir", work]),
+            ("audio_headroom", ["--steps", "20", "--rounds", "1", "--work", f"{work}/audio-headroom"]),
         ]
     return [
         ("record_encoding", ["--records", "1024", "--rounds", "5"]),
@@ -57,6 +63,9 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
                               "--work-dir", work]),
         ("padding_waste", ["--stats", f"{work}/scale-out-2w/stats.json", "--corpus-fallback", f"{work}/ljbig",
                            "--work-dir", work]),
+        ("pitch_trackers", ["--rounds", "3"]),
+        ("feature_wall", ["--clips", "1000", "--rounds", "3", "--workers", "2", "--work-dir", work]),
+        ("audio_headroom", ["--steps", "120", "--rounds", "2", "--work", f"{work}/audio-headroom"]),
     ]
 
 

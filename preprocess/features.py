@@ -26,16 +26,28 @@ def dio_speed(sr: int, fmax: float) -> int:
     return int(np.clip(sr // (5 * fmax), 1, 12))
 
 
+def refine_rate(sr: int, fmax: float) -> int:
+    """The sample rate StoneMask refines at: 10 x fmax (8 kHz for fmax 800), never above the clip's.
+    Its cost grows with the samples, its accuracy does not need more (benchmarks/pitch_trackers.py)."""
+    return int(min(sr, max(10 * fmax, 1)))
+
+
 def pitch_dio(y: np.ndarray, sr: int, hop_length: int, frames: int, cfg: PitchConfig) -> np.ndarray:
     """WORLD's DIO then StoneMask (pyworld). DIO's frame k is at time k * frame_period, and
-    frame_period = 1000 * hop / sr ms puts it at sample k * hop: the mel's frame k. 0 = unvoiced."""
+    frame_period = 1000 * hop / sr ms puts it at sample k * hop: the mel's frame k. 0 = unvoiced.
+    StoneMask refines each f0 on the clip resampled to `refine_rate` (the times are in seconds)."""
     import pyworld  # 0.2 s: paid by the workers of runs with pitch only
 
     x = np.ascontiguousarray(y, np.float64)
     period = 1000.0 * hop_length / sr
     f0, times = pyworld.dio(x, sr, f0_floor=cfg.fmin, f0_ceil=cfg.fmax, frame_period=period,
                             speed=dio_speed(sr, cfg.fmax))
-    return fit_frames(pyworld.stonemask(x, f0, times, sr), frames)
+    rate = refine_rate(sr, cfg.fmax)
+    if rate < sr:
+        import librosa
+
+        x = np.ascontiguousarray(librosa.resample(y, orig_sr=sr, target_sr=rate, res_type="soxr_lq"), np.float64)
+    return fit_frames(pyworld.stonemask(x, f0, times, rate), frames)
 
 
 def pitch_pyin(y: np.ndarray, sr: int, hop_length: int, frames: int, cfg: PitchConfig) -> np.ndarray:
