@@ -97,3 +97,14 @@ def test_pitch_and_energy_are_normalised_globally_or_per_speaker(two_speakers_di
     np.testing.assert_allclose(norm.energy(tf.constant([[6.0], [6.0]]), tf.constant([0, 1])).numpy(), [[4.0], [1.0]])
     with pytest.raises(ValueError, match="features.pitch: true"):
         melshards.normalizer(schema).pitch(pitch)
+
+
+def test_generate_speaks_with_predicted_durations_within_the_static_frames(features_dir):
+    from examples.fastspeech2 import build
+
+    schema = read_schema(str(features_dir))
+    model = build(schema, MODEL)
+    ids = tf.constant([[3, 4, 5, 6] + [0] * (schema.max_text_len - 4)])
+    out = model.generate(ids, tf.constant([4]), tf.constant([0]), tf.constant([0]))
+    assert out["mel"].shape == (1, schema.max_mel_frames, schema.n_mels)
+    assert 0 <= int(out["mel_len"][0]) <= schema.max_mel_frames and np.isfinite(out["mel"].numpy()).all()
