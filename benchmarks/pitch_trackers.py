@@ -1,8 +1,10 @@
 """Pitch trackers compared: accuracy on signals of known f0, and CPU seconds per hour of audio.
 
 Trackers: `dio` (WORLD DIO + StoneMask, pyworld) and `pyin` (librosa), as `melshards.preprocess.features.pitch`
-runs them on the mel's frames (22,050 Hz, hop 256, fmin 65, fmax 800); `yin` (librosa, no voicing
-decision: every frame gets an f0) is timed as a speed reference only.
+runs them on the mel's frames (22,050 Hz, hop 256, fmin 65, fmax 800); `dio_full_rate` is DIO +
+StoneMask at WORLD's own settings (DIO's candidate search and StoneMask both at 22,050 Hz), against
+which melshards' choices (`features.dio_speed`, `features.refine_rate`) are measured; `yin` (librosa,
+no voicing decision: every frame gets an f0) is timed as a speed reference only.
 
 Signals, all of known f0 per frame:
 - tones: sine and sawtooth at 80, 110, 165, 220, 330 Hz, 2 s each: median relative error over the
@@ -89,6 +91,12 @@ def track(name: str, y: np.ndarray) -> np.ndarray:
     from melshards.preprocess.config import PitchConfig
 
     frames = 1 + y.size // HOP
+    if name == "dio_full_rate":  # WORLD's own settings: DIO's search and StoneMask at the clip's rate
+        import pyworld
+
+        x = y.astype(np.float64)
+        f0, times = pyworld.dio(x, SR, f0_floor=65.0, f0_ceil=800.0, frame_period=1000.0 * HOP / SR)
+        return features.fit_frames(pyworld.stonemask(x, f0, times, SR), frames)
     if name == "yin":
         import librosa
 
@@ -140,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     from melshards.preprocess.config import MelConfig
 
     y, truth = speech_like(args.seconds)
-    trackers = ("dio", "pyin")
+    trackers = ("dio", "dio_full_rate", "pyin")
     for name in trackers:  # warm up: imports, numba compilation of pyin
         track(name, y[:SR])
     with threadpool_limits(1):

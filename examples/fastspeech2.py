@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 import melshards
+from examples.fastspeech_lite import conv  # 'same' convolution as shifted copies + one Dense
 from melshards.shards_schema.config import ConfigError, from_dict
 
 
@@ -44,13 +45,6 @@ class Options:
     duration_loss_weight: float = 0.1
     pitch_loss_weight: float = 0.1
     energy_loss_weight: float = 0.1
-
-
-def conv(x, dense: keras.layers.Dense, kernel: int):
-    """'same' 1-D convolution as shifted copies + one Dense (fast under XLA on CPU)."""
-    left = (kernel - 1) // 2
-    padded = tf.pad(x, [[0, 0], [left, kernel - 1 - left], [0, 0]])
-    return dense(tf.concat([padded[:, i:i + x.shape[1], :] for i in range(kernel)], axis=-1))
 
 
 def regulate(durations, frames: int):

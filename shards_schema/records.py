@@ -94,13 +94,16 @@ def frame_record(data: bytes) -> bytes:
 
 
 # -- reading (TensorFlow, imported by the functions that need it) -------------------------------
-def parse_spec(schema: Shapes) -> dict[str, Any]:
+def parse_spec(schema: Shapes, names: Sequence[str] | None = None) -> dict[str, Any]:
     """`tf.io.parse_example` spec: every feature is a fixed-length scalar entry (the same for every
-    bucket: shapes live inside the raw bytes, `decode_parsed` applies them)."""
+    bucket: shapes live inside the raw bytes, `decode_parsed` applies them). `names`: only these
+    features (the parser then copies no other's bytes: a model without audio does not pay for it)."""
     import tensorflow as tf
 
     spec = {}
     for f in schema.features:
+        if names is not None and f.name not in names:
+            continue
         dtype = tf.int64 if f.storage == "int64" else tf.string
         spec[f.name] = tf.io.FixedLenFeature([], dtype)
     return spec
@@ -121,8 +124,9 @@ def _decode(f: Feature, column, batch_size: int | None):
 
 
 def decode_parsed(schema: Shapes, parsed: Mapping[str, Any], batch_size: int | None) -> dict[str, Any]:
-    """Turn `parse_example` output into tensors of the schema's static shapes (pure TF ops)."""
-    return {f.name: _decode(f, parsed[f.name], batch_size) for f in schema.features}
+    """Turn `parse_example` output into tensors of the schema's static shapes (pure TF ops); the
+    features `parsed` holds (`parse_spec`'s names)."""
+    return {f.name: _decode(f, parsed[f.name], batch_size) for f in schema.features if f.name in parsed}
 
 
 def tensor_specs(schema: Shapes, batch_size: int, names: tuple[str, ...] | None = None) -> dict[str, Any]:
