@@ -94,11 +94,11 @@ def prepare_texts(rows: list[dict], cfg: PreprocessConfig) -> list[str | ClipRej
     return out
 
 
-def _measured(row: dict, text: str, y: np.ndarray, cfg: PreprocessConfig) -> dict:
+def _measured(row: dict, text: str, samples: int, cfg: PreprocessConfig) -> dict:
     # text_len counts symbols: the ids are given once the corpus's vocabulary is known (tables.py)
-    return dict(row, text=text, text_len=len(tokens(text, cfg.text_unit)), num_samples=int(y.size),
-                mel_frames=audio.num_frames(y.size, cfg.mel.hop_length),
-                duration_ms=int(round(1000 * y.size / cfg.audio.sample_rate)))
+    return dict(row, text=text, text_len=len(tokens(text, cfg.text_unit)), num_samples=int(samples),
+                mel_frames=audio.num_frames(samples, cfg.mel.hop_length),
+                duration_ms=int(round(1000 * samples / cfg.audio.sample_rate)))
 
 
 def _text(row: dict, text: str | ClipRejected | None, cfg: PreprocessConfig) -> str:
@@ -127,37 +127,58 @@ def read_alignment(row: dict, cfg: PreprocessConfig) -> alignments.Alignment:
         raise ClipRejected("alignment_mismatch", f"{path}: {e}") from e
 
 
-def featurize(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = None,
-              arrays: bool = True) -> tuple[dict, dict]:
-    """Row -> (measured clip, its features), from one decode and one STFT (the project's one mel, pitch
-    and energy computation). The features: `mel` [frames, n_mels] float32, and as `cfg` asks `pitch`,
-    `energy` [frames] float32, `audio` [frames * hop] int16, `durations` [phones] int32 (a run with
-    alignments, whose text is then the TextGrid's phones). `arrays=False`: the lengths alone (no STFT)."""
-    aligned = read_alignment(row, cfg) if cfg.alignments.dir else None
-    if aligned is None:
-        text = _text(row, text, cfg)
-    y = load_decoded(row["audio"], cfg)
+def analyse_audio(path: str | None, cfg: PreprocessConfig, arrays: bool = True) -> tuple[dict, dict]:
+    """A clip's audio -> (its span {"samples": decoded, "start": first kept, "length": kept}, the features
+    of the kept samples): `mel` [frames, n_mels] float32 and, as `cfg` asks, `pitch`, `energy`
+    [frames] float32 and `audio` [frames * hop] int16, from one decode and one STFT (the project's one
+    mel, pitch and energy computation). `arrays=False`: the span alone (no STFT). What the feature
+    cache keeps (`melshards.preprocess.cache`)."""
+    y = load_decoded(path, cfg)
     start, end = trim_span(y, cfg)
-    trimmed, hop, sr = y[start:end], cfg.mel.hop_length, cfg.audio.sample_rate
+    span = {"samples": int(y.size), "start": int(start), "length": int(end - start)}
     out: dict = {}
-    if aligned is not None:
-        problem = alignments.mismatch(aligned, y.size, sr, cfg.alignments.tolerance_ms)
-        if problem:
-            raise ClipRejected("alignment_mismatch", problem)
-        phones, out["durations"] = alignments.phone_durations(aligned, start, trimmed.size, sr, hop)
-        text = " ".join(phones)
-    clip = _measured(row, text, trimmed, cfg)
     if not arrays:
-        return clip, out
+        return span, out
+    trimmed, hop, sr = y[start:end], cfg.mel.hop_length, cfg.audio.sample_rate
+    frames = audio.num_frames(trimmed.size, hop)
     mag = audio.magnitude(trimmed, cfg.mel)
     out["mel"] = audio.log_mel_of(mag, sr, cfg.mel)
     if cfg.features.energy:
         out["energy"] = audio.energy_of(mag)
     if cfg.features.pitch:
-        out["pitch"] = features.pitch(trimmed, sr, hop, clip["mel_frames"], cfg.pitch)
+        out["pitch"] = features.pitch(trimmed, sr, hop, frames, cfg.pitch)
     if cfg.features.audio:
-        out["audio"] = features.audio_int16(trimmed, clip["mel_frames"], hop)
+        out["audio"] = features.audio_int16(trimmed, frames, hop)
+    return span, out
+
+
+def featurize(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = None,
+              arrays: bool = True) -> tuple[dict, dict]:
+    """Row -> (measured clip, its features): `analyse_audio`'s, plus `durations` [phones] int32 in a run
+    with alignments, whose text is then the TextGrid's phones. `arrays=False`: the lengths alone."""
+    clip, out, _ = featurize_span(row, cfg, text, arrays)
     return clip, out
+
+
+def featurize_span(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = None, arrays: bool = True,
+                   analysed: tuple[dict, dict] | None = None) -> tuple[dict, dict, dict]:
+    """`featurize`, and the audio's span; `analysed`: the span and audio features already known (the
+    feature cache's), so the audio is not decoded. The checks keep their order either way: the
+    alignment, the text, then the audio."""
+    aligned = read_alignment(row, cfg) if cfg.alignments.dir else None
+    if aligned is None:
+        text = _text(row, text, cfg)
+    span, out = analysed if analysed is not None else analyse_audio(row["audio"], cfg, arrays)
+    out = dict(out)
+    if aligned is not None:
+        sr = cfg.audio.sample_rate
+        problem = alignments.mismatch(aligned, span["samples"], sr, cfg.alignments.tolerance_ms)
+        if problem:
+            raise ClipRejected("alignment_mismatch", problem)
+        phones, out["durations"] = alignments.phone_durations(aligned, span["start"], span["length"], sr,
+                                                              cfg.mel.hop_length)
+        text = " ".join(phones)
+    return _measured(row, text, span["length"], cfg), out, span
 
 
 def as_rejection(clip_id: str, e: ClipRejected) -> dict:

@@ -16,8 +16,8 @@ from apache_beam.metrics import Metrics
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from melshards.preprocess import bucketing, feature_stats, tables
-from melshards.preprocess.clips import ClipRejected, as_rejection, featurize, filter_rejection, prepare_texts
+from melshards.preprocess import bucketing, cache, feature_stats, tables
+from melshards.preprocess.clips import ClipRejected, as_rejection, featurize_span, filter_rejection, prepare_texts
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import INPUT_ROWS, INPUTS, REJECTED, Corpus, ReadCorpus
 from melshards.preprocess.encode import encode_clip
@@ -38,17 +38,63 @@ def _count(name: str, n: int = 1) -> None:
 
 
 # -- stages 2-3: per clip, a batch at a time ---------------------------------------------------
+class _Cached:
+    """One batch's view of the feature cache: each row's key, the entries it finds (each cache file read
+    once), and what the batch computes, written back as one file (`melshards.preprocess.cache`)."""
+
+    def __init__(self, cache_dir: str | None, index: dict, settings: str):
+        self.dir, self.index, self.settings = cache_dir, index, settings
+        self.loaded: dict[str, dict] = {}
+        self.new: list = []
+        self.used: set[str] = set()
+        self.counts = Counter()
+
+    def key(self, row: dict) -> str | None:
+        return cache.clip_key(row.get("audio"), self.settings) if self.dir else None
+
+    def find(self, key: str | None):
+        """(span, arrays, moments) of a cached clip, or None (not cached, or its file is damaged)."""
+        where = self.index.get(key) if key else None
+        if where is None:
+            return None
+        if where not in self.loaded:
+            try:
+                self.loaded[where] = cache.read_batch(where)
+            except cache.CacheDamaged as e:
+                log.warning("feature cache: %s; its clips are computed again", e)
+                self.loaded[where] = {}
+                self.counts["damaged_files"] += 1
+        if not self.loaded[where]:
+            self.counts["damaged"] += 1  # computed again, and written to a new file
+            return None
+        found = self.loaded[where].get(key)
+        if found is not None:
+            self.used.add(where)
+        return found
+
+    def keep(self, key: str | None, span: dict, arrays: dict, moments: Moments) -> None:
+        if key:
+            self.new.append((key, span, arrays, moments))
+
+    def flush(self) -> None:
+        if self.new:
+            self.used.add(cache.write_batch(self.dir, self.new))
+
+
 @beam.typehints.with_output_types(dict)  # declared: inferring it would import librosa into the launcher
 class _MeasureFn(beam.DoFn):
     """Batch of rows -> {"clips": [clip with its front end's text, lengths, the mel's moments], "stash":
-    path}; bad clips -> `rejected`.
+    path, "cache": {hits, computed, damaged_files}, "cache_files": [...]}; bad clips -> `rejected`.
 
-    Each clip is decoded, resampled and trimmed once, here, and its mel computed from it. The mels
-    cross the statistics barrier in one temp file per batch (float16, unpadded, concatenated).
+    Each clip is decoded, resampled and trimmed once, here, and its features computed from it, or
+    read from the feature cache when the run has one (`index`: key -> cache file, a side input). The
+    features cross the statistics barrier in one temp file per batch (the stash).
     """
 
-    def __init__(self, cfg: PreprocessConfig, stash_dir: str, progress_dir: str | None = None):
-        self.cfg, self.stash_dir, self.progress_dir = cfg, stash_dir, progress_dir
+    def __init__(self, cfg: PreprocessConfig, stash_dir: str, progress_dir: str | None = None,
+                 cache_dir: str | None = None):
+        self.cfg, self.stash_dir, self.progress_dir, self.cache_dir = cfg, stash_dir, progress_dir, cache_dir
+        self.settings = cache.settings_key(cfg)
 
     def setup(self):
         worker_setup()
@@ -58,39 +104,60 @@ class _MeasureFn(beam.DoFn):
         if self.progress:
             self.progress.flush()
 
-    def process(self, rows):
+    def process(self, rows, index=None):
         clips, arrays = [], []
+        cached = _Cached(self.cache_dir, index or {}, self.settings)
         for row, text in zip(rows, prepare_texts(rows, self.cfg)):
             _count("rows_measured")  # with the per-reason counters, the job's progress on Dataflow
+            key = cached.key(row)
+            hit = cached.find(key)
             try:
-                clip, features = featurize(row, self.cfg, text)
+                clip, features, span = featurize_span(row, self.cfg, text, analysed=hit and hit[:2])
             except ClipRejected as e:
                 _count(e.reason)
                 yield beam.pvalue.TaggedOutput(REJECTED, as_rejection(row["id"], e))
                 continue
+            if hit is None:  # from the float32 mel, before it is stored as float16
+                moments = Moments.of(features["mel"])
+                cached.keep(key, span, {k: v for k, v in features.items() if k != "durations"}, moments)
+            else:
+                moments = hit[2]
+            cached.counts["hits" if hit is not None else "computed"] += 1
             Metrics.distribution(NS, "mel_frames").update(clip["mel_frames"])
-            # from the float32 features, before the mel is stored as float16
-            clip["moments"] = Moments.of(features["mel"])
+            clip["moments"] = moments
             clip["feature_summary"] = feature_stats.clip_summary(features)
             clips.append(clip)
             arrays.append(features)
+        cached.flush()
+        for name, n in cached.counts.items():
+            _count(f"cache_{name}", n)
         if self.progress:
             self.progress.add(len(rows))
         Metrics.counter(NS, "clips_measured").inc(len(clips))
         stash = stash_features(self.stash_dir, [c["id"] for c in clips], arrays) if clips else None
-        yield {"clips": clips, "stash": stash}
+        yield {"clips": clips, "stash": stash, "cache": cached.counts, "cache_files": sorted(cached.used)}
 
 
 class MeasureClips(beam.PTransform):
-    """Batches of rows -> batches of clips with normalised text, lengths and stashed mels;
-    bad clips -> `rejected`."""
+    """Batches of rows -> batches of clips with normalised text, lengths and stashed features;
+    bad clips -> `rejected`. With `cache_dir`, each clip's audio features are looked up in the feature
+    cache first (its index read by the workers into a side input) and what is computed is added."""
 
-    def __init__(self, cfg: PreprocessConfig, stash_dir: str, progress_dir: str | None = None):
+    def __init__(self, cfg: PreprocessConfig, stash_dir: str, progress_dir: str | None = None,
+                 cache_dir: str | None = None):
         super().__init__()
-        self.cfg, self.stash_dir, self.progress_dir = cfg, stash_dir, progress_dir
+        self.cfg, self.stash_dir, self.progress_dir, self.cache_dir = cfg, stash_dir, progress_dir, cache_dir
 
     def expand(self, batches):
-        return batches | "Measure" >> beam.ParDo(_MeasureFn(self.cfg, self.stash_dir, self.progress_dir)).with_outputs(
+        fn = _MeasureFn(self.cfg, self.stash_dir, self.progress_dir, self.cache_dir)
+        if not self.cache_dir:
+            return batches | "Measure" >> beam.ParDo(fn).with_outputs(REJECTED, main="clips")
+        index = (batches.pipeline
+                 | "CacheDir" >> beam.Create([self.cache_dir])
+                 | "CacheFiles" >> beam.FlatMap(cache.key_files)
+                 | "SpreadFiles" >> beam.Reshuffle()
+                 | "ReadKeys" >> beam.FlatMap(cache.index_of))
+        return batches | "Measure" >> beam.ParDo(fn, index=beam.pvalue.AsDict(index)).with_outputs(
             REJECTED, main="clips")
 
 
@@ -351,8 +418,21 @@ class FilterAndWrite(beam.PTransform):
 
 
 # -- the job -----------------------------------------------------------------------------------
+def cache_summary(batches) -> dict:
+    """The measured batches' cache counts summed, and the cache files they read or wrote."""
+    counts, files = Counter(), set()
+    for b in batches:
+        counts.update(b.get("cache", {}))
+        files.update(b.get("cache_files", ()))
+    return {"counts": counts, "files": files}
+
+
+def merge_cache_summaries(parts) -> dict:
+    return cache_summary({"cache": p["counts"], "cache_files": p["files"]} for p in parts)
+
+
 def build(p: beam.Pipeline, corpus: Corpus | list[Corpus], out_dir: str, cfg: PreprocessConfig,
-          progress: bool = False):
+          progress: bool = False, cache_dir: str | None = None):
     """Wire every stage; returns the PCollection holding the schema.json path once it is written.
 
     Elements are batches of rows/clips (corpus.batch_rows): the per-element cost of a runner is
@@ -361,7 +441,9 @@ def build(p: beam.Pipeline, corpus: Corpus | list[Corpus], out_dir: str, cfg: Pr
     """
     read = p | "Read" >> ReadCorpus(corpus)
     measured = read["batches"] | "Measure" >> MeasureClips(
-        cfg, stash_dir(out_dir), progress_dir(out_dir) if progress else None)
+        cfg, stash_dir(out_dir), progress_dir(out_dir) if progress else None, cache_dir)
+    cache_used = (measured.clips | "CacheUse" >> beam.Map(lambda b: cache_summary([b]))
+                  | "SumCacheUse" >> beam.CombineGlobally(merge_cache_summaries).without_defaults())
     before = measured.clips | "StatsBefore" >> LengthHistograms()
     corpus_tables = measured.clips | "CorpusTables" >> CorpusTables(cfg)
     cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, beam.pvalue.AsSingleton(corpus_tables), cfg)
@@ -373,4 +455,5 @@ def build(p: beam.Pipeline, corpus: Corpus | list[Corpus], out_dir: str, cfg: Pr
     return {"input_rows": read[INPUT_ROWS], "before": before, "cutoffs": cutoffs, "plan": chosen,  # WriteReport's name
             "inputs": read[INPUTS], "rejected": rejected, "shards": shards, "moments": moments,
             "tables": corpus_tables, "written": written[WRITTEN],
-            "feature_stats": written[FEATURE_STATS]} | "Report" >> WriteReport(out_dir, cfg)
+            "feature_stats": written[FEATURE_STATS], "cache": cache_used} | "Report" >> WriteReport(out_dir, cfg,
+                                                                                                  cache_dir)

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import posixpath
 from collections import Counter
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess import bucketing, feature_stats
+from melshards.preprocess import bucketing, cache, feature_stats
 from melshards.preprocess.config import MelConfig, PreprocessConfig
 from melshards.shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, summarize
 from melshards.shards_schema.stats_model import stats_problem
@@ -33,6 +34,7 @@ def length_summaries(hists: dict) -> dict:
 
 
 HOURS = 3_600_000  # milliseconds
+CACHE_COUNTS = ("hits", "computed", "damaged", "damaged_files")  # stats.json `cache`: clips and files
 
 
 def speaker_table(corpus_tables: dict, written: dict, features: dict | None = None) -> list[Speaker]:
@@ -176,11 +178,11 @@ def rejected_lines(rejected: list[dict]) -> str:
 
 
 class _WriteReportFn(beam.DoFn):
-    def __init__(self, out_dir: str, cfg: PreprocessConfig):
-        self.out_dir, self.cfg = out_dir, cfg
+    def __init__(self, out_dir: str, cfg: PreprocessConfig, cache_dir: str | None = None):
+        self.out_dir, self.cfg, self.cache_dir = out_dir, cfg, cache_dir
 
     def process(self, _, input_rows, before, cutoffs, plan, rejected, shards, moments, tables, written, inputs,
-                feature_groups):
+                feature_groups, cache_use):
         rejected = list(rejected)
         reasons = Counter(r["reason"] for r in rejected)
         buckets, text = plan["buckets"], plan["text"]
@@ -190,6 +192,12 @@ class _WriteReportFn(beam.DoFn):
             features = feature_stats.finish(feature_groups[0] if feature_groups else {}, self.cfg.optional_features)
         stats = build_stats(self.cfg, input_rows, before, plan["after"], cutoffs, dict(reasons), list(shards),
                             buckets, text, plan["train_hist"], tables, written, inputs, features)
+        if self.cache_dir:  # what the feature cache gave, and the files this run used (for `cache prune`)
+            use = cache_use[0] if cache_use else {"counts": {}, "files": set()}
+            run_id = posixpath.basename(self.out_dir.rstrip("/")).lstrip(".")
+            stats["cache"] = {"dir": self.cache_dir, **{k: int(use["counts"].get(k, 0)) for k in CACHE_COUNTS},
+                              "files_used": len(use["files"])}
+            cache.record_use(self.cache_dir, run_id, use["files"])
         _write_text(self.out_dir, REJECTED_FILE, rejected_lines(rejected))
         _write_text(self.out_dir, STATS_FILE, json.dumps(stats, indent=2) + "\n")
         finished = cutoffs is not None and buckets is not None
@@ -205,16 +213,16 @@ class _WriteReportFn(beam.DoFn):
 class WriteReport(beam.PTransform):
     """Writes rejected.jsonl and stats.json, then schema.json, once the shards are in place."""
 
-    def __init__(self, out_dir: str, cfg: PreprocessConfig):
+    def __init__(self, out_dir: str, cfg: PreprocessConfig, cache_dir: str | None = None):
         super().__init__()
-        self.out_dir, self.cfg = out_dir, cfg
+        self.out_dir, self.cfg, self.cache_dir = out_dir, cfg, cache_dir
 
     def expand(self, inputs):
         S = beam.pvalue
         return (inputs["input_rows"].pipeline
                 | "Once" >> beam.Create([None])
                 | "Write" >> beam.ParDo(
-                    _WriteReportFn(self.out_dir, self.cfg),
+                    _WriteReportFn(self.out_dir, self.cfg, self.cache_dir),
                     input_rows=S.AsSingleton(inputs["input_rows"]),
                     before=S.AsSingleton(inputs["before"]),
                     cutoffs=S.AsSingleton(inputs["cutoffs"]),
@@ -225,4 +233,5 @@ class WriteReport(beam.PTransform):
                     tables=S.AsSingleton(inputs["tables"]),
                     written=S.AsList(inputs["written"]),
                     inputs=S.AsSingleton(inputs["inputs"]),
-                    feature_groups=S.AsList(inputs["feature_stats"])))
+                    feature_groups=S.AsList(inputs["feature_stats"]),
+                    cache_use=S.AsList(inputs["cache"])))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import posixpath
 import re
 from typing import Callable, Sequence
 
@@ -125,15 +126,31 @@ def check_alignments_dir(path: str) -> None:
                       "its TextGrids into (DIR/ID.TextGrid or DIR/SPEAKER/ID.TextGrid)")
 
 
+def _inside(path: str, directory: str) -> bool:
+    norm = (lambda x: os.path.abspath(x) if is_local_path(x) else x.rstrip("/"))
+    p, d = norm(path), norm(directory)
+    return p == d or p.startswith(d.rstrip("/") + "/")
+
+
+def check_cache_dir(cache_dir: str, out_dir: str) -> None:
+    """OutputError at once for a cache inside the output directory (or holding it): replacing a run
+    there would take the cache with it, or the cache's files would mix with a run's."""
+    if _inside(cache_dir, out_dir) or _inside(out_dir, cache_dir):
+        raise OutputError(f"--cache {cache_dir} is inside --output {out_dir} (or holds it); give the cache a "
+                          "directory of its own, e.g. beside the output: --cache "
+                          f"{posixpath.dirname(out_dir.rstrip('/')) or '.'}/melshards-cache")
+
+
 def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None = None, buckets: str | None = None,
             overwrite: bool = False, workers: int | None = None, beam_args: Sequence[str] = (),
             own_options: Sequence[str] = (), echo: Callable[[str], None] = print, format: str | None = None,
-            language: str | None = None, alignments: str | None = None) -> dict | None:
+            language: str | None = None, alignments: str | None = None, cache_dir: str | None = None) -> dict | None:
     """Check the invocation, run the job to completion, and return the stats.json it wrote.
 
     `input_paths`: one corpus or several, merged into one run (see docs/corpora.md); `format` forces
     their layout, `language` is the language of rows whose corpus does not say; `alignments` a directory
-    of Montreal Forced Aligner TextGrids (overrides the config's alignments.dir).
+    of Montreal Forced Aligner TextGrids (overrides the config's alignments.dir); `cache_dir` the feature
+    cache (`melshards.preprocess.cache`), outside `out_dir`.
 
     The job writes into a staging dir of its own beside any earlier run in out_dir (see
     `melshards.preprocess.output`) and is moved into place only once it has finished; a failure or an
@@ -149,6 +166,8 @@ def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None
     dry_run = options.view_as(TestOptions).dry_run
     if cfg.alignments.dir and (not dry_run or is_local_path(cfg.alignments.dir)):
         check_alignments_dir(cfg.alignments.dir)
+    if cache_dir:
+        check_cache_dir(cache_dir, out_dir)
     # Local rows files are checked always; remote ones only for a real run, so a Dataflow dry run
     # (--dry_run=True --no_auth) still builds its graph offline.
     corpora = find_corpora([input_paths] if isinstance(input_paths, str) else list(input_paths), format, language,
@@ -158,7 +177,7 @@ def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None
     apply_workers(options, list(beam_args), workers, rows)
     if dry_run:
         p = beam.Pipeline(options=options)
-        build(p, corpora, out_dir, cfg)
+        build(p, corpora, out_dir, cfg, cache_dir=cache_dir)
         p.run()
         return None
     run = open_run(out_dir, overwrite, echo=echo)
@@ -167,7 +186,7 @@ def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None
              options.view_as(StandardOptions).runner)
     reporter = ProgressReporter(run.stage, rows, echo) if local else None
     try:
-        _run_pipeline(options, corpora, run.stage, cfg, reporter)
+        _run_pipeline(options, corpora, run.stage, cfg, reporter, cache_dir)
         return _finish(run)
     except Exception as e:
         if is_disk_full(e) and not (run.published or run.closed):
@@ -180,10 +199,10 @@ def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None
 
 
 def _run_pipeline(options: PipelineOptions, corpora: list[Corpus], stage: str, cfg,
-                  reporter: ProgressReporter | None) -> None:
+                  reporter: ProgressReporter | None, cache_dir: str | None = None) -> None:
     """Build the job writing into the staging dir and run it to the end, with the progress line."""
     p = beam.Pipeline(options=options)
-    build(p, corpora, stage, cfg, progress=reporter is not None)
+    build(p, corpora, stage, cfg, progress=reporter is not None, cache_dir=cache_dir)
     if reporter:
         reporter.start()
     try:

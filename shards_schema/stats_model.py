@@ -342,6 +342,7 @@ class StatsFile(_Section):
     split: Optional[Split] = None
     inputs: Optional[list[InputSummary]] = None  # absent from runs made before several inputs were read
     features: list[StrictStr] = []  # the optional features the records hold (schema.OPTIONAL_FEATURES)
+    cache: Optional[dict[str, Any]] = None  # runs with --cache: {dir, hits, computed, damaged, damaged_files, files_used}
     feature_stats: dict[str, FeatureMoments] = {}  # global pitch and energy statistics (training split)
 
     @model_validator(mode="after")

@@ -28,6 +28,7 @@ _COMMANDS = {
     "stats": ("melshards.commands.stats", "stats_command",
               "Percentiles, counts, padding and what-if cut-offs of a preprocessing run."),
     "inspect": ("melshards.commands.inspect", "inspect_command", "Check shards against their schema without training."),
+    "cache": ("melshards.commands.cache", "cache_command", "Size of the preprocess feature cache, and pruning it."),
 }
 _USES_TENSORFLOW = ("train", "synthesize", "inspect")
 

@@ -71,6 +71,10 @@ def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
     click.echo(f"\n{len(stats['buckets']['buckets'])} length bucket(s), up to text {pad['max_text_len']} symbols, mel "
                f"{pad['max_mel_frames']} frames; padding is {100 * pad['mel_padding_fraction']:.1f}% of mel frames, "
                f"{100 * pad['text_padding_fraction']:.1f}% of text ids\n" + bucket_table(stats))
+    if stats.get("cache"):
+        k = stats["cache"]
+        click.echo(f"feature cache {k['dir']}: {k['hits']} clips read from it, {k['computed']} computed and added"
+                   + (f", {k['damaged_files']} damaged file(s) recomputed" if k["damaged_files"] else ""))
     for line in feature_lines(stats):
         click.echo(line)
     written = [SCHEMA_FILE, STATS_FILE, REJECTED_FILE] + [f"{s}-*" for s in ("train", "val")
@@ -99,13 +103,16 @@ def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
 @click.option("--alignments", default=None, metavar="DIR",
               help="Montreal Forced Aligner TextGrids, one per clip (DIR/ID.TextGrid or DIR/SPEAKER/ID.TextGrid), "
                    "local or gs://: text_ids become phones and records gain their durations in mel frames.")
+@click.option("--cache", "cache_dir", default=None, metavar="DIR",
+              help="Feature cache, local or gs:// (outside --output): clips whose audio and settings are unchanged "
+                   "are read from it instead of decoded, and what is computed is added (docs/preprocess.md).")
 @click.option("--workers", type=int, default=None,
               help="Local worker processes (default: every core, at most one per 1,000 rows); "
                    "Beam's --direct_num_workers wins.")
 @click.pass_context
 def preprocess_command(ctx: click.Context, input_paths: tuple[str, ...], format_name: str | None,
                        language: str | None, out_dir: str, config_path: str | None, overwrite: bool,
-                       buckets: str | None, alignments: str | None, workers: int | None) -> None:
+                       buckets: str | None, alignments: str | None, cache_dir: str | None, workers: int | None) -> None:
     """Corpus -> log-mel -> percentile statistics -> filter -> pad -> TFRecord shards.
 
     Options not listed here go to Beam, e.g. --runner DataflowRunner --project P --region R
@@ -127,7 +134,7 @@ def preprocess_command(ctx: click.Context, input_paths: tuple[str, ...], format_
         with StopOnCtrlC(out_dir):
             stats = run_job(list(input_paths), out_dir, config_path=config_path, buckets=buckets,
                             overwrite=overwrite, workers=workers, beam_args=list(ctx.args), format=format_name,
-                            language=language, alignments=alignments,
+                            language=language, alignments=alignments, cache_dir=cache_dir,
                             own_options=[o for p in ctx.command.get_params(ctx) for o in p.opts + p.secondary_opts],
                             echo=click.echo)
     except (ConfigError, CorpusError, OutputError, OptionsError) as e:

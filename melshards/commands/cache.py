@@ -1,0 +1,45 @@
+"""`melshards cache info DIR` and `melshards cache prune DIR`: the feature cache of `preprocess --cache`."""
+from __future__ import annotations
+
+import time
+
+import click
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+@click.group("cache", context_settings={"help_option_names": ["-h", "--help"]})
+def cache_command() -> None:
+    """The feature cache of `melshards preprocess --cache DIR` (docs/preprocess.md, Feature cache)."""
+
+
+@cache_command.command("info")
+@click.argument("cache_dir", metavar="DIR")
+def info_command(cache_dir: str) -> None:
+    """What the cache holds: entries (clips), files, bytes, and what no recorded run used."""
+    from melshards.preprocess import cache
+
+    i = cache.info(cache_dir)
+    if not i.files:
+        click.echo(f"{cache_dir}: no cache entries (a cache is made by `melshards preprocess --cache {cache_dir}`)")
+        return
+    click.echo(f"{cache_dir}: {i.entries} clips in {i.files} files, {_size(i.bytes)}; {i.runs} recorded run(s); "
+               f"{i.unused_files} file(s) no recorded run used (`melshards cache prune` removes them)")
+
+
+@cache_command.command("prune")
+@click.argument("cache_dir", metavar="DIR")
+@click.option("--unused-days", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Forget the runs older than this, then remove the entries no remaining run used.")
+def prune_command(cache_dir: str, unused_days: float) -> None:
+    """Remove the entries no run of the last --unused-days used."""
+    from melshards.preprocess import cache
+
+    files, freed = cache.prune(cache_dir, unused_days, time.time())
+    click.echo(f"{cache_dir}: removed {files} file(s), {_size(freed)}")

@@ -1,0 +1,201 @@
+"""The feature cache (`melshards preprocess --cache DIR`): each clip's audio features, kept across runs
+so a re-run computes only what changed (docs/preprocess.md, Feature cache).
+
+- **What is kept.** What `clips.analyse_audio` computes from the audio alone: the span (decoded
+  samples, trim start, kept samples), the log-mel (float16, as the shards store it) with its float32
+  per-bin moments, and pitch, energy and audio where the run computes them. Text, durations, the
+  filter, buckets and split are recomputed every run: they cost little and change with the config.
+- **The key** of an entry: the audio file's path, size and modification time (local) or object
+  update time (gs://), and every setting the features depend on (`settings_key`: audio, mel,
+  features, pitch and this format's version). A changed file or setting is a new key: never served
+  stale. The file's identity is its metadata, not a hash of its bytes: a hash would read every file
+  on a warm run, which is the cost the cache removes.
+- **Batches.** The entries one Measure batch computes go into one file, `entries/<sha1>.npz`, beside
+  `entries/<sha1>.keys` (its keys, one per line, written last): a 100k-clip corpus is a few thousand
+  objects, not a million. The name comes from the keys, so a retried bundle, or two workers
+  computing the same clips, write the same bytes; each file is written under a temporary name and
+  renamed, so no reader sees half of one. A file that does not read back (damaged, truncated) is
+  recomputed and counted, never a crash.
+- **Use.** Each run records the batch files it read or wrote in `runs/<run id>.txt`;
+  `melshards cache info DIR` and `melshards cache prune DIR --unused-days N` read those.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import json
+import uuid
+
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+
+from melshards.preprocess.config import PreprocessConfig
+from melshards.shards_schema.stats import Moments
+
+FORMAT = 1  # bumped whenever what an entry holds, or how it is computed, changes
+ENTRIES, RUNS = "entries", "runs"
+
+
+class CacheDamaged(IOError):
+    """A cache file that does not read back as the entries its name promises."""
+
+
+def settings_key(cfg: PreprocessConfig) -> str:
+    """Everything an entry's arrays depend on besides the audio file."""
+    parts = {"format": FORMAT, **{k: dataclasses.asdict(getattr(cfg, k)) for k in ("audio", "mel", "features", "pitch")}}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def clip_key(path: str | None, settings: str) -> str | None:
+    """The entry key of an audio file: its path, size and modification time, and the settings; None
+    when the file cannot be listed (the clip is then computed, and rejected, as without a cache)."""
+    if not path:
+        return None
+    try:
+        found = FileSystems.match([path])[0].metadata_list
+    except Exception:  # noqa: BLE001 (a missing or unreadable path: measured without the cache)
+        return None
+    if len(found) != 1:
+        return None
+    m = found[0]
+    ident = f"{path}\n{m.size_in_bytes}\n{getattr(m, 'last_updated_in_seconds', 0)}\n{settings}"
+    return hashlib.sha256(ident.encode("utf-8")).hexdigest()
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
+    with FileSystems.create(tmp) as f:
+        f.write(data)
+    FileSystems.rename([tmp], [path])
+
+
+def batch_name(keys: list[str]) -> str:
+    return hashlib.sha1("\n".join(keys).encode()).hexdigest()
+
+
+def write_batch(cache_dir: str, entries: list[tuple[str, dict, dict, Moments]]) -> str:
+    """[(key, span, arrays, mel moments)] -> one entries file and its keys file; returns the .npz path."""
+    keys = [e[0] for e in entries]
+    base = FileSystems.join(cache_dir, ENTRIES, batch_name(keys))
+    arrays = {}
+    for i, (_, span, feats, moments) in enumerate(entries):
+        arrays[f"{i}/span"] = np.array([span["samples"], span["start"], span["length"]], np.int64)
+        arrays[f"{i}/moments_n"] = np.array([moments.n], np.int64)
+        arrays[f"{i}/moments_mean"], arrays[f"{i}/moments_m2"] = moments.mean, moments.m2
+        for name, value in feats.items():
+            arrays[f"{i}/{name}"] = value.astype("<f2") if name == "mel" else value
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    _write_atomic(base + ".npz", buffer.getvalue())
+    _write_atomic(base + ".keys", "".join(k + "\n" for k in keys).encode())  # last: an index entry has its data
+    return base + ".npz"
+
+
+def read_batch(npz_path: str) -> dict[str, tuple[dict, dict, Moments]]:
+    """An entries file -> {key: (span, arrays, mel moments)}; CacheDamaged if it does not read back."""
+    try:
+        with FileSystems.open(npz_path[:-4] + ".keys") as f:
+            keys = f.read().decode("utf-8").split()
+        with FileSystems.open(npz_path) as f:
+            data = f.read()
+        out: dict[str, tuple[dict, dict, Moments]] = {}
+        with np.load(io.BytesIO(data)) as npz:
+            files = set(npz.files)
+            for i, key in enumerate(keys):
+                samples, start, length = (int(x) for x in npz[f"{i}/span"])
+                arrays = {name: npz[f"{i}/{name}"] for name in ("mel", "pitch", "energy", "audio")
+                          if f"{i}/{name}" in files}
+                moments = Moments(int(npz[f"{i}/moments_n"][0]), npz[f"{i}/moments_mean"], npz[f"{i}/moments_m2"])
+                out[key] = ({"samples": samples, "start": start, "length": length}, arrays, moments)
+    except CacheDamaged:
+        raise
+    except Exception as e:  # noqa: BLE001 (a truncated zip, a missing member, bad bytes: all are damage)
+        raise CacheDamaged(f"{npz_path}: {type(e).__name__}: {e}") from e
+    if batch_name(keys) != npz_path.rsplit("/", 1)[-1][:-4]:
+        raise CacheDamaged(f"{npz_path}: its keys file does not match its name")
+    return out
+
+
+def key_files(cache_dir: str) -> list[str]:
+    """Every complete entries file of the cache (its .keys file is written last)."""
+    pattern = FileSystems.join(cache_dir, ENTRIES, "*.keys")
+    try:
+        return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+    except Exception:  # noqa: BLE001 (an empty or new cache: nothing matches)
+        return []
+
+
+def index_of(keys_path: str) -> list[tuple[str, str]]:
+    """(key, entries file) of one keys file; none if it cannot be read (the clips are recomputed)."""
+    try:
+        with FileSystems.open(keys_path) as f:
+            keys = f.read().decode("utf-8").split()
+    except Exception:  # noqa: BLE001
+        return []
+    return [(k, keys_path[:-5] + ".npz") for k in keys]
+
+
+def record_use(cache_dir: str, run_id: str, files) -> str:
+    """The entries files a run read or wrote, as runs/<run_id>.txt (what `cache prune` keeps)."""
+    path = FileSystems.join(cache_dir, RUNS, f"{run_id}.txt")
+    _write_atomic(path, "".join(sorted(f.rsplit("/", 1)[-1] + "\n" for f in set(files))).encode())
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheInfo:
+    files: int  # entries files (.npz)
+    entries: int  # clips
+    bytes: int
+    runs: int  # runs recorded in runs/
+    unused_files: int  # entries files no recorded run used
+
+
+def _used_by_runs(cache_dir: str, newer_than: float | None = None) -> tuple[set[str], list[str], list[str]]:
+    """(entries files the recorded runs used, run records kept, run records older than `newer_than`)."""
+    pattern = FileSystems.join(cache_dir, RUNS, "*.txt")
+    try:
+        records = FileSystems.match([pattern])[0].metadata_list
+    except Exception:  # noqa: BLE001
+        records = []
+    used, kept, old = set(), [], []
+    for m in records:
+        if newer_than is not None and getattr(m, "last_updated_in_seconds", 0) < newer_than:
+            old.append(m.path)
+            continue
+        kept.append(m.path)
+        with FileSystems.open(m.path) as f:
+            used.update(f.read().decode("utf-8").split())
+    return used, kept, old
+
+
+def _entries_files(cache_dir: str) -> list:
+    try:
+        return FileSystems.match([FileSystems.join(cache_dir, ENTRIES, "*.npz")])[0].metadata_list
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def info(cache_dir: str) -> CacheInfo:
+    """What the cache holds, and how much of it no recorded run used."""
+    files = _entries_files(cache_dir)
+    entries = sum(len(index_of(m.path[:-4] + ".keys")) for m in files)
+    used, kept, _ = _used_by_runs(cache_dir)
+    return CacheInfo(len(files), entries, sum(m.size_in_bytes for m in files), len(kept),
+                     sum(1 for m in files if m.path.rsplit("/", 1)[-1] not in used))
+
+
+def prune(cache_dir: str, unused_days: float, now: float) -> tuple[int, int]:
+    """Remove the run records older than `unused_days`, then every entries file (and its keys file) that
+    no remaining record names; returns (entries files removed, bytes freed). Only files of this
+    cache's own naming are touched (`entries/<sha1>.npz|.keys`, `runs/*.txt`)."""
+    used, _, old = _used_by_runs(cache_dir, newer_than=now - unused_days * 86400)
+    if old:
+        FileSystems.delete(old)
+    doomed = [m for m in _entries_files(cache_dir) if m.path.rsplit("/", 1)[-1] not in used
+              and len(m.path.rsplit("/", 1)[-1]) == 44]  # <40 hex digits>.npz: a name this module wrote
+    paths = [p for m in doomed for p in (m.path, m.path[:-4] + ".keys")]
+    if paths:
+        FileSystems.delete([p for p in paths if FileSystems.exists(p)])
+    return len(doomed), sum(m.size_in_bytes for m in doomed)

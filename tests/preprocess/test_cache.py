@@ -1,0 +1,160 @@
+"""The feature cache (`preprocess --cache DIR`): warm re-runs decode nothing and write the same records,
+changed files and settings are recomputed, damaged entries are recomputed and counted, concurrent
+writers never corrupt an entry, new rows are the only ones computed; `melshards cache info|prune`."""
+import json
+import shutil
+import threading
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from melshards.commands.cache import cache_command
+from melshards.commands.preprocess import run
+from melshards.preprocess import audio as A
+from melshards.preprocess import cache as K
+from melshards.shards_schema.stats import Moments
+from tests.conftest import CORPUS, TINY_CONFIG
+
+
+def _run(out, cache_dir=None, *extra, corpus=CORPUS):
+    args = ["--input", str(corpus), "--output", str(out), "--config", str(TINY_CONFIG), "--workers", "1", *extra]
+    assert run(args + (["--cache", str(cache_dir)] if cache_dir else [])) == 0
+    return json.loads((out / "stats.json").read_text())
+
+
+def records(out) -> dict[bytes, bytes]:
+    """Every record of a run by its id: the serialized bytes."""
+    import tensorflow as tf
+
+    found = {}
+    for f in sorted(out.glob("*.tfrecord")):
+        for raw in tf.data.TFRecordDataset(str(f)):
+            ex = tf.train.Example.FromString(raw.numpy())
+            found[ex.features.feature["id"].bytes_list.value[0]] = raw.numpy()
+    return found
+
+
+def audio_rejections(stats) -> int:
+    """Clips rejected for their audio: decoded on every run, the cache keeps no entry for them."""
+    return sum(stats["counts"]["per_reason"].get(r, 0) for r in ("silent_audio", "unreadable_audio", "invalid_samples"))
+
+
+@pytest.fixture
+def decodes(monkeypatch):
+    calls = []
+    real = A.decode_audio
+    monkeypatch.setattr(A, "decode_audio", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory):
+    """A cache filled by one run, and a run without a cache for reference."""
+    tmp = tmp_path_factory.mktemp("cache")
+    cold = _run(tmp / "cold", tmp / "cache")
+    _run(tmp / "plain")
+    return tmp, cold
+
+
+def test_a_warm_rerun_decodes_no_audio_and_writes_the_same_records(warm, tmp_path, decodes):
+    tmp, cold = warm
+    assert cold["cache"]["hits"] == 0 and cold["cache"]["computed"] == 47
+    stats = _run(tmp_path / "again", tmp / "cache")
+    # only the clips whose audio was rejected (never cached) are decoded again
+    assert len(decodes) == audio_rejections(cold) > 0
+    assert stats["cache"]["hits"] == 47 and stats["cache"]["computed"] == 0
+    assert records(tmp_path / "again") == records(tmp / "plain")
+    assert (tmp_path / "again" / "schema.json").read_text() == (tmp / "plain" / "schema.json").read_text()
+
+
+def test_changing_buckets_and_cutoffs_reads_every_clip_from_the_cache(warm, tmp_path, decodes):
+    tmp, _ = warm
+    stats = _run(tmp_path / "k2", tmp / "cache", "--buckets", "2")
+    assert len(decodes) == audio_rejections(stats) and stats["cache"]["hits"] == 47
+    _run(tmp_path / "k2-plain", None, "--buckets", "2")
+    assert records(tmp_path / "k2") == records(tmp_path / "k2-plain")
+
+
+def test_a_changed_file_or_setting_is_computed_again_never_served_stale(warm, tmp_path):
+    tmp, _ = warm
+    corpus = tmp_path / "corpus"
+    shutil.copytree(CORPUS, corpus)
+    cache_dir = tmp_path / "cache"
+    _run(tmp_path / "a", cache_dir, corpus=corpus)
+    wav = corpus / "wavs" / "LJT001-0001.wav"
+    wav.write_bytes((corpus / "wavs" / "LJT001-0002.wav").read_bytes())  # another clip's audio now
+    stats = _run(tmp_path / "b", cache_dir, corpus=corpus)
+    assert stats["cache"]["computed"] == 1 and stats["cache"]["hits"] == 46
+    before, after = records(tmp_path / "a"), records(tmp_path / "b")
+    assert after[b"LJT001-0001"] != before[b"LJT001-0001"]
+    assert {k: v for k, v in after.items() if k != b"LJT001-0001"} == {
+        k: v for k, v in before.items() if k != b"LJT001-0001"}
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(TINY_CONFIG.read_text() + "features: {energy: true}\n")
+    assert run(["--input", str(corpus), "--output", str(tmp_path / "c"), "--config", str(cfg), "--workers", "1",
+                "--cache", str(cache_dir)]) == 0
+    assert json.loads((tmp_path / "c" / "stats.json").read_text())["cache"]["hits"] == 0
+
+
+def test_a_damaged_cache_file_is_computed_again_and_counted(warm, tmp_path):
+    tmp, _ = warm
+    cache_dir = tmp_path / "cache"
+    shutil.copytree(tmp / "cache", cache_dir)
+    victim = sorted((cache_dir / "entries").glob("*.npz"))[0]
+    victim.write_bytes(victim.read_bytes()[:100])  # truncated
+    stats = _run(tmp_path / "out", cache_dir)
+    assert stats["cache"]["damaged_files"] == 1 and stats["cache"]["damaged"] >= 1
+    assert stats["cache"]["hits"] + stats["cache"]["computed"] == 47 and stats["cache"]["computed"] >= 1
+    assert records(tmp_path / "out") == records(tmp / "plain")
+
+
+def test_only_new_rows_are_computed_when_rows_are_added(tmp_path):
+    corpus = tmp_path / "corpus"
+    shutil.copytree(CORPUS, corpus)
+    meta = corpus / "metadata.csv"
+    lines = meta.read_text(encoding="utf-8").splitlines(keepends=True)
+    meta.write_text("".join(lines[:30]), encoding="utf-8")
+    first = _run(tmp_path / "a", tmp_path / "cache", corpus=corpus)
+    meta.write_text("".join(lines), encoding="utf-8")
+    second = _run(tmp_path / "b", tmp_path / "cache", corpus=corpus)
+    assert second["cache"]["hits"] == first["cache"]["computed"]
+    assert second["cache"]["computed"] == 47 - first["cache"]["computed"]
+
+
+def test_concurrent_writers_of_one_batch_leave_a_readable_entry(tmp_path):
+    rng = np.random.default_rng(0)
+    mel = rng.standard_normal((20, 8)).astype(np.float32)
+    entries = [(f"{i:064x}", {"samples": 100, "start": 3, "length": 90}, {"mel": mel + i},
+                Moments.of(mel)) for i in range(3)]
+    threads = [threading.Thread(target=K.write_batch, args=(str(tmp_path), entries)) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (npz,) = tmp_path.glob("entries/*.npz")
+    back = K.read_batch(str(npz))
+    assert sorted(back) == [e[0] for e in entries]
+    span, arrays, moments = back[entries[2][0]]
+    assert span == {"samples": 100, "start": 3, "length": 90} and moments.n == 20
+    np.testing.assert_array_equal(arrays["mel"], (mel + 2).astype(np.float16))
+    assert not list(tmp_path.glob("entries/*.tmp-*"))
+
+
+def test_a_cache_inside_the_output_directory_is_refused(tmp_path, capsys):
+    code = run(["--input", str(CORPUS), "--output", str(tmp_path / "out"), "--cache", str(tmp_path / "out" / "c")])
+    assert code == 2 and "inside --output" in capsys.readouterr().err
+
+
+def test_cache_info_and_prune(warm, tmp_path):
+    tmp, _ = warm
+    cache_dir = tmp_path / "cache"
+    shutil.copytree(tmp / "cache", cache_dir)
+    (cache_dir / "entries" / "notes.txt").write_text("not ours")
+    out = CliRunner().invoke(cache_command, ["info", str(cache_dir)])
+    assert out.exit_code == 0 and "47 clips in" in out.output and "0 file(s) no recorded run used" in out.output
+    out = CliRunner().invoke(cache_command, ["prune", str(cache_dir)])
+    assert "removed 0 file(s)" in out.output
+    out = CliRunner().invoke(cache_command, ["prune", str(cache_dir), "--unused-days", "0"])
+    assert out.exit_code == 0 and not list((cache_dir / "entries").glob("*.npz"))
+    assert (cache_dir / "entries" / "notes.txt").exists()  # only files the cache wrote are removed
