@@ -67,7 +67,7 @@ def cache_counts(out: Path) -> dict:
 def growing_corpus(corpus: str, work: Path) -> tuple[str, Path, list[str]]:
     """A corpus dir reading the benchmark corpus's audio (the same paths on every run), whose
     metadata.csv the caller sets to a share of the rows: (its path, its metadata.csv, all rows)."""
-    out = work / "growing"
+    out = work / f"growing-{Path(corpus).name}"  # its own per corpus: the wavs link points into it
     out.mkdir(parents=True, exist_ok=True)
     if not (out / "wavs").exists():
         (out / "wavs").symlink_to(Path(corpus, "wavs").resolve())

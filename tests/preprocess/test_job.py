@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from melshards.preprocess import audio as A
-from melshards.preprocess.config import PreprocessConfig, load_config
+from melshards.preprocess.config import FeaturesConfig, PreprocessConfig, load_config
 from melshards.commands.preprocess import run
 from melshards.shards_schema.stats import FILTER_REASONS, REJECT_REASONS, percentile
 from melshards.shards_schema.text import normalize_text
@@ -203,7 +203,9 @@ def test_dataflow_job_graph_builds_offline():
     p = beam.Pipeline(options=options)
     # A bucket nobody can reach from here (--no_auth, no network): building must not read the corpus.
     corpus = Corpus("ljspeech", "gs://melshards-test/in/metadata.csv", "gs://melshards-test/in")
-    build(p, corpus, "gs://melshards-test/out", PreprocessConfig())
+    cfg = PreprocessConfig(features=FeaturesConfig(True, True, True))
+    # every stage, the feature cache's index read and the feature statistics included
+    build(p, corpus, "gs://melshards-test/out", cfg, cache_dir="gs://melshards-test/cache")
     result = p.run()
     names = {t.unique_name for t in result.job.proto_pipeline.components.transforms.values()}
     for stage in ("Read", "Measure", "StatsBefore", "Cutoffs", "ChooseBuckets", "FilterAndWrite", "MelStats",
