@@ -105,7 +105,7 @@ class _MeasureFn(beam.DoFn):
             self.progress.flush()
 
     def process(self, rows, index=None):
-        clips, arrays = [], []
+        clips, arrays, refs = [], [], {}
         cached = _Cached(self.cache_dir, index or {}, self.settings)
         for row, text in zip(rows, prepare_texts(rows, self.cfg)):
             _count("rows_measured")  # with the per-reason counters, the job's progress on Dataflow
@@ -120,14 +120,17 @@ class _MeasureFn(beam.DoFn):
             if hit is None:  # from the float32 mel, before it is stored as float16
                 moments = Moments.of(features["mel"])
                 cached.keep(key, span, {k: v for k, v in features.items() if k != "durations"}, moments)
-            else:
+                stashed = features
+            else:  # the writer reads these from the cache file: only what the cache lacks is stashed
                 moments = hit[2]
+                refs[clip["id"]] = [index[key], key]
+                stashed = {k: v for k, v in features.items() if k == "durations"}
             cached.counts["hits" if hit is not None else "computed"] += 1
             Metrics.distribution(NS, "mel_frames").update(clip["mel_frames"])
             clip["moments"] = moments
             clip["feature_summary"] = feature_stats.clip_summary(features)
             clips.append(clip)
-            arrays.append(features)
+            arrays.append(stashed)
         cached.flush()
         for name, n in cached.counts.items():
             _count(f"cache_{name}", n)
@@ -135,7 +138,8 @@ class _MeasureFn(beam.DoFn):
             self.progress.add(len(rows))
         Metrics.counter(NS, "clips_measured").inc(len(clips))
         stash = stash_features(self.stash_dir, [c["id"] for c in clips], arrays) if clips else None
-        yield {"clips": clips, "stash": stash, "cache": cached.counts, "cache_files": sorted(cached.used)}
+        yield {"clips": clips, "stash": stash, "refs": refs, "cache": cached.counts,
+               "cache_files": sorted(cached.used)}
 
 
 class MeasureClips(beam.PTransform):
@@ -372,6 +376,13 @@ class _FilterAndWriteFn(beam.DoFn):
         moments = Moments.empty(self.cfg.mel.n_mels)
         arrays = load_features(batch["stash"], len(batch["clips"])) if kept else []
         by_id = dict(zip((c["id"] for c in batch["clips"]), arrays))
+        from_cache: dict[str, dict] = {}
+        kept_ids = {c["id"] for c in kept}
+        for clip_id, (where, key) in batch.get("refs", {}).items():  # clips Measure read from the cache
+            if clip_id in kept_ids:
+                if where not in from_cache:
+                    from_cache[where] = cache.read_batch(where)
+                by_id[clip_id] = dict(from_cache[where][key][1], **by_id[clip_id])
         vocab = Vocabulary(corpus_tables["vocabulary"], self.cfg.text_unit)
         for clip in kept:
             split, bucket, data = encode_clip(clip, by_id[clip["id"]], buckets, text, corpus_tables, vocab, self.cfg)

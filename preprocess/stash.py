@@ -25,6 +25,8 @@ def stash_dir(out_dir: str) -> str:
 def stash_features(stash_dir: str, clip_ids: list[str], features: list[dict[str, np.ndarray]]) -> str:
     """Write a batch's unpadded per-clip arrays (the mel as float16, what the shards store; pitch,
     energy, audio, durations where the run computes them) into one uncompressed .npz; returns the path.
+    A clip read from the feature cache stashes only what the cache lacks (durations): the writer
+    reads the rest from the cache file (`refs` of the batch).
 
     The name comes from the ids, so a retried bundle rewrites the same file instead of adding one.
     """
@@ -32,6 +34,7 @@ def stash_features(stash_dir: str, clip_ids: list[str], features: list[dict[str,
     path = FileSystems.join(stash_dir, f"features-{name}.npz")
     arrays = {f"{i}/{key}": (value.astype("<f2") if key == "mel" else value)
               for i, clip in enumerate(features) for key, value in clip.items()}
+    arrays["count"] = np.array([len(features)], np.int64)  # clips may hold nothing (read from the cache)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     with FileSystems.create(path) as f:
@@ -45,9 +48,11 @@ def load_features(path: str, count: int) -> list[dict[str, np.ndarray]]:
         data = f.read()
     out: list[dict[str, np.ndarray]] = [{} for _ in range(count)]
     with np.load(io.BytesIO(data)) as npz:
+        stored = int(npz["count"][0])
         for key in npz.files:
-            i, name = key.split("/", 1)
-            out[int(i)][name] = npz[key]
-    if any("mel" not in x for x in out):  # our own temp file: a missing clip is a bug or a lost write
-        raise IOError(f"{path} holds the features of {sum('mel' in x for x in out)} clips, expected {count}")
+            if key != "count":
+                i, name = key.split("/", 1)
+                out[int(i)][name] = npz[key]
+    if stored != count:  # our own temp file: another count is a bug or a lost write
+        raise IOError(f"{path} holds the features of {stored} clips, expected {count}")
     return out

@@ -158,3 +158,20 @@ def test_cache_info_and_prune(warm, tmp_path):
     out = CliRunner().invoke(cache_command, ["prune", str(cache_dir), "--unused-days", "0"])
     assert out.exit_code == 0 and not list((cache_dir / "entries").glob("*.npz"))
     assert (cache_dir / "entries" / "notes.txt").exists()  # only files the cache wrote are removed
+
+
+def test_a_warm_rerun_with_every_feature_and_durations_writes_the_same_records(tmp_path):
+    from tests.conftest import FEATURES_CONFIG, write_textgrids
+
+    write_textgrids(CORPUS, tmp_path / "tg")
+    cfg = tmp_path / "f.yaml"
+    cfg.write_text(FEATURES_CONFIG)
+    outs = []
+    for name in ("cold", "warm"):
+        out = tmp_path / name
+        assert run(["--input", str(CORPUS), "--output", str(out), "--config", str(cfg), "--workers", "1",
+                    "--alignments", str(tmp_path / "tg"), "--cache", str(tmp_path / "cache")]) == 0
+        outs.append(json.loads((out / "stats.json").read_text())["cache"])
+    assert outs[0]["hits"] == 0 and outs[1]["computed"] == 0 and outs[1]["hits"] == outs[0]["computed"] > 40
+    assert records(tmp_path / "warm") == records(tmp_path / "cold")
+    assert (tmp_path / "warm" / "schema.json").read_text() == (tmp_path / "cold" / "schema.json").read_text()
