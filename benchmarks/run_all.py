@@ -14,6 +14,7 @@ Default: the full documented run (docs/performance.md, which gives its duration)
   feature_wall           --clips 1000 --rounds 3 --workers 2
   audio_headroom         --steps 120 --rounds 2
   cache_wall             --clips 13100 --rounds 2
+  stats_scale            --rounds 3   (on the cache_wall run's stats.json)
 Quick mode (`python -m benchmarks.run_all --quick`, or env MELSHARDS_BENCH_QUICK=1): small sizes,
 a few minutes, for checking the benchmarks still run; its figures are not the documented ones.
 
@@ -50,6 +51,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
             ("feature_wall", ["--clips", "60", "--rounds", "1", "--profile-clips", "10", "--work-dir", work]),
             ("audio_headroom", ["--steps", "20", "--rounds", "1", "--work", f"{work}/audio-headroom"]),
             ("cache_wall", ["--clips", "60", "--rounds", "1", "--work-dir", work]),
+            ("stats_scale", ["--stats", f"{work}/cache-wall/out-plain/stats.json", "--clips", "10000", "--rounds", "1"]),
         ]
     return [
         ("record_encoding", ["--records", "1024", "--rounds", "5"]),
@@ -69,6 +71,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
         ("feature_wall", ["--clips", "1000", "--rounds", "3", "--workers", "2", "--work-dir", work]),
         ("audio_headroom", ["--steps", "120", "--rounds", "2", "--work", f"{work}/audio-headroom"]),
         ("cache_wall", ["--clips", "13100", "--rounds", "2", "--work-dir", work]),
+        ("stats_scale", ["--stats", f"{work}/cache-wall/out-plain/stats.json", "--rounds", "3"]),
     ]
 
 
