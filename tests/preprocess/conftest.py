@@ -1,10 +1,21 @@
-"""Preprocessing fixtures: small audio files in the formats libsndfile reads, made from a numpy tone."""
+"""Preprocessing fixtures: small audio files in the formats libsndfile reads, made from a numpy tone;
+a real `melshards preprocess` long enough to interrupt."""
 from __future__ import annotations
 
 import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import soundfile as sf
+
+from tests.conftest import TINY_CONFIG
 
 # Bytes after the 4-byte frame header where the Xing/Info tag sits: MPEG-2 mono (libsndfile's MP3
 # writer at 22.05 or 16 kHz), MPEG-2 stereo / MPEG-1 mono, MPEG-1 stereo.
@@ -42,3 +53,55 @@ def mp3_without_length_tag(y: np.ndarray, sr: int = 22050) -> bytes:
     data = encode(y, sr, "MP3")
     assert any(data[o:o + 4] in (b"Xing", b"Info") for o in _TAG_OFFSETS), "expected a Xing tag to strip"
     return data[mpeg2_layer3_frame_length(data[:4]):]
+
+
+def ctrl_c_as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT as a terminal's process has it, whatever the test runner's
+    worker inherited (an ignored SIGINT stays ignored across exec, and StopOnCtrlC then stands aside)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def long_corpus(tmp_path: Path, corpus_dir: Path, rows: int, distinct_audio: bool = False) -> Path:
+    """A manifest repeating one clip of the shipped corpus: long enough to interrupt. With
+    `distinct_audio`, each row's audio is a path of its own (hard links to one copy of the clip), so
+    the feature cache keys every row apart."""
+    wav = next(p for p in sorted((corpus_dir / "wavs").glob("*.wav")))
+    paths = [wav] * rows
+    if distinct_audio:
+        links = tmp_path / "long-wavs"
+        links.mkdir()
+        shutil.copyfile(wav, links / "source.wav")
+        paths = [links / f"r{i:05d}.wav" for i in range(rows)]
+        for path in paths:
+            os.link(links / "source.wav", path)
+    text = "The quick brown fox jumps over the lazy dog."
+    lines = [json.dumps({"id": f"r{i:05d}", "audio": str(path), "text": text, "language": "en"})
+             for i, path in enumerate(paths)]
+    path = tmp_path / "long.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def preprocess_command(corpus: Path, out: Path, *extra) -> list[str]:
+    """`melshards preprocess` of `corpus` into `out` with the demo config, as a command line."""
+    return [sys.executable, "-m", "melshards", "preprocess", "--input", str(corpus), "--output", str(out),
+            "--config", str(TINY_CONFIG), *extra]
+
+
+def start_long_run(tmp_path, corpus_dir, out, *extra, rows=20000, distinct_audio=False, ready=None):
+    """A real `melshards preprocess` of `rows` rows (long enough to interrupt) in its own process group,
+    returned once `ready()` is true; by default once its workers report progress (the worker
+    processes are running)."""
+    from melshards.preprocess import output as O
+
+    if ready is None:
+        def ready():
+            return list(out.glob(f"{O.STAGE_PREFIX}*/.melshards-tmp/progress-*.txt"))
+    cmd = preprocess_command(long_corpus(tmp_path, corpus_dir, rows, distinct_audio), out, *extra)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=ctrl_c_as_in_a_terminal)
+    deadline = time.time() + 600
+    while not ready() and time.time() < deadline:
+        assert p.poll() is None, p.communicate()
+        time.sleep(0.05)
+    return p

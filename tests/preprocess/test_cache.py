@@ -1,8 +1,12 @@
 """The feature cache (`preprocess --cache DIR`): warm re-runs decode nothing and write the same records,
 changed files and settings are recomputed, damaged entries are recomputed and counted, concurrent
-writers never corrupt an entry, new rows are the only ones computed; `melshards cache info|prune`."""
+writers never corrupt an entry, new rows are the only ones computed, a run killed with SIGKILL keeps
+what it computed; `melshards cache info|prune`."""
 import json
+import os
 import shutil
+import signal
+import subprocess
 import threading
 
 import numpy as np
@@ -13,8 +17,10 @@ from melshards.commands.cache import cache_command
 from melshards.commands.preprocess import run
 from melshards.preprocess import audio as A
 from melshards.preprocess import cache as K
+from melshards.preprocess import output as O
 from melshards.shards_schema.stats import Moments
 from tests.conftest import CORPUS, TINY_CONFIG
+from tests.preprocess.conftest import preprocess_command, start_long_run
 
 
 def _run(out, cache_dir=None, *extra, corpus=CORPUS):
@@ -175,3 +181,37 @@ def test_a_warm_rerun_with_every_feature_and_durations_writes_the_same_records(t
     assert outs[0]["hits"] == 0 and outs[1]["computed"] == 0 and outs[1]["hits"] == outs[0]["computed"] > 40
     assert records(tmp_path / "warm") == records(tmp_path / "cold")
     assert (tmp_path / "warm" / "schema.json").read_text() == (tmp_path / "cold" / "schema.json").read_text()
+
+
+def cached_keys(cache_dir) -> list[str]:
+    """Every key of every complete entries file, repeats included."""
+    return [k for f in sorted((cache_dir / "entries").glob("*.keys")) for k in f.read_text().split()]
+
+
+def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes_only_the_rest(
+        tmp_path, corpus_dir):
+    rows, out, cache_dir = 600, tmp_path / "out", tmp_path / "cache"
+    extra = ("--workers", "2", "--cache", str(cache_dir))
+    killed = start_long_run(tmp_path, corpus_dir, out, *extra, rows=rows, distinct_audio=True,
+                            ready=lambda: list((cache_dir / "entries").glob("*.keys")))
+    assert killed.poll() is None, "the run finished before it could be killed: give it more rows"
+    os.killpg(killed.pid, signal.SIGKILL)  # kill -9 of the whole process group: no clean-up runs
+    killed.communicate(timeout=60)
+    assert not (out / "schema.json").exists() and not list(out.glob("*.tfrecord"))  # nothing looks finished
+    kept = cached_keys(cache_dir)
+    assert 0 < len(kept) < rows
+
+    corpus = tmp_path / "long.jsonl"
+    again = subprocess.run(preprocess_command(corpus, out, *extra), capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["counts"]["input_rows"] == rows and audio_rejections(stats) == 0  # every row needed its audio
+    assert stats["cache"]["hits"] == len(set(kept)) > 0
+    assert stats["cache"]["computed"] == rows - stats["cache"]["hits"]
+    after = cached_keys(cache_dir)
+    assert len(after) == len(set(after)) == rows  # no clip computed twice
+    assert not list(out.glob(f"{O.STAGE_PREFIX}*"))  # the killed run's staging dir is gone
+
+    plain = tmp_path / "plain"
+    assert run(preprocess_command(corpus, plain, "--workers", "1")[4:]) == 0
+    assert records(out) == records(plain)

@@ -19,6 +19,7 @@ from melshards.preprocess import output as O
 from melshards.shards_schema.schema import PUBLISH_JOURNAL
 
 from tests.conftest import TINY_CONFIG
+from tests.preprocess.conftest import ctrl_c_as_in_a_terminal, start_long_run
 
 
 def _snapshot(d: Path) -> dict[str, bytes]:
@@ -242,23 +243,9 @@ def test_release_removes_the_runs_own_lock(tmp_path):
     assert not (tmp_path / L.LOCK_FILE).exists()
 
 
-def _start_long_run(tmp_path, corpus_dir, out, *extra, rows=20000):
-    """A real `melshards preprocess` of `rows` rows (long enough to interrupt) in its own process group,
-    returned once its workers report progress: the worker processes are running."""
-    cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", str(_long_corpus(tmp_path, corpus_dir, rows)),
-           "--output", str(out), "--config", str(TINY_CONFIG), *extra]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         preexec_fn=_ctrl_c_as_in_a_terminal)
-    deadline = time.time() + 600
-    while not list(out.glob(f"{O.STAGE_PREFIX}*/.melshards-tmp/progress-*.txt")) and time.time() < deadline:
-        assert p.poll() is None, p.communicate()
-        time.sleep(0.1)
-    return p
-
-
 def test_a_second_run_into_an_output_a_running_job_holds_stops_and_the_first_is_unharmed(tmp_path, corpus_dir):
     out = tmp_path / "o"
-    first = _start_long_run(tmp_path, corpus_dir, out, "--workers", "1")
+    first = start_long_run(tmp_path, corpus_dir, out, "--workers", "1")
     second = subprocess.run([sys.executable, "-m", "melshards", "preprocess", "--input", str(corpus_dir),
                              "--output", str(out), "--config", str(TINY_CONFIG), "--workers", "1"],
                             capture_output=True, text=True, timeout=600)
@@ -389,26 +376,10 @@ def test_a_full_disk_stops_the_run_with_one_line_and_leaves_the_old_run(monkeypa
     assert _snapshot(out) == before  # no staging dir, no lock, the old run whole
 
 
-def _ctrl_c_as_in_a_terminal() -> None:
-    """In the child before exec: SIGINT as a terminal's process has it, whatever the test runner's
-    worker inherited (an ignored SIGINT stays ignored across exec, and StopOnCtrlC then stands aside)."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _long_corpus(tmp_path: Path, corpus_dir: Path, rows: int) -> Path:
-    """A manifest repeating one clip of the shipped corpus: long enough to interrupt."""
-    wav = next(p for p in sorted((corpus_dir / "wavs").glob("*.wav")))
-    text = "The quick brown fox jumps over the lazy dog."
-    lines = [json.dumps({"id": f"r{i:05d}", "audio": str(wav), "text": text, "language": "en"}) for i in range(rows)]
-    path = tmp_path / "long.jsonl"
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def test_ctrl_c_prints_one_line_exits_130_and_leaves_the_old_run(tmp_path, corpus_dir, shards_dir):
     out = _copy_run(shards_dir, tmp_path / "o")
     before = _snapshot(out)
-    p = _start_long_run(tmp_path, corpus_dir, out, "--workers", "2", "--overwrite")
+    p = start_long_run(tmp_path, corpus_dir, out, "--workers", "2", "--overwrite")
     os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
     stdout, stderr = p.communicate(timeout=300)
     assert p.returncode == 130, stderr
@@ -431,7 +402,7 @@ def test_output_piped_into_a_reader_that_stops_early_does_not_hang_the_run(tmp_p
     script.write_text(code)
     done = subprocess.run(f"{sys.executable} {script} | head -c 20 >/dev/null; echo ${{PIPESTATUS[0]}}",
                           shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=120,
-                          preexec_fn=_ctrl_c_as_in_a_terminal)
+                          preexec_fn=ctrl_c_as_in_a_terminal)
     assert done.stdout.strip() == "0", done.stderr
 
 
