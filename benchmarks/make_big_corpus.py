@@ -12,8 +12,15 @@ are exactly the clips of an N-clip corpus (the small throughput corpus is a pref
 `--max-s 15 --sd-s 3.5` makes the broader 1-15 s spread the length-bucket benchmark trains on
 (benchmarks/train_buckets.py).
 
+`--links-of DIR --times N` builds a corpus N times the size of the corpus in DIR without writing
+audio: each wav of DIR gets N new names (hard links, `<id>x<k>.wav`, k = 0..N-1), and each metadata
+row is repeated with those ids and the same texts. 131,000 distinct WAVs would be ~36 GiB; the links
+hold the 3.6 GiB of the 13,100-clip corpus, so the page cache holds all of the audio (the 10x runs
+read from memory, as the 13,100-clip runs do).
+
 Run: python -m benchmarks.make_big_corpus --out /tmp/melshards-bench/ljbig [--clips 13100] [--seed 1]
      [--max-s 10] [--sd-s 2.1]
+     python -m benchmarks.make_big_corpus --out /tmp/melshards-bench/ljbig-x10 --links-of /tmp/melshards-bench/ljbig --times 10
 """
 from __future__ import annotations
 
@@ -32,6 +39,7 @@ SR = 22050
 MAX_S, MIN_S = 10.0, 1.0
 TARGET_MEAN_S, TARGET_SD_S = 7.3, 2.1  # of the target length; clips undershoot it to a mean of ~6.6 s
 LJSPEECH_CLIPS = 13100
+LINKED_MARK = ".melshards-linked-corpus"  # in a corpus link_corpus made: it may replace it
 
 
 def good_clips(max_s: float = MAX_S) -> list[tuple[str, str, np.ndarray]]:
@@ -71,6 +79,37 @@ def plan_clip(i: int, seed: int, durs: list[float], max_s: float = MAX_S,
     return parts
 
 
+def link_corpus(src: str | Path, out: str | Path, times: int) -> dict:
+    """`out`: the LJSpeech-layout corpus in `src` `times` times over, each wav hard-linked under `times`
+    new ids (`<id>x<k>`) and each metadata row repeated with them. An `out` this function made before
+    with the same rows is kept as it is; one it did not make is refused, never replaced."""
+    src, out = Path(src), Path(out)
+    rows = [l for l in (src / "metadata.csv").read_text(encoding="utf-8").splitlines() if l.strip()]
+    meta = out / "metadata.csv"
+    if out.exists():
+        if (out / LINKED_MARK).exists() and meta.exists() and sum(1 for _ in meta.open(encoding="utf-8")) == len(rows) * times:
+            print(f"{out}: {len(rows) * times} rows linked from {src} before, kept")
+            return {"out": str(out), "clips": len(rows) * times, "reused": True}
+        if not (out / LINKED_MARK).exists():
+            raise SystemExit(f"{out} exists and was not made by --links-of; remove it or pick another --out")
+        shutil.rmtree(out)
+    t0 = time.perf_counter()
+    (out / "wavs").mkdir(parents=True)
+    (out / LINKED_MARK).write_text(f"{src} x{times}\n")
+    lines = []
+    for k in range(times):
+        for line in rows:
+            cid, rest = line.split("|", 1)
+            os.link(src / "wavs" / f"{cid}.wav", out / "wavs" / f"{cid}x{k}.wav")
+            lines.append(f"{cid}x{k}|{rest}")
+    meta.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    summary = {"out": str(out), "clips": len(lines), "links_of": str(src), "times": times, "reused": False,
+               "seconds_to_link": round(time.perf_counter() - t0, 1)}
+    print(f"wrote {out}: {len(lines)} rows, hard links to the {len(rows)} wavs of {src} "
+          f"in {summary['seconds_to_link']} s")
+    return summary
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="output directory (LJSpeech layout); replaced if it exists")
@@ -79,7 +118,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--max-s", type=float, default=MAX_S, help="longest clip in seconds")
     ap.add_argument("--sd-s", type=float, default=TARGET_SD_S, help="spread of the drawn clip lengths (s)")
     ap.add_argument("--plan-only", action="store_true", help="print the duration summary, write nothing")
+    ap.add_argument("--links-of", help="an LJSpeech-layout corpus to repeat --times times by hard links")
+    ap.add_argument("--times", type=int, default=10, help="with --links-of: how many names each wav gets")
     args = ap.parse_args(argv)
+    if args.links_of:
+        return link_corpus(args.links_of, args.out, args.times)
 
     t0 = time.perf_counter()
     src = good_clips(args.max_s)
