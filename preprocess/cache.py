@@ -12,7 +12,8 @@ so a re-run computes only what changed (docs/preprocess.md, Feature cache).
   on a warm run, which is the cost the cache removes.
 - **Batches.** The entries one Measure batch computes go into one file, `entries/<sha1>.npz`, beside
   `entries/<sha1>.keys` (its keys, one per line, written last): a 100k-clip corpus is a few thousand
-  objects, not a million. The name comes from the keys, so a retried bundle, or two workers
+  objects, not a million. In the file each quantity is one array for the whole batch (features
+  concatenated, with offsets): reading it parses a few array headers, not five per clip. The name comes from the keys, so a retried bundle, or two workers
   computing the same clips, write the same bytes; each file is written under a temporary name and
   renamed, so no reader sees half of one. A file that does not read back (damaged, truncated) is
   recomputed and counted, never a crash.
@@ -33,7 +34,7 @@ from apache_beam.io.filesystems import FileSystems
 from melshards.preprocess.config import PreprocessConfig
 from melshards.shards_schema.stats import Moments
 
-FORMAT = 1  # bumped whenever what an entry holds, or how it is computed, changes
+FORMAT = 2  # bumped whenever what an entry holds, how it is stored, or how it is computed, changes
 ENTRIES, RUNS = "entries", "runs"
 
 
@@ -75,16 +76,26 @@ def batch_name(keys: list[str]) -> str:
 
 
 def write_batch(cache_dir: str, entries: list[tuple[str, dict, dict, Moments]]) -> str:
-    """[(key, span, arrays, mel moments)] -> one entries file and its keys file; returns the .npz path."""
+    """[(key, span, arrays, mel moments)] -> one entries file and its keys file; returns the .npz path.
+
+    The file holds each quantity of the batch as one array: `span` [n, 3], the moments' `moments_n`
+    [n], `moments_mean` and `moments_m2` [n, n_mels], and each feature's arrays concatenated along
+    their first axis with `<name>/offsets` [n + 1] (clip i is rows offsets[i]:offsets[i + 1]). Reading a
+    batch then parses a few array headers, not five per clip."""
     keys = [e[0] for e in entries]
     base = FileSystems.join(cache_dir, ENTRIES, batch_name(keys))
-    arrays = {}
-    for i, (_, span, feats, moments) in enumerate(entries):
-        arrays[f"{i}/span"] = np.array([span["samples"], span["start"], span["length"]], np.int64)
-        arrays[f"{i}/moments_n"] = np.array([moments.n], np.int64)
-        arrays[f"{i}/moments_mean"], arrays[f"{i}/moments_m2"] = moments.mean, moments.m2
-        for name, value in feats.items():
-            arrays[f"{i}/{name}"] = value.astype("<f2") if name == "mel" else value
+    names = sorted(entries[0][2]) if entries else []
+    if any(sorted(e[2]) != names for e in entries):
+        raise ValueError(f"the entries of one batch hold different features: {sorted({tuple(sorted(e[2])) for e in entries})}")
+    arrays = {"span": np.array([[e[1]["samples"], e[1]["start"], e[1]["length"]] for e in entries], np.int64).reshape(-1, 3),
+              "moments_n": np.array([e[3].n for e in entries], np.int64)}
+    if entries:
+        arrays["moments_mean"] = np.stack([e[3].mean for e in entries])
+        arrays["moments_m2"] = np.stack([e[3].m2 for e in entries])
+    for name in names:
+        values = [e[2][name].astype("<f2") if name == "mel" else e[2][name] for e in entries]
+        arrays[f"{name}/offsets"] = np.cumsum([0] + [len(v) for v in values], dtype=np.int64)
+        arrays[name] = np.concatenate(values)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     _write_atomic(base + ".npz", buffer.getvalue())
@@ -101,13 +112,17 @@ def read_batch(npz_path: str) -> dict[str, tuple[dict, dict, Moments]]:
             data = f.read()
         out: dict[str, tuple[dict, dict, Moments]] = {}
         with np.load(io.BytesIO(data)) as npz:
-            files = set(npz.files)
-            for i, key in enumerate(keys):
-                samples, start, length = (int(x) for x in npz[f"{i}/span"])
-                arrays = {name: npz[f"{i}/{name}"] for name in ("mel", "pitch", "energy", "audio")
-                          if f"{i}/{name}" in files}
-                moments = Moments(int(npz[f"{i}/moments_n"][0]), npz[f"{i}/moments_mean"], npz[f"{i}/moments_m2"])
-                out[key] = ({"samples": samples, "start": start, "length": length}, arrays, moments)
+            batch = {name: npz[name] for name in npz.files}
+        spans, counts = batch["span"], batch["moments_n"]
+        features = [n for n in ("mel", "pitch", "energy", "audio") if n in batch]
+        if len(spans) != len(keys) or len(counts) != len(keys) or any(
+                len(batch[f"{n}/offsets"]) != len(keys) + 1 or batch[f"{n}/offsets"][-1] != len(batch[n]) for n in features):
+            raise CacheDamaged(f"{npz_path}: its arrays do not hold {len(keys)} clips")
+        for i, key in enumerate(keys):
+            samples, start, length = (int(x) for x in spans[i])
+            arrays = {n: batch[n][batch[f"{n}/offsets"][i]:batch[f"{n}/offsets"][i + 1]] for n in features}
+            moments = Moments(int(counts[i]), batch["moments_mean"][i], batch["moments_m2"][i])
+            out[key] = ({"samples": samples, "start": start, "length": length}, arrays, moments)
     except CacheDamaged:
         raise
     except Exception as e:  # noqa: BLE001 (a truncated zip, a missing member, bad bytes: all are damage)
