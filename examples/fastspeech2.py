@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 import melshards
-from examples.fastspeech_lite import conv  # 'same' convolution as shifted copies + one Dense
+from examples.fastspeech_lite import conv  # the trainer's 'same' convolution (train/model.py same_conv)
 from melshards.shards_schema.config import ConfigError, from_dict
 
 

@@ -22,6 +22,7 @@ import tensorflow as tf
 
 import melshards
 from melshards.shards_schema.config import from_dict
+from melshards.train.model import same_conv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,10 +36,8 @@ class Options:
 
 
 def conv(x, dense: keras.layers.Dense, kernel: int):
-    """'same' 1-D convolution as shifted copies + one Dense (fast under XLA on CPU)."""
-    left = (kernel - 1) // 2
-    padded = tf.pad(x, [[0, 0], [left, kernel - 1 - left], [0, 0]])
-    return dense(tf.concat([padded[:, i:i + x.shape[1], :] for i in range(kernel)], axis=-1))
+    """'same' 1-D convolution with `dense`'s weights: the trainer's (im2col on CPU, native on a GPU)."""
+    return same_conv(x, dense, kernel)
 
 
 def uniform_alignment(text_len, mel_len, frames: int):

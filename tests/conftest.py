@@ -1,13 +1,20 @@
 """Shared fixtures: the shipped corpus, and one preprocessing run reused by every test package."""
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import signal
+import tempfile
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# `melshards train` keeps compiled steps in a persistent XLA cache (train/xla_cache.py): the runs the tests
+# start keep theirs in one directory per test process, never in the user's ~/.cache
+os.environ.setdefault("MELSHARDS_XLA_CACHE", tempfile.mkdtemp(prefix="melshards-test-xla-"))
+atexit.register(shutil.rmtree, os.environ["MELSHARDS_XLA_CACHE"], True)
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "data" / "ljspeech_tiny"

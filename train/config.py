@@ -104,6 +104,9 @@ class LoopConfig:
     strategy: Annotated[StrictStr, one_of(*STRATEGIES)] = "auto"  # auto | one | mirrored | multiworker | tpu; data.batch_size is the global batch
     seed: StrictInt = 0  # weights and dropout
     op_determinism: StrictBool = False  # tf.config.experimental.enable_op_determinism (slower)
+    # false: the steps run on TensorFlow's own kernels instead of XLA (to compare, or where XLA fails); every
+    # shape is still traced once
+    jit_compile: StrictBool = True
 
 
 @dataclasses.dataclass(frozen=True)

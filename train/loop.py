@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import posixpath
+import time
 
 import numpy as np
 
@@ -37,10 +38,11 @@ def train(inputs: Inputs, model_dir: str, synthetic: bool = False, topo: distrib
     worker writes its checkpoints and summary to a temp dir, removed at the end.
     """
     topo = topo or distribute.Topology("one", None)
+    began = time.perf_counter()
     with StopFlag() as stop:  # from the start: a Ctrl-C during set-up stops before the first call
         check_before_writing(inputs, model_dir, topo)
-        trainer = Trainer(inputs, model_dir, synthetic, topo)
-        state = start(trainer)
+        trainer = Trainer(inputs, model_dir, synthetic, topo, stopped=lambda: stop.signal_name is not None)
+        state = start(trainer, began)
         scalars = Scalars(trainer.write_dir)
         run_calls(trainer, state, stop, scalars)
         finish(trainer, state, scalars)
@@ -56,7 +58,7 @@ def check_before_writing(inputs: Inputs, model_dir: str, topo: distribute.Topolo
         prepare_model_dir(model_dir, inputs)
 
 
-def start(trainer: Trainer) -> RunState:
+def start(trainer: Trainer, began: float) -> RunState:
     """Restore the newest checkpoint (if any) and log the set-up: the state the first call starts from."""
     if not trainer.topo.chief:
         check_writable(trainer.write_dir)
@@ -66,8 +68,11 @@ def start(trainer: Trainer) -> RunState:
              "%d steps per call, precision %s, %s data, steps %d -> %d", trainer.model.count_params(),
              trainer.batch_size, trainer.per_replica, topo.replicas, topo.workers, topo.name, trainer.k_steps,
              lp.precision, "synthetic" if trainer.synthetic else "shard", start_step, lp.steps)
-    return RunState(start=start_step, target=lp.steps, steps_per_call=trainer.k_steps, data_changes=changes,
-                    loss_names=trainer.loss_names)
+    state = RunState(start=start_step, target=lp.steps, steps_per_call=trainer.k_steps, data_changes=changes,
+                     loss_names=trainer.loss_names, compiled=trainer.compiled, began=began)
+    if trainer.compiled:
+        state.compile_seconds = sum(t["trace_s"] + t["compile_s"] for t in trainer.compiled.values())
+    return state
 
 
 def run_calls(trainer: Trainer, state: RunState, stop: StopFlag, scalars: Scalars) -> None:
@@ -79,6 +84,8 @@ def run_calls(trainer: Trainer, state: RunState, stop: StopFlag, scalars: Scalar
     try:
         while state.running and not stop.signal_name:
             state.record(*trainer.call(), last_checkpoint=ckpt.latest)
+            if state.time_to_first_step is None:
+                state.time_to_first_step = time.perf_counter() - state.began
             if preemption is not None:
                 preemption.check(state.step)
             if state.due(lp.log_every):

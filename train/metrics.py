@@ -36,7 +36,11 @@ class RunState:
     last: dict = dataclasses.field(default_factory=dict)
     rates: dict = dataclasses.field(default_factory=dict)
     val_losses: dict = dataclasses.field(default_factory=dict)
-    compile_seconds: float | None = None
+    compile_seconds: float | None = None  # up front (every bucket's steps), else each bucket's first call
+    compiled: dict = dataclasses.field(default_factory=dict)  # {bucket: {trace_s, compile_s}} compiled up front
+    first_call_seconds: float | None = None  # each bucket's first call (warm-up): out of the steady state
+    time_to_first_step: float | None = None  # from the start of `train` to the end of its first call
+    began: float = 0.0  # time.perf_counter() at the start of `train`
     steady: Steady = dataclasses.field(default_factory=Steady)
     stopped_by: str = "steps"
     data_changes: list = dataclasses.field(default_factory=list)
@@ -58,8 +62,8 @@ class RunState:
                last_checkpoint: str | None) -> None:
         """One compiled call's results: K per-step losses (checked), mean metrics, the timings.
 
-        metrics may carry "compiled" (1: this call traced and compiled its bucket's step; every
-        bucket's first call does, they add up to compile_seconds; default: the run's first call) and
+        metrics may carry "first_call" (1: the bucket's first call, which warms up, and traces and compiles
+        its step unless `compiled` says that was done up front; default: the run's first call) and
         "padded_frames" (the frames the call ran, padding included: the padding fraction).
         """
         bad = np.flatnonzero(~np.isfinite(losses))
@@ -74,8 +78,10 @@ class RunState:
             self.first_loss = float(losses[0])
         self.valid_frames += self.last["mel_frames"]
         self.padded_frames += self.last.get("padded_frames", 0.0)
-        if self.last.get("compiled", self.compile_seconds is None):
-            self.compile_seconds = (self.compile_seconds or 0.0) + call_s
+        if self.last.get("first_call", self.first_call_seconds is None):
+            self.first_call_seconds = (self.first_call_seconds or 0.0) + call_s
+            if not self.compiled:
+                self.compile_seconds = self.first_call_seconds
         else:
             s = self.steady
             s.seconds += call_s
@@ -110,6 +116,9 @@ class RunState:
             "final_losses": {"train": {k: self.last[k] for k in self.loss_names} if self.last else {},
                              "val": self.val_losses},
             "compile_seconds": self.compile_seconds,
+            "compile_by_bucket": {str(i): {k: round(v, 3) for k, v in t.items()} for i, t in self.compiled.items()},
+            "first_call_seconds": self.first_call_seconds,
+            "time_to_first_step": self.time_to_first_step,
             "padding_fraction": 1.0 - self.valid_frames / self.padded_frames if self.padded_frames else None,
             "steady_state": {
                 "calls": s.calls,
@@ -135,8 +144,9 @@ def format_summary(summary: dict) -> str:
         *([f"strategy           {summary['strategy']}: {summary['replicas']} replicas on {summary['workers']} "
            f"workers, {summary['per_replica_batch_size']} examples per replica"] if "strategy" in summary else []),
         f"train step traces  {summary['train_step_traces']}{_per_bucket(summary)}",
-        f"compile            {num(summary['compile_seconds'], '.1f')} s (first call of each step: trace + XLA "
-        f"compile)",
+        f"compile            {num(summary['compile_seconds'], '.1f')} s ("
+        f"{'every step up front' if summary.get('compile_by_bucket') else 'first call of each step'}: trace + XLA "
+        f"compile); first step after {num(summary.get('time_to_first_step'), '.1f')} s",
         f"padding            {num(_percent(summary.get('padding_fraction')), '.1f')}% of the mel frames run",
         f"steady state       {num(s['steps_per_second'], '.2f')} steps/s, {num(s['examples_per_second'], '.1f')} "
         f"examples/s, {num(s['mel_frames_per_second'], '.0f')} mel frames/s, input wait "

@@ -19,6 +19,7 @@ import numpy as np
 from keras import layers
 
 from melshards.shards_schema.config import from_dict
+from melshards.train import device
 from melshards.train.config import ModelConfig
 from melshards.train.step import Normaliser
 
@@ -45,49 +46,67 @@ def attach(owner: layers.Layer, prefix: str, items: list) -> tuple:
 
 
 class Dropout(layers.Layer):
-    """Dropout from a stateless threefry stream keyed by the step's key and the layer's own site number.
+    """Dropout from a stateless stream keyed by the step's key and the layer's own site number.
 
-    keras.layers.Dropout and tf.nn.experimental.stateless_dropout draw with the "auto_select"
-    algorithm, which XLA on CPU runs ~300x slower than threefry (1.6 s vs 5 ms for one
-    [8, 552, 128] mask, measured). `seed` is the [2] key of (run seed, step, replica)
-    (train/step.py dropout_key); folding in the site gives every site an independent stream, and a
-    resumed run draws the same masks. (The fold-in draws with philox: TF's threefry kernel
-    outside XLA refuses a [2] key, and the fold-in is two numbers.)
+    The generator is the device's (train/device.py): threefry on CPU, where XLA runs TF's default
+    ("auto_select") ~300x slower; philox on a GPU; the hardware generator on a TPU. `seed` is the [2]
+    key of (run seed, step, replica) (train/step.py dropout_key); folding in the site gives every site
+    an independent stream, and a resumed run draws the same masks. (The fold-in draws with philox:
+    TF's threefry kernel outside XLA refuses a [2] key, and the fold-in is two numbers.)
     """
 
-    def __init__(self, rate: float, site: int, **kw):
+    def __init__(self, rate: float, site: int, rng: str | None = None, **kw):
         super().__init__(**kw)
         self.rate, self.site = rate, site
+        self.rng = rng or device.current().dropout_rng
 
     def call(self, x, seed, training=False):
         if not training or self.rate == 0.0:
             return x
         key = tf.random.experimental.stateless_fold_in(seed, self.site, alg="philox")
-        keep = tf.random.stateless_uniform(tf.shape(x), key, alg="threefry") >= self.rate
+        keep = tf.random.stateless_uniform(tf.shape(x), key, alg=self.rng) >= self.rate
         return tf.where(keep, x / tf.cast(1.0 - self.rate, x.dtype), tf.zeros_like(x))
 
 
-class Conv1D(layers.Layer):
-    """'same' 1-D convolution as shifted copies + one matmul (im2col).
+def same_conv(x, dense: layers.Dense, kernel: int, impl: str | None = None):
+    """'same' 1-D convolution [B, T, C] -> [B, T, F] whose weights are `dense`'s: kernel [kernel * C, F]
+    (row i * C + c: shift i, channel c), bias and activation.
 
-    XLA on CPU runs the gradient of keras.layers.Conv1D ~20x slower than a matmul of the same
-    FLOPs (measured: 1.2 s of a 1.5 s step); the matmul form is fast and numerically the same op.
+    impl (train/device.py; None: the device's): "im2col", shifted copies + one matmul, which XLA on
+    CPU runs ~20x faster than the native convolution's gradient (measured: 1.2 s of a 1.5 s step);
+    "native", tf.nn.conv1d on the same kernel reshaped to [kernel, C, F], which a GPU runs without
+    the kernel-size-times activation copy. Both are the same function of the same variables.
     """
+    impl = impl or device.current().conv
+    channels = x.shape[-1]
+    if not dense.built:
+        dense.build((None, None, kernel * channels))
+    if impl == "native":
+        w = tf.reshape(tf.cast(dense.kernel, x.dtype), [kernel, channels, -1])
+        y = tf.nn.conv1d(x, w, stride=1, padding="SAME")  # SAME at stride 1: (kernel - 1) // 2 on the left
+        if dense.use_bias:
+            y = y + tf.cast(dense.bias, y.dtype)
+        return dense.activation(y) if dense.activation is not None else y
+    left = (kernel - 1) // 2
+    padded = tf.pad(x, [[0, 0], [left, kernel - 1 - left], [0, 0]])
+    return dense(tf.concat([padded[:, i:i + x.shape[1], :] for i in range(kernel)], axis=-1))
 
-    def __init__(self, filters: int, kernel: int, activation=None, **kw):
+
+class Conv1D(layers.Layer):
+    """'same' 1-D convolution (`same_conv`): im2col on CPU, the native op on a GPU or TPU; the
+    variables are one Dense's either way, so checkpoints move between devices."""
+
+    def __init__(self, filters: int, kernel: int, activation=None, impl: str | None = None, **kw):
         super().__init__(**kw)
         self.kernel = kernel
+        self.impl = impl or device.current().conv
         self.dense = layers.Dense(filters, activation=activation, dtype=self.dtype_policy)
 
-    def build(self, input_shape):  # the Dense inside builds on first call
-        pass
+    def build(self, input_shape):
+        self.dense.build((*input_shape[:-1], self.kernel * input_shape[-1]))
 
     def call(self, x):
-        left = (self.kernel - 1) // 2
-        padded = tf.pad(x, [[0, 0], [left, self.kernel - 1 - left], [0, 0]])
-        frames = x.shape[1]
-        cols = tf.concat([padded[:, i:i + frames, :] for i in range(self.kernel)], axis=-1)
-        return self.dense(cols)
+        return same_conv(x, self.dense, self.kernel, self.impl)
 
 
 class TransformerBlock(layers.Layer):

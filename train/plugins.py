@@ -18,6 +18,7 @@ from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports Tens
 import keras
 
 from melshards.shards_schema.config import ConfigError
+from melshards.train import device
 from melshards.train.contract import MODEL_INPUTS, REQUIRED_TERMS
 
 
@@ -145,11 +146,13 @@ def check_model(model: Any, spec: str, schema, names: tuple[str, ...] = MODEL_IN
     return ("loss", *sorted(k for k in losses if k != "loss"))
 
 
-def build_model(spec: str, schema, options: dict, precision: str = "float32") -> tuple[Any, tuple[str, ...]]:
-    """factory(schema, options) under the `precision` policy, checked; returns (model, loss names)."""
+def build_model(spec: str, schema, options: dict, precision: str = "float32",
+                choices: "device.Choices | None" = None) -> tuple[Any, tuple[str, ...]]:
+    """factory(schema, options) under the `precision` policy and the layer choices of the device the step
+    is compiled for (train/device.py; None: this machine's), checked; returns (model, loss names)."""
     factory = load_factory(spec)
     names = check_features(spec, schema)
-    with dtype_policy(precision):
+    with dtype_policy(precision), device.building_for(choices or device.current()):
         model = factory(schema, dict(options))
     return model, check_model(model, spec, schema, names)
 

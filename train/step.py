@@ -174,14 +174,14 @@ class ReplicaStep:
     """
 
     def __init__(self, model: keras.Model, optimizer, cfg: OptimConfig, specs: dict, seed: int,
-                 step: tf.Variable, loss_names: tuple[str, ...], distributed: bool):
+                 step: tf.Variable, loss_names: tuple[str, ...], distributed: bool, jit_compile: bool = True):
         self.model, self.optimizer, self.clip_norm, self.seed, self.step = model, optimizer, cfg.clip_norm, seed, step
         self.loss_names, self.names, self.distributed = loss_names, list(specs), distributed
         self.scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
         self.grads = self._grads
         if distributed:
             count_keys = tuple(model.loss_counts({k: tf.zeros(s.shape, s.dtype) for k, s in specs.items()}))
-            self.grads = tf.function(self._grads, jit_compile=True, input_signature=[
+            self.grads = tf.function(self._grads, jit_compile=jit_compile, input_signature=[
                 specs, tf.TensorSpec([2], tf.int32), {k: tf.TensorSpec([], tf.float32) for k in count_keys}])
 
     def _sum(self, ctx, values):
@@ -220,7 +220,7 @@ class ReplicaStep:
 
 def make_train_step(model: keras.Model, optimizer, schema: Schema, cfg: OptimConfig, specs: dict,
                     steps_per_execution: int, seed: int, step: tf.Variable, loss_names: tuple[str, ...],
-                    strategy=None):
+                    strategy=None, jit_compile: bool = True):
     """The step: K optimizer steps per call over a [K, B, ...] stack of batches.
 
     specs: one replica's {name: TensorSpec [B, ...]} (step_specs); one step is built per shape.
@@ -230,17 +230,19 @@ def make_train_step(model: keras.Model, optimizer, schema: Schema, cfg: OptimCon
     over the K steps} plus "losses": the K total losses. The function's `grad_fn` is the compiled
     function whose traces are counted. (`schema` is unused: kept for the callers' signature.)
     """
-    replica = ReplicaStep(model, optimizer, cfg, specs, seed, step, loss_names, distributed=strategy is not None)
+    replica = ReplicaStep(model, optimizer, cfg, specs, seed, step, loss_names, distributed=strategy is not None,
+                          jit_compile=jit_compile)
     if strategy is None:
-        return one_device_step(replica, specs, steps_per_execution)
+        return one_device_step(replica, specs, steps_per_execution, jit_compile)
     return distributed_step(replica, strategy, steps_per_execution)
 
 
-def one_device_step(replica: ReplicaStep, specs: dict, steps_per_execution: int):
-    """The whole call, K steps and the optimizer, as one XLA-compiled function bound to [K, *specs]."""
+def one_device_step(replica: ReplicaStep, specs: dict, steps_per_execution: int, jit_compile: bool = True):
+    """The whole call, K steps and the optimizer, as one XLA-compiled function bound to [K, *specs]
+    (jit_compile False, loop.jit_compile: the same function run by TensorFlow's own kernels)."""
     stacked = {k: tf.TensorSpec([steps_per_execution, *s.shape], s.dtype, name=k) for k, s in specs.items()}
 
-    @tf.function(input_signature=[stacked], jit_compile=True)
+    @tf.function(input_signature=[stacked], jit_compile=jit_compile)
     def train_step(batches):
         return k_steps(replica, replica, batches, steps_per_execution)
 
@@ -287,10 +289,11 @@ def k_steps(replica: ReplicaStep, run, batches, steps_per_execution: int) -> dic
     return out
 
 
-def make_eval_step(model: keras.Model, bucket: Bucket, batch_size: int, names: tuple[str, ...] = MODEL_INPUTS):
+def make_eval_step(model: keras.Model, bucket: Bucket, batch_size: int, names: tuple[str, ...] = MODEL_INPUTS,
+                   jit_compile: bool = True):
     """Compiled once like the train step, bound to the bucket's shapes; returns masked sums so the
     caller adds batches up exactly."""
-    @tf.function(input_signature=[step_specs(bucket, batch_size, None, names)], jit_compile=True)
+    @tf.function(input_signature=[step_specs(bucket, batch_size, None, names)], jit_compile=jit_compile)
     def eval_step(batch):
         return model.loss_terms(batch, tf.zeros([2], tf.int32), training=False)
 

@@ -19,9 +19,10 @@ import numpy as np
 
 from melshards.shards_schema import Schema
 from melshards.shards_schema.shards import first_bad_shard
-from melshards.train import balance, distribute, input_pipeline
+from melshards.train import balance, device, distribute, input_pipeline
 from melshards.train.buckets import Schedule, TrainerBucket, trainer_buckets
 from melshards.train.checkpoints import Checkpointer, data_settings
+from melshards.train.compile import compile_steps
 from melshards.train.config import LoopConfig
 from melshards.train.errors import TrainError
 from melshards.train.inputs import Inputs
@@ -61,7 +62,8 @@ def read_or_name_shard(fetch, files: Sequence[str], schema: Schema):
 class Trainer:
     """The model, optimizer, compiled steps (one per bucket used), input iterators and checkpointer."""
 
-    def __init__(self, inputs: Inputs, model_dir: str, synthetic: bool, topo: distribute.Topology | None = None):
+    def __init__(self, inputs: Inputs, model_dir: str, synthetic: bool, topo: distribute.Topology | None = None,
+                 stopped=lambda: False):
         cfg = inputs.cfg
         self.inputs, self.synthetic = inputs, synthetic
         self.k_steps, self.batch_size = cfg.loop.steps_per_execution, cfg.data.batch_size
@@ -73,7 +75,9 @@ class Trainer:
         self.balance_plan = balance.plan(inputs.schema, cfg.data.balance, cfg.data.balance_alpha)
         self.schedule = Schedule([tb.calls_per_epoch for tb in self.buckets], cfg.data.seed)
         self.next_call = 0  # the schedule position: set from the restored step
+        self.called: set[int] = set()  # buckets called so far: a bucket's first call is not steady state
         self._make_steps()
+        self.compiled = self._compile_steps(stopped)  # before any restore or input: the same traces every run
         self.write_dir = distribute.write_dir(model_dir, self.topo)
         self._make_input()
         self.checkpointer = Checkpointer(self.write_dir, self.model, self.optimizer, self.step_var,
@@ -86,10 +90,11 @@ class Trainer:
         """The factory's model (its contract checked before anything compiles), the optimizer and the
         step counter: variables mirrored over the replicas (the default scope on one device)."""
         cfg = self.inputs.cfg
+        self.choices = device.choices_for(device.step_device(self.topo.strategy), cfg.loop.jit_compile)
         with self.topo.scope():
             self.names = model_inputs(cfg.model_factory)  # MODEL_INPUTS + the features the model asks for
             self.model, self.loss_names = build_model(cfg.model_factory, self.inputs.schema, cfg.model_options,
-                                                      cfg.loop.precision)
+                                                      cfg.loop.precision, self.choices)
             self.optimizer = make_optimizer(cfg.optim, cfg.loop.precision, self.model)
             self.step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
 
@@ -101,10 +106,25 @@ class Trainer:
                       for tb in self.buckets if tb.calls_per_epoch}
         self.train_steps = {i: make_train_step(self.model, self.optimizer, self.inputs.schema, cfg.optim, specs,
                                                self.k_steps, cfg.loop.seed, self.step_var, self.loss_names,
-                                               strategy=self.topo.strategy)
+                                               strategy=self.topo.strategy, jit_compile=cfg.loop.jit_compile)
                             for i, specs in self.specs.items()}
-        self.eval_steps = {tb.index: make_eval_step(self.model, tb.bucket, tb.batch_size, self.names)
+        self.eval_steps = {tb.index: make_eval_step(self.model, tb.bucket, tb.batch_size, self.names,
+                                                    cfg.loop.jit_compile)
                            for tb in self.buckets if tb.val_files}
+
+    def _compile_steps(self, stopped) -> dict[int, dict]:
+        """Every bucket's train and eval step traced and compiled now (train/compile.py); under a
+        strategy each compiles at its bucket's first call (its step takes distributed batches)."""
+        if self.topo.distributed:
+            return {}
+        train_specs = {i: {k: tf.TensorSpec([self.k_steps, *s.shape], s.dtype) for k, s in specs.items()}
+                       for i, specs in self.specs.items()}
+        eval_specs = {tb.index: step_specs(tb.bucket, tb.batch_size, None, self.names) for tb in self.buckets
+                      if tb.index in self.eval_steps}
+        state = [*self.model.variables, *self.optimizer.variables, self.step_var]
+        log.info("compiling %d train and %d eval steps (one per length bucket) before the first call",
+                 len(self.train_steps), len(self.eval_steps))
+        return compile_steps(self.train_steps, train_specs, self.eval_steps, eval_specs, state, stopped)
 
     def _make_input(self) -> None:
         """On one device every bucket's iterator now, its position saved in the checkpoint
@@ -191,8 +211,9 @@ class Trainer:
         """One compiled call of the scheduled bucket: (mean metrics, the K step losses, input wait s, call s)."""
         tb = self.buckets[self.schedule.bucket(self.next_call)]
         train_step = self.train_steps[tb.index]
-        first = train_step.experimental_get_tracing_count() == 0
-        if first:
+        first = tb.index not in self.called
+        self.called.add(tb.index)
+        if first and not self.compiled:
             log.info("first call: tracing and XLA-compiling the train step of bucket %d (tens of seconds on CPU)",
                      tb.index)
         t0 = time.perf_counter()
@@ -202,10 +223,10 @@ class Trainer:
         losses = out.pop("losses").numpy()  # waits for the call: the per-call sync point
         t2 = time.perf_counter()
         self.next_call += 1
-        if first:
+        if first and not self.compiled:
             log.info("first call (trace + XLA compile + %d steps) of bucket %d: %.1f s", self.k_steps, tb.index,
                      t2 - t0)
-        out["compiled"] = float(first)
+        out["first_call"] = float(first)
         out["padded_frames"] = float(self.k_steps * tb.batch_size * tb.bucket.max_mel_frames)
         return out, losses, t1 - t0, t2 - t0
 
@@ -259,7 +280,7 @@ class Trainer:
         return {"model_factory": cfg.model_factory, "synthetic_data": self.synthetic,
                 "batch_size": self.batch_size, "fixed_batch_size": cfg.data.fixed_batch_size,
                 "steps_per_execution": self.k_steps, "precision": cfg.loop.precision,
-                **self.topo.facts(self.batch_size),
+                **self.topo.facts(self.batch_size), "layers": self.choices.facts(),
                 "step_function_traces": sum(s.experimental_get_tracing_count() for s in self.train_steps.values()),
                 "parameters": int(self.model.count_params()), "train_step_traces": sum(traces.values()),
                 "eval_step_traces": sum(evals.values()),

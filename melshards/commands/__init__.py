@@ -69,8 +69,13 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str) 
     return 0
 
 
-def import_tensorflow_quietly() -> None:
-    """TensorFlow without its C++ start-up INFO lines (`melshards.train.tf_quiet`), before a command runs."""
+def import_tensorflow_quietly(command: str) -> None:
+    """TensorFlow without its C++ start-up INFO lines (`melshards.train.tf_quiet`), before a command runs;
+    for `train`, with the persistent XLA cache on (TensorFlow reads its XLA flags as it starts)."""
+    if command == "train":
+        from melshards.train.xla_cache import enable_persistent_cache
+
+        enable_persistent_cache()
     from melshards.train.tf_quiet import import_tensorflow
 
     import_tensorflow()
@@ -88,8 +93,8 @@ class _LazyGroup(click.Group):
         if name in _USES_TENSORFLOW and not getattr(command, "_imports_tf_quietly", False):
             run = command.invoke  # runs the command; `--help` exits before it, without TensorFlow
 
-            def invoke(ctx, run=run):
-                import_tensorflow_quietly()
+            def invoke(ctx, run=run, name=name):
+                import_tensorflow_quietly(name)
                 return run(ctx)
             command.invoke, command._imports_tf_quietly = invoke, True
         return command

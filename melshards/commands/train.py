@@ -5,6 +5,7 @@ is built or anything is compiled, so a bad call fails in seconds with a message.
 """
 from __future__ import annotations
 
+import logging
 
 import click
 
@@ -45,6 +46,9 @@ def train_command(shard_globs, model_dir, val_globs, config_path, steps, batch_s
                   model_factory, synthetic_data, strategy, cpu_devices, precision) -> None:
     """Train a text-to-mel model on SHARD_GLOB... (local or gs://) written by `melshards preprocess`."""
     setup_logging()
+    from melshards.train.xla_cache import enable_persistent_cache  # imports no TensorFlow
+
+    xla_cache = enable_persistent_cache()  # the group did it before importing TensorFlow; this for run()
     from melshards.train import distribute
     from melshards.train.config import load_config
     from melshards.train.input_pipeline import InputError
@@ -61,6 +65,8 @@ def train_command(shard_globs, model_dir, val_globs, config_path, steps, batch_s
         topo.per_replica_batch(inputs.cfg.data.batch_size)
     except (ConfigError, SchemaError, InputError) as e:
         raise click.UsageError(str(e)) from e
+    if xla_cache:
+        logging.getLogger("melshards.train").info("compiled steps are kept in %s (MELSHARDS_XLA_CACHE)", xla_cache)
     try:
         summary = train(inputs, model_dir, synthetic=synthetic_data, topo=topo)
     except (ModelDirError, ConfigError) as e:  # ConfigError: the model factory or its model (PluginError)

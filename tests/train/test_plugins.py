@@ -72,8 +72,8 @@ def test_example_plugin_dataset_graph_holds_no_python_ops(four_records, tmp_path
 
     cfg = config_from_dict({"model": dict(FS_MODEL, factory=EXAMPLE), "data": {"batch_size": 2}})
     inputs = resolve_inputs([str(four_records / "train-*.tfrecord")], [], None, cfg)
-    built = Trainer(inputs, str(tmp_path / "m"), synthetic=False)  # builds, does not compile
-    assert built.datasets and all(s.experimental_get_tracing_count() == 0 for s in built.train_steps.values())
+    built = Trainer(inputs, str(tmp_path / "m"), synthetic=False)  # builds and compiles every step up front
+    assert built.datasets and all(s.experimental_get_tracing_count() == 1 for s in built.train_steps.values())
     for ds in built.datasets.values():
         assert ip.python_ops_in(ds) == []
 

@@ -1,0 +1,100 @@
+"""Every bucket's step compiled up front (train/compile.py), and kept across runs (train/xla_cache.py)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from melshards.train.tf_quiet import tf  # noqa: I001
+
+from melshards.train import xla_cache
+from melshards.train.compile import align_function_names, compile_steps
+from tests.train.conftest import write_config
+
+
+def test_the_cache_lives_in_the_users_cache_dir_unless_melshards_xla_cache_says(monkeypatch, tmp_path):
+    monkeypatch.delenv("MELSHARDS_XLA_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert xla_cache.default_cache_dir() == str(tmp_path / "melshards" / "xla")
+    monkeypatch.setenv("MELSHARDS_XLA_CACHE", str(tmp_path / "mine"))
+    assert xla_cache.default_cache_dir() == str(tmp_path / "mine")
+    monkeypatch.setenv("MELSHARDS_XLA_CACHE", "")
+    assert xla_cache.default_cache_dir() is None
+
+
+def test_enabling_the_cache_adds_its_flag_and_keeps_one_already_given(monkeypatch, tmp_path):
+    monkeypatch.setenv("TF_XLA_FLAGS", "--tf_xla_auto_jit=0")
+    assert xla_cache.enable_persistent_cache(str(tmp_path / "c")) == str(tmp_path / "c")
+    assert os.environ["TF_XLA_FLAGS"] == f"--tf_xla_auto_jit=0 --tf_xla_persistent_cache_directory={tmp_path / 'c'}"
+    assert (tmp_path / "c").is_dir()
+    assert xla_cache.enable_persistent_cache(str(tmp_path / "other")) == str(tmp_path / "c")
+    assert not (tmp_path / "other").exists()
+    monkeypatch.setenv("TF_XLA_FLAGS", "")
+    monkeypatch.setenv("MELSHARDS_XLA_CACHE", "")
+    assert xla_cache.enable_persistent_cache() is None and os.environ["TF_XLA_FLAGS"] == ""
+
+
+def test_functions_traced_after_aligning_get_the_same_names_whatever_ran_before():
+    def traced_name(work_before: int) -> str:
+        for _ in range(work_before):
+            tf.constant(1.0) + 1.0  # eager ops take uids, as a checkpoint check does
+        align_function_names()
+        return tf.function(lambda x: x * 2).get_concrete_function(tf.TensorSpec([2])).name.decode()
+
+    traced_name(0)  # a process's first trace sets things up once
+    a, b = traced_name(0), traced_name(37)
+    assert a.rsplit("_", 1)[0] == b.rsplit("_", 1)[0]
+    assert int(a.rsplit("_", 1)[1]) % 100_000 == int(b.rsplit("_", 1)[1]) % 100_000 < 1000
+
+
+def test_compiling_up_front_traces_each_step_once_and_leaves_the_state_as_it_was():
+    weight, counter = tf.Variable([1.0, 2.0]), tf.Variable(0, dtype=tf.int64)
+
+    def make(n):
+        @tf.function(input_signature=[{"x": tf.TensorSpec([n, 2])}], jit_compile=True)
+        def step(batch):
+            weight.assign_sub(0.5 * tf.reduce_mean(batch["x"] + 1.0, 0))
+            counter.assign_add(1)
+            return {"loss": tf.reduce_sum(weight)}
+        return step
+
+    train = {0: make(3), 2: make(5)}
+    evals = {2: tf.function(lambda b: {"sum": tf.reduce_sum(b["x"]) + tf.reduce_sum(weight)},
+                            input_signature=[{"x": tf.TensorSpec([4, 2])}], jit_compile=True)}
+    report = compile_steps(train, {0: {"x": tf.TensorSpec([3, 2])}, 2: {"x": tf.TensorSpec([5, 2])}},
+                           evals, {2: {"x": tf.TensorSpec([4, 2])}}, [weight, counter])
+    assert sorted(report) == [0, 2] and all(t["trace_s"] > 0 and t["compile_s"] > 0 for t in report.values())
+    assert weight.numpy().tolist() == [1.0, 2.0] and int(counter.numpy()) == 0
+    train[2]({"x": tf.ones([5, 2])})
+    assert weight.numpy().tolist() == [0.0, 1.0]  # the real call still updates
+    assert [s.experimental_get_tracing_count() for s in (*train.values(), *evals.values())] == [1, 1, 1]
+
+
+def _train(shards_dir, model_dir, cfg, cache, steps):
+    env = dict(os.environ, MELSHARDS_XLA_CACHE=str(cache))
+    env.pop("TF_XLA_FLAGS", None)
+    proc = subprocess.run([sys.executable, "-m", "melshards", "train", str(shards_dir / "train-*.tfrecord"),
+                           "--val", str(shards_dir / "val-*.tfrecord"), "--model-dir", str(model_dir),
+                           "--config", str(cfg), "--steps", str(steps)], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((model_dir / "run_summary.json").read_text())
+
+
+def test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache(shards_dir, tmp_path):
+    cfg = write_config(tmp_path / "c.yaml", loop={"steps": 4, "checkpoint_every": 2, "log_every": 2,
+                                                   "val_every": 2})
+    cache = tmp_path / "xla"
+    first = _train(shards_dir, tmp_path / "m", cfg, cache, 2)
+    entries = sorted(p.name for p in cache.iterdir())
+    assert len(entries) == 2  # the train and the eval step of the one bucket
+    resumed = _train(shards_dir, tmp_path / "m", cfg, cache, 4)
+    assert resumed["start_step"] == 2 and resumed["final_step"] == 4
+    assert sorted(p.name for p in cache.iterdir()) == entries  # nothing compiled again: every step was found
+    for summary in (first, resumed):
+        assert summary["train_step_traces"] == 1 and summary["eval_step_traces"] == 1
+        assert list(summary["compile_by_bucket"]) == ["0"]
+        assert summary["time_to_first_step"] >= summary["compile_seconds"] > 0
+        assert summary["layers"] == {"device": "CPU", "conv": "im2col", "dropout_rng": "threefry"}
