@@ -143,18 +143,22 @@ def run_variant(name: str, shards: Path, clips, config: str, steps: int) -> dict
             data = data.map(lambda d: {k: v[0] for k, v in d.items()})
             step = plain_step(model, opt, schema, b, signature=(name == "sig_noxla"), pad_to_schema=False)
     it = iter(data)
-    times, examples = [], 0.0
+    times, waits, examples, frames = [], [], [], []
     t_start = time.perf_counter()
     for _ in range(steps):
         t = time.perf_counter()
-        out = step(next(it))
-        examples += float(out["examples"])
+        batch = next(it)
+        waits.append(time.perf_counter() - t)
+        out = step(batch)
+        examples.append(float(out["examples"]))
+        frames.append(float(tf.reduce_sum(batch["mel_len"])))  # valid mel frames (padding records count 0)
         times.append(time.perf_counter() - t)
     wall = time.perf_counter() - t_start
     steady = sum(times[1:])
     return {"wall_steps_per_s": steps / wall, "steady_steps_per_s": (steps - 1) / steady,
-            "examples_per_s": examples / wall, "first_call_s": times[0],
-            "traces": step.experimental_get_tracing_count()}
+            "examples_per_s": sum(examples) / wall, "first_call_s": times[0],
+            "steady_examples_per_s": sum(examples[1:]) / steady, "steady_mel_frames_per_s": sum(frames[1:]) / steady,
+            "input_wait": sum(waits[1:]) / steady, "traces": step.experimental_get_tracing_count()}
 
 
 def main(argv=None) -> dict:

@@ -52,6 +52,8 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
             ("audio_headroom", ["--steps", "20", "--rounds", "1", "--work", f"{work}/audio-headroom"]),
             ("cache_wall", ["--clips", "60", "--rounds", "1", "--work-dir", work]),
             ("stats_scale", ["--stats", f"{work}/cache-wall/out-plain/stats.json", "--clips", "10000", "--rounds", "1"]),
+            ("step_device", ["--quick"]),
+            ("compile_wall", ["--clips", "200", "--rounds", "1"]),
         ]
     return [
         ("record_encoding", ["--records", "1024", "--rounds", "5"]),
@@ -72,6 +74,8 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
         ("audio_headroom", ["--steps", "120", "--rounds", "2", "--work", f"{work}/audio-headroom"]),
         ("cache_wall", ["--clips", "13100", "--rounds", "2", "--work-dir", work]),
         ("stats_scale", ["--stats", f"{work}/cache-wall/out-plain/stats.json", "--rounds", "3"]),
+        ("step_device", ["--steps", "120", "--rounds", "1"]),  # train_base sizes: meant for a GPU machine
+        ("compile_wall", ["--clips", "800", "--rounds", "2"]),
     ]
 
 

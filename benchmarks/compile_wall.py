@@ -1,0 +1,108 @@
+"""What compiling costs before the first step: 8 length buckets against 1, and a resumed run against a cold one.
+
+One corpus (benchmarks/make_big_corpus.py, --clips clips) preprocessed twice, with `--buckets 1` and
+`--buckets 8`. Per round, each a separate `melshards train` process with validation shards:
+
+- `one`, `eight`: a cold run (no persistent cache) of --steps steps; reported: time to the first step
+  (run_summary.json `time_to_first_step`: model, every bucket's train and eval step traced and compiled
+  up front, the first call), compile seconds, traces per bucket;
+- `resumed`: the 8-bucket run again with a persistent cache: a first run to --steps fills it and
+  checkpoints, then the same command with twice the steps resumes; reported: its compile seconds
+  against the cold run's (goal <= 0.10), and whether it added cache entries.
+
+Run: python -m benchmarks.compile_wall [--clips 800] [--rounds 2] [--steps 4] [--config <tiny test model>]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from benchmarks.common import emit
+from benchmarks.shards_fixture import REPO
+from benchmarks.step_device import QUICK_MODEL, WORK
+
+
+def shards(corpus: str, buckets: int, out: Path) -> Path:
+    if not (out / "schema.json").exists():
+        code = subprocess.run([sys.executable, "-m", "melshards", "preprocess", "--input", corpus, "--output", str(out),
+                               "--config", str(REPO / "configs" / "ljspeech.yaml"), "--overwrite", "--buckets",
+                               str(buckets)], cwd=REPO, capture_output=True, text=True)
+        if code.returncode:
+            raise SystemExit(f"preprocess --buckets {buckets} failed:\n{code.stderr[-2000:]}")
+    return out
+
+
+def train(shard_dir: Path, model_dir: Path, cfg: Path, steps: int, cache: str) -> dict:
+    env = dict(os.environ, MELSHARDS_XLA_CACHE=cache)
+    env.pop("TF_XLA_FLAGS", None)
+    cmd = [sys.executable, "-m", "melshards", "train", str(shard_dir / "train-*.tfrecord"), "--val",
+           str(shard_dir / "val-*.tfrecord"), "--model-dir", str(model_dir), "--config", str(cfg), "--steps", str(steps)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
+    if proc.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    return json.loads((model_dir / "run_summary.json").read_text())
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clips", type=int, default=800)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--config", default=None, help="train config (default: the tests' tiny model, batch 8)")
+    args = ap.parse_args(argv)
+    work = WORK / "compile-wall"
+    work.mkdir(parents=True, exist_ok=True)
+    from benchmarks.preprocess_scale import ensure_corpus
+    corpus = ensure_corpus(str(WORK / f"ljbig-{args.clips}"), args.clips)
+    sets = {"one": shards(corpus, 1, work / "shards-1"), "eight": shards(corpus, 8, work / "shards-8")}
+    if args.config:
+        cfg = Path(args.config)
+    else:
+        cfg = work / "tiny.yaml"
+        cfg.write_text(yaml.safe_dump({"model": QUICK_MODEL, "data": {"batch_size": 8, "shuffle_buffer": 64},
+                                       "loop": {"log_every": 1, "checkpoint_every": 1, "val_every": 1000}}))
+    rows: dict[str, list[dict]] = {"one": [], "eight": [], "resumed": []}
+    for r in range(args.rounds):
+        for name, shard_dir in sets.items():
+            model_dir = work / f"model-{name}"
+            shutil.rmtree(model_dir, ignore_errors=True)
+            s = train(shard_dir, model_dir, cfg, args.steps, "")
+            rows[name].append({"time_to_first_step": s["time_to_first_step"], "compile_seconds": s["compile_seconds"],
+                               "buckets": len(s["compile_by_bucket"]), "traces": s["train_step_traces"]})
+        cache, model_dir = work / "xla-cache", work / "model-resumed"
+        shutil.rmtree(cache, ignore_errors=True)
+        shutil.rmtree(model_dir, ignore_errors=True)
+        cold = train(sets["eight"], model_dir, cfg, args.steps, str(cache))
+        entries = len(list(cache.iterdir()))
+        resumed = train(sets["eight"], model_dir, cfg, 2 * args.steps, str(cache))
+        rows["resumed"].append({"cold_compile_seconds": cold["compile_seconds"],
+                                "compile_seconds": resumed["compile_seconds"],
+                                "time_to_first_step": resumed["time_to_first_step"],
+                                "trace_seconds": sum(t["trace_s"] for t in resumed["compile_by_bucket"].values()),
+                                "new_cache_entries": len(list(cache.iterdir())) - entries,
+                                "traces": resumed["train_step_traces"]})
+        print(f"round {r + 1}: first step one {rows['one'][-1]['time_to_first_step']:.1f} s, eight "
+              f"{rows['eight'][-1]['time_to_first_step']:.1f} s; resumed compile {resumed['compile_seconds']:.1f} s "
+              f"vs cold {cold['compile_seconds']:.1f} s", flush=True)
+    eight_over_one = statistics.median(e["time_to_first_step"] / o["time_to_first_step"]
+                                       for e, o in zip(rows["eight"], rows["one"]))
+    resumed_over_cold = statistics.median(x["compile_seconds"] / x["cold_compile_seconds"] for x in rows["resumed"])
+    result = {"benchmark": "compile_wall", "host_cores": os.cpu_count(), "clips": args.clips, "steps": args.steps,
+              "rounds": rows, "eight_over_one_first_step": round(eight_over_one, 2),
+              "resumed_over_cold_compile": round(resumed_over_cold, 3)}
+    print(f"time to first step, 8 buckets / 1: {eight_over_one:.2f} (goal <= 2 on 4 cores; {os.cpu_count()} here)")
+    print(f"resumed run's compile / cold run's: {resumed_over_cold:.3f} (goal <= 0.10)")
+    emit(result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
