@@ -70,8 +70,9 @@ def compile_steps(train_steps: dict, train_specs: dict, eval_steps: dict, eval_s
                 if i in steps and not stopped():
                     t0 = time.perf_counter()
                     tf.nest.map_structure(lambda t: t.numpy(), steps[i](zeros(specs[i])))  # waits for it
-                    report[i]["compile_s"] += time.perf_counter() - t0
-                    log.info("compiled the %s step of bucket %d: %.1f s", kind, i, time.perf_counter() - t0)
+                    seconds = time.perf_counter() - t0
+                    report[i]["compile_s"] += seconds
+                    log.info("compiled the %s step of bucket %d: %.1f s", kind, i, seconds)
     finally:
         for v, value in zip(state, saved):
             v.assign(value)

@@ -68,11 +68,8 @@ def start(trainer: Trainer, began: float) -> RunState:
              "%d steps per call, precision %s, %s data, steps %d -> %d", trainer.model.count_params(),
              trainer.batch_size, trainer.per_replica, topo.replicas, topo.workers, topo.name, trainer.k_steps,
              lp.precision, "synthetic" if trainer.synthetic else "shard", start_step, lp.steps)
-    state = RunState(start=start_step, target=lp.steps, steps_per_call=trainer.k_steps, data_changes=changes,
-                     loss_names=trainer.loss_names, compiled=trainer.compiled, began=began)
-    if trainer.compiled:
-        state.compile_seconds = sum(t["trace_s"] + t["compile_s"] for t in trainer.compiled.values())
-    return state
+    return RunState(start=start_step, target=lp.steps, steps_per_call=trainer.k_steps, data_changes=changes,
+                    loss_names=trainer.loss_names, compiled=trainer.compiled, began=began)
 
 
 def run_calls(trainer: Trainer, state: RunState, stop: StopFlag, scalars: Scalars) -> None:

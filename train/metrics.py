@@ -49,6 +49,8 @@ class RunState:
     padded_frames: float = 0.0
 
     def __post_init__(self):
+        if self.compiled and self.compile_seconds is None:  # every step compiled up front: their total
+            self.compile_seconds = sum(t["trace_s"] + t["compile_s"] for t in self.compiled.values())
         if self.step < 0:
             self.step = self.start
         if self.saved_at < 0:

@@ -117,8 +117,8 @@ class Trainer:
         strategy each compiles at its bucket's first call (its step takes distributed batches)."""
         if self.topo.distributed:
             return {}
-        train_specs = {i: {k: tf.TensorSpec([self.k_steps, *s.shape], s.dtype) for k, s in specs.items()}
-                       for i, specs in self.specs.items()}
+        train_specs = {tb.index: step_specs(tb.bucket, tb.batch_size, self.k_steps, self.names) for tb in self.buckets
+                       if tb.index in self.train_steps}  # one device: the replica's batch is the bucket's
         eval_specs = {tb.index: step_specs(tb.bucket, tb.batch_size, None, self.names) for tb in self.buckets
                       if tb.index in self.eval_steps}
         state = [*self.model.variables, *self.optimizer.variables, self.step_var]

@@ -141,3 +141,11 @@ def test_a_second_ctrl_c_during_the_first_compile_stops_at_once(shards_dir, tmp_
     assert "SIGINT received: checkpointing" in out
     assert "compiled the train step" not in out  # stopped inside the compile, not after it
     assert not list((tmp_path / "m" / "checkpoints").glob("*.index"))
+
+
+def test_run_state_compiled_up_front_counts_the_compile_and_not_the_first_call_as_compile():
+    state = RunState(start=0, target=4, steps_per_call=2, compiled={0: {"trace_s": 1.5, "compile_s": 2.5}})
+    assert state.compile_seconds == 4.0
+    state.record(dict(_metrics(3.0), first_call=1.0), np.array([3.0, 2.9]), wait_s=0.0, call_s=0.5, last_checkpoint=None)
+    assert state.compile_seconds == 4.0 and state.first_call_seconds == 0.5
+    assert state.summary()["compile_by_bucket"] == {"0": {"trace_s": 1.5, "compile_s": 2.5}}
