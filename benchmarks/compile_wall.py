@@ -15,7 +15,6 @@ Run: python -m benchmarks.compile_wall [--clips 800] [--rounds 2] [--steps 4] [-
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.common import emit
+from benchmarks.common import emit, melshards_train
 from benchmarks.shards_fixture import REPO
 from benchmarks.step_device import QUICK_MODEL, WORK
 
@@ -41,14 +40,9 @@ def shards(corpus: str, buckets: int, out: Path) -> Path:
 
 
 def train(shard_dir: Path, model_dir: Path, cfg: Path, steps: int, cache: str) -> dict:
-    env = dict(os.environ, MELSHARDS_XLA_CACHE=cache)
-    env.pop("TF_XLA_FLAGS", None)
-    cmd = [sys.executable, "-m", "melshards", "train", str(shard_dir / "train-*.tfrecord"), "--val",
-           str(shard_dir / "val-*.tfrecord"), "--model-dir", str(model_dir), "--config", str(cfg), "--steps", str(steps)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    return json.loads((model_dir / "run_summary.json").read_text())
+    """A run with validation and its persistent cache in `cache` ("" off; TF_XLA_FLAGS names none)."""
+    return melshards_train(shard_dir, model_dir, cfg, "--val", str(shard_dir / "val-*.tfrecord"), "--steps", str(steps),
+                           env={"MELSHARDS_XLA_CACHE": cache, "TF_XLA_FLAGS": ""})
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.common import emit
+from benchmarks.common import emit, melshards_train
 from benchmarks.shards_fixture import REPO, demo_shards
 
 VARIANTS = ("bf16", "fp32", "bf16_noxla", "synthetic", "before")
@@ -124,15 +124,10 @@ def train_variant(variant: str, shards: Path, work: Path, quick: bool, steps: in
     shutil.rmtree(model_dir, ignore_errors=True)
     cfg = config_for(variant, quick, steps, work / f"{variant}.yaml")
     precision = "float32" if variant == "fp32" else "mixed_bfloat16"
-    cmd = [sys.executable, "-m", "melshards", "train", str(shards / "train-*.tfrecord"), "--model-dir", str(model_dir),
-           "--config", str(cfg), "--precision", precision] + (["--synthetic-data"] if variant == "synthetic" else [])
-    env = dict(os.environ, MELSHARDS_XLA_CACHE="")  # every variant compiles: compile seconds are the cold ones
-    with Nvml() as nvml:
-        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
+    with Nvml() as nvml:  # MELSHARDS_XLA_CACHE empty: every variant compiles, compile seconds are the cold ones
+        s = melshards_train(shards, model_dir, cfg, "--precision", precision,
+                            *(["--synthetic-data"] if variant == "synthetic" else []), env={"MELSHARDS_XLA_CACHE": ""})
         ended = time.perf_counter()
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    s = json.loads((model_dir / "run_summary.json").read_text())
     st = s["steady_state"]
     steady_s = st["calls"] * s["steps_per_execution"] / st["steps_per_second"] if st["steps_per_second"] else 0.0
     return {"step_ms": 1000.0 / st["steps_per_second"] if st["steps_per_second"] else None,

@@ -14,18 +14,15 @@ Run: python -m benchmarks.train_input [--steps 120] [--rounds 2] [--config confi
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import yaml
 
-from benchmarks.common import emit
+from benchmarks.common import emit, melshards_train
 from benchmarks.shards_fixture import REPO, demo_shards, relabel
 
 KINDS = ("real", "balanced", "synthetic")
@@ -33,12 +30,7 @@ KINDS = ("real", "balanced", "synthetic")
 
 def train_run(shards: Path, model_dir: Path, config: Path, steps: int, synthetic: bool) -> dict:
     shutil.rmtree(model_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "melshards", "train", str(shards / "train-*.tfrecord"), "--model-dir", str(model_dir),
-           "--config", str(config), "--steps", str(steps)] + (["--synthetic-data"] if synthetic else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO)
-    if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-    return json.loads((model_dir / "run_summary.json").read_text())
+    return melshards_train(shards, model_dir, config, "--steps", str(steps), *(["--synthetic-data"] if synthetic else []))
 
 
 def two_speakers(work: Path) -> Path:
