@@ -4,7 +4,7 @@ One composite PTransform per stage, each with a labelled expand(); global statis
 stages as side inputs. `build(p, ...)` wires the stages; `melshards.preprocess.run.run_job` checks an
 invocation and runs them. The per-clip and per-batch work are pure functions in the modules beside
 this one (clips, bucketing, encode, shards, report); the two side channels outside Beam's model have their
-own modules (stash: the mels across the statistics barrier; progress: the local progress line).
+own modules (stash: the measured batches across the statistics barrier; progress: the local progress line).
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from melshards.preprocess.encode import encode_clip
 from melshards.preprocess.progress import ProgressFile, progress_dir
 from melshards.preprocess.report import WriteReport
 from melshards.preprocess.shards import AssembleShards, RollingFiles
-from melshards.preprocess.stash import load_features, stash_dir, stash_features
+from melshards.preprocess.stash import load_clips, load_features, stash_batch, stash_dir
 from melshards.preprocess.workers import worker_setup
 from melshards.shards_schema import Vocabulary
 from melshards.shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
@@ -81,14 +81,18 @@ class _Cached:
             self.used.add(cache.write_batch(self.dir, self.new))
 
 
+STASHED = "stashed"
+
+
 @beam.typehints.with_output_types(dict)  # declared: inferring it would import librosa into the launcher
 class _MeasureFn(beam.DoFn):
-    """Batch of rows -> {"clips": [clip with its front end's text, lengths, the mel's moments], "stash":
-    path, "cache": {hits, computed, damaged_files}, "cache_files": [...]}; bad clips -> `rejected`.
+    """Batch of rows -> {"clips": [clip with its front end's text, lengths, the mel's moments], "cache":
+    {hits, computed, damaged_files}, "cache_files": [...]} for the statistics; the batch's stash
+    reference (`stash.stash_batch`) -> `stashed`; bad clips -> `rejected`.
 
     Each clip is decoded, resampled and trimmed once, here, and its features computed from it, or
     read from the feature cache when the run has one (`index`: key -> cache file, a side input). The
-    features cross the statistics barrier in one temp file per batch (the stash).
+    clips and their features cross the statistics barrier in the stash, not in the runner.
     """
 
     def __init__(self, cfg: PreprocessConfig, stash_dir: str, progress_dir: str | None = None,
@@ -105,7 +109,7 @@ class _MeasureFn(beam.DoFn):
             self.progress.flush()
 
     def process(self, rows, index=None):
-        clips, arrays, refs = [], [], {}
+        clips, arrays = [], []
         cached = _Cached(self.cache_dir, index or {}, self.settings)
         for row, text in zip(rows, prepare_texts(rows, self.cfg)):
             _count("rows_measured")  # with the per-reason counters, the job's progress on Dataflow
@@ -123,7 +127,7 @@ class _MeasureFn(beam.DoFn):
                 stashed = features
             else:  # the writer reads these from the cache file: only what the cache lacks is stashed
                 moments = hit[2]
-                refs[clip["id"]] = [index[key], key]
+                clip["cached"] = [index[key], key]
                 stashed = {k: v for k, v in features.items() if k == "durations"}
             cached.counts["hits" if hit is not None else "computed"] += 1
             Metrics.distribution(NS, "mel_frames").update(clip["mel_frames"])
@@ -137,15 +141,19 @@ class _MeasureFn(beam.DoFn):
         if self.progress:
             self.progress.add(len(rows))
         Metrics.counter(NS, "clips_measured").inc(len(clips))
-        stash = stash_features(self.stash_dir, [c["id"] for c in clips], arrays) if clips else None
-        yield {"clips": clips, "stash": stash, "refs": refs, "cache": cached.counts,
-               "cache_files": sorted(cached.used)}
+        yield beam.pvalue.TaggedOutput(STASHED, stash_batch(self.stash_dir, clips, arrays))
+        yield {"clips": clips, "cache": cached.counts, "cache_files": sorted(cached.used)}
 
 
 class MeasureClips(beam.PTransform):
-    """Batches of rows -> batches of clips with normalised text, lengths and stashed features;
-    bad clips -> `rejected`. With `cache_dir`, each clip's audio features are looked up in the feature
-    cache first (its index read by the workers into a side input) and what is computed is added."""
+    """Batches of rows -> {"clips": batches of clips with normalised text and lengths, for the
+    statistics; "stashed": each batch's stash reference, for the stages after the statistics;
+    "rejected": bad clips}. With `cache_dir`, each clip's audio features are looked up in the feature
+    cache first (its index read by the workers into a side input) and what is computed is added.
+
+    Only the statistics' combiners read `clips`: the runner fuses their partial combines into this
+    stage, so the clips never wait in the runner; what waits for the cut-offs is `stashed`, a few
+    hundred bytes per batch."""
 
     def __init__(self, cfg: PreprocessConfig, stash_dir: str, progress_dir: str | None = None,
                  cache_dir: str | None = None):
@@ -155,14 +163,14 @@ class MeasureClips(beam.PTransform):
     def expand(self, batches):
         fn = _MeasureFn(self.cfg, self.stash_dir, self.progress_dir, self.cache_dir)
         if not self.cache_dir:
-            return batches | "Measure" >> beam.ParDo(fn).with_outputs(REJECTED, main="clips")
+            return batches | "Measure" >> beam.ParDo(fn).with_outputs(REJECTED, STASHED, main="clips")
         index = (batches.pipeline
                  | "CacheDir" >> beam.Create([self.cache_dir])
                  | "CacheFiles" >> beam.FlatMap(cache.key_files)
                  | "SpreadFiles" >> beam.Reshuffle()
                  | "ReadKeys" >> beam.FlatMap(cache.index_of))
         return batches | "Measure" >> beam.ParDo(fn, index=beam.pvalue.AsDict(index)).with_outputs(
-            REJECTED, main="clips")
+            REJECTED, STASHED, main="clips")
 
 
 # -- stage 4: statistics -----------------------------------------------------------------------
@@ -278,15 +286,20 @@ def cutoffs_from(hists: dict, corpus_tables: dict, cfg: PreprocessConfig) -> Cut
 
 
 # -- stage 6a: length buckets ----------------------------------------------------------------
-def kept_summary(batch: dict, cutoffs: Cutoffs | None, corpus_tables: dict, salt: str) -> dict:
+def kept_summary(clips: list[dict], cutoffs: Cutoffs | None, corpus_tables: dict, salt: str) -> dict:
     """One batch's share of what the buckets and the after-filter report need: the three length
     histograms of its kept clips, the mel-frame histogram of its kept training clips, and the
     text lengths of its kept clips per mel-frame count (each bucket's text length follows from it
     once the bounds are known)."""
-    kept = [c for c in batch["clips"] if filter_rejection(c, cutoffs, corpus_tables) is None] if cutoffs else []
+    kept = [c for c in clips if filter_rejection(c, cutoffs, corpus_tables) is None] if cutoffs else []
     return {"after": length_histograms(kept),
             "train": Counter(c["mel_frames"] for c in kept if tables.split_of(c, corpus_tables, salt) == "train"),
             "text_by_frames": Counter((c["mel_frames"], c["text_len"]) for c in kept)}
+
+
+def stashed_kept_summary(batch: dict, cutoffs: Cutoffs | None, corpus_tables: dict, salt: str) -> dict:
+    """`kept_summary` of a stashed batch (`stash.stash_batch`'s reference)."""
+    return kept_summary(load_clips(batch), cutoffs, corpus_tables, salt)
 
 
 class _KeptSummaryFn(beam.CombineFn):
@@ -307,7 +320,8 @@ class _KeptSummaryFn(beam.CombineFn):
 
 
 class ChooseBuckets(beam.PTransform):
-    """Measured batches + cut-offs -> one element, `bucketing.choose_from_summary`'s dict.
+    """Stashed batches (`MeasureClips`'s `stashed`) + cut-offs -> one element,
+    `bucketing.choose_from_summary`'s dict.
 
     Reads the measured clips with the filter's own rule (`clips.filter_rejection`), not the filter's output:
     the bounds are then ready before any mel is read back, so the filter, padding and writing run
@@ -321,7 +335,7 @@ class ChooseBuckets(beam.PTransform):
     def expand(self, batches):
         S = beam.pvalue
         return (batches
-                | "Kept" >> beam.Map(kept_summary, S.AsSingleton(self.cutoffs), S.AsSingleton(self.tables),
+                | "Kept" >> beam.Map(stashed_kept_summary, S.AsSingleton(self.cutoffs), S.AsSingleton(self.tables),
                                      self.cfg.split.salt)
                 | "Summary" >> beam.CombineGlobally(_KeptSummaryFn()).without_defaults()  # >= 1 batch
                 | "Bounds" >> beam.Map(bucketing.choose_from_summary, self.cfg.pad))
@@ -346,12 +360,12 @@ def written_counts(clips) -> Counter:
 
 
 class _FilterAndWriteFn(beam.DoFn):
-    """Batch of clips -> kept clips padded, encoded and appended to temp TFRecord files (one per split
+    """Stashed batch -> kept clips padded, encoded and appended to temp TFRecord files (one per split
     and bucket, rolled at the target size); one dict per closed file at the end of the bundle.
 
     Dropped clips -> `rejected`; the training clips' mel moments, one per batch -> `moments`; what
-    the batch wrote per speaker and language -> `written`. Each batch's mels are read back from its
-    stash file once.
+    the batch wrote per speaker and language -> `written`. Each batch's clips and arrays are read back
+    from its stash files once.
     """
 
     def __init__(self, out_dir: str, target_bytes: int, cfg: PreprocessConfig):
@@ -365,8 +379,8 @@ class _FilterAndWriteFn(beam.DoFn):
 
     def process(self, batch, cutoffs, chosen, corpus_tables):
         buckets, text = chosen["buckets"], chosen["text"]
-        kept = []
-        for clip in batch["clips"]:
+        clips, kept = load_clips(batch), []
+        for clip in clips:
             rejection = filter_rejection(clip, cutoffs, corpus_tables)
             if rejection:
                 _count(rejection["reason"])
@@ -374,15 +388,15 @@ class _FilterAndWriteFn(beam.DoFn):
             else:
                 kept.append(dict(clip, split=tables.split_of(clip, corpus_tables, self.cfg.split.salt)))
         moments = Moments.empty(self.cfg.mel.n_mels)
-        arrays = load_features(batch["stash"], len(batch["clips"])) if kept else []
-        by_id = dict(zip((c["id"] for c in batch["clips"]), arrays))
+        arrays = load_features(batch) if kept else []
+        by_id = dict(zip((c["id"] for c in clips), arrays))
         from_cache: dict[str, dict] = {}
-        kept_ids = {c["id"] for c in kept}
-        for clip_id, (where, key) in batch.get("refs", {}).items():  # clips Measure read from the cache
-            if clip_id in kept_ids:
+        for clip in kept:  # a clip Measure read from the feature cache: its arrays are in the cache file
+            if "cached" in clip:
+                where, key = clip["cached"]
                 if where not in from_cache:
                     from_cache[where] = cache.read_batch(where)
-                by_id[clip_id] = dict(from_cache[where][key][1], **by_id[clip_id])
+                by_id[clip["id"]] = dict(from_cache[where][key][1], **by_id[clip["id"]])
         vocab = Vocabulary(corpus_tables["vocabulary"], self.cfg.text_unit)
         for clip in kept:
             split, bucket, data = encode_clip(clip, by_id[clip["id"]], buckets, text, corpus_tables, vocab, self.cfg)
@@ -458,8 +472,8 @@ def build(p: beam.Pipeline, corpus: Corpus | list[Corpus], out_dir: str, cfg: Pr
     before = measured.clips | "StatsBefore" >> LengthHistograms()
     corpus_tables = measured.clips | "CorpusTables" >> CorpusTables(cfg)
     cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, beam.pvalue.AsSingleton(corpus_tables), cfg)
-    chosen = measured.clips | "ChooseBuckets" >> ChooseBuckets(cutoffs, corpus_tables, cfg)
-    written = measured.clips | "FilterAndWrite" >> FilterAndWrite(cutoffs, chosen, corpus_tables, out_dir, cfg)
+    chosen = measured[STASHED] | "ChooseBuckets" >> ChooseBuckets(cutoffs, corpus_tables, cfg)
+    written = measured[STASHED] | "FilterAndWrite" >> FilterAndWrite(cutoffs, chosen, corpus_tables, out_dir, cfg)
     moments = written[MOMENTS] | "MelStats" >> MelStatistics(cfg.mel.n_mels)
     shards = written["parts"] | "Shards" >> AssembleShards(out_dir, cfg.write.target_shard_mb)
     rejected = ((read[REJECTED], measured[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten())

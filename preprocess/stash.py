@@ -1,15 +1,24 @@
-"""The feature stash: a side channel of temp files outside Beam's model, that carries each batch's
-mels (and pitch, energy, audio, durations) across the statistics barrier.
+"""The stash: a side channel of temp files outside Beam's model, that carries each measured batch
+across the statistics barrier.
 
 Measure computes every clip's features once; the cut-offs and the buckets are known only once every
-clip is measured. Rather than hold the features in the runner (or decode every clip a second time), Measure
-writes each batch's features into one file here and passes its path on; FilterAndWrite reads the file
-back once. The stash is the run's temp dir, removed by the report stage.
+clip is measured. Rather than hold the batches in the runner (or decode every clip a second time),
+Measure writes each batch into two files here and passes on only their paths (`stash_batch`):
+
+- `clips-<name>.pkl`: the measured clips (ids, text, lengths, the mel's moments, the pitch and energy
+  summaries, where the feature cache holds the clip's arrays), read by the bucket planner and the writer;
+- `features-<name>.npz`: the clips' arrays (mel as float16, pitch, energy, audio, durations), read by
+  the writer alone, once.
+
+The runner then holds a few hundred bytes per batch between the stages, whatever the clips carry: a
+local run's memory does not grow with the corpus. The stash is the run's temp dir, removed by the
+report stage.
 """
 from __future__ import annotations
 
 import hashlib
 import io
+import pickle
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
@@ -18,41 +27,66 @@ from melshards.preprocess.shards import TEMP_DIR
 
 
 def stash_dir(out_dir: str) -> str:
-    """Where features wait for the cut-offs: the output's temp dir, emptied by the report stage."""
+    """Where the measured batches wait for the cut-offs: the output's temp dir, emptied by the report stage."""
     return FileSystems.join(out_dir, TEMP_DIR)
 
 
-def stash_features(stash_dir: str, clip_ids: list[str], features: list[dict[str, np.ndarray]]) -> str:
-    """Write a batch's unpadded per-clip arrays (the mel as float16, what the shards store; pitch,
-    energy, audio, durations where the run computes them) into one uncompressed .npz; returns the path.
-    A clip read from the feature cache stashes only what the cache lacks (durations): the writer
-    reads the rest from the cache file (`refs` of the batch).
+def _write(path: str, data: bytes) -> str:
+    with FileSystems.create(path) as f:
+        f.write(data)
+    return path
 
-    The name comes from the ids, so a retried bundle rewrites the same file instead of adding one.
+
+def _read(path: str) -> bytes:
+    with FileSystems.open(path) as f:
+        return f.read()
+
+
+def stash_batch(stash_dir: str, clips: list[dict], features: list[dict[str, np.ndarray]]) -> dict:
+    """Write a batch's measured clips and their unpadded arrays (`features[i]` is `clips[i]`'s: the mel
+    as float16, what the shards store; pitch, energy, audio, durations where the run computes them);
+    returns the batch's reference {"clips": path, "features": path, "count": n}, both paths None for a
+    batch of no clips. A clip read from the feature cache stashes only what the cache lacks
+    (durations): the writer reads the rest from the cache file its clip names (`"cached"`).
+
+    The names come from the ids, so a retried bundle rewrites the same files instead of adding two.
     """
-    name = hashlib.sha1("\n".join(clip_ids).encode("utf-8")).hexdigest()
-    path = FileSystems.join(stash_dir, f"features-{name}.npz")
+    if not clips:
+        return {"clips": None, "features": None, "count": 0}
+    name = hashlib.sha1("\n".join(c["id"] for c in clips).encode("utf-8")).hexdigest()
     arrays = {f"{i}/{key}": (value.astype("<f2") if key == "mel" else value)
               for i, clip in enumerate(features) for key, value in clip.items()}
     arrays["count"] = np.array([len(features)], np.int64)  # clips may hold nothing (read from the cache)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    with FileSystems.create(path) as f:
-        f.write(buffer.getvalue())
-    return path
+    return {"clips": _write(FileSystems.join(stash_dir, f"clips-{name}.pkl"),
+                            pickle.dumps(clips, protocol=pickle.HIGHEST_PROTOCOL)),
+            "features": _write(FileSystems.join(stash_dir, f"features-{name}.npz"), buffer.getvalue()),
+            "count": len(clips)}
 
 
-def load_features(path: str, count: int) -> list[dict[str, np.ndarray]]:
-    """The `count` clips' arrays `stash_features` wrote, in order."""
-    with FileSystems.open(path) as f:
-        data = f.read()
+def load_clips(batch: dict) -> list[dict]:
+    """The measured clips of a batch `stash_batch` wrote, in order."""
+    if batch["clips"] is None:
+        return []
+    clips = pickle.loads(_read(batch["clips"]))  # our own temp file, written by this run
+    if len(clips) != batch["count"]:  # another count is a bug or a lost write
+        raise IOError(f"{batch['clips']} holds {len(clips)} clips, expected {batch['count']}")
+    return clips
+
+
+def load_features(batch: dict) -> list[dict[str, np.ndarray]]:
+    """The arrays of a batch's clips `stash_batch` wrote, in the clips' order."""
+    count = batch["count"]
+    if batch["features"] is None:
+        return []
     out: list[dict[str, np.ndarray]] = [{} for _ in range(count)]
-    with np.load(io.BytesIO(data)) as npz:
+    with np.load(io.BytesIO(_read(batch["features"]))) as npz:
         stored = int(npz["count"][0])
         for key in npz.files:
             if key != "count":
                 i, name = key.split("/", 1)
                 out[int(i)][name] = npz[key]
-    if stored != count:  # our own temp file: another count is a bug or a lost write
-        raise IOError(f"{path} holds the features of {stored} clips, expected {count}")
+    if stored != count:
+        raise IOError(f"{batch['features']} holds the features of {stored} clips, expected {count}")
     return out

@@ -18,6 +18,7 @@ from melshards.preprocess.clips import filter_rejection
 from melshards.preprocess.encode import encode_clip
 from melshards.preprocess.pipeline import ChooseBuckets, FilterAndWrite, LengthHistograms, MeasureClips, MelStatistics
 from melshards.preprocess.shards import AssembleShards, RollingFiles, group_into_shards
+from melshards.preprocess.stash import stash_batch
 from melshards.shards_schema.stats import Cutoffs
 
 CFG = PreprocessConfig()
@@ -204,7 +205,7 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
     with pipeline() as p:
         measured = p | beam.Create([[_row(corpus_dir, i) for i in ids]]) | MeasureClips(CFG, str(tmp_path))
         plan = {"buckets": buckets, "text": text}
-        written = measured.clips | FilterAndWrite(p | "C" >> beam.Create([cut]), p | "P" >> beam.Create([plan]),
+        written = measured["stashed"] | FilterAndWrite(p | "C" >> beam.Create([cut]), p | "P" >> beam.Create([plan]),
                                                   p | "T" >> beam.Create([tables]), str(tmp_path), CFG)
         assert_that(written["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
                     equal_to([(longest, "mel_frames_above_cutoff")]), label="rejected")
@@ -214,7 +215,7 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
         assert_that(written["parts"] | beam.Map(lambda f: (f["split"], f["records"])),
                     equal_to(sorted((splits[i], 1) for i in ids if i != longest)), label="parts")
     assert len(decodes) == len(ids)  # once per clip (the in-process runner shares this module)
-    assert len(list(tmp_path.glob("features-*.npz"))) == 1  # one stash file for the one batch
+    assert len(list(tmp_path.glob("features-*.npz"))) == len(list(tmp_path.glob("clips-*.pkl"))) == 1  # one batch
     shapes = build_schema(CFG, buckets, text, Moments.empty(80), [], tables, {}).buckets[0]
     files = [str(f) for f in tmp_path.rglob("*.tfrecord")]
     recs = {}
@@ -227,7 +228,7 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
         np.testing.assert_array_equal(rec["mel"][0, :m].numpy(), expected[clip_id].astype(np.float16))
 
 
-def test_choose_buckets_plans_from_the_kept_clips_of_every_batch(monkeypatch):
+def test_choose_buckets_plans_from_the_kept_clips_of_every_batch(monkeypatch, tmp_path):
     cut = Cutoffs(0, 10, 200, 50, 200, 50)  # keeps 10..200 frames and text <= 50
 
     def clip(clip_id, text_len, frames, split="train"):
@@ -239,8 +240,9 @@ def test_choose_buckets_plans_from_the_kept_clips_of_every_batch(monkeypatch):
     cfg = PreprocessConfig(pad=PadConfig(buckets=2, min_bucket_records=1))
     tables = _tables([c for b in batches for c in b["clips"]])
     monkeypatch.setattr("melshards.preprocess.tables.split_of", lambda clip, *_: clip["split"])
+    stashed = [stash_batch(str(tmp_path), b["clips"], [{} for _ in b["clips"]]) for b in batches]
     with pipeline() as p:
-        plan = (p | beam.Create(batches)) | ChooseBuckets(p | "Cut" >> beam.Create([cut]),
+        plan = (p | beam.Create(stashed)) | ChooseBuckets(p | "Cut" >> beam.Create([cut]),
                                                           p | "Tables" >> beam.Create([tables]), cfg)
 
         def check(plans):
