@@ -18,7 +18,7 @@ from melshards.preprocess.clips import filter_rejection
 from melshards.preprocess.encode import encode_clip
 from melshards.preprocess.pipeline import ChooseBuckets, FilterAndWrite, LengthHistograms, MeasureClips, MelStatistics
 from melshards.preprocess.shards import AssembleShards, RollingFiles, group_into_shards
-from melshards.preprocess.stash import stash_batch
+from melshards.preprocess.stash import load_clips, load_features, stash_batch
 from melshards.shards_schema.stats import Cutoffs
 
 CFG = PreprocessConfig()
@@ -226,6 +226,27 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
     for clip_id, rec in recs.items():
         m = frames[clip_id]
         np.testing.assert_array_equal(rec["mel"][0, :m].numpy(), expected[clip_id].astype(np.float16))
+
+
+def test_measured_clips_wait_for_the_cutoffs_in_the_stash_not_in_the_runner(corpus_dir, tmp_path):
+    """What crosses the statistics barrier in the runner is a reference per batch: two paths and a
+    count, whatever the clips carry; the clips (with their moments) and arrays are read back from it."""
+    ids = ["LJT001-0001", "LJT001-0002"]
+
+    def check(refs):
+        assert sorted((sorted(r), r["count"]) for r in refs) == [(["clips", "count", "features"], 0),
+                                                                 (["clips", "count", "features"], 2)]
+        (ref,) = [r for r in refs if r["count"]]
+        clips, arrays = load_clips(ref), load_features(ref)
+        assert [c["id"] for c in clips] == ids
+        assert [c["moments"].n for c in clips] == [a["mel"].shape[0] for a in arrays] == [
+            c["mel_frames"] for c in clips]
+        (empty,) = [r for r in refs if not r["count"]]
+        assert empty["clips"] is None and load_clips(empty) == [] and load_features(empty) == []
+
+    with pipeline() as p:
+        out = p | beam.Create([[_row(corpus_dir, i) for i in ids], []]) | MeasureClips(CFG, str(tmp_path))
+        assert_that(out["stashed"], check)
 
 
 def test_choose_buckets_plans_from_the_kept_clips_of_every_batch(monkeypatch, tmp_path):
