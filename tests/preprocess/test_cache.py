@@ -215,3 +215,14 @@ def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes
     plain = tmp_path / "plain"
     assert run(preprocess_command(corpus, plain, "--workers", "1")[4:]) == 0
     assert records(out) == records(plain)
+
+
+def test_a_clip_key_follows_the_file_size_and_time_even_with_glob_characters_in_its_path(tmp_path):
+    wav = tmp_path / "take[1]*.wav"  # a glob would match nothing, or another file
+    wav.write_bytes(b"x" * 10)
+    (tmp_path / "take1x.wav").write_bytes(b"y" * 10)
+    key = K.clip_key(str(wav), "s")
+    assert key is not None and key == K.clip_key(str(wav), "s") and key != K.clip_key(str(wav), "t")
+    os.utime(wav, (1_000_000, 1_000_000))
+    assert K.clip_key(str(wav), "s") != key
+    assert K.clip_key(str(tmp_path / "missing.wav"), "s") is None
