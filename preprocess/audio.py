@@ -2,14 +2,50 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import io
+import os
 import struct
+import tempfile
 
-import librosa
 import numpy as np
 import soundfile as sf
 
 from melshards.preprocess.config import AudioConfig, MelConfig
+
+
+# The librosa modules whose numba gufuncs compile as they are imported (cache=True: to files beside them).
+LIBROSA_COMPILED = ("librosa.util.utils", "librosa.core.audio", "librosa.core.pitch")
+
+
+def librosa_lock_path() -> str:
+    return os.path.join(tempfile.gettempdir(), "melshards-librosa-numba.lock")
+
+
+@functools.cache  # once per process
+def load_librosa():
+    """librosa, its compiled modules first imported by one process of this machine at a time.
+
+    Their gufuncs are compiled at import and cached in two files each. Two processes compiling them
+    at once (two job or test workers on a fresh install) can write the two files of one gufunc
+    with different ABI names, and a process then calling it segfaults (numba #10128, open). Under an
+    exclusive `flock` the first process compiles and writes the cache; the others wait, then load it.
+    """
+    try:
+        import fcntl
+
+        fd = os.open(librosa_lock_path(), os.O_RDONLY | os.O_CREAT, 0o666)
+    except (ImportError, OSError):  # no flock (Windows), or a lock file of another user's not readable
+        fd = None
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        for name in LIBROSA_COMPILED:
+            importlib.import_module(name)
+    finally:
+        if fd is not None:
+            os.close(fd)  # closing releases the lock
+    return importlib.import_module("librosa")
 
 
 class AudioError(ValueError):
@@ -111,7 +147,7 @@ def decode_audio(data: bytes, target_sr: int) -> tuple[np.ndarray, int]:
     check_finite(y)
     y = remove_dc(y.mean(axis=1))  # downmix: average of channels
     if sr != target_sr:
-        y = librosa.resample(y, orig_sr=sr, target_sr=target_sr, res_type="soxr_hq")
+        y = load_librosa().resample(y, orig_sr=sr, target_sr=target_sr, res_type="soxr_hq")
     return np.ascontiguousarray(y, dtype=np.float32), sr
 
 
@@ -130,6 +166,7 @@ def nonsilent_span(y: np.ndarray, top_db: float) -> tuple[int, int]:
     Built from librosa.feature.rms and librosa.amplitude_to_db because importing librosa.effects
     also imports scikit-learn and scipy.stats (librosa.decompose): 0.2 s in every worker process.
     """
+    librosa = load_librosa()
     db = librosa.amplitude_to_db(librosa.feature.rms(y=y, frame_length=TRIM_FRAME, hop_length=TRIM_HOP)[0],
                                  ref=np.max, top_db=None)
     loud = np.flatnonzero(db > -top_db)
@@ -148,14 +185,14 @@ def trim(y: np.ndarray, cfg: AudioConfig) -> np.ndarray:
 
 @functools.lru_cache(maxsize=8)
 def _mel_basis(sr: int, n_fft: int, n_mels: int, fmin: float, fmax: float) -> np.ndarray:
-    return librosa.filters.mel(sr=sr, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)
+    return load_librosa().filters.mel(sr=sr, n_fft=n_fft, n_mels=n_mels, fmin=fmin, fmax=fmax)
 
 
 def magnitude(y: np.ndarray, cfg: MelConfig) -> np.ndarray:
     """|STFT| of `y`, [1 + n_fft // 2, frames] (Hann window, centred frames: frame i is centred on
     sample i * hop_length). The one transform the mel and the energy are both made from."""
-    return np.abs(librosa.stft(y, n_fft=cfg.n_fft, hop_length=cfg.hop_length, win_length=cfg.win_length,
-                               center=True))
+    return np.abs(load_librosa().stft(y, n_fft=cfg.n_fft, hop_length=cfg.hop_length, win_length=cfg.win_length,
+                                      center=True))
 
 
 def log_mel_of(mag: np.ndarray, sr: int, cfg: MelConfig) -> np.ndarray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from melshards.preprocess.audio import load_librosa
 from melshards.preprocess.config import PitchConfig
 
 
@@ -44,9 +45,7 @@ def pitch_dio(y: np.ndarray, sr: int, hop_length: int, frames: int, cfg: PitchCo
                             speed=dio_speed(sr, cfg.fmax))
     rate = refine_rate(sr, cfg.fmax)
     if rate < sr:
-        import librosa
-
-        x = np.ascontiguousarray(librosa.resample(y, orig_sr=sr, target_sr=rate, res_type="soxr_lq"), np.float64)
+        x = np.ascontiguousarray(load_librosa().resample(y, orig_sr=sr, target_sr=rate, res_type="soxr_lq"), np.float64)
     return fit_frames(pyworld.stonemask(x, f0, times, rate), frames)
 
 
@@ -54,11 +53,9 @@ def pitch_pyin(y: np.ndarray, sr: int, hop_length: int, frames: int, cfg: PitchC
     """librosa's probabilistic YIN with centred frames at hop_length (the mel's frames); unvoiced
     frames (and NaN) -> 0. The frame is 2048 samples at 22.05 kHz, scaled with the rate, and long
     enough for two periods of fmin."""
-    import librosa
-
     frame_length = max(2048 * sr // 22050, int(np.ceil(2 * sr / cfg.fmin)) + 2)
     frame_length = 1 << int(np.ceil(np.log2(frame_length)))
-    f0, voiced, _ = librosa.pyin(y, fmin=cfg.fmin, fmax=cfg.fmax, sr=sr, frame_length=frame_length,
+    f0, voiced, _ = load_librosa().pyin(y, fmin=cfg.fmin, fmax=cfg.fmax, sr=sr, frame_length=frame_length,
                                  hop_length=hop_length, center=True)
     return fit_frames(np.where(voiced & np.isfinite(f0), f0, 0.0), frames)
 

@@ -1,8 +1,9 @@
+import fcntl
 import io
+import os
 import warnings
 from pathlib import Path
 
-import librosa
 import numpy as np
 import pytest
 import soundfile as sf
@@ -11,6 +12,8 @@ from melshards.preprocess import audio as A
 from melshards.preprocess.config import AudioConfig, MelConfig
 from tests.preprocess.conftest import encode, mp3_without_length_tag, tone
 
+librosa = A.load_librosa()  # imported as the job imports it: one process at a time
+
 CFG = MelConfig()
 
 
@@ -18,6 +21,27 @@ def _wav_bytes(y: np.ndarray, sr: int, fmt: str = "WAV") -> bytes:
     buf = io.BytesIO()
     sf.write(buf, y, sr, format=fmt, subtype="PCM_16" if fmt == "WAV" else None)
     return buf.getvalue()
+
+
+def test_librosa_s_compiled_modules_are_imported_holding_the_machine_wide_lock(monkeypatch):
+    """Each process imports them holding the lock, so no two processes compile numba's gufunc caches at
+    once (numba #10128), and lets go of it once they are loaded."""
+    real, held = A.importlib.import_module, []
+
+    def probe(name):
+        fd = os.open(A.librosa_lock_path(), os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file: fails while the lock is held
+            held.append((name, False))
+        except BlockingIOError:
+            held.append((name, True))
+        finally:
+            os.close(fd)
+        return real(name)
+
+    monkeypatch.setattr(A.importlib, "import_module", probe)
+    A.load_librosa.__wrapped__()
+    assert held == [(name, True) for name in A.LIBROSA_COMPILED] + [("librosa", False)]
 
 
 @pytest.mark.parametrize("power", [1.0, 2.0])

@@ -1,12 +1,13 @@
 """The per-frame features as pure functions: pitch on tones of known f0, energy against a direct
 computation, the int16 audio against the mel it gives."""
-import librosa
 import numpy as np
 import pytest
 
 from melshards.preprocess import audio as A
 from melshards.preprocess import features as F
 from melshards.preprocess.config import MelConfig, PitchConfig
+
+librosa = A.load_librosa()  # imported as the job imports it: one process at a time
 
 SR, HOP = 22050, 256
 MEL = MelConfig()
