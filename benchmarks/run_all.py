@@ -15,6 +15,7 @@ Default: the full documented run (docs/performance.md, which gives its duration)
   audio_headroom         --steps 120 --rounds 2
   cache_wall             --clips 13100 --rounds 2
   stats_scale            --rounds 3   (on the cache_wall run's stats.json)
+  cache_key              --clips 13100 --rounds 3   (on the scale corpus)
 Quick mode (`python -m benchmarks.run_all --quick`, or env MELSHARDS_BENCH_QUICK=1): small sizes,
 a few minutes, for checking the benchmarks still run; its figures are not the documented ones.
 
@@ -52,6 +53,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
             ("audio_headroom", ["--steps", "20", "--rounds", "1", "--work", f"{work}/audio-headroom"]),
             ("cache_wall", ["--clips", "60", "--rounds", "1", "--work-dir", work]),
             ("stats_scale", ["--stats", f"{work}/cache-wall/out-plain/stats.json", "--clips", "10000", "--rounds", "1"]),
+            ("cache_key", ["--clips", "300", "--corpus", f"{work}/lj300", "--rounds", "1"]),
             ("step_device", ["--quick"]),
             ("compile_wall", ["--clips", "200", "--rounds", "1"]),
         ]
@@ -74,6 +76,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
         ("audio_headroom", ["--steps", "120", "--rounds", "2", "--work", f"{work}/audio-headroom"]),
         ("cache_wall", ["--clips", "13100", "--rounds", "2", "--work-dir", work]),
         ("stats_scale", ["--stats", f"{work}/cache-wall/out-plain/stats.json", "--rounds", "3"]),
+        ("cache_key", ["--clips", "13100", "--corpus", f"{work}/ljbig", "--rounds", "3"]),
         ("step_device", ["--steps", "120", "--rounds", "1"]),  # train_base sizes: meant for a GPU machine
         ("compile_wall", ["--clips", "800", "--rounds", "2"]),
     ]

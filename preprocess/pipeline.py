@@ -72,13 +72,19 @@ class _Cached:
             self.used.add(where)
         return found
 
-    def keep(self, key: str | None, span: dict, arrays: dict, moments: Moments) -> None:
+    def keep(self, key: str | None, span: dict, arrays: dict, moments: Moments) -> bool:
+        """Add a computed clip to the batch's new entries; False when it has no key (not cached)."""
         if key:
             self.new.append((key, span, arrays, moments))
+        return bool(key)
 
-    def flush(self) -> None:
-        if self.new:
-            self.used.add(cache.write_batch(self.dir, self.new))
+    def flush(self) -> str | None:
+        """Write the new entries as one cache file; its path (None when there were none)."""
+        if not self.new:
+            return None
+        path = cache.write_batch(self.dir, self.new)
+        self.used.add(path)
+        return path
 
 
 STASHED = "stashed"
@@ -109,7 +115,7 @@ class _MeasureFn(beam.DoFn):
             self.progress.flush()
 
     def process(self, rows, index=None):
-        clips, arrays = [], []
+        clips, arrays, written = [], [], []
         cached = _Cached(self.cache_dir, index or {}, self.settings)
         for row, text in zip(rows, prepare_texts(rows, self.cfg)):
             _count("rows_measured")  # with the per-reason counters, the job's progress on Dataflow
@@ -121,21 +127,27 @@ class _MeasureFn(beam.DoFn):
                 _count(e.reason)
                 yield beam.pvalue.TaggedOutput(REJECTED, as_rejection(row["id"], e))
                 continue
+            # A clip in the cache, found or added, is stashed without what the cache holds: the
+            # writer reads that from the cache file, so a run with a cache writes each array once.
+            stashed = {k: v for k, v in features.items() if k == "durations"}
             if hit is None:  # from the float32 mel, before it is stored as float16
                 moments = Moments.of(features["mel"])
-                cached.keep(key, span, {k: v for k, v in features.items() if k != "durations"}, moments)
-                stashed = features
-            else:  # the writer reads these from the cache file: only what the cache lacks is stashed
+                if cached.keep(key, span, {k: v for k, v in features.items() if k != "durations"}, moments):
+                    written.append(clip)  # its cache file is named once the batch is complete
+                else:
+                    stashed = features
+            else:
                 moments = hit[2]
                 clip["cached"] = [index[key], key]
-                stashed = {k: v for k, v in features.items() if k == "durations"}
             cached.counts["hits" if hit is not None else "computed"] += 1
             Metrics.distribution(NS, "mel_frames").update(clip["mel_frames"])
             clip["moments"] = moments
             clip["feature_summary"] = feature_stats.clip_summary(features)
             clips.append(clip)
             arrays.append(stashed)
-        cached.flush()
+        path = cached.flush()
+        for clip, (key, *_) in zip(written, cached.new):
+            clip["cached"] = [path, key]
         for name, n in cached.counts.items():
             _count(f"cache_{name}", n)
         if self.progress:

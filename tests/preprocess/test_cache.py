@@ -70,8 +70,25 @@ def test_a_warm_rerun_decodes_no_audio_and_writes_the_same_records(warm, tmp_pat
     # only the clips whose audio was rejected (never cached) are decoded again
     assert len(decodes) == audio_rejections(cold) > 0
     assert stats["cache"]["hits"] == 47 and stats["cache"]["computed"] == 0
-    assert records(tmp_path / "again") == records(tmp / "plain")
+    assert records(tmp_path / "again") == records(tmp / "plain") == records(tmp / "cold")
     assert (tmp_path / "again" / "schema.json").read_text() == (tmp / "plain" / "schema.json").read_text()
+
+
+def test_a_run_with_a_cache_stashes_no_array_the_cache_holds(tmp_path, monkeypatch):
+    """Computed or found, a cached clip's arrays are written once, to the cache: the writer reads them there."""
+    from melshards.preprocess import pipeline
+
+    stashed, real = [], pipeline.stash_batch
+    monkeypatch.setattr(pipeline, "stash_batch", lambda d, clips, features: stashed.append((clips, features))
+                        or real(d, clips, features))
+    for name in ("cold", "warm"):
+        stats = _run(tmp_path / name, tmp_path / "cache")
+        clips = [c for batch, _ in stashed for c in batch]
+        assert len(clips) == stats["cache"]["hits"] + stats["cache"]["computed"] == 47
+        assert all(c["cached"][0].startswith(str(tmp_path / "cache")) for c in clips)
+        assert all(not f for _, features in stashed for f in features)  # mel only: nothing the cache lacks
+        stashed.clear()
+    assert records(tmp_path / "warm") == records(tmp_path / "cold")
 
 
 def test_changing_buckets_and_cutoffs_reads_every_clip_from_the_cache(warm, tmp_path, decodes):
