@@ -1,11 +1,14 @@
 """Audio decoding and the project's one log-mel implementation (librosa). Pure functions."""
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
 import importlib
 import io
 import os
 import struct
+import sys
 import tempfile
 
 import numpy as np
@@ -22,15 +25,38 @@ def librosa_lock_path() -> str:
     return os.path.join(tempfile.gettempdir(), "melshards-librosa-numba.lock")
 
 
+def compiled_marker_path() -> str:
+    """The file a locked import leaves once the modules' numba caches are written whole. Its name
+    comes from the modules' sources (path, size, mtime), numba's version, the interpreter and
+    NUMBA_CACHE_DIR: a reinstalled librosa or another environment takes the lock again."""
+    from importlib import metadata, util
+
+    stamps = [sys.executable, metadata.version("numba"), os.environ.get("NUMBA_CACHE_DIR", "")]
+    for name in LIBROSA_COMPILED:
+        origin = util.find_spec(name).origin
+        st = os.stat(origin)
+        stamps.append(f"{origin}:{st.st_size}:{st.st_mtime_ns}")
+    digest = hashlib.sha1("\n".join(stamps).encode("utf-8")).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), f"melshards-librosa-numba-{digest}.done")
+
+
 @functools.cache  # once per process
 def load_librosa():
-    """librosa, its compiled modules first imported by one process of this machine at a time.
+    """librosa, its compiled modules imported by one process of this machine at a time until their
+    numba caches are complete.
 
     Their gufuncs are compiled at import and cached in two files each. Two processes compiling them
     at once (two job or test workers on a fresh install) can write the two files of one gufunc
     with different ABI names, and a process then calling it segfaults (numba #10128, open). Under an
-    exclusive `flock` the first process compiles and writes the cache; the others wait, then load it.
+    exclusive `flock` the first process compiles and writes the cache, then leaves a marker
+    (`compiled_marker_path`); the others wait, then load it. Once the marker is there, processes
+    only read the caches and import at once, side by side (1.4 s each, measured).
     """
+    marker = compiled_marker_path()
+    if os.path.exists(marker):
+        for name in LIBROSA_COMPILED:
+            importlib.import_module(name)
+        return importlib.import_module("librosa")
     try:
         import fcntl
 
@@ -42,6 +68,9 @@ def load_librosa():
             fcntl.flock(fd, fcntl.LOCK_EX)
         for name in LIBROSA_COMPILED:
             importlib.import_module(name)
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                open(marker, "a").close()
     finally:
         if fd is not None:
             os.close(fd)  # closing releases the lock

@@ -23,9 +23,10 @@ def _wav_bytes(y: np.ndarray, sr: int, fmt: str = "WAV") -> bytes:
     return buf.getvalue()
 
 
-def test_librosa_s_compiled_modules_are_imported_holding_the_machine_wide_lock(monkeypatch):
-    """Each process imports them holding the lock, so no two processes compile numba's gufunc caches at
-    once (numba #10128), and lets go of it once they are loaded."""
+def test_librosa_s_compiled_modules_are_imported_under_the_lock_until_a_locked_import_marks_them_done(
+        monkeypatch, tmp_path):
+    """No two processes compile numba's gufunc caches at once (numba #10128): the first imports holding
+    the machine-wide lock and leaves a marker; with the marker there, a process takes no lock."""
     real, held = A.importlib.import_module, []
 
     def probe(name):
@@ -39,9 +40,21 @@ def test_librosa_s_compiled_modules_are_imported_holding_the_machine_wide_lock(m
             os.close(fd)
         return real(name)
 
+    marker = tmp_path / "compiled.done"
+    monkeypatch.setattr(A, "compiled_marker_path", lambda: str(marker))
     monkeypatch.setattr(A.importlib, "import_module", probe)
     A.load_librosa.__wrapped__()
-    assert held == [(name, True) for name in A.LIBROSA_COMPILED] + [("librosa", False)]
+    assert held == [(name, True) for name in A.LIBROSA_COMPILED] + [("librosa", False)] and marker.exists()
+    held.clear()
+    A.load_librosa.__wrapped__()
+    assert held == [(name, False) for name in A.LIBROSA_COMPILED] + [("librosa", False)]
+
+
+def test_the_compiled_marker_names_the_sources_it_was_written_for(monkeypatch):
+    before = A.compiled_marker_path()
+    assert before == A.compiled_marker_path()
+    monkeypatch.setenv("NUMBA_CACHE_DIR", "/elsewhere")
+    assert A.compiled_marker_path() != before
 
 
 @pytest.mark.parametrize("power", [1.0, 2.0])
