@@ -200,12 +200,16 @@ def info(cache_dir: str) -> CacheInfo:
 
 def prune(cache_dir: str, unused_days: float, now: float) -> tuple[int, int]:
     """Remove the run records older than `unused_days`, then every entries file (and its keys file) that
-    no remaining record names; returns (entries files removed, bytes freed). Only files of this
-    cache's own naming are touched (`entries/<sha1>.npz|.keys`, `runs/*.txt`)."""
-    used, _, old = _used_by_runs(cache_dir, newer_than=now - unused_days * 86400)
+    no remaining record names and that is itself older than `unused_days`; returns (entries files
+    removed, bytes freed). A file written since is spared: a run still going records the files it
+    used only when it finishes, and reads back what it wrote. Only files of this cache's own naming
+    are touched (`entries/<sha1>.npz|.keys`, `runs/*.txt`)."""
+    cutoff = now - unused_days * 86400
+    used, _, old = _used_by_runs(cache_dir, newer_than=cutoff)
     if old:
         FileSystems.delete(old)
     doomed = [m for m in _entries_files(cache_dir) if m.path.rsplit("/", 1)[-1] not in used
+              and getattr(m, "last_updated_in_seconds", 0) < cutoff
               and len(m.path.rsplit("/", 1)[-1]) == 44]  # <40 hex digits>.npz: a name this module wrote
     paths = [p for m in doomed for p in (m.path, m.path[:-4] + ".keys")]
     if paths:

@@ -183,6 +183,23 @@ def test_cache_info_and_prune(warm, tmp_path):
     assert (cache_dir / "entries" / "notes.txt").exists()  # only files the cache wrote are removed
 
 
+def test_prune_spares_entries_written_within_the_window_that_no_finished_run_recorded_yet(warm, tmp_path):
+    tmp, _ = warm
+    cache_dir = tmp_path / "cache"
+    shutil.copytree(tmp / "cache", cache_dir)
+    for record in (cache_dir / "runs").glob("*.txt"):  # as while the run that writes them is still going
+        record.unlink()
+    entries = sorted((cache_dir / "entries").glob("*.npz"))
+    for f in entries:
+        os.utime(f)  # written now
+    out = CliRunner().invoke(cache_command, ["prune", str(cache_dir), "--unused-days", "1"])
+    assert out.exit_code == 0 and "removed 0 file(s)" in out.output
+    two_days_ago = entries[0].stat().st_mtime - 2 * 86400
+    os.utime(entries[0], (two_days_ago, two_days_ago))
+    out = CliRunner().invoke(cache_command, ["prune", str(cache_dir), "--unused-days", "1"])
+    assert sorted((cache_dir / "entries").glob("*.npz")) == entries[1:]
+
+
 def test_a_warm_rerun_with_every_feature_and_durations_writes_the_same_records(tmp_path):
     from tests.conftest import FEATURES_CONFIG, write_textgrids
 
