@@ -46,8 +46,9 @@ def stash_batch(stash_dir: str, clips: list[dict], features: list[dict[str, np.n
     """Write a batch's measured clips and their unpadded arrays (`features[i]` is `clips[i]`'s: the mel
     as float16, what the shards store; pitch, energy, audio, durations where the run computes them);
     returns the batch's reference {"clips": path, "features": path, "count": n}, both paths None for a
-    batch of no clips. A clip read from the feature cache stashes only what the cache lacks
-    (durations): the writer reads the rest from the cache file its clip names (`"cached"`).
+    batch of no clips. A clip the feature cache holds (found there, or added by this batch)
+    stashes only what the cache lacks (durations): the writer reads the rest from the cache file its
+    clip names (`"cached"`).
 
     The names come from the ids, so a retried bundle rewrites the same files instead of adding two.
     """
