@@ -40,6 +40,19 @@ def compiled_marker_path() -> str:
     return os.path.join(tempfile.gettempdir(), f"melshards-librosa-numba-{digest}.done")
 
 
+def _locked(path: str) -> int | None:
+    """A descriptor of `path` holding its exclusive flock (waits for it); None where there is no
+    flock (Windows) or the file cannot be opened (another user's, not readable): then no lock."""
+    try:
+        import fcntl
+
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+    except (ImportError, OSError):
+        return None
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
 @functools.cache  # once per process
 def load_librosa():
     """librosa, its compiled modules imported by one process of this machine at a time until their
@@ -53,19 +66,8 @@ def load_librosa():
     only read the caches and import at once, side by side (1.4 s each, measured).
     """
     marker = compiled_marker_path()
-    if os.path.exists(marker):
-        for name in LIBROSA_COMPILED:
-            importlib.import_module(name)
-        return importlib.import_module("librosa")
+    fd = None if os.path.exists(marker) else _locked(librosa_lock_path())
     try:
-        import fcntl
-
-        fd = os.open(librosa_lock_path(), os.O_RDONLY | os.O_CREAT, 0o666)
-    except (ImportError, OSError):  # no flock (Windows), or a lock file of another user's not readable
-        fd = None
-    try:
-        if fd is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
         for name in LIBROSA_COMPILED:
             importlib.import_module(name)
         if fd is not None:

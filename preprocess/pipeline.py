@@ -133,7 +133,7 @@ class _MeasureFn(beam.DoFn):
             if hit is None:  # from the float32 mel, before it is stored as float16
                 moments = Moments.of(features["mel"])
                 if cached.keep(key, span, {k: v for k, v in features.items() if k != "durations"}, moments):
-                    written.append(clip)  # its cache file is named once the batch is complete
+                    written.append((clip, key))  # its cache file is named once the batch is complete
                 else:
                     stashed = features
             else:
@@ -146,7 +146,7 @@ class _MeasureFn(beam.DoFn):
             clips.append(clip)
             arrays.append(stashed)
         path = cached.flush()
-        for clip, (key, *_) in zip(written, cached.new):
+        for clip, key in written:
             clip["cached"] = [path, key]
         for name, n in cached.counts.items():
             _count(f"cache_{name}", n)
