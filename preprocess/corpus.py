@@ -1,21 +1,28 @@
 """Stage 1, Read: one or more corpora (`--input`, each in any layout of `melshards.preprocess.sources`)
--> batches of row dicts {id, text, speaker, language, gender, audio, row}.
+-> batches of row dicts {id, text, speaker, language, gender, audio, row}, each in a stash file.
 
 Building the pipeline opens no corpus file (`detect_corpus` only checks paths; the rows are read
 inside the pipeline), so a Dataflow graph builds offline. The layouts' readers are pure functions
-(`layouts`, `manifests`), the merging of several inputs too (`merge`); `ReadCorpus` is the Beam
-wrapper around them.
+(`layouts`, `manifests`) that yield rows as they read; what reading must remember (the ids seen,
+LJSpeech's audio files, the rows until every input is read and the shared labels are known) waits
+in a sqlite file on the reading worker's local disk (`spill`), not in its memory. `ReadCorpus` is
+the Beam wrapper around them.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+import itertools
+import os
+import tempfile
+from typing import Iterable, Iterator, Sequence
 
 import apache_beam as beam
 
-from melshards.preprocess.merge import input_name, merge_inputs, unique_names
+from melshards.preprocess.merge import MergedInputs, input_name, unique_names
 from melshards.preprocess.rows import CorpusError
-from melshards.preprocess.sources import Corpus, check_rows_file, detect_corpus, read_input
+from melshards.preprocess.sources import Corpus, check_rows_file, detect_corpus, input_items
+from melshards.preprocess.spill import Spill
+from melshards.preprocess.stash import stash_rows
 
 # What the rest of the job takes from here: the read stage, and the corpus it is given.
 __all__ = ["INPUTS", "INPUT_ROWS", "REJECTED", "Corpus", "CorpusError", "ReadCorpus", "batch_rows", "check_rows_file",
@@ -37,8 +44,11 @@ def batch_rows(n: int) -> int:
     return max(1, min(MAX_BATCH_ROWS, -(-n // 16)))
 
 
-def batches(rows: list[dict], size: int) -> list[list[dict]]:
-    return [rows[i:i + size] for i in range(0, len(rows), size)]
+def batches(items: Iterable[dict], size: int) -> Iterator[list[dict]]:
+    """Consecutive lists of `size` items (the last one shorter)."""
+    items = iter(items)
+    while batch := list(itertools.islice(items, size)):
+        yield batch
 
 
 def named(corpora: Sequence[Corpus]) -> tuple[Corpus, ...]:
@@ -54,49 +64,52 @@ def input_summary(corpus: Corpus, rows: int, prefixed_speakers: int, prefixed_id
 
 
 class _ReadRows(beam.DoFn):
-    """Every input's rows -> batches of unique rows; the rows rejected while reading (malformed,
-    duplicate id, ambiguous or missing audio, missing text or language) -> `rejected`; the number of
-    input rows -> `input_rows`, the inputs' summaries -> `inputs` (one element each)."""
+    """Every input's rows -> references to batches of unique rows (`stash.stash_rows`); the rows
+    rejected while reading (malformed, duplicate id, ambiguous or missing audio, missing text or
+    language) -> `rejected`; the number of input rows -> `input_rows`, the inputs' summaries ->
+    `inputs` (one element each)."""
 
-    def __init__(self, corpora: tuple[Corpus, ...]):
-        self.corpora = corpora
+    def __init__(self, corpora: tuple[Corpus, ...], stash_dir: str):
+        self.corpora, self.stash_dir = corpora, stash_dir
 
     def process(self, _):
-        read = [read_input(c) for c in self.corpora]
-        merged = merge_inputs([(c.name, r.rows, r.rejected) for c, r in zip(self.corpora, read)])
-        total = sum(r.input_rows for r in read)
-        beam.metrics.Metrics.counter(NS, "input_rows").inc(total)
-        yield beam.pvalue.TaggedOutput(INPUT_ROWS, total)
-        yield beam.pvalue.TaggedOutput(INPUTS, [input_summary(c, r.input_rows, m.prefixed_speakers, m.prefixed_ids)
-                                                for c, r, m in zip(self.corpora, read, merged)])
-        for m in merged:
-            for r in m.rejected:
-                beam.metrics.Metrics.counter(NS, r["reason"]).inc()
-                yield beam.pvalue.TaggedOutput(REJECTED, r)
-        rows = [r for m in merged for r in m.rows]
-        # Always at least one (maybe empty) batch: every later statistic then has an input.
-        for batch in batches(rows, batch_rows(len(rows))) or [[]]:
-            yield batch
+        with tempfile.TemporaryDirectory(prefix="melshards-read-") as tmp, \
+                Spill(os.path.join(tmp, "rows.sqlite")) as spill:
+            merged = MergedInputs([(c.name, input_items(c, spill)) for c in self.corpora], spill)
+            total = sum(merged.input_rows)
+            beam.metrics.Metrics.counter(NS, "input_rows").inc(total)
+            yield beam.pvalue.TaggedOutput(INPUT_ROWS, total)
+            yield beam.pvalue.TaggedOutput(INPUTS, [
+                input_summary(c, *counts) for c, *counts in zip(
+                    self.corpora, merged.input_rows, merged.prefixed_speakers, merged.prefixed_ids)])
+            for item in merged.rejections():
+                beam.metrics.Metrics.counter(NS, item["reason"]).inc()
+                yield beam.pvalue.TaggedOutput(REJECTED, item)
+            # Always at least one (maybe empty) batch: every later statistic then has an input.
+            rows = batches(merged.rows(), batch_rows(merged.row_count)) if merged.row_count else [[]]
+            yield from stash_rows(self.stash_dir, rows)
 
 
 class ReadCorpus(beam.PTransform):
-    """One corpus or several -> {"batches": batches of unique rows, spread over the workers;
-    "rejected": the rows rejected while reading; "input_rows": the number of input rows; "inputs":
-    one list of each input's summary (`input_summary`)}.
+    """One corpus or several -> {"batches": references to batches of unique rows in `stash_dir`
+    (`stash.load_rows` reads one), spread over the workers; "rejected": the rows rejected while
+    reading; "input_rows": the number of input rows; "inputs": one list of each input's summary
+    (`input_summary`)}.
 
     The rows are read by one worker (the rows files and transcripts are small next to the audio):
-    duplicates and the labels several inputs share are found there without a shuffle. The Reshuffle
-    then spreads the batches, which carry the work, over every worker.
+    duplicates and the labels several inputs share are found there without a shuffle, in a sqlite
+    file on its disk. The Reshuffle then spreads the batches, which carry the work, over every worker.
     """
 
-    def __init__(self, corpora: Corpus | Sequence[Corpus]):
+    def __init__(self, corpora: Corpus | Sequence[Corpus], stash_dir: str):
         super().__init__()
         self.corpora = named([corpora] if isinstance(corpora, Corpus) else corpora)
+        self.stash_dir = stash_dir
 
     def expand(self, pbegin):
         read = (pbegin
                 | "Once" >> beam.Create([None])
-                | "ReadRows" >> beam.ParDo(_ReadRows(self.corpora)).with_outputs(REJECTED, INPUT_ROWS, INPUTS,
-                                                                                 main="rows"))
+                | "ReadRows" >> beam.ParDo(_ReadRows(self.corpora, self.stash_dir)).with_outputs(
+                    REJECTED, INPUT_ROWS, INPUTS, main="rows"))
         spread = read.rows | "Spread" >> beam.Reshuffle()
         return {"batches": spread, REJECTED: read[REJECTED], INPUT_ROWS: read[INPUT_ROWS], INPUTS: read[INPUTS]}

@@ -1,6 +1,7 @@
 """One reader per corpus layout: a pure function from the layout's file listings and file texts to
-rows (`melshards.preprocess.rows`). No I/O here: `melshards.preprocess.sources` lists and reads the
-files through Beam's FileSystems and calls these; docs/corpora.md describes each layout.
+items, rows and rejections in input order (`melshards.preprocess.rows`), yielded as they are read. No
+I/O here: `melshards.preprocess.sources` lists and reads the files through Beam's FileSystems and
+calls these; docs/corpora.md describes each layout.
 
 - LJSpeech: `metadata.csv` (`id|text|normalized_text`) + `wavs/<id>.{wav,flac,ogg,mp3}`.
 - VCTK 0.92: `txt/pNNN/pNNN_MMM.txt` + `wav48_silence_trimmed/pNNN/pNNN_MMM_mic1.flac`, `speaker-info.txt`.
@@ -10,9 +11,10 @@ files through Beam's FileSystems and calls these; docs/corpora.md describes each
 from __future__ import annotations
 
 import posixpath
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping, MutableMapping
 
-from melshards.preprocess.rows import LayoutRows, drop_duplicate_ids, gender_code, reject, row, split_malformed
+from melshards.preprocess.rows import (bare_lines, gender_code, is_rejection, reject, row, split_malformed,
+                                       unique_ids)
 
 FORMATS = ("ljspeech", "manifest", "vctk", "libritts", "commonvoice")  # --format; sources.LAYOUTS reads each
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3")
@@ -45,49 +47,46 @@ def parse_ljspeech_line(line: str, index: int) -> dict:
     return row(fields[0].strip(), text, None, index)
 
 
-def audio_files_by_id(paths: Iterable[str]) -> dict[str, list[str]]:
-    """Audio files (paths of one listing of `wavs/`) -> id (the file's stem) -> its files, in the order
-    of AUDIO_EXTENSIONS (`.wav`, `.flac`, `.ogg`, `.mp3`), then by path. Other files are ignored."""
-    found: dict[str, list[str]] = {}
+def audio_files(paths: Iterable[str]) -> Iterator[tuple[str, int, str]]:
+    """Audio files (paths of one listing of `wavs/`) -> (id: the file's stem, rank: its extension's
+    place in AUDIO_EXTENSIONS (`.wav`, `.flac`, `.ogg`, `.mp3`), path); other files are left out.
+    `spill.Spill.lists` turns them into the mapping `attach_audio` takes."""
     for path in paths:
-        if posixpath.splitext(path)[1].lower() in AUDIO_EXTENSIONS:
-            found.setdefault(_stem(path), []).append(path)
-    for files in found.values():
-        files.sort(key=lambda p: (AUDIO_EXTENSIONS.index(posixpath.splitext(p)[1].lower()), p))
-    return found
+        ext = posixpath.splitext(path)[1].lower()
+        if ext in AUDIO_EXTENSIONS:
+            yield _stem(path), AUDIO_EXTENSIONS.index(ext), path
 
 
-def attach_audio(rows: list[dict], files: dict[str, list[str]]) -> tuple[list[dict], list[dict]]:
-    """(rows with the audio file of their id, None where there is none (rejected later as
-    missing_audio); an `ambiguous_audio` rejection for each row whose id has several files).
+def attach_audio(items: Iterable[dict], files: Mapping[str, list[str]]) -> Iterator[dict]:
+    """Rows with the audio file of their id (None where there is none: rejected later as
+    missing_audio), or an `ambiguous_audio` rejection for a row whose id has several files;
+    rejections pass.
 
     Two files for one id (`c1.wav` beside `c1.flac`) may hold different speech: which one the
     transcript belongs to cannot be known, so no file is picked.
     """
-    kept, ambiguous = [], []
-    for r in rows:
-        found = files.get(r["id"], [])
+    for r in items:
+        found = [] if is_rejection(r) else files.get(r["id"], [])
         if len(found) > 1:
-            ambiguous.append(reject(r["id"], "ambiguous_audio",
-                                    f"{len(found)} audio files for this id: {', '.join(found)}; keep one"))
+            yield reject(r["id"], "ambiguous_audio", f"{len(found)} audio files for this id: {', '.join(found)}; keep one")
         else:
-            kept.append(dict(r, audio=found[0] if found else None))
-    return kept, ambiguous
+            yield r if is_rejection(r) else dict(r, audio=found[0] if found else None)
 
 
-def ljspeech_rows(metadata: str, audio_paths: Iterable[str]) -> LayoutRows:
-    """metadata.csv's text and the listing of `wavs/` -> rows. Repeated ids are dropped before the
-    audio is attached, so an id with two files is one `ambiguous_audio`, not one per row."""
-    items = []
-    for i, line in enumerate(l for l in metadata.splitlines() if l.strip()):
+def _parsed_ljspeech(lines: Iterable[str]) -> Iterator[tuple[int, dict | Exception]]:
+    for i, line in enumerate(bare_lines(lines)):
         try:
-            items.append((i, parse_ljspeech_line(line, i)))
+            yield i, parse_ljspeech_line(line, i)
         except ValueError as e:
-            items.append((i, e))
-    read = split_malformed(items)
-    rows, dups = drop_duplicate_ids(read.rows)
-    rows, ambiguous = attach_audio(rows, audio_files_by_id(audio_paths))
-    return LayoutRows(rows, read.rejected + dups + ambiguous)
+            yield i, e
+
+
+def ljspeech_rows(lines: Iterable[str], files: Mapping[str, list[str]], first: MutableMapping[str, int]
+                  ) -> Iterator[dict]:
+    """metadata.csv's lines and its audio files by id (`audio_files` of the listing of `wavs/`, each
+    id's files by rank) -> items. Repeated ids are dropped (`first`: as `rows.unique_ids` takes it) before the audio is
+    attached, so an id with two files is one `ambiguous_audio`, not one per row."""
+    return attach_audio(unique_ids(split_malformed(_parsed_ljspeech(lines)), first), files)
 
 
 # -- VCTK 0.92 --------------------------------------------------------------------------------------
@@ -114,7 +113,8 @@ def _vctk_audio(paths: Iterable[str]) -> dict[str, dict[str, str]]:
     return found
 
 
-def vctk_rows(transcripts: Mapping[str, str], audio_paths: Iterable[str], speaker_info: str | None) -> LayoutRows:
+def vctk_rows(transcripts: Mapping[str, str], audio_paths: Iterable[str], speaker_info: str | None
+              ) -> Iterator[dict]:
     """VCTK 0.92: transcripts (`txt/pNNN/pNNN_MMM.txt` path -> its text), the listing of
     `wav48_silence_trimmed/` and speaker-info.txt's text (None: genders unknown) -> one row per
     utterance, with the mic1 recording. Utterances are every id with a transcript or a recording, in
@@ -123,21 +123,19 @@ def vctk_rows(transcripts: Mapping[str, str], audio_paths: Iterable[str], speake
     texts = {_stem(p): p for p in transcripts}
     audio = _vctk_audio(audio_paths)
     genders = parse_speaker_info(speaker_info) if speaker_info else {}
-    rows, rejected = [], []
     for i, utt in enumerate(sorted(texts.keys() | audio.keys())):
         mics, txt = audio.get(utt, {}), texts.get(utt)
         if txt is None:
             heard = mics.get(VCTK_MIC) or next(iter(sorted(mics.values())))
-            rejected.append(reject(utt, "missing_text", f"{heard} has no transcript txt/{_dir_name(heard)}/{utt}.txt"))
+            yield reject(utt, "missing_text", f"{heard} has no transcript txt/{_dir_name(heard)}/{utt}.txt")
         elif VCTK_MIC not in mics:
             other = f" (only {', '.join(sorted(mics))}: give it through a manifest)" if mics else ""
-            rejected.append(reject(utt, "missing_audio", f"no {VCTK_AUDIO_DIR}/{_dir_name(txt)}/{utt}_{VCTK_MIC}.flac "
-                                                         f"for {txt}{other}"))
+            yield reject(utt, "missing_audio", f"no {VCTK_AUDIO_DIR}/{_dir_name(txt)}/{utt}_{VCTK_MIC}.flac "
+                                               f"for {txt}{other}")
         else:
             speaker = _dir_name(txt)
-            rows.append(row(utt, transcripts[txt].strip(), mics[VCTK_MIC], i, speaker=speaker, language="en",
-                            gender=genders.get(speaker, "")))
-    return LayoutRows(rows, rejected)
+            yield row(utt, transcripts[txt].strip(), mics[VCTK_MIC], i, speaker=speaker, language="en",
+                      gender=genders.get(speaker, ""))
 
 
 # -- LibriTTS, LibriTTS-R ---------------------------------------------------------------------------
@@ -152,7 +150,8 @@ def parse_libritts_speakers(text: str) -> dict[str, str]:
     return genders
 
 
-def libritts_rows(transcripts: Mapping[str, str], audio_paths: Iterable[str], speakers: str | None) -> LayoutRows:
+def libritts_rows(transcripts: Mapping[str, str], audio_paths: Iterable[str], speakers: str | None
+                  ) -> Iterator[dict]:
     """LibriTTS: transcripts (`SPEAKER/CHAPTER/UTT.normalized.txt` path -> its text), the listing of
     every file under the input (a subset, or the root of several) and SPEAKERS.txt's text (None:
     genders unknown) -> one row per utterance in path order. A `.wav` pairs with the
@@ -161,15 +160,12 @@ def libritts_rows(transcripts: Mapping[str, str], audio_paths: Iterable[str], sp
     wavs = {p[:-len(".wav")]: p for p in audio_paths if p.lower().endswith(".wav")}
     txts = {p[:-len(LIBRITTS_TEXT)]: p for p in transcripts}
     genders = parse_libritts_speakers(speakers) if speakers else {}
-    rows, rejected = [], []
     for i, key in enumerate(sorted(wavs.keys() | txts.keys())):
         utt, speaker = posixpath.basename(key), _dir_name(key, 2)
         if key not in txts:
-            rejected.append(reject(utt, "missing_text",
-                                   f"{wavs[key]} has no transcript {utt}{LIBRITTS_TEXT} beside it"))
+            yield reject(utt, "missing_text", f"{wavs[key]} has no transcript {utt}{LIBRITTS_TEXT} beside it")
         elif key not in wavs:
-            rejected.append(reject(utt, "missing_audio", f"{txts[key]} has no {utt}.wav beside it"))
+            yield reject(utt, "missing_audio", f"{txts[key]} has no {utt}.wav beside it")
         else:
-            rows.append(row(utt, transcripts[txts[key]].strip(), wavs[key], i, speaker=speaker, language="en",
-                            gender=genders.get(speaker, "")))
-    return LayoutRows(rows, rejected)
+            yield row(utt, transcripts[txts[key]].strip(), wavs[key], i, speaker=speaker, language="en",
+                      gender=genders.get(speaker, ""))

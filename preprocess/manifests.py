@@ -1,4 +1,4 @@
-"""The table layouts, read by pure functions of the table's text: manifests (`.csv`, `.tsv`, `.jsonl`
+"""The table layouts, read by pure functions of the table's lines, yielding items as they go: manifests (`.csv`, `.tsv`, `.jsonl`
 with `audio`, `text` and optional `id`, `speaker`, `language`, `gender`) and Common Voice TSVs
 (`client_id`, `path`, `sentence`, optional `locale`, `gender`; audio under `clips/` beside the TSV).
 
@@ -9,12 +9,13 @@ when the rows are read.
 from __future__ import annotations
 
 import csv
-import io
+import itertools
 import json
 import posixpath
 import re
+from typing import Iterable, Iterator
 
-from melshards.preprocess.rows import CorpusError, LayoutRows, gender_code, row, split_malformed
+from melshards.preprocess.rows import CorpusError, bare_lines, gender_code, row, split_malformed
 
 MANIFEST_EXTENSIONS = (".csv", ".tsv", ".jsonl")
 MANIFEST_COLUMNS = ("audio", "text")  # required; id, speaker, language and gender are optional
@@ -87,10 +88,11 @@ def commonvoice_language(tsv_path: str) -> str | None:
 
 
 # -- manifests ------------------------------------------------------------------------------------
-def parse_manifest(text: str, path: str, root: str):
-    """Yield (index, row-or-ValueError) for every data row of a CSV/TSV/JSONL manifest."""
+def parse_manifest(lines: Iterable[str], path: str, root: str):
+    """Yield (index, row-or-ValueError) for every data row of a CSV/TSV/JSONL manifest's lines (with
+    their line breaks: a quoted CSV field may hold one)."""
     if path.lower().endswith(".jsonl"):
-        for i, line in enumerate(l for l in text.splitlines() if l.strip()):
+        for i, line in enumerate(bare_lines(lines)):
             try:
                 rec = json.loads(line)
                 if not isinstance(rec, dict):
@@ -100,9 +102,8 @@ def parse_manifest(text: str, path: str, root: str):
                 continue
             yield i, _manifest_row(rec, i, root)
         return
-    lines = text.splitlines(keepends=True)
-    start = next((n for n, l in enumerate(lines) if l.strip()), len(lines))  # the header: first non-blank line
-    reader = csv.DictReader(io.StringIO("".join(lines[start:])), delimiter=_delimiter(path))
+    lines = itertools.dropwhile(lambda l: not l.strip(), lines)  # the header: the first non-blank line
+    reader = csv.DictReader(lines, delimiter=_delimiter(path))
     columns = list(reader.fieldnames or ())
     check_columns(columns, path)
     for i, rec in enumerate(reader):
@@ -130,34 +131,36 @@ def _manifest_row(rec: dict, i: int, root: str):
                gender=gender_code(rec.get("gender")))
 
 
-def manifest_rows(text: str, path: str, root: str) -> LayoutRows:
-    """A manifest's text -> rows; audio paths relative to `root` (the manifest's directory)."""
-    return split_malformed(parse_manifest(text, path, root))
+def manifest_rows(lines: Iterable[str], path: str, root: str) -> Iterator[dict]:
+    """A manifest's lines -> items; audio paths relative to `root` (the manifest's directory)."""
+    return split_malformed(parse_manifest(lines, path, root))
 
 
 # -- Common Voice ---------------------------------------------------------------------------------
-def commonvoice_rows(text: str, path: str) -> LayoutRows:
-    """A Common Voice TSV's text -> rows: id the clip's file stem, audio `clips/<path>` beside the TSV,
+def commonvoice_rows(lines: Iterable[str], path: str) -> Iterator[dict]:
+    """A Common Voice TSV's lines -> items: id the clip's file stem, audio `clips/<path>` beside the TSV,
     speaker the `client_id`, language the `locale` column where there is one.
 
     Common Voice writes its TSVs unquoted: a `"` in a sentence is part of it, so fields are split on
     tabs alone. A row with another number of fields than the header -> `malformed_row`.
     """
-    clips = posixpath.join(posixpath.dirname(path), "clips")
-    lines = [l for l in text.splitlines() if l.strip()]
-    columns = commonvoice_columns(lines[0]) if lines else []
+    lines = bare_lines(lines)
+    header = next(lines, None)
+    columns = commonvoice_columns(header) if header is not None else []
     check_commonvoice_columns(columns, path)
-    items = []
-    for i, line in enumerate(lines[1:]):
+    return split_malformed(_commonvoice_items(lines, columns, posixpath.join(posixpath.dirname(path), "clips")))
+
+
+def _commonvoice_items(lines: Iterable[str], columns: list[str], clips: str):
+    for i, line in enumerate(lines):
         fields = line.split("\t")
         rec = dict(zip(columns, fields))
         if len(fields) != len(columns):
-            items.append((i, ValueError(f"row {i + 1}: {len(fields)} tab-separated fields, the header has "
-                                        f"{len(columns)} ({', '.join(columns)})")))
+            yield i, ValueError(f"row {i + 1}: {len(fields)} tab-separated fields, the header has "
+                                f"{len(columns)} ({', '.join(columns)})")
         elif not rec["path"].strip():
-            items.append((i, ValueError(f"row {i + 1}: no path")))
+            yield i, ValueError(f"row {i + 1}: no path")
         else:
             clip = rec["path"].strip()
-            items.append((i, row(_stem(clip), rec["sentence"], _join(clips, clip), i, speaker=rec["client_id"],
-                                 language=rec.get("locale", "").strip(), gender=gender_code(rec.get("gender")))))
-    return split_malformed(items)
+            yield i, row(_stem(clip), rec["sentence"], _join(clips, clip), i, speaker=rec["client_id"],
+                         language=rec.get("locale", "").strip(), gender=gender_code(rec.get("gender")))

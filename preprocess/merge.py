@@ -1,4 +1,4 @@
-"""Several inputs in one run: their names, and labels kept unique across them. Pure functions.
+"""Several inputs in one run: their names, and labels kept unique across them.
 
 Each input has a name: its directory's or file's stem, made unique (`name`, `name-2`, ...). A
 speaker label found in more than one input is prefixed with the input's name (`NAME/label`) in every
@@ -7,12 +7,13 @@ repeat within one input is still `duplicate_id`). Labels found in one input only
 """
 from __future__ import annotations
 
-import dataclasses
+import pickle
 import posixpath
-from collections import Counter
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 from melshards.preprocess.manifests import MANIFEST_EXTENSIONS
+from melshards.preprocess.rows import is_rejection
+from melshards.preprocess.spill import Spill
 
 
 def input_name(path: str) -> str:
@@ -35,35 +36,61 @@ def unique_names(names: Sequence[str]) -> list[str]:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Merged:
-    """One input's rows and read-time rejections after merging, and how many distinct speaker
-    labels and ids were prefixed with its name."""
-    rows: list[dict]
-    rejected: list[dict]
-    prefixed_speakers: int
-    prefixed_ids: int
+class MergedInputs:
+    """Every input's items (`[(name, items)]`, ids unique within each input) -> its `rows()` and its
+    `rejections()`, input after input in order, a label found in more than one input prefixed
+    `name/label` in each: a speaker of rows, an id of rows or rejections (so rejected.jsonl names one
+    row per id).
 
+    Whether a label is shared is known only once every input is read: the items wait in `spill`'s
+    tables (a file on local disk for a corpus, not a list in memory) and are read back from there.
+    `input_rows[i]`, `prefixed_speakers[i]` and `prefixed_ids[i]` count input i's items and its
+    distinct labels prefixed; `row_count` is the number of rows of all inputs.
+    """
 
-def _shared(label_sets: list[set[str]]) -> set[str]:
-    counts = Counter(label for labels in label_sets for label in labels)
-    return {label for label, n in counts.items() if n > 1}
+    def __init__(self, inputs: Sequence[tuple[str, Iterable[dict]]], spill: Spill):
+        self.names = [name for name, _ in inputs]
+        self.db, self.items = spill.db, spill.table("items")
+        self.shared = {kind: spill.table(f"shared_{kind}") for kind in ("id", "speaker")}
+        self.db.execute(f"CREATE TABLE {self.items} (n INTEGER PRIMARY KEY, inp INTEGER NOT NULL, id TEXT NOT NULL, "
+                        "speaker TEXT, body BLOB NOT NULL)")  # speaker NULL: a rejection
+        self.input_rows, self.row_count = [], 0
+        insert = f"INSERT INTO {self.items} (inp, id, speaker, body) VALUES (?, ?, ?, ?)"
+        for i, (_, items) in enumerate(inputs):
+            count = 0
+            for item in items:
+                speaker = None if is_rejection(item) else item["speaker"]
+                self.db.execute(insert, (i, item["id"], speaker, pickle.dumps(item, pickle.HIGHEST_PROTOCOL)))
+                count += 1
+                self.row_count += speaker is not None
+            self.input_rows.append(count)
+        for kind, table in self.shared.items():
+            self.db.execute(f"CREATE TABLE {table} (label TEXT PRIMARY KEY) WITHOUT ROWID")
+            if len(inputs) > 1:  # one input shares no label
+                self.db.execute(f"INSERT INTO {table} SELECT {kind} FROM {self.items} WHERE {kind} IS NOT NULL "
+                                f"GROUP BY {kind} HAVING COUNT(DISTINCT inp) > 1")
+        self.prefixed_speakers, self.prefixed_ids = (self._prefixed(kind) for kind in ("speaker", "id"))
 
+    def _prefixed(self, kind: str) -> list[int]:
+        counts = dict(self.db.execute(f"SELECT inp, COUNT(DISTINCT {kind}) FROM {self.items} "
+                                      f"JOIN {self.shared[kind]} ON label = {kind} GROUP BY inp"))
+        return [counts.get(i, 0) for i in range(len(self.names))]
 
-def merge_inputs(inputs: Sequence[tuple[str, list[dict], list[dict]]]) -> list[Merged]:
-    """[(name, rows, rejected)] of each input (ids unique within it) -> each input's `Merged`: a
-    speaker label or an id that occurs in more than one input becomes `name/label` in each of them.
-    The ids of rejections count (a malformed row's `row-N` too), so rejected.jsonl names one row per id."""
-    speakers = _shared([{r["speaker"] for r in rows} for _, rows, _ in inputs])
-    ids = _shared([{r["id"] for r in rows + rejected} for _, rows, rejected in inputs])
-    merged = []
-    for name, rows, rejected in inputs:
-        def prefixed(label: str, shared: set[str]) -> str:
-            return f"{name}/{label}" if label in shared else label
+    def rows(self) -> Iterator[dict]:
+        return self._items("IS NOT NULL")
 
-        merged.append(Merged(
-            rows=[dict(r, id=prefixed(r["id"], ids), speaker=prefixed(r["speaker"], speakers)) for r in rows],
-            rejected=[dict(r, id=prefixed(r["id"], ids)) for r in rejected],
-            prefixed_speakers=len({r["speaker"] for r in rows} & speakers),
-            prefixed_ids=len({r["id"] for r in rows + rejected} & ids)))
-    return merged
+    def rejections(self) -> Iterator[dict]:
+        return self._items("IS NULL")
+
+    def _items(self, speaker: str) -> Iterator[dict]:
+        query = (f"SELECT i.inp, i.body, si.label IS NOT NULL, ss.label IS NOT NULL FROM {self.items} i "
+                 f"LEFT JOIN {self.shared['id']} si ON si.label = i.id "
+                 f"LEFT JOIN {self.shared['speaker']} ss ON ss.label = i.speaker WHERE i.speaker {speaker} "
+                 "ORDER BY i.n")
+        for inp, body, shared_id, shared_speaker in self.db.execute(query):
+            item, name = pickle.loads(body), self.names[inp]
+            if shared_id:
+                item["id"] = f"{name}/{item['id']}"
+            if shared_speaker:
+                item["speaker"] = f"{name}/{item['speaker']}"
+            yield item

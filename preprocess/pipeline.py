@@ -24,7 +24,7 @@ from melshards.preprocess.encode import encode_clip
 from melshards.preprocess.progress import ProgressFile, progress_dir
 from melshards.preprocess.report import WriteReport
 from melshards.preprocess.shards import AssembleShards, RollingFiles
-from melshards.preprocess.stash import load_clips, load_features, stash_batch, stash_dir
+from melshards.preprocess.stash import load_clips, load_features, load_rows, stash_batch, stash_dir
 from melshards.preprocess.workers import worker_setup
 from melshards.shards_schema import Vocabulary
 from melshards.shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
@@ -92,7 +92,7 @@ STASHED = "stashed"
 
 @beam.typehints.with_output_types(dict)  # declared: inferring it would import librosa into the launcher
 class _MeasureFn(beam.DoFn):
-    """Batch of rows -> {"clips": [clip with its front end's text, lengths, the mel's moments], "cache":
+    """A batch of rows (`stash.stash_rows`' reference) -> {"clips": [clip with its front end's text, lengths, the mel's moments], "cache":
     {hits, computed, damaged_files}, "cache_files": [...]} for the statistics; the batch's stash
     reference (`stash.stash_batch`) -> `stashed`; bad clips -> `rejected`.
 
@@ -114,7 +114,8 @@ class _MeasureFn(beam.DoFn):
         if self.progress:
             self.progress.flush()
 
-    def process(self, rows, index=None):
+    def process(self, batch, index=None):
+        rows = load_rows(batch)
         clips, arrays, written = [], [], []
         cached = _Cached(self.cache_dir, index or {}, self.settings)
         for row, text in zip(rows, prepare_texts(rows, self.cfg)):
@@ -158,9 +159,9 @@ class _MeasureFn(beam.DoFn):
 
 
 class MeasureClips(beam.PTransform):
-    """Batches of rows -> {"clips": batches of clips with normalised text and lengths, for the
-    statistics; "stashed": each batch's stash reference, for the stages after the statistics;
-    "rejected": bad clips}. With `cache_dir`, each clip's audio features are looked up in the feature
+    """Batches of rows (`stash.stash_rows`' references) -> {"clips": batches of clips with normalised
+    text and lengths, for the statistics; "stashed": each batch's stash reference, for the stages
+    after the statistics; "rejected": bad clips}. With `cache_dir`, each clip's audio features are looked up in the feature
     cache first (its index read by the workers into a side input) and what is computed is added.
 
     Only the statistics' combiners read `clips`: the runner fuses their partial combines into this
@@ -476,7 +477,7 @@ def build(p: beam.Pipeline, corpus: Corpus | list[Corpus], out_dir: str, cfg: Pr
     paid per batch. progress: workers also write their row counts under the output's temp dir (for
     a local run's progress line; on Dataflow the counters show it).
     """
-    read = p | "Read" >> ReadCorpus(corpus)
+    read = p | "Read" >> ReadCorpus(corpus, stash_dir(out_dir))
     measured = read["batches"] | "Measure" >> MeasureClips(
         cfg, stash_dir(out_dir), progress_dir(out_dir) if progress else None, cache_dir)
     cache_used = (measured.clips | "CacheUse" >> beam.Map(lambda b: cache_summary([b]))

@@ -2,13 +2,16 @@
 
 A row is `{id, text, speaker, language, gender, audio, row}`: `audio` is the path of its audio file
 (None when there is none: rejected later as `missing_audio`), `row` its position in its input (the
-first row of an id wins), `gender` "F", "M" or "" (unknown). A layout's reader returns a
-`LayoutRows`; `complete_rows` then gives every row a speaker and a language.
+first row of an id wins), `gender` "F", "M" or "" (unknown). A rejection is `{id, reason, detail}`.
+
+A layout's reader yields items, rows and rejections in input order, one per input row, and holds
+none: a corpus is read as a stream (`LayoutRows.of` collects one, for tests and small reads).
+`unique_ids` drops repeated ids, `complete_rows` gives every row a speaker and a language.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable
+from typing import Iterable, Iterator, MutableMapping
 
 ROW_KEYS = ("id", "text", "speaker", "language", "gender", "audio", "row")
 _GENDERS = {"f": "F", "female": "F", "woman": "F", "female_feminine": "F",  # Common Voice 17+ spells
@@ -30,6 +33,14 @@ class LayoutRows:
     def input_rows(self) -> int:
         return len(self.rows) + len(self.rejected)
 
+    @classmethod
+    def of(cls, items: Iterable[dict]) -> "LayoutRows":
+        """A reader's items, collected."""
+        read = cls([], [])
+        for item in items:
+            (read.rejected if is_rejection(item) else read.rows).append(item)
+        return read
+
 
 def row(clip_id: str, text: str, audio: str | None, index: int, speaker: str = "", language: str = "",
         gender: str = "") -> dict:
@@ -41,47 +52,54 @@ def reject(row_id: str, reason: str, detail: str) -> dict:
     return {"id": row_id, "reason": reason, "detail": detail}
 
 
+def is_rejection(item: dict) -> bool:
+    return "reason" in item
+
+
+def bare_lines(lines: Iterable[str]) -> Iterator[str]:
+    """The non-blank lines of a file's lines, each without its line break."""
+    for line in lines:
+        bare = line.splitlines()[0] if line else line  # a line ends in at most one break, of any kind
+        if bare.strip():
+            yield bare
+
+
 def gender_code(value) -> str:
     """A corpus' spelling of a speaker's gender -> "F", "M", or "" (unknown, other, not given)."""
     return _GENDERS.get(str(value or "").strip().lower(), "")
 
 
-def split_malformed(items: Iterable[tuple[int, dict | Exception]]) -> LayoutRows:
-    """(index, row or the ValueError that row raised) -> rows, and a `malformed_row` rejection (id
-    `row-N`) for each error."""
-    rows, rejected = [], []
+def split_malformed(items: Iterable[tuple[int, dict | Exception]]) -> Iterator[dict]:
+    """(index, row or the ValueError that row raised) -> the row, or a `malformed_row` rejection (id
+    `row-N`) for an error."""
     for i, item in items:
-        if isinstance(item, Exception):
-            rejected.append(reject(f"row-{i + 1}", "malformed_row", str(item)))
-        else:
-            rows.append(item)
-    return LayoutRows(rows, rejected)
+        yield reject(f"row-{i + 1}", "malformed_row", str(item)) if isinstance(item, Exception) else item
 
 
-def drop_duplicate_ids(rows: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(rows keeping the first row of every id, by position; a rejection for each later repeat)."""
-    first: dict[str, dict] = {}
-    kept, dups = [], []
-    for r in sorted(rows, key=lambda r: r["row"]):
-        seen = first.setdefault(r["id"], r)
-        if seen is r:
-            kept.append(r)
-        else:
-            dups.append(reject(r["id"], "duplicate_id", f"row {r['row'] + 1} repeats the id of row {seen['row'] + 1}"))
-    return kept, dups
+def unique_ids(items: Iterable[dict], first: MutableMapping[str, int]) -> Iterator[dict]:
+    """Items in input order -> the first row of every id, and a `duplicate_id` rejection for each later
+    repeat; rejections pass. `first` (id -> row position; a dict, or a `spill.SqliteMap` for a large
+    corpus) starts empty."""
+    for item in items:
+        if is_rejection(item):
+            yield item
+            continue
+        seen = first.setdefault(item["id"], item["row"])
+        yield item if seen == item["row"] else reject(
+            item["id"], "duplicate_id", f"row {item['row'] + 1} repeats the id of row {seen + 1}")
 
 
-def complete_rows(rows: list[dict], name: str, language: str | None) -> tuple[list[dict], list[dict]]:
+def complete_rows(items: Iterable[dict], name: str, language: str | None) -> Iterator[dict]:
     """Every row gets a speaker (its own label, else the input's name: a corpus without speakers is
     one speaker) and a language (its own, else the input's default `language`); a row left without a
-    language -> `missing_language`."""
-    kept, rejected = [], []
-    for r in rows:
+    language -> `missing_language`. Rejections pass."""
+    for r in items:
+        if is_rejection(r):
+            yield r
+            continue
         lang = (r.get("language") or "").strip() or (language or "")
         if not lang:
-            rejected.append(reject(r["id"], "missing_language",
-                                   f"row {r['row'] + 1} says no language and its input has no default; "
-                                   "give --language CODE, or fill the row's language column"))
-            continue
-        kept.append(dict(r, speaker=r["speaker"].strip() or name, language=lang))
-    return kept, rejected
+            yield reject(r["id"], "missing_language", f"row {r['row'] + 1} says no language and its input has no "
+                                                      "default; give --language CODE, or fill the row's language column")
+        else:
+            yield dict(r, speaker=r["speaker"].strip() or name, language=lang)

@@ -15,7 +15,7 @@ import dataclasses
 import os
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -23,9 +23,11 @@ from melshards.preprocess import layouts as L
 from melshards.preprocess import manifests as M
 from melshards.preprocess.lock import is_local_path
 from melshards.preprocess.merge import input_name
-from melshards.preprocess.rows import CorpusError, LayoutRows, complete_rows, drop_duplicate_ids
+from melshards.preprocess.rows import CorpusError, LayoutRows, complete_rows, unique_ids
+from melshards.preprocess.spill import Spill
 
 _READ_THREADS = 16  # VCTK and LibriTTS: one small transcript file per utterance, read concurrently
+_CHUNK = 1 << 20  # a rows file is read a megabyte at a time
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,12 +44,13 @@ class Corpus:
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """A corpus layout: `locate(path, forced)` the corpus at path if its telltale files are there
-    (forced by --format: only what reading needs), `read` its rows, `count` its input rows (the
-    progress line's total) and `language(corpus, --language)` its default language."""
+    (forced by --format: only what reading needs), `read(corpus, spill)` its items with unique ids
+    (the spill holds what reading must remember), `count` its input rows (the progress line's total)
+    and `language(corpus, --language)` its default language."""
     name: str
     telltale: str  # what `locate` looks for, as the error for an unrecognised input lists it
     locate: Callable[[str, bool], Corpus | None]
-    read: Callable[[Corpus], LayoutRows]
+    read: Callable[[Corpus, Spill], Iterator[dict]]
     count: Callable[[Corpus], int]
     language: Callable[[Corpus, str | None], str | None]
 
@@ -65,9 +68,34 @@ def _list(pattern: str, limit: int | None = None) -> list[str]:
     return [m.path for m in FileSystems.match([pattern], [limit])[0].metadata_list]
 
 
+def _list_dir(path: str) -> Iterator[str]:
+    """The paths in a directory: a local one as it is read (a million files are not held in a list),
+    a remote one by one listing."""
+    if is_local_path(path):
+        with os.scandir(path) as entries:
+            yield from (e.path for e in entries)
+    else:
+        yield from _list(_join(path, "*"))
+
+
 def _read_text(path: str) -> str:
     with FileSystems.open(path) as f:
         return f.read().decode("utf-8-sig")
+
+
+def _lines(path: str) -> Iterator[str]:
+    """A text file's lines as `str.splitlines(keepends=True)` splits them, read a chunk at a time."""
+    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+    held = ""
+    with FileSystems.open(path) as f:
+        while True:
+            chunk = f.read(_CHUNK)
+            lines = (held + decoder.decode(chunk, final=not chunk)).splitlines(keepends=True)
+            # The last line may go on in the next chunk (a "\r" too: the "\n" of a "\r\n" may follow).
+            held = lines.pop() if chunk and lines else ""
+            yield from lines
+            if not chunk:
+                return
 
 
 def _read_texts(paths: Iterable[str]) -> dict[str, str]:
@@ -117,8 +145,9 @@ def _locate_ljspeech(path: str, forced: bool) -> Corpus | None:
     return Corpus("ljspeech", metadata, path) if _exists(metadata) else None
 
 
-def _read_ljspeech(c: Corpus) -> LayoutRows:
-    return L.ljspeech_rows(_read_text(c.rows_path), _list(_join(c.root, "wavs", "*")))
+def _read_ljspeech(c: Corpus, spill: Spill) -> Iterator[dict]:
+    files = spill.lists(L.audio_files(_list_dir(_join(c.root, "wavs"))))
+    return L.ljspeech_rows(_lines(c.rows_path), files, spill.map())
 
 
 def _locate_vctk(path: str, forced: bool) -> Corpus | None:
@@ -135,14 +164,15 @@ def _vctk_files(c: Corpus) -> tuple[list[str], list[str]]:
     return _list(_join(c.root, "txt", "*", "*.txt")), _list(_join(c.root, L.VCTK_AUDIO_DIR, "*", "*"))
 
 
-def _read_vctk(c: Corpus) -> LayoutRows:
+def _read_vctk(c: Corpus, spill: Spill) -> Iterator[dict]:
     txts, audio = _vctk_files(c)
-    return L.vctk_rows(_read_texts(txts), audio, _read_text(c.speakers_path) if c.speakers_path else None)
+    info = _read_text(c.speakers_path) if c.speakers_path else None
+    return unique_ids(L.vctk_rows(_read_texts(txts), audio, info), spill.map())
 
 
 def _count_vctk(c: Corpus) -> int:
     txts, audio = _vctk_files(c)
-    return L.vctk_rows(dict.fromkeys(txts, ""), audio, None).input_rows
+    return sum(1 for _ in L.vctk_rows(dict.fromkeys(txts, ""), audio, None))
 
 
 def _locate_libritts(path: str, forced: bool) -> Corpus | None:
@@ -159,14 +189,15 @@ def _libritts_files(c: Corpus) -> tuple[list[str], list[str]]:
     return [p for p in files if p.endswith(L.LIBRITTS_TEXT)], files
 
 
-def _read_libritts(c: Corpus) -> LayoutRows:
+def _read_libritts(c: Corpus, spill: Spill) -> Iterator[dict]:
     txts, files = _libritts_files(c)
-    return L.libritts_rows(_read_texts(txts), files, _read_text(c.speakers_path) if c.speakers_path else None)
+    speakers = _read_text(c.speakers_path) if c.speakers_path else None
+    return unique_ids(L.libritts_rows(_read_texts(txts), files, speakers), spill.map())  # one utterance in two subsets
 
 
 def _count_libritts(c: Corpus) -> int:
     txts, files = _libritts_files(c)
-    return L.libritts_rows(dict.fromkeys(txts, ""), files, None).input_rows
+    return sum(1 for _ in L.libritts_rows(dict.fromkeys(txts, ""), files, None))
 
 
 def _locate_commonvoice(path: str, forced: bool) -> Corpus | None:
@@ -180,16 +211,16 @@ def _locate_commonvoice(path: str, forced: bool) -> Corpus | None:
     return Corpus("commonvoice", tsv, path) if _exists(tsv) else None
 
 
-def _read_commonvoice(c: Corpus) -> LayoutRows:
-    return M.commonvoice_rows(_read_text(c.rows_path), c.rows_path)
+def _read_commonvoice(c: Corpus, spill: Spill) -> Iterator[dict]:
+    return unique_ids(M.commonvoice_rows(_lines(c.rows_path), c.rows_path), spill.map())
 
 
 def _locate_manifest(path: str, forced: bool) -> Corpus | None:
     return Corpus("manifest", path, posixpath.dirname(path) or ".") if _is_table(path) and not _is_dir(path) else None
 
 
-def _read_manifest(c: Corpus) -> LayoutRows:
-    return M.manifest_rows(_read_text(c.rows_path), c.rows_path, c.root)
+def _read_manifest(c: Corpus, spill: Spill) -> Iterator[dict]:
+    return unique_ids(M.manifest_rows(_lines(c.rows_path), c.rows_path, c.root), spill.map())
 
 
 # The default language of a layout's rows that give none, from the corpus and --language (or None).
@@ -275,10 +306,13 @@ def count_input_rows(corpus: Corpus) -> int:
     return LAYOUTS[corpus.kind].count(corpus)
 
 
+def input_items(corpus: Corpus, spill: Spill) -> Iterator[dict]:
+    """One input's items as they are read: its rows, each with a speaker and a language and an id of
+    its own (the first row of an id wins), and its rejected input rows."""
+    return complete_rows(LAYOUTS[corpus.kind].read(corpus, spill), corpus.name, corpus.language)
+
+
 def read_input(corpus: Corpus) -> LayoutRows:
-    """One input's rows, each with a speaker and a language, unique ids (the first row of an id wins),
-    and its rejected input rows."""
-    read = LAYOUTS[corpus.kind].read(corpus)
-    rows, dups = drop_duplicate_ids(read.rows)
-    rows, unlabelled = complete_rows(rows, corpus.name, corpus.language)
-    return LayoutRows(rows, read.rejected + dups + unlabelled)
+    """One input's `input_items`, collected (a small corpus, or a test: the read stage streams them)."""
+    with Spill() as spill:
+        return LayoutRows.of(input_items(corpus, spill))

@@ -1,5 +1,9 @@
-"""The stash: a side channel of temp files outside Beam's model, that carries each measured batch
-across the statistics barrier.
+"""The stash: a side channel of temp files outside Beam's model, that carries the batches of rows
+from the read stage to the workers and each measured batch across the statistics barrier.
+
+The read stage writes the batches of rows it reads into `rows-<name>.pkl` files, several batches to a
+file (`stash_rows`), and passes on where each batch is: the runner's shuffle that spreads the
+batches over the workers holds a path and an offset per batch, not the corpus' rows.
 
 Measure computes every clip's features once; the cut-offs and the buckets are known only once every
 clip is measured. Rather than hold the batches in the runner (or decode every clip a second time),
@@ -19,11 +23,14 @@ from __future__ import annotations
 import hashlib
 import io
 import pickle
+from typing import Iterable, Iterator
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess.shards import TEMP_DIR
+
+ROWS_FILE_BYTES = 4 << 20  # the read stage's batches of rows, packed into files of about this size
 
 
 def stash_dir(out_dir: str) -> str:
@@ -42,6 +49,47 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
+def stash_rows(stash_dir: str, batches: Iterable[list[dict]]) -> Iterator[dict]:
+    """Write batches of rows, packed into files of about ROWS_FILE_BYTES (a file per batch would be
+    thousands of small objects); yields each batch's reference {"rows": path, "offset", "size",
+    "count"} once its file is written (path None: a batch of no rows).
+
+    A file's name comes from its ids, so a retried bundle rewrites the same files instead of adding more.
+    """
+    buffer, refs, ids = io.BytesIO(), [], hashlib.sha1()
+
+    def flush():
+        path = FileSystems.join(stash_dir, f"rows-{ids.hexdigest()}.pkl")
+        _write(path, buffer.getvalue())
+        return [dict(ref, rows=path) for ref in refs]
+
+    for batch in batches:
+        if not batch:
+            yield {"rows": None, "offset": 0, "size": 0, "count": 0}
+            continue
+        offset = buffer.tell()
+        pickle.dump(batch, buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        refs.append({"offset": offset, "size": buffer.tell() - offset, "count": len(batch)})
+        ids.update("\n".join(r["id"] for r in batch).encode("utf-8"))
+        if buffer.tell() >= ROWS_FILE_BYTES:
+            yield from flush()
+            buffer, refs, ids = io.BytesIO(), [], hashlib.sha1()
+    if refs:
+        yield from flush()
+
+
+def load_rows(batch: dict) -> list[dict]:
+    """The rows of a batch `stash_rows` wrote, in order."""
+    if batch["rows"] is None:
+        return []
+    with FileSystems.open(batch["rows"]) as f:
+        f.seek(batch["offset"])
+        rows = pickle.loads(f.read(batch["size"]))  # our own temp file, written by this run
+    if len(rows) != batch["count"]:  # another count is a bug or a lost write
+        raise IOError(f"{batch['rows']} holds {len(rows)} rows at {batch['offset']}, expected {batch['count']}")
+    return rows
+
+
 def stash_batch(stash_dir: str, clips: list[dict], features: list[dict[str, np.ndarray]]) -> dict:
     """Write a batch's measured clips and their unpadded arrays (`features[i]` is `clips[i]`'s: the mel
     as float16, what the shards store; pitch, energy, audio, durations where the run computes them);
@@ -50,7 +98,6 @@ def stash_batch(stash_dir: str, clips: list[dict], features: list[dict[str, np.n
     stashes only what the cache lacks (durations): the writer reads the rest from the cache file its
     clip names (`"cached"`).
 
-    The names come from the ids, so a retried bundle rewrites the same files instead of adding two.
     """
     if not clips:
         return {"clips": None, "features": None, "count": 0}

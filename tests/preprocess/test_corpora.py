@@ -10,9 +10,11 @@ from apache_beam.testing.util import assert_that, equal_to
 from melshards.preprocess import layouts as L
 from melshards.preprocess import manifests as M
 from melshards.preprocess.corpus import ReadCorpus
-from melshards.preprocess.merge import input_name, merge_inputs, unique_names
+from melshards.preprocess.merge import MergedInputs, input_name, unique_names
 from melshards.preprocess.rows import CorpusError, LayoutRows, complete_rows, gender_code, reject, row
 from melshards.preprocess.sources import LAYOUTS, check_rows_file, detect_corpus, read_input
+from melshards.preprocess.spill import Spill
+from melshards.preprocess.stash import load_rows
 
 from tests.conftest import TINY_CONFIG
 from tests.preprocess.conftest import encode, tone
@@ -97,7 +99,7 @@ def test_vctk_rows_are_one_per_utterance_with_mic1_and_p315_is_missing_text():
     audio = ["/c/wav48_silence_trimmed/p225/p225_001_mic1.flac", "/c/wav48_silence_trimmed/p225/p225_001_mic2.flac",
              "/c/wav48_silence_trimmed/p226/p226_001_mic2.flac", "/c/wav48_silence_trimmed/p315/p315_001_mic2.flac",
              "/c/wav48_silence_trimmed/p315/p315_001_mic1.flac", "/c/wav48_silence_trimmed/log.txt"]
-    read = L.vctk_rows(transcripts, audio, VCTK_INFO)
+    read = LayoutRows.of(L.vctk_rows(transcripts, audio, VCTK_INFO))
     assert read.rows == [{"id": "p225_001", "text": "Please call Stella.", "speaker": "p225", "language": "en",
                           "gender": "F", "audio": "/c/wav48_silence_trimmed/p225/p225_001_mic1.flac", "row": 0}]
     assert read.rejected == [
@@ -120,7 +122,7 @@ def test_libritts_rows_pair_each_wav_with_the_normalized_text_beside_it():
     transcripts = {f"{base}0.normalized.txt": "Northanger Abbey.", f"{base}2.normalized.txt": "No audio."}
     files = [f"{base}0.wav", f"{base}0.original.txt", f"{base}0.normalized.txt", f"{base}1.wav",
              f"{base}2.normalized.txt", "/l/SPEAKERS.txt", "/l/train-clean-100/19/198/19_198.trans.tsv"]
-    read = L.libritts_rows(transcripts, files, LIBRITTS_SPEAKERS)
+    read = LayoutRows.of(L.libritts_rows(transcripts, files, LIBRITTS_SPEAKERS))
     assert read.rows == [row("19_198_000000_000000", "Northanger Abbey.", f"{base}0.wav", 0, speaker="19",
                              language="en", gender="F")]
     assert read.rejected == [
@@ -137,7 +139,7 @@ def test_libritts_speakers_skip_comments_and_keep_a_name_with_bars():
 def test_commonvoice_rows_split_on_tabs_alone_and_read_locale_and_gender():
     text = "\n".join([CV_HEADER, 'a1\tx_1.mp3\tHe said "hi".\t2\t0\t\tmale_masculine\t\tzh-CN\t',
                       "b2\tx_2.mp3\tHello.\t2\t0\t\t\t\t\t", "b2\tx_3.mp3\tToo few fields."]) + "\n"
-    read = M.commonvoice_rows(text, "gs://b/cv/validated.tsv")
+    read = LayoutRows.of(M.commonvoice_rows(text.splitlines(keepends=True), "gs://b/cv/validated.tsv"))
     assert read.rows == [
         row("x_1", 'He said "hi".', "gs://b/cv/clips/x_1.mp3", 0, speaker="a1", language="zh-CN", gender="M"),
         row("x_2", "Hello.", "gs://b/cv/clips/x_2.mp3", 1, speaker="b2", language="", gender="")]
@@ -146,18 +148,24 @@ def test_commonvoice_rows_split_on_tabs_alone_and_read_locale_and_gender():
 
 
 def test_manifest_rows_read_language_and_gender_columns():
-    read = M.manifest_rows("audio,text,speaker,language,gender\na.wav,Hallo.,s1, de ,Female\nb.wav,Hi.,,,\n",
-                           "/m/x.csv", "/m")
+    text = "audio,text,speaker,language,gender\na.wav,Hallo.,s1, de ,Female\nb.wav,Hi.,,,\n"
+    read = LayoutRows.of(M.manifest_rows(text.splitlines(keepends=True), "/m/x.csv", "/m"))
     assert read.rows == [row("a", "Hallo.", "/m/a.wav", 0, speaker="s1", language="de", gender="F"),
                          row("b", "Hi.", "/m/b.wav", 1)]
     assert read.rejected == []
 
 
-def test_ljspeech_rows_drop_repeated_ids_before_attaching_audio():
-    read = L.ljspeech_rows("a|One.|One.\nb|Two.|\nlonely\na|Again.|\n", ["/lj/wavs/a.wav", "/lj/wavs/a.flac"])
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_ljspeech_rows_drop_repeated_ids_before_attaching_audio(on_disk):
+    lines = "a|One.|One.\nb|Two.|\nlonely\na|Again.|\n".splitlines(keepends=True)
+    with Spill() as spill:
+        files = spill.lists(L.audio_files(["/lj/wavs/a.mp3", "/lj/wavs/a.flac", "/lj/wavs/b.txt", "/lj/wavs/a.wav"]))
+        assert dict(files) == {"a": ["/lj/wavs/a.wav", "/lj/wavs/a.flac", "/lj/wavs/a.mp3"]}
+        read = LayoutRows.of(L.ljspeech_rows(lines, files, spill.map() if on_disk else {}))
     assert read.rows == [row("b", "Two.", None, 1)]
     assert [(r["id"], r["reason"]) for r in read.rejected] == [
-        ("row-3", "malformed_row"), ("a", "duplicate_id"), ("a", "ambiguous_audio")]
+        ("a", "ambiguous_audio"), ("row-3", "malformed_row"), ("a", "duplicate_id")]
+    assert "3 audio files for this id: /lj/wavs/a.wav, /lj/wavs/a.flac, /lj/wavs/a.mp3" in read.rejected[0]["detail"]
 
 
 @pytest.mark.parametrize("spelling,code", [("F", "F"), ("female", "F"), (" Female_Feminine ", "F"), ("m", "M"),
@@ -170,26 +178,28 @@ def test_genders_are_f_m_or_unknown(spelling, code):
 def test_rows_get_the_inputs_name_as_speaker_and_its_default_language_unless_they_say():
     rows = [row("a", "x", "a.wav", 0, speaker="s1", language="de"), row("b", "x", "b.wav", 1),
             row("c", "x", "c.wav", 2, language=" ")]
-    assert complete_rows(rows, "lj", "en") == ([dict(rows[0]), dict(rows[1], speaker="lj", language="en"),
-                                                dict(rows[2], speaker="lj", language="en")], [])
-    kept, rejected = complete_rows(rows, "lj", None)
-    assert [r["id"] for r in kept] == ["a"]
-    assert [(r["id"], r["reason"]) for r in rejected] == [("b", "missing_language"), ("c", "missing_language")]
-    assert "--language" in rejected[0]["detail"]
+    assert list(complete_rows(rows, "lj", "en")) == [dict(rows[0]), dict(rows[1], speaker="lj", language="en"),
+                                                     dict(rows[2], speaker="lj", language="en")]
+    read = LayoutRows.of(complete_rows(rows, "lj", None))
+    assert [r["id"] for r in read.rows] == ["a"]
+    assert [(r["id"], r["reason"]) for r in read.rejected] == [("b", "missing_language"), ("c", "missing_language")]
+    assert "--language" in read.rejected[0]["detail"]
 
 
 # -- several inputs --------------------------------------------------------------------------------
 def test_a_label_in_two_inputs_is_prefixed_in_both_and_other_labels_are_not():
     a = [row("p225_001", "x", "1.flac", 0, speaker="p225"), row("p226_001", "x", "2.flac", 1, speaker="p226")]
     b = [row("p225_001", "x", "3.wav", 0, speaker="p225"), row("z", "x", "4.wav", 1, speaker="anna")]
-    va, vb = merge_inputs([("vctk", a, [reject("p315_001", "missing_text", "d")]),
-                           ("mine", b, [reject("p315_001", "malformed_row", "d")])])
-    assert [(r["id"], r["speaker"]) for r in va.rows] == [("vctk/p225_001", "vctk/p225"), ("p226_001", "p226")]
-    assert [(r["id"], r["speaker"]) for r in vb.rows] == [("mine/p225_001", "mine/p225"), ("z", "anna")]
-    assert [r["id"] for r in va.rejected + vb.rejected] == ["vctk/p315_001", "mine/p315_001"]
-    assert (va.prefixed_speakers, va.prefixed_ids, vb.prefixed_speakers, vb.prefixed_ids) == (1, 2, 1, 2)
-    (alone,) = merge_inputs([("vctk", a, [])])
-    assert alone.rows == a and (alone.prefixed_speakers, alone.prefixed_ids) == (0, 0)
+    with Spill() as spill:
+        merged = MergedInputs([("vctk", a + [reject("p315_001", "missing_text", "d")]),
+                               ("mine", b + [reject("p315_001", "malformed_row", "d")])], spill)
+        assert [(r["id"], r["speaker"]) for r in merged.rows()] == [
+            ("vctk/p225_001", "vctk/p225"), ("p226_001", "p226"), ("mine/p225_001", "mine/p225"), ("z", "anna")]
+        assert [r["id"] for r in merged.rejections()] == ["vctk/p315_001", "mine/p315_001"]
+        assert (merged.input_rows, merged.row_count) == ([3, 3], 4)
+        assert (merged.prefixed_speakers, merged.prefixed_ids) == ([1, 1], [2, 2])
+        alone = MergedInputs([("vctk", a)], spill)
+        assert list(alone.rows()) == a and (alone.prefixed_speakers, alone.prefixed_ids) == ([0], [0])
 
 
 def test_inputs_are_named_after_their_directory_or_file_stem_made_unique():
@@ -282,8 +292,8 @@ def test_read_corpus_merges_inputs_and_prefixes_a_shared_speaker_and_id(tmp_path
     corpora = [detect_corpus(str(vctk)), detect_corpus(str(tmp_path / "mine" / "m.jsonl"), language="en")]
     wav = str(vctk / L.VCTK_AUDIO_DIR)
     with pipeline() as p:
-        out = p | ReadCorpus(corpora)
-        assert_that(out["batches"] | beam.FlatMap(lambda b: b), equal_to([
+        out = p | ReadCorpus(corpora, str(tmp_path / "stash"))
+        assert_that(out["batches"] | beam.FlatMap(load_rows), equal_to([
             row("vctk/p225_001", "Please call Stella.", f"{wav}/p225/p225_001_mic1.flac", 0, speaker="vctk/p225",
                 language="en", gender="F"),
             row("p225_002", "Ask her to bring these things.", f"{wav}/p225/p225_002_mic1.flac", 1,

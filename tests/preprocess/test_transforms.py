@@ -11,14 +11,15 @@ from apache_beam.testing.util import assert_that, equal_to
 
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import ReadCorpus, batch_rows, detect_corpus
-from melshards.preprocess.rows import drop_duplicate_ids
+from melshards.preprocess.rows import LayoutRows, unique_ids
+from melshards.preprocess.spill import Spill
 from melshards.preprocess.config import PadConfig
 from melshards.preprocess import tables as T
 from melshards.preprocess.clips import filter_rejection
 from melshards.preprocess.encode import encode_clip
 from melshards.preprocess.pipeline import ChooseBuckets, FilterAndWrite, LengthHistograms, MeasureClips, MelStatistics
 from melshards.preprocess.shards import AssembleShards, RollingFiles, group_into_shards
-from melshards.preprocess.stash import load_clips, load_features, stash_batch
+from melshards.preprocess.stash import load_clips, load_features, load_rows, stash_batch, stash_rows
 from melshards.shards_schema.stats import Cutoffs
 
 CFG = PreprocessConfig()
@@ -34,13 +35,13 @@ def _ids(rows):
 
 
 def _flat(batches):
-    return batches | "Unbatch" >> beam.FlatMap(lambda b: b)
+    return batches | "Unbatch" >> beam.FlatMap(load_rows)
 
 
-def test_read_corpus_ljspeech_attaches_audio_and_rejects_malformed_rows(corpus_dir):
+def test_read_corpus_ljspeech_attaches_audio_and_rejects_malformed_rows(corpus_dir, tmp_path):
     corpus = detect_corpus(str(corpus_dir))
     with pipeline() as p:
-        out = p | ReadCorpus(corpus)
+        out = p | ReadCorpus(corpus, str(tmp_path))
 
         def check_rows(rows):
             assert len(rows) == 54  # 56 rows, less one malformed and one repeated id
@@ -62,7 +63,7 @@ def test_read_corpus_manifest_jsonl_resolves_relative_paths(tmp_path, corpus_dir
             {"audio": "wavs/x.wav", "text": "There.", "id": "x"}]
     manifest.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
     with pipeline() as p:
-        out = p | ReadCorpus(detect_corpus(str(manifest), language="en"))
+        out = p | ReadCorpus(detect_corpus(str(manifest), language="en"), str(tmp_path / "stash"))
         assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["speaker"], r["audio"])), equal_to([
             ("LJT001-0001", "s1", str(corpus_dir / "wavs" / "LJT001-0001.wav")),
             ("x", "m", str(tmp_path / "wavs" / "x.wav"))]), label="rows")  # no speaker: the input's name
@@ -73,16 +74,19 @@ def test_read_corpus_csv_manifest_reads_header_columns(tmp_path):
     manifest = tmp_path / "m.csv"
     manifest.write_text("audio,text,speaker\na.wav,\"Hi, there\",bob\n")
     with pipeline() as p:
-        out = p | ReadCorpus(detect_corpus(str(manifest), language="en"))
+        out = p | ReadCorpus(detect_corpus(str(manifest), language="en"), str(tmp_path / "stash"))
         assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["text"], r["speaker"])),
                     equal_to([("a", "Hi, there", "bob")]))
 
 
-def test_drop_duplicate_ids_keeps_the_first_row():
-    rows = [{"id": "a", "row": 3}, {"id": "a", "row": 1}, {"id": "b", "row": 2}]
-    kept, dups = drop_duplicate_ids(rows)
-    assert [(r["id"], r["row"]) for r in kept] == [("a", 1), ("b", 2)]
-    assert [(r["id"], r["reason"], r["detail"]) for r in dups] == [("a", "duplicate_id", "row 4 repeats the id of row 2")]
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_unique_ids_keeps_the_first_row_of_an_id_in_memory_or_in_a_spill(on_disk):
+    items = [{"id": "a", "row": 1}, {"id": "x", "reason": "malformed_row", "detail": "d"}, {"id": "b", "row": 2},
+             {"id": "a", "row": 3}]
+    with Spill() as spill:
+        out = list(unique_ids(items, spill.map() if on_disk else {}))
+    assert out[:3] == items[:3]
+    assert out[3] == {"id": "a", "reason": "duplicate_id", "detail": "row 4 repeats the id of row 2"}
 
 
 @pytest.mark.parametrize("rows, size, batches", [(1, 1, 1), (16, 1, 16), (17, 2, 9), (56, 4, 14), (1000, 32, 32),
@@ -95,8 +99,8 @@ def test_read_corpus_spreads_every_row_in_batches(tmp_path):
     (tmp_path / "wavs").mkdir()
     (tmp_path / "metadata.csv").write_text("".join(f"id{i}|Text {i}.|\n" for i in range(40)))
     with pipeline() as p:
-        out = p | ReadCorpus(detect_corpus(str(tmp_path)))
-        assert_that(out["batches"] | beam.Map(len), equal_to([3] * 13 + [1]), label="sizes")
+        out = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "stash"))
+        assert_that(out["batches"] | beam.Map(lambda b: b["count"]), equal_to([3] * 13 + [1]), label="sizes")
         assert_that(_flat(out["batches"]) | beam.Map(lambda r: r["id"]), equal_to([f"id{i}" for i in range(40)]),
                     label="ids")
 
@@ -110,7 +114,7 @@ def test_measure_clips_gives_lengths_and_a_reason_per_bad_clip(corpus_dir, tmp_p
     rows = [_row(corpus_dir, "LJT001-0001"), _row(corpus_dir, "LJT900-0006"), _row(corpus_dir, "LJT900-0003"),
             _row(corpus_dir, "LJT001-0002", text=" "), dict(_row(corpus_dir, "nope"), audio=str(corpus_dir / "x.wav"))]
     with pipeline() as p:
-        out = p | beam.Create([rows]) | MeasureClips(CFG, str(tmp_path))
+        out = p | beam.Create(list(stash_rows(str(tmp_path), [rows]))) | MeasureClips(CFG, str(tmp_path))
 
         def check(batches):
             ((c,),) = [b["clips"] for b in batches]
@@ -203,7 +207,8 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
     buckets = {"bounds": (1000,), "plan": None, "raised_last_bound": None}
     text = {0: {200: 1}}
     with pipeline() as p:
-        measured = p | beam.Create([[_row(corpus_dir, i) for i in ids]]) | MeasureClips(CFG, str(tmp_path))
+        rows = stash_rows(str(tmp_path), [[_row(corpus_dir, i) for i in ids]])
+        measured = p | beam.Create(list(rows)) | MeasureClips(CFG, str(tmp_path))
         plan = {"buckets": buckets, "text": text}
         written = measured["stashed"] | FilterAndWrite(p | "C" >> beam.Create([cut]), p | "P" >> beam.Create([plan]),
                                                   p | "T" >> beam.Create([tables]), str(tmp_path), CFG)
@@ -245,7 +250,8 @@ def test_measured_clips_wait_for_the_cutoffs_in_the_stash_not_in_the_runner(corp
         assert empty["clips"] is None and load_clips(empty) == [] and load_features(empty) == []
 
     with pipeline() as p:
-        out = p | beam.Create([[_row(corpus_dir, i) for i in ids], []]) | MeasureClips(CFG, str(tmp_path))
+        batches = list(stash_rows(str(tmp_path), [[_row(corpus_dir, i) for i in ids], []]))
+        out = p | beam.Create(batches) | MeasureClips(CFG, str(tmp_path))
         assert_that(out["stashed"], check)
 
 
@@ -509,7 +515,7 @@ def _read_and_dedupe(tmp_path, lines):
     (tmp_path / "wavs").mkdir()
     (tmp_path / "metadata.csv").write_text("\n".join(lines) + "\n")
     p = pipeline()
-    read = p | ReadCorpus(detect_corpus(str(tmp_path)))
+    read = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "stash"))
     return p, _flat(read["batches"]), read["rejected"]
 
 
@@ -538,7 +544,7 @@ def test_ljspeech_layout_finds_mp3_ogg_and_flac(tmp_path):
         (tmp_path / "wavs" / f"{clip_id}.{fmt.lower()}").write_bytes(encode(tone(0.5), 22050, fmt))
     (tmp_path / "metadata.csv").write_text("m|One.|One.\no|Two.|Two.\nf|Three.|Three.\n")
     with pipeline() as p:
-        out = p | ReadCorpus(detect_corpus(str(tmp_path)))
+        out = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "stash"))
         assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"].rsplit(".", 1)[1])),
                     equal_to([("m", "mp3"), ("o", "ogg"), ("f", "flac")]))
 
@@ -566,10 +572,12 @@ def test_rows_file_check_reads_the_first_line(tmp_path, name, content, problem):
 
 # -- rows that would be read silently wrong ------------------------------------------------------
 def test_audio_files_of_an_id_are_listed_in_extension_order_local_or_gcs():
-    from melshards.preprocess.layouts import audio_files_by_id
+    from melshards.preprocess.layouts import audio_files
     listing = ["gs://b/lj/wavs/c1.wav", "gs://b/lj/wavs/c1.flac", "gs://b/lj/wavs/c2.ogg", "gs://b/lj/wavs/c2.MP3",
                "gs://b/lj/wavs/c3.flac", "gs://b/lj/wavs/notes.txt", "/d/wavs/c4.mp3", "/d/wavs/c4.WAV"]
-    assert audio_files_by_id(listing) == {
+    with Spill() as spill:
+        by_id = dict(spill.lists(audio_files(listing)))
+    assert by_id == {
         "c1": ["gs://b/lj/wavs/c1.wav", "gs://b/lj/wavs/c1.flac"],
         "c2": ["gs://b/lj/wavs/c2.ogg", "gs://b/lj/wavs/c2.MP3"],
         "c3": ["gs://b/lj/wavs/c3.flac"],
@@ -580,7 +588,8 @@ def test_an_id_with_two_audio_files_is_rejected_naming_both_not_guessed():
     from melshards.preprocess.layouts import attach_audio
     files = {"c1": ["gs://b/wavs/c1.wav", "gs://b/wavs/c1.flac"], "c2": ["gs://b/wavs/c2.flac"]}
     rows = [{"id": i, "audio": None, "row": n} for n, i in enumerate(["c1", "c2", "c3"])]
-    kept, rejected = attach_audio(rows, files)
+    read = LayoutRows.of(attach_audio(rows, files))
+    kept, rejected = read.rows, read.rejected
     assert kept == [{"id": "c2", "audio": "gs://b/wavs/c2.flac", "row": 1}, {"id": "c3", "audio": None, "row": 2}]
     assert rejected == [{"id": "c1", "reason": "ambiguous_audio",
                          "detail": "2 audio files for this id: gs://b/wavs/c1.wav, gs://b/wavs/c1.flac; keep one"}]
@@ -592,7 +601,7 @@ def test_read_corpus_rejects_an_ljspeech_id_with_a_wav_and_a_flac_and_counts_it(
         (tmp_path / "wavs" / name).write_bytes(b"")  # the read stage lists files, it does not open them
     (tmp_path / "metadata.csv").write_text("c1|The speech of the wav.|\nc2|Only a flac.|\nc1|Again.|\n")
     p = pipeline()
-    out = p | ReadCorpus(detect_corpus(str(tmp_path)))
+    out = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "stash"))
     assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"])),
                 equal_to([("c2", str(tmp_path / "wavs" / "c2.flac"))]), label="rows")
     assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"], r["detail"])), equal_to([
@@ -611,7 +620,7 @@ def test_a_manifest_names_its_audio_file_so_a_second_file_beside_it_is_no_ambigu
         (tmp_path / "wavs" / name).write_bytes(b"")
     (tmp_path / "m.csv").write_text("audio,text\nwavs/c1.wav,The speech of the wav.\n")
     with pipeline() as p:
-        out = p | ReadCorpus(detect_corpus(str(tmp_path / "m.csv"), language="en"))
+        out = p | ReadCorpus(detect_corpus(str(tmp_path / "m.csv"), language="en"), str(tmp_path / "stash"))
         assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"])),
                     equal_to([("c1", str(tmp_path / "wavs" / "c1.wav"))]), label="rows")
         assert_that(out["rejected"], equal_to([]), label="rejected")
@@ -626,11 +635,11 @@ def test_a_manifest_names_its_audio_file_so_a_second_file_beside_it_is_no_ambigu
 def test_a_manifest_row_with_too_few_columns_is_malformed_not_empty_text(tmp_path, name, content):
     from melshards.preprocess.manifests import parse_manifest
     (tmp_path / name).write_text(content)
-    (i, first), (j, second) = parse_manifest(content, str(tmp_path / name), str(tmp_path))
+    (i, first), (j, second) = parse_manifest(content.splitlines(keepends=True), str(tmp_path / name), str(tmp_path))
     assert (i, first["id"], first["text"], j) == (0, "a", "Hello.", 1)
     assert isinstance(second, ValueError) and str(second).startswith("row 2: ")
     with pipeline() as p:
-        out = p | ReadCorpus(detect_corpus(str(tmp_path / name), language="en"))
+        out = p | ReadCorpus(detect_corpus(str(tmp_path / name), language="en"), str(tmp_path / "stash"))
         assert_that(_flat(out["batches"]) | beam.Map(lambda r: r["id"]), equal_to(["a"]), label="rows")
         assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
                     equal_to([("row-2", "malformed_row")]), label="rejected")
@@ -638,15 +647,15 @@ def test_a_manifest_row_with_too_few_columns_is_malformed_not_empty_text(tmp_pat
 
 def test_a_short_csv_row_is_named_with_the_header_it_falls_short_of():
     from melshards.preprocess.manifests import parse_manifest
-    (_, _), (_, err) = parse_manifest("audio,text,speaker\na.wav,Hi,s\nb.wav,Hi\n", "m.csv", ".")
+    (_, _), (_, err) = parse_manifest(["audio,text,speaker\n", "a.wav,Hi,s\n", "b.wav,Hi\n"], "m.csv", ".")
     assert str(err) == "row 2: 2 fields, the header has 3 (audio, text, speaker); a missing separator?"
 
 
 def test_a_csv_row_with_more_fields_than_the_header_is_malformed_not_cut_short():
     """An unquoted comma in the text: reading the first fields would silently drop the rest of it."""
     from melshards.preprocess.manifests import parse_manifest
-    rows = list(parse_manifest("audio,text\na.wav,Hello, world.\nb.wav,\"Hi, there.\"\nc.wav,Bye.,\n",
-                               "m.csv", "."))
+    text = "audio,text\na.wav,Hello, world.\nb.wav,\"Hi, there.\"\nc.wav,Bye.,\n"
+    rows = list(parse_manifest(text.splitlines(keepends=True), "m.csv", "."))
     (_, first), (_, quoted), (_, trailing) = rows
     assert str(first) == "row 1: 3 fields, the header has 2 (audio, text); quote a field that holds the separator"
     assert quoted["text"] == "Hi, there." and trailing["text"] == "Bye."  # an empty extra field loses nothing
@@ -662,7 +671,7 @@ def test_measure_clips_rejects_constant_dc_as_silent_and_nan_as_invalid_samples(
     rows = [_row(corpus_dir, "LJT001-0001"), dict(_row(corpus_dir, "nan"), audio=str(tmp_path / "nan.wav")),
             dict(_row(corpus_dir, "dc"), audio=str(tmp_path / "dc.wav"))]
     with pipeline() as p:
-        out = p | beam.Create([rows]) | MeasureClips(CFG, str(tmp_path))
+        out = p | beam.Create(list(stash_rows(str(tmp_path), [rows]))) | MeasureClips(CFG, str(tmp_path))
         assert_that(out.clips | beam.FlatMap(lambda b: [c["id"] for c in b["clips"]]), equal_to(["LJT001-0001"]),
                     label="clips")
         assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
