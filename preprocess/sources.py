@@ -72,8 +72,9 @@ def _list_dir(path: str) -> Iterator[str]:
     """The paths in a directory: a local one as it is read (a million files are not held in a list),
     a remote one by one listing."""
     if is_local_path(path):
-        with os.scandir(path) as entries:
-            yield from (e.path for e in entries)
+        if os.path.isdir(path):  # no wavs/: every row is missing_audio
+            with os.scandir(path) as entries:
+                yield from (e.path for e in entries)
     else:
         yield from _list(_join(path, "*"))
 
