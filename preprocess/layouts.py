@@ -66,11 +66,15 @@ def attach_audio(items: Iterable[dict], files: Mapping[str, list[str]]) -> Itera
     transcript belongs to cannot be known, so no file is picked.
     """
     for r in items:
-        found = [] if is_rejection(r) else files.get(r["id"], [])
+        if is_rejection(r):
+            yield r
+            continue
+        found = files.get(r["id"], [])
         if len(found) > 1:
-            yield reject(r["id"], "ambiguous_audio", f"{len(found)} audio files for this id: {', '.join(found)}; keep one")
+            yield reject(r["id"], "ambiguous_audio",
+                         f"{len(found)} audio files for this id: {', '.join(found)}; keep one")
         else:
-            yield r if is_rejection(r) else dict(r, audio=found[0] if found else None)
+            yield dict(r, audio=found[0] if found else None)
 
 
 def _parsed_ljspeech(lines: Iterable[str]) -> Iterator[tuple[int, dict | Exception]]:
@@ -84,8 +88,8 @@ def _parsed_ljspeech(lines: Iterable[str]) -> Iterator[tuple[int, dict | Excepti
 def ljspeech_rows(lines: Iterable[str], files: Mapping[str, list[str]], first: MutableMapping[str, int]
                   ) -> Iterator[dict]:
     """metadata.csv's lines and its audio files by id (`audio_files` of the listing of `wavs/`, each
-    id's files by rank) -> items. Repeated ids are dropped (`first`: as `rows.unique_ids` takes it) before the audio is
-    attached, so an id with two files is one `ambiguous_audio`, not one per row."""
+    id's files by rank) -> items. Repeated ids are dropped (`first`: as `rows.unique_ids` takes it)
+    before the audio is attached, so an id with two files is one `ambiguous_audio`, not one per row."""
     return attach_audio(unique_ids(split_malformed(_parsed_ljspeech(lines)), first), files)
 
 

@@ -1,6 +1,7 @@
-"""The table layouts, read by pure functions of the table's lines, yielding items as they go: manifests (`.csv`, `.tsv`, `.jsonl`
-with `audio`, `text` and optional `id`, `speaker`, `language`, `gender`) and Common Voice TSVs
-(`client_id`, `path`, `sentence`, optional `locale`, `gender`; audio under `clips/` beside the TSV).
+"""The table layouts, read by pure functions of the table's lines, yielding items as they go:
+manifests (`.csv`, `.tsv`, `.jsonl` with `audio`, `text` and optional `id`, `speaker`, `language`,
+`gender`) and Common Voice TSVs (`client_id`, `path`, `sentence`, optional `locale`, `gender`; audio
+under `clips/` beside the TSV).
 
 The column checks (`check_columns`, `check_commonvoice_columns`, `check_language`) are run on the
 first line by `melshards.preprocess.sources.check_rows_file` before the job, and on the header again

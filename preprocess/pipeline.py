@@ -92,9 +92,10 @@ STASHED = "stashed"
 
 @beam.typehints.with_output_types(dict)  # declared: inferring it would import librosa into the launcher
 class _MeasureFn(beam.DoFn):
-    """A batch of rows (`stash.stash_rows`' reference) -> {"clips": [clip with its front end's text, lengths, the mel's moments], "cache":
-    {hits, computed, damaged_files}, "cache_files": [...]} for the statistics; the batch's stash
-    reference (`stash.stash_batch`) -> `stashed`; bad clips -> `rejected`.
+    """A batch of rows (`stash.stash_rows`' reference) -> {"clips": [clip with its front end's text,
+    lengths, the mel's moments], "cache": {hits, computed, damaged_files}, "cache_files": [...]} for
+    the statistics; the batch's stash reference (`stash.stash_batch`) -> `stashed`; bad clips ->
+    `rejected`.
 
     Each clip is decoded, resampled and trimmed once, here, and its features computed from it, or
     read from the feature cache when the run has one (`index`: key -> cache file, a side input). The
@@ -161,8 +162,9 @@ class _MeasureFn(beam.DoFn):
 class MeasureClips(beam.PTransform):
     """Batches of rows (`stash.stash_rows`' references) -> {"clips": batches of clips with normalised
     text and lengths, for the statistics; "stashed": each batch's stash reference, for the stages
-    after the statistics; "rejected": bad clips}. With `cache_dir`, each clip's audio features are looked up in the feature
-    cache first (its index read by the workers into a side input) and what is computed is added.
+    after the statistics; "rejected": bad clips}. With `cache_dir`, each clip's audio features are
+    looked up in the feature cache first (its index read by the workers into a side input) and what
+    is computed is added.
 
     Only the statistics' combiners read `clips`: the runner fuses their partial combines into this
     stage, so the clips never wait in the runner; what waits for the cut-offs is `stashed`, a few

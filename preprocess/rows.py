@@ -99,7 +99,8 @@ def complete_rows(items: Iterable[dict], name: str, language: str | None) -> Ite
             continue
         lang = (r.get("language") or "").strip() or (language or "")
         if not lang:
-            yield reject(r["id"], "missing_language", f"row {r['row'] + 1} says no language and its input has no "
-                                                      "default; give --language CODE, or fill the row's language column")
+            yield reject(r["id"], "missing_language",
+                         f"row {r['row'] + 1} says no language and its input has no default; "
+                         "give --language CODE, or fill the row's language column")
         else:
             yield dict(r, speaker=r["speaker"].strip() or name, language=lang)
