@@ -57,7 +57,7 @@ def decimal(number: str) -> str:
     """"2.5" -> "two point five", "3.14" -> "three point one four"."""
     whole, _, frac = number.partition(".")
     words = cardinal(int(whole))
-    return f"{words} point {' '.join(_DIGITS[d] for d in frac)}" if frac else words
+    return f"{words} point {' '.join(_DIGITS[str(int(d))] for d in frac)}" if frac else words  # "٣": any script's digits
 
 
 def _plain(words: str) -> str:
@@ -148,9 +148,15 @@ def _number(m: re.Match) -> str:
     return before + words + after
 
 
+# Every pattern of expand_numbers needs a digit or a currency symbol: text without one is left as it is
+_NUMERIC = re.compile(rf"\d|{_SYMBOL}")
+
+
 def expand_numbers(text: str) -> str:
     """Times, currency, scientific notation, percentages, ordinals, years, decimals and numbers ->
     words. Case and other text as they are."""
+    if not _NUMERIC.search(text):
+        return text
     text = _SCIENTIFIC.sub(_scientific, text)
     text = _TIME.sub(_time, text)
     text = _HOUR_AM_PM.sub(lambda m: f" {cardinal(int(m['h']))}{_ampm(m)} ", text)
@@ -164,13 +170,16 @@ def expand_numbers(text: str) -> str:
 
 # --- abbreviations --------------------------------------------------------------------------------
 
-_ABBREVIATIONS = [(re.compile(rf"\b{abbr}\.", re.IGNORECASE), full) for abbr, full in [
+_ABBREVIATED = [
     ("mrs", "misess"), ("mr", "mister"), ("dr", "doctor"), ("co", "company"),
     ("jr", "junior"), ("maj", "major"), ("gen", "general"), ("drs", "doctors"), ("rev", "reverend"),
     ("lt", "lieutenant"), ("hon", "honorable"), ("sgt", "sergeant"), ("capt", "captain"),
     ("esq", "esquire"), ("ltd", "limited"), ("col", "colonel"), ("ft", "fort"), ("etc", "et cetera"),
     ("vs", "versus"),
-]]
+]
+_ABBREVIATIONS = [(re.compile(rf"\b{abbr}\.", re.IGNORECASE), full) for abbr, full in _ABBREVIATED]
+# Any of them: text without one skips the patterns (none of their words brings a new one in)
+_ANY_ABBREVIATION = re.compile(rf"\b(?:{'|'.join(abbr for abbr, _ in _ABBREVIATED)})\.", re.IGNORECASE)
 # "St." / "st." / "ST." (and "St" without its dot), not inside a word ("1st", "first")
 _ST = re.compile(r"\b(?:St|ST|st)\b\.?")
 _NEXT_WORD = re.compile(r"\s*(\w+)")
@@ -204,6 +213,8 @@ def expand_abbreviations(text: str) -> str:
     """Title and other abbreviations with their dot -> words; "St." by context. Needs the original
     case (run before lowercasing)."""
     text = _ST.sub(lambda m: _saint_or_street(text, m), text)
+    if not _ANY_ABBREVIATION.search(text):
+        return text
     for pattern, full in _ABBREVIATIONS:
         text = pattern.sub(lambda m, full=full: full + _sentence_end(m), text)
     return text
@@ -220,6 +231,8 @@ _LATIN_LIKE = {"MICRO SIGN", "FEMININE ORDINAL INDICATOR", "MASCULINE ORDINAL IN
 
 def foreign_letters(text: str) -> list[str]:
     """The letters of `text` that are not Latin script (sorted, each once): English does not read them."""
+    if text.isascii():  # its letters are a-z and A-Z
+        return []
     found = set()
     for c in set(text):
         if unicodedata.category(c) in ("Lu", "Ll", "Lt", "Lo"):

@@ -19,6 +19,7 @@ from melshards.shards_schema.text import (
     ("3.14 and 1905", "three point one four and nineteen oh five"),
     ("1,500 people in 1500", "one thousand five hundred people in fifteen hundred"),  # a comma: not a year
     ("COVID19 x²", "covid nineteen x two"),
+    ("1.٣ and ٣٤", "one point three and thirty-four"),  # digits of another script, in a decimal too
 ])
 def test_normalize_text_spells_out_numbers_currency_and_abbreviations(raw, expected):
     assert normalize_text(raw) == expected
