@@ -15,8 +15,9 @@ def pad_to(x: np.ndarray, length: int, value) -> np.ndarray:
     """Pad axis 0 to `length` with `value`; longer input is a bug (the filter guarantees it fits)."""
     if len(x) > length:
         raise ValueError(f"cannot pad {len(x)} to {length}: the filter should have dropped this clip")
-    out = np.full((length,) + x.shape[1:], value, x.dtype)  # what np.pad gives, without its per-call setup
+    out = np.empty((length,) + x.shape[1:], x.dtype)  # what np.pad gives, without its per-call setup
     out[:len(x)] = x
+    out[len(x):] = value
     return out
 
 

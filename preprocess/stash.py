@@ -12,7 +12,7 @@ Measure writes each batch into two files here and passes on only their paths (`s
 - `clips-<name>.pkl`: the measured clips (ids, text, lengths, the mel's moments, the pitch and energy
   summaries, where the feature cache holds the clip's arrays), read by the bucket planner and the writer;
 - `features-<name>.npz`: the clips' arrays (mel as float16, pitch, energy, audio, durations), read by
-  the writer alone, once.
+  the writer alone, once; none for a batch whose arrays the feature cache holds.
 
 The runner then holds a few hundred bytes per batch between the stages, whatever the clips carry: a
 local run's memory does not grow with the corpus. The stash is the run's temp dir, removed by the
@@ -94,23 +94,24 @@ def stash_batch(stash_dir: str, clips: list[dict], features: list[dict[str, np.n
     """Write a batch's measured clips and their unpadded arrays (`features[i]` is `clips[i]`'s: the mel
     as float16, what the shards store; pitch, energy, audio, durations where the run computes them);
     returns the batch's reference {"clips": path, "features": path, "count": n}, both paths None for a
-    batch of no clips. A clip the feature cache holds (found there, or added by this batch)
-    stashes only what the cache lacks (durations): the writer reads the rest from the cache file its
-    clip names (`"cached"`).
-
+    batch of no clips, "features" None for clips without arrays. A clip the feature cache holds (found
+    there, or added by this batch) stashes only what the cache lacks (durations): the writer reads
+    the rest from the cache file its clip names (`"cached"`).
     """
     if not clips:
         return {"clips": None, "features": None, "count": 0}
     name = hashlib.sha1("\n".join(c["id"] for c in clips).encode("utf-8")).hexdigest()
     arrays = {f"{i}/{key}": (value.astype("<f2") if key == "mel" else value)
               for i, clip in enumerate(features) for key, value in clip.items()}
-    arrays["count"] = np.array([len(features)], np.int64)  # clips may hold nothing (read from the cache)
-    buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    features_path = None
+    if arrays:  # none when every clip's arrays are in the feature cache
+        arrays["count"] = np.array([len(features)], np.int64)
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
+        features_path = _write(FileSystems.join(stash_dir, f"features-{name}.npz"), buffer.getvalue())
     return {"clips": _write(FileSystems.join(stash_dir, f"clips-{name}.pkl"),
                             pickle.dumps(clips, protocol=pickle.HIGHEST_PROTOCOL)),
-            "features": _write(FileSystems.join(stash_dir, f"features-{name}.npz"), buffer.getvalue()),
-            "count": len(clips)}
+            "features": features_path, "count": len(clips)}
 
 
 def load_clips(batch: dict) -> list[dict]:
@@ -126,8 +127,8 @@ def load_clips(batch: dict) -> list[dict]:
 def load_features(batch: dict) -> list[dict[str, np.ndarray]]:
     """The arrays of a batch's clips `stash_batch` wrote, in the clips' order."""
     count = batch["count"]
-    if batch["features"] is None:
-        return []
+    if batch["features"] is None:  # a batch of no clips, or of clips without arrays
+        return [{} for _ in range(count)]
     out: list[dict[str, np.ndarray]] = [{} for _ in range(count)]
     with np.load(io.BytesIO(_read(batch["features"]))) as npz:
         stored = int(npz["count"][0])

@@ -5,6 +5,7 @@ little-endian float16 bytes parsed with `tf.io.decode_raw`, text ids as raw int1
 """
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any, Mapping, Sequence
 
@@ -31,7 +32,12 @@ RAW_DTYPES = {"raw_float16": np.dtype("<f2"), "raw_int16": np.dtype("<i2")}
 # tf.train.Example.SerializeToString(deterministic=True). Readers do not depend on the order.
 
 
+_ONE_BYTE = [bytes((n,)) for n in range(0x80)]
+
+
 def _varint(n: int) -> bytes:
+    if 0 <= n < 0x80:  # most keys, lengths and ids
+        return _ONE_BYTE[n]
     n &= (1 << 64) - 1  # int64 on the wire: negatives as their 64-bit two's complement
     out = bytearray()
     while True:
@@ -49,6 +55,7 @@ def _field(number: int, payload: bytes) -> bytes:
     return _tag(number, len(payload)) + payload
 
 
+@functools.lru_cache(maxsize=4096)  # a run's records repeat their fields' lengths (one shape per bucket)
 def _tag(number: int, length: int) -> bytes:
     """A length-delimited field's key and length, before its payload."""
     return _varint(number << 3 | 2) + _varint(length)

@@ -132,6 +132,40 @@ def test_a_damaged_cache_file_is_computed_again_and_counted(warm, tmp_path):
     assert records(tmp_path / "out") == records(tmp / "plain")
 
 
+def test_a_flipped_byte_anywhere_in_an_entries_file_is_damage(tmp_path):
+    mel = np.random.default_rng(0).standard_normal((20, 8)).astype(np.float32)
+    path = K.write_batch(str(tmp_path), [(f"{0:064x}", {"samples": 100, "start": 3, "length": 90}, {"mel": mel},
+                                          Moments.of(mel))])
+    data = open(path, "rb").read()
+    in_mel = data.index(mel.astype("<f2").tobytes()) + 100
+    for at in (in_mel, 400, len(data) - 30):  # the mel's values, an early member, the zip's directory
+        flipped = bytearray(data)
+        flipped[at] ^= 0x10
+        with open(path, "wb") as f:
+            f.write(bytes(flipped))
+        with pytest.raises(K.CacheDamaged):
+            K.read_batch(path)
+
+
+def test_npz_arrays_reads_what_np_load_reads():
+    import io
+
+    arrays = {"f": np.asfortranarray(np.arange(12.0).reshape(3, 4)), "scalar": np.array(5),
+              "empty": np.zeros((0, 80), np.float16), "big_endian": np.arange(3, dtype=">i4"),
+              "name/with/slashes": np.arange(4, dtype=np.int64)}
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    back = K.npz_arrays(buffer.getvalue())
+    assert sorted(back) == sorted(arrays)
+    for name, want in arrays.items():
+        assert back[name].dtype == want.dtype and back[name].shape == want.shape
+        np.testing.assert_array_equal(back[name], want)
+    compressed = io.BytesIO()
+    np.savez_compressed(compressed, **arrays)
+    with pytest.raises(ValueError, match="compressed"):
+        K.npz_arrays(compressed.getvalue())
+
+
 def test_only_new_rows_are_computed_when_rows_are_added(tmp_path):
     corpus = tmp_path / "corpus"
     shutil.copytree(CORPUS, corpus)

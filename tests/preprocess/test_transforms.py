@@ -255,6 +255,12 @@ def test_measured_clips_wait_for_the_cutoffs_in_the_stash_not_in_the_runner(corp
         assert_that(out["stashed"], check)
 
 
+def test_a_batch_whose_arrays_are_all_in_the_feature_cache_stashes_no_features_file(tmp_path):
+    ref = stash_batch(str(tmp_path), [{"id": "a"}, {"id": "b"}], [{}, {}])
+    assert ref["features"] is None and load_features(ref) == [{}, {}]
+    assert [p.name.split("-")[0] for p in tmp_path.iterdir()] == ["clips"]
+
+
 def test_choose_buckets_plans_from_the_kept_clips_of_every_batch(monkeypatch, tmp_path):
     cut = Cutoffs(0, 10, 200, 50, 200, 50)  # keeps 10..200 frames and text <= 50
 
