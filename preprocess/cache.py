@@ -32,6 +32,7 @@ import struct
 import uuid
 import zipfile
 import zlib
+from typing import Iterable, Sequence
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
@@ -197,6 +198,62 @@ def index_of(keys_path: str) -> list[tuple[str, str]]:
     except Exception:  # noqa: BLE001
         return []
     return [(k, keys_path[:-5] + ".npz") for k in keys]
+
+
+def _key_bits(keys: Sequence[str]) -> np.ndarray:
+    """The first 128 bits of each (hex) key, as [n, 2] uint64. ValueError for a key that is not hex."""
+    return np.frombuffer(bytes.fromhex("".join(k[:32].rjust(32, "0") for k in keys)), ">u8").reshape(-1, 2)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheIndex:
+    """Which entries file holds each key, in 20 bytes a clip: the keys' first 128 bits (`hi`, `lo`,
+    sorted) and each one's file, an index into `files` (an entries file per 32 clips or so). A dict of
+    the key and path strings took about 320 bytes a clip, in every worker: 320 MB a million clips.
+    Two keys sharing 128 bits (of a sha256) is not a concern at any corpus size."""
+    hi: np.ndarray  # uint64, sorted
+    lo: np.ndarray  # uint64, sorted within equal `hi`
+    file: np.ndarray  # int32: files[file[i]] holds key i
+    files: tuple[str, ...]
+
+    @classmethod
+    def of(cls, parts: Iterable[tuple[str, np.ndarray]]) -> "CacheIndex":
+        """From (entries file, its keys' `_key_bits`) parts (`index_part`)."""
+        parts = [p for p in parts if len(p[1])]
+        bits = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, 2), np.uint64)
+        file = np.repeat(np.arange(len(parts), dtype=np.int32), [len(p[1]) for p in parts])
+        order = np.lexsort((bits[:, 1], bits[:, 0]))  # stable: of two files with a key, the first part's
+        return cls(bits[order, 0].astype(np.uint64), bits[order, 1].astype(np.uint64), file[order],
+                   tuple(p[0] for p in parts))
+
+    def __len__(self) -> int:
+        return len(self.hi)
+
+    def get(self, key: str | None) -> str | None:
+        """The entries file holding `key`, or None."""
+        if not key:
+            return None
+        try:
+            (hi, lo), = _key_bits([key])
+        except ValueError:
+            return None
+        i = int(np.searchsorted(self.hi, hi))
+        while i < len(self.hi) and self.hi[i] == hi:
+            if self.lo[i] == lo:
+                return self.files[self.file[i]]
+            i += 1
+        return None
+
+
+def index_part(keys_path: str | None) -> tuple[str, np.ndarray]:
+    """(entries file, its keys' first 128 bits) of one keys file, for `CacheIndex.of`; no keys if it
+    cannot be read (the clips are recomputed) or `keys_path` is None."""
+    pairs = index_of(keys_path) if keys_path else []
+    try:
+        bits = _key_bits([k for k, _ in pairs])
+    except ValueError:  # not a keys file this module wrote
+        bits = _key_bits([])
+    return (keys_path[:-5] + ".npz" if keys_path else ""), bits
 
 
 def record_use(cache_dir: str, run_id: str, files) -> str:

@@ -42,7 +42,7 @@ class _Cached:
     """One batch's view of the feature cache: each row's key, the entries it finds (each cache file read
     once), and what the batch computes, written back as one file (`melshards.preprocess.cache`)."""
 
-    def __init__(self, cache_dir: str | None, index: dict, settings: str):
+    def __init__(self, cache_dir: str | None, index: cache.CacheIndex | None, settings: str):
         self.dir, self.index, self.settings = cache_dir, index, settings
         self.loaded: dict[str, dict] = {}
         self.new: list = []
@@ -53,8 +53,9 @@ class _Cached:
         return cache.clip_key(row.get("audio"), self.settings) if self.dir else None
 
     def find(self, key: str | None):
-        """(span, arrays, moments) of a cached clip, or None (not cached, or its file is damaged)."""
-        where = self.index.get(key) if key else None
+        """(span, arrays, moments, entries file) of a cached clip, or None (not cached, or its file is
+        damaged)."""
+        where = self.index.get(key) if key and self.index is not None else None
         if where is None:
             return None
         if where not in self.loaded:
@@ -68,9 +69,10 @@ class _Cached:
             self.counts["damaged"] += 1  # computed again, and written to a new file
             return None
         found = self.loaded[where].get(key)
-        if found is not None:
-            self.used.add(where)
-        return found
+        if found is None:
+            return None
+        self.used.add(where)
+        return (*found, where)
 
     def keep(self, key: str | None, span: dict, arrays: dict, moments: Moments) -> bool:
         """Add a computed clip to the batch's new entries; False when it has no key (not cached)."""
@@ -98,7 +100,7 @@ class _MeasureFn(beam.DoFn):
     `rejected`.
 
     Each clip is decoded, resampled and trimmed once, here, and its features computed from it, or
-    read from the feature cache when the run has one (`index`: key -> cache file, a side input). The
+    read from the feature cache when the run has one (`index`: the keys files' `cache.index_part`s, a side input, as a `cache.CacheIndex`). The
     clips and their features cross the statistics barrier in the stash, not in the runner.
     """
 
@@ -110,15 +112,18 @@ class _MeasureFn(beam.DoFn):
     def setup(self):
         worker_setup()
         self.progress = ProgressFile(self.progress_dir) if self.progress_dir else None
+        self.index = None
 
     def finish_bundle(self):
         if self.progress:
             self.progress.flush()
 
     def process(self, batch, index=None):
+        if index is not None and self.index is None:  # one side input per run: built once per worker
+            self.index = cache.CacheIndex.of(index)
         rows = load_rows(batch)
         clips, arrays, written = [], [], []
-        cached = _Cached(self.cache_dir, index or {}, self.settings)
+        cached = _Cached(self.cache_dir, self.index, self.settings)
         for row, text in zip(rows, prepare_texts(rows, self.cfg)):
             _count("rows_measured")  # with the per-reason counters, the job's progress on Dataflow
             key = cached.key(row)
@@ -140,7 +145,7 @@ class _MeasureFn(beam.DoFn):
                     stashed = features
             else:
                 moments = hit[2]
-                clip["cached"] = [index[key], key]
+                clip["cached"] = [hit[3], key]
             cached.counts["hits" if hit is not None else "computed"] += 1
             Metrics.distribution(NS, "mel_frames").update(clip["mel_frames"])
             clip["moments"] = moments
@@ -183,8 +188,8 @@ class MeasureClips(beam.PTransform):
                  | "CacheDir" >> beam.Create([self.cache_dir])
                  | "CacheFiles" >> beam.FlatMap(cache.key_files)
                  | "SpreadFiles" >> beam.Reshuffle()
-                 | "ReadKeys" >> beam.FlatMap(cache.index_of))
-        return batches | "Measure" >> beam.ParDo(fn, index=beam.pvalue.AsDict(index)).with_outputs(
+                 | "ReadKeys" >> beam.Map(cache.index_part))
+        return batches | "Measure" >> beam.ParDo(fn, index=beam.pvalue.AsList(index)).with_outputs(
             REJECTED, STASHED, main="clips")
 
 

@@ -147,6 +147,22 @@ def test_a_flipped_byte_anywhere_in_an_entries_file_is_damage(tmp_path):
             K.read_batch(path)
 
 
+def test_the_cache_index_finds_each_key_s_file_in_20_bytes_a_clip(tmp_path):
+    same_hi = ["ab" * 8 + "00" * 8 + "f" * 32, "ab" * 8 + "01" * 8 + "f" * 32]  # the first 64 bits alike
+    files = {"one": same_hi + ["cd" * 32], "two": ["ef" * 32, "cd" * 32], "empty": []}  # "cd..." is in both
+    entries = tmp_path / "entries"
+    entries.mkdir()
+    for name, keys in files.items():
+        (entries / f"{name}.keys").write_text("".join(k + "\n" for k in keys))
+    (entries / "bad.keys").write_text("not hex\n")
+    index = K.CacheIndex.of(K.index_part(p) for p in [None, *K.key_files(str(tmp_path))])
+    where = {k: index.get(k) for k in same_hi + ["cd" * 32, "ef" * 32]}
+    assert where == {same_hi[0]: str(entries / "one.npz"), same_hi[1]: str(entries / "one.npz"),
+                     "cd" * 32: str(entries / "one.npz"), "ef" * 32: str(entries / "two.npz")}
+    assert index.get("ab" * 8 + "02" * 8 + "f" * 32) is None and index.get("zz") is None and index.get(None) is None
+    assert len(index) == 5 and index.hi.nbytes + index.lo.nbytes + index.file.nbytes == 20 * 5
+
+
 def test_npz_arrays_reads_what_np_load_reads():
     import io
 
