@@ -16,9 +16,12 @@ import time
 
 def _work(job):
     wav, out, sr, top_db, n_fft, hop, win, n_mels, fmin, fmax, floor, job_mel = job
-    import librosa
     import numpy as np
     import soundfile as sf
+
+    from melshards.preprocess.audio import load_librosa
+
+    librosa = load_librosa()  # `import librosa`, one process at a time until numba's caches are written
 
     y, file_sr = sf.read(wav, dtype="float32", always_2d=True)
     y = y.mean(axis=1)

@@ -28,6 +28,7 @@ from melshards.preprocess.spill import Spill
 
 _READ_THREADS = 16  # VCTK and LibriTTS: one small transcript file per utterance, read concurrently
 _CHUNK = 1 << 20  # a rows file is read a megabyte at a time
+MAX_LINE = 1 << 24  # characters: a row is far shorter, and a longer line would be held in memory whole
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,16 +85,25 @@ def _read_text(path: str) -> str:
         return f.read().decode("utf-8-sig")
 
 
-def _lines(path: str) -> Iterator[str]:
-    """A text file's lines as `str.splitlines(keepends=True)` splits them, read a chunk at a time."""
+def _lines(path: str, max_line: int = MAX_LINE) -> Iterator[str]:
+    """A text file's lines as `str.splitlines(keepends=True)` splits them, read a chunk at a time.
+    CorpusError for a line longer than `max_line` characters: no rows file has one, and reading on
+    would hold it all in memory."""
     decoder = codecs.getincrementaldecoder("utf-8-sig")()
-    held = ""
+    held, n = "", 0
     with FileSystems.open(path) as f:
         while True:
             chunk = f.read(_CHUNK)
             lines = (held + decoder.decode(chunk, final=not chunk)).splitlines(keepends=True)
             # The last line may go on in the next chunk (a "\r" too: the "\n" of a "\r\n" may follow).
             held = lines.pop() if chunk and lines else ""
+            long = next((i for i, line in enumerate(lines) if len(line) > max_line),
+                        len(lines) if len(held) > max_line else None)
+            if long is not None:
+                yield from lines[:long]
+                raise CorpusError(f"{path}: line {n + long + 1} is longer than {max_line} characters; a rows file "
+                                  "holds one row per line: check that --input names the corpus' rows file")
+            n += len(lines)
             yield from lines
             if not chunk:
                 return

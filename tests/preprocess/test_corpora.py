@@ -323,6 +323,20 @@ def test_a_rows_file_is_read_a_chunk_at_a_time_into_the_lines_splitlines_gives(t
         assert list(sources._lines(str(tmp_path / "m.csv"))) == text.splitlines(keepends=True), chunk
 
 
+@pytest.mark.parametrize("chunk", [3, 1 << 20])
+def test_a_line_longer_than_any_row_stops_the_read_naming_it_instead_of_filling_memory(tmp_path, monkeypatch, chunk):
+    from melshards.preprocess import sources
+    monkeypatch.setattr(sources, "_CHUNK", chunk)
+    (tmp_path / "m.csv").write_text("a|One.|\nb|Two.|\n" + "x" * 50 + "\nc|Three.|\n")
+    lines = sources._lines(str(tmp_path / "m.csv"), max_line=40)
+    assert next(lines) == "a|One.|\n" and next(lines) == "b|Two.|\n"
+    with pytest.raises(CorpusError, match=r"m.csv: line 3 is longer than 40 characters"):
+        next(lines)
+    (tmp_path / "m.csv").write_text("x" * 50)  # no line break at all
+    with pytest.raises(CorpusError, match="line 1 is longer"):
+        list(sources._lines(str(tmp_path / "m.csv"), max_line=40))
+
+
 def test_an_ljspeech_corpus_without_wavs_reads_every_row_without_audio(tmp_path):
     (tmp_path / "metadata.csv").write_text("a|One.|\nb|Two.|\n")
     assert [(r["id"], r["audio"]) for r in read_input(detect_corpus(str(tmp_path))).rows] == [("a", None), ("b", None)]
