@@ -100,7 +100,7 @@ class _MeasureFn(beam.DoFn):
     `rejected`.
 
     Each clip is decoded, resampled and trimmed once, here, and its features computed from it, or
-    read from the feature cache when the run has one (`index`: the keys files' `cache.index_part`s, a side input, as a `cache.CacheIndex`). The
+    read from the feature cache when the run has one (`index`: a `cache.CacheIndex`, a side input). The
     clips and their features cross the statistics barrier in the stash, not in the runner.
     """
 
@@ -112,18 +112,15 @@ class _MeasureFn(beam.DoFn):
     def setup(self):
         worker_setup()
         self.progress = ProgressFile(self.progress_dir) if self.progress_dir else None
-        self.index = None
 
     def finish_bundle(self):
         if self.progress:
             self.progress.flush()
 
     def process(self, batch, index=None):
-        if index is not None and self.index is None:  # one side input per run: built once per worker
-            self.index = cache.CacheIndex.of(index)
         rows = load_rows(batch)
         clips, arrays, written = [], [], []
-        cached = _Cached(self.cache_dir, self.index, self.settings)
+        cached = _Cached(self.cache_dir, index, self.settings)
         for row, text in zip(rows, prepare_texts(rows, self.cfg)):
             _count("rows_measured")  # with the per-reason counters, the job's progress on Dataflow
             key = cached.key(row)
@@ -168,8 +165,8 @@ class MeasureClips(beam.PTransform):
     """Batches of rows (`stash.stash_rows`' references) -> {"clips": batches of clips with normalised
     text and lengths, for the statistics; "stashed": each batch's stash reference, for the stages
     after the statistics; "rejected": bad clips}. With `cache_dir`, each clip's audio features are
-    looked up in the feature cache first (its index read by the workers into a side input) and what
-    is computed is added.
+    looked up in the feature cache first (its index, `cache.read_index`, read by one worker into a
+    side input) and what is computed is added.
 
     Only the statistics' combiners read `clips`: the runner fuses their partial combines into this
     stage, so the clips never wait in the runner; what waits for the cut-offs is `stashed`, a few
@@ -184,12 +181,8 @@ class MeasureClips(beam.PTransform):
         fn = _MeasureFn(self.cfg, self.stash_dir, self.progress_dir, self.cache_dir)
         if not self.cache_dir:
             return batches | "Measure" >> beam.ParDo(fn).with_outputs(REJECTED, STASHED, main="clips")
-        index = (batches.pipeline
-                 | "CacheDir" >> beam.Create([self.cache_dir])
-                 | "CacheFiles" >> beam.FlatMap(cache.key_files)
-                 | "SpreadFiles" >> beam.Reshuffle()
-                 | "ReadKeys" >> beam.Map(cache.index_part))
-        return batches | "Measure" >> beam.ParDo(fn, index=beam.pvalue.AsList(index)).with_outputs(
+        index = batches.pipeline | "CacheDir" >> beam.Create([self.cache_dir]) | "ReadIndex" >> beam.Map(cache.read_index)
+        return batches | "Measure" >> beam.ParDo(fn, index=beam.pvalue.AsSingleton(index)).with_outputs(
             REJECTED, STASHED, main="clips")
 
 

@@ -155,7 +155,7 @@ def test_the_cache_index_finds_each_key_s_file_in_20_bytes_a_clip(tmp_path):
     for name, keys in files.items():
         (entries / f"{name}.keys").write_text("".join(k + "\n" for k in keys))
     (entries / "bad.keys").write_text("not hex\n")
-    index = K.CacheIndex.of(K.index_part(p) for p in [None, *K.key_files(str(tmp_path))])
+    index = K.read_index(str(tmp_path))
     where = {k: index.get(k) for k in same_hi + ["cd" * 32, "ef" * 32]}
     assert where == {same_hi[0]: str(entries / "one.npz"), same_hi[1]: str(entries / "one.npz"),
                      "cd" * 32: str(entries / "one.npz"), "ef" * 32: str(entries / "two.npz")}
