@@ -55,7 +55,7 @@ class _Cached:
     def find(self, key: str | None):
         """(span, arrays, moments, entries file) of a cached clip, or None (not cached, or its file is
         damaged)."""
-        where = self.index.get(key) if key and self.index is not None else None
+        where = self.index.get(key) if key else None  # a key only with a cache, whose index is given
         if where is None:
             return None
         if where not in self.loaded:
@@ -181,7 +181,9 @@ class MeasureClips(beam.PTransform):
         fn = _MeasureFn(self.cfg, self.stash_dir, self.progress_dir, self.cache_dir)
         if not self.cache_dir:
             return batches | "Measure" >> beam.ParDo(fn).with_outputs(REJECTED, STASHED, main="clips")
-        index = batches.pipeline | "CacheDir" >> beam.Create([self.cache_dir]) | "ReadIndex" >> beam.Map(cache.read_index)
+        index = (batches.pipeline
+                 | "CacheDir" >> beam.Create([self.cache_dir])
+                 | "ReadIndex" >> beam.Map(cache.read_index))
         return batches | "Measure" >> beam.ParDo(fn, index=beam.pvalue.AsSingleton(index)).with_outputs(
             REJECTED, STASHED, main="clips")
 
