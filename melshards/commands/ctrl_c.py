@@ -5,8 +5,12 @@ prints its traceback, Beam logs the broken channels, and the run's temp files st
 three tracebacks, measured). The workers cannot be kept from the signal: Beam starts them through
 `/bin/sh`, and dash clears an inherited signal mask. So, for the length of the run, this process's
 stdout and stderr (and so the workers', which inherit them) go through a pipe relayed to the
-console. On Ctrl-C the handler mutes the relay and logging, kills the worker processes and raises
-KeyboardInterrupt in the main thread, which removes the staging dir on its way out
+console. The relay goes mute the moment SIGINT arrives: Python runs a signal handler only in the
+main thread, once it next runs Python code, while a worker's dying traceback can already reach the
+console through a launcher thread (Beam logs its workers' last words). So the relay watches the
+signal wakeup fd, which CPython writes as the signal arrives (as `train.signals` does for the
+trainer). Then the handler mutes logging, kills the worker processes and raises KeyboardInterrupt
+in the main thread, which removes the staging dir on its way out
 (`melshards.preprocess.run.run_job`); then one line, exit 130.
 A publish under way (the finished run being moved into place) is never cut in half: the interrupt
 takes effect after it, and the line says the new run is in place.
@@ -16,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 
@@ -51,9 +56,10 @@ class _Relay(threading.Thread):
     A console that goes away (`| head`, EPIPE) mutes it; it keeps draining the pipe, so no writer
     ever blocks on a full pipe."""
 
-    def __init__(self, fds: tuple[int, ...]):
+    def __init__(self, fds: tuple[int, ...], wakeup: socket.socket | None = None):
+        """`wakeup`: the reading end of the signal wakeup fd; once it holds SIGINT, nothing more is copied."""
         super().__init__(name=f"melshards-relay-{'-'.join(map(str, fds))}", daemon=True)
-        self.fds, self.muted = fds, False
+        self.fds, self.muted, self.wakeup = fds, False, wakeup
         self.original = os.dup(fds[0])
         self.saved = {fd: os.dup(fd) for fd in fds}
         read, write = os.pipe()
@@ -63,8 +69,18 @@ class _Relay(threading.Thread):
         self.read = read
         self.start()
 
+    def _interrupted(self) -> bool:
+        """A SIGINT arrived (its number is in the wakeup socket). Peeked, not read: every relay sees it."""
+        if self.wakeup is None:
+            return False
+        try:
+            return signal.SIGINT in self.wakeup.recv(4096, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return False
+
     def run(self) -> None:
         while chunk := os.read(self.read, 65536):
+            self.muted = self.muted or self._interrupted()
             while chunk and not self.muted:
                 try:
                     chunk = chunk[os.write(self.original, chunk):]
@@ -108,8 +124,12 @@ class StopOnCtrlC:
     def __enter__(self):
         if self.active:
             _flush()
-            self.relays = [_Relay((1, 2))] if _same_file(1, 2) else [_Relay((1,)), _Relay((2,))]
             self.old_handler = signal.signal(signal.SIGINT, self._on_sigint)
+            self.wakeup, self.wakeup_writer = socket.socketpair()
+            self.wakeup_writer.setblocking(False)
+            self.old_wakeup = signal.set_wakeup_fd(self.wakeup_writer.fileno(), warn_on_full_buffer=False)
+            w = self.wakeup
+            self.relays = [_Relay((1, 2), w)] if _same_file(1, 2) else [_Relay((1,), w), _Relay((2,), w)]
         return self
 
     def _on_sigint(self, signum, frame) -> None:
@@ -138,9 +158,12 @@ class StopOnCtrlC:
             self.relays[-1].write_through(line + "\n")
             os._exit(130)
         signal.signal(signal.SIGINT, self.old_handler)
+        signal.set_wakeup_fd(self.old_wakeup)
         _flush()
         for relay in self.relays:
             relay.restore()
+        self.wakeup_writer.close()
+        self.wakeup.close()
         return False
 
 

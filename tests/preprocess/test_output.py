@@ -389,6 +389,37 @@ def test_ctrl_c_prints_one_line_exits_130_and_leaves_the_old_run(tmp_path, corpu
     assert _snapshot(out) == before
 
 
+def test_nothing_reaches_the_console_after_ctrl_c_even_before_the_main_thread_handles_it(tmp_path):
+    """A worker's dying traceback comes through a launcher thread (Beam's log of its workers) while
+    the main thread is still inside a C call, where Python cannot run the SIGINT handler yet: the
+    relay goes mute on the signal itself."""
+    go = tmp_path / "sent"
+    code = ("import hashlib, os, sys, threading, time\n"
+            "from melshards.commands.ctrl_c import StopOnCtrlC\n"
+            "def dying_words():\n"
+            f"    while not os.path.exists({str(go)!r}):\n"
+            "        time.sleep(0.01)\n"
+            "    for _ in range(50):\n"
+            "        print('Traceback (a worker)', file=sys.stderr, flush=True)\n"
+            "        time.sleep(0.01)\n"
+            "with StopOnCtrlC('out'):\n"
+            "    threading.Thread(target=dying_words, daemon=True).start()\n"
+            "    print('ready', flush=True)\n"
+            "    hashlib.pbkdf2_hmac('sha256', b'p', b's', 10_000_000)  # seconds in C, the GIL released\n"
+            "    time.sleep(60)  # (the run would go on)\n")
+    script = tmp_path / "s.py"
+    script.write_text(code)
+    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True)
+    assert p.stdout.readline() == "ready\n"
+    os.killpg(p.pid, signal.SIGINT)
+    go.touch()
+    _, stderr = p.communicate(timeout=120)
+    assert p.returncode == 130, stderr
+    assert "Traceback" not in stderr and stderr.splitlines() == ["interrupted: the run's temporary files were removed; "
+                                                                 "out is as it was"], stderr
+
+
 def test_output_piped_into_a_reader_that_stops_early_does_not_hang_the_run(tmp_path):
     """`melshards preprocess ... | head`: the relay of the console loses its reader (EPIPE) and keeps
     draining, so nothing blocks on a full pipe (the lock would be held forever)."""
