@@ -98,9 +98,9 @@ def track(name: str, y: np.ndarray) -> np.ndarray:
         f0, times = pyworld.dio(x, SR, f0_floor=65.0, f0_ceil=800.0, frame_period=1000.0 * HOP / SR)
         return features.fit_frames(pyworld.stonemask(x, f0, times, SR), frames)
     if name == "yin":
-        import librosa
+        from melshards.preprocess.audio import load_librosa
 
-        return librosa.yin(y, fmin=65, fmax=800, sr=SR, frame_length=2048, hop_length=HOP, center=True)[:frames]
+        return load_librosa().yin(y, fmin=65, fmax=800, sr=SR, frame_length=2048, hop_length=HOP, center=True)[:frames]
     return features.pitch(y, SR, HOP, frames, PitchConfig(tracker=name))
 
 

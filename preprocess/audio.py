@@ -26,18 +26,26 @@ def librosa_lock_path() -> str:
 
 
 def compiled_marker_path() -> str:
-    """The file a locked import leaves once the modules' numba caches are written whole. Its name
-    comes from the modules' sources (path, size, mtime), numba's version, the interpreter and
-    NUMBA_CACHE_DIR: a reinstalled librosa or another environment takes the lock again."""
+    """The file a locked import leaves once the modules' numba caches are written whole.
+
+    It lives where numba writes librosa's caches (NUMBA_CACHE_DIR, else `__pycache__` beside
+    librosa's sources), so it goes with them: a recreated environment at the same path has neither
+    and compiles under the lock again, even where the installer hard-links librosa from its own cache
+    and the new sources keep the old mtimes. Its name comes from the modules' sources (path, size,
+    mtime), numba's version and the interpreter: a reinstalled librosa takes the lock again. Where
+    that directory is not writable (numba then caches elsewhere) no marker is left, and every
+    process imports under the lock.
+    """
     from importlib import metadata, util
 
-    stamps = [sys.executable, metadata.version("numba"), os.environ.get("NUMBA_CACHE_DIR", "")]
-    for name in LIBROSA_COMPILED:
-        origin = util.find_spec(name).origin
+    stamps = [sys.executable, metadata.version("numba")]
+    origins = [util.find_spec(name).origin for name in LIBROSA_COMPILED]
+    for origin in origins:
         st = os.stat(origin)
         stamps.append(f"{origin}:{st.st_size}:{st.st_mtime_ns}")
     digest = hashlib.sha1("\n".join(stamps).encode("utf-8")).hexdigest()[:16]
-    return os.path.join(tempfile.gettempdir(), f"melshards-librosa-numba-{digest}.done")
+    where = os.environ.get("NUMBA_CACHE_DIR") or os.path.join(os.path.dirname(origins[-1]), "__pycache__")
+    return os.path.join(where, f"melshards-librosa-numba-{digest}.done")
 
 
 def _locked(path: str) -> int | None:

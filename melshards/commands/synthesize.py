@@ -38,8 +38,9 @@ def check_spoke(frames: int, schema: Schema) -> None:
 
 def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
     """[frames, n_mels] natural-log mel -> waveform, with the schema's STFT and mel parameters."""
-    import librosa
+    from melshards.preprocess.audio import load_librosa
 
+    librosa = load_librosa()  # numba's caches compiled by one process at a time
     m = schema.mel
     mel = np.exp(log_mel.T.astype(np.float64))  # the shards hold log(max(mel, floor))
     # librosa.feature.inverse.mel_to_audio in two steps, to fix Griffin-Lim's random initial phases:

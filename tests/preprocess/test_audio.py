@@ -1,6 +1,7 @@
 import fcntl
 import io
 import os
+import shutil
 import warnings
 from pathlib import Path
 
@@ -23,11 +24,9 @@ def _wav_bytes(y: np.ndarray, sr: int, fmt: str = "WAV") -> bytes:
     return buf.getvalue()
 
 
-def test_librosa_s_compiled_modules_are_imported_under_the_lock_until_a_locked_import_marks_them_done(
-        monkeypatch, tmp_path):
-    """No two processes compile numba's gufunc caches at once (numba #10128): the first imports holding
-    the machine-wide lock and leaves a marker; with the marker there, a process takes no lock."""
-    real, held = A.importlib.import_module, []
+def noting_the_lock(held: list):
+    """import_module that notes (name, whether another open file of the lock is refused) first."""
+    real = A.importlib.import_module
 
     def probe(name):
         fd = os.open(A.librosa_lock_path(), os.O_RDONLY)
@@ -39,10 +38,17 @@ def test_librosa_s_compiled_modules_are_imported_under_the_lock_until_a_locked_i
         finally:
             os.close(fd)
         return real(name)
+    return probe
 
+
+def test_librosa_s_compiled_modules_are_imported_under_the_lock_until_a_locked_import_marks_them_done(
+        monkeypatch, tmp_path):
+    """No two processes compile numba's gufunc caches at once (numba #10128): the first imports holding
+    the machine-wide lock and leaves a marker; with the marker there, a process takes no lock."""
+    held = []
+    monkeypatch.setattr(A.importlib, "import_module", noting_the_lock(held))
     marker = tmp_path / "compiled.done"
     monkeypatch.setattr(A, "compiled_marker_path", lambda: str(marker))
-    monkeypatch.setattr(A.importlib, "import_module", probe)
     A.load_librosa.__wrapped__()
     assert held == [(name, True) for name in A.LIBROSA_COMPILED] + [("librosa", False)] and marker.exists()
     held.clear()
@@ -51,10 +57,29 @@ def test_librosa_s_compiled_modules_are_imported_under_the_lock_until_a_locked_i
 
 
 def test_the_compiled_marker_names_the_sources_it_was_written_for(monkeypatch):
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
     before = A.compiled_marker_path()
     assert before == A.compiled_marker_path()
+    pitch_py = Path(A.importlib.util.find_spec("librosa.core.pitch").origin)
+    assert Path(before).parent == pitch_py.parent / "__pycache__"  # beside numba's caches of librosa
     monkeypatch.setenv("NUMBA_CACHE_DIR", "/elsewhere")
-    assert A.compiled_marker_path() != before
+    assert Path(A.compiled_marker_path()).parent == Path("/elsewhere")
+
+
+def test_an_emptied_numba_cache_dir_is_compiled_under_the_lock_again(monkeypatch, tmp_path):
+    """The marker goes with the caches it vouches for: a recreated environment (same path, same
+    hard-linked sources, so the same marker name) compiles under the lock, not side by side."""
+    held = []
+    monkeypatch.setattr(A.importlib, "import_module", noting_the_lock(held))
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
+    (tmp_path / "numba").mkdir()
+    A.load_librosa.__wrapped__()
+    assert held[0] == (A.LIBROSA_COMPILED[0], True) and Path(A.compiled_marker_path()).exists()
+    shutil.rmtree(tmp_path / "numba")
+    (tmp_path / "numba").mkdir()
+    held.clear()
+    A.load_librosa.__wrapped__()
+    assert held[0] == (A.LIBROSA_COMPILED[0], True)
 
 
 @pytest.mark.parametrize("power", [1.0, 2.0])
