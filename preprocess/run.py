@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
-from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions, TestOptions
+from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
 from melshards.preprocess.config import load_config
 from melshards.preprocess.corpus import Corpus, CorpusError, check_rows_file, detect_corpus
@@ -25,7 +25,7 @@ from melshards.preprocess.output import (OutputError, OutputRun, close_run, exce
                                          tree_bytes)
 from melshards.preprocess.pipeline import build
 from melshards.preprocess.progress import ProgressReporter, count_rows
-from melshards.preprocess.workers import apply_workers
+from melshards.preprocess.workers import WorkerDiedError, apply_workers, run_watching_workers
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
 
 log = logging.getLogger("melshards.preprocess")
@@ -158,7 +158,8 @@ def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None
 
     Returns None for a dry run (the graph was built, not submitted). Raises ConfigError,
     CorpusError, OutputError or OptionsError (all ValueError) before any work when the call is
-    wrong, EmptyRunError when every row was rejected, DiskFullError when the disk filled up.
+    wrong, EmptyRunError when every row was rejected, DiskFullError when the disk filled up,
+    WorkerDiedError when a local worker process crashed or was killed.
     `echo` receives the progress lines.
     """
     cfg = load_config(config_path, buckets, alignments)
@@ -188,6 +189,11 @@ def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None
     try:
         _run_pipeline(options, corpora, run.stage, cfg, reporter, cache_dir)
         return _finish(run)
+    except WorkerDiedError as e:
+        again = (f"a re-run computes only the clips not yet in --cache {cache_dir}" if cache_dir else
+                 "run it again (with --cache DIR, a re-run computes only the clips not yet cached)")
+        raise WorkerDiedError(f"{e}; the run's temporary files were removed and {out_dir} is as it was: "
+                              f"{again}") from e
     except Exception as e:
         if is_disk_full(e) and not (run.published or run.closed):
             message = disk_full_message(e, run, reporter.rows_done() if reporter else 0, rows)
@@ -205,8 +211,13 @@ def _run_pipeline(options: PipelineOptions, corpora: list[Corpus], stage: str, c
     build(p, corpora, stage, cfg, progress=reporter is not None, cache_dir=cache_dir)
     if reporter:
         reporter.start()
+    local_processes = (is_local(options)
+                       and options.view_as(DirectOptions).direct_running_mode == "multi_processing")
     try:
-        p.run().wait_until_finish()
+        if local_processes:  # a worker that dies would leave the local runner waiting for ever
+            run_watching_workers(lambda: p.run().wait_until_finish())
+        else:
+            p.run().wait_until_finish()
     finally:
         if reporter:
             reporter.stop()

@@ -6,6 +6,11 @@ import atexit
 import functools
 import gc
 import os
+import re
+import signal
+import threading
+import time
+from typing import Callable
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 
@@ -50,6 +55,179 @@ def apply_workers(options: PipelineOptions, beam_args: list[str], workers: int |
         direct.direct_num_workers = n
     if "--direct_running_mode" not in given:
         direct.direct_running_mode = "multi_processing" if direct.direct_num_workers > 1 else "in_memory"
+
+
+# -- watching them --------------------------------------------------------------------------
+class WorkerDiedError(RuntimeError):
+    """A local worker process died while the job ran: it crashed in native code, or was killed (the
+    kernel's out-of-memory killer). The run cannot finish: its bundles are lost."""
+
+
+# Set from the moment a watched job's worker is found dead (the console relay then goes mute).
+WORKER_DIED = threading.Event()
+
+# How Beam's local runner reports a worker process that ended, from the thread that started it.
+_WORKER_EXIT = re.compile(r"Worker subprocess exited with return code (-?\d+)")
+
+
+def how_it_ended(code: int) -> str:
+    """A worker's return code -> what happened, as words. Workers run under /bin/sh, which reports
+    signal N as 128 + N (and a killed shell as -N)."""
+    sig = -code if code < 0 else code - 128 if code > 128 else None
+    if sig is None:
+        return f"exited with status {code} while the job ran"
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = f"signal {sig}"
+    if sig == signal.SIGKILL:
+        return (f"was killed ({name}) while the job ran, most often by the kernel's out-of-memory killer "
+                "(try fewer --workers)")
+    if sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT):
+        return f"crashed ({name}) in native code while the job ran"
+    return f"was stopped by {name} while the job ran"
+
+
+def descendants(pid: int) -> list[int]:
+    """Process ids below pid (Linux /proc; elsewhere none are found and workers end with the launcher)."""
+    parents: dict[int, list[int]] = {}
+    try:
+        entries = [e for e in os.listdir("/proc") if e.isdigit()]
+    except OSError:
+        return []
+    for e in entries:
+        try:
+            with open(f"/proc/{e}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents.setdefault(ppid, []).append(int(e))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _beam_workers() -> list[int]:
+    """This process's local Beam workers (and the shells that started them)."""
+    found = []
+    for pid in descendants(os.getpid()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"apache_beam.runners.worker.sdk_worker_main" in f.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def _kill_and_wait(pids: list[int], timeout: float = 5.0) -> None:
+    """SIGKILL each, then wait (bounded) until none is left running: none writes after we return."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_running(pid) for pid in pids):
+        time.sleep(0.02)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _from_beam(tb) -> bool:
+    """The traceback runs through Beam's or gRPC's code."""
+    while tb is not None:
+        name = tb.tb_frame.f_code.co_filename
+        if f"{os.sep}apache_beam{os.sep}" in name or f"{os.sep}grpc{os.sep}" in name:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+class _Watch:
+    """Routes Beam's reports of ended workers (uncaught in its worker threads) to the watch under way;
+    anything else goes to the hook it found."""
+    current: "_Watch | None" = None
+    previous = None
+    _inside = threading.local()
+
+    def __init__(self):
+        self.done = threading.Event()  # the job ended, or a worker died
+        self.codes: list[int] = []
+
+    @classmethod
+    def hook(cls, args) -> None:
+        m = _WORKER_EXIT.search(str(args.exc_value)) if isinstance(args.exc_value, RuntimeError) else None
+        if m is None and WORKER_DIED.is_set() and _from_beam(args.exc_traceback):
+            return  # the runner's threads finding their channels to the dead worker broken
+        if m is None:
+            if getattr(cls._inside, "yes", False):  # a hook installed over this one called it back
+                threading.__excepthook__(args)
+                return
+            cls._inside.yes = True
+            try:
+                cls.previous(args)
+            finally:
+                cls._inside.yes = False
+        elif cls.current is not None:
+            cls.current.codes.append(int(m.group(1)))
+            WORKER_DIED.set()
+            cls.current.done.set()
+        # else: a worker killed after its run had ended (by this module or a Ctrl-C); nothing to say
+
+    @classmethod
+    def install(cls) -> None:
+        """Over whatever hook is there now (one installed later, e.g. pytest's, may have replaced it)."""
+        if threading.excepthook is not cls.hook:
+            cls.previous, threading.excepthook = threading.excepthook, cls.hook
+
+
+def run_watching_workers(run: Callable[[], None], grace: float = 2.0) -> None:
+    """run() (a local multi-process job, to its end) in a thread while this one watches its workers.
+
+    Beam's local runner can wait for ever for a worker process that died (measured: a SIGSEGV in
+    one of two workers hung the job with no message); the thread that started the worker reports
+    its end as an uncaught RuntimeError, which this takes. Then the job's other workers are killed,
+    so none writes any more, and WorkerDiedError is raised here; the runner's thread, if still
+    waiting, is left behind (a daemon). A job that fails is given `grace` seconds for a death to be
+    reported (the runner sometimes notices the broken channel first): the death is the cause.
+    """
+    _Watch.install()
+    WORKER_DIED.clear()
+    watch = _Watch.current = _Watch()
+    failure: list[BaseException] = []
+
+    def target():
+        try:
+            run()
+        except BaseException as e:
+            failure.append(e)
+        finally:
+            watch.done.set()
+
+    threading.Thread(target=target, name="melshards-job", daemon=True).start()
+    try:
+        while not watch.done.wait(0.5):  # a timed wait: Ctrl-C's handler runs at once
+            pass
+        if failure:
+            WORKER_DIED.wait(grace)
+        if watch.codes:
+            _kill_and_wait(_beam_workers())
+            raise WorkerDiedError(f"a worker process {how_it_ended(watch.codes[0])}") from (
+                failure[0] if failure else None)
+        if failure:
+            raise failure[0]
+    finally:
+        _Watch.current = None
 
 
 # -- in each worker ----------------------------------------------------------------------------

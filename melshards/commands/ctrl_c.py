@@ -14,52 +14,47 @@ in the main thread, which removes the staging dir on its way out
 (`melshards.preprocess.run.run_job`); then one line, exit 130.
 A publish under way (the finished run being moved into place) is never cut in half: the interrupt
 takes effect after it, and the line says the new run is in place.
+
+A worker that dies on its own (a crash, the out-of-memory killer) says so in many lines too (the
+shell's "Killed", Beam's broken channels), a few milliseconds before the launcher learns of it
+(`melshards.preprocess.workers.run_watching_workers`). So the relay writes each chunk half a second
+late and goes mute once a worker is found dead: the run's one line is the error that follows.
 """
 from __future__ import annotations
 
+import collections
 import logging
 import os
+import select
 import signal
 import socket
 import sys
 import threading
+import time
+from typing import Callable
 
 from melshards.preprocess import output
-
-
-def descendants(pid: int) -> list[int]:
-    """Process ids below pid (Linux /proc; elsewhere none are found and workers end with the launcher)."""
-    parents: dict[int, list[int]] = {}
-    try:
-        entries = [e for e in os.listdir("/proc") if e.isdigit()]
-    except OSError:
-        return []
-    for e in entries:
-        try:
-            with open(f"/proc/{e}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        parents.setdefault(ppid, []).append(int(e))
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+from melshards.preprocess import workers
+from melshards.preprocess.workers import descendants
 
 
 class _Relay(threading.Thread):
     """Copies what is written to some of this process's fds (and, inherited, the worker processes')
-    to where the first of them pointed before, until muted: the workers' dying words never reach the
-    console. fds that point to one file (`2>&1`) share one pipe, so their lines keep their order.
-    A console that goes away (`| head`, EPIPE) mutes it; it keeps draining the pipe, so no writer
-    ever blocks on a full pipe."""
+    to where the first of them pointed before, HOLD seconds late, until muted: the workers' dying
+    words never reach the console. fds that point to one file (`2>&1`) share one pipe, so their
+    lines keep their order. A console that goes away (`| head`, EPIPE) mutes it; it keeps draining
+    the pipe, so no writer ever blocks on a full pipe."""
 
-    def __init__(self, fds: tuple[int, ...], wakeup: socket.socket | None = None):
-        """`wakeup`: the reading end of the signal wakeup fd; once it holds SIGINT, nothing more is copied."""
+    # What a worker's death writes (the shell's "Killed", Beam's broken-channel tracebacks) comes
+    # within milliseconds of it, before the launcher learns of it: held this long, it is dropped.
+    HOLD = 0.5
+
+    def __init__(self, fds: tuple[int, ...], wakeup: socket.socket | None = None,
+                 mute_when: Callable[[], bool] = lambda: False):
+        """`wakeup`: the reading end of the signal wakeup fd; once it holds SIGINT, nothing more is
+        copied. Nor once `mute_when()` is true."""
         super().__init__(name=f"melshards-relay-{'-'.join(map(str, fds))}", daemon=True)
-        self.fds, self.muted, self.wakeup = fds, False, wakeup
+        self.fds, self.muted, self.wakeup, self.mute_when = fds, False, wakeup, mute_when
         self.original = os.dup(fds[0])
         self.saved = {fd: os.dup(fd) for fd in fds}
         read, write = os.pipe()
@@ -79,13 +74,26 @@ class _Relay(threading.Thread):
             return False
 
     def run(self) -> None:
-        while chunk := os.read(self.read, 65536):
-            self.muted = self.muted or self._interrupted()
-            while chunk and not self.muted:
-                try:
-                    chunk = chunk[os.write(self.original, chunk):]
-                except OSError:
-                    self.muted = True
+        held: collections.deque[tuple[float, bytes]] = collections.deque()
+        open_ = True
+        while open_ or held:
+            if open_:
+                wait = None if not held else max(0.0, held[0][0] + self.HOLD - time.monotonic())
+                if select.select([self.read], [], [], wait)[0]:
+                    chunk = os.read(self.read, 65536)
+                    if chunk:
+                        held.append((time.monotonic(), chunk))
+                    else:
+                        open_ = False  # every write end closed (restore): what is held goes now
+            self.muted = self.muted or self._interrupted() or self.mute_when()
+            due = time.monotonic() - self.HOLD
+            while held and (not open_ or held[0][0] <= due):
+                chunk = held.popleft()[1]
+                while chunk and not self.muted:
+                    try:
+                        chunk = chunk[os.write(self.original, chunk):]
+                    except OSError:
+                        self.muted = True
         os.close(self.read)
 
     def write_through(self, text: str) -> None:
@@ -129,7 +137,9 @@ class StopOnCtrlC:
             self.wakeup_writer.setblocking(False)
             self.old_wakeup = signal.set_wakeup_fd(self.wakeup_writer.fileno(), warn_on_full_buffer=False)
             w = self.wakeup
-            self.relays = [_Relay((1, 2), w)] if _same_file(1, 2) else [_Relay((1,), w), _Relay((2,), w)]
+            died = workers.WORKER_DIED.is_set  # its dying words, and Beam's about it, are not for the console
+            self.relays = ([_Relay((1, 2), w, died)] if _same_file(1, 2) else
+                           [_Relay((1,), w, died), _Relay((2,), w, died)])
         return self
 
     def _on_sigint(self, signum, frame) -> None:

@@ -25,6 +25,11 @@ class DiskFull(click.ClickException):
     exit_code = 1
 
 
+class WorkerDied(click.ClickException):
+    """A local worker process crashed or was killed: exit 1, one line, temp files removed."""
+    exit_code = 1
+
+
 def run(argv: list[str] | None = None) -> int:
     """Entry point for tests; returns the process exit code."""
     return run_command(preprocess_command, argv, "melshards preprocess")
@@ -122,7 +127,8 @@ def preprocess_command(ctx: click.Context, input_paths: tuple[str, ...], format_
     from melshards.preprocess.config import ConfigError
     from melshards.preprocess.corpus import CorpusError
     from melshards.commands.ctrl_c import StopOnCtrlC
-    from melshards.preprocess.run import DiskFullError, EmptyRunError, OptionsError, OutputError, quiet_beam_logging, run_job
+    from melshards.preprocess.run import (DiskFullError, EmptyRunError, OptionsError, OutputError, WorkerDiedError,
+                                         quiet_beam_logging, run_job)
 
     quiet_beam_logging()
     # Beam and this CLI, loaded by now, live until the process ends: frozen, the collector stops
@@ -143,6 +149,8 @@ def preprocess_command(ctx: click.Context, input_paths: tuple[str, ...], format_
         raise DataError(str(e)) from e
     except DiskFullError as e:
         raise DiskFull(str(e)) from e
+    except WorkerDiedError as e:
+        raise WorkerDied(str(e)) from e
     except ValueError as e:  # PipelineOptions rejects malformed Beam flags with ValueError
         raise click.UsageError(f"bad Beam option: {e}") from e
     if stats is None:

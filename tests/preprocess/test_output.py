@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -387,6 +388,55 @@ def test_ctrl_c_prints_one_line_exits_130_and_leaves_the_old_run(tmp_path, corpu
     assert stderr.splitlines()[-1] == f"interrupted: the run's temporary files were removed; {out} is as it was"
     assert [l for l in stderr.splitlines() if " INFO " not in l] == [stderr.splitlines()[-1]]
     assert _snapshot(out) == before
+
+
+def _beam_worker_pids(root: int) -> list[int]:
+    from melshards.preprocess.workers import descendants
+
+    def cmdline(pid):
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return []
+    return [pid for pid in descendants(root) if b"apache_beam.runners.worker.sdk_worker_main" in cmdline(pid)
+            and os.path.basename(cmdline(pid)[0]).startswith(b"python")]
+
+
+def test_a_worker_killed_mid_run_stops_the_job_with_one_line_and_leaves_the_old_run(tmp_path, corpus_dir,
+                                                                                   shards_dir):
+    """What the out-of-memory killer does: Beam's local runner alone would wait for the dead worker
+    for ever. The job stops at once, says what happened, and removes its staging dir."""
+    out = _copy_run(shards_dir, tmp_path / "o")
+    before = _snapshot(out)
+    p = start_long_run(tmp_path, corpus_dir, out, "--workers", "2", "--overwrite")
+    os.kill(_beam_worker_pids(p.pid)[0], signal.SIGKILL)
+    stdout, stderr = p.communicate(timeout=300)
+    assert p.returncode == 1, stderr
+    assert [l for l in stderr.splitlines() if " INFO " not in l] == [stderr.splitlines()[-1]], stderr
+    assert stderr.splitlines()[-1] == (
+        "Error: a worker process was killed (SIGKILL) while the job ran, most often by the kernel's out-of-memory "
+        f"killer (try fewer --workers); the run's temporary files were removed and {out} is as it was: run it "
+        "again (with --cache DIR, a re-run computes only the clips not yet cached)")
+    assert _snapshot(out) == before
+    assert not _beam_worker_pids(p.pid)
+
+
+def test_the_console_relay_drops_what_came_within_its_hold_before_it_went_mute(tmp_path):
+    """A dying worker's words come a few milliseconds before the launcher learns of the death."""
+    from melshards.commands.ctrl_c import _Relay
+
+    console = tmp_path / "console"
+    fd = os.open(console, os.O_WRONLY | os.O_CREAT)
+    died = threading.Event()
+    relay = _Relay((fd,), None, died.is_set)
+    os.write(fd, b"progress\n")
+    time.sleep(_Relay.HOLD + 0.5)
+    os.write(fd, b"Killed\n")
+    died.set()
+    os.write(fd, b"Traceback\n")
+    relay.restore()
+    os.close(fd)
+    assert console.read_bytes() == b"progress\n"
 
 
 def test_nothing_reaches_the_console_after_ctrl_c_even_before_the_main_thread_handles_it(tmp_path):

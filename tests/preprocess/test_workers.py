@@ -1,0 +1,70 @@
+"""The local worker processes: a job whose worker dies stops, saying how, instead of waiting for ever."""
+import os
+import signal
+import threading
+
+import apache_beam as beam
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from melshards.preprocess import workers as W
+
+
+@pytest.mark.parametrize("code,words", [
+    (139, "crashed (SIGSEGV) in native code while the job ran"),
+    (-11, "crashed (SIGSEGV) in native code while the job ran"),
+    (134, "crashed (SIGABRT) in native code while the job ran"),
+    (137, "was killed (SIGKILL) while the job ran, most often by the kernel's out-of-memory killer "
+          "(try fewer --workers)"),
+    (-9, "was killed (SIGKILL) while the job ran, most often by the kernel's out-of-memory killer "
+         "(try fewer --workers)"),
+    (143, "was stopped by SIGTERM while the job ran"),
+    (1, "exited with status 1 while the job ran"),
+])
+def test_a_workers_return_code_is_told_in_words(code, words):
+    assert W.how_it_ended(code) == words
+
+
+def _element(x):
+    """Element 3 does what $MELSHARDS_TEST_ELEMENT_3 says (read in the worker process)."""
+    what = os.environ.get("MELSHARDS_TEST_ELEMENT_3")
+    if x == 3 and what == "segfault":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if x == 3 and what == "raise":
+        raise ValueError("element 3 is bad")
+    return x
+
+
+def _watched_two_worker_job(monkeypatch, what: str) -> BaseException | None:
+    """Runs a two-process job under the watch in a thread: the test fails, not hangs, if it hangs."""
+    monkeypatch.setenv("MELSHARDS_TEST_ELEMENT_3", what)
+    p = beam.Pipeline(options=PipelineOptions(["--direct_num_workers=2",
+                                               "--direct_running_mode=multi_processing"]))
+    _ = p | beam.Create(list(range(8))) | beam.Reshuffle() | beam.Map(_element)
+    raised: list[BaseException | None] = []
+
+    def job():
+        try:
+            W.run_watching_workers(lambda: p.run().wait_until_finish())
+            raised.append(None)
+        except BaseException as e:
+            raised.append(e)
+    t = threading.Thread(target=job, daemon=True)
+    t.start()
+    t.join(240)
+    assert raised, "the watched job did not end"
+    return raised[0]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # Beam's broken channels
+def test_a_worker_that_crashes_stops_the_job_with_its_signal_and_no_worker_left(monkeypatch):
+    e = _watched_two_worker_job(monkeypatch, "segfault")
+    assert isinstance(e, W.WorkerDiedError)
+    assert str(e) == "a worker process crashed (SIGSEGV) in native code while the job ran"
+    assert W._beam_workers() == []
+
+
+def test_a_job_that_fails_on_its_own_raises_its_own_error_and_a_good_one_nothing(monkeypatch):
+    e = _watched_two_worker_job(monkeypatch, "raise")
+    assert not isinstance(e, W.WorkerDiedError) and "element 3 is bad" in str(e)
+    assert _watched_two_worker_job(monkeypatch, "nothing") is None
