@@ -167,6 +167,8 @@ class StopOnCtrlC:
                     else f"interrupted: the run's temporary files were removed; {self.out_dir} is as it was")
             self.relays[-1].write_through(line + "\n")
             os._exit(130)
+        if workers.WORKER_DIED.is_set():  # the runner's threads may still log their broken channels,
+            logging.disable(logging.CRITICAL)  # now straight to the console; the command ends with its line
         signal.signal(signal.SIGINT, self.old_handler)
         signal.set_wakeup_fd(self.old_wakeup)
         _flush()
