@@ -88,6 +88,15 @@ def how_it_ended(code: int) -> str:
     return f"was stopped by {name} while the job ran"
 
 
+def _stat_fields(pid: int | str) -> list[str]:
+    """/proc/PID/stat after the command name: state, ppid, ... (ValueError/OSError where unreadable)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    if len(fields) < 2:
+        raise ValueError(f"/proc/{pid}/stat is cut short")
+    return fields
+
+
 def descendants(pid: int) -> list[int]:
     """Process ids below pid (Linux /proc; elsewhere none are found and workers end with the launcher)."""
     parents: dict[int, list[int]] = {}
@@ -97,9 +106,8 @@ def descendants(pid: int) -> list[int]:
         return []
     for e in entries:
         try:
-            with open(f"/proc/{e}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+            ppid = int(_stat_fields(e)[1])
+        except (OSError, ValueError):
             continue
         parents.setdefault(ppid, []).append(int(e))
     found, todo = [], [pid]
@@ -108,6 +116,15 @@ def descendants(pid: int) -> list[int]:
             found.append(child)
             todo.append(child)
     return found
+
+
+def kill(pids: list[int]) -> None:
+    """SIGKILL each (one already gone is no error)."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _beam_workers() -> list[int]:
@@ -125,11 +142,7 @@ def _beam_workers() -> list[int]:
 
 def _kill_and_wait(pids: list[int], timeout: float = 5.0) -> None:
     """SIGKILL each, then wait (bounded) until none is left running: none writes after we return."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+    kill(pids)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and any(_running(pid) for pid in pids):
         time.sleep(0.02)
@@ -137,9 +150,8 @@ def _kill_and_wait(pids: list[int], timeout: float = 5.0) -> None:
 
 def _running(pid: int) -> bool:
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
+        return _stat_fields(pid)[0] != "Z"
+    except (OSError, ValueError):
         return False
 
 

@@ -35,7 +35,6 @@ from typing import Callable
 
 from melshards.preprocess import output
 from melshards.preprocess import workers
-from melshards.preprocess.workers import descendants
 
 
 class _Relay(threading.Thread):
@@ -150,11 +149,7 @@ class StopOnCtrlC:
             relay.muted = True
         logging.disable(logging.CRITICAL)
         output.STOPPING.set()  # no publish begins from now on
-        for pid in descendants(os.getpid()):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        workers.kill(workers.descendants(os.getpid()))
         if not output.PUBLISHING:  # else the publish finishes, then __exit__ ends the process
             raise KeyboardInterrupt
 
