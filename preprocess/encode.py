@@ -9,6 +9,7 @@ from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.report import mel_params
 from melshards.shards_schema import Schema, Vocabulary
 from melshards.shards_schema.records import encode_example
+from melshards.shards_schema.vocab import text_ids as vocab_text_ids
 
 
 def pad_to(x: np.ndarray, length: int, value) -> np.ndarray:
@@ -22,11 +23,9 @@ def pad_to(x: np.ndarray, length: int, value) -> np.ndarray:
 
 
 def text_ids(text: str, vocab: Vocabulary) -> np.ndarray:
-    """The ids of a clip's symbols; the vocabulary was built from every clip's symbols, so none is missing."""
-    ids, skipped = vocab.encode(text)
-    if skipped:
-        raise ValueError(f"{skipped} symbol(s) of {text[:80]!r} are not in the corpus's vocabulary")
-    return np.asarray(ids, np.int32)
+    """The ids of a clip's symbols (`melshards.shards_schema.vocab.text_ids`, the rule synthesis uses);
+    the vocabulary was built from every clip's symbols, so none is missing (`UnknownSymbols` otherwise)."""
+    return np.asarray(vocab_text_ids(text, vocab), np.int32)
 
 
 def encode_clip(clip: dict, arrays: dict, buckets: dict, text_hists: dict, corpus_tables: dict,

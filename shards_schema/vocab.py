@@ -7,6 +7,10 @@ construction), 1 is the end of sequence (reserved; nothing appends it, the stop 
 Their symbols are control code points, U+0000 and U+0003, which no front end writes (they drop
 controls), so every printable character a corpus's text holds, "_" and "~" included, gets an id of
 its own. Vocabularies written before (pad "_", eos "~") still read: `LEGACY_RESERVED`.
+
+`text_ids` is the one rule that maps a normalised text to ids, for preprocess's records and for
+synthesis alike: every symbol has its id, or the text is refused (`UnknownSymbols`) naming the
+symbols the vocabulary lacks; nothing is skipped.
 """
 from __future__ import annotations
 
@@ -25,6 +29,24 @@ UNITS = ("character", "phone")
 def tokens(text: str, unit: str) -> list[str]:
     """A text's symbols: its code points, or its space-separated phones."""
     return list(text) if unit == "character" else text.split()
+
+
+class UnknownSymbols(ValueError):
+    """A text holding symbols a vocabulary lacks. `symbols`: those symbols, in order of first
+    appearance, each once; the message is one line naming them (the first ten and the count)."""
+
+    def __init__(self, text: str, symbols: Sequence[str]):
+        self.text, self.symbols = text, tuple(symbols)
+        super().__init__(f"{text[:80]!r} holds symbol(s) the vocabulary lacks: {self.named}")
+
+    @property
+    def named(self) -> str:
+        """The symbols as a message names them: "'%', '!'" (the first ten, then how many more)."""
+        more = f" and {len(self.symbols) - 10} more" if len(self.symbols) > 10 else ""
+        return ", ".join(repr(s) for s in self.symbols[:10]) + more
+
+    def __reduce__(self):  # Beam pickles errors across workers
+        return UnknownSymbols, (self.text, self.symbols)
 
 
 class Vocabulary:
@@ -72,5 +94,20 @@ class Vocabulary:
         ids = [self._ids[c] for c in symbols if c in self._ids]
         return ids, len(symbols) - len(ids)
 
+    def unknown(self, text: str) -> list[str]:
+        """The symbols of `text` this vocabulary has no id for (pad and eos included), in order of
+        first appearance, each once."""
+        return list(dict.fromkeys(t for t in tokens(text, self.unit) if t not in self._ids))
+
     def decode(self, ids: Sequence[int]) -> str:
         return ("" if self.unit == "character" else " ").join(self.symbols[i] for i in ids if i > 1)
+
+
+def text_ids(text: str, vocab: Vocabulary) -> list[int]:
+    """The ids of every symbol of a normalised text, in order; `UnknownSymbols` (a ValueError) naming
+    the symbols `vocab` lacks, if any (pad and eos are never a text's symbols). The one rule of
+    preprocess's `text_ids` records and of synthesis: a symbol is never skipped."""
+    ids, skipped = vocab.encode(text)
+    if skipped:
+        raise UnknownSymbols(text, vocab.unknown(text))
+    return ids

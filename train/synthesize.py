@@ -24,6 +24,7 @@ from melshards.shards_schema.schema import first_few
 from melshards.shards_schema import SCHEMA_FILE, Language, Schema, SchemaError, Speaker, read_schema
 from melshards.shards_schema.config import ConfigError, from_dict
 from melshards.shards_schema.text import normalizer_for
+from melshards.shards_schema.vocab import UnknownSymbols, text_ids as vocab_text_ids
 
 log = logging.getLogger("melshards.synthesize")
 
@@ -213,8 +214,16 @@ def load_synthesizer(model_dir: str, checkpoint: str | None = None) -> Synthesiz
 
 
 def text_ids(normalised: str, schema: Schema) -> tuple[np.ndarray, int]:
-    """Text normalised by `check_text` -> (ids padded to [1, text_capacity], length), as preprocess made them."""
-    ids, _ = schema.vocab().encode(normalised)
+    """Text normalised by `check_text` -> (ids padded to [1, text_capacity], length), by the rule that
+    made preprocess's records (`melshards.shards_schema.vocab.text_ids`); ConfigError naming the
+    symbols this model's vocabulary lacks (no transcript it was trained on had them), never skipping them."""
+    try:
+        ids = vocab_text_ids(normalised, schema.vocab())
+    except UnknownSymbols as e:
+        raise ConfigError(
+            f"TEXT, normalised to {normalised[:80]!r}, holds {e.named}, which this "
+            "model's vocabulary lacks (no transcript it was trained on had them): leave them out or spell them "
+            "out in words") from None
     if not ids:
         raise ConfigError(f"{normalised!r} holds no symbol of this model's vocabulary")
     capacity = text_capacity(schema)

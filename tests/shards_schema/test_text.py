@@ -165,3 +165,65 @@ def test_normalizer_for_refuses_a_front_end_or_version_this_melshards_does_not_h
         normalizer_for(record)
     message = str(e.value)
     assert "\n" not in message and "english v2" in message and "re-run `melshards preprocess`" in message
+
+
+# --- text -> ids: one rule for preprocess and synthesis -------------------------------------------
+
+def test_text_ids_refuses_a_text_with_symbols_the_vocabulary_lacks_naming_them_in_order():
+    from melshards.shards_schema.vocab import UnknownSymbols, Vocabulary, text_ids
+
+    v = Vocabulary.from_symbols("abc ")
+    assert text_ids("ab ca", v) == [3, 4, 2, 5, 3]
+    with pytest.raises(UnknownSymbols) as e:
+        text_ids("a%b!c%", v)
+    assert e.value.symbols == ("%", "!")
+    assert str(e.value) == "'a%b!c%' holds symbol(s) the vocabulary lacks: '%', '!'"
+    phones = Vocabulary.from_symbols(["HH AH0", "L"], unit="phone")
+    assert text_ids("HH L", phones) == [3, 4]
+    with pytest.raises(UnknownSymbols, match="lacks: 'OW1'$"):
+        text_ids("HH OW1 L", phones)
+
+
+def test_preprocess_and_synthesis_map_text_to_ids_by_the_same_rule(shards_dir):
+    import dataclasses
+
+    import numpy as np
+
+    from melshards.preprocess.encode import text_ids as record_ids
+    from melshards.shards_schema import read_schema
+    from melshards.shards_schema.config import ConfigError
+    from melshards.shards_schema.vocab import UnknownSymbols
+    from melshards.train.synthesize import text_ids as synthesis_ids
+
+    schema = read_schema(str(shards_dir))
+    schema = dataclasses.replace(schema, vocabulary=tuple(s for s in schema.vocabulary if s not in "%!"))
+    ids, n = synthesis_ids("stop", schema)
+    assert list(ids[0, :n]) == list(record_ids("stop", schema.vocab())) and n == 4
+    with pytest.raises(UnknownSymbols):
+        record_ids("stop! fifty %", schema.vocab())
+    with pytest.raises(ConfigError) as e:
+        synthesis_ids("stop! fifty %", schema)
+    assert str(e.value) == (
+        "TEXT, normalised to 'stop! fifty %', holds '!', '%', which this model's vocabulary lacks (no transcript "
+        "it was trained on had them): leave them out or spell them out in words")
+    assert isinstance(record_ids("stop", schema.vocab()), np.ndarray)
+
+
+def test_synthesize_refuses_text_with_symbols_the_models_vocabulary_lacks_with_exit_2(shards_dir, tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from melshards.commands.synthesize import synthesize_command
+
+    model = tmp_path / "m"
+    model.mkdir()
+    schema = json.loads((shards_dir / "schema.json").read_text())
+    schema["vocabulary"] = [s for s in schema["vocabulary"] if s != "!"]
+    (model / "schema.json").write_text(json.dumps(schema))
+    (model / "train_config.json").write_text("{}")
+    out = tmp_path / "new" / "out.wav"
+    result = CliRunner().invoke(synthesize_command, ["Stop it!", "--model-dir", str(model), "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "TEXT, normalised to 'stop it!', holds '!', which this model's vocabulary lacks" in result.output
+    assert "Traceback" not in result.output and not out.parent.exists()
