@@ -10,7 +10,6 @@ when the rows are read.
 from __future__ import annotations
 
 import csv
-import itertools
 import json
 import posixpath
 import re
@@ -91,7 +90,11 @@ def commonvoice_language(tsv_path: str) -> str | None:
 # -- manifests ------------------------------------------------------------------------------------
 def parse_manifest(lines: Iterable[str], path: str, root: str):
     """Yield (index, row-or-ValueError) for every data row of a CSV/TSV/JSONL manifest's lines (with
-    their line breaks: a quoted CSV field may hold one)."""
+    their line breaks: a quoted CSV field may hold one).
+
+    A CSV/TSV field holding both a line break and the separator is a quote opened by mistake that
+    swallowed the rows after it: each non-blank line the record spans is a ValueError of its own
+    (`malformed_row`), naming its line number, so every line of the file is a row or a rejection."""
     if path.lower().endswith(".jsonl"):
         for i, line in enumerate(bare_lines(lines)):
             try:
@@ -103,22 +106,88 @@ def parse_manifest(lines: Iterable[str], path: str, root: str):
                 continue
             yield i, _manifest_row(rec, i, root)
         return
-    lines = itertools.dropwhile(lambda l: not l.strip(), lines)  # the header: the first non-blank line
-    reader = csv.DictReader(lines, delimiter=_delimiter(path))
-    columns = list(reader.fieldnames or ())
+    delimiter = _delimiter(path)
+    records = table_records(lines, delimiter)
+    header = next(records, None)  # the first non-blank record
+    columns = header[2] if header is not None and not isinstance(header[2], Exception) else []
     check_columns(columns, path)
-    for i, rec in enumerate(reader):
-        given = sum(v is not None for k, v in rec.items() if k is not None)
-        if given < len(columns):  # DictReader fills the missing columns with None
-            yield i, ValueError(f"row {i + 1}: {given} fields, the header has {len(columns)} "
-                                f"({', '.join(columns)}); a missing separator?")
+    i = 0
+    for first, spanned, fields in records:
+        if isinstance(fields, Exception) or swallowed(fields, delimiter):
+            for line in spanned:  # one rejection per line: every line of the file is accounted for
+                yield i, ValueError(f"row {i + 1}: {_swallowed_detail(line, first, spanned, fields)}")
+                i += 1
             continue
-        extra = [v for v in rec.get(None) or () if v.strip()]  # DictReader puts fields past the header there
-        if extra:  # e.g. an unquoted comma in the text: reading on would cut the transcript short
-            yield i, ValueError(f"row {i + 1}: {given + len(extra)} fields, the header has {len(columns)} "
-                                f"({', '.join(columns)}); quote a field that holds the separator")
-            continue
-        yield i, _manifest_row(rec, i, root)
+        yield i, _manifest_fields(fields, columns, i, root)
+        i += 1
+
+
+def _manifest_fields(fields: list[str], columns: list[str], i: int, root: str):
+    """One CSV/TSV record's fields -> row, or the ValueError of a record with another number of fields."""
+    extra = [v for v in fields[len(columns):] if v.strip()]
+    if len(fields) < len(columns):
+        return ValueError(f"row {i + 1}: {len(fields)} fields, the header has {len(columns)} "
+                          f"({', '.join(columns)}); a missing separator?")
+    if extra:  # e.g. an unquoted comma in the text: reading on would cut the transcript short
+        return ValueError(f"row {i + 1}: {len(columns) + len(extra)} fields, the header has {len(columns)} "
+                          f"({', '.join(columns)}); quote a field that holds the separator")
+    return _manifest_row(dict(zip(columns, fields)), i, root)
+
+
+class _Tape:
+    """An iterator of lines that keeps the lines read since `take` was last called."""
+
+    def __init__(self, lines: Iterable[str]):
+        self.lines, self.held = iter(lines), []
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        line = next(self.lines)
+        self.held.append(line)
+        return line
+
+    def take(self) -> list[str]:
+        held, self.held = self.held, []
+        return held
+
+
+def table_records(lines: Iterable[str], delimiter: str) -> Iterator[tuple[int, list[int], list[str] | Exception]]:
+    """A CSV/TSV's lines (with their line breaks) -> (the line number its record starts on, the
+    numbers of the non-blank lines it spans, its fields) for every record that is not blank, header
+    included; a record the csv module cannot read (a field past its size limit: a quote opened and
+    never closed) -> its csv.Error in place of the fields, and reading goes on from the next line."""
+    tape = _Tape(lines)
+    reader = csv.reader(tape, delimiter=delimiter)
+    n = 0  # lines read before the record
+    while True:
+        try:
+            fields: list[str] | Exception = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            fields = e
+        read = tape.take()
+        spanned = [n + k + 1 for k, line in enumerate(read) if line.strip()]
+        n += len(read)
+        if spanned:
+            yield spanned[0], spanned, fields
+
+
+def swallowed(fields: list[str], delimiter: str) -> bool:
+    """Whether a record holds a field with a line break and the separator: a quote opened by mistake
+    (`a.wav,"Hello,...`) that took the rows after it into one field, not a transcript."""
+    return any(("\n" in f or "\r" in f) and delimiter in f for f in fields)
+
+
+def _swallowed_detail(line: int, first: int, spanned: list[int], fields: list[str] | Exception) -> str:
+    if isinstance(fields, Exception):
+        return (f"line {line} is in a record from line {first} the csv reader cannot read ({fields}): a quote "
+                "opened and never closed? Remove the stray '\"', or quote the field whole")
+    return (f"line {line} is inside a quoted field that opens on line {first} and holds the separator and "
+            f"{len(spanned) - 1} line break(s) (lines {first}-{spanned[-1]}): a stray '\"' at the start of a field? "
+            "Remove it, or quote the field whole")
 
 
 def _manifest_row(rec: dict, i: int, root: str):

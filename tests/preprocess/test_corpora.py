@@ -155,6 +155,38 @@ def test_manifest_rows_read_language_and_gender_columns():
     assert read.rejected == []
 
 
+@pytest.mark.parametrize("sep,ext", [(",", "csv"), ("\t", "tsv")])
+def test_a_stray_quote_rejects_every_line_it_swallows_by_line_number(sep, ext):
+    """Line 3 opens a quote that never closes: the 8 rows after it are inside one field. Each of the
+    10 lines is the header, a row or a rejection naming its line."""
+    lines = ["audio,text,speaker", "a.wav,Hello.,s1", 'b.wav,"Stray quote.,s1'] + [
+        f"{c}.wav,Row {c}.,s2" for c in "cdefghi"] + ["", "j.wav,Last.,s2"]
+    text = "\n".join(l.replace(",", sep) for l in lines) + "\n"
+    read = LayoutRows.of(M.manifest_rows(text.splitlines(keepends=True), f"/m/x.{ext}", "/m"))
+    assert [r["id"] for r in read.rows] == ["a"]
+    assert [r["id"] for r in read.rejected] == [f"row-{n}" for n in range(2, 11)]
+    assert {r["reason"] for r in read.rejected} == {"malformed_row"}
+    assert read.rejected[0]["detail"].startswith("row 2: line 3 is inside a quoted field that opens on line 3")
+    assert "line 12 is inside a quoted field that opens on line 3" in read.rejected[-1]["detail"]
+    assert "(lines 3-12)" in read.rejected[-1]["detail"] and "stray '\"'" in read.rejected[-1]["detail"]
+    assert read.input_rows == 10  # every non-blank line after the header, as the progress count has it
+
+
+def test_a_quoted_field_past_the_csv_size_limit_rejects_its_lines_and_reading_goes_on():
+    import csv
+    big = "x" * (csv.field_size_limit() + 10)
+    text = f'audio,text\na.wav,"{big}\nb.wav,Swallowed.\nc.wav,Hi.\n'
+    read = LayoutRows.of(M.manifest_rows(text.splitlines(keepends=True), "/m/x.csv", "/m"))
+    assert [r["id"] for r in read.rejected] == ["row-1"] and "field larger than field limit" in read.rejected[0]["detail"]
+    assert [r["id"] for r in read.rows] == ["b", "c"]
+
+
+def test_a_quoted_transcript_over_two_lines_without_separators_is_one_row():
+    text = 'audio,text\na.wav,"One line\nand the next."\nb.wav,"Hi, there."\n'
+    read = LayoutRows.of(M.manifest_rows(text.splitlines(keepends=True), "/m/x.csv", "/m"))
+    assert [(r["id"], r["text"]) for r in read.rows] == [("a", "One line\nand the next."), ("b", "Hi, there.")]
+
+
 @pytest.mark.parametrize("on_disk", [False, True])
 def test_ljspeech_rows_drop_repeated_ids_before_attaching_audio(on_disk):
     lines = "a|One.|One.\nb|Two.|\nlonely\na|Again.|\n".splitlines(keepends=True)
