@@ -166,12 +166,61 @@ def _write(path: str, data: bytes) -> None:
 
 
 def _read_json(path: str) -> dict | None:
+    """The JSON object in a file, or None when it cannot be read or is not one (for run.json: a
+    staging dir not proven ours is left alone)."""
     try:
         with FileSystems.open(path) as f:
             data = json.loads(f.read())
         return data if isinstance(data, dict) else None
     except (OSError, ValueError):
         return None
+
+
+def _read_present(path: str) -> bytes | None:
+    """A file's bytes, or None when it does not exist; a file that exists, or may exist, and cannot be
+    read (a GCS or NFS hiccup, permissions) is an OSError, never taken for an absent one."""
+    try:
+        with FileSystems.open(path) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+    except Exception as e:  # Beam's BeamIOError, GCS client errors
+        try:
+            present = FileSystems.exists(path)
+        except Exception:  # cannot tell: it may be there
+            present = True
+        if not present:
+            return None
+        raise OSError(f"{type(e).__name__}: {e}") from e
+
+
+def read_journal(out_dir: str) -> dict | None:
+    """The publish journal in out_dir, or None when there is none. One that cannot be read, or read
+    but not understood, is an OutputError: a journal names a staging dir holding the rest of a new
+    run, which must never be taken for an unfinished run's and removed."""
+    path = join(out_dir, PUBLISH_JOURNAL)
+    try:
+        data = _read_present(path)
+    except OSError as e:
+        raise OutputError(f"cannot read {path}, the journal of a publish that was cut short ({e}); nothing was "
+                          "changed: run again once it can be read") from e
+    if data is None:
+        return None
+    try:
+        journal = json.loads(data)
+    except ValueError:
+        journal = None
+    if (not isinstance(journal, dict) or not isinstance(journal.get("stage"), str)
+            or not all(isinstance(journal.get(k), list) and all(isinstance(n, str) and n and "/" not in n
+                                                                for n in journal[k]) for k in ("remove", "move"))):
+        raise OutputError(journal_unusable(out_dir, "is not a publish journal melshards can read"))
+    return journal
+
+
+def journal_unusable(out_dir: str, why: str) -> str:
+    """The one line for a journal that cannot be finished: what to do by hand."""
+    return (f"{join(out_dir, PUBLISH_JOURNAL)} {why}; move the directory's files somewhere safe, delete the journal, "
+            "and run again")
 
 
 def unfinished_stages(out_dir: str) -> list[str]:
@@ -191,11 +240,17 @@ def journal_stage(out_dir: str, journal: dict) -> str:
     and only one that its run.json proves melshards made."""
     name = journal.get("stage")
     stage = join(out_dir, str(name))
-    info = _read_json(join(stage, RUN_FILE))
-    if (not isinstance(name, str) or "/" in name or name != STAGE_PREFIX + str(journal.get("run_id"))
-            or not info or STAGE_PREFIX + str(info.get("run_id")) != name):
-        raise OutputError(f"{join(out_dir, PUBLISH_JOURNAL)} names no staging dir of melshards in {out_dir}; "
-                          "move the directory's files somewhere safe, delete the journal, and run again")
+    info = None
+    if isinstance(name, str) and "/" not in name and name == STAGE_PREFIX + str(journal.get("run_id")):
+        try:
+            info = json.loads(_read_present(join(stage, RUN_FILE)) or b"null")
+        except OSError as e:
+            raise OutputError(f"cannot read {join(stage, RUN_FILE)}, named by the journal of a publish that was cut "
+                              f"short ({e}); nothing was changed: run again once it can be read") from e
+        except ValueError:
+            info = None
+    if not isinstance(info, dict) or STAGE_PREFIX + str(info.get("run_id")) != name:
+        raise OutputError(journal_unusable(out_dir, f"names no staging dir of melshards in {out_dir}"))
     return stage
 
 
@@ -312,7 +367,7 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
         raise OutputError(f"--output {out_dir} is not writable ({type(e).__name__}: {e}); fix its permissions "
                           "or credentials, or choose another --output") from e
     try:
-        journal = _read_json(join(out_dir, PUBLISH_JOURNAL))
+        journal = read_journal(out_dir)
         if journal is not None:
             echo(f"finishing the publish of run {journal.get('run_id')} that was cut short in {out_dir}")
             apply_journal(out_dir, journal)
