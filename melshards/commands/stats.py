@@ -43,6 +43,36 @@ def terminal_report(report: dict) -> str:
     return "\n".join(parts)
 
 
+class _BeamFiles:
+    """Beam's IO for the ownership check of a gs:// --html path: `stats` imports no TensorFlow."""
+
+    def exists(self, path: str) -> bool:
+        from apache_beam.io.filesystems import FileSystems
+
+        return FileSystems.exists(path)
+
+    def isdir(self, path: str) -> bool:
+        return False  # an object store has no directories to be in the way
+
+    def open(self, path: str):
+        from apache_beam.io.filesystem import CompressionTypes
+        from apache_beam.io.filesystems import FileSystems
+
+        return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
+def check_html_target(path: str) -> None:
+    """Refuse (exit 2) an --html path that cannot be written, or that holds a file this command did not
+    write (a run's schema.json, stats.json, a shard): only an earlier report is written over."""
+    from melshards.shards_schema.ownership import HTML, NotOurs, check_may_write
+
+    check_output_file("--html", path, "report.html")
+    try:
+        check_may_write("--html", path, HTML, fs=_BeamFiles())
+    except NotOurs as e:
+        raise click.UsageError(str(e)) from e
+
+
 def write_html(path: str, html: str) -> None:
     """The report to path; a failed write is exit 2 with the reason, and leaves no partial file."""
     from apache_beam.io.filesystems import FileSystems
@@ -86,7 +116,7 @@ def stats_command(path: str, batch_size: int, what_if: str, n_mels: int | None, 
 
     qs = parse_percentiles(what_if)
     if html_path:  # before anything is printed
-        check_output_file("--html", html_path, "report.html")
+        check_html_target(html_path)
     try:
         run = load_run(path, n_mels)
         report = build_report(run, batch_size, qs)

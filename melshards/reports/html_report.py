@@ -17,6 +17,7 @@ from melshards.reports.stats_report_tables import compare_rows, q_label, reasons
 from melshards.reports.whatif import int_hist
 from melshards.reports.stats_json_tables import (Table, bucket_notes, bucket_rows, bucket_whatif_rows, counts_rows,
                                                  padding_rows, pct, percentile_rows)
+from melshards.shards_schema.ownership import HTML_MARK
 
 BEFORE, AFTER, CUT, PAD, LOW, BOUND = "#b8b8b8", "#3a6ea5", "#c0392b", "#c0392b", "#e67e22", "#27ae60"
 RANGE_MARGIN = 1.15  # the x-axis reaches this far past the longest clip in shards (or the last mark)
@@ -183,7 +184,7 @@ def render_html(report: dict, histograms: dict, other: dict | None = None, by: s
     c, pad = report["counts"], report["padding"]
     e = html.escape
     parts = [
-        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
+        f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8>{HTML_MARK}",  # what --html may write over
         f"<title>melshards stats: {e(report['source'])}</title><style>{CSS}</style></head><body>",
         "<h1>melshards stats</h1>",
         f"<p><code>{e(report['source'])}</code>: {c['input_rows']} input rows, {c['in_shards']} in shards "

@@ -327,3 +327,29 @@ def test_histogram_axis_ends_past_the_kept_clips_and_counts_the_outliers():
     lo, hi, beyond = shown_range(before, {100: 5, 200: 5}, [216.0, 300.0])
     assert (lo, hi, beyond) == (100, 346, 2)
     assert shown_range({100: 1, 150: 1}, {100: 1}, [152.0]) == (100, 150, 0)  # nothing beyond: the data's end
+
+
+@pytest.mark.parametrize("name", ["schema.json", "stats.json", "rejected.jsonl", "train-*.tfrecord"])
+def test_stats_html_refuses_to_write_over_a_runs_own_files(shards_dir, tmp_path, name):
+    run = tmp_path / "run"
+    shutil.copytree(shards_dir, run)
+    target = next(run.glob(name))
+    before = target.read_bytes()
+    result = run_stats(run, "--html", target)
+    assert result.exit_code == 2, result.output
+    assert f"--html {target}: it exists and is not an HTML report" in result.output
+    assert "stats of" not in result.output  # refused before anything is printed
+    assert target.read_bytes() == before
+
+
+def test_stats_html_refuses_a_page_it_did_not_write_and_writes_over_its_own_report(shards_dir, tmp_path):
+    theirs = tmp_path / "notes.html"
+    theirs.write_text("<!DOCTYPE html><html><head><title>my notes</title></head><body>mine</body></html>\n")
+    result = run_stats(shards_dir, "--html", theirs)
+    assert result.exit_code == 2 and "is not an HTML report" in result.output, result.output
+    assert "mine" in theirs.read_text()
+    ours = tmp_path / "report.html"
+    for _ in range(2):  # the second run writes over the first one's report
+        result = run_stats(shards_dir, "--html", ours)
+        assert result.exit_code == 0, result.output
+    assert "Length distributions" in ours.read_text()
