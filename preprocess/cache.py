@@ -18,7 +18,10 @@ so a re-run computes only what changed (docs/preprocess.md, Feature cache).
   renamed, so no reader sees half of one. A file that does not read back (damaged, truncated) is
   recomputed and counted, never a crash.
 - **Use.** Each run records the batch files it read or wrote in `runs/<run id>.txt`;
-  `melshards cache info DIR` and `melshards cache prune DIR --unused-days N` read those.
+  `melshards cache info DIR` and `melshards cache prune DIR --unused-days N` read those. While it
+  runs, a run holds a lease, `runs/<run id>.live` (`Lease`: its holder and a heartbeat renewed every
+  minute): `prune` removes no entries file while a live lease is there, and the writer, should a
+  file it reads back be gone or damaged all the same, computes those clips again (`read_entry`).
 """
 from __future__ import annotations
 
@@ -26,9 +29,12 @@ import dataclasses
 import hashlib
 import io
 import json
+import logging
 import math
 import os
 import struct
+import threading
+import time
 import uuid
 import zipfile
 import zlib
@@ -39,11 +45,15 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess.config import PreprocessConfig
+from melshards.preprocess import lock
 from melshards.preprocess.lock import is_local_path
 from melshards.shards_schema.stats import Moments
 
+log = logging.getLogger("melshards.preprocess")
+
 FORMAT = 2  # bumped whenever what an entry holds, how it is stored, or how it is computed, changes
 ENTRIES, RUNS = "entries", "runs"
+LEASE_SUFFIX = ".live"  # runs/<run id>.live: a run using the cache now
 
 
 class CacheDamaged(IOError):
@@ -179,6 +189,20 @@ def read_batch(npz_path: str) -> dict[str, tuple[dict, dict, Moments]]:
     if batch_name(keys) != npz_path.rsplit("/", 1)[-1][:-4]:
         raise CacheDamaged(f"{npz_path}: its keys file does not match its name")
     return out
+
+
+def read_entry(npz_path: str, key: str, loaded: dict[str, dict]) -> dict | None:
+    """The arrays of `key` in the entries file `npz_path` (each file read once, into `loaded`); None,
+    logged, when the file is gone (a prune, a user), damaged, or does not hold the key: the caller
+    computes the clip again."""
+    if npz_path not in loaded:
+        try:
+            loaded[npz_path] = read_batch(npz_path)
+        except CacheDamaged as e:
+            log.warning("feature cache: %s; its clips are computed again", e)
+            loaded[npz_path] = {}
+    found = loaded[npz_path].get(key)
+    return None if found is None else found[1]
 
 
 def key_files(cache_dir: str) -> list[str]:
@@ -318,20 +342,98 @@ def info(cache_dir: str) -> CacheInfo:
                      sum(1 for m in files if m.path.rsplit("/", 1)[-1] not in used))
 
 
-def prune(cache_dir: str, unused_days: float, now: float) -> tuple[int, int]:
-    """Remove the run records older than `unused_days`, then every entries file (and its keys file) that
-    no remaining record names and that is itself older than `unused_days`; returns (entries files
-    removed, bytes freed). A file written since is spared: a run still going records the files it
-    used only when it finishes, and reads back what it wrote. Only files of this cache's own naming
-    are touched (`entries/<sha1>.npz|.keys`, `runs/*.txt`)."""
+class Lease:
+    """A run's hold on the cache while it runs: `runs/<run id>.live`, holding the run id, its process
+    (`lock.machine_identity`, pid) and a heartbeat rewritten every `lock.HEARTBEAT_S` by a daemon
+    thread; `release` removes it. `prune` removes no entries file while a lease is live (`live_leases`)."""
+
+    def __init__(self, cache_dir: str, run_id: str):
+        self.path = FileSystems.join(cache_dir, RUNS, run_id + LEASE_SUFFIX)
+        now = time.time()
+        self.info = {"run_id": run_id, **lock.machine_identity(), "pid": os.getpid(), "started": now, "heartbeat": now}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _write(self) -> None:
+        self.info["heartbeat"] = time.time()
+        _write_atomic(self.path, json.dumps(self.info, sort_keys=True).encode())
+
+    def start(self, every: float = lock.HEARTBEAT_S) -> "Lease":
+        """Write the lease (an OSError if the cache cannot take it) and keep it fresh."""
+        self._write()
+
+        def beat():
+            while not self._stop.wait(every):
+                try:
+                    self._write()
+                except Exception as e:  # noqa: BLE001 (a transient error: the next beat tries again)
+                    log.warning("could not renew %s (%s); trying again in %.0fs", self.path, e, every)
+
+        self._thread = threading.Thread(target=beat, name="melshards-cache-lease", daemon=True)
+        self._thread.start()
+        return self
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        try:
+            FileSystems.delete([self.path])
+        except Exception as e:  # noqa: BLE001 (left behind, it goes stale and prune removes it)
+            log.warning("could not remove %s (%s)", self.path, e)
+
+
+def live_leases(cache_dir: str, now: float) -> tuple[list[dict], list[str]]:
+    """(the holders of the live leases, the paths of the stale ones). A lease is stale as a lock is
+    (`lock.is_stale`: no heartbeat for `lock.STALE_AFTER_S`, or its process gone from this process
+    table); one that does not parse is judged by its file's modification time."""
+    try:
+        found = FileSystems.match([FileSystems.join(cache_dir, RUNS, "*" + LEASE_SUFFIX)])[0].metadata_list
+    except Exception:  # noqa: BLE001 (no runs/ yet)
+        found = []
+    here, live, stale = lock.machine_identity(), [], []
+    for m in found:
+        try:
+            with FileSystems.open(m.path) as f:
+                holder = json.loads(f.read())
+            if not isinstance(holder, dict):
+                raise ValueError("not a lease")
+        except FileNotFoundError:  # released since the listing
+            continue
+        except Exception:  # noqa: BLE001 (half a lease, or not ours: judged by its age alone)
+            holder = {"run_id": m.path.rsplit("/", 1)[-1][:-len(LEASE_SUFFIX)],
+                      "heartbeat": getattr(m, "last_updated_in_seconds", 0)}
+        if lock.is_stale(holder, now, here):
+            stale.append(m.path)
+        else:
+            live.append(holder)
+    return live, stale
+
+
+@dataclasses.dataclass(frozen=True)
+class Pruned:
+    files: int  # entries files removed
+    bytes: int
+    live: list  # the holders of live leases: while there is one, no entries file is removed
+
+
+def prune(cache_dir: str, unused_days: float, now: float) -> Pruned:
+    """Remove the run records older than `unused_days` and the stale leases, then every entries file
+    (and its keys file) that no remaining record names and that is itself older than `unused_days`.
+    While a run holds a live lease (`live_leases`), no entries file is removed: a run records the
+    files it used only when it finishes, and its writer reads back what Measure read or wrote. Only
+    files of this cache's own naming are touched (`entries/<sha1>.npz|.keys`, `runs/*.txt|.live`)."""
     cutoff = now - unused_days * 86400
+    live, stale = live_leases(cache_dir, now)
     used, _, old = _used_by_runs(cache_dir, newer_than=cutoff)
-    if old:
-        FileSystems.delete(old)
+    if old or stale:
+        FileSystems.delete(old + stale)
+    if live:
+        return Pruned(0, 0, live)
     doomed = [m for m in _entries_files(cache_dir) if m.path.rsplit("/", 1)[-1] not in used
               and getattr(m, "last_updated_in_seconds", 0) < cutoff
               and len(m.path.rsplit("/", 1)[-1]) == 44]  # <40 hex digits>.npz: a name this module wrote
     paths = [p for m in doomed for p in (m.path, m.path[:-4] + ".keys")]
     if paths:
         FileSystems.delete([p for p in paths if FileSystems.exists(p)])
-    return len(doomed), sum(m.size_in_bytes for m in doomed)
+    return Pruned(len(doomed), sum(m.size_in_bytes for m in doomed), [])

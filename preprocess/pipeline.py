@@ -17,7 +17,8 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
 from melshards.preprocess import bucketing, cache, feature_stats, tables
-from melshards.preprocess.clips import ClipRejected, as_rejection, featurize_span, filter_rejection, prepare_texts
+from melshards.preprocess.clips import (ClipRejected, analyse_audio, as_rejection, featurize_span, filter_rejection,
+                                       prepare_texts)
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import INPUT_ROWS, INPUTS, REJECTED, Corpus, ReadCorpus
 from melshards.preprocess.encode import encode_clip
@@ -374,6 +375,17 @@ def written_counts(clips) -> Counter:
     return out
 
 
+def analyse_again(clip: dict, cfg: PreprocessConfig) -> dict:
+    """The audio features of a measured clip whose cache entry could not be read back, computed again
+    from its audio (the same computation, so the same arrays; the mel as float16, as the cache holds it).
+    IOError if the audio no longer gives the span Measure measured (the file changed during the run)."""
+    span, arrays = analyse_audio(clip["audio"], cfg)
+    if span["length"] != clip["num_samples"]:
+        raise IOError(f"{clip['audio']} changed during the run ({span['length']} samples kept, measured "
+                      f"{clip['num_samples']}); run again")
+    return dict(arrays, mel=arrays["mel"].astype("<f2"))
+
+
 class _FilterAndWriteFn(beam.DoFn):
     """Stashed batch -> kept clips padded, encoded and appended to temp TFRecord files (one per split
     and bucket, rolled at the target size); one dict per closed file at the end of the bundle.
@@ -409,9 +421,11 @@ class _FilterAndWriteFn(beam.DoFn):
         for clip in kept:  # a clip Measure read from the feature cache: its arrays are in the cache file
             if "cached" in clip:
                 where, key = clip["cached"]
-                if where not in from_cache:
-                    from_cache[where] = cache.read_batch(where)
-                by_id[clip["id"]] = dict(from_cache[where][key][1], **by_id[clip["id"]])
+                found = cache.read_entry(where, key, from_cache)
+                if found is None:  # the file went (a prune, a user) or was damaged since Measure read it
+                    _count("cache_recomputed_in_writer")
+                    found = analyse_again(clip, self.cfg)
+                by_id[clip["id"]] = dict(found, **by_id[clip["id"]])
         vocab = Vocabulary(corpus_tables["vocabulary"], self.cfg.text_unit)
         for clip in kept:
             split, bucket, data = encode_clip(clip, by_id[clip["id"]], buckets, text, corpus_tables, vocab, self.cfg)

@@ -17,6 +17,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
+from melshards.preprocess import cache
 from melshards.preprocess.config import load_config
 from melshards.preprocess.corpus import Corpus, CorpusError, check_rows_file, detect_corpus
 from melshards.preprocess.lock import is_local_path
@@ -186,7 +187,10 @@ def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None
              ", ".join(f"{c.input} ({c.kind})" for c in corpora), out_dir, run.stage,
              options.view_as(StandardOptions).runner)
     reporter = ProgressReporter(run.stage, rows, echo) if local else None
+    lease = None
     try:
+        if cache_dir:  # `melshards cache prune` removes no entries while the run holds the cache
+            lease = cache.Lease(cache_dir, posixpath.basename(run.stage.rstrip("/")).lstrip(".")).start()
         _run_pipeline(options, corpora, run.stage, cfg, reporter, cache_dir)
         return _finish(run)
     except WorkerDiedError as e:
@@ -202,6 +206,8 @@ def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None
         raise
     finally:  # failed or interrupted (KeyboardInterrupt): the staging dir goes, the lock too. After a
         close_run(run, ok=False)  # publish or an abort this does nothing: OutputRun.abort is idempotent
+        if lease:
+            lease.release()
 
 
 def _run_pipeline(options: PipelineOptions, corpora: list[Corpus], stage: str, cfg,

@@ -38,8 +38,12 @@ def info_command(cache_dir: str) -> None:
 @click.option("--unused-days", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Forget the runs older than this, then remove the entries no remaining run used.")
 def prune_command(cache_dir: str, unused_days: float) -> None:
-    """Remove the entries no run of the last --unused-days used."""
+    """Remove the entries no run of the last --unused-days used; none while a run is using the cache."""
     from melshards.preprocess import cache
 
-    files, freed = cache.prune(cache_dir, unused_days, time.time())
-    click.echo(f"{cache_dir}: removed {files} file(s), {_size(freed)}")
+    pruned = cache.prune(cache_dir, unused_days, time.time())
+    click.echo(f"{cache_dir}: removed {pruned.files} file(s), {_size(pruned.bytes)}")
+    if pruned.live:
+        runs = ", ".join(f"{h.get('run_id')} (pid {h.get('pid', '?')} on {h.get('host', '?')})" for h in pruned.live)
+        click.echo(f"kept every entries file: {len(pruned.live)} run(s) using the cache now ({runs}); "
+                   "prune again once they have finished")

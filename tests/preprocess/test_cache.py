@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from melshards.commands.cache import cache_command
 from melshards.commands.preprocess import run
 from melshards.preprocess import audio as A
 from melshards.preprocess import cache as K
+from melshards.preprocess import lock
 from melshards.preprocess import output as O
 from melshards.shards_schema.stats import Moments
 from tests.conftest import CORPUS, TINY_CONFIG
@@ -130,6 +132,47 @@ def test_a_damaged_cache_file_is_computed_again_and_counted(warm, tmp_path):
     assert stats["cache"]["damaged_files"] == 1 and stats["cache"]["damaged"] >= 1
     assert stats["cache"]["hits"] + stats["cache"]["computed"] == 47 and stats["cache"]["computed"] >= 1
     assert records(tmp_path / "out") == records(tmp / "plain")
+
+
+def test_prune_during_a_run_removes_nothing_and_a_file_gone_from_under_the_writer_is_computed_again(
+        warm, tmp_path, monkeypatch):
+    """Once Measure has read the cache, the writer reads it back: a `prune --unused-days 0` then (the
+    warm run's records are older than 0 days) must spare the live run's files, and a file gone all
+    the same (removed by hand, or by a prune that raced the run's start) is computed again."""
+    tmp, _ = warm
+    cache_dir = tmp_path / "cache"
+    shutil.copytree(tmp / "cache", cache_dir)
+    reads, pruned, real = [], [], K.read_batch
+
+    def read_batch(path):
+        if path in reads and not pruned:  # the writer's first read-back
+            pruned.append(CliRunner().invoke(cache_command, ["prune", str(cache_dir), "--unused-days", "0"]))
+            os.remove(path)
+        reads.append(path)
+        return real(path)
+
+    monkeypatch.setattr(K, "read_batch", read_batch)
+    stats = _run(tmp_path / "out", cache_dir)
+    assert pruned[0].exit_code == 0 and "removed 0 file(s)" in pruned[0].output
+    assert "1 run(s) using the cache now" in pruned[0].output
+    assert stats["cache"]["hits"] == 47
+    assert records(tmp_path / "out") == records(tmp / "plain")
+    assert not list((cache_dir / "runs").glob("*.live"))  # the run's lease went with it
+
+
+def test_prune_forgets_a_stale_lease_and_honours_a_live_one(tmp_path):
+    lease = K.Lease(str(tmp_path), "r1").start()
+    try:
+        assert [h["run_id"] for h in K.live_leases(str(tmp_path), time.time())[0]] == ["r1"]
+        assert K.live_leases(str(tmp_path), time.time() + 2 * lock.STALE_AFTER_S) == (
+            [], [str(tmp_path / "runs" / "r1.live")])
+    finally:
+        lease.release()
+    assert not (tmp_path / "runs" / "r1.live").exists()
+    (tmp_path / "runs" / "gone.live").write_text(json.dumps({"run_id": "gone", **lock.machine_identity(),
+                                                             "pid": 2 ** 22 + 1, "heartbeat": time.time()}))
+    assert K.prune(str(tmp_path), 0, time.time()).live == []  # its process is gone from this process table
+    assert not (tmp_path / "runs" / "gone.live").exists()
 
 
 def test_a_flipped_byte_anywhere_in_an_entries_file_is_damage(tmp_path):
