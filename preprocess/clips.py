@@ -15,6 +15,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess import alignments, audio, features
 from melshards.preprocess.config import PreprocessConfig
+from melshards.preprocess.merge import as_given
 from melshards.preprocess.rows import reject
 from melshards.preprocess.tables import speaker_rejection_detail
 from melshards.shards_schema.stats import Cutoffs
@@ -115,11 +116,13 @@ def measure(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = 
 
 
 def read_alignment(row: dict, cfg: PreprocessConfig) -> alignments.Alignment:
-    """The clip's TextGrid, parsed; ClipRejected missing_alignment / alignment_mismatch (unreadable)."""
-    path = alignments.textgrid_path(cfg.alignments.dir, row["id"], row.get("speaker", ""))
+    """The clip's TextGrid, found by the id and speaker its input gives (`merge.as_given`: as the
+    aligner saw them), parsed; ClipRejected missing_alignment / alignment_mismatch (unreadable)."""
+    clip_id, speaker = as_given(row)
+    path = alignments.textgrid_path(cfg.alignments.dir, clip_id, speaker)
     if path is None:
-        raise ClipRejected("missing_alignment", f"no {row['id']}.TextGrid in {cfg.alignments.dir} (nor in its "
-                                                f"{row.get('speaker', '')!r} folder)")
+        raise ClipRejected("missing_alignment", f"no {clip_id}.TextGrid in {cfg.alignments.dir} (nor in its "
+                                                f"{speaker!r} folder)")
     try:
         with FileSystems.open(path) as f:
             return alignments.read_phones(f.read(), path)

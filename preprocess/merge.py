@@ -4,6 +4,8 @@ Each input has a name: its directory's or file's stem, made unique (`name`, `nam
 speaker label found in more than one input is prefixed with the input's name (`NAME/label`) in every
 input that has it; clip ids likewise, so two corpora that both have a clip `0001` keep both (a
 repeat within one input is still `duplicate_id`). Labels found in one input only are left as they are.
+A prefixed row keeps its labels as its input gives them (`as_given`): files made from that input
+alone, such as Montreal Forced Aligner's TextGrids, are named after those.
 """
 from __future__ import annotations
 
@@ -14,6 +16,15 @@ from typing import Iterable, Iterator, Sequence
 from melshards.preprocess.manifests import MANIFEST_EXTENSIONS
 from melshards.preprocess.rows import is_rejection
 from melshards.preprocess.spill import Spill
+
+
+GIVEN_ID, GIVEN_SPEAKER = "given_id", "given_speaker"  # on a prefixed row: the label before the prefix
+
+
+def as_given(row: dict) -> tuple[str, str]:
+    """A row's (id, speaker) as its input gives them, without the `NAME/` prefix `MergedInputs` may
+    have added."""
+    return row.get(GIVEN_ID, row["id"]), row.get(GIVEN_SPEAKER, row.get("speaker", ""))
 
 
 def input_name(path: str) -> str:
@@ -40,7 +51,7 @@ class MergedInputs:
     """Every input's items (`[(name, items)]`, ids unique within each input) -> its `rows()` and its
     `rejections()`, input after input in order, a label found in more than one input prefixed
     `name/label` in each: a speaker of rows, an id of rows or rejections (so rejected.jsonl names one
-    row per id).
+    row per id). A prefixed row holds its label as given too (`GIVEN_ID`, `GIVEN_SPEAKER`; `as_given`).
 
     Whether a label is shared is known only once every input is read: the items wait in `spill`'s
     tables (a file on local disk for a corpus, not a list in memory) and are read back from there.
@@ -89,8 +100,12 @@ class MergedInputs:
                  "ORDER BY i.n")
         for inp, body, shared_id, shared_speaker in self.db.execute(query):
             item, name = pickle.loads(body), self.names[inp]
+            row = not is_rejection(item)
             if shared_id:
+                if row:
+                    item[GIVEN_ID] = item["id"]
                 item["id"] = f"{name}/{item['id']}"
             if shared_speaker:
+                item[GIVEN_SPEAKER] = item["speaker"]
                 item["speaker"] = f"{name}/{item['speaker']}"
             yield item

@@ -91,3 +91,29 @@ def test_textgrids_are_found_beside_or_in_the_speakers_folder(tmp_path):
     assert L.textgrid_path(str(tmp_path), "a", "spk") == str(tmp_path / "a.TextGrid")
     assert L.textgrid_path(str(tmp_path), "b", "spk") == str(tmp_path / "spk" / "b.TextGrid")
     assert L.textgrid_path(str(tmp_path), "c", "spk") is None
+
+
+def test_a_clip_prefixed_by_a_merge_finds_its_textgrid_by_the_id_and_speaker_its_input_gives(tmp_path):
+    """Two inputs share clip 0001 and speaker spk: both are prefixed (`a/0001`, `a/spk`), and MFA wrote
+    DIR/spk/0001.TextGrid and DIR/0002.TextGrid as the inputs name them."""
+    import dataclasses
+
+    from melshards.preprocess.clips import ClipRejected, read_alignment
+    from melshards.preprocess.config import AlignmentsConfig, PreprocessConfig
+    from melshards.preprocess.merge import MergedInputs
+    from melshards.preprocess.rows import row
+    from melshards.preprocess.spill import Spill
+
+    tg = textgrid_bytes(tmp_path, [(0.1, 0.4, "HH"), (0.4, 0.8, "AY1")], 1.0)
+    (tmp_path / "tg" / "spk").mkdir(parents=True)
+    (tmp_path / "tg" / "spk" / "0001.TextGrid").write_bytes(tg)
+    (tmp_path / "tg" / "0002.TextGrid").write_bytes(tg)
+    cfg = dataclasses.replace(PreprocessConfig(), alignments=AlignmentsConfig(dir=str(tmp_path / "tg")))
+    a = [row("0001", "Hi.", "a.wav", 0, speaker="spk"), row("0002", "Hi.", "b.wav", 1, speaker="spk")]
+    b = [row("0001", "Hi.", "c.wav", 0, speaker="spk")]
+    with Spill() as spill:
+        rows = list(MergedInputs([("a", a), ("b", b)], spill).rows())
+    assert [(r["id"], r["speaker"]) for r in rows] == [("a/0001", "a/spk"), ("0002", "a/spk"), ("b/0001", "b/spk")]
+    assert [[p[2] for p in read_alignment(r, cfg).phones] for r in rows] == [["sil", "HH", "AY1", "sil"]] * 3
+    with pytest.raises(ClipRejected, match=r"no 0003.TextGrid in .* \(nor in its 'spk' folder\)"):
+        read_alignment(dict(rows[2], id="b/0003", given_id="0003"), cfg)

@@ -325,14 +325,16 @@ def test_read_corpus_merges_inputs_and_prefixes_a_shared_speaker_and_id(tmp_path
     wav = str(vctk / L.VCTK_AUDIO_DIR)
     with pipeline() as p:
         out = p | ReadCorpus(corpora, str(tmp_path / "stash"))
+        given = {"given_id": "p225_001", "given_speaker": "p225"}  # as the inputs give them (TextGrids' names)
         assert_that(out["batches"] | beam.FlatMap(load_rows), equal_to([
-            row("vctk/p225_001", "Please call Stella.", f"{wav}/p225/p225_001_mic1.flac", 0, speaker="vctk/p225",
-                language="en", gender="F"),
-            row("p225_002", "Ask her to bring these things.", f"{wav}/p225/p225_002_mic1.flac", 1,
-                speaker="vctk/p225", language="en", gender="F"),
+            dict(row("vctk/p225_001", "Please call Stella.", f"{wav}/p225/p225_001_mic1.flac", 0,
+                     speaker="vctk/p225", language="en", gender="F"), **given),
+            dict(row("p225_002", "Ask her to bring these things.", f"{wav}/p225/p225_002_mic1.flac", 1,
+                     speaker="vctk/p225", language="en", gender="F"), given_speaker="p225"),
             row("p226_001", "Please call Stella.", f"{wav}/p226/p226_001_mic1.flac", 3, speaker="p226",
                 language="en", gender="M"),
-            row("m/p225_001", "Hallo.", str(tmp_path / "mine" / "a.wav"), 0, speaker="m/p225", language="de"),
+            dict(row("m/p225_001", "Hallo.", str(tmp_path / "mine" / "a.wav"), 0, speaker="m/p225", language="de"),
+                 **given),
             row("b", "Hi.", str(tmp_path / "mine" / "b.wav"), 1, speaker="m", language="en", gender="M")]),
             label="rows")
         assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])), equal_to([
