@@ -89,10 +89,15 @@ class TextConfig:
         default_factory=lambda: {"en": "english"})
 
     def frontend_for(self, language: str) -> str:
-        """The front end's name for a language code: the code itself, then its primary subtag, then default."""
-        for key in (language, language.split("-")[0].split("_")[0]):
-            if key in self.languages:
-                return self.languages[key]
+        """The front end's name for a language code: the code itself, then its primary subtag, then
+        default; codes compared as BCP 47 compares them (case, and `_` for `-`, ignored)."""
+        def fold(code: str) -> str:
+            return code.strip().replace("_", "-").lower()
+
+        languages = {fold(k): v for k, v in self.languages.items()}
+        for key in (fold(language), fold(language).split("-")[0]):
+            if key in languages:
+                return languages[key]
         return self.default
 
 

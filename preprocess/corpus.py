@@ -57,10 +57,14 @@ def named(corpora: Sequence[Corpus]) -> tuple[Corpus, ...]:
     return tuple(dataclasses.replace(c, name=n) for c, n in zip(corpora, names))
 
 
-def input_summary(corpus: Corpus, rows: int, prefixed_speakers: int, prefixed_ids: int) -> dict:
-    """One input as stats.json's `inputs` lists it."""
+def input_summary(corpus: Corpus, rows: int, prefixed_speakers: int, prefixed_ids: int,
+                  folded: dict | None = None) -> dict:
+    """One input as stats.json's `inputs` lists it; `language_codes_folded` (only where some were):
+    each language code as written in it -> the code the run names that language by
+    (`rows.complete_rows`), where they differ."""
     return {"input": corpus.input or corpus.root, "name": corpus.name, "format": corpus.kind, "rows": rows,
-            "language": corpus.language, "prefixed_speakers": prefixed_speakers, "prefixed_ids": prefixed_ids}
+            "language": corpus.language, "prefixed_speakers": prefixed_speakers, "prefixed_ids": prefixed_ids,
+            **({"language_codes_folded": dict(sorted(folded.items()))} if folded else {})}
 
 
 class _ReadRows(beam.DoFn):
@@ -75,13 +79,14 @@ class _ReadRows(beam.DoFn):
     def process(self, _):
         with tempfile.TemporaryDirectory(prefix="melshards-read-") as tmp, \
                 Spill(os.path.join(tmp, "rows.sqlite")) as spill:
-            merged = MergedInputs([(c.name, input_items(c, spill)) for c in self.corpora], spill)
+            folded = [{} for _ in self.corpora]
+            merged = MergedInputs([(c.name, input_items(c, spill, f)) for c, f in zip(self.corpora, folded)], spill)
             total = sum(merged.input_rows)
             beam.metrics.Metrics.counter(NS, "input_rows").inc(total)
             yield beam.pvalue.TaggedOutput(INPUT_ROWS, total)
             yield beam.pvalue.TaggedOutput(INPUTS, [
                 input_summary(c, *counts) for c, *counts in zip(
-                    self.corpora, merged.input_rows, merged.prefixed_speakers, merged.prefixed_ids)])
+                    self.corpora, merged.input_rows, merged.prefixed_speakers, merged.prefixed_ids, folded)])
             for item in merged.rejections():
                 beam.metrics.Metrics.counter(NS, item["reason"]).inc()
                 yield beam.pvalue.TaggedOutput(REJECTED, item)

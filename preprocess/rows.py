@@ -13,6 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Iterable, Iterator, MutableMapping
 
+from melshards.shards_schema.text_clean import canonical_language
+
 ROW_KEYS = ("id", "text", "speaker", "language", "gender", "audio", "row")
 _GENDERS = {"f": "F", "female": "F", "woman": "F", "female_feminine": "F",  # Common Voice 17+ spells
             "m": "M", "male": "M", "man": "M", "male_masculine": "M"}       # them "female_feminine", ...
@@ -89,10 +91,13 @@ def unique_ids(items: Iterable[dict], first: MutableMapping[str, int]) -> Iterat
             item["id"], "duplicate_id", f"row {item['row'] + 1} repeats the id of row {seen + 1}")
 
 
-def complete_rows(items: Iterable[dict], name: str, language: str | None) -> Iterator[dict]:
+def complete_rows(items: Iterable[dict], name: str, language: str | None,
+                  folded: MutableMapping[str, str] | None = None) -> Iterator[dict]:
     """Every row gets a speaker (its own label, else the input's name: a corpus without speakers is
-    one speaker) and a language (its own, else the input's default `language`); a row left without a
-    language -> `missing_language`. Rejections pass."""
+    one speaker) and a language (its own, else the input's default `language`), spelt as
+    `canonical_language` spells it (`EN` and `en` are one language); a row left without a language ->
+    `missing_language`. `folded` (written spelling -> code) gets each spelling that was changed.
+    Rejections pass."""
     for r in items:
         if is_rejection(r):
             yield r
@@ -103,4 +108,7 @@ def complete_rows(items: Iterable[dict], name: str, language: str | None) -> Ite
                          f"row {r['row'] + 1} says no language and its input has no default; "
                          "give --language CODE, or fill the row's language column")
         else:
-            yield dict(r, speaker=r["speaker"].strip() or name, language=lang)
+            code = canonical_language(lang)
+            if code != lang and folded is not None:
+                folded[lang] = code
+            yield dict(r, speaker=r["speaker"].strip() or name, language=code)

@@ -317,10 +317,11 @@ def count_input_rows(corpus: Corpus) -> int:
     return LAYOUTS[corpus.kind].count(corpus)
 
 
-def input_items(corpus: Corpus, spill: Spill) -> Iterator[dict]:
+def input_items(corpus: Corpus, spill: Spill, folded: dict | None = None) -> Iterator[dict]:
     """One input's items as they are read: its rows, each with a speaker and a language and an id of
-    its own (the first row of an id wins), and its rejected input rows."""
-    return complete_rows(LAYOUTS[corpus.kind].read(corpus, spill), corpus.name, corpus.language)
+    its own (the first row of an id wins), and its rejected input rows; `folded` gets the language
+    codes respelt (`complete_rows`)."""
+    return complete_rows(LAYOUTS[corpus.kind].read(corpus, spill), corpus.name, corpus.language, folded)
 
 
 def read_input(corpus: Corpus) -> LayoutRows:

@@ -5,7 +5,8 @@ Any change to what these functions return changes both front ends' output, so it
 pins exact outputs).
 
 - `language_code`: a corpus's code (`en_US`, `zh-CN`) -> lowercase with `-` (`en-us`, `zh-cn`), or
-  None if it is not a language tag.
+  None if it is not a language tag; `canonical_language`: the code a run names a language by, one
+  for every spelling of a tag (`EN`, `en` -> `en`; `en_us` -> `en-US`).
 - `clean`: Unicode NFC, full-width ASCII forms to ASCII, quotes / dashes / CJK and other scripts'
   sentence marks unified to `PUNCTUATION`, symbols and controls dropped, whitespace collapsed; no
   folding of letters to ASCII (the corpus's own code points are its symbols).
@@ -44,6 +45,26 @@ def language_code(code: str) -> str | None:
         return None
     code = code.strip().replace("_", "-").lower()
     return code if _TAG.match(code) else None
+
+
+def canonical_language(code: str) -> str:
+    """A row's language code as the run names it: BCP 47 is case-insensitive, so every spelling of a
+    tag is one language: `_` read as `-`, then the tag's conventional case (RFC 5646 2.1.1: the
+    language subtag lowercase, a 4-letter script titlecase, a 2-letter or 3-digit region uppercase,
+    the rest lowercase): `EN` -> `en`, `en_us` -> `en-US`, `ZH-hant-tw` -> `zh-Hant-TW`. Something that
+    is not a language tag (`123`) is returned stripped, as it is (the front ends refuse it)."""
+    tag = language_code(code)
+    if tag is None:
+        return code.strip() if isinstance(code, str) else code
+    parts = tag.split("-")
+    for i in range(1, len(parts)):
+        if len(parts[i - 1]) == 1:  # a singleton (x-, u-) starts an extension: the rest as it is, lowercase
+            break
+        if len(parts[i]) == 4 and parts[i].isalpha():
+            parts[i] = parts[i].title()
+        elif len(parts[i]) == 2 and parts[i].isalpha() or len(parts[i]) == 3 and parts[i].isdigit():
+            parts[i] = parts[i].upper()
+    return "-".join(parts)
 
 
 def primary_subtag(code: str) -> str:

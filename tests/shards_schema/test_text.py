@@ -227,3 +227,48 @@ def test_synthesize_refuses_text_with_symbols_the_models_vocabulary_lacks_with_e
     assert result.exit_code == 2, result.output
     assert "TEXT, normalised to 'stop it!', holds '!', which this model's vocabulary lacks" in result.output
     assert "Traceback" not in result.output and not out.parent.exists()
+
+
+# --- language codes: one language for every spelling of a tag -------------------------------------
+
+@pytest.mark.parametrize("written, code", [
+    ("EN", "en"), (" en ", "en"), ("en", "en"), ("en_us", "en-US"), ("EN-us", "en-US"), ("en-US", "en-US"),
+    ("ZH-hant-tw", "zh-Hant-TW"), ("zh-cn", "zh-CN"), ("es-419", "es-419"), ("CMN", "cmn"),
+    ("de-DE-x-Ab", "de-DE-x-ab"), ("123", "123"), (" 123 ", "123"),
+])
+def test_canonical_language_folds_case_and_underscores_to_the_tags_conventional_spelling(written, code):
+    from melshards.shards_schema.text_clean import canonical_language
+
+    assert canonical_language(written) == code
+
+
+def test_rows_in_en_and_EN_are_one_language_read_by_the_english_front_end_and_the_summary_names_the_fold():
+    from melshards.commands.preprocess import input_lines
+    from melshards.preprocess.config import TextConfig
+    from melshards.preprocess.rows import complete_rows, row
+
+    rows = [row("a", "2024", "a.wav", 0, language="en"), row("b", "2024", "b.wav", 1, language="EN"),
+            row("c", "2024", "c.wav", 2, language="en_gb"), row("d", "2024", "d.wav", 3)]
+    folded = {}
+    assert [r["language"] for r in complete_rows(rows, "lj", "EN-us", folded)] == ["en", "en", "en-GB", "en-US"]
+    assert folded == {"EN": "en", "en_gb": "en-GB", "EN-us": "en-US"}
+    assert {TextConfig().frontend_for(code) for code in ("en", "EN", "en-GB", "En_us")} == {"english"}
+    assert TextConfig(languages={"ZH_cn": "phonemes"}).frontend_for("zh-CN") == "phonemes"
+    summary = {"input": "m.csv", "name": "m", "format": "manifest", "rows": 4, "language": "EN-us",
+               "prefixed_speakers": 0, "prefixed_ids": 0, "language_codes_folded": dict(sorted(folded.items()))}
+    assert input_lines([summary]) == [
+        "input m (manifest, m.csv): 4 input rows, default language EN-us; language codes folded (BCP 47 ignores "
+        "case): 'EN' -> 'en', 'EN-us' -> 'en-US', 'en_gb' -> 'en-GB'"]
+
+
+def test_the_read_stage_lists_each_inputs_folded_language_codes_in_stats_inputs(tmp_path, corpus_dir):
+    import shutil
+
+    from melshards.preprocess.corpus import _ReadRows, detect_corpus, named
+
+    shutil.copy(next((corpus_dir / "wavs").glob("*.wav")), tmp_path / "a.wav")
+    (tmp_path / "m.csv").write_text("id,audio,text,language\na,a.wav,Hello,EN\nb,a.wav,Hi,en\nc,a.wav,Hey,en_gb\n")
+    read = _ReadRows(named([detect_corpus(str(tmp_path / "m.csv"))]), str(tmp_path / "stash"))
+    (tmp_path / "stash").mkdir()
+    inputs = [x.value for x in read.process(None) if getattr(x, "tag", None) == "inputs"]
+    assert [i["language_codes_folded"] for i in inputs[0]] == [{"EN": "en", "en_gb": "en-GB"}]
