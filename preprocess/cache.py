@@ -7,9 +7,10 @@ so a re-run computes only what changed (docs/preprocess.md, Feature cache).
   filter, buckets and split are recomputed every run: they cost little and change with the config.
 - **The key** of an entry: the audio file's path, size and modification time (local) or object
   update time (gs://), and every setting the features depend on (`settings_key`: audio, mel,
-  features, pitch and this format's version). A changed file or setting is a new key: never served
-  stale. The file's identity is its metadata, not a hash of its bytes: a hash would read every file
-  on a warm run, which is the cost the cache removes.
+  features, pitch, this format's version and the versions of the libraries that compute them). A
+  changed file, setting or library is a new key: never served stale. The file's identity is its
+  metadata, not a hash of its bytes: a hash would read every file on a warm run, which is the cost
+  the cache removes.
 - **Batches.** The entries one Measure batch computes go into one file, `entries/<sha1>.npz`, beside
   `entries/<sha1>.keys` (its keys, one per line, written last): a 100k-clip corpus is a few thousand
   objects, not a million. In the file each quantity is one array for the whole batch (features
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.metadata
 import io
 import json
 import logging
@@ -60,9 +62,40 @@ class CacheDamaged(IOError):
     """A cache file that does not read back as the entries its name promises."""
 
 
+# The libraries that compute an entry, each by the distribution names it is installed under: they
+# decode (soundfile, and the libsndfile it loads), resample (soxr), take the STFT and the mel (librosa,
+# numpy, scipy); pitch also with WORLD (pyworld, installed as pyworld-prebuilt) or pyin (librosa, numba).
+FEATURE_LIBRARIES = {"numpy": ("numpy",), "scipy": ("scipy",), "librosa": ("librosa",), "soxr": ("soxr",),
+                     "soundfile": ("soundfile",)}
+PITCH_LIBRARIES = {"pyworld": ("pyworld", "pyworld-prebuilt"), "numba": ("numba",)}
+
+
+def _installed_version(distributions: Sequence[str]) -> str | None:
+    for name in distributions:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def library_versions(pitch: bool) -> dict[str, str | None]:
+    """The installed versions of the libraries that compute an entry's features (None: not installed),
+    libsndfile's included; with `pitch`, those of the pitch trackers too."""
+    import soundfile  # decodes every clip: the worker has imported it already
+
+    libraries = {**FEATURE_LIBRARIES, **(PITCH_LIBRARIES if pitch else {})}
+    return {**{name: _installed_version(dists) for name, dists in libraries.items()},
+            "libsndfile": getattr(soundfile, "__libsndfile_version__", None)}
+
+
 def settings_key(cfg: PreprocessConfig) -> str:
-    """Everything an entry's arrays depend on besides the audio file."""
-    parts = {"format": FORMAT, **{k: dataclasses.asdict(getattr(cfg, k)) for k in ("audio", "mel", "features", "pitch")}}
+    """Everything an entry's arrays depend on besides the audio file: the settings, this format's
+    version and the versions of the libraries that compute them (`library_versions`), so an upgrade
+    computes the clips again instead of mixing old and new features. Computed where the features are
+    (a worker's libraries, not the launcher's)."""
+    parts = {"format": FORMAT, **{k: dataclasses.asdict(getattr(cfg, k)) for k in ("audio", "mel", "features", "pitch")},
+             "libraries": library_versions(bool(cfg.features.pitch))}
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 

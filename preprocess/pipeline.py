@@ -108,10 +108,10 @@ class _MeasureFn(beam.DoFn):
     def __init__(self, cfg: PreprocessConfig, stash_dir: str, progress_dir: str | None = None,
                  cache_dir: str | None = None):
         self.cfg, self.stash_dir, self.progress_dir, self.cache_dir = cfg, stash_dir, progress_dir, cache_dir
-        self.settings = cache.settings_key(cfg)
 
     def setup(self):
         worker_setup()
+        self.settings = cache.settings_key(self.cfg)  # the worker's libraries compute the features
         self.progress = ProgressFile(self.progress_dir) if self.progress_dir else None
 
     def finish_bundle(self):

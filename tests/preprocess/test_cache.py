@@ -2,6 +2,8 @@
 changed files and settings are recomputed, damaged entries are recomputed and counted, concurrent
 writers never corrupt an entry, new rows are the only ones computed, a run killed with SIGKILL keeps
 what it computed; `melshards cache info|prune`."""
+import dataclasses
+import importlib.metadata
 import json
 import os
 import shutil
@@ -353,3 +355,20 @@ def test_a_clip_key_follows_the_file_size_and_time_even_with_glob_characters_in_
     os.utime(wav, (1_000_000, 1_000_000))
     assert K.clip_key(str(wav), "s") != key
     assert K.clip_key(str(tmp_path / "missing.wav"), "s") is None
+
+
+def test_an_upgrade_of_a_library_that_computes_the_features_is_a_new_key(monkeypatch):
+    from melshards.preprocess.config import load_config
+
+    plain = load_config(str(TINY_CONFIG), None, None)
+    pitch = dataclasses.replace(plain, features=dataclasses.replace(plain.features, pitch=True))
+    configs = {"plain": plain, "pitch": pitch}
+    before = {n: K.settings_key(c) for n, c in configs.items()}
+    real = importlib.metadata.version
+    for dist, changes in (("librosa", {"plain", "pitch"}), ("soxr", {"plain", "pitch"}), ("numpy", {"plain", "pitch"}),
+                          ("scipy", {"plain", "pitch"}), ("soundfile", {"plain", "pitch"}),
+                          ("pyworld-prebuilt", {"pitch"}), ("numba", {"pitch"})):
+        monkeypatch.setattr(importlib.metadata, "version", lambda d, dist=dist: "99.0" if d == dist else real(d))
+        assert {n for n, c in configs.items() if K.settings_key(c) != before[n]} == changes, dist
+    monkeypatch.setattr(importlib.metadata, "version", real)
+    assert {n: K.settings_key(c) for n, c in configs.items()} == before
