@@ -8,7 +8,11 @@ Durations from forced alignments).
 - **Silence.** MFA writes silence as unlabelled stretches (gaps between intervals, or empty labels),
   and older versions as `sil` or `sp`. Each becomes the one symbol `sil`; neighbouring silences merge.
   `spn` (spoken noise: a word the dictionary lacks) stays a phone of its own. A silence at either
-  end that gets no frame once the clip is trimmed is dropped; an internal one is kept.
+  end that gets no frame once the clip is trimmed is dropped; an internal one is kept. A phones tier
+  of silence alone (the aligner found no speech) is unusable: AlignmentError.
+- **Zero-length phones.** A phone interval whose start is its end stays in the sequence, with 0
+  frames: dropping it would change the clip's phones (the words' pronunciation) without a word, and
+  the frames are the aligner's to give. A zero-length silence is no phone and is dropped.
 - **Durations.** Mel frame i is centred on sample `trim_start + i * hop` of the untrimmed clip
   (librosa's `center=True`); it belongs to the phone whose interval holds that sample. With phone k
   ending at sample `e_k = round(end_k * sr)`, its frames end at
@@ -61,7 +65,7 @@ def _filled(entries, end: float) -> list[tuple[float, float, str]]:
     out: list[list] = []
 
     def add(start: float, stop: float, label: str) -> None:
-        if stop <= start:
+        if stop < start or stop == start and label == SIL:  # a zero-length phone stays (module docstring)
             return
         if label == SIL and out and out[-1][2] == SIL:
             out[-1][1] = stop
@@ -98,7 +102,12 @@ def read_phones(data: bytes, where: str = "TextGrid") -> Alignment:
     if tiers["phones"].get("class") != "IntervalTier":
         raise AlignmentError(f"{where}: the phones tier is not an interval tier")
     entries = sorted((float(s), float(e), str(label)) for s, e, label in tiers["phones"]["entries"])
-    return Alignment(tuple(_filled(entries, end)), end)
+    phones = _filled(entries, end)
+    if all(label == SIL for _, _, label in phones):
+        labels = ", ".join(repr(label) for label in sorted({label for _, _, label in entries})) or "no interval"
+        raise AlignmentError(f"{where}: the phones tier holds only silence ({labels}): the aligner found no "
+                             "speech in this clip; re-run it, or leave the clip out")
+    return Alignment(tuple(phones), end)
 
 
 def phone_durations(alignment: Alignment, trim_start: int, trimmed_samples: int, sample_rate: int,

@@ -84,6 +84,44 @@ def test_a_missing_tier_or_garbage_is_an_alignment_error(tmp_path):
         L.read_phones(b"\x00\x01 not a textgrid", "x.TextGrid")
 
 
+def long_textgrid_text(phones, end) -> bytes:
+    """A long-format TextGrid written by hand: praatio's writer refuses a zero-length interval, MFA's need not."""
+    def tier(name, intervals):
+        items = "".join(f'            intervals [{i + 1}]:\n                xmin = {s}\n                xmax = {e}\n'
+                        f'                text = "{label}"\n' for i, (s, e, label) in enumerate(intervals))
+        return (f'        class = "IntervalTier"\n        name = "{name}"\n        xmin = 0\n        xmax = {end}\n'
+                f'        intervals: size = {len(intervals)}\n{items}')
+    return (f'File type = "ooTextFile"\nObject class = "TextGrid"\n\nxmin = 0\nxmax = {end}\ntiers? <exists>\n'
+            f'size = 2\nitem []:\n    item [1]:\n{tier("words", [(0, end, "w")])}'
+            f'    item [2]:\n{tier("phones", phones)}').encode()
+
+
+@pytest.mark.parametrize("phones", [[(0.0, 0.5, "sil"), (0.5, 0.7, "sp"), (0.7, 1.0, "")], []])
+def test_a_phones_tier_of_silence_alone_is_an_unusable_alignment_not_the_text_sil(tmp_path, phones):
+    import dataclasses
+
+    from melshards.preprocess.clips import ClipRejected, read_alignment
+    from melshards.preprocess.config import AlignmentsConfig, PreprocessConfig
+
+    data = long_textgrid_text(phones, 1.0)
+    with pytest.raises(L.AlignmentError, match="the phones tier holds only silence"):
+        L.read_phones(data, "x.TextGrid")
+    (tmp_path / "c1.TextGrid").write_bytes(data)
+    cfg = dataclasses.replace(PreprocessConfig(), alignments=AlignmentsConfig(dir=str(tmp_path)))
+    with pytest.raises(ClipRejected) as e:
+        read_alignment({"id": "c1", "speaker": "s"}, cfg)
+    assert e.value.reason == "alignment_mismatch" and "the aligner found no speech" in e.value.detail
+
+
+def test_a_zero_length_phone_stays_in_the_sequence_with_zero_frames():
+    data = long_textgrid_text([(0.1, 0.3, "HH"), (0.3, 0.3, "AH0"), (0.3, 0.3, ""), (0.3, 0.6, "L"),
+                               (0.6, 0.6, "sil"), (0.6, 0.9, "OW1")], 1.0)
+    a = L.read_phones(data, "x.TextGrid")
+    assert [p[2] for p in a.phones] == ["sil", "HH", "AH0", "L", "OW1", "sil"]  # a zero-length silence is no phone
+    phones, d = L.phone_durations(a, 0, SR, SR, HOP)
+    assert phones == ("sil", "HH", "AH0", "L", "OW1", "sil") and d[2] == 0 and d.sum() == 1 + SR // HOP
+
+
 def test_textgrids_are_found_beside_or_in_the_speakers_folder(tmp_path):
     (tmp_path / "a.TextGrid").write_text("x")
     (tmp_path / "spk").mkdir()
