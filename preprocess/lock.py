@@ -4,7 +4,8 @@ One marker object, `OUT_DIR/.melshards-lock`, holding the run id, host name, boo
 pid, start and heartbeat. Created exclusively and whole: locally written under a temporary name and
 hard-linked to its name (the link fails if it exists), on gs:// an object upload with
 `if_generation_match=0` (google-cloud-storage, installed with apache-beam[gcp]). The holder rewrites
-it every `HEARTBEAT_S`, only if it is still the one it wrote. A holder is stale when its heartbeat
+it every `HEARTBEAT_S`, only if it is still the one it wrote, from `start_heartbeat` until `release`
+(the whole publish included). A holder is stale when its heartbeat
 is `STALE_AFTER_S` old, or when it ran in this process table (same host, boot and pid namespace) and
 its process is gone; a stale lock is taken over locally by an atomic rename, on gs:// by a delete
 conditional on the generation judged stale. `preprocess.output` uses it.
@@ -226,6 +227,7 @@ class Lock:
         self.info = {"run_id": run_id, **self.here, "pid": os.getpid(), "started": _now(), "heartbeat": _now()}
         self.token = None
         self.lost = False
+        self._mutex = threading.Lock()  # the token, and the marker as this process reads and renews it
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -259,28 +261,43 @@ class Lock:
             self.marker.delete(current[1])
         raise OutputBusyError(f"could not take {self.path}: other runs keep taking it; try again")
 
-    def start_heartbeat(self, every: float = HEARTBEAT_S) -> None:
+    def renew(self) -> bool:
+        """Rewrite the marker with a new heartbeat if it is still this run's; False once it is not."""
+        with self._mutex:
+            if self.lost or self.token is None:
+                return False
+            self.info["heartbeat"] = _now()
+            token = self.marker.replace(self._data(), self.token)
+            if token is None:
+                self.lost = True
+                return False
+            self.token = token
+            return True
+
+    def start_heartbeat(self, every: float | None = None) -> None:
+        """Renew the marker every `every` seconds (HEARTBEAT_S) until `release`: through the job and
+        through the publish, however long moving the files takes."""
+        every = HEARTBEAT_S if every is None else every
+
         def beat():
             while not self._stop.wait(every):
-                self.info["heartbeat"] = _now()
                 try:
-                    token = self.marker.replace(self._data(), self.token)
+                    held = self.renew()
                 except Exception as e:  # a transient error (network, 5xx): try again at the next beat
                     log.warning("could not renew %s (%s); trying again in %.0fs", self.path, e, every)
                     continue
-                if token is None:
+                if not held:
                     log.warning("%s is no longer held by this run; it will not publish", self.path)
-                    self.lost = True
                     return
-                self.token = token
 
         self._thread = threading.Thread(target=beat, name="melshards-lock-heartbeat", daemon=True)
         self._thread.start()
 
     def still_held(self) -> bool:
         """Whether the marker is still this run's (checked before anything is published)."""
-        current = self.marker.read()
-        return not self.lost and current is not None and current[1] == self.token
+        with self._mutex:
+            current = self.marker.read()
+            return not self.lost and current is not None and current[1] == self.token
 
     def stop_heartbeat(self) -> None:
         self._stop.set()
@@ -289,6 +306,7 @@ class Lock:
 
     def release(self) -> None:
         self.stop_heartbeat()
-        if self.token is not None:
-            self.marker.delete(self.token)
-            self.token = None
+        with self._mutex:
+            if self.token is not None:
+                self.marker.delete(self.token)
+                self.token = None

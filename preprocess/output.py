@@ -304,11 +304,10 @@ class OutputRun:
         if STOPPING.is_set():
             raise KeyboardInterrupt
         PUBLISHING = True  # from here on an interrupt waits for the end of the publish
-        try:
-            self.lock.stop_heartbeat()
+        try:  # the heartbeat goes on renewing the lock until release: a long publish is not taken over
             if not self.lock.still_held():
                 raise OutputError(f"{self.lock.path} is no longer held by this run (another run took it over "
-                                  "after this one stopped renewing it); nothing was published, and "
+                                  "after this one could not renew it); nothing was published, and "
                                   f"{self.out_dir} is as that run left it")
             staged = run_files(read_schema_at(join(self.stage, SCHEMA_FILE)))
             journal = {"run_id": self.lock.info["run_id"], "stage": posixpath.basename(self.stage),
@@ -325,7 +324,6 @@ class OutputRun:
         """Remove what this run staged (but `keep`, left in the staging dir) and give the directory up."""
         if self.published or self.closed:
             return
-        self.lock.stop_heartbeat()
         if self.lock.still_held():  # else another run holds the directory now, staging dir and all
             remove_tree(self.stage, keep + (RUN_FILE,) if keep else ())
         self.lock.release()

@@ -2,6 +2,7 @@
 journal or lock that cannot be read stops the run rather than count as absent, the lock is held
 through the publish, and what a publish will touch is checked before anything is touched."""
 import json
+import time
 import shutil
 from pathlib import Path
 
@@ -61,3 +62,34 @@ def test_a_journal_that_cannot_be_understood_stops_the_run_as_one_naming_no_stag
                                             "files somewhere safe, delete the journal, and run again"):
         O.open_run(str(tmp_path), overwrite=True)
     assert stage.exists() and _snapshot(tmp_path) == before
+
+
+def _stage_a_finished_run(run: O.OutputRun, shards_dir: Path) -> None:
+    for p in shards_dir.iterdir():
+        if p.is_file():
+            shutil.copy(p, Path(run.stage) / p.name)
+
+
+def _heartbeat(out: Path) -> float:
+    return json.loads(L._LocalMarker(str(out / L.LOCK_FILE)).read()[0])["heartbeat"]
+
+
+# -- item 5: the lock is renewed through the publish ---------------------------------------------------
+def test_the_lock_is_renewed_while_a_finished_run_is_published(tmp_path, monkeypatch, shards_dir):
+    """A publish longer than the stale limit (gs://: a copy per shard) must not be taken over."""
+    monkeypatch.setattr(L, "HEARTBEAT_S", 0.02)
+    out = tmp_path / "o"
+    run = O.open_run(str(out), overwrite=False)
+    _stage_a_finished_run(run, shards_dir)
+    real, renewed = O.apply_journal, []
+
+    def long_publish(out_dir, journal):
+        first, deadline = _heartbeat(out), time.time() + 30
+        while _heartbeat(out) == first and time.time() < deadline:
+            time.sleep(0.02)
+        renewed.append(_heartbeat(out) > first)
+        real(out_dir, journal)
+    monkeypatch.setattr(O, "apply_journal", long_publish)
+    O.close_run(run, ok=True)
+    assert renewed == [True] and run.published
+    assert (out / "schema.json").exists() and not (out / L.LOCK_FILE).exists()
