@@ -20,13 +20,13 @@ import apache_beam as beam
 
 from melshards.preprocess.merge import MergedInputs, input_name, unique_names
 from melshards.preprocess.rows import CorpusError
-from melshards.preprocess.sources import Corpus, check_rows_file, detect_corpus, input_items
+from melshards.preprocess.sources import Corpus, check_distinct_inputs, check_rows_file, detect_corpus, input_items
 from melshards.preprocess.spill import Spill
 from melshards.preprocess.stash import stash_rows
 
 # What the rest of the job takes from here: the read stage, and the corpus it is given.
-__all__ = ["INPUTS", "INPUT_ROWS", "REJECTED", "Corpus", "CorpusError", "ReadCorpus", "batch_rows", "check_rows_file",
-           "detect_corpus"]
+__all__ = ["INPUTS", "INPUT_ROWS", "REJECTED", "Corpus", "CorpusError", "ReadCorpus", "batch_rows",
+           "check_distinct_inputs", "check_rows_file", "detect_corpus"]
 
 REJECTED = "rejected"
 INPUT_ROWS = "input_rows"

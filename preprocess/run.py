@@ -19,7 +19,8 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from melshards.preprocess import cache
 from melshards.preprocess.config import load_config
-from melshards.preprocess.corpus import Corpus, CorpusError, check_rows_file, detect_corpus
+from melshards.preprocess.corpus import (Corpus, CorpusError, check_distinct_inputs, check_rows_file,
+                                        detect_corpus)
 from melshards.preprocess.lock import is_local_path
 from melshards.preprocess.options import OptionsError, is_local, pipeline_options
 from melshards.preprocess.output import (OutputError, OutputRun, close_run, exception_chain, is_disk_full, open_run,
@@ -108,9 +109,7 @@ def find_corpora(input_paths: Sequence[str], format: str | None, language: str |
     if not input_paths:
         raise CorpusError("no --input given; give one or more corpora (--input PATH, repeated)")
     corpora = [detect_corpus(path, format, language) for path in input_paths]
-    twice = next((c.input for n, c in enumerate(corpora) if c.input in [d.input for d in corpora[:n]]), None)
-    if twice:  # read twice, every clip would be in the shards twice (under two prefixed ids)
-        raise CorpusError(f"--input {twice} is given twice; give each corpus once")
+    check_distinct_inputs(corpora)
     for corpus in corpora:
         if check_remote or is_local_path(corpus.rows_path or corpus.root):
             check_rows_file(corpus)

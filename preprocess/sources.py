@@ -15,7 +15,7 @@ import dataclasses
 import os
 import posixpath
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -23,6 +23,7 @@ from melshards.preprocess import layouts as L
 from melshards.preprocess import manifests as M
 from melshards.preprocess.lock import is_local_path
 from melshards.preprocess.merge import input_name
+from melshards.preprocess.output import normal_dir
 from melshards.preprocess.rows import CorpusError, LayoutRows, complete_rows, unique_ids
 from melshards.preprocess.spill import Spill
 
@@ -286,6 +287,30 @@ def detect_corpus(path: str, format: str | None = None, language: str | None = N
     looked = "; ".join(f"{layout.telltale} ({name})" for name, layout in LAYOUTS.items())
     raise CorpusError(f"--input {path} is not a corpus: looked for {looked}; point --input at one of these, "
                       "or force a layout with --format NAME (see docs/corpora.md)")
+
+
+def corpus_location(corpus: Corpus) -> str:
+    """Where a corpus is, one spelling per place: its rows file (else its root), resolved locally
+    (`lj8`, `./lj8/` and a symlink to it are one place) and without repeated `/` on gs://."""
+    path = corpus.rows_path or corpus.root
+    return os.path.realpath(path) if is_local_path(path) else normal_dir(path)
+
+
+def check_distinct_inputs(corpora: Sequence[Corpus]) -> None:
+    """CorpusError, in one line, for two inputs that are one corpus however spelt (one place, or a
+    directory listed inside another's listing of the same layout): read twice, every clip would be
+    in the shards twice, under two prefixed ids and on both sides of the split."""
+    for n, c in enumerate(corpora):
+        for d in corpora[:n]:
+            a, b = corpus_location(d), corpus_location(c)
+            nested = (c.kind == d.kind and c.rows_path is None and d.rows_path is None
+                      and (a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")))
+            if a == b and c.input == d.input:
+                raise CorpusError(f"--input {c.input} is given twice; give each corpus once")
+            if a == b or nested:
+                how = f"both {a}" if a == b else f"{a if len(a) > len(b) else b} is inside the other"
+                raise CorpusError(f"--input {d.input} and --input {c.input} are one corpus ({how}): every clip "
+                                  "would be read twice; give each corpus once")
 
 
 def check_rows_file(corpus: Corpus) -> None:

@@ -177,7 +177,8 @@ def test_a_quoted_field_past_the_csv_size_limit_rejects_its_lines_and_reading_go
     big = "x" * (csv.field_size_limit() + 10)
     text = f'audio,text\na.wav,"{big}\nb.wav,Swallowed.\nc.wav,Hi.\n'
     read = LayoutRows.of(M.manifest_rows(text.splitlines(keepends=True), "/m/x.csv", "/m"))
-    assert [r["id"] for r in read.rejected] == ["row-1"] and "field larger than field limit" in read.rejected[0]["detail"]
+    assert [r["id"] for r in read.rejected] == ["row-1"]
+    assert "field larger than field limit" in read.rejected[0]["detail"]
     assert [r["id"] for r in read.rows] == ["b", "c"]
 
 
@@ -271,6 +272,33 @@ def test_an_unrecognised_input_fails_in_one_line_listing_what_each_layout_looks_
         assert telltale in message
     with pytest.raises(CorpusError, match="does not exist"):
         detect_corpus(str(tmp_path / "nope"))
+
+
+def test_one_corpus_spelt_two_ways_is_refused_as_given_twice(tmp_path, monkeypatch):
+    """`lj8` and `./lj8/`, a symlink to it, a Common Voice dir and its validated.tsv, a LibriTTS root
+    and one of its subsets: each pair would read every clip twice."""
+    from melshards.preprocess.run import find_corpora
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lj8").mkdir()
+    (tmp_path / "lj8" / "metadata.csv").write_text("a|Hi.|\n")
+    (tmp_path / "link").symlink_to(tmp_path / "lj8")
+    write_commonvoice(tmp_path / "cy")
+    write_libritts(tmp_path / "LibriTTS")
+    for a, b, says in [("lj8", "./lj8/", f"are one corpus (both {tmp_path / 'lj8' / 'metadata.csv'})"),
+                       ("lj8", str(tmp_path / "link"), "are one corpus"),
+                       ("cy", "cy/validated.tsv", "are one corpus"),
+                       ("LibriTTS", "LibriTTS/dev-clean/", f"{tmp_path / 'LibriTTS' / 'dev-clean'} is inside the other"),
+                       ("lj8", "lj8", "is given twice")]:
+        with pytest.raises(CorpusError) as e:
+            find_corpora([a, b], None, "en", check_remote=False)
+        assert says in str(e.value) and "\n" not in str(e.value), (a, b, str(e.value))
+    assert len(find_corpora(["lj8", "LibriTTS/dev-clean", "cy"], None, "en", check_remote=False)) == 3
+
+
+def test_a_gs_corpus_location_has_one_spelling():
+    from melshards.preprocess.sources import Corpus, corpus_location
+    assert {corpus_location(Corpus("vctk", None, p)) for p in ("gs://b/vctk", "gs://b//vctk/", "gs://b/vctk/")} == {
+        "gs://b/vctk"}
 
 
 def test_format_forces_a_layout(tmp_path):
