@@ -372,3 +372,20 @@ def test_an_upgrade_of_a_library_that_computes_the_features_is_a_new_key(monkeyp
         assert {n for n, c in configs.items() if K.settings_key(c) != before[n]} == changes, dist
     monkeypatch.setattr(importlib.metadata, "version", real)
     assert {n: K.settings_key(c) for n, c in configs.items()} == before
+
+
+def test_one_file_spelt_another_way_or_from_another_directory_is_one_key(tmp_path, monkeypatch):
+    wavs = tmp_path / "corpus" / "wavs"
+    wavs.mkdir(parents=True)
+    (wavs / "a.wav").write_bytes(b"x" * 10)
+    (tmp_path / "link").symlink_to(tmp_path / "corpus")
+    (wavs / "b.wav").symlink_to(wavs / "a.wav")
+    key = K.clip_key(str(wavs / "a.wav"), "s")
+    monkeypatch.chdir(tmp_path)
+    spellings = ["corpus/wavs/a.wav", "./corpus//wavs/../wavs/a.wav", "link/wavs/a.wav", str(wavs / "b.wav")]
+    assert [K.clip_key(p, "s") for p in spellings] == [key] * len(spellings)
+    monkeypatch.chdir(wavs)
+    assert K.clip_key("a.wav", "s") == key
+    (tmp_path / "other.wav").write_bytes(b"x" * 10)
+    os.utime(tmp_path / "other.wav", ns=((wavs / "a.wav").stat().st_atime_ns, (wavs / "a.wav").stat().st_mtime_ns))
+    assert K.clip_key(str(tmp_path / "other.wav"), "s") != key  # another file of the same size and time
