@@ -1,16 +1,21 @@
 """The `english` front end: English transcripts to lowercase ASCII words, for English codes only.
 
-Times, currency amounts (with scale words, the symbol before or after), scientific notation,
-percentages, ordinals, years, decimals and cardinals are spelled out (num2words, English), the
-abbreviations expanded ("St." by context: "saint" before a capitalised name, "street" after a word),
-then the Latin letters folded to ASCII (unidecode: "café" -> "cafe") and lowercased. A letter of
+Format characters (zero-width space, soft hyphen, direction marks: Unicode category Cf) are removed
+first, as the `characters` front end removes them ("Hel\u200blo" -> "hello"). Times, currency amounts
+(with scale words, the symbol before or after), scientific notation, percentages, ordinals, decades
+("the 1990s" -> "the nineteen nineties"), fractions ("3/4" and "¾" -> "three quarters", "2½" -> "two
+and one half"), years, decimals and cardinals are spelled out (num2words, English), the
+abbreviations expanded ("St." by context: "saint" before a capitalised name, "street" after a word;
+"No. 5" -> "number five"), then the Latin letters folded to ASCII (unidecode: "café" -> "cafe") and
+lowercased. A letter of
 another script is not folded (unidecode would write 妈 as "ma"): `foreign_letters` finds them and
 the front end refuses the row (`unsupported_language`).
 
 Symbols: a-z, space and !'"(),-.:;?
 
 Any change to `normalize`'s output must bump VERSION (1: inflect's number words, "St." always
-"saint", "10:30" as "ten:thirty", "€20" as "eurtwenty").
+"saint", "10:30" as "ten:thirty", "€20" as "eurtwenty"; 2: "the 1990s" as "nineteen ninety s", "3/4"
+and "½" as "three four" and "one two", "No. 5" as "no. five", a zero-width space splitting a word).
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ import unicodedata
 from unidecode import unidecode
 
 NAME = "english"
-VERSION = 2
+VERSION = 3
 
 
 def supports(language: str) -> bool:
@@ -86,10 +91,53 @@ _HOUR_AM_PM = re.compile(rf"\b(?P<h>1[0-2]|0?[1-9]){_AM_PM}")
 _PERCENT = re.compile(r"(\d)\s?%")
 _ORDINAL = re.compile(r"\b(\d+)(st|nd|rd|th)\b", re.IGNORECASE)
 _NUMBER = re.compile(r"(?<![\d,])(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?")
+# "1990s", "1990's", "'90s", "90s": a number ending in 0, then s
+_DECADE = re.compile(r"(?<![\d.,])['’]?(\d{0,3}[1-9]0|[1-9]\d{0,2}00)['’]?s\b")
+# "3/4", "2 1/2" (a proper fraction, not a date "12/05/2024" nor "24/7"); U+2044 is the fraction slash
+_FRACTION = re.compile(r"(?<![\d/⁄.,])(?:(?P<whole>\d+) )?(?P<num>\d+)[/⁄](?P<den>\d+)(?![\d/⁄]|[.,]\d)")
+# the vulgar fraction characters (½ ¾ ⅓ ...) -> "1⁄2": their compatibility decomposition
+_VULGAR = {chr(o): "".join(chr(int(h, 16)) for h in unicodedata.decomposition(chr(o)).split()[1:])
+           for o in (0xBC, 0xBD, 0xBE, *range(0x2150, 0x215F), 0x2189)}
+_VULGAR_CHAR = re.compile(f"(\\d)?([{''.join(_VULGAR)}])")
 
 
 def _amount_words(amount: str) -> str:
     return decimal(amount.replace(",", ""))
+
+
+def _plural(words: str) -> str:
+    """"nineteen ninety" -> "nineteen nineties", "two thousand" -> "two thousands"."""
+    return words[:-1] + "ies" if words.endswith("y") else words + "s"
+
+
+def _number_words(digits: str) -> str:
+    """Digits without separators: a year for 1001-2999 written in four digits, a cardinal otherwise."""
+    n = int(digits)
+    return year(n) if len(digits) == 4 and 1000 < n < 3000 else cardinal(n)
+
+
+def _decade(m: re.Match) -> str:
+    """"1990s" -> "nineteen nineties", "1900s" -> "nineteen hundreds", "'80s" -> "eighties"."""
+    return f" {_plural(_number_words(m.group(1)))} "
+
+
+_DENOMINATORS = {2: ("half", "halves"), 4: ("quarter", "quarters")}
+
+
+def _fraction(m: re.Match) -> str:
+    """"3/4" -> "three quarters", "1/2" -> "one half", "5/8" -> "five eighths", "2 1/2" -> "two and
+    one half"; an improper one ("24/7", "12/5") is left to be read as its numbers."""
+    num, den = int(m["num"]), int(m["den"])
+    if not 0 < num < den:
+        return m.group(0)
+    one, many = _DENOMINATORS.get(den) or (ordinal(den), ordinal(den) + "s")
+    words = f"{cardinal(num)} {one if num == 1 else many}"
+    return f" {cardinal(int(m['whole']))} and {words} " if m["whole"] else f" {words} "
+
+
+def _vulgar(m: re.Match) -> str:
+    """"½" -> "1⁄2", "2½" -> "2 1⁄2" (a mixed number)."""
+    return (f"{m.group(1)} " if m.group(1) else "") + _VULGAR[m.group(2)]
 
 
 def _currency(m: re.Match) -> str:
@@ -148,15 +196,17 @@ def _number(m: re.Match) -> str:
     return before + words + after
 
 
-# Every pattern of expand_numbers needs a digit or a currency symbol: text without one is left as it is
-_NUMERIC = re.compile(rf"\d|{_SYMBOL}")
+# Every pattern of expand_numbers needs a digit, a currency symbol or a fraction character: text
+# without one is left as it is
+_NUMERIC = re.compile(rf"\d|{_SYMBOL}|{_VULGAR_CHAR.pattern}")
 
 
 def expand_numbers(text: str) -> str:
-    """Times, currency, scientific notation, percentages, ordinals, years, decimals and numbers ->
-    words. Case and other text as they are."""
+    """Times, currency, scientific notation, percentages, ordinals, decades, fractions, years, decimals
+    and numbers -> words. Case and other text as they are."""
     if not _NUMERIC.search(text):
         return text
+    text = _VULGAR_CHAR.sub(_vulgar, text)
     text = _SCIENTIFIC.sub(_scientific, text)
     text = _TIME.sub(_time, text)
     text = _HOUR_AM_PM.sub(lambda m: f" {cardinal(int(m['h']))}{_ampm(m)} ", text)
@@ -165,6 +215,8 @@ def expand_numbers(text: str) -> str:
     text = _LONE_SYMBOL.sub(lambda m: f" {_CURRENCIES[m.group(0)][1]} ", text)
     text = _PERCENT.sub(lambda m: f"{m.group(1)} percent", text)
     text = _ORDINAL.sub(lambda m: ordinal(int(m.group(1))), text)
+    text = _DECADE.sub(_decade, text)
+    text = _FRACTION.sub(_fraction, text)
     return _NUMBER.sub(_number, text)
 
 
@@ -180,6 +232,8 @@ _ABBREVIATED = [
 _ABBREVIATIONS = [(re.compile(rf"\b{abbr}\.", re.IGNORECASE), full) for abbr, full in _ABBREVIATED]
 # Any of them: text without one skips the patterns (none of their words brings a new one in)
 _ANY_ABBREVIATION = re.compile(rf"\b(?:{'|'.join(abbr for abbr, _ in _ABBREVIATED)})\.", re.IGNORECASE)
+# "No. 5", "No.12": "number" before a number (with its dot: "no 2 people" is not one)
+_NO = re.compile(r"\b(?:No|NO|no)\. ?(?=\d)")
 # "St." / "st." / "ST." (and "St" without its dot), not inside a word ("1st", "first")
 _ST = re.compile(r"\b(?:St|ST|st)\b\.?")
 _NEXT_WORD = re.compile(r"\s*(\w+)")
@@ -211,7 +265,8 @@ def _saint_or_street(text: str, m: re.Match) -> str:
 
 def expand_abbreviations(text: str) -> str:
     """Title and other abbreviations with their dot -> words; "St." by context. Needs the original
-    case (run before lowercasing)."""
+    case (run before lowercasing). "No." before a number is "number"."""
+    text = _NO.sub("number ", text)
     text = _ST.sub(lambda m: _saint_or_street(text, m), text)
     if not _ANY_ABBREVIATION.search(text):
         return text
@@ -247,6 +302,8 @@ def normalize(raw: str) -> str:
     Letters of other scripts are folded by unidecode here; the front end refuses such rows first
     (`foreign_letters`)."""
     text = unicodedata.normalize("NFC", raw)
+    if not text.isascii():  # format characters are not between words: "Hel\u200blo" is "hello"
+        text = "".join(c for c in text if unicodedata.category(c) != "Cf")
     text = expand_abbreviations(text)  # needs the case: "St. Paul" / "Paul st."
     text = expand_numbers(text)  # before folding: unidecode would turn "£" into "PS"
     text = unidecode(text).lower()

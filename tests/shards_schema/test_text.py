@@ -66,6 +66,35 @@ def test_english_fixes_the_v1_faults(raw, expected):
     assert check_text(raw, "en", "english") == expected
 
 
+@pytest.mark.parametrize("raw, expected", [
+    # decades (v2: "nineteen ninety s")
+    ("the 1990s", "the nineteen nineties"),
+    ("in the '80s, the 1900s and the 2000s", "in the eighties, the nineteen hundreds and the two thousands"),
+    ("the 1960's", "the nineteen sixties"),
+    # fractions (v2: "three four", "one two")
+    ("3/4", "three quarters"),
+    ("1/2 of 5/8 and 2/3", "one half of five eighths and two thirds"),
+    ("2 1/2 cups", "two and one half cups"),
+    ("24/7", "twenty-four seven"),  # not a proper fraction: its numbers
+    ("½", "one half"),
+    ("¾ and ⅓", "three quarters and one third"),
+    ("2½ miles", "two and one half miles"),
+    # "No." before a number (v2: "no. five")
+    ("No. 5", "number five"),
+    ("no.12 and NO. 3", "number twelve and number three"),
+    ("No. I said no 2 times", "no. i said no two times"),
+    # format characters are not between words (v2: "hel lo")
+    ("Hel\u200blo wo\u2060rld\ufeff", "hello world"),
+])
+def test_english_fixes_the_v2_faults(raw, expected):
+    assert check_text(raw, "en", "english") == expected
+
+
+def test_english_and_characters_remove_format_characters_alike():
+    raw = "Hel\u200blo, sh\u00adell\u2060fish\u200e!"
+    assert check_text(raw, "en", "english") == check_text(raw, "en", "characters") == "hello, shellfish!"
+
+
 def test_expand_numbers_reads_large_numbers_as_cardinals():
     assert expand_numbers("12345") == "twelve thousand three hundred forty-five"
 
@@ -137,9 +166,9 @@ def test_every_reason_is_one_preprocess_records():
 
 
 def test_the_registry_names_and_versions():
-    assert {n: f.version for n, f in FRONTENDS.items()} == {"characters": 1, "phonemes": 1, "english": 2,
+    assert {n: f.version for n, f in FRONTENDS.items()} == {"characters": 1, "phonemes": 1, "english": 3,
                                                             "alignments": 1}
-    assert frontend_record("english") == {"name": "english", "version": 2}
+    assert frontend_record("english") == {"name": "english", "version": 3}
     assert frontend_record("characters") == {"name": "characters", "version": 1}
 
 
@@ -151,20 +180,20 @@ def test_an_unknown_front_end_is_a_config_error_naming_the_known_ones():
 
 
 def test_normalizer_for_a_recorded_front_end():
-    normalize = normalizer_for({"name": "english", "version": 2})
+    normalize = normalizer_for({"name": "english", "version": 3})
     assert normalize("Dr. Who", "en") == "doctor who"
     assert normalizer_for({"name": "characters", "version": 1})("Schön 2", "de") == "schön zwei"
     with pytest.raises(TextRejected):
         normalize("", "en")
 
 
-@pytest.mark.parametrize("record", [{"name": "english", "version": 1}, {"name": "english", "version": 99},
+@pytest.mark.parametrize("record", [{"name": "english", "version": 2}, {"name": "english", "version": 99},
                                     {"name": "ascii", "version": 1}, {}])
 def test_normalizer_for_refuses_a_front_end_or_version_this_melshards_does_not_have(record):
     with pytest.raises(ValueError) as e:
         normalizer_for(record)
     message = str(e.value)
-    assert "\n" not in message and "english v2" in message and "re-run `melshards preprocess`" in message
+    assert "\n" not in message and "english v3" in message and "re-run `melshards preprocess`" in message
 
 
 # --- text -> ids: one rule for preprocess and synthesis -------------------------------------------
