@@ -112,6 +112,36 @@ def foreign_files(present: list[str], owned: list[str]) -> list[str]:
     return sorted(set(present) - set(owned))
 
 
+def not_plain_files(out_dir: str, names: list[str] | tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """(name, what it is) for each entry directly in a local out_dir that a publish would delete or
+    rename onto (`names`, the reports, anything the shard globs name) and that is not a plain file:
+    a directory, a symbolic link. melshards writes only plain files, so such an entry is the user's.
+    gs:// has no directories: an object is never in the way of another."""
+    if not is_local_path(out_dir) or not os.path.isdir(out_dir):
+        return []
+    import fnmatch
+    globs = tuple(f"{s}-*{SHARD_SUFFIX}" for s in SPLITS)
+    wanted = set(names) | set(REPORTS)
+    found = []
+    with os.scandir(out_dir) as entries:
+        for e in entries:
+            if (e.name in wanted or any(fnmatch.fnmatchcase(e.name, g) for g in globs)) \
+                    and not e.is_file(follow_symlinks=False):
+                found.append((e.name, "a symbolic link" if e.is_symlink() else
+                              "a directory" if e.is_dir() else "not a plain file"))
+    return sorted(found)
+
+
+def check_plain_files(out_dir: str, names: list[str] | tuple[str, ...] = (), then: str = "") -> None:
+    """OutputError naming the first entry `not_plain_files` finds, before anything is touched."""
+    found = not_plain_files(out_dir, names)
+    if found:
+        (name, what), more = found[0], (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
+        raise OutputError(f"--output {out_dir}: {join(out_dir, name)}{more} is {what}, not a file melshards "
+                          f"wrote, where a run's shards and reports go{then}; move it out of {out_dir} "
+                          "or choose another --output")
+
+
 def conflict_message(out_dir: str, foreign: list[str]) -> str:
     shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
     return (f"--output {out_dir} holds files that melshards did not write and would write over or read as "
@@ -258,6 +288,8 @@ def apply_journal(out_dir: str, journal: dict) -> None:
     """Move a finished staged run into out_dir as the journal says; safe to run again after a crash.
     A file that is neither staged nor in place stops it (the journal is kept)."""
     stage, remove, move = journal_stage(out_dir, journal), journal["remove"], journal["move"]
+    check_plain_files(out_dir, remove + move, then=f"; the publish of run {journal.get('run_id')} cut short there "
+                                                   f"is finished once it is gone (the journal is kept)")
     # one listing each (on gs:// an existence check per shard is a request per shard)
     staged = {posixpath.basename(f) for f in files_under(stage) if normal_dir(posixpath.dirname(f)) == stage}
     existing = set(output_names(out_dir))
@@ -310,6 +342,13 @@ class OutputRun:
                                   "after this one could not renew it); nothing was published, and "
                                   f"{self.out_dir} is as that run left it")
             staged = run_files(read_schema_at(join(self.stage, SCHEMA_FILE)))
+            try:  # what publishing will delete or write over: checked before anything is touched
+                check_plain_files(self.out_dir, self.replaces + staged,
+                                  then=f"; nothing was published, the new run was removed and {self.out_dir} is as "
+                                       "it was")
+            except OutputError:
+                remove_tree(self.stage)
+                raise
             journal = {"run_id": self.lock.info["run_id"], "stage": posixpath.basename(self.stage),
                        "remove": self.replaces, "move": staged}
             _write(join(self.out_dir, PUBLISH_JOURNAL), json.dumps(journal, indent=1).encode())
@@ -380,6 +419,7 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
         foreign = foreign_files(output_names(out_dir), owned or [])
         if foreign:
             raise OutputError(conflict_message(out_dir, foreign))
+        check_plain_files(out_dir, owned or [])
         stage = join(out_dir, STAGE_PREFIX + run_id)
         if is_local_path(stage):
             os.makedirs(stage)

@@ -93,3 +93,55 @@ def test_the_lock_is_renewed_while_a_finished_run_is_published(tmp_path, monkeyp
     O.close_run(run, ok=True)
     assert renewed == [True] and run.published
     assert (out / "schema.json").exists() and not (out / L.LOCK_FILE).exists()
+
+
+# -- item 8: what a publish will touch is checked before anything is touched ---------------------------
+def _users_dir_in_place_of_a_shard(out: Path, how: str) -> Path:
+    shard = sorted(out.glob("train-*.tfrecord"))[0]
+    shard.unlink()
+    users = out.parent / "users-data"
+    users.mkdir(exist_ok=True)
+    (users / "mine").write_text("users")
+    if how == "directory":
+        shutil.copytree(users, shard)
+    else:
+        shard.symlink_to(users, target_is_directory=True)
+    return shard
+
+
+@pytest.mark.parametrize("how", ["directory", "symbolic link"])
+def test_overwrite_refuses_up_front_a_users_directory_where_the_finished_run_lists_a_shard(tmp_path, shards_dir,
+                                                                                          how):
+    out = tmp_path / "o"
+    shutil.copytree(shards_dir, out)
+    shard = _users_dir_in_place_of_a_shard(out, how)
+    before = _snapshot(out)
+    with pytest.raises(O.OutputError, match=f"{shard} is a {how}, not a file melshards wrote") as e:
+        O.open_run(str(out), overwrite=True)
+    assert "\n" not in str(e.value) and "move it out of" in str(e.value)
+    assert _snapshot(out) == before and not (out / L.LOCK_FILE).exists()
+    assert (shard / "mine").read_text() == "users"
+
+
+def test_a_directory_put_where_a_shard_goes_during_the_run_stops_the_publish_before_it_touches_anything(
+        tmp_path, shards_dir):
+    out = tmp_path / "o"
+    shutil.copytree(shards_dir, out)
+    run = O.open_run(str(out), overwrite=True)
+    _stage_a_finished_run(run, shards_dir)
+    shard = _users_dir_in_place_of_a_shard(out, "directory")
+    before = {k: v for k, v in _snapshot(out).items() if not k.startswith(O.STAGE_PREFIX) and k != L.LOCK_FILE}
+    with pytest.raises(O.OutputError, match=f"{shard} is a directory.*nothing was published"):
+        O.close_run(run, ok=True)
+    assert _snapshot(out) == before  # the old run's schema.json and files as they were; no journal, lock or stage
+    assert O.read_schema_at(str(out / "schema.json"))
+
+
+def test_a_directory_in_the_way_of_a_cut_short_publish_stops_its_replay_before_it_touches_anything(tmp_path):
+    stage = _cut_short_publish(tmp_path)
+    (tmp_path / "train-b00-00000-of-00001.tfrecord").mkdir()
+    (tmp_path / "train-b00-00000-of-00001.tfrecord" / "mine").write_text("users")
+    before = _snapshot(tmp_path)
+    with pytest.raises(O.OutputError, match="is a directory.*the journal is kept"):
+        O.open_run(str(tmp_path), overwrite=True)
+    assert stage.exists() and _snapshot(tmp_path) == before
