@@ -136,6 +136,34 @@ def clip_key(path: str | None, settings: str) -> str | None:
     return hashlib.sha256(ident.encode("utf-8")).hexdigest()
 
 
+def _reason(e: BaseException) -> str:
+    """The innermost OSError's words (Beam wraps a file system's errors), else the exception's."""
+    while not isinstance(e, OSError) and (e.__cause__ or e.__context__) is not None:
+        e = e.__cause__ or e.__context__
+    if isinstance(e, OSError) and e.strerror:
+        return e.strerror
+    return f"{type(e).__name__}: {e}"
+
+
+def check_writable(cache_dir: str) -> None:
+    """OutputError, before any work, for a cache a run cannot use: a path that is a file, or a
+    directory where a run cannot write its entries and its records (read-only, not ours). A run
+    writes in both from its first batch to its last (`write_batch`, `Lease`, `record_use`), so a
+    cache it can only read is refused here, not found out after the job has done its work. Writes
+    and removes one small file in `entries/` and `runs/` (making them where missing)."""
+    fix = "give a directory you can write (made if missing), or run without --cache"
+    if is_local_path(cache_dir) and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
+        raise lock.OutputError(f"--cache {cache_dir} is a file, not a directory; {fix}")
+    for sub in (ENTRIES, RUNS):
+        probe = FileSystems.join(cache_dir, sub, f".probe-{uuid.uuid4().hex}")
+        try:
+            _write_atomic(probe, b"")
+            FileSystems.delete([probe])
+        except Exception as e:  # noqa: BLE001 (whatever the file system says, the run cannot use it)
+            raise lock.OutputError(f"--cache {cache_dir} cannot be written ({FileSystems.join(cache_dir, sub)}: "
+                                   f"{_reason(e)}); {fix}") from e
+
+
 def _write_atomic(path: str, data: bytes) -> None:
     tmp = f"{path}.tmp-{uuid.uuid4().hex}"
     with FileSystems.create(tmp) as f:

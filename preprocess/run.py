@@ -169,6 +169,8 @@ def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None
         check_alignments_dir(cfg.alignments.dir)
     if cache_dir:
         check_cache_dir(cache_dir, out_dir)
+        if not dry_run:
+            cache.check_writable(cache_dir)
     # Local rows files are checked always; remote ones only for a real run, so a Dataflow dry run
     # (--dry_run=True --no_auth) still builds its graph offline.
     corpora = find_corpora([input_paths] if isinstance(input_paths, str) else list(input_paths), format, language,

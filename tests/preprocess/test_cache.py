@@ -264,6 +264,23 @@ def test_a_cache_inside_the_output_directory_is_refused(tmp_path, capsys):
     assert code == 2 and "inside --output" in capsys.readouterr().err
 
 
+def test_a_cache_that_is_a_file_is_refused_before_any_work(tmp_path, capsys):
+    (tmp_path / "cache").write_text("mine")
+    code = run(["--input", str(CORPUS), "--output", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")])
+    err = capsys.readouterr().err
+    assert code == 2 and "is a file, not a directory" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists() and (tmp_path / "cache").read_text() == "mine"
+
+
+def test_a_cache_the_run_cannot_write_is_refused_with_the_file_system_s_reason(tmp_path, monkeypatch):
+    def read_only(path, data):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(K, "_write_atomic", read_only)
+    with pytest.raises(O.OutputError, match=r"--cache .* cannot be written \(.*entries: Permission denied\)"):
+        K.check_writable(str(tmp_path / "cache"))
+
+
 def test_cache_info_and_prune(warm, tmp_path):
     tmp, _ = warm
     cache_dir = tmp_path / "cache"
