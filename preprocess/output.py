@@ -372,6 +372,14 @@ class OutputRun:
 ACTIVE: set[OutputRun] = set()  # runs of this process, for the interrupt handler
 
 
+def check_output_path(out_dir: str) -> None:
+    """OutputError for an --output that names no directory: empty (which would be the working
+    directory), or a URL with nothing after its scheme."""
+    if not out_dir or out_dir.endswith("://"):
+        raise OutputError(f"--output {out_dir!r} names no directory; give the directory for the shards and reports "
+                          "(local, or gs://BUCKET/PATH)")
+
+
 def check_not_a_file(out_dir: str) -> None:
     if is_local_path(out_dir):
         from pathlib import Path
@@ -390,6 +398,7 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
     checks that no file of someone else's would be written over or read as a shard, and refuses a
     finished run without `overwrite`. Returns the OutputRun whose staging dir the job writes into.
     """
+    check_output_path(out_dir)
     out_dir = normal_dir(out_dir)
     check_not_a_file(out_dir)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]

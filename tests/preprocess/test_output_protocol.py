@@ -145,3 +145,13 @@ def test_a_directory_in_the_way_of_a_cut_short_publish_stops_its_replay_before_i
     with pytest.raises(O.OutputError, match="is a directory.*the journal is kept"):
         O.open_run(str(tmp_path), overwrite=True)
     assert stage.exists() and _snapshot(tmp_path) == before
+
+
+# -- item 7: an empty --output is refused, not taken for the working directory -------------------------
+@pytest.mark.parametrize("spelling", ["", "gs://"])
+def test_an_output_naming_no_directory_is_refused_and_the_working_directory_left_alone(tmp_path, monkeypatch,
+                                                                                      spelling):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(O.OutputError, match="names no directory"):
+        O.open_run(spelling, overwrite=True)
+    assert list(tmp_path.iterdir()) == []
