@@ -15,7 +15,8 @@ Symbols: a-z, space and !'"(),-.:;?
 
 Any change to `normalize`'s output must bump VERSION (1: inflect's number words, "St." always
 "saint", "10:30" as "ten:thirty", "€20" as "eurtwenty"; 2: "the 1990s" as "nineteen ninety s", "3/4"
-and "½" as "three four" and "one two", "No. 5" as "no. five", a zero-width space splitting a word).
+and "½" as "three four" and "one two", "No. 5" as "no. five", a zero-width space splitting a word,
+the digits after a comma dropped: "items 1,2,3" as "items one,,", "₹500" as "rsfive hundred").
 """
 from __future__ import annotations
 
@@ -79,6 +80,17 @@ _CURRENCIES = {
     "£": ("pound", "pounds", "penny", "pence"),
     "€": ("euro", "euros", "cent", "cents"),
     "¥": ("yen", "yen", None, None),
+    "₹": ("rupee", "rupees", "paisa", "paise"),
+    "₽": ("ruble", "rubles", "kopeck", "kopecks"),
+    "₩": ("won", "won", None, None),
+    "₺": ("lira", "lira", "kurus", "kurus"),
+    "₪": ("shekel", "shekels", "agora", "agorot"),
+    "₦": ("naira", "naira", "kobo", "kobo"),
+    "₱": ("peso", "pesos", "centavo", "centavos"),
+    "₴": ("hryvnia", "hryvnias", "kopiyka", "kopiykas"),
+    "₫": ("dong", "dong", None, None),
+    "₿": ("bitcoin", "bitcoins", None, None),
+    "¢": ("cent", "cents", None, None),
 }
 _SYMBOL = "[" + re.escape("".join(_CURRENCIES)) + "]"
 _CURRENCY_BEFORE = re.compile(rf"(?P<sym>{_SYMBOL})\s?(?P<amount>{_AMOUNT})(?:\s?(?P<scale>{_SCALE})\b)?")
@@ -90,11 +102,12 @@ _TIME = re.compile(rf"\b(?P<h>[01]?\d|2[0-4]):(?P<m>[0-5]\d)(?::(?P<s>[0-5]\d))?
 _HOUR_AM_PM = re.compile(rf"\b(?P<h>1[0-2]|0?[1-9]){_AM_PM}")
 _PERCENT = re.compile(r"(\d)\s?%")
 _ORDINAL = re.compile(r"\b(\d+)(st|nd|rd|th)\b", re.IGNORECASE)
-_NUMBER = re.compile(r"(?<![\d,])(\d{1,3}(?:,\d{3})+|\d+)(?:\.(\d+))?")
+# "1,000" is grouped; "1,2,3" and "3,5" are lists of numbers (English has no decimal comma)
+_NUMBER = re.compile(r"(?<!\d)(\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.(\d+))?")
 # "1990s", "1990's", "'90s", "90s": a number ending in 0, then s
-_DECADE = re.compile(r"(?<![\d.,])['’]?(\d{0,3}[1-9]0|[1-9]\d{0,2}00)['’]?s\b")
+_DECADE = re.compile(r"(?<!\d)(?<!\d\.)['’]?(\d{0,3}[1-9]0|[1-9]\d{0,2}00)['’]?s\b")
 # "3/4", "2 1/2" (a proper fraction, not a date "12/05/2024" nor "24/7"); U+2044 is the fraction slash
-_FRACTION = re.compile(r"(?<![\d/⁄.,])(?:(?P<whole>\d+) )?(?P<num>\d+)[/⁄](?P<den>\d+)(?![\d/⁄]|[.,]\d)")
+_FRACTION = re.compile(r"(?<![\d/⁄])(?<!\d\.)(?:(?P<whole>\d+) )?(?P<num>\d+)[/⁄](?P<den>\d+)(?![\d/⁄]|\.\d)")
 # the vulgar fraction characters (½ ¾ ⅓ ...) -> "1⁄2": their compatibility decomposition
 _VULGAR = {chr(o): "".join(chr(int(h, 16)) for h in unicodedata.decomposition(chr(o)).split()[1:])
            for o in (0xBC, 0xBD, 0xBE, *range(0x2150, 0x215F), 0x2189)}
@@ -190,8 +203,9 @@ def _number(m: re.Match) -> str:
         words = year(int(whole))
     else:
         words = cardinal(int(whole.replace(",", "")))
-    # set apart from a letter it touches: "COVID19" -> "COVID nineteen"
-    before = " " if m.start() > 0 and m.string[m.start() - 1].isalpha() else ""
+    # set apart from a letter it touches: "COVID19" -> "COVID nineteen", and from the comma of a list
+    # ("1,2,3" -> "one, two, three")
+    before = " " if m.start() > 0 and (m.string[m.start() - 1].isalpha() or m.string[m.start() - 1] == ",") else ""
     after = " " if m.end() < len(m.string) and m.string[m.end()].isalpha() else ""
     return before + words + after
 

@@ -90,6 +90,29 @@ def test_english_fixes_the_v2_faults(raw, expected):
     assert check_text(raw, "en", "english") == expected
 
 
+@pytest.mark.parametrize("raw, expected", [
+    # numbers after a comma (v2: "items one,,", "three, to two")
+    ("items 1,2,3", "items one, two, three"),
+    ("3,5 to 2", "three, five to two"),
+    ("1,5000", "one, five thousand"),
+    ("1/2,3/4 and 1980s,1990s", "one half, three quarters and nineteen eighties, nineteen nineties"),
+    ("1,000 and 12,345.5", "one thousand and twelve thousand three hundred forty-five point five"),
+    # more currencies (v2: "rsfive hundred", "rone hundred")
+    ("₹500", "five hundred rupees"),
+    ("₽100", "one hundred rubles"),
+    ("₹2.50 or ₽1", "two rupees fifty paise or one ruble"),
+    ("₩1,000 and 50¢", "one thousand won and fifty cents"),
+    ("in ₹ or ₽", "in rupees or rubles"),
+])
+def test_english_reads_numbers_after_a_comma_and_rupees_and_rubles(raw, expected):
+    assert check_text(raw, "en", "english") == expected
+
+
+def test_synthesis_reads_numbers_after_a_comma_as_the_shards_do():
+    normalize = normalizer_for(frontend_record("english"))
+    assert normalize("items 1,2,3", "en") == check_texts(["items 1,2,3"], "en", "english")[0] == "items one, two, three"
+
+
 def test_english_and_characters_remove_format_characters_alike():
     raw = "Hel\u200blo, sh\u00adell\u2060fish\u200e!"
     assert check_text(raw, "en", "english") == check_text(raw, "en", "characters") == "hello, shellfish!"
