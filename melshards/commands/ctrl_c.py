@@ -1,4 +1,5 @@
-"""Ctrl-C during `melshards preprocess`: one line, the run's staging dir removed, exit 130.
+"""Ctrl-C or SIGTERM during `melshards preprocess`: one line, the run's staging dir removed, the lock
+released, the workers killed, exit 130 (SIGINT) or 143 (SIGTERM: `timeout`, a scheduler, `kill PID`).
 
 Without this, SIGINT reaches the launcher and every local worker process (one process group): each
 prints its traceback, Beam logs the broken channels, and the run's temp files stay (254 lines and
@@ -11,7 +12,9 @@ console through a launcher thread (Beam logs its workers' last words). So the re
 signal wakeup fd, which CPython writes as the signal arrives (as `train.signals` does for the
 trainer). Then the handler mutes logging, kills the worker processes and raises KeyboardInterrupt
 in the main thread, which removes the staging dir on its way out
-(`melshards.preprocess.run.run_job`); then one line, exit 130.
+(`melshards.preprocess.run.run_job`); then one line, exit 130. SIGTERM is handled the same way (the
+relay mutes on it too; `timeout` sends it to the command and then to its whole process group): its
+line says so, and the exit code is 143 (128 + 15, what a shell reports for a process SIGTERM ended).
 A publish under way (the finished run being moved into place) is never cut in half: the interrupt
 takes effect after it, and the line says the new run is in place.
 
@@ -49,11 +52,13 @@ class _Relay(threading.Thread):
     HOLD = 0.5
 
     def __init__(self, fds: tuple[int, ...], wakeup: socket.socket | None = None,
-                 mute_when: Callable[[], bool] = lambda: False):
-        """`wakeup`: the reading end of the signal wakeup fd; once it holds SIGINT, nothing more is
-        copied. Nor once `mute_when()` is true."""
+                 mute_when: Callable[[], bool] = lambda: False,
+                 signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)):
+        """`wakeup`: the reading end of the signal wakeup fd; once it holds one of `signals`, nothing
+        more is copied. Nor once `mute_when()` is true."""
         super().__init__(name=f"melshards-relay-{'-'.join(map(str, fds))}", daemon=True)
         self.fds, self.muted, self.wakeup, self.mute_when = fds, False, wakeup, mute_when
+        self.signals = bytes(signals)
         self.original = os.dup(fds[0])
         self.saved = {fd: os.dup(fd) for fd in fds}
         read, write = os.pipe()
@@ -64,13 +69,15 @@ class _Relay(threading.Thread):
         self.start()
 
     def _interrupted(self) -> bool:
-        """A SIGINT arrived (its number is in the wakeup socket). Peeked, not read: every relay sees it."""
+        """A stopping signal arrived (its number is in the wakeup socket). Peeked, not read: every relay
+        sees it."""
         if self.wakeup is None:
             return False
         try:
-            return signal.SIGINT in self.wakeup.recv(4096, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            arrived = self.wakeup.recv(4096, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         except BlockingIOError:
             return False
+        return any(n in self.signals for n in arrived)
 
     def run(self) -> None:
         held: collections.deque[tuple[float, bytes]] = collections.deque()
@@ -118,33 +125,49 @@ def _same_file(a: int, b: int) -> bool:
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
+# The signals that stop a run -> (exit code, how its line begins).
+STOPPING_SIGNALS = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated (SIGTERM)")}
+
+
+def stopped_line(signum: int, out_dir: str, published: bool) -> str:
+    """The one line a run stopped by `signum` ends with."""
+    what = STOPPING_SIGNALS[signum][1]
+    return (f"{what}: the new run was already in place in {out_dir}" if published
+            else f"{what}: the run's temporary files were removed; {out_dir} is as it was")
+
+
 class StopOnCtrlC:
-    """Context manager around a preprocess run (main thread only; elsewhere it does nothing)."""
+    """Context manager around a preprocess run that stops it on SIGINT (Ctrl-C) or SIGTERM (main
+    thread only; elsewhere it does nothing)."""
 
     def __init__(self, out_dir: str):
         self.out_dir = out_dir
-        # Not where SIGINT is ignored (a background job of a script): the user asked for no interrupts.
-        self.active = (threading.current_thread() is threading.main_thread()
-                       and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
+        # Not a signal that is ignored (SIGINT in a background job of a script): the user asked for no
+        # interrupts of that kind.
+        main = threading.current_thread() is threading.main_thread()
+        self.signals = tuple(s for s in STOPPING_SIGNALS if main and signal.getsignal(s) is not signal.SIG_IGN)
+        self.active = bool(self.signals)
         self.interrupted = False
+        self.signum: int | None = None
 
     def __enter__(self):
         if self.active:
             _flush()
-            self.old_handler = signal.signal(signal.SIGINT, self._on_sigint)
+            self.old_handlers = {s: signal.signal(s, self._on_signal) for s in self.signals}
             self.wakeup, self.wakeup_writer = socket.socketpair()
             self.wakeup_writer.setblocking(False)
             self.old_wakeup = signal.set_wakeup_fd(self.wakeup_writer.fileno(), warn_on_full_buffer=False)
-            w = self.wakeup
+            w, s = self.wakeup, self.signals
             died = workers.WORKER_DIED.is_set  # its dying words, and Beam's about it, are not for the console
-            self.relays = ([_Relay((1, 2), w, died)] if _same_file(1, 2) else
-                           [_Relay((1,), w, died), _Relay((2,), w, died)])
+            self.relays = ([_Relay((1, 2), w, died, s)] if _same_file(1, 2) else
+                           [_Relay((1,), w, died, s), _Relay((2,), w, died, s)])
         return self
 
-    def _on_sigint(self, signum, frame) -> None:
-        if self.interrupted:  # a second Ctrl-C while the first is handled
+    def _on_signal(self, signum, frame) -> None:
+        if self.interrupted:  # a second Ctrl-C (or a SIGTERM) while the first is handled
             return
         self.interrupted = True
+        self.signum = signum
         for relay in self.relays:
             relay.muted = True
         logging.disable(logging.CRITICAL)
@@ -156,15 +179,15 @@ class StopOnCtrlC:
     def __exit__(self, *exc) -> bool:
         if not self.active:
             return False
-        if self.interrupted:  # remove what the run staged, one line, exit 130
+        if self.interrupted:  # remove what the run staged, one line, exit 130 (SIGINT) or 143 (SIGTERM)
             output.abort_active()
-            line = (f"interrupted: the new run was already in place in {self.out_dir}" if output.PUBLISHED
-                    else f"interrupted: the run's temporary files were removed; {self.out_dir} is as it was")
+            line = stopped_line(self.signum, self.out_dir, bool(output.PUBLISHED))
             self.relays[-1].write_through(line + "\n")
-            os._exit(130)
+            os._exit(STOPPING_SIGNALS[self.signum][0])
         if workers.WORKER_DIED.is_set():  # the runner's threads may still log their broken channels,
             logging.disable(logging.CRITICAL)  # now straight to the console; the command ends with its line
-        signal.signal(signal.SIGINT, self.old_handler)
+        for s, old in self.old_handlers.items():
+            signal.signal(s, old)
         signal.set_wakeup_fd(self.old_wakeup)
         _flush()
         for relay in self.relays:

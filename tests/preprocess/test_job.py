@@ -582,3 +582,42 @@ def test_the_reference_config_lists_every_key_with_its_default():
     assert {k: set(v) for k, v in listed.items()} == {
         f.name: {g.name for g in dataclasses.fields(getattr(PreprocessConfig(), f.name))}
         for f in dataclasses.fields(PreprocessConfig)}
+
+
+# -- how a run ends when something stops it ----------------------------------------------------------
+def _tree(d) -> dict:
+    return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_sigterm_stops_the_run_like_ctrl_c_with_one_line_exit_143_and_no_lock_staging_dir_or_worker_left(
+        tmp_path, corpus_dir, shards_dir):
+    """What `timeout` does when its time is up: SIGTERM to the command, then to its process group (a
+    scheduler's or `kill PID`'s SIGTERM reaches the command alone: its handler kills the workers)."""
+    import os
+    import shutil
+    import signal
+
+    from melshards.preprocess.workers import descendants
+    from tests.preprocess.conftest import start_long_run
+
+    out = tmp_path / "o"
+    shutil.copytree(shards_dir, out)
+    before = _tree(out)
+    p = start_long_run(tmp_path, corpus_dir, out, "--workers", "2", "--overwrite")
+    below = descendants(p.pid)
+    os.killpg(p.pid, signal.SIGTERM)
+    _, stderr = p.communicate(timeout=300)
+    assert p.returncode == 143, stderr
+    assert "Traceback" not in stderr, stderr
+    assert [l for l in stderr.splitlines() if " INFO " not in l] == [
+        f"terminated (SIGTERM): the run's temporary files were removed; {out} is as it was"], stderr
+    assert _tree(out) == before  # no lock, no staging dir, the old run whole
+    assert not [pid for pid in below if _running(pid)]
