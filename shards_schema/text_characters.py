@@ -12,7 +12,7 @@ from __future__ import annotations
 from melshards.shards_schema import text_clean
 
 NAME = "characters"
-VERSION = 1
+VERSION = 2  # 1 kept the invisible code points Unicode says to ignore (U+3164 HANGUL FILLER, variation selectors)
 
 
 def supports(language: str) -> bool:

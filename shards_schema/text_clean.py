@@ -8,8 +8,10 @@ pins exact outputs).
   None if it is not a language tag; `canonical_language`: the code a run names a language by, one
   for every spelling of a tag (`EN`, `en` -> `en`; `en_us` -> `en-US`).
 - `clean`: Unicode NFC, full-width ASCII forms to ASCII, quotes / dashes / CJK and other scripts'
-  sentence marks unified to `PUNCTUATION`, symbols and controls dropped, whitespace collapsed; no
-  folding of letters to ASCII (the corpus's own code points are its symbols).
+  sentence marks unified to `PUNCTUATION`, symbols and controls dropped, the invisible code points
+  Unicode says to ignore dropped (`IGNORABLE`: Hangul fillers, variation selectors; not the
+  zero-width joiners), whitespace collapsed; no folding of letters to ASCII (the corpus's own code
+  points are its symbols).
 - `spell_numbers`: digits -> words with num2words in the row's language where num2words has it;
   elsewhere the digits stay.
 - `lowercase`: str.lower, except Turkish and Azerbaijani (dotted and dotless i).
@@ -80,6 +82,13 @@ PUNCTUATION = "!\"'(),-.:;?¡¿"
 SPOKEN_SYMBOLS = "%&+@"
 # Format characters that are part of the spelling of words (Persian, Indic scripts): kept.
 _JOINERS = "\u200c\u200d"
+# Unicode's Default_Ignorable_Code_Point (DerivedCoreProperties.txt) less the joiners: invisible code
+# points that pronounce nothing, some of them letters (U+3164 HANGUL FILLER is Lo) or marks (the
+# variation selectors are Mn), so category alone would keep them. Dropped.
+IGNORABLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b\u200e\u200f\u202a-\u202e"
+    "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
+    "\U000e0000-\U000e0fff]")
 
 # Sentence marks of scripts written without spaces (Chinese, Japanese: "你好，世界") become the ASCII
 # mark and a space ("你好, 世界"), so the phrase after them is a word of its own, as in other scripts.
@@ -134,8 +143,9 @@ def _keep(c: str) -> str:
 
 def clean(text: str) -> str:
     """NFC; full-width forms to ASCII; punctuation unified; other symbols and controls dropped;
-    whitespace collapsed, no space before closing punctuation or after opening. Letters untouched."""
-    text = _GUILLEMET_SPACES.sub("", unicodedata.normalize("NFC", text))
+    the `IGNORABLE` code points dropped; whitespace collapsed, no space before closing punctuation or
+    after opening. Letters untouched."""
+    text = _GUILLEMET_SPACES.sub("", IGNORABLE.sub("", unicodedata.normalize("NFC", text)))
     text = "".join(_fullwidth_to_ascii(c) for c in text.translate(_PUNCTUATION_TABLE))
     return tidy(unicodedata.normalize("NFC", "".join(_keep(c) for c in text)))
 

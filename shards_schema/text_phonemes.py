@@ -4,7 +4,9 @@ The transcript is cleaned as `characters` cleans it (NFC, punctuation unified, n
 num2words in the row's language where num2words has it; no lowercasing: espeak reads "USA" as
 letters) and phonemized by espeak-ng through `phonemizer` (the `phonemizer-fork` distribution),
 using the espeak-ng library and data shipped inside the `espeakng-loader` wheel: no system package,
-so a Dataflow worker needs nothing installed by hand. Output: IPA with stress marks (ˈ ˌ), words
+so a Dataflow worker needs nothing installed by hand. Phonetic marks that are no letter of an
+orthography (`PHONETIC_MARKS`: IPA stress and length, tone letters) are dropped first: espeak-ng
+would speak their Unicode names. Output: IPA with stress marks (ˈ ˌ), words
 separated by spaces, the punctuation kept (a pause), tones as espeak writes them (Mandarin: digits
 after the syllable, so 妈 "mˈɑ5" and 马 "mˈɑ2" differ).
 
@@ -22,12 +24,13 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import threading
 
 from melshards.shards_schema import text_clean
 
 NAME = "phonemes"
-VERSION = 1
+VERSION = 2  # 1 spoke the names of IPA marks and invisible fillers ("ˈ" -> "stress", U+3164 -> "Chinese letter")
 ESPEAK_VERSION = (1, 52, 0)  # the espeak-ng release VERSION's output was made with (espeakng-loader 0.2.4)
 
 # Codes (lowercase, "-") that name no espeak voice themselves nor by their primary subtag, or whose
@@ -40,6 +43,11 @@ VOICE_ALIASES = {
 }
 # The punctuation kept in the output: `text_clean.PUNCTUATION` less the apostrophe (inside words).
 PRESERVED_PUNCTUATION = "".join(c for c in text_clean.PUNCTUATION if c != "'")
+# Phonetic marks that are no letter of an orthography: the Spacing Modifier Letters (IPA stress,
+# length, tone letters, superscripts: ˈ ˌ ː ˥ ʰ) and the Modifier Tone Letters, less the apostrophe-like
+# letters of orthographies (ʻ ʼ ʽ ʾ ʿ: Hawaiian ʻokina, transliterated ayin and hamza, and ˮ).
+# espeak-ng would speak their Unicode names ("stress", "length"): they are dropped before it.
+PHONETIC_MARKS = re.compile("[\u02b0-\u02ba\u02c0-\u02ed\u02ef-\u02ff\ua700-\ua71f]")
 
 
 @functools.lru_cache(maxsize=1)
@@ -135,8 +143,9 @@ def phonemize_many(texts: list[str], language: str) -> list[str]:
 
 
 def clean(raw: str, language: str) -> str:
-    """What espeak is given: `characters`' cleaning and numbers, not lowercased."""
-    return text_clean.tidy(text_clean.spell_numbers(text_clean.clean(raw), language))
+    """What espeak is given: `characters`' cleaning and numbers, not lowercased, without the
+    `PHONETIC_MARKS` (a text of nothing else is `unusable_text`, as under `characters`)."""
+    return text_clean.tidy(text_clean.spell_numbers(PHONETIC_MARKS.sub("", text_clean.clean(raw)), language))
 
 
 def normalize_many(raws: list[str], language: str) -> list[str]:

@@ -189,10 +189,10 @@ def test_every_reason_is_one_preprocess_records():
 
 
 def test_the_registry_names_and_versions():
-    assert {n: f.version for n, f in FRONTENDS.items()} == {"characters": 1, "phonemes": 1, "english": 3,
+    assert {n: f.version for n, f in FRONTENDS.items()} == {"characters": 2, "phonemes": 2, "english": 3,
                                                             "alignments": 1}
     assert frontend_record("english") == {"name": "english", "version": 3}
-    assert frontend_record("characters") == {"name": "characters", "version": 1}
+    assert frontend_record("characters") == {"name": "characters", "version": 2}
 
 
 def test_an_unknown_front_end_is_a_config_error_naming_the_known_ones():
@@ -205,7 +205,7 @@ def test_an_unknown_front_end_is_a_config_error_naming_the_known_ones():
 def test_normalizer_for_a_recorded_front_end():
     normalize = normalizer_for({"name": "english", "version": 3})
     assert normalize("Dr. Who", "en") == "doctor who"
-    assert normalizer_for({"name": "characters", "version": 1})("Schön 2", "de") == "schön zwei"
+    assert normalizer_for({"name": "characters", "version": 2})("Schön 2", "de") == "schön zwei"
     with pytest.raises(TextRejected):
         normalize("", "en")
 

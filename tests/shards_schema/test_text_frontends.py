@@ -100,6 +100,30 @@ def test_phonemes_output(raw, language, expected):
     assert check_text(raw, language, "phonemes") == expected
 
 
+@pytest.mark.parametrize("raw, expected", [
+    ("hello ˈworld", "həlˈoʊ wˈɜːld"),  # v1: "həlˈoʊ stɹˈɛswˈɜːld" ("stress")
+    ("a\u3164b", "ˈæb"),  # v1: "ɐ tʃˈaɪniːzlˌɛɾɚ bˈiː" ("Chinese letter": U+3164 HANGUL FILLER)
+    ("ma˥˩ nuː", "mˈɑː nˈuː"),
+    ("a\ufe0fb", "ˈæb"),  # a variation selector
+    ("ʻokina", "ɑːkˈiːnə"),  # an orthography's letter stays
+])
+def test_phonemes_drop_phonetic_marks_and_invisible_fillers_rather_than_speak_their_names(raw, expected):
+    assert check_text(raw, "en", "phonemes") == expected
+
+
+@pytest.mark.parametrize("raw", ["ˈˌː", "\u3164", "ˈ \u3164 ː"])
+def test_a_text_of_nothing_but_marks_is_unusable_under_phonemes_as_under_characters(raw):
+    for name in ("phonemes", "characters"):
+        with pytest.raises(TextRejected) as e:
+            check_text(raw, "en", name)
+        assert e.value.reason == "unusable_text", name
+
+
+def test_characters_drops_the_code_points_unicode_says_to_ignore_and_keeps_the_joiners():
+    assert text_characters.normalize("a\u3164b \u2764\ufe0f c\u034fd \u115fe", "ko") == "ab cd e"
+    assert text_characters.normalize("می\u200cخواهم", "fa") == "می\u200cخواهم"
+
+
 @pytest.mark.parametrize("a, b, language", MINIMAL_PAIRS)
 def test_minimal_pairs_differ_under_phonemes(a, b, language):
     x, y = check_texts([a, b], language, "phonemes")
