@@ -9,6 +9,7 @@ reads, record shuffle, one vectorised parse per batch, pure TF ops), after the t
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import TYPE_CHECKING, Sequence
 
 from melshards.shards_schema import Schema, SchemaError
@@ -23,6 +24,8 @@ if TYPE_CHECKING:  # importing melshards must not import TensorFlow
 # schema.speakers and schema.languages. `features=` may ask for any of the schema's (id, speaker,
 # language, text are strings: fine for tf.data, not inside an XLA-compiled function).
 DEFAULT_FEATURES = ("text_ids", "text_len", "speaker_id", "language_id", "mel", "mel_len")
+
+log = logging.getLogger("melshards")
 
 
 def read_schema(path_or_dir: str) -> Schema:
@@ -145,11 +148,11 @@ def bucket_datasets(patterns: str | Sequence[str], batch_size: int, *, split: st
     defined), so a `tf.function` over it traces once. Arguments as for `dataset`.
     """
     return _datasets(patterns, batch_size, split, shuffle, repeat, seed, features, shuffle_buffer, cycle_length,
-                     deterministic, schema_path, balance, balance_alpha)[1]
+                     deterministic, schema_path, balance, balance_alpha)[2]
 
 
 def _datasets(patterns, batch_size, split, shuffle, repeat, seed, features, shuffle_buffer, cycle_length,
-              deterministic, schema_path, balance, balance_alpha) -> tuple[_Files, dict[int, "tf.data.Dataset"]]:
+              deterministic, schema_path, balance, balance_alpha) -> tuple[_Files, object, dict[int, "tf.data.Dataset"]]:
     for name, value, minimum in (("batch_size", batch_size, 1), ("seed", seed, None),
                                  ("shuffle_buffer", shuffle_buffer, 1), ("cycle_length", cycle_length, 1)):
         _check_int(name, value, minimum)
@@ -158,7 +161,7 @@ def _datasets(patterns, batch_size, split, shuffle, repeat, seed, features, shuf
 
     found = _resolve(patterns, split, schema_path)
     plan = balance_plan(found.schema, balance, float(balance_alpha))
-    return found, {i: _bucket_dataset(files, found.schema.buckets[i], batch_size, shuffle, repeat, seed, features,
+    return found, plan, {i: _bucket_dataset(files, found.schema.buckets[i], batch_size, shuffle, repeat, seed, features,
                                       shuffle_buffer, cycle_length, deterministic, plan)
                    for i, files in sorted(found.by_bucket.items())}
 
@@ -181,7 +184,7 @@ def dataset(patterns: str | Sequence[str], batch_size: int, *, split: str | None
       `model.fit`); False makes one pass.
     bucket: only this length bucket (its static shapes). With None and one bucket, the shapes are
       static; with several, batches of every bucket are interleaved (drawn in proportion to their
-      records, from `seed`) and the element_spec leaves the padded lengths undefined: each batch
+      records, or with `balance` to the records each keeps, from `seed`) and the element_spec leaves the padded lengths undefined: each batch
       still has one bucket's static shapes, and a jit-compiled function compiles once per bucket
       shape (docs/api.md). `bucket_datasets` gives one dataset per bucket.
     features: the record fields to keep (schema.features names); log-mel is not normalised (see
@@ -192,15 +195,23 @@ def dataset(patterns: str | Sequence[str], batch_size: int, *, split: str | None
     """
     import tensorflow as tf
 
-    found, per_bucket = _datasets(patterns, batch_size, split, shuffle, repeat, seed, features, shuffle_buffer,
-                                  cycle_length, deterministic, schema_path, balance, balance_alpha)
+    found, plan, per_bucket = _datasets(patterns, batch_size, split, shuffle, repeat, seed, features,
+                                        shuffle_buffer, cycle_length, deterministic, schema_path, balance,
+                                        balance_alpha)
     if bucket is not None:
         if bucket not in per_bucket:
             raise InputError(f"bucket {bucket}: {patterns!r} holds shards of bucket(s) {sorted(per_bucket)} only")
         return per_bucket[bucket]
     if len(per_bucket) == 1:
         return next(iter(per_bucket.values()))
-    weights = [float(found.records[i]) for i in per_bucket]
+    from melshards.train.balance import bucket_weights, describe
+
+    # each bucket in proportion to the records it gives the stream: with `balance`, what its filter keeps
+    drawn = bucket_weights({i: found.records[i] for i in per_bucket}, plan)
+    if balance != "none":
+        log.info("%s", describe(found.schema, balance, float(balance_alpha),
+                                [drawn.get(b.index, 0.0) for b in found.schema.buckets]))
+    weights = [drawn[i] for i in per_bucket]
     total = sum(weights)
     return tf.data.Dataset.sample_from_datasets(
         list(per_bucket.values()), weights=[w / total for w in weights], seed=seed, stop_on_empty_dataset=False)

@@ -365,12 +365,15 @@ FEATURE_STATS = "feature_stats"
 
 def written_counts(clips) -> Counter:
     """What a batch put in the shards, for the speaker and language tables: clips and milliseconds per
-    ("speaker", name), ("language", code) and ("split", speaker, split)."""
+    ("speaker", name), ("language", code) and ("split", speaker, split); with a clip's "bucket", its
+    records per ("bucket", index, split, "speaker" | "language", name) (schema.json `Bucket.groups`)."""
     out = Counter()
     for c in clips:
         for key in (("speaker", c["speaker"]), ("language", c["language"])):
             out[key + ("clips",)] += 1
             out[key + ("ms",)] += c["duration_ms"]
+            if "bucket" in c:
+                out[("bucket", c["bucket"], c["split"]) + key] += 1
         out[("split", c["speaker"], c["split"])] += 1
     return out
 
@@ -429,6 +432,7 @@ class _FilterAndWriteFn(beam.DoFn):
         vocab = Vocabulary(corpus_tables["vocabulary"], self.cfg.text_unit)
         for clip in kept:
             split, bucket, data = encode_clip(clip, by_id[clip["id"]], buckets, text, corpus_tables, vocab, self.cfg)
+            clip["bucket"] = bucket  # for written_counts
             yield from self.files.write(split, bucket, data)
             if split == "train":
                 moments = moments.merge(clip["moments"])

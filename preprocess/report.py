@@ -54,6 +54,21 @@ def language_table(corpus_tables: dict, written: dict, features: dict | None = N
             for code, x in sorted(corpus_tables["languages"].items(), key=lambda kv: kv[1]["id"])]
 
 
+def bucket_groups(corpus_tables: dict, written: dict, bucket: int) -> dict[str, dict[str, list[int]]]:
+    """schema.json `Bucket.groups`: a bucket's records per speaker and per language id in each split
+    (`written_counts`' ("bucket", index, split, kind, name) keys)."""
+    tables = {"speaker": corpus_tables["speakers"], "language": corpus_tables["languages"]}
+    out = {}
+    for split in SPLITS:
+        out[split] = {}
+        for kind, table in tables.items():
+            counts = [0] * len(table)
+            for name, row in table.items():
+                counts[row["id"]] = written.get(("bucket", bucket, split, kind, name), 0)
+            out[split][kind] = counts
+    return out
+
+
 def speaker_stats(corpus_tables: dict, written: dict, features: dict | None = None) -> list[dict]:
     """stats.json `speakers`: the schema's table plus measured clips and clips per split (and voiced
     f0 percentiles in runs with pitch); then the speakers dropped for too few clips (id null)."""
@@ -155,7 +170,7 @@ def build_schema(cfg: PreprocessConfig, buckets: dict, text: dict, moments: Mome
         mel_mean=tuple(mean), mel_std=tuple(std),
         pad_multiple=cfg.pad.multiple,
         buckets=tuple(Schema.make_bucket(i, texts[i], bound, m.n_mels, [x for x in shards if x["bucket"] == i],
-                                         cfg.optional_features, m.hop_length)
+                                         cfg.optional_features, m.hop_length, bucket_groups(corpus_tables, written, i))
                       for i, bound in enumerate(buckets["bounds"])),
         text_unit=cfg.text_unit,
         feature_stats=(features or {}).get("global", {}),

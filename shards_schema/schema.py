@@ -25,8 +25,11 @@ from typing import Any
 # tables (each language with the text front end its text went through) and the corpus's own vocabulary.
 # 3.1: the optional per-frame features (OPTIONAL_FEATURES), their statistics (`feature_stats`, and per
 # speaker and language), phone vocabularies (`text_unit`); a 3.0 file reads as a run without them.
+# 3.2: each bucket's records per speaker and language in each split (`Bucket.groups`: what balanced
+# sampling weighs the buckets by), and each shard's size in bytes (`bytes` in its shard list entry, checked
+# before training); a 3.1 file reads without them.
 # 2.x had no ids (one English front end); 1.x one shape and no buckets. Neither is read: re-run preprocess.
-SCHEMA_VERSION = "3.1.0"
+SCHEMA_VERSION = "3.2.0"
 SCHEMA_FILE = "schema.json"
 STATS_FILE = "stats.json"
 REJECTED_FILE = "rejected.jsonl"
@@ -132,7 +135,15 @@ class Bucket:
     max_mel_frames: int
     features: tuple[Feature, ...]
     counts: dict[str, int]  # split -> records
-    shards: dict[str, list[dict[str, Any]]]  # split -> [{"file": name, "records": n}]
+    shards: dict[str, list[dict[str, Any]]]  # split -> [{"file": name, "records": n, "bytes": size}]
+    # split -> {"speaker": records per speaker id, "language": records per language id}; empty in 3.1 files
+    groups: dict[str, dict[str, list[int]]] = dataclasses.field(default_factory=dict)
+
+    def group_counts(self, split: str, kind: str) -> list[int] | None:
+        """This bucket's `split` records per speaker (`kind` "speaker") or language id; None when
+        schema.json does not say (written before 3.2)."""
+        counts = self.groups.get(split, {}).get(kind) if self.groups else None
+        return None if counts is None else [int(n) for n in counts]
 
     def feature(self, name: str) -> Feature:
         for f in self.features:
@@ -161,7 +172,9 @@ class Bucket:
                    max_mel_frames=int(d["max_mel_frames"]),
                    features=tuple(Feature(**dict(f, shape=tuple(f["shape"]))) for f in d["features"]),
                    counts={k: int(v) for k, v in d["counts"].items()},
-                   shards={k: list(v) for k, v in d["shards"].items()})
+                   shards={k: list(v) for k, v in d["shards"].items()},
+                   groups={split: {kind: [int(n) for n in counts] for kind, counts in g.items()}
+                           for split, g in d.get("groups", {}).items()})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,13 +237,17 @@ class Schema:
 
     @staticmethod
     def make_bucket(index: int, max_text_len: int, max_mel_frames: int, n_mels: int,
-                    shards: list[dict[str, Any]], optional: tuple[str, ...] = (), hop_length: int = 0) -> Bucket:
-        """A bucket from its shapes and its shard list [{split, file, records}] (any order)."""
+                    shards: list[dict[str, Any]], optional: tuple[str, ...] = (), hop_length: int = 0,
+                    groups: dict[str, dict[str, list[int]]] | None = None) -> Bucket:
+        """A bucket from its shapes and its shard list [{split, file, records, bytes}] (any order; `bytes`,
+        the file's size, where known); `groups`: its records per speaker and language id in each split."""
+        keys = ("file", "records", "bytes")
         return Bucket(index, max_text_len, max_mel_frames,
                       Schema.feature_table(max_text_len, max_mel_frames, n_mels, optional, hop_length),
                       counts={s: sum(x["records"] for x in shards if x["split"] == s) for s in SPLITS},
-                      shards={s: sorted(({"file": x["file"], "records": x["records"]} for x in shards
-                                         if x["split"] == s), key=lambda x: x["file"]) for s in SPLITS})
+                      shards={s: sorted(({k: x[k] for k in keys if k in x} for x in shards
+                                         if x["split"] == s), key=lambda x: x["file"]) for s in SPLITS},
+                      groups=groups or {})
 
     # -- the largest bucket, and the run as a whole ----------------------------------------
     @property

@@ -21,7 +21,10 @@ repeating records: the run is refused (`BatchError`), naming the largest batch e
 Schedule (`schedule`). Calls run in epochs of the schedule: bucket i appears n_i times per epoch,
 n_i = its records / (its batch * steps_per_execution) rounded, at least 1 (no bucket starves), so an
 epoch sees every record about once; the order within epoch e is a permutation drawn by numpy from
-(seed, e). A call's K = steps_per_execution steps all come from one bucket.
+(seed, e). A call's K = steps_per_execution steps all come from one bucket. With balanced sampling
+(train/balance.py) a bucket's records count times the share of them the filter keeps: the buckets
+then give the records trained on in proportion to what each keeps, which gives the groups their
+target shares however they are spread over the buckets.
 """
 from __future__ import annotations
 
@@ -161,8 +164,11 @@ def records_in(files: Sequence[str], schema: Schema, bucket: Bucket) -> int:
 
 
 def trainer_buckets(files: Sequence[str], val_files: Sequence[str], schema: Schema, batch_size: int, fixed: bool,
-                    steps_per_execution: int, replicas: int = 1) -> list[TrainerBucket]:
-    """The buckets of a run, each with its batch, files and share of the schedule.
+                    steps_per_execution: int, replicas: int = 1,
+                    kept: Sequence[float] | None = None) -> list[TrainerBucket]:
+    """The buckets of a run, each with its batch, files and share of the schedule; `kept`: the share
+    of each bucket's records balanced sampling keeps (`balance.Plan.bucket_kept`), which scales its
+    records in the schedule (None: all).
 
     Pure and cheap (schema.json's record counts, no reads): the trainer calls it before anything is
     written, so a batch that does not fit is refused first (BatchError)."""
@@ -170,6 +176,7 @@ def trainer_buckets(files: Sequence[str], val_files: Sequence[str], schema: Sche
     records = [records_in(train[b.index], schema, b) if train[b.index] else 0 for b in schema.buckets]
     frames = [b.max_mel_frames for b in schema.buckets]
     batches = batch_sizes(frames, records, batch_size, fixed, replicas)
-    calls = calls_per_epoch(records, batches, steps_per_execution)
+    drawn = records if kept is None else [n * k for n, k in zip(records, kept)]
+    calls = calls_per_epoch(drawn, batches, steps_per_execution)
     return [TrainerBucket(b, batches[b.index], tuple(train[b.index]), tuple(val[b.index]), records[b.index],
                  calls[b.index]) for b in schema.buckets]

@@ -37,8 +37,10 @@ def check_buckets(inputs: Inputs, topo: distribute.Topology) -> list[TrainerBuck
     replicas is a ConfigError. Pure: called before anything is written."""
     cfg = inputs.cfg
     topo.per_replica_batch(cfg.data.batch_size)
+    plan = balance.plan(inputs.schema, cfg.data.balance, cfg.data.balance_alpha)
     return trainer_buckets(inputs.files, inputs.val_files, inputs.schema, cfg.data.batch_size,
-                           cfg.data.fixed_batch_size, cfg.loop.steps_per_execution, replicas=topo.replicas)
+                           cfg.data.fixed_batch_size, cfg.loop.steps_per_execution, replicas=topo.replicas,
+                           kept=plan.bucket_kept if plan else None)
 
 
 def seed_everything(loop: LoopConfig) -> None:
@@ -138,8 +140,9 @@ class Trainer:
 
     def _log_buckets(self) -> None:
         data = self.inputs.cfg.data
-        if data.balance != "none":
-            log.info("%s%s", balance.describe(self.inputs.schema, data.balance, data.balance_alpha),
+        if data.balance != "none":  # the shares the schedule's calls give, each of k steps of its bucket's batch
+            drawn = [tb.calls_per_epoch * tb.batch_size * self.k_steps for tb in self.buckets]
+            log.info("%s%s", balance.describe(self.inputs.schema, data.balance, data.balance_alpha, drawn),
                      " (--synthetic-data: not applied)" if self.synthetic else "")
         for tb in self.buckets:
             log.info("bucket %d: text %d, mel %d frames, batch %d, %d train records (%d calls per schedule "

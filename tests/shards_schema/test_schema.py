@@ -15,6 +15,33 @@ def test_schema_round_trips_through_json(shards_dir):
     assert schema.version == SCHEMA_VERSION
 
 
+def test_each_buckets_records_per_speaker_and_language_by_split_are_in_the_schema(bucketed_dir):
+    """What balanced sampling weighs the buckets by: every bucket's counts per group add up to its records."""
+    schema = read_schema(str(bucketed_dir))
+    assert len(schema.buckets) > 1
+    for b in schema.buckets:
+        for split in ("train", "val"):
+            speakers, languages = b.group_counts(split, "speaker"), b.group_counts(split, "language")
+            assert len(speakers) == len(schema.speakers) and len(languages) == len(schema.languages)
+            assert sum(speakers) == sum(languages) == b.counts[split]
+    for s in schema.speakers:  # the buckets' counts add up to the speaker table's clips
+        assert sum(b.group_counts(split, "speaker")[s.id] for b in schema.buckets for split in ("train", "val")) \
+            == s.clips
+
+
+def test_a_3_1_schema_without_group_counts_or_shard_sizes_still_reads(shards_dir):
+    d = json.loads((shards_dir / "schema.json").read_text())
+    d["version"] = "3.1.0"
+    for b in d["buckets"]:
+        del b["groups"]
+        for files in b["shards"].values():
+            for f in files:
+                del f["bytes"]
+    schema = Schema.from_dict(d)
+    assert schema.buckets[0].group_counts("train", "speaker") is None
+    assert schema.counts == read_schema(str(shards_dir)).counts
+
+
 def test_other_major_version_is_refused(shards_dir):
     d = json.loads((shards_dir / "schema.json").read_text())
     d["version"] = "4.0.0"

@@ -2,6 +2,8 @@
 a corpus of two very unequal speakers, and an iterator that resumes on the same records."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -108,3 +110,104 @@ def test_a_restored_balanced_iterator_keeps_the_records_an_uninterrupted_one_kee
     assert [next(restored)["id"].numpy().tolist() for _ in range(40)] == after
     fresh = stream()  # the restore did move the iterator: a fresh one gives other records
     assert [next(fresh)["id"].numpy().tolist() for _ in range(40)] != after
+
+
+# -- speakers in different length buckets ------------------------------------------------------------
+SHORT, LONG = 300, 100  # training records of speaker 0 (all in bucket 0, 8 frames) and 1 (bucket 1, 16 frames)
+
+
+def _two_bucket_schema(held_out: int = 0) -> Schema:
+    """Two buckets (8 and 16 mel frames), speaker 0 'short' only in bucket 0 and speaker 1 'long' only
+    in bucket 1 (schema.json 3.2's per-bucket counts); `held_out` val records of a speaker 2 'held'
+    who has no training record."""
+    from melshards.shards_schema import SCHEMA_VERSION, shard_name
+
+    def bucket(i, frames, records, speakers):
+        shards = [{"split": "train", "file": shard_name("train", i, 0, 1), "records": records}]
+        if held_out:
+            shards.append({"split": "val", "file": shard_name("val", i, 0, 1), "records": held_out})
+        groups = {"train": {"speaker": speakers, "language": [records]},
+                  "val": {"speaker": [0, 0, held_out], "language": [held_out]}}
+        return Schema.make_bucket(i, 8, frames, 4, shards, groups=groups)
+
+    english = {"name": "english", "version": 1}
+    return Schema(version=SCHEMA_VERSION, audio=AudioParams(16000, False, 60.0),
+                  mel=MelParams(64, 16, 64, 4, 0.0, 8000.0, 1e-5, 2.0), vocabulary=("_", "~", "a"),
+                  speakers=(Speaker(0, "short", SHORT, 0.1), Speaker(1, "long", LONG, 0.1),
+                            Speaker(2, "held", 2 * held_out, 0.01)),
+                  languages=(Language(0, "en", SHORT + LONG + 2 * held_out, 0.2, english),),
+                  mel_mean=(0.0,) * 4, mel_std=(1.0,) * 4, pad_multiple=8,
+                  buckets=(bucket(0, 8, SHORT, [SHORT, 0, 0]), bucket(1, 16, LONG, [0, LONG, 0])))
+
+
+def test_buckets_are_drawn_by_what_they_keep_so_speakers_of_different_lengths_get_their_target():
+    schema = _two_bucket_schema()
+    per_bucket = balance.bucket_counts(schema, "speaker")
+    assert per_bucket.tolist() == [[SHORT, 0, 0], [0, LONG, 0]]
+    plan = balance.plan(schema, "speaker", 0.0)
+    assert np.allclose(plan.accept, [1 / 3, 1.0, 0.0])
+    assert np.allclose(plan.bucket_kept, [1 / 3, 1.0])  # bucket 0 keeps a third of its records
+    accept = np.asarray(plan.accept)
+    # drawn by their records, the buckets give 75/25 whatever the filter does: the fault
+    assert np.allclose(balance.realised_shares(per_bucket, accept, [SHORT, LONG]), [0.75, 0.25, 0.0])
+    # drawn by what they keep: the target
+    drawn = balance.bucket_weights({0: SHORT, 1: LONG}, plan)
+    assert drawn == pytest.approx({0: 100.0, 1: 100.0})
+    assert np.allclose(balance.realised_shares(per_bucket, accept, [drawn[0], drawn[1]]), [0.5, 0.5, 0.0])
+    # the trainer's schedule: bucket 0 (batch 20 of 8 frames) and bucket 1 (batch 10 of 16 frames) get
+    # equal records per schedule epoch, so equal shares, and the log line says so
+    from melshards.train.buckets import trainer_buckets
+
+    files = [f"/d/{f['file']}" for f in schema.shards["train"]]
+    tbs = trainer_buckets(files, [], schema, 10, False, 1, kept=plan.bucket_kept)
+    records = [tb.calls_per_epoch * tb.batch_size for tb in tbs]
+    assert [tb.batch_size for tb in tbs] == [20, 10] and records == [100, 100]
+    line = balance.describe(schema, "speaker", 0.0, records)
+    assert "short 75.0% -> 50.0% (drawn 50.0%), long 25.0% -> 50.0% (drawn 50.0%)" in line
+    unweighted = trainer_buckets(files, [], schema, 10, False, 1)
+    assert [tb.calls_per_epoch * tb.batch_size for tb in unweighted] == [300, 100]
+    assert "(drawn 75.0%)" in balance.describe(schema, "speaker", 0.0, [300, 100])
+
+
+def test_a_speaker_held_out_for_validation_gets_no_share_and_lowers_no_accept_probability():
+    schema = _two_bucket_schema(held_out=50)
+    assert balance.group_counts(schema, "speaker") == [SHORT, LONG, 0]  # the training split's, per bucket
+    assert np.allclose(balance.plan(schema, "speaker", 0.0).accept, [1 / 3, 1.0, 0.0])
+    assert np.allclose(balance.target_shares(balance.group_counts(schema, "speaker"), 0.0), [0.5, 0.5, 0.0])
+
+
+def test_a_schema_without_per_bucket_counts_balances_by_the_tables_and_draws_buckets_by_records():
+    """A schema.json written before 3.2 reads, and balances as it did: tables' clips, buckets by records."""
+    schema = _two_bucket_schema()
+    old = dataclasses.replace(schema, version="3.1.0", buckets=tuple(
+        dataclasses.replace(b, groups={}) for b in schema.buckets))
+    reread = Schema.from_json(old.to_json())
+    assert balance.bucket_counts(reread, "speaker") is None
+    plan = balance.plan(reread, "speaker", 0.0)
+    assert plan.bucket_kept is None and balance.bucket_weights({0: SHORT, 1: LONG}, plan) == {0: 300.0, 1: 100.0}
+    assert "no per-bucket counts" in balance.describe(reread, "speaker", 0.0)
+
+
+@pytest.fixture(scope="module")
+def two_buckets(tmp_path_factory):
+    """Shards of `_two_bucket_schema`: SHORT records of speaker 0 in bucket 0, LONG of speaker 1 in bucket 1."""
+    out = tmp_path_factory.mktemp("two_buckets")
+    schema = _two_bucket_schema()
+    for b, speaker, n in ((schema.buckets[0], 0, SHORT), (schema.buckets[1], 1, LONG)):
+        with tf.io.TFRecordWriter(str(out / b.shards["train"][0]["file"])) as w:
+            for i in range(n):
+                w.write(encode_example(b.features, {
+                    "id": f"clip{speaker}-{i}", "speaker": schema.speakers[speaker].name, "speaker_id": speaker,
+                    "language": "en", "language_id": 0, "text": "a", "text_ids": np.full(8, 2), "text_len": 1,
+                    "mel": np.zeros((b.max_mel_frames, 4)), "mel_len": b.max_mel_frames}))
+    (out / "schema.json").write_text(schema.to_json())
+    return out
+
+
+def test_the_dataset_api_gives_speakers_in_different_buckets_their_target_shares(two_buckets):
+    import melshards
+
+    ds = melshards.dataset(str(two_buckets / "train-*.tfrecord"), 10, features=("speaker_id",),
+                           balance="speaker", balance_alpha=0.0)
+    ids = np.concatenate([b["speaker_id"].numpy() for b in ds.take(300)])
+    assert len(ids) == 3000 and abs((ids == 1).mean() - 0.5) < 0.04, (ids == 1).mean()
