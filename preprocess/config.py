@@ -48,9 +48,14 @@ class FilterConfig:
 MAX_BUCKETS = 99  # shard names carry the bucket as two digits (bNN)
 
 
+def buckets_ok(value) -> bool:
+    """The rule of pad.buckets (and --buckets): an int K in 1..MAX_BUCKETS, or "auto"."""
+    return value == AUTO or isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_BUCKETS
+
+
 def _check_buckets(value):
-    """pad.buckets: an int K in 1..MAX_BUCKETS, or "auto"."""
-    if value == AUTO or isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_BUCKETS:
+    """pad.buckets, checked by `buckets_ok`."""
+    if buckets_ok(value):
         return value
     raise PydanticCustomError(VALUE, "must be an integer >= 1 and <= {high}, or {auto}",
                               {"high": MAX_BUCKETS, "auto": repr(AUTO)})
@@ -207,13 +212,16 @@ RANGES: dict[str, str] = {key: b for key in _numeric_fields(PreprocessConfig)
 
 
 def parse_buckets(value: str) -> Union[int, str]:
-    """`--buckets K|auto` -> the pad.buckets value (range checked by validate)."""
-    if value == AUTO:
-        return AUTO
+    """`--buckets K|auto` -> the pad.buckets value; ConfigError naming --buckets (not the config file,
+    which does not hold it) for a value `buckets_ok` refuses."""
     try:
-        return int(value)
+        k = value if value == AUTO else int(value)
     except ValueError:
-        raise ConfigError(f"--buckets must be an integer >= 1 or {AUTO!r}, got {value!r}") from None
+        k = None
+    if not buckets_ok(k):
+        raise ConfigError(f"--buckets must be an integer >= 1 or {AUTO!r}, at most {MAX_BUCKETS} (shard names hold "
+                          f"the bucket in two digits), got {value!r}")
+    return k
 
 
 def load_config(path: str | None, buckets: str | None = None, alignments: str | None = None) -> PreprocessConfig:

@@ -52,7 +52,20 @@ def _has(path: str) -> str:
     return "its first record has keys" if path.lower().endswith(".jsonl") else "its header has columns"
 
 
+def repeated_column(columns: list[str]) -> str | None:
+    """The first column name a header has twice (each row then has a field a name cannot reach)."""
+    return next((c for n, c in enumerate(columns) if c in columns[:n]), None)
+
+
+def _check_repeats(columns: list[str] | None, path: str, what: str) -> None:
+    twice = repeated_column(columns or [])
+    if twice is not None:
+        raise CorpusError(f"{what} {path}: its header has the column {twice!r} twice ({', '.join(columns)}); "
+                          "rename or remove one of them")
+
+
 def check_columns(columns: list[str] | None, path: str) -> None:
+    _check_repeats(columns, path, "manifest")
     missing = [c for c in MANIFEST_COLUMNS if columns is not None and c not in columns]
     if missing:
         raise CorpusError(f"manifest {path}: {_has(path)} {columns}, missing {', '.join(missing)}; a manifest needs "
@@ -68,6 +81,7 @@ def is_commonvoice_header(columns: list[str]) -> bool:
 
 
 def check_commonvoice_columns(columns: list[str], path: str) -> None:
+    _check_repeats(columns, path, "Common Voice TSV")
     missing = [c for c in COMMONVOICE_COLUMNS if c not in columns]
     if missing:
         raise CorpusError(f"Common Voice TSV {path}: its header has columns {columns}, missing {', '.join(missing)}; "

@@ -46,6 +46,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess.lock import Lock, OutputError, is_local_path, join
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, SHARD_SUFFIX, SPLITS, STATS_FILE, SchemaError
+from melshards.shards_schema.ownership import MODEL_CHECKPOINT_DIR, MODEL_DIR_MARKS, model_dir_marks
 from melshards.shards_schema.schema import PUBLISH_JOURNAL, Schema
 
 log = logging.getLogger("melshards.preprocess")
@@ -105,6 +106,35 @@ def finished_run(out_dir: str) -> list[str] | None:
                 "train-*/val-* shards out of the directory, or choose another --output") from e
         raise OutputError(f"--output {out_dir} holds a {SCHEMA_FILE} that is not a melshards schema ({e}); "
                           "move it away or choose another --output") from e
+
+
+def model_dir_names(out_dir: str) -> list[str]:
+    """The names in out_dir that make it a `melshards train` model dir (`ownership.model_dir_marks`)."""
+    if is_local_path(out_dir):
+        return model_dir_marks(os.listdir(out_dir) if os.path.isdir(out_dir) else [])
+    return [m for m in MODEL_DIR_MARKS if FileSystems.exists(join(out_dir, m))
+            or FileSystems.match([join(out_dir, m, "*")], limits=[1])[0].metadata_list]
+
+
+def check_not_a_model_dir(out_dir: str) -> None:
+    """OutputError for a model dir: its schema.json is the one its checkpoints were trained with,
+    and shards do not belong among checkpoints, with --overwrite or without."""
+    marks = model_dir_names(out_dir)
+    if marks:
+        raise OutputError(f"--output {out_dir} is a melshards train model dir (it holds "
+                          f"{', '.join(m + '/' if m == MODEL_CHECKPOINT_DIR else m for m in marks)}), whose "
+                          f"{SCHEMA_FILE} is the one its checkpoints were trained with; write the shards to a "
+                          "directory of their own: choose another --output")
+
+
+def check_is_a_run(out_dir: str, owned: list[str]) -> None:
+    """OutputError for a melshards schema.json none of whose shards is beside it (a copy, such as a
+    model dir's): not a run melshards can show it wrote, so never replaced."""
+    shards = set(owned) - set(REPORTS)
+    if shards and not shards & set(output_names(out_dir)):
+        raise OutputError(f"--output {out_dir} holds a {SCHEMA_FILE} without any of the shards it lists (a copy of "
+                          "a run's schema.json?), which melshards leaves as it is; move it away or choose another "
+                          "--output")
 
 
 def foreign_files(present: list[str], owned: list[str]) -> list[str]:
@@ -394,13 +424,15 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
              echo: Callable[[str], None] = lambda s: None) -> OutputRun:
     """Take the output directory for a new run, or raise OutputError before any work.
 
-    Takes the lock, finishes a publish that was cut short, removes unfinished runs' staging dirs,
-    checks that no file of someone else's would be written over or read as a shard, and refuses a
-    finished run without `overwrite`. Returns the OutputRun whose staging dir the job writes into.
+    Refuses a `melshards train` model dir; takes the lock, finishes a publish that was cut short,
+    removes unfinished runs' staging dirs, refuses a schema.json that is not a run melshards wrote
+    (not its schema, or one without its shards) and a finished run without `overwrite`, and checks
+    that no file of someone else's would be written over or read as a shard. Returns the OutputRun whose staging dir the job writes into.
     """
     check_output_path(out_dir)
     out_dir = normal_dir(out_dir)
     check_not_a_file(out_dir)
+    check_not_a_model_dir(out_dir)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
     try:
         if is_local_path(out_dir):
@@ -420,11 +452,13 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
         for stage in unfinished_stages(out_dir):
             log.info("removing %s, the staging dir of an unfinished run", stage)
             remove_tree(stage)
-        if not overwrite and FileSystems.exists(join(out_dir, SCHEMA_FILE)):
-            raise OutputError(f"--output {out_dir} already holds a finished run ({SCHEMA_FILE} exists); "
-                              "pass --overwrite to replace it once the new run has finished, or choose "
-                              "another directory")
-        owned = finished_run(out_dir)
+        owned = finished_run(out_dir)  # first: a schema.json of the user's is named as such, with or without --overwrite
+        if owned is not None:
+            check_is_a_run(out_dir, owned)
+            if not overwrite:
+                raise OutputError(f"--output {out_dir} already holds a finished run ({SCHEMA_FILE} exists); "
+                                  "pass --overwrite to replace it once the new run has finished, or choose "
+                                  "another directory")
         foreign = foreign_files(output_names(out_dir), owned or [])
         if foreign:
             raise OutputError(conflict_message(out_dir, foreign))

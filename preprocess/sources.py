@@ -14,6 +14,7 @@ import codecs
 import dataclasses
 import os
 import posixpath
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, Sequence
 
@@ -30,6 +31,7 @@ from melshards.preprocess.spill import Spill
 _READ_THREADS = 16  # VCTK and LibriTTS: one small transcript file per utterance, read concurrently
 _CHUNK = 1 << 20  # a rows file is read a megabyte at a time
 MAX_LINE = 1 << 24  # characters: a row is far shorter, and a longer line would be held in memory whole
+REMOTE_ANSWER_S = 30.0  # a remote --input whose file system says nothing of it in this long is unreachable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +81,42 @@ def _list_dir(path: str) -> Iterator[str]:
                 yield from (e.path for e in entries)
     else:
         yield from _list(_join(path, "*"))
+
+
+def _found(path: str) -> bool:
+    """Whether anything is at `path`: a file, or files under it."""
+    return _exists(path) or bool(_list(_join(path, "**"), limit=1))
+
+
+def input_found(path: str, timeout_s: float | None = None) -> bool:
+    """`_found(path)`; for a remote path asked in a thread of its own and given `timeout_s` (default
+    REMOTE_ANSWER_S) to answer:
+    a file system that cannot be reached (no network, a client retrying for ever) or that fails is
+    a CorpusError in one line, before any work, rather than a run that hangs without a word."""
+    if is_local_path(path):
+        return _found(path)
+    timeout_s = REMOTE_ANSWER_S if timeout_s is None else timeout_s
+    answer: list = []
+    probe = threading.Thread(target=lambda: answer.append(_try(_found, path)), daemon=True,
+                             name="melshards-input-probe")  # daemon: a hung client does not hold the exit
+    probe.start()
+    probe.join(timeout_s)
+    if not answer:
+        raise CorpusError(f"--input {path}: {path.split('://')[0]}:// gave no answer in {timeout_s:g} s; check the "
+                          "network and the credentials (gcloud auth application-default login), then run again")
+    if isinstance(answer[0], Exception):
+        reason = (str(answer[0]).strip().splitlines() or [""])[0][:300]
+        raise CorpusError(f"--input {path} cannot be read ({type(answer[0]).__name__}: {reason}); check the path, "
+                          "the network and the credentials")
+    return answer[0]
+
+
+def _try(fn: Callable, *args):
+    """fn(*args), or the exception it raised."""
+    try:
+        return fn(*args)
+    except Exception as e:  # noqa: BLE001 (reported in one line by the caller)
+        return e
 
 
 def _read_text(path: str) -> str:
@@ -266,14 +304,14 @@ LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in (  # in the orde
 
 def detect_corpus(path: str, format: str | None = None, language: str | None = None) -> Corpus:
     """The corpus at `path`: its layout (`format` forces one), name and default language (`language`
-    where the layout takes one). Raises CorpusError, in one line, for a path that is not there or
-    that no layout recognises (listing what each looks for)."""
+    where the layout takes one). Raises CorpusError, in one line, for a path that is not there, that
+    cannot be reached (`input_found`), or that no layout recognises (listing what each looks for)."""
     path = path.rstrip("/") or path
     if format is not None and format not in LAYOUTS:
         raise CorpusError(f"--format {format} is not a layout melshards reads; choose one of {', '.join(LAYOUTS)}")
     if language is not None and not language.strip():
         raise CorpusError("--language is empty; give a language code such as en, de or zh-CN")
-    if not _exists(path) and not _list(_join(path, "**"), limit=1):
+    if not input_found(path):
         raise CorpusError(f"--input {path} does not exist; check the path")
     for layout in [LAYOUTS[format]] if format else LAYOUTS.values():
         found = layout.locate(path, format is not None)

@@ -301,6 +301,43 @@ def test_a_gs_corpus_location_has_one_spelling():
         "gs://b/vctk"}
 
 
+def test_a_gs_input_that_cannot_be_reached_is_refused_in_one_line_within_the_bound(monkeypatch):
+    """A file system that never answers (a client retrying for ever) stops detection after
+    REMOTE_ANSWER_S with one line; one that fails is one line too."""
+    import threading
+
+    from melshards.preprocess import sources
+    from melshards.preprocess.run import find_corpora
+    hung = threading.Event()
+    monkeypatch.setattr(sources, "_exists", lambda path: hung.wait(5) and False)
+    monkeypatch.setattr(sources, "_list", lambda pattern, limit=None: [])
+    monkeypatch.setattr(sources, "REMOTE_ANSWER_S", 0.2, raising=False)
+    try:
+        with pytest.raises(CorpusError) as e:
+            find_corpora(["gs://bucket/lj8"], None, "en", check_remote=True)
+    finally:
+        hung.set()
+    assert str(e.value).startswith("--input gs://bucket/lj8: gs:// gave no answer in 0.2 s; check the network")
+    assert "\n" not in str(e.value)
+
+    def refused(path):
+        raise PermissionError("403 Forbidden\nmore lines of the client")
+    monkeypatch.setattr(sources, "_exists", refused)
+    with pytest.raises(CorpusError, match=r"^--input gs://bucket/lj8 cannot be read \(PermissionError: 403 Forbidden\);"):
+        detect_corpus("gs://bucket/lj8")
+
+
+def test_a_header_with_a_column_twice_is_refused_before_the_run_naming_it(tmp_path):
+    from melshards.preprocess.run import find_corpora
+    (tmp_path / "m.csv").write_text("audio,text,speaker,text\na.wav,Hi.,s1,Hello.\n")
+    with pytest.raises(CorpusError, match=r"m.csv: its header has the column 'text' twice \(audio, text, speaker, "
+                                          r"text\); rename or remove one of them"):
+        find_corpora([str(tmp_path / "m.csv")], None, "en", check_remote=False)
+    (tmp_path / "cv.tsv").write_text(CV_HEADER.replace("\tup_votes", "\tpath") + "\n")
+    with pytest.raises(CorpusError, match=r"Common Voice TSV .*cv.tsv: its header has the column 'path' twice"):
+        find_corpora([str(tmp_path / "cv.tsv")], None, "en", check_remote=False)
+
+
 def test_format_forces_a_layout(tmp_path):
     write_libritts(tmp_path / "LibriTTS")
     (tmp_path / "LibriTTS" / "SPEAKERS.txt").unlink()  # one subset, copied alone

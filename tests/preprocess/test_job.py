@@ -177,9 +177,10 @@ def test_unknown_config_key_is_refused_with_the_valid_keys(capsys, tmp_path, cor
            "unknown key(s) n_mel", "n_mels")
 
 
-def test_finished_output_is_not_overwritten_without_the_flag(capsys, tmp_path, corpus_dir):
-    (tmp_path / "schema.json").write_text("{}")
-    _fails(capsys, ["--input", str(corpus_dir), "--output", str(tmp_path)], "already holds a finished run",
+def test_finished_output_is_not_overwritten_without_the_flag(capsys, tmp_path, corpus_dir, shards_dir):
+    import shutil
+    shutil.copytree(shards_dir, tmp_path / "o")
+    _fails(capsys, ["--input", str(corpus_dir), "--output", str(tmp_path / "o")], "already holds a finished run",
            "--overwrite")
 
 
@@ -571,6 +572,16 @@ def test_bucket_options_are_validated_naming_the_key(capsys, tmp_path, corpus_di
     assert load_config(str(TINY_CONFIG), "1").pad.buckets == 1
     assert load_config(str(TINY_CONFIG), "3").pad.buckets == 3
     assert load_config(str(TINY_CONFIG)).pad.buckets == "auto"
+
+
+@pytest.mark.parametrize("value", ["0", "100", "-1", "two"])
+def test_a_buckets_value_out_of_range_names_buckets_not_the_config_file(value):
+    from melshards.shards_schema.config import ConfigError
+    for path in (str(TINY_CONFIG), None):
+        with pytest.raises(ConfigError) as e:
+            load_config(path, value)
+        assert str(e.value) == ("--buckets must be an integer >= 1 or 'auto', at most 99 (shard names hold the bucket "
+                                f"in two digits), got {value!r}")
 
 
 def test_the_reference_config_lists_every_key_with_its_default():

@@ -155,3 +155,44 @@ def test_an_output_naming_no_directory_is_refused_and_the_working_directory_left
     with pytest.raises(O.OutputError, match="names no directory"):
         O.open_run(spelling, overwrite=True)
     assert list(tmp_path.iterdir()) == []
+
+
+# -- item 3: a model dir, or the user's own schema.json, is never a run to replace ----------------------
+def _model_dir(d: Path, shards_dir: Path, marks: tuple[str, ...]) -> Path:
+    d.mkdir()
+    shutil.copy(shards_dir / "schema.json", d / "schema.json")  # the trainer's copy
+    (d / "run_summary.json").write_text("{}")
+    (d / "tensorboard").mkdir()
+    if "train_config.json" in marks:
+        (d / "train_config.json").write_text("{}")
+    if "checkpoints" in marks:
+        (d / "checkpoints").mkdir()
+        (d / "checkpoints" / "ckpt-1.index").write_bytes(b"weights")
+    return d
+
+
+@pytest.mark.parametrize("overwrite", [True, False])
+@pytest.mark.parametrize("marks", [("train_config.json", "checkpoints"), ("checkpoints",), ("train_config.json",)])
+def test_a_train_model_dir_is_refused_as_such_with_or_without_overwrite(tmp_path, shards_dir, marks, overwrite):
+    out = _model_dir(tmp_path / "m", shards_dir, marks)
+    before = _snapshot(out)
+    with pytest.raises(O.OutputError, match="is a melshards train model dir") as e:
+        O.open_run(str(out), overwrite=overwrite)
+    assert "--overwrite" not in str(e.value) and "finished run" not in str(e.value)
+    assert _snapshot(out) == before and sorted(p.name for p in out.iterdir()) == sorted(
+        ["schema.json", "run_summary.json", "tensorboard", *marks])
+
+
+@pytest.mark.parametrize("overwrite", [True, False])
+@pytest.mark.parametrize("schema", ["not melshards", "a run's schema.json without its shards"])
+def test_the_users_own_schema_json_is_never_called_a_finished_run_nor_replaced(tmp_path, shards_dir, schema,
+                                                                              overwrite):
+    if schema == "not melshards":
+        (tmp_path / "schema.json").write_text(json.dumps({"fields": ["my", "own"]}))
+    else:
+        shutil.copy(shards_dir / "schema.json", tmp_path / "schema.json")
+    before = _snapshot(tmp_path)
+    with pytest.raises(O.OutputError, match="move it away or choose another --output") as e:
+        O.open_run(str(tmp_path), overwrite=overwrite)
+    assert "--overwrite" not in str(e.value) and "finished run" not in str(e.value)
+    assert _snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["schema.json"]
