@@ -9,7 +9,6 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
 import time
 
 import numpy as np
@@ -240,23 +239,57 @@ def test_only_new_rows_are_computed_when_rows_are_added(tmp_path):
     assert second["cache"]["computed"] == 47 - first["cache"]["computed"]
 
 
-def test_concurrent_writers_of_one_batch_leave_a_readable_entry(tmp_path):
-    rng = np.random.default_rng(0)
-    mel = rng.standard_normal((20, 8)).astype(np.float32)
-    entries = [(f"{i:064x}", {"samples": 100, "start": 3, "length": 90}, {"mel": mel + i},
-                Moments.of(mel)) for i in range(3)]
-    threads = [threading.Thread(target=K.write_batch, args=(str(tmp_path), entries)) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    (npz,) = tmp_path.glob("entries/*.npz")
-    back = K.read_batch(str(npz))
-    assert sorted(back) == [e[0] for e in entries]
-    span, arrays, moments = back[entries[2][0]]
-    assert span == {"samples": 100, "start": 3, "length": 90} and moments.n == 20
-    np.testing.assert_array_equal(arrays["mel"], (mel + 2).astype(np.float16))
-    assert not list(tmp_path.glob("entries/*.tmp-*"))
+def _entries(keys, tag: int, frames: int) -> list:
+    """Entries whose arrays all carry `tag` (which writer made them)."""
+    mel = np.full((frames, 80), tag, np.float32)
+    return [(k, {"samples": frames * 4, "start": tag, "length": frames * 4}, {"mel": mel, "pitch": mel[:, 0]},
+             Moments.of(mel)) for k in keys]
+
+
+def _write_rounds(cache_dir: str, tag: int, shared: list[str], go, rounds: int) -> None:
+    """One writer process: the shared batch, with its own arrays, and a batch of keys of its own, `rounds` times."""
+    go.wait()
+    own = [f"{tag:08x}{i:056x}" for i in range(3)]
+    for _ in range(rounds):
+        K.write_batch(cache_dir, _entries(shared, tag, 1000))
+        K.write_batch(cache_dir, _entries(own, tag, 500))
+
+
+def test_concurrent_writer_processes_never_leave_or_show_a_mixed_or_partial_entries_file(tmp_path):
+    """8 processes write one batch's keys with arrays of their own (as two workers computing the same
+    clips could), and batches of their own, while this process reads the shared batch back: every read
+    is whole and one writer's, and every batch is there at the end."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")  # the children run numpy and Beam's file system only
+    shared = [f"{i:064x}" for i in range(4)]
+    go = ctx.Event()
+    writers = [ctx.Process(target=_write_rounds, args=(str(tmp_path), tag, shared, go, 6)) for tag in range(1, 9)]
+    for w in writers:
+        w.start()
+    go.set()
+    path, seen = str(tmp_path / "entries" / f"{K.batch_name(shared)}.npz"), set()
+    while any(w.is_alive() for w in writers):
+        if os.path.exists(path[:-4] + ".keys"):
+            back = K.read_batch(path)  # CacheDamaged: a reader saw a partial or mixed file
+            assert sorted(back) == shared
+            tags = {span["start"] for span, _, _ in back.values()}
+            assert len(tags) == 1  # one writer's entries, not a mix
+            assert all((a["mel"] == span["start"]).all() and (a["pitch"] == span["start"]).all()
+                       for span, a, _ in back.values())
+            seen |= tags
+        time.sleep(0.005)
+    for w in writers:
+        w.join()
+        assert w.exitcode == 0
+    back = K.read_batch(path)
+    assert sorted(back) == shared and len({span["start"] for span, _, _ in back.values()}) == 1
+    for tag in range(1, 9):
+        own = [f"{tag:08x}{i:056x}" for i in range(3)]
+        entries = K.read_batch(str(tmp_path / "entries" / f"{K.batch_name(own)}.npz"))
+        assert all((a["mel"] == tag).all() and s["start"] == tag for s, a, _ in entries.values())
+    assert len(list(tmp_path.glob("entries/*.npz"))) == 9 and not list(tmp_path.glob("entries/*.tmp-*"))
+    assert seen  # the reader read the shared batch while the writers wrote it
 
 
 def test_a_cache_inside_the_output_directory_is_refused(tmp_path, capsys):
