@@ -9,6 +9,7 @@ import dataclasses
 from typing import Sequence
 
 from melshards.shards_schema import Schema
+from melshards.shards_schema.shards import InputError, dir_of, listed_split
 from melshards.train import input_pipeline
 from melshards.train.buckets import files_by_bucket, records_in
 from melshards.train.config import TrainConfig
@@ -24,11 +25,22 @@ class Inputs:
     cfg: TrainConfig
 
 
+def check_no_validation_shards(globs: Sequence[str], files: Sequence[str], schema: Schema) -> None:
+    """Refuse training globs that match validation shards (`DIR/*.tfrecord`): each file's split as
+    schema.json lists it, else as its name's prefix says."""
+    val = [f for f in files if listed_split(schema, f)[0] == "val"]
+    if val:
+        d = dir_of(val[0])
+        raise InputError(f"{' '.join(globs)!r} matches {len(val)} validation shard(s) (e.g. {val[0]}), which would "
+                         f"be trained on; pass '{d}/train-*.tfrecord' and --val '{d}/val-*.tfrecord'")
+
+
 def resolve_inputs(globs: Sequence[str], val_globs: Sequence[str], schema_path: str | None,
                    cfg: TrainConfig) -> Inputs:
     """Globs, schemas (train and val must agree) and config; raises before anything is traced."""
     files = input_pipeline.expand_globs(globs)
     schema, where = input_pipeline.check_schemas(files, schema_path)
+    check_no_validation_shards(globs, files, schema)
     val_files = input_pipeline.expand_globs(val_globs) if val_globs else []
     if val_files:
         input_pipeline.check_schemas(val_files, where)

@@ -52,6 +52,14 @@ def test_unfinished_run_is_refused(shards_dir, tmp_path, test_config, capsys):
     assert code == 2 and "having its run replaced" in out.err and str(unfinished) in out.err
 
 
+def test_a_training_glob_matching_the_validation_shards_is_refused_naming_both_globs(shards_dir, tmp_path,
+                                                                                     test_config, capsys):
+    code, out = _train(capsys, shards_dir / "*.tfrecord", "--model-dir", tmp_path / "m", "--config", test_config)
+    assert code == 2 and "validation shard(s)" in out.err
+    assert f"pass '{shards_dir}/train-*.tfrecord' and --val '{shards_dir}/val-*.tfrecord'" in out.err
+    assert not (tmp_path / "m").exists()
+
+
 def test_glob_matching_nothing_is_an_error(tmp_path, test_config, capsys):
     code, out = _train(capsys, tmp_path / "nope-*.tfrecord", "--model-dir", tmp_path / "m", "--config", test_config)
     assert code == 2 and "matches no file" in out.err
