@@ -28,7 +28,7 @@ import unicodedata
 from typing import Callable, Iterable
 
 from melshards.shards_schema import text_characters, text_english, text_phonemes
-from melshards.shards_schema.text_clean import TextRejected
+from melshards.shards_schema.text_clean import TextRejected, language_code
 
 __all__ = [
     "ALIGNMENTS", "FRONTENDS", "TEXT_REASONS", "Frontend", "TextRejected", "check_text", "check_texts", "frontend",
@@ -59,6 +59,8 @@ class Frontend:
             return False
 
     def unsupported(self, language: str) -> TextRejected:
+        if language_code(language) is None:
+            return TextRejected("unsupported_language", not_a_language_code(language))
         return TextRejected("unsupported_language",
                             f"the {self.name} text front end does not read language {language!r} (it reads "
                             f"{self.languages}); map the language to another front end in the config's "
@@ -83,16 +85,30 @@ class Frontend:
         return self.normalize_many([raw], language)[0]
 
 
+def not_a_language_code(language) -> str:
+    """Why a row's language is no language code, and what to do."""
+    return (f"{language!r} is not a language code (a BCP 47 tag: a 2- or 3-letter language, then optional "
+            "subtags, e.g. en, en-US, zh-CN); fix the row's language, or the input's --language")
+
+
+def _script(c: str) -> str:
+    """The script of a letter as its Unicode name begins: "cyrillic", "greek", "cjk"."""
+    return unicodedata.name(c, "?").split(" ")[0].lower()
+
+
 def _english_rows(raws: list[str], language: str) -> list:
     out = []
     for raw in raws:
         foreign = text_english.foreign_letters(raw)
         if foreign:
+            scripts = " and ".join(dict.fromkeys(_script(c) for c in foreign))
+            more = f" and {len(foreign) - 8} more" if len(foreign) > 8 else ""
             out.append(TextRejected(
                 "unsupported_language",
-                f"the english text front end reads Latin script only; {''.join(foreign[:8])!r} "
-                f"({unicodedata.name(foreign[0], '?').split(' ')[0].lower()} script) in {raw[:80]!r}: give the row its "
-                "language's code, or use the characters or phonemes front end"))
+                f"{raw[:80]!r} holds letters of the {scripts} script ({''.join(foreign[:8])!r}{more}), not of the "
+                f"Latin script of its language {language!r}, the only one the english front end reads: set the "
+                f"row's language to the text's own, or map {language!r} to the characters front end in the config's "
+                "`text.languages`"))
         else:
             out.append(text_english.normalize(raw))
     return out

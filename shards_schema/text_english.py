@@ -299,16 +299,16 @@ _LATIN_LIKE = {"MICRO SIGN", "FEMININE ORDINAL INDICATOR", "MASCULINE ORDINAL IN
 
 
 def foreign_letters(text: str) -> list[str]:
-    """The letters of `text` that are not Latin script (sorted, each once): English does not read them."""
+    """The letters of `text` that are not Latin script, each once, in order of first appearance:
+    English does not read them."""
     if text.isascii():  # its letters are a-z and A-Z
         return []
-    found = set()
-    for c in set(text):
-        if unicodedata.category(c) in ("Lu", "Ll", "Lt", "Lo"):
+    found = {}
+    for c in text:
+        if c not in found and unicodedata.category(c) in ("Lu", "Ll", "Lt", "Lo"):
             name = unicodedata.name(c, "")
-            if "LATIN" not in name and name not in _LATIN_LIKE:
-                found.add(c)
-    return sorted(found)
+            found[c] = "LATIN" not in name and name not in _LATIN_LIKE
+    return [c for c, foreign in found.items() if foreign]
 
 
 def normalize(raw: str) -> str:

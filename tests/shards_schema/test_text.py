@@ -166,7 +166,8 @@ def test_english_refuses_other_languages(language):
     assert not frontend("english").supports(language)
     with pytest.raises(TextRejected) as e:
         check_text("Hallo Welt", language, "english")
-    assert e.value.reason == "unsupported_language" and "text.languages" in e.value.detail
+    hint = "is not a language code" if language == "" else "text.languages"
+    assert e.value.reason == "unsupported_language" and hint in e.value.detail
 
 
 def test_english_refuses_other_scripts_rather_than_fold_them():
@@ -324,3 +325,23 @@ def test_the_read_stage_lists_each_inputs_folded_language_codes_in_stats_inputs(
     (tmp_path / "stash").mkdir()
     inputs = [x.value for x in read.process(None) if getattr(x, "tag", None) == "inputs"]
     assert [i["language_codes_folded"] for i in inputs[0]] == [{"EN": "en", "en_gb": "en-GB"}]
+
+
+# --- messages that say what is wrong and what to do -----------------------------------------------
+
+@pytest.mark.parametrize("name", ["characters", "english", "phonemes"])
+def test_a_language_that_is_no_language_code_is_refused_as_such_by_every_front_end(name):
+    out = check_texts(["hello"], "123", name)[0]
+    assert out.reason == "unsupported_language"
+    assert out.detail == ("'123' is not a language code (a BCP 47 tag: a 2- or 3-letter language, then optional "
+                          "subtags, e.g. en, en-US, zh-CN); fix the row's language, or the input's --language")
+
+
+def test_english_shows_another_scripts_letters_in_order_of_appearance_with_a_hint_that_fits():
+    out = check_texts(["Привет мир, как дела"], "en", "english")[0]
+    assert out.reason == "unsupported_language"
+    assert out.detail == (
+        "'Привет мир, как дела' holds letters of the cyrillic script ('Приветмк' and 3 more), not of the Latin "
+        "script of its language 'en', the only one the english front end reads: set the row's language to the "
+        "text's own, or map 'en' to the characters front end in the config's `text.languages`")
+    assert "greek and cyrillic script ('Ωμέγαи')" in check_texts(["Ωμέγα и"], "en", "english")[0].detail
