@@ -13,7 +13,8 @@ import logging
 from typing import TYPE_CHECKING, Sequence
 
 from melshards.shards_schema import Schema, SchemaError
-from melshards.shards_schema.shards import InputError, check_shard, expand_globs, listed_split, schemas_for
+from melshards.shards_schema.shards import (InputError, check_shard, check_sizes, expand_globs, listed_split,
+                                           schemas_for)
 
 if TYPE_CHECKING:  # importing melshards must not import TensorFlow
     import tensorflow as tf
@@ -92,6 +93,7 @@ def _resolve(patterns: str | Sequence[str], split: str | None, schema_path: str 
     by_file, problems = schemas_for(files, schema_path)
     if problems:
         raise SchemaError(problems[0].what)
+    check_sizes(by_file)  # a shard cut short, even at a record boundary: before anything is read
     schema = by_file[files[0]]
     if split is not None:  # each file by its own directory's schema.json (their contracts agree)
         files = [f for f in files if listed_split(by_file[f], f)[0] == split]

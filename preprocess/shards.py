@@ -138,7 +138,8 @@ def remove_temp_dir(out_dir: str) -> None:
 
 class AssembleShards(beam.PTransform):
     """Temp files ({split, bucket, path, records, bytes}) -> one dict per shard written: {split, bucket,
-    file, records, bytes}."""
+    file, records, bytes}; `bytes` is the shard's size (its parts' framed records), which schema.json
+    lists and readers check each shard against before reading."""
 
     def __init__(self, out_dir: str, target_shard_mb: float):
         super().__init__()

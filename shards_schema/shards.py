@@ -81,14 +81,48 @@ def base_name(path: str) -> str:
     return path.rsplit("/", 1)[-1]
 
 
-def listed_split(schema: Schema, path: str) -> tuple[str, int | None]:
-    """The split and record count schema.json gives for this file; the name prefix when it is not listed."""
+def _listing(schema: Schema, path: str) -> tuple[str, dict | None]:
+    """The split and shard list entry ({file, records, bytes}) schema.json gives for this file; the
+    name prefix and None when it is not listed."""
     name = base_name(path)
     for split, files in schema.shards.items():
         for f in files:
             if f["file"] == name:
-                return split, int(f["records"])
+                return split, f
     return name.split("-", 1)[0], None
+
+
+def listed_split(schema: Schema, path: str) -> tuple[str, int | None]:
+    """The split and record count schema.json gives for this file; the name prefix when it is not listed."""
+    split, entry = _listing(schema, path)
+    return split, None if entry is None else int(entry["records"])
+
+
+def size_problems(by_file: dict[str, Schema]) -> list[Problem]:
+    """Each shard whose size is not the `bytes` its schema.json lists (one stat per file, local or
+    gs://): a file cut short, even at a record boundary, or damaged in a copy. Files schema.json does
+    not list, or lists without a size (written before 3.2), are not checked."""
+    import tensorflow as tf
+
+    problems = []
+    for path, schema in by_file.items():
+        entry = _listing(schema, path)[1]
+        if entry is None or "bytes" not in entry:
+            continue
+        size = tf.io.gfile.stat(path).length
+        if size != int(entry["bytes"]):
+            problems.append(Problem(path, None, (
+                f"holds {size} bytes, schema.json lists {int(entry['bytes'])} ({entry['records']} records): the file "
+                "was cut short or damaged in a copy; copy it again, or re-run `melshards preprocess`")))
+    return problems
+
+
+def check_sizes(by_file: dict[str, Schema]) -> None:
+    """InputError naming the first shard whose size is not the one schema.json lists (`size_problems`)."""
+    problems = size_problems(by_file)
+    if problems:
+        more = f" (and {len(problems) - 1} more shards)" if len(problems) > 1 else ""
+        raise InputError(f"{problems[0]}{more}")
 
 
 def _first_line(e: Exception) -> str:
@@ -287,7 +321,8 @@ def schemas_for(files: Sequence[str], schema_path: str | None) -> tuple[dict[str
 
 def check_schemas(files: Sequence[str], schema_path: str | None) -> tuple[Schema, str]:
     """The one schema every file can be read with (the first file's directory's), and the file it was
-    read from; raises otherwise.
+    read from; raises otherwise, and when a shard's size is not the one its schema.json lists
+    (`check_sizes`).
 
     `schema_path` is the reference the directories must agree with, and the schema of a directory
     without its own; the returned file is the directory's own schema.json when it has one, since its
@@ -297,6 +332,7 @@ def check_schemas(files: Sequence[str], schema_path: str | None) -> tuple[Schema
     by_file, problems = schemas_for(files, schema_path)
     if problems:
         raise SchemaError(problems[0].what)
+    check_sizes(by_file)
     first = sorted(files)[0]
     return by_file[first], schema_file_of(dir_of(first), schema_path)
 

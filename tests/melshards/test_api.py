@@ -160,3 +160,17 @@ def test_dataset_gives_speaker_and_language_ids_and_balances_speakers(shards_dir
         melshards.dataset(str(two / "train-*.tfrecord"), 8, balance="gender")
     with pytest.raises(ValueError, match="balance_alpha is 2; pass a number from 0"):
         melshards.dataset(str(two / "train-*.tfrecord"), 8, balance="speaker", balance_alpha=2)
+
+
+def test_a_shard_cut_at_a_record_boundary_is_an_input_error_naming_it_before_reading(shards_dir, tmp_path):
+    import shutil
+
+    from melshards.shards_schema.shards import InputError
+    from tests.train.test_bad_input import cut_after_records
+
+    run = tmp_path / "run"
+    shutil.copytree(shards_dir, run)
+    shard = next(run.glob("train-*.tfrecord"))
+    cut_after_records(shard, 3)
+    with pytest.raises(InputError, match=rf"{shard}: holds \d+ bytes, schema.json lists \d+"):
+        melshards.dataset(str(run / "train-*.tfrecord"), 2)

@@ -29,6 +29,12 @@ def test_each_buckets_records_per_speaker_and_language_by_split_are_in_the_schem
             == s.clips
 
 
+def test_every_listed_shard_has_its_size_in_bytes(bucketed_dir):
+    schema = read_schema(str(bucketed_dir))
+    listed = [f for files in schema.shards.values() for f in files]
+    assert listed and all(f["bytes"] == (bucketed_dir / f["file"]).stat().st_size for f in listed)
+
+
 def test_a_3_1_schema_without_group_counts_or_shard_sizes_still_reads(shards_dir):
     d = json.loads((shards_dir / "schema.json").read_text())
     d["version"] = "3.1.0"

@@ -60,6 +60,32 @@ def test_a_training_glob_matching_the_validation_shards_is_refused_naming_both_g
     assert not (tmp_path / "m").exists()
 
 
+def cut_after_records(path, n: int) -> None:
+    """Truncate a TFRecord file right after its first n records (at a record boundary: still readable)."""
+    import struct
+
+    data = path.read_bytes()
+    at = 0
+    for _ in range(n):
+        at += 12 + struct.unpack("<Q", data[at:at + 8])[0] + 4  # length, its crc, the data, its crc
+    path.write_bytes(data[:at])
+
+
+def test_a_shard_cut_at_a_record_boundary_is_refused_by_its_size_before_anything_is_built(shards_dir, tmp_path,
+                                                                                           test_config, capsys):
+    cut = copy_shards(shards_dir, tmp_path / "cut")
+    shard = next(cut.glob("train-*.tfrecord"))
+    records = json.loads((cut / "schema.json").read_text())["buckets"][0]["shards"]["train"][0]["records"]
+    cut_after_records(shard, records // 2)
+    code, out = _train(capsys, cut / "train-*.tfrecord", "--model-dir", tmp_path / "m", "--config", test_config)
+    assert code == 2 and f"{shard}: holds {shard.stat().st_size} bytes, schema.json lists" in out.err
+    assert "cut short or damaged in a copy" in out.err and not (tmp_path / "m").exists()
+    # the validation shards are checked alike
+    code, out = _train(capsys, shards_dir / "train-*.tfrecord", "--val", cut / "train-*.tfrecord",
+                       "--model-dir", tmp_path / "m", "--config", test_config)
+    assert code == 2 and "schema.json lists" in out.err
+
+
 def test_glob_matching_nothing_is_an_error(tmp_path, test_config, capsys):
     code, out = _train(capsys, tmp_path / "nope-*.tfrecord", "--model-dir", tmp_path / "m", "--config", test_config)
     assert code == 2 and "matches no file" in out.err
