@@ -23,23 +23,32 @@ from melshards.train.tf_quiet import tf
 log = logging.getLogger("melshards.train")
 
 
-def align_function_names(multiple: int = 100_000) -> None:
+def align_function_names(multiple: int = 100_000) -> bool:
     """Move TensorFlow's uid counter, which numbers every traced function (`__inference_train_step_<uid>`),
     up to the next multiple of `multiple`.
 
     Whatever ran before (a checkpoint check reads its tensors eagerly: 4 uids per iterator state)
     shifts the numbers, and with them the persistent cache's keys; from a round number a resumed run
     traces under the names its first run used. TensorFlow has no public way to read or set the
-    counter: this uses `tensorflow.python.framework.ops.uid` when it is there, and does nothing when
-    it is not (the cache then misses; nothing else changes). At most `multiple` calls of ~0.1 us.
+    counter: this uses the private `tensorflow.python.framework.ops.uid`. Where a TensorFlow no longer
+    has it, or it no longer counts up, it logs a warning and returns False, the names left as
+    they are (the persistent cache then misses; nothing else changes); tests/train/test_compile.py
+    fails on such a TensorFlow. True when the counter was moved. At most `multiple` calls of ~0.1 us.
     """
     try:
         from tensorflow.python.framework.ops import uid
-    except ImportError:  # pragma: no cover (a TensorFlow without it: the names are left as they are)
-        return
-    target = (uid() // multiple + 1) * multiple
+
+        first = uid()
+        if not isinstance(first, int) or uid() <= first:
+            raise TypeError(f"ops.uid() gave {first!r}, then not a larger number")
+    except (ImportError, TypeError) as e:
+        log.warning("TensorFlow %s: cannot align the traced functions' names (%s); the persistent XLA cache "
+                    "will miss on resumed runs (train/compile.py align_function_names)", tf.__version__, e)
+        return False
+    target = (first // multiple + 1) * multiple
     while uid() < target - 1:
         pass
+    return True
 
 
 def zeros(specs: dict) -> dict:

@@ -6,14 +6,20 @@ a directory TF_XLA_FLAGS already names is left as it is. TensorFlow reads TF_XLA
 process, when it sets up its devices (train/tf_quiet.py does at import), so this module imports no
 TensorFlow. Entries are keyed by the function's name and its HLO; train/compile.py traces in a fixed
 order so that a resumed run and a re-run with the same shapes find theirs.
+
+XLA never removes an entry: each start of `melshards train` trims the directory it chose to
+`MAX_BYTES`, the least recently used programs first (`trim`).
 """
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
 
 CACHE_FLAG = "--tf_xla_persistent_cache_directory"
+MAX_BYTES = 2 << 30  # the compiled programs kept: a model's steps for a few configs and shapes
+ENTRY = re.compile(r"xla_compile_cache__.+\.pb")  # XLA's name for one compiled program
 
 
 def default_cache_dir() -> str | None:
@@ -41,5 +47,34 @@ def enable_persistent_cache(directory: str | None = None) -> str | None:
     if not directory:
         return None
     os.makedirs(directory, exist_ok=True)
+    try:
+        trim(directory)
+    except OSError as e:  # the cache only grows: training goes on
+        logging.getLogger("melshards.train").warning("could not trim the XLA cache %s: %s", directory, e)
     os.environ["TF_XLA_FLAGS"] = f"{flags} {CACHE_FLAG}={directory}".strip()
     return directory
+
+
+def trim(directory: str, max_bytes: int | None = None) -> tuple[int, int]:
+    """Remove compiled programs (XLA's `xla_compile_cache__*.pb`, nothing else) from `directory`, the least
+    recently used first, until the rest hold at most `max_bytes` (`MAX_BYTES`); returns (files removed,
+    bytes freed).
+    A program's last use is the later of its access and modification times (XLA reads an entry without
+    writing it; a relatime mount updates the access time at least daily)."""
+    entries = []
+    with os.scandir(directory) as it:
+        for e in it:
+            if ENTRY.fullmatch(e.name) and e.is_file(follow_symlinks=False):
+                st = e.stat(follow_symlinks=False)
+                entries.append((max(st.st_atime, st.st_mtime), st.st_size, e.path))
+    max_bytes = MAX_BYTES if max_bytes is None else max_bytes
+    total, removed, freed = sum(size for _, size, _ in entries), 0, 0
+    for _, size, path in sorted(entries):
+        if total - freed <= max_bytes:
+            break
+        try:
+            os.remove(path)
+        except FileNotFoundError:  # another run trimmed it
+            pass
+        removed, freed = removed + 1, freed + size
+    return removed, freed
