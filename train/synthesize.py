@@ -124,13 +124,16 @@ class Synthesizer(tf.Module):
             symbols = (tf.strings.unicode_split(text, "UTF-8") if schema.text_unit == "character"
                        else tf.strings.split(text))  # phones separated by whitespace
             ids = self.table.lookup(symbols)
-            ids = tf.boolean_mask(ids, ids > 1)  # unknown symbols, pad and eos are skipped
             n = tf.shape(ids)[0]
-            # refused, never truncated: the assertion fails the call with this message
+            # refused, never truncated nor skipped (the rule of `text_ids`): the assertion fails the call
             checks = [
+                tf.debugging.Assert(tf.reduce_all(ids > 1), [
+                    "the text holds symbols the vocabulary of this model lacks (no transcript it was trained on "
+                    "had them): leave them out or spell them out in words; they are:",
+                    tf.boolean_mask(symbols, ids <= 1)], summarize=10),
                 tf.debugging.assert_less_equal(n, length, message=(
-                    f"the text is longer than the {length} symbols this model reads (after unknown symbols "
-                    "are skipped); split it into shorter sentences")),
+                    f"the text is longer than the {length} symbols this model reads; split it into shorter "
+                    "sentences")),
                 tf.debugging.assert_positive(n, message="the text holds no symbol of the vocabulary this model reads"),
                 tf.debugging.assert_non_negative(speaker_id, message=(
                     f"unknown speaker: this model was trained on {len(schema.speakers)} speaker(s): {speakers}")),

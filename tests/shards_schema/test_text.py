@@ -262,6 +262,30 @@ def test_preprocess_and_synthesis_map_text_to_ids_by_the_same_rule(shards_dir):
     assert isinstance(record_ids("stop", schema.vocab()), np.ndarray)
 
 
+def test_the_serving_signature_refuses_symbols_the_vocabulary_lacks_rather_than_skip_them(shards_dir):
+    import dataclasses
+
+    from melshards.shards_schema import read_schema
+    from melshards.train.synthesize import Synthesizer
+    from melshards.train.tf_quiet import tf
+
+    class Echo:  # speaks as many frames as it reads symbols
+        variables = []
+
+        def generate(self, text_ids, text_len, speaker_id, language_id):
+            return {"mel": tf.zeros([1, 4, 2]), "mel_len": text_len}
+
+    schema = read_schema(str(shards_dir))
+    schema = dataclasses.replace(schema, vocabulary=tuple(s for s in schema.vocabulary if s != "!"))
+    synth = Synthesizer(Echo(), schema)
+    who, lang = tf.constant(schema.speakers[0].name), tf.constant(schema.languages[0].code)
+    assert int(synth.serve(text=tf.constant("stop it"), speaker=who, language=lang)["mel_len"][0]) == 7
+    with pytest.raises(tf.errors.InvalidArgumentError) as e:
+        synth.serve(text=tf.constant("stop it!"), speaker=who, language=lang)
+    assert "the text holds symbols the vocabulary of this model lacks" in e.value.message
+    assert "they are:] [!]" in e.value.message
+
+
 def test_synthesize_refuses_text_with_symbols_the_models_vocabulary_lacks_with_exit_2(shards_dir, tmp_path):
     import json
 
