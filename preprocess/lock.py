@@ -4,14 +4,18 @@ One marker object, `OUT_DIR/.melshards-lock`, holding the run id, host name, boo
 pid, start and heartbeat. Created exclusively and whole: locally written under a temporary name and
 hard-linked to its name (the link fails if it exists), on gs:// an object upload with
 `if_generation_match=0` (google-cloud-storage, installed with apache-beam[gcp]). The holder rewrites
-it every `HEARTBEAT_S`, only if it is still the one it wrote, from `start_heartbeat` until `release`
-(the whole publish included). A holder is stale when its heartbeat
+it every `HEARTBEAT_S`, only if it is still the one it wrote (compare and replace in one step:
+locally under the marker's flock, on gs:// an upload conditional on the generation read), from
+`start_heartbeat` until `release` (the whole publish included). A holder is stale when its heartbeat
 is `STALE_AFTER_S` old, or when it ran in this process table (same host, boot and pid namespace) and
-its process is gone; a stale lock is taken over locally by an atomic rename, on gs:// by a delete
+its process is gone. A stale lock is taken over by removing it only if it is still the one judged
+stale: locally under an exclusive flock of the marker (`_LocalMarker`), on gs:// by a delete
 conditional on the generation judged stale. `preprocess.output` uses it.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -63,7 +67,14 @@ def _pid_alive(pid: int) -> bool:
 
 # -- the lock: one marker object, created exclusively ------------------------------------------------
 class _LocalMarker:
-    """A local file created with O_EXCL; replaced atomically; taken over by rename."""
+    """A local file, created whole and exclusively; changed only by a holder of its flock.
+
+    A renewal or removal opens the marker, takes an exclusive `flock` on it, checks that the file it
+    locked is still the one at the marker's name (not one removed or replaced meanwhile: else it
+    looks again), compares the contents with its token, and only then renames a new file over it or
+    unlinks it, all before letting go. So a check and the write after it are one step: a renewal and
+    a takeover of the same marker never both succeed. Readers need no lock: a marker's contents never
+    change in place."""
 
     def __init__(self, path: str):
         self.path = path
@@ -91,36 +102,45 @@ class _LocalMarker:
         except FileNotFoundError:
             return None
 
+    @contextlib.contextmanager
+    def _locked(self):
+        """The marker's file open and exclusively flocked, still the one at its name; None when there
+        is none."""
+        while True:
+            try:
+                f = open(self.path, "r+b")  # opened for writing: NFS emulates flock with POSIX locks
+            except FileNotFoundError:
+                yield None
+                return
+            with f:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+                try:
+                    here = os.stat(self.path)
+                except FileNotFoundError:
+                    here = None
+                mine = os.fstat(f.fileno())
+                if here is not None and (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino):
+                    yield f
+                    return  # closing the file lets go of the flock
+
     def replace(self, data: bytes, token):
         """The new token, or None when the marker no longer holds `token`."""
-        current = self.read()
-        if current is None or current[1] != token:
-            return None
-        tmp = f"{self.path}.{uuid.uuid4().hex}.new"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, self.path)
-        return data
+        with self._locked() as f:
+            if f is None or f.read() != token:
+                return None
+            tmp = f"{self.path}.{uuid.uuid4().hex}.new"
+            with open(tmp, "wb") as out:
+                out.write(data)
+            os.replace(tmp, self.path)
+            return data
 
     def delete(self, token) -> bool:
-        """Remove the marker if it still holds `token`: renamed aside first (only one of two racing
-        deleters gets it), put back if it turned out to be someone else's."""
-        aside = f"{self.path}.{uuid.uuid4().hex}.stale"
-        try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
-            return False
-        with open(aside, "rb") as f:
-            taken = f.read()
-        if taken != token:
-            try:
-                os.link(aside, self.path)  # fails if yet another run created one meanwhile
-            except FileExistsError:
-                pass
-            os.unlink(aside)
-            return False
-        os.unlink(aside)
-        return True
+        """Remove the marker if it still holds `token`."""
+        with self._locked() as f:
+            if f is None or f.read() != token:
+                return False
+            os.unlink(self.path)
+            return True
 
 
 class _GcsMarker:
@@ -128,6 +148,7 @@ class _GcsMarker:
     apache-beam[gcp]): create if absent, replace or delete only the generation that was read."""
 
     def __init__(self, path: str, bucket=None):
+        self.path = path
         bucket_name, _, name = path[len("gs://"):].partition("/")
         if bucket is None:
             from google.cloud import storage
@@ -147,13 +168,19 @@ class _GcsMarker:
         return blob.generation  # set from the upload's response
 
     def read(self):
-        from google.api_core.exceptions import NotFound
-        blob = self._blob()
-        try:
-            blob.reload()
-            return blob.download_as_bytes(if_generation_match=blob.generation), blob.generation
-        except NotFound:
-            return None
+        """(contents, generation), read at one generation; None when there is no object. An object
+        replaced between the two requests is read again."""
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+        for _ in range(5):
+            blob = self._blob()
+            try:
+                blob.reload()
+                return blob.download_as_bytes(if_generation_match=blob.generation), blob.generation
+            except NotFound:
+                return None
+            except PreconditionFailed:  # replaced since the reload: read the new one
+                continue
+        raise OutputBusyError(f"{self.path} changed at every read: other runs keep taking it; try again")
 
     def replace(self, data: bytes, token):
         from google.api_core.exceptions import NotFound, PreconditionFailed

@@ -191,6 +191,11 @@ class _FakeBlob:
         self.generation = self.store[self.name][1]
 
     def download_as_bytes(self, if_generation_match=None):
+        from google.api_core.exceptions import NotFound, PreconditionFailed
+        if self.name not in self.store:
+            raise NotFound("no such object")
+        if if_generation_match is not None and self.store[self.name][1] != if_generation_match:
+            raise PreconditionFailed("generation mismatch")
         return self.store[self.name][0]
 
     def delete(self, if_generation_match=None):

@@ -196,3 +196,70 @@ def test_the_users_own_schema_json_is_never_called_a_finished_run_nor_replaced(t
         O.open_run(str(tmp_path), overwrite=overwrite)
     assert "--overwrite" not in str(e.value) and "finished run" not in str(e.value)
     assert _snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["schema.json"]
+
+
+# -- the lock: a check and the write after it are one step ---------------------------------------------
+def test_a_lock_replaced_between_its_two_gcs_reads_is_read_again_not_taken_for_an_unwritable_output():
+    from tests.preprocess.test_output import _FakeBlob, _FakeBucket
+
+    bucket = _FakeBucket()
+    first = L.Lock("gs://b/out", "first", gcs_bucket=bucket)
+    first.acquire()
+    renewed = []
+
+    class RenewedMeanwhile(_FakeBlob):
+        def reload(self):  # the holder's heartbeat lands between the reader's two requests
+            super().reload()
+            if not renewed:
+                renewed.append(first.renew())
+    bucket.blob = lambda name: RenewedMeanwhile(bucket.store, name)
+    with pytest.raises(L.OutputBusyError, match="in use by another melshards preprocess run first"):
+        L.Lock("gs://b/out", "second", gcs_bucket=bucket).acquire()
+    assert renewed == [True] and first.still_held()
+
+
+def test_a_local_renewal_and_a_takeover_of_the_same_lock_never_both_succeed(tmp_path, monkeypatch):
+    """The takeover of a run judged stale comes while the run renews its lock: one of them wins."""
+    import builtins
+    import threading
+
+    path = str(tmp_path / L.LOCK_FILE)
+    holder = L._LocalMarker(path)
+    token = holder.create(b'{"run_id": "a", "heartbeat": 1}')
+    taken = {}
+
+    def take_over():  # another run, which judged the holder stale from `token`
+        other = L._LocalMarker(path)
+        if other.delete(token):
+            taken["b"] = other.create(b'{"run_id": "b"}')
+    taker = threading.Thread(target=take_over)
+
+    class TakenOverAfterRead:
+        def __init__(self, f):
+            self.f = f
+
+        def read(self, *a):
+            data = self.f.read(*a)
+            if not taker.is_alive() and not taker.ident:
+                taker.start()
+                taker.join(2)  # it runs to its end unless something it needs is held
+            return data
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return self.f.__exit__(*exc)
+
+    def open_(file, mode="r", *a, **k):
+        f = builtins.open(file, mode, *a, **k)
+        hooked = file == path and "w" not in mode and threading.current_thread() is threading.main_thread()
+        return TakenOverAfterRead(f) if hooked else f
+    monkeypatch.setattr(L, "open", open_, raising=False)
+    renewed = holder.replace(b'{"run_id": "a", "heartbeat": 2}', token)
+    taker.join(30)
+    assert (renewed is None) != (taken.get("b") is None), (renewed, taken)
+    assert Path(path).read_bytes() == (renewed if renewed is not None else taken["b"])
