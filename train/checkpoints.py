@@ -85,14 +85,16 @@ def checkpoint_problem(path: str) -> str | None:
 
 
 def _listed(checkpoint_dir: str) -> list[str]:
-    """The checkpoints the manager's `checkpoint` file lists, oldest first (absolute paths)."""
+    """The checkpoints the manager's `checkpoint` file lists, oldest first, as paths under
+    `checkpoint_dir` (relative when it is: `get_checkpoint_state` joins the file's relative entries
+    onto it)."""
     state = tf.train.get_checkpoint_state(checkpoint_dir)
     if state is None:
         return []
     paths = list(state.all_model_checkpoint_paths) or [state.model_checkpoint_path]
     if state.model_checkpoint_path not in paths:
         paths.append(state.model_checkpoint_path)
-    return [p if posixpath.isabs(p) or "://" in p else posixpath.join(checkpoint_dir, p) for p in paths]
+    return paths
 
 
 def resume_checkpoint(checkpoint_dir: str, repair: bool = True) -> str | None:

@@ -165,6 +165,17 @@ def test_a_deleted_newest_checkpoint_resumes_from_the_one_before(shards_dir, tmp
     assert tf.train.CheckpointManager(tf.train.Checkpoint(), str(ckpts), 3).latest_checkpoint == str(ckpts / "ckpt-10")
 
 
+def test_a_relative_model_dir_finds_its_checkpoint_for_synthesis_and_resume(shards_dir, tmp_path, monkeypatch):
+    from melshards.train.checkpoints import resume_checkpoint
+    from melshards.train.synthesize import checkpoint_to_restore
+
+    model_dir_from_weights(shards_dir, tmp_path / "run90", stop_bias=-20.0)
+    monkeypatch.chdir(tmp_path)
+    assert checkpoint_to_restore("run90") == "run90/checkpoints/ckpt-10"
+    assert resume_checkpoint("run90/checkpoints") == "run90/checkpoints/ckpt-10"
+    assert resume_checkpoint("./run90/checkpoints/") == "./run90/checkpoints/ckpt-10"
+
+
 def test_synthesis_from_a_truncated_checkpoint_names_it(shards_dir, tmp_path):
     from melshards.train.errors import CheckpointError
 
