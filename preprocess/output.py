@@ -410,6 +410,19 @@ def check_output_path(out_dir: str) -> None:
                           "(local, or gs://BUCKET/PATH)")
 
 
+GLOB_CHARS = "*?[]"
+
+
+def check_no_glob_chars(out_dir: str) -> None:
+    """OutputError for a path (made absolute) holding a glob character: Beam's FileSystems.match and
+    TensorFlow's glob, which find a run's files and shards, would read it as a pattern."""
+    held = [c for c in GLOB_CHARS if c in out_dir]
+    if held:
+        raise OutputError(f"--output {out_dir}: its path holds {' '.join(held)}, which Beam and TensorFlow read as a "
+                          f"glob pattern when they look for the run's files; choose a directory whose path has none "
+                          f"of {' '.join(GLOB_CHARS)}")
+
+
 def check_not_a_file(out_dir: str) -> None:
     if is_local_path(out_dir):
         from pathlib import Path
@@ -431,6 +444,7 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
     """
     check_output_path(out_dir)
     out_dir = normal_dir(out_dir)
+    check_no_glob_chars(out_dir)
     check_not_a_file(out_dir)
     check_not_a_model_dir(out_dir)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]

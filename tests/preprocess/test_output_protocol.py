@@ -263,3 +263,17 @@ def test_a_local_renewal_and_a_takeover_of_the_same_lock_never_both_succeed(tmp_
     taker.join(30)
     assert (renewed is None) != (taken.get("b") is None), (renewed, taken)
     assert Path(path).read_bytes() == (renewed if renewed is not None else taken["b"])
+
+
+# -- an --output that globbing would misread is refused before any work --------------------------------
+@pytest.mark.parametrize("name", ["run[1]", "run]", "run?", "run*"])
+def test_an_output_holding_glob_characters_is_refused_before_any_work(tmp_path, monkeypatch, name):
+    with pytest.raises(O.OutputError, match=r"its path holds .*glob pattern") as e:
+        O.open_run(str(tmp_path / name), overwrite=False)
+    assert "\n" not in str(e.value) and list(tmp_path.iterdir()) == []
+    monkeypatch.chdir(tmp_path)  # relative, the directory it names is what counts
+    (tmp_path / "a[b]").mkdir()
+    monkeypatch.chdir(tmp_path / "a[b]")
+    with pytest.raises(O.OutputError, match=r"a\[b\]/out: its path holds \[ \]"):
+        O.open_run("out", overwrite=False)
+    assert list((tmp_path / "a[b]").iterdir()) == []
