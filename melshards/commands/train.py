@@ -55,15 +55,17 @@ def train_command(shard_globs, model_dir, val_globs, config_path, steps, batch_s
     from melshards.train.errors import ModelDirError, RestoreError, TrainError
     from melshards.train.loop import resolve_inputs, train
     from melshards.train.metrics import format_summary
+    from melshards.train.model_dir import check_model_dir_target
 
     try:
         distribute.set_cpu_devices(cpu_devices)  # before anything sets up TensorFlow's devices
         cfg = load_config(config_path).override(steps=steps, batch_size=batch_size, precision=precision,
                                                 strategy=strategy, model_factory=model_factory)
         inputs = resolve_inputs(shard_globs, val_globs, schema_path, cfg)
+        check_model_dir_target(model_dir, inputs)  # never among the shards, a run, or files it did not write
         topo = distribute.make_topology(inputs.cfg.loop.strategy)
         topo.per_replica_batch(inputs.cfg.data.batch_size)
-    except (ConfigError, SchemaError, InputError) as e:
+    except (ConfigError, SchemaError, InputError, ModelDirError) as e:
         raise click.UsageError(str(e)) from e
     if xla_cache:
         logging.getLogger("melshards.train").info("compiled steps are kept in %s (MELSHARDS_XLA_CACHE)", xla_cache)

@@ -142,3 +142,57 @@ def test_the_model_dir_records_the_schema_the_shards_were_read_and_normalised_wi
     assert recorded["mel_mean"] == pytest.approx(list(inputs.schema.mel_mean))
     expected = json.loads((shards_dir / "schema.json").read_text()) if own_schema else reference
     assert recorded["mel_mean"] == pytest.approx(expected["mel_mean"])
+
+
+@pytest.mark.parametrize("model_dir", ["run", "run/./", "other_run", "own_schema"])
+def test_train_refuses_a_model_dir_holding_shards_a_run_or_files_it_did_not_write(
+        model_dir, shards_dir, tmp_path, test_config, capsys, monkeypatch):
+    """The shards' own directory (however spelt), another preprocess run, or a directory with a schema.json
+    of the user's: exit 2 naming the problem, before anything is built, every file as it was."""
+    import melshards.train.loop as loop
+
+    def built(*args, **kwargs):
+        raise AssertionError("the model was built")
+    monkeypatch.setattr(loop, "Trainer", built)
+    shutil.copytree(shards_dir, tmp_path / "run")
+    shutil.copytree(shards_dir, tmp_path / "other_run")
+    (tmp_path / "own_schema").mkdir()
+    (tmp_path / "own_schema" / "schema.json").write_text('{"mine": true}')
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    monkeypatch.chdir(tmp_path)
+    code = run(["run/train-*.tfrecord", "--model-dir", model_dir, "--config", str(test_config)])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    problem = {"run": "is the directory of the shards it trains on", "run/./": "is the directory of the shards",
+               "other_run": "holds a preprocess run or shards (rejected.jsonl, stats.json, train-",
+               "own_schema": "holds schema.json, which melshards train did not write"}[model_dir]
+    assert f"--model-dir {model_dir} {problem}" in err and "pass a new --model-dir" in err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert not list(tmp_path.rglob("checkpoints")) and not list(tmp_path.rglob("train_config.json"))
+
+
+def test_a_schema_given_from_the_model_dir_itself_is_not_copied_onto_itself(shards_dir, tmp_path, test_config):
+    """Shards without a schema.json of their own, read with --schema MODEL_DIR/schema.json."""
+    cfg = load_config(str(test_config))
+    prepare_model_dir(str(tmp_path / "m"), resolve_inputs([str(shards_dir / "train-*.tfrecord")], [], None, cfg))
+    recorded = (tmp_path / "m" / "schema.json").read_bytes()
+    shutil.copytree(shards_dir, tmp_path / "shards")
+    (tmp_path / "shards" / "schema.json").unlink()
+    again = resolve_inputs([str(tmp_path / "shards" / "train-*.tfrecord")], [], str(tmp_path / "m" / "schema.json"),
+                           cfg)
+    assert again.schema_path == str(tmp_path / "m" / "schema.json")
+    prepare_model_dir(str(tmp_path / "m"), again)
+    assert (tmp_path / "m" / "schema.json").read_bytes() == recorded
+
+
+def test_model_dir_problem_allows_a_new_or_empty_dir_and_a_model_dir_only():
+    from melshards.train.model_dir import model_dir_problem
+
+    assert model_dir_problem("m", [], ["shards"]) is None
+    assert model_dir_problem("m", ["notes.txt"], ["shards"]) is None  # nothing of the user's written over
+    assert model_dir_problem("m", ["schema.json", "train_config.json", "checkpoints/", "tensorboard/",
+                                   "run_summary.json"], ["shards"]) is None
+    assert model_dir_problem("m", ["schema.json", "checkpoints/"], ["shards"]) is None
+    assert "did not write" in model_dir_problem("m", ["run_summary.json", "tensorboard/"], ["shards"])
+    assert "holds a preprocess run" in model_dir_problem("m", ["train_config.json", "a.tfrecord"], ["shards"])
+    assert "the directory of the shards" in model_dir_problem("gs://b/run/", [], ["gs://b/run"])
