@@ -254,7 +254,8 @@ class Lock:
         self.info = {"run_id": run_id, **self.here, "pid": os.getpid(), "started": _now(), "heartbeat": _now()}
         self.token = None
         self.lost = False
-        self._mutex = threading.Lock()  # the token, and the marker as this process reads and renews it
+        self._mutex = threading.RLock()  # the token, and the marker as this process reads and renews it (an
+        # interrupt handler in the thread that holds it may take it again)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

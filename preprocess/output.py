@@ -15,7 +15,9 @@ melshards removes only:
 - a staging dir whose `run.json` names it (an unfinished run: failed, interrupted, or killed).
 Any other file is left alone; one that a run would write over (`schema.json`, `stats.json`,
 `rejected.jsonl`) or that the shard globs would pick up (`train-*.tfrecord`, `val-*.tfrecord`)
-stops the run before any work, named, with what to do.
+stops the run before any work, named, with what to do; so do a directory or link at such a name
+(melshards writes only plain files), a `melshards train` model dir, a `schema.json` that is not a
+run's, and an --output that names no directory or holds a glob character.
 
 The lock is `preprocess.lock` (created exclusively and whole, heartbeat, stale holders taken over).
 
@@ -23,7 +25,8 @@ Publishing (`OutputRun.publish`): the journal lists the old run's files and the 
 `schema.json` goes first (the directory is then visibly unfinished: the trainer refuses it rather
 than read a mix), then the old files, then the new files are renamed in, `schema.json` last. A
 publish cut short (power loss, kill -9) is finished by the next run that takes the lock, from the
-journal, before it does anything else.
+journal, before it does anything else. A journal that exists but cannot be read or understood stops
+every run until it is dealt with: the staging dir it names holds the rest of the new run.
 
 Over 300 lines: what a directory holds, the staging dirs and the publish journal are one protocol
 (what may be removed, and when, depends on all three) and read best together; the lock is apart.
@@ -97,6 +100,9 @@ def finished_run(out_dir: str) -> list[str] | None:
         return None
     try:
         return run_files(read_schema_at(path))
+    except OSError as e:
+        raise OutputError(f"--output {out_dir}: cannot read its {SCHEMA_FILE} ({e}); nothing was changed: fix its "
+                          "permissions, or run again once it can be read") from e
     except (SchemaError, ValueError, KeyError, TypeError) as e:
         version = (_read_json(path) or {}).get("version")
         if isinstance(version, str) and version.split(".")[0].isdigit():
@@ -466,6 +472,7 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
         for stage in unfinished_stages(out_dir):
             log.info("removing %s, the staging dir of an unfinished run", stage)
             remove_tree(stage)
+        check_plain_files(out_dir)
         owned = finished_run(out_dir)  # first: a schema.json of the user's is named as such, with or without --overwrite
         if owned is not None:
             check_is_a_run(out_dir, owned)

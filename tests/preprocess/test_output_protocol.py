@@ -277,3 +277,10 @@ def test_an_output_holding_glob_characters_is_refused_before_any_work(tmp_path, 
     with pytest.raises(O.OutputError, match=r"a\[b\]/out: its path holds \[ \]"):
         O.open_run("out", overwrite=False)
     assert list((tmp_path / "a[b]").iterdir()) == []
+
+
+def test_a_directory_named_schema_json_is_named_not_a_traceback(tmp_path):
+    (tmp_path / "schema.json").mkdir()
+    with pytest.raises(O.OutputError, match="schema.json is a directory, not a file melshards wrote"):
+        O.open_run(str(tmp_path), overwrite=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["schema.json"]
