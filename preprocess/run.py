@@ -27,7 +27,7 @@ from melshards.preprocess.output import (OutputError, OutputRun, close_run, exce
                                          tree_bytes)
 from melshards.preprocess.pipeline import build
 from melshards.preprocess.progress import ProgressReporter, count_rows
-from melshards.preprocess.workers import WorkerDiedError, apply_workers, run_watching_workers
+from melshards.preprocess.workers import WorkerDiedError, apply_workers, run_watching_workers, worker_logs_held
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
 
 log = logging.getLogger("melshards.preprocess")
@@ -192,37 +192,56 @@ def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None
     try:
         if cache_dir:  # `melshards cache prune` removes no entries while the run holds the cache
             lease = cache.Lease(cache_dir, posixpath.basename(run.stage.rstrip("/")).lstrip(".")).start()
-        _run_pipeline(options, corpora, run.stage, cfg, reporter, cache_dir)
-        return _finish(run)
-    except WorkerDiedError as e:
-        again = (f"a re-run computes only the clips not yet in --cache {cache_dir}" if cache_dir else
-                 "run it again (with --cache DIR, a re-run computes only the clips not yet cached)")
-        raise WorkerDiedError(f"{e}; the run's temporary files were removed and {out_dir} is as it was: "
-                              f"{again}") from e
-    except Exception as e:
-        if is_disk_full(e) and not (run.published or run.closed):
-            message = disk_full_message(e, run, reporter.rows_done() if reporter else 0, rows)
-            close_run(run, ok=False)
-            raise DiskFullError(message) from e
-        raise
+        with worker_logs_held() as worker_logs:  # shown when the job ends, unless told in one line below
+            try:
+                _run_pipeline(options, corpora, run, cfg, reporter, cache_dir)
+                return _finish(run)
+            except Exception as e:
+                told = one_line_error(e, run, out_dir, cache_dir, reporter.rows_done() if reporter else 0, rows)
+                if told is None:
+                    raise
+                worker_logs.drop()
+                close_run(run, ok=False)
+                raise told from e
     finally:  # failed or interrupted (KeyboardInterrupt): the staging dir goes, the lock too. After a
         close_run(run, ok=False)  # publish or an abort this does nothing: OutputRun.abort is idempotent
         if lease:
             lease.release()
 
 
-def _run_pipeline(options: PipelineOptions, corpora: list[Corpus], stage: str, cfg,
+def told_in_one_line(e: BaseException, run: OutputRun) -> bool:
+    """Whether the command knows the cause of the job's failure and says it in one line (`one_line_error`):
+    a worker that died, a full disk."""
+    return isinstance(e, WorkerDiedError) or (is_disk_full(e) and not (run.published or run.closed))
+
+
+def one_line_error(e: Exception, run: OutputRun, out_dir: str, cache_dir: str | None, done: int,
+                   total: int | None) -> Exception | None:
+    """What a failed job is told as, in one line, where the command knows the cause (`told_in_one_line`):
+    then neither the cause's traceback nor what the workers logged or printed about it is shown.
+    None for a failure it cannot explain (its traceback is the message)."""
+    if not told_in_one_line(e, run):
+        return None
+    if isinstance(e, WorkerDiedError):
+        again = (f"a re-run computes only the clips not yet in --cache {cache_dir}" if cache_dir else
+                 "run it again (with --cache DIR, a re-run computes only the clips not yet cached)")
+        return WorkerDiedError(f"{e}; the run's temporary files were removed and {out_dir} is as it was: {again}")
+    return DiskFullError(disk_full_message(e, run, done, total))
+
+
+def _run_pipeline(options: PipelineOptions, corpora: list[Corpus], run: OutputRun, cfg,
                   reporter: ProgressReporter | None, cache_dir: str | None = None) -> None:
-    """Build the job writing into the staging dir and run it to the end, with the progress line."""
+    """Build the job writing into the run's staging dir and run it to the end, with the progress line."""
     p = beam.Pipeline(options=options)
-    build(p, corpora, stage, cfg, progress=reporter is not None, cache_dir=cache_dir)
+    build(p, corpora, run.stage, cfg, progress=reporter is not None, cache_dir=cache_dir)
     if reporter:
         reporter.start()
     local_processes = (is_local(options)
                        and options.view_as(DirectOptions).direct_running_mode == "multi_processing")
     try:
         if local_processes:  # a worker that dies would leave the local runner waiting for ever
-            run_watching_workers(lambda: p.run().wait_until_finish())
+            run_watching_workers(lambda: p.run().wait_until_finish(),
+                                 told_in_one_line=lambda e: told_in_one_line(e, run))
         else:
             p.run().wait_until_finish()
     finally:

@@ -3,8 +3,10 @@ at start (`worker_setup`, from the DoFns' setup)."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import gc
+import logging
 import os
 import re
 import signal
@@ -63,8 +65,12 @@ class WorkerDiedError(RuntimeError):
     kernel's out-of-memory killer). The run cannot finish: its bundles are lost."""
 
 
-# Set from the moment a watched job's worker is found dead (the console relay then goes mute).
+# Set from the moment a watched job's worker is found dead.
 WORKER_DIED = threading.Event()
+# Set from the moment a watched job is found dead, or failed with an error the command tells in one
+# line: what the workers print about it from then on (their tracebacks, straight to the stderr they
+# inherit) is not for the console, which goes mute (`melshards.commands.ctrl_c`).
+QUIET = threading.Event()
 
 # How Beam's local runner reports a worker process that ended, from the thread that started it.
 _WORKER_EXIT = re.compile(r"Worker subprocess exited with return code (-?\d+)")
@@ -193,6 +199,7 @@ class _Watch:
         elif cls.current is not None:
             cls.current.codes.append(int(m.group(1)))
             WORKER_DIED.set()
+            QUIET.set()
             cls.current.done.set()
         # else: a worker killed after its run had ended (by this module or a Ctrl-C); nothing to say
 
@@ -203,7 +210,8 @@ class _Watch:
             cls.previous, threading.excepthook = threading.excepthook, cls.hook
 
 
-def run_watching_workers(run: Callable[[], None], grace: float = 2.0) -> None:
+def run_watching_workers(run: Callable[[], None], grace: float = 2.0,
+                         told_in_one_line: Callable[[BaseException], bool] = lambda e: False) -> None:
     """run() (a local multi-process job, to its end) in a thread while this one watches its workers.
 
     Beam's local runner can wait for ever for a worker process that died (measured: a SIGSEGV in
@@ -211,10 +219,13 @@ def run_watching_workers(run: Callable[[], None], grace: float = 2.0) -> None:
     its end as an uncaught RuntimeError, which this takes. Then the job's other workers are killed,
     so none writes any more, and WorkerDiedError is raised here; the runner's thread, if still
     waiting, is left behind (a daemon). A job that fails is given `grace` seconds for a death to be
-    reported (the runner sometimes notices the broken channel first): the death is the cause.
+    reported (the runner sometimes notices the broken channel first): the death is the cause. A
+    failure that `told_in_one_line` accepts sets QUIET at once, in the job's thread: a worker's
+    traceback printed a moment before is then still held by the console relay, and dropped.
     """
     _Watch.install()
     WORKER_DIED.clear()
+    QUIET.clear()
     watch = _Watch.current = _Watch()
     failure: list[BaseException] = []
 
@@ -223,6 +234,8 @@ def run_watching_workers(run: Callable[[], None], grace: float = 2.0) -> None:
             run()
         except BaseException as e:
             failure.append(e)
+            if told_in_one_line(e):
+                QUIET.set()
         finally:
             watch.done.set()
 
@@ -240,6 +253,49 @@ def run_watching_workers(run: Callable[[], None], grace: float = 2.0) -> None:
             raise failure[0]
     finally:
         _Watch.current = None
+
+
+# -- what they log -----------------------------------------------------------------------------
+# Where Beam's local runner logs what its worker processes log (`Worker: ...`, an error with its
+# traceback: 15 lines and more for each failed bundle).
+WORKER_LOG = "apache_beam.runners.portability.local_job_service"
+
+
+class HeldLogs(logging.Filter):
+    """Holds the records of one logger while installed; `release` hands them on, `drop` forgets them."""
+
+    def __init__(self, logger: logging.Logger):
+        super().__init__()
+        self.logger, self.records, self.dropped = logger, [], False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        self.records.append(record)
+        return False
+
+    def drop(self) -> None:
+        """The command says what went wrong in one line: what the workers said about it is not shown."""
+        self.dropped = True
+        self.records.clear()
+
+    def release(self) -> None:
+        self.logger.removeFilter(self)
+        held, self.records = ([] if self.dropped else self.records), []
+        for record in held:
+            self.logger.handle(record)
+
+
+@contextlib.contextmanager
+def worker_logs_held():
+    """For the length of a job, what its local worker processes log waits here: when the job ends
+    it reaches the console, unless the command called `drop()` on the object yielded, because it
+    explains the failure in one line (a full disk, a worker that died, a removed staging dir)."""
+    logger = logging.getLogger(WORKER_LOG)
+    held = HeldLogs(logger)
+    logger.addFilter(held)
+    try:
+        yield held
+    finally:
+        held.release()
 
 
 # -- in each worker ----------------------------------------------------------------------------

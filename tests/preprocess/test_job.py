@@ -632,3 +632,46 @@ def test_sigterm_stops_the_run_like_ctrl_c_with_one_line_exit_143_and_no_lock_st
         f"terminated (SIGTERM): the run's temporary files were removed; {out} is as it was"], stderr
     assert _tree(out) == before  # no lock, no staging dir, the old run whole
     assert not [pid for pid in below if _running(pid)]
+
+
+def _failing_job(monkeypatch, error: Exception, worker_says: str):
+    """run_job's job replaced by one whose worker logs `worker_says` (as Beam's local runner relays a
+    worker's error, traceback and all) and which then fails with `error`."""
+    import logging
+
+    from melshards.preprocess import run as R
+    from melshards.preprocess.workers import WORKER_LOG
+
+    def job(*args, **kwargs):
+        logging.getLogger(WORKER_LOG).error("Worker: %s", worker_says)
+        raise error
+    monkeypatch.setattr(R, "_run_pipeline", job)
+
+
+def test_a_full_disk_is_told_in_one_line_without_what_the_workers_logged_about_it(
+        monkeypatch, caplog, capsys, tmp_path, corpus_dir):
+    import errno
+
+    from melshards.preprocess.workers import WORKER_LOG
+
+    out = tmp_path / "o"
+    full = OSError(errno.ENOSPC, "No space left on device", str(out / "x.tfrecord"))
+    error = RuntimeError("OSError: [Errno 28] No space left on device [while running 'FilterAndWrite']")
+    error.__cause__ = full
+    _failing_job(monkeypatch, error, "Traceback (most recent call last): ... OSError: [Errno 28] No space left")
+    assert run(["--input", str(corpus_dir), "--output", str(out), "--config", str(TINY_CONFIG)]) == 1
+    (line,) = [l for l in capsys.readouterr().err.splitlines() if l.startswith("Error:")]
+    assert line.startswith(f"Error: no space left on the device of {out / 'x.tfrecord'}")
+    assert not [r for r in caplog.records if r.name == WORKER_LOG]
+    assert sorted(p.name for p in out.iterdir()) == []  # no lock, no staging dir
+
+
+def test_what_the_workers_logged_reaches_the_console_when_the_failure_is_not_explained(
+        monkeypatch, caplog, tmp_path, corpus_dir):
+    from melshards.preprocess.workers import WORKER_LOG
+
+    _failing_job(monkeypatch, RuntimeError("a bug"), "Traceback (most recent call last): ... ValueError: a bug")
+    with pytest.raises(RuntimeError, match="a bug"):
+        run(["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--config", str(TINY_CONFIG)])
+    assert [r.getMessage() for r in caplog.records if r.name == WORKER_LOG] == [
+        "Worker: Traceback (most recent call last): ... ValueError: a bug"]

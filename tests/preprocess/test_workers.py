@@ -68,3 +68,55 @@ def test_a_job_that_fails_on_its_own_raises_its_own_error_and_a_good_one_nothing
     e = _watched_two_worker_job(monkeypatch, "raise")
     assert not isinstance(e, W.WorkerDiedError) and "element 3 is bad" in str(e)
     assert _watched_two_worker_job(monkeypatch, "nothing") is None
+
+
+def test_a_failure_told_in_one_line_quiets_the_console_as_the_job_fails_before_the_grace_for_a_death(monkeypatch):
+    """A worker prints its failed bundle's traceback straight to the stderr it inherited, a moment
+    before the job fails: the console relay, which holds what it copies half a second, must go mute
+    at once, not after the grace the watch gives a worker's death to be reported."""
+    quiet_during_grace = []
+
+    class Died:
+        def wait(self, timeout):
+            quiet_during_grace.append(W.QUIET.is_set())
+
+        def clear(self):
+            pass
+
+    monkeypatch.setattr(W, "WORKER_DIED", Died())
+
+    def job():
+        raise OSError(28, "No space left on device")
+    with pytest.raises(OSError):
+        W.run_watching_workers(job, told_in_one_line=lambda e: isinstance(e, OSError))
+    assert quiet_during_grace == [True]
+    with pytest.raises(ValueError):
+        W.run_watching_workers(lambda: int("x"), told_in_one_line=lambda e: isinstance(e, OSError))
+    assert not W.QUIET.is_set()
+
+
+def test_the_console_relay_holds_a_workers_traceback_until_the_failure_it_belongs_to_is_known(tmp_path):
+    """A worker prints its failed bundle's traceback a second or more before the launcher learns that
+    the job failed: once that failure is one the command tells in one line, the traceback is dropped
+    (and what came after it); what came before it, and a traceback of a job that goes on, is shown."""
+    import time
+
+    from melshards.commands.ctrl_c import _Relay
+
+    def console(quiet_after_traceback: bool) -> bytes:
+        path = tmp_path / f"console-{quiet_after_traceback}"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+        quiet = threading.Event()
+        relay = _Relay((fd,), None, quiet.is_set)
+        os.write(fd, b"progress\n")
+        os.write(fd, b"Traceback (most recent call last):\n  File ...\nOSError: [Errno 28] No space left on device\n")
+        os.write(fd, b"progress 2\n")
+        time.sleep(3 * _Relay.HOLD)  # the launcher learns of the failure later than a worker's death
+        if quiet_after_traceback:
+            quiet.set()
+        relay.restore()
+        os.close(fd)
+        return path.read_bytes()
+
+    assert console(True) == b"progress\n"
+    assert console(False).count(b"\n") == 5
