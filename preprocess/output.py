@@ -443,10 +443,12 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
              echo: Callable[[str], None] = lambda s: None) -> OutputRun:
     """Take the output directory for a new run, or raise OutputError before any work.
 
-    Refuses a `melshards train` model dir; takes the lock, finishes a publish that was cut short,
-    removes unfinished runs' staging dirs, refuses a schema.json that is not a run melshards wrote
-    (not its schema, or one without its shards) and a finished run without `overwrite`, and checks
-    that no file of someone else's would be written over or read as a shard. Returns the OutputRun whose staging dir the job writes into.
+    Refuses an --output naming no directory or holding a glob character, and a `melshards train`
+    model dir; takes the lock, finishes a publish that was cut short, removes unfinished runs'
+    staging dirs, refuses a schema.json that is not a run melshards wrote (not its schema, or one
+    without its shards) and a finished run without `overwrite`, and checks that no file of someone
+    else's would be written over or read as a shard, nor a directory or link stand where a run's
+    files go. Returns the OutputRun whose staging dir the job writes into.
     """
     check_output_path(out_dir)
     out_dir = normal_dir(out_dir)
@@ -473,7 +475,7 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
             log.info("removing %s, the staging dir of an unfinished run", stage)
             remove_tree(stage)
         check_plain_files(out_dir)
-        owned = finished_run(out_dir)  # first: a schema.json of the user's is named as such, with or without --overwrite
+        owned = finished_run(out_dir)  # first: the user's own schema.json is named as such, --overwrite or not
         if owned is not None:
             check_is_a_run(out_dir, owned)
             if not overwrite:
