@@ -3,7 +3,7 @@
 `compile_steps` traces each bucket's train and eval step, then runs each once on a batch of padding
 records so XLA compiles it now rather than when the schedule first reaches the bucket; the train
 step's warm-up call changes the weights, the optimizer and the step counter, so their values are
-copied before and put back after. The traces run first and in a fixed order, before any checkpoint
+copied to host memory before and put back after. The traces run first and in a fixed order, before any checkpoint
 is restored or input built, from a uid counter moved to a round number (`align_function_names`): a
 fresh run and a resumed one then trace the same functions under the same names, and the persistent
 cache (train/xla_cache.py), whose keys hold those names, finds them.
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import logging
 import time
+
+import numpy as np
 
 from melshards.train.tf_quiet import tf
 
@@ -51,6 +53,13 @@ def align_function_names(multiple: int = 100_000) -> bool:
     return True
 
 
+def _host_copy(variable: tf.Variable) -> np.ndarray:
+    """The variable's value in host memory, owned by numpy (never a view of a TensorFlow buffer): the
+    device holds no second copy of the weights and optimizer slots while the warm-up steps run."""
+    value = variable.numpy()
+    return value if value.flags.owndata else value.copy()
+
+
 def zeros(specs: dict) -> dict:
     """A batch of padding records (every length 0) of the specs' shapes."""
     return {k: tf.zeros(s.shape, s.dtype) for k, s in specs.items()}
@@ -60,6 +69,8 @@ def compile_steps(train_steps: dict, train_specs: dict, eval_steps: dict, eval_s
                   state: list[tf.Variable], stopped=lambda: False) -> dict[int, dict]:
     """Trace every step (bucket order), then compile each by one call on padding records of the specs it
     is called with (the train step's with their leading K), the `state` variables put back after.
+    The `state` is kept in host memory meanwhile (`_host_copy`): a device copy would double the
+    weights' and optimizer slots' device memory during the warm-up steps.
     Returns {bucket: {"trace_s", "compile_s"}} (train and eval together). `stopped()` true (a first
     Ctrl-C) ends it before the next compile; a step left out compiles at its first call, if any."""
     report: dict[int, dict] = {}
@@ -72,7 +83,7 @@ def compile_steps(train_steps: dict, train_specs: dict, eval_steps: dict, eval_s
                 steps[i].get_concrete_function()  # bound to its input_signature
                 entry = report.setdefault(i, {"trace_s": 0.0, "compile_s": 0.0})
                 entry["trace_s"] += time.perf_counter() - t0
-    saved = [tf.identity(tf.convert_to_tensor(v)) for v in state]  # copies, not views of the variables
+    saved = [_host_copy(v) for v in state]
     try:
         for kind, steps, specs in (("train", train_steps, train_specs), ("eval", eval_steps, eval_specs)):
             for i in buckets:

@@ -115,6 +115,36 @@ def test_compiling_up_front_traces_each_step_once_and_leaves_the_state_as_it_was
     assert [s.experimental_get_tracing_count() for s in (*train.values(), *evals.values())] == [1, 1, 1]
 
 
+def test_the_state_is_kept_in_host_memory_not_on_the_device_while_the_warm_up_steps_run():
+    """No tensor copy of a state variable is alive during a warm-up call (on a GPU, device memory):
+    the copies are numpy's, in host memory."""
+    import gc
+
+    weight, slot = tf.Variable(tf.ones([7, 13])), tf.Variable(tf.zeros([7, 13]))
+
+    @tf.function(input_signature=[{"x": tf.TensorSpec([3, 13])}], jit_compile=True)
+    def step(batch):
+        slot.assign_add(tf.ones([7, 13]))
+        weight.assign_sub(tf.reduce_mean(batch["x"]) + slot)
+        return {"loss": tf.reduce_sum(weight)}
+
+    def tensors_of_the_state_s_shape() -> int:
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if isinstance(o, tf.Tensor) and not tf.is_symbolic_tensor(o)
+                   and tuple(o.shape) == (7, 13))  # values, not the trace's graph tensors
+
+    before, during = tensors_of_the_state_s_shape(), []
+
+    def watched(batch):
+        during.append(tensors_of_the_state_s_shape())
+        return step(batch)
+
+    watched.get_concrete_function = step.get_concrete_function
+    compile_steps({0: watched}, {0: {"x": tf.TensorSpec([3, 13])}}, {}, {}, [weight, slot])
+    assert during == [before]  # a device copy of each variable was 2 more
+    assert (weight.numpy() == 1).all() and (slot.numpy() == 0).all()
+
+
 def _train(shards_dir, model_dir, cfg, cache, steps):
     env = dict(os.environ, MELSHARDS_XLA_CACHE=str(cache))
     env.pop("TF_XLA_FLAGS", None)
