@@ -243,8 +243,9 @@ class Split(_Section):
 
 class InputSummary(_Section):
     """One --input of the run (`melshards.preprocess.corpus.input_summary`): its layout, its input rows,
-    the language of its rows that give none, and how many of its speaker labels and ids were prefixed
-    with its name because another input has them too."""
+    the language of its rows that give none, how many of its speaker labels and ids were prefixed
+    with its name because another input has them too, and the language codes its rows spelt otherwise
+    than their canonical BCP 47 form (as written -> as used)."""
     input: StrictStr
     name: StrictStr
     format: StrictStr
@@ -252,6 +253,7 @@ class InputSummary(_Section):
     language: Optional[StrictStr] = None
     prefixed_speakers: Count
     prefixed_ids: Count
+    language_codes_folded: dict[StrictStr, StrictStr] = Field(default_factory=dict)
 
 
 def _ids_problem(table: str, ids: list[Optional[int]]) -> str | None:

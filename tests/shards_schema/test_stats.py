@@ -56,3 +56,14 @@ def test_moments_merge_equals_numpy_over_the_union():
     assert merged.n == len(allx)
     np.testing.assert_allclose(merged.mean, allx.mean(0), rtol=1e-12)
     np.testing.assert_allclose(merged.std(), allx.std(0), rtol=1e-12)
+
+
+def test_stats_json_declares_each_inputs_folded_language_codes():
+    from melshards.shards_schema.stats_model import InputSummary
+
+    given = {"input": "/c", "name": "c", "format": "manifest", "rows": 3, "prefixed_speakers": 0,
+             "prefixed_ids": 0, "language_codes_folded": {"EN": "en"}}
+    assert InputSummary.model_validate(given).language_codes_folded == {"EN": "en"}
+    assert InputSummary.model_validate({**given, "language_codes_folded": {}}).language_codes_folded == {}
+    with pytest.raises(ValueError):
+        InputSummary.model_validate({**given, "language_codes_folded": {"EN": 1}})
