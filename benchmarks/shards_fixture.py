@@ -41,6 +41,9 @@ def relabel(src: Path, dst: Path, speaker_of, language_of, speakers: tuple[str, 
     dst.mkdir(parents=True)
     i = 0
     for bucket in schema["buckets"]:
+        # schema.json's per-bucket group counts (3.2), recounted as the records are relabelled
+        groups = {split: {"speaker": [0] * len(speakers), "language": [0] * len(languages)}
+                  for split in ("train", "val")}
         for split in ("train", "val"):
             for shard in bucket["shards"][split]:
                 with tf.io.TFRecordWriter(str(dst / shard["file"])) as w:
@@ -55,8 +58,14 @@ def relabel(src: Path, dst: Path, speaker_of, language_of, speakers: tuple[str, 
                         for table, k in (("speakers", s), ("languages", lang)):
                             clips[table][k] += 1
                             frames[table][k] += f["mel_len"].int64_list.value[0]
+                        groups[split]["speaker"][s] += 1
+                        groups[split]["language"][lang] += 1
                         w.write(ex.SerializeToString(deterministic=True))
                         i += 1
+                if "bytes" in shard:  # the shard's new size
+                    shard["bytes"] = (dst / shard["file"]).stat().st_size
+        if "groups" in bucket:
+            bucket["groups"] = groups
     hours = {t: [round(n * hop / sr / 3600, 4) for n in v] for t, v in frames.items()}
     schema["speakers"] = [{"id": k, "name": name, "clips": clips["speakers"][k], "hours": hours["speakers"][k],
                            "gender": ""} for k, name in enumerate(speakers)]

@@ -48,14 +48,15 @@ def normalizer(schema: Schema) -> "Normaliser":
     `norm.pitch(pitch, speaker_id=None)` and `norm.energy(energy, speaker_id=None)` standardise those
     features (shards with features.pitch / features.energy) with the global statistics, or each
     record's speaker's when `speaker_id` [B] is given; voiced pitch only (0 stays 0).
-    `norm.invert_pitch` / `norm.invert_energy` undo them.
+    `norm.invert_pitch` / `norm.invert_energy` undo them. A `speaker_id` outside the schema's speakers
+    is a ValueError naming the range (eager), or an InvalidArgumentError saying it (in a tf.function).
     """
     from melshards.train.step import Normaliser
 
     if not isinstance(schema, Schema):
         raise TypeError(f"normalizer(schema): schema is {schema!r} ({type(schema).__name__}), not a Schema; "
                         "pass melshards.read_schema(RUN_DIR)")
-    return Normaliser(schema)
+    return Normaliser(schema, check_ids=True)
 
 
 def _check_int(name: str, value, minimum: int | None) -> None:
@@ -88,8 +89,32 @@ class _Files:
     records: dict[int, int]  # bucket index -> records schema.json lists for those files
 
 
-def _resolve(patterns: str | Sequence[str], split: str | None, schema_path: str | None) -> _Files:
-    files = expand_globs([patterns] if isinstance(patterns, str) else list(patterns))
+def _paths(patterns) -> list[str]:
+    """Shard globs as strings: one str or os.PathLike, or a sequence of them; else a TypeError naming it."""
+    import os
+
+    given = [patterns] if isinstance(patterns, (str, os.PathLike)) else patterns
+    try:
+        given = list(given)
+    except TypeError:
+        given = [patterns]
+    bad = [p for p in given if not isinstance(p, (str, os.PathLike))]
+    if bad:
+        raise TypeError(f"patterns holds {bad[0]!r} ({type(bad[0]).__name__}); pass shard globs as str or "
+                        "pathlib.Path, e.g. 'DIR/train-*.tfrecord'")
+    return [os.fspath(p) for p in given]
+
+
+def _features(features) -> tuple[str, ...]:
+    """`features` as a tuple of names: one str is one feature."""
+    return (features,) if isinstance(features, str) else tuple(features)
+
+
+def _resolve(patterns, split: str | None, schema_path) -> _Files:
+    import os
+
+    files = expand_globs(_paths(patterns))
+    schema_path = None if schema_path is None else os.fspath(schema_path)
     by_file, problems = schemas_for(files, schema_path)
     if problems:
         raise SchemaError(problems[0].what)
@@ -98,7 +123,7 @@ def _resolve(patterns: str | Sequence[str], split: str | None, schema_path: str 
     if split is not None:  # each file by its own directory's schema.json (their contracts agree)
         files = [f for f in files if listed_split(by_file[f], f)[0] == split]
         if not files:
-            raise InputError(f"{patterns!r} matches no {split!r} shard; splits are named by the file prefix, "
+            raise InputError(f"{' '.join(_paths(patterns))!r} matches no {split!r} shard; splits are named by the file prefix, "
                              f"e.g. DIR/{split}-*.tfrecord")
     by_bucket: dict[int, list[str]] = {}
     records: dict[int, int] = {}
@@ -123,7 +148,8 @@ def _bucket_dataset(files: list[str], shapes, batch_size: int, shuffle: bool, re
 
     cfg = DataConfig(batch_size=batch_size, shuffle_buffer=shuffle_buffer, cycle_length=cycle_length,
                      seed=seed, deterministic=deterministic)
-    return train_dataset(files, shapes, cfg, tuple(features), None, shuffle=shuffle, repeat=repeat, balance=balance)
+    return train_dataset(files, shapes, cfg, _features(features), None, shuffle=shuffle, repeat=repeat,
+                         balance=balance)
 
 
 def _check_balance(balance: str, balance_alpha: float) -> None:
@@ -175,7 +201,8 @@ def dataset(patterns: str | Sequence[str], batch_size: int, *, split: str | None
             balance_alpha: float = 0.0) -> "tf.data.Dataset":
     """The shards as a `tf.data.Dataset` of dict batches {feature: tensor}, as the trainer reads them.
 
-    patterns: shard globs, local or gs:// (e.g. "shards/train-*.tfrecord"); split: keep only the
+    patterns: shard globs (str or os.PathLike, or a sequence of them), local or gs:// (e.g.
+      "shards/train-*.tfrecord"); split: keep only the
       "train" or "val" shards among them. The directories' schema.json must agree, and each run must
       be finished (else SchemaError / InputError, before anything is read). A shard schema.json does
       not list is read once and checked against its bucket's shapes (InputError naming it).
@@ -189,7 +216,7 @@ def dataset(patterns: str | Sequence[str], batch_size: int, *, split: str | None
       records, or with `balance` to the records each keeps, from `seed`) and the element_spec leaves the padded lengths undefined: each batch
       still has one bucket's static shapes, and a jit-compiled function compiles once per bucket
       shape (docs/api.md). `bucket_datasets` gives one dataset per bucket.
-    features: the record fields to keep (schema.features names); log-mel is not normalised (see
+    features: the record fields to keep (schema.features names; one str is one field); log-mel is not normalised (see
       `normalizer`). By default those a text-to-mel model reads, speaker_id and language_id included.
     balance: "speaker" or "language" draws each group's records in proportion to its clips **
       balance_alpha (0 every group equally often, 1 the corpus as it is), as `data.balance` does in

@@ -54,6 +54,8 @@ def expand_globs(patterns: Sequence[str]) -> list[str]:
     """Local or gs:// globs -> sorted unique shard files; a glob matching nothing is an error."""
     import tensorflow as tf
 
+    if not patterns:
+        raise InputError("no shard globs given; pass at least one, e.g. 'DIR/train-*.tfrecord'")
     files: list[str] = []
     for pattern in patterns:
         matched = tf.io.gfile.glob(pattern)

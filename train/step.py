@@ -24,7 +24,8 @@ class Normaliser:
     """Per-bin standardisation of log-mel with the schema's corpus statistics; `pitch` and `energy`
     standardise those features with the global statistics, or each record's speaker's."""
 
-    def __init__(self, schema: Schema):
+    def __init__(self, schema: Schema, check_ids: bool = False):
+        self.check_ids = check_ids  # speaker ids checked against the table (`checked_speaker_ids`)
         self.mean = tf.constant(np.asarray(schema.mel_mean, np.float32))
         # a constant bin (std 0) must not divide by zero
         self.std = tf.constant(np.maximum(np.asarray(schema.mel_std, np.float32), 1e-3))
@@ -47,6 +48,8 @@ class Normaliser:
         table = self.tables[name]
         if speaker_id is None:
             return table["global"]
+        if self.check_ids:
+            speaker_id = checked_speaker_ids(speaker_id, int(table["mean"].shape[0]))
         return (tf.gather(table["mean"], speaker_id)[:, None], tf.gather(table["std"], speaker_id)[:, None])
 
     def pitch(self, pitch, speaker_id=None):
@@ -68,6 +71,23 @@ class Normaliser:
     def invert_energy(self, x, speaker_id=None):
         mean, std = self._stats("energy", speaker_id)
         return x * std + mean
+
+
+def checked_speaker_ids(speaker_id, n: int):
+    """speaker_id, in 0..n-1 or an error naming the range: a ValueError when eager, an assertion in a
+    graph (XLA compiles assertions to nothing)."""
+    ids = tf.convert_to_tensor(speaker_id)
+    what = f"(schema.json has {n} speakers); pass ids of schema.speakers"
+    if tf.executing_eagerly():
+        values = np.asarray(ids.numpy())
+        bad = values[(values < 0) | (values >= n)]
+        if bad.size:
+            raise ValueError(f"speaker_id {int(bad.flat[0])} is outside 0..{n - 1} {what}")
+        return ids
+    message = f"speaker_id outside 0..{n - 1} {what}"
+    with tf.control_dependencies([tf.debugging.assert_non_negative(ids, message=message),
+                                  tf.debugging.assert_less(ids, tf.cast(n, ids.dtype), message=message)]):
+        return tf.identity(ids)
 
 
 def feature_table(schema: Schema, name: str) -> dict:

@@ -174,3 +174,40 @@ def test_a_shard_cut_at_a_record_boundary_is_an_input_error_naming_it_before_rea
     cut_after_records(shard, 3)
     with pytest.raises(InputError, match=rf"{shard}: holds \d+ bytes, schema.json lists \d+"):
         melshards.dataset(str(run / "train-*.tfrecord"), 2)
+
+
+def test_one_feature_may_be_a_str_and_globs_may_be_paths(shards_dir):
+    import pathlib
+
+    ds = melshards.dataset(pathlib.Path(shards_dir) / "train-*.tfrecord", 2, features="mel", repeat=False)
+    assert list(ds.element_spec) == ["mel"]
+    both = melshards.dataset([shards_dir / "train-*.tfrecord", str(shards_dir / "val-*.tfrecord")], 2,
+                             features=("speaker_id",), schema_path=pathlib.Path(shards_dir) / "schema.json")
+    assert list(both.element_spec) == ["speaker_id"]
+
+
+def test_no_globs_or_a_glob_of_another_type_is_refused_in_one_line(shards_dir):
+    from melshards.shards_schema.shards import InputError
+
+    with pytest.raises(InputError, match=r"^no shard globs given; pass at least one, e.g. 'DIR/train-\*.tfrecord'$"):
+        melshards.dataset([], 2)
+    with pytest.raises(TypeError, match=r"patterns holds 3 \(int\); pass shard globs as str or pathlib.Path"):
+        melshards.dataset([str(shards_dir / "train-*.tfrecord"), 3], 2)
+
+
+def test_a_speaker_id_out_of_range_in_normalizer_pitch_names_the_range(shards_dir):
+    import dataclasses
+
+    import tensorflow as tf
+
+    schema = melshards.read_schema(shards_dir)
+    n = len(schema.speakers)
+    schema = dataclasses.replace(schema, feature_stats={"pitch": {"mean": 150.0, "std": 30.0, "frames": 100}})
+    norm = melshards.normalizer(schema)
+    pitch = tf.fill([2, 4], 180.0)
+    assert norm.pitch(pitch, tf.constant([0, n - 1])).numpy() == pytest.approx(1.0)
+    with pytest.raises(ValueError, match=rf"^speaker_id {n + 4} is outside 0..{n - 1} \(schema.json has {n} speakers\)"):
+        norm.pitch(pitch, tf.constant([0, n + 4]))
+    in_graph = tf.function(lambda p, s: norm.pitch(p, s))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=rf"speaker_id outside 0..{n - 1}"):
+        in_graph(pitch, tf.constant([-1, 0]))
