@@ -24,6 +24,7 @@ from melshards.shards_schema.schema import first_few
 from melshards.shards_schema import SCHEMA_FILE, Language, Schema, SchemaError, Speaker, read_schema
 from melshards.shards_schema.config import ConfigError, from_dict
 from melshards.shards_schema.text import normalizer_for
+from melshards.shards_schema.text_clean import canonical_language
 from melshards.shards_schema.vocab import UnknownSymbols, text_ids as vocab_text_ids
 
 log = logging.getLogger("melshards.synthesize")
@@ -58,6 +59,7 @@ def pick_speaker(schema: Schema, name: str | None) -> Speaker:
 def pick_language(schema: Schema, code: str | None) -> Language:
     """--language CODE; the only language when it is left out (schema.json does not say which
     languages a speaker speaks, so several need --language)."""
+    code = canonical_language(code) if code is not None else None  # `EN` is the run's `en`, as in preprocess
     return _pick(schema.languages, (x.code for x in schema.languages), code, "--language CODE", "language",
                  schema.language)
 
@@ -211,9 +213,47 @@ def load_synthesizer(model_dir: str, checkpoint: str | None = None) -> Synthesiz
                           "generate(text_ids, text_len, speaker_id, language_id) method, so it cannot "
                           "synthesize; add one (train/contract.py, GeneratingModel) and synthesize again")
     check_generate(model)
+    check_fits_checkpoint(model, latest, model_dir)  # before restore, whose shape errors are TensorFlow tracebacks
     restore_model(model, latest)  # fails unless every variable of the model is restored
     log.info("restored %s", latest)
     return Synthesizer(model, schema)
+
+
+def shape_mismatches(model, checkpoint: str) -> list[tuple[str, list[int], list[int]]]:
+    """(variable, its shape in `model`, its shape in `checkpoint`) for every variable of the model the
+    training checkpoint (`tf.train.Checkpoint(model=...)`) saved with another shape; reads shapes only."""
+    saved = dict(tf.train.list_variables(checkpoint))
+    root = tf.train.Checkpoint(model=model)
+    view = tf.train.TrackableView(root)  # holds root weakly
+    found, seen = [], set()
+
+    def walk(obj, key: str) -> None:
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, tf.Variable) or hasattr(obj, "assign") and hasattr(obj, "shape"):
+            shape = saved.get(f"{key}/.ATTRIBUTES/VARIABLE_VALUE")
+            if shape is not None and list(shape) != list(obj.shape):
+                found.append((getattr(obj, "path", key), list(obj.shape), list(shape)))
+        for name, child in view.children(obj).items():  # checkpoint keys escape '.' and '/'
+            walk(child, f"{key}/{name.replace('.', '..').replace('/', '.S')}" if key else name)
+
+    walk(root, "")
+    return found
+
+
+def check_fits_checkpoint(model, checkpoint: str, model_dir: str) -> None:
+    """SchemaError naming the first variable whose shape differs between the model schema.json describes
+    and the checkpoint: the schema.json in the model dir is not the one the model was trained with."""
+    wrong = shape_mismatches(model, checkpoint)
+    if wrong:
+        name, now, then = wrong[0]
+        more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+        raise SchemaError(
+            f"{posixpath.join(model_dir, SCHEMA_FILE)} does not fit the checkpoint {checkpoint}: it makes {name} "
+            f"{now}, the checkpoint holds {then}{more}; the schema.json was changed after training (its "
+            "vocabulary, speakers, languages and mel bins size the model). Put back the schema.json training "
+            "recorded there, or pass the model dir this checkpoint belongs to")
 
 
 def text_ids(normalised: str, schema: Schema) -> tuple[np.ndarray, int]:

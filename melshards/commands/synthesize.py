@@ -53,10 +53,36 @@ def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
     return (0.95 * y / peak if peak > 0 else y).astype(np.float32)
 
 
+def check_wav_target(output: str) -> None:
+    """Refuse (exit 2), before any work, an -o that is not a .wav path, cannot be written, or holds a file
+    this command did not write (`melshards.shards_schema.ownership`): only its own WAVs are written over."""
+    from melshards.shards_schema.ownership import WAV, NotOurs, check_may_write
+
+    check_output_file("-o", output, "out.wav")
+    if not output.lower().endswith(".wav"):
+        raise click.UsageError(f"-o {output}: synthesize writes a WAV file; pass a path ending in .wav")
+    try:
+        check_may_write("-o", output, WAV)
+    except NotOurs as e:
+        raise click.UsageError(str(e)) from e
+
+
+def write_wav(output: str, y: np.ndarray, sample_rate: int) -> None:
+    """16-bit PCM WAV whose RIFF INFO software entry marks it as this command's (what -o may write over)."""
+    import soundfile as sf
+
+    from melshards.shards_schema.ownership import WAV_SOFTWARE
+
+    with sf.SoundFile(output, "w", sample_rate, 1, subtype="PCM_16", format="WAV") as f:
+        f.software = WAV_SOFTWARE
+        f.write(y)
+
+
 @click.command("synthesize", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("text")
 @click.option("--model-dir", required=True, help="A `melshards train` --model-dir (newest checkpoint is used).")
-@click.option("-o", "--output", required=True, help="WAV file to write.")
+@click.option("-o", "--output", required=True,
+              help="WAV file to write (.wav); an existing file is written over only if synthesize wrote it.")
 @click.option("--griffin-lim-iters", default=32, show_default=True, type=click.IntRange(min=1),
               help="Griffin-Lim iterations.")
 @click.option("--speaker", default=None,
@@ -69,8 +95,6 @@ def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
 def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, language, export_dir) -> None:
     """Speak TEXT with the model in --model-dir and write a WAV (Griffin-Lim vocoder)."""
     setup_logging()
-    import soundfile as sf
-
     from melshards.shards_schema import SCHEMA_FILE, read_schema
     from melshards.shards_schema.text import TextRejected
     from melshards.train.errors import CheckpointError, RestoreError
@@ -79,7 +103,7 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, lang
 
     # every check that needs no model first, and nothing created before they pass: loading and
     # compiling the model takes a while
-    check_output_file("-o", output, "out.wav")
+    check_wav_target(output)
     try:
         check_model_dir(model_dir)
         schema = read_schema(posixpath.join(model_dir, SCHEMA_FILE))
@@ -108,7 +132,7 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, lang
     check_spoke(frames, synth.schema)
     mel = out["mel"][0, :frames].numpy()
     y = griffin_lim(mel, synth.schema, griffin_lim_iters)
-    sf.write(output, y, synth.schema.audio.sample_rate, subtype="PCM_16")
+    write_wav(output, y, synth.schema.audio.sample_rate)
     click.echo(f"{normalised!r} ({who.name}, {lang.code}): {frames} mel frames -> {len(y) / synth.schema.audio.sample_rate:.2f} s "
                f"of audio at {synth.schema.audio.sample_rate} Hz -> {output}")
     if export_dir:

@@ -229,7 +229,65 @@ def test_the_only_speaker_and_language_are_the_defaults_and_many_names_are_cut_s
     schema = read_schema(str(shards_dir))
     assert synthesize_module.pick_speaker(schema, None) == schema.speakers[0]
     assert synthesize_module.pick_language(schema, None) == schema.languages[0]
+    code = schema.languages[0].code
+    assert synthesize_module.pick_language(schema, code.upper()) == schema.languages[0]  # BCP 47 ignores case
     many = dataclasses.replace(schema, speakers=tuple(Speaker(i, f"s{i}", 1, 0.0) for i in range(12)))
     with pytest.raises(ConfigError, match=r"trained on 12 speaker\(s\): 's0', 's1', .*, 's7', \.\.\.$"):
         synthesize_module.pick_speaker(many, "s12")
     assert synthesize_module.pick_speaker(many, "s11").id == 11
+
+
+@pytest.mark.parametrize("name", ["out.json", "out.flac", "out"])
+def test_an_output_that_is_not_a_wav_path_is_refused_before_the_model_is_loaded(shards_dir, tmp_path, monkeypatch,
+                                                                                 name):
+    _refuse_loading(monkeypatch)
+    model = _looks_trained(shards_dir, tmp_path / "model")
+    result = synthesize("Printing.", "--model-dir", model, "-o", tmp_path / "new" / name)
+    assert result.exit_code == 2, result.output
+    assert f"-o {tmp_path / 'new' / name}: synthesize writes a WAV file; pass a path ending in .wav" in result.output
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("theirs", ["a recording of the user's", "schema.json"])
+def test_synthesize_refuses_to_write_over_a_file_it_did_not_write(shards_dir, tmp_path, monkeypatch, theirs):
+    _refuse_loading(monkeypatch)
+    model = _looks_trained(shards_dir, tmp_path / "model")
+    out = tmp_path / "take1.wav"
+    if theirs == "schema.json":
+        out.write_bytes((shards_dir / "schema.json").read_bytes())
+    else:
+        sf.write(out, [0.0] * 800, 16000, subtype="PCM_16")
+    before = out.read_bytes()
+    result = synthesize("Printing.", "--model-dir", model, "-o", out)
+    assert result.exit_code == 2, result.output
+    assert f"-o {out}: it exists and is not a WAV `melshards synthesize` wrote" in result.output
+    assert out.read_bytes() == before
+
+
+def test_synthesize_marks_its_wav_and_writes_over_its_own(model_dir, tmp_path):
+    from melshards.shards_schema.ownership import WAV_SOFTWARE
+
+    out = tmp_path / "out.wav"
+    for _ in range(2):
+        result = synthesize("Printing.", "--model-dir", model_dir, "-o", out, "--griffin-lim-iters", "1")
+        assert result.exit_code == 0, result.output
+    with sf.SoundFile(out) as f:
+        assert f.software.startswith(WAV_SOFTWARE) and f.frames > 0
+
+
+def test_a_schema_that_no_longer_fits_the_checkpoint_is_one_line_naming_the_mismatch(shards_dir, tmp_path):
+    import json
+
+    from tests.train.conftest import model_dir_from_weights
+
+    model = tmp_path / "m"
+    model_dir_from_weights(shards_dir, model, stop_bias=5.0)
+    schema = json.loads((model / "schema.json").read_text())
+    schema["vocabulary"].append("ж")  # another run's schema.json copied over the one training recorded
+    (model / "schema.json").write_text(json.dumps(schema))
+    out = tmp_path / "out.wav"
+    result = synthesize("Printing.", "--model-dir", model, "-o", out)
+    assert result.exit_code == 2, result.output
+    assert f"{model / 'schema.json'} does not fit the checkpoint {model / 'checkpoints' / 'ckpt-10'}" in result.output
+    assert "embeddings [" in result.output and "Put back the schema.json training recorded" in result.output
+    assert "Traceback" not in result.output and not out.exists()
