@@ -1,6 +1,7 @@
 """`melshards inspect SHARD_GLOB`: check shards against their schema without training."""
 from __future__ import annotations
 
+import os
 import posixpath
 
 import click
@@ -25,7 +26,8 @@ def shard_table(results) -> str:
 @click.option("--show", default=0, show_default=True, type=click.IntRange(min=0),
               help="Print N good records and write their mel as PNG to --out.")
 @click.option("--out", "out_dir", default="melshards-inspect", show_default=True,
-              help="Directory for the --show PNGs.")
+              help="Directory for the --show PNGs (created if missing); a file there is written over only if "
+                   "inspect wrote it.")
 def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show: int, out_dir: str) -> None:
     """Count records per shard and split, check every record parses to its length bucket's shapes and
     that 0 < text_len <= max_text_len and 0 < mel_len <= max_mel_frames of the bucket. Exits 1 when it
@@ -37,6 +39,8 @@ def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show:
     from melshards.shards_schema import SPLITS, SchemaError
     from melshards.shards_schema.shards import InputError, check_shard, expand_globs, schemas_for
 
+    if show:
+        check_out_dir(out_dir)
     try:
         files = expand_globs(shard_globs)
     except InputError as e:
@@ -77,17 +81,50 @@ def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show:
                f"max_text_len and 0 < mel_len <= its max_mel_frames{extra}")
 
 
+def check_out_dir(out_dir: str) -> None:
+    """Refuse (exit 2), before any shard is read, a local --out that is a file or lies under one; creates
+    nothing. gs:// paths are left to the write."""
+    if "://" in out_dir:
+        return
+    if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
+        raise click.UsageError(f"--out {out_dir} is a file; pass a directory for the --show PNGs "
+                               "(it is created if missing)")
+    parent = os.path.dirname(os.path.abspath(out_dir))
+    while not os.path.exists(parent):  # the nearest existing ancestor decides: the rest is created later
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise click.UsageError(f"--out {out_dir}: cannot create it, {parent} is a file; pass a directory path")
+
+
+def png_paths(shown, out_dir: str) -> list[str]:
+    """Where the --show PNGs go; UsageError (exit 2) naming any file there that inspect did not write
+    (`melshards.shards_schema.ownership`), before one is written."""
+    from melshards.reports.record_view import png_name
+    from melshards.shards_schema.ownership import PNG, NotOurs, check_may_write
+
+    paths = [posixpath.join(out_dir, png_name(record) + ".png") for record, _ in shown]
+    try:
+        for path in dict.fromkeys(paths):
+            check_may_write("--out", path, PNG)
+    except NotOurs as e:
+        raise click.UsageError(str(e)) from e
+    return paths
+
+
 def _show(shown, out_dir: str) -> None:
     import tensorflow as tf
 
-    from melshards.reports.record_view import describe, mel_figure, png_name
+    from melshards.reports.record_view import describe, save_png
 
-    tf.io.gfile.makedirs(out_dir)
-    for record, schema in shown:
+    paths = png_paths(shown, out_dir)
+    try:
+        tf.io.gfile.makedirs(out_dir)
+    except (tf.errors.OpError, OSError) as e:
+        raise click.UsageError(f"--out {out_dir}: cannot create it ({e}); pass a writable directory") from e
+    for (record, schema), path in zip(shown, paths):
         click.echo("")
         for line in describe(record, schema):
             click.echo(line)
-        path = posixpath.join(out_dir, png_name(record) + ".png")
         with tf.io.gfile.GFile(path, "wb") as f:
-            mel_figure(record, schema).savefig(f, format="png", dpi=100)
+            save_png(record, schema, f)
         click.echo(f"  mel PNG   {path}")

@@ -74,6 +74,14 @@ def mel_figure(record: dict, schema: Schema) -> Figure:
     return fig
 
 
+def save_png(record: dict, schema: Schema, f) -> None:
+    """`mel_figure` as a PNG into the binary file f, marked as inspect's (its tEXt Software entry,
+    `melshards.shards_schema.ownership.PNG_SOFTWARE`: what `inspect --out` may write over)."""
+    from melshards.shards_schema.ownership import PNG_SOFTWARE
+
+    mel_figure(record, schema).savefig(f, format="png", dpi=100, metadata={"Software": PNG_SOFTWARE})
+
+
 def png_name(record: dict) -> str:
     """A file name from the clip id, safe on every filesystem."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", _text(record["id"])) or f"record-{record['_index']}"

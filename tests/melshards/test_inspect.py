@@ -157,3 +157,27 @@ def test_show_gives_a_records_lengths_against_its_own_bucket(bucketed_dir, tmp_p
     assert result.exit_code == 0, result.output
     assert f"of {first.max_text_len} ids" in result.output and f"of {first.max_mel_frames} frames" in result.output
     assert first.max_mel_frames < schema.max_mel_frames  # not the largest bucket's, which it used to print
+
+
+def test_inspect_out_that_is_a_file_is_one_line_exit_2_before_any_shard_is_read(shards_dir, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    for out, problem in ((tmp_path / "notes.txt", "is a file; pass a directory"),
+                         (tmp_path / "notes.txt" / "pngs", f"cannot create it, {tmp_path / 'notes.txt'} is a file")):
+        result = run_inspect(f"{shards_dir}/*.tfrecord", "--show", 1, "--out", out)
+        assert result.exit_code == 2, result.output
+        assert f"--out {out}" in result.output and problem in result.output
+        assert "total:" not in result.output  # refused before the shards are read
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_inspect_writes_over_its_own_pngs_only(shards_dir, tmp_path):
+    out = tmp_path / "pngs"
+    for _ in range(2):  # the second run writes over the first one's PNGs
+        result = run_inspect(f"{shards_dir}/*.tfrecord", "--show", 1, "--out", out)
+        assert result.exit_code == 0, result.output
+    (png,) = out.glob("*.png")
+    png.write_bytes(b"\x89PNG\r\n\x1a\n a picture of the user's")
+    result = run_inspect(f"{shards_dir}/*.tfrecord", "--show", 1, "--out", out)
+    assert result.exit_code == 2, result.output
+    assert f"--out {png}: it exists and is not a mel PNG `melshards inspect --show` wrote" in result.output
+    assert png.read_bytes().endswith(b"a picture of the user's")
