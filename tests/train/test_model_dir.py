@@ -196,3 +196,15 @@ def test_model_dir_problem_allows_a_new_or_empty_dir_and_a_model_dir_only():
     assert "did not write" in model_dir_problem("m", ["run_summary.json", "tensorboard/"], ["shards"])
     assert "holds a preprocess run" in model_dir_problem("m", ["train_config.json", "a.tfrecord"], ["shards"])
     assert "the directory of the shards" in model_dir_problem("gs://b/run/", [], ["gs://b/run"])
+
+
+def test_a_model_dir_training_prepared_is_recognised_as_one(shards_dir, tmp_path, test_config):
+    """train_config.json and checkpoints/ are what `preprocess --output` refuses as a model dir."""
+    from melshards.shards_schema.ownership import MODEL_DIR_MARKS, model_dir_marks
+    from melshards.train.checkpoints import CHECKPOINT_DIR
+    from melshards.train.model_dir import CONFIG_FILE
+
+    assert (CONFIG_FILE, CHECKPOINT_DIR) == MODEL_DIR_MARKS
+    inputs = resolve_inputs([str(shards_dir / "train-*.tfrecord")], [], None, load_config(str(test_config)))
+    prepare_model_dir(str(tmp_path / "m"), inputs)
+    assert model_dir_marks(os.listdir(tmp_path / "m")) == list(MODEL_DIR_MARKS)
