@@ -231,15 +231,15 @@ def dataset(patterns: str | Sequence[str], batch_size: int, *, split: str | None
         if bucket not in per_bucket:
             raise InputError(f"bucket {bucket}: {patterns!r} holds shards of bucket(s) {sorted(per_bucket)} only")
         return per_bucket[bucket]
-    if len(per_bucket) == 1:
-        return next(iter(per_bucket.values()))
     from melshards.train.balance import bucket_weights, describe
 
     # each bucket in proportion to the records it gives the stream: with `balance`, what its filter keeps
     drawn = bucket_weights({i: found.records[i] for i in per_bucket}, plan)
-    if balance != "none":
+    if balance != "none":  # the shares the buckets as drawn give
         log.info("%s", describe(found.schema, balance, float(balance_alpha),
                                 [drawn.get(b.index, 0.0) for b in found.schema.buckets]))
+    if len(per_bucket) == 1:
+        return next(iter(per_bucket.values()))
     weights = [drawn[i] for i in per_bucket]
     total = sum(weights)
     return tf.data.Dataset.sample_from_datasets(

@@ -204,10 +204,14 @@ def two_buckets(tmp_path_factory):
     return out
 
 
-def test_the_dataset_api_gives_speakers_in_different_buckets_their_target_shares(two_buckets):
+def test_the_dataset_api_gives_speakers_in_different_buckets_their_target_shares(two_buckets, caplog):
+    import logging
+
     import melshards
 
-    ds = melshards.dataset(str(two_buckets / "train-*.tfrecord"), 10, features=("speaker_id",),
-                           balance="speaker", balance_alpha=0.0)
+    with caplog.at_level(logging.INFO, logger="melshards"):
+        ds = melshards.dataset(str(two_buckets / "train-*.tfrecord"), 10, features=("speaker_id",),
+                               balance="speaker", balance_alpha=0.0)
+    assert "short 75.0% -> 50.0% (drawn 50.0%), long 25.0% -> 50.0% (drawn 50.0%)" in caplog.text
     ids = np.concatenate([b["speaker_id"].numpy() for b in ds.take(300)])
     assert len(ids) == 3000 and abs((ids == 1).mean() - 0.5) < 0.04, (ids == 1).mean()
