@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess.shards import TEMP_DIR
+from melshards.preprocess.shards import TEMP_DIR, create_file
 from melshards.preprocess.sources import Corpus, count_input_rows
 
 PROGRESS_PREFIX = "progress-"
@@ -41,7 +41,7 @@ class ProgressFile:
 
     def flush(self) -> None:
         tmp = self.path + ".writing"  # then renamed: the reader never sees a half-written count
-        with FileSystems.create(tmp) as f:
+        with create_file(tmp) as f:
             f.write(str(self.rows).encode())
         FileSystems.rename([tmp], [self.path])
         self.written_at = time.monotonic()

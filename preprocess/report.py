@@ -14,7 +14,7 @@ from melshards.preprocess import bucketing, cache, feature_stats
 from melshards.preprocess.config import MelConfig, PreprocessConfig
 from melshards.shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, summarize
 from melshards.shards_schema.stats_model import stats_problem
-from melshards.preprocess.shards import TEMP_DIR, remove_temp_dir
+from melshards.preprocess.shards import TEMP_DIR, create_file, remove_temp_dir
 from melshards.shards_schema.text import frontend_record
 from melshards.shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
                                      AudioParams, Language, MelParams, Schema, Speaker)
@@ -181,7 +181,7 @@ def _write_text(out_dir: str, name: str, text: str) -> None:
     """Write to a temporary name, then rename: a retried or killed report never leaves a partial file
     (schema.json's presence marks a finished run)."""
     tmp = FileSystems.join(out_dir, TEMP_DIR, f"{name}.writing")
-    with FileSystems.create(tmp) as f:
+    with create_file(tmp) as f:
         f.write(text.encode("utf-8"))
     FileSystems.rename([tmp], [FileSystems.join(out_dir, name)])
 

@@ -11,6 +11,7 @@ import logging
 import os
 import posixpath
 import re
+import time
 from typing import Callable, Sequence
 
 import apache_beam as beam
@@ -23,17 +24,20 @@ from melshards.preprocess.corpus import (Corpus, CorpusError, check_distinct_inp
                                         detect_corpus)
 from melshards.preprocess.lock import is_local_path
 from melshards.preprocess.options import OptionsError, is_local, pipeline_options
-from melshards.preprocess.output import (OutputError, OutputRun, close_run, exception_chain, is_disk_full, open_run,
-                                         tree_bytes)
+from melshards.preprocess.output import (RUN_FILE, OutputError, OutputRun, close_run, exception_chain, is_disk_full,
+                                         open_run, tree_bytes)
 from melshards.preprocess.pipeline import build
 from melshards.preprocess.progress import ProgressReporter, count_rows
-from melshards.preprocess.workers import WorkerDiedError, apply_workers, run_watching_workers, worker_logs_held
+from melshards.preprocess.shards import make_temp_dir
+from melshards.preprocess.workers import (JobStoppedError, WorkerDiedError, apply_workers, run_watching_workers,
+                                          worker_logs_held)
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
 
 log = logging.getLogger("melshards.preprocess")
 
 # What `melshards preprocess` imports from here: the errors of every check it reports, and run_job.
-__all__ = ["DiskFullError", "EmptyRunError", "OptionsError", "OutputError", "quiet_beam_logging", "run_job"]
+__all__ = ["DiskFullError", "EmptyRunError", "OptionsError", "OutputError", "OutputGoneError", "quiet_beam_logging",
+           "run_job"]
 
 
 class EmptyRunError(RuntimeError):
@@ -42,6 +46,10 @@ class EmptyRunError(RuntimeError):
 
 class DiskFullError(RuntimeError):
     """The job ran out of space; the message says where and about how much the run needed."""
+
+
+class OutputGoneError(RuntimeError):
+    """The run's staging dir or lock was removed while the job ran (`rm -rf OUT`): the job was stopped."""
 
 
 def quiet_beam_logging() -> None:
@@ -192,6 +200,7 @@ def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None
     try:
         if cache_dir:  # `melshards cache prune` removes no entries while the run holds the cache
             lease = cache.Lease(cache_dir, posixpath.basename(run.stage.rstrip("/")).lstrip(".")).start()
+        make_temp_dir(run.stage)  # the workers make no directory: a staging dir removed stays removed
         with worker_logs_held() as worker_logs:  # shown when the job ends, unless told in one line below
             try:
                 _run_pipeline(options, corpora, run, cfg, reporter, cache_dir)
@@ -209,10 +218,52 @@ def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None
             lease.release()
 
 
+def removed_during_run(run: OutputRun) -> str | None:
+    """What of the run's hold on its output directory was removed while the job ran (its staging dir's
+    run.json, or its lock: `rm -rf OUT`), or None. Nothing once the run was published or closed."""
+    if run.published or run.closed:
+        return None
+    if not FileSystems.exists(FileSystems.join(run.stage, RUN_FILE)):
+        return f"the run's staging dir {run.stage}"
+    if not run.lock.still_held():
+        return f"the run's lock {run.lock.path}"
+    return None
+
+
+def gone_message(what: str, out_dir: str) -> str:
+    return (f"{what} was removed while the job ran: the job was stopped, nothing was published, and nothing of "
+            f"the run is left in {out_dir}; leave the directory to a run while it runs, and run again")
+
+
+def watch_output(run: OutputRun, every: float | None = None) -> Callable[[], str | None]:
+    """For the worker watch (`run_watching_workers`' stop_when): every `every` seconds (1 locally, 30 on
+    gs://), why the job must stop (`gone_message`), or None."""
+    every = every if every is not None else 1.0 if is_local_path(run.stage) else 30.0
+    last = [time.monotonic()]
+
+    def check() -> str | None:
+        if time.monotonic() - last[0] < every:
+            return None
+        last[0] = time.monotonic()
+        try:
+            gone = removed_during_run(run)
+        except Exception:  # a transient error reading the lock (gs://): asked again at the next check
+            return None
+        return gone_message(gone, run.out_dir) if gone else None
+    return check
+
+
 def told_in_one_line(e: BaseException, run: OutputRun) -> bool:
     """Whether the command knows the cause of the job's failure and says it in one line (`one_line_error`):
-    a worker that died, a full disk."""
-    return isinstance(e, WorkerDiedError) or (is_disk_full(e) and not (run.published or run.closed))
+    a worker that died, the staging dir or lock removed during the run, a full disk."""
+    if isinstance(e, (WorkerDiedError, JobStoppedError, OutputGoneError)):
+        return True
+    try:
+        if removed_during_run(run):
+            return True
+    except Exception:  # unknown, as the failure is
+        return False
+    return is_disk_full(e) and not (run.published or run.closed)
 
 
 def one_line_error(e: Exception, run: OutputRun, out_dir: str, cache_dir: str | None, done: int,
@@ -226,6 +277,13 @@ def one_line_error(e: Exception, run: OutputRun, out_dir: str, cache_dir: str | 
         again = (f"a re-run computes only the clips not yet in --cache {cache_dir}" if cache_dir else
                  "run it again (with --cache DIR, a re-run computes only the clips not yet cached)")
         return WorkerDiedError(f"{e}; the run's temporary files were removed and {out_dir} is as it was: {again}")
+    if isinstance(e, OutputGoneError):
+        return e
+    if isinstance(e, JobStoppedError):
+        return OutputGoneError(str(e))
+    gone = removed_during_run(run)
+    if gone:
+        return OutputGoneError(gone_message(gone, out_dir))
     return DiskFullError(disk_full_message(e, run, done, total))
 
 
@@ -241,7 +299,7 @@ def _run_pipeline(options: PipelineOptions, corpora: list[Corpus], run: OutputRu
     try:
         if local_processes:  # a worker that dies would leave the local runner waiting for ever
             run_watching_workers(lambda: p.run().wait_until_finish(),
-                                 told_in_one_line=lambda e: told_in_one_line(e, run))
+                                 told_in_one_line=lambda e: told_in_one_line(e, run), stop_when=watch_output(run))
         else:
             p.run().wait_until_finish()
     finally:
@@ -253,6 +311,9 @@ def _finish(run: OutputRun) -> dict:
     """Publish a run that wrote schema.json and return its stats; a run that did not (every row
     rejected) keeps only its rejected.jsonl in the staging dir and is an EmptyRunError."""
     if not FileSystems.exists(FileSystems.join(run.stage, SCHEMA_FILE)):
+        gone = removed_during_run(run)
+        if gone:
+            raise OutputGoneError(gone_message(gone, run.out_dir))
         message = empty_run_message(run.stage)
         close_run(run, ok=False, keep=(REJECTED_FILE,))
         raise EmptyRunError(message)

@@ -11,16 +11,34 @@ google-crc32c) and written through FileSystems, so gs:// works.
 """
 from __future__ import annotations
 
+import os
 import uuid
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
+from melshards.preprocess.output import STAGE_PREFIX
 from melshards.shards_schema.records import frame_record
 from melshards.shards_schema.schema import SHARD_SUFFIX, shard_name
 
 _COPY_CHUNK = 16 << 20
 TEMP_DIR = ".melshards-tmp"  # under the run's staging dir: temp shards, mel stash, progress files
+
+
+def create_file(path: str):
+    """A write channel for a new file, as FileSystems.create gives (which makes the directories), but
+    never a directory inside a local staging dir: one removed while the job runs (`rm -rf OUT`) would
+    come back as debris no run removes. The write fails instead (FileNotFoundError), and the run
+    stops (`melshards.preprocess.run`); the temp dir is made before the job (`make_temp_dir`)."""
+    if "://" not in path and any(part.startswith(STAGE_PREFIX) for part in path.split(os.sep)[:-1]):
+        return open(path, "wb")
+    return FileSystems.create(path)
+
+
+def make_temp_dir(out_dir: str) -> None:
+    """The temp dir of a local staging dir, made before the job writes into it (nothing on gs://)."""
+    if "://" not in out_dir:
+        os.makedirs(FileSystems.join(out_dir, TEMP_DIR), exist_ok=True)
 
 
 def group_into_shards(parts: list[dict], target_bytes: int) -> list[dict]:
@@ -73,7 +91,7 @@ class RollingFiles:
         if w is None:
             path = FileSystems.join(self.out_dir, TEMP_DIR, f"{split}-b{bucket:02d}-{uuid.uuid4().hex}{SHARD_SUFFIX}")
             w = self.open[key] = {"split": split, "bucket": bucket, "path": path, "records": 0, "bytes": 0,
-                                  "fh": FileSystems.create(path)}
+                                  "fh": create_file(path)}
         framed = frame_record(data)
         w["fh"].write(framed)
         w["records"] += 1
@@ -112,7 +130,7 @@ class _AssembleShard(beam.DoFn):
             FileSystems.rename(parts, [final])
         else:
             tmp = FileSystems.join(self.out_dir, TEMP_DIR, f"{shard['file']}.assembling")
-            with FileSystems.create(tmp) as out:
+            with create_file(tmp) as out:
                 for part in parts:
                     with FileSystems.open(part) as f:
                         while chunk := f.read(_COPY_CHUNK):

@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess.shards import TEMP_DIR
+from melshards.preprocess.shards import TEMP_DIR, create_file
 
 ROWS_FILE_BYTES = 4 << 20  # the read stage's batches of rows, packed into files of about this size
 
@@ -39,7 +39,7 @@ def stash_dir(out_dir: str) -> str:
 
 
 def _write(path: str, data: bytes) -> str:
-    with FileSystems.create(path) as f:
+    with create_file(path) as f:
         f.write(data)
     return path
 

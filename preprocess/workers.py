@@ -65,6 +65,10 @@ class WorkerDiedError(RuntimeError):
     kernel's out-of-memory killer). The run cannot finish: its bundles are lost."""
 
 
+class JobStoppedError(RuntimeError):
+    """The launcher stopped a watched job (its `stop_when` said why: what the job writes into is gone)."""
+
+
 # Set from the moment a watched job's worker is found dead.
 WORKER_DIED = threading.Event()
 # Set from the moment a watched job is found dead, or failed with an error the command tells in one
@@ -185,8 +189,8 @@ class _Watch:
     @classmethod
     def hook(cls, args) -> None:
         m = _WORKER_EXIT.search(str(args.exc_value)) if isinstance(args.exc_value, RuntimeError) else None
-        if m is None and WORKER_DIED.is_set() and _from_beam(args.exc_traceback):
-            return  # the runner's threads finding their channels to the dead worker broken
+        if m is None and QUIET.is_set() and _from_beam(args.exc_traceback):
+            return  # the runner's threads finding their channels to a dead (or killed) worker broken
         if m is None:
             if getattr(cls._inside, "yes", False):  # a hook installed over this one called it back
                 threading.__excepthook__(args)
@@ -211,7 +215,8 @@ class _Watch:
 
 
 def run_watching_workers(run: Callable[[], None], grace: float = 2.0,
-                         told_in_one_line: Callable[[BaseException], bool] = lambda e: False) -> None:
+                         told_in_one_line: Callable[[BaseException], bool] = lambda e: False,
+                         stop_when: Callable[[], str | None] = lambda: None) -> None:
     """run() (a local multi-process job, to its end) in a thread while this one watches its workers.
 
     Beam's local runner can wait for ever for a worker process that died (measured: a SIGSEGV in
@@ -222,6 +227,9 @@ def run_watching_workers(run: Callable[[], None], grace: float = 2.0,
     reported (the runner sometimes notices the broken channel first): the death is the cause. A
     failure that `told_in_one_line` accepts sets QUIET at once, in the job's thread: a worker's
     traceback printed a moment before is then still held by the console relay, and dropped.
+    `stop_when()`, asked at every tick of the watch (twice a second), returns why the job must stop
+    (what it writes into was removed): then QUIET is set, the workers are killed, so none writes any
+    more, and JobStoppedError is raised with that reason.
     """
     _Watch.install()
     WORKER_DIED.clear()
@@ -242,7 +250,11 @@ def run_watching_workers(run: Callable[[], None], grace: float = 2.0,
     threading.Thread(target=target, name="melshards-job", daemon=True).start()
     try:
         while not watch.done.wait(0.5):  # a timed wait: Ctrl-C's handler runs at once
-            pass
+            why = stop_when()
+            if why:
+                QUIET.set()
+                _kill_and_wait(_beam_workers())
+                raise JobStoppedError(why)
         if failure:
             WORKER_DIED.wait(grace)
         if watch.codes:
@@ -256,42 +268,47 @@ def run_watching_workers(run: Callable[[], None], grace: float = 2.0,
 
 
 # -- what they log -----------------------------------------------------------------------------
-# Where Beam's local runner logs what its worker processes log (`Worker: ...`, an error with its
-# traceback: 15 lines and more for each failed bundle).
+# Where Beam's local runner logs a failed bundle's error with its traceback (15 lines and more each):
+# in a worker process, relayed as `Worker: ...` by the local job service; in this process (one worker,
+# in_memory) by the DoFn runner itself.
 WORKER_LOG = "apache_beam.runners.portability.local_job_service"
+BUNDLE_LOG = "apache_beam.runners.common"
 
 
 class HeldLogs(logging.Filter):
-    """Holds the records of one logger while installed; `release` hands them on, `drop` forgets them."""
+    """Holds the records of some loggers while installed; `release` hands them on, `drop` forgets them."""
 
-    def __init__(self, logger: logging.Logger):
+    def __init__(self, names: tuple[str, ...]):
         super().__init__()
-        self.logger, self.records, self.dropped = logger, [], False
+        self.loggers = [logging.getLogger(n) for n in names]
+        self.records: list[logging.LogRecord] = []
+        self.dropped = False
+        for logger in self.loggers:
+            logger.addFilter(self)
 
     def filter(self, record: logging.LogRecord) -> bool:
         self.records.append(record)
         return False
 
     def drop(self) -> None:
-        """The command says what went wrong in one line: what the workers said about it is not shown."""
+        """The command says what went wrong in one line: what was logged about it is not shown."""
         self.dropped = True
         self.records.clear()
 
     def release(self) -> None:
-        self.logger.removeFilter(self)
+        for logger in self.loggers:
+            logger.removeFilter(self)
         held, self.records = ([] if self.dropped else self.records), []
         for record in held:
-            self.logger.handle(record)
+            logging.getLogger(record.name).handle(record)
 
 
 @contextlib.contextmanager
 def worker_logs_held():
-    """For the length of a job, what its local worker processes log waits here: when the job ends
-    it reaches the console, unless the command called `drop()` on the object yielded, because it
-    explains the failure in one line (a full disk, a worker that died, a removed staging dir)."""
-    logger = logging.getLogger(WORKER_LOG)
-    held = HeldLogs(logger)
-    logger.addFilter(held)
+    """For the length of a job, the errors its bundles log (with their tracebacks) wait here: when
+    the job ends they reach the console, unless the command called `drop()` on the object yielded,
+    because it tells the failure in one line (a full disk, a worker that died, a removed staging dir)."""
+    held = HeldLogs((WORKER_LOG, BUNDLE_LOG))
     try:
         yield held
     finally:

@@ -171,6 +171,7 @@ class StopOnCtrlC:
             w, s = self.wakeup, self.signals
             # a dead worker's last words, and the workers' tracebacks of a failure the command tells in
             # one line (a full disk), are not for the console
+            workers.QUIET.clear()  # set by an earlier run of this process
             quiet = workers.QUIET.is_set
             self.relays = ([_Relay((1, 2), w, quiet, s)] if _same_file(1, 2) else
                            [_Relay((1,), w, quiet, s), _Relay((2,), w, quiet, s)])
@@ -197,8 +198,8 @@ class StopOnCtrlC:
             line = stopped_line(self.signum, self.out_dir, bool(output.PUBLISHED))
             self.relays[-1].write_through(line + "\n")
             os._exit(STOPPING_SIGNALS[self.signum][0])
-        if workers.WORKER_DIED.is_set():  # the runner's threads may still log their broken channels,
-            logging.disable(logging.CRITICAL)  # now straight to the console; the command ends with its line
+        if workers.QUIET.is_set():  # the runner's threads may still log their broken channels to a dead or
+            logging.disable(logging.CRITICAL)  # killed worker, now straight to the console; the command ends with its line
         for s, old in self.old_handlers.items():
             signal.signal(s, old)
         signal.set_wakeup_fd(self.old_wakeup)

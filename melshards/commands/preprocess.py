@@ -25,6 +25,11 @@ class DiskFull(click.ClickException):
     exit_code = 1
 
 
+class OutputGone(click.ClickException):
+    """The run's staging dir or lock was removed while the job ran: exit 2, one line, nothing re-created."""
+    exit_code = 2
+
+
 class WorkerDied(click.ClickException):
     """A local worker process crashed or was killed: exit 1, one line, temp files removed."""
     exit_code = 1
@@ -131,8 +136,8 @@ def preprocess_command(ctx: click.Context, input_paths: tuple[str, ...], format_
     from melshards.preprocess.config import ConfigError
     from melshards.preprocess.corpus import CorpusError
     from melshards.commands.ctrl_c import StopOnCtrlC
-    from melshards.preprocess.run import (DiskFullError, EmptyRunError, OptionsError, OutputError, WorkerDiedError,
-                                         quiet_beam_logging, run_job)
+    from melshards.preprocess.run import (DiskFullError, EmptyRunError, OptionsError, OutputError, OutputGoneError,
+                                         WorkerDiedError, quiet_beam_logging, run_job)
 
     quiet_beam_logging()
     # Beam and this CLI, loaded by now, live until the process ends: frozen, the collector stops
@@ -155,6 +160,8 @@ def preprocess_command(ctx: click.Context, input_paths: tuple[str, ...], format_
         raise DiskFull(str(e)) from e
     except WorkerDiedError as e:
         raise WorkerDied(str(e)) from e
+    except OutputGoneError as e:
+        raise OutputGone(str(e)) from e
     except ValueError as e:  # PipelineOptions rejects malformed Beam flags with ValueError
         raise click.UsageError(f"bad Beam option: {e}") from e
     if stats is None:

@@ -634,35 +634,34 @@ def test_sigterm_stops_the_run_like_ctrl_c_with_one_line_exit_143_and_no_lock_st
     assert not [pid for pid in below if _running(pid)]
 
 
-def _failing_job(monkeypatch, error: Exception, worker_says: str):
-    """run_job's job replaced by one whose worker logs `worker_says` (as Beam's local runner relays a
-    worker's error, traceback and all) and which then fails with `error`."""
+def _failing_job(monkeypatch, error: Exception, worker_says: str, logger: str):
+    """run_job's job replaced by one whose failed bundle logs `worker_says` to `logger` (as Beam's
+    local runner does, traceback and all) and which then fails with `error`."""
     import logging
 
     from melshards.preprocess import run as R
-    from melshards.preprocess.workers import WORKER_LOG
 
     def job(*args, **kwargs):
-        logging.getLogger(WORKER_LOG).error("Worker: %s", worker_says)
+        logging.getLogger(logger).error("Worker: %s", worker_says)
         raise error
     monkeypatch.setattr(R, "_run_pipeline", job)
 
 
+@pytest.mark.parametrize("logger", ["apache_beam.runners.portability.local_job_service",  # worker processes
+                                    "apache_beam.runners.common"])  # one worker, in this process
 def test_a_full_disk_is_told_in_one_line_without_what_the_workers_logged_about_it(
-        monkeypatch, caplog, capsys, tmp_path, corpus_dir):
+        monkeypatch, caplog, capsys, tmp_path, corpus_dir, logger):
     import errno
-
-    from melshards.preprocess.workers import WORKER_LOG
 
     out = tmp_path / "o"
     full = OSError(errno.ENOSPC, "No space left on device", str(out / "x.tfrecord"))
     error = RuntimeError("OSError: [Errno 28] No space left on device [while running 'FilterAndWrite']")
     error.__cause__ = full
-    _failing_job(monkeypatch, error, "Traceback (most recent call last): ... OSError: [Errno 28] No space left")
+    _failing_job(monkeypatch, error, "Traceback (most recent call last): ... OSError: [Errno 28] No space left", logger)
     assert run(["--input", str(corpus_dir), "--output", str(out), "--config", str(TINY_CONFIG)]) == 1
     (line,) = [l for l in capsys.readouterr().err.splitlines() if l.startswith("Error:")]
     assert line.startswith(f"Error: no space left on the device of {out / 'x.tfrecord'}")
-    assert not [r for r in caplog.records if r.name == WORKER_LOG]
+    assert not [r for r in caplog.records if r.name == logger]
     assert sorted(p.name for p in out.iterdir()) == []  # no lock, no staging dir
 
 
@@ -670,8 +669,50 @@ def test_what_the_workers_logged_reaches_the_console_when_the_failure_is_not_exp
         monkeypatch, caplog, tmp_path, corpus_dir):
     from melshards.preprocess.workers import WORKER_LOG
 
-    _failing_job(monkeypatch, RuntimeError("a bug"), "Traceback (most recent call last): ... ValueError: a bug")
+    _failing_job(monkeypatch, RuntimeError("a bug"), "Traceback (most recent call last): ... ValueError: a bug",
+                 WORKER_LOG)
     with pytest.raises(RuntimeError, match="a bug"):
         run(["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--config", str(TINY_CONFIG)])
     assert [r.getMessage() for r in caplog.records if r.name == WORKER_LOG] == [
         "Worker: Traceback (most recent call last): ... ValueError: a bug"]
+
+
+def test_an_output_removed_during_the_run_is_told_in_one_line_and_nothing_is_made_again(
+        monkeypatch, caplog, capsys, tmp_path, corpus_dir):
+    """`rm -rf OUT` while the job runs: the job's next write fails, and it writes nothing back (Beam's
+    FileSystems.create made the directories again: debris no run would remove)."""
+    import shutil
+
+    from melshards.preprocess import run as R
+    from melshards.preprocess.stash import stash_dir, stash_rows
+
+    out = tmp_path / "o"
+
+    def job(options, corpora, run, *args, **kwargs):
+        shutil.rmtree(out)
+        list(stash_rows(stash_dir(run.stage), [[{"id": "a"}]]))  # what a worker writes next
+    monkeypatch.setattr(R, "_run_pipeline", job)
+    assert run(["--input", str(corpus_dir), "--output", str(out), "--config", str(TINY_CONFIG)]) == 2
+    (line,) = [l for l in capsys.readouterr().err.splitlines() if l.startswith("Error:")]
+    assert line.startswith(f"Error: the run's staging dir {out}/.melshards-run-") and "was removed while the job ran" in line
+    assert not out.exists()
+
+
+def test_the_watch_of_a_run_says_when_its_staging_dir_or_lock_is_removed(tmp_path):
+    import os
+    import shutil
+
+    from melshards.preprocess import output as O
+    from melshards.preprocess.run import watch_output
+
+    for removed in ("staging dir", "lock"):
+        out = tmp_path / removed.replace(" ", "-")
+        r = O.open_run(str(out), overwrite=False)
+        check = watch_output(r, every=0)
+        assert check() is None
+        if removed == "lock":
+            os.remove(r.lock.path)
+        else:
+            shutil.rmtree(r.stage)
+        assert check().startswith(f"the run's {removed} {r.lock.path if removed == 'lock' else r.stage} was removed")
+        O.close_run(r, ok=False)

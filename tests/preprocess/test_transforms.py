@@ -682,3 +682,13 @@ def test_measure_clips_rejects_constant_dc_as_silent_and_nan_as_invalid_samples(
                     label="clips")
         assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
                     equal_to([("nan", "invalid_samples"), ("dc", "silent_audio")]), label="rejected")
+
+
+def test_the_jobs_writers_make_no_directory_in_a_staging_dir_a_removed_one_stays_removed(tmp_path):
+    removed = tmp_path / "o" / ".melshards-run-x" / ".melshards-tmp"
+    with pytest.raises(FileNotFoundError):
+        list(stash_rows(str(removed), [[{"id": "a"}]]))
+    with pytest.raises(FileNotFoundError):
+        RollingFiles(str(removed.parent), 1000).write("train", 0, b"record")
+    assert not (tmp_path / "o").exists()
+

@@ -84,6 +84,7 @@ def test_a_failure_told_in_one_line_quiets_the_console_as_the_job_fails_before_t
             pass
 
     monkeypatch.setattr(W, "WORKER_DIED", Died())
+    monkeypatch.setattr(W, "QUIET", threading.Event())
 
     def job():
         raise OSError(28, "No space left on device")
@@ -120,3 +121,22 @@ def test_the_console_relay_holds_a_workers_traceback_until_the_failure_it_belong
 
     assert console(True) == b"progress\n"
     assert console(False).count(b"\n") == 5
+
+
+def test_a_job_whose_output_is_removed_is_stopped_by_the_watch_with_the_reason(monkeypatch):
+    monkeypatch.setattr(W, "QUIET", threading.Event())
+    killed = []
+    monkeypatch.setattr(W, "_kill_and_wait", killed.append)
+    monkeypatch.setattr(W, "_beam_workers", lambda: [12345])
+    release = threading.Event()
+    asked = []
+
+    def stop_when():
+        asked.append(1)
+        return "the run's staging dir D was removed" if len(asked) > 1 else None
+    try:
+        with pytest.raises(W.JobStoppedError, match="the run's staging dir D was removed"):
+            W.run_watching_workers(lambda: release.wait(60), stop_when=stop_when)
+    finally:
+        release.set()
+    assert W.QUIET.is_set() and killed == [[12345]]
