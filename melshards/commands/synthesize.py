@@ -68,14 +68,24 @@ def check_wav_target(output: str) -> None:
 
 
 def write_wav(output: str, y: np.ndarray, sample_rate: int) -> None:
-    """16-bit PCM WAV whose RIFF INFO software entry marks it as this command's (what -o may write over)."""
+    """16-bit PCM WAV whose RIFF INFO software entry marks it as this command's (what -o may write over),
+    written beside output and moved over it whole: a failed write is exit 2 with the reason and leaves
+    output as it was."""
     import soundfile as sf
 
     from melshards.shards_schema.ownership import WAV_SOFTWARE
 
-    with sf.SoundFile(output, "w", sample_rate, 1, subtype="PCM_16", format="WAV") as f:
-        f.software = WAV_SOFTWARE
-        f.write(y)
+    head, name = os.path.split(os.path.abspath(output))
+    partial = os.path.join(head, f".{name}.melshards-{os.getpid()}.partial")  # created with the umask's mode
+    try:
+        with sf.SoundFile(partial, "w", sample_rate, 1, subtype="PCM_16", format="WAV") as f:
+            f.software = WAV_SOFTWARE
+            f.write(y)
+        os.replace(partial, output)
+    except (OSError, RuntimeError) as e:  # RuntimeError: soundfile's LibsndfileError (e.g. the disk filled up)
+        if os.path.exists(partial):
+            os.remove(partial)
+        raise click.UsageError(f"-o {output}: cannot write it ({e}); pass a writable file path") from e
 
 
 @click.command("synthesize", context_settings={"help_option_names": ["-h", "--help"]})

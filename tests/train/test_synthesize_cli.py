@@ -291,3 +291,21 @@ def test_a_schema_that_no_longer_fits_the_checkpoint_is_one_line_naming_the_mism
     assert f"{model / 'schema.json'} does not fit the checkpoint {model / 'checkpoints' / 'ckpt-10'}" in result.output
     assert "embeddings [" in result.output and "Put back the schema.json training recorded" in result.output
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_a_wav_write_that_fails_is_exit_2_naming_the_path_and_leaves_the_old_wav(tmp_path, monkeypatch):
+    import click
+    import numpy as np
+
+    from melshards.commands.synthesize import write_wav
+
+    out = tmp_path / "out.wav"
+    write_wav(str(out), np.ones(100, np.float32) * 0.5, 16000)
+    before = out.read_bytes()
+
+    def full(self, data):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(sf.SoundFile, "write", full)
+    with pytest.raises(click.UsageError, match=f"-o {out}: cannot write it .*No space left on device"):
+        write_wav(str(out), np.zeros(100, np.float32), 16000)
+    assert out.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["out.wav"]
