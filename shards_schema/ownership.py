@@ -100,14 +100,13 @@ def wav_is_ours(f: BinaryIO) -> bool:
         if len(header) < 8:
             return False
         chunk, size = header[:4], struct.unpack("<I", header[4:])[0]
+        skip = size + size % 2  # chunks are word-aligned
         if chunk == b"LIST":
-            body = f.read(size)
+            body = f.read(min(size, HEAD_BYTES))
             if body[:4] == b"INFO" and _info_software(body[4:]).startswith(WAV_SOFTWARE):
                 return True
-            if size % 2:
-                f.read(1)
-        else:
-            f.seek(size + size % 2, os.SEEK_CUR)  # chunks are word-aligned
+            skip -= len(body)
+        f.seek(skip, os.SEEK_CUR)
 
 
 def _info_software(info: bytes) -> str:
@@ -157,7 +156,7 @@ def refusal(option: str, path: str, what: str) -> NotOurs:
 
 def check_may_write(option: str, path: str, kind: Kind, fs: Files | None = None) -> None:
     """Nothing at `path`, or a file of `kind` this package made there; NotOurs otherwise (a directory,
-    another file, one that cannot be read). Reads at most a few KiB; writes nothing."""
+    another file, one that cannot be read). Reads a few KiB of it at most; writes nothing."""
     files = files_for(path, fs)
     if not files.exists(path):
         return

@@ -57,6 +57,15 @@ def test_a_runs_json_a_directory_and_a_dangling_link_are_refused(tmp_path, kind)
             check_may_write("--o", str(tmp_path / name), kind)
 
 
+def test_a_wav_mark_after_an_odd_sized_data_chunk_is_found(tmp_path):
+    p = tmp_path / "late.wav"
+    with sf.SoundFile(p, "w", 16000, 1, subtype="PCM_U8", format="WAV") as f:
+        f.write(np.zeros(1001, np.float32))  # 1001 bytes of data, then a pad byte
+        f.software = WAV_SOFTWARE  # set after the data: libsndfile writes the LIST chunk after it
+    assert p.read_bytes().find(b"LIST") > 1001
+    check_may_write("-o", str(p), WAV)
+
+
 def test_a_truncated_wav_header_is_not_taken_for_ours(tmp_path):
     p = tmp_path / "x.wav"
     wav(p, WAV_SOFTWARE)
