@@ -10,7 +10,7 @@ or removed anything. The marks:
 | `stats --html` | an HTML report | `<meta name="generator" content="melshards stats">` in its head (`HTML`) |
 | `synthesize -o` | a WAV | the RIFF `LIST/INFO` chunk's `ISFT` (software) starting `melshards synthesize` (`WAV`) |
 | `inspect --out` | a mel PNG | the PNG `tEXt` chunk `Software` = `melshards inspect` (`PNG`) |
-| `train --model-dir` | a model dir | `train_config.json` or `checkpoints/` in it (`MODEL_DIR_MARKS`; train/model_dir.py) |
+| `train --model-dir` | a model dir | `train_config.json` or `checkpoints/` in it (`MODEL_DIR_MARKS`) |
 
 A model dir is recognised by those names alone, so `preprocess --output` can refuse one without
 importing the trainer. Local paths are read with `os`; other URLs (gs://) through the `fs` passed in,
