@@ -1,11 +1,18 @@
 """Stage 9, Report: rejected.jsonl, stats.json, then schema.json (last: its presence marks a finished
-run), into the run's staging dir; `melshards.preprocess.output` moves them into the output directory."""
+run), into the run's staging dir; `melshards.preprocess.output` moves them into the output directory.
+
+The rejected rows never meet in one worker: they are counted per reason by a combiner, and written
+sorted in shards of at most about ROWS_PER_REJECTED_SHARD rows (`WriteRejected`), which the report
+merges, a line at a time, into the one `rejected.jsonl` (sorted by id, reason and detail)."""
 from __future__ import annotations
 
 import dataclasses
+import heapq
 import json
 import posixpath
-from collections import Counter
+import zlib
+from contextlib import ExitStack
+from typing import Iterable, Iterator
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -186,20 +193,92 @@ def _write_text(out_dir: str, name: str, text: str) -> None:
     FileSystems.rename([tmp], [FileSystems.join(out_dir, name)])
 
 
-def rejected_lines(rejected: list[dict]) -> str:
-    """rejected.jsonl: one JSON object per rejected row, sorted by id and reason (stable across runs)."""
-    rows = sorted(rejected, key=lambda r: (r["id"], r["reason"], r.get("detail", "")))
-    return "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows)
+# -- rejected.jsonl: written in sorted shards, merged into one file ---------------------------------
+ROWS_PER_REJECTED_SHARD = 100_000  # what one worker holds and sorts (~100 bytes a row)
+
+
+def rejected_order(row: dict) -> tuple[str, str, str]:
+    """rejected.jsonl's order: by id, reason and detail (stable across runs)."""
+    return row["id"], row["reason"], row.get("detail", "")
+
+
+def rejected_line(row: dict) -> str:
+    return json.dumps(row, sort_keys=True) + "\n"
+
+
+def rejected_shard_count(rows: int, rows_per_shard: int = ROWS_PER_REJECTED_SHARD) -> int:
+    return max(1, -(-rows // rows_per_shard))
+
+
+def rejected_shard_of(row: dict, shards: int) -> int:
+    """The shard a rejected row is written in: by its id (crc32, the same in every process)."""
+    return zlib.crc32(row["id"].encode("utf-8")) % shards
+
+
+def merged_lines(paths: Iterable[str]) -> Iterator[str]:
+    """The lines of rejected shards (each sorted by `rejected_order`), merged into one sorted stream:
+    one line of each shard in memory at a time."""
+    with ExitStack() as stack:
+        files = [(line.decode("utf-8") for line in stack.enter_context(FileSystems.open(p))) for p in sorted(paths)]
+        yield from heapq.merge(*files, key=lambda line: rejected_order(json.loads(line)))
+
+
+def write_merged(out_dir: str, name: str, paths: Iterable[str]) -> None:
+    """`merged_lines` of the shards into out_dir/name, through a temporary name (as `_write_text`)."""
+    tmp = FileSystems.join(out_dir, TEMP_DIR, f"{name}.writing")
+    with create_file(tmp) as f:
+        for line in merged_lines(paths):
+            f.write(line.encode("utf-8"))
+    FileSystems.rename([tmp], [FileSystems.join(out_dir, name)])
+
+
+class _WriteRejectedShardFn(beam.DoFn):
+    """(shard index, its rows) -> the rows sorted, written to the temp dir; yields the file's path."""
+
+    def __init__(self, out_dir: str):
+        self.out_dir = out_dir
+
+    def process(self, keyed):
+        index, rows = keyed
+        path = FileSystems.join(self.out_dir, TEMP_DIR, f"rejected-{index:05d}.jsonl")
+        with create_file(path + ".writing") as f:  # renamed once whole: a retried bundle writes it again
+            for row in sorted(rows, key=rejected_order):
+                f.write(rejected_line(row).encode("utf-8"))
+        FileSystems.rename([path + ".writing"], [path])
+        yield path
+
+
+class WriteRejected(beam.PTransform):
+    """Rejected rows -> {"reasons": (reason, count) per reason (a combiner), "shards": the paths of the
+    rows written sorted in shards of about `rows_per_shard` rows under out_dir's temp dir, for
+    `write_merged`}. No worker holds more than one shard's rows."""
+
+    def __init__(self, out_dir: str, rows_per_shard: int = ROWS_PER_REJECTED_SHARD):
+        super().__init__()
+        self.out_dir, self.rows_per_shard = out_dir, rows_per_shard
+
+    def expand(self, rejected):
+        per_shard = self.rows_per_shard
+        reasons = (rejected
+                   | "Reason" >> beam.Map(lambda row: (row["reason"], 1))
+                   | "CountReasons" >> beam.CombinePerKey(sum))
+        total = (reasons
+                 | "Counts" >> beam.Values()
+                 | "Total" >> beam.CombineGlobally(sum).without_defaults())  # none rejected: no element
+        shards = (rejected
+                  | "Key" >> beam.Map(lambda row, n: (rejected_shard_of(row, rejected_shard_count(n, per_shard)), row),
+                                      beam.pvalue.AsSingleton(total, default_value=0))
+                  | "Group" >> beam.GroupByKey()
+                  | "WriteShard" >> beam.ParDo(_WriteRejectedShardFn(self.out_dir)))
+        return {"reasons": reasons, "shards": shards}
 
 
 class _WriteReportFn(beam.DoFn):
     def __init__(self, out_dir: str, cfg: PreprocessConfig, cache_dir: str | None = None):
         self.out_dir, self.cfg, self.cache_dir = out_dir, cfg, cache_dir
 
-    def process(self, _, input_rows, before, cutoffs, plan, rejected, shards, moments, tables, written, inputs,
-                feature_groups, cache_use):
-        rejected = list(rejected)
-        reasons = Counter(r["reason"] for r in rejected)
+    def process(self, _, input_rows, before, cutoffs, plan, reasons, rejected_shards, shards, moments, tables,
+                written, inputs, feature_groups, cache_use):
         buckets, text = plan["buckets"], plan["text"]
         written = written[0] if written else {}  # none when no batch was written
         features = None
@@ -213,7 +292,7 @@ class _WriteReportFn(beam.DoFn):
             stats["cache"] = {"dir": self.cache_dir, **{k: int(use["counts"].get(k, 0)) for k in CACHE_COUNTS},
                               "files_used": len(use["files"])}
             cache.record_use(self.cache_dir, run_id, use["files"])
-        _write_text(self.out_dir, REJECTED_FILE, rejected_lines(rejected))
+        write_merged(self.out_dir, REJECTED_FILE, rejected_shards)
         _write_text(self.out_dir, STATS_FILE, json.dumps(stats, indent=2) + "\n")
         finished = cutoffs is not None and buckets is not None
         if finished:  # else every row was rejected (or filtered): no schema.json, the CLI says so from stats.json
@@ -234,6 +313,7 @@ class WriteReport(beam.PTransform):
 
     def expand(self, inputs):
         S = beam.pvalue
+        rejected = inputs["rejected"] | "Rejected" >> WriteRejected(self.out_dir)
         return (inputs["input_rows"].pipeline
                 | "Once" >> beam.Create([None])
                 | "Write" >> beam.ParDo(
@@ -242,7 +322,8 @@ class WriteReport(beam.PTransform):
                     before=S.AsSingleton(inputs["before"]),
                     cutoffs=S.AsSingleton(inputs["cutoffs"]),
                     plan=S.AsSingleton(inputs["plan"]),
-                    rejected=S.AsList(inputs["rejected"]),
+                    reasons=S.AsDict(rejected["reasons"]),
+                    rejected_shards=S.AsList(rejected["shards"]),
                     shards=S.AsList(inputs["shards"]),
                     moments=S.AsSingleton(inputs["moments"]),
                     tables=S.AsSingleton(inputs["tables"]),

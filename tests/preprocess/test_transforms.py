@@ -692,3 +692,40 @@ def test_the_jobs_writers_make_no_directory_in_a_staging_dir_a_removed_one_stays
         RollingFiles(str(removed.parent), 1000).write("train", 0, b"record")
     assert not (tmp_path / "o").exists()
 
+
+def test_rejected_rows_are_counted_by_a_combiner_and_written_in_sorted_shards_merged_into_one_sorted_file(
+        tmp_path):
+    """No worker holds every rejected row: each shard holds about `rows_per_shard` of them, sorted, and
+    rejected.jsonl is their merge, in the order it always had (id, reason, detail)."""
+    from melshards.preprocess.report import (WriteRejected, rejected_line, rejected_order, rejected_shard_count,
+                                             rejected_shard_of, write_merged)
+    from melshards.preprocess.shards import TEMP_DIR
+
+    (tmp_path / TEMP_DIR).mkdir()
+    rows = [{"id": f"r{i % 97:03d}", "reason": ("missing_audio", "too_short")[i % 2], "detail": f"d{i % 5}"}
+            for i in range(500)]
+    with pipeline() as p:
+        out = p | beam.Create(rows) | WriteRejected(str(tmp_path), rows_per_shard=40)
+        assert_that(out["reasons"], equal_to([("missing_audio", 250), ("too_short", 250)]), label="reasons")
+        used = {rejected_shard_of(r, rejected_shard_count(len(rows), 40)) for r in rows}
+        assert_that(out["shards"] | beam.Map(os.path.basename), equal_to(
+            [f"rejected-{i:05d}.jsonl" for i in used]), label="shards")
+    shards = sorted(str(p) for p in (tmp_path / TEMP_DIR).glob("rejected-*.jsonl"))
+    assert len(shards) > 1
+    held = [[json.loads(l) for l in open(s)] for s in shards]
+    assert max(map(len, held)) < 250 and all(h == sorted(h, key=rejected_order) for h in held)
+    write_merged(str(tmp_path), "rejected.jsonl", shards)
+    assert (tmp_path / "rejected.jsonl").read_text() == "".join(map(rejected_line, sorted(rows, key=rejected_order)))
+
+
+def test_no_rejected_row_gives_no_count_and_an_empty_rejected_jsonl(tmp_path):
+    from melshards.preprocess.report import WriteRejected, write_merged
+    from melshards.preprocess.shards import TEMP_DIR
+
+    (tmp_path / TEMP_DIR).mkdir()
+    with pipeline() as p:
+        out = p | beam.Create([]) | WriteRejected(str(tmp_path))
+        assert_that(out["reasons"], equal_to([]), label="reasons")
+        assert_that(out["shards"], equal_to([]), label="shards")
+    write_merged(str(tmp_path), "rejected.jsonl", [])
+    assert (tmp_path / "rejected.jsonl").read_text() == ""
