@@ -11,6 +11,7 @@ or removed anything. The marks:
 | `synthesize -o` | a WAV | the RIFF `LIST/INFO` chunk's `ISFT` (software) starting `melshards synthesize` (`WAV`) |
 | `inspect --out` | a mel PNG | the PNG `tEXt` chunk `Software` = `melshards inspect` (`PNG`) |
 | `train --model-dir` | a model dir | `train_config.json` or `checkpoints/` in it (`MODEL_DIR_MARKS`) |
+| `synthesize --export` | a SavedModel dir | `melshards-export.json` in it (`EXPORT_MARK`); an empty dir may be used |
 
 A model dir is recognised by those names alone, so `preprocess --output` can refuse one without
 importing the trainer. Local paths are read with `os`; other URLs (gs://) through the `fs` passed in,
@@ -32,6 +33,7 @@ HTML_GENERATOR = "melshards stats"
 HTML_MARK = f'<meta name="generator" content="{HTML_GENERATOR}">'
 WAV_SOFTWARE = "melshards synthesize"
 PNG_SOFTWARE = "melshards inspect"
+EXPORT_MARK = "melshards-export.json"  # written into a SavedModel dir by `synthesize --export`, after the model
 HEAD_BYTES = 4096  # an HTML report's mark lies in its first line; a PNG's text chunks before its image data
 
 
@@ -48,6 +50,8 @@ class Files(Protocol):
     def isdir(self, path: str) -> bool: ...
 
     def open(self, path: str) -> BinaryIO: ...
+
+    def listdir(self, path: str) -> list[str]: ...
 
 
 class _GFile:
@@ -68,6 +72,11 @@ class _GFile:
 
         return gfile.GFile(path, "rb")
 
+    def listdir(self, path: str) -> list[str]:
+        from tensorflow.io import gfile
+
+        return gfile.listdir(path)
+
 
 class _Local:
     def exists(self, path: str) -> bool:
@@ -78,6 +87,9 @@ class _Local:
 
     def open(self, path: str) -> BinaryIO:
         return open(path, "rb")
+
+    def listdir(self, path: str) -> list[str]:
+        return os.listdir(path)
 
 
 def files_for(path: str, fs: Files | None = None) -> Files:
@@ -170,6 +182,21 @@ def check_may_write(option: str, path: str, kind: Kind, fs: Files | None = None)
                       "pass a path that does not exist yet") from e
     if not ours:
         raise refusal(option, path, kind.what)
+
+
+def check_may_fill_dir(option: str, path: str, mark: str, what: str, fs: Files | None = None) -> None:
+    """Nothing at `path`, an empty directory, or a directory holding `mark` (the file the command writes
+    into every directory it fills); NotOurs otherwise (a file, a directory of someone else's files)."""
+    files = files_for(path, fs)
+    if not files.exists(path):
+        return
+    try:
+        names = files.listdir(path) if files.isdir(path) else None
+    except Exception as e:  # OSError, tf.errors.OpError of a remote listing: not shown to be ours
+        raise NotOurs(f"{option} {path}: it cannot be listed ({e}), so it is left as it is; "
+                      "pass a path that does not exist yet") from e
+    if names is None or (names and mark not in {n.rstrip("/") for n in names}):
+        raise refusal(option, path, what)
 
 
 def model_dir_marks(names: set[str] | list[str]) -> list[str]:

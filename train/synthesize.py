@@ -154,7 +154,12 @@ class Synthesizer(tf.Module):
                              tf.constant([language.id], tf.int32))
 
     def export(self, path: str) -> None:
+        """The SavedModel into `path`, then `EXPORT_MARK` (what a later --export may write over)."""
+        from melshards.shards_schema.ownership import EXPORT_MARK
+
         tf.saved_model.save(self, path, signatures={"serving_default": self.serve})
+        with tf.io.gfile.GFile(posixpath.join(path, EXPORT_MARK), "w") as f:
+            f.write(json.dumps({"written_by": "melshards synthesize --export", "schema_version": self.schema.version}))
 
 
 def _name_table(names: list[str]) -> tf.lookup.StaticHashTable:

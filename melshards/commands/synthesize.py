@@ -67,6 +67,17 @@ def check_wav_target(output: str) -> None:
         raise click.UsageError(str(e)) from e
 
 
+def check_export_target(export_dir: str) -> None:
+    """Refuse (exit 2), before any work, an --export that is a file or a directory holding files other
+    than a SavedModel this command exported (its `EXPORT_MARK`)."""
+    from melshards.shards_schema.ownership import EXPORT_MARK, NotOurs, check_may_fill_dir
+
+    try:
+        check_may_fill_dir("--export", export_dir, EXPORT_MARK, "a SavedModel dir `melshards synthesize --export` wrote")
+    except NotOurs as e:
+        raise click.UsageError(str(e)) from e
+
+
 def write_wav(output: str, y: np.ndarray, sample_rate: int) -> None:
     """16-bit PCM WAV whose RIFF INFO software entry marks it as this command's (what -o may write over),
     written beside output and moved over it whole: a failed write is exit 2 with the reason and leaves
@@ -101,7 +112,7 @@ def write_wav(output: str, y: np.ndarray, sample_rate: int) -> None:
               help="Language code, as schema.json's languages table has it (default: the only language).")
 @click.option("--export", "export_dir", default=None,
               help="Also save the generator as a SavedModel here (serving signature: text, speaker name, "
-                   "language code -> mel).")
+                   "language code -> mel); an existing DIR is written into only if it is empty or an earlier --export.")
 def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, language, export_dir) -> None:
     """Speak TEXT with the model in --model-dir and write a WAV (Griffin-Lim vocoder)."""
     setup_logging()
@@ -114,6 +125,8 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, lang
     # every check that needs no model first, and nothing created before they pass: loading and
     # compiling the model takes a while
     check_wav_target(output)
+    if export_dir:
+        check_export_target(export_dir)
     try:
         check_model_dir(model_dir)
         schema = read_schema(posixpath.join(model_dir, SCHEMA_FILE))

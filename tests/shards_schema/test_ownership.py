@@ -10,7 +10,7 @@ import soundfile as sf
 from matplotlib.figure import Figure
 
 from melshards.shards_schema.ownership import (HTML, HTML_MARK, MODEL_DIR_MARKS, PNG, PNG_SOFTWARE, WAV, WAV_SOFTWARE,
-                                               NotOurs, check_may_write, model_dir_marks)
+                                               NotOurs, check_may_fill_dir, check_may_write, model_dir_marks)
 
 
 def wav(path, software=None):
@@ -93,3 +93,22 @@ def test_a_model_dir_is_recognised_by_its_config_or_its_checkpoints():
     assert model_dir_marks(["schema.json", "checkpoints/"]) == ["checkpoints"]
     assert model_dir_marks({"train_config.json", "run_summary.json"}) == ["train_config.json"]
     assert model_dir_marks(["schema.json", "stats.json", "train-00000-of-00001.tfrecord"]) == []
+
+
+def test_a_dir_is_filled_only_when_missing_empty_or_holding_the_commands_mark(tmp_path):
+    check_may_fill_dir("--export", str(tmp_path / "new"), "mark.json", "an export")
+    (tmp_path / "empty").mkdir()
+    check_may_fill_dir("--export", str(tmp_path / "empty"), "mark.json", "an export")
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    (ours / "saved_model.pb").write_bytes(b"x")
+    (ours / "mark.json").write_text("{}")
+    check_may_fill_dir("--export", str(ours), "mark.json", "an export")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for path in (theirs, afile):
+        with pytest.raises(NotOurs, match=rf"^--export {path}: it exists and is not an export, so it is left"):
+            check_may_fill_dir("--export", str(path), "mark.json", "an export")

@@ -309,3 +309,21 @@ def test_a_wav_write_that_fails_is_exit_2_naming_the_path_and_leaves_the_old_wav
     with pytest.raises(click.UsageError, match=f"-o {out}: cannot write it .*No space left on device"):
         write_wav(str(out), np.zeros(100, np.float32), 16000)
     assert out.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["out.wav"]
+
+
+@pytest.mark.parametrize("theirs", ["a file", "a dir of the user's"])
+def test_export_refuses_a_path_holding_what_it_did_not_write_before_the_model_is_loaded(shards_dir, tmp_path,
+                                                                                        monkeypatch, theirs):
+    _refuse_loading(monkeypatch)
+    model = _looks_trained(shards_dir, tmp_path / "model")
+    export = tmp_path / "export"
+    if theirs == "a file":
+        export.write_text("mine")
+    else:
+        export.mkdir()
+        (export / "notes.txt").write_text("mine")
+    result = synthesize("Printing.", "--model-dir", model, "-o", tmp_path / "out.wav", "--export", export)
+    assert result.exit_code == 2, result.output
+    assert f"--export {export}: it exists and is not a SavedModel dir" in " ".join(result.output.split())
+    assert not (tmp_path / "out.wav").exists()
+    assert (export.read_text() if theirs == "a file" else (export / "notes.txt").read_text()) == "mine"

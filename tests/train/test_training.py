@@ -86,6 +86,7 @@ def test_synthesize_writes_a_playable_wav_and_exports_a_serving_signature(overfi
                 language=tf.constant(schema.languages[0].code))  # names, as schema.json has them
     assert out["mel"].shape == (1, schema.max_mel_frames, schema.n_mels)
     assert 0 < int(out["mel_len"][0]) <= schema.max_mel_frames
+    assert (export / "melshards-export.json").is_file()  # so a later --export may write over it
 
 
 def test_nan_loss_stops_the_run_with_the_step_number(shards_dir, tmp_path, test_config, capsys):
