@@ -61,7 +61,7 @@ def expand_globs(patterns: Sequence[str]) -> list[str]:
         matched = tf.io.gfile.glob(pattern)
         if not matched:
             raise InputError(f"{pattern!r} matches no file; check the path and quote the glob so the "
-                             "shell does not expand it")
+                             "shell does not expand it" + bracket_hint(pattern, tf.io.gfile.glob))
         files += matched
     # `DIR/*` is a natural thing to type: the run's JSON reports beside the shards are not shards
     files = [f for f in files if not f.endswith((".json", ".jsonl"))]
@@ -73,6 +73,23 @@ def expand_globs(patterns: Sequence[str]) -> list[str]:
         raise InputError(f"{' '.join(patterns)!r} matches no shard, only the run's reports; pass globs of "
                          "the shards, e.g. 'DIR/train-*.tfrecord'")
     return sorted(set(files))
+
+
+def escape_dir(pattern: str) -> str:
+    """The pattern with `[` and `]` in its directory part as glob literals (`[[]`, `[]]`): a directory
+    named `run[1]` is otherwise read as a character class."""
+    if "/" not in pattern:
+        return pattern
+    head, name = pattern.rsplit("/", 1)
+    return "".join(f"[{c}]" if c in "[]" else c for c in head) + "/" + name
+
+
+def bracket_hint(pattern: str, glob) -> str:
+    """For a glob that matched nothing: how to spell it when its directory's name holds brackets."""
+    escaped = escape_dir(pattern)
+    if escaped != pattern and glob(escaped):
+        return f"; `[` and `]` are glob classes: for a directory whose name holds them pass {escaped!r}"
+    return ""
 
 
 def dir_of(path: str) -> str:
