@@ -150,7 +150,7 @@ def _beam_workers() -> list[int]:
     return found
 
 
-def _kill_and_wait(pids: list[int], timeout: float = 5.0) -> None:
+def kill_and_wait(pids: list[int], timeout: float = 5.0) -> None:
     """SIGKILL each, then wait (bounded) until none is left running: none writes after we return."""
     kill(pids)
     deadline = time.monotonic() + timeout
@@ -253,12 +253,12 @@ def run_watching_workers(run: Callable[[], None], grace: float = 2.0,
             why = stop_when()
             if why:
                 QUIET.set()
-                _kill_and_wait(_beam_workers())
+                kill_and_wait(_beam_workers())
                 raise JobStoppedError(why)
         if failure:
             WORKER_DIED.wait(grace)
         if watch.codes:
-            _kill_and_wait(_beam_workers())
+            kill_and_wait(_beam_workers())
             raise WorkerDiedError(f"a worker process {how_it_ended(watch.codes[0])}") from (
                 failure[0] if failure else None)
         if failure:

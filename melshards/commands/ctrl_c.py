@@ -186,7 +186,7 @@ class StopOnCtrlC:
             relay.muted = True
         logging.disable(logging.CRITICAL)
         output.STOPPING.set()  # no publish begins from now on
-        workers.kill(workers.descendants(os.getpid()))
+        workers.kill_and_wait(workers.descendants(os.getpid()))  # none left running when the command exits
         if not output.PUBLISHING:  # else the publish finishes, then __exit__ ends the process
             raise KeyboardInterrupt
 

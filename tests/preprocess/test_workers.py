@@ -126,7 +126,7 @@ def test_the_console_relay_holds_a_workers_traceback_until_the_failure_it_belong
 def test_a_job_whose_output_is_removed_is_stopped_by_the_watch_with_the_reason(monkeypatch):
     monkeypatch.setattr(W, "QUIET", threading.Event())
     killed = []
-    monkeypatch.setattr(W, "_kill_and_wait", killed.append)
+    monkeypatch.setattr(W, "kill_and_wait", killed.append)
     monkeypatch.setattr(W, "_beam_workers", lambda: [12345])
     release = threading.Event()
     asked = []
