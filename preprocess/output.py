@@ -378,12 +378,15 @@ class OutputRun:
                                   "after this one could not renew it); nothing was published, and "
                                   f"{self.out_dir} is as that run left it")
             staged = run_files(read_schema_at(join(self.stage, SCHEMA_FILE)))
+            then = f"; nothing was published, the new run was removed and {self.out_dir} is as it was"
             try:  # what publishing will delete or write over: checked before anything is touched
-                check_plain_files(self.out_dir, self.replaces + staged,
-                                  then=f"; nothing was published, the new run was removed and {self.out_dir} is as "
-                                       "it was")
+                check_plain_files(self.out_dir, self.replaces + staged, then=then)
+                foreign = foreign_files(output_names(self.out_dir), self.replaces)  # a user's file since open_run
+                if foreign:
+                    raise OutputError(conflict_message(self.out_dir, foreign) + then)
             except OutputError:
                 remove_tree(self.stage)
+                self.closed = True
                 raise
             journal = {"run_id": self.lock.info["run_id"], "stage": posixpath.basename(self.stage),
                        "remove": self.replaces, "move": staged}
@@ -454,9 +457,9 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
     out_dir = normal_dir(out_dir)
     check_no_glob_chars(out_dir)
     check_not_a_file(out_dir)
-    check_not_a_model_dir(out_dir)
     run_id = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
     try:
+        check_not_a_model_dir(out_dir)  # in here: a listing that fails (permissions, credentials) is one line too
         if is_local_path(out_dir):
             os.makedirs(out_dir, exist_ok=True)
         lock = Lock(out_dir, run_id, gcs_bucket)

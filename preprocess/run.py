@@ -255,7 +255,10 @@ def watch_output(run: OutputRun, every: float | None = None) -> Callable[[], str
 
 def told_in_one_line(e: BaseException, run: OutputRun) -> bool:
     """Whether the command knows the cause of the job's failure and says it in one line (`one_line_error`):
-    a worker that died, the staging dir or lock removed during the run, a full disk."""
+    a worker that died, the staging dir or lock removed during the run, a full disk. An OutputError (a
+    refusal at publish) is its own one line and is passed on as it is."""
+    if isinstance(e, OutputError):
+        return False
     if isinstance(e, (WorkerDiedError, JobStoppedError, OutputGoneError)):
         return True
     try:

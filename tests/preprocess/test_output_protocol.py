@@ -137,6 +137,32 @@ def test_a_directory_put_where_a_shard_goes_during_the_run_stops_the_publish_bef
     assert O.read_schema_at(str(out / "schema.json"))
 
 
+def test_a_users_shard_named_file_that_appears_during_the_run_stops_the_publish_before_it_touches_anything(
+        tmp_path, shards_dir):
+    out = tmp_path / "o"
+    shutil.copytree(shards_dir, out)
+    run = O.open_run(str(out), overwrite=True)
+    _stage_a_finished_run(run, shards_dir)
+    (out / "train-b09-00000-of-00001.tfrecord").write_bytes(b"the user's")
+    before = {k: v for k, v in _snapshot(out).items() if not k.startswith(O.STAGE_PREFIX) and k != L.LOCK_FILE}
+    with pytest.raises(O.OutputError, match="train-b09-00000-of-00001.tfrecord.*nothing was published"):
+        O.close_run(run, ok=True)
+    assert _snapshot(out) == before
+
+
+def test_a_refusal_at_publish_is_told_as_itself_not_as_a_staging_dir_removed_during_the_run(tmp_path, shards_dir):
+    from melshards.preprocess.run import one_line_error
+
+    out = tmp_path / "o"
+    shutil.copytree(shards_dir, out)
+    run = O.open_run(str(out), overwrite=True)
+    _stage_a_finished_run(run, shards_dir)
+    _users_dir_in_place_of_a_shard(out, "directory")
+    with pytest.raises(O.OutputError) as refused:
+        O.close_run(run, ok=True)
+    assert one_line_error(refused.value, run, str(out), None, 0, None) is None  # the OutputError is the line
+
+
 def test_a_directory_in_the_way_of_a_cut_short_publish_stops_its_replay_before_it_touches_anything(tmp_path):
     stage = _cut_short_publish(tmp_path)
     (tmp_path / "train-b00-00000-of-00001.tfrecord").mkdir()
@@ -181,6 +207,17 @@ def test_a_train_model_dir_is_refused_as_such_with_or_without_overwrite(tmp_path
     assert "--overwrite" not in str(e.value) and "finished run" not in str(e.value)
     assert _snapshot(out) == before and sorted(p.name for p in out.iterdir()) == sorted(
         ["schema.json", "run_summary.json", "tensorboard", *marks])
+
+
+def test_an_output_that_cannot_be_listed_is_one_line_not_a_traceback(tmp_path, monkeypatch):
+    def denied(path):
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(O.os, "listdir", denied)
+    with pytest.raises(O.OutputError, match=r"is not writable \(PermissionError.*Permission denied"):
+        O.open_run(str(tmp_path), overwrite=False)
+    monkeypatch.undo()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("overwrite", [True, False])
