@@ -2,7 +2,8 @@
 
 Format characters (zero-width space, soft hyphen, direction marks: Unicode category Cf) are removed
 first, as the `characters` front end removes them ("Hel\u200blo" -> "hello"). Times, currency amounts
-(with scale words, the symbol before or after), scientific notation, percentages, ordinals, decades
+(with scale words, the symbol before or after; digits grouped in thousands, or in lakhs and crores
+as in "₹1,50,000"), scientific notation, percentages, ordinals, decades
 ("the 1990s" -> "the nineteen nineties"), fractions ("3/4" and "¾" -> "three quarters", "2½" -> "two
 and one half"), years, decimals and cardinals are spelled out (num2words, English), the
 abbreviations expanded ("St." by context: "saint" before a capitalised name, "street" after a word;
@@ -73,7 +74,9 @@ def _plain(words: str) -> str:
 
 _DIGITS = dict(zip("0123456789", "zero one two three four five six seven eight nine".split()))
 _SCALE = r"(?:thousand|million|billion|trillion)"
-_AMOUNT = r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?"
+# grouped in lakhs and crores ("1,50,000", "12,34,56,789"), in thousands ("1,000"), or not at all
+_GROUPED = r"\d{1,2}(?:,\d{2})+,\d{3}|\d{1,3}(?:,\d{3})+"
+_AMOUNT = rf"(?:{_GROUPED})(?:\.\d+)?|\d+(?:\.\d+)?"
 # symbol -> (unit, units, subunit, subunits); subunit None: amounts are read as decimals
 _CURRENCIES = {
     "$": ("dollar", "dollars", "cent", "cents"),
@@ -102,8 +105,8 @@ _TIME = re.compile(rf"\b(?P<h>[01]?\d|2[0-4]):(?P<m>[0-5]\d)(?::(?P<s>[0-5]\d))?
 _HOUR_AM_PM = re.compile(rf"\b(?P<h>1[0-2]|0?[1-9]){_AM_PM}")
 _PERCENT = re.compile(r"(\d)\s?%")
 _ORDINAL = re.compile(r"\b(\d+)(st|nd|rd|th)\b", re.IGNORECASE)
-# "1,000" is grouped; "1,2,3" and "3,5" are lists of numbers (English has no decimal comma)
-_NUMBER = re.compile(r"(?<!\d)(\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.(\d+))?")
+# "1,000" and "1,50,000" are grouped; "1,2,3" and "3,5" are lists of numbers (English has no decimal comma)
+_NUMBER = re.compile(rf"(?<!\d)((?:{_GROUPED})(?!\d)|\d+)(?:\.(\d+))?")
 # "1990s", "1990's", "'90s", "90s": a number ending in 0, then s
 _DECADE = re.compile(r"(?<!\d)(?<!\d\.)['’]?(\d{0,3}[1-9]0|[1-9]\d{0,2}00)['’]?s\b")
 # "3/4", "2 1/2" (a proper fraction, not a date "12/05/2024" nor "24/7"); U+2044 is the fraction slash

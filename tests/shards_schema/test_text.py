@@ -103,6 +103,10 @@ def test_english_fixes_the_v2_faults(raw, expected):
     ("₹2.50 or ₽1", "two rupees fifty paise or one ruble"),
     ("₩1,000 and 50¢", "one thousand won and fifty cents"),
     ("in ₹ or ₽", "in rupees or rubles"),
+    # grouped in lakhs and crores, as rupee amounts are written
+    ("₹1,50,000", "one hundred fifty thousand rupees"),
+    ("1,23,456 people", "one hundred twenty-three thousand four hundred fifty-six people"),
+    ("12,34,56,789", "one hundred twenty-three million four hundred fifty-six thousand seven hundred eighty-nine"),
 ])
 def test_english_reads_numbers_after_a_comma_and_rupees_and_rubles(raw, expected):
     assert check_text(raw, "en", "english") == expected
