@@ -112,6 +112,12 @@ class _LocalMarker:
             except FileNotFoundError:
                 yield None
                 return
+            except PermissionError:  # another user's marker in a shared directory: flock needs no write access
+                try:
+                    f = open(self.path, "rb")
+                except FileNotFoundError:
+                    yield None
+                    return
             with f:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX)
                 try:

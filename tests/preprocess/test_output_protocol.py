@@ -321,3 +321,24 @@ def test_a_directory_named_schema_json_is_named_not_a_traceback(tmp_path):
     with pytest.raises(O.OutputError, match="schema.json is a directory, not a file melshards wrote"):
         O.open_run(str(tmp_path), overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["schema.json"]
+
+
+def test_a_stale_lock_of_another_user_that_this_one_cannot_write_is_taken_over(tmp_path, monkeypatch):
+    """A group-shared output: the stale holder's marker is its owner's (mode 0644); taking it over
+    needs the directory's write permission only, as a rename does."""
+    import builtins
+
+    (tmp_path / L.LOCK_FILE).write_text(json.dumps({"run_id": "theirs", "host": "elsewhere", "pid": 1,
+                                                    "heartbeat": time.time() - L.STALE_AFTER_S - 5}))
+    lock_path = str(tmp_path / L.LOCK_FILE)
+
+    def open_as_another_user(path, mode="r", *args, **kwargs):
+        if str(path) == lock_path and ("+" in mode or "w" in mode or "a" in mode):
+            raise PermissionError(13, "Permission denied", path)
+        return builtins.open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(L, "open", open_as_another_user, raising=False)
+    lock = L.Lock(str(tmp_path), "mine")
+    lock.acquire()
+    assert json.loads((tmp_path / L.LOCK_FILE).read_text())["run_id"] == "mine"
+    lock.release()
