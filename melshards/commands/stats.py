@@ -78,6 +78,7 @@ def write_html(path: str, html: str) -> None:
     from apache_beam.io.filesystems import FileSystems
 
     data = html.encode("utf-8")
+    check_html_target(path)  # again, as the report is written: a file may have been put there meanwhile
     try:
         f = FileSystems.create(path)
     except OSError as e:

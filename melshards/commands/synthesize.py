@@ -92,10 +92,13 @@ def write_wav(output: str, y: np.ndarray, sample_rate: int) -> None:
         with sf.SoundFile(partial, "w", sample_rate, 1, subtype="PCM_16", format="WAV") as f:
             f.software = WAV_SOFTWARE
             f.write(y)
+        check_wav_target(output)  # again: a file may have been put there while the model spoke
         os.replace(partial, output)
-    except (OSError, RuntimeError) as e:  # RuntimeError: soundfile's LibsndfileError (e.g. the disk filled up)
+    except (OSError, RuntimeError, click.UsageError) as e:  # RuntimeError: soundfile's LibsndfileError (a full disk)
         if os.path.exists(partial):
             os.remove(partial)
+        if isinstance(e, click.UsageError):
+            raise
         raise click.UsageError(f"-o {output}: cannot write it ({e}); pass a writable file path") from e
 
 

@@ -311,6 +311,19 @@ def test_a_wav_write_that_fails_is_exit_2_naming_the_path_and_leaves_the_old_wav
     assert out.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["out.wav"]
 
 
+def test_a_file_put_at_o_while_the_model_spoke_is_not_written_over(tmp_path):
+    import click
+    import numpy as np
+
+    from melshards.commands.synthesize import write_wav
+
+    out = tmp_path / "out.wav"
+    out.write_bytes(b"the user's recording, saved there after synthesize checked -o")
+    with pytest.raises(click.UsageError, match=f"-o {out}: it exists and is not a WAV"):
+        write_wav(str(out), np.zeros(100, np.float32), 16000)
+    assert out.read_bytes().startswith(b"the user's") and [p.name for p in tmp_path.iterdir()] == ["out.wav"]
+
+
 @pytest.mark.parametrize("theirs", ["a file", "a dir of the user's"])
 def test_export_refuses_a_path_holding_what_it_did_not_write_before_the_model_is_loaded(shards_dir, tmp_path,
                                                                                         monkeypatch, theirs):
