@@ -123,14 +123,25 @@ def test_overwrite_refuses_up_front_a_users_directory_where_the_finished_run_lis
     assert (shard / "mine").read_text() == "users"
 
 
-def test_a_directory_put_where_a_shard_goes_during_the_run_stops_the_publish_before_it_touches_anything(
-        tmp_path, shards_dir):
+def _finished_run_staged_over_an_old_one(tmp_path, shards_dir):
+    """A copy of a finished run in tmp_path/o, and a new run opened over it that has staged its files."""
     out = tmp_path / "o"
     shutil.copytree(shards_dir, out)
     run = O.open_run(str(out), overwrite=True)
     _stage_a_finished_run(run, shards_dir)
+    return out, run
+
+
+def _published_part(out):
+    """The output's files but the live run's own (its staging dir and lock)."""
+    return {k: v for k, v in _snapshot(out).items() if not k.startswith(O.STAGE_PREFIX) and k != L.LOCK_FILE}
+
+
+def test_a_directory_put_where_a_shard_goes_during_the_run_stops_the_publish_before_it_touches_anything(
+        tmp_path, shards_dir):
+    out, run = _finished_run_staged_over_an_old_one(tmp_path, shards_dir)
     shard = _users_dir_in_place_of_a_shard(out, "directory")
-    before = {k: v for k, v in _snapshot(out).items() if not k.startswith(O.STAGE_PREFIX) and k != L.LOCK_FILE}
+    before = _published_part(out)
     with pytest.raises(O.OutputError, match=f"{shard} is a directory.*nothing was published"):
         O.close_run(run, ok=True)
     assert _snapshot(out) == before  # the old run's schema.json and files as they were; no journal, lock or stage
@@ -139,12 +150,9 @@ def test_a_directory_put_where_a_shard_goes_during_the_run_stops_the_publish_bef
 
 def test_a_users_shard_named_file_that_appears_during_the_run_stops_the_publish_before_it_touches_anything(
         tmp_path, shards_dir):
-    out = tmp_path / "o"
-    shutil.copytree(shards_dir, out)
-    run = O.open_run(str(out), overwrite=True)
-    _stage_a_finished_run(run, shards_dir)
+    out, run = _finished_run_staged_over_an_old_one(tmp_path, shards_dir)
     (out / "train-b09-00000-of-00001.tfrecord").write_bytes(b"the user's")
-    before = {k: v for k, v in _snapshot(out).items() if not k.startswith(O.STAGE_PREFIX) and k != L.LOCK_FILE}
+    before = _published_part(out)
     with pytest.raises(O.OutputError, match="train-b09-00000-of-00001.tfrecord.*nothing was published"):
         O.close_run(run, ok=True)
     assert _snapshot(out) == before
@@ -153,10 +161,7 @@ def test_a_users_shard_named_file_that_appears_during_the_run_stops_the_publish_
 def test_a_refusal_at_publish_is_told_as_itself_not_as_a_staging_dir_removed_during_the_run(tmp_path, shards_dir):
     from melshards.preprocess.run import one_line_error
 
-    out = tmp_path / "o"
-    shutil.copytree(shards_dir, out)
-    run = O.open_run(str(out), overwrite=True)
-    _stage_a_finished_run(run, shards_dir)
+    out, run = _finished_run_staged_over_an_old_one(tmp_path, shards_dir)
     _users_dir_in_place_of_a_shard(out, "directory")
     with pytest.raises(O.OutputError) as refused:
         O.close_run(run, ok=True)
