@@ -38,7 +38,6 @@ import math
 import os
 import stat
 import struct
-import threading
 import time
 import uuid
 import zipfile
@@ -431,8 +430,7 @@ class Lease:
         self.path = FileSystems.join(cache_dir, RUNS, run_id + LEASE_SUFFIX)
         now = time.time()
         self.info = {"run_id": run_id, **lock.machine_identity(), "pid": os.getpid(), "started": now, "heartbeat": now}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.heartbeat = lock.Heartbeat(self.path, self._write)
 
     def _write(self) -> None:
         self.info["heartbeat"] = time.time()
@@ -441,22 +439,11 @@ class Lease:
     def start(self, every: float = lock.HEARTBEAT_S) -> "Lease":
         """Write the lease (an OSError if the cache cannot take it) and keep it fresh."""
         self._write()
-
-        def beat():
-            while not self._stop.wait(every):
-                try:
-                    self._write()
-                except Exception as e:  # noqa: BLE001 (a transient error: the next beat tries again)
-                    log.warning("could not renew %s (%s); trying again in %.0fs", self.path, e, every)
-
-        self._thread = threading.Thread(target=beat, name="melshards-cache-lease", daemon=True)
-        self._thread.start()
+        self.heartbeat.start(every)
         return self
 
     def release(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
+        self.heartbeat.stop()
         try:
             FileSystems.delete([self.path])
         except Exception as e:  # noqa: BLE001 (left behind, it goes stale and prune removes it)

@@ -250,6 +250,40 @@ def is_stale(holder: dict, now: float, here: dict) -> bool:
     return same_table and not _pid_alive(int(holder.get("pid", -1)))
 
 
+class Heartbeat:
+    """A daemon thread that calls `renew` every `every` seconds until `stop`: one that raises (a
+    transient error: network, 5xx) is logged and tried again at the next beat; one that returns False
+    (the marker is no longer ours) ends the beats, with `lost` logged. The lock and the cache's
+    lease keep their markers fresh with it."""
+
+    def __init__(self, path: str, renew, lost: str = ""):
+        self.path, self._renew, self._lost = path, renew, lost
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, every: float) -> None:
+        def beat():
+            while not self._stop.wait(every):
+                try:
+                    kept = self._renew()
+                except Exception as e:  # noqa: BLE001
+                    log.warning("could not renew %s (%s); trying again in %.0fs", self.path, e, every)
+                    continue
+                if kept is False:
+                    log.warning("%s %s", self.path, self._lost)
+                    return
+
+        self._thread = threading.Thread(target=beat, name=f"melshards-heartbeat-{posixpath.basename(self.path)}",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """No beat after this returns (but from the beat's own thread, which ends at its next check)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+
 class Lock:
     """The output directory's lock, held by this process for one run, with a heartbeat thread."""
 
@@ -262,8 +296,7 @@ class Lock:
         self.lost = False
         self._mutex = threading.RLock()  # the token, and the marker as this process reads and renews it (an
         # interrupt handler in the thread that holds it may take it again)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.heartbeat = Heartbeat(self.path, self.renew, "is no longer held by this run; it will not publish")
 
     def _data(self) -> bytes:
         return json.dumps(self.info, sort_keys=True).encode()
@@ -311,21 +344,7 @@ class Lock:
     def start_heartbeat(self, every: float | None = None) -> None:
         """Renew the marker every `every` seconds (HEARTBEAT_S) until `release`: through the job and
         through the publish, however long moving the files takes."""
-        every = HEARTBEAT_S if every is None else every
-
-        def beat():
-            while not self._stop.wait(every):
-                try:
-                    held = self.renew()
-                except Exception as e:  # a transient error (network, 5xx): try again at the next beat
-                    log.warning("could not renew %s (%s); trying again in %.0fs", self.path, e, every)
-                    continue
-                if not held:
-                    log.warning("%s is no longer held by this run; it will not publish", self.path)
-                    return
-
-        self._thread = threading.Thread(target=beat, name="melshards-lock-heartbeat", daemon=True)
-        self._thread.start()
+        self.heartbeat.start(HEARTBEAT_S if every is None else every)
 
     def still_held(self) -> bool:
         """Whether the marker is still this run's (checked before anything is published)."""
@@ -334,9 +353,7 @@ class Lock:
             return not self.lost and current is not None and current[1] == self.token
 
     def stop_heartbeat(self) -> None:
-        self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+        self.heartbeat.stop()
 
     def release(self) -> None:
         self.stop_heartbeat()

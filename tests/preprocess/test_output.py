@@ -163,8 +163,7 @@ def test_the_lock_heartbeat_rewrites_the_marker_and_release_removes_only_its_own
     while json.loads((tmp_path / L.LOCK_FILE).read_text())["heartbeat"] == first and time.time() < deadline:
         time.sleep(0.05)
     assert json.loads((tmp_path / L.LOCK_FILE).read_text())["heartbeat"] > first
-    lock._stop.set()
-    lock._thread.join()
+    lock.stop_heartbeat()
     (tmp_path / L.LOCK_FILE).write_text(json.dumps({"run_id": "someone else"}))  # taken over meanwhile
     lock.release()
     assert json.loads((tmp_path / L.LOCK_FILE).read_text())["run_id"] == "someone else"
