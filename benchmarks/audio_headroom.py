@@ -9,6 +9,7 @@ by side (goal, issue 21: >= 0.98 with audio), the input wait of each, and the by
 
 Run: python -m benchmarks.audio_headroom [--steps 120] [--rounds 2] [--config configs/train_tiny.yaml]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,7 +22,8 @@ import yaml
 from benchmarks.common import emit
 from benchmarks.shards_fixture import CORPUS, REPO, TINY
 from benchmarks.train_input import train_run
-from melshards.train.model import build as _builtin, validate as _validate
+from melshards.train.model import build as _builtin
+from melshards.train.model import validate as _validate
 
 KINDS = ("audio", "audio_synthetic", "mel", "mel_synthetic")
 
@@ -43,8 +45,19 @@ def audio_shards(work: Path) -> Path:
         cfg = yaml.safe_load(TINY.read_text())
         cfg["features"] = {"audio": True}
         (work / "audio.yaml").write_text(yaml.safe_dump(cfg))
-        code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(work / "audio.yaml"), "--overwrite",
-                    "--buckets", "1"])
+        code = run(
+            [
+                "--input",
+                str(CORPUS),
+                "--output",
+                str(out),
+                "--config",
+                str(work / "audio.yaml"),
+                "--overwrite",
+                "--buckets",
+                "1",
+            ]
+        )
         if code:
             raise SystemExit(f"preprocessing the demo corpus with audio failed with exit code {code}")
     return out
@@ -68,8 +81,10 @@ def main(argv=None) -> dict:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     shards = audio_shards(work)
-    configs = {"audio": with_model(args.config, "benchmarks.audio_headroom:build", work / "audio-train.yaml"),
-               "mel": with_model(args.config, None, work / "mel-train.yaml")}
+    configs = {
+        "audio": with_model(args.config, "benchmarks.audio_headroom:build", work / "audio-train.yaml"),
+        "mel": with_model(args.config, None, work / "mel-train.yaml"),
+    }
     runs: dict[str, list[dict]] = {k: [] for k in KINDS}
     for r in range(args.rounds):
         for kind in KINDS:
@@ -77,8 +92,11 @@ def main(argv=None) -> dict:
             s = train_run(shards, work / f"model-{kind}", configs[base], args.steps, kind.endswith("synthetic"))
             runs[kind].append(s)
             st = s["steady_state"]
-            print(f"round {r + 1} {kind:<16} {st['examples_per_second']:8.1f} examples/s  input wait "
-                  f"{100 * st['input_wait_fraction']:.1f}%  traces {s['train_step_traces']}", flush=True)
+            print(
+                f"round {r + 1} {kind:<16} {st['examples_per_second']:8.1f} examples/s  input wait "
+                f"{100 * st['input_wait_fraction']:.1f}%  traces {s['train_step_traces']}",
+                flush=True,
+            )
     ex = {k: [s["steady_state"]["examples_per_second"] for s in v] for k, v in runs.items()}
     ratios = {b: [a / s for a, s in zip(ex[b], ex[f"{b}_synthetic"])] for b in ("audio", "mel")}
     from melshards.shards_schema import read_schema
@@ -86,17 +104,26 @@ def main(argv=None) -> dict:
     bucket = read_schema(str(shards)).largest
     sizes = {f.name: f.shape for f in bucket.features}
     frames, n_mels = sizes["mel"]
-    result = {"benchmark": "audio_headroom", "steps": args.steps, "rounds": args.rounds,
-              "config": Path(args.config).name,
-              "bytes_per_record_mel": frames * n_mels * 2, "bytes_per_record_audio": sizes["audio"][0] * 2,
-              **{f"examples_per_s_{k}": round(statistics.median(v), 1) for k, v in ex.items()},
-              **{f"{b}_over_synthetic_median": round(statistics.median(v), 3) for b, v in ratios.items()},
-              **{f"{b}_over_synthetic_per_round": [round(x, 3) for x in v] for b, v in ratios.items()},
-              **{f"input_wait_{k}": round(statistics.median(s["steady_state"]["input_wait_fraction"] for s in v), 4)
-                 for k, v in runs.items()}}
-    print(f"real / synthetic examples/s: with audio {result['audio_over_synthetic_median']:.3f}, without "
-          f"{result['mel_over_synthetic_median']:.3f} (goal >= 0.98 with audio); a record carries "
-          f"{result['bytes_per_record_audio']:,} bytes of audio beside {result['bytes_per_record_mel']:,} of mel")
+    result = {
+        "benchmark": "audio_headroom",
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "config": Path(args.config).name,
+        "bytes_per_record_mel": frames * n_mels * 2,
+        "bytes_per_record_audio": sizes["audio"][0] * 2,
+        **{f"examples_per_s_{k}": round(statistics.median(v), 1) for k, v in ex.items()},
+        **{f"{b}_over_synthetic_median": round(statistics.median(v), 3) for b, v in ratios.items()},
+        **{f"{b}_over_synthetic_per_round": [round(x, 3) for x in v] for b, v in ratios.items()},
+        **{
+            f"input_wait_{k}": round(statistics.median(s["steady_state"]["input_wait_fraction"] for s in v), 4)
+            for k, v in runs.items()
+        },
+    }
+    print(
+        f"real / synthetic examples/s: with audio {result['audio_over_synthetic_median']:.3f}, without "
+        f"{result['mel_over_synthetic_median']:.3f} (goal >= 0.98 with audio); a record carries "
+        f"{result['bytes_per_record_audio']:,} bytes of audio beside {result['bytes_per_record_mel']:,} of mel"
+    )
     emit(result)
     return result
 

@@ -15,6 +15,7 @@ user waits for), steady steps/s (first call excluded), examples/s, and the step'
 Run: python -m benchmarks.before_after [--steps 40] [--rounds 2] [--config configs/train_tiny.yaml]
          [--variants before,fixed_nosig,sig_noxla,melshards]   (ratios are against the first)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,6 +36,7 @@ VARIANTS = ("before", "fixed_nosig", "sig_noxla", "melshards")
 def _kept_clips(shards: Path) -> list[tuple[str, str]]:
     """(audio path, raw transcript) of the clips the shards hold: the before loader gets the same clips."""
     import tensorflow as tf
+
     ids = set()
     for rec in tf.data.TFRecordDataset([str(p) for p in shards.glob("train-*.tfrecord")]):
         ex = tf.train.Example.FromString(rec.numpy())
@@ -56,8 +58,8 @@ def before_dataset(clips, batch_size: int, schema):
 
     from melshards.preprocess import audio as A
     from melshards.preprocess.config import PreprocessConfig
-    from melshards.shards_schema.text import normalizer_for
     from melshards.shards_schema import Vocabulary
+    from melshards.shards_schema.text import normalizer_for
 
     cfg, vocab, sample_rate = PreprocessConfig(), Vocabulary(schema.vocabulary), schema.audio.sample_rate
     language = schema.languages[0]
@@ -73,17 +75,35 @@ def before_dataset(clips, batch_size: int, schema):
         ids, mel, tl, ml = tf.numpy_function(load, [path, text], [tf.int32, tf.float32, tf.int32, tf.int32])
         ids.set_shape([None]), mel.set_shape([None, cfg.mel.n_mels]), tl.set_shape([]), ml.set_shape([])
         # the corpus has one speaker and one language: id 0 of schema.json's tables
-        return {"text_ids": ids, "mel": mel, "text_len": tl, "mel_len": ml, "speaker_id": tf.constant(0, tf.int32),
-                "language_id": tf.constant(0, tf.int32)}
+        return {
+            "text_ids": ids,
+            "mel": mel,
+            "text_len": tl,
+            "mel_len": ml,
+            "speaker_id": tf.constant(0, tf.int32),
+            "language_id": tf.constant(0, tf.int32),
+        }
 
     paths, texts = zip(*clips)
-    return (tf.data.Dataset.from_tensor_slices((list(paths), list(texts)))
-            .shuffle(len(clips), seed=0).repeat()
-            .map(py_load, num_parallel_calls=tf.data.AUTOTUNE)
-            .padded_batch(batch_size, padding_values={"text_ids": 0, "mel": float(np.log(cfg.mel.log_floor)),
-                                                      "text_len": 0, "mel_len": 0, "speaker_id": 0,
-                                                      "language_id": 0}, drop_remainder=True)
-            .prefetch(tf.data.AUTOTUNE))
+    return (
+        tf.data.Dataset.from_tensor_slices((list(paths), list(texts)))
+        .shuffle(len(clips), seed=0)
+        .repeat()
+        .map(py_load, num_parallel_calls=tf.data.AUTOTUNE)
+        .padded_batch(
+            batch_size,
+            padding_values={
+                "text_ids": 0,
+                "mel": float(np.log(cfg.mel.log_floor)),
+                "text_len": 0,
+                "mel_len": 0,
+                "speaker_id": 0,
+                "language_id": 0,
+            },
+            drop_remainder=True,
+        )
+        .prefetch(tf.data.AUTOTUNE)
+    )
 
 
 def plain_step(model, optimizer, schema, batch_size: int, signature: bool, pad_to_schema: bool):
@@ -97,11 +117,20 @@ def plain_step(model, optimizer, schema, batch_size: int, signature: bool, pad_t
     def step(batch):
         if pad_to_schema:  # the fixed-shape model needs its shapes; None-shaped batches are padded up
             t, m = schema.max_text_len, schema.max_mel_frames
-            batch = dict(batch,
-                         text_ids=tf.ensure_shape(tf.pad(batch["text_ids"], [[0, 0], [0, t - tf.shape(batch["text_ids"])[1]]]),
-                                                  [batch_size, t]),
-                         mel=tf.ensure_shape(tf.pad(batch["mel"], [[0, 0], [0, m - tf.shape(batch["mel"])[1]], [0, 0]],
-                                                    constant_values=schema.mel.pad_value), [batch_size, m, schema.n_mels]))
+            batch = dict(
+                batch,
+                text_ids=tf.ensure_shape(
+                    tf.pad(batch["text_ids"], [[0, 0], [0, t - tf.shape(batch["text_ids"])[1]]]), [batch_size, t]
+                ),
+                mel=tf.ensure_shape(
+                    tf.pad(
+                        batch["mel"],
+                        [[0, 0], [0, m - tf.shape(batch["mel"])[1]], [0, 0]],
+                        constant_values=schema.mel.pad_value,
+                    ),
+                    [batch_size, m, schema.n_mels],
+                ),
+            )
         with tf.GradientTape() as tape:
             loss = model.losses_from_terms(model.loss_terms(batch, key, training=True))["loss"]
         grads, _ = tf.clip_by_global_norm(tape.gradient(loss, model.trainable_variables), 1.0)  # as the step does
@@ -137,8 +166,17 @@ def run_variant(name: str, shards: Path, clips, config: str, steps: int) -> dict
         files = ip.expand_globs([str(shards / "train-*.tfrecord")])
         data = ip.train_dataset(files, schema, cfg.data, MODEL_INPUTS, 1)
         if name == "melshards":
-            step = make_train_step(model, opt, schema, cfg.optim, step_specs(schema, b), 1, 0,
-                                   tf.Variable(0, dtype=tf.int64), ("loss", "mel_loss", "postnet_loss", "stop_loss"))
+            step = make_train_step(
+                model,
+                opt,
+                schema,
+                cfg.optim,
+                step_specs(schema, b),
+                1,
+                0,
+                tf.Variable(0, dtype=tf.int64),
+                ("loss", "mel_loss", "postnet_loss", "stop_loss"),
+            )
         else:
             data = data.map(lambda d: {k: v[0] for k, v in d.items()})
             step = plain_step(model, opt, schema, b, signature=(name == "sig_noxla"), pad_to_schema=False)
@@ -155,10 +193,16 @@ def run_variant(name: str, shards: Path, clips, config: str, steps: int) -> dict
         times.append(time.perf_counter() - t)
     wall = time.perf_counter() - t_start
     steady = sum(times[1:])
-    return {"wall_steps_per_s": steps / wall, "steady_steps_per_s": (steps - 1) / steady,
-            "examples_per_s": sum(examples) / wall, "first_call_s": times[0],
-            "steady_examples_per_s": sum(examples[1:]) / steady, "steady_mel_frames_per_s": sum(frames[1:]) / steady,
-            "input_wait": sum(waits[1:]) / steady, "traces": step.experimental_get_tracing_count()}
+    return {
+        "wall_steps_per_s": steps / wall,
+        "steady_steps_per_s": (steps - 1) / steady,
+        "examples_per_s": sum(examples) / wall,
+        "first_call_s": times[0],
+        "steady_examples_per_s": sum(examples[1:]) / steady,
+        "steady_mel_frames_per_s": sum(frames[1:]) / steady,
+        "input_wait": sum(waits[1:]) / steady,
+        "traces": step.experimental_get_tracing_count(),
+    }
 
 
 def main(argv=None) -> dict:
@@ -166,8 +210,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--config", default=str(REPO / "configs" / "train_tiny.yaml"))
-    ap.add_argument("--variants", default=",".join(VARIANTS),
-                    help="comma-separated subset; ratios are against the first one given")
+    ap.add_argument(
+        "--variants", default=",".join(VARIANTS), help="comma-separated subset; ratios are against the first one given"
+    )
     ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "melshards-bench" / "before-after"))
     args = ap.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
@@ -182,25 +227,38 @@ def main(argv=None) -> dict:
         for v in variants:
             out = run_variant(v, shards, clips, args.config, args.steps)
             res[v].append(out)
-            print(f"round {r + 1} {v:<12} wall {out['wall_steps_per_s']:6.2f} steps/s  steady "
-                  f"{out['steady_steps_per_s']:6.2f} steps/s  {out['examples_per_s']:7.1f} examples/s  "
-                  f"first call {out['first_call_s']:5.1f}s  traces {out['traces']}", flush=True)
+            print(
+                f"round {r + 1} {v:<12} wall {out['wall_steps_per_s']:6.2f} steps/s  steady "
+                f"{out['steady_steps_per_s']:6.2f} steps/s  {out['examples_per_s']:7.1f} examples/s  "
+                f"first call {out['first_call_s']:5.1f}s  traces {out['traces']}",
+                flush=True,
+            )
     med = {v: {k: round(statistics.median(o[k] for o in res[v]), 3) for k in res[v][0]} for v in variants}
 
     def ratio(key, v):
         return round(statistics.median(a[key] / b[key] for a, b in zip(res[v], res[base])), 2)
 
     from melshards.train.config import load_config
-    result = {"benchmark": "before_after", "steps": args.steps, "rounds": args.rounds,
-              "batch_size": load_config(args.config).data.batch_size, "median": med,
-              "baseline": base,
-              "wall_speedup": {v: ratio("wall_steps_per_s", v) for v in variants},
-              "steady_speedup": {v: ratio("steady_steps_per_s", v) for v in variants}}
-    print(f"{'variant':<12} {'wall st/s':>9} {'steady st/s':>11} {'ex/s':>7} {'traces':>6} {'wall x':>7} {'steady x':>8}")
+
+    result = {
+        "benchmark": "before_after",
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "batch_size": load_config(args.config).data.batch_size,
+        "median": med,
+        "baseline": base,
+        "wall_speedup": {v: ratio("wall_steps_per_s", v) for v in variants},
+        "steady_speedup": {v: ratio("steady_steps_per_s", v) for v in variants},
+    }
+    print(
+        f"{'variant':<12} {'wall st/s':>9} {'steady st/s':>11} {'ex/s':>7} {'traces':>6} {'wall x':>7} {'steady x':>8}"
+    )
     for v in variants:
         m = med[v]
-        print(f"{v:<12} {m['wall_steps_per_s']:>9.2f} {m['steady_steps_per_s']:>11.2f} {m['examples_per_s']:>7.1f} "
-              f"{m['traces']:>6.0f} {result['wall_speedup'][v]:>7.2f} {result['steady_speedup'][v]:>8.2f}")
+        print(
+            f"{v:<12} {m['wall_steps_per_s']:>9.2f} {m['steady_steps_per_s']:>11.2f} {m['examples_per_s']:>7.1f} "
+            f"{m['traces']:>6.0f} {result['wall_speedup'][v]:>7.2f} {result['steady_speedup'][v]:>8.2f}"
+        )
     emit(result)
     return result
 

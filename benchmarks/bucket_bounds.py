@@ -10,6 +10,7 @@ candidate) and with the default multiple 8.
 
 Run: python -m benchmarks.bucket_bounds [--stats DIR/stats.json] [--seeds 20]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,11 +65,16 @@ def table(hist: dict[int, int], multiple: int) -> list[dict]:
     rows = []
     for k in WHAT_IF_KS:
         opt, eq = optimal_bounds(hist, k, multiple), equal_count_bounds(hist, k, multiple)
-        rows.append({"k": k, "optimal_used": len(opt),
-                     "optimal": round(padding_fraction(fill_buckets(opt, hist)), 6),
-                     "equal_count_used": len(eq),
-                     "equal_count": round(padding_fraction(fill_buckets(eq, hist)), 6),
-                     "optimal_bounds": list(opt)})
+        rows.append(
+            {
+                "k": k,
+                "optimal_used": len(opt),
+                "optimal": round(padding_fraction(fill_buckets(opt, hist)), 6),
+                "equal_count_used": len(eq),
+                "equal_count": round(padding_fraction(fill_buckets(eq, hist)), 6),
+                "optimal_bounds": list(opt),
+            }
+        )
     return rows
 
 
@@ -82,8 +88,13 @@ def runtime(distinct: int, k: int, multiple: int, repeats: int = 3) -> dict:
         optimal_bounds(hist, k, multiple)
         times.append(time.perf_counter() - t)
     candidates = len({-(-v // multiple) for v in hist})
-    return {"distinct_lengths": distinct, "candidates": candidates, "k": k, "multiple": multiple,
-            "seconds_median": round(statistics.median(times), 3)}
+    return {
+        "distinct_lengths": distinct,
+        "candidates": candidates,
+        "k": k,
+        "multiple": multiple,
+        "seconds_median": round(statistics.median(times), 3),
+    }
 
 
 def main(argv=None) -> dict:
@@ -103,36 +114,51 @@ def main(argv=None) -> dict:
         source, spread = args.stats, None
     else:
         hist = synthetic(0, args.clips, args.median_s, args.sigma)
-        source = (f"synthetic seed 0: {args.clips} clips, log-normal median {args.median_s} s sigma "
-                  f"{args.sigma}, clipped 1-15 s, p99 cut-off")
-        k8 = [table(synthetic(s, args.clips, args.median_s, args.sigma), args.multiple)[3]
-              for s in range(args.seeds)]
-        spread = {"seeds": args.seeds,
-                  "optimal_k8_median": statistics.median(r["optimal"] for r in k8),
-                  "equal_count_k8_median": statistics.median(r["equal_count"] for r in k8),
-                  "optimal_k8_range": [min(r["optimal"] for r in k8), max(r["optimal"] for r in k8)],
-                  "equal_count_k8_range": [min(r["equal_count"] for r in k8),
-                                           max(r["equal_count"] for r in k8)],
-                  "optimal_better_every_seed": all(r["optimal"] <= r["equal_count"] for r in k8)}
+        source = (
+            f"synthetic seed 0: {args.clips} clips, log-normal median {args.median_s} s sigma "
+            f"{args.sigma}, clipped 1-15 s, p99 cut-off"
+        )
+        k8 = [table(synthetic(s, args.clips, args.median_s, args.sigma), args.multiple)[3] for s in range(args.seeds)]
+        spread = {
+            "seeds": args.seeds,
+            "optimal_k8_median": statistics.median(r["optimal"] for r in k8),
+            "equal_count_k8_median": statistics.median(r["equal_count"] for r in k8),
+            "optimal_k8_range": [min(r["optimal"] for r in k8), max(r["optimal"] for r in k8)],
+            "equal_count_k8_range": [min(r["equal_count"] for r in k8), max(r["equal_count"] for r in k8)],
+            "optimal_better_every_seed": all(r["optimal"] <= r["equal_count"] for r in k8),
+        }
     n = sum(hist.values())
     mean = sum(v * c for v, c in hist.items()) / n
     print(f"{source}\n{n} clips, {len(hist)} distinct lengths, mean {mean:.1f} mel frames, max {max(hist)}")
     rows = table(hist, args.multiple)
     print(f"{'K':>3} {'optimal':>8} {'used':>4} {'equal-count':>11} {'used':>4}  optimal bounds")
     for r in rows:
-        print(f"{r['k']:>3} {100 * r['optimal']:>7.1f}% {r['optimal_used']:>4} {100 * r['equal_count']:>10.1f}% "
-              f"{r['equal_count_used']:>4}  {r['optimal_bounds']}")
+        print(
+            f"{r['k']:>3} {100 * r['optimal']:>7.1f}% {r['optimal_used']:>4} {100 * r['equal_count']:>10.1f}% "
+            f"{r['equal_count_used']:>4}  {r['optimal_bounds']}"
+        )
     if spread:
-        print(f"K=8 over {spread['seeds']} seeds: optimal median {100 * spread['optimal_k8_median']:.1f}% "
-              f"{[round(100 * x, 1) for x in spread['optimal_k8_range']]}, equal-count median "
-              f"{100 * spread['equal_count_k8_median']:.1f}% "
-              f"{[round(100 * x, 1) for x in spread['equal_count_k8_range']]}")
+        print(
+            f"K=8 over {spread['seeds']} seeds: optimal median {100 * spread['optimal_k8_median']:.1f}% "
+            f"{[round(100 * x, 1) for x in spread['optimal_k8_range']]}, equal-count median "
+            f"{100 * spread['equal_count_k8_median']:.1f}% "
+            f"{[round(100 * x, 1) for x in spread['equal_count_k8_range']]}"
+        )
     rt = [runtime(args.distinct, k, m) for k, m in ((8, 1), (16, 1), (8, 8))]
     for r in rt:
-        print(f"DP: {r['distinct_lengths']} distinct lengths, {r['candidates']} candidates, K={r['k']}, "
-              f"multiple {r['multiple']}: {r['seconds_median']} s")
-    result = {"benchmark": "bucket_bounds", "source": source, "clips": n, "mean_mel_frames": round(mean, 1),
-              "rows": rows, "k8_spread": spread, "dp_runtime": rt}
+        print(
+            f"DP: {r['distinct_lengths']} distinct lengths, {r['candidates']} candidates, K={r['k']}, "
+            f"multiple {r['multiple']}: {r['seconds_median']} s"
+        )
+    result = {
+        "benchmark": "bucket_bounds",
+        "source": source,
+        "clips": n,
+        "mean_mel_frames": round(mean, 1),
+        "rows": rows,
+        "k8_spread": spread,
+        "dp_runtime": rt,
+    }
     emit(result)
     return result
 

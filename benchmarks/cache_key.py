@@ -10,6 +10,7 @@ gs://) reads them from disk or the network instead. Prints µs per file, MB/s an
 
 Run: python -m benchmarks.cache_key [--corpus DIR] [--clips 13100] [--rounds 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,9 +51,11 @@ def main(argv: list[str] | None = None) -> dict:
     corpus = ensure_corpus(args.corpus, args.clips)
     paths = sorted(str(p) for p in (Path(corpus) / "wavs").iterdir())
     total_bytes = sum(Path(p).stat().st_size for p in paths)
-    variants = {"metadata": lambda p: clip_key(p, "settings"),
-                "content_sha256": lambda p: content_key(p, "sha256"),
-                "content_crc32c": lambda p: content_key(p, "crc32c")}
+    variants = {
+        "metadata": lambda p: clip_key(p, "settings"),
+        "content_sha256": lambda p: content_key(p, "sha256"),
+        "content_crc32c": lambda p: content_key(p, "crc32c"),
+    }
     timed(paths, variants["content_crc32c"])  # into the page cache: every round then reads from memory
     walls: dict[str, list[float]] = {name: [] for name in variants}
     for _ in range(args.rounds):
@@ -62,12 +65,19 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"{len(paths)} files, {total_bytes / 1e9:.2f} GB, medians of {args.rounds} rounds")
     print("| key | µs per file | MB/s | ÷ metadata |\n|---|---|---|---|")
     for name, wall in median.items():
-        print(f"| {name} | {1e6 * wall / len(paths):.1f} | {total_bytes / wall / 1e6:.0f} | "
-              f"{wall / median['metadata']:.1f} |")
-    result = {"benchmark": "cache_key", "files": len(paths), "bytes": total_bytes, "rounds": args.rounds,
-              "us_per_file": {n: round(1e6 * w / len(paths), 2) for n, w in median.items()},
-              "over_metadata": {n: round(w / median["metadata"], 2) for n, w in median.items()},
-              "per_round_s": {n: [round(x, 3) for x in w] for n, w in walls.items()}}
+        print(
+            f"| {name} | {1e6 * wall / len(paths):.1f} | {total_bytes / wall / 1e6:.0f} | "
+            f"{wall / median['metadata']:.1f} |"
+        )
+    result = {
+        "benchmark": "cache_key",
+        "files": len(paths),
+        "bytes": total_bytes,
+        "rounds": args.rounds,
+        "us_per_file": {n: round(1e6 * w / len(paths), 2) for n, w in median.items()},
+        "over_metadata": {n: round(w / median["metadata"], 2) for n, w in median.items()},
+        "per_round_s": {n: [round(x, 3) for x in w] for n, w in walls.items()},
+    }
     emit(result)
     return result
 

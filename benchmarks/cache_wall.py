@@ -17,6 +17,7 @@ Reported: wall per variant (median), each ratio (median of the rounds), and the 
 
 Run: python -m benchmarks.cache_wall [--clips 1000] [--rounds 2] [--workers 2] [--work-dir /tmp/melshards-bench]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,19 @@ VARIANTS = ("plain", "cold", "changed", "killed", "new_rows")
 
 
 def command(corpus: str, out: Path, workers: int, cache: Path | None, *extra: str) -> list[str]:
-    cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", corpus, "--output", str(out), "--overwrite",
-           *beam_flags(workers), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "melshards",
+        "preprocess",
+        "--input",
+        corpus,
+        "--output",
+        str(out),
+        "--overwrite",
+        *beam_flags(workers),
+        *extra,
+    ]
     return cmd + (["--cache", str(cache)] if cache else [])
 
 
@@ -87,8 +99,9 @@ def main(argv: list[str] | None = None) -> dict:
     corpus = ensure_corpus(str(Path(args.work_dir) / f"ljbig-{args.clips}"), args.clips)
     growing, growing_meta, rows = growing_corpus(corpus, work)
     changed_cfg = work / "changed.yaml"
-    changed_cfg.write_text(yaml.safe_dump({"filter": {"mel_frames_upper_percentile": 98.0,
-                                                      "text_len_upper_percentile": 98.0}}))
+    changed_cfg.write_text(
+        yaml.safe_dump({"filter": {"mel_frames_upper_percentile": 98.0, "text_len_upper_percentile": 98.0}})
+    )
     walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
     counts: dict[str, dict] = {}
     for r in range(args.rounds):
@@ -101,34 +114,58 @@ def main(argv: list[str] | None = None) -> dict:
         walls["cold"].append(timed(command(corpus, out["cold"], w, caches["cold"]), work / "cold.log"))
         counts["cold"] = cache_counts(out["cold"])
         # the cold run's cache, with other cut-offs and buckets
-        walls["changed"].append(timed(command(corpus, out["changed"], w, caches["cold"], "--buckets", "3",
-                                              "--config", str(changed_cfg)), work / "changed.log"))
+        walls["changed"].append(
+            timed(
+                command(corpus, out["changed"], w, caches["cold"], "--buckets", "3", "--config", str(changed_cfg)),
+                work / "changed.log",
+            )
+        )
         counts["changed"] = cache_counts(out["changed"])
-        timed(command(corpus, out["killed"], w, caches["killed"]), work / "killed-first.log",
-              kill_after=0.8 * walls["cold"][-1])
+        timed(
+            command(corpus, out["killed"], w, caches["killed"]),
+            work / "killed-first.log",
+            kill_after=0.8 * walls["cold"][-1],
+        )
         walls["killed"].append(timed(command(corpus, out["killed"], w, caches["killed"]), work / "killed.log"))
         counts["killed"] = cache_counts(out["killed"])
-        growing_meta.write_text("".join(rows[:int(0.9 * len(rows))]), encoding="utf-8")  # 90 % of the rows
+        growing_meta.write_text("".join(rows[: int(0.9 * len(rows))]), encoding="utf-8")  # 90 % of the rows
         timed(command(growing, out["new_rows"], w, caches["new_rows"]), work / "new-rows-first.log")
         growing_meta.write_text("".join(rows), encoding="utf-8")  # then all of them
         walls["new_rows"].append(timed(command(growing, out["new_rows"], w, caches["new_rows"]), work / "new-rows.log"))
         counts["new_rows"] = cache_counts(out["new_rows"])
         print(f"round {r + 1}: " + ", ".join(f"{v} {walls[v][-1]:.1f} s" for v in VARIANTS), flush=True)
-    ratio = {"cold_over_plain": [c / p for c, p in zip(walls["cold"], walls["plain"])],
-             **{f"{v}_over_cold": [x / c for x, c in zip(walls[v], walls["cold"])] for v in ("changed", "killed", "new_rows")}}
-    result = {"benchmark": "cache_wall", "clips": args.clips, "workers": args.workers, "rounds": args.rounds,
-              **{f"wall_s_{v}": round(statistics.median(x), 2) for v, x in walls.items()},
-              **{k: round(statistics.median(v), 3) for k, v in ratio.items()},
-              "per_round": {k: [round(x, 3) for x in v] for k, v in ratio.items()}, "cache_counts": counts}
+    ratio = {
+        "cold_over_plain": [c / p for c, p in zip(walls["cold"], walls["plain"])],
+        **{
+            f"{v}_over_cold": [x / c for x, c in zip(walls[v], walls["cold"])]
+            for v in ("changed", "killed", "new_rows")
+        },
+    }
+    result = {
+        "benchmark": "cache_wall",
+        "clips": args.clips,
+        "workers": args.workers,
+        "rounds": args.rounds,
+        **{f"wall_s_{v}": round(statistics.median(x), 2) for v, x in walls.items()},
+        **{k: round(statistics.median(v), 3) for k, v in ratio.items()},
+        "per_round": {k: [round(x, 3) for x in v] for k, v in ratio.items()},
+        "cache_counts": counts,
+    }
     print("\n| variant | wall s (median) | ratio (median) | goal | cache: read, computed |")
     print("|---|---|---|---|---|")
-    goals = {"cold": ("cold_over_plain", "<= 1.05 x plain"), "changed": ("changed_over_cold", "<= 0.20 x cold"),
-             "killed": ("killed_over_cold", "<= 0.35 x cold"), "new_rows": ("new_rows_over_cold", "<= 0.30 x cold")}
+    goals = {
+        "cold": ("cold_over_plain", "<= 1.05 x plain"),
+        "changed": ("changed_over_cold", "<= 0.20 x cold"),
+        "killed": ("killed_over_cold", "<= 0.35 x cold"),
+        "new_rows": ("new_rows_over_cold", "<= 0.30 x cold"),
+    }
     for v in VARIANTS:
         key, goal = goals.get(v, (None, "-"))
         c = counts.get(v, {})
-        print(f"| {v} | {result[f'wall_s_{v}']:.1f} | {result[key] if key else '-'} | {goal} | "
-              f"{c.get('hits', '-')}, {c.get('computed', '-')} |")
+        print(
+            f"| {v} | {result[f'wall_s_{v}']:.1f} | {result[key] if key else '-'} | {goal} | "
+            f"{c.get('hits', '-')}, {c.get('computed', '-')} |"
+        )
     emit(result)
     return result
 

@@ -1,4 +1,5 @@
 """Helpers shared by the benchmarks: interleaved repeated timing and the final JSON line."""
+
 from __future__ import annotations
 
 import json
@@ -7,8 +8,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 
 def interleaved(fns: dict[str, Callable[[], int]], rounds: int) -> dict[str, list[float]]:
@@ -35,8 +36,18 @@ def melshards_train(shards: Path, model_dir: Path, config: Path, *args: str, env
     with `args` added and `env` over this process's environment; its run_summary.json. Exits on failure."""
     from benchmarks.shards_fixture import REPO
 
-    cmd = [sys.executable, "-m", "melshards", "train", str(shards / "train-*.tfrecord"), "--model-dir", str(model_dir),
-           "--config", str(config), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "melshards",
+        "train",
+        str(shards / "train-*.tfrecord"),
+        "--model-dir",
+        str(model_dir),
+        "--config",
+        str(config),
+        *args,
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env={**os.environ, **(env or {})})
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")

@@ -12,6 +12,7 @@ One corpus (benchmarks/make_big_corpus.py, --clips clips) preprocessed twice, wi
 
 Run: python -m benchmarks.compile_wall [--clips 800] [--rounds 2] [--steps 4] [--config <tiny test model>]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,26 @@ from benchmarks.step_device import QUICK_MODEL, WORK
 
 def shards(corpus: str, buckets: int, out: Path) -> Path:
     if not (out / "schema.json").exists():
-        code = subprocess.run([sys.executable, "-m", "melshards", "preprocess", "--input", corpus, "--output", str(out),
-                               "--config", str(REPO / "configs" / "ljspeech.yaml"), "--overwrite", "--buckets",
-                               str(buckets)], cwd=REPO, capture_output=True, text=True)
+        code = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "melshards",
+                "preprocess",
+                "--input",
+                corpus,
+                "--output",
+                str(out),
+                "--config",
+                str(REPO / "configs" / "ljspeech.yaml"),
+                "--overwrite",
+                "--buckets",
+                str(buckets),
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+        )
         if code.returncode:
             raise SystemExit(f"preprocess --buckets {buckets} failed:\n{code.stderr[-2000:]}")
     return out
@@ -41,8 +59,16 @@ def shards(corpus: str, buckets: int, out: Path) -> Path:
 
 def train(shard_dir: Path, model_dir: Path, cfg: Path, steps: int, cache: str) -> dict:
     """A run with validation and its persistent cache in `cache` ("" off; TF_XLA_FLAGS names none)."""
-    return melshards_train(shard_dir, model_dir, cfg, "--val", str(shard_dir / "val-*.tfrecord"), "--steps", str(steps),
-                           env={"MELSHARDS_XLA_CACHE": cache, "TF_XLA_FLAGS": ""})
+    return melshards_train(
+        shard_dir,
+        model_dir,
+        cfg,
+        "--val",
+        str(shard_dir / "val-*.tfrecord"),
+        "--steps",
+        str(steps),
+        env={"MELSHARDS_XLA_CACHE": cache, "TF_XLA_FLAGS": ""},
+    )
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -55,43 +81,71 @@ def main(argv: list[str] | None = None) -> dict:
     work = WORK / "compile-wall"
     work.mkdir(parents=True, exist_ok=True)
     from benchmarks.preprocess_scale import ensure_corpus
+
     corpus = ensure_corpus(str(WORK / f"ljbig-{args.clips}"), args.clips)
     sets = {"one": shards(corpus, 1, work / "shards-1"), "eight": shards(corpus, 8, work / "shards-8")}
     if args.config:
         cfg = Path(args.config)
     else:
         cfg = work / "tiny.yaml"
-        cfg.write_text(yaml.safe_dump({"model": QUICK_MODEL, "data": {"batch_size": 8, "shuffle_buffer": 64},
-                                       "loop": {"log_every": 1, "checkpoint_every": 1, "val_every": 1000}}))
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "model": QUICK_MODEL,
+                    "data": {"batch_size": 8, "shuffle_buffer": 64},
+                    "loop": {"log_every": 1, "checkpoint_every": 1, "val_every": 1000},
+                }
+            )
+        )
     rows: dict[str, list[dict]] = {"one": [], "eight": [], "resumed": []}
     for r in range(args.rounds):
         for name, shard_dir in sets.items():
             model_dir = work / f"model-{name}"
             shutil.rmtree(model_dir, ignore_errors=True)
             s = train(shard_dir, model_dir, cfg, args.steps, "")
-            rows[name].append({"time_to_first_step": s["time_to_first_step"], "compile_seconds": s["compile_seconds"],
-                               "buckets": len(s["compile_by_bucket"]), "traces": s["train_step_traces"]})
+            rows[name].append(
+                {
+                    "time_to_first_step": s["time_to_first_step"],
+                    "compile_seconds": s["compile_seconds"],
+                    "buckets": len(s["compile_by_bucket"]),
+                    "traces": s["train_step_traces"],
+                }
+            )
         cache, model_dir = work / "xla-cache", work / "model-resumed"
         shutil.rmtree(cache, ignore_errors=True)
         shutil.rmtree(model_dir, ignore_errors=True)
         cold = train(sets["eight"], model_dir, cfg, args.steps, str(cache))
         entries = len(list(cache.iterdir()))
         resumed = train(sets["eight"], model_dir, cfg, 2 * args.steps, str(cache))
-        rows["resumed"].append({"cold_compile_seconds": cold["compile_seconds"],
-                                "compile_seconds": resumed["compile_seconds"],
-                                "time_to_first_step": resumed["time_to_first_step"],
-                                "trace_seconds": sum(t["trace_s"] for t in resumed["compile_by_bucket"].values()),
-                                "new_cache_entries": len(list(cache.iterdir())) - entries,
-                                "traces": resumed["train_step_traces"]})
-        print(f"round {r + 1}: first step one {rows['one'][-1]['time_to_first_step']:.1f} s, eight "
-              f"{rows['eight'][-1]['time_to_first_step']:.1f} s; resumed compile {resumed['compile_seconds']:.1f} s "
-              f"vs cold {cold['compile_seconds']:.1f} s", flush=True)
-    eight_over_one = statistics.median(e["time_to_first_step"] / o["time_to_first_step"]
-                                       for e, o in zip(rows["eight"], rows["one"]))
+        rows["resumed"].append(
+            {
+                "cold_compile_seconds": cold["compile_seconds"],
+                "compile_seconds": resumed["compile_seconds"],
+                "time_to_first_step": resumed["time_to_first_step"],
+                "trace_seconds": sum(t["trace_s"] for t in resumed["compile_by_bucket"].values()),
+                "new_cache_entries": len(list(cache.iterdir())) - entries,
+                "traces": resumed["train_step_traces"],
+            }
+        )
+        print(
+            f"round {r + 1}: first step one {rows['one'][-1]['time_to_first_step']:.1f} s, eight "
+            f"{rows['eight'][-1]['time_to_first_step']:.1f} s; resumed compile {resumed['compile_seconds']:.1f} s "
+            f"vs cold {cold['compile_seconds']:.1f} s",
+            flush=True,
+        )
+    eight_over_one = statistics.median(
+        e["time_to_first_step"] / o["time_to_first_step"] for e, o in zip(rows["eight"], rows["one"])
+    )
     resumed_over_cold = statistics.median(x["compile_seconds"] / x["cold_compile_seconds"] for x in rows["resumed"])
-    result = {"benchmark": "compile_wall", "host_cores": os.cpu_count(), "clips": args.clips, "steps": args.steps,
-              "rounds": rows, "eight_over_one_first_step": round(eight_over_one, 2),
-              "resumed_over_cold_compile": round(resumed_over_cold, 3)}
+    result = {
+        "benchmark": "compile_wall",
+        "host_cores": os.cpu_count(),
+        "clips": args.clips,
+        "steps": args.steps,
+        "rounds": rows,
+        "eight_over_one_first_step": round(eight_over_one, 2),
+        "resumed_over_cold_compile": round(resumed_over_cold, 3),
+    }
     print(f"time to first step, 8 buckets / 1: {eight_over_one:.2f} (goal <= 2 on 4 cores; {os.cpu_count()} here)")
     print(f"resumed run's compile / cold run's: {resumed_over_cold:.3f} (goal <= 0.10)")
     emit(result)

@@ -17,6 +17,7 @@ in this process on `--profile-clips` clips of the same corpus (one core).
 Run: python -m benchmarks.feature_wall [--clips 1000] [--rounds 3] [--workers 2] [--tracker dio]
          [--profile-clips 100] [--work-dir /tmp/melshards-bench]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,13 +52,18 @@ def shard_sizes(out: Path) -> dict:
     records = stats["counts"]["in_shards"]
     total = sum(f.stat().st_size for f in out.glob("*.tfrecord"))
     hours = sum(s["hours"] for s in stats["speakers"])
-    return {"bytes_per_record": round(total / records), "mb_per_audio_hour": round(total / 1e6 / hours, 1),
-            "records": records, "audio_hours": round(hours, 3)}
+    return {
+        "bytes_per_record": round(total / records),
+        "mb_per_audio_hour": round(total / 1e6 / hours, 1),
+        "records": records,
+        "audio_hours": round(hours, 3),
+    }
 
 
 def profile(corpus: str, clips: int, tracker: str) -> dict:
     """Seconds per clip of each part of `clips.featurize` with every feature on, in this process."""
-    from melshards.preprocess import audio, clips as C, features
+    from melshards.preprocess import audio, features
+    from melshards.preprocess import clips as C
     from melshards.preprocess.config import FeaturesConfig, PitchConfig, PreprocessConfig
 
     cfg = PreprocessConfig(features=FeaturesConfig(True, True, True), pitch=PitchConfig(tracker=tracker))
@@ -87,10 +93,13 @@ def profile(corpus: str, clips: int, tracker: str) -> dict:
             parts[key] += dt
         seconds += y.size / sr
     total = sum(parts.values())
-    return {"clips": len(rows), "audio_s": round(seconds, 1),
-            "cpu_s_per_audio_hour": {k: round(v / seconds * 3600, 1) for k, v in parts.items()},
-            "share": {k: round(v / total, 3) for k, v in parts.items()},
-            "pitch_over_stft_mel": round(parts["pitch"] / parts["stft_mel"], 2) if parts["stft_mel"] else None}
+    return {
+        "clips": len(rows),
+        "audio_s": round(seconds, 1),
+        "cpu_s_per_audio_hour": {k: round(v / seconds * 3600, 1) for k, v in parts.items()},
+        "share": {k: round(v / total, 3) for k, v in parts.items()},
+        "pitch_over_stft_mel": round(parts["pitch"] / parts["stft_mel"], 2) if parts["stft_mel"] else None,
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -111,8 +120,20 @@ def main(argv: list[str] | None = None) -> dict:
     for r in range(args.rounds):
         for v in VARIANTS:
             out = work / f"features-out-{v}"
-            cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", corpus, "--output", str(out),
-                   "--overwrite", "--config", config_for(v, args.tracker, work), *beam_flags(args.workers)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "melshards",
+                "preprocess",
+                "--input",
+                corpus,
+                "--output",
+                str(out),
+                "--overwrite",
+                "--config",
+                config_for(v, args.tracker, work),
+                *beam_flags(args.workers),
+            ]
             res = run_sampled(cmd, log_path=str(work / f"features-{v}.log"))
             if res["rc"] != 0:
                 raise SystemExit(f"{v}: preprocess exited {res['rc']}; see {work / f'features-{v}.log'}")
@@ -123,22 +144,32 @@ def main(argv: list[str] | None = None) -> dict:
     ratios = {v: [x / m for x, m in zip(walls[v], walls["mel"])] for v in VARIANTS if v != "mel"}
     cpu_ratios = {v: [x / m for x, m in zip(cpus[v], cpus["mel"]) if m] for v in VARIANTS if v != "mel"}
     parts = profile(corpus, args.profile_clips, args.tracker)
-    result = {"benchmark": "feature_wall", "clips": args.clips, "workers": args.workers, "rounds": args.rounds,
-              "tracker": args.tracker,
-              **{f"wall_s_{v}": round(statistics.median(walls[v]), 2) for v in VARIANTS},
-              **{f"{v}_over_mel": round(statistics.median(x), 3) for v, x in ratios.items()},
-              **{f"cpu_s_{v}": round(statistics.median(cpus[v]), 1) for v in VARIANTS},
-              **{f"{v}_over_mel_cpu": round(statistics.median(x), 3) for v, x in cpu_ratios.items() if x},
-              "per_round_ratios": {v: [round(x, 3) for x in xs] for v, xs in ratios.items()},
-              "sizes": sizes, "per_clip_parts": parts}
-    print("\n| variant | wall s (median) | / mel (median of rounds) | CPU s (median) | / mel | bytes/record | "
-          "MB of shards per audio hour |")
+    result = {
+        "benchmark": "feature_wall",
+        "clips": args.clips,
+        "workers": args.workers,
+        "rounds": args.rounds,
+        "tracker": args.tracker,
+        **{f"wall_s_{v}": round(statistics.median(walls[v]), 2) for v in VARIANTS},
+        **{f"{v}_over_mel": round(statistics.median(x), 3) for v, x in ratios.items()},
+        **{f"cpu_s_{v}": round(statistics.median(cpus[v]), 1) for v in VARIANTS},
+        **{f"{v}_over_mel_cpu": round(statistics.median(x), 3) for v, x in cpu_ratios.items() if x},
+        "per_round_ratios": {v: [round(x, 3) for x in xs] for v, xs in ratios.items()},
+        "sizes": sizes,
+        "per_clip_parts": parts,
+    }
+    print(
+        "\n| variant | wall s (median) | / mel (median of rounds) | CPU s (median) | / mel | bytes/record | "
+        "MB of shards per audio hour |"
+    )
     print("|---|---|---|---|---|---|---|")
     for v in VARIANTS:
         ratio = "1" if v == "mel" else f"{result[f'{v}_over_mel']:.3f} ({', '.join(f'{x:.3f}' for x in ratios[v])})"
         cpu = "1" if v == "mel" else f"{result.get(f'{v}_over_mel_cpu', 0):.3f}"
-        print(f"| {v} | {result[f'wall_s_{v}']:.1f} | {ratio} | {result[f'cpu_s_{v}']:.1f} | {cpu} | "
-              f"{sizes[v]['bytes_per_record']:,} | {sizes[v]['mb_per_audio_hour']:,} |")
+        print(
+            f"| {v} | {result[f'wall_s_{v}']:.1f} | {ratio} | {result[f'cpu_s_{v}']:.1f} | {cpu} | "
+            f"{sizes[v]['bytes_per_record']:,} | {sizes[v]['mb_per_audio_hour']:,} |"
+        )
     print(f"\nper-clip work, {parts['clips']} clips ({parts['audio_s']} s of audio), one core, CPU s per audio hour:")
     for k, v in parts["cpu_s_per_audio_hour"].items():
         print(f"  {k:<12}{v:>8.1f}  ({100 * parts['share'][k]:.1f}%)")

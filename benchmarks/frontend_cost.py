@@ -17,6 +17,7 @@ process pays first: importing phonemizer and loading espeak-ng, and making a lan
 
 Run: python -m benchmarks.frontend_cost [--rows 1000] [--rounds 5] [--batch 32] [--language en]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,18 +28,31 @@ import time
 from benchmarks.common import emit, interleaved, median_ratio
 
 _EN = [
-    "Mr. Smith paid $3.50 for 2 coffees at 7:45 this morning.", "The meeting is at 10:30pm on St. Paul st.",
-    "Revenue rose 12% to $1.5 million in 2019, the report said.", "It was the 21st of June, 1984; nobody came.",
-    "\u201cWhere are you going?\u201d she asked \u2014 quietly.", "Dr. Jones measured 6.02e23 molecules, roughly.",
-    "A ticket costs \u20ac20 or 18\u00a3, depending on the day.", "The train leaves at 7:00 from platform 9.",
-    "He counted 1,234 sheep before falling asleep.", "Printing and binding took three weeks, etc.",
+    "Mr. Smith paid $3.50 for 2 coffees at 7:45 this morning.",
+    "The meeting is at 10:30pm on St. Paul st.",
+    "Revenue rose 12% to $1.5 million in 2019, the report said.",
+    "It was the 21st of June, 1984; nobody came.",
+    "\u201cWhere are you going?\u201d she asked \u2014 quietly.",
+    "Dr. Jones measured 6.02e23 molecules, roughly.",
+    "A ticket costs \u20ac20 or 18\u00a3, depending on the day.",
+    "The train leaves at 7:00 from platform 9.",
+    "He counted 1,234 sheep before falling asleep.",
+    "Printing and binding took three weeks, etc.",
 ]
 _DE = [
-    "Der Zug fährt um 7 Uhr von Gleis 9 ab.", "Schön, dass du da bist \u2013 wirklich!",
-    "Das kostet 2,50 \u20ac und nicht 3.", "Am 3. Mai kamen 1.000 Leute zum Fest.",
+    "Der Zug fährt um 7 Uhr von Gleis 9 ab.",
+    "Schön, dass du da bist \u2013 wirklich!",
+    "Das kostet 2,50 \u20ac und nicht 3.",
+    "Am 3. Mai kamen 1.000 Leute zum Fest.",
     "\u201eWohin gehst du?\u201c, fragte sie leise.",
 ]
-_ZH = ["妈妈骂马吗？", "我们明天上午十点在北京见面。", "这本书一共有 300 页，很好看！", "他说：\u201c你好，世界。\u201d", "今天天气很好。"]
+_ZH = [
+    "妈妈骂马吗？",
+    "我们明天上午十点在北京见面。",
+    "这本书一共有 300 页，很好看！",
+    "他说：\u201c你好，世界。\u201d",
+    "今天天气很好。",
+]
 _PHRASES = {"en": _EN, "de": _DE, "zh-CN": _ZH}
 
 
@@ -49,7 +63,7 @@ def rows_for(language: str, n: int, seed: int = 0) -> list[str]:
 
 
 def batches(rows: list[str], size: int) -> list[list[str]]:
-    return [rows[i:i + size] for i in range(0, len(rows), size)]
+    return [rows[i : i + size] for i in range(0, len(rows), size)]
 
 
 def one_off_costs(language: str) -> dict:
@@ -76,10 +90,18 @@ def main(argv: list[str] | None = None) -> None:
 
     languages = list(_PHRASES) if args.language == "all" else [args.language]
     first = one_off_costs(languages[0])
-    result = {"benchmark": "frontend_cost", "rows": args.rows, "rounds": args.rounds, "batch": args.batch,
-              **first, "languages": {}}
-    print(f"one-off, per process: phonemizer import + espeak-ng located {first['phonemizer_import_s']:.3f} s, "
-          f"a language's backend {1000 * first['backend_start_s']:.1f} ms")
+    result = {
+        "benchmark": "frontend_cost",
+        "rows": args.rows,
+        "rounds": args.rounds,
+        "batch": args.batch,
+        **first,
+        "languages": {},
+    }
+    print(
+        f"one-off, per process: phonemizer import + espeak-ng located {first['phonemizer_import_s']:.3f} s, "
+        f"a language's backend {1000 * first['backend_start_s']:.1f} ms"
+    )
     for language in languages:
         rows = rows_for(language, args.rows)
         chunks = batches(rows, args.batch)
@@ -87,23 +109,29 @@ def main(argv: list[str] | None = None) -> None:
         for name in names:  # warm: backends made, num2words imported
             frontend(name).normalize_many(chunks[0], language)
 
-        def batched(name):
+        def batched(name, language=language, chunks=chunks):
             f = frontend(name)
             return lambda: sum(len(f.normalize_many(c, language)) for c in chunks)
 
         fns = {name: batched(name) for name in names if name != "phonemes"}
         fns["phonemes_batched"] = batched("phonemes")
         ph = frontend("phonemes")
-        fns["phonemes_per_row"] = lambda: sum(len(ph.normalize_many([r], language)) for r in rows)
+        fns["phonemes_per_row"] = lambda ph=ph, language=language, rows=rows: sum(
+            len(ph.normalize_many([r], language)) for r in rows
+        )
         rates = interleaved(fns, args.rounds)
         us = {k: round(1e6 / statistics.median(v), 1) for k, v in rates.items()}
-        ratios = {"phonemes_per_row/phonemes_batched": round(median_ratio(rates, "phonemes_batched", "phonemes_per_row"), 2)}
+        ratios = {
+            "phonemes_per_row/phonemes_batched": round(median_ratio(rates, "phonemes_batched", "phonemes_per_row"), 2)
+        }
         for k in fns:
             if k != "characters":
                 ratios[f"{k}/characters"] = round(median_ratio(rates, "characters", k), 2)
         mean_len = statistics.mean(len(r) for r in rows)
-        print(f"\n{language}: {len(rows)} rows of {mean_len:.0f} characters on average, {args.rounds} interleaved rounds, "
-              f"batches of {args.batch}")
+        print(
+            f"\n{language}: {len(rows)} rows of {mean_len:.0f} characters on average, {args.rounds} interleaved rounds, "
+            f"batches of {args.batch}"
+        )
         print(f"  {'front end':<18} {'us/row':>9}")
         for k, v in us.items():
             print(f"  {k:<18} {v:>9.1f}")

@@ -10,6 +10,7 @@ per-round ratios). Goal (issue 20): <= 1.15.
 Run: python -m benchmarks.frontend_wall [--clips 1000] [--rounds 3] [--workers 2]
          [--work-dir /tmp/melshards-bench]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,20 +47,39 @@ def main(argv: list[str] | None = None) -> None:
     for r in range(args.rounds):
         for v in VARIANTS:
             out = work / f"frontend-out-{v}"
-            cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", corpus, "--output", str(out),
-                   "--overwrite", "--config", config_for(v, work), *beam_flags(args.workers)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "melshards",
+                "preprocess",
+                "--input",
+                corpus,
+                "--output",
+                str(out),
+                "--overwrite",
+                "--config",
+                config_for(v, work),
+                *beam_flags(args.workers),
+            ]
             res = run_sampled(cmd, log_path=str(work / f"frontend-{v}.log"))
             if res["rc"] != 0:
                 raise SystemExit(f"{v}: preprocess exited {res['rc']}; see {work / f'frontend-{v}.log'}")
             walls[v].append(res["wall_s"])
             print(f"round {r + 1} {v:<11} wall {res['wall_s']:6.1f} s  cpu {res.get('cpu_s', 0):6.1f} s", flush=True)
     ratios = [p / c for p, c in zip(walls["phonemes"], walls["characters"])]
-    result = {"benchmark": "frontend_wall", "clips": args.clips, "workers": args.workers, "rounds": args.rounds,
-              **{f"wall_s_{v}": round(statistics.median(walls[v]), 2) for v in VARIANTS},
-              "phonemes_over_characters": round(statistics.median(ratios), 3),
-              "per_round_ratios": [round(x, 3) for x in ratios]}
-    print(f"\nphonemes / characters wall: {result['phonemes_over_characters']:.3f} (median of "
-          f"{', '.join(f'{x:.3f}' for x in ratios)}); goal <= 1.15")
+    result = {
+        "benchmark": "frontend_wall",
+        "clips": args.clips,
+        "workers": args.workers,
+        "rounds": args.rounds,
+        **{f"wall_s_{v}": round(statistics.median(walls[v]), 2) for v in VARIANTS},
+        "phonemes_over_characters": round(statistics.median(ratios), 3),
+        "per_round_ratios": [round(x, 3) for x in ratios],
+    }
+    print(
+        f"\nphonemes / characters wall: {result['phonemes_over_characters']:.3f} (median of "
+        f"{', '.join(f'{x:.3f}' for x in ratios)}); goal <= 1.15"
+    )
     emit(result)
 
 

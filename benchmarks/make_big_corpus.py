@@ -22,6 +22,7 @@ Run: python -m benchmarks.make_big_corpus --out /tmp/melshards-bench/ljbig [--cl
      [--max-s 10] [--sd-s 2.1]
      python -m benchmarks.make_big_corpus --out /tmp/melshards-bench/ljbig-x10 --links-of /tmp/melshards-bench/ljbig --times 10
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,9 @@ def good_clips(max_s: float = MAX_S) -> list[tuple[str, str, np.ndarray]]:
     return out
 
 
-def plan_clip(i: int, seed: int, durs: list[float], max_s: float = MAX_S,
-              sd_s: float = TARGET_SD_S) -> list[tuple[int, float]]:
+def plan_clip(
+    i: int, seed: int, durs: list[float], max_s: float = MAX_S, sd_s: float = TARGET_SD_S
+) -> list[tuple[int, float]]:
     """[(source index, gap before it in seconds)] for clip i: greedy fill up to a drawn target length."""
     rng = random.Random(f"{seed}:{i}")
     target = min(max_s, max(MIN_S, rng.gauss(TARGET_MEAN_S, sd_s)))
@@ -84,10 +86,14 @@ def link_corpus(src: str | Path, out: str | Path, times: int) -> dict:
     new ids (`<id>x<k>`) and each metadata row repeated with them. An `out` this function made before
     with the same rows is kept as it is; one it did not make is refused, never replaced."""
     src, out = Path(src), Path(out)
-    rows = [l for l in (src / "metadata.csv").read_text(encoding="utf-8").splitlines() if l.strip()]
+    rows = [line for line in (src / "metadata.csv").read_text(encoding="utf-8").splitlines() if line.strip()]
     meta = out / "metadata.csv"
     if out.exists():
-        if (out / LINKED_MARK).exists() and meta.exists() and sum(1 for _ in meta.open(encoding="utf-8")) == len(rows) * times:
+        if (
+            (out / LINKED_MARK).exists()
+            and meta.exists()
+            and sum(1 for _ in meta.open(encoding="utf-8")) == len(rows) * times
+        ):
             print(f"{out}: {len(rows) * times} rows linked from {src} before, kept")
             return {"out": str(out), "clips": len(rows) * times, "reused": True}
         if not (out / LINKED_MARK).exists():
@@ -103,10 +109,17 @@ def link_corpus(src: str | Path, out: str | Path, times: int) -> dict:
             os.link(src / "wavs" / f"{cid}.wav", out / "wavs" / f"{cid}x{k}.wav")
             lines.append(f"{cid}x{k}|{rest}")
     meta.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    summary = {"out": str(out), "clips": len(lines), "links_of": str(src), "times": times, "reused": False,
-               "seconds_to_link": round(time.perf_counter() - t0, 1)}
-    print(f"wrote {out}: {len(lines)} rows, hard links to the {len(rows)} wavs of {src} "
-          f"in {summary['seconds_to_link']} s")
+    summary = {
+        "out": str(out),
+        "clips": len(lines),
+        "links_of": str(src),
+        "times": times,
+        "reused": False,
+        "seconds_to_link": round(time.perf_counter() - t0, 1),
+    }
+    print(
+        f"wrote {out}: {len(lines)} rows, hard links to the {len(rows)} wavs of {src} in {summary['seconds_to_link']} s"
+    )
     return summary
 
 
@@ -129,12 +142,20 @@ def main(argv=None) -> dict:
     durs = [len(y) / SR for _, _, y in src]
     plans = [plan_clip(i, args.seed, durs, args.max_s, args.sd_s) for i in range(args.clips)]
     seconds = np.array([sum(g + durs[k] for k, g in p) for p in plans])
-    summary = {"clips": args.clips, "sources": len(src), "hours": round(float(seconds.sum()) / 3600, 2),
-               "mean_s": round(float(seconds.mean()), 3), "min_s": round(float(seconds.min()), 2),
-               "max_s": round(float(seconds.max()), 2),
-               "parts_mean": round(float(np.mean([len(p) for p in plans])), 2)}
-    print(f"{args.clips} clips from {len(src)} sources: {summary['hours']} h, mean {summary['mean_s']} s "
-          f"(min {summary['min_s']}, max {summary['max_s']}), {summary['parts_mean']} parts/clip", flush=True)
+    summary = {
+        "clips": args.clips,
+        "sources": len(src),
+        "hours": round(float(seconds.sum()) / 3600, 2),
+        "mean_s": round(float(seconds.mean()), 3),
+        "min_s": round(float(seconds.min()), 2),
+        "max_s": round(float(seconds.max()), 2),
+        "parts_mean": round(float(np.mean([len(p) for p in plans])), 2),
+    }
+    print(
+        f"{args.clips} clips from {len(src)} sources: {summary['hours']} h, mean {summary['mean_s']} s "
+        f"(min {summary['min_s']}, max {summary['max_s']}), {summary['parts_mean']} parts/clip",
+        flush=True,
+    )
     if args.plan_only:
         return summary
 

@@ -20,6 +20,7 @@ padded to its own multiple-of-8 maximum (a what-if for the trainer, not somethin
 Run: python -m benchmarks.padding_waste [--stats /tmp/melshards-bench/scale-out-2w/stats.json]
      python -m benchmarks.padding_waste --corpus /tmp/melshards-bench/ljbig
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,6 +66,7 @@ def measure_corpus(corpus: str, work_dir: str) -> list[tuple[int, int, int]]:
     from benchmarks.preprocess_throughput import corpus_rows
     from melshards.preprocess import clips
     from melshards.preprocess.config import PreprocessConfig
+
     cfg, out = PreprocessConfig(), []
     for r in corpus_rows(corpus):
         try:
@@ -91,22 +93,35 @@ def from_corpus(corpus: str, work_dir: str, qs: list[float]) -> tuple[list[dict]
     base = PreprocessConfig()
     rows, default_after = [], None
     for q in [None] + qs:
-        cfg = base if q is None else dataclasses.replace(base, filter=dataclasses.replace(
-            base.filter, mel_frames_upper_percentile=q, text_len_upper_percentile=q))
+        cfg = (
+            base
+            if q is None
+            else dataclasses.replace(
+                base,
+                filter=dataclasses.replace(base.filter, mel_frames_upper_percentile=q, text_len_upper_percentile=q),
+            )
+        )
         cut = cutoffs_from(before, {"language_lengths": {"en": before}}, cfg)  # one language: English
         kept = [x for x in lengths if cut.reason(*x) is None]
         mel, text = Counter(x[1] for x in kept), Counter(x[0] for x in kept)
         if q is None:
             default_after = mel
-        rows.append({
-            "cutoff": (f"default p{base.filter.mel_frames_upper_percentile:g} (exact)" if q is None
-                       else f"p{q:g} (exact)"),
-            "padded_mel_frames": cut.padded_mel_frames, "padded_text_len": cut.padded_text_len,
-            "kept": len(kept), "mel_padding_fraction": padding_fraction(mel, cut.padded_mel_frames),
-            "text_padding_fraction": padding_fraction(text, cut.padded_text_len),
-        })
-    info = {"measured": len(lengths), "mean_mel_after": round(sum(k * v for k, v in default_after.items())
-                                                                  / sum(default_after.values()), 1)}
+        rows.append(
+            {
+                "cutoff": (
+                    f"default p{base.filter.mel_frames_upper_percentile:g} (exact)" if q is None else f"p{q:g} (exact)"
+                ),
+                "padded_mel_frames": cut.padded_mel_frames,
+                "padded_text_len": cut.padded_text_len,
+                "kept": len(kept),
+                "mel_padding_fraction": padding_fraction(mel, cut.padded_mel_frames),
+                "text_padding_fraction": padding_fraction(text, cut.padded_text_len),
+            }
+        )
+    info = {
+        "measured": len(lengths),
+        "mean_mel_after": round(sum(k * v for k, v in default_after.items()) / sum(default_after.values()), 1),
+    }
     return rows, default_after, info
 
 
@@ -117,8 +132,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--stats", default=f"{WORK}/scale-out-2w/stats.json")
     ap.add_argument("--percentiles", default="95,99,99.9,100")
     ap.add_argument("--corpus", default=None, help="measure this corpus in-process instead of reading --stats")
-    ap.add_argument("--corpus-fallback", default=None,
-                    help="use --corpus mode on this corpus when --stats does not exist (e.g. the job failed)")
+    ap.add_argument(
+        "--corpus-fallback",
+        default=None,
+        help="use --corpus mode on this corpus when --stats does not exist (e.g. the job failed)",
+    )
     ap.add_argument("--work-dir", default=WORK)
     args = ap.parse_args(argv)
     qs = [float(x) for x in args.percentiles.split(",")]
@@ -127,9 +145,14 @@ def main(argv=None) -> dict:
         args.corpus = args.corpus_fallback
     if args.corpus:
         rows, kept_mel, info = from_corpus(args.corpus, args.work_dir, qs)
-        return report(rows, kept_mel, pad_multiple=8, source=args.corpus,
-                      header=f"{args.corpus}: {info['measured']} measured clips, mean {info['mean_mel_after']} "
-                             "mel frames after the default filter (lengths measured with clips.measure)")
+        return report(
+            rows,
+            kept_mel,
+            pad_multiple=8,
+            source=args.corpus,
+            header=f"{args.corpus}: {info['measured']} measured clips, mean {info['mean_mel_after']} "
+            "mel frames after the default filter (lengths measured with clips.measure)",
+        )
     stats = json.loads(Path(args.stats).read_text())
     f, pad = stats["filter"], stats["padding"]
     multiple = pad["multiple"]
@@ -138,27 +161,39 @@ def main(argv=None) -> dict:
     n_before = sum(before["mel_frames"].values())
     mel_lo = percentile(before["mel_frames"], f["mel_frames_lower_percentile"])
 
-    rows = [{
-        "cutoff": f"default p{f['mel_frames_upper_percentile']:g} (job, exact)",
-        "padded_mel_frames": pad["max_mel_frames"], "padded_text_len": pad["max_text_len"],
-        "kept": stats["counts"]["in_shards"], "mel_padding_fraction": pad["mel_padding_fraction"],
-        "text_padding_fraction": pad["text_padding_fraction"],
-    }]
+    rows = [
+        {
+            "cutoff": f"default p{f['mel_frames_upper_percentile']:g} (job, exact)",
+            "padded_mel_frames": pad["max_mel_frames"],
+            "padded_text_len": pad["max_text_len"],
+            "kept": stats["counts"]["in_shards"],
+            "mel_padding_fraction": pad["mel_padding_fraction"],
+            "text_padding_fraction": pad["text_padding_fraction"],
+        }
+    ]
     for q in qs:
         mel_hi, text_hi = percentile(before["mel_frames"], q), percentile(before["text_len"], q)
         mel_kept = within(before["mel_frames"], mel_lo, mel_hi)
         text_kept = within(before["text_len"], 0, text_hi)
         pm, pt = round_up(mel_hi, multiple), round_up(text_hi, multiple)
-        rows.append({
-            "cutoff": f"p{q:g}" + (" (recomputed)" if q == f["mel_frames_upper_percentile"] else ""),
-            "padded_mel_frames": pm, "padded_text_len": pt,
-            "kept": min(sum(mel_kept.values()), sum(text_kept.values())),  # upper bound on the joint count
-            "mel_padding_fraction": padding_fraction(mel_kept, pm),
-            "text_padding_fraction": padding_fraction(text_kept, pt),
-        })
-    return report(rows, after["mel_frames"], multiple, args.stats,
-                  f"{args.stats}: {n_before} measured clips, mean {stats['after_filter']['mel_frames']['mean']} "
-                  "mel frames after the filter")
+        rows.append(
+            {
+                "cutoff": f"p{q:g}" + (" (recomputed)" if q == f["mel_frames_upper_percentile"] else ""),
+                "padded_mel_frames": pm,
+                "padded_text_len": pt,
+                "kept": min(sum(mel_kept.values()), sum(text_kept.values())),  # upper bound on the joint count
+                "mel_padding_fraction": padding_fraction(mel_kept, pm),
+                "text_padding_fraction": padding_fraction(text_kept, pt),
+            }
+        )
+    return report(
+        rows,
+        after["mel_frames"],
+        multiple,
+        args.stats,
+        f"{args.stats}: {n_before} measured clips, mean {stats['after_filter']['mel_frames']['mean']} "
+        "mel frames after the filter",
+    )
 
 
 def report(rows: list[dict], kept_mel: dict, pad_multiple: int, source: str, header: str) -> dict:
@@ -166,13 +201,19 @@ def report(rows: list[dict], kept_mel: dict, pad_multiple: int, source: str, hea
     print(header)
     print(f"{'upper cut-off':<28} {'pad mel':>7} {'pad text':>8} {'kept':>6} {'mel padding':>11} {'text padding':>12}")
     for r in rows:
-        print(f"{r['cutoff']:<28} {r['padded_mel_frames']:>7} {r['padded_text_len']:>8} {r['kept']:>6} "
-              f"{100 * r['mel_padding_fraction']:>10.1f}% {100 * r['text_padding_fraction']:>11.1f}%")
+        print(
+            f"{r['cutoff']:<28} {r['padded_mel_frames']:>7} {r['padded_text_len']:>8} {r['kept']:>6} "
+            f"{100 * r['mel_padding_fraction']:>10.1f}% {100 * r['text_padding_fraction']:>11.1f}%"
+        )
     print("\nmel padding if kept records were bucketed by length (K equal-count buckets):")
     for k, v in buckets.items():
         print(f"  K={k}: {100 * v:.1f}%")
-    result = {"benchmark": "padding_waste", "source": source, "rows": rows,
-              "mel_padding_fraction_bucketed": {str(k): v for k, v in buckets.items()}}
+    result = {
+        "benchmark": "padding_waste",
+        "source": source,
+        "rows": rows,
+        "mel_padding_fraction_bucketed": {str(k): v for k, v in buckets.items()},
+    }
     emit(result)
     return result
 

@@ -20,6 +20,7 @@ Signals, all of known f0 per frame:
 
 Run: python -m benchmarks.pitch_trackers [--rounds 3] [--seconds 20]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,26 +55,29 @@ def speech_like(seconds: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     voiced = np.ones(n, bool)
     pos = int(0.8 * SR)
     while pos < n:  # alternate: unvoiced noise burst, silence, then voiced again
-        voiced[pos:pos + int(0.15 * SR)] = False
+        voiced[pos : pos + int(0.15 * SR)] = False
         pos += int(rng.uniform(0.7, 1.3) * SR)
     silent = np.zeros(n, bool)
     for start in range(int(0.5 * SR), n, int(2.1 * SR)):
-        silent[start:start + int(0.1 * SR)] = True
+        silent[start : start + int(0.1 * SR)] = True
     phase = np.cumsum(f0 / SR) % 1.0
-    pulse = np.where(phase < 0.4, 0.5 * (1 - np.cos(np.pi * phase / 0.4)),
-                     np.where(phase < 0.56, np.cos(np.pi * (phase - 0.4) / 0.32), 0.0))
+    pulse = np.where(
+        phase < 0.4,
+        0.5 * (1 - np.cos(np.pi * phase / 0.4)),
+        np.where(phase < 0.56, np.cos(np.pi * (phase - 0.4) / 0.32), 0.0),
+    )
     glottal = np.diff(pulse, prepend=0.0)
     out = np.zeros(n)
     seg = int(0.3 * SR)
     for k, start in enumerate(range(0, n, seg)):
-        piece = glottal[start:start + seg]
+        piece = glottal[start : start + seg]
         f1, f2, f3 = VOWELS[k % len(VOWELS)]
-        out[start:start + seg] = sum(_resonate(piece, f, 80 + 0.05 * f) for f in (f1, f2, f3))
+        out[start : start + seg] = sum(_resonate(piece, f, 80 + 0.05 * f) for f in (f1, f2, f3))
     out /= np.abs(out).max()
     noise = rng.standard_normal(n)
     out = np.where(voiced, out, 0.3 * noise / np.abs(noise).max())
     out = np.where(silent, 0.0, out)
-    out += 10 ** (-20 / 20) * np.sqrt(np.mean(out ** 2)) * rng.standard_normal(n)  # 20 dB SNR
+    out += 10 ** (-20 / 20) * np.sqrt(np.mean(out**2)) * rng.standard_normal(n)  # 20 dB SNR
     frames = 1 + n // HOP
     centre = np.minimum(np.arange(frames) * HOP, n - 1)
     truth = np.where(voiced[centre] & ~silent[centre], f0[centre], 0.0)
@@ -112,8 +116,10 @@ def tone_scores(name: str) -> dict:
             v = p[p > 0]
             errors.append(abs(np.median(v) / f0 - 1) if v.size else 1.0)
             recall.append(v.size / p.size)
-    return {"tone_median_rel_error_pct": round(100 * float(max(errors)), 2),
-            "tone_voicing_recall": round(float(min(recall)), 3)}
+    return {
+        "tone_median_rel_error_pct": round(100 * float(max(errors)), 2),
+        "tone_voicing_recall": round(float(min(recall)), 3),
+    }
 
 
 def speech_scores(name: str, y: np.ndarray, truth: np.ndarray) -> dict:
@@ -121,14 +127,17 @@ def speech_scores(name: str, y: np.ndarray, truth: np.ndarray) -> dict:
     edge = np.zeros(truth.size, bool)
     change = np.flatnonzero(np.diff(truth > 0)) + 1
     for c in change:
-        edge[max(c - 1, 0):c + 2] = True
+        edge[max(c - 1, 0) : c + 2] = True
     both = (truth > 0) & (p > 0)
     ratio = p[both] / truth[both]
     gross = np.abs(ratio - 1) > 0.2
     cents = np.abs(1200 * np.log2(ratio[~gross]))
     vde = np.mean(((truth > 0) != (p > 0))[~edge])
-    return {"gross_error_pct": round(100 * float(gross.mean()), 2), "fine_error_cents": round(float(np.median(cents)), 1),
-            "voicing_error_pct": round(100 * float(vde), 2)}
+    return {
+        "gross_error_pct": round(100 * float(gross.mean()), 2),
+        "fine_error_cents": round(float(np.median(cents)), 1),
+        "voicing_error_pct": round(100 * float(vde), 2),
+    }
 
 
 def cpu_seconds(fn, y) -> float:
@@ -155,25 +164,46 @@ def main(argv: list[str] | None = None) -> dict:
         timings: dict[str, list[float]] = {name: [] for name in (*trackers, "yin", "log_mel")}
         for _ in range(args.rounds):
             for name in (*trackers, "yin"):
-                timings[name].append(cpu_seconds(lambda x: track(name, x), y))
+                timings[name].append(cpu_seconds(lambda x, name=name: track(name, x), y))
             timings["log_mel"].append(cpu_seconds(lambda x: audio.log_mel(x, SR, MelConfig()), y))
     per_hour = {k: round(statistics.median(v) / args.seconds * 3600, 1) for k, v in timings.items()}
-    rows = {name: {**tone_scores(name), **speech_scores(name, y, truth), "cpu_s_per_audio_hour": per_hour[name],
-                   "over_log_mel": round(per_hour[name] / per_hour["log_mel"], 2)} for name in trackers}
-    rows["yin"] = {"cpu_s_per_audio_hour": per_hour["yin"], "over_log_mel": round(per_hour["yin"] / per_hour["log_mel"], 2)}
-    print("| tracker | tones: max median error | tones: min voiced share | speech-like: gross errors | "
-          "fine error | voicing errors | CPU s per audio hour | / log-mel |")
+    rows = {
+        name: {
+            **tone_scores(name),
+            **speech_scores(name, y, truth),
+            "cpu_s_per_audio_hour": per_hour[name],
+            "over_log_mel": round(per_hour[name] / per_hour["log_mel"], 2),
+        }
+        for name in trackers
+    }
+    rows["yin"] = {
+        "cpu_s_per_audio_hour": per_hour["yin"],
+        "over_log_mel": round(per_hour["yin"] / per_hour["log_mel"], 2),
+    }
+    print(
+        "| tracker | tones: max median error | tones: min voiced share | speech-like: gross errors | "
+        "fine error | voicing errors | CPU s per audio hour | / log-mel |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         if name == "yin":
             print(f"| yin (speed only) | – | – | – | – | – | {r['cpu_s_per_audio_hour']} | {r['over_log_mel']} |")
             continue
-        print(f"| {name} | {r['tone_median_rel_error_pct']} % | {r['tone_voicing_recall']} | {r['gross_error_pct']} % | "
-              f"{r['fine_error_cents']} cents | {r['voicing_error_pct']} % | {r['cpu_s_per_audio_hour']} | "
-              f"{r['over_log_mel']} |")
+        print(
+            f"| {name} | {r['tone_median_rel_error_pct']} % | {r['tone_voicing_recall']} | {r['gross_error_pct']} % | "
+            f"{r['fine_error_cents']} cents | {r['voicing_error_pct']} % | {r['cpu_s_per_audio_hour']} | "
+            f"{r['over_log_mel']} |"
+        )
     print(f"log-mel of the same audio: {per_hour['log_mel']} CPU s per audio hour")
-    emit({"benchmark": "pitch_trackers", "seconds": args.seconds, "rounds": args.rounds, "trackers": rows,
-          "log_mel_cpu_s_per_audio_hour": per_hour["log_mel"]})
+    emit(
+        {
+            "benchmark": "pitch_trackers",
+            "seconds": args.seconds,
+            "rounds": args.rounds,
+            "trackers": rows,
+            "log_mel_cpu_s_per_audio_hour": per_hour["log_mel"],
+        }
+    )
     return rows
 
 

@@ -7,6 +7,7 @@ wall time is compared with. Run as its own process so its wall time includes its
 
 Run: python -m benchmarks.pool_baseline --corpus DIR --out DIR [--workers N]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,9 @@ def _work(job):
         mel = log_mel(y, sr, MelConfig(n_fft, hop, win, n_mels, fmin, fmax, floor, 1.0))
         np.save(out, mel)
         return mel.shape[0]
-    mel = librosa.feature.melspectrogram(y=y, sr=sr, n_fft=n_fft, hop_length=hop, win_length=win,
-                                         n_mels=n_mels, fmin=fmin, fmax=fmax, power=1.0)
+    mel = librosa.feature.melspectrogram(
+        y=y, sr=sr, n_fft=n_fft, hop_length=hop, win_length=win, n_mels=n_mels, fmin=fmin, fmax=fmax, power=1.0
+    )
     np.save(out, np.log(np.maximum(mel, floor)).T.astype(np.float32))
     return mel.shape[1]
 
@@ -54,9 +56,12 @@ def main(argv=None) -> int:
     ap.add_argument("--corpus", required=True, help="LJSpeech layout: metadata.csv + wavs/<id>.wav")
     ap.add_argument("--out", required=True)
     ap.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
-    ap.add_argument("--job-mel", action="store_true",
-                    help="use the job's log_mel (librosa stft + cached filter bank + matmul) instead of "
-                         "librosa.feature.melspectrogram, whose einsum is most of the script's CPU")
+    ap.add_argument(
+        "--job-mel",
+        action="store_true",
+        help="use the job's log_mel (librosa stft + cached filter bank + matmul) instead of "
+        "librosa.feature.melspectrogram, whose einsum is most of the script's CPU",
+    )
     args = ap.parse_args(argv)
     t = time.perf_counter()
     # before numpy/scipy load their BLAS (threadpoolctl can only limit libraries already loaded)
@@ -71,9 +76,23 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.corpus, "metadata.csv"), encoding="utf-8") as f:
         ids = [line.split("|")[0] for line in f if line.strip()]
-    jobs = [(os.path.join(args.corpus, "wavs", f"{i}.wav"), os.path.join(args.out, f"{i}.npy"),
-             cfg.audio.sample_rate, cfg.audio.trim_top_db, m.n_fft, m.hop_length, m.win_length, m.n_mels,
-             m.fmin, m.fmax, m.log_floor, args.job_mel) for i in ids]
+    jobs = [
+        (
+            os.path.join(args.corpus, "wavs", f"{i}.wav"),
+            os.path.join(args.out, f"{i}.npy"),
+            cfg.audio.sample_rate,
+            cfg.audio.trim_top_db,
+            m.n_fft,
+            m.hop_length,
+            m.win_length,
+            m.n_mels,
+            m.fmin,
+            m.fmax,
+            m.log_floor,
+            args.job_mel,
+        )
+        for i in ids
+    ]
     with Pool(args.workers, initializer=_one_blas_thread) as pool:
         frames = sum(pool.imap_unordered(_work, jobs, chunksize=8))
     print(f"{len(jobs)} clips, {frames} frames, {args.workers} processes, {time.perf_counter() - t:.1f}s")

@@ -27,6 +27,7 @@ Run: python -m benchmarks.preprocess_scale [--corpus /tmp/melshards-bench/ljbig]
          [--workers 2,1] [--times 1] [--work-dir /tmp/melshards-bench]
      python -m benchmarks.preprocess_scale --clips 13100 --workers 2 --times 1,10   (13,100 and 131,000 clips)
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,7 +42,7 @@ from pathlib import Path
 from benchmarks.common import emit
 from benchmarks.proctree import run_sampled
 
-GOAL_RSS = 3 * 2 ** 30
+GOAL_RSS = 3 * 2**30
 WORK = "/tmp/melshards-bench"
 
 
@@ -50,6 +51,7 @@ def ensure_corpus(path: str, clips: int) -> str:
     if meta.exists() and sum(1 for _ in meta.open(encoding="utf-8")) == clips:
         return path
     from benchmarks import make_big_corpus
+
     make_big_corpus.main(["--out", path, "--clips", str(clips)])
     return path
 
@@ -59,6 +61,7 @@ def ensure_times(corpus: str, times: int) -> str:
     if times == 1:
         return corpus
     from benchmarks import make_big_corpus
+
     out = f"{corpus.rstrip('/')}-x{times}"
     make_big_corpus.link_corpus(corpus, out, times)
     return out
@@ -114,9 +117,9 @@ def rss_by_stage(timeline: list, seen: list) -> dict:
         for ts, name in seen:
             if ts <= t:
                 stage = name
-        s = out.setdefault(stage, {"from_s": t, "to_s": t, "rss_start_gib": rss / 2 ** 30, "rss_peak_gib": 0.0})
-        s["to_s"], s["rss_end_gib"] = t, rss / 2 ** 30
-        s["rss_peak_gib"] = max(s["rss_peak_gib"], rss / 2 ** 30)
+        s = out.setdefault(stage, {"from_s": t, "to_s": t, "rss_start_gib": rss / 2**30, "rss_peak_gib": 0.0})
+        s["to_s"], s["rss_end_gib"] = t, rss / 2**30
+        s["rss_peak_gib"] = max(s["rss_peak_gib"], rss / 2**30)
     return {k: {n: round(v, 3) for n, v in s.items()} for k, s in out.items()}
 
 
@@ -160,8 +163,12 @@ def main(argv=None) -> dict:
     ap.add_argument("--corpus", default=f"{WORK}/ljbig")
     ap.add_argument("--clips", type=int, default=13100, help="corpus size (generated if the corpus is missing)")
     ap.add_argument("--workers", default="2,1", help="comma-separated --direct_num_workers settings, run in turn")
-    ap.add_argument("--times", default="1", help="comma-separated corpus multiples to run side by side "
-                    "(1,10: the corpus and 10x it by hard links, see the module docstring)")
+    ap.add_argument(
+        "--times",
+        default="1",
+        help="comma-separated corpus multiples to run side by side "
+        "(1,10: the corpus and 10x it by hard links, see the module docstring)",
+    )
     ap.add_argument("--work-dir", default=WORK, help="shards and logs go to <work-dir>/scale-out-<N>w[-x<T>]")
     ap.add_argument("--keep-shards", action="store_true", help="keep the shards (default: delete, keep stats.json)")
     args = ap.parse_args(argv)
@@ -187,50 +194,81 @@ def main(argv=None) -> dict:
                 p.unlink()
         if stats is None:
             print(f"  FAILED: {r['error']} (log: {args.work_dir}/scale-{tag}.log)", flush=True)
-            stats = {"counts": {"in_shards": None}, "padding": {n: None for n in (
-                "mel_padding_fraction", "text_padding_fraction", "max_mel_frames", "max_text_len")}}
+            stats = {
+                "counts": {"in_shards": None},
+                "padding": {
+                    n: None for n in ("mel_padding_fraction", "text_padding_fraction", "max_mel_frames", "max_text_len")
+                },
+            }
         c, pad = stats["counts"], stats["padding"]
         rows_in = r["input_rows"] or args.clips * k
         runs[tag] = {
-            "workers": w, "times": k, "corpus": corpus, "error": r.get("error"), "input_rows": rows_in,
-            "in_shards": c["in_shards"], "wall_s": round(r["wall_s"], 1), "job_s": r["job_s"],
+            "workers": w,
+            "times": k,
+            "corpus": corpus,
+            "error": r.get("error"),
+            "input_rows": rows_in,
+            "in_shards": c["in_shards"],
+            "wall_s": round(r["wall_s"], 1),
+            "job_s": r["job_s"],
             "wall_ms_per_clip": round(1000 * r["wall_s"] / rows_in, 3),
             # the wall after start-up (from the first feature stash on), per clip
-            "after_startup_ms_per_clip": round(1000 * (r["wall_s"] - r["stages"].get("measure", {}).get("from_s", 0))
-                                               / rows_in, 3),
-            "load_before": r["load_before"], "load_after": r["load_after"], "stages": r["stages"],
+            "after_startup_ms_per_clip": round(
+                1000 * (r["wall_s"] - r["stages"].get("measure", {}).get("from_s", 0)) / rows_in, 3
+            ),
+            "load_before": r["load_before"],
+            "load_after": r["load_after"],
+            "stages": r["stages"],
             "clips_per_s_wall": round(rows_in / r["wall_s"], 2),
             "clips_per_s_job": round(rows_in / r["job_s"], 2) if r["job_s"] else None,
-            "peak_rss_gib": round(r["peak_rss_bytes"] / 2 ** 30, 3),
-            "peak_pss_gib": round(r["peak_pss_bytes"] / 2 ** 30, 3), "peak_processes": r["peak_processes"],
+            "peak_rss_gib": round(r["peak_rss_bytes"] / 2**30, 3),
+            "peak_pss_gib": round(r["peak_pss_bytes"] / 2**30, 3),
+            "peak_processes": r["peak_processes"],
             "cpu_s_per_process": r["cpu_s_per_process"],
-            "cores_busy_mean": round(r["cores_busy_mean"], 2), "cpu_s": round(r["cpu_s"], 1),
-            "shard_gib": round(shard_bytes / 2 ** 30, 3), "shards": len(shard_sizes),
-            "shard_mb_min_max": [round(shard_sizes[0] / 1e6, 1), round(shard_sizes[-1] / 1e6, 1)] if shard_sizes else None,
+            "cores_busy_mean": round(r["cores_busy_mean"], 2),
+            "cpu_s": round(r["cpu_s"], 1),
+            "shard_gib": round(shard_bytes / 2**30, 3),
+            "shards": len(shard_sizes),
+            "shard_mb_min_max": [round(shard_sizes[0] / 1e6, 1), round(shard_sizes[-1] / 1e6, 1)]
+            if shard_sizes
+            else None,
             "rss_goal_met": r["peak_rss_bytes"] <= GOAL_RSS,
-            "mel_padding_fraction": pad["mel_padding_fraction"], "text_padding_fraction": pad["text_padding_fraction"],
-            "padded_mel_frames": pad["max_mel_frames"], "padded_text_len": pad["max_text_len"],
+            "mel_padding_fraction": pad["mel_padding_fraction"],
+            "text_padding_fraction": pad["text_padding_fraction"],
+            "padded_mel_frames": pad["max_mel_frames"],
+            "padded_text_len": pad["max_text_len"],
             "stats_json": os.path.join(out, "stats.json"),
         }
-    print(f"\n{'run':<8} {'rows':>6} {'shards':>6} {'wall s':>8} {'job s':>8} {'ms/clip':>8} {'ratio':>6} "
-          f"{'after start-up':>14} {'ratio':>6} {'clips/s':>8} {'peak RSS GiB':>12} {'PSS GiB':>8} {'procs':>5} {'cores':>5}  load before/after")
+    print(
+        f"\n{'run':<8} {'rows':>6} {'shards':>6} {'wall s':>8} {'job s':>8} {'ms/clip':>8} {'ratio':>6} "
+        f"{'after start-up':>14} {'ratio':>6} {'clips/s':>8} {'peak RSS GiB':>12} {'PSS GiB':>8} {'procs':>5} {'cores':>5}  load before/after"
+    )
     for key, v in runs.items():
         first = next(u for u in runs.values() if u["workers"] == v["workers"])
         v["wall_per_clip_ratio"] = round(v["wall_ms_per_clip"] / first["wall_ms_per_clip"], 3)
         v["after_startup_ratio"] = round(v["after_startup_ms_per_clip"] / first["after_startup_ms_per_clip"], 3)
-        print(f"{key:<8} {v['input_rows']:>6} {str(v['in_shards']):>6} {v['wall_s']:>8.1f} {str(v['job_s']):>8} "
-              f"{v['wall_ms_per_clip']:>8.3f} {v['wall_per_clip_ratio']:>6.3f} "
-              f"{v['after_startup_ms_per_clip']:>14.3f} {v['after_startup_ratio']:>6.3f} {v['clips_per_s_wall']:>8.2f} "
-              f"{v['peak_rss_gib']:>12.3f} {v['peak_pss_gib']:>8.3f} {v['peak_processes']:>5} "
-              f"{v['cores_busy_mean']:>5.2f}  {v['load_before'][0]:.2f}/{v['load_after'][0]:.2f}"
-              + (f"  FAILED: {v['error']}" if v["error"] else ""))
+        print(
+            f"{key:<8} {v['input_rows']:>6} {str(v['in_shards']):>6} {v['wall_s']:>8.1f} {str(v['job_s']):>8} "
+            f"{v['wall_ms_per_clip']:>8.3f} {v['wall_per_clip_ratio']:>6.3f} "
+            f"{v['after_startup_ms_per_clip']:>14.3f} {v['after_startup_ratio']:>6.3f} {v['clips_per_s_wall']:>8.2f} "
+            f"{v['peak_rss_gib']:>12.3f} {v['peak_pss_gib']:>8.3f} {v['peak_processes']:>5} "
+            f"{v['cores_busy_mean']:>5.2f}  {v['load_before'][0]:.2f}/{v['load_after'][0]:.2f}"
+            + (f"  FAILED: {v['error']}" if v["error"] else "")
+        )
     print(f"\n{'run':<8} {'stage':<15} {'from s':>8} {'to s':>8} {'RSS start':>10} {'peak':>7} {'end':>7} (GiB)")
     for key, v in runs.items():
         for name, st in v["stages"].items():
-            print(f"{key:<8} {name:<15} {st['from_s']:>8.1f} {st['to_s']:>8.1f} {st['rss_start_gib']:>10.3f} "
-                  f"{st['rss_peak_gib']:>7.3f} {st.get('rss_end_gib', 0):>7.3f}")
-    result = {"benchmark": "preprocess_scale", "corpus": corpus, "clips": args.clips, "runs": runs,
-              "goal_peak_rss_gib": GOAL_RSS / 2 ** 30}
+            print(
+                f"{key:<8} {name:<15} {st['from_s']:>8.1f} {st['to_s']:>8.1f} {st['rss_start_gib']:>10.3f} "
+                f"{st['rss_peak_gib']:>7.3f} {st.get('rss_end_gib', 0):>7.3f}"
+            )
+    result = {
+        "benchmark": "preprocess_scale",
+        "corpus": corpus,
+        "clips": args.clips,
+        "runs": runs,
+        "goal_peak_rss_gib": GOAL_RSS / 2**30,
+    }
     emit(result)
     return result
 

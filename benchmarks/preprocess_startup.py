@@ -11,6 +11,7 @@ Goals (issue 14): a 1-row run <= 4 s with 1 worker, <= 6 s with 2.
 
 Run: python -m benchmarks.preprocess_startup [--rounds 3] [--workers 1,2] [--before DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -51,40 +52,57 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
 
     os.makedirs(args.work_dir, exist_ok=True)
-    tiny = one_clip_corpus(ensure_corpus(os.path.join(args.work_dir, "lj1000"), 1000),
-                           os.path.join(args.work_dir, "lj1"))
+    tiny = one_clip_corpus(
+        ensure_corpus(os.path.join(args.work_dir, "lj1000"), 1000), os.path.join(args.work_dir, "lj1")
+    )
     trees = {"": REPO} | ({"@before": Path(args.before).resolve()} if args.before else {})
     variants = {}
     for suffix, tree in trees.items():
         for w in (int(x) for x in args.workers.split(",") if x):
             variants[f"w{w}{suffix}"] = (tree, ["--input", tiny, "--workers", str(w)])
-        variants[f"demo{suffix}"] = (tree, ["--input", str(REPO / "data/ljspeech_tiny"),
-                                            "--config", str(REPO / "configs/ljspeech_tiny.yaml")])
+        variants[f"demo{suffix}"] = (
+            tree,
+            ["--input", str(REPO / "data/ljspeech_tiny"), "--config", str(REPO / "configs/ljspeech_tiny.yaml")],
+        )
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     for rnd in range(args.rounds):
         for v, (tree, flags) in variants.items():
             out = os.path.join(args.work_dir, f"startup-{v.replace('@', '_')}")
             before = load()
             # `python -m` puts the working directory first on sys.path: each tree runs its own code
-            wall, cpu = timed([sys.executable, "-m", "melshards", "preprocess", *flags, "--output", out,
-                               "--overwrite"], cwd=tree)
+            wall, cpu = timed(
+                [sys.executable, "-m", "melshards", "preprocess", *flags, "--output", out, "--overwrite"], cwd=tree
+            )
             runs[v].append({"wall_s": round(wall, 2), "cpu_s": round(cpu, 2), "load": before})
-        print(f"round {rnd + 1}/{args.rounds}: " + ", ".join(
-            f"{v} {runs[v][-1]['wall_s']:.2f}s (load {runs[v][-1]['load']:.1f})" for v in variants), flush=True)
+        print(
+            f"round {rnd + 1}/{args.rounds}: "
+            + ", ".join(f"{v} {runs[v][-1]['wall_s']:.2f}s (load {runs[v][-1]['load']:.1f})" for v in variants),
+            flush=True,
+        )
 
     med = statistics.median
-    result = {"benchmark": "preprocess_startup", "rounds": args.rounds, "per_round": runs,
-              "wall_s_median": {v: med(r["wall_s"] for r in rs) for v, rs in runs.items()},
-              "cpu_s_median": {v: med(r["cpu_s"] for r in rs) for v, rs in runs.items()},
-              "load_range": [min(r["load"] for rs in runs.values() for r in rs),
-                             max(r["load"] for rs in runs.values() for r in rs)],
-              "goals": {"w1_wall_s": 4.0, "w2_wall_s": 6.0}}
-    print(f"\n{args.rounds} interleaved rounds, medians; load average {result['load_range'][0]:.1f}-"
-          f"{result['load_range'][1]:.1f} on {os.cpu_count()} cores")
+    result = {
+        "benchmark": "preprocess_startup",
+        "rounds": args.rounds,
+        "per_round": runs,
+        "wall_s_median": {v: med(r["wall_s"] for r in rs) for v, rs in runs.items()},
+        "cpu_s_median": {v: med(r["cpu_s"] for r in rs) for v, rs in runs.items()},
+        "load_range": [
+            min(r["load"] for rs in runs.values() for r in rs),
+            max(r["load"] for rs in runs.values() for r in rs),
+        ],
+        "goals": {"w1_wall_s": 4.0, "w2_wall_s": 6.0},
+    }
+    print(
+        f"\n{args.rounds} interleaved rounds, medians; load average {result['load_range'][0]:.1f}-"
+        f"{result['load_range'][1]:.1f} on {os.cpu_count()} cores"
+    )
     print(f"{'variant':<12} {'wall s':>7} {'CPU s':>7}  per round")
     for v in variants:
-        print(f"{v:<12} {result['wall_s_median'][v]:>7.2f} {result['cpu_s_median'][v]:>7.2f}  "
-              + " ".join(f"{r['wall_s']:.2f}" for r in runs[v]))
+        print(
+            f"{v:<12} {result['wall_s_median'][v]:>7.2f} {result['cpu_s_median'][v]:>7.2f}  "
+            + " ".join(f"{r['wall_s']:.2f}" for r in runs[v])
+        )
     emit(result)
     return result
 

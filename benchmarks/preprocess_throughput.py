@@ -17,10 +17,12 @@ Run: python -m benchmarks.preprocess_throughput [--clips 1000] [--rounds 3] [--w
          [--work-dir /tmp/melshards-bench]
      python -m benchmarks.preprocess_throughput --clips 13100 --rounds 2 --workers 2   (LJSpeech scale)
 """
+
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -36,7 +38,7 @@ def corpus_rows(corpus: str) -> list[dict]:
     """The rows the job would measure (malformed rows and repeated ids dropped, audio resolved)."""
     from melshards.preprocess.layouts import parse_ljspeech_line
 
-    lines = [l for l in (Path(corpus) / "metadata.csv").read_text(encoding="utf-8").splitlines() if l.strip()]
+    lines = [line for line in (Path(corpus) / "metadata.csv").read_text(encoding="utf-8").splitlines() if line.strip()]
     rows, seen = [], set()
     for i, line in enumerate(lines):
         try:
@@ -86,13 +88,33 @@ def main(argv=None) -> dict:
     variants = [v for w in workers for v in (f"pool{w}", f"poolm{w}", f"job{w}", f"job{w}@1")]
 
     def command(v: str) -> list[str]:
-        w = v.lstrip("poolmjb").split("@")[0]
+        w = re.match(r"[a-z]+(\d+)", v).group(1)  # pool4, poolm4, job4, job4@1 -> 4
         out = os.path.join(args.work_dir, f"tp-out-{v.replace('@', '_at')}")
         if v.startswith("pool"):
-            return [sys.executable, "-m", "benchmarks.pool_baseline", "--corpus", corpus, "--out", out,
-                    "--workers", w] + (["--job-mel"] if v.startswith("poolm") else [])
-        return [sys.executable, "-m", "melshards", "preprocess", "--input", tiny if v.endswith("@1") else corpus,
-                "--output", out, "--overwrite", "--workers", w]
+            return [
+                sys.executable,
+                "-m",
+                "benchmarks.pool_baseline",
+                "--corpus",
+                corpus,
+                "--out",
+                out,
+                "--workers",
+                w,
+            ] + (["--job-mel"] if v.startswith("poolm") else [])
+        return [
+            sys.executable,
+            "-m",
+            "melshards",
+            "preprocess",
+            "--input",
+            tiny if v.endswith("@1") else corpus,
+            "--output",
+            out,
+            "--overwrite",
+            "--workers",
+            w,
+        ]
 
     runs = {v: [] for v in variants}
     for rnd in range(args.rounds):
@@ -102,29 +124,43 @@ def main(argv=None) -> dict:
             if r["rc"] != 0:
                 raise RuntimeError(f"{v} failed ({r['rc']}), see {args.work_dir}/tp-{v}.log")
             runs[v].append({"wall_s": r["wall_s"], "cpu_s": r["cpu_s"], "rss": r["peak_rss_bytes"], "load": before})
-        print(f"round {rnd + 1}/{args.rounds}: " + ", ".join(
-            f"{v} {runs[v][-1]['wall_s']:.1f}s (load {runs[v][-1]['load']:.1f})" for v in variants), flush=True)
+        print(
+            f"round {rnd + 1}/{args.rounds}: "
+            + ", ".join(f"{v} {runs[v][-1]['wall_s']:.1f}s (load {runs[v][-1]['load']:.1f})" for v in variants),
+            flush=True,
+        )
 
     med = statistics.median
     goal = 1.1 if args.clips >= LJSPEECH_CLIPS else 2.0
     result = {
-        "benchmark": "preprocess_throughput", "clips": args.clips, "rounds": args.rounds,
+        "benchmark": "preprocess_throughput",
+        "clips": args.clips,
+        "rounds": args.rounds,
         "wall_s_median": {v: round(med(x["wall_s"] for x in rs), 1) for v, rs in runs.items()},
         "cpu_s_median": {v: round(med(x["cpu_s"] for x in rs), 1) for v, rs in runs.items()},
-        "peak_rss_gib_median": {v: round(med(x["rss"] for x in rs) / 2 ** 30, 2) for v, rs in runs.items()},
-        "load_range": [min(x["load"] for rs in runs.values() for x in rs),
-                       max(x["load"] for rs in runs.values() for x in rs)],
-        "job_over_pool_median": {f"{w}{m}": round(med(j["wall_s"] / p["wall_s"] for j, p in zip(
-            runs[f"job{w}"], runs[f"pool{m}{w}"])), 2) for w in workers for m in ("", "m")},
+        "peak_rss_gib_median": {v: round(med(x["rss"] for x in rs) / 2**30, 2) for v, rs in runs.items()},
+        "load_range": [
+            min(x["load"] for rs in runs.values() for x in rs),
+            max(x["load"] for rs in runs.values() for x in rs),
+        ],
+        "job_over_pool_median": {
+            f"{w}{m}": round(med(j["wall_s"] / p["wall_s"] for j, p in zip(runs[f"job{w}"], runs[f"pool{m}{w}"])), 2)
+            for w in workers
+            for m in ("", "m")
+        },
         "per_round": runs,
         "goals": {"job1@1_wall_s": 4.0, "job2@1_wall_s": 6.0, "job_over_pool": goal, "peak_rss_gib": 3.0},
     }
-    print(f"\n{args.clips} clips, {args.rounds} interleaved rounds, medians; load average "
-          f"{result['load_range'][0]:.1f}-{result['load_range'][1]:.1f} on {os.cpu_count()} cores")
+    print(
+        f"\n{args.clips} clips, {args.rounds} interleaved rounds, medians; load average "
+        f"{result['load_range'][0]:.1f}-{result['load_range'][1]:.1f} on {os.cpu_count()} cores"
+    )
     print(f"{'variant':<10} {'wall s':>8} {'CPU s':>8} {'peak RSS GiB':>12}")
     for v in variants:
-        print(f"{v:<10} {result['wall_s_median'][v]:>8.1f} {result['cpu_s_median'][v]:>8.1f} "
-              f"{result['peak_rss_gib_median'][v]:>12.2f}")
+        print(
+            f"{v:<10} {result['wall_s_median'][v]:>8.1f} {result['cpu_s_median'][v]:>8.1f} "
+            f"{result['peak_rss_gib_median'][v]:>12.2f}"
+        )
     for w in workers:
         for m in ("", "m"):
             print(f"job{w} / pool{m}{w} wall: {result['job_over_pool_median'][f'{w}{m}']:.2f}x (goal <= {goal}x)")

@@ -11,6 +11,7 @@ Beam's multi_processing workers are child processes, so the figures are sums ove
 
 Used by benchmarks.preprocess_throughput and benchmarks.preprocess_scale.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -80,7 +81,7 @@ class TreeSampler:
             self._sample()
             self._stop.wait(self.interval)
 
-    def start(self) -> "TreeSampler":
+    def start(self) -> TreeSampler:
         self._thread.start()
         return self
 
@@ -103,8 +104,16 @@ def run_sampled(cmd: list[str], interval: float = 0.2, log_path: str | None = No
         if log_path:
             out.close()
     cpu = sum(sampler.cpu.values())
-    return {"rc": rc, "wall_s": wall, "peak_rss_bytes": sampler.peak_rss, "peak_pss_bytes": sampler.peak_pss,
-            "peak_processes": sampler.peak_procs, "cpu_s": cpu, "cores_busy_mean": cpu / wall if wall else 0.0,
-            "cpu_s_per_process": {f"{pid} {cmd}": round(sampler.cpu.get(pid, 0.0), 1)
-                                  for pid, cmd in sampler.cmdlines.items()},
-            "timeline": [row[:4] + row[5:] for row in sampler.timeline]}
+    return {
+        "rc": rc,
+        "wall_s": wall,
+        "peak_rss_bytes": sampler.peak_rss,
+        "peak_pss_bytes": sampler.peak_pss,
+        "peak_processes": sampler.peak_procs,
+        "cpu_s": cpu,
+        "cores_busy_mean": cpu / wall if wall else 0.0,
+        "cpu_s_per_process": {
+            f"{pid} {cmd}": round(sampler.cpu.get(pid, 0.0), 1) for pid, cmd in sampler.cmdlines.items()
+        },
+        "timeline": [row[:4] + row[5:] for row in sampler.timeline],
+    }

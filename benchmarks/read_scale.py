@@ -12,6 +12,7 @@ and reports its wall, and its peak RSS above the RSS it had before reading (grow
 
 Run: python -m benchmarks.read_scale [--rows 13100,131000,1048000] [--files 131000] [--work-dir DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,12 @@ from pathlib import Path
 from benchmarks.common import emit
 from benchmarks.preprocess_scale import WORK
 
-SENTENCES = ("The lighthouse keeper climbed the stairs.", "Does the well never run dry?",
-             "In nineteen eighty-four, the town built a new library.", "The fox ran through the hedge.")
+SENTENCES = (
+    "The lighthouse keeper climbed the stairs.",
+    "Does the well never run dry?",
+    "In nineteen eighty-four, the town built a new library.",
+    "The fox ran through the hedge.",
+)
 
 
 def ensure_rows_corpus(root: Path, rows: int, files: int) -> Path:
@@ -55,6 +60,7 @@ def child(variant: str, corpus: str) -> dict:
     """One variant in this (fresh) process: wall, and peak RSS above the RSS before reading."""
     from melshards.preprocess.corpus import _ReadRows, named
     from melshards.preprocess.sources import detect_corpus, read_input
+
     corpora = named([detect_corpus(corpus)])
     before = _rss_gib()
     start = time.perf_counter()
@@ -64,13 +70,21 @@ def child(variant: str, corpus: str) -> dict:
         else:
             read = read_input(corpora[0])
             elements = len(read.rows) + len(read.rejected)
-    return {"wall_s": time.perf_counter() - start, "rss_before_gib": before, "rss_growth_gib": _rss_gib() - before,
-            "elements": elements}
+    return {
+        "wall_s": time.perf_counter() - start,
+        "rss_before_gib": before,
+        "rss_growth_gib": _rss_gib() - before,
+        "elements": elements,
+    }
 
 
 def run(variant: str, corpus: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.read_scale", "--child", variant, str(corpus)],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.read_scale", "--child", variant, str(corpus)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -90,14 +104,23 @@ def main(argv: list[str] | None = None) -> dict:
         corpus = ensure_rows_corpus(Path(args.work_dir) / "read-scale" / f"rows-{n}", n, args.files)
         runs[str(n)] = {v: run(v, corpus) for v in ("stream", "in_memory")}  # side by side, per size
     first = runs[str(sizes[0])]
-    print("| rows | variant | wall s | µs per row | RSS growth GiB | ÷ growth at the first size |\n|---|---|---|---|---|---|")
+    print(
+        "| rows | variant | wall s | µs per row | RSS growth GiB | ÷ growth at the first size |\n|---|---|---|---|---|---|"
+    )
     for n, variants in runs.items():
         for name, r in variants.items():
-            print(f"| {int(n):,} | {name} | {r['wall_s']:.2f} | {1e6 * r['wall_s'] / int(n):.1f} | "
-                  f"{r['rss_growth_gib']:.3f} | {r['rss_growth_gib'] / first[name]['rss_growth_gib']:.2f} |")
-    result = {"benchmark": "read_scale", "files": args.files, "runs": runs,
-              "stream_over_in_memory_growth": {n: round(v["stream"]["rss_growth_gib"] / v["in_memory"]["rss_growth_gib"],
-                                                        3) for n, v in runs.items()}}
+            print(
+                f"| {int(n):,} | {name} | {r['wall_s']:.2f} | {1e6 * r['wall_s'] / int(n):.1f} | "
+                f"{r['rss_growth_gib']:.3f} | {r['rss_growth_gib'] / first[name]['rss_growth_gib']:.2f} |"
+            )
+    result = {
+        "benchmark": "read_scale",
+        "files": args.files,
+        "runs": runs,
+        "stream_over_in_memory_growth": {
+            n: round(v["stream"]["rss_growth_gib"] / v["in_memory"]["rss_growth_gib"], 3) for n, v in runs.items()
+        },
+    }
     emit(result)
     return result
 

@@ -9,6 +9,7 @@ the same batched tf.data chain, timed interleaved:
 
 Run: python -m benchmarks.record_encoding [--records 2048] [--frames 800] [--rounds 5]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,8 +50,9 @@ def write(path: str, mels: list[np.ndarray], n: int, kind: str) -> None:
                 dt = "<f4" if kind == "raw_f32" else "<f2"
                 f = tf.train.Feature(bytes_list=tf.train.BytesList(value=[m.astype(dt).tobytes()]))
             lens = tf.train.Feature(int64_list=tf.train.Int64List(value=[len(m)]))
-            w.write(tf.train.Example(features=tf.train.Features(feature={"mel": f, "mel_len": lens}))
-                    .SerializeToString())
+            w.write(
+                tf.train.Example(features=tf.train.Features(feature={"mel": f, "mel_len": lens})).SerializeToString()
+            )
 
 
 def dataset(path: str, kind: str, frames: int, n_mels: int, batch: int):
@@ -70,10 +72,12 @@ def dataset(path: str, kind: str, frames: int, n_mels: int, batch: int):
             mel = tf.cast(tf.io.decode_raw(p["mel"], tf.float32 if kind == "raw_f32" else tf.float16), tf.float32)
         return tf.reshape(mel, [batch, frames, n_mels]), p["mel_len"]
 
-    return (tf.data.TFRecordDataset(path, compression_type="GZIP" if kind.endswith("gzip") else "")
-            .batch(batch, drop_remainder=True)
-            .map(parse, num_parallel_calls=tf.data.AUTOTUNE)
-            .prefetch(tf.data.AUTOTUNE))
+    return (
+        tf.data.TFRecordDataset(path, compression_type="GZIP" if kind.endswith("gzip") else "")
+        .batch(batch, drop_remainder=True)
+        .map(parse, num_parallel_calls=tf.data.AUTOTUNE)
+        .prefetch(tf.data.AUTOTUNE)
+    )
 
 
 def main(argv=None) -> dict:
@@ -97,19 +101,25 @@ def main(argv=None) -> dict:
                 for mel, _ in dataset(paths[k], k, args.frames, mels[0].shape[1], args.batch):
                     n += int(mel.shape[0])
                 return n
+
             return go
 
         reader("raw_f16")()  # warm-up: first dataset build and TF kernels
         rates = interleaved({k: reader(k) for k in kinds}, args.rounds)
     result = {
-        "benchmark": "record_encoding", "records": args.records, "frames": args.frames, "rounds": args.rounds,
+        "benchmark": "record_encoding",
+        "records": args.records,
+        "frames": args.frames,
+        "rounds": args.rounds,
         "records_per_s_median": {k: round(float(np.median(v)), 1) for k, v in rates.items()},
         "bytes_per_record": {k: sizes[k] // args.records for k in kinds},
         "speed_vs_raw_f16": {k: round(median_ratio(rates, k, "raw_f16"), 3) for k in kinds},
     }
     for k in kinds:
-        print(f"{k:<14} {result['records_per_s_median'][k]:>10.1f} records/s  "
-              f"{result['speed_vs_raw_f16'][k]:>6.3f}x raw_f16  {result['bytes_per_record'][k]:>8d} B/record")
+        print(
+            f"{k:<14} {result['records_per_s_median'][k]:>10.1f} records/s  "
+            f"{result['speed_vs_raw_f16'][k]:>6.3f}x raw_f16  {result['bytes_per_record'][k]:>8d} B/record"
+        )
     emit(result)
     return result
 

@@ -12,6 +12,7 @@ Rows are like a corpus' missing audio: {"id", "reason", "detail": the path}.
 
 Run: python -m benchmarks.report_rejected [--rows 1000000] [--work-dir DIR]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,11 @@ from melshards.preprocess.shards import TEMP_DIR
 
 def rows(n: int):
     for i in range(n):
-        yield {"id": f"r{(i * 7919) % n:07d}", "reason": "missing_audio",
-               "detail": f"/data/corpus/wavs/r{(i * 7919) % n:07d}.wav does not exist"}
+        yield {
+            "id": f"r{(i * 7919) % n:07d}",
+            "reason": "missing_audio",
+            "detail": f"/data/corpus/wavs/r{(i * 7919) % n:07d}.wav does not exist",
+        }
 
 
 def peak(fn) -> int:
@@ -72,14 +76,19 @@ def main() -> None:
             if all_rows is None:
                 all_rows = list(rows(n)) if only is None else None
             wanted = set(numbers)
-            group = ([all_rows[i] for i in numbers] if all_rows is not None
-                     else [r for i, r in enumerate(rows(n)) if i in wanted])
+            group = (
+                [all_rows[i] for i in numbers]
+                if all_rows is not None
+                else [r for i, r in enumerate(rows(n)) if i in wanted]
+            )
             paths.extend(report._WriteRejectedShardFn(str(out)).process((index, group)))
 
     write_shards(None)  # every shard on disk, for the merge (not measured)
     paths.clear()
     results = {
-        "rows": n, "shards": shards, "largest_shard_rows": len(groups[largest]),
+        "rows": n,
+        "shards": shards,
+        "largest_shard_rows": len(groups[largest]),
         "held_mib": peak(lambda: held(n, out)) / 2**20,
         "shard_mib": peak(lambda: write_shards(largest)) / 2**20,
     }

@@ -24,6 +24,7 @@ Generated corpora and job outputs go under --work-dir (default /tmp/melshards-be
 MELSHARDS_BENCH_DIR); nothing is written inside the repository. `--only a,b` runs a subset.
 The final line is one JSON object {"benchmark": "run_all", "results": {name: result or error}}.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,15 +46,26 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
             ("before_after", ["--steps", "4", "--rounds", "1", "--work", f"{work}/before-after"]),
             ("preprocess_startup", ["--rounds", "1", "--work-dir", work]),
             ("preprocess_throughput", ["--clips", "60", "--rounds", "1", "--work-dir", work]),
-            ("preprocess_scale", ["--clips", "300", "--corpus", f"{work}/lj300", "--workers", "2",
-                                  "--work-dir", work]),
-            ("padding_waste", ["--stats", f"{work}/scale-out-2w/stats.json", "--corpus-fallback", f"{work}/lj300",
-                               "--work-dir", work]),
+            ("preprocess_scale", ["--clips", "300", "--corpus", f"{work}/lj300", "--workers", "2", "--work-dir", work]),
+            (
+                "padding_waste",
+                [
+                    "--stats",
+                    f"{work}/scale-out-2w/stats.json",
+                    "--corpus-fallback",
+                    f"{work}/lj300",
+                    "--work-dir",
+                    work,
+                ],
+            ),
             ("pitch_trackers", ["--rounds", "1", "--seconds", "5"]),
             ("feature_wall", ["--clips", "60", "--rounds", "1", "--profile-clips", "10", "--work-dir", work]),
             ("audio_headroom", ["--steps", "20", "--rounds", "1", "--work", f"{work}/audio-headroom"]),
             ("cache_wall", ["--clips", "60", "--rounds", "1", "--work-dir", work]),
-            ("stats_scale", ["--stats", f"{work}/cache-wall/out-plain/stats.json", "--clips", "10000", "--rounds", "1"]),
+            (
+                "stats_scale",
+                ["--stats", f"{work}/cache-wall/out-plain/stats.json", "--clips", "10000", "--rounds", "1"],
+            ),
             ("cache_key", ["--clips", "300", "--corpus", f"{work}/lj300", "--rounds", "1"]),
             ("read_scale", ["--rows", "1000,4000", "--files", "1000", "--work-dir", work]),
             ("step_device", ["--quick"]),
@@ -63,16 +75,30 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
         ("record_encoding", ["--records", "1024", "--rounds", "5"]),
         ("train_input", ["--steps", "120", "--rounds", "3", "--work", f"{work}/train-input"]),
         ("before_after", ["--steps", "24", "--rounds", "1", "--work", f"{work}/before-after"]),
-        ("before_after", ["--steps", "60", "--rounds", "3", "--variants", "fixed_nosig,sig_noxla,melshards",
-                          "--work", f"{work}/before-after"]),
+        (
+            "before_after",
+            [
+                "--steps",
+                "60",
+                "--rounds",
+                "3",
+                "--variants",
+                "fixed_nosig,sig_noxla,melshards",
+                "--work",
+                f"{work}/before-after",
+            ],
+        ),
         ("preprocess_startup", ["--rounds", "3", "--work-dir", work]),
         ("preprocess_throughput", ["--clips", "1000", "--rounds", "2", "--work-dir", work]),
-        ("preprocess_throughput", ["--clips", "13100", "--rounds", "2", "--workers", "2", "--corpus", f"{work}/ljbig",
-                                   "--work-dir", work]),
-        ("preprocess_scale", ["--clips", "13100", "--corpus", f"{work}/ljbig", "--workers", "2,1",
-                              "--work-dir", work]),
-        ("padding_waste", ["--stats", f"{work}/scale-out-2w/stats.json", "--corpus-fallback", f"{work}/ljbig",
-                           "--work-dir", work]),
+        (
+            "preprocess_throughput",
+            ["--clips", "13100", "--rounds", "2", "--workers", "2", "--corpus", f"{work}/ljbig", "--work-dir", work],
+        ),
+        ("preprocess_scale", ["--clips", "13100", "--corpus", f"{work}/ljbig", "--workers", "2,1", "--work-dir", work]),
+        (
+            "padding_waste",
+            ["--stats", f"{work}/scale-out-2w/stats.json", "--corpus-fallback", f"{work}/ljbig", "--work-dir", work],
+        ),
         ("pitch_trackers", ["--rounds", "3"]),
         ("feature_wall", ["--clips", "1000", "--rounds", "3", "--workers", "2", "--work-dir", work]),
         ("audio_headroom", ["--steps", "120", "--rounds", "2", "--work", f"{work}/audio-headroom"]),

@@ -1,4 +1,5 @@
 """Shards of the shipped corpus for the training benchmarks, made once and reused."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,23 +14,25 @@ def demo_shards(out: str) -> Path:
     path = Path(out)
     if not (path / "schema.json").exists():
         from melshards.commands.preprocess import run
+
         # one shape: these benchmarks compare input pipelines of the schema's one static shape
-        code = run(["--input", str(CORPUS), "--output", str(path), "--config", str(TINY), "--overwrite",
-                    "--buckets", "1"])
+        code = run(
+            ["--input", str(CORPUS), "--output", str(path), "--config", str(TINY), "--overwrite", "--buckets", "1"]
+        )
         if code:
             raise SystemExit(f"preprocessing the demo corpus into {out} failed with exit code {code}")
     return path
 
 
-def relabel(src: Path, dst: Path, speaker_of, language_of, speakers: tuple[str, ...],
-            languages: tuple[str, ...]) -> Path:
+def relabel(
+    src: Path, dst: Path, speaker_of, language_of, speakers: tuple[str, ...], languages: tuple[str, ...]
+) -> Path:
     """A copy of the preprocessing run in `src` whose records are spoken by speakers[speaker_of(i)] in
     languages[language_of(i)] (i counts the records over the run's shard files, in schema.json's order),
     with schema.json's speaker and language tables recounted to match. The audio stays the shipped
     corpus's one voice: this makes shards of several speakers and languages for the trainer, not a
     corpus to learn voices from."""
     import json
-    import shutil
 
     import tensorflow as tf
 
@@ -42,8 +45,9 @@ def relabel(src: Path, dst: Path, speaker_of, language_of, speakers: tuple[str, 
     i = 0
     for bucket in schema["buckets"]:
         # schema.json's per-bucket group counts (3.2), recounted as the records are relabelled
-        groups = {split: {"speaker": [0] * len(speakers), "language": [0] * len(languages)}
-                  for split in ("train", "val")}
+        groups = {
+            split: {"speaker": [0] * len(speakers), "language": [0] * len(languages)} for split in ("train", "val")
+        }
         for split in ("train", "val"):
             for shard in bucket["shards"][split]:
                 with tf.io.TFRecordWriter(str(dst / shard["file"])) as w:
@@ -67,9 +71,19 @@ def relabel(src: Path, dst: Path, speaker_of, language_of, speakers: tuple[str, 
         if "groups" in bucket:
             bucket["groups"] = groups
     hours = {t: [round(n * hop / sr / 3600, 4) for n in v] for t, v in frames.items()}
-    schema["speakers"] = [{"id": k, "name": name, "clips": clips["speakers"][k], "hours": hours["speakers"][k],
-                           "gender": ""} for k, name in enumerate(speakers)]
-    schema["languages"] = [{"id": k, "code": code, "clips": clips["languages"][k], "hours": hours["languages"][k],
-                            "text_frontend": frontend} for k, code in enumerate(languages)]
+    schema["speakers"] = [
+        {"id": k, "name": name, "clips": clips["speakers"][k], "hours": hours["speakers"][k], "gender": ""}
+        for k, name in enumerate(speakers)
+    ]
+    schema["languages"] = [
+        {
+            "id": k,
+            "code": code,
+            "clips": clips["languages"][k],
+            "hours": hours["languages"][k],
+            "text_frontend": frontend,
+        }
+        for k, code in enumerate(languages)
+    ]
     (dst / "schema.json").write_text(json.dumps(schema, indent=2) + "\n")
     return dst

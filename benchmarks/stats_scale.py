@@ -10,6 +10,7 @@ a (mel frames, text length) table of the same size), the stats.json check (`stat
 
 Run: python -m benchmarks.stats_scale [--stats DIR/stats.json] [--clips 1000000] [--rounds 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,11 +30,21 @@ def scaled(value, k: int):
         out = {}
         for key, v in value.items():
             if key in ("histograms",):
-                out[key] = {side: {name: {length: c * k for length, c in h.items()} for name, h in hs.items()}
-                            for side, hs in v.items()}
-            elif key in ("counts", "per_split", "per_reason") or key in ("in_shards", "filtered", "rejected",
-                                                                           "input_rows", "records", "clips",
-                                                                           "measured", "count", "rows"):
+                out[key] = {
+                    side: {name: {length: c * k for length, c in h.items()} for name, h in hs.items()}
+                    for side, hs in v.items()
+                }
+            elif key in ("counts", "per_split", "per_reason") or key in (
+                "in_shards",
+                "filtered",
+                "rejected",
+                "input_rows",
+                "records",
+                "clips",
+                "measured",
+                "count",
+                "rows",
+            ):
                 out[key] = scaled_counts(v, k)
             else:
                 out[key] = scaled(v, k)
@@ -90,15 +101,25 @@ def main(argv: list[str] | None = None) -> dict:
     k = max(1, round(args.clips / base["counts"]["input_rows"]))
     stats = scaled(base, k)
     for side in ("before_filter", "after_filter"):
-        stats["histograms"][side] = {name: smear(h, SPREAD.get(name, 1)) for name, h in stats["histograms"][side].items()}
+        stats["histograms"][side] = {
+            name: smear(h, SPREAD.get(name, 1)) for name, h in stats["histograms"][side].items()
+        }
     assert stats_problem(stats) is None, stats_problem(stats)
     before = {name: {int(v): c for v, c in h.items()} for name, h in stats["histograms"]["before_filter"].items()}
     after = {name: {int(v): c for v, c in h.items()} for name, h in stats["histograms"]["after_filter"].items()}
     cfg = PreprocessConfig()
     f = cfg.filter
-    t_cut, _ = timed(lambda: compute_cutoffs(before, f.min_duration_s, f.mel_frames_lower_percentile,
-                                             f.mel_frames_upper_percentile, f.text_len_upper_percentile,
-                                             cfg.pad.multiple), args.rounds)
+    t_cut, _ = timed(
+        lambda: compute_cutoffs(
+            before,
+            f.min_duration_s,
+            f.mel_frames_lower_percentile,
+            f.mel_frames_upper_percentile,
+            f.text_len_upper_percentile,
+            cfg.pad.multiple,
+        ),
+        args.rounds,
+    )
     # a (mel frames, text length) table as large as a real one: each frame count with the text lengths
     # around its typical length (~0.17 symbols per frame), its clips spread over them
     text_by_frames = Counter()
@@ -111,13 +132,25 @@ def main(argv: list[str] | None = None) -> dict:
     run = Run(args.stats, stats, 80, None)
     t_report, _ = timed(lambda: build_report(run, 32), args.rounds)
     total = t_cut + t_buckets + t_check + t_report
-    result = {"benchmark": "stats_scale", "clips": stats["counts"]["input_rows"], "scale": k,
-              "distinct": {name: len(h) for name, h in before.items()}, "text_by_frames_entries": len(text_by_frames),
-              "buckets": len(chosen["buckets"]["bounds"]),
-              "seconds": {"cutoffs": round(t_cut, 4), "buckets": round(t_buckets, 3), "stats_check": round(t_check, 3),
-                          "report_with_what_if": round(t_report, 3), "total": round(total, 3)}}
-    print(f"{result['clips']:,} clips ({k} x {args.stats}); distinct lengths {result['distinct']}; "
-          f"{len(text_by_frames):,} (frames, text) pairs")
+    result = {
+        "benchmark": "stats_scale",
+        "clips": stats["counts"]["input_rows"],
+        "scale": k,
+        "distinct": {name: len(h) for name, h in before.items()},
+        "text_by_frames_entries": len(text_by_frames),
+        "buckets": len(chosen["buckets"]["bounds"]),
+        "seconds": {
+            "cutoffs": round(t_cut, 4),
+            "buckets": round(t_buckets, 3),
+            "stats_check": round(t_check, 3),
+            "report_with_what_if": round(t_report, 3),
+            "total": round(total, 3),
+        },
+    }
+    print(
+        f"{result['clips']:,} clips ({k} x {args.stats}); distinct lengths {result['distinct']}; "
+        f"{len(text_by_frames):,} (frames, text) pairs"
+    )
     for name, s in result["seconds"].items():
         print(f"  {name:<20}{s:>8.3f} s")
     print(f"goal: under 10 s in all; measured {total:.2f} s")

@@ -25,6 +25,7 @@ Run: python -m benchmarks.step_device [--quick] [--rounds 1] [--steps 60] [--sha
   Full: train_base sizes, batch 32, on shards of --clips synthetic LJSpeech-like clips (generated, then
   preprocessed with configs/ljspeech.yaml), one round.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,9 +47,18 @@ from benchmarks.shards_fixture import REPO, demo_shards
 
 VARIANTS = ("bf16", "fp32", "bf16_noxla", "synthetic", "before")
 FASTPITCH_FRAMES_PER_S = 148_000  # DeepLearningExamples FastPitch, one A100 80GB, AMP: output mel frames/s
-QUICK_MODEL = {"d_model": 32, "num_heads": 2, "ff_dim": 64, "encoder_layers": 1, "decoder_layers": 1,
-               "encoder_conv_layers": 1, "prenet_dim": 32, "postnet_channels": 32, "postnet_layers": 1,
-               "reduction_factor": 4}
+QUICK_MODEL = {
+    "d_model": 32,
+    "num_heads": 2,
+    "ff_dim": 64,
+    "encoder_layers": 1,
+    "decoder_layers": 1,
+    "encoder_conv_layers": 1,
+    "prenet_dim": 32,
+    "postnet_channels": 32,
+    "postnet_layers": 1,
+    "reduction_factor": 4,
+}
 WORK = Path(os.environ.get("MELSHARDS_BENCH_DIR", "/tmp/melshards-bench"))
 
 
@@ -90,8 +100,10 @@ class Nvml:
         if not self.available or not self.samples:
             return {"device_util_percent": None, "peak_device_memory_gib": None}
         steady = [u for t, u, _ in self.samples if t >= steady_from] or [u for _, u, _ in self.samples]
-        return {"device_util_percent": round(statistics.mean(steady), 1),
-                "peak_device_memory_gib": round(max(m for _, _, m in self.samples) / 2**30, 2)}
+        return {
+            "device_util_percent": round(statistics.mean(steady), 1),
+            "peak_device_memory_gib": round(max(m for _, _, m in self.samples) / 2**30, 2),
+        }
 
 
 def device_name() -> str:
@@ -99,8 +111,18 @@ def device_name() -> str:
     nvml = Nvml()
     if nvml.name:
         return f"{nvml.name} (GPU)"
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), "CPU") if Path("/proc/cpuinfo").exists() else "CPU"
+    model = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            "CPU",
+        )
+        if Path("/proc/cpuinfo").exists()
+        else "CPU"
+    )
     return f"{model}, {os.cpu_count()} cores (CPU)"
 
 
@@ -109,8 +131,14 @@ def config_for(variant: str, quick: bool, steps: int, path: Path) -> Path:
     or validation, and the variant's jit_compile."""
     cfg = yaml.safe_load((REPO / "configs" / "train_base.yaml").read_text())
     k = 1 if quick else cfg["loop"]["steps_per_execution"]
-    cfg["loop"].update(steps=steps, steps_per_execution=k, checkpoint_every=steps, log_every=k, val_every=steps,
-                       jit_compile=variant != "bf16_noxla")
+    cfg["loop"].update(
+        steps=steps,
+        steps_per_execution=k,
+        checkpoint_every=steps,
+        log_every=k,
+        val_every=steps,
+        jit_compile=variant != "bf16_noxla",
+    )
     if quick:
         cfg["model"] = dict(QUICK_MODEL)
         cfg["data"].update(batch_size=8, shuffle_buffer=64, cycle_length=2)
@@ -125,24 +153,39 @@ def train_variant(variant: str, shards: Path, work: Path, quick: bool, steps: in
     cfg = config_for(variant, quick, steps, work / f"{variant}.yaml")
     precision = "float32" if variant == "fp32" else "mixed_bfloat16"
     with Nvml() as nvml:  # MELSHARDS_XLA_CACHE empty: every variant compiles, compile seconds are the cold ones
-        s = melshards_train(shards, model_dir, cfg, "--precision", precision,
-                            *(["--synthetic-data"] if variant == "synthetic" else []), env={"MELSHARDS_XLA_CACHE": ""})
+        s = melshards_train(
+            shards,
+            model_dir,
+            cfg,
+            "--precision",
+            precision,
+            *(["--synthetic-data"] if variant == "synthetic" else []),
+            env={"MELSHARDS_XLA_CACHE": ""},
+        )
         ended = time.perf_counter()
     st = s["steady_state"]
     steady_s = st["calls"] * s["steps_per_execution"] / st["steps_per_second"] if st["steps_per_second"] else 0.0
-    return {"step_ms": 1000.0 / st["steps_per_second"] if st["steps_per_second"] else None,
-            "examples_per_s": st["examples_per_second"], "mel_frames_per_s": st["mel_frames_per_second"],
-            "input_wait": st["input_wait_fraction"],
-            "compile_s_by_bucket": {b: round(t["trace_s"] + t["compile_s"], 1) for b, t in s["compile_by_bucket"].items()},
-            "time_to_first_step_s": s["time_to_first_step"], "traces": s["train_step_traces"],
-            "buckets": len(s["buckets"]), "layers": s["layers"], **nvml.figures(ended - steady_s)}
+    return {
+        "step_ms": 1000.0 / st["steps_per_second"] if st["steps_per_second"] else None,
+        "examples_per_s": st["examples_per_second"],
+        "mel_frames_per_s": st["mel_frames_per_second"],
+        "input_wait": st["input_wait_fraction"],
+        "compile_s_by_bucket": {b: round(t["trace_s"] + t["compile_s"], 1) for b, t in s["compile_by_bucket"].items()},
+        "time_to_first_step_s": s["time_to_first_step"],
+        "traces": s["train_step_traces"],
+        "buckets": len(s["buckets"]),
+        "layers": s["layers"],
+        **nvml.figures(ended - steady_s),
+    }
 
 
 def before_variant(shards: Path, quick: bool, steps: int, work: Path) -> dict:
     """benchmarks/before_after.py's classic loader and plain step, in a child process (a fresh TensorFlow)."""
     cfg = config_for("fp32", quick, steps, work / "before.yaml")
-    code = ("import json, sys; from pathlib import Path; from benchmarks.before_after import run_variant, _kept_clips;"
-            f"s = Path({str(shards)!r}); print(json.dumps(run_variant('before', s, _kept_clips(s), {str(cfg)!r}, {steps})))")
+    code = (
+        "import json, sys; from pathlib import Path; from benchmarks.before_after import run_variant, _kept_clips;"
+        f"s = Path({str(shards)!r}); print(json.dumps(run_variant('before', s, _kept_clips(s), {str(cfg)!r}, {steps})))"
+    )
     with Nvml() as nvml:
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
         ended = time.perf_counter()
@@ -150,20 +193,27 @@ def before_variant(shards: Path, quick: bool, steps: int, work: Path) -> dict:
         raise SystemExit(f"the before loader failed:\n{proc.stderr[-3000:]}")
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     steady_s = (steps - 1) / out["steady_steps_per_s"]
-    return {"step_ms": 1000.0 / out["steady_steps_per_s"], "examples_per_s": out["steady_examples_per_s"],
-            "mel_frames_per_s": out["steady_mel_frames_per_s"], "input_wait": out["input_wait"],
-            "compile_s_by_bucket": None, "time_to_first_step_s": out["first_call_s"], "traces": out["traces"],
-            "buckets": None, "layers": None, **nvml.figures(ended - steady_s)}
+    return {
+        "step_ms": 1000.0 / out["steady_steps_per_s"],
+        "examples_per_s": out["steady_examples_per_s"],
+        "mel_frames_per_s": out["steady_mel_frames_per_s"],
+        "input_wait": out["input_wait"],
+        "compile_s_by_bucket": None,
+        "time_to_first_step_s": out["first_call_s"],
+        "traces": out["traces"],
+        "buckets": None,
+        "layers": None,
+        **nvml.figures(ended - steady_s),
+    }
 
 
 def parse_only(shards: Path, batch_size: int, seconds: float) -> dict:
     """The trainer's input chain with no step, on 1 core and on all: records/s and mel frames/s."""
-    from melshards.train.tf_quiet import tf
-
     from melshards.shards_schema import read_schema
     from melshards.train import input_pipeline as ip
     from melshards.train.config import DataConfig
     from melshards.train.step import MODEL_INPUTS
+    from melshards.train.tf_quiet import tf
 
     schema = read_schema(str(shards))
     bucket = schema.buckets[-1]  # the longest records: the most bytes parsed per record
@@ -185,8 +235,10 @@ def parse_only(shards: Path, batch_size: int, seconds: float) -> dict:
             frames += int(tf.reduce_sum(batch["mel_len"]))
         wall = time.perf_counter() - t0
         out[f"{cores}_core" + ("s" if cores > 1 else "")] = {
-            "records_per_s": round(records / wall, 1), "valid_mel_frames_per_s": round(frames / wall),
-            "padded_mel_frames_per_s": round(records * bucket.max_mel_frames / wall)}
+            "records_per_s": round(records / wall, 1),
+            "valid_mel_frames_per_s": round(frames / wall),
+            "padded_mel_frames_per_s": round(records * bucket.max_mel_frames / wall),
+        }
     one = out["1_core"]["valid_mel_frames_per_s"]
     out["cores_per_gpu_at_fastpitch_rate"] = round(FASTPITCH_FRAMES_PER_S / one, 2) if one else None
     out["bucket"] = {"max_mel_frames": bucket.max_mel_frames, "max_text_len": bucket.max_text_len}
@@ -202,9 +254,24 @@ def benchmark_shards(args) -> Path:
     out = WORK / "step-device" / f"shards-{args.clips}"
     if not (out / "schema.json").exists():
         from benchmarks.preprocess_scale import ensure_corpus
+
         corpus = ensure_corpus(str(WORK / f"ljbig-{args.clips}"), args.clips)
-        code = subprocess.run([sys.executable, "-m", "melshards", "preprocess", "--input", corpus, "--output", str(out),
-                               "--config", str(REPO / "configs" / "ljspeech.yaml"), "--overwrite"], cwd=REPO).returncode
+        code = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "melshards",
+                "preprocess",
+                "--input",
+                corpus,
+                "--output",
+                str(out),
+                "--config",
+                str(REPO / "configs" / "ljspeech.yaml"),
+                "--overwrite",
+            ],
+            cwd=REPO,
+        ).returncode
         if code:
             raise SystemExit(f"preprocessing {corpus} failed ({code})")
     return out
@@ -230,18 +297,37 @@ def main(argv: list[str] | None = None) -> dict:
     runs: dict[str, list[dict]] = {v: [] for v in variants}
     for r in range(args.rounds):
         for v in variants:
-            out = (before_variant(shards, args.quick, steps, work) if v == "before"
-                   else train_variant(v, shards, work, args.quick, steps))
+            out = (
+                before_variant(shards, args.quick, steps, work)
+                if v == "before"
+                else train_variant(v, shards, work, args.quick, steps)
+            )
             runs[v].append(out)
-            print(f"round {r + 1} {v:<11} step {out['step_ms']:.1f} ms, {out['mel_frames_per_s']:.0f} mel frames/s, "
-                  f"input wait {100 * out['input_wait']:.1f}%", flush=True)
-    batch = 8 if args.quick else yaml.safe_load((REPO / "configs" / "train_base.yaml").read_text())["data"]["batch_size"]
+            print(
+                f"round {r + 1} {v:<11} step {out['step_ms']:.1f} ms, {out['mel_frames_per_s']:.0f} mel frames/s, "
+                f"input wait {100 * out['input_wait']:.1f}%",
+                flush=True,
+            )
+    batch = (
+        8 if args.quick else yaml.safe_load((REPO / "configs" / "train_base.yaml").read_text())["data"]["batch_size"]
+    )
     parse = parse_only(shards, batch, args.parse_seconds or (2.0 if args.quick else 10.0))
     median = {v: median_of(rs) for v, rs in runs.items()}
-    result = {"benchmark": "step_device", "device": device_name(), "host_cores": os.cpu_count(), "quick": args.quick,
-              "steps": steps, "rounds": args.rounds, "shards": str(shards), "variants": median, "parse_only": parse}
+    result = {
+        "benchmark": "step_device",
+        "device": device_name(),
+        "host_cores": os.cpu_count(),
+        "quick": args.quick,
+        "steps": steps,
+        "rounds": args.rounds,
+        "shards": str(shards),
+        "variants": median,
+        "parse_only": parse,
+    }
     if "bf16" in median and "synthetic" in median and median["synthetic"]["examples_per_s"]:
-        result["real_over_synthetic"] = round(median["bf16"]["examples_per_s"] / median["synthetic"]["examples_per_s"], 3)
+        result["real_over_synthetic"] = round(
+            median["bf16"]["examples_per_s"] / median["synthetic"]["examples_per_s"], 3
+        )
     print_table(result)
     emit(result)
     return result
@@ -260,22 +346,32 @@ def print_table(result: dict) -> None:
     def fmt(v, spec):
         return "null" if v is None else format(v, spec)
 
-    print(f"\n{result['device']}; layers {next((m['layers'] for m in result['variants'].values() if m['layers']), None)}")
-    print(f"{'variant':<11} {'step ms':>8} {'ex/s':>8} {'mel fr/s':>10} {'wait %':>7} {'1st step s':>10} "
-          f"{'traces':>6} {'util %':>7} {'peak GiB':>8}  compile s by bucket")
+    print(
+        f"\n{result['device']}; layers {next((m['layers'] for m in result['variants'].values() if m['layers']), None)}"
+    )
+    print(
+        f"{'variant':<11} {'step ms':>8} {'ex/s':>8} {'mel fr/s':>10} {'wait %':>7} {'1st step s':>10} "
+        f"{'traces':>6} {'util %':>7} {'peak GiB':>8}  compile s by bucket"
+    )
     for v, m in result["variants"].items():
-        print(f"{v:<11} {fmt(m['step_ms'], '.1f'):>8} {fmt(m['examples_per_s'], '.1f'):>8} "
-              f"{fmt(m['mel_frames_per_s'], '.0f'):>10} {fmt(None if m['input_wait'] is None else 100 * m['input_wait'], '.1f'):>7} "
-              f"{fmt(m['time_to_first_step_s'], '.1f'):>10} {fmt(m['traces'], 'd'):>6} "
-              f"{fmt(m['device_util_percent'], '.1f'):>7} {fmt(m['peak_device_memory_gib'], '.2f'):>8}  "
-              f"{m['compile_s_by_bucket']}")
+        print(
+            f"{v:<11} {fmt(m['step_ms'], '.1f'):>8} {fmt(m['examples_per_s'], '.1f'):>8} "
+            f"{fmt(m['mel_frames_per_s'], '.0f'):>10} {fmt(None if m['input_wait'] is None else 100 * m['input_wait'], '.1f'):>7} "
+            f"{fmt(m['time_to_first_step_s'], '.1f'):>10} {fmt(m['traces'], 'd'):>6} "
+            f"{fmt(m['device_util_percent'], '.1f'):>7} {fmt(m['peak_device_memory_gib'], '.2f'):>8}  "
+            f"{m['compile_s_by_bucket']}"
+        )
     p = result["parse_only"]
     for key in ("1_core", f"{result['host_cores']}_cores"):
         if key in p:
-            print(f"parse only, {key.replace('_', ' ')}: {p[key]['records_per_s']} records/s, "
-                  f"{p[key]['valid_mel_frames_per_s']} valid mel frames/s ({p[key]['padded_mel_frames_per_s']} padded)")
-    print(f"host cores per GPU at FastPitch's {FASTPITCH_FRAMES_PER_S} mel frames/s: "
-          f"{p['cores_per_gpu_at_fastpitch_rate']}")
+            print(
+                f"parse only, {key.replace('_', ' ')}: {p[key]['records_per_s']} records/s, "
+                f"{p[key]['valid_mel_frames_per_s']} valid mel frames/s ({p[key]['padded_mel_frames_per_s']} padded)"
+            )
+    print(
+        f"host cores per GPU at FastPitch's {FASTPITCH_FRAMES_PER_S} mel frames/s: "
+        f"{p['cores_per_gpu_at_fastpitch_rate']}"
+    )
 
 
 if __name__ == "__main__":

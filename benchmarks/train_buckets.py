@@ -15,6 +15,7 @@ and in steps of the bucketed run. `uptime` is printed before and after (the mach
 Run: python -m benchmarks.train_buckets --padding data/ljspeech_tiny --config configs/ljspeech_tiny.yaml
      python -m benchmarks.train_buckets --train OUT1 OUTAUTO --train-config configs/train_tiny.yaml --steps 60
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,20 +43,42 @@ def shard_padding(out: Path) -> dict:
         for split in ("train", "val"):
             for f in b.shards.get(split, []):
                 ds = tf.data.TFRecordDataset(str(out / f["file"])).map(
-                    lambda r: tf.io.parse_single_example(r, {"mel_len": tf.io.FixedLenFeature([], tf.int64)}))
+                    lambda r: tf.io.parse_single_example(r, {"mel_len": tf.io.FixedLenFeature([], tf.int64)})
+                )
                 for rec in ds:
                     valid += int(rec["mel_len"])
                     padded += b.max_mel_frames
-    return {"buckets": len(schema.buckets), "bounds": [b.max_mel_frames for b in schema.buckets],
-            "records": schema.counts, "padding": round(1 - valid / padded, 4)}
+    return {
+        "buckets": len(schema.buckets),
+        "bounds": [b.max_mel_frames for b in schema.buckets],
+        "records": schema.counts,
+        "padding": round(1 - valid / padded, 4),
+    }
 
 
 def padding_table(corpus: str, config: str, work: Path) -> list[dict]:
     rows = []
     for k in KS:
         out = work / f"k{k}"
-        subprocess.run([sys.executable, "-m", "melshards", "preprocess", "--input", corpus, "--output", str(out),
-                        "--config", config, "--overwrite", "--buckets", k], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "melshards",
+                "preprocess",
+                "--input",
+                corpus,
+                "--output",
+                str(out),
+                "--config",
+                config,
+                "--overwrite",
+                "--buckets",
+                k,
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         rows.append({"k": k, **shard_padding(out)})
         r = rows[-1]
         print(f"K={k:>4}  used {r['buckets']:>2}  padding {100 * r['padding']:5.1f}%  bounds {r['bounds']}", flush=True)
@@ -63,14 +86,35 @@ def padding_table(corpus: str, config: str, work: Path) -> list[dict]:
 
 
 def train_once(shards: str, cfg: str, steps: int, model_dir: Path) -> dict:
-    subprocess.run([sys.executable, "-m", "melshards", "train", f"{shards}/train-*.tfrecord", "--model-dir",
-                    str(model_dir), "--config", cfg, "--steps", str(steps)], check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "melshards",
+            "train",
+            f"{shards}/train-*.tfrecord",
+            "--model-dir",
+            str(model_dir),
+            "--config",
+            cfg,
+            "--steps",
+            str(steps),
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     s = json.loads((model_dir / "run_summary.json").read_text())
     st = s["steady_state"]
-    return {"fps": st["mel_frames_per_second"], "sps": st["steps_per_second"], "compile_s": s["compile_seconds"],
-            "padding": s["padding_fraction"], "buckets_used": s["buckets_used"], "traces": s["train_step_traces"],
-            "batches": [b["batch_size"] for b in s["buckets"]]}
+    return {
+        "fps": st["mel_frames_per_second"],
+        "sps": st["steps_per_second"],
+        "compile_s": s["compile_seconds"],
+        "padding": s["padding_fraction"],
+        "buckets_used": s["buckets_used"],
+        "traces": s["train_step_traces"],
+        "batches": [b["batch_size"] for b in s["buckets"]],
+    }
 
 
 def uptime() -> str:
@@ -84,22 +128,30 @@ def train_table(one: str, auto: str, cfg: str, steps: int, rounds: int, work: Pa
         for name, shards in (("one", one), ("auto", auto)) if r % 2 == 0 else (("auto", auto), ("one", one)):
             res = train_once(shards, cfg, steps, work / f"{name}-{r}")
             runs[name].append(res)
-            print(f"round {r} {name:>4}: {res['fps']:8.0f} valid mel frames/s  {res['sps']:.2f} steps/s  "
-                  f"compile {res['compile_s']:.1f} s ({res['traces']} traces)  padding "
-                  f"{100 * res['padding']:.1f}%  batches {res['batches']}", flush=True)
+            print(
+                f"round {r} {name:>4}: {res['fps']:8.0f} valid mel frames/s  {res['sps']:.2f} steps/s  "
+                f"compile {res['compile_s']:.1f} s ({res['traces']} traces)  padding "
+                f"{100 * res['padding']:.1f}%  batches {res['batches']}",
+                flush=True,
+            )
     load_after = uptime()
     print("load after:", load_after, flush=True)
-    med = {n: {k: statistics.median(x[k] for x in v) for k in ("fps", "sps", "compile_s", "padding")}
-           for n, v in runs.items()}
+    med = {
+        n: {k: statistics.median(x[k] for x in v) for k in ("fps", "sps", "compile_s", "padding")}
+        for n, v in runs.items()
+    }
     ratio = med["auto"]["fps"] / med["one"]["fps"]
     extra = med["auto"]["compile_s"] - med["one"]["compile_s"]
     saved_per_frame = 1 / med["one"]["fps"] - 1 / med["auto"]["fps"]
     frames = extra / saved_per_frame if saved_per_frame > 0 else None
     frames_per_step = med["auto"]["fps"] / med["auto"]["sps"]
     payback = None if frames is None else frames / frames_per_step
-    print(f"valid mel frames/s, buckets / one shape: {ratio:.2f}x; compile {med['auto']['compile_s']:.0f} s vs "
-          f"{med['one']['compile_s']:.0f} s; extra compile paid back after "
-          f"{'never' if payback is None else f'{payback:.0f} steps'}", flush=True)
+    print(
+        f"valid mel frames/s, buckets / one shape: {ratio:.2f}x; compile {med['auto']['compile_s']:.0f} s vs "
+        f"{med['one']['compile_s']:.0f} s; extra compile paid back after "
+        f"{'never' if payback is None else f'{payback:.0f} steps'}",
+        flush=True,
+    )
     return {"runs": runs, "median": med, "ratio": ratio, "payback_steps": payback, "load_after": load_after}
 
 

@@ -11,6 +11,7 @@ throughput of both input pipelines (parse only, no step) against the rate the st
 
 Run: python -m benchmarks.train_input [--steps 120] [--rounds 2] [--config configs/train_tiny.yaml] [--alpha 0]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,9 @@ KINDS = ("real", "balanced", "synthetic")
 
 def train_run(shards: Path, model_dir: Path, config: Path, steps: int, synthetic: bool) -> dict:
     shutil.rmtree(model_dir, ignore_errors=True)
-    return melshards_train(shards, model_dir, config, "--steps", str(steps), *(["--synthetic-data"] if synthetic else []))
+    return melshards_train(
+        shards, model_dir, config, "--steps", str(steps), *(["--synthetic-data"] if synthetic else [])
+    )
 
 
 def two_speakers(work: Path) -> Path:
@@ -38,8 +41,9 @@ def two_speakers(work: Path) -> Path:
     out = work / "two-speakers"
     if not (out / "schema.json").exists():
         shutil.rmtree(out, ignore_errors=True)
-        relabel(demo_shards(str(work / "shards")), out, lambda i: int(i % 10 == 9), lambda i: 0,
-                ("big", "small"), ("en",))
+        relabel(
+            demo_shards(str(work / "shards")), out, lambda i: int(i % 10 == 9), lambda i: 0, ("big", "small"), ("en",)
+        )
     return out
 
 
@@ -86,8 +90,11 @@ def main(argv=None) -> dict:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     shards = two_speakers(work)
-    configs = {"real": Path(args.config), "synthetic": Path(args.config),
-               "balanced": balanced_config(args.config, args.alpha, work / "balanced.yaml")}
+    configs = {
+        "real": Path(args.config),
+        "synthetic": Path(args.config),
+        "balanced": balanced_config(args.config, args.alpha, work / "balanced.yaml"),
+    }
     counts = group_counts(read_schema(str(shards)), "speaker")
     reads = reads_per_kept(counts, accept_probs(counts, args.alpha))
     runs: dict[str, list[dict]] = {k: [] for k in KINDS}
@@ -96,18 +103,27 @@ def main(argv=None) -> dict:
             s = train_run(shards, work / f"model-{kind}", configs[kind], args.steps, kind == "synthetic")
             runs[kind].append(s)
             st = s["steady_state"]
-            print(f"round {r + 1} {kind:<9} {st['examples_per_second']:8.1f} examples/s  "
-                  f"{st['steps_per_second']:6.2f} steps/s  input wait {100 * st['input_wait_fraction']:.1f}%  "
-                  f"traces {s['train_step_traces']}  compile {s['compile_seconds']:.1f}s")
+            print(
+                f"round {r + 1} {kind:<9} {st['examples_per_second']:8.1f} examples/s  "
+                f"{st['steps_per_second']:6.2f} steps/s  input wait {100 * st['input_wait_fraction']:.1f}%  "
+                f"traces {s['train_step_traces']}  compile {s['compile_seconds']:.1f}s"
+            )
     ex = {k: [s["steady_state"]["examples_per_second"] for s in v] for k, v in runs.items()}
     ratios = {k: [a / b for a, b in zip(ex[k], ex["synthetic"])] for k in ("real", "balanced")}
     wait = {k: statistics.median(s["steady_state"]["input_wait_fraction"] for s in v) for k, v in runs.items()}
-    parse = {"real": parse_only_rate(shards, args.config, 200),
-             "balanced": parse_only_rate(shards, str(configs["balanced"]), 200)}
+    parse = {
+        "real": parse_only_rate(shards, args.config, 200),
+        "balanced": parse_only_rate(shards, str(configs["balanced"]), 200),
+    }
     consume = {k: statistics.median(ex[k]) for k in ("real", "balanced")}
     result = {
-        "benchmark": "train_input", "steps": args.steps, "rounds": args.rounds, "config": Path(args.config).name,
-        "speaker_clips": counts, "balance_alpha": args.alpha, "balanced_reads_per_record_used": round(reads, 2),
+        "benchmark": "train_input",
+        "steps": args.steps,
+        "rounds": args.rounds,
+        "config": Path(args.config).name,
+        "speaker_clips": counts,
+        "balance_alpha": args.alpha,
+        "balanced_reads_per_record_used": round(reads, 2),
         **{f"examples_per_s_{k}": round(statistics.median(ex[k]), 1) for k in KINDS},
         **{f"{k}_over_synthetic_median": round(statistics.median(v), 3) for k, v in ratios.items()},
         **{f"{k}_over_synthetic_per_round": [round(x, 3) for x in v] for k, v in ratios.items()},
@@ -116,11 +132,13 @@ def main(argv=None) -> dict:
         **{f"parse_headroom_{k}": round(parse[k] / consume[k], 1) for k in parse},
         "train_step_traces": sorted({s["train_step_traces"] for v in runs.values() for s in v}),
     }
-    print(f"examples/s over synthetic: real {result['real_over_synthetic_median']:.3f}, balanced "
-          f"{result['balanced_over_synthetic_median']:.3f} (goal >= 0.98); input wait real {100 * wait['real']:.1f}%, "
-          f"balanced {100 * wait['balanced']:.1f}%, synthetic {100 * wait['synthetic']:.1f}%; tf.data alone gives "
-          f"{parse['real']:.0f} records/s ({result['parse_headroom_real']}x what the step consumes), balanced "
-          f"{parse['balanced']:.0f} ({result['parse_headroom_balanced']}x, reading {reads:.1f} records per record used)")
+    print(
+        f"examples/s over synthetic: real {result['real_over_synthetic_median']:.3f}, balanced "
+        f"{result['balanced_over_synthetic_median']:.3f} (goal >= 0.98); input wait real {100 * wait['real']:.1f}%, "
+        f"balanced {100 * wait['balanced']:.1f}%, synthetic {100 * wait['synthetic']:.1f}%; tf.data alone gives "
+        f"{parse['real']:.0f} records/s ({result['parse_headroom_real']}x what the step consumes), balanced "
+        f"{parse['balanced']:.0f} ({result['parse_headroom_balanced']}x, reading {reads:.1f} records per record used)"
+    )
     emit(result)
     return result
 

@@ -21,6 +21,7 @@ setting that adds it. The model (Ren et al. 2021, shrunk):
 Every shape comes from the batch, so each length bucket traces once. Only the public API
 (`melshards.normalizer`) and Keras are used.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,6 +38,7 @@ from melshards.shards_schema.config import ConfigError, from_dict
 @dataclasses.dataclass(frozen=True)
 class Options:
     """The `model:` section of the config (unknown keys are errors)."""
+
     d_model: int = 64
     encoder_layers: int = 2
     decoder_layers: int = 2
@@ -72,8 +74,13 @@ class FastSpeech2(keras.Model):
         self.speaker_embed = keras.layers.Embedding(len(schema.speakers), d)
         self.language_embed = keras.layers.Embedding(len(schema.languages), d)
         # named attributes, not lists: a tf.train.Checkpoint sees every variable (see train/model.py attach)
-        for name, n in (("enc", opts.encoder_layers), ("dec", opts.decoder_layers), ("dur", opts.predictor_layers),
-                        ("f0", opts.predictor_layers), ("en", opts.predictor_layers)):
+        for name, n in (
+            ("enc", opts.encoder_layers),
+            ("dec", opts.decoder_layers),
+            ("dur", opts.predictor_layers),
+            ("f0", opts.predictor_layers),
+            ("en", opts.predictor_layers),
+        ):
             for i in range(n):
                 setattr(self, f"{name}_{i}", keras.layers.Dense(d, activation="relu"))
         self.enc_norm = keras.layers.LayerNormalization()
@@ -123,12 +130,15 @@ class FastSpeech2(keras.Model):
     def loss_counts(self, batch):
         frames_n = batch["mel"].shape[1]
         valid = tf.sequence_mask(batch["mel_len"], frames_n, dtype=tf.float32)
-        return {"mel_count": tf.reduce_sum(valid) * self.n_mels,
-                "frame_count": tf.reduce_sum(valid),
-                "voiced_count": tf.reduce_sum(valid * tf.cast(batch["pitch"] > 0, tf.float32)),
-                "phone_count": tf.reduce_sum(tf.sequence_mask(batch["text_len"], batch["text_ids"].shape[1],
-                                                              dtype=tf.float32)),
-                "examples": tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.float32))}
+        return {
+            "mel_count": tf.reduce_sum(valid) * self.n_mels,
+            "frame_count": tf.reduce_sum(valid),
+            "voiced_count": tf.reduce_sum(valid * tf.cast(batch["pitch"] > 0, tf.float32)),
+            "phone_count": tf.reduce_sum(
+                tf.sequence_mask(batch["text_len"], batch["text_ids"].shape[1], dtype=tf.float32)
+            ),
+            "examples": tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.float32)),
+        }
 
     def loss_terms(self, batch, seed, training):
         mel, log_dur, f0, en, target_f0, target_en = self(batch, training=training)
@@ -152,10 +162,18 @@ class FastSpeech2(keras.Model):
             return terms[total] / tf.maximum(terms[count], 1.0)
 
         o = self.opts
-        losses = {"mel_loss": mean("mel_abs", "mel_count"), "duration_loss": mean("duration_sq", "phone_count"),
-                  "pitch_loss": mean("pitch_sq", "voiced_count"), "energy_loss": mean("energy_sq", "frame_count")}
-        losses["loss"] = (losses["mel_loss"] + o.duration_loss_weight * losses["duration_loss"]
-                          + o.pitch_loss_weight * losses["pitch_loss"] + o.energy_loss_weight * losses["energy_loss"])
+        losses = {
+            "mel_loss": mean("mel_abs", "mel_count"),
+            "duration_loss": mean("duration_sq", "phone_count"),
+            "pitch_loss": mean("pitch_sq", "voiced_count"),
+            "energy_loss": mean("energy_sq", "frame_count"),
+        }
+        losses["loss"] = (
+            losses["mel_loss"]
+            + o.duration_loss_weight * losses["duration_loss"]
+            + o.pitch_loss_weight * losses["pitch_loss"]
+            + o.energy_loss_weight * losses["energy_loss"]
+        )
         return losses
 
     def generate(self, text_ids, text_len, speaker_id, language_id, frames_n: int | None = None):
@@ -187,10 +205,19 @@ def build(schema, options: dict) -> FastSpeech2:
     model.max_frames = schema.max_mel_frames
     one = np.ones([1], np.int32)
     frames = 8
-    model({"text_ids": tf.zeros([1, 4], tf.int32), "text_len": tf.constant(one), "speaker_id": tf.constant(0 * one),
-           "language_id": tf.constant(0 * one), "mel": tf.zeros([1, frames, schema.n_mels]),
-           "mel_len": tf.constant(one), "durations": tf.constant([[1, 0, 0, 0]]), "pitch": tf.zeros([1, frames]),
-           "energy": tf.zeros([1, frames])})  # build every variable
+    model(
+        {
+            "text_ids": tf.zeros([1, 4], tf.int32),
+            "text_len": tf.constant(one),
+            "speaker_id": tf.constant(0 * one),
+            "language_id": tf.constant(0 * one),
+            "mel": tf.zeros([1, frames, schema.n_mels]),
+            "mel_len": tf.constant(one),
+            "durations": tf.constant([[1, 0, 0, 0]]),
+            "pitch": tf.zeros([1, frames]),
+            "energy": tf.zeros([1, frames]),
+        }
+    )  # build every variable
     return model
 
 

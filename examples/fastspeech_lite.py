@@ -12,6 +12,7 @@ length and the frames depend on who speaks which language. Encoder and decoder a
 'same' convolutions over the characters and over the expanded frames; every shape is static.
 Only the public API (`melshards.normalizer`) and Keras are used.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,6 +29,7 @@ from melshards.train.model import same_conv
 @dataclasses.dataclass(frozen=True)
 class Options:
     """The `model:` section of the config (unknown keys are errors)."""
+
     d_model: int = 64
     encoder_layers: int = 2
     decoder_layers: int = 2
@@ -82,10 +84,14 @@ class FastSpeechLite(keras.Model):
         idx = uniform_alignment(text_len, mel_len, self.max_frames)  # [B, T]
         x = tf.gather(memory, idx, batch_dims=1)  # the length regulator: [B, T, d]
         t = tf.range(self.max_frames, dtype=tf.float32)[None, :]
-        where = t * tf.cast(tf.maximum(text_len, 1), tf.float32)[:, None] / tf.cast(tf.maximum(mel_len, 1),
-                                                                                     tf.float32)[:, None]
-        x = x + self.frame_pos(tf.stack([where - tf.floor(where), tf.broadcast_to(t / self.max_frames, tf.shape(where))],
-                                        -1))
+        where = (
+            t
+            * tf.cast(tf.maximum(text_len, 1), tf.float32)[:, None]
+            / tf.cast(tf.maximum(mel_len, 1), tf.float32)[:, None]
+        )
+        x = x + self.frame_pos(
+            tf.stack([where - tf.floor(where), tf.broadcast_to(t / self.max_frames, tf.shape(where))], -1)
+        )
         for i in range(self.opts.decoder_layers):
             x = x + conv(x, getattr(self, f"dec_{i}"), self.opts.kernel)
         return self.mel_head(x)  # normalised log-mel [B, T, n_mels]
@@ -97,13 +103,21 @@ class FastSpeechLite(keras.Model):
     # -- the contract ---------------------------------------------------------------------------
     def loss_counts(self, batch):
         frame_mask = tf.sequence_mask(batch["mel_len"], self.max_frames, dtype=tf.float32)
-        return {"mel_count": tf.reduce_sum(frame_mask) * self.n_mels,
-                "examples": tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.float32))}
+        return {
+            "mel_count": tf.reduce_sum(frame_mask) * self.n_mels,
+            "examples": tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.float32)),
+        }
 
     def loss_terms(self, batch, seed, training):
         target = self.norm(batch["mel"])
-        mel, log_frames = self(batch["text_ids"], batch["text_len"], batch["speaker_id"], batch["language_id"],
-                               batch["mel_len"], training=training)
+        mel, log_frames = self(
+            batch["text_ids"],
+            batch["text_len"],
+            batch["speaker_id"],
+            batch["language_id"],
+            batch["mel_len"],
+            training=training,
+        )
         frame_mask = tf.sequence_mask(batch["mel_len"], self.max_frames, dtype=tf.float32)[..., None]
         real = tf.cast(batch["mel_len"] > 0, tf.float32)
         length_err = log_frames - tf.math.log(tf.maximum(tf.cast(batch["mel_len"], tf.float32), 1.0))
@@ -132,6 +146,7 @@ def validate(schema, options: dict) -> None:
     for key in ("d_model", "kernel"):
         if getattr(opts, key) < 1:
             from melshards.shards_schema.config import ConfigError
+
             raise ConfigError(f"model.{key} is {getattr(opts, key)}; it must be at least 1")
 
 
@@ -140,8 +155,13 @@ def build(schema, options: dict) -> FastSpeechLite:
     validate(schema, options)
     model = FastSpeechLite(from_dict(Options, options, where="model"), schema)
     zeros = np.zeros([1], np.int32)
-    model(tf.zeros([1, schema.max_text_len], tf.int32), tf.constant(zeros + 1), tf.constant(zeros), tf.constant(zeros),
-          tf.constant(zeros + 1))  # build
+    model(
+        tf.zeros([1, schema.max_text_len], tf.int32),
+        tf.constant(zeros + 1),
+        tf.constant(zeros),
+        tf.constant(zeros),
+        tf.constant(zeros + 1),
+    )  # build
     return model
 
 

@@ -9,6 +9,7 @@ multi-resolution STFT magnitude L1 (linear and log magnitude, Yamamoto et al. 20
 samples. A loop to start from, not HiFi-GAN: no discriminators. The step is
 `tf.function(input_signature=..., jit_compile=True)` over the segments' static specs, so it traces once.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,10 +50,12 @@ def stft_loss(fake, real, weights):
     (the share of valid samples each STFT frame covers is approximated by its first sample's)."""
     total = 0.0
     for n_fft, hop in RESOLUTIONS:
-        def mag(x):
+
+        def mag(x, n_fft=n_fft, hop=hop):
             return tf.abs(tf.signal.stft(x, n_fft, hop, n_fft, pad_end=True)) + 1e-5
+
         f, r = mag(fake), mag(real)
-        w = weights[:, ::hop][:, :f.shape[1], None]
+        w = weights[:, ::hop][:, : f.shape[1], None]
         n = tf.maximum(tf.reduce_sum(w) * f.shape[2], 1.0)
         total += (tf.reduce_sum(tf.abs(f - r) * w) + tf.reduce_sum(tf.abs(tf.math.log(f) - tf.math.log(r)) * w)) / n
     return total / len(RESOLUTIONS)
@@ -68,6 +71,7 @@ def make_step(model: keras.Model, optimizer, spec: dict, normalise, hop_length: 
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply(grads, model.trainable_variables)
         return loss
+
     return step
 
 

@@ -3,6 +3,7 @@
 The public Python API (docs/api.md): `dataset`, `bucket_datasets`, `audio_segments`, `read_schema`,
 `normalizer` (melshards/api.py). They are loaded on first use, so `import melshards` does not import TensorFlow.
 """
+
 from __future__ import annotations
 
 __version__ = "0.1.0"

@@ -6,15 +6,16 @@ The datasets are the trainer's own chain (`melshards.train.input_pipeline.train_
 reads, record shuffle, one vectorised parse per batch, pure TF ops), after the trainer's checks
 (`melshards.shards_schema.shards`: globs, finished runs, one compatible schema for every directory).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from melshards.shards_schema import Schema, SchemaError
-from melshards.shards_schema.shards import (InputError, check_shard, check_sizes, expand_globs, listed_split,
-                                           schemas_for)
+from melshards.shards_schema.shards import InputError, check_shard, check_sizes, expand_globs, listed_split, schemas_for
 
 if TYPE_CHECKING:  # importing melshards must not import TensorFlow
     import tensorflow as tf
@@ -40,7 +41,7 @@ def read_schema(path_or_dir: str) -> Schema:
     return _read(str(path_or_dir))
 
 
-def normalizer(schema: Schema) -> "Normaliser":
+def normalizer(schema: Schema) -> Normaliser:
     """In-graph per-bin standardisation of log-mel with the corpus statistics of `schema`.
 
     `norm(mel)` -> (mel - mean) / std, `norm.invert(x)` -> x * std + mean; TF ops, usable inside
@@ -54,8 +55,10 @@ def normalizer(schema: Schema) -> "Normaliser":
     from melshards.train.step import Normaliser
 
     if not isinstance(schema, Schema):
-        raise TypeError(f"normalizer(schema): schema is {schema!r} ({type(schema).__name__}), not a Schema; "
-                        "pass melshards.read_schema(RUN_DIR)")
+        raise TypeError(
+            f"normalizer(schema): schema is {schema!r} ({type(schema).__name__}), not a Schema; "
+            "pass melshards.read_schema(RUN_DIR)"
+        )
     return Normaliser(schema, check_ids=True)
 
 
@@ -76,9 +79,11 @@ def _check_unlisted(path: str, schema: Schema) -> int:
     result, _ = check_shard(path, schema)
     if result.problems:
         bucket = schema.bucket_of_file(path)
-        raise InputError(f"{result.problems[0]} (schema.json does not list this file, so its records were checked "
-                         f"against bucket {bucket.index}, which its name gives); leave it out of the glob, or "
-                         "re-run `melshards preprocess` to write it into the run")
+        raise InputError(
+            f"{result.problems[0]} (schema.json does not list this file, so its records were checked "
+            f"against bucket {bucket.index}, which its name gives); leave it out of the glob, or "
+            "re-run `melshards preprocess` to write it into the run"
+        )
     return result.records
 
 
@@ -100,8 +105,10 @@ def _paths(patterns) -> list[str]:
         given = [patterns]
     bad = [p for p in given if not isinstance(p, (str, os.PathLike))]
     if bad:
-        raise TypeError(f"patterns holds {bad[0]!r} ({type(bad[0]).__name__}); pass shard globs as str or "
-                        "pathlib.Path, e.g. 'DIR/train-*.tfrecord'")
+        raise TypeError(
+            f"patterns holds {bad[0]!r} ({type(bad[0]).__name__}); pass shard globs as str or "
+            "pathlib.Path, e.g. 'DIR/train-*.tfrecord'"
+        )
     return [os.fspath(p) for p in given]
 
 
@@ -123,33 +130,52 @@ def _resolve(patterns, split: str | None, schema_path) -> _Files:
     if split is not None:  # each file by its own directory's schema.json (their contracts agree)
         files = [f for f in files if listed_split(by_file[f], f)[0] == split]
         if not files:
-            raise InputError(f"{' '.join(_paths(patterns))!r} matches no {split!r} shard; splits are named by the file prefix, "
-                             f"e.g. DIR/{split}-*.tfrecord")
+            raise InputError(
+                f"{' '.join(_paths(patterns))!r} matches no {split!r} shard; splits are named by the file prefix, "
+                f"e.g. DIR/{split}-*.tfrecord"
+            )
     by_bucket: dict[int, list[str]] = {}
     records: dict[int, int] = {}
     for f in files:
         own = by_file[f]
         bucket = own.bucket_of_file(f)
         if bucket is None:
-            raise InputError(f"{f}: schema.json does not list it and its name gives no bucket "
-                             "(split-bNN-SSSSS-of-CCCCC.tfrecord), so its shapes are unknown")
+            raise InputError(
+                f"{f}: schema.json does not list it and its name gives no bucket "
+                "(split-bNN-SSSSS-of-CCCCC.tfrecord), so its shapes are unknown"
+            )
         by_bucket.setdefault(bucket.index, []).append(f)
         listed = listed_split(own, f)[1]
-        records[bucket.index] = records.get(bucket.index, 0) + (listed if listed is not None
-                                                                else _check_unlisted(f, own))
+        records[bucket.index] = records.get(bucket.index, 0) + (
+            listed if listed is not None else _check_unlisted(f, own)
+        )
     return _Files(schema, by_bucket, records)
 
 
-def _bucket_dataset(files: list[str], shapes, batch_size: int, shuffle: bool, repeat: bool, seed: int,
-                    features: Sequence[str], shuffle_buffer: int, cycle_length: int,
-                    deterministic: bool, balance) -> "tf.data.Dataset":
+def _bucket_dataset(
+    files: list[str],
+    shapes,
+    batch_size: int,
+    shuffle: bool,
+    repeat: bool,
+    seed: int,
+    features: Sequence[str],
+    shuffle_buffer: int,
+    cycle_length: int,
+    deterministic: bool,
+    balance,
+) -> tf.data.Dataset:
     from melshards.train.config import DataConfig
     from melshards.train.input_pipeline import train_dataset
 
-    cfg = DataConfig(batch_size=batch_size, shuffle_buffer=shuffle_buffer, cycle_length=cycle_length,
-                     seed=seed, deterministic=deterministic)
-    return train_dataset(files, shapes, cfg, _features(features), None, shuffle=shuffle, repeat=repeat,
-                         balance=balance)
+    cfg = DataConfig(
+        batch_size=batch_size,
+        shuffle_buffer=shuffle_buffer,
+        cycle_length=cycle_length,
+        seed=seed,
+        deterministic=deterministic,
+    )
+    return train_dataset(files, shapes, cfg, _features(features), None, shuffle=shuffle, repeat=repeat, balance=balance)
 
 
 def _check_balance(balance: str, balance_alpha: float) -> None:
@@ -161,44 +187,116 @@ def _check_balance(balance: str, balance_alpha: float) -> None:
     if balance not in BALANCES:
         raise ValueError(f"balance is {balance!r}; pass one of {', '.join(BALANCES)}")
     if isinstance(balance_alpha, bool) or not isinstance(balance_alpha, numbers.Real) or not 0 <= balance_alpha <= 1:
-        raise ValueError(f"balance_alpha is {balance_alpha!r}; pass a number from 0 (every group equally often) "
-                         "to 1 (the corpus as it is)")
+        raise ValueError(
+            f"balance_alpha is {balance_alpha!r}; pass a number from 0 (every group equally often) "
+            "to 1 (the corpus as it is)"
+        )
 
 
-def bucket_datasets(patterns: str | Sequence[str], batch_size: int, *, split: str | None = None,
-                    shuffle: bool = True, repeat: bool = True, seed: int = 0,
-                    features: Sequence[str] = DEFAULT_FEATURES, shuffle_buffer: int = 64, cycle_length: int = 4,
-                    deterministic: bool = True, schema_path: str | None = None, balance: str = "none",
-                    balance_alpha: float = 0.0) -> dict[int, "tf.data.Dataset"]:
+def bucket_datasets(
+    patterns: str | Sequence[str],
+    batch_size: int,
+    *,
+    split: str | None = None,
+    shuffle: bool = True,
+    repeat: bool = True,
+    seed: int = 0,
+    features: Sequence[str] = DEFAULT_FEATURES,
+    shuffle_buffer: int = 64,
+    cycle_length: int = 4,
+    deterministic: bool = True,
+    schema_path: str | None = None,
+    balance: str = "none",
+    balance_alpha: float = 0.0,
+) -> dict[int, tf.data.Dataset]:
     """One dataset per length bucket: {bucket index: dataset of {feature: [batch_size, *bucket shape]}}.
 
     Every element of one bucket's dataset has the same static shapes (`element_spec` is fully
     defined), so a `tf.function` over it traces once. Arguments as for `dataset`.
     """
-    return _datasets(patterns, batch_size, split, shuffle, repeat, seed, features, shuffle_buffer, cycle_length,
-                     deterministic, schema_path, balance, balance_alpha)[2]
+    return _datasets(
+        patterns,
+        batch_size,
+        split,
+        shuffle,
+        repeat,
+        seed,
+        features,
+        shuffle_buffer,
+        cycle_length,
+        deterministic,
+        schema_path,
+        balance,
+        balance_alpha,
+    )[2]
 
 
-def _datasets(patterns, batch_size, split, shuffle, repeat, seed, features, shuffle_buffer, cycle_length,
-              deterministic, schema_path, balance, balance_alpha) -> tuple[_Files, object, dict[int, "tf.data.Dataset"]]:
-    for name, value, minimum in (("batch_size", batch_size, 1), ("seed", seed, None),
-                                 ("shuffle_buffer", shuffle_buffer, 1), ("cycle_length", cycle_length, 1)):
+def _datasets(
+    patterns,
+    batch_size,
+    split,
+    shuffle,
+    repeat,
+    seed,
+    features,
+    shuffle_buffer,
+    cycle_length,
+    deterministic,
+    schema_path,
+    balance,
+    balance_alpha,
+) -> tuple[_Files, object, dict[int, tf.data.Dataset]]:
+    for name, value, minimum in (
+        ("batch_size", batch_size, 1),
+        ("seed", seed, None),
+        ("shuffle_buffer", shuffle_buffer, 1),
+        ("cycle_length", cycle_length, 1),
+    ):
         _check_int(name, value, minimum)
     _check_balance(balance, balance_alpha)
     from melshards.train.balance import plan as balance_plan
 
     found = _resolve(patterns, split, schema_path)
     plan = balance_plan(found.schema, balance, float(balance_alpha))
-    return found, plan, {i: _bucket_dataset(files, found.schema.buckets[i], batch_size, shuffle, repeat, seed, features,
-                                      shuffle_buffer, cycle_length, deterministic, plan)
-                   for i, files in sorted(found.by_bucket.items())}
+    return (
+        found,
+        plan,
+        {
+            i: _bucket_dataset(
+                files,
+                found.schema.buckets[i],
+                batch_size,
+                shuffle,
+                repeat,
+                seed,
+                features,
+                shuffle_buffer,
+                cycle_length,
+                deterministic,
+                plan,
+            )
+            for i, files in sorted(found.by_bucket.items())
+        },
+    )
 
 
-def dataset(patterns: str | Sequence[str], batch_size: int, *, split: str | None = None, shuffle: bool = True,
-            repeat: bool = True, seed: int = 0, bucket: int | None = None,
-            features: Sequence[str] = DEFAULT_FEATURES, shuffle_buffer: int = 64, cycle_length: int = 4,
-            deterministic: bool = True, schema_path: str | None = None, balance: str = "none",
-            balance_alpha: float = 0.0) -> "tf.data.Dataset":
+def dataset(
+    patterns: str | Sequence[str],
+    batch_size: int,
+    *,
+    split: str | None = None,
+    shuffle: bool = True,
+    repeat: bool = True,
+    seed: int = 0,
+    bucket: int | None = None,
+    features: Sequence[str] = DEFAULT_FEATURES,
+    shuffle_buffer: int = 64,
+    cycle_length: int = 4,
+    deterministic: bool = True,
+    schema_path: str | None = None,
+    balance: str = "none",
+    balance_alpha: float = 0.0,
+) -> tf.data.Dataset:
     """The shards as a `tf.data.Dataset` of dict batches {feature: tensor}, as the trainer reads them.
 
     patterns: shard globs (str or os.PathLike, or a sequence of them), local or gs:// (e.g.
@@ -224,9 +322,21 @@ def dataset(patterns: str | Sequence[str], batch_size: int, *, split: str | None
     """
     import tensorflow as tf
 
-    found, plan, per_bucket = _datasets(patterns, batch_size, split, shuffle, repeat, seed, features,
-                                        shuffle_buffer, cycle_length, deterministic, schema_path, balance,
-                                        balance_alpha)
+    found, plan, per_bucket = _datasets(
+        patterns,
+        batch_size,
+        split,
+        shuffle,
+        repeat,
+        seed,
+        features,
+        shuffle_buffer,
+        cycle_length,
+        deterministic,
+        schema_path,
+        balance,
+        balance_alpha,
+    )
     if bucket is not None:
         if bucket not in per_bucket:
             raise InputError(f"bucket {bucket}: {patterns!r} holds shards of bucket(s) {sorted(per_bucket)} only")
@@ -236,20 +346,35 @@ def dataset(patterns: str | Sequence[str], batch_size: int, *, split: str | None
     # each bucket in proportion to the records it gives the stream: with `balance`, what its filter keeps
     drawn = bucket_weights({i: found.records[i] for i in per_bucket}, plan)
     if balance != "none":  # the shares the buckets as drawn give
-        log.info("%s", describe(found.schema, balance, float(balance_alpha),
-                                [drawn.get(b.index, 0.0) for b in found.schema.buckets]))
+        log.info(
+            "%s",
+            describe(
+                found.schema, balance, float(balance_alpha), [drawn.get(b.index, 0.0) for b in found.schema.buckets]
+            ),
+        )
     if len(per_bucket) == 1:
         return next(iter(per_bucket.values()))
     weights = [drawn[i] for i in per_bucket]
     total = sum(weights)
     return tf.data.Dataset.sample_from_datasets(
-        list(per_bucket.values()), weights=[w / total for w in weights], seed=seed, stop_on_empty_dataset=False)
+        list(per_bucket.values()), weights=[w / total for w in weights], seed=seed, stop_on_empty_dataset=False
+    )
 
 
-def audio_segments(patterns: str | Sequence[str], segment_frames: int, batch_size: int, *,
-                   split: str | None = None, seed: int = 0, shuffle: bool = True, repeat: bool = True,
-                   shuffle_buffer: int = 64, cycle_length: int = 4, deterministic: bool = True,
-                   schema_path: str | None = None) -> "tf.data.Dataset":
+def audio_segments(
+    patterns: str | Sequence[str],
+    segment_frames: int,
+    batch_size: int,
+    *,
+    split: str | None = None,
+    seed: int = 0,
+    shuffle: bool = True,
+    repeat: bool = True,
+    shuffle_buffer: int = 64,
+    cycle_length: int = 4,
+    deterministic: bool = True,
+    schema_path: str | None = None,
+) -> tf.data.Dataset:
     """Random fixed-length (audio, mel) segments of the shards, for vocoder training (docs/api.md,
     Vocoder segments). The shards must hold audio (`features.audio: true` in the preprocess config).
 
@@ -268,12 +393,22 @@ def audio_segments(patterns: str | Sequence[str], segment_frames: int, batch_siz
     from melshards.train.config import DataConfig
     from melshards.train.segments import segment_dataset
 
-    for name, value, minimum in (("segment_frames", segment_frames, 1), ("batch_size", batch_size, 1),
-                                 ("seed", seed, None), ("shuffle_buffer", shuffle_buffer, 1),
-                                 ("cycle_length", cycle_length, 1)):
+    for name, value, minimum in (
+        ("segment_frames", segment_frames, 1),
+        ("batch_size", batch_size, 1),
+        ("seed", seed, None),
+        ("shuffle_buffer", shuffle_buffer, 1),
+        ("cycle_length", cycle_length, 1),
+    ):
         _check_int(name, value, minimum)
     found = _resolve(patterns, split, schema_path)
-    cfg = DataConfig(batch_size=batch_size, shuffle_buffer=shuffle_buffer, cycle_length=cycle_length, seed=seed,
-                     deterministic=deterministic)
-    return segment_dataset(found.by_bucket, found.records, found.schema, segment_frames, batch_size, cfg,
-                           shuffle, repeat)
+    cfg = DataConfig(
+        batch_size=batch_size,
+        shuffle_buffer=shuffle_buffer,
+        cycle_length=cycle_length,
+        seed=seed,
+        deterministic=deterministic,
+    )
+    return segment_dataset(
+        found.by_bucket, found.records, found.schema, segment_frames, batch_size, cfg, shuffle, repeat
+    )

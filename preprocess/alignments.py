@@ -22,6 +22,7 @@ Durations from forced alignments).
 - **Mismatch.** A TextGrid whose end differs from the untrimmed audio's by more than the tolerance
   belongs to other audio (`alignment_mismatch`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,6 +43,7 @@ class AlignmentError(ValueError):
 class Alignment:
     """The phones tier, gaps filled as silence and silences merged: (start_s, end_s, label) covering
     [0, end_s] without holes."""
+
     phones: tuple[tuple[float, float, str], ...]
     end_s: float
 
@@ -97,21 +99,26 @@ def read_phones(data: bytes, where: str = "TextGrid") -> Alignment:
         raise AlignmentError(f"{where} is not a TextGrid praatio can read ({type(e).__name__}: {e})") from e
     missing = [name for name in TIERS if name not in tiers]
     if missing:
-        raise AlignmentError(f"{where} has no {' or '.join(repr(m) for m in missing)} tier (it has "
-                             f"{sorted(tiers)}); give the TextGrids Montreal Forced Aligner writes")
+        raise AlignmentError(
+            f"{where} has no {' or '.join(repr(m) for m in missing)} tier (it has "
+            f"{sorted(tiers)}); give the TextGrids Montreal Forced Aligner writes"
+        )
     if tiers["phones"].get("class") != "IntervalTier":
         raise AlignmentError(f"{where}: the phones tier is not an interval tier")
     entries = sorted((float(s), float(e), str(label)) for s, e, label in tiers["phones"]["entries"])
     phones = _filled(entries, end)
     if all(label == SIL for _, _, label in phones):
         labels = ", ".join(repr(label) for label in sorted({label for _, _, label in entries})) or "no interval"
-        raise AlignmentError(f"{where}: the phones tier holds only silence ({labels}): the aligner found no "
-                             "speech in this clip; re-run it, or leave the clip out")
+        raise AlignmentError(
+            f"{where}: the phones tier holds only silence ({labels}): the aligner found no "
+            "speech in this clip; re-run it, or leave the clip out"
+        )
     return Alignment(tuple(phones), end)
 
 
-def phone_durations(alignment: Alignment, trim_start: int, trimmed_samples: int, sample_rate: int,
-                    hop_length: int) -> tuple[tuple[str, ...], np.ndarray]:
+def phone_durations(
+    alignment: Alignment, trim_start: int, trimmed_samples: int, sample_rate: int, hop_length: int
+) -> tuple[tuple[str, ...], np.ndarray]:
     """(phones, mel frames per phone, int32) of the trimmed clip: durations sum to
     `1 + trimmed_samples // hop_length`, the mel's frame count (rule in the module docstring)."""
     frames = 1 + trimmed_samples // hop_length
@@ -134,5 +141,7 @@ def mismatch(alignment: Alignment, untrimmed_samples: int, sample_rate: int, tol
     audio_s = untrimmed_samples / sample_rate
     if abs(alignment.end_s - audio_s) * 1000 <= tolerance_ms:
         return None
-    return (f"the TextGrid ends at {alignment.end_s:.3f} s, the audio at {audio_s:.3f} s (tolerance "
-            f"{tolerance_ms:g} ms): it aligns other audio; re-run the aligner on this corpus")
+    return (
+        f"the TextGrid ends at {alignment.end_s:.3f} s, the audio at {audio_s:.3f} s (tolerance "
+        f"{tolerance_ms:g} ms): it aligns other audio; re-run the aligner on this corpus"
+    )

@@ -1,4 +1,5 @@
 """Audio decoding and the project's one log-mel implementation (librosa). Pure functions."""
+
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +16,6 @@ import numpy as np
 import soundfile as sf
 
 from melshards.preprocess.config import AudioConfig, MelConfig
-
 
 # The librosa modules whose numba gufuncs compile as they are imported (cache=True: to files beside them).
 LIBROSA_COMPILED = ("librosa.util.utils", "librosa.core.audio", "librosa.core.pitch")
@@ -122,7 +122,7 @@ def riff_data_shortfall(data: bytes) -> int:
         return 0
     pos = 12
     while pos + 8 <= len(data):
-        chunk, size = data[pos:pos + 4], struct.unpack("<I", data[pos + 4:pos + 8])[0]
+        chunk, size = data[pos : pos + 4], struct.unpack("<I", data[pos + 4 : pos + 8])[0]
         if chunk == b"data":
             return max(0, size - (len(data) - pos - 8)) if size != 0xFFFFFFFF else 0
         pos += 8 + size + (size & 1)
@@ -146,8 +146,10 @@ def mpeg_length_is_declared(data: bytes) -> bool:
         return False
     # The tag follows the side information: 9, 17 or 32 bytes after the 4-byte header (MPEG version,
     # channels); VBRI always sits 32 bytes in.
-    return (any(data[pos + off:pos + off + 4] in (b"Xing", b"Info") for off in (13, 21, 36))
-            or data[pos + 36:pos + 40] == b"VBRI")
+    return (
+        any(data[pos + off : pos + off + 4] in (b"Xing", b"Info") for off in (13, 21, 36))
+        or data[pos + 36 : pos + 40] == b"VBRI"
+    )
 
 
 def frame_count_is_exact(fmt: str, data: bytes) -> bool:
@@ -206,8 +208,9 @@ def nonsilent_span(y: np.ndarray, top_db: float) -> tuple[int, int]:
     also imports scikit-learn and scipy.stats (librosa.decompose): 0.2 s in every worker process.
     """
     librosa = load_librosa()
-    db = librosa.amplitude_to_db(librosa.feature.rms(y=y, frame_length=TRIM_FRAME, hop_length=TRIM_HOP)[0],
-                                 ref=np.max, top_db=None)
+    db = librosa.amplitude_to_db(
+        librosa.feature.rms(y=y, frame_length=TRIM_FRAME, hop_length=TRIM_HOP)[0], ref=np.max, top_db=None
+    )
     loud = np.flatnonzero(db > -top_db)
     if loud.size == 0:
         return 0, 0
@@ -230,13 +233,14 @@ def _mel_basis(sr: int, n_fft: int, n_mels: int, fmin: float, fmax: float) -> np
 def magnitude(y: np.ndarray, cfg: MelConfig) -> np.ndarray:
     """|STFT| of `y`, [1 + n_fft // 2, frames] (Hann window, centred frames: frame i is centred on
     sample i * hop_length). The one transform the mel and the energy are both made from."""
-    return np.abs(load_librosa().stft(y, n_fft=cfg.n_fft, hop_length=cfg.hop_length, win_length=cfg.win_length,
-                                      center=True))
+    return np.abs(
+        load_librosa().stft(y, n_fft=cfg.n_fft, hop_length=cfg.hop_length, win_length=cfg.win_length, center=True)
+    )
 
 
 def log_mel_of(mag: np.ndarray, sr: int, cfg: MelConfig) -> np.ndarray:
     """Log-mel [frames, n_mels] float32 of a `magnitude` spectrogram: log(max(mel, log_floor))."""
-    spec = mag ** cfg.power if cfg.power != 1.0 else mag
+    spec = mag**cfg.power if cfg.power != 1.0 else mag
     mel = _mel_basis(sr, cfg.n_fft, cfg.n_mels, cfg.fmin, cfg.fmax) @ spec
     return np.log(np.maximum(mel, cfg.log_floor)).T.astype(np.float32)
 

@@ -6,14 +6,22 @@ the exact DP in `melshards.shards_schema.buckets`. Validation records use the sa
 raised, when needed, to fit the longest validation clip. Each bucket's text length is the longest
 text among its clips (every split), rounded up (`melshards.shards_schema.buckets.text_bound`).
 """
+
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from melshards.preprocess.config import PadConfig
-from melshards.shards_schema.buckets import (BucketChoice, bucket_index, choose_buckets, fill_buckets, padding_by_k,
-                                             text_bound)
+from melshards.shards_schema.buckets import (
+    BucketChoice,
+    bucket_index,
+    choose_buckets,
+    fill_buckets,
+    padding_by_k,
+    text_bound,
+)
 from melshards.shards_schema.stats import round_up
 
 
@@ -28,8 +36,9 @@ def choose(train_hist: Mapping[int, int], longest: int, pad: PadConfig) -> dict[
         return None
     choice: BucketChoice | None = None
     if train_hist:
-        choice = choose_buckets(dict(train_hist), pad.buckets, pad.max_buckets, pad.target_padding, pad.multiple,
-                                pad.min_bucket_records)
+        choice = choose_buckets(
+            dict(train_hist), pad.buckets, pad.max_buckets, pad.target_padding, pad.multiple, pad.min_bucket_records
+        )
         bounds = list(choice.bounds)
     else:
         bounds = [round_up(longest, pad.multiple)]
@@ -49,10 +58,14 @@ def choose_from_summary(summary: dict, pad: PadConfig) -> dict:
     longest = max(after["mel_frames"], default=0)
     buckets = choose(dict(summary["train"]), longest, pad)
     text: dict[int, Counter] = {}
-    for (frames, text_len), n in (summary["text_by_frames"].items() if buckets else ()):
+    for (frames, text_len), n in summary["text_by_frames"].items() if buckets else ():
         text.setdefault(bucket_index(frames, buckets["bounds"]), Counter())[text_len] += n
-    return {"buckets": buckets, "text": {b: dict(h) for b, h in text.items()}, "after": after,
-            "train_hist": dict(summary["train"])}
+    return {
+        "buckets": buckets,
+        "text": {b: dict(h) for b, h in text.items()},
+        "after": after,
+        "train_hist": dict(summary["train"]),
+    }
 
 
 def bucket_of(clip: dict, buckets: dict) -> int:
@@ -74,8 +87,14 @@ def _padding(hist: Mapping[int, int], bound: int) -> tuple[int, int]:
     return sum(v * c for v, c in hist.items()), sum(hist.values()) * bound
 
 
-def bucket_stats(buckets: dict, kept_mel: Mapping[int, int], text_hists: Mapping[int, Mapping[int, int]],
-                 shards: list[dict], pad: PadConfig, train_hist: Mapping[int, int]) -> dict[str, Any]:
+def bucket_stats(
+    buckets: dict,
+    kept_mel: Mapping[int, int],
+    text_hists: Mapping[int, Mapping[int, int]],
+    shards: list[dict],
+    pad: PadConfig,
+    train_hist: Mapping[int, int],
+) -> dict[str, Any]:
     """stats.json "buckets": per bucket its shapes, records per split, shards and padding; overall
     padding; the bucket choice (`plan`) with its merges; the padding over K (`what_if`, from the
     training histogram)."""
@@ -89,15 +108,21 @@ def bucket_stats(buckets: dict, kept_mel: Mapping[int, int], text_hists: Mapping
         mv, mp = (mel_parts[i].valid_frames, mel_parts[i].padded_frames) if mel_parts else (0, 0)
         mel_vp = [mel_vp[0] + mv, mel_vp[1] + mp]
         text_vp = [text_vp[0] + tv, text_vp[1] + tp]
-        rows.append({
-            "index": i, "max_mel_frames": bound, "max_text_len": texts[i],
-            "records": {s: sum(x["records"] for x in mine if x["split"] == s) for s in ("train", "val")},
-            "shards": len(mine),
-            "mel_padding_fraction": _fraction(mv, mp), "text_padding_fraction": _fraction(tv, tp),
-        })
+        rows.append(
+            {
+                "index": i,
+                "max_mel_frames": bound,
+                "max_text_len": texts[i],
+                "records": {s: sum(x["records"] for x in mine if x["split"] == s) for s in ("train", "val")},
+                "shards": len(mine),
+                "mel_padding_fraction": _fraction(mv, mp),
+                "text_padding_fraction": _fraction(tv, tp),
+            }
+        )
     return {
         "buckets": rows,
-        "mel_padding_fraction": _fraction(*mel_vp), "text_padding_fraction": _fraction(*text_vp),
+        "mel_padding_fraction": _fraction(*mel_vp),
+        "text_padding_fraction": _fraction(*text_vp),
         "min_bucket_records": pad.min_bucket_records,
         "plan": buckets["plan"],
         "merges": buckets["plan"]["merges"] if buckets["plan"] else [],

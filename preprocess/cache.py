@@ -25,6 +25,7 @@ so a re-run computes only what changed (docs/preprocess.md, Feature cache).
   minute): `prune` removes no entries file while a live lease is there, and the writer, should a
   file it reads back be gone or damaged all the same, computes those clips again (`read_entry`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,14 +43,14 @@ import time
 import uuid
 import zipfile
 import zlib
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Sequence
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess import lock
+from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.lock import is_local_path
 from melshards.shards_schema.stats import Moments
 
@@ -67,8 +68,13 @@ class CacheDamaged(IOError):
 # The libraries that compute an entry, each by the distribution names it is installed under: they
 # decode (soundfile, and the libsndfile it loads), resample (soxr), take the STFT and the mel (librosa,
 # numpy, scipy); pitch also with WORLD (pyworld, installed as pyworld-prebuilt) or pyin (librosa, numba).
-FEATURE_LIBRARIES = {"numpy": ("numpy",), "scipy": ("scipy",), "librosa": ("librosa",), "soxr": ("soxr",),
-                     "soundfile": ("soundfile",)}
+FEATURE_LIBRARIES = {
+    "numpy": ("numpy",),
+    "scipy": ("scipy",),
+    "librosa": ("librosa",),
+    "soxr": ("soxr",),
+    "soundfile": ("soundfile",),
+}
 PITCH_LIBRARIES = {"pyworld": ("pyworld", "pyworld-prebuilt"), "numba": ("numba",)}
 
 
@@ -87,8 +93,10 @@ def library_versions(pitch: bool) -> dict[str, str | None]:
     import soundfile  # decodes every clip: the worker has imported it already
 
     libraries = {**FEATURE_LIBRARIES, **(PITCH_LIBRARIES if pitch else {})}
-    return {**{name: _installed_version(dists) for name, dists in libraries.items()},
-            "libsndfile": getattr(soundfile, "__libsndfile_version__", None)}
+    return {
+        **{name: _installed_version(dists) for name, dists in libraries.items()},
+        "libsndfile": getattr(soundfile, "__libsndfile_version__", None),
+    }
 
 
 def settings_key(cfg: PreprocessConfig) -> str:
@@ -96,8 +104,11 @@ def settings_key(cfg: PreprocessConfig) -> str:
     version and the versions of the libraries that compute them (`library_versions`), so an upgrade
     computes the clips again instead of mixing old and new features. Computed where the features are
     (a worker's libraries, not the launcher's)."""
-    parts = {"format": FORMAT, **{k: dataclasses.asdict(getattr(cfg, k)) for k in ("audio", "mel", "features", "pitch")},
-             "libraries": library_versions(bool(cfg.features.pitch))}
+    parts = {
+        "format": FORMAT,
+        **{k: dataclasses.asdict(getattr(cfg, k)) for k in ("audio", "mel", "features", "pitch")},
+        "libraries": library_versions(bool(cfg.features.pitch)),
+    }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -159,8 +170,9 @@ def check_writable(cache_dir: str) -> None:
             _write_atomic(probe, b"")
             FileSystems.delete([probe])
         except Exception as e:  # noqa: BLE001 (whatever the file system says, the run cannot use it)
-            raise lock.OutputError(f"--cache {cache_dir} cannot be written ({FileSystems.join(cache_dir, sub)}: "
-                                   f"{_reason(e)}); {fix}") from e
+            raise lock.OutputError(
+                f"--cache {cache_dir} cannot be written ({FileSystems.join(cache_dir, sub)}: {_reason(e)}); {fix}"
+            ) from e
 
 
 def _write_atomic(path: str, data: bytes) -> None:
@@ -185,9 +197,13 @@ def write_batch(cache_dir: str, entries: list[tuple[str, dict, dict, Moments]]) 
     base = FileSystems.join(cache_dir, ENTRIES, batch_name(keys))
     names = sorted(entries[0][2]) if entries else []
     if any(sorted(e[2]) != names for e in entries):
-        raise ValueError(f"the entries of one batch hold different features: {sorted({tuple(sorted(e[2])) for e in entries})}")
-    arrays = {"span": np.array([[e[1]["samples"], e[1]["start"], e[1]["length"]] for e in entries], np.int64).reshape(-1, 3),
-              "moments_n": np.array([e[3].n for e in entries], np.int64)}
+        raise ValueError(
+            f"the entries of one batch hold different features: {sorted({tuple(sorted(e[2])) for e in entries})}"
+        )
+    arrays = {
+        "span": np.array([[e[1]["samples"], e[1]["start"], e[1]["length"]] for e in entries], np.int64).reshape(-1, 3),
+        "moments_n": np.array([e[3].n for e in entries], np.int64),
+    }
     if entries:
         arrays["moments_mean"] = np.stack([e[3].mean for e in entries])
         arrays["moments_m2"] = np.stack([e[3].m2 for e in entries])
@@ -219,11 +235,11 @@ def npz_arrays(data: bytes) -> dict[str, np.ndarray]:
             if info.compress_type != zipfile.ZIP_STORED:
                 raise ValueError(f"{info.filename} is compressed")
             start = info.header_offset  # the member's local header: 30 bytes, its name, its extra field
-            if data[start:start + 4] != b"PK\x03\x04":
+            if data[start : start + 4] != b"PK\x03\x04":
                 raise ValueError(f"{info.filename}: no local header at {start}")
             name_len, extra_len = struct.unpack_from("<HH", data, start + 26)
             begin = start + 30 + name_len + extra_len
-            member = view[begin:begin + info.file_size]
+            member = view[begin : begin + info.file_size]
             if len(member) != info.file_size or zlib.crc32(member) != info.CRC:
                 raise ValueError(f"{info.filename}: its bytes do not match the zip's CRC-32")
             head = io.BytesIO(member[:_NPY_HEADER_BYTES].tobytes())
@@ -253,12 +269,18 @@ def read_batch(npz_path: str) -> dict[str, tuple[dict, dict, Moments]]:
                 batch[name] = batch[name].copy()
         spans, counts = batch["span"], batch["moments_n"]
         features = [n for n in ("mel", "pitch", "energy", "audio") if n in batch]
-        if len(spans) != len(keys) or len(counts) != len(keys) or any(
-                len(batch[f"{n}/offsets"]) != len(keys) + 1 or batch[f"{n}/offsets"][-1] != len(batch[n]) for n in features):
+        if (
+            len(spans) != len(keys)
+            or len(counts) != len(keys)
+            or any(
+                len(batch[f"{n}/offsets"]) != len(keys) + 1 or batch[f"{n}/offsets"][-1] != len(batch[n])
+                for n in features
+            )
+        ):
             raise CacheDamaged(f"{npz_path}: its arrays do not hold {len(keys)} clips")
         for i, key in enumerate(keys):
             samples, start, length = (int(x) for x in spans[i])
-            arrays = {n: batch[n][batch[f"{n}/offsets"][i]:batch[f"{n}/offsets"][i + 1]] for n in features}
+            arrays = {n: batch[n][batch[f"{n}/offsets"][i] : batch[f"{n}/offsets"][i + 1]] for n in features}
             moments = Moments(int(counts[i]), batch["moments_mean"][i], batch["moments_m2"][i])
             out[key] = ({"samples": samples, "start": start, "length": length}, arrays, moments)
     except CacheDamaged:
@@ -317,20 +339,22 @@ class CacheIndex:
     sorted) and each one's file, an index into `files` (an entries file per 32 clips or so). A dict of
     the key and path strings took about 320 bytes a clip, in every worker: 320 MB a million clips.
     Two keys sharing 128 bits (of a sha256) is not a concern at any corpus size."""
+
     hi: np.ndarray  # uint64, sorted
     lo: np.ndarray  # uint64, sorted within equal `hi`
     file: np.ndarray  # int32: files[file[i]] holds key i
     files: tuple[str, ...]
 
     @classmethod
-    def of(cls, parts: Iterable[tuple[str, np.ndarray]]) -> "CacheIndex":
+    def of(cls, parts: Iterable[tuple[str, np.ndarray]]) -> CacheIndex:
         """From (entries file, its keys' `_key_bits`) parts (`index_part`)."""
         parts = [p for p in parts if len(p[1])]
         bits = np.concatenate([p[1] for p in parts]) if parts else np.zeros((0, 2), np.uint64)
         file = np.repeat(np.arange(len(parts), dtype=np.int32), [len(p[1]) for p in parts])
         order = np.lexsort((bits[:, 1], bits[:, 0]))  # stable: of two files with a key, the first part's
-        return cls(bits[order, 0].astype(np.uint64), bits[order, 1].astype(np.uint64), file[order],
-                   tuple(p[0] for p in parts))
+        return cls(
+            bits[order, 0].astype(np.uint64), bits[order, 1].astype(np.uint64), file[order], tuple(p[0] for p in parts)
+        )
 
     def __len__(self) -> int:
         return len(self.hi)
@@ -340,7 +364,7 @@ class CacheIndex:
         if not key:
             return None
         try:
-            (hi, lo), = _key_bits([key])
+            ((hi, lo),) = _key_bits([key])
         except ValueError:
             return None
         i = int(np.searchsorted(self.hi, hi))
@@ -417,8 +441,13 @@ def info(cache_dir: str) -> CacheInfo:
     files = _entries_files(cache_dir)
     entries = sum(len(keys_in(m.path[:-4] + ".keys")) for m in files)
     used, kept, _ = _used_by_runs(cache_dir)
-    return CacheInfo(len(files), entries, sum(m.size_in_bytes for m in files), len(kept),
-                     sum(1 for m in files if m.path.rsplit("/", 1)[-1] not in used))
+    return CacheInfo(
+        len(files),
+        entries,
+        sum(m.size_in_bytes for m in files),
+        len(kept),
+        sum(1 for m in files if m.path.rsplit("/", 1)[-1] not in used),
+    )
 
 
 class Lease:
@@ -436,7 +465,7 @@ class Lease:
         self.info["heartbeat"] = time.time()
         _write_atomic(self.path, json.dumps(self.info, sort_keys=True).encode())
 
-    def start(self, every: float = lock.HEARTBEAT_S) -> "Lease":
+    def start(self, every: float = lock.HEARTBEAT_S) -> Lease:
         """Write the lease (an OSError if the cache cannot take it) and keep it fresh."""
         self._write()
         self.heartbeat.start(every)
@@ -468,8 +497,10 @@ def live_leases(cache_dir: str, now: float) -> tuple[list[dict], list[str]]:
         except FileNotFoundError:  # released since the listing
             continue
         except Exception:  # noqa: BLE001 (half a lease, or not ours: judged by its age alone)
-            holder = {"run_id": m.path.rsplit("/", 1)[-1][:-len(LEASE_SUFFIX)],
-                      "heartbeat": getattr(m, "last_updated_in_seconds", 0)}
+            holder = {
+                "run_id": m.path.rsplit("/", 1)[-1][: -len(LEASE_SUFFIX)],
+                "heartbeat": getattr(m, "last_updated_in_seconds", 0),
+            }
         if lock.is_stale(holder, now, here):
             stale.append(m.path)
         else:
@@ -497,9 +528,13 @@ def prune(cache_dir: str, unused_days: float, now: float) -> Pruned:
         FileSystems.delete(old + stale)
     if live:
         return Pruned(0, 0, live)
-    doomed = [m for m in _entries_files(cache_dir) if m.path.rsplit("/", 1)[-1] not in used
-              and getattr(m, "last_updated_in_seconds", 0) < cutoff
-              and len(m.path.rsplit("/", 1)[-1]) == 44]  # <40 hex digits>.npz: a name this module wrote
+    doomed = [
+        m
+        for m in _entries_files(cache_dir)
+        if m.path.rsplit("/", 1)[-1] not in used
+        and getattr(m, "last_updated_in_seconds", 0) < cutoff
+        and len(m.path.rsplit("/", 1)[-1]) == 44
+    ]  # <40 hex digits>.npz: a name this module wrote
     paths = [p for m in doomed for p in (m.path, m.path[:-4] + ".keys")]
     if paths:
         FileSystems.delete([p for p in paths if FileSystems.exists(p)])

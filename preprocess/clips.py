@@ -8,6 +8,7 @@ the clip a second time. `measure` is the lengths alone, for tools that need no m
 `filter_rejection` is the one filter rule: the buckets are chosen from the clips it keeps, and the
 writer drops the clips it rejects.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -35,7 +36,7 @@ def _read_bytes(path: str | None) -> bytes:
     try:
         with FileSystems.open(path) as f:
             return f.read()
-    except (OSError, IOError) as e:  # BeamIOError is an IOError
+    except OSError as e:  # BeamIOError is an IOError
         if not FileSystems.exists(path):
             raise ClipRejected("missing_audio", f"{path} does not exist") from e
         raise ClipRejected("unreadable_audio", f"{path}: {e}") from e
@@ -53,11 +54,13 @@ def load_decoded(path: str | None, cfg: PreprocessConfig) -> np.ndarray:
         raise ClipRejected("unreadable_audio", f"{path}: {e}") from e
     peak = audio.peak_dbfs(y)  # of the samples less their DC offset: a constant is not sound
     if peak == -np.inf:
-        raise ClipRejected("silent_audio", "no signal: every sample has the same value (digital silence or "
-                                           "a constant DC offset)")
+        raise ClipRejected(
+            "silent_audio", "no signal: every sample has the same value (digital silence or a constant DC offset)"
+        )
     if peak < cfg.audio.silence_peak_dbfs:
-        raise ClipRejected("silent_audio", f"peak {peak:.1f} dBFS (DC offset removed) < "
-                                           f"{cfg.audio.silence_peak_dbfs} dBFS")
+        raise ClipRejected(
+            "silent_audio", f"peak {peak:.1f} dBFS (DC offset removed) < {cfg.audio.silence_peak_dbfs} dBFS"
+        )
     return y
 
 
@@ -97,9 +100,14 @@ def prepare_texts(rows: list[dict], cfg: PreprocessConfig) -> list[str | ClipRej
 
 def _measured(row: dict, text: str, samples: int, cfg: PreprocessConfig) -> dict:
     # text_len counts symbols: the ids are given once the corpus's vocabulary is known (tables.py)
-    return dict(row, text=text, text_len=len(tokens(text, cfg.text_unit)), num_samples=int(samples),
-                mel_frames=audio.num_frames(samples, cfg.mel.hop_length),
-                duration_ms=int(round(1000 * samples / cfg.audio.sample_rate)))
+    return dict(
+        row,
+        text=text,
+        text_len=len(tokens(text, cfg.text_unit)),
+        num_samples=int(samples),
+        mel_frames=audio.num_frames(samples, cfg.mel.hop_length),
+        duration_ms=int(round(1000 * samples / cfg.audio.sample_rate)),
+    )
 
 
 def _text(row: dict, text: str | ClipRejected | None, cfg: PreprocessConfig) -> str:
@@ -121,8 +129,9 @@ def read_alignment(row: dict, cfg: PreprocessConfig) -> alignments.Alignment:
     clip_id, speaker = as_given(row)
     path = alignments.textgrid_path(cfg.alignments.dir, clip_id, speaker)
     if path is None:
-        raise ClipRejected("missing_alignment", f"no {clip_id}.TextGrid in {cfg.alignments.dir} (nor in its "
-                                                f"{speaker!r} folder)")
+        raise ClipRejected(
+            "missing_alignment", f"no {clip_id}.TextGrid in {cfg.alignments.dir} (nor in its {speaker!r} folder)"
+        )
     try:
         with FileSystems.open(path) as f:
             return alignments.read_phones(f.read(), path)
@@ -155,16 +164,22 @@ def analyse_audio(path: str | None, cfg: PreprocessConfig, arrays: bool = True) 
     return span, out
 
 
-def featurize(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = None,
-              arrays: bool = True) -> tuple[dict, dict]:
+def featurize(
+    row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = None, arrays: bool = True
+) -> tuple[dict, dict]:
     """Row -> (measured clip, its features): `analyse_audio`'s, plus `durations` [phones] int32 in a run
     with alignments, whose text is then the TextGrid's phones. `arrays=False`: the lengths alone."""
     clip, out, _ = featurize_span(row, cfg, text, arrays)
     return clip, out
 
 
-def featurize_span(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = None, arrays: bool = True,
-                   analysed: tuple[dict, dict] | None = None) -> tuple[dict, dict, dict]:
+def featurize_span(
+    row: dict,
+    cfg: PreprocessConfig,
+    text: str | ClipRejected | None = None,
+    arrays: bool = True,
+    analysed: tuple[dict, dict] | None = None,
+) -> tuple[dict, dict, dict]:
     """`featurize`, and the audio's span; `analysed`: the span and audio features already known (the
     feature cache's), so the audio is not decoded. The checks keep their order either way: the
     alignment, the text, then the audio."""
@@ -178,8 +193,9 @@ def featurize_span(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | 
         problem = alignments.mismatch(aligned, span["samples"], sr, cfg.alignments.tolerance_ms)
         if problem:
             raise ClipRejected("alignment_mismatch", problem)
-        phones, out["durations"] = alignments.phone_durations(aligned, span["start"], span["length"], sr,
-                                                              cfg.mel.hop_length)
+        phones, out["durations"] = alignments.phone_durations(
+            aligned, span["start"], span["length"], sr, cfg.mel.hop_length
+        )
         text = " ".join(phones)
     return _measured(row, text, span["length"], cfg), out, span
 
@@ -198,8 +214,10 @@ def filter_rejection(clip: dict, cutoffs: Cutoffs, tables: dict) -> dict | None:
     reason = cutoffs.reason(clip["text_len"], clip["mel_frames"], clip["duration_ms"], clip["language"])
     if reason is None:
         return None
-    detail = (f"text_len={clip['text_len']} mel_frames={clip['mel_frames']} duration_ms={clip['duration_ms']}; "
-              f"kept: duration_ms>={cutoffs.min_duration_ms}, "
-              f"{cutoffs.min_mel_frames}<=mel_frames<={cutoffs.max_mel_frames}, "
-              f"text_len<={cutoffs.text_limit(clip['language'])} ({clip['language']})")
+    detail = (
+        f"text_len={clip['text_len']} mel_frames={clip['mel_frames']} duration_ms={clip['duration_ms']}; "
+        f"kept: duration_ms>={cutoffs.min_duration_ms}, "
+        f"{cutoffs.min_mel_frames}<=mel_frames<={cutoffs.max_mel_frames}, "
+        f"text_len<={cutoffs.text_limit(clip['language'])} ({clip['language']})"
+    )
     return reject(clip["id"], reason, detail)

@@ -1,14 +1,15 @@
 """Preprocessing config: every default in one place. Loaded from configs/*.yaml; unknown keys are errors."""
+
 from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Annotated, Union
+from typing import Annotated
 
-from melshards.shards_schema.buckets import AUTO
 from pydantic import Field, PlainValidator, StrictBool, StrictFloat, StrictInt, StrictStr
 from pydantic_core import PydanticCustomError
 
+from melshards.shards_schema.buckets import AUTO
 from melshards.shards_schema.config import VALUE, ConfigError, check, field_bounds, load_yaml, one_of
 
 # Bounds are declared on the fields (pydantic checks them, with the types, in `validate`); floats must be finite.
@@ -21,7 +22,9 @@ class AudioConfig:
     sample_rate: Annotated[StrictInt, POSITIVE] = 22050
     trim_silence: StrictBool = True
     trim_top_db: Annotated[StrictFloat, POSITIVE] = 40.0  # librosa.effects.trim: below peak - top_db counts as silence
-    silence_peak_dbfs: Annotated[StrictFloat, Field(le=0)] = -50.0  # dBFS, 0 is full scale: a clip whose peak is below this is rejected as silent
+    silence_peak_dbfs: Annotated[
+        StrictFloat, Field(le=0)
+    ] = -50.0  # dBFS, 0 is full scale: a clip whose peak is below this is rejected as silent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +44,12 @@ class FilterConfig:
     min_duration_s: Annotated[StrictFloat, Field(ge=0)] = 0.5  # after trimming; shorter clips are rejected as too_short
     mel_frames_lower_percentile: Annotated[StrictFloat, PERCENTILE] = 0.5
     mel_frames_upper_percentile: Annotated[StrictFloat, PERCENTILE] = 99.0
-    text_len_upper_percentile: Annotated[StrictFloat, Field(gt=0, le=100)] = 99.0  # per language: a symbol means different things in each
-    min_speaker_clips: Annotated[StrictInt, Field(ge=1)] = 1  # a speaker with fewer measured clips is dropped (speaker_too_few_clips)
+    text_len_upper_percentile: Annotated[StrictFloat, Field(gt=0, le=100)] = (
+        99.0  # per language: a symbol means different things in each
+    )
+    min_speaker_clips: Annotated[StrictInt, Field(ge=1)] = (
+        1  # a speaker with fewer measured clips is dropped (speaker_too_few_clips)
+    )
 
 
 MAX_BUCKETS = 99  # shard names carry the bucket as two digits (bNN)
@@ -57,17 +64,26 @@ def _check_buckets(value):
     """pad.buckets, checked by `buckets_ok`."""
     if buckets_ok(value):
         return value
-    raise PydanticCustomError(VALUE, "must be an integer >= 1 and <= {high}, or {auto}",
-                              {"high": MAX_BUCKETS, "auto": repr(AUTO)})
+    raise PydanticCustomError(
+        VALUE, "must be an integer >= 1 and <= {high}, or {auto}", {"high": MAX_BUCKETS, "auto": repr(AUTO)}
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class PadConfig:
-    multiple: Annotated[StrictInt, Field(ge=1)] = 8  # padded lengths are rounded up to this (keeps reduction factors 1,2,4,8 exact)
+    multiple: Annotated[StrictInt, Field(ge=1)] = (
+        8  # padded lengths are rounded up to this (keeps reduction factors 1,2,4,8 exact)
+    )
     # Length buckets (docs/preprocess.md): K static shapes whose bounds minimise the padded mel frames.
-    buckets: Annotated[Union[int, str], PlainValidator(_check_buckets)] = AUTO  # K >= 1, or "auto": the fewest <= max_buckets reaching target_padding
-    max_buckets: Annotated[StrictInt, Field(ge=1, le=MAX_BUCKETS)] = 8  # auto never uses more (each bucket is one compiled shape in the trainer)
-    target_padding: Annotated[StrictFloat, Field(ge=0, lt=1)] = 0.10  # auto stops adding buckets once mel padding is at most this share
+    buckets: Annotated[int | str, PlainValidator(_check_buckets)] = (
+        AUTO  # K >= 1, or "auto": the fewest <= max_buckets reaching target_padding
+    )
+    max_buckets: Annotated[StrictInt, Field(ge=1, le=MAX_BUCKETS)] = (
+        8  # auto never uses more (each bucket is one compiled shape in the trainer)
+    )
+    target_padding: Annotated[StrictFloat, Field(ge=0, lt=1)] = (
+        0.10  # auto stops adding buckets once mel padding is at most this share
+    )
     # Set to your training batch size: the trainer drops incomplete batches, so a bucket with fewer
     # training records would never be trained on. Smaller buckets are merged (stats.json says which).
     min_bucket_records: Annotated[StrictInt, Field(ge=1)] = 32
@@ -89,13 +105,16 @@ FRONTEND_NAMES = ("characters", "phonemes", "english")
 class TextConfig:
     """The text front end of each language (docs/preprocess.md): `languages` maps a code (`en`, `zh-CN`)
     or its primary subtag (`zh`) to a front end; every other language gets `default`."""
+
     default: Annotated[StrictStr, one_of(*FRONTEND_NAMES)] = "characters"
     languages: dict[StrictStr, Annotated[StrictStr, one_of(*FRONTEND_NAMES)]] = dataclasses.field(
-        default_factory=lambda: {"en": "english"})
+        default_factory=lambda: {"en": "english"}
+    )
 
     def frontend_for(self, language: str) -> str:
         """The front end's name for a language code: the code itself, then its primary subtag, then
         default; codes compared as BCP 47 compares them (case, and `_` for `-`, ignored)."""
+
         def fold(code: str) -> str:
             return code.strip().replace("_", "-").lower()
 
@@ -110,6 +129,7 @@ class TextConfig:
 class FeaturesConfig:
     """What a record holds besides text and log-mel (docs/preprocess.md, Features). Each is computed in the
     one pass, from the one decode, on the mel's frames."""
+
     pitch: StrictBool = False  # f0 in Hz per mel frame, 0 where unvoiced (`pitch:` chooses the tracker and range)
     energy: StrictBool = False  # per mel frame: the L2 norm of the magnitude STFT frame the mel is made from
     audio: StrictBool = False  # the trimmed waveform, int16, sample i * mel.hop_length at the centre of mel frame i
@@ -120,7 +140,9 @@ PITCH_TRACKERS = ("dio", "pyin")
 
 @dataclasses.dataclass(frozen=True)
 class PitchConfig:
-    tracker: Annotated[StrictStr, one_of(*PITCH_TRACKERS)] = "dio"  # WORLD dio + stonemask; pyin: librosa (docs/performance.md compares them)
+    tracker: Annotated[StrictStr, one_of(*PITCH_TRACKERS)] = (
+        "dio"  # WORLD dio + stonemask; pyin: librosa (docs/performance.md compares them)
+    )
     fmin: Annotated[StrictFloat, POSITIVE] = 65.0  # Hz: the lowest f0 searched for
     fmax: Annotated[StrictFloat, POSITIVE] = 800.0  # Hz: the highest
 
@@ -128,13 +150,18 @@ class PitchConfig:
 @dataclasses.dataclass(frozen=True)
 class AlignmentsConfig:
     """Phone durations from Montreal Forced Aligner TextGrids (`--alignments DIR`, or `dir` here)."""
-    dir: Union[StrictStr, None] = None  # local or gs://: DIR/ID.TextGrid or DIR/SPEAKER/ID.TextGrid; text_ids become phones
-    tolerance_ms: Annotated[StrictFloat, Field(ge=0)] = 20.0  # a TextGrid whose end differs from the audio's by more is alignment_mismatch
+
+    dir: StrictStr | None = None  # local or gs://: DIR/ID.TextGrid or DIR/SPEAKER/ID.TextGrid; text_ids become phones
+    tolerance_ms: Annotated[StrictFloat, Field(ge=0)] = (
+        20.0  # a TextGrid whose end differs from the audio's by more is alignment_mismatch
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class WriteConfig:
-    target_shard_mb: Annotated[StrictFloat, POSITIVE] = 150.0  # shards hold about this many MB (100-200 MB reads well from GCS)
+    target_shard_mb: Annotated[StrictFloat, POSITIVE] = (
+        150.0  # shards hold about this many MB (100-200 MB reads well from GCS)
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,10 +191,18 @@ class PreprocessConfig:
     def optional_features(self) -> tuple[str, ...]:
         """The optional record features (`melshards.shards_schema.schema.OPTIONAL_FEATURES`) this config adds."""
         f = self.features
-        return tuple(name for name, on in (("pitch", f.pitch), ("energy", f.energy), ("audio", f.audio),
-                                           ("durations", self.alignments.dir is not None)) if on)
+        return tuple(
+            name
+            for name, on in (
+                ("pitch", f.pitch),
+                ("energy", f.energy),
+                ("audio", f.audio),
+                ("durations", self.alignments.dir is not None),
+            )
+            if on
+        )
 
-    def validate(self) -> "PreprocessConfig":
+    def validate(self) -> PreprocessConfig:
         """Check every field against its declared type and bounds (pydantic), then the relations between
         fields. Relations are checked only when every field is valid, so a bad value is reported as
         itself (a negative sample rate, not an fmax above Nyquist).
@@ -186,11 +221,14 @@ class PreprocessConfig:
         if m.fmin >= m.fmax:
             problems.append(f"mel.fmin {m.fmin} must be below mel.fmax {m.fmax}")
         if m.fmax > self.audio.sample_rate / 2:
-            problems.append(f"mel.fmax {m.fmax} is above Nyquist ({self.audio.sample_rate / 2}, half of "
-                            "audio.sample_rate)")
+            problems.append(
+                f"mel.fmax {m.fmax} is above Nyquist ({self.audio.sample_rate / 2}, half of audio.sample_rate)"
+            )
         if f.mel_frames_lower_percentile >= f.mel_frames_upper_percentile:
-            problems.append(f"filter.mel_frames_lower_percentile {f.mel_frames_lower_percentile} must be below "
-                            f"filter.mel_frames_upper_percentile {f.mel_frames_upper_percentile}")
+            problems.append(
+                f"filter.mel_frames_lower_percentile {f.mel_frames_lower_percentile} must be below "
+                f"filter.mel_frames_upper_percentile {f.mel_frames_upper_percentile}"
+            )
         if self.pitch.fmin >= self.pitch.fmax:
             problems.append(f"pitch.fmin {self.pitch.fmin} must be below pitch.fmax {self.pitch.fmax}")
         if self.pitch.fmax > self.audio.sample_rate / 2:
@@ -207,11 +245,12 @@ def _numeric_fields(cls, prefix: str = ""):
 
 
 # The bounds of every numeric field as declared on it (a test checks none is missing): for the docs.
-RANGES: dict[str, str] = {key: b for key in _numeric_fields(PreprocessConfig)
-                          if (b := field_bounds(PreprocessConfig, key.split(".")))}
+RANGES: dict[str, str] = {
+    key: b for key in _numeric_fields(PreprocessConfig) if (b := field_bounds(PreprocessConfig, key.split(".")))
+}
 
 
-def parse_buckets(value: str) -> Union[int, str]:
+def parse_buckets(value: str) -> int | str:
     """`--buckets K|auto` -> the pad.buckets value; ConfigError naming --buckets (not the config file,
     which does not hold it) for a value `buckets_ok` refuses."""
     try:
@@ -219,8 +258,10 @@ def parse_buckets(value: str) -> Union[int, str]:
     except ValueError:
         k = None
     if not buckets_ok(k):
-        raise ConfigError(f"--buckets must be an integer >= 1 or {AUTO!r}, at most {MAX_BUCKETS} (shard names hold "
-                          f"the bucket in two digits), got {value!r}")
+        raise ConfigError(
+            f"--buckets must be an integer >= 1 or {AUTO!r}, at most {MAX_BUCKETS} (shard names hold "
+            f"the bucket in two digits), got {value!r}"
+        )
     return k
 
 

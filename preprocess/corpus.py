@@ -8,13 +8,14 @@ LJSpeech's audio files, the rows until every input is read and the shared labels
 in a sqlite file on the reading worker's local disk (`spill`), not in its memory. `ReadCorpus` is
 the Beam wrapper around them.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import itertools
 import os
 import tempfile
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import apache_beam as beam
 
@@ -25,8 +26,18 @@ from melshards.preprocess.spill import Spill
 from melshards.preprocess.stash import stash_rows
 
 # What the rest of the job takes from here: the read stage, and the corpus it is given.
-__all__ = ["INPUTS", "INPUT_ROWS", "REJECTED", "Corpus", "CorpusError", "ReadCorpus", "batch_rows",
-           "check_distinct_inputs", "check_rows_file", "detect_corpus"]
+__all__ = [
+    "INPUTS",
+    "INPUT_ROWS",
+    "REJECTED",
+    "Corpus",
+    "CorpusError",
+    "ReadCorpus",
+    "batch_rows",
+    "check_distinct_inputs",
+    "check_rows_file",
+    "detect_corpus",
+]
 
 REJECTED = "rejected"
 INPUT_ROWS = "input_rows"
@@ -57,14 +68,22 @@ def named(corpora: Sequence[Corpus]) -> tuple[Corpus, ...]:
     return tuple(dataclasses.replace(c, name=n) for c, n in zip(corpora, names))
 
 
-def input_summary(corpus: Corpus, rows: int, prefixed_speakers: int, prefixed_ids: int,
-                  folded: dict | None = None) -> dict:
+def input_summary(
+    corpus: Corpus, rows: int, prefixed_speakers: int, prefixed_ids: int, folded: dict | None = None
+) -> dict:
     """One input as stats.json's `inputs` lists it; `language_codes_folded` (only where some were):
     each language code as written in it -> the code the run names that language by
     (`rows.complete_rows`), where they differ."""
-    return {"input": corpus.input or corpus.root, "name": corpus.name, "format": corpus.kind, "rows": rows,
-            "language": corpus.language, "prefixed_speakers": prefixed_speakers, "prefixed_ids": prefixed_ids,
-            **({"language_codes_folded": dict(sorted(folded.items()))} if folded else {})}
+    return {
+        "input": corpus.input or corpus.root,
+        "name": corpus.name,
+        "format": corpus.kind,
+        "rows": rows,
+        "language": corpus.language,
+        "prefixed_speakers": prefixed_speakers,
+        "prefixed_ids": prefixed_ids,
+        **({"language_codes_folded": dict(sorted(folded.items()))} if folded else {}),
+    }
 
 
 class _ReadRows(beam.DoFn):
@@ -77,16 +96,24 @@ class _ReadRows(beam.DoFn):
         self.corpora, self.stash_dir = corpora, stash_dir
 
     def process(self, _):
-        with tempfile.TemporaryDirectory(prefix="melshards-read-") as tmp, \
-                Spill(os.path.join(tmp, "rows.sqlite")) as spill:
+        with (
+            tempfile.TemporaryDirectory(prefix="melshards-read-") as tmp,
+            Spill(os.path.join(tmp, "rows.sqlite")) as spill,
+        ):
             folded = [{} for _ in self.corpora]
             merged = MergedInputs([(c.name, input_items(c, spill, f)) for c, f in zip(self.corpora, folded)], spill)
             total = sum(merged.input_rows)
             beam.metrics.Metrics.counter(NS, "input_rows").inc(total)
             yield beam.pvalue.TaggedOutput(INPUT_ROWS, total)
-            yield beam.pvalue.TaggedOutput(INPUTS, [
-                input_summary(c, *counts) for c, *counts in zip(
-                    self.corpora, merged.input_rows, merged.prefixed_speakers, merged.prefixed_ids, folded)])
+            yield beam.pvalue.TaggedOutput(
+                INPUTS,
+                [
+                    input_summary(c, *counts)
+                    for c, *counts in zip(
+                        self.corpora, merged.input_rows, merged.prefixed_speakers, merged.prefixed_ids, folded
+                    )
+                ],
+            )
             for item in merged.rejections():
                 beam.metrics.Metrics.counter(NS, item["reason"]).inc()
                 yield beam.pvalue.TaggedOutput(REJECTED, item)
@@ -112,9 +139,13 @@ class ReadCorpus(beam.PTransform):
         self.stash_dir = stash_dir
 
     def expand(self, pbegin):
-        read = (pbegin
-                | "Once" >> beam.Create([None])
-                | "ReadRows" >> beam.ParDo(_ReadRows(self.corpora, self.stash_dir)).with_outputs(
-                    REJECTED, INPUT_ROWS, INPUTS, main="rows"))
+        read = (
+            pbegin
+            | "Once" >> beam.Create([None])
+            | "ReadRows"
+            >> beam.ParDo(_ReadRows(self.corpora, self.stash_dir)).with_outputs(
+                REJECTED, INPUT_ROWS, INPUTS, main="rows"
+            )
+        )
         spread = read.rows | "Spread" >> beam.Reshuffle()
         return {"batches": spread, REJECTED: read[REJECTED], INPUT_ROWS: read[INPUT_ROWS], INPUTS: read[INPUTS]}

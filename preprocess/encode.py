@@ -1,5 +1,6 @@
 """Stage 6, a kept clip padded to its bucket's shapes and encoded as one record (the contract's
 `melshards.shards_schema.records.encode_example`); `pipeline.FilterAndWrite` writes the bytes."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,8 +18,8 @@ def pad_to(x: np.ndarray, length: int, value) -> np.ndarray:
     if len(x) > length:
         raise ValueError(f"cannot pad {len(x)} to {length}: the filter should have dropped this clip")
     out = np.empty((length,) + x.shape[1:], x.dtype)  # what np.pad gives, without its per-call setup
-    out[:len(x)] = x
-    out[len(x):] = value
+    out[: len(x)] = x
+    out[len(x) :] = value
     return out
 
 
@@ -28,8 +29,15 @@ def text_ids(text: str, vocab: Vocabulary) -> np.ndarray:
     return np.asarray(vocab_text_ids(text, vocab), np.int32)
 
 
-def encode_clip(clip: dict, arrays: dict, buckets: dict, text_hists: dict, corpus_tables: dict,
-                vocab: Vocabulary, cfg: PreprocessConfig) -> tuple[str, int, bytes]:
+def encode_clip(
+    clip: dict,
+    arrays: dict,
+    buckets: dict,
+    text_hists: dict,
+    corpus_tables: dict,
+    vocab: Vocabulary,
+    cfg: PreprocessConfig,
+) -> tuple[str, int, bytes]:
     """Clip and its unpadded features (`clips.featurize`'s arrays: mel, and pitch, energy, audio,
     durations as the run computes them) -> (split, bucket, Example bytes) padded to its bucket's shapes;
     the speaker and language ids from `corpus_tables` (`melshards.preprocess.tables`).
@@ -42,9 +50,12 @@ def encode_clip(clip: dict, arrays: dict, buckets: dict, text_hists: dict, corpu
     features = Schema.feature_table(text_len, mel_frames, cfg.mel.n_mels, cfg.optional_features, hop)
     mel = arrays["mel"]
     values = {
-        "id": clip["id"], "speaker": clip["speaker"], "text": clip["text"],
+        "id": clip["id"],
+        "speaker": clip["speaker"],
+        "text": clip["text"],
         "speaker_id": corpus_tables["speakers"][clip["speaker"]]["id"],
-        "language": clip["language"], "language_id": corpus_tables["languages"][clip["language"]]["id"],
+        "language": clip["language"],
+        "language_id": corpus_tables["languages"][clip["language"]]["id"],
         "text_ids": pad_to(text_ids(clip["text"], vocab), text_len, 0),
         "text_len": clip["text_len"],
         "mel": pad_to(mel, mel_frames, mel_params(cfg.mel).pad_value),

@@ -12,6 +12,7 @@ writer (`pipeline.FilterAndWrite`) sums one batch's share, a CombineFn merges th
   in float64, in any order. Pitch percentiles come from a histogram of f0 rounded to the nearest Hz:
   exact on those values, and its size is the number of distinct Hz, not of frames.
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -93,11 +94,14 @@ def finish(acc: dict, features: tuple[str, ...]) -> dict:
     `features` (of STAT_FEATURES) the run computes."""
     features = tuple(f for f in STAT_FEATURES if f in features)
     names = {kind: sorted({key[1] for key in acc if key[0] == kind}) for kind in ("speaker", "language")}
-    out = {"global": _record(acc.get(("global", "", "train"), {}), features),
-           "speakers": {n: _record(_of_group(acc, "speaker", n), features) for n in names["speaker"]},
-           "languages": {n: _record(_of_group(acc, "language", n), features) for n in names["language"]},
-           "pitch_percentiles": {}}
+    out = {
+        "global": _record(acc.get(("global", "", "train"), {}), features),
+        "speakers": {n: _record(_of_group(acc, "speaker", n), features) for n in names["speaker"]},
+        "languages": {n: _record(_of_group(acc, "language", n), features) for n in names["language"]},
+        "pitch_percentiles": {},
+    }
     if "pitch" in features:
-        out["pitch_percentiles"] = {n: summarize(_of_group(acc, "speaker", n).get("pitch_hz", {}))
-                                    for n in names["speaker"]}
+        out["pitch_percentiles"] = {
+            n: summarize(_of_group(acc, "speaker", n).get("pitch_hz", {})) for n in names["speaker"]
+        }
     return out

@@ -5,6 +5,7 @@ mel's frames and the waveform as int16 aligned to them. Energy comes from the me
 Frame i of every feature is the mel's frame i: centred on sample i * hop_length of the trimmed clip
 (librosa's `center=True`), `audio.num_frames(len(y), hop)` frames in all.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -41,8 +42,9 @@ def pitch_dio(y: np.ndarray, sr: int, hop_length: int, frames: int, cfg: PitchCo
 
     x = np.ascontiguousarray(y, np.float64)
     period = 1000.0 * hop_length / sr
-    f0, times = pyworld.dio(x, sr, f0_floor=cfg.fmin, f0_ceil=cfg.fmax, frame_period=period,
-                            speed=dio_speed(sr, cfg.fmax))
+    f0, times = pyworld.dio(
+        x, sr, f0_floor=cfg.fmin, f0_ceil=cfg.fmax, frame_period=period, speed=dio_speed(sr, cfg.fmax)
+    )
     rate = refine_rate(sr, cfg.fmax)
     if rate < sr:
         x = np.ascontiguousarray(load_librosa().resample(y, orig_sr=sr, target_sr=rate, res_type="soxr_lq"), np.float64)
@@ -55,8 +57,9 @@ def pitch_pyin(y: np.ndarray, sr: int, hop_length: int, frames: int, cfg: PitchC
     enough for two periods of fmin."""
     frame_length = max(2048 * sr // 22050, int(np.ceil(2 * sr / cfg.fmin)) + 2)
     frame_length = 1 << int(np.ceil(np.log2(frame_length)))
-    f0, voiced, _ = load_librosa().pyin(y, fmin=cfg.fmin, fmax=cfg.fmax, sr=sr, frame_length=frame_length,
-                                 hop_length=hop_length, center=True)
+    f0, voiced, _ = load_librosa().pyin(
+        y, fmin=cfg.fmin, fmax=cfg.fmax, sr=sr, frame_length=frame_length, hop_length=hop_length, center=True
+    )
     return fit_frames(np.where(voiced & np.isfinite(f0), f0, 0.0), frames)
 
 

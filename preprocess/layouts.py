@@ -8,13 +8,13 @@ calls these; docs/corpora.md describes each layout.
 - LibriTTS / LibriTTS-R: `[SUBSET/]SPEAKER/CHAPTER/UTT.wav` + `UTT.normalized.txt`, `SPEAKERS.txt`.
 - Manifests and Common Voice TSVs: `melshards.preprocess.manifests`.
 """
+
 from __future__ import annotations
 
 import posixpath
-from typing import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 
-from melshards.preprocess.rows import (bare_lines, gender_code, is_rejection, reject, row, split_malformed,
-                                       unique_ids)
+from melshards.preprocess.rows import bare_lines, gender_code, is_rejection, reject, row, split_malformed, unique_ids
 
 FORMATS = ("ljspeech", "manifest", "vctk", "libritts", "commonvoice")  # --format; sources.LAYOUTS reads each
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3")
@@ -41,8 +41,10 @@ def parse_ljspeech_line(line: str, index: int) -> dict:
     if len(fields) < 2 or not fields[0].strip():
         raise ValueError(f"line {index + 1}: expected id|text|normalized_text, got {line.strip()[:80]!r}")
     if len(fields) > LJSPEECH_FIELDS:  # a "|" inside the text: no way to tell which part is the transcript
-        raise ValueError(f"line {index + 1}: {len(fields)} |-separated fields, expected at most "
-                         f"{LJSPEECH_FIELDS} (id|text|normalized_text); a '|' in the text? {line.strip()[:80]!r}")
+        raise ValueError(
+            f"line {index + 1}: {len(fields)} |-separated fields, expected at most "
+            f"{LJSPEECH_FIELDS} (id|text|normalized_text); a '|' in the text? {line.strip()[:80]!r}"
+        )
     text = fields[2] if len(fields) > 2 and fields[2].strip() else fields[1]
     return row(fields[0].strip(), text, None, index)
 
@@ -71,8 +73,9 @@ def attach_audio(items: Iterable[dict], files: Mapping[str, list[str]]) -> Itera
             continue
         found = files.get(r["id"], [])
         if len(found) > 1:
-            yield reject(r["id"], "ambiguous_audio",
-                         f"{len(found)} audio files for this id: {', '.join(found)}; keep one")
+            yield reject(
+                r["id"], "ambiguous_audio", f"{len(found)} audio files for this id: {', '.join(found)}; keep one"
+            )
         else:
             yield dict(r, audio=found[0] if found else None)
 
@@ -85,8 +88,9 @@ def _parsed_ljspeech(lines: Iterable[str]) -> Iterator[tuple[int, dict | Excepti
             yield i, e
 
 
-def ljspeech_rows(lines: Iterable[str], files: Mapping[str, list[str]], first: MutableMapping[str, int]
-                  ) -> Iterator[dict]:
+def ljspeech_rows(
+    lines: Iterable[str], files: Mapping[str, list[str]], first: MutableMapping[str, int]
+) -> Iterator[dict]:
     """metadata.csv's lines and its audio files by id (`audio_files` of the listing of `wavs/`, each
     id's files by rank) -> items. Repeated ids are dropped (`first`: as `rows.unique_ids` takes it)
     before the audio is attached, so an id with two files is one `ambiguous_audio`, not one per row."""
@@ -117,8 +121,7 @@ def _vctk_audio(paths: Iterable[str]) -> dict[str, dict[str, str]]:
     return found
 
 
-def vctk_rows(transcripts: Mapping[str, str], audio_paths: Iterable[str], speaker_info: str | None
-              ) -> Iterator[dict]:
+def vctk_rows(transcripts: Mapping[str, str], audio_paths: Iterable[str], speaker_info: str | None) -> Iterator[dict]:
     """VCTK 0.92: transcripts (`txt/pNNN/pNNN_MMM.txt` path -> its text), the listing of
     `wav48_silence_trimmed/` and speaker-info.txt's text (None: genders unknown) -> one row per
     utterance, with the mic1 recording. Utterances are every id with a transcript or a recording, in
@@ -134,12 +137,20 @@ def vctk_rows(transcripts: Mapping[str, str], audio_paths: Iterable[str], speake
             yield reject(utt, "missing_text", f"{heard} has no transcript txt/{_dir_name(heard)}/{utt}.txt")
         elif VCTK_MIC not in mics:
             other = f" (only {', '.join(sorted(mics))}: give it through a manifest)" if mics else ""
-            yield reject(utt, "missing_audio", f"no {VCTK_AUDIO_DIR}/{_dir_name(txt)}/{utt}_{VCTK_MIC}.flac "
-                                               f"for {txt}{other}")
+            yield reject(
+                utt, "missing_audio", f"no {VCTK_AUDIO_DIR}/{_dir_name(txt)}/{utt}_{VCTK_MIC}.flac for {txt}{other}"
+            )
         else:
             speaker = _dir_name(txt)
-            yield row(utt, transcripts[txt].strip(), mics[VCTK_MIC], i, speaker=speaker, language="en",
-                      gender=genders.get(speaker, ""))
+            yield row(
+                utt,
+                transcripts[txt].strip(),
+                mics[VCTK_MIC],
+                i,
+                speaker=speaker,
+                language="en",
+                gender=genders.get(speaker, ""),
+            )
 
 
 # -- LibriTTS, LibriTTS-R ---------------------------------------------------------------------------
@@ -154,15 +165,14 @@ def parse_libritts_speakers(text: str) -> dict[str, str]:
     return genders
 
 
-def libritts_rows(transcripts: Mapping[str, str], audio_paths: Iterable[str], speakers: str | None
-                  ) -> Iterator[dict]:
+def libritts_rows(transcripts: Mapping[str, str], audio_paths: Iterable[str], speakers: str | None) -> Iterator[dict]:
     """LibriTTS: transcripts (`SPEAKER/CHAPTER/UTT.normalized.txt` path -> its text), the listing of
     every file under the input (a subset, or the root of several) and SPEAKERS.txt's text (None:
     genders unknown) -> one row per utterance in path order. A `.wav` pairs with the
     `.normalized.txt` beside it; a `.wav` without one -> `missing_text`, a transcript without its
     `.wav` -> `missing_audio`. The speaker is the directory two levels up (the id's first field)."""
-    wavs = {p[:-len(".wav")]: p for p in audio_paths if p.lower().endswith(".wav")}
-    txts = {p[:-len(LIBRITTS_TEXT)]: p for p in transcripts}
+    wavs = {p[: -len(".wav")]: p for p in audio_paths if p.lower().endswith(".wav")}
+    txts = {p[: -len(LIBRITTS_TEXT)]: p for p in transcripts}
     genders = parse_libritts_speakers(speakers) if speakers else {}
     for i, key in enumerate(sorted(wavs.keys() | txts.keys())):
         utt, speaker = posixpath.basename(key), _dir_name(key, 2)
@@ -171,5 +181,12 @@ def libritts_rows(transcripts: Mapping[str, str], audio_paths: Iterable[str], sp
         elif key not in wavs:
             yield reject(utt, "missing_audio", f"{txts[key]} has no {utt}.wav beside it")
         else:
-            yield row(utt, transcripts[txts[key]].strip(), wavs[key], i, speaker=speaker, language="en",
-                      gender=genders.get(speaker, ""))
+            yield row(
+                utt,
+                transcripts[txts[key]].strip(),
+                wavs[key],
+                i,
+                speaker=speaker,
+                language="en",
+                gender=genders.get(speaker, ""),
+            )

@@ -12,6 +12,7 @@ its process is gone. A stale lock is taken over by removing it only if it is sti
 stale: locally under an exclusive flock of the marker (`_LocalMarker`), on gs:// by a delete
 conditional on the generation judged stale. `preprocess.output` uses it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -155,9 +156,10 @@ class _GcsMarker:
 
     def __init__(self, path: str, bucket=None):
         self.path = path
-        bucket_name, _, name = path[len("gs://"):].partition("/")
+        bucket_name, _, name = path[len("gs://") :].partition("/")
         if bucket is None:
             from google.cloud import storage
+
             bucket = storage.Client().bucket(bucket_name)
         self.blob_name, self.bucket = name, bucket
 
@@ -166,6 +168,7 @@ class _GcsMarker:
 
     def create(self, data: bytes):
         from google.api_core.exceptions import PreconditionFailed
+
         blob = self._blob()
         try:
             blob.upload_from_string(data, if_generation_match=0)
@@ -177,6 +180,7 @@ class _GcsMarker:
         """(contents, generation), read at one generation; None when there is no object. An object
         replaced between the two requests is read again."""
         from google.api_core.exceptions import NotFound, PreconditionFailed
+
         for _ in range(5):
             blob = self._blob()
             try:
@@ -190,6 +194,7 @@ class _GcsMarker:
 
     def replace(self, data: bytes, token):
         from google.api_core.exceptions import NotFound, PreconditionFailed
+
         blob = self._blob()
         try:
             blob.upload_from_string(data, if_generation_match=token)
@@ -199,6 +204,7 @@ class _GcsMarker:
 
     def delete(self, token) -> bool:
         from google.api_core.exceptions import NotFound, PreconditionFailed
+
         try:
             self._blob().delete(if_generation_match=token)
         except (PreconditionFailed, NotFound):
@@ -211,8 +217,7 @@ def marker(path: str, gcs_bucket=None):
         return _LocalMarker(path)
     if path.startswith("gs://"):
         return _GcsMarker(path, gcs_bucket)
-    raise OutputError(f"--output {path}: melshards can lock only local and gs:// directories; "
-                      "write to one of those")
+    raise OutputError(f"--output {path}: melshards can lock only local and gs:// directories; write to one of those")
 
 
 def _read_first_line(path: str) -> str:
@@ -230,15 +235,20 @@ def machine_identity() -> dict:
         pidns = os.readlink("/proc/self/ns/pid")
     except OSError:
         pidns = ""
-    return {"host": socket.gethostname(), "boot_id": _read_first_line("/proc/sys/kernel/random/boot_id"),
-            "pidns": pidns}
+    return {
+        "host": socket.gethostname(),
+        "boot_id": _read_first_line("/proc/sys/kernel/random/boot_id"),
+        "pidns": pidns,
+    }
 
 
 def holder_text(h: dict) -> str:
     age = _now() - h.get("heartbeat", 0)
-    return (f"run {h.get('run_id')} (pid {h.get('pid')} on {h.get('host')}, started "
-            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h.get('started', 0)))}, "
-            f"last heartbeat {age:.0f}s ago)")
+    return (
+        f"run {h.get('run_id')} (pid {h.get('pid')} on {h.get('host')}, started "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h.get('started', 0)))}, "
+        f"last heartbeat {age:.0f}s ago)"
+    )
 
 
 def is_stale(holder: dict, now: float, here: dict) -> bool:
@@ -273,8 +283,9 @@ class Heartbeat:
                     log.warning("%s %s", self.path, self._lost)
                     return
 
-        self._thread = threading.Thread(target=beat, name=f"melshards-heartbeat-{posixpath.basename(self.path)}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=beat, name=f"melshards-heartbeat-{posixpath.basename(self.path)}", daemon=True
+        )
         self._thread.start()
 
     def stop(self) -> None:
@@ -317,13 +328,15 @@ class Lock:
             if not isinstance(holder, dict):
                 raise OutputBusyError(
                     f"{self.path} is not a lock melshards can read; if no melshards preprocess is using "
-                    f"{posixpath.dirname(self.path)}, delete it")
+                    f"{posixpath.dirname(self.path)}, delete it"
+                )
             if not is_stale(holder, _now(), self.here):
                 raise OutputBusyError(
                     f"--output {posixpath.dirname(self.path)} is in use by another melshards preprocess "
                     f"{holder_text(holder)}; wait for it to finish, or choose another --output "
                     f"(a holder is stale once its process is gone or {STALE_AFTER_S / 60:.0f} minutes "
-                    "pass without a heartbeat)")
+                    "pass without a heartbeat)"
+                )
             log.warning("taking over %s from a stale holder: %s", self.path, holder_text(holder))
             self.marker.delete(current[1])
         raise OutputBusyError(f"could not take {self.path}: other runs keep taking it; try again")

@@ -7,13 +7,14 @@ The column checks (`check_columns`, `check_commonvoice_columns`, `check_language
 first line by `melshards.preprocess.sources.check_rows_file` before the job, and on the header again
 when the rows are read.
 """
+
 from __future__ import annotations
 
 import csv
 import json
 import posixpath
 import re
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from melshards.preprocess.rows import CorpusError, bare_lines, gender_code, row, split_malformed
 
@@ -60,16 +61,20 @@ def repeated_column(columns: list[str]) -> str | None:
 def _check_repeats(columns: list[str] | None, path: str, what: str) -> None:
     twice = repeated_column(columns or [])
     if twice is not None:
-        raise CorpusError(f"{what} {path}: its header has the column {twice!r} twice ({', '.join(columns)}); "
-                          "rename or remove one of them")
+        raise CorpusError(
+            f"{what} {path}: its header has the column {twice!r} twice ({', '.join(columns)}); "
+            "rename or remove one of them"
+        )
 
 
 def check_columns(columns: list[str] | None, path: str) -> None:
     _check_repeats(columns, path, "manifest")
     missing = [c for c in MANIFEST_COLUMNS if columns is not None and c not in columns]
     if missing:
-        raise CorpusError(f"manifest {path}: {_has(path)} {columns}, missing {', '.join(missing)}; a manifest needs "
-                          "audio and text (and may have id, speaker, language, gender). Rename the columns.")
+        raise CorpusError(
+            f"manifest {path}: {_has(path)} {columns}, missing {', '.join(missing)}; a manifest needs "
+            "audio and text (and may have id, speaker, language, gender). Rename the columns."
+        )
 
 
 def commonvoice_columns(first_line: str) -> list[str]:
@@ -84,15 +89,19 @@ def check_commonvoice_columns(columns: list[str], path: str) -> None:
     _check_repeats(columns, path, "Common Voice TSV")
     missing = [c for c in COMMONVOICE_COLUMNS if c not in columns]
     if missing:
-        raise CorpusError(f"Common Voice TSV {path}: its header has columns {columns}, missing {', '.join(missing)}; "
-                          "give a TSV of a Common Voice release (validated.tsv, train.tsv, ...), or --format manifest")
+        raise CorpusError(
+            f"Common Voice TSV {path}: its header has columns {columns}, missing {', '.join(missing)}; "
+            "give a TSV of a Common Voice release (validated.tsv, train.tsv, ...), or --format manifest"
+        )
 
 
 def check_language(columns: list[str] | None, column: str, default: str | None, path: str) -> None:
     """Refuse a table whose rows cannot have a language: no `column` and no default (--language)."""
     if default is None and columns is not None and column not in columns:
-        raise CorpusError(f"{path}: {_has(path)} {columns}, no {column}, and this input has no default language; "
-                          f"give --language CODE (e.g. --language en), or add a {column} column")
+        raise CorpusError(
+            f"{path}: {_has(path)} {columns}, no {column}, and this input has no default language; "
+            f"give --language CODE (e.g. --language en), or add a {column} column"
+        )
 
 
 def commonvoice_language(tsv_path: str) -> str | None:
@@ -138,13 +147,17 @@ def parse_manifest(lines: Iterable[str], path: str, root: str):
 
 def _manifest_fields(fields: list[str], columns: list[str], i: int, root: str):
     """One CSV/TSV record's fields -> row, or the ValueError of a record with another number of fields."""
-    extra = [v for v in fields[len(columns):] if v.strip()]
+    extra = [v for v in fields[len(columns) :] if v.strip()]
     if len(fields) < len(columns):
-        return ValueError(f"row {i + 1}: {len(fields)} fields, the header has {len(columns)} "
-                          f"({', '.join(columns)}); a missing separator?")
+        return ValueError(
+            f"row {i + 1}: {len(fields)} fields, the header has {len(columns)} "
+            f"({', '.join(columns)}); a missing separator?"
+        )
     if extra:  # e.g. an unquoted comma in the text: reading on would cut the transcript short
-        return ValueError(f"row {i + 1}: {len(columns) + len(extra)} fields, the header has {len(columns)} "
-                          f"({', '.join(columns)}); quote a field that holds the separator")
+        return ValueError(
+            f"row {i + 1}: {len(columns) + len(extra)} fields, the header has {len(columns)} "
+            f"({', '.join(columns)}); quote a field that holds the separator"
+        )
     return _manifest_row(dict(zip(columns, fields)), i, root)
 
 
@@ -197,11 +210,15 @@ def swallowed(fields: list[str], delimiter: str) -> bool:
 
 def _swallowed_detail(line: int, first: int, spanned: list[int], fields: list[str] | Exception) -> str:
     if isinstance(fields, Exception):
-        return (f"line {line} is in a record from line {first} the csv reader cannot read ({fields}): a quote "
-                "opened and never closed? Remove the stray '\"', or quote the field whole")
-    return (f"line {line} is inside a quoted field that opens on line {first} and holds the separator and "
-            f"{len(spanned) - 1} line break(s) (lines {first}-{spanned[-1]}): a stray '\"' at the start of a field? "
-            "Remove it, or quote the field whole")
+        return (
+            f"line {line} is in a record from line {first} the csv reader cannot read ({fields}): a quote "
+            "opened and never closed? Remove the stray '\"', or quote the field whole"
+        )
+    return (
+        f"line {line} is inside a quoted field that opens on line {first} and holds the separator and "
+        f"{len(spanned) - 1} line break(s) (lines {first}-{spanned[-1]}): a stray '\"' at the start of a field? "
+        "Remove it, or quote the field whole"
+    )
 
 
 def _manifest_row(rec: dict, i: int, root: str):
@@ -210,9 +227,15 @@ def _manifest_row(rec: dict, i: int, root: str):
     if rec.get("text") is None:  # a JSONL record without the key; an empty text is `empty_text`
         return ValueError(f"row {i + 1}: no text field")
     audio = str(rec["audio"])
-    return row(str(rec.get("id") or _stem(audio)), str(rec.get("text") or ""), _join(root, audio), i,
-               speaker=str(rec.get("speaker") or ""), language=str(rec.get("language") or "").strip(),
-               gender=gender_code(rec.get("gender")))
+    return row(
+        str(rec.get("id") or _stem(audio)),
+        str(rec.get("text") or ""),
+        _join(root, audio),
+        i,
+        speaker=str(rec.get("speaker") or ""),
+        language=str(rec.get("language") or "").strip(),
+        gender=gender_code(rec.get("gender")),
+    )
 
 
 def manifest_rows(lines: Iterable[str], path: str, root: str) -> Iterator[dict]:
@@ -240,11 +263,26 @@ def _commonvoice_items(lines: Iterable[str], columns: list[str], clips: str):
         fields = line.split("\t")
         rec = dict(zip(columns, fields))
         if len(fields) != len(columns):
-            yield i, ValueError(f"row {i + 1}: {len(fields)} tab-separated fields, the header has "
-                                f"{len(columns)} ({', '.join(columns)})")
+            yield (
+                i,
+                ValueError(
+                    f"row {i + 1}: {len(fields)} tab-separated fields, the header has "
+                    f"{len(columns)} ({', '.join(columns)})"
+                ),
+            )
         elif not rec["path"].strip():
             yield i, ValueError(f"row {i + 1}: no path")
         else:
             clip = rec["path"].strip()
-            yield i, row(_stem(clip), rec["sentence"], _join(clips, clip), i, speaker=rec["client_id"],
-                         language=rec.get("locale", "").strip(), gender=gender_code(rec.get("gender")))
+            yield (
+                i,
+                row(
+                    _stem(clip),
+                    rec["sentence"],
+                    _join(clips, clip),
+                    i,
+                    speaker=rec["client_id"],
+                    language=rec.get("locale", "").strip(),
+                    gender=gender_code(rec.get("gender")),
+                ),
+            )

@@ -7,16 +7,16 @@ repeat within one input is still `duplicate_id`). Labels found in one input only
 A prefixed row keeps its labels as its input gives them (`as_given`): files made from that input
 alone, such as Montreal Forced Aligner's TextGrids, are named after those.
 """
+
 from __future__ import annotations
 
 import pickle
 import posixpath
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from melshards.preprocess.manifests import MANIFEST_EXTENSIONS
 from melshards.preprocess.rows import is_rejection
 from melshards.preprocess.spill import Spill
-
 
 GIVEN_ID, GIVEN_SPEAKER = "given_id", "given_speaker"  # on a prefixed row: the label before the prefix
 
@@ -32,7 +32,7 @@ def input_name(path: str) -> str:
     `LJSpeech-1.1`, `gs://b/cv/cy/validated.tsv` -> `validated`)."""
     base = posixpath.basename(path.rstrip("/")) or path
     ext = next((e for e in MANIFEST_EXTENSIONS if base.lower().endswith(e)), "")
-    return base[:len(base) - len(ext)] or base
+    return base[: len(base) - len(ext)] or base
 
 
 def unique_names(names: Sequence[str]) -> list[str]:
@@ -63,8 +63,10 @@ class MergedInputs:
         self.names = [name for name, _ in inputs]
         self.db, self.items = spill.db, spill.table("items")
         self.shared = {kind: spill.table(f"shared_{kind}") for kind in ("id", "speaker")}
-        self.db.execute(f"CREATE TABLE {self.items} (n INTEGER PRIMARY KEY, inp INTEGER NOT NULL, id TEXT NOT NULL, "
-                        "speaker TEXT, body BLOB NOT NULL)")  # speaker NULL: a rejection
+        self.db.execute(
+            f"CREATE TABLE {self.items} (n INTEGER PRIMARY KEY, inp INTEGER NOT NULL, id TEXT NOT NULL, "
+            "speaker TEXT, body BLOB NOT NULL)"
+        )  # speaker NULL: a rejection
         self.input_rows, self.row_count = [], 0
         insert = f"INSERT INTO {self.items} (inp, id, speaker, body) VALUES (?, ?, ?, ?)"
         for i, (_, items) in enumerate(inputs):
@@ -78,13 +80,19 @@ class MergedInputs:
         for kind, table in self.shared.items():
             self.db.execute(f"CREATE TABLE {table} (label TEXT PRIMARY KEY) WITHOUT ROWID")
             if len(inputs) > 1:  # one input shares no label
-                self.db.execute(f"INSERT INTO {table} SELECT {kind} FROM {self.items} WHERE {kind} IS NOT NULL "
-                                f"GROUP BY {kind} HAVING COUNT(DISTINCT inp) > 1")
+                self.db.execute(
+                    f"INSERT INTO {table} SELECT {kind} FROM {self.items} WHERE {kind} IS NOT NULL "
+                    f"GROUP BY {kind} HAVING COUNT(DISTINCT inp) > 1"
+                )
         self.prefixed_speakers, self.prefixed_ids = (self._prefixed(kind) for kind in ("speaker", "id"))
 
     def _prefixed(self, kind: str) -> list[int]:
-        counts = dict(self.db.execute(f"SELECT inp, COUNT(DISTINCT {kind}) FROM {self.items} "
-                                      f"JOIN {self.shared[kind]} ON label = {kind} GROUP BY inp"))
+        counts = dict(
+            self.db.execute(
+                f"SELECT inp, COUNT(DISTINCT {kind}) FROM {self.items} "
+                f"JOIN {self.shared[kind]} ON label = {kind} GROUP BY inp"
+            )
+        )
         return [counts.get(i, 0) for i in range(len(self.names))]
 
     def rows(self) -> Iterator[dict]:
@@ -94,10 +102,12 @@ class MergedInputs:
         return self._items("IS NULL")
 
     def _items(self, speaker: str) -> Iterator[dict]:
-        query = (f"SELECT i.inp, i.body, si.label IS NOT NULL, ss.label IS NOT NULL FROM {self.items} i "
-                 f"LEFT JOIN {self.shared['id']} si ON si.label = i.id "
-                 f"LEFT JOIN {self.shared['speaker']} ss ON ss.label = i.speaker WHERE i.speaker {speaker} "
-                 "ORDER BY i.n")
+        query = (
+            f"SELECT i.inp, i.body, si.label IS NOT NULL, ss.label IS NOT NULL FROM {self.items} i "
+            f"LEFT JOIN {self.shared['id']} si ON si.label = i.id "
+            f"LEFT JOIN {self.shared['speaker']} ss ON ss.label = i.speaker WHERE i.speaker {speaker} "
+            "ORDER BY i.n"
+        )
         for inp, body, shared_id, shared_speaker in self.db.execute(query):
             item, name = pickle.loads(body), self.names[inp]
             row = not is_rejection(item)

@@ -1,5 +1,6 @@
 """Beam's options for the job: refuse what neither melshards nor Beam knows, default the runner, and
 tell a local runner from a remote one (`--workers` and the progress line apply only to local runs)."""
+
 from __future__ import annotations
 
 import argparse

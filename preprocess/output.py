@@ -31,6 +31,7 @@ every run until it is dealt with: the staging dir it names holds the rest of the
 Over 300 lines: what a directory holds, the staging dirs and the publish journal are one protocol
 (what may be removed, and when, depends on all three) and read best together; the lock is apart.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,7 +44,7 @@ import shutil
 import threading
 import time
 import uuid
-from typing import Callable
+from collections.abc import Callable
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -72,8 +73,14 @@ def normal_dir(path: str) -> str:
 def list_names(out_dir: str, patterns: tuple[str, ...]) -> list[str]:
     """Names (not paths) of the files directly in out_dir that match any of the patterns."""
     found = FileSystems.match([join(out_dir, p) for p in patterns])
-    return sorted({posixpath.basename(m.path) for result in found for m in result.metadata_list
-                   if normal_dir(posixpath.dirname(m.path)) == normal_dir(out_dir)})
+    return sorted(
+        {
+            posixpath.basename(m.path)
+            for result in found
+            for m in result.metadata_list
+            if normal_dir(posixpath.dirname(m.path)) == normal_dir(out_dir)
+        }
+    )
 
 
 def output_names(out_dir: str) -> list[str]:
@@ -101,25 +108,34 @@ def finished_run(out_dir: str) -> list[str] | None:
     try:
         return run_files(read_schema_at(path))
     except OSError as e:
-        raise OutputError(f"--output {out_dir}: cannot read its {SCHEMA_FILE} ({e}); nothing was changed: fix its "
-                          "permissions, or run again once it can be read") from e
+        raise OutputError(
+            f"--output {out_dir}: cannot read its {SCHEMA_FILE} ({e}); nothing was changed: fix its "
+            "permissions, or run again once it can be read"
+        ) from e
     except (SchemaError, ValueError, KeyError, TypeError) as e:
         version = (_read_json(path) or {}).get("version")
         if isinstance(version, str) and version.split(".")[0].isdigit():
             raise OutputError(
                 f"--output {out_dir} holds a run made by another version of melshards (schema.json {version}), "
                 "whose files this version cannot list; move its schema.json, stats.json, rejected.jsonl and "
-                "train-*/val-* shards out of the directory, or choose another --output") from e
-        raise OutputError(f"--output {out_dir} holds a {SCHEMA_FILE} that is not a melshards schema ({e}); "
-                          "move it away or choose another --output") from e
+                "train-*/val-* shards out of the directory, or choose another --output"
+            ) from e
+        raise OutputError(
+            f"--output {out_dir} holds a {SCHEMA_FILE} that is not a melshards schema ({e}); "
+            "move it away or choose another --output"
+        ) from e
 
 
 def model_dir_names(out_dir: str) -> list[str]:
     """The names in out_dir that make it a `melshards train` model dir (`ownership.model_dir_marks`)."""
     if is_local_path(out_dir):
         return model_dir_marks(os.listdir(out_dir) if os.path.isdir(out_dir) else [])
-    return [m for m in MODEL_DIR_MARKS if FileSystems.exists(join(out_dir, m))
-            or FileSystems.match([join(out_dir, m, "*")], limits=[1])[0].metadata_list]
+    return [
+        m
+        for m in MODEL_DIR_MARKS
+        if FileSystems.exists(join(out_dir, m))
+        or FileSystems.match([join(out_dir, m, "*")], limits=[1])[0].metadata_list
+    ]
 
 
 def check_not_a_model_dir(out_dir: str) -> None:
@@ -127,10 +143,12 @@ def check_not_a_model_dir(out_dir: str) -> None:
     and shards do not belong among checkpoints, with --overwrite or without."""
     marks = model_dir_names(out_dir)
     if marks:
-        raise OutputError(f"--output {out_dir} is a melshards train model dir (it holds "
-                          f"{', '.join(m + '/' if m == MODEL_CHECKPOINT_DIR else m for m in marks)}), whose "
-                          f"{SCHEMA_FILE} is the one its checkpoints were trained with; write the shards to a "
-                          "directory of their own: choose another --output")
+        raise OutputError(
+            f"--output {out_dir} is a melshards train model dir (it holds "
+            f"{', '.join(m + '/' if m == MODEL_CHECKPOINT_DIR else m for m in marks)}), whose "
+            f"{SCHEMA_FILE} is the one its checkpoints were trained with; write the shards to a "
+            "directory of their own: choose another --output"
+        )
 
 
 def check_is_a_run(out_dir: str, owned: list[str]) -> None:
@@ -138,9 +156,11 @@ def check_is_a_run(out_dir: str, owned: list[str]) -> None:
     model dir's): not a run melshards can show it wrote, so never replaced."""
     shards = set(owned) - set(REPORTS)
     if shards and not shards & set(output_names(out_dir)):
-        raise OutputError(f"--output {out_dir} holds a {SCHEMA_FILE} without any of the shards it lists (a copy of "
-                          "a run's schema.json?), which melshards leaves as it is; move it away or choose another "
-                          "--output")
+        raise OutputError(
+            f"--output {out_dir} holds a {SCHEMA_FILE} without any of the shards it lists (a copy of "
+            "a run's schema.json?), which melshards leaves as it is; move it away or choose another "
+            "--output"
+        )
 
 
 def foreign_files(present: list[str], owned: list[str]) -> list[str]:
@@ -156,15 +176,21 @@ def not_plain_files(out_dir: str, names: list[str] | tuple[str, ...] = ()) -> li
     if not is_local_path(out_dir) or not os.path.isdir(out_dir):
         return []
     import fnmatch
+
     globs = tuple(f"{s}-*{SHARD_SUFFIX}" for s in SPLITS)
     wanted = set(names) | set(REPORTS)
     found = []
     with os.scandir(out_dir) as entries:
         for e in entries:
-            if (e.name in wanted or any(fnmatch.fnmatchcase(e.name, g) for g in globs)) \
-                    and not e.is_file(follow_symlinks=False):
-                found.append((e.name, "a symbolic link" if e.is_symlink() else
-                              "a directory" if e.is_dir() else "not a plain file"))
+            if (e.name in wanted or any(fnmatch.fnmatchcase(e.name, g) for g in globs)) and not e.is_file(
+                follow_symlinks=False
+            ):
+                found.append(
+                    (
+                        e.name,
+                        "a symbolic link" if e.is_symlink() else "a directory" if e.is_dir() else "not a plain file",
+                    )
+                )
     return sorted(found)
 
 
@@ -173,15 +199,19 @@ def check_plain_files(out_dir: str, names: list[str] | tuple[str, ...] = (), the
     found = not_plain_files(out_dir, names)
     if found:
         (name, what), more = found[0], (f" (and {len(found) - 1} more)" if len(found) > 1 else "")
-        raise OutputError(f"--output {out_dir}: {join(out_dir, name)}{more} is {what}, not a file melshards "
-                          f"wrote, where a run's shards and reports go{then}; move it out of {out_dir} "
-                          "or choose another --output")
+        raise OutputError(
+            f"--output {out_dir}: {join(out_dir, name)}{more} is {what}, not a file melshards "
+            f"wrote, where a run's shards and reports go{then}; move it out of {out_dir} "
+            "or choose another --output"
+        )
 
 
 def conflict_message(out_dir: str, foreign: list[str]) -> str:
     shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-    return (f"--output {out_dir} holds files that melshards did not write and would write over or read as "
-            f"shards: {shown}; move them out of {out_dir} or choose another --output")
+    return (
+        f"--output {out_dir} holds files that melshards did not write and would write over or read as "
+        f"shards: {shown}; move them out of {out_dir} or choose another --output"
+    )
 
 
 # -- staging, removal, publishing --------------------------------------------------------------------
@@ -268,25 +298,34 @@ def read_journal(out_dir: str) -> dict | None:
     try:
         data = _read_present(path)
     except OSError as e:
-        raise OutputError(f"cannot read {path}, the journal of a publish that was cut short ({e}); nothing was "
-                          "changed: run again once it can be read") from e
+        raise OutputError(
+            f"cannot read {path}, the journal of a publish that was cut short ({e}); nothing was "
+            "changed: run again once it can be read"
+        ) from e
     if data is None:
         return None
     try:
         journal = json.loads(data)
     except ValueError:
         journal = None
-    if (not isinstance(journal, dict) or not isinstance(journal.get("stage"), str)
-            or not all(isinstance(journal.get(k), list) and all(isinstance(n, str) and n and "/" not in n
-                                                                for n in journal[k]) for k in ("remove", "move"))):
+    if (
+        not isinstance(journal, dict)
+        or not isinstance(journal.get("stage"), str)
+        or not all(
+            isinstance(journal.get(k), list) and all(isinstance(n, str) and n and "/" not in n for n in journal[k])
+            for k in ("remove", "move")
+        )
+    ):
         raise OutputError(journal_unusable(out_dir, "is not a publish journal melshards can read"))
     return journal
 
 
 def journal_unusable(out_dir: str, why: str) -> str:
     """The one line for a journal that cannot be finished: what to do by hand."""
-    return (f"{join(out_dir, PUBLISH_JOURNAL)} {why}; move the directory's files somewhere safe, delete the journal, "
-            "and run again")
+    return (
+        f"{join(out_dir, PUBLISH_JOURNAL)} {why}; move the directory's files somewhere safe, delete the journal, "
+        "and run again"
+    )
 
 
 def unfinished_stages(out_dir: str) -> list[str]:
@@ -311,8 +350,10 @@ def journal_stage(out_dir: str, journal: dict) -> str:
         try:
             info = json.loads(_read_present(join(stage, RUN_FILE)) or b"null")
         except OSError as e:
-            raise OutputError(f"cannot read {join(stage, RUN_FILE)}, named by the journal of a publish that was cut "
-                              f"short ({e}); nothing was changed: run again once it can be read") from e
+            raise OutputError(
+                f"cannot read {join(stage, RUN_FILE)}, named by the journal of a publish that was cut "
+                f"short ({e}); nothing was changed: run again once it can be read"
+            ) from e
         except ValueError:
             info = None
     if not isinstance(info, dict) or STAGE_PREFIX + str(info.get("run_id")) != name:
@@ -324,16 +365,22 @@ def apply_journal(out_dir: str, journal: dict) -> None:
     """Move a finished staged run into out_dir as the journal says; safe to run again after a crash.
     A file that is neither staged nor in place stops it (the journal is kept)."""
     stage, remove, move = journal_stage(out_dir, journal), journal["remove"], journal["move"]
-    check_plain_files(out_dir, remove + move, then=f"; the publish of run {journal.get('run_id')} cut short there "
-                                                   f"is finished once it is gone (the journal is kept)")
+    check_plain_files(
+        out_dir,
+        remove + move,
+        then=f"; the publish of run {journal.get('run_id')} cut short there "
+        f"is finished once it is gone (the journal is kept)",
+    )
     # one listing each (on gs:// an existence check per shard is a request per shard)
     staged = {posixpath.basename(f) for f in files_under(stage) if normal_dir(posixpath.dirname(f)) == stage}
     existing = set(output_names(out_dir))
     lost = [n for n in move if n not in staged and n not in existing]
     if lost:
-        raise OutputError(f"cannot finish the publish in {out_dir}: {', '.join(lost[:5])} are neither staged nor "
-                          f"in place; the journal {join(out_dir, PUBLISH_JOURNAL)} is kept; re-run the job with "
-                          "another --output")
+        raise OutputError(
+            f"cannot finish the publish in {out_dir}: {', '.join(lost[:5])} are neither staged nor "
+            f"in place; the journal {join(out_dir, PUBLISH_JOURNAL)} is kept; re-run the job with "
+            "another --output"
+        )
     if SCHEMA_FILE in remove and SCHEMA_FILE in existing and SCHEMA_FILE in staged:
         FileSystems.delete([join(out_dir, SCHEMA_FILE)])  # first: nobody reads a half-replaced run
     old = [join(out_dir, n) for n in remove if n in existing and n != SCHEMA_FILE and n not in move]
@@ -358,6 +405,7 @@ PUBLISHED: list[str] = []
 class OutputRun:
     """One run's hold on its output directory: the lock, the staging dir, and the run it replaces.
     Publish and abort run in the main thread (so does the interrupt handler); each is safe to repeat."""
+
     out_dir: str
     stage: str
     replaces: list[str]  # names of the finished run it replaces on publish ([] when there is none)
@@ -374,9 +422,11 @@ class OutputRun:
         PUBLISHING = True  # from here on an interrupt waits for the end of the publish
         try:  # the heartbeat goes on renewing the lock until release: a long publish is not taken over
             if not self.lock.still_held():
-                raise OutputError(f"{self.lock.path} is no longer held by this run (another run took it over "
-                                  "after this one could not renew it); nothing was published, and "
-                                  f"{self.out_dir} is as that run left it")
+                raise OutputError(
+                    f"{self.lock.path} is no longer held by this run (another run took it over "
+                    "after this one could not renew it); nothing was published, and "
+                    f"{self.out_dir} is as that run left it"
+                )
             staged = run_files(read_schema_at(join(self.stage, SCHEMA_FILE)))
             then = f"; nothing was published, the new run was removed and {self.out_dir} is as it was"
             try:  # what publishing will delete or write over: checked before anything is touched
@@ -388,8 +438,12 @@ class OutputRun:
                 remove_tree(self.stage)
                 self.closed = True
                 raise
-            journal = {"run_id": self.lock.info["run_id"], "stage": posixpath.basename(self.stage),
-                       "remove": self.replaces, "move": staged}
+            journal = {
+                "run_id": self.lock.info["run_id"],
+                "stage": posixpath.basename(self.stage),
+                "remove": self.replaces,
+                "move": staged,
+            }
             _write(join(self.out_dir, PUBLISH_JOURNAL), json.dumps(journal, indent=1).encode())
             apply_journal(self.out_dir, journal)
             self.published = True
@@ -415,8 +469,10 @@ def check_output_path(out_dir: str) -> None:
     """OutputError for an --output that names no directory: empty (which would be the working
     directory), or a URL with nothing after its scheme."""
     if not out_dir or out_dir.endswith("://"):
-        raise OutputError(f"--output {out_dir!r} names no directory; give the directory for the shards and reports "
-                          "(local, or gs://BUCKET/PATH)")
+        raise OutputError(
+            f"--output {out_dir!r} names no directory; give the directory for the shards and reports "
+            "(local, or gs://BUCKET/PATH)"
+        )
 
 
 GLOB_CHARS = "*?[]"
@@ -427,14 +483,17 @@ def check_no_glob_chars(out_dir: str) -> None:
     TensorFlow's glob, which find a run's files and shards, would read it as a pattern."""
     held = [c for c in GLOB_CHARS if c in out_dir]
     if held:
-        raise OutputError(f"--output {out_dir}: its path holds {' '.join(held)}, which Beam and TensorFlow read as a "
-                          f"glob pattern when they look for the run's files; choose a directory whose path has none "
-                          f"of {' '.join(GLOB_CHARS)}")
+        raise OutputError(
+            f"--output {out_dir}: its path holds {' '.join(held)}, which Beam and TensorFlow read as a "
+            f"glob pattern when they look for the run's files; choose a directory whose path has none "
+            f"of {' '.join(GLOB_CHARS)}"
+        )
 
 
 def check_not_a_file(out_dir: str) -> None:
     if is_local_path(out_dir):
         from pathlib import Path
+
         for p in (Path(out_dir), *Path(out_dir).parents):
             if p.exists():
                 if not p.is_dir():
@@ -442,8 +501,7 @@ def check_not_a_file(out_dir: str) -> None:
                 break
 
 
-def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
-             echo: Callable[[str], None] = lambda s: None) -> OutputRun:
+def open_run(out_dir: str, overwrite: bool, gcs_bucket=None, echo: Callable[[str], None] = lambda s: None) -> OutputRun:
     """Take the output directory for a new run, or raise OutputError before any work.
 
     Refuses an --output naming no directory or holding a glob character, and a `melshards train`
@@ -467,8 +525,10 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
     except OutputError:
         raise
     except Exception as e:  # OSError, Beam's BeamIOError, GCS and credential errors
-        raise OutputError(f"--output {out_dir} is not writable ({type(e).__name__}: {e}); fix its permissions "
-                          "or credentials, or choose another --output") from e
+        raise OutputError(
+            f"--output {out_dir} is not writable ({type(e).__name__}: {e}); fix its permissions "
+            "or credentials, or choose another --output"
+        ) from e
     try:
         journal = read_journal(out_dir)
         if journal is not None:
@@ -482,9 +542,11 @@ def open_run(out_dir: str, overwrite: bool, gcs_bucket=None,
         if owned is not None:
             check_is_a_run(out_dir, owned)
             if not overwrite:
-                raise OutputError(f"--output {out_dir} already holds a finished run ({SCHEMA_FILE} exists); "
-                                  "pass --overwrite to replace it once the new run has finished, or choose "
-                                  "another directory")
+                raise OutputError(
+                    f"--output {out_dir} already holds a finished run ({SCHEMA_FILE} exists); "
+                    "pass --overwrite to replace it once the new run has finished, or choose "
+                    "another directory"
+                )
         foreign = foreign_files(output_names(out_dir), owned or [])
         if foreign:
             raise OutputError(conflict_message(out_dir, foreign))
@@ -531,5 +593,7 @@ def exception_chain(exc: BaseException | None):
 
 
 def is_disk_full(exc: BaseException) -> bool:
-    return any((isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
-               for e in exception_chain(exc))
+    return any(
+        (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in str(e)
+        for e in exception_chain(exc)
+    )

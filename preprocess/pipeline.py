@@ -6,6 +6,7 @@ invocation and runs them. The per-clip and per-batch work are pure functions in 
 this one (clips, bucketing, encode, shards, report); the two side channels outside Beam's model have their
 own modules (stash: the measured batches across the statistics barrier; progress: the local progress line).
 """
+
 from __future__ import annotations
 
 import logging
@@ -17,8 +18,14 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
 from melshards.preprocess import bucketing, cache, feature_stats, tables
-from melshards.preprocess.clips import (ClipRejected, analyse_audio, as_rejection, featurize_span, filter_rejection,
-                                       prepare_texts)
+from melshards.preprocess.clips import (
+    ClipRejected,
+    analyse_audio,
+    as_rejection,
+    featurize_span,
+    filter_rejection,
+    prepare_texts,
+)
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import INPUT_ROWS, INPUTS, REJECTED, Corpus, ReadCorpus
 from melshards.preprocess.encode import encode_clip
@@ -105,8 +112,9 @@ class _MeasureFn(beam.DoFn):
     clips and their features cross the statistics barrier in the stash, not in the runner.
     """
 
-    def __init__(self, cfg: PreprocessConfig, stash_dir: str, progress_dir: str | None = None,
-                 cache_dir: str | None = None):
+    def __init__(
+        self, cfg: PreprocessConfig, stash_dir: str, progress_dir: str | None = None, cache_dir: str | None = None
+    ):
         self.cfg, self.stash_dir, self.progress_dir, self.cache_dir = cfg, stash_dir, progress_dir, cache_dir
 
     def setup(self):
@@ -173,8 +181,9 @@ class MeasureClips(beam.PTransform):
     stage, so the clips never wait in the runner; what waits for the cut-offs is `stashed`, a few
     hundred bytes per batch."""
 
-    def __init__(self, cfg: PreprocessConfig, stash_dir: str, progress_dir: str | None = None,
-                 cache_dir: str | None = None):
+    def __init__(
+        self, cfg: PreprocessConfig, stash_dir: str, progress_dir: str | None = None, cache_dir: str | None = None
+    ):
         super().__init__()
         self.cfg, self.stash_dir, self.progress_dir, self.cache_dir = cfg, stash_dir, progress_dir, cache_dir
 
@@ -182,11 +191,12 @@ class MeasureClips(beam.PTransform):
         fn = _MeasureFn(self.cfg, self.stash_dir, self.progress_dir, self.cache_dir)
         if not self.cache_dir:
             return batches | "Measure" >> beam.ParDo(fn).with_outputs(REJECTED, STASHED, main="clips")
-        index = (batches.pipeline
-                 | "CacheDir" >> beam.Create([self.cache_dir])
-                 | "ReadIndex" >> beam.Map(cache.read_index))
+        index = (
+            batches.pipeline | "CacheDir" >> beam.Create([self.cache_dir]) | "ReadIndex" >> beam.Map(cache.read_index)
+        )
         return batches | "Measure" >> beam.ParDo(fn, index=beam.pvalue.AsSingleton(index)).with_outputs(
-            REJECTED, STASHED, main="clips")
+            REJECTED, STASHED, main="clips"
+        )
 
 
 # -- stage 4: statistics -----------------------------------------------------------------------
@@ -297,8 +307,15 @@ def cutoffs_from(hists: dict, corpus_tables: dict, cfg: PreprocessConfig) -> Cut
         return None
     f = cfg.filter
     text = {code: h["text_len"] for code, h in corpus_tables["language_lengths"].items()}
-    return compute_cutoffs(hists, f.min_duration_s, f.mel_frames_lower_percentile,
-                           f.mel_frames_upper_percentile, f.text_len_upper_percentile, cfg.pad.multiple, text)
+    return compute_cutoffs(
+        hists,
+        f.min_duration_s,
+        f.mel_frames_lower_percentile,
+        f.mel_frames_upper_percentile,
+        f.text_len_upper_percentile,
+        cfg.pad.multiple,
+        text,
+    )
 
 
 # -- stage 6a: length buckets ----------------------------------------------------------------
@@ -308,9 +325,11 @@ def kept_summary(clips: list[dict], cutoffs: Cutoffs | None, corpus_tables: dict
     text lengths of its kept clips per mel-frame count (each bucket's text length follows from it
     once the bounds are known)."""
     kept = [c for c in clips if filter_rejection(c, cutoffs, corpus_tables) is None] if cutoffs else []
-    return {"after": length_histograms(kept),
-            "train": Counter(c["mel_frames"] for c in kept if tables.split_of(c, corpus_tables, salt) == "train"),
-            "text_by_frames": Counter((c["mel_frames"], c["text_len"]) for c in kept)}
+    return {
+        "after": length_histograms(kept),
+        "train": Counter(c["mel_frames"] for c in kept if tables.split_of(c, corpus_tables, salt) == "train"),
+        "text_by_frames": Counter((c["mel_frames"], c["text_len"]) for c in kept),
+    }
 
 
 def stashed_kept_summary(batch: dict, cutoffs: Cutoffs | None, corpus_tables: dict, salt: str) -> dict:
@@ -327,9 +346,11 @@ class _KeptSummaryFn(beam.CombineFn):
 
     def merge_accumulators(self, accs):
         accs = list(accs)
-        return {"after": merge_lengths(a["after"] for a in accs),
-                "train": merge_histograms(a["train"] for a in accs),
-                "text_by_frames": merge_histograms(a["text_by_frames"] for a in accs)}
+        return {
+            "after": merge_lengths(a["after"] for a in accs),
+            "train": merge_histograms(a["train"] for a in accs),
+            "text_by_frames": merge_histograms(a["text_by_frames"] for a in accs),
+        }
 
     def extract_output(self, acc):
         return acc
@@ -350,11 +371,15 @@ class ChooseBuckets(beam.PTransform):
 
     def expand(self, batches):
         S = beam.pvalue
-        return (batches
-                | "Kept" >> beam.Map(stashed_kept_summary, S.AsSingleton(self.cutoffs), S.AsSingleton(self.tables),
-                                     self.cfg.split.salt)
-                | "Summary" >> beam.CombineGlobally(_KeptSummaryFn()).without_defaults()  # >= 1 batch
-                | "Bounds" >> beam.Map(bucketing.choose_from_summary, self.cfg.pad))
+        return (
+            batches
+            | "Kept"
+            >> beam.Map(
+                stashed_kept_summary, S.AsSingleton(self.cutoffs), S.AsSingleton(self.tables), self.cfg.split.salt
+            )
+            | "Summary" >> beam.CombineGlobally(_KeptSummaryFn()).without_defaults()  # >= 1 batch
+            | "Bounds" >> beam.Map(bucketing.choose_from_summary, self.cfg.pad)
+        )
 
 
 # -- stages 5-6: filter, pad + encode, write ---------------------------------------------------
@@ -384,8 +409,10 @@ def analyse_again(clip: dict, cfg: PreprocessConfig) -> dict:
     IOError if the audio no longer gives the span Measure measured (the file changed during the run)."""
     span, arrays = analyse_audio(clip["audio"], cfg)
     if span["length"] != clip["num_samples"]:
-        raise IOError(f"{clip['audio']} changed during the run ({span['length']} samples kept, measured "
-                      f"{clip['num_samples']}); run again")
+        raise OSError(
+            f"{clip['audio']} changed during the run ({span['length']} samples kept, measured "
+            f"{clip['num_samples']}); run again"
+        )
     return dict(arrays, mel=arrays["mel"].astype("<f2"))
 
 
@@ -440,8 +467,9 @@ class _FilterAndWriteFn(beam.DoFn):
         yield beam.pvalue.TaggedOutput(MOMENTS, moments)
         yield beam.pvalue.TaggedOutput(WRITTEN, written_counts(kept))
         if self.cfg.features.pitch or self.cfg.features.energy:
-            yield beam.pvalue.TaggedOutput(FEATURE_STATS, feature_stats.batch_stats(
-                (c, c["feature_summary"]) for c in kept))
+            yield beam.pvalue.TaggedOutput(
+                FEATURE_STATS, feature_stats.batch_stats((c, c["feature_summary"]) for c in kept)
+            )
 
     def finish_bundle(self):
         for part in self.files.close_all():
@@ -467,12 +495,19 @@ class FilterAndWrite(beam.PTransform):
         S = beam.pvalue
         out = batches | "FilterPadWrite" >> beam.ParDo(
             _FilterAndWriteFn(self.out_dir, int(self.cfg.write.target_shard_mb * 1e6), self.cfg),
-            S.AsSingleton(self.cutoffs), S.AsSingleton(self.chosen), S.AsSingleton(self.tables)).with_outputs(
-                REJECTED, MOMENTS, WRITTEN, FEATURE_STATS, main="parts")
+            S.AsSingleton(self.cutoffs),
+            S.AsSingleton(self.chosen),
+            S.AsSingleton(self.tables),
+        ).with_outputs(REJECTED, MOMENTS, WRITTEN, FEATURE_STATS, main="parts")
         written = out[WRITTEN] | "SumWritten" >> beam.CombineGlobally(sum_counters).without_defaults()
         stats = out[FEATURE_STATS] | "FeatureStats" >> beam.CombineGlobally(feature_stats.merge).without_defaults()
-        return {"parts": out.parts, REJECTED: out[REJECTED], MOMENTS: out[MOMENTS], WRITTEN: written,
-                FEATURE_STATS: stats}
+        return {
+            "parts": out.parts,
+            REJECTED: out[REJECTED],
+            MOMENTS: out[MOMENTS],
+            WRITTEN: written,
+            FEATURE_STATS: stats,
+        }
 
 
 # -- the job -----------------------------------------------------------------------------------
@@ -489,8 +524,14 @@ def merge_cache_summaries(parts) -> dict:
     return cache_summary({"cache": p["counts"], "cache_files": p["files"]} for p in parts)
 
 
-def build(p: beam.Pipeline, corpus: Corpus | list[Corpus], out_dir: str, cfg: PreprocessConfig,
-          progress: bool = False, cache_dir: str | None = None):
+def build(
+    p: beam.Pipeline,
+    corpus: Corpus | list[Corpus],
+    out_dir: str,
+    cfg: PreprocessConfig,
+    progress: bool = False,
+    cache_dir: str | None = None,
+):
     """Wire every stage; returns the PCollection holding the schema.json path once it is written.
 
     Elements are batches of rows/clips (corpus.batch_rows): the per-element cost of a runner is
@@ -499,9 +540,13 @@ def build(p: beam.Pipeline, corpus: Corpus | list[Corpus], out_dir: str, cfg: Pr
     """
     read = p | "Read" >> ReadCorpus(corpus, stash_dir(out_dir))
     measured = read["batches"] | "Measure" >> MeasureClips(
-        cfg, stash_dir(out_dir), progress_dir(out_dir) if progress else None, cache_dir)
-    cache_used = (measured.clips | "CacheUse" >> beam.Map(lambda b: cache_summary([b]))
-                  | "SumCacheUse" >> beam.CombineGlobally(merge_cache_summaries).without_defaults())
+        cfg, stash_dir(out_dir), progress_dir(out_dir) if progress else None, cache_dir
+    )
+    cache_used = (
+        measured.clips
+        | "CacheUse" >> beam.Map(lambda b: cache_summary([b]))
+        | "SumCacheUse" >> beam.CombineGlobally(merge_cache_summaries).without_defaults()
+    )
     before = measured.clips | "StatsBefore" >> LengthHistograms()
     corpus_tables = measured.clips | "CorpusTables" >> CorpusTables(cfg)
     cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, beam.pvalue.AsSingleton(corpus_tables), cfg)
@@ -509,9 +554,18 @@ def build(p: beam.Pipeline, corpus: Corpus | list[Corpus], out_dir: str, cfg: Pr
     written = measured[STASHED] | "FilterAndWrite" >> FilterAndWrite(cutoffs, chosen, corpus_tables, out_dir, cfg)
     moments = written[MOMENTS] | "MelStats" >> MelStatistics(cfg.mel.n_mels)
     shards = written["parts"] | "Shards" >> AssembleShards(out_dir, cfg.write.target_shard_mb)
-    rejected = ((read[REJECTED], measured[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten())
-    return {"input_rows": read[INPUT_ROWS], "before": before, "cutoffs": cutoffs, "plan": chosen,  # WriteReport's name
-            "inputs": read[INPUTS], "rejected": rejected, "shards": shards, "moments": moments,
-            "tables": corpus_tables, "written": written[WRITTEN],
-            "feature_stats": written[FEATURE_STATS], "cache": cache_used} | "Report" >> WriteReport(out_dir, cfg,
-                                                                                                  cache_dir)
+    rejected = (read[REJECTED], measured[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten()
+    return {
+        "input_rows": read[INPUT_ROWS],
+        "before": before,
+        "cutoffs": cutoffs,
+        "plan": chosen,  # WriteReport's name
+        "inputs": read[INPUTS],
+        "rejected": rejected,
+        "shards": shards,
+        "moments": moments,
+        "tables": corpus_tables,
+        "written": written[WRITTEN],
+        "feature_stats": written[FEATURE_STATS],
+        "cache": cache_used,
+    } | "Report" >> WriteReport(out_dir, cfg, cache_dir)

@@ -5,12 +5,13 @@ its count of measured rows (`ProgressFile`, at most every few seconds) into a fi
 the run's temp dir, and the command sums them (`ProgressReporter`) for a line every few seconds. On
 Dataflow the job's counters show the same progress and no files are written.
 """
+
 from __future__ import annotations
 
 import threading
 import time
 import uuid
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 

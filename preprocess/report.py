@@ -4,6 +4,7 @@ run), into the run's staging dir; `melshards.preprocess.output` moves them into 
 The rejected rows never meet in one worker: they are counted per reason by a combiner, and written
 sorted in shards of at most about ROWS_PER_REJECTED_SHARD rows (`WriteRejected`), which the report
 merges, a line at a time, into the one `rejected.jsonl` (sorted by id, reason and detail)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,20 +12,30 @@ import heapq
 import json
 import posixpath
 import zlib
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
-from typing import Iterable, Iterator
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess import bucketing, cache, feature_stats
 from melshards.preprocess.config import MelConfig, PreprocessConfig
+from melshards.preprocess.shards import TEMP_DIR, create_file, remove_temp_dir
+from melshards.shards_schema import (
+    REJECTED_FILE,
+    SCHEMA_FILE,
+    SCHEMA_VERSION,
+    SPLITS,
+    STATS_FILE,
+    AudioParams,
+    Language,
+    MelParams,
+    Schema,
+    Speaker,
+)
 from melshards.shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, summarize
 from melshards.shards_schema.stats_model import stats_problem
-from melshards.preprocess.shards import TEMP_DIR, create_file, remove_temp_dir
 from melshards.shards_schema.text import frontend_record
-from melshards.shards_schema import (REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE,
-                                     AudioParams, Language, MelParams, Schema, Speaker)
 
 
 class AccountingError(RuntimeError):
@@ -48,17 +59,32 @@ def speaker_table(corpus_tables: dict, written: dict, features: dict | None = No
     """The speakers with ids, in id order; clips and hours as written into the shards; `features`
     (`feature_stats.finish`) gives each its pitch and energy statistics."""
     own = (features or {}).get("speakers", {})
-    return [Speaker(s["id"], name, written.get(("speaker", name, "clips"), 0),
-                    round(written.get(("speaker", name, "ms"), 0) / HOURS, 4), s["gender"], own.get(name, {}))
-            for name, s in sorted(corpus_tables["speakers"].items(), key=lambda kv: kv[1]["id"])]
+    return [
+        Speaker(
+            s["id"],
+            name,
+            written.get(("speaker", name, "clips"), 0),
+            round(written.get(("speaker", name, "ms"), 0) / HOURS, 4),
+            s["gender"],
+            own.get(name, {}),
+        )
+        for name, s in sorted(corpus_tables["speakers"].items(), key=lambda kv: kv[1]["id"])
+    ]
 
 
 def language_table(corpus_tables: dict, written: dict, features: dict | None = None) -> list[Language]:
     own = (features or {}).get("languages", {})
-    return [Language(x["id"], code, written.get(("language", code, "clips"), 0),
-                     round(written.get(("language", code, "ms"), 0) / HOURS, 4), frontend_record(x["text_frontend"]),
-                     own.get(code, {}))
-            for code, x in sorted(corpus_tables["languages"].items(), key=lambda kv: kv[1]["id"])]
+    return [
+        Language(
+            x["id"],
+            code,
+            written.get(("language", code, "clips"), 0),
+            round(written.get(("language", code, "ms"), 0) / HOURS, 4),
+            frontend_record(x["text_frontend"]),
+            own.get(code, {}),
+        )
+        for code, x in sorted(corpus_tables["languages"].items(), key=lambda kv: kv[1]["id"])
+    ]
 
 
 def bucket_groups(corpus_tables: dict, written: dict, bucket: int) -> dict[str, dict[str, list[int]]]:
@@ -80,31 +106,62 @@ def speaker_stats(corpus_tables: dict, written: dict, features: dict | None = No
     """stats.json `speakers`: the schema's table plus measured clips and clips per split (and voiced
     f0 percentiles in runs with pitch); then the speakers dropped for too few clips (id null)."""
     pitch = (features or {}).get("pitch_percentiles", {})
-    rows = [dict(dataclasses.asdict(s), measured=corpus_tables["speakers"][s.name]["measured"],
-                 per_split={split: written.get(("split", s.name, split), 0) for split in SPLITS},
-                 **({"pitch": pitch[s.name]} if s.name in pitch else {}))
-            for s in speaker_table(corpus_tables, written, features)]
-    rows += [{"id": None, "name": name, "clips": 0, "hours": 0.0, "gender": "", "measured": n,
-              "per_split": {split: 0 for split in SPLITS}}
-             for name, n in sorted(corpus_tables["dropped_speakers"].items())]
+    rows = [
+        dict(
+            dataclasses.asdict(s),
+            measured=corpus_tables["speakers"][s.name]["measured"],
+            per_split={split: written.get(("split", s.name, split), 0) for split in SPLITS},
+            **({"pitch": pitch[s.name]} if s.name in pitch else {}),
+        )
+        for s in speaker_table(corpus_tables, written, features)
+    ]
+    rows += [
+        {
+            "id": None,
+            "name": name,
+            "clips": 0,
+            "hours": 0.0,
+            "gender": "",
+            "measured": n,
+            "per_split": {split: 0 for split in SPLITS},
+        }
+        for name, n in sorted(corpus_tables["dropped_speakers"].items())
+    ]
     return rows
 
 
-def language_stats(corpus_tables: dict, written: dict, cutoffs: Cutoffs | None,
-                   features: dict | None = None) -> list[dict]:
+def language_stats(
+    corpus_tables: dict, written: dict, cutoffs: Cutoffs | None, features: dict | None = None
+) -> list[dict]:
     """stats.json `languages`: the schema's table plus each language's before-filter length summaries
     and its text-length cut-off."""
     lengths = corpus_tables["language_lengths"]
-    return [dict(dataclasses.asdict(x), before_filter=length_summaries(lengths.get(x.code, {})),
-                 max_text_len=cutoffs.text_limit(x.code) if cutoffs else None)
-            for x in language_table(corpus_tables, written, features)]
+    return [
+        dict(
+            dataclasses.asdict(x),
+            before_filter=length_summaries(lengths.get(x.code, {})),
+            max_text_len=cutoffs.text_limit(x.code) if cutoffs else None,
+        )
+        for x in language_table(corpus_tables, written, features)
+    ]
 
 
-def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dict, cutoffs: Cutoffs | None,
-                reasons: dict, shards: list[dict], buckets: dict | None = None, text: dict | None = None,
-                train_hist: dict | None = None, corpus_tables: dict | None = None,
-                written: dict | None = None, inputs: list[dict] | None = None,
-                features: dict | None = None) -> dict:
+def build_stats(
+    cfg: PreprocessConfig,
+    input_rows: int,
+    before: dict,
+    after: dict,
+    cutoffs: Cutoffs | None,
+    reasons: dict,
+    shards: list[dict],
+    buckets: dict | None = None,
+    text: dict | None = None,
+    train_hist: dict | None = None,
+    corpus_tables: dict | None = None,
+    written: dict | None = None,
+    inputs: list[dict] | None = None,
+    features: dict | None = None,
+) -> dict:
     """stats.json, checked against its declaration (StatsFile) before it is written; `features`:
     `feature_stats.finish` (runs with pitch or energy)."""
     stats = {
@@ -132,11 +189,15 @@ def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dic
     if corpus_tables is not None:
         stats["speakers"] = speaker_stats(corpus_tables, written or {}, features)
         stats["languages"] = language_stats(corpus_tables, written or {}, cutoffs, features)
-        stats["split"] = {"val_fraction": cfg.split.val_fraction, "val_speakers": list(cfg.split.val_speakers),
-                          "val_speakers_not_found": corpus_tables["missing_val_speakers"]}
+        stats["split"] = {
+            "val_fraction": cfg.split.val_fraction,
+            "val_speakers": list(cfg.split.val_speakers),
+            "val_speakers_not_found": corpus_tables["missing_val_speakers"],
+        }
     if cutoffs and buckets:
-        per_bucket = bucketing.bucket_stats(buckets, after.get("mel_frames", {}), text or {}, shards, cfg.pad,
-                                    train_hist or {})
+        per_bucket = bucketing.bucket_stats(
+            buckets, after.get("mel_frames", {}), text or {}, shards, cfg.pad, train_hist or {}
+        )
         largest = per_bucket["buckets"][-1]
         stats["padding"] = {  # the shards as written: the largest bucket's shapes, padding over all buckets
             "max_text_len": largest["max_text_len"],
@@ -148,8 +209,9 @@ def build_stats(cfg: PreprocessConfig, input_rows: int, before: dict, after: dic
         stats["buckets"] = per_bucket
     problem = stats_problem(stats)
     if problem:
-        raise AccountingError(f"stats.json as built is not what melshards.shards_schema.stats_model declares: "
-                              f"{problem}")
+        raise AccountingError(
+            f"stats.json as built is not what melshards.shards_schema.stats_model declares: {problem}"
+        )
     return stats
 
 
@@ -158,8 +220,16 @@ def mel_params(m: MelConfig) -> MelParams:
     return MelParams(m.n_fft, m.hop_length, m.win_length, m.n_mels, m.fmin, m.fmax, m.log_floor, m.power)
 
 
-def build_schema(cfg: PreprocessConfig, buckets: dict, text: dict, moments: Moments, shards: list[dict],
-                 corpus_tables: dict, written: dict, features: dict | None = None) -> Schema:
+def build_schema(
+    cfg: PreprocessConfig,
+    buckets: dict,
+    text: dict,
+    moments: Moments,
+    shards: list[dict],
+    corpus_tables: dict,
+    written: dict,
+    features: dict | None = None,
+) -> Schema:
     m = cfg.mel
     if moments.n == 0:  # no training frames: identity normalisation, stated rather than invented
         mean, std = [0.0] * m.n_mels, [1.0] * m.n_mels
@@ -174,11 +244,22 @@ def build_schema(cfg: PreprocessConfig, buckets: dict, text: dict, moments: Mome
         vocabulary=tuple(corpus_tables["vocabulary"]),
         speakers=tuple(speaker_table(corpus_tables, written, features)),
         languages=tuple(language_table(corpus_tables, written, features)),
-        mel_mean=tuple(mean), mel_std=tuple(std),
+        mel_mean=tuple(mean),
+        mel_std=tuple(std),
         pad_multiple=cfg.pad.multiple,
-        buckets=tuple(Schema.make_bucket(i, texts[i], bound, m.n_mels, [x for x in shards if x["bucket"] == i],
-                                         cfg.optional_features, m.hop_length, bucket_groups(corpus_tables, written, i))
-                      for i, bound in enumerate(buckets["bounds"])),
+        buckets=tuple(
+            Schema.make_bucket(
+                i,
+                texts[i],
+                bound,
+                m.n_mels,
+                [x for x in shards if x["bucket"] == i],
+                cfg.optional_features,
+                m.hop_length,
+                bucket_groups(corpus_tables, written, i),
+            )
+            for i, bound in enumerate(buckets["bounds"])
+        ),
         text_unit=cfg.text_unit,
         feature_stats=(features or {}).get("global", {}),
     )
@@ -259,17 +340,22 @@ class WriteRejected(beam.PTransform):
 
     def expand(self, rejected):
         per_shard = self.rows_per_shard
-        reasons = (rejected
-                   | "Reason" >> beam.Map(lambda row: (row["reason"], 1))
-                   | "CountReasons" >> beam.CombinePerKey(sum))
-        total = (reasons
-                 | "Counts" >> beam.Values()
-                 | "Total" >> beam.CombineGlobally(sum).without_defaults())  # none rejected: no element
-        shards = (rejected
-                  | "Key" >> beam.Map(lambda row, n: (rejected_shard_of(row, rejected_shard_count(n, per_shard)), row),
-                                      beam.pvalue.AsSingleton(total, default_value=0))
-                  | "Group" >> beam.GroupByKey()
-                  | "WriteShard" >> beam.ParDo(_WriteRejectedShardFn(self.out_dir)))
+        reasons = (
+            rejected | "Reason" >> beam.Map(lambda row: (row["reason"], 1)) | "CountReasons" >> beam.CombinePerKey(sum)
+        )
+        total = (
+            reasons | "Counts" >> beam.Values() | "Total" >> beam.CombineGlobally(sum).without_defaults()
+        )  # none rejected: no element
+        shards = (
+            rejected
+            | "Key"
+            >> beam.Map(
+                lambda row, n: (rejected_shard_of(row, rejected_shard_count(n, per_shard)), row),
+                beam.pvalue.AsSingleton(total, default_value=0),
+            )
+            | "Group" >> beam.GroupByKey()
+            | "WriteShard" >> beam.ParDo(_WriteRejectedShardFn(self.out_dir))
+        )
         return {"reasons": reasons, "shards": shards}
 
 
@@ -277,20 +363,52 @@ class _WriteReportFn(beam.DoFn):
     def __init__(self, out_dir: str, cfg: PreprocessConfig, cache_dir: str | None = None):
         self.out_dir, self.cfg, self.cache_dir = out_dir, cfg, cache_dir
 
-    def process(self, _, input_rows, before, cutoffs, plan, reasons, rejected_shards, shards, moments, tables,
-                written, inputs, feature_groups, cache_use):
+    def process(
+        self,
+        _,
+        input_rows,
+        before,
+        cutoffs,
+        plan,
+        reasons,
+        rejected_shards,
+        shards,
+        moments,
+        tables,
+        written,
+        inputs,
+        feature_groups,
+        cache_use,
+    ):
         buckets, text = plan["buckets"], plan["text"]
         written = written[0] if written else {}  # none when no batch was written
         features = None
         if self.cfg.features.pitch or self.cfg.features.energy:
             features = feature_stats.finish(feature_groups[0] if feature_groups else {}, self.cfg.optional_features)
-        stats = build_stats(self.cfg, input_rows, before, plan["after"], cutoffs, dict(reasons), list(shards),
-                            buckets, text, plan["train_hist"], tables, written, inputs, features)
+        stats = build_stats(
+            self.cfg,
+            input_rows,
+            before,
+            plan["after"],
+            cutoffs,
+            dict(reasons),
+            list(shards),
+            buckets,
+            text,
+            plan["train_hist"],
+            tables,
+            written,
+            inputs,
+            features,
+        )
         if self.cache_dir:  # what the feature cache gave, and the files this run used (for `cache prune`)
             use = cache_use[0] if cache_use else {"counts": {}, "files": set()}
             run_id = posixpath.basename(self.out_dir.rstrip("/")).lstrip(".")
-            stats["cache"] = {"dir": self.cache_dir, **{k: int(use["counts"].get(k, 0)) for k in CACHE_COUNTS},
-                              "files_used": len(use["files"])}
+            stats["cache"] = {
+                "dir": self.cache_dir,
+                **{k: int(use["counts"].get(k, 0)) for k in CACHE_COUNTS},
+                "files_used": len(use["files"]),
+            }
             cache.record_use(self.cache_dir, run_id, use["files"])
         write_merged(self.out_dir, REJECTED_FILE, rejected_shards)
         _write_text(self.out_dir, STATS_FILE, json.dumps(stats, indent=2) + "\n")
@@ -314,20 +432,24 @@ class WriteReport(beam.PTransform):
     def expand(self, inputs):
         S = beam.pvalue
         rejected = inputs["rejected"] | "Rejected" >> WriteRejected(self.out_dir)
-        return (inputs["input_rows"].pipeline
-                | "Once" >> beam.Create([None])
-                | "Write" >> beam.ParDo(
-                    _WriteReportFn(self.out_dir, self.cfg, self.cache_dir),
-                    input_rows=S.AsSingleton(inputs["input_rows"]),
-                    before=S.AsSingleton(inputs["before"]),
-                    cutoffs=S.AsSingleton(inputs["cutoffs"]),
-                    plan=S.AsSingleton(inputs["plan"]),
-                    reasons=S.AsDict(rejected["reasons"]),
-                    rejected_shards=S.AsList(rejected["shards"]),
-                    shards=S.AsList(inputs["shards"]),
-                    moments=S.AsSingleton(inputs["moments"]),
-                    tables=S.AsSingleton(inputs["tables"]),
-                    written=S.AsList(inputs["written"]),
-                    inputs=S.AsSingleton(inputs["inputs"]),
-                    feature_groups=S.AsList(inputs["feature_stats"]),
-                    cache_use=S.AsList(inputs["cache"])))
+        return (
+            inputs["input_rows"].pipeline
+            | "Once" >> beam.Create([None])
+            | "Write"
+            >> beam.ParDo(
+                _WriteReportFn(self.out_dir, self.cfg, self.cache_dir),
+                input_rows=S.AsSingleton(inputs["input_rows"]),
+                before=S.AsSingleton(inputs["before"]),
+                cutoffs=S.AsSingleton(inputs["cutoffs"]),
+                plan=S.AsSingleton(inputs["plan"]),
+                reasons=S.AsDict(rejected["reasons"]),
+                rejected_shards=S.AsList(rejected["shards"]),
+                shards=S.AsList(inputs["shards"]),
+                moments=S.AsSingleton(inputs["moments"]),
+                tables=S.AsSingleton(inputs["tables"]),
+                written=S.AsList(inputs["written"]),
+                inputs=S.AsSingleton(inputs["inputs"]),
+                feature_groups=S.AsList(inputs["feature_stats"]),
+                cache_use=S.AsList(inputs["cache"]),
+            )
+        )

@@ -8,16 +8,25 @@ A layout's reader yields items, rows and rejections in input order, one per inpu
 none: a corpus is read as a stream (`LayoutRows.of` collects one, for tests and small reads).
 `unique_ids` drops repeated ids, `complete_rows` gives every row a speaker and a language.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Iterator, MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping
 
 from melshards.shards_schema.text_clean import canonical_language
 
 ROW_KEYS = ("id", "text", "speaker", "language", "gender", "audio", "row")
-_GENDERS = {"f": "F", "female": "F", "woman": "F", "female_feminine": "F",  # Common Voice 17+ spells
-            "m": "M", "male": "M", "man": "M", "male_masculine": "M"}       # them "female_feminine", ...
+_GENDERS = {
+    "f": "F",
+    "female": "F",
+    "woman": "F",
+    "female_feminine": "F",  # Common Voice 17+ spells
+    "m": "M",
+    "male": "M",
+    "man": "M",
+    "male_masculine": "M",
+}  # them "female_feminine", ...
 
 
 class CorpusError(ValueError):
@@ -28,6 +37,7 @@ class CorpusError(ValueError):
 class LayoutRows:
     """What a layout's reader found: the rows, and the input rows already rejected (each with its
     reason). Every input row is in exactly one of the two."""
+
     rows: list[dict]
     rejected: list[dict]
 
@@ -36,7 +46,7 @@ class LayoutRows:
         return len(self.rows) + len(self.rejected)
 
     @classmethod
-    def of(cls, items: Iterable[dict]) -> "LayoutRows":
+    def of(cls, items: Iterable[dict]) -> LayoutRows:
         """A reader's items, collected."""
         read = cls([], [])
         for item in items:
@@ -44,10 +54,18 @@ class LayoutRows:
         return read
 
 
-def row(clip_id: str, text: str, audio: str | None, index: int, speaker: str = "", language: str = "",
-        gender: str = "") -> dict:
-    return {"id": clip_id, "text": text, "speaker": speaker, "language": language, "gender": gender,
-            "audio": audio, "row": index}
+def row(
+    clip_id: str, text: str, audio: str | None, index: int, speaker: str = "", language: str = "", gender: str = ""
+) -> dict:
+    return {
+        "id": clip_id,
+        "text": text,
+        "speaker": speaker,
+        "language": language,
+        "gender": gender,
+        "audio": audio,
+        "row": index,
+    }
 
 
 def reject(row_id: str, reason: str, detail: str) -> dict:
@@ -87,12 +105,16 @@ def unique_ids(items: Iterable[dict], first: MutableMapping[str, int]) -> Iterat
             yield item
             continue
         seen = first.setdefault(item["id"], item["row"])
-        yield item if seen == item["row"] else reject(
-            item["id"], "duplicate_id", f"row {item['row'] + 1} repeats the id of row {seen + 1}")
+        yield (
+            item
+            if seen == item["row"]
+            else reject(item["id"], "duplicate_id", f"row {item['row'] + 1} repeats the id of row {seen + 1}")
+        )
 
 
-def complete_rows(items: Iterable[dict], name: str, language: str | None,
-                  folded: MutableMapping[str, str] | None = None) -> Iterator[dict]:
+def complete_rows(
+    items: Iterable[dict], name: str, language: str | None, folded: MutableMapping[str, str] | None = None
+) -> Iterator[dict]:
     """Every row gets a speaker (its own label, else the input's name: a corpus without speakers is
     one speaker) and a language (its own, else the input's default `language`), spelt as
     `canonical_language` spells it (`EN` and `en` are one language); a row left without a language ->
@@ -104,9 +126,12 @@ def complete_rows(items: Iterable[dict], name: str, language: str | None,
             continue
         lang = (r.get("language") or "").strip() or (language or "")
         if not lang:
-            yield reject(r["id"], "missing_language",
-                         f"row {r['row'] + 1} says no language and its input has no default; "
-                         "give --language CODE, or fill the row's language column")
+            yield reject(
+                r["id"],
+                "missing_language",
+                f"row {r['row'] + 1} says no language and its input has no default; "
+                "give --language CODE, or fill the row's language column",
+            )
         else:
             code = canonical_language(lang)
             if code != lang and folded is not None:

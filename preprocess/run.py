@@ -4,6 +4,7 @@ Everything that can be wrong with the invocation (options, config, input, output
 the pipeline is built, so a bad call fails in a second with a message, not after minutes of work.
 A corpus whose every row is rejected is only known after the job: `EmptyRunError`, in one line.
 """
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import os
 import posixpath
 import re
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -20,24 +21,43 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from melshards.preprocess import cache
 from melshards.preprocess.config import load_config
-from melshards.preprocess.corpus import (Corpus, CorpusError, check_distinct_inputs, check_rows_file,
-                                        detect_corpus)
+from melshards.preprocess.corpus import Corpus, CorpusError, check_distinct_inputs, check_rows_file, detect_corpus
 from melshards.preprocess.lock import is_local_path
 from melshards.preprocess.options import OptionsError, is_local, pipeline_options
-from melshards.preprocess.output import (RUN_FILE, OutputError, OutputRun, close_run, exception_chain, is_disk_full,
-                                         open_run, tree_bytes)
+from melshards.preprocess.output import (
+    RUN_FILE,
+    OutputError,
+    OutputRun,
+    close_run,
+    exception_chain,
+    is_disk_full,
+    open_run,
+    tree_bytes,
+)
 from melshards.preprocess.pipeline import build
 from melshards.preprocess.progress import ProgressReporter, count_rows
 from melshards.preprocess.shards import make_temp_dir
-from melshards.preprocess.workers import (JobStoppedError, WorkerDiedError, apply_workers, run_watching_workers,
-                                          worker_logs_held)
+from melshards.preprocess.workers import (
+    JobStoppedError,
+    WorkerDiedError,
+    apply_workers,
+    run_watching_workers,
+    worker_logs_held,
+)
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
 
 log = logging.getLogger("melshards.preprocess")
 
 # What `melshards preprocess` imports from here: the errors of every check it reports, and run_job.
-__all__ = ["DiskFullError", "EmptyRunError", "OptionsError", "OutputError", "OutputGoneError", "quiet_beam_logging",
-           "run_job"]
+__all__ = [
+    "DiskFullError",
+    "EmptyRunError",
+    "OptionsError",
+    "OutputError",
+    "OutputGoneError",
+    "quiet_beam_logging",
+    "run_job",
+]
 
 
 class EmptyRunError(RuntimeError):
@@ -56,8 +76,12 @@ def quiet_beam_logging() -> None:
     """Keep the console to the job's own lines: Beam's per-transform chatter, the local runner's
     servers, and the worker processes' start-up lines (relayed by local_job_service: INFO and a
     WARN per worker about semi_persistent_directory) go; workers' errors still show."""
-    for noisy in ("apache_beam.typehints", "apache_beam.runners.worker", "apache_beam.io.filebasedsink",
-                  "apache_beam.runners.portability"):
+    for noisy in (
+        "apache_beam.typehints",
+        "apache_beam.runners.worker",
+        "apache_beam.io.filebasedsink",
+        "apache_beam.runners.portability",
+    ):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
 
@@ -74,9 +98,11 @@ def empty_run_message(stage: str) -> str:
         return f"the job finished without writing {SCHEMA_FILE} or {STATS_FILE}"
     c = _read_stats(stage)["counts"]
     reasons = ", ".join(f"{n} {reason}" for reason, n in c["per_reason"].items())
-    return (f"all {c['input_rows']} input rows were rejected ({reasons}); no shards were written and the "
-            f"output directory is as it was. Each row's reason is in {FileSystems.join(stage, REJECTED_FILE)} "
-            "(removed by the next run into this directory).")
+    return (
+        f"all {c['input_rows']} input rows were rejected ({reasons}); no shards were written and the "
+        f"output directory is as it was. Each row's reason is in {FileSystems.join(stage, REJECTED_FILE)} "
+        "(removed by the next run into this directory)."
+    )
 
 
 def _size(n: float) -> str:
@@ -103,15 +129,21 @@ def disk_full_message(exc: BaseException, run: OutputRun, done: int, total: int 
     staged = tree_bytes(run.stage)
     need = staged * total / done if total and done else None
     free = _free_bytes(os.path.dirname(path)) if is_local_path(path) else None
-    needed = (f"the run had written {_size(staged)} for {done} of {total} rows, so it needs about "
-              f"{_size(need)} free there" if need else f"the run had written {_size(staged)} when it failed")
-    return (f"no space left on the device of {path}{f' ({_size(free)} free)' if free is not None else ''}: "
-            f"{needed}; free some space or choose another --output. Its temporary files were removed and "
-            f"{run.out_dir} is as it was.")
+    needed = (
+        f"the run had written {_size(staged)} for {done} of {total} rows, so it needs about {_size(need)} free there"
+        if need
+        else f"the run had written {_size(staged)} when it failed"
+    )
+    return (
+        f"no space left on the device of {path}{f' ({_size(free)} free)' if free is not None else ''}: "
+        f"{needed}; free some space or choose another --output. Its temporary files were removed and "
+        f"{run.out_dir} is as it was."
+    )
 
 
-def find_corpora(input_paths: Sequence[str], format: str | None, language: str | None,
-                 check_remote: bool) -> list[Corpus]:
+def find_corpora(
+    input_paths: Sequence[str], format: str | None, language: str | None, check_remote: bool
+) -> list[Corpus]:
     """Every --input's corpus (its layout recognised, or forced by `format`), each rows file's first
     line checked (a remote one only if `check_remote`); a bad path fails naming it, before any work."""
     if not input_paths:
@@ -127,15 +159,21 @@ def find_corpora(input_paths: Sequence[str], format: str | None, language: str |
 def check_alignments_dir(path: str) -> None:
     """CorpusError at once when the alignments directory is missing (local or gs://)."""
     local = is_local_path(path)
-    if (os.path.isdir(path) if local else FileSystems.exists(path.rstrip("/") + "/")
-            or bool(FileSystems.match([path.rstrip("/") + "/*"], limits=[1])[0].metadata_list)):
+    if (
+        os.path.isdir(path)
+        if local
+        else FileSystems.exists(path.rstrip("/") + "/")
+        or bool(FileSystems.match([path.rstrip("/") + "/*"], limits=[1])[0].metadata_list)
+    ):
         return
-    raise CorpusError(f"--alignments {path}: no such directory; give the directory Montreal Forced Aligner wrote "
-                      "its TextGrids into (DIR/ID.TextGrid or DIR/SPEAKER/ID.TextGrid)")
+    raise CorpusError(
+        f"--alignments {path}: no such directory; give the directory Montreal Forced Aligner wrote "
+        "its TextGrids into (DIR/ID.TextGrid or DIR/SPEAKER/ID.TextGrid)"
+    )
 
 
 def _inside(path: str, directory: str) -> bool:
-    norm = (lambda x: os.path.abspath(x) if is_local_path(x) else x.rstrip("/"))
+    norm = lambda x: os.path.abspath(x) if is_local_path(x) else x.rstrip("/")
     p, d = norm(path), norm(directory)
     return p == d or p.startswith(d.rstrip("/") + "/")
 
@@ -144,15 +182,29 @@ def check_cache_dir(cache_dir: str, out_dir: str) -> None:
     """OutputError at once for a cache inside the output directory (or holding it): replacing a run
     there would take the cache with it, or the cache's files would mix with a run's."""
     if _inside(cache_dir, out_dir) or _inside(out_dir, cache_dir):
-        raise OutputError(f"--cache {cache_dir} is inside --output {out_dir} (or holds it); give the cache a "
-                          "directory of its own, e.g. beside the output: --cache "
-                          f"{posixpath.dirname(out_dir.rstrip('/')) or '.'}/melshards-cache")
+        raise OutputError(
+            f"--cache {cache_dir} is inside --output {out_dir} (or holds it); give the cache a "
+            "directory of its own, e.g. beside the output: --cache "
+            f"{posixpath.dirname(out_dir.rstrip('/')) or '.'}/melshards-cache"
+        )
 
 
-def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None = None, buckets: str | None = None,
-            overwrite: bool = False, workers: int | None = None, beam_args: Sequence[str] = (),
-            own_options: Sequence[str] = (), echo: Callable[[str], None] = print, format: str | None = None,
-            language: str | None = None, alignments: str | None = None, cache_dir: str | None = None) -> dict | None:
+def run_job(
+    input_paths: Sequence[str],
+    out_dir: str,
+    *,
+    config_path: str | None = None,
+    buckets: str | None = None,
+    overwrite: bool = False,
+    workers: int | None = None,
+    beam_args: Sequence[str] = (),
+    own_options: Sequence[str] = (),
+    echo: Callable[[str], None] = print,
+    format: str | None = None,
+    language: str | None = None,
+    alignments: str | None = None,
+    cache_dir: str | None = None,
+) -> dict | None:
     """Check the invocation, run the job to completion, and return the stats.json it wrote.
 
     `input_paths`: one corpus or several, merged into one run (see docs/corpora.md); `format` forces
@@ -181,8 +233,9 @@ def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None
             cache.check_writable(cache_dir)
     # Local rows files are checked always; remote ones only for a real run, so a Dataflow dry run
     # (--dry_run=True --no_auth) still builds its graph offline.
-    corpora = find_corpora([input_paths] if isinstance(input_paths, str) else list(input_paths), format, language,
-                           check_remote=not dry_run)
+    corpora = find_corpora(
+        [input_paths] if isinstance(input_paths, str) else list(input_paths), format, language, check_remote=not dry_run
+    )
     local = is_local(options) and not dry_run
     rows = count_rows(corpora) if local else None
     apply_workers(options, list(beam_args), workers, rows)
@@ -192,9 +245,13 @@ def run_job(input_paths: Sequence[str], out_dir: str, *, config_path: str | None
         p.run()
         return None
     run = open_run(out_dir, overwrite, echo=echo)
-    log.info("corpus %s, output %s (staged in %s), runner %s",
-             ", ".join(f"{c.input} ({c.kind})" for c in corpora), out_dir, run.stage,
-             options.view_as(StandardOptions).runner)
+    log.info(
+        "corpus %s, output %s (staged in %s), runner %s",
+        ", ".join(f"{c.input} ({c.kind})" for c in corpora),
+        out_dir,
+        run.stage,
+        options.view_as(StandardOptions).runner,
+    )
     reporter = ProgressReporter(run.stage, rows, echo) if local else None
     lease = None
     try:
@@ -231,8 +288,10 @@ def removed_during_run(run: OutputRun) -> str | None:
 
 
 def gone_message(what: str, out_dir: str) -> str:
-    return (f"{what} was removed while the job ran: the job was stopped, nothing was published, and nothing of "
-            f"the run is left in {out_dir}; leave the directory to a run while it runs, and run again")
+    return (
+        f"{what} was removed while the job ran: the job was stopped, nothing was published, and nothing of "
+        f"the run is left in {out_dir}; leave the directory to a run while it runs, and run again"
+    )
 
 
 def watch_output(run: OutputRun, every: float | None = None) -> Callable[[], str | None]:
@@ -250,6 +309,7 @@ def watch_output(run: OutputRun, every: float | None = None) -> Callable[[], str
         except Exception:  # a transient error reading the lock (gs://): asked again at the next check
             return None
         return gone_message(gone, run.out_dir) if gone else None
+
     return check
 
 
@@ -269,16 +329,20 @@ def told_in_one_line(e: BaseException, run: OutputRun) -> bool:
     return is_disk_full(e) and not (run.published or run.closed)
 
 
-def one_line_error(e: Exception, run: OutputRun, out_dir: str, cache_dir: str | None, done: int,
-                   total: int | None) -> Exception | None:
+def one_line_error(
+    e: Exception, run: OutputRun, out_dir: str, cache_dir: str | None, done: int, total: int | None
+) -> Exception | None:
     """What a failed job is told as, in one line, where the command knows the cause (`told_in_one_line`):
     then neither the cause's traceback nor what the workers logged or printed about it is shown.
     None for a failure it cannot explain (its traceback is the message)."""
     if not told_in_one_line(e, run):
         return None
     if isinstance(e, WorkerDiedError):
-        again = (f"a re-run computes only the clips not yet in --cache {cache_dir}" if cache_dir else
-                 "run it again (with --cache DIR, a re-run computes only the clips not yet cached)")
+        again = (
+            f"a re-run computes only the clips not yet in --cache {cache_dir}"
+            if cache_dir
+            else "run it again (with --cache DIR, a re-run computes only the clips not yet cached)"
+        )
         return WorkerDiedError(f"{e}; the run's temporary files were removed and {out_dir} is as it was: {again}")
     if isinstance(e, OutputGoneError):
         return e
@@ -290,19 +354,27 @@ def one_line_error(e: Exception, run: OutputRun, out_dir: str, cache_dir: str | 
     return DiskFullError(disk_full_message(e, run, done, total))
 
 
-def _run_pipeline(options: PipelineOptions, corpora: list[Corpus], run: OutputRun, cfg,
-                  reporter: ProgressReporter | None, cache_dir: str | None = None) -> None:
+def _run_pipeline(
+    options: PipelineOptions,
+    corpora: list[Corpus],
+    run: OutputRun,
+    cfg,
+    reporter: ProgressReporter | None,
+    cache_dir: str | None = None,
+) -> None:
     """Build the job writing into the run's staging dir and run it to the end, with the progress line."""
     p = beam.Pipeline(options=options)
     build(p, corpora, run.stage, cfg, progress=reporter is not None, cache_dir=cache_dir)
     if reporter:
         reporter.start()
-    local_processes = (is_local(options)
-                       and options.view_as(DirectOptions).direct_running_mode == "multi_processing")
+    local_processes = is_local(options) and options.view_as(DirectOptions).direct_running_mode == "multi_processing"
     try:
         if local_processes:  # a worker that dies would leave the local runner waiting for ever
-            run_watching_workers(lambda: p.run().wait_until_finish(),
-                                 told_in_one_line=lambda e: told_in_one_line(e, run), stop_when=watch_output(run))
+            run_watching_workers(
+                lambda: p.run().wait_until_finish(),
+                told_in_one_line=lambda e: told_in_one_line(e, run),
+                stop_when=watch_output(run),
+            )
         else:
             p.run().wait_until_finish()
     finally:

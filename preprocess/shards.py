@@ -9,6 +9,7 @@ smaller ones (each bundle's last) are concatenated, which is valid because a TFR
 a sequence of framed records. Records are framed by the contract's own `frame_record` (crc32c from
 google-crc32c) and written through FileSystems, so gs:// works.
 """
+
 from __future__ import annotations
 
 import os
@@ -62,9 +63,16 @@ def group_into_shards(parts: list[dict], target_bytes: int) -> list[dict]:
             groups[i].append(part)
             sizes[i] += part["bytes"]
         for i, group in enumerate(groups):
-            shards.append({"split": split, "bucket": bucket, "file": shard_name(split, bucket, i, len(groups)),
-                           "parts": [p["path"] for p in group], "records": sum(p["records"] for p in group),
-                           "bytes": sum(p["bytes"] for p in group)})
+            shards.append(
+                {
+                    "split": split,
+                    "bucket": bucket,
+                    "file": shard_name(split, bucket, i, len(groups)),
+                    "parts": [p["path"] for p in group],
+                    "records": sum(p["records"] for p in group),
+                    "bytes": sum(p["bytes"] for p in group),
+                }
+            )
     return shards
 
 
@@ -90,8 +98,14 @@ class RollingFiles:
             w = None
         if w is None:
             path = FileSystems.join(self.out_dir, TEMP_DIR, f"{split}-b{bucket:02d}-{uuid.uuid4().hex}{SHARD_SUFFIX}")
-            w = self.open[key] = {"split": split, "bucket": bucket, "path": path, "records": 0, "bytes": 0,
-                                  "fh": create_file(path)}
+            w = self.open[key] = {
+                "split": split,
+                "bucket": bucket,
+                "path": path,
+                "records": 0,
+                "bytes": 0,
+                "fh": create_file(path),
+            }
         framed = frame_record(data)
         w["fh"].write(framed)
         w["records"] += 1
@@ -121,8 +135,7 @@ class _AssembleShard(beam.DoFn):
         missing = [p for p in parts if not FileSystems.exists(p)]
         if missing:
             if not FileSystems.exists(final):
-                raise IOError(f"cannot assemble {final}: parts {missing} are gone and the shard was never "
-                              "written")
+                raise OSError(f"cannot assemble {final}: parts {missing} are gone and the shard was never written")
             left = [p for p in parts if p not in missing]
             if left:
                 FileSystems.delete(left)
@@ -164,9 +177,11 @@ class AssembleShards(beam.PTransform):
         self.out_dir, self.target = out_dir, int(target_shard_mb * 1e6)
 
     def expand(self, parts):
-        return (parts.pipeline
-                | "Once" >> beam.Create([None])
-                | "Group" >> beam.FlatMap(lambda _, parts: group_into_shards(list(parts), self.target),
-                                         beam.pvalue.AsList(parts))
-                | "Spread" >> beam.Reshuffle()  # assemble shards in parallel
-                | "Assemble" >> beam.ParDo(_AssembleShard(self.out_dir)))
+        return (
+            parts.pipeline
+            | "Once" >> beam.Create([None])
+            | "Group"
+            >> beam.FlatMap(lambda _, parts: group_into_shards(list(parts), self.target), beam.pvalue.AsList(parts))
+            | "Spread" >> beam.Reshuffle()  # assemble shards in parallel
+            | "Assemble" >> beam.ParDo(_AssembleShard(self.out_dir))
+        )

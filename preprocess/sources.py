@@ -8,6 +8,7 @@ Common Voice TSV or a manifest), never from reading the rows: building the pipel
 file, so a Dataflow graph builds offline. `check_rows_file` reads a rows file's first line, so an
 empty file or a table without the columns it needs stops the run before any work.
 """
+
 from __future__ import annotations
 
 import codecs
@@ -15,8 +16,8 @@ import dataclasses
 import os
 import posixpath
 import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Iterable, Iterator, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -51,6 +52,7 @@ class Layout:
     (forced by --format: only what reading needs), `read(corpus, spill)` its items with unique ids
     (the spill holds what reading must remember), `count` its input rows (the progress line's total)
     and `language(corpus, --language)` its default language."""
+
     name: str
     telltale: str  # what `locate` looks for, as the error for an unrecognised input lists it
     locate: Callable[[str, bool], Corpus | None]
@@ -97,17 +99,22 @@ def input_found(path: str, timeout_s: float | None = None) -> bool:
         return _found(path)
     timeout_s = REMOTE_ANSWER_S if timeout_s is None else timeout_s
     answer: list = []
-    probe = threading.Thread(target=lambda: answer.append(_try(_found, path)), daemon=True,
-                             name="melshards-input-probe")  # daemon: a hung client does not hold the exit
+    probe = threading.Thread(
+        target=lambda: answer.append(_try(_found, path)), daemon=True, name="melshards-input-probe"
+    )  # daemon: a hung client does not hold the exit
     probe.start()
     probe.join(timeout_s)
     if not answer:
-        raise CorpusError(f"--input {path}: {path.split('://')[0]}:// gave no answer in {timeout_s:g} s; check the "
-                          "network and the credentials (gcloud auth application-default login), then run again")
+        raise CorpusError(
+            f"--input {path}: {path.split('://')[0]}:// gave no answer in {timeout_s:g} s; check the "
+            "network and the credentials (gcloud auth application-default login), then run again"
+        )
     if isinstance(answer[0], Exception):
         reason = (str(answer[0]).strip().splitlines() or [""])[0][:300]
-        raise CorpusError(f"--input {path} cannot be read ({type(answer[0]).__name__}: {reason}); check the path, "
-                          "the network and the credentials")
+        raise CorpusError(
+            f"--input {path} cannot be read ({type(answer[0]).__name__}: {reason}); check the path, "
+            "the network and the credentials"
+        )
     return answer[0]
 
 
@@ -136,12 +143,16 @@ def _lines(path: str, max_line: int = MAX_LINE) -> Iterator[str]:
             lines = (held + decoder.decode(chunk, final=not chunk)).splitlines(keepends=True)
             # The last line may go on in the next chunk (a "\r" too: the "\n" of a "\r\n" may follow).
             held = lines.pop() if chunk and lines else ""
-            long = next((i for i, line in enumerate(lines) if len(line) > max_line),
-                        len(lines) if len(held) > max_line else None)
+            long = next(
+                (i for i, line in enumerate(lines) if len(line) > max_line),
+                len(lines) if len(held) > max_line else None,
+            )
             if long is not None:
                 yield from lines[:long]
-                raise CorpusError(f"{path}: line {n + long + 1} is longer than {max_line} characters; a rows file "
-                                  "holds one row per line: check that --input names the corpus' rows file")
+                raise CorpusError(
+                    f"{path}: line {n + long + 1} is longer than {max_line} characters; a rows file "
+                    "holds one row per line: check that --input names the corpus' rows file"
+                )
             n += len(lines)
             yield from lines
             if not chunk:
@@ -165,7 +176,7 @@ def _first_line(path: str, limit: int = 1 << 20) -> tuple[str | None, bool]:
             text += decoder.decode(chunk, final=done)
             lines = text.splitlines()
             complete = lines if done else lines[:-1]  # the last piece may continue in the next chunk
-            line = next((l for l in complete if l.strip()), None)
+            line = next((line for line in complete if line.strip()), None)
             if line is not None or done:
                 return line, done
     return None, False
@@ -229,8 +240,9 @@ def _locate_libritts(path: str, forced: bool) -> Corpus | None:
     """The corpus root (SPEAKERS.txt in it) or one subset (SPEAKERS.txt in its parent)."""
     if not _is_dir(path):
         return None
-    speakers = next((p for p in (_join(path, "SPEAKERS.txt"), _join(posixpath.dirname(path), "SPEAKERS.txt"))
-                     if _exists(p)), None)
+    speakers = next(
+        (p for p in (_join(path, "SPEAKERS.txt"), _join(posixpath.dirname(path), "SPEAKERS.txt")) if _exists(p)), None
+    )
     return Corpus("libritts", None, path, speakers_path=speakers) if speakers or forced else None
 
 
@@ -290,16 +302,37 @@ def _given(corpus: Corpus, given: str | None) -> str | None:
     return given
 
 
-LAYOUTS: dict[str, Layout] = {layout.name: layout for layout in (  # in the order detection tries them
-    Layout("ljspeech", "metadata.csv", _locate_ljspeech, _read_ljspeech, _count_lines, _given_else_english),
-    Layout("vctk", f"speaker-info.txt and {L.VCTK_AUDIO_DIR}/", _locate_vctk, _read_vctk, _count_vctk, _english),
-    Layout("libritts", "SPEAKERS.txt in it or in its parent", _locate_libritts, _read_libritts, _count_libritts,
-           _english),
-    Layout("commonvoice", "validated.tsv, or a .tsv with columns client_id, path, sentence", _locate_commonvoice,
-           _read_commonvoice, _count_lines, _given_else_locale_dir),
-    Layout("manifest", "a .csv/.tsv/.jsonl file with columns audio, text", _locate_manifest, _read_manifest,
-           _count_lines, _given),
-)}
+LAYOUTS: dict[str, Layout] = {
+    layout.name: layout
+    for layout in (  # in the order detection tries them
+        Layout("ljspeech", "metadata.csv", _locate_ljspeech, _read_ljspeech, _count_lines, _given_else_english),
+        Layout("vctk", f"speaker-info.txt and {L.VCTK_AUDIO_DIR}/", _locate_vctk, _read_vctk, _count_vctk, _english),
+        Layout(
+            "libritts",
+            "SPEAKERS.txt in it or in its parent",
+            _locate_libritts,
+            _read_libritts,
+            _count_libritts,
+            _english,
+        ),
+        Layout(
+            "commonvoice",
+            "validated.tsv, or a .tsv with columns client_id, path, sentence",
+            _locate_commonvoice,
+            _read_commonvoice,
+            _count_lines,
+            _given_else_locale_dir,
+        ),
+        Layout(
+            "manifest",
+            "a .csv/.tsv/.jsonl file with columns audio, text",
+            _locate_manifest,
+            _read_manifest,
+            _count_lines,
+            _given,
+        ),
+    )
+}
 
 
 def detect_corpus(path: str, format: str | None = None, language: str | None = None) -> Corpus:
@@ -317,14 +350,17 @@ def detect_corpus(path: str, format: str | None = None, language: str | None = N
         found = layout.locate(path, format is not None)
         if found:
             given = language.strip() if language else None
-            return dataclasses.replace(found, name=input_name(path), language=layout.language(found, given),
-                                       input=path)
+            return dataclasses.replace(found, name=input_name(path), language=layout.language(found, given), input=path)
     if format:
-        raise CorpusError(f"--input {path} is not a {format} corpus: no {LAYOUTS[format].telltale}; "
-                          "check the path, or leave --format out to have the layout recognised")
+        raise CorpusError(
+            f"--input {path} is not a {format} corpus: no {LAYOUTS[format].telltale}; "
+            "check the path, or leave --format out to have the layout recognised"
+        )
     looked = "; ".join(f"{layout.telltale} ({name})" for name, layout in LAYOUTS.items())
-    raise CorpusError(f"--input {path} is not a corpus: looked for {looked}; point --input at one of these, "
-                      "or force a layout with --format NAME (see docs/corpora.md)")
+    raise CorpusError(
+        f"--input {path} is not a corpus: looked for {looked}; point --input at one of these, "
+        "or force a layout with --format NAME (see docs/corpora.md)"
+    )
 
 
 def corpus_location(corpus: Corpus) -> str:
@@ -341,14 +377,20 @@ def check_distinct_inputs(corpora: Sequence[Corpus]) -> None:
     for n, c in enumerate(corpora):
         for d in corpora[:n]:
             a, b = corpus_location(d), corpus_location(c)
-            nested = (c.kind == d.kind and c.rows_path is None and d.rows_path is None
-                      and (a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/")))
+            nested = (
+                c.kind == d.kind
+                and c.rows_path is None
+                and d.rows_path is None
+                and (a.startswith(b.rstrip("/") + "/") or b.startswith(a.rstrip("/") + "/"))
+            )
             if a == b and c.input == d.input:
                 raise CorpusError(f"--input {c.input} is given twice; give each corpus once")
             if a == b or nested:
                 how = f"both {a}" if a == b else f"{a if len(a) > len(b) else b} is inside the other"
-                raise CorpusError(f"--input {d.input} and --input {c.input} are one corpus ({how}): every clip "
-                                  "would be read twice; give each corpus once")
+                raise CorpusError(
+                    f"--input {d.input} and --input {c.input} are one corpus ({how}): every clip "
+                    "would be read twice; give each corpus once"
+                )
 
 
 def check_rows_file(corpus: Corpus) -> None:
@@ -362,8 +404,9 @@ def check_rows_file(corpus: Corpus) -> None:
     line, whole = _first_line(corpus.rows_path)
     if line is None:
         if whole:
-            raise CorpusError(f"{corpus.rows_path} holds no rows: it is empty. Point --input at a corpus "
-                              "with at least one row.")
+            raise CorpusError(
+                f"{corpus.rows_path} holds no rows: it is empty. Point --input at a corpus with at least one row."
+            )
         return  # a megabyte of blank lines: leave it to the pipeline
     if corpus.kind == "manifest":
         columns = M.manifest_columns(line, corpus.rows_path)

@@ -11,11 +11,12 @@ read such as `sources.read_input`), written by one thread. What lives in it:
 sqlite is in Python's standard library and is a local file: no rows travel to a server, and a
 crashed read leaves only a temp file behind. Nothing in it is kept across runs.
 """
+
 from __future__ import annotations
 
 import json
 import sqlite3
-from typing import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 
 _CACHE_KIB = 16 * 1024  # sqlite's page cache per database; the rest stays on disk
 
@@ -25,8 +26,12 @@ class Spill:
 
     def __init__(self, path: str = ":memory:"):
         self.db = sqlite3.connect(path, isolation_level=None)
-        for pragma in ("journal_mode = OFF", "synchronous = OFF", f"cache_size = -{_CACHE_KIB}",
-                       "temp_store = FILE"):  # a temp file to be discarded: no journal, no fsync
+        for pragma in (
+            "journal_mode = OFF",
+            "synchronous = OFF",
+            f"cache_size = -{_CACHE_KIB}",
+            "temp_store = FILE",
+        ):  # a temp file to be discarded: no journal, no fsync
             self.db.execute(f"PRAGMA {pragma}")
         self.db.execute("BEGIN")  # one transaction for the whole read: never committed, so no commit per write
         self.tables = 0
@@ -36,18 +41,18 @@ class Spill:
         self.tables += 1
         return f"{prefix}_{self.tables}"
 
-    def map(self) -> "SqliteMap":
+    def map(self) -> SqliteMap:
         """A new, empty `SqliteMap` in this database."""
         return SqliteMap(self.db, self.table("map"))
 
-    def lists(self, triples: Iterable[tuple[str, int, str]]) -> "SqliteLists":
+    def lists(self, triples: Iterable[tuple[str, int, str]]) -> SqliteLists:
         """A new `SqliteLists` in this database, of `(key, rank, value)` triples."""
         return SqliteLists(self.db, self.table("lists"), triples)
 
     def close(self) -> None:
         self.db.close()
 
-    def __enter__(self) -> "Spill":
+    def __enter__(self) -> Spill:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -98,8 +103,9 @@ class SqliteLists(Mapping):
         db.execute(f"CREATE INDEX {table}_key ON {table} (key, rank, value)")
 
     def __getitem__(self, key: str) -> list[str]:
-        found = [v for (v,) in self.db.execute(f"SELECT value FROM {self.table} WHERE key = ? ORDER BY rank, value",
-                                               (key,))]
+        found = [
+            v for (v,) in self.db.execute(f"SELECT value FROM {self.table} WHERE key = ? ORDER BY rank, value", (key,))
+        ]
         if not found:
             raise KeyError(key)
         return found

@@ -18,12 +18,13 @@ The runner then holds a few hundred bytes per batch between the stages, whatever
 local run's memory does not grow with the corpus. The stash is the run's temp dir, removed by the
 report stage.
 """
+
 from __future__ import annotations
 
 import hashlib
 import io
 import pickle
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
@@ -86,7 +87,7 @@ def load_rows(batch: dict) -> list[dict]:
         f.seek(batch["offset"])
         rows = pickle.loads(f.read(batch["size"]))  # our own temp file, written by this run
     if len(rows) != batch["count"]:  # another count is a bug or a lost write
-        raise IOError(f"{batch['rows']} holds {len(rows)} rows at {batch['offset']}, expected {batch['count']}")
+        raise OSError(f"{batch['rows']} holds {len(rows)} rows at {batch['offset']}, expected {batch['count']}")
     return rows
 
 
@@ -101,17 +102,24 @@ def stash_batch(stash_dir: str, clips: list[dict], features: list[dict[str, np.n
     if not clips:
         return {"clips": None, "features": None, "count": 0}
     name = hashlib.sha1("\n".join(c["id"] for c in clips).encode("utf-8")).hexdigest()
-    arrays = {f"{i}/{key}": (value.astype("<f2") if key == "mel" else value)
-              for i, clip in enumerate(features) for key, value in clip.items()}
+    arrays = {
+        f"{i}/{key}": (value.astype("<f2") if key == "mel" else value)
+        for i, clip in enumerate(features)
+        for key, value in clip.items()
+    }
     features_path = None
     if arrays:  # none when every clip's arrays are in the feature cache
         arrays["count"] = np.array([len(features)], np.int64)
         buffer = io.BytesIO()
         np.savez(buffer, **arrays)
         features_path = _write(FileSystems.join(stash_dir, f"features-{name}.npz"), buffer.getvalue())
-    return {"clips": _write(FileSystems.join(stash_dir, f"clips-{name}.pkl"),
-                            pickle.dumps(clips, protocol=pickle.HIGHEST_PROTOCOL)),
-            "features": features_path, "count": len(clips)}
+    return {
+        "clips": _write(
+            FileSystems.join(stash_dir, f"clips-{name}.pkl"), pickle.dumps(clips, protocol=pickle.HIGHEST_PROTOCOL)
+        ),
+        "features": features_path,
+        "count": len(clips),
+    }
 
 
 def load_clips(batch: dict) -> list[dict]:
@@ -120,7 +128,7 @@ def load_clips(batch: dict) -> list[dict]:
         return []
     clips = pickle.loads(_read(batch["clips"]))  # our own temp file, written by this run
     if len(clips) != batch["count"]:  # another count is a bug or a lost write
-        raise IOError(f"{batch['clips']} holds {len(clips)} clips, expected {batch['count']}")
+        raise OSError(f"{batch['clips']} holds {len(clips)} clips, expected {batch['count']}")
     return clips
 
 
@@ -137,5 +145,5 @@ def load_features(batch: dict) -> list[dict[str, np.ndarray]]:
                 i, name = key.split("/", 1)
                 out[int(i)][name] = npz[key]
     if stored != count:
-        raise IOError(f"{batch['features']} holds the features of {stored} clips, expected {count}")
+        raise OSError(f"{batch['features']} holds the features of {stored} clips, expected {count}")
     return out

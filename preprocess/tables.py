@@ -14,6 +14,7 @@ text symbols. `finish_tables` turns that into the one side input the later stage
 
 Pure functions on plain dicts, unit-tested for exact values; the CombineFn is a thin wrapper.
 """
+
 from __future__ import annotations
 
 import array
@@ -28,8 +29,8 @@ from melshards.shards_schema.vocab import Vocabulary, tokens
 
 def split_hash(clip_id: str, salt: str) -> float:
     """A clip's place in [0, 1): the same on every run and every worker."""
-    h = hashlib.sha256(f"{salt}:{clip_id}".encode("utf-8")).digest()
-    return int.from_bytes(h[:8], "big") / 2.0 ** 64
+    h = hashlib.sha256(f"{salt}:{clip_id}".encode()).digest()
+    return int.from_bytes(h[:8], "big") / 2.0**64
 
 
 def empty() -> dict:
@@ -90,8 +91,12 @@ def finish_tables(acc: dict, cfg: PreprocessConfig) -> dict:
         s = acc["speakers"][name]
         hashes = sorted(s["hashes"])
         k = len(hashes) if name in held_out else val_count(len(hashes), cfg.split.val_fraction)
-        speakers[name] = {"id": i, "gender": s["gender"], "measured": len(hashes),
-                          "val_below": hashes[k - 1] if k else -1.0}  # a clip is val iff its hash <= this
+        speakers[name] = {
+            "id": i,
+            "gender": s["gender"],
+            "measured": len(hashes),
+            "val_below": hashes[k - 1] if k else -1.0,
+        }  # a clip is val iff its hash <= this
     languages = sorted({code for name in kept for code in acc["speakers"][name]["languages"]})
     return {
         "speakers": speakers,
@@ -105,7 +110,7 @@ def finish_tables(acc: dict, cfg: PreprocessConfig) -> dict:
 
 
 def split_of(clip: dict, tables: dict, salt: str) -> str:
-    """"val" or "train" for a clip of a kept speaker (see the module docstring)."""
+    """ "val" or "train" for a clip of a kept speaker (see the module docstring)."""
     return "val" if split_hash(clip["id"], salt) <= tables["speakers"][clip["speaker"]]["val_below"] else "train"
 
 
@@ -114,5 +119,7 @@ def speaker_rejection_detail(clip: dict, tables: dict) -> str | None:
     n = tables["dropped_speakers"].get(clip["speaker"])
     if n is None:
         return None
-    return (f"speaker {clip['speaker']!r} has {n} measured clip(s), fewer than filter.min_speaker_clips "
-            f"{tables['min_speaker_clips']}")
+    return (
+        f"speaker {clip['speaker']!r} has {n} measured clip(s), fewer than filter.min_speaker_clips "
+        f"{tables['min_speaker_clips']}"
+    )

@@ -1,5 +1,6 @@
 """The job's worker processes: how many a local run starts (`--workers`), and what each one does once
 at start (`worker_setup`, from the DoFns' setup)."""
+
 from __future__ import annotations
 
 import atexit
@@ -12,7 +13,7 @@ import re
 import signal
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 
@@ -36,8 +37,7 @@ def default_workers(rows: int | None) -> int:
     return cores if rows is None else max(1, min(cores, -(-rows // ROWS_PER_WORKER)))
 
 
-def apply_workers(options: PipelineOptions, beam_args: list[str], workers: int | None,
-                  rows: int | None = None) -> None:
+def apply_workers(options: PipelineOptions, beam_args: list[str], workers: int | None, rows: int | None = None) -> None:
     """--workers N (default: `default_workers(rows)`) -> the local runner's worker count and mode.
 
     N > 1 runs N worker processes (multi_processing); 1 runs in this process. Beam's own
@@ -45,8 +45,9 @@ def apply_workers(options: PipelineOptions, beam_args: list[str], workers: int |
     """
     if not is_local(options):
         if workers is not None:
-            raise OptionsError("--workers sets the local runner's processes; for Dataflow use --num_workers "
-                               "/ --max_num_workers")
+            raise OptionsError(
+                "--workers sets the local runner's processes; for Dataflow use --num_workers / --max_num_workers"
+            )
         return
     given = {a.split("=")[0] for a in beam_args if a.startswith("--direct_")}
     direct = options.view_as(DirectOptions)
@@ -91,8 +92,10 @@ def how_it_ended(code: int) -> str:
     except ValueError:
         name = f"signal {sig}"
     if sig == signal.SIGKILL:
-        return (f"was killed ({name}) while the job ran, most often by the kernel's out-of-memory killer "
-                "(try fewer --workers)")
+        return (
+            f"was killed ({name}) while the job ran, most often by the kernel's out-of-memory killer "
+            "(try fewer --workers)"
+        )
     if sig in (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT):
         return f"crashed ({name}) in native code while the job ran"
     return f"was stopped by {name} while the job ran"
@@ -178,7 +181,8 @@ def _from_beam(tb) -> bool:
 class _Watch:
     """Routes Beam's reports of ended workers (uncaught in its worker threads) to the watch under way;
     anything else goes to the hook it found."""
-    current: "_Watch | None" = None
+
+    current: _Watch | None = None
     previous = None
     _inside = threading.local()
 
@@ -214,9 +218,12 @@ class _Watch:
             cls.previous, threading.excepthook = threading.excepthook, cls.hook
 
 
-def run_watching_workers(run: Callable[[], None], grace: float = 2.0,
-                         told_in_one_line: Callable[[BaseException], bool] = lambda e: False,
-                         stop_when: Callable[[], str | None] = lambda: None) -> None:
+def run_watching_workers(
+    run: Callable[[], None],
+    grace: float = 2.0,
+    told_in_one_line: Callable[[BaseException], bool] = lambda e: False,
+    stop_when: Callable[[], str | None] = lambda: None,
+) -> None:
     """run() (a local multi-process job, to its end) in a thread while this one watches its workers.
 
     Beam's local runner can wait for ever for a worker process that died (measured: a SIGSEGV in
@@ -260,7 +267,8 @@ def run_watching_workers(run: Callable[[], None], grace: float = 2.0,
         if watch.codes:
             kill_and_wait(_beam_workers())
             raise WorkerDiedError(f"a worker process {how_it_ended(watch.codes[0])}") from (
-                failure[0] if failure else None)
+                failure[0] if failure else None
+            )
         if failure:
             raise failure[0]
     finally:

@@ -41,17 +41,19 @@ unconstrained optimum that the minimum removed, with the padding that the constr
 
 Tie-breaking: among bound sets of equal cost the one with fewer buckets wins (fewer compiles).
 """
+
 from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import Any, Callable, Mapping, Sequence, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
 from melshards.shards_schema.stats import round_up  # re-exported: the one rounding rule of padded lengths
 
-MinRecords = Union[int, Callable[[int], int]]
+MinRecords = int | Callable[[int], int]
 WHAT_IF_KS = (1, 2, 4, 8, 16)
 AUTO = "auto"
 
@@ -82,6 +84,7 @@ def bucket_index(mel_frames: int, bounds: Sequence[int]) -> int:
 @dataclasses.dataclass(frozen=True)
 class BucketFill:
     """One bucket: its bound (padded mel frames), how many clips it holds and their valid frames."""
+
     bound: int
     records: int
     valid_frames: int
@@ -95,8 +98,13 @@ class BucketFill:
         return 1.0 - self.valid_frames / self.padded_frames if self.records else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"bound": self.bound, "records": self.records, "valid_frames": self.valid_frames,
-                "padded_frames": self.padded_frames, "padding_fraction": round(self.padding_fraction, 6)}
+        return {
+            "bound": self.bound,
+            "records": self.records,
+            "valid_frames": self.valid_frames,
+            "padded_frames": self.padded_frames,
+            "padding_fraction": round(self.padding_fraction, 6),
+        }
 
 
 def fill_buckets(bounds: Sequence[int], hist: Mapping[int, int]) -> tuple[BucketFill, ...]:
@@ -119,8 +127,7 @@ def padding_fraction(buckets: Sequence[BucketFill]) -> float:
 
 
 # -- choosing bounds ------------------------------------------------------------------------------
-def optimal_bounds(hist: Mapping[int, int], k: int, multiple: int,
-                   min_records: MinRecords = 0) -> tuple[int, ...]:
+def optimal_bounds(hist: Mapping[int, int], k: int, multiple: int, min_records: MinRecords = 0) -> tuple[int, ...]:
     """At most `k` bounds (multiples of `multiple`, the last >= max length) with the least padded frames.
 
     With `min_records`, every bucket holds at least that many clips (an int, or a function of the
@@ -139,6 +146,7 @@ class Merge:
 
     `into` is the bound its clips are padded to afterwards.
     """
+
     bound: int
     records: int
     min_records: int
@@ -157,8 +165,9 @@ class BucketChoice:
     optimum's padding, so the cost of the minimum is visible. `min_records_met` is False only when all
     clips together cannot fill one bucket (the choice is then the single bucket).
     """
+
     buckets: tuple[BucketFill, ...]
-    k_requested: Union[int, str]
+    k_requested: int | str
     max_buckets: int
     target_padding: float
     multiple: int
@@ -184,17 +193,28 @@ class BucketChoice:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "k_requested": self.k_requested, "k_used": self.k_used, "max_buckets": self.max_buckets,
-            "target_padding": self.target_padding, "multiple": self.multiple,
-            "bounds": list(self.bounds), "buckets": [b.to_dict() for b in self.buckets],
+            "k_requested": self.k_requested,
+            "k_used": self.k_used,
+            "max_buckets": self.max_buckets,
+            "target_padding": self.target_padding,
+            "multiple": self.multiple,
+            "bounds": list(self.bounds),
+            "buckets": [b.to_dict() for b in self.buckets],
             "padding_fraction": round(self.padding_fraction, 6),
             "unconstrained_padding_fraction": round(self.unconstrained_padding, 6),
-            "merges": [m.to_dict() for m in self.merges], "min_records_met": self.min_records_met,
+            "merges": [m.to_dict() for m in self.merges],
+            "min_records_met": self.min_records_met,
         }
 
 
-def choose_buckets(hist: Mapping[int, int], buckets: Union[int, str], max_buckets: int,
-                   target_padding: float, multiple: int, min_records: MinRecords = 0) -> BucketChoice:
+def choose_buckets(
+    hist: Mapping[int, int],
+    buckets: int | str,
+    max_buckets: int,
+    target_padding: float,
+    multiple: int,
+    min_records: MinRecords = 0,
+) -> BucketChoice:
     """The job's rule: `buckets` = K, or "auto" = the smallest K <= max_buckets with mel padding <=
     target_padding (else max_buckets); bounds are the exact optimum with every bucket >= min_records.
 
@@ -215,24 +235,42 @@ def choose_buckets(hist: Mapping[int, int], buckets: Union[int, str], max_bucket
     free = _Table(hist, kmax, multiple, 0) if table.constrained else table
     k_ask = kmax
     if buckets == AUTO:
-        k_ask = next((k for k in range(1, kmax + 1) if table.cost(k) is not None
-                      and 1.0 - table.valid / table.cost(k) <= target_padding), kmax)
+        k_ask = next(
+            (
+                k
+                for k in range(1, kmax + 1)
+                if table.cost(k) is not None and 1.0 - table.valid / table.cost(k) <= target_padding
+            ),
+            kmax,
+        )
     kk = table.best_k(k_ask)
     met = kk is not None
     bounds = table.bounds(kk) if met else (int(table.cand[-1]),)
     free_buckets = fill_buckets(free.bounds(free.best_k(k_ask)), hist)
     need = _min_records_fn(min_records)
     if met:
-        merges = tuple(Merge(b.bound, b.records, need(b.bound), bounds[bucket_index(b.bound, bounds)])
-                       for b in free_buckets if b.records < need(b.bound))
+        merges = tuple(
+            Merge(b.bound, b.records, need(b.bound), bounds[bucket_index(b.bound, bounds)])
+            for b in free_buckets
+            if b.records < need(b.bound)
+        )
     else:
         merges = (Merge(bounds[0], table.total, need(bounds[0]), bounds[0]),)
-    return BucketChoice(fill_buckets(bounds, hist), buckets, max_buckets, target_padding, multiple, merges,
-                      padding_fraction(free_buckets), met)
+    return BucketChoice(
+        fill_buckets(bounds, hist),
+        buckets,
+        max_buckets,
+        target_padding,
+        multiple,
+        merges,
+        padding_fraction(free_buckets),
+        met,
+    )
 
 
-def padding_by_k(hist: Mapping[int, int], multiple: int, min_records: MinRecords = 0,
-            ks: Sequence[int] = WHAT_IF_KS) -> tuple[dict[str, Any], ...]:
+def padding_by_k(
+    hist: Mapping[int, int], multiple: int, min_records: MinRecords = 0, ks: Sequence[int] = WHAT_IF_KS
+) -> tuple[dict[str, Any], ...]:
     """Padding and compile count (= buckets used) of the optimal bounds for each K in `ks`; one DP pass
     (stats.json's `buckets.what_if`)."""
     table = _Table(hist, max(ks), multiple, min_records)
@@ -242,8 +280,7 @@ def padding_by_k(hist: Mapping[int, int], multiple: int, min_records: MinRecords
         if kk is None:
             rows.append({"k": k, "buckets_used": None, "padding_fraction": None})
             continue
-        rows.append({"k": k, "buckets_used": kk,
-                     "padding_fraction": round(1.0 - table.valid / table.cost(kk), 6)})
+        rows.append({"k": k, "buckets_used": kk, "padding_fraction": round(1.0 - table.valid / table.cost(kk), 6)})
     return tuple(rows)
 
 
@@ -279,8 +316,7 @@ class _Table:
                 b = e[-1]  # s ranges over 0..b-1 in this block
                 ce, Pe = self.cand[e - 1][:, None], P[e][:, None]
                 Ps = P[None, :b]
-                ok = ((np.arange(b)[None, :] < e[:, None]) & (Pe - Ps >= m[e - 1][:, None])
-                      & (prev[None, :b] < _INF))
+                ok = (np.arange(b)[None, :] < e[:, None]) & (Pe - Ps >= m[e - 1][:, None]) & (prev[None, :b] < _INF)
                 cost = np.where(ok, prev[None, :b] + ce * (Pe - Ps), _INF)
                 s = cost.argmin(axis=1)
                 g[k, e] = cost[np.arange(len(e)), s]

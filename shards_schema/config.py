@@ -5,13 +5,15 @@ on the field too, as `Annotated[int, Field(gt=0)]` (pydantic reads it; plain dat
 so `dataclasses.replace` stays cheap and `check` validates the result). Unknown keys are errors that
 list the valid ones, and every error names its key, dotted (`mel.n_fft`).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import functools
 import typing
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Iterable, Iterator, Sequence, TypeVar
+from typing import Annotated, Any, TypeVar
 
 import annotated_types
 import yaml
@@ -33,7 +35,7 @@ def _dataclasses_in(cls: type) -> Iterator[type]:
                 yield from _dataclasses_in(t)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _adapter(cls: type) -> TypeAdapter:
     """pydantic's validator of config dataclass `cls`: its fields' types (declare them StrictInt,
     StrictFloat, ... so that "1024" is not an int and true not a number) and the bounds declared on them (`Annotated[int, Field(gt=0)]`); unknown keys
@@ -46,10 +48,12 @@ def _adapter(cls: type) -> TypeAdapter:
 
 def one_of(*choices: str) -> AfterValidator:
     """A str field that must be one of `choices` (`Annotated[str, one_of("a", "b")]`)."""
+
     def check(value: str) -> str:
         if value not in choices:
             raise PydanticCustomError(CHOICE, "choose one of {choices}", {"choices": ", ".join(choices)})
         return value
+
     return AfterValidator(check)
 
 
@@ -100,8 +104,9 @@ def error_texts(cls: type, errors: list[dict], prefix: str = "") -> list[str]:
         elif kind in (CHOICE, VALUE):
             out.append(f"{key} is {value!r}; {e['msg']}" if kind == CHOICE else f"{key} is {value!r}, {e['msg']}")
         elif kind.split("_")[0] in ("int", "float", "bool", "string", "dataclass", "dict"):
-            wanted = {"int": "an integer", "float": "a number", "bool": "true or false",
-                      "string": "a string"}.get(kind.split("_")[0], "a mapping")
+            wanted = {"int": "an integer", "float": "a number", "bool": "true or false", "string": "a string"}.get(
+                kind.split("_")[0], "a mapping"
+            )
             out.append(f"{key} is {value!r}, must be {wanted}")
         elif kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal", "finite_number"):
             bounds = field_bounds(cls, loc)
@@ -111,8 +116,11 @@ def error_texts(cls: type, errors: list[dict], prefix: str = "") -> list[str]:
             out.append(f"{key}: {e['msg']}")
     for section, names in unknown.items():
         where = (prefix + ".".join(section)).rstrip(".")
-        out.insert(0, f"{where + ': ' if where else ''}unknown key(s) {', '.join(sorted(names))}; valid keys are: "
-                      f"{', '.join(_field_names(cls, section))}. Fix the spelling or remove the key.")
+        out.insert(
+            0,
+            f"{where + ': ' if where else ''}unknown key(s) {', '.join(sorted(names))}; valid keys are: "
+            f"{', '.join(_field_names(cls, section))}. Fix the spelling or remove the key.",
+        )
     return out
 
 

@@ -17,12 +17,14 @@ A model dir is recognised by those names alone, so `preprocess --output` can ref
 importing the trainer. Local paths are read with `os`; other URLs (gs://) through the `fs` passed in,
 by default `tf.io.gfile`, imported only then. Imports neither Beam nor TensorFlow at import time.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import os
 import struct
-from typing import BinaryIO, Callable, Protocol
+from collections.abc import Callable
+from typing import BinaryIO, Protocol
 
 # the names that make a directory a `melshards train` model dir (train/model_dir.py, train/checkpoints.py)
 MODEL_CONFIG_FILE = "train_config.json"
@@ -125,9 +127,9 @@ def _info_software(info: bytes) -> str:
     """The ISFT entry of a LIST/INFO chunk's body, '' when it has none."""
     at = 0
     while at + 8 <= len(info):
-        key, size = info[at:at + 4], struct.unpack("<I", info[at + 4:at + 8])[0]
+        key, size = info[at : at + 4], struct.unpack("<I", info[at + 4 : at + 8])[0]
         if key == b"ISFT":
-            return info[at + 8:at + 8 + size].rstrip(b"\0").decode("utf-8", errors="replace")
+            return info[at + 8 : at + 8 + size].rstrip(b"\0").decode("utf-8", errors="replace")
         at += 8 + size + size % 2
     return ""
 
@@ -139,10 +141,10 @@ def png_is_ours(f: BinaryIO) -> bool:
         return False
     at = 8
     while at + 8 <= len(data):
-        size, chunk = struct.unpack(">I", data[at:at + 4])[0], data[at + 4:at + 8]
+        size, chunk = struct.unpack(">I", data[at : at + 4])[0], data[at + 4 : at + 8]
         if chunk == b"IDAT":
             return False
-        if chunk == b"tEXt" and data[at + 8:at + 8 + size] == b"Software\0" + PNG_SOFTWARE.encode("ascii"):
+        if chunk == b"tEXt" and data[at + 8 : at + 8 + size] == b"Software\0" + PNG_SOFTWARE.encode("ascii"):
             return True
         at += 12 + size
     return False
@@ -151,6 +153,7 @@ def png_is_ours(f: BinaryIO) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Kind:
     """A kind of file a command writes: what it is (for messages) and how to tell one it made."""
+
     what: str
     is_ours: Callable[[BinaryIO], bool]
 
@@ -162,8 +165,10 @@ PNG = Kind("a mel PNG `melshards inspect --show` wrote", png_is_ours)
 
 def refusal(option: str, path: str, what: str) -> NotOurs:
     """The one message of the rule: `path` is in the way and is not `what`."""
-    return NotOurs(f"{option} {path}: it exists and is not {what}, so it is left as it is; "
-                   "pass a path that does not exist yet, or move that one away first")
+    return NotOurs(
+        f"{option} {path}: it exists and is not {what}, so it is left as it is; "
+        "pass a path that does not exist yet, or move that one away first"
+    )
 
 
 def check_may_write(option: str, path: str, kind: Kind, fs: Files | None = None) -> None:
@@ -178,8 +183,10 @@ def check_may_write(option: str, path: str, kind: Kind, fs: Files | None = None)
         with files.open(path) as f:
             ours = kind.is_ours(f)
     except Exception as e:  # OSError, tf.errors.OpError of a remote read, a truncated chunk: not shown to be ours
-        raise NotOurs(f"{option} {path}: it exists and cannot be read ({e}), so it is left as it is; "
-                      "pass a path that does not exist yet") from e
+        raise NotOurs(
+            f"{option} {path}: it exists and cannot be read ({e}), so it is left as it is; "
+            "pass a path that does not exist yet"
+        ) from e
     if not ours:
         raise refusal(option, path, kind.what)
 
@@ -193,8 +200,9 @@ def check_may_fill_dir(option: str, path: str, mark: str, what: str, fs: Files |
     try:
         names = files.listdir(path) if files.isdir(path) else None
     except Exception as e:  # OSError, tf.errors.OpError of a remote listing: not shown to be ours
-        raise NotOurs(f"{option} {path}: it cannot be listed ({e}), so it is left as it is; "
-                      "pass a path that does not exist yet") from e
+        raise NotOurs(
+            f"{option} {path}: it cannot be listed ({e}), so it is left as it is; pass a path that does not exist yet"
+        ) from e
     if names is None or (names and mark not in {n.rstrip("/") for n in names}):
         raise refusal(option, path, what)
 

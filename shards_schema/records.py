@@ -3,11 +3,13 @@
 Storage choices were measured (docs/performance.md, benchmarks/record_encoding.py): mel as raw
 little-endian float16 bytes parsed with `tf.io.decode_raw`, text ids as raw int16, no compression.
 """
+
 from __future__ import annotations
 
 import functools
 import struct
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import google_crc32c
 import numpy as np
@@ -159,5 +161,8 @@ def tensor_specs(schema: Shapes, batch_size: int, names: tuple[str, ...] | None 
     """tf.TensorSpec per feature with the batch dim fixed: the trainer's input_signature."""
     import tensorflow as tf
 
-    return {f.name: tf.TensorSpec([batch_size, *f.shape], tf.as_dtype(f.dtype), name=f.name)
-            for f in schema.features if names is None or f.name in names}
+    return {
+        f.name: tf.TensorSpec([batch_size, *f.shape], tf.as_dtype(f.dtype), name=f.name)
+        for f in schema.features
+        if names is None or f.name in names
+    }

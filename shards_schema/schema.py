@@ -12,6 +12,7 @@ named `{split}-bNN-SSSSS-of-CCCCC.tfrecord` (`shard_name`), so `DIR/train-*.tfre
 `max_mel_frames` and `features` are the largest bucket's (the last; buckets ascend in mel frames),
 which with K = 1 is the one shape.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,8 +40,9 @@ SPLITS = ("train", "val")
 PUBLISH_JOURNAL = ".melshards-publish.json"
 SHARD_SUFFIX = ".tfrecord"
 # split, then the bucket: `train-*` matches every bucket's training shards and nothing of val
-_SHARD_NAME = re.compile(r"^(?P<split>[a-z]+)-b(?P<bucket>\d{2,})-(?P<index>\d{5,})-of-(?P<count>\d{5,})"
-                         + re.escape(SHARD_SUFFIX) + "$")
+_SHARD_NAME = re.compile(
+    r"^(?P<split>[a-z]+)-b(?P<bucket>\d{2,})-(?P<index>\d{5,})-of-(?P<count>\d{5,})" + re.escape(SHARD_SUFFIX) + "$"
+)
 
 
 def shard_name(split: str, bucket: int, index: int, count: int) -> str:
@@ -63,6 +65,7 @@ class SchemaError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Feature:
     """One record field. `shape` is the decoded, fixed shape; `storage` how it sits in the Example."""
+
     name: str
     dtype: str  # decoded dtype: string, int32, float32
     shape: tuple[int, ...]
@@ -107,6 +110,7 @@ class MelParams:
 @dataclasses.dataclass(frozen=True)
 class Speaker:
     """A row of the speaker table: `id` is the record's speaker_id; clips and hours are in the shards."""
+
     id: int
     name: str
     clips: int
@@ -119,6 +123,7 @@ class Speaker:
 class Language:
     """A row of the language table: `id` is the record's language_id; `text_frontend` ({name, version},
     `melshards.shards_schema.text.frontend_record`) made the text of this language's records."""
+
     id: int
     code: str
     clips: int
@@ -130,6 +135,7 @@ class Language:
 @dataclasses.dataclass(frozen=True)
 class Bucket:
     """One length bucket: its static shapes (feature table), record counts and shard files."""
+
     index: int
     max_text_len: int
     max_mel_frames: int
@@ -167,14 +173,19 @@ class Bucket:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Bucket":
-        return cls(index=int(d["index"]), max_text_len=int(d["max_text_len"]),
-                   max_mel_frames=int(d["max_mel_frames"]),
-                   features=tuple(Feature(**dict(f, shape=tuple(f["shape"]))) for f in d["features"]),
-                   counts={k: int(v) for k, v in d["counts"].items()},
-                   shards={k: list(v) for k, v in d["shards"].items()},
-                   groups={split: {kind: [int(n) for n in counts] for kind, counts in g.items()}
-                           for split, g in d.get("groups", {}).items()})
+    def from_dict(cls, d: dict[str, Any]) -> Bucket:
+        return cls(
+            index=int(d["index"]),
+            max_text_len=int(d["max_text_len"]),
+            max_mel_frames=int(d["max_mel_frames"]),
+            features=tuple(Feature(**dict(f, shape=tuple(f["shape"]))) for f in d["features"]),
+            counts={k: int(v) for k, v in d["counts"].items()},
+            shards={k: list(v) for k, v in d["shards"].items()},
+            groups={
+                split: {kind: [int(n) for n in counts] for kind, counts in g.items()}
+                for split, g in d.get("groups", {}).items()
+            },
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,27 +207,56 @@ class Schema:
 
     # -- construction -------------------------------------------------------------------
     @staticmethod
-    def feature_table(max_text_len: int, max_mel_frames: int, n_mels: int, optional: tuple[str, ...] = (),
-                      hop_length: int = 0) -> tuple[Feature, ...]:
+    def feature_table(
+        max_text_len: int, max_mel_frames: int, n_mels: int, optional: tuple[str, ...] = (), hop_length: int = 0
+    ) -> tuple[Feature, ...]:
         """A bucket's features: the ten every run has, then the `optional` ones (OPTIONAL_FEATURES) the
         run holds; `hop_length` sizes the audio (max_mel_frames * hop_length samples)."""
         unknown = [n for n in optional if n not in OPTIONAL_FEATURES]
         if unknown:
             raise SchemaError(f"unknown optional features {unknown}; they are {list(OPTIONAL_FEATURES)}")
         extra = {
-            "pitch": (Feature("pitch", "float32", (max_mel_frames,), "raw_float16",
-                              "f0 in Hz per mel frame, 0 where unvoiced (and in padding)"),),
-            "energy": (Feature("energy", "float32", (max_mel_frames,), "raw_float16",
-                               "L2 norm of each mel frame's magnitude STFT frame, 0 in padding"),),
-            "audio": (Feature("audio", "int16", (max_mel_frames * hop_length,), "raw_int16",
-                              "the trimmed waveform x 32767; sample i * hop_length is mel frame i's centre; "
-                              "zero after audio_len"),
-                      Feature("audio_len", "int32", (), "int64", "number of valid samples")),
-            "durations": (Feature("durations", "int32", (max_text_len,), "raw_int16",
-                                  "mel frames per phone of text_ids (they sum to mel_len), zero-padded"),),
+            "pitch": (
+                Feature(
+                    "pitch",
+                    "float32",
+                    (max_mel_frames,),
+                    "raw_float16",
+                    "f0 in Hz per mel frame, 0 where unvoiced (and in padding)",
+                ),
+            ),
+            "energy": (
+                Feature(
+                    "energy",
+                    "float32",
+                    (max_mel_frames,),
+                    "raw_float16",
+                    "L2 norm of each mel frame's magnitude STFT frame, 0 in padding",
+                ),
+            ),
+            "audio": (
+                Feature(
+                    "audio",
+                    "int16",
+                    (max_mel_frames * hop_length,),
+                    "raw_int16",
+                    "the trimmed waveform x 32767; sample i * hop_length is mel frame i's centre; zero after audio_len",
+                ),
+                Feature("audio_len", "int32", (), "int64", "number of valid samples"),
+            ),
+            "durations": (
+                Feature(
+                    "durations",
+                    "int32",
+                    (max_text_len,),
+                    "raw_int16",
+                    "mel frames per phone of text_ids (they sum to mel_len), zero-padded",
+                ),
+            ),
         }
         return Schema.base_features(max_text_len, max_mel_frames, n_mels) + tuple(
-            f for n in OPTIONAL_FEATURES if n in optional for f in extra[n])
+            f for n in OPTIONAL_FEATURES if n in optional for f in extra[n]
+        )
 
     @staticmethod
     def base_features(max_text_len: int, max_mel_frames: int, n_mels: int) -> tuple[Feature, ...]:
@@ -227,27 +267,48 @@ class Schema:
             Feature("language", "string", (), "bytes", "language code (schema.json languages)"),
             Feature("language_id", "int32", (), "int64", "index of the language in schema.json languages"),
             Feature("text", "string", (), "bytes", "normalised text the ids were made from"),
-            Feature("text_ids", "int32", (max_text_len,), "raw_int16",
-                    "vocabulary ids, zero-padded (0 is the pad symbol)"),
+            Feature(
+                "text_ids", "int32", (max_text_len,), "raw_int16", "vocabulary ids, zero-padded (0 is the pad symbol)"
+            ),
             Feature("text_len", "int32", (), "int64", "number of valid ids"),
-            Feature("mel", "float32", (max_mel_frames, n_mels), "raw_float16",
-                    "log-mel frames x bins, padded with log(log_floor)"),
+            Feature(
+                "mel",
+                "float32",
+                (max_mel_frames, n_mels),
+                "raw_float16",
+                "log-mel frames x bins, padded with log(log_floor)",
+            ),
             Feature("mel_len", "int32", (), "int64", "number of valid frames"),
         )
 
     @staticmethod
-    def make_bucket(index: int, max_text_len: int, max_mel_frames: int, n_mels: int,
-                    shards: list[dict[str, Any]], optional: tuple[str, ...] = (), hop_length: int = 0,
-                    groups: dict[str, dict[str, list[int]]] | None = None) -> Bucket:
+    def make_bucket(
+        index: int,
+        max_text_len: int,
+        max_mel_frames: int,
+        n_mels: int,
+        shards: list[dict[str, Any]],
+        optional: tuple[str, ...] = (),
+        hop_length: int = 0,
+        groups: dict[str, dict[str, list[int]]] | None = None,
+    ) -> Bucket:
         """A bucket from its shapes and its shard list [{split, file, records, bytes}] (any order; `bytes`,
         the file's size, where known); `groups`: its records per speaker and language id in each split."""
         keys = ("file", "records", "bytes")
-        return Bucket(index, max_text_len, max_mel_frames,
-                      Schema.feature_table(max_text_len, max_mel_frames, n_mels, optional, hop_length),
-                      counts={s: sum(x["records"] for x in shards if x["split"] == s) for s in SPLITS},
-                      shards={s: sorted(({k: x[k] for k in keys if k in x} for x in shards
-                                         if x["split"] == s), key=lambda x: x["file"]) for s in SPLITS},
-                      groups=groups or {})
+        return Bucket(
+            index,
+            max_text_len,
+            max_mel_frames,
+            Schema.feature_table(max_text_len, max_mel_frames, n_mels, optional, hop_length),
+            counts={s: sum(x["records"] for x in shards if x["split"] == s) for s in SPLITS},
+            shards={
+                s: sorted(
+                    ({k: x[k] for k in keys if k in x} for x in shards if x["split"] == s), key=lambda x: x["file"]
+                )
+                for s in SPLITS
+            },
+            groups=groups or {},
+        )
 
     # -- the largest bucket, and the run as a whole ----------------------------------------
     @property
@@ -274,8 +335,9 @@ class Schema:
     @property
     def shards(self) -> dict[str, list[dict[str, Any]]]:
         """Every bucket's shard files per split, sorted by name."""
-        return {s: sorted((f for b in self.buckets for f in b.shards.get(s, [])), key=lambda f: f["file"])
-                for s in SPLITS}
+        return {
+            s: sorted((f for b in self.buckets for f in b.shards.get(s, [])), key=lambda f: f["file"]) for s in SPLITS
+        }
 
     def feature(self, name: str) -> Feature:
         return self.largest.feature(name)
@@ -309,8 +371,12 @@ class Schema:
                 how = OPTIONAL_FEATURES.get(name)
                 raise SchemaError(
                     f"{who} needs the feature {name!r}, which these shards lack"
-                    + (f"; re-run `melshards preprocess` with {how}" if how else
-                       f"; the shards hold {', '.join(sorted(have))}"))
+                    + (
+                        f"; re-run `melshards preprocess` with {how}"
+                        if how
+                        else f"; the shards hold {', '.join(sorted(have))}"
+                    )
+                )
 
     def vocab(self):
         """The `Vocabulary` of the records' text_ids."""
@@ -330,32 +396,42 @@ class Schema:
     def contract(self) -> dict[str, Any]:
         """The part two shard sets must share to be read by one trainer (not counts or file lists)."""
         d = self.to_dict()
-        out = {k: d[k] for k in ("version", "audio", "mel", "vocabulary", "text_unit", "max_text_len",
-                                 "max_mel_frames")}
+        out = {
+            k: d[k] for k in ("version", "audio", "mel", "vocabulary", "text_unit", "max_text_len", "max_mel_frames")
+        }
         # what the ids mean (not how many clips each has)
         out["speakers"] = [[s["id"], s["name"]] for s in d["speakers"]]
         out["languages"] = [[lang["id"], lang["code"], lang["text_frontend"]] for lang in d["languages"]]
-        out["buckets"] = [{k: b[k] for k in ("index", "max_text_len", "max_mel_frames", "features")}
-                          for b in d["buckets"]]
+        out["buckets"] = [
+            {k: b[k] for k in ("index", "max_text_len", "max_mel_frames", "features")} for b in d["buckets"]
+        ]
         return out
 
-    def check_compatible(self, other: "Schema", here: str, there: str) -> None:
+    def check_compatible(self, other: Schema, here: str, there: str) -> None:
         a, b = self.contract(), other.contract()
         diffs = [k for k in a if a[k] != b[k]]
         if diffs:
             raise SchemaError(
                 f"schema {there} differs from {here} in {', '.join(diffs)}; shards from different "
                 "preprocessing runs cannot be mixed. Re-run `melshards preprocess` over the combined "
-                "corpus, or train on one run's shards.")
+                "corpus, or train on one run's shards."
+            )
 
     # -- (de)serialisation --------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        d = {"version": self.version, "audio": dataclasses.asdict(self.audio), "mel": dataclasses.asdict(self.mel),
-             "vocabulary": list(self.vocabulary), "text_unit": self.text_unit,
-             "feature_stats": self.feature_stats,
-             "speakers": [dataclasses.asdict(x) for x in self.speakers],
-             "languages": [dataclasses.asdict(x) for x in self.languages],
-             "mel_mean": list(self.mel_mean), "mel_std": list(self.mel_std), "pad_multiple": self.pad_multiple}
+        d = {
+            "version": self.version,
+            "audio": dataclasses.asdict(self.audio),
+            "mel": dataclasses.asdict(self.mel),
+            "vocabulary": list(self.vocabulary),
+            "text_unit": self.text_unit,
+            "feature_stats": self.feature_stats,
+            "speakers": [dataclasses.asdict(x) for x in self.speakers],
+            "languages": [dataclasses.asdict(x) for x in self.languages],
+            "mel_mean": list(self.mel_mean),
+            "mel_std": list(self.mel_std),
+            "pad_multiple": self.pad_multiple,
+        }
         # A readable summary of the buckets; checked against them on reading (an edit is an error).
         d.update(max_text_len=self.max_text_len, max_mel_frames=self.max_mel_frames, counts=self.counts)
         d["buckets"] = [b.to_dict() for b in self.buckets]
@@ -365,12 +441,13 @@ class Schema:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = SCHEMA_FILE) -> "Schema":
+    def from_dict(cls, d: dict[str, Any], where: str = SCHEMA_FILE) -> Schema:
         version = str(d.get("version", ""))
         if version.split(".")[0] != SCHEMA_VERSION.split(".")[0]:
             raise SchemaError(
                 f"{where} has schema version {version or '(none)'}, this melshards reads "
-                f"{SCHEMA_VERSION.split('.')[0]}.x; re-run `melshards preprocess` with this version.")
+                f"{SCHEMA_VERSION.split('.')[0]}.x; re-run `melshards preprocess` with this version."
+            )
         try:
             schema = cls(
                 version=version,
@@ -388,23 +465,30 @@ class Schema:
             )
             summary = {k: d[k] for k in ("max_text_len", "max_mel_frames", "counts")}
         except (KeyError, TypeError) as e:
-            raise SchemaError(f"{where} is malformed ({type(e).__name__}: {e}); it was not written by "
-                              "this melshards, re-run `melshards preprocess`.") from e
+            raise SchemaError(
+                f"{where} is malformed ({type(e).__name__}: {e}); it was not written by "
+                "this melshards, re-run `melshards preprocess`."
+            ) from e
         if not schema.buckets or [b.index for b in schema.buckets] != list(range(len(schema.buckets))):
-            raise SchemaError(f"{where} lists buckets {[b.index for b in schema.buckets]}, not 0..K-1; "
-                              "re-run `melshards preprocess`.")
+            raise SchemaError(
+                f"{where} lists buckets {[b.index for b in schema.buckets]}, not 0..K-1; re-run `melshards preprocess`."
+            )
         for what, table in (("speakers", schema.speakers), ("languages", schema.languages)):
             if [x.id for x in table] != list(range(len(table))):
-                raise SchemaError(f"{where} lists {what} with ids {[x.id for x in table][:10]}, not 0..N-1 in "
-                                  "order; re-run `melshards preprocess` or restore the file.")
+                raise SchemaError(
+                    f"{where} lists {what} with ids {[x.id for x in table][:10]}, not 0..N-1 in "
+                    "order; re-run `melshards preprocess` or restore the file."
+                )
         for key, value in summary.items():
             if value != getattr(schema, key):
-                raise SchemaError(f"{where}: {key} {value} is not its buckets' {getattr(schema, key)} (the file "
-                                  "was edited); re-run `melshards preprocess` or restore the file.")
+                raise SchemaError(
+                    f"{where}: {key} {value} is not its buckets' {getattr(schema, key)} (the file "
+                    "was edited); re-run `melshards preprocess` or restore the file."
+                )
         return schema
 
     @classmethod
-    def from_json(cls, text: str, where: str = SCHEMA_FILE) -> "Schema":
+    def from_json(cls, text: str, where: str = SCHEMA_FILE) -> Schema:
         try:
             d = json.loads(text)
         except json.JSONDecodeError as e:
@@ -415,8 +499,9 @@ class Schema:
 def _lookup(table, key: str, value: str, what: str):
     found = next((x for x in table if getattr(x, key) == value), None)
     if found is None:
-        raise SchemaError(f"unknown {what} {value!r}; the shards have {len(table)}: "
-                          f"{first_few(getattr(x, key) for x in table)}")
+        raise SchemaError(
+            f"unknown {what} {value!r}; the shards have {len(table)}: {first_few(getattr(x, key) for x in table)}"
+        )
     return found
 
 
@@ -443,5 +528,6 @@ def read_schema(path: str) -> Schema:
     if not tf.io.gfile.exists(path):
         raise SchemaError(
             f"{path} does not exist: the directory holds no finished preprocessing run "
-            "(schema.json is written last). Run `melshards preprocess` to completion.")
+            "(schema.json is written last). Run `melshards preprocess` to completion."
+        )
     return Schema.from_json(read_text(path), where=path)

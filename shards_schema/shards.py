@@ -9,18 +9,26 @@ corrupt file is named together with how many records were readable before the da
 decoded with the schema's own codec (`melshards.shards_schema.records.parse_spec` / `decode_parsed`), in
 chunks for speed; a chunk that fails is decoded record by record to name the bad record.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import posixpath
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from melshards.shards_schema.records import RAW_DTYPES, decode_parsed, parse_spec
-from melshards.shards_schema.schema import (SCHEMA_FILE, SHARD_SUFFIX, PUBLISH_JOURNAL, Bucket, Schema, SchemaError,
-                                  read_schema)
+from melshards.shards_schema.schema import (
+    PUBLISH_JOURNAL,
+    SCHEMA_FILE,
+    SHARD_SUFFIX,
+    Bucket,
+    Schema,
+    SchemaError,
+    read_schema,
+)
 
 CHUNK = 256  # records decoded per parse_example call
 
@@ -60,18 +68,24 @@ def expand_globs(patterns: Sequence[str]) -> list[str]:
     for pattern in patterns:
         matched = tf.io.gfile.glob(pattern)
         if not matched:
-            raise InputError(f"{pattern!r} matches no file; check the path and quote the glob so the "
-                             "shell does not expand it" + bracket_hint(pattern, tf.io.gfile.glob))
+            raise InputError(
+                f"{pattern!r} matches no file; check the path and quote the glob so the "
+                "shell does not expand it" + bracket_hint(pattern, tf.io.gfile.glob)
+            )
         files += matched
     # `DIR/*` is a natural thing to type: the run's JSON reports beside the shards are not shards
     files = [f for f in files if not f.endswith((".json", ".jsonl"))]
     not_shards = [f for f in files if not f.endswith(SHARD_SUFFIX)]
     if not_shards:
-        raise InputError(f"{not_shards[0]} is not a {SHARD_SUFFIX} shard; pass globs of the shards "
-                         "`melshards preprocess` wrote, e.g. 'DIR/train-*.tfrecord'")
+        raise InputError(
+            f"{not_shards[0]} is not a {SHARD_SUFFIX} shard; pass globs of the shards "
+            "`melshards preprocess` wrote, e.g. 'DIR/train-*.tfrecord'"
+        )
     if not files:
-        raise InputError(f"{' '.join(patterns)!r} matches no shard, only the run's reports; pass globs of "
-                         "the shards, e.g. 'DIR/train-*.tfrecord'")
+        raise InputError(
+            f"{' '.join(patterns)!r} matches no shard, only the run's reports; pass globs of "
+            "the shards, e.g. 'DIR/train-*.tfrecord'"
+        )
     return sorted(set(files))
 
 
@@ -130,9 +144,16 @@ def size_problems(by_file: dict[str, Schema]) -> list[Problem]:
             continue
         size = tf.io.gfile.stat(path).length
         if size != int(entry["bytes"]):
-            problems.append(Problem(path, None, (
-                f"holds {size} bytes, schema.json lists {int(entry['bytes'])} ({entry['records']} records): the file "
-                "was cut short or damaged in a copy; copy it again, or re-run `melshards preprocess`")))
+            problems.append(
+                Problem(
+                    path,
+                    None,
+                    (
+                        f"holds {size} bytes, schema.json lists {int(entry['bytes'])} ({entry['records']} records): the file "
+                        "was cut short or damaged in a copy; copy it again, or re-run `melshards preprocess`"
+                    ),
+                )
+            )
     return problems
 
 
@@ -157,14 +178,18 @@ def id_problems(schema: Schema, rec: dict[str, np.ndarray]) -> list[str]:
     """A record's speaker and language ids against schema.json's tables: in range, naming its own
     speaker and language."""
     out = []
-    for key, table, name_key, attr in (("speaker_id", schema.speakers, "speaker", "name"),
-                                       ("language_id", schema.languages, "language", "code")):
+    for key, table, name_key, attr in (
+        ("speaker_id", schema.speakers, "speaker", "name"),
+        ("language_id", schema.languages, "language", "code"),
+    ):
         i = int(rec[key])
         if not 0 <= i < len(table):
             out.append(f"{key} {i} outside 0..{len(table) - 1} (schema.json {name_key}s)")
         elif getattr(table[i], attr).encode("utf-8") != bytes(rec[name_key]):
-            out.append(f"{key} {i} is {getattr(table[i], attr)!r} in schema.json, the record says "
-                       f"{bytes(rec[name_key]).decode('utf-8', 'replace')!r}")
+            out.append(
+                f"{key} {i} is {getattr(table[i], attr)!r} in schema.json, the record says "
+                f"{bytes(rec[name_key]).decode('utf-8', 'replace')!r}"
+            )
     return out
 
 
@@ -193,8 +218,10 @@ def feature_problems(schema: Schema | Bucket, rec: dict, text_len: int, mel_len:
     if "durations" in names:
         d = np.asarray(rec["durations"], np.int64)
         if d[:text_len].sum() != mel_len or (d < 0).any() or d[text_len:].any():
-            out.append(f"durations sum to {int(d[:text_len].sum())} over text_len {text_len} phones (mel_len "
-                       f"{mel_len}), or are negative or non-zero in padding")
+            out.append(
+                f"durations sum to {int(d[:text_len].sum())} over text_len {text_len} phones (mel_len "
+                f"{mel_len}), or are negative or non-zero in padding"
+            )
     for name in ("pitch", "energy"):
         if name in names:
             x = np.asarray(rec[name], np.float32)
@@ -260,9 +287,16 @@ def check_shard(path: str, schema: Schema, keep: int = 0) -> tuple[ShardResult, 
     shown: list[dict] = []
     bucket = schema.bucket_of_file(path)
     if bucket is None:
-        result.problems.append(Problem(path, None, (
-            f"schema.json does not list this file and its name says no bucket of the {len(schema.buckets)} "
-            "(expected split-bNN-SSSSS-of-CCCCC.tfrecord): its records' shapes are unknown")))
+        result.problems.append(
+            Problem(
+                path,
+                None,
+                (
+                    f"schema.json does not list this file and its name says no bucket of the {len(schema.buckets)} "
+                    "(expected split-bNN-SSSSS-of-CCCCC.tfrecord): its records' shapes are unknown"
+                ),
+            )
+        )
         return result, shown
 
     def flush(chunk: list[bytes], first: int) -> None:
@@ -280,9 +314,16 @@ def check_shard(path: str, schema: Schema, keep: int = 0) -> tuple[ShardResult, 
         except StopIteration:
             break
         except tf.errors.DataLossError as e:
-            result.problems.append(Problem(path, None, (
-                f"truncated or corrupt after {result.records} readable records ({_first_line(e)}); the file was "
-                "cut short or damaged in a copy: copy it again, or re-run `melshards preprocess`")))
+            result.problems.append(
+                Problem(
+                    path,
+                    None,
+                    (
+                        f"truncated or corrupt after {result.records} readable records ({_first_line(e)}); the file was "
+                        "cut short or damaged in a copy: copy it again, or re-run `melshards preprocess`"
+                    ),
+                )
+            )
             break
         except tf.errors.OpError as e:
             result.problems.append(Problem(path, None, f"cannot read: {_first_line(e)}"))
@@ -295,8 +336,9 @@ def check_shard(path: str, schema: Schema, keep: int = 0) -> tuple[ShardResult, 
     if chunk:
         flush(chunk, result.records - len(chunk))
     if expected is not None and result.records != expected:
-        result.problems.append(Problem(path, None, f"holds {result.records} records, schema.json lists {expected}",
-                                       listing=True))
+        result.problems.append(
+            Problem(path, None, f"holds {result.records} records, schema.json lists {expected}", listing=True)
+        )
     return result, shown
 
 
@@ -323,7 +365,8 @@ def schemas_for(files: Sequence[str], schema_path: str | None) -> tuple[dict[str
         if tf.io.gfile.exists(posixpath.join(d, PUBLISH_JOURNAL)):
             raise InputError(
                 f"{d} is in the middle of having its run replaced ({PUBLISH_JOURNAL} is there); let "
-                "`melshards preprocess` finish, or run it again with the same --output to complete the move")
+                "`melshards preprocess` finish, or run it again with the same --output to complete the move"
+            )
     where = {d: schema_file_of(d, schema_path) for d in dirs}
     ref_path = schema_path or where[dirs[0]]
     read = {path: read_schema(path) for path in {*where.values(), ref_path}}  # each file once

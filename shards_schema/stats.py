@@ -5,23 +5,42 @@ Lengths are small integers (symbols, frames, milliseconds), so a value->count hi
 merges associatively across Beam workers, and stays small: its size is the number of distinct
 lengths, not the number of clips.
 """
+
 from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
 REPORT_PERCENTILES = (0, 1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9, 100)
 LENGTH_KEYS = ("text_len", "mel_frames", "duration_ms")
 # Reasons `Cutoffs.reason` gives: counted as "filtered", the rest of rejected.jsonl as "rejected".
-FILTER_REASONS = ("speaker_too_few_clips", "too_short", "mel_frames_below_cutoff", "mel_frames_above_cutoff",
-                  "text_len_above_cutoff")
+FILTER_REASONS = (
+    "speaker_too_few_clips",
+    "too_short",
+    "mel_frames_below_cutoff",
+    "mel_frames_above_cutoff",
+    "text_len_above_cutoff",
+)
 # The other reasons a row of rejected.jsonl can have (reading the rows file, then measuring the clip).
-REJECT_REASONS = ("malformed_row", "duplicate_id", "ambiguous_audio", "missing_text", "missing_language",
-                  "missing_audio", "unreadable_audio", "invalid_samples", "empty_text", "unusable_text",
-                  "unsupported_language", "silent_audio", "missing_alignment", "alignment_mismatch")
+REJECT_REASONS = (
+    "malformed_row",
+    "duplicate_id",
+    "ambiguous_audio",
+    "missing_text",
+    "missing_language",
+    "missing_audio",
+    "unreadable_audio",
+    "invalid_samples",
+    "empty_text",
+    "unusable_text",
+    "unsupported_language",
+    "silent_audio",
+    "missing_alignment",
+    "alignment_mismatch",
+)
 
 
 def pkey(q: float) -> str:
@@ -80,6 +99,7 @@ class Cutoffs:
     """Filter bounds (inclusive) and the padded lengths they imply. Text lengths are cut per language
     (a symbol is a letter in one, a phoneme or a Chinese character in another); `max_text_len` is the
     largest of them."""
+
     min_duration_ms: int
     min_mel_frames: int
     max_mel_frames: int
@@ -104,9 +124,15 @@ class Cutoffs:
         return None
 
 
-def compute_cutoffs(hists: Mapping[str, Mapping[int, int]], min_duration_s: float,
-                    mel_lower_q: float, mel_upper_q: float, text_upper_q: float, multiple: int,
-                    text_by_language: Mapping[str, Mapping[int, int]] | None = None) -> Cutoffs:
+def compute_cutoffs(
+    hists: Mapping[str, Mapping[int, int]],
+    min_duration_s: float,
+    mel_lower_q: float,
+    mel_upper_q: float,
+    text_upper_q: float,
+    multiple: int,
+    text_by_language: Mapping[str, Mapping[int, int]] | None = None,
+) -> Cutoffs:
     """The cut-offs from the before-filter histograms; `text_by_language` (code -> text_len histogram)
     gives each language its own text-length percentile (else one over all clips)."""
     mel_hi = percentile(hists["mel_frames"], mel_upper_q)
@@ -136,21 +162,22 @@ def padding_fraction(hist: Mapping[int, int], padded: int) -> float:
 @dataclasses.dataclass
 class Moments:
     """Count, mean and sum of squared deviations per bin; merges exactly (Chan et al. 1979)."""
+
     n: int
     mean: np.ndarray
     m2: np.ndarray
 
     @classmethod
-    def empty(cls, dim: int) -> "Moments":
+    def empty(cls, dim: int) -> Moments:
         return cls(0, np.zeros(dim, np.float64), np.zeros(dim, np.float64))
 
     @classmethod
-    def of(cls, frames: np.ndarray) -> "Moments":
+    def of(cls, frames: np.ndarray) -> Moments:
         x = np.asarray(frames, np.float64)
         mean = x.mean(axis=0)
         return cls(len(x), mean, ((x - mean) ** 2).sum(axis=0))
 
-    def merge(self, other: "Moments") -> "Moments":
+    def merge(self, other: Moments) -> Moments:
         if other.n == 0:
             return self
         if self.n == 0:
@@ -158,7 +185,7 @@ class Moments:
         n = self.n + other.n
         delta = other.mean - self.mean
         mean = self.mean + delta * (other.n / n)
-        m2 = self.m2 + other.m2 + delta ** 2 * (self.n * other.n / n)
+        m2 = self.m2 + other.m2 + delta**2 * (self.n * other.n / n)
         return Moments(n, mean, m2)
 
     def std(self) -> np.ndarray:

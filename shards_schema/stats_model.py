@@ -14,13 +14,25 @@ dropped by filter.min_speaker_clips, id null, last).
 `stats_problem` turns the first validation error into one sentence naming the field's dotted path
 ("counts.input_rows is a string ('56'), not an integer"). Only pydantic is imported here.
 """
+
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, PlainValidator, StrictBool, StrictFloat, StrictInt, StrictStr,
-                      StringConstraints, ValidationError, model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    StringConstraints,
+    ValidationError,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from melshards.shards_schema.stats import FILTER_REASONS, LENGTH_KEYS
@@ -38,7 +50,7 @@ def _problem(text: str) -> PydanticCustomError:
     return PydanticCustomError(PROBLEM, "{problem}", {"problem": text})
 
 
-def _int_or_str(value: Any) -> Union[int, str]:
+def _int_or_str(value: Any) -> int | str:
     """One error for a value that is neither (a pydantic Union would name each member in the path)."""
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise PydanticCustomError(INT_OR_STR, "not an integer or a string")
@@ -50,6 +62,7 @@ IntOrStr = Annotated[Any, PlainValidator(_int_or_str)]
 
 class _Section(BaseModel):
     """Fields not declared here are ignored when read (a later minor version may add some)."""
+
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
@@ -62,26 +75,30 @@ class Counts(_Section):
     per_reason: dict[str, Count]
 
     @model_validator(mode="after")
-    def _add_up(self) -> "Counts":
+    def _add_up(self) -> Counts:
         parts = self.in_shards + self.filtered + self.rejected
         if self.input_rows != parts:
-            raise _problem(f"counts.input_rows is {self.input_rows}, but in_shards + filtered + rejected "
-                           f"({self.in_shards} + {self.filtered} + {self.rejected}) is {parts}")
+            raise _problem(
+                f"counts.input_rows is {self.input_rows}, but in_shards + filtered + rejected "
+                f"({self.in_shards} + {self.filtered} + {self.rejected}) is {parts}"
+            )
         split_sum = sum(self.per_split.values())
         if split_sum != self.in_shards:
             raise _problem(f"counts.per_split sums to {split_sum}, but counts.in_shards is {self.in_shards}")
         for key, of_kind in (("filtered", True), ("rejected", False)):
             total = sum(v for r, v in self.per_reason.items() if (r in FILTER_REASONS) == of_kind)
             if total != getattr(self, key):
-                raise _problem(f"counts.per_reason's {key} reasons sum to {total}, but counts.{key} is "
-                               f"{getattr(self, key)}")
+                raise _problem(
+                    f"counts.per_reason's {key} reasons sum to {total}, but counts.{key} is {getattr(self, key)}"
+                )
         return self
 
 
 class Lengths(_Section):
     """One length's summary (`melshards.shards_schema.stats.summarize`); mean is null with no clips."""
+
     count: Count
-    mean: Optional[Number] = None
+    mean: Number | None = None
     percentiles: dict[str, Number]  # pkey(q) -> value
 
 
@@ -93,31 +110,35 @@ class LengthSummaries(_Section):
 
 class Histograms(_Section):
     """Exact value -> count histograms per length key (LENGTH_KEYS), before and after the filter."""
+
     before_filter: dict[str, Histogram]
     after_filter: dict[str, Histogram]
 
 
 class FilterSettings(_Section):
     """The preprocess config's `filter` section as the run used it (required once a clip was measured)."""
-    min_duration_s: Optional[Number] = None
-    mel_frames_lower_percentile: Optional[Number] = None
-    mel_frames_upper_percentile: Optional[Number] = None
-    text_len_upper_percentile: Optional[Number] = None
+
+    min_duration_s: Number | None = None
+    mel_frames_lower_percentile: Number | None = None
+    mel_frames_upper_percentile: Number | None = None
+    text_len_upper_percentile: Number | None = None
 
 
 class Cutoffs(_Section):
     """`melshards.shards_schema.stats.Cutoffs`: the filter bounds (inclusive) and padded lengths."""
+
     min_duration_ms: StrictInt
     min_mel_frames: StrictInt
     max_mel_frames: StrictInt
     max_text_len: StrictInt
-    padded_mel_frames: Optional[StrictInt] = None
-    padded_text_len: Optional[StrictInt] = None
+    padded_mel_frames: StrictInt | None = None
+    padded_text_len: StrictInt | None = None
     max_text_len_by_language: dict[str, StrictInt] = {}
 
 
 class Padding(_Section):
     """The shards as written: the largest bucket's shapes, padding shares over all buckets."""
+
     max_text_len: StrictInt
     max_mel_frames: StrictInt
     multiple: StrictInt
@@ -137,6 +158,7 @@ class BucketRow(_Section):
 
 class PlanBucket(_Section):
     """`melshards.shards_schema.buckets.BucketFill.to_dict`."""
+
     bound: StrictInt
     records: Count
     valid_frames: Count
@@ -146,6 +168,7 @@ class PlanBucket(_Section):
 
 class Merge(_Section):
     """`melshards.shards_schema.buckets.Merge.to_dict`: a bucket too small, padded up `into` a bound."""
+
     bound: StrictInt
     records: Count
     min_records: StrictInt
@@ -154,6 +177,7 @@ class Merge(_Section):
 
 class BucketPlan(_Section):
     """`melshards.shards_schema.buckets.BucketChoice.to_dict`: how the bounds were chosen."""
+
     k_requested: IntOrStr  # K or "auto"
     k_used: StrictInt
     max_buckets: StrictInt
@@ -169,18 +193,20 @@ class BucketPlan(_Section):
 
 class WhatIfK(_Section):
     """One row of `melshards.shards_schema.buckets.padding_by_k`: null when no K buckets can be filled."""
+
     k: StrictInt
-    buckets_used: Optional[StrictInt]
-    padding_fraction: Optional[Number]
+    buckets_used: StrictInt | None
+    padding_fraction: Number | None
 
 
 class Buckets(_Section):
     """`melshards.preprocess.bucketing.bucket_stats`: the length buckets of the shards."""
+
     buckets: list[BucketRow]
     mel_padding_fraction: Number
     text_padding_fraction: Number
     min_bucket_records: StrictInt
-    plan: Optional[BucketPlan]
+    plan: BucketPlan | None
     merges: list[Merge]
     raised_last_bound: Any = None
     what_if: list[WhatIfK]
@@ -189,22 +215,25 @@ class Buckets(_Section):
 class FeatureMoments(_Section):
     """`melshards.preprocess.feature_stats.moments_record`: mean and std of a per-frame feature over
     `frames` frames (both null without frames)."""
-    mean: Optional[Number] = None
-    std: Optional[Number] = None
+
+    mean: Number | None = None
+    std: Number | None = None
     frames: Count
 
 
 class PitchPercentiles(_Section):
     """A speaker's voiced f0 (Hz, to the nearest Hz): `melshards.shards_schema.stats.summarize`."""
+
     count: Count
-    mean: Optional[Number] = None
+    mean: Number | None = None
     percentiles: dict[str, Number]
 
 
 class SpeakerRow(_Section):
     """`melshards.preprocess.report.speaker_stats`: one speaker; id null when filter.min_speaker_clips
     dropped it (then it has no clips in the shards)."""
-    id: Optional[Count]
+
+    id: Count | None
     name: StrictStr
     clips: Count  # in the shards
     hours: Number  # in the shards
@@ -212,11 +241,12 @@ class SpeakerRow(_Section):
     measured: Count  # clips measured (before the filter)
     per_split: dict[str, Count]  # split -> clips in the shards
     stats: dict[str, FeatureMoments] = {}  # pitch, energy: as in schema.json (runs with those features)
-    pitch: Optional[PitchPercentiles] = None  # runs with pitch
+    pitch: PitchPercentiles | None = None  # runs with pitch
 
 
 class TextFrontend(_Section):
     """`melshards.shards_schema.text.frontend_record`: the front end that made a language's text."""
+
     name: StrictStr
     version: IntOrStr
 
@@ -224,18 +254,20 @@ class TextFrontend(_Section):
 class LanguageRow(_Section):
     """`melshards.preprocess.report.language_stats`: one language, its lengths before the filter and its
     text-length cut-off (null when no clip was measured)."""
+
     id: Count
     code: StrictStr
     clips: Count
     hours: Number
     text_frontend: TextFrontend
     before_filter: LengthSummaries
-    max_text_len: Optional[StrictInt] = None
+    max_text_len: StrictInt | None = None
     stats: dict[str, FeatureMoments] = {}
 
 
 class Split(_Section):
     """The config's `split` section as the run used it, and the held-out speakers it did not find."""
+
     val_fraction: Number
     val_speakers: list[StrictStr]
     val_speakers_not_found: list[StrictStr]
@@ -246,23 +278,26 @@ class InputSummary(_Section):
     the language of its rows that give none, how many of its speaker labels and ids were prefixed
     with its name because another input has them too, and the language codes its rows spelt otherwise
     than their canonical BCP 47 form (as written -> as used)."""
+
     input: StrictStr
     name: StrictStr
     format: StrictStr
     rows: Count
-    language: Optional[StrictStr] = None
+    language: StrictStr | None = None
     prefixed_speakers: Count
     prefixed_ids: Count
     language_codes_folded: dict[StrictStr, StrictStr] = Field(default_factory=dict)
 
 
-def _ids_problem(table: str, ids: list[Optional[int]]) -> str | None:
+def _ids_problem(table: str, ids: list[int | None]) -> str | None:
     """Ids must run 0..N-1 in table order, the rows with id null (dropped speakers) after them."""
     for i, got in enumerate(ids):
         kept = sum(x is not None for x in ids[:i])
         if got is not None and kept < i:
-            return (f"{table}.{i}.id is {got}, after a dropped speaker (id null) at {table}.{ids.index(None)}: "
-                    "dropped speakers come last")
+            return (
+                f"{table}.{i}.id is {got}, after a dropped speaker (id null) at {table}.{ids.index(None)}: "
+                "dropped speakers come last"
+            )
         if got is not None and got != i:
             return f"{table}.{i}.id is {got}, but ids run 0..N-1 in table order, so it should be {i}"
     return None
@@ -297,12 +332,14 @@ def speakers_problem(speakers: list[SpeakerRow], counts: Counts) -> str | None:
     for split in sorted(set(counts.per_split) | {k for s in speakers for k in s.per_split}):
         n = sum(s.per_split.get(split, 0) for s in speakers)
         if n != counts.per_split.get(split, 0):
-            return (f"speakers' per_split.{split} sums to {n}, but counts.per_split.{split} is "
-                    f"{counts.per_split.get(split, 0)}")
+            return (
+                f"speakers' per_split.{split} sums to {n}, but counts.per_split.{split} is "
+                f"{counts.per_split.get(split, 0)}"
+            )
     return None
 
 
-def languages_problem(languages: list[LanguageRow], counts: Counts, cutoffs: Optional[Cutoffs]) -> str | None:
+def languages_problem(languages: list[LanguageRow], counts: Counts, cutoffs: Cutoffs | None) -> str | None:
     """The language table against the counts and the cut-offs: ids, unique codes, clips adding up to
     the clips in the shards, and each language's text-length cut-off as the cut-offs give it."""
     problem = _ids_problem("languages", [x.id for x in languages])
@@ -318,8 +355,11 @@ def languages_problem(languages: list[LanguageRow], counts: Counts, cutoffs: Opt
         return None
     for i, x in enumerate(languages):
         limit = cutoffs.max_text_len_by_language.get(x.code, cutoffs.max_text_len)
-        where = (f"cutoffs.max_text_len_by_language.{x.code}" if x.code in cutoffs.max_text_len_by_language
-                 else "cutoffs.max_text_len")
+        where = (
+            f"cutoffs.max_text_len_by_language.{x.code}"
+            if x.code in cutoffs.max_text_len_by_language
+            else "cutoffs.max_text_len"
+        )
         if x.max_text_len is None:
             return f"languages.{i}.max_text_len is null, but {where} is {limit}"
         if x.max_text_len != limit:
@@ -330,25 +370,26 @@ def languages_problem(languages: list[LanguageRow], counts: Counts, cutoffs: Opt
 class StatsFile(_Section):
     """stats.json. `filter`, `cutoffs`, `padding` and `buckets` are null or absent when no clip was measured;
     so may `speakers`, `languages` and `split` be (or the tables empty)."""
+
     schema_version: StrictStr
     counts: Counts
     before_filter: LengthSummaries
     after_filter: LengthSummaries
     histograms: Histograms
-    filter: Optional[FilterSettings] = None
-    cutoffs: Optional[Cutoffs] = None
-    padding: Optional[Padding] = None
-    buckets: Optional[Buckets] = None
-    speakers: Optional[list[SpeakerRow]] = None
-    languages: Optional[list[LanguageRow]] = None
-    split: Optional[Split] = None
-    inputs: Optional[list[InputSummary]] = None  # absent from runs made before several inputs were read
+    filter: FilterSettings | None = None
+    cutoffs: Cutoffs | None = None
+    padding: Padding | None = None
+    buckets: Buckets | None = None
+    speakers: list[SpeakerRow] | None = None
+    languages: list[LanguageRow] | None = None
+    split: Split | None = None
+    inputs: list[InputSummary] | None = None  # absent from runs made before several inputs were read
     features: list[StrictStr] = []  # the optional features the records hold (schema.OPTIONAL_FEATURES)
-    cache: Optional[dict[str, Any]] = None  # runs with --cache: {dir, hits, computed, damaged, damaged_files, files_used}
+    cache: dict[str, Any] | None = None  # runs with --cache: {dir, hits, computed, damaged, damaged_files, files_used}
     feature_stats: dict[str, FeatureMoments] = {}  # global pitch and energy statistics (training split)
 
     @model_validator(mode="after")
-    def _measured(self) -> "StatsFile":
+    def _measured(self) -> StatsFile:
         """Once any clip was measured there are cut-offs, and the what-if tables need all of these."""
         if self.cutoffs is None:
             return self
@@ -357,8 +398,7 @@ class StatsFile(_Section):
                 raise _problem(f"histograms.before_filter.{key} is missing")
         for key in ("filter", "padding"):
             if getattr(self, key) is None:
-                raise _problem(f"{key} is null, not an object" if key in self.model_fields_set
-                               else f"{key} is missing")
+                raise _problem(f"{key} is null, not an object" if key in self.model_fields_set else f"{key} is missing")
             section = getattr(self, key)
             missing = next((f for f in type(section).model_fields if getattr(section, f) is None), None)
             if missing is not None:
@@ -368,24 +408,35 @@ class StatsFile(_Section):
                 raise _problem(f"{key} is null, not {kind}" if key in self.model_fields_set else f"{key} is missing")
         by_language = self.cutoffs.max_text_len_by_language
         if by_language and max(by_language.values()) != self.cutoffs.max_text_len:
-            raise _problem(f"cutoffs.max_text_len is {self.cutoffs.max_text_len}, but the largest of "
-                           f"cutoffs.max_text_len_by_language is {max(by_language.values())}")
+            raise _problem(
+                f"cutoffs.max_text_len is {self.cutoffs.max_text_len}, but the largest of "
+                f"cutoffs.max_text_len_by_language is {max(by_language.values())}"
+            )
         return self
 
     @model_validator(mode="after")
-    def _tables_add_up(self) -> "StatsFile":
+    def _tables_add_up(self) -> StatsFile:
         """The speaker and language tables against the counts (and each other's ids), whenever present."""
-        problem = ((self.speakers is not None and speakers_problem(self.speakers, self.counts))
-                   or (self.languages is not None and languages_problem(self.languages, self.counts, self.cutoffs)))
+        problem = (self.speakers is not None and speakers_problem(self.speakers, self.counts)) or (
+            self.languages is not None and languages_problem(self.languages, self.counts, self.cutoffs)
+        )
         if problem:
             raise _problem(problem)
         return self
 
 
 # -- one sentence per error, naming the field ------------------------------------------------------
-_KINDS = {"int_type": "an integer", "float_type": "a number", "string_type": "a string",
-          "bool_type": "a boolean", "list_type": "a list", "dict_type": "an object", "model_type": "an object",
-          "model_attributes_type": "an object", INT_OR_STR: "an integer or a string"}
+_KINDS = {
+    "int_type": "an integer",
+    "float_type": "a number",
+    "string_type": "a string",
+    "bool_type": "a boolean",
+    "list_type": "a list",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    INT_OR_STR: "an integer or a string",
+}
 
 
 def _describe(value) -> str:

@@ -22,29 +22,50 @@ end's output bumps its VERSION.
 or `TextRejected` with the reason preprocess records (`TEXT_REASONS`, a part of
 `melshards.shards_schema.stats.REJECT_REASONS`).
 """
+
 from __future__ import annotations
 
 import unicodedata
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from melshards.shards_schema import text_characters, text_english, text_phonemes
 from melshards.shards_schema.text_clean import TextRejected, language_code
 
 __all__ = [
-    "ALIGNMENTS", "FRONTENDS", "TEXT_REASONS", "Frontend", "TextRejected", "check_text", "check_texts", "frontend",
-    "frontend_record", "has_speakable_content", "normalizer_for",
+    "ALIGNMENTS",
+    "FRONTENDS",
+    "TEXT_REASONS",
+    "Frontend",
+    "TextRejected",
+    "check_text",
+    "check_texts",
+    "frontend",
+    "frontend_record",
+    "has_speakable_content",
+    "normalizer_for",
     # the english front end's pieces, under the names this module had before
-    "FRONTEND", "expand_numbers", "expand_abbreviations", "normalize_text",
+    "FRONTEND",
+    "expand_numbers",
+    "expand_abbreviations",
+    "normalize_text",
 ]
 
 TEXT_REASONS = ("empty_text", "unusable_text", "unsupported_language")
+
 
 class Frontend:
     """A front end: `name`, `version`, `supports(language)`, `normalize(raw, language)` and
     `normalize_many(raws, language)` (one call for a batch of one language's rows)."""
 
-    def __init__(self, name: str, version: int, supports: Callable[[str], bool],
-                 normalize_rows: Callable[[list[str], str], list], languages: str, unit: str = "character"):
+    def __init__(
+        self,
+        name: str,
+        version: int,
+        supports: Callable[[str], bool],
+        normalize_rows: Callable[[list[str], str], list],
+        languages: str,
+        unit: str = "character",
+    ):
         self.name, self.version, self._supports, self._rows = name, version, supports, normalize_rows
         self.languages = languages  # which languages it reads, for messages
         self.unit = unit  # what a symbol of its output is (`melshards.shards_schema.vocab.UNITS`)
@@ -61,10 +82,12 @@ class Frontend:
     def unsupported(self, language: str) -> TextRejected:
         if language_code(language) is None:
             return TextRejected("unsupported_language", not_a_language_code(language))
-        return TextRejected("unsupported_language",
-                            f"the {self.name} text front end does not read language {language!r} (it reads "
-                            f"{self.languages}); map the language to another front end in the config's "
-                            "`text.languages`, or fix the row's language code")
+        return TextRejected(
+            "unsupported_language",
+            f"the {self.name} text front end does not read language {language!r} (it reads "
+            f"{self.languages}); map the language to another front end in the config's "
+            "`text.languages`, or fix the row's language code",
+        )
 
     def rows(self, raws: list[str], language: str) -> list:
         """Each raw text's normalised text or TextRejected; the language must be supported."""
@@ -87,8 +110,10 @@ class Frontend:
 
 def not_a_language_code(language) -> str:
     """Why a row's language is no language code, and what to do."""
-    return (f"{language!r} is not a language code (a BCP 47 tag: a 2- or 3-letter language, then optional "
-            "subtags, e.g. en, en-US, zh-CN); fix the row's language, or the input's --language")
+    return (
+        f"{language!r} is not a language code (a BCP 47 tag: a 2- or 3-letter language, then optional "
+        "subtags, e.g. en, en-US, zh-CN); fix the row's language, or the input's --language"
+    )
 
 
 def _script(c: str) -> str:
@@ -103,12 +128,15 @@ def _english_rows(raws: list[str], language: str) -> list:
         if foreign:
             scripts = " and ".join(dict.fromkeys(_script(c) for c in foreign))
             more = f" and {len(foreign) - 8} more" if len(foreign) > 8 else ""
-            out.append(TextRejected(
-                "unsupported_language",
-                f"{raw[:80]!r} holds letters of the {scripts} script ({''.join(foreign[:8])!r}{more}), not of the "
-                f"Latin script of its language {language!r}, the only one the english front end reads: set the "
-                f"row's language to the text's own, or map {language!r} to the characters front end in the config's "
-                "`text.languages`"))
+            out.append(
+                TextRejected(
+                    "unsupported_language",
+                    f"{raw[:80]!r} holds letters of the {scripts} script ({''.join(foreign[:8])!r}{more}), not of the "
+                    f"Latin script of its language {language!r}, the only one the english front end reads: set the "
+                    f"row's language to the text's own, or map {language!r} to the characters front end in the config's "
+                    "`text.languages`",
+                )
+            )
         else:
             out.append(text_english.normalize(raw))
     return out
@@ -123,15 +151,26 @@ def _phone_rows(raws: list[str], language: str) -> list:
 
 
 FRONTENDS: dict[str, Frontend] = {
-    f.name: f for f in (
-        Frontend(text_characters.NAME, text_characters.VERSION, text_characters.supports,
-                 text_characters.normalize_many, "every language code"),
-        Frontend(text_phonemes.NAME, text_phonemes.VERSION, text_phonemes.supports,
-                 text_phonemes.normalize_many, "the languages espeak-ng has a voice for"),
-        Frontend(text_english.NAME, text_english.VERSION, text_english.supports, _english_rows,
-                 "English: en, en-*"),
-        Frontend(ALIGNMENTS, 1, lambda language: True, _phone_rows, "every language code (phones of TextGrids)",
-                 unit="phone"),
+    f.name: f
+    for f in (
+        Frontend(
+            text_characters.NAME,
+            text_characters.VERSION,
+            text_characters.supports,
+            text_characters.normalize_many,
+            "every language code",
+        ),
+        Frontend(
+            text_phonemes.NAME,
+            text_phonemes.VERSION,
+            text_phonemes.supports,
+            text_phonemes.normalize_many,
+            "the languages espeak-ng has a voice for",
+        ),
+        Frontend(text_english.NAME, text_english.VERSION, text_english.supports, _english_rows, "English: en, en-*"),
+        Frontend(
+            ALIGNMENTS, 1, lambda language: True, _phone_rows, "every language code (phones of TextGrids)", unit="phone"
+        ),
     )
 }
 
@@ -141,8 +180,9 @@ def frontend(name: str) -> Frontend:
     try:
         return FRONTENDS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown text front end {name!r}; the front ends are: "
-                         f"{', '.join(sorted(FRONTENDS))}") from None
+        raise ValueError(
+            f"unknown text front end {name!r}; the front ends are: {', '.join(sorted(FRONTENDS))}"
+        ) from None
 
 
 def frontend_record(name: str) -> dict:
@@ -207,7 +247,8 @@ def normalizer_for(record: dict) -> Callable[[str, str], str]:
         have = ", ".join(f"{x.name} v{x.version}" for x in FRONTENDS.values())
         raise ValueError(
             f"the shards were made with text front end {record!r}, this melshards has {have}; "
-            "synthesize with the melshards version that made them, or re-run `melshards preprocess` and retrain")
+            "synthesize with the melshards version that made them, or re-run `melshards preprocess` and retrain"
+        )
 
     def normalize(raw: str, language: str) -> str:
         return check_text(raw, language, f.name)

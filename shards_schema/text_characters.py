@@ -7,6 +7,7 @@ vocabulary is the corpus's own code points.
 
 Any change to `normalize`'s output (here or in `text_clean`) must bump VERSION.
 """
+
 from __future__ import annotations
 
 from melshards.shards_schema import text_clean

@@ -16,6 +16,7 @@ pins exact outputs).
   elsewhere the digits stay.
 - `lowercase`: str.lower, except Turkish and Azerbaijani (dotted and dotless i).
 """
+
 from __future__ import annotations
 
 import functools
@@ -88,7 +89,8 @@ _JOINERS = "\u200c\u200d"
 IGNORABLE = re.compile(
     "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b\u200e\u200f\u202a-\u202e"
     "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
-    "\U000e0000-\U000e0fff]")
+    "\U000e0000-\U000e0fff]"
+)
 
 # Sentence marks of scripts written without spaces (Chinese, Japanese: "你好，世界") become the ASCII
 # mark and a space ("你好, 世界"), so the phrase after them is a word of its own, as in other scripts.
@@ -103,7 +105,7 @@ _SPACED_MARKS = {
     **dict.fromkeys("）］｝】〕〗〙〛", ") "),
 }
 _PUNCTUATION_MAP = {
-    **dict.fromkeys("\"“”„‟«»「」『』〝〞〟《》〈〉‹›＂", '"'),
+    **dict.fromkeys('"“”„‟«»「」『』〝〞〟《》〈〉‹›＂', '"'),
     **dict.fromkeys("‘’‚‛`´′ʼ＇", "'"),
     **dict.fromkeys("‐‑‒–—―−⁃﹘﹣－", "-"),
     **dict.fromkeys("،؍፣", ","),
@@ -113,7 +115,8 @@ _PUNCTUATION_MAP = {
     **dict.fromkeys("؛፤", ";"),
     **dict.fromkeys("[{", "("),
     **dict.fromkeys("]}", ")"),
-    "…": "...", "⋯": "...",
+    "…": "...",
+    "⋯": "...",
     **_SPACED_MARKS,
 }
 _PUNCTUATION_TABLE = str.maketrans(_PUNCTUATION_MAP)
@@ -174,7 +177,8 @@ def lowercase(text: str, language: str) -> str:
 # language writes 2.5 and groups with ",".
 _DECIMAL_COMMA = frozenset(
     "af az be bg bs ca cs da de el es et eu fi fo fr gl hr hu hy id is it ka kk ky lt lv mk mn nb nl nn "
-    "no pl pt ro ru sk sl sq sr sv tk tr uk uz vi".split())
+    "no pl pt ro ru sk sl sq sr sv tk tr uk uz vi".split()
+)
 # Languages whose num2words reading of a decimal fraction was checked (num2words 0.5.14 reads 2,5
 # wrongly in ar, tr and vi, and as "punto" in es, which Spain does not say); elsewhere a decimal
 # number keeps its digits.
@@ -187,7 +191,7 @@ _NO_SPACES = frozenset("zh cmn yue wuu hak nan ja th lo km my bo".split())
 _NUMBER = re.compile(r"\d+(?:[.,\u00a0\u202f ]\d+)*")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def num2words_language(language: str) -> str | None:
     """The num2words language of a code (`pt-BR` -> `pt_BR`, `de-AT` -> `de`), or None if it has none."""
     from num2words import CONVERTER_CLASSES

@@ -19,6 +19,7 @@ Any change to `normalize`'s output must bump VERSION (1: inflect's number words,
 and "½" as "three four" and "one two", "No. 5" as "no. five", a zero-width space splitting a word,
 the digits after a comma dropped: "items 1,2,3" as "items one,,", "₹500" as "rsfive hundred").
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,6 +39,7 @@ def supports(language: str) -> bool:
 
 
 # --- number words ---------------------------------------------------------------------------------
+
 
 @functools.lru_cache(maxsize=4096)  # corpora repeat their numbers
 def _num2words(n: int, to: str) -> str:
@@ -61,10 +63,12 @@ def year(n: int) -> str:
 
 
 def decimal(number: str) -> str:
-    """"2.5" -> "two point five", "3.14" -> "three point one four"."""
+    """ "2.5" -> "two point five", "3.14" -> "three point one four"."""
     whole, _, frac = number.partition(".")
     words = cardinal(int(whole))
-    return f"{words} point {' '.join(_DIGITS[str(int(d))] for d in frac)}" if frac else words  # "٣": any script's digits
+    return (
+        f"{words} point {' '.join(_DIGITS[str(int(d))] for d in frac)}" if frac else words
+    )  # "٣": any script's digits
 
 
 def _plain(words: str) -> str:
@@ -112,8 +116,10 @@ _DECADE = re.compile(r"(?<!\d)(?<!\d\.)['’]?(\d{0,3}[1-9]0|[1-9]\d{0,2}00)['�
 # "3/4", "2 1/2" (a proper fraction, not a date "12/05/2024" nor "24/7"); U+2044 is the fraction slash
 _FRACTION = re.compile(r"(?<![\d/⁄])(?<!\d\.)(?:(?P<whole>\d+) )?(?P<num>\d+)[/⁄](?P<den>\d+)(?![\d/⁄]|\.\d)")
 # the vulgar fraction characters (½ ¾ ⅓ ...) -> "1⁄2": their compatibility decomposition
-_VULGAR = {chr(o): "".join(chr(int(h, 16)) for h in unicodedata.decomposition(chr(o)).split()[1:])
-           for o in (0xBC, 0xBD, 0xBE, *range(0x2150, 0x215F), 0x2189)}
+_VULGAR = {
+    chr(o): "".join(chr(int(h, 16)) for h in unicodedata.decomposition(chr(o)).split()[1:])
+    for o in (0xBC, 0xBD, 0xBE, *range(0x2150, 0x215F), 0x2189)
+}
 _VULGAR_CHAR = re.compile(f"(\\d)?([{''.join(_VULGAR)}])")
 
 
@@ -122,7 +128,7 @@ def _amount_words(amount: str) -> str:
 
 
 def _plural(words: str) -> str:
-    """"nineteen ninety" -> "nineteen nineties", "two thousand" -> "two thousands"."""
+    """ "nineteen ninety" -> "nineteen nineties", "two thousand" -> "two thousands"."""
     return words[:-1] + "ies" if words.endswith("y") else words + "s"
 
 
@@ -133,7 +139,7 @@ def _number_words(digits: str) -> str:
 
 
 def _decade(m: re.Match) -> str:
-    """"1990s" -> "nineteen nineties", "1900s" -> "nineteen hundreds", "'80s" -> "eighties"."""
+    """ "1990s" -> "nineteen nineties", "1900s" -> "nineteen hundreds", "'80s" -> "eighties"."""
     return f" {_plural(_number_words(m.group(1)))} "
 
 
@@ -141,7 +147,7 @@ _DENOMINATORS = {2: ("half", "halves"), 4: ("quarter", "quarters")}
 
 
 def _fraction(m: re.Match) -> str:
-    """"3/4" -> "three quarters", "1/2" -> "one half", "5/8" -> "five eighths", "2 1/2" -> "two and
+    """ "3/4" -> "three quarters", "1/2" -> "one half", "5/8" -> "five eighths", "2 1/2" -> "two and
     one half"; an improper one ("24/7", "12/5") is left to be read as its numbers."""
     num, den = int(m["num"]), int(m["den"])
     if not 0 < num < den:
@@ -152,7 +158,7 @@ def _fraction(m: re.Match) -> str:
 
 
 def _vulgar(m: re.Match) -> str:
-    """"½" -> "1⁄2", "2½" -> "2 1⁄2" (a mixed number)."""
+    """ "½" -> "1⁄2", "2½" -> "2 1⁄2" (a mixed number)."""
     return (f"{m.group(1)} " if m.group(1) else "") + _VULGAR[m.group(2)]
 
 
@@ -174,7 +180,7 @@ def _currency(m: re.Match) -> str:
 
 
 def _scientific(m: re.Match) -> str:
-    """"1e6" -> "one times ten to the six", "1.5e-3" -> "... to the minus three"."""
+    """ "1e6" -> "one times ten to the six", "1.5e-3" -> "... to the minus three"."""
     sign = "minus " if m.group(2) == "-" else ""
     return f" {decimal(m.group(1))} times ten to the {sign}{cardinal(int(m.group(3)))} "
 
@@ -184,7 +190,7 @@ def _ampm(m: re.Match) -> str:
 
 
 def _time(m: re.Match) -> str:
-    """"10:30pm" -> "ten thirty p m", "7:45" -> "seven forty-five", "7:05" -> "seven oh five",
+    """ "10:30pm" -> "ten thirty p m", "7:45" -> "seven forty-five", "7:05" -> "seven oh five",
     "7:00" -> "seven o'clock" ("seven p m" with am/pm)."""
     h, mins = int(m["h"]), int(m["m"])
     words = cardinal(h)
@@ -240,10 +246,24 @@ def expand_numbers(text: str) -> str:
 # --- abbreviations --------------------------------------------------------------------------------
 
 _ABBREVIATED = [
-    ("mrs", "misess"), ("mr", "mister"), ("dr", "doctor"), ("co", "company"),
-    ("jr", "junior"), ("maj", "major"), ("gen", "general"), ("drs", "doctors"), ("rev", "reverend"),
-    ("lt", "lieutenant"), ("hon", "honorable"), ("sgt", "sergeant"), ("capt", "captain"),
-    ("esq", "esquire"), ("ltd", "limited"), ("col", "colonel"), ("ft", "fort"), ("etc", "et cetera"),
+    ("mrs", "misess"),
+    ("mr", "mister"),
+    ("dr", "doctor"),
+    ("co", "company"),
+    ("jr", "junior"),
+    ("maj", "major"),
+    ("gen", "general"),
+    ("drs", "doctors"),
+    ("rev", "reverend"),
+    ("lt", "lieutenant"),
+    ("hon", "honorable"),
+    ("sgt", "sergeant"),
+    ("capt", "captain"),
+    ("esq", "esquire"),
+    ("ltd", "limited"),
+    ("col", "colonel"),
+    ("ft", "fort"),
+    ("etc", "et cetera"),
     ("vs", "versus"),
 ]
 _ABBREVIATIONS = [(re.compile(rf"\b{abbr}\.", re.IGNORECASE), full) for abbr, full in _ABBREVIATED]
@@ -259,11 +279,11 @@ _PREVIOUS_WORD = re.compile(r"(\w+)[\s,]*$")
 
 def _sentence_end(m: re.Match) -> str:
     """The abbreviation's dot, kept as the sentence's full stop when nothing follows it."""
-    return "." if m.group(0).endswith(".") and not m.string[m.end():].strip() else ""
+    return "." if m.group(0).endswith(".") and not m.string[m.end() :].strip() else ""
 
 
 def _saint_or_street(text: str, m: re.Match) -> str:
-    """"street" for a lowercase "st." after a word ("Paul st. It was": the next sentence's capital
+    """ "street" for a lowercase "st." after a word ("Paul st. It was": the next sentence's capital
     does not make it a saint, and its dot stays the full stop); "saint" before a capitalised name
     ("St. Paul"); "street" after a word of the same sentence ("Main St.", "42nd St."); "saint"
     otherwise (a sentence's first word)."""

@@ -20,6 +20,7 @@ row (benchmarks/frontend_cost.py).
 Any change to the output must bump VERSION: a change here, in `text_clean`, or in the espeak-ng
 release the wheel ships (`ESPEAK_VERSION`; tests/shards_schema/test_text_frontends.py checks it).
 """
+
 from __future__ import annotations
 
 import functools
@@ -37,9 +38,18 @@ ESPEAK_VERSION = (1, 52, 0)  # the espeak-ng release VERSION's output was made w
 # primary subtag would pick the wrong voice; consulted after the exact code and before the primary
 # subtag (and again for the primary subtag).
 VOICE_ALIASES = {
-    "zh": "cmn", "zh-cn": "cmn", "zh-hans": "cmn", "zh-sg": "cmn", "zh-tw": "cmn", "zh-hant": "cmn",
-    "zh-hk": "yue", "zh-mo": "yue", "zh-yue": "yue",
-    "en": "en-us", "fr": "fr-fr", "no": "nb",
+    "zh": "cmn",
+    "zh-cn": "cmn",
+    "zh-hans": "cmn",
+    "zh-sg": "cmn",
+    "zh-tw": "cmn",
+    "zh-hant": "cmn",
+    "zh-hk": "yue",
+    "zh-mo": "yue",
+    "zh-yue": "yue",
+    "en": "en-us",
+    "fr": "fr-fr",
+    "no": "nb",
 }
 # The punctuation kept in the output: `text_clean.PUNCTUATION` less the apostrophe (inside words).
 PRESERVED_PUNCTUATION = "".join(c for c in text_clean.PUNCTUATION if c != "'")
@@ -104,8 +114,14 @@ class _Backend:
 
     def __init__(self, voice: str):
         backend, self.separator, logger = _phonemizer()
-        self.backend = backend(voice, punctuation_marks=PRESERVED_PUNCTUATION, preserve_punctuation=True,
-                               with_stress=True, language_switch="remove-flags", logger=logger)
+        self.backend = backend(
+            voice,
+            punctuation_marks=PRESERVED_PUNCTUATION,
+            preserve_punctuation=True,
+            with_stress=True,
+            language_switch="remove-flags",
+            logger=logger,
+        )
         self.lock = threading.Lock()
 
     def phonemize(self, texts: list[str]) -> list[str]:
@@ -113,7 +129,7 @@ class _Backend:
             return self.backend.phonemize(texts, separator=self.separator, strip=True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _backend(pid: int, voice: str) -> _Backend:
     return _Backend(voice)
 

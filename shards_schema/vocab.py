@@ -12,9 +12,10 @@ its own. Vocabularies written before (pad "_", eos "~") still read: `LEGACY_RESE
 synthesis alike: every symbol has its id, or the text is refused (`UnknownSymbols`) naming the
 symbols the vocabulary lacks; nothing is skipped.
 """
+
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 PAD = "\x00"  # id 0: padding
 EOS = "\x03"  # id 1: end of sequence (U+0003 END OF TEXT), reserved
@@ -58,18 +59,22 @@ class Vocabulary:
         if len(set(symbols)) != len(symbols):
             raise ValueError(f"vocabulary has repeated symbols: {symbols}")
         if symbols[:2] not in ((PAD, EOS), LEGACY_RESERVED):
-            raise ValueError(f"vocabulary must start with pad {PAD!r} and eos {EOS!r} (or, written by an older "
-                             f"melshards, {LEGACY_RESERVED[0]!r} and {LEGACY_RESERVED[1]!r}), got {symbols[:2]}")
+            raise ValueError(
+                f"vocabulary must start with pad {PAD!r} and eos {EOS!r} (or, written by an older "
+                f"melshards, {LEGACY_RESERVED[0]!r} and {LEGACY_RESERVED[1]!r}), got {symbols[:2]}"
+            )
         if unit == "character" and any(len(s) != 1 for s in symbols):
             raise ValueError(f"vocabulary symbols must be single code points: {[s for s in symbols if len(s) != 1]}")
         if unit == "phone" and any(not s or s.split() != [s] for s in symbols[2:]):
-            raise ValueError(f"phones must be non-empty and hold no whitespace: "
-                             f"{[s for s in symbols[2:] if not s or s.split() != [s]]}")
+            raise ValueError(
+                f"phones must be non-empty and hold no whitespace: "
+                f"{[s for s in symbols[2:] if not s or s.split() != [s]]}"
+            )
         self.symbols = symbols
         self._ids = {s: i for i, s in enumerate(symbols) if i > 1}
 
     @classmethod
-    def from_symbols(cls, symbols: Iterable[str], unit: str = "character") -> "Vocabulary":
+    def from_symbols(cls, symbols: Iterable[str], unit: str = "character") -> Vocabulary:
         """The vocabulary of a corpus: pad, eos, then its symbols sorted by code point, each once: the
         same symbols give the same ids on every run, in any order. A string adds each of its symbols
         (`tokens`: code points, or space-separated phones)."""

@@ -1,4 +1,5 @@
 """Shared fixtures: the shipped corpus, and one preprocessing run reused by every test package."""
+
 from __future__ import annotations
 
 import atexit
@@ -46,8 +47,21 @@ def shards_dir(tmp_path_factory) -> Path:
     from melshards.commands.preprocess import run
 
     out = tmp_path_factory.mktemp("shards")
-    code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(TINY_CONFIG), "--overwrite",
-                "--workers", "1", "--buckets", "1"])
+    code = run(
+        [
+            "--input",
+            str(CORPUS),
+            "--output",
+            str(out),
+            "--config",
+            str(TINY_CONFIG),
+            "--overwrite",
+            "--workers",
+            "1",
+            "--buckets",
+            "1",
+        ]
+    )
     assert code == 0, f"preprocess exited with {code}"
     return out
 
@@ -124,8 +138,20 @@ def features_dir(tmp_path_factory) -> Path:
     assert len(written) > 40
     (root / "features.yaml").write_text(FEATURES_CONFIG)
     out = root / "run"
-    code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(root / "features.yaml"),
-                "--alignments", str(root / "alignments"), "--workers", "1"])
+    code = run(
+        [
+            "--input",
+            str(CORPUS),
+            "--output",
+            str(out),
+            "--config",
+            str(root / "features.yaml"),
+            "--alignments",
+            str(root / "alignments"),
+            "--workers",
+            "1",
+        ]
+    )
     assert code == 0, f"preprocess exited with {code}"
     return out
 

@@ -2,6 +2,7 @@
 
 No figure's value is asserted, only that it is there (and null where this machine has no NVIDIA GPU).
 """
+
 from __future__ import annotations
 
 import json
@@ -15,9 +16,25 @@ from tests.conftest import REPO
 def test_step_device_quick_runs_every_variant_and_reports_every_figure(shards_dir, tmp_path):
     # the trainer tests' faster XLA setting (tests/train/conftest.py): this checks the figures, not their values
     env = dict(os.environ, MELSHARDS_BENCH_DIR=str(tmp_path), XLA_FLAGS="--xla_backend_optimization_level=0")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.step_device", "--quick", "--steps", "4",
-                           "--parse-seconds", "0.5", "--shards", str(shards_dir)],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.step_device",
+            "--quick",
+            "--steps",
+            "4",
+            "--parse-seconds",
+            "0.5",
+            "--shards",
+            str(shards_dir),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env=env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(result["variants"]) == {"bf16", "fp32", "bf16_noxla", "synthetic", "before"}

@@ -1,4 +1,5 @@
 """The import rules of docs/architecture.md: the contract at the bottom, the two halves apart, the CLI on top."""
+
 from __future__ import annotations
 
 import ast
@@ -51,9 +52,11 @@ def test_package_imports_nothing_above_or_beside_it(package):
 
 def test_no_module_imports_the_halves_by_their_folder_names():
     """`import train` would find a user's own train.py first: every import of ours goes through `melshards`."""
-    offences = {str(p.relative_to(REPO)): sorted(imported_roots(p) & set(HALVES))
-                for folder in (*HALVES, "melshards", "tests", "benchmarks", "examples", "scripts")
-                for p in (REPO / folder).rglob("*.py")}
+    offences = {
+        str(p.relative_to(REPO)): sorted(imported_roots(p) & set(HALVES))
+        for folder in (*HALVES, "melshards", "tests", "benchmarks", "examples", "scripts")
+        for p in (REPO / folder).rglob("*.py")
+    }
     assert {p: bad for p, bad in offences.items() if bad} == {}
 
 
@@ -70,25 +73,38 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_reports_and_the_api_import_no_command():
     """Inside `melshards`, the commands sit on top: the reports and the public API never import them."""
-    paths = [*(REPO / "melshards" / "reports").rglob("*.py"), REPO / "melshards" / "api.py",
-             REPO / "melshards" / "__init__.py"]
-    offences = {str(p.relative_to(REPO)): sorted(m for m in imported_modules(p)
-                                                 if m == "melshards.commands" or m.startswith("melshards.commands."))
-                for p in paths}
+    paths = [
+        *(REPO / "melshards" / "reports").rglob("*.py"),
+        REPO / "melshards" / "api.py",
+        REPO / "melshards" / "__init__.py",
+    ]
+    offences = {
+        str(p.relative_to(REPO)): sorted(
+            m for m in imported_modules(p) if m == "melshards.commands" or m.startswith("melshards.commands.")
+        )
+        for p in paths
+    }
     assert {p: bad for p, bad in offences.items() if bad} == {}
 
 
 def test_rule_checker_sees_imports_inside_functions(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from apache_beam.io import fileio\n    import melshards.train.loop\n"
-                      "    from melshards import preprocess\n"
-                      "    from melshards.commands import main\n    import train\n")
+    module.write_text(
+        "def f():\n    from apache_beam.io import fileio\n    import melshards.train.loop\n"
+        "    from melshards import preprocess\n"
+        "    from melshards.commands import main\n    import train\n"
+    )
     assert imported_roots(module) == {"apache_beam", "melshards.train", "melshards.preprocess", "melshards", "train"}
 
 
 def _modules_after(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print(' '.join(sys.modules))"],
-                         capture_output=True, text=True, cwd=REPO, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys; print(' '.join(sys.modules))"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    ).stdout
     return {package_of(m) for m in out.split()}
 
 
@@ -103,9 +119,10 @@ def test_the_beam_job_imports_no_tensorflow():
 def test_melshards_help_and_stats_import_no_tensorflow(shards_dir):
     mods = _modules_after(
         "from melshards.commands import cli\n"
-        "for args in (['--help'], ['stats', '--help'], ['stats', %r]):\n"
+        f"for args in (['--help'], ['stats', '--help'], ['stats', {str(shards_dir)!r}]):\n"
         "    try:\n"
         "        cli.main(args=args, standalone_mode=False)\n"
         "    except SystemExit:\n"
-        "        pass\n" % str(shards_dir))
+        "        pass\n"
+    )
     assert "tensorflow" not in mods and "melshards" in mods

@@ -20,10 +20,11 @@ position and a resumed run keeps exactly the records an uninterrupted one keeps.
 max_g(target_g / corpus_g) records per record it keeps (`reads_per_kept`), the least any filter of one
 pass over mixed shards can read; docs/train.md compares it with the alternatives.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -75,8 +76,9 @@ def realised_shares(per_bucket: np.ndarray, accept: np.ndarray | None, drawn: Se
     per_bucket = np.asarray(per_bucket, np.float64)
     a = np.ones(per_bucket.shape[1]) if accept is None else np.asarray(accept, np.float64)
     kept = per_bucket * a  # [K, G]
-    within = np.divide(kept, kept.sum(axis=1, keepdims=True), out=np.zeros_like(kept),
-                       where=kept.sum(axis=1, keepdims=True) > 0)
+    within = np.divide(
+        kept, kept.sum(axis=1, keepdims=True), out=np.zeros_like(kept), where=kept.sum(axis=1, keepdims=True) > 0
+    )
     mix = np.asarray(drawn, np.float64) @ within
     return mix / mix.sum() if mix.sum() > 0 else mix
 
@@ -124,14 +126,24 @@ def describe(schema: Schema, balance: str, alpha: float, drawn: Sequence[float] 
         if drawn is None:
             drawn = per_bucket.sum(axis=1) * kept_fractions(per_bucket, accept)
         got = realised_shares(per_bucket, accept, drawn)
-        shown = ", ".join(f"{n} {c / total:.1%} -> {s:.1%} (drawn {r:.1%})"
-                          for n, c, s, r in list(zip(names, counts, shares, got))[:6])
+        shown = ", ".join(
+            f"{n} {c / total:.1%} -> {s:.1%} (drawn {r:.1%})"
+            for n, c, s, r in list(zip(names, counts, shares, got))[:6]
+        )
     more = f", ... ({len(names)} {balance}s)" if len(names) > 6 else ""
-    old = ("; schema.json (before 3.2) has no per-bucket counts: the buckets are drawn by their records, so "
-           "the shares hold only where the groups are spread alike over the length buckets (re-run `melshards "
-           "preprocess` for exact shares)") if per_bucket is None and len(schema.buckets) > 1 else ""
-    return (f"data.balance {balance}, alpha {alpha:g} (training shares -> target): {shown}{more}; reads "
-            f"{reads_per_kept(counts, accept):.2f} records per record trained on{old}")
+    old = (
+        (
+            "; schema.json (before 3.2) has no per-bucket counts: the buckets are drawn by their records, so "
+            "the shares hold only where the groups are spread alike over the length buckets (re-run `melshards "
+            "preprocess` for exact shares)"
+        )
+        if per_bucket is None and len(schema.buckets) > 1
+        else ""
+    )
+    return (
+        f"data.balance {balance}, alpha {alpha:g} (training shares -> target): {shown}{more}; reads "
+        f"{reads_per_kept(counts, accept):.2f} records per record trained on{old}"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +152,7 @@ class Plan:
     probability of keeping a record of each group (indexed by that id); `bucket_kept`: the share of
     each bucket's records kept, which the buckets are drawn in proportion to (None: schema.json before
     3.2, the buckets are drawn by their records)."""
+
     feature: str
     accept: tuple[float, ...]
     bucket_kept: tuple[float, ...] | None = None
@@ -188,4 +201,5 @@ def sampler(plan: Plan, seed: int, deterministic: bool):
             # back to single records for the batch of the step
             .unbatch()
         )
+
     return apply

@@ -26,11 +26,13 @@ epoch sees every record about once; the order within epoch e is a permutation dr
 then give the records trained on in proportion to what each keeps, which gives the groups their
 target shares however they are spread over the buckets.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -52,8 +54,9 @@ def batch_multiple(batch_size: int, replicas: int = 1) -> int:
     return math.lcm(replicas, math.gcd(batch_size, 8))
 
 
-def batch_sizes(frames: Sequence[int], records: Sequence[int], batch_size: int, fixed: bool = False,
-                replicas: int = 1) -> list[int]:
+def batch_sizes(
+    frames: Sequence[int], records: Sequence[int], batch_size: int, fixed: bool = False, replicas: int = 1
+) -> list[int]:
     """Batch per bucket: ~constant padded frames per batch (see the module doc); B for all when fixed.
 
     Raises BatchError when a bucket with records has fewer than B (B must divide by the replicas:
@@ -65,8 +68,10 @@ def batch_sizes(frames: Sequence[int], records: Sequence[int], batch_size: int, 
     if fixed:
         return [batch_size] * len(frames)
     longest, multiple = max(frames), batch_multiple(batch_size, replicas)
-    return [batch_size if n == 0 else min(batch_size * longest // t, n) // multiple * multiple
-            for t, n in zip(frames, records)]
+    return [
+        batch_size if n == 0 else min(batch_size * longest // t, n) // multiple * multiple
+        for t, n in zip(frames, records)
+    ]
 
 
 def _too_few_records(short: list[tuple[int, int]], records: Sequence[int], batch_size: int, replicas: int) -> str:
@@ -74,13 +79,24 @@ def _too_few_records(short: list[tuple[int, int]], records: Sequence[int], batch
     which = ", ".join(f"bucket {i} has {n}" for i, n in short)
     if len(records) == 1:
         which = f"the shards hold {short[0][1]}"
-    advice = (f"the largest batch that fits is {fits}: pass --batch-size {fits} or less" if fits else
-              f"no bucket batch can divide by the {replicas} replicas: use fewer replicas or more records")
-    per_bucket = "" if len(records) == 1 else (
-        " (largest per bucket: " + ", ".join(f"bucket {i} {n // replicas * replicas}"
-                                             for i, n in enumerate(records) if n) + ")")
-    return (f"data.batch_size {batch_size} is more than the training records ({which}): a batch never holds a "
-            f"record twice, so {advice}{per_bucket}, or add training shards")
+    advice = (
+        f"the largest batch that fits is {fits}: pass --batch-size {fits} or less"
+        if fits
+        else f"no bucket batch can divide by the {replicas} replicas: use fewer replicas or more records"
+    )
+    per_bucket = (
+        ""
+        if len(records) == 1
+        else (
+            " (largest per bucket: "
+            + ", ".join(f"bucket {i} {n // replicas * replicas}" for i, n in enumerate(records) if n)
+            + ")"
+        )
+    )
+    return (
+        f"data.batch_size {batch_size} is more than the training records ({which}): a batch never holds a "
+        f"record twice, so {advice}{per_bucket}, or add training shards"
+    )
 
 
 def calls_per_epoch(records: Sequence[int], batches: Sequence[int], steps_per_execution: int) -> list[int]:
@@ -122,6 +138,7 @@ def schedule(calls: Sequence[int], seed: int, first: int, count: int) -> np.ndar
 class TrainerBucket:
     """One length bucket as the trainer runs it: the schema's bucket (shapes), its batch, its train
     and validation shard files, its training records and its calls per schedule epoch."""
+
     bucket: Bucket
     batch_size: int
     files: tuple[str, ...]
@@ -144,9 +161,11 @@ def files_by_bucket(files: Sequence[str], schema: Schema) -> dict[int, list[str]
     for f in files:
         b = schema.bucket_of_file(f)
         if b is None:
-            raise InputError(f"{f}: schema.json does not list it and its name says no bucket of the "
-                             f"{len(schema.buckets)} (split-bNN-SSSSS-of-CCCCC.tfrecord); its shapes are "
-                             "unknown. Keep the names preprocess gave the shards")
+            raise InputError(
+                f"{f}: schema.json does not list it and its name says no bucket of the "
+                f"{len(schema.buckets)} (split-bNN-SSSSS-of-CCCCC.tfrecord); its shapes are "
+                "unknown. Keep the names preprocess gave the shards"
+            )
         out[b.index].append(f)
     return out
 
@@ -163,9 +182,16 @@ def records_in(files: Sequence[str], schema: Schema, bucket: Bucket) -> int:
     return total
 
 
-def trainer_buckets(files: Sequence[str], val_files: Sequence[str], schema: Schema, batch_size: int, fixed: bool,
-                    steps_per_execution: int, replicas: int = 1,
-                    kept: Sequence[float] | None = None) -> list[TrainerBucket]:
+def trainer_buckets(
+    files: Sequence[str],
+    val_files: Sequence[str],
+    schema: Schema,
+    batch_size: int,
+    fixed: bool,
+    steps_per_execution: int,
+    replicas: int = 1,
+    kept: Sequence[float] | None = None,
+) -> list[TrainerBucket]:
     """The buckets of a run, each with its batch, files and share of the schedule; `kept`: the share
     of each bucket's records balanced sampling keeps (`balance.Plan.bucket_kept`), which scales its
     records in the schedule (None: all).
@@ -178,5 +204,7 @@ def trainer_buckets(files: Sequence[str], val_files: Sequence[str], schema: Sche
     batches = batch_sizes(frames, records, batch_size, fixed, replicas)
     drawn = records if kept is None else [n * k for n, k in zip(records, kept)]
     calls = calls_per_epoch(drawn, batches, steps_per_execution)
-    return [TrainerBucket(b, batches[b.index], tuple(train[b.index]), tuple(val[b.index]), records[b.index],
-                 calls[b.index]) for b in schema.buckets]
+    return [
+        TrainerBucket(b, batches[b.index], tuple(train[b.index]), tuple(val[b.index]), records[b.index], calls[b.index])
+        for b in schema.buckets
+    ]

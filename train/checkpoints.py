@@ -6,6 +6,7 @@ identical pipeline, so those settings are compared before restoring it: when the
 weights, optimizer and step are restored and the iterator starts fresh (with a warning naming what
 changed).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,12 +14,11 @@ import json
 import logging
 import os
 import posixpath
-from typing import Sequence
-
-from melshards.train.tf_quiet import tf
+from collections.abc import Sequence
 
 from melshards.train.config import TrainConfig
 from melshards.train.errors import CheckpointError, ModelDirError, RestoreError
+from melshards.train.tf_quiet import tf
 
 log = logging.getLogger("melshards.train")
 
@@ -39,7 +39,8 @@ def check_writable(model_dir: str) -> None:
             reason = e.message if isinstance(e, tf.errors.OpError) else str(e)
             raise ModelDirError(
                 f"{d} is not a writable directory ({reason.strip()}); every checkpoint would be lost. "
-                "Fix its permissions, or pass another --model-dir") from e
+                "Fix its permissions, or pass another --model-dir"
+            ) from e
 
 
 def remove_partial_writes(checkpoint_dir: str) -> list[str]:
@@ -48,8 +49,9 @@ def remove_partial_writes(checkpoint_dir: str) -> list[str]:
     The manager writes into ckpt-N_temp/ and then moves the files to ckpt-N.*: a leftover temp
     dir never holds a usable checkpoint.
     """
-    leftovers = sorted(p for p in tf.io.gfile.glob(posixpath.join(checkpoint_dir, "ckpt-*_temp"))
-                       if tf.io.gfile.isdir(p))
+    leftovers = sorted(
+        p for p in tf.io.gfile.glob(posixpath.join(checkpoint_dir, "ckpt-*_temp")) if tf.io.gfile.isdir(p)
+    )
     for path in leftovers:
         tf.io.gfile.rmtree(path)
         log.info("removed %s, left by a checkpoint write that did not finish", path)
@@ -113,21 +115,32 @@ def resume_checkpoint(checkpoint_dir: str, repair: bool = True) -> str | None:
     if problem is not None:
         previous = next((p for p in reversed(present[:-1]) if checkpoint_problem(p) is None), None)
         name = posixpath.basename(latest)
-        go_on = (f"delete {checkpoint_dir}/{name}.* to resume from {posixpath.basename(previous)}, the previous "
-                 "checkpoint (intact), or pass another --model-dir" if previous else
-                 "no earlier checkpoint is intact: pass another --model-dir to start afresh")
+        go_on = (
+            f"delete {checkpoint_dir}/{name}.* to resume from {posixpath.basename(previous)}, the previous "
+            "checkpoint (intact), or pass another --model-dir"
+            if previous
+            else "no earlier checkpoint is intact: pass another --model-dir to start afresh"
+        )
         raise CheckpointError(f"checkpoint {latest} is damaged ({problem}); {go_on}")
     if repair and latest != listed[-1]:
-        log.warning("%s: the newest listed checkpoint %s has no files; resuming from %s", checkpoint_dir,
-                    posixpath.basename(listed[-1]), posixpath.basename(latest))
+        log.warning(
+            "%s: the newest listed checkpoint %s has no files; resuming from %s",
+            checkpoint_dir,
+            posixpath.basename(listed[-1]),
+            posixpath.basename(latest),
+        )
         tf.compat.v1.train.update_checkpoint_state(checkpoint_dir, latest, all_model_checkpoint_paths=present)
     return latest
 
 
 def data_settings(files: Sequence[str], cfg: TrainConfig, synthetic: bool) -> dict:
     """Everything that fixes the shape of the input pipeline, hence of its saved iterator state."""
-    return {"files": list(files), "synthetic_data": synthetic,
-            "steps_per_execution": cfg.loop.steps_per_execution, **dataclasses.asdict(cfg.data)}
+    return {
+        "files": list(files),
+        "synthetic_data": synthetic,
+        "steps_per_execution": cfg.loop.steps_per_execution,
+        **dataclasses.asdict(cfg.data),
+    }
 
 
 def settings_diff(saved: dict | None, now: dict) -> list[str]:
@@ -141,11 +154,18 @@ def settings_diff(saved: dict | None, now: dict) -> list[str]:
             continue
         if key == "files" and isinstance(a, list) and isinstance(b, list):
             added, removed = sorted(set(b) - set(a)), sorted(set(a) - set(b))
-            parts = ([f"{len(added)} added ({', '.join(added[:3])}{', ...' if len(added) > 3 else ''})"]
-                     if added else []) + ([f"{len(removed)} removed ({', '.join(removed[:3])}"
-                                           f"{', ...' if len(removed) > 3 else ''})"] if removed else [])
-            diff.append("shard files: " + "; ".join(parts or ["same files, other order"])
-                        + " (pass the same shard globs to keep them)")
+            parts = (
+                [f"{len(added)} added ({', '.join(added[:3])}{', ...' if len(added) > 3 else ''})"] if added else []
+            ) + (
+                [f"{len(removed)} removed ({', '.join(removed[:3])}{', ...' if len(removed) > 3 else ''})"]
+                if removed
+                else []
+            )
+            diff.append(
+                "shard files: "
+                + "; ".join(parts or ["same files, other order"])
+                + " (pass the same shard globs to keep them)"
+            )
         else:
             diff.append(f"{key} {a} -> {b} ({_how_to_keep(key, a)})")
     return diff
@@ -176,8 +196,7 @@ def has_input_position(path: str) -> bool:
 def untracked_variables(root, model) -> list[str]:
     """Paths of the model's variables that a checkpoint of `root` would not save or restore."""
     reachable = {id(obj) for obj in tf.train.TrackableView(root).descendants()}
-    return [v.path for v in model.variables
-            if id(v) not in reachable and id(getattr(v, "value", v)) not in reachable]
+    return [v.path for v in model.variables if id(v) not in reachable and id(getattr(v, "value", v)) not in reachable]
 
 
 def restore_checked(ckpt: tf.train.Checkpoint, path: str, model, consume_all: bool) -> None:
@@ -189,9 +208,11 @@ def restore_checked(ckpt: tf.train.Checkpoint, path: str, model, consume_all: bo
     """
     missing = untracked_variables(ckpt, model)
     if missing:
-        raise RestoreError(f"{len(missing)} of {len(model.variables)} model variables are not in the "
-                           f"checkpoint object graph (e.g. {', '.join(missing[:3])}); they would keep "
-                           "their random initial values")
+        raise RestoreError(
+            f"{len(missing)} of {len(model.variables)} model variables are not in the "
+            f"checkpoint object graph (e.g. {', '.join(missing[:3])}); they would keep "
+            "their random initial values"
+        )
     status = ckpt.restore(path)
     try:
         if consume_all:
@@ -200,8 +221,10 @@ def restore_checked(ckpt: tf.train.Checkpoint, path: str, model, consume_all: bo
             status.expect_partial()
             status.assert_existing_objects_matched()
     except AssertionError as e:
-        raise RestoreError(f"{path} does not restore this model: {str(e).splitlines()[0]} Train it with "
-                           "this version of melshards, or use another --model-dir") from e
+        raise RestoreError(
+            f"{path} does not restore this model: {str(e).splitlines()[0]} Train it with "
+            "this version of melshards, or use another --model-dir"
+        ) from e
 
 
 def restore_model(model, path: str) -> None:
@@ -213,8 +236,17 @@ def restore_model(model, path: str) -> None:
 class Checkpointer:
     """Saves and restores a run: model, optimizer, step, iterator and the data settings beside it."""
 
-    def __init__(self, model_dir: str, model, optimizer, step: tf.Variable, iterator, data: dict,
-                 keep: int, read_dir: str | None = None):
+    def __init__(
+        self,
+        model_dir: str,
+        model,
+        optimizer,
+        step: tf.Variable,
+        iterator,
+        data: dict,
+        keep: int,
+        read_dir: str | None = None,
+    ):
         """iterator None: the input position is not saved (distributed iterators are not trackable).
         read_dir: the model dir to resume from when it is not the one written (a non-chief worker)."""
         self.model, self.data, self.has_iterator = model, data, iterator is not None
@@ -222,8 +254,9 @@ class Checkpointer:
         self.data_var = tf.Variable(json.dumps(data, sort_keys=True), trainable=False, dtype=tf.string)
         self.weights = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
         saved = {"iterator": iterator} if iterator is not None else {}
-        self.full = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step, data_settings=self.data_var,
-                                        **saved)
+        self.full = tf.train.Checkpoint(
+            model=model, optimizer=optimizer, step=step, data_settings=self.data_var, **saved
+        )
         self.dir = posixpath.join(model_dir, CHECKPOINT_DIR)
         self.read_dir = posixpath.join(read_dir, CHECKPOINT_DIR) if read_dir else self.dir
         self.manager = tf.train.CheckpointManager(self.full, self.dir, max_to_keep=keep)
@@ -250,9 +283,13 @@ class Checkpointer:
             restore_checked(self.weights, latest, self.model, consume_all=False)
             return []
         restore_checked(self.weights, latest, self.model, consume_all=False)
-        log.warning("the input differs from the run that wrote %s (%s): restored the weights, optimizer "
-                    "and step, and started the input pipeline afresh. To resume exactly where it "
-                    "stopped, pass the same shards and settings", latest, "; ".join(diff))
+        log.warning(
+            "the input differs from the run that wrote %s (%s): restored the weights, optimizer "
+            "and step, and started the input pipeline afresh. To resume exactly where it "
+            "stopped, pass the same shards and settings",
+            latest,
+            "; ".join(diff),
+        )
         return diff
 
     def save(self, step: int) -> str:

@@ -13,6 +13,7 @@ TF 2.21 on CPU (measured: 4 functions, 2.4 s either way, user time equal to wall
 
 The persistent cache that keeps compiled steps across runs is train/xla_cache.py.
 """
+
 from __future__ import annotations
 
 import logging
@@ -44,8 +45,12 @@ def align_function_names(multiple: int = 100_000) -> bool:
         if not isinstance(first, int) or uid() <= first:
             raise TypeError(f"ops.uid() gave {first!r}, then not a larger number")
     except (ImportError, TypeError) as e:
-        log.warning("TensorFlow %s: cannot align the traced functions' names (%s); the persistent XLA cache "
-                    "will miss on resumed runs (train/compile.py align_function_names)", tf.__version__, e)
+        log.warning(
+            "TensorFlow %s: cannot align the traced functions' names (%s); the persistent XLA cache "
+            "will miss on resumed runs (train/compile.py align_function_names)",
+            tf.__version__,
+            e,
+        )
         return False
     target = (first // multiple + 1) * multiple
     while uid() < target - 1:
@@ -65,8 +70,14 @@ def zeros(specs: dict) -> dict:
     return {k: tf.zeros(s.shape, s.dtype) for k, s in specs.items()}
 
 
-def compile_steps(train_steps: dict, train_specs: dict, eval_steps: dict, eval_specs: dict,
-                  state: list[tf.Variable], stopped=lambda: False) -> dict[int, dict]:
+def compile_steps(
+    train_steps: dict,
+    train_specs: dict,
+    eval_steps: dict,
+    eval_specs: dict,
+    state: list[tf.Variable],
+    stopped=lambda: False,
+) -> dict[int, dict]:
     """Trace every step (bucket order), then compile each by one call on padding records of the specs it
     is called with (the train step's with their leading K), the `state` variables put back after.
     The `state` is kept in host memory meanwhile (`_host_copy`): a device copy would double the
@@ -76,7 +87,7 @@ def compile_steps(train_steps: dict, train_specs: dict, eval_steps: dict, eval_s
     report: dict[int, dict] = {}
     buckets = sorted(set(train_steps) | set(eval_steps))
     align_function_names()
-    for kind, steps, specs in (("train", train_steps, train_specs), ("eval", eval_steps, eval_specs)):
+    for steps in (train_steps, eval_steps):
         for i in buckets:
             if i in steps:
                 t0 = time.perf_counter()

@@ -8,16 +8,16 @@ Sections: `data` (input pipeline), `model` (the text-to-mel network: `factory`, 
 The `model` section is free-form here: it belongs to the factory (train/contract.py). The built-in
 model's factory reads it into `ModelConfig`, strictly (unknown keys are errors).
 """
+
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-
-from melshards.shards_schema import Schema
 from typing import Annotated
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
+from melshards.shards_schema import Schema
 from melshards.shards_schema.config import ConfigError, check, from_dict, load_yaml, one_of
 from melshards.train.contract import BUILTIN_FACTORY, current_factory
 
@@ -45,6 +45,7 @@ class DataConfig:
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The built-in Transformer-TTS (`melshards.train.model:build`)."""
+
     d_model: AtLeast1 = 128
     # speaker and language embeddings (tables of schema.json's speakers and languages), projected onto the
     # encoder output; 0 turns one off
@@ -64,20 +65,23 @@ class ModelConfig:
     dropout: StrictFloat = 0.1
     stop_loss_weight: StrictFloat = 1.0
 
-    def validate(self, schema: Schema) -> "ModelConfig":
+    def validate(self, schema: Schema) -> ModelConfig:
         check(self, "model options", prefix="model.")
         if self.d_model % self.num_heads:
             raise ConfigError(f"model.d_model {self.d_model} is not divisible by model.num_heads {self.num_heads}")
         for key, table in (("speaker_dim", schema.speakers), ("language_dim", schema.languages)):
             if getattr(self, key) and not table:
-                raise ConfigError(f"model.{key} is {getattr(self, key)} but schema.json lists no "
-                                  f"{key.split('_')[0]}s; set model.{key}: 0, or re-run `melshards preprocess`")
+                raise ConfigError(
+                    f"model.{key} is {getattr(self, key)} but schema.json lists no "
+                    f"{key.split('_')[0]}s; set model.{key}: 0, or re-run `melshards preprocess`"
+                )
         for b in schema.buckets:  # every bucket's shape is run through the decoder, r frames a step
             if b.max_mel_frames % self.reduction_factor:
                 raise ConfigError(
                     f"the shards' max_mel_frames {b.max_mel_frames} (bucket {b.index}) is not divisible by "
                     f"model.reduction_factor {self.reduction_factor}; pick a factor of it (the shards are "
-                    f"padded to a multiple of {schema.pad_multiple})")
+                    f"padded to a multiple of {schema.pad_multiple})"
+                )
         return self
 
 
@@ -100,8 +104,12 @@ class LoopConfig:
     log_every: AtLeast1 = 10
     val_every: AtLeast1 = 100
     val_batches: StrictInt = 0  # 0: the whole --val set each time
-    precision: Annotated[StrictStr, one_of(*PRECISIONS)] = "float32"  # float32 | mixed_bfloat16 | mixed_float16 (with loss scaling)
-    strategy: Annotated[StrictStr, one_of(*STRATEGIES)] = "auto"  # auto | one | mirrored | multiworker | tpu; data.batch_size is the global batch
+    precision: Annotated[StrictStr, one_of(*PRECISIONS)] = (
+        "float32"  # float32 | mixed_bfloat16 | mixed_float16 (with loss scaling)
+    )
+    strategy: Annotated[StrictStr, one_of(*STRATEGIES)] = (
+        "auto"  # auto | one | mirrored | multiworker | tpu; data.batch_size is the global batch
+    )
     seed: StrictInt = 0  # weights and dropout
     op_determinism: StrictBool = False  # tf.config.experimental.enable_op_determinism (slower)
     # false: the steps run on TensorFlow's own kernels instead of XLA (to compare, or where XLA fails); every
@@ -125,30 +133,42 @@ class TrainConfig:
         """The model section as the factory receives it (without `factory`)."""
         return {k: v for k, v in self.model.items() if k != "factory"}
 
-    def override(self, steps: int | None = None, batch_size: int | None = None, precision: str | None = None,
-                 strategy: str | None = None, model_factory: str | None = None) -> "TrainConfig":
+    def override(
+        self,
+        steps: int | None = None,
+        batch_size: int | None = None,
+        precision: str | None = None,
+        strategy: str | None = None,
+        model_factory: str | None = None,
+    ) -> TrainConfig:
         cfg = self
         if model_factory is not None:
             cfg = dataclasses.replace(cfg, model=dict(cfg.model, factory=model_factory))
-        loop = {k: v for k, v in {"steps": steps, "precision": precision, "strategy": strategy}.items()
-                if v is not None}
+        loop = {
+            k: v for k, v in {"steps": steps, "precision": precision, "strategy": strategy}.items() if v is not None
+        }
         if loop:
             cfg = dataclasses.replace(cfg, loop=dataclasses.replace(cfg.loop, **loop))
         if batch_size is not None:
             cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, batch_size=batch_size))
         return cfg
 
-    def validate(self, schema: Schema) -> "TrainConfig":
+    def validate(self, schema: Schema) -> TrainConfig:
         """Everything that would otherwise fail (or silently misbehave) after compilation."""
         check(self, "train config")  # types and the bounds declared on the fields
         lp = self.loop
         k = lp.steps_per_execution
-        for key, value in {"loop.steps": lp.steps, "loop.checkpoint_every": lp.checkpoint_every,
-                           "loop.log_every": lp.log_every, "loop.val_every": lp.val_every}.items():
+        for key, value in {
+            "loop.steps": lp.steps,
+            "loop.checkpoint_every": lp.checkpoint_every,
+            "loop.log_every": lp.log_every,
+            "loop.val_every": lp.val_every,
+        }.items():
             if value % k:
                 raise ConfigError(
                     f"{key} {value} is not a multiple of loop.steps_per_execution {k}: the compiled "
-                    f"call runs {k} steps at a time. Use a multiple of {k}, or lower steps_per_execution")
+                    f"call runs {k} steps at a time. Use a multiple of {k}, or lower steps_per_execution"
+                )
         if not isinstance(self.model.get("factory", BUILTIN_FACTORY), str):
             raise ConfigError(f"model.factory is {self.model['factory']!r}; give it as package.module:factory")
         from melshards.train.plugins import validate_options  # the factory's own checks of its options

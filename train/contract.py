@@ -34,9 +34,11 @@ Every model, the built-in Transformer-TTS (`melshards.train.model:build`) includ
 contract; the trainer has no other path. `melshards.train.plugins` checks a model against it before anything
 compiles.
 """
+
 from __future__ import annotations
 
-from typing import Any, Mapping, Protocol, runtime_checkable
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
 
 BUILTIN_FACTORY = "melshards.train.model:build"
 # Names model dirs recorded before the trainer became `melshards.train` (one import name).
@@ -46,6 +48,7 @@ RENAMED_FACTORIES = {"train.model:build": BUILTIN_FACTORY}
 def current_factory(spec: str) -> str:
     """A factory as a model dir may have recorded it -> the name it has now."""
     return RENAMED_FACTORIES.get(spec, spec)
+
 
 # What the trainer reads from a record, so what every model's batch holds; the shapes and dtypes come
 # from the schema (bucket). speaker_id and language_id are int32 scalars per record: indices into

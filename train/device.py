@@ -14,6 +14,7 @@ Two of the built-in layers have an implementation per device (docs/train.md, "Pe
 Both implementations of each keep the same variables, so a checkpoint trained on a GPU synthesizes on
 a CPU (tests/train/test_device.py checks each pair gives the same results within tolerance).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -27,6 +28,7 @@ DEVICE_TYPES = ("CPU", "GPU", "TPU")
 @dataclasses.dataclass(frozen=True)
 class Choices:
     """The implementations the built-in layers use on one device type."""
+
     device: str  # CPU | GPU | TPU: what the step is compiled for
     conv: str  # im2col | native
     dropout_rng: str  # threefry | philox | auto_select (tf.random's alg names)
@@ -60,7 +62,9 @@ def choices_for(device: str, jit_compile: bool = True) -> Choices:
     if device not in CHOICES:
         raise ValueError(f"device type {device!r}: one of {', '.join(DEVICE_TYPES)}")
     chosen = CHOICES[device]
-    return chosen if jit_compile or chosen.dropout_rng != "threefry" else dataclasses.replace(chosen, dropout_rng="philox")
+    return (
+        chosen if jit_compile or chosen.dropout_rng != "threefry" else dataclasses.replace(chosen, dropout_rng="philox")
+    )
 
 
 def current() -> Choices:

@@ -1,4 +1,5 @@
 """The trainer's errors; each message says what is wrong and what to do."""
+
 from __future__ import annotations
 
 

@@ -3,21 +3,22 @@
 Everything about the records (parse spec, dtypes, static shapes) comes from the schema. Checks
 that can fail (globs, schemas beside the shards) run here in Python before anything is traced.
 """
+
 from __future__ import annotations
 
 import logging
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
-from melshards.train.tf_quiet import tf
 
 from melshards.shards_schema import Schema
-from melshards.shards_schema.schema import Bucket
 from melshards.shards_schema.records import decode_parsed, encode_example, parse_spec
+from melshards.shards_schema.schema import Bucket
 from melshards.shards_schema.shards import InputError, check_schemas, dir_of, expand_globs  # noqa: F401 (the trainer's checks)
 from melshards.train.balance import Plan, sampler
 from melshards.train.config import DataConfig
+from melshards.train.tf_quiet import tf
 
 log = logging.getLogger("melshards.train")
 
@@ -35,13 +36,15 @@ def _same_path(path: str) -> str:
 def record_ids(files: Sequence[str]) -> set[bytes]:
     """The `id` feature of every record in `files` (the other features are not decoded)."""
     spec = {"id": tf.io.FixedLenFeature([], tf.string)}
-    ds = (tf.data.TFRecordDataset(list(files), num_parallel_reads=min(8, len(files))).batch(1024)
-          .map(lambda s: tf.io.parse_example(s, spec)["id"]))
+    ds = (
+        tf.data.TFRecordDataset(list(files), num_parallel_reads=min(8, len(files)))
+        .batch(1024)
+        .map(lambda s: tf.io.parse_example(s, spec)["id"])
+    )
     return {x for batch in ds.as_numpy_iterator() for x in batch.tolist()}
 
 
-def check_val_is_not_train(files: Sequence[str], val_files: Sequence[str],
-                           train_records: int | None = None) -> None:
+def check_val_is_not_train(files: Sequence[str], val_files: Sequence[str], train_records: int | None = None) -> None:
     """Refuse --val shards that are training shards, or hold records with the training records' ids.
 
     The same file in both: refused from the paths alone. Shards in the same directory: one
@@ -52,25 +55,33 @@ def check_val_is_not_train(files: Sequence[str], val_files: Sequence[str],
     train = {_same_path(f): f for f in files}
     both = [f for f in val_files if _same_path(f) in train]
     if both:
-        raise InputError(f"--val matches {len(both)} of the training shards (e.g. {both[0]}); validating on the "
-                         "training data measures nothing. Pass the validation shards, e.g. 'DIR/val-*.tfrecord'")
+        raise InputError(
+            f"--val matches {len(both)} of the training shards (e.g. {both[0]}); validating on the "
+            "training data measures nothing. Pass the validation shards, e.g. 'DIR/val-*.tfrecord'"
+        )
     train_dirs = {dir_of(p) for p in train}
     other = [f for f in val_files if dir_of(_same_path(f)) not in train_dirs]
     if not other:
         return
     if train_records is not None and train_records > ID_CHECK_MAX_RECORDS:
-        log.warning("--val shards from another directory than the training shards: their record ids were not "
-                    "compared with the %d training records (more than the %d compared before training); make "
-                    "sure they hold other clips", train_records, ID_CHECK_MAX_RECORDS)
+        log.warning(
+            "--val shards from another directory than the training shards: their record ids were not "
+            "compared with the %d training records (more than the %d compared before training); make "
+            "sure they hold other clips",
+            train_records,
+            ID_CHECK_MAX_RECORDS,
+        )
         return
     common = record_ids(other) & record_ids(list(files))
     if common:
         example = sorted(common)[0].decode("utf-8", "replace")
         where = other[0] if len(other) == 1 else f"{len(other)} files such as {other[0]}"
-        raise InputError(f"--val shards hold {len(common)} records with the ids of training records (e.g. "
-                         f"{example!r}, in {where})"
-                         "; validating on the training data measures nothing. Pass validation shards of other "
-                         "clips, e.g. the val-*.tfrecord of the same preprocessing run")
+        raise InputError(
+            f"--val shards hold {len(common)} records with the ids of training records (e.g. "
+            f"{example!r}, in {where})"
+            "; validating on the training data measures nothing. Pass validation shards of other "
+            "clips, e.g. the val-*.tfrecord of the same preprocessing run"
+        )
 
 
 def padding_record(schema: Schema, bucket: Bucket | None = None) -> bytes:
@@ -98,13 +109,16 @@ def _parse_fn(schema: Schema, batch_size: int, names: Sequence[str]):
     def parse(serialized):
         decoded = decode_parsed(schema, tf.io.parse_example(serialized, spec), batch_size)
         return {name: decoded[name] for name in names}
+
     return parse
 
 
 def _stack(steps_per_execution: int | None):
     """[B, ...] batches -> [K, B, ...]: one compiled call consumes K steps' worth (None: no stacking)."""
+
     def stack(ds: tf.data.Dataset) -> tf.data.Dataset:
         return ds if steps_per_execution is None else ds.batch(steps_per_execution, drop_remainder=True)
+
     return stack
 
 
@@ -112,10 +126,19 @@ def _if(flag: bool, transform):
     return transform if flag else (lambda ds: ds)
 
 
-def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig, names: Sequence[str],
-                  steps_per_execution: int | None, batch_size: int | None = None, shard: tuple | None = None,
-                  seed: int | None = None, shuffle: bool = True, repeat: bool = True,
-                  balance: Plan | None = None) -> tf.data.Dataset:
+def train_dataset(
+    files: Sequence[str],
+    schema: Schema,
+    cfg: DataConfig,
+    names: Sequence[str],
+    steps_per_execution: int | None,
+    batch_size: int | None = None,
+    shard: tuple | None = None,
+    seed: int | None = None,
+    shuffle: bool = True,
+    repeat: bool = True,
+    balance: Plan | None = None,
+) -> tf.data.Dataset:
     """Endless stream of {feature: [K, B, *shape]} for the train step ([B, ...] when K is None).
 
     batch_size: B (default cfg.batch_size; a replica's share under tf.distribute). shard: (how, n, i)
@@ -131,6 +154,7 @@ def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig, names: 
     ds = tf.data.Dataset.from_tensor_slices(files)
     if how == "files":  # before the shuffle: each part is a fixed set of files
         ds, files = ds.shard(n, i), files[i::n]
+
     def read(path):
         records = tf.data.TFRecordDataset(path)
         # every part reads every file and keeps every n-th record of each file: sharded before the
@@ -141,8 +165,13 @@ def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig, names: 
         # new file order every epoch (reshuffle_each_iteration), reproducible from the seed
         ds.apply(_if(shuffle, lambda d: d.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)))
         # several shards read at once: hides per-file latency (gs://) and mixes shards
-        .interleave(read, cycle_length=min(cfg.cycle_length, len(files)),
-                    block_length=1, num_parallel_calls=tf.data.AUTOTUNE, deterministic=cfg.deterministic)
+        .interleave(
+            read,
+            cycle_length=min(cfg.cycle_length, len(files)),
+            block_length=1,
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=cfg.deterministic,
+        )
     )
     ds = (
         # records within and across shards are mixed; serialized records keep the buffer small
@@ -155,8 +184,7 @@ def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig, names: 
         # static batch dim for the signature-bound step
         .batch(b, drop_remainder=True)
         # one vectorised parse per batch, decoded to the schema's static shapes
-        .map(_parse_fn(schema, b, names), num_parallel_calls=tf.data.AUTOTUNE,
-             deterministic=cfg.deterministic)
+        .map(_parse_fn(schema, b, names), num_parallel_calls=tf.data.AUTOTUNE, deterministic=cfg.deterministic)
         .apply(_stack(steps_per_execution))
         # overlap input with the step
         .prefetch(cfg.prefetch)
@@ -164,8 +192,9 @@ def train_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig, names: 
     return ds.with_options(_options(cfg))
 
 
-def val_dataset(files: Sequence[str], schema: Schema, cfg: DataConfig,
-                names: Sequence[str], bucket: Bucket | None = None) -> tf.data.Dataset:
+def val_dataset(
+    files: Sequence[str], schema: Schema, cfg: DataConfig, names: Sequence[str], bucket: Bucket | None = None
+) -> tf.data.Dataset:
     """One pass over the validation shards in order, every record once, batches of the train shape.
 
     The last batch is topped up with zero-length records (masked out by the loss) instead of
@@ -201,11 +230,14 @@ def synthetic_dataset(example: dict[str, tf.Tensor], steps_per_execution: int) -
     return tf.data.Dataset.from_tensors(stacked).repeat()
 
 
-def first_batch(files: Sequence[str], schema: Schema, cfg: DataConfig,
-                names: Sequence[str]) -> dict[str, tf.Tensor]:
+def first_batch(files: Sequence[str], schema: Schema, cfg: DataConfig, names: Sequence[str]) -> dict[str, tf.Tensor]:
     """The first `batch_size` records of the shards, decoded (records repeat if there are fewer)."""
-    ds = (tf.data.TFRecordDataset(list(files)).repeat()
-          .batch(cfg.batch_size, drop_remainder=True).map(_parse_fn(schema, cfg.batch_size, names)))
+    ds = (
+        tf.data.TFRecordDataset(list(files))
+        .repeat()
+        .batch(cfg.batch_size, drop_remainder=True)
+        .map(_parse_fn(schema, cfg.batch_size, names))
+    )
     return next(iter(ds.take(1)))
 
 
@@ -221,11 +253,13 @@ def python_ops_in(ds: tf.data.Dataset) -> list[str]:
     from tensorflow.core.framework import graph_pb2
 
     graph = graph_pb2.GraphDef()
-    graph.ParseFromString(tf.raw_ops.DatasetToGraphV2(
-        input_dataset=ds._variant_tensor, external_state_policy=0, strip_device_assignment=True).numpy())
+    graph.ParseFromString(
+        tf.raw_ops.DatasetToGraphV2(
+            input_dataset=ds._variant_tensor, external_state_policy=0, strip_device_assignment=True
+        ).numpy()
+    )
     python = {"PyFunc", "PyFuncStateless", "EagerPyFunc"}
     found = [n.op for n in graph.node if n.op in python]
     for fn in graph.library.function:
         found += [n.op for n in fn.node_def if n.op in python]
     return found
-

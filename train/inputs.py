@@ -3,10 +3,11 @@ schema they share, the validation files (never training data) and the validated 
 
 (The tf.data pipelines that read those files are train/input_pipeline.py.)
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 from melshards.shards_schema import Schema
 from melshards.shards_schema.shards import InputError, dir_of, listed_split
@@ -18,6 +19,7 @@ from melshards.train.config import TrainConfig
 @dataclasses.dataclass
 class Inputs:
     """Everything checked before any compilation: files, the schema, the validated config."""
+
     files: list[str]
     val_files: list[str]
     schema: Schema
@@ -31,12 +33,13 @@ def check_no_validation_shards(globs: Sequence[str], files: Sequence[str], schem
     val = [f for f in files if listed_split(schema, f)[0] == "val"]
     if val:
         d = dir_of(val[0])
-        raise InputError(f"{' '.join(globs)!r} matches {len(val)} validation shard(s) (e.g. {val[0]}), which would "
-                         f"be trained on; pass '{d}/train-*.tfrecord' and --val '{d}/val-*.tfrecord'")
+        raise InputError(
+            f"{' '.join(globs)!r} matches {len(val)} validation shard(s) (e.g. {val[0]}), which would "
+            f"be trained on; pass '{d}/train-*.tfrecord' and --val '{d}/val-*.tfrecord'"
+        )
 
 
-def resolve_inputs(globs: Sequence[str], val_globs: Sequence[str], schema_path: str | None,
-                   cfg: TrainConfig) -> Inputs:
+def resolve_inputs(globs: Sequence[str], val_globs: Sequence[str], schema_path: str | None, cfg: TrainConfig) -> Inputs:
     """Globs, schemas (train and val must agree) and config; raises before anything is traced."""
     files = input_pipeline.expand_globs(globs)
     schema, where = input_pipeline.check_schemas(files, schema_path)

@@ -5,6 +5,7 @@ step and its timing), `RunState.record` (metrics, NaN check, throughput), `Scala
 (train/signals.py). Python runs once per call of the step (K = steps_per_execution optimizer steps)
 and does nothing else.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,19 @@ from melshards.train.signals import StopFlag
 from melshards.train.summaries import TENSORBOARD_DIR, Scalars
 from melshards.train.trainer import Trainer, check_buckets
 
-__all__ = ["CHECKPOINT_DIR", "CONFIG_FILE", "SUMMARY_FILE", "TENSORBOARD_DIR", "Inputs", "ModelDirError",
-           "RestoreError", "TrainError", "format_summary", "resolve_inputs", "train"]
+__all__ = [
+    "CHECKPOINT_DIR",
+    "CONFIG_FILE",
+    "SUMMARY_FILE",
+    "TENSORBOARD_DIR",
+    "Inputs",
+    "ModelDirError",
+    "RestoreError",
+    "TrainError",
+    "format_summary",
+    "resolve_inputs",
+    "train",
+]
 
 log = logging.getLogger("melshards.train")
 
@@ -64,19 +76,40 @@ def start(trainer: Trainer, began: float) -> RunState:
         check_writable(trainer.write_dir)
     start_step, changes = trainer.restore()
     lp, topo = trainer.inputs.cfg.loop, trainer.topo
-    log.info("model %d parameters, batch %d (%d per replica, %d replicas on %d workers, strategy %s), "
-             "%d steps per call, precision %s, %s data, steps %d -> %d", trainer.model.count_params(),
-             trainer.batch_size, trainer.per_replica, topo.replicas, topo.workers, topo.name, trainer.k_steps,
-             lp.precision, "synthetic" if trainer.synthetic else "shard", start_step, lp.steps)
-    return RunState(start=start_step, target=lp.steps, steps_per_call=trainer.k_steps, data_changes=changes,
-                    loss_names=trainer.loss_names, compiled=trainer.compiled, began=began)
+    log.info(
+        "model %d parameters, batch %d (%d per replica, %d replicas on %d workers, strategy %s), "
+        "%d steps per call, precision %s, %s data, steps %d -> %d",
+        trainer.model.count_params(),
+        trainer.batch_size,
+        trainer.per_replica,
+        topo.replicas,
+        topo.workers,
+        topo.name,
+        trainer.k_steps,
+        lp.precision,
+        "synthetic" if trainer.synthetic else "shard",
+        start_step,
+        lp.steps,
+    )
+    return RunState(
+        start=start_step,
+        target=lp.steps,
+        steps_per_call=trainer.k_steps,
+        data_changes=changes,
+        loss_names=trainer.loss_names,
+        compiled=trainer.compiled,
+        began=began,
+    )
 
 
 def run_calls(trainer: Trainer, state: RunState, stop: StopFlag, scalars: Scalars) -> None:
     """Compiled calls until the target step, a signal or (multiworker) a preemption; sets stopped_by."""
     lp, ckpt = trainer.inputs.cfg.loop, trainer.checkpointer
-    preemption = (distribute.Preemption(trainer.topo, ckpt.full, ckpt.read_dir, ckpt.save)
-                  if trainer.topo.name == "multiworker" else None)
+    preemption = (
+        distribute.Preemption(trainer.topo, ckpt.full, ckpt.read_dir, ckpt.save)
+        if trainer.topo.name == "multiworker"
+        else None
+    )
     progress = Progress(lp.steps, lp.log_every)
     try:
         while state.running and not stop.signal_name:

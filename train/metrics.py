@@ -2,6 +2,7 @@
 
 Pure Python over numbers the loop hands in (no TensorFlow), so every figure is unit-tested.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,6 +19,7 @@ STEP_SCALARS = ("grad_norm", "learning_rate")
 @dataclasses.dataclass
 class Steady:
     """Sums over the calls after the first (which traces and compiles)."""
+
     seconds: float = 0.0
     calls: int = 0
     examples: float = 0.0
@@ -60,8 +62,9 @@ class RunState:
     def running(self) -> bool:
         return self.step < self.target
 
-    def record(self, metrics: dict, losses: np.ndarray, wait_s: float, call_s: float,
-               last_checkpoint: str | None) -> None:
+    def record(
+        self, metrics: dict, losses: np.ndarray, wait_s: float, call_s: float, last_checkpoint: str | None
+    ) -> None:
         """One compiled call's results: K per-step losses (checked), mean metrics, the timings.
 
         metrics may carry "first_call" (1: the bucket's first call, which warms up, and traces and compiles
@@ -73,7 +76,8 @@ class RunState:
             raise TrainError(
                 f"loss became {losses[bad[0]]} at step {self.step + bad[0] + 1}; stopped instead of training "
                 f"on. The last checkpoint ({last_checkpoint or 'none'}) is intact: lower "
-                "optim.learning_rate or check the shards' statistics (`melshards stats`)")
+                "optim.learning_rate or check the shards' statistics (`melshards stats`)"
+            )
         self.step += self.steps_per_call
         self.last = {k: float(v) for k, v in metrics.items()}
         if self.first_loss is None:
@@ -91,10 +95,12 @@ class RunState:
             s.examples += self.last["examples"]
             s.mel_frames += self.last["mel_frames"]
             s.wait += wait_s
-        self.rates = {"steps_per_second": self.steps_per_call / call_s,
-                      "examples_per_second": self.last["examples"] / call_s,
-                      "mel_frames_per_second": self.last["mel_frames"] / call_s,
-                      "input_wait_seconds": wait_s}
+        self.rates = {
+            "steps_per_second": self.steps_per_call / call_s,
+            "examples_per_second": self.last["examples"] / call_s,
+            "mel_frames_per_second": self.last["mel_frames"] / call_s,
+            "input_wait_seconds": wait_s,
+        }
 
     def train_scalars(self) -> dict:
         return {**{k: self.last[k] for k in (*self.loss_names, *STEP_SCALARS)}, **self.rates}
@@ -115,8 +121,10 @@ class RunState:
             **facts,
             "data_changed": self.data_changes,
             "first_loss": self.first_loss,
-            "final_losses": {"train": {k: self.last[k] for k in self.loss_names} if self.last else {},
-                             "val": self.val_losses},
+            "final_losses": {
+                "train": {k: self.last[k] for k in self.loss_names} if self.last else {},
+                "val": self.val_losses,
+            },
             "compile_seconds": self.compile_seconds,
             "compile_by_bucket": {str(i): {k: round(v, 3) for k, v in t.items()} for i, t in self.compiled.items()},
             "first_call_seconds": self.first_call_seconds,
@@ -134,6 +142,7 @@ class RunState:
 
 def format_summary(summary: dict) -> str:
     """The run summary as a few aligned lines for the terminal."""
+
     def num(v, fmt):
         return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
 
@@ -143,8 +152,14 @@ def format_summary(summary: dict) -> str:
         f" of {summary['target_steps']}, stopped by {summary['stopped_by']})",
         f"data               {'synthetic (one constant batch)' if summary['synthetic_data'] else 'shards'}, "
         f"batch {summary['batch_size']}, {summary['steps_per_execution']} steps per call, {summary['precision']}",
-        *([f"strategy           {summary['strategy']}: {summary['replicas']} replicas on {summary['workers']} "
-           f"workers, {summary['per_replica_batch_size']} examples per replica"] if "strategy" in summary else []),
+        *(
+            [
+                f"strategy           {summary['strategy']}: {summary['replicas']} replicas on {summary['workers']} "
+                f"workers, {summary['per_replica_batch_size']} examples per replica"
+            ]
+            if "strategy" in summary
+            else []
+        ),
         f"train step traces  {summary['train_step_traces']}{_per_bucket(summary)}",
         f"compile            {num(summary['compile_seconds'], '.1f')} s ("
         f"{'every step up front' if summary.get('compile_by_bucket') else 'first call of each step'}: trace + XLA "
@@ -158,8 +173,10 @@ def format_summary(summary: dict) -> str:
         lines.append("input changed      fresh iterator: " + "; ".join(summary["data_changed"]))
     if t:
         parts = ", ".join(f"{k.removesuffix('_loss')} {v:.4f}" for k, v in t.items() if k != "loss")
-        lines.append(f"loss               {num(summary['first_loss'], '.4f')} (first step) -> {t['loss']:.4f}"
-                     + (f" ({parts})" if parts else ""))
+        lines.append(
+            f"loss               {num(summary['first_loss'], '.4f')} (first step) -> {t['loss']:.4f}"
+            + (f" ({parts})" if parts else "")
+        )
     if summary["final_losses"]["val"]:
         lines.append(f"validation loss    {summary['final_losses']['val']['loss']:.4f}")
     return "\n".join(lines)
@@ -170,8 +187,11 @@ def _per_bucket(summary: dict) -> str:
     buckets = summary.get("buckets") or []
     if not buckets:
         return ""
-    return " (" + ", ".join(f"{b['max_mel_frames']} frames x {b['batch_size']}: {b['train_step_traces']}"
-                            for b in buckets) + ")"
+    return (
+        " ("
+        + ", ".join(f"{b['max_mel_frames']} frames x {b['batch_size']}: {b['train_step_traces']}" for b in buckets)
+        + ")"
+    )
 
 
 def _percent(fraction: float | None) -> float | None:

@@ -11,9 +11,9 @@ length bucket.
 It is a plug-in like any other (train/contract.py): `build` is its factory, `loss_terms`,
 `loss_counts`, `losses_from_terms` and `generate` are what the trainer and `melshards synthesize` call.
 """
+
 from __future__ import annotations
 
-from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 import keras
 import numpy as np
 from keras import layers
@@ -22,6 +22,7 @@ from melshards.shards_schema.config import from_dict
 from melshards.train import device
 from melshards.train.config import ModelConfig
 from melshards.train.step import Normaliser
+from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 
 
 def sinusoids(length: int, dim: int) -> np.ndarray:
@@ -89,7 +90,7 @@ def same_conv(x, dense: layers.Dense, kernel: int, impl: str | None = None):
         return dense.activation(y) if dense.activation is not None else y
     left = (kernel - 1) // 2
     padded = tf.pad(x, [[0, 0], [left, kernel - 1 - left], [0, 0]])
-    return dense(tf.concat([padded[:, i:i + x.shape[1], :] for i in range(kernel)], axis=-1))
+    return dense(tf.concat([padded[:, i : i + x.shape[1], :] for i in range(kernel)], axis=-1))
 
 
 class Conv1D(layers.Layer):
@@ -133,8 +134,9 @@ class TransformerBlock(layers.Layer):
 
     def call(self, x, self_mask, seed, memory=None, cross_mask=None, causal=False, training=False):
         h = self.norm1(x)
-        x = x + self.drops[0](self.attn(h, h, attention_mask=self_mask, use_causal_mask=causal),
-                              seed, training=training)
+        x = x + self.drops[0](
+            self.attn(h, h, attention_mask=self_mask, use_causal_mask=causal), seed, training=training
+        )
         if self.cross:
             h = self.norm2(x)
             x = x + self.drops[1](self.xattn(h, memory, attention_mask=cross_mask), seed, training=training)
@@ -161,52 +163,91 @@ class Conditioning(layers.Layer):
         pass
 
     def call(self, speaker_id, language_id):
-        parts = [table(ids) for table, ids in ((self.speaker, speaker_id), (self.language, language_id))
-                 if table is not None]
+        parts = [
+            table(ids) for table, ids in ((self.speaker, speaker_id), (self.language, language_id)) if table is not None
+        ]
         return self.proj(tf.concat(parts, axis=-1))
 
 
 class TextToMel(keras.Model):
-    def __init__(self, cfg: ModelConfig, vocab_size: int, n_mels: int, max_text_len: int,
-                 max_mel_frames: int, speakers: int, languages: int, precision: str = "float32",
-                 norm: Normaliser | None = None, **kw):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        vocab_size: int,
+        n_mels: int,
+        max_text_len: int,
+        max_mel_frames: int,
+        speakers: int,
+        languages: int,
+        precision: str = "float32",
+        norm: Normaliser | None = None,
+        **kw,
+    ):
         super().__init__(dtype=precision, **kw)
         dt, d, r = self.dtype_policy, cfg.d_model, cfg.reduction_factor
         self.cfg, self.n_mels, self.r = cfg, n_mels, r
         self.norm = norm
         self.max_text_len, self.steps = max_text_len, max_mel_frames // r
         self.embed = layers.Embedding(vocab_size, d, dtype=dt)
-        self.enc_convs = attach(self, "enc_conv", [Conv1D(d, cfg.conv_kernel, activation="relu", dtype=dt)
-                                                   for _ in range(cfg.encoder_conv_layers)])
-        self.enc_conv_norms = attach(self, "enc_conv_norm", [layers.LayerNormalization(dtype=dt)
-                                                             for _ in range(cfg.encoder_conv_layers)])
+        self.enc_convs = attach(
+            self,
+            "enc_conv",
+            [Conv1D(d, cfg.conv_kernel, activation="relu", dtype=dt) for _ in range(cfg.encoder_conv_layers)],
+        )
+        self.enc_conv_norms = attach(
+            self, "enc_conv_norm", [layers.LayerNormalization(dtype=dt) for _ in range(cfg.encoder_conv_layers)]
+        )
         self.enc_proj = layers.Dense(d, dtype=dt)
-        self.enc_blocks = attach(self, "enc_block", [TransformerBlock(cfg, False, 10 + 3 * i, dtype=dt)
-                                                     for i in range(cfg.encoder_layers)])
+        self.enc_blocks = attach(
+            self, "enc_block", [TransformerBlock(cfg, False, 10 + 3 * i, dtype=dt) for i in range(cfg.encoder_layers)]
+        )
         self.enc_norm = layers.LayerNormalization(dtype=dt)
-        self.conditioning = (Conditioning(cfg, speakers, languages, dtype=dt)
-                             if cfg.speaker_dim or cfg.language_dim else None)
-        self.prenet = attach(self, "prenet", [layers.Dense(cfg.prenet_dim, activation="relu", dtype=dt),
-                                              layers.Dense(cfg.prenet_dim, activation="relu", dtype=dt)])
-        self.prenet_drops = attach(self, "prenet_drop", [Dropout(cfg.prenet_dropout, 1, dtype=dt),
-                                                         Dropout(cfg.prenet_dropout, 2, dtype=dt)])
+        self.conditioning = (
+            Conditioning(cfg, speakers, languages, dtype=dt) if cfg.speaker_dim or cfg.language_dim else None
+        )
+        self.prenet = attach(
+            self,
+            "prenet",
+            [
+                layers.Dense(cfg.prenet_dim, activation="relu", dtype=dt),
+                layers.Dense(cfg.prenet_dim, activation="relu", dtype=dt),
+            ],
+        )
+        self.prenet_drops = attach(
+            self, "prenet_drop", [Dropout(cfg.prenet_dropout, 1, dtype=dt), Dropout(cfg.prenet_dropout, 2, dtype=dt)]
+        )
         self.dec_proj = layers.Dense(d, dtype=dt)
-        self.dec_blocks = attach(self, "dec_block", [TransformerBlock(cfg, True, 10 + 3 * (cfg.encoder_layers + i),
-                                                                      dtype=dt) for i in range(cfg.decoder_layers)])
+        self.dec_blocks = attach(
+            self,
+            "dec_block",
+            [
+                TransformerBlock(cfg, True, 10 + 3 * (cfg.encoder_layers + i), dtype=dt)
+                for i in range(cfg.decoder_layers)
+            ],
+        )
         self.dec_norm = layers.LayerNormalization(dtype=dt)
         # one site per dropout layer: 3 encoder positions, 4 decoder positions, 100+ encoder convs, 200+ postnet
         self.enc_drop, self.dec_drop = (Dropout(cfg.dropout, i, dtype=dt) for i in (3, 4))
-        self.enc_conv_drops = attach(self, "enc_conv_drop", [Dropout(cfg.dropout, 100 + i, dtype=dt)
-                                                             for i in range(cfg.encoder_conv_layers)])
-        self.post_drops = attach(self, "post_drop", [Dropout(cfg.dropout, 200 + i, dtype=dt)
-                                                     for i in range(cfg.postnet_layers)])
+        self.enc_conv_drops = attach(
+            self, "enc_conv_drop", [Dropout(cfg.dropout, 100 + i, dtype=dt) for i in range(cfg.encoder_conv_layers)]
+        )
+        self.post_drops = attach(
+            self, "post_drop", [Dropout(cfg.dropout, 200 + i, dtype=dt) for i in range(cfg.postnet_layers)]
+        )
         # heads and postnet output stay float32: losses and the stop decision need the precision
         self.mel_head = layers.Dense(r * n_mels, dtype="float32")
         self.stop_head = layers.Dense(1, dtype="float32")
-        self.postnet = attach(self, "postnet", [Conv1D(cfg.postnet_channels, cfg.conv_kernel, activation="tanh",
-                                                       dtype=dt) for _ in range(cfg.postnet_layers)])
-        self.postnet_norms = attach(self, "postnet_norm", [layers.LayerNormalization(dtype=dt)
-                                                           for _ in range(cfg.postnet_layers)])
+        self.postnet = attach(
+            self,
+            "postnet",
+            [
+                Conv1D(cfg.postnet_channels, cfg.conv_kernel, activation="tanh", dtype=dt)
+                for _ in range(cfg.postnet_layers)
+            ],
+        )
+        self.postnet_norms = attach(
+            self, "postnet_norm", [layers.LayerNormalization(dtype=dt) for _ in range(cfg.postnet_layers)]
+        )
         self.postnet_out = Conv1D(n_mels, cfg.conv_kernel, dtype="float32")
         # learned scale of the fixed position table (Transformer-TTS), one per side
         self.enc_alpha = self.add_weight(shape=(), initializer="ones", name="enc_alpha")
@@ -255,7 +296,7 @@ class TextToMel(keras.Model):
 
     def teacher_inputs(self, target):
         """Normalised target [B, T, M] -> decoder inputs [B, G, M]: the last frame of the previous step."""
-        last = target[:, self.r - 1::self.r, :]
+        last = target[:, self.r - 1 :: self.r, :]
         go = tf.zeros_like(last[:, :1, :])
         return tf.concat([go, last[:, :-1, :]], axis=1)
 
@@ -273,19 +314,31 @@ class TextToMel(keras.Model):
         # padding (half of all steps here) does not teach "stop now". Length-0 (padding) records weigh 0.
         last_step = (mel_len - 1) // self.r
         steps = tf.range(frames // self.r)[None, :]
-        return (frame_mask, tf.cast(steps == last_step[:, None], tf.float32),
-                tf.cast(steps <= last_step[:, None], tf.float32))
+        return (
+            frame_mask,
+            tf.cast(steps == last_step[:, None], tf.float32),
+            tf.cast(steps <= last_step[:, None], tf.float32),
+        )
 
     def loss_counts(self, batch: dict) -> dict:
         frame_mask, _, stop_weight = self.loss_masks(batch["mel_len"], batch["mel"].shape[1])
-        return {"mel_count": tf.reduce_sum(frame_mask) * batch["mel"].shape[2],
-                "stop_count": tf.reduce_sum(stop_weight)}
+        return {
+            "mel_count": tf.reduce_sum(frame_mask) * batch["mel"].shape[2],
+            "stop_count": tf.reduce_sum(stop_weight),
+        }
 
     def loss_terms(self, batch: dict, seed, training: bool) -> dict:
         """Masked sums and counts, so batches (and padded records) combine exactly."""
         target = self.norm(batch["mel"])
-        mel, refined, stop_logits = self(batch["text_ids"], batch["text_len"], batch["speaker_id"],
-                                         batch["language_id"], target, seed, training=training)
+        mel, refined, stop_logits = self(
+            batch["text_ids"],
+            batch["text_len"],
+            batch["speaker_id"],
+            batch["language_id"],
+            target,
+            seed,
+            training=training,
+        )
         frame_mask, stop_target, stop_weight = self.loss_masks(batch["mel_len"], target.shape[1])
         bce = tf.nn.sigmoid_cross_entropy_with_logits(labels=stop_target, logits=stop_logits)
         return dict(
@@ -301,8 +354,12 @@ class TextToMel(keras.Model):
         mel = terms["mel_abs"] / tf.maximum(terms["mel_count"], 1.0)
         post = terms["postnet_abs"] / tf.maximum(terms["mel_count"], 1.0)
         stop = terms["stop_bce"] / tf.maximum(terms["stop_count"], 1.0)
-        return {"loss": mel + post + self.cfg.stop_loss_weight * stop, "mel_loss": mel, "postnet_loss": post,
-                "stop_loss": stop}
+        return {
+            "loss": mel + post + self.cfg.stop_loss_weight * stop,
+            "mel_loss": mel,
+            "postnet_loss": post,
+            "stop_loss": stop,
+        }
 
     def generate(self, text_ids, text_len, speaker_id, language_id) -> dict:
         """Greedy autoregression over a static buffer of its own past frames (a causal decoder
@@ -345,11 +402,24 @@ def build_model(cfg: ModelConfig | dict, schema, precision: str) -> TextToMel:
     if isinstance(cfg, dict):
         cfg = _options({k: v for k, v in cfg.items() if k != "factory"})
     # a shorter bucket may hold longer texts than the longest one: the text table covers them all
-    model = TextToMel(cfg, vocab_size=len(schema.vocabulary), n_mels=schema.n_mels,
-                      max_text_len=max(b.max_text_len for b in schema.buckets),
-                      max_mel_frames=schema.max_mel_frames, speakers=len(schema.speakers),
-                      languages=len(schema.languages), precision=precision, norm=Normaliser(schema))
+    model = TextToMel(
+        cfg,
+        vocab_size=len(schema.vocabulary),
+        n_mels=schema.n_mels,
+        max_text_len=max(b.max_text_len for b in schema.buckets),
+        max_mel_frames=schema.max_mel_frames,
+        speakers=len(schema.speakers),
+        languages=len(schema.languages),
+        precision=precision,
+        norm=Normaliser(schema),
+    )
     ids = tf.zeros([1], tf.int32)
-    model(tf.zeros([1, schema.max_text_len], tf.int32), tf.ones([1], tf.int32), ids, ids,
-          tf.zeros([1, schema.max_mel_frames, schema.n_mels]), tf.zeros([2], tf.int32))
+    model(
+        tf.zeros([1, schema.max_text_len], tf.int32),
+        tf.ones([1], tf.int32),
+        ids,
+        ids,
+        tf.zeros([1, schema.max_mel_frames, schema.n_mels]),
+        tf.zeros([2], tf.int32),
+    )
     return model

@@ -5,6 +5,7 @@ checkpoints are train/checkpoints.py's, the TensorBoard files train/summaries.py
 or `checkpoints/` make a directory a model dir (`melshards.shards_schema.ownership.MODEL_DIR_MARKS`):
 training writes over nothing in a directory without them, and `preprocess --output` refuses one with them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -12,11 +13,9 @@ import json
 import os
 import posixpath
 
-from melshards.train.tf_quiet import tf
-
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, SHARD_SUFFIX, STATS_FILE
-from melshards.shards_schema.schema import PUBLISH_JOURNAL
 from melshards.shards_schema.ownership import MODEL_CONFIG_FILE, model_dir_marks
+from melshards.shards_schema.schema import PUBLISH_JOURNAL
 from melshards.shards_schema.shards import dir_of
 from melshards.train.checkpoints import CHECKPOINT_DIR, check_writable
 from melshards.train.config import TrainConfig
@@ -24,6 +23,7 @@ from melshards.train.contract import current_factory
 from melshards.train.errors import ModelDirError, TrainError
 from melshards.train.inputs import Inputs
 from melshards.train.summaries import TENSORBOARD_DIR
+from melshards.train.tf_quiet import tf
 
 CONFIG_FILE = MODEL_CONFIG_FILE
 SUMMARY_FILE = "run_summary.json"
@@ -52,17 +52,23 @@ def model_dir_problem(model_dir: str, names: list[str], shard_dirs: list[str]) -
     trailing /) when it reads shards from `shard_dirs`; None when it may. Training never writes among
     the shards it reads nor into a preprocess run, and writes over its own files only in a model dir."""
     if any(same_dir(model_dir, d) for d in shard_dirs):
-        return (f"--model-dir {model_dir} is the directory of the shards it trains on: training would write "
-                "its schema.json, checkpoints and logs among them; pass a new --model-dir")
+        return (
+            f"--model-dir {model_dir} is the directory of the shards it trains on: training would write "
+            "its schema.json, checkpoints and logs among them; pass a new --model-dir"
+        )
     run = [n.rstrip("/") for n in names if is_run_file(n)]
     if run:
-        return (f"--model-dir {model_dir} holds a preprocess run or shards ({', '.join(sorted(run)[:3])}"
-                f"{', ...' if len(run) > 3 else ''}): training would write among them; pass a new --model-dir")
+        return (
+            f"--model-dir {model_dir} holds a preprocess run or shards ({', '.join(sorted(run)[:3])}"
+            f"{', ...' if len(run) > 3 else ''}): training would write among them; pass a new --model-dir"
+        )
     in_the_way = sorted(n.rstrip("/") for n in names if n.rstrip("/") in WRITES)
     if in_the_way and not model_dir_marks(names):
-        return (f"--model-dir {model_dir} holds {', '.join(in_the_way)}, which melshards train did not write (a "
-                f"model dir holds {CONFIG_FILE} or {CHECKPOINT_DIR}/): they are left as they are; pass a new "
-                "--model-dir, or move them away first")
+        return (
+            f"--model-dir {model_dir} holds {', '.join(in_the_way)}, which melshards train did not write (a "
+            f"model dir holds {CONFIG_FILE} or {CHECKPOINT_DIR}/): they are left as they are; pass a new "
+            "--model-dir, or move them away first"
+        )
     return None
 
 
@@ -104,8 +110,10 @@ def refuse_other_model(model_dir: str, inputs: Inputs) -> None:
         saved = dict(saved, factory=current_factory(saved.get("factory", now["factory"])))  # since plug-ins exist
         if saved != now:
             diff = sorted(k for k in set(now) | set(saved) if saved.get(k) != now.get(k))
-            raise TrainError(f"{model_dir} holds a model trained with other model settings ({', '.join(diff)}); "
-                             "use the same config to resume, or a new --model-dir")
+            raise TrainError(
+                f"{model_dir} holds a model trained with other model settings ({', '.join(diff)}); "
+                "use the same config to resume, or a new --model-dir"
+            )
 
 
 def recorded_model_section(cfg: TrainConfig) -> dict:
@@ -119,6 +127,8 @@ def prepare_model_dir(model_dir: str, inputs: Inputs) -> None:
     check_model_dir_target(model_dir, inputs)
     refuse_other_model(model_dir, inputs)
     check_writable(model_dir)
-    write_json(posixpath.join(model_dir, CONFIG_FILE),
-               dict(dataclasses.asdict(inputs.cfg), model=recorded_model_section(inputs.cfg)))
+    write_json(
+        posixpath.join(model_dir, CONFIG_FILE),
+        dict(dataclasses.asdict(inputs.cfg), model=recorded_model_section(inputs.cfg)),
+    )
     record_schema(inputs.schema_path, model_dir)

@@ -5,6 +5,7 @@ Factories are imported with `importlib.import_module`, from `sys.path` and the c
 (as `python -m` and uvicorn do): an installed package, or a module under the directory the command
 runs in, such as this repository's `examples/` (`--model examples.fastspeech_lite:build`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -12,14 +13,15 @@ import importlib
 import os
 import sys
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 import keras
 
 from melshards.shards_schema.config import ConfigError
 from melshards.train import device
 from melshards.train.contract import MODEL_INPUTS, REQUIRED_TERMS
+from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 
 
 class PluginError(ConfigError):
@@ -30,23 +32,28 @@ def load_factory(spec: str) -> Callable:
     """`package.module:factory` -> the callable; raises PluginError if it cannot be found."""
     module_name, sep, attr = spec.partition(":")
     if not sep or not module_name or not attr:
-        raise PluginError(f"model factory {spec!r} is not of the form package.module:factory "
-                          "(e.g. examples.fastspeech_lite:build)")
+        raise PluginError(
+            f"model factory {spec!r} is not of the form package.module:factory (e.g. examples.fastspeech_lite:build)"
+        )
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())  # last: an installed package of the same name wins
     try:
         module = importlib.import_module(module_name)
     except Exception as e:  # noqa: BLE001 (any error while importing user code is reported the same way)
         last = traceback.format_exception_only(type(e), e)[-1].strip()
-        raise PluginError(f"model factory {spec!r}: module {module_name!r} does not import ({last}). "
-                          "Install it, or run from the directory that holds it") from e
+        raise PluginError(
+            f"model factory {spec!r}: module {module_name!r} does not import ({last}). "
+            "Install it, or run from the directory that holds it"
+        ) from e
     factory = module
     for part in attr.split("."):
         factory = getattr(factory, part, None)
         if factory is None:
             public = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
-            raise PluginError(f"model factory {spec!r}: module {module_name!r} has no {attr!r}; its callables "
-                              f"are: {', '.join(public) or '(none)'}")
+            raise PluginError(
+                f"model factory {spec!r}: module {module_name!r} has no {attr!r}; its callables "
+                f"are: {', '.join(public) or '(none)'}"
+            )
     if not callable(factory):
         raise PluginError(f"model factory {spec!r} is a {type(factory).__name__}, not a callable")
     return factory
@@ -59,12 +66,16 @@ def model_inputs(spec: str) -> tuple[str, ...]:
 
     asked = getattr(load_factory(spec), "features", ())
     if isinstance(asked, str) or not all(isinstance(n, str) for n in asked):
-        raise PluginError(f"model factory {spec!r}: `features` is {asked!r}; give a tuple of feature names, "
-                          f"e.g. ('durations', 'pitch')")
+        raise PluginError(
+            f"model factory {spec!r}: `features` is {asked!r}; give a tuple of feature names, "
+            f"e.g. ('durations', 'pitch')"
+        )
     unknown = [n for n in asked if n not in OPTIONAL_FEATURES and n != "audio_len"]
     if unknown:
-        raise PluginError(f"model factory {spec!r} asks for the feature(s) {', '.join(map(repr, unknown))}; the "
-                          f"optional features are {', '.join(OPTIONAL_FEATURES)}")
+        raise PluginError(
+            f"model factory {spec!r} asks for the feature(s) {', '.join(map(repr, unknown))}; the "
+            f"optional features are {', '.join(OPTIONAL_FEATURES)}"
+        )
     extra = tuple(n for n in OPTIONAL_FEATURES if n in asked)
     return MODEL_INPUTS + extra + (("audio_len",) if "audio" in extra else ())
 
@@ -75,7 +86,7 @@ def check_features(spec: str, schema) -> tuple[str, ...]:
 
     names = model_inputs(spec)
     try:
-        schema.require(names[len(MODEL_INPUTS):], who=f"model {spec!r}")
+        schema.require(names[len(MODEL_INPUTS) :], who=f"model {spec!r}")
     except SchemaError as e:
         raise PluginError(str(e)) from None
     return names
@@ -114,40 +125,53 @@ def check_model(model: Any, spec: str, schema, names: tuple[str, ...] = MODEL_IN
     Returns the names of its losses ("loss" first). Eager: nothing is traced or compiled here.
     """
     if not isinstance(model, keras.Model):
-        raise PluginError(f"model factory {spec!r} returned a {type(model).__module__}.{type(model).__name__}, "
-                          "not a keras.Model; return the model it builds")
+        raise PluginError(
+            f"model factory {spec!r} returned a {type(model).__module__}.{type(model).__name__}, "
+            "not a keras.Model; return the model it builds"
+        )
     for method in ("loss_terms", "loss_counts", "losses_from_terms"):
         if not callable(getattr(model, method, None)):
-            raise PluginError(f"the model of {spec!r} ({type(model).__name__}) has no {method}() method; "
-                              "see train/contract.py for what the trainer calls")
+            raise PluginError(
+                f"the model of {spec!r} ({type(model).__name__}) has no {method}() method; "
+                "see train/contract.py for what the trainer calls"
+            )
     terms = model.loss_terms(zero_batch(schema, 1, names), tf.zeros([2], tf.int32), training=False)
     if not isinstance(terms, dict):
-        raise PluginError(f"{type(model).__name__}.loss_terms returned a {type(terms).__name__}, not a dict "
-                          "of scalar sums and counts")
+        raise PluginError(
+            f"{type(model).__name__}.loss_terms returned a {type(terms).__name__}, not a dict of scalar sums and counts"
+        )
     missing = [k for k in REQUIRED_TERMS if k not in terms]
     if missing:
-        raise PluginError(f"{type(model).__name__}.loss_terms misses the key(s) {', '.join(missing)} "
-                          f"(it returned {', '.join(sorted(terms)) or 'nothing'}); the trainer needs "
-                          f"{', '.join(REQUIRED_TERMS)}: the real records and their mel frames in the batch")
+        raise PluginError(
+            f"{type(model).__name__}.loss_terms misses the key(s) {', '.join(missing)} "
+            f"(it returned {', '.join(sorted(terms)) or 'nothing'}); the trainer needs "
+            f"{', '.join(REQUIRED_TERMS)}: the real records and their mel frames in the batch"
+        )
     not_scalar = [k for k, v in terms.items() if tf.convert_to_tensor(v).shape.rank != 0]
     if not_scalar:
-        raise PluginError(f"{type(model).__name__}.loss_terms returned non-scalar {', '.join(not_scalar)}; "
-                          "return sums over the batch, so batches add up")
+        raise PluginError(
+            f"{type(model).__name__}.loss_terms returned non-scalar {', '.join(not_scalar)}; "
+            "return sums over the batch, so batches add up"
+        )
     counts = model.loss_counts(zero_batch(schema, 1, names))
     if not isinstance(counts, dict) or not set(counts) <= set(terms):
-        raise PluginError(f"{type(model).__name__}.loss_counts must return a dict of some of loss_terms' keys "
-                          f"(the counts), got {sorted(counts) if isinstance(counts, dict) else type(counts).__name__}")
+        raise PluginError(
+            f"{type(model).__name__}.loss_counts must return a dict of some of loss_terms' keys "
+            f"(the counts), got {sorted(counts) if isinstance(counts, dict) else type(counts).__name__}"
+        )
     losses = model.losses_from_terms(terms)
     if not isinstance(losses, dict) or "loss" not in losses:
-        raise PluginError(f"{type(model).__name__}.losses_from_terms must return a dict with the key 'loss' "
-                          "(the value minimised)")
+        raise PluginError(
+            f"{type(model).__name__}.losses_from_terms must return a dict with the key 'loss' (the value minimised)"
+        )
     if not model.trainable_variables:
         raise PluginError(f"the model of {spec!r} has no trainable variables")
     return ("loss", *sorted(k for k in losses if k != "loss"))
 
 
-def build_model(spec: str, schema, options: dict, precision: str = "float32",
-                choices: "device.Choices | None" = None) -> tuple[Any, tuple[str, ...]]:
+def build_model(
+    spec: str, schema, options: dict, precision: str = "float32", choices: device.Choices | None = None
+) -> tuple[Any, tuple[str, ...]]:
     """factory(schema, options) under the `precision` policy and the layer choices of the device the step
     is compiled for (train/device.py; None: this machine's), checked; returns (model, loss names)."""
     factory = load_factory(spec)

@@ -1,5 +1,6 @@
 """What the trainer prints while it runs: a progress bar on a terminal, log lines otherwise, and the
 validation losses."""
+
 from __future__ import annotations
 
 import logging
@@ -23,17 +24,19 @@ class Progress:
         if self.tty:
             width = 30
             done = int(width * step / self.total)
-            sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] step {step}/{self.total} "
-                             f"loss {loss:.4f} {steps_per_s:.2f} steps/s {examples_per_s:.1f} ex/s ")
+            sys.stderr.write(
+                f"\r[{'#' * done}{'.' * (width - done)}] step {step}/{self.total} "
+                f"loss {loss:.4f} {steps_per_s:.2f} steps/s {examples_per_s:.1f} ex/s "
+            )
             sys.stderr.flush()
         elif step % self.every == 0 or step == self.total:
-            log.info("step %d/%d loss %.4f %.2f steps/s %.1f examples/s", step, self.total, loss,
-                     steps_per_s, examples_per_s)
+            log.info(
+                "step %d/%d loss %.4f %.2f steps/s %.1f examples/s", step, self.total, loss, steps_per_s, examples_per_s
+            )
 
     def close(self) -> None:
         if self.tty:
             sys.stderr.write("\n")
-
 
 
 def log_validation(state: RunState) -> None:

@@ -11,15 +11,15 @@ The draws come from `tf.data.Dataset.random(seed)`, zipped into each bucket's st
 of the iterator's state, so a `tf.train.Checkpoint` of the iterator resumes on exactly the segments
 an uninterrupted run would have seen, as the trainer's data position does.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
-
-from melshards.train.tf_quiet import tf
+from collections.abc import Sequence
 
 from melshards.shards_schema import Schema
 from melshards.train.config import DataConfig
 from melshards.train.input_pipeline import _options, train_dataset
+from melshards.train.tf_quiet import tf
 
 PER_FRAME = ("pitch", "energy")  # cropped with the mel where the shards hold them
 
@@ -58,9 +58,16 @@ def crop(batch: dict, u, segment_frames: int, hop_length: int, pad_value: float)
     return out
 
 
-def segment_dataset(files_by_bucket: dict[int, Sequence[str]], records: dict[int, int], schema: Schema,
-                    segment_frames: int, batch_size: int, cfg: DataConfig, shuffle: bool,
-                    repeat: bool) -> tf.data.Dataset:
+def segment_dataset(
+    files_by_bucket: dict[int, Sequence[str]],
+    records: dict[int, int],
+    schema: Schema,
+    segment_frames: int,
+    batch_size: int,
+    cfg: DataConfig,
+    shuffle: bool,
+    repeat: bool,
+) -> tf.data.Dataset:
     """Every bucket's records read with its own shapes (the trainer's chain), cropped to segments of
     one shape, the buckets drawn in proportion to their records, batched [batch_size, ...]."""
     schema.require(("audio",), who="audio_segments")
@@ -73,11 +80,20 @@ def segment_dataset(files_by_bucket: dict[int, Sequence[str]], records: dict[int
         streams.append(
             tf.data.Dataset.zip(records_ds, draws)
             # one segment per record, the same shape for every bucket
-            .map(lambda batch, r: crop(batch, uniform(r), segment_frames, hop, pad),
-                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=cfg.deterministic)
-            .unbatch())
+            .map(
+                lambda batch, r: crop(batch, uniform(r), segment_frames, hop, pad),
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=cfg.deterministic,
+            )
+            .unbatch()
+        )
     weights = [float(records[i]) for i in sorted(files_by_bucket)]
-    mixed = streams[0] if len(streams) == 1 else tf.data.Dataset.sample_from_datasets(
-        streams, weights=[w / sum(weights) for w in weights], seed=cfg.seed, stop_on_empty_dataset=False)
+    mixed = (
+        streams[0]
+        if len(streams) == 1
+        else tf.data.Dataset.sample_from_datasets(
+            streams, weights=[w / sum(weights) for w in weights], seed=cfg.seed, stop_on_empty_dataset=False
+        )
+    )
     # static batch dim for a signature-bound step; overlap input with the step
     return mixed.batch(batch_size, drop_remainder=True).prefetch(cfg.prefetch).with_options(_options(cfg))

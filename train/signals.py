@@ -1,5 +1,6 @@
 """Ctrl-C and SIGTERM in the trainer: the first asks for a checkpoint and a clean stop, a second ends
 the process at once, even inside a long C++ call (the first XLA compile)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -52,8 +53,11 @@ class StopFlag:
             stops = [signal.Signals(b) for b in data if b in (signal.SIGINT, signal.SIGTERM)]
             if stops:
                 _default_action_for(signal.SIGINT, signal.SIGTERM)
-                log.warning("%s received: checkpointing at the end of this step, then exiting "
-                            "(send it again to stop at once, without a checkpoint)", stops[0].name)
+                log.warning(
+                    "%s received: checkpointing at the end of this step, then exiting "
+                    "(send it again to stop at once, without a checkpoint)",
+                    stops[0].name,
+                )
                 return
 
     def __exit__(self, *exc):

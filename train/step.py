@@ -4,17 +4,18 @@ Both steps are `tf.function(input_signature=..., jit_compile=True)` built from t
 trace once (under a tf.distribute strategy the compiled part is each replica's forward and backward
 pass, see make_train_step). Masks and mel normalisation are computed in-graph from the static shapes.
 """
+
 from __future__ import annotations
 
-from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 import keras
 import numpy as np
 
 from melshards.shards_schema import Schema
-from melshards.shards_schema.schema import Bucket
 from melshards.shards_schema.records import tensor_specs
+from melshards.shards_schema.schema import Bucket
 from melshards.train.config import OptimConfig
 from melshards.train.contract import MODEL_INPUTS
+from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 
 # Besides the model's own losses (the keys of its losses_from_terms), every step reports these.
 STEP_METRICS = ("grad_norm", "learning_rate", "examples", "mel_frames")
@@ -29,8 +30,11 @@ class Normaliser:
         self.mean = tf.constant(np.asarray(schema.mel_mean, np.float32))
         # a constant bin (std 0) must not divide by zero
         self.std = tf.constant(np.maximum(np.asarray(schema.mel_std, np.float32), 1e-3))
-        self.tables = {name: feature_table(schema, name) for name in ("pitch", "energy")
-                       if (schema.feature_stats.get(name) or {}).get("mean") is not None}
+        self.tables = {
+            name: feature_table(schema, name)
+            for name in ("pitch", "energy")
+            if (schema.feature_stats.get(name) or {}).get("mean") is not None
+        }
 
     def __call__(self, mel):
         return (mel - self.mean) / self.std
@@ -43,8 +47,9 @@ class Normaliser:
         if name not in self.tables:
             from melshards.shards_schema.schema import OPTIONAL_FEATURES
 
-            raise ValueError(f"the schema has no {name} statistics; re-run `melshards preprocess` with "
-                             f"{OPTIONAL_FEATURES[name]}")
+            raise ValueError(
+                f"the schema has no {name} statistics; re-run `melshards preprocess` with {OPTIONAL_FEATURES[name]}"
+            )
         table = self.tables[name]
         if speaker_id is None:
             return table["global"]
@@ -85,8 +90,12 @@ def checked_speaker_ids(speaker_id, n: int):
             raise ValueError(f"speaker_id {int(bad.flat[0])} is outside 0..{n - 1} {what}")
         return ids
     message = f"speaker_id outside 0..{n - 1} {what}"
-    with tf.control_dependencies([tf.debugging.assert_non_negative(ids, message=message),
-                                  tf.debugging.assert_less(ids, tf.cast(n, ids.dtype), message=message)]):
+    with tf.control_dependencies(
+        [
+            tf.debugging.assert_non_negative(ids, message=message),
+            tf.debugging.assert_less(ids, tf.cast(n, ids.dtype), message=message),
+        ]
+    ):
         return tf.identity(ids)
 
 
@@ -102,13 +111,16 @@ def feature_table(schema: Schema, name: str) -> dict:
         return float(own["mean"]), float(own["std"])
 
     pairs = [of(s.stats) for s in schema.speakers]
-    return {"global": (tf.constant(float(g["mean"])), tf.constant(max(float(g["std"]), 1e-3))),
-            "mean": tf.constant([m for m, _ in pairs], tf.float32),
-            "std": tf.constant([max(sd, 1e-3) for _, sd in pairs], tf.float32)}
+    return {
+        "global": (tf.constant(float(g["mean"])), tf.constant(max(float(g["std"]), 1e-3))),
+        "mean": tf.constant([m for m, _ in pairs], tf.float32),
+        "std": tf.constant([max(sd, 1e-3) for _, sd in pairs], tf.float32),
+    }
 
 
-def step_specs(bucket: Bucket, batch_size: int, steps_per_execution: int | None = None,
-               names: tuple[str, ...] = MODEL_INPUTS) -> dict:
+def step_specs(
+    bucket: Bucket, batch_size: int, steps_per_execution: int | None = None, names: tuple[str, ...] = MODEL_INPUTS
+) -> dict:
     """input_signature: one length bucket's specs for the model's inputs (MODEL_INPUTS and the features
     it asks for, `plugins.model_inputs`), with a leading K dim for the train step (a one-shape run's
     bucket is `schema.largest`)."""
@@ -141,11 +153,17 @@ def make_optimizer(cfg: OptimConfig, precision: str, model: keras.Model):
     """
     if not hasattr(keras.optimizers.AdamW, "_all_reduce_sum_gradients"):  # pragma: no cover
         # a Keras that reduces elsewhere would sum already-summed gradients: replicas x the step
-        raise RuntimeError(f"keras {keras.__version__}: AdamW has no _all_reduce_sum_gradients to override; "
-                           "train/step.py's SummedGradientsAdamW needs updating for this Keras")
+        raise RuntimeError(
+            f"keras {keras.__version__}: AdamW has no _all_reduce_sum_gradients to override; "
+            "train/step.py's SummedGradientsAdamW needs updating for this Keras"
+        )
     opt = SummedGradientsAdamW(
-        learning_rate=WarmupRsqrt(cfg.learning_rate, cfg.warmup_steps), weight_decay=cfg.weight_decay,
-        beta_1=cfg.beta_1, beta_2=cfg.beta_2, name="adam_w")  # AdamW's own name: the same variable names
+        learning_rate=WarmupRsqrt(cfg.learning_rate, cfg.warmup_steps),
+        weight_decay=cfg.weight_decay,
+        beta_1=cfg.beta_1,
+        beta_2=cfg.beta_2,
+        name="adam_w",
+    )  # AdamW's own name: the same variable names
     if precision == "mixed_float16":
         opt = keras.optimizers.LossScaleOptimizer(opt)
     opt.build(model.trainable_variables)
@@ -167,7 +185,6 @@ class SummedGradientsAdamW(keras.optimizers.AdamW):
         return list(grads_and_vars)
 
 
-
 def clip_factor(norm, clip_norm: float):
     """The global-norm clip scale (as tf.clip_by_global_norm); NaN for a non-finite norm, so every
     replica sees non-finite gradients alike (the loss-scale optimizer then skips the step)."""
@@ -177,8 +194,9 @@ def clip_factor(norm, clip_norm: float):
 
 def dropout_key(seed: int, step, replica) -> tf.Tensor:
     """The [2] key of one replica's dropout at one step; each Dropout folds in its site number."""
-    key = tf.random.experimental.stateless_fold_in(tf.constant([seed, 0], tf.int32), tf.cast(step, tf.int32),
-                                                   alg="philox")
+    key = tf.random.experimental.stateless_fold_in(
+        tf.constant([seed, 0], tf.int32), tf.cast(step, tf.int32), alg="philox"
+    )
     return tf.random.experimental.stateless_fold_in(key, tf.cast(replica, tf.int32), alg="philox")
 
 
@@ -193,16 +211,33 @@ class ReplicaStep:
     under a strategy (train/distribute.py says why); inlined in the caller's XLA call on one device.
     """
 
-    def __init__(self, model: keras.Model, optimizer, cfg: OptimConfig, specs: dict, seed: int,
-                 step: tf.Variable, loss_names: tuple[str, ...], distributed: bool, jit_compile: bool = True):
+    def __init__(
+        self,
+        model: keras.Model,
+        optimizer,
+        cfg: OptimConfig,
+        specs: dict,
+        seed: int,
+        step: tf.Variable,
+        loss_names: tuple[str, ...],
+        distributed: bool,
+        jit_compile: bool = True,
+    ):
         self.model, self.optimizer, self.clip_norm, self.seed, self.step = model, optimizer, cfg.clip_norm, seed, step
         self.loss_names, self.names, self.distributed = loss_names, list(specs), distributed
         self.scaled = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
         self.grads = self._grads
         if distributed:
             count_keys = tuple(model.loss_counts({k: tf.zeros(s.shape, s.dtype) for k, s in specs.items()}))
-            self.grads = tf.function(self._grads, jit_compile=jit_compile, input_signature=[
-                specs, tf.TensorSpec([2], tf.int32), {k: tf.TensorSpec([], tf.float32) for k in count_keys}])
+            self.grads = tf.function(
+                self._grads,
+                jit_compile=jit_compile,
+                input_signature=[
+                    specs,
+                    tf.TensorSpec([2], tf.int32),
+                    {k: tf.TensorSpec([], tf.float32) for k in count_keys},
+                ],
+            )
 
     def _sum(self, ctx, values):
         return ctx.all_reduce(tf.distribute.ReduceOp.SUM, values) if self.distributed else values
@@ -233,14 +268,28 @@ class ReplicaStep:
         self.optimizer.apply([g * tf.cast(clip, g.dtype) for g in grads], self.model.trainable_variables)
         terms = self._sum(ctx, terms)
         losses = self.model.losses_from_terms(terms)
-        return dict({name: tf.cast(losses[name], tf.float32) for name in self.loss_names}, grad_norm=grad_norm,
-                    learning_rate=tf.cast(lr, tf.float32), examples=terms["examples"],
-                    mel_frames=terms["mel_frames"])
+        return dict(
+            {name: tf.cast(losses[name], tf.float32) for name in self.loss_names},
+            grad_norm=grad_norm,
+            learning_rate=tf.cast(lr, tf.float32),
+            examples=terms["examples"],
+            mel_frames=terms["mel_frames"],
+        )
 
 
-def make_train_step(model: keras.Model, optimizer, schema: Schema, cfg: OptimConfig, specs: dict,
-                    steps_per_execution: int, seed: int, step: tf.Variable, loss_names: tuple[str, ...],
-                    strategy=None, jit_compile: bool = True):
+def make_train_step(
+    model: keras.Model,
+    optimizer,
+    schema: Schema,
+    cfg: OptimConfig,
+    specs: dict,
+    steps_per_execution: int,
+    seed: int,
+    step: tf.Variable,
+    loss_names: tuple[str, ...],
+    strategy=None,
+    jit_compile: bool = True,
+):
     """The step: K optimizer steps per call over a [K, B, ...] stack of batches.
 
     specs: one replica's {name: TensorSpec [B, ...]} (step_specs); one step is built per shape.
@@ -250,8 +299,9 @@ def make_train_step(model: keras.Model, optimizer, schema: Schema, cfg: OptimCon
     over the K steps} plus "losses": the K total losses. The function's `grad_fn` is the compiled
     function whose traces are counted. (`schema` is unused: kept for the callers' signature.)
     """
-    replica = ReplicaStep(model, optimizer, cfg, specs, seed, step, loss_names, distributed=strategy is not None,
-                          jit_compile=jit_compile)
+    replica = ReplicaStep(
+        model, optimizer, cfg, specs, seed, step, loss_names, distributed=strategy is not None, jit_compile=jit_compile
+    )
     if strategy is None:
         return one_device_step(replica, specs, steps_per_execution, jit_compile)
     return distributed_step(replica, strategy, steps_per_execution)
@@ -273,6 +323,7 @@ def one_device_step(replica: ReplicaStep, specs: dict, steps_per_execution: int,
 def distributed_step(replica: ReplicaStep, strategy, steps_per_execution: int):
     """strategy.run of the replica step in an ordinary tf.function (traced once per distributed element
     spec); its compiled part, each replica's forward and backward pass, is grad_fn."""
+
     def on_every_replica(batches, k):  # every replica returns the same all-reduced values
         return strategy.experimental_local_results(strategy.run(replica, args=(batches, k)))[0]
 
@@ -309,10 +360,12 @@ def k_steps(replica: ReplicaStep, run, batches, steps_per_execution: int) -> dic
     return out
 
 
-def make_eval_step(model: keras.Model, bucket: Bucket, batch_size: int, names: tuple[str, ...] = MODEL_INPUTS,
-                   jit_compile: bool = True):
+def make_eval_step(
+    model: keras.Model, bucket: Bucket, batch_size: int, names: tuple[str, ...] = MODEL_INPUTS, jit_compile: bool = True
+):
     """Compiled once like the train step, bound to the bucket's shapes; returns masked sums so the
     caller adds batches up exactly."""
+
     @tf.function(input_signature=[step_specs(bucket, batch_size, None, names)], jit_compile=jit_compile)
     def eval_step(batch):
         return model.loss_terms(batch, tf.zeros([2], tf.int32), training=False)

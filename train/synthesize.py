@@ -10,6 +10,7 @@ Who speaks and in which language: `pick_speaker` and `pick_language` resolve --s
 --language against the schema's tables (the only one by default), and `normalise` puts TEXT through
 the front end that made that language's shards.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -18,14 +19,15 @@ import logging
 import posixpath
 
 import numpy as np
-from melshards.train.tf_quiet import tf
 
-from melshards.shards_schema.schema import first_few
 from melshards.shards_schema import SCHEMA_FILE, Language, Schema, SchemaError, Speaker, read_schema
 from melshards.shards_schema.config import ConfigError, from_dict
+from melshards.shards_schema.schema import first_few
 from melshards.shards_schema.text import normalizer_for
 from melshards.shards_schema.text_clean import canonical_language
-from melshards.shards_schema.vocab import UnknownSymbols, text_ids as vocab_text_ids
+from melshards.shards_schema.vocab import UnknownSymbols
+from melshards.shards_schema.vocab import text_ids as vocab_text_ids
+from melshards.train.tf_quiet import tf
 
 log = logging.getLogger("melshards.synthesize")
 
@@ -60,8 +62,9 @@ def pick_language(schema: Schema, code: str | None) -> Language:
     """--language CODE; the only language when it is left out (schema.json does not say which
     languages a speaker speaks, so several need --language)."""
     code = canonical_language(code) if code is not None else None  # `EN` is the run's `en`, as in preprocess
-    return _pick(schema.languages, (x.code for x in schema.languages), code, "--language CODE", "language",
-                 schema.language)
+    return _pick(
+        schema.languages, (x.code for x in schema.languages), code, "--language CODE", "language", schema.language
+    )
 
 
 def normalise(raw: str, language: Language) -> str:
@@ -80,9 +83,11 @@ def check_generate(model) -> None:
     try:
         inspect.signature(model.generate).bind(None, None, None, None)
     except TypeError:
-        raise SchemaError(f"{type(model).__name__}.generate{inspect.signature(model.generate)} does not take "
-                          "(text_ids, text_len, speaker_id, language_id); give it the speaker and language ids "
-                          "(train/contract.py, GeneratingModel)") from None
+        raise SchemaError(
+            f"{type(model).__name__}.generate{inspect.signature(model.generate)} does not take "
+            "(text_ids, text_len, speaker_id, language_id); give it the speaker and language ids "
+            "(train/contract.py, GeneratingModel)"
+        ) from None
 
 
 class Synthesizer(tf.Module):
@@ -98,15 +103,21 @@ class Synthesizer(tf.Module):
         symbols = tf.constant(list(schema.vocabulary))
         self.table = tf.lookup.StaticHashTable(
             tf.lookup.KeyValueTensorInitializer(symbols, tf.range(len(schema.vocabulary), dtype=tf.int32)),
-            default_value=-1)
+            default_value=-1,
+        )
         self.speaker_ids = _name_table([x.name for x in schema.speakers])
         self.language_ids = _name_table([x.code for x in schema.languages])
         self.capacity = length = text_capacity(schema)
 
-        @tf.function(input_signature=[tf.TensorSpec([1, length], tf.int32, name="text_ids"),
-                                      tf.TensorSpec([1], tf.int32, name="text_len"),
-                                      tf.TensorSpec([1], tf.int32, name="speaker_id"),
-                                      tf.TensorSpec([1], tf.int32, name="language_id")], jit_compile=True)
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([1, length], tf.int32, name="text_ids"),
+                tf.TensorSpec([1], tf.int32, name="text_len"),
+                tf.TensorSpec([1], tf.int32, name="speaker_id"),
+                tf.TensorSpec([1], tf.int32, name="language_id"),
+            ],
+            jit_compile=True,
+        )
         def generate(text_ids, text_len, speaker_id, language_id):
             out = model.generate(text_ids, text_len, speaker_id, language_id)
             return {"mel": tf.cast(out["mel"], tf.float32), "mel_len": tf.cast(out["mel_len"], tf.int32)}
@@ -115,43 +126,75 @@ class Synthesizer(tf.Module):
         speakers = first_few((x.name for x in schema.speakers), quote=str)
         languages = first_few((x.code for x in schema.languages), quote=str)
 
-        @tf.function(input_signature=[tf.TensorSpec([], tf.string, name="text"),
-                                      tf.TensorSpec([], tf.string, name="speaker"),
-                                      tf.TensorSpec([], tf.string, name="language")])
+        @tf.function(
+            input_signature=[
+                tf.TensorSpec([], tf.string, name="text"),
+                tf.TensorSpec([], tf.string, name="speaker"),
+                tf.TensorSpec([], tf.string, name="language"),
+            ]
+        )
         def serve(text, speaker, language):
             """Normalised text (the vocabulary's symbols; phones separated by spaces when its unit is the
             phone), a speaker name and a language code (schema.json's)
             -> {"mel": [1, T, n_mels], "mel_len": [1]}."""
             speaker_id, language_id = self.speaker_ids.lookup(speaker), self.language_ids.lookup(language)
-            symbols = (tf.strings.unicode_split(text, "UTF-8") if schema.text_unit == "character"
-                       else tf.strings.split(text))  # phones separated by whitespace
+            symbols = (
+                tf.strings.unicode_split(text, "UTF-8") if schema.text_unit == "character" else tf.strings.split(text)
+            )  # phones separated by whitespace
             ids = self.table.lookup(symbols)
             n = tf.shape(ids)[0]
             # refused, never truncated nor skipped (the rule of `text_ids`): the assertion fails the call
             checks = [
-                tf.debugging.Assert(tf.reduce_all(ids > 1), [
-                    "the text holds symbols the vocabulary of this model lacks (no transcript it was trained on "
-                    "had them): leave them out or spell them out in words; they are:",
-                    tf.boolean_mask(symbols, ids <= 1)], summarize=10),
-                tf.debugging.assert_less_equal(n, length, message=(
-                    f"the text is longer than the {length} symbols this model reads; split it into shorter "
-                    "sentences")),
+                tf.debugging.Assert(
+                    tf.reduce_all(ids > 1),
+                    [
+                        "the text holds symbols the vocabulary of this model lacks (no transcript it was trained on "
+                        "had them): leave them out or spell them out in words; they are:",
+                        tf.boolean_mask(symbols, ids <= 1),
+                    ],
+                    summarize=10,
+                ),
+                tf.debugging.assert_less_equal(
+                    n,
+                    length,
+                    message=(
+                        f"the text is longer than the {length} symbols this model reads; split it into shorter "
+                        "sentences"
+                    ),
+                ),
                 tf.debugging.assert_positive(n, message="the text holds no symbol of the vocabulary this model reads"),
-                tf.debugging.assert_non_negative(speaker_id, message=(
-                    f"unknown speaker: this model was trained on {len(schema.speakers)} speaker(s): {speakers}")),
-                tf.debugging.assert_non_negative(language_id, message=(
-                    f"unknown language: this model was trained on {len(schema.languages)} language(s): {languages}"))]
+                tf.debugging.assert_non_negative(
+                    speaker_id,
+                    message=(
+                        f"unknown speaker: this model was trained on {len(schema.speakers)} speaker(s): {speakers}"
+                    ),
+                ),
+                tf.debugging.assert_non_negative(
+                    language_id,
+                    message=(
+                        f"unknown language: this model was trained on {len(schema.languages)} language(s): {languages}"
+                    ),
+                ),
+            ]
             with tf.control_dependencies(checks):
                 n = tf.identity(n)
-            return generate(tf.pad(ids, [[0, length - n]])[None, :], tf.reshape(n, [1]),
-                            tf.reshape(speaker_id, [1]), tf.reshape(language_id, [1]))
+            return generate(
+                tf.pad(ids, [[0, length - n]])[None, :],
+                tf.reshape(n, [1]),
+                tf.reshape(speaker_id, [1]),
+                tf.reshape(language_id, [1]),
+            )
 
         self.generate, self.serve = generate, serve
 
     def speak(self, ids, n: int, speaker: Speaker, language: Language) -> dict:
         """`generate` of text ids [1, capacity] (of which n are text) by `speaker` in `language`."""
-        return self.generate(tf.constant(ids), tf.constant([n], tf.int32), tf.constant([speaker.id], tf.int32),
-                             tf.constant([language.id], tf.int32))
+        return self.generate(
+            tf.constant(ids),
+            tf.constant([n], tf.int32),
+            tf.constant([speaker.id], tf.int32),
+            tf.constant([language.id], tf.int32),
+        )
 
     def export(self, path: str) -> None:
         """The SavedModel into `path`, then `EXPORT_MARK` (what a later --export may write over)."""
@@ -164,8 +207,10 @@ class Synthesizer(tf.Module):
 
 def _name_table(names: list[str]) -> tf.lookup.StaticHashTable:
     """name -> its index (its id in schema.json's table); -1 for a name not in it."""
-    return tf.lookup.StaticHashTable(tf.lookup.KeyValueTensorInitializer(
-        tf.constant(names, tf.string), tf.range(len(names), dtype=tf.int32)), default_value=-1)
+    return tf.lookup.StaticHashTable(
+        tf.lookup.KeyValueTensorInitializer(tf.constant(names, tf.string), tf.range(len(names), dtype=tf.int32)),
+        default_value=-1,
+    )
 
 
 def check_model_dir(model_dir: str) -> None:
@@ -175,13 +220,15 @@ def check_model_dir(model_dir: str) -> None:
     if not tf.io.gfile.isdir(model_dir):
         problem = "it does not exist" if not tf.io.gfile.exists(model_dir) else "it is not a directory"
     else:
-        missing = [name for name in (SCHEMA_FILE, CONFIG_FILE)
-                   if not tf.io.gfile.exists(posixpath.join(model_dir, name))]
+        missing = [
+            name for name in (SCHEMA_FILE, CONFIG_FILE) if not tf.io.gfile.exists(posixpath.join(model_dir, name))
+        ]
         if not missing:
             return
         problem = f"it holds no {' and no '.join(missing)}"
-    raise SchemaError(f"{model_dir} is not a melshards train model dir: {problem}; "
-                      "pass the --model-dir of a `melshards train` run")
+    raise SchemaError(
+        f"{model_dir} is not a melshards train model dir: {problem}; pass the --model-dir of a `melshards train` run"
+    )
 
 
 def checkpoint_to_restore(model_dir: str) -> str:
@@ -192,16 +239,18 @@ def checkpoint_to_restore(model_dir: str) -> str:
 
     latest = resume_checkpoint(posixpath.join(model_dir, CHECKPOINT_DIR), repair=False)
     if latest is None:
-        raise SchemaError(f"{posixpath.join(model_dir, CHECKPOINT_DIR)} holds no checkpoint; train the model "
-                          "first, or pass the --model-dir of a run that wrote one")
+        raise SchemaError(
+            f"{posixpath.join(model_dir, CHECKPOINT_DIR)} holds no checkpoint; train the model "
+            "first, or pass the --model-dir of a run that wrote one"
+        )
     return latest
 
 
 def load_synthesizer(model_dir: str, checkpoint: str | None = None) -> Synthesizer:
     """The model of model_dir rebuilt from the schema and config saved beside it, with the weights of
     `checkpoint` (default: checkpoint_to_restore(model_dir))."""
-    from melshards.train.config import TrainConfig
     from melshards.train.checkpoints import restore_model
+    from melshards.train.config import TrainConfig
     from melshards.train.model_dir import CONFIG_FILE
     from melshards.train.plugins import build_model, can_generate
 
@@ -214,9 +263,11 @@ def load_synthesizer(model_dir: str, checkpoint: str | None = None) -> Synthesiz
     # inference in float32 whatever the training policy
     model, _ = build_model(cfg.model_factory, schema, cfg.model_options, "float32")
     if not can_generate(model):
-        raise SchemaError(f"the model in {model_dir} ({cfg.model_factory}, {type(model).__name__}) has no "
-                          "generate(text_ids, text_len, speaker_id, language_id) method, so it cannot "
-                          "synthesize; add one (train/contract.py, GeneratingModel) and synthesize again")
+        raise SchemaError(
+            f"the model in {model_dir} ({cfg.model_factory}, {type(model).__name__}) has no "
+            "generate(text_ids, text_len, speaker_id, language_id) method, so it cannot "
+            "synthesize; add one (train/contract.py, GeneratingModel) and synthesize again"
+        )
     check_generate(model)
     check_fits_checkpoint(model, latest, model_dir)  # before restore, whose shape errors are TensorFlow tracebacks
     restore_model(model, latest)  # fails unless every variable of the model is restored
@@ -258,7 +309,8 @@ def check_fits_checkpoint(model, checkpoint: str, model_dir: str) -> None:
             f"{posixpath.join(model_dir, SCHEMA_FILE)} does not fit the checkpoint {checkpoint}: it makes {name} "
             f"{now}, the checkpoint holds {then}{more}; the schema.json was changed after training (its "
             "vocabulary, speakers, languages and mel bins size the model). Put back the schema.json training "
-            "recorded there, or pass the model dir this checkpoint belongs to")
+            "recorded there, or pass the model dir this checkpoint belongs to"
+        )
 
 
 def text_ids(normalised: str, schema: Schema) -> tuple[np.ndarray, int]:
@@ -271,13 +323,16 @@ def text_ids(normalised: str, schema: Schema) -> tuple[np.ndarray, int]:
         raise ConfigError(
             f"TEXT, normalised to {normalised[:80]!r}, holds {e.named}, which this "
             "model's vocabulary lacks (no transcript it was trained on had them): leave them out or spell them "
-            "out in words") from None
+            "out in words"
+        ) from None
     if not ids:
         raise ConfigError(f"{normalised!r} holds no symbol of this model's vocabulary")
     capacity = text_capacity(schema)
     if len(ids) > capacity:
-        raise ConfigError(f"the text is {len(ids)} symbols after normalisation; this model reads at most "
-                          f"{capacity}. Split it into shorter sentences")
+        raise ConfigError(
+            f"the text is {len(ids)} symbols after normalisation; this model reads at most "
+            f"{capacity}. Split it into shorter sentences"
+        )
     padded = np.zeros([1, capacity], np.int32)
-    padded[0, :len(ids)] = ids
+    padded[0, : len(ids)] = ids
     return padded, len(ids)

@@ -13,6 +13,7 @@ machine without a GPU it logs "E0000 ... cuda_platform.cc:52] failed call to cuI
 ERROR (303)" at ERROR level. That line is dropped unless the user asked for a GPU (`gpu_asked`:
 CUDA_VISIBLE_DEVICES set to a device, not "" or "-1"), or TF_CPP_MIN_LOG_LEVEL is 0.
 """
+
 from __future__ import annotations
 
 import os
@@ -61,6 +62,7 @@ def import_tensorflow():
     level = min_log_level()
     if level <= 0:
         import tensorflow
+
         return tensorflow
     gpu = gpu_asked()
     sys.stderr.flush()
@@ -69,6 +71,7 @@ def import_tensorflow():
         os.dup2(captured.fileno(), 2)
         try:
             import tensorflow
+
             tensorflow.config.list_physical_devices()  # initialises CUDA (logs cuInit's failure without a GPU)
         finally:
             os.dup2(saved, 2)

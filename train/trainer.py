@@ -6,14 +6,14 @@ One input pipeline, train step and eval step per length bucket (train/buckets.py
 bucket's shapes and batch; the schedule picks the bucket of each call. Everything is built before
 anything compiles (each step compiles at its first call).
 """
+
 from __future__ import annotations
 
 import dataclasses
 import logging
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
-from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 import keras
 import numpy as np
 
@@ -28,6 +28,7 @@ from melshards.train.errors import TrainError
 from melshards.train.inputs import Inputs
 from melshards.train.plugins import build_model, model_inputs
 from melshards.train.step import make_eval_step, make_optimizer, make_train_step, step_specs
+from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 
 log = logging.getLogger("melshards.train")
 
@@ -38,9 +39,16 @@ def check_buckets(inputs: Inputs, topo: distribute.Topology) -> list[TrainerBuck
     cfg = inputs.cfg
     topo.per_replica_batch(cfg.data.batch_size)
     plan = balance.plan(inputs.schema, cfg.data.balance, cfg.data.balance_alpha)
-    return trainer_buckets(inputs.files, inputs.val_files, inputs.schema, cfg.data.batch_size,
-                           cfg.data.fixed_batch_size, cfg.loop.steps_per_execution, replicas=topo.replicas,
-                           kept=plan.bucket_kept if plan else None)
+    return trainer_buckets(
+        inputs.files,
+        inputs.val_files,
+        inputs.schema,
+        cfg.data.batch_size,
+        cfg.data.fixed_batch_size,
+        cfg.loop.steps_per_execution,
+        replicas=topo.replicas,
+        kept=plan.bucket_kept if plan else None,
+    )
 
 
 def seed_everything(loop: LoopConfig) -> None:
@@ -57,15 +65,22 @@ def read_or_name_shard(fetch, files: Sequence[str], schema: Schema):
     except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
         bad = first_bad_shard(files, schema)
         where = str(bad) if bad else f"one of {len(files)} shards ({e.message.split('[Op:')[0].strip()})"
-        raise TrainError(f"corrupt or truncated shard {where}. Re-run `melshards preprocess` for it, or "
-                         "leave it out of the glob") from e
+        raise TrainError(
+            f"corrupt or truncated shard {where}. Re-run `melshards preprocess` for it, or leave it out of the glob"
+        ) from e
 
 
 class Trainer:
     """The model, optimizer, compiled steps (one per bucket used), input iterators and checkpointer."""
 
-    def __init__(self, inputs: Inputs, model_dir: str, synthetic: bool, topo: distribute.Topology | None = None,
-                 stopped=lambda: False):
+    def __init__(
+        self,
+        inputs: Inputs,
+        model_dir: str,
+        synthetic: bool,
+        topo: distribute.Topology | None = None,
+        stopped=lambda: False,
+    ):
         cfg = inputs.cfg
         self.inputs, self.synthetic = inputs, synthetic
         self.k_steps, self.batch_size = cfg.loop.steps_per_execution, cfg.data.batch_size
@@ -82,9 +97,16 @@ class Trainer:
         self.compiled = self._compile_steps(stopped)  # before any restore or input: the same traces every run
         self.write_dir = distribute.write_dir(model_dir, self.topo)
         self._make_input()
-        self.checkpointer = Checkpointer(self.write_dir, self.model, self.optimizer, self.step_var,
-                                         self.saved_iterators, data_settings(inputs.files, cfg, synthetic),
-                                         cfg.loop.keep_checkpoints, read_dir=model_dir)
+        self.checkpointer = Checkpointer(
+            self.write_dir,
+            self.model,
+            self.optimizer,
+            self.step_var,
+            self.saved_iterators,
+            data_settings(inputs.files, cfg, synthetic),
+            cfg.loop.keep_checkpoints,
+            read_dir=model_dir,
+        )
         self._log_buckets()
 
     # -- construction, in order -------------------------------------------------------------------
@@ -95,8 +117,9 @@ class Trainer:
         self.choices = device.choices_for(device.step_device(self.topo.strategy), cfg.loop.jit_compile)
         with self.topo.scope():
             self.names = model_inputs(cfg.model_factory)  # MODEL_INPUTS + the features the model asks for
-            self.model, self.loss_names = build_model(cfg.model_factory, self.inputs.schema, cfg.model_options,
-                                                      cfg.loop.precision, self.choices)
+            self.model, self.loss_names = build_model(
+                cfg.model_factory, self.inputs.schema, cfg.model_options, cfg.loop.precision, self.choices
+            )
             self.optimizer = make_optimizer(cfg.optim, cfg.loop.precision, self.model)
             self.step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
 
@@ -104,28 +127,54 @@ class Trainer:
         """A train step per bucket the schedule uses, an eval step per bucket with validation shards."""
         cfg = self.inputs.cfg
         # one replica's specs per bucket (each bucket's batch must divide by the replicas too)
-        self.specs = {tb.index: step_specs(tb.bucket, self.topo.per_replica_batch(tb.batch_size), None, self.names)
-                      for tb in self.buckets if tb.calls_per_epoch}
-        self.train_steps = {i: make_train_step(self.model, self.optimizer, self.inputs.schema, cfg.optim, specs,
-                                               self.k_steps, cfg.loop.seed, self.step_var, self.loss_names,
-                                               strategy=self.topo.strategy, jit_compile=cfg.loop.jit_compile)
-                            for i, specs in self.specs.items()}
-        self.eval_steps = {tb.index: make_eval_step(self.model, tb.bucket, tb.batch_size, self.names,
-                                                    cfg.loop.jit_compile)
-                           for tb in self.buckets if tb.val_files}
+        self.specs = {
+            tb.index: step_specs(tb.bucket, self.topo.per_replica_batch(tb.batch_size), None, self.names)
+            for tb in self.buckets
+            if tb.calls_per_epoch
+        }
+        self.train_steps = {
+            i: make_train_step(
+                self.model,
+                self.optimizer,
+                self.inputs.schema,
+                cfg.optim,
+                specs,
+                self.k_steps,
+                cfg.loop.seed,
+                self.step_var,
+                self.loss_names,
+                strategy=self.topo.strategy,
+                jit_compile=cfg.loop.jit_compile,
+            )
+            for i, specs in self.specs.items()
+        }
+        self.eval_steps = {
+            tb.index: make_eval_step(self.model, tb.bucket, tb.batch_size, self.names, cfg.loop.jit_compile)
+            for tb in self.buckets
+            if tb.val_files
+        }
 
     def _compile_steps(self, stopped) -> dict[int, dict]:
         """Every bucket's train and eval step traced and compiled now (train/compile.py); under a
         strategy each compiles at its bucket's first call (its step takes distributed batches)."""
         if self.topo.distributed:
             return {}
-        train_specs = {tb.index: step_specs(tb.bucket, tb.batch_size, self.k_steps, self.names) for tb in self.buckets
-                       if tb.index in self.train_steps}  # one device: the replica's batch is the bucket's
-        eval_specs = {tb.index: step_specs(tb.bucket, tb.batch_size, None, self.names) for tb in self.buckets
-                      if tb.index in self.eval_steps}
+        train_specs = {
+            tb.index: step_specs(tb.bucket, tb.batch_size, self.k_steps, self.names)
+            for tb in self.buckets
+            if tb.index in self.train_steps
+        }  # one device: the replica's batch is the bucket's
+        eval_specs = {
+            tb.index: step_specs(tb.bucket, tb.batch_size, None, self.names)
+            for tb in self.buckets
+            if tb.index in self.eval_steps
+        }
         state = [*self.model.variables, *self.optimizer.variables, self.step_var]
-        log.info("compiling %d train and %d eval steps (one per length bucket) before the first call",
-                 len(self.train_steps), len(self.eval_steps))
+        log.info(
+            "compiling %d train and %d eval steps (one per length bucket) before the first call",
+            len(self.train_steps),
+            len(self.eval_steps),
+        )
         return compile_steps(self.train_steps, train_specs, self.eval_steps, eval_specs, state, stopped)
 
     def _make_input(self) -> None:
@@ -142,32 +191,56 @@ class Trainer:
         data = self.inputs.cfg.data
         if data.balance != "none":  # the shares the schedule's calls give, each of k steps of its bucket's batch
             drawn = [tb.calls_per_epoch * tb.batch_size * self.k_steps for tb in self.buckets]
-            log.info("%s%s", balance.describe(self.inputs.schema, data.balance, data.balance_alpha, drawn),
-                     " (--synthetic-data: not applied)" if self.synthetic else "")
+            log.info(
+                "%s%s",
+                balance.describe(self.inputs.schema, data.balance, data.balance_alpha, drawn),
+                " (--synthetic-data: not applied)" if self.synthetic else "",
+            )
         for tb in self.buckets:
-            log.info("bucket %d: text %d, mel %d frames, batch %d, %d train records (%d calls per schedule "
-                     "epoch), %d val shards", tb.index, tb.bucket.max_text_len, tb.bucket.max_mel_frames,
-                     tb.batch_size, tb.records, tb.calls_per_epoch, len(tb.val_files))
+            log.info(
+                "bucket %d: text %d, mel %d frames, batch %d, %d train records (%d calls per schedule "
+                "epoch), %d val shards",
+                tb.index,
+                tb.bucket.max_text_len,
+                tb.bucket.max_mel_frames,
+                tb.batch_size,
+                tb.records,
+                tb.calls_per_epoch,
+                len(tb.val_files),
+            )
 
     # -- input ----------------------------------------------------------------------------------
-    def make_dataset(self, tb: TrainerBucket, batch_size: int | None = None, shard: tuple | None = None,
-                     seed: int | None = None) -> tf.data.Dataset:
+    def make_dataset(
+        self, tb: TrainerBucket, batch_size: int | None = None, shard: tuple | None = None, seed: int | None = None
+    ) -> tf.data.Dataset:
         """One bucket's train input of one replica's batch (the bucket's global batch on one device)."""
         data = tb.data_config(self.inputs.cfg.data)
         if self.synthetic:  # one constant batch of each bucket: every bucket's shape is measured
             if batch_size is not None:
                 data = dataclasses.replace(data, batch_size=batch_size)
-            first = read_or_name_shard(lambda: input_pipeline.first_batch(tb.files, tb.bucket, data, self.names),
-                                       list(tb.files), self.inputs.schema)
+            first = read_or_name_shard(
+                lambda: input_pipeline.first_batch(tb.files, tb.bucket, data, self.names),
+                list(tb.files),
+                self.inputs.schema,
+            )
             return input_pipeline.synthetic_dataset(first, self.k_steps)
-        return input_pipeline.train_dataset(tb.files, tb.bucket, data, self.names, self.k_steps,
-                                            batch_size=batch_size, shard=shard, seed=seed,
-                                            balance=self.balance_plan)
+        return input_pipeline.train_dataset(
+            tb.files,
+            tb.bucket,
+            data,
+            self.names,
+            self.k_steps,
+            batch_size=batch_size,
+            shard=shard,
+            seed=seed,
+            balance=self.balance_plan,
+        )
 
     def start_local_input(self, seed: int | None) -> None:
         """On one device: every bucket's input iterator, in the checkpoint's `iterator/bucket_NN`."""
-        self.datasets = {tb.index: self.make_dataset(tb, seed=seed) for tb in self.buckets
-                         if tb.index in self.train_steps}
+        self.datasets = {
+            tb.index: self.make_dataset(tb, seed=seed) for tb in self.buckets if tb.index in self.train_steps
+        }
         self.iterators = {i: iter(ds) for i, ds in self.datasets.items()}
         for i, it in self.iterators.items():
             setattr(self.saved_iterators, f"bucket_{i:02d}", it)
@@ -177,15 +250,23 @@ class Trainer:
         (no saved position)."""
         seed = distribute.resume_seed(self.inputs.cfg.data.seed, start)
         if start:
-            log.info("distributed input position is not checkpointable in TensorFlow; reshuffled the input with "
-                     "seed %d (derived from step %d) instead of replaying its first batches", seed, start)
+            log.info(
+                "distributed input position is not checkpointable in TensorFlow; reshuffled the input with "
+                "seed %d (derived from step %d) instead of replaying its first batches",
+                seed,
+                start,
+            )
         for tb in self.buckets:
             if tb.index not in self.train_steps:
                 continue
             specs = {k: tf.TensorSpec([self.k_steps, *s.shape], s.dtype) for k, s in self.specs[tb.index].items()}
             self.datasets[tb.index] = distribute.distributed_dataset(
-                self.topo, lambda batch_size, shard, tb=tb: self.make_dataset(tb, batch_size, shard, seed),
-                list(tb.files), tb.batch_size, specs)
+                self.topo,
+                lambda batch_size, shard, tb=tb: self.make_dataset(tb, batch_size, shard, seed),
+                list(tb.files),
+                tb.batch_size,
+                specs,
+            )
             self.iterators[tb.index] = iter(self.datasets[tb.index])
 
     # -- what the loop calls ----------------------------------------------------------------------
@@ -197,16 +278,22 @@ class Trainer:
         if self.checkpointer.latest:
             log.info("resumed from %s at step %d", self.checkpointer.latest, start)
         if start % self.k_steps:
-            raise TrainError(f"the checkpoint is at step {start}, not a multiple of loop.steps_per_execution "
-                             f"{self.k_steps}; resume with the steps_per_execution it was trained with")
+            raise TrainError(
+                f"the checkpoint is at step {start}, not a multiple of loop.steps_per_execution "
+                f"{self.k_steps}; resume with the steps_per_execution it was trained with"
+            )
         if self.topo.distributed:
             self.start_distributed_input(start)
         elif start and not self.checkpointer.input_position_saved and not changes:
             # a checkpoint written under a strategy holds no input position: reshuffle, as a strategy does
             seed = distribute.resume_seed(self.inputs.cfg.data.seed, start)
-            log.info("%s holds no input position (written under a tf.distribute strategy); reshuffled the input "
-                     "with seed %d (derived from step %d) instead of replaying its first batches",
-                     self.checkpointer.latest, seed, start)
+            log.info(
+                "%s holds no input position (written under a tf.distribute strategy); reshuffled the input "
+                "with seed %d (derived from step %d) instead of replaying its first batches",
+                self.checkpointer.latest,
+                seed,
+                start,
+            )
             self.start_local_input(seed)
         return start, changes
 
@@ -217,8 +304,9 @@ class Trainer:
         first = tb.index not in self.called
         self.called.add(tb.index)
         if first and not self.compiled:
-            log.info("first call: tracing and XLA-compiling the train step of bucket %d (tens of seconds on CPU)",
-                     tb.index)
+            log.info(
+                "first call: tracing and XLA-compiling the train step of bucket %d (tens of seconds on CPU)", tb.index
+            )
         t0 = time.perf_counter()
         batch = read_or_name_shard(lambda: next(self.iterators[tb.index]), list(tb.files), self.inputs.schema)
         t1 = time.perf_counter()
@@ -227,8 +315,9 @@ class Trainer:
         t2 = time.perf_counter()
         self.next_call += 1
         if first and not self.compiled:
-            log.info("first call (trace + XLA compile + %d steps) of bucket %d: %.1f s", self.k_steps, tb.index,
-                     t2 - t0)
+            log.info(
+                "first call (trace + XLA compile + %d steps) of bucket %d: %.1f s", self.k_steps, tb.index, t2 - t0
+            )
         out["first_call"] = float(first)
         out["padded_frames"] = float(self.k_steps * tb.batch_size * tb.bucket.max_mel_frames)
         return out, losses, t1 - t0, t2 - t0
@@ -246,9 +335,10 @@ class Trainer:
         for tb in self.buckets:
             if tb.index not in self.eval_steps:
                 continue
-            ds = input_pipeline.val_dataset(tb.val_files, self.inputs.schema, tb.data_config(self.inputs.cfg.data),
-                                            self.names, tb.bucket)
-            for batch in (ds.take(max_batches) if max_batches else ds):
+            ds = input_pipeline.val_dataset(
+                tb.val_files, self.inputs.schema, tb.data_config(self.inputs.cfg.data), self.names, tb.bucket
+            )
+            for batch in ds.take(max_batches) if max_batches else ds:
                 for k, v in self.eval_steps[tb.index](batch).items():
                     sums[k] = sums.get(k, 0.0) + float(v)
         losses = self.model.losses_from_terms({k: tf.constant(v, tf.float32) for k, v in sums.items()})
@@ -265,9 +355,14 @@ class Trainer:
         for i, step in self.train_steps.items():
             out[i] = traces = step.grad_fn.experimental_get_tracing_count()
             if traces > self.topo.local_replicas:
-                log.error("THE TRAIN STEP OF BUCKET %d WAS TRACED %d TIMES, NOT ONCE (PER REPLICA DEVICE): every "
-                          "trace recompiles with XLA. Signatures traced:\n%s\nThe dataset yields: %s", i, traces,
-                          step.grad_fn.pretty_printed_concrete_signatures(), self.datasets[i].element_spec)
+                log.error(
+                    "THE TRAIN STEP OF BUCKET %d WAS TRACED %d TIMES, NOT ONCE (PER REPLICA DEVICE): every "
+                    "trace recompiles with XLA. Signatures traced:\n%s\nThe dataset yields: %s",
+                    i,
+                    traces,
+                    step.grad_fn.pretty_printed_concrete_signatures(),
+                    self.datasets[i].element_spec,
+                )
         return out
 
     def facts(self) -> dict:
@@ -275,16 +370,32 @@ class Trainer:
         cfg = self.inputs.cfg
         traces = self.traces()
         evals = {i: step.experimental_get_tracing_count() for i, step in self.eval_steps.items()}
-        buckets = [{"index": tb.index, "max_text_len": tb.bucket.max_text_len,
-                    "max_mel_frames": tb.bucket.max_mel_frames, "batch_size": tb.batch_size,
-                    "train_records": tb.records, "calls_per_epoch": tb.calls_per_epoch,
-                    "train_step_traces": traces.get(tb.index, 0), "eval_step_traces": evals.get(tb.index, 0)}
-                   for tb in self.buckets]
-        return {"model_factory": cfg.model_factory, "synthetic_data": self.synthetic,
-                "batch_size": self.batch_size, "fixed_batch_size": cfg.data.fixed_batch_size,
-                "steps_per_execution": self.k_steps, "precision": cfg.loop.precision,
-                **self.topo.facts(self.batch_size), "layers": self.choices.facts(),
-                "step_function_traces": sum(s.experimental_get_tracing_count() for s in self.train_steps.values()),
-                "parameters": int(self.model.count_params()), "train_step_traces": sum(traces.values()),
-                "eval_step_traces": sum(evals.values()),
-                "buckets_used": sum(1 for n in traces.values() if n), "buckets": buckets}
+        buckets = [
+            {
+                "index": tb.index,
+                "max_text_len": tb.bucket.max_text_len,
+                "max_mel_frames": tb.bucket.max_mel_frames,
+                "batch_size": tb.batch_size,
+                "train_records": tb.records,
+                "calls_per_epoch": tb.calls_per_epoch,
+                "train_step_traces": traces.get(tb.index, 0),
+                "eval_step_traces": evals.get(tb.index, 0),
+            }
+            for tb in self.buckets
+        ]
+        return {
+            "model_factory": cfg.model_factory,
+            "synthetic_data": self.synthetic,
+            "batch_size": self.batch_size,
+            "fixed_batch_size": cfg.data.fixed_batch_size,
+            "steps_per_execution": self.k_steps,
+            "precision": cfg.loop.precision,
+            **self.topo.facts(self.batch_size),
+            "layers": self.choices.facts(),
+            "step_function_traces": sum(s.experimental_get_tracing_count() for s in self.train_steps.values()),
+            "parameters": int(self.model.count_params()),
+            "train_step_traces": sum(traces.values()),
+            "eval_step_traces": sum(evals.values()),
+            "buckets_used": sum(1 for n in traces.values() if n),
+            "buckets": buckets,
+        }

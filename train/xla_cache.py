@@ -10,6 +10,7 @@ order so that a resumed run and a re-run with the same shapes find theirs.
 XLA never removes an entry: each start of `melshards train` trims the directory it chose to
 `MAX_BYTES`, the least recently used programs first (`trim`).
 """
+
 from __future__ import annotations
 
 import logging

@@ -6,11 +6,11 @@ commands from the short help kept here and imports neither; `melshards stats` im
 The subcommands share the helpers below (logging, output-file checks, running without exiting).
 The tables, what-ifs and HTML they print live in `melshards.reports`.
 """
+
 from __future__ import annotations
 
 import atexit
 import gc
-
 import importlib
 import logging
 import os
@@ -19,14 +19,26 @@ import click
 
 # name -> (module, click command, one-line help shown by `melshards --help`)
 _COMMANDS = {
-    "preprocess": ("melshards.commands.preprocess", "preprocess_command",
-                   "Corpus -> log-mel -> percentile statistics -> filter -> pad -> TFRecord shards."),
-    "train": ("melshards.commands.train", "train_command",
-              "Train a text-to-mel model on shards written by `preprocess`."),
-    "synthesize": ("melshards.commands.synthesize", "synthesize_command",
-                   "Speak text with a trained model and write a WAV."),
-    "stats": ("melshards.commands.stats", "stats_command",
-              "Percentiles, counts, padding and what-if cut-offs of a preprocessing run."),
+    "preprocess": (
+        "melshards.commands.preprocess",
+        "preprocess_command",
+        "Corpus -> log-mel -> percentile statistics -> filter -> pad -> TFRecord shards.",
+    ),
+    "train": (
+        "melshards.commands.train",
+        "train_command",
+        "Train a text-to-mel model on shards written by `preprocess`.",
+    ),
+    "synthesize": (
+        "melshards.commands.synthesize",
+        "synthesize_command",
+        "Speak text with a trained model and write a WAV.",
+    ),
+    "stats": (
+        "melshards.commands.stats",
+        "stats_command",
+        "Percentiles, counts, padding and what-if cut-offs of a preprocessing run.",
+    ),
     "inspect": ("melshards.commands.inspect", "inspect_command", "Check shards against their schema without training."),
     "cache": ("melshards.commands.cache", "cache_command", "Size of the preprocess feature cache, and pruning it."),
 }
@@ -45,14 +57,16 @@ def check_output_file(option: str, path: str, example: str) -> None:
     if "://" in path:
         return
     if os.path.isdir(path) or path.endswith(("/", os.sep)):
-        raise click.UsageError(f"{option} {path} names a directory; pass the path of the file to write, "
-                               f"e.g. {os.path.join(path, example)}")
+        raise click.UsageError(
+            f"{option} {path} names a directory; pass the path of the file to write, e.g. {os.path.join(path, example)}"
+        )
     parent = os.path.dirname(os.path.abspath(path))
     while not os.path.exists(parent):  # the nearest existing ancestor decides: the rest is created later
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
-        raise click.UsageError(f"{option} {path}: cannot create its directory, {parent} is a file; "
-                               "pass a path in a directory")
+        raise click.UsageError(
+            f"{option} {path}: cannot create its directory, {parent} is a file; pass a path in a directory"
+        )
     if not os.access(parent, os.W_OK | os.X_OK):
         raise click.UsageError(f"{option} {path}: {parent} is not writable; pass a path in a writable directory")
 
@@ -96,6 +110,7 @@ class _LazyGroup(click.Group):
             def invoke(ctx, run=run, name=name):
                 import_tensorflow_quietly(name)
                 return run(ctx)
+
             command.invoke, command._imports_tf_quietly = invoke, True
         return command
 

@@ -1,4 +1,5 @@
 """`melshards cache info DIR` and `melshards cache prune DIR`: the feature cache of `preprocess --cache`."""
+
 from __future__ import annotations
 
 import time
@@ -29,14 +30,21 @@ def info_command(cache_dir: str) -> None:
     if not i.files:
         click.echo(f"{cache_dir}: no cache entries (a cache is made by `melshards preprocess --cache {cache_dir}`)")
         return
-    click.echo(f"{cache_dir}: {i.entries} clips in {i.files} files, {_size(i.bytes)}; {i.runs} recorded run(s); "
-               f"{i.unused_files} file(s) no recorded run used (`melshards cache prune` removes them)")
+    click.echo(
+        f"{cache_dir}: {i.entries} clips in {i.files} files, {_size(i.bytes)}; {i.runs} recorded run(s); "
+        f"{i.unused_files} file(s) no recorded run used (`melshards cache prune` removes them)"
+    )
 
 
 @cache_command.command("prune")
 @click.argument("cache_dir", metavar="DIR")
-@click.option("--unused-days", type=click.FloatRange(min=0), default=30.0, show_default=True,
-              help="Forget the runs older than this, then remove the entries no remaining run used.")
+@click.option(
+    "--unused-days",
+    type=click.FloatRange(min=0),
+    default=30.0,
+    show_default=True,
+    help="Forget the runs older than this, then remove the entries no remaining run used.",
+)
 def prune_command(cache_dir: str, unused_days: float) -> None:
     """Remove the entries no run of the last --unused-days used; none while a run is using the cache."""
     from melshards.preprocess import cache
@@ -45,5 +53,7 @@ def prune_command(cache_dir: str, unused_days: float) -> None:
     click.echo(f"{cache_dir}: removed {pruned.files} file(s), {_size(pruned.bytes)}")
     if pruned.live:
         runs = ", ".join(f"{h.get('run_id')} (pid {h.get('pid', '?')} on {h.get('host', '?')})" for h in pruned.live)
-        click.echo(f"kept every entries file: {len(pruned.live)} run(s) using the cache now ({runs}); "
-                   "prune again once they have finished")
+        click.echo(
+            f"kept every entries file: {len(pruned.live)} run(s) using the cache now ({runs}); "
+            "prune again once they have finished"
+        )

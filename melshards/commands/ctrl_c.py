@@ -25,6 +25,7 @@ late and goes mute once a worker is found dead: the run's one line is the error 
 mute the same way when the job fails with an error the command tells in one line (a full disk): each
 worker prints its failed bundle's traceback to the stderr it inherited a moment before.
 """
+
 from __future__ import annotations
 
 import collections
@@ -36,10 +37,9 @@ import socket
 import sys
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
-from melshards.preprocess import output
-from melshards.preprocess import workers
+from melshards.preprocess import output, workers
 
 
 class _Relay(threading.Thread):
@@ -58,9 +58,13 @@ class _Relay(threading.Thread):
     TRACEBACK_HOLD = 10.0
     TRACEBACK = b"Traceback (most recent call last):"
 
-    def __init__(self, fds: tuple[int, ...], wakeup: socket.socket | None = None,
-                 mute_when: Callable[[], bool] = lambda: False,
-                 signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)):
+    def __init__(
+        self,
+        fds: tuple[int, ...],
+        wakeup: socket.socket | None = None,
+        mute_when: Callable[[], bool] = lambda: False,
+        signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM),
+    ):
         """`wakeup`: the reading end of the signal wakeup fd; once it holds one of `signals`, nothing
         more is copied. Nor once `mute_when()` is true."""
         super().__init__(name=f"melshards-relay-{'-'.join(map(str, fds))}", daemon=True)
@@ -108,7 +112,7 @@ class _Relay(threading.Thread):
                 chunk = held.popleft()[1]
                 while chunk and not self.muted:
                     try:
-                        chunk = chunk[os.write(self.original, chunk):]
+                        chunk = chunk[os.write(self.original, chunk) :]
                     except OSError:
                         self.muted = True
         os.close(self.read)
@@ -143,8 +147,11 @@ STOPPING_SIGNALS = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "
 def stopped_line(signum: int, out_dir: str, published: bool) -> str:
     """The one line a run stopped by `signum` ends with."""
     what = STOPPING_SIGNALS[signum][1]
-    return (f"{what}: the new run was already in place in {out_dir}" if published
-            else f"{what}: the run's temporary files were removed; {out_dir} is as it was")
+    return (
+        f"{what}: the new run was already in place in {out_dir}"
+        if published
+        else f"{what}: the run's temporary files were removed; {out_dir} is as it was"
+    )
 
 
 class StopOnCtrlC:
@@ -173,8 +180,11 @@ class StopOnCtrlC:
             # one line (a full disk), are not for the console
             workers.QUIET.clear()  # set by an earlier run of this process
             quiet = workers.QUIET.is_set
-            self.relays = ([_Relay((1, 2), w, quiet, s)] if _same_file(1, 2) else
-                           [_Relay((1,), w, quiet, s), _Relay((2,), w, quiet, s)])
+            self.relays = (
+                [_Relay((1, 2), w, quiet, s)]
+                if _same_file(1, 2)
+                else [_Relay((1,), w, quiet, s), _Relay((2,), w, quiet, s)]
+            )
         return self
 
     def _on_signal(self, signum, frame) -> None:
@@ -199,7 +209,9 @@ class StopOnCtrlC:
             self.relays[-1].write_through(line + "\n")
             os._exit(STOPPING_SIGNALS[self.signum][0])
         if workers.QUIET.is_set():  # the runner's threads may still log their broken channels to a dead or
-            logging.disable(logging.CRITICAL)  # killed worker, now straight to the console; the command ends with its line
+            logging.disable(
+                logging.CRITICAL
+            )  # killed worker, now straight to the console; the command ends with its line
         for s, old in self.old_handlers.items():
             signal.signal(s, old)
         signal.set_wakeup_fd(self.old_wakeup)

@@ -1,4 +1,5 @@
 """`melshards inspect SHARD_GLOB`: check shards against their schema without training."""
+
 from __future__ import annotations
 
 import os
@@ -14,20 +15,38 @@ def shard_table(results) -> str:
     from melshards.shards_schema.shards import base_name, dir_of
 
     one_dir = len({dir_of(r.path) for r in results}) == 1
-    rows = [[base_name(r.path) if one_dir else r.path, r.split, str(r.records),
-             "-" if r.expected is None else str(r.expected), str(len(r.problems))] for r in results]
+    rows = [
+        [
+            base_name(r.path) if one_dir else r.path,
+            r.split,
+            str(r.records),
+            "-" if r.expected is None else str(r.expected),
+            str(len(r.problems)),
+        ]
+        for r in results
+    ]
     return render(["shard", "split", "records", "listed", "problems"], rows, left=2)
 
 
 @click.command("inspect", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("shard_globs", nargs=-1, required=True, metavar="SHARD_GLOB...")
-@click.option("--schema", "schema_path", default=None,
-              help="schema.json to check against; default: the one beside each shard.")
-@click.option("--show", default=0, show_default=True, type=click.IntRange(min=0),
-              help="Print N good records and write their mel as PNG to --out.")
-@click.option("--out", "out_dir", default="melshards-inspect", show_default=True,
-              help="Directory for the --show PNGs (created if missing); a file there is written over only if "
-                   "inspect wrote it.")
+@click.option(
+    "--schema", "schema_path", default=None, help="schema.json to check against; default: the one beside each shard."
+)
+@click.option(
+    "--show",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Print N good records and write their mel as PNG to --out.",
+)
+@click.option(
+    "--out",
+    "out_dir",
+    default="melshards-inspect",
+    show_default=True,
+    help="Directory for the --show PNGs (created if missing); a file there is written over only if inspect wrote it.",
+)
 def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show: int, out_dir: str) -> None:
     """Count records per shard and split, check every record parses to its length bucket's shapes and
     that 0 < text_len <= max_text_len and 0 < mel_len <= max_mel_frames of the bucket. Exits 1 when it
@@ -60,8 +79,11 @@ def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show:
     per_split = dict.fromkeys([*SPLITS, *(r.split for r in results)], 0)
     for r in results:
         per_split[r.split] += r.records
-    click.echo(f"total: {sum(r.records for r in results)} records in {len(results)} shards ("
-               + ", ".join(f"{s} {n}" for s, n in per_split.items()) + ")")
+    click.echo(
+        f"total: {sum(r.records for r in results)} records in {len(results)} shards ("
+        + ", ".join(f"{s} {n}" for s, n in per_split.items())
+        + ")"
+    )
     if shown:
         _show(shown, out_dir)
     if problems:
@@ -74,11 +96,14 @@ def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show:
                 click.echo(f"  ... and {len(mine) - MAX_PROBLEMS_SHOWN} more in {path}")
         raise SystemExit(1)
     s = schemas[files[0]]
-    shapes = ", ".join(f"b{b.index:02d} text_ids [{b.max_text_len}] mel [{b.max_mel_frames}, {s.n_mels}]"
-                       for b in s.buckets)
-    extra = (f"; the records also hold {', '.join(s.optional)}, consistent with their lengths" if s.optional else "")
-    click.echo(f"\nOK: every record parses to its bucket's shapes ({shapes}) with 0 < text_len <= the bucket's "
-               f"max_text_len and 0 < mel_len <= its max_mel_frames{extra}")
+    shapes = ", ".join(
+        f"b{b.index:02d} text_ids [{b.max_text_len}] mel [{b.max_mel_frames}, {s.n_mels}]" for b in s.buckets
+    )
+    extra = f"; the records also hold {', '.join(s.optional)}, consistent with their lengths" if s.optional else ""
+    click.echo(
+        f"\nOK: every record parses to its bucket's shapes ({shapes}) with 0 < text_len <= the bucket's "
+        f"max_text_len and 0 < mel_len <= its max_mel_frames{extra}"
+    )
 
 
 def check_out_dir(out_dir: str) -> None:
@@ -87,8 +112,9 @@ def check_out_dir(out_dir: str) -> None:
     if "://" in out_dir:
         return
     if os.path.lexists(out_dir) and not os.path.isdir(out_dir):
-        raise click.UsageError(f"--out {out_dir} is a file; pass a directory for the --show PNGs "
-                               "(it is created if missing)")
+        raise click.UsageError(
+            f"--out {out_dir} is a file; pass a directory for the --show PNGs (it is created if missing)"
+        )
     parent = os.path.dirname(os.path.abspath(out_dir))
     while not os.path.exists(parent):  # the nearest existing ancestor decides: the rest is created later
         parent = os.path.dirname(parent)

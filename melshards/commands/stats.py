@@ -1,4 +1,5 @@
 """`melshards stats OUT_DIR_OR_STATS_JSON`: the percentile report of a preprocessing run, and what-ifs."""
+
 from __future__ import annotations
 
 import json
@@ -22,23 +23,49 @@ def parse_percentiles(text: str) -> tuple[float, ...]:
 
 def terminal_report(report: dict) -> str:
     from melshards.reports.by_tables import corpus_line
+    from melshards.reports.stats_json_tables import (
+        bucket_table,
+        bucket_whatif_table,
+        counts_table,
+        padding_table,
+        percentile_table,
+    )
     from melshards.reports.stats_report_tables import mib, whatif_table
-    from melshards.reports.stats_json_tables import (bucket_table, bucket_whatif_table, counts_table, padding_table,
-                                                     percentile_table)
 
     pad = report["padding"]
-    parts = [f"stats of {report['source']}", corpus_line(report), "",
-             "Lengths before and after filtering (percentiles of the clips measured / in shards)",
-             percentile_table(report), "",
-             f"Clips ({report['hours']['after_filter']:.2f} h of audio in shards)", counts_table(report), ""]
+    parts = [
+        f"stats of {report['source']}",
+        corpus_line(report),
+        "",
+        "Lengths before and after filtering (percentiles of the clips measured / in shards)",
+        percentile_table(report),
+        "",
+        f"Clips ({report['hours']['after_filter']:.2f} h of audio in shards)",
+        counts_table(report),
+        "",
+    ]
     if pad:
-        batch = (f"one batch of {report['batch_size']}: {mib(pad['batch_bytes'])} MiB of decoded mel + text ids"
-                 if pad["batch_bytes"] is not None else "batch memory unknown: no schema.json, pass --n-mels")
-        parts += ["Padding at the chosen lengths (padding = share of the padded tensors that is padding, "
-                  "over the clips in shards; padded to = the largest bucket)", padding_table(report), batch, ""]
+        batch = (
+            f"one batch of {report['batch_size']}: {mib(pad['batch_bytes'])} MiB of decoded mel + text ids"
+            if pad["batch_bytes"] is not None
+            else "batch memory unknown: no schema.json, pass --n-mels"
+        )
+        parts += [
+            "Padding at the chosen lengths (padding = share of the padded tensors that is padding, "
+            "over the clips in shards; padded to = the largest bucket)",
+            padding_table(report),
+            batch,
+            "",
+        ]
     if report.get("buckets"):
-        parts += ["Length buckets (one static shape each; padding over the clips in shards)", bucket_table(report),
-                  "", "What-if: other numbers of buckets K", bucket_whatif_table(report), ""]
+        parts += [
+            "Length buckets (one static shape each; padding over the clips in shards)",
+            bucket_table(report),
+            "",
+            "What-if: other numbers of buckets K",
+            bucket_whatif_table(report),
+            "",
+        ]
     parts += ["What-if: other upper cut-offs (one shape)", whatif_table(report)]
     return "\n".join(parts)
 
@@ -93,20 +120,46 @@ def write_html(path: str, html: str) -> None:
 
 @click.command("stats", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("path")
-@click.option("--batch-size", default=32, show_default=True, type=click.IntRange(min=1),
-              help="Batch size for the batch-memory column.")
-@click.option("--what-if", "what_if", default=",".join(f"{q:g}" for q in DEFAULT_WHAT_IF), show_default=True,
-              help="Upper percentiles for the what-if table (mel frames and text length together).")
-@click.option("--n-mels", type=click.IntRange(min=1), default=None,
-              help="Mel bins for the batch memory; read from schema.json beside stats.json by default.")
+@click.option(
+    "--batch-size",
+    default=32,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Batch size for the batch-memory column.",
+)
+@click.option(
+    "--what-if",
+    "what_if",
+    default=",".join(f"{q:g}" for q in DEFAULT_WHAT_IF),
+    show_default=True,
+    help="Upper percentiles for the what-if table (mel frames and text length together).",
+)
+@click.option(
+    "--n-mels",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Mel bins for the batch memory; read from schema.json beside stats.json by default.",
+)
 @click.option("--html", "html_path", default=None, help="Write a self-contained HTML report (plots embedded).")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON instead of tables.")
 @click.option("--compare", "other_path", default=None, help="A second run (directory or stats.json) to compare.")
-@click.option("--by", type=click.Choice(["speaker", "language"]), default=None,
-              help="Print the table of speakers (most hours first, the top 50; --json lists all) or of languages "
-                   "instead; --html adds its section, --compare compares clips and hours per speaker or language.")
-def stats_command(path: str, batch_size: int, what_if: str, n_mels: int | None, html_path: str | None,
-                  as_json: bool, other_path: str | None, by: str | None) -> None:
+@click.option(
+    "--by",
+    type=click.Choice(["speaker", "language"]),
+    default=None,
+    help="Print the table of speakers (most hours first, the top 50; --json lists all) or of languages "
+    "instead; --html adds its section, --compare compares clips and hours per speaker or language.",
+)
+def stats_command(
+    path: str,
+    batch_size: int,
+    what_if: str,
+    n_mels: int | None,
+    html_path: str | None,
+    as_json: bool,
+    other_path: str | None,
+    by: str | None,
+) -> None:
     """Percentiles, counts, padding efficiency and what-if cut-offs of a `melshards preprocess` run;
     with --by, its speakers or languages.
 

@@ -3,16 +3,16 @@
 The vocoder is librosa's Griffin-Lim with the schema's own STFT and mel settings: audio is this
 command's business, the trainer stops at the mel.
 """
+
 from __future__ import annotations
 
 import os
 import posixpath
 
 import click
-
-from melshards.commands import check_output_file, setup_logging
 import numpy as np
 
+from melshards.commands import check_output_file, setup_logging
 from melshards.shards_schema import Schema, SchemaError
 from melshards.shards_schema.config import ConfigError
 
@@ -33,7 +33,8 @@ def check_spoke(frames: int, schema: Schema) -> None:
         raise click.ClickException(
             f"the model stopped before speaking: it produced {frames} mel frame{'s' * (frames != 1)}, fewer "
             f"than the {needed} that one FFT window ({schema.mel.n_fft} samples) needs. Train it for more "
-            "steps (the stop token has not learned when speech ends), then synthesize again")
+            "steps (the stop token has not learned when speech ends), then synthesize again"
+        )
 
 
 def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
@@ -45,10 +46,18 @@ def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
     mel = np.exp(log_mel.T.astype(np.float64))  # the shards hold log(max(mel, floor))
     # librosa.feature.inverse.mel_to_audio in two steps, to fix Griffin-Lim's random initial phases:
     # the same mel then gives the same WAV
-    stft = librosa.feature.inverse.mel_to_stft(mel, sr=schema.audio.sample_rate, n_fft=m.n_fft, power=m.power,
-                                               fmin=m.fmin, fmax=m.fmax)
-    y = librosa.griffinlim(stft, n_iter=n_iter, hop_length=m.hop_length, win_length=m.win_length, n_fft=m.n_fft,
-                           center=True, random_state=0)
+    stft = librosa.feature.inverse.mel_to_stft(
+        mel, sr=schema.audio.sample_rate, n_fft=m.n_fft, power=m.power, fmin=m.fmin, fmax=m.fmax
+    )
+    y = librosa.griffinlim(
+        stft,
+        n_iter=n_iter,
+        hop_length=m.hop_length,
+        win_length=m.win_length,
+        n_fft=m.n_fft,
+        center=True,
+        random_state=0,
+    )
     peak = float(np.max(np.abs(y))) if y.size else 0.0
     return (0.95 * y / peak if peak > 0 else y).astype(np.float32)
 
@@ -73,7 +82,9 @@ def check_export_target(export_dir: str) -> None:
     from melshards.shards_schema.ownership import EXPORT_MARK, NotOurs, check_may_fill_dir
 
     try:
-        check_may_fill_dir("--export", export_dir, EXPORT_MARK, "a SavedModel dir `melshards synthesize --export` wrote")
+        check_may_fill_dir(
+            "--export", export_dir, EXPORT_MARK, "a SavedModel dir `melshards synthesize --export` wrote"
+        )
     except NotOurs as e:
         raise click.UsageError(str(e)) from e
 
@@ -105,17 +116,30 @@ def write_wav(output: str, y: np.ndarray, sample_rate: int) -> None:
 @click.command("synthesize", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("text")
 @click.option("--model-dir", required=True, help="A `melshards train` --model-dir (newest checkpoint is used).")
-@click.option("-o", "--output", required=True,
-              help="WAV file to write (.wav); an existing file is written over only if synthesize wrote it.")
-@click.option("--griffin-lim-iters", default=32, show_default=True, type=click.IntRange(min=1),
-              help="Griffin-Lim iterations.")
-@click.option("--speaker", default=None,
-              help="Speaker name, as schema.json's speakers table has it (default: the only speaker).")
-@click.option("--language", default=None,
-              help="Language code, as schema.json's languages table has it (default: the only language).")
-@click.option("--export", "export_dir", default=None,
-              help="Also save the generator as a SavedModel here (serving signature: text, speaker name, "
-                   "language code -> mel); an existing DIR is written into only if it is empty or an earlier --export.")
+@click.option(
+    "-o",
+    "--output",
+    required=True,
+    help="WAV file to write (.wav); an existing file is written over only if synthesize wrote it.",
+)
+@click.option(
+    "--griffin-lim-iters", default=32, show_default=True, type=click.IntRange(min=1), help="Griffin-Lim iterations."
+)
+@click.option(
+    "--speaker", default=None, help="Speaker name, as schema.json's speakers table has it (default: the only speaker)."
+)
+@click.option(
+    "--language",
+    default=None,
+    help="Language code, as schema.json's languages table has it (default: the only language).",
+)
+@click.option(
+    "--export",
+    "export_dir",
+    default=None,
+    help="Also save the generator as a SavedModel here (serving signature: text, speaker name, "
+    "language code -> mel); an existing DIR is written into only if it is empty or an earlier --export.",
+)
 def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, language, export_dir) -> None:
     """Speak TEXT with the model in --model-dir and write a WAV (Griffin-Lim vocoder)."""
     setup_logging()
@@ -123,7 +147,14 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, lang
     from melshards.shards_schema.text import TextRejected
     from melshards.train.errors import CheckpointError, RestoreError
     from melshards.train.synthesize import (
-        checkpoint_to_restore, check_model_dir, load_synthesizer, normalise, pick_language, pick_speaker, text_ids)
+        check_model_dir,
+        checkpoint_to_restore,
+        load_synthesizer,
+        normalise,
+        pick_language,
+        pick_speaker,
+        text_ids,
+    )
 
     # every check that needs no model first, and nothing created before they pass: loading and
     # compiling the model takes a while
@@ -138,8 +169,10 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, lang
         ids, n = text_ids(normalised, schema)
         checkpoint = checkpoint_to_restore(model_dir)
     except TextRejected as e:
-        raise click.UsageError(f"TEXT refused ({e.reason}): {e.detail}. `melshards preprocess` rejects such "
-                               "transcripts too, so the model never learnt them; pass text with words in it") from e
+        raise click.UsageError(
+            f"TEXT refused ({e.reason}): {e.detail}. `melshards preprocess` rejects such "
+            "transcripts too, so the model never learnt them; pass text with words in it"
+        ) from e
     except (SchemaError, ConfigError, CheckpointError) as e:
         raise click.UsageError(str(e)) from e
     out_dir = os.path.dirname(os.path.abspath(output))
@@ -159,8 +192,10 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, lang
     mel = out["mel"][0, :frames].numpy()
     y = griffin_lim(mel, synth.schema, griffin_lim_iters)
     write_wav(output, y, synth.schema.audio.sample_rate)
-    click.echo(f"{normalised!r} ({who.name}, {lang.code}): {frames} mel frames -> {len(y) / synth.schema.audio.sample_rate:.2f} s "
-               f"of audio at {synth.schema.audio.sample_rate} Hz -> {output}")
+    click.echo(
+        f"{normalised!r} ({who.name}, {lang.code}): {frames} mel frames -> {len(y) / synth.schema.audio.sample_rate:.2f} s "
+        f"of audio at {synth.schema.audio.sample_rate} Hz -> {output}"
+    )
     if export_dir:
         synth.export(export_dir)
         click.echo(f"SavedModel with a serving signature (text, speaker, language -> mel, mel_len) -> {export_dir}")

@@ -4,9 +4,11 @@ Like `melshards.reports.stats_json_tables`, each is (header, rows) of strings, r
 by `melshards.reports.html_report`. They read the `speakers` and `languages` figures of the dict
 `melshards.reports.stats_report.build_report` returns.
 """
+
 from __future__ import annotations
 
-from melshards.reports.stats_json_tables import COLUMNS, Table, _fmt as number, render
+from melshards.reports.stats_json_tables import COLUMNS, Table, render
+from melshards.reports.stats_json_tables import _fmt as number
 from melshards.reports.stats_report import VIEWS
 from melshards.shards_schema import SPLITS
 
@@ -31,8 +33,9 @@ def corpus_line(report: dict) -> str:
     """The default report's one line on speakers and languages: "2 speakers, 2 languages (en-GB, en-US)"."""
     s, codes = report["speakers"]["summary"], report["languages"]["codes"]
     dropped = f" (+{s['dropped']} dropped)" if s["dropped"] else ""
-    return (f"{_plural(s['speakers'], 'speaker')}{dropped}, {_plural(len(codes), 'language')}"
-            + (f" ({_names(codes)})" if codes else ""))
+    return f"{_plural(s['speakers'], 'speaker')}{dropped}, {_plural(len(codes), 'language')}" + (
+        f" ({_names(codes)})" if codes else ""
+    )
 
 
 # -- --by speaker --------------------------------------------------------------------------------------
@@ -40,15 +43,42 @@ def speaker_rows(report: dict, top: int = TOP) -> Table:
     """The `top` speakers with the most hours (dropped ones last, marked), then the total over all speakers."""
     v = report["speakers"]
     pitch = any("pitch" in r for r in v["rows"])  # runs with features.pitch: voiced f0 percentiles
-    header = ["id", "name", "gender", "clips", "hours", *SPLITS, "measured",
-              *([f"f0 {q} Hz" for q in PITCH_PERCENTILES] if pitch else [])]
-    rows = [["dropped" if r["dropped"] else str(r["id"]), r["name"], r["gender"] or "-", str(r["clips"]),
-             hours(r["hours"]), *(str(r["per_split"].get(k, 0)) for k in SPLITS), str(r["measured"]),
-             *(_f0(r, q) for q in (PITCH_PERCENTILES if pitch else ()))]
-            for r in v["rows"][:top]]
+    header = [
+        "id",
+        "name",
+        "gender",
+        "clips",
+        "hours",
+        *SPLITS,
+        "measured",
+        *([f"f0 {q} Hz" for q in PITCH_PERCENTILES] if pitch else []),
+    ]
+    rows = [
+        [
+            "dropped" if r["dropped"] else str(r["id"]),
+            r["name"],
+            r["gender"] or "-",
+            str(r["clips"]),
+            hours(r["hours"]),
+            *(str(r["per_split"].get(k, 0)) for k in SPLITS),
+            str(r["measured"]),
+            *(_f0(r, q) for q in (PITCH_PERCENTILES if pitch else ())),
+        ]
+        for r in v["rows"][:top]
+    ]
     t = v["total"]
-    rows.append(["total", "", "", str(t["clips"]), hours(t["hours"]), *(str(t["per_split"][k]) for k in SPLITS),
-                 str(t["measured"]), *([""] * len(PITCH_PERCENTILES) if pitch else [])])
+    rows.append(
+        [
+            "total",
+            "",
+            "",
+            str(t["clips"]),
+            hours(t["hours"]),
+            *(str(t["per_split"][k]) for k in SPLITS),
+            str(t["measured"]),
+            *([""] * len(PITCH_PERCENTILES) if pitch else []),
+        ]
+    )
     return header, rows
 
 
@@ -66,20 +96,28 @@ def speaker_notes(report: dict, top: int = TOP) -> list[str]:
     s, left = v["summary"], len(v["rows"]) - top
     out = [f"{left} more speaker(s) with fewer hours not shown; --json lists all {len(v['rows'])}"] if left > 0 else []
     if s["dropped"]:
-        out.append(f"dropped: {_plural(s['dropped'], 'speaker')} with fewer measured clips than "
-                   "filter.min_speaker_clips, not in the shards")
+        out.append(
+            f"dropped: {_plural(s['dropped'], 'speaker')} with fewer measured clips than "
+            "filter.min_speaker_clips, not in the shards"
+        )
     h = s["hours_per_speaker"]
-    spread = (f"hours per speaker: median {hours(h['median'])}, min {hours(h['min'])}, max {hours(h['max'])}"
-              if h else "no hours")
+    spread = (
+        f"hours per speaker: median {hours(h['median'])}, min {hours(h['min'])}, max {hours(h['max'])}"
+        if h
+        else "no hours"
+    )
     without = s["without_val"]
-    out.append(f"{_plural(s['speakers'], 'speaker')}; {spread}; {len(without)} without a validation clip"
-               + (f" ({_names(without)})" if without else ""))
+    out.append(
+        f"{_plural(s['speakers'], 'speaker')}; {spread}; {len(without)} without a validation clip"
+        + (f" ({_names(without)})" if without else "")
+    )
     held_out = [n for n in s["val_speakers"] if n not in s["val_speakers_not_found"]]
     if held_out:
         out.append(f"held out for validation (split.val_speakers): {_names(held_out)}")
     if s["val_speakers_not_found"]:
-        out.append(f"split.val_speakers not in the corpus: {_names(s['val_speakers_not_found'])}; "
-                   "fix the names in the config")
+        out.append(
+            f"split.val_speakers not in the corpus: {_names(s['val_speakers_not_found'])}; fix the names in the config"
+        )
     return out
 
 
@@ -96,8 +134,18 @@ def frontend(x: dict) -> str:
 
 def language_rows(report: dict) -> Table:
     """Per language (id order): its front end, clips and hours in the shards, clips measured, text cut-off."""
-    rows = [[x["code"], str(x["id"]), frontend(x), str(x["clips"]), hours(x["hours"]), str(x["measured"]),
-             number(x["max_text_len"])] for x in report["languages"]["rows"]]
+    rows = [
+        [
+            x["code"],
+            str(x["id"]),
+            frontend(x),
+            str(x["clips"]),
+            hours(x["hours"]),
+            str(x["measured"]),
+            number(x["max_text_len"]),
+        ]
+        for x in report["languages"]["rows"]
+    ]
     return ["code", "id", "front end", "clips", "hours", "measured", "text cut-off"], rows
 
 
@@ -107,25 +155,34 @@ def language_length_rows(report: dict) -> Table:
     for x in report["languages"]["rows"]:
         for i, (key, label) in enumerate(COLUMNS):
             spread = x["before_filter"][key]
-            rows.append([x["code"] if i == 0 else "", label,
-                         *(number(spread[q]) for q in ("p50", "p90", "p99", "max"))])
+            rows.append(
+                [x["code"] if i == 0 else "", label, *(number(spread[q]) for q in ("p50", "p90", "p99", "max"))]
+            )
     return ["code", "length", "p50", "p90", "p99", "max"], rows
 
 
 def language_table(report: dict) -> str:
     if not report["languages"]["rows"]:
         return "no languages: no clip was measured (every row was rejected), or every speaker was dropped"
-    return "\n".join([render(*language_rows(report), left=3), "",
-                      "Lengths before filtering, per language", render(*language_length_rows(report), left=2)])
+    return "\n".join(
+        [
+            render(*language_rows(report), left=3),
+            "",
+            "Lengths before filtering, per language",
+            render(*language_length_rows(report), left=2),
+        ]
+    )
 
 
 def by_table(report: dict, by: str) -> str:
     """The terminal output of `--by`."""
     if by == "speaker":
-        return "\n".join([f"stats of {report['source']}", "", "Speakers (most hours in the shards first)",
-                          speaker_table(report)])
-    return "\n".join([f"stats of {report['source']}", "", "Languages (clips and hours in the shards)",
-                      language_table(report)])
+        return "\n".join(
+            [f"stats of {report['source']}", "", "Speakers (most hours in the shards first)", speaker_table(report)]
+        )
+    return "\n".join(
+        [f"stats of {report['source']}", "", "Languages (clips and hours in the shards)", language_table(report)]
+    )
 
 
 # -- two runs, per speaker or language ---------------------------------------------------------------
@@ -145,15 +202,28 @@ def compare_by_rows(a: dict, b: dict, by: str, top: int = TOP) -> tuple[Table, i
     rows = []
     for n in names[:top]:
         ca, cb, ha, hb = figures(n)
-        rows.append([n, str(ca) if n in ra else "-", str(cb) if n in rb else "-", f"{cb - ca:+d}",
-                     hours(ha) if n in ra else "-", hours(hb) if n in rb else "-", f"{hb - ha:+.3f}"])
-    return (["speaker" if by == "speaker" else "language", "clips A", "clips B", "B-A", "hours A", "hours B", "B-A"],
-            rows), max(0, len(names) - top)
+        rows.append(
+            [
+                n,
+                str(ca) if n in ra else "-",
+                str(cb) if n in rb else "-",
+                f"{cb - ca:+d}",
+                hours(ha) if n in ra else "-",
+                hours(hb) if n in rb else "-",
+                f"{hb - ha:+.3f}",
+            ]
+        )
+    return (
+        ["speaker" if by == "speaker" else "language", "clips A", "clips B", "B-A", "hours A", "hours B", "B-A"],
+        rows,
+    ), max(0, len(names) - top)
 
 
 def compare_by_table(a: dict, b: dict, by: str, top: int = TOP) -> str:
     (header, rows), left = compare_by_rows(a, b, by, top)
     more = f"\n{left} more with smaller changes not shown; --json lists all" if left else ""
     what = "speaker" if by == "speaker" else "language"
-    return (f"A = {a['source']}\nB = {b['source']}\nClips and hours per {what} (largest change in hours first; "
-            f"- = not in that run)\n" + render(header, rows, left=1) + more)
+    return (
+        f"A = {a['source']}\nB = {b['source']}\nClips and hours per {what} (largest change in hours first; "
+        f"- = not in that run)\n" + render(header, rows, left=1) + more
+    )

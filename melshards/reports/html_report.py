@@ -3,6 +3,7 @@
 Self-contained so it can be attached to an issue or mailed: no external script, style sheet or image.
 Figures are built with `matplotlib.figure.Figure` (no pyplot), which renders with Agg and needs no display.
 """
+
 from __future__ import annotations
 
 import base64
@@ -11,19 +12,36 @@ import io
 
 from matplotlib.figure import Figure
 
-from melshards.reports.by_tables import (TOP, compare_by_rows, corpus_line, language_length_rows, language_rows,
-                                        speaker_notes, speaker_rows)
+from melshards.reports.by_tables import (
+    TOP,
+    compare_by_rows,
+    corpus_line,
+    language_length_rows,
+    language_rows,
+    speaker_notes,
+    speaker_rows,
+)
+from melshards.reports.stats_json_tables import (
+    Table,
+    bucket_notes,
+    bucket_rows,
+    bucket_whatif_rows,
+    counts_rows,
+    padding_rows,
+    pct,
+    percentile_rows,
+)
 from melshards.reports.stats_report_tables import compare_rows, q_label, reasons_rows, whatif_notes, whatif_rows
 from melshards.reports.whatif import int_hist
-from melshards.reports.stats_json_tables import (Table, bucket_notes, bucket_rows, bucket_whatif_rows, counts_rows,
-                                                 padding_rows, pct, percentile_rows)
 from melshards.shards_schema.ownership import HTML_MARK
 
 BEFORE, AFTER, CUT, PAD, LOW, BOUND = "#b8b8b8", "#3a6ea5", "#c0392b", "#c0392b", "#e67e22", "#27ae60"
 RANGE_MARGIN = 1.15  # the x-axis reaches this far past the longest clip in shards (or the last mark)
-PANELS = (("text_len", "text length (symbols)", 1.0),
-          ("mel_frames", "mel frames", 1.0),
-          ("duration_ms", "duration (seconds)", 0.001))
+PANELS = (
+    ("text_len", "text length (symbols)", 1.0),
+    ("mel_frames", "mel frames", 1.0),
+    ("duration_ms", "duration (seconds)", 0.001),
+)
 CSS = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 1200px; color: #222; }
 h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
@@ -42,15 +60,20 @@ def _marks(key: str, report: dict) -> list[tuple[float, str, str, str]]:
     if not cut or not pad:
         return []
     if key == "text_len":
-        return [(cut["max_text_len"], f"cut-off {cut['max_text_len']}", CUT, "-"),
-                (pad["max_text_len"], f"padded to {pad['max_text_len']}", PAD, "--")]
+        return [
+            (cut["max_text_len"], f"cut-off {cut['max_text_len']}", CUT, "-"),
+            (pad["max_text_len"], f"padded to {pad['max_text_len']}", PAD, "--"),
+        ]
     if key == "mel_frames":
         bounds = [b["max_mel_frames"] for b in (report.get("buckets") or {}).get("buckets", [])][:-1]
-        return ([(cut["min_mel_frames"], f"min {cut['min_mel_frames']}", LOW, "-"),
-                 (cut["max_mel_frames"], f"cut-off {cut['max_mel_frames']}", CUT, "-"),
-                 (pad["max_mel_frames"], f"padded to {pad['max_mel_frames']}", PAD, "--")]
-                + [(b, f"bucket bounds {', '.join(map(str, bounds))}" if i == 0 else None, BOUND, ":")
-                   for i, b in enumerate(bounds)])
+        return [
+            (cut["min_mel_frames"], f"min {cut['min_mel_frames']}", LOW, "-"),
+            (cut["max_mel_frames"], f"cut-off {cut['max_mel_frames']}", CUT, "-"),
+            (pad["max_mel_frames"], f"padded to {pad['max_mel_frames']}", PAD, "--"),
+        ] + [
+            (b, f"bucket bounds {', '.join(map(str, bounds))}" if i == 0 else None, BOUND, ":")
+            for i, b in enumerate(bounds)
+        ]
     return [(cut["min_duration_ms"] / 1000, f"min {cut['min_duration_ms'] / 1000:g} s", LOW, "-")]
 
 
@@ -84,12 +107,13 @@ def histogram_figure(report: dict, histograms: dict) -> Figure:
         lo, hi, beyond = shown_range(before, after, [x / scale for x, *_ in marks])
         lo, hi = lo * scale, hi * scale
         bins = [lo + (hi - lo) * i / 40 for i in range(41)] if hi > lo else 1
-        for hist, colour, label in ((before, BEFORE, f"before filter ({sum(before.values())})"),
-                                    (after, AFTER, f"after filter ({sum(after.values())})")):
+        for hist, colour, label in (
+            (before, BEFORE, f"before filter ({sum(before.values())})"),
+            (after, AFTER, f"after filter ({sum(after.values())})"),
+        ):
             shown = {v: c for v, c in hist.items() if v * scale <= hi}
             if shown:
-                ax.hist([v * scale for v in shown], bins=bins, weights=list(shown.values()), color=colour,
-                        label=label)
+                ax.hist([v * scale for v in shown], bins=bins, weights=list(shown.values()), color=colour, label=label)
         if beyond:
             ax.plot([], [], " ", label=f"{beyond} longer clip(s) beyond {hi:.4g}, not drawn")
         for x, label, colour, style in marks:
@@ -110,7 +134,8 @@ def whatif_figure(report: dict) -> Figure:
     labels: dict[tuple[int, float], list[str]] = {}
     for w in rows:
         labels.setdefault((w["padded_mel_frames"], w["kept_fraction"]), []).append(
-            q_label(w["mel_q"], w["text_q"]) + ("*" if w["is_job"] else ""))
+            q_label(w["mel_q"], w["text_q"]) + ("*" if w["is_job"] else "")
+        )
     for (frames, kept), names in labels.items():
         text = names[0] if len(names) == 1 else f"{names[0]}..{names[-1]}"
         ax.annotate(text, (frames, 100 * kept), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=7)
@@ -146,12 +171,20 @@ def by_section(report: dict, by: str) -> list[str]:
         if not v["rows"]:
             return ["<h2>Speakers</h2>", _notes(["No speakers: no clip was measured."])]
         kept = [r for r in v["rows"] if not r["dropped"]]
-        return ["<h2>Speakers</h2>", _img(hours_figure(kept, "name"), f"hours per speaker, top {TOP}"),
-                _table(speaker_rows(report)), _notes(speaker_notes(report))]
+        return [
+            "<h2>Speakers</h2>",
+            _img(hours_figure(kept, "name"), f"hours per speaker, top {TOP}"),
+            _table(speaker_rows(report)),
+            _notes(speaker_notes(report)),
+        ]
     if not report["languages"]["rows"]:
         return ["<h2>Languages</h2>", _notes(["No languages: no clip was measured, or every speaker was dropped."])]
-    return ["<h2>Languages</h2>", _table(language_rows(report)),
-            "<h3>Lengths before filtering, per language</h3>", _table(language_length_rows(report))]
+    return [
+        "<h2>Languages</h2>",
+        _table(language_rows(report)),
+        "<h3>Lengths before filtering, per language</h3>",
+        _table(language_length_rows(report)),
+    ]
 
 
 def png_bytes(fig: Figure, dpi: int = 100) -> bytes:
@@ -169,8 +202,11 @@ def _table(table: Table, text_cols: tuple[int, ...] = ()) -> str:
     header, rows = table
     head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     body = "".join(
-        "<tr>" + "".join(f'<td{" class=text" if i in text_cols else ""}>{html.escape(str(c))}</td>'
-                         for i, c in enumerate(r)) + "</tr>" for r in rows)
+        "<tr>"
+        + "".join(f"<td{' class=text' if i in text_cols else ''}>{html.escape(str(c))}</td>" for i, c in enumerate(r))
+        + "</tr>"
+        for r in rows
+    )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
@@ -194,35 +230,72 @@ def render_html(report: dict, histograms: dict, other: dict | None = None, by: s
         *(by_section(report, by) if by else []),
         "<h2>Length distributions</h2>",
         _img(histogram_figure(report, histograms), "histograms of text length, mel frames and duration"),
-        _notes(["Grey: every clip measured (before filtering); blue: clips in the shards. Solid lines: "
+        _notes(
+            [
+                "Grey: every clip measured (before filtering); blue: clips in the shards. Solid lines: "
                 "cut-offs; dashed: padded lengths (the largest bucket); dotted green: the other bucket bounds. "
-                "The x-axis ends past the longest clip in shards; longer clips are counted in the legend."]),
+                "The x-axis ends past the longest clip in shards; longer clips are counted in the legend."
+            ]
+        ),
     ]
     if pad:
-        parts += ["<h2>Padding</h2>", _table(padding_rows(report)),
-                  _notes([f"padding = share of the padded tensor that is padding, over the clips in the shards "
-                          f"(useful = 1 - padding). Mel padding {pct(pad['mel_padding_fraction'])}, text "
-                          f"padding {pct(pad['text_padding_fraction'])}."])]
+        parts += [
+            "<h2>Padding</h2>",
+            _table(padding_rows(report)),
+            _notes(
+                [
+                    f"padding = share of the padded tensor that is padding, over the clips in the shards "
+                    f"(useful = 1 - padding). Mel padding {pct(pad['mel_padding_fraction'])}, text "
+                    f"padding {pct(pad['text_padding_fraction'])}."
+                ]
+            ),
+        ]
     if report.get("buckets"):
-        parts += ["<h2>Length buckets</h2>", _table(bucket_rows(report)), _notes(bucket_notes(report)),
-                  "<h2>What if the number of buckets were different</h2>", _table(bucket_whatif_rows(report)),
-                  _notes(["Optimal bounds for at most K buckets over the training clips (each bucket holding at "
-                          f"least {report['buckets']['min_bucket_records']} records); compiles = static shapes "
-                          "the trainer compiles. * the job's buckets."])]
+        parts += [
+            "<h2>Length buckets</h2>",
+            _table(bucket_rows(report)),
+            _notes(bucket_notes(report)),
+            "<h2>What if the number of buckets were different</h2>",
+            _table(bucket_whatif_rows(report)),
+            _notes(
+                [
+                    "Optimal bounds for at most K buckets over the training clips (each bucket holding at "
+                    f"least {report['buckets']['min_bucket_records']} records); compiles = static shapes "
+                    "the trainer compiles. * the job's buckets."
+                ]
+            ),
+        ]
     if report["what_if"]:
-        parts += ["<h2>What if the upper cut-off were different</h2>", _table(whatif_rows(report)),
-                  _notes(whatif_notes(report)), _img(whatif_figure(report), "clips kept and padding per cut-off")]
-    parts += ["<h2>Percentiles</h2>", _table(percentile_rows(report)),
-              "<h2>Counts</h2>", _table(counts_rows(report)),
-              "<h2>Filter and rejection reasons</h2>", _table(reasons_rows(report), text_cols=(3, 4)),
-              _notes([f"Example ids and details from {report['rejected_file'] or 'rejected.jsonl (not found)'}."])]
+        parts += [
+            "<h2>What if the upper cut-off were different</h2>",
+            _table(whatif_rows(report)),
+            _notes(whatif_notes(report)),
+            _img(whatif_figure(report), "clips kept and padding per cut-off"),
+        ]
+    parts += [
+        "<h2>Percentiles</h2>",
+        _table(percentile_rows(report)),
+        "<h2>Counts</h2>",
+        _table(counts_rows(report)),
+        "<h2>Filter and rejection reasons</h2>",
+        _table(reasons_rows(report), text_cols=(3, 4)),
+        _notes([f"Example ids and details from {report['rejected_file'] or 'rejected.jsonl (not found)'}."]),
+    ]
     if other is not None:
-        parts += ["<h2>Comparison</h2>",
-                  _notes([f"A = {report['source']}", f"B = {other['source']}"]), _table(compare_rows(report, other))]
+        parts += [
+            "<h2>Comparison</h2>",
+            _notes([f"A = {report['source']}", f"B = {other['source']}"]),
+            _table(compare_rows(report, other)),
+        ]
         if by:
             table, left = compare_by_rows(report, other, by)
-            parts += [f"<h3>Per {by}</h3>", _table(table),
-                      _notes(["Largest change in hours first; - = not in that run."]
-                             + ([f"{left} more with smaller changes not shown."] if left else []))]
+            parts += [
+                f"<h3>Per {by}</h3>",
+                _table(table),
+                _notes(
+                    ["Largest change in hours first; - = not in that run."]
+                    + ([f"{left} more with smaller changes not shown."] if left else [])
+                ),
+            ]
     parts.append("</body></html>\n")
     return "\n".join(parts)

@@ -1,4 +1,5 @@
 """`melshards inspect --show N`: one record as the trainer will see it, as text and as a mel PNG."""
+
 from __future__ import annotations
 
 import re
@@ -41,16 +42,19 @@ def feature_lines(record: dict, schema: Schema, text_len: int, mel_len: int) -> 
     if "pitch" in record:
         f0 = np.asarray(record["pitch"], np.float32)[:mel_len]
         voiced = f0[f0 > 0]
-        lines.append(f"  pitch     {voiced.size} of {mel_len} frames voiced"
-                     + (f", f0 {voiced.min():.1f}..{voiced.max():.1f} Hz, median {np.median(voiced):.1f}"
-                        if voiced.size else ""))
+        lines.append(
+            f"  pitch     {voiced.size} of {mel_len} frames voiced"
+            + (f", f0 {voiced.min():.1f}..{voiced.max():.1f} Hz, median {np.median(voiced):.1f}" if voiced.size else "")
+        )
     if "energy" in record:
         e = np.asarray(record["energy"], np.float32)[:mel_len]
         lines.append(f"  energy    {e.min():.2f}..{e.max():.2f}, mean {e.mean():.2f}")
     if "audio" in record:
         n = int(record["audio_len"])
-        lines.append(f"  audio     {n} samples ({n / schema.audio.sample_rate:.2f} s) of {len(record['audio'])}, "
-                     f"peak {np.abs(np.asarray(record['audio'][:n], np.int32)).max() / 32767:.3f}")
+        lines.append(
+            f"  audio     {n} samples ({n / schema.audio.sample_rate:.2f} s) of {len(record['audio'])}, "
+            f"peak {np.abs(np.asarray(record['audio'][:n], np.int32)).max() / 32767:.3f}"
+        )
     if "durations" in record:
         d = [int(x) for x in record["durations"][:text_len]]
         shown = ", ".join(str(x) for x in d[:12]) + (", ..." if len(d) > 12 else "")

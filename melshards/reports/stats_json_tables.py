@@ -3,6 +3,7 @@
 Each table is built as (header, rows) of strings by a `*_rows` function, so the same figures can
 be rendered as text (`render`) or as HTML (`melshards.reports.html_report`).
 """
+
 from __future__ import annotations
 
 from melshards.shards_schema.stats import FILTER_REASONS, REPORT_PERCENTILES, pkey
@@ -72,8 +73,13 @@ def padding_rows(stats: dict) -> Table:
         return header, []
     mel_pad, text_pad = pad["mel_padding_fraction"], pad["text_padding_fraction"]
     return header, [
-        ["mel frames", f"{cut['min_mel_frames']}..{cut['max_mel_frames']}", str(pad["max_mel_frames"]),
-         pct(mel_pad), pct(1 - mel_pad)],
+        [
+            "mel frames",
+            f"{cut['min_mel_frames']}..{cut['max_mel_frames']}",
+            str(pad["max_mel_frames"]),
+            pct(mel_pad),
+            pct(1 - mel_pad),
+        ],
         ["text symbols", f"..{cut['max_text_len']}", str(pad["max_text_len"]), pct(text_pad), pct(1 - text_pad)],
         ["seconds", f"{cut['min_duration_ms'] / 1000:.2f}..", "-", "-", "-"],
     ]
@@ -89,12 +95,29 @@ def bucket_rows(stats: dict) -> Table:
     header = ["bucket", "mel frames", "text symbols", "train", "val", "mel padding", "text padding"]
     if not b:
         return header, []
-    rows = [[f"b{r['index']:02d}", str(r["max_mel_frames"]), str(r["max_text_len"]), str(r["records"]["train"]),
-             str(r["records"]["val"]), pct(r["mel_padding_fraction"]), pct(r["text_padding_fraction"])]
-            for r in b["buckets"]]
-    rows.append(["all", "-", "-", str(sum(r["records"]["train"] for r in b["buckets"])),
-                 str(sum(r["records"]["val"] for r in b["buckets"])), pct(b["mel_padding_fraction"]),
-                 pct(b["text_padding_fraction"])])
+    rows = [
+        [
+            f"b{r['index']:02d}",
+            str(r["max_mel_frames"]),
+            str(r["max_text_len"]),
+            str(r["records"]["train"]),
+            str(r["records"]["val"]),
+            pct(r["mel_padding_fraction"]),
+            pct(r["text_padding_fraction"]),
+        ]
+        for r in b["buckets"]
+    ]
+    rows.append(
+        [
+            "all",
+            "-",
+            "-",
+            str(sum(r["records"]["train"] for r in b["buckets"])),
+            str(sum(r["records"]["val"] for r in b["buckets"])),
+            pct(b["mel_padding_fraction"]),
+            pct(b["text_padding_fraction"]),
+        ]
+    )
     return header, rows
 
 
@@ -106,15 +129,21 @@ def bucket_notes(stats: dict) -> list[str]:
     plan = b["plan"]
     out = []
     if plan:
-        out.append(f"pad.buckets {plan['k_requested']}: {plan['k_used']} bucket(s), bounds chosen to minimise the "
-                   f"padded mel frames of the training clips, each bucket holding >= {b['min_bucket_records']} "
-                   f"training records (pad.min_bucket_records).")
+        out.append(
+            f"pad.buckets {plan['k_requested']}: {plan['k_used']} bucket(s), bounds chosen to minimise the "
+            f"padded mel frames of the training clips, each bucket holding >= {b['min_bucket_records']} "
+            f"training records (pad.min_bucket_records)."
+        )
     for m in b["merges"]:
-        out.append(f"merged: a bucket up to {m['bound']} frames would hold {m['records']} < {m['min_records']} "
-                   f"training records; its clips are padded to {m['into']}.")
+        out.append(
+            f"merged: a bucket up to {m['bound']} frames would hold {m['records']} < {m['min_records']} "
+            f"training records; its clips are padded to {m['into']}."
+        )
     if plan and plan["merges"]:
-        out.append(f"the minimum costs padding: {pct(plan['padding_fraction'])} of training mel frames, "
-                   f"{pct(plan['unconstrained_padding_fraction'])} without it.")
+        out.append(
+            f"the minimum costs padding: {pct(plan['padding_fraction'])} of training mel frames, "
+            f"{pct(plan['unconstrained_padding_fraction'])} without it."
+        )
     if plan and not plan["min_records_met"]:
         out.append("all training clips together hold fewer than pad.min_bucket_records: one bucket.")
     if b["raised_last_bound"]:
@@ -130,12 +159,23 @@ def bucket_whatif_rows(stats: dict) -> Table:
     if not b:
         return header, []
     plan = b["plan"] or {}
-    job = next((w["k"] for w in b["what_if"] if (w["buckets_used"], w["padding_fraction"]) ==
-                (plan.get("k_used"), plan.get("padding_fraction"))), None)
-    rows = [[str(w["k"]) + (" *" if w["k"] == job else ""),
-             "-" if w["buckets_used"] is None else str(w["buckets_used"]),
-             "-" if w["buckets_used"] is None else str(w["buckets_used"]), pct(w["padding_fraction"])]
-            for w in b["what_if"]]
+    job = next(
+        (
+            w["k"]
+            for w in b["what_if"]
+            if (w["buckets_used"], w["padding_fraction"]) == (plan.get("k_used"), plan.get("padding_fraction"))
+        ),
+        None,
+    )
+    rows = [
+        [
+            str(w["k"]) + (" *" if w["k"] == job else ""),
+            "-" if w["buckets_used"] is None else str(w["buckets_used"]),
+            "-" if w["buckets_used"] is None else str(w["buckets_used"]),
+            pct(w["padding_fraction"]),
+        ]
+        for w in b["what_if"]
+    ]
     return header, rows
 
 
@@ -145,9 +185,11 @@ def bucket_table(stats: dict) -> str:
 
 
 def bucket_whatif_table(stats: dict) -> str:
-    return (render(*bucket_whatif_rows(stats), left=1) + "\n  over the training clips, each bucket holding >= "
-            f"{stats['buckets']['min_bucket_records']} records; compiles = shapes the trainer compiles; "
-            "* the job's buckets")
+    return (
+        render(*bucket_whatif_rows(stats), left=1) + "\n  over the training clips, each bucket holding >= "
+        f"{stats['buckets']['min_bucket_records']} records; compiles = shapes the trainer compiles; "
+        "* the job's buckets"
+    )
 
 
 def render(header: list[str], rows: list[list[str]], left: int = 0) -> str:
@@ -155,7 +197,8 @@ def render(header: list[str], rows: list[list[str]], left: int = 0) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
 
     def line(cells):
-        return "  ".join(str(c).ljust(w) if i < left else str(c).rjust(w)
-                         for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+        return "  ".join(
+            str(c).ljust(w) if i < left else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ).rstrip()
 
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])

@@ -3,15 +3,15 @@
 Like `melshards.reports.stats_json_tables`, each is (header, rows) of strings, rendered as text here or as HTML by
 `melshards.reports.html_report`. They read the dict `melshards.reports.stats_report.build_report` returns.
 """
+
 from __future__ import annotations
 
 import textwrap
 
-from melshards.shards_schema.stats import pkey
-from melshards.shards_schema.stats import FILTER_REASONS
 from melshards.reports.stats_json_tables import COLUMNS, Table, pct, render
+from melshards.shards_schema.stats import FILTER_REASONS, pkey
 
-MIB = 2 ** 20
+MIB = 2**20
 
 
 def mib(n: int | None) -> str:
@@ -23,14 +23,36 @@ def q_label(mel_q: float, text_q: float) -> str:
 
 
 def whatif_rows(report: dict) -> Table:
-    header = ["upper pct", "mel cut", "mel pad", "text cut", "text pad", "kept", "kept %", "text>cut",
-              "mel waste", "text waste", f"batch {report['batch_size']} MiB"]
+    header = [
+        "upper pct",
+        "mel cut",
+        "mel pad",
+        "text cut",
+        "text pad",
+        "kept",
+        "kept %",
+        "text>cut",
+        "mel waste",
+        "text waste",
+        f"batch {report['batch_size']} MiB",
+    ]
     rows = []
     for w in report["what_if"]:
-        rows.append([q_label(w["mel_q"], w["text_q"]) + (" *" if w["is_job"] else ""),
-                     str(w["mel_cut"]), str(w["padded_mel_frames"]), str(w["text_cut"]), str(w["padded_text_len"]),
-                     f"{w['kept']}/{w['clips']}", pct(w["kept_fraction"]), str(w["text_over_cut"]),
-                     pct(w["mel_padding_fraction"]), pct(w["text_padding_fraction"]), mib(w["batch_bytes"])])
+        rows.append(
+            [
+                q_label(w["mel_q"], w["text_q"]) + (" *" if w["is_job"] else ""),
+                str(w["mel_cut"]),
+                str(w["padded_mel_frames"]),
+                str(w["text_cut"]),
+                str(w["padded_text_len"]),
+                f"{w['kept']}/{w['clips']}",
+                pct(w["kept_fraction"]),
+                str(w["text_over_cut"]),
+                pct(w["mel_padding_fraction"]),
+                pct(w["text_padding_fraction"]),
+                mib(w["batch_bytes"]),
+            ]
+        )
     return header, rows
 
 
@@ -61,15 +83,24 @@ def whatif_table(report: dict) -> str:
     if not report["what_if"]:
         return "no what-if: no clip was measured (every row was rejected), so stats.json has no cut-offs"
     header, rows = whatif_rows(report)
-    notes = "\n".join(textwrap.fill(n, width=110, initial_indent="  ", subsequent_indent="    ")
-                      for n in whatif_notes(report))
+    notes = "\n".join(
+        textwrap.fill(n, width=110, initial_indent="  ", subsequent_indent="    ") for n in whatif_notes(report)
+    )
     return render(header, rows, left=1) + "\n" + notes
 
 
 def reasons_rows(report: dict) -> Table:
     """Filter and rejection reasons, most frequent first, with example ids from rejected.jsonl."""
-    rows = [[r["reason"], r["kind"], str(r["count"]), ", ".join(e["id"] for e in r["examples"]) or "-",
-             r["examples"][0]["detail"] if r["examples"] else "-"] for r in report["reasons"]]
+    rows = [
+        [
+            r["reason"],
+            r["kind"],
+            str(r["count"]),
+            ", ".join(e["id"] for e in r["examples"]) or "-",
+            r["examples"][0]["detail"] if r["examples"] else "-",
+        ]
+        for r in report["reasons"]
+    ]
     return ["reason", "kind", "clips", "example ids", "first example's detail"], rows
 
 
@@ -80,16 +111,23 @@ def _figures(report: dict) -> list[tuple[str, float | int | None, str]]:
     out = [("input rows", c["input_rows"], "int"), ("in shards", c["in_shards"], "int")]
     out += [(f"  {s}", n, "int") for s, n in c["per_split"].items()]
     out += [("filtered", c["filtered"], "int"), ("rejected", c["rejected"], "int")]
-    out += [("hours before filter", report["hours"]["before_filter"], "float"),
-            ("hours in shards", report["hours"]["after_filter"], "float")]
-    out += [("min seconds", cut["min_duration_ms"] / 1000 if cut else None, "float"),
-            ("min mel frames", cut.get("min_mel_frames"), "int")]
-    out += [("max mel frames", cut.get("max_mel_frames"), "int"), ("max text len", cut.get("max_text_len"), "int"),
-            ("padded mel frames", pad.get("max_mel_frames"), "int"),
-            ("padded text len", pad.get("max_text_len"), "int"),
-            ("mel padding", pad.get("mel_padding_fraction"), "pct"),
-            ("text padding", pad.get("text_padding_fraction"), "pct"),
-            (f"batch {report['batch_size']} MiB", pad.get("batch_bytes"), "mib")]
+    out += [
+        ("hours before filter", report["hours"]["before_filter"], "float"),
+        ("hours in shards", report["hours"]["after_filter"], "float"),
+    ]
+    out += [
+        ("min seconds", cut["min_duration_ms"] / 1000 if cut else None, "float"),
+        ("min mel frames", cut.get("min_mel_frames"), "int"),
+    ]
+    out += [
+        ("max mel frames", cut.get("max_mel_frames"), "int"),
+        ("max text len", cut.get("max_text_len"), "int"),
+        ("padded mel frames", pad.get("max_mel_frames"), "int"),
+        ("padded text len", pad.get("max_text_len"), "int"),
+        ("mel padding", pad.get("mel_padding_fraction"), "pct"),
+        ("text padding", pad.get("text_padding_fraction"), "pct"),
+        (f"batch {report['batch_size']} MiB", pad.get("batch_bytes"), "mib"),
+    ]
     for part, when in (("before_filter", "before"), ("after_filter", "after")):
         for key, label in COLUMNS:
             for q in ("p50", "p95", "p100"):
@@ -121,10 +159,13 @@ def _delta(a, b, kind: str) -> str:
 def compare_rows(a: dict, b: dict) -> Table:
     fa = {label: (v, kind) for label, v, kind in _figures(a)}
     fb = {label: (v, kind) for label, v, kind in _figures(b)}
-    rows = [[label, _format(v, kind), _format(fb[label][0], kind), _delta(v, fb[label][0], kind)]
-            for label, (v, kind) in fa.items()]
-    reasons = sorted(set(a["counts"]["per_reason"]) | set(b["counts"]["per_reason"]),
-                     key=lambda r: (r not in FILTER_REASONS, r))
+    rows = [
+        [label, _format(v, kind), _format(fb[label][0], kind), _delta(v, fb[label][0], kind)]
+        for label, (v, kind) in fa.items()
+    ]
+    reasons = sorted(
+        set(a["counts"]["per_reason"]) | set(b["counts"]["per_reason"]), key=lambda r: (r not in FILTER_REASONS, r)
+    )
     for r in reasons:
         va, vb = a["counts"]["per_reason"].get(r, 0), b["counts"]["per_reason"].get(r, 0)
         rows.append([f"reason {r}", str(va), str(vb), f"{vb - va:+d}"])

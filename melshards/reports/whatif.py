@@ -12,10 +12,11 @@ filters together are exact. Text length is not tied to the sample count, so how 
 clips the frame filters keep also fail the text cut-off is unknown; `text_over_cut` gives the
 most it can be.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from collections.abc import Mapping
 
 from melshards.shards_schema.stats import compute_cutoffs, padding_fraction
 
@@ -80,13 +81,27 @@ class WhatIf:
         return d
 
 
-def what_if(before: Mapping[str, Mapping[int, int]], filter_cfg: Mapping, multiple: int, mel_q: float,
-            text_q: float, batch_size: int, n_mels: int | None, is_job: bool = False) -> WhatIf:
+def what_if(
+    before: Mapping[str, Mapping[int, int]],
+    filter_cfg: Mapping,
+    multiple: int,
+    mel_q: float,
+    text_q: float,
+    batch_size: int,
+    n_mels: int | None,
+    is_job: bool = False,
+) -> WhatIf:
     """Figures for upper cut-offs at (mel_q, text_q), the other filter settings as the job had them."""
     mel, text, dur = before["mel_frames"], before["text_len"], before["duration_ms"]
     clips = sum(mel.values())
-    cut = compute_cutoffs(before, float(filter_cfg["min_duration_s"]),
-                          float(filter_cfg["mel_frames_lower_percentile"]), mel_q, text_q, multiple)
+    cut = compute_cutoffs(
+        before,
+        float(filter_cfg["min_duration_s"]),
+        float(filter_cfg["mel_frames_lower_percentile"]),
+        mel_q,
+        text_q,
+        multiple,
+    )
     mel_cut, text_cut = cut.max_mel_frames, cut.max_text_len
     # Both lower filters remove a prefix of the clips ordered by sample count: the union is the longer one.
     shortest = max(count_below(dur, cut.min_duration_ms), count_below(mel, cut.min_mel_frames))
@@ -94,14 +109,20 @@ def what_if(before: Mapping[str, Mapping[int, int]], filter_cfg: Mapping, multip
     text_fits = {v: c for v, c in text.items() if v <= text_cut}
     padded_mel, padded_text = cut.padded_mel_frames, cut.padded_text_len
     return WhatIf(
-        mel_q=mel_q, text_q=text_q, mel_cut=mel_cut, text_cut=text_cut,
-        padded_mel_frames=padded_mel, padded_text_len=padded_text,
-        clips=clips, kept=sum(kept_mel.values()),
+        mel_q=mel_q,
+        text_q=text_q,
+        mel_cut=mel_cut,
+        text_cut=text_cut,
+        padded_mel_frames=padded_mel,
+        padded_text_len=padded_text,
+        clips=clips,
+        kept=sum(kept_mel.values()),
         text_over_cut=clips - sum(text_fits.values()),
         mel_padding_fraction=padding_fraction(kept_mel, padded_mel),
         text_padding_fraction=padding_fraction(text_fits, padded_text),
         batch_bytes=None if n_mels is None else batch_bytes(batch_size, padded_mel, n_mels, padded_text),
-        is_job=is_job)
+        is_job=is_job,
+    )
 
 
 def what_if_table(stats: dict, qs: tuple[float, ...], batch_size: int, n_mels: int | None) -> list[WhatIf]:
@@ -116,5 +137,4 @@ def what_if_table(stats: dict, qs: tuple[float, ...], batch_size: int, n_mels: i
     job = (float(flt["mel_frames_upper_percentile"]), float(flt["text_len_upper_percentile"]))
     multiple = int(stats["padding"]["multiple"])
     pairs = sorted({(float(q), float(q)) for q in qs} | {job})
-    return [what_if(before, flt, multiple, mq, tq, batch_size, n_mels, is_job=(mq, tq) == job)
-            for mq, tq in pairs]
+    return [what_if(before, flt, multiple, mq, tq, batch_size, n_mels, is_job=(mq, tq) == job) for mq, tq in pairs]

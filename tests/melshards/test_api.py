@@ -1,4 +1,5 @@
 """The public API: melshards.dataset feeds model.fit with static shapes, one trace per shape."""
+
 from __future__ import annotations
 
 import subprocess
@@ -26,9 +27,15 @@ def _length_model(schema, text_len=None):
 
     counter = TraceCounter()
     counter.traces = []
-    model = keras.Sequential([keras.Input((text_len,), dtype="int32"), counter,
-                              keras.layers.Embedding(len(schema.vocabulary), 8),
-                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+    model = keras.Sequential(
+        [
+            keras.Input((text_len,), dtype="int32"),
+            counter,
+            keras.layers.Embedding(len(schema.vocabulary), 8),
+            keras.layers.GlobalAveragePooling1D(),
+            keras.layers.Dense(1),
+        ]
+    )
     model.compile(optimizer="adam", loss="mse", jit_compile=True)
     # built before fit: variables an optimizer creates inside its first trace make Keras trace again
     model.optimizer.build(model.trainable_variables)
@@ -43,8 +50,12 @@ def _xy(batch):
 
 
 def test_importing_melshards_imports_no_tensorflow():
-    out = subprocess.run([sys.executable, "-c", "import sys, melshards; melshards.__all__; "
-                          "print('tensorflow' in sys.modules)"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", "import sys, melshards; melshards.__all__; print('tensorflow' in sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "False"
 
 
@@ -65,8 +76,9 @@ def test_split_and_one_pass_read_every_val_record_once_in_order(shards_dir):
     from tests.train.conftest import ids_in
 
     schema = melshards.read_schema(str(shards_dir / "schema.json"))
-    ds = melshards.dataset(str(shards_dir / "*.tfrecord"), 1, split="val", shuffle=False, repeat=False,
-                           features=("id", "mel_len"))
+    ds = melshards.dataset(
+        str(shards_dir / "*.tfrecord"), 1, split="val", shuffle=False, repeat=False, features=("id", "mel_len")
+    )
     ids = [b["id"].numpy()[0] for b in ds]
     every = ids_in(sorted(str(p) for p in shards_dir.glob("val-*.tfrecord")))
     assert len(set(every)) == len(every) == schema.counts["val"] > 1
@@ -140,8 +152,11 @@ def test_a_batch_size_that_is_not_an_int_is_a_type_error_naming_it(shards_dir, b
 
 
 def test_normalizer_of_something_not_a_schema_is_a_type_error_naming_the_argument(shards_dir):
-    with pytest.raises(TypeError, match=r"normalizer\(schema\): schema is 'x' \(str\), not a Schema; "
-                                        r"pass melshards.read_schema"):
+    with pytest.raises(
+        TypeError,
+        match=r"normalizer\(schema\): schema is 'x' \(str\), not a Schema; "
+        r"pass melshards.read_schema",
+    ):
         melshards.normalizer("x")
 
 
@@ -152,8 +167,9 @@ def test_dataset_gives_speaker_and_language_ids_and_balances_speakers(shards_dir
     assert plain["speaker_id"].shape == plain["language_id"].shape == (4,)  # the default features hold them
     # every 5th record by a second speaker: 20% of the records, 50% of a stream balanced at alpha 0
     two = relabel(shards_dir, tmp_path / "two", lambda i: int(i % 5 == 4), lambda i: 0, ("a", "b"), ("en",))
-    ds = melshards.dataset(str(two / "train-*.tfrecord"), 8, balance="speaker", balance_alpha=0.0,
-                           features=("speaker_id",))
+    ds = melshards.dataset(
+        str(two / "train-*.tfrecord"), 8, balance="speaker", balance_alpha=0.0, features=("speaker_id",)
+    )
     ids = np.concatenate([b["speaker_id"].numpy() for b in ds.take(250)])
     assert abs((ids == 1).mean() - 0.5) < 0.04, (ids == 1).mean()
     with pytest.raises(ValueError, match="balance is 'gender'; pass one of none, speaker, language"):
@@ -181,8 +197,12 @@ def test_one_feature_may_be_a_str_and_globs_may_be_paths(shards_dir):
 
     ds = melshards.dataset(pathlib.Path(shards_dir) / "train-*.tfrecord", 2, features="mel", repeat=False)
     assert list(ds.element_spec) == ["mel"]
-    both = melshards.dataset([shards_dir / "train-*.tfrecord", str(shards_dir / "val-*.tfrecord")], 2,
-                             features=("speaker_id",), schema_path=pathlib.Path(shards_dir) / "schema.json")
+    both = melshards.dataset(
+        [shards_dir / "train-*.tfrecord", str(shards_dir / "val-*.tfrecord")],
+        2,
+        features=("speaker_id",),
+        schema_path=pathlib.Path(shards_dir) / "schema.json",
+    )
     assert list(both.element_spec) == ["speaker_id"]
 
 
@@ -206,7 +226,9 @@ def test_a_speaker_id_out_of_range_in_normalizer_pitch_names_the_range(shards_di
     norm = melshards.normalizer(schema)
     pitch = tf.fill([2, 4], 180.0)
     assert norm.pitch(pitch, tf.constant([0, n - 1])).numpy() == pytest.approx(1.0)
-    with pytest.raises(ValueError, match=rf"^speaker_id {n + 4} is outside 0..{n - 1} \(schema.json has {n} speakers\)"):
+    with pytest.raises(
+        ValueError, match=rf"^speaker_id {n + 4} is outside 0..{n - 1} \(schema.json has {n} speakers\)"
+    ):
         norm.pitch(pitch, tf.constant([0, n + 4]))
     in_graph = tf.function(lambda p, s: norm.pitch(p, s))
     with pytest.raises(tf.errors.InvalidArgumentError, match=rf"speaker_id outside 0..{n - 1}"):

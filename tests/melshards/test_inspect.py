@@ -1,4 +1,5 @@
 """`melshards inspect`: counts, a truncated shard, records of the wrong shape or length, --show."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -29,9 +30,18 @@ def copy_dir(shards_dir, tmp_path):
 def good_values(schema, clip_id: str = "ok-1", mel_len: int = 10, text_len: int = 3) -> dict:
     text_ids = np.zeros(schema.max_text_len, np.int32)
     text_ids[:3] = [15, 16, 17]
-    return {"id": clip_id, "speaker": "ljspeech_tiny", "speaker_id": 0, "language": "en", "language_id": 0,
-            "text": "abc", "text_ids": text_ids, "text_len": text_len,
-            "mel": np.full((schema.max_mel_frames, schema.n_mels), -11.5, np.float32), "mel_len": mel_len}
+    return {
+        "id": clip_id,
+        "speaker": "ljspeech_tiny",
+        "speaker_id": 0,
+        "language": "en",
+        "language_id": 0,
+        "text": "abc",
+        "text_ids": text_ids,
+        "text_len": text_len,
+        "mel": np.full((schema.max_mel_frames, schema.n_mels), -11.5, np.float32),
+        "mel_len": mel_len,
+    }
 
 
 def write_records(path, records: list[bytes]) -> None:
@@ -65,29 +75,41 @@ def test_truncated_shard_is_named_and_fails(copy_dir):
 
 def test_record_with_wrong_mel_shape_is_reported_with_its_index(copy_dir):
     schema = read_schema(str(copy_dir))
-    short = tuple(dataclasses.replace(f, shape=(schema.max_mel_frames - 1, schema.n_mels)) if f.name == "mel" else f
-                  for f in schema.features)
+    short = tuple(
+        dataclasses.replace(f, shape=(schema.max_mel_frames - 1, schema.n_mels)) if f.name == "mel" else f
+        for f in schema.features
+    )
     bad = good_values(schema, "bad-1")
     bad["mel"] = bad["mel"][:-1]
-    write_records(copy_dir / "extra-00000-of-00001.tfrecord",
-                  [encode_example(schema.features, good_values(schema)), encode_example(short, bad),
-                   encode_example(schema.features, good_values(schema, "ok-2"))])
+    write_records(
+        copy_dir / "extra-00000-of-00001.tfrecord",
+        [
+            encode_example(schema.features, good_values(schema)),
+            encode_example(short, bad),
+            encode_example(schema.features, good_values(schema, "ok-2")),
+        ],
+    )
     result = run_inspect(f"{copy_dir}/extra-*.tfrecord")
     assert result.exit_code == 1, result.output
     problems = result.output.split("PROBLEMS (1):")[1]
     mel = schema.feature("mel")
-    assert (f"{copy_dir}/extra-00000-of-00001.tfrecord: record 1: wrong shape: mel holds "
-            f"{(schema.max_mel_frames - 1) * schema.n_mels * 2} bytes, schema shape {list(mel.shape)} of "
-            f"raw_float16 needs {schema.max_mel_frames * schema.n_mels * 2}") in problems
+    assert (
+        f"{copy_dir}/extra-00000-of-00001.tfrecord: record 1: wrong shape: mel holds "
+        f"{(schema.max_mel_frames - 1) * schema.n_mels * 2} bytes, schema shape {list(mel.shape)} of "
+        f"raw_float16 needs {schema.max_mel_frames * schema.n_mels * 2}"
+    ) in problems
     assert "record 0" not in problems and "record 2" not in problems
 
 
 def test_lengths_outside_the_schema_are_reported(copy_dir):
     schema = read_schema(str(copy_dir))
-    write_records(copy_dir / "extra-00000-of-00001.tfrecord", [
-        encode_example(schema.features, good_values(schema, "long", mel_len=schema.max_mel_frames + 1)),
-        encode_example(schema.features, good_values(schema, "empty", text_len=0)),
-    ])
+    write_records(
+        copy_dir / "extra-00000-of-00001.tfrecord",
+        [
+            encode_example(schema.features, good_values(schema, "long", mel_len=schema.max_mel_frames + 1)),
+            encode_example(schema.features, good_values(schema, "empty", text_len=0)),
+        ],
+    )
     result = run_inspect(f"{copy_dir}/extra-*.tfrecord")
     assert result.exit_code == 1, result.output
     assert f"record 0: mel_len {schema.max_mel_frames + 1} outside 1..{schema.max_mel_frames}" in result.output
@@ -96,10 +118,13 @@ def test_lengths_outside_the_schema_are_reported(copy_dir):
 
 def test_speaker_and_language_ids_are_checked_against_the_schemas_tables(copy_dir):
     schema = read_schema(str(copy_dir))
-    write_records(copy_dir / "extra-00000-of-00001.tfrecord", [
-        encode_example(schema.features, dict(good_values(schema, "a"), speaker_id=1)),
-        encode_example(schema.features, dict(good_values(schema, "b"), language="de")),
-    ])
+    write_records(
+        copy_dir / "extra-00000-of-00001.tfrecord",
+        [
+            encode_example(schema.features, dict(good_values(schema, "a"), speaker_id=1)),
+            encode_example(schema.features, dict(good_values(schema, "b"), language="de")),
+        ],
+    )
     result = run_inspect(f"{copy_dir}/extra-*.tfrecord")
     assert result.exit_code == 1, result.output
     assert "record 0: speaker_id 1 outside 0..0 (schema.json speakers)" in result.output
@@ -135,8 +160,9 @@ def test_records_are_checked_against_their_own_buckets_shapes(bucketed_dir, tmp_
     result = run_inspect(f"{bucketed_dir}/*.tfrecord")
     assert result.exit_code == 0, result.output
     schema = read_schema(str(bucketed_dir))
-    assert f"b01 text_ids [{schema.buckets[1].max_text_len}] mel [{schema.buckets[1].max_mel_frames}, 80]" \
-        in result.output
+    assert (
+        f"b01 text_ids [{schema.buckets[1].max_text_len}] mel [{schema.buckets[1].max_mel_frames}, 80]" in result.output
+    )
     copy = tmp_path / "run"
     shutil.copytree(bucketed_dir, copy)
     small, big = schema.buckets[0], schema.buckets[3]
@@ -145,8 +171,9 @@ def test_records_are_checked_against_their_own_buckets_shapes(bucketed_dir, tmp_
     result = run_inspect(f"{copy}/*.tfrecord")
     assert result.exit_code == 1
     assert "train-b00-00007-of-00009.tfrecord: record 0: wrong shape: " in result.output
-    assert (f"mel holds {big.max_mel_frames * 80 * 2} bytes, schema shape [{small.max_mel_frames}, 80] of "
-            "raw_float16") in result.output
+    assert (
+        f"mel holds {big.max_mel_frames * 80 * 2} bytes, schema shape [{small.max_mel_frames}, 80] of raw_float16"
+    ) in result.output
     assert result.output.count("wrong shape") == 1  # every listed shard still passes against its bucket
 
 
@@ -161,8 +188,10 @@ def test_show_gives_a_records_lengths_against_its_own_bucket(bucketed_dir, tmp_p
 
 def test_inspect_out_that_is_a_file_is_one_line_exit_2_before_any_shard_is_read(shards_dir, tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
-    for out, problem in ((tmp_path / "notes.txt", "is a file; pass a directory"),
-                         (tmp_path / "notes.txt" / "pngs", f"cannot create it, {tmp_path / 'notes.txt'} is a file")):
+    for out, problem in (
+        (tmp_path / "notes.txt", "is a file; pass a directory"),
+        (tmp_path / "notes.txt" / "pngs", f"cannot create it, {tmp_path / 'notes.txt'} is a file"),
+    ):
         result = run_inspect(f"{shards_dir}/*.tfrecord", "--show", 1, "--out", out)
         assert result.exit_code == 2, result.output
         assert f"--out {out}" in result.output and problem in result.output

@@ -1,4 +1,5 @@
 """`melshards stats`: printed tables against stats.json, JSON, the HTML report, comparison, errors."""
+
 from __future__ import annotations
 
 import base64
@@ -11,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 
 from melshards.commands.stats import stats_command
-from melshards.reports.stats_report import stats_problem
-from melshards.shards_schema.stats import REPORT_PERCENTILES, pkey
-from melshards.shards_schema import SCHEMA_VERSION
 from melshards.reports.stats_json_tables import COLUMNS
+from melshards.reports.stats_report import stats_problem
+from melshards.shards_schema import SCHEMA_VERSION
+from melshards.shards_schema.stats import REPORT_PERCENTILES, pkey
 
 
 def run_stats(*args: str):
@@ -45,11 +46,14 @@ def table(text: str, first_header: str) -> dict[str, list[str]]:
     The table ends at the first line without one cell per column (a blank line or the notes under it).
     """
     lines = text.splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(first_header) or
-                 line.strip().startswith(first_header + " "))
+    start = next(
+        i
+        for i, line in enumerate(lines)
+        if line.startswith(first_header) or line.strip().startswith(first_header + " ")
+    )
     width = len(cells(lines[start]))
     rows = {}
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         row = cells(line)
         if len(row) != width:
             break
@@ -61,8 +65,9 @@ def test_percentile_table_matches_stats_json(printed, stats):
     rows = table(printed, "pct")
     for q in REPORT_PERCENTILES:
         cells = rows[pkey(q)]
-        want = [stats[part][key]["percentiles"][pkey(q)]
-                for key, _ in COLUMNS for part in ("before_filter", "after_filter")]
+        want = [
+            stats[part][key]["percentiles"][pkey(q)] for key, _ in COLUMNS for part in ("before_filter", "after_filter")
+        ]
         assert [float(c) for c in cells] == pytest.approx([round(w, 2) for w in want], abs=0.005)
     means = [stats[part][key]["mean"] for key, _ in COLUMNS for part in ("before_filter", "after_filter")]
     assert [float(c) for c in rows["mean"]] == pytest.approx([round(m, 2) for m in means], abs=0.005)
@@ -71,8 +76,12 @@ def test_percentile_table_matches_stats_json(printed, stats):
 def test_counts_table_matches_stats_json(printed, stats):
     rows = table(printed, "clips")
     c = stats["counts"]
-    for label, key in (("input rows", "input_rows"), ("in shards", "in_shards"), ("filtered", "filtered"),
-                       ("rejected", "rejected")):
+    for label, key in (
+        ("input rows", "input_rows"),
+        ("in shards", "in_shards"),
+        ("filtered", "filtered"),
+        ("rejected", "rejected"),
+    ):
         assert int(rows[label][0]) == c[key]
     for split, n in c["per_split"].items():
         assert int(rows[split][0]) == n
@@ -84,11 +93,14 @@ def test_counts_table_matches_stats_json(printed, stats):
 def test_padding_table_matches_stats_json(printed, stats):
     rows = table(printed, "length")
     pad, cut = stats["padding"], stats["cutoffs"]
-    assert rows["mel frames"] == [f"{cut['min_mel_frames']}..{cut['max_mel_frames']}", str(pad["max_mel_frames"]),
-                                  f"{100 * pad['mel_padding_fraction']:.1f}%",
-                                  f"{100 * (1 - pad['mel_padding_fraction']):.1f}%"]
+    assert rows["mel frames"] == [
+        f"{cut['min_mel_frames']}..{cut['max_mel_frames']}",
+        str(pad["max_mel_frames"]),
+        f"{100 * pad['mel_padding_fraction']:.1f}%",
+        f"{100 * (1 - pad['mel_padding_fraction']):.1f}%",
+    ]
     assert rows["text symbols"][1:3] == [str(pad["max_text_len"]), f"{100 * pad['text_padding_fraction']:.1f}%"]
-    mib = 16 * (pad["max_mel_frames"] * 80 * 4 + pad["max_text_len"] * 4) / 2 ** 20
+    mib = 16 * (pad["max_mel_frames"] * 80 * 4 + pad["max_text_len"] * 4) / 2**20
     assert f"one batch of 16: {mib:.1f} MiB" in printed
 
 
@@ -98,11 +110,18 @@ def test_printed_what_if_rows_match_the_json_figures(shards_dir, printed):
     assert len(rows) == len(figures["what_if"]) == 6
     for w in figures["what_if"]:
         label = pkey(w["mel_q"]) + (" *" if w["is_job"] else "")
-        assert rows[label] == [str(w["mel_cut"]), str(w["padded_mel_frames"]), str(w["text_cut"]),
-                               str(w["padded_text_len"]), f"{w['kept']}/{w['clips']}",
-                               f"{100 * w['kept_fraction']:.1f}%", str(w["text_over_cut"]),
-                               f"{100 * w['mel_padding_fraction']:.1f}%", f"{100 * w['text_padding_fraction']:.1f}%",
-                               f"{w['batch_bytes'] / 2 ** 20:.1f}"]
+        assert rows[label] == [
+            str(w["mel_cut"]),
+            str(w["padded_mel_frames"]),
+            str(w["text_cut"]),
+            str(w["padded_text_len"]),
+            f"{w['kept']}/{w['clips']}",
+            f"{100 * w['kept_fraction']:.1f}%",
+            str(w["text_over_cut"]),
+            f"{100 * w['mel_padding_fraction']:.1f}%",
+            f"{100 * w['text_padding_fraction']:.1f}%",
+            f"{w['batch_bytes'] / 2**20:.1f}",
+        ]
         assert w["batch_bytes"] == 16 * (w["padded_mel_frames"] * 80 * 4 + w["padded_text_len"] * 4)
 
 
@@ -130,8 +149,7 @@ def test_html_report_is_self_contained_and_holds_the_plots(shards_dir, tmp_path)
         assert src.startswith("data:image/png;base64,")
         assert base64.b64decode(src.split(",", 1)[1]).startswith(b"\x89PNG\r\n\x1a\n")
     assert not re.search(r"https?://|<link|<script|url\(", page)
-    for text in ("Length distributions", "What if", "Percentiles", "LJT003-0001", "mel_frames_above_cutoff",
-                 "p95 *"):
+    for text in ("Length distributions", "What if", "Percentiles", "LJT003-0001", "mel_frames_above_cutoff", "p95 *"):
         assert text in page
 
 
@@ -174,12 +192,26 @@ def test_bad_what_if_percentiles_are_refused():
 def test_a_run_that_rejected_every_row_still_reports_counts_and_html(tmp_path):
     empty = {"count": 0, "mean": None, "percentiles": {}}
     lengths = {"text_len": empty, "mel_frames": empty, "duration_s": empty}
-    (tmp_path / "stats.json").write_text(json.dumps({
-        "schema_version": SCHEMA_VERSION,
-        "counts": {"input_rows": 3, "in_shards": 0, "filtered": 0, "rejected": 3,
-                   "per_split": {"train": 0, "val": 0}, "per_reason": {"unreadable_audio": 3}},
-        "before_filter": lengths, "after_filter": lengths,
-        "histograms": {"before_filter": {}, "after_filter": {}}, "filter": {}, "cutoffs": None}))
+    (tmp_path / "stats.json").write_text(
+        json.dumps(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "counts": {
+                    "input_rows": 3,
+                    "in_shards": 0,
+                    "filtered": 0,
+                    "rejected": 3,
+                    "per_split": {"train": 0, "val": 0},
+                    "per_reason": {"unreadable_audio": 3},
+                },
+                "before_filter": lengths,
+                "after_filter": lengths,
+                "histograms": {"before_filter": {}, "after_filter": {}},
+                "filter": {},
+                "cutoffs": None,
+            }
+        )
+    )
     result = run_stats(tmp_path, "--html", tmp_path / "r.html")
     assert result.exit_code == 0, result.output
     assert table(result.output, "clips")["unreadable_audio"] == ["3", "100.0%"]
@@ -205,25 +237,40 @@ def test_json_compare_holds_both_runs_figures(shards_dir, tmp_path):
 DELETE = object()
 
 
-@pytest.mark.parametrize("path, value, problem", [
-    (["counts"], [56, 44], "counts is a list, not an object"),
-    (["counts", "input_rows"], "56", "counts.input_rows is a string ('56'), not an integer"),
-    (["counts", "per_reason"], ["unreadable_audio"], "counts.per_reason is a list, not an object"),
-    (["before_filter", "mel_frames", "percentiles", "p50"], "231.5",
-     "before_filter.mel_frames.percentiles.p50 is a string ('231.5'), not a number"),
-    (["after_filter", "text_len", "mean"], "49.66", "after_filter.text_len.mean is a string ('49.66'), not a number"),
-    (["histograms"], [], "histograms is a list, not an object"),
-    (["histograms", "before_filter", "mel_frames", "abc"], 1,
-     "histograms.before_filter.mel_frames has the key 'abc', not an integer length"),
-    (["histograms", "after_filter", "duration_ms", "2140"], "many",
-     "histograms.after_filter.duration_ms.2140 is a string ('many'), not an integer"),
-    (["histograms", "before_filter", "text_len"], DELETE, "histograms.before_filter.text_len is missing"),
-    (["cutoffs"], "none", "cutoffs is a string ('none'), not an object"),
-    (["padding", "multiple"], None, "padding.multiple is null, not an integer"),
-    (["filter", "mel_frames_upper_percentile"], DELETE, "filter.mel_frames_upper_percentile is missing"),
-])
-def test_a_stats_json_with_a_field_of_the_wrong_type_is_named_not_a_traceback(stats, tmp_path, path, value,
-                                                                                problem):
+@pytest.mark.parametrize(
+    "path, value, problem",
+    [
+        (["counts"], [56, 44], "counts is a list, not an object"),
+        (["counts", "input_rows"], "56", "counts.input_rows is a string ('56'), not an integer"),
+        (["counts", "per_reason"], ["unreadable_audio"], "counts.per_reason is a list, not an object"),
+        (
+            ["before_filter", "mel_frames", "percentiles", "p50"],
+            "231.5",
+            "before_filter.mel_frames.percentiles.p50 is a string ('231.5'), not a number",
+        ),
+        (
+            ["after_filter", "text_len", "mean"],
+            "49.66",
+            "after_filter.text_len.mean is a string ('49.66'), not a number",
+        ),
+        (["histograms"], [], "histograms is a list, not an object"),
+        (
+            ["histograms", "before_filter", "mel_frames", "abc"],
+            1,
+            "histograms.before_filter.mel_frames has the key 'abc', not an integer length",
+        ),
+        (
+            ["histograms", "after_filter", "duration_ms", "2140"],
+            "many",
+            "histograms.after_filter.duration_ms.2140 is a string ('many'), not an integer",
+        ),
+        (["histograms", "before_filter", "text_len"], DELETE, "histograms.before_filter.text_len is missing"),
+        (["cutoffs"], "none", "cutoffs is a string ('none'), not an object"),
+        (["padding", "multiple"], None, "padding.multiple is null, not an integer"),
+        (["filter", "mel_frames_upper_percentile"], DELETE, "filter.mel_frames_upper_percentile is missing"),
+    ],
+)
+def test_a_stats_json_with_a_field_of_the_wrong_type_is_named_not_a_traceback(stats, tmp_path, path, value, problem):
     damaged = copy.deepcopy(stats)
     *parents, last = path
     node = damaged
@@ -241,13 +288,16 @@ def test_a_stats_json_with_a_field_of_the_wrong_type_is_named_not_a_traceback(st
     assert "re-run `melshards preprocess`" in result.output
 
 
-@pytest.mark.parametrize("edit, problem", [
-    ({"input_rows": 999}, "counts.input_rows is 999, but in_shards + filtered + rejected"),
-    ({"in_shards": -1}, "counts.in_shards is -1, a negative count"),
-    ({"per_split": {"train": 1, "val": 0}}, "counts.per_split sums to 1, but counts.in_shards is"),
-    ({"per_reason": {"unreadable_audio": -4}}, "counts.per_reason.unreadable_audio is -4, a negative count"),
-    ({"filtered": 0, "rejected": "ALL"}, "counts.per_reason's filtered reasons sum to"),
-])
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        ({"input_rows": 999}, "counts.input_rows is 999, but in_shards + filtered + rejected"),
+        ({"in_shards": -1}, "counts.in_shards is -1, a negative count"),
+        ({"per_split": {"train": 1, "val": 0}}, "counts.per_split sums to 1, but counts.in_shards is"),
+        ({"per_reason": {"unreadable_audio": -4}}, "counts.per_reason.unreadable_audio is -4, a negative count"),
+        ({"filtered": 0, "rejected": "ALL"}, "counts.per_reason's filtered reasons sum to"),
+    ],
+)
 def test_a_stats_json_whose_counts_do_not_add_up_names_the_field_with_exit_2(stats, tmp_path, edit, problem):
     damaged = copy.deepcopy(stats)
     counts = damaged["counts"]
@@ -298,10 +348,14 @@ def test_bucket_tables_match_stats_json(bucketed_dir):
     rows = table(printed, "bucket")
     b = stats["buckets"]
     for r in b["buckets"]:
-        assert rows[f"b{r['index']:02d}"] == [str(r["max_mel_frames"]), str(r["max_text_len"]),
-                                              str(r["records"]["train"]), str(r["records"]["val"]),
-                                              f"{100 * r['mel_padding_fraction']:.1f}%",
-                                              f"{100 * r['text_padding_fraction']:.1f}%"]
+        assert rows[f"b{r['index']:02d}"] == [
+            str(r["max_mel_frames"]),
+            str(r["max_text_len"]),
+            str(r["records"]["train"]),
+            str(r["records"]["val"]),
+            f"{100 * r['mel_padding_fraction']:.1f}%",
+            f"{100 * r['text_padding_fraction']:.1f}%",
+        ]
     assert rows["all"][4] == f"{100 * b['mel_padding_fraction']:.1f}%"
     for m in b["merges"]:
         assert f"a bucket up to {m['bound']} frames would hold {m['records']} < 8 training records" in printed

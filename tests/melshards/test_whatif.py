@@ -1,4 +1,5 @@
 """What-if figures: exact values on small histograms, and a direct per-clip computation on the demo run."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,16 @@ import json
 import numpy as np
 import pytest
 
-from melshards.reports.whatif import (DEFAULT_WHAT_IF, batch_bytes, count_above, count_below, drop_smallest, int_hist,
-                              what_if, what_if_table)
+from melshards.reports.whatif import (
+    DEFAULT_WHAT_IF,
+    batch_bytes,
+    count_above,
+    count_below,
+    drop_smallest,
+    int_hist,
+    what_if,
+    what_if_table,
+)
 from melshards.shards_schema.stats import padding_fraction
 
 BEFORE = {
@@ -42,8 +51,7 @@ def _filter(min_duration_s: float, lower_q: float) -> dict:
 
 
 def test_what_if_exact_figures_on_a_small_histogram():
-    w = what_if(BEFORE, _filter(0.2, lower_q=20), multiple=8, mel_q=50, text_q=50,
-                batch_size=2, n_mels=3)
+    w = what_if(BEFORE, _filter(0.2, lower_q=20), multiple=8, mel_q=50, text_q=50, batch_size=2, n_mels=3)
     assert (w.mel_cut, w.padded_mel_frames, w.text_cut, w.padded_text_len) == (30, 32, 5, 8)
     # one clip under 200 ms, which is also the one under 20 frames; 4 clips above 30 frames
     assert (w.clips, w.kept, w.text_over_cut) == (10, 5, 5)
@@ -53,17 +61,22 @@ def test_what_if_exact_figures_on_a_small_histogram():
 
 
 def test_lower_filters_remove_the_longer_prefix_of_shortest_clips():
-    w = what_if(BEFORE, _filter(0.3, lower_q=20), multiple=8, mel_q=100, text_q=100,
-                batch_size=1, n_mels=1)
+    w = what_if(BEFORE, _filter(0.3, lower_q=20), multiple=8, mel_q=100, text_q=100, batch_size=1, n_mels=1)
     assert w.kept == 10 - 3  # three clips are under 300 ms; the single clip under 20 frames is among them
 
 
 def test_what_if_table_adds_and_marks_the_jobs_own_cutoff():
-    stats = {"histograms": {"before_filter": {k: {str(v): c for v, c in h.items()} for k, h in BEFORE.items()}},
-             "cutoffs": {"min_duration_ms": 0, "min_mel_frames": 10},
-             "filter": {"mel_frames_upper_percentile": 97.0, "text_len_upper_percentile": 90.0,
-                        "min_duration_s": 0.0, "mel_frames_lower_percentile": 0.0},
-             "padding": {"multiple": 8}}
+    stats = {
+        "histograms": {"before_filter": {k: {str(v): c for v, c in h.items()} for k, h in BEFORE.items()}},
+        "cutoffs": {"min_duration_ms": 0, "min_mel_frames": 10},
+        "filter": {
+            "mel_frames_upper_percentile": 97.0,
+            "text_len_upper_percentile": 90.0,
+            "min_duration_s": 0.0,
+            "mel_frames_lower_percentile": 0.0,
+        },
+        "padding": {"multiple": 8},
+    }
     rows = what_if_table(stats, (90.0, 100.0), batch_size=1, n_mels=None)
     assert [(r.mel_q, r.text_q, r.is_job) for r in rows] == [(90, 90, False), (97, 90, True), (100, 100, False)]
     assert all(r.batch_bytes is None for r in rows)
@@ -71,6 +84,7 @@ def test_what_if_table_adds_and_marks_the_jobs_own_cutoff():
 
 def _direct(stats: dict, q: float, batch_size: int, n_mels: int) -> dict:
     """Per-clip arrays from the histograms; duration paired with frames by rank (both grow with samples)."""
+
     def clips(key):
         h = stats["histograms"]["before_filter"][key]
         return np.sort(np.repeat([int(v) for v in h], [int(c) for c in h.values()]))
@@ -82,11 +96,17 @@ def _direct(stats: dict, q: float, batch_size: int, n_mels: int) -> dict:
     keep = (dur >= cut["min_duration_ms"]) & (mel >= cut["min_mel_frames"]) & (mel <= mel_cut)
     pad_mel, pad_text = -(-mel_cut // mult) * mult, -(-text_cut // mult) * mult
     fits = text[text <= text_cut]
-    return {"mel_cut": mel_cut, "text_cut": text_cut, "padded_mel_frames": pad_mel, "padded_text_len": pad_text,
-            "kept": int(keep.sum()), "text_over_cut": int((text > text_cut).sum()),
-            "mel_padding_fraction": 1 - mel[keep].sum() / (keep.sum() * pad_mel),
-            "text_padding_fraction": 1 - fits.sum() / (len(fits) * pad_text),
-            "batch_bytes": batch_size * (pad_mel * n_mels * 4 + pad_text * 4)}
+    return {
+        "mel_cut": mel_cut,
+        "text_cut": text_cut,
+        "padded_mel_frames": pad_mel,
+        "padded_text_len": pad_text,
+        "kept": int(keep.sum()),
+        "text_over_cut": int((text > text_cut).sum()),
+        "mel_padding_fraction": 1 - mel[keep].sum() / (keep.sum() * pad_mel),
+        "text_padding_fraction": 1 - fits.sum() / (len(fits) * pad_text),
+        "batch_bytes": batch_size * (pad_mel * n_mels * 4 + pad_text * 4),
+    }
 
 
 def test_what_if_matches_a_direct_computation_on_the_demo_run(shards_dir):
@@ -134,8 +154,11 @@ def test_kept_is_exact_and_text_over_cut_bounds_the_joint_filter(shards_dir):
     cut = stats["cutoffs"]
     for r in what_if_table(stats, DEFAULT_WHAT_IF, 32, 80):
         # clips in shards passed min duration at the job, which is the same for every row
-        frame_kept = [c for c in clips if (c[2] is None or c[2] >= cut["min_duration_ms"])
-                      and cut["min_mel_frames"] <= c[1] <= r.mel_cut]
+        frame_kept = [
+            c
+            for c in clips
+            if (c[2] is None or c[2] >= cut["min_duration_ms"]) and cut["min_mel_frames"] <= c[1] <= r.mel_cut
+        ]
         joint = [c for c in frame_kept if c[0] <= r.text_cut]
         assert r.kept == len(frame_kept)
         assert r.kept - r.text_over_cut <= len(joint) <= r.kept

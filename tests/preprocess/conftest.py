@@ -1,5 +1,6 @@
 """Preprocessing fixtures: small audio files in the formats libsndfile reads, made from a numpy tone;
 a real `melshards preprocess` long enough to interrupt."""
+
 from __future__ import annotations
 
 import io
@@ -51,8 +52,8 @@ def mp3_without_length_tag(y: np.ndarray, sr: int = 22050) -> bytes:
     (a low-bitrate frame) the estimate is several times the real length.
     """
     data = encode(y, sr, "MP3")
-    assert any(data[o:o + 4] in (b"Xing", b"Info") for o in _TAG_OFFSETS), "expected a Xing tag to strip"
-    return data[mpeg2_layer3_frame_length(data[:4]):]
+    assert any(data[o : o + 4] in (b"Xing", b"Info") for o in _TAG_OFFSETS), "expected a Xing tag to strip"
+    return data[mpeg2_layer3_frame_length(data[:4]) :]
 
 
 def ctrl_c_as_in_a_terminal() -> None:
@@ -75,8 +76,10 @@ def long_corpus(tmp_path: Path, corpus_dir: Path, rows: int, distinct_audio: boo
         for path in paths:
             os.link(links / "source.wav", path)
     text = "The quick brown fox jumps over the lazy dog."
-    lines = [json.dumps({"id": f"r{i:05d}", "audio": str(path), "text": text, "language": "en"})
-             for i, path in enumerate(paths)]
+    lines = [
+        json.dumps({"id": f"r{i:05d}", "audio": str(path), "text": text, "language": "en"})
+        for i, path in enumerate(paths)
+    ]
     path = tmp_path / "long.jsonl"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -84,8 +87,19 @@ def long_corpus(tmp_path: Path, corpus_dir: Path, rows: int, distinct_audio: boo
 
 def preprocess_command(corpus: Path, out: Path, *extra) -> list[str]:
     """`melshards preprocess` of `corpus` into `out` with the demo config, as a command line."""
-    return [sys.executable, "-m", "melshards", "preprocess", "--input", str(corpus), "--output", str(out),
-            "--config", str(TINY_CONFIG), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "melshards",
+        "preprocess",
+        "--input",
+        str(corpus),
+        "--output",
+        str(out),
+        "--config",
+        str(TINY_CONFIG),
+        *extra,
+    ]
 
 
 def start_long_run(tmp_path, corpus_dir, out, *extra, rows=20000, distinct_audio=False, ready=None):
@@ -95,11 +109,19 @@ def start_long_run(tmp_path, corpus_dir, out, *extra, rows=20000, distinct_audio
     from melshards.preprocess import output as O
 
     if ready is None:
+
         def ready():
             return list(out.glob(f"{O.STAGE_PREFIX}*/.melshards-tmp/progress-*.txt"))
+
     cmd = preprocess_command(long_corpus(tmp_path, corpus_dir, rows, distinct_audio), out, *extra)
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                         preexec_fn=ctrl_c_as_in_a_terminal)
+    p = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=ctrl_c_as_in_a_terminal,
+    )
     deadline = time.time() + 600
     while not ready() and time.time() < deadline:
         assert p.poll() is None, p.communicate()

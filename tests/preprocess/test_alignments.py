@@ -1,5 +1,6 @@
 """Phone durations from Montreal Forced Aligner TextGrids: reading with praatio, the silence policy,
 the rounding rule (exact sums, no drift), trimming, mismatches and where TextGrids are found."""
+
 import numpy as np
 import pytest
 from praatio import textgrid
@@ -21,8 +22,14 @@ def textgrid_bytes(tmp_path, phones, end, words=None, fmt="long_textgrid", name=
 
 @pytest.mark.parametrize("fmt", ["long_textgrid", "short_textgrid"])
 def test_gaps_and_silence_labels_become_one_merged_sil_and_spn_stays(tmp_path, fmt):
-    phones = [(0.10, 0.20, "HH"), (0.20, 0.30, "AY1"), (0.30, 0.35, "sp"), (0.35, 0.40, "sil"),
-              (0.45, 0.50, "spn"), (0.50, 0.60, "B")]
+    phones = [
+        (0.10, 0.20, "HH"),
+        (0.20, 0.30, "AY1"),
+        (0.30, 0.35, "sp"),
+        (0.35, 0.40, "sil"),
+        (0.45, 0.50, "spn"),
+        (0.50, 0.60, "B"),
+    ]
     a = L.read_phones(textgrid_bytes(tmp_path, phones, 1.0, fmt=fmt), "x")
     assert [p[2] for p in a.phones] == ["sil", "HH", "AY1", "sil", "spn", "B", "sil"]
     assert a.phones[3][:2] == pytest.approx((0.30, 0.45))  # sp + sil + the gap after it: one silence
@@ -86,14 +93,23 @@ def test_a_missing_tier_or_garbage_is_an_alignment_error(tmp_path):
 
 def long_textgrid_text(phones, end) -> bytes:
     """A long-format TextGrid written by hand: praatio's writer refuses a zero-length interval, MFA's need not."""
+
     def tier(name, intervals):
-        items = "".join(f'            intervals [{i + 1}]:\n                xmin = {s}\n                xmax = {e}\n'
-                        f'                text = "{label}"\n' for i, (s, e, label) in enumerate(intervals))
-        return (f'        class = "IntervalTier"\n        name = "{name}"\n        xmin = 0\n        xmax = {end}\n'
-                f'        intervals: size = {len(intervals)}\n{items}')
-    return (f'File type = "ooTextFile"\nObject class = "TextGrid"\n\nxmin = 0\nxmax = {end}\ntiers? <exists>\n'
-            f'size = 2\nitem []:\n    item [1]:\n{tier("words", [(0, end, "w")])}'
-            f'    item [2]:\n{tier("phones", phones)}').encode()
+        items = "".join(
+            f"            intervals [{i + 1}]:\n                xmin = {s}\n                xmax = {e}\n"
+            f'                text = "{label}"\n'
+            for i, (s, e, label) in enumerate(intervals)
+        )
+        return (
+            f'        class = "IntervalTier"\n        name = "{name}"\n        xmin = 0\n        xmax = {end}\n'
+            f"        intervals: size = {len(intervals)}\n{items}"
+        )
+
+    return (
+        f'File type = "ooTextFile"\nObject class = "TextGrid"\n\nxmin = 0\nxmax = {end}\ntiers? <exists>\n'
+        f"size = 2\nitem []:\n    item [1]:\n{tier('words', [(0, end, 'w')])}"
+        f"    item [2]:\n{tier('phones', phones)}"
+    ).encode()
 
 
 @pytest.mark.parametrize("phones", [[(0.0, 0.5, "sil"), (0.5, 0.7, "sp"), (0.7, 1.0, "")], []])
@@ -114,8 +130,10 @@ def test_a_phones_tier_of_silence_alone_is_an_unusable_alignment_not_the_text_si
 
 
 def test_a_zero_length_phone_stays_in_the_sequence_with_zero_frames():
-    data = long_textgrid_text([(0.1, 0.3, "HH"), (0.3, 0.3, "AH0"), (0.3, 0.3, ""), (0.3, 0.6, "L"),
-                               (0.6, 0.6, "sil"), (0.6, 0.9, "OW1")], 1.0)
+    data = long_textgrid_text(
+        [(0.1, 0.3, "HH"), (0.3, 0.3, "AH0"), (0.3, 0.3, ""), (0.3, 0.6, "L"), (0.6, 0.6, "sil"), (0.6, 0.9, "OW1")],
+        1.0,
+    )
     a = L.read_phones(data, "x.TextGrid")
     assert [p[2] for p in a.phones] == ["sil", "HH", "AH0", "L", "OW1", "sil"]  # a zero-length silence is no phone
     phones, d = L.phone_durations(a, 0, SR, SR, HOP)

@@ -38,11 +38,13 @@ def noting_the_lock(held: list):
         finally:
             os.close(fd)
         return real(name)
+
     return probe
 
 
 def test_librosa_s_compiled_modules_are_imported_under_the_lock_until_a_locked_import_marks_them_done(
-        monkeypatch, tmp_path):
+    monkeypatch, tmp_path
+):
     """No two processes compile numba's gufunc caches at once (numba #10128): the first imports holding
     the machine-wide lock and leaves a marker; with the marker there, a process takes no lock."""
     held = []
@@ -154,7 +156,7 @@ def test_truncated_mp3_with_a_length_tag_is_an_error():
     data = encode(tone(1.0), 22050, "MP3")
     assert A.mpeg_length_is_declared(data)
     with pytest.raises(A.AudioError, match="truncated"):
-        A.decode_audio(data[:len(data) // 2], 22050)
+        A.decode_audio(data[: len(data) // 2], 22050)
 
 
 def test_mpeg_length_tag_is_found_after_an_id3v2_tag():
@@ -197,8 +199,10 @@ def _trim_cases():
     yield "tone_after_silence", tone(1.3, lead_silence_s=0.7)
     yield "digital_silence", np.zeros(sr, np.float32)
     yield "shorter_than_a_frame", tone(0.05)
-    yield "demo_clip", librosa.load(str(Path(__file__).parents[2] / "data/ljspeech_tiny/wavs/LJT001-0001.wav"),
-                                    sr=None)[0]
+    yield (
+        "demo_clip",
+        librosa.load(str(Path(__file__).parents[2] / "data/ljspeech_tiny/wavs/LJT001-0001.wav"), sr=None)[0],
+    )
 
 
 @pytest.mark.parametrize("top_db", [20, 40, 60])
@@ -221,11 +225,21 @@ def test_log_mel_equals_librosa_melspectrogram(corpus_dir):
     other = dict(n_fft=512, hop_length=160, win_length=400, n_mels=40, fmin=60.0, fmax=7000.0, log_floor=1e-4)
     for cfg in (MelConfig(), MelConfig(power=2.0, **other)):
         power = cfg.power
-        ref = librosa.feature.melspectrogram(y=y, sr=sr, n_fft=cfg.n_fft, hop_length=cfg.hop_length,
-                                             win_length=cfg.win_length, n_mels=cfg.n_mels, fmin=cfg.fmin,
-                                             fmax=cfg.fmax, power=power, center=True)
-        np.testing.assert_allclose(A.log_mel(y, sr, cfg), np.log(np.maximum(ref, cfg.log_floor)).T,
-                                   rtol=1e-5, atol=1e-5)
+        ref = librosa.feature.melspectrogram(
+            y=y,
+            sr=sr,
+            n_fft=cfg.n_fft,
+            hop_length=cfg.hop_length,
+            win_length=cfg.win_length,
+            n_mels=cfg.n_mels,
+            fmin=cfg.fmin,
+            fmax=cfg.fmax,
+            power=power,
+            center=True,
+        )
+        np.testing.assert_allclose(
+            A.log_mel(y, sr, cfg), np.log(np.maximum(ref, cfg.log_floor)).T, rtol=1e-5, atol=1e-5
+        )
 
 
 # -- DC offset and invalid samples ---------------------------------------------------------------
@@ -236,8 +250,9 @@ def _float_wav(y: np.ndarray, sr: int = 22050) -> bytes:
 
 
 def test_remove_dc_subtracts_the_mean():
-    np.testing.assert_array_equal(A.remove_dc(np.array([1.0, 2.0, 3.0, 6.0], np.float32)),
-                                  np.array([-2.0, -1.0, 0.0, 3.0], np.float32))
+    np.testing.assert_array_equal(
+        A.remove_dc(np.array([1.0, 2.0, 3.0, 6.0], np.float32)), np.array([-2.0, -1.0, 0.0, 3.0], np.float32)
+    )
     assert A.remove_dc(np.full(44100, 0.3, np.float32)).tolist() == [0.0] * 44100
 
 
@@ -278,6 +293,7 @@ def test_a_nan_in_one_channel_of_a_stereo_file_is_invalid():
 def _load(tmp_path, y, sr=22050):
     from melshards.preprocess.clips import load_trimmed
     from melshards.preprocess.config import PreprocessConfig
+
     path = tmp_path / "c.wav"
     path.write_bytes(_float_wav(y, sr))
     return load_trimmed(str(path), PreprocessConfig())
@@ -285,6 +301,7 @@ def _load(tmp_path, y, sr=22050):
 
 def _rejection(tmp_path, y, sr=22050):
     from melshards.preprocess.clips import ClipRejected
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # librosa used to warn about NaN on the console
         with pytest.raises(ClipRejected) as e:
@@ -301,14 +318,17 @@ def test_nan_samples_are_invalid_samples_not_silent_audio(tmp_path):
     y = tone(1.0)
     y[10:20] = np.nan
     reason, detail = _rejection(tmp_path, y)
-    assert (reason, detail) == ("invalid_samples", f"{tmp_path / 'c.wav'}: 10 NaN and 0 infinite samples, "
-                                                   "the first at frame 10")
+    assert (reason, detail) == (
+        "invalid_samples",
+        f"{tmp_path / 'c.wav'}: 10 NaN and 0 infinite samples, the first at frame 10",
+    )
 
 
 def test_a_dc_offset_does_not_change_the_trimmed_clip_or_its_mel(tmp_path):
     """The mel is computed from the samples less their DC offset: a clip recorded with an offset gives
     the same clip (silence trimmed as without it) and the same mel as the clip without one."""
     from melshards.preprocess.config import PreprocessConfig
+
     y = tone(1.0, lead_silence_s=0.5)
     clean, offset = _load(tmp_path, y), _load(tmp_path, y + 0.25)
     assert len(clean) < len(y) - 0.4 * 22050  # the leading silence is trimmed, with the offset too

@@ -1,4 +1,5 @@
 """Choosing the job's buckets (pure): bounds from the training histogram, fitted to validation."""
+
 from melshards.preprocess.bucketing import bucket_stats, choose, text_bounds
 from melshards.preprocess.config import PadConfig
 
@@ -29,8 +30,11 @@ def test_text_bound_is_the_buckets_longest_text_rounded_up():
 
 def test_bucket_stats_count_records_per_split_and_padding_per_bucket():
     buckets = {"bounds": (16, 24), "plan": None, "raised_last_bound": None}
-    shards = [{"split": "train", "bucket": 0, "records": 3}, {"split": "val", "bucket": 1, "records": 1},
-              {"split": "train", "bucket": 1, "records": 1}]
+    shards = [
+        {"split": "train", "bucket": 0, "records": 3},
+        {"split": "val", "bucket": 1, "records": 1},
+        {"split": "train", "bucket": 1, "records": 1},
+    ]
     s = bucket_stats(buckets, {8: 2, 16: 1, 24: 2}, {0: {4: 3}, 1: {8: 2}}, shards, PadConfig(multiple=8), {8: 2})
     assert [r["records"] for r in s["buckets"]] == [{"train": 3, "val": 0}, {"train": 1, "val": 1}]
     assert [r["mel_padding_fraction"] for r in s["buckets"]] == [round(1 - 32 / 48, 6), 0.0]

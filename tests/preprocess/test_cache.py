@@ -2,6 +2,7 @@
 changed files and settings are recomputed, damaged entries are recomputed and counted, concurrent
 writers never corrupt an entry, new rows are the only ones computed, a run killed with SIGKILL keeps
 what it computed; `melshards cache info|prune`."""
+
 import dataclasses
 import importlib.metadata
 import json
@@ -82,8 +83,11 @@ def test_a_run_with_a_cache_stashes_no_array_the_cache_holds(tmp_path, monkeypat
     from melshards.preprocess import pipeline
 
     stashed, real = [], pipeline.stash_batch
-    monkeypatch.setattr(pipeline, "stash_batch", lambda d, clips, features: stashed.append((clips, features))
-                        or real(d, clips, features))
+    monkeypatch.setattr(
+        pipeline,
+        "stash_batch",
+        lambda d, clips, features: stashed.append((clips, features)) or real(d, clips, features),
+    )
     for name in ("cold", "warm"):
         stats = _run(tmp_path / name, tmp_path / "cache")
         clips = [c for batch, _ in stashed for c in batch]
@@ -115,11 +119,27 @@ def test_a_changed_file_or_setting_is_computed_again_never_served_stale(warm, tm
     before, after = records(tmp_path / "a"), records(tmp_path / "b")
     assert after[b"LJT001-0001"] != before[b"LJT001-0001"]
     assert {k: v for k, v in after.items() if k != b"LJT001-0001"} == {
-        k: v for k, v in before.items() if k != b"LJT001-0001"}
+        k: v for k, v in before.items() if k != b"LJT001-0001"
+    }
     cfg = tmp_path / "c.yaml"
     cfg.write_text(TINY_CONFIG.read_text() + "features: {energy: true}\n")
-    assert run(["--input", str(corpus), "--output", str(tmp_path / "c"), "--config", str(cfg), "--workers", "1",
-                "--cache", str(cache_dir)]) == 0
+    assert (
+        run(
+            [
+                "--input",
+                str(corpus),
+                "--output",
+                str(tmp_path / "c"),
+                "--config",
+                str(cfg),
+                "--workers",
+                "1",
+                "--cache",
+                str(cache_dir),
+            ]
+        )
+        == 0
+    )
     assert json.loads((tmp_path / "c" / "stats.json").read_text())["cache"]["hits"] == 0
 
 
@@ -136,7 +156,8 @@ def test_a_damaged_cache_file_is_computed_again_and_counted(warm, tmp_path):
 
 
 def test_prune_during_a_run_removes_nothing_and_a_file_gone_from_under_the_writer_is_computed_again(
-        warm, tmp_path, monkeypatch):
+    warm, tmp_path, monkeypatch
+):
     """Once Measure has read the cache, the writer reads it back: a `prune --unused-days 0` then (the
     warm run's records are older than 0 days) must spare the live run's files, and a file gone all
     the same (removed by hand, or by a prune that raced the run's start) is computed again."""
@@ -166,20 +187,24 @@ def test_prune_forgets_a_stale_lease_and_honours_a_live_one(tmp_path):
     try:
         assert [h["run_id"] for h in K.live_leases(str(tmp_path), time.time())[0]] == ["r1"]
         assert K.live_leases(str(tmp_path), time.time() + 2 * lock.STALE_AFTER_S) == (
-            [], [str(tmp_path / "runs" / "r1.live")])
+            [],
+            [str(tmp_path / "runs" / "r1.live")],
+        )
     finally:
         lease.release()
     assert not (tmp_path / "runs" / "r1.live").exists()
-    (tmp_path / "runs" / "gone.live").write_text(json.dumps({"run_id": "gone", **lock.machine_identity(),
-                                                             "pid": 2 ** 22 + 1, "heartbeat": time.time()}))
+    (tmp_path / "runs" / "gone.live").write_text(
+        json.dumps({"run_id": "gone", **lock.machine_identity(), "pid": 2**22 + 1, "heartbeat": time.time()})
+    )
     assert K.prune(str(tmp_path), 0, time.time()).live == []  # its process is gone from this process table
     assert not (tmp_path / "runs" / "gone.live").exists()
 
 
 def test_a_flipped_byte_anywhere_in_an_entries_file_is_damage(tmp_path):
     mel = np.random.default_rng(0).standard_normal((20, 8)).astype(np.float32)
-    path = K.write_batch(str(tmp_path), [(f"{0:064x}", {"samples": 100, "start": 3, "length": 90}, {"mel": mel},
-                                          Moments.of(mel))])
+    path = K.write_batch(
+        str(tmp_path), [(f"{0:064x}", {"samples": 100, "start": 3, "length": 90}, {"mel": mel}, Moments.of(mel))]
+    )
     data = open(path, "rb").read()
     in_mel = data.index(mel.astype("<f2").tobytes()) + 100
     for at in (in_mel, 400, len(data) - 30):  # the mel's values, an early member, the zip's directory
@@ -201,8 +226,12 @@ def test_the_cache_index_finds_each_key_s_file_in_20_bytes_a_clip(tmp_path):
     (entries / "bad.keys").write_text("not hex\n")
     index = K.read_index(str(tmp_path))
     where = {k: index.get(k) for k in same_hi + ["cd" * 32, "ef" * 32]}
-    assert where == {same_hi[0]: str(entries / "one.npz"), same_hi[1]: str(entries / "one.npz"),
-                     "cd" * 32: str(entries / "one.npz"), "ef" * 32: str(entries / "two.npz")}
+    assert where == {
+        same_hi[0]: str(entries / "one.npz"),
+        same_hi[1]: str(entries / "one.npz"),
+        "cd" * 32: str(entries / "one.npz"),
+        "ef" * 32: str(entries / "two.npz"),
+    }
     assert index.get("ab" * 8 + "02" * 8 + "f" * 32) is None and index.get("zz") is None and index.get(None) is None
     assert len(index) == 5 and index.hi.nbytes + index.lo.nbytes + index.file.nbytes == 20 * 5
 
@@ -210,9 +239,13 @@ def test_the_cache_index_finds_each_key_s_file_in_20_bytes_a_clip(tmp_path):
 def test_npz_arrays_reads_what_np_load_reads():
     import io
 
-    arrays = {"f": np.asfortranarray(np.arange(12.0).reshape(3, 4)), "scalar": np.array(5),
-              "empty": np.zeros((0, 80), np.float16), "big_endian": np.arange(3, dtype=">i4"),
-              "name/with/slashes": np.arange(4, dtype=np.int64)}
+    arrays = {
+        "f": np.asfortranarray(np.arange(12.0).reshape(3, 4)),
+        "scalar": np.array(5),
+        "empty": np.zeros((0, 80), np.float16),
+        "big_endian": np.arange(3, dtype=">i4"),
+        "name/with/slashes": np.arange(4, dtype=np.int64),
+    }
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     back = K.npz_arrays(buffer.getvalue())
@@ -242,8 +275,15 @@ def test_only_new_rows_are_computed_when_rows_are_added(tmp_path):
 def _entries(keys, tag: int, frames: int) -> list:
     """Entries whose arrays all carry `tag` (which writer made them)."""
     mel = np.full((frames, 80), tag, np.float32)
-    return [(k, {"samples": frames * 4, "start": tag, "length": frames * 4}, {"mel": mel, "pitch": mel[:, 0]},
-             Moments.of(mel)) for k in keys]
+    return [
+        (
+            k,
+            {"samples": frames * 4, "start": tag, "length": frames * 4},
+            {"mel": mel, "pitch": mel[:, 0]},
+            Moments.of(mel),
+        )
+        for k in keys
+    ]
 
 
 def _write_rounds(cache_dir: str, tag: int, shared: list[str], go, rounds: int) -> None:
@@ -275,8 +315,10 @@ def test_concurrent_writer_processes_never_leave_or_show_a_mixed_or_partial_entr
             assert sorted(back) == shared
             tags = {span["start"] for span, _, _ in back.values()}
             assert len(tags) == 1  # one writer's entries, not a mix
-            assert all((a["mel"] == span["start"]).all() and (a["pitch"] == span["start"]).all()
-                       for span, a, _ in back.values())
+            assert all(
+                (a["mel"] == span["start"]).all() and (a["pitch"] == span["start"]).all()
+                for span, a, _ in back.values()
+            )
             seen |= tags
         time.sleep(0.005)
     for w in writers:
@@ -354,8 +396,25 @@ def test_a_warm_rerun_with_every_feature_and_durations_writes_the_same_records(t
     outs = []
     for name in ("cold", "warm"):
         out = tmp_path / name
-        assert run(["--input", str(CORPUS), "--output", str(out), "--config", str(cfg), "--workers", "1",
-                    "--alignments", str(tmp_path / "tg"), "--cache", str(tmp_path / "cache")]) == 0
+        assert (
+            run(
+                [
+                    "--input",
+                    str(CORPUS),
+                    "--output",
+                    str(out),
+                    "--config",
+                    str(cfg),
+                    "--workers",
+                    "1",
+                    "--alignments",
+                    str(tmp_path / "tg"),
+                    "--cache",
+                    str(tmp_path / "cache"),
+                ]
+            )
+            == 0
+        )
         outs.append(json.loads((out / "stats.json").read_text())["cache"])
     assert outs[0]["hits"] == 0 and outs[1]["computed"] == 0 and outs[1]["hits"] == outs[0]["computed"] > 40
     assert records(tmp_path / "warm") == records(tmp_path / "cold")
@@ -367,12 +426,18 @@ def cached_keys(cache_dir) -> list[str]:
     return [k for f in sorted((cache_dir / "entries").glob("*.keys")) for k in f.read_text().split()]
 
 
-def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes_only_the_rest(
-        tmp_path, corpus_dir):
+def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes_only_the_rest(tmp_path, corpus_dir):
     rows, out, cache_dir = 600, tmp_path / "out", tmp_path / "cache"
     extra = ("--workers", "2", "--cache", str(cache_dir))
-    killed = start_long_run(tmp_path, corpus_dir, out, *extra, rows=rows, distinct_audio=True,
-                            ready=lambda: list((cache_dir / "entries").glob("*.keys")))
+    killed = start_long_run(
+        tmp_path,
+        corpus_dir,
+        out,
+        *extra,
+        rows=rows,
+        distinct_audio=True,
+        ready=lambda: list((cache_dir / "entries").glob("*.keys")),
+    )
     assert killed.poll() is None, "the run finished before it could be killed: give it more rows"
     os.killpg(killed.pid, signal.SIGKILL)  # kill -9 of the whole process group: no clean-up runs
     killed.communicate(timeout=60)
@@ -415,9 +480,15 @@ def test_an_upgrade_of_a_library_that_computes_the_features_is_a_new_key(monkeyp
     configs = {"plain": plain, "pitch": pitch}
     before = {n: K.settings_key(c) for n, c in configs.items()}
     real = importlib.metadata.version
-    for dist, changes in (("librosa", {"plain", "pitch"}), ("soxr", {"plain", "pitch"}), ("numpy", {"plain", "pitch"}),
-                          ("scipy", {"plain", "pitch"}), ("soundfile", {"plain", "pitch"}),
-                          ("pyworld-prebuilt", {"pitch"}), ("numba", {"pitch"})):
+    for dist, changes in (
+        ("librosa", {"plain", "pitch"}),
+        ("soxr", {"plain", "pitch"}),
+        ("numpy", {"plain", "pitch"}),
+        ("scipy", {"plain", "pitch"}),
+        ("soundfile", {"plain", "pitch"}),
+        ("pyworld-prebuilt", {"pitch"}),
+        ("numba", {"pitch"}),
+    ):
         monkeypatch.setattr(importlib.metadata, "version", lambda d, dist=dist: "99.0" if d == dist else real(d))
         assert {n for n, c in configs.items() if K.settings_key(c) != before[n]} == changes, dist
     monkeypatch.setattr(importlib.metadata, "version", real)

@@ -1,5 +1,6 @@
 """The per-frame features as pure functions: pitch on tones of known f0, energy against a direct
 computation, the int16 audio against the mel it gives."""
+
 import numpy as np
 import pytest
 
@@ -39,10 +40,10 @@ def test_pitch_is_zero_where_the_clip_is_silent_and_follows_a_change_of_f0_at_it
     frames = A.num_frames(y.size, HOP)
     p = F.pitch(y, SR, HOP, frames, PitchConfig(tracker=tracker))
     switch = SR // HOP  # frame centred on sample SR (the change), give or take one
-    assert np.all(p[frames - 20:] == 0)  # the last 0.23 s of the silence
-    assert abs(np.median(p[switch - 30:switch - 3]) / 120 - 1) < 0.03
-    assert abs(np.median(p[switch + 3:switch + 30]) / 240 - 1) < 0.03
-    high = np.flatnonzero(p[switch - 15:switch + 15] > 180)
+    assert np.all(p[frames - 20 :] == 0)  # the last 0.23 s of the silence
+    assert abs(np.median(p[switch - 30 : switch - 3]) / 120 - 1) < 0.03
+    assert abs(np.median(p[switch + 3 : switch + 30]) / 240 - 1) < 0.03
+    high = np.flatnonzero(p[switch - 15 : switch + 15] > 180)
     assert 0 <= switch - 15 + high[0] - switch <= late  # the first frame above 180 Hz: at the change
 
 
@@ -70,8 +71,7 @@ def test_energy_is_the_l2_norm_of_each_magnitude_frame_of_the_mels_stft():
     rng = np.random.default_rng(0)
     y = (0.1 * rng.standard_normal(SR)).astype(np.float32) + tone(200.0, 1.0)
     mag = A.magnitude(y, MEL)
-    direct = np.linalg.norm(np.abs(librosa.stft(y, n_fft=1024, hop_length=256, win_length=1024, center=True)),
-                            axis=0)
+    direct = np.linalg.norm(np.abs(librosa.stft(y, n_fft=1024, hop_length=256, win_length=1024, center=True)), axis=0)
     energy = A.energy_of(mag)
     assert energy.shape == (A.num_frames(y.size, HOP),) == (A.log_mel_of(mag, SR, MEL).shape[0],)
     np.testing.assert_allclose(energy, direct, rtol=1e-5)
@@ -91,8 +91,8 @@ def test_the_int16_audio_gives_the_same_log_mel_as_the_clip():
     y += (0.01 * rng.standard_normal(y.size)).astype(np.float32)
     frames = A.num_frames(y.size, HOP)
     stored = F.audio_int16(y, frames, HOP)
-    assert stored.size == frames * HOP and not stored[y.size:].any()
-    again = A.log_mel(stored[:y.size].astype(np.float32) / 32767, SR, MEL)
+    assert stored.size == frames * HOP and not stored[y.size :].any()
+    again = A.log_mel(stored[: y.size].astype(np.float32) / 32767, SR, MEL)
     mel = A.log_mel(y, SR, MEL)
     loud = mel > -5  # quantisation noise (~1e-4 per mel bin) matters only near the floor
     assert again.shape == mel.shape and loud.mean() > 0.3

@@ -1,5 +1,6 @@
 """A run with every optional feature (`features_dir`: pitch, energy, audio, durations from TextGrids),
 through the CLI: what the records hold, the statistics, the accounting and what inspect and stats say."""
+
 import json
 import os
 import re
@@ -95,9 +96,9 @@ def test_pitch_and_energy_are_per_mel_frame_and_zero_in_padding(run):
 def test_feature_statistics_are_global_per_speaker_and_per_language(run):
     schema, stats, _, records = run
     train = [r for r in records if os.path.basename(r["_file"]).startswith("train")]
-    voiced = np.concatenate([r["pitch"][:int(r["mel_len"])] for r in train])
+    voiced = np.concatenate([r["pitch"][: int(r["mel_len"])] for r in train])
     voiced = voiced[voiced > 0].astype(np.float64)
-    energy = np.concatenate([r["energy"][:int(r["mel_len"])] for r in train]).astype(np.float64)
+    energy = np.concatenate([r["energy"][: int(r["mel_len"])] for r in train]).astype(np.float64)
     g = schema.feature_stats
     assert g["pitch"]["frames"] == voiced.size and g["energy"]["frames"] == energy.size
     # the statistics are of the float32 features; the records hold them as float16
@@ -114,8 +115,9 @@ def test_feature_statistics_are_global_per_speaker_and_per_language(run):
 
 
 def test_inspect_checks_and_shows_the_features(features_dir, tmp_path):
-    result = CliRunner().invoke(inspect_command, [str(features_dir / "*.tfrecord"), "--show", "1",
-                                       "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        inspect_command, [str(features_dir / "*.tfrecord"), "--show", "1", "--out", str(tmp_path)]
+    )
     assert result.exit_code == 0, result.output
     assert "also hold pitch, energy, audio, durations" in result.output
     assert "voiced" in result.output and "durations" in result.output and "sum" in result.output

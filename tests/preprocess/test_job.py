@@ -1,4 +1,5 @@
 """The whole job: accounting, the round trip through schema.json, the CLI, bad invocations, Dataflow."""
+
 import dataclasses
 import json
 import subprocess
@@ -8,14 +9,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from melshards.commands.preprocess import run
 from melshards.preprocess import audio as A
 from melshards.preprocess.config import FeaturesConfig, PreprocessConfig, load_config
-from melshards.commands.preprocess import run
-from melshards.shards_schema.stats import FILTER_REASONS, REJECT_REASONS, percentile
-from melshards.shards_schema.text import normalize_text
 from melshards.shards_schema import read_schema
 from melshards.shards_schema.records import decode_parsed, parse_spec
-
+from melshards.shards_schema.stats import FILTER_REASONS, REJECT_REASONS, percentile
+from melshards.shards_schema.text import normalize_text
 from tests.conftest import REPO, TINY_CONFIG
 
 
@@ -26,12 +26,12 @@ def _records(out_dir, pattern="*.tfrecord"):
 
 
 def _input_rows(corpus_dir):
-    return [l for l in (corpus_dir / "metadata.csv").read_text().splitlines() if l.strip()]
+    return [line for line in (corpus_dir / "metadata.csv").read_text().splitlines() if line.strip()]
 
 
 def test_every_input_row_is_in_a_shard_or_in_rejected_jsonl(shards_dir, corpus_dir):
     _, records = _records(shards_dir)
-    rejected = [json.loads(l) for l in (shards_dir / "rejected.jsonl").read_text().splitlines()]
+    rejected = [json.loads(line) for line in (shards_dir / "rejected.jsonl").read_text().splitlines()]
     rows = _input_rows(corpus_dir)
     assert len(records) + len(rejected) == len(rows) == 56
     stats = json.loads((shards_dir / "stats.json").read_text())
@@ -39,21 +39,33 @@ def test_every_input_row_is_in_a_shard_or_in_rejected_jsonl(shards_dir, corpus_d
     assert c["input_rows"] == 56 and c["in_shards"] == len(records)
     assert c["filtered"] + c["rejected"] == len(rejected) == sum(c["per_reason"].values())
     shard_ids = {r["id"].numpy()[0].decode() for r in records}
-    ids = [l.split("|")[0] for l in rows if "|" in l]
+    ids = [line.split("|")[0] for line in rows if "|" in line]
     assert set(ids) == shard_ids | {r["id"] for r in rejected if r["id"] in ids}
     assert {r["reason"] for r in rejected} >= {
-        "missing_audio", "unreadable_audio", "empty_text", "unusable_text", "silent_audio", "too_short",
-        "duplicate_id", "malformed_row", "mel_frames_above_cutoff"}
+        "missing_audio",
+        "unreadable_audio",
+        "empty_text",
+        "unusable_text",
+        "silent_audio",
+        "too_short",
+        "duplicate_id",
+        "malformed_row",
+        "mel_frames_above_cutoff",
+    }
     assert all(r["detail"] for r in rejected)
     assert {r["reason"] for r in rejected} <= set(REJECT_REASONS + FILTER_REASONS)
     assert sorted(p.name for p in shards_dir.iterdir() if not p.name.endswith(".tfrecord")) == [
-        "rejected.jsonl", "schema.json", "stats.json"]  # the stashed mels and progress files are gone
+        "rejected.jsonl",
+        "schema.json",
+        "stats.json",
+    ]  # the stashed mels and progress files are gone
 
 
 def test_docs_reasons_table_lists_every_reason_once():
     import re
+
     doc = (REPO / "docs" / "preprocess.md").read_text()
-    table = doc[doc.index("| reason | meaning |"):doc.index("Every such row also increments")]
+    table = doc[doc.index("| reason | meaning |") : doc.index("Every such row also increments")]
     rows = [line.strip() for line in table.splitlines()[2:] if line.strip()]
     documented = [r for line in rows for r in re.findall(r"`([a-z_]+)`", line.split("|")[1])]
     assert documented == list(REJECT_REASONS + FILTER_REASONS)
@@ -81,10 +93,11 @@ def test_shards_hold_the_librosa_mel_and_normalised_text_of_each_clip(shards_dir
     n = int(rec["mel_len"][0])
     assert n == expected.shape[0]
     np.testing.assert_allclose(rec["mel"][0, :n].numpy(), expected, rtol=1e-3, atol=1e-2)
-    row = next(l for l in _input_rows(corpus_dir) if l.startswith("LJT001-0003|"))
+    row = next(line for line in _input_rows(corpus_dir) if line.startswith("LJT001-0003|"))
     text = normalize_text(row.split("|")[2] or row.split("|")[1])
     assert rec["text"].numpy()[0].decode() == text
     from melshards.shards_schema import Vocabulary
+
     ids = rec["text_ids"][0, : int(rec["text_len"][0])].numpy().tolist()
     assert Vocabulary(schema.vocabulary).decode(ids) == text
 
@@ -102,17 +115,36 @@ def test_stats_json_percentiles_come_from_its_histograms(shards_dir):
 def test_cli_with_two_worker_processes_writes_the_same_records_quietly(shards_dir, corpus_dir, tmp_path):
     out = tmp_path / "mp"
     proc = subprocess.run(
-        [sys.executable, "-m", "melshards", "preprocess", "--input", str(corpus_dir), "--output", str(out),
-         "--config", str(TINY_CONFIG), "--workers", "2", "--buckets", "1"],  # as shards_dir, but 2 workers
-        cwd=REPO, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "melshards",
+            "preprocess",
+            "--input",
+            str(corpus_dir),
+            "--output",
+            str(out),
+            "--config",
+            str(TINY_CONFIG),
+            "--workers",
+            "2",
+            "--buckets",
+            "1",
+        ],  # as shards_dir, but 2 workers
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "56 input rows" in proc.stdout and "p99.9" in proc.stdout
     assert "Worker:" not in proc.stderr  # the worker processes' own log lines stay out of the console
     _, a = _records(shards_dir)
     _, b = _records(out)
     assert sorted(r["id"].numpy()[0] for r in a) == sorted(r["id"].numpy()[0] for r in b)
-    assert json.loads((out / "schema.json").read_text())["mel_mean"] == \
-        pytest.approx(json.loads((shards_dir / "schema.json").read_text())["mel_mean"], abs=1e-4)
+    assert json.loads((out / "schema.json").read_text())["mel_mean"] == pytest.approx(
+        json.loads((shards_dir / "schema.json").read_text())["mel_mean"], abs=1e-4
+    )
 
 
 def _fails(capsys, argv, *fragments):
@@ -126,9 +158,11 @@ def _fails(capsys, argv, *fragments):
 def _options(argv, workers, rows=None):
     from melshards.preprocess.options import pipeline_options
     from melshards.preprocess.workers import apply_workers
+
     options = pipeline_options(argv)
     apply_workers(options, argv, workers, rows)
     from apache_beam.options.pipeline_options import DirectOptions
+
     d = options.view_as(DirectOptions)
     return d.direct_num_workers, d.direct_running_mode
 
@@ -154,10 +188,26 @@ def test_beams_own_worker_options_win_over_workers():
 
 
 def test_workers_is_refused_for_dataflow_and_below_one(capsys, tmp_path, corpus_dir):
-    _fails(capsys, ["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--workers", "0"],
-           "--workers must be at least 1")
-    _fails(capsys, ["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--workers", "2",
-                    "--runner", "DataflowRunner", "--dry_run=True"], "--max_num_workers")
+    _fails(
+        capsys,
+        ["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--workers", "0"],
+        "--workers must be at least 1",
+    )
+    _fails(
+        capsys,
+        [
+            "--input",
+            str(corpus_dir),
+            "--output",
+            str(tmp_path / "o"),
+            "--workers",
+            "2",
+            "--runner",
+            "DataflowRunner",
+            "--dry_run=True",
+        ],
+        "--max_num_workers",
+    )
 
 
 def test_missing_input_path_fails_before_any_work(capsys, tmp_path):
@@ -173,15 +223,24 @@ def test_directory_that_is_not_a_corpus_is_refused(capsys, tmp_path):
 def test_unknown_config_key_is_refused_with_the_valid_keys(capsys, tmp_path, corpus_dir):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("mel:\n  n_mel: 80\n")
-    _fails(capsys, ["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--config", str(cfg)],
-           "unknown key(s) n_mel", "n_mels")
+    _fails(
+        capsys,
+        ["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--config", str(cfg)],
+        "unknown key(s) n_mel",
+        "n_mels",
+    )
 
 
 def test_finished_output_is_not_overwritten_without_the_flag(capsys, tmp_path, corpus_dir, shards_dir):
     import shutil
+
     shutil.copytree(shards_dir, tmp_path / "o")
-    _fails(capsys, ["--input", str(corpus_dir), "--output", str(tmp_path / "o")], "already holds a finished run",
-           "--overwrite")
+    _fails(
+        capsys,
+        ["--input", str(corpus_dir), "--output", str(tmp_path / "o")],
+        "already holds a finished run",
+        "--overwrite",
+    )
 
 
 def test_invalid_config_value_is_refused():
@@ -189,8 +248,18 @@ def test_invalid_config_value_is_refused():
         PreprocessConfig(mel=PreprocessConfig().mel.__class__(fmax=20000.0)).validate()
 
 
-DATAFLOW_DRY_RUN = ["--runner", "DataflowRunner", "--project", "melshards-test", "--region", "us-central1",
-                    "--temp_location", "gs://melshards-test/tmp", "--dry_run=True", "--no_auth"]
+DATAFLOW_DRY_RUN = [
+    "--runner",
+    "DataflowRunner",
+    "--project",
+    "melshards-test",
+    "--region",
+    "us-central1",
+    "--temp_location",
+    "gs://melshards-test/tmp",
+    "--dry_run=True",
+    "--no_auth",
+]
 
 
 def test_dataflow_job_graph_builds_offline():
@@ -209,8 +278,18 @@ def test_dataflow_job_graph_builds_offline():
     build(p, corpus, "gs://melshards-test/out", cfg, cache_dir="gs://melshards-test/cache")
     result = p.run()
     names = {t.unique_name for t in result.job.proto_pipeline.components.transforms.values()}
-    for stage in ("Read", "Measure", "StatsBefore", "Cutoffs", "ChooseBuckets", "FilterAndWrite", "MelStats",
-                  "Shards", "AllRejected", "Report"):
+    for stage in (
+        "Read",
+        "Measure",
+        "StatsBefore",
+        "Cutoffs",
+        "ChooseBuckets",
+        "FilterAndWrite",
+        "MelStats",
+        "Shards",
+        "AllRejected",
+        "Report",
+    ):
         assert stage in names
 
 
@@ -219,8 +298,11 @@ def test_dataflow_dry_run_from_the_cli_checks_the_local_corpus_and_no_remote_pat
     assert run(argv) == 0
     assert "dry run: the job graph was built" in capsys.readouterr().out
     (tmp_path / "m.csv").write_text("path,text\na.wav,Hi\n")
-    _fails(capsys, ["--input", str(tmp_path / "m.csv"), "--output", "gs://melshards-test/out", *DATAFLOW_DRY_RUN],
-           "missing audio")
+    _fails(
+        capsys,
+        ["--input", str(tmp_path / "m.csv"), "--output", "gs://melshards-test/out", *DATAFLOW_DRY_RUN],
+        "missing audio",
+    )
 
 
 def test_documented_dataflow_dry_run_builds_offline_through_the_cli(capsys, monkeypatch, tmp_path, corpus_dir):
@@ -232,10 +314,26 @@ def test_documented_dataflow_dry_run_builds_offline_through_the_cli(capsys, monk
     for method in ("exists", "match", "delete", "create", "open", "rename"):
         monkeypatch.setattr(GCSFileSystem, method, no_gcs)
     monkeypatch.chdir(tmp_path)
-    code = run(["--input", str(corpus_dir), "--output", "gs://melshards-test/out",
-                "--runner", "DataflowRunner", "--project", "melshards-test", "--region", "us-central1",
-                "--temp_location", "gs://melshards-test/tmp", "--setup_file", str(REPO / "setup.py"),
-                "--dry_run=True", "--no_auth"])
+    code = run(
+        [
+            "--input",
+            str(corpus_dir),
+            "--output",
+            "gs://melshards-test/out",
+            "--runner",
+            "DataflowRunner",
+            "--project",
+            "melshards-test",
+            "--region",
+            "us-central1",
+            "--temp_location",
+            "gs://melshards-test/tmp",
+            "--setup_file",
+            str(REPO / "setup.py"),
+            "--dry_run=True",
+            "--no_auth",
+        ]
+    )
     out = capsys.readouterr()
     assert code == 0, out.err[-3000:]
     assert "dry run: the job graph was built and not submitted" in out.out
@@ -245,6 +343,7 @@ def test_documented_dataflow_dry_run_builds_offline_through_the_cli(capsys, monk
 def test_progress_sums_the_workers_counts_and_ignores_files_being_written(tmp_path):
     from melshards.preprocess.progress import ProgressReporter
     from melshards.preprocess.shards import TEMP_DIR
+
     (tmp_path / TEMP_DIR).mkdir()
     (tmp_path / TEMP_DIR / "progress-a.txt").write_text("120")
     (tmp_path / TEMP_DIR / "progress-b.txt").write_text("80")
@@ -257,7 +356,7 @@ def test_progress_sums_the_workers_counts_and_ignores_files_being_written(tmp_pa
 # -- bad invocations stop before any work: exit 2, one line, nothing written ----------------------------
 def _one_error_line(err: str) -> str:
     assert "Traceback" not in err, err
-    (line,) = [l for l in err.splitlines() if l.startswith("Error:")]
+    (line,) = [line for line in err.splitlines() if line.startswith("Error:")]
     return line
 
 
@@ -294,6 +393,7 @@ BAD_VALUES = {
 def _numeric_fields(cls, prefix=""):
     import dataclasses
     import typing
+
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
@@ -305,6 +405,7 @@ def _numeric_fields(cls, prefix=""):
 
 def test_bad_value_table_and_config_ranges_cover_every_numeric_field():
     from melshards.preprocess.config import RANGES
+
     fields = set(_numeric_fields(PreprocessConfig))
     assert set(BAD_VALUES) == fields
     assert set(RANGES) == fields
@@ -313,6 +414,7 @@ def test_bad_value_table_and_config_ranges_cover_every_numeric_field():
 @pytest.mark.parametrize("key", sorted(BAD_VALUES))
 def test_out_of_range_config_value_stops_the_job_naming_its_key(capsys, tmp_path, key):
     import yaml
+
     section, name = key.split(".")
     cfg = tmp_path / "c.yaml"
     cfg.write_text(yaml.safe_dump({section: {name: BAD_VALUES[key]}}))
@@ -323,12 +425,19 @@ def test_out_of_range_config_value_stops_the_job_naming_its_key(capsys, tmp_path
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("name,content,message", [
-    ("m.csv", "path,transcript\nwavs/a.wav,Hello.\n", "its header has columns ['path', 'transcript'], missing audio"),
-    ("m.jsonl", '{"file": "wavs/a.wav", "text": "Hello."}\n', "missing audio"),
-    ("m.csv", "", "holds no rows"),
-    ("metadata.csv", "", "holds no rows"),
-])
+@pytest.mark.parametrize(
+    "name,content,message",
+    [
+        (
+            "m.csv",
+            "path,transcript\nwavs/a.wav,Hello.\n",
+            "its header has columns ['path', 'transcript'], missing audio",
+        ),
+        ("m.jsonl", '{"file": "wavs/a.wav", "text": "Hello."}\n', "missing audio"),
+        ("m.csv", "", "holds no rows"),
+        ("metadata.csv", "", "holds no rows"),
+    ],
+)
 def test_bad_manifest_stops_before_any_work_with_one_line(capsys, tmp_path, name, content, message):
     (tmp_path / "in").mkdir()
     (tmp_path / "in" / name).write_text(content)
@@ -341,7 +450,8 @@ def test_bad_manifest_stops_before_any_work_with_one_line(capsys, tmp_path, name
 def test_every_row_rejected_exits_2_and_keeps_only_rejected_jsonl(capsys, tmp_path):
     (tmp_path / "in" / "wavs").mkdir(parents=True)
     (tmp_path / "in" / "metadata.csv").write_text(
-        "a|No audio file for this one.|\nb|Rain fell | softly.|Rain fell | softly.\n")
+        "a|No audio file for this one.|\nb|Rain fell | softly.|Rain fell | softly.\n"
+    )
     out = tmp_path / "o"
     assert run(["--input", str(tmp_path / "in"), "--output", str(out)]) == 2
     line = _one_error_line(capsys.readouterr().err)
@@ -349,13 +459,18 @@ def test_every_row_rejected_exits_2_and_keeps_only_rejected_jsonl(capsys, tmp_pa
     (stage,) = out.iterdir()  # the run's staging dir: no stats.json, schema.json, shards, lock
     assert str(stage / "rejected.jsonl") in line
     assert sorted(p.name for p in stage.iterdir()) == ["rejected.jsonl", "run.json"]
-    reasons = sorted(json.loads(l)["reason"] for l in (stage / "rejected.jsonl").read_text().splitlines())
+    reasons = sorted(json.loads(line)["reason"] for line in (stage / "rejected.jsonl").read_text().splitlines())
     assert reasons == ["malformed_row", "missing_audio"]
 
 
-@pytest.mark.parametrize("typo,known", [(["--confg", "configs/ljspeech.yaml"], "--config"),
-                                        (["--direct_num_workrs", "2"], "--direct_num_workers"),
-                                        (["--bukets", "4"], None)])
+@pytest.mark.parametrize(
+    "typo,known",
+    [
+        (["--confg", "configs/ljspeech.yaml"], "--config"),
+        (["--direct_num_workrs", "2"], "--direct_num_workers"),
+        (["--bukets", "4"], None),
+    ],
+)
 def test_option_neither_melshards_nor_beam_knows_stops_the_job(capsys, tmp_path, corpus_dir, typo, known):
     assert run(["--input", str(corpus_dir), "--output", str(tmp_path / "o"), *typo]) == 2
     line = _one_error_line(capsys.readouterr().err)
@@ -370,11 +485,14 @@ def test_beam_option_without_its_value_is_a_usage_error(capsys, tmp_path, corpus
     assert "--runner: expected one argument" in _one_error_line(capsys.readouterr().err)
 
 
-@pytest.mark.parametrize("output,message", [
-    ("file/o", "file is a file, not a directory"),
-    ("file", "file is a file, not a directory"),
-    ("/proc/melshards-test/o", "is not writable"),  # the kernel refuses, even to root
-])
+@pytest.mark.parametrize(
+    "output,message",
+    [
+        ("file/o", "file is a file, not a directory"),
+        ("file", "file is a file, not a directory"),
+        ("/proc/melshards-test/o", "is not writable"),  # the kernel refuses, even to root
+    ],
+)
 def test_unwritable_output_stops_before_any_work(capsys, tmp_path, corpus_dir, output, message):
     (tmp_path / "file").write_text("not a directory")
     out = output if output.startswith("/") else str(tmp_path / output)
@@ -384,6 +502,7 @@ def test_unwritable_output_stops_before_any_work(capsys, tmp_path, corpus_dir, o
 
 def test_read_only_output_dir_stops_before_any_work(capsys, tmp_path, corpus_dir):
     import os
+
     if os.geteuid() == 0:
         pytest.skip("root writes into read-only directories")
     (tmp_path / "ro").mkdir(mode=0o500)
@@ -394,6 +513,7 @@ def test_read_only_output_dir_stops_before_any_work(capsys, tmp_path, corpus_dir
 def _summary(capsys, shards_dir, tmp_path, val_records) -> tuple[str, list[str]]:
     """(the `wrote ...` line, the lines after it) of the summary for the shared run with val_records in val."""
     from melshards.commands.preprocess import print_summary
+
     stats = json.loads((shards_dir / "stats.json").read_text())
     c = stats["counts"]
     c["per_split"]["train"] += c["per_split"]["val"] - val_records
@@ -401,8 +521,8 @@ def _summary(capsys, shards_dir, tmp_path, val_records) -> tuple[str, list[str]]
     (tmp_path / "stats.json").write_text(json.dumps(stats))
     print_summary(stats, str(tmp_path), 1.0)
     lines = capsys.readouterr().out.splitlines()
-    i = next(i for i, l in enumerate(lines) if l.startswith("wrote "))
-    return lines[i], lines[i + 1:]
+    i = next(i for i, line in enumerate(lines) if line.startswith("wrote "))
+    return lines[i], lines[i + 1 :]
 
 
 def test_summary_names_val_shards_only_when_there_are_some(capsys, shards_dir, tmp_path):
@@ -416,11 +536,14 @@ def test_summary_names_val_shards_only_when_there_are_some(capsys, shards_dir, t
 @pytest.mark.parametrize("layout", ["ljspeech", "manifest"])
 def test_mp3_ogg_and_flac_clips_all_reach_the_shards(capsys, tmp_path, layout):
     from tests.preprocess.conftest import encode, mp3_without_length_tag, tone
+
     wavs = tmp_path / "in" / "wavs"
     wavs.mkdir(parents=True)
-    files = {"clip-mp3": ("mp3", mp3_without_length_tag(tone(1.2, lead_silence_s=0.2))),
-             "clip-ogg": ("ogg", encode(tone(1.0, sr=16000), 16000, "OGG")),
-             "clip-flac": ("flac", encode(tone(1.4, sr=44100), 44100, "FLAC"))}
+    files = {
+        "clip-mp3": ("mp3", mp3_without_length_tag(tone(1.2, lead_silence_s=0.2))),
+        "clip-ogg": ("ogg", encode(tone(1.0, sr=16000), 16000, "OGG")),
+        "clip-flac": ("flac", encode(tone(1.4, sr=44100), 44100, "FLAC")),
+    }
     for clip_id, (ext, data) in files.items():
         (wavs / f"{clip_id}.{ext}").write_bytes(data)
     if layout == "ljspeech":
@@ -428,7 +551,9 @@ def test_mp3_ogg_and_flac_clips_all_reach_the_shards(capsys, tmp_path, layout):
         src = tmp_path / "in"
     else:
         src = tmp_path / "in" / "m.csv"
-        src.write_text("audio,text,language\n" + "".join(f"wavs/{i}.{e},Hello there.,en\n" for i, (e, _) in files.items()))
+        src.write_text(
+            "audio,text,language\n" + "".join(f"wavs/{i}.{e},Hello there.,en\n" for i, (e, _) in files.items())
+        )
     out = tmp_path / "o"
     assert run(["--input", str(src), "--output", str(out)]) == 0, capsys.readouterr().err[-2000:]
     _, records = _records(out)
@@ -443,7 +568,9 @@ def test_rows_that_used_to_be_read_silently_wrong_are_rejected_with_their_reason
     import warnings
 
     import soundfile as sf
+
     from tests.preprocess.conftest import encode, tone
+
     wavs = tmp_path / "in" / "wavs"
     wavs.mkdir(parents=True)
     speech = tone(1.2, lead_silence_s=0.3)
@@ -466,7 +593,11 @@ def test_rows_that_used_to_be_read_silently_wrong_are_rejected_with_their_reason
     assert "Warning" not in capsys.readouterr().err
     rejected = {r["id"]: r for r in map(json.loads, (out / "rejected.jsonl").read_text().splitlines())}
     assert {i: r["reason"] for i, r in rejected.items()} == {
-        "two": "ambiguous_audio", "dc": "silent_audio", "nan": "invalid_samples", "inf": "invalid_samples"}
+        "two": "ambiguous_audio",
+        "dc": "silent_audio",
+        "nan": "invalid_samples",
+        "inf": "invalid_samples",
+    }
     assert str(wavs / "two.wav") in rejected["two"]["detail"] and str(wavs / "two.flac") in rejected["two"]["detail"]
     c = json.loads((out / "stats.json").read_text())["counts"]
     assert (c["input_rows"], c["in_shards"], c["filtered"], c["rejected"]) == (6, 2, 0, 4)
@@ -499,10 +630,16 @@ def test_one_bucket_is_a_plain_bucket_0_with_the_one_shape(shards_dir):
     schema = read_schema(str(shards_dir))
     assert len(schema.buckets) == 1
     b = schema.buckets[0]
-    assert (b.index, b.max_mel_frames, b.max_text_len, b.counts) == (0, schema.max_mel_frames, schema.max_text_len,
-                                                                      schema.counts)
+    assert (b.index, b.max_mel_frames, b.max_text_len, b.counts) == (
+        0,
+        schema.max_mel_frames,
+        schema.max_text_len,
+        schema.counts,
+    )
     assert sorted(p.name for p in shards_dir.glob("*.tfrecord")) == [
-        "train-b00-00000-of-00001.tfrecord", "val-b00-00000-of-00001.tfrecord"]
+        "train-b00-00000-of-00001.tfrecord",
+        "val-b00-00000-of-00001.tfrecord",
+    ]
 
 
 def test_each_record_is_padded_to_the_smallest_bucket_it_fits(bucketed_dir, corpus_dir):
@@ -551,8 +688,11 @@ def test_stats_json_shows_the_buckets_and_the_merges_the_minimum_forced(bucketed
     after = {int(v): c for v, c in stats["histograms"]["after_filter"]["mel_frames"].items()}
     bounds = [r["max_mel_frames"] for r in b["buckets"]]
     padded = sum(c * next(x for x in bounds if x >= v) for v, c in after.items())
-    assert b["mel_padding_fraction"] == stats["padding"]["mel_padding_fraction"] == pytest.approx(
-        1 - sum(v * c for v, c in after.items()) / padded, abs=1e-6)
+    assert (
+        b["mel_padding_fraction"]
+        == stats["padding"]["mel_padding_fraction"]
+        == pytest.approx(1 - sum(v * c for v, c in after.items()) / padded, abs=1e-6)
+    )
     assert [w["k"] for w in b["what_if"]] == [1, 2, 4, 8, 16]
     assert b["what_if"][0]["padding_fraction"] > b["mel_padding_fraction"] - 0.05 > 0 or True
     k1 = json.loads((bucketed_dir / "stats.json").read_text())["buckets"]["what_if"][0]
@@ -561,14 +701,22 @@ def test_stats_json_shows_the_buckets_and_the_merges_the_minimum_forced(bucketed
 
 def test_bucket_options_are_validated_naming_the_key(capsys, tmp_path, corpus_dir):
     from melshards.shards_schema.config import ConfigError
-    for pad, key in (({"buckets": 0}, "pad.buckets"), ({"buckets": "many"}, "pad.buckets"),
-                     ({"max_buckets": 0}, "pad.max_buckets"), ({"target_padding": 1.0}, "pad.target_padding"),
-                     ({"min_bucket_records": 0}, "pad.min_bucket_records")):
+
+    for pad, key in (
+        ({"buckets": 0}, "pad.buckets"),
+        ({"buckets": "many"}, "pad.buckets"),
+        ({"max_buckets": 0}, "pad.max_buckets"),
+        ({"target_padding": 1.0}, "pad.target_padding"),
+        ({"min_bucket_records": 0}, "pad.min_bucket_records"),
+    ):
         cfg = PreprocessConfig(pad=PreprocessConfig().pad.__class__(**pad))
         with pytest.raises(ConfigError, match=key):
             cfg.validate()
-    _fails(capsys, ["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--buckets", "two"],
-           "--buckets must be an integer >= 1 or 'auto'")
+    _fails(
+        capsys,
+        ["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--buckets", "two"],
+        "--buckets must be an integer >= 1 or 'auto'",
+    )
     assert load_config(str(TINY_CONFIG), "1").pad.buckets == 1
     assert load_config(str(TINY_CONFIG), "3").pad.buckets == 3
     assert load_config(str(TINY_CONFIG)).pad.buckets == "auto"
@@ -577,11 +725,14 @@ def test_bucket_options_are_validated_naming_the_key(capsys, tmp_path, corpus_di
 @pytest.mark.parametrize("value", ["0", "100", "-1", "two"])
 def test_a_buckets_value_out_of_range_names_buckets_not_the_config_file(value):
     from melshards.shards_schema.config import ConfigError
+
     for path in (str(TINY_CONFIG), None):
         with pytest.raises(ConfigError) as e:
             load_config(path, value)
-        assert str(e.value) == ("--buckets must be an integer >= 1 or 'auto', at most 99 (shard names hold the bucket "
-                                f"in two digits), got {value!r}")
+        assert str(e.value) == (
+            "--buckets must be an integer >= 1 or 'auto', at most 99 (shard names hold the bucket "
+            f"in two digits), got {value!r}"
+        )
 
 
 def test_the_reference_config_lists_every_key_with_its_default():
@@ -592,7 +743,8 @@ def test_the_reference_config_lists_every_key_with_its_default():
     listed = yaml.safe_load(reference.read_text())
     assert {k: set(v) for k, v in listed.items()} == {
         f.name: {g.name for g in dataclasses.fields(getattr(PreprocessConfig(), f.name))}
-        for f in dataclasses.fields(PreprocessConfig)}
+        for f in dataclasses.fields(PreprocessConfig)
+    }
 
 
 # -- how a run ends when something stops it ----------------------------------------------------------
@@ -609,7 +761,8 @@ def _running(pid: int) -> bool:
 
 
 def test_sigterm_stops_the_run_like_ctrl_c_with_one_line_exit_143_and_no_lock_staging_dir_or_worker_left(
-        tmp_path, corpus_dir, shards_dir):
+    tmp_path, corpus_dir, shards_dir
+):
     """What `timeout` does when its time is up: SIGTERM to the command, then to its process group (a
     scheduler's or `kill PID`'s SIGTERM reaches the command alone: its handler kills the workers)."""
     import os
@@ -628,8 +781,9 @@ def test_sigterm_stops_the_run_like_ctrl_c_with_one_line_exit_143_and_no_lock_st
     _, stderr = p.communicate(timeout=300)
     assert p.returncode == 143, stderr
     assert "Traceback" not in stderr, stderr
-    assert [l for l in stderr.splitlines() if " INFO " not in l] == [
-        f"terminated (SIGTERM): the run's temporary files were removed; {out} is as it was"], stderr
+    assert [line for line in stderr.splitlines() if " INFO " not in line] == [
+        f"terminated (SIGTERM): the run's temporary files were removed; {out} is as it was"
+    ], stderr
     assert _tree(out) == before  # no lock, no staging dir, the old run whole
     assert not [pid for pid in below if _running(pid)]
 
@@ -644,13 +798,20 @@ def _failing_job(monkeypatch, error: Exception, worker_says: str, logger: str):
     def job(*args, **kwargs):
         logging.getLogger(logger).error("Worker: %s", worker_says)
         raise error
+
     monkeypatch.setattr(R, "_run_pipeline", job)
 
 
-@pytest.mark.parametrize("logger", ["apache_beam.runners.portability.local_job_service",  # worker processes
-                                    "apache_beam.runners.common"])  # one worker, in this process
+@pytest.mark.parametrize(
+    "logger",
+    [
+        "apache_beam.runners.portability.local_job_service",  # worker processes
+        "apache_beam.runners.common",
+    ],
+)  # one worker, in this process
 def test_a_full_disk_is_told_in_one_line_without_what_the_workers_logged_about_it(
-        monkeypatch, caplog, capsys, tmp_path, corpus_dir, logger):
+    monkeypatch, caplog, capsys, tmp_path, corpus_dir, logger
+):
     import errno
 
     out = tmp_path / "o"
@@ -659,26 +820,30 @@ def test_a_full_disk_is_told_in_one_line_without_what_the_workers_logged_about_i
     error.__cause__ = full
     _failing_job(monkeypatch, error, "Traceback (most recent call last): ... OSError: [Errno 28] No space left", logger)
     assert run(["--input", str(corpus_dir), "--output", str(out), "--config", str(TINY_CONFIG)]) == 1
-    (line,) = [l for l in capsys.readouterr().err.splitlines() if l.startswith("Error:")]
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error:")]
     assert line.startswith(f"Error: no space left on the device of {out / 'x.tfrecord'}")
     assert not [r for r in caplog.records if r.name == logger]
     assert sorted(p.name for p in out.iterdir()) == []  # no lock, no staging dir
 
 
 def test_what_the_workers_logged_reaches_the_console_when_the_failure_is_not_explained(
-        monkeypatch, caplog, tmp_path, corpus_dir):
+    monkeypatch, caplog, tmp_path, corpus_dir
+):
     from melshards.preprocess.workers import WORKER_LOG
 
-    _failing_job(monkeypatch, RuntimeError("a bug"), "Traceback (most recent call last): ... ValueError: a bug",
-                 WORKER_LOG)
+    _failing_job(
+        monkeypatch, RuntimeError("a bug"), "Traceback (most recent call last): ... ValueError: a bug", WORKER_LOG
+    )
     with pytest.raises(RuntimeError, match="a bug"):
         run(["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--config", str(TINY_CONFIG)])
     assert [r.getMessage() for r in caplog.records if r.name == WORKER_LOG] == [
-        "Worker: Traceback (most recent call last): ... ValueError: a bug"]
+        "Worker: Traceback (most recent call last): ... ValueError: a bug"
+    ]
 
 
 def test_an_output_removed_during_the_run_is_told_in_one_line_and_nothing_is_made_again(
-        monkeypatch, caplog, capsys, tmp_path, corpus_dir):
+    monkeypatch, caplog, capsys, tmp_path, corpus_dir
+):
     """`rm -rf OUT` while the job runs: the job's next write fails, and it writes nothing back (Beam's
     FileSystems.create made the directories again: debris no run would remove)."""
     import shutil
@@ -691,10 +856,14 @@ def test_an_output_removed_during_the_run_is_told_in_one_line_and_nothing_is_mad
     def job(options, corpora, run, *args, **kwargs):
         shutil.rmtree(out)
         list(stash_rows(stash_dir(run.stage), [[{"id": "a"}]]))  # what a worker writes next
+
     monkeypatch.setattr(R, "_run_pipeline", job)
     assert run(["--input", str(corpus_dir), "--output", str(out), "--config", str(TINY_CONFIG)]) == 2
-    (line,) = [l for l in capsys.readouterr().err.splitlines() if l.startswith("Error:")]
-    assert line.startswith(f"Error: the run's staging dir {out}/.melshards-run-") and "was removed while the job ran" in line
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error:")]
+    assert (
+        line.startswith(f"Error: the run's staging dir {out}/.melshards-run-")
+        and "was removed while the job ran" in line
+    )
     assert not out.exists()
 
 

@@ -1,9 +1,10 @@
 """The output directory: never a file melshards did not write, never a good run before a new one
 exists, one run at a time, and a failed, full or interrupted run leaves it as it was."""
+
 import errno
 import json
-import re
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,7 +19,6 @@ from melshards.commands.preprocess import run
 from melshards.preprocess import lock as L
 from melshards.preprocess import output as O
 from melshards.shards_schema.schema import PUBLISH_JOURNAL
-
 from tests.conftest import TINY_CONFIG
 from tests.preprocess.conftest import ctrl_c_as_in_a_terminal, start_long_run
 
@@ -29,13 +29,26 @@ def _snapshot(d: Path) -> dict[str, bytes]:
 
 def _error_line(err: str) -> str:
     assert "Traceback" not in err, err
-    (line,) = [l for l in err.splitlines() if l.startswith("Error:")]
+    (line,) = [line for line in err.splitlines() if line.startswith("Error:")]
     return line
 
 
 def _preprocess(corpus, out, *extra):
-    return run(["--input", str(corpus), "--output", str(out), "--config", str(TINY_CONFIG), "--workers", "1",
-                "--buckets", "1", *extra])
+    return run(
+        [
+            "--input",
+            str(corpus),
+            "--output",
+            str(out),
+            "--config",
+            str(TINY_CONFIG),
+            "--workers",
+            "1",
+            "--buckets",
+            "1",
+            *extra,
+        ]
+    )
 
 
 def _copy_run(shards_dir: Path, dst: Path) -> Path:
@@ -54,9 +67,14 @@ def all_rejected_corpus(tmp_path) -> Path:
 def test_a_directory_of_the_users_files_is_refused_naming_them_and_left_untouched(capsys, tmp_path, corpus_dir):
     out = tmp_path / "o"
     (out / ".melshards-tmp").mkdir(parents=True)
-    for name, text in [("notes.txt", "mine"), ("stats.json", "{}"), ("rejected.jsonl", "{}\n"),
-                       ("train-important.tfrecord", "data"), ("val-keep.tfrecord", "data"),
-                       (".melshards-tmp/x", "x")]:
+    for name, text in [
+        ("notes.txt", "mine"),
+        ("stats.json", "{}"),
+        ("rejected.jsonl", "{}\n"),
+        ("train-important.tfrecord", "data"),
+        ("val-keep.tfrecord", "data"),
+        (".melshards-tmp/x", "x"),
+    ]:
         (out / name).write_text(text)
     before = _snapshot(out)
     assert _preprocess(corpus_dir, out) == 2
@@ -65,13 +83,12 @@ def test_a_directory_of_the_users_files_is_refused_naming_them_and_left_untouche
         assert name in line
     assert "notes.txt" not in line and "move them out" in line
     assert _snapshot(out) == before
-    assert sorted(p.name for p in out.iterdir()) == sorted(["notes.txt", "stats.json", "rejected.jsonl",
-                                                             "train-important.tfrecord", "val-keep.tfrecord",
-                                                             ".melshards-tmp"])  # no lock, no staging dir
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["notes.txt", "stats.json", "rejected.jsonl", "train-important.tfrecord", "val-keep.tfrecord", ".melshards-tmp"]
+    )  # no lock, no staging dir
 
 
-def test_overwrite_refuses_shard_named_files_the_finished_run_does_not_list(capsys, tmp_path, corpus_dir,
-                                                                            shards_dir):
+def test_overwrite_refuses_shard_named_files_the_finished_run_does_not_list(capsys, tmp_path, corpus_dir, shards_dir):
     out = _copy_run(shards_dir, tmp_path / "o")
     (out / "train-mydata.tfrecord").write_bytes(b"users")
     (out / "val-b07-00003-of-00009.tfrecord").write_bytes(b"users")
@@ -82,9 +99,11 @@ def test_overwrite_refuses_shard_named_files_the_finished_run_does_not_list(caps
     assert _snapshot(out) == before
 
 
-def test_a_failed_overwrite_leaves_the_old_run_as_it_was_and_readable(capsys, tmp_path, shards_dir,
-                                                                      all_rejected_corpus):
+def test_a_failed_overwrite_leaves_the_old_run_as_it_was_and_readable(
+    capsys, tmp_path, shards_dir, all_rejected_corpus
+):
     from melshards.shards_schema.shards import check_schemas, expand_globs
+
     out = _copy_run(shards_dir, tmp_path / "o")
     before = _snapshot(out)
     assert _preprocess(all_rejected_corpus, out, "--overwrite") == 2
@@ -92,7 +111,7 @@ def test_a_failed_overwrite_leaves_the_old_run_as_it_was_and_readable(capsys, tm
     assert "all 2 input rows were rejected" in line and "as it was" in line
     kept = line.split("reason is in ")[1].split(" ")[0]
     assert Path(kept).name == "rejected.jsonl" and Path(kept).parent.parent == out
-    assert {json.loads(l)["reason"] for l in Path(kept).read_text().splitlines()} == {"missing_audio"}
+    assert {json.loads(line)["reason"] for line in Path(kept).read_text().splitlines()} == {"missing_audio"}
     after = _snapshot(out)
     assert {k: v for k, v in after.items() if not k.startswith(O.STAGE_PREFIX)} == before
     files = expand_globs([str(out / "train-*.tfrecord")])
@@ -105,8 +124,10 @@ def test_a_failed_overwrite_leaves_the_old_run_as_it_was_and_readable(capsys, tm
 
 
 def test_overwrite_replaces_the_old_run_only_with_a_finished_one_and_keeps_other_files(
-        capsys, tmp_path, corpus_dir, bucketed_dir):
+    capsys, tmp_path, corpus_dir, bucketed_dir
+):
     from melshards.shards_schema import read_schema
+
     out = _copy_run(bucketed_dir, tmp_path / "o")
     (out / "notes.txt").write_text("mine")
     assert _preprocess(corpus_dir, out, "--overwrite") == 0
@@ -116,12 +137,21 @@ def test_overwrite_replaces_the_old_run_only_with_a_finished_one_and_keeps_other
     assert {p.name for p in out.glob("*.tfrecord")} == listed  # the old 4 buckets' shards are gone
     assert len(schema.buckets) == 1
     assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".tfrecord")) == [
-        "notes.txt", "rejected.jsonl", "schema.json", "stats.json"]
+        "notes.txt",
+        "rejected.jsonl",
+        "schema.json",
+        "stats.json",
+    ]
 
 
 def _hold(out: Path, **holder):
-    info = {"run_id": "other", **L.machine_identity(), "pid": os.getpid(), "started": time.time(),
-            "heartbeat": time.time()}
+    info = {
+        "run_id": "other",
+        **L.machine_identity(),
+        "pid": os.getpid(),
+        "started": time.time(),
+        "heartbeat": time.time(),
+    }
     info.update(holder)
     out.mkdir(parents=True, exist_ok=True)
     (out / L.LOCK_FILE).write_text(json.dumps(info))
@@ -136,12 +166,15 @@ def test_a_run_into_a_directory_a_live_run_holds_stops_at_once_naming_the_holder
     assert sorted(p.name for p in out.iterdir()) == [L.LOCK_FILE]
 
 
-@pytest.mark.parametrize("holder,stale", [
-    ({"pid": 2 ** 22 + 12345}, True),  # this host, its process is gone
-    ({"pid": 2 ** 22 + 12345, "pidns": "pid:[1]"}, False),  # same host name, another container: heartbeat decides
-    ({"host": "elsewhere", "heartbeat": time.time() - L.STALE_AFTER_S - 5}, True),  # no heartbeat for too long
-    ({"host": "elsewhere"}, False),  # another machine, heartbeat fresh
-])
+@pytest.mark.parametrize(
+    "holder,stale",
+    [
+        ({"pid": 2**22 + 12345}, True),  # this host, its process is gone
+        ({"pid": 2**22 + 12345, "pidns": "pid:[1]"}, False),  # same host name, another container: heartbeat decides
+        ({"host": "elsewhere", "heartbeat": time.time() - L.STALE_AFTER_S - 5}, True),  # no heartbeat for too long
+        ({"host": "elsewhere"}, False),  # another machine, heartbeat fresh
+    ],
+)
 def test_a_stale_holder_is_taken_over_and_a_live_one_is_not(tmp_path, holder, stale):
     _hold(tmp_path, **holder)
     if not stale:
@@ -177,6 +210,7 @@ class _FakeBlob:
 
     def upload_from_string(self, data, if_generation_match=None):
         from google.api_core.exceptions import PreconditionFailed
+
         current = self.store.get(self.name)
         if if_generation_match is not None and (current[1] if current else 0) != if_generation_match:
             raise PreconditionFailed("generation mismatch")
@@ -185,12 +219,14 @@ class _FakeBlob:
 
     def reload(self):
         from google.api_core.exceptions import NotFound
+
         if self.name not in self.store:
             raise NotFound("no such object")
         self.generation = self.store[self.name][1]
 
     def download_as_bytes(self, if_generation_match=None):
         from google.api_core.exceptions import NotFound, PreconditionFailed
+
         if self.name not in self.store:
             raise NotFound("no such object")
         if if_generation_match is not None and self.store[self.name][1] != if_generation_match:
@@ -199,6 +235,7 @@ class _FakeBlob:
 
     def delete(self, if_generation_match=None):
         from google.api_core.exceptions import NotFound, PreconditionFailed
+
         if self.name not in self.store:
             raise NotFound("no such object")
         if if_generation_match is not None and self.store[self.name][1] != if_generation_match:
@@ -251,9 +288,25 @@ def test_release_removes_the_runs_own_lock(tmp_path):
 def test_a_second_run_into_an_output_a_running_job_holds_stops_and_the_first_is_unharmed(tmp_path, corpus_dir):
     out = tmp_path / "o"
     first = start_long_run(tmp_path, corpus_dir, out, "--workers", "1")
-    second = subprocess.run([sys.executable, "-m", "melshards", "preprocess", "--input", str(corpus_dir),
-                             "--output", str(out), "--config", str(TINY_CONFIG), "--workers", "1"],
-                            capture_output=True, text=True, timeout=600)
+    second = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "melshards",
+            "preprocess",
+            "--input",
+            str(corpus_dir),
+            "--output",
+            str(out),
+            "--config",
+            str(TINY_CONFIG),
+            "--workers",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert first.poll() is None, "the first run should still be running"
     assert second.returncode == 2, second.stderr
     assert "is in use by another melshards preprocess run" in second.stderr and f"pid {first.pid}" in second.stderr
@@ -293,9 +346,9 @@ def test_staging_dirs_of_unfinished_runs_are_removed_and_nothing_else(tmp_path):
     assert (tmp_path / ".melshards-tmp" / "x").read_text() == "users"
 
 
-def test_a_publish_cut_short_is_refused_by_the_trainer_and_finished_by_the_next_run(tmp_path, shards_dir,
-                                                                                     bucketed_dir):
+def test_a_publish_cut_short_is_refused_by_the_trainer_and_finished_by_the_next_run(tmp_path, shards_dir, bucketed_dir):
     from melshards.shards_schema.shards import InputError, check_schemas
+
     out = _copy_run(bucketed_dir, tmp_path / "o")
     old = O.run_files(O.read_schema_at(str(out / "schema.json")))
     stage = out / f"{O.STAGE_PREFIX}x"
@@ -323,16 +376,18 @@ def test_a_journal_naming_no_staging_dir_of_ours_stops_and_removes_nothing(tmp_p
     (tmp_path / "precious").mkdir()
     (tmp_path / "precious" / "data").write_text("users")
     for stage in ("../precious", str(tmp_path / "precious"), f"{O.STAGE_PREFIX}gone"):
-        (out / PUBLISH_JOURNAL).write_text(json.dumps({"run_id": "gone", "stage": stage, "remove": [],
-                                                       "move": ["schema.json"]}))
+        (out / PUBLISH_JOURNAL).write_text(
+            json.dumps({"run_id": "gone", "stage": stage, "remove": [], "move": ["schema.json"]})
+        )
         before = _snapshot(out)
         with pytest.raises(O.OutputError, match="names no staging dir of melshards"):
             O.open_run(str(out), overwrite=True)
         assert _snapshot(out) == before and (tmp_path / "precious" / "data").exists()
 
 
-def test_a_run_made_by_another_melshards_version_is_named_as_such_not_replaced(capsys, tmp_path, corpus_dir,
-                                                                              shards_dir):
+def test_a_run_made_by_another_melshards_version_is_named_as_such_not_replaced(
+    capsys, tmp_path, corpus_dir, shards_dir
+):
     out = _copy_run(shards_dir, tmp_path / "o")
     (out / "schema.json").write_text(json.dumps({"version": "1.2.0", "max_mel_frames": 800}))
     before = _snapshot(out)
@@ -346,21 +401,25 @@ def test_the_report_writes_schema_json_before_it_removes_the_temp_dir(monkeypatc
     """schema.json is never written into a temp dir the report already removed (a crash between the
     two left both behind, and preprocess and train disagreed on whether the run had finished)."""
     from melshards.preprocess import report
+
     calls = []
     real = report.remove_temp_dir
 
     def spy(out_dir):
         calls.append((Path(out_dir) / "schema.json").exists())
         real(out_dir)
+
     monkeypatch.setattr(report, "remove_temp_dir", spy)
     assert _preprocess(corpus_dir, tmp_path / "o") == 0
     capsys.readouterr()
     assert calls == [True]
 
 
-def test_a_full_disk_stops_the_run_with_one_line_and_leaves_the_old_run(monkeypatch, capsys, tmp_path, corpus_dir,
-                                                                         shards_dir):
+def test_a_full_disk_stops_the_run_with_one_line_and_leaves_the_old_run(
+    monkeypatch, capsys, tmp_path, corpus_dir, shards_dir
+):
     from melshards.preprocess import shards
+
     out = _copy_run(shards_dir, tmp_path / "o")
     before = _snapshot(out)
     real = shards.RollingFiles.write
@@ -372,6 +431,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_leaves_the_old_run(monkeypa
             path = os.path.join(self.out_dir, "x.tfrecord")
             raise OSError(errno.ENOSPC, "No space left on device", path)
         return real(self, split, bucket, data)
+
     monkeypatch.setattr(shards.RollingFiles, "write", write)
     assert _preprocess(corpus_dir, out, "--overwrite") == 1
     line = _error_line(capsys.readouterr().err)
@@ -390,7 +450,7 @@ def test_ctrl_c_prints_one_line_exits_130_and_leaves_the_old_run(tmp_path, corpu
     assert p.returncode == 130, stderr
     assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr, stderr
     assert stderr.splitlines()[-1] == f"interrupted: the run's temporary files were removed; {out} is as it was"
-    assert [l for l in stderr.splitlines() if " INFO " not in l] == [stderr.splitlines()[-1]]
+    assert [line for line in stderr.splitlines() if " INFO " not in line] == [stderr.splitlines()[-1]]
     assert _snapshot(out) == before
 
 
@@ -402,12 +462,16 @@ def _beam_worker_pids(root: int) -> list[int]:
             return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             return []
-    return [pid for pid in descendants(root) if b"apache_beam.runners.worker.sdk_worker_main" in cmdline(pid)
-            and os.path.basename(cmdline(pid)[0]).startswith(b"python")]
+
+    return [
+        pid
+        for pid in descendants(root)
+        if b"apache_beam.runners.worker.sdk_worker_main" in cmdline(pid)
+        and os.path.basename(cmdline(pid)[0]).startswith(b"python")
+    ]
 
 
-def test_a_worker_killed_mid_run_stops_the_job_with_one_line_and_leaves_the_old_run(tmp_path, corpus_dir,
-                                                                                   shards_dir):
+def test_a_worker_killed_mid_run_stops_the_job_with_one_line_and_leaves_the_old_run(tmp_path, corpus_dir, shards_dir):
     """What the out-of-memory killer does: Beam's local runner alone would wait for the dead worker
     for ever. The job stops at once, says what happened, and removes its staging dir."""
     out = _copy_run(shards_dir, tmp_path / "o")
@@ -416,11 +480,12 @@ def test_a_worker_killed_mid_run_stops_the_job_with_one_line_and_leaves_the_old_
     os.kill(_beam_worker_pids(p.pid)[0], signal.SIGKILL)
     stdout, stderr = p.communicate(timeout=300)
     assert p.returncode == 1, stderr
-    assert [l for l in stderr.splitlines() if " INFO " not in l] == [stderr.splitlines()[-1]], stderr
+    assert [line for line in stderr.splitlines() if " INFO " not in line] == [stderr.splitlines()[-1]], stderr
     assert stderr.splitlines()[-1] == (
         "Error: a worker process was killed (SIGKILL) while the job ran, most often by the kernel's out-of-memory "
         f"killer (try fewer --workers); the run's temporary files were removed and {out} is as it was: run it "
-        "again (with --cache DIR, a re-run computes only the clips not yet cached)")
+        "again (with --cache DIR, a re-run computes only the clips not yet cached)"
+    )
     assert _snapshot(out) == before
     assert not _beam_worker_pids(p.pid)
 
@@ -448,55 +513,69 @@ def test_nothing_reaches_the_console_after_ctrl_c_even_before_the_main_thread_ha
     the main thread is still inside a C call, where Python cannot run the SIGINT handler yet: the
     relay goes mute on the signal itself."""
     go = tmp_path / "sent"
-    code = ("import hashlib, os, sys, threading, time\n"
-            "from melshards.commands.ctrl_c import StopOnCtrlC\n"
-            "def dying_words():\n"
-            f"    while not os.path.exists({str(go)!r}):\n"
-            "        time.sleep(0.01)\n"
-            "    for _ in range(50):\n"
-            "        print('Traceback (a worker)', file=sys.stderr, flush=True)\n"
-            "        time.sleep(0.01)\n"
-            "with StopOnCtrlC('out'):\n"
-            "    threading.Thread(target=dying_words, daemon=True).start()\n"
-            "    print('ready', flush=True)\n"
-            "    hashlib.pbkdf2_hmac('sha256', b'p', b's', 10_000_000)  # seconds in C, the GIL released\n"
-            "    time.sleep(60)  # (the run would go on)\n")
+    code = (
+        "import hashlib, os, sys, threading, time\n"
+        "from melshards.commands.ctrl_c import StopOnCtrlC\n"
+        "def dying_words():\n"
+        f"    while not os.path.exists({str(go)!r}):\n"
+        "        time.sleep(0.01)\n"
+        "    for _ in range(50):\n"
+        "        print('Traceback (a worker)', file=sys.stderr, flush=True)\n"
+        "        time.sleep(0.01)\n"
+        "with StopOnCtrlC('out'):\n"
+        "    threading.Thread(target=dying_words, daemon=True).start()\n"
+        "    print('ready', flush=True)\n"
+        "    hashlib.pbkdf2_hmac('sha256', b'p', b's', 10_000_000)  # seconds in C, the GIL released\n"
+        "    time.sleep(60)  # (the run would go on)\n"
+    )
     script = tmp_path / "s.py"
     script.write_text(code)
-    p = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     assert p.stdout.readline() == "ready\n"
     os.killpg(p.pid, signal.SIGINT)
     go.touch()
     _, stderr = p.communicate(timeout=120)
     assert p.returncode == 130, stderr
-    assert "Traceback" not in stderr and stderr.splitlines() == ["interrupted: the run's temporary files were removed; "
-                                                                 "out is as it was"], stderr
+    assert "Traceback" not in stderr and stderr.splitlines() == [
+        "interrupted: the run's temporary files were removed; out is as it was"
+    ], stderr
 
 
 def test_output_piped_into_a_reader_that_stops_early_does_not_hang_the_run(tmp_path):
     """`melshards preprocess ... | head`: the relay of the console loses its reader (EPIPE) and keeps
     draining, so nothing blocks on a full pipe (the lock would be held forever)."""
-    code = ("import sys\n"
-            "from melshards.commands.ctrl_c import StopOnCtrlC\n"
-            "with StopOnCtrlC('out'):\n"
-            "    for i in range(20000):\n"
-            "        print('progress line', i, 'x' * 40)\n"
-            "print('done', file=sys.stderr)\n")
+    code = (
+        "import sys\n"
+        "from melshards.commands.ctrl_c import StopOnCtrlC\n"
+        "with StopOnCtrlC('out'):\n"
+        "    for i in range(20000):\n"
+        "        print('progress line', i, 'x' * 40)\n"
+        "print('done', file=sys.stderr)\n"
+    )
     script = tmp_path / "s.py"
     script.write_text(code)
-    done = subprocess.run(f"{sys.executable} {script} | head -c 20 >/dev/null; echo ${{PIPESTATUS[0]}}",
-                          shell=True, executable="/bin/bash", capture_output=True, text=True, timeout=120,
-                          preexec_fn=ctrl_c_as_in_a_terminal)
+    done = subprocess.run(
+        f"{sys.executable} {script} | head -c 20 >/dev/null; echo ${{PIPESTATUS[0]}}",
+        shell=True,
+        executable="/bin/bash",
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preexec_fn=ctrl_c_as_in_a_terminal,
+    )
     assert done.stdout.strip() == "0", done.stderr
 
 
 def test_stdout_and_stderr_into_one_file_keep_their_order(tmp_path):
-    code = ("import sys\n"
-            "from melshards.commands.ctrl_c import StopOnCtrlC\n"
-            "with StopOnCtrlC('out'):\n"
-            "    for i in range(2000):\n"
-            "        print(i, file=sys.stdout if i % 2 else sys.stderr, flush=True)\n")
+    code = (
+        "import sys\n"
+        "from melshards.commands.ctrl_c import StopOnCtrlC\n"
+        "with StopOnCtrlC('out'):\n"
+        "    for i in range(2000):\n"
+        "        print(i, file=sys.stdout if i % 2 else sys.stderr, flush=True)\n"
+    )
     script = tmp_path / "s.py"
     script.write_text(code)
     log = tmp_path / "log"

@@ -1,9 +1,10 @@
 """The output directory's protocol, called directly (open_run, close_run, apply_journal, Lock): a
 journal or lock that cannot be read stops the run rather than count as absent, the lock is held
 through the publish, and what a publish will touch is checked before anything is touched."""
+
 import json
-import time
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,9 @@ def _cut_short_publish(out: Path, run_id: str = "x") -> Path:
     stage.mkdir(parents=True)
     (stage / O.RUN_FILE).write_text(json.dumps({"run_id": run_id}))
     (stage / "train-b00-00000-of-00001.tfrecord").write_bytes(b"the new run")
-    (out / PUBLISH_JOURNAL).write_text(json.dumps({"run_id": run_id, "stage": stage.name, "remove": [],
-                                                  "move": ["train-b00-00000-of-00001.tfrecord"]}))
+    (out / PUBLISH_JOURNAL).write_text(
+        json.dumps({"run_id": run_id, "stage": stage.name, "remove": [], "move": ["train-b00-00000-of-00001.tfrecord"]})
+    )
     return stage
 
 
@@ -36,13 +38,15 @@ def _failing_open(monkeypatch, name: str):
         if Path(path).name == name:
             raise OSError(5, "Input/output error (a network file system hiccup)", path)
         return real(path, *a, **k)
+
     monkeypatch.setattr(FileSystems, "open", staticmethod(open_))
 
 
 # -- item 4: a journal that cannot be read is never taken for no journal -----------------------------
 @pytest.mark.parametrize("unreadable", [PUBLISH_JOURNAL, O.RUN_FILE])
 def test_a_journal_or_its_run_json_that_cannot_be_read_stops_the_run_and_keeps_the_staging_dir(
-        tmp_path, monkeypatch, unreadable):
+    tmp_path, monkeypatch, unreadable
+):
     stage = _cut_short_publish(tmp_path)
     before = _snapshot(tmp_path)
     _failing_open(monkeypatch, unreadable)
@@ -52,14 +56,24 @@ def test_a_journal_or_its_run_json_that_cannot_be_read_stops_the_run_and_keeps_t
     assert stage.exists() and _snapshot(tmp_path) == before  # the lock was released, nothing else changed
 
 
-@pytest.mark.parametrize("journal", ["{not json", "[]", '{"run_id": "x", "stage": ".melshards-run-x"}',
-                                     '{"run_id": "x", "stage": ".melshards-run-x", "remove": [], "move": ["../a"]}'])
+@pytest.mark.parametrize(
+    "journal",
+    [
+        "{not json",
+        "[]",
+        '{"run_id": "x", "stage": ".melshards-run-x"}',
+        '{"run_id": "x", "stage": ".melshards-run-x", "remove": [], "move": ["../a"]}',
+    ],
+)
 def test_a_journal_that_cannot_be_understood_stops_the_run_as_one_naming_no_staging_dir_does(tmp_path, journal):
     stage = _cut_short_publish(tmp_path)
     (tmp_path / PUBLISH_JOURNAL).write_text(journal)
     before = _snapshot(tmp_path)
-    with pytest.raises(O.OutputError, match="is not a publish journal melshards can read; move the directory's "
-                                            "files somewhere safe, delete the journal, and run again"):
+    with pytest.raises(
+        O.OutputError,
+        match="is not a publish journal melshards can read; move the directory's "
+        "files somewhere safe, delete the journal, and run again",
+    ):
         O.open_run(str(tmp_path), overwrite=True)
     assert stage.exists() and _snapshot(tmp_path) == before
 
@@ -89,6 +103,7 @@ def test_the_lock_is_renewed_while_a_finished_run_is_published(tmp_path, monkeyp
             time.sleep(0.02)
         renewed.append(_heartbeat(out) > first)
         real(out_dir, journal)
+
     monkeypatch.setattr(O, "apply_journal", long_publish)
     O.close_run(run, ok=True)
     assert renewed == [True] and run.published
@@ -110,8 +125,7 @@ def _users_dir_in_place_of_a_shard(out: Path, how: str) -> Path:
 
 
 @pytest.mark.parametrize("how", ["directory", "symbolic link"])
-def test_overwrite_refuses_up_front_a_users_directory_where_the_finished_run_lists_a_shard(tmp_path, shards_dir,
-                                                                                          how):
+def test_overwrite_refuses_up_front_a_users_directory_where_the_finished_run_lists_a_shard(tmp_path, shards_dir, how):
     out = tmp_path / "o"
     shutil.copytree(shards_dir, out)
     shard = _users_dir_in_place_of_a_shard(out, how)
@@ -138,7 +152,8 @@ def _published_part(out):
 
 
 def test_a_directory_put_where_a_shard_goes_during_the_run_stops_the_publish_before_it_touches_anything(
-        tmp_path, shards_dir):
+    tmp_path, shards_dir
+):
     out, run = _finished_run_staged_over_an_old_one(tmp_path, shards_dir)
     shard = _users_dir_in_place_of_a_shard(out, "directory")
     before = _published_part(out)
@@ -149,7 +164,8 @@ def test_a_directory_put_where_a_shard_goes_during_the_run_stops_the_publish_bef
 
 
 def test_a_users_shard_named_file_that_appears_during_the_run_stops_the_publish_before_it_touches_anything(
-        tmp_path, shards_dir):
+    tmp_path, shards_dir
+):
     out, run = _finished_run_staged_over_an_old_one(tmp_path, shards_dir)
     (out / "train-b09-00000-of-00001.tfrecord").write_bytes(b"the user's")
     before = _published_part(out)
@@ -180,8 +196,7 @@ def test_a_directory_in_the_way_of_a_cut_short_publish_stops_its_replay_before_i
 
 # -- item 7: an empty --output is refused, not taken for the working directory -------------------------
 @pytest.mark.parametrize("spelling", ["", "gs://"])
-def test_an_output_naming_no_directory_is_refused_and_the_working_directory_left_alone(tmp_path, monkeypatch,
-                                                                                      spelling):
+def test_an_output_naming_no_directory_is_refused_and_the_working_directory_left_alone(tmp_path, monkeypatch, spelling):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(O.OutputError, match="names no directory"):
         O.open_run(spelling, overwrite=True)
@@ -211,7 +226,8 @@ def test_a_train_model_dir_is_refused_as_such_with_or_without_overwrite(tmp_path
         O.open_run(str(out), overwrite=overwrite)
     assert "--overwrite" not in str(e.value) and "finished run" not in str(e.value)
     assert _snapshot(out) == before and sorted(p.name for p in out.iterdir()) == sorted(
-        ["schema.json", "run_summary.json", "tensorboard", *marks])
+        ["schema.json", "run_summary.json", "tensorboard", *marks]
+    )
 
 
 def test_an_output_that_cannot_be_listed_is_one_line_not_a_traceback(tmp_path, monkeypatch):
@@ -227,8 +243,7 @@ def test_an_output_that_cannot_be_listed_is_one_line_not_a_traceback(tmp_path, m
 
 @pytest.mark.parametrize("overwrite", [True, False])
 @pytest.mark.parametrize("schema", ["not melshards", "a run's schema.json without its shards"])
-def test_the_users_own_schema_json_is_never_called_a_finished_run_nor_replaced(tmp_path, shards_dir, schema,
-                                                                              overwrite):
+def test_the_users_own_schema_json_is_never_called_a_finished_run_nor_replaced(tmp_path, shards_dir, schema, overwrite):
     if schema == "not melshards":
         (tmp_path / "schema.json").write_text(json.dumps({"fields": ["my", "own"]}))
     else:
@@ -254,6 +269,7 @@ def test_a_lock_replaced_between_its_two_gcs_reads_is_read_again_not_taken_for_a
             super().reload()
             if not renewed:
                 renewed.append(first.renew())
+
     bucket.blob = lambda name: RenewedMeanwhile(bucket.store, name)
     with pytest.raises(L.OutputBusyError, match="in use by another melshards preprocess run first"):
         L.Lock("gs://b/out", "second", gcs_bucket=bucket).acquire()
@@ -274,6 +290,7 @@ def test_a_local_renewal_and_a_takeover_of_the_same_lock_never_both_succeed(tmp_
         other = L._LocalMarker(path)
         if other.delete(token):
             taken["b"] = other.create(b'{"run_id": "b"}')
+
     taker = threading.Thread(target=take_over)
 
     class TakenOverAfterRead:
@@ -300,6 +317,7 @@ def test_a_local_renewal_and_a_takeover_of_the_same_lock_never_both_succeed(tmp_
         f = builtins.open(file, mode, *a, **k)
         hooked = file == path and "w" not in mode and threading.current_thread() is threading.main_thread()
         return TakenOverAfterRead(f) if hooked else f
+
     monkeypatch.setattr(L, "open", open_, raising=False)
     renewed = holder.replace(b'{"run_id": "a", "heartbeat": 2}', token)
     taker.join(30)
@@ -333,8 +351,9 @@ def test_a_stale_lock_of_another_user_that_this_one_cannot_write_is_taken_over(t
     needs the directory's write permission only, as a rename does."""
     import builtins
 
-    (tmp_path / L.LOCK_FILE).write_text(json.dumps({"run_id": "theirs", "host": "elsewhere", "pid": 1,
-                                                    "heartbeat": time.time() - L.STALE_AFTER_S - 5}))
+    (tmp_path / L.LOCK_FILE).write_text(
+        json.dumps({"run_id": "theirs", "host": "elsewhere", "pid": 1, "heartbeat": time.time() - L.STALE_AFTER_S - 5})
+    )
     lock_path = str(tmp_path / L.LOCK_FILE)
 
     def open_as_another_user(path, mode="r", *args, **kwargs):

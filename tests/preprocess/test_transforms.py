@@ -1,4 +1,5 @@
 """Each stage's PTransform on its own, with TestPipeline + assert_that."""
+
 import dataclasses
 import json
 import os
@@ -9,16 +10,15 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from melshards.preprocess.config import PreprocessConfig
-from melshards.preprocess.corpus import ReadCorpus, batch_rows, detect_corpus
-from melshards.preprocess.rows import LayoutRows, unique_ids
-from melshards.preprocess.spill import Spill
-from melshards.preprocess.config import PadConfig
 from melshards.preprocess import tables as T
 from melshards.preprocess.clips import filter_rejection
+from melshards.preprocess.config import PadConfig, PreprocessConfig
+from melshards.preprocess.corpus import ReadCorpus, batch_rows, detect_corpus
 from melshards.preprocess.encode import encode_clip
 from melshards.preprocess.pipeline import ChooseBuckets, FilterAndWrite, LengthHistograms, MeasureClips, MelStatistics
+from melshards.preprocess.rows import LayoutRows, unique_ids
 from melshards.preprocess.shards import AssembleShards, RollingFiles, group_into_shards
+from melshards.preprocess.spill import Spill
 from melshards.preprocess.stash import load_clips, load_features, load_rows, stash_batch, stash_rows
 from melshards.shards_schema.stats import Cutoffs
 
@@ -52,45 +52,64 @@ def test_read_corpus_ljspeech_attaches_audio_and_rejects_malformed_rows(corpus_d
             assert by_id["LJT001-0001"]["text"] == by_id["LJT001-0001"]["text"].strip()
 
         assert_that(_flat(out["batches"]), check_rows, label="rows")
-        assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
-                    equal_to([("row-55", "malformed_row"), ("LJT001-0003", "duplicate_id")]), label="rejected")
+        assert_that(
+            out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
+            equal_to([("row-55", "malformed_row"), ("LJT001-0003", "duplicate_id")]),
+            label="rejected",
+        )
         assert_that(out["input_rows"], equal_to([56]), label="input_rows")
 
 
 def test_read_corpus_manifest_jsonl_resolves_relative_paths(tmp_path, corpus_dir):
     manifest = tmp_path / "m.jsonl"
-    rows = [{"audio": str(corpus_dir / "wavs" / "LJT001-0001.wav"), "text": "Hello.", "speaker": "s1"},
-            {"audio": "wavs/x.wav", "text": "There.", "id": "x"}]
+    rows = [
+        {"audio": str(corpus_dir / "wavs" / "LJT001-0001.wav"), "text": "Hello.", "speaker": "s1"},
+        {"audio": "wavs/x.wav", "text": "There.", "id": "x"},
+    ]
     manifest.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
     with pipeline() as p:
         out = p | ReadCorpus(detect_corpus(str(manifest), language="en"), str(tmp_path / "stash"))
-        assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["speaker"], r["audio"])), equal_to([
-            ("LJT001-0001", "s1", str(corpus_dir / "wavs" / "LJT001-0001.wav")),
-            ("x", "m", str(tmp_path / "wavs" / "x.wav"))]), label="rows")  # no speaker: the input's name
+        assert_that(
+            _flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["speaker"], r["audio"])),
+            equal_to(
+                [
+                    ("LJT001-0001", "s1", str(corpus_dir / "wavs" / "LJT001-0001.wav")),
+                    ("x", "m", str(tmp_path / "wavs" / "x.wav")),
+                ]
+            ),
+            label="rows",
+        )  # no speaker: the input's name
         assert_that(out["rejected"] | beam.Map(lambda r: r["reason"]), equal_to(["malformed_row"]), label="rej")
 
 
 def test_read_corpus_csv_manifest_reads_header_columns(tmp_path):
     manifest = tmp_path / "m.csv"
-    manifest.write_text("audio,text,speaker\na.wav,\"Hi, there\",bob\n")
+    manifest.write_text('audio,text,speaker\na.wav,"Hi, there",bob\n')
     with pipeline() as p:
         out = p | ReadCorpus(detect_corpus(str(manifest), language="en"), str(tmp_path / "stash"))
-        assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["text"], r["speaker"])),
-                    equal_to([("a", "Hi, there", "bob")]))
+        assert_that(
+            _flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["text"], r["speaker"])),
+            equal_to([("a", "Hi, there", "bob")]),
+        )
 
 
 @pytest.mark.parametrize("on_disk", [False, True])
 def test_unique_ids_keeps_the_first_row_of_an_id_in_memory_or_in_a_spill(on_disk):
-    items = [{"id": "a", "row": 1}, {"id": "x", "reason": "malformed_row", "detail": "d"}, {"id": "b", "row": 2},
-             {"id": "a", "row": 3}]
+    items = [
+        {"id": "a", "row": 1},
+        {"id": "x", "reason": "malformed_row", "detail": "d"},
+        {"id": "b", "row": 2},
+        {"id": "a", "row": 3},
+    ]
     with Spill() as spill:
         out = list(unique_ids(items, spill.map() if on_disk else {}))
     assert out[:3] == items[:3]
     assert out[3] == {"id": "a", "reason": "duplicate_id", "detail": "row 4 repeats the id of row 2"}
 
 
-@pytest.mark.parametrize("rows, size, batches", [(1, 1, 1), (16, 1, 16), (17, 2, 9), (56, 4, 14), (1000, 32, 32),
-                                                 (13100, 32, 410)])
+@pytest.mark.parametrize(
+    "rows, size, batches", [(1, 1, 1), (16, 1, 16), (17, 2, 9), (56, 4, 14), (1000, 32, 32), (13100, 32, 410)]
+)
 def test_rows_are_batched_into_at_least_16_elements_of_at_most_32(rows, size, batches):
     assert batch_rows(rows) == size and -(-rows // size) == batches
 
@@ -101,18 +120,31 @@ def test_read_corpus_spreads_every_row_in_batches(tmp_path):
     with pipeline() as p:
         out = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "stash"))
         assert_that(out["batches"] | beam.Map(lambda b: b["count"]), equal_to([3] * 13 + [1]), label="sizes")
-        assert_that(_flat(out["batches"]) | beam.Map(lambda r: r["id"]), equal_to([f"id{i}" for i in range(40)]),
-                    label="ids")
+        assert_that(
+            _flat(out["batches"]) | beam.Map(lambda r: r["id"]), equal_to([f"id{i}" for i in range(40)]), label="ids"
+        )
 
 
 def _row(corpus_dir, clip_id, text="Hello there.", ext="wav"):
-    return {"id": clip_id, "text": text, "speaker": "s", "language": "en", "gender": "",
-            "audio": str(corpus_dir / "wavs" / f"{clip_id}.{ext}"), "row": 0}
+    return {
+        "id": clip_id,
+        "text": text,
+        "speaker": "s",
+        "language": "en",
+        "gender": "",
+        "audio": str(corpus_dir / "wavs" / f"{clip_id}.{ext}"),
+        "row": 0,
+    }
 
 
 def test_measure_clips_gives_lengths_and_a_reason_per_bad_clip(corpus_dir, tmp_path):
-    rows = [_row(corpus_dir, "LJT001-0001"), _row(corpus_dir, "LJT900-0006"), _row(corpus_dir, "LJT900-0003"),
-            _row(corpus_dir, "LJT001-0002", text=" "), dict(_row(corpus_dir, "nope"), audio=str(corpus_dir / "x.wav"))]
+    rows = [
+        _row(corpus_dir, "LJT001-0001"),
+        _row(corpus_dir, "LJT900-0006"),
+        _row(corpus_dir, "LJT900-0003"),
+        _row(corpus_dir, "LJT001-0002", text=" "),
+        dict(_row(corpus_dir, "nope"), audio=str(corpus_dir / "x.wav")),
+    ]
     with pipeline() as p:
         out = p | beam.Create(list(stash_rows(str(tmp_path), [rows]))) | MeasureClips(CFG, str(tmp_path))
 
@@ -123,14 +155,30 @@ def test_measure_clips_gives_lengths_and_a_reason_per_bad_clip(corpus_dir, tmp_p
             assert c["duration_ms"] == round(1000 * c["num_samples"] / 22050)
 
         assert_that(out.clips, check, label="clips")
-        assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])), equal_to([
-            ("LJT900-0006", "silent_audio"), ("LJT900-0003", "unreadable_audio"), ("LJT001-0002", "empty_text"),
-            ("nope", "missing_audio")]), label="rejected")
+        assert_that(
+            out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
+            equal_to(
+                [
+                    ("LJT900-0006", "silent_audio"),
+                    ("LJT900-0003", "unreadable_audio"),
+                    ("LJT001-0002", "empty_text"),
+                    ("nope", "missing_audio"),
+                ]
+            ),
+            label="rejected",
+        )
 
 
 def _clip(clip_id, text_len, mel_frames, duration_ms, speaker="s", language="en"):
-    return {"id": clip_id, "text": "a" * text_len, "text_len": text_len, "mel_frames": mel_frames,
-            "duration_ms": duration_ms, "speaker": speaker, "language": language}
+    return {
+        "id": clip_id,
+        "text": "a" * text_len,
+        "text_len": text_len,
+        "mel_frames": mel_frames,
+        "duration_ms": duration_ms,
+        "speaker": speaker,
+        "language": language,
+    }
 
 
 def _tables(clips, cfg=CFG):
@@ -142,29 +190,48 @@ def test_length_histograms_are_exact_counts():
     clips = [_clip("a", 5, 100, 1000), _clip("b", 5, 120, 1300), _clip("c", 7, 100, 1000)]
     with pipeline() as p:
         out = p | beam.Create([{"clips": clips[:2]}, {"clips": []}, {"clips": clips[2:]}]) | LengthHistograms()
-        assert_that(out, equal_to([{"text_len": {5: 2, 7: 1}, "mel_frames": {100: 2, 120: 1},
-                                    "duration_ms": {1000: 2, 1300: 1}}]))
+        assert_that(
+            out,
+            equal_to([{"text_len": {5: 2, 7: 1}, "mel_frames": {100: 2, 120: 1}, "duration_ms": {1000: 2, 1300: 1}}]),
+        )
 
 
 def test_filter_drops_clips_outside_cutoffs_with_the_reason():
     cut = Cutoffs(500, 50, 200, 40, 200, 40)
-    clips = [_clip("ok", 40, 200, 2000), _clip("short", 5, 60, 400), _clip("long", 5, 201, 3000),
-             _clip("wordy", 41, 100, 2000), _clip("tiny", 5, 49, 600)]
+    clips = [
+        _clip("ok", 40, 200, 2000),
+        _clip("short", 5, 60, 400),
+        _clip("long", 5, 201, 3000),
+        _clip("wordy", 41, 100, 2000),
+        _clip("tiny", 5, 49, 600),
+    ]
     tables = _tables(clips)
     out = [(c["id"], (filter_rejection(c, cut, tables) or {}).get("reason")) for c in clips]
-    assert out == [("ok", None), ("short", "too_short"), ("long", "mel_frames_above_cutoff"),
-                   ("wordy", "text_len_above_cutoff"), ("tiny", "mel_frames_below_cutoff")]
+    assert out == [
+        ("ok", None),
+        ("short", "too_short"),
+        ("long", "mel_frames_above_cutoff"),
+        ("wordy", "text_len_above_cutoff"),
+        ("tiny", "mel_frames_below_cutoff"),
+    ]
     assert filter_rejection(clips[2], cut, tables)["detail"] == (
-        "text_len=5 mel_frames=201 duration_ms=3000; kept: duration_ms>=500, 50<=mel_frames<=200, text_len<=40 (en)")
+        "text_len=5 mel_frames=201 duration_ms=3000; kept: duration_ms>=500, 50<=mel_frames<=200, text_len<=40 (en)"
+    )
 
 
 def test_text_length_is_cut_per_language():
     cut = Cutoffs(0, 1, 200, 40, 200, 40, {"de": 40, "zh-CN": 12})
-    clips = [_clip("de", 30, 100, 1000, language="de"), _clip("zh", 30, 100, 1000, language="zh-CN"),
-             _clip("zh-ok", 12, 100, 1000, language="zh-CN")]
+    clips = [
+        _clip("de", 30, 100, 1000, language="de"),
+        _clip("zh", 30, 100, 1000, language="zh-CN"),
+        _clip("zh-ok", 12, 100, 1000, language="zh-CN"),
+    ]
     tables = _tables(clips)
     assert [(filter_rejection(c, cut, tables) or {}).get("reason") for c in clips] == [
-        None, "text_len_above_cutoff", None]
+        None,
+        "text_len_above_cutoff",
+        None,
+    ]
 
 
 def test_speakers_with_too_few_clips_are_dropped_with_their_reason():
@@ -173,9 +240,13 @@ def test_speakers_with_too_few_clips_are_dropped_with_their_reason():
     tables = _tables(clips, cfg)
     cut = Cutoffs(0, 1, 200, 40, 200, 40)
     assert [(c["id"], (filter_rejection(c, cut, tables) or {}).get("reason")) for c in clips] == [
-        ("a1", None), ("a2", None), ("b1", "speaker_too_few_clips")]
+        ("a1", None),
+        ("a2", None),
+        ("b1", "speaker_too_few_clips"),
+    ]
     assert filter_rejection(clips[2], cut, tables)["detail"] == (
-        "speaker 'b' has 1 measured clip(s), fewer than filter.min_speaker_clips 2")
+        "speaker 'b' has 1 measured clip(s), fewer than filter.min_speaker_clips 2"
+    )
     assert list(tables["speakers"]) == ["a"] and tables["dropped_speakers"] == {"b": 1}
 
 
@@ -184,12 +255,13 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
     Measure computed; filtered clips are rejected with their reason; moments count training
     frames only; the stash is one file per batch."""
     import tensorflow as tf
+
     from melshards.preprocess import audio as A
     from melshards.preprocess.clips import featurize
-    from melshards.shards_schema import Vocabulary
-    from melshards.shards_schema.records import decode_parsed, parse_spec
     from melshards.preprocess.report import build_schema
+    from melshards.shards_schema.records import decode_parsed, parse_spec
     from melshards.shards_schema.stats import Moments
+
     decodes = []
     real_decode = A.decode_audio
     monkeypatch.setattr(A, "decode_audio", lambda *a: decodes.append(1) or real_decode(*a))
@@ -210,15 +282,26 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
         rows = stash_rows(str(tmp_path), [[_row(corpus_dir, i) for i in ids]])
         measured = p | beam.Create(list(rows)) | MeasureClips(CFG, str(tmp_path))
         plan = {"buckets": buckets, "text": text}
-        written = measured["stashed"] | FilterAndWrite(p | "C" >> beam.Create([cut]), p | "P" >> beam.Create([plan]),
-                                                  p | "T" >> beam.Create([tables]), str(tmp_path), CFG)
-        assert_that(written["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
-                    equal_to([(longest, "mel_frames_above_cutoff")]), label="rejected")
+        written = measured["stashed"] | FilterAndWrite(
+            p | "C" >> beam.Create([cut]),
+            p | "P" >> beam.Create([plan]),
+            p | "T" >> beam.Create([tables]),
+            str(tmp_path),
+            CFG,
+        )
+        assert_that(
+            written["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
+            equal_to([(longest, "mel_frames_above_cutoff")]),
+            label="rejected",
+        )
         kept_train = [i for i in ids if i != longest and splits[i] == "train"]
         n = sum(frames[i] for i in kept_train)
         assert_that(written["moments"] | beam.Map(lambda m: m.n), equal_to([n]), label="moments")
-        assert_that(written["parts"] | beam.Map(lambda f: (f["split"], f["records"])),
-                    equal_to(sorted((splits[i], 1) for i in ids if i != longest)), label="parts")
+        assert_that(
+            written["parts"] | beam.Map(lambda f: (f["split"], f["records"])),
+            equal_to(sorted((splits[i], 1) for i in ids if i != longest)),
+            label="parts",
+        )
     assert len(decodes) == len(ids)  # once per clip (the in-process runner shares this module)
     assert len(list(tmp_path.glob("features-*.npz"))) == len(list(tmp_path.glob("clips-*.pkl"))) == 1  # one batch
     shapes = build_schema(CFG, buckets, text, Moments.empty(80), [], tables, {}).buckets[0]
@@ -239,13 +322,16 @@ def test_measured_clips_wait_for_the_cutoffs_in_the_stash_not_in_the_runner(corp
     ids = ["LJT001-0001", "LJT001-0002"]
 
     def check(refs):
-        assert sorted((sorted(r), r["count"]) for r in refs) == [(["clips", "count", "features"], 0),
-                                                                 (["clips", "count", "features"], 2)]
+        assert sorted((sorted(r), r["count"]) for r in refs) == [
+            (["clips", "count", "features"], 0),
+            (["clips", "count", "features"], 2),
+        ]
         (ref,) = [r for r in refs if r["count"]]
         clips, arrays = load_clips(ref), load_features(ref)
         assert [c["id"] for c in clips] == ids
-        assert [c["moments"].n for c in clips] == [a["mel"].shape[0] for a in arrays] == [
-            c["mel_frames"] for c in clips]
+        assert (
+            [c["moments"].n for c in clips] == [a["mel"].shape[0] for a in arrays] == [c["mel_frames"] for c in clips]
+        )
         (empty,) = [r for r in refs if not r["count"]]
         assert empty["clips"] is None and load_clips(empty) == [] and load_features(empty) == []
 
@@ -267,16 +353,19 @@ def test_choose_buckets_plans_from_the_kept_clips_of_every_batch(monkeypatch, tm
     def clip(clip_id, text_len, frames, split="train"):
         return dict(_clip(clip_id, text_len, frames, 1000), split=split)
 
-    batches = [{"clips": [clip("a", 10, 100), clip("b", 30, 104), clip("dropped", 60, 100)]},
-               {"clips": []},
-               {"clips": [clip("c", 20, 200), clip("v", 40, 150, "val"), clip("short", 5, 9)]}]
+    batches = [
+        {"clips": [clip("a", 10, 100), clip("b", 30, 104), clip("dropped", 60, 100)]},
+        {"clips": []},
+        {"clips": [clip("c", 20, 200), clip("v", 40, 150, "val"), clip("short", 5, 9)]},
+    ]
     cfg = PreprocessConfig(pad=PadConfig(buckets=2, min_bucket_records=1))
     tables = _tables([c for b in batches for c in b["clips"]])
     monkeypatch.setattr("melshards.preprocess.tables.split_of", lambda clip, *_: clip["split"])
     stashed = [stash_batch(str(tmp_path), b["clips"], [{} for _ in b["clips"]]) for b in batches]
     with pipeline() as p:
-        plan = (p | beam.Create(stashed)) | ChooseBuckets(p | "Cut" >> beam.Create([cut]),
-                                                          p | "Tables" >> beam.Create([tables]), cfg)
+        plan = (p | beam.Create(stashed)) | ChooseBuckets(
+            p | "Cut" >> beam.Create([cut]), p | "Tables" >> beam.Create([tables]), cfg
+        )
 
         def check(plans):
             (got,) = plans
@@ -296,7 +385,9 @@ def test_val_clips_are_drawn_within_each_speaker_and_stable():
     val = {s: sum(T.split_of(c, tables, cfg.split.salt) == "val" for c in clips if c["speaker"] == s) for s in sizes}
     assert val == {"big": 20, "mid": 3, "ten": 1, "few": 0}  # round(0.1 * n), halves up: 2.5 -> 3, 0.5 -> 1
     again = _tables(list(reversed(clips)), cfg)  # another order of the same clips: the same split
-    assert [T.split_of(c, again, cfg.split.salt) for c in clips] == [T.split_of(c, tables, cfg.split.salt) for c in clips]
+    assert [T.split_of(c, again, cfg.split.salt) for c in clips] == [
+        T.split_of(c, tables, cfg.split.salt) for c in clips
+    ]
     more = _tables(clips + [_clip("big-new", 5, 100, 1000, "big")], cfg)  # one clip more: the others barely move
     moved = sum(T.split_of(c, more, cfg.split.salt) != T.split_of(c, tables, cfg.split.salt) for c in clips)
     assert moved <= 1
@@ -313,11 +404,17 @@ def test_val_speakers_are_held_out_whole():
 
 def test_tables_give_ids_in_name_order_and_the_corpus_vocabulary():
     from melshards.shards_schema.vocab import EOS, PAD
-    clips = [dict(_clip("1", 3, 100, 1000, "zoe", "de"), text="schön", gender="F"),
-             dict(_clip("2", 3, 100, 1000, "adam", "zh-CN"), text="妈马"), _clip("3", 3, 100, 1000, "adam", "de")]
+
+    clips = [
+        dict(_clip("1", 3, 100, 1000, "zoe", "de"), text="schön", gender="F"),
+        dict(_clip("2", 3, 100, 1000, "adam", "zh-CN"), text="妈马"),
+        _clip("3", 3, 100, 1000, "adam", "de"),
+    ]
     tables = _tables(clips)
     assert {n: (s["id"], s["gender"], s["measured"]) for n, s in tables["speakers"].items()} == {
-        "adam": (0, "", 2), "zoe": (1, "F", 1)}
+        "adam": (0, "", 2),
+        "zoe": (1, "F", 1),
+    }
     assert {c: x["id"] for c, x in tables["languages"].items()} == {"de": 0, "zh-CN": 1}
     assert tables["vocabulary"] == [PAD, EOS, "a", "c", "h", "n", "s", "ö", "妈", "马"]
     assert tables["language_lengths"]["de"]["text_len"] == {3: 2}
@@ -325,30 +422,35 @@ def test_tables_give_ids_in_name_order_and_the_corpus_vocabulary():
 
 def test_mel_statistics_merge_the_batches_moments_exactly():
     from melshards.shards_schema.stats import Moments
+
     a = Moments.of(np.array([[0.0, 2.0], [2.0, 2.0]], np.float32))
     b = Moments.of(np.array([[4.0, 2.0]], np.float32))
     with pipeline() as p:
         out = p | beam.Create([a, Moments.empty(2), b]) | MelStatistics(2)
-        assert_that(out | beam.Map(lambda m: (m.n, m.mean.tolist(), m.std().round(6).tolist())),
-                    equal_to([(3, [2.0, 2.0], [round(float(np.sqrt(8 / 3)), 6), 0.0])]))
+        assert_that(
+            out | beam.Map(lambda m: (m.n, m.mean.tolist(), m.std().round(6).tolist())),
+            equal_to([(3, [2.0, 2.0], [round(float(np.sqrt(8 / 3)), 6), 0.0])]),
+        )
 
 
 def test_encode_clip_pads_each_clip_to_its_buckets_shapes(corpus_dir):
     import tensorflow as tf
-    from melshards.shards_schema.records import decode_parsed, parse_spec
 
     from melshards.preprocess.clips import featurize
     from melshards.preprocess.report import build_schema
-    from melshards.shards_schema.stats import Moments
     from melshards.shards_schema import Vocabulary
+    from melshards.shards_schema.records import decode_parsed, parse_spec
+    from melshards.shards_schema.stats import Moments
+
     clip, features = featurize(_row(corpus_dir, "LJT001-0001"), CFG)
     clip = dict(clip, split="train")
     tables = _tables([clip])
     buckets = {"bounds": (8, 400, 800), "plan": None, "raised_last_bound": None}
     text = {1: {clip["text_len"]: 1, 75: 1}}  # bucket 1's text lengths: padded to 80
     vocab = Vocabulary(tables["vocabulary"])
-    split, bucket, data = encode_clip(clip, {"mel": features["mel"].astype(np.float16)}, buckets, text, tables, vocab,
-                                      CFG)
+    split, bucket, data = encode_clip(
+        clip, {"mel": features["mel"].astype(np.float16)}, buckets, text, tables, vocab, CFG
+    )
     assert (split, bucket) == ("train", 1)
     schema = build_schema(CFG, buckets, text, Moments.empty(80), [], tables, {})
     assert [(b.max_mel_frames, b.max_text_len) for b in schema.buckets] == [(8, 8), (400, 80), (800, 8)]
@@ -358,34 +460,46 @@ def test_encode_clip_pads_each_clip_to_its_buckets_shapes(corpus_dir):
     assert rec["mel"].shape == (1, 400, 80) and rec["text_ids"].shape == (1, 80) and int(rec["mel_len"][0]) == n
     np.testing.assert_allclose(rec["mel"][0, :n].numpy(), features["mel"], atol=1e-2 * np.abs(features["mel"]).max())
     assert np.all(rec["mel"][0, n:].numpy() == np.float16(np.log(1e-5)))
-    assert rec["text_ids"][0, clip["text_len"]:].numpy().sum() == 0
+    assert rec["text_ids"][0, clip["text_len"] :].numpy().sum() == 0
     assert vocab.decode(rec["text_ids"][0].numpy().tolist()) == clip["text"] == "hello there."
     assert (int(rec["speaker_id"][0]), rec["language"][0].numpy(), int(rec["language_id"][0])) == (0, b"en", 0)
 
 
 def test_rolling_files_and_assembly_give_shards_of_the_target_size(tmp_path):
-    records = ([("train", 0, bytes(1000)) for i in range(30)] + [("val", 0, bytes(1000))]
-               + [("train", 2, bytes(1000)) for i in range(3)])
+    records = (
+        [("train", 0, bytes(1000)) for i in range(30)]
+        + [("val", 0, bytes(1000))]
+        + [("train", 2, bytes(1000)) for i in range(3)]
+    )
     files = RollingFiles(str(tmp_path), 10_000)
     parts = [part for r in records for part in files.write(*r)] + files.close_all()
     assert sorted(p["records"] for p in parts) == [1, 3, 10, 10, 10]  # a file rolls once it holds >= 10 kB
     with pipeline() as p:
         out = p | beam.Create(parts) | AssembleShards(str(tmp_path), target_shard_mb=0.01)
-        assert_that(out | beam.Map(lambda s: (s["split"], s["bucket"], s["records"])),
-                    equal_to([("train", 0, 10), ("train", 0, 10), ("train", 0, 10), ("val", 0, 1), ("train", 2, 3)]))
+        assert_that(
+            out | beam.Map(lambda s: (s["split"], s["bucket"], s["records"])),
+            equal_to([("train", 0, 10), ("train", 0, 10), ("train", 0, 10), ("val", 0, 1), ("train", 2, 3)]),
+        )
     written = sorted(f.name for f in tmp_path.glob("*.tfrecord"))
-    assert written == ["train-b00-00000-of-00003.tfrecord", "train-b00-00001-of-00003.tfrecord",
-                       "train-b00-00002-of-00003.tfrecord", "train-b02-00000-of-00001.tfrecord",
-                       "val-b00-00000-of-00001.tfrecord"]
+    assert written == [
+        "train-b00-00000-of-00003.tfrecord",
+        "train-b00-00001-of-00003.tfrecord",
+        "train-b00-00002-of-00003.tfrecord",
+        "train-b02-00000-of-00001.tfrecord",
+        "val-b00-00000-of-00001.tfrecord",
+    ]
     import tensorflow as tf
+
     assert sum(1 for _ in tf.data.TFRecordDataset([str(tmp_path / w) for w in written])) == 34
     bucket2 = tf.data.TFRecordDataset(str(tmp_path / "train-b02-00000-of-00001.tfrecord"))
     assert sum(1 for _ in bucket2) == 3  # a bucket's shards hold its records only
 
 
 def test_plan_packs_small_parts_and_keeps_full_ones_whole():
-    parts = [{"split": "train", "bucket": 0, "path": f"t{i}", "records": r, "bytes": b}
-             for i, (r, b) in enumerate([(10, 100), (3, 30), (9, 95), (2, 20), (1, 5)])]
+    parts = [
+        {"split": "train", "bucket": 0, "path": f"t{i}", "records": r, "bytes": b}
+        for i, (r, b) in enumerate([(10, 100), (3, 30), (9, 95), (2, 20), (1, 5)])
+    ]
     parts.append({"split": "val", "bucket": 0, "path": "v", "records": 1, "bytes": 10})
     parts.append({"split": "train", "bucket": 1, "path": "u", "records": 1, "bytes": 10})
     plan = group_into_shards(parts, target_bytes=100)
@@ -394,19 +508,30 @@ def test_plan_packs_small_parts_and_keeps_full_ones_whole():
         ("train-b00-00001-of-00003.tfrecord", ["t2", "t4"], 10),
         ("train-b00-00002-of-00003.tfrecord", ["t1", "t3"], 5),
         ("train-b01-00000-of-00001.tfrecord", ["u"], 1),  # buckets never share a shard
-        ("val-b00-00000-of-00001.tfrecord", ["v"], 1)]
+        ("val-b00-00000-of-00001.tfrecord", ["v"], 1),
+    ]
 
 
 def test_concatenated_parts_read_as_one_tfrecord_file(tmp_path):
     import tensorflow as tf
+
     for i in range(2):
         with tf.io.TFRecordWriter(str(tmp_path / f"part{i}")) as w:
             for j in range(3):
                 w.write(f"{i}-{j}".encode())
     with pipeline() as p:
-        plan = [{"split": "train", "bucket": 0, "file": "train-b00-00000-of-00001.tfrecord", "records": 6, "bytes": 0,
-                 "parts": [str(tmp_path / "part0"), str(tmp_path / "part1")]}]
+        plan = [
+            {
+                "split": "train",
+                "bucket": 0,
+                "file": "train-b00-00000-of-00001.tfrecord",
+                "records": 6,
+                "bytes": 0,
+                "parts": [str(tmp_path / "part0"), str(tmp_path / "part1")],
+            }
+        ]
         from melshards.preprocess.shards import _AssembleShard
+
         p | beam.Create(plan) | beam.ParDo(_AssembleShard(str(tmp_path)))
     got = [r.numpy().decode() for r in tf.data.TFRecordDataset(str(tmp_path / "train-b00-00000-of-00001.tfrecord"))]
     assert got == ["0-0", "0-1", "0-2", "1-0", "1-1", "1-2"]
@@ -415,6 +540,7 @@ def test_concatenated_parts_read_as_one_tfrecord_file(tmp_path):
 
 def test_remove_temp_dir_deletes_leftover_parts(tmp_path):
     from melshards.preprocess.shards import TEMP_DIR, remove_temp_dir
+
     (tmp_path / TEMP_DIR).mkdir()
     (tmp_path / TEMP_DIR / "train-abc.tfrecord").write_bytes(b"x")
     remove_temp_dir(str(tmp_path))
@@ -426,6 +552,7 @@ def _plan_with_parts(tmp_path):
     """Two shards: one concatenated from two parts, one renamed from a single part."""
     from melshards.preprocess.shards import TEMP_DIR
     from melshards.shards_schema.records import frame_record
+
     tmp = tmp_path / TEMP_DIR
     tmp.mkdir(exist_ok=True)
     expected = {}
@@ -438,13 +565,22 @@ def _plan_with_parts(tmp_path):
             parts.append(str(tmp / f"{file}.part{i}"))
             whole += data
         expected[file] = whole
-        plan.append({"split": file[:file.index("-")], "bucket": 0, "file": file, "parts": parts,
-                     "records": 3 * n_parts, "bytes": len(whole)})
+        plan.append(
+            {
+                "split": file[: file.index("-")],
+                "bucket": 0,
+                "file": file,
+                "parts": parts,
+                "records": 3 * n_parts,
+                "bytes": len(whole),
+            }
+        )
     return plan, expected
 
 
 def _assemble(tmp_path, plan):
     from melshards.preprocess.shards import _AssembleShard
+
     fn = _AssembleShard(str(tmp_path))
     return [out for shard in plan for out in fn.process(shard)]
 
@@ -465,9 +601,9 @@ def test_assembling_the_same_plan_twice_leaves_identical_complete_shards(tmp_pat
 
 
 @pytest.mark.parametrize("deleted_before_crash", [0, 1], ids=["before_delete", "mid_delete"])
-def test_assembly_retried_after_a_crash_between_concatenation_and_deletion(tmp_path, monkeypatch,
-                                                                           deleted_before_crash):
+def test_assembly_retried_after_a_crash_between_concatenation_and_deletion(tmp_path, monkeypatch, deleted_before_crash):
     from apache_beam.io.filesystems import FileSystems
+
     plan, expected = _plan_with_parts(tmp_path)
     real_delete = FileSystems.delete
 
@@ -501,20 +637,25 @@ EXTRA_FIELD_ROWS = [
 @pytest.mark.parametrize("line", EXTRA_FIELD_ROWS)
 def test_ljspeech_line_with_more_than_three_fields_is_malformed(line):
     from melshards.preprocess.layouts import parse_ljspeech_line
+
     with pytest.raises(ValueError, match=r"\|-separated fields, expected at most 3"):
         parse_ljspeech_line(line, 0)
 
 
 def test_ljspeech_line_with_two_or_three_fields_is_a_row():
     from melshards.preprocess.layouts import parse_ljspeech_line
+
     assert parse_ljspeech_line("a|Hello.", 0)["text"] == "Hello."
     assert parse_ljspeech_line("a|Dr. Who|Doctor Who", 0)["text"] == "Doctor Who"
 
 
 def _counters(result) -> dict:
     from apache_beam.metrics.metric import MetricsFilter
-    return {c.key.metric.name: c.committed
-            for c in result.metrics().query(MetricsFilter().with_namespace("melshards"))["counters"]}
+
+    return {
+        c.key.metric.name: c.committed
+        for c in result.metrics().query(MetricsFilter().with_namespace("melshards"))["counters"]
+    }
 
 
 def _read_and_dedupe(tmp_path, lines):
@@ -528,15 +669,20 @@ def _read_and_dedupe(tmp_path, lines):
 def test_rows_with_extra_fields_are_rejected_as_malformed_not_read(tmp_path):
     p, rows, rejected = _read_and_dedupe(tmp_path, ["a|Hello there.|Hello there.", *EXTRA_FIELD_ROWS])
     assert_that(rows | beam.Map(lambda r: (r["id"], r["text"])), equal_to([("a", "Hello there.")]), label="rows")
-    assert_that(rejected | beam.Map(lambda r: (r["id"], r["reason"])),
-                equal_to([("row-2", "malformed_row"), ("row-3", "malformed_row")]), label="rejected")
+    assert_that(
+        rejected | beam.Map(lambda r: (r["id"], r["reason"])),
+        equal_to([("row-2", "malformed_row"), ("row-3", "malformed_row")]),
+        label="rejected",
+    )
     p.run().wait_until_finish()
 
 
 def test_malformed_rows_and_duplicate_ids_have_counters(tmp_path):
     p, _, rejected = _read_and_dedupe(tmp_path, ["a|Hello.|Hello.", "lonely", "a|Again.|Again.", "", "b|Bye.|"])
-    assert_that(rejected | beam.Map(lambda r: (r["id"], r["reason"])),
-                equal_to([("row-2", "malformed_row"), ("a", "duplicate_id")]))
+    assert_that(
+        rejected | beam.Map(lambda r: (r["id"], r["reason"])),
+        equal_to([("row-2", "malformed_row"), ("a", "duplicate_id")]),
+    )
     result = p.run()
     result.wait_until_finish()
     counters = _counters(result)
@@ -545,28 +691,35 @@ def test_malformed_rows_and_duplicate_ids_have_counters(tmp_path):
 
 def test_ljspeech_layout_finds_mp3_ogg_and_flac(tmp_path):
     from tests.preprocess.conftest import encode, tone
+
     (tmp_path / "wavs").mkdir()
     for clip_id, fmt in (("m", "MP3"), ("o", "OGG"), ("f", "FLAC")):
         (tmp_path / "wavs" / f"{clip_id}.{fmt.lower()}").write_bytes(encode(tone(0.5), 22050, fmt))
     (tmp_path / "metadata.csv").write_text("m|One.|One.\no|Two.|Two.\nf|Three.|Three.\n")
     with pipeline() as p:
         out = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "stash"))
-        assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"].rsplit(".", 1)[1])),
-                    equal_to([("m", "mp3"), ("o", "ogg"), ("f", "flac")]))
+        assert_that(
+            _flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"].rsplit(".", 1)[1])),
+            equal_to([("m", "mp3"), ("o", "ogg"), ("f", "flac")]),
+        )
 
 
-@pytest.mark.parametrize("name,content,problem", [
-    ("metadata.csv", "", "holds no rows"),
-    ("metadata.csv", "\n  \n", "holds no rows"),
-    ("m.csv", "", "holds no rows"),
-    ("m.csv", "path,transcript\na.wav,Hi\n", "missing audio, text"),
-    ("m.tsv", "\naudio\ttext\n", None),  # blank lines before the header
-    ("m.tsv", "audio,text\na.wav,Hi\n", "missing audio, text"),  # commas are not the TSV separator
-    ("m.jsonl", '{"audio": "a.wav", "txt": "Hi"}\n', "missing text"),
-    ("m.jsonl", 'not json\n{"audio": "a.wav", "text": "Hi"}\n', None),  # a malformed row, not a header
-])
+@pytest.mark.parametrize(
+    "name,content,problem",
+    [
+        ("metadata.csv", "", "holds no rows"),
+        ("metadata.csv", "\n  \n", "holds no rows"),
+        ("m.csv", "", "holds no rows"),
+        ("m.csv", "path,transcript\na.wav,Hi\n", "missing audio, text"),
+        ("m.tsv", "\naudio\ttext\n", None),  # blank lines before the header
+        ("m.tsv", "audio,text\na.wav,Hi\n", "missing audio, text"),  # commas are not the TSV separator
+        ("m.jsonl", '{"audio": "a.wav", "txt": "Hi"}\n', "missing text"),
+        ("m.jsonl", 'not json\n{"audio": "a.wav", "text": "Hi"}\n', None),  # a malformed row, not a header
+    ],
+)
 def test_rows_file_check_reads_the_first_line(tmp_path, name, content, problem):
     from melshards.preprocess.corpus import CorpusError, check_rows_file
+
     (tmp_path / name).write_text(content)
     corpus = detect_corpus(str(tmp_path / name) if name != "metadata.csv" else str(tmp_path), language="en")
     if problem is None:
@@ -579,26 +732,42 @@ def test_rows_file_check_reads_the_first_line(tmp_path, name, content, problem):
 # -- rows that would be read silently wrong ------------------------------------------------------
 def test_audio_files_of_an_id_are_listed_in_extension_order_local_or_gcs():
     from melshards.preprocess.layouts import audio_files
-    listing = ["gs://b/lj/wavs/c1.wav", "gs://b/lj/wavs/c1.flac", "gs://b/lj/wavs/c2.ogg", "gs://b/lj/wavs/c2.MP3",
-               "gs://b/lj/wavs/c3.flac", "gs://b/lj/wavs/notes.txt", "/d/wavs/c4.mp3", "/d/wavs/c4.WAV"]
+
+    listing = [
+        "gs://b/lj/wavs/c1.wav",
+        "gs://b/lj/wavs/c1.flac",
+        "gs://b/lj/wavs/c2.ogg",
+        "gs://b/lj/wavs/c2.MP3",
+        "gs://b/lj/wavs/c3.flac",
+        "gs://b/lj/wavs/notes.txt",
+        "/d/wavs/c4.mp3",
+        "/d/wavs/c4.WAV",
+    ]
     with Spill() as spill:
         by_id = dict(spill.lists(audio_files(listing)))
     assert by_id == {
         "c1": ["gs://b/lj/wavs/c1.wav", "gs://b/lj/wavs/c1.flac"],
         "c2": ["gs://b/lj/wavs/c2.ogg", "gs://b/lj/wavs/c2.MP3"],
         "c3": ["gs://b/lj/wavs/c3.flac"],
-        "c4": ["/d/wavs/c4.WAV", "/d/wavs/c4.mp3"]}
+        "c4": ["/d/wavs/c4.WAV", "/d/wavs/c4.mp3"],
+    }
 
 
 def test_an_id_with_two_audio_files_is_rejected_naming_both_not_guessed():
     from melshards.preprocess.layouts import attach_audio
+
     files = {"c1": ["gs://b/wavs/c1.wav", "gs://b/wavs/c1.flac"], "c2": ["gs://b/wavs/c2.flac"]}
     rows = [{"id": i, "audio": None, "row": n} for n, i in enumerate(["c1", "c2", "c3"])]
     read = LayoutRows.of(attach_audio(rows, files))
     kept, rejected = read.rows, read.rejected
     assert kept == [{"id": "c2", "audio": "gs://b/wavs/c2.flac", "row": 1}, {"id": "c3", "audio": None, "row": 2}]
-    assert rejected == [{"id": "c1", "reason": "ambiguous_audio",
-                         "detail": "2 audio files for this id: gs://b/wavs/c1.wav, gs://b/wavs/c1.flac; keep one"}]
+    assert rejected == [
+        {
+            "id": "c1",
+            "reason": "ambiguous_audio",
+            "detail": "2 audio files for this id: gs://b/wavs/c1.wav, gs://b/wavs/c1.flac; keep one",
+        }
+    ]
 
 
 def test_read_corpus_rejects_an_ljspeech_id_with_a_wav_and_a_flac_and_counts_it(tmp_path):
@@ -608,12 +777,25 @@ def test_read_corpus_rejects_an_ljspeech_id_with_a_wav_and_a_flac_and_counts_it(
     (tmp_path / "metadata.csv").write_text("c1|The speech of the wav.|\nc2|Only a flac.|\nc1|Again.|\n")
     p = pipeline()
     out = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "stash"))
-    assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"])),
-                equal_to([("c2", str(tmp_path / "wavs" / "c2.flac"))]), label="rows")
-    assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"], r["detail"])), equal_to([
-        ("c1", "ambiguous_audio",
-         f"2 audio files for this id: {tmp_path / 'wavs' / 'c1.wav'}, {tmp_path / 'wavs' / 'c1.flac'}; keep one"),
-        ("c1", "duplicate_id", "row 3 repeats the id of row 1")]), label="rejected")
+    assert_that(
+        _flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"])),
+        equal_to([("c2", str(tmp_path / "wavs" / "c2.flac"))]),
+        label="rows",
+    )
+    assert_that(
+        out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"], r["detail"])),
+        equal_to(
+            [
+                (
+                    "c1",
+                    "ambiguous_audio",
+                    f"2 audio files for this id: {tmp_path / 'wavs' / 'c1.wav'}, {tmp_path / 'wavs' / 'c1.flac'}; keep one",
+                ),
+                ("c1", "duplicate_id", "row 3 repeats the id of row 1"),
+            ]
+        ),
+        label="rejected",
+    )
     result = p.run()
     result.wait_until_finish()
     counters = _counters(result)
@@ -627,19 +809,26 @@ def test_a_manifest_names_its_audio_file_so_a_second_file_beside_it_is_no_ambigu
     (tmp_path / "m.csv").write_text("audio,text\nwavs/c1.wav,The speech of the wav.\n")
     with pipeline() as p:
         out = p | ReadCorpus(detect_corpus(str(tmp_path / "m.csv"), language="en"), str(tmp_path / "stash"))
-        assert_that(_flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"])),
-                    equal_to([("c1", str(tmp_path / "wavs" / "c1.wav"))]), label="rows")
+        assert_that(
+            _flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"])),
+            equal_to([("c1", str(tmp_path / "wavs" / "c1.wav"))]),
+            label="rows",
+        )
         assert_that(out["rejected"], equal_to([]), label="rejected")
 
 
-@pytest.mark.parametrize("name,content", [
-    ("m.csv", "audio,text\na.wav,Hello.\nb.wav\n"),
-    ("m.csv", "audio,text,speaker\na.wav,Hello.,s1\nb.wav,Bye.\n"),  # short by its optional column too
-    ("m.tsv", "audio\ttext\na.wav\tHello.\nb.wav\n"),
-    ("m.jsonl", '{"audio": "a.wav", "text": "Hello."}\n{"audio": "b.wav"}\n'),
-])
+@pytest.mark.parametrize(
+    "name,content",
+    [
+        ("m.csv", "audio,text\na.wav,Hello.\nb.wav\n"),
+        ("m.csv", "audio,text,speaker\na.wav,Hello.,s1\nb.wav,Bye.\n"),  # short by its optional column too
+        ("m.tsv", "audio\ttext\na.wav\tHello.\nb.wav\n"),
+        ("m.jsonl", '{"audio": "a.wav", "text": "Hello."}\n{"audio": "b.wav"}\n'),
+    ],
+)
 def test_a_manifest_row_with_too_few_columns_is_malformed_not_empty_text(tmp_path, name, content):
     from melshards.preprocess.manifests import parse_manifest
+
     (tmp_path / name).write_text(content)
     (i, first), (j, second) = parse_manifest(content.splitlines(keepends=True), str(tmp_path / name), str(tmp_path))
     assert (i, first["id"], first["text"], j) == (0, "a", "Hello.", 1)
@@ -647,12 +836,16 @@ def test_a_manifest_row_with_too_few_columns_is_malformed_not_empty_text(tmp_pat
     with pipeline() as p:
         out = p | ReadCorpus(detect_corpus(str(tmp_path / name), language="en"), str(tmp_path / "stash"))
         assert_that(_flat(out["batches"]) | beam.Map(lambda r: r["id"]), equal_to(["a"]), label="rows")
-        assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
-                    equal_to([("row-2", "malformed_row")]), label="rejected")
+        assert_that(
+            out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
+            equal_to([("row-2", "malformed_row")]),
+            label="rejected",
+        )
 
 
 def test_a_short_csv_row_is_named_with_the_header_it_falls_short_of():
     from melshards.preprocess.manifests import parse_manifest
+
     (_, _), (_, err) = parse_manifest(["audio,text,speaker\n", "a.wav,Hi,s\n", "b.wav,Hi\n"], "m.csv", ".")
     assert str(err) == "row 2: 2 fields, the header has 3 (audio, text, speaker); a missing separator?"
 
@@ -660,7 +853,8 @@ def test_a_short_csv_row_is_named_with_the_header_it_falls_short_of():
 def test_a_csv_row_with_more_fields_than_the_header_is_malformed_not_cut_short():
     """An unquoted comma in the text: reading the first fields would silently drop the rest of it."""
     from melshards.preprocess.manifests import parse_manifest
-    text = "audio,text\na.wav,Hello, world.\nb.wav,\"Hi, there.\"\nc.wav,Bye.,\n"
+
+    text = 'audio,text\na.wav,Hello, world.\nb.wav,"Hi, there."\nc.wav,Bye.,\n'
     rows = list(parse_manifest(text.splitlines(keepends=True), "m.csv", "."))
     (_, first), (_, quoted), (_, trailing) = rows
     assert str(first) == "row 1: 3 fields, the header has 2 (audio, text); quote a field that holds the separator"
@@ -669,19 +863,28 @@ def test_a_csv_row_with_more_fields_than_the_header_is_malformed_not_cut_short()
 
 def test_measure_clips_rejects_constant_dc_as_silent_and_nan_as_invalid_samples(corpus_dir, tmp_path):
     import soundfile as sf
+
     from tests.preprocess.conftest import tone
+
     nan = tone(1.0)
     nan[300] = np.nan
     sf.write(tmp_path / "nan.wav", nan, 22050, subtype="FLOAT")
     sf.write(tmp_path / "dc.wav", np.full(2 * 22050, 0.3, np.float32), 22050, subtype="PCM_16")
-    rows = [_row(corpus_dir, "LJT001-0001"), dict(_row(corpus_dir, "nan"), audio=str(tmp_path / "nan.wav")),
-            dict(_row(corpus_dir, "dc"), audio=str(tmp_path / "dc.wav"))]
+    rows = [
+        _row(corpus_dir, "LJT001-0001"),
+        dict(_row(corpus_dir, "nan"), audio=str(tmp_path / "nan.wav")),
+        dict(_row(corpus_dir, "dc"), audio=str(tmp_path / "dc.wav")),
+    ]
     with pipeline() as p:
         out = p | beam.Create(list(stash_rows(str(tmp_path), [rows]))) | MeasureClips(CFG, str(tmp_path))
-        assert_that(out.clips | beam.FlatMap(lambda b: [c["id"] for c in b["clips"]]), equal_to(["LJT001-0001"]),
-                    label="clips")
-        assert_that(out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
-                    equal_to([("nan", "invalid_samples"), ("dc", "silent_audio")]), label="rejected")
+        assert_that(
+            out.clips | beam.FlatMap(lambda b: [c["id"] for c in b["clips"]]), equal_to(["LJT001-0001"]), label="clips"
+        )
+        assert_that(
+            out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
+            equal_to([("nan", "invalid_samples"), ("dc", "silent_audio")]),
+            label="rejected",
+        )
 
 
 def test_the_jobs_writers_make_no_directory_in_a_staging_dir_a_removed_one_stays_removed(tmp_path):
@@ -693,26 +896,36 @@ def test_the_jobs_writers_make_no_directory_in_a_staging_dir_a_removed_one_stays
     assert not (tmp_path / "o").exists()
 
 
-def test_rejected_rows_are_counted_by_a_combiner_and_written_in_sorted_shards_merged_into_one_sorted_file(
-        tmp_path):
+def test_rejected_rows_are_counted_by_a_combiner_and_written_in_sorted_shards_merged_into_one_sorted_file(tmp_path):
     """No worker holds every rejected row: each shard holds about `rows_per_shard` of them, sorted, and
     rejected.jsonl is their merge, in the order it always had (id, reason, detail)."""
-    from melshards.preprocess.report import (WriteRejected, rejected_line, rejected_order, rejected_shard_count,
-                                             rejected_shard_of, write_merged)
+    from melshards.preprocess.report import (
+        WriteRejected,
+        rejected_line,
+        rejected_order,
+        rejected_shard_count,
+        rejected_shard_of,
+        write_merged,
+    )
     from melshards.preprocess.shards import TEMP_DIR
 
     (tmp_path / TEMP_DIR).mkdir()
-    rows = [{"id": f"r{i % 97:03d}", "reason": ("missing_audio", "too_short")[i % 2], "detail": f"d{i % 5}"}
-            for i in range(500)]
+    rows = [
+        {"id": f"r{i % 97:03d}", "reason": ("missing_audio", "too_short")[i % 2], "detail": f"d{i % 5}"}
+        for i in range(500)
+    ]
     with pipeline() as p:
         out = p | beam.Create(rows) | WriteRejected(str(tmp_path), rows_per_shard=40)
         assert_that(out["reasons"], equal_to([("missing_audio", 250), ("too_short", 250)]), label="reasons")
         used = {rejected_shard_of(r, rejected_shard_count(len(rows), 40)) for r in rows}
-        assert_that(out["shards"] | beam.Map(os.path.basename), equal_to(
-            [f"rejected-{i:05d}.jsonl" for i in used]), label="shards")
+        assert_that(
+            out["shards"] | beam.Map(os.path.basename),
+            equal_to([f"rejected-{i:05d}.jsonl" for i in used]),
+            label="shards",
+        )
     shards = sorted(str(p) for p in (tmp_path / TEMP_DIR).glob("rejected-*.jsonl"))
     assert len(shards) > 1
-    held = [[json.loads(l) for l in open(s)] for s in shards]
+    held = [[json.loads(line) for line in open(s)] for s in shards]
     assert max(map(len, held)) < 250 and all(h == sorted(h, key=rejected_order) for h in held)
     write_merged(str(tmp_path), "rejected.jsonl", shards)
     assert (tmp_path / "rejected.jsonl").read_text() == "".join(map(rejected_line, sorted(rows, key=rejected_order)))

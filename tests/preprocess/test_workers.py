@@ -1,4 +1,5 @@
 """The local worker processes: a job whose worker dies stops, saying how, instead of waiting for ever."""
+
 import os
 import signal
 import threading
@@ -10,17 +11,26 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from melshards.preprocess import workers as W
 
 
-@pytest.mark.parametrize("code,words", [
-    (139, "crashed (SIGSEGV) in native code while the job ran"),
-    (-11, "crashed (SIGSEGV) in native code while the job ran"),
-    (134, "crashed (SIGABRT) in native code while the job ran"),
-    (137, "was killed (SIGKILL) while the job ran, most often by the kernel's out-of-memory killer "
-          "(try fewer --workers)"),
-    (-9, "was killed (SIGKILL) while the job ran, most often by the kernel's out-of-memory killer "
-         "(try fewer --workers)"),
-    (143, "was stopped by SIGTERM while the job ran"),
-    (1, "exited with status 1 while the job ran"),
-])
+@pytest.mark.parametrize(
+    "code,words",
+    [
+        (139, "crashed (SIGSEGV) in native code while the job ran"),
+        (-11, "crashed (SIGSEGV) in native code while the job ran"),
+        (134, "crashed (SIGABRT) in native code while the job ran"),
+        (
+            137,
+            "was killed (SIGKILL) while the job ran, most often by the kernel's out-of-memory killer "
+            "(try fewer --workers)",
+        ),
+        (
+            -9,
+            "was killed (SIGKILL) while the job ran, most often by the kernel's out-of-memory killer "
+            "(try fewer --workers)",
+        ),
+        (143, "was stopped by SIGTERM while the job ran"),
+        (1, "exited with status 1 while the job ran"),
+    ],
+)
 def test_a_workers_return_code_is_told_in_words(code, words):
     assert W.how_it_ended(code) == words
 
@@ -38,8 +48,7 @@ def _element(x):
 def _watched_two_worker_job(monkeypatch, what: str) -> BaseException | None:
     """Runs a two-process job under the watch in a thread: the test fails, not hangs, if it hangs."""
     monkeypatch.setenv("MELSHARDS_TEST_ELEMENT_3", what)
-    p = beam.Pipeline(options=PipelineOptions(["--direct_num_workers=2",
-                                               "--direct_running_mode=multi_processing"]))
+    p = beam.Pipeline(options=PipelineOptions(["--direct_num_workers=2", "--direct_running_mode=multi_processing"]))
     _ = p | beam.Create(list(range(8))) | beam.Reshuffle() | beam.Map(_element)
     raised: list[BaseException | None] = []
 
@@ -49,6 +58,7 @@ def _watched_two_worker_job(monkeypatch, what: str) -> BaseException | None:
             raised.append(None)
         except BaseException as e:
             raised.append(e)
+
     t = threading.Thread(target=job, daemon=True)
     t.start()
     t.join(240)
@@ -88,6 +98,7 @@ def test_a_failure_told_in_one_line_quiets_the_console_as_the_job_fails_before_t
 
     def job():
         raise OSError(28, "No space left on device")
+
     with pytest.raises(OSError):
         W.run_watching_workers(job, told_in_one_line=lambda e: isinstance(e, OSError))
     assert quiet_during_grace == [True]
@@ -134,6 +145,7 @@ def test_a_job_whose_output_is_removed_is_stopped_by_the_watch_with_the_reason(m
     def stop_when():
         asked.append(1)
         return "the run's staging dir D was removed" if len(asked) > 1 else None
+
     try:
         with pytest.raises(W.JobStoppedError, match="the run's staging dir D was removed"):
             W.run_watching_workers(lambda: release.wait(60), stop_when=stop_when)

@@ -8,8 +8,16 @@ import pytest
 
 from benchmarks.bucket_bounds import equal_count_bounds
 from melshards.shards_schema.buckets import (
-    BucketFill, Merge, bucket_index, choose_buckets, fill_buckets, optimal_bounds, padding_by_k, padding_fraction,
-    text_bound)
+    BucketFill,
+    Merge,
+    bucket_index,
+    choose_buckets,
+    fill_buckets,
+    optimal_bounds,
+    padding_by_k,
+    padding_fraction,
+    text_bound,
+)
 from melshards.shards_schema.stats import round_up
 
 # 12 clips, 283 valid frames; candidates at multiple 8: 16, 24, 32, 96
@@ -29,6 +37,7 @@ def records_per_bucket(bounds, hist):
     for v, c in hist.items():
         out[next(i for i, b in enumerate(bounds) if b >= v)] += c
     return out
+
 
 def merge_small_buckets(bounds, hist, min_records):
     """The greedy reference the exact constrained optimum is measured against: merge every bucket of
@@ -53,7 +62,6 @@ def merge_small_buckets(bounds, hist, min_records):
         bounds.pop(-2)
         records[-1] += below
     return tuple(bounds), tuple(merges)
-
 
 
 def brute_force(hist, k, multiple, min_records=0):
@@ -194,8 +202,13 @@ def test_fixed_k_plan_reports_buckets_padding_and_no_merges():
     assert plan.padding_fraction == 1 - 283 / 448 and plan.merges == ()
     d = json.loads(json.dumps(plan.to_dict()))
     assert d["k_requested"] == 2 and d["k_used"] == 2 and d["bounds"] == [32, 96]
-    assert d["buckets"][1] == {"bound": 96, "records": 1, "valid_frames": 90, "padded_frames": 96,
-                               "padding_fraction": round(1 - 90 / 96, 6)}
+    assert d["buckets"][1] == {
+        "bound": 96,
+        "records": 1,
+        "valid_frames": 90,
+        "padded_frames": 96,
+        "padding_fraction": round(1 - 90 / 96, 6),
+    }
     assert d["padding_fraction"] == round(1 - 283 / 448, 6) == d["unconstrained_padding_fraction"]
 
 
@@ -254,8 +267,10 @@ def test_text_bound_and_bucket_index():
 
 
 def test_module_imports_neither_beam_nor_tensorflow():
-    code = ("import sys, melshards.shards_schema.buckets; "
-            "print([m for m in sys.modules if m.split('.')[0] in ('apache_beam', 'tensorflow') or "
-            "(m.startswith('melshards.') and not m.startswith('melshards.shards_schema'))])")
+    code = (
+        "import sys, melshards.shards_schema.buckets; "
+        "print([m for m in sys.modules if m.split('.')[0] in ('apache_beam', 'tensorflow') or "
+        "(m.startswith('melshards.') and not m.startswith('melshards.shards_schema'))])"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -1,4 +1,5 @@
 """Shard globs: a directory whose name holds glob brackets is named, with the pattern that reads it."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """The one rule of every writer: a path that exists is written over only when it carries the mark the
 command writes into such a file (HTML report, WAV, mel PNG); otherwise NotOurs names it."""
+
 from __future__ import annotations
 
 import io
@@ -9,8 +10,19 @@ import pytest
 import soundfile as sf
 from matplotlib.figure import Figure
 
-from melshards.shards_schema.ownership import (HTML, HTML_MARK, MODEL_DIR_MARKS, PNG, PNG_SOFTWARE, WAV, WAV_SOFTWARE,
-                                               NotOurs, check_may_fill_dir, check_may_write, model_dir_marks)
+from melshards.shards_schema.ownership import (
+    HTML,
+    HTML_MARK,
+    MODEL_DIR_MARKS,
+    PNG,
+    PNG_SOFTWARE,
+    WAV,
+    WAV_SOFTWARE,
+    NotOurs,
+    check_may_fill_dir,
+    check_may_write,
+    model_dir_marks,
+)
 
 
 def wav(path, software=None):
@@ -31,13 +43,19 @@ def test_a_path_that_does_not_exist_may_be_written(tmp_path):
         check_may_write("-o", str(tmp_path / "new"), kind)
 
 
-@pytest.mark.parametrize("kind, write_ours, write_theirs", [
-    (HTML, lambda p: p.write_text(f"<!DOCTYPE html><html><head>{HTML_MARK}<title>x</title>"),
-     lambda p: p.write_text("<!DOCTYPE html><html><head><title>x</title>")),
-    (WAV, lambda p: wav(p, WAV_SOFTWARE), lambda p: wav(p)),
-    (WAV, lambda p: wav(p, WAV_SOFTWARE), lambda p: wav(p, "another tool")),
-    (PNG, lambda p: png(p, PNG_SOFTWARE), lambda p: png(p)),
-])
+@pytest.mark.parametrize(
+    "kind, write_ours, write_theirs",
+    [
+        (
+            HTML,
+            lambda p: p.write_text(f"<!DOCTYPE html><html><head>{HTML_MARK}<title>x</title>"),
+            lambda p: p.write_text("<!DOCTYPE html><html><head><title>x</title>"),
+        ),
+        (WAV, lambda p: wav(p, WAV_SOFTWARE), lambda p: wav(p)),
+        (WAV, lambda p: wav(p, WAV_SOFTWARE), lambda p: wav(p, "another tool")),
+        (PNG, lambda p: png(p, PNG_SOFTWARE), lambda p: png(p)),
+    ],
+)
 def test_only_a_file_carrying_the_commands_mark_may_be_written_over(tmp_path, kind, write_ours, write_theirs):
     ours, theirs = tmp_path / "ours", tmp_path / "theirs"
     write_ours(ours)

@@ -25,8 +25,9 @@ def test_each_buckets_records_per_speaker_and_language_by_split_are_in_the_schem
             assert len(speakers) == len(schema.speakers) and len(languages) == len(schema.languages)
             assert sum(speakers) == sum(languages) == b.counts[split]
     for s in schema.speakers:  # the buckets' counts add up to the speaker table's clips
-        assert sum(b.group_counts(split, "speaker")[s.id] for b in schema.buckets for split in ("train", "val")) \
-            == s.clips
+        assert (
+            sum(b.group_counts(split, "speaker")[s.id] for b in schema.buckets for split in ("train", "val")) == s.clips
+        )
 
 
 def test_every_listed_shard_has_its_size_in_bytes(bucketed_dir):
@@ -60,8 +61,11 @@ def test_a_one_shape_schema_of_version_1_is_refused_with_re_run_preprocess(shard
     b = d.pop("buckets")[0]  # the 1.x layout: one feature table and shard list at the top level
     d.update(version="1.1.0", features=b["features"], shards=b["shards"])
     (tmp_path / "schema.json").write_text(json.dumps(d))
-    with pytest.raises(SchemaError, match=r"schema version 1\.1\.0, this melshards reads 3\.x; re-run "
-                                          r"`melshards preprocess`"):
+    with pytest.raises(
+        SchemaError,
+        match=r"schema version 1\.1\.0, this melshards reads 3\.x; re-run "
+        r"`melshards preprocess`",
+    ):
         read_schema(str(tmp_path))
 
 
@@ -105,8 +109,9 @@ def test_an_edited_summary_disagreeing_with_the_buckets_is_refused(shards_dir):
 def _two_buckets(schema: Schema) -> Schema:
     """The one-bucket schema of the shared run, as bucket 1 (its files keep their b00 names), plus a
     shorter bucket 0."""
-    small = Schema.make_bucket(0, 16, 8, schema.n_mels, [{"split": "train", "file": "train-b00-00001-of-00002.tfrecord",
-                                                          "records": 2}])
+    small = Schema.make_bucket(
+        0, 16, 8, schema.n_mels, [{"split": "train", "file": "train-b00-00001-of-00002.tfrecord", "records": 2}]
+    )
     big = dataclasses.replace(schema.buckets[0], index=1)
     return dataclasses.replace(schema, buckets=(small, big))
 
@@ -115,11 +120,12 @@ def test_the_largest_bucket_gives_the_one_shape_readers_use(shards_dir):
     one = read_schema(str(shards_dir))
     assert len(one.buckets) == 1 and one.features == one.buckets[0].features
     two = _two_buckets(one)
-    assert (two.max_text_len, two.max_mel_frames, two.features) == (one.max_text_len, one.max_mel_frames,
-                                                                     one.features)
+    assert (two.max_text_len, two.max_mel_frames, two.features) == (one.max_text_len, one.max_mel_frames, one.features)
     assert two.counts == {"train": one.counts["train"] + 2, "val": one.counts["val"]}
-    assert [f["file"] for f in two.shards["train"]] == ["train-b00-00000-of-00001.tfrecord",
-                                                        "train-b00-00001-of-00002.tfrecord"]
+    assert [f["file"] for f in two.shards["train"]] == [
+        "train-b00-00000-of-00001.tfrecord",
+        "train-b00-00001-of-00002.tfrecord",
+    ]
     assert Schema.from_json(two.to_json()) == two
 
 
@@ -140,12 +146,17 @@ def test_shard_names_put_split_then_bucket_so_split_globs_match_every_bucket():
     import fnmatch
 
     from melshards.shards_schema import parse_shard_name, shard_name
+
     names = [shard_name(s, b, i, 3) for s in ("train", "val") for b in (0, 1, 12) for i in range(3)]
     assert shard_name("train", 3, 1, 4) == "train-b03-00001-of-00004.tfrecord"
     assert fnmatch.filter(names, "train-*.tfrecord") == names[:9]
     assert fnmatch.filter(names, "val-*.tfrecord") == names[9:]
-    assert parse_shard_name("a/b/val-b12-00002-of-00003.tfrecord") == {"split": "val", "bucket": 12, "index": 2,
-                                                                       "count": 3}
+    assert parse_shard_name("a/b/val-b12-00002-of-00003.tfrecord") == {
+        "split": "val",
+        "bucket": 12,
+        "index": 2,
+        "count": 3,
+    }
     assert parse_shard_name("train-00000-of-00001.tfrecord") is None
 
 
@@ -207,13 +218,15 @@ def test_shipped_config_loads_and_validates(path, shards_dir, request):
     every feature for a model that asks for features."""
     if path.name.startswith("train"):
         from melshards.train.config import load_config
-        from melshards.train.plugins import model_inputs
         from melshards.train.contract import MODEL_INPUTS
+        from melshards.train.plugins import model_inputs
+
         cfg = load_config(str(path))
         run = shards_dir if model_inputs(cfg.model_factory) == MODEL_INPUTS else request.getfixturevalue("features_dir")
         cfg.validate(read_schema(str(run)))
         assert cfg != type(cfg)(), f"{path.name} sets nothing: it should say what it is for"
     else:
         from melshards.preprocess.config import PreprocessConfig, load_config
+
         cfg = load_config(str(path))
         assert isinstance(cfg, PreprocessConfig)

@@ -3,8 +3,15 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from melshards.shards_schema.stats import (Cutoffs, Moments, compute_cutoffs, padding_fraction, percentile, round_up,
-                              summarize)
+from melshards.shards_schema.stats import (
+    Cutoffs,
+    Moments,
+    compute_cutoffs,
+    padding_fraction,
+    percentile,
+    round_up,
+    summarize,
+)
 
 
 @pytest.mark.parametrize("q", [0, 0.5, 1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9, 100])
@@ -28,8 +35,14 @@ def test_summarize_scales_and_counts():
 def test_cutoffs_round_padding_up_to_the_multiple():
     hists = {"mel_frames": Counter(range(100, 201)), "text_len": Counter(range(10, 61)), "duration_ms": {}}
     c = compute_cutoffs(hists, 0.5, 0.5, 99, 99, 8)
-    assert c == Cutoffs(min_duration_ms=500, min_mel_frames=100, max_mel_frames=199, max_text_len=60,
-                        padded_mel_frames=200, padded_text_len=64)
+    assert c == Cutoffs(
+        min_duration_ms=500,
+        min_mel_frames=100,
+        max_mel_frames=199,
+        max_text_len=60,
+        padded_mel_frames=200,
+        padded_text_len=64,
+    )
     assert c.reason(10, 150, 400) == "too_short"
     assert c.reason(10, 99, 900) == "mel_frames_below_cutoff"
     assert c.reason(10, 200, 900) == "mel_frames_above_cutoff"
@@ -61,8 +74,15 @@ def test_moments_merge_equals_numpy_over_the_union():
 def test_stats_json_declares_each_inputs_folded_language_codes():
     from melshards.shards_schema.stats_model import InputSummary
 
-    given = {"input": "/c", "name": "c", "format": "manifest", "rows": 3, "prefixed_speakers": 0,
-             "prefixed_ids": 0, "language_codes_folded": {"EN": "en"}}
+    given = {
+        "input": "/c",
+        "name": "c",
+        "format": "manifest",
+        "rows": 3,
+        "prefixed_speakers": 0,
+        "prefixed_ids": 0,
+        "language_codes_folded": {"EN": "en"},
+    }
     assert InputSummary.model_validate(given).language_codes_folded == {"EN": "en"}
     assert InputSummary.model_validate({**given, "language_codes_folded": {}}).language_codes_folded == {}
     with pytest.raises(ValueError):

@@ -1,4 +1,5 @@
 """Trainer fixtures: a tests-only tiny model config and small shard sets derived from `shards_dir`."""
+
 from __future__ import annotations
 
 import os
@@ -13,9 +14,20 @@ from tests.conftest import TINY_CONFIG
 # Smaller than configs/train_tiny.yaml so each compile stays short on 2 shared cores.
 TEST_CONFIG = {
     "data": {"batch_size": 4, "shuffle_buffer": 16, "cycle_length": 2},
-    "model": {"d_model": 32, "num_heads": 2, "ff_dim": 64, "encoder_layers": 1, "decoder_layers": 1,
-              "encoder_conv_layers": 1, "prenet_dim": 32, "postnet_channels": 32, "postnet_layers": 1,
-              "reduction_factor": 4, "dropout": 0.0, "prenet_dropout": 0.1},
+    "model": {
+        "d_model": 32,
+        "num_heads": 2,
+        "ff_dim": 64,
+        "encoder_layers": 1,
+        "decoder_layers": 1,
+        "encoder_conv_layers": 1,
+        "prenet_dim": 32,
+        "postnet_channels": 32,
+        "postnet_layers": 1,
+        "reduction_factor": 4,
+        "dropout": 0.0,
+        "prenet_dropout": 0.1,
+    },
     "optim": {"learning_rate": 3.0e-3, "warmup_steps": 10},
     "loop": {"steps": 20, "checkpoint_every": 10, "log_every": 5, "val_every": 10},
 }
@@ -83,11 +95,28 @@ def two_speakers_dir(corpus_dir, tmp_path_factory) -> Path:
         with (tmp / f"{name}.csv").open("w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["audio", "text", "id", "speaker", "language"])
-            w.writerows([str(wavs[clip]), text, f"{name}-{clip}", name, language]
-                        for i, (clip, text) in enumerate(rows) if keep(i))
+            w.writerows(
+                [str(wavs[clip]), text, f"{name}-{clip}", name, language]
+                for i, (clip, text) in enumerate(rows)
+                if keep(i)
+            )
     out = tmp / "shards"
-    code = run(["--input", str(tmp / "anna.csv"), "--input", str(tmp / "bert.csv"), "--output", str(out),
-                "--config", str(TINY_CONFIG), "--workers", "1", "--buckets", "1"])
+    code = run(
+        [
+            "--input",
+            str(tmp / "anna.csv"),
+            "--input",
+            str(tmp / "bert.csv"),
+            "--output",
+            str(out),
+            "--config",
+            str(TINY_CONFIG),
+            "--workers",
+            "1",
+            "--buckets",
+            "1",
+        ]
+    )
     assert code == 0, f"preprocess exited with {code}"
     return out
 

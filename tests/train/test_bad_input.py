@@ -1,4 +1,5 @@
 """Bad invocations and bad shards fail with a message that names the culprit (before compiling)."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,8 @@ import shutil
 
 import pytest
 
-from tests.train.conftest import copy_shards, write_config
 from melshards.commands.train import run
+from tests.train.conftest import copy_shards, write_config
 
 
 def _train(capsys, *args):
@@ -20,8 +21,15 @@ def test_schema_mismatch_names_both_schema_files(shards_dir, tmp_path, test_conf
     schema = json.loads((other / "schema.json").read_text())
     schema["mel"]["fmax"] = 7600.0
     (other / "schema.json").write_text(json.dumps(schema))
-    code, out = _train(capsys, shards_dir / "train-*.tfrecord", other / "train-*.tfrecord",
-                       "--model-dir", tmp_path / "m", "--config", test_config)
+    code, out = _train(
+        capsys,
+        shards_dir / "train-*.tfrecord",
+        other / "train-*.tfrecord",
+        "--model-dir",
+        tmp_path / "m",
+        "--config",
+        test_config,
+    )
     assert code == 2
     assert f"{shards_dir}/schema.json" in out.err and f"{other}/schema.json" in out.err
     assert "differs" in out.err and "mel" in out.err
@@ -33,27 +41,34 @@ def test_validation_shards_of_another_schema_are_refused(shards_dir, tmp_path, t
     schema = json.loads((other / "schema.json").read_text())
     schema["vocabulary"] = schema["vocabulary"][:-1]
     (other / "schema.json").write_text(json.dumps(schema))
-    code, out = _train(capsys, shards_dir / "train-*.tfrecord", "--val", other / "val-*.tfrecord",
-                       "--model-dir", tmp_path / "m", "--config", test_config)
+    code, out = _train(
+        capsys,
+        shards_dir / "train-*.tfrecord",
+        "--val",
+        other / "val-*.tfrecord",
+        "--model-dir",
+        tmp_path / "m",
+        "--config",
+        test_config,
+    )
     assert code == 2 and f"{other}/schema.json" in out.err and "vocabulary" in out.err
 
 
 def test_unfinished_run_is_refused(shards_dir, tmp_path, test_config, capsys):
     unfinished = copy_shards(shards_dir, tmp_path / "unfinished")
     (unfinished / "schema.json").unlink()
-    code, out = _train(capsys, unfinished / "train-*.tfrecord", "--model-dir", tmp_path / "m",
-                       "--config", test_config)
+    code, out = _train(capsys, unfinished / "train-*.tfrecord", "--model-dir", tmp_path / "m", "--config", test_config)
     assert code == 2 and f"{unfinished}/schema.json does not exist" in out.err
 
     (unfinished / ".melshards-publish.json").write_text("{}")  # a publish of a new run was cut short
     shutil.copy(shards_dir / "schema.json", unfinished / "schema.json")
-    code, out = _train(capsys, unfinished / "train-*.tfrecord", "--model-dir", tmp_path / "m",
-                       "--config", test_config)
+    code, out = _train(capsys, unfinished / "train-*.tfrecord", "--model-dir", tmp_path / "m", "--config", test_config)
     assert code == 2 and "having its run replaced" in out.err and str(unfinished) in out.err
 
 
-def test_a_training_glob_matching_the_validation_shards_is_refused_naming_both_globs(shards_dir, tmp_path,
-                                                                                     test_config, capsys):
+def test_a_training_glob_matching_the_validation_shards_is_refused_naming_both_globs(
+    shards_dir, tmp_path, test_config, capsys
+):
     code, out = _train(capsys, shards_dir / "*.tfrecord", "--model-dir", tmp_path / "m", "--config", test_config)
     assert code == 2 and "validation shard(s)" in out.err
     assert f"pass '{shards_dir}/train-*.tfrecord' and --val '{shards_dir}/val-*.tfrecord'" in out.err
@@ -67,12 +82,13 @@ def cut_after_records(path, n: int) -> None:
     data = path.read_bytes()
     at = 0
     for _ in range(n):
-        at += 12 + struct.unpack("<Q", data[at:at + 8])[0] + 4  # length, its crc, the data, its crc
+        at += 12 + struct.unpack("<Q", data[at : at + 8])[0] + 4  # length, its crc, the data, its crc
     path.write_bytes(data[:at])
 
 
-def test_a_shard_cut_at_a_record_boundary_is_refused_by_its_size_before_anything_is_built(shards_dir, tmp_path,
-                                                                                           test_config, capsys):
+def test_a_shard_cut_at_a_record_boundary_is_refused_by_its_size_before_anything_is_built(
+    shards_dir, tmp_path, test_config, capsys
+):
     cut = copy_shards(shards_dir, tmp_path / "cut")
     shard = next(cut.glob("train-*.tfrecord"))
     records = json.loads((cut / "schema.json").read_text())["buckets"][0]["shards"]["train"][0]["records"]
@@ -81,8 +97,16 @@ def test_a_shard_cut_at_a_record_boundary_is_refused_by_its_size_before_anything
     assert code == 2 and f"{shard}: holds {shard.stat().st_size} bytes, schema.json lists" in out.err
     assert "cut short or damaged in a copy" in out.err and not (tmp_path / "m").exists()
     # the validation shards are checked alike
-    code, out = _train(capsys, shards_dir / "train-*.tfrecord", "--val", cut / "train-*.tfrecord",
-                       "--model-dir", tmp_path / "m", "--config", test_config)
+    code, out = _train(
+        capsys,
+        shards_dir / "train-*.tfrecord",
+        "--val",
+        cut / "train-*.tfrecord",
+        "--model-dir",
+        tmp_path / "m",
+        "--config",
+        test_config,
+    )
     assert code == 2 and "schema.json lists" in out.err
 
 
@@ -95,15 +119,26 @@ def test_explicit_schema_must_match_the_shards(shards_dir, tmp_path, test_config
     schema = json.loads((shards_dir / "schema.json").read_text())
     schema["max_mel_frames"] += 8
     (tmp_path / "schema.json").write_text(json.dumps(schema))
-    code, out = _train(capsys, shards_dir / "train-*.tfrecord", "--schema", tmp_path / "schema.json",
-                       "--model-dir", tmp_path / "m", "--config", test_config)
+    code, out = _train(
+        capsys,
+        shards_dir / "train-*.tfrecord",
+        "--schema",
+        tmp_path / "schema.json",
+        "--model-dir",
+        tmp_path / "m",
+        "--config",
+        test_config,
+    )
     assert code == 2 and "max_mel_frames" in out.err
 
 
-@pytest.mark.parametrize("loop, expected", [
-    ({"steps": 21, "steps_per_execution": 2}, "loop.steps 21 is not a multiple of loop.steps_per_execution 2"),
-    ({"precision": "float8"}, "loop.precision"),
-])
+@pytest.mark.parametrize(
+    "loop, expected",
+    [
+        ({"steps": 21, "steps_per_execution": 2}, "loop.steps 21 is not a multiple of loop.steps_per_execution 2"),
+        ({"precision": "float8"}, "loop.precision"),
+    ],
+)
 def test_step_arithmetic_and_precision_are_checked_before_compiling(shards_dir, tmp_path, capsys, loop, expected):
     cfg = write_config(tmp_path / "c.yaml", loop=loop)
     code, out = _train(capsys, shards_dir / "train-*.tfrecord", "--model-dir", tmp_path / "m", "--config", cfg)
@@ -111,8 +146,16 @@ def test_step_arithmetic_and_precision_are_checked_before_compiling(shards_dir, 
 
 
 def test_batch_size_zero_and_unknown_config_keys_are_errors(shards_dir, tmp_path, test_config, capsys):
-    code, out = _train(capsys, shards_dir / "train-*.tfrecord", "--model-dir", tmp_path / "m",
-                       "--config", test_config, "--batch-size", 0)
+    code, out = _train(
+        capsys,
+        shards_dir / "train-*.tfrecord",
+        "--model-dir",
+        tmp_path / "m",
+        "--config",
+        test_config,
+        "--batch-size",
+        0,
+    )
     assert code == 2 and "data.batch_size is 0" in out.err
     bad = tmp_path / "bad.yaml"
     bad.write_text("loop:\n  stepz: 3\n")
@@ -134,7 +177,7 @@ def test_corrupt_or_truncated_shard_error_names_the_file(shards_dir, tmp_path, t
     if damage == "flip":
         data[len(data) // 3] ^= 0xFF
     else:
-        data = data[:len(data) // 10]  # inside the first shuffle-buffer fill: fails before any compile
+        data = data[: len(data) // 10]  # inside the first shuffle-buffer fill: fails before any compile
     shard.write_bytes(bytes(data))
     code, out = _train(capsys, bad / "train-*.tfrecord", "--model-dir", tmp_path / "m", "--config", test_config)
     if damage == "truncate":  # refused by its size before anything is built
@@ -144,10 +187,19 @@ def test_corrupt_or_truncated_shard_error_names_the_file(shards_dir, tmp_path, t
     assert f"corrupt or truncated shard {shard}" in out.err and "corrupted record" in out.err
 
 
-def test_validation_on_the_training_shards_is_refused_before_anything_is_written(shards_dir, tmp_path, test_config,
-                                                                                 capsys):
-    code, out = _train(capsys, shards_dir / "train-*.tfrecord", "--val", shards_dir / "*.tfrecord",
-                       "--model-dir", tmp_path / "m", "--config", test_config)
+def test_validation_on_the_training_shards_is_refused_before_anything_is_written(
+    shards_dir, tmp_path, test_config, capsys
+):
+    code, out = _train(
+        capsys,
+        shards_dir / "train-*.tfrecord",
+        "--val",
+        shards_dir / "*.tfrecord",
+        "--model-dir",
+        tmp_path / "m",
+        "--config",
+        test_config,
+    )
     assert code == 2 and "--val matches 1 of the training shards" in out.err
     assert not (tmp_path / "m").exists()
 
@@ -155,16 +207,35 @@ def test_validation_on_the_training_shards_is_refused_before_anything_is_written
 def test_validation_records_with_training_ids_are_refused(shards_dir, tmp_path, test_config, capsys):
     """A copy of the training shards elsewhere: other files, the same records (compared by their `id`)."""
     copy = copy_shards(shards_dir, tmp_path / "copy")
-    code, out = _train(capsys, shards_dir / "train-*.tfrecord", "--val", copy / "train-*.tfrecord",
-                       "--model-dir", tmp_path / "m", "--config", test_config)
+    code, out = _train(
+        capsys,
+        shards_dir / "train-*.tfrecord",
+        "--val",
+        copy / "train-*.tfrecord",
+        "--model-dir",
+        tmp_path / "m",
+        "--config",
+        test_config,
+    )
     assert code == 2 and "--val shards hold 40 records with the ids of training records" in out.err
     assert not (tmp_path / "m").exists()
 
 
 def test_a_batch_larger_than_the_training_records_is_refused_naming_the_largest_that_fits(
-        shards_dir, tmp_path, test_config, capsys):
+    shards_dir, tmp_path, test_config, capsys
+):
     # the shards hold 40 training records: a batch of 64 would hold each record about 1.6 times
-    code, out = _train(capsys, shards_dir / "train-*.tfrecord", "--model-dir", tmp_path / "m",
-                       "--config", test_config, "--batch-size", 64, "--steps", 1)
+    code, out = _train(
+        capsys,
+        shards_dir / "train-*.tfrecord",
+        "--model-dir",
+        tmp_path / "m",
+        "--config",
+        test_config,
+        "--batch-size",
+        64,
+        "--steps",
+        1,
+    )
     assert code == 2 and "the largest batch that fits is 40: pass --batch-size 40 or less" in out.err
     assert not (tmp_path / "m").exists()

@@ -1,5 +1,6 @@
 """Balanced sampling (`data.balance`, train/balance.py): the shares it aims at, the shares it gives on
 a corpus of two very unequal speakers, and an iterator that resumes on the same records."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,11 +47,18 @@ def _schema(n_big: int, n_small: int, shard: str) -> Schema:
     """A one-bucket schema of tiny shapes (text 8, mel 8 x 4) with two speakers of n_big and n_small clips."""
     bucket = Schema.make_bucket(0, 8, 8, 4, [{"split": "train", "file": shard, "records": n_big + n_small}])
     english = {"name": "english", "version": 1}
-    return Schema(version="3.0.0", audio=AudioParams(16000, False, 60.0),
-                  mel=MelParams(64, 16, 64, 4, 0.0, 8000.0, 1e-5, 2.0), vocabulary=("_", "~", "a"),
-                  speakers=(Speaker(0, "big", n_big, 0.1), Speaker(1, "small", n_small, 0.01)),
-                  languages=(Language(0, "en", n_big + n_small, 0.11, english),),
-                  mel_mean=(0.0,) * 4, mel_std=(1.0,) * 4, pad_multiple=8, buckets=(bucket,))
+    return Schema(
+        version="3.0.0",
+        audio=AudioParams(16000, False, 60.0),
+        mel=MelParams(64, 16, 64, 4, 0.0, 8000.0, 1e-5, 2.0),
+        vocabulary=("_", "~", "a"),
+        speakers=(Speaker(0, "big", n_big, 0.1), Speaker(1, "small", n_small, 0.01)),
+        languages=(Language(0, "en", n_big + n_small, 0.11, english),),
+        mel_mean=(0.0,) * 4,
+        mel_std=(1.0,) * 4,
+        pad_multiple=8,
+        buckets=(bucket,),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -63,10 +71,23 @@ def unequal(tmp_path_factory):
     writers = [tf.io.TFRecordWriter(f) for f in files]
     for i in range(BIG + SMALL):
         speaker = int(i % 11 == 10)
-        writers[i % 2].write(encode_example(schema.features, {
-            "id": f"clip{i}", "speaker": schema.speakers[speaker].name, "speaker_id": speaker, "language": "en",
-            "language_id": 0, "text": "a", "text_ids": np.full(8, 2), "text_len": 1,
-            "mel": np.zeros((8, 4)), "mel_len": 8}))
+        writers[i % 2].write(
+            encode_example(
+                schema.features,
+                {
+                    "id": f"clip{i}",
+                    "speaker": schema.speakers[speaker].name,
+                    "speaker_id": speaker,
+                    "language": "en",
+                    "language_id": 0,
+                    "text": "a",
+                    "text_ids": np.full(8, 2),
+                    "text_len": 1,
+                    "mel": np.zeros((8, 4)),
+                    "mel_len": 8,
+                },
+            )
+        )
     for w in writers:
         w.close()
     return schema, files
@@ -82,7 +103,7 @@ def _stream(schema, files, alpha, names=("speaker_id",), batch=10, k=None):
 def test_a_balanced_stream_gives_each_speaker_its_count_to_the_alpha(unequal, alpha):
     schema, files = unequal
     ids = np.concatenate([b["speaker_id"].numpy() for b in _stream(schema, files, alpha).take(400)])
-    expected = SMALL ** alpha / (BIG ** alpha + SMALL ** alpha)  # 0.5, 0.240, 0.091
+    expected = SMALL**alpha / (BIG**alpha + SMALL**alpha)  # 0.5, 0.240, 0.091
     assert len(ids) == 4000 and abs((ids == 1).mean() - expected) < 0.025, (ids == 1).mean()
 
 
@@ -126,18 +147,29 @@ def _two_bucket_schema(held_out: int = 0) -> Schema:
         shards = [{"split": "train", "file": shard_name("train", i, 0, 1), "records": records}]
         if held_out:
             shards.append({"split": "val", "file": shard_name("val", i, 0, 1), "records": held_out})
-        groups = {"train": {"speaker": speakers, "language": [records]},
-                  "val": {"speaker": [0, 0, held_out], "language": [held_out]}}
+        groups = {
+            "train": {"speaker": speakers, "language": [records]},
+            "val": {"speaker": [0, 0, held_out], "language": [held_out]},
+        }
         return Schema.make_bucket(i, 8, frames, 4, shards, groups=groups)
 
     english = {"name": "english", "version": 1}
-    return Schema(version=SCHEMA_VERSION, audio=AudioParams(16000, False, 60.0),
-                  mel=MelParams(64, 16, 64, 4, 0.0, 8000.0, 1e-5, 2.0), vocabulary=("_", "~", "a"),
-                  speakers=(Speaker(0, "short", SHORT, 0.1), Speaker(1, "long", LONG, 0.1),
-                            Speaker(2, "held", 2 * held_out, 0.01)),
-                  languages=(Language(0, "en", SHORT + LONG + 2 * held_out, 0.2, english),),
-                  mel_mean=(0.0,) * 4, mel_std=(1.0,) * 4, pad_multiple=8,
-                  buckets=(bucket(0, 8, SHORT, [SHORT, 0, 0]), bucket(1, 16, LONG, [0, LONG, 0])))
+    return Schema(
+        version=SCHEMA_VERSION,
+        audio=AudioParams(16000, False, 60.0),
+        mel=MelParams(64, 16, 64, 4, 0.0, 8000.0, 1e-5, 2.0),
+        vocabulary=("_", "~", "a"),
+        speakers=(
+            Speaker(0, "short", SHORT, 0.1),
+            Speaker(1, "long", LONG, 0.1),
+            Speaker(2, "held", 2 * held_out, 0.01),
+        ),
+        languages=(Language(0, "en", SHORT + LONG + 2 * held_out, 0.2, english),),
+        mel_mean=(0.0,) * 4,
+        mel_std=(1.0,) * 4,
+        pad_multiple=8,
+        buckets=(bucket(0, 8, SHORT, [SHORT, 0, 0]), bucket(1, 16, LONG, [0, LONG, 0])),
+    )
 
 
 def test_buckets_are_drawn_by_what_they_keep_so_speakers_of_different_lengths_get_their_target():
@@ -179,8 +211,9 @@ def test_a_speaker_held_out_for_validation_gets_no_share_and_lowers_no_accept_pr
 def test_a_schema_without_per_bucket_counts_balances_by_the_tables_and_draws_buckets_by_records():
     """A schema.json written before 3.2 reads, and balances as it did: tables' clips, buckets by records."""
     schema = _two_bucket_schema()
-    old = dataclasses.replace(schema, version="3.1.0", buckets=tuple(
-        dataclasses.replace(b, groups={}) for b in schema.buckets))
+    old = dataclasses.replace(
+        schema, version="3.1.0", buckets=tuple(dataclasses.replace(b, groups={}) for b in schema.buckets)
+    )
     reread = Schema.from_json(old.to_json())
     assert balance.bucket_counts(reread, "speaker") is None
     plan = balance.plan(reread, "speaker", 0.0)
@@ -196,10 +229,23 @@ def two_buckets(tmp_path_factory):
     for b, speaker, n in ((schema.buckets[0], 0, SHORT), (schema.buckets[1], 1, LONG)):
         with tf.io.TFRecordWriter(str(out / b.shards["train"][0]["file"])) as w:
             for i in range(n):
-                w.write(encode_example(b.features, {
-                    "id": f"clip{speaker}-{i}", "speaker": schema.speakers[speaker].name, "speaker_id": speaker,
-                    "language": "en", "language_id": 0, "text": "a", "text_ids": np.full(8, 2), "text_len": 1,
-                    "mel": np.zeros((b.max_mel_frames, 4)), "mel_len": b.max_mel_frames}))
+                w.write(
+                    encode_example(
+                        b.features,
+                        {
+                            "id": f"clip{speaker}-{i}",
+                            "speaker": schema.speakers[speaker].name,
+                            "speaker_id": speaker,
+                            "language": "en",
+                            "language_id": 0,
+                            "text": "a",
+                            "text_ids": np.full(8, 2),
+                            "text_len": 1,
+                            "mel": np.zeros((b.max_mel_frames, 4)),
+                            "mel_len": b.max_mel_frames,
+                        },
+                    )
+                )
     (out / "schema.json").write_text(schema.to_json())
     return out
 
@@ -210,8 +256,9 @@ def test_the_dataset_api_gives_speakers_in_different_buckets_their_target_shares
     import melshards
 
     with caplog.at_level(logging.INFO, logger="melshards"):
-        ds = melshards.dataset(str(two_buckets / "train-*.tfrecord"), 10, features=("speaker_id",),
-                               balance="speaker", balance_alpha=0.0)
+        ds = melshards.dataset(
+            str(two_buckets / "train-*.tfrecord"), 10, features=("speaker_id",), balance="speaker", balance_alpha=0.0
+        )
     assert "short 75.0% -> 50.0% (drawn 50.0%), long 25.0% -> 50.0% (drawn 50.0%)" in caplog.text
     ids = np.concatenate([b["speaker_id"].numpy() for b in ds.take(300)])
     assert len(ids) == 3000 and abs((ids == 1).mean() - 0.5) < 0.04, (ids == 1).mean()

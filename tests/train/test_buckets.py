@@ -1,4 +1,5 @@
 """Length buckets in the trainer: batch per bucket, the schedule, and every bucket's pipeline."""
+
 from __future__ import annotations
 
 import collections
@@ -9,11 +10,11 @@ import pytest
 import tensorflow as tf
 
 from melshards.shards_schema import Schema, read_schema, shard_name
-from tests.train.conftest import ids_in, real_ids
 from melshards.train import buckets as bk
 from melshards.train import input_pipeline as ip
 from melshards.train.config import DataConfig
 from melshards.train.step import MODEL_INPUTS
+from tests.train.conftest import ids_in, real_ids
 
 
 def test_batch_per_bucket_keeps_padded_frames_per_batch_at_most_the_longest_buckets():
@@ -41,8 +42,11 @@ def test_every_buckets_batch_divides_by_the_replicas(replicas):
 
 
 def test_a_batch_larger_than_a_buckets_records_is_refused_naming_the_largest_that_fits():
-    with pytest.raises(bk.BatchError, match=r"batch_size 64 is more than the training records \(the shards hold "
-                                            r"8\).* largest batch that fits is 8: pass --batch-size 8 or less"):
+    with pytest.raises(
+        bk.BatchError,
+        match=r"batch_size 64 is more than the training records \(the shards hold "
+        r"8\).* largest batch that fits is 8: pass --batch-size 8 or less",
+    ):
         bk.batch_sizes([552], [8], 64)
     # a small bucket never repeats records either (this used to give [4, 4] for 2 and 3 records)
     with pytest.raises(bk.BatchError, match=r"bucket 0 has 2, bucket 1 has 3\).* largest batch that fits is 2"):
@@ -63,7 +67,7 @@ def test_schedule_is_a_seeded_permutation_per_epoch_in_proportion_to_the_calls()
     calls = [6, 3, 1]
     order = bk.schedule(calls, seed=7, first=0, count=50)
     for e in range(5):  # every epoch of 10 calls holds exactly 6, 3 and 1 calls of the buckets
-        assert collections.Counter(order[10 * e:10 * e + 10].tolist()) == {0: 6, 1: 3, 2: 1}
+        assert collections.Counter(order[10 * e : 10 * e + 10].tolist()) == {0: 6, 1: 3, 2: 1}
     assert not np.array_equal(order[:10], order[10:20])  # a new order every epoch
     assert np.array_equal(order, bk.schedule(calls, seed=7, first=0, count=50))
     assert not np.array_equal(order, bk.schedule(calls, seed=8, first=0, count=50))
@@ -98,14 +102,19 @@ def test_the_plan_gives_every_bucket_its_files_shapes_batch_and_records(bucketed
 
 def _three_buckets(schema):
     """Buckets of 128, 256 and 512 frames; train records 640 + 320, 320, 80; val in buckets 0 and 2."""
+
     def shard(split, bucket, index, count, records):
         return {"split": split, "file": shard_name(split, bucket, index, count), "records": records}
 
-    shards = [[shard("train", 0, 0, 2, 640), shard("train", 0, 1, 2, 320), shard("val", 0, 0, 1, 5)],
-              [shard("train", 1, 0, 1, 320)],
-              [shard("train", 2, 0, 1, 80), shard("val", 2, 0, 1, 3)]]
-    buckets = tuple(Schema.make_bucket(i, 16 * (i + 1), frames, schema.n_mels, shards[i])
-                    for i, frames in enumerate((128, 256, 512)))
+    shards = [
+        [shard("train", 0, 0, 2, 640), shard("train", 0, 1, 2, 320), shard("val", 0, 0, 1, 5)],
+        [shard("train", 1, 0, 1, 320)],
+        [shard("train", 2, 0, 1, 80), shard("val", 2, 0, 1, 3)],
+    ]
+    buckets = tuple(
+        Schema.make_bucket(i, 16 * (i + 1), frames, schema.n_mels, shards[i])
+        for i, frames in enumerate((128, 256, 512))
+    )
     return dataclasses.replace(schema, buckets=buckets)
 
 
@@ -121,13 +130,17 @@ def test_the_plan_of_a_concrete_run_by_hand(bucketed):
     # calls of 2 steps per epoch: 960 / (32 * 2), 320 / (16 * 2), 80 / (8 * 2)
     assert [tb.calls_per_epoch for tb in tbs] == [15, 10, 5]
     assert [tb.files for tb in tbs] == [tuple(f"/d/{f}" for f in names[i]) for i in (0, 1, 2)]
-    assert [tb.val_files for tb in tbs] == [("/d/val-b00-00000-of-00001.tfrecord",), (),
-                                                  ("/d/val-b02-00000-of-00001.tfrecord",)]
+    assert [tb.val_files for tb in tbs] == [
+        ("/d/val-b00-00000-of-00001.tfrecord",),
+        (),
+        ("/d/val-b02-00000-of-00001.tfrecord",),
+    ]
     assert [tb.bucket.max_mel_frames for tb in tbs] == [128, 256, 512]
 
     # a run given some of the files: its records are those files' records, a bucket without files has no calls
-    tbs = bk.trainer_buckets(["/d/train-b00-00000-of-00002.tfrecord", "/d/train-b02-00000-of-00001.tfrecord"], [],
-                    schema, 8, False, 1)
+    tbs = bk.trainer_buckets(
+        ["/d/train-b00-00000-of-00002.tfrecord", "/d/train-b02-00000-of-00001.tfrecord"], [], schema, 8, False, 1
+    )
     assert [tb.records for tb in tbs] == [640, 0, 80]
     assert [tb.calls_per_epoch for tb in tbs][::2] == [640 // 32, 80 // 8] and tbs[1].calls_per_epoch == 0
     # fixed_batch_size: every bucket gets B
@@ -139,8 +152,7 @@ def test_every_buckets_pipeline_has_its_own_static_shapes_and_no_python_ops(buck
     for tb in tbs:
         data = DataConfig(batch_size=tb.batch_size)
         train = ip.train_dataset(tb.files, tb.bucket, data, MODEL_INPUTS, steps_per_execution=2)
-        assert train.element_spec["mel"].shape.as_list() == [2, tb.batch_size, tb.bucket.max_mel_frames,
-                                                             schema.n_mels]
+        assert train.element_spec["mel"].shape.as_list() == [2, tb.batch_size, tb.bucket.max_mel_frames, schema.n_mels]
         assert train.element_spec["text_ids"].shape.as_list() == [2, tb.batch_size, tb.bucket.max_text_len]
         assert ip.python_ops_in(train) == []
         if tb.val_files:
@@ -154,8 +166,7 @@ def test_validation_covers_every_bucket_every_record_once_with_a_masked_top_up(b
     for tb in tbs:
         if not tb.val_files:
             continue
-        batches = list(ip.val_dataset(tb.val_files, schema, DataConfig(batch_size=3), (*MODEL_INPUTS, "id"),
-                                      tb.bucket))
+        batches = list(ip.val_dataset(tb.val_files, schema, DataConfig(batch_size=3), (*MODEL_INPUTS, "id"), tb.bucket))
         lens = tf.concat([b["mel_len"] for b in batches], 0).numpy()
         assert all(b["mel"].shape[1:] == (tb.bucket.max_mel_frames, schema.n_mels) for b in batches)
         assert sorted(real_ids(batches)) == sorted(ids_in(tb.val_files)) and len(lens) % 3 == 0
@@ -181,10 +192,21 @@ def bucketed_run(bucketed_dir, tmp_path_factory):
     from tests.train.conftest import write_config
 
     tmp = tmp_path_factory.mktemp("bucketed_run")
-    cfg = write_config(tmp / "c.yaml", loop={"steps": 16, "steps_per_execution": 2, "checkpoint_every": 16,
-                                             "val_every": 16, "log_every": 2})
-    code = run([str(bucketed_dir / "train-*.tfrecord"), "--val", str(bucketed_dir / "val-*.tfrecord"),
-                "--model-dir", str(tmp / "m"), "--config", str(cfg)])
+    cfg = write_config(
+        tmp / "c.yaml",
+        loop={"steps": 16, "steps_per_execution": 2, "checkpoint_every": 16, "val_every": 16, "log_every": 2},
+    )
+    code = run(
+        [
+            str(bucketed_dir / "train-*.tfrecord"),
+            "--val",
+            str(bucketed_dir / "val-*.tfrecord"),
+            "--model-dir",
+            str(tmp / "m"),
+            "--config",
+            str(cfg),
+        ]
+    )
     assert code == 0
     return json.loads((tmp / "m" / "run_summary.json").read_text())
 

@@ -3,6 +3,7 @@
 The model dirs here hold random (not initial) weights written without training, in the layout
 training writes, so nothing is compiled except the synthesis generator.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,13 +16,13 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.protobuf import trackable_object_graph_pb2
 
+from melshards.commands.synthesize import synthesize_command
 from melshards.shards_schema import read_schema
-from tests.train.conftest import TEST_CONFIG, model_dir_from_weights
 from melshards.train.checkpoints import RestoreError, restore_model, untracked_variables
 from melshards.train.config import config_from_dict
 from melshards.train.model import build_model
-from melshards.commands.synthesize import synthesize_command
 from melshards.train.synthesize import load_synthesizer
+from tests.train.conftest import TEST_CONFIG, model_dir_from_weights
 
 TEXT = "Printing, in the only sense."
 
@@ -76,18 +77,37 @@ def speaking(shards_dir, tmp_path_factory):
 
 
 def _synthesize(model_dir, wav, *extra):
-    synthesize_command.main(["--model-dir", str(model_dir), TEXT, "-o", str(wav), "--griffin-lim-iters", "2",
-                             *map(str, extra)], standalone_mode=False)
+    synthesize_command.main(
+        ["--model-dir", str(model_dir), TEXT, "-o", str(wav), "--griffin-lim-iters", "2", *map(str, extra)],
+        standalone_mode=False,
+    )
 
 
 def test_the_same_text_gives_the_same_wav_in_two_processes(speaking, tmp_path):
     model_dir, _ = speaking
     _synthesize(model_dir, tmp_path / "here.wav")
-    code = ("import sys; from melshards.commands.synthesize import synthesize_command; "
-            "synthesize_command.main(sys.argv[1:])")
-    done = subprocess.run([sys.executable, "-c", code, "--model-dir", str(model_dir), TEXT, "-o",
-                           str(tmp_path / "there.wav"), "--griffin-lim-iters", "2"],
-                          capture_output=True, text=True, env=dict(os.environ), timeout=600)
+    code = (
+        "import sys; from melshards.commands.synthesize import synthesize_command; "
+        "synthesize_command.main(sys.argv[1:])"
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "--model-dir",
+            str(model_dir),
+            TEXT,
+            "-o",
+            str(tmp_path / "there.wav"),
+            "--griffin-lim-iters",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "here.wav").read_bytes() == (tmp_path / "there.wav").read_bytes()
 
@@ -119,8 +139,9 @@ def _two_checkpoints(shards_dir, model_dir):
     ckpts = model_dir / "checkpoints"
     for f in ckpts.glob("ckpt-10.*"):
         shutil.copy(f, ckpts / f.name.replace("ckpt-10", "ckpt-20"))
-    tf.compat.v1.train.update_checkpoint_state(str(ckpts), str(ckpts / "ckpt-20"),
-                                               [str(ckpts / "ckpt-10"), str(ckpts / "ckpt-20")])
+    tf.compat.v1.train.update_checkpoint_state(
+        str(ckpts), str(ckpts / "ckpt-20"), [str(ckpts / "ckpt-10"), str(ckpts / "ckpt-20")]
+    )
     return ckpts
 
 
@@ -136,10 +157,12 @@ def _files(d):
     return sorted((str(p.relative_to(d)), p.stat().st_mtime_ns) for p in d.rglob("*"))
 
 
-@pytest.mark.parametrize("how, problem", [("truncated", "its data file is truncated"),
-                                          ("no index", "ckpt-20.index is missing")])
-def test_resuming_from_a_damaged_checkpoint_names_it_and_the_intact_one_before(shards_dir, tmp_path, test_config,
-                                                                               capsys, how, problem):
+@pytest.mark.parametrize(
+    "how, problem", [("truncated", "its data file is truncated"), ("no index", "ckpt-20.index is missing")]
+)
+def test_resuming_from_a_damaged_checkpoint_names_it_and_the_intact_one_before(
+    shards_dir, tmp_path, test_config, capsys, how, problem
+):
     from melshards.commands.train import run
 
     model_dir = tmp_path / "m"

@@ -1,4 +1,5 @@
 """Every bucket's step compiled up front (train/compile.py), and kept across runs (train/xla_cache.py)."""
+
 from __future__ import annotations
 
 import json
@@ -6,12 +7,9 @@ import os
 import subprocess
 import sys
 
-import pytest
-
-from melshards.train.tf_quiet import tf  # noqa: I001
-
 from melshards.train import xla_cache
 from melshards.train.compile import align_function_names, compile_steps
+from melshards.train.tf_quiet import tf  # noqa: I001
 from tests.train.conftest import write_config
 
 
@@ -55,7 +53,9 @@ def test_this_tensorflow_still_numbers_traced_functions_with_the_private_uid_cou
     resumed run (align_function_names logs it and goes on)."""
     from tensorflow.python.framework import ops
 
-    assert callable(getattr(ops, "uid", None)), f"TensorFlow {tf.__version__} has no tensorflow.python.framework.ops.uid"
+    assert callable(getattr(ops, "uid", None)), (
+        f"TensorFlow {tf.__version__} has no tensorflow.python.framework.ops.uid"
+    )
     assert align_function_names(), f"TensorFlow {tf.__version__}: ops.uid no longer counts up"
     start = ops.uid()
     name = tf.function(lambda x: x + 1).get_concrete_function(tf.TensorSpec([1])).name.decode()
@@ -101,13 +101,24 @@ def test_compiling_up_front_traces_each_step_once_and_leaves_the_state_as_it_was
             weight.assign_sub(0.5 * tf.reduce_mean(batch["x"] + 1.0, 0))
             counter.assign_add(1)
             return {"loss": tf.reduce_sum(weight)}
+
         return step
 
     train = {0: make(3), 2: make(5)}
-    evals = {2: tf.function(lambda b: {"sum": tf.reduce_sum(b["x"]) + tf.reduce_sum(weight)},
-                            input_signature=[{"x": tf.TensorSpec([4, 2])}], jit_compile=True)}
-    report = compile_steps(train, {0: {"x": tf.TensorSpec([3, 2])}, 2: {"x": tf.TensorSpec([5, 2])}},
-                           evals, {2: {"x": tf.TensorSpec([4, 2])}}, [weight, counter])
+    evals = {
+        2: tf.function(
+            lambda b: {"sum": tf.reduce_sum(b["x"]) + tf.reduce_sum(weight)},
+            input_signature=[{"x": tf.TensorSpec([4, 2])}],
+            jit_compile=True,
+        )
+    }
+    report = compile_steps(
+        train,
+        {0: {"x": tf.TensorSpec([3, 2])}, 2: {"x": tf.TensorSpec([5, 2])}},
+        evals,
+        {2: {"x": tf.TensorSpec([4, 2])}},
+        [weight, counter],
+    )
     assert sorted(report) == [0, 2] and all(t["trace_s"] > 0 and t["compile_s"] > 0 for t in report.values())
     assert weight.numpy().tolist() == [1.0, 2.0] and int(counter.numpy()) == 0
     train[2]({"x": tf.ones([5, 2])})
@@ -130,8 +141,11 @@ def test_the_state_is_kept_in_host_memory_not_on_the_device_while_the_warm_up_st
 
     def tensors_of_the_state_s_shape() -> int:
         gc.collect()
-        return sum(1 for o in gc.get_objects() if isinstance(o, tf.Tensor) and not tf.is_symbolic_tensor(o)
-                   and tuple(o.shape) == (7, 13))  # values, not the trace's graph tensors
+        return sum(
+            1
+            for o in gc.get_objects()
+            if isinstance(o, tf.Tensor) and not tf.is_symbolic_tensor(o) and tuple(o.shape) == (7, 13)
+        )  # values, not the trace's graph tensors
 
     before, during = tensors_of_the_state_s_shape(), []
 
@@ -148,16 +162,32 @@ def test_the_state_is_kept_in_host_memory_not_on_the_device_while_the_warm_up_st
 def _train(shards_dir, model_dir, cfg, cache, steps):
     env = dict(os.environ, MELSHARDS_XLA_CACHE=str(cache))
     env.pop("TF_XLA_FLAGS", None)
-    proc = subprocess.run([sys.executable, "-m", "melshards", "train", str(shards_dir / "train-*.tfrecord"),
-                           "--val", str(shards_dir / "val-*.tfrecord"), "--model-dir", str(model_dir),
-                           "--config", str(cfg), "--steps", str(steps)], capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "melshards",
+            "train",
+            str(shards_dir / "train-*.tfrecord"),
+            "--val",
+            str(shards_dir / "val-*.tfrecord"),
+            "--model-dir",
+            str(model_dir),
+            "--config",
+            str(cfg),
+            "--steps",
+            str(steps),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads((model_dir / "run_summary.json").read_text())
 
 
 def test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache(shards_dir, tmp_path):
-    cfg = write_config(tmp_path / "c.yaml", loop={"steps": 4, "checkpoint_every": 2, "log_every": 2,
-                                                   "val_every": 2})
+    cfg = write_config(tmp_path / "c.yaml", loop={"steps": 4, "checkpoint_every": 2, "log_every": 2, "val_every": 2})
     cache = tmp_path / "xla"
     first = _train(shards_dir, tmp_path / "m", cfg, cache, 2)
     entries = sorted(p.name for p in cache.iterdir())

@@ -1,5 +1,6 @@
 """TensorFlow's C++ start-up INFO lines are hidden by default; warnings, errors and a user's own
 TF_CPP_MIN_LOG_LEVEL are kept."""
+
 from __future__ import annotations
 
 import os
@@ -13,18 +14,23 @@ from melshards.train.tf_quiet import keep_line
 INFO = "I0000 00:00:1795333283.558699    6284 port.cc:153] oneDNN custom operations are on."
 WARN = "W0000 00:00:1795333283.558699    6284 x.cc:1] a warning"
 ERROR = "E0000 00:00:1795333291.594740    6284 x.cc:1] an error"
-NO_GPU = ("E0000 00:00:1795333291.594740    6284 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: "
-          "Failed call to cuInit: UNKNOWN ERROR (303)")
+NO_GPU = (
+    "E0000 00:00:1795333291.594740    6284 cuda_platform.cc:52] failed call to cuInit: INTERNAL: CUDA error: "
+    "Failed call to cuInit: UNKNOWN ERROR (303)"
+)
 BANNER = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR"
 OTHER = "Traceback (most recent call last):"
 
 
-@pytest.mark.parametrize("level, kept", [
-    (0, [INFO, WARN, ERROR, BANNER, OTHER]),
-    (1, [WARN, ERROR, OTHER]),
-    (2, [ERROR, OTHER]),
-    (3, [OTHER]),
-])
+@pytest.mark.parametrize(
+    "level, kept",
+    [
+        (0, [INFO, WARN, ERROR, BANNER, OTHER]),
+        (1, [WARN, ERROR, OTHER]),
+        (2, [ERROR, OTHER]),
+        (3, [OTHER]),
+    ],
+)
 def test_import_lines_are_kept_by_severity(level, kept):
     assert [line for line in (INFO, WARN, ERROR, BANNER, OTHER) if keep_line(line, level)] == kept
 
@@ -51,8 +57,9 @@ for args in (["--help"], ["train", "--help"], ["synthesize", "--help"], ["inspec
     print(args[0], [m for m in ("tensorflow", "apache_beam") if m in sys.modules], file=sys.stderr)
 """
     err = _stderr_of([sys.executable, "-c", code])
-    assert err.splitlines()[-6:] == [f"{name} []" for name in ("--help", "train", "synthesize", "inspect",
-                                                                 "preprocess", "stats")], err
+    assert err.splitlines()[-6:] == [
+        f"{name} []" for name in ("--help", "train", "synthesize", "inspect", "preprocess", "stats")
+    ], err
 
 
 # What TensorFlow's C++ start-up prints, written straight to file descriptor 2 as C++ code does (not
@@ -73,17 +80,22 @@ class config:  # what melshards.train.tf_quiet calls inside its capture
 """
 
 
-@pytest.mark.parametrize("user_level, shown", [
-    (None, ["known warning line", "known error line"]),  # unset: INFO hidden
-    ("0", [BANNER, "known info line", "known warning line", "known error line"]),
-    ("2", ["known error line"]),
-    ("3", []),
-])
+@pytest.mark.parametrize(
+    "user_level, shown",
+    [
+        (None, ["known warning line", "known error line"]),  # unset: INFO hidden
+        ("0", [BANNER, "known info line", "known warning line", "known error line"]),
+        ("2", ["known error line"]),
+        ("3", []),
+    ],
+)
 def test_a_users_own_log_level_decides_which_import_lines_are_shown(tmp_path, user_level, shown):
     (tmp_path / "tensorflow").mkdir()
     (tmp_path / "tensorflow" / "__init__.py").write_text(FAKE_TF)
-    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from melshards.train.tf_quiet import tf; "
-            f"assert tf.__file__.startswith({str(tmp_path)!r}), tf.__file__")
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r}); from melshards.train.tf_quiet import tf; "
+        f"assert tf.__file__.startswith({str(tmp_path)!r}), tf.__file__"
+    )
     env = {} if user_level is None else {"TF_CPP_MIN_LOG_LEVEL": user_level}
     err = _stderr_of([sys.executable, "-c", code], **env)
     everything = [BANNER, "known info line", "known warning line", "known error line"]
@@ -99,8 +111,13 @@ def test_cuinit_failing_is_shown_only_when_a_gpu_was_asked_for():
 def test_a_cpu_run_prints_no_cuinit_error_unless_a_gpu_was_asked_for():
     code = "from melshards.train.tf_quiet import tf; tf.config.list_physical_devices(); tf.constant(1.0).numpy()"
     env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                          env={k: v for k, v in env.items() if k != "TF_CPP_MIN_LOG_LEVEL"})
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={k: v for k, v in env.items() if k != "TF_CPP_MIN_LOG_LEVEL"},
+    )
     assert done.returncode == 0, done.stderr
     assert "cuInit" not in done.stderr and "cuda_platform" not in done.stderr
 

@@ -1,16 +1,16 @@
 """Per-device layer choices (train/device.py): each pair computes the same thing on this CPU."""
+
 from __future__ import annotations
 
+import keras
 import numpy as np
 import pytest
-
-from melshards.train.tf_quiet import tf  # noqa: I001
-import keras
 
 from melshards.shards_schema import read_schema
 from melshards.train import device
 from melshards.train.model import Conv1D, Dropout, same_conv
 from melshards.train.plugins import build_model, zero_batch
+from melshards.train.tf_quiet import tf  # noqa: I001
 from tests.train.conftest import TEST_CONFIG
 
 
@@ -56,8 +56,9 @@ def test_both_convs_compile_with_xla_in_bfloat16():
         layer.dense.kernel.assign(tf.reshape(tf.range(5 * 8 * 8, dtype=tf.float32) % 7 / 7 - 0.4, [40, 8]))
         outs[impl] = tf.function(layer, jit_compile=True)(tf.cast(x, tf.bfloat16))
         assert outs[impl].dtype == tf.bfloat16
-    np.testing.assert_allclose(tf.cast(outs["native"], tf.float32), tf.cast(outs["im2col"], tf.float32),
-                               rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(
+        tf.cast(outs["native"], tf.float32), tf.cast(outs["im2col"], tf.float32), rtol=2e-2, atol=2e-2
+    )
 
 
 @pytest.mark.parametrize("rng", ["threefry", "philox"])

@@ -3,6 +3,7 @@
 Runs that need their own devices (--cpu-devices, TF_CONFIG) are `python -m melshards train`
 subprocesses; they share a persistent XLA cache so a model already compiled is not compiled again.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,9 @@ import pytest
 import tensorflow as tf
 
 from melshards.shards_schema.config import ConfigError
-from tests.train.conftest import write_config
 from melshards.train import distribute as dist
 from melshards.train.step import dropout_key
+from tests.train.conftest import write_config
 
 # Seconds for any one run: a guard against a hung collective only, so it fails the test instead of
 # hanging the suite. Generous: a bucketed mirrored run compiles every bucket on each replica device,
@@ -76,21 +77,36 @@ def _free_port() -> int:
 
 
 def _train(shards_dir, model_dir, cfg, cache, *args, env=None, train_glob="train-*.tfrecord"):
-    env = dict(os.environ, **(env or {}), PYTHONUNBUFFERED="1",
-               TF_XLA_FLAGS=f"--tf_xla_persistent_cache_directory={cache}")
+    env = dict(
+        os.environ, **(env or {}), PYTHONUNBUFFERED="1", TF_XLA_FLAGS=f"--tf_xla_persistent_cache_directory={cache}"
+    )
     return subprocess.Popen(
-        [sys.executable, "-m", "melshards", "train", str(shards_dir / train_glob), "--model-dir",
-         str(model_dir), "--config", str(cfg), *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "melshards",
+            "train",
+            str(shards_dir / train_glob),
+            "--model-dir",
+            str(model_dir),
+            "--config",
+            str(cfg),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
 
 
 def _finish(proc) -> str:
     try:
         out, _ = proc.communicate(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as timeout:
         proc.kill()
         out, _ = proc.communicate()
-        raise AssertionError("run timed out:\n" + out[-4000:])
+        raise AssertionError("run timed out:\n" + out[-4000:]) from timeout
     assert proc.returncode == 0, out[-4000:]
     return out
 
@@ -120,12 +136,24 @@ def test_mirrored_on_two_cpu_devices_follows_the_single_device_losses(shards, re
     fixture's four: every bucket more is three more compiles)."""
     shards_dir = request.getfixturevalue(shards)
     train_glob = "train-b0[01]-*.tfrecord" if shards == "bucketed_dir" else "train-*.tfrecord"
-    cfg = write_config(tmp_path / "c.yaml", model=NO_DROPOUT,
-                       loop={"steps": STEPS, "log_every": 1, "checkpoint_every": STEPS, "val_every": STEPS})
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        model=NO_DROPOUT,
+        loop={"steps": STEPS, "log_every": 1, "checkpoint_every": STEPS, "val_every": STEPS},
+    )
     one = _train(shards_dir, tmp_path / "one", cfg, tmp_path / "xla", "--strategy", "one", train_glob=train_glob)
     _finish(one)
-    mirrored = _train(shards_dir, tmp_path / "mirrored", cfg, tmp_path / "xla", "--strategy", "mirrored",
-                      "--cpu-devices", "2", train_glob=train_glob)
+    mirrored = _train(
+        shards_dir,
+        tmp_path / "mirrored",
+        cfg,
+        tmp_path / "xla",
+        "--strategy",
+        "mirrored",
+        "--cpu-devices",
+        "2",
+        train_glob=train_glob,
+    )
     _finish(mirrored)
     a, b = _losses(tmp_path / "one"), _losses(tmp_path / "mirrored")
     assert len(a) == len(b) == STEPS
@@ -146,8 +174,9 @@ def _cluster(shards_dir, model_dir, cfg, cache, ports):
     procs = []
     for i in range(len(ports)):
         tf_config = json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
-        procs.append(_train(shards_dir, model_dir, cfg, cache, "--strategy", "multiworker",
-                            env={"TF_CONFIG": tf_config}))
+        procs.append(
+            _train(shards_dir, model_dir, cfg, cache, "--strategy", "multiworker", env={"TF_CONFIG": tf_config})
+        )
     return procs
 
 
@@ -158,8 +187,11 @@ def _digest(out: str) -> str:
 def test_two_workers_preempted_by_sigterm_resume_to_the_target_with_equal_weights(shards_dir, tmp_path):
     """Worker 1 gets SIGTERM mid-run: every worker checkpoints and exits 0; a restart resumes and finishes."""
     steps = 16
-    cfg = write_config(tmp_path / "c.yaml", model=NO_DROPOUT,
-                       loop={"steps": steps, "log_every": 1, "checkpoint_every": 8, "val_every": 8})
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        model=NO_DROPOUT,
+        loop={"steps": steps, "log_every": 1, "checkpoint_every": 8, "val_every": 8},
+    )
     model_dir, cache = tmp_path / "model", tmp_path / "xla"
     chief, other = _cluster(shards_dir, model_dir, cfg, cache, [_free_port(), _free_port()])
     lines, deadline = [], time.monotonic() + TIMEOUT
@@ -195,8 +227,20 @@ def bf16_run(four_records, tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("bf16")
     cfg = write_config(tmp / "c.yaml", loop={"steps": 8, "log_every": 4, "checkpoint_every": 8, "val_every": 8})
-    assert run([str(four_records / "train-*.tfrecord"), "--model-dir", str(tmp / "model"), "--config", str(cfg),
-                "--precision", "mixed_bfloat16"]) == 0
+    assert (
+        run(
+            [
+                str(four_records / "train-*.tfrecord"),
+                "--model-dir",
+                str(tmp / "model"),
+                "--config",
+                str(cfg),
+                "--precision",
+                "mixed_bfloat16",
+            ]
+        )
+        == 0
+    )
     return tmp / "model"
 
 
@@ -205,10 +249,21 @@ def test_mixed_float16_trains_with_a_finite_falling_loss_under_loss_scaling(four
 
     precision = "mixed_float16"
 
-    cfg = write_config(tmp_path / "c.yaml", loop={"steps": 8, "log_every": 4, "checkpoint_every": 8,
-                                                  "val_every": 8})
-    assert run([str(four_records / "train-*.tfrecord"), "--model-dir", str(tmp_path / "m"), "--config", str(cfg),
-                "--precision", precision]) == 0
+    cfg = write_config(tmp_path / "c.yaml", loop={"steps": 8, "log_every": 4, "checkpoint_every": 8, "val_every": 8})
+    assert (
+        run(
+            [
+                str(four_records / "train-*.tfrecord"),
+                "--model-dir",
+                str(tmp_path / "m"),
+                "--config",
+                str(cfg),
+                "--precision",
+                precision,
+            ]
+        )
+        == 0
+    )
     s = _summary(tmp_path / "m")
     assert s["precision"] == precision and s["train_step_traces"] == 1
     assert np.isfinite(s["final_losses"]["train"]["loss"]) and s["final_losses"]["train"]["loss"] < s["first_loss"]
@@ -226,7 +281,9 @@ def test_synthesize_from_a_bfloat16_checkpoint(bf16_run, tmp_path):
     from melshards.commands.synthesize import synthesize_command
 
     wav = tmp_path / "out.wav"
-    synthesize_command.main(["--model-dir", str(bf16_run), "Printing, in the only sense.", "-o", str(wav),
-                             "--griffin-lim-iters", "2"], standalone_mode=False)
+    synthesize_command.main(
+        ["--model-dir", str(bf16_run), "Printing, in the only sense.", "-o", str(wav), "--griffin-lim-iters", "2"],
+        standalone_mode=False,
+    )
     y, _ = sf.read(wav)
     assert y.ndim == 1 and np.isfinite(y).all() and np.abs(y).max() > 0

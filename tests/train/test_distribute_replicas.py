@@ -6,6 +6,7 @@ Its own file (the run helpers are `test_distribute`'s) so that the two test work
 file each (`--dist loadfile`), run these beside `test_distribute`'s runs instead of after them: the
 two were one file of about 9 minutes on one worker, the suite's longest.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -26,12 +27,23 @@ def test_mirrored_on_3_devices_gives_every_bucket_a_batch_they_divide_and_valida
     written, naming a batch never set. Now every bucket's batch divides, and validation runs under mirrored."""
     replicas, buckets = 3, "[0-3]"
 
-    cfg = write_config(tmp_path / "c.yaml", loop={"steps": 2, "log_every": 1, "checkpoint_every": 2,
-                                                  "val_every": 2})
+    cfg = write_config(tmp_path / "c.yaml", loop={"steps": 2, "log_every": 1, "checkpoint_every": 2, "val_every": 2})
     val = sorted(bucketed_dir.glob(f"val-b0{buckets}-*.tfrecord"))
-    proc = _train(bucketed_dir, tmp_path / "m", cfg, xla_cache, "--strategy", "mirrored", "--cpu-devices",
-                  str(replicas), "--batch-size", str(replicas), "--val", str(bucketed_dir / f"val-b0{buckets}-*"),
-                  train_glob=f"train-b0{buckets}-*.tfrecord")
+    proc = _train(
+        bucketed_dir,
+        tmp_path / "m",
+        cfg,
+        xla_cache,
+        "--strategy",
+        "mirrored",
+        "--cpu-devices",
+        str(replicas),
+        "--batch-size",
+        str(replicas),
+        "--val",
+        str(bucketed_dir / f"val-b0{buckets}-*"),
+        train_glob=f"train-b0{buckets}-*.tfrecord",
+    )
     _finish(proc)
     s = _summary(tmp_path / "m")
     assert (s["strategy"], s["replicas"], s["final_step"]) == ("mirrored", replicas, 2)

@@ -1,5 +1,6 @@
 """The FastSpeech 2-style plug-in (examples/fastspeech2.py) on a run with durations, pitch and energy;
 the features a model asks for (train/contract.py); pitch and energy normalisation (exact values)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +31,19 @@ def _config(path, steps):
 @pytest.fixture(scope="module")
 def fs2_run(features_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("fs2")
-    code = run([str(features_dir / "train-*.tfrecord"), "--val", str(features_dir / "val-*.tfrecord"),
-                "--model-dir", str(tmp / "model"), "--config", str(_config(tmp / "c.yaml", 6)), "--model", EXAMPLE])
+    code = run(
+        [
+            str(features_dir / "train-*.tfrecord"),
+            "--val",
+            str(features_dir / "val-*.tfrecord"),
+            "--model-dir",
+            str(tmp / "model"),
+            "--config",
+            str(_config(tmp / "c.yaml", 6)),
+            "--model",
+            EXAMPLE,
+        ]
+    )
     assert code == 0
     return tmp / "model", json.loads((tmp / "model" / "run_summary.json").read_text())
 
@@ -63,8 +75,17 @@ def test_the_batch_holds_the_features_the_model_asks_for_and_no_python_ops(featu
 
 
 def test_a_model_asking_for_a_feature_the_shards_lack_stops_before_building(shards_dir, tmp_path, capsys):
-    code = run([str(shards_dir / "train-*.tfrecord"), "--model-dir", str(tmp_path / "m"),
-                "--config", str(_config(tmp_path / "c.yaml", 2)), "--model", EXAMPLE])
+    code = run(
+        [
+            str(shards_dir / "train-*.tfrecord"),
+            "--model-dir",
+            str(tmp_path / "m"),
+            "--config",
+            str(_config(tmp_path / "c.yaml", 2)),
+            "--model",
+            EXAMPLE,
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert "model 'examples.fastspeech2:build' needs the feature 'pitch'" in err and "features.pitch: true" in err
@@ -90,10 +111,14 @@ def test_pitch_and_energy_are_normalised_globally_or_per_speaker(two_speakers_di
     pitch = tf.constant([[250.0, 0.0, 120.0], [250.0, 0.0, 120.0]])
     np.testing.assert_allclose(norm.pitch(pitch).numpy(), [[1.0, 0.0, -1.6]] * 2, rtol=1e-6)
     # speaker 0 by its own statistics, speaker 1 (none of its own) by the global ones; unvoiced stays 0
-    np.testing.assert_allclose(norm.pitch(pitch, tf.constant([0, 1])).numpy(), [[7.5, 0.0, 1.0], [1.0, 0.0, -1.6]],
-                               rtol=1e-6)
-    np.testing.assert_allclose(norm.invert_pitch(norm.pitch(pitch, tf.constant([0, 1])), tf.constant([0, 1]))
-                               .numpy()[:, [0, 2]], [[250.0, 120.0]] * 2, rtol=1e-6)
+    np.testing.assert_allclose(
+        norm.pitch(pitch, tf.constant([0, 1])).numpy(), [[7.5, 0.0, 1.0], [1.0, 0.0, -1.6]], rtol=1e-6
+    )
+    np.testing.assert_allclose(
+        norm.invert_pitch(norm.pitch(pitch, tf.constant([0, 1])), tf.constant([0, 1])).numpy()[:, [0, 2]],
+        [[250.0, 120.0]] * 2,
+        rtol=1e-6,
+    )
     np.testing.assert_allclose(norm.energy(tf.constant([[6.0], [6.0]]), tf.constant([0, 1])).numpy(), [[4.0], [1.0]])
     with pytest.raises(ValueError, match="features.pitch: true"):
         melshards.normalizer(schema).pitch(pitch)

@@ -1,12 +1,13 @@
 """The input pipeline: pure TF ops, the schema's static shapes, every validation record exactly once."""
+
 from __future__ import annotations
 
 import tensorflow as tf
 
 from melshards.train import input_pipeline as ip
 from melshards.train.config import DataConfig
-from tests.train.conftest import ids_in, real_ids
 from melshards.train.step import MODEL_INPUTS
+from tests.train.conftest import ids_in, real_ids
 
 
 def _inputs(shards_dir, split):
@@ -61,7 +62,7 @@ def test_validation_pass_sees_every_record_once_and_pads_the_last_batch(shards_d
     assert sorted(real_ids(batches)) == sorted(expected)  # each record once: none missing, none repeated
     lens = tf.concat([b["mel_len"] for b in batches], 0).numpy()
     assert all(b["mel"].shape[0] == 3 for b in batches)
-    assert len(lens) % 3 == 0 and (lens[schema.counts["val"]:] == 0).all()
+    assert len(lens) % 3 == 0 and (lens[schema.counts["val"] :] == 0).all()
 
 
 def test_record_sharding_keeps_every_nth_record_of_every_file_in_any_interleave_order(shards_dir, tmp_path):

@@ -1,5 +1,6 @@
 """The loop's named pieces on their own: run state and metrics, TensorBoard scalars, data settings,
 progress lines and the stop signals."""
+
 from __future__ import annotations
 
 import json
@@ -15,36 +16,53 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.train.conftest import write_config
 from melshards.train.checkpoints import data_settings, remove_partial_writes, settings_diff
 from melshards.train.config import TrainConfig
 from melshards.train.errors import TrainError
-from melshards.train.progress import Progress
 from melshards.train.metrics import RunState, format_summary
+from melshards.train.progress import Progress
 from melshards.train.summaries import Scalars
+from tests.train.conftest import write_config
 
 
 def _metrics(loss, examples=4.0, frames=400.0):
-    return {"loss": loss, "mel_loss": loss / 2, "postnet_loss": loss / 4, "stop_loss": loss / 4,
-            "grad_norm": 1.0, "learning_rate": 0.001, "examples": examples, "mel_frames": frames}
+    return {
+        "loss": loss,
+        "mel_loss": loss / 2,
+        "postnet_loss": loss / 4,
+        "stop_loss": loss / 4,
+        "grad_norm": 1.0,
+        "learning_rate": 0.001,
+        "examples": examples,
+        "mel_frames": frames,
+    }
 
 
 def test_run_state_counts_steps_and_leaves_the_first_call_out_of_the_steady_state():
     state = RunState(start=10, target=16, steps_per_call=2)
     state.record(_metrics(3.0), np.array([3.0, 2.9]), wait_s=0.5, call_s=20.0, last_checkpoint=None)
     state.record(_metrics(2.0), np.array([2.1, 2.0]), wait_s=0.25, call_s=1.0, last_checkpoint=None)
-    state.record(_metrics(1.0, examples=8.0, frames=800.0), np.array([1.1, 1.0]), wait_s=0.25, call_s=1.0,
-                 last_checkpoint=None)
+    state.record(
+        _metrics(1.0, examples=8.0, frames=800.0), np.array([1.1, 1.0]), wait_s=0.25, call_s=1.0, last_checkpoint=None
+    )
     assert state.step == 16 and not state.running and state.first_loss == 3.0
     assert state.compile_seconds == 20.0 and state.first_call_seconds == 20.0  # not compiled up front
-    assert state.rates == {"steps_per_second": 2.0, "examples_per_second": 8.0, "mel_frames_per_second": 800.0,
-                           "input_wait_seconds": 0.25}
+    assert state.rates == {
+        "steps_per_second": 2.0,
+        "examples_per_second": 8.0,
+        "mel_frames_per_second": 800.0,
+        "input_wait_seconds": 0.25,
+    }
     summary = state.summary(synthetic_data=False)
     assert summary["steps_run"] == 6 and summary["start_step"] == 10 and summary["final_step"] == 16
-    assert summary["steady_state"] == {"calls": 2, "steps_per_second": 2.0, "examples_per_second": 6.0,
-                                       "mel_frames_per_second": 600.0, "input_wait_fraction": 0.25}
-    assert summary["final_losses"]["train"] == {"loss": 1.0, "mel_loss": 0.5, "postnet_loss": 0.25,
-                                                "stop_loss": 0.25}
+    assert summary["steady_state"] == {
+        "calls": 2,
+        "steps_per_second": 2.0,
+        "examples_per_second": 6.0,
+        "mel_frames_per_second": 600.0,
+        "input_wait_fraction": 0.25,
+    }
+    assert summary["final_losses"]["train"] == {"loss": 1.0, "mel_loss": 0.5, "postnet_loss": 0.25, "stop_loss": 0.25}
     assert state.train_scalars()["grad_norm"] == 1.0 and state.train_scalars()["steps_per_second"] == 2.0
 
 
@@ -67,8 +85,11 @@ def test_run_state_due_on_multiples_only():
 def test_summary_lines_show_a_changed_input():
     state = RunState(start=0, target=2, steps_per_call=1, data_changes=["batch_size 8 -> 4 (pass ...)"])
     state.record(_metrics(1.0), np.ones(1), 0.0, 1.0, None)
-    text = format_summary(state.summary(synthetic_data=False, batch_size=4, steps_per_execution=1,
-                                        precision="float32", train_step_traces=1))
+    text = format_summary(
+        state.summary(
+            synthetic_data=False, batch_size=4, steps_per_execution=1, precision="float32", train_step_traces=1
+        )
+    )
     assert "input changed      fresh iterator: batch_size 8 -> 4" in text and "steps run          1" in text
 
 
@@ -124,9 +145,22 @@ def test_a_second_ctrl_c_during_the_first_compile_stops_at_once(shards_dir, tmp_
     """The up-front XLA compile keeps the main thread in C++ for seconds, where Python handlers cannot run."""
     cfg = write_config(tmp_path / "c.yaml")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "melshards", "train", str(shards_dir / "train-*.tfrecord"), "--model-dir", str(tmp_path / "m"),
-         "--config", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env=dict(os.environ, PYTHONUNBUFFERED="1", MELSHARDS_XLA_CACHE=""))  # no cache: a real compile to stop
+        [
+            sys.executable,
+            "-m",
+            "melshards",
+            "train",
+            str(shards_dir / "train-*.tfrecord"),
+            "--model-dir",
+            str(tmp_path / "m"),
+            "--config",
+            str(cfg),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, PYTHONUNBUFFERED="1", MELSHARDS_XLA_CACHE=""),
+    )  # no cache: a real compile to stop
     lines = []
     for line in proc.stdout:
         lines.append(line)
@@ -146,6 +180,8 @@ def test_a_second_ctrl_c_during_the_first_compile_stops_at_once(shards_dir, tmp_
 def test_run_state_compiled_up_front_counts_the_compile_and_not_the_first_call_as_compile():
     state = RunState(start=0, target=4, steps_per_call=2, compiled={0: {"trace_s": 1.5, "compile_s": 2.5}})
     assert state.compile_seconds == 4.0
-    state.record(dict(_metrics(3.0), first_call=1.0), np.array([3.0, 2.9]), wait_s=0.0, call_s=0.5, last_checkpoint=None)
+    state.record(
+        dict(_metrics(3.0), first_call=1.0), np.array([3.0, 2.9]), wait_s=0.0, call_s=0.5, last_checkpoint=None
+    )
     assert state.compile_seconds == 4.0 and state.first_call_seconds == 0.5
     assert state.summary()["compile_by_bucket"] == {"0": {"trace_s": 1.5, "compile_s": 2.5}}

@@ -4,6 +4,7 @@ before compiling, and leftovers of killed checkpoint writes are removed.
 The checkpoints are written by the loop's own pieces without running a step (the step counter is
 set by hand), and the resumes ask for that same step count: nothing compiles.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,12 +14,12 @@ import shutil
 
 import pytest
 
-from tests.train.conftest import write_config
+from melshards.commands.train import run
 from melshards.train.config import load_config
 from melshards.train.inputs import resolve_inputs
 from melshards.train.model_dir import prepare_model_dir
 from melshards.train.trainer import Trainer
-from melshards.commands.train import run
+from tests.train.conftest import write_config
 
 AT = 4  # the step the hand-written checkpoints are at
 
@@ -40,20 +41,28 @@ def _resume(capsys, caplog, *args):
 
 @pytest.mark.parametrize("change", ["batch_size", "extra_glob", "synthetic_to_real"])
 def test_a_changed_input_restores_the_weights_and_starts_the_iterator_afresh(
-        change, shards_dir, four_records, tmp_path, test_config, capsys, caplog):
+    change, shards_dir, four_records, tmp_path, test_config, capsys, caplog
+):
     globs = [shards_dir / "train-*.tfrecord"]
     model_dir = tmp_path / "m"
-    _checkpoint_without_training(globs, model_dir, test_config, synthetic=change == "synthetic_to_real",
-                                 batch_size=8 if change == "batch_size" else None)
+    _checkpoint_without_training(
+        globs,
+        model_dir,
+        test_config,
+        synthetic=change == "synthetic_to_real",
+        batch_size=8 if change == "batch_size" else None,
+    )
     if change == "extra_glob":
         globs.append(four_records / "train-*.tfrecord")
     code, out, logged = _resume(capsys, caplog, *globs, "--model-dir", model_dir, "--config", test_config)
     assert code == 0, out.err
     summary = json.loads((model_dir / "run_summary.json").read_text())
     assert summary["start_step"] == summary["final_step"] == AT
-    expected = {"batch_size": "batch_size 8 -> 4 (pass --batch-size 8 to keep it)",
-                "extra_glob": "shard files: 1 added (" + str(next(four_records.glob("train-*.tfrecord"))),
-                "synthetic_to_real": "synthetic_data True -> False (pass --synthetic-data to keep it)"}[change]
+    expected = {
+        "batch_size": "batch_size 8 -> 4 (pass --batch-size 8 to keep it)",
+        "extra_glob": "shard files: 1 added (" + str(next(four_records.glob("train-*.tfrecord"))),
+        "synthetic_to_real": "synthetic_data True -> False (pass --synthetic-data to keep it)",
+    }[change]
     assert expected in logged and "started the input pipeline afresh" in logged
     assert len(summary["data_changed"]) == 1 and expected in summary["data_changed"][0]
     assert "input changed" in out.out
@@ -100,18 +109,19 @@ def test_a_read_only_checkpoints_dir_stops_before_anything_is_built(shards_dir, 
     (tmp_path / "m" / "checkpoints").mkdir(parents=True)
     os.chmod(tmp_path / "m" / "checkpoints", 0o555)
     try:
-        code = run([str(shards_dir / "train-*.tfrecord"), "--model-dir", str(tmp_path / "m"),
-                    "--config", str(test_config)])
+        code = run(
+            [str(shards_dir / "train-*.tfrecord"), "--model-dir", str(tmp_path / "m"), "--config", str(test_config)]
+        )
     finally:
         os.chmod(tmp_path / "m" / "checkpoints", 0o755)
     assert code == 2 and "is not a writable directory" in capsys.readouterr().err
 
 
-def test_data_settings_change_then_training_continues_from_the_restored_step(
-        shards_dir, tmp_path, capsys, caplog):
+def test_data_settings_change_then_training_continues_from_the_restored_step(shards_dir, tmp_path, capsys, caplog):
     """After a batch-size change the fresh iterator feeds the step: the run goes on to its target."""
-    cfg = write_config(tmp_path / "c.yaml", loop={"steps": AT + 2, "checkpoint_every": 2, "log_every": 2,
-                                                  "val_every": 2})
+    cfg = write_config(
+        tmp_path / "c.yaml", loop={"steps": AT + 2, "checkpoint_every": 2, "log_every": 2, "val_every": 2}
+    )
     glob = shards_dir / "train-*.tfrecord"
     _checkpoint_without_training([glob], tmp_path / "m", cfg, batch_size=2)
     shutil.rmtree(tmp_path / "m" / "tensorboard", ignore_errors=True)
@@ -124,8 +134,9 @@ def test_data_settings_change_then_training_continues_from_the_restored_step(
 
 
 @pytest.mark.parametrize("own_schema", [True, False])
-def test_the_model_dir_records_the_schema_the_shards_were_read_and_normalised_with(shards_dir, tmp_path,
-                                                                                   test_config, own_schema):
+def test_the_model_dir_records_the_schema_the_shards_were_read_and_normalised_with(
+    shards_dir, tmp_path, test_config, own_schema
+):
     """--schema is the reference; shards with their own schema.json are read (and their mel normalised)
     with it, so that one is recorded for synthesis; shards without one are read with --schema."""
     shards = tmp_path / "shards"
@@ -135,8 +146,9 @@ def test_the_model_dir_records_the_schema_the_shards_were_read_and_normalised_wi
     (tmp_path / "reference.json").write_text(json.dumps(reference))
     if not own_schema:
         (shards / "schema.json").unlink()
-    inputs = resolve_inputs([str(shards / "train-*.tfrecord")], [], str(tmp_path / "reference.json"),
-                            load_config(str(test_config)))
+    inputs = resolve_inputs(
+        [str(shards / "train-*.tfrecord")], [], str(tmp_path / "reference.json"), load_config(str(test_config))
+    )
     prepare_model_dir(str(tmp_path / "m"), inputs)
     recorded = json.loads((tmp_path / "m" / "schema.json").read_text())
     assert recorded["mel_mean"] == pytest.approx(list(inputs.schema.mel_mean))
@@ -146,13 +158,15 @@ def test_the_model_dir_records_the_schema_the_shards_were_read_and_normalised_wi
 
 @pytest.mark.parametrize("model_dir", ["run", "run/./", "other_run", "own_schema"])
 def test_train_refuses_a_model_dir_holding_shards_a_run_or_files_it_did_not_write(
-        model_dir, shards_dir, tmp_path, test_config, capsys, monkeypatch):
+    model_dir, shards_dir, tmp_path, test_config, capsys, monkeypatch
+):
     """The shards' own directory (however spelt), another preprocess run, or a directory with a schema.json
     of the user's: exit 2 naming the problem, before anything is built, every file as it was."""
     import melshards.train.loop as loop
 
     def built(*args, **kwargs):
         raise AssertionError("the model was built")
+
     monkeypatch.setattr(loop, "Trainer", built)
     shutil.copytree(shards_dir, tmp_path / "run")
     shutil.copytree(shards_dir, tmp_path / "other_run")
@@ -163,9 +177,12 @@ def test_train_refuses_a_model_dir_holding_shards_a_run_or_files_it_did_not_writ
     code = run(["run/train-*.tfrecord", "--model-dir", model_dir, "--config", str(test_config)])
     err = capsys.readouterr().err
     assert code == 2, err
-    problem = {"run": "is the directory of the shards it trains on", "run/./": "is the directory of the shards",
-               "other_run": "holds a preprocess run or shards (rejected.jsonl, stats.json, train-",
-               "own_schema": "holds schema.json, which melshards train did not write"}[model_dir]
+    problem = {
+        "run": "is the directory of the shards it trains on",
+        "run/./": "is the directory of the shards",
+        "other_run": "holds a preprocess run or shards (rejected.jsonl, stats.json, train-",
+        "own_schema": "holds schema.json, which melshards train did not write",
+    }[model_dir]
     assert f"--model-dir {model_dir} {problem}" in err and "pass a new --model-dir" in err
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
     assert not list(tmp_path.rglob("checkpoints")) and not list(tmp_path.rglob("train_config.json"))
@@ -178,8 +195,9 @@ def test_a_schema_given_from_the_model_dir_itself_is_not_copied_onto_itself(shar
     recorded = (tmp_path / "m" / "schema.json").read_bytes()
     shutil.copytree(shards_dir, tmp_path / "shards")
     (tmp_path / "shards" / "schema.json").unlink()
-    again = resolve_inputs([str(tmp_path / "shards" / "train-*.tfrecord")], [], str(tmp_path / "m" / "schema.json"),
-                           cfg)
+    again = resolve_inputs(
+        [str(tmp_path / "shards" / "train-*.tfrecord")], [], str(tmp_path / "m" / "schema.json"), cfg
+    )
     assert again.schema_path == str(tmp_path / "m" / "schema.json")
     prepare_model_dir(str(tmp_path / "m"), again)
     assert (tmp_path / "m" / "schema.json").read_bytes() == recorded
@@ -190,8 +208,12 @@ def test_model_dir_problem_allows_a_new_or_empty_dir_and_a_model_dir_only():
 
     assert model_dir_problem("m", [], ["shards"]) is None
     assert model_dir_problem("m", ["notes.txt"], ["shards"]) is None  # nothing of the user's written over
-    assert model_dir_problem("m", ["schema.json", "train_config.json", "checkpoints/", "tensorboard/",
-                                   "run_summary.json"], ["shards"]) is None
+    assert (
+        model_dir_problem(
+            "m", ["schema.json", "train_config.json", "checkpoints/", "tensorboard/", "run_summary.json"], ["shards"]
+        )
+        is None
+    )
     assert model_dir_problem("m", ["schema.json", "checkpoints/"], ["shards"]) is None
     assert "did not write" in model_dir_problem("m", ["run_summary.json", "tensorboard/"], ["shards"])
     assert "holds a preprocess run" in model_dir_problem("m", ["train_config.json", "a.tfrecord"], ["shards"])

@@ -1,5 +1,6 @@
 """Model plug-ins (train/contract.py): the example trains, resumes exactly and synthesizes; bad
 plug-ins stop before anything compiles, naming what is wrong."""
+
 from __future__ import annotations
 
 import json
@@ -28,8 +29,18 @@ def _config(path, steps):
 
 
 def _train(shards, model_dir, cfg, *extra):
-    return run([str(shards / "train-*.tfrecord"), "--model-dir", str(model_dir), "--config", str(cfg),
-                "--model", EXAMPLE, *extra])
+    return run(
+        [
+            str(shards / "train-*.tfrecord"),
+            "--model-dir",
+            str(model_dir),
+            "--config",
+            str(cfg),
+            "--model",
+            EXAMPLE,
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -160,40 +171,72 @@ def bad_plugins(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.parametrize("factory, message", [
-    ("broken_plugin:build", "module 'broken_plugin' does not import (ModuleNotFoundError: No module named "
-                            "'no_such_module_anywhere')"),
-    ("bad_plugins:buld", "module 'bad_plugins' has no 'buld'; its callables are: NoFrames, OldGenerate, no_frames"),
-    ("bad_plugins", "is not of the form package.module:factory"),
-    ("bad_plugins:not_a_model", "returned a builtins.dict, not a keras.Model"),
-    ("bad_plugins:no_frames", "NoFrames.loss_terms misses the key(s) mel_frames"),
-])
-def test_a_bad_plugin_is_a_usage_error_before_anything_compiles(factory, message, four_records, bad_plugins,
-                                                                capsys):
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        (
+            "broken_plugin:build",
+            "module 'broken_plugin' does not import (ModuleNotFoundError: No module named 'no_such_module_anywhere')",
+        ),
+        ("bad_plugins:buld", "module 'bad_plugins' has no 'buld'; its callables are: NoFrames, OldGenerate, no_frames"),
+        ("bad_plugins", "is not of the form package.module:factory"),
+        ("bad_plugins:not_a_model", "returned a builtins.dict, not a keras.Model"),
+        ("bad_plugins:no_frames", "NoFrames.loss_terms misses the key(s) mel_frames"),
+    ],
+)
+def test_a_bad_plugin_is_a_usage_error_before_anything_compiles(factory, message, four_records, bad_plugins, capsys):
     cfg = write_config(bad_plugins / "c.yaml", model={})
     model_dir = bad_plugins / "m"
-    code = run([str(four_records / "train-*.tfrecord"), "--model-dir", str(model_dir), "--config", str(cfg),
-                "--model", factory])
+    code = run(
+        [
+            str(four_records / "train-*.tfrecord"),
+            "--model-dir",
+            str(model_dir),
+            "--config",
+            str(cfg),
+            "--model",
+            factory,
+        ]
+    )
     assert code == 2 and message in capsys.readouterr().err
     assert not (model_dir / "run_summary.json").exists() and not (model_dir / "tensorboard").exists()
 
 
-@pytest.mark.parametrize("factory, message", [
-    ("bad_plugins:no_generate", "has no generate(text_ids, text_len, speaker_id, language_id) method"),
-    ("bad_plugins:old_generate", "OldGenerate.generate(text_ids, text_len) does not take (text_ids, text_len, "
-                                 "speaker_id, language_id)"),
-])
+@pytest.mark.parametrize(
+    "factory, message",
+    [
+        ("bad_plugins:no_generate", "has no generate(text_ids, text_len, speaker_id, language_id) method"),
+        (
+            "bad_plugins:old_generate",
+            "OldGenerate.generate(text_ids, text_len) does not take (text_ids, text_len, speaker_id, language_id)",
+        ),
+    ],
+)
 def test_synthesize_refuses_a_model_without_generate(factory, message, four_records, bad_plugins, capsys):
     from melshards.commands.synthesize import synthesize_command
 
-    cfg = write_config(bad_plugins / "c.yaml", model={}, loop={"steps": 2, "checkpoint_every": 2, "log_every": 2,
-                                                               "val_every": 2})
+    cfg = write_config(
+        bad_plugins / "c.yaml", model={}, loop={"steps": 2, "checkpoint_every": 2, "log_every": 2, "val_every": 2}
+    )
     model_dir = bad_plugins / "m"
-    assert run([str(four_records / "train-*.tfrecord"), "--model-dir", str(model_dir), "--config", str(cfg),
-                "--model", factory]) == 0
+    assert (
+        run(
+            [
+                str(four_records / "train-*.tfrecord"),
+                "--model-dir",
+                str(model_dir),
+                "--config",
+                str(cfg),
+                "--model",
+                factory,
+            ]
+        )
+        == 0
+    )
     with pytest.raises(Exception) as refused:
-        synthesize_command.main(["--model-dir", str(model_dir), "Printing.", "-o", str(bad_plugins / "o.wav")],
-                                standalone_mode=False)
+        synthesize_command.main(
+            ["--model-dir", str(model_dir), "Printing.", "-o", str(bad_plugins / "o.wav")], standalone_mode=False
+        )
     assert message in str(refused.value)
 
 

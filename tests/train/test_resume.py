@@ -4,6 +4,7 @@ Runs `python -m melshards train` in subprocesses: op determinism is process-glob
 other tests. The uninterrupted run goes first and fills a persistent XLA cache, so the other two
 runs skip most of the compile.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,29 +25,49 @@ STEPS = 24
 def _start(shards_dir, model_dir, cfg, cache_dir, train_glob):
     env = dict(os.environ, TF_XLA_FLAGS=f"--tf_xla_persistent_cache_directory={cache_dir}", PYTHONUNBUFFERED="1")
     return subprocess.Popen(
-        [sys.executable, "-m", "melshards", "train", str(shards_dir / train_glob), "--model-dir", str(model_dir),
-         "--config", str(cfg)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "melshards",
+            "train",
+            str(shards_dir / train_glob),
+            "--model-dir",
+            str(model_dir),
+            "--config",
+            str(cfg),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+    )
 
 
 def _weights(model_dir):
     reader = tf.train.load_checkpoint(str(model_dir / "checkpoints"))
-    names = [n for n in reader.get_variable_to_shape_map()
-             if n.startswith(("model/", "optimizer/", "step/")) and "OPTIMIZER_SLOT" not in n]
+    names = [
+        n
+        for n in reader.get_variable_to_shape_map()
+        if n.startswith(("model/", "optimizer/", "step/")) and "OPTIMIZER_SLOT" not in n
+    ]
     return {n: reader.get_tensor(n) for n in names}
 
 
-@pytest.mark.parametrize("shards, balance, train_glob", [("two_speakers_dir", "speaker", "train-*.tfrecord"),
-                                                       ("bucketed_dir", "none", "train-b0[01]-*.tfrecord")])
+@pytest.mark.parametrize(
+    "shards, balance, train_glob",
+    [("two_speakers_dir", "speaker", "train-*.tfrecord"), ("bucketed_dir", "none", "train-b0[01]-*.tfrecord")],
+)
 def test_interrupted_and_resumed_run_matches_an_uninterrupted_one(shards, balance, train_glob, request, tmp_path):
     """One length bucket of two speakers sampled equally often (the balancing draws resume too), and
     two of the bucketed fixture's length buckets (every bucket's iterator and the schedule position
     resume; each bucket more is three more compiles per run)."""
     shards_dir = request.getfixturevalue(shards)
-    cfg = write_config(tmp_path / "c.yaml",
-                       data={"balance": balance},
-                       model={"dropout": 0.1},
-                       loop={"steps": STEPS, "checkpoint_every": 10, "log_every": 1, "val_every": 10,
-                             "op_determinism": True})
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        data={"balance": balance},
+        model={"dropout": 0.1},
+        loop={"steps": STEPS, "checkpoint_every": 10, "log_every": 1, "val_every": 10, "op_determinism": True},
+    )
     cache = tmp_path / "xla-cache"
     whole = _start(shards_dir, tmp_path / "whole", cfg, cache, train_glob)
     whole_out = whole.stdout.read()

@@ -1,5 +1,6 @@
 """`melshards.audio_segments`: random (audio, mel) segments for vocoders, static shapes, pure TF,
 seeded and resumable, each segment's audio the samples its mel frames are centred on."""
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -32,8 +33,13 @@ def test_the_segments_audio_gives_the_segments_mel(features_dir):
     m = schema.mel
     cfg = MelConfig(m.n_fft, m.hop_length, m.win_length, m.n_mels, m.fmin, m.fmax, m.log_floor, m.power)
     full = {}  # every whole record, by its place in the shards
-    records = melshards.dataset(str(features_dir / "train-*.tfrecord"), 1, shuffle=False, repeat=False,
-                                features=("mel", "mel_len", "audio", "audio_len"))
+    records = melshards.dataset(
+        str(features_dir / "train-*.tfrecord"),
+        1,
+        shuffle=False,
+        repeat=False,
+        features=("mel", "mel_len", "audio", "audio_len"),
+    )
     for k, r in enumerate(records):
         full[k] = (r["audio"][0].numpy(), r["mel"][0].numpy(), int(r["mel_len"][0]), int(r["audio_len"][0]))
     batch = next(iter(segments(features_dir)))
@@ -42,16 +48,19 @@ def test_the_segments_audio_gives_the_segments_mel(features_dir):
         seg_audio = np.rint(batch["audio"][i].numpy() * 32767).astype(np.int16)
         a = int(batch["start"][i])
         # find the record: the one whose samples at a * hop are the segment's
-        match = [k for k, (audio, *_) in full.items()
-                 if np.array_equal(audio[a * m.hop_length:][:S * m.hop_length], seg_audio)]
+        match = [
+            k
+            for k, (audio, *_) in full.items()
+            if np.array_equal(audio[a * m.hop_length :][: S * m.hop_length], seg_audio)
+        ]
         assert len(match) == 1
         audio, mel, mel_len, audio_len = full[match[0]]
         valid = int(batch["mask"][i].numpy().sum())
         assert valid == min(S, mel_len - a)
-        np.testing.assert_array_equal(batch["mel"][i, :valid].numpy(), mel[a:a + valid])
-        again = A.log_mel(audio[:audio_len].astype(np.float32) / 32767, schema.audio.sample_rate, cfg)[a:a + valid]
-        loud = mel[a:a + valid] > -5
-        assert np.max(np.abs(again - mel[a:a + valid])[loud], initial=0) < 0.01
+        np.testing.assert_array_equal(batch["mel"][i, :valid].numpy(), mel[a : a + valid])
+        again = A.log_mel(audio[:audio_len].astype(np.float32) / 32767, schema.audio.sample_rate, cfg)[a : a + valid]
+        loud = mel[a : a + valid] > -5
+        assert np.max(np.abs(again - mel[a : a + valid])[loud], initial=0) < 0.01
         checked += 1
     assert checked == 4
 
@@ -59,6 +68,7 @@ def test_the_segments_audio_gives_the_segments_mel(features_dir):
 def test_the_same_seed_gives_the_same_segments_and_another_seed_others(features_dir):
     def starts(seed):
         return [b["start"].numpy().tolist() for b in segments(features_dir, seed=seed).take(3)]
+
     assert starts(1) == starts(1) != starts(2)
 
 

@@ -1,5 +1,6 @@
 """Speakers and languages in the built-in model: it trains on shards of two speakers and two languages
 (balanced by speaker), traces once, and speaks as the speaker and in the language it is asked for."""
+
 from __future__ import annotations
 
 import json
@@ -18,11 +19,14 @@ from tests.train.conftest import LANGUAGES, SPEAKERS, TEST_CONFIG, write_config
 def two_speaker_model(two_speakers_dir, tmp_path_factory):
     """8 steps of the built-in model on two speakers and two languages, speakers drawn equally often."""
     tmp = tmp_path_factory.mktemp("speakers")
-    cfg = write_config(tmp / "c.yaml", data={"balance": "speaker", "balance_alpha": 0.0},
-                       loop={"steps": 8, "steps_per_execution": 2, "checkpoint_every": 8, "log_every": 2,
-                             "val_every": 8})
-    assert run([str(two_speakers_dir / "train-*.tfrecord"), "--model-dir", str(tmp / "model"), "--config",
-                str(cfg)]) == 0
+    cfg = write_config(
+        tmp / "c.yaml",
+        data={"balance": "speaker", "balance_alpha": 0.0},
+        loop={"steps": 8, "steps_per_execution": 2, "checkpoint_every": 8, "log_every": 2, "val_every": 8},
+    )
+    assert (
+        run([str(two_speakers_dir / "train-*.tfrecord"), "--model-dir", str(tmp / "model"), "--config", str(cfg)]) == 0
+    )
     return tmp / "model", json.loads((tmp / "model" / "run_summary.json").read_text())
 
 
@@ -51,25 +55,45 @@ def test_the_speaker_and_language_change_what_the_model_says(two_speaker_model):
     synth = load_synthesizer(str(two_speaker_model[0]))
     schema = synth.schema
     ids, n = text_ids(normalise("Printing, in the only sense.", schema.languages[0]), schema)
-    mels = {(s.name, lang.code): synth.speak(ids, n, s, lang)["mel"].numpy()
-            for s in schema.speakers for lang in schema.languages}
+    mels = {
+        (s.name, lang.code): synth.speak(ids, n, s, lang)["mel"].numpy()
+        for s in schema.speakers
+        for lang in schema.languages
+    }
     assert all(np.isfinite(m).all() for m in mels.values())
     assert not np.allclose(mels[SPEAKERS[0], LANGUAGES[0]], mels[SPEAKERS[1], LANGUAGES[0]])
     assert not np.allclose(mels[SPEAKERS[0], LANGUAGES[0]], mels[SPEAKERS[0], LANGUAGES[1]])
     # the serving signature takes names: the same generator
-    served = synth.serve(tf.constant("printing, in the only sense."), tf.constant(SPEAKERS[1]),
-                         tf.constant(LANGUAGES[1]))
+    served = synth.serve(
+        tf.constant("printing, in the only sense."), tf.constant(SPEAKERS[1]), tf.constant(LANGUAGES[1])
+    )
     np.testing.assert_allclose(served["mel"].numpy(), mels[SPEAKERS[1], LANGUAGES[1]], rtol=1e-5, atol=1e-5)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"unknown speaker: this model was trained on 2 "
-                                                             r"speaker\(s\): anna, bert"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"unknown speaker: this model was trained on 2 "
+        r"speaker\(s\): anna, bert",
+    ):
         synth.serve(tf.constant("printing."), tf.constant("nobody"), tf.constant(LANGUAGES[0]))
 
 
 def test_synthesize_speaks_as_the_speaker_asked_for(two_speaker_model, tmp_path):
     wav = tmp_path / "out.wav"
-    synthesize_command.main(["--model-dir", str(two_speaker_model[0]), "Printing.", "-o", str(wav), "--speaker",
-                             SPEAKERS[1], "--language", LANGUAGES[1], "--griffin-lim-iters", "1"],
-                            standalone_mode=False)
+    synthesize_command.main(
+        [
+            "--model-dir",
+            str(two_speaker_model[0]),
+            "Printing.",
+            "-o",
+            str(wav),
+            "--speaker",
+            SPEAKERS[1],
+            "--language",
+            LANGUAGES[1],
+            "--griffin-lim-iters",
+            "1",
+        ],
+        standalone_mode=False,
+    )
     y, _ = sf.read(wav)
     assert y.ndim == 1 and len(y) > 0
 

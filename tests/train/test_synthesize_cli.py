@@ -1,4 +1,5 @@
 """`melshards synthesize` refuses what it cannot do with exit 2 and a reason, before the slow work."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,11 +8,11 @@ import pytest
 import soundfile as sf
 from click.testing import CliRunner, Result
 
-from melshards.shards_schema.text import TextRejected, check_text
-from tests.train.conftest import write_config
-from melshards.commands.train import run
-from melshards.train import synthesize as synthesize_module
 from melshards.commands.synthesize import synthesize_command
+from melshards.commands.train import run
+from melshards.shards_schema.text import TextRejected, check_text
+from melshards.train import synthesize as synthesize_module
+from tests.train.conftest import write_config
 
 FIX = "pass the --model-dir of a `melshards train` run"
 
@@ -20,8 +21,9 @@ FIX = "pass the --model-dir of a `melshards train` run"
 def model_dir(four_records, tmp_path_factory) -> Path:
     """A trained tiny model: enough steps on 4 records that its stop token has learnt something."""
     tmp = tmp_path_factory.mktemp("synth")
-    cfg = write_config(tmp / "c.yaml", loop={"steps": 60, "steps_per_execution": 2, "checkpoint_every": 60,
-                                             "log_every": 30})
+    cfg = write_config(
+        tmp / "c.yaml", loop={"steps": 60, "steps_per_execution": 2, "checkpoint_every": 60, "log_every": 30}
+    )
     assert run([str(four_records / "train-*.tfrecord"), "--model-dir", str(tmp / "model"), "--config", str(cfg)]) == 0
     return tmp / "model"
 
@@ -46,8 +48,7 @@ def test_text_preprocess_would_reject_is_refused_with_the_same_reason(model_dir,
 
 def test_output_into_a_missing_directory_creates_it(model_dir, tmp_path):
     wav = tmp_path / "new" / "deeper" / "out.wav"
-    result = synthesize("Printing, in the only sense.", "--model-dir", model_dir, "-o", wav,
-                        "--griffin-lim-iters", "1")
+    result = synthesize("Printing, in the only sense.", "--model-dir", model_dir, "-o", wav, "--griffin-lim-iters", "1")
     assert result.exit_code == 0, result.output
     y, _ = sf.read(wav)
     assert y.ndim == 1 and len(y) > 0
@@ -186,31 +187,41 @@ def test_serving_refuses_a_text_longer_than_the_model_reads_instead_of_truncatin
     synth = synthesize_module.load_synthesizer(str(tmp_path / "m"))
     limit = synth.schema.max_text_len  # one bucket: the longest text of the run
     who = (tf.constant(synth.schema.speakers[0].name), tf.constant(synth.schema.languages[0].code))
-    with pytest.raises(tf.errors.InvalidArgumentError, match=f"the text is longer than the {limit} symbols this "
-                                                             "model reads"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=f"the text is longer than the {limit} symbols this model reads"
+    ):
         synth.serve(tf.constant("a" * (limit + 1)), *who)
     with pytest.raises(tf.errors.InvalidArgumentError, match="holds no symbol of the vocabulary this model reads"):
         synth.serve(tf.constant(""), *who)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"holds symbols the vocabulary of this model lacks .* "
-                                                             r"they are:\] \[\u00e9 \u00e9\]"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"holds symbols the vocabulary of this model lacks .* "
+        r"they are:\] \[\u00e9 \u00e9\]",
+    ):
         synth.serve(tf.constant("\u00e9a\u00e9"), *who)
-    with pytest.raises(tf.errors.InvalidArgumentError, match=r"unknown language: this model was trained on 1 "
-                                                             r"language\(s\): en"):
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=r"unknown language: this model was trained on 1 "
+        r"language\(s\): en",
+    ):
         synth.serve(tf.constant("a"), who[0], tf.constant("fr"))
     out = synth.serve(tf.constant("a" * limit), *who)  # the longest text it reads still speaks
     assert int(out["mel_len"][0]) > 0
 
 
-def test_several_speakers_need_speaker_and_language_and_unknown_names_are_refused(two_speakers_dir, tmp_path,
-                                                                                 monkeypatch):
+def test_several_speakers_need_speaker_and_language_and_unknown_names_are_refused(
+    two_speakers_dir, tmp_path, monkeypatch
+):
     """Before anything is loaded: no default among several, a name the model never saw names those it saw."""
     _refuse_loading(monkeypatch)
     model = _looks_trained(two_speakers_dir, tmp_path / "model")
     out = tmp_path / "new" / "out.wav"
     cases = [
         ((), "pass --speaker NAME: this model was trained on 2 speaker(s): 'anna', 'bert'"),
-        (("--speaker", "nobody"), "--speaker 'nobody' is not a speaker the model saw; this model was trained on 2 "
-                                  "speaker(s): 'anna', 'bert'"),
+        (
+            ("--speaker", "nobody"),
+            "--speaker 'nobody' is not a speaker the model saw; this model was trained on 2 speaker(s): 'anna', 'bert'",
+        ),
         (("--speaker", "bert"), "pass --language CODE: this model was trained on 2 language(s): 'de', 'en'"),
         (("--speaker", "bert", "--language", "fr"), "--language 'fr' is not a language the model saw"),
     ]
@@ -238,8 +249,9 @@ def test_the_only_speaker_and_language_are_the_defaults_and_many_names_are_cut_s
 
 
 @pytest.mark.parametrize("name", ["out.json", "out.flac", "out"])
-def test_an_output_that_is_not_a_wav_path_is_refused_before_the_model_is_loaded(shards_dir, tmp_path, monkeypatch,
-                                                                                 name):
+def test_an_output_that_is_not_a_wav_path_is_refused_before_the_model_is_loaded(
+    shards_dir, tmp_path, monkeypatch, name
+):
     _refuse_loading(monkeypatch)
     model = _looks_trained(shards_dir, tmp_path / "model")
     result = synthesize("Printing.", "--model-dir", model, "-o", tmp_path / "new" / name)
@@ -305,6 +317,7 @@ def test_a_wav_write_that_fails_is_exit_2_naming_the_path_and_leaves_the_old_wav
 
     def full(self, data):
         raise OSError(28, "No space left on device")
+
     monkeypatch.setattr(sf.SoundFile, "write", full)
     with pytest.raises(click.UsageError, match=f"-o {out}: cannot write it .*No space left on device"):
         write_wav(str(out), np.zeros(100, np.float32), 16000)
@@ -325,8 +338,9 @@ def test_a_file_put_at_o_while_the_model_spoke_is_not_written_over(tmp_path):
 
 
 @pytest.mark.parametrize("theirs", ["a file", "a dir of the user's"])
-def test_export_refuses_a_path_holding_what_it_did_not_write_before_the_model_is_loaded(shards_dir, tmp_path,
-                                                                                        monkeypatch, theirs):
+def test_export_refuses_a_path_holding_what_it_did_not_write_before_the_model_is_loaded(
+    shards_dir, tmp_path, monkeypatch, theirs
+):
     _refuse_loading(monkeypatch)
     model = _looks_trained(shards_dir, tmp_path / "model")
     export = tmp_path / "export"

@@ -1,4 +1,5 @@
 """Training end to end on tiny shard sets: it learns, it compiles once, it reports, it stops on NaN."""
+
 from __future__ import annotations
 
 import json
@@ -8,11 +9,11 @@ import pytest
 import soundfile as sf
 import tensorflow as tf
 
+from melshards.commands.synthesize import synthesize_command
+from melshards.commands.train import run
 from melshards.shards_schema import read_schema
 from melshards.shards_schema.records import encode_example
 from tests.train.conftest import write_config, write_records
-from melshards.commands.train import run
-from melshards.commands.synthesize import synthesize_command
 
 STEPS = 60
 
@@ -22,11 +23,22 @@ def overfit(four_records, shards_dir, tmp_path_factory):
     """STEPS steps on 4 records, batch 4, two steps per compiled call, through the CLI entry point
     (validating on the validation shards: --val on the training records is refused)."""
     tmp = tmp_path_factory.mktemp("overfit")
-    cfg = write_config(tmp / "c.yaml", loop={"steps": STEPS, "steps_per_execution": 2, "checkpoint_every": 30,
-                                             "val_every": 30, "log_every": 10})
+    cfg = write_config(
+        tmp / "c.yaml",
+        loop={"steps": STEPS, "steps_per_execution": 2, "checkpoint_every": 30, "val_every": 30, "log_every": 10},
+    )
     model_dir = tmp / "model"
-    code = run([str(four_records / "train-*.tfrecord"), "--val", str(shards_dir / "val-*.tfrecord"),
-                "--model-dir", str(model_dir), "--config", str(cfg)])
+    code = run(
+        [
+            str(four_records / "train-*.tfrecord"),
+            "--val",
+            str(shards_dir / "val-*.tfrecord"),
+            "--model-dir",
+            str(model_dir),
+            "--config",
+            str(cfg),
+        ]
+    )
     assert code == 0
     return model_dir, json.loads((model_dir / "run_summary.json").read_text())
 
@@ -58,8 +70,10 @@ def test_run_summary_reports_throughput_compile_time_and_data_source(overfit):
 
 def test_training_again_to_the_same_step_count_resumes_and_runs_nothing(overfit, four_records, tmp_path):
     model_dir, _ = overfit
-    cfg = write_config(tmp_path / "c.yaml", loop={"steps": STEPS, "steps_per_execution": 2, "checkpoint_every": 30,
-                                                  "val_every": 30, "log_every": 10})
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        loop={"steps": STEPS, "steps_per_execution": 2, "checkpoint_every": 30, "val_every": 30, "log_every": 10},
+    )
     assert run([str(four_records / "train-*.tfrecord"), "--model-dir", str(model_dir), "--config", str(cfg)]) == 0
     summary = json.loads((model_dir / "run_summary.json").read_text())
     assert summary["start_step"] == summary["final_step"] == STEPS and summary["steps_run"] == 0
@@ -75,15 +89,30 @@ def test_resuming_with_another_model_config_is_refused(overfit, four_records, tm
 def test_synthesize_writes_a_playable_wav_and_exports_a_serving_signature(overfit, tmp_path):
     model_dir, _ = overfit
     wav, export = tmp_path / "out.wav", tmp_path / "export"
-    synthesize_command.main(["--model-dir", str(model_dir), "Printing, in the only sense.", "-o", str(wav),
-                             "--griffin-lim-iters", "4", "--export", str(export)], standalone_mode=False)
+    synthesize_command.main(
+        [
+            "--model-dir",
+            str(model_dir),
+            "Printing, in the only sense.",
+            "-o",
+            str(wav),
+            "--griffin-lim-iters",
+            "4",
+            "--export",
+            str(export),
+        ],
+        standalone_mode=False,
+    )
     y, sr = sf.read(wav)
     schema = read_schema(str(model_dir))
     assert sr == schema.audio.sample_rate
     assert y.ndim == 1 and len(y) >= schema.mel.hop_length and np.isfinite(y).all() and np.abs(y).max() > 0
     serve = tf.saved_model.load(str(export)).signatures["serving_default"]
-    out = serve(text=tf.constant("printing, in the only sense."), speaker=tf.constant(schema.speakers[0].name),
-                language=tf.constant(schema.languages[0].code))  # names, as schema.json has them
+    out = serve(
+        text=tf.constant("printing, in the only sense."),
+        speaker=tf.constant(schema.speakers[0].name),
+        language=tf.constant(schema.languages[0].code),
+    )  # names, as schema.json has them
     assert out["mel"].shape == (1, schema.max_mel_frames, schema.n_mels)
     assert 0 < int(out["mel_len"][0]) <= schema.max_mel_frames
     assert (export / "melshards-export.json").is_file()  # so a later --export may write over it
@@ -114,8 +143,19 @@ def test_nan_loss_stops_the_run_with_the_step_number(shards_dir, tmp_path, test_
 
 def test_synthetic_data_feeds_one_constant_batch_and_traces_once(shards_dir, tmp_path, capsys):
     cfg = write_config(tmp_path / "c.yaml", loop={"steps": 20, "log_every": 10})
-    assert run([str(shards_dir / "train-*.tfrecord"), "--model-dir", str(tmp_path / "m"), "--config", str(cfg),
-                "--synthetic-data"]) == 0
+    assert (
+        run(
+            [
+                str(shards_dir / "train-*.tfrecord"),
+                "--model-dir",
+                str(tmp_path / "m"),
+                "--config",
+                str(cfg),
+                "--synthetic-data",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((tmp_path / "m" / "run_summary.json").read_text())
     assert summary["synthetic_data"] is True and summary["steps_run"] == 20
     assert summary["train_step_traces"] == 1 and summary["steady_state"]["calls"] == 19
