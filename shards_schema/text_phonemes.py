@@ -62,7 +62,8 @@ PHONETIC_MARKS = re.compile("[\u02b0-\u02ba\u02c0-\u02ed\u02ef-\u02ff\ua700-\ua7
 
 @functools.lru_cache(maxsize=1)
 def _phonemizer():
-    """Import phonemizer (0.6 s) on first use only, pointed at the wheel's espeak-ng library and data."""
+    """Import phonemizer on first use only (once per process: docs/performance.md#text-front-ends), pointed
+    at the wheel's espeak-ng library and data."""
     import espeakng_loader
     from phonemizer.backend import EspeakBackend
     from phonemizer.backend.espeak.wrapper import EspeakWrapper
