@@ -115,7 +115,7 @@ def settings_key(cfg: PreprocessConfig) -> str:
 @functools.lru_cache(maxsize=4096)
 def _real_dir(directory: str) -> str:
     """`os.path.realpath` of an absolute directory, once per directory in a process: a realpath costs
-    a stat per path component, 44 us a clip where the key's own stat costs 6 (measured)."""
+    a stat per path component, several times the key's own stat (docs/performance.md#feature-cache)."""
     return os.path.realpath(directory)
 
 
@@ -137,7 +137,7 @@ def clip_key(path: str | None, settings: str) -> str | None:
                 path = os.path.realpath(path)
                 st = os.stat(path)
             size, updated = st.st_size, st.st_mtime
-        else:  # the file system's own metadata call, not a glob (`match` is 12x slower, measured)
+        else:  # the file system's own metadata call, not a glob (docs/performance.md#feature-cache)
             m = FileSystems.get_filesystem(path).metadata(path)
             size, updated = m.size_in_bytes, getattr(m, "last_updated_in_seconds", 0)
     except Exception:  # noqa: BLE001 (a missing or unreadable path: measured without the cache)
@@ -192,7 +192,7 @@ def write_batch(cache_dir: str, entries: list[tuple[str, dict, dict, Moments]]) 
     The file holds each quantity of the batch as one array: `span` [n, 3], the moments' `moments_n`
     [n], `moments_mean` and `moments_m2` [n, n_mels], and each feature's arrays concatenated along
     their first axis with `<name>/offsets` [n + 1] (clip i is rows offsets[i]:offsets[i + 1]). Reading a
-    batch then parses a few array headers, not five per clip."""
+    batch then parses a few array headers, however many clips it holds."""
     keys = [e[0] for e in entries]
     base = FileSystems.join(cache_dir, ENTRIES, batch_name(keys))
     names = sorted(entries[0][2]) if entries else []
@@ -226,9 +226,9 @@ def npz_arrays(data: bytes) -> dict[str, np.ndarray]:
     """The arrays of an uncompressed .npz (`np.savez`'s) held in `data`: read-only views of `data`,
     each member's CRC-32 checked. ValueError (or zipfile's BadZipFile) if it does not read back.
 
-    `np.load` copies each member out of the zip twice; a warm re-run reads the whole cache twice
-    (Measure, then the writer): `read_batch` of a 3 MB file took 3.1 ms with it, 2.2 ms with this
-    (measured). The zip's directory is read by `zipfile`, each .npy header by `np.lib.format`."""
+    `np.load` copies each member out of the zip twice, and a warm re-run reads the whole cache twice
+    (Measure, then the writer): see docs/performance.md#feature-cache. The zip's directory is read by
+    `zipfile`, each .npy header by `np.lib.format`."""
     view, out = memoryview(data), {}
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         for info in z.infolist():
@@ -336,8 +336,9 @@ def _key_bits(keys: Sequence[str]) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class CacheIndex:
     """Which entries file holds each key, in 20 bytes a clip: the keys' first 128 bits (`hi`, `lo`,
-    sorted) and each one's file, an index into `files` (an entries file per 32 clips or so). A dict of
-    the key and path strings took about 320 bytes a clip, in every worker: 320 MB a million clips.
+    sorted) and each one's file, an index into `files` (an entries file per 32 clips or so). Every
+    worker holds it, so it is packed arrays, not a dict of key and path strings
+    (docs/performance.md#feature-cache).
     Two keys sharing 128 bits (of a sha256) is not a concern at any corpus size."""
 
     hi: np.ndarray  # uint64, sorted

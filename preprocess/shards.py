@@ -2,8 +2,8 @@
 
 Records are written by the stage that filters and pads them (reading each batch's stashed mels
 back once), into temp files that roll over at the target size, so no encoded record is ever
-materialised between stages or shuffled (holding and grouping them all cost 13.9 GiB and lost
-records in Beam's local runner at LJSpeech size).
+materialised between stages or shuffled (holding and grouping them all lost records in Beam's local
+runner at LJSpeech size: docs/performance.md#decode-once-where-the-mel-waits).
 The small per-file results are then grouped into shards: files at the target size are renamed,
 smaller ones (each bundle's last) are concatenated, which is valid because a TFRecord file is just
 a sequence of framed records. Records are framed by the contract's own `frame_record` (crc32c from
