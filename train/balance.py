@@ -32,7 +32,7 @@ from melshards.shards_schema import Schema
 
 GROUP_FEATURE = {"speaker": "speaker_id", "language": "language_id"}
 # records whose group ids are parsed at once: one vectorised parse instead of one tf.data element each
-# (2x the records/s of a per-record filter on 2 CPU cores, measured; docs/train.md)
+# (docs/performance.md#input-pipeline)
 CHUNK = 64
 
 
