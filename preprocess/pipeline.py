@@ -7,8 +7,8 @@ One composite PTransform per stage, each with a labelled expand(), in a module o
 - `global_stats` (stage 4): length histograms -> cut-offs, the corpus tables, the mel statistics;
 - `choose_buckets.ChooseBuckets` (stage 6a): the length buckets from the clips the filter keeps;
 - `filter_and_write.FilterAndWrite` (stages 5-6): filter, pad, encode, write temp files;
-- `shards.AssembleShards` (stage 8): the shards; `report.WriteReport`: stats.json, schema.json,
-  rejected.jsonl.
+- `shards.AssembleShards` (stage 8): the shards;
+- `report.WriteReport` (stage 9): rejected.jsonl, stats.json, schema.json.
 
 Global statistics reach later stages as side inputs. `build(p, ...)` wires the stages;
 `melshards.preprocess.run.run_job` checks an invocation and runs them. The per-clip and per-batch work
