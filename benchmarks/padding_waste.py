@@ -85,7 +85,7 @@ def from_corpus(corpus: str, work_dir: str, qs: list[float]) -> tuple[list[dict]
     from collections import Counter
 
     from melshards.preprocess.config import PreprocessConfig
-    from melshards.preprocess.pipeline import cutoffs_from
+    from melshards.preprocess.global_stats import cutoffs_from
     from melshards.shards_schema.stats import padding_fraction
 
     lengths = measure_corpus(corpus, work_dir)

@@ -50,7 +50,7 @@ def choose(train_hist: Mapping[int, int], longest: int, pad: PadConfig) -> dict[
 
 
 def choose_from_summary(summary: dict, pad: PadConfig) -> dict:
-    """The summed kept-clip summary (`pipeline.kept_summary`) -> {"buckets": `choose`'s dict (None
+    """The summed kept-clip summary (`choose_buckets.kept_summary`) -> {"buckets": `choose`'s dict (None
     without clips), "text": {bucket: text-length histogram}, "after": after-filter histograms,
     "train_hist": kept training clips' mel frames}: everything the writer and the report need, as one
     side input."""

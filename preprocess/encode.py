@@ -1,5 +1,5 @@
 """Stage 6, a kept clip padded to its bucket's shapes and encoded as one record (the contract's
-`melshards.shards_schema.records.encode_example`); `pipeline.FilterAndWrite` writes the bytes."""
+`melshards.shards_schema.records.encode_example`); `filter_and_write.FilterAndWrite` writes the bytes."""
 
 from __future__ import annotations
 

@@ -80,11 +80,11 @@ def test_a_warm_rerun_decodes_no_audio_and_writes_the_same_records(warm, tmp_pat
 
 def test_a_run_with_a_cache_stashes_no_array_the_cache_holds(tmp_path, monkeypatch):
     """Computed or found, a cached clip's arrays are written once, to the cache: the writer reads them there."""
-    from melshards.preprocess import pipeline
+    from melshards.preprocess import measure
 
-    stashed, real = [], pipeline.stash_batch
+    stashed, real = [], measure.stash_batch
     monkeypatch.setattr(
-        pipeline,
+        measure,
         "stash_batch",
         lambda d, clips, features: stashed.append((clips, features)) or real(d, clips, features),
     )
