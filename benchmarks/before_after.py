@@ -148,7 +148,7 @@ def run_variant(name: str, shards: Path, clips, config: str, steps: int) -> dict
     from melshards.shards_schema import read_schema
     from melshards.train import input_pipeline as ip
     from melshards.train.config import load_config
-    from melshards.train.model import build_model
+    from melshards.train.model import build_text_to_mel
     from melshards.train.step import MODEL_INPUTS, make_optimizer, make_train_step, step_specs
 
     cfg = load_config(config)
@@ -158,7 +158,7 @@ def run_variant(name: str, shards: Path, clips, config: str, steps: int) -> dict
     schema = read_schema(str(shards))
     b = cfg.data.batch_size
     keras.utils.set_random_seed(0)
-    model = build_model(cfg.model, schema, "float32")
+    model = build_text_to_mel(cfg.model, schema, "float32")
     opt = make_optimizer(cfg.optim, "float32", model)
     if name == "before":
         data, step = before_dataset(clips, b, schema), plain_step(model, opt, schema, b, False, True)

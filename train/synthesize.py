@@ -35,7 +35,7 @@ log = logging.getLogger("melshards.synthesize")
 def text_capacity(schema: Schema) -> int:
     """The most text symbols the model reads: the longest max_text_len over the buckets (a bucket of
     shorter clips can hold longer texts than the largest one), which the model's text table covers
-    (train/model.py build_model). `generate` gets text ids padded to this length."""
+    (train/model.py build_text_to_mel). `generate` gets text ids padded to this length."""
     return max(b.max_text_len for b in schema.buckets)
 
 
