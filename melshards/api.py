@@ -254,13 +254,13 @@ def _datasets(
     ):
         _check_int(name, value, minimum)
     _check_balance(balance, balance_alpha)
-    from melshards.train.balance import plan as balance_plan
+    from melshards.train.balance import balancing
 
     found = _resolve(patterns, split, schema_path)
-    plan = balance_plan(found.schema, balance, float(balance_alpha))
+    balanced = balancing(found.schema, balance, float(balance_alpha))
     return (
         found,
-        plan,
+        balanced,
         {
             i: _bucket_dataset(
                 files,
@@ -273,7 +273,7 @@ def _datasets(
                 shuffle_buffer,
                 cycle_length,
                 deterministic,
-                plan,
+                balanced,
             )
             for i, files in sorted(found.by_bucket.items())
         },
@@ -322,7 +322,7 @@ def dataset(
     """
     import tensorflow as tf
 
-    found, plan, per_bucket = _datasets(
+    found, balanced, per_bucket = _datasets(
         patterns,
         batch_size,
         split,
@@ -344,7 +344,7 @@ def dataset(
     from melshards.train.balance import bucket_weights, describe
 
     # each bucket in proportion to the records it gives the stream: with `balance`, what its filter keeps
-    drawn = bucket_weights({i: found.records[i] for i in per_bucket}, plan)
+    drawn = bucket_weights({i: found.records[i] for i in per_bucket}, balanced)
     if balance != "none":  # the shares the buckets as drawn give
         log.info(
             "%s",
