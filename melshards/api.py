@@ -14,7 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from melshards.shards_schema import Schema, SchemaError
+from melshards.shards_schema import Schema, SchemaError, read_schema
 from melshards.shards_schema.shards import InputError, check_shard, check_sizes, expand_globs, listed_split, schemas_for
 
 if TYPE_CHECKING:  # importing melshards must not import TensorFlow
@@ -29,16 +29,7 @@ DEFAULT_FEATURES = ("text_ids", "text_len", "speaker_id", "language_id", "mel", 
 
 log = logging.getLogger("melshards")
 
-
-def read_schema(path_or_dir: str) -> Schema:
-    """The `Schema` of a preprocessing run: its schema.json, or the directory holding it (local or gs://).
-
-    `schema.buckets[i].features` are bucket i's static shapes; `melshards.shards_schema.records.tensor_specs(
-    schema or bucket, batch_size)` gives `tf.TensorSpec`s for your own `input_signature`.
-    """
-    from melshards.shards_schema import read_schema as _read
-
-    return _read(str(path_or_dir))
+__all__ = ["audio_segments", "bucket_datasets", "dataset", "normalizer", "read_schema"]  # read_schema: shards_schema.schema's
 
 
 def normalizer(schema: Schema) -> Normaliser:
