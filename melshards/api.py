@@ -29,7 +29,8 @@ DEFAULT_FEATURES = ("text_ids", "text_len", "speaker_id", "language_id", "mel", 
 
 log = logging.getLogger("melshards")
 
-__all__ = ["audio_segments", "bucket_datasets", "dataset", "normalizer", "read_schema"]  # read_schema: shards_schema.schema's
+# read_schema is melshards.shards_schema.read_schema, public here
+__all__ = ["audio_segments", "bucket_datasets", "dataset", "normalizer", "read_schema"]
 
 
 def normalizer(schema: Schema) -> Normaliser:
