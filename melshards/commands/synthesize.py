@@ -151,9 +151,9 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, lang
         checkpoint_to_restore,
         load_synthesizer,
         normalise,
+        padded_text_ids,
         pick_language,
         pick_speaker,
-        text_ids,
     )
 
     # every check that needs no model first, and nothing created before they pass: loading and
@@ -166,7 +166,7 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, lang
         schema = read_schema(posixpath.join(model_dir, SCHEMA_FILE))
         who, lang = pick_speaker(schema, speaker), pick_language(schema, language)
         normalised = normalise(text, lang)
-        ids, n = text_ids(normalised, schema)
+        ids, n = padded_text_ids(normalised, schema)
         checkpoint = checkpoint_to_restore(model_dir)
     except TextRejected as e:
         raise click.UsageError(

@@ -50,11 +50,11 @@ def test_the_builtin_model_trains_on_two_speakers_and_languages_with_one_trace(t
 
 
 def test_the_speaker_and_language_change_what_the_model_says(two_speaker_model):
-    from melshards.train.synthesize import load_synthesizer, normalise, text_ids
+    from melshards.train.synthesize import load_synthesizer, normalise, padded_text_ids
 
     synth = load_synthesizer(str(two_speaker_model[0]))
     schema = synth.schema
-    ids, n = text_ids(normalise("Printing, in the only sense.", schema.languages[0]), schema)
+    ids, n = padded_text_ids(normalise("Printing, in the only sense.", schema.languages[0]), schema)
     mels = {
         (s.name, lang.code): synth.speak(ids, n, s, lang)["mel"].numpy()
         for s in schema.speakers
