@@ -1,7 +1,7 @@
 """The preprocessing job: corpus -> log-mel once -> percentile statistics -> filter -> pad -> shards.
 
 One composite PTransform per stage, each with a labelled expand(); global statistics reach later
-stages as side inputs. `build(p, ...)` wires the stages; `melshards.preprocess.run.run_job` checks an
+stages as side inputs. `build_pipeline(p, ...)` wires the stages; `melshards.preprocess.run.run_job` checks an
 invocation and runs them. The per-clip and per-batch work are pure functions in the modules beside
 this one (clips, bucketing, encode, shards, report); the two side channels outside Beam's model have their
 own modules (stash: the measured batches across the statistics barrier; progress: the local progress line).
@@ -524,7 +524,7 @@ def merge_cache_summaries(parts) -> dict:
     return cache_summary({"cache": p["counts"], "cache_files": p["files"]} for p in parts)
 
 
-def build(
+def build_pipeline(
     p: beam.Pipeline,
     corpus: Corpus | list[Corpus],
     out_dir: str,
