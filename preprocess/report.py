@@ -56,7 +56,7 @@ HOURS = 3_600_000  # milliseconds
 CACHE_COUNTS = ("hits", "computed", "damaged", "damaged_files")  # stats.json `cache`: clips and files
 
 
-def speaker_table(corpus_tables: dict, written: dict, features: dict | None = None) -> list[Speaker]:
+def schema_speakers(corpus_tables: dict, written: dict, features: dict | None = None) -> list[Speaker]:
     """The speakers with ids, in id order; clips and hours as written into the shards; `features`
     (`feature_stats.finish`) gives each its pitch and energy statistics."""
     own = (features or {}).get("speakers", {})
@@ -73,7 +73,7 @@ def speaker_table(corpus_tables: dict, written: dict, features: dict | None = No
     ]
 
 
-def language_table(corpus_tables: dict, written: dict, features: dict | None = None) -> list[Language]:
+def schema_languages(corpus_tables: dict, written: dict, features: dict | None = None) -> list[Language]:
     own = (features or {}).get("languages", {})
     return [
         Language(
@@ -114,7 +114,7 @@ def speaker_stats(corpus_tables: dict, written: dict, features: dict | None = No
             per_split={split: written.get(("split", s.name, split), 0) for split in SPLITS},
             **({"pitch": pitch[s.name]} if s.name in pitch else {}),
         )
-        for s in speaker_table(corpus_tables, written, features)
+        for s in schema_speakers(corpus_tables, written, features)
     ]
     rows += [
         {
@@ -143,7 +143,7 @@ def language_stats(
             before_filter=length_summaries(lengths.get(x.code, {})),
             max_text_len=cutoffs.text_limit(x.code) if cutoffs else None,
         )
-        for x in language_table(corpus_tables, written, features)
+        for x in schema_languages(corpus_tables, written, features)
     ]
 
 
@@ -243,8 +243,8 @@ def build_schema(
         audio=AudioParams(cfg.audio.sample_rate, cfg.audio.trim_silence, cfg.audio.trim_top_db),
         mel=mel_params(m),
         vocabulary=tuple(corpus_tables["vocabulary"]),
-        speakers=tuple(speaker_table(corpus_tables, written, features)),
-        languages=tuple(language_table(corpus_tables, written, features)),
+        speakers=tuple(schema_speakers(corpus_tables, written, features)),
+        languages=tuple(schema_languages(corpus_tables, written, features)),
         mel_mean=tuple(mean),
         mel_std=tuple(std),
         pad_multiple=cfg.pad.multiple,
