@@ -52,6 +52,7 @@ from apache_beam.io.filesystems import FileSystems
 from melshards.preprocess import lock
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.lock import is_local_path
+from melshards.shards_schema.atomic import atomic_write
 from melshards.shards_schema.stats import Moments
 
 log = logging.getLogger("melshards.preprocess")
@@ -167,19 +168,13 @@ def check_writable(cache_dir: str) -> None:
     for sub in (ENTRIES, RUNS):
         probe = FileSystems.join(cache_dir, sub, f".probe-{uuid.uuid4().hex}")
         try:
-            _write_atomic(probe, b"")
+            with atomic_write(probe, fs=FileSystems):
+                pass  # an empty file
             FileSystems.delete([probe])
         except Exception as e:  # noqa: BLE001 (whatever the file system says, the run cannot use it)
             raise lock.OutputError(
                 f"--cache {cache_dir} cannot be written ({FileSystems.join(cache_dir, sub)}: {_reason(e)}); {fix}"
             ) from e
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    with FileSystems.create(tmp) as f:
-        f.write(data)
-    FileSystems.rename([tmp], [path])
 
 
 def batch_name(keys: list[str]) -> str:
@@ -213,8 +208,10 @@ def write_batch(cache_dir: str, entries: list[tuple[str, dict, dict, Moments]]) 
         arrays[name] = np.concatenate(values)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    _write_atomic(base + ".npz", buffer.getvalue())
-    _write_atomic(base + ".keys", "".join(k + "\n" for k in keys).encode())  # last: an index entry has its data
+    with atomic_write(base + ".npz", fs=FileSystems) as out:
+        out.write(buffer.getvalue())
+    with atomic_write(base + ".keys", fs=FileSystems) as out:  # last: an index entry has its data
+        out.write("".join(k + "\n" for k in keys).encode())
     return base + ".npz"
 
 
@@ -399,7 +396,8 @@ def read_index(cache_dir: str) -> CacheIndex:
 def record_use(cache_dir: str, run_id: str, files) -> str:
     """The entries files a run read or wrote, as runs/<run_id>.txt (what `cache prune` keeps)."""
     path = FileSystems.join(cache_dir, RUNS, f"{run_id}.txt")
-    _write_atomic(path, "".join(sorted(f.rsplit("/", 1)[-1] + "\n" for f in set(files))).encode())
+    with atomic_write(path, fs=FileSystems) as out:
+        out.write("".join(sorted(f.rsplit("/", 1)[-1] + "\n" for f in set(files))).encode())
     return path
 
 
@@ -464,7 +462,8 @@ class Lease:
 
     def _write(self) -> None:
         self.info["heartbeat"] = time.time()
-        _write_atomic(self.path, json.dumps(self.info, sort_keys=True).encode())
+        with atomic_write(self.path, fs=FileSystems) as out:
+            out.write(json.dumps(self.info, sort_keys=True).encode())
 
     def start(self, every: float = lock.HEARTBEAT_S) -> Lease:
         """Write the lease (an OSError if the cache cannot take it) and keep it fresh."""

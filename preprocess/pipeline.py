@@ -10,7 +10,7 @@ One composite PTransform per stage, each with a labelled expand(), in a module o
 - `shards.AssembleShards` (stage 8): the shards;
 - `report.WriteReport` (stage 9): rejected.jsonl, stats.json, schema.json.
 
-Global statistics reach later stages as side inputs. `build(p, ...)` wires the stages;
+Global statistics reach later stages as side inputs. `build_pipeline(p, ...)` wires the stages;
 `melshards.preprocess.run.run_job` checks an invocation and runs them. The per-clip and per-batch work
 are pure functions in the modules the stages call (clips, bucketing, encode, tables, feature_stats);
 the two side channels outside Beam's model have their own modules (stash: the measured batches across
@@ -33,7 +33,7 @@ from melshards.preprocess.shards import AssembleShards
 from melshards.preprocess.stash import stash_dir
 
 
-def build(
+def build_pipeline(
     p: beam.Pipeline,
     corpus: Corpus | list[Corpus],
     out_dir: str,

@@ -159,14 +159,14 @@ def phonemize_many(texts: list[str], language: str) -> list[str]:
     return out
 
 
-def clean(raw: str, language: str) -> str:
+def espeak_input(raw: str, language: str) -> str:
     """What espeak is given: `characters`' cleaning and numbers, not lowercased, without the
     `PHONETIC_MARKS` (a text of nothing else is `unusable_text`, as under `characters`)."""
     return text_clean.tidy(text_clean.spell_numbers(PHONETIC_MARKS.sub("", text_clean.clean(raw)), language))
 
 
 def normalize_many(raws: list[str], language: str) -> list[str]:
-    return phonemize_many([clean(raw, language) for raw in raws], language)
+    return phonemize_many([espeak_input(raw, language) for raw in raws], language)
 
 
 def normalize(raw: str, language: str) -> str:

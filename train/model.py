@@ -391,14 +391,15 @@ def validate(schema, options: dict) -> None:
 def build(schema, options: dict) -> TextToMel:
     """The built-in model's factory (train/contract.py), in the Keras global dtype policy."""
     cfg = _options(options).validate(schema)
-    return build_model(cfg, schema, keras.config.dtype_policy().name)
+    return build_text_to_mel(cfg, schema, keras.config.dtype_policy().name)
 
 
 build.validate = validate
 
 
-def build_model(cfg: ModelConfig | dict, schema, precision: str) -> TextToMel:
-    """The model for this schema, with its variables created (so the optimizer can be built)."""
+def build_text_to_mel(cfg: ModelConfig | dict, schema, precision: str) -> TextToMel:
+    """The built-in TextToMel for this schema, with its variables created (so the optimizer can be built);
+    `melshards.train.plugins.build_model` builds the configured factory's model and checks it."""
     if isinstance(cfg, dict):
         cfg = _options({k: v for k, v in cfg.items() if k != "factory"})
     # a shorter bucket may hold longer texts than the longest one: the text table covers them all
