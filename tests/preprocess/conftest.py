@@ -56,6 +56,25 @@ def mp3_without_length_tag(y: np.ndarray, sr: int = 22050) -> bytes:
     return data[mpeg2_layer3_frame_length(data[:4]) :]
 
 
+def descendants(pid: int) -> list[int]:
+    """Process ids below pid, zombies left out (Linux /proc)."""
+    parents: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, ppid = f.read().rpartition(")")[2].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state != "Z":
+            parents.setdefault(int(ppid), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def ctrl_c_as_in_a_terminal() -> None:
     """In the child before exec: SIGINT as a terminal's process has it, whatever the test runner's
     worker inherited (an ignored SIGINT stays ignored across exec, and StopOnCtrlC then stands aside)."""
