@@ -380,20 +380,23 @@ def _run_pipeline(
     cache_dir: str | None,
     job_log: IO[bytes],
 ) -> None:
-    """Build the job writing into the run's staging dir and run it to the end in a job process
-    (`run_in_job_process`, its output into `job_log`), with the progress line."""
+    """Build the job writing into the run's staging dir and run it to the end, with the progress line:
+    a local job in a job process (`run_in_job_process`, its output into `job_log`), a remote one here."""
     p = beam.Pipeline(options=options)
     build(p, corpora, run.stage, cfg, progress=reporter is not None, cache_dir=cache_dir)
     if reporter:
         reporter.start()
     local_processes = is_local(options) and options.view_as(DirectOptions).direct_running_mode == "multi_processing"
     try:
-        run_in_job_process(
-            lambda: _submit(p),
-            job_log,
-            watch_children=local_processes,  # a worker that dies would leave the local runner waiting for ever
-            stop_when=watch_output(run) if local_processes else lambda: None,
-        )
+        if is_local(options):
+            run_in_job_process(
+                lambda: _submit(p),
+                job_log,
+                watch_children=local_processes,  # a worker that dies would leave the local runner waiting for ever
+                stop_when=watch_output(run) if local_processes else lambda: None,
+            )
+        else:  # a remote job: its runner's lines (the job's id, its state) go to the console as they come
+            _submit(p)
     finally:
         if reporter:
             reporter.stop()

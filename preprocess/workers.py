@@ -77,7 +77,9 @@ class JobStoppedError(RuntimeError):
 
 # What the command stops on (its handlers: `melshards.commands.ctrl_c`); held back while the job process forks.
 _STOPPING = {signal.SIGINT, signal.SIGTERM}
-# prctl(2) option: orphaned descendants are re-parented to this process, which can then reap them.
+# prctl(2) options: the signal this process gets when its parent ends; orphaned descendants are
+# re-parented to this process, which can then reap them.
+_PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -101,13 +103,17 @@ def how_it_ended(code: int) -> str:
     return f"was stopped by {name} while the job ran"
 
 
-def _set_subreaper(on: bool) -> None:
-    """Linux: this process adopts its orphaned descendants (so it can wait for each). Elsewhere a no-op."""
+def _prctl(option: int, value: int) -> None:
+    """prctl(2) on Linux; elsewhere a no-op."""
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def _set_subreaper(on: bool) -> None:
+    """Linux: this process adopts its orphaned descendants (so it can wait for each)."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, int(on))
 
 
 def _portable(e: BaseException) -> list[bytes]:
@@ -133,12 +139,17 @@ def _rebuilt(chain: list[bytes]) -> BaseException:
     return errors[0]
 
 
-def _in_job_process(job: Callable[[], None], log: IO[bytes], result: IO[bytes], watch_children: bool, grace: float):
+def _in_job_process(
+    job: Callable[[], None], parent: int, log: IO[bytes], result: IO[bytes], watch_children: bool, grace: float
+):
     """The forked job process: its own process group, stdout, stderr and logging into `log`, job() run,
     how it ended written to `result` (pickled: ("ok",), ("failed", chain) or ("died", code)). Never
     returns: it ends with os._exit, as a forked child must (the command's own clean-up is not its)."""
     code = 1
     try:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # the command killed (kill -9): this process goes too
+        if os.getppid() != parent:  # it was, before that took effect
+            return
         os.setpgid(0, 0)
         for s in _STOPPING:
             signal.signal(s, signal.SIG_DFL)
@@ -181,7 +192,8 @@ def _in_job_process(job: Callable[[], None], log: IO[bytes], result: IO[bytes], 
             code = 0
         except BaseException as e:
             traceback.print_exc()
-            died.wait(grace)  # the runner may notice a dead worker's channel first: the death is the cause
+            if watch_children:  # the runner may notice a dead worker's channel first: the death is the cause
+                died.wait(grace)
             outcome = ("failed", _portable(e))
         sys.stdout.flush()
         with ended:
@@ -216,9 +228,10 @@ def run_in_job_process(
         sys.stdout.flush()
         sys.stderr.flush()
         held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)  # until the child has its own group
+        parent = os.getpid()
         pid = os.fork()
         if pid == 0:
-            _in_job_process(job, log, result, watch_children, grace)
+            _in_job_process(job, parent, log, result, watch_children, grace)
         try:
             try:
                 os.setpgid(pid, pid)
