@@ -142,9 +142,10 @@ def _rebuilt(chain: list[bytes]) -> BaseException:
 def _in_job_process(
     job: Callable[[], None], parent: int, log: IO[bytes], result: IO[bytes], watch_children: bool, grace: float
 ):
-    """The forked job process: its own process group, stdout, stderr and logging into `log`, job() run,
-    how it ended written to `result` (pickled: ("ok",), ("failed", chain) or ("died", code)). Never
-    returns: it ends with os._exit, as a forked child must (the command's own clean-up is not its)."""
+    """The forked job process: its own process group, no stdin, stdout, stderr and logging into `log`,
+    job() run, how it ended written to `result` (pickled: ("ok",), ("failed", chain) or ("died",
+    code)). Never returns: it ends with os._exit, as a forked child must (the command's own clean-up
+    is not its)."""
     code = 1
     try:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # the command killed (kill -9): this process goes too
@@ -155,6 +156,7 @@ def _in_job_process(
             signal.signal(s, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPPING)
         signal.set_wakeup_fd(-1)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # a background group must not read the terminal
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         stream = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)

@@ -485,3 +485,30 @@ def test_a_worker_killed_mid_run_stops_the_job_with_one_line_and_leaves_the_old_
     )
     assert _snapshot(out) == before
     assert not _beam_worker_pids(p.pid)
+
+
+def test_ctrl_c_during_a_publish_lets_it_finish_and_says_the_new_run_is_in_place(capsys, tmp_path):
+    import logging
+
+    import click
+
+    from melshards.commands.ctrl_c import StopOnCtrlC
+
+    out = str(tmp_path / "o")
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(click.exceptions.Exit) as ended:
+            with StopOnCtrlC(out):
+                O.PUBLISHING = True  # as OutputRun.publish sets it
+                os.kill(os.getpid(), signal.SIGINT)  # the handler runs here and raises nothing
+                assert O.STOPPING.is_set()
+                O.PUBLISHING = False
+                O.PUBLISHED.append(out)
+    finally:
+        O.PUBLISHING = False
+        O.STOPPING.clear()
+        O.PUBLISHED.clear()
+        logging.disable(logging.NOTSET)
+    assert ended.value.exit_code == 130
+    assert capsys.readouterr().err == f"interrupted: the new run was already in place in {out}\n"
+    assert signal.getsignal(signal.SIGINT) is before
