@@ -586,10 +586,9 @@ def test_rows_that_used_to_be_read_silently_wrong_are_rejected_with_their_reason
     ids = ["good", "offset", "two", "dc", "nan", "inf"]
     (tmp_path / "in" / "metadata.csv").write_text("".join(f"{i}|Hello there.|\n" for i in ids))
     out = tmp_path / "o"
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings():  # each warning printed, by the job process too (its log is shown)
         warnings.simplefilter("always")
         assert run(["--input", str(tmp_path / "in"), "--output", str(out)]) == 0, capsys.readouterr().err[-2000:]
-    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
     assert "Warning" not in capsys.readouterr().err
     rejected = {r["id"]: r for r in map(json.loads, (out / "rejected.jsonl").read_text().splitlines())}
     assert {i: r["reason"] for i, r in rejected.items()} == {

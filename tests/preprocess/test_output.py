@@ -19,7 +19,7 @@ from melshards.preprocess import lock as L
 from melshards.preprocess import output as O
 from melshards.shards_schema.schema import PUBLISH_JOURNAL
 from tests.conftest import TINY_CONFIG
-from tests.preprocess.conftest import descendants, start_long_run
+from tests.preprocess.conftest import CallLog, descendants, start_long_run
 
 
 def _snapshot(d: Path) -> dict[str, bytes]:
@@ -401,7 +401,7 @@ def test_the_report_writes_schema_json_before_it_removes_the_temp_dir(monkeypatc
     two left both behind, and preprocess and train disagreed on whether the run had finished)."""
     from melshards.preprocess import report
 
-    calls = []
+    calls = CallLog(tmp_path / "calls")
     real = report.remove_temp_dir
 
     def spy(out_dir):
@@ -411,7 +411,7 @@ def test_the_report_writes_schema_json_before_it_removes_the_temp_dir(monkeypatc
     monkeypatch.setattr(report, "remove_temp_dir", spy)
     assert _preprocess(corpus_dir, tmp_path / "o") == 0
     capsys.readouterr()
-    assert calls == [True]
+    assert calls.items() == [True]
 
 
 def test_a_full_disk_stops_the_run_with_one_line_and_leaves_the_old_run(
