@@ -263,6 +263,8 @@ def run_job(
         with tempfile.TemporaryFile() as job_log:  # shown when the job ends, unless told in one line below
             try:
                 _run_pipeline(options, corpora, run, cfg, reporter, cache_dir, job_log)
+                show_log(job_log)
+                return _finish(run)
             except Exception as e:
                 told = one_line_error(e, run, out_dir, cache_dir, reporter.rows_done() if reporter else 0, rows)
                 if told is None:
@@ -270,8 +272,6 @@ def run_job(
                     raise
                 close_run(run, ok=False)
                 raise told from e
-            show_log(job_log)
-        return _finish(run)
     finally:  # failed or interrupted (KeyboardInterrupt): the staging dir goes, the lock too. After a
         close_run(run, ok=False)  # publish or an abort this does nothing: OutputRun.abort is idempotent
         if lease:
@@ -279,9 +279,12 @@ def run_job(
 
 
 def show_log(job_log: IO[bytes]) -> None:
-    """What the job process and its workers printed and logged (`run_in_job_process`), onto stderr."""
+    """What the job process and its workers printed and logged (`run_in_job_process`), onto stderr, once:
+    the log is emptied."""
     job_log.seek(0)
     text = job_log.read().decode("utf-8", "replace")
+    job_log.seek(0)
+    job_log.truncate()
     if text:
         sys.stderr.write(text)
         sys.stderr.flush()
