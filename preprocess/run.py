@@ -12,8 +12,11 @@ import logging
 import os
 import posixpath
 import re
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Sequence
+from typing import IO
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -41,8 +44,7 @@ from melshards.preprocess.workers import (
     JobStoppedError,
     WorkerDiedError,
     apply_workers,
-    run_watching_workers,
-    worker_logs_held,
+    run_in_job_process,
 )
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
 
@@ -258,21 +260,34 @@ def run_job(
         if cache_dir:  # `melshards cache prune` removes no entries while the run holds the cache
             lease = cache.Lease(cache_dir, posixpath.basename(run.stage.rstrip("/")).lstrip(".")).start()
         make_temp_dir(run.stage)  # the workers make no directory: a staging dir removed stays removed
-        with worker_logs_held() as worker_logs:  # shown when the job ends, unless told in one line below
+        with tempfile.TemporaryFile() as job_log:  # shown when the job ends, unless told in one line below
             try:
-                _run_pipeline(options, corpora, run, cfg, reporter, cache_dir)
+                _run_pipeline(options, corpora, run, cfg, reporter, cache_dir, job_log)
+                show_log(job_log)
                 return _finish(run)
             except Exception as e:
                 told = one_line_error(e, run, out_dir, cache_dir, reporter.rows_done() if reporter else 0, rows)
                 if told is None:
+                    show_log(job_log)
                     raise
-                worker_logs.drop()
                 close_run(run, ok=False)
                 raise told from e
     finally:  # failed or interrupted (KeyboardInterrupt): the staging dir goes, the lock too. After a
         close_run(run, ok=False)  # publish or an abort this does nothing: OutputRun.abort is idempotent
         if lease:
             lease.release()
+
+
+def show_log(job_log: IO[bytes]) -> None:
+    """What the job process and its workers printed and logged (`run_in_job_process`), onto stderr, once:
+    the log is emptied."""
+    job_log.seek(0)
+    text = job_log.read().decode("utf-8", "replace")
+    job_log.seek(0)
+    job_log.truncate()
+    if text:
+        sys.stderr.write(text)
+        sys.stderr.flush()
 
 
 def removed_during_run(run: OutputRun) -> str | None:
@@ -295,7 +310,7 @@ def gone_message(what: str, out_dir: str) -> str:
 
 
 def watch_output(run: OutputRun, every: float | None = None) -> Callable[[], str | None]:
-    """For the worker watch (`run_watching_workers`' stop_when): every `every` seconds (1 locally, 30 on
+    """For the job process's watch (`run_in_job_process`' stop_when): every `every` seconds (1 locally, 30 on
     gs://), why the job must stop (`gone_message`), or None."""
     every = every if every is not None else 1.0 if is_local_path(run.stage) else 30.0
     last = [time.monotonic()]
@@ -354,29 +369,37 @@ def one_line_error(
     return DiskFullError(disk_full_message(e, run, done, total))
 
 
+def _submit(p: beam.Pipeline) -> None:
+    """Run the job to its end (in the job process)."""
+    p.run().wait_until_finish()
+
+
 def _run_pipeline(
     options: PipelineOptions,
     corpora: list[Corpus],
     run: OutputRun,
     cfg,
     reporter: ProgressReporter | None,
-    cache_dir: str | None = None,
+    cache_dir: str | None,
+    job_log: IO[bytes],
 ) -> None:
-    """Build the job writing into the run's staging dir and run it to the end, with the progress line."""
+    """Build the job writing into the run's staging dir and run it to the end, with the progress line:
+    a local job in a job process (`run_in_job_process`, its output into `job_log`), a remote one here."""
     p = beam.Pipeline(options=options)
     build_pipeline(p, corpora, run.stage, cfg, progress=reporter is not None, cache_dir=cache_dir)
     if reporter:
         reporter.start()
     local_processes = is_local(options) and options.view_as(DirectOptions).direct_running_mode == "multi_processing"
     try:
-        if local_processes:  # a worker that dies would leave the local runner waiting for ever
-            run_watching_workers(
-                lambda: p.run().wait_until_finish(),
-                told_in_one_line=lambda e: told_in_one_line(e, run),
-                stop_when=watch_output(run),
+        if is_local(options):
+            run_in_job_process(
+                lambda: _submit(p),
+                job_log,
+                watch_children=local_processes,  # a worker that dies would leave the local runner waiting for ever
+                stop_when=watch_output(run) if local_processes else lambda: None,
             )
-        else:
-            p.run().wait_until_finish()
+        else:  # a remote job: its runner's lines (the job's id, its state) go to the console as they come
+            _submit(p)
     finally:
         if reporter:
             reporter.stop()

@@ -1,19 +1,24 @@
-"""The job's worker processes: how many a local run starts (`--workers`), and what each one does once
-at start (`worker_setup`, from the DoFns' setup)."""
+"""The job's processes: the job process the command runs the Beam job in (`run_in_job_process`), how
+many worker processes a local run starts (`--workers`), and what each one does once at start
+(`worker_setup`, from the DoFns' setup)."""
 
 from __future__ import annotations
 
 import atexit
-import contextlib
+import ctypes
 import functools
 import gc
 import logging
 import os
-import re
+import pickle
 import signal
+import sys
+import tempfile
 import threading
 import time
+import traceback
 from collections.abc import Callable
+from typing import IO
 
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
 
@@ -60,30 +65,27 @@ def apply_workers(options: PipelineOptions, beam_args: list[str], workers: int |
         direct.direct_running_mode = "multi_processing" if direct.direct_num_workers > 1 else "in_memory"
 
 
-# -- watching them --------------------------------------------------------------------------
+# -- the job process --------------------------------------------------------------------------
 class WorkerDiedError(RuntimeError):
     """A local worker process died while the job ran: it crashed in native code, or was killed (the
     kernel's out-of-memory killer). The run cannot finish: its bundles are lost."""
 
 
 class JobStoppedError(RuntimeError):
-    """The launcher stopped a watched job (its `stop_when` said why: what the job writes into is gone)."""
+    """The command stopped the job process (its `stop_when` said why: what the job writes into is gone)."""
 
 
-# Set from the moment a watched job's worker is found dead.
-WORKER_DIED = threading.Event()
-# Set from the moment a watched job is found dead, or failed with an error the command tells in one
-# line: what the workers print about it from then on (their tracebacks, straight to the stderr they
-# inherit) is not for the console, which goes mute (`melshards.commands.ctrl_c`).
-QUIET = threading.Event()
-
-# How Beam's local runner reports a worker process that ended, from the thread that started it.
-_WORKER_EXIT = re.compile(r"Worker subprocess exited with return code (-?\d+)")
+# What the command stops on (its handlers: `melshards.commands.ctrl_c`); held back while the job process forks.
+_STOPPING = {signal.SIGINT, signal.SIGTERM}
+# prctl(2) options: the signal this process gets when its parent ends; orphaned descendants are
+# re-parented to this process, which can then reap them.
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 def how_it_ended(code: int) -> str:
-    """A worker's return code -> what happened, as words. Workers run under /bin/sh, which reports
-    signal N as 128 + N (and a killed shell as -N)."""
+    """A process's end as words: -N for signal N (waitpid's view), or an exit status (a shell reports
+    signal N in a command it ran as 128 + N)."""
     sig = -code if code < 0 else code - 128 if code > 128 else None
     if sig is None:
         return f"exited with status {code} while the job ran"
@@ -101,226 +103,178 @@ def how_it_ended(code: int) -> str:
     return f"was stopped by {name} while the job ran"
 
 
-def _stat_fields(pid: int | str) -> list[str]:
-    """/proc/PID/stat after the command name: state, ppid, ... (ValueError/OSError where unreadable)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    if len(fields) < 2:
-        raise ValueError(f"/proc/{pid}/stat is cut short")
-    return fields
-
-
-def descendants(pid: int) -> list[int]:
-    """Process ids below pid (Linux /proc; elsewhere none are found and workers end with the launcher)."""
-    parents: dict[int, list[int]] = {}
+def _prctl(option: int, value: int) -> None:
+    """prctl(2) on Linux; elsewhere a no-op."""
     try:
-        entries = [e for e in os.listdir("/proc") if e.isdigit()]
-    except OSError:
-        return []
-    for e in entries:
+        ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _set_subreaper(on: bool) -> None:
+    """Linux: this process adopts its orphaned descendants (so it can wait for each)."""
+    _prctl(_PR_SET_CHILD_SUBREAPER, int(on))
+
+
+def _portable(e: BaseException) -> list[bytes]:
+    """e and its causes, each pickled on its own (an exception's pickle keeps no cause); one that does
+    not pickle becomes a RuntimeError with its type and text."""
+    chain, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
         try:
-            ppid = int(_stat_fields(e)[1])
-        except (OSError, ValueError):
-            continue
-        parents.setdefault(ppid, []).append(int(e))
-    found, todo = [], [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+            data = pickle.dumps(e)
+            pickle.loads(data)
+        except Exception:
+            data = pickle.dumps(RuntimeError(f"{type(e).__qualname__}: {e}"))
+        chain.append(data)
+        e = e.__cause__ or e.__context__
+    return chain
 
 
-def kill(pids: list[int]) -> None:
-    """SIGKILL each (one already gone is no error)."""
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
+def _rebuilt(chain: list[bytes]) -> BaseException:
+    errors = [pickle.loads(data) for data in chain]
+    for error, cause in zip(errors, errors[1:]):
+        error.__cause__ = cause
+    return errors[0]
 
 
-def _beam_workers() -> list[int]:
-    """This process's local Beam workers (and the shells that started them)."""
-    found = []
-    for pid in descendants(os.getpid()):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"apache_beam.runners.worker.sdk_worker_main" in f.read():
-                    found.append(pid)
-        except OSError:
-            pass
-    return found
-
-
-def kill_and_wait(pids: list[int], timeout: float = 5.0) -> None:
-    """SIGKILL each, then wait (bounded) until none is left running: none writes after we return."""
-    kill(pids)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and any(_running(pid) for pid in pids):
-        time.sleep(0.02)
-
-
-def _running(pid: int) -> bool:
+def _in_job_process(
+    job: Callable[[], None], parent: int, log: IO[bytes], result: IO[bytes], watch_children: bool, grace: float
+):
+    """The forked job process: its own process group, no stdin, stdout, stderr and logging into `log`,
+    job() run, how it ended written to `result` (pickled: ("ok",), ("failed", chain) or ("died",
+    code)). Never returns: it ends with os._exit, as a forked child must (the command's own clean-up
+    is not its)."""
+    code = 1
     try:
-        return _stat_fields(pid)[0] != "Z"
-    except (OSError, ValueError):
-        return False
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # the command killed (kill -9): this process goes too
+        if os.getppid() != parent:  # it was, before that took effect
+            return
+        os.setpgid(0, 0)
+        for s in _STOPPING:
+            signal.signal(s, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOPPING)
+        signal.set_wakeup_fd(-1)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)  # a background group must not read the terminal
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        stream = open(2, "w", buffering=1, encoding="utf-8", errors="replace", closefd=False)
+        sys.stdout = sys.stderr = stream
+        root = logging.getLogger()
+        formatter = next((h.formatter for h in root.handlers if h.formatter), None)
+        for handler in list(root.handlers):
+            root.removeHandler(handler)
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(formatter)
+        root.addHandler(handler)
+        ended = threading.Lock()  # held by whichever writes the result: the job's end or a worker's death
+        died = threading.Event()
+        if watch_children:
+            # Blocked in every thread (the threads the job starts inherit the mask), SIGCHLD waits for
+            # the watcher, whose siginfo tells which child ended and how, whoever reaps it.
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
 
+            def watch() -> None:
+                while True:
+                    info = signal.sigwaitinfo({signal.SIGCHLD})
+                    if info.si_code == os.CLD_EXITED and info.si_status == 0:
+                        continue  # a worker the runner stopped at the job's end
+                    how = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+                    died.set()
+                    with ended:
+                        pickle.dump(("died", how), result)
+                        result.flush()
+                        os.killpg(0, signal.SIGKILL)  # this process and every worker
 
-def _from_beam(tb) -> bool:
-    """The traceback runs through Beam's or gRPC's code."""
-    while tb is not None:
-        name = tb.tb_frame.f_code.co_filename
-        if f"{os.sep}apache_beam{os.sep}" in name or f"{os.sep}grpc{os.sep}" in name:
-            return True
-        tb = tb.tb_next
-    return False
-
-
-class _Watch:
-    """Routes Beam's reports of ended workers (uncaught in its worker threads) to the watch under way;
-    anything else goes to the hook it found."""
-
-    current: _Watch | None = None
-    previous = None
-    _inside = threading.local()
-
-    def __init__(self):
-        self.done = threading.Event()  # the job ended, or a worker died
-        self.codes: list[int] = []
-
-    @classmethod
-    def hook(cls, args) -> None:
-        m = _WORKER_EXIT.search(str(args.exc_value)) if isinstance(args.exc_value, RuntimeError) else None
-        if m is None and QUIET.is_set() and _from_beam(args.exc_traceback):
-            return  # the runner's threads finding their channels to a dead (or killed) worker broken
-        if m is None:
-            if getattr(cls._inside, "yes", False):  # a hook installed over this one called it back
-                threading.__excepthook__(args)
-                return
-            cls._inside.yes = True
-            try:
-                cls.previous(args)
-            finally:
-                cls._inside.yes = False
-        elif cls.current is not None:
-            cls.current.codes.append(int(m.group(1)))
-            WORKER_DIED.set()
-            QUIET.set()
-            cls.current.done.set()
-        # else: a worker killed after its run had ended (by this module or a Ctrl-C); nothing to say
-
-    @classmethod
-    def install(cls) -> None:
-        """Over whatever hook is there now (one installed later, e.g. pytest's, may have replaced it)."""
-        if threading.excepthook is not cls.hook:
-            cls.previous, threading.excepthook = threading.excepthook, cls.hook
-
-
-def run_watching_workers(
-    run: Callable[[], None],
-    grace: float = 2.0,
-    told_in_one_line: Callable[[BaseException], bool] = lambda e: False,
-    stop_when: Callable[[], str | None] = lambda: None,
-) -> None:
-    """run() (a local multi-process job, to its end) in a thread while this one watches its workers.
-
-    Beam's local runner can wait for ever for a worker process that died (measured: a SIGSEGV in
-    one of two workers hung the job with no message); the thread that started the worker reports
-    its end as an uncaught RuntimeError, which this takes. Then the job's other workers are killed,
-    so none writes any more, and WorkerDiedError is raised here; the runner's thread, if still
-    waiting, is left behind (a daemon). A job that fails is given `grace` seconds for a death to be
-    reported (the runner sometimes notices the broken channel first): the death is the cause. A
-    failure that `told_in_one_line` accepts sets QUIET at once, in the job's thread: a worker's
-    traceback printed a moment before is then still held by the console relay, and dropped.
-    `stop_when()`, asked at every tick of the watch (twice a second), returns why the job must stop
-    (what it writes into was removed): then QUIET is set, the workers are killed, so none writes any
-    more, and JobStoppedError is raised with that reason.
-    """
-    _Watch.install()
-    WORKER_DIED.clear()
-    QUIET.clear()
-    watch = _Watch.current = _Watch()
-    failure: list[BaseException] = []
-
-    def target():
+            threading.Thread(target=watch, name="melshards-children", daemon=True).start()
         try:
-            run()
+            job()
+            outcome: tuple = ("ok",)
+            code = 0
         except BaseException as e:
-            failure.append(e)
-            if told_in_one_line(e):
-                QUIET.set()
+            traceback.print_exc()
+            if watch_children:  # the runner may notice a dead worker's channel first: the death is the cause
+                died.wait(grace)
+            outcome = ("failed", _portable(e))
+        sys.stdout.flush()
+        with ended:
+            pickle.dump(outcome, result)
+            result.flush()
+    finally:
+        os._exit(code)
+
+
+def run_in_job_process(
+    job: Callable[[], None],
+    log: IO[bytes],
+    watch_children: bool = False,
+    stop_when: Callable[[], str | None] = lambda: None,
+    grace: float = 2.0,
+) -> None:
+    """job() in a forked child process, the leader of a process group of its own, to its end.
+
+    The child's stdout and stderr, its logging, and the stdout and stderr of every process it starts
+    (Beam's local workers) go into `log` (a file: the caller shows it, or not); signals sent to the
+    command's process group (Ctrl-C, `timeout`) do not reach them. job()'s error is raised here (its
+    causes kept); with `watch_children`, a child of the job process (a local worker: Beam starts them
+    as children of the process that runs the pipeline) that ends by a signal or with a non-zero status
+    while the job runs ends the job process and every worker, and WorkerDiedError says how it ended
+    (Beam's local runner alone can wait for such a worker for ever). `stop_when()`, asked every tenth
+    of a second, returns why the job must stop (what it writes into was removed): then JobStoppedError.
+    However this returns or raises (a KeyboardInterrupt from the command's signal handler included),
+    every process of the job's group is killed and waited for first: none is left running.
+    """
+    with tempfile.TemporaryFile() as result:
+        _set_subreaper(True)  # workers orphaned by the job process's end are adopted here, and waited for
+        sys.stdout.flush()
+        sys.stderr.flush()
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)  # until the child has its own group
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            _in_job_process(job, parent, log, result, watch_children, grace)
+        try:
+            try:
+                os.setpgid(pid, pid)
+            except OSError:  # the child did it first
+                pass
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            while True:
+                ended, status = os.waitpid(pid, os.WNOHANG)
+                if ended:
+                    break
+                why = stop_when()
+                if why:
+                    raise JobStoppedError(why)
+                time.sleep(0.1)
         finally:
-            watch.done.set()
+            _end_group(pid)
+            _set_subreaper(False)
+        result.seek(0)
+        try:
+            outcome = pickle.load(result)
+        except (EOFError, pickle.UnpicklingError):  # the job process itself was killed
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            raise WorkerDiedError(f"the job's process {how_it_ended(code)}") from None
+    if outcome[0] == "died":
+        raise WorkerDiedError(f"a worker process {how_it_ended(outcome[1])}")
+    if outcome[0] == "failed":
+        raise _rebuilt(outcome[1])
 
-    threading.Thread(target=target, name="melshards-job", daemon=True).start()
+
+def _end_group(pgid: int) -> None:
+    """SIGKILL every process of the group, then reap the ones that are (or, orphaned, became) children
+    of this process, until none is left."""
     try:
-        while not watch.done.wait(0.5):  # a timed wait: Ctrl-C's handler runs at once
-            why = stop_when()
-            if why:
-                QUIET.set()
-                kill_and_wait(_beam_workers())
-                raise JobStoppedError(why)
-        if failure:
-            WORKER_DIED.wait(grace)
-        if watch.codes:
-            kill_and_wait(_beam_workers())
-            raise WorkerDiedError(f"a worker process {how_it_ended(watch.codes[0])}") from (
-                failure[0] if failure else None
-            )
-        if failure:
-            raise failure[0]
-    finally:
-        _Watch.current = None
-
-
-# -- what they log -----------------------------------------------------------------------------
-# Where Beam's local runner logs a failed bundle's error with its traceback (15 lines and more each):
-# in a worker process, relayed as `Worker: ...` by the local job service; in this process (one worker,
-# in_memory) by the DoFn runner itself.
-WORKER_LOG = "apache_beam.runners.portability.local_job_service"
-BUNDLE_LOG = "apache_beam.runners.common"
-
-
-class HeldLogs(logging.Filter):
-    """Holds the records of some loggers while installed; `release` hands them on, `drop` forgets them."""
-
-    def __init__(self, names: tuple[str, ...]):
-        super().__init__()
-        self.loggers = [logging.getLogger(n) for n in names]
-        self.records: list[logging.LogRecord] = []
-        self.dropped = False
-        for logger in self.loggers:
-            logger.addFilter(self)
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        self.records.append(record)
-        return False
-
-    def drop(self) -> None:
-        """The command says what went wrong in one line: what was logged about it is not shown."""
-        self.dropped = True
-        self.records.clear()
-
-    def release(self) -> None:
-        for logger in self.loggers:
-            logger.removeFilter(self)
-        held, self.records = ([] if self.dropped else self.records), []
-        for record in held:
-            logging.getLogger(record.name).handle(record)
-
-
-@contextlib.contextmanager
-def worker_logs_held():
-    """For the length of a job, the errors its bundles log (with their tracebacks) wait here: when
-    the job ends they reach the console, unless the command called `drop()` on the object yielded,
-    because it tells the failure in one line (a full disk, a worker that died, a removed staging dir)."""
-    held = HeldLogs((WORKER_LOG, BUNDLE_LOG))
-    try:
-        yield held
-    finally:
-        held.release()
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    while True:
+        try:
+            os.waitpid(-pgid, 0)
+        except ChildProcessError:
+            return
 
 
 # -- in each worker ----------------------------------------------------------------------------

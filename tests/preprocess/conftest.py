@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import pickle
 import shutil
 import signal
 import subprocess
@@ -54,6 +55,51 @@ def mp3_without_length_tag(y: np.ndarray, sr: int = 22050) -> bytes:
     data = encode(y, sr, "MP3")
     assert any(data[o : o + 4] in (b"Xing", b"Info") for o in _TAG_OFFSETS), "expected a Xing tag to strip"
     return data[mpeg2_layer3_frame_length(data[:4]) :]
+
+
+class CallLog:
+    """A list a spy in the job appends to: a file, since `melshards preprocess` runs its job in a forked
+    job process (`run_in_job_process`), whose memory the test does not see."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def append(self, item) -> None:
+        with open(self.path, "ab") as f:
+            f.write(pickle.dumps(item))
+
+    def items(self) -> list:
+        found = []
+        if self.path.exists():
+            with open(self.path, "rb") as f:
+                while f.peek(1):
+                    found.append(pickle.load(f))
+        return found
+
+    def __len__(self) -> int:
+        return len(self.items())
+
+    def clear(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def descendants(pid: int) -> list[int]:
+    """Process ids below pid, zombies left out (Linux /proc)."""
+    parents: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                state, ppid = f.read().rpartition(")")[2].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state != "Z":
+            parents.setdefault(int(ppid), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def ctrl_c_as_in_a_terminal() -> None:

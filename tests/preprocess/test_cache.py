@@ -24,7 +24,7 @@ from melshards.preprocess import lock
 from melshards.preprocess import output as O
 from melshards.shards_schema.stats import Moments
 from tests.conftest import CORPUS, TINY_CONFIG
-from tests.preprocess.conftest import preprocess_command, start_long_run
+from tests.preprocess.conftest import CallLog, preprocess_command, start_long_run
 
 
 def _run(out, cache_dir=None, *extra, corpus=CORPUS):
@@ -51,8 +51,8 @@ def audio_rejections(stats) -> int:
 
 
 @pytest.fixture
-def decodes(monkeypatch):
-    calls = []
+def decodes(monkeypatch, tmp_path):
+    calls = CallLog(tmp_path / "decodes")
     real = A.decode_audio
     monkeypatch.setattr(A, "decode_audio", lambda *a: calls.append(1) or real(*a))
     return calls
@@ -82,7 +82,7 @@ def test_a_run_with_a_cache_stashes_no_array_the_cache_holds(tmp_path, monkeypat
     """Computed or found, a cached clip's arrays are written once, to the cache: the writer reads them there."""
     from melshards.preprocess import measure
 
-    stashed, real = [], measure.stash_batch
+    stashed, real = CallLog(tmp_path / "stashed"), measure.stash_batch
     monkeypatch.setattr(
         measure,
         "stash_batch",
@@ -90,10 +90,10 @@ def test_a_run_with_a_cache_stashes_no_array_the_cache_holds(tmp_path, monkeypat
     )
     for name in ("cold", "warm"):
         stats = _run(tmp_path / name, tmp_path / "cache")
-        clips = [c for batch, _ in stashed for c in batch]
+        clips = [c for batch, _ in stashed.items() for c in batch]
         assert len(clips) == stats["cache"]["hits"] + stats["cache"]["computed"] == 47
         assert all(c["cached"][0].startswith(str(tmp_path / "cache")) for c in clips)
-        assert all(not f for _, features in stashed for f in features)  # mel only: nothing the cache lacks
+        assert all(not f for _, features in stashed.items() for f in features)  # mel only: nothing the cache lacks
         stashed.clear()
     assert records(tmp_path / "warm") == records(tmp_path / "cold")
 
@@ -164,19 +164,21 @@ def test_prune_during_a_run_removes_nothing_and_a_file_gone_from_under_the_write
     tmp, _ = warm
     cache_dir = tmp_path / "cache"
     shutil.copytree(tmp / "cache", cache_dir)
-    reads, pruned, real = [], [], K.read_batch
+    reads, pruned, real = [], CallLog(tmp_path / "pruned"), K.read_batch  # reads: in the job process
 
     def read_batch(path):
-        if path in reads and not pruned:  # the writer's first read-back
-            pruned.append(CliRunner().invoke(cache_command, ["prune", str(cache_dir), "--unused-days", "0"]))
+        if path in reads and not pruned.items():  # the writer's first read-back
+            done = CliRunner().invoke(cache_command, ["prune", str(cache_dir), "--unused-days", "0"])
+            pruned.append((done.exit_code, done.output))
             os.remove(path)
         reads.append(path)
         return real(path)
 
     monkeypatch.setattr(K, "read_batch", read_batch)
     stats = _run(tmp_path / "out", cache_dir)
-    assert pruned[0].exit_code == 0 and "removed 0 file(s)" in pruned[0].output
-    assert "1 run(s) using the cache now" in pruned[0].output
+    ((exit_code, output),) = pruned.items()
+    assert exit_code == 0 and "removed 0 file(s)" in output
+    assert "1 run(s) using the cache now" in output
     assert stats["cache"]["hits"] == 47
     assert records(tmp_path / "out") == records(tmp / "plain")
     assert not list((cache_dir / "runs").glob("*.live"))  # the run's lease went with it

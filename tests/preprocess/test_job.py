@@ -586,10 +586,9 @@ def test_rows_that_used_to_be_read_silently_wrong_are_rejected_with_their_reason
     ids = ["good", "offset", "two", "dc", "nan", "inf"]
     (tmp_path / "in" / "metadata.csv").write_text("".join(f"{i}|Hello there.|\n" for i in ids))
     out = tmp_path / "o"
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings():  # each warning printed, by the job process too (its log is shown)
         warnings.simplefilter("always")
         assert run(["--input", str(tmp_path / "in"), "--output", str(out)]) == 0, capsys.readouterr().err[-2000:]
-    assert [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)] == []
     assert "Warning" not in capsys.readouterr().err
     rejected = {r["id"]: r for r in map(json.loads, (out / "rejected.jsonl").read_text().splitlines())}
     assert {i: r["reason"] for i, r in rejected.items()} == {
@@ -769,8 +768,7 @@ def test_sigterm_stops_the_run_like_ctrl_c_with_one_line_exit_143_and_no_lock_st
     import shutil
     import signal
 
-    from melshards.preprocess.workers import descendants
-    from tests.preprocess.conftest import start_long_run
+    from tests.preprocess.conftest import descendants, start_long_run
 
     out = tmp_path / "o"
     shutil.copytree(shards_dir, out)
@@ -789,17 +787,19 @@ def test_sigterm_stops_the_run_like_ctrl_c_with_one_line_exit_143_and_no_lock_st
 
 
 def _failing_job(monkeypatch, error: Exception, worker_says: str, logger: str):
-    """run_job's job replaced by one whose failed bundle logs `worker_says` to `logger` (as Beam's
-    local runner does, traceback and all) and which then fails with `error`."""
+    """The job run in the job process replaced by one whose failed bundle logs `worker_says` to `logger`
+    (as Beam's local runner does, traceback and all), prints it too (as a worker does to the stderr it
+    inherited) and which then fails with `error`."""
     import logging
 
     from melshards.preprocess import run as R
 
-    def job(*args, **kwargs):
+    def job(p):
         logging.getLogger(logger).error("Worker: %s", worker_says)
+        print(worker_says, file=sys.stderr)
         raise error
 
-    monkeypatch.setattr(R, "_run_pipeline", job)
+    monkeypatch.setattr(R, "_submit", job)
 
 
 @pytest.mark.parametrize(
@@ -808,9 +808,9 @@ def _failing_job(monkeypatch, error: Exception, worker_says: str, logger: str):
         "apache_beam.runners.portability.local_job_service",  # worker processes
         "apache_beam.runners.common",
     ],
-)  # one worker, in this process
+)  # one worker, in the job process
 def test_a_full_disk_is_told_in_one_line_without_what_the_workers_logged_about_it(
-    monkeypatch, caplog, capsys, tmp_path, corpus_dir, logger
+    monkeypatch, capsys, tmp_path, corpus_dir, logger
 ):
     import errno
 
@@ -820,25 +820,23 @@ def test_a_full_disk_is_told_in_one_line_without_what_the_workers_logged_about_i
     error.__cause__ = full
     _failing_job(monkeypatch, error, "Traceback (most recent call last): ... OSError: [Errno 28] No space left", logger)
     assert run(["--input", str(corpus_dir), "--output", str(out), "--config", str(TINY_CONFIG)]) == 1
-    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error:")]
+    err = capsys.readouterr().err
+    (line,) = [line for line in err.splitlines() if line.startswith("Error:")]
     assert line.startswith(f"Error: no space left on the device of {out / 'x.tfrecord'}")
-    assert not [r for r in caplog.records if r.name == logger]
+    assert "Traceback" not in err and "Worker:" not in err, err
     assert sorted(p.name for p in out.iterdir()) == []  # no lock, no staging dir
 
 
 def test_what_the_workers_logged_reaches_the_console_when_the_failure_is_not_explained(
-    monkeypatch, caplog, tmp_path, corpus_dir
+    monkeypatch, capsys, tmp_path, corpus_dir
 ):
-    from melshards.preprocess.workers import WORKER_LOG
-
-    _failing_job(
-        monkeypatch, RuntimeError("a bug"), "Traceback (most recent call last): ... ValueError: a bug", WORKER_LOG
-    )
+    logger = "apache_beam.runners.portability.local_job_service"
+    _failing_job(monkeypatch, RuntimeError("a bug"), "Traceback (most recent call last): ... ValueError: a bug", logger)
     with pytest.raises(RuntimeError, match="a bug"):
         run(["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--config", str(TINY_CONFIG)])
-    assert [r.getMessage() for r in caplog.records if r.name == WORKER_LOG] == [
-        "Worker: Traceback (most recent call last): ... ValueError: a bug"
-    ]
+    err = capsys.readouterr().err
+    assert f"{logger}" in err and "Worker: Traceback (most recent call last): ... ValueError: a bug" in err, err
+    assert "\nTraceback (most recent call last): ... ValueError: a bug\n" in err, err
 
 
 def test_an_output_removed_during_the_run_is_told_in_one_line_and_nothing_is_made_again(

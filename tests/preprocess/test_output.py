@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from melshards.preprocess import lock as L
 from melshards.preprocess import output as O
 from melshards.shards_schema.schema import PUBLISH_JOURNAL
 from tests.conftest import TINY_CONFIG
-from tests.preprocess.conftest import ctrl_c_as_in_a_terminal, start_long_run
+from tests.preprocess.conftest import CallLog, descendants, start_long_run
 
 
 def _snapshot(d: Path) -> dict[str, bytes]:
@@ -402,7 +401,7 @@ def test_the_report_writes_schema_json_before_it_removes_the_temp_dir(monkeypatc
     two left both behind, and preprocess and train disagreed on whether the run had finished)."""
     from melshards.preprocess import report
 
-    calls = []
+    calls = CallLog(tmp_path / "calls")
     real = report.remove_temp_dir
 
     def spy(out_dir):
@@ -412,7 +411,7 @@ def test_the_report_writes_schema_json_before_it_removes_the_temp_dir(monkeypatc
     monkeypatch.setattr(report, "remove_temp_dir", spy)
     assert _preprocess(corpus_dir, tmp_path / "o") == 0
     capsys.readouterr()
-    assert calls == [True]
+    assert calls.items() == [True]
 
 
 def test_a_full_disk_stops_the_run_with_one_line_and_leaves_the_old_run(
@@ -455,8 +454,6 @@ def test_ctrl_c_prints_one_line_exits_130_and_leaves_the_old_run(tmp_path, corpu
 
 
 def _beam_worker_pids(root: int) -> list[int]:
-    from melshards.preprocess.workers import descendants
-
     def cmdline(pid):
         try:
             return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
@@ -490,94 +487,28 @@ def test_a_worker_killed_mid_run_stops_the_job_with_one_line_and_leaves_the_old_
     assert not _beam_worker_pids(p.pid)
 
 
-def test_the_console_relay_drops_what_came_within_its_hold_before_it_went_mute(tmp_path):
-    """A dying worker's words come a few milliseconds before the launcher learns of the death."""
-    from melshards.commands.ctrl_c import _Relay
+def test_ctrl_c_during_a_publish_lets_it_finish_and_says_the_new_run_is_in_place(capsys, tmp_path):
+    import logging
 
-    console = tmp_path / "console"
-    fd = os.open(console, os.O_WRONLY | os.O_CREAT)
-    died = threading.Event()
-    relay = _Relay((fd,), None, died.is_set)
-    os.write(fd, b"progress\n")
-    time.sleep(_Relay.HOLD + 0.5)
-    os.write(fd, b"Killed\n")
-    died.set()
-    os.write(fd, b"Traceback\n")
-    relay.restore()
-    os.close(fd)
-    assert console.read_bytes() == b"progress\n"
+    import click
 
+    from melshards.commands.ctrl_c import StopOnCtrlC
 
-def test_nothing_reaches_the_console_after_ctrl_c_even_before_the_main_thread_handles_it(tmp_path):
-    """A worker's dying traceback comes through a launcher thread (Beam's log of its workers) while
-    the main thread is still inside a C call, where Python cannot run the SIGINT handler yet: the
-    relay goes mute on the signal itself."""
-    go = tmp_path / "sent"
-    code = (
-        "import hashlib, os, sys, threading, time\n"
-        "from melshards.commands.ctrl_c import StopOnCtrlC\n"
-        "def dying_words():\n"
-        f"    while not os.path.exists({str(go)!r}):\n"
-        "        time.sleep(0.01)\n"
-        "    for _ in range(50):\n"
-        "        print('Traceback (a worker)', file=sys.stderr, flush=True)\n"
-        "        time.sleep(0.01)\n"
-        "with StopOnCtrlC('out'):\n"
-        "    threading.Thread(target=dying_words, daemon=True).start()\n"
-        "    print('ready', flush=True)\n"
-        "    hashlib.pbkdf2_hmac('sha256', b'p', b's', 10_000_000)  # seconds in C, the GIL released\n"
-        "    time.sleep(60)  # (the run would go on)\n"
-    )
-    script = tmp_path / "s.py"
-    script.write_text(code)
-    p = subprocess.Popen(
-        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    assert p.stdout.readline() == "ready\n"
-    os.killpg(p.pid, signal.SIGINT)
-    go.touch()
-    _, stderr = p.communicate(timeout=120)
-    assert p.returncode == 130, stderr
-    assert "Traceback" not in stderr and stderr.splitlines() == [
-        "interrupted: the run's temporary files were removed; out is as it was"
-    ], stderr
-
-
-def test_output_piped_into_a_reader_that_stops_early_does_not_hang_the_run(tmp_path):
-    """`melshards preprocess ... | head`: the relay of the console loses its reader (EPIPE) and keeps
-    draining, so nothing blocks on a full pipe (the lock would be held forever)."""
-    code = (
-        "import sys\n"
-        "from melshards.commands.ctrl_c import StopOnCtrlC\n"
-        "with StopOnCtrlC('out'):\n"
-        "    for i in range(20000):\n"
-        "        print('progress line', i, 'x' * 40)\n"
-        "print('done', file=sys.stderr)\n"
-    )
-    script = tmp_path / "s.py"
-    script.write_text(code)
-    done = subprocess.run(
-        f"{sys.executable} {script} | head -c 20 >/dev/null; echo ${{PIPESTATUS[0]}}",
-        shell=True,
-        executable="/bin/bash",
-        capture_output=True,
-        text=True,
-        timeout=120,
-        preexec_fn=ctrl_c_as_in_a_terminal,
-    )
-    assert done.stdout.strip() == "0", done.stderr
-
-
-def test_stdout_and_stderr_into_one_file_keep_their_order(tmp_path):
-    code = (
-        "import sys\n"
-        "from melshards.commands.ctrl_c import StopOnCtrlC\n"
-        "with StopOnCtrlC('out'):\n"
-        "    for i in range(2000):\n"
-        "        print(i, file=sys.stdout if i % 2 else sys.stderr, flush=True)\n"
-    )
-    script = tmp_path / "s.py"
-    script.write_text(code)
-    log = tmp_path / "log"
-    subprocess.run(f"{sys.executable} {script} > {log} 2>&1", shell=True, check=True, timeout=120)
-    assert log.read_text().split() == [str(i) for i in range(2000)]
+    out = str(tmp_path / "o")
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(click.exceptions.Exit) as ended:
+            with StopOnCtrlC(out):
+                O.PUBLISHING = True  # as OutputRun.publish sets it
+                os.kill(os.getpid(), signal.SIGINT)  # the handler runs here and raises nothing
+                assert O.STOPPING.is_set()
+                O.PUBLISHING = False
+                O.PUBLISHED.append(out)
+    finally:
+        O.PUBLISHING = False
+        O.STOPPING.clear()
+        O.PUBLISHED.clear()
+        logging.disable(logging.NOTSET)
+    assert ended.value.exit_code == 130
+    assert capsys.readouterr().err == f"interrupted: the new run was already in place in {out}\n"
+    assert signal.getsignal(signal.SIGINT) is before

@@ -1,14 +1,19 @@
-"""The local worker processes: a job whose worker dies stops, saying how, instead of waiting for ever."""
+"""The job process and the local worker processes: a job whose worker dies stops, saying how, instead of
+waiting for ever; nothing of the job is left running."""
 
+import logging
 import os
 import signal
+import tempfile
 import threading
+import time
 
 import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from melshards.preprocess import workers as W
+from tests.preprocess.conftest import descendants
 
 
 @pytest.mark.parametrize(
@@ -36,7 +41,12 @@ def test_a_workers_return_code_is_told_in_words(code, words):
 
 
 def _element(x):
-    """Element 3 does what $MELSHARDS_TEST_ELEMENT_3 says (read in the worker process)."""
+    """Element 3 does what $MELSHARDS_TEST_ELEMENT_3 says (read in the worker process); every element
+    notes the worker's pid and process group in $MELSHARDS_TEST_NOTES."""
+    notes = os.environ.get("MELSHARDS_TEST_NOTES")
+    if notes:
+        with open(os.path.join(notes, f"{os.getpid()}"), "w") as f:
+            f.write(f"{os.getpgid(0)}")
     what = os.environ.get("MELSHARDS_TEST_ELEMENT_3")
     if x == 3 and what == "segfault":
         os.kill(os.getpid(), signal.SIGSEGV)
@@ -45,8 +55,8 @@ def _element(x):
     return x
 
 
-def _watched_two_worker_job(monkeypatch, what: str) -> BaseException | None:
-    """Runs a two-process job under the watch in a thread: the test fails, not hangs, if it hangs."""
+def _two_worker_job_in_a_job_process(monkeypatch, what: str) -> BaseException | None:
+    """Runs a two-process job in a job process, watched, from a thread: the test fails, not hangs, if it hangs."""
     monkeypatch.setenv("MELSHARDS_TEST_ELEMENT_3", what)
     p = beam.Pipeline(options=PipelineOptions(["--direct_num_workers=2", "--direct_running_mode=multi_processing"]))
     _ = p | beam.Create(list(range(8))) | beam.Reshuffle() | beam.Map(_element)
@@ -54,7 +64,8 @@ def _watched_two_worker_job(monkeypatch, what: str) -> BaseException | None:
 
     def job():
         try:
-            W.run_watching_workers(lambda: p.run().wait_until_finish())
+            with tempfile.TemporaryFile() as log:
+                W.run_in_job_process(lambda: p.run().wait_until_finish(), log, watch_children=True)
             raised.append(None)
         except BaseException as e:
             raised.append(e)
@@ -62,93 +73,80 @@ def _watched_two_worker_job(monkeypatch, what: str) -> BaseException | None:
     t = threading.Thread(target=job, daemon=True)
     t.start()
     t.join(240)
-    assert raised, "the watched job did not end"
+    assert raised, "the job process did not end"
     return raised[0]
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # Beam's broken channels
-def test_a_worker_that_crashes_stops_the_job_with_its_signal_and_no_worker_left(monkeypatch):
-    e = _watched_two_worker_job(monkeypatch, "segfault")
+def test_a_worker_that_crashes_stops_the_job_with_its_signal_and_no_process_left(monkeypatch):
+    e = _two_worker_job_in_a_job_process(monkeypatch, "segfault")
     assert isinstance(e, W.WorkerDiedError)
     assert str(e) == "a worker process crashed (SIGSEGV) in native code while the job ran"
-    assert W._beam_workers() == []
+    assert descendants(os.getpid()) == []
 
 
 def test_a_job_that_fails_on_its_own_raises_its_own_error_and_a_good_one_nothing(monkeypatch):
-    e = _watched_two_worker_job(monkeypatch, "raise")
+    e = _two_worker_job_in_a_job_process(monkeypatch, "raise")
     assert not isinstance(e, W.WorkerDiedError) and "element 3 is bad" in str(e)
-    assert _watched_two_worker_job(monkeypatch, "nothing") is None
+    assert _two_worker_job_in_a_job_process(monkeypatch, "nothing") is None
+    assert descendants(os.getpid()) == []
 
 
-def test_a_failure_told_in_one_line_quiets_the_console_as_the_job_fails_before_the_grace_for_a_death(monkeypatch):
-    """A worker prints its failed bundle's traceback straight to the stderr it inherited, a moment
-    before the job fails: the console relay, which holds what it copies half a second, must go mute
-    at once, not after the grace the watch gives a worker's death to be reported."""
-    quiet_during_grace = []
-
-    class Died:
-        def wait(self, timeout):
-            quiet_during_grace.append(W.QUIET.is_set())
-
-        def clear(self):
-            pass
-
-    monkeypatch.setattr(W, "WORKER_DIED", Died())
-    monkeypatch.setattr(W, "QUIET", threading.Event())
+def test_beams_local_workers_run_in_the_job_processs_group(monkeypatch, tmp_path):
+    """What the job process relies on in Beam's multi_processing runner: its workers are started below
+    the process that runs the pipeline, in its process group (killing the group kills them), and a
+    worker the runner stops at the job's end exits with status 0 (not taken for a death)."""
+    monkeypatch.setenv("MELSHARDS_TEST_NOTES", str(tmp_path))
+    job_pgid = []
 
     def job():
-        raise OSError(28, "No space left on device")
+        job_pgid.append(os.getpgid(0))
+        p = beam.Pipeline(options=PipelineOptions(["--direct_num_workers=2", "--direct_running_mode=multi_processing"]))
+        _ = p | beam.Create(list(range(8))) | beam.Reshuffle() | beam.Map(_element)
+        p.run().wait_until_finish()
+        with open(tmp_path / "job", "w") as f:
+            f.write(f"{os.getpid()} {os.getpgid(0)}")
 
-    with pytest.raises(OSError):
-        W.run_watching_workers(job, told_in_one_line=lambda e: isinstance(e, OSError))
-    assert quiet_during_grace == [True]
-    with pytest.raises(ValueError):
-        W.run_watching_workers(lambda: int("x"), told_in_one_line=lambda e: isinstance(e, OSError))
-    assert not W.QUIET.is_set()
-
-
-def test_the_console_relay_holds_a_workers_traceback_until_the_failure_it_belongs_to_is_known(tmp_path):
-    """A worker prints its failed bundle's traceback a second or more before the launcher learns that
-    the job failed: once that failure is one the command tells in one line, the traceback is dropped
-    (and what came after it); what came before it, and a traceback of a job that goes on, is shown."""
-    import time
-
-    from melshards.commands.ctrl_c import _Relay
-
-    def console(quiet_after_traceback: bool) -> bytes:
-        path = tmp_path / f"console-{quiet_after_traceback}"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT)
-        quiet = threading.Event()
-        relay = _Relay((fd,), None, quiet.is_set)
-        os.write(fd, b"progress\n")
-        os.write(fd, b"Traceback (most recent call last):\n  File ...\nOSError: [Errno 28] No space left on device\n")
-        os.write(fd, b"progress 2\n")
-        time.sleep(3 * _Relay.HOLD)  # the launcher learns of the failure later than a worker's death
-        if quiet_after_traceback:
-            quiet.set()
-        relay.restore()
-        os.close(fd)
-        return path.read_bytes()
-
-    assert console(True) == b"progress\n"
-    assert console(False).count(b"\n") == 5
+    with tempfile.TemporaryFile() as log:
+        W.run_in_job_process(job, log, watch_children=True)
+    job_pid, group = (int(n) for n in (tmp_path / "job").read_text().split())
+    assert group == job_pid  # the job process leads its own group
+    workers = {int(f.name): int(f.read_text()) for f in tmp_path.iterdir() if f.name != "job"}
+    assert workers and job_pid not in workers
+    assert set(workers.values()) == {job_pid}
 
 
-def test_a_job_whose_output_is_removed_is_stopped_by_the_watch_with_the_reason(monkeypatch):
-    monkeypatch.setattr(W, "QUIET", threading.Event())
-    killed = []
-    monkeypatch.setattr(W, "kill_and_wait", killed.append)
-    monkeypatch.setattr(W, "_beam_workers", lambda: [12345])
-    release = threading.Event()
+def test_the_job_processs_error_keeps_its_causes_and_its_output_goes_to_the_log(tmp_path):
+    def job():
+        print("printed by the job")
+        logging.getLogger("apache_beam.runners.common").error("logged by the job")
+        try:
+            raise OSError(28, "No space left on device", "/x/y.tfrecord")
+        except OSError as e:
+            raise RuntimeError("OSError: [Errno 28] No space left on device [while running 'Write']") from e
+
+    with tempfile.TemporaryFile() as log:
+        with pytest.raises(RuntimeError, match="while running 'Write'") as raised:
+            W.run_in_job_process(job, log)
+        log.seek(0)
+        text = log.read().decode()
+    assert isinstance(raised.value.__cause__, OSError) and raised.value.__cause__.filename == "/x/y.tfrecord"
+    assert "printed by the job" in text and "logged by the job" in text and "Traceback" in text
+
+
+def test_a_job_whose_output_is_removed_is_stopped_with_the_reason_and_no_process_left():
     asked = []
 
     def stop_when():
         asked.append(1)
         return "the run's staging dir D was removed" if len(asked) > 1 else None
 
-    try:
+    with tempfile.TemporaryFile() as log:
         with pytest.raises(W.JobStoppedError, match="the run's staging dir D was removed"):
-            W.run_watching_workers(lambda: release.wait(60), stop_when=stop_when)
-    finally:
-        release.set()
-    assert W.QUIET.is_set() and killed == [[12345]]
+            W.run_in_job_process(lambda: time.sleep(60), log, stop_when=stop_when)
+    assert descendants(os.getpid()) == []
+
+
+def test_a_job_process_that_is_killed_is_told_as_such():
+    with tempfile.TemporaryFile() as log:
+        with pytest.raises(W.WorkerDiedError, match=r"the job's process was killed \(SIGKILL\)"):
+            W.run_in_job_process(lambda: os.kill(os.getpid(), signal.SIGKILL), log)
