@@ -69,6 +69,25 @@ def _pid_alive(pid: int) -> bool:
 
 
 # -- the lock: one marker object, created exclusively ------------------------------------------------
+# Held while a marker is open and flocked in this process (`_LocalMarker._locked`), and taken before a fork
+# (`melshards.preprocess.workers.run_in_job_process` forks the job process while the heartbeat thread runs):
+# a child forked while the heartbeat held the flocked file would keep the flock (it belongs to the open
+# file, which the child shares) and block every later renewal until the job ends.
+_MARKER_OPEN = threading.RLock()
+
+
+def _new_marker_guard() -> None:
+    global _MARKER_OPEN
+    _MARKER_OPEN = threading.RLock()  # the child's copy may be held for the parent's other threads
+
+
+os.register_at_fork(
+    before=lambda: _MARKER_OPEN.acquire(),
+    after_in_parent=lambda: _MARKER_OPEN.release(),
+    after_in_child=_new_marker_guard,
+)
+
+
 class _LocalMarker:
     """A local file, created whole and exclusively; changed only by a holder of its flock.
 
@@ -109,6 +128,10 @@ class _LocalMarker:
     def _locked(self):
         """The marker's file open and exclusively flocked, still the one at its name; None when there
         is none."""
+        with _MARKER_OPEN:
+            yield from self._locked_here()
+
+    def _locked_here(self):
         while True:
             try:
                 f = open(self.path, "r+b")  # opened for writing: NFS emulates flock with POSIX locks
