@@ -201,7 +201,7 @@ class _Watch:
                 return
             cls._inside.yes = True
             try:
-                cls.previous(args)
+                cls.previous(args)  # type: ignore[misc]  # `install` sets it before this hook is in place
             finally:
                 cls._inside.yes = False
         elif cls.current is not None:
