@@ -26,6 +26,7 @@ import threading
 import time
 import uuid
 from typing import IO
+
 from apache_beam.io.filesystems import FileSystems
 
 log = logging.getLogger("melshards.preprocess")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import difflib
 from collections.abc import Sequence
+
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
 # Beam 2.77's DirectRunner first tries to download the Prism runner (no network here, and a slow

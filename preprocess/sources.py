@@ -51,6 +51,7 @@ class Corpus:
             raise CorpusError(f"{self.input or self.root}: this {self.kind} input has no rows file")
         return self.rows_path
 
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """A corpus layout: `locate(path, forced)` the corpus at path if its telltale files are there
