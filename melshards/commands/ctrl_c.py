@@ -38,6 +38,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from typing import Literal
 
 from melshards.preprocess import output, workers
 
@@ -141,7 +142,10 @@ def _same_file(a: int, b: int) -> bool:
 
 
 # The signals that stop a run -> (exit code, how its line begins).
-STOPPING_SIGNALS = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated (SIGTERM)")}
+STOPPING_SIGNALS: dict[int, tuple[int, str]] = {
+    signal.SIGINT: (130, "interrupted"),
+    signal.SIGTERM: (143, "terminated (SIGTERM)"),
+}
 
 
 def stopped_line(signum: int, out_dir: str, published: bool) -> str:
@@ -200,14 +204,14 @@ class StopOnCtrlC:
         if not output.PUBLISHING:  # else the publish finishes, then __exit__ ends the process
             raise KeyboardInterrupt
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         if not self.active:
             return False
         if self.interrupted:  # remove what the run staged, one line, exit 130 (SIGINT) or 143 (SIGTERM)
             output.abort_active()
-            line = stopped_line(self.signum, self.out_dir, bool(output.PUBLISHED))
+            line = stopped_line(self.signum, self.out_dir, bool(output.PUBLISHED))  # type: ignore[arg-type]  # set with interrupted
             self.relays[-1].write_through(line + "\n")
-            os._exit(STOPPING_SIGNALS[self.signum][0])
+            os._exit(STOPPING_SIGNALS[self.signum][0])  # type: ignore[index]  # set with interrupted
         if workers.QUIET.is_set():  # the runner's threads may still log their broken channels to a dead or
             logging.disable(
                 logging.CRITICAL
