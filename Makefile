@@ -9,10 +9,8 @@ DEMO   := out/demo
 
 venv: $(STAMP)
 
-# uv resolves and installs in parallel: ~1 min from a cold cache where pip takes ~4 (TF + Beam[gcp]).
-# --compile-bytecode: uv writes no .pyc by default, so every process (and every Beam worker process)
-# would compile Beam, librosa, scipy, ... from source until a run wrote them, and always where
-# PYTHONDONTWRITEBYTECODE is set (measured: 7.6 s of a 1-row preprocess run's 21 s).
+# uv resolves and installs in parallel. --compile-bytecode: uv writes no .pyc by default, so every
+# process (Beam's workers too) would compile its imports from source (docs/performance.md#install).
 $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet uv
@@ -28,7 +26,7 @@ demo: $(STAMP)
 	$(BIN)/melshards inspect '$(DEMO)/shards/*.tfrecord' --show 1 --out $(DEMO)/inspect
 
 # Two pytest workers, one test file each at a time: XLA compiles are single-threaded, so two
-# overlap on 2 cores (4m43s vs 6m45s measured for the full suite).
+# overlap on 2 cores.
 test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 

@@ -56,7 +56,7 @@ def before_dataset(clips, batch_size: int, schema):
     through the front end and vocabulary the shards record (the model's ids)."""
     import tensorflow as tf
 
-    from melshards.preprocess import audio as A
+    from melshards.preprocess import audio
     from melshards.preprocess.config import PreprocessConfig
     from melshards.shards_schema import Vocabulary
     from melshards.shards_schema.text import normalizer_for
@@ -66,8 +66,8 @@ def before_dataset(clips, batch_size: int, schema):
     normalize = normalizer_for(language.text_frontend)
 
     def load(path, text):
-        y, _ = A.decode_audio(open(path.decode(), "rb").read(), sample_rate)
-        mel = A.log_mel(A.trim(y, cfg.audio), sample_rate, cfg.mel)
+        y, _ = audio.decode_audio(open(path.decode(), "rb").read(), sample_rate)
+        mel = audio.log_mel(audio.trim(y, cfg.audio), sample_rate, cfg.mel)
         ids, _ = vocab.encode(normalize(text.decode(), language.code))
         return np.asarray(ids, np.int32), mel, np.int32(len(ids)), np.int32(len(mel))
 
@@ -146,9 +146,9 @@ def run_variant(name: str, shards: Path, clips, config: str, steps: int) -> dict
     import tensorflow as tf
 
     from melshards.shards_schema import read_schema
-    from melshards.train import input_pipeline as ip
+    from melshards.train import input_pipeline
     from melshards.train.config import load_config
-    from melshards.train.model import build_model
+    from melshards.train.model import build_text_to_mel
     from melshards.train.step import MODEL_INPUTS, make_optimizer, make_train_step, step_specs
 
     cfg = load_config(config)
@@ -158,13 +158,13 @@ def run_variant(name: str, shards: Path, clips, config: str, steps: int) -> dict
     schema = read_schema(str(shards))
     b = cfg.data.batch_size
     keras.utils.set_random_seed(0)
-    model = build_model(cfg.model, schema, "float32")
+    model = build_text_to_mel(cfg.model, schema, "float32")
     opt = make_optimizer(cfg.optim, "float32", model)
     if name == "before":
         data, step = before_dataset(clips, b, schema), plain_step(model, opt, schema, b, False, True)
     else:
-        files = ip.expand_globs([str(shards / "train-*.tfrecord")])
-        data = ip.train_dataset(files, schema, cfg.data, MODEL_INPUTS, 1)
+        files = input_pipeline.expand_globs([str(shards / "train-*.tfrecord")])
+        data = input_pipeline.train_dataset(files, schema, cfg.data, MODEL_INPUTS, 1)
         if name == "melshards":
             step = make_train_step(
                 model,

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common import emit
-from melshards.shards_schema.buckets import WHAT_IF_KS, fill_buckets, optimal_bounds, padding_fraction
+from melshards.shards_schema.buckets import WHAT_IF_KS, fill_buckets, optimal_bounds, total_padding_fraction
 from melshards.shards_schema.stats import round_up
 
 SR, HOP = 22050, 256
@@ -69,9 +69,9 @@ def table(hist: dict[int, int], multiple: int) -> list[dict]:
             {
                 "k": k,
                 "optimal_used": len(opt),
-                "optimal": round(padding_fraction(fill_buckets(opt, hist)), 6),
+                "optimal": round(total_padding_fraction(fill_buckets(opt, hist)), 6),
                 "equal_count_used": len(eq),
-                "equal_count": round(padding_fraction(fill_buckets(eq, hist)), 6),
+                "equal_count": round(total_padding_fraction(fill_buckets(eq, hist)), 6),
                 "optimal_bounds": list(opt),
             }
         )

@@ -63,7 +63,7 @@ def shard_sizes(out: Path) -> dict:
 def profile(corpus: str, clips: int, tracker: str) -> dict:
     """Seconds per clip of each part of `clips.featurize` with every feature on, in this process."""
     from melshards.preprocess import audio, features
-    from melshards.preprocess import clips as C
+    from melshards.preprocess.clips import featurize, load_trimmed
     from melshards.preprocess.config import FeaturesConfig, PitchConfig, PreprocessConfig
 
     cfg = PreprocessConfig(features=FeaturesConfig(True, True, True), pitch=PitchConfig(tracker=tracker))
@@ -74,10 +74,10 @@ def profile(corpus: str, clips: int, tracker: str) -> dict:
     parts = {"decode_trim": 0.0, "stft_mel": 0.0, "energy": 0.0, "pitch": 0.0, "audio_int16": 0.0}
     seconds = 0.0
     sr, hop = cfg.audio.sample_rate, cfg.mel.hop_length
-    C.featurize({"id": "warm-up", "audio": rows[0], "text": "a", "language": "en", "speaker": "s"}, cfg)  # imports
+    featurize({"id": "warm-up", "audio": rows[0], "text": "a", "language": "en", "speaker": "s"}, cfg)  # imports
     for path in rows:
         t0 = time.perf_counter()
-        y = C.load_trimmed(path, cfg)
+        y = load_trimmed(path, cfg)
         t1 = time.perf_counter()
         mag = audio.magnitude(y, cfg.mel)
         audio.log_mel_of(mag, sr, cfg.mel)

@@ -45,7 +45,7 @@ LINKED_MARK = ".melshards-linked-corpus"  # in a corpus link_corpus made: it may
 
 def good_clips(max_s: float = MAX_S) -> list[tuple[str, str, np.ndarray]]:
     """(id, normalized text, mono float32 @ 22050 Hz) of the demo corpus's good clips <= 10 s."""
-    from melshards.preprocess import audio as A
+    from melshards.preprocess import audio
 
     seen, out = set(), []
     for line in (TINY / "metadata.csv").read_text(encoding="utf-8").splitlines():
@@ -54,7 +54,7 @@ def good_clips(max_s: float = MAX_S) -> list[tuple[str, str, np.ndarray]]:
             continue
         seen.add(f[0])
         path = next(p for p in (TINY / "wavs").glob(f[0] + ".*"))
-        y, _ = A.decode_audio(path.read_bytes(), SR)
+        y, _ = audio.decode_audio(path.read_bytes(), SR)
         if len(y) / SR <= max_s:
             out.append((f[0], f[2] or f[1], y))
     return out

@@ -4,8 +4,8 @@ Reads a finished run's stats.json (by default the 2-worker LJSpeech-scale run of
 benchmarks.preprocess_scale). The figure at the configured cut-offs is the job's own
 (`padding.mel_padding_fraction`, `padding.text_padding_fraction`, exact). For other upper cut-offs
 (p95, p99, p99.9, p100) it is recomputed from the before-filter histograms with the job's functions
-(`melshards.shards_schema.stats.percentile`, `round_up`, `padding_fraction`): a clip is kept per axis when its
-length lies within that axis's bounds. The real filter is joint (a clip dropped for its text is also
+(`melshards.shards_schema.stats.percentile`, `round_up`; `melshards.reports.whatif.hist_padding`): a clip is
+kept per axis when its length lies within that axis's bounds. The real filter is joint (a clip dropped for its text is also
 dropped from the mel histogram), which marginal histograms cannot express, so these rows are
 approximations; the `p99 (recomputed)` row, set against the job's exact figure, shows their error.
 
@@ -85,8 +85,8 @@ def from_corpus(corpus: str, work_dir: str, qs: list[float]) -> tuple[list[dict]
     from collections import Counter
 
     from melshards.preprocess.config import PreprocessConfig
-    from melshards.preprocess.pipeline import cutoffs_from
-    from melshards.shards_schema.stats import padding_fraction
+    from melshards.preprocess.global_stats import cutoffs_from
+    from melshards.reports.whatif import hist_padding
 
     lengths = measure_corpus(corpus, work_dir)
     before = {k: Counter(x[i] for x in lengths) for i, k in enumerate(("text_len", "mel_frames", "duration_ms"))}
@@ -114,8 +114,8 @@ def from_corpus(corpus: str, work_dir: str, qs: list[float]) -> tuple[list[dict]
                 "padded_mel_frames": cut.padded_mel_frames,
                 "padded_text_len": cut.padded_text_len,
                 "kept": len(kept),
-                "mel_padding_fraction": padding_fraction(mel, cut.padded_mel_frames),
-                "text_padding_fraction": padding_fraction(text, cut.padded_text_len),
+                "mel_padding_fraction": hist_padding(mel, cut.padded_mel_frames),
+                "text_padding_fraction": hist_padding(text, cut.padded_text_len),
             }
         )
     info = {
@@ -126,7 +126,8 @@ def from_corpus(corpus: str, work_dir: str, qs: list[float]) -> tuple[list[dict]
 
 
 def main(argv=None) -> dict:
-    from melshards.shards_schema.stats import padding_fraction, percentile, round_up
+    from melshards.reports.whatif import hist_padding
+    from melshards.shards_schema.stats import percentile, round_up
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stats", default=f"{WORK}/scale-out-2w/stats.json")
@@ -182,8 +183,8 @@ def main(argv=None) -> dict:
                 "padded_mel_frames": pm,
                 "padded_text_len": pt,
                 "kept": min(sum(mel_kept.values()), sum(text_kept.values())),  # upper bound on the joint count
-                "mel_padding_fraction": padding_fraction(mel_kept, pm),
-                "text_padding_fraction": padding_fraction(text_kept, pt),
+                "mel_padding_fraction": hist_padding(mel_kept, pm),
+                "text_padding_fraction": hist_padding(text_kept, pt),
             }
         )
     return report(

@@ -25,14 +25,14 @@ CORPUS = Path(__file__).resolve().parents[1] / "data" / "ljspeech_tiny"
 
 
 def corpus_mels(frames: int) -> list[np.ndarray]:
-    from melshards.preprocess import audio as A
+    from melshards.preprocess import audio
     from melshards.preprocess.config import PreprocessConfig
 
     cfg = PreprocessConfig()
     mels = []
     for p in sorted((CORPUS / "wavs").glob("LJT00[12]-*")):
-        y, _ = A.decode_audio(p.read_bytes(), cfg.audio.sample_rate)
-        m = A.log_mel(A.trim(y, cfg.audio), cfg.audio.sample_rate, cfg.mel)[:frames]
+        y, _ = audio.decode_audio(p.read_bytes(), cfg.audio.sample_rate)
+        m = audio.log_mel(audio.trim(y, cfg.audio), cfg.audio.sample_rate, cfg.mel)[:frames]
         mels.append(np.pad(m, [(0, frames - len(m)), (0, 0)], constant_values=np.log(cfg.mel.log_floor)))
     return mels
 

@@ -210,18 +210,18 @@ def before_variant(shards: Path, quick: bool, steps: int, work: Path) -> dict:
 def parse_only(shards: Path, batch_size: int, seconds: float) -> dict:
     """The trainer's input chain with no step, on 1 core and on all: records/s and mel frames/s."""
     from melshards.shards_schema import read_schema
-    from melshards.train import input_pipeline as ip
+    from melshards.train import input_pipeline
     from melshards.train.config import DataConfig
     from melshards.train.step import MODEL_INPUTS
     from melshards.train.tf_quiet import tf
 
     schema = read_schema(str(shards))
     bucket = schema.buckets[-1]  # the longest records: the most bytes parsed per record
-    files = ip.expand_globs([str(shards / f"train-b{bucket.index:02d}-*.tfrecord")])
+    files = input_pipeline.expand_globs([str(shards / f"train-b{bucket.index:02d}-*.tfrecord")])
     data = dataclasses.replace(DataConfig(), batch_size=batch_size, shuffle_buffer=256)
     out = {}
     for cores in (1, os.cpu_count() or 1):
-        ds = ip.train_dataset(files, bucket, data, MODEL_INPUTS, 1)
+        ds = input_pipeline.train_dataset(files, bucket, data, MODEL_INPUTS, 1)
         options = tf.data.Options()
         options.threading.private_threadpool_size = cores
         options.threading.max_intra_op_parallelism = 1

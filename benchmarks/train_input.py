@@ -58,16 +58,16 @@ def balanced_config(config: str, alpha: float, path: Path) -> Path:
 def parse_only_rate(shards: Path, config: str, batches: int) -> float:
     """Records/s of the trainer's own input pipeline with nothing consuming it but a loop."""
     from melshards.shards_schema import read_schema
-    from melshards.train import input_pipeline as ip
-    from melshards.train.balance import plan
+    from melshards.train import input_pipeline
+    from melshards.train.balance import balancing
     from melshards.train.config import load_config
     from melshards.train.step import MODEL_INPUTS
 
     cfg = load_config(config)
     schema = read_schema(str(shards))
-    files = ip.expand_globs([str(shards / "train-*.tfrecord")])
-    balance = plan(schema, cfg.data.balance, cfg.data.balance_alpha)
-    it = iter(ip.train_dataset(files, schema, cfg.data, MODEL_INPUTS, 1, balance=balance))
+    files = input_pipeline.expand_globs([str(shards / "train-*.tfrecord")])
+    balance = balancing(schema, cfg.data.balance, cfg.data.balance_alpha)
+    it = iter(input_pipeline.train_dataset(files, schema, cfg.data, MODEL_INPUTS, 1, balance=balance))
     for _ in range(5):  # warm-up: thread pools, autotune
         next(it)
     t = time.perf_counter()

@@ -14,13 +14,13 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from melshards.shards_schema import Schema, SchemaError
+from melshards.shards_schema import Schema, SchemaError, read_schema
 from melshards.shards_schema.shards import InputError, check_shard, check_sizes, expand_globs, listed_split, schemas_for
 
 if TYPE_CHECKING:  # importing melshards must not import TensorFlow
     import tensorflow as tf
 
-    from melshards.train.balance import Plan
+    from melshards.train.balance import Balancing
     from melshards.train.step import Normaliser
 
 # The features a text-to-mel model reads (the trainer's MODEL_INPUTS): speaker_id and language_id index
@@ -30,16 +30,8 @@ DEFAULT_FEATURES = ("text_ids", "text_len", "speaker_id", "language_id", "mel", 
 
 log = logging.getLogger("melshards")
 
-
-def read_schema(path_or_dir: str) -> Schema:
-    """The `Schema` of a preprocessing run: its schema.json, or the directory holding it (local or gs://).
-
-    `schema.buckets[i].features` are bucket i's static shapes; `melshards.shards_schema.records.tensor_specs(
-    schema or bucket, batch_size)` gives `tf.TensorSpec`s for your own `input_signature`.
-    """
-    from melshards.shards_schema import read_schema as _read
-
-    return _read(str(path_or_dir))
+# read_schema is melshards.shards_schema.read_schema, public here
+__all__ = ["audio_segments", "bucket_datasets", "dataset", "normalizer", "read_schema"]
 
 
 def normalizer(schema: Schema) -> Normaliser:
@@ -246,7 +238,7 @@ def _datasets(
     schema_path,
     balance,
     balance_alpha,
-) -> tuple[_Files, Plan | None, dict[int, tf.data.Dataset]]:
+) -> tuple[_Files, Balancing | None, dict[int, tf.data.Dataset]]:
     for name, value, minimum in (
         ("batch_size", batch_size, 1),
         ("seed", seed, None),
@@ -255,13 +247,13 @@ def _datasets(
     ):
         _check_int(name, value, minimum)
     _check_balance(balance, balance_alpha)
-    from melshards.train.balance import plan as balance_plan
+    from melshards.train.balance import balancing
 
     found = _resolve(patterns, split, schema_path)
-    plan = balance_plan(found.schema, balance, float(balance_alpha))
+    balanced = balancing(found.schema, balance, float(balance_alpha))
     return (
         found,
-        plan,
+        balanced,
         {
             i: _bucket_dataset(
                 files,
@@ -274,7 +266,7 @@ def _datasets(
                 shuffle_buffer,
                 cycle_length,
                 deterministic,
-                plan,
+                balanced,
             )
             for i, files in sorted(found.by_bucket.items())
         },
@@ -323,7 +315,7 @@ def dataset(
     """
     import tensorflow as tf
 
-    found, plan, per_bucket = _datasets(
+    found, balanced, per_bucket = _datasets(
         patterns,
         batch_size,
         split,
@@ -345,7 +337,7 @@ def dataset(
     from melshards.train.balance import bucket_weights, describe
 
     # each bucket in proportion to the records it gives the stream: with `balance`, what its filter keeps
-    drawn = bucket_weights({i: found.records[i] for i in per_bucket}, plan)
+    drawn = bucket_weights({i: found.records[i] for i in per_bucket}, balanced)
     if balance != "none":  # the shares the buckets as drawn give
         log.info(
             "%s",

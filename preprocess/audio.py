@@ -71,7 +71,7 @@ def load_librosa():
     with different ABI names, and a process then calling it segfaults (numba #10128, open). Under an
     exclusive `flock` the first process compiles and writes the cache, then leaves a marker
     (`compiled_marker_path`); the others wait, then load it. Once the marker is there, processes
-    only read the caches and import at once, side by side (1.4 s each, measured).
+    only read the caches and import at once, side by side (docs/performance.md#preprocess-start-up).
     """
     marker = compiled_marker_path()
     fd = None if os.path.exists(marker) else _locked(librosa_lock_path())
@@ -205,7 +205,8 @@ def nonsilent_span(y: np.ndarray, top_db: float) -> tuple[int, int]:
     the loudest frame's: `librosa.effects.trim`'s rule and numbers (tested equal to it).
 
     Built from librosa.feature.rms and librosa.amplitude_to_db because importing librosa.effects
-    also imports scikit-learn and scipy.stats (librosa.decompose): 0.2 s in every worker process.
+    also imports scikit-learn and scipy.stats (librosa.decompose), a cost in every worker process
+    (docs/performance.md#preprocess-start-up).
     """
     librosa = load_librosa()
     db = librosa.amplitude_to_db(

@@ -22,7 +22,7 @@ from melshards.shards_schema.buckets import (
     padding_by_k,
     text_bound,
 )
-from melshards.shards_schema.stats import round_up
+from melshards.shards_schema.stats import padding_fraction, round_up
 
 
 def choose(train_hist: Mapping[int, int], longest: int, pad: PadConfig) -> dict[str, Any] | None:
@@ -50,7 +50,7 @@ def choose(train_hist: Mapping[int, int], longest: int, pad: PadConfig) -> dict[
 
 
 def choose_from_summary(summary: dict, pad: PadConfig) -> dict:
-    """The summed kept-clip summary (`pipeline.kept_summary`) -> {"buckets": `choose`'s dict (None
+    """The summed kept-clip summary (`choose_buckets.kept_summary`) -> {"buckets": `choose`'s dict (None
     without clips), "text": {bucket: text-length histogram}, "after": after-filter histograms,
     "train_hist": kept training clips' mel frames}: everything the writer and the report need, as one
     side input."""
@@ -132,4 +132,4 @@ def bucket_stats(
 
 
 def _fraction(valid: int, padded: int) -> float:
-    return round(1.0 - valid / padded, 6) if padded else 0.0
+    return round(padding_fraction(valid, padded), 6)

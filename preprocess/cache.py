@@ -52,6 +52,7 @@ from apache_beam.io.filesystems import FileSystems
 from melshards.preprocess import lock
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.lock import is_local_path
+from melshards.shards_schema.atomic import atomic_write
 from melshards.shards_schema.stats import Moments
 
 log = logging.getLogger("melshards.preprocess")
@@ -115,7 +116,7 @@ def settings_key(cfg: PreprocessConfig) -> str:
 @functools.lru_cache(maxsize=4096)
 def _real_dir(directory: str) -> str:
     """`os.path.realpath` of an absolute directory, once per directory in a process: a realpath costs
-    a stat per path component, 44 us a clip where the key's own stat costs 6 (measured)."""
+    a stat per path component, several times the key's own stat (docs/performance.md#feature-cache)."""
     return os.path.realpath(directory)
 
 
@@ -137,7 +138,7 @@ def clip_key(path: str | None, settings: str) -> str | None:
                 path = os.path.realpath(path)
                 st = os.stat(path)
             size, updated = st.st_size, st.st_mtime
-        else:  # the file system's own metadata call, not a glob (`match` is 12x slower, measured)
+        else:  # the file system's own metadata call, not a glob (docs/performance.md#feature-cache)
             m = FileSystems.get_filesystem(path).metadata(path)
             size, updated = m.size_in_bytes, getattr(m, "last_updated_in_seconds", 0)
     except Exception:  # noqa: BLE001 (a missing or unreadable path: measured without the cache)
@@ -167,19 +168,13 @@ def check_writable(cache_dir: str) -> None:
     for sub in (ENTRIES, RUNS):
         probe = FileSystems.join(cache_dir, sub, f".probe-{uuid.uuid4().hex}")
         try:
-            _write_atomic(probe, b"")
+            with atomic_write(probe, fs=FileSystems):
+                pass  # an empty file
             FileSystems.delete([probe])
         except Exception as e:  # noqa: BLE001 (whatever the file system says, the run cannot use it)
             raise lock.OutputError(
                 f"--cache {cache_dir} cannot be written ({FileSystems.join(cache_dir, sub)}: {_reason(e)}); {fix}"
             ) from e
-
-
-def _write_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{uuid.uuid4().hex}"
-    with FileSystems.create(tmp) as f:
-        f.write(data)
-    FileSystems.rename([tmp], [path])
 
 
 def batch_name(keys: list[str]) -> str:
@@ -192,7 +187,7 @@ def write_batch(cache_dir: str, entries: list[tuple[str, dict, dict, Moments]]) 
     The file holds each quantity of the batch as one array: `span` [n, 3], the moments' `moments_n`
     [n], `moments_mean` and `moments_m2` [n, n_mels], and each feature's arrays concatenated along
     their first axis with `<name>/offsets` [n + 1] (clip i is rows offsets[i]:offsets[i + 1]). Reading a
-    batch then parses a few array headers, not five per clip."""
+    batch then parses a few array headers, however many clips it holds."""
     keys = [e[0] for e in entries]
     base = FileSystems.join(cache_dir, ENTRIES, batch_name(keys))
     names = sorted(entries[0][2]) if entries else []
@@ -213,8 +208,10 @@ def write_batch(cache_dir: str, entries: list[tuple[str, dict, dict, Moments]]) 
         arrays[name] = np.concatenate(values)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)  # type: ignore[arg-type]  # mypy matches **arrays with savez's allow_pickle: bool too (numpy >= 2.1); no array has that name
-    _write_atomic(base + ".npz", buffer.getvalue())
-    _write_atomic(base + ".keys", "".join(k + "\n" for k in keys).encode())  # last: an index entry has its data
+    with atomic_write(base + ".npz", fs=FileSystems) as out:
+        out.write(buffer.getvalue())
+    with atomic_write(base + ".keys", fs=FileSystems) as out:  # last: an index entry has its data
+        out.write("".join(k + "\n" for k in keys).encode())
     return base + ".npz"
 
 
@@ -226,9 +223,9 @@ def npz_arrays(data: bytes) -> dict[str, np.ndarray]:
     """The arrays of an uncompressed .npz (`np.savez`'s) held in `data`: read-only views of `data`,
     each member's CRC-32 checked. ValueError (or zipfile's BadZipFile) if it does not read back.
 
-    `np.load` copies each member out of the zip twice; a warm re-run reads the whole cache twice
-    (Measure, then the writer): `read_batch` of a 3 MB file took 3.1 ms with it, 2.2 ms with this
-    (measured). The zip's directory is read by `zipfile`, each .npy header by `np.lib.format`."""
+    `np.load` copies each member out of the zip twice, and a warm re-run reads the whole cache twice
+    (Measure, then the writer): see docs/performance.md#feature-cache. The zip's directory is read by
+    `zipfile`, each .npy header by `np.lib.format`."""
     view, out = memoryview(data), {}
     with zipfile.ZipFile(io.BytesIO(data)) as z:
         for info in z.infolist():
@@ -336,8 +333,9 @@ def _key_bits(keys: Sequence[str]) -> np.ndarray:
 @dataclasses.dataclass(frozen=True)
 class CacheIndex:
     """Which entries file holds each key, in 20 bytes a clip: the keys' first 128 bits (`hi`, `lo`,
-    sorted) and each one's file, an index into `files` (an entries file per 32 clips or so). A dict of
-    the key and path strings took about 320 bytes a clip, in every worker: 320 MB a million clips.
+    sorted) and each one's file, an index into `files` (an entries file per 32 clips or so). Every
+    worker holds it, so it is packed arrays, not a dict of key and path strings
+    (docs/performance.md#feature-cache).
     Two keys sharing 128 bits (of a sha256) is not a concern at any corpus size."""
 
     hi: np.ndarray  # uint64, sorted
@@ -398,7 +396,8 @@ def read_index(cache_dir: str) -> CacheIndex:
 def record_use(cache_dir: str, run_id: str, files) -> str:
     """The entries files a run read or wrote, as runs/<run_id>.txt (what `cache prune` keeps)."""
     path = FileSystems.join(cache_dir, RUNS, f"{run_id}.txt")
-    _write_atomic(path, "".join(sorted(f.rsplit("/", 1)[-1] + "\n" for f in set(files))).encode())
+    with atomic_write(path, fs=FileSystems) as out:
+        out.write("".join(sorted(f.rsplit("/", 1)[-1] + "\n" for f in set(files))).encode())
     return path
 
 
@@ -463,7 +462,8 @@ class Lease:
 
     def _write(self) -> None:
         self.info["heartbeat"] = time.time()
-        _write_atomic(self.path, json.dumps(self.info, sort_keys=True).encode())
+        with atomic_write(self.path, fs=FileSystems) as out:
+            out.write(json.dumps(self.info, sort_keys=True).encode())
 
     def start(self, every: float = lock.HEARTBEAT_S) -> Lease:
         """Write the lease (an OSError if the cache cannot take it) and keep it fresh."""

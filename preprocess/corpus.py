@@ -29,6 +29,7 @@ from melshards.preprocess.stash import stash_rows
 __all__ = [
     "INPUTS",
     "INPUT_ROWS",
+    "NS",
     "REJECTED",
     "Corpus",
     "CorpusError",
@@ -36,14 +37,20 @@ __all__ = [
     "batch_rows",
     "check_distinct_inputs",
     "check_rows_file",
+    "count",
     "detect_corpus",
 ]
 
 REJECTED = "rejected"
 INPUT_ROWS = "input_rows"
 INPUTS = "inputs"
-NS = "melshards"
+NS = "melshards"  # the job's Beam counters
 MAX_BATCH_ROWS = 32
+
+
+def count(name: str, n: int = 1) -> None:
+    """Add `n` to the job's counter `name` (Beam Metrics, namespace NS): a rejection reason, rows measured, ..."""
+    beam.metrics.Metrics.counter(NS, name).inc(n)
 
 
 def batch_rows(n: int) -> int:

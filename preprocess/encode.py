@@ -1,5 +1,5 @@
 """Stage 6, a kept clip padded to its bucket's shapes and encoded as one record (the contract's
-`melshards.shards_schema.records.encode_example`); `pipeline.FilterAndWrite` writes the bytes."""
+`melshards.shards_schema.records.encode_example`); `filter_and_write.FilterAndWrite` writes the bytes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.report import mel_params
 from melshards.shards_schema import Schema, Vocabulary
 from melshards.shards_schema.records import encode_example
-from melshards.shards_schema.vocab import text_ids as vocab_text_ids
+from melshards.shards_schema.vocab import text_ids
 
 
 def pad_to(x: np.ndarray, length: int, value) -> np.ndarray:
@@ -21,12 +21,6 @@ def pad_to(x: np.ndarray, length: int, value) -> np.ndarray:
     out[: len(x)] = x
     out[len(x) :] = value
     return out
-
-
-def text_ids(text: str, vocab: Vocabulary) -> np.ndarray:
-    """The ids of a clip's symbols (`melshards.shards_schema.vocab.text_ids`, the rule synthesis uses);
-    the vocabulary was built from every clip's symbols, so none is missing (`UnknownSymbols` otherwise)."""
-    return np.asarray(vocab_text_ids(text, vocab), np.int32)
 
 
 def encode_clip(
@@ -56,7 +50,7 @@ def encode_clip(
         "speaker_id": corpus_tables["speakers"][clip["speaker"]]["id"],
         "language": clip["language"],
         "language_id": corpus_tables["languages"][clip["language"]]["id"],
-        "text_ids": pad_to(text_ids(clip["text"], vocab), text_len, 0),
+        "text_ids": pad_to(np.asarray(text_ids(clip["text"], vocab), np.int32), text_len, 0),
         "text_len": clip["text_len"],
         "mel": pad_to(mel, mel_frames, mel_params(cfg.mel).pad_value),
         "mel_len": mel.shape[0],

@@ -1,6 +1,6 @@
 """Statistics of the per-frame features (pitch, energy): exact mean and standard deviation, global, per
 speaker and per language, and each speaker's pitch percentiles. Pure functions on plain values; the
-writer (`pipeline.FilterAndWrite`) sums one batch's share, a CombineFn merges the batches.
+writer (`filter_and_write.FilterAndWrite`) sums one batch's share, a CombineFn merges the batches.
 
 - **Which frames.** Pitch over voiced frames only (f0 > 0: an unvoiced 0 is not a low pitch); energy
   over every valid frame. Padding never counts (the clips are unpadded here).

@@ -24,13 +24,13 @@ def fit_frames(x: np.ndarray, frames: int) -> np.ndarray:
 def dio_speed(sr: int, fmax: float) -> int:
     """DIO's `speed`: it searches f0 candidates in the clip decimated by this factor. Down to 5 x fmax
     samples per second (4 kHz for fmax 800: speed 5 at 22.05 kHz) the candidates are as good and DIO
-    4x cheaper (benchmarks/pitch_trackers.py; StoneMask then refines at the full rate)."""
+    cheaper (docs/performance.md#pitch-trackers; StoneMask then refines at the full rate)."""
     return int(np.clip(sr // (5 * fmax), 1, 12))
 
 
 def refine_rate(sr: int, fmax: float) -> int:
     """The sample rate StoneMask refines at: 10 x fmax (8 kHz for fmax 800), never above the clip's.
-    Its cost grows with the samples, its accuracy does not need more (benchmarks/pitch_trackers.py)."""
+    Its cost grows with the samples, its accuracy does not need more (docs/performance.md#pitch-trackers)."""
     return int(min(sr, max(10 * fmax, 1)))
 
 
@@ -38,7 +38,7 @@ def pitch_dio(y: np.ndarray, sr: int, hop_length: int, frames: int, cfg: PitchCo
     """WORLD's DIO then StoneMask (pyworld). DIO's frame k is at time k * frame_period, and
     frame_period = 1000 * hop / sr ms puts it at sample k * hop: the mel's frame k. 0 = unvoiced.
     StoneMask refines each f0 on the clip resampled to `refine_rate` (the times are in seconds)."""
-    import pyworld  # 0.2 s: paid by the workers of runs with pitch only
+    import pyworld  # imported by the workers of runs with pitch only
 
     x = np.ascontiguousarray(y, np.float64)
     period = 1000.0 * hop_length / sr

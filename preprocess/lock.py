@@ -29,6 +29,8 @@ from typing import IO
 
 from apache_beam.io.filesystems import FileSystems
 
+from melshards.shards_schema.atomic import atomic_write
+
 log = logging.getLogger("melshards.preprocess")
 
 LOCK_FILE = ".melshards-lock"
@@ -136,10 +138,8 @@ class _LocalMarker:
         with self._locked() as f:
             if f is None or f.read() != token:
                 return None
-            tmp = f"{self.path}.{uuid.uuid4().hex}.new"
-            with open(tmp, "wb") as out:
+            with atomic_write(self.path, temp=f"{self.path}.{uuid.uuid4().hex}.new") as out:
                 out.write(data)
-            os.replace(tmp, self.path)
             return data
 
     def delete(self, token) -> bool:

@@ -50,6 +50,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess.lock import Lock, OutputError, is_local_path, join
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, SHARD_SUFFIX, SPLITS, STATS_FILE, SchemaError
+from melshards.shards_schema.atomic import LOCAL, atomic_write
 from melshards.shards_schema.ownership import MODEL_CHECKPOINT_DIR, MODEL_DIR_MARKS, model_dir_marks
 from melshards.shards_schema.schema import PUBLISH_JOURNAL, Schema
 
@@ -248,17 +249,10 @@ def tree_bytes(path: str) -> int:
 
 
 def _write(path: str, data: bytes) -> None:
-    """Write whole or not at all (a local temp file renamed; a GCS object appears when closed)."""
-    if is_local_path(path):
-        tmp = f"{path}.{uuid.uuid4().hex}.writing"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    else:
-        with FileSystems.create(path) as f:
-            f.write(data)
+    """Write whole or not at all (`atomic_write`; a local file is on disk before it is renamed)."""
+    local = is_local_path(path)
+    with atomic_write(path, fs=LOCAL if local else FileSystems, sync=local) as f:
+        f.write(data)
 
 
 def _read_json(path: str) -> dict | None:

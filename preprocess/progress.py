@@ -15,8 +15,9 @@ from collections.abc import Callable, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess.shards import TEMP_DIR, create_file
+from melshards.preprocess.shards import TEMP_DIR, StagingFiles
 from melshards.preprocess.sources import Corpus, count_input_rows
+from melshards.shards_schema.atomic import atomic_write
 
 PROGRESS_PREFIX = "progress-"
 _PROGRESS_EVERY_S = 2.0
@@ -41,10 +42,9 @@ class ProgressFile:
             self.flush()
 
     def flush(self) -> None:
-        tmp = self.path + ".writing"  # then renamed: the reader never sees a half-written count
-        with create_file(tmp) as f:
+        # the reader never sees a half-written count
+        with atomic_write(self.path, temp=self.path + ".writing", fs=StagingFiles) as f:
             f.write(str(self.rows).encode())
-        FileSystems.rename([tmp], [self.path])
         self.written_at = time.monotonic()
 
 

@@ -20,7 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess import bucketing, cache, feature_stats
 from melshards.preprocess.config import MelConfig, PreprocessConfig
-from melshards.preprocess.shards import TEMP_DIR, create_file, remove_temp_dir
+from melshards.preprocess.shards import TEMP_DIR, StagingFiles, remove_temp_dir
 from melshards.shards_schema import (
     REJECTED_FILE,
     SCHEMA_FILE,
@@ -33,6 +33,7 @@ from melshards.shards_schema import (
     Schema,
     Speaker,
 )
+from melshards.shards_schema.atomic import atomic_write
 from melshards.shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, summarize
 from melshards.shards_schema.stats_model import stats_problem
 from melshards.shards_schema.text import frontend_record
@@ -55,7 +56,7 @@ HOURS = 3_600_000  # milliseconds
 CACHE_COUNTS = ("hits", "computed", "damaged", "damaged_files")  # stats.json `cache`: clips and files
 
 
-def speaker_table(corpus_tables: dict, written: dict, features: dict | None = None) -> list[Speaker]:
+def schema_speakers(corpus_tables: dict, written: dict, features: dict | None = None) -> list[Speaker]:
     """The speakers with ids, in id order; clips and hours as written into the shards; `features`
     (`feature_stats.finish`) gives each its pitch and energy statistics."""
     own = (features or {}).get("speakers", {})
@@ -72,7 +73,7 @@ def speaker_table(corpus_tables: dict, written: dict, features: dict | None = No
     ]
 
 
-def language_table(corpus_tables: dict, written: dict, features: dict | None = None) -> list[Language]:
+def schema_languages(corpus_tables: dict, written: dict, features: dict | None = None) -> list[Language]:
     own = (features or {}).get("languages", {})
     return [
         Language(
@@ -113,7 +114,7 @@ def speaker_stats(corpus_tables: dict, written: dict, features: dict | None = No
             per_split={split: written.get(("split", s.name, split), 0) for split in SPLITS},
             **({"pitch": pitch[s.name]} if s.name in pitch else {}),
         )
-        for s in speaker_table(corpus_tables, written, features)
+        for s in schema_speakers(corpus_tables, written, features)
     ]
     rows += [
         {
@@ -142,7 +143,7 @@ def language_stats(
             before_filter=length_summaries(lengths.get(x.code, {})),
             max_text_len=cutoffs.text_limit(x.code) if cutoffs else None,
         )
-        for x in language_table(corpus_tables, written, features)
+        for x in schema_languages(corpus_tables, written, features)
     ]
 
 
@@ -242,8 +243,8 @@ def build_schema(
         audio=AudioParams(cfg.audio.sample_rate, cfg.audio.trim_silence, cfg.audio.trim_top_db),
         mel=mel_params(m),
         vocabulary=tuple(corpus_tables["vocabulary"]),
-        speakers=tuple(speaker_table(corpus_tables, written, features)),
-        languages=tuple(language_table(corpus_tables, written, features)),
+        speakers=tuple(schema_speakers(corpus_tables, written, features)),
+        languages=tuple(schema_languages(corpus_tables, written, features)),
         mel_mean=tuple(mean),
         mel_std=tuple(std),
         pad_multiple=cfg.pad.multiple,
@@ -269,9 +270,8 @@ def _write_text(out_dir: str, name: str, text: str) -> None:
     """Write to a temporary name, then rename: a retried or killed report never leaves a partial file
     (schema.json's presence marks a finished run)."""
     tmp = FileSystems.join(out_dir, TEMP_DIR, f"{name}.writing")
-    with create_file(tmp) as f:
+    with atomic_write(FileSystems.join(out_dir, name), temp=tmp, fs=StagingFiles) as f:
         f.write(text.encode("utf-8"))
-    FileSystems.rename([tmp], [FileSystems.join(out_dir, name)])
 
 
 # -- rejected.jsonl: written in sorted shards, merged into one file ---------------------------------
@@ -307,10 +307,9 @@ def merged_lines(paths: Iterable[str]) -> Iterator[str]:
 def write_merged(out_dir: str, name: str, paths: Iterable[str]) -> None:
     """`merged_lines` of the shards into out_dir/name, through a temporary name (as `_write_text`)."""
     tmp = FileSystems.join(out_dir, TEMP_DIR, f"{name}.writing")
-    with create_file(tmp) as f:
+    with atomic_write(FileSystems.join(out_dir, name), temp=tmp, fs=StagingFiles) as f:
         for line in merged_lines(paths):
             f.write(line.encode("utf-8"))
-    FileSystems.rename([tmp], [FileSystems.join(out_dir, name)])
 
 
 class _WriteRejectedShardFn(beam.DoFn):
@@ -322,10 +321,9 @@ class _WriteRejectedShardFn(beam.DoFn):
     def process(self, keyed):
         index, rows = keyed
         path = FileSystems.join(self.out_dir, TEMP_DIR, f"rejected-{index:05d}.jsonl")
-        with create_file(path + ".writing") as f:  # renamed once whole: a retried bundle writes it again
+        with atomic_write(path, temp=path + ".writing", fs=StagingFiles) as f:  # a retried bundle writes it again
             for row in sorted(rows, key=rejected_order):
                 f.write(rejected_line(row).encode("utf-8"))
-        FileSystems.rename([path + ".writing"], [path])
         yield path
 
 

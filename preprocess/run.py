@@ -34,7 +34,7 @@ from melshards.preprocess.output import (
     open_run,
     tree_bytes,
 )
-from melshards.preprocess.pipeline import build
+from melshards.preprocess.pipeline import build_pipeline
 from melshards.preprocess.progress import ProgressReporter, count_rows
 from melshards.preprocess.shards import make_temp_dir
 from melshards.preprocess.workers import (
@@ -241,7 +241,7 @@ def run_job(
     apply_workers(options, list(beam_args), workers, rows)
     if dry_run:
         p = beam.Pipeline(options=options)
-        build(p, corpora, out_dir, cfg, cache_dir=cache_dir)
+        build_pipeline(p, corpora, out_dir, cfg, cache_dir=cache_dir)
         p.run()
         return None
     run = open_run(out_dir, overwrite, echo=echo)
@@ -364,7 +364,7 @@ def _run_pipeline(
 ) -> None:
     """Build the job writing into the run's staging dir and run it to the end, with the progress line."""
     p = beam.Pipeline(options=options)
-    build(p, corpora, run.stage, cfg, progress=reporter is not None, cache_dir=cache_dir)
+    build_pipeline(p, corpora, run.stage, cfg, progress=reporter is not None, cache_dir=cache_dir)
     if reporter:
         reporter.start()
     local_processes = is_local(options) and options.view_as(DirectOptions).direct_running_mode == "multi_processing"

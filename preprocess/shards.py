@@ -2,8 +2,8 @@
 
 Records are written by the stage that filters and pads them (reading each batch's stashed mels
 back once), into temp files that roll over at the target size, so no encoded record is ever
-materialised between stages or shuffled (holding and grouping them all cost 13.9 GiB and lost
-records in Beam's local runner at LJSpeech size).
+materialised between stages or shuffled (holding and grouping them all lost records in Beam's local
+runner at LJSpeech size: docs/performance.md#decode-once-where-the-mel-waits).
 The small per-file results are then grouped into shards: files at the target size are renamed,
 smaller ones (each bundle's last) are concatenated, which is valid because a TFRecord file is just
 a sequence of framed records. Records are framed by the contract's own `frame_record` (crc32c from
@@ -19,6 +19,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess.output import STAGE_PREFIX
+from melshards.shards_schema.atomic import atomic_write
 from melshards.shards_schema.records import frame_record
 from melshards.shards_schema.schema import SHARD_SUFFIX, shard_name
 
@@ -34,6 +35,14 @@ def create_file(path: str):
     if "://" not in path and any(part.startswith(STAGE_PREFIX) for part in path.split(os.sep)[:-1]):
         return open(path, "wb")
     return FileSystems.create(path)
+
+
+class StagingFiles:
+    """Beam's FileSystems with `create_file` for create: how preprocess's `atomic_write`s write."""
+
+    create = staticmethod(create_file)
+    rename = staticmethod(FileSystems.rename)
+    delete = staticmethod(FileSystems.delete)
 
 
 def make_temp_dir(out_dir: str) -> None:
@@ -143,12 +152,11 @@ class _AssembleShard(beam.DoFn):
             FileSystems.rename(parts, [final])
         else:
             tmp = FileSystems.join(self.out_dir, TEMP_DIR, f"{shard['file']}.assembling")
-            with create_file(tmp) as out:
+            with atomic_write(final, temp=tmp, fs=StagingFiles) as out:
                 for part in parts:
                     with FileSystems.open(part) as f:
                         while chunk := f.read(_COPY_CHUNK):
                             out.write(chunk)
-            FileSystems.rename([tmp], [final])
             FileSystems.delete(parts)
         beam.metrics.Metrics.counter("melshards", "shards_written").inc()
         yield {k: shard[k] for k in ("split", "bucket", "file", "records", "bytes")}

@@ -21,8 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess import layouts as L
-from melshards.preprocess import manifests as M
+from melshards.preprocess import layouts, manifests
 from melshards.preprocess.lock import is_local_path
 from melshards.preprocess.merge import input_name
 from melshards.preprocess.output import normal_dir
@@ -189,7 +188,7 @@ def _first_line(path: str, limit: int = 1 << 20) -> tuple[str | None, bool]:
 
 
 def _is_table(path: str) -> bool:
-    return path.lower().endswith(M.MANIFEST_EXTENSIONS)
+    return path.lower().endswith(manifests.MANIFEST_EXTENSIONS)
 
 
 def _is_dir(path: str) -> bool:
@@ -213,8 +212,8 @@ def _locate_ljspeech(path: str, forced: bool) -> Corpus | None:
 
 
 def _read_ljspeech(c: Corpus, spill: Spill) -> Iterator[dict]:
-    files = spill.lists(L.audio_files(_list_dir(_join(c.root, "wavs"))))
-    return L.ljspeech_rows(_lines(c.rows_file()), files, spill.map())
+    files = spill.lists(layouts.audio_files(_list_dir(_join(c.root, "wavs"))))
+    return layouts.ljspeech_rows(_lines(c.rows_file()), files, spill.map())
 
 
 def _locate_vctk(path: str, forced: bool) -> Corpus | None:
@@ -222,24 +221,24 @@ def _locate_vctk(path: str, forced: bool) -> Corpus | None:
         return None
     info = _join(path, "speaker-info.txt")
     has_info = _exists(info)
-    if not (has_info or forced) or not _list(_join(path, L.VCTK_AUDIO_DIR, "*", "*"), limit=1):
+    if not (has_info or forced) or not _list(_join(path, layouts.VCTK_AUDIO_DIR, "*", "*"), limit=1):
         return None
     return Corpus("vctk", None, path, speakers_path=info if has_info else None)
 
 
 def _vctk_files(c: Corpus) -> tuple[list[str], list[str]]:
-    return _list(_join(c.root, "txt", "*", "*.txt")), _list(_join(c.root, L.VCTK_AUDIO_DIR, "*", "*"))
+    return _list(_join(c.root, "txt", "*", "*.txt")), _list(_join(c.root, layouts.VCTK_AUDIO_DIR, "*", "*"))
 
 
 def _read_vctk(c: Corpus, spill: Spill) -> Iterator[dict]:
     txts, audio = _vctk_files(c)
     info = _read_text(c.speakers_path) if c.speakers_path else None
-    return unique_ids(L.vctk_rows(_read_texts(txts), audio, info), spill.map())
+    return unique_ids(layouts.vctk_rows(_read_texts(txts), audio, info), spill.map())
 
 
 def _count_vctk(c: Corpus) -> int:
     txts, audio = _vctk_files(c)
-    return sum(1 for _ in L.vctk_rows(dict.fromkeys(txts, ""), audio, None))
+    return sum(1 for _ in layouts.vctk_rows(dict.fromkeys(txts, ""), audio, None))
 
 
 def _locate_libritts(path: str, forced: bool) -> Corpus | None:
@@ -254,25 +253,27 @@ def _locate_libritts(path: str, forced: bool) -> Corpus | None:
 
 def _libritts_files(c: Corpus) -> tuple[list[str], list[str]]:
     files = _list(_join(c.root, "**"))
-    return [p for p in files if p.endswith(L.LIBRITTS_TEXT)], files
+    return [p for p in files if p.endswith(layouts.LIBRITTS_TEXT)], files
 
 
 def _read_libritts(c: Corpus, spill: Spill) -> Iterator[dict]:
     txts, files = _libritts_files(c)
     speakers = _read_text(c.speakers_path) if c.speakers_path else None
-    return unique_ids(L.libritts_rows(_read_texts(txts), files, speakers), spill.map())  # one utterance in two subsets
+    return unique_ids(
+        layouts.libritts_rows(_read_texts(txts), files, speakers), spill.map()
+    )  # one utterance in two subsets
 
 
 def _count_libritts(c: Corpus) -> int:
     txts, files = _libritts_files(c)
-    return sum(1 for _ in L.libritts_rows(dict.fromkeys(txts, ""), files, None))
+    return sum(1 for _ in layouts.libritts_rows(dict.fromkeys(txts, ""), files, None))
 
 
 def _locate_commonvoice(path: str, forced: bool) -> Corpus | None:
     """A locale directory (its validated.tsv), or a TSV whose header has client_id, path, sentence."""
     if path.lower().endswith(".tsv"):
         line = _first_line(path)[0]
-        if forced or (line is not None and M.is_commonvoice_header(M.commonvoice_columns(line))):
+        if forced or (line is not None and manifests.is_commonvoice_header(manifests.commonvoice_columns(line))):
             return Corpus("commonvoice", path, posixpath.dirname(path))
         return None
     tsv = _join(path, "validated.tsv")
@@ -280,7 +281,7 @@ def _locate_commonvoice(path: str, forced: bool) -> Corpus | None:
 
 
 def _read_commonvoice(c: Corpus, spill: Spill) -> Iterator[dict]:
-    return unique_ids(M.commonvoice_rows(_lines(c.rows_file()), c.rows_file()), spill.map())
+    return unique_ids(manifests.commonvoice_rows(_lines(c.rows_file()), c.rows_file()), spill.map())
 
 
 def _locate_manifest(path: str, forced: bool) -> Corpus | None:
@@ -288,7 +289,7 @@ def _locate_manifest(path: str, forced: bool) -> Corpus | None:
 
 
 def _read_manifest(c: Corpus, spill: Spill) -> Iterator[dict]:
-    return unique_ids(M.manifest_rows(_lines(c.rows_file()), c.rows_file(), c.root), spill.map())
+    return unique_ids(manifests.manifest_rows(_lines(c.rows_file()), c.rows_file(), c.root), spill.map())
 
 
 # The default language of a layout's rows that give none, from the corpus and --language (or None).
@@ -301,7 +302,7 @@ def _english(corpus: Corpus, given: str | None) -> str:
 
 
 def _given_else_locale_dir(corpus: Corpus, given: str | None) -> str | None:
-    return given or M.commonvoice_language(corpus.rows_file())
+    return given or manifests.commonvoice_language(corpus.rows_file())
 
 
 def _given(corpus: Corpus, given: str | None) -> str | None:
@@ -312,7 +313,9 @@ LAYOUTS: dict[str, Layout] = {
     layout.name: layout
     for layout in (  # in the order detection tries them
         Layout("ljspeech", "metadata.csv", _locate_ljspeech, _read_ljspeech, _count_lines, _given_else_english),
-        Layout("vctk", f"speaker-info.txt and {L.VCTK_AUDIO_DIR}/", _locate_vctk, _read_vctk, _count_vctk, _english),
+        Layout(
+            "vctk", f"speaker-info.txt and {layouts.VCTK_AUDIO_DIR}/", _locate_vctk, _read_vctk, _count_vctk, _english
+        ),
         Layout(
             "libritts",
             "SPEAKERS.txt in it or in its parent",
@@ -415,13 +418,13 @@ def check_rows_file(corpus: Corpus) -> None:
             )
         return  # a megabyte of blank lines: leave it to the pipeline
     if corpus.kind == "manifest":
-        columns = M.manifest_columns(line, corpus.rows_path)
-        M.check_columns(columns, corpus.rows_path)
-        M.check_language(columns, "language", corpus.language, corpus.rows_path)
+        columns = manifests.manifest_columns(line, corpus.rows_path)
+        manifests.check_columns(columns, corpus.rows_path)
+        manifests.check_language(columns, "language", corpus.language, corpus.rows_path)
     elif corpus.kind == "commonvoice":
-        columns = M.commonvoice_columns(line)
-        M.check_commonvoice_columns(columns, corpus.rows_path)
-        M.check_language(columns, "locale", corpus.language, corpus.rows_path)
+        columns = manifests.commonvoice_columns(line)
+        manifests.check_commonvoice_columns(columns, corpus.rows_path)
+        manifests.check_language(columns, "locale", corpus.language, corpus.rows_path)
 
 
 def count_input_rows(corpus: Corpus) -> int:

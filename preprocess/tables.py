@@ -1,6 +1,6 @@
 """The corpus tables: speakers, languages, the vocabulary and the validation split, from the measured clips.
 
-One pass over the measured clips (a CombineFn in `pipeline.CorpusTables`) gathers per speaker its clips'
+One pass over the measured clips (a CombineFn in `global_stats.CorpusTables`) gathers per speaker its clips'
 split hashes, gender and languages, per language the histograms of the three lengths, and the set of
 text symbols. `finish_tables` turns that into the one side input the later stages read:
 

@@ -51,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from melshards.shards_schema.stats import round_up  # re-exported: the one rounding rule of padded lengths
+from melshards.shards_schema.stats import padding_fraction, round_up  # round_up re-exported: the one rounding rule
 
 MinRecords = int | Callable[[int], int]
 WHAT_IF_KS = (1, 2, 4, 8, 16)
@@ -95,7 +95,7 @@ class BucketFill:
 
     @property
     def padding_fraction(self) -> float:
-        return 1.0 - self.valid_frames / self.padded_frames if self.records else 0.0
+        return padding_fraction(self.valid_frames, self.padded_frames)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -120,10 +120,9 @@ def fill_buckets(bounds: Sequence[int], hist: Mapping[int, int]) -> tuple[Bucket
     return tuple(BucketFill(int(b), int(r), int(v)) for b, r, v in zip(bounds, records, valid))
 
 
-def padding_fraction(buckets: Sequence[BucketFill]) -> float:
-    """Share of all padded mel frames that is padding, over every bucket."""
-    padded = sum(b.padded_frames for b in buckets)
-    return 1.0 - sum(b.valid_frames for b in buckets) / padded if padded else 0.0
+def total_padding_fraction(buckets: Sequence[BucketFill]) -> float:
+    """Share of all padded mel frames that is padding, over every bucket (`padding_fraction` of the sums)."""
+    return padding_fraction(sum(b.valid_frames for b in buckets), sum(b.padded_frames for b in buckets))
 
 
 # -- choosing bounds ------------------------------------------------------------------------------
@@ -189,7 +188,7 @@ class BucketChoice:
 
     @property
     def padding_fraction(self) -> float:
-        return padding_fraction(self.buckets)
+        return total_padding_fraction(self.buckets)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -239,7 +238,7 @@ def choose_buckets(
             (
                 k
                 for k in range(1, kmax + 1)
-                if (cost := table.cost(k)) is not None and 1.0 - table.valid / cost <= target_padding
+                if (cost := table.cost(k)) is not None and padding_fraction(table.valid, cost) <= target_padding
             ),
             kmax,
         )
@@ -263,7 +262,7 @@ def choose_buckets(
         target_padding,
         multiple,
         merges,
-        padding_fraction(free_buckets),
+        total_padding_fraction(free_buckets),
         met,
     )
 
@@ -281,7 +280,7 @@ def padding_by_k(
         if kk is None or cost is None:
             rows.append({"k": k, "buckets_used": None, "padding_fraction": None})
             continue
-        rows.append({"k": k, "buckets_used": kk, "padding_fraction": round(1.0 - table.valid / cost, 6)})
+        rows.append({"k": k, "buckets_used": kk, "padding_fraction": round(padding_fraction(table.valid, cost), 6)})
     return tuple(rows)
 
 

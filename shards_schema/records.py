@@ -1,7 +1,8 @@
 """Record codec derived from the schema: encode + frame (writer) and parse spec + decode (readers).
 
-Storage choices were measured (docs/performance.md, benchmarks/record_encoding.py): mel as raw
-little-endian float16 bytes parsed with `tf.io.decode_raw`, text ids as raw int16, no compression.
+Storage: mel as raw little-endian float16 bytes parsed with `tf.io.decode_raw`, text ids as raw int16,
+no compression: the layout that parses fastest, at half the bytes of float32
+(docs/performance.md#record-encoding).
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ RAW_DTYPES = {"raw_float16": np.dtype("<f2"), "raw_int16": np.dtype("<i2")}
 
 
 # -- writing, without TensorFlow ---------------------------------------------------------------
-# The Beam job must not import TensorFlow (5.6 s per worker process, measured) just to build
-# tf.train.Example bytes. The wire format of the three messages involved is small and frozen:
+# The Beam job must not import TensorFlow (seconds in every worker process: docs/performance.md#preprocess-start-up)
+# just to build tf.train.Example bytes. The wire format of the three messages involved is small and frozen:
 #   Example{features=1: Features}  Features{feature=1: map<string, Feature>}
 #   Feature{bytes_list=1 | int64_list=3}  BytesList{value=1: repeated bytes}
 #   Int64List{value=1: repeated int64, packed}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import posixpath
 import re
 from typing import Any
@@ -519,10 +520,16 @@ def read_text(path: str) -> str:
         return f.read().decode("utf-8")
 
 
-def read_schema(path: str) -> Schema:
-    """Read schema.json from a local or gs:// path (a directory or the file itself)."""
+def read_schema(path: str | os.PathLike) -> Schema:
+    """The `Schema` of a preprocessing run: its schema.json, or the directory holding it (local or gs://);
+    SchemaError when there is none. Public as `melshards.read_schema` (docs/api.md).
+
+    `schema.buckets[i].features` are bucket i's static shapes; `melshards.shards_schema.records.tensor_specs(
+    schema or bucket, batch_size)` gives `tf.TensorSpec`s for your own `input_signature`.
+    """
     import tensorflow as tf
 
+    path = os.fspath(path)
     if not path.endswith(".json"):
         path = posixpath.join(path, SCHEMA_FILE)
     if not tf.io.gfile.exists(path):

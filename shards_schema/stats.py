@@ -149,13 +149,10 @@ def compute_cutoffs(
     )
 
 
-def padding_fraction(hist: Mapping[int, int], padded: int) -> float:
-    """Share of the padded tensor that is padding, over all clips in `hist` (all must be <= padded)."""
-    n = sum(hist.values())
-    if n == 0:
-        return 0.0
-    valid = sum(v * c for v, c in hist.items())
-    return round(1.0 - valid / (n * padded), 6)
+def padding_fraction(valid: int, padded: int) -> float:
+    """Share of `padded` cells (mel frames, text ids) that is padding when `valid` of them hold data; 0.0
+    when there are none. The one rule of every padding figure (buckets, stats.json, what-if tables)."""
+    return 1.0 - valid / padded if padded else 0.0
 
 
 # -- per-bin mel moments -----------------------------------------------------------------------

@@ -62,7 +62,8 @@ PHONETIC_MARKS = re.compile("[\u02b0-\u02ba\u02c0-\u02ed\u02ef-\u02ff\ua700-\ua7
 
 @functools.lru_cache(maxsize=1)
 def _phonemizer():
-    """Import phonemizer (0.6 s) on first use only, pointed at the wheel's espeak-ng library and data."""
+    """Import phonemizer on first use only (once per process: docs/performance.md#text-front-ends), pointed
+    at the wheel's espeak-ng library and data."""
     import espeakng_loader
     from phonemizer.backend import EspeakBackend
     from phonemizer.backend.espeak.wrapper import EspeakWrapper
@@ -158,14 +159,14 @@ def phonemize_many(texts: list[str], language: str) -> list[str]:
     return out
 
 
-def clean(raw: str, language: str) -> str:
+def espeak_input(raw: str, language: str) -> str:
     """What espeak is given: `characters`' cleaning and numbers, not lowercased, without the
     `PHONETIC_MARKS` (a text of nothing else is `unusable_text`, as under `characters`)."""
     return text_clean.tidy(text_clean.spell_numbers(PHONETIC_MARKS.sub("", text_clean.clean(raw)), language))
 
 
 def normalize_many(raws: list[str], language: str) -> list[str]:
-    return phonemize_many([clean(raw, language) for raw in raws], language)
+    return phonemize_many([espeak_input(raw, language) for raw in raws], language)
 
 
 def normalize(raw: str, language: str) -> str:

@@ -32,7 +32,7 @@ from melshards.shards_schema import Schema
 
 GROUP_FEATURE = {"speaker": "speaker_id", "language": "language_id"}
 # records whose group ids are parsed at once: one vectorised parse instead of one tf.data element each
-# (2x the records/s of a per-record filter on 2 CPU cores, measured; docs/train.md)
+# (docs/performance.md#input-pipeline)
 CHUNK = 64
 
 
@@ -147,7 +147,7 @@ def describe(schema: Schema, balance: str, alpha: float, drawn: Sequence[float] 
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
+class Balancing:
     """What the input pipeline needs to balance: the record feature holding the group id, and the
     probability of keeping a record of each group (indexed by that id); `bucket_kept`: the share of
     each bucket's records kept, which the buckets are drawn in proportion to (None: schema.json before
@@ -158,7 +158,7 @@ class Plan:
     bucket_kept: tuple[float, ...] | None = None
 
 
-def plan(schema: Schema, balance: str, alpha: float) -> Plan | None:
+def balancing(schema: Schema, balance: str, alpha: float) -> Balancing | None:
     """The balancing of `data.balance` and `data.balance_alpha` over this schema; None: nothing to drop."""
     if balance == "none":
         return None
@@ -167,23 +167,23 @@ def plan(schema: Schema, balance: str, alpha: float) -> Plan | None:
         return None
     per_bucket = bucket_counts(schema, balance)
     kept = None if per_bucket is None else tuple(float(k) for k in kept_fractions(per_bucket, accept))
-    return Plan(GROUP_FEATURE[balance], tuple(float(a) for a in accept), kept)
+    return Balancing(GROUP_FEATURE[balance], tuple(float(a) for a in accept), kept)
 
 
-def bucket_weights(records: dict[int, float], balance_plan: Plan | None) -> dict[int, float]:
+def bucket_weights(records: dict[int, float], balancing: Balancing | None) -> dict[int, float]:
     """{bucket index: records} -> the records each bucket gives a balanced stream: its records times
     the share it keeps (its records when nothing is dropped or schema.json does not say)."""
-    if balance_plan is None or balance_plan.bucket_kept is None:
+    if balancing is None or balancing.bucket_kept is None:
         return {i: float(n) for i, n in records.items()}
-    return {i: float(n) * balance_plan.bucket_kept[i] for i, n in records.items()}
+    return {i: float(n) * balancing.bucket_kept[i] for i, n in records.items()}
 
 
-def sampler(plan: Plan, seed: int, deterministic: bool):
+def sampler(balancing: Balancing, seed: int, deterministic: bool):
     """A tf.data transform of serialized records keeping each with probability accept[its group]."""
     from melshards.train.tf_quiet import tf
 
-    table = tf.constant(plan.accept, tf.float64)
-    feature = plan.feature
+    table = tf.constant(balancing.accept, tf.float64)
+    feature = balancing.feature
     spec = {feature: tf.io.FixedLenFeature([], tf.int64)}
 
     def keep(records, draws):

@@ -193,7 +193,7 @@ def trainer_buckets(
     kept: Sequence[float] | None = None,
 ) -> list[TrainerBucket]:
     """The buckets of a run, each with its batch, files and share of the schedule; `kept`: the share
-    of each bucket's records balanced sampling keeps (`balance.Plan.bucket_kept`), which scales its
+    of each bucket's records balanced sampling keeps (`balance.Balancing.bucket_kept`), which scales its
     records in the schedule (None: all).
 
     Pure and cheap (schema.json's record counts, no reads): the trainer calls it before anything is

@@ -9,7 +9,7 @@ fresh run and a resumed one then trace the same functions under the same names, 
 cache (train/xla_cache.py), whose keys hold those names, finds them.
 
 Serial, not threaded: two threads calling two XLA-compiled functions compile one after the other in
-TF 2.21 on CPU (measured: 4 functions, 2.4 s either way, user time equal to wall time).
+TF 2.21 on CPU, so threads would gain nothing (docs/performance.md#compile).
 
 The persistent cache that keeps compiled steps across runs is train/xla_cache.py.
 """
@@ -36,7 +36,7 @@ def align_function_names(multiple: int = 100_000) -> bool:
     counter: this uses the private `tensorflow.python.framework.ops.uid`. Where a TensorFlow no longer
     has it, or it no longer counts up, it logs a warning and returns False, the names left as
     they are (the persistent cache then misses; nothing else changes); tests/train/test_compile.py
-    fails on such a TensorFlow. True when the counter was moved. At most `multiple` calls of ~0.1 us.
+    fails on such a TensorFlow. True when the counter was moved. At most `multiple` calls of the counter.
     """
     try:
         from tensorflow.python.framework.ops import uid

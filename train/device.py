@@ -3,13 +3,12 @@
 Two of the built-in layers have an implementation per device (docs/train.md, "Per-device choices"):
 
 - `Conv1D`: on CPU, shifted copies + one matmul (im2col): XLA on CPU runs the gradient of the native
-  convolution ~20x slower than a matmul of the same FLOPs (measured: 1.2 s of a 1.5 s step). On a
+  convolution far slower than a matmul of the same FLOPs (docs/performance.md#train-step). On a
   GPU or TPU the native convolution: cuDNN and the TPU's convolution units run it directly, and
   im2col would multiply the activation memory of every conv by its kernel size.
-- Dropout's random generator: on CPU threefry: XLA on CPU runs TF's default ("auto_select") ~300x
-  slower (1.6 s vs 5 ms for one [8, 552, 128] mask, measured). On a GPU philox, the generator
-  TensorFlow's own GPU kernels use; on a TPU "auto_select", which XLA maps to the TPU's hardware
-  generator.
+- Dropout's random generator: on CPU threefry: XLA on CPU runs TF's default ("auto_select") far
+  slower (docs/performance.md#train-step). On a GPU philox, the generator TensorFlow's own GPU
+  kernels use; on a TPU "auto_select", which XLA maps to the TPU's hardware generator.
 
 Both implementations of each keep the same variables, so a checkpoint trained on a GPU synthesizes on
 a CPU (tests/train/test_device.py checks each pair gives the same results within tolerance).

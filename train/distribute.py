@@ -1,6 +1,6 @@
 """tf.distribute for the trainer: the strategy, each worker's input, its model dir and preemption.
 
-What compiles where (TF 2.21, measured; see docs/train.md): a `jit_compile=True` function that calls
+What compiles where (TF 2.21; see docs/train.md): a `jit_compile=True` function that calls
 `strategy.run` fails under MirroredStrategy on several devices, and so does one that contains
 `optimizer.apply` (`merge_call` while defining a graph). So under a strategy only each replica's
 forward and backward pass is XLA-compiled (train/step.py); the all-reduces and `optimizer.apply`

@@ -16,7 +16,7 @@ from melshards.shards_schema import Schema
 from melshards.shards_schema.records import decode_parsed, encode_example, parse_spec
 from melshards.shards_schema.schema import Bucket
 from melshards.shards_schema.shards import InputError, check_schemas, dir_of, expand_globs  # noqa: F401 (the trainer's checks)
-from melshards.train.balance import Plan, sampler
+from melshards.train.balance import Balancing, sampler
 from melshards.train.config import DataConfig
 from melshards.train.tf_quiet import tf
 
@@ -138,7 +138,7 @@ def train_dataset(
     seed: int | None = None,
     shuffle: bool = True,
     repeat: bool = True,
-    balance: Plan | None = None,
+    balance: Balancing | None = None,
 ) -> tf.data.Dataset:
     """Endless stream of {feature: [K, B, *shape]} for the train step ([B, ...] when K is None).
 
@@ -146,7 +146,7 @@ def train_dataset(
     keeps the i-th of n parts, by "files" or by "records". seed: overrides cfg.seed for the shuffles
     and the balancing draws. shuffle=False reads the files and records in order; repeat=False makes
     one pass (the public `melshards.dataset` offers both; the trainer uses neither). balance: keep
-    records by speaker or language (melshards.train.balance.plan of the schema; None keeps all).
+    records by speaker or language (melshards.train.balance.balancing of the schema; None keeps all).
     """
     files = list(files)
     b = cfg.batch_size if batch_size is None else batch_size

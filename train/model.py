@@ -50,7 +50,7 @@ class Dropout(layers.Layer):
     """Dropout from a stateless stream keyed by the step's key and the layer's own site number.
 
     The generator is the device's (train/device.py): threefry on CPU, where XLA runs TF's default
-    ("auto_select") ~300x slower; philox on a GPU; the hardware generator on a TPU. `seed` is the [2]
+    ("auto_select") far slower; philox on a GPU; the hardware generator on a TPU. `seed` is the [2]
     key of (run seed, step, replica) (train/step.py dropout_key); folding in the site gives every site
     an independent stream, and a resumed run draws the same masks. (The fold-in draws with philox:
     TF's threefry kernel outside XLA refuses a [2] key, and the fold-in is two numbers.)
@@ -74,7 +74,7 @@ def same_conv(x, dense: layers.Dense, kernel: int, impl: str | None = None):
     (row i * C + c: shift i, channel c), bias and activation.
 
     impl (train/device.py; None: the device's): "im2col", shifted copies + one matmul, which XLA on
-    CPU runs ~20x faster than the native convolution's gradient (measured: 1.2 s of a 1.5 s step);
+    CPU runs far faster than the native convolution's gradient (docs/performance.md#train-step);
     "native", tf.nn.conv1d on the same kernel reshaped to [kernel, C, F], which a GPU runs without
     the kernel-size-times activation copy. Both are the same function of the same variables.
     """
@@ -391,14 +391,15 @@ def validate(schema, options: dict) -> None:
 def build(schema, options: dict) -> TextToMel:
     """The built-in model's factory (train/contract.py), in the Keras global dtype policy."""
     cfg = _options(options).validate(schema)
-    return build_model(cfg, schema, keras.config.dtype_policy().name)
+    return build_text_to_mel(cfg, schema, keras.config.dtype_policy().name)
 
 
 build.validate = validate  # type: ignore[attr-defined]  # the factory's optional checks (train/contract.py)
 
 
-def build_model(cfg: ModelConfig | dict, schema, precision: str) -> TextToMel:
-    """The model for this schema, with its variables created (so the optimizer can be built)."""
+def build_text_to_mel(cfg: ModelConfig | dict, schema, precision: str) -> TextToMel:
+    """The built-in TextToMel for this schema, with its variables created (so the optimizer can be built);
+    `melshards.train.plugins.build_model` builds the configured factory's model and checks it."""
     if isinstance(cfg, dict):
         cfg = _options({k: v for k, v in cfg.items() if k != "factory"})
     # a shorter bucket may hold longer texts than the longest one: the text table covers them all

@@ -25,8 +25,7 @@ from melshards.shards_schema.config import ConfigError, from_dict
 from melshards.shards_schema.schema import first_few
 from melshards.shards_schema.text import normalizer_for
 from melshards.shards_schema.text_clean import canonical_language
-from melshards.shards_schema.vocab import UnknownSymbols
-from melshards.shards_schema.vocab import text_ids as vocab_text_ids
+from melshards.shards_schema.vocab import UnknownSymbols, text_ids
 from melshards.train.tf_quiet import tf
 
 log = logging.getLogger("melshards.synthesize")
@@ -35,7 +34,7 @@ log = logging.getLogger("melshards.synthesize")
 def text_capacity(schema: Schema) -> int:
     """The most text symbols the model reads: the longest max_text_len over the buckets (a bucket of
     shorter clips can hold longer texts than the largest one), which the model's text table covers
-    (train/model.py build_model). `generate` gets text ids padded to this length."""
+    (train/model.py build_text_to_mel). `generate` gets text ids padded to this length."""
     return max(b.max_text_len for b in schema.buckets)
 
 
@@ -313,12 +312,12 @@ def check_fits_checkpoint(model, checkpoint: str, model_dir: str) -> None:
         )
 
 
-def text_ids(normalised: str, schema: Schema) -> tuple[np.ndarray, int]:
+def padded_text_ids(normalised: str, schema: Schema) -> tuple[np.ndarray, int]:
     """Text normalised by `check_text` -> (ids padded to [1, text_capacity], length), by the rule that
     made preprocess's records (`melshards.shards_schema.vocab.text_ids`); ConfigError naming the
     symbols this model's vocabulary lacks (no transcript it was trained on had them), never skipping them."""
     try:
-        ids = vocab_text_ids(normalised, schema.vocab())
+        ids = text_ids(normalised, schema.vocab())
     except UnknownSymbols as e:
         raise ConfigError(
             f"TEXT, normalised to {normalised[:80]!r}, holds {e.named}, which this "

@@ -38,7 +38,7 @@ def check_buckets(inputs: Inputs, topo: distribute.Topology) -> list[TrainerBuck
     replicas is a ConfigError. Pure: called before anything is written."""
     cfg = inputs.cfg
     topo.per_replica_batch(cfg.data.batch_size)
-    plan = balance.plan(inputs.schema, cfg.data.balance, cfg.data.balance_alpha)
+    balancing = balance.balancing(inputs.schema, cfg.data.balance, cfg.data.balance_alpha)
     return trainer_buckets(
         inputs.files,
         inputs.val_files,
@@ -47,7 +47,7 @@ def check_buckets(inputs: Inputs, topo: distribute.Topology) -> list[TrainerBuck
         cfg.data.fixed_batch_size,
         cfg.loop.steps_per_execution,
         replicas=topo.replicas,
-        kept=plan.bucket_kept if plan else None,
+        kept=balancing.bucket_kept if balancing else None,
     )
 
 
@@ -89,7 +89,7 @@ class Trainer:
         seed_everything(cfg.loop)
         self._build_model()
         self.buckets = check_buckets(inputs, self.topo)
-        self.balance_plan = balance.plan(inputs.schema, cfg.data.balance, cfg.data.balance_alpha)
+        self.balancing = balance.balancing(inputs.schema, cfg.data.balance, cfg.data.balance_alpha)
         self.schedule = Schedule([tb.calls_per_epoch for tb in self.buckets], cfg.data.seed)
         self.next_call = 0  # the schedule position: set from the restored step
         self.called: set[int] = set()  # buckets called so far: a bucket's first call is not steady state
@@ -233,7 +233,7 @@ class Trainer:
             batch_size=batch_size,
             shard=shard,
             seed=seed,
-            balance=self.balance_plan,
+            balance=self.balancing,
         )
 
     def start_local_input(self, seed: int | None) -> None:

@@ -7,8 +7,8 @@ process, when it sets up its devices (train/tf_quiet.py does at import), so this
 TensorFlow. Entries are keyed by the function's name and its HLO; train/compile.py traces in a fixed
 order so that a resumed run and a re-run with the same shapes find theirs.
 
-XLA never removes an entry: each start of `melshards train` trims the directory it chose to
-`MAX_BYTES`, the least recently used programs first (`trim`).
+XLA never removes an entry: each start of `melshards train` prunes the directory it chose to
+`MAX_BYTES`, the least recently used programs first (`prune`).
 """
 
 from __future__ import annotations
@@ -49,14 +49,14 @@ def enable_persistent_cache(directory: str | None = None) -> str | None:
         return None
     os.makedirs(directory, exist_ok=True)
     try:
-        trim(directory)
+        prune(directory)
     except OSError as e:  # the cache only grows: training goes on
         logging.getLogger("melshards.train").warning("could not trim the XLA cache %s: %s", directory, e)
     os.environ["TF_XLA_FLAGS"] = f"{flags} {CACHE_FLAG}={directory}".strip()
     return directory
 
 
-def trim(directory: str, max_bytes: int | None = None) -> tuple[int, int]:
+def prune(directory: str, max_bytes: int | None = None) -> tuple[int, int]:
     """Remove compiled programs (XLA's `xla_compile_cache__*.pb`, nothing else) from `directory`, the least
     recently used first, until the rest hold at most `max_bytes` (`MAX_BYTES`); returns (files removed,
     bytes freed).

@@ -127,7 +127,7 @@ def cli() -> None:
 
 def main() -> None:
     # At exit, the interpreter's last garbage collections walk the whole heap (Beam, librosa, numba,
-    # TensorFlow): 1.2 s of a 1-row preprocess run, measured. Frozen objects are skipped; memory goes
+    # TensorFlow; docs/performance.md#preprocess-start-up). Frozen objects are skipped; memory goes
     # back to the OS with the process either way.
     atexit.register(gc.freeze)
     cli()

@@ -210,7 +210,7 @@ def preprocess_command(
     quiet_beam_logging()
     # Beam and this CLI, loaded by now, live until the process ends: frozen, the collector stops
     # walking them on every full collection during the run, which librosa's import alone triggers
-    # many times (measured: 0.3-0.4 s of a 1-row run with --workers 1).
+    # many times (docs/performance.md#preprocess-start-up).
     gc.freeze()
     start = time.perf_counter()
     try:

@@ -95,19 +95,18 @@ def write_wav(output: str, y: np.ndarray, sample_rate: int) -> None:
     output as it was."""
     import soundfile as sf
 
+    from melshards.shards_schema.atomic import atomic_write
     from melshards.shards_schema.ownership import WAV_SOFTWARE
 
     head, name = os.path.split(os.path.abspath(output))
     partial = os.path.join(head, f".{name}.melshards-{os.getpid()}.partial")  # created with the umask's mode
     try:
-        with sf.SoundFile(partial, "w", sample_rate, 1, subtype="PCM_16", format="WAV") as f:
-            f.software = WAV_SOFTWARE
-            f.write(y)
-        check_wav_target(output)  # again: a file may have been put there while the model spoke
-        os.replace(partial, output)
+        with atomic_write(output, temp=partial) as out:  # the partial file is removed when this raises
+            with sf.SoundFile(out, "w", sample_rate, 1, subtype="PCM_16", format="WAV") as f:
+                f.software = WAV_SOFTWARE
+                f.write(y)
+            check_wav_target(output)  # again: a file may have been put there while the model spoke
     except (OSError, RuntimeError, click.UsageError) as e:  # RuntimeError: soundfile's LibsndfileError (a full disk)
-        if os.path.exists(partial):
-            os.remove(partial)
         if isinstance(e, click.UsageError):
             raise
         raise click.UsageError(f"-o {output}: cannot write it ({e}); pass a writable file path") from e
@@ -151,9 +150,9 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, lang
         checkpoint_to_restore,
         load_synthesizer,
         normalise,
+        padded_text_ids,
         pick_language,
         pick_speaker,
-        text_ids,
     )
 
     # every check that needs no model first, and nothing created before they pass: loading and
@@ -166,7 +165,7 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, lang
         schema = read_schema(posixpath.join(model_dir, SCHEMA_FILE))
         who, lang = pick_speaker(schema, speaker), pick_language(schema, language)
         normalised = normalise(text, lang)
-        ids, n = text_ids(normalised, schema)
+        ids, n = padded_text_ids(normalised, schema)
         checkpoint = checkpoint_to_restore(model_dir)
     except TextRejected as e:
         raise click.UsageError(

@@ -128,7 +128,7 @@ def speaker_table(report: dict, top: int = TOP) -> str:
 
 
 # -- --by language -------------------------------------------------------------------------------------
-def frontend(x: dict) -> str:
+def frontend_label(x: dict) -> str:
     return f"{x['text_frontend']['name']} v{x['text_frontend']['version']}"
 
 
@@ -138,7 +138,7 @@ def language_rows(report: dict) -> Table:
         [
             x["code"],
             str(x["id"]),
-            frontend(x),
+            frontend_label(x),
             str(x["clips"]),
             hours(x["hours"]),
             str(x["measured"]),

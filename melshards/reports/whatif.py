@@ -50,6 +50,12 @@ def drop_smallest(hist: Mapping[int, int], k: int) -> dict[int, int]:
     return out
 
 
+def hist_padding(hist: Mapping[int, int], padded: int) -> float:
+    """`padding_fraction` of the clips of `hist` (length -> clips), each padded to `padded`, rounded to 6
+    places as stats.json's figures are."""
+    return round(padding_fraction(sum(v * c for v, c in hist.items()), sum(hist.values()) * padded), 6)
+
+
 def batch_bytes(batch_size: int, mel_frames: int, n_mels: int, text_len: int) -> int:
     """Bytes of one decoded batch of mel (float32) and text ids (int32): the tensors, not activations."""
     return batch_size * (mel_frames * n_mels * FLOAT32_BYTES + text_len * INT32_BYTES)
@@ -118,8 +124,8 @@ def what_if(
         clips=clips,
         kept=sum(kept_mel.values()),
         text_over_cut=clips - sum(text_fits.values()),
-        mel_padding_fraction=padding_fraction(kept_mel, padded_mel),
-        text_padding_fraction=padding_fraction(text_fits, padded_text),
+        mel_padding_fraction=hist_padding(kept_mel, padded_mel),
+        text_padding_fraction=hist_padding(text_fits, padded_text),
         batch_bytes=None if n_mels is None else batch_bytes(batch_size, padded_mel, n_mels, padded_text),
         is_job=is_job,
     )

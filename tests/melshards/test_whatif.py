@@ -13,11 +13,11 @@ from melshards.reports.whatif import (
     count_above,
     count_below,
     drop_smallest,
+    hist_padding,
     int_hist,
     what_if,
     what_if_table,
 )
-from melshards.shards_schema.stats import padding_fraction
 
 BEFORE = {
     "mel_frames": {10: 1, 20: 2, 30: 3, 40: 4},
@@ -130,7 +130,7 @@ def test_what_if_at_the_jobs_setting_reproduces_the_job(shards_dir):
     assert job.kept == c["in_shards"] + c["per_reason"].get("text_len_above_cutoff", 0)
     if not c["per_reason"].get("text_len_above_cutoff"):
         after = int_hist(stats["histograms"]["after_filter"]["mel_frames"])
-        assert job.mel_padding_fraction == padding_fraction(after, pad["max_mel_frames"]) == pad["mel_padding_fraction"]
+        assert job.mel_padding_fraction == hist_padding(after, pad["max_mel_frames"]) == pad["mel_padding_fraction"]
 
 
 def test_kept_is_exact_and_text_over_cut_bounds_the_joint_filter(shards_dir):

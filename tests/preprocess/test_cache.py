@@ -80,11 +80,11 @@ def test_a_warm_rerun_decodes_no_audio_and_writes_the_same_records(warm, tmp_pat
 
 def test_a_run_with_a_cache_stashes_no_array_the_cache_holds(tmp_path, monkeypatch):
     """Computed or found, a cached clip's arrays are written once, to the cache: the writer reads them there."""
-    from melshards.preprocess import pipeline
+    from melshards.preprocess import measure
 
-    stashed, real = [], pipeline.stash_batch
+    stashed, real = [], measure.stash_batch
     monkeypatch.setattr(
-        pipeline,
+        measure,
         "stash_batch",
         lambda d, clips, features: stashed.append((clips, features)) or real(d, clips, features),
     )
@@ -330,7 +330,7 @@ def test_concurrent_writer_processes_never_leave_or_show_a_mixed_or_partial_entr
         own = [f"{tag:08x}{i:056x}" for i in range(3)]
         entries = K.read_batch(str(tmp_path / "entries" / f"{K.batch_name(own)}.npz"))
         assert all((a["mel"] == tag).all() and s["start"] == tag for s, a, _ in entries.values())
-    assert len(list(tmp_path.glob("entries/*.npz"))) == 9 and not list(tmp_path.glob("entries/*.tmp-*"))
+    assert len(list(tmp_path.glob("entries/*.npz"))) == 9 and not list(tmp_path.glob("entries/*.writing"))
     assert seen  # the reader read the shared batch while the writers wrote it
 
 
@@ -348,10 +348,10 @@ def test_a_cache_that_is_a_file_is_refused_before_any_work(tmp_path, capsys):
 
 
 def test_a_cache_the_run_cannot_write_is_refused_with_the_file_system_s_reason(tmp_path, monkeypatch):
-    def read_only(path, data):
+    def read_only(path, **kwargs):
         raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr(K, "_write_atomic", read_only)
+    monkeypatch.setattr(K, "atomic_write", read_only)
     with pytest.raises(O.OutputError, match=r"--cache .* cannot be written \(.*entries: Permission denied\)"):
         K.check_writable(str(tmp_path / "cache"))
 

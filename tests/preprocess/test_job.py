@@ -267,7 +267,7 @@ def test_dataflow_job_graph_builds_offline():
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from melshards.preprocess.corpus import Corpus
-    from melshards.preprocess.pipeline import build
+    from melshards.preprocess.pipeline import build_pipeline
 
     options = PipelineOptions(DATAFLOW_DRY_RUN + ["--setup_file", str(REPO / "setup.py")])
     p = beam.Pipeline(options=options)
@@ -275,7 +275,7 @@ def test_dataflow_job_graph_builds_offline():
     corpus = Corpus("ljspeech", "gs://melshards-test/in/metadata.csv", "gs://melshards-test/in")
     cfg = PreprocessConfig(features=FeaturesConfig(True, True, True))
     # every stage, the feature cache's index read and the feature statistics included
-    build(p, corpus, "gs://melshards-test/out", cfg, cache_dir="gs://melshards-test/cache")
+    build_pipeline(p, corpus, "gs://melshards-test/out", cfg, cache_dir="gs://melshards-test/cache")
     result = p.run()
     names = {t.unique_name for t in result.job.proto_pipeline.components.transforms.values()}
     for stage in (

@@ -11,11 +11,14 @@ from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from melshards.preprocess import tables as T
+from melshards.preprocess.choose_buckets import ChooseBuckets
 from melshards.preprocess.clips import filter_rejection
 from melshards.preprocess.config import PadConfig, PreprocessConfig
 from melshards.preprocess.corpus import ReadCorpus, batch_rows, detect_corpus
 from melshards.preprocess.encode import encode_clip
-from melshards.preprocess.pipeline import ChooseBuckets, FilterAndWrite, LengthHistograms, MeasureClips, MelStatistics
+from melshards.preprocess.filter_and_write import FilterAndWrite
+from melshards.preprocess.global_stats import LengthHistograms, MelStatistics
+from melshards.preprocess.measure import MeasureClips
 from melshards.preprocess.rows import LayoutRows, unique_ids
 from melshards.preprocess.shards import AssembleShards, RollingFiles, group_into_shards
 from melshards.preprocess.spill import Spill

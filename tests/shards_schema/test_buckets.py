@@ -15,8 +15,8 @@ from melshards.shards_schema.buckets import (
     fill_buckets,
     optimal_bounds,
     padding_by_k,
-    padding_fraction,
     text_bound,
+    total_padding_fraction,
 )
 from melshards.shards_schema.stats import round_up
 
@@ -111,7 +111,7 @@ def test_as_many_buckets_as_candidates_pads_only_to_the_multiple():
     assert bounds == (4, 12, 28)
     assert cost(bounds, hist) == sum(c * round_up(v, 4) for v, c in hist.items())
     assert optimal_bounds(hist, 10, 1) == (3, 9, 10, 25)
-    assert padding_fraction(fill_buckets(optimal_bounds(hist, 10, 1), hist)) == 0.0
+    assert total_padding_fraction(fill_buckets(optimal_bounds(hist, 10, 1), hist)) == 0.0
 
 
 def test_bounds_are_multiples_and_the_last_covers_the_longest_clip():
@@ -131,7 +131,7 @@ def test_exact_optimum_on_a_hand_checked_histogram():
     buckets = fill_buckets((32, 96), SMALL)
     assert buckets == (BucketFill(32, 11, 193), BucketFill(96, 1, 90))
     assert buckets[0].padded_frames == 352 and buckets[0].padding_fraction == 1 - 193 / 352
-    assert padding_fraction(buckets) == 1 - 283 / 448
+    assert total_padding_fraction(buckets) == 1 - 283 / 448
 
 
 def test_equal_count_is_the_quantile_baseline_and_never_beats_the_optimum():

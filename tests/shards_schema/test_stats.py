@@ -55,8 +55,8 @@ def test_round_up():
 
 
 def test_padding_fraction_counts_padded_cells():
-    assert padding_fraction({6: 1, 8: 1}, 8) == pytest.approx(1 - 14 / 16)
-    assert padding_fraction({}, 8) == 0.0
+    assert padding_fraction(14, 16) == pytest.approx(1 - 14 / 16)
+    assert padding_fraction(0, 0) == 0.0
 
 
 def test_moments_merge_equals_numpy_over_the_union():

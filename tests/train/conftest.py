@@ -143,12 +143,12 @@ def model_dir_from_weights(shards_dir: Path, model_dir: Path, stop_bias: float, 
     from melshards.shards_schema import read_schema
     from melshards.train.checkpoints import CHECKPOINT_DIR
     from melshards.train.config import config_from_dict
-    from melshards.train.model import build_model
+    from melshards.train.model import build_text_to_mel
     from melshards.train.step import make_optimizer
 
     cfg = config_from_dict(TEST_CONFIG)
     schema = read_schema(str(shards_dir / "schema.json"))
-    model = build_model(cfg.model, schema, "float32")
+    model = build_text_to_mel(cfg.model, schema, "float32")
     optimizer = make_optimizer(cfg.optim, "float32", model)
     rng = np.random.default_rng(seed)
     for v in model.variables:

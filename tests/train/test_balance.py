@@ -95,7 +95,7 @@ def unequal(tmp_path_factory):
 
 def _stream(schema, files, alpha, names=("speaker_id",), batch=10, k=None):
     cfg = DataConfig(batch_size=batch, shuffle_buffer=32, cycle_length=2, balance="speaker", balance_alpha=alpha)
-    plan = balance.plan(schema, cfg.balance, cfg.balance_alpha)
+    plan = balance.balancing(schema, cfg.balance, cfg.balance_alpha)
     return ip.train_dataset(files, schema, cfg, names, k, balance=plan)
 
 
@@ -176,7 +176,7 @@ def test_buckets_are_drawn_by_what_they_keep_so_speakers_of_different_lengths_ge
     schema = _two_bucket_schema()
     per_bucket = balance.bucket_counts(schema, "speaker")
     assert per_bucket.tolist() == [[SHORT, 0, 0], [0, LONG, 0]]
-    plan = balance.plan(schema, "speaker", 0.0)
+    plan = balance.balancing(schema, "speaker", 0.0)
     assert np.allclose(plan.accept, [1 / 3, 1.0, 0.0])
     assert np.allclose(plan.bucket_kept, [1 / 3, 1.0])  # bucket 0 keeps a third of its records
     accept = np.asarray(plan.accept)
@@ -204,7 +204,7 @@ def test_buckets_are_drawn_by_what_they_keep_so_speakers_of_different_lengths_ge
 def test_a_speaker_held_out_for_validation_gets_no_share_and_lowers_no_accept_probability():
     schema = _two_bucket_schema(held_out=50)
     assert balance.group_counts(schema, "speaker") == [SHORT, LONG, 0]  # the training split's, per bucket
-    assert np.allclose(balance.plan(schema, "speaker", 0.0).accept, [1 / 3, 1.0, 0.0])
+    assert np.allclose(balance.balancing(schema, "speaker", 0.0).accept, [1 / 3, 1.0, 0.0])
     assert np.allclose(balance.target_shares(balance.group_counts(schema, "speaker"), 0.0), [0.5, 0.5, 0.0])
 
 
@@ -216,7 +216,7 @@ def test_a_schema_without_per_bucket_counts_balances_by_the_tables_and_draws_buc
     )
     reread = Schema.from_json(old.to_json())
     assert balance.bucket_counts(reread, "speaker") is None
-    plan = balance.plan(reread, "speaker", 0.0)
+    plan = balance.balancing(reread, "speaker", 0.0)
     assert plan.bucket_kept is None and balance.bucket_weights({0: SHORT, 1: LONG}, plan) == {0: 300.0, 1: 100.0}
     assert "no per-bucket counts" in balance.describe(reread, "speaker", 0.0)
 

@@ -20,7 +20,7 @@ from melshards.commands.synthesize import synthesize_command
 from melshards.shards_schema import read_schema
 from melshards.train.checkpoints import RestoreError, restore_model, untracked_variables
 from melshards.train.config import config_from_dict
-from melshards.train.model import build_model
+from melshards.train.model import build_text_to_mel
 from melshards.train.synthesize import load_synthesizer
 from tests.train.conftest import TEST_CONFIG, model_dir_from_weights
 
@@ -46,7 +46,7 @@ def _variables_reachable_from(checkpoint_prefix: str, child: str) -> int:
 
 @pytest.fixture(scope="module")
 def model(shards_dir):
-    return build_model(config_from_dict(TEST_CONFIG).model, read_schema(str(shards_dir)), "float32")
+    return build_text_to_mel(config_from_dict(TEST_CONFIG).model, read_schema(str(shards_dir)), "float32")
 
 
 def test_every_model_variable_is_in_the_checkpoint_object_graph(model, tmp_path):

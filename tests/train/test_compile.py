@@ -78,9 +78,9 @@ def test_trimming_the_xla_cache_removes_its_least_recently_used_programs_only(tm
         os.utime(f, (1_000_000 - age * 100, 1_000_000 - age * 100))
     os.utime(programs[4], (2_000_000, 1_000_000 - 400))  # written first, read last
     (tmp_path / "notes.txt").write_bytes(b"y" * 1000)
-    assert xla_cache.trim(str(tmp_path), 250) == (3, 300)
+    assert xla_cache.prune(str(tmp_path), 250) == (3, 300)
     assert sorted(tmp_path.iterdir()) == sorted([programs[0], programs[4], tmp_path / "notes.txt"])
-    assert xla_cache.trim(str(tmp_path), 250) == (0, 0)
+    assert xla_cache.prune(str(tmp_path), 250) == (0, 0)
 
 
 def test_enabling_the_cache_trims_it(monkeypatch, tmp_path):

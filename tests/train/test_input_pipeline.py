@@ -25,11 +25,11 @@ def test_dataset_graph_has_no_python_ops(shards_dir):
 
 
 def test_balanced_dataset_graph_has_no_python_ops(two_speakers_dir):
-    from melshards.train.balance import plan
+    from melshards.train.balance import balancing
 
     files, schema = _inputs(two_speakers_dir, "train")
     cfg = DataConfig(batch_size=4, balance="speaker", balance_alpha=0.0)
-    balance = plan(schema, cfg.balance, cfg.balance_alpha)
+    balance = balancing(schema, cfg.balance, cfg.balance_alpha)
     assert balance is not None and balance.accept[1] == 1.0 > balance.accept[0]  # records of speaker 0 are dropped
     train = ip.train_dataset(files, schema, cfg, MODEL_INPUTS, steps_per_execution=2, balance=balance)
     assert ip.python_ops_in(train) == []

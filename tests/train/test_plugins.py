@@ -90,10 +90,10 @@ def test_example_plugin_dataset_graph_holds_no_python_ops(four_records, tmp_path
 
 
 def test_synthesis_uses_the_plugins_generate(example_run):
-    from melshards.train.synthesize import load_synthesizer, text_ids
+    from melshards.train.synthesize import load_synthesizer, padded_text_ids
 
     synth = load_synthesizer(str(example_run[0]))
-    ids, n = text_ids("printing, in the only sense.", synth.schema)
+    ids, n = padded_text_ids("printing, in the only sense.", synth.schema)
     out = synth.speak(ids, n, synth.schema.speakers[0], synth.schema.languages[0])
     assert out["mel"].shape == (1, synth.schema.max_mel_frames, synth.schema.n_mels)
     assert 1 <= int(out["mel_len"][0]) <= synth.schema.max_mel_frames

@@ -39,9 +39,9 @@ def test_the_builtin_model_trains_on_two_speakers_and_languages_with_one_trace(t
     from melshards.shards_schema import read_schema
     from melshards.train.checkpoints import restore_model
     from melshards.train.config import config_from_dict
-    from melshards.train.model import build_model
+    from melshards.train.model import build_text_to_mel
 
-    model = build_model(config_from_dict(TEST_CONFIG).model, read_schema(str(model_dir)), "float32")
+    model = build_text_to_mel(config_from_dict(TEST_CONFIG).model, read_schema(str(model_dir)), "float32")
     restore_model(model, tf.train.latest_checkpoint(str(model_dir / "checkpoints")))
     tables = model.conditioning
     assert tables.speaker.embeddings.shape == (len(SPEAKERS), 32)
@@ -50,11 +50,11 @@ def test_the_builtin_model_trains_on_two_speakers_and_languages_with_one_trace(t
 
 
 def test_the_speaker_and_language_change_what_the_model_says(two_speaker_model):
-    from melshards.train.synthesize import load_synthesizer, normalise, text_ids
+    from melshards.train.synthesize import load_synthesizer, normalise, padded_text_ids
 
     synth = load_synthesizer(str(two_speaker_model[0]))
     schema = synth.schema
-    ids, n = text_ids(normalise("Printing, in the only sense.", schema.languages[0]), schema)
+    ids, n = padded_text_ids(normalise("Printing, in the only sense.", schema.languages[0]), schema)
     mels = {
         (s.name, lang.code): synth.speak(ids, n, s, lang)["mel"].numpy()
         for s in schema.speakers
@@ -101,15 +101,15 @@ def test_synthesize_speaks_as_the_speaker_asked_for(two_speaker_model, tmp_path)
 def test_speaker_and_language_embeddings_can_be_turned_off(two_speakers_dir):
     from melshards.shards_schema import read_schema
     from melshards.train.config import config_from_dict
-    from melshards.train.model import build_model
+    from melshards.train.model import build_text_to_mel
     from melshards.train.plugins import zero_batch
 
     schema = read_schema(str(two_speakers_dir))
     cfg = config_from_dict(dict(TEST_CONFIG, model=dict(TEST_CONFIG["model"], speaker_dim=0, language_dim=0)))
-    off = build_model(cfg.model, schema, "float32")
+    off = build_text_to_mel(cfg.model, schema, "float32")
     assert off.conditioning is None and not any("conditioning" in v.path for v in off.variables)
     cfg = config_from_dict(dict(TEST_CONFIG, model=dict(TEST_CONFIG["model"], language_dim=0)))
-    speaker_only = build_model(cfg.model, schema, "float32")
+    speaker_only = build_text_to_mel(cfg.model, schema, "float32")
     assert speaker_only.conditioning.language is None and speaker_only.conditioning.speaker is not None
     terms = speaker_only.loss_terms(zero_batch(schema, 2), tf.zeros([2], tf.int32), training=False)
     assert float(terms["examples"]) == 0.0  # padding records add nothing

@@ -1,0 +1,158 @@
+"""Stages 5-6, FilterAndWrite: each stashed batch filtered, its kept clips padded to their bucket's
+shapes, encoded and written to temp TFRecord files, in one pass over the stash.
+
+Clips outside the cut-offs are dropped (never truncated) by the filter's one rule
+(`melshards.preprocess.clips.filter_rejection`); padding and encoding are
+`melshards.preprocess.encode.encode_clip`; the temp files roll at the target shard size
+(`melshards.preprocess.shards.RollingFiles`) and `AssembleShards` makes the shards from them.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import apache_beam as beam
+from apache_beam.transforms.window import GlobalWindow
+from apache_beam.utils.windowed_value import WindowedValue
+
+from melshards.preprocess import cache, feature_stats, tables
+from melshards.preprocess.clips import analyse_audio, filter_rejection
+from melshards.preprocess.config import PreprocessConfig
+from melshards.preprocess.corpus import REJECTED, count
+from melshards.preprocess.encode import encode_clip
+from melshards.preprocess.shards import RollingFiles
+from melshards.preprocess.stash import load_clips, load_features
+from melshards.preprocess.workers import worker_setup
+from melshards.shards_schema import Vocabulary
+from melshards.shards_schema.stats import Moments, merge_histograms
+
+# FilterAndWrite's outputs besides "parts" and "rejected"
+MOMENTS = "moments"
+WRITTEN = "written"
+FEATURE_STATS = "feature_stats"
+
+
+def sum_counters(counters) -> Counter:
+    return merge_histograms(counters)
+
+
+def written_counts(clips) -> Counter:
+    """What a batch put in the shards, for the speaker and language tables: clips and milliseconds per
+    ("speaker", name), ("language", code) and ("split", speaker, split); with a clip's "bucket", its
+    records per ("bucket", index, split, "speaker" | "language", name) (schema.json `Bucket.groups`)."""
+    out: Counter[tuple] = Counter()
+    for c in clips:
+        for key in (("speaker", c["speaker"]), ("language", c["language"])):
+            out[key + ("clips",)] += 1
+            out[key + ("ms",)] += c["duration_ms"]
+            if "bucket" in c:
+                out[("bucket", c["bucket"], c["split"]) + key] += 1
+        out[("split", c["speaker"], c["split"])] += 1
+    return out
+
+
+def analyse_again(clip: dict, cfg: PreprocessConfig) -> dict:
+    """The audio features of a measured clip whose cache entry could not be read back, computed again
+    from its audio (the same computation, so the same arrays; the mel as float16, as the cache holds it).
+    IOError if the audio no longer gives the span Measure measured (the file changed during the run)."""
+    span, arrays = analyse_audio(clip["audio"], cfg)
+    if span["length"] != clip["num_samples"]:
+        raise OSError(
+            f"{clip['audio']} changed during the run ({span['length']} samples kept, measured "
+            f"{clip['num_samples']}); run again"
+        )
+    return dict(arrays, mel=arrays["mel"].astype("<f2"))
+
+
+class _FilterAndWriteFn(beam.DoFn):
+    """Stashed batch -> kept clips padded, encoded and appended to temp TFRecord files (one per split
+    and bucket, rolled at the target size); one dict per closed file at the end of the bundle.
+
+    Dropped clips -> `rejected`; the training clips' mel moments, one per batch -> `moments`; what
+    the batch wrote per speaker and language -> `written`. Each batch's clips and arrays are read back
+    from its stash files once.
+    """
+
+    def __init__(self, out_dir: str, target_bytes: int, cfg: PreprocessConfig):
+        self.out_dir, self.target, self.cfg = out_dir, target_bytes, cfg
+
+    def setup(self):
+        worker_setup()
+
+    def start_bundle(self):
+        self.files = RollingFiles(self.out_dir, self.target)
+
+    def process(self, batch, cutoffs, chosen, corpus_tables):
+        buckets, text = chosen["buckets"], chosen["text"]
+        clips, kept = load_clips(batch), []
+        for clip in clips:
+            rejection = filter_rejection(clip, cutoffs, corpus_tables)
+            if rejection:
+                count(rejection["reason"])
+                yield beam.pvalue.TaggedOutput(REJECTED, rejection)
+            else:
+                kept.append(dict(clip, split=tables.split_of(clip, corpus_tables, self.cfg.split.salt)))
+        moments = Moments.empty(self.cfg.mel.n_mels)
+        arrays = load_features(batch) if kept else []
+        by_id = dict(zip((c["id"] for c in clips), arrays))
+        from_cache: dict[str, dict] = {}
+        for clip in kept:  # a clip Measure read from the feature cache: its arrays are in the cache file
+            if "cached" in clip:
+                where, key = clip["cached"]
+                found = cache.read_entry(where, key, from_cache)
+                if found is None:  # the file went (a prune, a user) or was damaged since Measure read it
+                    count("cache_recomputed_in_writer")
+                    found = analyse_again(clip, self.cfg)
+                by_id[clip["id"]] = dict(found, **by_id[clip["id"]])
+        vocab = Vocabulary(corpus_tables["vocabulary"], self.cfg.text_unit)
+        for clip in kept:
+            split, bucket, data = encode_clip(clip, by_id[clip["id"]], buckets, text, corpus_tables, vocab, self.cfg)
+            clip["bucket"] = bucket  # for written_counts
+            yield from self.files.write(split, bucket, data)
+            if split == "train":
+                moments = moments.merge(clip["moments"])
+        count("records_written", len(kept))
+        yield beam.pvalue.TaggedOutput(MOMENTS, moments)
+        yield beam.pvalue.TaggedOutput(WRITTEN, written_counts(kept))
+        if self.cfg.features.pitch or self.cfg.features.energy:
+            yield beam.pvalue.TaggedOutput(
+                FEATURE_STATS, feature_stats.batch_stats((c, c["feature_summary"]) for c in kept)
+            )
+
+    def finish_bundle(self):
+        for part in self.files.close_all():
+            yield WindowedValue(part, 0, (GlobalWindow(),))
+
+
+class FilterAndWrite(beam.PTransform):
+    """Drop (never truncate) clips outside the percentile cut-offs, pad the rest to their bucket's
+    shapes and write them; the cut-offs, the chosen buckets (`ChooseBuckets`) and the corpus tables
+    (`CorpusTables`) arrive as side inputs.
+
+    Returns {"parts": temp files written, "rejected": dropped clips, "moments": mel moments of each
+    batch's kept training clips (one per batch, maybe empty), "written": the clips and milliseconds
+    written per speaker and language (`written_counts`, summed), "feature_stats": the pitch and energy
+    statistics per group (`feature_stats.batch_stats`, merged; empty when the run computes neither)}.
+    """
+
+    def __init__(self, cutoffs, chosen, corpus_tables, out_dir: str, cfg: PreprocessConfig):
+        super().__init__()
+        self.cutoffs, self.chosen, self.tables, self.out_dir, self.cfg = cutoffs, chosen, corpus_tables, out_dir, cfg
+
+    def expand(self, batches):
+        S = beam.pvalue
+        out = batches | "FilterPadWrite" >> beam.ParDo(
+            _FilterAndWriteFn(self.out_dir, int(self.cfg.write.target_shard_mb * 1e6), self.cfg),
+            S.AsSingleton(self.cutoffs),
+            S.AsSingleton(self.chosen),
+            S.AsSingleton(self.tables),
+        ).with_outputs(REJECTED, MOMENTS, WRITTEN, FEATURE_STATS, main="parts")
+        written = out[WRITTEN] | "SumWritten" >> beam.CombineGlobally(sum_counters).without_defaults()
+        stats = out[FEATURE_STATS] | "FeatureStats" >> beam.CombineGlobally(feature_stats.merge).without_defaults()
+        return {
+            "parts": out.parts,
+            REJECTED: out[REJECTED],
+            MOMENTS: out[MOMENTS],
+            WRITTEN: written,
+            FEATURE_STATS: stats,
+        }

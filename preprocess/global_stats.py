@@ -1,0 +1,135 @@
+"""Stage 4, the global statistics: what the later stages read as side inputs, each one element.
+
+- `LengthHistograms`: exact value->count histograms of the measured clips' three lengths (before
+  the filter), from which `cutoffs_from` gives the filter's cut-offs;
+- `CorpusTables`: the speaker and language tables, the vocabulary and the validation split
+  (`melshards.preprocess.tables`);
+- `MelStatistics`: per-bin mean/std of the mel for normalisation, merged from the writer's
+  per-batch moments.
+
+Every combine is exact and merges in any order (Counter sums, `tables.merge`, `Moments.merge`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import apache_beam as beam
+
+from melshards.preprocess import tables
+from melshards.preprocess.config import PreprocessConfig
+from melshards.shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
+
+
+def length_histograms(clips) -> dict[str, Counter]:
+    """Exact value->count histograms of the three lengths of `clips`."""
+    return {k: Counter(c[k] for c in clips) for k in LENGTH_KEYS}
+
+
+def merge_lengths(hists) -> dict[str, Counter]:
+    hists = list(hists)
+    return {k: merge_histograms(h[k] for h in hists) for k in LENGTH_KEYS}
+
+
+class _HistogramsFn(beam.CombineFn):
+    """Batches of clips -> exact value->count histograms of the three lengths; merges are Counter sums."""
+
+    def create_accumulator(self):
+        return length_histograms(())
+
+    def add_input(self, acc, batch):
+        return merge_lengths([acc, length_histograms(batch["clips"])])
+
+    def merge_accumulators(self, accs):
+        return merge_lengths(accs)
+
+    def extract_output(self, acc):
+        return {k: dict(v) for k, v in acc.items()}
+
+
+class LengthHistograms(beam.PTransform):
+    """Batches of clips -> one dict of histograms. The read always emits a batch (maybe empty), so the
+    combine needs no default value (which would cost the local runner two more stages)."""
+
+    def expand(self, batches):
+        return batches | "Histograms" >> beam.CombineGlobally(_HistogramsFn()).without_defaults()
+
+
+class _MomentsFn(beam.CombineFn):
+    def __init__(self, n_mels: int):
+        self.n_mels = n_mels
+
+    def create_accumulator(self):
+        return Moments.empty(self.n_mels)
+
+    def add_input(self, acc, moments):
+        return acc.merge(moments)
+
+    def merge_accumulators(self, accs):
+        out = Moments.empty(self.n_mels)
+        for a in accs:
+            out = out.merge(a)
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
+class MelStatistics(beam.PTransform):
+    """Per-bin mean/std over the valid frames of the training split's kept clips (for normalisation),
+    merged from the per-batch moments the writer emits."""
+
+    def __init__(self, n_mels: int):
+        super().__init__()
+        self.n_mels = n_mels
+
+    def expand(self, moments):  # one Moments per batch, so never empty: no default needed
+        return moments | "Moments" >> beam.CombineGlobally(_MomentsFn(self.n_mels)).without_defaults()
+
+
+class _TablesFn(beam.CombineFn):
+    """Batches of clips -> `tables.finish_tables`: speakers, languages, vocabulary, validation split."""
+
+    def __init__(self, cfg: PreprocessConfig):
+        self.cfg = cfg
+
+    def create_accumulator(self):
+        return tables.empty()
+
+    def add_input(self, acc, batch):
+        return tables.merge([acc, tables.summarize_clips(batch["clips"], self.cfg.split.salt, self.cfg.text_unit)])
+
+    def merge_accumulators(self, accs):
+        return tables.merge(accs)
+
+    def extract_output(self, acc):
+        return tables.finish_tables(acc, self.cfg)
+
+
+class CorpusTables(beam.PTransform):
+    """Batches of clips -> one dict (`melshards.preprocess.tables`): the speaker and language tables,
+    the corpus's vocabulary, each speaker's validation clips, per-language length histograms."""
+
+    def __init__(self, cfg: PreprocessConfig):
+        super().__init__()
+        self.cfg = cfg
+
+    def expand(self, batches):  # the read always emits a batch: no default needed
+        return batches | "Tables" >> beam.CombineGlobally(_TablesFn(self.cfg)).without_defaults()
+
+
+def cutoffs_from(hists: dict, corpus_tables: dict, cfg: PreprocessConfig) -> Cutoffs | None:
+    """The filter's cut-offs from the before-filter histograms; text lengths per language."""
+    if not hists["mel_frames"]:
+        return None
+    f = cfg.filter
+    text = {code: h["text_len"] for code, h in corpus_tables["language_lengths"].items()}
+    return compute_cutoffs(
+        hists,
+        f.min_duration_s,
+        f.mel_frames_lower_percentile,
+        f.mel_frames_upper_percentile,
+        f.text_len_upper_percentile,
+        cfg.pad.multiple,
+        text,
+    )
