@@ -170,7 +170,7 @@ class StopOnCtrlC:
         self.signals = tuple(s for s in STOPPING_SIGNALS if main and signal.getsignal(s) is not signal.SIG_IGN)
         self.active = bool(self.signals)
         self.interrupted = False
-        self.signum: int | None = None
+        self.signum = 0  # the signal that stopped the run (set with interrupted); 0: none
 
     def __enter__(self):
         if self.active:
@@ -209,9 +209,9 @@ class StopOnCtrlC:
             return False
         if self.interrupted:  # remove what the run staged, one line, exit 130 (SIGINT) or 143 (SIGTERM)
             output.abort_active()
-            line = stopped_line(self.signum, self.out_dir, bool(output.PUBLISHED))  # type: ignore[arg-type]  # set with interrupted
+            line = stopped_line(self.signum, self.out_dir, bool(output.PUBLISHED))
             self.relays[-1].write_through(line + "\n")
-            os._exit(STOPPING_SIGNALS[self.signum][0])  # type: ignore[index]  # set with interrupted
+            os._exit(STOPPING_SIGNALS[self.signum][0])
         if workers.QUIET.is_set():  # the runner's threads may still log their broken channels to a dead or
             logging.disable(
                 logging.CRITICAL
