@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 DEMO   := out/demo
 
-.PHONY: demo test bench clean venv
+.PHONY: demo test lint bench clean venv
 
 venv: $(STAMP)
 
@@ -27,8 +27,14 @@ demo: $(STAMP)
 
 # Two pytest workers, one test file each at a time: XLA compiles are single-threaded, so two
 # overlap on 2 cores.
-test: $(STAMP)
+test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+# Lint, format and types (ruff.toml, mypy.ini), before the tests; .pre-commit-config.yaml runs the same.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.run_all

@@ -20,6 +20,7 @@ from melshards.shards_schema.shards import InputError, check_shard, check_sizes,
 if TYPE_CHECKING:  # importing melshards must not import TensorFlow
     import tensorflow as tf
 
+    from melshards.train.balance import Balancing
     from melshards.train.step import Normaliser
 
 # The features a text-to-mel model reads (the trainer's MODEL_INPUTS): speaker_id and language_id index
@@ -73,7 +74,7 @@ def _check_unlisted(path: str, schema: Schema) -> int:
         bucket = schema.bucket_of_file(path)
         raise InputError(
             f"{result.problems[0]} (schema.json does not list this file, so its records were checked "
-            f"against bucket {bucket.index}, which its name gives); leave it out of the glob, or "
+            f"against bucket {bucket.index}, which its name gives); leave it out of the glob, or "  # type: ignore[union-attr]  # the caller found its bucket
             "re-run `melshards preprocess` to write it into the run"
         )
     return result.records
@@ -237,7 +238,7 @@ def _datasets(
     schema_path,
     balance,
     balance_alpha,
-) -> tuple[_Files, object, dict[int, tf.data.Dataset]]:
+) -> tuple[_Files, Balancing | None, dict[int, tf.data.Dataset]]:
     for name, value, minimum in (
         ("batch_size", batch_size, 1),
         ("seed", seed, None),

@@ -39,7 +39,7 @@ def compiled_marker_path() -> str:
     from importlib import metadata, util
 
     stamps = [sys.executable, metadata.version("numba")]
-    origins = [util.find_spec(name).origin for name in LIBROSA_COMPILED]
+    origins: list[str] = [util.find_spec(name).origin for name in LIBROSA_COMPILED]  # type: ignore[union-attr, misc]  # librosa's own modules: found, from files
     for origin in origins:
         st = os.stat(origin)
         stamps.append(f"{origin}:{st.st_size}:{st.st_mtime_ns}")

@@ -59,7 +59,7 @@ def choose_from_summary(summary: dict, pad: PadConfig) -> dict:
     buckets = choose(dict(summary["train"]), longest, pad)
     text: dict[int, Counter] = {}
     for (frames, text_len), n in summary["text_by_frames"].items() if buckets else ():
-        text.setdefault(bucket_index(frames, buckets["bounds"]), Counter())[text_len] += n
+        text.setdefault(bucket_index(frames, buckets["bounds"]), Counter())[text_len] += n  # type: ignore[index]  # the loop runs only with buckets
     return {
         "buckets": buckets,
         "text": {b: dict(h) for b, h in text.items()},

@@ -149,8 +149,8 @@ def clip_key(path: str | None, settings: str) -> str | None:
 
 def _reason(e: BaseException) -> str:
     """The innermost OSError's words (Beam wraps a file system's errors), else the exception's."""
-    while not isinstance(e, OSError) and (e.__cause__ or e.__context__) is not None:
-        e = e.__cause__ or e.__context__
+    while not isinstance(e, OSError) and (inner := e.__cause__ or e.__context__) is not None:
+        e = inner
     if isinstance(e, OSError) and e.strerror:
         return e.strerror
     return f"{type(e).__name__}: {e}"
@@ -207,7 +207,7 @@ def write_batch(cache_dir: str, entries: list[tuple[str, dict, dict, Moments]]) 
         arrays[f"{name}/offsets"] = np.cumsum([0] + [len(v) for v in values], dtype=np.int64)
         arrays[name] = np.concatenate(values)
     buffer = io.BytesIO()
-    np.savez(buffer, **arrays)
+    np.savez(buffer, **arrays)  # type: ignore[arg-type]  # mypy matches **arrays with savez's allow_pickle: bool too (numpy >= 2.1); no array has that name
     with atomic_write(base + ".npz", fs=FileSystems) as out:
         out.write(buffer.getvalue())
     with atomic_write(base + ".keys", fs=FileSystems) as out:  # last: an index entry has its data

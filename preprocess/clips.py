@@ -87,7 +87,7 @@ def prepare_texts(rows: list[dict], cfg: PreprocessConfig) -> list[str | ClipRej
     alignments the text is the TextGrids' phones (`featurize`): None for every row."""
     if cfg.alignments.dir:
         return [None] * len(rows)
-    out: list[str | ClipRejected] = [""] * len(rows)
+    out: list[str | ClipRejected | None] = [""] * len(rows)
     by_language: dict[str, list[int]] = {}
     for i, row in enumerate(rows):
         by_language.setdefault(row["language"], []).append(i)
@@ -114,7 +114,7 @@ def _text(row: dict, text: str | ClipRejected | None, cfg: PreprocessConfig) -> 
     text = prepare_texts([row], cfg)[0] if text is None else text
     if isinstance(text, ClipRejected):
         raise text
-    return text
+    return text  # type: ignore[return-value]  # prepare_texts gives None only in a run with alignments, which never calls _text
 
 
 def measure(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = None) -> dict:
@@ -127,7 +127,7 @@ def read_alignment(row: dict, cfg: PreprocessConfig) -> alignments.Alignment:
     """The clip's TextGrid, found by the id and speaker its input gives (`merge.as_given`: as the
     aligner saw them), parsed; ClipRejected missing_alignment / alignment_mismatch (unreadable)."""
     clip_id, speaker = as_given(row)
-    path = alignments.textgrid_path(cfg.alignments.dir, clip_id, speaker)
+    path = alignments.textgrid_path(cfg.alignments.dir, clip_id, speaker)  # type: ignore[arg-type]  # called only in a run with alignments.dir
     if path is None:
         raise ClipRejected(
             "missing_alignment", f"no {clip_id}.TextGrid in {cfg.alignments.dir} (nor in its {speaker!r} folder)"
@@ -197,7 +197,7 @@ def featurize_span(
             aligned, span["start"], span["length"], sr, cfg.mel.hop_length
         )
         text = " ".join(phones)
-    return _measured(row, text, span["length"], cfg), out, span
+    return _measured(row, text, span["length"], cfg), out, span  # type: ignore[arg-type]  # a str on both paths: _text's, or the TextGrid's phones
 
 
 def as_rejection(clip_id: str, e: ClipRejected) -> dict:

@@ -257,7 +257,7 @@ def parse_buckets(value: str) -> int | str:
         k = value if value == AUTO else int(value)
     except ValueError:
         k = None
-    if not buckets_ok(k):
+    if k is None or not buckets_ok(k):
         raise ConfigError(
             f"--buckets must be an integer >= 1 or {AUTO!r}, at most {MAX_BUCKETS} (shard names hold "
             f"the bucket in two digits), got {value!r}"

@@ -107,7 +107,7 @@ class _ReadRows(beam.DoFn):
             tempfile.TemporaryDirectory(prefix="melshards-read-") as tmp,
             Spill(os.path.join(tmp, "rows.sqlite")) as spill,
         ):
-            folded = [{} for _ in self.corpora]
+            folded: list[dict] = [{} for _ in self.corpora]
             merged = MergedInputs([(c.name, input_items(c, spill, f)) for c, f in zip(self.corpora, folded)], spill)
             total = sum(merged.input_rows)
             beam.metrics.Metrics.counter(NS, "input_rows").inc(total)
@@ -115,8 +115,8 @@ class _ReadRows(beam.DoFn):
             yield beam.pvalue.TaggedOutput(
                 INPUTS,
                 [
-                    input_summary(c, *counts)
-                    for c, *counts in zip(
+                    input_summary(c, rows, speakers, ids, f)
+                    for c, rows, speakers, ids, f in zip(
                         self.corpora, merged.input_rows, merged.prefixed_speakers, merged.prefixed_ids, folded
                     )
                 ],

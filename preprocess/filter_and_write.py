@@ -40,7 +40,7 @@ def written_counts(clips) -> Counter:
     """What a batch put in the shards, for the speaker and language tables: clips and milliseconds per
     ("speaker", name), ("language", code) and ("split", speaker, split); with a clip's "bucket", its
     records per ("bucket", index, split, "speaker" | "language", name) (schema.json `Bucket.groups`)."""
-    out = Counter()
+    out: Counter[tuple] = Counter()
     for c in clips:
         for key in (("speaker", c["speaker"]), ("language", c["language"])):
             out[key + ("clips",)] += 1
@@ -121,7 +121,7 @@ class _FilterAndWriteFn(beam.DoFn):
 
     def finish_bundle(self):
         for part in self.files.close_all():
-            yield WindowedValue(part, 0, [GlobalWindow()])
+            yield WindowedValue(part, 0, (GlobalWindow(),))
 
 
 class FilterAndWrite(beam.PTransform):

@@ -25,6 +25,7 @@ import socket
 import threading
 import time
 import uuid
+from typing import IO
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -134,7 +135,7 @@ class _LocalMarker:
     def _locked_here(self):
         while True:
             try:
-                f = open(self.path, "r+b")  # opened for writing: NFS emulates flock with POSIX locks
+                f: IO[bytes] = open(self.path, "r+b")  # opened for writing: NFS emulates flock with POSIX locks
             except FileNotFoundError:
                 yield None
                 return
@@ -181,7 +182,7 @@ class _GcsMarker:
         self.path = path
         bucket_name, _, name = path[len("gs://") :].partition("/")
         if bucket is None:
-            from google.cloud import storage
+            from google.cloud import storage  # type: ignore[attr-defined]  # google-cloud-storage has no py.typed: mypy sees only the typed google.cloud packages
 
             bucket = storage.Client().bucket(bucket_name)
         self.blob_name, self.bucket = name, bucket

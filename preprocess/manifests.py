@@ -62,7 +62,7 @@ def _check_repeats(columns: list[str] | None, path: str, what: str) -> None:
     twice = repeated_column(columns or [])
     if twice is not None:
         raise CorpusError(
-            f"{what} {path}: its header has the column {twice!r} twice ({', '.join(columns)}); "
+            f"{what} {path}: its header has the column {twice!r} twice ({', '.join(columns or [])}); "
             "rename or remove one of them"
         )
 
@@ -137,8 +137,8 @@ def parse_manifest(lines: Iterable[str], path: str, root: str):
     i = 0
     for first, spanned, fields in records:
         if isinstance(fields, Exception) or swallowed(fields, delimiter):
-            for line in spanned:  # one rejection per line: every line of the file is accounted for
-                yield i, ValueError(f"row {i + 1}: {_swallowed_detail(line, first, spanned, fields)}")
+            for number in spanned:  # one rejection per line: every line of the file is accounted for
+                yield i, ValueError(f"row {i + 1}: {_swallowed_detail(number, first, spanned, fields)}")
                 i += 1
             continue
         yield i, _manifest_fields(fields, columns, i, root)
@@ -165,7 +165,8 @@ class _Tape:
     """An iterator of lines that keeps the lines read since `take` was last called."""
 
     def __init__(self, lines: Iterable[str]):
-        self.lines, self.held = iter(lines), []
+        self.lines = iter(lines)
+        self.held: list[str] = []
 
     def __iter__(self):
         return self

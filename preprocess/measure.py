@@ -36,7 +36,7 @@ class _Cached:
         self.loaded: dict[str, dict] = {}
         self.new: list = []
         self.used: set[str] = set()
-        self.counts = Counter()
+        self.counts: Counter[str] = Counter()
 
     def key(self, row: dict) -> str | None:
         return cache.clip_key(row.get("audio"), self.settings) if self.dir else None
@@ -44,7 +44,7 @@ class _Cached:
     def find(self, key: str | None):
         """(span, arrays, moments, entries file) of a cached clip, or None (not cached, or its file is
         damaged)."""
-        where = self.index.get(key) if key else None  # a key only with a cache, whose index is given
+        where = self.index.get(key) if key else None  # type: ignore[union-attr]  # a key only with a cache, whose index is given
         if where is None:
             return None
         if where not in self.loaded:
@@ -73,7 +73,7 @@ class _Cached:
         """Write the new entries as one cache file; its path (None when there were none)."""
         if not self.new:
             return None
-        path = cache.write_batch(self.dir, self.new)
+        path = cache.write_batch(self.dir, self.new)  # type: ignore[arg-type]  # new entries have keys: only with a cache dir
         self.used.add(path)
         return path
 
@@ -182,7 +182,8 @@ class MeasureClips(beam.PTransform):
 
 def cache_summary(batches) -> dict:
     """The measured batches' cache counts summed, and the cache files they read or wrote."""
-    counts, files = Counter(), set()
+    counts: Counter[str] = Counter()
+    files: set[str] = set()
     for b in batches:
         counts.update(b.get("cache", {}))
         files.update(b.get("cache_files", ()))

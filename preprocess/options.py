@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+from collections.abc import Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
 
@@ -21,7 +22,7 @@ class OptionsError(ValueError):
 
 def _beam_parser() -> argparse.ArgumentParser:
     """Beam's own parser of every registered PipelineOptions class (handed out by its public hook)."""
-    parsers = []
+    parsers: list[argparse.ArgumentParser] = []
     PipelineOptions([]).get_all_options(add_extra_args_fn=parsers.append)
     parser = parsers[0]
     parser.exit_on_error = False  # ArgumentError instead of printing usage and exiting
@@ -55,7 +56,7 @@ def check_beam_args(beam_args: list[str], own_options: list[str]) -> None:
     raise OptionsError(f"unknown option {name}: neither melshards nor Beam knows it{hint}")
 
 
-def pipeline_options(beam_args: list[str], own_options: list[str] = ()) -> PipelineOptions:
+def pipeline_options(beam_args: list[str], own_options: Sequence[str] = ()) -> PipelineOptions:
     check_beam_args(beam_args, list(own_options))
     options = PipelineOptions(beam_args)
     std = options.view_as(StandardOptions)

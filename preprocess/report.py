@@ -92,7 +92,7 @@ def bucket_groups(corpus_tables: dict, written: dict, bucket: int) -> dict[str, 
     """schema.json `Bucket.groups`: a bucket's records per speaker and per language id in each split
     (`written_counts`' ("bucket", index, split, kind, name) keys)."""
     tables = {"speaker": corpus_tables["speakers"], "language": corpus_tables["languages"]}
-    out = {}
+    out: dict[str, dict[str, list[int]]] = {}
     for split in SPLITS:
         out[split] = {}
         for kind, table in tables.items():

@@ -254,7 +254,7 @@ def run_job(
         run.stage,
         options.view_as(StandardOptions).runner,
     )
-    reporter = ProgressReporter(run.stage, rows, echo) if local else None
+    reporter = ProgressReporter(run.stage, rows, echo) if rows is not None else None
     lease = None
     try:
         if cache_dir:  # `melshards cache prune` removes no entries while the run holds the cache

@@ -44,6 +44,12 @@ class Corpus:
     language: str | None = None  # for rows that give none; None: such rows are `missing_language`
     input: str = ""  # the --input as given
 
+    def rows_file(self) -> str:
+        """`rows_path`, in a layout that reads one (every layout but the one file per row)."""
+        if self.rows_path is None:
+            raise CorpusError(f"{self.input or self.root}: this {self.kind} input has no rows file")
+        return self.rows_path
+
 
 @dataclasses.dataclass(frozen=True)
 class Layout:
@@ -193,9 +199,9 @@ def _is_dir(path: str) -> bool:
 
 def _count_lines(corpus: Corpus) -> int:
     """Non-blank lines of the rows file, less a table's header (every CSV/TSV but LJSpeech's metadata.csv)."""
-    with FileSystems.open(corpus.rows_path) as f:
+    with FileSystems.open(corpus.rows_file()) as f:
         n = sum(1 for line in f if line.strip())
-    header = corpus.kind != "ljspeech" and not corpus.rows_path.lower().endswith(".jsonl")
+    header = corpus.kind != "ljspeech" and not corpus.rows_file().lower().endswith(".jsonl")
     return n - 1 if header else n
 
 
@@ -207,7 +213,7 @@ def _locate_ljspeech(path: str, forced: bool) -> Corpus | None:
 
 def _read_ljspeech(c: Corpus, spill: Spill) -> Iterator[dict]:
     files = spill.lists(layouts.audio_files(_list_dir(_join(c.root, "wavs"))))
-    return layouts.ljspeech_rows(_lines(c.rows_path), files, spill.map())
+    return layouts.ljspeech_rows(_lines(c.rows_file()), files, spill.map())
 
 
 def _locate_vctk(path: str, forced: bool) -> Corpus | None:
@@ -275,7 +281,7 @@ def _locate_commonvoice(path: str, forced: bool) -> Corpus | None:
 
 
 def _read_commonvoice(c: Corpus, spill: Spill) -> Iterator[dict]:
-    return unique_ids(manifests.commonvoice_rows(_lines(c.rows_path), c.rows_path), spill.map())
+    return unique_ids(manifests.commonvoice_rows(_lines(c.rows_file()), c.rows_file()), spill.map())
 
 
 def _locate_manifest(path: str, forced: bool) -> Corpus | None:
@@ -283,7 +289,7 @@ def _locate_manifest(path: str, forced: bool) -> Corpus | None:
 
 
 def _read_manifest(c: Corpus, spill: Spill) -> Iterator[dict]:
-    return unique_ids(manifests.manifest_rows(_lines(c.rows_path), c.rows_path, c.root), spill.map())
+    return unique_ids(manifests.manifest_rows(_lines(c.rows_file()), c.rows_file(), c.root), spill.map())
 
 
 # The default language of a layout's rows that give none, from the corpus and --language (or None).
@@ -296,7 +302,7 @@ def _english(corpus: Corpus, given: str | None) -> str:
 
 
 def _given_else_locale_dir(corpus: Corpus, given: str | None) -> str | None:
-    return given or manifests.commonvoice_language(corpus.rows_path)
+    return given or manifests.commonvoice_language(corpus.rows_file())
 
 
 def _given(corpus: Corpus, given: str | None) -> str | None:

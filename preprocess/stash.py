@@ -57,6 +57,7 @@ def stash_rows(stash_dir: str, batches: Iterable[list[dict]]) -> Iterator[dict]:
 
     A file's name comes from its ids, so a retried bundle rewrites the same files instead of adding more.
     """
+    refs: list[dict]
     buffer, refs, ids = io.BytesIO(), [], hashlib.sha1()
 
     def flush():
@@ -111,7 +112,7 @@ def stash_batch(stash_dir: str, clips: list[dict], features: list[dict[str, np.n
     if arrays:  # none when every clip's arrays are in the feature cache
         arrays["count"] = np.array([len(features)], np.int64)
         buffer = io.BytesIO()
-        np.savez(buffer, **arrays)
+        np.savez(buffer, **arrays)  # type: ignore[arg-type]  # mypy matches **arrays with savez's allow_pickle: bool too (numpy >= 2.1); no array has that name
         features_path = _write(FileSystems.join(stash_dir, f"features-{name}.npz"), buffer.getvalue())
     return {
         "clips": _write(

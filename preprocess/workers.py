@@ -120,7 +120,9 @@ def _portable(e: BaseException) -> list[bytes]:
     """e and its causes, each pickled on its own (an exception's pickle keeps no cause); one that does
     not pickle becomes a RuntimeError with its type and text."""
     chain, seen = [], set()
-    while e is not None and id(e) not in seen:
+    cause: BaseException | None = e
+    while cause is not None and id(cause) not in seen:
+        e = cause
         seen.add(id(e))
         try:
             data = pickle.dumps(e)
@@ -128,7 +130,7 @@ def _portable(e: BaseException) -> list[bytes]:
         except Exception:
             data = pickle.dumps(RuntimeError(f"{type(e).__qualname__}: {e}"))
         chain.append(data)
-        e = e.__cause__ or e.__context__
+        cause = e.__cause__ or e.__context__
     return chain
 
 

@@ -238,14 +238,14 @@ def choose_buckets(
             (
                 k
                 for k in range(1, kmax + 1)
-                if table.cost(k) is not None and padding_fraction(table.valid, table.cost(k)) <= target_padding
+                if (cost := table.cost(k)) is not None and padding_fraction(table.valid, cost) <= target_padding
             ),
             kmax,
         )
     kk = table.best_k(k_ask)
     met = kk is not None
-    bounds = table.bounds(kk) if met else (int(table.cand[-1]),)
-    free_buckets = fill_buckets(free.bounds(free.best_k(k_ask)), hist)
+    bounds = table.bounds(kk) if kk is not None else (int(table.cand[-1]),)
+    free_buckets = fill_buckets(free.bounds(free.best_k(k_ask)), hist)  # type: ignore[arg-type]  # without min_records every k is feasible: best_k is not None
     need = _min_records_fn(min_records)
     if met:
         merges = tuple(
@@ -273,15 +273,14 @@ def padding_by_k(
     """Padding and compile count (= buckets used) of the optimal bounds for each K in `ks`; one DP pass
     (stats.json's `buckets.what_if`)."""
     table = _Table(hist, max(ks), multiple, min_records)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for k in ks:
         kk = table.best_k(k)
-        if kk is None:
+        cost = table.cost(kk) if kk is not None else None
+        if kk is None or cost is None:
             rows.append({"k": k, "buckets_used": None, "padding_fraction": None})
             continue
-        rows.append(
-            {"k": k, "buckets_used": kk, "padding_fraction": round(padding_fraction(table.valid, table.cost(kk)), 6)}
-        )
+        rows.append({"k": k, "buckets_used": kk, "padding_fraction": round(padding_fraction(table.valid, cost), 6)})
     return tuple(rows)
 
 

@@ -18,7 +18,7 @@ from typing import Annotated, Any, TypeVar
 import annotated_types
 import yaml
 from pydantic import AfterValidator, ConfigDict, TypeAdapter, ValidationError
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 T = TypeVar("T")
 
@@ -42,7 +42,7 @@ def _adapter(cls: type) -> TypeAdapter:
     are errors in every section."""
     for c in _dataclasses_in(cls):
         if "__pydantic_config__" not in c.__dict__:
-            c.__pydantic_config__ = ConfigDict(extra="forbid", allow_inf_nan=False)
+            c.__pydantic_config__ = ConfigDict(extra="forbid", allow_inf_nan=False)  # type: ignore[attr-defined]  # the class attribute pydantic reads on a stdlib dataclass
     return TypeAdapter(cls)
 
 
@@ -90,9 +90,10 @@ def _field_names(cls: type, path: Sequence[str]) -> list[str]:
     return [f.name for f in dataclasses.fields(cls)]
 
 
-def error_texts(cls: type, errors: list[dict], prefix: str = "") -> list[str]:
+def error_texts(cls: type, errors: list[ErrorDetails], prefix: str = "") -> list[str]:
     """pydantic's errors for config dataclass `cls` as sentences naming the dotted key (after `prefix`)."""
-    out, unknown = [], {}
+    out: list[str] = []
+    unknown: dict[tuple[str, ...], list[str]] = {}
     for e in errors:
         loc = [str(x) for x in e["loc"] if not str(x).startswith("function-")]
         key = prefix + ".".join(loc)
@@ -128,7 +129,7 @@ def from_dict(cls: type[T], data: Any, where: str = "config", prefix: str = "") 
     """Build config dataclass ``cls`` from ``data``, validated by pydantic (types, declared bounds,
     unknown keys): a ConfigError names every bad key, dotted (``mel.n_fft``) after ``prefix``."""
     try:
-        return _adapter(cls).validate_python(data)
+        return _adapter(cls).validate_python(data)  # type: ignore[arg-type]  # a class is hashable; mypy checks its unbound __hash__
     except ValidationError as e:
         raise ConfigError(f"{where}: " + "; ".join(error_texts(cls, e.errors(), prefix))) from None
 
@@ -136,7 +137,7 @@ def from_dict(cls: type[T], data: Any, where: str = "config", prefix: str = "") 
 def check(obj: Any, what: str, prefix: str = "") -> None:
     """Validate a config dataclass built or changed in code (dataclasses.replace, overrides) the same way."""
     try:
-        _adapter(type(obj)).validate_python(dataclasses.asdict(obj))
+        _adapter(type(obj)).validate_python(dataclasses.asdict(obj))  # type: ignore[arg-type]  # a class is hashable; mypy checks its unbound __hash__
     except ValidationError as e:
         raise ConfigError(f"invalid {what}: " + "; ".join(error_texts(type(obj), e.errors(), prefix))) from None
 

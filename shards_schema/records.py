@@ -75,7 +75,7 @@ def _feature_payload(f: Feature, v: Any) -> tuple[int, bytes | memoryview]:
         arr = np.asarray(v)
         if arr.shape != f.shape:
             raise SchemaError(f"feature {f.name} has shape {arr.shape}, schema says {f.shape}")
-        return 1, memoryview(np.ascontiguousarray(arr.astype(RAW_DTYPES[f.storage], copy=False))).cast("B")
+        return 1, memoryview(np.ascontiguousarray(arr.astype(RAW_DTYPES[f.storage], copy=False))).cast("B")  # type: ignore[arg-type]  # numpy declares an array's __buffer__ for Python >= 3.12 only
     raise SchemaError(f"feature {f.name}: unknown storage {f.storage!r}")
 
 

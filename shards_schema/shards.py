@@ -303,7 +303,7 @@ def check_shard(path: str, schema: Schema, keep: int = 0) -> tuple[ShardResult, 
         for i, rec in enumerate(decode_records(bucket, chunk)):
             problems = [rec] if isinstance(rec, str) else record_problems(bucket, rec) + id_problems(schema, rec)
             result.problems += [Problem(path, first + i, p) for p in problems]
-            if not problems and len(shown) < keep:
+            if isinstance(rec, dict) and not problems and len(shown) < keep:
                 shown.append(dict(rec, _file=path, _index=first + i))
 
     chunk: list[bytes] = []

@@ -33,7 +33,7 @@ from pydantic import (
     ValidationError,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from melshards.shards_schema.stats import FILTER_REASONS, LENGTH_KEYS
 
@@ -451,7 +451,7 @@ def _describe(value) -> str:
     return "a list" if isinstance(value, (list, tuple)) else "an object"
 
 
-def error_text(error: dict) -> str:
+def error_text(error: ErrorDetails) -> str:
     """One pydantic error (ValidationError.errors() item) as "FIELD is X, not Y", FIELD dotted."""
     loc = [str(part) for part in error["loc"]]
     if error["type"] == PROBLEM:

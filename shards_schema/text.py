@@ -122,7 +122,7 @@ def _script(c: str) -> str:
 
 
 def _english_rows(raws: list[str], language: str) -> list:
-    out = []
+    out: list[str | TextRejected] = []
     for raw in raws:
         foreign = text_english.foreign_letters(raw)
         if foreign:
@@ -253,7 +253,6 @@ def normalizer_for(record: dict) -> Callable[[str, str], str]:
     def normalize(raw: str, language: str) -> str:
         return check_text(raw, language, f.name)
 
-    normalize.frontend = f
     return normalize
 
 

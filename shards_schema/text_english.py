@@ -308,7 +308,7 @@ def expand_abbreviations(text: str) -> str:
     if not _ANY_ABBREVIATION.search(text):
         return text
     for pattern, full in _ABBREVIATIONS:
-        text = pattern.sub(lambda m, full=full: full + _sentence_end(m), text)
+        text = pattern.sub(lambda m, full=full: full + _sentence_end(m), text)  # type: ignore[misc]  # mypy cannot type a lambda with a default (which binds the loop's `full`)
     return text
 
 

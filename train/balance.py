@@ -83,14 +83,14 @@ def realised_shares(per_bucket: np.ndarray, accept: np.ndarray | None, drawn: Se
     return mix / mix.sum() if mix.sum() > 0 else mix
 
 
-def target_shares(counts: Sequence[int], alpha: float) -> np.ndarray:
+def target_shares(counts: Sequence[int] | np.ndarray, alpha: float) -> np.ndarray:
     """Each group's share of the balanced stream: count ** alpha, normalised; 0 for a group without clips."""
     counts = np.asarray(counts, np.float64)
     weights = np.where(counts > 0, np.power(np.maximum(counts, 1.0), alpha), 0.0)
     return weights / weights.sum()
 
 
-def accept_probs(counts: Sequence[int], alpha: float) -> np.ndarray | None:
+def accept_probs(counts: Sequence[int] | np.ndarray, alpha: float) -> np.ndarray | None:
     """Probability of keeping a record of each group: target share / corpus share, the largest 1.
     None when every group with clips would be kept always (alpha 1, one group): nothing to filter."""
     counts = np.asarray(counts, np.float64)
@@ -102,7 +102,7 @@ def accept_probs(counts: Sequence[int], alpha: float) -> np.ndarray | None:
     return None if np.allclose(accept[counts > 0], 1.0) else accept
 
 
-def reads_per_kept(counts: Sequence[int], accept: np.ndarray | None) -> float:
+def reads_per_kept(counts: Sequence[int] | np.ndarray, accept: np.ndarray | None) -> float:
     """Records read per record kept: 1 / sum_g corpus_g * accept_g (= max_g target_g / corpus_g)."""
     if accept is None:
         return 1.0

@@ -99,7 +99,7 @@ def _too_few_records(short: list[tuple[int, int]], records: Sequence[int], batch
     )
 
 
-def calls_per_epoch(records: Sequence[int], batches: Sequence[int], steps_per_execution: int) -> list[int]:
+def calls_per_epoch(records: Sequence[float], batches: Sequence[int], steps_per_execution: int) -> list[int]:
     """Compiled calls of each bucket in one schedule epoch: its batches, rounded, >= 1; 0 if no records."""
     return [0 if n == 0 else max(1, round(n / (b * steps_per_execution))) for n, b in zip(records, batches)]
 
@@ -119,7 +119,7 @@ class Schedule:
         self.per_epoch = int(sum(calls))
         if self.per_epoch == 0:
             raise ValueError("no bucket has records")
-        self._epoch, self._order = -1, None
+        self._epoch, self._order = -1, np.zeros(0, np.int64)
 
     def bucket(self, call: int) -> int:
         epoch, pos = divmod(call, self.per_epoch)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
@@ -144,7 +144,7 @@ class TrainConfig:
         cfg = self
         if model_factory is not None:
             cfg = dataclasses.replace(cfg, model=dict(cfg.model, factory=model_factory))
-        loop = {
+        loop: dict[str, Any] = {
             k: v for k, v in {"steps": steps, "precision": precision, "strategy": strategy}.items() if v is not None
         }
         if loop:

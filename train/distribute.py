@@ -197,7 +197,7 @@ def distributed_dataset(
         ds = make(batch_size=b, shard=shard)
         return ds.map(lambda batch: {k: tf.ensure_shape(v, specs[k].shape) for k, v in batch.items()})
 
-    return topo.strategy.distribute_datasets_from_function(dataset_fn)
+    return topo.strategy.distribute_datasets_from_function(dataset_fn)  # type: ignore[union-attr]  # called only under a strategy
 
 
 class Preempted(Exception):

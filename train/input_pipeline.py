@@ -87,7 +87,8 @@ def check_val_is_not_train(files: Sequence[str], val_files: Sequence[str], train
 def padding_record(schema: Schema, bucket: Bucket | None = None) -> bytes:
     """A serialized record with zero lengths in the bucket's shapes (None: a one-bucket schema's, i.e.
     `schema.largest`): fills a short last validation batch, masked out by length."""
-    values, bucket = {}, bucket or schema.largest
+    values: dict[str, object] = {}
+    bucket = bucket or schema.largest
     for f in bucket.features:
         if f.dtype == "string":
             values[f.name] = ""
@@ -100,7 +101,7 @@ def padding_record(schema: Schema, bucket: Bucket | None = None) -> bytes:
     return encode_example(bucket.features, values)
 
 
-def _parse_fn(schema: Schema, batch_size: int, names: Sequence[str]):
+def _parse_fn(schema: Schema | Bucket, batch_size: int, names: Sequence[str]):
     """Vectorised parse of a batch of serialized records, keeping the features the step reads."""
     for name in names:
         schema.feature(name)  # a schema without it is a SchemaError here, not a KeyError in a trace
@@ -128,7 +129,7 @@ def _if(flag: bool, transform):
 
 def train_dataset(
     files: Sequence[str],
-    schema: Schema,
+    schema: Schema | Bucket,
     cfg: DataConfig,
     names: Sequence[str],
     steps_per_execution: int | None,
@@ -180,7 +181,7 @@ def train_dataset(
         .apply(_if(repeat, lambda d: d.repeat()))
         # temperature sampling of speakers or languages; after the repeat, where an epoch that keeps
         # no record of a small bucket cannot end the stream (repeat() stops at an empty epoch)
-        .apply(_if(balance is not None, lambda d: d.apply(sampler(balance, seed, cfg.deterministic))))
+        .apply(_if(balance is not None, lambda d: d.apply(sampler(balance, seed, cfg.deterministic))))  # type: ignore[arg-type]  # applied only when balance is not None
         # static batch dim for the signature-bound step
         .batch(b, drop_remainder=True)
         # one vectorised parse per batch, decoded to the schema's static shapes
@@ -230,7 +231,9 @@ def synthetic_dataset(example: dict[str, tf.Tensor], steps_per_execution: int) -
     return tf.data.Dataset.from_tensors(stacked).repeat()
 
 
-def first_batch(files: Sequence[str], schema: Schema, cfg: DataConfig, names: Sequence[str]) -> dict[str, tf.Tensor]:
+def first_batch(
+    files: Sequence[str], schema: Schema | Bucket, cfg: DataConfig, names: Sequence[str]
+) -> dict[str, tf.Tensor]:
     """The first `batch_size` records of the shards, decoded (records repeat if there are fewer)."""
     ds = (
         tf.data.TFRecordDataset(list(files))

@@ -329,7 +329,7 @@ class TextToMel(keras.Model):
 
     def loss_terms(self, batch: dict, seed, training: bool) -> dict:
         """Masked sums and counts, so batches (and padded records) combine exactly."""
-        target = self.norm(batch["mel"])
+        target = self.norm(batch["mel"])  # type: ignore[misc]  # build_model gives every model the schema's normaliser
         mel, refined, stop_logits = self(
             batch["text_ids"],
             batch["text_len"],
@@ -376,7 +376,7 @@ class TextToMel(keras.Model):
         refined = self.refine(mel, seed)
         stopped = tf.sigmoid(stop[0]) > 0.5
         n = tf.where(tf.reduce_any(stopped), tf.argmax(tf.cast(stopped, tf.int32), output_type=tf.int32) + 1, steps)
-        return {"mel": self.norm.invert(refined), "mel_len": tf.reshape(n * r, [1])}
+        return {"mel": self.norm.invert(refined), "mel_len": tf.reshape(n * r, [1])}  # type: ignore[union-attr]  # build_model gives every model the schema's normaliser
 
 
 def _options(options: dict) -> ModelConfig:
@@ -394,7 +394,7 @@ def build(schema, options: dict) -> TextToMel:
     return build_text_to_mel(cfg, schema, keras.config.dtype_policy().name)
 
 
-build.validate = validate
+build.validate = validate  # type: ignore[attr-defined]  # the factory's optional checks (train/contract.py)
 
 
 def build_text_to_mel(cfg: ModelConfig | dict, schema, precision: str) -> TextToMel:

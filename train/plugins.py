@@ -45,7 +45,7 @@ def load_factory(spec: str) -> Callable:
             f"model factory {spec!r}: module {module_name!r} does not import ({last}). "
             "Install it, or run from the directory that holds it"
         ) from e
-    factory = module
+    factory: Any = module
     for part in attr.split("."):
         factory = getattr(factory, part, None)
         if factory is None:

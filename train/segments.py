@@ -14,7 +14,7 @@ an uninterrupted run would have seen, as the trainer's data position does.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from melshards.shards_schema import Schema
 from melshards.train.config import DataConfig
@@ -59,7 +59,7 @@ def crop(batch: dict, u, segment_frames: int, hop_length: int, pad_value: float)
 
 
 def segment_dataset(
-    files_by_bucket: dict[int, Sequence[str]],
+    files_by_bucket: Mapping[int, Sequence[str]],
     records: dict[int, int],
     schema: Schema,
     segment_frames: int,

@@ -331,6 +331,7 @@ class Trainer:
         """Validation losses over every bucket's validation shards, each with its own eval step and
         batch; loop.val_batches (when > 0) caps the batches of each bucket. "examples" counts the
         records seen."""
+        sums: dict
         max_batches, sums = self.inputs.cfg.loop.val_batches, {}
         for tb in self.buckets:
             if tb.index not in self.eval_steps:

@@ -18,13 +18,17 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+from typing import Literal
 
 import click
 
 from melshards.preprocess import output
 
 # The signals that stop a run -> (exit code, how its line begins).
-STOPPING_SIGNALS = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (143, "terminated (SIGTERM)")}
+STOPPING_SIGNALS: dict[int, tuple[int, str]] = {
+    signal.SIGINT: (130, "interrupted"),
+    signal.SIGTERM: (143, "terminated (SIGTERM)"),
+}
 
 
 def stopped_line(signum: int, out_dir: str, published: bool) -> str:
@@ -65,7 +69,7 @@ class StopOnCtrlC:
         if not output.PUBLISHING:  # else the publish finishes, then __exit__ ends the command
             raise KeyboardInterrupt
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, *exc) -> Literal[False]:
         if self.signum is not None:
             output.abort_active()  # what a run staged and still holds (none after `run_job`'s own clean-up)
             click.echo(stopped_line(self.signum, self.out_dir, bool(output.PUBLISHED)), err=True)

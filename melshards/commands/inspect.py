@@ -68,7 +68,8 @@ def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show:
         schemas, problems = schemas_for(files, schema_path)
     except (SchemaError, InputError) as e:
         raise click.ClickException(str(e)) from e
-    results, shown = [], []
+    results: list = []
+    shown: list = []
     for f in files:
         result, records = check_shard(f, schemas[f], keep=show - len(shown))
         results.append(result)

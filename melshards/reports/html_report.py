@@ -54,7 +54,7 @@ code { background: #f4f4f4; padding: 0 0.2em; }
 """
 
 
-def _marks(key: str, report: dict) -> list[tuple[float, str, str, str]]:
+def _marks(key: str, report: dict) -> list[tuple[float, str | None, str, str]]:
     """(x, label, colour, linestyle) of the cut-offs and padded lengths drawn on a panel."""
     cut, pad = report["cutoffs"], report["padding"]
     if not cut or not pad:
@@ -94,6 +94,8 @@ def histogram_figure(report: dict, histograms: dict) -> Figure:
     """The three length distributions before (grey) and after (blue) filtering, cut-offs and padding marked."""
     fig = Figure(figsize=(13, 3.6), dpi=100, layout="constrained")
     axes = fig.subplots(1, 3)
+    lo: float
+    hi: float
     for ax, (key, title, scale) in zip(axes, PANELS):
         before = int_hist(histograms.get("before_filter", {}).get(key, {}))
         after = int_hist(histograms.get("after_filter", {}).get(key, {}))
@@ -116,8 +118,8 @@ def histogram_figure(report: dict, histograms: dict) -> Figure:
                 ax.hist([v * scale for v in shown], bins=bins, weights=list(shown.values()), color=colour, label=label)
         if beyond:
             ax.plot([], [], " ", label=f"{beyond} longer clip(s) beyond {hi:.4g}, not drawn")
-        for x, label, colour, style in marks:
-            ax.axvline(x, color=colour, linestyle=style, linewidth=1.2 if style != ":" else 1.0, label=label)
+        for x, mark_label, colour, style in marks:
+            ax.axvline(x, color=colour, linestyle=style, linewidth=1.2 if style != ":" else 1.0, label=mark_label)
         ax.legend(fontsize=7, frameon=False)
     return fig
 

@@ -109,7 +109,7 @@ def top_reasons(per_reason: dict, rows: Iterable[dict], examples: int = EXAMPLES
     found: dict[str, list[dict]] = {r: [] for r in per_reason}
     wanted = sum(min(examples, n) for n in per_reason.values())
     for row in rows:
-        bucket = found.get(row.get("reason"))
+        bucket = found.get(row.get("reason", ""))
         if bucket is not None and len(bucket) < examples:
             bucket.append({"id": row.get("id", "?"), "detail": row.get("detail", "")})
             wanted -= 1
