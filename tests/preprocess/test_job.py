@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from melshards.commands.preprocess import run
-from melshards.preprocess import audio as A
+from melshards.preprocess import audio
 from melshards.preprocess.config import FeaturesConfig, PreprocessConfig, load_config
 from melshards.shards_schema import read_schema
 from melshards.shards_schema.records import decode_parsed, parse_spec
@@ -88,8 +88,8 @@ def test_shards_hold_the_librosa_mel_and_normalised_text_of_each_clip(shards_dir
     schema, records = _records(shards_dir)
     cfg = load_config(str(TINY_CONFIG))
     rec = next(r for r in records if r["id"].numpy()[0] == b"LJT001-0003")  # 16 kHz FLAC, resampled
-    y, _ = A.decode_audio((corpus_dir / "wavs" / "LJT001-0003.flac").read_bytes(), 22050)
-    expected = A.log_mel(A.trim(y, cfg.audio), 22050, cfg.mel)
+    y, _ = audio.decode_audio((corpus_dir / "wavs" / "LJT001-0003.flac").read_bytes(), 22050)
+    expected = audio.log_mel(audio.trim(y, cfg.audio), 22050, cfg.mel)
     n = int(rec["mel_len"][0])
     assert n == expected.shape[0]
     np.testing.assert_allclose(rec["mel"][0, :n].numpy(), expected, rtol=1e-3, atol=1e-2)
@@ -607,8 +607,8 @@ def test_rows_that_used_to_be_read_silently_wrong_are_rejected_with_their_reason
     rec = next(r for r in records if r["id"].numpy()[0] == b"offset")
     cfg = PreprocessConfig()
     sf.write(tmp_path / "clean.wav", speech, 22050, subtype="FLOAT")
-    clean, _ = A.decode_audio((tmp_path / "clean.wav").read_bytes(), 22050)
-    expected = A.log_mel(A.trim(clean, cfg.audio), 22050, cfg.mel)
+    clean, _ = audio.decode_audio((tmp_path / "clean.wav").read_bytes(), 22050)
+    expected = audio.log_mel(audio.trim(clean, cfg.audio), 22050, cfg.mel)
     n = int(rec["mel_len"][0])
     assert n == expected.shape[0]
     np.testing.assert_allclose(rec["mel"][0, :n].numpy(), expected, rtol=1e-3, atol=1e-2)
@@ -793,13 +793,11 @@ def _failing_job(monkeypatch, error: Exception, worker_says: str, logger: str):
     local runner does, traceback and all) and which then fails with `error`."""
     import logging
 
-    from melshards.preprocess import run as R
-
     def job(*args, **kwargs):
         logging.getLogger(logger).error("Worker: %s", worker_says)
         raise error
 
-    monkeypatch.setattr(R, "_run_pipeline", job)
+    monkeypatch.setattr("melshards.preprocess.run._run_pipeline", job)
 
 
 @pytest.mark.parametrize(
@@ -848,7 +846,6 @@ def test_an_output_removed_during_the_run_is_told_in_one_line_and_nothing_is_mad
     FileSystems.create made the directories again: debris no run would remove)."""
     import shutil
 
-    from melshards.preprocess import run as R
     from melshards.preprocess.stash import stash_dir, stash_rows
 
     out = tmp_path / "o"
@@ -857,7 +854,7 @@ def test_an_output_removed_during_the_run_is_told_in_one_line_and_nothing_is_mad
         shutil.rmtree(out)
         list(stash_rows(stash_dir(run.stage), [[{"id": "a"}]]))  # what a worker writes next
 
-    monkeypatch.setattr(R, "_run_pipeline", job)
+    monkeypatch.setattr("melshards.preprocess.run._run_pipeline", job)
     assert run(["--input", str(corpus_dir), "--output", str(out), "--config", str(TINY_CONFIG)]) == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error:")]
     assert (
@@ -871,12 +868,12 @@ def test_the_watch_of_a_run_says_when_its_staging_dir_or_lock_is_removed(tmp_pat
     import os
     import shutil
 
-    from melshards.preprocess import output as O
+    from melshards.preprocess.output import close_run, open_run
     from melshards.preprocess.run import watch_output
 
     for removed in ("staging dir", "lock"):
         out = tmp_path / removed.replace(" ", "-")
-        r = O.open_run(str(out), overwrite=False)
+        r = open_run(str(out), overwrite=False)
         check = watch_output(r, every=0)
         assert check() is None
         if removed == "lock":
@@ -884,4 +881,4 @@ def test_the_watch_of_a_run_says_when_its_staging_dir_or_lock_is_removed(tmp_pat
         else:
             shutil.rmtree(r.stage)
         assert check().startswith(f"the run's {removed} {r.lock.path if removed == 'lock' else r.stage} was removed")
-        O.close_run(r, ok=False)
+        close_run(r, ok=False)
