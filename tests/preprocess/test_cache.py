@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import time
 
 import numpy as np
@@ -21,7 +20,7 @@ from melshards.commands.preprocess import run
 from melshards.preprocess import audio, cache, lock, output
 from melshards.shards_schema.stats import Moments
 from tests.conftest import CORPUS, TINY_CONFIG
-from tests.preprocess.conftest import preprocess_command, start_long_run
+from tests.preprocess.conftest import long_corpus, preprocess_command, start_long_run
 
 
 def _run(out, cache_dir=None, *extra, corpus=CORPUS):
@@ -42,6 +41,15 @@ def records(out) -> dict[bytes, bytes]:
     return found
 
 
+def without_id(raw: bytes) -> bytes:
+    """A serialized record without its id feature."""
+    import tensorflow as tf
+
+    example = tf.train.Example.FromString(raw)
+    del example.features.feature["id"]
+    return example.SerializeToString(deterministic=True)
+
+
 def audio_rejections(stats) -> int:
     """Clips rejected for their audio: decoded on every run, the cache keeps no entry for them."""
     return sum(stats["counts"]["per_reason"].get(r, 0) for r in ("silent_audio", "unreadable_audio", "invalid_samples"))
@@ -55,44 +63,59 @@ def decodes(monkeypatch):
     return calls
 
 
+def record_stashes(monkeypatch) -> list:
+    """Every batch the runs from now on stash for the writer: (clips, features)."""
+    from melshards.preprocess import pipeline
+
+    calls, real = [], pipeline.stash_batch
+    monkeypatch.setattr(
+        pipeline,
+        "stash_batch",
+        lambda d, clips, features: calls.append((clips, features)) or real(d, clips, features),
+    )
+    return calls
+
+
+@pytest.fixture
+def stashed(monkeypatch):
+    return record_stashes(monkeypatch)
+
+
+def assert_stashes_no_array_the_cache_holds(stashed: list, stats: dict, cache_dir) -> None:
+    """Computed or found, a cached clip's arrays are written once, to the cache: the writer reads them there."""
+    clips = [c for batch, _ in stashed for c in batch]
+    assert len(clips) == stats["cache"]["hits"] + stats["cache"]["computed"] == 47, "a clip stashed twice or not"
+    assert all(c["cached"][0].startswith(str(cache_dir)) for c in clips), (
+        "a clip the writer does not read from the cache"
+    )
+    assert all(not f for _, features in stashed for f in features), "an array stashed that the cache holds"
+
+
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory):
-    """A cache filled by one run, and a run without a cache for reference."""
+    """A cache filled by one run (what that run stashed for the writer checked), and a run without a cache
+    for reference."""
     tmp = tmp_path_factory.mktemp("cache")
-    cold = _run(tmp / "cold", tmp / "cache")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        calls = record_stashes(monkeypatch)
+        cold = _run(tmp / "cold", tmp / "cache")
+    assert_stashes_no_array_the_cache_holds(calls, cold, tmp / "cache")
     _run(tmp / "plain")
     return tmp, cold
 
 
-def test_a_warm_rerun_decodes_no_audio_and_writes_the_same_records(warm, tmp_path, decodes):
+def test_a_warm_rerun_decodes_no_audio_stashes_no_array_the_cache_holds_and_writes_the_same_records(
+    warm, tmp_path, decodes, stashed
+):
     tmp, cold = warm
     assert cold["cache"]["hits"] == 0 and cold["cache"]["computed"] == 47
     stats = _run(tmp_path / "again", tmp / "cache")
     # only the clips whose audio was rejected (never cached) are decoded again
     assert len(decodes) == audio_rejections(cold) > 0
     assert stats["cache"]["hits"] == 47 and stats["cache"]["computed"] == 0
+    assert_stashes_no_array_the_cache_holds(stashed, stats, tmp / "cache")
     assert records(tmp_path / "again") == records(tmp / "plain") == records(tmp / "cold")
     assert (tmp_path / "again" / "schema.json").read_text() == (tmp / "plain" / "schema.json").read_text()
-
-
-def test_a_run_with_a_cache_stashes_no_array_the_cache_holds(tmp_path, monkeypatch):
-    """Computed or found, a cached clip's arrays are written once, to the cache: the writer reads them there."""
-    from melshards.preprocess import pipeline
-
-    stashed, real = [], pipeline.stash_batch
-    monkeypatch.setattr(
-        pipeline,
-        "stash_batch",
-        lambda d, clips, features: stashed.append((clips, features)) or real(d, clips, features),
-    )
-    for name in ("cold", "warm"):
-        stats = _run(tmp_path / name, tmp_path / "cache")
-        clips = [c for batch, _ in stashed for c in batch]
-        assert len(clips) == stats["cache"]["hits"] + stats["cache"]["computed"] == 47
-        assert all(c["cached"][0].startswith(str(tmp_path / "cache")) for c in clips)
-        assert all(not f for _, features in stashed for f in features)  # mel only: nothing the cache lacks
-        stashed.clear()
-    assert records(tmp_path / "warm") == records(tmp_path / "cold")
 
 
 def test_changing_buckets_and_cutoffs_reads_every_clip_from_the_cache(warm, tmp_path, decodes):
@@ -443,8 +466,7 @@ def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes
     assert 0 < len(kept) < rows
 
     corpus = tmp_path / "long.jsonl"
-    again = subprocess.run(preprocess_command(corpus, out, *extra), capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr
+    assert run(preprocess_command(corpus, out, *extra)[4:]) == 0  # the rerun: in this process
     stats = json.loads((out / "stats.json").read_text())
     assert stats["counts"]["input_rows"] == rows and audio_rejections(stats) == 0  # every row needed its audio
     assert stats["cache"]["hits"] == len(set(kept)) > 0
@@ -452,10 +474,12 @@ def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes
     after = cached_keys(cache_dir)
     assert len(after) == len(set(after)) == rows  # no clip computed twice
     assert not list(out.glob(f"{output.STAGE_PREFIX}*"))  # the killed run's staging dir is gone
-
+    # every row is the same clip and text: each record, served from what the killed run left or computed by the
+    # rerun (both kinds are there: 0 < kept < rows), differs in its id only from one computed without a cache
     plain = tmp_path / "plain"
-    assert run(preprocess_command(corpus, plain, "--workers", "1")[4:]) == 0
-    assert records(out) == records(plain)
+    (tmp_path / "few").mkdir()
+    assert run(preprocess_command(long_corpus(tmp_path / "few", corpus_dir, 10), plain, "--workers", "1")[4:]) == 0
+    assert {without_id(raw) for raw in records(out).values()} == {without_id(raw) for raw in records(plain).values()}
 
 
 def test_a_clip_key_follows_the_file_size_and_time_even_with_glob_characters_in_its_path(tmp_path):
