@@ -37,45 +37,63 @@ def corpus_dir() -> Path:
     return CORPUS
 
 
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """`build(dir)` run once per test session, its directory shared by every xdist worker: the first worker
+    to take the lock builds `name`, the others wait for it and reuse it. A build that fails leaves no
+    `.built` marker: the next worker to need it tries again (and reports its own failure).
+
+    Under xdist every worker's base temp is `<session dir>/popen-gwN`, so the session dir (their parent)
+    is shared and new each session; without xdist the base temp itself is the session's.
+    """
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    path = root / name
+    with FileLock(str(root / f"{name}.lock")):
+        if not (path / ".built").exists():
+            shutil.rmtree(path, ignore_errors=True)  # a failed build's leftovers
+            path.mkdir()
+            build(path)
+            (path / ".built").touch()
+    return path
+
+
+def preprocess_demo_corpus(out: Path, *extra: str) -> None:
+    """The shipped corpus preprocessed into `out` with the demo config (in-process runner)."""
+    from melshards.commands.preprocess import run
+
+    code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(TINY_CONFIG), *extra])
+    assert code == 0, f"preprocess exited with {code}"
+
+
 @pytest.fixture(scope="session")
 def shards_dir(tmp_path_factory) -> Path:
     """Shards, schema.json, stats.json and rejected.jsonl from the shipped corpus (in-process runner),
     in one length bucket (`--buckets 1`: the demo config's `auto` makes four, see `bucketed_dir`).
+    Built once per session, shared by the xdist workers (`built_once`).
 
     Read-only for tests: copy it before changing anything.
     """
-    from melshards.commands.preprocess import run
-
-    out = tmp_path_factory.mktemp("shards")
-    code = run(
-        [
-            "--input",
-            str(CORPUS),
-            "--output",
-            str(out),
-            "--config",
-            str(TINY_CONFIG),
-            "--overwrite",
-            "--workers",
-            "1",
-            "--buckets",
-            "1",
-        ]
+    return (
+        built_once(
+            tmp_path_factory,
+            "shards",
+            lambda out: preprocess_demo_corpus(out / "run", "--overwrite", "--workers", "1", "--buckets", "1"),
+        )
+        / "run"
     )
-    assert code == 0, f"preprocess exited with {code}"
-    return out
 
 
 @pytest.fixture(scope="session")
 def bucketed_dir(tmp_path_factory) -> Path:
     """The shipped corpus preprocessed into 4 length buckets (`--buckets 4`, what the demo config's
-    `auto` gives: min_bucket_records 8 merges the rest). Read-only for tests."""
-    from melshards.commands.preprocess import run
-
-    out = tmp_path_factory.mktemp("bucketed")
-    code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(TINY_CONFIG), "--buckets", "4"])
-    assert code == 0, f"preprocess exited with {code}"
-    return out
+    `auto` gives: min_bucket_records 8 merges the rest). Built once per session, shared by the xdist
+    workers (`built_once`). Read-only for tests."""
+    return (
+        built_once(tmp_path_factory, "bucketed", lambda out: preprocess_demo_corpus(out / "run", "--buckets", "4"))
+        / "run"
+    )
 
 
 def write_textgrids(corpus: Path, dest: Path, skip=(), stretch: dict | None = None) -> list[str]:
@@ -129,31 +147,32 @@ features: {pitch: true, energy: true, audio: true}
 @pytest.fixture(scope="session")
 def features_dir(tmp_path_factory) -> Path:
     """The shipped corpus preprocessed with every optional feature: pitch, energy, audio, and phone
-    durations from TextGrids (`write_textgrids`, in `features_dir.parent / "alignments"`). Two clips have no TextGrid (missing_alignment) and one ends
-    0.5 s after its audio (alignment_mismatch). Read-only for tests."""
+    durations from TextGrids (`write_textgrids`, in `features_dir.parent / "alignments"`). Two clips have
+    no TextGrid (missing_alignment) and one ends 0.5 s after its audio (alignment_mismatch). Built once
+    per session, shared by the xdist workers (`built_once`). Read-only for tests."""
     from melshards.commands.preprocess import run
 
-    root = tmp_path_factory.mktemp("features")
-    written = write_textgrids(CORPUS, root / "alignments", skip=MISSING_ALIGNMENTS, stretch={STRETCHED: 0.5})
-    assert len(written) > 40
-    (root / "features.yaml").write_text(FEATURES_CONFIG)
-    out = root / "run"
-    code = run(
-        [
-            "--input",
-            str(CORPUS),
-            "--output",
-            str(out),
-            "--config",
-            str(root / "features.yaml"),
-            "--alignments",
-            str(root / "alignments"),
-            "--workers",
-            "1",
-        ]
-    )
-    assert code == 0, f"preprocess exited with {code}"
-    return out
+    def build(root: Path) -> None:
+        written = write_textgrids(CORPUS, root / "alignments", skip=MISSING_ALIGNMENTS, stretch={STRETCHED: 0.5})
+        assert len(written) > 40
+        (root / "features.yaml").write_text(FEATURES_CONFIG)
+        code = run(
+            [
+                "--input",
+                str(CORPUS),
+                "--output",
+                str(root / "run"),
+                "--config",
+                str(root / "features.yaml"),
+                "--alignments",
+                str(root / "alignments"),
+                "--workers",
+                "1",
+            ]
+        )
+        assert code == 0, f"preprocess exited with {code}"
+
+    return built_once(tmp_path_factory, "features", build) / "run"
 
 
 MISSING_ALIGNMENTS = ("LJT001-0002", "LJT001-0005")

@@ -1,4 +1,11 @@
-"""Smoke test of the device benchmark: `--quick` runs every variant to completion and reports every figure.
+"""Smoke test of the device benchmark, benchmarks/step_device.py.
+
+One end-to-end run (`--quick --steps 2`) of one trainer variant (fp32) and the `before` loader, the two kinds
+of variant it has, shows the script runs to completion and reports every figure. Every trainer variant
+(bf16, fp32, bf16_noxla, synthetic) differs from the others only in the config and the arguments it gives
+`melshards train`: those go through the trainer's own argument parser and config loader, and the figures
+come out of the end-to-end run's real run_summary.json. Training itself at each precision, with and without
+XLA and with synthetic data, is tests/train's.
 
 No figure's value is asserted, only that it is there (and null where this machine has no NVIDIA GPU).
 """
@@ -10,12 +17,26 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import REPO
 
+FIGURES = ("step_ms", "examples_per_s", "mel_frames_per_s", "input_wait", "time_to_first_step_s")
 
-def test_step_device_quick_runs_every_variant_and_reports_every_figure(shards_dir, tmp_path):
+
+def assert_every_figure(name: str, v: dict) -> None:
+    for key in FIGURES:
+        assert v[key] is not None and v[key] > 0 or key == "input_wait" and v[key] >= 0, (name, key)
+    assert v["device_util_percent"] is None and v["peak_device_memory_gib"] is None, name  # no NVIDIA GPU here
+
+
+@pytest.fixture(scope="module")
+def quick_run(shards_dir, tmp_path_factory):
+    """`python -m benchmarks.step_device --quick --steps 2 --variants fp32,before`: its process and the
+    directory it worked in."""
+    bench_dir = tmp_path_factory.mktemp("bench")
     # the trainer tests' faster XLA setting (tests/train/conftest.py): this checks the figures, not their values
-    env = dict(os.environ, MELSHARDS_BENCH_DIR=str(tmp_path), XLA_FLAGS="--xla_backend_optimization_level=0")
+    env = dict(os.environ, MELSHARDS_BENCH_DIR=str(bench_dir), XLA_FLAGS="--xla_backend_optimization_level=0")
     proc = subprocess.run(
         [
             sys.executable,
@@ -23,9 +44,11 @@ def test_step_device_quick_runs_every_variant_and_reports_every_figure(shards_di
             "benchmarks.step_device",
             "--quick",
             "--steps",
-            "4",
+            "2",
             "--parse-seconds",
-            "0.5",
+            "0.1",
+            "--variants",
+            "fp32,before",
             "--shards",
             str(shards_dir),
         ],
@@ -35,18 +58,57 @@ def test_step_device_quick_runs_every_variant_and_reports_every_figure(shards_di
         env=env,
         timeout=600,
     )
+    return proc, bench_dir
+
+
+def test_step_device_quick_runs_a_trainer_variant_and_the_before_loader_and_reports_every_figure(quick_run):
+    proc, _ = quick_run
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert set(result["variants"]) == {"bf16", "fp32", "bf16_noxla", "synthetic", "before"}
+    assert set(result["variants"]) == {"fp32", "before"}
     for name, v in result["variants"].items():
-        for key in ("step_ms", "examples_per_s", "mel_frames_per_s", "input_wait", "time_to_first_step_s"):
-            assert v[key] is not None and v[key] > 0 or key == "input_wait" and v[key] >= 0, (name, key)
-        assert v["device_util_percent"] is None and v["peak_device_memory_gib"] is None  # no NVIDIA GPU here
-    for name in ("bf16", "fp32", "bf16_noxla", "synthetic"):  # the trainer's: one trace per bucket, compiled up front
-        v = result["variants"][name]
-        assert v["traces"] == v["buckets"] == len(v["compile_s_by_bucket"])
-    assert result["variants"]["bf16"]["layers"] == {"device": "CPU", "conv": "im2col", "dropout_rng": "threefry"}
-    assert result["variants"]["bf16_noxla"]["layers"]["dropout_rng"] == "philox"  # threefry runs under XLA only
+        assert_every_figure(name, v)
+    fp32 = result["variants"]["fp32"]  # the trainer's: one trace per bucket, compiled up front
+    assert fp32["traces"] == fp32["buckets"] == len(fp32["compile_s_by_bucket"])
+    assert fp32["layers"] == {"device": "CPU", "conv": "im2col", "dropout_rng": "threefry"}
     parse = result["parse_only"]
     assert parse["1_core"]["records_per_s"] > 0 and parse["cores_per_gpu_at_fastpitch_rate"] > 0
     assert result["device"].endswith("(CPU)") and "step ms" in proc.stdout
+
+
+def test_every_trainer_variant_gives_melshards_train_arguments_and_a_config_it_accepts_and_reports_every_figure(
+    quick_run, shards_dir, tmp_path, monkeypatch
+):
+    from benchmarks import step_device
+    from melshards.commands.train import train_command
+    from melshards.train import device
+    from melshards.train.config import load_config
+
+    proc, bench_dir = quick_run
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((bench_dir / "step-device" / "model-fp32" / "run_summary.json").read_text())
+    given = {}
+
+    def melshards_train(shards, model_dir, config, *args, env=None):
+        argv = [str(shards / "train-*.tfrecord"), "--model-dir", str(model_dir), "--config", str(config), *args]
+        given[model_dir.name] = (train_command.make_context("train", argv).params, load_config(config), env)
+        return summary
+
+    monkeypatch.setattr(step_device, "melshards_train", melshards_train)
+    trainer_variants = [v for v in step_device.VARIANTS if v != "before"]
+    assert set(trainer_variants) == {"bf16", "fp32", "bf16_noxla", "synthetic"}
+    for name in trainer_variants:
+        figures = step_device.train_variant(name, shards_dir, tmp_path, True, 2)
+        assert_every_figure(name, figures)
+        assert figures["traces"] == figures["buckets"] == len(figures["compile_s_by_bucket"]), name
+        params, cfg, env = given[f"model-{name}"]
+        want_precision = "float32" if name == "fp32" else "mixed_bfloat16"
+        assert params["precision"] == want_precision, (name, "precision")
+        assert params["synthetic_data"] == (name == "synthetic"), (name, "synthetic data")
+        assert cfg.loop.jit_compile == (name != "bf16_noxla"), (name, "jit_compile")
+        # the layers the trainer reports for it (train/trainer.py): threefry runs under XLA only
+        want_rng = "philox" if name == "bf16_noxla" else "threefry"
+        assert device.choices_for("CPU", cfg.loop.jit_compile).dropout_rng == want_rng, (name, "dropout rng")
+        assert cfg.loop.steps == 2 and cfg.data.batch_size == 8, (name, "the quick sizes")
+        assert cfg.model["d_model"] == step_device.QUICK_MODEL["d_model"], (name, "the quick model")
+        assert env == {"MELSHARDS_XLA_CACHE": ""}, (name, "compile seconds are the cold ones")

@@ -28,49 +28,50 @@ def _run(args, cwd):
     return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=900)
 
 
-def test_melshards_commands_run_beside_a_users_train_and_preprocess_py(hostile_dir, shards_dir):
-    melshards = str(Path(sys.executable).parent / "melshards")
-    done = _run([melshards, "inspect", str(shards_dir / "train-*.tfrecord")], hostile_dir)
-    assert done.returncode == 0 and "hostile" not in done.stderr, done.stderr[-2000:]
-    done = _run([sys.executable, "-m", "melshards", "stats", str(shards_dir)], hostile_dir)
-    assert done.returncode == 0 and "hostile" not in done.stderr, done.stderr[-2000:]
-    assert "input rows" in done.stdout
+# In one process started in a directory holding a hostile train.py, preprocess.py and shards_schema.py (on
+# sys.path first, as for `python -m melshards` or a user's PYTHONPATH=.): every module of ours, every command
+# the CLI resolves by name, the model factory named by the default config, `python -m melshards stats`, and a
+# batch of the Python API. Imports inside functions are tests/test_layering.py's (no import spells a folder name).
+BESIDE_A_USERS_FILES = """
+import click, importlib, json, pkgutil, runpy, sys
+import melshards
+modules = []
+for top in ("melshards", "melshards.shards_schema", "melshards.preprocess", "melshards.train"):  # setup.cfg maps 4
+    found = pkgutil.walk_packages(importlib.import_module(top).__path__, top + ".")
+    modules += [m.name for m in found if m.name != "melshards.__main__" and m.name not in modules]
+for name in modules:
+    importlib.import_module(name)
+from melshards.commands import cli
+ctx = click.Context(cli)
+commands = {name: type(cli.get_command(ctx, name)).__name__ for name in cli.list_commands(ctx)}
+from melshards.train.config import TrainConfig
+from melshards.train.plugins import load_factory
+factory = load_factory(TrainConfig().model_factory).__module__
+sys.argv = ["melshards", "stats", SHARDS]
+try:
+    runpy.run_module("melshards", run_name="__main__", alter_sys=True)
+except SystemExit as e:
+    assert not e.code, e.code
+batch = next(iter(melshards.dataset(SHARDS + "/train-*.tfrecord", 2)))
+batch = batch[0] if isinstance(batch, tuple) else batch
+print(json.dumps({"modules": modules, "commands": commands, "factory": factory, "batch": sorted(batch)}))
+"""
 
 
-def test_python_m_melshards_train_runs_beside_a_users_train_py(hostile_dir, shards_dir, tmp_path):
-    from tests.train.conftest import write_config
-
-    cfg = write_config(
-        tmp_path / "c.yaml", loop={"steps": 2, "steps_per_execution": 1, "checkpoint_every": 2, "log_every": 1}
-    )
-    done = _run(
-        [
-            sys.executable,
-            "-m",
-            "melshards",
-            "train",
-            str(shards_dir / "train-*.tfrecord"),
-            "--model-dir",
-            str(tmp_path / "m"),
-            "--config",
-            str(cfg),
-        ],
-        hostile_dir,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert (
-        json.loads((tmp_path / "m" / "run_summary.json").read_text())["model_factory"] == "melshards.train.model:build"
-    )
-
-
-def test_the_python_api_works_beside_a_users_train_and_preprocess_py(hostile_dir, shards_dir):
-    code = (
-        f"import melshards; ds = melshards.dataset({str(shards_dir / 'train-*.tfrecord')!r}, 2); "
-        "batch = next(iter(ds)); print(sorted(batch[0] if isinstance(batch, tuple) else batch))"
-    )
+def test_every_module_command_the_default_model_and_the_api_load_beside_a_users_train_and_preprocess_py(
+    hostile_dir, shards_dir
+):
+    code = BESIDE_A_USERS_FILES.replace("SHARDS", repr(str(shards_dir)))
     done = _run([sys.executable, "-c", code], hostile_dir)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "mel" in done.stdout
+    assert done.returncode == 0 and "hostile" not in done.stderr, done.stderr[-3000:]
+    assert "input rows" in done.stdout, "python -m melshards stats printed no report"
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert {"melshards.train.loop", "melshards.preprocess.pipeline", "melshards.shards_schema.schema"} <= set(
+        found["modules"]
+    ), "not every half of melshards was imported"
+    assert set(found["commands"]) == {"preprocess", "train", "synthesize", "stats", "inspect", "cache"}
+    assert found["factory"] == "melshards.train.model", "the default model factory"
+    assert "mel" in found["batch"], "the Python API's batch"
 
 
 def test_the_built_wheel_holds_one_top_level_package(tmp_path):

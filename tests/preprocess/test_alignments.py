@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from praatio import textgrid
 
-from melshards.preprocess import alignments as L
+from melshards.preprocess import alignments
 
 SR, HOP = 22050, 256
 
@@ -30,7 +30,7 @@ def test_gaps_and_silence_labels_become_one_merged_sil_and_spn_stays(tmp_path, f
         (0.45, 0.50, "spn"),
         (0.50, 0.60, "B"),
     ]
-    a = L.read_phones(textgrid_bytes(tmp_path, phones, 1.0, fmt=fmt), "x")
+    a = alignments.read_phones(textgrid_bytes(tmp_path, phones, 1.0, fmt=fmt), "x")
     assert [p[2] for p in a.phones] == ["sil", "HH", "AY1", "sil", "spn", "B", "sil"]
     assert a.phones[3][:2] == pytest.approx((0.30, 0.45))  # sp + sil + the gap after it: one silence
     assert a.phones[0][:2] == (0.0, 0.10) and a.phones[-1][:2] == (0.60, 1.0) and a.end_s == 1.0
@@ -38,17 +38,17 @@ def test_gaps_and_silence_labels_become_one_merged_sil_and_spn_stays(tmp_path, f
 
 def test_durations_follow_the_frame_centre_rule_exactly():
     # untrimmed: sil 0-0.1 s, A 0.1-0.25, B 0.25-0.4, sil 0.4-0.5; trimmed from sample 2205 (0.1 s)
-    a = L.Alignment(((0.0, 0.1, "sil"), (0.1, 0.25, "A"), (0.25, 0.4, "B"), (0.4, 0.5, "sil")), 0.5)
+    a = alignments.Alignment(((0.0, 0.1, "sil"), (0.1, 0.25, "A"), (0.25, 0.4, "B"), (0.4, 0.5, "sil")), 0.5)
     trimmed = 6615  # 0.1..0.4 s
-    phones, d = L.phone_durations(a, 2205, trimmed, SR, HOP)
+    phones, d = alignments.phone_durations(a, 2205, trimmed, SR, HOP)
     frames = 1 + trimmed // HOP  # 26
     # A ends at sample 5512 - 2205 = 3307: ceil(3307/256) = 13 frames (centres 0..3072); B gets the rest
     assert phones == ("A", "B") and d.tolist() == [13, frames - 13] and d.dtype == np.int32
 
 
 def test_an_edge_silence_inside_the_trimmed_audio_keeps_its_frames():
-    a = L.Alignment(((0.0, 0.2, "sil"), (0.2, 0.5, "A"), (0.5, 0.6, "sil")), 0.6)
-    phones, d = L.phone_durations(a, 0, int(0.6 * SR), SR, HOP)
+    a = alignments.Alignment(((0.0, 0.2, "sil"), (0.2, 0.5, "A"), (0.5, 0.6, "sil")), 0.6)
+    phones, d = alignments.phone_durations(a, 0, int(0.6 * SR), SR, HOP)
     assert phones == ("sil", "A", "sil") and d.sum() == 1 + int(0.6 * SR) // HOP and d[0] == 18
 
 
@@ -60,35 +60,37 @@ def test_durations_sum_to_the_frames_for_random_alignments_and_trims():
         end = 5.0
         bounds = np.concatenate([[0.0], cuts, [end]])
         labels = [("sil" if rng.random() < 0.2 else f"P{i}") for i in range(n)]
-        a = L.Alignment(tuple((float(s), float(e), lab) for s, e, lab in zip(bounds[:-1], bounds[1:], labels)), end)
+        a = alignments.Alignment(
+            tuple((float(s), float(e), lab) for s, e, lab in zip(bounds[:-1], bounds[1:], labels)), end
+        )
         start = int(rng.integers(0, SR // 2))
         trimmed = int(rng.integers(SR, int(end * SR) - start))
-        phones, d = L.phone_durations(a, start, trimmed, SR, HOP)
+        phones, d = alignments.phone_durations(a, start, trimmed, SR, HOP)
         assert d.sum() == 1 + trimmed // HOP and (d >= 0).all() and len(phones) == len(d)
 
 
 def test_boundaries_never_drift_over_a_long_clip():
     n, end = 600, 60.0
     bounds = np.linspace(0, end, n + 1)
-    a = L.Alignment(tuple((float(s), float(e), "A") for s, e in zip(bounds[:-1], bounds[1:])), end)
+    a = alignments.Alignment(tuple((float(s), float(e), "A") for s, e in zip(bounds[:-1], bounds[1:])), end)
     trimmed = int(end * SR)
-    _, d = L.phone_durations(a, 0, trimmed, SR, HOP)
+    _, d = alignments.phone_durations(a, 0, trimmed, SR, HOP)
     exact = bounds[1:] * SR / HOP  # where each phone's end falls, in frames
     assert np.all(np.abs(np.cumsum(d)[:-1] - exact[:-1]) <= 1)
 
 
 def test_a_textgrid_ending_beyond_the_tolerance_is_a_mismatch():
-    a = L.Alignment(((0.0, 2.0, "A"),), 2.0)
-    assert L.mismatch(a, int(2.015 * SR), SR, 20.0) is None
-    detail = L.mismatch(a, int(2.5 * SR), SR, 20.0)
+    a = alignments.Alignment(((0.0, 2.0, "A"),), 2.0)
+    assert alignments.mismatch(a, int(2.015 * SR), SR, 20.0) is None
+    detail = alignments.mismatch(a, int(2.5 * SR), SR, 20.0)
     assert "2.000 s" in detail and "2.500 s" in detail and "20 ms" in detail
 
 
 def test_a_missing_tier_or_garbage_is_an_alignment_error(tmp_path):
-    with pytest.raises(L.AlignmentError, match="no 'words' tier"):
-        L.read_phones(textgrid_bytes(tmp_path, [(0.1, 0.2, "A")], 1.0, words=False), "x.TextGrid")
-    with pytest.raises(L.AlignmentError, match="not a TextGrid"):
-        L.read_phones(b"\x00\x01 not a textgrid", "x.TextGrid")
+    with pytest.raises(alignments.AlignmentError, match="no 'words' tier"):
+        alignments.read_phones(textgrid_bytes(tmp_path, [(0.1, 0.2, "A")], 1.0, words=False), "x.TextGrid")
+    with pytest.raises(alignments.AlignmentError, match="not a TextGrid"):
+        alignments.read_phones(b"\x00\x01 not a textgrid", "x.TextGrid")
 
 
 def long_textgrid_text(phones, end) -> bytes:
@@ -120,8 +122,8 @@ def test_a_phones_tier_of_silence_alone_is_an_unusable_alignment_not_the_text_si
     from melshards.preprocess.config import AlignmentsConfig, PreprocessConfig
 
     data = long_textgrid_text(phones, 1.0)
-    with pytest.raises(L.AlignmentError, match="the phones tier holds only silence"):
-        L.read_phones(data, "x.TextGrid")
+    with pytest.raises(alignments.AlignmentError, match="the phones tier holds only silence"):
+        alignments.read_phones(data, "x.TextGrid")
     (tmp_path / "c1.TextGrid").write_bytes(data)
     cfg = dataclasses.replace(PreprocessConfig(), alignments=AlignmentsConfig(dir=str(tmp_path)))
     with pytest.raises(ClipRejected) as e:
@@ -134,9 +136,9 @@ def test_a_zero_length_phone_stays_in_the_sequence_with_zero_frames():
         [(0.1, 0.3, "HH"), (0.3, 0.3, "AH0"), (0.3, 0.3, ""), (0.3, 0.6, "L"), (0.6, 0.6, "sil"), (0.6, 0.9, "OW1")],
         1.0,
     )
-    a = L.read_phones(data, "x.TextGrid")
+    a = alignments.read_phones(data, "x.TextGrid")
     assert [p[2] for p in a.phones] == ["sil", "HH", "AH0", "L", "OW1", "sil"]  # a zero-length silence is no phone
-    phones, d = L.phone_durations(a, 0, SR, SR, HOP)
+    phones, d = alignments.phone_durations(a, 0, SR, SR, HOP)
     assert phones == ("sil", "HH", "AH0", "L", "OW1", "sil") and d[2] == 0 and d.sum() == 1 + SR // HOP
 
 
@@ -144,9 +146,9 @@ def test_textgrids_are_found_beside_or_in_the_speakers_folder(tmp_path):
     (tmp_path / "a.TextGrid").write_text("x")
     (tmp_path / "spk").mkdir()
     (tmp_path / "spk" / "b.TextGrid").write_text("x")
-    assert L.textgrid_path(str(tmp_path), "a", "spk") == str(tmp_path / "a.TextGrid")
-    assert L.textgrid_path(str(tmp_path), "b", "spk") == str(tmp_path / "spk" / "b.TextGrid")
-    assert L.textgrid_path(str(tmp_path), "c", "spk") is None
+    assert alignments.textgrid_path(str(tmp_path), "a", "spk") == str(tmp_path / "a.TextGrid")
+    assert alignments.textgrid_path(str(tmp_path), "b", "spk") == str(tmp_path / "spk" / "b.TextGrid")
+    assert alignments.textgrid_path(str(tmp_path), "c", "spk") is None
 
 
 def test_a_clip_prefixed_by_a_merge_finds_its_textgrid_by_the_id_and_speaker_its_input_gives(tmp_path):

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from melshards.preprocess import audio as A
+from melshards.preprocess import audio
 from melshards.preprocess.config import AudioConfig, MelConfig
 from tests.preprocess.conftest import encode, mp3_without_length_tag, tone
 
-librosa = A.load_librosa()  # imported as the job imports it: one process at a time
+librosa = audio.load_librosa()  # imported as the job imports it: one process at a time
 
 CFG = MelConfig()
 
@@ -26,10 +26,10 @@ def _wav_bytes(y: np.ndarray, sr: int, fmt: str = "WAV") -> bytes:
 
 def noting_the_lock(held: list):
     """import_module that notes (name, whether another open file of the lock is refused) first."""
-    real = A.importlib.import_module
+    real = audio.importlib.import_module
 
     def probe(name):
-        fd = os.open(A.librosa_lock_path(), os.O_RDONLY)
+        fd = os.open(audio.librosa_lock_path(), os.O_RDONLY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file: fails while the lock is held
             held.append((name, False))
@@ -48,47 +48,47 @@ def test_librosa_s_compiled_modules_are_imported_under_the_lock_until_a_locked_i
     """No two processes compile numba's gufunc caches at once (numba #10128): the first imports holding
     the machine-wide lock and leaves a marker; with the marker there, a process takes no lock."""
     held = []
-    monkeypatch.setattr(A.importlib, "import_module", noting_the_lock(held))
+    monkeypatch.setattr(audio.importlib, "import_module", noting_the_lock(held))
     marker = tmp_path / "compiled.done"
-    monkeypatch.setattr(A, "compiled_marker_path", lambda: str(marker))
-    A.load_librosa.__wrapped__()
-    assert held == [(name, True) for name in A.LIBROSA_COMPILED] + [("librosa", False)] and marker.exists()
+    monkeypatch.setattr(audio, "compiled_marker_path", lambda: str(marker))
+    audio.load_librosa.__wrapped__()
+    assert held == [(name, True) for name in audio.LIBROSA_COMPILED] + [("librosa", False)] and marker.exists()
     held.clear()
-    A.load_librosa.__wrapped__()
-    assert held == [(name, False) for name in A.LIBROSA_COMPILED] + [("librosa", False)]
+    audio.load_librosa.__wrapped__()
+    assert held == [(name, False) for name in audio.LIBROSA_COMPILED] + [("librosa", False)]
 
 
 def test_the_compiled_marker_names_the_sources_it_was_written_for(monkeypatch):
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
-    before = A.compiled_marker_path()
-    assert before == A.compiled_marker_path()
-    pitch_py = Path(A.importlib.util.find_spec("librosa.core.pitch").origin)
+    before = audio.compiled_marker_path()
+    assert before == audio.compiled_marker_path()
+    pitch_py = Path(audio.importlib.util.find_spec("librosa.core.pitch").origin)
     assert Path(before).parent == pitch_py.parent / "__pycache__"  # beside numba's caches of librosa
     monkeypatch.setenv("NUMBA_CACHE_DIR", "/elsewhere")
-    assert Path(A.compiled_marker_path()).parent == Path("/elsewhere")
+    assert Path(audio.compiled_marker_path()).parent == Path("/elsewhere")
 
 
 def test_an_emptied_numba_cache_dir_is_compiled_under_the_lock_again(monkeypatch, tmp_path):
     """The marker goes with the caches it vouches for: a recreated environment (same path, same
     hard-linked sources, so the same marker name) compiles under the lock, not side by side."""
     held = []
-    monkeypatch.setattr(A.importlib, "import_module", noting_the_lock(held))
+    monkeypatch.setattr(audio.importlib, "import_module", noting_the_lock(held))
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "numba"))
     (tmp_path / "numba").mkdir()
-    A.load_librosa.__wrapped__()
-    assert held[0] == (A.LIBROSA_COMPILED[0], True) and Path(A.compiled_marker_path()).exists()
+    audio.load_librosa.__wrapped__()
+    assert held[0] == (audio.LIBROSA_COMPILED[0], True) and Path(audio.compiled_marker_path()).exists()
     shutil.rmtree(tmp_path / "numba")
     (tmp_path / "numba").mkdir()
     held.clear()
-    A.load_librosa.__wrapped__()
-    assert held[0] == (A.LIBROSA_COMPILED[0], True)
+    audio.load_librosa.__wrapped__()
+    assert held[0] == (audio.LIBROSA_COMPILED[0], True)
 
 
 @pytest.mark.parametrize("power", [1.0, 2.0])
 def test_doubling_the_amplitude_adds_power_times_log2_above_the_floor(power):
     cfg = MelConfig(power=power)
     y = 0.1 * np.random.default_rng(0).standard_normal(22050).astype(np.float32)  # energy in every band
-    quiet, loud = A.log_mel(y, 22050, cfg), A.log_mel(2 * y, 22050, cfg)
+    quiet, loud = audio.log_mel(y, 22050, cfg), audio.log_mel(2 * y, 22050, cfg)
     above = quiet > np.log(cfg.log_floor) + 1  # clear of the floor in both
     assert above.mean() > 0.9
     np.testing.assert_allclose(loud[above] - quiet[above], power * np.log(2.0), atol=1e-4)
@@ -98,13 +98,13 @@ def test_doubling_the_amplitude_adds_power_times_log2_above_the_floor(power):
 def test_a_tone_peaks_in_the_mel_band_centred_on_its_frequency(n_mels, fmin, fmax, bin_):
     cfg = MelConfig(n_mels=n_mels, fmin=fmin, fmax=fmax)
     hz = librosa.mel_frequencies(n_mels + 2, fmin=fmin, fmax=fmax)[bin_ + 1]  # centre of band `bin_`
-    mel = A.log_mel(tone(1.0, hz=hz), 22050, cfg)
-    assert mel.shape == (A.num_frames(22050, cfg.hop_length), n_mels) and mel.dtype == np.float32
+    mel = audio.log_mel(tone(1.0, hz=hz), 22050, cfg)
+    assert mel.shape == (audio.num_frames(22050, cfg.hop_length), n_mels) and mel.dtype == np.float32
     assert int(np.argmax(mel[len(mel) // 2])) == bin_
 
 
 def test_silence_is_exactly_the_log_floor():
-    mel = A.log_mel(np.zeros(4096, np.float32), 22050, CFG)
+    mel = audio.log_mel(np.zeros(4096, np.float32), 22050, CFG)
     assert np.all(mel == np.float32(np.log(CFG.log_floor)))
 
 
@@ -112,9 +112,9 @@ def test_silence_is_exactly_the_log_floor():
 def test_num_frames_matches_librosa_centered_framing(n):
     y = np.random.default_rng(0).standard_normal(max(n, 1)).astype(np.float32)[:n]
     if n == 0:
-        assert A.num_frames(0, 256) == 1
+        assert audio.num_frames(0, 256) == 1
         return
-    assert A.log_mel(y, 22050, CFG).shape[0] == A.num_frames(n, CFG.hop_length)
+    assert audio.log_mel(y, 22050, CFG).shape[0] == audio.num_frames(n, CFG.hop_length)
 
 
 def test_decode_resamples_and_downmixes_stereo():
@@ -122,7 +122,7 @@ def test_decode_resamples_and_downmixes_stereo():
     t = np.arange(sr) / sr
     left = 0.5 * np.sin(2 * np.pi * 440 * t)
     stereo = np.stack([left, 0.5 * left], axis=1)
-    y, orig = A.decode_audio(_wav_bytes(stereo, sr), 22050)
+    y, orig = audio.decode_audio(_wav_bytes(stereo, sr), 22050)
     assert orig == sr and y.dtype == np.float32 and y.ndim == 1
     assert abs(len(y) - 22050) <= 1
     assert np.max(np.abs(y)) == pytest.approx(0.375, abs=0.01)  # mean of the two channels
@@ -130,14 +130,14 @@ def test_decode_resamples_and_downmixes_stereo():
 
 def test_decode_reads_flac_and_ogg(corpus_dir):
     for name in ("LJT001-0003.flac", "LJT001-0007.ogg"):
-        y, _ = A.decode_audio((corpus_dir / "wavs" / name).read_bytes(), 22050)
+        y, _ = audio.decode_audio((corpus_dir / "wavs" / name).read_bytes(), 22050)
         assert len(y) > 22050 // 2
 
 
 @pytest.mark.parametrize("fmt", ["MP3", "OGG", "FLAC"])
 def test_decode_reads_mp3_ogg_and_flac_whole(fmt):
     y = tone(1.0, sr=16000)
-    got, sr = A.decode_audio(encode(y, 16000, fmt), 22050)
+    got, sr = audio.decode_audio(encode(y, 16000, fmt), 22050)
     assert sr == 16000 and abs(len(got) - 22050) <= 2
     assert np.max(np.abs(got)) == pytest.approx(np.max(np.abs(y)), rel=0.1)
 
@@ -147,45 +147,45 @@ def test_mp3_without_a_length_tag_is_not_called_truncated():
     data = mp3_without_length_tag(y)
     with sf.SoundFile(io.BytesIO(data)) as f:
         assert f.frames > 2 * len(y)  # libsndfile's estimate, not a promise
-    assert not A.mpeg_length_is_declared(data)
-    got, _ = A.decode_audio(data, 22050)
+    assert not audio.mpeg_length_is_declared(data)
+    got, _ = audio.decode_audio(data, 22050)
     assert len(y) <= len(got) < len(y) + 2 * 1152  # plus the encoder's delay and padding
 
 
 def test_truncated_mp3_with_a_length_tag_is_an_error():
     data = encode(tone(1.0), 22050, "MP3")
-    assert A.mpeg_length_is_declared(data)
-    with pytest.raises(A.AudioError, match="truncated"):
-        A.decode_audio(data[: len(data) // 2], 22050)
+    assert audio.mpeg_length_is_declared(data)
+    with pytest.raises(audio.AudioError, match="truncated"):
+        audio.decode_audio(data[: len(data) // 2], 22050)
 
 
 def test_mpeg_length_tag_is_found_after_an_id3v2_tag():
     data = encode(tone(0.5), 22050, "MP3")
     id3 = b"ID3\x04\x00\x00" + bytes([0, 0, 1, 0]) + bytes(128)  # syncsafe size 128
-    assert A.mpeg_length_is_declared(id3 + data)
-    assert not A.mpeg_length_is_declared(id3 + mp3_without_length_tag(tone(0.5)))
+    assert audio.mpeg_length_is_declared(id3 + data)
+    assert not audio.mpeg_length_is_declared(id3 + mp3_without_length_tag(tone(0.5)))
 
 
 def test_truncated_wav_is_an_error_not_a_short_clip(corpus_dir):
     data = (corpus_dir / "wavs" / "LJT001-0001.wav").read_bytes()
-    assert A.riff_data_shortfall(data) == 0
-    assert A.riff_data_shortfall(data[:1000]) == len(data) - 1000
-    with pytest.raises(A.AudioError, match="truncated"):
-        A.decode_audio(data[:1000], 22050)
+    assert audio.riff_data_shortfall(data) == 0
+    assert audio.riff_data_shortfall(data[:1000]) == len(data) - 1000
+    with pytest.raises(audio.AudioError, match="truncated"):
+        audio.decode_audio(data[:1000], 22050)
 
 
 def test_garbage_bytes_are_an_audio_error():
-    with pytest.raises(A.AudioError, match="cannot decode"):
-        A.decode_audio(b"\x00\x01garbage" * 100, 22050)
+    with pytest.raises(audio.AudioError, match="cannot decode"):
+        audio.decode_audio(b"\x00\x01garbage" * 100, 22050)
 
 
 def test_trim_removes_leading_and_trailing_silence():
     sr = 22050
     tone = 0.5 * np.sin(2 * np.pi * 220 * np.arange(sr) / sr).astype(np.float32)
     y = np.concatenate([np.zeros(sr, np.float32), tone, np.zeros(sr, np.float32)])
-    trimmed = A.trim(y, AudioConfig())
+    trimmed = audio.trim(y, AudioConfig())
     assert sr <= len(trimmed) < sr + 2 * 2048
-    assert len(A.trim(y, AudioConfig(trim_silence=False))) == len(y)
+    assert len(audio.trim(y, AudioConfig(trim_silence=False))) == len(y)
 
 
 def _trim_cases():
@@ -209,13 +209,13 @@ def _trim_cases():
 def test_trim_gives_librosa_effects_trims_samples_exactly(top_db):
     for name, y in _trim_cases():
         expected, _ = librosa.effects.trim(y, top_db=top_db)
-        got = A.trim(y, AudioConfig(trim_top_db=top_db))
+        got = audio.trim(y, AudioConfig(trim_top_db=top_db))
         assert got.shape == expected.shape and np.array_equal(got, expected), name
 
 
 def test_peak_dbfs():
-    assert A.peak_dbfs(np.array([0.5, -1.0], np.float32)) == 0.0
-    assert A.peak_dbfs(np.zeros(3, np.float32)) == -np.inf
+    assert audio.peak_dbfs(np.array([0.5, -1.0], np.float32)) == 0.0
+    assert audio.peak_dbfs(np.zeros(3, np.float32)) == -np.inf
 
 
 def test_log_mel_equals_librosa_melspectrogram(corpus_dir):
@@ -238,7 +238,7 @@ def test_log_mel_equals_librosa_melspectrogram(corpus_dir):
             center=True,
         )
         np.testing.assert_allclose(
-            A.log_mel(y, sr, cfg), np.log(np.maximum(ref, cfg.log_floor)).T, rtol=1e-5, atol=1e-5
+            audio.log_mel(y, sr, cfg), np.log(np.maximum(ref, cfg.log_floor)).T, rtol=1e-5, atol=1e-5
         )
 
 
@@ -251,21 +251,21 @@ def _float_wav(y: np.ndarray, sr: int = 22050) -> bytes:
 
 def test_remove_dc_subtracts_the_mean():
     np.testing.assert_array_equal(
-        A.remove_dc(np.array([1.0, 2.0, 3.0, 6.0], np.float32)), np.array([-2.0, -1.0, 0.0, 3.0], np.float32)
+        audio.remove_dc(np.array([1.0, 2.0, 3.0, 6.0], np.float32)), np.array([-2.0, -1.0, 0.0, 3.0], np.float32)
     )
-    assert A.remove_dc(np.full(44100, 0.3, np.float32)).tolist() == [0.0] * 44100
+    assert audio.remove_dc(np.full(44100, 0.3, np.float32)).tolist() == [0.0] * 44100
 
 
 @pytest.mark.parametrize("sr", [22050, 16000])
 def test_decoded_constant_dc_is_all_zeros_also_after_resampling(sr):
-    y, _ = A.decode_audio(_wav_bytes(np.full(2 * sr, 0.3), sr), 22050)
+    y, _ = audio.decode_audio(_wav_bytes(np.full(2 * sr, 0.3), sr), 22050)
     assert len(y) == 2 * 22050 and np.max(np.abs(y)) < 1e-6  # removed before resampling: no edge ringing
-    assert A.peak_dbfs(A.decode_audio(_wav_bytes(np.full(2 * sr, 0.3), sr), sr)[0]) == -np.inf
+    assert audio.peak_dbfs(audio.decode_audio(_wav_bytes(np.full(2 * sr, 0.3), sr), sr)[0]) == -np.inf
 
 
 def test_decoding_removes_a_dc_offset_and_keeps_the_rest():
     y = tone(1.0)
-    got, _ = A.decode_audio(_float_wav(y + 0.2), 22050)
+    got, _ = audio.decode_audio(_float_wav(y + 0.2), 22050)
     np.testing.assert_allclose(got, y - y.mean(dtype=np.float64), atol=1e-6)
 
 
@@ -276,18 +276,18 @@ def test_nan_or_infinite_samples_are_invalid_samples_without_a_warning(bad, sr):
     y[[100, 101, 5000]] = bad
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(A.InvalidSamples) as e:
-            A.decode_audio(_float_wav(y, sr), 22050)
+        with pytest.raises(audio.InvalidSamples) as e:
+            audio.decode_audio(_float_wav(y, sr), 22050)
     nan, inf = (3, 0) if np.isnan(bad) else (0, 3)
     assert str(e.value) == f"{nan} NaN and {inf} infinite samples, the first at frame 100"
-    assert isinstance(e.value, A.AudioError)
+    assert isinstance(e.value, audio.AudioError)
 
 
 def test_a_nan_in_one_channel_of_a_stereo_file_is_invalid():
     stereo = np.stack([tone(0.5), tone(0.5)], axis=1)
     stereo[7, 1] = np.nan
-    with pytest.raises(A.InvalidSamples, match="1 NaN and 0 infinite samples, the first at frame 7"):
-        A.decode_audio(_float_wav(stereo), 22050)
+    with pytest.raises(audio.InvalidSamples, match="1 NaN and 0 infinite samples, the first at frame 7"):
+        audio.decode_audio(_float_wav(stereo), 22050)
 
 
 def _load(tmp_path, y, sr=22050):
@@ -335,4 +335,4 @@ def test_a_dc_offset_does_not_change_the_trimmed_clip_or_its_mel(tmp_path):
     assert offset.shape == clean.shape
     np.testing.assert_allclose(offset, clean, atol=1e-6)
     mel = PreprocessConfig().mel
-    np.testing.assert_allclose(A.log_mel(offset, 22050, mel), A.log_mel(clean, 22050, mel), atol=1e-3)
+    np.testing.assert_allclose(audio.log_mel(offset, 22050, mel), audio.log_mel(clean, 22050, mel), atol=1e-3)

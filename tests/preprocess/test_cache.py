@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import time
 
 import numpy as np
@@ -18,13 +17,10 @@ from click.testing import CliRunner
 
 from melshards.commands.cache import cache_command
 from melshards.commands.preprocess import run
-from melshards.preprocess import audio as A
-from melshards.preprocess import cache as K
-from melshards.preprocess import lock
-from melshards.preprocess import output as O
+from melshards.preprocess import audio, cache, lock, output
 from melshards.shards_schema.stats import Moments
 from tests.conftest import CORPUS, TINY_CONFIG
-from tests.preprocess.conftest import CallLog, preprocess_command, start_long_run
+from tests.preprocess.conftest import CallLog, long_corpus, preprocess_command, start_long_run
 
 
 def _run(out, cache_dir=None, *extra, corpus=CORPUS):
@@ -45,6 +41,15 @@ def records(out) -> dict[bytes, bytes]:
     return found
 
 
+def without_id(raw: bytes) -> bytes:
+    """A serialized record without its id feature."""
+    import tensorflow as tf
+
+    example = tf.train.Example.FromString(raw)
+    del example.features.feature["id"]
+    return example.SerializeToString(deterministic=True)
+
+
 def audio_rejections(stats) -> int:
     """Clips rejected for their audio: decoded on every run, the cache keeps no entry for them."""
     return sum(stats["counts"]["per_reason"].get(r, 0) for r in ("silent_audio", "unreadable_audio", "invalid_samples"))
@@ -53,49 +58,65 @@ def audio_rejections(stats) -> int:
 @pytest.fixture
 def decodes(monkeypatch, tmp_path):
     calls = CallLog(tmp_path / "decodes")
-    real = A.decode_audio
-    monkeypatch.setattr(A, "decode_audio", lambda *a: calls.append(1) or real(*a))
+    real = audio.decode_audio
+    monkeypatch.setattr(audio, "decode_audio", lambda *a: calls.append(1) or real(*a))
     return calls
+
+
+def record_stashes(monkeypatch, path) -> CallLog:
+    """Every batch the runs from now on stash for the writer: (clips, features), logged to `path`."""
+    from melshards.preprocess import measure
+
+    calls, real = CallLog(path), measure.stash_batch
+    monkeypatch.setattr(
+        measure,
+        "stash_batch",
+        lambda d, clips, features: calls.append((clips, features)) or real(d, clips, features),
+    )
+    return calls
+
+
+@pytest.fixture
+def stashed(monkeypatch, tmp_path):
+    return record_stashes(monkeypatch, tmp_path / "stashed")
+
+
+def assert_stashes_no_array_the_cache_holds(calls: CallLog, stats: dict, cache_dir) -> None:
+    """Computed or found, a cached clip's arrays are written once, to the cache: the writer reads them there."""
+    stashed = calls.items()
+    clips = [c for batch, _ in stashed for c in batch]
+    assert len(clips) == stats["cache"]["hits"] + stats["cache"]["computed"] == 47, "a clip stashed twice or not"
+    assert all(c["cached"][0].startswith(str(cache_dir)) for c in clips), (
+        "a clip the writer does not read from the cache"
+    )
+    assert all(not f for _, features in stashed for f in features), "an array stashed that the cache holds"
 
 
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory):
-    """A cache filled by one run, and a run without a cache for reference."""
+    """A cache filled by one run (what that run stashed for the writer checked), and a run without a cache
+    for reference."""
     tmp = tmp_path_factory.mktemp("cache")
-    cold = _run(tmp / "cold", tmp / "cache")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        calls = record_stashes(monkeypatch, tmp / "stashed")
+        cold = _run(tmp / "cold", tmp / "cache")
+    assert_stashes_no_array_the_cache_holds(calls, cold, tmp / "cache")
     _run(tmp / "plain")
     return tmp, cold
 
 
-def test_a_warm_rerun_decodes_no_audio_and_writes_the_same_records(warm, tmp_path, decodes):
+def test_a_warm_rerun_decodes_no_audio_stashes_no_array_the_cache_holds_and_writes_the_same_records(
+    warm, tmp_path, decodes, stashed
+):
     tmp, cold = warm
     assert cold["cache"]["hits"] == 0 and cold["cache"]["computed"] == 47
     stats = _run(tmp_path / "again", tmp / "cache")
     # only the clips whose audio was rejected (never cached) are decoded again
     assert len(decodes) == audio_rejections(cold) > 0
     assert stats["cache"]["hits"] == 47 and stats["cache"]["computed"] == 0
+    assert_stashes_no_array_the_cache_holds(stashed, stats, tmp / "cache")
     assert records(tmp_path / "again") == records(tmp / "plain") == records(tmp / "cold")
     assert (tmp_path / "again" / "schema.json").read_text() == (tmp / "plain" / "schema.json").read_text()
-
-
-def test_a_run_with_a_cache_stashes_no_array_the_cache_holds(tmp_path, monkeypatch):
-    """Computed or found, a cached clip's arrays are written once, to the cache: the writer reads them there."""
-    from melshards.preprocess import measure
-
-    stashed, real = CallLog(tmp_path / "stashed"), measure.stash_batch
-    monkeypatch.setattr(
-        measure,
-        "stash_batch",
-        lambda d, clips, features: stashed.append((clips, features)) or real(d, clips, features),
-    )
-    for name in ("cold", "warm"):
-        stats = _run(tmp_path / name, tmp_path / "cache")
-        clips = [c for batch, _ in stashed.items() for c in batch]
-        assert len(clips) == stats["cache"]["hits"] + stats["cache"]["computed"] == 47
-        assert all(c["cached"][0].startswith(str(tmp_path / "cache")) for c in clips)
-        assert all(not f for _, features in stashed.items() for f in features)  # mel only: nothing the cache lacks
-        stashed.clear()
-    assert records(tmp_path / "warm") == records(tmp_path / "cold")
 
 
 def test_changing_buckets_and_cutoffs_reads_every_clip_from_the_cache(warm, tmp_path, decodes):
@@ -164,7 +185,7 @@ def test_prune_during_a_run_removes_nothing_and_a_file_gone_from_under_the_write
     tmp, _ = warm
     cache_dir = tmp_path / "cache"
     shutil.copytree(tmp / "cache", cache_dir)
-    reads, pruned, real = [], CallLog(tmp_path / "pruned"), K.read_batch  # reads: in the job process
+    reads, pruned, real = [], CallLog(tmp_path / "pruned"), cache.read_batch  # reads: in the job process
 
     def read_batch(path):
         if path in reads and not pruned.items():  # the writer's first read-back
@@ -174,7 +195,7 @@ def test_prune_during_a_run_removes_nothing_and_a_file_gone_from_under_the_write
         reads.append(path)
         return real(path)
 
-    monkeypatch.setattr(K, "read_batch", read_batch)
+    monkeypatch.setattr(cache, "read_batch", read_batch)
     stats = _run(tmp_path / "out", cache_dir)
     ((exit_code, output),) = pruned.items()
     assert exit_code == 0 and "removed 0 file(s)" in output
@@ -185,10 +206,10 @@ def test_prune_during_a_run_removes_nothing_and_a_file_gone_from_under_the_write
 
 
 def test_prune_forgets_a_stale_lease_and_honours_a_live_one(tmp_path):
-    lease = K.Lease(str(tmp_path), "r1").start()
+    lease = cache.Lease(str(tmp_path), "r1").start()
     try:
-        assert [h["run_id"] for h in K.live_leases(str(tmp_path), time.time())[0]] == ["r1"]
-        assert K.live_leases(str(tmp_path), time.time() + 2 * lock.STALE_AFTER_S) == (
+        assert [h["run_id"] for h in cache.live_leases(str(tmp_path), time.time())[0]] == ["r1"]
+        assert cache.live_leases(str(tmp_path), time.time() + 2 * lock.STALE_AFTER_S) == (
             [],
             [str(tmp_path / "runs" / "r1.live")],
         )
@@ -198,13 +219,13 @@ def test_prune_forgets_a_stale_lease_and_honours_a_live_one(tmp_path):
     (tmp_path / "runs" / "gone.live").write_text(
         json.dumps({"run_id": "gone", **lock.machine_identity(), "pid": 2**22 + 1, "heartbeat": time.time()})
     )
-    assert K.prune(str(tmp_path), 0, time.time()).live == []  # its process is gone from this process table
+    assert cache.prune(str(tmp_path), 0, time.time()).live == []  # its process is gone from this process table
     assert not (tmp_path / "runs" / "gone.live").exists()
 
 
 def test_a_flipped_byte_anywhere_in_an_entries_file_is_damage(tmp_path):
     mel = np.random.default_rng(0).standard_normal((20, 8)).astype(np.float32)
-    path = K.write_batch(
+    path = cache.write_batch(
         str(tmp_path), [(f"{0:064x}", {"samples": 100, "start": 3, "length": 90}, {"mel": mel}, Moments.of(mel))]
     )
     data = open(path, "rb").read()
@@ -214,8 +235,8 @@ def test_a_flipped_byte_anywhere_in_an_entries_file_is_damage(tmp_path):
         flipped[at] ^= 0x10
         with open(path, "wb") as f:
             f.write(bytes(flipped))
-        with pytest.raises(K.CacheDamaged):
-            K.read_batch(path)
+        with pytest.raises(cache.CacheDamaged):
+            cache.read_batch(path)
 
 
 def test_the_cache_index_finds_each_key_s_file_in_20_bytes_a_clip(tmp_path):
@@ -226,7 +247,7 @@ def test_the_cache_index_finds_each_key_s_file_in_20_bytes_a_clip(tmp_path):
     for name, keys in files.items():
         (entries / f"{name}.keys").write_text("".join(k + "\n" for k in keys))
     (entries / "bad.keys").write_text("not hex\n")
-    index = K.read_index(str(tmp_path))
+    index = cache.read_index(str(tmp_path))
     where = {k: index.get(k) for k in same_hi + ["cd" * 32, "ef" * 32]}
     assert where == {
         same_hi[0]: str(entries / "one.npz"),
@@ -250,7 +271,7 @@ def test_npz_arrays_reads_what_np_load_reads():
     }
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
-    back = K.npz_arrays(buffer.getvalue())
+    back = cache.npz_arrays(buffer.getvalue())
     assert sorted(back) == sorted(arrays)
     for name, want in arrays.items():
         assert back[name].dtype == want.dtype and back[name].shape == want.shape
@@ -258,7 +279,7 @@ def test_npz_arrays_reads_what_np_load_reads():
     compressed = io.BytesIO()
     np.savez_compressed(compressed, **arrays)
     with pytest.raises(ValueError, match="compressed"):
-        K.npz_arrays(compressed.getvalue())
+        cache.npz_arrays(compressed.getvalue())
 
 
 def test_only_new_rows_are_computed_when_rows_are_added(tmp_path):
@@ -293,8 +314,8 @@ def _write_rounds(cache_dir: str, tag: int, shared: list[str], go, rounds: int) 
     go.wait()
     own = [f"{tag:08x}{i:056x}" for i in range(3)]
     for _ in range(rounds):
-        K.write_batch(cache_dir, _entries(shared, tag, 1000))
-        K.write_batch(cache_dir, _entries(own, tag, 500))
+        cache.write_batch(cache_dir, _entries(shared, tag, 1000))
+        cache.write_batch(cache_dir, _entries(own, tag, 500))
 
 
 def test_concurrent_writer_processes_never_leave_or_show_a_mixed_or_partial_entries_file(tmp_path):
@@ -310,10 +331,10 @@ def test_concurrent_writer_processes_never_leave_or_show_a_mixed_or_partial_entr
     for w in writers:
         w.start()
     go.set()
-    path, seen = str(tmp_path / "entries" / f"{K.batch_name(shared)}.npz"), set()
+    path, seen = str(tmp_path / "entries" / f"{cache.batch_name(shared)}.npz"), set()
     while any(w.is_alive() for w in writers):
         if os.path.exists(path[:-4] + ".keys"):
-            back = K.read_batch(path)  # CacheDamaged: a reader saw a partial or mixed file
+            back = cache.read_batch(path)  # CacheDamaged: a reader saw a partial or mixed file
             assert sorted(back) == shared
             tags = {span["start"] for span, _, _ in back.values()}
             assert len(tags) == 1  # one writer's entries, not a mix
@@ -326,11 +347,11 @@ def test_concurrent_writer_processes_never_leave_or_show_a_mixed_or_partial_entr
     for w in writers:
         w.join()
         assert w.exitcode == 0
-    back = K.read_batch(path)
+    back = cache.read_batch(path)
     assert sorted(back) == shared and len({span["start"] for span, _, _ in back.values()}) == 1
     for tag in range(1, 9):
         own = [f"{tag:08x}{i:056x}" for i in range(3)]
-        entries = K.read_batch(str(tmp_path / "entries" / f"{K.batch_name(own)}.npz"))
+        entries = cache.read_batch(str(tmp_path / "entries" / f"{cache.batch_name(own)}.npz"))
         assert all((a["mel"] == tag).all() and s["start"] == tag for s, a, _ in entries.values())
     assert len(list(tmp_path.glob("entries/*.npz"))) == 9 and not list(tmp_path.glob("entries/*.writing"))
     assert seen  # the reader read the shared batch while the writers wrote it
@@ -353,9 +374,9 @@ def test_a_cache_the_run_cannot_write_is_refused_with_the_file_system_s_reason(t
     def read_only(path, **kwargs):
         raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr(K, "atomic_write", read_only)
-    with pytest.raises(O.OutputError, match=r"--cache .* cannot be written \(.*entries: Permission denied\)"):
-        K.check_writable(str(tmp_path / "cache"))
+    monkeypatch.setattr(cache, "atomic_write", read_only)
+    with pytest.raises(output.OutputError, match=r"--cache .* cannot be written \(.*entries: Permission denied\)"):
+        cache.check_writable(str(tmp_path / "cache"))
 
 
 def test_cache_info_and_prune(warm, tmp_path):
@@ -448,30 +469,31 @@ def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes
     assert 0 < len(kept) < rows
 
     corpus = tmp_path / "long.jsonl"
-    again = subprocess.run(preprocess_command(corpus, out, *extra), capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr
+    assert run(preprocess_command(corpus, out, *extra)[4:]) == 0  # the rerun: in this process
     stats = json.loads((out / "stats.json").read_text())
     assert stats["counts"]["input_rows"] == rows and audio_rejections(stats) == 0  # every row needed its audio
     assert stats["cache"]["hits"] == len(set(kept)) > 0
     assert stats["cache"]["computed"] == rows - stats["cache"]["hits"]
     after = cached_keys(cache_dir)
     assert len(after) == len(set(after)) == rows  # no clip computed twice
-    assert not list(out.glob(f"{O.STAGE_PREFIX}*"))  # the killed run's staging dir is gone
-
+    assert not list(out.glob(f"{output.STAGE_PREFIX}*"))  # the killed run's staging dir is gone
+    # every row is the same clip and text: each record, served from what the killed run left or computed by the
+    # rerun (both kinds are there: 0 < kept < rows), differs in its id only from one computed without a cache
     plain = tmp_path / "plain"
-    assert run(preprocess_command(corpus, plain, "--workers", "1")[4:]) == 0
-    assert records(out) == records(plain)
+    (tmp_path / "few").mkdir()
+    assert run(preprocess_command(long_corpus(tmp_path / "few", corpus_dir, 10), plain, "--workers", "1")[4:]) == 0
+    assert {without_id(raw) for raw in records(out).values()} == {without_id(raw) for raw in records(plain).values()}
 
 
 def test_a_clip_key_follows_the_file_size_and_time_even_with_glob_characters_in_its_path(tmp_path):
     wav = tmp_path / "take[1]*.wav"  # a glob would match nothing, or another file
     wav.write_bytes(b"x" * 10)
     (tmp_path / "take1x.wav").write_bytes(b"y" * 10)
-    key = K.clip_key(str(wav), "s")
-    assert key is not None and key == K.clip_key(str(wav), "s") and key != K.clip_key(str(wav), "t")
+    key = cache.clip_key(str(wav), "s")
+    assert key is not None and key == cache.clip_key(str(wav), "s") and key != cache.clip_key(str(wav), "t")
     os.utime(wav, (1_000_000, 1_000_000))
-    assert K.clip_key(str(wav), "s") != key
-    assert K.clip_key(str(tmp_path / "missing.wav"), "s") is None
+    assert cache.clip_key(str(wav), "s") != key
+    assert cache.clip_key(str(tmp_path / "missing.wav"), "s") is None
 
 
 def test_an_upgrade_of_a_library_that_computes_the_features_is_a_new_key(monkeypatch):
@@ -480,7 +502,7 @@ def test_an_upgrade_of_a_library_that_computes_the_features_is_a_new_key(monkeyp
     plain = load_config(str(TINY_CONFIG), None, None)
     pitch = dataclasses.replace(plain, features=dataclasses.replace(plain.features, pitch=True))
     configs = {"plain": plain, "pitch": pitch}
-    before = {n: K.settings_key(c) for n, c in configs.items()}
+    before = {n: cache.settings_key(c) for n, c in configs.items()}
     real = importlib.metadata.version
     for dist, changes in (
         ("librosa", {"plain", "pitch"}),
@@ -492,9 +514,9 @@ def test_an_upgrade_of_a_library_that_computes_the_features_is_a_new_key(monkeyp
         ("numba", {"pitch"}),
     ):
         monkeypatch.setattr(importlib.metadata, "version", lambda d, dist=dist: "99.0" if d == dist else real(d))
-        assert {n for n, c in configs.items() if K.settings_key(c) != before[n]} == changes, dist
+        assert {n for n, c in configs.items() if cache.settings_key(c) != before[n]} == changes, dist
     monkeypatch.setattr(importlib.metadata, "version", real)
-    assert {n: K.settings_key(c) for n, c in configs.items()} == before
+    assert {n: cache.settings_key(c) for n, c in configs.items()} == before
 
 
 def test_one_file_spelt_another_way_or_from_another_directory_is_one_key(tmp_path, monkeypatch):
@@ -503,12 +525,12 @@ def test_one_file_spelt_another_way_or_from_another_directory_is_one_key(tmp_pat
     (wavs / "a.wav").write_bytes(b"x" * 10)
     (tmp_path / "link").symlink_to(tmp_path / "corpus")
     (wavs / "b.wav").symlink_to(wavs / "a.wav")
-    key = K.clip_key(str(wavs / "a.wav"), "s")
+    key = cache.clip_key(str(wavs / "a.wav"), "s")
     monkeypatch.chdir(tmp_path)
     spellings = ["corpus/wavs/a.wav", "./corpus//wavs/../wavs/a.wav", "link/wavs/a.wav", str(wavs / "b.wav")]
-    assert [K.clip_key(p, "s") for p in spellings] == [key] * len(spellings)
+    assert [cache.clip_key(p, "s") for p in spellings] == [key] * len(spellings)
     monkeypatch.chdir(wavs)
-    assert K.clip_key("a.wav", "s") == key
+    assert cache.clip_key("a.wav", "s") == key
     (tmp_path / "other.wav").write_bytes(b"x" * 10)
     os.utime(tmp_path / "other.wav", ns=((wavs / "a.wav").stat().st_atime_ns, (wavs / "a.wav").stat().st_mtime_ns))
-    assert K.clip_key(str(tmp_path / "other.wav"), "s") != key  # another file of the same size and time
+    assert cache.clip_key(str(tmp_path / "other.wav"), "s") != key  # another file of the same size and time

@@ -8,8 +8,7 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from melshards.preprocess import layouts as L
-from melshards.preprocess import manifests as M
+from melshards.preprocess import layouts, manifests
 from melshards.preprocess.corpus import ReadCorpus
 from melshards.preprocess.merge import MergedInputs, input_name, unique_names
 from melshards.preprocess.rows import CorpusError, LayoutRows, complete_rows, gender_code, reject, row
@@ -61,7 +60,7 @@ def write_vctk(root, real_audio=False):
             (root / "txt" / speaker / f"{utt}.txt").write_text(text + "\n")
         if utt == "p225_003":
             continue
-        audio = root / L.VCTK_AUDIO_DIR / speaker
+        audio = root / layouts.VCTK_AUDIO_DIR / speaker
         audio.mkdir(parents=True, exist_ok=True)
         for mic in ("mic1", "mic2") if utt != "p226_002" else ("mic2",):
             (audio / f"{utt}_{mic}.flac").write_bytes(_audio(0.8 + 0.1 * n, 48000, "FLAC", real_audio))
@@ -121,7 +120,7 @@ def test_vctk_rows_are_one_per_utterance_with_mic1_and_p315_is_missing_text():
         "/c/wav48_silence_trimmed/p315/p315_001_mic1.flac",
         "/c/wav48_silence_trimmed/log.txt",
     ]
-    read = LayoutRows.of(L.vctk_rows(transcripts, audio, VCTK_INFO))
+    read = LayoutRows.of(layouts.vctk_rows(transcripts, audio, VCTK_INFO))
     assert read.rows == [
         {
             "id": "p225_001",
@@ -153,8 +152,10 @@ def test_vctk_rows_are_one_per_utterance_with_mic1_and_p315_is_missing_text():
 
 
 def test_vctk_speaker_info_gives_genders_for_both_id_spellings():
-    assert L.parse_speaker_info(VCTK_INFO) == {"p225": "F", "p226": "M", "p315": "M"}
-    assert L.parse_speaker_info("ID AGE GENDER ACCENTS REGION\n225 23 F English Southern England\n") == {"p225": "F"}
+    assert layouts.parse_speaker_info(VCTK_INFO) == {"p225": "F", "p226": "M", "p315": "M"}
+    assert layouts.parse_speaker_info("ID AGE GENDER ACCENTS REGION\n225 23 F English Southern England\n") == {
+        "p225": "F"
+    }
 
 
 def test_libritts_rows_pair_each_wav_with_the_normalized_text_beside_it():
@@ -169,7 +170,7 @@ def test_libritts_rows_pair_each_wav_with_the_normalized_text_beside_it():
         "/l/SPEAKERS.txt",
         "/l/train-clean-100/19/198/19_198.trans.tsv",
     ]
-    read = LayoutRows.of(L.libritts_rows(transcripts, files, LIBRITTS_SPEAKERS))
+    read = LayoutRows.of(layouts.libritts_rows(transcripts, files, LIBRITTS_SPEAKERS))
     assert read.rows == [
         row("19_198_000000_000000", "Northanger Abbey.", f"{base}0.wav", 0, speaker="19", language="en", gender="F")
     ]
@@ -186,7 +187,7 @@ def test_libritts_rows_pair_each_wav_with_the_normalized_text_beside_it():
 
 
 def test_libritts_speakers_skip_comments_and_keep_a_name_with_bars():
-    assert L.parse_libritts_speakers(LIBRITTS_SPEAKERS) == {"19": "F", "60": "M", "84": "F"}
+    assert layouts.parse_libritts_speakers(LIBRITTS_SPEAKERS) == {"19": "F", "60": "M", "84": "F"}
 
 
 def test_commonvoice_rows_split_on_tabs_alone_and_read_locale_and_gender():
@@ -201,7 +202,7 @@ def test_commonvoice_rows_split_on_tabs_alone_and_read_locale_and_gender():
         )
         + "\n"
     )
-    read = LayoutRows.of(M.commonvoice_rows(text.splitlines(keepends=True), "gs://b/cv/validated.tsv"))
+    read = LayoutRows.of(manifests.commonvoice_rows(text.splitlines(keepends=True), "gs://b/cv/validated.tsv"))
     assert read.rows == [
         row("x_1", 'He said "hi".', "gs://b/cv/clips/x_1.mp3", 0, speaker="a1", language="zh-CN", gender="M"),
         row("x_2", "Hello.", "gs://b/cv/clips/x_2.mp3", 1, speaker="b2", language="", gender=""),
@@ -217,7 +218,7 @@ def test_commonvoice_rows_split_on_tabs_alone_and_read_locale_and_gender():
 
 def test_manifest_rows_read_language_and_gender_columns():
     text = "audio,text,speaker,language,gender\na.wav,Hallo.,s1, de ,Female\nb.wav,Hi.,,,\n"
-    read = LayoutRows.of(M.manifest_rows(text.splitlines(keepends=True), "/m/x.csv", "/m"))
+    read = LayoutRows.of(manifests.manifest_rows(text.splitlines(keepends=True), "/m/x.csv", "/m"))
     assert read.rows == [
         row("a", "Hallo.", "/m/a.wav", 0, speaker="s1", language="de", gender="F"),
         row("b", "Hi.", "/m/b.wav", 1),
@@ -235,7 +236,7 @@ def test_a_stray_quote_rejects_every_line_it_swallows_by_line_number(sep, ext):
         + ["", "j.wav,Last.,s2"]
     )
     text = "\n".join(line.replace(",", sep) for line in lines) + "\n"
-    read = LayoutRows.of(M.manifest_rows(text.splitlines(keepends=True), f"/m/x.{ext}", "/m"))
+    read = LayoutRows.of(manifests.manifest_rows(text.splitlines(keepends=True), f"/m/x.{ext}", "/m"))
     assert [r["id"] for r in read.rows] == ["a"]
     assert [r["id"] for r in read.rejected] == [f"row-{n}" for n in range(2, 11)]
     assert {r["reason"] for r in read.rejected} == {"malformed_row"}
@@ -250,7 +251,7 @@ def test_a_quoted_field_past_the_csv_size_limit_rejects_its_lines_and_reading_go
 
     big = "x" * (csv.field_size_limit() + 10)
     text = f'audio,text\na.wav,"{big}\nb.wav,Swallowed.\nc.wav,Hi.\n'
-    read = LayoutRows.of(M.manifest_rows(text.splitlines(keepends=True), "/m/x.csv", "/m"))
+    read = LayoutRows.of(manifests.manifest_rows(text.splitlines(keepends=True), "/m/x.csv", "/m"))
     assert [r["id"] for r in read.rejected] == ["row-1"]
     assert "field larger than field limit" in read.rejected[0]["detail"]
     assert [r["id"] for r in read.rows] == ["b", "c"]
@@ -258,7 +259,7 @@ def test_a_quoted_field_past_the_csv_size_limit_rejects_its_lines_and_reading_go
 
 def test_a_quoted_transcript_over_two_lines_without_separators_is_one_row():
     text = 'audio,text\na.wav,"One line\nand the next."\nb.wav,"Hi, there."\n'
-    read = LayoutRows.of(M.manifest_rows(text.splitlines(keepends=True), "/m/x.csv", "/m"))
+    read = LayoutRows.of(manifests.manifest_rows(text.splitlines(keepends=True), "/m/x.csv", "/m"))
     assert [(r["id"], r["text"]) for r in read.rows] == [("a", "One line\nand the next."), ("b", "Hi, there.")]
 
 
@@ -266,9 +267,11 @@ def test_a_quoted_transcript_over_two_lines_without_separators_is_one_row():
 def test_ljspeech_rows_drop_repeated_ids_before_attaching_audio(on_disk):
     lines = "a|One.|One.\nb|Two.|\nlonely\na|Again.|\n".splitlines(keepends=True)
     with Spill() as spill:
-        files = spill.lists(L.audio_files(["/lj/wavs/a.mp3", "/lj/wavs/a.flac", "/lj/wavs/b.txt", "/lj/wavs/a.wav"]))
+        files = spill.lists(
+            layouts.audio_files(["/lj/wavs/a.mp3", "/lj/wavs/a.flac", "/lj/wavs/b.txt", "/lj/wavs/a.wav"])
+        )
         assert dict(files) == {"a": ["/lj/wavs/a.wav", "/lj/wavs/a.flac", "/lj/wavs/a.mp3"]}
-        read = LayoutRows.of(L.ljspeech_rows(lines, files, spill.map() if on_disk else {}))
+        read = LayoutRows.of(layouts.ljspeech_rows(lines, files, spill.map() if on_disk else {}))
     assert read.rows == [row("b", "Two.", None, 1)]
     assert [(r["id"], r["reason"]) for r in read.rejected] == [
         ("a", "ambiguous_audio"),
@@ -378,7 +381,7 @@ def test_each_layout_is_recognised_from_its_telltale_files(tmp_path):
         "cv/cy/mine.tsv": ("manifest", "mine", None),
     }
     assert found["LibriTTS/dev-clean"].speakers_path == str(tmp_path / "LibriTTS" / "SPEAKERS.txt")
-    assert set(LAYOUTS) == set(L.FORMATS)
+    assert set(LAYOUTS) == set(layouts.FORMATS)
 
 
 def test_an_unrecognised_input_fails_in_one_line_listing_what_each_layout_looks_for(tmp_path):
@@ -528,7 +531,7 @@ def test_read_corpus_merges_inputs_and_prefixes_a_shared_speaker_and_id(tmp_path
         '{"audio": "b.wav", "text": "Hi.", "gender": "male"}\n'
     )
     corpora = [detect_corpus(str(vctk)), detect_corpus(str(tmp_path / "mine" / "m.jsonl"), language="en")]
-    wav = str(vctk / L.VCTK_AUDIO_DIR)
+    wav = str(vctk / layouts.VCTK_AUDIO_DIR)
     with pipeline() as p:
         out = p | ReadCorpus(corpora, str(tmp_path / "stash"))
         given = {"given_id": "p225_001", "given_speaker": "p225"}  # as the inputs give them (TextGrids' names)

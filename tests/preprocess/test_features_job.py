@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from melshards.commands.inspect import inspect_command
 from melshards.commands.stats import stats_command
-from melshards.preprocess import audio as A
+from melshards.preprocess import audio
 from melshards.preprocess.config import MelConfig
 from melshards.shards_schema import read_schema
 from melshards.shards_schema.shards import check_shard
@@ -74,7 +74,7 @@ def test_the_stored_audio_gives_the_stored_mel(run):
     for r in records[:5]:
         n, frames = int(r["audio_len"]), int(r["mel_len"])
         assert 1 + n // m.hop_length == frames
-        mel = A.log_mel(r["audio"][:n].astype(np.float32) / 32767, schema.audio.sample_rate, cfg)
+        mel = audio.log_mel(r["audio"][:n].astype(np.float32) / 32767, schema.audio.sample_rate, cfg)
         stored = r["mel"][:frames]
         # int16 quantisation noise (about 1e-4 in a mel bin) matters only near the floor; above
         # log-mel -5 the two agree within float16's spacing there

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess import lock as L
-from melshards.preprocess import output as O
+from melshards.preprocess import lock, output
 from melshards.shards_schema.schema import PUBLISH_JOURNAL
 
 
@@ -21,9 +20,9 @@ def _snapshot(d: Path) -> dict[str, bytes]:
 
 def _cut_short_publish(out: Path, run_id: str = "x") -> Path:
     """A publish cut short: its journal, and its staging dir holding the rest of the new run."""
-    stage = out / f"{O.STAGE_PREFIX}{run_id}"
+    stage = out / f"{output.STAGE_PREFIX}{run_id}"
     stage.mkdir(parents=True)
-    (stage / O.RUN_FILE).write_text(json.dumps({"run_id": run_id}))
+    (stage / output.RUN_FILE).write_text(json.dumps({"run_id": run_id}))
     (stage / "train-b00-00000-of-00001.tfrecord").write_bytes(b"the new run")
     (out / PUBLISH_JOURNAL).write_text(
         json.dumps({"run_id": run_id, "stage": stage.name, "remove": [], "move": ["train-b00-00000-of-00001.tfrecord"]})
@@ -43,15 +42,15 @@ def _failing_open(monkeypatch, name: str):
 
 
 # -- item 4: a journal that cannot be read is never taken for no journal -----------------------------
-@pytest.mark.parametrize("unreadable", [PUBLISH_JOURNAL, O.RUN_FILE])
+@pytest.mark.parametrize("unreadable", [PUBLISH_JOURNAL, output.RUN_FILE])
 def test_a_journal_or_its_run_json_that_cannot_be_read_stops_the_run_and_keeps_the_staging_dir(
     tmp_path, monkeypatch, unreadable
 ):
     stage = _cut_short_publish(tmp_path)
     before = _snapshot(tmp_path)
     _failing_open(monkeypatch, unreadable)
-    with pytest.raises(O.OutputError, match="cannot read .*run again once it can be read") as e:
-        O.open_run(str(tmp_path), overwrite=True)
+    with pytest.raises(output.OutputError, match="cannot read .*run again once it can be read") as e:
+        output.open_run(str(tmp_path), overwrite=True)
     assert "delete the journal" not in str(e.value) and "\n" not in str(e.value)
     assert stage.exists() and _snapshot(tmp_path) == before  # the lock was released, nothing else changed
 
@@ -70,32 +69,32 @@ def test_a_journal_that_cannot_be_understood_stops_the_run_as_one_naming_no_stag
     (tmp_path / PUBLISH_JOURNAL).write_text(journal)
     before = _snapshot(tmp_path)
     with pytest.raises(
-        O.OutputError,
+        output.OutputError,
         match="is not a publish journal melshards can read; move the directory's "
         "files somewhere safe, delete the journal, and run again",
     ):
-        O.open_run(str(tmp_path), overwrite=True)
+        output.open_run(str(tmp_path), overwrite=True)
     assert stage.exists() and _snapshot(tmp_path) == before
 
 
-def _stage_a_finished_run(run: O.OutputRun, shards_dir: Path) -> None:
+def _stage_a_finished_run(run: output.OutputRun, shards_dir: Path) -> None:
     for p in shards_dir.iterdir():
         if p.is_file():
             shutil.copy(p, Path(run.stage) / p.name)
 
 
 def _heartbeat(out: Path) -> float:
-    return json.loads(L._LocalMarker(str(out / L.LOCK_FILE)).read()[0])["heartbeat"]
+    return json.loads(lock._LocalMarker(str(out / lock.LOCK_FILE)).read()[0])["heartbeat"]
 
 
 # -- item 5: the lock is renewed through the publish ---------------------------------------------------
 def test_the_lock_is_renewed_while_a_finished_run_is_published(tmp_path, monkeypatch, shards_dir):
     """A publish longer than the stale limit (gs://: a copy per shard) must not be taken over."""
-    monkeypatch.setattr(L, "HEARTBEAT_S", 0.02)
+    monkeypatch.setattr(lock, "HEARTBEAT_S", 0.02)
     out = tmp_path / "o"
-    run = O.open_run(str(out), overwrite=False)
+    run = output.open_run(str(out), overwrite=False)
     _stage_a_finished_run(run, shards_dir)
-    real, renewed = O.apply_journal, []
+    real, renewed = output.apply_journal, []
 
     def long_publish(out_dir, journal):
         first, deadline = _heartbeat(out), time.time() + 30
@@ -104,10 +103,10 @@ def test_the_lock_is_renewed_while_a_finished_run_is_published(tmp_path, monkeyp
         renewed.append(_heartbeat(out) > first)
         real(out_dir, journal)
 
-    monkeypatch.setattr(O, "apply_journal", long_publish)
-    O.close_run(run, ok=True)
+    monkeypatch.setattr(output, "apply_journal", long_publish)
+    output.close_run(run, ok=True)
     assert renewed == [True] and run.published
-    assert (out / "schema.json").exists() and not (out / L.LOCK_FILE).exists()
+    assert (out / "schema.json").exists() and not (out / lock.LOCK_FILE).exists()
 
 
 # -- item 8: what a publish will touch is checked before anything is touched ---------------------------
@@ -130,10 +129,10 @@ def test_overwrite_refuses_up_front_a_users_directory_where_the_finished_run_lis
     shutil.copytree(shards_dir, out)
     shard = _users_dir_in_place_of_a_shard(out, how)
     before = _snapshot(out)
-    with pytest.raises(O.OutputError, match=f"{shard} is a {how}, not a file melshards wrote") as e:
-        O.open_run(str(out), overwrite=True)
+    with pytest.raises(output.OutputError, match=f"{shard} is a {how}, not a file melshards wrote") as e:
+        output.open_run(str(out), overwrite=True)
     assert "\n" not in str(e.value) and "move it out of" in str(e.value)
-    assert _snapshot(out) == before and not (out / L.LOCK_FILE).exists()
+    assert _snapshot(out) == before and not (out / lock.LOCK_FILE).exists()
     assert (shard / "mine").read_text() == "users"
 
 
@@ -141,14 +140,14 @@ def _finished_run_staged_over_an_old_one(tmp_path, shards_dir):
     """A copy of a finished run in tmp_path/o, and a new run opened over it that has staged its files."""
     out = tmp_path / "o"
     shutil.copytree(shards_dir, out)
-    run = O.open_run(str(out), overwrite=True)
+    run = output.open_run(str(out), overwrite=True)
     _stage_a_finished_run(run, shards_dir)
     return out, run
 
 
 def _published_part(out):
     """The output's files but the live run's own (its staging dir and lock)."""
-    return {k: v for k, v in _snapshot(out).items() if not k.startswith(O.STAGE_PREFIX) and k != L.LOCK_FILE}
+    return {k: v for k, v in _snapshot(out).items() if not k.startswith(output.STAGE_PREFIX) and k != lock.LOCK_FILE}
 
 
 def test_a_directory_put_where_a_shard_goes_during_the_run_stops_the_publish_before_it_touches_anything(
@@ -157,10 +156,10 @@ def test_a_directory_put_where_a_shard_goes_during_the_run_stops_the_publish_bef
     out, run = _finished_run_staged_over_an_old_one(tmp_path, shards_dir)
     shard = _users_dir_in_place_of_a_shard(out, "directory")
     before = _published_part(out)
-    with pytest.raises(O.OutputError, match=f"{shard} is a directory.*nothing was published"):
-        O.close_run(run, ok=True)
+    with pytest.raises(output.OutputError, match=f"{shard} is a directory.*nothing was published"):
+        output.close_run(run, ok=True)
     assert _snapshot(out) == before  # the old run's schema.json and files as they were; no journal, lock or stage
-    assert O.read_schema_at(str(out / "schema.json"))
+    assert output.read_schema_at(str(out / "schema.json"))
 
 
 def test_a_users_shard_named_file_that_appears_during_the_run_stops_the_publish_before_it_touches_anything(
@@ -169,8 +168,8 @@ def test_a_users_shard_named_file_that_appears_during_the_run_stops_the_publish_
     out, run = _finished_run_staged_over_an_old_one(tmp_path, shards_dir)
     (out / "train-b09-00000-of-00001.tfrecord").write_bytes(b"the user's")
     before = _published_part(out)
-    with pytest.raises(O.OutputError, match="train-b09-00000-of-00001.tfrecord.*nothing was published"):
-        O.close_run(run, ok=True)
+    with pytest.raises(output.OutputError, match="train-b09-00000-of-00001.tfrecord.*nothing was published"):
+        output.close_run(run, ok=True)
     assert _snapshot(out) == before
 
 
@@ -179,8 +178,8 @@ def test_a_refusal_at_publish_is_told_as_itself_not_as_a_staging_dir_removed_dur
 
     out, run = _finished_run_staged_over_an_old_one(tmp_path, shards_dir)
     _users_dir_in_place_of_a_shard(out, "directory")
-    with pytest.raises(O.OutputError) as refused:
-        O.close_run(run, ok=True)
+    with pytest.raises(output.OutputError) as refused:
+        output.close_run(run, ok=True)
     assert one_line_error(refused.value, run, str(out), None, 0, None) is None  # the OutputError is the line
 
 
@@ -189,8 +188,8 @@ def test_a_directory_in_the_way_of_a_cut_short_publish_stops_its_replay_before_i
     (tmp_path / "train-b00-00000-of-00001.tfrecord").mkdir()
     (tmp_path / "train-b00-00000-of-00001.tfrecord" / "mine").write_text("users")
     before = _snapshot(tmp_path)
-    with pytest.raises(O.OutputError, match="is a directory.*the journal is kept"):
-        O.open_run(str(tmp_path), overwrite=True)
+    with pytest.raises(output.OutputError, match="is a directory.*the journal is kept"):
+        output.open_run(str(tmp_path), overwrite=True)
     assert stage.exists() and _snapshot(tmp_path) == before
 
 
@@ -198,8 +197,8 @@ def test_a_directory_in_the_way_of_a_cut_short_publish_stops_its_replay_before_i
 @pytest.mark.parametrize("spelling", ["", "gs://"])
 def test_an_output_naming_no_directory_is_refused_and_the_working_directory_left_alone(tmp_path, monkeypatch, spelling):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(O.OutputError, match="names no directory"):
-        O.open_run(spelling, overwrite=True)
+    with pytest.raises(output.OutputError, match="names no directory"):
+        output.open_run(spelling, overwrite=True)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -222,8 +221,8 @@ def _model_dir(d: Path, shards_dir: Path, marks: tuple[str, ...]) -> Path:
 def test_a_train_model_dir_is_refused_as_such_with_or_without_overwrite(tmp_path, shards_dir, marks, overwrite):
     out = _model_dir(tmp_path / "m", shards_dir, marks)
     before = _snapshot(out)
-    with pytest.raises(O.OutputError, match="is a melshards train model dir") as e:
-        O.open_run(str(out), overwrite=overwrite)
+    with pytest.raises(output.OutputError, match="is a melshards train model dir") as e:
+        output.open_run(str(out), overwrite=overwrite)
     assert "--overwrite" not in str(e.value) and "finished run" not in str(e.value)
     assert _snapshot(out) == before and sorted(p.name for p in out.iterdir()) == sorted(
         ["schema.json", "run_summary.json", "tensorboard", *marks]
@@ -234,9 +233,9 @@ def test_an_output_that_cannot_be_listed_is_one_line_not_a_traceback(tmp_path, m
     def denied(path):
         raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr(O.os, "listdir", denied)
-    with pytest.raises(O.OutputError, match=r"is not writable \(PermissionError.*Permission denied"):
-        O.open_run(str(tmp_path), overwrite=False)
+    monkeypatch.setattr(output.os, "listdir", denied)
+    with pytest.raises(output.OutputError, match=r"is not writable \(PermissionError.*Permission denied"):
+        output.open_run(str(tmp_path), overwrite=False)
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
@@ -249,8 +248,8 @@ def test_the_users_own_schema_json_is_never_called_a_finished_run_nor_replaced(t
     else:
         shutil.copy(shards_dir / "schema.json", tmp_path / "schema.json")
     before = _snapshot(tmp_path)
-    with pytest.raises(O.OutputError, match="move it away or choose another --output") as e:
-        O.open_run(str(tmp_path), overwrite=overwrite)
+    with pytest.raises(output.OutputError, match="move it away or choose another --output") as e:
+        output.open_run(str(tmp_path), overwrite=overwrite)
     assert "--overwrite" not in str(e.value) and "finished run" not in str(e.value)
     assert _snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["schema.json"]
 
@@ -260,7 +259,7 @@ def test_a_lock_replaced_between_its_two_gcs_reads_is_read_again_not_taken_for_a
     from tests.preprocess.test_output import _FakeBlob, _FakeBucket
 
     bucket = _FakeBucket()
-    first = L.Lock("gs://b/out", "first", gcs_bucket=bucket)
+    first = lock.Lock("gs://b/out", "first", gcs_bucket=bucket)
     first.acquire()
     renewed = []
 
@@ -271,8 +270,8 @@ def test_a_lock_replaced_between_its_two_gcs_reads_is_read_again_not_taken_for_a
                 renewed.append(first.renew())
 
     bucket.blob = lambda name: RenewedMeanwhile(bucket.store, name)
-    with pytest.raises(L.OutputBusyError, match="in use by another melshards preprocess run first"):
-        L.Lock("gs://b/out", "second", gcs_bucket=bucket).acquire()
+    with pytest.raises(lock.OutputBusyError, match="in use by another melshards preprocess run first"):
+        lock.Lock("gs://b/out", "second", gcs_bucket=bucket).acquire()
     assert renewed == [True] and first.still_held()
 
 
@@ -281,13 +280,13 @@ def test_a_local_renewal_and_a_takeover_of_the_same_lock_never_both_succeed(tmp_
     import builtins
     import threading
 
-    path = str(tmp_path / L.LOCK_FILE)
-    holder = L._LocalMarker(path)
+    path = str(tmp_path / lock.LOCK_FILE)
+    holder = lock._LocalMarker(path)
     token = holder.create(b'{"run_id": "a", "heartbeat": 1}')
     taken = {}
 
     def take_over():  # another run, which judged the holder stale from `token`
-        other = L._LocalMarker(path)
+        other = lock._LocalMarker(path)
         if other.delete(token):
             taken["b"] = other.create(b'{"run_id": "b"}')
 
@@ -318,7 +317,7 @@ def test_a_local_renewal_and_a_takeover_of_the_same_lock_never_both_succeed(tmp_
         hooked = file == path and "w" not in mode and threading.current_thread() is threading.main_thread()
         return TakenOverAfterRead(f) if hooked else f
 
-    monkeypatch.setattr(L, "open", open_, raising=False)
+    monkeypatch.setattr(lock, "open", open_, raising=False)
     renewed = holder.replace(b'{"run_id": "a", "heartbeat": 2}', token)
     taker.join(30)
     assert (renewed is None) != (taken.get("b") is None), (renewed, taken)
@@ -328,21 +327,21 @@ def test_a_local_renewal_and_a_takeover_of_the_same_lock_never_both_succeed(tmp_
 # -- an --output that globbing would misread is refused before any work --------------------------------
 @pytest.mark.parametrize("name", ["run[1]", "run]", "run?", "run*"])
 def test_an_output_holding_glob_characters_is_refused_before_any_work(tmp_path, monkeypatch, name):
-    with pytest.raises(O.OutputError, match=r"its path holds .*glob pattern") as e:
-        O.open_run(str(tmp_path / name), overwrite=False)
+    with pytest.raises(output.OutputError, match=r"its path holds .*glob pattern") as e:
+        output.open_run(str(tmp_path / name), overwrite=False)
     assert "\n" not in str(e.value) and list(tmp_path.iterdir()) == []
     monkeypatch.chdir(tmp_path)  # relative, the directory it names is what counts
     (tmp_path / "a[b]").mkdir()
     monkeypatch.chdir(tmp_path / "a[b]")
-    with pytest.raises(O.OutputError, match=r"a\[b\]/out: its path holds \[ \]"):
-        O.open_run("out", overwrite=False)
+    with pytest.raises(output.OutputError, match=r"a\[b\]/out: its path holds \[ \]"):
+        output.open_run("out", overwrite=False)
     assert list((tmp_path / "a[b]").iterdir()) == []
 
 
 def test_a_directory_named_schema_json_is_named_not_a_traceback(tmp_path):
     (tmp_path / "schema.json").mkdir()
-    with pytest.raises(O.OutputError, match="schema.json is a directory, not a file melshards wrote"):
-        O.open_run(str(tmp_path), overwrite=True)
+    with pytest.raises(output.OutputError, match="schema.json is a directory, not a file melshards wrote"):
+        output.open_run(str(tmp_path), overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["schema.json"]
 
 
@@ -351,18 +350,20 @@ def test_a_stale_lock_of_another_user_that_this_one_cannot_write_is_taken_over(t
     needs the directory's write permission only, as a rename does."""
     import builtins
 
-    (tmp_path / L.LOCK_FILE).write_text(
-        json.dumps({"run_id": "theirs", "host": "elsewhere", "pid": 1, "heartbeat": time.time() - L.STALE_AFTER_S - 5})
+    (tmp_path / lock.LOCK_FILE).write_text(
+        json.dumps(
+            {"run_id": "theirs", "host": "elsewhere", "pid": 1, "heartbeat": time.time() - lock.STALE_AFTER_S - 5}
+        )
     )
-    lock_path = str(tmp_path / L.LOCK_FILE)
+    lock_path = str(tmp_path / lock.LOCK_FILE)
 
     def open_as_another_user(path, mode="r", *args, **kwargs):
         if str(path) == lock_path and ("+" in mode or "w" in mode or "a" in mode):
             raise PermissionError(13, "Permission denied", path)
         return builtins.open(path, mode, *args, **kwargs)
 
-    monkeypatch.setattr(L, "open", open_as_another_user, raising=False)
-    lock = L.Lock(str(tmp_path), "mine")
-    lock.acquire()
-    assert json.loads((tmp_path / L.LOCK_FILE).read_text())["run_id"] == "mine"
-    lock.release()
+    monkeypatch.setattr(lock, "open", open_as_another_user, raising=False)
+    held = lock.Lock(str(tmp_path), "mine")
+    held.acquire()
+    assert json.loads((tmp_path / lock.LOCK_FILE).read_text())["run_id"] == "mine"
+    held.release()

@@ -10,7 +10,6 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from melshards.preprocess import tables as T
 from melshards.preprocess.choose_buckets import ChooseBuckets
 from melshards.preprocess.clips import filter_rejection
 from melshards.preprocess.config import PadConfig, PreprocessConfig
@@ -23,6 +22,7 @@ from melshards.preprocess.rows import LayoutRows, unique_ids
 from melshards.preprocess.shards import AssembleShards, RollingFiles, group_into_shards
 from melshards.preprocess.spill import Spill
 from melshards.preprocess.stash import load_clips, load_features, load_rows, stash_batch, stash_rows
+from melshards.preprocess.tables import finish_tables, split_of, summarize_clips
 from melshards.shards_schema.stats import Cutoffs
 
 CFG = PreprocessConfig()
@@ -186,7 +186,7 @@ def _clip(clip_id, text_len, mel_frames, duration_ms, speaker="s", language="en"
 
 def _tables(clips, cfg=CFG):
     """The corpus tables of `clips`, as the job computes them (`melshards.preprocess.tables`)."""
-    return T.finish_tables(T.summarize_clips(clips, cfg.split.salt), cfg)
+    return finish_tables(summarize_clips(clips, cfg.split.salt), cfg)
 
 
 def test_length_histograms_are_exact_counts():
@@ -259,15 +259,15 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
     frames only; the stash is one file per batch."""
     import tensorflow as tf
 
-    from melshards.preprocess import audio as A
+    from melshards.preprocess import audio
     from melshards.preprocess.clips import featurize
     from melshards.preprocess.report import build_schema
     from melshards.shards_schema.records import decode_parsed, parse_spec
     from melshards.shards_schema.stats import Moments
 
     decodes = []
-    real_decode = A.decode_audio
-    monkeypatch.setattr(A, "decode_audio", lambda *a: decodes.append(1) or real_decode(*a))
+    real_decode = audio.decode_audio
+    monkeypatch.setattr(audio, "decode_audio", lambda *a: decodes.append(1) or real_decode(*a))
     ids = ["LJT001-0001", "LJT001-0002", "LJT001-0004"]
     featurized = {i: featurize(_row(corpus_dir, i), CFG) for i in ids}
     clips = {i: c for i, (c, _) in featurized.items()}
@@ -385,14 +385,12 @@ def test_val_clips_are_drawn_within_each_speaker_and_stable():
     sizes = {"big": 200, "mid": 25, "ten": 5, "few": 4}
     clips = [_clip(f"{s}{i}", 5, 100, 1000, s) for s, n in sizes.items() for i in range(n)]
     tables = _tables(clips, cfg)
-    val = {s: sum(T.split_of(c, tables, cfg.split.salt) == "val" for c in clips if c["speaker"] == s) for s in sizes}
+    val = {s: sum(split_of(c, tables, cfg.split.salt) == "val" for c in clips if c["speaker"] == s) for s in sizes}
     assert val == {"big": 20, "mid": 3, "ten": 1, "few": 0}  # round(0.1 * n), halves up: 2.5 -> 3, 0.5 -> 1
     again = _tables(list(reversed(clips)), cfg)  # another order of the same clips: the same split
-    assert [T.split_of(c, again, cfg.split.salt) for c in clips] == [
-        T.split_of(c, tables, cfg.split.salt) for c in clips
-    ]
+    assert [split_of(c, again, cfg.split.salt) for c in clips] == [split_of(c, tables, cfg.split.salt) for c in clips]
     more = _tables(clips + [_clip("big-new", 5, 100, 1000, "big")], cfg)  # one clip more: the others barely move
-    moved = sum(T.split_of(c, more, cfg.split.salt) != T.split_of(c, tables, cfg.split.salt) for c in clips)
+    moved = sum(split_of(c, more, cfg.split.salt) != split_of(c, tables, cfg.split.salt) for c in clips)
     assert moved <= 1
 
 
@@ -400,8 +398,8 @@ def test_val_speakers_are_held_out_whole():
     cfg = PreprocessConfig(split=dataclasses.replace(CFG.split, val_speakers=("mid", "nobody")))
     clips = [_clip(f"{s}{i}", 5, 100, 1000, s) for s, n in (("big", 40), ("mid", 6)) for i in range(n)]
     tables = _tables(clips, cfg)
-    assert all(T.split_of(c, tables, cfg.split.salt) == "val" for c in clips if c["speaker"] == "mid")
-    assert sum(T.split_of(c, tables, cfg.split.salt) == "val" for c in clips if c["speaker"] == "big") == 2
+    assert all(split_of(c, tables, cfg.split.salt) == "val" for c in clips if c["speaker"] == "mid")
+    assert sum(split_of(c, tables, cfg.split.salt) == "val" for c in clips if c["speaker"] == "big") == 2
     assert tables["missing_val_speakers"] == ["nobody"]
 
 
