@@ -152,12 +152,12 @@ def start_long_run(tmp_path, corpus_dir, out, *extra, rows=20000, distinct_audio
     """A real `melshards preprocess` of `rows` rows (long enough to interrupt) in its own process group,
     returned once `ready()` is true; by default once its workers report progress (the worker
     processes are running)."""
-    from melshards.preprocess import output as O
+    from melshards.preprocess import output
 
     if ready is None:
 
         def ready():
-            return list(out.glob(f"{O.STAGE_PREFIX}*/.melshards-tmp/progress-*.txt"))
+            return list(out.glob(f"{output.STAGE_PREFIX}*/.melshards-tmp/progress-*.txt"))
 
     cmd = preprocess_command(long_corpus(tmp_path, corpus_dir, rows, distinct_audio), out, *extra)
     p = subprocess.Popen(

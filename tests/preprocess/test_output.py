@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from melshards.commands.preprocess import run
-from melshards.preprocess import lock as L
-from melshards.preprocess import output as O
+from melshards.preprocess import lock, output
 from melshards.shards_schema.schema import PUBLISH_JOURNAL
 from tests.conftest import TINY_CONFIG
 from tests.preprocess.conftest import CallLog, descendants, start_long_run
@@ -112,7 +111,7 @@ def test_a_failed_overwrite_leaves_the_old_run_as_it_was_and_readable(
     assert Path(kept).name == "rejected.jsonl" and Path(kept).parent.parent == out
     assert {json.loads(line)["reason"] for line in Path(kept).read_text().splitlines()} == {"missing_audio"}
     after = _snapshot(out)
-    assert {k: v for k, v in after.items() if not k.startswith(O.STAGE_PREFIX)} == before
+    assert {k: v for k, v in after.items() if not k.startswith(output.STAGE_PREFIX)} == before
     files = expand_globs([str(out / "train-*.tfrecord")])
     schema, _ = check_schemas(files, None)  # what the trainer checks first: the old run is still whole
     assert schema.counts["train"] > 0
@@ -146,14 +145,14 @@ def test_overwrite_replaces_the_old_run_only_with_a_finished_one_and_keeps_other
 def _hold(out: Path, **holder):
     info = {
         "run_id": "other",
-        **L.machine_identity(),
+        **lock.machine_identity(),
         "pid": os.getpid(),
         "started": time.time(),
         "heartbeat": time.time(),
     }
     info.update(holder)
     out.mkdir(parents=True, exist_ok=True)
-    (out / L.LOCK_FILE).write_text(json.dumps(info))
+    (out / lock.LOCK_FILE).write_text(json.dumps(info))
 
 
 def test_a_run_into_a_directory_a_live_run_holds_stops_at_once_naming_the_holder(capsys, tmp_path, corpus_dir):
@@ -162,7 +161,7 @@ def test_a_run_into_a_directory_a_live_run_holds_stops_at_once_naming_the_holder
     assert _preprocess(corpus_dir, out) == 2
     line = _error_line(capsys.readouterr().err)
     assert "in use by another melshards preprocess run other" in line and f"pid {os.getpid()}" in line
-    assert sorted(p.name for p in out.iterdir()) == [L.LOCK_FILE]
+    assert sorted(p.name for p in out.iterdir()) == [lock.LOCK_FILE]
 
 
 @pytest.mark.parametrize(
@@ -170,35 +169,35 @@ def test_a_run_into_a_directory_a_live_run_holds_stops_at_once_naming_the_holder
     [
         ({"pid": 2**22 + 12345}, True),  # this host, its process is gone
         ({"pid": 2**22 + 12345, "pidns": "pid:[1]"}, False),  # same host name, another container: heartbeat decides
-        ({"host": "elsewhere", "heartbeat": time.time() - L.STALE_AFTER_S - 5}, True),  # no heartbeat for too long
+        ({"host": "elsewhere", "heartbeat": time.time() - lock.STALE_AFTER_S - 5}, True),  # no heartbeat for too long
         ({"host": "elsewhere"}, False),  # another machine, heartbeat fresh
     ],
 )
 def test_a_stale_holder_is_taken_over_and_a_live_one_is_not(tmp_path, holder, stale):
     _hold(tmp_path, **holder)
     if not stale:
-        with pytest.raises(L.OutputBusyError, match="pid"):
-            O.open_run(str(tmp_path), overwrite=False)
+        with pytest.raises(lock.OutputBusyError, match="pid"):
+            output.open_run(str(tmp_path), overwrite=False)
         return
-    run_ = O.open_run(str(tmp_path), overwrite=False)
-    assert json.loads((tmp_path / L.LOCK_FILE).read_text())["run_id"] == run_.lock.info["run_id"]
-    O.close_run(run_, ok=False)
+    run_ = output.open_run(str(tmp_path), overwrite=False)
+    assert json.loads((tmp_path / lock.LOCK_FILE).read_text())["run_id"] == run_.lock.info["run_id"]
+    output.close_run(run_, ok=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_the_lock_heartbeat_rewrites_the_marker_and_release_removes_only_its_own(tmp_path):
-    lock = L.Lock(str(tmp_path), "me")
-    lock.acquire()
-    first = json.loads((tmp_path / L.LOCK_FILE).read_text())["heartbeat"]
-    lock.start_heartbeat(every=0.05)
+    held = lock.Lock(str(tmp_path), "me")
+    held.acquire()
+    first = json.loads((tmp_path / lock.LOCK_FILE).read_text())["heartbeat"]
+    held.start_heartbeat(every=0.05)
     deadline = time.time() + 30
-    while json.loads((tmp_path / L.LOCK_FILE).read_text())["heartbeat"] == first and time.time() < deadline:
+    while json.loads((tmp_path / lock.LOCK_FILE).read_text())["heartbeat"] == first and time.time() < deadline:
         time.sleep(0.05)
-    assert json.loads((tmp_path / L.LOCK_FILE).read_text())["heartbeat"] > first
-    lock.stop_heartbeat()
-    (tmp_path / L.LOCK_FILE).write_text(json.dumps({"run_id": "someone else"}))  # taken over meanwhile
-    lock.release()
-    assert json.loads((tmp_path / L.LOCK_FILE).read_text())["run_id"] == "someone else"
+    assert json.loads((tmp_path / lock.LOCK_FILE).read_text())["heartbeat"] > first
+    held.stop_heartbeat()
+    (tmp_path / lock.LOCK_FILE).write_text(json.dumps({"run_id": "someone else"}))  # taken over meanwhile
+    held.release()
+    assert json.loads((tmp_path / lock.LOCK_FILE).read_text())["run_id"] == "someone else"
 
 
 class _FakeBlob:
@@ -252,20 +251,20 @@ class _FakeBucket:
 
 def test_on_gcs_the_lock_is_an_object_created_only_if_absent():
     bucket = _FakeBucket()
-    first = L.Lock("gs://b/out", "first", gcs_bucket=bucket)
+    first = lock.Lock("gs://b/out", "first", gcs_bucket=bucket)
     first.acquire()
     assert json.loads(bucket.store["out/.melshards-lock"][0])["run_id"] == "first"
-    with pytest.raises(L.OutputBusyError, match="run first"):
-        L.Lock("gs://b/out", "second", gcs_bucket=bucket).acquire()
+    with pytest.raises(lock.OutputBusyError, match="run first"):
+        lock.Lock("gs://b/out", "second", gcs_bucket=bucket).acquire()
     first.release()
-    second = L.Lock("gs://b/out", "second", gcs_bucket=bucket)
+    second = lock.Lock("gs://b/out", "second", gcs_bucket=bucket)
     second.acquire()
     # a stale holder's object is deleted only at the generation that was judged stale
     data = json.loads(bucket.store["out/.melshards-lock"][0])
-    data["heartbeat"] -= L.STALE_AFTER_S + 1
+    data["heartbeat"] -= lock.STALE_AFTER_S + 1
     data["host"] = "elsewhere"
     bucket.store["out/.melshards-lock"] = (json.dumps(data).encode(), bucket.store["out/.melshards-lock"][1])
-    third = L.Lock("gs://b/out", "third", gcs_bucket=bucket)
+    third = lock.Lock("gs://b/out", "third", gcs_bucket=bucket)
     third.acquire()
     assert json.loads(bucket.store["out/.melshards-lock"][0])["run_id"] == "third"
     # a delete or a renewal at a generation that is no longer the object's changes nothing
@@ -277,11 +276,11 @@ def test_on_gcs_the_lock_is_an_object_created_only_if_absent():
 
 
 def test_release_removes_the_runs_own_lock(tmp_path):
-    lock = L.Lock(str(tmp_path), "me")
-    lock.acquire()
-    assert lock.still_held()
-    lock.release()
-    assert not (tmp_path / L.LOCK_FILE).exists()
+    held = lock.Lock(str(tmp_path), "me")
+    held.acquire()
+    assert held.still_held()
+    held.release()
+    assert not (tmp_path / lock.LOCK_FILE).exists()
 
 
 def test_a_second_run_into_an_output_a_running_job_holds_stops_and_the_first_is_unharmed(tmp_path, corpus_dir):
@@ -309,8 +308,8 @@ def test_a_second_run_into_an_output_a_running_job_holds_stops_and_the_first_is_
     assert first.poll() is None, "the first run should still be running"
     assert second.returncode == 2, second.stderr
     assert "is in use by another melshards preprocess run" in second.stderr and f"pid {first.pid}" in second.stderr
-    (stage,) = out.glob(f"{O.STAGE_PREFIX}*")
-    assert json.loads((stage / O.RUN_FILE).read_text())["pid"] == first.pid  # the first run's staging dir
+    (stage,) = out.glob(f"{output.STAGE_PREFIX}*")
+    assert json.loads((stage / output.RUN_FILE).read_text())["pid"] == first.pid  # the first run's staging dir
     os.killpg(first.pid, signal.SIGINT)
     first.communicate(timeout=300)
     assert first.returncode == 130 and sorted(p.name for p in out.iterdir()) == []
@@ -329,17 +328,17 @@ def test_one_directory_spelt_two_ways_is_one_directory(capsys, tmp_path, corpus_
 
 
 def test_staging_dirs_of_unfinished_runs_are_removed_and_nothing_else(tmp_path):
-    ours = tmp_path / f"{O.STAGE_PREFIX}20260101-000000-abcd1234"
+    ours = tmp_path / f"{output.STAGE_PREFIX}20260101-000000-abcd1234"
     (ours / ".melshards-tmp").mkdir(parents=True)
-    (ours / O.RUN_FILE).write_text(json.dumps({"run_id": "20260101-000000-abcd1234"}))
+    (ours / output.RUN_FILE).write_text(json.dumps({"run_id": "20260101-000000-abcd1234"}))
     (ours / ".melshards-tmp" / "train-b00-x.tfrecord").write_bytes(b"x")
-    lookalike = tmp_path / f"{O.STAGE_PREFIX}mine"  # no run.json naming it: not proven ours
+    lookalike = tmp_path / f"{output.STAGE_PREFIX}mine"  # no run.json naming it: not proven ours
     lookalike.mkdir()
     (lookalike / "data.bin").write_bytes(b"users")
     (tmp_path / ".melshards-tmp").mkdir()
     (tmp_path / ".melshards-tmp" / "x").write_text("users")
-    run_ = O.open_run(str(tmp_path), overwrite=False)
-    O.close_run(run_, ok=False)
+    run_ = output.open_run(str(tmp_path), overwrite=False)
+    output.close_run(run_, ok=False)
     assert not ours.exists()
     assert (lookalike / "data.bin").read_bytes() == b"users"
     assert (tmp_path / ".melshards-tmp" / "x").read_text() == "users"
@@ -349,11 +348,11 @@ def test_a_publish_cut_short_is_refused_by_the_trainer_and_finished_by_the_next_
     from melshards.shards_schema.shards import InputError, check_schemas
 
     out = _copy_run(bucketed_dir, tmp_path / "o")
-    old = O.run_files(O.read_schema_at(str(out / "schema.json")))
-    stage = out / f"{O.STAGE_PREFIX}x"
+    old = output.run_files(output.read_schema_at(str(out / "schema.json")))
+    stage = out / f"{output.STAGE_PREFIX}x"
     shutil.copytree(shards_dir, stage)
-    (stage / O.RUN_FILE).write_text(json.dumps({"run_id": "x"}))
-    new = O.run_files(O.read_schema_at(str(stage / "schema.json")))
+    (stage / output.RUN_FILE).write_text(json.dumps({"run_id": "x"}))
+    new = output.run_files(output.read_schema_at(str(stage / "schema.json")))
     journal = {"run_id": "x", "stage": stage.name, "remove": old, "move": new}
     (out / PUBLISH_JOURNAL).write_text(json.dumps(journal))
     # cut short after the old schema.json and one new shard moved: a mix on disk
@@ -364,8 +363,8 @@ def test_a_publish_cut_short_is_refused_by_the_trainer_and_finished_by_the_next_
     with pytest.raises(InputError, match="having its run replaced"):
         check_schemas([str(out / moved)], None)
     moved_away = shutil.move(str(out), str(tmp_path / "elsewhere"))  # the directory moved since: no matter
-    run_ = O.open_run(moved_away, overwrite=True)
-    O.close_run(run_, ok=False)
+    run_ = output.open_run(moved_away, overwrite=True)
+    output.close_run(run_, ok=False)
     assert not (Path(moved_away) / PUBLISH_JOURNAL).exists() and not (Path(moved_away) / stage.name).exists()
     assert _snapshot(Path(moved_away)) == {k: v for k, v in _snapshot(shards_dir).items()}
 
@@ -374,13 +373,13 @@ def test_a_journal_naming_no_staging_dir_of_ours_stops_and_removes_nothing(tmp_p
     out = _copy_run(shards_dir, tmp_path / "o")
     (tmp_path / "precious").mkdir()
     (tmp_path / "precious" / "data").write_text("users")
-    for stage in ("../precious", str(tmp_path / "precious"), f"{O.STAGE_PREFIX}gone"):
+    for stage in ("../precious", str(tmp_path / "precious"), f"{output.STAGE_PREFIX}gone"):
         (out / PUBLISH_JOURNAL).write_text(
             json.dumps({"run_id": "gone", "stage": stage, "remove": [], "move": ["schema.json"]})
         )
         before = _snapshot(out)
-        with pytest.raises(O.OutputError, match="names no staging dir of melshards"):
-            O.open_run(str(out), overwrite=True)
+        with pytest.raises(output.OutputError, match="names no staging dir of melshards"):
+            output.open_run(str(out), overwrite=True)
         assert _snapshot(out) == before and (tmp_path / "precious" / "data").exists()
 
 
@@ -434,7 +433,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_leaves_the_old_run(
     monkeypatch.setattr(shards.RollingFiles, "write", write)
     assert _preprocess(corpus_dir, out, "--overwrite") == 1
     line = _error_line(capsys.readouterr().err)
-    assert "no space left on the device of" in line and f"{out}/{O.STAGE_PREFIX}" in line
+    assert "no space left on the device of" in line and f"{out}/{output.STAGE_PREFIX}" in line
     assert "needs about" in line and "rows" in line
     assert re.search(r"\(\d+(\.\d)? [KMGT]?B free\)", line), line
     assert _snapshot(out) == before  # no staging dir, no lock, the old run whole
@@ -499,15 +498,15 @@ def test_ctrl_c_during_a_publish_lets_it_finish_and_says_the_new_run_is_in_place
     try:
         with pytest.raises(click.exceptions.Exit) as ended:
             with StopOnCtrlC(out):
-                O.PUBLISHING = True  # as OutputRun.publish sets it
+                output.PUBLISHING = True  # as OutputRun.publish sets it
                 os.kill(os.getpid(), signal.SIGINT)  # the handler runs here and raises nothing
-                assert O.STOPPING.is_set()
-                O.PUBLISHING = False
-                O.PUBLISHED.append(out)
+                assert output.STOPPING.is_set()
+                output.PUBLISHING = False
+                output.PUBLISHED.append(out)
     finally:
-        O.PUBLISHING = False
-        O.STOPPING.clear()
-        O.PUBLISHED.clear()
+        output.PUBLISHING = False
+        output.STOPPING.clear()
+        output.PUBLISHED.clear()
         logging.disable(logging.NOTSET)
     assert ended.value.exit_code == 130
     assert capsys.readouterr().err == f"interrupted: the new run was already in place in {out}\n"

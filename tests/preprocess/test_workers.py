@@ -12,7 +12,7 @@ import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from melshards.preprocess import workers as W
+from melshards.preprocess import workers
 from tests.preprocess.conftest import descendants
 
 
@@ -37,7 +37,7 @@ from tests.preprocess.conftest import descendants
     ],
 )
 def test_a_workers_return_code_is_told_in_words(code, words):
-    assert W.how_it_ended(code) == words
+    assert workers.how_it_ended(code) == words
 
 
 def _element(x):
@@ -65,7 +65,7 @@ def _two_worker_job_in_a_job_process(monkeypatch, what: str) -> BaseException | 
     def job():
         try:
             with tempfile.TemporaryFile() as log:
-                W.run_in_job_process(lambda: p.run().wait_until_finish(), log, watch_children=True)
+                workers.run_in_job_process(lambda: p.run().wait_until_finish(), log, watch_children=True)
             raised.append(None)
         except BaseException as e:
             raised.append(e)
@@ -79,14 +79,14 @@ def _two_worker_job_in_a_job_process(monkeypatch, what: str) -> BaseException | 
 
 def test_a_worker_that_crashes_stops_the_job_with_its_signal_and_no_process_left(monkeypatch):
     e = _two_worker_job_in_a_job_process(monkeypatch, "segfault")
-    assert isinstance(e, W.WorkerDiedError)
+    assert isinstance(e, workers.WorkerDiedError)
     assert str(e) == "a worker process crashed (SIGSEGV) in native code while the job ran"
     assert descendants(os.getpid()) == []
 
 
 def test_a_job_that_fails_on_its_own_raises_its_own_error_and_a_good_one_nothing(monkeypatch):
     e = _two_worker_job_in_a_job_process(monkeypatch, "raise")
-    assert not isinstance(e, W.WorkerDiedError) and "element 3 is bad" in str(e)
+    assert not isinstance(e, workers.WorkerDiedError) and "element 3 is bad" in str(e)
     assert _two_worker_job_in_a_job_process(monkeypatch, "nothing") is None
     assert descendants(os.getpid()) == []
 
@@ -107,12 +107,12 @@ def test_beams_local_workers_run_in_the_job_processs_group(monkeypatch, tmp_path
             f.write(f"{os.getpid()} {os.getpgid(0)}")
 
     with tempfile.TemporaryFile() as log:
-        W.run_in_job_process(job, log, watch_children=True)
+        workers.run_in_job_process(job, log, watch_children=True)
     job_pid, group = (int(n) for n in (tmp_path / "job").read_text().split())
     assert group == job_pid  # the job process leads its own group
-    workers = {int(f.name): int(f.read_text()) for f in tmp_path.iterdir() if f.name != "job"}
-    assert workers and job_pid not in workers
-    assert set(workers.values()) == {job_pid}
+    worker_pids = {int(f.name): int(f.read_text()) for f in tmp_path.iterdir() if f.name != "job"}
+    assert worker_pids and job_pid not in worker_pids
+    assert set(worker_pids.values()) == {job_pid}
 
 
 def test_the_job_processs_error_keeps_its_causes_and_its_output_goes_to_the_log(tmp_path):
@@ -126,7 +126,7 @@ def test_the_job_processs_error_keeps_its_causes_and_its_output_goes_to_the_log(
 
     with tempfile.TemporaryFile() as log:
         with pytest.raises(RuntimeError, match="while running 'Write'") as raised:
-            W.run_in_job_process(job, log)
+            workers.run_in_job_process(job, log)
         log.seek(0)
         text = log.read().decode()
     assert isinstance(raised.value.__cause__, OSError) and raised.value.__cause__.filename == "/x/y.tfrecord"
@@ -141,12 +141,12 @@ def test_a_job_whose_output_is_removed_is_stopped_with_the_reason_and_no_process
         return "the run's staging dir D was removed" if len(asked) > 1 else None
 
     with tempfile.TemporaryFile() as log:
-        with pytest.raises(W.JobStoppedError, match="the run's staging dir D was removed"):
-            W.run_in_job_process(lambda: time.sleep(60), log, stop_when=stop_when)
+        with pytest.raises(workers.JobStoppedError, match="the run's staging dir D was removed"):
+            workers.run_in_job_process(lambda: time.sleep(60), log, stop_when=stop_when)
     assert descendants(os.getpid()) == []
 
 
 def test_a_job_process_that_is_killed_is_told_as_such():
     with tempfile.TemporaryFile() as log:
-        with pytest.raises(W.WorkerDiedError, match=r"the job's process was killed \(SIGKILL\)"):
-            W.run_in_job_process(lambda: os.kill(os.getpid(), signal.SIGKILL), log)
+        with pytest.raises(workers.WorkerDiedError, match=r"the job's process was killed \(SIGKILL\)"):
+            workers.run_in_job_process(lambda: os.kill(os.getpid(), signal.SIGKILL), log)
