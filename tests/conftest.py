@@ -12,10 +12,18 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# `melshards train` keeps compiled steps in a persistent XLA cache (train/xla_cache.py): the runs the tests
-# start keep theirs in one directory per test process, never in the user's ~/.cache
-os.environ.setdefault("MELSHARDS_XLA_CACHE", tempfile.mkdtemp(prefix="melshards-test-xla-"))
-atexit.register(shutil.rmtree, os.environ["MELSHARDS_XLA_CACHE"], True)
+# `melshards train` keeps compiled steps in a persistent XLA cache (train/xla_cache.py): the test session
+# keeps them in one directory of its own, never in the user's ~/.cache, made by the process that starts
+# the session (the xdist workers inherit it) and removed by it. It is put in TF_XLA_FLAGS here, before any
+# test imports TensorFlow (which reads the flags once per process), so that the training runs inside the
+# test processes, not only the `melshards train` subprocesses, share one compile of each step.
+if "MELSHARDS_XLA_CACHE" not in os.environ:
+    os.environ["MELSHARDS_XLA_CACHE"] = tempfile.mkdtemp(prefix="melshards-test-xla-")
+    atexit.register(shutil.rmtree, os.environ["MELSHARDS_XLA_CACHE"], True)
+if os.environ["MELSHARDS_XLA_CACHE"]:
+    from melshards.train.xla_cache import enable_persistent_cache
+
+    enable_persistent_cache(os.environ["MELSHARDS_XLA_CACHE"])
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "data" / "ljspeech_tiny"
