@@ -13,8 +13,8 @@ from melshards.shards_schema import AudioParams, Language, MelParams, Schema, Sp
 from melshards.shards_schema.config import ConfigError
 from melshards.shards_schema.records import encode_example
 from melshards.train import balance
-from melshards.train import input_pipeline as ip
 from melshards.train.config import DataConfig, config_from_dict
+from melshards.train.input_pipeline import python_ops_in, train_dataset
 
 BIG, SMALL = 200, 20  # records of speaker 0 and speaker 1
 
@@ -96,7 +96,7 @@ def unequal(tmp_path_factory):
 def _stream(schema, files, alpha, names=("speaker_id",), batch=10, k=None):
     cfg = DataConfig(batch_size=batch, shuffle_buffer=32, cycle_length=2, balance="speaker", balance_alpha=alpha)
     plan = balance.balancing(schema, cfg.balance, cfg.balance_alpha)
-    return ip.train_dataset(files, schema, cfg, names, k, balance=plan)
+    return train_dataset(files, schema, cfg, names, k, balance=plan)
 
 
 @pytest.mark.parametrize("alpha", [0.0, 0.5, 1.0])
@@ -111,7 +111,7 @@ def test_a_balanced_stream_still_has_static_shapes_and_no_python_ops(unequal):
     schema, files = unequal
     ds = _stream(schema, files, 0.0, names=("speaker_id", "mel"), batch=4, k=2)
     assert ds.element_spec["mel"].shape.as_list() == [2, 4, 8, 4]
-    assert ip.python_ops_in(ds) == []
+    assert python_ops_in(ds) == []
 
 
 def test_a_restored_balanced_iterator_keeps_the_records_an_uninterrupted_one_keeps(unequal, tmp_path):

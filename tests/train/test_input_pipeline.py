@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from melshards.train import input_pipeline as ip
 from melshards.train.config import DataConfig
+from melshards.train.input_pipeline import check_schemas, expand_globs, python_ops_in, train_dataset, val_dataset
 from melshards.train.step import MODEL_INPUTS
 from tests.train.conftest import ids_in, real_ids
 
 
 def _inputs(shards_dir, split):
-    files = ip.expand_globs([str(shards_dir / f"{split}-*.tfrecord")])
-    schema, _ = ip.check_schemas(files, None)
+    files = expand_globs([str(shards_dir / f"{split}-*.tfrecord")])
+    schema, _ = check_schemas(files, None)
     return files, schema
 
 
 def test_dataset_graph_has_no_python_ops(shards_dir):
     files, schema = _inputs(shards_dir, "train")
-    train = ip.train_dataset(files, schema, DataConfig(batch_size=4), MODEL_INPUTS, steps_per_execution=2)
-    val = ip.val_dataset(_inputs(shards_dir, "val")[0], schema, DataConfig(batch_size=4), MODEL_INPUTS)
-    assert ip.python_ops_in(train) == []
-    assert ip.python_ops_in(val) == []
+    train = train_dataset(files, schema, DataConfig(batch_size=4), MODEL_INPUTS, steps_per_execution=2)
+    val = val_dataset(_inputs(shards_dir, "val")[0], schema, DataConfig(batch_size=4), MODEL_INPUTS)
+    assert python_ops_in(train) == []
+    assert python_ops_in(val) == []
 
 
 def test_balanced_dataset_graph_has_no_python_ops(two_speakers_dir):
@@ -31,21 +31,21 @@ def test_balanced_dataset_graph_has_no_python_ops(two_speakers_dir):
     cfg = DataConfig(batch_size=4, balance="speaker", balance_alpha=0.0)
     balance = balancing(schema, cfg.balance, cfg.balance_alpha)
     assert balance is not None and balance.accept[1] == 1.0 > balance.accept[0]  # records of speaker 0 are dropped
-    train = ip.train_dataset(files, schema, cfg, MODEL_INPUTS, steps_per_execution=2, balance=balance)
-    assert ip.python_ops_in(train) == []
+    train = train_dataset(files, schema, cfg, MODEL_INPUTS, steps_per_execution=2, balance=balance)
+    assert python_ops_in(train) == []
     assert next(iter(train))["speaker_id"].shape == (2, 4)
 
 
 def test_python_op_detector_finds_a_py_function_inside_a_map(shards_dir):
     files, schema = _inputs(shards_dir, "train")
-    ds = ip.train_dataset(files, schema, DataConfig(batch_size=4), MODEL_INPUTS, 1)
+    ds = train_dataset(files, schema, DataConfig(batch_size=4), MODEL_INPUTS, 1)
     ds = ds.map(lambda b: tf.py_function(lambda x: x, [b["mel_len"]], tf.int32))
-    assert ip.python_ops_in(ds) == ["EagerPyFunc"]
+    assert python_ops_in(ds) == ["EagerPyFunc"]
 
 
 def test_train_batches_have_the_schema_static_shapes(shards_dir):
     files, schema = _inputs(shards_dir, "train")
-    ds = ip.train_dataset(files, schema, DataConfig(batch_size=4), MODEL_INPUTS, steps_per_execution=3)
+    ds = train_dataset(files, schema, DataConfig(batch_size=4), MODEL_INPUTS, steps_per_execution=3)
     for name in MODEL_INPUTS:
         f = schema.feature(name)
         assert ds.element_spec[name].shape.as_list() == [3, 4, *f.shape]
@@ -56,7 +56,7 @@ def test_train_batches_have_the_schema_static_shapes(shards_dir):
 
 def test_validation_pass_sees_every_record_once_and_pads_the_last_batch(shards_dir):
     files, schema = _inputs(shards_dir, "val")
-    batches = list(ip.val_dataset(files, schema, DataConfig(batch_size=3), (*MODEL_INPUTS, "id")))
+    batches = list(val_dataset(files, schema, DataConfig(batch_size=3), (*MODEL_INPUTS, "id")))
     expected = ids_in(files)
     assert len(set(expected)) == len(expected) == schema.counts["val"] > 3  # distinct ids, more than a batch
     assert sorted(real_ids(batches)) == sorted(expected)  # each record once: none missing, none repeated
@@ -82,7 +82,7 @@ def test_record_sharding_keeps_every_nth_record_of_every_file_in_any_interleave_
     cfg = DataConfig(batch_size=1, cycle_length=3, deterministic=False)
     seen = []
     for i in range(n):
-        ds = ip.train_dataset(paths, schema, cfg, ("id",), None, shard=("records", n, i), shuffle=False, repeat=False)
+        ds = train_dataset(paths, schema, cfg, ("id",), None, shard=("records", n, i), shuffle=False, repeat=False)
         got = [x for batch in ds.as_numpy_iterator() for x in batch["id"].tolist()]
         assert sorted(got) == sorted(x for file_ids in ids for x in file_ids[i::n])
         seen += got

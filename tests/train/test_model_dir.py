@@ -2,7 +2,9 @@
 before compiling, and leftovers of killed checkpoint writes are removed.
 
 The checkpoints are written by the loop's own pieces without running a step (the step counter is
-set by hand), and the resumes ask for that same step count: nothing compiles.
+set by hand; the Trainer that writes them compiles nothing). A resume builds a Trainer, which traces
+and compiles its steps, so the resumes share what they can: one resume shows every change of input
+at once.
 """
 
 from __future__ import annotations
@@ -25,10 +27,14 @@ AT = 4  # the step the hand-written checkpoints are at
 
 
 def _checkpoint_without_training(globs, model_dir, cfg_path, synthetic=False, batch_size=None):
+    """A checkpoint at step AT as training lays it out (model, optimizer, step, iterators, data settings),
+    written by a Trainer whose steps are neither traced nor compiled (no step runs)."""
     cfg = load_config(cfg_path).override(batch_size=batch_size)
     inputs = resolve_inputs([str(g) for g in globs], [], None, cfg)
     prepare_model_dir(str(model_dir), inputs)
-    r = Trainer(inputs, str(model_dir), synthetic)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Trainer, "_compile_steps", lambda self, stopped: {})
+        r = Trainer(inputs, str(model_dir), synthetic)
     r.step_var.assign(AT)
     return r.checkpointer.save(AT)
 
@@ -39,53 +45,65 @@ def _resume(capsys, caplog, *args):
     return code, capsys.readouterr(), caplog.text
 
 
-@pytest.mark.parametrize("change", ["batch_size", "extra_glob", "synthetic_to_real"])
-def test_a_changed_input_restores_the_weights_and_starts_the_iterator_afresh(
-    change, shards_dir, four_records, tmp_path, test_config, capsys, caplog
+@pytest.fixture(scope="module")
+def checkpointed(shards_dir, test_config, tmp_path_factory):
+    """A model dir checkpointed at step AT on shards_dir's training shards with test_config (read-only:
+    the tests resume copies of it)."""
+    model_dir = tmp_path_factory.mktemp("checkpointed") / "m"
+    _checkpoint_without_training([shards_dir / "train-*.tfrecord"], model_dir, test_config)
+    return model_dir
+
+
+def test_the_same_input_and_step_count_resume_runs_nothing_warns_nothing_and_removes_a_killed_writes_leftover(
+    checkpointed, shards_dir, tmp_path, test_config, capsys, caplog
 ):
-    globs = [shards_dir / "train-*.tfrecord"]
     model_dir = tmp_path / "m"
-    _checkpoint_without_training(
-        globs,
-        model_dir,
-        test_config,
-        synthetic=change == "synthetic_to_real",
-        batch_size=8 if change == "batch_size" else None,
-    )
-    if change == "extra_glob":
-        globs.append(four_records / "train-*.tfrecord")
-    code, out, logged = _resume(capsys, caplog, *globs, "--model-dir", model_dir, "--config", test_config)
+    shutil.copytree(checkpointed, model_dir)
+    temp = model_dir / "checkpoints" / "ckpt-8_temp"  # what a checkpoint write killed midway leaves
+    temp.mkdir()
+    (temp / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"\0" * 64)
+    glob = shards_dir / "train-*.tfrecord"
+    code, out, logged = _resume(capsys, caplog, glob, "--model-dir", model_dir, "--config", test_config)
     assert code == 0, out.err
     summary = json.loads((model_dir / "run_summary.json").read_text())
-    assert summary["start_step"] == summary["final_step"] == AT
+    assert "afresh" not in logged, "the same input started the iterator afresh"
+    assert summary["data_changed"] == [], "the same input was taken for a changed one"
+    assert summary["start_step"] == summary["final_step"] == AT and summary["steps_run"] == 0, (
+        "training again to the step count of the checkpoint ran steps"
+    )
+    assert not temp.exists(), "the leftover of a killed checkpoint write was kept"
+    assert (model_dir / "checkpoints" / f"ckpt-{AT}.index").exists()
+
+
+def test_a_changed_input_restores_the_weights_starts_the_iterator_afresh_and_training_continues(
+    shards_dir, four_records, tmp_path, capsys, caplog
+):
+    """A checkpoint written on synthetic data with batch 8, resumed on real data with batch 4 and one more
+    glob: each change is named, the weights and step are restored, and the fresh iterator feeds 2 steps."""
+    cfg = write_config(
+        tmp_path / "c.yaml", loop={"steps": AT + 2, "checkpoint_every": 2, "log_every": 2, "val_every": 2}
+    )
+    model_dir = tmp_path / "m"
+    glob, extra = shards_dir / "train-*.tfrecord", four_records / "train-*.tfrecord"
+    _checkpoint_without_training([glob], model_dir, cfg, synthetic=True, batch_size=8)
+    shutil.rmtree(model_dir / "tensorboard", ignore_errors=True)
+    with caplog.at_level(logging.WARNING, logger="melshards.train"):
+        code = run([str(glob), str(extra), "--model-dir", str(model_dir), "--config", str(cfg)])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    summary = json.loads((model_dir / "run_summary.json").read_text())
+    assert (summary["start_step"], summary["final_step"], summary["batch_size"]) == (AT, AT + 2, 4)
     expected = {
         "batch_size": "batch_size 8 -> 4 (pass --batch-size 8 to keep it)",
         "extra_glob": "shard files: 1 added (" + str(next(four_records.glob("train-*.tfrecord"))),
         "synthetic_to_real": "synthetic_data True -> False (pass --synthetic-data to keep it)",
-    }[change]
-    assert expected in logged and "started the input pipeline afresh" in logged
-    assert len(summary["data_changed"]) == 1 and expected in summary["data_changed"][0]
+    }
+    for change, message in expected.items():
+        assert message in caplog.text, f"{change}: not named in the warning"
+        assert [d for d in summary["data_changed"] if message in d], f"{change}: not in run_summary.json"
+    assert len(summary["data_changed"]) == len(expected), summary["data_changed"]
+    assert "started the input pipeline afresh" in caplog.text
     assert "input changed" in out.out
-
-
-def test_the_same_input_resumes_the_iterator_without_a_warning(shards_dir, tmp_path, test_config, capsys, caplog):
-    glob = shards_dir / "train-*.tfrecord"
-    _checkpoint_without_training([glob], tmp_path / "m", test_config)
-    code, out, logged = _resume(capsys, caplog, glob, "--model-dir", tmp_path / "m", "--config", test_config)
-    assert code == 0, out.err
-    assert "afresh" not in logged
-    assert json.loads((tmp_path / "m" / "run_summary.json").read_text())["data_changed"] == []
-
-
-def test_a_killed_checkpoint_writes_leftover_is_removed(shards_dir, tmp_path, test_config, capsys, caplog):
-    glob = shards_dir / "train-*.tfrecord"
-    _checkpoint_without_training([glob], tmp_path / "m", test_config)
-    temp = tmp_path / "m" / "checkpoints" / "ckpt-8_temp"
-    temp.mkdir()
-    (temp / "part-00000-of-00001.data-00000-of-00001").write_bytes(b"\0" * 64)
-    code, out, _ = _resume(capsys, caplog, glob, "--model-dir", tmp_path / "m", "--config", test_config)
-    assert code == 0, out.err
-    assert not temp.exists() and (tmp_path / "m" / "checkpoints" / f"ckpt-{AT}.index").exists()
 
 
 @pytest.mark.parametrize("blocker", ["checkpoints_is_a_file", "parent_is_a_file"])
@@ -115,22 +133,6 @@ def test_a_read_only_checkpoints_dir_stops_before_anything_is_built(shards_dir, 
     finally:
         os.chmod(tmp_path / "m" / "checkpoints", 0o755)
     assert code == 2 and "is not a writable directory" in capsys.readouterr().err
-
-
-def test_data_settings_change_then_training_continues_from_the_restored_step(shards_dir, tmp_path, capsys, caplog):
-    """After a batch-size change the fresh iterator feeds the step: the run goes on to its target."""
-    cfg = write_config(
-        tmp_path / "c.yaml", loop={"steps": AT + 2, "checkpoint_every": 2, "log_every": 2, "val_every": 2}
-    )
-    glob = shards_dir / "train-*.tfrecord"
-    _checkpoint_without_training([glob], tmp_path / "m", cfg, batch_size=2)
-    shutil.rmtree(tmp_path / "m" / "tensorboard", ignore_errors=True)
-    with caplog.at_level(logging.WARNING, logger="melshards.train"):
-        code = run([str(glob), "--model-dir", str(tmp_path / "m"), "--config", str(cfg)])
-    assert code == 0, capsys.readouterr().err
-    summary = json.loads((tmp_path / "m" / "run_summary.json").read_text())
-    assert (summary["start_step"], summary["final_step"], summary["batch_size"]) == (AT, AT + 2, 4)
-    assert "batch_size 2 -> 4" in caplog.text
 
 
 @pytest.mark.parametrize("own_schema", [True, False])

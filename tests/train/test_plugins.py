@@ -63,21 +63,35 @@ def test_example_plugin_trains_with_one_trace_checkpoints_and_tensorboard(exampl
     assert json.loads((model_dir / "train_config.json").read_text())["model"]["factory"] == EXAMPLE
 
 
-def test_example_plugin_resumed_run_matches_an_uninterrupted_one(four_records, tmp_path):
+def test_example_plugin_trains_on_two_speakers_and_two_languages_and_resumes_as_an_uninterrupted_run(
+    two_speakers_dir, tmp_path
+):
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    assert _train(four_records, whole, _config(tmp_path / "a.yaml", 8)) == 0
-    assert _train(four_records, parts, _config(tmp_path / "b.yaml", 4)) == 0
-    assert _train(four_records, parts, _config(tmp_path / "c.yaml", 8)) == 0
+    assert _train(two_speakers_dir, whole, _config(tmp_path / "a.yaml", 8)) == 0
+    summary = json.loads((whole / "run_summary.json").read_text())
+    assert summary["train_step_traces"] == 1 and np.isfinite(summary["final_losses"]["train"]["loss"])
+    from examples.fastspeech_lite import build
+    from melshards.shards_schema import read_schema
+    from melshards.train.checkpoints import restore_model
+
+    model = build(read_schema(str(two_speakers_dir)), FS_MODEL)  # a speaker and a language table of two rows
+    restore_model(model, tf.train.latest_checkpoint(str(whole / "checkpoints")))  # every variable
+    assert model.speaker_embed.embeddings.shape == model.language_embed.embeddings.shape == (2, FS_MODEL["d_model"])
+
+    assert _train(two_speakers_dir, parts, _config(tmp_path / "b.yaml", 4)) == 0
+    assert _train(two_speakers_dir, parts, _config(tmp_path / "c.yaml", 8)) == 0
     assert json.loads((parts / "run_summary.json").read_text())["start_step"] == 4
     a, b = (tf.train.load_checkpoint(str(d / "checkpoints")) for d in (whole, parts))
     names = [n for n in a.get_variable_to_shape_map() if n.startswith(("model/", "optimizer/", "step/"))]
     assert any(n.startswith("optimizer/") for n in names)
-    assert [n for n in names if not np.array_equal(a.get_tensor(n), b.get_tensor(n))] == []
+    assert [n for n in names if not np.array_equal(a.get_tensor(n), b.get_tensor(n))] == [], (
+        "the resumed run's weights differ from the uninterrupted run's"
+    )
 
 
 def test_example_plugin_dataset_graph_holds_no_python_ops(four_records, tmp_path):
-    from melshards.train import input_pipeline as ip
     from melshards.train.config import config_from_dict
+    from melshards.train.input_pipeline import python_ops_in
     from melshards.train.inputs import resolve_inputs
     from melshards.train.trainer import Trainer
 
@@ -86,7 +100,7 @@ def test_example_plugin_dataset_graph_holds_no_python_ops(four_records, tmp_path
     built = Trainer(inputs, str(tmp_path / "m"), synthetic=False)  # builds and compiles every step up front
     assert built.datasets and all(s.experimental_get_tracing_count() == 1 for s in built.train_steps.values())
     for ds in built.datasets.values():
-        assert ip.python_ops_in(ds) == []
+        assert python_ops_in(ds) == []
 
 
 def test_synthesis_uses_the_plugins_generate(example_run):
@@ -98,20 +112,6 @@ def test_synthesis_uses_the_plugins_generate(example_run):
     assert out["mel"].shape == (1, synth.schema.max_mel_frames, synth.schema.n_mels)
     assert 1 <= int(out["mel_len"][0]) <= synth.schema.max_mel_frames
     assert np.isfinite(out["mel"].numpy()).all()
-
-
-def test_the_example_plugin_trains_on_two_speakers_and_two_languages(two_speakers_dir, tmp_path):
-    cfg = _config(tmp_path / "c.yaml", 4)
-    assert _train(two_speakers_dir, tmp_path / "m", cfg) == 0
-    summary = json.loads((tmp_path / "m" / "run_summary.json").read_text())
-    assert summary["train_step_traces"] == 1 and np.isfinite(summary["final_losses"]["train"]["loss"])
-    from examples.fastspeech_lite import build
-    from melshards.shards_schema import read_schema
-    from melshards.train.checkpoints import restore_model
-
-    model = build(read_schema(str(two_speakers_dir)), FS_MODEL)  # a speaker and a language table of two rows
-    restore_model(model, tf.train.latest_checkpoint(str(tmp_path / "m" / "checkpoints")))  # every variable
-    assert model.speaker_embed.embeddings.shape == model.language_embed.embeddings.shape == (2, FS_MODEL["d_model"])
 
 
 BAD_PLUGINS = textwrap.dedent('''

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import melshards
-from melshards.preprocess import audio as A
+from melshards.preprocess.audio import log_mel
 from melshards.preprocess.config import MelConfig
 from melshards.shards_schema import SchemaError
 from melshards.train.input_pipeline import python_ops_in
@@ -58,7 +58,7 @@ def test_the_segments_audio_gives_the_segments_mel(features_dir):
         valid = int(batch["mask"][i].numpy().sum())
         assert valid == min(S, mel_len - a)
         np.testing.assert_array_equal(batch["mel"][i, :valid].numpy(), mel[a : a + valid])
-        again = A.log_mel(audio[:audio_len].astype(np.float32) / 32767, schema.audio.sample_rate, cfg)[a : a + valid]
+        again = log_mel(audio[:audio_len].astype(np.float32) / 32767, schema.audio.sample_rate, cfg)[a : a + valid]
         loud = mel[a : a + valid] > -5
         assert np.max(np.abs(again - mel[a : a + valid])[loud], initial=0) < 0.01
         checked += 1

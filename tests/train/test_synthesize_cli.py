@@ -9,23 +9,20 @@ import soundfile as sf
 from click.testing import CliRunner, Result
 
 from melshards.commands.synthesize import synthesize_command
-from melshards.commands.train import run
 from melshards.shards_schema.text import TextRejected, check_text
 from melshards.train import synthesize as synthesize_module
-from tests.train.conftest import write_config
+from tests.train.conftest import model_dir_from_weights
 
 FIX = "pass the --model-dir of a `melshards train` run"
 
 
 @pytest.fixture(scope="module")
-def model_dir(four_records, tmp_path_factory) -> Path:
-    """A trained tiny model: enough steps on 4 records that its stop token has learnt something."""
-    tmp = tmp_path_factory.mktemp("synth")
-    cfg = write_config(
-        tmp / "c.yaml", loop={"steps": 60, "steps_per_execution": 2, "checkpoint_every": 60, "log_every": 30}
-    )
-    assert run([str(four_records / "train-*.tfrecord"), "--model-dir", str(tmp / "model"), "--config", str(cfg)]) == 0
-    return tmp / "model"
+def model_dir(shards_dir, tmp_path_factory) -> Path:
+    """A model dir laid out as training writes it, with random weights (nothing trained or compiled) and a
+    stop head that never stops (each mel is max_mel_frames long): these tests check the command, not the voice."""
+    model = tmp_path_factory.mktemp("synth") / "model"
+    model_dir_from_weights(shards_dir, model, stop_bias=-20.0)
+    return model
 
 
 def synthesize(*args) -> Result:
@@ -178,13 +175,10 @@ def test_texts_up_to_the_longest_text_of_any_bucket_are_accepted(shards_dir):
         synthesize_module.text_ids("a" * 41, schema)
 
 
-def test_serving_refuses_a_text_longer_than_the_model_reads_instead_of_truncating(shards_dir, tmp_path):
+def test_serving_refuses_a_text_longer_than_the_model_reads_instead_of_truncating(model_dir):
     import tensorflow as tf
 
-    from tests.train.conftest import model_dir_from_weights
-
-    model_dir_from_weights(shards_dir, tmp_path / "m", stop_bias=20.0)
-    synth = synthesize_module.load_synthesizer(str(tmp_path / "m"))
+    synth = synthesize_module.load_synthesizer(str(model_dir))
     limit = synth.schema.max_text_len  # one bucket: the longest text of the run
     who = (tf.constant(synth.schema.speakers[0].name), tf.constant(synth.schema.languages[0].code))
     with pytest.raises(
@@ -289,8 +283,6 @@ def test_synthesize_marks_its_wav_and_writes_over_its_own(model_dir, tmp_path):
 
 def test_a_schema_that_no_longer_fits_the_checkpoint_is_one_line_naming_the_mismatch(shards_dir, tmp_path):
     import json
-
-    from tests.train.conftest import model_dir_from_weights
 
     model = tmp_path / "m"
     model_dir_from_weights(shards_dir, model, stop_bias=5.0)
