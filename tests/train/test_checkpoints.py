@@ -62,18 +62,18 @@ def test_restore_fails_when_the_checkpoint_lacks_model_variables(model, tmp_path
         restore_model(model, path)
 
 
-def test_every_variable_of_a_restored_model_equals_the_saved_one(shards_dir, tmp_path):
-    saved = model_dir_from_weights(shards_dir, tmp_path / "m", stop_bias=-20.0)
-    values = [v.numpy() for v in load_synthesizer(str(tmp_path / "m")).model_variables]  # model.variables order
-    assert len(values) == len(saved)
-    assert [p for p, v in zip(saved, values) if not np.array_equal(saved[p], v)] == []
-
-
 @pytest.fixture(scope="module")
 def speaking(shards_dir, tmp_path_factory):
     """A model dir whose stop token never fires: synthesis runs to max_mel_frames."""
     tmp = tmp_path_factory.mktemp("speaking")
     return tmp / "m", model_dir_from_weights(shards_dir, tmp / "m", stop_bias=-20.0)
+
+
+def test_every_variable_of_a_restored_model_equals_the_saved_one(speaking):
+    model_dir, saved = speaking
+    values = [v.numpy() for v in load_synthesizer(str(model_dir)).model_variables]  # model.variables order
+    assert len(values) == len(saved)
+    assert [p for p, v in zip(saved, values) if not np.array_equal(saved[p], v)] == []
 
 
 def _synthesize(model_dir, wav, *extra):
@@ -83,9 +83,16 @@ def _synthesize(model_dir, wav, *extra):
     )
 
 
-def test_the_same_text_gives_the_same_wav_in_two_processes(speaking, tmp_path):
+@pytest.fixture(scope="module")
+def spoken(speaking, tmp_path_factory):
+    """TEXT synthesized in this process from `speaking` (`here.wav`), its model exported (`export/`)."""
+    tmp = tmp_path_factory.mktemp("spoken")
+    _synthesize(speaking[0], tmp / "here.wav", "--export", tmp / "export")
+    return tmp
+
+
+def test_the_same_text_gives_the_same_wav_in_two_processes(speaking, spoken, tmp_path):
     model_dir, _ = speaking
-    _synthesize(model_dir, tmp_path / "here.wav")
     code = (
         "import sys; from melshards.commands.synthesize import synthesize_command; "
         "synthesize_command.main(sys.argv[1:])"
@@ -109,13 +116,12 @@ def test_the_same_text_gives_the_same_wav_in_two_processes(speaking, tmp_path):
         timeout=600,
     )
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "here.wav").read_bytes() == (tmp_path / "there.wav").read_bytes()
+    assert (spoken / "here.wav").read_bytes() == (tmp_path / "there.wav").read_bytes()
 
 
-def test_the_saved_model_holds_the_checkpoint_variables(speaking, tmp_path):
-    model_dir, saved = speaking
-    _synthesize(model_dir, tmp_path / "out.wav", "--export", tmp_path / "export")
-    exported = tf.saved_model.load(str(tmp_path / "export"))
+def test_the_saved_model_holds_the_checkpoint_variables(speaking, spoken):
+    _, saved = speaking
+    exported = tf.saved_model.load(str(spoken / "export"))
     values = [v.numpy() for v in exported.model_variables]
     assert len(values) == len(saved)
     assert [p for p, v in zip(saved, values) if not np.array_equal(saved[p], v)] == []

@@ -1,4 +1,4 @@
-"""tf.distribute: mirrored against one device, two local workers joined by TF_CONFIG, preemption, precisions.
+"""tf.distribute: mirrored against one device, two local workers joined by TF_CONFIG, preemption.
 
 Runs that need their own devices (--cpu-devices, TF_CONFIG) are `python -m melshards train`
 subprocesses; they share a persistent XLA cache so a model already compiled is not compiled again.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,7 +21,7 @@ import pytest
 import tensorflow as tf
 
 from melshards.shards_schema.config import ConfigError
-from melshards.train import distribute as dist
+from melshards.train.distribute import Topology, resume_seed, shard_plan
 from melshards.train.step import dropout_key
 from tests.train.conftest import write_config
 
@@ -32,7 +33,7 @@ TIMEOUT = 1800
 
 # -- pure pieces --------------------------------------------------------------------------------
 def test_batch_size_must_divide_by_the_replicas():
-    topo = dist.Topology("mirrored", None, replicas=4)
+    topo = Topology("mirrored", None, replicas=4)
     assert topo.per_replica_batch(8) == 2
     with pytest.raises(ConfigError, match="does not divide by the 4 replicas"):
         topo.per_replica_batch(6)
@@ -47,14 +48,14 @@ def test_an_unknown_strategy_in_the_config_is_refused(shards_dir):
 
 
 def test_workers_read_whole_files_when_each_gets_one_else_records():
-    assert dist.shard_plan(files=8, pipelines=2) == "files"
-    assert dist.shard_plan(files=2, pipelines=2) == "files"
-    assert dist.shard_plan(files=1, pipelines=2) == "records"
+    assert shard_plan(files=8, pipelines=2) == "files"
+    assert shard_plan(files=2, pipelines=2) == "files"
+    assert shard_plan(files=1, pipelines=2) == "records"
 
 
 def test_a_resumed_distributed_input_gets_a_new_seed_per_start_step():
-    assert dist.resume_seed(7, 0) == 7
-    seeds = {dist.resume_seed(7, step) for step in (0, 10, 20, 30)}
+    assert resume_seed(7, 0) == 7
+    seeds = {resume_seed(7, step) for step in (0, 10, 20, 30)}
     assert len(seeds) == 4
 
 
@@ -128,45 +129,72 @@ def _summary(model_dir) -> dict:
 
 STEPS = 6
 NO_DROPOUT = {"dropout": 0.0, "prenet_dropout": 0.0}
+# Two of bucketed_dir's four length buckets: several buckets, each compiled per replica device
+# (every bucket more is three more compiles per mirrored run).
+TWO_BUCKETS = "train-b0[01]-*.tfrecord"
 
 
-@pytest.mark.parametrize("shards", ["shards_dir", "bucketed_dir"])
-def test_mirrored_on_two_cpu_devices_follows_the_single_device_losses(shards, request, tmp_path):
-    """One shape, and two length buckets (each bucket's step compiled per replica device; two of the
-    fixture's four: every bucket more is three more compiles)."""
-    shards_dir = request.getfixturevalue(shards)
-    train_glob = "train-b0[01]-*.tfrecord" if shards == "bucketed_dir" else "train-*.tfrecord"
+@pytest.fixture(scope="module")
+def one_and_mirrored(bucketed_dir, tmp_path_factory):
+    """The same 6 steps on two length buckets, without dropout: on one device (`one/`), and mirrored on
+    two CPU devices (`mirrored/`), from config `c.yaml`. Their compiled steps are kept in `xla/` for
+    later runs of the same model. Read-only for tests: copy a model dir before training it further."""
+    tmp = tmp_path_factory.mktemp("one_and_mirrored")
     cfg = write_config(
-        tmp_path / "c.yaml",
+        tmp / "c.yaml",
         model=NO_DROPOUT,
         loop={"steps": STEPS, "log_every": 1, "checkpoint_every": STEPS, "val_every": STEPS},
     )
-    one = _train(shards_dir, tmp_path / "one", cfg, tmp_path / "xla", "--strategy", "one", train_glob=train_glob)
-    _finish(one)
-    mirrored = _train(
-        shards_dir,
-        tmp_path / "mirrored",
-        cfg,
-        tmp_path / "xla",
-        "--strategy",
-        "mirrored",
-        "--cpu-devices",
-        "2",
-        train_glob=train_glob,
-    )
-    _finish(mirrored)
-    a, b = _losses(tmp_path / "one"), _losses(tmp_path / "mirrored")
+    for model_dir, args in (
+        ("one", ["--strategy", "one"]),
+        ("mirrored", ["--strategy", "mirrored", "--cpu-devices", "2"]),
+    ):
+        _finish(_train(bucketed_dir, tmp / model_dir, cfg, tmp / "xla", *args, train_glob=TWO_BUCKETS))
+    return tmp
+
+
+def test_mirrored_on_two_cpu_devices_follows_the_single_device_losses(one_and_mirrored):
+    """Two length buckets: each bucket's step compiled per replica device, under the one seeded schedule."""
+    a, b = _losses(one_and_mirrored / "one"), _losses(one_and_mirrored / "mirrored")
     assert len(a) == len(b) == STEPS
     np.testing.assert_allclose(b, a, rtol=1e-5)  # measured: within 3e-7 (summation order)
-    s, single = _summary(tmp_path / "mirrored"), _summary(tmp_path / "one")
+    s, single = _summary(one_and_mirrored / "mirrored"), _summary(one_and_mirrored / "one")
     assert (s["strategy"], s["replicas"], s["workers"]) == ("mirrored", 2, 1)
     assert (s["global_batch_size"], s["per_replica_batch_size"]) == (4, 2)
     # the same seeded bucket schedule on both; each bucket's compiled per-replica pass is traced once
     # on each replica device, its outer function once
     used = single["buckets_used"]
-    assert s["buckets_used"] == used >= (1 if shards == "shards_dir" else 2)
+    assert s["buckets_used"] == used == 2
     assert s["train_step_traces"] == 2 * used and s["step_function_traces"] == used
     assert single["train_step_traces"] == used
+
+
+def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, bucketed_dir, tmp_path):
+    """Weights, optimizer and step come back; the input position (not saved under a strategy) is reshuffled."""
+    model_dir = shutil.copytree(one_and_mirrored / "mirrored", tmp_path / "m")
+    mirrored = tf.train.load_checkpoint(str(model_dir / "checkpoints"))
+    more = STEPS + 2
+    proc = _train(
+        bucketed_dir,
+        model_dir,
+        one_and_mirrored / "c.yaml",
+        one_and_mirrored / "xla",  # the one-device steps, compiled by the run on one device
+        "--strategy",
+        "one",
+        "--steps",
+        str(more),
+        train_glob=TWO_BUCKETS,
+    )
+    out = _finish(proc)
+    assert f"at step {STEPS}" in out and "holds no input position" in out and "reshuffled the input" in out
+    s = _summary(model_dir)
+    assert (s["strategy"], s["start_step"], s["final_step"]) == ("one", STEPS, more)
+    resumed = tf.train.load_checkpoint(str(model_dir / "checkpoints"))
+    assert resumed.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == more
+    assert any(k.startswith("iterator/") for k in resumed.get_variable_to_shape_map())  # one device saves it
+    assert int(mirrored.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == STEPS
+    # the optimizer resumed
+    assert int(resumed.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == more
 
 
 def _cluster(shards_dir, model_dir, cfg, cache, ports):
@@ -218,72 +246,3 @@ def test_two_workers_preempted_by_sigterm_resume_to_the_target_with_equal_weight
     assert _digest(chief_out) == _digest(other_out)
     assert "one record in 2 of all 1 shard files" in chief_out  # one shard file, two workers
     assert not list(model_dir.glob("workertemp*"))
-
-
-# -- precisions -------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def bf16_run(four_records, tmp_path_factory):
-    from melshards.commands.train import run
-
-    tmp = tmp_path_factory.mktemp("bf16")
-    cfg = write_config(tmp / "c.yaml", loop={"steps": 8, "log_every": 4, "checkpoint_every": 8, "val_every": 8})
-    assert (
-        run(
-            [
-                str(four_records / "train-*.tfrecord"),
-                "--model-dir",
-                str(tmp / "model"),
-                "--config",
-                str(cfg),
-                "--precision",
-                "mixed_bfloat16",
-            ]
-        )
-        == 0
-    )
-    return tmp / "model"
-
-
-def test_mixed_float16_trains_with_a_finite_falling_loss_under_loss_scaling(four_records, tmp_path):
-    from melshards.commands.train import run
-
-    precision = "mixed_float16"
-
-    cfg = write_config(tmp_path / "c.yaml", loop={"steps": 8, "log_every": 4, "checkpoint_every": 8, "val_every": 8})
-    assert (
-        run(
-            [
-                str(four_records / "train-*.tfrecord"),
-                "--model-dir",
-                str(tmp_path / "m"),
-                "--config",
-                str(cfg),
-                "--precision",
-                precision,
-            ]
-        )
-        == 0
-    )
-    s = _summary(tmp_path / "m")
-    assert s["precision"] == precision and s["train_step_traces"] == 1
-    assert np.isfinite(s["final_losses"]["train"]["loss"]) and s["final_losses"]["train"]["loss"] < s["first_loss"]
-
-
-def test_mixed_bfloat16_trains_with_a_finite_falling_loss(bf16_run):
-    s = _summary(bf16_run)
-    assert s["precision"] == "mixed_bfloat16" and s["train_step_traces"] == 1
-    assert np.isfinite(s["final_losses"]["train"]["loss"]) and s["final_losses"]["train"]["loss"] < s["first_loss"]
-
-
-def test_synthesize_from_a_bfloat16_checkpoint(bf16_run, tmp_path):
-    import soundfile as sf
-
-    from melshards.commands.synthesize import synthesize_command
-
-    wav = tmp_path / "out.wav"
-    synthesize_command.main(
-        ["--model-dir", str(bf16_run), "Printing, in the only sense.", "-o", str(wav), "--griffin-lim-iters", "2"],
-        standalone_mode=False,
-    )
-    y, _ = sf.read(wav)
-    assert y.ndim == 1 and np.isfinite(y).all() and np.abs(y).max() > 0
