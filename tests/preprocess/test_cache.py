@@ -3,6 +3,7 @@ changed files and settings are recomputed, damaged entries are recomputed and co
 writers never corrupt an entry, new rows are the only ones computed, a run killed with SIGKILL keeps
 what it computed; `melshards cache info|prune`."""
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import json
@@ -20,7 +21,7 @@ from melshards.commands.preprocess import run
 from melshards.preprocess import audio, cache, lock, output
 from melshards.shards_schema.stats import Moments
 from tests.conftest import CORPUS, TINY_CONFIG
-from tests.preprocess.conftest import CallLog, long_corpus, preprocess_command, start_long_run
+from tests.preprocess.conftest import CallLog, descendants, long_corpus, preprocess_command, start_long_run
 
 
 def _run(out, cache_dir=None, *extra, corpus=CORPUS):
@@ -449,6 +450,15 @@ def cached_keys(cache_dir) -> list[str]:
     return [k for f in sorted((cache_dir / "entries").glob("*.keys")) for k in f.read_text().split()]
 
 
+def _alive(pid: int) -> bool:
+    """A process that runs (not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes_only_the_rest(tmp_path, corpus_dir):
     rows, out, cache_dir = 600, tmp_path / "out", tmp_path / "cache"
     extra = ("--workers", "2", "--cache", str(cache_dir))
@@ -462,8 +472,20 @@ def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes
         ready=lambda: list((cache_dir / "entries").glob("*.keys")),
     )
     assert killed.poll() is None, "the run finished before it could be killed: give it more rows"
-    os.killpg(killed.pid, signal.SIGKILL)  # kill -9 of the whole process group: no clean-up runs
+    # kill -9 of every process of the run (the command's group and the job process's group, workers
+    # included), as the out-of-memory killer or a scheduler's cgroup kill does: no clean-up runs
+    pids = [killed.pid, *descendants(killed.pid)]
+    groups = set()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            groups.add(os.getpgid(pid))
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
     killed.communicate(timeout=60)
+    deadline = time.time() + 60
+    while any(_alive(pid) for pid in pids) and time.time() < deadline:
+        time.sleep(0.05)
     assert not (out / "schema.json").exists() and not list(out.glob("*.tfrecord"))  # nothing looks finished
     kept = cached_keys(cache_dir)
     assert 0 < len(kept) < rows

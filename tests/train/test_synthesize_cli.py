@@ -169,10 +169,10 @@ def test_texts_up_to_the_longest_text_of_any_bucket_are_accepted(shards_dir):
     make = one.make_bucket
     schema = dataclasses.replace(one, buckets=(make(0, 40, 96, one.n_mels, []), make(1, 24, 192, one.n_mels, [])))
     assert schema.max_text_len == 24  # the largest bucket's
-    ids, n = synthesize_module.text_ids("a" * 40, schema)
+    ids, n = synthesize_module.padded_text_ids("a" * 40, schema)
     assert n == 40 and ids.shape == (1, 40) and (ids[0] > 1).all()
     with pytest.raises(ConfigError, match="the text is 41 symbols after normalisation; this model reads at most 40"):
-        synthesize_module.text_ids("a" * 41, schema)
+        synthesize_module.padded_text_ids("a" * 41, schema)
 
 
 def test_serving_refuses_a_text_longer_than_the_model_reads_instead_of_truncating(model_dir):
