@@ -270,6 +270,8 @@ def run_job(
                 if told is None:
                     show_log(job_log)
                     raise
+                if isinstance(e, WorkerDiedError) and not e.by_signal:
+                    show_log(job_log)  # the process's own error: its traceback is the diagnosis
                 close_run(run, ok=False)
                 raise told from e
     finally:  # failed or interrupted (KeyboardInterrupt): the staging dir goes, the lock too. After a
@@ -358,7 +360,9 @@ def one_line_error(
             if cache_dir
             else "run it again (with --cache DIR, a re-run computes only the clips not yet cached)"
         )
-        return WorkerDiedError(f"{e}; the run's temporary files were removed and {out_dir} is as it was: {again}")
+        return WorkerDiedError(
+            f"{e}; the run's temporary files were removed and {out_dir} is as it was: {again}", e.code
+        )
     if isinstance(e, OutputGoneError):
         return e
     if isinstance(e, JobStoppedError):

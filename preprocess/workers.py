@@ -67,8 +67,18 @@ def apply_workers(options: PipelineOptions, beam_args: list[str], workers: int |
 
 # -- the job process --------------------------------------------------------------------------
 class WorkerDiedError(RuntimeError):
-    """A local worker process died while the job ran: it crashed in native code, or was killed (the
-    kernel's out-of-memory killer). The run cannot finish: its bundles are lost."""
+    """A local worker process died while the job ran: it crashed in native code, was killed (the
+    kernel's out-of-memory killer), or exited with an error of its own (`code` > 0: its traceback is
+    in the job's log). The run cannot finish: its bundles are lost."""
+
+    def __init__(self, message: str, code: int | None = None):
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def by_signal(self) -> bool:
+        """Ended by a signal (or a shell's 128 + N): nothing the process printed explains it."""
+        return self.code is None or self.code < 0 or self.code > 128
 
 
 class JobStoppedError(RuntimeError):
@@ -172,7 +182,7 @@ def _in_job_process(
         root.addHandler(handler)
         ended = threading.Lock()  # held by whichever writes the result: the job's end or a worker's death
         died = threading.Event()
-        if watch_children:
+        if watch_children and hasattr(signal, "sigwaitinfo"):  # not on macOS: no watch there
             # Blocked in every thread (the threads the job starts inherit the mask), SIGCHLD waits for
             # the watcher, whose siginfo tells which child ended and how, whoever reaps it.
             signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
@@ -180,6 +190,8 @@ def _in_job_process(
             def watch() -> None:
                 while True:
                     info = signal.sigwaitinfo({signal.SIGCHLD})
+                    if info.si_code not in (os.CLD_EXITED, os.CLD_KILLED, os.CLD_DUMPED):
+                        continue  # stopped or continued (kill -STOP, a debugger or py-spy attaching): alive
                     if info.si_code == os.CLD_EXITED and info.si_status == 0:
                         continue  # a worker the runner stopped at the job's end
                     how = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
@@ -198,6 +210,8 @@ def _in_job_process(
             traceback.print_exc()
             if watch_children:  # the runner may notice a dead worker's channel first: the death is the cause
                 died.wait(grace)
+            if not isinstance(e, Exception):  # SystemExit, KeyboardInterrupt: said, not re-raised as they are
+                e = RuntimeError(f"the job ended with {type(e).__name__}: {e}")
             outcome = ("failed", _portable(e))
         sys.stdout.flush()
         with ended:
@@ -258,9 +272,9 @@ def run_in_job_process(
             outcome = pickle.load(result)
         except (EOFError, pickle.UnpicklingError):  # the job process itself was killed
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
-            raise WorkerDiedError(f"the job's process {how_it_ended(code)}") from None
+            raise WorkerDiedError(f"the job's process {how_it_ended(code)}", code) from None
     if outcome[0] == "died":
-        raise WorkerDiedError(f"a worker process {how_it_ended(outcome[1])}")
+        raise WorkerDiedError(f"a worker process {how_it_ended(outcome[1])}", outcome[1])
     if outcome[0] == "failed":
         raise _rebuilt(outcome[1])
 

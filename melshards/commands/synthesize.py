@@ -6,6 +6,7 @@ command's business, the trainer stops at the mel.
 
 from __future__ import annotations
 
+import io
 import os
 import posixpath
 
@@ -101,10 +102,12 @@ def write_wav(output: str, y: np.ndarray, sample_rate: int) -> None:
     head, name = os.path.split(os.path.abspath(output))
     partial = os.path.join(head, f".{name}.melshards-{os.getpid()}.partial")  # created with the umask's mode
     try:
+        wav = io.BytesIO()  # encoded in memory: a file object's write errors would reach libsndfile through
+        with sf.SoundFile(wav, "w", sample_rate, 1, subtype="PCM_16", format="WAV") as f:  # a callback, unseen
+            f.software = WAV_SOFTWARE
+            f.write(y)
         with atomic_write(output, temp=partial) as out:  # the partial file is removed when this raises
-            with sf.SoundFile(out, "w", sample_rate, 1, subtype="PCM_16", format="WAV") as f:
-                f.software = WAV_SOFTWARE
-                f.write(y)
+            out.write(wav.getvalue())
             check_wav_target(output)  # again: a file may have been put there while the model spoke
     except (OSError, RuntimeError, click.UsageError) as e:  # RuntimeError: soundfile's LibsndfileError (a full disk)
         if isinstance(e, click.UsageError):

@@ -4,6 +4,7 @@ waiting for ever; nothing of the job is left running."""
 import logging
 import os
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -150,3 +151,33 @@ def test_a_job_process_that_is_killed_is_told_as_such():
     with tempfile.TemporaryFile() as log:
         with pytest.raises(workers.WorkerDiedError, match=r"the job's process was killed \(SIGKILL\)"):
             workers.run_in_job_process(lambda: os.kill(os.getpid(), signal.SIGKILL), log)
+
+
+def test_a_child_stopped_and_continued_is_not_taken_for_dead_and_one_exiting_with_an_error_is():
+    """kill -STOP / -CONT (a debugger or py-spy attaching) leave a worker alive: the job goes on. A child
+    that exits with status 3 is told with its status, so the command can show the log that explains it."""
+    import subprocess
+    import sys
+
+    def paused_then_resumed():
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])
+        time.sleep(0.2)
+        os.kill(child.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        os.kill(child.pid, signal.SIGCONT)
+        assert child.wait() == 0
+
+    def failing_child():
+        subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"]).wait()
+        time.sleep(30)  # the watch ends the job process before this ends
+
+    with tempfile.TemporaryFile() as log:
+        workers.run_in_job_process(paused_then_resumed, log, watch_children=True)
+        with pytest.raises(workers.WorkerDiedError, match="exited with status 3") as died:
+            workers.run_in_job_process(failing_child, log, watch_children=True)
+    assert not died.value.by_signal
+
+
+def test_a_job_that_exits_is_told_as_an_error_not_as_a_silent_exit():
+    with tempfile.TemporaryFile() as log, pytest.raises(RuntimeError, match="the job ended with SystemExit: 4"):
+        workers.run_in_job_process(lambda: sys.exit(4), log)
