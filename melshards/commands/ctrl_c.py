@@ -55,6 +55,8 @@ class StopOnCtrlC:
         self.signum: int | None = None
 
     def __enter__(self):
+        output.STOPPING.clear()  # this run's own state: an earlier run in this process may have left its own
+        output.PUBLISHED.clear()
         self.old_handlers = {s: signal.signal(s, self._on_signal) for s in self.signals}
         return self
 
@@ -70,11 +72,16 @@ class StopOnCtrlC:
             raise KeyboardInterrupt
 
     def __exit__(self, *exc) -> Literal[False]:
-        if self.signum is not None:
-            output.abort_active()  # what a run staged and still holds (none after `run_job`'s own clean-up)
-            click.echo(stopped_line(self.signum, self.out_dir, bool(output.PUBLISHED)), err=True)
-        for s, old in self.old_handlers.items():
-            signal.signal(s, old)
+        try:
+            if self.signum is not None:
+                output.abort_active()  # what a run staged and still holds (none after `run_job`'s own clean-up)
+                click.echo(stopped_line(self.signum, self.out_dir, bool(output.PUBLISHED)), err=True)
+        finally:  # the process goes on as it was (a notebook, a script that runs the command again)
+            for s, old in self.old_handlers.items():
+                signal.signal(s, old)
+            if self.signum is not None:
+                logging.disable(logging.NOTSET)
+                output.STOPPING.clear()
         if self.signum is not None:
             raise click.exceptions.Exit(STOPPING_SIGNALS[self.signum][0])
         return False

@@ -503,6 +503,8 @@ def test_ctrl_c_during_a_publish_lets_it_finish_and_says_the_new_run_is_in_place
                 assert output.STOPPING.is_set()
                 output.PUBLISHING = False
                 output.PUBLISHED.append(out)
+        # the process goes on as it was: a later run in it is not stopped nor silenced by this one
+        assert not output.STOPPING.is_set() and logging.root.manager.disable == logging.NOTSET
     finally:
         output.PUBLISHING = False
         output.STOPPING.clear()
