@@ -247,7 +247,12 @@ def run_in_job_process(
         sys.stderr.flush()
         held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPPING)  # until the child has its own group
         parent = os.getpid()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError:  # no process could be made (EAGAIN, ENOMEM): this process as it was
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            _set_subreaper(False)
+            raise
         if pid == 0:
             _in_job_process(job, parent, log, result, watch_children, grace)
         try:
@@ -279,18 +284,30 @@ def run_in_job_process(
         raise _rebuilt(outcome[1])
 
 
-def _end_group(pgid: int) -> None:
+def _end_group(pgid: int, patience: float = 60.0) -> None:
     """SIGKILL every process of the group, then reap the ones that are (or, orphaned, became) children
-    of this process, until none is left."""
+    of this process, until none is left; a process that SIGKILL cannot end within `patience` seconds
+    (stuck in the kernel: a hung network file system) is logged and left, not waited for for ever."""
     try:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    deadline = time.monotonic() + patience
     while True:
         try:
-            os.waitpid(-pgid, 0)
+            ended, _ = os.waitpid(-pgid, os.WNOHANG)
         except ChildProcessError:
             return
+        if not ended:
+            if time.monotonic() > deadline:
+                logging.getLogger("melshards.preprocess").warning(
+                    "process group %d did not end %.0f s after SIGKILL (a process stuck in the kernel?); "
+                    "not waiting for it",
+                    pgid,
+                    patience,
+                )
+                return
+            time.sleep(0.02)
 
 
 # -- in each worker ----------------------------------------------------------------------------
