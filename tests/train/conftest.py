@@ -121,9 +121,9 @@ def two_speakers_dir(corpus_dir, tmp_path_factory) -> Path:
     return out
 
 
-# XLA's LLVM backend at -O0 compiles the test model's step in ~14 s instead of ~25 s (measured on
-# 2 cores); the tests check behaviour, not speed. Read by XLA at its first compile in this process
-# (and inherited by the subprocesses of test_resume).
+# XLA's LLVM backend at -O0: the test model's step compiles faster and the tests check behaviour, not
+# speed. Read by XLA at its first compile in this process (and inherited by the subprocesses the tests
+# start).
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
 
 
