@@ -83,6 +83,15 @@ class CallLog:
         self.path.unlink(missing_ok=True)
 
 
+def running(pid: int) -> bool:
+    """A process that runs (not a zombie): Linux /proc."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def descendants(pid: int) -> list[int]:
     """Process ids below pid, zombies left out (Linux /proc)."""
     parents: dict[int, list[int]] = {}

@@ -21,7 +21,7 @@ from melshards.commands.preprocess import run
 from melshards.preprocess import audio, cache, lock, output
 from melshards.shards_schema.stats import Moments
 from tests.conftest import CORPUS, TINY_CONFIG
-from tests.preprocess.conftest import CallLog, descendants, long_corpus, preprocess_command, start_long_run
+from tests.preprocess.conftest import CallLog, descendants, long_corpus, preprocess_command, running, start_long_run
 
 
 def _run(out, cache_dir=None, *extra, corpus=CORPUS):
@@ -450,15 +450,6 @@ def cached_keys(cache_dir) -> list[str]:
     return [k for f in sorted((cache_dir / "entries").glob("*.keys")) for k in f.read_text().split()]
 
 
-def _alive(pid: int) -> bool:
-    """A process that runs (not a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes_only_the_rest(tmp_path, corpus_dir):
     rows, out, cache_dir = 600, tmp_path / "out", tmp_path / "cache"
     extra = ("--workers", "2", "--cache", str(cache_dir))
@@ -484,7 +475,7 @@ def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes
             os.killpg(group, signal.SIGKILL)
     killed.communicate(timeout=60)
     deadline = time.time() + 60
-    while any(_alive(pid) for pid in pids) and time.time() < deadline:
+    while any(running(pid) for pid in pids) and time.time() < deadline:
         time.sleep(0.05)
     assert not (out / "schema.json").exists() and not list(out.glob("*.tfrecord"))  # nothing looks finished
     kept = cached_keys(cache_dir)

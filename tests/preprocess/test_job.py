@@ -742,14 +742,6 @@ def _tree(d) -> dict:
     return {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
 
 
-def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_sigterm_stops_the_run_like_ctrl_c_with_one_line_exit_143_and_no_lock_staging_dir_or_worker_left(
     tmp_path, corpus_dir, shards_dir
 ):
@@ -759,7 +751,7 @@ def test_sigterm_stops_the_run_like_ctrl_c_with_one_line_exit_143_and_no_lock_st
     import shutil
     import signal
 
-    from tests.preprocess.conftest import descendants, start_long_run
+    from tests.preprocess.conftest import descendants, running, start_long_run
 
     out = tmp_path / "o"
     shutil.copytree(shards_dir, out)
@@ -774,7 +766,7 @@ def test_sigterm_stops_the_run_like_ctrl_c_with_one_line_exit_143_and_no_lock_st
         f"terminated (SIGTERM): the run's temporary files were removed; {out} is as it was"
     ], stderr
     assert _tree(out) == before  # no lock, no staging dir, the old run whole
-    assert not [pid for pid in below if _running(pid)]
+    assert not [pid for pid in below if running(pid)]
 
 
 def _failing_job(monkeypatch, error: Exception, worker_says: str, logger: str):
