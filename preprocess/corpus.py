@@ -110,7 +110,7 @@ class _ReadRows(beam.DoFn):
             folded: list[dict] = [{} for _ in self.corpora]
             merged = MergedInputs([(c.name, input_items(c, spill, f)) for c, f in zip(self.corpora, folded)], spill)
             total = sum(merged.input_rows)
-            beam.metrics.Metrics.counter(NS, "input_rows").inc(total)
+            count(INPUT_ROWS, total)
             yield beam.pvalue.TaggedOutput(INPUT_ROWS, total)
             yield beam.pvalue.TaggedOutput(
                 INPUTS,
@@ -122,7 +122,7 @@ class _ReadRows(beam.DoFn):
                 ],
             )
             for item in merged.rejections():
-                beam.metrics.Metrics.counter(NS, item["reason"]).inc()
+                count(item["reason"])
                 yield beam.pvalue.TaggedOutput(REJECTED, item)
             # Always at least one (maybe empty) batch: every later statistic then has an input.
             rows = batches(merged.rows(), batch_rows(merged.row_count)) if merged.row_count else [[]]

@@ -146,7 +146,7 @@ class _MeasureFn(beam.DoFn):
             count(f"cache_{name}", n)
         if self.progress:
             self.progress.add(len(rows))
-        Metrics.counter(NS, "clips_measured").inc(len(clips))
+        count("clips_measured", len(clips))
         yield beam.pvalue.TaggedOutput(STASHED, stash_batch(self.stash_dir, clips, arrays))
         yield {"clips": clips, "cache": cached.counts, "cache_files": sorted(cached.used)}
 
