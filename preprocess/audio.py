@@ -218,6 +218,30 @@ def nonsilent_span(y: np.ndarray, top_db: float) -> tuple[int, int]:
     return int(loud[0]) * TRIM_HOP, min(y.shape[-1], (int(loud[-1]) + 1) * TRIM_HOP)
 
 
+VAD_RATES = (8000, 16000, 32000, 48000)  # the rates webrtcvad takes
+VAD_FRAME_S = 0.03  # its frames: 10, 20 or 30 ms
+
+
+def vad_span(y: np.ndarray, sr: int, aggressiveness: int) -> tuple[int, int]:
+    """[start, end) samples of `y` from the start of the first to the end of the last 30 ms frame that
+    WebRTC's voice activity detector (webrtcvad, `aggressiveness` 0-3) calls speech; (0, 0) for none.
+    At a rate webrtcvad does not take, it listens to `y` resampled to 16 kHz (soxr)."""
+    import soxr
+    import webrtcvad
+
+    rate = sr if sr in VAD_RATES else 16000
+    x = y if rate == sr else soxr.resample(y, sr, rate)
+    pcm = (np.clip(x, -1.0, 1.0) * 32767).astype("<i2")
+    frame = int(VAD_FRAME_S * rate)
+    vad = webrtcvad.Vad(aggressiveness)
+    voiced = [i for i in range(pcm.size // frame) if vad.is_speech(pcm[i * frame : (i + 1) * frame].tobytes(), rate)]
+    if not voiced:
+        return 0, 0
+    scale = sr / rate
+    start = int(round(voiced[0] * frame * scale))
+    return start, min(y.shape[-1], int(round((voiced[-1] + 1) * frame * scale)))
+
+
 def trim(y: np.ndarray, cfg: AudioConfig) -> np.ndarray:
     """Strip leading/trailing silence (relative to the clip's peak) when configured."""
     if not cfg.trim_silence:

@@ -2,7 +2,7 @@
 so a re-run computes only what changed (docs/preprocess.md, Feature cache).
 
 - **What is kept.** What `clips.analyse_audio` computes from the audio alone: the span (decoded
-  samples, trim start, kept samples), the log-mel (float16, as the shards store it) with its float32
+  samples, trim start, kept samples, the decoded samples' hash and the audio quality measures), the log-mel (float16, as the shards store it) with its float32
   per-bin moments, and pitch, energy and audio where the run computes them. Text, durations, the
   filter, buckets and split are recomputed every run: they cost little and change with the config.
 - **The key** of an entry: the audio file's canonical location (`clip_key`: a local file's real
@@ -57,7 +57,7 @@ from melshards.shards_schema.stats import Moments
 
 log = logging.getLogger("melshards.preprocess")
 
-FORMAT = 2  # bumped whenever what an entry holds, how it is stored, or how it is computed, changes
+FORMAT = 3  # bumped whenever what an entry holds, how it is stored, or how it is computed, changes
 ENTRIES, RUNS = "entries", "runs"
 LEASE_SUFFIX = ".live"  # runs/<run id>.live: a run using the cache now
 
@@ -107,7 +107,7 @@ def settings_key(cfg: PreprocessConfig) -> str:
     (a worker's libraries, not the launcher's)."""
     parts = {
         "format": FORMAT,
-        **{k: dataclasses.asdict(getattr(cfg, k)) for k in ("audio", "mel", "features", "pitch")},
+        **{k: dataclasses.asdict(getattr(cfg, k)) for k in ("audio", "mel", "features", "pitch", "quality")},
         "libraries": library_versions(bool(cfg.features.pitch)),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
@@ -184,7 +184,8 @@ def batch_name(keys: list[str]) -> str:
 def write_batch(cache_dir: str, entries: list[tuple[str, dict, dict, Moments]]) -> str:
     """[(key, span, arrays, mel moments)] -> one entries file and its keys file; returns the .npz path.
 
-    The file holds each quantity of the batch as one array: `span` [n, 3], the moments' `moments_n`
+    The file holds each quantity of the batch as one array: `span` [n, 3], `audio_hash` [n] (S64),
+    `quality/<measure>` [n] float64 for each audio quality measure, the moments' `moments_n`
     [n], `moments_mean` and `moments_m2` [n, n_mels], and each feature's arrays concatenated along
     their first axis with `<name>/offsets` [n + 1] (clip i is rows offsets[i]:offsets[i + 1]). Reading a
     batch then parses a few array headers, however many clips it holds."""
@@ -198,7 +199,11 @@ def write_batch(cache_dir: str, entries: list[tuple[str, dict, dict, Moments]]) 
     arrays = {
         "span": np.array([[e[1]["samples"], e[1]["start"], e[1]["length"]] for e in entries], np.int64).reshape(-1, 3),
         "moments_n": np.array([e[3].n for e in entries], np.int64),
+        "audio_hash": np.array([e[1]["audio_hash"] for e in entries], "S64"),
     }
+    measures = sorted(entries[0][1]["quality"]) if entries else []
+    for name in measures:
+        arrays[f"quality/{name}"] = np.array([e[1]["quality"][name] for e in entries], np.float64)
     if entries:
         arrays["moments_mean"] = np.stack([e[3].mean for e in entries])
         arrays["moments_m2"] = np.stack([e[3].m2 for e in entries])
@@ -264,11 +269,14 @@ def read_batch(npz_path: str) -> dict[str, tuple[dict, dict, Moments]]:
         for name in ("moments_mean", "moments_m2"):  # a clip's moments outlive the batch: not views of the file
             if name in batch:
                 batch[name] = batch[name].copy()
-        spans, counts = batch["span"], batch["moments_n"]
+        spans, counts, hashes = batch["span"], batch["moments_n"], batch["audio_hash"]
+        measures = sorted(n.removeprefix("quality/") for n in batch if n.startswith("quality/"))
         features = [n for n in ("mel", "pitch", "energy", "audio") if n in batch]
         if (
             len(spans) != len(keys)
             or len(counts) != len(keys)
+            or len(hashes) != len(keys)
+            or any(len(batch[f"quality/{m}"]) != len(keys) for m in measures)
             or any(
                 len(batch[f"{n}/offsets"]) != len(keys) + 1 or batch[f"{n}/offsets"][-1] != len(batch[n])
                 for n in features
@@ -279,7 +287,14 @@ def read_batch(npz_path: str) -> dict[str, tuple[dict, dict, Moments]]:
             samples, start, length = (int(x) for x in spans[i])
             arrays = {n: batch[n][batch[f"{n}/offsets"][i] : batch[f"{n}/offsets"][i + 1]] for n in features}
             moments = Moments(int(counts[i]), batch["moments_mean"][i], batch["moments_m2"][i])
-            out[key] = ({"samples": samples, "start": start, "length": length}, arrays, moments)
+            span = {
+                "samples": samples,
+                "start": start,
+                "length": length,
+                "audio_hash": hashes[i].decode("ascii"),
+                "quality": {m: float(batch[f"quality/{m}"][i]) for m in measures},
+            }
+            out[key] = (span, arrays, moments)
     except CacheDamaged:
         raise
     except Exception as e:  # noqa: BLE001 (a truncated zip, a missing member, bad bytes: all are damage)

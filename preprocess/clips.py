@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess import alignments, audio, features
+from melshards.preprocess import alignments, audio, features, quality
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.merge import as_given
 from melshards.preprocess.rows import reject
@@ -65,8 +65,15 @@ def load_decoded(path: str | None, cfg: PreprocessConfig) -> np.ndarray:
 
 
 def trim_span(y: np.ndarray, cfg: PreprocessConfig) -> tuple[int, int]:
-    """[start, end) of the samples kept: the non-silent span when trimming, else all; ClipRejected if empty."""
-    start, end = audio.nonsilent_span(y, cfg.audio.trim_top_db) if cfg.audio.trim_silence else (0, y.size)
+    """[start, end) of the samples kept: when trimming, the non-silent span (`audio.trim_method`: the
+    energy rule, or WebRTC's voice activity detector), else all; ClipRejected if empty."""
+    a = cfg.audio
+    if not a.trim_silence:
+        start, end = 0, y.size
+    elif a.trim_method == "webrtcvad":
+        start, end = audio.vad_span(y, a.sample_rate, a.vad_aggressiveness)
+    else:
+        start, end = audio.nonsilent_span(y, a.trim_top_db)
     if end <= start:
         raise ClipRejected("silent_audio", "nothing left after trimming silence")
     return start, end
@@ -140,20 +147,39 @@ def read_alignment(row: dict, cfg: PreprocessConfig) -> alignments.Alignment:
 
 
 def analyse_audio(path: str | None, cfg: PreprocessConfig, arrays: bool = True) -> tuple[dict, dict]:
-    """A clip's audio -> (its span {"samples": decoded, "start": first kept, "length": kept}, the features
-    of the kept samples): `mel` [frames, n_mels] float32 and, as `cfg` asks, `pitch`, `energy`
-    [frames] float32 and `audio` [frames * hop] int16, from one decode and one STFT (the project's one
-    mel, pitch and energy computation). `arrays=False`: the span alone (no STFT). What the feature
-    cache keeps (`melshards.preprocess.cache`)."""
+    """A clip's audio -> (its span {"samples": decoded, "start": first kept, "length": kept, "audio_hash":
+    the decoded samples' `quality.audio_hash`, "quality": its `quality.AUDIO_MEASURES` (NaN each with
+    `quality.measures` off)}, the features of the kept samples): `mel` [frames, n_mels] float32 and, as
+    `cfg` asks, `pitch`, `energy` [frames] float32 and `audio` [frames * hop] int16, from one decode and
+    one STFT (the project's one mel, pitch and energy computation), after the loudness normalisation
+    when `audio.loudness_target_lufs` asks for it. `arrays=False`: the span alone (no STFT: bandwidth
+    NaN). What the feature cache keeps (`melshards.preprocess.cache`)."""
     y = load_decoded(path, cfg)
     start, end = trim_span(y, cfg)
-    span = {"samples": int(y.size), "start": int(start), "length": int(end - start)}
-    out: dict = {}
-    if not arrays:
-        return span, out
     trimmed, hop, sr = y[start:end], cfg.mel.hop_length, cfg.audio.sample_rate
+    span = {
+        "samples": int(y.size),
+        "start": int(start),
+        "length": int(end - start),
+        "audio_hash": quality.audio_hash(y),
+    }
+    mag = audio.magnitude(trimmed, cfg.mel) if arrays else None
+    q = cfg.quality
+    if q.measures:
+        span["quality"] = quality.audio_quality(y, start, end, sr, mag, cfg.mel.n_fft, cfg.audio.trim_top_db)
+    else:
+        span["quality"] = {m: quality.NAN for m in quality.AUDIO_MEASURES}
+    if q.dnsmos:
+        span["quality"]["dnsmos_ovrl"] = quality.dnsmos_ovrl(trimmed, sr)
+    out: dict = {}
+    if mag is None:
+        return span, out
+    target = cfg.audio.loudness_target_lufs
+    if target is not None:  # measured as decoded, then scaled: the features are the normalised audio's
+        gain = quality.loudness_gain(trimmed, sr, target)
+        trimmed = (trimmed * gain).astype(np.float32)
+        mag = mag * np.float32(gain)  # the STFT is linear
     frames = audio.num_frames(trimmed.size, hop)
-    mag = audio.magnitude(trimmed, cfg.mel)
     out["mel"] = audio.log_mel_of(mag, sr, cfg.mel)
     if cfg.features.energy:
         out["energy"] = audio.energy_of(mag)
@@ -197,7 +223,22 @@ def featurize_span(
             aligned, span["start"], span["length"], sr, cfg.mel.hop_length
         )
         text = " ".join(phones)
-    return _measured(row, text, span["length"], cfg), out, span  # type: ignore[arg-type]  # a str on both paths: _text's, or the TextGrid's phones
+    clip = _measured(row, text, span["length"], cfg)  # type: ignore[arg-type]  # a str on both paths: _text's, or the TextGrid's phones
+    clip["audio_hash"] = span["audio_hash"]
+    clip["quality"] = (
+        quality.measure_quality(
+            span["quality"],
+            row["text"],
+            clip["text_len"],
+            span["length"] / cfg.audio.sample_rate,
+            row["language"],
+            row.get("asr_text"),
+        )
+        if cfg.quality.measures
+        else {m: quality.NAN for m in quality.MEASURES}
+        | {k: v for k, v in span["quality"].items() if k not in quality.MEASURES}
+    )
+    return clip, out, span
 
 
 def as_rejection(clip_id: str, e: ClipRejected) -> dict:

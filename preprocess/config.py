@@ -17,6 +17,9 @@ POSITIVE = Field(gt=0)
 PERCENTILE = Field(ge=0, le=100)
 
 
+TRIM_METHODS = ("energy", "webrtcvad")
+
+
 @dataclasses.dataclass(frozen=True)
 class AudioConfig:
     sample_rate: Annotated[StrictInt, POSITIVE] = 22050
@@ -25,6 +28,13 @@ class AudioConfig:
     silence_peak_dbfs: Annotated[
         StrictFloat, Field(le=0)
     ] = -50.0  # dBFS, 0 is full scale: a clip whose peak is below this is rejected as silent
+    # How the silence is trimmed: "energy" (frames within trim_top_db of the loudest) or "webrtcvad" (the
+    # first to the last frame WebRTC's voice activity detector calls speech; docs/preprocess.md)
+    trim_method: Annotated[StrictStr, one_of(*TRIM_METHODS)] = "energy"
+    vad_aggressiveness: Annotated[StrictInt, Field(ge=0, le=3)] = 2  # webrtcvad's mode: 3 calls the least speech
+    # Loudness normalisation (off: None): each clip's samples scaled to this integrated loudness (BS.1770,
+    # LUFS) before the mel; recorded in schema.json. The quality measures describe the audio as decoded.
+    loudness_target_lufs: Annotated[StrictFloat, Field(ge=-70, le=0)] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,6 +145,15 @@ class FeaturesConfig:
     audio: StrictBool = False  # the trimmed waveform, int16, sample i * mel.hop_length at the centre of mel frame i
 
 
+@dataclasses.dataclass(frozen=True)
+class QualityConfig:
+    """The quality measures of every clip (`melshards.preprocess.quality`; docs/preprocess.md, Quality
+    measures), computed in the measure stage from the one decode and the mel's STFT."""
+
+    measures: StrictBool = True  # off: every measure NaN (the audio hash is still taken)
+    dnsmos: StrictBool = False  # DNSMOS P.835 overall (speechmos' ONNX model): ~N ms a clip (docs/performance.md)
+
+
 PITCH_TRACKERS = ("dio", "pyin")
 
 
@@ -173,6 +192,7 @@ class PreprocessConfig:
     split: SplitConfig = SplitConfig()
     text: TextConfig = TextConfig()
     features: FeaturesConfig = FeaturesConfig()
+    quality: QualityConfig = QualityConfig()
     pitch: PitchConfig = PitchConfig()
     alignments: AlignmentsConfig = AlignmentsConfig()
     write: WriteConfig = WriteConfig()

@@ -1,6 +1,6 @@
 """The table layouts, read by pure functions of the table's lines, yielding items as they go:
 manifests (`.csv`, `.tsv`, `.jsonl` with `audio`, `text` and optional `id`, `speaker`, `language`,
-`gender`) and Common Voice TSVs (`client_id`, `path`, `sentence`, optional `locale`, `gender`; audio
+`gender`, `asr_text`: an ASR transcript, for the quality measures) and Common Voice TSVs (`client_id`, `path`, `sentence`, optional `locale`, `gender`; audio
 under `clips/` beside the TSV).
 
 The column checks (`check_columns`, `check_commonvoice_columns`, `check_language`) are run on the
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from melshards.preprocess.rows import CorpusError, bare_lines, gender_code, row, split_malformed
 
 MANIFEST_EXTENSIONS = (".csv", ".tsv", ".jsonl")
-MANIFEST_COLUMNS = ("audio", "text")  # required; id, speaker, language and gender are optional
+MANIFEST_COLUMNS = ("audio", "text")  # required; id, speaker, language, gender and asr_text are optional
 COMMONVOICE_COLUMNS = ("client_id", "path", "sentence")  # required; locale and gender are optional
 _LOCALE = re.compile(r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})*$")  # en, cy, zh-CN, rm-sursilv
 
@@ -236,6 +236,7 @@ def _manifest_row(rec: dict, i: int, root: str):
         speaker=str(rec.get("speaker") or ""),
         language=str(rec.get("language") or "").strip(),
         gender=gender_code(rec.get("gender")),
+        asr_text=str(rec.get("asr_text") or ""),
     )
 
 

@@ -155,6 +155,23 @@ def loudness_gain(y: np.ndarray, sr: int, target_lufs: float) -> float:
     return 1.0 if math.isnan(measured) else 10.0 ** ((target_lufs - measured) / 20.0)
 
 
+DNSMOS_RATE = 16000  # the rate the DNSMOS models take
+
+
+def dnsmos_ovrl(y: np.ndarray, sr: int) -> float:
+    """DNSMOS P.835 overall quality (1-5; speechmos' ONNX models run by onnxruntime) of a clip, listened
+    to at 16 kHz (soxr); the model scores 9 s windows, so a shorter clip is repeated to fill one."""
+    import soxr
+
+    from melshards.preprocess.audio import load_librosa
+
+    load_librosa()  # speechmos imports librosa: after its compiled modules are cached (audio.load_librosa)
+    from speechmos import dnsmos
+
+    x = y if sr == DNSMOS_RATE else soxr.resample(y, sr, DNSMOS_RATE)
+    return float(dnsmos.run(np.clip(x, -1.0, 1.0).astype(np.float32), DNSMOS_RATE)["ovrl_mos"])
+
+
 _PUNCT = re.compile(r"[^\w\s]|_", re.UNICODE)
 
 

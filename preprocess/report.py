@@ -240,7 +240,13 @@ def build_schema(
     texts = bucketing.text_bounds(text, len(buckets["bounds"]), cfg.pad.multiple)
     return Schema(
         version=SCHEMA_VERSION,
-        audio=AudioParams(cfg.audio.sample_rate, cfg.audio.trim_silence, cfg.audio.trim_top_db),
+        audio=AudioParams(
+            cfg.audio.sample_rate,
+            cfg.audio.trim_silence,
+            cfg.audio.trim_top_db,
+            trim_method=cfg.audio.trim_method,
+            loudness_target_lufs=cfg.audio.loudness_target_lufs,
+        ),
         mel=mel_params(m),
         vocabulary=tuple(corpus_tables["vocabulary"]),
         speakers=tuple(schema_speakers(corpus_tables, written, features)),

@@ -2,7 +2,9 @@
 
 A row is `{id, text, speaker, language, gender, audio, row}`: `audio` is the path of its audio file
 (None when there is none: rejected later as `missing_audio`), `row` its position in its input (the
-first row of an id wins), `gender` "F", "M" or "" (unknown). A rejection is `{id, reason, detail}`.
+first row of an id wins), `gender` "F", "M" or "" (unknown). A manifest row whose corpus gives an ASR
+transcript also has `asr_text` (the quality measures compare it with `text`: `melshards.preprocess.quality`);
+other rows have no such key. A rejection is `{id, reason, detail}`.
 
 A layout's reader yields items, rows and rejections in input order, one per input row, and holds
 none: a corpus is read as a stream (`LayoutRows.of` collects one, for tests and small reads).
@@ -55,9 +57,16 @@ class LayoutRows:
 
 
 def row(
-    clip_id: str, text: str, audio: str | None, index: int, speaker: str = "", language: str = "", gender: str = ""
+    clip_id: str,
+    text: str,
+    audio: str | None,
+    index: int,
+    speaker: str = "",
+    language: str = "",
+    gender: str = "",
+    asr_text: str = "",
 ) -> dict:
-    return {
+    out = {
         "id": clip_id,
         "text": text,
         "speaker": speaker,
@@ -66,6 +75,9 @@ def row(
         "audio": audio,
         "row": index,
     }
+    if asr_text.strip():
+        out["asr_text"] = asr_text
+    return out
 
 
 def reject(row_id: str, reason: str, detail: str) -> dict:

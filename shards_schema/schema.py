@@ -30,8 +30,10 @@ from typing import Any
 # 3.2: each bucket's records per speaker and language in each split (`Bucket.groups`: what balanced
 # sampling weighs the buckets by), and each shard's size in bytes (`bytes` in its shard list entry, checked
 # before training); a 3.1 file reads without them.
+# 3.3: `audio.trim_method` (energy or webrtcvad) and `audio.loudness_target_lufs` (the loudness each clip
+# was normalised to, null: not normalised); a 3.2 file reads as energy-trimmed, not normalised.
 # 2.x had no ids (one English front end); 1.x one shape and no buckets. Neither is read: re-run preprocess.
-SCHEMA_VERSION = "3.2.0"
+SCHEMA_VERSION = "3.3.0"
 SCHEMA_FILE = "schema.json"
 STATS_FILE = "stats.json"
 REJECTED_FILE = "rejected.jsonl"
@@ -89,6 +91,8 @@ class AudioParams:
     trim_silence: bool
     trim_top_db: float
     remove_dc: bool = True  # the clip's mean is subtracted before trimming and the mel
+    trim_method: str = "energy"  # how the silence was trimmed: energy, or webrtcvad (voice activity)
+    loudness_target_lufs: float | None = None  # each clip scaled to this BS.1770 loudness before the mel; None: not
 
 
 @dataclasses.dataclass(frozen=True)
