@@ -165,12 +165,14 @@ def analyse_audio(path: str | None, cfg: PreprocessConfig, arrays: bool = True) 
     }
     mag = audio.magnitude(trimmed, cfg.mel) if arrays else None
     q = cfg.quality
-    if q.measures:
-        span["quality"] = quality.audio_quality(y, start, end, sr, mag, cfg.mel.n_fft, cfg.audio.trim_top_db)
-    else:
-        span["quality"] = {m: quality.NAN for m in quality.AUDIO_MEASURES}
+    measured = (
+        quality.audio_quality(y, start, end, sr, mag, cfg.mel.n_fft, cfg.audio.trim_top_db)
+        if q.measures
+        else {m: quality.NAN for m in quality.AUDIO_MEASURES}
+    )
     if q.dnsmos:
-        span["quality"]["dnsmos_ovrl"] = quality.dnsmos_ovrl(trimmed, sr)
+        measured["dnsmos_ovrl"] = quality.dnsmos_ovrl(trimmed, sr)
+    span["quality"] = measured
     out: dict = {}
     if mag is None:
         return span, out
