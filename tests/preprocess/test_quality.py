@@ -1,0 +1,156 @@
+"""The quality measures (melshards.preprocess.quality) for exact values on synthetic signals, and how they
+travel: the clip carries them, the feature cache keeps them, a manifest's asr_text feeds them."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+from melshards.preprocess import audio, cache, clips, manifests, quality
+from melshards.preprocess.config import MelConfig, PreprocessConfig
+from melshards.preprocess.rows import LayoutRows, row
+from melshards.shards_schema.stats import Moments
+from tests.preprocess.conftest import encode
+
+SR = 16000
+
+
+def _sine(seconds: float, hz: float = 1000.0, amplitude: float = 0.5, sr: int = SR) -> np.ndarray:
+    return (amplitude * np.sin(2 * np.pi * hz * np.arange(int(seconds * sr)) / sr)).astype(np.float32)
+
+
+def test_speaking_rate_is_symbols_per_second_of_speech_and_nan_without_speech():
+    assert quality.speaking_rate(30, 2.0) == 15.0
+    assert math.isnan(quality.speaking_rate(5, 0.0))
+
+
+def test_longest_pause_is_the_longest_quiet_run_inside_the_speech_not_at_its_edges():
+    s, gap = _sine(1.0), np.zeros(SR // 2, np.float32)
+    y = np.concatenate([np.zeros(SR, np.float32), s, gap, s, np.zeros(SR // 4, np.float32), s, gap])
+    assert quality.longest_pause_s(y, SR, top_db=40.0) == 0.5
+    assert quality.longest_pause_s(s, SR, top_db=40.0) == 0.0
+
+
+def test_clipping_counts_samples_at_full_scale_and_their_longest_run():
+    # 16 samples a period: |2 sin| >= 0.99 for 5 consecutive samples in each half period
+    clipped = np.clip(2 * _sine(1.0, amplitude=1.0), -1.0, 1.0)
+    assert quality.clipping(clipped) == (10 / 16, 5.0)
+    assert quality.clipping(_sine(1.0)) == (0.0, 0.0)
+
+
+def test_bandwidth_is_the_highest_bin_within_the_floor_of_the_strongest():
+    mag = np.zeros((513, 10))
+    mag[:101] = 1.0
+    mag[300] = 10.0 ** (-60 / 20)  # 60 dB down: no real energy
+    assert quality.bandwidth_hz(mag, SR, 1024) == 100 * SR / 1024
+
+
+def test_bandwidth_of_noise_resampled_up_from_8_khz_stops_near_4_khz():
+    import soxr
+
+    noise = np.random.default_rng(0).standard_normal(8000).astype(np.float32) * 0.1
+    cfg = MelConfig(fmax=8000.0)
+    narrow = quality.bandwidth_hz(audio.magnitude(soxr.resample(noise, 8000, SR), cfg), SR, cfg.n_fft)
+    full = np.random.default_rng(1).standard_normal(SR).astype(np.float32) * 0.1
+    # soxr's anti-imaging filter lets the first 0.3 kHz above 4 kHz through, more than 50 dB down
+    assert 3500 < narrow < 4400
+    assert quality.bandwidth_hz(audio.magnitude(full, cfg), SR, cfg.n_fft) == SR / 2
+
+
+def test_snr_is_the_loud_half_over_the_quietest_tenth_of_the_blocks():
+    block = int(quality.NOISE_BLOCK_S * SR)
+    y = np.repeat(np.array([1.0, -1.0] * 50 + [0.01, -0.01] * 50), block)  # powers 1 and 1e-4, half each
+    assert quality.snr_db(y, SR) == pytest.approx(10 * math.log10((1 - 1e-4) / 1e-4), abs=1e-9)
+    assert quality.snr_db(np.concatenate([_sine(1.0), np.zeros(SR, np.float32)]), SR) == quality.SNR_CAP_DB
+
+
+def test_loudness_of_a_full_scale_997_hz_sine_is_minus_3_lufs_and_peak_is_its_amplitude():
+    sr = 48000
+    assert quality.loudness_lufs(_sine(3.0, 997.0, 1.0, sr), sr) == pytest.approx(-3.01, abs=0.05)
+    assert math.isnan(quality.loudness_lufs(_sine(0.3, sr=sr), sr))  # shorter than one gating block
+    assert quality.peak_dbfs(_sine(1.0)) == pytest.approx(20 * math.log10(0.5))
+    y = _sine(3.0, 997.0, 0.1, sr)
+    gain = quality.loudness_gain(y, sr, -23.0)
+    assert quality.loudness_lufs(y * gain, sr) == pytest.approx(-23.0, abs=1e-6)
+
+
+def test_cer_compares_normalised_words_and_is_nan_without_an_asr_text():
+    assert quality.cer("Hello, world!", "hello word") == 1 / 11
+    assert math.isnan(quality.cer("Hello.", None))
+    assert math.isnan(quality.cer("Hello.", "  "))
+
+
+def test_asr_repeat_is_the_most_back_to_back_repeats_of_a_phrase():
+    assert quality.asr_repeat("and then a b a b a b c") == 3.0
+    assert quality.asr_repeat("the cat sat on the mat") == 1.0
+    assert quality.asr_repeat("Go, go. GO!") == 3.0
+    assert math.isnan(quality.asr_repeat("..."))
+
+
+def test_foreign_script_fraction_counts_letters_outside_the_languages_scripts():
+    assert quality.foreign_script_fraction("hello мир", "en") == 3 / 8
+    assert quality.foreign_script_fraction("привет, мир", "ru-RU") == 0.0
+    assert quality.foreign_script_fraction("日本語とカタカナ", "ja") == 0.0
+    assert quality.foreign_script_fraction("abc d ж", "xx") == 1 / 5  # unlisted: the majority script
+    assert math.isnan(quality.foreign_script_fraction("123 ...", "en"))
+
+
+def test_audio_hash_is_the_same_for_one_recording_as_wav_and_flac_and_differs_for_other_audio():
+    y = (_sine(0.5) * 32767).astype(np.int16)  # the recording's samples: each container stores them as they are
+    wav, flac = encode(y, SR, "WAV"), encode(y, SR, "FLAC")
+    assert wav != flac
+    assert quality.audio_hash(audio.decode_audio(wav, SR)[0]) == quality.audio_hash(audio.decode_audio(flac, SR)[0])
+    assert quality.audio_hash(_sine(0.5)) != quality.audio_hash(_sine(0.5, hz=999.0))
+
+
+def test_measure_quality_gives_every_measure_in_order_with_the_asr_text_rules_on_the_asr_text():
+    y = np.concatenate([_sine(1.0), np.zeros(SR // 2, np.float32), _sine(1.0)])
+    measured = quality.audio_quality(y, 0, y.size, SR, None, 1024, 40.0)
+    assert tuple(measured) == quality.AUDIO_MEASURES
+    q = quality.measure_quality(measured, "One two three.", 13, 2.5, "en", asr_text="one two two two three")
+    assert tuple(q) == quality.MEASURES
+    assert all(isinstance(v, float) for v in q.values())
+    assert (q["speaking_rate"], q["longest_pause_s"], q["asr_repeat"]) == (5.2, 0.5, 3.0)
+    assert q["cer"] == 8 / 13
+    assert math.isnan(q["bandwidth_hz"])  # no STFT given
+    assert quality.measure_quality(measured, "go go go", 8, 1.0, "en")["asr_repeat"] == 3.0
+
+
+def test_webrtcvad_finds_no_speech_in_silence_and_the_trim_rejects_it():
+    assert audio.vad_span(np.zeros(SR, np.float32), SR, 2) == (0, 0)
+    cfg = PreprocessConfig()
+    cfg = dataclasses.replace(cfg, audio=dataclasses.replace(cfg.audio, trim_method="webrtcvad"))
+    with pytest.raises(clips.ClipRejected, match="nothing left"):
+        clips.trim_span(np.zeros(22050, np.float32), cfg)
+
+
+def test_a_manifest_asr_text_column_reaches_the_row():
+    text = "audio,text,asr_text\na.wav,Hallo.,hallo\nb.wav,Hi.,\n"
+    read = LayoutRows.of(manifests.manifest_rows(text.splitlines(keepends=True), "/m/x.csv", "/m"))
+    assert read.rows == [row("a", "Hallo.", "/m/a.wav", 0, asr_text="hallo"), row("b", "Hi.", "/m/b.wav", 1)]
+    assert read.rows[0]["asr_text"] == "hallo" and "asr_text" not in read.rows[1]
+
+
+def test_the_clip_carries_its_measures_and_hash_and_the_feature_cache_gives_them_back(tmp_path):
+    """One clip measured, written to the cache, read back: the same span, hash and measures, and the clip
+    measured from the cached span equals the one measured from the audio."""
+    sr = PreprocessConfig().audio.sample_rate
+    y = np.concatenate([_sine(0.8, 220.0, sr=sr), np.zeros(sr // 2, np.float32), _sine(0.8, 220.0, sr=sr)])
+    (tmp_path / "a.wav").write_bytes(encode(y, sr, "WAV"))
+    cfg = PreprocessConfig()
+    r = row("a", "Hello there.", str(tmp_path / "a.wav"), 0, speaker="s", language="en", asr_text="hello there")
+    clip, features, span = clips.featurize_span(r, cfg)
+    assert clip["audio_hash"] == span["audio_hash"] and tuple(clip["quality"]) == quality.MEASURES
+    assert clip["quality"]["cer"] == 0.0 and clip["quality"]["longest_pause_s"] > 0.4
+    path = cache.write_batch(str(tmp_path / "cache"), [("k", span, features, Moments.of(features["mel"]))])
+    cached_span, cached_arrays, _ = cache.read_batch(path)["k"]
+    assert cached_span["audio_hash"] == span["audio_hash"]
+    assert cached_span["quality"] == pytest.approx(span["quality"], nan_ok=True)
+    again, _, _ = clips.featurize_span(r, cfg, analysed=(cached_span, cached_arrays))
+    assert again["quality"] == pytest.approx(clip["quality"], nan_ok=True)
+    off = dataclasses.replace(cfg, quality=dataclasses.replace(cfg.quality, measures=False))
+    unmeasured, _, _ = clips.featurize_span(r, off)
+    assert all(math.isnan(v) for v in unmeasured["quality"].values()) and unmeasured["audio_hash"] == clip["audio_hash"]
