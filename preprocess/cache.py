@@ -199,10 +199,10 @@ def write_batch(cache_dir: str, entries: list[tuple[str, dict, dict, Moments]]) 
     arrays = {
         "span": np.array([[e[1]["samples"], e[1]["start"], e[1]["length"]] for e in entries], np.int64).reshape(-1, 3),
         "moments_n": np.array([e[3].n for e in entries], np.int64),
-        "audio_hash": np.array([e[1]["audio_hash"] for e in entries], "S64"),
+        "audio_hash": np.array([e[1].get("audio_hash", "") for e in entries], "S64"),
     }
-    measures = sorted(entries[0][1]["quality"]) if entries else []
-    for name in measures:
+    measures = sorted(entries[0][1].get("quality", {})) if entries else []
+    for name in measures:  # a span without measures (a caller of its own) stores none
         arrays[f"quality/{name}"] = np.array([e[1]["quality"][name] for e in entries], np.float64)
     if entries:
         arrays["moments_mean"] = np.stack([e[3].mean for e in entries])
