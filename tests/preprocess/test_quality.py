@@ -154,3 +154,28 @@ def test_the_clip_carries_its_measures_and_hash_and_the_feature_cache_gives_them
     off = dataclasses.replace(cfg, quality=dataclasses.replace(cfg.quality, measures=False))
     unmeasured, _, _ = clips.featurize_span(r, off)
     assert all(math.isnan(v) for v in unmeasured["quality"].values()) and unmeasured["audio_hash"] == clip["audio_hash"]
+
+
+def _voice(sr: int) -> np.ndarray:
+    """0.5 s of silence, 1 s of a 150 Hz harmonic series with a 4 Hz swell, 0.5 s of silence."""
+    t = np.arange(sr) / sr
+    v = sum(np.sin(2 * np.pi * 150 * k * t) / k for k in range(1, 20)) * 0.2 * (1 + 0.5 * np.sin(2 * np.pi * 4 * t))
+    return np.concatenate([np.zeros(sr // 2), v, np.zeros(sr // 2)]).astype(np.float32)
+
+
+def test_webrtcvad_trims_to_the_30_ms_frames_it_calls_speech_at_a_rate_it_does_not_take():
+    # 22.05 kHz is heard at 16 kHz: frame 16 (of 480 samples there) starts at 10584 here, 441 before the onset
+    assert audio.vad_span(_voice(22050), 22050, 2) == (10584, 35721)
+
+
+def test_loudness_normalisation_scales_the_mel_by_the_gain_and_leaves_the_measures_as_decoded(tmp_path):
+    sr = 22050
+    (tmp_path / "v.wav").write_bytes(encode(_voice(sr), sr, "WAV"))
+    cfg = PreprocessConfig()
+    louder = dataclasses.replace(cfg, audio=dataclasses.replace(cfg.audio, loudness_target_lufs=-16.0))
+    span, plain = clips.analyse_audio(str(tmp_path / "v.wav"), cfg)
+    span_l, normalised = clips.analyse_audio(str(tmp_path / "v.wav"), louder)
+    gain = 10 ** ((-16.0 - span["quality"]["loudness_lufs"]) / 20)
+    above = plain["mel"] > np.log(cfg.mel.log_floor) + 1
+    assert np.allclose(normalised["mel"][above] - plain["mel"][above], np.log(gain), atol=1e-4)
+    assert span_l["quality"] == span["quality"] and span_l["audio_hash"] == span["audio_hash"]
