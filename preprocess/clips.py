@@ -2,7 +2,9 @@
 filter's rule (stage 5).
 
 `featurize` reads, decodes, resamples and trims a clip once and computes its lengths, its log-mel and
-the features the config asks for (pitch, energy, audio; durations from a TextGrid) in the same pass;
+the features the config asks for (pitch, energy, audio; durations from a TextGrid) in the same pass,
+and its quality measures (`clip["quality"]`, `melshards.preprocess.quality.MEASURES`) and
+`clip["audio_hash"]`, which travel with the clip to the filter stage;
 the job carries them across the statistics barrier (`melshards.preprocess.stash`) instead of decoding
 the clip a second time. `measure` is the lengths alone, for tools that need no mel.
 `filter_rejection` is the one filter rule: the buckets are chosen from the clips it keeps, and the
