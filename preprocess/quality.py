@@ -36,6 +36,22 @@ TEXT_MEASURES: tuple[str, ...] = ("speaking_rate", "cer", "asr_repeat", "foreign
 AUDIO_MEASURES: tuple[str, ...] = tuple(m for m in MEASURES if m not in TEXT_MEASURES)
 OPTIONAL_MEASURES: tuple[str, ...] = ("dnsmos_ovrl",)  # computed only when `quality.dnsmos` is on
 
+# The unit of each measure (for tables and plots; docs/preprocess.md defines each).
+UNITS: dict[str, str] = {
+    "speaking_rate": "symbols/s",
+    "longest_pause_s": "s",
+    "clipped_fraction": "share of samples",
+    "clipped_run_max": "samples",
+    "bandwidth_hz": "Hz",
+    "snr_db": "dB",
+    "loudness_lufs": "LUFS",
+    "peak_dbfs": "dBFS",
+    "cer": "character error rate",
+    "asr_repeat": "repeats",
+    "foreign_script_fraction": "share of letters",
+    "dnsmos_ovrl": "MOS (1-5)",
+}
+
 NAN = float("nan")
 CLIP_LEVEL = 0.99  # |sample| at or above this share of full scale counts as clipped
 PAUSE_BLOCK_S = 0.010  # the blocks a pause is measured in

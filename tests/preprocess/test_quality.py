@@ -111,7 +111,7 @@ def test_measure_quality_gives_every_measure_in_order_with_the_asr_text_rules_on
     measured = quality.audio_quality(y, 0, y.size, SR, None, 1024, 40.0)
     assert tuple(measured) == quality.AUDIO_MEASURES
     q = quality.measure_quality(measured, "One two three.", 13, 2.5, "en", asr_text="one two two two three")
-    assert tuple(q) == quality.MEASURES
+    assert tuple(q) == quality.MEASURES and set(quality.UNITS) == {*quality.MEASURES, *quality.OPTIONAL_MEASURES}
     assert all(isinstance(v, float) for v in q.values())
     assert (q["speaking_rate"], q["longest_pause_s"], q["asr_repeat"]) == (5.2, 0.5, 3.0)
     assert q["cer"] == 8 / 13
