@@ -12,6 +12,7 @@ import pytest
 from melshards.preprocess import audio, cache, clips, manifests, quality
 from melshards.preprocess.config import MelConfig, PreprocessConfig
 from melshards.preprocess.rows import LayoutRows, row
+from melshards.shards_schema.config import ConfigError
 from melshards.shards_schema.stats import Moments
 from tests.preprocess.conftest import encode
 
@@ -179,3 +180,9 @@ def test_loudness_normalisation_scales_the_mel_by_the_gain_and_leaves_the_measur
     above = plain["mel"] > np.log(cfg.mel.log_floor) + 1
     assert np.allclose(normalised["mel"][above] - plain["mel"][above], np.log(gain), atol=1e-4)
     assert span_l["quality"] == span["quality"] and span_l["audio_hash"] == span["audio_hash"]
+
+
+def test_a_loudness_target_out_of_range_is_refused_naming_its_bounds():
+    cfg = PreprocessConfig()
+    with pytest.raises(ConfigError, match=r"audio.loudness_target_lufs is 5.0, must be >= -70 and <= 0"):
+        dataclasses.replace(cfg, audio=dataclasses.replace(cfg.audio, loudness_target_lufs=5.0)).validate()
