@@ -283,10 +283,18 @@ def audio_hash(samples: np.ndarray) -> str:
 
 
 def audio_quality(
-    y: np.ndarray, start: int, end: int, sr: int, mag: np.ndarray | None, n_fft: int, top_db: float
+    y: np.ndarray,
+    start: int,
+    end: int,
+    sr: int,
+    mag: np.ndarray | None,
+    n_fft: int,
+    top_db: float,
+    loudness: bool = True,
 ) -> dict[str, float]:
     """The `AUDIO_MEASURES` of a decoded clip `y` whose speech is `y[start:end]`; `mag`: the |STFT| of
-    the speech the mel is made from (None: bandwidth NaN, a run that computes no mel)."""
+    the speech the mel is made from (None: bandwidth NaN, a run that computes no mel); `loudness`
+    False: loudness_lufs NaN (not measured)."""
     speech = y[start:end]
     fraction, run = clipping(speech)
     return {
@@ -295,7 +303,7 @@ def audio_quality(
         "clipped_run_max": run,
         "bandwidth_hz": bandwidth_hz(mag, sr, n_fft) if mag is not None else NAN,
         "snr_db": snr_db(y, sr),
-        "loudness_lufs": loudness_lufs(speech, sr),
+        "loudness_lufs": loudness_lufs(speech, sr) if loudness else NAN,
         "peak_dbfs": peak_dbfs(y),
     }
 
