@@ -21,7 +21,14 @@ import apache_beam as beam
 
 from melshards.preprocess.merge import MergedInputs, input_name, unique_names
 from melshards.preprocess.rows import CorpusError
-from melshards.preprocess.sources import Corpus, check_distinct_inputs, check_rows_file, detect_corpus, input_items
+from melshards.preprocess.sources import (
+    Corpus,
+    check_distinct_inputs,
+    check_rows_file,
+    detect_corpus,
+    input_items,
+    unused_columns,
+)
 from melshards.preprocess.spill import Spill
 from melshards.preprocess.stash import stash_rows
 
@@ -76,11 +83,17 @@ def named(corpora: Sequence[Corpus]) -> tuple[Corpus, ...]:
 
 
 def input_summary(
-    corpus: Corpus, rows: int, prefixed_speakers: int, prefixed_ids: int, folded: dict | None = None
+    corpus: Corpus,
+    rows: int,
+    prefixed_speakers: int,
+    prefixed_ids: int,
+    folded: dict | None = None,
+    unused: Sequence[str] = (),
 ) -> dict:
     """One input as stats.json's `inputs` lists it; `language_codes_folded` (only where some were):
     each language code as written in it -> the code the run names that language by
-    (`rows.complete_rows`), where they differ."""
+    (`rows.complete_rows`), where they differ; `unused_columns` (only where some are): the columns of
+    its table (a manifest's, a parquet file's, a WebDataset `.json`'s keys) that no field is read from."""
     return {
         "input": corpus.input or corpus.root,
         "name": corpus.name,
@@ -90,6 +103,7 @@ def input_summary(
         "prefixed_speakers": prefixed_speakers,
         "prefixed_ids": prefixed_ids,
         **({"language_codes_folded": dict(sorted(folded.items()))} if folded else {}),
+        **({"unused_columns": list(unused)} if unused else {}),
     }
 
 
@@ -115,7 +129,7 @@ class _ReadRows(beam.DoFn):
             yield beam.pvalue.TaggedOutput(
                 INPUTS,
                 [
-                    input_summary(c, rows, speakers, ids, f)
+                    input_summary(c, rows, speakers, ids, f, unused_columns(c))
                     for c, rows, speakers, ids, f in zip(
                         self.corpora, merged.input_rows, merged.prefixed_speakers, merged.prefixed_ids, folded
                     )

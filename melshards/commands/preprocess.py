@@ -64,6 +64,7 @@ def input_lines(inputs: list[dict]) -> list[str]:
                 if prefixed
                 else ""
             )
+            + (f"; columns not read: {', '.join(i['unused_columns'])}" if i.get("unused_columns") else "")
             + (
                 "; language codes folded (BCP 47 ignores case): "
                 + ", ".join(f"{written!r} -> {code!r}" for written, code in i["language_codes_folded"].items())
@@ -139,6 +140,14 @@ def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
     help="Read every --input as this layout instead of recognising it (see docs/corpora.md).",
 )
 @click.option(
+    "--column",
+    "columns",
+    multiple=True,
+    metavar="FIELD=COLUMN",
+    help="Read FIELD (text, id, speaker, language, gender, audio, asr_text) from COLUMN of a parquet file "
+    "or a WebDataset .json (default: the names Hugging Face exports and Emilia use). Repeatable.",
+)
+@click.option(
     "--language",
     default=None,
     metavar="CODE",
@@ -178,6 +187,7 @@ def preprocess_command(
     ctx: click.Context,
     input_paths: tuple[str, ...],
     format_name: str | None,
+    columns: tuple[str, ...],
     language: str | None,
     out_dir: str,
     config_path: str | None,
@@ -224,6 +234,7 @@ def preprocess_command(
                 workers=workers,
                 beam_args=list(ctx.args),
                 format=format_name,
+                columns=list(columns),
                 language=language,
                 alignments=alignments,
                 cache_dir=cache_dir,
