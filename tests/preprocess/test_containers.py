@@ -197,3 +197,100 @@ def test_the_cache_key_tells_rows_of_one_file_apart(tmp_path):
     keys = {cache.clip_key(path, "s", r["locator"]) for r in rows}
     assert len(keys) == len(rows)
     assert cache.clip_key(path, "s", rows[0]["locator"]) == cache.clip_key(path, "s", dict(rows[0]["locator"]))
+
+
+# -- one run over every form --------------------------------------------------------------------
+FORMS = ("wav", "parquet", "tar", "long", "mp3")
+CONFIG = """
+filter:
+  min_duration_s: 0.1
+  mel_frames_lower_percentile: 0.0
+  mel_frames_upper_percentile: 100.0
+  text_len_upper_percentile: 100.0
+pad:
+  buckets: 1
+"""
+
+
+@pytest.fixture(scope="module")
+def every_form(tmp_path_factory):
+    """The same utterances as a WAV manifest, a parquet export, a WebDataset tar, segments of one long
+    recording and a tar of MP3s, with their bad rows, preprocessed in one run (each an --input: the
+    shared ids and speakers are prefixed with the input's name) -> (stats, rejected, records by form)."""
+    from melshards.commands.preprocess import run
+    from melshards.shards_schema.schema import read_schema
+    from melshards.shards_schema.shards import check_shard
+
+    root = tmp_path_factory.mktemp("forms")
+    inputs = {
+        "wav": write_wav_manifest(root / "wav"),
+        "parquet": write_parquet(root / "parquet" / "train.parquet"),
+        "tar": write_tar(root / "tar" / "000000.tar").parent,
+        "long": write_long(root / "long"),
+        "mp3": write_tar(root / "mp3" / "000000.tar", fmt="MP3", bad=False).parent,
+    }
+    (root / "cfg.yaml").write_text(CONFIG)
+    args = [a for form in FORMS for a in ("--input", str(inputs[form]))]
+    out = root / "out"
+    code = run([*args, "--output", str(out), "--config", str(root / "cfg.yaml"), "--workers", "1"])
+    assert code == 0
+    schema = read_schema(str(out))
+    records = []
+    for f in sorted(out.glob("*.tfrecord")):
+        records += check_shard(str(f), schema, keep=1000)[1]
+    stats = json.loads((out / "stats.json").read_text())
+    rejected = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
+    return stats, rejected, records
+
+
+NAMES = {"wav": "clips", "parquet": "train.parquet", "tar": "tar", "long": "segments", "mp3": "mp3"}
+
+
+def _by_form(records: list[dict]) -> dict[str, dict[str, dict]]:
+    names = {n: f for f, n in NAMES.items()}
+    out: dict[str, dict[str, dict]] = {}
+    for r in records:
+        name, clip_id = r["id"].decode().split("/")
+        out.setdefault(names[name], {})[clip_id] = r
+    return out
+
+
+def test_every_form_gives_the_records_of_the_wav_manifest(every_form):
+    _, _, records = every_form
+    forms = _by_form(records)
+    assert {f: sorted(forms[f]) for f in FORMS} == {f: ["u1", "u2", "u3", "u4"] for f in FORMS}
+    for form in FORMS:
+        for cid, want in forms["wav"].items():
+            got = forms[form][cid]
+            assert got["speaker"].decode().split("/")[1] == want["speaker"].decode().split("/")[1]
+            assert got["text"] == want["text"]
+            np.testing.assert_array_equal(got["text_ids"], want["text_ids"])
+            slack = 3 if form == "mp3" else 0  # MP3's encoder delay and padding; the others are lossless
+            assert abs(int(got["mel_len"]) - int(want["mel_len"])) <= slack, (form, cid)
+
+
+def test_every_forms_bad_rows_are_rejected_with_their_reason_and_the_counts_add_up(every_form):
+    stats, rejected, records = every_form
+    assert {(r["id"].split("/")[-1], r["reason"]) for r in rejected} == {
+        ("nul", "missing_audio"),
+        ("junk", "unreadable_audio"),
+        ("lonely", "missing_audio"),
+        ("mute", "missing_text"),
+        ("past", "bad_segment"),
+        ("empty", "bad_segment"),
+        ("over", "overlapping_segment"),
+    }
+    counts = stats["counts"]
+    assert counts["input_rows"] == len(records) + len(rejected) == 4 * 5 + 7
+
+
+def test_the_summary_names_each_inputs_kind_rows_and_the_columns_it_did_not_read(every_form):
+    stats, _, _ = every_form
+    got = [(i["format"], i["rows"], i.get("unused_columns", [])) for i in stats["inputs"]]
+    assert got == [
+        ("manifest", 4, []),
+        ("parquet", 6, ["snr"]),
+        ("webdataset", 6, ["duration", "dnsmos"]),
+        ("manifest", 7, []),
+        ("webdataset", 4, ["duration", "dnsmos"]),
+    ]
