@@ -19,6 +19,7 @@ by every worker in parallel, never all by one process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 import tarfile
@@ -27,6 +28,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 from apache_beam.io.filesystems import FileSystems
 
+from melshards.preprocess.lock import is_local_path
 from melshards.preprocess.rows import gender_code, reject, row
 
 # The column names each field is read from, first found wins: Hugging Face exports and Emilia's
@@ -90,10 +92,14 @@ def _row_of(rec: Mapping, used: Mapping[str, str], i: int, clip_id: str, audio: 
 # -- parquet --------------------------------------------------------------------------------------
 def parquet_schema_columns(path: str) -> list[str]:
     """A parquet file's top-level column names, from its footer."""
-    import pyarrow.parquet as pq
+    with contextlib.ExitStack() as stack:
+        return list(_parquet_file(path, stack).schema_arrow.names)
 
-    with FileSystems.open(path) as f:
-        return list(pq.ParquetFile(f).schema_arrow.names)
+
+def parquet_row_count(path: str) -> int:
+    """A parquet file's rows, from its footer."""
+    with contextlib.ExitStack() as stack:
+        return int(_parquet_file(path, stack).metadata.num_rows)
 
 
 def parquet_rows(path: str, start: int, overrides: Mapping[str, str] | None = None) -> Iterator[dict]:
@@ -101,10 +107,8 @@ def parquet_rows(path: str, start: int, overrides: Mapping[str, str] | None = No
     are read, a batch at a time; a row's id is its id column, else its audio `path`'s stem, else
     `<file stem>-<row>`. A row whose audio is null, or whose table has no audio or text column ->
     `missing_audio` / `missing_text`."""
-    import pyarrow.parquet as pq
-
-    with FileSystems.open(path) as f:
-        pf = pq.ParquetFile(f)
+    with contextlib.ExitStack() as stack:
+        pf = _parquet_file(path, stack)
         names = pf.schema_arrow.names
         used = column_names(names, overrides)
         audio_col = used.get("audio")
@@ -135,23 +139,44 @@ def parquet_rows(path: str, start: int, overrides: Mapping[str, str] | None = No
                     index += 1
 
 
+def _parquet_file(path: str, stack: contextlib.ExitStack):
+    """A `pyarrow.parquet.ParquetFile` of `path`: a local file by its path (Arrow's own reads, no
+    Python file object between), a remote one through Beam's FileSystems (closed with `stack`)."""
+    import pyarrow.parquet as pq
+
+    if is_local_path(path):
+        return pq.ParquetFile(path, memory_map=True)
+    return pq.ParquetFile(stack.enter_context(FileSystems.open(path)))
+
+
 _HELD = threading.local()  # this thread's last row group: (path, group, column) -> its audio values
 
 
-def _row_group_audio(path: str, group: int, column: str) -> list:
-    """The audio column of one row group, as Python values; the last one read is held for the next
-    rows of a batch (consecutive rows share their row group)."""
+def _row_group_audio(path: str, group: int, column: str):
+    """The audio column of one row group (an Arrow array: a row's bytes become a Python object only
+    when asked for); the last one read is held for the next rows of a batch (consecutive rows share
+    their row group)."""
     key = (path, group, column)
     held = getattr(_HELD, "group", None)
     if held is not None and held[0] == key:
         return held[1]
-    import pyarrow.parquet as pq
-
     _HELD.group = None  # the old group is let go before the new one is read: one held at a time
-    with FileSystems.open(path) as f:
-        values = pq.ParquetFile(f).read_row_group(group, columns=[column]).column(0).to_pylist()
+    with contextlib.ExitStack() as stack:
+        values = _parquet_file(path, stack).read_row_group(group, columns=[column]).column(0).combine_chunks()
+    if hasattr(values, "field") and values.type.get_field_index("bytes") >= 0:  # an HF audio struct: its bytes
+        values = _StructBytes(values.field("bytes"), values.is_null())
     _HELD.group = (key, values)
     return values
+
+
+class _StructBytes:
+    """The `bytes` of a struct column's rows, null where the struct itself is null."""
+
+    def __init__(self, field, struct_null):
+        self.field, self.null = field, struct_null
+
+    def __getitem__(self, i: int):
+        return None if self.null[i].as_py() else self.field[i]
 
 
 def release_held() -> None:
@@ -256,7 +281,7 @@ def clip_bytes(path: str, locator: Mapping) -> bytes:
             raise OSError(f"{path}: member {locator['member']} is cut short ({len(member)} of {locator['size']} bytes)")
         return member
     value = _row_group_audio(path, int(locator["row_group"]), str(locator["parquet"]))[int(locator["index"])]
-    data = value.get("bytes") if isinstance(value, dict) else value
+    data = value.as_py() if value is not None else None
     if not data:
         raise NoAudio("the row's audio bytes are null" if data is None else "the row's audio bytes are empty")
     return bytes(data)

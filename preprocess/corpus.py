@@ -12,7 +12,6 @@ the Beam wrapper around them.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -69,10 +68,29 @@ def batch_rows(n: int) -> int:
     return max(1, min(MAX_BATCH_ROWS, -(-n // 16)))
 
 
+MAX_ROW_GROUP_BATCH = 256  # rows: a parquet row group up to this size is one batch (Hugging Face writes 100)
+
+
+def _row_group(item: dict) -> tuple | None:
+    """The parquet row group a row's audio is in, or None (`melshards.preprocess.containers`)."""
+    loc = item.get("locator")
+    return (item["audio"], loc["row_group"]) if loc and "row_group" in loc else None
+
+
 def batches(items: Iterable[dict], size: int) -> Iterator[list[dict]]:
-    """Consecutive lists of `size` items (the last one shorter)."""
-    items = iter(items)
-    while batch := list(itertools.islice(items, size)):
+    """Consecutive lists of `size` items (the last one shorter); but rows of a parquet file go one row
+    group to a batch (at most MAX_ROW_GROUP_BATCH rows): the worker that measures it reads the row
+    group's audio once, not once for each batch that holds some of its rows."""
+    batch: list[dict] = []
+    group = None
+    for item in items:
+        g = _row_group(item)
+        if batch and (g != group or len(batch) >= (size if g is None else MAX_ROW_GROUP_BATCH)):
+            yield batch
+            batch = []
+        batch.append(item)
+        group = g
+    if batch:
         yield batch
 
 

@@ -335,13 +335,7 @@ def _read_parquet(c: Corpus, spill: Spill) -> Iterator[dict]:
 
 
 def _count_parquet(c: Corpus) -> int:
-    import pyarrow.parquet as pq
-
-    total = 0
-    for path in _container_files(c, containers.PARQUET_EXTENSIONS):
-        with FileSystems.open(path) as f:
-            total += pq.ParquetFile(f).metadata.num_rows
-    return total
+    return sum(containers.parquet_row_count(p) for p in _container_files(c, containers.PARQUET_EXTENSIONS))
 
 
 def _parquet_unused(c: Corpus) -> list[str]:
