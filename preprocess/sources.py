@@ -526,6 +526,9 @@ def check_rows_file(corpus: Corpus) -> None:
 
     Called by the CLI before any work (the rest of the file is read inside the pipeline).
     """
+    if corpus.kind in ("parquet", "webdataset"):
+        _check_container_columns(corpus)
+        return
     if corpus.rows_path is None:
         return
     line, whole = _first_line(corpus.rows_path)
@@ -543,6 +546,27 @@ def check_rows_file(corpus: Corpus) -> None:
         columns = manifests.commonvoice_columns(line)
         manifests.check_commonvoice_columns(columns, corpus.rows_path)
         manifests.check_language(columns, "locale", corpus.language, corpus.rows_path)
+
+
+def _check_container_columns(corpus: Corpus) -> None:
+    """A parquet export's columns (its first file's footer) or a WebDataset's `.json` keys (its first
+    tar's first sample) must give each row an audio, a text and a language (or --language)."""
+    parquet = corpus.kind == "parquet"
+    files = _container_files(corpus, containers.PARQUET_EXTENSIONS if parquet else containers.TAR_EXTENSIONS)
+    if not files:
+        raise CorpusError(f"--input {corpus.input or corpus.root}: no {'.parquet' if parquet else '.tar'} file in it")
+    names = containers.parquet_schema_columns(files[0]) if parquet else containers.tar_json_keys(files[0])
+    used = containers.column_names(names, dict(corpus.columns))
+    what = f"{files[0]}: its {'columns' if parquet else '.json keys'} are {', '.join(names) or 'none'}"
+    needed = ("audio", "text") if parquet else ("text",)
+    for field in [f for f in needed if f not in used] + (
+        ["language"] if "language" not in used and corpus.language is None else []
+    ):
+        tried = ", ".join(containers.FIELD_COLUMNS[field])
+        raise CorpusError(
+            f"{what}: no {field} ({tried}); name its column with --column {field}=NAME"
+            + (", or give --language CODE" if field == "language" else "")
+        )
 
 
 def count_input_rows(corpus: Corpus) -> int:

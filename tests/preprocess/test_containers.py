@@ -20,8 +20,8 @@ from melshards.preprocess import cache, containers
 from melshards.preprocess.clips import ClipRejected, load_decoded
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.manifests import manifest_rows
-from melshards.preprocess.rows import LayoutRows
-from melshards.preprocess.sources import detect_corpus, read_input, unused_columns
+from melshards.preprocess.rows import CorpusError, LayoutRows
+from melshards.preprocess.sources import check_rows_file, detect_corpus, read_input, unused_columns
 from melshards.preprocess.spill import Spill
 from tests.preprocess.conftest import encode, tone
 
@@ -136,6 +136,19 @@ def test_a_parquet_export_is_recognised_and_read_without_its_audio_bytes(tmp_pat
     assert [r["speaker"] for r in read.rows[:4]] == ["A", "B", "A", "B"]  # from speaker_id
     assert read.rows[3]["locator"] == {"parquet": "audio", "row_group": 1, "index": 1}
     assert unused_columns(corpus) == ["snr"]
+
+
+def test_a_parquet_export_without_a_language_or_text_column_stops_the_run_until_named(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"audio": [b"x"], "sentence_raw": ["hello"], "lang": ["de"]}), path)
+    with pytest.raises(CorpusError, match="no text .*--column text=NAME"):
+        check_rows_file(detect_corpus(str(path)))
+    corpus = detect_corpus(str(path), columns=["text=sentence_raw"])
+    check_rows_file(corpus)  # lang is a language column HF exports use
+    assert [(r["text"], r["language"]) for r in read_input(corpus).rows] == [("hello", "de")]
+    pq.write_table(pa.table({"audio": [b"x"], "text": ["hello"]}), path)
+    with pytest.raises(CorpusError, match="no language .*--language"):
+        check_rows_file(detect_corpus(str(path)))
 
 
 def test_parquet_rows_with_null_or_undecodable_bytes_are_rejected_with_their_reason(tmp_path):
