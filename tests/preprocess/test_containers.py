@@ -253,7 +253,7 @@ def every_form(tmp_path_factory):
         records += check_shard(str(f), schema, keep=1000)[1]
     stats = json.loads((out / "stats.json").read_text())
     rejected = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
-    return stats, rejected, records
+    return stats, rejected, records, out
 
 
 NAMES = {"wav": "clips", "parquet": "train.parquet", "tar": "tar", "long": "segments", "mp3": "mp3"}
@@ -269,7 +269,7 @@ def _by_form(records: list[dict]) -> dict[str, dict[str, dict]]:
 
 
 def test_every_form_gives_the_records_of_the_wav_manifest(every_form):
-    _, _, records = every_form
+    records = every_form[2]
     forms = _by_form(records)
     assert {f: sorted(forms[f]) for f in FORMS} == {f: ["u1", "u2", "u3", "u4"] for f in FORMS}
     for form in FORMS:
@@ -283,7 +283,7 @@ def test_every_form_gives_the_records_of_the_wav_manifest(every_form):
 
 
 def test_every_forms_bad_rows_are_rejected_with_their_reason_and_the_counts_add_up(every_form):
-    stats, rejected, records = every_form
+    stats, rejected, records, _ = every_form
     assert {(r["id"].split("/")[-1], r["reason"]) for r in rejected} == {
         ("nul", "missing_audio"),
         ("junk", "unreadable_audio"),
@@ -298,7 +298,7 @@ def test_every_forms_bad_rows_are_rejected_with_their_reason_and_the_counts_add_
 
 
 def test_the_summary_names_each_inputs_kind_rows_and_the_columns_it_did_not_read(every_form):
-    stats, _, _ = every_form
+    stats, out = every_form[0], every_form[3]
     got = [(i["format"], i["rows"], i.get("unused_columns", [])) for i in stats["inputs"]]
     assert got == [
         ("manifest", 4, []),
@@ -307,3 +307,9 @@ def test_the_summary_names_each_inputs_kind_rows_and_the_columns_it_did_not_read
         ("manifest", 7, []),
         ("webdataset", 4, ["duration", "dnsmos"]),
     ]
+    from melshards.commands.stats import terminal_report
+    from melshards.reports.stats_report import build_report, load_run
+
+    shown = terminal_report(build_report(load_run(str(out)), batch_size=8))
+    assert "input train.parquet (parquet, " in shown
+    assert "6 input rows" in shown and "columns not read: snr" in shown
