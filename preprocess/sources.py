@@ -303,10 +303,11 @@ def _manifest_unused(c: Corpus) -> list[str]:
 
 
 def _container_files(c: Corpus, extensions: tuple[str, ...]) -> list[str]:
-    """The input's files with one of `extensions`: itself, or those under it (any depth), sorted."""
+    """The input's files with one of `extensions`: itself, or those under it (any depth; one listing
+    per extension, of those files alone), sorted."""
     if c.root.lower().endswith(extensions) and not _is_dir(c.root):
         return [c.root]
-    return sorted(p for p in _list(_join(c.root, "**")) if p.lower().endswith(extensions))
+    return sorted({p for ext in extensions for p in _list(_join(c.root, f"**{ext}"))})
 
 
 def _numbered(read: Callable[[str, int, dict], Iterator[dict]], files: list[str], columns: dict) -> Iterator[dict]:
@@ -322,7 +323,7 @@ def _locate_container(kind: str, extensions: tuple[str, ...]) -> Callable[[str, 
     def locate(path: str, forced: bool) -> Corpus | None:
         if path.lower().endswith(extensions) and not _is_dir(path):
             return Corpus(kind, None, path)
-        if _is_dir(path) and any(p.lower().endswith(extensions) for p in _list(_join(path, "**"))):
+        if _is_dir(path) and any(_list(_join(path, f"**{ext}"), limit=1) for ext in extensions):
             return Corpus(kind, None, path)
         return None
 
