@@ -141,11 +141,12 @@ def parquet_rows(path: str, start: int, overrides: Mapping[str, str] | None = No
 
 def _parquet_file(path: str, stack: contextlib.ExitStack):
     """A `pyarrow.parquet.ParquetFile` of `path`: a local file by its path (Arrow's own reads, no
-    Python file object between), a remote one through Beam's FileSystems (closed with `stack`)."""
+    Python file object between; not memory-mapped, which would keep every page the reads touch in
+    the process' RSS), a remote one through Beam's FileSystems (closed with `stack`)."""
     import pyarrow.parquet as pq
 
     if is_local_path(path):
-        return pq.ParquetFile(path, memory_map=True)
+        return pq.ParquetFile(path)
     return pq.ParquetFile(stack.enter_context(FileSystems.open(path)))
 
 
