@@ -14,7 +14,7 @@ memory (`--rows`, default 10000,100000): a parquet export of that many rows (abo
 bytes each, row groups of 100), the read stage's DoFn (`corpus._ReadRows`) drained in a fresh process;
 its peak RSS above the RSS before reading (as `benchmarks.read_scale` measures the read stage).
 
-Run: python -m benchmarks.container_read [--clips 1000] [--rounds 3] [--rows 10000,100000] [--work-dir DIR]
+Run: python -m benchmarks.container_read [--clips 1000] [--rounds 3] [--no-mel] [--rows 10000,100000] [--work-dir DIR]
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def write_forms(root: Path, n: int) -> dict[str, Path]:
     return forms
 
 
-def time_form(path: Path) -> tuple[float, float, float, int]:
+def time_form(path: Path, mel: bool = True) -> tuple[float, float, float, int]:
     """(read stage s, fetch + decode s, fetch + decode + trim + mel s, clips) for one form."""
     from melshards.preprocess import containers
     from melshards.preprocess.clips import analyse_audio, load_decoded
@@ -115,22 +115,22 @@ def time_form(path: Path) -> tuple[float, float, float, int]:
         containers.release_held()
     decode = time.perf_counter() - start
     start = time.perf_counter()
-    for batch in batches(rows, MAX_BATCH_ROWS):
+    for batch in batches(rows, MAX_BATCH_ROWS) if mel else []:
         for r in batch:
             analyse_audio(r["audio"], cfg, locator=r.get("locator"))
         containers.release_held()
     return read, decode, time.perf_counter() - start, len(rows)
 
 
-def throughput(root: Path, clips: int, rounds: int) -> dict:
+def throughput(root: Path, clips: int, rounds: int, mel: bool = True) -> dict:
     forms = write_forms(root, clips)
     time_form(forms["wav"])  # warm: librosa's import, the page cache
     per: dict[str, list[tuple[float, float, float]]] = {f: [] for f in FORMS}
     for _ in range(rounds):
         for form in FORMS:  # interleaved: a busy spell on the shared machine falls on every form
-            read, decode, mel, n = time_form(forms[form])
+            read, decode, measure, n = time_form(forms[form], mel)
             assert n == clips, (form, n)
-            per[form].append((1e3 * read / n, 1e3 * decode / n, 1e3 * mel / n))
+            per[form].append((1e3 * read / n, 1e3 * decode / n, 1e3 * measure / n))
     med = {f: tuple(statistics.median(x[k] for x in v) for k in range(3)) for f, v in per.items()}
     print(f"\n{clips} clips, {rounds} rounds interleaved; ms per clip (median), ratio to the WAV files")
     print(
@@ -146,11 +146,12 @@ def throughput(root: Path, clips: int, rounds: int) -> dict:
             "decode_ms": d,
             "measure_ms": m,
             "read_decode_ratio": (r + d) / (w_read + w_dec),
-            "read_measure_ratio": (r + m) / (w_read + w_mel),
+            "read_measure_ratio": (r + m) / (w_read + w_mel) if mel else None,
         }
         print(
-            f"| {form} | {r:.3f} | {d:.3f} | {r + d:.3f} ({out[form]['read_decode_ratio']:.2f}) | {m:.3f} | "
-            f"{r + m:.3f} ({out[form]['read_measure_ratio']:.2f}) |"
+            f"| {form} | {r:.3f} | {d:.3f} | {r + d:.3f} ({out[form]['read_decode_ratio']:.2f}) | "
+            + (f"{m:.3f} | " if mel else "- | ")
+            + (f"{r + m:.3f} ({out[form]['read_measure_ratio']:.2f}) |" if mel else "- |")
         )
     return out
 
@@ -240,6 +241,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--clips", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rows", default="10000,100000")
+    ap.add_argument("--no-mel", action="store_true", help="time the read, fetch and decode alone")
     ap.add_argument("--work-dir", default=os.environ.get("MELSHARDS_BENCH_DIR", WORK))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -249,7 +251,9 @@ def main(argv: list[str] | None = None) -> dict:
     root = Path(args.work_dir) / "container-read"
     result = {
         "benchmark": "container_read",
-        "throughput": throughput(root / f"clips-{args.clips}", args.clips, args.rounds) if args.clips else {},
+        "throughput": throughput(root / f"clips-{args.clips}", args.clips, args.rounds, not args.no_mel)
+        if args.clips
+        else {},
         "memory": memory(root, [int(n) for n in args.rows.split(",")]) if args.rows else {},
     }
     emit(result)
