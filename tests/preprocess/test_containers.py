@@ -204,12 +204,21 @@ def test_a_segment_decodes_the_same_samples_as_the_clip_alone(tmp_path):
     np.testing.assert_allclose(got, want, atol=1e-4)  # the DC offset removed is the mean of 16-bit samples
 
 
-def test_the_cache_key_tells_rows_of_one_file_apart(tmp_path):
-    path = str(write_parquet(tmp_path / "a.parquet", bad=False))
-    rows = LayoutRows.of(containers.parquet_rows(path, 0)).rows
-    keys = {cache.clip_key(path, "s", r["locator"]) for r in rows}
-    assert len(keys) == len(rows)
-    assert cache.clip_key(path, "s", rows[0]["locator"]) == cache.clip_key(path, "s", dict(rows[0]["locator"]))
+def test_the_cache_key_tells_rows_members_and_segments_of_one_file_apart(tmp_path):
+    parquet = str(write_parquet(tmp_path / "a.parquet", bad=False))
+    tar = str(write_tar(tmp_path / "t" / "a.tar", bad=False))
+    long = write_long(tmp_path / "long", bad=False)
+    rows = [
+        *LayoutRows.of(containers.parquet_rows(parquet, 0)).rows,
+        *LayoutRows.of(containers.tar_rows(tar, 0)).rows,
+        *read_input(detect_corpus(str(long), language="en")).rows,
+    ]
+    keys = {cache.clip_key(r["audio"], "s", r["locator"]) for r in rows}
+    assert len(keys) == len(rows) == 3 * len(CLIPS)
+    again = [cache.clip_key(r["audio"], "s", dict(r["locator"])) for r in rows]  # a re-run's rows
+    assert again == [cache.clip_key(r["audio"], "s", r["locator"]) for r in rows]
+    whole = cache.clip_key(str(long.parent / "session.flac"), "s")
+    assert whole not in keys and whole == cache.clip_key(str(long.parent / "session.flac"), "s", None)
 
 
 # -- one run over every form --------------------------------------------------------------------
