@@ -183,13 +183,51 @@ def decode_audio(data: bytes, target_sr: int) -> tuple[np.ndarray, int]:
         raise AudioError(f"cannot decode: {e}") from e
     if exact and promised > 0 and len(y) < promised:
         raise AudioError(f"truncated: header promises {promised} frames, file holds {len(y)}")
+    return _mono_at(y, sr, target_sr), sr
+
+
+class SegmentOutOfRange(AudioError):
+    """A segment reaches past its recording's end."""
+
+
+def decode_span(f, target_sr: int, start_s: float, end_s: float) -> tuple[np.ndarray, int]:
+    """Seconds [start_s, end_s) of the recording in the seekable binary file `f`, as `decode_audio`
+    gives a whole file: only the span's frames are decoded (libsndfile seeks to the first; where a
+    format cannot seek, it decodes up to it and drops what is before). SegmentOutOfRange for a span
+    that ends after the recording (by more than one frame: the end in seconds is rounded)."""
+    try:
+        with sf.SoundFile(f) as sfile:
+            sr, total = sfile.samplerate, sfile.frames
+            first, last = int(round(start_s * sr)), int(round(end_s * sr))
+            if last > total + 1:
+                raise SegmentOutOfRange(
+                    f"the segment {start_s:g}-{end_s:g} s ends after the recording ({total / sr:g} s)"
+                )
+            last = min(last, total)
+            if sfile.seekable():
+                sfile.seek(first)
+                y = sfile.read(last - first, dtype="float32", always_2d=True)
+            else:
+                y = sfile.read(last, dtype="float32", always_2d=True)[first:]
+    except sf.LibsndfileError as e:
+        raise AudioError(f"cannot decode: {e.error_string}") from e
+    except (RuntimeError, TypeError) as e:
+        raise AudioError(f"cannot decode: {e}") from e
+    if len(y) < last - first:
+        raise AudioError(f"truncated: the segment needs {last - first} frames, the recording gave {len(y)}")
+    return _mono_at(y, sr, target_sr), sr
+
+
+def _mono_at(y: np.ndarray, sr: int, target_sr: int) -> np.ndarray:
+    """[frames, channels] float32 -> mono at target_sr, DC offset removed (AudioError when empty,
+    InvalidSamples for NaN or infinite samples)."""
     if len(y) == 0:
         raise AudioError("no audio frames")
     check_finite(y)
     y = remove_dc(y.mean(axis=1))  # downmix: average of channels
     if sr != target_sr:
         y = load_librosa().resample(y, orig_sr=sr, target_sr=target_sr, res_type="soxr_hq")
-    return np.ascontiguousarray(y, dtype=np.float32), sr
+    return np.ascontiguousarray(y, dtype=np.float32)
 
 
 def peak_dbfs(y: np.ndarray) -> float:

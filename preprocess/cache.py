@@ -43,13 +43,13 @@ import time
 import uuid
 import zipfile
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess import lock
+from melshards.preprocess import containers, lock
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.lock import is_local_path
 from melshards.shards_schema.atomic import atomic_write
@@ -120,8 +120,9 @@ def _real_dir(directory: str) -> str:
     return os.path.realpath(directory)
 
 
-def clip_key(path: str | None, settings: str) -> str | None:
-    """The entry key of an audio file: its location, size and modification time, and the settings; None
+def clip_key(path: str | None, settings: str, locator: Mapping | None = None) -> str | None:
+    """The entry key of an audio file: its location, size and modification time, where in it the clip
+    is (`locator`: a parquet row, a tar member, a recording's segment), and the settings; None
     when the file cannot be listed (the clip is then computed, and rejected, as without a cache).
 
     The location is canonical, so one file spelt two ways (relative or absolute, from another working
@@ -143,7 +144,8 @@ def clip_key(path: str | None, settings: str) -> str | None:
             size, updated = m.size_in_bytes, getattr(m, "last_updated_in_seconds", 0)
     except Exception:  # noqa: BLE001 (a missing or unreadable path: measured without the cache)
         return None
-    ident = f"{path}\n{size}\n{updated}\n{settings}"
+    inside = f"\n{containers.locator_key(locator)}" if locator else ""  # a whole file's key is as before
+    ident = f"{path}\n{size}\n{updated}{inside}\n{settings}"
     return hashlib.sha256(ident.encode("utf-8")).hexdigest()
 
 

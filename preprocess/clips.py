@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess import alignments, audio, features, quality
+from melshards.preprocess import alignments, audio, containers, features, quality
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.merge import as_given
 from melshards.preprocess.rows import reject
@@ -44,12 +44,37 @@ def _read_bytes(path: str | None) -> bytes:
         raise ClipRejected("unreadable_audio", f"{path}: {e}") from e
 
 
-def load_decoded(path: str | None, cfg: PreprocessConfig) -> np.ndarray:
+def _decode(path: str | None, cfg: PreprocessConfig, locator: dict | None) -> np.ndarray:
+    """The clip's samples: a whole file, a member of a tar or a row of a parquet file (its bytes,
+    decoded from memory), or a segment of a recording (its span only: `containers`)."""
+    if locator and "start" in locator:
+        if path is None:
+            raise ClipRejected("missing_audio", "no audio file for this id")
+        try:
+            with FileSystems.open(path) as f:
+                return audio.decode_span(f, cfg.audio.sample_rate, locator["start"], locator["end"])[0]
+        except audio.SegmentOutOfRange as e:
+            raise ClipRejected("bad_segment", f"{path}: {e}") from e
+        except OSError as e:
+            if not FileSystems.exists(path):
+                raise ClipRejected("missing_audio", f"{path} does not exist") from e
+            raise ClipRejected("unreadable_audio", f"{path}: {e}") from e
+    if locator and path is not None:
+        try:
+            data = containers.clip_bytes(path, locator)
+        except containers.NoAudio as e:
+            raise ClipRejected("missing_audio", f"{path} {containers.locator_key(locator)}: {e}") from e
+        except OSError as e:
+            raise ClipRejected("unreadable_audio", f"{path} {containers.locator_key(locator)}: {e}") from e
+        return audio.decode_audio(data, cfg.audio.sample_rate)[0]
+    return audio.decode_audio(_read_bytes(path), cfg.audio.sample_rate)[0]
+
+
+def load_decoded(path: str | None, cfg: PreprocessConfig, locator: dict | None = None) -> np.ndarray:
     """Decode, downmix, remove the DC offset, resample, reject silence (untrimmed). Raises ClipRejected
-    with the reason."""
-    data = _read_bytes(path)
+    with the reason. `locator`: where in `path` the clip is (`melshards.preprocess.containers`)."""
     try:
-        y, _ = audio.decode_audio(data, cfg.audio.sample_rate)
+        y = _decode(path, cfg, locator)
     except audio.InvalidSamples as e:
         raise ClipRejected("invalid_samples", f"{path}: {e}") from e
     except audio.AudioError as e:
@@ -81,10 +106,10 @@ def trim_span(y: np.ndarray, cfg: PreprocessConfig) -> tuple[int, int]:
     return start, end
 
 
-def load_trimmed(path: str | None, cfg: PreprocessConfig) -> np.ndarray:
+def load_trimmed(path: str | None, cfg: PreprocessConfig, locator: dict | None = None) -> np.ndarray:
     """Decode, downmix, remove the DC offset, resample, reject silence, trim. Raises ClipRejected with
     the reason."""
-    y = load_decoded(path, cfg)
+    y = load_decoded(path, cfg, locator)
     start, end = trim_span(y, cfg)
     return y[start:end]
 
@@ -148,15 +173,18 @@ def read_alignment(row: dict, cfg: PreprocessConfig) -> alignments.Alignment:
         raise ClipRejected("alignment_mismatch", f"{path}: {e}") from e
 
 
-def analyse_audio(path: str | None, cfg: PreprocessConfig, arrays: bool = True) -> tuple[dict, dict]:
+def analyse_audio(
+    path: str | None, cfg: PreprocessConfig, arrays: bool = True, locator: dict | None = None
+) -> tuple[dict, dict]:
     """A clip's audio -> (its span {"samples": decoded, "start": first kept, "length": kept, "audio_hash":
     the decoded samples' `quality.audio_hash`, "quality": its `quality.AUDIO_MEASURES` (NaN each with
     `quality.measures` off)}, the features of the kept samples): `mel` [frames, n_mels] float32 and, as
     `cfg` asks, `pitch`, `energy` [frames] float32 and `audio` [frames * hop] int16, from one decode and
     one STFT (the project's one mel, pitch and energy computation), after the loudness normalisation
     when `audio.loudness_target_lufs` asks for it. `arrays=False`: the span alone (no STFT: bandwidth
-    NaN). What the feature cache keeps (`melshards.preprocess.cache`)."""
-    y = load_decoded(path, cfg)
+    NaN). What the feature cache keeps (`melshards.preprocess.cache`). `locator`: where in `path` the
+    clip is (a parquet row, a tar member, a segment)."""
+    y = load_decoded(path, cfg, locator)
     start, end = trim_span(y, cfg)
     trimmed, hop, sr = y[start:end], cfg.mel.hop_length, cfg.audio.sample_rate
     span = {
@@ -216,7 +244,7 @@ def featurize_span(
     aligned = read_alignment(row, cfg) if cfg.alignments.dir else None
     if aligned is None:
         text = _text(row, text, cfg)
-    span, out = analysed if analysed is not None else analyse_audio(row["audio"], cfg, arrays)
+    span, out = analysed if analysed is not None else analyse_audio(row["audio"], cfg, arrays, row.get("locator"))
     out = dict(out)
     if aligned is not None:
         sr = cfg.audio.sample_rate

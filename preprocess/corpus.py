@@ -12,7 +12,6 @@ the Beam wrapper around them.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import os
 import tempfile
 from collections.abc import Iterable, Iterator, Sequence
@@ -21,7 +20,14 @@ import apache_beam as beam
 
 from melshards.preprocess.merge import MergedInputs, input_name, unique_names
 from melshards.preprocess.rows import CorpusError
-from melshards.preprocess.sources import Corpus, check_distinct_inputs, check_rows_file, detect_corpus, input_items
+from melshards.preprocess.sources import (
+    Corpus,
+    check_distinct_inputs,
+    check_rows_file,
+    detect_corpus,
+    input_items,
+    unused_columns,
+)
 from melshards.preprocess.spill import Spill
 from melshards.preprocess.stash import stash_rows
 
@@ -62,10 +68,29 @@ def batch_rows(n: int) -> int:
     return max(1, min(MAX_BATCH_ROWS, -(-n // 16)))
 
 
+MAX_ROW_GROUP_BATCH = 256  # rows: a parquet row group up to this size is one batch (Hugging Face writes 100)
+
+
+def _row_group(item: dict) -> tuple | None:
+    """The parquet row group a row's audio is in, or None (`melshards.preprocess.containers`)."""
+    loc = item.get("locator")
+    return (item["audio"], loc["row_group"]) if loc and "row_group" in loc else None
+
+
 def batches(items: Iterable[dict], size: int) -> Iterator[list[dict]]:
-    """Consecutive lists of `size` items (the last one shorter)."""
-    items = iter(items)
-    while batch := list(itertools.islice(items, size)):
+    """Consecutive lists of `size` items (the last one shorter); but rows of a parquet file go one row
+    group to a batch (at most MAX_ROW_GROUP_BATCH rows): the worker that measures it reads the row
+    group's audio once, not once for each batch that holds some of its rows."""
+    batch: list[dict] = []
+    group = None
+    for item in items:
+        g = _row_group(item)
+        if batch and (g != group or len(batch) >= (size if g is None else MAX_ROW_GROUP_BATCH)):
+            yield batch
+            batch = []
+        batch.append(item)
+        group = g
+    if batch:
         yield batch
 
 
@@ -76,11 +101,17 @@ def named(corpora: Sequence[Corpus]) -> tuple[Corpus, ...]:
 
 
 def input_summary(
-    corpus: Corpus, rows: int, prefixed_speakers: int, prefixed_ids: int, folded: dict | None = None
+    corpus: Corpus,
+    rows: int,
+    prefixed_speakers: int,
+    prefixed_ids: int,
+    folded: dict | None = None,
+    unused: Sequence[str] = (),
 ) -> dict:
     """One input as stats.json's `inputs` lists it; `language_codes_folded` (only where some were):
     each language code as written in it -> the code the run names that language by
-    (`rows.complete_rows`), where they differ."""
+    (`rows.complete_rows`), where they differ; `unused_columns` (only where some are): the columns of
+    its table (a manifest's, a parquet file's, a WebDataset `.json`'s keys) that no field is read from."""
     return {
         "input": corpus.input or corpus.root,
         "name": corpus.name,
@@ -90,6 +121,7 @@ def input_summary(
         "prefixed_speakers": prefixed_speakers,
         "prefixed_ids": prefixed_ids,
         **({"language_codes_folded": dict(sorted(folded.items()))} if folded else {}),
+        **({"unused_columns": list(unused)} if unused else {}),
     }
 
 
@@ -115,7 +147,7 @@ class _ReadRows(beam.DoFn):
             yield beam.pvalue.TaggedOutput(
                 INPUTS,
                 [
-                    input_summary(c, rows, speakers, ids, f)
+                    input_summary(c, rows, speakers, ids, f, unused_columns(c))
                     for c, rows, speakers, ids, f in zip(
                         self.corpora, merged.input_rows, merged.prefixed_speakers, merged.prefixed_ids, folded
                     )

@@ -55,7 +55,7 @@ def analyse_again(clip: dict, cfg: PreprocessConfig) -> dict:
     """The audio features of a measured clip whose cache entry could not be read back, computed again
     from its audio (the same computation, so the same arrays; the mel as float16, as the cache holds it).
     IOError if the audio no longer gives the span Measure measured (the file changed during the run)."""
-    span, arrays = analyse_audio(clip["audio"], cfg)
+    span, arrays = analyse_audio(clip["audio"], cfg, locator=clip.get("locator"))
     if span["length"] != clip["num_samples"]:
         raise OSError(
             f"{clip['audio']} changed during the run ({span['length']} samples kept, measured "

@@ -16,7 +16,15 @@ from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 
 from melshards.preprocess.rows import bare_lines, gender_code, is_rejection, reject, row, split_malformed, unique_ids
 
-FORMATS = ("ljspeech", "manifest", "vctk", "libritts", "commonvoice")  # --format; sources.LAYOUTS reads each
+FORMATS = (
+    "ljspeech",
+    "manifest",
+    "vctk",
+    "libritts",
+    "commonvoice",
+    "parquet",
+    "webdataset",
+)  # --format; sources.LAYOUTS reads each
 AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".mp3")
 LJSPEECH_FIELDS = 3  # id|text|normalized_text
 VCTK_AUDIO_DIR = "wav48_silence_trimmed"

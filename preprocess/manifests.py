@@ -16,10 +16,12 @@ import posixpath
 import re
 from collections.abc import Iterable, Iterator
 
-from melshards.preprocess.rows import CorpusError, bare_lines, gender_code, row, split_malformed
+from melshards.preprocess.containers import segment_locator
+from melshards.preprocess.rows import CorpusError, bare_lines, gender_code, reject, row, split_malformed
 
 MANIFEST_EXTENSIONS = (".csv", ".tsv", ".jsonl")
 MANIFEST_COLUMNS = ("audio", "text")  # required; id, speaker, language, gender and asr_text are optional
+MANIFEST_READ = (*MANIFEST_COLUMNS, "id", "speaker", "language", "gender", "asr_text", "start", "end")  # every column read
 COMMONVOICE_COLUMNS = ("client_id", "path", "sentence")  # required; locale and gender are optional
 _LOCALE = re.compile(r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})*$")  # en, cy, zh-CN, rm-sursilv
 
@@ -228,8 +230,14 @@ def _manifest_row(rec: dict, i: int, root: str):
     if rec.get("text") is None:  # a JSONL record without the key; an empty text is `empty_text`
         return ValueError(f"row {i + 1}: no text field")
     audio = str(rec["audio"])
-    return row(
-        str(rec.get("id") or _stem(audio)),
+    locator = segment_locator(rec, i)
+    clip_id = str(rec.get("id") or "") or (
+        f"{_stem(audio)}-{rec['start']}-{rec['end']}" if isinstance(locator, dict) else _stem(audio)
+    )
+    if isinstance(locator, str):
+        return reject(clip_id, "bad_segment", locator)
+    out = row(
+        clip_id,
         str(rec.get("text") or ""),
         _join(root, audio),
         i,
@@ -238,6 +246,9 @@ def _manifest_row(rec: dict, i: int, root: str):
         gender=gender_code(rec.get("gender")),
         asr_text=str(rec.get("asr_text") or ""),
     )
+    if locator is not None:
+        out["locator"] = locator
+    return out
 
 
 def manifest_rows(lines: Iterable[str], path: str, root: str) -> Iterator[dict]:

@@ -15,7 +15,7 @@ from collections import Counter
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from melshards.preprocess import cache, feature_stats
+from melshards.preprocess import cache, containers, feature_stats
 from melshards.preprocess.clips import ClipRejected, as_rejection, featurize_span, prepare_texts
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import NS, REJECTED, count
@@ -39,7 +39,7 @@ class _Cached:
         self.counts: Counter[str] = Counter()
 
     def key(self, row: dict) -> str | None:
-        return cache.clip_key(row.get("audio"), self.settings) if self.dir else None
+        return cache.clip_key(row.get("audio"), self.settings, row.get("locator")) if self.dir else None
 
     def find(self, key: str | None):
         """(span, arrays, moments, entries file) of a cached clip, or None (not cached, or its file is
@@ -139,6 +139,7 @@ class _MeasureFn(beam.DoFn):
             clip["feature_summary"] = feature_stats.clip_summary(features)
             clips.append(clip)
             arrays.append(stashed)
+        containers.release_held()  # the parquet row group the batch's rows were read from
         path = cached.flush()
         for clip, key in written:
             clip["cached"] = [path, key]

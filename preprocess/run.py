@@ -144,13 +144,18 @@ def disk_full_message(exc: BaseException, run: OutputRun, done: int, total: int 
 
 
 def find_corpora(
-    input_paths: Sequence[str], format: str | None, language: str | None, check_remote: bool
+    input_paths: Sequence[str],
+    format: str | None,
+    language: str | None,
+    check_remote: bool,
+    columns: Sequence[str] = (),
 ) -> list[Corpus]:
     """Every --input's corpus (its layout recognised, or forced by `format`), each rows file's first
-    line checked (a remote one only if `check_remote`); a bad path fails naming it, before any work."""
+    line checked (a remote one only if `check_remote`); a bad path fails naming it, before any work.
+    `columns`: `--column FIELD=NAME` values (`sources.parse_columns`)."""
     if not input_paths:
         raise CorpusError("no --input given; give one or more corpora (--input PATH, repeated)")
-    corpora = [detect_corpus(path, format, language) for path in input_paths]
+    corpora = [detect_corpus(path, format, language, columns) for path in input_paths]
     check_distinct_inputs(corpora)
     for corpus in corpora:
         if check_remote or is_local_path(corpus.rows_path or corpus.root):
@@ -206,13 +211,15 @@ def run_job(
     language: str | None = None,
     alignments: str | None = None,
     cache_dir: str | None = None,
+    columns: Sequence[str] = (),
 ) -> dict | None:
     """Check the invocation, run the job to completion, and return the stats.json it wrote.
 
     `input_paths`: one corpus or several, merged into one run (see docs/corpora.md); `format` forces
     their layout, `language` is the language of rows whose corpus does not say; `alignments` a directory
     of Montreal Forced Aligner TextGrids (overrides the config's alignments.dir); `cache_dir` the feature
-    cache (`melshards.preprocess.cache`), outside `out_dir`.
+    cache (`melshards.preprocess.cache`), outside `out_dir`; `columns` `--column FIELD=NAME` values
+    (a field read from a column of another name: docs/corpora.md).
 
     The job writes into a staging dir of its own beside any earlier run in out_dir (see
     `melshards.preprocess.output`) and is moved into place only once it has finished; a failure or an
@@ -236,7 +243,11 @@ def run_job(
     # Local rows files are checked always; remote ones only for a real run, so a Dataflow dry run
     # (--dry_run=True --no_auth) still builds its graph offline.
     corpora = find_corpora(
-        [input_paths] if isinstance(input_paths, str) else list(input_paths), format, language, check_remote=not dry_run
+        [input_paths] if isinstance(input_paths, str) else list(input_paths),
+        format,
+        language,
+        check_remote=not dry_run,
+        columns=columns,
     )
     local = is_local(options) and not dry_run
     rows = count_rows(corpora) if local else None

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess import layouts, manifests
+from melshards.preprocess import containers, layouts, manifests
 from melshards.preprocess.lock import is_local_path
 from melshards.preprocess.merge import input_name
 from melshards.preprocess.output import normal_dir
@@ -43,6 +43,7 @@ class Corpus:
     name: str = ""  # the input's name (`melshards.preprocess.merge`)
     language: str | None = None  # for rows that give none; None: such rows are `missing_language`
     input: str = ""  # the --input as given
+    columns: tuple[tuple[str, str], ...] = ()  # --column FIELD=NAME: a field read from a column of another name
 
     def rows_file(self) -> str:
         """`rows_path`, in a layout that reads one (every layout but the one file per row)."""
@@ -64,6 +65,7 @@ class Layout:
     read: Callable[[Corpus, Spill], Iterator[dict]]
     count: Callable[[Corpus], int]
     language: Callable[[Corpus, str | None], str | None]
+    unused: Callable[[Corpus], list[str]] = lambda corpus: []  # columns reading leaves out (the summary says)
 
 
 # -- FileSystems --------------------------------------------------------------------------------------
@@ -289,7 +291,77 @@ def _locate_manifest(path: str, forced: bool) -> Corpus | None:
 
 
 def _read_manifest(c: Corpus, spill: Spill) -> Iterator[dict]:
-    return unique_ids(manifests.manifest_rows(_lines(c.rows_file()), c.rows_file(), c.root), spill.map())
+    items = manifests.manifest_rows(_lines(c.rows_file()), c.rows_file(), c.root)
+    return unique_ids(containers.refuse_overlaps(items, spill), spill.map())
+
+
+def _manifest_unused(c: Corpus) -> list[str]:
+    """A manifest's columns that no field is read from (`start`/`end` are: a segment's span)."""
+    line = _first_line(c.rows_file())[0]
+    columns = manifests.manifest_columns(line, c.rows_file()) if line is not None else None
+    return [k for k in columns or [] if k not in manifests.MANIFEST_READ]
+
+
+def _container_files(c: Corpus, extensions: tuple[str, ...]) -> list[str]:
+    """The input's files with one of `extensions`: itself, or those under it (any depth; one listing
+    per extension, of those files alone), sorted."""
+    if c.root.lower().endswith(extensions) and not _is_dir(c.root):
+        return [c.root]
+    return sorted({p for ext in extensions for p in _list(_join(c.root, f"**{ext}"))})
+
+
+def _numbered(read: Callable[[str, int, dict], Iterator[dict]], files: list[str], columns: dict) -> Iterator[dict]:
+    """Each file's items in turn, the row positions running on from file to file."""
+    n = 0
+    for path in files:
+        for item in read(path, n, columns):
+            n += 1
+            yield item
+
+
+def _locate_container(kind: str, extensions: tuple[str, ...]) -> Callable[[str, bool], Corpus | None]:
+    def locate(path: str, forced: bool) -> Corpus | None:
+        if path.lower().endswith(extensions) and not _is_dir(path):
+            return Corpus(kind, None, path)
+        if _is_dir(path) and any(_list(_join(path, f"**{ext}"), limit=1) for ext in extensions):
+            return Corpus(kind, None, path)
+        return None
+
+    return locate
+
+
+def _read_parquet(c: Corpus, spill: Spill) -> Iterator[dict]:
+    files = _container_files(c, containers.PARQUET_EXTENSIONS)
+    return unique_ids(_numbered(containers.parquet_rows, files, dict(c.columns)), spill.map())
+
+
+def _count_parquet(c: Corpus) -> int:
+    return sum(containers.parquet_row_count(p) for p in _container_files(c, containers.PARQUET_EXTENSIONS))
+
+
+def _parquet_unused(c: Corpus) -> list[str]:
+    files = _container_files(c, containers.PARQUET_EXTENSIONS)
+    names = containers.parquet_schema_columns(files[0]) if files else []
+    return containers.unused(names, containers.column_names(names, dict(c.columns)))
+
+
+def _read_webdataset(c: Corpus, spill: Spill) -> Iterator[dict]:
+    files = _container_files(c, containers.TAR_EXTENSIONS)
+    return unique_ids(_numbered(containers.tar_rows, files, dict(c.columns)), spill.map())
+
+
+def _count_webdataset(c: Corpus) -> int:
+    return sum(
+        1
+        for path in _container_files(c, containers.TAR_EXTENSIONS)
+        for _ in containers.tar_samples(path, read_json=False)
+    )
+
+
+def _webdataset_unused(c: Corpus) -> list[str]:
+    files = _container_files(c, containers.TAR_EXTENSIONS)
+    keys = containers.tar_json_keys(files[0]) if files else []
+    return containers.unused(keys, containers.column_names(keys, dict(c.columns)))
 
 
 # The default language of a layout's rows that give none, from the corpus and --language (or None).
@@ -333,18 +405,39 @@ LAYOUTS: dict[str, Layout] = {
             _given_else_locale_dir,
         ),
         Layout(
+            "parquet",
+            "a .parquet file, or a directory with .parquet files under it",
+            _locate_container("parquet", containers.PARQUET_EXTENSIONS),
+            _read_parquet,
+            _count_parquet,
+            _given,
+            _parquet_unused,
+        ),
+        Layout(
+            "webdataset",
+            "a .tar file, or a directory with .tar files under it",
+            _locate_container("webdataset", containers.TAR_EXTENSIONS),
+            _read_webdataset,
+            _count_webdataset,
+            _given,
+            _webdataset_unused,
+        ),
+        Layout(
             "manifest",
             "a .csv/.tsv/.jsonl file with columns audio, text",
             _locate_manifest,
             _read_manifest,
             _count_lines,
             _given,
+            _manifest_unused,
         ),
     )
 }
 
 
-def detect_corpus(path: str, format: str | None = None, language: str | None = None) -> Corpus:
+def detect_corpus(
+    path: str, format: str | None = None, language: str | None = None, columns: Sequence[str] = ()
+) -> Corpus:
     """The corpus at `path`: its layout (`format` forces one), name and default language (`language`
     where the layout takes one). Raises CorpusError, in one line, for a path that is not there, that
     cannot be reached (`input_found`), or that no layout recognises (listing what each looks for)."""
@@ -359,7 +452,13 @@ def detect_corpus(path: str, format: str | None = None, language: str | None = N
         found = layout.locate(path, format is not None)
         if found:
             given = language.strip() if language else None
-            return dataclasses.replace(found, name=input_name(path), language=layout.language(found, given), input=path)
+            return dataclasses.replace(
+                found,
+                name=input_name(path),
+                language=layout.language(found, given),
+                input=path,
+                columns=parse_columns(columns),
+            )
     if format:
         raise CorpusError(
             f"--input {path} is not a {format} corpus: no {LAYOUTS[format].telltale}; "
@@ -370,6 +469,26 @@ def detect_corpus(path: str, format: str | None = None, language: str | None = N
         f"--input {path} is not a corpus: looked for {looked}; point --input at one of these, "
         "or force a layout with --format NAME (see docs/corpora.md)"
     )
+
+
+def parse_columns(given: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """`--column FIELD=NAME` values -> (field, column) pairs; CorpusError for a malformed one or an
+    unknown field."""
+    fields = (*containers.FIELD_COLUMNS, *containers.EXTRA_FIELDS)
+    pairs = []
+    for value in given:
+        field, sep, name = value.partition("=")
+        if not sep or not name.strip() or field.strip() not in fields:
+            raise CorpusError(
+                f"--column {value}: give FIELD=COLUMN with FIELD one of {', '.join(fields)} (e.g. --column text=transcript)"
+            )
+        pairs.append((field.strip(), name.strip()))
+    return tuple(pairs)
+
+
+def unused_columns(corpus: Corpus) -> list[str]:
+    """The columns (a manifest's, a parquet file's, a tar's `.json` keys) that no field is read from."""
+    return LAYOUTS[corpus.kind].unused(corpus)
 
 
 def corpus_location(corpus: Corpus) -> str:
@@ -408,6 +527,9 @@ def check_rows_file(corpus: Corpus) -> None:
 
     Called by the CLI before any work (the rest of the file is read inside the pipeline).
     """
+    if corpus.kind in ("parquet", "webdataset"):
+        _check_container_columns(corpus)
+        return
     if corpus.rows_path is None:
         return
     line, whole = _first_line(corpus.rows_path)
@@ -425,6 +547,27 @@ def check_rows_file(corpus: Corpus) -> None:
         columns = manifests.commonvoice_columns(line)
         manifests.check_commonvoice_columns(columns, corpus.rows_path)
         manifests.check_language(columns, "locale", corpus.language, corpus.rows_path)
+
+
+def _check_container_columns(corpus: Corpus) -> None:
+    """A parquet export's columns (its first file's footer) or a WebDataset's `.json` keys (its first
+    tar's first sample) must give each row an audio, a text and a language (or --language)."""
+    parquet = corpus.kind == "parquet"
+    files = _container_files(corpus, containers.PARQUET_EXTENSIONS if parquet else containers.TAR_EXTENSIONS)
+    if not files:
+        raise CorpusError(f"--input {corpus.input or corpus.root}: no {'.parquet' if parquet else '.tar'} file in it")
+    names = containers.parquet_schema_columns(files[0]) if parquet else containers.tar_json_keys(files[0])
+    used = containers.column_names(names, dict(corpus.columns))
+    what = f"{files[0]}: its {'columns' if parquet else '.json keys'} are {', '.join(names) or 'none'}"
+    needed = ("audio", "text") if parquet else ("text",)
+    for field in [f for f in needed if f not in used] + (
+        ["language"] if "language" not in used and corpus.language is None else []
+    ):
+        tried = ", ".join(containers.FIELD_COLUMNS[field])
+        raise CorpusError(
+            f"{what}: no {field} ({tried}); name its column with --column {field}=NAME"
+            + (", or give --language CODE" if field == "language" else "")
+        )
 
 
 def count_input_rows(corpus: Corpus) -> int:

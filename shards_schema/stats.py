@@ -32,6 +32,8 @@ REJECT_REASONS = (
     "missing_text",
     "missing_language",
     "missing_audio",
+    "bad_segment",
+    "overlapping_segment",
     "unreadable_audio",
     "invalid_samples",
     "empty_text",

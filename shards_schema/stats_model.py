@@ -287,6 +287,7 @@ class InputSummary(_Section):
     prefixed_speakers: Count
     prefixed_ids: Count
     language_codes_folded: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    unused_columns: list[StrictStr] = Field(default_factory=list)  # columns of its table no field is read from
 
 
 def _ids_problem(table: str, ids: list[int | None]) -> str | None:

@@ -12,7 +12,7 @@ import click
 
 from melshards.commands import run_command, setup_logging
 from melshards.preprocess.layouts import FORMATS
-from melshards.reports.stats_json_tables import bucket_table, percentile_table
+from melshards.reports.stats_json_tables import bucket_table, input_lines, percentile_table
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
 
 
@@ -43,35 +43,6 @@ class WorkerDied(click.ClickException):
 def run(argv: list[str] | None = None) -> int:
     """Entry point for tests; returns the process exit code."""
     return run_command(preprocess_command, argv, "melshards preprocess")
-
-
-def input_lines(inputs: list[dict]) -> list[str]:
-    """One line per --input (stats.json's `inputs`): name, layout, rows, default language, the
-    labels prefixed with its name because another input has them too, and the language codes folded
-    into one spelling."""
-    lines = []
-    for i in inputs:
-        prefixed = [
-            f"{n} {what}"
-            for n, what in ((i["prefixed_speakers"], "speaker label(s)"), (i["prefixed_ids"], "id(s)"))
-            if n
-        ]
-        lines.append(
-            f"input {i['name']} ({i['format']}, {i['input']}): {i['rows']} input row"
-            f"{'s' * (i['rows'] != 1)}, default language {i['language'] or 'none'}"
-            + (
-                f"; {' and '.join(prefixed)} prefixed with '{i['name']}/': other inputs have them too"
-                if prefixed
-                else ""
-            )
-            + (
-                "; language codes folded (BCP 47 ignores case): "
-                + ", ".join(f"{written!r} -> {code!r}" for written, code in i["language_codes_folded"].items())
-                if i.get("language_codes_folded")
-                else ""
-            )
-        )
-    return lines
 
 
 def feature_lines(stats: dict) -> list[str]:
@@ -139,6 +110,14 @@ def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
     help="Read every --input as this layout instead of recognising it (see docs/corpora.md).",
 )
 @click.option(
+    "--column",
+    "columns",
+    multiple=True,
+    metavar="FIELD=COLUMN",
+    help="Read FIELD (text, id, speaker, language, gender, audio, asr_text) from COLUMN of a parquet file "
+    "or a WebDataset .json (default: the names Hugging Face exports and Emilia use). Repeatable.",
+)
+@click.option(
     "--language",
     default=None,
     metavar="CODE",
@@ -178,6 +157,7 @@ def preprocess_command(
     ctx: click.Context,
     input_paths: tuple[str, ...],
     format_name: str | None,
+    columns: tuple[str, ...],
     language: str | None,
     out_dir: str,
     config_path: str | None,
@@ -224,6 +204,7 @@ def preprocess_command(
                 workers=workers,
                 beam_args=list(ctx.args),
                 format=format_name,
+                columns=list(columns),
                 language=language,
                 alignments=alignments,
                 cache_dir=cache_dir,

@@ -27,6 +27,7 @@ def terminal_report(report: dict) -> str:
         bucket_table,
         bucket_whatif_table,
         counts_table,
+        input_lines,
         padding_table,
         percentile_table,
     )
@@ -36,6 +37,7 @@ def terminal_report(report: dict) -> str:
     parts = [
         f"stats of {report['source']}",
         corpus_line(report),
+        *input_lines(report.get("inputs") or []),
         "",
         "Lengths before and after filtering (percentiles of the clips measured / in shards)",
         percentile_table(report),

@@ -202,3 +202,33 @@ def render(header: list[str], rows: list[list[str]], left: int = 0) -> str:
         ).rstrip()
 
     return "\n".join([line(header), line(["-" * w for w in widths])] + [line(r) for r in rows])
+
+
+def input_lines(inputs: list[dict]) -> list[str]:
+    """One line per --input (stats.json's `inputs`): name, layout, rows, default language, the
+    labels prefixed with its name because another input has them too, and the language codes folded
+    into one spelling."""
+    lines = []
+    for i in inputs:
+        prefixed = [
+            f"{n} {what}"
+            for n, what in ((i["prefixed_speakers"], "speaker label(s)"), (i["prefixed_ids"], "id(s)"))
+            if n
+        ]
+        lines.append(
+            f"input {i['name']} ({i['format']}, {i['input']}): {i['rows']} input row"
+            f"{'s' * (i['rows'] != 1)}, default language {i['language'] or 'none'}"
+            + (
+                f"; {' and '.join(prefixed)} prefixed with '{i['name']}/': other inputs have them too"
+                if prefixed
+                else ""
+            )
+            + (f"; columns not read: {', '.join(i['unused_columns'])}" if i.get("unused_columns") else "")
+            + (
+                "; language codes folded (BCP 47 ignores case): "
+                + ", ".join(f"{written!r} -> {code!r}" for written, code in i["language_codes_folded"].items())
+                if i.get("language_codes_folded")
+                else ""
+            )
+        )
+    return lines

@@ -229,4 +229,5 @@ def build_report(
         "rejected_file": run.rejected_path,
         "speakers": speaker_figures(s.get("speakers") or [], s.get("split")),
         "languages": language_figures(s.get("languages") or []),
+        "inputs": s.get("inputs") or [],
     }

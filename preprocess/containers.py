@@ -1,0 +1,341 @@
+"""Corpora whose clips live inside bigger files: Hugging Face parquet exports (an `audio` struct of the
+encoded file's `bytes` and `path` per row), WebDataset tar shards (`KEY.flac` + `KEY.json`, as
+Emilia ships), and manifests of segments (`start`/`end` seconds) of long recordings.
+
+A row of these layouts names its audio as `audio` (the parquet file, the tar, the recording) plus a
+`locator` saying where inside it the clip is:
+
+* `{"parquet": COLUMN, "row_group": G, "index": I}`: row I of row group G, the struct column COLUMN;
+* `{"tar_offset": OFFSET, "size": N, "member": NAME}`: the member's bytes at OFFSET in the tar;
+* `{"start": S, "end": E}`: seconds S to E of the recording.
+
+The read stage reads no audio: a parquet file's other columns (the audio column's `path` alone), a
+tar's headers and its small `.json` members (the audio members are skipped by seeking). The audio is
+read where the clip is measured, by `clip_bytes` (one row group's audio column, held for the rows
+of a batch that fall in it; a tar member's byte range) and decoded from memory
+(`melshards.preprocess.audio.decode_audio`); a segment decodes its span only. So the audio is read
+by every worker in parallel, never all by one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import posixpath
+import tarfile
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+
+from apache_beam.io.filesystems import FileSystems
+
+from melshards.preprocess.lock import is_local_path
+from melshards.preprocess.rows import gender_code, reject, row
+
+# The column names each field is read from, first found wins: Hugging Face exports and Emilia's
+# `.json` use these; `--column FIELD=NAME` names another.
+FIELD_COLUMNS: dict[str, tuple[str, ...]] = {
+    "audio": ("audio",),
+    "text": ("text", "normalized_text", "text_normalized", "transcription", "transcript", "sentence"),
+    "id": ("id", "key", "utterance_id", "segment_id", "audio_id"),
+    "speaker": ("speaker", "speaker_id", "client_id"),
+    "language": ("language", "locale", "lang"),
+    "gender": ("gender",),
+}
+# Fields read when a column names them, and passed on in the row (other engineers' measures).
+EXTRA_FIELDS = ("asr_text",)
+AUDIO_EXTENSIONS = (".flac", ".wav", ".mp3", ".ogg", ".opus")
+PARQUET_EXTENSIONS = (".parquet",)
+TAR_EXTENSIONS = (".tar",)
+
+
+def column_names(columns: Iterable[str], overrides: Mapping[str, str] | None = None) -> dict[str, str]:
+    """field -> the column it is read from: an override (`--column FIELD=NAME`) if given, else the
+    first of FIELD_COLUMNS[field] the table has; fields without a column are left out."""
+    present = list(columns)
+    found: dict[str, str] = {}
+    for field in (*FIELD_COLUMNS, *EXTRA_FIELDS):
+        given = (overrides or {}).get(field)
+        name = (
+            given if given is not None else next((c for c in FIELD_COLUMNS.get(field, (field,)) if c in present), None)
+        )
+        if name is not None and name in present:
+            found[field] = name
+    return found
+
+
+def unused(columns: Iterable[str], used: Mapping[str, str]) -> list[str]:
+    """The columns no field is read from (reported once in the summary)."""
+    return [c for c in columns if c not in used.values()]
+
+
+def _stem(path: str) -> str:
+    return posixpath.splitext(posixpath.basename(path))[0]
+
+
+def _row_of(rec: Mapping, used: Mapping[str, str], i: int, clip_id: str, audio: str, locator: dict) -> dict:
+    out = row(
+        clip_id,
+        str(rec.get(used["text"]) or "") if "text" in used else "",
+        audio,
+        i,
+        speaker=str(rec.get(used["speaker"]) or "") if "speaker" in used else "",
+        language=str(rec.get(used["language"]) or "").strip() if "language" in used else "",
+        gender=gender_code(rec.get(used["gender"])) if "gender" in used else "",
+    )
+    out["locator"] = locator
+    for extra in EXTRA_FIELDS:
+        if extra in used:
+            out[extra] = str(rec.get(used[extra]) or "")
+    return out
+
+
+# -- parquet --------------------------------------------------------------------------------------
+def parquet_schema_columns(path: str) -> list[str]:
+    """A parquet file's top-level column names, from its footer."""
+    with contextlib.ExitStack() as stack:
+        return list(_parquet_file(path, stack).schema_arrow.names)
+
+
+def parquet_row_count(path: str) -> int:
+    """A parquet file's rows, from its footer."""
+    with contextlib.ExitStack() as stack:
+        return int(_parquet_file(path, stack).metadata.num_rows)
+
+
+def parquet_rows(path: str, start: int, overrides: Mapping[str, str] | None = None) -> Iterator[dict]:
+    """One parquet file's rows -> items, row positions from `start`. Its columns but the audio bytes
+    are read, a batch at a time; a row's id is its id column, else its audio `path`'s stem, else
+    `<file stem>-<row>`. A row whose audio is null, or whose table has no audio or text column ->
+    `missing_audio` / `missing_text`."""
+    with contextlib.ExitStack() as stack:
+        pf = _parquet_file(path, stack)
+        names = pf.schema_arrow.names
+        used = column_names(names, overrides)
+        audio_col = used.get("audio")
+        audio_type = pf.schema_arrow.field(audio_col).type if audio_col else None
+        has_path = (
+            audio_type is not None
+            and hasattr(audio_type, "get_field_index")
+            and audio_type.get_field_index("path") >= 0
+        )
+        read = [c for c in used.values() if c != audio_col] + ([f"{audio_col}.path"] if has_path else [])
+        i = start
+        for g in range(pf.metadata.num_row_groups):
+            index = 0
+            for batch in pf.iter_batches(row_groups=[g], columns=read or None, batch_size=1024):
+                for rec in batch.to_pylist():
+                    inner = rec.get(audio_col) if has_path else None
+                    apath = str(inner.get("path") or "") if isinstance(inner, dict) else ""
+                    ident = str(rec.get(used["id"]) or "") if "id" in used else ""
+                    clip_id = ident or (_stem(apath) if apath else f"{_stem(path)}-{i - start}")
+                    if audio_col is None:
+                        yield reject(clip_id, "missing_audio", f"{path}: no audio column ({', '.join(names)})")
+                    elif "text" not in used:
+                        yield reject(clip_id, "missing_text", f"{path}: no text column ({', '.join(names)})")
+                    else:
+                        locator = {"parquet": audio_col, "row_group": g, "index": index}
+                        yield _row_of(rec, used, i, clip_id, path, locator)
+                    i += 1
+                    index += 1
+
+
+def _parquet_file(path: str, stack: contextlib.ExitStack):
+    """A `pyarrow.parquet.ParquetFile` of `path`: a local file by its path (Arrow's own reads, no
+    Python file object between; not memory-mapped, which would keep every page the reads touch in
+    the process' RSS), a remote one through Beam's FileSystems (closed with `stack`)."""
+    import pyarrow.parquet as pq
+
+    if is_local_path(path):
+        return pq.ParquetFile(path)
+    return pq.ParquetFile(stack.enter_context(FileSystems.open(path)))
+
+
+_HELD = threading.local()  # this thread's last row group: (path, group, column) -> its audio values
+
+
+def _row_group_audio(path: str, group: int, column: str):
+    """The audio column of one row group (an Arrow array: a row's bytes become a Python object only
+    when asked for); the last one read is held for the next rows of a batch (consecutive rows share
+    their row group)."""
+    key = (path, group, column)
+    held = getattr(_HELD, "group", None)
+    if held is not None and held[0] == key:
+        return held[1]
+    _HELD.group = None  # the old group is let go before the new one is read: one held at a time
+    with contextlib.ExitStack() as stack:
+        values = _parquet_file(path, stack).read_row_group(group, columns=[column]).column(0).combine_chunks()
+    if hasattr(values, "field") and values.type.get_field_index("bytes") >= 0:  # an HF audio struct: its bytes
+        values = _StructBytes(values.field("bytes"), values.is_null())
+    _HELD.group = (key, values)
+    return values
+
+
+class _StructBytes:
+    """The `bytes` of a struct column's rows, null where the struct itself is null."""
+
+    def __init__(self, field, struct_null):
+        self.field, self.null = field, struct_null
+
+    def __getitem__(self, i: int):
+        return None if self.null[i].as_py() else self.field[i]
+
+
+def release_held() -> None:
+    """Let go of the row group held for the next rows (at the end of a batch)."""
+    _HELD.group = None
+
+
+# -- WebDataset tars ------------------------------------------------------------------------------
+def _split_key(name: str) -> tuple[str, str]:
+    """A WebDataset member name -> (key, extension): the key is the path up to the first dot of the
+    base name (`a/b.seg1.flac` -> `a/b`, `seg1.flac`)."""
+    base = posixpath.basename(name)
+    dot = base.find(".")
+    if dot <= 0:
+        return name, ""
+    return posixpath.join(posixpath.dirname(name), base[:dot]), base[dot + 1 :].lower()
+
+
+def tar_samples(
+    path: str, read_json: bool = True
+) -> Iterator[tuple[str, dict[str, tarfile.TarInfo], dict | None, str | None]]:
+    """A tar's samples in order: (key, {extension: member}, its `.json` parsed or None, why the json
+    could not be read or None). Members are read by header only, except the `.json` ones (not even
+    those with `read_json` False)."""
+    with FileSystems.open(path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
+        key: str | None = None
+        members: dict[str, tarfile.TarInfo] = {}
+        meta: dict | None = None
+        problem: str | None = None
+        for m in tar:
+            if not m.isfile():
+                continue
+            k, ext = _split_key(m.name)
+            if k != key:
+                if key is not None:
+                    yield key, members, meta, problem
+                key, members, meta, problem = k, {}, None, None
+            members[ext] = m
+            if ext == "json" and read_json:
+                try:
+                    data = tar.extractfile(m).read()  # type: ignore[union-attr]  # a regular file: extractfile gives its reader
+                    parsed = json.loads(data.decode("utf-8"))
+                    if isinstance(parsed, dict):
+                        meta = parsed
+                    else:
+                        problem = "its .json is not an object"
+                except (ValueError, UnicodeDecodeError) as e:
+                    meta, problem = None, f"its .json cannot be read ({e})"
+        if key is not None:
+            yield key, members, meta, problem
+
+
+def tar_rows(path: str, start: int, overrides: Mapping[str, str] | None = None) -> Iterator[dict]:
+    """One WebDataset tar's samples -> items, row positions from `start`: the audio member (`.flac`,
+    `.wav`, `.mp3`, `.ogg`, `.opus`; exactly one) with the fields of the `.json` member (text, id,
+    speaker, language, gender as FIELD_COLUMNS name them; id defaults to the key). A sample without
+    its `.json` -> `missing_text`; a `.json` without audio -> `missing_audio`; two audio members ->
+    `ambiguous_audio`; a `.json` that is no object or lacks the text -> `malformed_row`."""
+    for n, (key, members, meta, problem) in enumerate(tar_samples(path), start):
+        audio = [ext for ext in members if "." + ext.rsplit(".", 1)[-1] in AUDIO_EXTENSIONS]
+        ident = key
+        used = column_names(meta, overrides) if meta is not None else {}
+        if meta is not None and "id" in used and meta.get(used["id"]):
+            ident = str(meta[used["id"]])
+        where = f"{path}: {key}"
+        if problem:
+            yield reject(ident, "malformed_row", f"{where}: {problem}")
+        elif len(audio) > 1:
+            yield reject(ident, "ambiguous_audio", f"{where}: {len(audio)} audio members ({', '.join(audio)})")
+        elif not audio:
+            yield reject(ident, "missing_audio", f"{where}: no audio member, only {', '.join(members)}")
+        elif meta is None:
+            yield reject(ident, "missing_text", f"{where}: no .json member beside {key}.{audio[0]}")
+        elif "text" not in used:
+            yield reject(ident, "malformed_row", f"{where}: its .json has no text ({', '.join(meta)})")
+        else:
+            m = members[audio[0]]
+            locator = {"tar_offset": m.offset_data, "size": m.size, "member": m.name}
+            yield _row_of(meta, used, n, ident, path, locator)
+
+
+def tar_json_keys(path: str) -> list[str]:
+    """The keys of a tar's first `.json` member (the fields its samples carry)."""
+    for _key, _members, meta, _problem in tar_samples(path):
+        if meta is not None:
+            return list(meta)
+    return []
+
+
+# -- reading a clip's bytes -----------------------------------------------------------------------
+class NoAudio(ValueError):
+    """A row's audio is null (a parquet row without bytes)."""
+
+
+def clip_bytes(path: str, locator: Mapping) -> bytes:
+    """The encoded audio of a clip inside a parquet file or a tar (NoAudio for a null value)."""
+    if "tar_offset" in locator:
+        with FileSystems.open(path) as f:
+            f.seek(int(locator["tar_offset"]))
+            member = f.read(int(locator["size"]))
+        if len(member) != int(locator["size"]):
+            raise OSError(f"{path}: member {locator['member']} is cut short ({len(member)} of {locator['size']} bytes)")
+        return member
+    value = _row_group_audio(path, int(locator["row_group"]), str(locator["parquet"]))[int(locator["index"])]
+    data = value.as_py() if value is not None else None
+    if not data:
+        raise NoAudio("the row's audio bytes are null" if data is None else "the row's audio bytes are empty")
+    return bytes(data)
+
+
+# -- segments of long recordings -----------------------------------------------------------------
+def segment_locator(rec: Mapping, i: int) -> dict | str | None:
+    """A manifest record's `start`/`end` (seconds) -> its locator {"start", "end"}, None when it has
+    neither, or the reason it is refused (a `bad_segment` detail): one without the other, not a
+    number, a negative start, end <= start."""
+    has = [k for k in ("start", "end") if str(rec.get(k) if rec.get(k) is not None else "").strip()]
+    if not has:
+        return None
+    if len(has) == 1:
+        return f"row {i + 1}: {has[0]} is given without {'end' if has[0] == 'start' else 'start'}"
+    try:
+        start, end = float(rec["start"]), float(rec["end"])
+    except (TypeError, ValueError):
+        return f"row {i + 1}: start {rec['start']!r} and end {rec['end']!r} are not both seconds"
+    if not (start >= 0 and end > start):  # NaN fails too
+        return f"row {i + 1}: the segment {start:g}-{end:g} s is empty or reversed (end <= start) or starts before 0"
+    return {"start": start, "end": end}
+
+
+def refuse_overlaps(items: Iterable[dict], spill) -> Iterator[dict]:
+    """Segment rows -> the same, but a segment that overlaps one kept earlier (in input order) of the
+    same recording -> `overlapping_segment`: the overlap holds another utterance's speech (crosstalk,
+    or one stretch segmented twice), which the row's text does not say. Segments that touch (one's
+    end the next one's start) do not overlap. What is kept waits in the spill's sqlite file."""
+    table = spill.table("segments")
+    spill.db.execute(f"CREATE TABLE {table} (rec TEXT, s REAL, e REAL)")
+    spill.db.execute(f"CREATE INDEX {table}_rec ON {table} (rec, s)")
+    for item in items:
+        loc = item.get("locator")
+        if "reason" in item or not loc or "start" not in loc:
+            yield item
+            continue
+        s, e = loc["start"], loc["end"]
+        hit = spill.db.execute(
+            f"SELECT s, e FROM {table} WHERE rec = ? AND s < ? AND e > ? LIMIT 1", (item["audio"], e, s)
+        ).fetchone()
+        if hit:
+            yield reject(
+                item["id"],
+                "overlapping_segment",
+                f"row {item['row'] + 1}: {s:g}-{e:g} s of {item['audio']} overlaps {hit[0]:g}-{hit[1]:g} s, "
+                "an earlier row's segment",
+            )
+            continue
+        spill.db.execute(f"INSERT INTO {table} VALUES (?, ?, ?)", (item["audio"], s, e))
+        yield item
+
+
+def locator_key(locator: Mapping | None) -> str:
+    """A locator as text, for the feature cache's key (a row group and row, a member's offset, a span)."""
+    return json.dumps(dict(locator), sort_keys=True) if locator else ""

@@ -1,0 +1,324 @@
+"""Corpora whose clips live inside bigger files: Hugging Face parquet exports, WebDataset tars, and
+manifests of segments of long recordings (`melshards.preprocess.containers`), read from fixtures
+written here (pyarrow writes the parquet, tarfile the tars, soundfile the audio)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import soundfile as sf
+
+from melshards.preprocess import cache, containers
+from melshards.preprocess.clips import ClipRejected, load_decoded
+from melshards.preprocess.config import PreprocessConfig
+from melshards.preprocess.manifests import manifest_rows
+from melshards.preprocess.rows import CorpusError, LayoutRows
+from melshards.preprocess.sources import check_rows_file, detect_corpus, read_input, unused_columns
+from melshards.preprocess.spill import Spill
+from tests.preprocess.conftest import encode, tone
+
+SR = 22050
+# (id, speaker, text, seconds, hz): the utterances every form ships
+CLIPS = [
+    ("u1", "A", "the first one", 0.8, 220.0),
+    ("u2", "B", "a second clip", 1.1, 330.0),
+    ("u3", "A", "and the third", 0.9, 262.0),
+    ("u4", "B", "number four here", 1.3, 196.0),
+]
+GAP_S = 0.5  # silence between the utterances of the long recording
+
+
+def _clip(seconds: float, hz: float) -> np.ndarray:
+    return tone(seconds, SR, hz)
+
+
+def write_wav_manifest(root: Path) -> Path:
+    (root / "wavs").mkdir(parents=True)
+    with open(root / "clips.csv", "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["id", "audio", "text", "speaker", "language"])
+        for cid, spk, text, secs, hz in CLIPS:
+            sf.write(root / "wavs" / f"{cid}.wav", _clip(secs, hz), SR)
+            out.writerow([cid, f"wavs/{cid}.wav", text, spk, "en"])
+    return root / "clips.csv"
+
+
+def write_parquet(path: Path, fmt: str = "FLAC", bad: bool = True) -> Path:
+    """An HF `datasets` export: audio {bytes, path}, text, speaker_id, language, id, and a column no
+    field reads (`snr`); with `bad`, a row with null bytes and one with bytes no decoder reads."""
+    ext = fmt.lower()
+    audio = [{"bytes": encode(_clip(s, hz), SR, fmt), "path": f"{cid}.{ext}"} for cid, _, _, s, hz in CLIPS]
+    ids, speakers, texts = [c[0] for c in CLIPS], [c[1] for c in CLIPS], [c[2] for c in CLIPS]
+    if bad:
+        audio += [{"bytes": None, "path": "nul.flac"}, {"bytes": b"not audio" * 50, "path": "junk.flac"}]
+        ids, speakers, texts = ids + ["nul", "junk"], speakers + ["A", "A"], texts + ["null bytes", "junk bytes"]
+    table = pa.table(
+        {
+            "audio": pa.array(audio, pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
+            "id": ids,
+            "text": texts,
+            "speaker_id": speakers,
+            "language": ["en"] * len(ids),
+            "snr": [30.0] * len(ids),
+        }
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path, row_group_size=2)  # several row groups: rows are found across them
+    return path
+
+
+def _add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    tar.addfile(info, io.BytesIO(data))
+
+
+def write_tar(path: Path, fmt: str = "FLAC", bad: bool = True) -> Path:
+    """Emilia-style WebDataset shard: KEY.<audio> + KEY.json {id, text, speaker, language, duration};
+    with `bad`, a .json without audio and an audio member without .json."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ext = fmt.lower()
+    with tarfile.open(path, "w") as tar:
+        for cid, spk, text, secs, hz in CLIPS:
+            meta = {"id": cid, "text": text, "speaker": spk, "language": "en", "duration": secs, "dnsmos": 3.2}
+            _add(tar, f"{cid}.{ext}", encode(_clip(secs, hz), SR, fmt))
+            _add(tar, f"{cid}.json", json.dumps(meta).encode())
+        if bad:
+            _add(tar, "lonely.json", json.dumps({"id": "lonely", "text": "no audio", "speaker": "A"}).encode())
+            _add(tar, f"mute.{ext}", encode(_clip(0.5, 440.0), SR, fmt))
+    return path
+
+
+def write_long(root: Path, bad: bool = True) -> Path:
+    """One long recording holding every utterance (GAP_S of silence between them) and a manifest of
+    their segments; with `bad`: a segment past the recording's end, one with end <= start, one
+    overlapping an earlier one."""
+    root.mkdir(parents=True, exist_ok=True)
+    pieces, rows, t = [], [], 0.0
+    for cid, spk, text, secs, hz in CLIPS:
+        y = _clip(secs, hz)
+        pieces += [np.zeros(int(GAP_S * SR), np.float32), y]
+        start = t + GAP_S
+        rows.append([cid, "session.flac", text, spk, "en", f"{start:.6f}", f"{start + y.size / SR:.6f}"])
+        t = start + y.size / SR
+    whole = np.concatenate([*pieces, np.zeros(int(GAP_S * SR), np.float32)])
+    sf.write(root / "session.flac", whole, SR)
+    if bad:
+        end = whole.size / SR
+        rows += [
+            ["past", "session.flac", "beyond the end", "A", "en", f"{end - 0.2:.3f}", f"{end + 1:.3f}"],
+            ["empty", "session.flac", "nothing", "A", "en", "2.0", "2.0"],
+            ["over", "session.flac", "overlapping", "A", "en", rows[0][5], rows[1][6]],
+        ]
+    with open(root / "segments.csv", "w", newline="") as f:
+        out = csv.writer(f)
+        out.writerow(["id", "audio", "text", "speaker", "language", "start", "end"])
+        out.writerows(rows)
+    return root / "segments.csv"
+
+
+# -- reading, rows and rejections ---------------------------------------------------------------
+def test_a_parquet_export_is_recognised_and_read_without_its_audio_bytes(tmp_path):
+    path = write_parquet(tmp_path / "hf" / "data" / "train-00000-of-00001.parquet")
+    for given in (path, tmp_path / "hf"):
+        corpus = detect_corpus(str(given))
+        assert corpus.kind == "parquet"
+    read = read_input(detect_corpus(str(tmp_path / "hf"), language="en"))
+    assert [r["id"] for r in read.rows] == ["u1", "u2", "u3", "u4", "nul", "junk"]
+    assert [r["speaker"] for r in read.rows[:4]] == ["A", "B", "A", "B"]  # from speaker_id
+    assert read.rows[3]["locator"] == {"parquet": "audio", "row_group": 1, "index": 1}
+    assert unused_columns(corpus) == ["snr"]
+
+
+def test_a_parquet_export_without_a_language_or_text_column_stops_the_run_until_named(tmp_path):
+    path = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"audio": [b"x"], "sentence_raw": ["hello"], "lang": ["de"]}), path)
+    with pytest.raises(CorpusError, match="no text .*--column text=NAME"):
+        check_rows_file(detect_corpus(str(path)))
+    corpus = detect_corpus(str(path), columns=["text=sentence_raw"])
+    check_rows_file(corpus)  # lang is a language column HF exports use
+    assert [(r["text"], r["language"]) for r in read_input(corpus).rows] == [("hello", "de")]
+    pq.write_table(pa.table({"audio": [b"x"], "text": ["hello"]}), path)
+    with pytest.raises(CorpusError, match="no language .*--language"):
+        check_rows_file(detect_corpus(str(path)))
+
+
+def test_parquet_rows_with_null_or_undecodable_bytes_are_rejected_with_their_reason(tmp_path):
+    path = str(write_parquet(tmp_path / "a.parquet"))
+    rows = {r["id"]: r for r in LayoutRows.of(containers.parquet_rows(path, 0)).rows}
+    cfg = PreprocessConfig()
+    assert load_decoded(path, cfg, rows["u2"]["locator"]).size > SR
+    with pytest.raises(ClipRejected) as null:
+        load_decoded(path, cfg, rows["nul"]["locator"])
+    with pytest.raises(ClipRejected) as junk:
+        load_decoded(path, cfg, rows["junk"]["locator"])
+    assert (null.value.reason, junk.value.reason) == ("missing_audio", "unreadable_audio")
+    assert "null" in null.value.detail
+
+
+def test_a_tar_sample_without_its_audio_or_its_json_is_rejected(tmp_path):
+    path = str(write_tar(tmp_path / "shards" / "000000.tar"))
+    assert detect_corpus(str(tmp_path / "shards")).kind == "webdataset"
+    read = LayoutRows.of(containers.tar_rows(path, 0))
+    assert [r["id"] for r in read.rows] == ["u1", "u2", "u3", "u4"]
+    assert {(r["id"], r["reason"]) for r in read.rejected} == {("lonely", "missing_audio"), ("mute", "missing_text")}
+    assert unused_columns(detect_corpus(str(tmp_path / "shards"))) == ["duration", "dnsmos"]
+    member = read.rows[1]["locator"]
+    assert containers.clip_bytes(path, member)[:4] == b"fLaC"
+
+
+def test_a_segment_past_its_recording_reversed_or_overlapping_is_rejected(tmp_path):
+    manifest = write_long(tmp_path / "long")
+    with Spill() as spill:
+        items = containers.refuse_overlaps(
+            manifest_rows(manifest.read_text().splitlines(True), str(manifest), str(manifest.parent)), spill
+        )
+        read = LayoutRows.of(items)
+    assert {(r["id"], r["reason"]) for r in read.rejected} == {
+        ("empty", "bad_segment"),
+        ("over", "overlapping_segment"),
+    }
+    past = next(r for r in read.rows if r["id"] == "past")
+    with pytest.raises(ClipRejected) as e:
+        load_decoded(past["audio"], PreprocessConfig(), past["locator"])
+    assert e.value.reason == "bad_segment"
+
+
+def test_a_segment_decodes_the_same_samples_as_the_clip_alone(tmp_path):
+    manifest = write_long(tmp_path / "long", bad=False)
+    row = read_input(detect_corpus(str(manifest), language="en")).rows[1]
+    cfg = PreprocessConfig()
+    got = load_decoded(row["audio"], cfg, row["locator"])
+    alone = tmp_path / "u2.wav"
+    sf.write(alone, _clip(CLIPS[1][3], CLIPS[1][4]), SR)  # 16-bit, as the FLAC recording holds it
+    want = load_decoded(str(alone), cfg)
+    assert got.size == want.size
+    np.testing.assert_allclose(got, want, atol=1e-4)  # the DC offset removed is the mean of 16-bit samples
+
+
+def test_the_cache_key_tells_rows_members_and_segments_of_one_file_apart(tmp_path):
+    parquet = str(write_parquet(tmp_path / "a.parquet", bad=False))
+    tar = str(write_tar(tmp_path / "t" / "a.tar", bad=False))
+    long = write_long(tmp_path / "long", bad=False)
+    rows = [
+        *LayoutRows.of(containers.parquet_rows(parquet, 0)).rows,
+        *LayoutRows.of(containers.tar_rows(tar, 0)).rows,
+        *read_input(detect_corpus(str(long), language="en")).rows,
+    ]
+    keys = {cache.clip_key(r["audio"], "s", r["locator"]) for r in rows}
+    assert len(keys) == len(rows) == 3 * len(CLIPS)
+    again = [cache.clip_key(r["audio"], "s", dict(r["locator"])) for r in rows]  # a re-run's rows
+    assert again == [cache.clip_key(r["audio"], "s", r["locator"]) for r in rows]
+    whole = cache.clip_key(str(long.parent / "session.flac"), "s")
+    assert whole not in keys and whole == cache.clip_key(str(long.parent / "session.flac"), "s", None)
+
+
+# -- one run over every form --------------------------------------------------------------------
+FORMS = ("wav", "parquet", "tar", "long", "mp3")
+CONFIG = """
+filter:
+  min_duration_s: 0.1
+  mel_frames_lower_percentile: 0.0
+  mel_frames_upper_percentile: 100.0
+  text_len_upper_percentile: 100.0
+pad:
+  buckets: 1
+"""
+
+
+@pytest.fixture(scope="module")
+def every_form(tmp_path_factory):
+    """The same utterances as a WAV manifest, a parquet export, a WebDataset tar, segments of one long
+    recording and a tar of MP3s, with their bad rows, preprocessed in one run (each an --input: the
+    shared ids and speakers are prefixed with the input's name) -> (stats, rejected, records by form)."""
+    from melshards.commands.preprocess import run
+    from melshards.shards_schema.schema import read_schema
+    from melshards.shards_schema.shards import check_shard
+
+    root = tmp_path_factory.mktemp("forms")
+    inputs = {
+        "wav": write_wav_manifest(root / "wav"),
+        "parquet": write_parquet(root / "parquet" / "train.parquet"),
+        "tar": write_tar(root / "tar" / "000000.tar").parent,
+        "long": write_long(root / "long"),
+        "mp3": write_tar(root / "mp3" / "000000.tar", fmt="MP3", bad=False).parent,
+    }
+    (root / "cfg.yaml").write_text(CONFIG)
+    args = [a for form in FORMS for a in ("--input", str(inputs[form]))]
+    out = root / "out"
+    code = run([*args, "--output", str(out), "--config", str(root / "cfg.yaml"), "--workers", "1"])
+    assert code == 0
+    schema = read_schema(str(out))
+    records = []
+    for f in sorted(out.glob("*.tfrecord")):
+        records += check_shard(str(f), schema, keep=1000)[1]
+    stats = json.loads((out / "stats.json").read_text())
+    rejected = [json.loads(x) for x in (out / "rejected.jsonl").read_text().splitlines()]
+    return stats, rejected, records, out
+
+
+NAMES = {"wav": "clips", "parquet": "train.parquet", "tar": "tar", "long": "segments", "mp3": "mp3"}
+
+
+def _by_form(records: list[dict]) -> dict[str, dict[str, dict]]:
+    names = {n: f for f, n in NAMES.items()}
+    out: dict[str, dict[str, dict]] = {}
+    for r in records:
+        name, clip_id = r["id"].decode().split("/")
+        out.setdefault(names[name], {})[clip_id] = r
+    return out
+
+
+def test_every_form_gives_the_records_of_the_wav_manifest(every_form):
+    records = every_form[2]
+    forms = _by_form(records)
+    assert {f: sorted(forms[f]) for f in FORMS} == {f: ["u1", "u2", "u3", "u4"] for f in FORMS}
+    for form in FORMS:
+        for cid, want in forms["wav"].items():
+            got = forms[form][cid]
+            assert got["speaker"].decode().split("/")[1] == want["speaker"].decode().split("/")[1]
+            assert got["text"] == want["text"]
+            np.testing.assert_array_equal(got["text_ids"], want["text_ids"])
+            slack = 3 if form == "mp3" else 0  # MP3's encoder delay and padding; the others are lossless
+            assert abs(int(got["mel_len"]) - int(want["mel_len"])) <= slack, (form, cid)
+
+
+def test_every_forms_bad_rows_are_rejected_with_their_reason_and_the_counts_add_up(every_form):
+    stats, rejected, records, _ = every_form
+    assert {(r["id"].split("/")[-1], r["reason"]) for r in rejected} == {
+        ("nul", "missing_audio"),
+        ("junk", "unreadable_audio"),
+        ("lonely", "missing_audio"),
+        ("mute", "missing_text"),
+        ("past", "bad_segment"),
+        ("empty", "bad_segment"),
+        ("over", "overlapping_segment"),
+    }
+    counts = stats["counts"]
+    assert counts["input_rows"] == len(records) + len(rejected) == 4 * 5 + 7
+
+
+def test_the_summary_names_each_inputs_kind_rows_and_the_columns_it_did_not_read(every_form):
+    stats, out = every_form[0], every_form[3]
+    got = [(i["format"], i["rows"], i.get("unused_columns", [])) for i in stats["inputs"]]
+    assert got == [
+        ("manifest", 4, []),
+        ("parquet", 6, ["snr"]),
+        ("webdataset", 6, ["duration", "dnsmos"]),
+        ("manifest", 7, []),
+        ("webdataset", 4, ["duration", "dnsmos"]),
+    ]
+    from melshards.commands.stats import terminal_report
+    from melshards.reports.stats_report import build_report, load_run
+
+    shown = terminal_report(build_report(load_run(str(out)), batch_size=8))
+    assert "input train.parquet (parquet, " in shown
+    assert "6 input rows" in shown and "columns not read: snr" in shown
