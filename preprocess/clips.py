@@ -23,6 +23,9 @@ from melshards.shards_schema.stats import Cutoffs
 from melshards.shards_schema.text import TextRejected, check_texts
 from melshards.shards_schema.vocab import tokens
 
+# `analyse_audio`'s key for the kept samples in a run with extractors (no record feature's name)
+SAMPLES = "~samples"
+
 
 class ClipRejected(Exception):
     def __init__(self, reason: str, detail: str):
@@ -143,7 +146,8 @@ def analyse_audio(path: str | None, cfg: PreprocessConfig, arrays: bool = True) 
     """A clip's audio -> (its span {"samples": decoded, "start": first kept, "length": kept}, the features
     of the kept samples): `mel` [frames, n_mels] float32 and, as `cfg` asks, `pitch`, `energy`
     [frames] float32 and `audio` [frames * hop] int16, from one decode and one STFT (the project's one
-    mel, pitch and energy computation). `arrays=False`: the span alone (no STFT). What the feature
+    mel, pitch and energy computation); in a run with extractors, the kept samples (float32) under
+    `SAMPLES`, which the caller takes out. `arrays=False`: the span alone (no STFT). What the feature
     cache keeps (`melshards.preprocess.cache`)."""
     y = load_decoded(path, cfg)
     start, end = trim_span(y, cfg)
@@ -152,6 +156,8 @@ def analyse_audio(path: str | None, cfg: PreprocessConfig, arrays: bool = True) 
     if not arrays:
         return span, out
     trimmed, hop, sr = y[start:end], cfg.mel.hop_length, cfg.audio.sample_rate
+    if cfg.extractors:  # for the extractors (`melshards.preprocess.extractors`), which the caller runs on batches
+        out[SAMPLES] = trimmed
     frames = audio.num_frames(trimmed.size, hop)
     mag = audio.magnitude(trimmed, cfg.mel)
     out["mel"] = audio.log_mel_of(mag, sr, cfg.mel)

@@ -9,16 +9,13 @@ runs in, such as this repository's `examples/` (`--model examples.fastspeech_lit
 from __future__ import annotations
 
 import contextlib
-import importlib
-import os
-import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import keras
 
 from melshards.shards_schema.config import ConfigError
+from melshards.shards_schema.factories import load_callable
 from melshards.train import device
 from melshards.train.contract import MODEL_INPUTS, REQUIRED_TERMS
 from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
@@ -29,34 +26,9 @@ class PluginError(ConfigError):
 
 
 def load_factory(spec: str) -> Callable:
-    """`package.module:factory` -> the callable; raises PluginError if it cannot be found."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise PluginError(
-            f"model factory {spec!r} is not of the form package.module:factory (e.g. examples.fastspeech_lite:build)"
-        )
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())  # last: an installed package of the same name wins
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 (any error while importing user code is reported the same way)
-        last = traceback.format_exception_only(type(e), e)[-1].strip()
-        raise PluginError(
-            f"model factory {spec!r}: module {module_name!r} does not import ({last}). "
-            "Install it, or run from the directory that holds it"
-        ) from e
-    factory: Any = module
-    for part in attr.split("."):
-        factory = getattr(factory, part, None)
-        if factory is None:
-            public = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
-            raise PluginError(
-                f"model factory {spec!r}: module {module_name!r} has no {attr!r}; its callables "
-                f"are: {', '.join(public) or '(none)'}"
-            )
-    if not callable(factory):
-        raise PluginError(f"model factory {spec!r} is a {type(factory).__name__}, not a callable")
-    return factory
+    """`package.module:factory` -> the callable; raises PluginError if it cannot be found
+    (`melshards.shards_schema.factories.load_callable`)."""
+    return load_callable(spec, "model factory", "examples.fastspeech_lite:build", PluginError, "factory")
 
 
 def model_inputs(spec: str) -> tuple[str, ...]:
