@@ -81,19 +81,19 @@ def build_saved_model_codec(path: str | Path) -> Path:
 
 class FrameLoudness:
     """A plain Python extractor (`examples.extractors:frame_loudness`): per mel frame, the mean |x| of
-    the `hop` samples it centres on (`frames` kind); it raises on clips shorter than `fail_below_s`
-    seconds (to show a failing clip rejected, not the job)."""
+    the `hop` samples it centres on (`frames` kind); it raises on clips longer than `fail_above_s`
+    seconds, when given (to show a failing clip rejected, not the job)."""
 
     name = "frame_loudness"
     version = "1"
     outputs = ({"name": "loudness", "kind": "frames", "dtype": "float32"},)
 
-    def __init__(self, sample_rate: int = 22050, hop: int = 256, fail_below_s: float = 0.0):
-        self.sample_rate, self.hop, self.fail_below = sample_rate, hop, fail_below_s
+    def __init__(self, sample_rate: int = 22050, hop: int = 256, fail_above_s: float | None = None):
+        self.sample_rate, self.hop, self.fail_above = sample_rate, hop, fail_above_s
 
     def one(self, y: np.ndarray) -> dict[str, np.ndarray]:
-        if y.size < self.fail_below * self.sample_rate:
-            raise ValueError(f"clip of {y.size / self.sample_rate:.2f} s is shorter than {self.fail_below} s")
+        if self.fail_above is not None and y.size > self.fail_above * self.sample_rate:
+            raise ValueError(f"clip of {y.size / self.sample_rate:.2f} s is longer than {self.fail_above} s")
         frames = 1 + y.size // self.hop  # librosa's centred frames, as the mel's
         padded = np.pad(np.abs(y), (self.hop // 2, frames * self.hop))
         return {"loudness": padded[: frames * self.hop].reshape(frames, self.hop).mean(axis=1)}

@@ -96,7 +96,9 @@ class ExtractorOutput:
         `NAME_len` for tokens."""
         decoded, storage = DTYPES[self.dtype]
         what = self.description or f"{self.kind} output of an extractor"
-        out = (Feature(self.name, decoded, self.shape(max_mel_frames, hop_length, sample_rate), storage, what),)
+        out: tuple[Feature, ...] = (
+            Feature(self.name, decoded, self.shape(max_mel_frames, hop_length, sample_rate), storage, what),
+        )
         if self.kind == "tokens":
             out += (Feature(f"{self.name}_len", "int32", (), "int64", f"number of valid {self.name} frames"),)
         return out

@@ -21,7 +21,7 @@ from melshards.shards_schema.schema import Bucket, Feature, Schema, SchemaError
 # of a one-bucket run); both carry `features`.
 Shapes = Schema | Bucket
 
-RAW_DTYPES = {
+RAW_DTYPES: dict[str, np.dtype] = {
     "raw_float16": np.dtype("<f2"),
     "raw_int16": np.dtype("<i2"),
     "raw_float32": np.dtype("<f4"),  # extractor outputs declared float32 / int32 (`shards_schema.extracted`)

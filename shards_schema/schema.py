@@ -411,6 +411,19 @@ class Schema:
         """The speaker called `name`; SchemaError naming a few known ones and the count otherwise."""
         return _lookup(self.speakers, "name", name, "speaker")
 
+    def centroids(self, name: str) -> list[list[float]]:
+        """Each speaker's centroid of the vector extractor output `name`, in speaker id order (a table
+        a model can gather by speaker_id); zeros for a speaker without clips in the shards.
+        SchemaError when the run has no vector output of that name."""
+        dims = [o["dim"] for x in self.extractors for o in x["outputs"] if o["name"] == name and o["kind"] == "vector"]
+        if not dims:
+            vectors = [o["name"] for x in self.extractors for o in x["outputs"] if o["kind"] == "vector"]
+            raise SchemaError(
+                f"these shards have no vector extractor output {name!r} (they have {first_few(vectors) or 'none'}); "
+                "add an extractor that gives it to the preprocess config's `extractors:` and re-run preprocess"
+            )
+        return [list(s.centroids.get(name, [0.0] * dims[0])) for s in self.speakers]
+
     def language(self, code: str) -> Language:
         """The language of code `code`; SchemaError naming a few known ones and the count otherwise."""
         return _lookup(self.languages, "code", code, "language")

@@ -33,7 +33,9 @@ def load_factory(spec: str) -> Callable:
 
 def model_inputs(spec: str) -> tuple[str, ...]:
     """What the model's batch holds: MODEL_INPUTS, then the optional features its factory asks for
-    (`factory.features`, `melshards.train.contract`), with `audio_len` beside `audio`."""
+    (`factory.features`, `melshards.train.contract`), with `audio_len` beside `audio`, then the
+    extractors' outputs it asks for (any other names, in its order: `check_features` finds them in
+    the schema)."""
     from melshards.shards_schema.schema import OPTIONAL_FEATURES
 
     asked = getattr(load_factory(spec), "features", ())
@@ -42,14 +44,15 @@ def model_inputs(spec: str) -> tuple[str, ...]:
             f"model factory {spec!r}: `features` is {asked!r}; give a tuple of feature names, "
             f"e.g. ('durations', 'pitch')"
         )
-    unknown = [n for n in asked if n not in OPTIONAL_FEATURES and n != "audio_len"]
+    unknown = [n for n in asked if n not in OPTIONAL_FEATURES and n != "audio_len" and not n.isidentifier()]
     if unknown:
         raise PluginError(
             f"model factory {spec!r} asks for the feature(s) {', '.join(map(repr, unknown))}; the "
-            f"optional features are {', '.join(OPTIONAL_FEATURES)}"
+            f"optional features are {', '.join(OPTIONAL_FEATURES)}, and extractor outputs are named as identifiers"
         )
     extra = tuple(n for n in OPTIONAL_FEATURES if n in asked)
-    return MODEL_INPUTS + extra + (("audio_len",) if "audio" in extra else ())
+    extracted = tuple(n for n in asked if n not in OPTIONAL_FEATURES and n != "audio_len" and n not in MODEL_INPUTS)
+    return MODEL_INPUTS + extra + (("audio_len",) if "audio" in extra else ()) + extracted
 
 
 def check_features(spec: str, schema) -> tuple[str, ...]:
