@@ -1,5 +1,5 @@
 """What a per-clip extractor adds to preprocess: wall and CPU of the same corpus with and without a tiny
-ONNX speaker-embedding extractor (examples/extractors.py, through `melshards.preprocess.extractors:onnx_model`).
+ONNX speaker-embedding extractor (examples/extractors.py, through `melshards.extractors:onnx_model`).
 
 The corpus (benchmarks/make_big_corpus.py) is preprocessed two ways, each a separate `python -m
 melshards preprocess` process timed from start to exit, interleaved in every round (the machine is
@@ -35,7 +35,7 @@ def configs(work: Path) -> dict[str, str]:
 
     model = build_onnx_embedding(work / "bench-embedding.onnx")
     extractor = {
-        "factory": "melshards.preprocess.extractors:onnx_model",
+        "factory": "melshards.extractors:onnx_model",
         "options": {
             "path": str(model),
             "name": "tiny_embedding",

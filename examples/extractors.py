@@ -4,7 +4,7 @@ ONNX model and a codec SavedModel, and a plain Python extractor.
 
     python -m examples.extractors out/extractors     # writes embedding.onnx and codec/ (a SavedModel)
 
-then `configs/extractors.yaml` names them through the two adapters of `melshards.preprocess.extractors`
+then `configs/extractors.yaml` names them through the two adapters of `melshards.extractors`
 (`onnx_model`, `saved_model`). Their numbers mean nothing; their shapes are those of the real kinds.
 """
 

@@ -18,10 +18,8 @@ does not match the declaration (`ExtractorOutput.check`), is rejected with the r
 `extractor_failed` and its detail (rejected.jsonl). A factory that does not import or returns
 something unusable stops the job at once (`ExtractorError`, a ConfigError).
 
-Two adapters wrap model files: `onnx_model` (onnxruntime) and `saved_model` (a TensorFlow SavedModel,
-TensorFlow imported only when one is loaded). Each runs one clip per call, unpadded: an output never
-depends on which clips share its batch, so a clip's outputs are the same in any run (the cache relies
-on it).
+Two adapters wrap model files, in `melshards.extractors` (above the job: the SavedModel one imports
+TensorFlow, which the job itself never does): `onnx_model` (onnxruntime) and `saved_model`.
 """
 
 from __future__ import annotations
@@ -29,14 +27,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import inspect
-import json
 import sys
 import traceback
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess import audio
 from melshards.preprocess.config import ExtractorConfig, PreprocessConfig
@@ -46,7 +42,6 @@ from melshards.shards_schema.factories import load_callable
 from melshards.shards_schema.schema import Schema
 
 FAILED = "extractor_failed"  # the rejection reason of a clip an extractor fails on
-ADAPTER_VERSION = "1"  # of the adapters below: part of their fingerprint
 
 
 class ExtractorError(ConfigError):
@@ -85,9 +80,7 @@ def source_fingerprint(obj: Any) -> str:
 
 def load(entry: ExtractorConfig) -> Loaded:
     """Build one configured extractor and check what it declares; ExtractorError if it cannot be used."""
-    factory = load_callable(
-        entry.factory, "extractor factory", "melshards.preprocess.extractors:onnx_model", ExtractorError
-    )
+    factory = load_callable(entry.factory, "extractor factory", "melshards.extractors:onnx_model", ExtractorError)
     try:
         extractor = factory(**entry.options)
     except ExtractorError:
@@ -234,109 +227,3 @@ def call_batch(x: Loaded, batch: list[np.ndarray]) -> list[dict | str]:
         ok = len(one) == 1 and isinstance(one[0], dict)
         results.append(one[0] if ok else f"returned {len(one)} results for one clip, not one dict")
     return results
-
-
-# -- adapters: a model file -> an extractor ---------------------------------------------------------
-def file_fingerprint(paths: Sequence[str], declaration: Any) -> str:
-    """sha256 of the files' bytes (in the order given), the declaration and the adapter's version."""
-    h = hashlib.sha256(f"adapter {ADAPTER_VERSION}\n{json.dumps(declaration, sort_keys=True)}\n".encode())
-    for path in paths:
-        with FileSystems.open(path) as f:
-            h.update(f.read())
-    return h.hexdigest()
-
-
-class _ModelFile:
-    """What both adapters share: the declaration, and one clip per model call."""
-
-    name: str
-    version: str
-    sample_rate: int
-    outputs: tuple[ExtractorOutput, ...]
-    fingerprint: str
-
-    def _init(self, name: str, version: str, sample_rate: int, outputs: Sequence[dict]) -> None:
-        self.name, self.version, self.sample_rate = name, str(version), int(sample_rate)
-        self.outputs = _outputs(name, outputs)
-
-    def _declaration(self, kind: str) -> dict:
-        return {"kind": kind, "sample_rate": self.sample_rate, "outputs": [o.to_dict() for o in self.outputs]}
-
-    def one(self, y: np.ndarray) -> dict[str, np.ndarray]:
-        raise NotImplementedError
-
-    def __call__(self, clips: Sequence[np.ndarray]) -> list[dict[str, np.ndarray]]:
-        return [self.one(np.asarray(y, np.float32)) for y in clips]
-
-
-class OnnxExtractor(_ModelFile):
-    """An ONNX model: input `[1, samples]` float32 (its first input, or `input_name`), outputs named as
-    declared (the batch axis of size 1 is dropped)."""
-
-    def __init__(
-        self,
-        path: str,
-        name: str,
-        outputs: Sequence[dict],
-        sample_rate: int = 16000,
-        version: str = "1",
-        input_name: str | None = None,
-        providers: Sequence[str] | None = None,
-    ):
-        import onnxruntime
-
-        self._init(name, version, sample_rate, outputs)
-        with FileSystems.open(path) as f:
-            model = f.read()
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = 1  # one worker process per core (melshards.preprocess.workers)
-        self.session = onnxruntime.InferenceSession(
-            model, options, providers=list(providers or onnxruntime.get_available_providers())
-        )
-        self.input_name = input_name or self.session.get_inputs()[0].name
-        self.fingerprint = file_fingerprint([path], self._declaration("onnx"))
-
-    def one(self, y: np.ndarray) -> dict[str, np.ndarray]:
-        names = [o.name for o in self.outputs]
-        values = self.session.run(names, {self.input_name: y[None, :]})
-        return {n: np.asarray(v)[0] for n, v in zip(names, values)}
-
-
-def onnx_model(**options) -> OnnxExtractor:
-    """Extractor factory for an ONNX file (`melshards.preprocess.extractors:onnx_model`): options `path`
-    (local or gs://), `name`, `outputs`, `sample_rate`, `version`, `input_name`, `providers`
-    (onnxruntime's, e.g. [CUDAExecutionProvider, CPUExecutionProvider]; default: every available one)."""
-    return OnnxExtractor(**options)
-
-
-class SavedModelExtractor(_ModelFile):
-    """A TensorFlow SavedModel directory: its `signature` (serving_default) takes `[1, samples]` float32
-    and returns the declared outputs by name (the batch axis of size 1 is dropped)."""
-
-    def __init__(
-        self,
-        path: str,
-        name: str,
-        outputs: Sequence[dict],
-        sample_rate: int = 16000,
-        version: str = "1",
-        signature: str = "serving_default",
-    ):
-        import tensorflow as tf
-
-        self._init(name, version, sample_rate, outputs)
-        self.tf = tf
-        self.fn = tf.saved_model.load(path).signatures[signature]
-        files = sorted(FileSystems.join(root, n) for root, _, names in tf.io.gfile.walk(path) for n in names)
-        self.fingerprint = file_fingerprint(files, self._declaration("saved_model"))
-
-    def one(self, y: np.ndarray) -> dict[str, np.ndarray]:
-        (arg,) = self.fn.structured_input_signature[1].keys()
-        out = self.fn(**{arg: self.tf.constant(y[None, :])})
-        return {o.name: out[o.name].numpy()[0] for o in self.outputs}
-
-
-def saved_model(**options) -> SavedModelExtractor:
-    """Extractor factory for a TensorFlow SavedModel (`melshards.preprocess.extractors:saved_model`):
-    options `path`, `name`, `outputs`, `sample_rate`, `version`, `signature`."""
-    return SavedModelExtractor(**options)

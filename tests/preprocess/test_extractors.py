@@ -181,7 +181,7 @@ def runs(corpus_dir, tmp_path_factory):
         "pad": {"buckets": 1, "min_bucket_records": 1},
         "extractors": [
             {
-                "factory": "melshards.preprocess.extractors:onnx_model",
+                "factory": "melshards.extractors:onnx_model",
                 "options": {
                     "path": str(onnx_path),
                     "name": "tiny_embedding",
@@ -190,7 +190,7 @@ def runs(corpus_dir, tmp_path_factory):
                 },
             },
             {
-                "factory": "melshards.preprocess.extractors:saved_model",
+                "factory": "melshards.extractors:saved_model",
                 "options": {
                     "path": str(codec_path),
                     "name": "tiny_codec",
@@ -259,7 +259,7 @@ def test_the_records_hold_each_extractors_outputs_in_the_buckets_shapes(runs):
 def test_the_schema_records_each_extractors_fingerprint_and_its_outputs(runs):
     schema = read_schema(str(runs[0]))
     embedding, codec, loudness = schema.extractors
-    assert embedding["factory"] == "melshards.preprocess.extractors:onnx_model" and embedding["version"] == "1"
+    assert embedding["factory"] == "melshards.extractors:onnx_model" and embedding["version"] == "1"
     assert len({x["fingerprint"] for x in schema.extractors}) == 3
     assert all(len(x["fingerprint"]) == 64 for x in schema.extractors)
     assert codec["outputs"][0]["frame_rate"] == 50.0 and loudness["outputs"][0]["kind"] == "frames"
