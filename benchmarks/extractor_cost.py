@@ -12,7 +12,12 @@ The model's own arithmetic is negligible, so the difference is the extractor mac
 onnxruntime and the model once per worker, resampling each clip to 16 kHz, one session call per clip,
 the outputs' check, cache-free stash, the 16 bytes per record, and the centroids.
 
-Run: python -m benchmarks.extractor_cost [--clips 1000] [--rounds 3] [--workers 2] [--work-dir /tmp/melshards-bench]
+Then, in this process on `--profile-clips` clips (one core): CPU seconds per audio hour of measuring a
+clip (decode, trim, STFT, mel) and of the extractor's part (resampling to 16 kHz, the model call, the
+check), the per-clip share that survives the machine's noise (walls on a shared machine do not).
+
+Run: python -m benchmarks.extractor_cost [--clips 1000] [--rounds 3] [--workers 2] [--profile-clips 100]
+         [--work-dir /tmp/melshards-bench]   (--rounds 0: the profile alone)
 """
 
 from __future__ import annotations
@@ -51,11 +56,49 @@ def configs(work: Path) -> dict[str, str]:
     return out
 
 
+def profile(corpus: str, clips: int, model: str) -> dict:
+    """CPU seconds per audio hour of `clips.featurize` (mel only) and of the extractor on the same clips."""
+    import time
+
+    from melshards.preprocess import extractors
+    from melshards.preprocess.clips import SAMPLES, featurize
+    from melshards.preprocess.config import ExtractorConfig, PreprocessConfig
+
+    entry = yaml.safe_load(Path(model).read_text())["extractors"][0]
+    cfg = PreprocessConfig(extractors=(ExtractorConfig(**entry),))
+    runner = extractors.for_run(cfg)
+    runner.loaded  # noqa: B018 (build it outside the timing)
+    lines = (Path(corpus) / "metadata.csv").read_text(encoding="utf-8").splitlines()[:clips]
+    rows = [
+        {"id": x.split("|")[0], "audio": str(Path(corpus) / "wavs" / f"{x.split('|')[0]}.wav"), "text": "a"}
+        for x in lines
+    ]
+    first, arrays = featurize(dict(rows[0], language="en", speaker="s"), cfg)  # imports, first-call set-up
+    runner.apply([arrays.pop(SAMPLES)], [first["mel_frames"]], cfg.audio.sample_rate, cfg.mel.hop_length)
+    measure = extract = seconds = 0.0
+    for row in rows:
+        t0 = time.process_time()
+        clip, out = featurize(dict(row, language="en", speaker="s"), cfg)
+        t1 = time.process_time()
+        samples = out.pop(SAMPLES)
+        runner.apply([samples], [clip["mel_frames"]], cfg.audio.sample_rate, cfg.mel.hop_length)
+        t2 = time.process_time()
+        measure, extract, seconds = measure + t1 - t0, extract + t2 - t1, seconds + samples.size / cfg.audio.sample_rate
+    return {
+        "clips": len(rows),
+        "audio_s": round(seconds, 1),
+        "measure_cpu_s_per_audio_hour": round(measure / seconds * 3600, 2),
+        "extractor_cpu_s_per_audio_hour": round(extract / seconds * 3600, 2),
+        "extractor_over_measure": round(extract / measure, 3),
+    }
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clips", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--profile-clips", type=int, default=100)
     ap.add_argument("--work-dir", default=WORK)
     args = ap.parse_args(argv)
     work = Path(args.work_dir)
@@ -65,6 +108,16 @@ def main(argv: list[str] | None = None) -> dict:
     walls: dict[str, list[float]] = {v: [] for v in variants}
     cpus: dict[str, list[float]] = {v: [] for v in variants}
     sizes = {}
+    parts = profile(corpus, args.profile_clips, variants["onnx_embedding"])
+    print(
+        f"per clip, one core, {parts['clips']} clips ({parts['audio_s']} s of audio): measure "
+        f"{parts['measure_cpu_s_per_audio_hour']} CPU s per audio hour, extractor {parts['extractor_cpu_s_per_audio_hour']} "
+        f"({parts['extractor_over_measure']:.3f} of measure)",
+        flush=True,
+    )
+    if not args.rounds:
+        emit({"benchmark": "extractor_cost", "per_clip": parts})
+        return {"per_clip": parts}
     for r in range(args.rounds):
         for v, cfg in variants.items():
             out = work / f"extractor-out-{v}"
@@ -90,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
         "onnx_over_mel_cpu": round(statistics.median(cpu_ratios), 3) if cpu_ratios else None,
         "per_round_ratios": [round(x, 3) for x in ratios],
         "sizes": sizes,
+        "per_clip": parts,
     }
     print("\n| variant | wall s (median) | / mel (rounds) | CPU s (median) | / mel | bytes/record |")
     print("|---|---|---|---|---|---|")
