@@ -79,6 +79,29 @@ def build_saved_model_codec(path: str | Path) -> Path:
     return path
 
 
+class RmsCodes:
+    """A plain Python codec stand-in (`examples.extractors:rms_codes`): what `build_saved_model_codec`'s
+    model computes, in numpy: `codes` [samples // 320] int16 at 16 kHz (`tokens` kind, 50 per second)."""
+
+    name = "rms_codes"
+    version = "1"
+    sample_rate = CODEC_RATE
+    outputs = ({"name": "codes", "kind": "tokens", "dtype": "int16", "frame_rate": CODEC_FRAME_RATE},)
+
+    def __call__(self, clips):
+        out = []
+        for y in clips:
+            frames = y.size // CODEC_HOP
+            x = np.asarray(y[: frames * CODEC_HOP], np.float32).reshape(frames, CODEC_HOP)
+            rms = np.sqrt(np.mean(np.square(x), axis=-1))
+            out.append({"codes": np.minimum(np.floor(rms * 1024.0), 255.0).astype(np.int32)})
+        return out
+
+
+def rms_codes() -> RmsCodes:
+    return RmsCodes()
+
+
 class FrameLoudness:
     """A plain Python extractor (`examples.extractors:frame_loudness`): per mel frame, the mean |x| of
     the `hop` samples it centres on (`frames` kind); it raises on clips longer than `fail_above_s`

@@ -9,7 +9,7 @@ factory returns an object with:
 - `name` (str), `version` (str), `sample_rate` (int: the rate its clips are resampled to);
 - `outputs`: a sequence of `melshards.shards_schema.extracted.ExtractorOutput` (or their dicts);
 - `fingerprint` (str, optional): a hash of its code and weights. Without one, the job hashes the
-  source of the factory's module (Python code alone: an extractor with weights should say its own);
+  factory's name and its module's source (Python code alone: an extractor with weights should say its own);
 - `__call__(clips)`: a list of mono float32 clips at `sample_rate` (each the trimmed samples the
   mel is made of) -> one `{output name: array}` per clip.
 
@@ -69,13 +69,15 @@ def _outputs(spec: str, declared: Any) -> tuple[ExtractorOutput, ...]:
 
 
 def source_fingerprint(obj: Any) -> str:
-    """sha256 of the source of the module defining `obj` (the default fingerprint: its code)."""
+    """sha256 of the qualified name of `obj` and the source of the module defining it (the default
+    fingerprint: its code)."""
     module = sys.modules.get(getattr(obj, "__module__", "") or "")
     try:
         text = inspect.getsource(module) if module is not None else repr(obj)
     except (OSError, TypeError):
         text = repr(obj)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    name = f"{getattr(obj, '__module__', '')}:{getattr(obj, '__qualname__', repr(obj))}"
+    return hashlib.sha256(f"{name}\n{text}".encode()).hexdigest()
 
 
 def load(entry: ExtractorConfig) -> Loaded:

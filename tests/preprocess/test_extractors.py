@@ -1,13 +1,12 @@
 """Per-clip extractors (docs/preprocess.md, Extractors you plug in): the declarations, padding and
-centroids as pure functions, then one small run with a tiny ONNX embedding, a tiny SavedModel codec and
-a Python per-frame extractor that fails on one clip, and its cached re-run."""
+centroids as pure functions; the SavedModel adapter on a tiny model; then one small run with a tiny ONNX
+embedding, a Python codec stand-in and a Python per-frame extractor that fails on one clip, its cached
+re-run, and a plug-in trained on the embedding."""
 
 from __future__ import annotations
 
 import csv
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,7 +18,6 @@ from melshards.preprocess.config import ExtractorConfig, PreprocessConfig
 from melshards.shards_schema import read_schema
 from melshards.shards_schema.extracted import ExtractorOutput, token_capacity
 from melshards.shards_schema.schema import Schema, SchemaError
-from tests.conftest import REPO
 from tests.preprocess.conftest import tone
 
 # -- declarations and padding ---------------------------------------------------------------------
@@ -144,6 +142,26 @@ def test_an_extractor_whose_factory_does_not_exist_stops_with_one_line():
         extractors.check_names([extractors.load(ExtractorConfig("examples.extractors:frame_loudness"))], ["loudness"])
 
 
+def test_the_saved_model_adapter_runs_a_savedmodel_and_fingerprints_its_files(tmp_path):
+    from examples.extractors import CODEC_HOP, RmsCodes, build_saved_model_codec
+    from melshards.extractors import saved_model
+
+    path = build_saved_model_codec(tmp_path / "codec")
+    options = {
+        "path": str(path),
+        "name": "tiny_codec",
+        "sample_rate": 16000,
+        "outputs": [{"name": "codes", "kind": "tokens", "dtype": "int16", "frame_rate": 50.0}],
+    }
+    codec = saved_model(**options)
+    y = tone(1.0, sr=16000)[: 10 * CODEC_HOP + 7]
+    (out,) = codec([y])
+    assert out["codes"].tolist() == RmsCodes()([y])[0]["codes"].tolist() and len(out["codes"]) == 10
+    assert len(codec.fingerprint) == 64
+    (path / "extra.txt").write_bytes(b"x")
+    assert saved_model(**options).fingerprint != codec.fingerprint  # every file's bytes count
+
+
 # -- one small run ------------------------------------------------------------------------------------
 
 SPEAKERS = {
@@ -155,8 +173,11 @@ LONG_TONE = "tone-long"  # 6 s: frame_loudness (fail_above_s 5) fails on it
 
 @pytest.fixture(scope="module")
 def runs(corpus_dir, tmp_path_factory):
-    """The same manifest preprocessed twice with one feature cache: computed, then read from the cache."""
-    from examples.extractors import build_onnx_embedding, build_saved_model_codec
+    """The same manifest preprocessed twice with one feature cache: computed, then read from the cache.
+    The SavedModel adapter is tested on its own (`test_the_saved_model_adapter_...`): TensorFlow in the
+    job would need the job in a subprocess (the local job forks, this process runs TensorFlow)."""
+    from examples.extractors import build_onnx_embedding
+    from melshards.commands.preprocess import run
 
     tmp = tmp_path_factory.mktemp("extractors")
     texts = dict(line.split("|")[:2] for line in (corpus_dir / "metadata.csv").read_text().splitlines() if "|" in line)
@@ -174,7 +195,6 @@ def runs(corpus_dir, tmp_path_factory):
         w.writeheader()
         w.writerows(rows)
     onnx_path = build_onnx_embedding(tmp / "embedding.onnx")
-    codec_path = build_saved_model_codec(tmp / "codec")
     config = {
         "filter": {"mel_frames_lower_percentile": 0.0, "mel_frames_upper_percentile": 100.0},
         "split": {"val_fraction": 0.25},
@@ -189,15 +209,7 @@ def runs(corpus_dir, tmp_path_factory):
                     "outputs": [{"name": "speaker_embedding", "kind": "vector", "dim": 4}],
                 },
             },
-            {
-                "factory": "melshards.extractors:saved_model",
-                "options": {
-                    "path": str(codec_path),
-                    "name": "tiny_codec",
-                    "sample_rate": 16000,
-                    "outputs": [{"name": "codes", "kind": "tokens", "dtype": "int16", "frame_rate": 50.0}],
-                },
-            },
+            {"factory": "examples.extractors:rms_codes"},
             {"factory": "examples.extractors:frame_loudness", "options": {"fail_above_s": 5.0}},
         ],
     }
@@ -206,15 +218,7 @@ def runs(corpus_dir, tmp_path_factory):
     for name in ("first", "again"):
         out = tmp / name
         args = ["--input", str(tmp / "corpus.csv"), "--output", str(out), "--config", str(tmp / "cfg.yaml")]
-        # a subprocess: the job forks, and this test process has TensorFlow running (the SavedModel
-        # extractor loads TensorFlow in the job, which a fork of a process running it would hang)
-        done = subprocess.run(
-            [sys.executable, "-m", "melshards", "preprocess", *args, "--cache", str(tmp / "cache"), "--workers", "1"],
-            capture_output=True,
-            text=True,
-            cwd=REPO,
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
+        assert run([*args, "--cache", str(tmp / "cache"), "--workers", "1"]) == 0
         outs.append(out)
     return outs
 
@@ -241,7 +245,7 @@ def _records(out) -> dict[str, dict]:
 
 def test_the_records_hold_each_extractors_outputs_in_the_buckets_shapes(runs):
     schema = read_schema(str(runs[0]))
-    assert [x["name"] for x in schema.extractors] == ["tiny_embedding", "tiny_codec", "frame_loudness"]
+    assert [x["name"] for x in schema.extractors] == ["tiny_embedding", "rms_codes", "frame_loudness"]
     b = schema.largest
     assert b.feature("speaker_embedding").shape == (4,)
     assert b.feature("codes").shape == (token_capacity(b.max_mel_frames, 256, 22050, 50.0),)
