@@ -45,7 +45,9 @@ def encode_clip(
     text_len = bucketing.text_len_of(text_hists, b, cfg.pad.multiple)
     hop = cfg.mel.hop_length
     sr = cfg.audio.sample_rate
-    features = Schema.feature_table(text_len, mel_frames, cfg.mel.n_mels, cfg.optional_features, hop, outputs, sr)
+    features = Schema.feature_table(
+        text_len, mel_frames, cfg.mel.n_mels, cfg.optional_features, hop, extracted=outputs, sample_rate=sr
+    )
     mel = arrays["mel"]
     values = {
         "id": clip["id"],

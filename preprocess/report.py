@@ -261,8 +261,8 @@ def build_schema(
                 cfg.optional_features,
                 m.hop_length,
                 bucket_groups(corpus_tables, written, i),
-                outputs_of(extractors or ()),
-                cfg.audio.sample_rate,
+                extracted=outputs_of(extractors or ()),
+                sample_rate=cfg.audio.sample_rate,
             )
             for i, bound in enumerate(buckets["bounds"])
         ),

@@ -221,6 +221,7 @@ class Schema:
         n_mels: int,
         optional: tuple[str, ...] = (),
         hop_length: int = 0,
+        *,
         extracted: tuple = (),
         sample_rate: int = 0,
     ) -> tuple[Feature, ...]:
@@ -312,6 +313,7 @@ class Schema:
         optional: tuple[str, ...] = (),
         hop_length: int = 0,
         groups: dict[str, dict[str, list[int]]] | None = None,
+        *,
         extracted: tuple = (),
         sample_rate: int = 0,
     ) -> Bucket:
@@ -322,7 +324,9 @@ class Schema:
             index,
             max_text_len,
             max_mel_frames,
-            Schema.feature_table(max_text_len, max_mel_frames, n_mels, optional, hop_length, extracted, sample_rate),
+            Schema.feature_table(
+                max_text_len, max_mel_frames, n_mels, optional, hop_length, extracted=extracted, sample_rate=sample_rate
+            ),
             counts={s: sum(x["records"] for x in shards if x["split"] == s) for s in SPLITS},
             shards={
                 s: sorted(
