@@ -69,13 +69,22 @@ class FastSpeechLite(keras.Model):
         self.frame_pos = keras.layers.Dense(d)  # relative position of a frame inside its character
         self.mel_head = keras.layers.Dense(schema.n_mels, dtype="float32")
 
+    def condition(self, speaker, language_id):
+        """[B, d]: who speaks (`speaker`: the records' speaker_id) which language; a subclass may
+        condition on something else (examples/embedding_tts.py: a speaker embedding)."""
+        return self.speaker_embed(speaker) + self.language_embed(language_id)
+
+    def speaker_input(self, batch):
+        """What `condition` reads as the speaker from a training batch."""
+        return batch["speaker_id"]
+
     def encode(self, text_ids, text_len, speaker_id, language_id):
         mask = tf.sequence_mask(text_len, self.max_text_len, dtype=tf.float32)[..., None]
         x = self.embed(text_ids)
         for i in range(self.opts.encoder_layers):
             x = x + conv(x, getattr(self, f"enc_{i}"), self.opts.kernel) * tf.cast(mask, x.dtype)
         # who speaks which language, on every character: [B, d] broadcast over the text
-        x = self.enc_norm(x) + (self.speaker_embed(speaker_id) + self.language_embed(language_id))[:, None, :]
+        x = self.enc_norm(x) + self.condition(speaker_id, language_id)[:, None, :]
         pooled = tf.reduce_sum(tf.cast(x, tf.float32) * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)
         log_frames = tf.squeeze(self.length_head(pooled), -1)  # predicted log(mel_len)
         return x, log_frames
@@ -113,7 +122,7 @@ class FastSpeechLite(keras.Model):
         mel, log_frames = self(
             batch["text_ids"],
             batch["text_len"],
-            batch["speaker_id"],
+            self.speaker_input(batch),
             batch["language_id"],
             batch["mel_len"],
             training=training,

@@ -100,16 +100,21 @@ def library_versions(pitch: bool) -> dict[str, str | None]:
     }
 
 
-def settings_key(cfg: PreprocessConfig) -> str:
+def settings_key(cfg: PreprocessConfig, extractors: list[dict] | None = None) -> str:
     """Everything an entry's arrays depend on besides the audio file: the settings, this format's
     version and the versions of the libraries that compute them (`library_versions`), so an upgrade
-    computes the clips again instead of mixing old and new features. Computed where the features are
-    (a worker's libraries, not the launcher's)."""
+    computes the clips again instead of mixing old and new features; with `extractors` (their schema
+    records: name, version, fingerprint of code and weights, outputs), those too, so other weights
+    never reuse a clip's entry. Computed where the features are (a worker's libraries, not the launcher's)."""
     parts = {
         "format": FORMAT,
         **{k: dataclasses.asdict(getattr(cfg, k)) for k in ("audio", "mel", "features", "pitch", "quality")},
         "libraries": library_versions(bool(cfg.features.pitch)),
     }
+    if extractors:  # absent otherwise: a run without extractors keeps the keys it had
+        parts["extractors"] = [
+            {k: x[k] for k in ("name", "version", "fingerprint", "sample_rate", "outputs")} for x in extractors
+        ]
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -273,7 +278,8 @@ def read_batch(npz_path: str) -> dict[str, tuple[dict, dict, Moments]]:
                 batch[name] = batch[name].copy()
         spans, counts, hashes = batch["span"], batch["moments_n"], batch["audio_hash"]
         measures = sorted(n.removeprefix("quality/") for n in batch if n.startswith("quality/"))
-        features = [n for n in ("mel", "pitch", "energy", "audio") if n in batch]
+        # mel, pitch, energy, audio and the extractors' outputs: every array with its offsets
+        features = sorted(n for n in batch if f"{n}/offsets" in batch)
         if (
             len(spans) != len(keys)
             or len(counts) != len(keys)

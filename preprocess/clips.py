@@ -25,6 +25,9 @@ from melshards.shards_schema.stats import Cutoffs
 from melshards.shards_schema.text import TextRejected, check_texts
 from melshards.shards_schema.vocab import tokens
 
+# `analyse_audio`'s key for the kept samples in a run with extractors (no record feature's name)
+SAMPLES = "~samples"
+
 
 class ClipRejected(Exception):
     def __init__(self, reason: str, detail: str):
@@ -181,7 +184,8 @@ def analyse_audio(
     `quality.measures` off)}, the features of the kept samples): `mel` [frames, n_mels] float32 and, as
     `cfg` asks, `pitch`, `energy` [frames] float32 and `audio` [frames * hop] int16, from one decode and
     one STFT (the project's one mel, pitch and energy computation), after the loudness normalisation
-    when `audio.loudness_target_lufs` asks for it. `arrays=False`: the span alone (no STFT: bandwidth
+    when `audio.loudness_target_lufs` asks for it; in a run with extractors, the kept samples (float32)
+    under `SAMPLES`, which the caller takes out. `arrays=False`: the span alone (no STFT: bandwidth
     NaN). What the feature cache keeps (`melshards.preprocess.cache`). `locator`: where in `path` the
     clip is (a parquet row, a tar member, a segment)."""
     y = load_decoded(path, cfg, locator)
@@ -211,6 +215,8 @@ def analyse_audio(
         gain = quality.loudness_gain(trimmed, sr, target)
         trimmed = (trimmed * gain).astype(np.float32)
         mag = mag * np.float32(gain)  # the STFT is linear
+    if cfg.extractors:  # for the extractors (`melshards.preprocess.extractors`), which the caller runs on batches
+        out[SAMPLES] = trimmed
     frames = audio.num_frames(trimmed.size, hop)
     out["mel"] = audio.log_mel_of(mag, sr, cfg.mel)
     if cfg.features.energy:

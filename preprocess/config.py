@@ -180,6 +180,16 @@ class AlignmentsConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ExtractorConfig:
+    """One per-clip extractor (docs/preprocess.md, Extractors): `factory(**options)` returns it
+    (`melshards.preprocess.extractors`), loaded once per worker."""
+
+    factory: StrictStr  # package.module:function, as `melshards train --model` names a model factory
+    options: dict[StrictStr, typing.Any] = dataclasses.field(default_factory=dict)  # the factory's keyword arguments
+    batch_size: Annotated[StrictInt, Field(ge=1)] = 16  # clips per call
+
+
+@dataclasses.dataclass(frozen=True)
 class WriteConfig:
     target_shard_mb: Annotated[StrictFloat, POSITIVE] = (
         150.0  # shards hold about this many MB (100-200 MB reads well from GCS)
@@ -199,6 +209,7 @@ class PreprocessConfig:
     pitch: PitchConfig = PitchConfig()
     alignments: AlignmentsConfig = AlignmentsConfig()
     write: WriteConfig = WriteConfig()
+    extractors: tuple[ExtractorConfig, ...] = ()
 
     def frontend_for(self, language: str) -> str:
         """The text front end of a language's clips: the phones of their TextGrids (`alignments`, the

@@ -9,6 +9,7 @@ from melshards.preprocess import bucketing
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.report import mel_params
 from melshards.shards_schema import Schema, Vocabulary
+from melshards.shards_schema.extracted import ExtractorOutput
 from melshards.shards_schema.records import encode_example
 from melshards.shards_schema.vocab import text_ids
 
@@ -31,17 +32,22 @@ def encode_clip(
     corpus_tables: dict,
     vocab: Vocabulary,
     cfg: PreprocessConfig,
+    outputs: tuple[ExtractorOutput, ...] = (),
 ) -> tuple[str, int, bytes]:
     """Clip and its unpadded features (`clips.featurize`'s arrays: mel, and pitch, energy, audio,
     durations as the run computes them) -> (split, bucket, Example bytes) padded to its bucket's shapes;
     the speaker and language ids from `corpus_tables` (`melshards.preprocess.tables`).
 
-    Padding: the mel with log(floor) (digital silence), pitch, energy, audio and durations with 0."""
+    Padding: the mel with log(floor) (digital silence), pitch, energy, audio and durations with 0; the
+    extractors' `outputs` (from `arrays`) as each declares (`ExtractorOutput.padded`)."""
     b = bucketing.bucket_of(clip, buckets)
     mel_frames = buckets["bounds"][b]
     text_len = bucketing.text_len_of(text_hists, b, cfg.pad.multiple)
     hop = cfg.mel.hop_length
-    features = Schema.feature_table(text_len, mel_frames, cfg.mel.n_mels, cfg.optional_features, hop)
+    sr = cfg.audio.sample_rate
+    features = Schema.feature_table(
+        text_len, mel_frames, cfg.mel.n_mels, cfg.optional_features, hop, extracted=outputs, sample_rate=sr
+    )
     mel = arrays["mel"]
     values = {
         "id": clip["id"],
@@ -61,4 +67,6 @@ def encode_clip(
     if "audio" in arrays:
         values["audio"] = pad_to(arrays["audio"], mel_frames * hop, 0)
         values["audio_len"] = clip["num_samples"]
+    for o in outputs:
+        values.update(o.padded(arrays[o.name], mel_frames, hop, sr))
     return clip["split"], b, encode_example(features, values)

@@ -24,9 +24,16 @@ from melshards.shards_schema.stats import Moments, summarize
 STAT_FEATURES = ("pitch", "energy")
 
 
-def clip_summary(arrays: dict) -> dict:
-    """One clip's unpadded features -> {feature: Moments (dim 1)} and `pitch_hz` (Hz -> voiced frames)."""
+VECTOR = "vector:"  # a summary's key prefix for an extractor's vector output (its sum, for the centroids)
+
+
+def clip_summary(arrays: dict, vectors: tuple[str, ...] = ()) -> dict:
+    """One clip's unpadded features -> {feature: Moments (dim 1)} and `pitch_hz` (Hz -> voiced frames);
+    each of the extractors' `vectors` as Moments of one observation (`VECTOR` + name)."""
     out: dict = {}
+    for name in vectors:
+        if name in arrays:
+            out[VECTOR + name] = Moments.of(np.asarray(arrays[name], np.float64)[None, :])
     if "pitch" in arrays:
         f0 = np.asarray(arrays["pitch"], np.float64)
         voiced = f0[f0 > 0]
@@ -43,6 +50,9 @@ def _merge_into(acc: dict, summary: dict) -> None:
             acc[name] = acc.get(name, Moments.empty(1)).merge(summary[name])
     if "pitch_hz" in summary:
         acc.setdefault("pitch_hz", Counter()).update(summary["pitch_hz"])
+    for name, m in summary.items():
+        if name.startswith(VECTOR):
+            acc[name] = acc[name].merge(m) if name in acc else m
 
 
 def group_keys(clip: dict, split: str) -> tuple[tuple, ...]:
@@ -88,10 +98,22 @@ def _of_group(acc: dict, kind: str, name: str) -> dict:
     return acc.get((kind, name, "val"), {})
 
 
+def centroids(acc: dict, speaker: str) -> dict[str, list[float]]:
+    """A speaker's centroid of each vector output: the mean of its training clips' vectors, or of its
+    validation clips' where it has no training clip (a held-out speaker), rounded to 6 decimals."""
+    train, val = acc.get(("speaker", speaker, "train"), {}), acc.get(("speaker", speaker, "val"), {})
+    names = sorted({k for k in (*train, *val) if k.startswith(VECTOR)})
+    out = {}
+    for key in names:
+        m = train[key] if key in train else val[key]
+        out[key[len(VECTOR) :]] = [round(float(x), 6) for x in m.mean]
+    return out
+
+
 def finish(acc: dict, features: tuple[str, ...]) -> dict:
     """The merged groups -> {"global": {feature: {mean, std, frames}}, "speakers": {name: ...},
-    "languages": {code: ...}, "pitch_percentiles": {speaker: summarize(Hz histogram)}} for the
-    `features` (of STAT_FEATURES) the run computes."""
+    "languages": {code: ...}, "pitch_percentiles": {speaker: summarize(Hz histogram)}, "centroids":
+    {speaker: {vector output: mean}}} for the `features` (of STAT_FEATURES) the run computes."""
     features = tuple(f for f in STAT_FEATURES if f in features)
     names = {kind: sorted({key[1] for key in acc if key[0] == kind}) for kind in ("speaker", "language")}
     out = {
@@ -100,6 +122,7 @@ def finish(acc: dict, features: tuple[str, ...]) -> dict:
         "languages": {n: _record(_of_group(acc, "language", n), features) for n in names["language"]},
         "pitch_percentiles": {},
     }
+    out["centroids"] = {n: centroids(acc, n) for n in names["speaker"]}
     if "pitch" in features:
         out["pitch_percentiles"] = {
             n: summarize(_of_group(acc, "speaker", n).get("pitch_hz", {})) for n in names["speaker"]

@@ -15,8 +15,8 @@ import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from melshards.preprocess import cache, feature_stats, tables
-from melshards.preprocess.clips import analyse_audio, filter_rejection
+from melshards.preprocess import cache, extractors, feature_stats, tables
+from melshards.preprocess.clips import SAMPLES, analyse_audio, filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import REJECTED, count
 from melshards.preprocess.encode import encode_clip
@@ -24,6 +24,7 @@ from melshards.preprocess.shards import RollingFiles
 from melshards.preprocess.stash import load_clips, load_features
 from melshards.preprocess.workers import worker_setup
 from melshards.shards_schema import Vocabulary
+from melshards.shards_schema.extracted import outputs_of
 from melshards.shards_schema.stats import Moments, merge_histograms
 
 # FilterAndWrite's outputs besides "parts" and "rejected"
@@ -51,16 +52,23 @@ def written_counts(clips) -> Counter:
     return out
 
 
-def analyse_again(clip: dict, cfg: PreprocessConfig) -> dict:
+def analyse_again(clip: dict, cfg: PreprocessConfig, runner: extractors.Extractors | None = None) -> dict:
     """The audio features of a measured clip whose cache entry could not be read back, computed again
-    from its audio (the same computation, so the same arrays; the mel as float16, as the cache holds it).
-    IOError if the audio no longer gives the span Measure measured (the file changed during the run)."""
+    from its audio (the same computation, so the same arrays; the mel as float16, as the cache holds it),
+    and the extractors' outputs (`runner`, in a run with extractors). IOError if the audio no longer
+    gives the span Measure measured (the file changed during the run) or an extractor now fails on it."""
     span, arrays = analyse_audio(clip["audio"], cfg, locator=clip.get("locator"))
     if span["length"] != clip["num_samples"]:
         raise OSError(
             f"{clip['audio']} changed during the run ({span['length']} samples kept, measured "
             f"{clip['num_samples']}); run again"
         )
+    samples = arrays.pop(SAMPLES, None)
+    if runner is not None and samples is not None:
+        (out,) = runner.apply([samples], [clip["mel_frames"]], cfg.audio.sample_rate, cfg.mel.hop_length)
+        if isinstance(out, str):
+            raise OSError(f"{clip['audio']}: an extractor failed on it during the run ({out}); run again")
+        arrays.update(out)
     return dict(arrays, mel=arrays["mel"].astype("<f2"))
 
 
@@ -78,12 +86,15 @@ class _FilterAndWriteFn(beam.DoFn):
 
     def setup(self):
         worker_setup()
+        # built only if a cache entry went missing during the run (`analyse_again`)
+        self.extractors = extractors.for_run(self.cfg) if self.cfg.extractors else None
 
     def start_bundle(self):
         self.files = RollingFiles(self.out_dir, self.target)
 
-    def process(self, batch, cutoffs, chosen, corpus_tables):
+    def process(self, batch, cutoffs, chosen, corpus_tables, measured=()):
         buckets, text = chosen["buckets"], chosen["text"]
+        outputs = outputs_of(measured[0]["extractors"]) if measured else ()
         clips, kept = load_clips(batch), []
         for clip in clips:
             rejection = filter_rejection(clip, cutoffs, corpus_tables)
@@ -102,11 +113,13 @@ class _FilterAndWriteFn(beam.DoFn):
                 found = cache.read_entry(where, key, from_cache)
                 if found is None:  # the file went (a prune, a user) or was damaged since Measure read it
                     count("cache_recomputed_in_writer")
-                    found = analyse_again(clip, self.cfg)
+                    found = analyse_again(clip, self.cfg, self.extractors)
                 by_id[clip["id"]] = dict(found, **by_id[clip["id"]])
         vocab = Vocabulary(corpus_tables["vocabulary"], self.cfg.text_unit)
         for clip in kept:
-            split, bucket, data = encode_clip(clip, by_id[clip["id"]], buckets, text, corpus_tables, vocab, self.cfg)
+            split, bucket, data = encode_clip(
+                clip, by_id[clip["id"]], buckets, text, corpus_tables, vocab, self.cfg, outputs
+            )
             clip["bucket"] = bucket  # for written_counts
             yield from self.files.write(split, bucket, data)
             if split == "train":
@@ -114,7 +127,7 @@ class _FilterAndWriteFn(beam.DoFn):
         count("records_written", len(kept))
         yield beam.pvalue.TaggedOutput(MOMENTS, moments)
         yield beam.pvalue.TaggedOutput(WRITTEN, written_counts(kept))
-        if self.cfg.features.pitch or self.cfg.features.energy:
+        if self.cfg.features.pitch or self.cfg.features.energy or self.cfg.extractors:
             yield beam.pvalue.TaggedOutput(
                 FEATURE_STATS, feature_stats.batch_stats((c, c["feature_summary"]) for c in kept)
             )
@@ -135,9 +148,10 @@ class FilterAndWrite(beam.PTransform):
     statistics per group (`feature_stats.batch_stats`, merged; empty when the run computes neither)}.
     """
 
-    def __init__(self, cutoffs, chosen, corpus_tables, out_dir: str, cfg: PreprocessConfig):
+    def __init__(self, cutoffs, chosen, corpus_tables, out_dir: str, cfg: PreprocessConfig, measured=None):
         super().__init__()
         self.cutoffs, self.chosen, self.tables, self.out_dir, self.cfg = cutoffs, chosen, corpus_tables, out_dir, cfg
+        self.measured = measured  # the measure stage's summary (`measure.cache_summary`): the extractors it ran
 
     def expand(self, batches):
         S = beam.pvalue
@@ -146,6 +160,7 @@ class FilterAndWrite(beam.PTransform):
             S.AsSingleton(self.cutoffs),
             S.AsSingleton(self.chosen),
             S.AsSingleton(self.tables),
+            **({"measured": S.AsList(self.measured)} if self.measured is not None else {}),
         ).with_outputs(REJECTED, MOMENTS, WRITTEN, FEATURE_STATS, main="parts")
         written = out[WRITTEN] | "SumWritten" >> beam.CombineGlobally(sum_counters).without_defaults()
         stats = out[FEATURE_STATS] | "FeatureStats" >> beam.CombineGlobally(feature_stats.merge).without_defaults()

@@ -21,7 +21,16 @@ from melshards.preprocess.rows import CorpusError, bare_lines, gender_code, reje
 
 MANIFEST_EXTENSIONS = (".csv", ".tsv", ".jsonl")
 MANIFEST_COLUMNS = ("audio", "text")  # required; id, speaker, language, gender and asr_text are optional
-MANIFEST_READ = (*MANIFEST_COLUMNS, "id", "speaker", "language", "gender", "asr_text", "start", "end")  # every column read
+MANIFEST_READ = (
+    *MANIFEST_COLUMNS,
+    "id",
+    "speaker",
+    "language",
+    "gender",
+    "asr_text",
+    "start",
+    "end",
+)  # every column read
 COMMONVOICE_COLUMNS = ("client_id", "path", "sentence")  # required; locale and gender are optional
 _LOCALE = re.compile(r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})*$")  # en, cy, zh-CN, rm-sursilv
 

@@ -15,11 +15,12 @@ from collections import Counter
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from melshards.preprocess import cache, containers, feature_stats
-from melshards.preprocess.clips import ClipRejected, as_rejection, featurize_span, prepare_texts
+from melshards.preprocess import cache, containers, extractors, feature_stats
+from melshards.preprocess.clips import SAMPLES, ClipRejected, as_rejection, featurize_span, prepare_texts
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import NS, REJECTED, count
 from melshards.preprocess.progress import ProgressFile
+from melshards.preprocess.rows import reject
 from melshards.preprocess.stash import load_rows, stash_batch
 from melshards.preprocess.workers import worker_setup
 from melshards.shards_schema.stats import Moments
@@ -100,7 +101,11 @@ class _MeasureFn(beam.DoFn):
 
     def setup(self):
         worker_setup()
-        self.settings = cache.settings_key(self.cfg)  # the worker's libraries compute the features
+        # loaded once per worker; their fingerprints are part of the cache key
+        self.extractors = extractors.for_run(self.cfg) if self.cfg.extractors else None
+        self.records = self.extractors.records() if self.extractors else []
+        self.vectors = self.extractors.vectors() if self.extractors else ()
+        self.settings = cache.settings_key(self.cfg, self.records)  # the worker's libraries compute the features
         self.progress = ProgressFile(self.progress_dir) if self.progress_dir else None
 
     def finish_bundle(self):
@@ -111,6 +116,7 @@ class _MeasureFn(beam.DoFn):
         rows = load_rows(batch)
         clips, arrays, written = [], [], []
         cached = _Cached(self.cache_dir, index, self.settings)
+        measured = []
         for row, text in zip(rows, prepare_texts(rows, self.cfg)):
             count("rows_measured")  # with the per-reason counters, the job's progress on Dataflow
             key = cached.key(row)
@@ -121,6 +127,13 @@ class _MeasureFn(beam.DoFn):
                 count(e.reason)
                 yield beam.pvalue.TaggedOutput(REJECTED, as_rejection(row["id"], e))
                 continue
+            measured.append((row, key, hit, clip, features, span))
+        if self.extractors:
+            measured, failed = extract(self.extractors, measured, self.cfg)
+            for rejection in failed:
+                count(rejection["reason"])
+                yield beam.pvalue.TaggedOutput(REJECTED, rejection)
+        for _row, key, hit, clip, features, span in measured:
             # A clip in the cache, found or added, is stashed without what the cache holds: the
             # writer reads that from the cache file, so a run with a cache writes each array once.
             stashed = {k: v for k, v in features.items() if k == "durations"}
@@ -136,7 +149,7 @@ class _MeasureFn(beam.DoFn):
             cached.counts["hits" if hit is not None else "computed"] += 1
             Metrics.distribution(NS, "mel_frames").update(clip["mel_frames"])
             clip["moments"] = moments
-            clip["feature_summary"] = feature_stats.clip_summary(features)
+            clip["feature_summary"] = feature_stats.clip_summary(features, self.vectors)
             clips.append(clip)
             arrays.append(stashed)
         containers.release_held()  # the parquet row group the batch's rows were read from
@@ -149,7 +162,7 @@ class _MeasureFn(beam.DoFn):
             self.progress.add(len(rows))
         count("clips_measured", len(clips))
         yield beam.pvalue.TaggedOutput(STASHED, stash_batch(self.stash_dir, clips, arrays))
-        yield {"clips": clips, "cache": cached.counts, "cache_files": sorted(cached.used)}
+        yield {"clips": clips, "cache": cached.counts, "cache_files": sorted(cached.used), "extractors": self.records}
 
 
 class MeasureClips(beam.PTransform):
@@ -182,14 +195,38 @@ class MeasureClips(beam.PTransform):
 
 
 def cache_summary(batches) -> dict:
-    """The measured batches' cache counts summed, and the cache files they read or wrote."""
+    """The measured batches' cache counts summed, the cache files they read or wrote, and the extractors
+    they ran (`extractors.same_records`: every worker's must be the same)."""
     counts: Counter[str] = Counter()
     files: set[str] = set()
+    records: list = []
     for b in batches:
         counts.update(b.get("cache", {}))
         files.update(b.get("cache_files", ()))
-    return {"counts": counts, "files": files}
+        records = extractors.same_records(records, b.get("extractors", []))
+    return {"counts": counts, "files": files, "extractors": records}
 
 
 def merge_cache_summaries(parts) -> dict:
-    return cache_summary({"cache": p["counts"], "cache_files": p["files"]} for p in parts)
+    return cache_summary(
+        {"cache": p["counts"], "cache_files": p["files"], "extractors": p.get("extractors", [])} for p in parts
+    )
+
+
+def extract(runner: extractors.Extractors, measured: list, cfg: PreprocessConfig) -> tuple[list, list[dict]]:
+    """Measured clips (row, key, hit, clip, features, span) -> (those with their extractor outputs in
+    `features`, the rejections of the clips an extractor failed on). A clip found in the cache has its
+    outputs already; the others' kept samples (`clips.SAMPLES`) go to the extractors in batches and
+    leave `features`."""
+    todo = [m for m in measured if m[2] is None]
+    samples = [m[4].pop(SAMPLES) for m in todo]
+    for m in measured:
+        m[4].pop(SAMPLES, None)
+    results = runner.apply(samples, [m[3]["mel_frames"] for m in todo], cfg.audio.sample_rate, cfg.mel.hop_length)
+    failed = {id(m): r for m, r in zip(todo, results) if isinstance(r, str)}
+    for m, r in zip(todo, results):
+        if not isinstance(r, str):
+            m[4].update(r)
+    kept = [m for m in measured if id(m) not in failed]
+    rejected = [reject(m[0]["id"], extractors.FAILED, failed[id(m)]) for m in measured if id(m) in failed]
+    return kept, rejected

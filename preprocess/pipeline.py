@@ -60,7 +60,9 @@ def build_pipeline(
     corpus_tables = measured.clips | "CorpusTables" >> CorpusTables(cfg)
     cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, beam.pvalue.AsSingleton(corpus_tables), cfg)
     chosen = measured[STASHED] | "ChooseBuckets" >> ChooseBuckets(cutoffs, corpus_tables, cfg)
-    written = measured[STASHED] | "FilterAndWrite" >> FilterAndWrite(cutoffs, chosen, corpus_tables, out_dir, cfg)
+    written = measured[STASHED] | "FilterAndWrite" >> FilterAndWrite(
+        cutoffs, chosen, corpus_tables, out_dir, cfg, cache_used if cfg.extractors else None
+    )
     moments = written[MOMENTS] | "MelStats" >> MelStatistics(cfg.mel.n_mels)
     shards = written["parts"] | "Shards" >> AssembleShards(out_dir, cfg.write.target_shard_mb)
     rejected = (read[REJECTED], measured[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten()

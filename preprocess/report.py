@@ -34,6 +34,7 @@ from melshards.shards_schema import (
     Speaker,
 )
 from melshards.shards_schema.atomic import atomic_write
+from melshards.shards_schema.extracted import outputs_of
 from melshards.shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, summarize
 from melshards.shards_schema.stats_model import stats_problem
 from melshards.shards_schema.text import frontend_record
@@ -68,6 +69,7 @@ def schema_speakers(corpus_tables: dict, written: dict, features: dict | None = 
             round(written.get(("speaker", name, "ms"), 0) / HOURS, 4),
             s["gender"],
             own.get(name, {}),
+            (features or {}).get("centroids", {}).get(name, {}),
         )
         for name, s in sorted(corpus_tables["speakers"].items(), key=lambda kv: kv[1]["id"])
     ]
@@ -230,6 +232,7 @@ def build_schema(
     corpus_tables: dict,
     written: dict,
     features: dict | None = None,
+    extractors: list[dict] | None = None,
 ) -> Schema:
     m = cfg.mel
     if moments.n == 0:  # no training frames: identity normalisation, stated rather than invented
@@ -264,11 +267,14 @@ def build_schema(
                 cfg.optional_features,
                 m.hop_length,
                 bucket_groups(corpus_tables, written, i),
+                extracted=outputs_of(extractors or ()),
+                sample_rate=cfg.audio.sample_rate,
             )
             for i, bound in enumerate(buckets["bounds"])
         ),
         text_unit=cfg.text_unit,
         feature_stats=(features or {}).get("global", {}),
+        extractors=tuple(extractors or ()),
     )
 
 
@@ -387,7 +393,7 @@ class _WriteReportFn(beam.DoFn):
         buckets, text = plan["buckets"], plan["text"]
         written = written[0] if written else {}  # none when no batch was written
         features = None
-        if self.cfg.features.pitch or self.cfg.features.energy:
+        if self.cfg.features.pitch or self.cfg.features.energy or self.cfg.extractors:
             features = feature_stats.finish(feature_groups[0] if feature_groups else {}, self.cfg.optional_features)
         stats = build_stats(
             self.cfg,
@@ -418,7 +424,8 @@ class _WriteReportFn(beam.DoFn):
         _write_text(self.out_dir, STATS_FILE, json.dumps(stats, indent=2) + "\n")
         finished = cutoffs is not None and buckets is not None
         if finished:  # else every row was rejected (or filtered): no schema.json, the CLI says so from stats.json
-            schema = build_schema(self.cfg, buckets, text, moments, list(shards), tables, written, features)
+            ran = cache_use[0].get("extractors", []) if cache_use else []  # the extractors' records
+            schema = build_schema(self.cfg, buckets, text, moments, list(shards), tables, written, features, ran)
             _write_text(self.out_dir, SCHEMA_FILE, schema.to_json())
         # Once, after the last file: schema.json is never written into a temp dir already removed.
         remove_temp_dir(self.out_dir)

@@ -21,7 +21,12 @@ from melshards.shards_schema.schema import Bucket, Feature, Schema, SchemaError
 # of a one-bucket run); both carry `features`.
 Shapes = Schema | Bucket
 
-RAW_DTYPES = {"raw_float16": np.dtype("<f2"), "raw_int16": np.dtype("<i2")}
+RAW_DTYPES: dict[str, np.dtype] = {
+    "raw_float16": np.dtype("<f2"),
+    "raw_int16": np.dtype("<i2"),
+    "raw_float32": np.dtype("<f4"),  # extractor outputs declared float32 / int32 (`shards_schema.extracted`)
+    "raw_int32": np.dtype("<i4"),
+}
 
 
 # -- writing, without TensorFlow ---------------------------------------------------------------
@@ -146,7 +151,7 @@ def _decode(f: Feature, column, batch_size: int | None):
         return column
     if f.storage == "int64":
         return tf.cast(column, tf.int32)
-    raw_dtype = tf.float16 if f.storage == "raw_float16" else tf.int16
+    raw_dtype = tf.as_dtype(RAW_DTYPES[f.storage].name)
     out = tf.io.decode_raw(column, raw_dtype, little_endian=True)
     out = tf.reshape(out, lead + list(f.shape))
     return tf.cast(out, tf.as_dtype(f.dtype))

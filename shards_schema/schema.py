@@ -31,7 +31,9 @@ from typing import Any
 # sampling weighs the buckets by), and each shard's size in bytes (`bytes` in its shard list entry, checked
 # before training); a 3.1 file reads without them.
 # 3.3: `audio.trim_method` (energy or webrtcvad) and `audio.loudness_target_lufs` (the loudness each clip
-# was normalised to, null: not normalised); a 3.2 file reads as energy-trimmed, not normalised.
+# was normalised to, null: not normalised); per-clip extractor outputs (`extractors`: each one's name,
+# version, fingerprint and declared outputs; their record features after the optional ones;
+# `Speaker.centroids`); a 3.2 file reads as energy-trimmed, not normalised, without extractors.
 # 2.x had no ids (one English front end); 1.x one shape and no buckets. Neither is read: re-run preprocess.
 SCHEMA_VERSION = "3.3.0"
 SCHEMA_FILE = "schema.json"
@@ -72,7 +74,7 @@ class Feature:
     name: str
     dtype: str  # decoded dtype: string, int32, float32
     shape: tuple[int, ...]
-    storage: str  # bytes | int64 | raw_float16 | raw_int16
+    storage: str  # bytes | int64 | raw_float16 | raw_int16 | raw_float32 | raw_int32
     description: str = ""
 
 
@@ -122,6 +124,8 @@ class Speaker:
     hours: float
     gender: str = ""  # "F" | "M" | "" where the corpus does not say
     stats: dict[str, Any] = dataclasses.field(default_factory=dict)  # feature -> {mean, std, frames} (FeatureStats)
+    # vector extractor output -> the mean of this speaker's vectors (training clips; val where it has none)
+    centroids: dict[str, list[float]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -209,14 +213,26 @@ class Schema:
     # global statistics of the optional features over the training split: feature -> {mean, std, frames}
     # (pitch over voiced frames only); per speaker and language in their tables' `stats`
     feature_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the per-clip extractors whose outputs the records hold: {name, version, fingerprint, factory,
+    # sample_rate, outputs: [ExtractorOutput as a dict]} (`melshards.preprocess.extractors`)
+    extractors: tuple[dict[str, Any], ...] = ()
 
     # -- construction -------------------------------------------------------------------
     @staticmethod
     def feature_table(
-        max_text_len: int, max_mel_frames: int, n_mels: int, optional: tuple[str, ...] = (), hop_length: int = 0
+        max_text_len: int,
+        max_mel_frames: int,
+        n_mels: int,
+        optional: tuple[str, ...] = (),
+        hop_length: int = 0,
+        *,
+        extracted: tuple = (),
+        sample_rate: int = 0,
     ) -> tuple[Feature, ...]:
         """A bucket's features: the ten every run has, then the `optional` ones (OPTIONAL_FEATURES) the
-        run holds; `hop_length` sizes the audio (max_mel_frames * hop_length samples)."""
+        run holds, then the extractors' outputs (`extracted`: `shards_schema.extracted.ExtractorOutput`s,
+        token outputs sized from `hop_length` and `sample_rate`); `hop_length` sizes the audio
+        (max_mel_frames * hop_length samples)."""
         unknown = [n for n in optional if n not in OPTIONAL_FEATURES]
         if unknown:
             raise SchemaError(f"unknown optional features {unknown}; they are {list(OPTIONAL_FEATURES)}")
@@ -259,9 +275,14 @@ class Schema:
                 ),
             ),
         }
-        return Schema.base_features(max_text_len, max_mel_frames, n_mels) + tuple(
+        table = Schema.base_features(max_text_len, max_mel_frames, n_mels) + tuple(
             f for n in OPTIONAL_FEATURES if n in optional for f in extra[n]
         )
+        if extracted:
+            from melshards.shards_schema.extracted import output_features
+
+            table += output_features(tuple(extracted), max_mel_frames, hop_length, sample_rate)
+        return table
 
     @staticmethod
     def base_features(max_text_len: int, max_mel_frames: int, n_mels: int) -> tuple[Feature, ...]:
@@ -296,6 +317,9 @@ class Schema:
         optional: tuple[str, ...] = (),
         hop_length: int = 0,
         groups: dict[str, dict[str, list[int]]] | None = None,
+        *,
+        extracted: tuple = (),
+        sample_rate: int = 0,
     ) -> Bucket:
         """A bucket from its shapes and its shard list [{split, file, records, bytes}] (any order; `bytes`,
         the file's size, where known); `groups`: its records per speaker and language id in each split."""
@@ -304,7 +328,9 @@ class Schema:
             index,
             max_text_len,
             max_mel_frames,
-            Schema.feature_table(max_text_len, max_mel_frames, n_mels, optional, hop_length),
+            Schema.feature_table(
+                max_text_len, max_mel_frames, n_mels, optional, hop_length, extracted=extracted, sample_rate=sample_rate
+            ),
             counts={s: sum(x["records"] for x in shards if x["split"] == s) for s in SPLITS},
             shards={
                 s: sorted(
@@ -393,6 +419,19 @@ class Schema:
         """The speaker called `name`; SchemaError naming a few known ones and the count otherwise."""
         return _lookup(self.speakers, "name", name, "speaker")
 
+    def centroids(self, name: str) -> list[list[float]]:
+        """Each speaker's centroid of the vector extractor output `name`, in speaker id order (a table
+        a model can gather by speaker_id); zeros for a speaker without clips in the shards.
+        SchemaError when the run has no vector output of that name."""
+        dims = [o["dim"] for x in self.extractors for o in x["outputs"] if o["name"] == name and o["kind"] == "vector"]
+        if not dims:
+            vectors = [o["name"] for x in self.extractors for o in x["outputs"] if o["kind"] == "vector"]
+            raise SchemaError(
+                f"these shards have no vector extractor output {name!r} (they have {first_few(vectors) or 'none'}); "
+                "add an extractor that gives it to the preprocess config's `extractors:` and re-run preprocess"
+            )
+        return [list(s.centroids.get(name, [0.0] * dims[0])) for s in self.speakers]
+
     def language(self, code: str) -> Language:
         """The language of code `code`; SchemaError naming a few known ones and the count otherwise."""
         return _lookup(self.languages, "code", code, "language")
@@ -407,6 +446,10 @@ class Schema:
         # what the ids mean (not how many clips each has)
         out["speakers"] = [[s["id"], s["name"]] for s in d["speakers"]]
         out["languages"] = [[lang["id"], lang["code"], lang["text_frontend"]] for lang in d["languages"]]
+        # extractor outputs of other code or weights do not mix (the fingerprint), whatever their shapes
+        out["extractors"] = [
+            {k: x[k] for k in ("name", "version", "fingerprint", "sample_rate", "outputs")} for x in d["extractors"]
+        ]
         out["buckets"] = [
             {k: b[k] for k in ("index", "max_text_len", "max_mel_frames", "features")} for b in d["buckets"]
         ]
@@ -436,6 +479,7 @@ class Schema:
             "mel_mean": list(self.mel_mean),
             "mel_std": list(self.mel_std),
             "pad_multiple": self.pad_multiple,
+            "extractors": [dict(x) for x in self.extractors],
         }
         # A readable summary of the buckets; checked against them on reading (an edit is an error).
         d.update(max_text_len=self.max_text_len, max_mel_frames=self.max_mel_frames, counts=self.counts)
@@ -467,6 +511,7 @@ class Schema:
                 buckets=tuple(Bucket.from_dict(b) for b in d["buckets"]),
                 text_unit=str(d.get("text_unit", "character")),  # 3.0 files: characters, no optional features
                 feature_stats=dict(d.get("feature_stats", {})),
+                extractors=tuple(dict(x) for x in d.get("extractors", ())),  # 3.2 files: none
             )
             summary = {k: d[k] for k in ("max_text_len", "max_mel_frames", "counts")}
         except (KeyError, TypeError) as e:

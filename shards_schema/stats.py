@@ -42,6 +42,7 @@ REJECT_REASONS = (
     "silent_audio",
     "missing_alignment",
     "alignment_mismatch",
+    "extractor_failed",  # a per-clip extractor raised on the clip, or its output broke its declaration
 )
 
 

@@ -9,16 +9,13 @@ runs in, such as this repository's `examples/` (`--model examples.fastspeech_lit
 from __future__ import annotations
 
 import contextlib
-import importlib
-import os
-import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import keras
 
 from melshards.shards_schema.config import ConfigError
+from melshards.shards_schema.factories import load_callable
 from melshards.train import device
 from melshards.train.contract import MODEL_INPUTS, REQUIRED_TERMS
 from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
@@ -29,39 +26,16 @@ class PluginError(ConfigError):
 
 
 def load_factory(spec: str) -> Callable:
-    """`package.module:factory` -> the callable; raises PluginError if it cannot be found."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise PluginError(
-            f"model factory {spec!r} is not of the form package.module:factory (e.g. examples.fastspeech_lite:build)"
-        )
-    if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.append(os.getcwd())  # last: an installed package of the same name wins
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as e:  # noqa: BLE001 (any error while importing user code is reported the same way)
-        last = traceback.format_exception_only(type(e), e)[-1].strip()
-        raise PluginError(
-            f"model factory {spec!r}: module {module_name!r} does not import ({last}). "
-            "Install it, or run from the directory that holds it"
-        ) from e
-    factory: Any = module
-    for part in attr.split("."):
-        factory = getattr(factory, part, None)
-        if factory is None:
-            public = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
-            raise PluginError(
-                f"model factory {spec!r}: module {module_name!r} has no {attr!r}; its callables "
-                f"are: {', '.join(public) or '(none)'}"
-            )
-    if not callable(factory):
-        raise PluginError(f"model factory {spec!r} is a {type(factory).__name__}, not a callable")
-    return factory
+    """`package.module:factory` -> the callable; raises PluginError if it cannot be found
+    (`melshards.shards_schema.factories.load_callable`)."""
+    return load_callable(spec, "model factory", "examples.fastspeech_lite:build", PluginError, "factory")
 
 
 def model_inputs(spec: str) -> tuple[str, ...]:
     """What the model's batch holds: MODEL_INPUTS, then the optional features its factory asks for
-    (`factory.features`, `melshards.train.contract`), with `audio_len` beside `audio`."""
+    (`factory.features`, `melshards.train.contract`), with `audio_len` beside `audio`, then the
+    extractors' outputs it asks for (any other names, in its order: `check_features` finds them in
+    the schema)."""
     from melshards.shards_schema.schema import OPTIONAL_FEATURES
 
     asked = getattr(load_factory(spec), "features", ())
@@ -70,14 +44,15 @@ def model_inputs(spec: str) -> tuple[str, ...]:
             f"model factory {spec!r}: `features` is {asked!r}; give a tuple of feature names, "
             f"e.g. ('durations', 'pitch')"
         )
-    unknown = [n for n in asked if n not in OPTIONAL_FEATURES and n != "audio_len"]
+    unknown = [n for n in asked if n not in OPTIONAL_FEATURES and n != "audio_len" and not n.isidentifier()]
     if unknown:
         raise PluginError(
             f"model factory {spec!r} asks for the feature(s) {', '.join(map(repr, unknown))}; the "
-            f"optional features are {', '.join(OPTIONAL_FEATURES)}"
+            f"optional features are {', '.join(OPTIONAL_FEATURES)}, and extractor outputs are named as identifiers"
         )
     extra = tuple(n for n in OPTIONAL_FEATURES if n in asked)
-    return MODEL_INPUTS + extra + (("audio_len",) if "audio" in extra else ())
+    extracted = tuple(n for n in asked if n not in OPTIONAL_FEATURES and n != "audio_len" and n not in MODEL_INPUTS)
+    return MODEL_INPUTS + extra + (("audio_len",) if "audio" in extra else ()) + extracted
 
 
 def check_features(spec: str, schema) -> tuple[str, ...]:

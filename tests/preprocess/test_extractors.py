@@ -1,0 +1,360 @@
+"""Per-clip extractors (docs/preprocess.md, Extractors you plug in): the declarations, padding and
+centroids as pure functions; the SavedModel adapter on a tiny model; then one small run with a tiny ONNX
+embedding, a Python codec stand-in and a Python per-frame extractor that fails on one clip, its cached
+re-run, and a plug-in trained on the embedding."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import soundfile as sf
+import yaml
+
+from melshards.preprocess import cache, extractors, feature_stats
+from melshards.preprocess.config import ExtractorConfig, PreprocessConfig
+from melshards.shards_schema import read_schema
+from melshards.shards_schema.extracted import ExtractorOutput, token_capacity
+from melshards.shards_schema.schema import Schema, SchemaError
+from tests.preprocess.conftest import tone
+
+# -- declarations and padding ---------------------------------------------------------------------
+
+
+def test_token_capacity_is_the_exact_ceiling_of_the_mel_frames_seconds():
+    # 100 frames * 256 / 22050 Hz = 1.16099... s; at 50 tokens/s: 58.049... -> 59
+    assert token_capacity(100, 256, 22050, 50.0) == 59
+    # exactly 2 s (250 frames * 128 / 16000) at 75/s: 150, not 151 from a float hair above
+    assert token_capacity(250, 128, 16000, 75.0) == 150
+    assert token_capacity(250, 128, 16000, 12.5) == 25
+
+
+def test_each_kind_declares_its_bucket_shapes_and_storage():
+    vec = ExtractorOutput("spk", "vector", "float32", dim=3)
+    frames = ExtractorOutput("loud", "frames", "float16", dim=2)
+    tokens = ExtractorOutput("codes", "tokens", "int16", dim=8, frame_rate=50.0)
+    got = [(f.name, f.dtype, f.shape, f.storage) for o in (vec, frames, tokens) for f in o.features(100, 256, 22050)]
+    assert got == [
+        ("spk", "float32", (3,), "raw_float32"),
+        ("loud", "float32", (100, 2), "raw_float16"),
+        ("codes", "int32", (59, 8), "raw_int16"),
+        ("codes_len", "int32", (), "int64"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "kwargs, problem",
+    [
+        ({"kind": "vector"}, "dim 0"),
+        ({"kind": "tokens"}, "frame_rate 0.0"),
+        ({"kind": "frames", "frame_rate": 10.0}, "frame_rate 10.0"),
+        ({"kind": "pixels"}, "kind 'pixels'"),
+        ({"kind": "frames", "dtype": "float64"}, "dtype 'float64'"),
+    ],
+)
+def test_a_bad_declaration_is_refused_naming_what_is_wrong(kwargs, problem):
+    with pytest.raises(SchemaError, match=problem):
+        ExtractorOutput("x", **kwargs)
+
+
+def test_outputs_are_checked_against_the_declaration_and_the_clip():
+    vec = ExtractorOutput("spk", "vector", dim=3)
+    frames = ExtractorOutput("loud", "frames")
+    tokens = ExtractorOutput("codes", "tokens", "int16", frame_rate=50.0)
+    assert vec.check([1, 2], 10, 256, 22050)[1] == "spk: 2 values, declared 3"
+    assert vec.check([[1, 2, 3]], 10, 256, 22050)[1] == "spk: shape (1, 3), declared vector [3]"
+    assert frames.check(np.zeros(9), 10, 256, 22050)[1] == "loud: 9 frames, the clip has 10 mel frames"
+    assert frames.check([0.0, np.nan], 2, 256, 22050)[1] == "loud: non-finite values"
+    # 100 mel frames hold 59 tokens at 50/s
+    assert tokens.check(np.zeros(60), 100, 256, 22050)[1] == "codes: 60 tokens, 100 mel frames hold 59 at 50.0/s"
+    assert tokens.check([40000], 100, 256, 22050)[1] == "codes: values outside int16 [-32768, 32767]"
+    assert tokens.check([1.5], 100, 256, 22050)[1] == "codes: non-integer values for dtype int16"
+    value, problem = tokens.check([3.0, 4.0], 100, 256, 22050)
+    assert problem is None and value.dtype == np.int16 and value.tolist() == [3, 4]
+
+
+def test_padding_fills_each_kind_to_the_bucket_with_its_pad_value():
+    tokens = ExtractorOutput("codes", "tokens", "int16", frame_rate=50.0, pad=-1)
+    out = tokens.padded(np.array([5, 6], np.int16), 4, 256, 22050)  # 4 frames: ceil(2.32) = 3 tokens
+    assert out["codes"].tolist() == [5, 6, -1] and out["codes_len"] == 2
+    frames = ExtractorOutput("loud", "frames", dim=2)
+    assert frames.padded(np.ones((1, 2), np.float32), 3, 256, 22050)["loud"].tolist() == [[1, 1], [0, 0], [0, 0]]
+    vec = ExtractorOutput("spk", "vector", dim=2)
+    assert vec.padded(np.array([1.5, 2.5], np.float32), 3, 256, 22050)["spk"].tolist() == [1.5, 2.5]
+
+
+def test_centroids_are_the_mean_of_training_vectors_else_validation():
+    def summary(v):
+        return feature_stats.clip_summary({"spk": np.array(v, np.float32)}, ("spk",))
+
+    clips = [
+        ({"speaker": "a", "language": "en", "split": "train"}, summary([1.0, 2.0])),
+        ({"speaker": "a", "language": "en", "split": "train"}, summary([3.0, 6.0])),
+        ({"speaker": "a", "language": "en", "split": "val"}, summary([100.0, 100.0])),
+        ({"speaker": "b", "language": "en", "split": "val"}, summary([0.5, -0.25])),
+    ]
+    acc = feature_stats.merge([feature_stats.batch_stats(clips[:2]), feature_stats.batch_stats(clips[2:])])
+    out = feature_stats.finish(acc, ())
+    assert out["centroids"] == {"a": {"spk": [2.0, 4.0]}, "b": {"spk": [0.5, -0.25]}}
+
+
+class _Flaky:
+    """Fails on a batch holding a clip of length 3, and on that clip alone."""
+
+    name, version, sample_rate = "flaky", "1", 22050
+    outputs = ({"name": "spk", "kind": "vector", "dim": 1},)
+
+    def __call__(self, clips):
+        if any(len(y) == 3 for y in clips):
+            raise RuntimeError("bad clip")
+        return [{"spk": [float(len(y))]} for y in clips]
+
+
+def test_a_failing_batch_is_retried_clip_by_clip_so_only_the_bad_clip_fails():
+    loaded = extractors.Loaded(_Flaky(), (ExtractorOutput("spk", "vector", dim=1),), {"name": "flaky"}, 8)
+    runner = extractors.Extractors([])
+    runner._loaded = [loaded]
+    results = runner.apply([np.zeros(2), np.zeros(3), np.zeros(5)], [1, 1, 1], 22050, 256)
+    assert [r if isinstance(r, str) else r["spk"].tolist() for r in results] == [
+        [2.0],
+        "flaky: RuntimeError: bad clip",
+        [5.0],
+    ]
+
+
+def test_other_extractor_weights_change_the_cache_key_and_the_contract():
+    cfg = PreprocessConfig()
+    record = {"name": "e", "version": "1", "fingerprint": "aa", "sample_rate": 16000, "outputs": []}
+    other = dict(record, fingerprint="bb")
+    keys = {cache.settings_key(cfg), cache.settings_key(cfg, [record]), cache.settings_key(cfg, [other])}
+    assert len(keys) == 3
+    with pytest.raises(extractors.ExtractorError, match="different extractors"):
+        extractors.same_records([record], [other])
+    assert extractors.same_records([], [record]) == [record]
+
+
+def test_an_extractor_whose_factory_does_not_exist_stops_with_one_line():
+    with pytest.raises(extractors.ExtractorError, match="has no 'nope'"):
+        extractors.load(ExtractorConfig("examples.extractors:nope"))
+    with pytest.raises(extractors.ExtractorError, match="already a record feature"):
+        extractors.check_names([extractors.load(ExtractorConfig("examples.extractors:frame_loudness"))], ["loudness"])
+
+
+def test_the_saved_model_adapter_runs_a_savedmodel_and_fingerprints_its_files(tmp_path):
+    from examples.extractors import CODEC_HOP, RmsCodes, build_saved_model_codec
+    from melshards.extractors import saved_model
+
+    path = build_saved_model_codec(tmp_path / "codec")
+    options = {
+        "path": str(path),
+        "name": "tiny_codec",
+        "sample_rate": 16000,
+        "outputs": [{"name": "codes", "kind": "tokens", "dtype": "int16", "frame_rate": 50.0}],
+    }
+    codec = saved_model(**options)
+    y = tone(1.0, sr=16000)[: 10 * CODEC_HOP + 7]
+    (out,) = codec([y])
+    assert out["codes"].tolist() == RmsCodes()([y])[0]["codes"].tolist() and len(out["codes"]) == 10
+    assert len(codec.fingerprint) == 64
+    (path / "extra.txt").write_bytes(b"x")
+    assert saved_model(**options).fingerprint != codec.fingerprint  # every file's bytes count
+
+
+# -- one small run ------------------------------------------------------------------------------------
+
+SPEAKERS = {
+    "anna": ["LJT001-0001", "LJT001-0004", "LJT001-0008", "LJT001-0010"],
+    "bert": ["LJT001-0011", "LJT001-0012", "LJT001-0013"],
+}
+LONG_TONE = "tone-long"  # 6 s: frame_loudness (fail_above_s 5) fails on it
+
+
+@pytest.fixture(scope="module")
+def runs(corpus_dir, tmp_path_factory):
+    """The same manifest preprocessed twice with one feature cache: computed, then read from the cache.
+    The SavedModel adapter is tested on its own (`test_the_saved_model_adapter_...`): TensorFlow in the
+    job would need the job in a subprocess (the local job forks, this process runs TensorFlow)."""
+    from examples.extractors import build_onnx_embedding
+    from melshards.commands.preprocess import run
+
+    tmp = tmp_path_factory.mktemp("extractors")
+    texts = dict(line.split("|")[:2] for line in (corpus_dir / "metadata.csv").read_text().splitlines() if "|" in line)
+    rows = [
+        {"audio": str(corpus_dir / "wavs" / f"{c}.wav"), "text": texts[c], "id": c, "speaker": s, "language": "en"}
+        for s, clips in SPEAKERS.items()
+        for c in clips
+    ]
+    sf.write(tmp / "tone.wav", tone(6.0), 22050)
+    rows.append(
+        {"audio": str(tmp / "tone.wav"), "text": "A long tone.", "id": LONG_TONE, "speaker": "anna", "language": "en"}
+    )
+    with (tmp / "corpus.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    onnx_path = build_onnx_embedding(tmp / "embedding.onnx")
+    config = {
+        "filter": {"mel_frames_lower_percentile": 0.0, "mel_frames_upper_percentile": 100.0},
+        "split": {"val_fraction": 0.25},
+        "pad": {"buckets": 1, "min_bucket_records": 1},
+        "extractors": [
+            {
+                "factory": "melshards.extractors:onnx_model",
+                "options": {
+                    "path": str(onnx_path),
+                    "name": "tiny_embedding",
+                    "sample_rate": 16000,
+                    "outputs": [{"name": "speaker_embedding", "kind": "vector", "dim": 4}],
+                },
+            },
+            {"factory": "examples.extractors:rms_codes"},
+            {"factory": "examples.extractors:frame_loudness", "options": {"fail_above_s": 5.0}},
+        ],
+    }
+    (tmp / "cfg.yaml").write_text(yaml.safe_dump(config))
+    outs = []
+    for name in ("first", "again"):
+        out = tmp / name
+        args = ["--input", str(tmp / "corpus.csv"), "--output", str(out), "--config", str(tmp / "cfg.yaml")]
+        assert run([*args, "--cache", str(tmp / "cache"), "--workers", "1"]) == 0
+        outs.append(out)
+    return outs
+
+
+def _records(out) -> dict[str, dict]:
+    import tensorflow as tf
+
+    schema = read_schema(str(out))
+    found = {}
+    for path in sorted(out.glob("*.tfrecord")):
+        for raw in tf.data.TFRecordDataset(str(path)):
+            example = tf.train.Example.FromString(raw.numpy())
+            stored = {k: v for k, v in example.features.feature.items()}
+            key = stored["id"].bytes_list.value[0].decode()
+            found[key] = {"raw": stored, "split": "val" if "/val-" in str(path) else "train"}
+    from melshards.shards_schema.records import decode_parsed, parse_spec
+
+    for rec in found.values():
+        raw = tf.train.Example(features=tf.train.Features(feature=rec["raw"])).SerializeToString()
+        parsed = decode_parsed(schema, tf.io.parse_example([raw], parse_spec(schema)), 1)
+        rec["values"] = {k: v.numpy()[0] for k, v in parsed.items()}
+    return found
+
+
+def test_the_records_hold_each_extractors_outputs_in_the_buckets_shapes(runs):
+    schema = read_schema(str(runs[0]))
+    assert [x["name"] for x in schema.extractors] == ["tiny_embedding", "rms_codes", "frame_loudness"]
+    b = schema.largest
+    assert b.feature("speaker_embedding").shape == (4,)
+    assert b.feature("codes").shape == (token_capacity(b.max_mel_frames, 256, 22050, 50.0),)
+    assert b.feature("loudness").shape == (b.max_mel_frames,)
+    records = _records(runs[0])
+    assert len(records) == 7
+    for rec in records.values():
+        v = rec["values"]
+        n, t = int(v["mel_len"]), int(v["codes_len"])
+        assert 0 < t <= token_capacity(n, 256, 22050, 50.0)
+        assert not v["codes"][t:].any() and not v["loudness"][n:].any() and v["loudness"][:n].all()
+        assert np.isfinite(v["speaker_embedding"]).all()
+
+
+def test_the_schema_records_each_extractors_fingerprint_and_its_outputs(runs):
+    schema = read_schema(str(runs[0]))
+    embedding, codec, loudness = schema.extractors
+    assert embedding["factory"] == "melshards.extractors:onnx_model" and embedding["version"] == "1"
+    assert len({x["fingerprint"] for x in schema.extractors}) == 3
+    assert all(len(x["fingerprint"]) == 64 for x in schema.extractors)
+    assert codec["outputs"][0]["frame_rate"] == 50.0 and loudness["outputs"][0]["kind"] == "frames"
+    other = json.loads(schema.to_json())
+    other["extractors"][0]["fingerprint"] = "0" * 64
+    with pytest.raises(SchemaError, match="extractors"):
+        schema.check_compatible(Schema.from_dict(other), "a", "b")
+
+
+def test_each_speakers_centroid_is_the_mean_of_its_training_embeddings(runs):
+    schema, records = read_schema(str(runs[0])), _records(runs[0])
+    for speaker in schema.speakers:
+        mine = [
+            r["values"]["speaker_embedding"]
+            for r in records.values()
+            if r["values"]["speaker"].decode() == speaker.name
+        ]
+        train = [
+            r["values"]["speaker_embedding"]
+            for r in records.values()
+            if r["values"]["speaker"].decode() == speaker.name and r["split"] == "train"
+        ]
+        assert mine and train
+        expected = np.mean(np.asarray(train, np.float64), axis=0)
+        assert speaker.centroids["speaker_embedding"] == [round(float(x), 6) for x in expected]
+        assert set(speaker.centroids) == {"speaker_embedding"}
+
+
+def test_a_clip_an_extractor_fails_on_is_rejected_with_its_reason(runs):
+    rejected = [json.loads(x) for x in (runs[0] / "rejected.jsonl").read_text().splitlines()]
+    assert [(r["id"], r["reason"]) for r in rejected] == [(LONG_TONE, "extractor_failed")]
+    assert rejected[0]["detail"].startswith("frame_loudness: ValueError: clip of 6.00 s is longer than 5.0 s")
+    stats = json.loads((runs[0] / "stats.json").read_text())
+    assert stats["counts"]["per_reason"]["extractor_failed"] == 1
+    assert stats["counts"]["in_shards"] + stats["counts"]["rejected"] == stats["counts"]["input_rows"] == 8
+
+
+def test_a_cached_rerun_stores_the_extractor_outputs_byte_identically(runs):
+    first, again = _records(runs[0]), _records(runs[1])
+    stats = json.loads((runs[1] / "stats.json").read_text())
+    assert stats["cache"]["hits"] == 7 and stats["cache"]["computed"] == 0
+    assert sorted(first) == sorted(again)
+    for key in first:
+        for name in ("speaker_embedding", "codes", "codes_len", "loudness", "mel"):
+            assert first[key]["raw"][name] == again[key]["raw"][name], (key, name)
+    assert read_schema(str(runs[0])).to_dict() == read_schema(str(runs[1])).to_dict()
+
+
+# -- the trainer side: one tiny build on the run's shards ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def embedding_model(runs, tmp_path_factory):
+    """examples.embedding_tts trained 4 steps (loop.jit_compile false) on the run's shards."""
+    from melshards.commands.train import run
+    from tests.train.conftest import TEST_CONFIG
+
+    tmp = tmp_path_factory.mktemp("embedding_tts")
+    cfg = {k: dict(v) for k, v in TEST_CONFIG.items()}
+    cfg["model"] = {"d_model": 16, "encoder_layers": 1, "decoder_layers": 1}
+    cfg["data"]["batch_size"] = 2
+    cfg["loop"].update(steps=4, checkpoint_every=4, log_every=2, val_every=4, jit_compile=False)
+    (tmp / "c.yaml").write_text(yaml.safe_dump(cfg))
+    args = [str(runs[0] / "train-*.tfrecord"), "--model-dir", str(tmp / "model"), "--config", str(tmp / "c.yaml")]
+    assert run([*args, "--model", "examples.embedding_tts:build"]) == 0
+    return tmp / "model"
+
+
+def test_a_model_declaring_the_embedding_reads_it_with_its_static_shape(runs):
+    import melshards
+    from melshards.train.plugins import model_inputs
+
+    assert model_inputs("examples.embedding_tts:build")[-1] == "speaker_embedding"
+    ds = melshards.dataset(str(runs[0] / "train-*.tfrecord"), batch_size=2, features=("speaker_embedding", "codes"))
+    assert ds.element_spec["speaker_embedding"].shape == (2, 4)
+    assert ds.element_spec["codes"].shape == (2, read_schema(str(runs[0])).largest.feature("codes").shape[0])
+
+
+def test_the_embedding_model_trains_and_speaks_with_the_speakers_stored_centroid(runs, embedding_model):
+    """What `melshards synthesize TEXT --speaker NAME` runs (`Synthesizer.speak`): the model gathers the
+    speaker's centroid from schema.json, so two speakers give two different mels."""
+    from examples.embedding_tts import build
+    from melshards.train.synthesize import load_synthesizer, padded_text_ids, pick_language, pick_speaker
+
+    summary = json.loads((embedding_model / "run_summary.json").read_text())
+    assert summary["steps_run"] == 4 and np.isfinite(summary["final_losses"]["train"]["loss"])
+    schema = read_schema(str(runs[0]))
+    model = build(schema, {"d_model": 16, "encoder_layers": 1, "decoder_layers": 1})
+    assert model.centroids.numpy().tolist() == np.asarray(schema.centroids("speaker_embedding"), np.float32).tolist()
+    synth = load_synthesizer(str(embedding_model))
+    ids, n = padded_text_ids("hello there.", schema)
+    lang = pick_language(schema, None)
+    mels = [synth.speak(ids, n, pick_speaker(schema, name), lang)["mel"].numpy() for name in ("anna", "bert")]
+    assert all(np.isfinite(m).all() for m in mels) and not np.array_equal(mels[0], mels[1])
