@@ -36,12 +36,15 @@ def encode_clip(
     durations as the run computes them) -> (split, bucket, Example bytes) padded to its bucket's shapes;
     the speaker and language ids from `corpus_tables` (`melshards.preprocess.tables`).
 
-    Padding: the mel with log(floor) (digital silence), pitch, energy, audio and durations with 0."""
+    Padding: the mel with log(floor) (digital silence), pitch, energy, audio and durations with 0; a
+    reference (`reference_id`, `reference_mel`, `reference_len` in `arrays`) comes cut and padded."""
     b = bucketing.bucket_of(clip, buckets)
     mel_frames = buckets["bounds"][b]
     text_len = bucketing.text_len_of(text_hists, b, cfg.pad.multiple)
     hop = cfg.mel.hop_length
-    features = Schema.feature_table(text_len, mel_frames, cfg.mel.n_mels, cfg.optional_features, hop)
+    features = Schema.feature_table(
+        text_len, mel_frames, cfg.mel.n_mels, cfg.optional_features, hop, reference_frames=cfg.reference.frames
+    )
     mel = arrays["mel"]
     values = {
         "id": clip["id"],
@@ -61,4 +64,6 @@ def encode_clip(
     if "audio" in arrays:
         values["audio"] = pad_to(arrays["audio"], mel_frames * hop, 0)
         values["audio_len"] = clip["num_samples"]
+    if "reference_mel" in arrays:  # other_clip references (`melshards.preprocess.references`), already cut
+        values.update({k: arrays[k] for k in ("reference_id", "reference_mel", "reference_len")})
     return clip["split"], b, encode_example(features, values)

@@ -80,6 +80,7 @@ OPTIONAL_FEATURES = {
     "energy": "features.energy: true in the preprocess config",
     "audio": "features.audio: true in the preprocess config",
     "durations": "`melshards preprocess --alignments DIR` (Montreal Forced Aligner TextGrids)",
+    "reference": "reference.source: other_clip in the preprocess config",
 }
 
 
@@ -205,14 +206,25 @@ class Schema:
     # global statistics of the optional features over the training split: feature -> {mean, std, frames}
     # (pitch over voiced frames only); per speaker and language in their tables' `stats`
     feature_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the references the run chose (docs/preprocess.md, References): {source: other_clip | same_clip,
+    # frames, min_seconds, seed, single_clip, own_clip: records whose reference is a slice of their own
+    # clip}; empty when the run has none (and in files written before it)
+    reference: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     # -- construction -------------------------------------------------------------------
     @staticmethod
     def feature_table(
-        max_text_len: int, max_mel_frames: int, n_mels: int, optional: tuple[str, ...] = (), hop_length: int = 0
+        max_text_len: int,
+        max_mel_frames: int,
+        n_mels: int,
+        optional: tuple[str, ...] = (),
+        hop_length: int = 0,
+        *,
+        reference_frames: int = 0,
     ) -> tuple[Feature, ...]:
         """A bucket's features: the ten every run has, then the `optional` ones (OPTIONAL_FEATURES) the
-        run holds; `hop_length` sizes the audio (max_mel_frames * hop_length samples)."""
+        run holds; `hop_length` sizes the audio (max_mel_frames * hop_length samples), `reference_frames`
+        the reference (its mel's frames, the same in every bucket)."""
         unknown = [n for n in optional if n not in OPTIONAL_FEATURES]
         if unknown:
             raise SchemaError(f"unknown optional features {unknown}; they are {list(OPTIONAL_FEATURES)}")
@@ -254,6 +266,17 @@ class Schema:
                     "mel frames per phone of text_ids (they sum to mel_len), zero-padded",
                 ),
             ),
+            "reference": (
+                Feature("reference_id", "string", (), "bytes", "id of the clip the reference is cut from"),
+                Feature(
+                    "reference_mel",
+                    "float32",
+                    (reference_frames, n_mels),
+                    "raw_float16",
+                    "frames of reference_id's stored log-mel, padded with log(log_floor) after reference_len",
+                ),
+                Feature("reference_len", "int32", (), "int64", "number of valid reference frames"),
+            ),
         }
         return Schema.base_features(max_text_len, max_mel_frames, n_mels) + tuple(
             f for n in OPTIONAL_FEATURES if n in optional for f in extra[n]
@@ -292,6 +315,8 @@ class Schema:
         optional: tuple[str, ...] = (),
         hop_length: int = 0,
         groups: dict[str, dict[str, list[int]]] | None = None,
+        *,
+        reference_frames: int = 0,
     ) -> Bucket:
         """A bucket from its shapes and its shard list [{split, file, records, bytes}] (any order; `bytes`,
         the file's size, where known); `groups`: its records per speaker and language id in each split."""
@@ -300,7 +325,9 @@ class Schema:
             index,
             max_text_len,
             max_mel_frames,
-            Schema.feature_table(max_text_len, max_mel_frames, n_mels, optional, hop_length),
+            Schema.feature_table(
+                max_text_len, max_mel_frames, n_mels, optional, hop_length, reference_frames=reference_frames
+            ),
             counts={s: sum(x["records"] for x in shards if x["split"] == s) for s in SPLITS},
             shards={
                 s: sorted(
@@ -432,6 +459,7 @@ class Schema:
             "mel_mean": list(self.mel_mean),
             "mel_std": list(self.mel_std),
             "pad_multiple": self.pad_multiple,
+            "reference": dict(self.reference),
         }
         # A readable summary of the buckets; checked against them on reading (an edit is an error).
         d.update(max_text_len=self.max_text_len, max_mel_frames=self.max_mel_frames, counts=self.counts)
@@ -463,6 +491,7 @@ class Schema:
                 buckets=tuple(Bucket.from_dict(b) for b in d["buckets"]),
                 text_unit=str(d.get("text_unit", "character")),  # 3.0 files: characters, no optional features
                 feature_stats=dict(d.get("feature_stats", {})),
+                reference=dict(d.get("reference", {})),  # none before references
             )
             summary = {k: d[k] for k in ("max_text_len", "max_mel_frames", "counts")}
         except (KeyError, TypeError) as e:

@@ -40,6 +40,7 @@ REJECT_REASONS = (
     "silent_audio",
     "missing_alignment",
     "alignment_mismatch",
+    "no_reference_clip",  # reference.single_clip: reject, a speaker's only clip in its split
 )
 
 

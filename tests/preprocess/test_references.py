@@ -1,0 +1,154 @@
+"""References (config `reference: source: other_clip`): the pure chooser and cutter with exact values, and
+one small run over a three-speaker manifest (with the feature cache, run twice) shared by the job tests."""
+
+import csv
+
+import numpy as np
+import pytest
+import yaml
+
+from melshards.commands.preprocess import run
+from melshards.preprocess.references import choose_references, cut_reference
+from melshards.shards_schema import read_schema
+
+GOOD = [f"LJT001-{i:04d}" for i in range(1, 31)]  # clips of the shipped corpus that measure fine
+
+
+def test_each_clip_gets_another_long_clip_and_a_start_inside_it_whatever_the_input_order():
+    clips = [("a", 400), ("b", 100), ("c", 300), ("d", 50)]
+    chosen = choose_references(clips, seed=7, min_frames=200, frames=256)
+    assert chosen == choose_references(list(reversed(clips)), seed=7, min_frames=200, frames=256)
+    assert chosen["a"] == ("c", chosen["a"][1]) and 0 <= chosen["a"][1] <= 300 - 256  # c: the other long one
+    assert chosen["c"] == ("a", chosen["c"][1]) and 0 <= chosen["c"][1] <= 400 - 256
+    for short in ("b", "d"):  # the long ones only
+        assert chosen[short][0] in ("a", "c")
+    assert chosen == {
+        "a": ("c", 8),
+        "b": ("a", 33),
+        "c": ("a", 90),
+        "d": ("a", 34),
+    }  # sha256 draws: a change moves every reference
+    assert choose_references(clips, seed=8, min_frames=200, frames=256) != chosen
+
+
+def test_no_long_clip_falls_back_to_any_other_and_a_lone_clip_to_itself_or_nothing():
+    assert choose_references([("a", 10), ("b", 20)], 0, 1000, 256) == {"a": ("b", 0), "b": ("a", 0)}
+    assert choose_references([("a", 300)], 0, 10, 256) == {
+        "a": ("a", choose_references([("a", 300)], 0, 10, 256)["a"][1])
+    }
+    assert choose_references([("a", 300)], 0, 10, 256, "reject") == {"a": None}
+
+
+def test_a_cut_reference_is_the_mels_frames_padded_after_its_end():
+    mel = np.arange(10 * 2, dtype=np.float16).reshape(10, 2)
+    part, n = cut_reference(mel, 6, 6, -11.5)
+    assert n == 4 and part.dtype == np.float16 and part.shape == (6, 2)
+    np.testing.assert_array_equal(part[:4], mel[6:])
+    np.testing.assert_array_equal(part[4:], np.full((2, 2), -11.5, np.float16))
+
+
+@pytest.fixture(scope="module")
+def reference_runs(corpus_dir, tmp_path_factory):
+    """Speakers "anna" and "bert" with 12 clips each and "cleo" with one, other_clip references of 40
+    frames; run twice over one feature cache (the second run reads every clip from it)."""
+    tmp = tmp_path_factory.mktemp("references")
+    texts = dict(
+        line.split("|")[:2] for line in (corpus_dir / "metadata.csv").read_text().splitlines() if line.count("|") == 2
+    )
+    wavs = {p.stem: p for p in (corpus_dir / "wavs").iterdir()}
+    good = [c for c in GOOD if c in wavs and texts.get(c, "").strip()][:25]
+    rows = [
+        {"audio": str(wavs[c]), "text": texts[c], "id": c, "speaker": "cleo" if i == 0 else ("anna", "bert")[i % 2]}
+        for i, c in enumerate(good)
+    ]
+    manifest = tmp / "corpus.csv"
+    with manifest.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    cfg = tmp / "cfg.yaml"
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "filter": {"mel_frames_upper_percentile": 100.0, "text_len_upper_percentile": 100.0},
+                "split": {"val_fraction": 0.25},
+                "pad": {"buckets": 2},
+                "reference": {"source": "other_clip", "frames": 40, "min_seconds": 1.5, "seed": 3},
+            }
+        )
+    )
+    outs = []
+    for name in ("first", "again"):
+        out = tmp / name
+        args = [
+            "--input",
+            str(manifest),
+            "--output",
+            str(out),
+            "--config",
+            str(cfg),
+            "--cache",
+            str(tmp / "cache"),
+            "--language",
+            "en",
+        ]
+        assert run([*args, "--workers", "1"]) == 0
+        outs.append(out)
+    return rows, outs
+
+
+def _records(out):
+    import tensorflow as tf
+
+    from melshards.shards_schema.records import decode_parsed, parse_spec
+
+    schema = read_schema(str(out))
+    recs = []
+    for f in sorted(out.glob("*.tfrecord")):
+        bucket = schema.bucket_of_file(f.name)
+        for raw in tf.data.TFRecordDataset(str(f)):
+            rec = decode_parsed(bucket, tf.io.parse_example([raw], parse_spec(bucket)), 1)
+            recs.append({k: v.numpy()[0] for k, v in rec.items()} | {"split": f.name.split("-")[0]})
+    return schema, recs
+
+
+def test_every_reference_is_a_slice_of_another_clip_of_the_speaker_and_split(reference_runs):
+    rows, (out, _) = reference_runs
+    schema, recs = _records(out)
+    assert schema.reference == {
+        "source": "other_clip",
+        "frames": 40,
+        "min_seconds": 1.5,
+        "seed": 3,
+        "single_clip": "own_clip",
+        "own_clip": 1,
+    }
+    by_id = {r["id"].decode(): r for r in recs}
+    assert len(by_id) == len(rows)
+    for rec in recs:
+        ref = by_id[rec["reference_id"].decode()]
+        assert (ref["speaker"], ref["split"]) == (rec["speaker"], rec["split"])
+        assert rec["reference_mel"].shape == (40, schema.n_mels)
+        n = int(rec["reference_len"])
+        starts = [
+            s
+            for s in range(int(ref["mel_len"]) - n + 1)
+            if np.array_equal(ref["mel"][s : s + n], rec["reference_mel"][:n])
+        ]
+        assert starts, rec["id"]
+        assert np.all(rec["reference_mel"][n:] == np.float32(np.float16(schema.mel.pad_value)))
+        if rec["speaker"] != b"cleo":
+            assert ref["id"] != rec["id"]
+    assert by_id[good_cleo(rows)]["reference_id"].decode() == good_cleo(rows)
+
+
+def good_cleo(rows):
+    return next(r["id"] for r in rows if r["speaker"] == "cleo")
+
+
+def test_references_survive_a_cached_rerun_byte_identically(reference_runs):
+    _, (first, again) = reference_runs
+    names = sorted(p.name for p in first.glob("*.tfrecord"))
+    assert names == sorted(p.name for p in again.glob("*.tfrecord"))
+    for name in names:
+        assert (first / name).read_bytes() == (again / name).read_bytes(), name
