@@ -396,7 +396,9 @@ class Schema:
         have = {f.name for f in self.features}
         for name in names:
             if name not in have:
-                how = OPTIONAL_FEATURES.get(name)
+                how = OPTIONAL_FEATURES.get(name) or OPTIONAL_FEATURES.get(
+                    name.removesuffix("_mel").removesuffix("_len")
+                )
                 raise SchemaError(
                     f"{who} needs the feature {name!r}, which these shards lack"
                     + (

@@ -1,17 +1,10 @@
 """References (config `reference: source: other_clip`): the pure chooser and cutter with exact values, and
-one small run over a three-speaker manifest (with the feature cache, run twice) shared by the job tests."""
-
-import csv
+the shared run over a three-speaker manifest (tests/conftest.py `reference_runs`, twice over one cache)."""
 
 import numpy as np
-import pytest
-import yaml
 
-from melshards.commands.preprocess import run
 from melshards.preprocess.references import choose_references, cut_reference
 from melshards.shards_schema import read_schema
-
-GOOD = [f"LJT001-{i:04d}" for i in range(1, 31)]  # clips of the shipped corpus that measure fine
 
 
 def test_each_clip_gets_another_long_clip_and_a_start_inside_it_whatever_the_input_order():
@@ -45,56 +38,6 @@ def test_a_cut_reference_is_the_mels_frames_padded_after_its_end():
     assert n == 4 and part.dtype == np.float16 and part.shape == (6, 2)
     np.testing.assert_array_equal(part[:4], mel[6:])
     np.testing.assert_array_equal(part[4:], np.full((2, 2), -11.5, np.float16))
-
-
-@pytest.fixture(scope="module")
-def reference_runs(corpus_dir, tmp_path_factory):
-    """Speakers "anna" and "bert" with 12 clips each and "cleo" with one, other_clip references of 40
-    frames; run twice over one feature cache (the second run reads every clip from it)."""
-    tmp = tmp_path_factory.mktemp("references")
-    texts = dict(
-        line.split("|")[:2] for line in (corpus_dir / "metadata.csv").read_text().splitlines() if line.count("|") == 2
-    )
-    wavs = {p.stem: p for p in (corpus_dir / "wavs").iterdir()}
-    good = [c for c in GOOD if c in wavs and texts.get(c, "").strip()][:25]
-    rows = [
-        {"audio": str(wavs[c]), "text": texts[c], "id": c, "speaker": "cleo" if i == 0 else ("anna", "bert")[i % 2]}
-        for i, c in enumerate(good)
-    ]
-    manifest = tmp / "corpus.csv"
-    with manifest.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    cfg = tmp / "cfg.yaml"
-    cfg.write_text(
-        yaml.safe_dump(
-            {
-                "filter": {"mel_frames_upper_percentile": 100.0, "text_len_upper_percentile": 100.0},
-                "split": {"val_fraction": 0.25},
-                "pad": {"buckets": 2},
-                "reference": {"source": "other_clip", "frames": 40, "min_seconds": 1.5, "seed": 3},
-            }
-        )
-    )
-    outs = []
-    for name in ("first", "again"):
-        out = tmp / name
-        args = [
-            "--input",
-            str(manifest),
-            "--output",
-            str(out),
-            "--config",
-            str(cfg),
-            "--cache",
-            str(tmp / "cache"),
-            "--language",
-            "en",
-        ]
-        assert run([*args, "--workers", "1"]) == 0
-        outs.append(out)
-    return rows, outs
 
 
 def _records(out):
