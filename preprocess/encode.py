@@ -65,5 +65,5 @@ def encode_clip(
         values["audio"] = pad_to(arrays["audio"], mel_frames * hop, 0)
         values["audio_len"] = clip["num_samples"]
     if "reference_mel" in arrays:  # other_clip references (`melshards.preprocess.references`), already cut
-        values.update({k: arrays[k] for k in ("reference_id", "reference_mel", "reference_len")})
+        values.update({k: arrays[k] for k in ("reference_id", "reference_mel", "reference_len", "reference_start")})
     return clip["split"], b, encode_example(features, values)

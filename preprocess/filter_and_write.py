@@ -86,7 +86,7 @@ class _FilterAndWriteFn(beam.DoFn):
         self.files = RollingFiles(self.out_dir, self.target)
 
     def process(self, element, cutoffs, chosen, corpus_tables):
-        # a run with other_clip references: (batch, {clip id: (reference id, slice, frames) | None})
+        # a run with other_clip references: (batch, {clip id: (reference id, slice, frames, start) | None})
         batch, references = element if isinstance(element, tuple) else (element, None)
         buckets, text = chosen["buckets"], chosen["text"]
         clips, kept = load_clips(batch), []
@@ -114,9 +114,13 @@ class _FilterAndWriteFn(beam.DoFn):
                 by_id[clip["id"]] = dict(found, **by_id[clip["id"]])
         vocab = Vocabulary(corpus_tables["vocabulary"], self.cfg.text_unit)
         for clip in kept if references is not None else ():
-            ref_id, ref_mel, ref_len = references[clip["id"]]  # not None: a refused clip was rejected above
+            ref_id, ref_mel, ref_len, start = references[clip["id"]]  # not None: a refused clip was rejected above
             by_id[clip["id"]] = dict(
-                by_id[clip["id"]], reference_id=ref_id, reference_mel=ref_mel, reference_len=ref_len
+                by_id[clip["id"]],
+                reference_id=ref_id,
+                reference_mel=ref_mel,
+                reference_len=ref_len,
+                reference_start=start,
             )
             clip["own_reference"] = ref_id == clip["id"]  # for written_counts
         for clip in kept:

@@ -73,6 +73,24 @@ def cut_reference(mel: np.ndarray, start: int, frames: int, pad_value: float) ->
     return out, len(part)
 
 
+def reference_of_wav(path: str, schema) -> tuple[np.ndarray, int]:
+    """A WAV's reference as a model reading references gets it at synthesis (`melshards synthesize
+    --reference`): the project's one log-mel (`clips.analyse_audio`) with the shards' audio and mel settings
+    (`schema`), its first `reference_mel` frames as float16, padded; (reference [frames, n_mels], valid
+    frames). ClipRejected when the audio is unreadable or silent."""
+    from melshards.preprocess.clips import analyse_audio
+    from melshards.preprocess.config import AudioConfig, MelConfig, PreprocessConfig
+
+    a, m = schema.audio, schema.mel
+    cfg = PreprocessConfig(
+        audio=AudioConfig(sample_rate=a.sample_rate, trim_silence=a.trim_silence, trim_top_db=a.trim_top_db),
+        mel=MelConfig(m.n_fft, m.hop_length, m.win_length, m.n_mels, m.fmin, m.fmax, m.log_floor, m.power),
+    )
+    _, arrays = analyse_audio(path, cfg)
+    frames = schema.feature("reference_mel").shape[0]
+    return cut_reference(arrays["mel"].astype("<f2"), 0, frames, m.pad_value)
+
+
 def batch_key(batch: dict) -> str:
     """A stashed batch's key in the joins: its clips file (one per batch of clips)."""
     return batch["clips"]
@@ -127,7 +145,7 @@ def stashed_mels(batch: dict, ids: set[str], cfg: PreprocessConfig) -> dict[str,
 
 class _CutFn(beam.DoFn):
     """(batch key, {"batch": [batch], "wanted": [requests]}) -> (requesting clip's batch key, (clip id,
-    reference id, slice, valid frames)) per request; each batch's mels read once."""
+    reference id, slice, valid frames, start)) per request; each batch's mels read once."""
 
     def __init__(self, cfg: PreprocessConfig, pad_value: float):
         self.cfg, self.pad_value = cfg, pad_value
@@ -142,7 +160,7 @@ class _CutFn(beam.DoFn):
             return
         refused = [w for w in wanted if w[0] is None]
         for _, _, clip_id, key in refused:
-            yield key, (clip_id, None, None, 0)
+            yield key, (clip_id, None, None, 0, 0)
         asked = [w for w in wanted if w[0] is not None]
         if not asked:
             return
@@ -150,11 +168,11 @@ class _CutFn(beam.DoFn):
         mels = stashed_mels(batch, {w[0] for w in asked}, self.cfg)
         for ref_id, start, clip_id, key in asked:
             part, n = cut_reference(mels[ref_id], start, self.cfg.reference.frames, self.pad_value)
-            yield key, (clip_id, ref_id, part, n)
+            yield key, (clip_id, ref_id, part, n, start)
 
 
 class AttachReferences(beam.PTransform):
-    """Stashed batches -> (batch, {clip id: (reference id, slice, valid frames) or None when refused}) for
+    """Stashed batches -> (batch, {clip id: (reference id, slice, valid frames, start) or None when refused}) for
     `FilterAndWrite`; the cut-offs and corpus tables arrive as side inputs (the filter's kept clips)."""
 
     def __init__(self, cutoffs, corpus_tables, cfg: PreprocessConfig, pad_value: float):

@@ -276,6 +276,7 @@ class Schema:
                     "frames of reference_id's stored log-mel, padded with log(log_floor) after reference_len",
                 ),
                 Feature("reference_len", "int32", (), "int64", "number of valid reference frames"),
+                Feature("reference_start", "int32", (), "int64", "the slice's first frame in reference_id's mel"),
             ),
         }
         return Schema.base_features(max_text_len, max_mel_frames, n_mels) + tuple(
