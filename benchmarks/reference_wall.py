@@ -8,8 +8,8 @@ shared: compare same-round ratios):
 - `none`: the default config;
 - `other_clip`: + `reference: {source: other_clip, frames: 256, min_seconds: 3.0}`.
 
-Reported: wall per variant per round, the per-round ratios other_clip / none and their median (goal,
-issue 37: <= 1.2), and the bytes per record of each.
+Reported: wall and CPU seconds (the process tree's) per variant per round, the per-round ratios
+other_clip / none and their medians (goal, issue 37: wall <= 1.2), and the bytes per record of each.
 
 Run: python -m benchmarks.reference_wall [--clips 1000] [--rounds 2] [--workers 2] [--speakers 10]
          [--work-dir /tmp/melshards-bench]
@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     rows = manifest(ensure_corpus(str(work / f"ljbig-{args.clips}"), args.clips), args.speakers, work)
     walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpus: dict[str, list[float]] = {v: [] for v in VARIANTS}
     sizes = {}
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
         for v, cfg in VARIANTS.items():
             out = work / f"references-out-{v}"
             config = work / f"references-{v}.yaml"
@@ -70,10 +71,13 @@ def main(argv: list[str] | None = None) -> dict:
             if res["rc"] != 0:
                 raise SystemExit(f"{v}: preprocess exited {res['rc']}; see {work / f'references-{v}.log'}")
             walls[v].append(round(res["wall_s"], 1))
+            cpus[v].append(round(res["cpu_s"], 1))
+            print(f"round {r + 1} {v:<10} wall {res['wall_s']:6.1f} s  cpu {res['cpu_s']:6.1f} s", flush=True)
             records = json.loads((out / "stats.json").read_text())["counts"]["in_shards"]
             total = sum(f.stat().st_size for f in out.glob("*.tfrecord"))
             sizes[v] = {"records": records, "bytes_per_record": round(total / records)}
     ratios = [round(a / b, 3) for a, b in zip(walls["other_clip"], walls["none"])]
+    cpu_ratios = [round(a / b, 3) for a, b in zip(cpus["other_clip"], cpus["none"]) if b]
     result = {
         "benchmark": "reference_wall",
         "clips": args.clips,
@@ -82,6 +86,9 @@ def main(argv: list[str] | None = None) -> dict:
         "wall_s": walls,
         "ratio_other_clip_over_none": ratios,
         "median_ratio": statistics.median(ratios),
+        "cpu_s": cpus,
+        "cpu_ratio_other_clip_over_none": cpu_ratios,
+        "median_cpu_ratio": statistics.median(cpu_ratios) if cpu_ratios else None,
         "goal": "<= 1.2",
         "shards": sizes,
     }
