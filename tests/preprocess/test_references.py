@@ -101,3 +101,15 @@ def test_inspect_finds_every_reference_is_the_slice_it_names(reference_runs):
     _, (out, _) = reference_runs
     result = CliRunner().invoke(inspect_command, [str(out / "*.tfrecord")])
     assert result.exit_code == 0 and "PROBLEMS" not in result.output, result.output
+
+
+def test_the_dataset_returns_the_stored_references_with_their_static_shape(reference_runs):
+    import melshards
+
+    _, (out, _) = reference_runs
+    ds = melshards.dataset(
+        str(out / "train-*.tfrecord"), 2, features=("mel", "reference_mel", "reference_len"), repeat=False
+    )
+    assert ds.element_spec["reference_mel"].shape == (2, 40, 80)
+    batch = next(iter(ds))
+    assert set(batch) == {"mel", "reference_mel", "reference_len"} and batch["reference_len"].numpy().max() <= 40
