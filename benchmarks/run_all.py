@@ -13,6 +13,7 @@ Default: the full documented run (docs/performance.md, which gives its duration)
   pitch_trackers         --rounds 3
   feature_wall           --clips 1000 --rounds 3 --workers 2
   extractor_cost         --clips 1000 --rounds 3 --workers 2
+  reference_wall         --clips 1000 --rounds 2 --workers 2
   audio_headroom         --steps 120 --rounds 2
   cache_wall             --clips 13100 --rounds 2
   stats_scale            --rounds 3   (on the cache_wall run's stats.json)
@@ -62,6 +63,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
             ("pitch_trackers", ["--rounds", "1", "--seconds", "5"]),
             ("feature_wall", ["--clips", "60", "--rounds", "1", "--profile-clips", "10", "--work-dir", work]),
             ("extractor_cost", ["--clips", "60", "--rounds", "1", "--work-dir", work]),
+            ("reference_wall", ["--clips", "60", "--rounds", "1", "--work-dir", work]),
             ("audio_headroom", ["--steps", "20", "--rounds", "1", "--work", f"{work}/audio-headroom"]),
             ("cache_wall", ["--clips", "60", "--rounds", "1", "--work-dir", work]),
             (
@@ -104,6 +106,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
         ("pitch_trackers", ["--rounds", "3"]),
         ("feature_wall", ["--clips", "1000", "--rounds", "3", "--workers", "2", "--work-dir", work]),
         ("extractor_cost", ["--clips", "1000", "--rounds", "3", "--workers", "2", "--work-dir", work]),
+        ("reference_wall", ["--clips", "1000", "--rounds", "2", "--workers", "2", "--work-dir", work]),
         ("audio_headroom", ["--steps", "120", "--rounds", "2", "--work", f"{work}/audio-headroom"]),
         ("cache_wall", ["--clips", "13100", "--rounds", "2", "--work-dir", work]),
         ("stats_scale", ["--stats", f"{work}/cache-wall/out-plain/stats.json", "--rounds", "3"]),

@@ -179,6 +179,24 @@ class AlignmentsConfig:
     )
 
 
+REFERENCE_SOURCES = ("none", "other_clip", "same_clip")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReferenceConfig:
+    """A reference per record for zero-shot voice models (docs/preprocess.md, References); off by default."""
+
+    source: Annotated[StrictStr, one_of(*REFERENCE_SOURCES)] = (
+        "none"  # other_clip: another kept clip of the speaker and split, stored; same_clip: cut at train time
+    )
+    frames: Annotated[StrictInt, POSITIVE] = 256  # the reference's fixed length in mel frames (static shape)
+    min_seconds: Annotated[StrictFloat, Field(ge=0)] = 3.0  # other_clip prefers reference clips at least this long
+    seed: StrictInt = 0  # which clip and which slice each record gets (same seed, same corpus: same references)
+    # a speaker with one clip in a split: "own_clip" gives it a slice of that clip (counted in schema.json),
+    # "reject" rejects the clip (rejected.jsonl, reason no_reference_clip)
+    single_clip: Annotated[StrictStr, one_of("own_clip", "reject")] = "own_clip"
+
+
 @dataclasses.dataclass(frozen=True)
 class ExtractorConfig:
     """One per-clip extractor (docs/preprocess.md, Extractors): `factory(**options)` returns it
@@ -210,6 +228,7 @@ class PreprocessConfig:
     alignments: AlignmentsConfig = AlignmentsConfig()
     write: WriteConfig = WriteConfig()
     extractors: tuple[ExtractorConfig, ...] = ()
+    reference: ReferenceConfig = ReferenceConfig()
 
     def frontend_for(self, language: str) -> str:
         """The text front end of a language's clips: the phones of their TextGrids (`alignments`, the
@@ -232,6 +251,7 @@ class PreprocessConfig:
                 ("energy", f.energy),
                 ("audio", f.audio),
                 ("durations", self.alignments.dir is not None),
+                ("reference", self.reference.source == "other_clip"),
             )
             if on
         )

@@ -39,14 +39,22 @@ def encode_clip(
     the speaker and language ids from `corpus_tables` (`melshards.preprocess.tables`).
 
     Padding: the mel with log(floor) (digital silence), pitch, energy, audio and durations with 0; the
-    extractors' `outputs` (from `arrays`) as each declares (`ExtractorOutput.padded`)."""
+    extractors' `outputs` (from `arrays`) as each declares (`ExtractorOutput.padded`); a reference
+    (`reference_id`, `reference_mel`, `reference_len` in `arrays`) comes cut and padded."""
     b = bucketing.bucket_of(clip, buckets)
     mel_frames = buckets["bounds"][b]
     text_len = bucketing.text_len_of(text_hists, b, cfg.pad.multiple)
     hop = cfg.mel.hop_length
     sr = cfg.audio.sample_rate
     features = Schema.feature_table(
-        text_len, mel_frames, cfg.mel.n_mels, cfg.optional_features, hop, extracted=outputs, sample_rate=sr
+        text_len,
+        mel_frames,
+        cfg.mel.n_mels,
+        cfg.optional_features,
+        hop,
+        extracted=outputs,
+        sample_rate=sr,
+        reference_frames=cfg.reference.frames,
     )
     mel = arrays["mel"]
     values = {
@@ -69,4 +77,6 @@ def encode_clip(
         values["audio_len"] = clip["num_samples"]
     for o in outputs:
         values.update(o.padded(arrays[o.name], mel_frames, hop, sr))
+    if "reference_mel" in arrays:  # other_clip references (`melshards.preprocess.references`), already cut
+        values.update({k: arrays[k] for k in ("reference_id", "reference_mel", "reference_len", "reference_start")})
     return clip["split"], b, encode_example(features, values)

@@ -20,6 +20,7 @@ from melshards.preprocess.clips import SAMPLES, analyse_audio, filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import REJECTED, count
 from melshards.preprocess.encode import encode_clip
+from melshards.preprocess.rows import reject
 from melshards.preprocess.shards import RollingFiles
 from melshards.preprocess.stash import load_clips, load_features
 from melshards.preprocess.workers import worker_setup
@@ -49,6 +50,8 @@ def written_counts(clips) -> Counter:
             if "bucket" in c:
                 out[("bucket", c["bucket"], c["split"]) + key] += 1
         out[("split", c["speaker"], c["split"])] += 1
+        if c.get("own_reference"):
+            out[("reference", "own_clip")] += 1
     return out
 
 
@@ -92,12 +95,17 @@ class _FilterAndWriteFn(beam.DoFn):
     def start_bundle(self):
         self.files = RollingFiles(self.out_dir, self.target)
 
-    def process(self, batch, cutoffs, chosen, corpus_tables, measured=()):
+    def process(self, element, cutoffs, chosen, corpus_tables, measured=()):
+        # a run with other_clip references: (batch, {clip id: (reference id, slice, frames, start) | None})
+        batch, references = element if isinstance(element, tuple) else (element, None)
         buckets, text = chosen["buckets"], chosen["text"]
         outputs = outputs_of(measured[0]["extractors"]) if measured else ()
         clips, kept = load_clips(batch), []
         for clip in clips:
             rejection = filter_rejection(clip, cutoffs, corpus_tables)
+            if rejection is None and references is not None and references[clip["id"]] is None:
+                detail = "the only clip of its speaker in its split (reference.single_clip: reject)"
+                rejection = reject(clip["id"], "no_reference_clip", detail)
             if rejection:
                 count(rejection["reason"])
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
@@ -116,6 +124,16 @@ class _FilterAndWriteFn(beam.DoFn):
                     found = analyse_again(clip, self.cfg, self.extractors)
                 by_id[clip["id"]] = dict(found, **by_id[clip["id"]])
         vocab = Vocabulary(corpus_tables["vocabulary"], self.cfg.text_unit)
+        for clip in kept if references is not None else ():
+            ref_id, ref_mel, ref_len, start = references[clip["id"]]  # not None: a refused clip was rejected above
+            by_id[clip["id"]] = dict(
+                by_id[clip["id"]],
+                reference_id=ref_id,
+                reference_mel=ref_mel,
+                reference_len=ref_len,
+                reference_start=start,
+            )
+            clip["own_reference"] = ref_id == clip["id"]  # for written_counts
         for clip in kept:
             split, bucket, data = encode_clip(
                 clip, by_id[clip["id"]], buckets, text, corpus_tables, vocab, self.cfg, outputs

@@ -6,6 +6,7 @@ One composite PTransform per stage, each with a labelled expand(), in a module o
 - `measure.MeasureClips` (stages 2-3): each clip decoded once, its text, lengths and features;
 - `global_stats` (stage 4): length histograms -> cut-offs, the corpus tables, the mel statistics;
 - `choose_buckets.ChooseBuckets` (stage 6a): the length buckets from the clips the filter keeps;
+- `references.AttachReferences` (a run with other_clip references): each kept clip's reference slice;
 - `filter_and_write.FilterAndWrite` (stages 5-6): filter, pad, encode, write temp files;
 - `shards.AssembleShards` (stage 8): the shards;
 - `report.WriteReport` (stage 9): rejected.jsonl, stats.json, schema.json.
@@ -28,7 +29,8 @@ from melshards.preprocess.filter_and_write import FEATURE_STATS, MOMENTS, WRITTE
 from melshards.preprocess.global_stats import CorpusTables, LengthHistograms, MelStatistics, cutoffs_from
 from melshards.preprocess.measure import STASHED, MeasureClips, cache_summary, merge_cache_summaries
 from melshards.preprocess.progress import progress_dir
-from melshards.preprocess.report import WriteReport
+from melshards.preprocess.references import AttachReferences
+from melshards.preprocess.report import WriteReport, mel_params
 from melshards.preprocess.shards import AssembleShards
 from melshards.preprocess.stash import stash_dir
 
@@ -60,7 +62,11 @@ def build_pipeline(
     corpus_tables = measured.clips | "CorpusTables" >> CorpusTables(cfg)
     cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, beam.pvalue.AsSingleton(corpus_tables), cfg)
     chosen = measured[STASHED] | "ChooseBuckets" >> ChooseBuckets(cutoffs, corpus_tables, cfg)
-    written = measured[STASHED] | "FilterAndWrite" >> FilterAndWrite(
+    to_write = measured[STASHED]
+    if cfg.reference.source == "other_clip":
+        pad_value = mel_params(cfg.mel).pad_value
+        to_write = to_write | "References" >> AttachReferences(cutoffs, corpus_tables, cfg, pad_value)
+    written = to_write | "FilterAndWrite" >> FilterAndWrite(
         cutoffs, chosen, corpus_tables, out_dir, cfg, cache_used if cfg.extractors else None
     )
     moments = written[MOMENTS] | "MelStats" >> MelStatistics(cfg.mel.n_mels)

@@ -269,13 +269,28 @@ def build_schema(
                 bucket_groups(corpus_tables, written, i),
                 extracted=outputs_of(extractors or ()),
                 sample_rate=cfg.audio.sample_rate,
+                reference_frames=cfg.reference.frames,
             )
             for i, bound in enumerate(buckets["bounds"])
         ),
         text_unit=cfg.text_unit,
         feature_stats=(features or {}).get("global", {}),
         extractors=tuple(extractors or ()),
+        reference=reference_record(cfg, written),
     )
+
+
+def reference_record(cfg: PreprocessConfig, written: dict) -> dict:
+    """schema.json's `reference`: the config's choice and, for other_clip, how many records fell back to a
+    slice of their own clip (their speaker's only clip in the split); {} in a run without references."""
+    r = cfg.reference
+    if r.source == "none":
+        return {}
+    out = {"source": r.source, "frames": r.frames}
+    if r.source == "other_clip":
+        own = int(written.get(("reference", "own_clip"), 0))
+        out.update(min_seconds=r.min_seconds, seed=r.seed, single_clip=r.single_clip, own_clip=own)
+    return out
 
 
 def _write_text(out_dir: str, name: str, text: str) -> None:

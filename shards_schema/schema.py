@@ -33,7 +33,8 @@ from typing import Any
 # 3.3: `audio.trim_method` (energy or webrtcvad) and `audio.loudness_target_lufs` (the loudness each clip
 # was normalised to, null: not normalised); per-clip extractor outputs (`extractors`: each one's name,
 # version, fingerprint and declared outputs; their record features after the optional ones;
-# `Speaker.centroids`); a 3.2 file reads as energy-trimmed, not normalised, without extractors.
+# `Speaker.centroids`); the run's references (`reference`, and the `reference` optional features);
+# a 3.2 file reads as energy-trimmed, not normalised, without extractors or references.
 # 2.x had no ids (one English front end); 1.x one shape and no buckets. Neither is read: re-run preprocess.
 SCHEMA_VERSION = "3.3.0"
 SCHEMA_FILE = "schema.json"
@@ -84,6 +85,7 @@ OPTIONAL_FEATURES = {
     "energy": "features.energy: true in the preprocess config",
     "audio": "features.audio: true in the preprocess config",
     "durations": "`melshards preprocess --alignments DIR` (Montreal Forced Aligner TextGrids)",
+    "reference": "reference.source: other_clip in the preprocess config",
 }
 
 
@@ -216,6 +218,10 @@ class Schema:
     # the per-clip extractors whose outputs the records hold: {name, version, fingerprint, factory,
     # sample_rate, outputs: [ExtractorOutput as a dict]} (`melshards.preprocess.extractors`)
     extractors: tuple[dict[str, Any], ...] = ()
+    # the references the run chose (docs/preprocess.md, References): {source: other_clip | same_clip,
+    # frames, min_seconds, seed, single_clip, own_clip: records whose reference is a slice of their own
+    # clip}; empty when the run has none (and in files written before it)
+    reference: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     # -- construction -------------------------------------------------------------------
     @staticmethod
@@ -228,11 +234,13 @@ class Schema:
         *,
         extracted: tuple = (),
         sample_rate: int = 0,
+        reference_frames: int = 0,
     ) -> tuple[Feature, ...]:
         """A bucket's features: the ten every run has, then the `optional` ones (OPTIONAL_FEATURES) the
         run holds, then the extractors' outputs (`extracted`: `shards_schema.extracted.ExtractorOutput`s,
         token outputs sized from `hop_length` and `sample_rate`); `hop_length` sizes the audio
-        (max_mel_frames * hop_length samples)."""
+        (max_mel_frames * hop_length samples), `reference_frames` the reference (its mel's frames, the
+        same in every bucket)."""
         unknown = [n for n in optional if n not in OPTIONAL_FEATURES]
         if unknown:
             raise SchemaError(f"unknown optional features {unknown}; they are {list(OPTIONAL_FEATURES)}")
@@ -273,6 +281,18 @@ class Schema:
                     "raw_int16",
                     "mel frames per phone of text_ids (they sum to mel_len), zero-padded",
                 ),
+            ),
+            "reference": (
+                Feature("reference_id", "string", (), "bytes", "id of the clip the reference is cut from"),
+                Feature(
+                    "reference_mel",
+                    "float32",
+                    (reference_frames, n_mels),
+                    "raw_float16",
+                    "frames of reference_id's stored log-mel, padded with log(log_floor) after reference_len",
+                ),
+                Feature("reference_len", "int32", (), "int64", "number of valid reference frames"),
+                Feature("reference_start", "int32", (), "int64", "the slice's first frame in reference_id's mel"),
             ),
         }
         table = Schema.base_features(max_text_len, max_mel_frames, n_mels) + tuple(
@@ -320,6 +340,7 @@ class Schema:
         *,
         extracted: tuple = (),
         sample_rate: int = 0,
+        reference_frames: int = 0,
     ) -> Bucket:
         """A bucket from its shapes and its shard list [{split, file, records, bytes}] (any order; `bytes`,
         the file's size, where known); `groups`: its records per speaker and language id in each split."""
@@ -329,7 +350,14 @@ class Schema:
             max_text_len,
             max_mel_frames,
             Schema.feature_table(
-                max_text_len, max_mel_frames, n_mels, optional, hop_length, extracted=extracted, sample_rate=sample_rate
+                max_text_len,
+                max_mel_frames,
+                n_mels,
+                optional,
+                hop_length,
+                extracted=extracted,
+                sample_rate=sample_rate,
+                reference_frames=reference_frames,
             ),
             counts={s: sum(x["records"] for x in shards if x["split"] == s) for s in SPLITS},
             shards={
@@ -399,7 +427,9 @@ class Schema:
         have = {f.name for f in self.features}
         for name in names:
             if name not in have:
-                how = OPTIONAL_FEATURES.get(name)
+                how = OPTIONAL_FEATURES.get(name) or OPTIONAL_FEATURES.get(
+                    name.removesuffix("_mel").removesuffix("_len")
+                )
                 raise SchemaError(
                     f"{who} needs the feature {name!r}, which these shards lack"
                     + (
@@ -480,6 +510,7 @@ class Schema:
             "mel_std": list(self.mel_std),
             "pad_multiple": self.pad_multiple,
             "extractors": [dict(x) for x in self.extractors],
+            "reference": dict(self.reference),
         }
         # A readable summary of the buckets; checked against them on reading (an edit is an error).
         d.update(max_text_len=self.max_text_len, max_mel_frames=self.max_mel_frames, counts=self.counts)
@@ -512,6 +543,7 @@ class Schema:
                 text_unit=str(d.get("text_unit", "character")),  # 3.0 files: characters, no optional features
                 feature_stats=dict(d.get("feature_stats", {})),
                 extractors=tuple(dict(x) for x in d.get("extractors", ())),  # 3.2 files: none
+                reference=dict(d.get("reference", {})),  # none before references
             )
             summary = {k: d[k] for k in ("max_text_len", "max_mel_frames", "counts")}
         except (KeyError, TypeError) as e:

@@ -410,3 +410,70 @@ def first_bad_shard(files: Sequence[str], schema: Schema) -> Problem | None:
         if unreadable:
             return unreadable[0]
     return None
+
+
+# -- references (other_clip runs) ---------------------------------------------------------------
+def _digest(x: np.ndarray) -> bytes:
+    import hashlib
+
+    return hashlib.sha1(np.ascontiguousarray(x.astype("<f2")).tobytes()).digest()
+
+
+def check_references(records, pad_value: float) -> list[Problem]:
+    """Each record's reference against the clip it names. `records()` yields (path, index, split, record)
+    for every record, and is called twice: first to note each record's speaker and split and each
+    reference's request (a digest of its frames, not the frames), then to compare every named clip's stored
+    mel over [reference_start, reference_start + reference_len) with those digests. A problem for a
+    reference naming a clip not in the records, of another speaker or split, whose frames differ, or whose
+    padding is not `pad_value`."""
+    where: dict[str, tuple] = {}
+    asked: dict[str, list] = {}
+    problems: list[Problem] = []
+    pad = np.float16(pad_value)
+    for path, i, split, rec in records():
+        clip_id = rec["id"].decode() if isinstance(rec["id"], bytes) else str(rec["id"])
+        where[clip_id] = (rec["speaker"], split)
+        n, start = int(rec["reference_len"]), int(rec["reference_start"])
+        ref = rec["reference_mel"]
+        if np.any(ref[n:].astype("<f2") != pad):
+            problems.append(Problem(path, i, f"reference_mel is not padded with {pad_value} after reference_len {n}"))
+        name = rec["reference_id"].decode() if isinstance(rec["reference_id"], bytes) else str(rec["reference_id"])
+        asked.setdefault(name, []).append((path, i, rec["speaker"], split, start, n, _digest(ref[:n])))
+    for name, requests in asked.items():
+        for path, i, speaker, split, *_ in requests:
+            if name not in where:
+                problems.append(Problem(path, i, f"reference_id {name!r} names no record of these shards"))
+            elif where[name] != (speaker, split):
+                problems.append(Problem(path, i, f"reference_id {name!r} is of another speaker or split"))
+    for _, _, _, rec in records():
+        clip_id = rec["id"].decode() if isinstance(rec["id"], bytes) else str(rec["id"])
+        for path, i, _, _, start, n, digest in asked.get(clip_id, ()):
+            if start + n > int(rec["mel_len"]) or _digest(rec["mel"][start : start + n]) != digest:
+                what = f"reference_mel is not {clip_id!r}'s mel over frames {start}..{start + n}"
+                problems.append(Problem(path, i, what))
+    return problems
+
+
+def reference_problems(files: Sequence[str], schemas: dict[str, Schema]) -> list[Problem]:
+    """`check_references` over the records of `files` that hold references (their schema's buckets; the
+    others and records that do not decode are skipped: `check_shard` reports them)."""
+    import tensorflow as tf
+
+    def records():
+        for path in files:
+            bucket = schemas[path].bucket_of_file(path)
+            if bucket is None or "reference_mel" not in {f.name for f in bucket.features}:
+                continue
+            split = listed_split(schemas[path], path)[0]
+            index = 0
+            try:
+                for chunk in tf.data.TFRecordDataset(path).batch(CHUNK):
+                    for rec in decode_records(bucket, list(chunk.numpy())):
+                        if isinstance(rec, dict):
+                            yield path, index, split, rec
+                        index += 1
+            except tf.errors.OpError:
+                continue  # a damaged file: check_shard says so
+
+    pads = {s.mel.pad_value for s in schemas.values()}
+    return check_references(records, pads.pop()) if len(pads) == 1 else []

@@ -28,6 +28,7 @@ if os.environ["MELSHARDS_XLA_CACHE"]:
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "data" / "ljspeech_tiny"
 TINY_CONFIG = REPO / "configs" / "ljspeech_tiny.yaml"
+REFERENCE_CLIPS = [f"LJT001-{i:04d}" for i in range(1, 31)]  # clips of the shipped corpus that measure fine
 
 
 @pytest.fixture(autouse=True)
@@ -185,3 +186,62 @@ def features_dir(tmp_path_factory) -> Path:
 
 MISSING_ALIGNMENTS = ("LJT001-0002", "LJT001-0005")
 STRETCHED = "LJT001-0007"
+
+
+@pytest.fixture(scope="session")
+def reference_runs(corpus_dir, tmp_path_factory):
+    """Speakers "anna" and "bert" with 12 clips each and "cleo" with one, other_clip references of 40
+    frames, in two buckets; run twice over one feature cache (the second run reads every clip from it).
+    Built once per session (`built_once`), shared by tests/preprocess and tests/train. Read-only."""
+    import csv
+
+    import yaml
+
+    from melshards.commands.preprocess import run
+
+    def build(tmp: Path) -> None:
+        texts = dict(
+            line.split("|")[:2]
+            for line in (corpus_dir / "metadata.csv").read_text().splitlines()
+            if line.count("|") == 2
+        )
+        wavs = {p.stem: p for p in (corpus_dir / "wavs").iterdir()}
+        good = [c for c in REFERENCE_CLIPS if c in wavs and texts.get(c, "").strip()][:25]
+        rows = [
+            {"audio": str(wavs[c]), "text": texts[c], "id": c, "speaker": "cleo" if i == 0 else ("anna", "bert")[i % 2]}
+            for i, c in enumerate(good)
+        ]
+        manifest = tmp / "corpus.csv"
+        with manifest.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=list(rows[0]))
+            w.writeheader()
+            w.writerows(rows)
+        cfg = tmp / "cfg.yaml"
+        cfg.write_text(
+            yaml.safe_dump(
+                {
+                    "filter": {"mel_frames_upper_percentile": 100.0, "text_len_upper_percentile": 100.0},
+                    "split": {"val_fraction": 0.25},
+                    "pad": {"buckets": 2},
+                    "reference": {"source": "other_clip", "frames": 40, "min_seconds": 1.5, "seed": 3},
+                }
+            )
+        )
+        for name in ("first", "again"):
+            out = tmp / name
+            args = [
+                "--input",
+                str(manifest),
+                "--output",
+                str(out),
+                "--config",
+                str(cfg),
+                "--cache",
+                str(tmp / "cache"),
+                "--language",
+                "en",
+            ]
+            assert run([*args, "--workers", "1"]) == 0
+
+    tmp = built_once(tmp_path_factory, "references", build)
+    return list(csv.DictReader((tmp / "corpus.csv").open())), [tmp / "first", tmp / "again"]

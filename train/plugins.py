@@ -44,15 +44,17 @@ def model_inputs(spec: str) -> tuple[str, ...]:
             f"model factory {spec!r}: `features` is {asked!r}; give a tuple of feature names, "
             f"e.g. ('durations', 'pitch')"
         )
+    asked = tuple("reference" if n == "reference_mel" else n for n in asked)  # the reference's one name
     unknown = [n for n in asked if n not in OPTIONAL_FEATURES and n != "audio_len" and not n.isidentifier()]
     if unknown:
         raise PluginError(
             f"model factory {spec!r} asks for the feature(s) {', '.join(map(repr, unknown))}; the "
             f"optional features are {', '.join(OPTIONAL_FEATURES)}, and extractor outputs are named as identifiers"
         )
-    extra = tuple(n for n in OPTIONAL_FEATURES if n in asked)
+    extra = tuple(n for n in OPTIONAL_FEATURES if n in asked and n != "reference")
+    reference = ("reference_mel", "reference_len") if "reference" in asked else ()
     extracted = tuple(n for n in asked if n not in OPTIONAL_FEATURES and n != "audio_len" and n not in MODEL_INPUTS)
-    return MODEL_INPUTS + extra + (("audio_len",) if "audio" in extra else ()) + extracted
+    return MODEL_INPUTS + extra + (("audio_len",) if "audio" in extra else ()) + reference + extracted
 
 
 def check_features(spec: str, schema) -> tuple[str, ...]:

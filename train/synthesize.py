@@ -185,9 +185,47 @@ class Synthesizer(tf.Module):
             )
 
         self.generate, self.serve = generate, serve
+        self.generate_with_reference = None
+        if "reference_mel" in {f.name for f in schema.features}:  # a model of an other_clip run may read it
+            frames = schema.feature("reference_mel").shape[0]
 
-    def speak(self, ids, n: int, speaker: Speaker, language: Language) -> dict:
-        """`generate` of text ids [1, capacity] (of which n are text) by `speaker` in `language`."""
+            @tf.function(
+                input_signature=[
+                    tf.TensorSpec([1, length], tf.int32, name="text_ids"),
+                    tf.TensorSpec([1], tf.int32, name="text_len"),
+                    tf.TensorSpec([1], tf.int32, name="speaker_id"),
+                    tf.TensorSpec([1], tf.int32, name="language_id"),
+                    tf.TensorSpec([1, frames, schema.n_mels], tf.float32, name="reference_mel"),
+                    tf.TensorSpec([1], tf.int32, name="reference_len"),
+                ],
+                jit_compile=True,
+            )
+            def generate_with_reference(text_ids, text_len, speaker_id, language_id, reference_mel, reference_len):
+                out = model.generate(text_ids, text_len, speaker_id, language_id, reference_mel, reference_len)
+                return {"mel": tf.cast(out["mel"], tf.float32), "mel_len": tf.cast(out["mel_len"], tf.int32)}
+
+            self.generate_with_reference = generate_with_reference
+
+    def speak(self, ids, n: int, speaker: Speaker, language: Language, reference=None) -> dict:
+        """`generate` of text ids [1, capacity] (of which n are text) by `speaker` in `language`; with
+        `reference` ((log-mel [frames, n_mels] of the shards' settings, valid frames): `melshards synthesize
+        --reference`), in its voice, for a model that reads references (ValueError otherwise)."""
+        if reference is not None:
+            if self.generate_with_reference is None:
+                raise ValueError(
+                    "this model's shards hold no references (reference_mel), so it does not read one; "
+                    "leave out --reference, or train a model that reads references (examples/reference_tts.py) "
+                    "on a run with reference.source: other_clip"
+                )
+            mel, valid = reference
+            return self.generate_with_reference(
+                tf.constant(ids),
+                tf.constant([n], tf.int32),
+                tf.constant([speaker.id], tf.int32),
+                tf.constant([language.id], tf.int32),
+                tf.constant(np.asarray(mel, np.float32)[None]),
+                tf.constant([valid], tf.int32),
+            )
         return self.generate(
             tf.constant(ids),
             tf.constant([n], tf.int32),

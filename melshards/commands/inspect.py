@@ -56,7 +56,7 @@ def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show:
     expanded work too.
     """
     from melshards.shards_schema import SPLITS, SchemaError
-    from melshards.shards_schema.shards import InputError, check_shard, expand_globs, schemas_for
+    from melshards.shards_schema.shards import InputError, check_shard, expand_globs, reference_problems, schemas_for
 
     if show:
         check_out_dir(out_dir)
@@ -75,6 +75,7 @@ def inspect_command(shard_globs: tuple[str, ...], schema_path: str | None, show:
         results.append(result)
         shown += [(r, schemas[f]) for r in records]
         problems += result.problems
+    problems += reference_problems(files, schemas)  # other_clip runs: each reference is the slice it names
 
     click.echo(shard_table(results))
     per_split = dict.fromkeys([*SPLITS, *(r.split for r in results)], 0)

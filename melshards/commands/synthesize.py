@@ -115,6 +115,23 @@ def write_wav(output: str, y: np.ndarray, sample_rate: int) -> None:
         raise click.UsageError(f"-o {output}: cannot write it ({e}); pass a writable file path") from e
 
 
+def reference_from(path: str, schema) -> tuple:
+    """`--reference WAV` -> (log-mel [frames, n_mels], valid frames) by the preprocess mel
+    (`melshards.preprocess.references.reference_of_wav`); UsageError for audio it cannot use."""
+    from melshards.preprocess.clips import ClipRejected
+    from melshards.preprocess.references import reference_of_wav
+
+    if "reference_mel" not in {f.name for f in schema.features}:
+        raise click.UsageError(
+            f"--reference {path}: this model's shards hold no references, so it reads none; leave out "
+            "--reference, or train a model that reads references on a run with reference.source: other_clip"
+        )
+    try:
+        return reference_of_wav(path, schema)
+    except ClipRejected as e:
+        raise click.UsageError(f"--reference {path}: {e.reason} ({e.detail})") from e
+
+
 @click.command("synthesize", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("text")
 @click.option("--model-dir", required=True, help="A `melshards train` --model-dir (newest checkpoint is used).")
@@ -136,13 +153,19 @@ def write_wav(output: str, y: np.ndarray, sample_rate: int) -> None:
     help="Language code, as schema.json's languages table has it (default: the only language).",
 )
 @click.option(
+    "--reference",
+    default=None,
+    help="A WAV to speak in the voice of, for a model that reads references (examples/reference_tts.py); its "
+    "log-mel is computed as `melshards preprocess` computes the shards' (the first reference frames).",
+)
+@click.option(
     "--export",
     "export_dir",
     default=None,
     help="Also save the generator as a SavedModel here (serving signature: text, speaker name, "
     "language code -> mel); an existing DIR is written into only if it is empty or an earlier --export.",
 )
-def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, language, export_dir) -> None:
+def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, language, reference, export_dir) -> None:
     """Speak TEXT with the model in --model-dir and write a WAV (Griffin-Lim vocoder)."""
     setup_logging()
     from melshards.shards_schema import SCHEMA_FILE, read_schema
@@ -170,6 +193,7 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, lang
         normalised = normalise(text, lang)
         ids, n = padded_text_ids(normalised, schema)
         checkpoint = checkpoint_to_restore(model_dir)
+        voice = None if reference is None else reference_from(reference, schema)
     except TextRejected as e:
         raise click.UsageError(
             f"TEXT refused ({e.reason}): {e.detail}. `melshards preprocess` rejects such "
@@ -188,7 +212,10 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, lang
         raise click.UsageError(str(e)) from e
     except RestoreError as e:
         raise click.ClickException(str(e)) from e
-    out = synth.speak(ids, n, who, lang)
+    try:
+        out = synth.speak(ids, n, who, lang, voice)
+    except ValueError as e:
+        raise click.UsageError(f"--reference {reference}: {e}") from e
     frames = int(out["mel_len"][0])
     check_spoke(frames, synth.schema)
     mel = out["mel"][0, :frames].numpy()

@@ -1,0 +1,49 @@
+"""same_clip references (schema.json `reference.source: same_clip`): a random slice of each record's own
+log-mel, cut in-graph at read time, in pure TF ops with a static shape (`melshards.dataset` and models
+that declare `reference_mel`).
+
+The slice of record b of batch number `step` starts at floor(u * (room + 1)), room = max(mel_len -
+frames, 0), u = `tf.random.stateless_uniform` keyed by (seed, step): the same seed and step give the same
+slices in any process, and a resumed iterator (its batch counter is part of its state) cuts what an
+uninterrupted one would. A clip shorter than `frames` is taken whole and padded with the mel's pad value
+(`reference_len` says how much is real). other_clip runs store their references in the records instead.
+"""
+
+from __future__ import annotations
+
+from melshards.train.tf_quiet import tf
+
+REFERENCE_FEATURES = ("reference_mel", "reference_len")  # what a same_clip slice adds to a batch
+
+
+def same_clip_reference(mel, mel_len, frames: int, seed, pad_value: float) -> dict:
+    """mel [B, F, n_mels], mel_len [B], seed int [2] (a stateless seed) -> {"reference_mel" [B, frames,
+    n_mels], "reference_len" int32 [B], "reference_start" int32 [B]}."""
+    b = mel.shape[0] if mel.shape[0] is not None else tf.shape(mel)[0]
+    room = tf.maximum(mel_len - frames, 0)
+    u = tf.random.stateless_uniform([b], seed=seed, dtype=tf.float32)
+    start = tf.minimum(tf.cast(tf.floor(u * tf.cast(room + 1, tf.float32)), tf.int32), room)
+    idx = start[:, None] + tf.range(frames)[None, :]  # [B, frames], < F + frames
+    padded = tf.pad(mel, [[0, 0], [0, frames], [0, 0]], constant_values=pad_value)
+    taken = tf.gather(padded, idx, batch_dims=1)
+    length = tf.clip_by_value(mel_len - start, 0, frames)
+    valid = tf.sequence_mask(length, frames)[:, :, None]
+    return {
+        "reference_mel": tf.where(valid, taken, tf.cast(pad_value, mel.dtype)),
+        "reference_len": length,
+        "reference_start": start,
+    }
+
+
+def with_same_clip_references(
+    ds: tf.data.Dataset, frames: int, seed: int, pad_value: float, keep: tuple[str, ...]
+) -> tf.data.Dataset:
+    """Batches holding mel and mel_len -> the same batches with a same_clip reference added, the k-th batch
+    cut with the stateless seed (seed, k); only the features `keep` (and the reference's) are left."""
+
+    def add(k, batch):
+        key = tf.stack([tf.constant(seed, tf.int64), k])
+        out = dict(batch, **same_clip_reference(batch["mel"], batch["mel_len"], frames, key, pad_value))
+        return {n: v for n, v in out.items() if n in keep or n in REFERENCE_FEATURES}
+
+    return tf.data.Dataset.zip(tf.data.Dataset.counter(), ds).map(add)
