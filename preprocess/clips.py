@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess import alignments, audio, features, quality
+from melshards.preprocess import alignments, audio, features, quality, quality_rules
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.merge import as_given
 from melshards.preprocess.rows import reject
@@ -249,13 +249,20 @@ def as_rejection(clip_id: str, e: ClipRejected) -> dict:
     return reject(clip_id, e.reason, e.detail)
 
 
-def filter_rejection(clip: dict, cutoffs: Cutoffs, tables: dict) -> dict | None:
-    """The filter's rule: a speaker with too few clips (`tables`), then the percentile cut-offs
+def filter_rejection(
+    clip: dict, cutoffs: Cutoffs, tables: dict, gate: quality_rules.QualityGate | None = None
+) -> dict | None:
+    """The filter's rule: a speaker with too few clips (`tables`), then a duplicate recording and the
+    quality rules (`quality_rules.quality_rejection`, with `gate`), then the percentile cut-offs
     (`Cutoffs.reason`). None if it keeps the clip, else the clip's rejected.jsonl entry (a clip is
     dropped, never truncated)."""
     speaker = speaker_rejection_detail(clip, tables)
     if speaker is not None:
         return reject(clip["id"], "speaker_too_few_clips", speaker)
+    if gate is not None:
+        bad = quality_rules.quality_rejection(clip, gate)
+        if bad is not None:
+            return reject(clip["id"], *bad)
     reason = cutoffs.reason(clip["text_len"], clip["mel_frames"], clip["duration_ms"], clip["language"])
     if reason is None:
         return None

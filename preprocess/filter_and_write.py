@@ -82,11 +82,11 @@ class _FilterAndWriteFn(beam.DoFn):
     def start_bundle(self):
         self.files = RollingFiles(self.out_dir, self.target)
 
-    def process(self, batch, cutoffs, chosen, corpus_tables):
+    def process(self, batch, cutoffs, chosen, corpus_tables, gate):
         buckets, text = chosen["buckets"], chosen["text"]
         clips, kept = load_clips(batch), []
         for clip in clips:
-            rejection = filter_rejection(clip, cutoffs, corpus_tables)
+            rejection = filter_rejection(clip, cutoffs, corpus_tables, gate)
             if rejection:
                 count(rejection["reason"])
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
@@ -126,7 +126,7 @@ class _FilterAndWriteFn(beam.DoFn):
 
 class FilterAndWrite(beam.PTransform):
     """Drop (never truncate) clips outside the percentile cut-offs, pad the rest to their bucket's
-    shapes and write them; the cut-offs, the chosen buckets (`ChooseBuckets`) and the corpus tables
+    shapes and write them; the cut-offs, the quality gate (`global_stats.QualityGate`), the chosen buckets (`ChooseBuckets`) and the corpus tables
     (`CorpusTables`) arrive as side inputs.
 
     Returns {"parts": temp files written, "rejected": dropped clips, "moments": mel moments of each
@@ -135,9 +135,10 @@ class FilterAndWrite(beam.PTransform):
     statistics per group (`feature_stats.batch_stats`, merged; empty when the run computes neither)}.
     """
 
-    def __init__(self, cutoffs, chosen, corpus_tables, out_dir: str, cfg: PreprocessConfig):
+    def __init__(self, cutoffs, chosen, corpus_tables, gate, out_dir: str, cfg: PreprocessConfig):
         super().__init__()
         self.cutoffs, self.chosen, self.tables, self.out_dir, self.cfg = cutoffs, chosen, corpus_tables, out_dir, cfg
+        self.gate = gate
 
     def expand(self, batches):
         S = beam.pvalue
@@ -146,6 +147,7 @@ class FilterAndWrite(beam.PTransform):
             S.AsSingleton(self.cutoffs),
             S.AsSingleton(self.chosen),
             S.AsSingleton(self.tables),
+            S.AsSingleton(self.gate),
         ).with_outputs(REJECTED, MOMENTS, WRITTEN, FEATURE_STATS, main="parts")
         written = out[WRITTEN] | "SumWritten" >> beam.CombineGlobally(sum_counters).without_defaults()
         stats = out[FEATURE_STATS] | "FeatureStats" >> beam.CombineGlobally(feature_stats.merge).without_defaults()
