@@ -2,8 +2,8 @@
 cost a clean clip.
 
 `build_fault_corpus` writes a manifest (`manifest.jsonl`, with `asr_text`) and its WAVs: four speakers
-whose clips are two of the demo corpus's good clips (benchmarks/make_big_corpus.good_clips) joined by a
-gap of random length (so no two clips share audio by chance), sped up or slowed down by 0.75, 0.9, 1.15 and 1.35 (clearly different speaking rates), each with `--clean` clean clips
+whose clips are two of the demo corpus's good clips (benchmarks/make_big_corpus.good_clips) joined, with
+a gap of random length in the middle (so no two clips share audio by chance), sped up or slowed down by 0.75, 0.9, 1.15 and 1.35 (clearly different speaking rates), each with `--clean` clean clips
 and `--per-fault` clips of every fault kind:
 
 - `transcript`: the text of two other clips (its `asr_text` is what it says);
@@ -11,6 +11,7 @@ and `--per-fault` clips of every fault kind:
 - `narrowband`: the audio through 8 kHz (resampled down and back up);
 - `noisy`: white noise at 0 dB SNR;
 - `pause`: 2.5 s of silence inserted in the middle of the speech;
+- `rate`: the audio played three times as fast (its speaker's rate tripled: a speaking-rate outlier);
 - `duplicate`: a clean clip's audio again under another id (the pair: exactly one must remain).
 
 The corpus is preprocessed with the default config (`python -m melshards preprocess`) and scored from
@@ -39,7 +40,7 @@ from benchmarks.preprocess_scale import WORK, beam_flags
 
 SR = 22050
 SPEEDS = {"slow": 0.75, "calm": 0.9, "brisk": 1.15, "fast": 1.35}
-FAULTS = ("transcript", "clipped", "narrowband", "noisy", "pause", "duplicate")
+FAULTS = ("transcript", "clipped", "narrowband", "noisy", "pause", "rate", "duplicate")
 QUALITY_REASONS = {
     "speaking_rate_outlier",
     "clipped",
@@ -74,15 +75,25 @@ def with_fault(kind: str, y: np.ndarray, rng: np.random.Generator) -> np.ndarray
     if kind == "noisy":
         noise = rng.standard_normal(len(y)).astype(np.float32)
         return y + noise * float(np.sqrt(np.mean(y**2) / np.mean(noise**2)))
+    if kind == "rate":
+        return resample(y, 3.0)
     if kind == "pause":
         mid = len(y) // 2
         return np.concatenate([y[:mid], np.zeros(int(2.5 * SR), np.float32), y[mid:]])
     return y
 
 
-def build_fault_corpus(out: str | Path, clean: int, per_fault: int, seed: int = 1) -> list[dict]:
+def build_fault_corpus(
+    out: str | Path,
+    clean: int,
+    per_fault: int,
+    seed: int = 1,
+    speakers: tuple[str, ...] = tuple(SPEEDS),
+    parts: int = 2,
+) -> list[dict]:
     """Write the manifest and WAVs under `out`; returns its rows, each with "fault" (None for a clean
-    clip; "duplicate" for the second of a pair, whose first is its "pair")."""
+    clip; "duplicate" for the second of a pair, whose first is its "pair"). `speakers`: which of
+    `SPEEDS`; `parts`: demo clips per clip."""
     from benchmarks.make_big_corpus import good_clips
 
     out = Path(out)
@@ -99,16 +110,19 @@ def build_fault_corpus(out: str | Path, clean: int, per_fault: int, seed: int = 
         rows.append(r)
         return r
 
-    for speaker, speed in SPEEDS.items():
+    for speaker in speakers:
+        speed = SPEEDS[speaker]
         for i in range(clean + per_fault * len(FAULTS)):
-            (_, t1, y1), (_, t2, y2) = pick.sample(sources, 2)  # two joined by a gap of its own: unique audio
+            chosen = pick.sample(sources, parts)  # joined, a gap of its own in the middle: unique audio
+            text, y = " ".join(t for _, t, _ in chosen), np.concatenate([a for _, _, a in chosen])
             gap = np.zeros(pick.randrange(int(0.15 * SR), int(0.4 * SR)), np.float32)
-            text, y = f"{t1} {t2}", resample(np.concatenate([y1, gap, y2]), speed)
+            y = resample(np.concatenate([y[: len(y) // 2], gap, y[len(y) // 2 :]]), speed)
             cid = f"{speaker}_{i:03d}"
             k = i - clean
             fault = None if k < 0 else FAULTS[k // per_fault]
             if fault == "transcript":
-                other = " ".join(t for _, t, _ in pick.sample(sources, 2))
+                others = [src for src in sources if src[1] not in text]  # none of the clip's own sentences
+                other = " ".join(t for _, t, _ in pick.sample(others, parts))
                 write(cid, y, text=other, asr_text=text, speaker=speaker, fault=fault)
             elif fault == "duplicate":
                 first = write(cid + "a", y, text=text, asr_text=text, speaker=speaker, fault=None)

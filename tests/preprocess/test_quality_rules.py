@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import subprocess
+import sys
 
 import apache_beam as beam
+import pytest
 from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
+from benchmarks import quality_faults
 from melshards.preprocess import quality_rules
 from melshards.preprocess.clips import filter_rejection
 from melshards.preprocess.config import QualityRulesConfig
@@ -16,6 +21,7 @@ from melshards.preprocess.global_stats import DuplicateAudio
 from melshards.preprocess.quality import MEASURES
 from melshards.preprocess.quality_rules import QualityGate, quality_rejection
 from melshards.shards_schema.stats import Cutoffs
+from tests.conftest import TINY_CONFIG
 
 RULES = QualityRulesConfig()
 CLEAN = dict.fromkeys(MEASURES, math.nan) | {
@@ -104,3 +110,50 @@ def test_duplicate_audio_keeps_the_first_by_input_order():
     with TestPipeline(runner="FnApiRunner") as p:
         out = p | beam.Create(batches) | DuplicateAudio()
         assert_that(out, equal_to([("x2", "x1"), ("x3", "x1")]))
+
+
+@pytest.fixture(scope="module")
+def fault_run(tmp_path_factory):
+    """One `melshards preprocess` (default quality rules) of a one-speaker fault corpus
+    (benchmarks/quality_faults.py): 6 clean clips and one clip of each fault kind."""
+    work = tmp_path_factory.mktemp("faults")
+    rows = quality_faults.build_fault_corpus(work / "corpus", clean=6, per_fault=1, speakers=("fast",), parts=1)
+    out = work / "out"
+    cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", str(work / "corpus" / "manifest.jsonl")]
+    subprocess.run(
+        [*cmd, "--output", str(out), "--config", str(TINY_CONFIG)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    rejected = [json.loads(line) for line in (out / "rejected.jsonl").read_text().splitlines() if line.strip()]
+    return rows, rejected, json.loads((out / "stats.json").read_text())
+
+
+def test_each_fault_kind_is_rejected_with_its_reason(fault_run):
+    rows, rejected, _ = fault_run
+    why = {r["id"]: r["reason"] for r in rejected}
+    expected = {
+        "transcript": "transcript_mismatch",
+        "clipped": "clipped",
+        "narrowband": "narrowband",
+        "noisy": "noisy",
+        "pause": "long_pause",
+        "rate": "speaking_rate_outlier",
+        "duplicate": "duplicate_audio",
+    }
+    assert {r["fault"]: why.get(r["id"]) for r in rows if r["fault"]} == expected
+    lost = [r["id"] for r in rows if r["fault"] is None and why.get(r["id"]) in quality_faults.QUALITY_REASONS]
+    assert not lost
+
+
+def test_a_duplicate_names_the_clip_kept_and_the_counts_add_up(fault_run):
+    rows, rejected, stats = fault_run
+    (pair,) = [r for r in rows if r["fault"] == "duplicate"]
+    (entry,) = [r for r in rejected if r["id"] == pair["id"]]
+    assert entry["detail"].endswith(f"same as kept {pair['pair']}")
+    counts = stats["counts"]
+    assert counts["input_rows"] == len(rows)
+    assert counts["in_shards"] + counts["filtered"] + counts["rejected"] == len(rows)
+    assert counts["in_shards"] == len(rows) - len(rejected)
+    assert counts["per_reason"]["duplicate_audio"] == 1
