@@ -63,11 +63,14 @@ def iqr_bounds(hist: Mapping[int, int], k: float) -> tuple[float, float]:
 
 def rate_bounds(hists: Mapping[tuple, int], rules: QualityRulesConfig) -> dict:
     """The speaking-rate bounds of every group with at least `rules.rate_min_clips` rated clips:
-    {"speaker": {name: (low, high)}, "language": {code: (low, high)}, "corpus": {"": (low, high)}}."""
+    {"speaker": {name: (low, high)}, "language": {code: (low, high)}, "corpus": {"": (low, high)}};
+    none when `rules.rate_iqr_k` is None."""
     groups: dict[tuple[str, str], Counter] = {}
     for (scope, name, k), n in hists.items():
         groups.setdefault((scope, name), Counter())[k] += n
     out: dict[str, dict] = {"speaker": {}, "language": {}, CORPUS: {}}
+    if rules.rate_iqr_k is None:  # the rule is off
+        return out
     for (scope, name), hist in sorted(groups.items()):
         if sum(hist.values()) >= rules.rate_min_clips:
             out[scope][name] = iqr_bounds(hist, rules.rate_iqr_k)
@@ -79,7 +82,7 @@ def bounds_for(bounds: Mapping, speaker: str, language: str) -> tuple[tuple[floa
     the corpus's; None when no group has enough clips."""
     for scope, name in (("speaker", speaker), ("language", language), (CORPUS, "")):
         if name in bounds.get(scope, {}):
-            return tuple(bounds[scope][name]), f"{scope} {name}".rstrip()  # type: ignore[return-value]
+            return tuple(bounds[scope][name]), f"{scope} {name}".rstrip()
     return None
 
 
