@@ -37,21 +37,11 @@ import soundfile
 
 from benchmarks.common import emit
 from benchmarks.preprocess_scale import WORK, beam_flags
+from melshards.shards_schema.stats import QUALITY_REASONS
 
 SR = 22050
 SPEEDS = {"slow": 0.75, "calm": 0.9, "brisk": 1.15, "fast": 1.35}
 FAULTS = ("transcript", "clipped", "narrowband", "noisy", "pause", "rate", "duplicate")
-QUALITY_REASONS = {
-    "speaking_rate_outlier",
-    "clipped",
-    "narrowband",
-    "noisy",
-    "long_pause",
-    "transcript_mismatch",
-    "asr_repeat",
-    "foreign_script",
-    "duplicate_audio",
-}
 
 
 def resample(y: np.ndarray, factor: float) -> np.ndarray:

@@ -20,7 +20,7 @@ from melshards.preprocess.config import QualityRulesConfig
 from melshards.preprocess.global_stats import DuplicateAudio
 from melshards.preprocess.quality import MEASURES
 from melshards.preprocess.quality_rules import QualityGate, quality_rejection
-from melshards.shards_schema.stats import Cutoffs
+from melshards.shards_schema.stats import QUALITY_REASONS, Cutoffs
 from tests.conftest import TINY_CONFIG
 
 RULES = QualityRulesConfig()
@@ -143,7 +143,7 @@ def test_each_fault_kind_is_rejected_with_its_reason(fault_run):
         "duplicate": "duplicate_audio",
     }
     assert {r["fault"]: why.get(r["id"]) for r in rows if r["fault"]} == expected
-    lost = [r["id"] for r in rows if r["fault"] is None and why.get(r["id"]) in quality_faults.QUALITY_REASONS]
+    lost = [r["id"] for r in rows if r["fault"] is None and why.get(r["id"]) in QUALITY_REASONS]
     assert not lost
 
 
@@ -155,5 +155,6 @@ def test_a_duplicate_names_the_clip_kept_and_the_counts_add_up(fault_run):
     counts = stats["counts"]
     assert counts["input_rows"] == len(rows)
     assert counts["in_shards"] + counts["filtered"] + counts["rejected"] == len(rows)
+    assert counts["filtered"] >= sum(counts["per_reason"].get(r, 0) for r in QUALITY_REASONS) == 7
     assert counts["in_shards"] == len(rows) - len(rejected)
     assert counts["per_reason"]["duplicate_audio"] == 1
