@@ -87,7 +87,6 @@ class FilterConfig:
     min_speaker_clips: Annotated[StrictInt, Field(ge=1)] = (
         1  # a speaker with fewer measured clips is dropped (speaker_too_few_clips)
     )
-    quality: QualityRulesConfig = QualityRulesConfig()
 
 
 MAX_BUCKETS = 99  # shard names carry the bucket as two digits (bNN)
@@ -221,6 +220,7 @@ class PreprocessConfig:
     text: TextConfig = TextConfig()
     features: FeaturesConfig = FeaturesConfig()
     quality: QualityConfig = QualityConfig()
+    quality_rules: QualityRulesConfig = QualityRulesConfig()
     pitch: PitchConfig = PitchConfig()
     alignments: AlignmentsConfig = AlignmentsConfig()
     write: WriteConfig = WriteConfig()

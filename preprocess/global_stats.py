@@ -151,7 +151,7 @@ def _duplicate_pairs(item):
 
 
 def _gate(rate_hists, duplicates, cfg: PreprocessConfig) -> quality_rules.QualityGate:
-    rules = cfg.filter.quality
+    rules = cfg.quality_rules
     return quality_rules.QualityGate(
         rules, cfg.audio.sample_rate, quality_rules.rate_bounds(rate_hists, rules), dict(duplicates)
     )
@@ -172,7 +172,7 @@ class QualityGate(beam.PTransform):
             | "RateHists" >> beam.Map(lambda b: quality_rules.rate_histograms(b["clips"]))
             | "SumRates" >> beam.CombineGlobally(merge_histograms)
         )
-        if self.cfg.filter.quality.duplicates:
+        if self.cfg.quality_rules.duplicates:
             dups = batches | "Duplicates" >> DuplicateAudio()
         else:
             dups = batches.pipeline | "NoDuplicates" >> beam.Create([])
