@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     corpus = ensure_corpus(str(work / f"ljbig-{args.clips}"), args.clips)
     walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpus: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for r in range(args.rounds):
         for v, quality in VARIANTS.items():
             config = work / f"quality-{v}.yaml"
@@ -50,8 +51,10 @@ def main(argv: list[str] | None = None) -> dict:
             if res["rc"] != 0:
                 raise SystemExit(f"{v}: preprocess exited {res['rc']}; see {work / f'quality-{v}.log'}")
             walls[v].append(res["wall_s"])
-            print(f"round {r + 1} {v:<8} wall {res['wall_s']:6.1f} s", flush=True)
+            cpus[v].append(res.get("cpu_s", 0.0))
+            print(f"round {r + 1} {v:<8} wall {res['wall_s']:6.1f} s  cpu {res.get('cpu_s', 0.0):6.1f} s", flush=True)
     ratios = [d / n for d, n in zip(walls["default"], walls["none"])]
+    cpu_ratios = [d / n for d, n in zip(cpus["default"], cpus["none"]) if n]
     result = {
         "benchmark": "quality_wall",
         "clips": args.clips,
@@ -60,6 +63,9 @@ def main(argv: list[str] | None = None) -> dict:
         **{f"wall_s_{v}": round(statistics.median(walls[v]), 2) for v in VARIANTS},
         "default_over_none": round(statistics.median(ratios), 3),
         "per_round_ratios": [round(x, 3) for x in ratios],
+        **{f"cpu_s_{v}": round(statistics.median(cpus[v]), 1) for v in VARIANTS},
+        "default_over_none_cpu": round(statistics.median(cpu_ratios), 3) if cpu_ratios else None,
+        "per_round_cpu_ratios": [round(x, 3) for x in cpu_ratios],
     }
     print(
         f"goal: default / none <= 1.15; measured {result['default_over_none']:.3f} (rounds {result['per_round_ratios']})"

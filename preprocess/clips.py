@@ -168,7 +168,7 @@ def analyse_audio(path: str | None, cfg: PreprocessConfig, arrays: bool = True) 
     mag = audio.magnitude(trimmed, cfg.mel) if arrays else None
     q = cfg.quality
     measured = (
-        quality.audio_quality(y, start, end, sr, mag, cfg.mel.n_fft, cfg.audio.trim_top_db)
+        quality.audio_quality(y, start, end, sr, mag, cfg.mel.n_fft, cfg.audio.trim_top_db, q.loudness)
         if q.measures
         else {m: quality.NAN for m in quality.AUDIO_MEASURES}
     )

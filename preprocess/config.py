@@ -178,7 +178,10 @@ class QualityConfig:
     measures), computed in the measure stage from the one decode and the mel's STFT."""
 
     measures: StrictBool = True  # off: every measure NaN (the audio hash is still taken)
-    dnsmos: StrictBool = False  # DNSMOS P.835 overall (speechmos' ONNX model): ~N ms a clip (docs/performance.md)
+    # BS.1770 integrated loudness (pyloudnorm): off, loudness_lufs is NaN. Off by default: it is two thirds
+    # of the default measures' cost (docs/performance.md) and quiet is no fault (normalise instead)
+    loudness: StrictBool = False
+    dnsmos: StrictBool = False  # DNSMOS P.835 overall (speechmos' ONNX model): >100x a clip's other work
 
 
 PITCH_TRACKERS = ("dio", "pyin")

@@ -77,6 +77,14 @@ def _block_power(y: np.ndarray, block: int) -> np.ndarray:
     return np.einsum("ij,ij->i", blocks, blocks) / block
 
 
+def _runs(mask: np.ndarray) -> np.ndarray:
+    """Lengths of the runs of True in a boolean array."""
+    if not mask.any():
+        return np.zeros(0, np.int64)
+    edges = np.diff(np.concatenate(([0], mask.astype(np.int8), [0])))
+    return np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
+
+
 def longest_pause_s(y: np.ndarray, sr: int, top_db: float, block_s: float = PAUSE_BLOCK_S) -> float:
     """The longest run of quiet blocks between the first and the last loud block, in seconds: a block
     (of `block_s`, consecutive, not overlapping) is quiet when its power is more than `top_db` below the
@@ -87,20 +95,8 @@ def longest_pause_s(y: np.ndarray, sr: int, top_db: float, block_s: float = PAUS
         return 0.0
     loud = power > power.max() * 10.0 ** (-top_db / 10.0)
     idx = np.flatnonzero(loud)
-    inner = ~loud[idx[0] : idx[-1] + 1]
-    longest = run = 0
-    for quiet in inner:
-        run = run + 1 if quiet else 0
-        longest = max(longest, run)
-    return longest * block / sr
-
-
-def _runs(mask: np.ndarray) -> np.ndarray:
-    """Lengths of the runs of True in a boolean array."""
-    if not mask.any():
-        return np.zeros(0, np.int64)
-    edges = np.diff(np.concatenate(([0], mask.astype(np.int8), [0])))
-    return np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
+    runs = _runs(~loud[idx[0] : idx[-1] + 1])
+    return (int(runs.max()) if runs.size else 0) * block / sr
 
 
 def clipping(y: np.ndarray, level: float = CLIP_LEVEL) -> tuple[float, float]:
@@ -283,10 +279,18 @@ def audio_hash(samples: np.ndarray) -> str:
 
 
 def audio_quality(
-    y: np.ndarray, start: int, end: int, sr: int, mag: np.ndarray | None, n_fft: int, top_db: float
+    y: np.ndarray,
+    start: int,
+    end: int,
+    sr: int,
+    mag: np.ndarray | None,
+    n_fft: int,
+    top_db: float,
+    loudness: bool = True,
 ) -> dict[str, float]:
     """The `AUDIO_MEASURES` of a decoded clip `y` whose speech is `y[start:end]`; `mag`: the |STFT| of
-    the speech the mel is made from (None: bandwidth NaN, a run that computes no mel)."""
+    the speech the mel is made from (None: bandwidth NaN, a run that computes no mel); `loudness`
+    False: loudness_lufs NaN (not measured)."""
     speech = y[start:end]
     fraction, run = clipping(speech)
     return {
@@ -295,7 +299,7 @@ def audio_quality(
         "clipped_run_max": run,
         "bandwidth_hz": bandwidth_hz(mag, sr, n_fft) if mag is not None else NAN,
         "snr_db": snr_db(y, sr),
-        "loudness_lufs": loudness_lufs(speech, sr),
+        "loudness_lufs": loudness_lufs(speech, sr) if loudness else NAN,
         "peak_dbfs": peak_dbfs(y),
     }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 import typing
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -79,7 +80,10 @@ def field_bounds(cls: type, path: Sequence[str]) -> str:
             return ""
         tp = hints[name]
         if i == len(path) - 1:
-            return bounds_text(typing.get_args(tp)[1:]) if typing.get_origin(tp) is Annotated else ""
+            # an optional field (`Annotated[float, Field(...)] | None`) has its bounds on the number
+            options = typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+            annotated = [t for t in options if typing.get_origin(t) is Annotated]
+            return bounds_text(typing.get_args(annotated[0])[1:]) if annotated else ""
         cls = tp
     return ""
 

@@ -356,6 +356,7 @@ BAD_VALUES = {
     "audio.sample_rate": -22050,
     "audio.trim_top_db": 0,
     "audio.silence_peak_dbfs": 6.0,
+    "audio.vad_aggressiveness": 4,
     "mel.n_fft": 0,
     "mel.hop_length": -256,
     "mel.win_length": 0,

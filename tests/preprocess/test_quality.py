@@ -12,6 +12,7 @@ import pytest
 from melshards.preprocess import audio, cache, clips, manifests, quality
 from melshards.preprocess.config import MelConfig, PreprocessConfig
 from melshards.preprocess.rows import LayoutRows, row
+from melshards.shards_schema.config import ConfigError
 from melshards.shards_schema.stats import Moments
 from tests.preprocess.conftest import encode
 
@@ -141,10 +142,13 @@ def test_the_clip_carries_its_measures_and_hash_and_the_feature_cache_gives_them
     y = np.concatenate([_sine(0.8, 220.0, sr=sr), np.zeros(sr // 2, np.float32), _sine(0.8, 220.0, sr=sr)])
     (tmp_path / "a.wav").write_bytes(encode(y, sr, "WAV"))
     cfg = PreprocessConfig()
+    cfg = dataclasses.replace(cfg, quality=dataclasses.replace(cfg.quality, loudness=True))
     r = row("a", "Hello there.", str(tmp_path / "a.wav"), 0, speaker="s", language="en", asr_text="hello there")
     clip, features, span = clips.featurize_span(r, cfg)
     assert clip["audio_hash"] == span["audio_hash"] and tuple(clip["quality"]) == quality.MEASURES
     assert clip["quality"]["cer"] == 0.0 and clip["quality"]["longest_pause_s"] > 0.4
+    assert not math.isnan(clip["quality"]["loudness_lufs"])
+    assert math.isnan(clips.featurize_span(r, PreprocessConfig())[0]["quality"]["loudness_lufs"])  # off by default
     path = cache.write_batch(str(tmp_path / "cache"), [("k", span, features, Moments.of(features["mel"]))])
     cached_span, cached_arrays, _ = cache.read_batch(path)["k"]
     assert cached_span["audio_hash"] == span["audio_hash"]
@@ -172,6 +176,7 @@ def test_loudness_normalisation_scales_the_mel_by_the_gain_and_leaves_the_measur
     sr = 22050
     (tmp_path / "v.wav").write_bytes(encode(_voice(sr), sr, "WAV"))
     cfg = PreprocessConfig()
+    cfg = dataclasses.replace(cfg, quality=dataclasses.replace(cfg.quality, loudness=True))
     louder = dataclasses.replace(cfg, audio=dataclasses.replace(cfg.audio, loudness_target_lufs=-16.0))
     span, plain = clips.analyse_audio(str(tmp_path / "v.wav"), cfg)
     span_l, normalised = clips.analyse_audio(str(tmp_path / "v.wav"), louder)
@@ -179,3 +184,9 @@ def test_loudness_normalisation_scales_the_mel_by_the_gain_and_leaves_the_measur
     above = plain["mel"] > np.log(cfg.mel.log_floor) + 1
     assert np.allclose(normalised["mel"][above] - plain["mel"][above], np.log(gain), atol=1e-4)
     assert span_l["quality"] == span["quality"] and span_l["audio_hash"] == span["audio_hash"]
+
+
+def test_a_loudness_target_out_of_range_is_refused_naming_its_bounds():
+    cfg = PreprocessConfig()
+    with pytest.raises(ConfigError, match=r"audio.loudness_target_lufs is 5.0, must be >= -70 and <= 0"):
+        dataclasses.replace(cfg, audio=dataclasses.replace(cfg.audio, loudness_target_lufs=5.0)).validate()
