@@ -15,16 +15,19 @@ from melshards.preprocess import bucketing, tables
 from melshards.preprocess.clips import filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.global_stats import length_histograms, merge_lengths
+from melshards.preprocess.quality_rules import QualityGate
 from melshards.preprocess.stash import load_clips
 from melshards.shards_schema.stats import Cutoffs, merge_histograms
 
 
-def kept_summary(clips: list[dict], cutoffs: Cutoffs | None, corpus_tables: dict, salt: str) -> dict:
+def kept_summary(
+    clips: list[dict], cutoffs: Cutoffs | None, corpus_tables: dict, salt: str, gate: QualityGate | None = None
+) -> dict:
     """One batch's share of what the buckets and the after-filter report need: the three length
     histograms of its kept clips, the mel-frame histogram of its kept training clips, and the
     text lengths of its kept clips per mel-frame count (each bucket's text length follows from it
     once the bounds are known)."""
-    kept = [c for c in clips if filter_rejection(c, cutoffs, corpus_tables) is None] if cutoffs else []
+    kept = [c for c in clips if filter_rejection(c, cutoffs, corpus_tables, gate) is None] if cutoffs else []
     return {
         "after": length_histograms(kept),
         "train": Counter(c["mel_frames"] for c in kept if tables.split_of(c, corpus_tables, salt) == "train"),
@@ -32,9 +35,11 @@ def kept_summary(clips: list[dict], cutoffs: Cutoffs | None, corpus_tables: dict
     }
 
 
-def stashed_kept_summary(batch: dict, cutoffs: Cutoffs | None, corpus_tables: dict, salt: str) -> dict:
+def stashed_kept_summary(
+    batch: dict, cutoffs: Cutoffs | None, corpus_tables: dict, salt: str, gate: QualityGate | None = None
+) -> dict:
     """`kept_summary` of a stashed batch (`stash.stash_batch`'s reference)."""
-    return kept_summary(load_clips(batch), cutoffs, corpus_tables, salt)
+    return kept_summary(load_clips(batch), cutoffs, corpus_tables, salt, gate)
 
 
 class _KeptSummaryFn(beam.CombineFn):
@@ -65,9 +70,9 @@ class ChooseBuckets(beam.PTransform):
     in one pass over the stashed mels.
     """
 
-    def __init__(self, cutoffs, corpus_tables, cfg: PreprocessConfig):
+    def __init__(self, cutoffs, corpus_tables, gate, cfg: PreprocessConfig):
         super().__init__()
-        self.cutoffs, self.tables, self.cfg = cutoffs, corpus_tables, cfg
+        self.cutoffs, self.tables, self.gate, self.cfg = cutoffs, corpus_tables, gate, cfg
 
     def expand(self, batches):
         S = beam.pvalue
@@ -75,7 +80,11 @@ class ChooseBuckets(beam.PTransform):
             batches
             | "Kept"
             >> beam.Map(
-                stashed_kept_summary, S.AsSingleton(self.cutoffs), S.AsSingleton(self.tables), self.cfg.split.salt
+                stashed_kept_summary,
+                S.AsSingleton(self.cutoffs),
+                S.AsSingleton(self.tables),
+                self.cfg.split.salt,
+                S.AsSingleton(self.gate),
             )
             | "Summary" >> beam.CombineGlobally(_KeptSummaryFn()).without_defaults()  # >= 1 batch
             | "Bounds" >> beam.Map(bucketing.choose_from_summary, self.cfg.pad)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess import alignments, audio, containers, features, quality
+from melshards.preprocess import alignments, audio, containers, features, quality, quality_rules
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.merge import as_given
 from melshards.preprocess.rows import reject
@@ -283,20 +283,25 @@ def as_rejection(clip_id: str, e: ClipRejected) -> dict:
     return reject(clip_id, e.reason, e.detail)
 
 
-def filter_rejection(clip: dict, cutoffs: Cutoffs, tables: dict) -> dict | None:
+def filter_rejection(
+    clip: dict, cutoffs: Cutoffs, tables: dict, gate: quality_rules.QualityGate | None = None
+) -> dict | None:
     """The filter's rule: a speaker with too few clips (`tables`), then the percentile cut-offs
-    (`Cutoffs.reason`). None if it keeps the clip, else the clip's rejected.jsonl entry (a clip is
-    dropped, never truncated)."""
+    (`Cutoffs.reason`), then a duplicate recording and the quality rules
+    (`quality_rules.quality_rejection`, with `gate`). None if it keeps the clip, else the clip's
+    rejected.jsonl entry (a clip is dropped, never truncated). The cut-offs come first: a clip outside
+    them keeps the reason it had before the quality rules existed."""
     speaker = speaker_rejection_detail(clip, tables)
     if speaker is not None:
         return reject(clip["id"], "speaker_too_few_clips", speaker)
     reason = cutoffs.reason(clip["text_len"], clip["mel_frames"], clip["duration_ms"], clip["language"])
-    if reason is None:
-        return None
-    detail = (
-        f"text_len={clip['text_len']} mel_frames={clip['mel_frames']} duration_ms={clip['duration_ms']}; "
-        f"kept: duration_ms>={cutoffs.min_duration_ms}, "
-        f"{cutoffs.min_mel_frames}<=mel_frames<={cutoffs.max_mel_frames}, "
-        f"text_len<={cutoffs.text_limit(clip['language'])} ({clip['language']})"
-    )
-    return reject(clip["id"], reason, detail)
+    if reason is not None:
+        detail = (
+            f"text_len={clip['text_len']} mel_frames={clip['mel_frames']} duration_ms={clip['duration_ms']}; "
+            f"kept: duration_ms>={cutoffs.min_duration_ms}, "
+            f"{cutoffs.min_mel_frames}<=mel_frames<={cutoffs.max_mel_frames}, "
+            f"text_len<={cutoffs.text_limit(clip['language'])} ({clip['language']})"
+        )
+        return reject(clip["id"], reason, detail)
+    bad = quality_rules.quality_rejection(clip, gate) if gate is not None else None
+    return reject(clip["id"], *bad) if bad is not None else None

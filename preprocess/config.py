@@ -50,6 +50,33 @@ class MelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class QualityRulesConfig:
+    """The filter rules on the quality measures (`melshards.preprocess.quality_rules`; docs/preprocess.md,
+    Quality rules). A bound set to null turns its rule off."""
+
+    rate_iqr_k: Annotated[StrictFloat, Field(ge=0)] | None = (
+        2.0  # speaking_rate_outlier outside Q1 - k*IQR .. Q3 + k*IQR of the speaker's rates (Piper's k)
+    )
+    rate_min_clips: Annotated[StrictInt, Field(ge=1)] = (
+        10  # a speaker with fewer rated clips takes its language's bounds, then the corpus's
+    )
+    max_clipped_fraction: Annotated[StrictFloat, Field(ge=0, le=1)] | None = (
+        0.001  # clipped: a larger share of samples at >= 0.99 of full scale
+    )
+    min_bandwidth_share: Annotated[StrictFloat, Field(ge=0, le=1)] | None = (
+        0.5  # narrowband: energy ends below this share of the output's Nyquist (8 kHz-through audio: 0.36)
+    )
+    min_snr_db: StrictFloat | None = 15.0  # noisy: a lower SNR estimate (quality.snr_db)
+    max_pause_s: Annotated[StrictFloat, POSITIVE] | None = 1.0  # long_pause: a longer pause inside the speech
+    max_cer: Annotated[StrictFloat, Field(ge=0)] | None = (
+        0.5  # transcript_mismatch: a larger CER of text against asr_text (only where the manifest has asr_text)
+    )
+    max_asr_repeat: Annotated[StrictFloat, Field(ge=0)] | None = None  # asr_repeat: more repeats (off)
+    max_foreign_script_fraction: Annotated[StrictFloat, Field(ge=0, le=1)] | None = None  # foreign_script (off)
+    duplicates: StrictBool = True  # duplicate_audio: one recording (audio_hash) under two ids keeps the first
+
+
+@dataclasses.dataclass(frozen=True)
 class FilterConfig:
     min_duration_s: Annotated[StrictFloat, Field(ge=0)] = 0.5  # after trimming; shorter clips are rejected as too_short
     mel_frames_lower_percentile: Annotated[StrictFloat, PERCENTILE] = 0.5
@@ -224,6 +251,7 @@ class PreprocessConfig:
     text: TextConfig = TextConfig()
     features: FeaturesConfig = FeaturesConfig()
     quality: QualityConfig = QualityConfig()
+    quality_rules: QualityRulesConfig = QualityRulesConfig()
     pitch: PitchConfig = PitchConfig()
     alignments: AlignmentsConfig = AlignmentsConfig()
     write: WriteConfig = WriteConfig()

@@ -95,14 +95,14 @@ class _FilterAndWriteFn(beam.DoFn):
     def start_bundle(self):
         self.files = RollingFiles(self.out_dir, self.target)
 
-    def process(self, element, cutoffs, chosen, corpus_tables, measured=()):
+    def process(self, element, cutoffs, chosen, corpus_tables, gate, measured=()):
         # a run with other_clip references: (batch, {clip id: (reference id, slice, frames, start) | None})
         batch, references = element if isinstance(element, tuple) else (element, None)
         buckets, text = chosen["buckets"], chosen["text"]
         outputs = outputs_of(measured[0]["extractors"]) if measured else ()
         clips, kept = load_clips(batch), []
         for clip in clips:
-            rejection = filter_rejection(clip, cutoffs, corpus_tables)
+            rejection = filter_rejection(clip, cutoffs, corpus_tables, gate)
             if rejection is None and references is not None and references[clip["id"]] is None:
                 detail = "the only clip of its speaker in its split (reference.single_clip: reject)"
                 rejection = reject(clip["id"], "no_reference_clip", detail)
@@ -157,7 +157,7 @@ class _FilterAndWriteFn(beam.DoFn):
 
 class FilterAndWrite(beam.PTransform):
     """Drop (never truncate) clips outside the percentile cut-offs, pad the rest to their bucket's
-    shapes and write them; the cut-offs, the chosen buckets (`ChooseBuckets`) and the corpus tables
+    shapes and write them; the cut-offs, the quality gate (`global_stats.QualityGate`), the chosen buckets (`ChooseBuckets`) and the corpus tables
     (`CorpusTables`) arrive as side inputs.
 
     Returns {"parts": temp files written, "rejected": dropped clips, "moments": mel moments of each
@@ -166,9 +166,10 @@ class FilterAndWrite(beam.PTransform):
     statistics per group (`feature_stats.batch_stats`, merged; empty when the run computes neither)}.
     """
 
-    def __init__(self, cutoffs, chosen, corpus_tables, out_dir: str, cfg: PreprocessConfig, measured=None):
+    def __init__(self, cutoffs, chosen, corpus_tables, gate, out_dir: str, cfg: PreprocessConfig, measured=None):
         super().__init__()
         self.cutoffs, self.chosen, self.tables, self.out_dir, self.cfg = cutoffs, chosen, corpus_tables, out_dir, cfg
+        self.gate = gate
         self.measured = measured  # the measure stage's summary (`measure.cache_summary`): the extractors it ran
 
     def expand(self, batches):
@@ -178,6 +179,7 @@ class FilterAndWrite(beam.PTransform):
             S.AsSingleton(self.cutoffs),
             S.AsSingleton(self.chosen),
             S.AsSingleton(self.tables),
+            S.AsSingleton(self.gate),
             **({"measured": S.AsList(self.measured)} if self.measured is not None else {}),
         ).with_outputs(REJECTED, MOMENTS, WRITTEN, FEATURE_STATS, main="parts")
         written = out[WRITTEN] | "SumWritten" >> beam.CombineGlobally(sum_counters).without_defaults()

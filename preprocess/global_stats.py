@@ -4,6 +4,8 @@
   the filter), from which `cutoffs_from` gives the filter's cut-offs;
 - `CorpusTables`: the speaker and language tables, the vocabulary and the validation split
   (`melshards.preprocess.tables`);
+- `QualityGate`: the speaking-rate bounds and the duplicate recordings the quality rules read
+  (`melshards.preprocess.quality_rules`);
 - `MelStatistics`: per-bin mean/std of the mel for normalisation, merged from the writer's
   per-batch moments.
 
@@ -16,7 +18,7 @@ from collections import Counter
 
 import apache_beam as beam
 
-from melshards.preprocess import tables
+from melshards.preprocess import quality_rules, tables
 from melshards.preprocess.config import PreprocessConfig
 from melshards.shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
 
@@ -133,3 +135,58 @@ def cutoffs_from(hists: dict, corpus_tables: dict, cfg: PreprocessConfig) -> Cut
         cfg.pad.multiple,
         text,
     )
+
+
+def _hash_members(batch: dict):
+    for c in batch["clips"]:
+        if c.get("audio_hash"):
+            yield c["audio_hash"], ((c["row"],), c["id"])
+
+
+def _duplicate_pairs(item):
+    _, members = item
+    members = list(members)
+    if len(members) > 1:
+        yield from quality_rules.duplicates_of(members)
+
+
+def _gate(rate_hists, duplicates, cfg: PreprocessConfig) -> quality_rules.QualityGate:
+    rules = cfg.quality_rules
+    return quality_rules.QualityGate(
+        rules, cfg.audio.sample_rate, quality_rules.rate_bounds(rate_hists, rules), dict(duplicates)
+    )
+
+
+class QualityGate(beam.PTransform):
+    """Batches of measured clips -> one `quality_rules.QualityGate`: the speaking-rate bounds per
+    speaker, language and corpus from exact rate histograms, and the duplicate recordings (clips grouped
+    by `audio_hash` with a GroupByKey: no worker holds every hash), each id -> the id kept."""
+
+    def __init__(self, cfg: PreprocessConfig):
+        super().__init__()
+        self.cfg = cfg
+
+    def expand(self, batches):
+        rates = (
+            batches
+            | "RateHists" >> beam.Map(lambda b: quality_rules.rate_histograms(b["clips"]))
+            | "SumRates" >> beam.CombineGlobally(merge_histograms)
+        )
+        if self.cfg.quality_rules.duplicates:
+            dups = batches | "Duplicates" >> DuplicateAudio()
+        else:
+            dups = batches.pipeline | "NoDuplicates" >> beam.Create([])
+        return rates | "Gate" >> beam.Map(_gate, beam.pvalue.AsList(dups), self.cfg)
+
+
+class DuplicateAudio(beam.PTransform):
+    """Batches of measured clips -> (id, kept id) for every clip whose decoded audio (`audio_hash`) an
+    earlier clip by input order (row, then id) already has."""
+
+    def expand(self, batches):
+        return (
+            batches
+            | "ByHash" >> beam.FlatMap(_hash_members)
+            | "Group" >> beam.GroupByKey()
+            | "Pairs" >> beam.FlatMap(_duplicate_pairs)
+        )

@@ -26,7 +26,7 @@ from melshards.preprocess.choose_buckets import ChooseBuckets
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import INPUT_ROWS, INPUTS, REJECTED, Corpus, ReadCorpus
 from melshards.preprocess.filter_and_write import FEATURE_STATS, MOMENTS, WRITTEN, FilterAndWrite
-from melshards.preprocess.global_stats import CorpusTables, LengthHistograms, MelStatistics, cutoffs_from
+from melshards.preprocess.global_stats import CorpusTables, LengthHistograms, MelStatistics, QualityGate, cutoffs_from
 from melshards.preprocess.measure import STASHED, MeasureClips, cache_summary, merge_cache_summaries
 from melshards.preprocess.progress import progress_dir
 from melshards.preprocess.references import AttachReferences
@@ -61,13 +61,14 @@ def build_pipeline(
     before = measured.clips | "StatsBefore" >> LengthHistograms()
     corpus_tables = measured.clips | "CorpusTables" >> CorpusTables(cfg)
     cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, beam.pvalue.AsSingleton(corpus_tables), cfg)
-    chosen = measured[STASHED] | "ChooseBuckets" >> ChooseBuckets(cutoffs, corpus_tables, cfg)
+    gate = measured.clips | "QualityGate" >> QualityGate(cfg)
+    chosen = measured[STASHED] | "ChooseBuckets" >> ChooseBuckets(cutoffs, corpus_tables, gate, cfg)
     to_write = measured[STASHED]
     if cfg.reference.source == "other_clip":
         pad_value = mel_params(cfg.mel).pad_value
-        to_write = to_write | "References" >> AttachReferences(cutoffs, corpus_tables, cfg, pad_value)
+        to_write = to_write | "References" >> AttachReferences(cutoffs, corpus_tables, gate, cfg, pad_value)
     written = to_write | "FilterAndWrite" >> FilterAndWrite(
-        cutoffs, chosen, corpus_tables, out_dir, cfg, cache_used if cfg.extractors else None
+        cutoffs, chosen, corpus_tables, gate, out_dir, cfg, cache_used if cfg.extractors else None
     )
     moments = written[MOMENTS] | "MelStats" >> MelStatistics(cfg.mel.n_mels)
     shards = written["parts"] | "Shards" >> AssembleShards(out_dir, cfg.write.target_shard_mb)

@@ -96,10 +96,10 @@ def batch_key(batch: dict) -> str:
     return batch["clips"]
 
 
-def _kept_lengths(batch: dict, cutoffs, corpus_tables: dict, salt: str):
+def _kept_lengths(batch: dict, cutoffs, corpus_tables: dict, gate, salt: str):
     """((speaker, split), (id, mel frames, batch key)) of each clip of a batch the filter keeps."""
     for clip in load_clips(batch):
-        if filter_rejection(clip, cutoffs, corpus_tables) is None:
+        if filter_rejection(clip, cutoffs, corpus_tables, gate) is None:
             split = tables.split_of(clip, corpus_tables, salt)
             yield (clip["speaker"], split), (clip["id"], clip["mel_frames"], batch_key(batch))
 
@@ -175,9 +175,9 @@ class AttachReferences(beam.PTransform):
     """Stashed batches -> (batch, {clip id: (reference id, slice, valid frames, start) or None when refused}) for
     `FilterAndWrite`; the cut-offs and corpus tables arrive as side inputs (the filter's kept clips)."""
 
-    def __init__(self, cutoffs, corpus_tables, cfg: PreprocessConfig, pad_value: float):
+    def __init__(self, cutoffs, corpus_tables, gate, cfg: PreprocessConfig, pad_value: float):
         super().__init__()
-        self.cutoffs, self.tables, self.cfg, self.pad_value = cutoffs, corpus_tables, cfg, pad_value
+        self.cutoffs, self.tables, self.gate, self.cfg, self.pad_value = cutoffs, corpus_tables, gate, cfg, pad_value
 
     def expand(self, batches):
         S = beam.pvalue
@@ -185,7 +185,13 @@ class AttachReferences(beam.PTransform):
         wanted = (
             batches
             | "KeptLengths"
-            >> beam.FlatMap(_kept_lengths, S.AsSingleton(self.cutoffs), S.AsSingleton(self.tables), self.cfg.split.salt)
+            >> beam.FlatMap(
+                _kept_lengths,
+                S.AsSingleton(self.cutoffs),
+                S.AsSingleton(self.tables),
+                S.AsSingleton(self.gate),
+                self.cfg.split.salt,
+            )
             | "BySpeakerSplit" >> beam.GroupByKey()
             | "Choose" >> beam.FlatMap(_choose, self.cfg)
         )

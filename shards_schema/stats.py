@@ -16,9 +16,22 @@ import numpy as np
 
 REPORT_PERCENTILES = (0, 1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9, 100)
 LENGTH_KEYS = ("text_len", "mel_frames", "duration_ms")
-# Reasons `Cutoffs.reason` gives: counted as "filtered", the rest of rejected.jsonl as "rejected".
+# Reasons the filter gives (`Cutoffs.reason`, the quality rules): counted as "filtered", the rest of rejected.jsonl as "rejected".
+# The quality rules' reasons (preprocess/quality_rules.py), in the order the filter tries them.
+QUALITY_REASONS = (
+    "duplicate_audio",
+    "clipped",
+    "narrowband",
+    "noisy",
+    "long_pause",
+    "transcript_mismatch",
+    "asr_repeat",
+    "foreign_script",
+    "speaking_rate_outlier",
+)
 FILTER_REASONS = (
     "speaker_too_few_clips",
+    *QUALITY_REASONS,
     "too_short",
     "mel_frames_below_cutoff",
     "mel_frames_above_cutoff",

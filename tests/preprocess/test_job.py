@@ -370,6 +370,7 @@ BAD_VALUES = {
     "filter.mel_frames_upper_percentile": 101,
     "filter.text_len_upper_percentile": 0,
     "filter.min_speaker_clips": 0,
+    "quality_rules.rate_min_clips": 0,
     "pad.multiple": 0,
     "pad.max_buckets": 100,
     "pad.target_padding": 1.0,

@@ -289,6 +289,7 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
             p | "C" >> beam.Create([cut]),
             p | "P" >> beam.Create([plan]),
             p | "T" >> beam.Create([tables]),
+            p | "G" >> beam.Create([None]),
             str(tmp_path),
             CFG,
         )
@@ -367,7 +368,10 @@ def test_choose_buckets_plans_from_the_kept_clips_of_every_batch(monkeypatch, tm
     stashed = [stash_batch(str(tmp_path), b["clips"], [{} for _ in b["clips"]]) for b in batches]
     with pipeline() as p:
         plan = (p | beam.Create(stashed)) | ChooseBuckets(
-            p | "Cut" >> beam.Create([cut]), p | "Tables" >> beam.Create([tables]), cfg
+            p | "Cut" >> beam.Create([cut]),
+            p | "Tables" >> beam.Create([tables]),
+            p | "Gate" >> beam.Create([None]),
+            cfg,
         )
 
         def check(plans):

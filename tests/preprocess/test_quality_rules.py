@@ -1,0 +1,160 @@
+"""The quality rules as pure functions (exact values) and the duplicate-recording transform."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+
+import apache_beam as beam
+import pytest
+from apache_beam.testing.test_pipeline import TestPipeline
+from apache_beam.testing.util import assert_that, equal_to
+
+from benchmarks import quality_faults
+from melshards.preprocess import quality_rules
+from melshards.preprocess.clips import filter_rejection
+from melshards.preprocess.config import QualityRulesConfig
+from melshards.preprocess.global_stats import DuplicateAudio
+from melshards.preprocess.quality import MEASURES
+from melshards.preprocess.quality_rules import QualityGate, quality_rejection
+from melshards.shards_schema.stats import QUALITY_REASONS, Cutoffs
+from tests.conftest import TINY_CONFIG
+
+RULES = QualityRulesConfig()
+CLEAN = dict.fromkeys(MEASURES, math.nan) | {
+    "speaking_rate": 12.0,
+    "longest_pause_s": 0.3,
+    "clipped_fraction": 0.0,
+    "clipped_run_max": 0.0,
+    "bandwidth_hz": 10000.0,
+    "snr_db": 40.0,
+}
+
+
+def _clip(clip_id="a", speaker="s1", language="en", **quality):
+    return {"id": clip_id, "speaker": speaker, "language": language, "quality": CLEAN | quality, "audio_hash": "h"}
+
+
+def _gate(**kw):
+    return QualityGate(RULES, 22050, **kw)
+
+
+def test_iqr_bounds_are_q1_minus_k_iqr_to_q3_plus_k_iqr_of_observed_rates():
+    # rates 10, 11, 12, 13 symbols/s: inverted-CDF Q1 = 10 (CDF 0.25), Q3 = 12; IQR 2
+    hist = {1000: 1, 1100: 1, 1200: 1, 1300: 1}
+    assert quality_rules.iqr_bounds(hist, 2.0) == (6.0, 16.0)
+
+
+def test_rate_bounds_per_speaker_fall_back_to_language_then_corpus():
+    clips = [{"speaker": "fast", "language": "en", "quality": {"speaking_rate": r}} for r in (20, 21, 22, 23)]
+    clips += [{"speaker": "slow", "language": "en", "quality": {"speaking_rate": r}} for r in (8, 9, 10, 11)]
+    clips += [{"speaker": "new", "language": "de", "quality": {"speaking_rate": 15.0}}]
+    clips += [{"speaker": "mute", "language": "de", "quality": {"speaking_rate": math.nan}}]
+    hists = quality_rules.rate_histograms(clips)
+    bounds = quality_rules.rate_bounds(hists, dataclasses.replace(RULES, rate_min_clips=4))
+    assert bounds["speaker"] == {"fast": (16.0, 26.0), "slow": (4.0, 14.0)}
+    assert bounds["language"] == {"en": (-15.0, 45.0)}  # Q1 9, Q3 21 of 8 rates
+    assert bounds["corpus"] == {"": (-12.0, 43.0)}  # Q1 10, Q3 21 of 9 rates
+    assert "de" not in bounds["language"]  # 1 rated clip < 4
+    assert quality_rules.bounds_for(bounds, "fast", "en") == ((16.0, 26.0), "speaker fast")
+    assert quality_rules.bounds_for(bounds, "new", "de") == ((-12.0, 43.0), "corpus")
+    assert quality_rules.bounds_for({"speaker": {}, "language": {}, "corpus": {}}, "x", "en") is None
+
+
+def test_speaking_rate_outlier_is_judged_against_its_own_speaker():
+    gate = _gate(rate={"speaker": {"fast": (16.0, 26.0), "slow": (4.0, 14.0)}})
+    assert quality_rejection(_clip(speaker="fast", speaking_rate=22.0), gate) is None
+    assert quality_rejection(_clip(speaker="slow", speaking_rate=22.0), gate) == (
+        "speaking_rate_outlier",
+        "speaking_rate=22.00 outside 4.00..14.00 (speaker slow)",
+    )
+
+
+def test_each_absolute_bound_names_measure_value_and_bound():
+    gate = _gate()
+    cases = {
+        "clipped": ({"clipped_fraction": 0.02}, "clipped_fraction=0.02000 > 0.001"),
+        "narrowband": ({"bandwidth_hz": 3990.0}, "bandwidth_hz=3990 < 5512 (0.5 of Nyquist)"),
+        "noisy": ({"snr_db": 3.25}, "snr_db=3.2 < 15.0"),
+        "long_pause": ({"longest_pause_s": 1.5}, "longest_pause_s=1.50 > 1.0"),
+        "transcript_mismatch": ({"cer": 0.8}, "cer=0.800 > 0.5"),
+    }
+    for reason, (quality, detail) in cases.items():
+        assert quality_rejection(_clip(**quality), gate) == (reason, detail)
+    assert quality_rejection(_clip(), gate) is None
+
+
+def test_a_bound_of_none_turns_its_rule_off_and_nan_breaks_no_rule():
+    off = QualityGate(dataclasses.replace(RULES, min_snr_db=None), 22050)
+    assert quality_rejection(_clip(snr_db=0.0), off) is None
+    assert quality_rejection(_clip(snr_db=math.nan, cer=math.nan), _gate()) is None
+
+
+def test_the_filter_rule_rejects_a_duplicate_naming_the_kept_id():
+    tables = {"dropped_speakers": {}, "min_speaker_clips": 1}
+    cut = Cutoffs(0, 1, 10_000, 10_000, 10_000, 10_000)
+    clip = _clip("b") | {"text_len": 5, "mel_frames": 100, "duration_ms": 1000}
+    got = filter_rejection(clip, cut, tables, _gate(duplicates={"b": "a"}))
+    assert got is not None and got["reason"] == "duplicate_audio"
+    assert got["detail"] == "audio_hash=h same as kept a"
+
+
+def test_duplicate_audio_keeps_the_first_by_input_order():
+    batches = [
+        {"clips": [{"id": "x2", "row": 5, "audio_hash": "H"}, {"id": "solo", "row": 1, "audio_hash": "S"}]},
+        {"clips": [{"id": "x1", "row": 2, "audio_hash": "H"}, {"id": "x3", "row": 9, "audio_hash": "H"}]},
+    ]
+    with TestPipeline(runner="FnApiRunner") as p:
+        out = p | beam.Create(batches) | DuplicateAudio()
+        assert_that(out, equal_to([("x2", "x1"), ("x3", "x1")]))
+
+
+@pytest.fixture(scope="module")
+def fault_run(tmp_path_factory):
+    """One `melshards preprocess` (default quality rules) of a one-speaker fault corpus
+    (benchmarks/quality_faults.py): 6 clean clips and one clip of each fault kind."""
+    work = tmp_path_factory.mktemp("faults")
+    rows = quality_faults.build_fault_corpus(work / "corpus", clean=6, per_fault=1, speakers=("fast",), parts=1)
+    out = work / "out"
+    cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", str(work / "corpus" / "manifest.jsonl")]
+    subprocess.run(
+        [*cmd, "--output", str(out), "--config", str(TINY_CONFIG)],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    rejected = [json.loads(line) for line in (out / "rejected.jsonl").read_text().splitlines() if line.strip()]
+    return rows, rejected, json.loads((out / "stats.json").read_text())
+
+
+def test_each_fault_kind_is_rejected_with_its_reason(fault_run):
+    rows, rejected, _ = fault_run
+    why = {r["id"]: r["reason"] for r in rejected}
+    expected = {
+        "transcript": "transcript_mismatch",
+        "clipped": "clipped",
+        "narrowband": "narrowband",
+        "noisy": "noisy",
+        "pause": "long_pause",
+        "rate": "speaking_rate_outlier",
+        "duplicate": "duplicate_audio",
+    }
+    assert {r["fault"]: why.get(r["id"]) for r in rows if r["fault"]} == expected
+    lost = [r["id"] for r in rows if r["fault"] is None and why.get(r["id"]) in QUALITY_REASONS]
+    assert not lost
+
+
+def test_a_duplicate_names_the_clip_kept_and_the_counts_add_up(fault_run):
+    rows, rejected, stats = fault_run
+    (pair,) = [r for r in rows if r["fault"] == "duplicate"]
+    (entry,) = [r for r in rejected if r["id"] == pair["id"]]
+    assert entry["detail"].endswith(f"same as kept {pair['pair']}")
+    counts = stats["counts"]
+    assert counts["input_rows"] == len(rows)
+    assert counts["in_shards"] + counts["filtered"] + counts["rejected"] == len(rows)
+    assert counts["filtered"] >= sum(counts["per_reason"].get(r, 0) for r in QUALITY_REASONS) == 7
+    assert counts["in_shards"] == len(rows) - len(rejected)
+    assert counts["per_reason"]["duplicate_audio"] == 1
