@@ -112,17 +112,29 @@ def test_the_trainers_input_pipeline_imports_no_beam():
     assert "apache_beam" not in _modules_after("import melshards.train.input_pipeline, melshards.train.loop")
 
 
-def test_the_beam_job_imports_no_tensorflow():
-    assert "tensorflow" not in _modules_after("import melshards.preprocess.pipeline, melshards.preprocess.run")
-
-
-def test_melshards_help_and_stats_import_no_tensorflow(shards_dir):
-    mods = _modules_after(
-        "from melshards.commands import cli\n"
-        f"for args in (['--help'], ['stats', '--help'], ['stats', {str(shards_dir)!r}]):\n"
-        "    try:\n"
-        "        cli.main(args=args, standalone_mode=False)\n"
-        "    except SystemExit:\n"
-        "        pass\n"
-    )
-    assert "tensorflow" not in mods and "melshards" in mods
+def test_the_beam_job_melshards_help_and_stats_import_no_tensorflow(shards_dir):
+    # one process: the job's modules first, then the CLI's; each step notes whether TensorFlow was in by then
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys\n"
+            "import melshards.preprocess.pipeline, melshards.preprocess.run\n"
+            "print('job:', 'tensorflow' in sys.modules)\n"
+            "from melshards.commands import cli\n"
+            f"for args in (['--help'], ['stats', '--help'], ['stats', {str(shards_dir)!r}]):\n"
+            "    try:\n"
+            "        cli.main(args=args, standalone_mode=False)\n"
+            "    except SystemExit:\n"
+            "        pass\n"
+            "print('cli:', 'tensorflow' in sys.modules)\n"
+            "print('melshards:', 'melshards' in sys.modules)\n",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    ).stdout.splitlines()
+    assert "job: False" in out, "the Beam job imported TensorFlow"
+    assert "cli: False" in out, "melshards --help or stats imported TensorFlow"
+    assert "melshards: True" in out

@@ -94,15 +94,16 @@ def assert_stashes_no_array_the_cache_holds(calls: CallLog, stats: dict, cache_d
 
 
 @pytest.fixture(scope="module")
-def warm(tmp_path_factory):
-    """A cache filled by one run (what that run stashed for the writer checked), and a run without a cache
-    for reference."""
+def warm(tmp_path_factory, bucketed_dir):
+    """A cache filled by one run (what that run stashed for the writer checked), and in `plain` a run
+    without a cache for reference: the session's `bucketed_dir` (`--buckets 4` is what the demo config's
+    `auto` chooses: the same records and schema.json). Read-only."""
     tmp = tmp_path_factory.mktemp("cache")
     with pytest.MonkeyPatch.context() as monkeypatch:
         calls = record_stashes(monkeypatch, tmp / "stashed")
         cold = _run(tmp / "cold", tmp / "cache")
     assert_stashes_no_array_the_cache_holds(calls, cold, tmp / "cache")
-    _run(tmp / "plain")
+    (tmp / "plain").symlink_to(bucketed_dir)
     return tmp, cold
 
 
@@ -120,29 +121,34 @@ def test_a_warm_rerun_decodes_no_audio_stashes_no_array_the_cache_holds_and_writ
     assert (tmp_path / "again" / "schema.json").read_text() == (tmp / "plain" / "schema.json").read_text()
 
 
-def test_changing_buckets_and_cutoffs_reads_every_clip_from_the_cache(warm, tmp_path, decodes):
-    tmp, _ = warm
-    stats = _run(tmp_path / "k2", tmp / "cache", "--buckets", "2")
+def test_changing_buckets_and_cutoffs_reads_every_clip_from_the_cache(warm, tmp_path, decodes, shards_dir):
+    tmp, _ = warm  # filled with the demo config's 4 buckets; shards_dir: 1 bucket, without a cache
+    stats = _run(tmp_path / "k1", tmp / "cache", "--buckets", "1")
     assert len(decodes) == audio_rejections(stats) and stats["cache"]["hits"] == 47
-    _run(tmp_path / "k2-plain", None, "--buckets", "2")
-    assert records(tmp_path / "k2") == records(tmp_path / "k2-plain")
+    assert records(tmp_path / "k1") == records(shards_dir)
 
 
-def test_a_changed_file_or_setting_is_computed_again_never_served_stale(warm, tmp_path):
-    tmp, _ = warm
+def test_only_new_rows_are_computed_and_a_changed_file_or_setting_is_computed_again_never_served_stale(tmp_path):
     corpus = tmp_path / "corpus"
     shutil.copytree(CORPUS, corpus)
     cache_dir = tmp_path / "cache"
-    _run(tmp_path / "a", cache_dir, corpus=corpus)
+    meta = corpus / "metadata.csv"
+    lines = meta.read_text(encoding="utf-8").splitlines(keepends=True)
+    meta.write_text("".join(lines[:30]), encoding="utf-8")
+    first = _run(tmp_path / "first", cache_dir, corpus=corpus)
+    meta.write_text("".join(lines), encoding="utf-8")  # rows added
+    added = _run(tmp_path / "a", cache_dir, corpus=corpus)
+    assert added["cache"]["hits"] == first["cache"]["computed"], "rows added: an old row was not read from the cache"
+    assert added["cache"]["computed"] == 47 - first["cache"]["computed"], "rows added: not only the new rows computed"
     wav = corpus / "wavs" / "LJT001-0001.wav"
     wav.write_bytes((corpus / "wavs" / "LJT001-0002.wav").read_bytes())  # another clip's audio now
     stats = _run(tmp_path / "b", cache_dir, corpus=corpus)
-    assert stats["cache"]["computed"] == 1 and stats["cache"]["hits"] == 46
+    assert stats["cache"]["computed"] == 1 and stats["cache"]["hits"] == 46, "a changed file: not computed again"
     before, after = records(tmp_path / "a"), records(tmp_path / "b")
-    assert after[b"LJT001-0001"] != before[b"LJT001-0001"]
+    assert after[b"LJT001-0001"] != before[b"LJT001-0001"], "a changed file: served stale"
     assert {k: v for k, v in after.items() if k != b"LJT001-0001"} == {
         k: v for k, v in before.items() if k != b"LJT001-0001"
-    }
+    }, "a changed file: another record changed"
     cfg = tmp_path / "c.yaml"
     cfg.write_text(TINY_CONFIG.read_text() + "features: {energy: true}\n")
     assert (
@@ -162,7 +168,7 @@ def test_a_changed_file_or_setting_is_computed_again_never_served_stale(warm, tm
         )
         == 0
     )
-    assert json.loads((tmp_path / "c" / "stats.json").read_text())["cache"]["hits"] == 0
+    assert json.loads((tmp_path / "c" / "stats.json").read_text())["cache"]["hits"] == 0, "a changed setting: a hit"
 
 
 def test_a_damaged_cache_file_is_computed_again_and_counted(warm, tmp_path):
@@ -281,19 +287,6 @@ def test_npz_arrays_reads_what_np_load_reads():
     np.savez_compressed(compressed, **arrays)
     with pytest.raises(ValueError, match="compressed"):
         cache.npz_arrays(compressed.getvalue())
-
-
-def test_only_new_rows_are_computed_when_rows_are_added(tmp_path):
-    corpus = tmp_path / "corpus"
-    shutil.copytree(CORPUS, corpus)
-    meta = corpus / "metadata.csv"
-    lines = meta.read_text(encoding="utf-8").splitlines(keepends=True)
-    meta.write_text("".join(lines[:30]), encoding="utf-8")
-    first = _run(tmp_path / "a", tmp_path / "cache", corpus=corpus)
-    meta.write_text("".join(lines), encoding="utf-8")
-    second = _run(tmp_path / "b", tmp_path / "cache", corpus=corpus)
-    assert second["cache"]["hits"] == first["cache"]["computed"]
-    assert second["cache"]["computed"] == 47 - first["cache"]["computed"]
 
 
 def _entries(keys, tag: int, frames: int) -> list:
@@ -482,7 +475,8 @@ def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes
     assert 0 < len(kept) < rows
 
     corpus = tmp_path / "long.jsonl"
-    assert run(preprocess_command(corpus, out, *extra)[4:]) == 0  # the rerun: in this process
+    # the rerun: in this process, one worker (what it finds in the cache does not depend on the worker count)
+    assert run(preprocess_command(corpus, out, "--workers", "1", "--cache", str(cache_dir))[4:]) == 0
     stats = json.loads((out / "stats.json").read_text())
     assert stats["counts"]["input_rows"] == rows and audio_rejections(stats) == 0  # every row needed its audio
     assert stats["cache"]["hits"] == len(set(kept)) > 0

@@ -7,8 +7,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -122,14 +120,26 @@ def test_a_failed_overwrite_leaves_the_old_run_as_it_was_and_readable(
 
 
 def test_overwrite_replaces_the_old_run_only_with_a_finished_one_and_keeps_other_files(
-    capsys, tmp_path, corpus_dir, bucketed_dir
+    monkeypatch, capsys, tmp_path, corpus_dir, bucketed_dir
 ):
+    """Also: the report writes schema.json into the temp dir before it removes that dir (a crash between
+    the two left both behind, and preprocess and train disagreed on whether the run had finished)."""
+    from melshards.preprocess import report
     from melshards.shards_schema import read_schema
 
+    calls = CallLog(tmp_path / "calls")
+    real = report.remove_temp_dir
+
+    def spy(out_dir):
+        calls.append((Path(out_dir) / "schema.json").exists())
+        real(out_dir)
+
+    monkeypatch.setattr(report, "remove_temp_dir", spy)
     out = _copy_run(bucketed_dir, tmp_path / "o")
     (out / "notes.txt").write_text("mine")
     assert _preprocess(corpus_dir, out, "--overwrite") == 0
     capsys.readouterr()
+    assert calls.items() == [True], "the report removed its temp dir before it wrote schema.json there"
     schema = read_schema(str(out))
     listed = {s["file"] for b in schema.buckets for split in b.shards.values() for s in split}
     assert {p.name for p in out.glob("*.tfrecord")} == listed  # the old 4 buckets' shards are gone
@@ -283,31 +293,15 @@ def test_release_removes_the_runs_own_lock(tmp_path):
     assert not (tmp_path / lock.LOCK_FILE).exists()
 
 
-def test_a_second_run_into_an_output_a_running_job_holds_stops_and_the_first_is_unharmed(tmp_path, corpus_dir):
+def test_a_second_run_into_an_output_a_running_job_holds_stops_and_the_first_is_unharmed(capsys, tmp_path, corpus_dir):
     out = tmp_path / "o"
     first = start_long_run(tmp_path, corpus_dir, out, "--workers", "1")
-    second = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "melshards",
-            "preprocess",
-            "--input",
-            str(corpus_dir),
-            "--output",
-            str(out),
-            "--config",
-            str(TINY_CONFIG),
-            "--workers",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    # the second run in this process: two real processes, each with its own pid
+    second = run(["--input", str(corpus_dir), "--output", str(out), "--config", str(TINY_CONFIG), "--workers", "1"])
+    err = capsys.readouterr().err
     assert first.poll() is None, "the first run should still be running"
-    assert second.returncode == 2, second.stderr
-    assert "is in use by another melshards preprocess run" in second.stderr and f"pid {first.pid}" in second.stderr
+    assert second == 2, err
+    assert "is in use by another melshards preprocess run" in err and f"pid {first.pid}" in err
     (stage,) = out.glob(f"{output.STAGE_PREFIX}*")
     assert json.loads((stage / output.RUN_FILE).read_text())["pid"] == first.pid  # the first run's staging dir
     os.killpg(first.pid, signal.SIGINT)
@@ -393,24 +387,6 @@ def test_a_run_made_by_another_melshards_version_is_named_as_such_not_replaced(
     line = _error_line(capsys.readouterr().err)
     assert "made by another version of melshards (schema.json 1.2.0)" in line and "move its" in line
     assert _snapshot(out) == before
-
-
-def test_the_report_writes_schema_json_before_it_removes_the_temp_dir(monkeypatch, capsys, tmp_path, corpus_dir):
-    """schema.json is never written into a temp dir the report already removed (a crash between the
-    two left both behind, and preprocess and train disagreed on whether the run had finished)."""
-    from melshards.preprocess import report
-
-    calls = CallLog(tmp_path / "calls")
-    real = report.remove_temp_dir
-
-    def spy(out_dir):
-        calls.append((Path(out_dir) / "schema.json").exists())
-        real(out_dir)
-
-    monkeypatch.setattr(report, "remove_temp_dir", spy)
-    assert _preprocess(corpus_dir, tmp_path / "o") == 0
-    capsys.readouterr()
-    assert calls.items() == [True]
 
 
 def test_a_full_disk_stops_the_run_with_one_line_and_leaves_the_old_run(

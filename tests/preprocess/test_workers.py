@@ -85,17 +85,19 @@ def test_a_worker_that_crashes_stops_the_job_with_its_signal_and_no_process_left
     assert descendants(os.getpid()) == []
 
 
-def test_a_job_that_fails_on_its_own_raises_its_own_error_and_a_good_one_nothing(monkeypatch):
+def test_a_job_that_fails_on_its_own_raises_its_own_error(monkeypatch):
+    # a good job raises nothing: test_beams_local_workers_run_in_the_job_processs_group_and_a_good_job_raises_nothing
+    # runs one
     e = _two_worker_job_in_a_job_process(monkeypatch, "raise")
     assert not isinstance(e, workers.WorkerDiedError) and "element 3 is bad" in str(e)
-    assert _two_worker_job_in_a_job_process(monkeypatch, "nothing") is None
     assert descendants(os.getpid()) == []
 
 
-def test_beams_local_workers_run_in_the_job_processs_group(monkeypatch, tmp_path):
+def test_beams_local_workers_run_in_the_job_processs_group_and_a_good_job_raises_nothing(monkeypatch, tmp_path):
     """What the job process relies on in Beam's multi_processing runner: its workers are started below
     the process that runs the pipeline, in its process group (killing the group kills them), and a
-    worker the runner stops at the job's end exits with status 0 (not taken for a death)."""
+    worker the runner stops at the job's end exits with status 0 (not taken for a death): the good job
+    raises nothing and leaves no process."""
     monkeypatch.setenv("MELSHARDS_TEST_NOTES", str(tmp_path))
     job_pgid = []
 
@@ -108,7 +110,8 @@ def test_beams_local_workers_run_in_the_job_processs_group(monkeypatch, tmp_path
             f.write(f"{os.getpid()} {os.getpgid(0)}")
 
     with tempfile.TemporaryFile() as log:
-        workers.run_in_job_process(job, log, watch_children=True)
+        workers.run_in_job_process(job, log, watch_children=True)  # a good job: raises nothing
+    assert descendants(os.getpid()) == [], "a good job left a process"
     job_pid, group = (int(n) for n in (tmp_path / "job").read_text().split())
     assert group == job_pid  # the job process leads its own group
     worker_pids = {int(f.name): int(f.read_text()) for f in tmp_path.iterdir() if f.name != "job"}
