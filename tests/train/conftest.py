@@ -123,8 +123,10 @@ def two_speakers_dir(corpus_dir, tmp_path_factory) -> Path:
 
 # XLA's LLVM backend at -O0 compiles the test model's step in ~14 s instead of ~25 s (measured on
 # 2 cores); the tests check behaviour, not speed. Read by XLA at its first compile in this process
-# (and inherited by the subprocesses of test_resume).
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+# (and inherited by the subprocesses of test_resume). --xla_cpu_use_fusion_emitters=false makes XLA's CPU backend
+# emit fused kernels with its elemental LLVM IR emitter instead of its MLIR fusion emitters, which compile more
+# slowly; a loss can differ in its last float bit from a run without this flag (runs with the same flags agree).
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
 
 
 def model_dir_from_weights(shards_dir: Path, model_dir: Path, stop_bias: float, seed: int = 1) -> dict:
