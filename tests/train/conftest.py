@@ -121,10 +121,11 @@ def two_speakers_dir(corpus_dir, tmp_path_factory) -> Path:
     return out
 
 
-# XLA's LLVM backend at -O0: the test model's step compiles faster and the tests check behaviour, not
-# speed. Read by XLA at its first compile in this process (and inherited by the subprocesses the tests
-# start).
-os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0")
+# XLA's LLVM backend at -O0, and fused kernels from its elemental LLVM IR emitter instead of its MLIR fusion
+# emitters: the test model's step compiles faster and the tests check behaviour, not speed. A loss can differ in
+# its last float bit from a run without these flags (runs with the same flags agree). Read by XLA at its first
+# compile in this process (and inherited by the subprocesses the tests start).
+os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
 
 
 def model_dir_from_weights(shards_dir: Path, model_dir: Path, stop_bias: float, seed: int = 1) -> dict:
