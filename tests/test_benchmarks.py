@@ -36,7 +36,11 @@ def quick_run(shards_dir, tmp_path_factory):
     directory it worked in."""
     bench_dir = tmp_path_factory.mktemp("bench")
     # the trainer tests' faster XLA setting (tests/train/conftest.py): this checks the figures, not their values
-    env = dict(os.environ, MELSHARDS_BENCH_DIR=str(bench_dir), XLA_FLAGS="--xla_backend_optimization_level=0")
+    env = dict(
+        os.environ,
+        MELSHARDS_BENCH_DIR=str(bench_dir),
+        XLA_FLAGS="--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false",
+    )
     proc = subprocess.run(
         [
             sys.executable,

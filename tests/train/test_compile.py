@@ -187,7 +187,10 @@ def _train(shards_dir, model_dir, cfg, cache, steps):
 
 
 def test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache(shards_dir, tmp_path):
-    cfg = write_config(tmp_path / "c.yaml", loop={"steps": 4, "checkpoint_every": 2, "log_every": 2, "val_every": 2})
+    cfg = write_config(  # the product's default loop.jit_compile, which the tests' config turns off
+        tmp_path / "c.yaml",
+        loop={"steps": 4, "checkpoint_every": 2, "log_every": 2, "val_every": 2, "jit_compile": True},
+    )
     cache = tmp_path / "xla"
     first = _train(shards_dir, tmp_path / "m", cfg, cache, 2)
     entries = sorted(p.name for p in cache.iterdir())

@@ -143,7 +143,8 @@ def one_and_mirrored(bucketed_dir, tmp_path_factory):
     cfg = write_config(
         tmp / "c.yaml",
         model=NO_DROPOUT,
-        loop={"steps": STEPS, "log_every": 1, "checkpoint_every": STEPS, "val_every": STEPS},
+        # XLA as by default: under a strategy only each replica's pass is compiled (train/distribute.py)
+        loop={"steps": STEPS, "log_every": 1, "checkpoint_every": STEPS, "val_every": STEPS, "jit_compile": True},
     )
     for model_dir, args in (
         ("one", ["--strategy", "one"]),

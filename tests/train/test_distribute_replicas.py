@@ -20,7 +20,9 @@ def test_mirrored_on_3_devices_gives_every_bucket_a_batch_they_divide_and_valida
     # two of the four length buckets, both with validation records: each bucket more is 3 more compiles
     replicas, buckets = 3, "[02]"
 
-    cfg = write_config(tmp_path / "c.yaml", loop={"steps": 2, "log_every": 1, "checkpoint_every": 2, "val_every": 2})
+    # XLA as by default: each replica's compiled pass, and the compiled eval step, under mirrored
+    loop = {"steps": 2, "log_every": 1, "checkpoint_every": 2, "val_every": 2, "jit_compile": True}
+    cfg = write_config(tmp_path / "c.yaml", loop=loop)
     val = sorted(bucketed_dir.glob(f"val-b0{buckets}-*.tfrecord"))
     proc = _train(
         bucketed_dir,

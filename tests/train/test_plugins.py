@@ -95,7 +95,9 @@ def test_example_plugin_dataset_graph_holds_no_python_ops(four_records, tmp_path
     from melshards.train.inputs import resolve_inputs
     from melshards.train.trainer import Trainer
 
-    cfg = config_from_dict({"model": dict(FS_MODEL, factory=EXAMPLE), "data": {"batch_size": 2}})
+    cfg = config_from_dict(
+        {"model": dict(FS_MODEL, factory=EXAMPLE), "data": {"batch_size": 2}, "loop": {"jit_compile": False}}
+    )
     inputs = resolve_inputs([str(four_records / "train-*.tfrecord")], [], None, cfg)
     built = Trainer(inputs, str(tmp_path / "m"), synthetic=False)  # builds and compiles every step up front
     assert built.datasets and all(s.experimental_get_tracing_count() == 1 for s in built.train_steps.values())
