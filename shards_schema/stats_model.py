@@ -397,7 +397,8 @@ class StatsFile(_Section):
         for key in LENGTH_KEYS:
             if key not in self.histograms.before_filter:
                 raise _problem(f"histograms.before_filter.{key} is missing")
-        for key in ("filter", "padding"):
+        # padding describes the shards: a run whose every measured clip was filtered out has none
+        for key in ("filter", "padding") if self.counts.in_shards else ("filter",):
             if getattr(self, key) is None:
                 raise _problem(f"{key} is null, not an object" if key in self.model_fields_set else f"{key} is missing")
             section = getattr(self, key)

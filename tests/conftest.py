@@ -28,6 +28,34 @@ if os.environ["MELSHARDS_XLA_CACHE"]:
 REPO = Path(__file__).resolve().parents[1]
 CORPUS = REPO / "data" / "ljspeech_tiny"
 TINY_CONFIG = REPO / "configs" / "ljspeech_tiny.yaml"
+# Every quality rule off (docs/preprocess.md, Quality rules), for tests of other behaviour whose synthetic
+# corpora trip them by design: a pure tone is narrowband, a corpus repeating one recording under new ids is
+# duplicates, the demo speech dealt to made-up speakers moves the per-speaker speaking-rate bounds.
+QUALITY_RULES_OFF = {
+    "quality_rules": {
+        "rate_iqr_k": None,
+        "max_clipped_fraction": None,
+        "min_bandwidth_share": None,
+        "min_snr_db": None,
+        "max_pause_s": None,
+        "max_cer": None,
+        "duplicates": False,
+    }
+}
+
+
+def quality_rules_off(dest_dir: Path, base: Path | None = None, **sections) -> Path:
+    """A config file in `dest_dir`: `base` (a config file) with `sections` and QUALITY_RULES_OFF over it."""
+    import yaml
+
+    cfg = yaml.safe_load(base.read_text()) if base else {}
+    cfg.update(sections)
+    cfg.update(QUALITY_RULES_OFF)
+    path = Path(dest_dir) / "quality-rules-off.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
 REFERENCE_CLIPS = [f"LJT001-{i:04d}" for i in range(1, 31)]  # clips of the shipped corpus that measure fine
 
 

@@ -14,6 +14,7 @@ import time
 
 import numpy as np
 import pytest
+import soundfile as sf
 from click.testing import CliRunner
 
 from melshards.commands.cache import cache_command
@@ -141,7 +142,8 @@ def test_only_new_rows_are_computed_and_a_changed_file_or_setting_is_computed_ag
     assert added["cache"]["hits"] == first["cache"]["computed"], "rows added: an old row was not read from the cache"
     assert added["cache"]["computed"] == 47 - first["cache"]["computed"], "rows added: not only the new rows computed"
     wav = corpus / "wavs" / "LJT001-0001.wav"
-    wav.write_bytes((corpus / "wavs" / "LJT001-0002.wav").read_bytes())  # another clip's audio now
+    y, sr = sf.read(wav, dtype="float32")
+    sf.write(wav, y[::-1] * 0.9, sr, subtype="PCM_16")  # other audio now (not another clip's: that is a duplicate)
     stats = _run(tmp_path / "b", cache_dir, corpus=corpus)
     assert stats["cache"]["computed"] == 1 and stats["cache"]["hits"] == 46, "a changed file: not computed again"
     before, after = records(tmp_path / "a"), records(tmp_path / "b")

@@ -15,7 +15,7 @@ from melshards.preprocess.rows import CorpusError, LayoutRows, complete_rows, ge
 from melshards.preprocess.sources import LAYOUTS, check_rows_file, detect_corpus, read_input
 from melshards.preprocess.spill import Spill
 from melshards.preprocess.stash import load_rows
-from tests.conftest import TINY_CONFIG
+from tests.conftest import TINY_CONFIG, quality_rules_off
 from tests.preprocess.conftest import encode, tone
 
 VCTK_INFO = (
@@ -725,7 +725,7 @@ def test_several_inputs_through_the_cli_are_one_run_whose_counts_add_up(capsys, 
             "--output",
             str(out),
             "--config",
-            str(TINY_CONFIG),
+            str(quality_rules_off(tmp_path, TINY_CONFIG)),  # "mine" is a tone: narrowband
             "--buckets",
             "1",
             "--workers",

@@ -7,6 +7,8 @@ import json
 import pytest
 import yaml
 
+from tests.conftest import QUALITY_RULES_OFF
+
 from melshards.commands.preprocess import run
 from melshards.shards_schema import read_schema
 
@@ -44,6 +46,7 @@ def two_speaker_run(corpus_dir, tmp_path_factory):
                 },
                 "split": {"val_fraction": 0.2},
                 "pad": {"buckets": 1},
+                **QUALITY_RULES_OFF,
             }
         )
     )
