@@ -218,7 +218,9 @@ class ReferenceConfig:
     )
     frames: Annotated[StrictInt, POSITIVE] = 256  # the reference's fixed length in mel frames (static shape)
     min_seconds: Annotated[StrictFloat, Field(ge=0)] = 3.0  # other_clip prefers reference clips at least this long
-    seed: Annotated[StrictInt, Field(ge=0)] = 0  # which clip and which slice each record gets (same seed, same corpus: same references)
+    seed: Annotated[StrictInt, Field(ge=0)] = (
+        0  # which clip and which slice each record gets (same seed, same corpus: same references)
+    )
     # a speaker with one clip in a split: "own_clip" gives it a slice of that clip (counted in schema.json),
     # "reject" rejects the clip (rejected.jsonl, reason no_reference_clip)
     single_clip: Annotated[StrictStr, one_of("own_clip", "reject")] = "own_clip"

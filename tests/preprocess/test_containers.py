@@ -14,10 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
-
-from tests.conftest import QUALITY_RULES_OFF
 import soundfile as sf
+import yaml
 
 from melshards.preprocess import cache, containers
 from melshards.preprocess.clips import ClipRejected, load_decoded
@@ -26,6 +24,7 @@ from melshards.preprocess.manifests import manifest_rows
 from melshards.preprocess.rows import CorpusError, LayoutRows
 from melshards.preprocess.sources import check_rows_file, detect_corpus, read_input, unused_columns
 from melshards.preprocess.spill import Spill
+from tests.conftest import QUALITY_RULES_OFF
 from tests.preprocess.conftest import encode, tone
 
 SR = 22050

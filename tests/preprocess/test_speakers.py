@@ -7,10 +7,9 @@ import json
 import pytest
 import yaml
 
-from tests.conftest import QUALITY_RULES_OFF
-
 from melshards.commands.preprocess import run
 from melshards.shards_schema import read_schema
+from tests.conftest import QUALITY_RULES_OFF
 
 GOOD = [f"LJT001-{i:04d}" for i in range(1, 31)]  # clips of the shipped corpus that measure fine
 
