@@ -16,8 +16,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from examples.fastspeech_lite import FastSpeechLite, Options, validate
-from melshards.shards_schema.config import from_dict
+from examples.fastspeech_lite import FastSpeechLite, Options, built, validate
 
 EMBEDDING = "speaker_embedding"
 
@@ -39,17 +38,7 @@ class EmbeddingTTS(FastSpeechLite):
 
 def build(schema, options: dict) -> EmbeddingTTS:
     """The factory: `--model examples.embedding_tts:build`."""
-    validate(schema, options)
-    model = EmbeddingTTS(from_dict(Options, options, where="model"), schema)
-    zeros = np.zeros([1], np.int32)
-    model(
-        tf.zeros([1, schema.max_text_len], tf.int32),
-        tf.constant(zeros + 1),
-        tf.constant(zeros),
-        tf.constant(zeros),
-        tf.constant(zeros + 1),
-    )  # build
-    return model
+    return built(EmbeddingTTS, schema, options)
 
 
 build.validate = validate

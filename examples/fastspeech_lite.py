@@ -161,8 +161,14 @@ def validate(schema, options: dict) -> None:
 
 def build(schema, options: dict) -> FastSpeechLite:
     """The factory: `--model examples.fastspeech_lite:build`."""
+    return built(FastSpeechLite, schema, options)
+
+
+def built(model_class, schema, options: dict):
+    """`model_class` (FastSpeechLite or a subclass taking the same arguments) for `schema` with the
+    model `options`, checked, and called once on a zero batch so its weights exist."""
     validate(schema, options)
-    model = FastSpeechLite(from_dict(Options, options, where="model"), schema)
+    model = model_class(from_dict(Options, options, where="model"), schema)
     zeros = np.zeros([1], np.int32)
     model(
         tf.zeros([1, schema.max_text_len], tf.int32),
