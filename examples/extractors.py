@@ -131,6 +131,9 @@ def frame_loudness(**options) -> FrameLoudness:
 
 if __name__ == "__main__":
     out = Path(sys.argv[1] if len(sys.argv) > 1 else "out/extractors")
+    for target in (out / "embedding.onnx", out / "codec"):
+        if target.exists():  # it may be a model of the user's: never written over
+            sys.exit(f"{target} exists: remove it, or name another directory (python -m examples.extractors DIR)")
     out.mkdir(parents=True, exist_ok=True)
     print(build_onnx_embedding(out / "embedding.onnx"))
     print(build_saved_model_codec(out / "codec"))

@@ -18,6 +18,7 @@ from melshards.preprocess.config import ExtractorConfig, PreprocessConfig
 from melshards.shards_schema import read_schema
 from melshards.shards_schema.extracted import ExtractorOutput, token_capacity
 from melshards.shards_schema.schema import Schema, SchemaError
+from tests.conftest import REPO
 from tests.preprocess.conftest import tone
 
 # -- declarations and padding ---------------------------------------------------------------------
@@ -358,3 +359,16 @@ def test_the_embedding_model_trains_and_speaks_with_the_speakers_stored_centroid
     lang = pick_language(schema, None)
     mels = [synth.speak(ids, n, pick_speaker(schema, name), lang)["mel"].numpy() for name in ("anna", "bert")]
     assert all(np.isfinite(m).all() for m in mels) and not np.array_equal(mels[0], mels[1])
+
+
+def test_the_example_builder_refuses_to_write_over_a_file_it_did_not_make(tmp_path):
+    import subprocess
+    import sys
+
+    mine = tmp_path / "embedding.onnx"
+    mine.write_bytes(b"the user's own model")
+    done = subprocess.run(
+        [sys.executable, "-m", "examples.extractors", str(tmp_path)], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 1 and f"{mine} exists" in done.stderr, done.stderr[-500:]
+    assert mine.read_bytes() == b"the user's own model" and not (tmp_path / "codec").exists()
