@@ -470,6 +470,10 @@ def test_ctrl_c_during_a_publish_lets_it_finish_and_says_the_new_run_is_in_place
     from melshards.commands.ctrl_c import StopOnCtrlC
 
     out = str(tmp_path / "o")
+    # Python's own Ctrl-C handler, SIGINT unblocked: whatever an earlier test of this worker left (a
+    # full-suite run once found SIGINT not delivered here), StopOnCtrlC starts from a command's state
+    given = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     before = signal.getsignal(signal.SIGINT)
     try:
         with pytest.raises(click.exceptions.Exit) as ended:
@@ -486,6 +490,8 @@ def test_ctrl_c_during_a_publish_lets_it_finish_and_says_the_new_run_is_in_place
         output.STOPPING.clear()
         output.PUBLISHED.clear()
         logging.disable(logging.NOTSET)
+        after = signal.signal(signal.SIGINT, signal.default_int_handler if given is None else given)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     assert ended.value.exit_code == 130
     assert capsys.readouterr().err == f"interrupted: the new run was already in place in {out}\n"
-    assert signal.getsignal(signal.SIGINT) is before
+    assert after is before
