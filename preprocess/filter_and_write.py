@@ -20,6 +20,7 @@ from melshards.preprocess.clips import SAMPLES, analyse_audio, filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import REJECTED, count
 from melshards.preprocess.encode import encode_clip
+from melshards.preprocess.quality_rules import quality_drops
 from melshards.preprocess.rows import reject
 from melshards.preprocess.shards import RollingFiles
 from melshards.preprocess.stash import load_clips, load_features
@@ -80,8 +81,9 @@ class _FilterAndWriteFn(beam.DoFn):
     and bucket, rolled at the target size); one dict per closed file at the end of the bundle.
 
     Dropped clips -> `rejected`; the training clips' mel moments, one per batch -> `moments`; what
-    the batch wrote per speaker and language -> `written`. Each batch's clips and arrays are read back
-    from its stash files once.
+    the batch wrote per speaker and language, and what the quality rules dropped per speaker
+    (`quality_drops`) -> `written`. Each batch's clips and arrays are read back from its stash files
+    once.
     """
 
     def __init__(self, out_dir: str, target_bytes: int, cfg: PreprocessConfig):
@@ -100,7 +102,7 @@ class _FilterAndWriteFn(beam.DoFn):
         batch, references = element if isinstance(element, tuple) else (element, None)
         buckets, text = chosen["buckets"], chosen["text"]
         outputs = outputs_of(measured[0]["extractors"]) if measured else ()
-        clips, kept = load_clips(batch), []
+        clips, kept, dropped = load_clips(batch), [], []
         for clip in clips:
             rejection = filter_rejection(clip, cutoffs, corpus_tables, gate)
             if rejection is None and references is not None and references[clip["id"]] is None:
@@ -108,6 +110,7 @@ class _FilterAndWriteFn(beam.DoFn):
                 rejection = reject(clip["id"], "no_reference_clip", detail)
             if rejection:
                 count(rejection["reason"])
+                dropped.append((clip, rejection["reason"]))
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
             else:
                 kept.append(dict(clip, split=tables.split_of(clip, corpus_tables, self.cfg.split.salt)))
@@ -144,7 +147,7 @@ class _FilterAndWriteFn(beam.DoFn):
                 moments = moments.merge(clip["moments"])
         count("records_written", len(kept))
         yield beam.pvalue.TaggedOutput(MOMENTS, moments)
-        yield beam.pvalue.TaggedOutput(WRITTEN, written_counts(kept))
+        yield beam.pvalue.TaggedOutput(WRITTEN, written_counts(kept) + quality_drops(dropped))
         if self.cfg.features.pitch or self.cfg.features.energy or self.cfg.extractors:
             yield beam.pvalue.TaggedOutput(
                 FEATURE_STATS, feature_stats.batch_stats((c, c["feature_summary"]) for c in kept)
@@ -162,7 +165,8 @@ class FilterAndWrite(beam.PTransform):
 
     Returns {"parts": temp files written, "rejected": dropped clips, "moments": mel moments of each
     batch's kept training clips (one per batch, maybe empty), "written": the clips and milliseconds
-    written per speaker and language (`written_counts`, summed), "feature_stats": the pitch and energy
+    written per speaker and language (`written_counts`) and the clips each quality rule dropped per
+    speaker (`quality_drops`), summed, "feature_stats": the pitch and energy
     statistics per group (`feature_stats.batch_stats`, merged; empty when the run computes neither)}.
     """
 

@@ -13,9 +13,11 @@ Two kinds of rule:
   `narrowband` (bandwidth below a share of the output's Nyquist), `noisy` (an SNR floor), `long_pause`,
   `transcript_mismatch` (CER against the corpus's ASR transcript), `asr_repeat`, `foreign_script`.
 
-`duplicate_audio` (one recording under two ids) is decided from the groups of clips with one
-`audio_hash` (`duplicates_of`): the first by input order is kept. `quality_rejection` applies them all
-to one clip and gives the reason with a detail naming the measure, its value and the bound.
+`duplicate_audio` (one recording under two ids, in one input or several) is decided from the groups
+of clips with one `audio_hash` (`duplicates_of`): the first by input order (the earliest --input,
+then its earliest row) is kept. `quality_rejection` applies them all
+to one clip and gives the reason with a detail naming the measure, its value and the bound;
+`quality_drops` counts what they dropped per speaker (stats.json `quality_dropped_by_speaker`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from melshards.preprocess.config import QualityRulesConfig
-from melshards.shards_schema.stats import percentile
+from melshards.shards_schema.stats import QUALITY_REASONS, percentile
 
 RATE_SCALE = 100  # the rate histograms count rates in hundredths of a symbol per second
 CORPUS = "corpus"
@@ -87,11 +89,25 @@ def bounds_for(bounds: Mapping, speaker: str, language: str) -> tuple[tuple[floa
 
 
 def duplicates_of(members: Iterable[tuple[tuple, str]]) -> list[tuple[str, str]]:
-    """The clips of one audio hash, each as (input order key, id) -> (id, kept id) for every clip but the
-    first by input order (ties by id)."""
+    """The clips of one audio hash, each as ((input index, row), id) -> (id, kept id) for every clip but
+    the first by input order: the earliest input, then the earliest row in it (ties, which input order
+    does not have, by id)."""
     ordered = sorted(members)
     kept = ordered[0][1]
     return [(clip_id, kept) for _, clip_id in ordered[1:]]
+
+
+QUALITY_DROPPED = "quality_dropped"  # `written`'s keys (QUALITY_DROPPED, speaker, reason): clips a quality rule dropped
+
+
+def quality_drops(dropped: Iterable[tuple[dict, str]]) -> Counter:
+    """(clip, the reason the filter dropped it) -> clips per (QUALITY_DROPPED, speaker, reason) for the
+    quality rules' reasons (`QUALITY_REASONS`); the other reasons are not counted here."""
+    out: Counter[tuple] = Counter()
+    for clip, reason in dropped:
+        if reason in QUALITY_REASONS:
+            out[(QUALITY_DROPPED, clip["speaker"], reason)] += 1
+    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess import bucketing, cache, feature_stats
 from melshards.preprocess.config import MelConfig, PreprocessConfig
+from melshards.preprocess.quality_rules import QUALITY_DROPPED
 from melshards.preprocess.shards import TEMP_DIR, StagingFiles, remove_temp_dir
 from melshards.shards_schema import (
     REJECTED_FILE,
@@ -35,7 +36,7 @@ from melshards.shards_schema import (
 )
 from melshards.shards_schema.atomic import atomic_write
 from melshards.shards_schema.extracted import outputs_of
-from melshards.shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, summarize
+from melshards.shards_schema.stats import FILTER_REASONS, QUALITY_REASONS, Cutoffs, Moments, summarize
 from melshards.shards_schema.stats_model import stats_problem
 from melshards.shards_schema.text import frontend_record
 
@@ -133,6 +134,17 @@ def speaker_stats(corpus_tables: dict, written: dict, features: dict | None = No
     return rows
 
 
+def quality_dropped_by_speaker(written: dict) -> dict[str, dict[str, int]]:
+    """stats.json `quality_dropped_by_speaker`: speaker -> quality rule -> clips it dropped, from the
+    writer's counts (`quality_rules.quality_drops`); speakers in name order, each one's rules in
+    the order the filter tries them, only speakers and rules with a drop."""
+    out: dict[str, dict[str, int]] = {}
+    for key, n in written.items():
+        if key[0] == QUALITY_DROPPED and n:
+            out.setdefault(key[1], {})[key[2]] = n
+    return {s: {r: out[s][r] for r in QUALITY_REASONS if r in out[s]} for s in sorted(out)}
+
+
 def language_stats(
     corpus_tables: dict, written: dict, cutoffs: Cutoffs | None, features: dict | None = None
 ) -> list[dict]:
@@ -188,6 +200,7 @@ def build_stats(
         **({"inputs": inputs} if inputs is not None else {}),  # each --input: its format, rows, prefixed labels
         "features": list(cfg.optional_features),
         "feature_stats": (features or {}).get("global", {}),
+        "quality_dropped_by_speaker": quality_dropped_by_speaker(written or {}),
     }
     if corpus_tables is not None:
         stats["speakers"] = speaker_stats(corpus_tables, written or {}, features)

@@ -328,17 +328,18 @@ def test_a_label_in_two_inputs_is_prefixed_in_both_and_other_labels_are_not():
             ],
             spill,
         )
-        assert [(r["id"], r["speaker"]) for r in merged.rows()] == [
-            ("vctk/p225_001", "vctk/p225"),
-            ("p226_001", "p226"),
-            ("mine/p225_001", "mine/p225"),
-            ("z", "anna"),
+        assert [(r["id"], r["speaker"], r["input"]) for r in merged.rows()] == [
+            ("vctk/p225_001", "vctk/p225", 0),
+            ("p226_001", "p226", 0),
+            ("mine/p225_001", "mine/p225", 1),
+            ("z", "anna", 1),
         ]
         assert [r["id"] for r in merged.rejections()] == ["vctk/p315_001", "mine/p315_001"]
         assert (merged.input_rows, merged.row_count) == ([3, 3], 4)
         assert (merged.prefixed_speakers, merged.prefixed_ids) == ([1, 1], [2, 2])
         alone = MergedInputs([("vctk", a)], spill)
-        assert list(alone.rows()) == a and (alone.prefixed_speakers, alone.prefixed_ids) == ([0], [0])
+        assert list(alone.rows()) == [dict(r, input=0) for r in a]
+        assert (alone.prefixed_speakers, alone.prefixed_ids) == ([0], [0])
 
 
 def test_inputs_are_named_after_their_directory_or_file_stem_made_unique():
