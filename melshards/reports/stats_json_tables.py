@@ -241,7 +241,7 @@ LOSS_SPEAKERS = 10  # the most such speakers the summary names (the largest shar
 def quality_loss_lines(stats: dict, share: float = LOSS_SHARE, most: int = LOSS_SPEAKERS) -> list[str]:
     """What the quality rules dropped (stats.json `quality_dropped_by_speaker`): their total, then
     each speaker that lost at least `share` of its measured clips to them (at most `most`, the largest
-    shares first, then the most clips, then by name), with its clips per rule. None for a run without
+    shares first, then the most clips, then by name), with its clips per rule. No lines for a run without
     the field (made before it was counted) or without a quality drop."""
     by_speaker = stats.get("quality_dropped_by_speaker") or {}
     total = sum(sum(rules.values()) for rules in by_speaker.values())
