@@ -551,6 +551,7 @@ def test_read_corpus_merges_inputs_and_prefixes_a_shared_speaker_and_id(tmp_path
                             gender="F",
                         ),
                         **given,
+                        input=0,
                     ),
                     dict(
                         row(
@@ -563,23 +564,31 @@ def test_read_corpus_merges_inputs_and_prefixes_a_shared_speaker_and_id(tmp_path
                             gender="F",
                         ),
                         given_speaker="p225",
+                        input=0,
                     ),
-                    row(
-                        "p226_001",
-                        "Please call Stella.",
-                        f"{wav}/p226/p226_001_mic1.flac",
-                        3,
-                        speaker="p226",
-                        language="en",
-                        gender="M",
+                    dict(
+                        row(
+                            "p226_001",
+                            "Please call Stella.",
+                            f"{wav}/p226/p226_001_mic1.flac",
+                            3,
+                            speaker="p226",
+                            language="en",
+                            gender="M",
+                        ),
+                        input=0,
                     ),
                     dict(
                         row(
                             "m/p225_001", "Hallo.", str(tmp_path / "mine" / "a.wav"), 0, speaker="m/p225", language="de"
                         ),
                         **given,
+                        input=1,
                     ),
-                    row("b", "Hi.", str(tmp_path / "mine" / "b.wav"), 1, speaker="m", language="en", gender="M"),
+                    dict(
+                        row("b", "Hi.", str(tmp_path / "mine" / "b.wav"), 1, speaker="m", language="en", gender="M"),
+                        input=1,
+                    ),
                 ]
             ),
             label="rows",
