@@ -12,7 +12,8 @@ A row of these layouts names its audio as `audio` (the parquet file, the tar, th
 The read stage reads no audio: a parquet file's other columns (the audio column's `path` alone), a
 tar's headers and its small `.json` members (the audio members are skipped by seeking). The audio is
 read where the clip is measured, by `clip_bytes` (one row group's audio column, held for the rows
-of a batch that fall in it; a tar member's byte range) and decoded from memory
+of a batch that fall in it; a tar member's byte range, the tar held open for the batch's next
+members) and decoded from memory
 (`melshards.preprocess.audio.decode_audio`); a segment decodes its span only. So the audio is read
 by every worker in parallel, never all by one process.
 """
@@ -236,11 +237,11 @@ class _AudioValues:
 def _split_key(name: str) -> tuple[str, str]:
     """A WebDataset member name -> (key, extension): the key is the path up to the first dot of the
     base name (`a/b.seg1.flac` -> `a/b`, `seg1.flac`)."""
-    base = posixpath.basename(name)
-    dot = base.find(".")
-    if dot <= 0:
+    base = name.rfind("/") + 1
+    dot = name.find(".", base)
+    if dot <= base:  # no dot, or a base name that starts with one
         return name, ""
-    return posixpath.join(posixpath.dirname(name), base[:dot]), base[dot + 1 :].lower()
+    return name[:dot], name[dot + 1 :].lower()
 
 
 _USTAR_MAGIC = (b"ustar\x0000", b"ustar  \x00")  # POSIX ustar / pax (Python's tarfile, webdataset), GNU tar
@@ -252,7 +253,7 @@ _Member = TypeVar("_Member", bound=tarfile.TarInfo)
 class _UstarFile(tarfile.TarInfo):
     """tarfile's TarInfo, but a plain regular file's header (ustar, pax or GNU magic, no name prefix,
     octal size, the checksum right) is parsed for what the scan uses alone: name and size (the rest
-    left at TarInfo's defaults). tarfile parses every field of every header, 80 % of a WebDataset
+    left at TarInfo's defaults). tarfile parses every field of every header, most of a WebDataset
     tar's scan (docs/performance.md#parquet-and-webdataset-inputs); every other header (pax or GNU
     long names, directories, links, sparse files, base-256 sizes, a bad checksum) is tarfile's own
     `frombuf`, and tarfile does the rest as always (pax records applied, offsets, the end of the tar)."""
