@@ -20,6 +20,7 @@ import yaml
 from melshards.preprocess import cache, containers
 from melshards.preprocess.clips import ClipRejected, load_decoded
 from melshards.preprocess.config import PreprocessConfig
+from melshards.preprocess.corpus import batches
 from melshards.preprocess.manifests import manifest_rows
 from melshards.preprocess.rows import CorpusError, LayoutRows
 from melshards.preprocess.sources import check_rows_file, detect_corpus, read_input, unused_columns
@@ -213,6 +214,18 @@ def test_a_batch_of_tar_members_opens_the_tar_once_and_reads_each_at_its_offset(
     got.append(containers.clip_bytes(path, rows[0]["locator"]))  # the next batch opens it again
     containers.release_held()
     assert got == expected + expected[:1] and opened == [path, path]
+
+
+def test_container_rows_go_to_the_workers_in_batches_a_parquet_row_group_to_a_batch():
+    parquet = [
+        {"audio": "a.parquet", "locator": {"parquet": "audio", "row_group": g, "index": i}}
+        for g, n in ((0, 3), (1, 2))
+        for i in range(n)
+    ]
+    tar = [{"audio": "a.tar", "locator": {"tar_offset": 512 * k, "size": 1, "member": f"{k}.flac"}} for k in range(5)]
+    grouped = [[(r["locator"]["row_group"], r["locator"]["index"]) for r in b] for b in batches(parquet, 2)]
+    assert grouped == [[(0, 0), (0, 1), (0, 2)], [(1, 0), (1, 1)]]  # a group whole even past `size`
+    assert [len(b) for b in batches(tar, 2)] == [2, 2, 1]
 
 
 def test_a_parquet_rows_audio_bytes_are_read_from_binary_large_binary_or_struct_columns(tmp_path):
