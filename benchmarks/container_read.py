@@ -6,15 +6,19 @@ files with a manifest, as one parquet file (audio {bytes, path}, row groups of 1
 `datasets` writes for audio), and as tars of 250 samples (KEY.wav + KEY.json). For each form, in
 rounds interleaved form by form (`--rounds`), the read stage's rows (`sources.read_input`) and each
 clip's audio fetched and decoded as Measure does it (`clips.load_decoded`, in the read stage's
-batches, `corpus.batches`: 32 rows, or one parquet row group; the held row group let go after each),
-then measured (`clips.analyse_audio`: decode, trim, mel). Printed: ms per clip, median over rounds, and the ratio to
-the WAV files. The mel and everything after it are the same for every form and not timed.
+batches, `corpus.batches`: 32 rows, or one parquet row group; what is held let go after each),
+then measured (`clips.analyse_audio`: decode, trim, mel); and apart, each clip's bytes fetched alone
+(the decode is the same work for every form: the fetch is what the container changes). Printed: ms
+per clip, median over rounds (the forms' order turned each round), and the ratio to the WAV files.
 
-memory (`--rows`, default 10000,100000): a parquet export of that many rows (about 1 KB of audio
-bytes each, row groups of 100), the read stage's DoFn (`corpus._ReadRows`) drained in a fresh process;
-its peak RSS above the RSS before reading (as `benchmarks.read_scale` measures the read stage).
+memory (`--rows`, default 10000,100000,200000): a parquet export of that many rows (about 0.8 KB of
+audio bytes each, row groups of 100) in files of `--rows-per-file` rows (default 10,000: `datasets`
+shards an export by size, and a file of real clips that size holds about as many row groups; 0: one
+file), the read stage's DoFn (`corpus._ReadRows`) drained in a fresh process; its peak RSS above the
+RSS before reading (as `benchmarks.read_scale` measures the read stage), and the largest file's footer.
 
-Run: python -m benchmarks.container_read [--clips 1000] [--rounds 3] [--no-mel] [--rows 10000,100000] [--work-dir DIR]
+Run: python -m benchmarks.container_read [--clips 1000] [--rounds 3] [--no-mel] [--rows 10000,100000,200000]
+     [--rows-per-file 10000] [--work-dir DIR]
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from benchmarks.common import emit
 from benchmarks.preprocess_scale import WORK
 
 SR = 22050
-FORMS = ("wav", "parquet", "webdataset")
+FORMS: tuple[str, ...] = ("wav", "parquet", "webdataset")
 
 
 def _clip(i: int) -> np.ndarray:
@@ -96,8 +100,20 @@ def write_forms(root: Path, n: int) -> dict[str, Path]:
     return forms
 
 
-def time_form(path: Path, mel: bool = True) -> tuple[float, float, float, int]:
-    """(read stage s, fetch + decode s, fetch + decode + trim + mel s, clips) for one form."""
+def _fetch(row: dict) -> bytes:
+    """A clip's encoded bytes as Measure gets them: a file read whole, a tar member or a parquet row."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from melshards.preprocess import containers
+
+    if row.get("locator"):
+        return containers.clip_bytes(row["audio"], row["locator"])
+    with FileSystems.open(row["audio"]) as f:
+        return f.read()
+
+
+def time_form(path: Path, mel: bool = True) -> tuple[float, float, float, float, int]:
+    """(read stage s, fetch s, fetch + decode s, fetch + decode + trim + mel s, clips) for one form."""
     from melshards.preprocess import containers
     from melshards.preprocess.clips import analyse_audio, load_decoded
     from melshards.preprocess.config import PreprocessConfig
@@ -111,6 +127,12 @@ def time_form(path: Path, mel: bool = True) -> tuple[float, float, float, int]:
     start = time.perf_counter()
     for batch in batches(rows, MAX_BATCH_ROWS):
         for r in batch:
+            _fetch(r)
+        containers.release_held()
+    fetch = time.perf_counter() - start
+    start = time.perf_counter()
+    for batch in batches(rows, MAX_BATCH_ROWS):
+        for r in batch:
             load_decoded(r["audio"], cfg, r.get("locator"))
         containers.release_held()
     decode = time.perf_counter() - start
@@ -119,79 +141,81 @@ def time_form(path: Path, mel: bool = True) -> tuple[float, float, float, int]:
         for r in batch:
             analyse_audio(r["audio"], cfg, locator=r.get("locator"))
         containers.release_held()
-    return read, decode, time.perf_counter() - start, len(rows)
+    return read, fetch, decode, time.perf_counter() - start, len(rows)
 
 
 def throughput(root: Path, clips: int, rounds: int, mel: bool = True) -> dict:
     forms = write_forms(root, clips)
     time_form(forms["wav"])  # warm: librosa's import, the page cache
-    per: dict[str, list[tuple[float, float, float]]] = {f: [] for f in FORMS}
-    for _ in range(rounds):
-        for form in FORMS:  # interleaved: a busy spell on the shared machine falls on every form
-            read, decode, measure, n = time_form(forms[form], mel)
+    per: dict[str, list[tuple[float, ...]]] = {f: [] for f in FORMS}
+    for k in range(rounds):
+        # interleaved, the order turned each round: a busy spell or a place in the round falls on every form
+        for form in FORMS[k % len(FORMS) :] + FORMS[: k % len(FORMS)]:
+            read, fetch, decode, measure, n = time_form(forms[form], mel)
             assert n == clips, (form, n)
-            per[form].append((1e3 * read / n, 1e3 * decode / n, 1e3 * measure / n))
-    med = {f: tuple(statistics.median(x[k] for x in v) for k in range(3)) for f, v in per.items()}
+            per[form].append(tuple(1e3 * x / n for x in (read, fetch, decode, measure, read + fetch, read + decode)))
+    med = {f: tuple(statistics.median(x[k] for x in v) for k in range(6)) for f, v in per.items()}
     print(f"\n{clips} clips, {rounds} rounds interleaved; ms per clip (median), ratio to the WAV files")
     print(
-        "| form | read stage | fetch + decode | read + fetch + decode (÷ WAV) | measure (decode, trim, mel) "
-        "| read + measure (÷ WAV) |\n|---|---:|---:|---:|---:|---:|"
+        "| form | read stage | fetch | read + fetch (÷ WAV) | fetch + decode | read + fetch + decode (÷ WAV) "
+        "| measure (decode, trim, mel) | read + measure (÷ WAV) |\n|---|---:|---:|---:|---:|---:|---:|---:|"
     )
-    w_read, w_dec, w_mel = med["wav"]
+    w = med["wav"]
     out = {}
     for form in FORMS:
-        r, d, m = med[form]
+        r, f, d, m, rf, rd = med[form]
         out[form] = {
             "read_ms": r,
+            "fetch_ms": f,
             "decode_ms": d,
             "measure_ms": m,
-            "read_decode_ratio": (r + d) / (w_read + w_dec),
-            "read_measure_ratio": (r + m) / (w_read + w_mel) if mel else None,
+            "read_fetch_ratio": rf / w[4],
+            "read_decode_ratio": rd / w[5],
+            "read_measure_ratio": (r + m) / (w[0] + w[3]) if mel else None,
         }
         print(
-            f"| {form} | {r:.3f} | {d:.3f} | {r + d:.3f} ({out[form]['read_decode_ratio']:.2f}) | "
+            f"| {form} | {r:.3f} | {f:.3f} | {rf:.3f} ({out[form]['read_fetch_ratio']:.2f}) | {d:.3f} | "
+            f"{rd:.3f} ({out[form]['read_decode_ratio']:.2f}) | "
             + (f"{m:.3f} | " if mel else "- | ")
             + (f"{r + m:.3f} ({out[form]['read_measure_ratio']:.2f}) |" if mel else "- |")
         )
     return out
 
 
-def write_big_parquet(path: Path, rows: int) -> Path:
+def write_big_parquet(root: Path, rows: int, per_file: int) -> Path:
+    """A parquet export of `rows` rows under `root` (kept between runs): files of `per_file` rows
+    (`train-NNNNN.parquet`, as `datasets` shards an export), or one file when `per_file` is 0."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    if path.exists():
-        return path
-    path.parent.mkdir(parents=True, exist_ok=True)
+    done = root / "done.json"
+    if done.exists() and json.loads(done.read_text()) == {"rows": rows, "per_file": per_file}:
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    for old in root.glob("*.parquet"):
+        old.unlink()
+    audio_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    schema = pa.schema([("audio", audio_type), ("id", pa.string()), ("text", pa.string()), ("speaker", pa.string())])
     rng = np.random.default_rng(0)
-    with pq.ParquetWriter(
-        path,
-        pa.schema(
-            [
-                ("audio", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
-                ("id", pa.string()),
-                ("text", pa.string()),
-                ("speaker", pa.string()),
-            ]
-        ),
-    ) as w:
-        for start in range(0, rows, 10000):
-            ids = [f"r{i:07d}" for i in range(start, min(rows, start + 10000))]
-            w.write_table(
-                pa.table(
-                    {
-                        "audio": pa.array(
-                            [{"bytes": _wav(0.1 * rng.standard_normal(400)), "path": f"{c}.wav"} for c in ids],
-                            pa.struct([("bytes", pa.binary()), ("path", pa.string())]),
-                        ),
-                        "id": ids,
-                        "text": [f"the row {c}" for c in ids],
-                        "speaker": [f"s{int(c[1:]) % 50}" for c in ids],
-                    }
-                ),
-                row_group_size=100,
-            )
-    return path
+    step = per_file or rows
+    for k, first in enumerate(range(0, rows, step)):
+        with pq.ParquetWriter(root / f"train-{k:05d}.parquet", schema) as w:
+            for start in range(first, min(rows, first + step), 10000):
+                ids = [f"r{i:07d}" for i in range(start, min(rows, first + step, start + 10000))]
+                audio = [{"bytes": _wav(0.1 * rng.standard_normal(400)), "path": f"{c}.wav"} for c in ids]
+                w.write_table(
+                    pa.table(
+                        {
+                            "audio": pa.array(audio, audio_type),
+                            "id": ids,
+                            "text": [f"the row {c}" for c in ids],
+                            "speaker": [f"s{int(c[1:]) % 50}" for c in ids],
+                        }
+                    ),
+                    row_group_size=100,
+                )
+    done.write_text(json.dumps({"rows": rows, "per_file": per_file}))
+    return root
 
 
 def _rss_gib() -> float:
@@ -215,23 +239,35 @@ def child(path: str) -> dict:
     }
 
 
-def memory(root: Path, sizes: list[int]) -> dict:
+def memory(root: Path, sizes: list[int], per_file: int) -> dict:
+    import pyarrow.parquet as pq
+
     runs = {}
     for n in sizes:
-        path = write_big_parquet(root / f"parquet-{n}" / "train.parquet", n)
+        path = write_big_parquet(root / f"parquet-{n}-per-{per_file}", n, per_file)
         proc = subprocess.run(
             [sys.executable, "-m", "benchmarks.container_read", "--child", str(path)],
             capture_output=True,
             text=True,
             check=True,
         )
-        runs[n] = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(f"\nthe read stage on a parquet export ({os.path.getsize(path) / 2**20:.0f} MiB at {sizes[-1]:,} rows)")
-    print("| rows | wall s | µs per row | RSS before MiB | RSS growth MiB |\n|---|---:|---:|---:|---:|")
+        files = sorted(path.glob("*.parquet"))
+        runs[n] = {
+            **json.loads(proc.stdout.strip().splitlines()[-1]),
+            "files": len(files),
+            "mib": sum(f.stat().st_size for f in files) / 2**20,
+            "largest_footer_kib": max(pq.ParquetFile(f).metadata.serialized_size for f in files) / 1024,
+        }
+    shards = f"files of {per_file:,} rows" if per_file else "one file"
+    print(f"\nthe read stage on a parquet export ({shards}, row groups of 100)")
+    print(
+        "| rows | files | MiB | largest footer KiB | wall s | µs per row | RSS before MiB | RSS growth MiB |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|"
+    )
     for n, r in runs.items():
         print(
-            f"| {n:,} | {r['wall_s']:.2f} | {1e6 * r['wall_s'] / n:.1f} | {r['rss_before_mib']:.0f} | "
-            f"{r['rss_growth_mib']:.1f} |"
+            f"| {n:,} | {r['files']} | {r['mib']:.0f} | {r['largest_footer_kib']:.0f} | {r['wall_s']:.2f} | "
+            f"{1e6 * r['wall_s'] / n:.1f} | {r['rss_before_mib']:.0f} | {r['rss_growth_mib']:.1f} |"
         )
     return {str(n): r for n, r in runs.items()}
 
@@ -240,7 +276,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clips", type=int, default=1000)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--rows", default="10000,100000")
+    ap.add_argument("--rows", default="10000,100000,200000")
+    ap.add_argument("--rows-per-file", type=int, default=10000, help="the export's files' rows (0: one file)")
     ap.add_argument("--no-mel", action="store_true", help="time the read, fetch and decode alone")
     ap.add_argument("--work-dir", default=os.environ.get("MELSHARDS_BENCH_DIR", WORK))
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -254,7 +291,7 @@ def main(argv: list[str] | None = None) -> dict:
         "throughput": throughput(root / f"clips-{args.clips}", args.clips, args.rounds, not args.no_mel)
         if args.clips
         else {},
-        "memory": memory(root, [int(n) for n in args.rows.split(",")]) if args.rows else {},
+        "memory": memory(root, [int(n) for n in args.rows.split(",")], args.rows_per_file) if args.rows else {},
     }
     emit(result)
     return result

@@ -12,7 +12,8 @@ A row of these layouts names its audio as `audio` (the parquet file, the tar, th
 The read stage reads no audio: a parquet file's other columns (the audio column's `path` alone), a
 tar's headers and its small `.json` members (the audio members are skipped by seeking). The audio is
 read where the clip is measured, by `clip_bytes` (one row group's audio column, held for the rows
-of a batch that fall in it; a tar member's byte range) and decoded from memory
+of a batch that fall in it; a tar member's byte range, the tar held open for the batch's next
+members) and decoded from memory
 (`melshards.preprocess.audio.decode_audio`); a segment decodes its span only. So the audio is read
 by every worker in parallel, never all by one process.
 """
@@ -20,12 +21,15 @@ by every worker in parallel, never all by one process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import posixpath
 import tarfile
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, TypeVar
 
+import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess.lock import is_local_path
@@ -51,16 +55,21 @@ TAR_EXTENSIONS = (".tar",)
 def column_names(columns: Iterable[str], overrides: Mapping[str, str] | None = None) -> dict[str, str]:
     """field -> the column it is read from: an override (`--column FIELD=NAME`) if given, else the
     first of FIELD_COLUMNS[field] the table has; fields without a column are left out."""
-    present = list(columns)
-    found: dict[str, str] = {}
+    return dict(_column_names(tuple(columns), tuple(sorted((overrides or {}).items()))))
+
+
+@functools.lru_cache(maxsize=64)  # a WebDataset asks for each sample's `.json` keys: mostly the same few
+def _column_names(present: tuple[str, ...], overrides: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    given_names = dict(overrides)
+    found: list[tuple[str, str]] = []
     for field in (*FIELD_COLUMNS, *EXTRA_FIELDS):
-        given = (overrides or {}).get(field)
+        given = given_names.get(field)
         name = (
             given if given is not None else next((c for c in FIELD_COLUMNS.get(field, (field,)) if c in present), None)
         )
         if name is not None and name in present:
-            found[field] = name
-    return found
+            found.append((field, name))
+    return tuple(found)
 
 
 def unused(columns: Iterable[str], used: Mapping[str, str]) -> list[str]:
@@ -150,50 +159,122 @@ def _parquet_file(path: str, stack: contextlib.ExitStack):
     return pq.ParquetFile(stack.enter_context(FileSystems.open(path)))
 
 
-_HELD = threading.local()  # this thread's last row group: (path, group, column) -> its audio values
+_HELD = threading.local()  # this thread's held reader: (kind, path, ...) -> an open file, or a row group's audio
 
 
-def _row_group_audio(path: str, group: int, column: str):
-    """The audio column of one row group (an Arrow array: a row's bytes become a Python object only
-    when asked for); the last one read is held for the next rows of a batch (consecutive rows share
-    their row group)."""
-    key = (path, group, column)
-    held = getattr(_HELD, "group", None)
+def _held(key: tuple, make: Callable[[], Any]) -> Any:
+    """What `make` gives for `key`, made once and held for the next calls with the same key (the rows
+    of a batch are consecutive: they share their row group, their tar); one thing is held at a time,
+    the old one let go (closed) before the new one is made."""
+    held = getattr(_HELD, "item", None)
     if held is not None and held[0] == key:
         return held[1]
-    _HELD.group = None  # the old group is let go before the new one is read: one held at a time
-    with contextlib.ExitStack() as stack:
-        values = _parquet_file(path, stack).read_row_group(group, columns=[column]).column(0).combine_chunks()
-    if hasattr(values, "field") and values.type.get_field_index("bytes") >= 0:  # an HF audio struct: its bytes
-        values = _StructBytes(values.field("bytes"), values.is_null())
-    _HELD.group = (key, values)
-    return values
-
-
-class _StructBytes:
-    """The `bytes` of a struct column's rows, null where the struct itself is null."""
-
-    def __init__(self, field, struct_null):
-        self.field, self.null = field, struct_null
-
-    def __getitem__(self, i: int):
-        return None if self.null[i].as_py() else self.field[i]
+    release_held()
+    value = make()
+    _HELD.item = (key, value)
+    return value
 
 
 def release_held() -> None:
-    """Let go of the row group held for the next rows (at the end of a batch)."""
-    _HELD.group = None
+    """Let go of what is held for the next rows (at the end of a batch): a row group's audio, an open
+    tar (closed)."""
+    held = getattr(_HELD, "item", None)
+    _HELD.item = None
+    if held is not None and hasattr(held[1], "close"):
+        held[1].close()
+
+
+def _row_group_audio(path: str, group: int, column: str) -> _AudioValues:
+    """The audio column of one row group, as Arrow holds it (a row's bytes are copied out only when
+    asked for); held for the next rows of the batch."""
+
+    def read() -> _AudioValues:
+        with contextlib.ExitStack() as stack:
+            pf = _parquet_file(path, stack)
+            kind = pf.schema_arrow.field(column).type
+            struct = hasattr(kind, "get_field_index") and kind.get_field_index("bytes") >= 0
+            # An audio struct's `bytes` alone (its `path` is not read); one thread: a column is one job
+            wanted = [f"{column}.bytes" if struct else column]
+            chunks = pf.read_row_group(group, columns=wanted, use_threads=False).column(0)
+        return _AudioValues(chunks.chunk(0) if chunks.num_chunks == 1 else chunks.combine_chunks())
+
+    return _held(("parquet", path, group, column), read)
+
+
+class _AudioValues:
+    """A row group's audio values: a binary column, or a struct column's `bytes` (a Hugging Face audio
+    struct; null where the struct is). A binary column's row is sliced out of its Arrow buffers: no
+    Python object per row but the bytes returned; other types go through `as_py`."""
+
+    def __init__(self, values):
+        import pyarrow as pa
+
+        if pa.types.is_struct(values.type) and values.type.get_field_index("bytes") >= 0:
+            # flatten: the children with the struct's own nulls and offset applied (buffers shared)
+            values = values.flatten()[values.type.get_field_index("bytes")]
+        self.values = values
+        self.data: memoryview | None = None
+        self.offsets: list[int] = []
+        if pa.types.is_binary(values.type) or pa.types.is_large_binary(values.type):
+            bufs = values.buffers()
+            kind = np.int64 if pa.types.is_large_binary(values.type) else np.int32
+            self.offsets = np.frombuffer(
+                bufs[1], dtype=kind, count=len(values) + 1, offset=values.offset * kind().itemsize
+            ).tolist()
+            self.data = memoryview(bufs[2] if bufs[2] is not None else b"").cast("B")
+            self.nulls = values.is_null().to_numpy(zero_copy_only=False)
+
+    def __getitem__(self, i: int) -> bytes | None:
+        if self.data is None:
+            value = self.values[i].as_py()
+            return None if value is None else bytes(value)
+        if self.nulls[i]:
+            return None
+        return bytes(self.data[self.offsets[i] : self.offsets[i + 1]])
 
 
 # -- WebDataset tars ------------------------------------------------------------------------------
 def _split_key(name: str) -> tuple[str, str]:
     """A WebDataset member name -> (key, extension): the key is the path up to the first dot of the
     base name (`a/b.seg1.flac` -> `a/b`, `seg1.flac`)."""
-    base = posixpath.basename(name)
-    dot = base.find(".")
-    if dot <= 0:
+    base = name.rfind("/") + 1
+    dot = name.find(".", base)
+    if dot <= base:  # no dot, or a base name that starts with one
         return name, ""
-    return posixpath.join(posixpath.dirname(name), base[:dot]), base[dot + 1 :].lower()
+    return name[:dot], name[dot + 1 :].lower()
+
+
+_USTAR_MAGIC = (b"ustar\x0000", b"ustar  \x00")  # POSIX ustar / pax (Python's tarfile, webdataset), GNU tar
+
+
+_Member = TypeVar("_Member", bound=tarfile.TarInfo)
+
+
+class _UstarFile(tarfile.TarInfo):
+    """tarfile's TarInfo, but a plain regular file's header (ustar, pax or GNU magic, no name prefix,
+    octal size, the checksum right) is parsed for what the scan uses alone: name and size (the rest
+    left at TarInfo's defaults). tarfile parses every field of every header, most of a WebDataset
+    tar's scan (docs/performance.md#parquet-and-webdataset-inputs); every other header (pax or GNU
+    long names, directories, links, sparse files, base-256 sizes, a bad checksum) is tarfile's own
+    `frombuf`, and tarfile does the rest as always (pax records applied, offsets, the end of the tar)."""
+
+    @classmethod
+    def frombuf(cls: type[_Member], buf: bytes | bytearray, encoding: str, errors: str) -> _Member:
+        if (
+            len(buf) == tarfile.BLOCKSIZE
+            and buf[156:157] in (tarfile.REGTYPE, tarfile.AREGTYPE)
+            and buf[257:265] in _USTAR_MAGIC
+            and buf[345] == 0
+            and 0x30 <= buf[124] <= 0x37
+        ):
+            checksum = int(buf[148:156].split(b"\0", 1)[0].strip() or b"0", 8)
+            name = buf[0:100].split(b"\0", 1)[0].decode(encoding, errors)
+            if checksum == sum(buf) - sum(buf[148:156]) + 256 and not name.endswith("/"):  # "/": a V7 directory
+                obj = cls(name)
+                obj.size = int(buf[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+                obj.type, obj.chksum = tarfile.REGTYPE, checksum
+                return obj
+        return super().frombuf(buf, encoding, errors)
 
 
 def tar_samples(
@@ -202,7 +283,7 @@ def tar_samples(
     """A tar's samples in order: (key, {extension: member}, its `.json` parsed or None, why the json
     could not be read or None). Members are read by header only, except the `.json` ones (not even
     those with `read_json` False)."""
-    with FileSystems.open(path) as f, tarfile.open(fileobj=f, mode="r:") as tar:
+    with _open(path) as f, tarfile.open(fileobj=f, mode="r:", tarinfo=_UstarFile) as tar:
         key: str | None = None
         members: dict[str, tarfile.TarInfo] = {}
         meta: dict | None = None
@@ -218,7 +299,7 @@ def tar_samples(
             members[ext] = m
             if ext == "json" and read_json:
                 try:
-                    data = tar.extractfile(m).read()  # type: ignore[union-attr]  # a regular file: extractfile gives its reader
+                    data = _member_bytes(f, tar, m)
                     parsed = json.loads(data.decode("utf-8"))
                     if isinstance(parsed, dict):
                         meta = parsed
@@ -228,6 +309,15 @@ def tar_samples(
                     meta, problem = None, f"its .json cannot be read ({e})"
         if key is not None:
             yield key, members, meta, problem
+
+
+def _member_bytes(f, tar: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:
+    """A regular member's bytes: read at its offset in `f` (the tar's own file; tarfile seeks to the
+    next header itself), a sparse one through tarfile."""
+    if m.issparse():
+        return tar.extractfile(m).read()  # type: ignore[union-attr]  # a regular file: extractfile gives its reader
+    f.seek(m.offset_data)
+    return f.read(m.size)
 
 
 def tar_rows(path: str, start: int, overrides: Mapping[str, str] | None = None) -> Iterator[dict]:
@@ -272,20 +362,30 @@ class NoAudio(ValueError):
     """A row's audio is null (a parquet row without bytes)."""
 
 
+def _open(path: str):
+    """`path` open for reading: a local file by the OS (buffered), a remote one through Beam's FileSystems."""
+    return open(path, "rb") if is_local_path(path) else FileSystems.open(path)
+
+
 def clip_bytes(path: str, locator: Mapping) -> bytes:
-    """The encoded audio of a clip inside a parquet file or a tar (NoAudio for a null value)."""
+    """The encoded audio of a clip inside a parquet file or a tar (NoAudio for a null value). The tar
+    stays open, the parquet row group's audio column stays read, for the next rows of the batch
+    (`release_held` lets them go)."""
     if "tar_offset" in locator:
-        with FileSystems.open(path) as f:
+        f = _held(("tar", path), lambda: _open(path))
+        try:
             f.seek(int(locator["tar_offset"]))
             member = f.read(int(locator["size"]))
+        except OSError:
+            release_held()
+            raise
         if len(member) != int(locator["size"]):
             raise OSError(f"{path}: member {locator['member']} is cut short ({len(member)} of {locator['size']} bytes)")
         return member
-    value = _row_group_audio(path, int(locator["row_group"]), str(locator["parquet"]))[int(locator["index"])]
-    data = value.as_py() if value is not None else None
+    data = _row_group_audio(path, int(locator["row_group"]), str(locator["parquet"]))[int(locator["index"])]
     if not data:
         raise NoAudio("the row's audio bytes are null" if data is None else "the row's audio bytes are empty")
-    return bytes(data)
+    return data
 
 
 # -- segments of long recordings -----------------------------------------------------------------

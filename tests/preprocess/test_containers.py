@@ -20,6 +20,7 @@ import yaml
 from melshards.preprocess import cache, containers
 from melshards.preprocess.clips import ClipRejected, load_decoded
 from melshards.preprocess.config import PreprocessConfig
+from melshards.preprocess.corpus import batches
 from melshards.preprocess.manifests import manifest_rows
 from melshards.preprocess.rows import CorpusError, LayoutRows
 from melshards.preprocess.sources import check_rows_file, detect_corpus, read_input, unused_columns
@@ -175,6 +176,85 @@ def test_a_tar_sample_without_its_audio_or_its_json_is_rejected(tmp_path):
     assert unused_columns(detect_corpus(str(tmp_path / "shards"))) == ["duration", "dnsmos"]
     member = read.rows[1]["locator"]
     assert containers.clip_bytes(path, member)[:4] == b"fLaC"
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
+def test_the_tar_scan_finds_the_members_tarfile_finds_at_the_same_offsets(tmp_path, fmt):
+    long = "d" * 60 + "/" + "k" * 70  # past ustar's 100-byte name: a pax record, a GNU long name or a prefix
+    path = tmp_path / "x.tar"
+    with tarfile.open(path, "w", format=fmt) as tar:
+        d = tarfile.TarInfo("sub")
+        d.type = tarfile.DIRTYPE
+        tar.addfile(d)
+        link = tarfile.TarInfo("sub/l.json")
+        link.type, link.linkname = tarfile.SYMTYPE, "a.json"
+        tar.addfile(link)
+        for name, data in (("a.json", b"{}"), ("a.flac", b"x" * 513), (f"{long}.json", b"{}"), ("e.wav", b"")):
+            _add(tar, name, data)
+    with tarfile.open(path) as tar:
+        expected = [(m.name, m.size, m.offset_data) for m in tar if m.isfile()]
+    found = [
+        (m.name, m.size, m.offset_data)
+        for _key, members, _meta, _problem in containers.tar_samples(str(path))
+        for m in members.values()
+    ]
+    assert found == expected and len(found) == 4
+
+
+def test_a_batch_of_tar_members_opens_the_tar_once_and_reads_each_at_its_offset(tmp_path, monkeypatch):
+    path = str(write_tar(tmp_path / "000000.tar", bad=False))
+    rows = LayoutRows.of(containers.tar_rows(path, 0)).rows
+    opened = []
+    real_open = containers._open
+    monkeypatch.setattr(containers, "_open", lambda p: opened.append(p) or real_open(p))
+    with tarfile.open(path) as tar:
+        expected = [tar.extractfile(r["locator"]["member"]).read() for r in rows]  # type: ignore[union-attr]
+    got = [containers.clip_bytes(path, r["locator"]) for r in rows]
+    containers.release_held()
+    got.append(containers.clip_bytes(path, rows[0]["locator"]))  # the next batch opens it again
+    containers.release_held()
+    assert got == expected + expected[:1] and opened == [path, path]
+
+
+def test_container_rows_go_to_the_workers_in_batches_a_parquet_row_group_to_a_batch():
+    parquet = [
+        {"audio": "a.parquet", "locator": {"parquet": "audio", "row_group": g, "index": i}}
+        for g, n in ((0, 3), (1, 2))
+        for i in range(n)
+    ]
+    tar = [{"audio": "a.tar", "locator": {"tar_offset": 512 * k, "size": 1, "member": f"{k}.flac"}} for k in range(5)]
+    grouped = [[(r["locator"]["row_group"], r["locator"]["index"]) for r in b] for b in batches(parquet, 2)]
+    assert grouped == [[(0, 0), (0, 1), (0, 2)], [(1, 0), (1, 1)]]  # a group whole even past `size`
+    assert [len(b) for b in batches(tar, 2)] == [2, 2, 1]
+
+
+def test_a_parquet_rows_audio_bytes_are_read_from_binary_large_binary_or_struct_columns(tmp_path):
+    values = [b"one", None, b"", b"four"]
+    for name, array in (
+        ("binary", pa.array(values, pa.binary())),
+        ("large", pa.array(values, pa.large_binary())),
+        ("view", pa.array(values, pa.binary_view())),  # no offsets buffer: each row through Arrow's scalar
+        (
+            "struct",  # a null struct (row 1) and null bytes in a struct are both null
+            pa.StructArray.from_arrays(
+                [pa.array([b"one", b"x", None, b"four"], pa.binary()), pa.array(["p"] * 4)],
+                names=["bytes", "path"],
+                mask=pa.array([False, True, False, False]),
+            ),
+        ),
+    ):
+        path = str(tmp_path / f"{name}.parquet")
+        pq.write_table(pa.table({"audio": array, "text": list("abcd")}), path, row_group_size=2)
+        got = []
+        for row in range(4):
+            locator = {"parquet": "audio", "row_group": row // 2, "index": row % 2}
+            try:
+                got.append(containers.clip_bytes(path, locator))
+            except containers.NoAudio as e:
+                got.append(str(e))
+        containers.release_held()
+        expected_empty = "the row's audio bytes are null" if name == "struct" else "the row's audio bytes are empty"
+        assert got == [b"one", "the row's audio bytes are null", expected_empty, b"four"], name
 
 
 def test_a_segment_past_its_recording_reversed_or_overlapping_is_rejected(tmp_path):
