@@ -127,6 +127,7 @@ def parquet_rows(path: str, start: int, overrides: Mapping[str, str] | None = No
             and hasattr(audio_type, "get_field_index")
             and audio_type.get_field_index("path") >= 0
         )
+        not_bytes = audio_type is not None and not _holds_audio_bytes(audio_type)
         read = [c for c in used.values() if c != audio_col] + ([f"{audio_col}.path"] if has_path else [])
         i = start
         for g in range(pf.metadata.num_row_groups):
@@ -139,6 +140,9 @@ def parquet_rows(path: str, start: int, overrides: Mapping[str, str] | None = No
                     clip_id = ident or (_stem(apath) if apath else f"{_stem(path)}-{i - start}")
                     if audio_col is None:
                         yield reject(clip_id, "missing_audio", f"{path}: no audio column ({', '.join(names)})")
+                    elif not_bytes:
+                        why = f"{path}: column {audio_col} holds {audio_type}, not encoded audio (binary, or a struct with `bytes`)"
+                        yield reject(clip_id, "missing_audio", why)
                     elif "text" not in used:
                         yield reject(clip_id, "missing_text", f"{path}: no text column ({', '.join(names)})")
                     else:
@@ -146,6 +150,17 @@ def parquet_rows(path: str, start: int, overrides: Mapping[str, str] | None = No
                         yield _row_of(rec, used, i, clip_id, path, locator)
                     i += 1
                     index += 1
+
+
+def _holds_audio_bytes(kind) -> bool:
+    """Whether a parquet column of Arrow type `kind` holds encoded audio: binary (plain, large or
+    view), or a struct with a binary `bytes` field (a Hugging Face audio struct)."""
+    import pyarrow as pa
+
+    if pa.types.is_struct(kind):
+        i = kind.get_field_index("bytes")
+        return i >= 0 and _holds_audio_bytes(kind.field(i).type)
+    return bool(pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind))
 
 
 def _parquet_file(path: str, stack: contextlib.ExitStack):

@@ -167,6 +167,15 @@ def test_parquet_rows_with_null_or_undecodable_bytes_are_rejected_with_their_rea
     assert "null" in null.value.detail
 
 
+def test_parquet_rows_whose_audio_column_holds_no_bytes_are_rejected_not_fatal(tmp_path):
+    path = tmp_path / "paths.parquet"  # an export whose audio column holds file names, not the files
+    pq.write_table(pa.table({"audio": ["a.wav", "b.wav"], "text": ["hello", "there"]}), path)
+    read = LayoutRows.of(containers.parquet_rows(str(path), 0))
+    assert read.rows == []
+    assert [r["reason"] for r in read.rejected] == ["missing_audio", "missing_audio"]
+    assert "column audio holds string, not encoded audio" in read.rejected[0]["detail"]
+
+
 def test_a_tar_sample_without_its_audio_or_its_json_is_rejected(tmp_path):
     path = str(write_tar(tmp_path / "shards" / "000000.tar"))
     assert detect_corpus(str(tmp_path / "shards")).kind == "webdataset"
