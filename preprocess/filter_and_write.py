@@ -55,6 +55,16 @@ def written_counts(clips) -> Counter:
     return out
 
 
+def dropped_counts(dropped) -> Counter:
+    """The clips a batch's filter dropped, per ("dropped", "speaker" | "language", name, reason): the
+    speaker and language rows' `per_reason` in stats.json. `dropped`: (clip, reason) pairs."""
+    out: Counter[tuple] = Counter()
+    for clip, reason in dropped:
+        out[("dropped", "speaker", clip["speaker"], reason)] += 1
+        out[("dropped", "language", clip["language"], reason)] += 1
+    return out
+
+
 def analyse_again(clip: dict, cfg: PreprocessConfig, runner: extractors.Extractors | None = None) -> dict:
     """The audio features of a measured clip whose cache entry could not be read back, computed again
     from its audio (the same computation, so the same arrays; the mel as float16, as the cache holds it),
@@ -80,7 +90,7 @@ class _FilterAndWriteFn(beam.DoFn):
     and bucket, rolled at the target size); one dict per closed file at the end of the bundle.
 
     Dropped clips -> `rejected`; the training clips' mel moments, one per batch -> `moments`; what
-    the batch wrote per speaker and language -> `written`. Each batch's clips and arrays are read back
+    the batch wrote and dropped per speaker and language -> `written`. Each batch's clips and arrays are read back
     from its stash files once.
     """
 
@@ -100,7 +110,7 @@ class _FilterAndWriteFn(beam.DoFn):
         batch, references = element if isinstance(element, tuple) else (element, None)
         buckets, text = chosen["buckets"], chosen["text"]
         outputs = outputs_of(measured[0]["extractors"]) if measured else ()
-        clips, kept = load_clips(batch), []
+        clips, kept, dropped = load_clips(batch), [], []
         for clip in clips:
             rejection = filter_rejection(clip, cutoffs, corpus_tables, gate)
             if rejection is None and references is not None and references[clip["id"]] is None:
@@ -108,6 +118,7 @@ class _FilterAndWriteFn(beam.DoFn):
                 rejection = reject(clip["id"], "no_reference_clip", detail)
             if rejection:
                 count(rejection["reason"])
+                dropped.append((clip, rejection["reason"]))
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
             else:
                 kept.append(dict(clip, split=tables.split_of(clip, corpus_tables, self.cfg.split.salt)))
@@ -144,7 +155,7 @@ class _FilterAndWriteFn(beam.DoFn):
                 moments = moments.merge(clip["moments"])
         count("records_written", len(kept))
         yield beam.pvalue.TaggedOutput(MOMENTS, moments)
-        yield beam.pvalue.TaggedOutput(WRITTEN, written_counts(kept))
+        yield beam.pvalue.TaggedOutput(WRITTEN, written_counts(kept) + dropped_counts(dropped))
         if self.cfg.features.pitch or self.cfg.features.energy or self.cfg.extractors:
             yield beam.pvalue.TaggedOutput(
                 FEATURE_STATS, feature_stats.batch_stats((c, c["feature_summary"]) for c in kept)
