@@ -81,7 +81,13 @@ def rate_outliers(groups: Mapping[tuple, Mapping], rules, k: float) -> dict[str,
     exact but for clips within half a key (0.005 symbols/s) of a bound, which `most` counts."""
     rates = {(scope, name): g[RATE] for (scope, name), g in groups.items() if RATE in g}
     rate_hists = Counter(
-        {(s, n, key): c for (s, n), h in rates.items() if s != SPEAKER_LANGUAGE for key, c in h.items() if key is not None}
+        {
+            (s, n, key): c
+            for (s, n), h in rates.items()
+            if s != SPEAKER_LANGUAGE
+            for key, c in h.items()
+            if key is not None
+        }
     )
     bounds = quality_rules.rate_bounds(rate_hists, dataclasses.replace(rules, rate_iqr_k=float(k)))
     scale, side = quality.GRIDS[RATE]

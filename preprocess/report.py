@@ -19,8 +19,8 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess import bucketing, cache, feature_stats
-from melshards.preprocess.quality_stats import QualityFigures
 from melshards.preprocess.config import MelConfig, PreprocessConfig
+from melshards.preprocess.quality_stats import QualityFigures
 from melshards.preprocess.shards import TEMP_DIR, StagingFiles, remove_temp_dir
 from melshards.shards_schema import (
     REJECTED_FILE,

@@ -7,6 +7,7 @@ by `melshards.reports.html_report`. They read the `speakers` and `languages` fig
 
 from __future__ import annotations
 
+from melshards.reports.quality_tables import group_quality_rows, has_quality
 from melshards.reports.stats_json_tables import COLUMNS, Table, render
 from melshards.reports.stats_json_tables import _fmt as number
 from melshards.reports.stats_report import VIEWS
@@ -174,15 +175,43 @@ def language_table(report: dict) -> str:
     )
 
 
+QUALITY_TITLE = (
+    "Quality per {what} (percentiles of its clips measured, before the filter; then the clips the filter "
+    "dropped, per reason{rate})"
+)
+
+
+def by_quality_rows(report: dict, by: str, top: int = TOP) -> Table | None:
+    """The quality table of a `--by` view (the same rows as its first table, the top `top` speakers), or
+    None for a stats.json without quality figures."""
+    rows = report[VIEWS[by]]["rows"][:top]
+    if not has_quality(rows):
+        return None
+    k = (report.get("quality") or {}).get("rate_iqr_k")
+    return group_quality_rows(rows, "name" if by == "speaker" else "code", k)
+
+
+def by_quality_title(report: dict, by: str) -> str:
+    k = (report.get("quality") or {}).get("rate_iqr_k")
+    rate = f"; rate out = clips outside the speaking-rate bounds at k={k:g}" if by == "speaker" and k else ""
+    return QUALITY_TITLE.format(what=by, rate=rate)
+
+
 def by_table(report: dict, by: str) -> str:
     """The terminal output of `--by`."""
     if by == "speaker":
-        return "\n".join(
-            [f"stats of {report['source']}", "", "Speakers (most hours in the shards first)", speaker_table(report)]
-        )
-    return "\n".join(
-        [f"stats of {report['source']}", "", "Languages (clips and hours in the shards)", language_table(report)]
-    )
+        parts = [f"stats of {report['source']}", "", "Speakers (most hours in the shards first)", speaker_table(report)]
+    else:
+        parts = [
+            f"stats of {report['source']}",
+            "",
+            "Languages (clips and hours in the shards)",
+            language_table(report),
+        ]
+    table = by_quality_rows(report, by)
+    if table is not None:
+        parts += ["", by_quality_title(report, by), render(*table, left=1)]
+    return "\n".join(parts)
 
 
 # -- two runs, per speaker or language ---------------------------------------------------------------

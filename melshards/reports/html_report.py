@@ -14,12 +14,22 @@ from matplotlib.figure import Figure
 
 from melshards.reports.by_tables import (
     TOP,
+    by_quality_rows,
+    by_quality_title,
     compare_by_rows,
     corpus_line,
     language_length_rows,
     language_rows,
     speaker_notes,
     speaker_rows,
+)
+from melshards.reports.quality_tables import (
+    RULE_OF,
+    bound_whatif_rows,
+    measure_rows,
+    quality_notes,
+    rate_notes,
+    rate_whatif_rows,
 )
 from melshards.reports.stats_json_tables import (
     Table,
@@ -149,6 +159,67 @@ def whatif_figure(report: dict) -> Figure:
     return fig
 
 
+def quality_figure(report: dict, quality: dict) -> Figure:
+    """One panel per quality measure with values: its exact histogram over the clips measured (before the
+    filter), drawn in 40 bars over its range, and the run's bound of its rule (solid red) where it is on."""
+    measures = [m for m in report["quality"]["measures"] if m["count"]]
+    cols = 4
+    rows = max(1, -(-len(measures) // cols))
+    fig = Figure(figsize=(13, 2.6 * rows), dpi=100, layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax in axes[len(measures) :]:
+        ax.set_visible(False)
+    for ax, m in zip(axes, measures):
+        name = m["measure"]
+        scale = quality["measures"][name]["scale"]
+        hist = int_hist(quality["global"][name]["histogram"])
+        values = [k / scale for k in hist]
+        bound = quality_bound(m, quality)
+        lo, hi = (
+            min(values + ([bound] if bound is not None else [])),
+            max(values + ([bound] if bound is not None else [])),
+        )
+        bins = [lo + (hi - lo) * i / 40 for i in range(41)] if hi > lo else 1
+        ax.hist(values, bins=bins, weights=list(hist.values()), color=BEFORE)
+        if bound is not None:
+            ax.axvline(bound, color=CUT, linewidth=1.2, label=f"{m['rule']} bound {bound:g}")
+            ax.legend(fontsize=7, frameon=False)
+        ax.set_title(f"{name} ({m['unit']})", fontsize=9)
+        ax.set_ylabel("clips", fontsize=8)
+        ax.tick_params(labelsize=7)
+    return fig
+
+
+def quality_bound(m: dict, quality: dict) -> float | None:
+    """The run's bound of a measure's absolute rule in the measure's units, or None (no rule, or off)."""
+    rule = RULE_OF.get(m["measure"])
+    if rule is None or m["setting"] is None:
+        return None
+    return float(m["setting"]) * (quality["sample_rate"] / 2 if rule.of_nyquist else 1.0)
+
+
+def quality_section(report: dict, quality: dict) -> list[str]:
+    """The quality measures: the plot, the measure table, the what-if tables and their notes."""
+    q = report["quality"]
+    parts = [
+        "<h2>Quality measures</h2>",
+        _img(quality_figure(report, quality), "histograms of the quality measures"),
+        _notes(["Grey: every clip measured (before filtering); red: the run's bound of the measure's rule."]),
+        _table(measure_rows(report)),
+        _notes(quality_notes(report)),
+        "<h2>What if the quality bounds were different</h2>",
+        _table(bound_whatif_rows(report)),
+        _notes(["Each rule alone, over the clips measured with a value; * the run's bound."]),
+    ]
+    if q["rate_what_if"]:
+        parts += [
+            "<h3>The speaking-rate rule at other k</h3>",
+            _table(rate_whatif_rows(report)),
+            _notes(rate_notes(report)),
+        ]
+    return parts
+
+
 def hours_figure(rows: list[dict], label_key: str, top: int = TOP) -> Figure:
     """Horizontal bars: hours in the shards of the first `top` rows (speakers, most hours first), top down;
     the title says how many rows are left out."""
@@ -167,7 +238,14 @@ def hours_figure(rows: list[dict], label_key: str, top: int = TOP) -> Figure:
 
 def by_section(report: dict, by: str) -> list[str]:
     """`--by speaker`: the bar chart of hours per speaker (top `TOP`), the table and its notes;
-    `--by language`: the language table and the lengths per language."""
+    `--by language`: the language table and the lengths per language; then the quality per speaker or
+    language where stats.json has it."""
+    table = by_quality_rows(report, by)
+    quality = [] if table is None else [f"<h3>{html.escape(by_quality_title(report, by))}</h3>", _table(table)]
+    return by_view(report, by) + quality
+
+
+def by_view(report: dict, by: str) -> list[str]:
     if by == "speaker":
         v = report["speakers"]
         if not v["rows"]:
@@ -216,9 +294,12 @@ def _notes(lines: list[str]) -> str:
     return "".join(f'<p class="note">{html.escape(line)}</p>' for line in lines)
 
 
-def render_html(report: dict, histograms: dict, other: dict | None = None, by: str | None = None) -> str:
+def render_html(
+    report: dict, histograms: dict, other: dict | None = None, by: str | None = None, quality: dict | None = None
+) -> str:
     """The whole report as one HTML document; `other` adds the comparison with a second run, `by`
-    ("speaker" or "language") the section of that view (compared too, with `other`)."""
+    ("speaker" or "language") the section of that view (compared too, with `other`); `quality` (stats.json's
+    section) the quality measures' plots and tables."""
     c, pad = report["counts"], report["padding"]
     e = html.escape
     parts = [
@@ -274,6 +355,8 @@ def render_html(report: dict, histograms: dict, other: dict | None = None, by: s
             _notes(whatif_notes(report)),
             _img(whatif_figure(report), "clips kept and padding per cut-off"),
         ]
+    if quality and report.get("quality") is not None:
+        parts += quality_section(report, quality)
     parts += [
         "<h2>Percentiles</h2>",
         _table(percentile_rows(report)),

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from apache_beam.io.filesystems import FileSystems
 
+from melshards.reports.quality_tables import quality_report
 from melshards.reports.whatif import DEFAULT_WHAT_IF, WhatIf, batch_bytes, int_hist, what_if_table
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE, Schema, SchemaError
 from melshards.shards_schema.shards import dir_of
@@ -183,6 +184,10 @@ def language_figures(languages: list[dict]) -> dict:
                 "measured": x["before_filter"]["text_len"]["count"],
                 "max_text_len": x.get("max_text_len"),
                 "before_filter": {k: length_spread(x["before_filter"][k]) for k in LENGTHS},
+                "per_reason": x.get("per_reason"),
+                "quality": {  # the histograms stay in stats.json: the figures are their summaries
+                    m: {k: v for k, v in f.items() if k != "histogram"} for m, f in (x.get("quality") or {}).items()
+                },
             }
             for x in languages
         ],
@@ -230,4 +235,5 @@ def build_report(
         "speakers": speaker_figures(s.get("speakers") or [], s.get("split")),
         "languages": language_figures(s.get("languages") or []),
         "inputs": s.get("inputs") or [],
+        "quality": quality_report(s),
     }
