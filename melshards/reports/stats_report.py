@@ -169,6 +169,11 @@ def length_spread(summary: dict) -> dict:
     return {"count": summary["count"], **{label: summary["percentiles"].get(q) for label, q in SPREAD}}
 
 
+def measure_summaries(quality: dict) -> dict:
+    """A language's quality figures without their histograms (stats.json keeps those)."""
+    return {m: {k: v for k, v in f.items() if k != "histogram"} for m, f in quality.items()}
+
+
 def language_figures(languages: list[dict]) -> dict:
     """`--by language`: every language in id order, its front end, clips and hours in the shards, its
     text-length cut-off and the spread of its lengths before the filter."""
@@ -184,10 +189,8 @@ def language_figures(languages: list[dict]) -> dict:
                 "measured": x["before_filter"]["text_len"]["count"],
                 "max_text_len": x.get("max_text_len"),
                 "before_filter": {k: length_spread(x["before_filter"][k]) for k in LENGTHS},
-                "per_reason": x.get("per_reason"),
-                "quality": {  # the histograms stay in stats.json: the figures are their summaries
-                    m: {k: v for k, v in f.items() if k != "histogram"} for m, f in (x.get("quality") or {}).items()
-                },
+                **({"per_reason": x["per_reason"]} if x.get("per_reason") is not None else {}),
+                **({"quality": measure_summaries(x["quality"])} if x.get("quality") else {}),
             }
             for x in languages
         ],
