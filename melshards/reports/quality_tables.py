@@ -22,7 +22,13 @@ from melshards.reports.stats_json_tables import Table, pct
 from melshards.shards_schema.stats import FILTER_REASONS, QUALITY_REASONS, count_beyond
 
 SHOWN_PERCENTILES = ("p0", "p5", "p50", "p95", "p100")
-SPEAKER_MEASURES = (("speaking_rate", "p50"), ("snr_db", "p50"), ("longest_pause_s", "p95"), ("bandwidth_hz", "p50"))
+# the columns of the quality per speaker or language: (measure, percentile, header)
+SPEAKER_MEASURES = (
+    ("speaking_rate", "p50", "rate p50"),
+    ("snr_db", "p50", "snr p50"),
+    ("longest_pause_s", "p95", "pause p95"),
+    ("bandwidth_hz", "p50", "bandwidth p50"),
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,10 +241,10 @@ def wrapped(note: str) -> str:
 
 
 # -- per speaker and language ----------------------------------------------------------------------
-def quality_columns(rows: list[dict]) -> tuple[list[tuple[str, str]], list[str]]:
-    """The measure columns (measure, percentile) the rows have, and the filter reasons any row dropped a
+def quality_columns(rows: list[dict]) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """The measure columns (measure, percentile, header) the rows have, and the filter reasons any row dropped a
     clip for (quality reasons first)."""
-    measures = [(m, p) for m, p in SPEAKER_MEASURES if any(m in (r.get("quality") or {}) for r in rows)]
+    measures = [c for c in SPEAKER_MEASURES if any(c[0] in (r.get("quality") or {}) for r in rows)]
     reasons = sorted(
         {k for r in rows for k, n in (r.get("per_reason") or {}).items() if n},
         key=lambda k: (k not in QUALITY_REASONS, FILTER_REASONS.index(k) if k in FILTER_REASONS else 99, k),
@@ -252,12 +258,12 @@ def group_quality_rows(rows: list[dict], key: str, job_k: float | None) -> Table
     outliers at the run's k."""
     measures, reasons = quality_columns(rows)
     rate = job_k is not None and any(r.get("rate_outliers") for r in rows)
-    header = [key, *(f"{m} {p}" for m, p in measures), *reasons, *(["rate out"] if rate else [])]
+    header = [key, *(label for _, _, label in measures), *reasons, *(["rate out"] if rate else [])]
     out = []
     for r in rows:
         q = r.get("quality") or {}
         cells = [str(r[key])]
-        cells += [number(q.get(m, {}).get("percentiles", {}).get(p)) for m, p in measures]
+        cells += [number(q.get(m, {}).get("percentiles", {}).get(p)) for m, p, _ in measures]
         cells += [str((r.get("per_reason") or {}).get(reason, 0)) for reason in reasons]
         if rate:
             found = next((x for x in r.get("rate_outliers", []) if x["k"] == job_k), None)

@@ -158,3 +158,24 @@ def test_a_duplicate_names_the_clip_kept_and_the_counts_add_up(fault_run):
     assert counts["filtered"] >= sum(counts["per_reason"].get(r, 0) for r in QUALITY_REASONS) == 7
     assert counts["in_shards"] == len(rows) - len(rejected)
     assert counts["per_reason"]["duplicate_audio"] == 1
+
+
+def test_stats_json_holds_the_quality_figures_and_each_speakers_drops_per_rule(fault_run):
+    from collections import Counter
+
+    from melshards.reports.quality_tables import quality_report
+    from melshards.shards_schema.stats import FILTER_REASONS
+
+    _, rejected, stats = fault_run
+    (speaker,) = stats["speakers"]
+    assert speaker["per_reason"] == dict(Counter(r["reason"] for r in rejected if r["reason"] in FILTER_REASONS))
+    snr = stats["quality"]["global"]["snr_db"]
+    assert (
+        snr["count"] + snr["not_measured"]
+        == speaker["measured"]
+        == sum(snr["histogram"].values()) + snr["not_measured"]
+    )
+    assert stats["quality"]["global"]["cer"]["count"] >= 1  # the rows with an asr_text
+    noisy = next(w for w in quality_report(stats)["what_if"] if w["rule"] == "noisy")["rows"]
+    job = next(r for r in noisy if r["is_job"])
+    assert job["least"] == job["most"] >= stats["counts"]["per_reason"]["noisy"] == 1
