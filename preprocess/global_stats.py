@@ -65,7 +65,7 @@ class QualityHistograms(beam.PTransform):
 
     def __init__(self, cfg: PreprocessConfig):
         super().__init__()
-        self.bins = quality.measure_bins(cfg.audio.sample_rate, cfg.mel.n_fft)
+        self.bins = quality.measure_bins(cfg.audio.sample_rate, cfg.mel.n_fft, cfg.quality.dnsmos)
 
     def expand(self, batches):  # the read always emits a batch: no default needed
         bins = self.bins

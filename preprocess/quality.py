@@ -71,10 +71,12 @@ GRIDS: dict[str, tuple[float, str]] = {
 }
 
 
-def measure_bins(sample_rate: int, n_fft: int) -> dict[str, tuple[float, str]]:
-    """Every measure's (keys per unit, side) of its stats.json histogram: `GRIDS`, and bandwidth_hz in
-    STFT bins (n_fft / sample_rate keys per Hz: its values are bin centres, so exact)."""
-    return {**GRIDS, "bandwidth_hz": (n_fft / sample_rate, "exact")}
+def measure_bins(sample_rate: int, n_fft: int, dnsmos: bool = False) -> dict[str, tuple[float, str]]:
+    """The (keys per unit, side) of the stats.json histogram of every measure a run computes: `GRIDS`
+    (dnsmos_ovrl only with `dnsmos`), and bandwidth_hz in STFT bins (n_fft / sample_rate keys per Hz:
+    its values are bin centres, so exact)."""
+    grids = {m: g for m, g in GRIDS.items() if dnsmos or m not in OPTIONAL_MEASURES}
+    return {**grids, "bandwidth_hz": (n_fft / sample_rate, "exact")}
 
 
 NAN = float("nan")

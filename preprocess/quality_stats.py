@@ -33,16 +33,15 @@ RATE = "speaking_rate"
 
 def measure_histograms(clips: Iterable[dict], bins: Mapping[str, tuple[float, str]]) -> Counter:
     """Measured clips -> {(scope, name, measure, key): clips} for the corpus (scope "corpus", name ""),
-    each speaker and each language, key None for a NaN; and the speaking rate per (speaker, language)
-    (scope SPEAKER_LANGUAGE, name the pair). A measure a clip does not hold (DNSMOS off) is left out."""
+    each speaker and each language, key None for a NaN or a measure of `bins` the clip does not hold;
+    and the speaking rate per (speaker, language) (scope SPEAKER_LANGUAGE, name the pair). So every clip
+    counts once in every measure of `bins` (`quality.measure_bins`: those the run computes)."""
     out: Counter[tuple] = Counter()
     for c in clips:
         q = c.get("quality", {})
         groups = ((CORPUS, ""), ("speaker", c["speaker"]), ("language", c["language"]))
         for m, (scale, side) in bins.items():
-            if m not in q:
-                continue
-            v = q[m]
+            v = q.get(m, math.nan)
             key = None if math.isnan(v) else measure_key(v, scale, side)
             for scope, name in groups:
                 out[(scope, name, m, key)] += 1
@@ -129,7 +128,8 @@ class QualityFigures:
     def of(cls, hists: Mapping[tuple, int], cfg: PreprocessConfig) -> QualityFigures:
         groups = grouped(hists)
         present = {m for g in groups.values() for m in g}
-        bins = {m: b for m, b in quality.measure_bins(cfg.audio.sample_rate, cfg.mel.n_fft).items() if m in present}
+        run_bins = quality.measure_bins(cfg.audio.sample_rate, cfg.mel.n_fft, cfg.quality.dnsmos)
+        bins = {m: b for m, b in run_bins.items() if m in present}
         rules = cfg.quality_rules
         per_k = {k: rate_outliers(groups, rules, k) for k in rate_ks(rules)} if RATE in present else {}
         return cls(groups, bins, per_k, rules, cfg.audio.sample_rate)
