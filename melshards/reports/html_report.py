@@ -236,12 +236,36 @@ def hours_figure(rows: list[dict], label_key: str, top: int = TOP) -> Figure:
     return fig
 
 
+def rate_spread_figure(rows: list[dict], top: int = TOP) -> Figure:
+    """Per speaker (the first `top` rows, top down): its speaking rate's p25..p75 as a bar, p5..p95 as a
+    line and p50 as a tick, over its clips measured; the per-speaker rate rule judges each clip against
+    its own speaker's quartiles."""
+    shown = [r for r in rows if "speaking_rate" in (r.get("quality") or {})][:top]
+    fig = Figure(figsize=(8, 0.8 + 0.22 * max(len(shown), 1)), dpi=100, layout="constrained")
+    ax = fig.subplots()
+    for i, r in enumerate(shown):
+        p = r["quality"]["speaking_rate"]["percentiles"]
+        if not p:
+            continue
+        ax.plot([p["p5"], p["p95"]], [i, i], color=BEFORE, linewidth=1)
+        ax.barh(i, p["p75"] - p["p25"], left=p["p25"], height=0.6, color=AFTER)
+        ax.plot([p["p50"]], [i], "|", color=CUT, markersize=9)
+    ax.set_yticks(range(len(shown)), [str(r["name"]) for r in shown], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("speaking rate, symbols/s (bar p25..p75, line p5..p95, tick p50; clips measured)", fontsize=9)
+    ax.tick_params(axis="x", labelsize=8)
+    return fig
+
+
 def by_section(report: dict, by: str) -> list[str]:
     """`--by speaker`: the bar chart of hours per speaker (top `TOP`), the table and its notes;
     `--by language`: the language table and the lengths per language; then the quality per speaker or
     language where stats.json has it."""
     table = by_quality_rows(report, by)
     quality = [] if table is None else [f"<h3>{html.escape(by_quality_title(report, by))}</h3>", _table(table)]
+    rows = report["speakers"]["rows"] if by == "speaker" and table is not None else []
+    if any("speaking_rate" in (r.get("quality") or {}) for r in rows):
+        quality.append(_img(rate_spread_figure(rows), f"speaking rate per speaker, top {TOP}"))
     return by_view(report, by) + quality
 
 

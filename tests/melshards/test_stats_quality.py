@@ -105,7 +105,8 @@ def test_compare_and_html_show_the_quality_figures(stats_file, tmp_path):
     html = page.read_text()
     for text in ("Quality measures", "What if the quality bounds were different", "Quality per speaker"):
         assert text in html
-    assert html.count("data:image/png;base64,") == 4  # lengths, what-if, quality measures, hours per speaker
+    # lengths, what-if, quality measures, hours per speaker, speaking rate per speaker
+    assert html.count("data:image/png;base64,") == 5
     bad = copy.deepcopy(quality_stats())
     bad["quality"]["global"]["snr_db"]["count"] = 3
     (tmp_path / "bad.json").write_text(json.dumps(bad))
