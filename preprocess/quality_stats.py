@@ -54,7 +54,13 @@ def grouped(hists: Mapping[tuple, int]) -> dict[tuple, dict[str, Counter]]:
     """`measure_histograms` -> {(scope, name): {measure: Counter {key (None: NaN): clips}}}."""
     out: dict[tuple, dict[str, Counter]] = {}
     for (scope, name, m, key), n in hists.items():
-        out.setdefault((scope, name), {}).setdefault(m, Counter())[key] += n
+        group = out.get((scope, name))
+        if group is None:
+            group = out[(scope, name)] = {}
+        hist = group.get(m)
+        if hist is None:
+            hist = group[m] = Counter()
+        hist[key] += n
     return out
 
 
@@ -74,26 +80,32 @@ def group_figures(group: Mapping[str, Mapping], bins: Mapping, histogram: bool, 
     return {m: figures(group[m], bins[m][0], histogram, qs) for m in bins if m in group}
 
 
-def rate_outliers(groups: Mapping[tuple, Mapping], rules, k: float) -> dict[str, tuple[int, int]]:
-    """Each speaker's clips outside its speaking-rate bounds at `k` (the rule of `quality_rules`: its own
-    bounds, else its clip's language's, else the corpus's, with `rules.rate_min_clips`), as (least, most):
-    exact but for clips within half a key (0.005 symbols/s) of a bound, which `most` counts."""
-    rates = {(scope, name): g[RATE] for (scope, name), g in groups.items() if RATE in g}
-    rate_hists = Counter(
+def rate_histograms(groups: Mapping[tuple, Mapping]) -> Counter:
+    """The groups' speaking-rate histograms as `quality_rules.rate_bounds` reads them: (scope, name, key)."""
+    return Counter(
         {
-            (s, n, key): c
-            for (s, n), h in rates.items()
-            if s != SPEAKER_LANGUAGE
-            for key, c in h.items()
+            (scope, name, key): c
+            for (scope, name), g in groups.items()
+            if RATE in g and scope != SPEAKER_LANGUAGE
+            for key, c in g[RATE].items()
             if key is not None
         }
     )
-    bounds = quality_rules.rate_bounds(rate_hists, dataclasses.replace(rules, rate_iqr_k=float(k)))
+
+
+def rate_outliers(groups: Mapping[tuple, Mapping], rules, k: float, rates: Counter | None = None) -> dict:
+    """Each speaker's clips outside its speaking-rate bounds at `k` (the rule of `quality_rules`: its own
+    bounds, else its clip's language's, else the corpus's, with `rules.rate_min_clips`), as (least, most):
+    exact but for clips within half a key (0.005 symbols/s) of a bound, which `most` counts. `rates`:
+    `rate_histograms(groups)`, computed once for several k."""
+    rates = rate_histograms(groups) if rates is None else rates
+    bounds = quality_rules.rate_bounds(rates, dataclasses.replace(rules, rate_iqr_k=float(k)))
     scale, side = quality.GRIDS[RATE]
     out: dict[str, tuple[int, int]] = {}
-    for (scope, pair), hist in sorted(rates.items(), key=lambda kv: str(kv[0])):
-        if scope != SPEAKER_LANGUAGE:
+    for (scope, pair), g in groups.items():
+        if scope != SPEAKER_LANGUAGE or RATE not in g:
             continue
+        hist = g[RATE]
         speaker, language = pair
         least, most = out.get(speaker, (0, 0))
         found = quality_rules.bounds_for(bounds, speaker, language)
@@ -131,7 +143,8 @@ class QualityFigures:
         run_bins = quality.measure_bins(cfg.audio.sample_rate, cfg.mel.n_fft, cfg.quality.dnsmos)
         bins = {m: b for m, b in run_bins.items() if m in present}
         rules = cfg.quality_rules
-        per_k = {k: rate_outliers(groups, rules, k) for k in rate_ks(rules)} if RATE in present else {}
+        rates = rate_histograms(groups)
+        per_k = {k: rate_outliers(groups, rules, k, rates) for k in rate_ks(rules)} if RATE in present else {}
         return cls(groups, bins, per_k, rules, cfg.audio.sample_rate)
 
     def section(self) -> dict:

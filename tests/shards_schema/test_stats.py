@@ -11,6 +11,7 @@ from melshards.shards_schema.stats import (
     measure_key,
     padding_fraction,
     percentile,
+    percentiles,
     round_up,
     summarize,
     summarize_measure,
@@ -22,6 +23,13 @@ def test_percentile_equals_numpy_inverted_cdf(q):
     values = np.random.default_rng(1).integers(1, 900, size=1013)
     hist = Counter(values.tolist())
     assert percentile(hist, q) == int(np.percentile(values, q, method="inverted_cdf"))
+
+
+def test_percentiles_at_once_equal_percentile_at_each():
+    hist = Counter(np.random.default_rng(2).integers(-50, 400, size=501).tolist())
+    qs = (0, 0.5, 1, 5, 25, 50, 75, 99, 99.9, 100)
+    assert percentiles(hist, qs) == {q: percentile(hist, q) for q in qs}
+    assert percentiles({10: 1, 20: 1, 30: 1, 40: 1}, (25, 26, 100)) == {25: 10, 26: 20, 100: 40}
 
 
 def test_percentile_of_small_sample_is_an_observed_value():
