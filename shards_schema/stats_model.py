@@ -9,7 +9,10 @@ has the filter settings, the padding, the three before-filter histograms the wha
 the speaker and language tables with the validation split; a run that rejected every row has none of
 them (or empty tables). The tables add up too: the speakers' clips sum to in_shards and their per_split
 to counts.per_split, the languages' clips sum to in_shards, and ids run 0..N-1 in order (speakers
-dropped by filter.min_speaker_clips, id null, last).
+dropped by filter.min_speaker_clips, id null, last). The quality figures (`quality`, and the speaker and
+language rows' `quality`, `per_reason`, `rate_outliers`; absent from runs made before them) add up too:
+a histogram sums to its count, a speaker's measures count its clips measured, the speakers' clips
+dropped per filter reason sum to counts.per_reason, and every measure has its grid in quality.measures.
 
 `stats_problem` turns the first validation error into one sentence naming the field's dotted path
 ("counts.input_rows is a string ('56'), not an integer"). Only pydantic is imported here.
