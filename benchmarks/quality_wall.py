@@ -2,7 +2,8 @@
 
 The same corpus (benchmarks/make_big_corpus.py, 1,000 clips by default) is preprocessed two ways, each
 a separate `python -m melshards preprocess` process timed from start to exit, interleaved in every
-round (the machine is shared: compare same-round ratios):
+round, the order swapped every other round so neither variant always runs second (the machine is
+shared: compare same-round ratios):
 
 - `none`: `quality: {measures: false}` (every measure NaN; the audio hash is still taken);
 - `default`: the default config (the measures of `melshards.preprocess.quality.MEASURES`).
@@ -41,7 +42,7 @@ def main(argv: list[str] | None = None) -> dict:
     walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
     cpus: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for r in range(args.rounds):
-        for v, quality in VARIANTS.items():
+        for v, quality in list(VARIANTS.items())[:: 1 if r % 2 == 0 else -1]:
             config = work / f"quality-{v}.yaml"
             config.write_text(yaml.safe_dump({"quality": quality}))
             out = work / f"quality-out-{v}"

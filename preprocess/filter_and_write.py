@@ -173,7 +173,8 @@ class FilterAndWrite(beam.PTransform):
 
     Returns {"parts": temp files written, "rejected": dropped clips, "moments": mel moments of each
     batch's kept training clips (one per batch, maybe empty), "written": the clips and milliseconds
-    written per speaker and language (`written_counts`, summed), "feature_stats": the pitch and energy
+    written per speaker and language (`written_counts`) and the clips the filter dropped per speaker
+    and language and reason (`dropped_counts`), summed, "feature_stats": the pitch and energy
     statistics per group (`feature_stats.batch_stats`, merged; empty when the run computes neither)}.
     """
 

@@ -22,6 +22,7 @@ import apache_beam as beam
 
 from melshards.preprocess import quality, quality_rules, quality_stats, tables
 from melshards.preprocess.config import PreprocessConfig
+from melshards.preprocess.merge import INPUT
 from melshards.shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
 
 
@@ -157,9 +158,10 @@ def cutoffs_from(hists: dict, corpus_tables: dict, cfg: PreprocessConfig) -> Cut
 
 
 def _hash_members(batch: dict):
+    """(audio hash, ((input index, row), id)) of each clip with a hash: its place in input order."""
     for c in batch["clips"]:
         if c.get("audio_hash"):
-            yield c["audio_hash"], ((c["row"],), c["id"])
+            yield c["audio_hash"], ((c[INPUT], c["row"]), c["id"])
 
 
 def _duplicate_pairs(item):
@@ -200,7 +202,8 @@ class QualityGate(beam.PTransform):
 
 class DuplicateAudio(beam.PTransform):
     """Batches of measured clips -> (id, kept id) for every clip whose decoded audio (`audio_hash`) an
-    earlier clip by input order (row, then id) already has."""
+    earlier clip by input order already has: an earlier --input, else an earlier row of the same input
+    (each clip's `merge.INPUT` and `row`)."""
 
     def expand(self, batches):
         return (

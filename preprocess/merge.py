@@ -5,7 +5,9 @@ speaker label found in more than one input is prefixed with the input's name (`N
 input that has it; clip ids likewise, so two corpora that both have a clip `0001` keep both (a
 repeat within one input is still `duplicate_id`). Labels found in one input only are left as they are.
 A prefixed row keeps its labels as its input gives them (`as_given`): files made from that input
-alone, such as Montreal Forced Aligner's TextGrids, are named after those.
+alone, such as Montreal Forced Aligner's TextGrids, are named after those. Every row carries the
+index of its input (`INPUT`: 0 for the first --input), so a rule that keeps one of several clips
+(`duplicate_audio`) keeps the first by input order: (input, row).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from melshards.preprocess.rows import is_rejection
 from melshards.preprocess.spill import Spill
 
 GIVEN_ID, GIVEN_SPEAKER = "given_id", "given_speaker"  # on a prefixed row: the label before the prefix
+INPUT = "input"  # on every row: the index of its input among the run's --input options
 
 
 def as_given(row: dict) -> tuple[str, str]:
@@ -51,7 +54,8 @@ class MergedInputs:
     """Every input's items (`[(name, items)]`, ids unique within each input) -> its `rows()` and its
     `rejections()`, input after input in order, a label found in more than one input prefixed
     `name/label` in each: a speaker of rows, an id of rows or rejections (so rejected.jsonl names one
-    row per id). A prefixed row holds its label as given too (`GIVEN_ID`, `GIVEN_SPEAKER`; `as_given`).
+    row per id). A prefixed row holds its label as given too (`GIVEN_ID`, `GIVEN_SPEAKER`; `as_given`);
+    every row holds its input's index (`INPUT`).
 
     Whether a label is shared is known only once every input is read: the items wait in `spill`'s
     tables (a file on local disk for a corpus, not a list in memory) and are read back from there.
@@ -111,6 +115,8 @@ class MergedInputs:
         for inp, body, shared_id, shared_speaker in self.db.execute(query):
             item, name = pickle.loads(body), self.names[inp]
             row = not is_rejection(item)
+            if row:
+                item[INPUT] = inp
             if shared_id:
                 if row:
                     item[GIVEN_ID] = item["id"]

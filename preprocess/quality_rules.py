@@ -13,9 +13,12 @@ Two kinds of rule:
   `narrowband` (bandwidth below a share of the output's Nyquist), `noisy` (an SNR floor), `long_pause`,
   `transcript_mismatch` (CER against the corpus's ASR transcript), `asr_repeat`, `foreign_script`.
 
-`duplicate_audio` (one recording under two ids) is decided from the groups of clips with one
-`audio_hash` (`duplicates_of`): the first by input order is kept. `quality_rejection` applies them all
-to one clip and gives the reason with a detail naming the measure, its value and the bound.
+`duplicate_audio` (one recording under two ids, in one input or several) is decided from the groups
+of clips with one `audio_hash` (`duplicates_of`): the first by input order (the earliest --input,
+then its earliest row) is kept. `quality_rejection` applies them all
+to one clip and gives the reason with a detail naming the measure, its value and the bound; the
+writer counts what they dropped per speaker (`filter_and_write.dropped_counts`; stats.json
+`quality_dropped_by_speaker` and `speakers[].per_reason`).
 """
 
 from __future__ import annotations
@@ -87,8 +90,9 @@ def bounds_for(bounds: Mapping, speaker: str, language: str) -> tuple[tuple[floa
 
 
 def duplicates_of(members: Iterable[tuple[tuple, str]]) -> list[tuple[str, str]]:
-    """The clips of one audio hash, each as (input order key, id) -> (id, kept id) for every clip but the
-    first by input order (ties by id)."""
+    """The clips of one audio hash, each as ((input index, row), id) -> (id, kept id) for every clip but
+    the first by input order: the earliest input, then the earliest row in it (ties, which input order
+    does not have, by id)."""
     ordered = sorted(members)
     kept = ordered[0][1]
     return [(clip_id, kept) for _, clip_id in ordered[1:]]

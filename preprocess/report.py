@@ -36,7 +36,7 @@ from melshards.shards_schema import (
 )
 from melshards.shards_schema.atomic import atomic_write
 from melshards.shards_schema.extracted import outputs_of
-from melshards.shards_schema.stats import FILTER_REASONS, Cutoffs, Moments, summarize
+from melshards.shards_schema.stats import FILTER_REASONS, QUALITY_REASONS, Cutoffs, Moments, summarize
 from melshards.shards_schema.stats_model import stats_problem
 from melshards.shards_schema.text import frontend_record
 
@@ -149,6 +149,17 @@ def speaker_stats(
     return rows
 
 
+def quality_dropped_by_speaker(written: dict) -> dict[str, dict[str, int]]:
+    """stats.json `quality_dropped_by_speaker`: speaker -> quality rule -> clips it dropped, from the
+    writer's counts (`filter_and_write.dropped_counts`, the speakers' `per_reason` too); speakers in
+    name order, each one's rules in the order the filter tries them, only speakers and rules with a drop."""
+    out: dict[str, dict[str, int]] = {}
+    for key, n in written.items():
+        if key[:2] == ("dropped", "speaker") and key[3] in QUALITY_REASONS and n:
+            out.setdefault(key[2], {})[key[3]] = n
+    return {s: {r: out[s][r] for r in QUALITY_REASONS if r in out[s]} for s in sorted(out)}
+
+
 def language_stats(
     corpus_tables: dict,
     written: dict,
@@ -212,6 +223,7 @@ def build_stats(
         **({"inputs": inputs} if inputs is not None else {}),  # each --input: its format, rows, prefixed labels
         "features": list(cfg.optional_features),
         "feature_stats": (features or {}).get("global", {}),
+        "quality_dropped_by_speaker": quality_dropped_by_speaker(written or {}),
     }
     if quality is not None:
         stats["quality"] = quality.section()

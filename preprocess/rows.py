@@ -2,7 +2,7 @@
 
 A row is `{id, text, speaker, language, gender, audio, row}`: `audio` is the path of its audio file
 (None when there is none: rejected later as `missing_audio`), `row` its position in its input (the
-first row of an id wins), `gender` "F", "M" or "" (unknown). A row whose corpus gives an ASR
+first row of an id wins; the read stage adds `input`, its input's index: `melshards.preprocess.merge`), `gender` "F", "M" or "" (unknown). A row whose corpus gives an ASR
 transcript also has `asr_text` (the quality measures compare it with `text`: `melshards.preprocess.quality`);
 other rows have no such key. A row whose clip is inside a bigger file (a parquet row, a tar member, a
 segment of a recording) has a `locator` too (`melshards.preprocess.containers`). A rejection is

@@ -38,7 +38,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from melshards.shards_schema.stats import FILTER_REASONS, LENGTH_KEYS, MEASURE_SIDES
+from melshards.shards_schema.stats import FILTER_REASONS, LENGTH_KEYS, MEASURE_SIDES, QUALITY_REASONS
 
 Count = Annotated[StrictInt, Field(ge=0)]  # a negative count is "a negative count", not a type error
 Number = StrictFloat  # an int is a number too; a bool or a string is not
@@ -481,6 +481,9 @@ class StatsFile(_Section):
     cache: dict[str, Any] | None = None  # runs with --cache: {dir, hits, computed, damaged, damaged_files, files_used}
     feature_stats: dict[str, FeatureMoments] = {}  # global pitch and energy statistics (training split)
     quality: Quality | None = None  # the quality measures' figures (absent from runs made before them)
+    # speaker -> quality rule (QUALITY_REASONS) -> clips it dropped, speakers with a drop only; absent
+    # from runs made before it was counted (`melshards.preprocess.report.quality_dropped_by_speaker`)
+    quality_dropped_by_speaker: dict[StrictStr, dict[StrictStr, Count]] | None = None
 
     @model_validator(mode="after")
     def _measured(self) -> StatsFile:
@@ -520,6 +523,33 @@ class StatsFile(_Section):
         if problem:
             raise _problem(problem)
         return self
+
+    @model_validator(mode="after")
+    def _quality_drops_add_up(self) -> StatsFile:
+        """Each quality rule's drops per speaker sum to its count in counts.per_reason."""
+        problem = self.quality_dropped_by_speaker is not None and quality_drops_problem(
+            self.quality_dropped_by_speaker, self.counts
+        )
+        if problem:
+            raise _problem(problem)
+        return self
+
+
+def quality_drops_problem(by_speaker: dict[str, dict[str, int]], counts: Counts) -> str | None:
+    """`quality_dropped_by_speaker` against the counts: only quality rules, and each rule's clips over
+    the speakers adding up to counts.per_reason."""
+    for speaker, rules in by_speaker.items():
+        other = next((r for r in rules if r not in QUALITY_REASONS), None)
+        if other is not None:
+            return f"quality_dropped_by_speaker.{speaker} has {other!r}, not a quality rule"
+    for reason in QUALITY_REASONS:
+        n = sum(rules.get(reason, 0) for rules in by_speaker.values())
+        if n != counts.per_reason.get(reason, 0):
+            return (
+                f"quality_dropped_by_speaker's {reason} sums to {n}, but counts.per_reason.{reason} is "
+                f"{counts.per_reason.get(reason, 0)}"
+            )
+    return None
 
 
 # -- one sentence per error, naming the field ------------------------------------------------------

@@ -12,7 +12,7 @@ import click
 
 from melshards.commands import run_command, setup_logging
 from melshards.preprocess.layouts import FORMATS
-from melshards.reports.stats_json_tables import bucket_table, input_lines, percentile_table
+from melshards.reports.stats_json_tables import bucket_table, input_lines, percentile_table, quality_loss_lines
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
 
 
@@ -67,6 +67,8 @@ def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
     )
     for reason, n in c["per_reason"].items():
         click.echo(f"  {reason:<26}{n:>6}")
+    for line in quality_loss_lines(stats):
+        click.echo(line)
     for line in input_lines(stats.get("inputs") or []):
         click.echo(line)
     click.echo("\n" + percentile_table(stats))

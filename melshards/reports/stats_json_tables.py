@@ -232,3 +232,44 @@ def input_lines(inputs: list[dict]) -> list[str]:
             )
         )
     return lines
+
+
+LOSS_SHARE = 0.10  # a speaker "loses many" to the quality rules: at least this share of its measured clips
+LOSS_SPEAKERS = 10  # the most such speakers the summary names (the largest shares first)
+
+
+def quality_loss_lines(stats: dict, share: float = LOSS_SHARE, most: int = LOSS_SPEAKERS) -> list[str]:
+    """What the quality rules dropped (stats.json `quality_dropped_by_speaker`): their total, then
+    each speaker that lost at least `share` of its measured clips to them (at most `most`, the largest
+    shares first, then the most clips, then by name), with its clips per rule. No lines for a run without
+    the field (made before it was counted) or without a quality drop."""
+    by_speaker = stats.get("quality_dropped_by_speaker") or {}
+    total = sum(sum(rules.values()) for rules in by_speaker.values())
+    if not total:
+        return []
+    measured = {s["name"]: s["measured"] for s in stats.get("speakers") or []}
+    losing = []
+    for name, rules in by_speaker.items():
+        lost = sum(rules.values())
+        of = measured.get(name, 0)
+        if of and lost / of >= share:
+            losing.append((-lost / of, -lost, name))
+    all_measured = sum(measured.values())
+    head = f"quality rules dropped {total} clip{'s' * (total != 1)}" + (
+        f" of {all_measured} measured ({pct(total / all_measured)})" if all_measured else ""
+    )
+    if not losing:
+        return [f"{head}; no speaker lost {pct(share, 0)} or more of its clips to them"]
+    lines = [f"{head}; speakers losing {pct(share, 0)} or more of their clips to them:"]
+    shown = [name for *_, name in sorted(losing)[:most]]
+    width = max(len(name) for name in shown)
+    for name in shown:
+        rules, of = by_speaker[name], measured[name]
+        lost = sum(rules.values())
+        lines.append(
+            f"  {name:<{width}}  {lost} of {of} ({pct(lost / of)}): "
+            + ", ".join(f"{rule} {n}" for rule, n in rules.items())
+        )
+    if len(losing) > most:
+        lines.append(f"  ... and {len(losing) - most} more (stats.json quality_dropped_by_speaker)")
+    return lines

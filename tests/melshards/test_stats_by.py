@@ -481,3 +481,16 @@ def test_inputs_are_optional_and_read_when_present():
     unmeasured = copy.deepcopy(stats)
     del unmeasured["inputs"]
     assert stats_problem(unmeasured) is None
+
+
+def test_quality_drops_per_speaker_must_add_up_to_each_rules_count():
+    stats = two_speaker_stats()
+    stats["counts"]["per_reason"] = {"speaker_too_few_clips": 2, "clipped": 1}  # still 3 filtered
+    stats["quality_dropped_by_speaker"] = {"anna": {"clipped": 1}}
+    assert stats_problem(stats) is None
+    stats["quality_dropped_by_speaker"] = {"anna": {"clipped": 1}, "bert": {"clipped": 1}}
+    assert stats_problem(stats) == (
+        "quality_dropped_by_speaker's clipped sums to 2, but counts.per_reason.clipped is 1"
+    )
+    stats["quality_dropped_by_speaker"] = {"anna": {"clipped": 1, "too_short": 1}}
+    assert stats_problem(stats) == "quality_dropped_by_speaker.anna has 'too_short', not a quality rule"

@@ -328,17 +328,18 @@ def test_a_label_in_two_inputs_is_prefixed_in_both_and_other_labels_are_not():
             ],
             spill,
         )
-        assert [(r["id"], r["speaker"]) for r in merged.rows()] == [
-            ("vctk/p225_001", "vctk/p225"),
-            ("p226_001", "p226"),
-            ("mine/p225_001", "mine/p225"),
-            ("z", "anna"),
+        assert [(r["id"], r["speaker"], r["input"]) for r in merged.rows()] == [
+            ("vctk/p225_001", "vctk/p225", 0),
+            ("p226_001", "p226", 0),
+            ("mine/p225_001", "mine/p225", 1),
+            ("z", "anna", 1),
         ]
         assert [r["id"] for r in merged.rejections()] == ["vctk/p315_001", "mine/p315_001"]
         assert (merged.input_rows, merged.row_count) == ([3, 3], 4)
         assert (merged.prefixed_speakers, merged.prefixed_ids) == ([1, 1], [2, 2])
         alone = MergedInputs([("vctk", a)], spill)
-        assert list(alone.rows()) == a and (alone.prefixed_speakers, alone.prefixed_ids) == ([0], [0])
+        assert list(alone.rows()) == [dict(r, input=0) for r in a]
+        assert (alone.prefixed_speakers, alone.prefixed_ids) == ([0], [0])
 
 
 def test_inputs_are_named_after_their_directory_or_file_stem_made_unique():
@@ -550,6 +551,7 @@ def test_read_corpus_merges_inputs_and_prefixes_a_shared_speaker_and_id(tmp_path
                             gender="F",
                         ),
                         **given,
+                        input=0,
                     ),
                     dict(
                         row(
@@ -562,23 +564,31 @@ def test_read_corpus_merges_inputs_and_prefixes_a_shared_speaker_and_id(tmp_path
                             gender="F",
                         ),
                         given_speaker="p225",
+                        input=0,
                     ),
-                    row(
-                        "p226_001",
-                        "Please call Stella.",
-                        f"{wav}/p226/p226_001_mic1.flac",
-                        3,
-                        speaker="p226",
-                        language="en",
-                        gender="M",
+                    dict(
+                        row(
+                            "p226_001",
+                            "Please call Stella.",
+                            f"{wav}/p226/p226_001_mic1.flac",
+                            3,
+                            speaker="p226",
+                            language="en",
+                            gender="M",
+                        ),
+                        input=0,
                     ),
                     dict(
                         row(
                             "m/p225_001", "Hallo.", str(tmp_path / "mine" / "a.wav"), 0, speaker="m/p225", language="de"
                         ),
                         **given,
+                        input=1,
                     ),
-                    row("b", "Hi.", str(tmp_path / "mine" / "b.wav"), 1, speaker="m", language="en", gender="M"),
+                    dict(
+                        row("b", "Hi.", str(tmp_path / "mine" / "b.wav"), 1, speaker="m", language="en", gender="M"),
+                        input=1,
+                    ),
                 ]
             ),
             label="rows",

@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import subprocess
 import sys
+from collections import Counter
 
 import apache_beam as beam
 import pytest
@@ -17,9 +19,15 @@ from benchmarks import quality_faults
 from melshards.preprocess import quality_rules
 from melshards.preprocess.clips import filter_rejection
 from melshards.preprocess.config import QualityRulesConfig
+from melshards.preprocess.filter_and_write import dropped_counts
 from melshards.preprocess.global_stats import DuplicateAudio
+from melshards.preprocess.merge import MergedInputs
 from melshards.preprocess.quality import MEASURES
 from melshards.preprocess.quality_rules import QualityGate, quality_rejection
+from melshards.preprocess.report import quality_dropped_by_speaker
+from melshards.preprocess.rows import row
+from melshards.preprocess.spill import Spill
+from melshards.reports.stats_json_tables import quality_loss_lines
 from melshards.shards_schema.stats import QUALITY_REASONS, Cutoffs
 from tests.conftest import TINY_CONFIG
 
@@ -84,6 +92,12 @@ def test_each_absolute_bound_names_measure_value_and_bound():
     }
     for reason, (quality, detail) in cases.items():
         assert quality_rejection(_clip(**quality), gate) == (reason, detail)
+    asr = QualityGate(dataclasses.replace(RULES, max_asr_repeat=2.0, max_foreign_script_fraction=0.1), 22050)
+    assert quality_rejection(_clip(asr_repeat=3.0), asr) == ("asr_repeat", "asr_repeat=3 > 2.0")
+    assert quality_rejection(_clip(foreign_script_fraction=0.25), asr) == (
+        "foreign_script",
+        "foreign_script_fraction=0.250 > 0.1",
+    )
     assert quality_rejection(_clip(), gate) is None
 
 
@@ -102,36 +116,43 @@ def test_the_filter_rule_rejects_a_duplicate_naming_the_kept_id():
     assert got["detail"] == "audio_hash=h same as kept a"
 
 
-def test_duplicate_audio_keeps_the_first_by_input_order():
-    batches = [
-        {"clips": [{"id": "x2", "row": 5, "audio_hash": "H"}, {"id": "solo", "row": 1, "audio_hash": "S"}]},
-        {"clips": [{"id": "x1", "row": 2, "audio_hash": "H"}, {"id": "x3", "row": 9, "audio_hash": "H"}]},
-    ]
+def test_duplicate_audio_keeps_the_earliest_input_then_its_earliest_row():
+    # the second input's rows come first in it (rows 0, 1), the first input's late (rows 7..9): the
+    # first input still wins; within it, row 7 before row 9
+    first = [row("late", "x", "1.wav", 7), row("solo", "x", "2.wav", 8), row("later", "x", "3.wav", 9)]
+    second = [row("early", "x", "4.wav", 0), row("again", "x", "5.wav", 1)]
+    with Spill() as spill:
+        rows = list(MergedInputs([("a", first), ("b", second)], spill).rows())
+    assert [r["input"] for r in rows] == [0, 0, 0, 1, 1]
+    hashes = {"late": "H", "solo": "S", "later": "H", "early": "H", "again": "H"}
+    clips = [dict(r, audio_hash=hashes[r["id"]]) for r in rows]
     with TestPipeline(runner="FnApiRunner") as p:
-        out = p | beam.Create(batches) | DuplicateAudio()
-        assert_that(out, equal_to([("x2", "x1"), ("x3", "x1")]))
+        out = p | beam.Create([{"clips": clips[3:]}, {"clips": clips[:3]}]) | DuplicateAudio()
+        assert_that(out, equal_to([("later", "late"), ("early", "late"), ("again", "late")]))
 
 
 @pytest.fixture(scope="module")
 def fault_run(tmp_path_factory):
     """One `melshards preprocess` (default quality rules) of a one-speaker fault corpus
-    (benchmarks/quality_faults.py): 6 clean clips and one clip of each fault kind."""
+    (benchmarks/quality_faults.py): 6 clean clips and one clip of each fault kind -> its rows, its
+    rejected.jsonl rows, its stats.json and the summary it printed."""
     work = tmp_path_factory.mktemp("faults")
     rows = quality_faults.build_fault_corpus(work / "corpus", clean=6, per_fault=1, speakers=("fast",), parts=1)
     out = work / "out"
     cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", str(work / "corpus" / "manifest.jsonl")]
-    subprocess.run(
+    done = subprocess.run(
         [*cmd, "--output", str(out), "--config", str(TINY_CONFIG)],
         check=True,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
+        text=True,
     )
     rejected = [json.loads(line) for line in (out / "rejected.jsonl").read_text().splitlines() if line.strip()]
-    return rows, rejected, json.loads((out / "stats.json").read_text())
+    return rows, rejected, json.loads((out / "stats.json").read_text()), done.stdout
 
 
 def test_each_fault_kind_is_rejected_with_its_reason(fault_run):
-    rows, rejected, _ = fault_run
+    rows, rejected, *_ = fault_run
     why = {r["id"]: r["reason"] for r in rejected}
     expected = {
         "transcript": "transcript_mismatch",
@@ -148,7 +169,7 @@ def test_each_fault_kind_is_rejected_with_its_reason(fault_run):
 
 
 def test_a_duplicate_names_the_clip_kept_and_the_counts_add_up(fault_run):
-    rows, rejected, stats = fault_run
+    rows, rejected, stats, _ = fault_run
     (pair,) = [r for r in rows if r["fault"] == "duplicate"]
     (entry,) = [r for r in rejected if r["id"] == pair["id"]]
     assert entry["detail"].endswith(f"same as kept {pair['pair']}")
@@ -166,7 +187,7 @@ def test_stats_json_holds_the_quality_figures_and_each_speakers_drops_per_rule(f
     from melshards.reports.quality_tables import quality_report
     from melshards.shards_schema.stats import FILTER_REASONS
 
-    _, rejected, stats = fault_run
+    _, rejected, stats, _ = fault_run
     (speaker,) = stats["speakers"]
     assert speaker["per_reason"] == dict(Counter(r["reason"] for r in rejected if r["reason"] in FILTER_REASONS))
     snr = stats["quality"]["global"]["snr_db"]
@@ -179,3 +200,66 @@ def test_stats_json_holds_the_quality_figures_and_each_speakers_drops_per_rule(f
     noisy = next(w for w in quality_report(stats)["what_if"] if w["rule"] == "noisy")["rows"]
     job = next(r for r in noisy if r["is_job"])
     assert job["least"] == job["most"] >= stats["counts"]["per_reason"]["noisy"] == 1
+
+
+# The measure each rule reads, as its rejected.jsonl detail names it: "measure=value <op> bound".
+DETAIL = {
+    "clipped": r"clipped_fraction=[0-9.]+ > 0\.001",
+    "narrowband": r"bandwidth_hz=[0-9]+ < [0-9]+ \(0\.5 of Nyquist\)",
+    "noisy": r"snr_db=-?[0-9.]+ < 15\.0",
+    "long_pause": r"longest_pause_s=[0-9.]+ > 1\.0",
+    "transcript_mismatch": r"cer=[0-9.]+ > 0\.5",
+    "speaking_rate_outlier": r"speaking_rate=[0-9.]+ outside -?[0-9.]+\.\.[0-9.]+ \(speaker fast\)",
+    "duplicate_audio": r"audio_hash=[0-9a-f]+ same as kept \S+",
+}
+
+
+def test_each_quality_rejection_in_rejected_jsonl_names_its_measure_value_and_bound(fault_run):
+    _, rejected, *_ = fault_run
+    quality = [r for r in rejected if r["reason"] in QUALITY_REASONS]
+    assert sorted(r["reason"] for r in quality) == sorted(DETAIL)
+    for r in quality:
+        assert re.fullmatch(DETAIL[r["reason"]], r["detail"]), r
+
+
+def test_the_summary_says_what_each_rule_dropped_from_a_speaker_losing_many(fault_run):
+    _, _, stats, printed = fault_run
+    assert stats["quality_dropped_by_speaker"] == {
+        "fast": {reason: 1 for reason in QUALITY_REASONS if reason in DETAIL}
+    }
+    (fast,) = [s for s in stats["speakers"] if s["name"] == "fast"]
+    share = f"{100 * 7 / fast['measured']:.1f}%"
+    assert f"quality rules dropped 7 clips of {fast['measured']} measured ({share}); speakers losing 10%" in printed
+    rules = "duplicate_audio 1, clipped 1, narrowband 1, noisy 1, long_pause 1, transcript_mismatch 1"
+    assert f"  fast  7 of {fast['measured']} ({share}): {rules}, speaking_rate_outlier 1\n" in printed
+
+
+def test_quality_drops_are_counted_per_speaker_and_rule_from_the_filters_reasons():
+    a, b = {"speaker": "a", "language": "en"}, {"speaker": "b", "language": "en"}
+    dropped = [(a, "noisy"), (a, "noisy"), (b, "clipped")]
+    dropped += [(a, "too_short")]  # not a quality rule
+    counts = dropped_counts(dropped) + Counter({("speaker", "a", "clips"): 4})
+    assert quality_dropped_by_speaker(counts) == {"a": {"noisy": 2}, "b": {"clipped": 1}}
+
+
+def test_the_summary_names_the_speakers_losing_at_least_a_tenth_largest_share_first():
+    stats = {
+        "speakers": [{"name": n, "measured": m} for n, m in (("a", 100), ("b", 10), ("c", 20), ("d", 5))],
+        "quality_dropped_by_speaker": {
+            "a": {"noisy": 9},  # 9%: not named
+            "b": {"clipped": 1, "noisy": 1},  # 20%
+            "c": {"long_pause": 5},  # 25%
+            "d": {"noisy": 1},  # 20%, fewer clips than b
+        },
+    }
+    assert quality_loss_lines(stats, most=2) == [
+        "quality rules dropped 17 clips of 135 measured (12.6%); speakers losing 10% or more of their clips to them:",
+        "  c  5 of 20 (25.0%): long_pause 5",
+        "  b  2 of 10 (20.0%): clipped 1, noisy 1",
+        "  ... and 1 more (stats.json quality_dropped_by_speaker)",
+    ]
+    stats["quality_dropped_by_speaker"] = {"a": {"noisy": 9}}
+    assert quality_loss_lines(stats) == [
+        "quality rules dropped 9 clips of 135 measured (6.7%); no speaker lost 10% or more of its clips to them"
+    ]
+    assert quality_loss_lines({"quality_dropped_by_speaker": {}}) == quality_loss_lines({}) == []
