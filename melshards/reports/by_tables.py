@@ -12,6 +12,7 @@ from melshards.reports.stats_json_tables import COLUMNS, Table, render
 from melshards.reports.stats_json_tables import _fmt as number
 from melshards.reports.stats_report import VIEWS
 from melshards.shards_schema import SPLITS
+from melshards.shards_schema.stats import QUALITY_REASONS
 
 TOP = 50  # speakers (or compared rows) in a table; --json lists all
 NAMES_SHOWN = 5  # names listed in a summary line before "..."
@@ -228,6 +229,7 @@ def compare_by_rows(a: dict, b: dict, by: str, top: int = TOP) -> tuple[Table, i
         return x.get("clips", 0), y.get("clips", 0), x.get("hours", 0.0), y.get("hours", 0.0)
 
     names.sort(key=lambda n: (-abs(figures(n)[3] - figures(n)[2]), -abs(figures(n)[1] - figures(n)[0]), n))
+    drops = any(r.get("per_reason") is not None for r in (*ra.values(), *rb.values()))
     rows = []
     for n in names[:top]:
         ca, cb, ha, hb = figures(n)
@@ -240,19 +242,27 @@ def compare_by_rows(a: dict, b: dict, by: str, top: int = TOP) -> tuple[Table, i
                 hours(ha) if n in ra else "-",
                 hours(hb) if n in rb else "-",
                 f"{hb - ha:+.3f}",
+                *((quality_dropped(ra.get(n)), quality_dropped(rb.get(n))) if drops else ()),
             ]
         )
-    return (
-        ["speaker" if by == "speaker" else "language", "clips A", "clips B", "B-A", "hours A", "hours B", "B-A"],
-        rows,
-    ), max(0, len(names) - top)
+    header = ["speaker" if by == "speaker" else "language", "clips A", "clips B", "B-A", "hours A", "hours B", "B-A"]
+    return (header + (["quality drops A", "quality drops B"] if drops else []), rows), max(0, len(names) - top)
+
+
+def quality_dropped(row: dict | None) -> str:
+    """The clips the quality rules dropped from a speaker or language (its `per_reason`), or - (not in
+    the run, or a stats.json without the counts)."""
+    if row is None or row.get("per_reason") is None:
+        return "-"
+    return str(sum(n for r, n in row["per_reason"].items() if r in QUALITY_REASONS))
 
 
 def compare_by_table(a: dict, b: dict, by: str, top: int = TOP) -> str:
     (header, rows), left = compare_by_rows(a, b, by, top)
     more = f"\n{left} more with smaller changes not shown; --json lists all" if left else ""
     what = "speaker" if by == "speaker" else "language"
+    drops = "; quality drops = clips the quality rules dropped" if "quality drops A" in header else ""
     return (
         f"A = {a['source']}\nB = {b['source']}\nClips and hours per {what} (largest change in hours first; "
-        f"- = not in that run)\n" + render(header, rows, left=1) + more
+        f"- = not in that run{drops})\n" + render(header, rows, left=1) + more
     )

@@ -111,3 +111,16 @@ def test_compare_and_html_show_the_quality_figures(stats_file, tmp_path):
     bad["quality"]["global"]["snr_db"]["count"] = 3
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     assert run_stats(tmp_path / "bad.json").exit_code == 2
+
+
+def test_compare_by_speaker_shows_each_runs_quality_drops(stats_file, tmp_path):
+    other = quality_stats()  # anna's one filtered clip dropped by the noisy rule instead of the mel cut-off
+    other["counts"]["per_reason"] = {"speaker_too_few_clips": 2, "noisy": 1}
+    other["speakers"][0]["per_reason"] = {"noisy": 1}
+    (tmp_path / "b.json").write_text(json.dumps(other))
+    out = run_stats(stats_file, "--by", "speaker", "--compare", tmp_path / "b.json").output
+    assert re.search(r"^anna\s+6\s+6\s+\+0\s+1.234\s+1.234\s+\+0.000\s+0\s+1$", out, re.M)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(two_speaker_stats()))
+    out = run_stats(old, "--by", "speaker", "--compare", tmp_path / "b.json").output
+    assert re.search(r"^anna\s+6\s+6\s+.*\s+-\s+1$", out, re.M)  # A was written before the counts
