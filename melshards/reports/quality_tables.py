@@ -89,9 +89,10 @@ def bound_rows(q: dict, b: Bound) -> list[dict]:
 def quality_report(stats: dict) -> dict | None:
     """The quality figures of a stats.json (None without its `quality` section): per measure its unit,
     clips with and without a value, mean, percentiles, its rule and the clips that rule dropped in the
-    run; the what-if rows of each absolute rule; the speaking-rate rule's outliers per k."""
+    run; the what-if rows of each absolute rule; the speaking-rate rule's outliers per k. None too when
+    no clip was measured (every row rejected)."""
     q = stats.get("quality")
-    if not q:
+    if not q or not q["measures"]:  # before the quality measures, or no clip measured
         return None
     per_reason = stats["counts"]["per_reason"]
     measures = []
