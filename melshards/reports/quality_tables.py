@@ -19,6 +19,7 @@ import dataclasses
 import textwrap
 
 from melshards.reports.stats_json_tables import Table, pct
+from melshards.reports.whatif import int_hist
 from melshards.shards_schema.stats import FILTER_REASONS, QUALITY_REASONS, count_beyond
 
 SHOWN_PERCENTILES = ("p0", "p5", "p50", "p95", "p100")
@@ -57,19 +58,15 @@ BOUNDS = (
 RULE_OF = {b.measure: b for b in BOUNDS}
 
 
-def _int_hist(hist: dict) -> dict[int, int]:
-    return {int(k): int(n) for k, n in hist.items()}
-
-
 def bound_rows(q: dict, b: Bound) -> list[dict]:
     """The what-if rows of one absolute rule: its alternatives and the job's bound (`is_job`), each with
     the clips measured it would drop as (least, most) and their share of the clips with a value."""
     figures, grid = q["global"].get(b.measure), q["measures"].get(b.measure)
-    if figures is None or grid is None:
+    if figures is None or grid is None or figures.get("histogram") is None:
         return []
     factor = q["sample_rate"] / 2 if b.of_nyquist else 1.0
     job = q["rules"].get(b.key)
-    hist = _int_hist(figures["histogram"])
+    hist = int_hist(figures["histogram"])
     out = []
     for setting in sorted(set(b.alternatives) | ({float(job)} if job is not None else set())):
         least, most = count_beyond(hist, grid["scale"], grid["side"], setting * factor, b.above)
