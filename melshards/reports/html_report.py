@@ -163,7 +163,9 @@ def quality_figure(report: dict, quality: dict) -> Figure:
     """One panel per quality measure with values: its exact histogram over the clips measured (before the
     filter), drawn in 40 bars over its range, and the run's bound of its rule (solid red) where it is on."""
     measures = [
-        m for m in report["quality"]["measures"] if m["count"] and quality["global"][m["measure"]].get("histogram")
+        m
+        for m in report["quality"]["measures"]
+        if m["count"] and quality["global"].get(m["measure"], {}).get("histogram")
     ]
     cols = 4
     rows = max(1, -(-len(measures) // cols))
