@@ -298,7 +298,7 @@ class SpeakerRow(_Section):
     per_split: dict[str, Count]  # split -> clips in the shards
     stats: dict[str, FeatureMoments] = {}  # pitch, energy: as in schema.json (runs with those features)
     pitch: PitchPercentiles | None = None  # runs with pitch
-    per_reason: dict[str, Count] | None = None  # its clips the filter dropped, per reason (absent before 3.3)
+    per_reason: dict[str, Count] | None = None  # its clips the filter dropped, per reason (absent from older runs)
     quality: dict[str, MeasureFigures] | None = None  # runs with quality measures: percentiles, no histogram
     rate_outliers: list[RateOutliers] = []
 
