@@ -61,6 +61,17 @@ def _int_or_str(value: Any) -> int | str:
 
 
 IntOrStr = Annotated[Any, PlainValidator(_int_or_str)]
+RULE_VALUE = "rule_value_type"
+
+
+def _rule_value(value: Any) -> float | bool | None:
+    """A quality rule's setting: a number, a boolean (`duplicates`) or null (the rule off)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    raise PydanticCustomError(RULE_VALUE, "not a number, a boolean or null")
+
+
+RuleValue = Annotated[Any, PlainValidator(_rule_value)]
 
 
 class _Section(BaseModel):
@@ -279,7 +290,7 @@ class Quality(_Section):
     measures over the clips measured, before the filter, with the rules as the run had them."""
 
     measures: dict[str, MeasureGrid]
-    rules: dict[str, Any]  # the config's quality_rules section
+    rules: dict[str, RuleValue]  # the config's quality_rules section
     sample_rate: StrictInt
     per_measure: dict[str, MeasureFigures] = Field(alias="global")
     rate_what_if: list[RateOutliers] = []
@@ -563,6 +574,7 @@ _KINDS = {
     "model_type": "an object",
     "model_attributes_type": "an object",
     INT_OR_STR: "an integer or a string",
+    RULE_VALUE: "a number, a boolean or null",
 }
 
 

@@ -59,6 +59,10 @@ def test_the_model_accepts_the_quality_figures_and_a_stats_json_without_them():
         ),
         (lambda s: s["quality"]["measures"].pop("cer"), "quality.global.cer has no grid in quality.measures"),
         (
+            lambda s: s["quality"]["rules"].update(min_snr_db="15"),
+            "quality.rules.min_snr_db is a string ('15'), not a number, a boolean or null",
+        ),
+        (
             lambda s: s["quality"]["rate_what_if"][0].update(least=5),
             "rate outliers at k=1.0: least 5 is more than most 1",
         ),
