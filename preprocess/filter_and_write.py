@@ -20,7 +20,6 @@ from melshards.preprocess.clips import SAMPLES, analyse_audio, filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import REJECTED, count
 from melshards.preprocess.encode import encode_clip
-from melshards.preprocess.quality_rules import quality_drops
 from melshards.preprocess.rows import reject
 from melshards.preprocess.shards import RollingFiles
 from melshards.preprocess.stash import load_clips, load_features
@@ -56,6 +55,16 @@ def written_counts(clips) -> Counter:
     return out
 
 
+def dropped_counts(dropped) -> Counter:
+    """The clips a batch's filter dropped, per ("dropped", "speaker" | "language", name, reason): the
+    speaker and language rows' `per_reason` in stats.json. `dropped`: (clip, reason) pairs."""
+    out: Counter[tuple] = Counter()
+    for clip, reason in dropped:
+        out[("dropped", "speaker", clip["speaker"], reason)] += 1
+        out[("dropped", "language", clip["language"], reason)] += 1
+    return out
+
+
 def analyse_again(clip: dict, cfg: PreprocessConfig, runner: extractors.Extractors | None = None) -> dict:
     """The audio features of a measured clip whose cache entry could not be read back, computed again
     from its audio (the same computation, so the same arrays; the mel as float16, as the cache holds it),
@@ -81,9 +90,8 @@ class _FilterAndWriteFn(beam.DoFn):
     and bucket, rolled at the target size); one dict per closed file at the end of the bundle.
 
     Dropped clips -> `rejected`; the training clips' mel moments, one per batch -> `moments`; what
-    the batch wrote per speaker and language, and what the quality rules dropped per speaker
-    (`quality_drops`) -> `written`. Each batch's clips and arrays are read back from its stash files
-    once.
+    the batch wrote and dropped per speaker and language -> `written`. Each batch's clips and arrays are read back
+    from its stash files once.
     """
 
     def __init__(self, out_dir: str, target_bytes: int, cfg: PreprocessConfig):
@@ -147,7 +155,7 @@ class _FilterAndWriteFn(beam.DoFn):
                 moments = moments.merge(clip["moments"])
         count("records_written", len(kept))
         yield beam.pvalue.TaggedOutput(MOMENTS, moments)
-        yield beam.pvalue.TaggedOutput(WRITTEN, written_counts(kept) + quality_drops(dropped))
+        yield beam.pvalue.TaggedOutput(WRITTEN, written_counts(kept) + dropped_counts(dropped))
         if self.cfg.features.pitch or self.cfg.features.energy or self.cfg.extractors:
             yield beam.pvalue.TaggedOutput(
                 FEATURE_STATS, feature_stats.batch_stats((c, c["feature_summary"]) for c in kept)
@@ -165,8 +173,8 @@ class FilterAndWrite(beam.PTransform):
 
     Returns {"parts": temp files written, "rejected": dropped clips, "moments": mel moments of each
     batch's kept training clips (one per batch, maybe empty), "written": the clips and milliseconds
-    written per speaker and language (`written_counts`) and the clips each quality rule dropped per
-    speaker (`quality_drops`), summed, "feature_stats": the pitch and energy
+    written per speaker and language (`written_counts`) and the clips the filter dropped per speaker
+    and language and reason (`dropped_counts`), summed, "feature_stats": the pitch and energy
     statistics per group (`feature_stats.batch_stats`, merged; empty when the run computes neither)}.
     """
 

@@ -6,6 +6,8 @@
   (`melshards.preprocess.tables`);
 - `QualityGate`: the speaking-rate bounds and the duplicate recordings the quality rules read
   (`melshards.preprocess.quality_rules`);
+- `QualityHistograms`: exact histograms of the quality measures of the measured clips, per corpus,
+  speaker and language (`melshards.preprocess.quality_stats`), for stats.json;
 - `MelStatistics`: per-bin mean/std of the mel for normalisation, merged from the writer's
   per-batch moments.
 
@@ -18,7 +20,7 @@ from collections import Counter
 
 import apache_beam as beam
 
-from melshards.preprocess import quality_rules, tables
+from melshards.preprocess import quality, quality_rules, quality_stats, tables
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.merge import INPUT
 from melshards.shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
@@ -56,6 +58,23 @@ class LengthHistograms(beam.PTransform):
 
     def expand(self, batches):
         return batches | "Histograms" >> beam.CombineGlobally(_HistogramsFn()).without_defaults()
+
+
+class QualityHistograms(beam.PTransform):
+    """Batches of measured clips -> one Counter (`quality_stats.measure_histograms`, summed): every
+    quality measure's exact histogram per corpus, speaker and language, before the filter."""
+
+    def __init__(self, cfg: PreprocessConfig):
+        super().__init__()
+        self.bins = quality.measure_bins(cfg.audio.sample_rate, cfg.mel.n_fft, cfg.quality.dnsmos)
+
+    def expand(self, batches):  # the read always emits a batch: no default needed
+        bins = self.bins
+        return (
+            batches
+            | "MeasureHists" >> beam.Map(lambda b: quality_stats.measure_histograms(b["clips"], bins))
+            | "SumMeasures" >> beam.CombineGlobally(merge_histograms).without_defaults()
+        )
 
 
 class _MomentsFn(beam.CombineFn):

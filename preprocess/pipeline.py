@@ -26,7 +26,14 @@ from melshards.preprocess.choose_buckets import ChooseBuckets
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import INPUT_ROWS, INPUTS, REJECTED, Corpus, ReadCorpus
 from melshards.preprocess.filter_and_write import FEATURE_STATS, MOMENTS, WRITTEN, FilterAndWrite
-from melshards.preprocess.global_stats import CorpusTables, LengthHistograms, MelStatistics, QualityGate, cutoffs_from
+from melshards.preprocess.global_stats import (
+    CorpusTables,
+    LengthHistograms,
+    MelStatistics,
+    QualityGate,
+    QualityHistograms,
+    cutoffs_from,
+)
 from melshards.preprocess.measure import STASHED, MeasureClips, cache_summary, merge_cache_summaries
 from melshards.preprocess.progress import progress_dir
 from melshards.preprocess.references import AttachReferences
@@ -62,6 +69,7 @@ def build_pipeline(
     corpus_tables = measured.clips | "CorpusTables" >> CorpusTables(cfg)
     cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, beam.pvalue.AsSingleton(corpus_tables), cfg)
     gate = measured.clips | "QualityGate" >> QualityGate(cfg)
+    quality_hists = measured.clips | "QualityHistograms" >> QualityHistograms(cfg)
     chosen = measured[STASHED] | "ChooseBuckets" >> ChooseBuckets(cutoffs, corpus_tables, gate, cfg)
     to_write = measured[STASHED]
     if cfg.reference.source == "other_clip":
@@ -86,4 +94,5 @@ def build_pipeline(
         "written": written[WRITTEN],
         "feature_stats": written[FEATURE_STATS],
         "cache": cache_used,
+        "quality": quality_hists,
     } | "Report" >> WriteReport(out_dir, cfg, cache_dir)

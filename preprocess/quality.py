@@ -52,6 +52,33 @@ UNITS: dict[str, str] = {
     "dnsmos_ovrl": "MOS (1-5)",
 }
 
+# Each measure's histogram grid in stats.json (`melshards.shards_schema.stats.measure_key`): keys per
+# unit and the side a value goes to, chosen so that its rule's bounds on the grid are answered exactly
+# (ceil for a rule dropping values above a bound, floor below). speaking_rate is the rate rule's own
+# key (`quality_rules.rate_key`: hundredths, rounded); bandwidth_hz is an STFT bin (`measure_bins`).
+GRIDS: dict[str, tuple[float, str]] = {
+    "speaking_rate": (100, "round"),
+    "longest_pause_s": (100, "ceil"),
+    "clipped_fraction": (100_000, "ceil"),
+    "clipped_run_max": (1, "exact"),
+    "snr_db": (10, "floor"),
+    "loudness_lufs": (10, "floor"),
+    "peak_dbfs": (10, "floor"),
+    "cer": (1000, "ceil"),
+    "asr_repeat": (1, "exact"),
+    "foreign_script_fraction": (1000, "ceil"),
+    "dnsmos_ovrl": (100, "floor"),
+}
+
+
+def measure_bins(sample_rate: int, n_fft: int, dnsmos: bool = False) -> dict[str, tuple[float, str]]:
+    """The (keys per unit, side) of the stats.json histogram of every measure a run computes: `GRIDS`
+    (dnsmos_ovrl only with `dnsmos`), and bandwidth_hz in STFT bins (n_fft / sample_rate keys per Hz:
+    its values are bin centres, so exact)."""
+    grids = {m: g for m, g in GRIDS.items() if dnsmos or m not in OPTIONAL_MEASURES}
+    return {**grids, "bandwidth_hz": (n_fft / sample_rate, "exact")}
+
+
 NAN = float("nan")
 CLIP_LEVEL = 0.99  # |sample| at or above this share of full scale counts as clipped
 PAUSE_BLOCK_S = 0.010  # the blocks a pause is measured in

@@ -16,8 +16,9 @@ Two kinds of rule:
 `duplicate_audio` (one recording under two ids, in one input or several) is decided from the groups
 of clips with one `audio_hash` (`duplicates_of`): the first by input order (the earliest --input,
 then its earliest row) is kept. `quality_rejection` applies them all
-to one clip and gives the reason with a detail naming the measure, its value and the bound;
-`quality_drops` counts what they dropped per speaker (stats.json `quality_dropped_by_speaker`).
+to one clip and gives the reason with a detail naming the measure, its value and the bound; the
+writer counts what they dropped per speaker (`filter_and_write.dropped_counts`; stats.json
+`quality_dropped_by_speaker` and `speakers[].per_reason`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from melshards.preprocess.config import QualityRulesConfig
-from melshards.shards_schema.stats import QUALITY_REASONS, percentile
+from melshards.shards_schema.stats import percentile
 
 RATE_SCALE = 100  # the rate histograms count rates in hundredths of a symbol per second
 CORPUS = "corpus"
@@ -95,19 +96,6 @@ def duplicates_of(members: Iterable[tuple[tuple, str]]) -> list[tuple[str, str]]
     ordered = sorted(members)
     kept = ordered[0][1]
     return [(clip_id, kept) for _, clip_id in ordered[1:]]
-
-
-QUALITY_DROPPED = "quality_dropped"  # `written`'s keys (QUALITY_DROPPED, speaker, reason): clips a quality rule dropped
-
-
-def quality_drops(dropped: Iterable[tuple[dict, str]]) -> Counter:
-    """(clip, the reason the filter dropped it) -> clips per (QUALITY_DROPPED, speaker, reason) for the
-    quality rules' reasons (`QUALITY_REASONS`); the other reasons are not counted here."""
-    out: Counter[tuple] = Counter()
-    for clip, reason in dropped:
-        if reason in QUALITY_REASONS:
-            out[(QUALITY_DROPPED, clip["speaker"], reason)] += 1
-    return out
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,7 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess import bucketing, cache, feature_stats
 from melshards.preprocess.config import MelConfig, PreprocessConfig
-from melshards.preprocess.quality_rules import QUALITY_DROPPED
+from melshards.preprocess.quality_stats import QualityFigures
 from melshards.preprocess.shards import TEMP_DIR, StagingFiles, remove_temp_dir
 from melshards.shards_schema import (
     REJECTED_FILE,
@@ -106,9 +106,20 @@ def bucket_groups(corpus_tables: dict, written: dict, bucket: int) -> dict[str, 
     return out
 
 
-def speaker_stats(corpus_tables: dict, written: dict, features: dict | None = None) -> list[dict]:
-    """stats.json `speakers`: the schema's table plus measured clips and clips per split (and voiced
-    f0 percentiles in runs with pitch); then the speakers dropped for too few clips (id null)."""
+def dropped_by_reason(written: dict, kind: str, name: str) -> dict[str, int]:
+    """A speaker's or language's clips the filter dropped, per reason (`filter_and_write.dropped_counts`),
+    most first."""
+    found = {key[3]: n for key, n in written.items() if key[:3] == ("dropped", kind, name)}
+    return dict(sorted(found.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def speaker_stats(
+    corpus_tables: dict, written: dict, features: dict | None = None, quality: QualityFigures | None = None
+) -> list[dict]:
+    """stats.json `speakers`: the schema's table plus measured clips and clips per split, the clips the
+    filter dropped per reason (and voiced f0 percentiles in runs with pitch; the quality measures'
+    percentiles and the rate rule's outliers per k with `quality`); then the speakers dropped for too
+    few clips (id null)."""
     pitch = (features or {}).get("pitch_percentiles", {})
     rows = [
         dict(
@@ -131,31 +142,42 @@ def speaker_stats(corpus_tables: dict, written: dict, features: dict | None = No
         }
         for name, n in sorted(corpus_tables["dropped_speakers"].items())
     ]
+    for row in rows:
+        row["per_reason"] = dropped_by_reason(written, "speaker", row["name"])
+        if quality is not None:
+            row.update(quality.speaker(row["name"]))
     return rows
 
 
 def quality_dropped_by_speaker(written: dict) -> dict[str, dict[str, int]]:
     """stats.json `quality_dropped_by_speaker`: speaker -> quality rule -> clips it dropped, from the
-    writer's counts (`quality_rules.quality_drops`); speakers in name order, each one's rules in
-    the order the filter tries them, only speakers and rules with a drop."""
+    writer's counts (`filter_and_write.dropped_counts`, the speakers' `per_reason` too); speakers in
+    name order, each one's rules in the order the filter tries them, only speakers and rules with a drop."""
     out: dict[str, dict[str, int]] = {}
     for key, n in written.items():
-        if key[0] == QUALITY_DROPPED and n:
-            out.setdefault(key[1], {})[key[2]] = n
+        if key[:2] == ("dropped", "speaker") and key[3] in QUALITY_REASONS and n:
+            out.setdefault(key[2], {})[key[3]] = n
     return {s: {r: out[s][r] for r in QUALITY_REASONS if r in out[s]} for s in sorted(out)}
 
 
 def language_stats(
-    corpus_tables: dict, written: dict, cutoffs: Cutoffs | None, features: dict | None = None
+    corpus_tables: dict,
+    written: dict,
+    cutoffs: Cutoffs | None,
+    features: dict | None = None,
+    quality: QualityFigures | None = None,
 ) -> list[dict]:
-    """stats.json `languages`: the schema's table plus each language's before-filter length summaries
-    and its text-length cut-off."""
+    """stats.json `languages`: the schema's table plus each language's before-filter length summaries,
+    its text-length cut-off, the clips the filter dropped per reason (and the quality measures' exact
+    histograms with `quality`)."""
     lengths = corpus_tables["language_lengths"]
     return [
         dict(
             dataclasses.asdict(x),
             before_filter=length_summaries(lengths.get(x.code, {})),
             max_text_len=cutoffs.text_limit(x.code) if cutoffs else None,
+            per_reason=dropped_by_reason(written, "language", x.code),
+            **(quality.language(x.code) if quality is not None else {}),
         )
         for x in schema_languages(corpus_tables, written, features)
     ]
@@ -176,9 +198,10 @@ def build_stats(
     written: dict | None = None,
     inputs: list[dict] | None = None,
     features: dict | None = None,
+    quality: QualityFigures | None = None,
 ) -> dict:
     """stats.json, checked against its declaration (StatsFile) before it is written; `features`:
-    `feature_stats.finish` (runs with pitch or energy)."""
+    `feature_stats.finish` (runs with pitch or energy); `quality`: the quality measures' figures."""
     stats = {
         "schema_version": SCHEMA_VERSION,
         "counts": {
@@ -202,9 +225,11 @@ def build_stats(
         "feature_stats": (features or {}).get("global", {}),
         "quality_dropped_by_speaker": quality_dropped_by_speaker(written or {}),
     }
+    if quality is not None:
+        stats["quality"] = quality.section()
     if corpus_tables is not None:
-        stats["speakers"] = speaker_stats(corpus_tables, written or {}, features)
-        stats["languages"] = language_stats(corpus_tables, written or {}, cutoffs, features)
+        stats["speakers"] = speaker_stats(corpus_tables, written or {}, features, quality)
+        stats["languages"] = language_stats(corpus_tables, written or {}, cutoffs, features, quality)
         stats["split"] = {
             "val_fraction": cfg.split.val_fraction,
             "val_speakers": list(cfg.split.val_speakers),
@@ -417,6 +442,7 @@ class _WriteReportFn(beam.DoFn):
         inputs,
         feature_groups,
         cache_use,
+        quality_hists,
     ):
         buckets, text = plan["buckets"], plan["text"]
         written = written[0] if written else {}  # none when no batch was written
@@ -438,6 +464,7 @@ class _WriteReportFn(beam.DoFn):
             written,
             inputs,
             features,
+            QualityFigures.of(quality_hists, self.cfg),
         )
         if self.cache_dir:  # what the feature cache gave, and the files this run used (for `cache prune`)
             use = cache_use[0] if cache_use else {"counts": {}, "files": set()}
@@ -490,5 +517,6 @@ class WriteReport(beam.PTransform):
                 inputs=S.AsSingleton(inputs["inputs"]),
                 feature_groups=S.AsList(inputs["feature_stats"]),
                 cache_use=S.AsList(inputs["cache"]),
+                quality_hists=S.AsSingleton(inputs["quality"]),
             )
         )

@@ -8,7 +8,10 @@ lengths, not the number of clips.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
@@ -86,6 +89,22 @@ def percentile(hist: Mapping[int, int], q: float) -> int:
     return values[-1]
 
 
+def percentiles(hist: Mapping[int, int], qs: Iterable[float]) -> dict[float, int]:
+    """`percentile` of `hist` at each of `qs`, the histogram sorted once (the same values)."""
+    if not hist:
+        raise ValueError("percentile of an empty histogram")
+    values = sorted(hist)
+    cumulative = list(itertools.accumulate(hist[v] for v in values))
+    n = cumulative[-1]
+    out = {}
+    for q in qs:
+        if not 0 <= q <= 100:
+            raise ValueError(f"percentile {q} outside [0, 100]")
+        i = 0 if q == 0 else bisect.bisect_left(cumulative, q / 100.0 * n - 1e-9 * n)
+        out[q] = values[min(i, len(values) - 1)]
+    return out
+
+
 def summarize(hist: Mapping[int, int], scale: float = 1.0) -> dict:
     """Count, mean, min/max and the report percentiles of a histogram, values multiplied by `scale`."""
     n = sum(hist.values())
@@ -99,11 +118,77 @@ def summarize(hist: Mapping[int, int], scale: float = 1.0) -> dict:
     }
 
 
+def summarize_measure(hist: Mapping[int, int], scale: float, qs: Iterable[float] = REPORT_PERCENTILES) -> dict:
+    """`summarize` of a quality measure's histogram (keys: values x `scale`, `measure_key`) in the measure's
+    own units, at the percentiles `qs`: each percentile an observed key / scale, rounded to 6 places."""
+    n = sum(hist.values())
+    if n == 0:
+        return {"count": 0, "mean": None, "percentiles": {}}
+    return {
+        "count": n,
+        "mean": round(sum(v * c for v, c in hist.items()) / n / scale, 6),
+        "percentiles": {pkey(q): round(v / scale, 6) for q, v in percentiles(hist, qs).items()},
+    }
+
+
 def merge_histograms(hists: Iterable[Mapping[int, int]]) -> Counter:
     out: Counter = Counter()
     for h in hists:
         out.update(h)
     return out
+
+
+# -- quality measures: exact histograms on a declared grid ------------------------------------------
+# A measure's value v is counted under the integer key side(v x scale) (`measure_key`): keys per unit
+# `scale`, and `side` says which values share a key, so which bounds a histogram answers exactly:
+#   floor: key k holds [k, k+1) / scale    (for a rule that drops values below a bound)
+#   ceil:  key k holds (k-1, k] / scale    (for a rule that drops values above a bound)
+#   round: key k holds about [k-1/2, k+1/2] / scale
+#   exact: key k holds k / scale only      (the measure takes values on the grid)
+MEASURE_SIDES = ("floor", "ceil", "round", "exact")
+GRID_TOLERANCE = 1e-6  # of a key: v x scale this close to an integer is on the grid (float noise)
+
+
+def measure_key(value: float, scale: float, side: str) -> int:
+    """A measure's value as its histogram key (see MEASURE_SIDES); not for NaN."""
+    x = value * scale
+    if side == "floor":
+        return math.floor(x + GRID_TOLERANCE)
+    if side == "ceil":
+        return math.ceil(x - GRID_TOLERANCE)
+    if side in ("round", "exact"):
+        return int(round(x))
+    raise ValueError(f"side {side!r} is not one of {MEASURE_SIDES}")
+
+
+def _key_range(k: int, side: str) -> tuple[float, bool, float, bool]:
+    """(low, low open, high, high open) of the values (in keys) key k holds."""
+    if side == "floor":
+        return k, False, k + 1, True
+    if side == "ceil":
+        return k - 1, True, k, False
+    if side == "round":
+        return k - 0.5, False, k + 0.5, False
+    return k, False, k, False
+
+
+def count_beyond(hist: Mapping[int, int], scale: float, side: str, bound: float, above: bool) -> tuple[int, int]:
+    """(least, most) clips of a measure's histogram whose value is above `bound` (`above`; else below it),
+    in the measure's units: `least` counts the keys whose every value is beyond, `most` adds the key
+    whose values lie on both sides. Equal (exact) when the bound is on the histogram's grid."""
+    b = bound * scale
+    if abs(b - round(b)) < GRID_TOLERANCE:
+        b = float(round(b))
+    least = most = 0
+    for k, c in hist.items():
+        lo, lo_open, hi, hi_open = _key_range(k, side)
+        if above:
+            surely, maybe = lo > b or (lo == b and lo_open), hi > b
+        else:
+            surely, maybe = hi < b or (hi == b and hi_open), lo < b
+        least += c if surely else 0
+        most += c if maybe else 0
+    return least, most
 
 
 def round_up(n: int, multiple: int) -> int:

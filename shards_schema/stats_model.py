@@ -9,7 +9,10 @@ has the filter settings, the padding, the three before-filter histograms the wha
 the speaker and language tables with the validation split; a run that rejected every row has none of
 them (or empty tables). The tables add up too: the speakers' clips sum to in_shards and their per_split
 to counts.per_split, the languages' clips sum to in_shards, and ids run 0..N-1 in order (speakers
-dropped by filter.min_speaker_clips, id null, last).
+dropped by filter.min_speaker_clips, id null, last). The quality figures (`quality`, and the speaker and
+language rows' `quality`, `per_reason`, `rate_outliers`; absent from runs made before them) add up too:
+a histogram sums to its count, a speaker's measures count its clips measured, the speakers' clips
+dropped per filter reason sum to counts.per_reason, and every measure has its grid in quality.measures.
 
 `stats_problem` turns the first validation error into one sentence naming the field's dotted path
 ("counts.input_rows is a string ('56'), not an integer"). Only pydantic is imported here.
@@ -35,7 +38,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from melshards.shards_schema.stats import FILTER_REASONS, LENGTH_KEYS, QUALITY_REASONS
+from melshards.shards_schema.stats import FILTER_REASONS, LENGTH_KEYS, MEASURE_SIDES, QUALITY_REASONS
 
 Count = Annotated[StrictInt, Field(ge=0)]  # a negative count is "a negative count", not a type error
 Number = StrictFloat  # an int is a number too; a bool or a string is not
@@ -58,6 +61,17 @@ def _int_or_str(value: Any) -> int | str:
 
 
 IntOrStr = Annotated[Any, PlainValidator(_int_or_str)]
+RULE_VALUE = "rule_value_type"
+
+
+def _rule_value(value: Any) -> float | bool | None:
+    """A quality rule's setting: a number, a boolean (`duplicates`) or null (the rule off)."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    raise PydanticCustomError(RULE_VALUE, "not a number, a boolean or null")
+
+
+RuleValue = Annotated[Any, PlainValidator(_rule_value)]
 
 
 class _Section(BaseModel):
@@ -229,6 +243,59 @@ class PitchPercentiles(_Section):
     percentiles: dict[str, Number]
 
 
+class MeasureFigures(_Section):
+    """One quality measure over one group's clips measured, before the filter
+    (`melshards.preprocess.quality_stats.figures`): clips with a value (`count`) and without (NaN:
+    `not_measured`), mean and percentiles in the measure's units, and (corpus and languages) the exact
+    histogram: key (value x scale, on the measure's side) -> clips, summing to `count`."""
+
+    count: Count
+    not_measured: Count
+    mean: Number | None = None
+    percentiles: dict[str, Number]
+    histogram: Histogram | None = None
+
+    @model_validator(mode="after")
+    def _adds_up(self) -> MeasureFigures:
+        if self.histogram is not None and sum(self.histogram.values()) != self.count:
+            raise _problem(f"a quality histogram sums to {sum(self.histogram.values())}, but its count is {self.count}")
+        return self
+
+
+class MeasureGrid(_Section):
+    """How a measure's values are counted (`melshards.shards_schema.stats.measure_key`)."""
+
+    unit: StrictStr
+    scale: Annotated[Number, Field(gt=0)]  # keys per unit
+    side: Literal[MEASURE_SIDES]  # type: ignore[valid-type]
+
+
+class RateOutliers(_Section):
+    """Clips outside the speaking-rate rule's bounds at k, as (least, most): equal but for clips within
+    half a histogram key of a bound."""
+
+    k: Number
+    least: Count
+    most: Count
+
+    @model_validator(mode="after")
+    def _ordered(self) -> RateOutliers:
+        if self.least > self.most:
+            raise _problem(f"rate outliers at k={self.k}: least {self.least} is more than most {self.most}")
+        return self
+
+
+class Quality(_Section):
+    """stats.json `quality` (`melshards.preprocess.quality_stats.QualityFigures.section`): the quality
+    measures over the clips measured, before the filter, with the rules as the run had them."""
+
+    measures: dict[str, MeasureGrid]
+    rules: dict[str, RuleValue]  # the config's quality_rules section
+    sample_rate: StrictInt
+    per_measure: dict[str, MeasureFigures] = Field(alias="global")
+    rate_what_if: list[RateOutliers] = []
+
+
 class SpeakerRow(_Section):
     """`melshards.preprocess.report.speaker_stats`: one speaker; id null when filter.min_speaker_clips
     dropped it (then it has no clips in the shards)."""
@@ -242,6 +309,9 @@ class SpeakerRow(_Section):
     per_split: dict[str, Count]  # split -> clips in the shards
     stats: dict[str, FeatureMoments] = {}  # pitch, energy: as in schema.json (runs with those features)
     pitch: PitchPercentiles | None = None  # runs with pitch
+    per_reason: dict[str, Count] | None = None  # its clips the filter dropped, per reason (absent from older runs)
+    quality: dict[str, MeasureFigures] | None = None  # runs with quality measures: percentiles, no histogram
+    rate_outliers: list[RateOutliers] = []
 
 
 class TextFrontend(_Section):
@@ -263,6 +333,8 @@ class LanguageRow(_Section):
     before_filter: LengthSummaries
     max_text_len: StrictInt | None = None
     stats: dict[str, FeatureMoments] = {}
+    per_reason: dict[str, Count] | None = None  # its clips the filter dropped, per reason
+    quality: dict[str, MeasureFigures] | None = None  # runs with quality measures: with the exact histograms
 
 
 class Split(_Section):
@@ -340,6 +412,37 @@ def speakers_problem(speakers: list[SpeakerRow], counts: Counts) -> str | None:
     return None
 
 
+def quality_problem(stats: StatsFile) -> str | None:
+    """The quality figures against the rest: each speaker's measures count its clips measured (with a
+    value or without), the speakers' clips dropped per filter reason sum to counts.per_reason, and every
+    measure a table holds has its grid in quality.measures."""
+    speakers, languages = stats.speakers or [], stats.languages or []
+    if speakers and all(s.per_reason is not None for s in speakers):
+        for reason in FILTER_REASONS:
+            total = sum((s.per_reason or {}).get(reason, 0) for s in speakers)
+            if total != stats.counts.per_reason.get(reason, 0):
+                return (
+                    f"speakers' per_reason.{reason} sums to {total}, but counts.per_reason.{reason} is "
+                    f"{stats.counts.per_reason.get(reason, 0)}"
+                )
+    for i, s in enumerate(speakers):
+        for m, f in (s.quality or {}).items():
+            if f.count + f.not_measured != s.measured:
+                return (
+                    f"speakers.{i}.quality.{m} counts {f.count} + {f.not_measured} not measured clips, but "
+                    f"speakers.{i}.measured is {s.measured}"
+                )
+    grids = set(stats.quality.measures) if stats.quality else set()
+    tables = [("quality.global", stats.quality.per_measure if stats.quality else {})]
+    tables += [(f"speakers.{i}.quality", s.quality or {}) for i, s in enumerate(speakers)]
+    tables += [(f"languages.{i}.quality", x.quality or {}) for i, x in enumerate(languages)]
+    for where, table in tables:
+        unknown = sorted(set(table) - grids)
+        if unknown:
+            return f"{where}.{unknown[0]} has no grid in quality.measures"
+    return None
+
+
 def languages_problem(languages: list[LanguageRow], counts: Counts, cutoffs: Cutoffs | None) -> str | None:
     """The language table against the counts and the cut-offs: ids, unique codes, clips adding up to
     the clips in the shards, and each language's text-length cut-off as the cut-offs give it."""
@@ -388,6 +491,7 @@ class StatsFile(_Section):
     features: list[StrictStr] = []  # the optional features the records hold (schema.OPTIONAL_FEATURES)
     cache: dict[str, Any] | None = None  # runs with --cache: {dir, hits, computed, damaged, damaged_files, files_used}
     feature_stats: dict[str, FeatureMoments] = {}  # global pitch and energy statistics (training split)
+    quality: Quality | None = None  # the quality measures' figures (absent from runs made before them)
     # speaker -> quality rule (QUALITY_REASONS) -> clips it dropped, speakers with a drop only; absent
     # from runs made before it was counted (`melshards.preprocess.report.quality_dropped_by_speaker`)
     quality_dropped_by_speaker: dict[StrictStr, dict[StrictStr, Count]] | None = None
@@ -422,8 +526,10 @@ class StatsFile(_Section):
     @model_validator(mode="after")
     def _tables_add_up(self) -> StatsFile:
         """The speaker and language tables against the counts (and each other's ids), whenever present."""
-        problem = (self.speakers is not None and speakers_problem(self.speakers, self.counts)) or (
-            self.languages is not None and languages_problem(self.languages, self.counts, self.cutoffs)
+        problem = (
+            (self.speakers is not None and speakers_problem(self.speakers, self.counts))
+            or (self.languages is not None and languages_problem(self.languages, self.counts, self.cutoffs))
+            or quality_problem(self)
         )
         if problem:
             raise _problem(problem)
@@ -468,6 +574,7 @@ _KINDS = {
     "model_type": "an object",
     "model_attributes_type": "an object",
     INT_OR_STR: "an integer or a string",
+    RULE_VALUE: "a number, a boolean or null",
 }
 
 

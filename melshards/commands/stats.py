@@ -69,6 +69,10 @@ def terminal_report(report: dict) -> str:
             "",
         ]
     parts += ["What-if: other upper cut-offs (one shape)", whatif_table(report)]
+    if report.get("quality") is not None:
+        from melshards.reports.quality_tables import quality_table
+
+        parts += ["", "Quality measures (percentiles of the clips measured, before the filter)", quality_table(report)]
     return "\n".join(parts)
 
 
@@ -196,6 +200,6 @@ def stats_command(
     if html_path:
         from melshards.reports.html_report import render_html
 
-        write_html(html_path, render_html(report, run.stats["histograms"], other, by))
+        write_html(html_path, render_html(report, run.stats["histograms"], other, by, run.stats.get("quality")))
         # stderr, so that `--json --html r.html > figures.json` stays valid JSON
         click.echo(f"wrote {html_path}", err=True)

@@ -3,6 +3,8 @@
 - `stats_json_tables`: the tables of a run's stats.json as the job wrote it (percentiles, counts,
   padding, buckets) and the plain-text renderer; printed after `melshards preprocess` and by `melshards stats`.
 - `whatif`: what another upper cut-off would cost, computed from the exact before-filter histograms.
+- `quality_tables`: the quality measures' figures, the clips each quality rule dropped, and what other
+  bounds would drop, from stats.json's exact histograms of the measures.
 - `stats_report`: loads a finished run (stats.json, schema.json, rejected.jsonl) and gathers every figure
   `melshards stats` shows into one dict (its `--json` output).
 - `stats_report_tables`: the tables only that report has: what-if cut-offs, rejection reasons with

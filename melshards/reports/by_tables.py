@@ -7,10 +7,12 @@ by `melshards.reports.html_report`. They read the `speakers` and `languages` fig
 
 from __future__ import annotations
 
+from melshards.reports.quality_tables import group_quality_rows, has_quality
 from melshards.reports.stats_json_tables import COLUMNS, Table, render
 from melshards.reports.stats_json_tables import _fmt as number
 from melshards.reports.stats_report import VIEWS
 from melshards.shards_schema import SPLITS
+from melshards.shards_schema.stats import QUALITY_REASONS
 
 TOP = 50  # speakers (or compared rows) in a table; --json lists all
 NAMES_SHOWN = 5  # names listed in a summary line before "..."
@@ -174,15 +176,43 @@ def language_table(report: dict) -> str:
     )
 
 
+QUALITY_TITLE = (
+    "Quality per {what} (percentiles of its clips measured, before the filter; then the clips the filter "
+    "dropped, per reason{rate})"
+)
+
+
+def by_quality_rows(report: dict, by: str, top: int = TOP) -> Table | None:
+    """The quality table of a `--by` view (the same rows as its first table, the top `top` speakers), or
+    None for a stats.json without quality figures."""
+    rows = report[VIEWS[by]]["rows"][:top]
+    if not has_quality(rows):
+        return None
+    k = (report.get("quality") or {}).get("rate_iqr_k")
+    return group_quality_rows(rows, "name" if by == "speaker" else "code", k)
+
+
+def by_quality_title(report: dict, by: str) -> str:
+    k = (report.get("quality") or {}).get("rate_iqr_k")
+    rate = f"; rate out = clips outside the speaking-rate bounds at k={k:g}" if by == "speaker" and k else ""
+    return QUALITY_TITLE.format(what=by, rate=rate)
+
+
 def by_table(report: dict, by: str) -> str:
     """The terminal output of `--by`."""
     if by == "speaker":
-        return "\n".join(
-            [f"stats of {report['source']}", "", "Speakers (most hours in the shards first)", speaker_table(report)]
-        )
-    return "\n".join(
-        [f"stats of {report['source']}", "", "Languages (clips and hours in the shards)", language_table(report)]
-    )
+        parts = [f"stats of {report['source']}", "", "Speakers (most hours in the shards first)", speaker_table(report)]
+    else:
+        parts = [
+            f"stats of {report['source']}",
+            "",
+            "Languages (clips and hours in the shards)",
+            language_table(report),
+        ]
+    table = by_quality_rows(report, by)
+    if table is not None:
+        parts += ["", by_quality_title(report, by), render(*table, left=1)]
+    return "\n".join(parts)
 
 
 # -- two runs, per speaker or language ---------------------------------------------------------------
@@ -199,6 +229,7 @@ def compare_by_rows(a: dict, b: dict, by: str, top: int = TOP) -> tuple[Table, i
         return x.get("clips", 0), y.get("clips", 0), x.get("hours", 0.0), y.get("hours", 0.0)
 
     names.sort(key=lambda n: (-abs(figures(n)[3] - figures(n)[2]), -abs(figures(n)[1] - figures(n)[0]), n))
+    drops = any(r.get("per_reason") is not None for r in (*ra.values(), *rb.values()))
     rows = []
     for n in names[:top]:
         ca, cb, ha, hb = figures(n)
@@ -211,19 +242,27 @@ def compare_by_rows(a: dict, b: dict, by: str, top: int = TOP) -> tuple[Table, i
                 hours(ha) if n in ra else "-",
                 hours(hb) if n in rb else "-",
                 f"{hb - ha:+.3f}",
+                *((quality_dropped(ra.get(n)), quality_dropped(rb.get(n))) if drops else ()),
             ]
         )
-    return (
-        ["speaker" if by == "speaker" else "language", "clips A", "clips B", "B-A", "hours A", "hours B", "B-A"],
-        rows,
-    ), max(0, len(names) - top)
+    header = ["speaker" if by == "speaker" else "language", "clips A", "clips B", "B-A", "hours A", "hours B", "B-A"]
+    return (header + (["quality drops A", "quality drops B"] if drops else []), rows), max(0, len(names) - top)
+
+
+def quality_dropped(row: dict | None) -> str:
+    """The clips the quality rules dropped from a speaker or language (its `per_reason`), or - (not in
+    the run, or a stats.json without the counts)."""
+    if row is None or row.get("per_reason") is None:
+        return "-"
+    return str(sum(n for r, n in row["per_reason"].items() if r in QUALITY_REASONS))
 
 
 def compare_by_table(a: dict, b: dict, by: str, top: int = TOP) -> str:
     (header, rows), left = compare_by_rows(a, b, by, top)
     more = f"\n{left} more with smaller changes not shown; --json lists all" if left else ""
     what = "speaker" if by == "speaker" else "language"
+    drops = "; quality drops = clips the quality rules dropped" if "quality drops A" in header else ""
     return (
         f"A = {a['source']}\nB = {b['source']}\nClips and hours per {what} (largest change in hours first; "
-        f"- = not in that run)\n" + render(header, rows, left=1) + more
+        f"- = not in that run{drops})\n" + render(header, rows, left=1) + more
     )

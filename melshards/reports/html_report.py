@@ -14,12 +14,22 @@ from matplotlib.figure import Figure
 
 from melshards.reports.by_tables import (
     TOP,
+    by_quality_rows,
+    by_quality_title,
     compare_by_rows,
     corpus_line,
     language_length_rows,
     language_rows,
     speaker_notes,
     speaker_rows,
+)
+from melshards.reports.quality_tables import (
+    RULE_OF,
+    bound_whatif_rows,
+    measure_rows,
+    quality_notes,
+    rate_notes,
+    rate_whatif_rows,
 )
 from melshards.reports.stats_json_tables import (
     Table,
@@ -149,6 +159,71 @@ def whatif_figure(report: dict) -> Figure:
     return fig
 
 
+def quality_figure(report: dict, quality: dict) -> Figure:
+    """One panel per quality measure with values: its exact histogram over the clips measured (before the
+    filter), drawn in 40 bars over its range, and the run's bound of its rule (solid red) where it is on."""
+    measures = [
+        m
+        for m in report["quality"]["measures"]
+        if m["count"] and quality["global"].get(m["measure"], {}).get("histogram")
+    ]
+    cols = 4
+    rows = max(1, -(-len(measures) // cols))
+    fig = Figure(figsize=(13, 2.6 * rows), dpi=100, layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax in axes[len(measures) :]:
+        ax.set_visible(False)
+    for ax, m in zip(axes, measures):
+        name = m["measure"]
+        scale = quality["measures"][name]["scale"]
+        hist = int_hist(quality["global"][name]["histogram"])
+        values = [k / scale for k in hist]
+        bound = quality_bound(m, quality)
+        lo, hi = (
+            min(values + ([bound] if bound is not None else [])),
+            max(values + ([bound] if bound is not None else [])),
+        )
+        bins = [lo + (hi - lo) * i / 40 for i in range(41)] if hi > lo else 1
+        ax.hist(values, bins=bins, weights=list(hist.values()), color=BEFORE)
+        if bound is not None:
+            ax.axvline(bound, color=CUT, linewidth=1.2, label=f"{m['rule']} bound {bound:g}")
+            ax.legend(fontsize=7, frameon=False)
+        ax.set_title(f"{name} ({m['unit']})", fontsize=9)
+        ax.set_ylabel("clips", fontsize=8)
+        ax.tick_params(labelsize=7)
+    return fig
+
+
+def quality_bound(m: dict, quality: dict) -> float | None:
+    """The run's bound of a measure's absolute rule in the measure's units, or None (no rule, or off)."""
+    rule = RULE_OF.get(m["measure"])
+    if rule is None or m["setting"] is None:
+        return None
+    return float(m["setting"]) * (quality["sample_rate"] / 2 if rule.of_nyquist else 1.0)
+
+
+def quality_section(report: dict, quality: dict) -> list[str]:
+    """The quality measures: the plot, the measure table, the what-if tables and their notes."""
+    q = report["quality"]
+    parts = [
+        "<h2>Quality measures</h2>",
+        _img(quality_figure(report, quality), "histograms of the quality measures"),
+        _notes(["Grey: every clip measured (before filtering); red: the run's bound of the measure's rule."]),
+        _table(measure_rows(report)),
+        _notes(quality_notes(report)),
+        "<h2>What if the quality bounds were different</h2>",
+        _table(bound_whatif_rows(report)),
+        _notes(["Each rule alone, over the clips measured with a value; * the run's bound."]),
+    ]
+    if q["rate_what_if"]:
+        parts += [
+            "<h3>The speaking-rate rule at other k</h3>",
+            _table(rate_whatif_rows(report)),
+            _notes(rate_notes(report)),
+        ]
+    return parts
+
+
 def hours_figure(rows: list[dict], label_key: str, top: int = TOP) -> Figure:
     """Horizontal bars: hours in the shards of the first `top` rows (speakers, most hours first), top down;
     the title says how many rows are left out."""
@@ -165,9 +240,40 @@ def hours_figure(rows: list[dict], label_key: str, top: int = TOP) -> Figure:
     return fig
 
 
+def rate_spread_figure(rows: list[dict], top: int = TOP) -> Figure:
+    """Per speaker (the first `top` rows, top down): its speaking rate's p25..p75 as a bar, p5..p95 as a
+    line and p50 as a tick, over its clips measured; the per-speaker rate rule judges each clip against
+    its own speaker's quartiles."""
+    shown = [r for r in rows if "speaking_rate" in (r.get("quality") or {})][:top]
+    fig = Figure(figsize=(8, 0.8 + 0.22 * max(len(shown), 1)), dpi=100, layout="constrained")
+    ax = fig.subplots()
+    for i, r in enumerate(shown):
+        p = r["quality"]["speaking_rate"]["percentiles"]
+        if not p:
+            continue
+        ax.plot([p["p5"], p["p95"]], [i, i], color=BEFORE, linewidth=1)
+        ax.barh(i, p["p75"] - p["p25"], left=p["p25"], height=0.6, color=AFTER)
+        ax.plot([p["p50"]], [i], "|", color=CUT, markersize=9)
+    ax.set_yticks(range(len(shown)), [str(r["name"]) for r in shown], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel("speaking rate, symbols/s (bar p25..p75, line p5..p95, tick p50; clips measured)", fontsize=9)
+    ax.tick_params(axis="x", labelsize=8)
+    return fig
+
+
 def by_section(report: dict, by: str) -> list[str]:
     """`--by speaker`: the bar chart of hours per speaker (top `TOP`), the table and its notes;
-    `--by language`: the language table and the lengths per language."""
+    `--by language`: the language table and the lengths per language; then the quality per speaker or
+    language where stats.json has it."""
+    table = by_quality_rows(report, by)
+    quality = [] if table is None else [f"<h3>{html.escape(by_quality_title(report, by))}</h3>", _table(table)]
+    rows = report["speakers"]["rows"] if by == "speaker" and table is not None else []
+    if any("speaking_rate" in (r.get("quality") or {}) for r in rows):
+        quality.append(_img(rate_spread_figure(rows), f"speaking rate per speaker, top {TOP}"))
+    return by_view(report, by) + quality
+
+
+def by_view(report: dict, by: str) -> list[str]:
     if by == "speaker":
         v = report["speakers"]
         if not v["rows"]:
@@ -216,9 +322,12 @@ def _notes(lines: list[str]) -> str:
     return "".join(f'<p class="note">{html.escape(line)}</p>' for line in lines)
 
 
-def render_html(report: dict, histograms: dict, other: dict | None = None, by: str | None = None) -> str:
+def render_html(
+    report: dict, histograms: dict, other: dict | None = None, by: str | None = None, quality: dict | None = None
+) -> str:
     """The whole report as one HTML document; `other` adds the comparison with a second run, `by`
-    ("speaker" or "language") the section of that view (compared too, with `other`)."""
+    ("speaker" or "language") the section of that view (compared too, with `other`); `quality` (stats.json's
+    section) the quality measures' plots and tables."""
     c, pad = report["counts"], report["padding"]
     e = html.escape
     parts = [
@@ -274,6 +383,8 @@ def render_html(report: dict, histograms: dict, other: dict | None = None, by: s
             _notes(whatif_notes(report)),
             _img(whatif_figure(report), "clips kept and padding per cut-off"),
         ]
+    if quality and report.get("quality") is not None:
+        parts += quality_section(report, quality)
     parts += [
         "<h2>Percentiles</h2>",
         _table(percentile_rows(report)),

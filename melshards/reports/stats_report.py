@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from apache_beam.io.filesystems import FileSystems
 
+from melshards.reports.quality_tables import quality_report
 from melshards.reports.whatif import DEFAULT_WHAT_IF, WhatIf, batch_bytes, int_hist, what_if_table
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, SCHEMA_VERSION, SPLITS, STATS_FILE, Schema, SchemaError
 from melshards.shards_schema.shards import dir_of
@@ -168,6 +169,11 @@ def length_spread(summary: dict) -> dict:
     return {"count": summary["count"], **{label: summary["percentiles"].get(q) for label, q in SPREAD}}
 
 
+def measure_summaries(quality: dict) -> dict:
+    """A language's quality figures without their histograms (stats.json keeps those)."""
+    return {m: {k: v for k, v in f.items() if k != "histogram"} for m, f in quality.items()}
+
+
 def language_figures(languages: list[dict]) -> dict:
     """`--by language`: every language in id order, its front end, clips and hours in the shards, its
     text-length cut-off and the spread of its lengths before the filter."""
@@ -183,6 +189,8 @@ def language_figures(languages: list[dict]) -> dict:
                 "measured": x["before_filter"]["text_len"]["count"],
                 "max_text_len": x.get("max_text_len"),
                 "before_filter": {k: length_spread(x["before_filter"][k]) for k in LENGTHS},
+                **({"per_reason": x["per_reason"]} if x.get("per_reason") is not None else {}),
+                **({"quality": measure_summaries(x["quality"])} if x.get("quality") else {}),
             }
             for x in languages
         ],
@@ -230,4 +238,5 @@ def build_report(
         "speakers": speaker_figures(s.get("speakers") or [], s.get("split")),
         "languages": language_figures(s.get("languages") or []),
         "inputs": s.get("inputs") or [],
+        "quality": quality_report(s),
     }

@@ -169,7 +169,31 @@ def compare_rows(a: dict, b: dict) -> Table:
     for r in reasons:
         va, vb = a["counts"]["per_reason"].get(r, 0), b["counts"]["per_reason"].get(r, 0)
         rows.append([f"reason {r}", str(va), str(vb), f"{vb - va:+d}"])
-    return ["figure", "A", "B", "B-A"], rows
+    return ["figure", "A", "B", "B-A"], rows + quality_compare_rows(a, b)
+
+
+COMPARED_PERCENTILES = ("p5", "p50", "p95")
+
+
+def quality_compare_rows(a: dict, b: dict) -> list[list[str]]:
+    """Per quality measure either run has: its clips with a value and p5, p50, p95 in A and B (before the
+    filter); `-` where a run has no figure (a stats.json from before the quality measures)."""
+    qa, qb = ({m["measure"]: m for m in (r.get("quality") or {}).get("measures", [])} for r in (a, b))
+    rows = []
+    for m in dict.fromkeys([*qa, *qb]):
+        x, y = qa.get(m, {}), qb.get(m, {})
+        rows.append(
+            [
+                f"quality {m} clips",
+                _format(x.get("count"), "int"),
+                _format(y.get("count"), "int"),
+                _delta(x.get("count"), y.get("count"), "int"),
+            ]
+        )
+        for q in COMPARED_PERCENTILES:
+            va, vb = x.get("percentiles", {}).get(q), y.get("percentiles", {}).get(q)
+            rows.append([f"quality {m} {q}", _format(va, "float"), _format(vb, "float"), _delta(va, vb, "float")])
+    return rows
 
 
 def compare_table(a: dict, b: dict) -> str:

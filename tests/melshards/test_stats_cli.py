@@ -144,12 +144,20 @@ def test_html_report_is_self_contained_and_holds_the_plots(shards_dir, tmp_path)
     page = out.read_text()
     # nothing fetched from elsewhere: every src is an embedded image, no links, scripts or style sheets
     sources = re.findall(r'src="([^"]*)"', page)
-    assert len(sources) == 2  # the histograms and the what-if plot
+    assert len(sources) == 3  # the histograms, the what-if plot and the quality measures
     for src in sources:
         assert src.startswith("data:image/png;base64,")
         assert base64.b64decode(src.split(",", 1)[1]).startswith(b"\x89PNG\r\n\x1a\n")
     assert not re.search(r"https?://|<link|<script|url\(", page)
-    for text in ("Length distributions", "What if", "Percentiles", "LJT003-0001", "mel_frames_above_cutoff", "p95 *"):
+    for text in (
+        "Length distributions",
+        "What if",
+        "Percentiles",
+        "LJT003-0001",
+        "mel_frames_above_cutoff",
+        "p95 *",
+        "Quality measures",
+    ):
         assert text in page
 
 

@@ -19,10 +19,11 @@ from benchmarks import quality_faults
 from melshards.preprocess import quality_rules
 from melshards.preprocess.clips import filter_rejection
 from melshards.preprocess.config import QualityRulesConfig
+from melshards.preprocess.filter_and_write import dropped_counts
 from melshards.preprocess.global_stats import DuplicateAudio
 from melshards.preprocess.merge import MergedInputs
 from melshards.preprocess.quality import MEASURES
-from melshards.preprocess.quality_rules import QualityGate, quality_drops, quality_rejection
+from melshards.preprocess.quality_rules import QualityGate, quality_rejection
 from melshards.preprocess.report import quality_dropped_by_speaker
 from melshards.preprocess.rows import row
 from melshards.preprocess.spill import Spill
@@ -180,6 +181,27 @@ def test_a_duplicate_names_the_clip_kept_and_the_counts_add_up(fault_run):
     assert counts["per_reason"]["duplicate_audio"] == 1
 
 
+def test_stats_json_holds_the_quality_figures_and_each_speakers_drops_per_rule(fault_run):
+    from collections import Counter
+
+    from melshards.reports.quality_tables import quality_report
+    from melshards.shards_schema.stats import FILTER_REASONS
+
+    _, rejected, stats, _ = fault_run
+    (speaker,) = stats["speakers"]
+    assert speaker["per_reason"] == dict(Counter(r["reason"] for r in rejected if r["reason"] in FILTER_REASONS))
+    snr = stats["quality"]["global"]["snr_db"]
+    assert (
+        snr["count"] + snr["not_measured"]
+        == speaker["measured"]
+        == sum(snr["histogram"].values()) + snr["not_measured"]
+    )
+    assert stats["quality"]["global"]["cer"]["count"] >= 1  # the rows with an asr_text
+    noisy = next(w for w in quality_report(stats)["what_if"] if w["rule"] == "noisy")["rows"]
+    job = next(r for r in noisy if r["is_job"])
+    assert job["least"] == job["most"] >= stats["counts"]["per_reason"]["noisy"] == 1
+
+
 # The measure each rule reads, as its rejected.jsonl detail names it: "measure=value <op> bound".
 DETAIL = {
     "clipped": r"clipped_fraction=[0-9.]+ > 0\.001",
@@ -213,9 +235,10 @@ def test_the_summary_says_what_each_rule_dropped_from_a_speaker_losing_many(faul
 
 
 def test_quality_drops_are_counted_per_speaker_and_rule_from_the_filters_reasons():
-    dropped = [({"speaker": "a"}, "noisy"), ({"speaker": "a"}, "noisy"), ({"speaker": "b"}, "clipped")]
-    dropped += [({"speaker": "a"}, "too_short")]  # not a quality rule
-    counts = quality_drops(dropped) + Counter({("speaker", "a", "clips"): 4})
+    a, b = {"speaker": "a", "language": "en"}, {"speaker": "b", "language": "en"}
+    dropped = [(a, "noisy"), (a, "noisy"), (b, "clipped")]
+    dropped += [(a, "too_short")]  # not a quality rule
+    counts = dropped_counts(dropped) + Counter({("speaker", "a", "clips"): 4})
     assert quality_dropped_by_speaker(counts) == {"a": {"noisy": 2}, "b": {"clipped": 1}}
 
 

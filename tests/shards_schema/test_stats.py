@@ -7,10 +7,14 @@ from melshards.shards_schema.stats import (
     Cutoffs,
     Moments,
     compute_cutoffs,
+    count_beyond,
+    measure_key,
     padding_fraction,
     percentile,
+    percentiles,
     round_up,
     summarize,
+    summarize_measure,
 )
 
 
@@ -19,6 +23,13 @@ def test_percentile_equals_numpy_inverted_cdf(q):
     values = np.random.default_rng(1).integers(1, 900, size=1013)
     hist = Counter(values.tolist())
     assert percentile(hist, q) == int(np.percentile(values, q, method="inverted_cdf"))
+
+
+def test_percentiles_at_once_equal_percentile_at_each():
+    hist = Counter(np.random.default_rng(2).integers(-50, 400, size=501).tolist())
+    qs = (0, 0.5, 1, 5, 25, 50, 75, 99, 99.9, 100)
+    assert percentiles(hist, qs) == {q: percentile(hist, q) for q in qs}
+    assert percentiles({10: 1, 20: 1, 30: 1, 40: 1}, (25, 26, 100)) == {25: 10, 26: 20, 100: 40}
 
 
 def test_percentile_of_small_sample_is_an_observed_value():
@@ -87,3 +98,42 @@ def test_stats_json_declares_each_inputs_folded_language_codes():
     assert InputSummary.model_validate({**given, "language_codes_folded": {}}).language_codes_folded == {}
     with pytest.raises(ValueError):
         InputSummary.model_validate({**given, "language_codes_folded": {"EN": 1}})
+
+
+# -- quality measures on a declared grid ---------------------------------------------------------
+@pytest.mark.parametrize(
+    "value, scale, side, key",
+    [
+        (0.29, 100, "floor", 29),  # 0.29 x 100 is 28.999999999999996 in floats: on the grid, not 28
+        (0.29, 100, "ceil", 29),
+        (0.2901, 100, "ceil", 30),
+        (14.95, 10, "floor", 149),
+        (15.0, 10, "floor", 150),
+        (-5.25, 10, "floor", -53),
+        (17.334, 100, "round", 1733),
+        (5512.5, 1024 / 22050, "exact", 256),  # a bandwidth_hz: an STFT bin's centre
+    ],
+)
+def test_measure_key_puts_a_value_on_its_side_of_the_grid(value, scale, side, key):
+    assert measure_key(value, scale, side) == key
+
+
+def test_count_beyond_is_exact_for_a_bound_on_the_grid():
+    hist = {100: 2, 101: 3, 250: 1}  # ceil keys of a share at 1e-5: (99, 100], (100, 101], (249, 250] e-5
+    assert count_beyond(hist, 100_000, "ceil", 0.001, above=True) == (4, 4)  # 0.001 itself is kept
+    floor = {149: 1, 150: 2, 300: 4}  # floor keys of dB at 0.1: [14.9, 15), [15, 15.1), [30, 30.1)
+    assert count_beyond(floor, 10, "floor", 15.0, above=False) == (1, 1)
+    assert count_beyond(floor, 10, "floor", 30.0, above=False) == (3, 3)
+
+
+def test_count_beyond_gives_a_range_for_a_bound_between_grid_points():
+    floor = {149: 1, 150: 2, 300: 4}
+    assert count_beyond(floor, 10, "floor", 15.05, above=False) == (1, 3)  # key 150 holds 15.0 .. 15.1
+    exact = {153: 2, 154: 5}  # bins: values on the grid, so any bound is exact
+    assert count_beyond(exact, 1.0, "exact", 153.6, above=False) == (2, 2)
+
+
+def test_summarize_measure_gives_observed_values_in_the_measures_units():
+    s = summarize_measure({149: 1, 150: 2, 300: 1}, 10, qs=(0, 50, 100))
+    assert s == {"count": 4, "mean": 18.725, "percentiles": {"p0": 14.9, "p50": 15.0, "p100": 30.0}}
+    assert summarize_measure({}, 10) == {"count": 0, "mean": None, "percentiles": {}}
