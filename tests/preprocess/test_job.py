@@ -443,22 +443,6 @@ def test_bad_manifest_stops_before_any_work_with_one_line(capsys, tmp_path, name
     assert not (tmp_path / "o").exists()
 
 
-def test_every_row_rejected_exits_2_and_keeps_only_rejected_jsonl(capsys, tmp_path):
-    (tmp_path / "in" / "wavs").mkdir(parents=True)
-    (tmp_path / "in" / "metadata.csv").write_text(
-        "a|No audio file for this one.|\nb|Rain fell | softly.|Rain fell | softly.\n"
-    )
-    out = tmp_path / "o"
-    assert run(["--input", str(tmp_path / "in"), "--output", str(out)]) == 2
-    line = _one_error_line(capsys.readouterr().err)
-    assert "all 2 input rows were rejected (1 malformed_row, 1 missing_audio)" in line
-    (stage,) = out.iterdir()  # the run's staging dir: no stats.json, schema.json, shards, lock
-    assert str(stage / "rejected.jsonl") in line
-    assert sorted(p.name for p in stage.iterdir()) == ["rejected.jsonl", "run.json"]
-    reasons = sorted(json.loads(line)["reason"] for line in (stage / "rejected.jsonl").read_text().splitlines())
-    assert reasons == ["malformed_row", "missing_audio"]
-
-
 @pytest.mark.parametrize(
     "typo,known",
     [
