@@ -6,7 +6,6 @@ import sys
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from melshards.commands.preprocess import run
 from melshards.preprocess import audio
@@ -19,6 +18,8 @@ from tests.conftest import REPO, TINY_CONFIG, quality_rules_off
 
 
 def _records(out_dir, pattern="*.tfrecord"):
+    import tensorflow as tf  # here, not at the top: collecting this file does not import TensorFlow
+
     schema = read_schema(str(out_dir))
     ds = tf.data.TFRecordDataset(sorted(str(p) for p in out_dir.glob(pattern))).batch(1)
     return schema, [decode_parsed(schema, tf.io.parse_example(b, parse_spec(schema)), 1) for b in ds]
@@ -600,6 +601,8 @@ def test_rows_that_used_to_be_read_silently_wrong_are_rejected_with_their_reason
 # -- length buckets --------------------------------------------------------------------------------
 def _by_file(out_dir):
     """file name -> decoded records, each file read with its own bucket's shapes."""
+    import tensorflow as tf
+
     schema = read_schema(str(out_dir))
     out = {}
     for path in sorted(out_dir.glob("*.tfrecord")):
