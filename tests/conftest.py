@@ -59,6 +59,19 @@ def quality_rules_off(dest_dir: Path, base: Path | None = None, **sections) -> P
 REFERENCE_CLIPS = [f"LJT001-{i:04d}" for i in range(1, 31)]  # clips of the shipped corpus that measure fine
 
 
+# The files whose tests take longest (a compile or a training run each), run first: `make test` runs the
+# files in this order (pytest-xdist --dist loadfile --no-loadscope-reorder), so the last files a worker
+# takes are short ones and neither worker waits long for the other at the end. xdist's own order (most
+# tests first) put these few-test, long files last.
+SLOW_FILES_FIRST = ("tests/train/", "tests/test_benchmarks.py")
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The tests of SLOW_FILES_FIRST first, each group in its collected order (a stable sort: the same in
+    every xdist worker)."""
+    items.sort(key=lambda item: not item.nodeid.startswith(SLOW_FILES_FIRST))
+
+
 _CATCHABLE = sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP})
 
 
