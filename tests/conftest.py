@@ -72,20 +72,21 @@ def pytest_collection_modifyitems(config, items) -> None:
     items.sort(key=lambda item: not item.nodeid.startswith(SLOW_FILES_FIRST))
 
 
-_CATCHABLE = sorted(signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP})
+_HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD)  # the signals melshards installs handlers for
 
 
 def signal_state() -> dict[str, object]:
-    """This process's signal state: the Python handler of every signal, the main thread's blocked set,
-    the wakeup fd, and the kernel's ignored and caught sets (/proc: a handler changed through ctypes,
-    as train/signals.py does, shows there only). Main thread only."""
+    """This process's signal state: the Python handlers of SIGINT, SIGTERM and SIGCHLD, the main thread's
+    blocked set, the wakeup fd, and the kernel's ignored and caught sets of every signal (/proc: a
+    handler changed through ctypes, as train/signals.py does, shows there only). Main thread only; about
+    0.2 ms (asking Python for the handler of every signal would take 0.8 ms more)."""
     fd = signal.set_wakeup_fd(-1)
     if fd != -1:
         signal.set_wakeup_fd(fd)
     with open("/proc/self/status") as f:
         kernel = {k: v.strip() for k, _, v in (line.partition(":") for line in f) if k in ("SigIgn", "SigCgt")}
     return {
-        "handlers": {int(s): signal.getsignal(s) for s in _CATCHABLE},
+        "handlers": {int(s): signal.getsignal(s) for s in _HANDLED},
         "blocked": sorted(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, [])),
         "wakeup_fd": fd,
         **kernel,
