@@ -444,8 +444,11 @@ def test_ctrl_c_during_a_publish_lets_it_finish_and_says_the_new_run_is_in_place
     from melshards.commands.ctrl_c import StopOnCtrlC
 
     out = str(tmp_path / "o")
-    # Python's own Ctrl-C handler, SIGINT unblocked: whatever an earlier test of this worker left (a
-    # full-suite run once found SIGINT not delivered here), StopOnCtrlC starts from a command's state
+    # Python's own Ctrl-C handler, SIGINT unblocked: StopOnCtrlC starts from a command's state whatever
+    # the test process was started with. Pytest started with SIGINT ignored (a background job of a
+    # non-interactive shell: `sh -c 'make test &'`; the xdist workers inherit it) left this test failing
+    # (STOPPING unset), since StopOnCtrlC rightly stands aside when SIGINT is ignored; no test leaves it
+    # changed (tests/conftest.py's signals_as_they_were checks that after every test).
     given = signal.signal(signal.SIGINT, signal.default_int_handler)
     mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     before = signal.getsignal(signal.SIGINT)
