@@ -26,9 +26,10 @@ demo: $(STAMP)
 	$(BIN)/melshards inspect '$(DEMO)/shards/*.tfrecord' --show 1 --out $(DEMO)/inspect
 
 # Two pytest workers, one test file each at a time: XLA compiles are single-threaded, so two
-# overlap on 2 cores.
+# overlap on 2 cores. Files in the order tests/conftest.py gives (the long training files first), not
+# xdist's (most tests first, which left the long few-test files to the end, on one worker).
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 # Lint, format and types (ruff.toml, mypy.ini), before the tests; .pre-commit-config.yaml runs the same.
 lint: $(STAMP)

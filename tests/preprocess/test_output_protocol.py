@@ -87,6 +87,32 @@ def _heartbeat(out: Path) -> float:
     return json.loads(lock._LocalMarker(str(out / lock.LOCK_FILE)).read()[0])["heartbeat"]
 
 
+def test_a_publish_over_an_old_run_replaces_all_its_shards_and_keeps_the_users_other_files(
+    tmp_path, shards_dir, bucketed_dir
+):
+    """`--overwrite` of a 4-bucket run by a finished 1-bucket run: every old shard is gone, the new run's
+    are all there, and a file of the user's beside them stays."""
+    from melshards.shards_schema import read_schema
+
+    out = tmp_path / "o"
+    shutil.copytree(bucketed_dir, out)
+    (out / "notes.txt").write_text("mine")
+    run = output.open_run(str(out), overwrite=True)
+    _stage_a_finished_run(run, shards_dir)
+    output.close_run(run, ok=True)
+    assert run.published
+    schema = read_schema(str(out))
+    listed = {s["file"] for b in schema.buckets for split in b.shards.values() for s in split}
+    assert {p.name for p in out.glob("*.tfrecord")} == listed  # the old 4 buckets' shards are gone
+    assert len(schema.buckets) == 1
+    assert sorted(p.name for p in out.iterdir() if not p.name.endswith(".tfrecord")) == [
+        "notes.txt",
+        "rejected.jsonl",
+        "schema.json",
+        "stats.json",
+    ]
+
+
 # -- item 5: the lock is renewed through the publish ---------------------------------------------------
 def test_the_lock_is_renewed_while_a_finished_run_is_published(tmp_path, monkeypatch, shards_dir):
     """A publish longer than the stale limit (gs://: a copy per shard) must not be taken over."""

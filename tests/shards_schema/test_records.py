@@ -1,10 +1,10 @@
-"""The record codec: the writer's own Example encoder and TFRecord framing, against TensorFlow's."""
+"""The record codec: the writer's own Example encoder and TFRecord framing, against TensorFlow's.
+TensorFlow is imported by the tests that use it: collecting this file does not pay for it."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from melshards.shards_schema import Schema, SchemaError
 from melshards.shards_schema.records import decode_parsed, encode_example, frame_record, parse_spec
@@ -29,6 +29,7 @@ def _values(rng, text="héllo, wörld", text_len=5, mel_len=24) -> dict:
 
 def _reference(values) -> bytes:
     """The same record built with TensorFlow's protos, as the writer did before it stopped importing TF."""
+    import tensorflow as tf
 
     def b(raw):
         return tf.train.Feature(bytes_list=tf.train.BytesList(value=[raw]))
@@ -59,6 +60,8 @@ def test_encoder_bytes_equal_tensorflows_example_serialisation(text_len, mel_len
 
 
 def test_framed_records_read_back_through_tf_data_with_the_schemas_parse_spec(tmp_path):
+    import tensorflow as tf
+
     rng = np.random.default_rng(0)
     values = [_values(rng, text="", mel_len=n) for n in (1, 7, 24)]
     path = tmp_path / "x.tfrecord"
@@ -76,6 +79,8 @@ def test_framed_records_read_back_through_tf_data_with_the_schemas_parse_spec(tm
 
 
 def test_a_damaged_frame_is_a_data_loss_error_in_tf_data(tmp_path):
+    import tensorflow as tf
+
     framed = bytearray(frame_record(b"payload"))
     framed[14] ^= 1  # a bit of the payload: its CRC no longer matches
     path = tmp_path / "bad.tfrecord"
