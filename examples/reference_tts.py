@@ -25,7 +25,7 @@ from melshards.shards_schema.config import from_dict
 class ReferenceTTS(FastSpeechLite):
     def __init__(self, opts: Options, schema, **kw):
         super().__init__(opts, schema, **kw)
-        self.ref_frames, self.pad_value = schema.feature("reference_mel").shape[0], schema.mel.pad_value
+        self.ref_frames, self.pad_value = schema.reference_frames, schema.mel.pad_value
         self.ref_in = keras.layers.Dense(opts.d_model, activation="relu")
         self.ref_conv_0 = keras.layers.Dense(opts.d_model, activation="relu")
         self.ref_conv_1 = keras.layers.Dense(opts.d_model, activation="relu")
