@@ -189,7 +189,11 @@ def train_dataset(
         # static batch dim for the signature-bound step
         .batch(b, drop_remainder=True)
         # one vectorised parse per batch, decoded to the schema's static shapes
-        .map(_parse_fn(schema, b, _stored(names, same_clip)), num_parallel_calls=tf.data.AUTOTUNE, deterministic=cfg.deterministic)
+        .map(
+            _parse_fn(schema, b, _stored(names, same_clip)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=cfg.deterministic,
+        )
         # same_clip references: a seeded slice of each record's own mel, per batch (before the stacking)
         .apply(_if(same_clip is not None, lambda d: same_clip.add(d, seed, names)))  # type: ignore[union-attr]  # applied only when same_clip is not None
         .apply(_stack(steps_per_execution))

@@ -60,13 +60,14 @@ def model_inputs(spec: str) -> tuple[str, ...]:
 def check_features(spec: str, schema) -> tuple[str, ...]:
     """`model_inputs(spec)`, or PluginError naming the first feature the shards lack and what adds it."""
     from melshards.shards_schema import SchemaError
-
     from melshards.train.references import REFERENCE_FEATURES, same_clip
 
     names = model_inputs(spec)
     cut = same_clip(schema, names) is not None  # a same_clip run's references are cut from the mel, not stored
     try:
-        schema.require([n for n in names[len(MODEL_INPUTS) :] if not (cut and n in REFERENCE_FEATURES)], who=f"model {spec!r}")
+        schema.require(
+            [n for n in names[len(MODEL_INPUTS) :] if not (cut and n in REFERENCE_FEATURES)], who=f"model {spec!r}"
+        )
     except SchemaError as e:
         raise PluginError(str(e)) from None
     return names
