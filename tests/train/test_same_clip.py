@@ -120,3 +120,22 @@ def test_the_export_of_a_reference_model_takes_a_reference_mel(same_clip_model, 
         )
     assert outs[0]["mel"].shape == (1, schema.max_mel_frames, schema.n_mels)
     assert not np.array_equal(outs[0]["mel"].numpy(), outs[1]["mel"].numpy())
+
+
+def test_melshards_dataset_cuts_the_slices_the_trainer_cuts(same_clip_dir):
+    """One implementation: `melshards.dataset(features=[..., "reference_mel"])` and the trainer's
+    train_dataset give the same references for the same records and seed."""
+    import melshards
+    from melshards.train.config import DataConfig
+    from melshards.train.input_pipeline import train_dataset
+    from melshards.train.references import same_clip
+
+    schema = read_schema(str(same_clip_dir))
+    names = ("mel_len", "reference_mel", "reference_len")
+    api = melshards.dataset(str(same_clip_dir / "train-*.tfrecord"), 3, features=names, shuffle=False, seed=4)
+    files = sorted(str(p) for p in same_clip_dir.glob("train-*.tfrecord"))
+    cfg = DataConfig(batch_size=3, seed=4)
+    ours = train_dataset(files, schema.largest, cfg, names, None, shuffle=False, same_clip=same_clip(schema, names))
+    assert set(api.element_spec) == set(names)
+    for a, b in zip(api.take(3), ours.take(3)):
+        np.testing.assert_array_equal(a["reference_mel"].numpy(), b["reference_mel"].numpy())
