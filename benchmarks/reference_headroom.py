@@ -9,7 +9,9 @@ with `reference: {source: same_clip}` (a same_clip run stores what a run without
 synthetic, same_clip real, same_clip synthetic, none real, none synthetic, ...) so all see the same background
 load. --synthetic-data repeats one real batch from memory: neither the stored references' bytes nor the
 same_clip slice are paid per step. Reported: steady-state examples/s, the real / synthetic ratios side by side
-(goal, issue 37: >= 0.98 with references), the input wait of each, and the bytes a batch carries.
+(goal, issue 37: >= 0.98 with references), the input wait of each, the bytes a batch carries, and the
+records/s of each input pipeline alone (parse and, on the same_clip run, the slice; no step) against the
+records/s the step consumes.
 
 Run: python -m benchmarks.reference_headroom [--steps 120] [--rounds 2] [--frames 256] [--config configs/train_tiny.yaml]
 """
@@ -31,6 +33,7 @@ from melshards.train.model import build as _builtin
 from melshards.train.model import validate as _validate
 
 SOURCES = ("other_clip", "same_clip", "none")
+FACTORY = "benchmarks.reference_headroom:build"
 KINDS = tuple(f"{s}{x}" for s in SOURCES for x in ("", "_synthetic"))
 
 
@@ -70,12 +73,39 @@ def reference_shards(work: Path, source: str, frames: int) -> Path:
     return out
 
 
+def parse_only_rate(shards: Path, config: str, factory: str | None, batches: int) -> float:
+    """Records/s of the trainer's own input pipeline for the model of `factory` (None: the built-in), a
+    same_clip run's slices included, with nothing consuming it but a loop (benchmarks.train_input's)."""
+    import time
+
+    from melshards.shards_schema import read_schema
+    from melshards.train import input_pipeline
+    from melshards.train.config import load_config
+    from melshards.train.contract import BUILTIN_FACTORY
+    from melshards.train.plugins import model_inputs
+    from melshards.train.references import same_clip
+
+    cfg = load_config(config)
+    schema = read_schema(str(shards))
+    names = model_inputs(factory or BUILTIN_FACTORY)
+    files = input_pipeline.expand_globs([str(shards / "train-*.tfrecord")])
+    ds = input_pipeline.train_dataset(files, schema, cfg.data, names, 1, same_clip=same_clip(schema, names))
+    it = iter(ds)
+    for _ in range(5):  # warm-up: thread pools, autotune
+        next(it)
+    t = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    return batches * cfg.data.batch_size / (time.perf_counter() - t)
+
+
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=120)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--frames", type=int, default=256, help="reference.frames of both runs")
     ap.add_argument("--config", default=str(REPO / "configs" / "train_tiny.yaml"))
+    ap.add_argument("--parse-batches", type=int, default=200, help="batches of each parse-only measurement")
     ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "melshards-bench" / "reference-headroom"))
     args = ap.parse_args(argv)
     work = Path(args.work)
@@ -83,7 +113,7 @@ def main(argv=None) -> dict:
     shards = {s: reference_shards(work, s, args.frames) for s in ("other_clip", "same_clip")}
     shards["none"] = shards["same_clip"]  # the same records, read by a model that asks for no reference
     configs = {
-        "other_clip": with_model(args.config, "benchmarks.reference_headroom:build", work / "reference-train.yaml"),
+        "other_clip": with_model(args.config, FACTORY, work / "reference-train.yaml"),
         "none": with_model(args.config, None, work / "mel-train.yaml"),
     }
     configs["same_clip"] = configs["other_clip"]
@@ -101,6 +131,11 @@ def main(argv=None) -> dict:
             )
     ex = {k: [s["steady_state"]["examples_per_second"] for s in v] for k, v in runs.items()}
     ratios = {b: [a / s for a, s in zip(ex[b], ex[f"{b}_synthetic"])] for b in SOURCES}
+    factories = {b: FACTORY if b != "none" else None for b in SOURCES}
+    parse: dict[str, list[float]] = {b: [] for b in SOURCES}
+    for _ in range(args.rounds):  # interleaved, as the runs
+        for b in SOURCES:
+            parse[b].append(parse_only_rate(shards[b], args.config, factories[b], args.parse_batches))
     from melshards.shards_schema import read_schema
 
     sizes = {f.name: f.shape for f in read_schema(str(shards["other_clip"])).largest.features}
@@ -120,6 +155,8 @@ def main(argv=None) -> dict:
             f"input_wait_{k}": round(statistics.median(s["steady_state"]["input_wait_fraction"] for s in v), 4)
             for k, v in runs.items()
         },
+        **{f"parse_only_records_per_s_{b}": round(statistics.median(v), 1) for b, v in parse.items()},
+        **{f"parse_headroom_{b}": round(statistics.median(v) / statistics.median(ex[b]), 1) for b, v in parse.items()},
         "train_step_traces": sorted({s["train_step_traces"] for v in runs.values() for s in v}),
     }
     print(
@@ -127,7 +164,12 @@ def main(argv=None) -> dict:
         f"{result['same_clip_over_synthetic_median']:.3f}, without references "
         f"{result['none_over_synthetic_median']:.3f} (goal >= 0.98 with references); input wait other_clip "
         f"{100 * result['input_wait_other_clip']:.1f}%, same_clip {100 * result['input_wait_same_clip']:.1f}%, "
-        f"none {100 * result['input_wait_none']:.1f}%"
+        f"none {100 * result['input_wait_none']:.1f}%; tf.data alone gives "
+        + ", ".join(
+            f"{b} {result[f'parse_only_records_per_s_{b}']:.0f} records/s ({result[f'parse_headroom_{b}']}x what the "
+            "step consumes)"
+            for b in SOURCES
+        )
     )
     emit(result)
     return result
