@@ -15,6 +15,7 @@ Default: the full documented run (docs/performance.md, which gives its duration)
   extractor_cost         --clips 1000 --rounds 3 --workers 2
   reference_wall         --clips 1000 --rounds 2 --workers 2
   audio_headroom         --steps 120 --rounds 2
+  reference_headroom     --steps 120 --rounds 2
   cache_wall             --clips 13100 --rounds 2
   stats_scale            --rounds 3   (on the cache_wall run's stats.json)
   cache_key              --clips 13100 --rounds 3   (on the scale corpus)
@@ -65,6 +66,10 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
             ("extractor_cost", ["--clips", "60", "--rounds", "1", "--work-dir", work]),
             ("reference_wall", ["--clips", "60", "--rounds", "1", "--work-dir", work]),
             ("audio_headroom", ["--steps", "20", "--rounds", "1", "--work", f"{work}/audio-headroom"]),
+            (
+                "reference_headroom",
+                ["--steps", "20", "--rounds", "1", "--frames", "64", "--work", f"{work}/reference-headroom"],
+            ),
             ("cache_wall", ["--clips", "60", "--rounds", "1", "--work-dir", work]),
             (
                 "stats_scale",
@@ -108,6 +113,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
         ("extractor_cost", ["--clips", "1000", "--rounds", "3", "--workers", "2", "--work-dir", work]),
         ("reference_wall", ["--clips", "1000", "--rounds", "2", "--workers", "2", "--work-dir", work]),
         ("audio_headroom", ["--steps", "120", "--rounds", "2", "--work", f"{work}/audio-headroom"]),
+        ("reference_headroom", ["--steps", "120", "--rounds", "2", "--work", f"{work}/reference-headroom"]),
         ("cache_wall", ["--clips", "13100", "--rounds", "2", "--work-dir", work]),
         ("stats_scale", ["--stats", f"{work}/cache-wall/out-plain/stats.json", "--rounds", "3"]),
         ("cache_key", ["--clips", "13100", "--corpus", f"{work}/ljbig", "--rounds", "3"]),

@@ -1,15 +1,16 @@
 """A zero-shot text-to-mel plug-in: `examples.fastspeech_lite` conditioned on a reference clip's log-mel
 through a small reference encoder (train/contract.py; docs/api.md, References).
 
-    melshards preprocess ... --config configs/references.yaml     # reference: source: other_clip
+    melshards preprocess ... --config configs/references.yaml     # reference: source: other_clip or same_clip
     melshards train 'out/refs/train-*.tfrecord' --model examples.reference_tts:build --model-dir out/refs-model
-    melshards synthesize out/refs-model "Hello." --reference voice.wav -o hello.wav
+    melshards synthesize "Hello." --model-dir out/refs-model --reference voice.wav -o hello.wav
 
 The factory declares `features = ("reference_mel",)`: each batch then holds `reference_mel` [B, frames,
-n_mels] and `reference_len` [B] (stored by an other_clip run). The reference encoder is two 'same'
-convolutions over the normalised reference frames, mean-pooled over its valid frames into one [B, d]
-voice vector added to every character of the encoder output, in place of a speaker table: a voice the
-model never saw in training is one reference away. Every shape is static.
+n_mels] and `reference_len` [B] (stored by an other_clip run, or cut from the record's own mel by the
+trainer on a same_clip run). The reference encoder is two 'same' convolutions over the normalised
+reference frames, mean-pooled over its valid frames into one [B, d] voice vector added to every
+character of the encoder output, in place of a speaker table: a voice the model never saw in training
+is one reference away. Every shape is static.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from melshards.shards_schema.config import from_dict
 class ReferenceTTS(FastSpeechLite):
     def __init__(self, opts: Options, schema, **kw):
         super().__init__(opts, schema, **kw)
-        self.ref_frames, self.pad_value = schema.feature("reference_mel").shape[0], schema.mel.pad_value
+        self.ref_frames, self.pad_value = schema.reference_frames, schema.mel.pad_value
         self.ref_in = keras.layers.Dense(opts.d_model, activation="relu")
         self.ref_conv_0 = keras.layers.Dense(opts.d_model, activation="relu")
         self.ref_conv_1 = keras.layers.Dense(opts.d_model, activation="relu")

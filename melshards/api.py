@@ -157,11 +157,11 @@ def _bucket_dataset(
     cycle_length: int,
     deterministic: bool,
     balance,
-    reference: dict | None = None,
+    schema=None,
 ) -> tf.data.Dataset:
     from melshards.train.config import DataConfig
     from melshards.train.input_pipeline import train_dataset
-    from melshards.train.references import REFERENCE_FEATURES, with_same_clip_references
+    from melshards.train.references import same_clip
 
     cfg = DataConfig(
         batch_size=batch_size,
@@ -171,12 +171,12 @@ def _bucket_dataset(
         deterministic=deterministic,
     )
     names = _features(features)
-    if reference and reference.get("source") == "same_clip" and "reference_mel" in names:
-        # cut from each record's own mel in-graph (melshards.train.references), seeded by (seed, batch number)
-        read = tuple(n for n in names if n not in REFERENCE_FEATURES) + ("mel", "mel_len")
-        ds = train_dataset(files, shapes, cfg, read, None, shuffle=shuffle, repeat=repeat, balance=balance)
-        return with_same_clip_references(ds, int(reference["frames"]), seed, reference["pad_value"], names)
-    return train_dataset(files, shapes, cfg, names, None, shuffle=shuffle, repeat=repeat, balance=balance)
+    # a same_clip run's references: cut from each record's own mel in-graph (melshards.train.references), as
+    # the trainer cuts them, seeded by (seed, batch number)
+    cut = None if schema is None else same_clip(schema, names)
+    return train_dataset(
+        files, shapes, cfg, names, None, shuffle=shuffle, repeat=repeat, balance=balance, same_clip=cut
+    )
 
 
 def _check_balance(balance: str, balance_alpha: float) -> None:
@@ -275,7 +275,7 @@ def _datasets(
                 cycle_length,
                 deterministic,
                 balanced,
-                dict(found.schema.reference, pad_value=found.schema.mel.pad_value),
+                found.schema,
             )
             for i, files in sorted(found.by_bucket.items())
         },

@@ -87,8 +87,7 @@ def reference_of_wav(path: str, schema) -> tuple[np.ndarray, int]:
         mel=MelConfig(m.n_fft, m.hop_length, m.win_length, m.n_mels, m.fmin, m.fmax, m.log_floor, m.power),
     )
     _, arrays = analyse_audio(path, cfg)
-    frames = schema.feature("reference_mel").shape[0]
-    return cut_reference(arrays["mel"].astype("<f2"), 0, frames, m.pad_value)
+    return cut_reference(arrays["mel"].astype("<f2"), 0, schema.reference_frames, m.pad_value)
 
 
 def batch_key(batch: dict) -> str:

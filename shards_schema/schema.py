@@ -64,6 +64,10 @@ def parse_shard_name(name: str) -> dict[str, Any] | None:
     return {"split": m["split"], "bucket": int(m["bucket"]), "index": int(m["index"]), "count": int(m["count"])}
 
 
+# schema.json `reference` keys that count records (how many fell back to their own clip), not settings
+REFERENCE_COUNTS = ("own_clip",)
+
+
 class SchemaError(ValueError):
     """schema.json is missing, malformed, or does not match what the reader expects."""
 
@@ -85,7 +89,7 @@ OPTIONAL_FEATURES = {
     "energy": "features.energy: true in the preprocess config",
     "audio": "features.audio: true in the preprocess config",
     "durations": "`melshards preprocess --alignments DIR` (Montreal Forced Aligner TextGrids)",
-    "reference": "reference.source: other_clip in the preprocess config",
+    "reference": "reference.source: other_clip (stored) or same_clip (cut at train time) in the preprocess config",
 }
 
 
@@ -422,6 +426,18 @@ class Schema:
         """The optional features (OPTIONAL_FEATURES) the run's records hold."""
         return self.largest.optional
 
+    @property
+    def reference_frames(self) -> int:
+        """The frames of the run's references (`reference.frames`: a stored other_clip reference_mel's, or
+        the slice same_clip cuts at read time); 0 in a run without references."""
+        return int(self.reference.get("frames", 0))
+
+    @property
+    def references_cut_at_read_time(self) -> bool:
+        """A same_clip run: no reference is stored, the reader cuts one from each record's own mel
+        (`melshards.train.references`)."""
+        return self.reference.get("source") == "same_clip"
+
     def require(self, names, who: str) -> None:
         """SchemaError naming the first of `names` the records lack and what adds it."""
         have = {f.name for f in self.features}
@@ -480,6 +496,8 @@ class Schema:
         out["extractors"] = [
             {k: x[k] for k in ("name", "version", "fingerprint", "sample_rate", "outputs")} for x in d["extractors"]
         ]
+        # the references' settings (same_clip's shape is in no bucket's features), not how many fell back
+        out["reference"] = {k: v for k, v in d["reference"].items() if k not in REFERENCE_COUNTS}
         out["buckets"] = [
             {k: b[k] for k in ("index", "max_text_len", "max_mel_frames", "features")} for b in d["buckets"]
         ]

@@ -19,7 +19,8 @@ checks the command line, before building anything.
 A factory may carry `factory.features`: the optional record features its model reads besides
 MODEL_INPUTS, a tuple of names of `melshards.shards_schema.schema.OPTIONAL_FEATURES` ("pitch",
 "energy", "audio", "durations"; `audio` brings `audio_len`), or "reference_mel" (with `reference_len`: an
-other_clip run's stored references). The batch then holds MODEL_INPUTS and
+other_clip run's stored references, or a same_clip run's slices of each record's own mel, cut in the input
+pipeline by `melshards.train.references`). The batch then holds MODEL_INPUTS and
 those, with the bucket's static shapes (`melshards.train.plugins.model_inputs`). Shards without one of
 them stop the run while the command line is checked, before anything is built or compiled, with one
 line naming the feature and the preprocess setting that adds it. A model gets only what it asks for,

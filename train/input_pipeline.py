@@ -18,6 +18,7 @@ from melshards.shards_schema.schema import Bucket
 from melshards.shards_schema.shards import InputError, check_schemas, dir_of, expand_globs  # noqa: F401 (the trainer's checks)
 from melshards.train.balance import Balancing, sampler
 from melshards.train.config import DataConfig
+from melshards.train.references import SameClip
 from melshards.train.tf_quiet import tf
 
 log = logging.getLogger("melshards.train")
@@ -139,6 +140,7 @@ def train_dataset(
     shuffle: bool = True,
     repeat: bool = True,
     balance: Balancing | None = None,
+    same_clip: SameClip | None = None,
 ) -> tf.data.Dataset:
     """Endless stream of {feature: [K, B, *shape]} for the train step ([B, ...] when K is None).
 
@@ -147,6 +149,8 @@ def train_dataset(
     and the balancing draws. shuffle=False reads the files and records in order; repeat=False makes
     one pass (the public `melshards.dataset` offers both; the trainer uses neither). balance: keep
     records by speaker or language (melshards.train.balance.balancing of the schema; None keeps all).
+    same_clip: cut the references of a same_clip run from each batch's mels after the parse
+    (`melshards.train.references.same_clip`; the k-th batch with the seed (seed, k), resumable).
     """
     files = list(files)
     b = cfg.batch_size if batch_size is None else batch_size
@@ -185,7 +189,13 @@ def train_dataset(
         # static batch dim for the signature-bound step
         .batch(b, drop_remainder=True)
         # one vectorised parse per batch, decoded to the schema's static shapes
-        .map(_parse_fn(schema, b, names), num_parallel_calls=tf.data.AUTOTUNE, deterministic=cfg.deterministic)
+        .map(
+            _parse_fn(schema, b, _stored(names, same_clip)),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=cfg.deterministic,
+        )
+        # same_clip references: a seeded slice of each record's own mel, per batch (before the stacking)
+        .apply(_if(same_clip is not None, lambda d: same_clip.add(d, seed, names)))  # type: ignore[union-attr]  # applied only when same_clip is not None
         .apply(_stack(steps_per_execution))
         # overlap input with the step
         .prefetch(cfg.prefetch)
@@ -193,15 +203,25 @@ def train_dataset(
     return ds.with_options(_options(cfg))
 
 
+def _stored(names: Sequence[str], same_clip: SameClip | None) -> tuple[str, ...]:
+    """The features parsed from the records for a batch of `names`."""
+    return tuple(names) if same_clip is None else same_clip.stored(names)
+
+
 def val_dataset(
-    files: Sequence[str], schema: Schema, cfg: DataConfig, names: Sequence[str], bucket: Bucket | None = None
+    files: Sequence[str],
+    schema: Schema,
+    cfg: DataConfig,
+    names: Sequence[str],
+    bucket: Bucket | None = None,
+    same_clip: SameClip | None = None,
 ) -> tf.data.Dataset:
     """One pass over the validation shards in order, every record once, batches of the train shape.
 
     The last batch is topped up with zero-length records (masked out by the loss) instead of
     dropped or given a smaller shape that would trace the eval step again. `bucket`: the length
     bucket the files hold (None: a one-bucket schema's, `schema.largest`); train_dataset takes a
-    Bucket as its schema.
+    Bucket as its schema. same_clip: as for train_dataset (every pass cuts the same slices, seed cfg.seed).
     """
     b = cfg.batch_size
     bucket = bucket or schema.largest
@@ -216,7 +236,8 @@ def val_dataset(
         # keep the remainder: validation sees every record
         .batch(b, drop_remainder=False)
         .map(top_up)
-        .map(_parse_fn(bucket, b, names), num_parallel_calls=tf.data.AUTOTUNE)
+        .map(_parse_fn(bucket, b, _stored(names, same_clip)), num_parallel_calls=tf.data.AUTOTUNE)
+        .apply(_if(same_clip is not None, lambda d: same_clip.add(d, cfg.seed, names)))  # type: ignore[union-attr]  # applied only when same_clip is not None
         .prefetch(cfg.prefetch)
     )
     return ds.with_options(_options(cfg))
@@ -232,14 +253,20 @@ def synthetic_dataset(example: dict[str, tf.Tensor], steps_per_execution: int) -
 
 
 def first_batch(
-    files: Sequence[str], schema: Schema | Bucket, cfg: DataConfig, names: Sequence[str]
+    files: Sequence[str],
+    schema: Schema | Bucket,
+    cfg: DataConfig,
+    names: Sequence[str],
+    same_clip: SameClip | None = None,
 ) -> dict[str, tf.Tensor]:
-    """The first `batch_size` records of the shards, decoded (records repeat if there are fewer)."""
+    """The first `batch_size` records of the shards, decoded (records repeat if there are fewer);
+    same_clip: with the references train_dataset would cut."""
     ds = (
         tf.data.TFRecordDataset(list(files))
         .repeat()
         .batch(cfg.batch_size, drop_remainder=True)
-        .map(_parse_fn(schema, cfg.batch_size, names))
+        .map(_parse_fn(schema, cfg.batch_size, _stored(names, same_clip)))
+        .apply(_if(same_clip is not None, lambda d: same_clip.add(d, cfg.seed, names)))  # type: ignore[union-attr]  # applied only when same_clip is not None
     )
     return next(iter(ds.take(1)))
 

@@ -60,10 +60,14 @@ def model_inputs(spec: str) -> tuple[str, ...]:
 def check_features(spec: str, schema) -> tuple[str, ...]:
     """`model_inputs(spec)`, or PluginError naming the first feature the shards lack and what adds it."""
     from melshards.shards_schema import SchemaError
+    from melshards.train.references import REFERENCE_FEATURES, same_clip
 
     names = model_inputs(spec)
+    cut = same_clip(schema, names) is not None  # a same_clip run's references are cut from the mel, not stored
     try:
-        schema.require(names[len(MODEL_INPUTS) :], who=f"model {spec!r}")
+        schema.require(
+            [n for n in names[len(MODEL_INPUTS) :] if not (cut and n in REFERENCE_FEATURES)], who=f"model {spec!r}"
+        )
     except SchemaError as e:
         raise PluginError(str(e)) from None
     return names
@@ -90,10 +94,13 @@ def dtype_policy(precision: str):
 
 
 def zero_batch(schema, batch_size: int = 1, names: tuple[str, ...] = MODEL_INPUTS) -> dict:
-    """A batch of zero-length (padding) records of the schema's shapes."""
-    from melshards.shards_schema.records import tensor_specs
+    """A batch of zero-length (padding) records of the schema's shapes (the train step's,
+    `step.step_specs`: with a same_clip run's references)."""
+    from melshards.train.references import same_clip
+    from melshards.train.step import step_specs
 
-    return {k: tf.zeros(s.shape, s.dtype) for k, s in tensor_specs(schema, batch_size, names).items()}
+    specs = step_specs(schema.largest, batch_size, None, names, same_clip(schema, names))
+    return {k: tf.zeros(s.shape, s.dtype) for k, s in specs.items()}
 
 
 def check_model(model: Any, spec: str, schema, names: tuple[str, ...] = MODEL_INPUTS) -> tuple[str, ...]:

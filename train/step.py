@@ -15,6 +15,7 @@ from melshards.shards_schema.records import tensor_specs
 from melshards.shards_schema.schema import Bucket
 from melshards.train.config import OptimConfig
 from melshards.train.contract import MODEL_INPUTS
+from melshards.train.references import SameClip
 from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 
 # Besides the model's own losses (the keys of its losses_from_terms), every step reports these.
@@ -119,12 +120,19 @@ def feature_table(schema: Schema, name: str) -> dict:
 
 
 def step_specs(
-    bucket: Bucket, batch_size: int, steps_per_execution: int | None = None, names: tuple[str, ...] = MODEL_INPUTS
+    bucket: Bucket,
+    batch_size: int,
+    steps_per_execution: int | None = None,
+    names: tuple[str, ...] = MODEL_INPUTS,
+    same_clip: SameClip | None = None,
 ) -> dict:
     """input_signature: one length bucket's specs for the model's inputs (MODEL_INPUTS and the features
     it asks for, `plugins.model_inputs`), with a leading K dim for the train step (a one-shape run's
-    bucket is `schema.largest`)."""
+    bucket is `schema.largest`); same_clip: a same_clip run's references, cut at read time
+    ([frames, n_mels] from the schema, the same in every bucket)."""
     specs = tensor_specs(bucket, batch_size, names)
+    if same_clip is not None:
+        specs.update(same_clip.specs(batch_size))
     if steps_per_execution is None:
         return specs
     return {k: tf.TensorSpec([steps_per_execution, *s.shape], s.dtype, name=k) for k, s in specs.items()}
@@ -361,12 +369,17 @@ def k_steps(replica: ReplicaStep, run, batches, steps_per_execution: int) -> dic
 
 
 def make_eval_step(
-    model: keras.Model, bucket: Bucket, batch_size: int, names: tuple[str, ...] = MODEL_INPUTS, jit_compile: bool = True
+    model: keras.Model,
+    bucket: Bucket,
+    batch_size: int,
+    names: tuple[str, ...] = MODEL_INPUTS,
+    jit_compile: bool = True,
+    same_clip: SameClip | None = None,
 ):
     """Compiled once like the train step, bound to the bucket's shapes; returns masked sums so the
     caller adds batches up exactly."""
 
-    @tf.function(input_signature=[step_specs(bucket, batch_size, None, names)], jit_compile=jit_compile)
+    @tf.function(input_signature=[step_specs(bucket, batch_size, None, names, same_clip)], jit_compile=jit_compile)
     def eval_step(batch):
         return model.loss_terms(batch, tf.zeros([2], tf.int32), training=False)
 

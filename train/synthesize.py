@@ -31,6 +31,11 @@ from melshards.train.tf_quiet import tf
 log = logging.getLogger("melshards.synthesize")
 
 
+# The exported SavedModel's signature that takes a reference (a model that reads references):
+# text, speaker, language, reference_mel [frames, n_mels] float32, reference_len int32 -> mel, mel_len.
+REFERENCE_SIGNATURE = "serving_with_reference"
+
+
 def text_capacity(schema: Schema) -> int:
     """The most text symbols the model reads: the longest max_text_len over the buckets (a bucket of
     shorter clips can hold longer texts than the largest one), which the model's text table covers
@@ -91,9 +96,11 @@ def check_generate(model) -> None:
 
 class Synthesizer(tf.Module):
     """Text ids, speaker and language ids -> log-mel with the model's `generate`; `serve` maps a
-    normalised string, a speaker name and a language code to the same."""
+    normalised string, a speaker name and a language code to the same. For a model that reads references
+    (`reads_reference`: its factory asks for reference_mel) `generate_with_reference` and
+    `serve_with_reference` take a reference log-mel [frames, n_mels] and its valid frames as well."""
 
-    def __init__(self, model, schema: Schema):
+    def __init__(self, model, schema: Schema, reads_reference: bool = False):
         super().__init__()
         # the functions close over the Keras model; only its variables are tracked for export
         # (a tracked Keras 3 model adds its own default serving function, which needs all inputs)
@@ -136,6 +143,11 @@ class Synthesizer(tf.Module):
             """Normalised text (the vocabulary's symbols; phones separated by spaces when its unit is the
             phone), a speaker name and a language code (schema.json's)
             -> {"mel": [1, T, n_mels], "mel_len": [1]}."""
+            return generate(*model_ids(text, speaker, language))
+
+        def model_ids(text, speaker, language):
+            """serve's inputs -> generate's first four (text ids [1, capacity], text_len, speaker_id,
+            language_id [1]), checked in-graph: a call with text or names the model cannot read fails."""
             speaker_id, language_id = self.speaker_ids.lookup(speaker), self.language_ids.lookup(language)
             symbols = (
                 tf.strings.unicode_split(text, "UTF-8") if schema.text_unit == "character" else tf.strings.split(text)
@@ -177,7 +189,7 @@ class Synthesizer(tf.Module):
             ]
             with tf.control_dependencies(checks):
                 n = tf.identity(n)
-            return generate(
+            return (
                 tf.pad(ids, [[0, length - n]])[None, :],
                 tf.reshape(n, [1]),
                 tf.reshape(speaker_id, [1]),
@@ -185,9 +197,9 @@ class Synthesizer(tf.Module):
             )
 
         self.generate, self.serve = generate, serve
-        self.generate_with_reference = None
-        if "reference_mel" in {f.name for f in schema.features}:  # a model of an other_clip run may read it
-            frames = schema.feature("reference_mel").shape[0]
+        self.generate_with_reference = self.serve_with_reference = None
+        if reads_reference and schema.reference_frames:  # other_clip (stored) or same_clip (cut) references
+            frames = schema.reference_frames
 
             @tf.function(
                 input_signature=[
@@ -204,7 +216,25 @@ class Synthesizer(tf.Module):
                 out = model.generate(text_ids, text_len, speaker_id, language_id, reference_mel, reference_len)
                 return {"mel": tf.cast(out["mel"], tf.float32), "mel_len": tf.cast(out["mel_len"], tf.int32)}
 
-            self.generate_with_reference = generate_with_reference
+            @tf.function(
+                input_signature=[
+                    tf.TensorSpec([], tf.string, name="text"),
+                    tf.TensorSpec([], tf.string, name="speaker"),
+                    tf.TensorSpec([], tf.string, name="language"),
+                    tf.TensorSpec([frames, schema.n_mels], tf.float32, name="reference_mel"),
+                    tf.TensorSpec([], tf.int32, name="reference_len"),
+                ]
+            )
+            def serve_with_reference(text, speaker, language, reference_mel, reference_len):
+                """serve's inputs and a reference: its log-mel [frames, n_mels] by the shards' settings
+                (`melshards.preprocess.references.reference_of_wav` computes it from a WAV, as `melshards
+                synthesize --reference` does), padded with the schema's mel pad_value after its
+                reference_len valid frames -> {"mel": [1, T, n_mels], "mel_len": [1]} in its voice."""
+                return generate_with_reference(
+                    *model_ids(text, speaker, language), reference_mel[None], tf.reshape(reference_len, [1])
+                )
+
+            self.generate_with_reference, self.serve_with_reference = generate_with_reference, serve_with_reference
 
     def speak(self, ids, n: int, speaker: Speaker, language: Language, reference=None) -> dict:
         """`generate` of text ids [1, capacity] (of which n are text) by `speaker` in `language`; with
@@ -213,9 +243,9 @@ class Synthesizer(tf.Module):
         if reference is not None:
             if self.generate_with_reference is None:
                 raise ValueError(
-                    "this model's shards hold no references (reference_mel), so it does not read one; "
-                    "leave out --reference, or train a model that reads references (examples/reference_tts.py) "
-                    "on a run with reference.source: other_clip"
+                    "this model does not read references (its factory asks for no reference_mel, or its shards "
+                    "have none); leave out --reference, or train a model that reads references "
+                    "(examples/reference_tts.py) on a run with reference.source: other_clip or same_clip"
                 )
             mel, valid = reference
             return self.generate_with_reference(
@@ -237,7 +267,10 @@ class Synthesizer(tf.Module):
         """The SavedModel into `path`, then `EXPORT_MARK` (what a later --export may write over)."""
         from melshards.shards_schema.ownership import EXPORT_MARK
 
-        tf.saved_model.save(self, path, signatures={"serving_default": self.serve})
+        signatures = {"serving_default": self.serve}
+        if self.serve_with_reference is not None:  # a model that reads references: also in a reference's voice
+            signatures[REFERENCE_SIGNATURE] = self.serve_with_reference
+        tf.saved_model.save(self, path, signatures=signatures)
         with tf.io.gfile.GFile(posixpath.join(path, EXPORT_MARK), "w") as f:
             f.write(json.dumps({"written_by": "melshards synthesize --export", "schema_version": self.schema.version}))
 
@@ -289,7 +322,7 @@ def load_synthesizer(model_dir: str, checkpoint: str | None = None) -> Synthesiz
     from melshards.train.checkpoints import restore_model
     from melshards.train.config import TrainConfig
     from melshards.train.model_dir import CONFIG_FILE
-    from melshards.train.plugins import build_model, can_generate
+    from melshards.train.plugins import build_model, can_generate, model_inputs
 
     check_model_dir(model_dir)
     latest = checkpoint or checkpoint_to_restore(model_dir)
@@ -309,7 +342,7 @@ def load_synthesizer(model_dir: str, checkpoint: str | None = None) -> Synthesiz
     check_fits_checkpoint(model, latest, model_dir)  # before restore, whose shape errors are TensorFlow tracebacks
     restore_model(model, latest)  # fails unless every variable of the model is restored
     log.info("restored %s", latest)
-    return Synthesizer(model, schema)
+    return Synthesizer(model, schema, reads_reference="reference_mel" in model_inputs(cfg.model_factory))
 
 
 def shape_mismatches(model, checkpoint: str) -> list[tuple[str, list[int], list[int]]]:

@@ -27,6 +27,7 @@ from melshards.train.config import LoopConfig
 from melshards.train.errors import TrainError
 from melshards.train.inputs import Inputs
 from melshards.train.plugins import build_model, model_inputs
+from melshards.train.references import same_clip
 from melshards.train.step import make_eval_step, make_optimizer, make_train_step, step_specs
 from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
 
@@ -117,6 +118,8 @@ class Trainer:
         self.choices = device.choices_for(device.step_device(self.topo.strategy), cfg.loop.jit_compile)
         with self.topo.scope():
             self.names = model_inputs(cfg.model_factory)  # MODEL_INPUTS + the features the model asks for
+            # a same_clip run's references: cut from each batch's mels in the input pipeline
+            self.same_clip = same_clip(self.inputs.schema, self.names)
             self.model, self.loss_names = build_model(
                 cfg.model_factory, self.inputs.schema, cfg.model_options, cfg.loop.precision, self.choices
             )
@@ -128,7 +131,9 @@ class Trainer:
         cfg = self.inputs.cfg
         # one replica's specs per bucket (each bucket's batch must divide by the replicas too)
         self.specs = {
-            tb.index: step_specs(tb.bucket, self.topo.per_replica_batch(tb.batch_size), None, self.names)
+            tb.index: step_specs(
+                tb.bucket, self.topo.per_replica_batch(tb.batch_size), None, self.names, self.same_clip
+            )
             for tb in self.buckets
             if tb.calls_per_epoch
         }
@@ -149,7 +154,9 @@ class Trainer:
             for i, specs in self.specs.items()
         }
         self.eval_steps = {
-            tb.index: make_eval_step(self.model, tb.bucket, tb.batch_size, self.names, cfg.loop.jit_compile)
+            tb.index: make_eval_step(
+                self.model, tb.bucket, tb.batch_size, self.names, cfg.loop.jit_compile, self.same_clip
+            )
             for tb in self.buckets
             if tb.val_files
         }
@@ -160,12 +167,12 @@ class Trainer:
         if self.topo.distributed:
             return {}
         train_specs = {
-            tb.index: step_specs(tb.bucket, tb.batch_size, self.k_steps, self.names)
+            tb.index: step_specs(tb.bucket, tb.batch_size, self.k_steps, self.names, self.same_clip)
             for tb in self.buckets
             if tb.index in self.train_steps
         }  # one device: the replica's batch is the bucket's
         eval_specs = {
-            tb.index: step_specs(tb.bucket, tb.batch_size, None, self.names)
+            tb.index: step_specs(tb.bucket, tb.batch_size, None, self.names, self.same_clip)
             for tb in self.buckets
             if tb.index in self.eval_steps
         }
@@ -219,7 +226,7 @@ class Trainer:
             if batch_size is not None:
                 data = dataclasses.replace(data, batch_size=batch_size)
             first = read_or_name_shard(
-                lambda: input_pipeline.first_batch(tb.files, tb.bucket, data, self.names),
+                lambda: input_pipeline.first_batch(tb.files, tb.bucket, data, self.names, self.same_clip),
                 list(tb.files),
                 self.inputs.schema,
             )
@@ -234,6 +241,7 @@ class Trainer:
             shard=shard,
             seed=seed,
             balance=self.balancing,
+            same_clip=self.same_clip,
         )
 
     def start_local_input(self, seed: int | None) -> None:
@@ -337,7 +345,12 @@ class Trainer:
             if tb.index not in self.eval_steps:
                 continue
             ds = input_pipeline.val_dataset(
-                tb.val_files, self.inputs.schema, tb.data_config(self.inputs.cfg.data), self.names, tb.bucket
+                tb.val_files,
+                self.inputs.schema,
+                tb.data_config(self.inputs.cfg.data),
+                self.names,
+                tb.bucket,
+                self.same_clip,
             )
             for batch in ds.take(max_batches) if max_batches else ds:
                 for k, v in self.eval_steps[tb.index](batch).items():

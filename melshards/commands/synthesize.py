@@ -121,10 +121,11 @@ def reference_from(path: str, schema) -> tuple:
     from melshards.preprocess.clips import ClipRejected
     from melshards.preprocess.references import reference_of_wav
 
-    if "reference_mel" not in {f.name for f in schema.features}:
+    if not schema.reference_frames:
         raise click.UsageError(
-            f"--reference {path}: this model's shards hold no references, so it reads none; leave out "
-            "--reference, or train a model that reads references on a run with reference.source: other_clip"
+            f"--reference {path}: this model's shards have no references, so it reads none; leave out "
+            "--reference, or train a model that reads references on a run with reference.source: other_clip "
+            "or same_clip"
         )
     try:
         return reference_of_wav(path, schema)
@@ -163,7 +164,9 @@ def reference_from(path: str, schema) -> tuple:
     "export_dir",
     default=None,
     help="Also save the generator as a SavedModel here (serving signature: text, speaker name, "
-    "language code -> mel); an existing DIR is written into only if it is empty or an earlier --export.",
+    "language code -> mel; for a model that reads references also `serving_with_reference`, taking a "
+    "reference log-mel and its valid frames); an existing DIR is written into only if it is empty or an "
+    "earlier --export.",
 )
 def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, language, reference, export_dir) -> None:
     """Speak TEXT with the model in --model-dir and write a WAV (Griffin-Lim vocoder)."""
@@ -172,6 +175,7 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, lang
     from melshards.shards_schema.text import TextRejected
     from melshards.train.errors import CheckpointError, RestoreError
     from melshards.train.synthesize import (
+        REFERENCE_SIGNATURE,
         check_model_dir,
         checkpoint_to_restore,
         load_synthesizer,
@@ -227,4 +231,12 @@ def synthesize_command(text, model_dir, output, griffin_lim_iters, speaker, lang
     )
     if export_dir:
         synth.export(export_dir)
-        click.echo(f"SavedModel with a serving signature (text, speaker, language -> mel, mel_len) -> {export_dir}")
+        with_reference = (
+            f", and {REFERENCE_SIGNATURE} (text, speaker, language, reference_mel, reference_len -> mel, mel_len)"
+            if synth.serve_with_reference is not None
+            else ""
+        )
+        click.echo(
+            f"SavedModel with a serving signature (text, speaker, language -> mel, mel_len){with_reference} "
+            f"-> {export_dir}"
+        )

@@ -99,6 +99,30 @@ def test_shards_with_other_speaker_ids_do_not_mix(shards_dir):
         schema.check_compatible(other, here="here", there="there")
 
 
+def test_runs_with_other_reference_settings_do_not_mix_but_other_fallback_counts_do(shards_dir, tmp_path):
+    """Schema.contract holds `reference` (a same_clip run's shape is in no bucket's features), less the
+    count of records that fell back to their own clip; shard discovery over two directories compares it."""
+    from melshards.shards_schema.shards import schemas_for
+
+    schema = read_schema(str(shards_dir))
+    other_clip = {"source": "other_clip", "frames": 40, "min_seconds": 3.0, "seed": 0, "single_clip": "own_clip"}
+    runs = {
+        "a": dict(other_clip, own_clip=0),
+        "b": dict(other_clip, own_clip=5),
+        "c": {"source": "same_clip", "frames": 40},
+        "d": {"source": "same_clip", "frames": 64},
+        "none": {},
+    }
+    for name, reference in runs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "schema.json").write_text(dataclasses.replace(schema, reference=reference).to_json())
+    files = {n: str(tmp_path / n / "train-b00-00000-of-00001.tfrecord") for n in runs}
+    assert schemas_for([files["a"], files["b"]], None)[1] == []
+    for one, two in (("a", "c"), ("c", "d"), ("c", "none")):
+        problems = schemas_for([files[one], files[two]], None)[1]
+        assert len(problems) == 1 and "differs" in problems[0].what and "in reference" in problems[0].what
+
+
 def test_an_edited_summary_disagreeing_with_the_buckets_is_refused(shards_dir):
     d = json.loads((shards_dir / "schema.json").read_text())
     d["max_mel_frames"] += 8

@@ -53,3 +53,11 @@ def test_a_resumed_iterator_cuts_what_an_uninterrupted_one_would(tmp_path):
     np.testing.assert_array_equal(np.stack(whole[2:]), np.stack([b["reference_mel"].numpy() for b in resumed]))
     assert any(not np.array_equal(whole[0], w) for w in whole)  # each batch its own draw
     assert set(next(iter(refs))) == {"mel_len", "reference_mel", "reference_len"}
+
+
+def test_a_bucket_shorter_than_the_reference_gives_its_whole_mel_padded():
+    """A length bucket of fewer frames than `frames` (short clips): the whole record, then the pad value."""
+    mel = np.arange(2 * 4, dtype=np.float32).reshape(2, 4, 1)
+    out = same_clip_reference(tf.constant(mel), tf.constant([4, 2], tf.int32), 6, tf.constant([0, 1], tf.int64), -9.0)
+    np.testing.assert_array_equal(out["reference_mel"].numpy()[..., 0], [[0, 1, 2, 3, -9, -9], [4, 5, -9, -9, -9, -9]])
+    assert out["reference_len"].numpy().tolist() == [4, 2] and out["reference_start"].numpy().tolist() == [0, 0]
