@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import TINY_CONFIG
+from tests.conftest import TINY_CONFIG, built_once
 
 # Smaller than configs/train_tiny.yaml so each compile stays short on 2 shared cores.
 TEST_CONFIG = {
@@ -82,17 +82,15 @@ def four_records(shards_dir, tmp_path_factory) -> Path:
 SPEAKERS, LANGUAGES = ("anna", "bert"), ("de", "en")
 
 
-@pytest.fixture(scope="session")
-def two_speakers_dir(corpus_dir, tmp_path_factory) -> Path:
-    """A merged multilingual run, as `melshards preprocess` makes it from two inputs: a manifest of
-    anna in English (three of every four good clips of the shipped corpus) and one of bert in
-    German (the fourth), over the shipped audio. Speakers of very different sizes, so balancing by
-    speaker drops records. One bucket, as shards_dir. Read-only for tests."""
+def two_speaker_run(corpus_dir: Path, tmp: Path, buckets: int) -> Path:
+    """`tmp/shards`: a merged multilingual run, as `melshards preprocess` makes it from two inputs: a
+    manifest of anna in English (three of every four good clips of the shipped corpus) and one of bert in
+    German (the fourth), over the shipped audio, in `buckets` length buckets of at least 4 training records
+    (TEST_CONFIG's batch; 16 in all). Speakers of very different sizes, so balancing by speaker drops records."""
     import csv
 
     from melshards.commands.preprocess import run
 
-    tmp = tmp_path_factory.mktemp("two")
     texts = [line.split("|") for line in (corpus_dir / "metadata.csv").read_text().splitlines()]
     wavs = {p.stem: p for p in (corpus_dir / "wavs").glob("*.wav")}
     rows = [(fields[0], fields[-1]) for fields in texts if len(fields) == 3 and fields[0] in wavs]
@@ -105,25 +103,42 @@ def two_speakers_dir(corpus_dir, tmp_path_factory) -> Path:
                 for i, (clip, text) in enumerate(rows)
                 if keep(i)
             )
+    cfg = yaml.safe_load(TINY_CONFIG.read_text())
+    cfg["pad"]["min_bucket_records"] = TEST_CONFIG["data"]["batch_size"]
+    (tmp / "preprocess.yaml").write_text(yaml.safe_dump(cfg))
     out = tmp / "shards"
+    inputs = ["--input", str(tmp / "anna.csv"), "--input", str(tmp / "bert.csv")]
     code = run(
         [
-            "--input",
-            str(tmp / "anna.csv"),
-            "--input",
-            str(tmp / "bert.csv"),
+            *inputs,
             "--output",
             str(out),
             "--config",
-            str(TINY_CONFIG),
+            str(tmp / "preprocess.yaml"),
             "--workers",
             "1",
             "--buckets",
-            "1",
+            str(buckets),
         ]
     )
     assert code == 0, f"preprocess exited with {code}"
     return out
+
+
+@pytest.fixture(scope="session")
+def two_speakers_dir(corpus_dir, tmp_path_factory) -> Path:
+    """`two_speaker_run` in one bucket, as shards_dir. Built once per session, shared by the xdist workers
+    (`built_once`). Read-only for tests."""
+    return built_once(tmp_path_factory, "two_speakers", lambda tmp: two_speaker_run(corpus_dir, tmp, 1)) / "shards"
+
+
+@pytest.fixture(scope="session")
+def two_speakers_bucketed_dir(corpus_dir, tmp_path_factory) -> Path:
+    """`two_speaker_run` in two length buckets. Built once per session (`built_once`). Read-only for tests."""
+    return (
+        built_once(tmp_path_factory, "two_speakers_bucketed", lambda tmp: two_speaker_run(corpus_dir, tmp, 2))
+        / "shards"
+    )
 
 
 # XLA's LLVM backend at -O0, and fused kernels from its elemental LLVM IR emitter instead of its MLIR fusion

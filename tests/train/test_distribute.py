@@ -1,4 +1,5 @@
-"""tf.distribute: mirrored against one device, two local workers joined by TF_CONFIG, preemption.
+"""tf.distribute: mirrored on 3 CPU devices against one device (a replica count that does not divide 8,
+validation under mirrored), two local workers joined by TF_CONFIG, preemption.
 
 Runs that need their own devices (--cpu-devices, TF_CONFIG) are `python -m melshards train`
 subprocesses; they share a persistent XLA cache so a model already compiled is not compiled again.
@@ -45,6 +46,21 @@ def test_an_unknown_strategy_in_the_config_is_refused(shards_dir):
 
     with pytest.raises(ConfigError, match="loop.strategy is 'gpus'; choose one of auto, one, mirrored"):
         TrainConfig().override(strategy="gpus").validate(read_schema(str(shards_dir)))
+
+
+def test_the_trainer_gives_every_bucket_a_batch_the_replicas_divide(bucketed_dir):
+    """3 replicas, global batch 3, all four buckets of bucketed_dir: [9, 6, 3, 3] (on one device [9, 7, 5, 3]).
+    gcd(B, 8) alone, or the replicas not passed on, gave batches 7 and 5, refused after the model dir was
+    written. (The mirrored run below trains two buckets whose batches are the same on one device.)"""
+    from melshards.train.config import config_from_dict
+    from melshards.train.inputs import resolve_inputs
+    from melshards.train.trainer import check_buckets
+    from tests.train.conftest import TEST_CONFIG
+
+    cfg = config_from_dict(dict(TEST_CONFIG, data=dict(TEST_CONFIG["data"], batch_size=3)))
+    inputs = resolve_inputs([str(bucketed_dir / "train-*.tfrecord")], [], None, cfg)
+    assert [tb.batch_size for tb in check_buckets(inputs, Topology("mirrored", None, replicas=3))] == [9, 6, 3, 3]
+    assert [tb.batch_size for tb in check_buckets(inputs, Topology("one", None))] == [9, 7, 5, 3]
 
 
 def test_workers_read_whole_files_when_each_gets_one_else_records():
@@ -129,45 +145,64 @@ def _summary(model_dir) -> dict:
 
 STEPS = 6
 NO_DROPOUT = {"dropout": 0.0, "prenet_dropout": 0.0}
-# Two of bucketed_dir's four length buckets: several buckets, each compiled per replica device
-# (every bucket more is three more compiles per mirrored run).
-TWO_BUCKETS = "train-b0[01]-*.tfrecord"
+# Three replicas, a global batch of 3, and two of bucketed_dir's four length buckets (9, 12, 11 and 8 training
+# records of 184, 224, 320 and 552 frames): on one device the buckets' batches are [9, 7, 5, 3]; under 3 replicas
+# every batch must divide by 3, [9, 6, 3, 3] (gcd(B, 8) alone gave [9, 7, 5, 3], refused after the model dir was
+# written, naming a batch never set). Buckets 0 and 3 get batches 9 and 3 both ways, so the two runs draw the same
+# seeded schedule of the same batches and their losses compare; both have validation records. Each bucket more
+# is three more compiles of the mirrored run.
+REPLICAS, BATCH, BUCKETS = 3, 3, "[03]"
+TRAIN_GLOB, VAL_GLOB = f"train-b0{BUCKETS}-*.tfrecord", f"val-b0{BUCKETS}-*.tfrecord"
 
 
 @pytest.fixture(scope="module")
 def one_and_mirrored(bucketed_dir, tmp_path_factory):
-    """The same 6 steps on two length buckets, without dropout: on one device (`one/`), and mirrored on
-    two CPU devices (`mirrored/`), from config `c.yaml`. Their compiled steps are kept in `xla/` for
-    later runs of the same model. Read-only for tests: copy a model dir before training it further."""
+    """The same 6 steps on two length buckets, global batch 3, without dropout: on one device (`one/`), and
+    mirrored on three CPU devices with validation (`mirrored/`), from config `c.yaml`. Their compiled steps
+    are kept in `xla/` for later runs of the same model. Read-only for tests: copy a model dir before
+    training it further."""
     tmp = tmp_path_factory.mktemp("one_and_mirrored")
     cfg = write_config(
         tmp / "c.yaml",
         model=NO_DROPOUT,
+        data={"batch_size": BATCH},
         # XLA as by default: under a strategy only each replica's pass is compiled (train/distribute.py)
         loop={"steps": STEPS, "log_every": 1, "checkpoint_every": STEPS, "val_every": STEPS, "jit_compile": True},
     )
+    val = ["--val", str(bucketed_dir / VAL_GLOB)]
     for model_dir, args in (
         ("one", ["--strategy", "one"]),
-        ("mirrored", ["--strategy", "mirrored", "--cpu-devices", "2"]),
+        ("mirrored", ["--strategy", "mirrored", "--cpu-devices", str(REPLICAS), *val]),
     ):
-        _finish(_train(bucketed_dir, tmp / model_dir, cfg, tmp / "xla", *args, train_glob=TWO_BUCKETS))
+        _finish(_train(bucketed_dir, tmp / model_dir, cfg, tmp / "xla", *args, train_glob=TRAIN_GLOB))
     return tmp
 
 
-def test_mirrored_on_two_cpu_devices_follows_the_single_device_losses(one_and_mirrored):
+def test_mirrored_on_three_cpu_devices_follows_the_single_device_losses(one_and_mirrored):
     """Two length buckets: each bucket's step compiled per replica device, under the one seeded schedule."""
     a, b = _losses(one_and_mirrored / "one"), _losses(one_and_mirrored / "mirrored")
     assert len(a) == len(b) == STEPS
     np.testing.assert_allclose(b, a, rtol=1e-5)  # measured: within 3e-7 (summation order)
     s, single = _summary(one_and_mirrored / "mirrored"), _summary(one_and_mirrored / "one")
-    assert (s["strategy"], s["replicas"], s["workers"]) == ("mirrored", 2, 1)
-    assert (s["global_batch_size"], s["per_replica_batch_size"]) == (4, 2)
+    assert (s["strategy"], s["replicas"], s["workers"]) == ("mirrored", REPLICAS, 1)
+    assert (s["global_batch_size"], s["per_replica_batch_size"]) == (BATCH, BATCH // REPLICAS)
     # the same seeded bucket schedule on both; each bucket's compiled per-replica pass is traced once
     # on each replica device, its outer function once
     used = single["buckets_used"]
     assert s["buckets_used"] == used == 2
-    assert s["train_step_traces"] == 2 * used and s["step_function_traces"] == used
+    assert s["train_step_traces"] == REPLICAS * used and s["step_function_traces"] == used
     assert single["train_step_traces"] == used
+
+
+def test_mirrored_on_3_devices_gives_every_bucket_a_batch_they_divide_and_validates(one_and_mirrored, bucketed_dir):
+    """A replica count that does not divide 8 (5, 6 and 7 are checked on the pure batch sizing,
+    tests/train/test_buckets.py): every bucket's batch divides by it, and validation runs under mirrored."""
+    s = _summary(one_and_mirrored / "mirrored")
+    batches = [b["batch_size"] for b in s["buckets"]]  # every bucket's, run or not
+    assert len(batches) == 4 and [b % REPLICAS for b in batches] == [0] * 4
+    val_records = sum(1 for f in bucketed_dir.glob(VAL_GLOB) for _ in tf.data.TFRecordDataset(str(f)))
+    assert s["final_losses"]["val"]["examples"] == val_records > 0
+    assert np.isfinite(s["final_losses"]["val"]["loss"])
 
 
 def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, bucketed_dir, tmp_path):
@@ -184,7 +219,7 @@ def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, bu
         "one",
         "--steps",
         str(more),
-        train_glob=TWO_BUCKETS,
+        train_glob=TRAIN_GLOB,
     )
     out = _finish(proc)
     assert f"at step {STEPS}" in out and "holds no input position" in out and "reshuffled the input" in out
