@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import weakref
 
 from melshards.train import xla_cache
 from melshards.train.compile import align_function_names, compile_steps
@@ -144,7 +145,11 @@ def test_the_state_is_kept_in_host_memory_not_on_the_device_while_the_warm_up_st
         return sum(
             1
             for o in gc.get_objects()
-            if isinstance(o, tf.Tensor) and not tf.is_symbolic_tensor(o) and tuple(o.shape) == (7, 13)
+            # a weak proxy is skipped unasked: one whose object is gone raises on any other question
+            if not isinstance(o, weakref.ProxyTypes)
+            and isinstance(o, tf.Tensor)
+            and not tf.is_symbolic_tensor(o)
+            and tuple(o.shape) == (7, 13)
         )  # values, not the trace's graph tensors
 
     before, during = tensors_of_the_state_s_shape(), []
