@@ -72,25 +72,11 @@ def percentile(hist: Mapping[int, int], q: float) -> int:
 
     Always an observed value, so a cut-off at p99 keeps exactly the clips <= that observed length.
     """
-    if not hist:
-        raise ValueError("percentile of an empty histogram")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile {q} outside [0, 100]")
-    values = sorted(hist)
-    if q == 0:
-        return values[0]
-    n = sum(hist.values())
-    target = q / 100.0 * n
-    seen = 0
-    for v in values:
-        seen += hist[v]
-        if seen >= target - 1e-9 * n:
-            return v
-    return values[-1]
+    return percentiles(hist, (q,))[q]
 
 
 def percentiles(hist: Mapping[int, int], qs: Iterable[float]) -> dict[float, int]:
-    """`percentile` of `hist` at each of `qs`, the histogram sorted once (the same values)."""
+    """`percentile` of `hist` at each of `qs` (the inverted-CDF rule, here alone), the histogram sorted once."""
     if not hist:
         raise ValueError("percentile of an empty histogram")
     values = sorted(hist)
@@ -114,7 +100,7 @@ def summarize(hist: Mapping[int, int], scale: float = 1.0) -> dict:
     return {
         "count": n,
         "mean": round(total / n * scale, 4),
-        "percentiles": {pkey(q): round(percentile(hist, q) * scale, 4) for q in REPORT_PERCENTILES},
+        "percentiles": {pkey(q): round(v * scale, 4) for q, v in percentiles(hist, REPORT_PERCENTILES).items()},
     }
 
 
