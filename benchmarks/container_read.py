@@ -16,9 +16,18 @@ audio bytes each, row groups of 100) in files of `--rows-per-file` rows (default
 shards an export by size, and a file of real clips that size holds about as many row groups; 0: one
 file), the read stage's DoFn (`corpus._ReadRows`) drained in a fresh process; its peak RSS above the
 RSS before reading (as `benchmarks.read_scale` measures the read stage), and the largest file's footer.
+With `--footer`, the same file's footer alone (`pq.read_metadata`, in a fresh process): the RSS it takes.
+
+worker fetch (`--fetch-row-groups`, e.g. 1000,5000): one parquet file of that many row groups of 100
+rows (the memory benchmark's file of as many rows), and a worker's fetch of `--fetch-batches` batches
+(row groups spread over the file, every row's bytes, `containers.clip_bytes`), in a fresh process,
+with the footers kept across batches (`containers.FOOTERS`, as the worker reads) and forgotten after
+every batch (each batch parses the footer: how the worker read before); the two interleaved in
+`--rounds` rounds, the order turned each round. Printed: ms per batch and µs per row (medians), the
+ratio, and the process' peak RSS growth.
 
 Run: python -m benchmarks.container_read [--clips 1000] [--rounds 3] [--no-mel] [--rows 10000,100000,200000]
-     [--rows-per-file 10000] [--work-dir DIR]
+     [--rows-per-file 10000] [--footer] [--fetch-row-groups 1000,5000] [--fetch-batches 40] [--work-dir DIR]
 """
 
 from __future__ import annotations
@@ -239,21 +248,94 @@ def child(path: str) -> dict:
     }
 
 
-def memory(root: Path, sizes: list[int], per_file: int) -> dict:
+def child_footer(path: str) -> dict:
+    """The RSS one file's footer takes parsed (`pq.read_metadata`), and its serialized size."""
+    import pyarrow.parquet as pq
+
+    before = _rss_gib()
+    metadata = pq.read_metadata(path)
+    return {
+        "rss_growth_mib": 1024 * (_rss_gib() - before),
+        "serialized_kib": metadata.serialized_size / 1024,
+        "row_groups": metadata.num_row_groups,
+    }
+
+
+def child_fetch(path: str, groups: int, batches: int, keep: bool) -> dict:
+    """A worker's fetch of `batches` row groups spread over one file of `groups` row groups of 100 rows
+    (`write_big_parquet`'s; not read from its footer here, which would be in the RSS before), each
+    row's bytes as Measure fetches them; the footers kept across batches (`keep`) or forgotten after each."""
+    from melshards.preprocess import containers
+
+    chosen = sorted({g * groups // batches for g in range(batches)})
+    containers.FOOTERS.clear()
+    before = _rss_gib()
+    start = time.perf_counter()
+    for g in chosen:
+        for i in range(100):
+            containers.clip_bytes(path, {"parquet": "audio", "row_group": g, "index": i})
+        containers.release_held()
+        if not keep:
+            containers.FOOTERS.clear()
+    wall = time.perf_counter() - start
+    return {
+        "ms_per_batch": 1e3 * wall / len(chosen),
+        "us_per_row": 1e6 * wall / (100 * len(chosen)),
+        "rss_growth_mib": 1024 * (_rss_gib() - before),
+    }
+
+
+def _in_child(*args: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.container_read", *args], capture_output=True, text=True, check=True
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def fetch(root: Path, row_groups: list[int], batches: int, rounds: int) -> dict:
+    modes = ("kept", "parsed per batch")
+    out = {}
+    print(
+        f"\na worker's fetch of {batches} batches (row groups of 100) spread over one file; medians of {rounds} rounds"
+    )
+    print(
+        "| row groups | footer KiB | footer kept: ms per batch | µs per row | parsed per batch: ms per batch "
+        "| µs per row | ratio (per batch ÷ kept) | peak RSS growth MiB (kept / per batch) |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    for groups in row_groups:
+        path = write_big_parquet(root / f"parquet-{100 * groups}-per-0", 100 * groups, 0)
+        file = str(next(path.glob("*.parquet")))
+        runs: dict[str, list[dict]] = {m: [] for m in modes}
+        for k in range(rounds):
+            for mode in modes[k % 2 :] + modes[: k % 2]:
+                args = ["--child-fetch", file, "--groups", str(groups), "--fetch-batches", str(batches)] + (
+                    ["--keep"] if mode == "kept" else []
+                )
+                runs[mode].append(_in_child(*args))
+        med = {m: {key: statistics.median(r[key] for r in v) for key in v[0]} for m, v in runs.items()}
+        kept, each = med["kept"], med["parsed per batch"]
+        footer_kib = _in_child("--child-footer", file)["serialized_kib"]
+        out[str(groups)] = {"footer_kib": footer_kib, **{m: med[m] for m in modes}}
+        print(
+            f"| {groups:,} | {footer_kib:.0f} | {kept['ms_per_batch']:.1f} | {kept['us_per_row']:.1f} | "
+            f"{each['ms_per_batch']:.1f} | {each['us_per_row']:.1f} | {each['ms_per_batch'] / kept['ms_per_batch']:.1f} | "
+            f"{kept['rss_growth_mib']:.1f} / {each['rss_growth_mib']:.1f} |"
+        )
+    return out
+
+
+def memory(root: Path, sizes: list[int], per_file: int, footer: bool = False) -> dict:
     import pyarrow.parquet as pq
 
     runs = {}
     for n in sizes:
         path = write_big_parquet(root / f"parquet-{n}-per-{per_file}", n, per_file)
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.container_read", "--child", str(path)],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
         files = sorted(path.glob("*.parquet"))
+        largest = max(files, key=lambda f: pq.read_metadata(f).serialized_size)
         runs[n] = {
-            **json.loads(proc.stdout.strip().splitlines()[-1]),
+            **_in_child("--child", str(path)),
+            "footer_rss_mib": _in_child("--child-footer", str(largest))["rss_growth_mib"] if footer else None,
             "files": len(files),
             "mib": sum(f.stat().st_size for f in files) / 2**20,
             "largest_footer_kib": max(pq.ParquetFile(f).metadata.serialized_size for f in files) / 1024,
@@ -261,12 +343,13 @@ def memory(root: Path, sizes: list[int], per_file: int) -> dict:
     shards = f"files of {per_file:,} rows" if per_file else "one file"
     print(f"\nthe read stage on a parquet export ({shards}, row groups of 100)")
     print(
-        "| rows | files | MiB | largest footer KiB | wall s | µs per row | RSS before MiB | RSS growth MiB |\n"
-        "|---|---:|---:|---:|---:|---:|---:|---:|"
+        "| rows | files | MiB | largest footer KiB | its footer parsed alone: RSS MiB | wall s | µs per row "
+        "| RSS before MiB | RSS growth MiB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     for n, r in runs.items():
+        alone = f"{r['footer_rss_mib']:.1f}" if footer else "-"
         print(
-            f"| {n:,} | {r['files']} | {r['mib']:.0f} | {r['largest_footer_kib']:.0f} | {r['wall_s']:.2f} | "
+            f"| {n:,} | {r['files']} | {r['mib']:.0f} | {r['largest_footer_kib']:.0f} | {alone} | {r['wall_s']:.2f} | "
             f"{1e6 * r['wall_s'] / n:.1f} | {r['rss_before_mib']:.0f} | {r['rss_growth_mib']:.1f} |"
         )
     return {str(n): r for n, r in runs.items()}
@@ -280,10 +363,22 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rows-per-file", type=int, default=10000, help="the export's files' rows (0: one file)")
     ap.add_argument("--no-mel", action="store_true", help="time the read, fetch and decode alone")
     ap.add_argument("--work-dir", default=os.environ.get("MELSHARDS_BENCH_DIR", WORK))
+    ap.add_argument("--footer", action="store_true", help="also the RSS of the largest footer parsed alone")
+    ap.add_argument("--fetch-row-groups", default="", help="a worker's fetch from one file of these many row groups")
+    ap.add_argument("--fetch-batches", type=int, default=40)
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child-footer", help=argparse.SUPPRESS)
+    ap.add_argument("--child-fetch", help=argparse.SUPPRESS)
+    ap.add_argument("--keep", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--groups", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.child:
-        print(json.dumps(child(args.child)))
+    if args.child or args.child_footer or args.child_fetch:
+        if args.child:
+            print(json.dumps(child(args.child)))
+        elif args.child_footer:
+            print(json.dumps(child_footer(args.child_footer)))
+        else:
+            print(json.dumps(child_fetch(args.child_fetch, args.groups, args.fetch_batches, args.keep)))
         return {}
     root = Path(args.work_dir) / "container-read"
     result = {
@@ -291,7 +386,12 @@ def main(argv: list[str] | None = None) -> dict:
         "throughput": throughput(root / f"clips-{args.clips}", args.clips, args.rounds, not args.no_mel)
         if args.clips
         else {},
-        "memory": memory(root, [int(n) for n in args.rows.split(",")], args.rows_per_file) if args.rows else {},
+        "memory": memory(root, [int(n) for n in args.rows.split(",")], args.rows_per_file, args.footer)
+        if args.rows
+        else {},
+        "fetch": fetch(root, [int(n) for n in args.fetch_row_groups.split(",")], args.fetch_batches, args.rounds)
+        if args.fetch_row_groups
+        else {},
     }
     emit(result)
     return result

@@ -23,9 +23,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import os
 import posixpath
 import tarfile
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
@@ -163,15 +165,79 @@ def _holds_audio_bytes(kind) -> bool:
     return bool(pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind))
 
 
-def _parquet_file(path: str, stack: contextlib.ExitStack):
+def _parquet_file(path: str, stack: contextlib.ExitStack, metadata=None):
     """A `pyarrow.parquet.ParquetFile` of `path`: a local file by its path (Arrow's own reads, no
     Python file object between; not memory-mapped, which would keep every page the reads touch in
-    the process' RSS), a remote one through Beam's FileSystems (closed with `stack`)."""
+    the process' RSS), a remote one through Beam's FileSystems (closed with `stack`). With
+    `metadata` (the file's parsed footer) the footer is not read again."""
     import pyarrow.parquet as pq
 
     if is_local_path(path):
-        return pq.ParquetFile(path)
-    return pq.ParquetFile(stack.enter_context(FileSystems.open(path)))
+        return pq.ParquetFile(path, metadata=metadata)
+    return pq.ParquetFile(stack.enter_context(FileSystems.open(path)), metadata=metadata)
+
+
+def _file_stamp(path: str) -> tuple:
+    """What tells one version of a file from another: a local file's size, modification and change
+    times (ns) and inode; a remote one's size and update time (its file system's metadata call)."""
+    if is_local_path(path):
+        st = os.stat(path)
+        return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+    m = FileSystems.get_filesystem(path).metadata(path)
+    return (m.size_in_bytes, getattr(m, "last_updated_in_seconds", 0))
+
+
+# The parsed footers a process keeps for the workers' batches: at most this many bytes of serialized
+# footer (parsed, Arrow holds about 5 times that: docs/performance.md#parquet-and-webdataset-inputs),
+# or the one footer read last when it alone is bigger.
+FOOTER_CACHE_BYTES = 4 * 2**20
+
+
+class _Footers:
+    """Parsed parquet footers by path, the least recently used let go past FOOTER_CACHE_BYTES of
+    serialized footer; each with its file's stamp (`_file_stamp`), so a file changed since is read
+    with its new footer, never a stale one. Shared by the process' threads."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.kept: OrderedDict[str, tuple[tuple, Any]] = OrderedDict()
+
+    def get(self, path: str, stamp: tuple):
+        with self.lock:
+            found = self.kept.get(path)
+            if found is None or found[0] != stamp:
+                return None
+            self.kept.move_to_end(path)
+            return found[1]
+
+    def put(self, path: str, stamp: tuple, metadata) -> None:
+        with self.lock:
+            self.kept[path] = (stamp, metadata)
+            self.kept.move_to_end(path)
+            total = sum(int(m.serialized_size) for _, m in self.kept.values())
+            while len(self.kept) > 1 and total > FOOTER_CACHE_BYTES:
+                _, (_, old) = self.kept.popitem(last=False)
+                total -= int(old.serialized_size)
+
+    def clear(self) -> None:
+        """Let go of every footer kept."""
+        with self.lock:
+            self.kept.clear()
+
+
+FOOTERS = _Footers()
+
+
+def _kept_parquet_file(path: str, stack: contextlib.ExitStack):
+    """`_parquet_file(path)` with its footer parsed once per process while the file is unchanged
+    (FOOTERS): a worker reads a file's row groups batch by batch, and Arrow parses a footer whole,
+    so parsing it per batch costs a file of N row groups N parses of size N."""
+    stamp = _file_stamp(path)
+    metadata = FOOTERS.get(path, stamp)
+    pf = _parquet_file(path, stack, metadata)
+    if metadata is None:
+        FOOTERS.put(path, stamp, pf.metadata)
+    return pf
 
 
 _HELD = threading.local()  # this thread's held reader: (kind, path, ...) -> an open file, or a row group's audio
@@ -205,7 +271,7 @@ def _row_group_audio(path: str, group: int, column: str) -> _AudioValues:
 
     def read() -> _AudioValues:
         with contextlib.ExitStack() as stack:
-            pf = _parquet_file(path, stack)
+            pf = _kept_parquet_file(path, stack)
             kind = pf.schema_arrow.field(column).type
             struct = hasattr(kind, "get_field_index") and kind.get_field_index("bytes") >= 0
             # An audio struct's `bytes` alone (its `path` is not read); one thread: a column is one job

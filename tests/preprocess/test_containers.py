@@ -266,6 +266,59 @@ def test_a_parquet_rows_audio_bytes_are_read_from_binary_large_binary_or_struct_
         assert got == [b"one", "the row's audio bytes are null", expected_empty, b"four"], name
 
 
+@pytest.fixture
+def footer_parses(monkeypatch):
+    """The parquet footers parsed from here on (a ParquetFile opened without `metadata=`), with the
+    process' kept footers forgotten before and after."""
+    parsed: list[str] = []
+    real = pq.ParquetFile
+
+    def spy(source, *args, metadata=None, **kwargs):
+        if metadata is None:
+            parsed.append(str(source))
+        return real(source, *args, metadata=metadata, **kwargs)
+
+    monkeypatch.setattr(pq, "ParquetFile", spy)
+    containers.FOOTERS.clear()
+    yield parsed
+    containers.FOOTERS.clear()
+
+
+def _fetch_batch(path: str, group: int, rows: int) -> list[bytes]:
+    got = [containers.clip_bytes(path, {"parquet": "audio", "row_group": group, "index": i}) for i in range(rows)]
+    containers.release_held()  # the end of a batch, as Measure lets go
+    return got
+
+
+def test_a_worker_parses_a_parquet_footer_once_across_batches_and_again_once_the_file_changes(tmp_path, footer_parses):
+    path = str(tmp_path / "a.parquet")
+    pq.write_table(pa.table({"audio": [b"a0", b"a1", b"a2", b"a3"], "text": list("abcd")}), path, row_group_size=2)
+    assert _fetch_batch(path, 0, 2) + _fetch_batch(path, 1, 2) == [b"a0", b"a1", b"a2", b"a3"]
+    assert footer_parses == [path]
+    # rewritten in place: other bytes, row groups of 3 (a stale footer would read the wrong rows)
+    pq.write_table(pa.table({"audio": [b"b0", b"b1x", b"b2", b"b3"], "text": list("abcd")}), path, row_group_size=3)
+    assert _fetch_batch(path, 0, 3) + _fetch_batch(path, 1, 1) == [b"b0", b"b1x", b"b2", b"b3"]
+    assert footer_parses == [path, path]
+
+
+def test_the_kept_footers_stay_within_their_budget_the_least_recently_used_let_go(tmp_path, footer_parses, monkeypatch):
+    paths = [str(tmp_path / f"{name}.parquet") for name in "abc"]
+    for p in paths:
+        pq.write_table(pa.table({"audio": [p.encode()], "text": ["t"]}), p)
+    size = pq.read_metadata(paths[0]).serialized_size
+    monkeypatch.setattr(containers, "FOOTER_CACHE_BYTES", 2 * size)  # two of these footers
+    for p in (*paths, paths[2], paths[1], paths[0]):
+        assert _fetch_batch(p, 0, 1) == [p.encode()]
+    assert footer_parses == [*paths, paths[0]]  # c and b were kept; a, the oldest, was let go for c
+    monkeypatch.setattr(containers, "FOOTER_CACHE_BYTES", 0)  # below one footer: the last one read is kept
+    assert _fetch_batch(paths[2], 0, 1) + _fetch_batch(paths[2], 0, 1) + _fetch_batch(paths[0], 0, 1) == [
+        paths[2].encode(),
+        paths[2].encode(),
+        paths[0].encode(),
+    ]
+    assert footer_parses == [*paths, paths[0], paths[2], paths[0]]  # c alone kept, then a alone
+
+
 def test_a_segment_past_its_recording_reversed_or_overlapping_is_rejected(tmp_path):
     manifest = write_long(tmp_path / "long")
     with Spill() as spill:
