@@ -15,8 +15,9 @@ memory (`--rows`, default 10000,100000,200000): a parquet export of that many ro
 audio bytes each, row groups of 100) in files of `--rows-per-file` rows (default 10,000: `datasets`
 shards an export by size, and a file of real clips that size holds about as many row groups; 0: one
 file), the read stage's DoFn (`corpus._ReadRows`) drained in a fresh process; its peak RSS above the
-RSS before reading (as `benchmarks.read_scale` measures the read stage), and the largest file's footer.
-With `--footer`, the same file's footer alone (`pq.read_metadata`, in a fresh process): the RSS it takes.
+RSS before reading (the process' own peak, from `/proc/self/status`), and the largest file's footer.
+With `--footer`, the largest file's footer alone (`pq.read_metadata`), and its rows drained as the read
+stage reads them (`containers.parquet_rows`), each in a fresh process: the RSS they take.
 
 worker fetch (`--fetch-row-groups`, e.g. 1000,5000): one parquet file of that many row groups of 100
 rows (the memory benchmark's file of as many rows), and a worker's fetch of `--fetch-batches` batches
@@ -37,7 +38,6 @@ import csv
 import io
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -227,8 +227,22 @@ def write_big_parquet(root: Path, rows: int, per_file: int) -> Path:
     return root
 
 
-def _rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+def _status_mib(field: str) -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":")) / 1024
+
+
+def _peak_from_here() -> float:
+    """This process' RSS now (MiB), its peak reset to it (Linux: `/proc/self/clear_refs`): the peak
+    read later (`_peak_mib`) is this process' own from here on. (`getrusage`'s peak is not: a child
+    process' starts at its parent's RSS when it was started, and an import's transient peak stays in it.)"""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status_mib("VmRSS")
+
+
+def _peak_mib() -> float:
+    return _status_mib("VmHWM")
 
 
 def child(path: str) -> dict:
@@ -236,14 +250,14 @@ def child(path: str) -> dict:
     from melshards.preprocess.sources import detect_corpus
 
     corpora = named([detect_corpus(path, language="en")])
-    before = _rss_gib()
+    before = _peak_from_here()
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="melshards-container-read-") as stash:
         elements = sum(1 for _ in _ReadRows(corpora, stash).process(None))
     return {
         "wall_s": time.perf_counter() - start,
-        "rss_growth_mib": 1024 * (_rss_gib() - before),
-        "rss_before_mib": 1024 * before,
+        "rss_growth_mib": _peak_mib() - before,
+        "rss_before_mib": before,
         "elements": elements,
     }
 
@@ -252,13 +266,23 @@ def child_footer(path: str) -> dict:
     """The RSS one file's footer takes parsed (`pq.read_metadata`), and its serialized size."""
     import pyarrow.parquet as pq
 
-    before = _rss_gib()
+    before = _peak_from_here()
     metadata = pq.read_metadata(path)
     return {
-        "rss_growth_mib": 1024 * (_rss_gib() - before),
+        "rss_growth_mib": _peak_mib() - before,
         "serialized_kib": metadata.serialized_size / 1024,
         "row_groups": metadata.num_row_groups,
     }
+
+
+def child_rows(path: str) -> dict:
+    """The peak RSS of draining one file's rows as the read stage reads them (`containers.parquet_rows`,
+    without the spill and the batches after it): its footer, one batch of its columns, one row."""
+    from melshards.preprocess import containers
+
+    before = _peak_from_here()
+    rows = sum(1 for _ in containers.parquet_rows(path, 0))
+    return {"rss_growth_mib": _peak_mib() - before, "rows": rows}
 
 
 def child_fetch(path: str, groups: int, batches: int, keep: bool) -> dict:
@@ -269,7 +293,7 @@ def child_fetch(path: str, groups: int, batches: int, keep: bool) -> dict:
 
     chosen = sorted({g * groups // batches for g in range(batches)})
     containers.FOOTERS.clear()
-    before = _rss_gib()
+    before = _peak_from_here()
     start = time.perf_counter()
     for g in chosen:
         for i in range(100):
@@ -281,7 +305,7 @@ def child_fetch(path: str, groups: int, batches: int, keep: bool) -> dict:
     return {
         "ms_per_batch": 1e3 * wall / len(chosen),
         "us_per_row": 1e6 * wall / (100 * len(chosen)),
-        "rss_growth_mib": 1024 * (_rss_gib() - before),
+        "rss_growth_mib": _peak_mib() - before,
     }
 
 
@@ -336,6 +360,7 @@ def memory(root: Path, sizes: list[int], per_file: int, footer: bool = False) ->
         runs[n] = {
             **_in_child("--child", str(path)),
             "footer_rss_mib": _in_child("--child-footer", str(largest))["rss_growth_mib"] if footer else None,
+            "rows_rss_mib": _in_child("--child-rows", str(largest))["rss_growth_mib"] if footer else None,
             "files": len(files),
             "mib": sum(f.stat().st_size for f in files) / 2**20,
             "largest_footer_kib": max(pq.ParquetFile(f).metadata.serialized_size for f in files) / 1024,
@@ -343,11 +368,11 @@ def memory(root: Path, sizes: list[int], per_file: int, footer: bool = False) ->
     shards = f"files of {per_file:,} rows" if per_file else "one file"
     print(f"\nthe read stage on a parquet export ({shards}, row groups of 100)")
     print(
-        "| rows | files | MiB | largest footer KiB | its footer parsed alone: RSS MiB | wall s | µs per row "
-        "| RSS before MiB | RSS growth MiB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| rows | files | MiB | largest footer KiB | its footer parsed alone: RSS MiB | its rows drained: RSS MiB "
+        "| wall s | µs per row | RSS before MiB | RSS growth MiB |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     for n, r in runs.items():
-        alone = f"{r['footer_rss_mib']:.1f}" if footer else "-"
+        alone = f"{r['footer_rss_mib']:.1f} | {r['rows_rss_mib']:.1f}" if footer else "- | -"
         print(
             f"| {n:,} | {r['files']} | {r['mib']:.0f} | {r['largest_footer_kib']:.0f} | {alone} | {r['wall_s']:.2f} | "
             f"{1e6 * r['wall_s'] / n:.1f} | {r['rss_before_mib']:.0f} | {r['rss_growth_mib']:.1f} |"
@@ -369,12 +394,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--child-footer", help=argparse.SUPPRESS)
     ap.add_argument("--child-fetch", help=argparse.SUPPRESS)
+    ap.add_argument("--child-rows", help=argparse.SUPPRESS)
     ap.add_argument("--keep", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--groups", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.child or args.child_footer or args.child_fetch:
+    if args.child or args.child_footer or args.child_fetch or args.child_rows:
         if args.child:
             print(json.dumps(child(args.child)))
+        elif args.child_rows:
+            print(json.dumps(child_rows(args.child_rows)))
         elif args.child_footer:
             print(json.dumps(child_footer(args.child_footer)))
         else:

@@ -12,8 +12,8 @@ A row of these layouts names its audio as `audio` (the parquet file, the tar, th
 The read stage reads no audio: a parquet file's other columns (the audio column's `path` alone), a
 tar's headers and its small `.json` members (the audio members are skipped by seeking). The audio is
 read where the clip is measured, by `clip_bytes` (one row group's audio column, held for the rows
-of a batch that fall in it; a tar member's byte range, the tar held open for the batch's next
-members) and decoded from memory
+of a batch that fall in it, the file's parsed footer kept for its next batches: FOOTERS; a tar
+member's byte range, the tar held open for the batch's next members) and decoded from memory
 (`melshards.preprocess.audio.decode_audio`); a segment decodes its span only. So the audio is read
 by every worker in parallel, never all by one process.
 """
@@ -117,7 +117,12 @@ def parquet_rows(path: str, start: int, overrides: Mapping[str, str] | None = No
     """One parquet file's rows -> items, row positions from `start`. Its columns but the audio bytes
     are read, a batch at a time; a row's id is its id column, else its audio `path`'s stem, else
     `<file stem>-<row>`. A row whose audio is null, or whose table has no audio or text column ->
-    `missing_audio` / `missing_text`."""
+    `missing_audio` / `missing_text`.
+
+    Holds the file's footer, parsed whole by Arrow (no part of a footer can be read alone: about 8 KB
+    per row group of 5 columns), one batch of the columns read and one row, nothing per row group or
+    row beyond: the memory grows with the largest file's row groups, not with the rows read. The
+    footer is parsed here, not taken from FOOTERS, so the read stage holds one file's at a time."""
     with contextlib.ExitStack() as stack:
         pf = _parquet_file(path, stack)
         names = pf.schema_arrow.names
@@ -188,7 +193,7 @@ def _file_stamp(path: str) -> tuple:
 
 
 # The parsed footers a process keeps for the workers' batches: at most this many bytes of serialized
-# footer (parsed, Arrow holds about 5 times that: docs/performance.md#parquet-and-webdataset-inputs),
+# footer (parsed, Arrow holds about 4 times that: docs/performance.md#parquet-and-webdataset-inputs),
 # or the one footer read last when it alone is bigger.
 FOOTER_CACHE_BYTES = 4 * 2**20
 
