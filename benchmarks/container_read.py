@@ -8,8 +8,9 @@ rounds interleaved form by form (`--rounds`), the read stage's rows (`sources.re
 clip's audio fetched and decoded as Measure does it (`clips.load_decoded`, in the read stage's
 batches, `corpus.batches`: 32 rows, or one parquet row group; what is held let go after each),
 then measured (`clips.analyse_audio`: decode, trim, mel); and apart, each clip's bytes fetched alone
-(the decode is the same work for every form: the fetch is what the container changes). Printed: ms
-per clip, median over rounds (the forms' order turned each round), and the ratio to the WAV files.
+(the decode is the same work for every form: the fetch is what the container changes); and the local
+progress line's row count (`sources.count_input_rows`, paid before the job). Printed: ms per clip,
+median over rounds (the forms' order turned each round), and the ratio to the WAV files.
 
 memory (`--rows`, default 10000,100000,200000): a parquet export of that many rows (about 0.8 KB of
 audio bytes each, row groups of 100) in files of `--rows-per-file` rows (default 10,000: `datasets`
@@ -121,18 +122,24 @@ def _fetch(row: dict) -> bytes:
         return f.read()
 
 
-def time_form(path: Path, mel: bool = True) -> tuple[float, float, float, float, int]:
-    """(read stage s, fetch s, fetch + decode s, fetch + decode + trim + mel s, clips) for one form."""
+def time_form(path: Path, mel: bool = True) -> tuple[float, float, float, float, float, int]:
+    """(read stage s, fetch s, fetch + decode s, fetch + decode + trim + mel s, the local progress line's
+    row count s, clips) for one form."""
     from melshards.preprocess import containers
     from melshards.preprocess.clips import analyse_audio, load_decoded
     from melshards.preprocess.config import PreprocessConfig
     from melshards.preprocess.corpus import MAX_BATCH_ROWS, batches
-    from melshards.preprocess.sources import detect_corpus, read_input
+    from melshards.preprocess.sources import count_input_rows, detect_corpus, read_input
 
     cfg = PreprocessConfig()
+    corpus = detect_corpus(str(path), language="en")
     start = time.perf_counter()
-    rows = read_input(detect_corpus(str(path), language="en")).rows
+    counted = count_input_rows(corpus)
+    count = time.perf_counter() - start
+    start = time.perf_counter()
+    rows = read_input(corpus).rows
     read = time.perf_counter() - start
+    assert counted == len(rows), (path, counted, len(rows))
     start = time.perf_counter()
     for batch in batches(rows, MAX_BATCH_ROWS):
         for r in batch:
@@ -150,7 +157,7 @@ def time_form(path: Path, mel: bool = True) -> tuple[float, float, float, float,
         for r in batch:
             analyse_audio(r["audio"], cfg, locator=r.get("locator"))
         containers.release_held()
-    return read, fetch, decode, time.perf_counter() - start, len(rows)
+    return read, fetch, decode, time.perf_counter() - start, count, len(rows)
 
 
 def throughput(root: Path, clips: int, rounds: int, mel: bool = True) -> dict:
@@ -160,24 +167,28 @@ def throughput(root: Path, clips: int, rounds: int, mel: bool = True) -> dict:
     for k in range(rounds):
         # interleaved, the order turned each round: a busy spell or a place in the round falls on every form
         for form in FORMS[k % len(FORMS) :] + FORMS[: k % len(FORMS)]:
-            read, fetch, decode, measure, n = time_form(forms[form], mel)
+            read, fetch, decode, measure, count, n = time_form(forms[form], mel)
             assert n == clips, (form, n)
-            per[form].append(tuple(1e3 * x / n for x in (read, fetch, decode, measure, read + fetch, read + decode)))
-    med = {f: tuple(statistics.median(x[k] for x in v) for k in range(6)) for f, v in per.items()}
+            per[form].append(
+                tuple(1e3 * x / n for x in (read, fetch, decode, measure, read + fetch, read + decode, count))
+            )
+    med = {f: tuple(statistics.median(x[k] for x in v) for k in range(7)) for f, v in per.items()}
     print(f"\n{clips} clips, {rounds} rounds interleaved; ms per clip (median), ratio to the WAV files")
     print(
         "| form | read stage | fetch | read + fetch (÷ WAV) | fetch + decode | read + fetch + decode (÷ WAV) "
-        "| measure (decode, trim, mel) | read + measure (÷ WAV) |\n|---|---:|---:|---:|---:|---:|---:|---:|"
+        "| measure (decode, trim, mel) | read + measure (÷ WAV) | progress count |\n"
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     w = med["wav"]
     out = {}
     for form in FORMS:
-        r, f, d, m, rf, rd = med[form]
+        r, f, d, m, rf, rd, c = med[form]
         out[form] = {
             "read_ms": r,
             "fetch_ms": f,
             "decode_ms": d,
             "measure_ms": m,
+            "count_ms": c,
             "read_fetch_ratio": rf / w[4],
             "read_decode_ratio": rd / w[5],
             "read_measure_ratio": (r + m) / (w[0] + w[3]) if mel else None,
@@ -186,7 +197,8 @@ def throughput(root: Path, clips: int, rounds: int, mel: bool = True) -> dict:
             f"| {form} | {r:.3f} | {f:.3f} | {rf:.3f} ({out[form]['read_fetch_ratio']:.2f}) | {d:.3f} | "
             f"{rd:.3f} ({out[form]['read_decode_ratio']:.2f}) | "
             + (f"{m:.3f} | " if mel else "- | ")
-            + (f"{r + m:.3f} ({out[form]['read_measure_ratio']:.2f}) |" if mel else "- |")
+            + (f"{r + m:.3f} ({out[form]['read_measure_ratio']:.2f}) | " if mel else "- | ")
+            + f"{c:.3f} |"
         )
     return out
 
