@@ -468,7 +468,12 @@ def clip_bytes(path: str, locator: Mapping) -> bytes:
         if len(member) != int(locator["size"]):
             raise OSError(f"{path}: member {locator['member']} is cut short ({len(member)} of {locator['size']} bytes)")
         return member
-    data = _row_group_audio(path, int(locator["row_group"]), str(locator["parquet"]))[int(locator["index"])]
+    group, index = int(locator["row_group"]), int(locator["index"])
+    try:
+        data = _row_group_audio(path, group, str(locator["parquet"]))[index]
+    except (IndexError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        # the row was listed from the file's footer at the read stage: the file changed since
+        raise OSError(f"{path}: row group {group} has no row {index} (the file changed during the run?)") from e
     if not data:
         raise NoAudio("the row's audio bytes are null" if data is None else "the row's audio bytes are empty")
     return data

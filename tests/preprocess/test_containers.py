@@ -301,6 +301,17 @@ def test_a_worker_parses_a_parquet_footer_once_across_batches_and_again_once_the
     assert footer_parses == [path, path]
 
 
+def test_a_parquet_row_gone_from_its_file_since_it_was_listed_is_rejected_not_fatal(tmp_path):
+    path = tmp_path / "a.parquet"
+    pq.write_table(pa.table({"audio": [b"a0", b"a1", b"a2"], "text": list("abc")}), path, row_group_size=2)
+    cfg = PreprocessConfig()
+    for group, index in ((5, 0), (1, 1)):  # a row group or a row the file no longer has
+        with pytest.raises(ClipRejected) as gone:
+            load_decoded(str(path), cfg, {"parquet": "audio", "row_group": group, "index": index})
+        containers.release_held()
+        assert gone.value.reason == "unreadable_audio" and "the file changed during the run" in gone.value.detail
+
+
 def test_the_kept_footers_stay_within_their_budget_the_least_recently_used_let_go(tmp_path, footer_parses, monkeypatch):
     paths = [str(tmp_path / f"{name}.parquet") for name in "abc"]
     for p in paths:
