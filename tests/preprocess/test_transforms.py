@@ -822,38 +822,30 @@ def test_a_manifest_names_its_audio_file_so_a_second_file_beside_it_is_no_ambigu
         assert_that(out["rejected"], equal_to([]), label="rejected")
 
 
-SHORT_ROW_MANIFESTS = [
-    ("m.csv", "audio,text\na.wav,Hello.\nb.wav\n"),
-    ("m.csv", "audio,text,speaker\na.wav,Hello.,s1\nb.wav,Bye.\n"),  # short by its optional column too
-    ("m.tsv", "audio\ttext\na.wav\tHello.\nb.wav\n"),
-    ("m.jsonl", '{"audio": "a.wav", "text": "Hello."}\n{"audio": "b.wav"}\n'),
-]
-
-
-def test_a_manifest_row_with_too_few_columns_is_malformed_not_empty_text(tmp_path):
-    """Each manifest of SHORT_ROW_MANIFESTS: its parser's rows, then ReadCorpus of it (one pipeline reads
-    them all, each in a branch of its own)."""
+@pytest.mark.parametrize(
+    "name,content",
+    [
+        ("m.csv", "audio,text\na.wav,Hello.\nb.wav\n"),
+        ("m.csv", "audio,text,speaker\na.wav,Hello.,s1\nb.wav,Bye.\n"),  # short by its optional column too
+        ("m.tsv", "audio\ttext\na.wav\tHello.\nb.wav\n"),
+        ("m.jsonl", '{"audio": "a.wav", "text": "Hello."}\n{"audio": "b.wav"}\n'),
+    ],
+)
+def test_a_manifest_row_with_too_few_columns_is_malformed_not_empty_text(tmp_path, name, content):
     from melshards.preprocess.manifests import parse_manifest
 
-    corpora = []
-    for k, (name, content) in enumerate(SHORT_ROW_MANIFESTS):
-        (tmp_path / str(k)).mkdir()
-        path = tmp_path / str(k) / name
-        path.write_text(content)
-        (i, first), (j, second) = parse_manifest(content.splitlines(keepends=True), str(path), str(tmp_path / str(k)))
-        assert (i, first["id"], first["text"], j) == (0, "a", "Hello.", 1), (k, name)
-        assert isinstance(second, ValueError) and str(second).startswith("row 2: "), (k, name)
-        corpora.append(detect_corpus(str(path), language="en"))
+    (tmp_path / name).write_text(content)
+    (i, first), (j, second) = parse_manifest(content.splitlines(keepends=True), str(tmp_path / name), str(tmp_path))
+    assert (i, first["id"], first["text"], j) == (0, "a", "Hello.", 1)
+    assert isinstance(second, ValueError) and str(second).startswith("row 2: ")
     with pipeline() as p:
-        for k, corpus in enumerate(corpora):
-            out = p | f"Read{k}" >> ReadCorpus(corpus, str(tmp_path / str(k) / "stash"))
-            rows = out["batches"] | f"Unbatch{k}" >> beam.FlatMap(load_rows) | f"Id{k}" >> beam.Map(lambda r: r["id"])
-            assert_that(rows, equal_to(["a"]), label=f"rows of manifest {k}")
-            assert_that(
-                out["rejected"] | f"Reason{k}" >> beam.Map(lambda r: (r["id"], r["reason"])),
-                equal_to([("row-2", "malformed_row")]),
-                label=f"rejected of manifest {k}",
-            )
+        out = p | ReadCorpus(detect_corpus(str(tmp_path / name), language="en"), str(tmp_path / "stash"))
+        assert_that(_flat(out["batches"]) | beam.Map(lambda r: r["id"]), equal_to(["a"]), label="rows")
+        assert_that(
+            out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
+            equal_to([("row-2", "malformed_row")]),
+            label="rejected",
+        )
 
 
 def test_a_short_csv_row_is_named_with_the_header_it_falls_short_of():
