@@ -234,9 +234,11 @@ features: {pitch: true, energy: true, audio: true}
 @pytest.fixture(scope="session")
 def features_dir(tmp_path_factory) -> Path:
     """The shipped corpus preprocessed with every optional feature: pitch, energy, audio, and phone
-    durations from TextGrids (`write_textgrids`, in `features_dir.parent / "alignments"`). Two clips have
-    no TextGrid (missing_alignment) and one ends 0.5 s after its audio (alignment_mismatch). Built once
-    per session, shared by the xdist workers (`built_once`). Read-only for tests."""
+    durations from TextGrids (`write_textgrids`, in `features_dir.parent / "alignments"`), with the config
+    `features_dir.parent / "features.yaml"` and a feature cache, which this run fills, in
+    `features_dir.parent / "cache"` (a rerun from it: tests/preprocess/test_cache.py). Two clips have no
+    TextGrid (missing_alignment) and one ends 0.5 s after its audio (alignment_mismatch). Built once per
+    session, shared by the xdist workers (`built_once`). Read-only for tests: copy the cache to use it."""
     from melshards.commands.preprocess import run
 
     def build(root: Path) -> None:
@@ -253,6 +255,8 @@ def features_dir(tmp_path_factory) -> Path:
                 str(root / "features.yaml"),
                 "--alignments",
                 str(root / "alignments"),
+                "--cache",
+                str(root / "cache"),
                 "--workers",
                 "1",
             ]

@@ -1,25 +1,25 @@
 """Smoke test of the device benchmark, benchmarks/step_device.py.
 
 One end-to-end run (`--quick --steps 2`) of one trainer variant (fp32) and the `before` loader, the two kinds
-of variant it has, shows the script runs to completion and reports every figure. Every trainer variant
-(bf16, fp32, bf16_noxla, synthetic) differs from the others only in the config and the arguments it gives
-`melshards train`: those go through the trainer's own argument parser and config loader, and the figures
-come out of the end-to-end run's real run_summary.json. Training itself at each precision, with and without
-XLA and with synthetic data, is tests/train's.
+of variant it has, shows the script runs to completion and reports every figure. The script's own part (the
+variants in turn, parse-only throughput, the table, the JSON line) runs in the test's process through
+`step_device.main`, as `python -m benchmarks.step_device` calls it; each variant still runs in the child
+process the script starts for it (`melshards train`, the before loader), as a user's run does. Every trainer
+variant (bf16, fp32, bf16_noxla, synthetic) differs from the others only in the config and the arguments it
+gives `melshards train`: those go through the trainer's own argument parser and config loader, and the
+figures come out of the end-to-end run's real run_summary.json. Training itself at each precision, with and
+without XLA and with synthetic data, is tests/train's.
 
 No figure's value is asserted, only that it is there (and null where this machine has no NVIDIA GPU).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import os
-import subprocess
-import sys
 
 import pytest
-
-from tests.conftest import REPO
 
 FIGURES = ("step_ms", "examples_per_s", "mel_frames_per_s", "input_wait", "time_to_first_step_s")
 
@@ -32,43 +32,38 @@ def assert_every_figure(name: str, v: dict) -> None:
 
 @pytest.fixture(scope="module")
 def quick_run(shards_dir, tmp_path_factory):
-    """`python -m benchmarks.step_device --quick --steps 2 --variants fp32,before`: its process and the
-    directory it worked in."""
+    """`python -m benchmarks.step_device --quick --steps 2 --variants fp32,before`, its `main` called in this
+    process (no third process, no TensorFlow imported once more for it): what it printed (the table, then the
+    JSON line) and the directory it worked in."""
+    from benchmarks import step_device
+
     bench_dir = tmp_path_factory.mktemp("bench")
-    # the trainer tests' faster XLA setting (tests/train/conftest.py): this checks the figures, not their values
-    env = dict(
-        os.environ,
-        MELSHARDS_BENCH_DIR=str(bench_dir),
-        XLA_FLAGS="--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false",
-    )
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "benchmarks.step_device",
-            "--quick",
-            "--steps",
-            "2",
-            "--parse-seconds",
-            "0.1",
-            "--variants",
-            "fp32,before",
-            "--shards",
-            str(shards_dir),
-        ],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env=env,
-        timeout=600,
-    )
-    return proc, bench_dir
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(step_device, "WORK", bench_dir)  # what MELSHARDS_BENCH_DIR sets
+        # the trainer tests' faster XLA setting (tests/train/conftest.py), for the `melshards train` child:
+        # this checks the figures, not their values
+        monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
+        with contextlib.redirect_stdout(printed):
+            step_device.main(
+                [
+                    "--quick",
+                    "--steps",
+                    "2",
+                    "--parse-seconds",
+                    "0.1",
+                    "--variants",
+                    "fp32,before",
+                    "--shards",
+                    str(shards_dir),
+                ]
+            )
+    return printed.getvalue(), bench_dir
 
 
 def test_step_device_quick_runs_a_trainer_variant_and_the_before_loader_and_reports_every_figure(quick_run):
-    proc, _ = quick_run
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    stdout, _ = quick_run
+    result = json.loads(stdout.strip().splitlines()[-1])
     assert set(result["variants"]) == {"fp32", "before"}
     for name, v in result["variants"].items():
         assert_every_figure(name, v)
@@ -77,7 +72,7 @@ def test_step_device_quick_runs_a_trainer_variant_and_the_before_loader_and_repo
     assert fp32["layers"] == {"device": "CPU", "conv": "im2col", "dropout_rng": "threefry"}
     parse = result["parse_only"]
     assert parse["1_core"]["records_per_s"] > 0 and parse["cores_per_gpu_at_fastpitch_rate"] > 0
-    assert result["device"].endswith("(CPU)") and "step ms" in proc.stdout
+    assert result["device"].endswith("(CPU)") and "step ms" in stdout
 
 
 def test_every_trainer_variant_gives_melshards_train_arguments_and_a_config_it_accepts_and_reports_every_figure(
@@ -88,8 +83,7 @@ def test_every_trainer_variant_gives_melshards_train_arguments_and_a_config_it_a
     from melshards.train import device
     from melshards.train.config import load_config
 
-    proc, bench_dir = quick_run
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _, bench_dir = quick_run
     summary = json.loads((bench_dir / "step-device" / "model-fp32" / "run_summary.json").read_text())
     given = {}
 

@@ -1,5 +1,6 @@
 """The distribution owns one import name, `melshards`: a TTS repository's own train.py, preprocess.py or
-shards_schema.py (almost every one has the first two) never shadows a part of it."""
+shards_schema.py (almost every one has the first two) never shadows a part of it. The same process shows,
+first, that the trainer's input pipeline imports no Beam (a rule of tests/test_layering.py)."""
 
 from __future__ import annotations
 
@@ -29,11 +30,16 @@ def _run(args, cwd):
 
 
 # In one process started in a directory holding a hostile train.py, preprocess.py and shards_schema.py (on
-# sys.path first, as for `python -m melshards` or a user's PYTHONPATH=.): every module of ours, every command
-# the CLI resolves by name, the model factory named by the default config, `python -m melshards stats`, and a
-# batch of the Python API. Imports inside functions are tests/test_layering.py's (no import spells a folder name).
+# sys.path first, as for `python -m melshards` or a user's PYTHONPATH=.): first the trainer's input pipeline
+# and loop alone (the top-level packages in sys.modules then: tests/test_layering.py's rule that the trainer
+# imports no Beam), then every module of ours, every command the CLI resolves by name, the model factory named
+# by the default config, `python -m melshards stats`, and a batch of the Python API. Imports inside functions
+# are tests/test_layering.py's (no import spells a folder name).
 BESIDE_A_USERS_FILES = """
-import click, importlib, json, pkgutil, runpy, sys
+import sys
+import melshards.train.input_pipeline, melshards.train.loop
+train_alone = sorted({name.split(".")[0] for name in sys.modules})
+import click, importlib, json, pkgutil, runpy
 import melshards
 modules = []
 for top in ("melshards", "melshards.shards_schema", "melshards.preprocess", "melshards.train"):  # setup.cfg maps 4
@@ -54,18 +60,35 @@ except SystemExit as e:
     assert not e.code, e.code
 batch = next(iter(melshards.dataset(SHARDS + "/train-*.tfrecord", 2)))
 batch = batch[0] if isinstance(batch, tuple) else batch
-print(json.dumps({"modules": modules, "commands": commands, "factory": factory, "batch": sorted(batch)}))
+report = {"train_alone": train_alone, "modules": modules, "commands": commands, "factory": factory}
+print(json.dumps({**report, "batch": sorted(batch)}))
 """
 
 
-def test_every_module_command_the_default_model_and_the_api_load_beside_a_users_train_and_preprocess_py(
-    hostile_dir, shards_dir
-):
+@pytest.fixture(scope="module")
+def beside_a_users_files(hostile_dir, shards_dir) -> subprocess.CompletedProcess:
+    """BESIDE_A_USERS_FILES run in `hostile_dir`: the finished process."""
     code = BESIDE_A_USERS_FILES.replace("SHARDS", repr(str(shards_dir)))
-    done = _run([sys.executable, "-c", code], hostile_dir)
+    return _run([sys.executable, "-c", code], hostile_dir)
+
+
+def _report(done: subprocess.CompletedProcess) -> dict:
     assert done.returncode == 0 and "hostile" not in done.stderr, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_trainers_input_pipeline_imports_no_beam(beside_a_users_files):
+    train_alone = _report(beside_a_users_files)["train_alone"]
+    assert "melshards" in train_alone and "tensorflow" in train_alone, "the trainer's modules were not imported"
+    assert "apache_beam" not in train_alone
+
+
+def test_every_module_command_the_default_model_and_the_api_load_beside_a_users_train_and_preprocess_py(
+    beside_a_users_files,
+):
+    done = beside_a_users_files
+    found = _report(done)
     assert "input rows" in done.stdout, "python -m melshards stats printed no report"
-    found = json.loads(done.stdout.strip().splitlines()[-1])
     assert {"melshards.train.loop", "melshards.preprocess.pipeline", "melshards.shards_schema.schema"} <= set(
         found["modules"]
     ), "not every half of melshards was imported"

@@ -403,38 +403,19 @@ def test_prune_spares_entries_written_within_the_window_that_no_finished_run_rec
     assert sorted((cache_dir / "entries").glob("*.npz")) == entries[1:]
 
 
-def test_a_warm_rerun_with_every_feature_and_durations_writes_the_same_records(tmp_path):
-    from tests.conftest import FEATURES_CONFIG, write_textgrids
-
-    write_textgrids(CORPUS, tmp_path / "tg")
-    cfg = tmp_path / "f.yaml"
-    cfg.write_text(FEATURES_CONFIG)
-    outs = []
-    for name in ("cold", "warm"):
-        out = tmp_path / name
-        assert (
-            run(
-                [
-                    "--input",
-                    str(CORPUS),
-                    "--output",
-                    str(out),
-                    "--config",
-                    str(cfg),
-                    "--workers",
-                    "1",
-                    "--alignments",
-                    str(tmp_path / "tg"),
-                    "--cache",
-                    str(tmp_path / "cache"),
-                ]
-            )
-            == 0
-        )
-        outs.append(json.loads((out / "stats.json").read_text())["cache"])
-    assert outs[0]["hits"] == 0 and outs[1]["computed"] == 0 and outs[1]["hits"] == outs[0]["computed"] > 40
-    assert records(tmp_path / "warm") == records(tmp_path / "cold")
-    assert (tmp_path / "warm" / "schema.json").read_text() == (tmp_path / "cold" / "schema.json").read_text()
+def test_a_warm_rerun_with_every_feature_and_durations_writes_the_same_records(features_dir, tmp_path):
+    """The session's features_dir run (tests/conftest.py: pitch, energy, audio and durations from TextGrids)
+    filled a cache; a rerun from (a copy of) it computes nothing and writes that run's records."""
+    root = features_dir.parent
+    shutil.copytree(root / "cache", tmp_path / "cache")
+    cold = json.loads((features_dir / "stats.json").read_text())["cache"]
+    out = tmp_path / "warm"
+    args = ["--input", str(CORPUS), "--output", str(out), "--config", str(root / "features.yaml"), "--workers", "1"]
+    assert run([*args, "--alignments", str(root / "alignments"), "--cache", str(tmp_path / "cache")]) == 0
+    warm = json.loads((out / "stats.json").read_text())["cache"]
+    assert cold["hits"] == 0 and warm["computed"] == 0 and warm["hits"] == cold["computed"] > 40
+    assert records(out) == records(features_dir)
+    assert (out / "schema.json").read_text() == (features_dir / "schema.json").read_text()
 
 
 def cached_keys(cache_dir) -> list[str]:

@@ -267,22 +267,6 @@ def test_release_removes_the_runs_own_lock(tmp_path):
     assert not (tmp_path / lock.LOCK_FILE).exists()
 
 
-def test_a_second_run_into_an_output_a_running_job_holds_stops_and_the_first_is_unharmed(capsys, tmp_path, corpus_dir):
-    out = tmp_path / "o"
-    first = start_long_run(tmp_path, corpus_dir, out, "--workers", "1")
-    # the second run in this process: two real processes, each with its own pid
-    second = run(["--input", str(corpus_dir), "--output", str(out), "--config", str(TINY_CONFIG), "--workers", "1"])
-    err = capsys.readouterr().err
-    assert first.poll() is None, "the first run should still be running"
-    assert second == 2, err
-    assert "is in use by another melshards preprocess run" in err and f"pid {first.pid}" in err
-    (stage,) = out.glob(f"{output.STAGE_PREFIX}*")
-    assert json.loads((stage / output.RUN_FILE).read_text())["pid"] == first.pid  # the first run's staging dir
-    os.killpg(first.pid, signal.SIGINT)
-    first.communicate(timeout=300)
-    assert first.returncode == 130 and sorted(p.name for p in out.iterdir()) == []
-
-
 def test_one_directory_spelt_two_ways_is_one_directory(capsys, tmp_path, corpus_dir, monkeypatch):
     """`out//`, `./out/` and `out` hold the same files: the check for the user's files sees them all."""
     out = tmp_path / "u"
@@ -389,10 +373,35 @@ def test_a_full_disk_stops_the_run_with_one_line_and_leaves_the_old_run(
     assert _snapshot(out) == before  # no staging dir, no lock, the old run whole
 
 
-def test_ctrl_c_prints_one_line_exits_130_and_leaves_the_old_run(tmp_path, corpus_dir, shards_dir):
+def test_a_second_run_into_an_output_a_running_job_holds_stops_and_ctrl_c_of_the_first_exits_130_leaving_the_old_run(
+    capsys, tmp_path, corpus_dir, shards_dir
+):
+    """One real run over a finished one (`--overwrite`), two things shown on it: a second run into the same
+    output while the first runs (in this process: two real processes, each with its own pid) stops at once
+    naming the first, which it leaves unharmed; then Ctrl-C of the first prints one line, exits 130 and
+    leaves the old run as it was (no lock, no staging dir)."""
     out = _copy_run(shards_dir, tmp_path / "o")
     before = _snapshot(out)
     p = start_long_run(tmp_path, corpus_dir, out, "--workers", "2", "--overwrite")
+    second = run(
+        [
+            "--input",
+            str(corpus_dir),
+            "--output",
+            str(out),
+            "--config",
+            str(TINY_CONFIG),
+            "--workers",
+            "1",
+            "--overwrite",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert p.poll() is None, "the first run should still be running"
+    assert second == 2, err
+    assert "is in use by another melshards preprocess run" in err and f"pid {p.pid}" in err
+    (stage,) = out.glob(f"{output.STAGE_PREFIX}*")
+    assert json.loads((stage / output.RUN_FILE).read_text())["pid"] == p.pid  # the first run's staging dir
     os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
     stdout, stderr = p.communicate(timeout=300)
     assert p.returncode == 130, stderr
