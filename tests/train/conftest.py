@@ -47,6 +47,23 @@ def write_config(path: Path, **sections) -> Path:
     return path
 
 
+# A plug-in model (examples/fastspeech_lite.py) whose steps trace in about a quarter of the built-in model's
+# time, for the tests of what the loop around a model does whatever the model (a NaN loss stops it, a resume
+# restores and restarts the input, synthetic data, a corrupt shard): the built-in model is trained by
+# test_training.py's overfit run, test_precision.py and the bucketed run.
+LITE_MODEL = {"factory": "examples.fastspeech_lite:build", "d_model": 16, "encoder_layers": 1, "decoder_layers": 1}
+
+
+def write_lite_config(path: Path, **sections) -> Path:
+    """`write_config` with LITE_MODEL as the whole model section."""
+    cfg = {k: dict(v) for k, v in TEST_CONFIG.items()}
+    cfg["model"] = dict(LITE_MODEL)
+    for section, values in sections.items():
+        cfg[section].update(values)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
 @pytest.fixture(scope="session")
 def test_config(tmp_path_factory) -> Path:
     return write_config(tmp_path_factory.mktemp("cfg") / "train_test.yaml")
