@@ -47,6 +47,23 @@ def write_config(path: Path, **sections) -> Path:
     return path
 
 
+# A plug-in model (examples/fastspeech_lite.py) whose steps trace in about a quarter of the built-in model's
+# time, for the tests of what the loop around a model does whatever the model (a NaN loss stops it, a resume
+# restores and restarts the input, synthetic data, a corrupt shard): the built-in model is trained by
+# test_training.py's overfit run, test_precision.py and the bucketed run.
+LITE_MODEL = {"factory": "examples.fastspeech_lite:build", "d_model": 16, "encoder_layers": 1, "decoder_layers": 1}
+
+
+def write_lite_config(path: Path, **sections) -> Path:
+    """`write_config` with LITE_MODEL as the whole model section."""
+    cfg = {k: dict(v) for k, v in TEST_CONFIG.items()}
+    cfg["model"] = dict(LITE_MODEL)
+    for section, values in sections.items():
+        cfg[section].update(values)
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
 @pytest.fixture(scope="session")
 def test_config(tmp_path_factory) -> Path:
     return write_config(tmp_path_factory.mktemp("cfg") / "train_test.yaml")
@@ -141,6 +158,31 @@ def two_speakers_bucketed_dir(corpus_dir, tmp_path_factory) -> Path:
     )
 
 
+@pytest.fixture(scope="session")
+def two_speaker_bucketed_run(two_speakers_bucketed_dir, tmp_path_factory) -> tuple[Path, dict]:
+    """16 steps of the built-in model on `two_speakers_bucketed_dir` (two speakers, two languages, two length
+    buckets, validation records in one), speakers drawn equally often, two steps per call, validating, through
+    the CLI entry point: the run test_buckets.py and test_speakers.py read. Built once per session, shared by
+    the xdist workers (`built_once`). Returns (model dir, run_summary.json). Read-only."""
+    import json
+
+    from melshards.commands.train import run
+
+    def build(root: Path) -> None:
+        cfg = write_config(
+            root / "c.yaml",
+            data={"balance": "speaker", "balance_alpha": 0.0},
+            loop={"steps": 16, "steps_per_execution": 2, "checkpoint_every": 16, "val_every": 16, "log_every": 2},
+        )
+        shards = two_speakers_bucketed_dir
+        args = [str(shards / "train-*.tfrecord"), "--val", str(shards / "val-*.tfrecord")]
+        code = run([*args, "--model-dir", str(root / "model"), "--config", str(cfg)])
+        assert code == 0, f"train exited with {code}"
+
+    model_dir = built_once(tmp_path_factory, "two_speaker_bucketed_run", build) / "model"
+    return model_dir, json.loads((model_dir / "run_summary.json").read_text())
+
+
 # XLA's LLVM backend at -O0, and fused kernels from its elemental LLVM IR emitter instead of its MLIR fusion
 # emitters: the test model's step compiles faster and the tests check behaviour, not speed. A loss can differ in
 # its last float bit from a run without these flags (runs with the same flags agree). Read by XLA at its first
@@ -181,6 +223,86 @@ def model_dir_from_weights(shards_dir: Path, model_dir: Path, stop_bias: float, 
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=tf.Variable(10, dtype=tf.int64))
     tf.train.CheckpointManager(ckpt, str(model_dir / CHECKPOINT_DIR), max_to_keep=1).save(checkpoint_number=10)
     return {v.path: v.numpy() for v in model.variables}
+
+
+def copy_model_dir(src: Path, dst: Path) -> Path:
+    """A copy of a model dir (e.g. `speaking_model_dir`) to change: damage, rename, rewrite."""
+    shutil.copytree(src, dst)
+    return dst
+
+
+SPOKEN_TEXT = "Printing, in the only sense."
+
+
+@pytest.fixture(scope="session")
+def speaking_model_dir(shards_dir, tmp_path_factory) -> Path:
+    """`model_dir_from_weights` of `shards_dir` with a stop head that never fires (stop_bias -20: each mel
+    is max_mel_frames long), seed 1: the model dir of every test that reads weights and needs no training
+    (synthesis, export, checkpoints). Built once per session, shared by the xdist workers (`built_once`);
+    `saved_weights(speaking_model_dir)` gives the values it saved. Read-only: `copy_model_dir` to change it."""
+    import json
+
+    import numpy as np
+
+    def build(root: Path) -> None:
+        saved = model_dir_from_weights(shards_dir, root / "model", stop_bias=-20.0, seed=1)
+        np.savez(root / "saved.npz", *saved.values())
+        (root / "saved.json").write_text(json.dumps(list(saved)))
+
+    return built_once(tmp_path_factory, "speaking_model", build) / "model"
+
+
+def saved_weights(model_dir: Path) -> dict:
+    """{variable path: saved value} in model.variables order, as `model_dir_from_weights` returned it when
+    it wrote `speaking_model_dir`."""
+    import json
+
+    import numpy as np
+
+    paths = json.loads((model_dir.parent / "saved.json").read_text())
+    with np.load(model_dir.parent / "saved.npz") as values:
+        return {p: values[f"arr_{i}"] for i, p in enumerate(paths)}
+
+
+@pytest.fixture(scope="session")
+def spoken(speaking_model_dir, tmp_path_factory) -> dict:
+    """SPOKEN_TEXT synthesized from `speaking_model_dir` by `melshards synthesize` twice, to one -o path in
+    directories that did not exist (`wav`): first in a test process, with --export (`export`; the WAV's
+    bytes then kept as `first`), then by a fresh Python process writing over that WAV (`second`: its exit
+    code and stderr, started as a user's shell would: without TF_CPP_MIN_LOG_LEVEL or CUDA_VISIBLE_DEVICES;
+    `inodes`: the WAV's before and after it). Built once per session, shared by the xdist
+    workers (`built_once`). Read-only."""
+    import json
+    import subprocess
+    import sys
+
+    from melshards.commands.synthesize import synthesize_command
+
+    def build(root: Path) -> None:
+        wav = root / "new" / "deeper" / "out.wav"
+        args = ["--model-dir", str(speaking_model_dir), SPOKEN_TEXT, "-o", str(wav), "--griffin-lim-iters", "2"]
+        synthesize_command.main([*args, "--export", str(root / "export")], standalone_mode=False)
+        shutil.copy(wav, root / "first.wav")
+        before = wav.stat().st_ino
+        # as a user's shell starts it: TensorFlow's own log level unset, no GPU asked for (test_console.py)
+        env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES")}
+        code = (
+            "import sys; from melshards.commands.synthesize import synthesize_command; "
+            "synthesize_command.main(sys.argv[1:])"
+        )
+        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=600)
+        second = {"returncode": done.returncode, "stderr": done.stderr}
+        inodes = [before, wav.stat().st_ino if wav.exists() else None]
+        (root / "second.json").write_text(json.dumps({"second": second, "inodes": inodes}))
+
+    root = built_once(tmp_path_factory, "spoken", build)
+    facts = json.loads((root / "second.json").read_text())
+    return {
+        "wav": root / "new" / "deeper" / "out.wav",
+        "export": root / "export",
+        "first": root / "first.wav",
+        **facts,
+    }
 
 
 def ids_in(files) -> list[bytes]:

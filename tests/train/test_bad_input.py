@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from melshards.commands.train import run
-from tests.train.conftest import copy_shards, write_config
+from tests.train.conftest import copy_shards, write_config, write_lite_config
 
 
 def _train(capsys, *args):
@@ -170,7 +170,7 @@ def test_reduction_factor_must_divide_the_padded_mel_length(shards_dir, tmp_path
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
-def test_corrupt_or_truncated_shard_error_names_the_file(shards_dir, tmp_path, test_config, capsys, damage):
+def test_corrupt_or_truncated_shard_error_names_the_file(shards_dir, tmp_path, capsys, damage):
     bad = copy_shards(shards_dir, tmp_path / "bad")
     shard = next(bad.glob("train-*.tfrecord"))
     data = bytearray(shard.read_bytes())
@@ -179,7 +179,8 @@ def test_corrupt_or_truncated_shard_error_names_the_file(shards_dir, tmp_path, t
     else:
         data = data[: len(data) // 10]  # inside the first shuffle-buffer fill: fails before any compile
     shard.write_bytes(bytes(data))
-    code, out = _train(capsys, bad / "train-*.tfrecord", "--model-dir", tmp_path / "m", "--config", test_config)
+    cfg = write_lite_config(tmp_path / "c.yaml")  # a flipped byte is found at the first call, after the build
+    code, out = _train(capsys, bad / "train-*.tfrecord", "--model-dir", tmp_path / "m", "--config", cfg)
     if damage == "truncate":  # refused by its size before anything is built
         assert code == 2 and f"{shard}: holds {len(data)} bytes, schema.json lists" in out.err
         return

@@ -198,56 +198,33 @@ def test_a_file_of_no_bucket_is_refused_naming_it(bucketed_dir, tmp_path):
         files_by_bucket([str(tmp_path / "renamed.tfrecord")], schema)
 
 
-# The run reads two of bucketed_dir's four length buckets, both with validation records: several buckets,
-# and buckets it has no files of (every bucket more is two more compiles).
-RUN_BUCKETS = (0, 2)
-
-
 @pytest.fixture(scope="module")
-def bucketed_run(bucketed_dir, tmp_path_factory):
-    """16 steps on two of the four length buckets, two steps per call, validating both, through the CLI."""
-    import json
-
-    from melshards.commands.train import run
-    from tests.train.conftest import write_config
-
-    tmp = tmp_path_factory.mktemp("bucketed_run")
-    cfg = write_config(
-        tmp / "c.yaml",
-        loop={"steps": 16, "steps_per_execution": 2, "checkpoint_every": 16, "val_every": 16, "log_every": 2},
-    )
-    code = run(
-        [
-            str(bucketed_dir / "train-b0[02]-*.tfrecord"),
-            "--val",
-            str(bucketed_dir / "val-b0[02]-*.tfrecord"),
-            "--model-dir",
-            str(tmp / "m"),
-            "--config",
-            str(cfg),
-        ]
-    )
-    assert code == 0
-    return json.loads((tmp / "m" / "run_summary.json").read_text())
+def bucketed_run(two_speaker_bucketed_run):
+    """16 steps on the two length buckets of `two_speakers_bucketed_dir`, two steps per call, validating,
+    through the CLI (tests/train/conftest.py `two_speaker_bucketed_run`, read by test_speakers.py too). That
+    a bucket without files has no step: test_fastspeech2.py (a run given two of four buckets' files)."""
+    return two_speaker_bucketed_run[1]
 
 
-def test_each_bucket_traces_its_train_step_once_and_the_total_is_the_buckets_used(bucketed_run, bucketed_dir):
-    schema = read_schema(str(bucketed_dir))
+def test_each_bucket_traces_its_train_step_once_and_the_total_is_the_buckets_used(
+    bucketed_run, two_speakers_bucketed_dir
+):
+    schema = read_schema(str(two_speakers_bucketed_dir))
     buckets = bucketed_run["buckets"]
     assert [b["max_mel_frames"] for b in buckets] == [b.max_mel_frames for b in schema.buckets]
-    read = [b.index in RUN_BUCKETS for b in schema.buckets]
-    assert [b["train_step_traces"] for b in buckets] == [int(r) for r in read], "a bucket without files has no step"
-    assert bucketed_run["train_step_traces"] == bucketed_run["buckets_used"] == len(RUN_BUCKETS)
-    # an eval step for each bucket read with validation records, traced once
-    with_val = [int(r and b.counts["val"] > 0) for r, b in zip(read, schema.buckets)]
-    assert [b["eval_step_traces"] for b in buckets] == with_val
+    assert [b["train_step_traces"] for b in buckets] == [1] * len(schema.buckets)
+    assert bucketed_run["train_step_traces"] == bucketed_run["buckets_used"] == len(schema.buckets) > 1
+    # an eval step for each bucket with validation records, traced once; none for a bucket without
+    with_val = [int(b.counts["val"] > 0) for b in schema.buckets]
+    assert [b["eval_step_traces"] for b in buckets] == with_val and 0 in with_val
     assert bucketed_run["eval_step_traces"] == sum(with_val) > 0
 
 
-def test_a_bucketed_run_validates_every_record_and_reports_padding_and_compile_time(bucketed_run, bucketed_dir):
-    schema = read_schema(str(bucketed_dir))
-    val_records = sum(b.counts["val"] for b in schema.buckets if b.index in RUN_BUCKETS)
-    assert bucketed_run["final_losses"]["val"]["examples"] == val_records
+def test_a_bucketed_run_validates_every_record_and_reports_padding_and_compile_time(
+    bucketed_run, two_speakers_bucketed_dir
+):
+    schema = read_schema(str(two_speakers_bucketed_dir))
+    assert bucketed_run["final_losses"]["val"]["examples"] == schema.counts["val"] > 0
     assert 0.0 < bucketed_run["padding_fraction"] < 1.0
     # 8 calls, the first of each bucket (its compile) not in the steady state
-    assert bucketed_run["compile_seconds"] > 0 and bucketed_run["steady_state"]["calls"] == 8 - len(RUN_BUCKETS)
+    assert bucketed_run["compile_seconds"] > 0 and bucketed_run["steady_state"]["calls"] == 8 - len(schema.buckets)

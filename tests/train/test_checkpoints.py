@@ -6,10 +6,6 @@ training writes, so nothing is compiled except the synthesis generator.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import click
 import numpy as np
 import pytest
@@ -22,9 +18,7 @@ from melshards.train.checkpoints import RestoreError, restore_model, untracked_v
 from melshards.train.config import config_from_dict
 from melshards.train.model import build_text_to_mel
 from melshards.train.synthesize import load_synthesizer
-from tests.train.conftest import TEST_CONFIG, model_dir_from_weights
-
-TEXT = "Printing, in the only sense."
+from tests.train.conftest import SPOKEN_TEXT, TEST_CONFIG, copy_model_dir, model_dir_from_weights, saved_weights
 
 
 def _variables_reachable_from(checkpoint_prefix: str, child: str) -> int:
@@ -63,10 +57,9 @@ def test_restore_fails_when_the_checkpoint_lacks_model_variables(model, tmp_path
 
 
 @pytest.fixture(scope="module")
-def speaking(shards_dir, tmp_path_factory):
-    """A model dir whose stop token never fires: synthesis runs to max_mel_frames."""
-    tmp = tmp_path_factory.mktemp("speaking")
-    return tmp / "m", model_dir_from_weights(shards_dir, tmp / "m", stop_bias=-20.0)
+def speaking(speaking_model_dir):
+    """A model dir whose stop token never fires (synthesis runs to max_mel_frames), and its saved weights."""
+    return speaking_model_dir, saved_weights(speaking_model_dir)
 
 
 def test_every_variable_of_a_restored_model_equals_the_saved_one(speaking):
@@ -78,50 +71,20 @@ def test_every_variable_of_a_restored_model_equals_the_saved_one(speaking):
 
 def _synthesize(model_dir, wav, *extra):
     synthesize_command.main(
-        ["--model-dir", str(model_dir), TEXT, "-o", str(wav), "--griffin-lim-iters", "2", *map(str, extra)],
+        ["--model-dir", str(model_dir), SPOKEN_TEXT, "-o", str(wav), "--griffin-lim-iters", "2", *map(str, extra)],
         standalone_mode=False,
     )
 
 
-@pytest.fixture(scope="module")
-def spoken(speaking, tmp_path_factory):
-    """TEXT synthesized in this process from `speaking` (`here.wav`), its model exported (`export/`)."""
-    tmp = tmp_path_factory.mktemp("spoken")
-    _synthesize(speaking[0], tmp / "here.wav", "--export", tmp / "export")
-    return tmp
-
-
-def test_the_same_text_gives_the_same_wav_in_two_processes(speaking, spoken, tmp_path):
-    model_dir, _ = speaking
-    code = (
-        "import sys; from melshards.commands.synthesize import synthesize_command; "
-        "synthesize_command.main(sys.argv[1:])"
-    )
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            code,
-            "--model-dir",
-            str(model_dir),
-            TEXT,
-            "-o",
-            str(tmp_path / "there.wav"),
-            "--griffin-lim-iters",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ),
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr
-    assert (spoken / "here.wav").read_bytes() == (tmp_path / "there.wav").read_bytes()
+def test_the_same_text_gives_the_same_wav_in_two_processes(spoken):
+    """`spoken`: synthesized in a test process, then again by a fresh Python process to the same -o."""
+    assert spoken["second"]["returncode"] == 0, spoken["second"]["stderr"]
+    assert spoken["first"].read_bytes() == spoken["wav"].read_bytes()
 
 
 def test_the_saved_model_holds_the_checkpoint_variables(speaking, spoken):
     _, saved = speaking
-    exported = tf.saved_model.load(str(spoken / "export"))
+    exported = tf.saved_model.load(str(spoken["export"]))
     values = [v.numpy() for v in exported.model_variables]
     assert len(values) == len(saved)
     assert [p for p, v in zip(saved, values) if not np.array_equal(saved[p], v)] == []
@@ -137,11 +100,11 @@ def test_a_model_that_stops_before_speaking_is_reported_not_synthesized(shards_d
 
 
 # -- damaged checkpoints --------------------------------------------------------------------------
-def _two_checkpoints(shards_dir, model_dir):
+def _two_checkpoints(speaking_model_dir, model_dir):
     """ckpt-10 and ckpt-20 (a copy), listed by the manager's `checkpoint` file, ckpt-20 the newest."""
     import shutil
 
-    model_dir_from_weights(shards_dir, model_dir, stop_bias=-20.0)
+    copy_model_dir(speaking_model_dir, model_dir)
     ckpts = model_dir / "checkpoints"
     for f in ckpts.glob("ckpt-10.*"):
         shutil.copy(f, ckpts / f.name.replace("ckpt-10", "ckpt-20"))
@@ -167,12 +130,12 @@ def _files(d):
     "how, problem", [("truncated", "its data file is truncated"), ("no index", "ckpt-20.index is missing")]
 )
 def test_resuming_from_a_damaged_checkpoint_names_it_and_the_intact_one_before(
-    shards_dir, tmp_path, test_config, capsys, how, problem
+    shards_dir, speaking_model_dir, tmp_path, test_config, capsys, how, problem
 ):
     from melshards.commands.train import run
 
     model_dir = tmp_path / "m"
-    ckpts = _two_checkpoints(shards_dir, model_dir)
+    ckpts = _two_checkpoints(speaking_model_dir, model_dir)
     _damage(ckpts, "ckpt-20", how)
     before = _files(model_dir)
     code = run([str(shards_dir / "train-*.tfrecord"), "--model-dir", str(model_dir), "--config", str(test_config)])
@@ -184,43 +147,45 @@ def test_resuming_from_a_damaged_checkpoint_names_it_and_the_intact_one_before(
     assert "Traceback" not in err and _files(model_dir) == before  # nothing written
 
 
-def test_a_deleted_newest_checkpoint_resumes_from_the_one_before(shards_dir, tmp_path):
+def test_a_deleted_newest_checkpoint_resumes_from_the_one_before(speaking_model_dir, tmp_path):
     from melshards.train.checkpoints import resume_checkpoint
 
-    ckpts = _two_checkpoints(shards_dir, tmp_path / "m")
+    ckpts = _two_checkpoints(speaking_model_dir, tmp_path / "m")
     for f in ckpts.glob("ckpt-20.*"):
         f.unlink()
     assert resume_checkpoint(str(ckpts)) == str(ckpts / "ckpt-10")
     assert tf.train.CheckpointManager(tf.train.Checkpoint(), str(ckpts), 3).latest_checkpoint == str(ckpts / "ckpt-10")
 
 
-def test_a_relative_model_dir_finds_its_checkpoint_for_synthesis_and_resume(shards_dir, tmp_path, monkeypatch):
+def test_a_relative_model_dir_finds_its_checkpoint_for_synthesis_and_resume(speaking_model_dir, tmp_path, monkeypatch):
     from melshards.train.checkpoints import resume_checkpoint
     from melshards.train.synthesize import checkpoint_to_restore
 
-    model_dir_from_weights(shards_dir, tmp_path / "run90", stop_bias=-20.0)
+    copy_model_dir(speaking_model_dir, tmp_path / "run90")
     monkeypatch.chdir(tmp_path)
     assert checkpoint_to_restore("run90") == "run90/checkpoints/ckpt-10"
     assert resume_checkpoint("run90/checkpoints") == "run90/checkpoints/ckpt-10"
     assert resume_checkpoint("./run90/checkpoints/") == "./run90/checkpoints/ckpt-10"
 
 
-def test_synthesis_from_a_truncated_checkpoint_names_it(shards_dir, tmp_path):
+def test_synthesis_from_a_truncated_checkpoint_names_it(speaking_model_dir, tmp_path):
     from melshards.train.errors import CheckpointError
 
-    model_dir_from_weights(shards_dir, tmp_path / "m", stop_bias=-20.0)
+    copy_model_dir(speaking_model_dir, tmp_path / "m")
     _damage(tmp_path / "m" / "checkpoints", "ckpt-10", "truncated")
     with pytest.raises(CheckpointError, match=r"ckpt-10 is damaged \(its data file is truncated"):
         load_synthesizer(str(tmp_path / "m"))
 
 
 @pytest.mark.parametrize("how", ["truncated", "no index"])
-def test_synthesize_with_a_damaged_checkpoint_is_exit_2_naming_it_and_creates_nothing(shards_dir, tmp_path, how):
+def test_synthesize_with_a_damaged_checkpoint_is_exit_2_naming_it_and_creates_nothing(
+    speaking_model_dir, tmp_path, how
+):
     from click.testing import CliRunner
 
     from melshards.commands.synthesize import synthesize_command
 
-    model_dir_from_weights(shards_dir, tmp_path / "m", stop_bias=-20.0)
+    copy_model_dir(speaking_model_dir, tmp_path / "m")
     _damage(tmp_path / "m" / "checkpoints", "ckpt-10", how)
     out = tmp_path / "new" / "out.wav"
     result = CliRunner().invoke(synthesize_command, ["Printing.", "--model-dir", str(tmp_path / "m"), "-o", str(out)])

@@ -4,7 +4,7 @@ before compiling, and leftovers of killed checkpoint writes are removed.
 The checkpoints are written by the loop's own pieces without running a step (the step counter is
 set by hand; the Trainer that writes them compiles nothing). A resume builds a Trainer, which traces
 and compiles its steps, so the resumes share what they can: one resume shows every change of input
-at once.
+at once, and they run the LITE_MODEL (tests/train/conftest.py), whose steps trace fastest.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from melshards.train.config import load_config
 from melshards.train.inputs import resolve_inputs
 from melshards.train.model_dir import prepare_model_dir
 from melshards.train.trainer import Trainer
-from tests.train.conftest import write_config
+from tests.train.conftest import write_lite_config
 
 AT = 4  # the step the hand-written checkpoints are at
 
@@ -46,18 +46,18 @@ def _resume(capsys, caplog, *args):
 
 
 @pytest.fixture(scope="module")
-def checkpointed(shards_dir, test_config, tmp_path_factory):
-    """A model dir checkpointed at step AT on shards_dir's training shards with test_config (read-only:
-    the tests resume copies of it)."""
-    model_dir = tmp_path_factory.mktemp("checkpointed") / "m"
-    _checkpoint_without_training([shards_dir / "train-*.tfrecord"], model_dir, test_config)
-    return model_dir
+def checkpointed(shards_dir, tmp_path_factory):
+    """A model dir checkpointed at step AT on shards_dir's training shards with the config `c.yaml` beside it
+    (the LITE_MODEL: what a resume does does not depend on the model). Read-only: the tests resume copies."""
+    tmp = tmp_path_factory.mktemp("checkpointed")
+    _checkpoint_without_training([shards_dir / "train-*.tfrecord"], tmp / "m", write_lite_config(tmp / "c.yaml"))
+    return tmp / "m"
 
 
 def test_the_same_input_and_step_count_resume_runs_nothing_warns_nothing_and_removes_a_killed_writes_leftover(
-    checkpointed, shards_dir, tmp_path, test_config, capsys, caplog
+    checkpointed, shards_dir, tmp_path, capsys, caplog
 ):
-    model_dir = tmp_path / "m"
+    model_dir, test_config = tmp_path / "m", checkpointed.parent / "c.yaml"
     shutil.copytree(checkpointed, model_dir)
     temp = model_dir / "checkpoints" / "ckpt-8_temp"  # what a checkpoint write killed midway leaves
     temp.mkdir()
@@ -80,7 +80,7 @@ def test_a_changed_input_restores_the_weights_starts_the_iterator_afresh_and_tra
 ):
     """A checkpoint written on synthetic data with batch 8, resumed on real data with batch 4 and one more
     glob: each change is named, the weights and step are restored, and the fresh iterator feeds 2 steps."""
-    cfg = write_config(
+    cfg = write_lite_config(
         tmp_path / "c.yaml", loop={"steps": AT + 2, "checkpoint_every": 2, "log_every": 2, "val_every": 2}
     )
     model_dir = tmp_path / "m"

@@ -1,9 +1,7 @@
 """Speakers and languages in the built-in model: it trains on shards of two speakers and two languages
-(balanced by speaker), traces once, and speaks as the speaker and in the language it is asked for."""
+(balanced by speaker), traces once per length bucket, and speaks as the speaker and in the language it is asked for."""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
@@ -11,28 +9,19 @@ import soundfile as sf
 import tensorflow as tf
 
 from melshards.commands.synthesize import synthesize_command
-from melshards.commands.train import run
-from tests.train.conftest import LANGUAGES, SPEAKERS, TEST_CONFIG, write_config
+from tests.train.conftest import LANGUAGES, SPEAKERS, TEST_CONFIG
 
 
 @pytest.fixture(scope="module")
-def two_speaker_model(two_speakers_dir, tmp_path_factory):
-    """8 steps of the built-in model on two speakers and two languages, speakers drawn equally often."""
-    tmp = tmp_path_factory.mktemp("speakers")
-    cfg = write_config(
-        tmp / "c.yaml",
-        data={"balance": "speaker", "balance_alpha": 0.0},
-        loop={"steps": 8, "steps_per_execution": 2, "checkpoint_every": 8, "log_every": 2, "val_every": 8},
-    )
-    assert (
-        run([str(two_speakers_dir / "train-*.tfrecord"), "--model-dir", str(tmp / "model"), "--config", str(cfg)]) == 0
-    )
-    return tmp / "model", json.loads((tmp / "model" / "run_summary.json").read_text())
+def two_speaker_model(two_speaker_bucketed_run):
+    """16 steps of the built-in model on two speakers and two languages in two length buckets, speakers
+    drawn equally often (tests/train/conftest.py `two_speaker_bucketed_run`, read by test_buckets.py too)."""
+    return two_speaker_bucketed_run
 
 
-def test_the_builtin_model_trains_on_two_speakers_and_languages_with_one_trace(two_speaker_model):
+def test_the_builtin_model_trains_on_two_speakers_and_languages_with_one_trace_per_bucket(two_speaker_model):
     model_dir, summary = two_speaker_model
-    assert summary["steps_run"] == 8 and summary["train_step_traces"] == 1
+    assert summary["steps_run"] == 16 and summary["train_step_traces"] == len(summary["buckets"]) == 2
     assert np.isfinite(summary["final_losses"]["train"]["loss"])
     # the tables, sized by schema.json's speakers and languages, restore from the checkpoint (every variable
     # of the model must be matched by a saved value)

@@ -11,18 +11,18 @@ from click.testing import CliRunner, Result
 from melshards.commands.synthesize import synthesize_command
 from melshards.shards_schema.text import TextRejected, check_text
 from melshards.train import synthesize as synthesize_module
-from tests.train.conftest import model_dir_from_weights
+from tests.train.conftest import copy_model_dir
 
 FIX = "pass the --model-dir of a `melshards train` run"
 
 
 @pytest.fixture(scope="module")
-def model_dir(shards_dir, tmp_path_factory) -> Path:
-    """A model dir laid out as training writes it, with random weights (nothing trained or compiled) and a
-    stop head that never stops (each mel is max_mel_frames long): these tests check the command, not the voice."""
-    model = tmp_path_factory.mktemp("synth") / "model"
-    model_dir_from_weights(shards_dir, model, stop_bias=-20.0)
-    return model
+def serve(spoken):
+    """The serving signature of `spoken`'s export (random weights, a stop head that never stops): loaded
+    once for the tests of what it refuses and what it speaks."""
+    import tensorflow as tf
+
+    return tf.saved_model.load(str(spoken["export"])).signatures["serving_default"]
 
 
 def synthesize(*args) -> Result:
@@ -33,22 +33,20 @@ def synthesize(*args) -> Result:
 
 
 @pytest.mark.parametrize("text", ["--- !!! ???", "   "])
-def test_text_preprocess_would_reject_is_refused_with_the_same_reason(model_dir, tmp_path, text):
+def test_text_preprocess_would_reject_is_refused_with_the_same_reason(speaking_model_dir, tmp_path, text):
     with pytest.raises(TextRejected) as rejected:  # the check preprocess makes of every transcript
         check_text(text, "en", "english")
     wav = tmp_path / "out.wav"
-    result = synthesize("--model-dir", model_dir, "-o", wav, "--", text)  # "--": the text starts with "-"
+    result = synthesize("--model-dir", speaking_model_dir, "-o", wav, "--", text)  # "--": the text starts with "-"
     assert result.exit_code == 2, result.output
     assert f"({rejected.value.reason})" in result.output and "melshards preprocess" in result.output
     assert not wav.exists()
 
 
-def test_output_into_a_missing_directory_creates_it(model_dir, tmp_path):
-    wav = tmp_path / "new" / "deeper" / "out.wav"
-    result = synthesize("Printing, in the only sense.", "--model-dir", model_dir, "-o", wav, "--griffin-lim-iters", "1")
-    assert result.exit_code == 0, result.output
-    y, _ = sf.read(wav)
-    assert y.ndim == 1 and len(y) > 0
+def test_output_into_a_missing_directory_creates_it(spoken):
+    """`spoken` synthesized in a test process to -o new/deeper/out.wav, where new/ did not exist."""
+    y, _ = sf.read(spoken["first"])
+    assert y.ndim == 1 and len(y) > 0 and spoken["wav"].parent.name == "deeper"
 
 
 def test_output_under_a_file_is_refused_before_the_model_is_loaded(tmp_path, monkeypatch):
@@ -175,31 +173,33 @@ def test_texts_up_to_the_longest_text_of_any_bucket_are_accepted(shards_dir):
         synthesize_module.padded_text_ids("a" * 41, schema)
 
 
-def test_serving_refuses_a_text_longer_than_the_model_reads_instead_of_truncating(model_dir):
+def test_serving_refuses_a_text_longer_than_the_model_reads_instead_of_truncating(serve, speaking_model_dir):
     import tensorflow as tf
 
-    synth = synthesize_module.load_synthesizer(str(model_dir))
-    limit = synth.schema.max_text_len  # one bucket: the longest text of the run
-    who = (tf.constant(synth.schema.speakers[0].name), tf.constant(synth.schema.languages[0].code))
+    from melshards.shards_schema import read_schema
+
+    schema = read_schema(str(speaking_model_dir))
+    limit = schema.max_text_len  # one bucket: the longest text of the run
+    speaker, language = tf.constant(schema.speakers[0].name), tf.constant(schema.languages[0].code)
     with pytest.raises(
         tf.errors.InvalidArgumentError, match=f"the text is longer than the {limit} symbols this model reads"
     ):
-        synth.serve(tf.constant("a" * (limit + 1)), *who)
+        serve(text=tf.constant("a" * (limit + 1)), speaker=speaker, language=language)
     with pytest.raises(tf.errors.InvalidArgumentError, match="holds no symbol of the vocabulary this model reads"):
-        synth.serve(tf.constant(""), *who)
+        serve(text=tf.constant(""), speaker=speaker, language=language)
     with pytest.raises(
         tf.errors.InvalidArgumentError,
         match=r"holds symbols the vocabulary of this model lacks .* "
         r"they are:\] \[\u00e9 \u00e9\]",
     ):
-        synth.serve(tf.constant("\u00e9a\u00e9"), *who)
+        serve(text=tf.constant("\u00e9a\u00e9"), speaker=speaker, language=language)
     with pytest.raises(
         tf.errors.InvalidArgumentError,
         match=r"unknown language: this model was trained on 1 "
         r"language\(s\): en",
     ):
-        synth.serve(tf.constant("a"), who[0], tf.constant("fr"))
-    out = synth.serve(tf.constant("a" * limit), *who)  # the longest text it reads still speaks
+        serve(text=tf.constant("a"), speaker=speaker, language=tf.constant("fr"))
+    out = serve(text=tf.constant("a" * limit), speaker=speaker, language=language)  # the longest still speaks
     assert int(out["mel_len"][0]) > 0
 
 
@@ -270,22 +270,41 @@ def test_synthesize_refuses_to_write_over_a_file_it_did_not_write(shards_dir, tm
     assert out.read_bytes() == before
 
 
-def test_synthesize_marks_its_wav_and_writes_over_its_own(model_dir, tmp_path):
+def test_synthesize_marks_its_wav_and_writes_over_its_own(spoken):
+    """`spoken`: a second `melshards synthesize` (another process) to the -o of the first."""
     from melshards.shards_schema.ownership import WAV_SOFTWARE
 
-    out = tmp_path / "out.wav"
-    for _ in range(2):
-        result = synthesize("Printing.", "--model-dir", model_dir, "-o", out, "--griffin-lim-iters", "1")
-        assert result.exit_code == 0, result.output
-    with sf.SoundFile(out) as f:
+    assert spoken["second"]["returncode"] == 0, spoken["second"]["stderr"]
+    before, after = spoken["inodes"]
+    assert after is not None and after != before  # written over: a new file moved onto the path
+    with sf.SoundFile(spoken["wav"]) as f:
         assert f.software.startswith(WAV_SOFTWARE) and f.frames > 0
 
 
-def test_a_schema_that_no_longer_fits_the_checkpoint_is_one_line_naming_the_mismatch(shards_dir, tmp_path):
+def test_synthesize_writes_a_playable_wav_and_exports_a_serving_signature(spoken, serve, speaking_model_dir):
+    import numpy as np
+    import tensorflow as tf
+
+    from melshards.shards_schema import read_schema
+
+    y, sr = sf.read(spoken["first"])
+    schema = read_schema(str(speaking_model_dir))
+    assert sr == schema.audio.sample_rate
+    assert y.ndim == 1 and len(y) >= schema.mel.hop_length and np.isfinite(y).all() and np.abs(y).max() > 0
+    out = serve(
+        text=tf.constant("printing, in the only sense."),
+        speaker=tf.constant(schema.speakers[0].name),
+        language=tf.constant(schema.languages[0].code),
+    )  # names, as schema.json has them
+    assert out["mel"].shape == (1, schema.max_mel_frames, schema.n_mels)
+    assert 0 < int(out["mel_len"][0]) <= schema.max_mel_frames
+    assert (spoken["export"] / "melshards-export.json").is_file()  # so a later --export may write over it
+
+
+def test_a_schema_that_no_longer_fits_the_checkpoint_is_one_line_naming_the_mismatch(speaking_model_dir, tmp_path):
     import json
 
-    model = tmp_path / "m"
-    model_dir_from_weights(shards_dir, model, stop_bias=5.0)
+    model = copy_model_dir(speaking_model_dir, tmp_path / "m")
     schema = json.loads((model / "schema.json").read_text())
     schema["vocabulary"].append("ж")  # another run's schema.json copied over the one training recorded
     (model / "schema.json").write_text(json.dumps(schema))
