@@ -1,17 +1,18 @@
-"""Every bucket's step compiled up front (train/compile.py), and kept across runs (train/xla_cache.py)."""
+"""Every bucket's step compiled up front (train/compile.py), and kept across runs (train/xla_cache.py).
+
+That a resumed `melshards train` run loads every compiled step from the persistent cache is checked on the
+one-device XLA runs tests/train/test_distribute.py makes anyway
+(`test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache`).
+"""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import weakref
 
 from melshards.train import xla_cache
 from melshards.train.compile import align_function_names, compile_steps
 from melshards.train.tf_quiet import tf  # noqa: I001
-from tests.train.conftest import write_config
 
 
 def test_the_cache_lives_in_the_users_cache_dir_unless_melshards_xla_cache_says(monkeypatch, tmp_path):
@@ -162,49 +163,3 @@ def test_the_state_is_kept_in_host_memory_not_on_the_device_while_the_warm_up_st
     compile_steps({0: watched}, {0: {"x": tf.TensorSpec([3, 13])}}, {}, {}, [weight, slot])
     assert during == [before]  # a device copy of each variable was 2 more
     assert (weight.numpy() == 1).all() and (slot.numpy() == 0).all()
-
-
-def _train(shards_dir, model_dir, cfg, cache, steps):
-    env = dict(os.environ, MELSHARDS_XLA_CACHE=str(cache))
-    env.pop("TF_XLA_FLAGS", None)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "melshards",
-            "train",
-            str(shards_dir / "train-*.tfrecord"),
-            "--val",
-            str(shards_dir / "val-*.tfrecord"),
-            "--model-dir",
-            str(model_dir),
-            "--config",
-            str(cfg),
-            "--steps",
-            str(steps),
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads((model_dir / "run_summary.json").read_text())
-
-
-def test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache(shards_dir, tmp_path):
-    cfg = write_config(  # the product's default loop.jit_compile, which the tests' config turns off
-        tmp_path / "c.yaml",
-        loop={"steps": 4, "checkpoint_every": 2, "log_every": 2, "val_every": 2, "jit_compile": True},
-    )
-    cache = tmp_path / "xla"
-    first = _train(shards_dir, tmp_path / "m", cfg, cache, 2)
-    entries = sorted(p.name for p in cache.iterdir())
-    assert len(entries) == 2  # the train and the eval step of the one bucket
-    resumed = _train(shards_dir, tmp_path / "m", cfg, cache, 4)
-    assert resumed["start_step"] == 2 and resumed["final_step"] == 4
-    assert sorted(p.name for p in cache.iterdir()) == entries  # nothing compiled again: every step was found
-    for summary in (first, resumed):
-        assert summary["train_step_traces"] == 1 and summary["eval_step_traces"] == 1
-        assert list(summary["compile_by_bucket"]) == ["0"]
-        assert summary["time_to_first_step"] >= summary["compile_seconds"] > 0
-        assert summary["layers"] == {"device": "CPU", "conv": "im2col", "dropout_rng": "threefry"}

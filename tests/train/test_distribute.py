@@ -1,8 +1,9 @@
 """tf.distribute: mirrored on 3 CPU devices against one device (a replica count that does not divide 8,
-validation under mirrored), two local workers joined by TF_CONFIG, preemption.
+validation under mirrored), two local workers joined by TF_CONFIG, preemption; and the persistent XLA cache
+of the one-device runs (a resumed run loads every compiled step).
 
 Runs that need their own devices (--cpu-devices, TF_CONFIG) are `python -m melshards train`
-subprocesses; they share a persistent XLA cache so a model already compiled is not compiled again.
+subprocesses, each with the persistent XLA cache the test names; the one-device runs of one model share one.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import tensorflow as tf
 
 from melshards.shards_schema.config import ConfigError
 from melshards.train.distribute import Topology, resume_seed, shard_plan
+from melshards.train.inputs import resolve_inputs
 from melshards.train.step import dropout_key
 from tests.train.conftest import write_config
 
@@ -51,7 +53,7 @@ def test_an_unknown_strategy_in_the_config_is_refused(shards_dir):
 def test_the_trainer_gives_every_bucket_a_batch_the_replicas_divide(bucketed_dir):
     """3 replicas, global batch 3, all four buckets of bucketed_dir: [9, 6, 3, 3] (on one device [9, 7, 5, 3]).
     gcd(B, 8) alone, or the replicas not passed on, gave batches 7 and 5, refused after the model dir was
-    written. (The mirrored run below trains two buckets whose batches are the same on one device.)"""
+    written. (The mirrored run below trains bucket 0, whose batch is 9 both ways.)"""
     from melshards.train.config import config_from_dict
     from melshards.train.inputs import resolve_inputs
     from melshards.train.trainer import check_buckets
@@ -61,6 +63,33 @@ def test_the_trainer_gives_every_bucket_a_batch_the_replicas_divide(bucketed_dir
     inputs = resolve_inputs([str(bucketed_dir / "train-*.tfrecord")], [], None, cfg)
     assert [tb.batch_size for tb in check_buckets(inputs, Topology("mirrored", None, replicas=3))] == [9, 6, 3, 3]
     assert [tb.batch_size for tb in check_buckets(inputs, Topology("one", None))] == [9, 7, 5, 3]
+
+
+def test_under_a_strategy_each_bucket_gets_a_distributed_input_of_its_own_files_and_shapes(bucketed_dir, tmp_path):
+    """Every bucket the schedule uses gets a distributed input of its own: its own files, batch and shapes
+    (each checked against its own step's specs), not another bucket's. The mirrored run below trains one
+    bucket; this checks two, in-process, under MirroredStrategy on this process's CPU device: a strategy's
+    steps trace at their first call, so building the Trainer traces and compiles nothing."""
+    from melshards.train.config import config_from_dict
+    from melshards.train.trainer import Trainer
+    from tests.train.conftest import TEST_CONFIG
+
+    cfg = config_from_dict(dict(TEST_CONFIG, data=dict(TEST_CONFIG["data"], batch_size=BATCH)))
+    inputs = resolve_inputs([str(bucketed_dir / "train-b0[03]-*.tfrecord")], [], None, cfg)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    trainer = Trainer(inputs, str(tmp_path / "m"), False, Topology("mirrored", strategy, replicas=1))
+    trainer.start_distributed_input(0)
+    used = [tb for tb in trainer.buckets if tb.index in trainer.train_steps]
+    assert [(tb.index, tb.batch_size) for tb in used] == [(0, 9), (3, 3)]
+    for tb in used:
+        batch = strategy.experimental_local_results(next(trainer.iterators[tb.index]))[0]
+        assert batch["mel"].shape[1:3] == (tb.batch_size, tb.bucket.max_mel_frames), tb.index
+        lengths = batch["mel_len"].numpy()
+        lengths = lengths[lengths > 0]  # real records, padding left out
+        shorter = max(
+            [b.max_mel_frames for b in inputs.schema.buckets if b.max_mel_frames < tb.bucket.max_mel_frames] + [0]
+        )
+        assert lengths.size and ((shorter < lengths) & (lengths <= tb.bucket.max_mel_frames)).all(), tb.index
 
 
 def test_workers_read_whole_files_when_each_gets_one_else_records():
@@ -94,9 +123,10 @@ def _free_port() -> int:
 
 
 def _train(shards_dir, model_dir, cfg, cache, *args, env=None, train_glob="train-*.tfrecord"):
-    env = dict(
-        os.environ, **(env or {}), PYTHONUNBUFFERED="1", TF_XLA_FLAGS=f"--tf_xla_persistent_cache_directory={cache}"
-    )
+    """`melshards train` in a new process, its persistent XLA cache in `cache` (MELSHARDS_XLA_CACHE, as a user
+    sets it: the product turns it into TF_XLA_FLAGS, train/xla_cache.py)."""
+    env = dict(os.environ, **(env or {}), PYTHONUNBUFFERED="1", MELSHARDS_XLA_CACHE=str(cache))
+    env.pop("TF_XLA_FLAGS", None)  # the test session's cache (tests/conftest.py): each run here names its own
     return subprocess.Popen(
         [
             sys.executable,
@@ -145,51 +175,54 @@ def _summary(model_dir) -> dict:
 
 STEPS = 6
 NO_DROPOUT = {"dropout": 0.0, "prenet_dropout": 0.0}
-# Three replicas, a global batch of 3, and two of bucketed_dir's four length buckets (9, 12, 11 and 8 training
+# Three replicas, a global batch of 3, and one of bucketed_dir's four length buckets (9, 12, 11 and 8 training
 # records of 184, 224, 320 and 552 frames): on one device the buckets' batches are [9, 7, 5, 3]; under 3 replicas
 # every batch must divide by 3, [9, 6, 3, 3] (gcd(B, 8) alone gave [9, 7, 5, 3], refused after the model dir was
-# written, naming a batch never set). Buckets 0 and 3 get batches 9 and 3 both ways, so the two runs draw the same
-# seeded schedule of the same batches and their losses compare; both have validation records. Each bucket more
-# is three more compiles of the mirrored run.
-REPLICAS, BATCH, BUCKETS = 3, 3, "[03]"
+# written, naming a batch never set). Bucket 0 gets batch 9 both ways (3 per replica), so the two runs draw the
+# same seeded batches and their losses compare; it has validation records. Each bucket more is three more
+# traces and compiles of the mirrored run: that under a strategy each bucket gets a distributed input of its own
+# is checked in-process on two buckets (test_under_a_strategy_each_bucket_gets_a_distributed_input_...).
+REPLICAS, BATCH, TRAINED = 3, 3, (0,)
+N_BUCKETS, BUCKETS = len(TRAINED), "[" + "".join(str(b) for b in TRAINED) + "]"
 TRAIN_GLOB, VAL_GLOB = f"train-b0{BUCKETS}-*.tfrecord", f"val-b0{BUCKETS}-*.tfrecord"
 
 
 @pytest.fixture(scope="module")
 def one_and_mirrored(bucketed_dir, tmp_path_factory):
-    """The same 6 steps on two length buckets, global batch 3, without dropout: on one device (`one/`), and
-    mirrored on three CPU devices with validation (`mirrored/`), from config `c.yaml`. Their compiled steps
-    are kept in `xla/` for later runs of the same model. Read-only for tests: copy a model dir before
-    training it further."""
+    """The same 6 steps on one length bucket, global batch 3, without dropout, with validation: on one device
+    (`one/`, its compiled steps kept in the persistent cache `xla-one/`), and mirrored on three CPU devices
+    (`mirrored/`, its cache `xla-mirrored/`), from config `c.yaml`. Read-only for tests: copy a model dir or
+    a cache before training on it."""
     tmp = tmp_path_factory.mktemp("one_and_mirrored")
     cfg = write_config(
         tmp / "c.yaml",
         model=NO_DROPOUT,
         data={"batch_size": BATCH},
-        # XLA as by default: under a strategy only each replica's pass is compiled (train/distribute.py)
+        # XLA, as by default: on one device the whole step is one compiled program, kept in the persistent
+        # cache; under a strategy only each replica's pass is compiled (train/distribute.py)
         loop={"steps": STEPS, "log_every": 1, "checkpoint_every": STEPS, "val_every": STEPS, "jit_compile": True},
     )
     val = ["--val", str(bucketed_dir / VAL_GLOB)]
-    for model_dir, args in (
-        ("one", ["--strategy", "one"]),
+    for name, args in (
+        ("one", ["--strategy", "one", *val]),
         ("mirrored", ["--strategy", "mirrored", "--cpu-devices", str(REPLICAS), *val]),
     ):
-        _finish(_train(bucketed_dir, tmp / model_dir, cfg, tmp / "xla", *args, train_glob=TRAIN_GLOB))
+        _finish(_train(bucketed_dir, tmp / name, cfg, tmp / f"xla-{name}", *args, train_glob=TRAIN_GLOB))
     return tmp
 
 
 def test_mirrored_on_three_cpu_devices_follows_the_single_device_losses(one_and_mirrored):
-    """Two length buckets: each bucket's step compiled per replica device, under the one seeded schedule."""
+    """Each bucket's per-replica pass is compiled on each replica device; the losses are the one device's."""
     a, b = _losses(one_and_mirrored / "one"), _losses(one_and_mirrored / "mirrored")
     assert len(a) == len(b) == STEPS
     np.testing.assert_allclose(b, a, rtol=1e-5)  # measured: within 3e-7 (summation order)
     s, single = _summary(one_and_mirrored / "mirrored"), _summary(one_and_mirrored / "one")
     assert (s["strategy"], s["replicas"], s["workers"]) == ("mirrored", REPLICAS, 1)
     assert (s["global_batch_size"], s["per_replica_batch_size"]) == (BATCH, BATCH // REPLICAS)
-    # the same seeded bucket schedule on both; each bucket's compiled per-replica pass is traced once
-    # on each replica device, its outer function once
+    # the same buckets on both; each bucket's compiled per-replica pass is traced once on each replica
+    # device, its outer function once
     used = single["buckets_used"]
-    assert s["buckets_used"] == used == 2
+    assert s["buckets_used"] == used == N_BUCKETS
     assert s["train_step_traces"] == REPLICAS * used and s["step_function_traces"] == used
     assert single["train_step_traces"] == used
 
@@ -205,32 +238,58 @@ def test_mirrored_on_3_devices_gives_every_bucket_a_batch_they_divide_and_valida
     assert np.isfinite(s["final_losses"]["val"]["loss"])
 
 
-def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, bucketed_dir, tmp_path):
-    """Weights, optimizer and step come back; the input position (not saved under a strategy) is reshuffled."""
-    model_dir = shutil.copytree(one_and_mirrored / "mirrored", tmp_path / "m")
-    mirrored = tf.train.load_checkpoint(str(model_dir / "checkpoints"))
-    more = STEPS + 2
+def _resume(one_and_mirrored, bucketed_dir, tmp, run, *args):
+    """A copy of `run` (in `tmp/m`) trained 2 steps more on one device from a copy of the one-device run's
+    persistent cache (`tmp/xla`). Returns (its output, the cache's entries before the run)."""
+    shutil.copytree(one_and_mirrored / run, tmp / "m")
+    shutil.copytree(one_and_mirrored / "xla-one", tmp / "xla")
+    before = sorted(p.name for p in (tmp / "xla").iterdir())
     proc = _train(
         bucketed_dir,
-        model_dir,
+        tmp / "m",
         one_and_mirrored / "c.yaml",
-        one_and_mirrored / "xla",  # the one-device steps, compiled by the run on one device
+        tmp / "xla",
         "--strategy",
         "one",
         "--steps",
-        str(more),
+        str(STEPS + 2),
+        *args,
         train_glob=TRAIN_GLOB,
     )
-    out = _finish(proc)
+    return _finish(proc), before
+
+
+def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, bucketed_dir, tmp_path):
+    """Weights, optimizer and step come back; the input position (not saved under a strategy) is reshuffled."""
+    out, _ = _resume(one_and_mirrored, bucketed_dir, tmp_path, "mirrored")
+    mirrored = tf.train.load_checkpoint(str(one_and_mirrored / "mirrored" / "checkpoints"))
+    more = STEPS + 2
     assert f"at step {STEPS}" in out and "holds no input position" in out and "reshuffled the input" in out
-    s = _summary(model_dir)
+    s = _summary(tmp_path / "m")
     assert (s["strategy"], s["start_step"], s["final_step"]) == ("one", STEPS, more)
-    resumed = tf.train.load_checkpoint(str(model_dir / "checkpoints"))
+    resumed = tf.train.load_checkpoint(str(tmp_path / "m" / "checkpoints"))
     assert resumed.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == more
     assert any(k.startswith("iterator/") for k in resumed.get_variable_to_shape_map())  # one device saves it
     assert int(mirrored.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == STEPS
     # the optimizer resumed
     assert int(resumed.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == more
+
+
+def test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache(one_and_mirrored, bucketed_dir, tmp_path):
+    """On one device every bucket's train and eval step is compiled up front, once, and kept in the cache; the
+    run resumed from its checkpoint (which holds the input position: its check reads tensors eagerly before
+    the steps are traced) in a new process finds every one of them there and adds nothing. (Moved from
+    tests/train/test_compile.py onto the one-device run this file makes anyway.)"""
+    _, before = _resume(one_and_mirrored, bucketed_dir, tmp_path, "one", "--val", str(bucketed_dir / VAL_GLOB))
+    first, resumed = _summary(one_and_mirrored / "one"), _summary(tmp_path / "m")
+    assert (resumed["start_step"], resumed["final_step"]) == (STEPS, STEPS + 2)
+    assert len(before) == 2 * N_BUCKETS  # the train and the eval step of each bucket
+    assert sorted(p.name for p in (tmp_path / "xla").iterdir()) == before  # nothing compiled again: every step found
+    for summary in (first, resumed):
+        assert summary["train_step_traces"] == N_BUCKETS and summary["eval_step_traces"] == N_BUCKETS
+        assert list(summary["compile_by_bucket"]) == [str(b) for b in TRAINED]
+        assert summary["time_to_first_step"] >= summary["compile_seconds"] > 0
+        assert summary["layers"] == {"device": "CPU", "conv": "im2col", "dropout_rng": "threefry"}
 
 
 def _cluster(shards_dir, model_dir, cfg, cache, ports):
