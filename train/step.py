@@ -240,6 +240,7 @@ class ReplicaStep:
             self.grads = tf.function(
                 self._grads,
                 jit_compile=jit_compile,
+                autograph=False,
                 input_signature=[
                     specs,
                     tf.TensorSpec([2], tf.int32),
@@ -320,7 +321,7 @@ def one_device_step(replica: ReplicaStep, specs: dict, steps_per_execution: int,
     (jit_compile False, loop.jit_compile: the same function run by TensorFlow's own kernels)."""
     stacked = {k: tf.TensorSpec([steps_per_execution, *s.shape], s.dtype, name=k) for k, s in specs.items()}
 
-    @tf.function(input_signature=[stacked], jit_compile=jit_compile)
+    @tf.function(input_signature=[stacked], jit_compile=jit_compile, autograph=False)
     def train_step(batches):
         return k_steps(replica, replica, batches, steps_per_execution)
 
@@ -335,7 +336,7 @@ def distributed_step(replica: ReplicaStep, strategy, steps_per_execution: int):
     def on_every_replica(batches, k):  # every replica returns the same all-reduced values
         return strategy.experimental_local_results(strategy.run(replica, args=(batches, k)))[0]
 
-    @tf.function
+    @tf.function(autograph=False)
     def train_step(batches):
         return k_steps(replica, on_every_replica, batches, steps_per_execution)
 
@@ -356,12 +357,20 @@ def k_steps(replica: ReplicaStep, run, batches, steps_per_execution: int) -> dic
     if steps_per_execution == 1:  # no loop: XLA fuses and schedules a straight-line step better than a while body
         metrics = one_step(0)
         return dict({name: metrics[name] for name in metric_names}, losses=metrics["loss"][None])
-    totals = {name: tf.constant(0.0) for name in metric_names}
-    step_losses = tf.TensorArray(tf.float32, size=steps_per_execution)
-    for k in tf.range(steps_per_execution):
+
+    def body(k, totals, step_losses):
         metrics = one_step(k)
         totals = {name: totals[name] + metrics[name] for name in metric_names}
-        step_losses = step_losses.write(k, metrics["loss"])
+        return k + 1, totals, step_losses.write(k, metrics["loss"])
+
+    start = (
+        tf.constant(0),
+        {name: tf.constant(0.0) for name in metric_names},
+        tf.TensorArray(tf.float32, size=steps_per_execution),
+    )
+    _, totals, step_losses = tf.while_loop(
+        lambda k, totals, step_losses: k < steps_per_execution, body, start, maximum_iterations=steps_per_execution
+    )
     out = {name: totals[name] / steps_per_execution for name in metric_names}
     out["examples"], out["mel_frames"] = totals["examples"], totals["mel_frames"]  # sums, not means
     out["losses"] = step_losses.stack()
@@ -379,7 +388,11 @@ def make_eval_step(
     """Compiled once like the train step, bound to the bucket's shapes; returns masked sums so the
     caller adds batches up exactly."""
 
-    @tf.function(input_signature=[step_specs(bucket, batch_size, None, names, same_clip)], jit_compile=jit_compile)
+    @tf.function(
+        input_signature=[step_specs(bucket, batch_size, None, names, same_clip)],
+        jit_compile=jit_compile,
+        autograph=False,
+    )
     def eval_step(batch):
         return model.loss_terms(batch, tf.zeros([2], tf.int32), training=False)
 
