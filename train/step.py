@@ -189,8 +189,53 @@ class SummedGradientsAdamW(keras.optimizers.AdamW):
     name too), so checkpoints are unchanged. On one device the reduction is the identity either way.
     """
 
+    _step_scalars: dict | None = None  # while apply() traces without a strategy: its per-step scalars
+
     def _all_reduce_sum_gradients(self, grads_and_vars):
         return list(grads_and_vars)
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        """Keras's apply, with the learning rate and Adam's step scalars built once per apply instead of
+        once per variable (Keras calls the schedule in every variable's weight decay and recomputes the
+        bias corrections in every variable's update_step: half the step's graph ops). The same values:
+        `iterations` is read before apply() increments it either way. Under a tf.distribute strategy each
+        device computes its own (Keras's path, unchanged)."""
+        if tf.distribute.has_strategy() or self.amsgrad:
+            return super()._backend_apply_gradients(grads, trainable_variables)
+        self._step_scalars = {}
+        try:
+            return super()._backend_apply_gradients(grads, trainable_variables)
+        finally:
+            self._step_scalars = None
+
+    def _get_current_learning_rate(self):
+        if self._step_scalars is None:
+            return super()._get_current_learning_rate()
+        if "learning_rate" not in self._step_scalars:
+            self._step_scalars["learning_rate"] = super()._get_current_learning_rate()
+        return self._step_scalars["learning_rate"]
+
+    def update_step(self, gradient, variable, learning_rate):
+        """keras.optimizers.Adam.update_step (amsgrad off), op for op, its step size `alpha` built once
+        per apply and dtype (tests/train/test_optimizer.py compares the two)."""
+        if self._step_scalars is None:
+            return super().update_step(gradient, variable, learning_rate)
+        key = ("alpha", variable.dtype)
+        if key not in self._step_scalars:
+            lr = keras.ops.cast(learning_rate, variable.dtype)
+            local_step = keras.ops.cast(self.iterations + 1, variable.dtype)
+            beta_1_power = keras.ops.power(keras.ops.cast(self.beta_1, variable.dtype), local_step)
+            beta_2_power = keras.ops.power(keras.ops.cast(self.beta_2, variable.dtype), local_step)
+            self._step_scalars[key] = lr * keras.ops.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        alpha = self._step_scalars[key]
+        gradient = keras.ops.cast(gradient, variable.dtype)
+        m = self._momentums[self._get_variable_index(variable)]
+        v = self._velocities[self._get_variable_index(variable)]
+        self.assign_add(m, keras.ops.multiply(keras.ops.subtract(gradient, m), 1 - self.beta_1))
+        self.assign_add(v, keras.ops.multiply(keras.ops.subtract(keras.ops.square(gradient), v), 1 - self.beta_2))
+        self.assign_sub(
+            variable, keras.ops.divide(keras.ops.multiply(m, alpha), keras.ops.add(keras.ops.sqrt(v), self.epsilon))
+        )
 
 
 def clip_factor(norm, clip_norm: float):
