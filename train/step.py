@@ -3,6 +3,9 @@
 Both steps are `tf.function(input_signature=..., jit_compile=True)` built from the schema, so they
 trace once (under a tf.distribute strategy the compiled part is each replica's forward and backward
 pass, see make_train_step). Masks and mel normalisation are computed in-graph from the static shapes.
+They trace without autograph (`autograph=False`, as Keras 3's own train function): their Python
+control flow depends on settings, never on tensor values, and the K-step loop is a `tf.while_loop`.
+A model plug-in's loss methods are traced as written (train/contract.py).
 """
 
 from __future__ import annotations
