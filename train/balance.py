@@ -186,6 +186,7 @@ def sampler(balancing: Balancing, seed: int, deterministic: bool):
     feature = balancing.feature
     spec = {feature: tf.io.FixedLenFeature([], tf.int64)}
 
+    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: nothing to convert
     def keep(records, draws):
         groups = tf.io.parse_example(records, spec)[feature]
         uniform = tf.cast(draws % 2**32, tf.float64) / 2.0**32  # Dataset.random's values are uint32

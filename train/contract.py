@@ -32,6 +32,10 @@ trainer adds them up over batches, length buckets and replicas (and over the zer
 that pad the last validation batch, which must add nothing), then calls `losses_from_terms` once on
 the totals. So a loss equals the loss of all the records at once, exactly.
 
+The trainer traces these methods without autograph, as Keras 3 traces a layer's `call`: control flow
+that depends on a tensor's value is written with `tf.cond` / `tf.while_loop` (or `keras.ops.cond`);
+a Python `if` or `for` on a tensor fails while the step traces, naming the line.
+
 Every model, the built-in Transformer-TTS (`melshards.train.model:build`) included, goes through this
 contract; the trainer has no other path. `melshards.train.plugins` checks a model against it before anything
 compiles.

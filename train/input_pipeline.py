@@ -108,6 +108,7 @@ def _parse_fn(schema: Schema | Bucket, batch_size: int, names: Sequence[str]):
         schema.feature(name)  # a schema without it is a SchemaError here, not a KeyError in a trace
     spec = parse_spec(schema, names)  # the others' bytes are not copied out of the records
 
+    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: nothing to convert
     def parse(serialized):
         decoded = decode_parsed(schema, tf.io.parse_example(serialized, spec), batch_size)
         return {name: decoded[name] for name in names}
@@ -160,6 +161,7 @@ def train_dataset(
     if how == "files":  # before the shuffle: each part is a fixed set of files
         ds, files = ds.shard(n, i), files[i::n]
 
+    @tf.autograph.experimental.do_not_convert
     def read(path):
         records = tf.data.TFRecordDataset(path)
         # every part reads every file and keeps every n-th record of each file: sharded before the
@@ -227,6 +229,7 @@ def val_dataset(
     bucket = bucket or schema.largest
     pad = tf.constant(padding_record(schema, bucket))
 
+    @tf.autograph.experimental.do_not_convert
     def top_up(serialized):
         filler = tf.fill([b - tf.shape(serialized)[0]], pad)
         return tf.ensure_shape(tf.concat([serialized, filler], 0), [b])

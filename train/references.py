@@ -48,6 +48,7 @@ def with_same_clip_references(
     """Batches holding mel and mel_len -> the same batches with a same_clip reference added, the k-th batch
     cut with the stateless seed (seed, k); only the features `keep` (and the reference's) are left."""
 
+    @tf.autograph.experimental.do_not_convert  # no tensor-dependent Python control flow: nothing to convert
     def add(k, batch):
         key = tf.stack([tf.constant(seed, tf.int64), k])
         out = dict(batch, **same_clip_reference(batch["mel"], batch["mel_len"], frames, key, pad_value))

@@ -3,6 +3,9 @@
 Both steps are `tf.function(input_signature=..., jit_compile=True)` built from the schema, so they
 trace once (under a tf.distribute strategy the compiled part is each replica's forward and backward
 pass, see make_train_step). Masks and mel normalisation are computed in-graph from the static shapes.
+They trace without autograph (`autograph=False`, as Keras 3's own train function): their Python
+control flow depends on settings, never on tensor values, and the K-step loop is a `tf.while_loop`.
+A model plug-in's loss methods are traced as written (train/contract.py).
 """
 
 from __future__ import annotations
@@ -189,8 +192,53 @@ class SummedGradientsAdamW(keras.optimizers.AdamW):
     name too), so checkpoints are unchanged. On one device the reduction is the identity either way.
     """
 
+    _step_scalars: dict | None = None  # while apply() traces without a strategy: its per-step scalars
+
     def _all_reduce_sum_gradients(self, grads_and_vars):
         return list(grads_and_vars)
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        """Keras's apply, with the learning rate and Adam's step scalars built once per apply instead of
+        once per variable (Keras calls the schedule in every variable's weight decay and recomputes the
+        bias corrections in every variable's update_step: half the step's graph ops). The same values:
+        `iterations` is read before apply() increments it either way. Under a tf.distribute strategy each
+        device computes its own (Keras's path, unchanged)."""
+        if tf.distribute.has_strategy() or self.amsgrad:
+            return super()._backend_apply_gradients(grads, trainable_variables)
+        self._step_scalars = {}
+        try:
+            return super()._backend_apply_gradients(grads, trainable_variables)
+        finally:
+            self._step_scalars = None
+
+    def _get_current_learning_rate(self):
+        if self._step_scalars is None:
+            return super()._get_current_learning_rate()
+        if "learning_rate" not in self._step_scalars:
+            self._step_scalars["learning_rate"] = super()._get_current_learning_rate()
+        return self._step_scalars["learning_rate"]
+
+    def update_step(self, gradient, variable, learning_rate):
+        """keras.optimizers.Adam.update_step (amsgrad off), op for op, its step size `alpha` built once
+        per apply and dtype (tests/train/test_optimizer.py compares the two)."""
+        if self._step_scalars is None:
+            return super().update_step(gradient, variable, learning_rate)
+        key = ("alpha", variable.dtype)
+        if key not in self._step_scalars:
+            lr = keras.ops.cast(learning_rate, variable.dtype)
+            local_step = keras.ops.cast(self.iterations + 1, variable.dtype)
+            beta_1_power = keras.ops.power(keras.ops.cast(self.beta_1, variable.dtype), local_step)
+            beta_2_power = keras.ops.power(keras.ops.cast(self.beta_2, variable.dtype), local_step)
+            self._step_scalars[key] = lr * keras.ops.sqrt(1 - beta_2_power) / (1 - beta_1_power)
+        alpha = self._step_scalars[key]
+        gradient = keras.ops.cast(gradient, variable.dtype)
+        m = self._momentums[self._get_variable_index(variable)]
+        v = self._velocities[self._get_variable_index(variable)]
+        self.assign_add(m, keras.ops.multiply(keras.ops.subtract(gradient, m), 1 - self.beta_1))
+        self.assign_add(v, keras.ops.multiply(keras.ops.subtract(keras.ops.square(gradient), v), 1 - self.beta_2))
+        self.assign_sub(
+            variable, keras.ops.divide(keras.ops.multiply(m, alpha), keras.ops.add(keras.ops.sqrt(v), self.epsilon))
+        )
 
 
 def clip_factor(norm, clip_norm: float):
@@ -240,6 +288,7 @@ class ReplicaStep:
             self.grads = tf.function(
                 self._grads,
                 jit_compile=jit_compile,
+                autograph=False,
                 input_signature=[
                     specs,
                     tf.TensorSpec([2], tf.int32),
@@ -320,7 +369,7 @@ def one_device_step(replica: ReplicaStep, specs: dict, steps_per_execution: int,
     (jit_compile False, loop.jit_compile: the same function run by TensorFlow's own kernels)."""
     stacked = {k: tf.TensorSpec([steps_per_execution, *s.shape], s.dtype, name=k) for k, s in specs.items()}
 
-    @tf.function(input_signature=[stacked], jit_compile=jit_compile)
+    @tf.function(input_signature=[stacked], jit_compile=jit_compile, autograph=False)
     def train_step(batches):
         return k_steps(replica, replica, batches, steps_per_execution)
 
@@ -335,7 +384,7 @@ def distributed_step(replica: ReplicaStep, strategy, steps_per_execution: int):
     def on_every_replica(batches, k):  # every replica returns the same all-reduced values
         return strategy.experimental_local_results(strategy.run(replica, args=(batches, k)))[0]
 
-    @tf.function
+    @tf.function(autograph=False)
     def train_step(batches):
         return k_steps(replica, on_every_replica, batches, steps_per_execution)
 
@@ -356,12 +405,20 @@ def k_steps(replica: ReplicaStep, run, batches, steps_per_execution: int) -> dic
     if steps_per_execution == 1:  # no loop: XLA fuses and schedules a straight-line step better than a while body
         metrics = one_step(0)
         return dict({name: metrics[name] for name in metric_names}, losses=metrics["loss"][None])
-    totals = {name: tf.constant(0.0) for name in metric_names}
-    step_losses = tf.TensorArray(tf.float32, size=steps_per_execution)
-    for k in tf.range(steps_per_execution):
+
+    def body(k, totals, step_losses):
         metrics = one_step(k)
         totals = {name: totals[name] + metrics[name] for name in metric_names}
-        step_losses = step_losses.write(k, metrics["loss"])
+        return k + 1, totals, step_losses.write(k, metrics["loss"])
+
+    start = (
+        tf.constant(0),
+        {name: tf.constant(0.0) for name in metric_names},
+        tf.TensorArray(tf.float32, size=steps_per_execution),
+    )
+    _, totals, step_losses = tf.while_loop(
+        lambda k, totals, step_losses: k < steps_per_execution, body, start, maximum_iterations=steps_per_execution
+    )
     out = {name: totals[name] / steps_per_execution for name in metric_names}
     out["examples"], out["mel_frames"] = totals["examples"], totals["mel_frames"]  # sums, not means
     out["losses"] = step_losses.stack()
@@ -379,7 +436,11 @@ def make_eval_step(
     """Compiled once like the train step, bound to the bucket's shapes; returns masked sums so the
     caller adds batches up exactly."""
 
-    @tf.function(input_signature=[step_specs(bucket, batch_size, None, names, same_clip)], jit_compile=jit_compile)
+    @tf.function(
+        input_signature=[step_specs(bucket, batch_size, None, names, same_clip)],
+        jit_compile=jit_compile,
+        autograph=False,
+    )
     def eval_step(batch):
         return model.loss_terms(batch, tf.zeros([2], tf.int32), training=False)
 
