@@ -31,9 +31,9 @@ TEST_CONFIG = {
     "optim": {"learning_rate": 3.0e-3, "warmup_steps": 10},
     # Without XLA: the tests of the loop (resume, checkpoints, traces, plugins) check logic that does
     # not depend on the compiler, and skip a compile per Trainer build. The tests of what XLA does ask
-    # for `"jit_compile": True`: tests/train/test_compile.py (the persistent cache, and a `melshards
-    # train` run on the default loop settings) and the mirrored runs of test_distribute*.py (under a
-    # strategy each replica's pass is compiled on its own, train/distribute.py).
+    # for `"jit_compile": True`: the one-device and mirrored runs of test_distribute.py (the persistent
+    # cache on a resumed run; under a strategy each replica's pass is compiled on its own,
+    # train/distribute.py).
     "loop": {"steps": 20, "checkpoint_every": 10, "log_every": 5, "val_every": 10, "jit_compile": False},
 }
 
