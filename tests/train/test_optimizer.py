@@ -35,3 +35,27 @@ def test_summed_gradients_adamw_updates_bit_for_bit_as_keras_adamw():
     for a, b in zip(ours + ours_slots, keras_vars + keras_slots, strict=True):
         np.testing.assert_array_equal(a, b)
     assert ours[0].tobytes() != _run(SummedGradientsAdamW, steps=2)[0][0].tobytes()  # the steps changed it
+
+
+class _CountedSchedule(WarmupRsqrt):
+    calls = 0
+
+    def __call__(self, step):
+        type(self).calls += 1
+        return super().__call__(step)
+
+
+def test_the_learning_rate_is_built_once_per_apply_not_once_per_variable():
+    """The op saving rests on Keras's private hooks (`_backend_apply_gradients`, `_get_current_learning_rate`,
+    `update_step`): a Keras that stops calling them through these names fails here, not silently slower."""
+
+    def schedule_calls(optimizer_class) -> int:
+        variables = [tf.Variable(np.ones(shape, np.float32)) for shape in ((3, 4), (4,), (2,))]
+        opt = optimizer_class(learning_rate=_CountedSchedule(3e-3, 2), weight_decay=0.01, name="adam_w")
+        opt.build(variables)
+        _CountedSchedule.calls = 0
+        tf.function(lambda: opt.apply([tf.ones_like(v) for v in variables], variables), autograph=False)()
+        return _CountedSchedule.calls
+
+    assert schedule_calls(SummedGradientsAdamW) == 1
+    assert schedule_calls(keras.optimizers.AdamW) > 3  # Keras's own: once more per variable
