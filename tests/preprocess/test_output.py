@@ -383,19 +383,7 @@ def test_a_second_run_into_an_output_a_running_job_holds_stops_and_ctrl_c_of_the
     out = _copy_run(shards_dir, tmp_path / "o")
     before = _snapshot(out)
     p = start_long_run(tmp_path, corpus_dir, out, "--workers", "2", "--overwrite")
-    second = run(
-        [
-            "--input",
-            str(corpus_dir),
-            "--output",
-            str(out),
-            "--config",
-            str(TINY_CONFIG),
-            "--workers",
-            "1",
-            "--overwrite",
-        ]
-    )
+    second = _preprocess(corpus_dir, out, "--overwrite")
     err = capsys.readouterr().err
     assert p.poll() is None, "the first run should still be running"
     assert second == 2, err
