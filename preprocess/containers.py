@@ -277,6 +277,8 @@ def _row_group_audio(path: str, group: int, column: str) -> _AudioValues:
     def read() -> _AudioValues:
         with contextlib.ExitStack() as stack:
             pf = _kept_parquet_file(path, stack)
+            if group >= pf.metadata.num_row_groups:
+                raise IndexError(f"row group {group} of {pf.metadata.num_row_groups}")
             kind = pf.schema_arrow.field(column).type
             struct = hasattr(kind, "get_field_index") and kind.get_field_index("bytes") >= 0
             # An audio struct's `bytes` alone (its `path` is not read); one thread: a column is one job
@@ -471,9 +473,10 @@ def clip_bytes(path: str, locator: Mapping) -> bytes:
     group, index = int(locator["row_group"]), int(locator["index"])
     try:
         data = _row_group_audio(path, group, str(locator["parquet"]))[index]
-    except (IndexError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
-        # the row was listed from the file's footer at the read stage: the file changed since
+    except IndexError as e:  # the row was listed from the file's footer at the read stage: the file changed since
         raise OSError(f"{path}: row group {group} has no row {index} (the file changed during the run?)") from e
+    except ValueError as e:  # pyarrow's ArrowInvalid: a page Arrow cannot decode
+        raise OSError(f"{path}: row group {group}: {e}") from e
     if not data:
         raise NoAudio("the row's audio bytes are null" if data is None else "the row's audio bytes are empty")
     return data
