@@ -38,9 +38,9 @@ TEST_CONFIG = {
 }
 
 
-def write_config(path: Path, **sections) -> Path:
-    """TEST_CONFIG with per-section overrides, e.g. write_config(p, loop={"steps": 40})."""
-    cfg = {k: dict(v) for k, v in TEST_CONFIG.items()}
+def write_config(path: Path, base: dict = TEST_CONFIG, **sections) -> Path:
+    """`base` (TEST_CONFIG) with per-section overrides, e.g. write_config(p, loop={"steps": 40})."""
+    cfg = {k: dict(v) for k, v in base.items()}
     for section, values in sections.items():
         cfg[section].update(values)
     path.write_text(yaml.safe_dump(cfg))
@@ -56,22 +56,12 @@ LITE_MODEL = {"factory": "examples.fastspeech_lite:build", "d_model": 16, "encod
 
 def write_lite_config(path: Path, **sections) -> Path:
     """`write_config` with LITE_MODEL as the whole model section."""
-    cfg = {k: dict(v) for k, v in TEST_CONFIG.items()}
-    cfg["model"] = dict(LITE_MODEL)
-    for section, values in sections.items():
-        cfg[section].update(values)
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    return write_config(path, dict(TEST_CONFIG, model=LITE_MODEL), **sections)
 
 
 @pytest.fixture(scope="session")
 def test_config(tmp_path_factory) -> Path:
     return write_config(tmp_path_factory.mktemp("cfg") / "train_test.yaml")
-
-
-def copy_shards(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst)
-    return dst
 
 
 def write_records(src: Path, dst_dir: Path, n: int, transform=None) -> Path:
@@ -225,12 +215,6 @@ def model_dir_from_weights(shards_dir: Path, model_dir: Path, stop_bias: float, 
     return {v.path: v.numpy() for v in model.variables}
 
 
-def copy_model_dir(src: Path, dst: Path) -> Path:
-    """A copy of a model dir (e.g. `speaking_model_dir`) to change: damage, rename, rewrite."""
-    shutil.copytree(src, dst)
-    return dst
-
-
 SPOKEN_TEXT = "Printing, in the only sense."
 
 
@@ -239,7 +223,7 @@ def speaking_model_dir(shards_dir, tmp_path_factory) -> Path:
     """`model_dir_from_weights` of `shards_dir` with a stop head that never fires (stop_bias -20: each mel
     is max_mel_frames long), seed 1: the model dir of every test that reads weights and needs no training
     (synthesis, export, checkpoints). Built once per session, shared by the xdist workers (`built_once`);
-    `saved_weights(speaking_model_dir)` gives the values it saved. Read-only: `copy_model_dir` to change it."""
+    `saved_weights(speaking_model_dir)` gives the values it saved. Read-only: change a copy (`shutil.copytree`)."""
     import json
 
     import numpy as np

@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from melshards.commands.train import run
-from tests.train.conftest import copy_shards, write_config, write_lite_config
+from tests.train.conftest import write_config, write_lite_config
 
 
 def _train(capsys, *args):
@@ -17,7 +17,7 @@ def _train(capsys, *args):
 
 
 def test_schema_mismatch_names_both_schema_files(shards_dir, tmp_path, test_config, capsys):
-    other = copy_shards(shards_dir, tmp_path / "other")
+    other = shutil.copytree(shards_dir, tmp_path / "other")
     schema = json.loads((other / "schema.json").read_text())
     schema["mel"]["fmax"] = 7600.0
     (other / "schema.json").write_text(json.dumps(schema))
@@ -37,7 +37,7 @@ def test_schema_mismatch_names_both_schema_files(shards_dir, tmp_path, test_conf
 
 
 def test_validation_shards_of_another_schema_are_refused(shards_dir, tmp_path, test_config, capsys):
-    other = copy_shards(shards_dir, tmp_path / "other")
+    other = shutil.copytree(shards_dir, tmp_path / "other")
     schema = json.loads((other / "schema.json").read_text())
     schema["vocabulary"] = schema["vocabulary"][:-1]
     (other / "schema.json").write_text(json.dumps(schema))
@@ -55,7 +55,7 @@ def test_validation_shards_of_another_schema_are_refused(shards_dir, tmp_path, t
 
 
 def test_unfinished_run_is_refused(shards_dir, tmp_path, test_config, capsys):
-    unfinished = copy_shards(shards_dir, tmp_path / "unfinished")
+    unfinished = shutil.copytree(shards_dir, tmp_path / "unfinished")
     (unfinished / "schema.json").unlink()
     code, out = _train(capsys, unfinished / "train-*.tfrecord", "--model-dir", tmp_path / "m", "--config", test_config)
     assert code == 2 and f"{unfinished}/schema.json does not exist" in out.err
@@ -89,7 +89,7 @@ def cut_after_records(path, n: int) -> None:
 def test_a_shard_cut_at_a_record_boundary_is_refused_by_its_size_before_anything_is_built(
     shards_dir, tmp_path, test_config, capsys
 ):
-    cut = copy_shards(shards_dir, tmp_path / "cut")
+    cut = shutil.copytree(shards_dir, tmp_path / "cut")
     shard = next(cut.glob("train-*.tfrecord"))
     records = json.loads((cut / "schema.json").read_text())["buckets"][0]["shards"]["train"][0]["records"]
     cut_after_records(shard, records // 2)
@@ -171,7 +171,7 @@ def test_reduction_factor_must_divide_the_padded_mel_length(shards_dir, tmp_path
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
 def test_corrupt_or_truncated_shard_error_names_the_file(shards_dir, tmp_path, capsys, damage):
-    bad = copy_shards(shards_dir, tmp_path / "bad")
+    bad = shutil.copytree(shards_dir, tmp_path / "bad")
     shard = next(bad.glob("train-*.tfrecord"))
     data = bytearray(shard.read_bytes())
     if damage == "flip":
@@ -207,7 +207,7 @@ def test_validation_on_the_training_shards_is_refused_before_anything_is_written
 
 def test_validation_records_with_training_ids_are_refused(shards_dir, tmp_path, test_config, capsys):
     """A copy of the training shards elsewhere: other files, the same records (compared by their `id`)."""
-    copy = copy_shards(shards_dir, tmp_path / "copy")
+    copy = shutil.copytree(shards_dir, tmp_path / "copy")
     code, out = _train(
         capsys,
         shards_dir / "train-*.tfrecord",

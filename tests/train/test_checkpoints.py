@@ -6,6 +6,8 @@ training writes, so nothing is compiled except the synthesis generator.
 
 from __future__ import annotations
 
+import shutil
+
 import click
 import numpy as np
 import pytest
@@ -18,7 +20,7 @@ from melshards.train.checkpoints import RestoreError, restore_model, untracked_v
 from melshards.train.config import config_from_dict
 from melshards.train.model import build_text_to_mel
 from melshards.train.synthesize import load_synthesizer
-from tests.train.conftest import SPOKEN_TEXT, TEST_CONFIG, copy_model_dir, model_dir_from_weights, saved_weights
+from tests.train.conftest import SPOKEN_TEXT, TEST_CONFIG, model_dir_from_weights, saved_weights
 
 
 def _variables_reachable_from(checkpoint_prefix: str, child: str) -> int:
@@ -102,9 +104,7 @@ def test_a_model_that_stops_before_speaking_is_reported_not_synthesized(shards_d
 # -- damaged checkpoints --------------------------------------------------------------------------
 def _two_checkpoints(speaking_model_dir, model_dir):
     """ckpt-10 and ckpt-20 (a copy), listed by the manager's `checkpoint` file, ckpt-20 the newest."""
-    import shutil
-
-    copy_model_dir(speaking_model_dir, model_dir)
+    shutil.copytree(speaking_model_dir, model_dir)
     ckpts = model_dir / "checkpoints"
     for f in ckpts.glob("ckpt-10.*"):
         shutil.copy(f, ckpts / f.name.replace("ckpt-10", "ckpt-20"))
@@ -161,7 +161,7 @@ def test_a_relative_model_dir_finds_its_checkpoint_for_synthesis_and_resume(spea
     from melshards.train.checkpoints import resume_checkpoint
     from melshards.train.synthesize import checkpoint_to_restore
 
-    copy_model_dir(speaking_model_dir, tmp_path / "run90")
+    shutil.copytree(speaking_model_dir, tmp_path / "run90")
     monkeypatch.chdir(tmp_path)
     assert checkpoint_to_restore("run90") == "run90/checkpoints/ckpt-10"
     assert resume_checkpoint("run90/checkpoints") == "run90/checkpoints/ckpt-10"
@@ -171,7 +171,7 @@ def test_a_relative_model_dir_finds_its_checkpoint_for_synthesis_and_resume(spea
 def test_synthesis_from_a_truncated_checkpoint_names_it(speaking_model_dir, tmp_path):
     from melshards.train.errors import CheckpointError
 
-    copy_model_dir(speaking_model_dir, tmp_path / "m")
+    shutil.copytree(speaking_model_dir, tmp_path / "m")
     _damage(tmp_path / "m" / "checkpoints", "ckpt-10", "truncated")
     with pytest.raises(CheckpointError, match=r"ckpt-10 is damaged \(its data file is truncated"):
         load_synthesizer(str(tmp_path / "m"))
@@ -185,7 +185,7 @@ def test_synthesize_with_a_damaged_checkpoint_is_exit_2_naming_it_and_creates_no
 
     from melshards.commands.synthesize import synthesize_command
 
-    copy_model_dir(speaking_model_dir, tmp_path / "m")
+    shutil.copytree(speaking_model_dir, tmp_path / "m")
     _damage(tmp_path / "m" / "checkpoints", "ckpt-10", how)
     out = tmp_path / "new" / "out.wav"
     result = CliRunner().invoke(synthesize_command, ["Printing.", "--model-dir", str(tmp_path / "m"), "-o", str(out)])

@@ -26,7 +26,7 @@ from melshards.shards_schema.config import ConfigError
 from melshards.train.distribute import Topology, resume_seed, shard_plan
 from melshards.train.inputs import resolve_inputs
 from melshards.train.step import dropout_key
-from tests.train.conftest import write_config
+from tests.train.conftest import TEST_CONFIG, write_config
 
 # Seconds for any one run: a guard against a hung collective only, so it fails the test instead of
 # hanging the suite. Generous: a bucketed mirrored run compiles every bucket on each replica device,
@@ -55,9 +55,7 @@ def test_the_trainer_gives_every_bucket_a_batch_the_replicas_divide(bucketed_dir
     gcd(B, 8) alone, or the replicas not passed on, gave batches 7 and 5, refused after the model dir was
     written. (The mirrored run below trains bucket 0, whose batch is 9 both ways.)"""
     from melshards.train.config import config_from_dict
-    from melshards.train.inputs import resolve_inputs
     from melshards.train.trainer import check_buckets
-    from tests.train.conftest import TEST_CONFIG
 
     cfg = config_from_dict(dict(TEST_CONFIG, data=dict(TEST_CONFIG["data"], batch_size=3)))
     inputs = resolve_inputs([str(bucketed_dir / "train-*.tfrecord")], [], None, cfg)
@@ -72,7 +70,6 @@ def test_under_a_strategy_each_bucket_gets_a_distributed_input_of_its_own_files_
     steps trace at their first call, so building the Trainer traces and compiles nothing."""
     from melshards.train.config import config_from_dict
     from melshards.train.trainer import Trainer
-    from tests.train.conftest import TEST_CONFIG
 
     cfg = config_from_dict(dict(TEST_CONFIG, data=dict(TEST_CONFIG["data"], batch_size=BATCH)))
     inputs = resolve_inputs([str(bucketed_dir / "train-b0[03]-*.tfrecord")], [], None, cfg)

@@ -4,6 +4,7 @@ plug-ins stop before anything compiles, naming what is wrong."""
 from __future__ import annotations
 
 import json
+import shutil
 import textwrap
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 from melshards.commands.train import run
-from tests.train.conftest import TEST_CONFIG, copy_model_dir, write_config
+from tests.train.conftest import TEST_CONFIG, write_config
 
 EXAMPLE = "examples.fastspeech_lite:build"
 FS_MODEL = {"d_model": 16, "encoder_layers": 1, "decoder_layers": 1}
@@ -224,7 +225,7 @@ def test_synthesize_refuses_a_model_without_generate(factory, message, speaking_
     from melshards.shards_schema import read_schema
     from melshards.train.plugins import build_model
 
-    model_dir = copy_model_dir(speaking_model_dir, bad_plugins / "m")
+    model_dir = shutil.copytree(speaking_model_dir, bad_plugins / "m")
     config = json.loads((model_dir / "train_config.json").read_text())
     config["model"] = {"factory": factory}
     (model_dir / "train_config.json").write_text(json.dumps(config))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,6 @@ from click.testing import CliRunner, Result
 from melshards.commands.synthesize import synthesize_command
 from melshards.shards_schema.text import TextRejected, check_text
 from melshards.train import synthesize as synthesize_module
-from tests.train.conftest import copy_model_dir
 
 FIX = "pass the --model-dir of a `melshards train` run"
 
@@ -111,8 +111,6 @@ def _refuse_loading(monkeypatch):
 
 def _looks_trained(shards_dir, path: Path, checkpoint: bool = True) -> Path:
     """A model dir with the run's schema.json, a train_config.json and (optionally) a checkpoint index."""
-    import shutil
-
     path.mkdir()
     shutil.copy(shards_dir / "schema.json", path / "schema.json")
     (path / "train_config.json").write_text("{}")
@@ -304,7 +302,7 @@ def test_synthesize_writes_a_playable_wav_and_exports_a_serving_signature(spoken
 def test_a_schema_that_no_longer_fits_the_checkpoint_is_one_line_naming_the_mismatch(speaking_model_dir, tmp_path):
     import json
 
-    model = copy_model_dir(speaking_model_dir, tmp_path / "m")
+    model = shutil.copytree(speaking_model_dir, tmp_path / "m")
     schema = json.loads((model / "schema.json").read_text())
     schema["vocabulary"].append("ж")  # another run's schema.json copied over the one training recorded
     (model / "schema.json").write_text(json.dumps(schema))
