@@ -54,7 +54,7 @@ class FastSpeechLite(keras.Model):
         super().__init__(**kw)
         d = opts.d_model
         self.opts, self.n_mels = opts, schema.n_mels
-        self.max_text_len, self.max_frames = schema.max_text_len, schema.max_mel_frames
+        self.max_frames = schema.max_mel_frames  # the longest bucket's: synthesis makes this many frames
         self.norm = melshards.normalizer(schema)
         self.embed = keras.layers.Embedding(len(schema.vocabulary), d)
         self.speaker_embed = keras.layers.Embedding(len(schema.speakers), d)  # rows: the records' speaker_id
@@ -79,7 +79,7 @@ class FastSpeechLite(keras.Model):
         return batch["speaker_id"]
 
     def encode(self, text_ids, text_len, speaker_id, language_id):
-        mask = tf.sequence_mask(text_len, self.max_text_len, dtype=tf.float32)[..., None]
+        mask = tf.sequence_mask(text_len, text_ids.shape[1], dtype=tf.float32)[..., None]  # this batch's width
         x = self.embed(text_ids)
         for i in range(self.opts.encoder_layers):
             x = x + conv(x, getattr(self, f"enc_{i}"), self.opts.kernel) * tf.cast(mask, x.dtype)
@@ -89,10 +89,11 @@ class FastSpeechLite(keras.Model):
         log_frames = tf.squeeze(self.length_head(pooled), -1)  # predicted log(mel_len)
         return x, log_frames
 
-    def decode(self, memory, text_len, mel_len):
-        idx = uniform_alignment(text_len, mel_len, self.max_frames)  # [B, T]
+    def decode(self, memory, text_len, mel_len, frames: int):
+        """[B, frames, n_mels] normalised log-mel: `frames` is the bucket's (training) or the longest (synthesis)."""
+        idx = uniform_alignment(text_len, mel_len, frames)  # [B, T]
         x = tf.gather(memory, idx, batch_dims=1)  # the length regulator: [B, T, d]
-        t = tf.range(self.max_frames, dtype=tf.float32)[None, :]
+        t = tf.range(frames, dtype=tf.float32)[None, :]
         where = (
             t
             * tf.cast(tf.maximum(text_len, 1), tf.float32)[:, None]
@@ -105,13 +106,15 @@ class FastSpeechLite(keras.Model):
             x = x + conv(x, getattr(self, f"dec_{i}"), self.opts.kernel)
         return self.mel_head(x)  # normalised log-mel [B, T, n_mels]
 
-    def call(self, text_ids, text_len, speaker_id, language_id, mel_len):
+    def call(self, text_ids, text_len, speaker_id, language_id, mel_len, frames: int | None = None):
+        """Normalised log-mel [B, frames, n_mels] (default frames: the schema's longest) and log(frames) predicted."""
         memory, log_frames = self.encode(text_ids, text_len, speaker_id, language_id)
-        return self.decode(memory, text_len, mel_len), log_frames
+        return self.decode(memory, text_len, mel_len, frames or self.max_frames), log_frames
 
     # -- the contract ---------------------------------------------------------------------------
+    # a batch's shapes are its length bucket's (train/contract.py): widths come from its tensors, never the schema
     def loss_counts(self, batch):
-        frame_mask = tf.sequence_mask(batch["mel_len"], self.max_frames, dtype=tf.float32)
+        frame_mask = tf.sequence_mask(batch["mel_len"], batch["mel"].shape[1], dtype=tf.float32)
         return {
             "mel_count": tf.reduce_sum(frame_mask) * self.n_mels,
             "examples": tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.float32)),
@@ -125,9 +128,10 @@ class FastSpeechLite(keras.Model):
             self.speaker_input(batch),
             batch["language_id"],
             batch["mel_len"],
+            frames=batch["mel"].shape[1],
             training=training,
         )
-        frame_mask = tf.sequence_mask(batch["mel_len"], self.max_frames, dtype=tf.float32)[..., None]
+        frame_mask = tf.sequence_mask(batch["mel_len"], batch["mel"].shape[1], dtype=tf.float32)[..., None]
         real = tf.cast(batch["mel_len"] > 0, tf.float32)
         length_err = log_frames - tf.math.log(tf.maximum(tf.cast(batch["mel_len"], tf.float32), 1.0))
         return {
@@ -146,7 +150,7 @@ class FastSpeechLite(keras.Model):
     def generate(self, text_ids, text_len, speaker_id, language_id):
         memory, log_frames = self.encode(text_ids, text_len, speaker_id, language_id)
         n = tf.clip_by_value(tf.cast(tf.round(tf.exp(log_frames)), tf.int32), 1, self.max_frames)
-        mel = self.decode(memory, text_len, n)
+        mel = self.decode(memory, text_len, n, self.max_frames)
         return {"mel": self.norm.invert(mel), "mel_len": n}
 
 

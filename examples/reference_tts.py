@@ -45,7 +45,7 @@ class ReferenceTTS(FastSpeechLite):
         speaker = tf.zeros_like(text_len)  # the voice comes from the reference, not the speaker table
         memory, _ = self.encode(text_ids, text_len, speaker, language_id)
         memory = memory + tf.cast(self.voice(reference_mel, reference_len), memory.dtype)[:, None, :]
-        mask = tf.sequence_mask(text_len, self.max_text_len, dtype=tf.float32)[..., None]
+        mask = tf.sequence_mask(text_len, text_ids.shape[1], dtype=tf.float32)[..., None]
         pooled = tf.reduce_sum(tf.cast(memory, tf.float32) * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)
         return memory, tf.squeeze(self.length_head(pooled), -1)
 
@@ -53,8 +53,9 @@ class ReferenceTTS(FastSpeechLite):
         memory, log_frames = self.encode_with(
             batch["text_ids"], batch["text_len"], batch["language_id"], batch["reference_mel"], batch["reference_len"]
         )
-        mel = self.decode(memory, batch["text_len"], batch["mel_len"])
-        frame_mask = tf.sequence_mask(batch["mel_len"], self.max_frames, dtype=tf.float32)[..., None]
+        frames = batch["mel"].shape[1]  # the bucket's
+        mel = self.decode(memory, batch["text_len"], batch["mel_len"], frames)
+        frame_mask = tf.sequence_mask(batch["mel_len"], frames, dtype=tf.float32)[..., None]
         real = tf.cast(batch["mel_len"] > 0, tf.float32)
         length_err = log_frames - tf.math.log(tf.maximum(tf.cast(batch["mel_len"], tf.float32), 1.0))
         return {
@@ -73,7 +74,7 @@ class ReferenceTTS(FastSpeechLite):
             reference_len = tf.zeros_like(text_len)
         memory, log_frames = self.encode_with(text_ids, text_len, language_id, reference_mel, reference_len)
         n = tf.clip_by_value(tf.cast(tf.round(tf.exp(log_frames)), tf.int32), 1, self.max_frames)
-        return {"mel": self.norm.invert(self.decode(memory, text_len, n)), "mel_len": n}
+        return {"mel": self.norm.invert(self.decode(memory, text_len, n, self.max_frames)), "mel_len": n}
 
 
 def build(schema, options: dict) -> ReferenceTTS:

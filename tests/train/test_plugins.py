@@ -242,3 +242,24 @@ def test_the_builtin_model_keeps_strict_config_validation(four_records, tmp_path
     cfg = write_config(tmp_path / "c.yaml", model={"d_modle": 32})
     assert run([str(four_records / "train-*.tfrecord"), "--model-dir", str(tmp_path / "m"), "--config", str(cfg)]) == 2
     assert "unknown key(s) d_modle" in capsys.readouterr().err
+
+
+def test_the_example_plugin_takes_each_length_buckets_own_shapes(bucketed_dir):
+    """A batch's text and mel widths are its bucket's (train/contract.py), narrower than the schema's
+    largest in every bucket but the last: the example's masks and frames follow the batch, and its loss
+    terms are finite in each (eager, nothing traced)."""
+    from examples.fastspeech_lite import build
+    from melshards.shards_schema import read_schema
+    from melshards.train.step import step_specs
+
+    schema = read_schema(str(bucketed_dir))
+    widths = {(b.max_text_len, b.max_mel_frames) for b in schema.buckets}
+    assert len(widths) == len(schema.buckets) > 1  # buckets of their own shapes
+    model = build(schema, FS_MODEL)
+    for bucket in schema.buckets:
+        batch = {k: tf.zeros(s.shape, s.dtype) for k, s in step_specs(bucket, 2).items()}
+        batch.update(text_len=tf.constant([1, 3]), mel_len=tf.constant([2, 5]))
+        terms = model.loss_terms(batch, tf.constant([1, 2]), training=True)
+        counts = model.loss_counts(batch)
+        assert terms["mel_count"].numpy() == counts["mel_count"].numpy() == (2 + 5) * schema.n_mels
+        assert all(np.isfinite(v.numpy()) for v in terms.values())
