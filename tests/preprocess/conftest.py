@@ -157,15 +157,40 @@ def preprocess_command(corpus: Path, out: Path, *extra) -> list[str]:
     ]
 
 
+def beam_worker_pids(root: int) -> list[int]:
+    """The pids of Beam's local worker processes (`python -m apache_beam.runners.worker.sdk_worker_main`)
+    below `root` (Linux /proc)."""
+
+    def cmdline(pid):
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return []
+
+    return [
+        pid
+        for pid in descendants(root)
+        if b"apache_beam.runners.worker.sdk_worker_main" in cmdline(pid)
+        and os.path.basename(cmdline(pid)[0]).startswith(b"python")
+    ]
+
+
+def workers_started(p: subprocess.Popen) -> bool:
+    """Both worker processes of a `--workers 2` run are started: the run holds its lock and staging dir
+    and its workers are there to be stopped. (They are still loading their libraries: the first batch
+    measured, `start_long_run`'s default, comes several seconds later.)"""
+    return len(beam_worker_pids(p.pid)) >= 2
+
+
 def start_long_run(tmp_path, corpus_dir, out, *extra, rows=20000, distinct_audio=False, ready=None):
     """A real `melshards preprocess` of `rows` rows (long enough to interrupt) in its own process group,
-    returned once `ready()` is true; by default once its workers report progress (the worker
-    processes are running)."""
+    returned once `ready(process)` is true; by default once its workers report progress (the worker
+    processes measure clips)."""
     from melshards.preprocess import output
 
     if ready is None:
 
-        def ready():
+        def ready(_):
             return list(out.glob(f"{output.STAGE_PREFIX}*/.melshards-tmp/progress-*.txt"))
 
     cmd = preprocess_command(long_corpus(tmp_path, corpus_dir, rows, distinct_audio), out, *extra)
@@ -178,7 +203,7 @@ def start_long_run(tmp_path, corpus_dir, out, *extra, rows=20000, distinct_audio
         preexec_fn=ctrl_c_as_in_a_terminal,
     )
     deadline = time.time() + 600
-    while not ready() and time.time() < deadline:
+    while not ready(p) and time.time() < deadline:
         assert p.poll() is None, p.communicate()
-        time.sleep(0.05)
+        time.sleep(0.02)
     return p

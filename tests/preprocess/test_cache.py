@@ -148,17 +148,18 @@ def test_only_new_rows_are_computed_and_a_changed_file_or_setting_is_computed_ag
     cache_dir = tmp_path / "cache"
     meta = corpus / "metadata.csv"
     lines = meta.read_text(encoding="utf-8").splitlines(keepends=True)
-    meta.write_text("".join(lines[:30]), encoding="utf-8")
+    # the corpus's first 8 rows, then its first 16: good clips all
+    meta.write_text("".join(lines[:8]), encoding="utf-8")
     first = _run(tmp_path / "first", cache_dir, corpus=corpus)
-    meta.write_text("".join(lines), encoding="utf-8")  # rows added
+    meta.write_text("".join(lines[:16]), encoding="utf-8")  # rows added
     added = _run(tmp_path / "a", cache_dir, corpus=corpus)
     assert added["cache"]["hits"] == first["cache"]["computed"], "rows added: an old row was not read from the cache"
-    assert added["cache"]["computed"] == 47 - first["cache"]["computed"], "rows added: not only the new rows computed"
+    assert added["cache"]["computed"] == 16 - first["cache"]["computed"], "rows added: not only the new rows computed"
     wav = corpus / "wavs" / "LJT001-0001.wav"
     y, sr = sf.read(wav, dtype="float32")
     sf.write(wav, y[::-1] * 0.9, sr, subtype="PCM_16")  # other audio now (not another clip's: that is a duplicate)
     stats = _run(tmp_path / "b", cache_dir, corpus=corpus)
-    assert stats["cache"]["computed"] == 1 and stats["cache"]["hits"] == 46, "a changed file: not computed again"
+    assert stats["cache"]["computed"] == 1 and stats["cache"]["hits"] == 15, "a changed file: not computed again"
     before, after = records(tmp_path / "a"), records(tmp_path / "b")
     assert after[b"LJT001-0001"] != before[b"LJT001-0001"], "a changed file: served stale"
     assert {k: v for k, v in after.items() if k != b"LJT001-0001"} == {
@@ -426,8 +427,9 @@ def cached_keys(cache_dir) -> list[str]:
 
 
 def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes_only_the_rest(tmp_path, corpus_dir):
-    # 200 rows: 16 batches of 13 (corpus.batch_rows); killed once the first is cached, the rest take seconds
-    rows, out, cache_dir = 200, tmp_path / "out", tmp_path / "cache"
+    # 80 rows: 16 batches of 5 (corpus.batch_rows); killed at the first poll (every 20 ms) that finds one
+    # cached, while the other 15 and the stages after them take seconds
+    rows, out, cache_dir = 80, tmp_path / "out", tmp_path / "cache"
     extra = ("--workers", "2", "--cache", str(cache_dir))
     killed = start_long_run(
         tmp_path,
@@ -436,7 +438,7 @@ def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes
         *extra,
         rows=rows,
         distinct_audio=True,
-        ready=lambda: list((cache_dir / "entries").glob("*.keys")),
+        ready=lambda _: list((cache_dir / "entries").glob("*.keys")),
     )
     assert killed.poll() is None, "the run finished before it could be killed: give it more rows"
     # kill -9 of every process of the run (the command's group and the job process's group, workers

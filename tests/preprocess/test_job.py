@@ -263,7 +263,9 @@ def test_dataflow_job_graph_builds_offline():
     from melshards.preprocess.corpus import Corpus
     from melshards.preprocess.pipeline import build_pipeline
 
-    options = PipelineOptions(DATAFLOW_DRY_RUN + ["--setup_file", str(REPO / "setup.py")])
+    # no --setup_file: the sdist Beam builds from it (a setup.py subprocess, ~3 s) is shown by
+    # test_documented_dataflow_dry_run_builds_offline_through_the_cli
+    options = PipelineOptions(DATAFLOW_DRY_RUN)
     p = beam.Pipeline(options=options)
     # A bucket nobody can reach from here (--no_auth, no network): building must not read the corpus.
     corpus = Corpus("ljspeech", "gs://melshards-test/in/metadata.csv", "gs://melshards-test/in")
@@ -752,12 +754,12 @@ def test_sigterm_stops_the_run_like_ctrl_c_with_one_line_exit_143_and_no_lock_st
     import shutil
     import signal
 
-    from tests.preprocess.conftest import descendants, running, start_long_run
+    from tests.preprocess.conftest import descendants, running, start_long_run, workers_started
 
     out = tmp_path / "o"
     shutil.copytree(shards_dir, out)
     before = _tree(out)
-    p = start_long_run(tmp_path, corpus_dir, out, "--workers", "2", "--overwrite")
+    p = start_long_run(tmp_path, corpus_dir, out, "--workers", "2", "--overwrite", ready=workers_started)
     below = descendants(p.pid)
     os.killpg(p.pid, signal.SIGTERM)
     _, stderr = p.communicate(timeout=300)

@@ -16,7 +16,7 @@ from melshards.commands.preprocess import run
 from melshards.preprocess import lock, output
 from melshards.shards_schema.schema import PUBLISH_JOURNAL
 from tests.conftest import TINY_CONFIG
-from tests.preprocess.conftest import descendants, start_long_run
+from tests.preprocess.conftest import beam_worker_pids, start_long_run, workers_started
 
 
 def _snapshot(d: Path) -> dict[str, bytes]:
@@ -382,7 +382,7 @@ def test_a_second_run_into_an_output_a_running_job_holds_stops_and_ctrl_c_of_the
     leaves the old run as it was (no lock, no staging dir)."""
     out = _copy_run(shards_dir, tmp_path / "o")
     before = _snapshot(out)
-    p = start_long_run(tmp_path, corpus_dir, out, "--workers", "2", "--overwrite")
+    p = start_long_run(tmp_path, corpus_dir, out, "--workers", "2", "--overwrite", ready=workers_started)
     second = _preprocess(corpus_dir, out, "--overwrite")
     err = capsys.readouterr().err
     assert p.poll() is None, "the first run should still be running"
@@ -399,28 +399,13 @@ def test_a_second_run_into_an_output_a_running_job_holds_stops_and_ctrl_c_of_the
     assert _snapshot(out) == before
 
 
-def _beam_worker_pids(root: int) -> list[int]:
-    def cmdline(pid):
-        try:
-            return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            return []
-
-    return [
-        pid
-        for pid in descendants(root)
-        if b"apache_beam.runners.worker.sdk_worker_main" in cmdline(pid)
-        and os.path.basename(cmdline(pid)[0]).startswith(b"python")
-    ]
-
-
 def test_a_worker_killed_mid_run_stops_the_job_with_one_line_and_leaves_the_old_run(tmp_path, corpus_dir, shards_dir):
     """What the out-of-memory killer does: Beam's local runner alone would wait for the dead worker
     for ever. The job stops at once, says what happened, and removes its staging dir."""
     out = _copy_run(shards_dir, tmp_path / "o")
     before = _snapshot(out)
-    p = start_long_run(tmp_path, corpus_dir, out, "--workers", "2", "--overwrite")
-    os.kill(_beam_worker_pids(p.pid)[0], signal.SIGKILL)
+    p = start_long_run(tmp_path, corpus_dir, out, "--workers", "2", "--overwrite", ready=workers_started)
+    os.kill(beam_worker_pids(p.pid)[0], signal.SIGKILL)
     stdout, stderr = p.communicate(timeout=300)
     assert p.returncode == 1, stderr
     assert [line for line in stderr.splitlines() if " INFO " not in line] == [stderr.splitlines()[-1]], stderr
@@ -430,7 +415,7 @@ def test_a_worker_killed_mid_run_stops_the_job_with_one_line_and_leaves_the_old_
         "again (with --cache DIR, a re-run computes only the clips not yet cached)"
     )
     assert _snapshot(out) == before
-    assert not _beam_worker_pids(p.pid)
+    assert not beam_worker_pids(p.pid)
 
 
 def test_ctrl_c_during_a_publish_lets_it_finish_and_says_the_new_run_is_in_place(capsys, tmp_path):

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import math
 import re
-import subprocess
-import sys
 from collections import Counter
 
 import apache_beam as beam
@@ -133,22 +133,19 @@ def test_duplicate_audio_keeps_the_earliest_input_then_its_earliest_row():
 
 @pytest.fixture(scope="module")
 def fault_run(tmp_path_factory):
-    """One `melshards preprocess` (default quality rules) of a one-speaker fault corpus
-    (benchmarks/quality_faults.py): 6 clean clips and one clip of each fault kind -> its rows, its
-    rejected.jsonl rows, its stats.json and the summary it printed."""
+    """One `melshards preprocess` (default quality rules; in this process, its job in a job process) of a
+    one-speaker fault corpus (benchmarks/quality_faults.py): 6 clean clips and one clip of each fault kind
+    -> its rows, its rejected.jsonl rows, its stats.json and the summary it printed."""
+    from melshards.commands.preprocess import run
+
     work = tmp_path_factory.mktemp("faults")
     rows = quality_faults.build_fault_corpus(work / "corpus", clean=6, per_fault=1, speakers=("fast",), parts=1)
     out = work / "out"
-    cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", str(work / "corpus" / "manifest.jsonl")]
-    done = subprocess.run(
-        [*cmd, "--output", str(out), "--config", str(TINY_CONFIG)],
-        check=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    args = ["--input", str(work / "corpus" / "manifest.jsonl"), "--output", str(out), "--config", str(TINY_CONFIG)]
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert run(args) == 0
     rejected = [json.loads(line) for line in (out / "rejected.jsonl").read_text().splitlines() if line.strip()]
-    return rows, rejected, json.loads((out / "stats.json").read_text()), done.stdout
+    return rows, rejected, json.loads((out / "stats.json").read_text()), printed.getvalue()
 
 
 def test_each_fault_kind_is_rejected_with_its_reason(fault_run):
