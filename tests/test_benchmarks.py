@@ -1,14 +1,15 @@
 """Smoke test of the device benchmark, benchmarks/step_device.py.
 
-One end-to-end run (`--quick --steps 2`) of one trainer variant (fp32) and the `before` loader, the two kinds
-of variant it has, shows the script runs to completion and reports every figure. The script's own part (the
-variants in turn, parse-only throughput, the table, the JSON line) runs in the test's process through
-`step_device.main`, as `python -m benchmarks.step_device` calls it; each variant still runs in the child
-process the script starts for it (`melshards train`, the before loader), as a user's run does. Every trainer
-variant (bf16, fp32, bf16_noxla, synthetic) differs from the others only in the config and the arguments it
-gives `melshards train`: those go through the trainer's own argument parser and config loader, and the
-figures come out of the end-to-end run's real run_summary.json. Training itself at each precision, with and
-without XLA and with synthetic data, is tests/train's.
+One end-to-end run (`--quick --steps 2`) of one trainer variant (bf16_noxla: the trainer's loop without an
+XLA compile, the cheapest of the four to run) and the `before` loader, the two kinds of variant it has, shows
+the script runs to completion and reports every figure. The script's own part (the variants in turn,
+parse-only throughput, the table, the JSON line) runs in the test's process through `step_device.main`, as
+`python -m benchmarks.step_device` calls it; each variant still runs in the child process the script starts
+for it (`melshards train`, the before loader), as a user's run does. Every trainer variant (bf16, fp32,
+bf16_noxla, synthetic) differs from the others only in the config and the arguments it gives `melshards
+train`: those go through the trainer's own argument parser and config loader, and the figures come out of
+the end-to-end run's real run_summary.json. Training itself at each precision, with and without XLA and with
+synthetic data, is tests/train's.
 
 No figure's value is asserted, only that it is there (and null where this machine has no NVIDIA GPU).
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from pathlib import Path
 
 import pytest
 
@@ -31,19 +33,40 @@ def assert_every_figure(name: str, v: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def quick_run(shards_dir, tmp_path_factory):
-    """`python -m benchmarks.step_device --quick --steps 2 --variants fp32,before`, its `main` called in this
-    process (no third process, no TensorFlow imported once more for it): what it printed (the table, then the
-    JSON line) and the directory it worked in."""
+def eight_records(shards_dir, tmp_path_factory) -> Path:
+    """`shards_dir` cut to its first 8 training records (--quick's batch), schema.json's counts and shard
+    listing made to match, as a preprocessing run of those 8 clips lists them. Every batch the `before` loader
+    pads then holds the same 8 clips, padded to the same lengths: its step (a tf.function without a signature)
+    traces once, not once per batch shape."""
+    import tensorflow as tf
+
+    out = tmp_path_factory.mktemp("eight") / "shards"
+    out.mkdir()
+    schema = json.loads((shards_dir / "schema.json").read_text())
+    (bucket,) = schema["buckets"]  # shards_dir has one length bucket
+    (listed,) = bucket["shards"]["train"]
+    records = [r.numpy() for r in tf.data.TFRecordDataset(str(shards_dir / listed["file"])).take(8)]
+    with tf.io.TFRecordWriter(str(out / listed["file"])) as w:
+        for r in records:
+            w.write(r)
+    listed.update(records=8, bytes=(out / listed["file"]).stat().st_size)
+    schema["counts"]["train"] = bucket["counts"]["train"] = 8
+    bucket["groups"]["train"] = {kind: [8] for kind in bucket["groups"]["train"]}  # one speaker, one language
+    (out / "schema.json").write_text(json.dumps(schema))
+    return out
+
+
+@pytest.fixture(scope="module")
+def quick_run(eight_records, tmp_path_factory):
+    """`python -m benchmarks.step_device --quick --steps 2 --variants bf16_noxla,before --shards
+    <eight_records>`, its `main` called in this process (no third process, no TensorFlow imported once more
+    for it): what it printed (the table, then the JSON line) and the directory it worked in."""
     from benchmarks import step_device
 
     bench_dir = tmp_path_factory.mktemp("bench")
     printed = io.StringIO()
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(step_device, "WORK", bench_dir)  # what MELSHARDS_BENCH_DIR sets
-        # the trainer tests' faster XLA setting (tests/train/conftest.py), for the `melshards train` child:
-        # this checks the figures, not their values
-        monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
         with contextlib.redirect_stdout(printed):
             step_device.main(
                 [
@@ -53,9 +76,9 @@ def quick_run(shards_dir, tmp_path_factory):
                     "--parse-seconds",
                     "0.1",
                     "--variants",
-                    "fp32,before",
+                    "bf16_noxla,before",
                     "--shards",
-                    str(shards_dir),
+                    str(eight_records),
                 ]
             )
     return printed.getvalue(), bench_dir
@@ -64,12 +87,12 @@ def quick_run(shards_dir, tmp_path_factory):
 def test_step_device_quick_runs_a_trainer_variant_and_the_before_loader_and_reports_every_figure(quick_run):
     stdout, _ = quick_run
     result = json.loads(stdout.strip().splitlines()[-1])
-    assert set(result["variants"]) == {"fp32", "before"}
+    assert set(result["variants"]) == {"bf16_noxla", "before"}
     for name, v in result["variants"].items():
         assert_every_figure(name, v)
-    fp32 = result["variants"]["fp32"]  # the trainer's: one trace per bucket, compiled up front
-    assert fp32["traces"] == fp32["buckets"] == len(fp32["compile_s_by_bucket"])
-    assert fp32["layers"] == {"device": "CPU", "conv": "im2col", "dropout_rng": "threefry"}
+    trainer = result["variants"]["bf16_noxla"]  # the trainer's: one trace per bucket, compiled up front
+    assert trainer["traces"] == trainer["buckets"] == len(trainer["compile_s_by_bucket"])
+    assert trainer["layers"] == {"device": "CPU", "conv": "im2col", "dropout_rng": "philox"}  # no XLA: philox
     parse = result["parse_only"]
     assert parse["1_core"]["records_per_s"] > 0 and parse["cores_per_gpu_at_fastpitch_rate"] > 0
     assert result["device"].endswith("(CPU)") and "step ms" in stdout
@@ -84,7 +107,7 @@ def test_every_trainer_variant_gives_melshards_train_arguments_and_a_config_it_a
     from melshards.train.config import load_config
 
     _, bench_dir = quick_run
-    summary = json.loads((bench_dir / "step-device" / "model-fp32" / "run_summary.json").read_text())
+    summary = json.loads((bench_dir / "step-device" / "model-bf16_noxla" / "run_summary.json").read_text())
     given = {}
 
     def melshards_train(shards, model_dir, config, *args, env=None):

@@ -13,17 +13,18 @@ from melshards.shards_schema import read_schema
 from melshards.shards_schema.records import encode_example
 from tests.train.conftest import write_config, write_lite_config, write_records
 
-STEPS = 60
+STEPS = 20
 
 
 @pytest.fixture(scope="module")
 def overfit(four_records, shards_dir, tmp_path_factory):
-    """STEPS steps on 4 records, batch 4, two steps per compiled call, through the CLI entry point
-    (validating on the validation shards: --val on the training records is refused)."""
+    """STEPS steps on 4 records, batch 4, two steps per compiled call, a checkpoint and a validation pass
+    every 10, through the CLI entry point (validating on the validation shards: --val on the training
+    records is refused)."""
     tmp = tmp_path_factory.mktemp("overfit")
     cfg = write_config(
         tmp / "c.yaml",
-        loop={"steps": STEPS, "steps_per_execution": 2, "checkpoint_every": 30, "val_every": 30, "log_every": 10},
+        loop={"steps": STEPS, "steps_per_execution": 2, "checkpoint_every": 10, "val_every": 10, "log_every": 10},
     )
     model_dir = tmp / "model"
     code = run(
@@ -48,7 +49,7 @@ def test_loss_halves_when_overfitting_four_records(overfit, shards_dir):
     assert np.isfinite(val["loss"]) and val["examples"] == read_schema(str(shards_dir)).counts["val"] > 0
 
 
-def test_train_step_traces_once_over_sixty_steps(overfit):
+def test_train_and_eval_steps_trace_once_over_twenty_steps(overfit):
     _, summary = overfit
     assert summary["steps_run"] == STEPS >= 20
     assert summary["train_step_traces"] == 1
@@ -62,7 +63,7 @@ def test_run_summary_reports_throughput_compile_time_and_data_source(overfit):
     assert s["calls"] == STEPS // 2 - 1  # two steps per call; the first call (compile) is excluded
     assert s["examples_per_second"] > 0 and s["mel_frames_per_second"] > s["examples_per_second"]
     assert summary["compile_seconds"] > 0
-    assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-30.index", "ckpt-60.index"]
+    assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-10.index", "ckpt-20.index"]
     assert list((model_dir / "tensorboard" / "train").glob("events.out.tfevents.*"))
 
 
