@@ -79,7 +79,7 @@ class FastSpeechLite(keras.Model):
         return batch["speaker_id"]
 
     def encode(self, text_ids, text_len, speaker_id, language_id):
-        mask = tf.sequence_mask(text_len, self.max_text_len, dtype=tf.float32)[..., None]
+        mask = tf.sequence_mask(text_len, text_ids.shape[1], dtype=tf.float32)[..., None]  # the bucket's length
         x = self.embed(text_ids)
         for i in range(self.opts.encoder_layers):
             x = x + conv(x, getattr(self, f"enc_{i}"), self.opts.kernel) * tf.cast(mask, x.dtype)
@@ -89,10 +89,13 @@ class FastSpeechLite(keras.Model):
         log_frames = tf.squeeze(self.length_head(pooled), -1)  # predicted log(mel_len)
         return x, log_frames
 
-    def decode(self, memory, text_len, mel_len):
-        idx = uniform_alignment(text_len, mel_len, self.max_frames)  # [B, T]
+    def decode(self, memory, text_len, mel_len, frames: int | None = None):
+        """[B, frames, n_mels]: `frames` is the batch's static mel length (its bucket's), the longest
+        mel at synthesis."""
+        frames = frames or self.max_frames
+        idx = uniform_alignment(text_len, mel_len, frames)  # [B, T]
         x = tf.gather(memory, idx, batch_dims=1)  # the length regulator: [B, T, d]
-        t = tf.range(self.max_frames, dtype=tf.float32)[None, :]
+        t = tf.range(frames, dtype=tf.float32)[None, :]
         where = (
             t
             * tf.cast(tf.maximum(text_len, 1), tf.float32)[:, None]
@@ -105,13 +108,13 @@ class FastSpeechLite(keras.Model):
             x = x + conv(x, getattr(self, f"dec_{i}"), self.opts.kernel)
         return self.mel_head(x)  # normalised log-mel [B, T, n_mels]
 
-    def call(self, text_ids, text_len, speaker_id, language_id, mel_len):
+    def call(self, text_ids, text_len, speaker_id, language_id, mel_len, frames: int | None = None):
         memory, log_frames = self.encode(text_ids, text_len, speaker_id, language_id)
-        return self.decode(memory, text_len, mel_len), log_frames
+        return self.decode(memory, text_len, mel_len, frames), log_frames
 
     # -- the contract ---------------------------------------------------------------------------
     def loss_counts(self, batch):
-        frame_mask = tf.sequence_mask(batch["mel_len"], self.max_frames, dtype=tf.float32)
+        frame_mask = tf.sequence_mask(batch["mel_len"], batch["mel"].shape[1], dtype=tf.float32)
         return {
             "mel_count": tf.reduce_sum(frame_mask) * self.n_mels,
             "examples": tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.float32)),
@@ -125,9 +128,10 @@ class FastSpeechLite(keras.Model):
             self.speaker_input(batch),
             batch["language_id"],
             batch["mel_len"],
+            frames=batch["mel"].shape[1],  # the batch's length bucket
             training=training,
         )
-        frame_mask = tf.sequence_mask(batch["mel_len"], self.max_frames, dtype=tf.float32)[..., None]
+        frame_mask = tf.sequence_mask(batch["mel_len"], batch["mel"].shape[1], dtype=tf.float32)[..., None]
         real = tf.cast(batch["mel_len"] > 0, tf.float32)
         length_err = log_frames - tf.math.log(tf.maximum(tf.cast(batch["mel_len"], tf.float32), 1.0))
         return {
