@@ -7,15 +7,13 @@ the resume and the cache around a model, whatever the model; its steps trace and
 built-in model's time. That the built-in model's losses split exactly over replicas is checked on its own
 loss functions (test_the_built_in_models_replica_losses_over_the_global_counts_add_up_to_the_global_loss).
 
-Runs that need their own devices (--cpu-devices, TF_CONFIG) or their own persistent XLA cache are
-`python -m melshards train` subprocesses, each with the persistent XLA cache the test names; the mirrored run
-resumed on one device needs neither, and runs in the test's process.
+Runs that need their own devices (--cpu-devices, TF_CONFIG) are `python -m melshards train`
+subprocesses, each with the persistent XLA cache the test names; the one-device runs of one model share one.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shutil
@@ -29,7 +27,6 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from melshards.commands.train import run
 from melshards.shards_schema.config import ConfigError
 from melshards.train.distribute import Topology, resume_seed, shard_plan
 from melshards.train.inputs import resolve_inputs
@@ -270,20 +267,21 @@ def test_mirrored_on_3_devices_gives_every_bucket_a_batch_they_divide_and_valida
     assert np.isfinite(s["final_losses"]["val"]["loss"])
 
 
-def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, bucketed_dir, tmp_path, caplog):
+def _resume(one_and_mirrored, bucketed_dir, tmp, run_dir, *args) -> str:
+    """A copy of `run_dir` (in `tmp/m`) trained 2 steps more on one device, in a new process, from a copy of
+    the one-device run's persistent cache (`tmp/xla`). Returns its output."""
+    shutil.copytree(one_and_mirrored / run_dir, tmp / "m")
+    shutil.copytree(one_and_mirrored / "xla-one", tmp / "xla")
+    args = ("--strategy", "one", "--steps", str(STEPS + 2), *args)
+    return _finish(
+        _train(bucketed_dir, tmp / "m", one_and_mirrored / "c.yaml", tmp / "xla", *args, train_glob=TRAIN_GLOB)
+    )
+
+
+def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, bucketed_dir, tmp_path):
     """Weights, optimizer and step come back; the input position (not saved under a strategy) is reshuffled.
-    (In this test's process: one device is all it needs.)"""
-    shutil.copytree(one_and_mirrored / "mirrored", tmp_path / "m")
-    args = [
-        str(bucketed_dir / TRAIN_GLOB),
-        "--model-dir",
-        str(tmp_path / "m"),
-        "--config",
-        str(one_and_mirrored / "c.yaml"),
-    ]
-    with caplog.at_level(logging.INFO, logger="melshards.train"):
-        assert run([*args, "--strategy", "one", "--steps", str(STEPS + 2)]) == 0
-    out = caplog.text
+    (A new process, as a user resumes it.)"""
+    out = _resume(one_and_mirrored, bucketed_dir, tmp_path, "mirrored")
     mirrored = tf.train.load_checkpoint(str(one_and_mirrored / "mirrored" / "checkpoints"))
     more = STEPS + 2
     assert f"at step {STEPS}" in out and "holds no input position" in out and "reshuffled the input" in out
@@ -302,15 +300,8 @@ def test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache(one_a
     run resumed from its checkpoint (which holds the input position: its check reads tensors eagerly before
     the steps are traced) in a new process finds every one of them there and adds nothing. (Moved from
     tests/train/test_compile.py onto the one-device run this file makes anyway.)"""
-    shutil.copytree(one_and_mirrored / "one", tmp_path / "m")
-    shutil.copytree(one_and_mirrored / "xla-one", tmp_path / "xla")
-    before = sorted(p.name for p in (tmp_path / "xla").iterdir())
-    args = ["--strategy", "one", "--steps", str(STEPS + 2), "--val", str(bucketed_dir / VAL_GLOB)]
-    _finish(
-        _train(
-            bucketed_dir, tmp_path / "m", one_and_mirrored / "c.yaml", tmp_path / "xla", *args, train_glob=TRAIN_GLOB
-        )
-    )
+    before = sorted(p.name for p in (one_and_mirrored / "xla-one").iterdir())
+    _resume(one_and_mirrored, bucketed_dir, tmp_path, "one", "--val", str(bucketed_dir / VAL_GLOB))
     first, resumed = _summary(one_and_mirrored / "one"), _summary(tmp_path / "m")
     assert (resumed["start_step"], resumed["final_step"]) == (STEPS, STEPS + 2)
     assert len(before) == 2 * N_BUCKETS  # the train and the eval step of each bucket
