@@ -10,7 +10,10 @@ from the text (log-length regression) and uses it at synthesis. A speaker and a 
 (tables sized by schema.json's speakers and languages) are added to the encoder output, so the
 length and the frames depend on who speaks which language. Encoder and decoder are stacks of
 'same' convolutions over the characters and over the expanded frames; every shape is static.
-Only the public API (`melshards.normalizer`) and Keras are used.
+With `dropout` above 0, each encoder and decoder layer's output goes through the trainer's stateless
+dropout (`melshards.train.model.Dropout`) keyed by the `seed` the trainer hands `loss_terms`, (loop.seed,
+step): a resumed run draws the masks an uninterrupted one draws.
+Only the public API (`melshards.normalizer`), the trainer's layers and Keras are used.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 import melshards
-from melshards.shards_schema.config import from_dict
-from melshards.train.model import same_conv
+from melshards.shards_schema.config import ConfigError, from_dict
+from melshards.train.model import Dropout, same_conv
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +38,7 @@ class Options:
     decoder_layers: int = 2
     kernel: int = 3
     length_loss_weight: float = 0.1
+    dropout: float = 0.0  # rate on each encoder and decoder layer's output while training
 
 
 def conv(x, dense: keras.layers.Dense, kernel: int):
@@ -62,8 +66,10 @@ class FastSpeechLite(keras.Model):
         # named attributes, not lists: a tf.train.Checkpoint sees every variable (see train/model.py attach)
         for i in range(opts.encoder_layers):
             setattr(self, f"enc_{i}", keras.layers.Dense(d, activation="relu"))
+            setattr(self, f"enc_drop_{i}", Dropout(opts.dropout, i))  # one site (own mask stream) per layer
         for i in range(opts.decoder_layers):
             setattr(self, f"dec_{i}", keras.layers.Dense(d, activation="relu"))
+            setattr(self, f"dec_drop_{i}", Dropout(opts.dropout, 100 + i))
         self.enc_norm = keras.layers.LayerNormalization()
         self.length_head = keras.layers.Dense(1, dtype="float32")
         self.frame_pos = keras.layers.Dense(d)  # relative position of a frame inside its character
@@ -78,18 +84,20 @@ class FastSpeechLite(keras.Model):
         """What `condition` reads as the speaker from a training batch."""
         return batch["speaker_id"]
 
-    def encode(self, text_ids, text_len, speaker_id, language_id):
+    def encode(self, text_ids, text_len, speaker_id, language_id, seed=None, training=False):
+        """seed: the int32 [2] dropout key `loss_terms` is handed; read only while training."""
         mask = tf.sequence_mask(text_len, text_ids.shape[1], dtype=tf.float32)[..., None]  # this batch's width
         x = self.embed(text_ids)
         for i in range(self.opts.encoder_layers):
-            x = x + conv(x, getattr(self, f"enc_{i}"), self.opts.kernel) * tf.cast(mask, x.dtype)
+            y = conv(x, getattr(self, f"enc_{i}"), self.opts.kernel)
+            x = x + getattr(self, f"enc_drop_{i}")(y, seed, training=training) * tf.cast(mask, x.dtype)
         # who speaks which language, on every character: [B, d] broadcast over the text
         x = self.enc_norm(x) + self.condition(speaker_id, language_id)[:, None, :]
         pooled = tf.reduce_sum(tf.cast(x, tf.float32) * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)
         log_frames = tf.squeeze(self.length_head(pooled), -1)  # predicted log(mel_len)
         return x, log_frames
 
-    def decode(self, memory, text_len, mel_len, frames: int):
+    def decode(self, memory, text_len, mel_len, frames: int, seed=None, training=False):
         """[B, frames, n_mels] normalised log-mel: `frames` is the bucket's (training) or the longest (synthesis)."""
         idx = uniform_alignment(text_len, mel_len, frames)  # [B, T]
         x = tf.gather(memory, idx, batch_dims=1)  # the length regulator: [B, T, d]
@@ -103,13 +111,17 @@ class FastSpeechLite(keras.Model):
             tf.stack([where - tf.floor(where), tf.broadcast_to(t / self.max_frames, tf.shape(where))], -1)
         )
         for i in range(self.opts.decoder_layers):
-            x = x + conv(x, getattr(self, f"dec_{i}"), self.opts.kernel)
+            x = x + getattr(self, f"dec_drop_{i}")(
+                conv(x, getattr(self, f"dec_{i}"), self.opts.kernel), seed, training=training
+            )
         return self.mel_head(x)  # normalised log-mel [B, T, n_mels]
 
-    def call(self, text_ids, text_len, speaker_id, language_id, mel_len, frames: int | None = None):
+    def call(
+        self, text_ids, text_len, speaker_id, language_id, mel_len, frames: int | None = None, seed=None, training=False
+    ):
         """Normalised log-mel [B, frames, n_mels] (default frames: the schema's longest) and log(frames) predicted."""
-        memory, log_frames = self.encode(text_ids, text_len, speaker_id, language_id)
-        return self.decode(memory, text_len, mel_len, frames or self.max_frames), log_frames
+        memory, log_frames = self.encode(text_ids, text_len, speaker_id, language_id, seed, training)
+        return self.decode(memory, text_len, mel_len, frames or self.max_frames, seed, training), log_frames
 
     # -- the contract ---------------------------------------------------------------------------
     # a batch's shapes are its length bucket's (train/contract.py): widths come from its tensors, never the schema
@@ -129,6 +141,7 @@ class FastSpeechLite(keras.Model):
             batch["language_id"],
             batch["mel_len"],
             frames=batch["mel"].shape[1],
+            seed=seed,
             training=training,
         )
         frame_mask = tf.sequence_mask(batch["mel_len"], batch["mel"].shape[1], dtype=tf.float32)[..., None]
@@ -158,9 +171,9 @@ def validate(schema, options: dict) -> None:
     opts = from_dict(Options, options, where="model")
     for key in ("d_model", "kernel"):
         if getattr(opts, key) < 1:
-            from melshards.shards_schema.config import ConfigError
-
             raise ConfigError(f"model.{key} is {getattr(opts, key)}; it must be at least 1")
+    if not 0.0 <= opts.dropout < 1.0:
+        raise ConfigError(f"model.dropout is {opts.dropout}; it must be at least 0 and below 1")
 
 
 def build(schema, options: dict) -> FastSpeechLite:

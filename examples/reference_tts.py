@@ -41,9 +41,9 @@ class ReferenceTTS(FastSpeechLite):
         pooled = tf.reduce_sum(tf.cast(x, tf.float32) * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)
         return self.ref_out(pooled)
 
-    def encode_with(self, text_ids, text_len, language_id, reference_mel, reference_len):
+    def encode_with(self, text_ids, text_len, language_id, reference_mel, reference_len, seed=None, training=False):
         speaker = tf.zeros_like(text_len)  # the voice comes from the reference, not the speaker table
-        memory, _ = self.encode(text_ids, text_len, speaker, language_id)
+        memory, _ = self.encode(text_ids, text_len, speaker, language_id, seed, training)
         memory = memory + tf.cast(self.voice(reference_mel, reference_len), memory.dtype)[:, None, :]
         mask = tf.sequence_mask(text_len, text_ids.shape[1], dtype=tf.float32)[..., None]
         pooled = tf.reduce_sum(tf.cast(memory, tf.float32) * mask, 1) / tf.maximum(tf.reduce_sum(mask, 1), 1.0)
@@ -51,10 +51,16 @@ class ReferenceTTS(FastSpeechLite):
 
     def loss_terms(self, batch, seed, training):
         memory, log_frames = self.encode_with(
-            batch["text_ids"], batch["text_len"], batch["language_id"], batch["reference_mel"], batch["reference_len"]
+            batch["text_ids"],
+            batch["text_len"],
+            batch["language_id"],
+            batch["reference_mel"],
+            batch["reference_len"],
+            seed,
+            training,
         )
         frames = batch["mel"].shape[1]  # the bucket's
-        mel = self.decode(memory, batch["text_len"], batch["mel_len"], frames)
+        mel = self.decode(memory, batch["text_len"], batch["mel_len"], frames, seed, training)
         frame_mask = tf.sequence_mask(batch["mel_len"], frames, dtype=tf.float32)[..., None]
         real = tf.cast(batch["mel_len"] > 0, tf.float32)
         length_err = log_frames - tf.math.log(tf.maximum(tf.cast(batch["mel_len"], tf.float32), 1.0))

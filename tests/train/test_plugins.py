@@ -263,3 +263,30 @@ def test_the_example_plugin_takes_each_length_buckets_own_shapes(bucketed_dir):
         counts = model.loss_counts(batch)
         assert terms["mel_count"].numpy() == counts["mel_count"].numpy() == (2 + 5) * schema.n_mels
         assert all(np.isfinite(v.numpy()) for v in terms.values())
+
+
+def test_the_example_plugins_dropout_draws_its_masks_from_the_steps_seed(shards_dir):
+    """`dropout` (examples/fastspeech_lite.py): while training, the same seed gives the same loss terms and
+    another seed others, so a resumed run draws the masks an uninterrupted one drew (test_resume.py runs it);
+    no dropout while not training, none at the default rate 0, and a rate outside [0, 1) is a config
+    error (eager, nothing traced)."""
+    from examples.fastspeech_lite import build, validate
+    from melshards.shards_schema import read_schema
+    from melshards.shards_schema.config import ConfigError
+    from melshards.train import device
+    from melshards.train.step import step_specs
+
+    schema = read_schema(str(shards_dir))
+    with device.building_for(device.choices_for("CPU", jit_compile=False)):  # as the trainer builds it, eager
+        dropping, plain = build(schema, dict(FS_MODEL, dropout=0.5)), build(schema, FS_MODEL)
+    plain.set_weights(dropping.get_weights())
+    batch = {k: tf.zeros(s.shape, s.dtype) for k, s in step_specs(schema.buckets[0], 2).items()}
+    batch.update(text_len=tf.constant([3, 5]), mel_len=tf.constant([4, 9]))
+
+    def mel_abs(model, seed, training=True):
+        return model.loss_terms(batch, tf.constant(seed), training)["mel_abs"].numpy()
+
+    assert mel_abs(dropping, [1, 2]) == mel_abs(dropping, [1, 2]) != mel_abs(dropping, [1, 3])
+    assert mel_abs(dropping, [1, 2], training=False) == mel_abs(plain, [1, 3])  # the same weights, no mask
+    with pytest.raises(ConfigError, match="model.dropout is 1.0"):
+        validate(schema, dict(FS_MODEL, dropout=1.0))
