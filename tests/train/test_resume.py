@@ -21,9 +21,9 @@ import tensorflow as tf
 
 from tests.train.conftest import write_lite_config
 
-# The example's steps take ~10 ms: the steps after the SIGINT at step 3 give the signal about half a second
+# The example's steps take ~10 ms: the steps after the SIGINT at step 3 give the signal more than a second
 # (more under load) to arrive before the interrupted run would end on its own.
-STEPS = 64
+STEPS = 160
 
 
 def _start(shards_dir, model_dir, cfg, cache_dir, train_glob):
