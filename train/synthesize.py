@@ -26,6 +26,7 @@ from melshards.shards_schema.schema import first_few
 from melshards.shards_schema.text import normalizer_for
 from melshards.shards_schema.text_clean import canonical_language
 from melshards.shards_schema.vocab import UnknownSymbols, text_ids
+from melshards.train.compile import align_function_names
 from melshards.train.tf_quiet import tf
 
 log = logging.getLogger("melshards.synthesize")
@@ -248,7 +249,7 @@ class Synthesizer(tf.Module):
                     "(examples/reference_tts.py) on a run with reference.source: other_clip or same_clip"
                 )
             mel, valid = reference
-            return self.generate_with_reference(
+            return self._aligned(self.generate_with_reference)(
                 tf.constant(ids),
                 tf.constant([n], tf.int32),
                 tf.constant([speaker.id], tf.int32),
@@ -256,12 +257,21 @@ class Synthesizer(tf.Module):
                 tf.constant(np.asarray(mel, np.float32)[None]),
                 tf.constant([valid], tf.int32),
             )
-        return self.generate(
+        return self._aligned(self.generate)(
             tf.constant(ids),
             tf.constant([n], tf.int32),
             tf.constant([speaker.id], tf.int32),
             tf.constant([language.id], tf.int32),
         )
+
+    @staticmethod
+    def _aligned(function):
+        """`function`, the uid counter aligned (train/compile.py `align_function_names`) when it has not
+        been traced yet: its first call traces it under the names a fresh process gives it, whatever this
+        process traced before, so the persistent XLA cache (train/xla_cache.py) finds its compiled program."""
+        if function.experimental_get_tracing_count() == 0:
+            align_function_names()
+        return function
 
     def export(self, path: str) -> None:
         """The SavedModel into `path`, then `EXPORT_MARK` (what a later --export may write over)."""
