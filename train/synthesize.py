@@ -2,7 +2,11 @@
 
 The model is rebuilt with the factory recorded in the model dir's train_config.json, and speaks
 through the contract's optional `generate` (train/contract.py) compiled with XLA at fixed shapes;
-a model without it cannot synthesize, and is refused before loading its weights. The same function,
+a model without it cannot synthesize, and is refused before loading its weights. Its first call traces it
+from the uid counter aligned as train/compile.py aligns the train steps (`Synthesizer._aligned`), so the
+persistent XLA cache `melshards synthesize` turns on (train/xla_cache.py) finds the program a previous
+process compiled for the same model (a process that built other Keras models first names the layers
+differently, and compiles again). The same function,
 behind a string-in serving signature (text, speaker name, language code), is what `--export` saves
 as a SavedModel.
 
