@@ -259,47 +259,23 @@ def spoken(speaking_model_dir, tmp_path_factory) -> dict:
     directories that did not exist (`wav`): first in a test process, with --export (`export`; the WAV's
     bytes then kept as `first`), then by `python -m melshards synthesize` in a fresh process writing over
     that WAV (`second`: its exit code and stderr, started as a user's shell would: without
-    TF_CPP_MIN_LOG_LEVEL or CUDA_VISIBLE_DEVICES; `inodes`: the WAV's before and after it).
-
-    The fresh process's persistent XLA cache (MELSHARDS_XLA_CACHE, TF_XLA_FLAGS unset: the command turns
-    it on) is a copy of the session's (tests/conftest.py) as the first synthesis left it, generate's
-    program among them: `cache` lists it before and after the fresh process, and `compiled` lists
-    what XLA compiled there (`--xla_dump_to`: a module dumped per compile, nothing for a program loaded
-    from the cache). The first synthesis runs with Keras's automatic layer names reset
-    (`keras.utils.clear_session`), as a fresh process has them: they are in generate's HLO, which the
-    cache's key holds, and this process built other models before. Built once per session, shared by the
-    xdist workers (`built_once`); read only by test_synthesize_cli.py, so one worker builds and reads it."""
+    TF_CPP_MIN_LOG_LEVEL or CUDA_VISIBLE_DEVICES; `inodes`: the WAV's before and after it). Built once per
+    session, shared by the xdist workers (`built_once`); read only by test_synthesize_cli.py, so one worker
+    builds and reads it."""
     import json
     import subprocess
     import sys
 
-    import keras
-
     from melshards.commands.synthesize import synthesize_command
-    from melshards.train.xla_cache import cache_dir_in_flags
 
     def build(root: Path) -> None:
         wav = root / "new" / "deeper" / "out.wav"
         args = ["--model-dir", str(speaking_model_dir), SPOKEN_TEXT, "-o", str(wav), "--griffin-lim-iters", "2"]
-        keras.utils.clear_session()
         synthesize_command.main([*args, "--export", str(root / "export")], standalone_mode=False)
-        cache, dumps = root / "xla", root / "compiled"
-        session_cache = cache_dir_in_flags(os.environ.get("TF_XLA_FLAGS", ""))  # None: the session runs without
-        if session_cache:
-            shutil.copytree(session_cache, cache)  # generate's program among them
-        else:
-            cache.mkdir()
         shutil.copy(wav, root / "first.wav")
         before = wav.stat().st_ino
-        cached = sorted(os.listdir(cache))
         # as a user's shell starts it: TensorFlow's own log level unset, no GPU asked for (test_console.py)
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES", "TF_XLA_FLAGS")
-        }
-        env["MELSHARDS_XLA_CACHE"] = str(cache)
-        env["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_dump_to={dumps}"
+        env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES")}
         done = subprocess.run(
             [sys.executable, "-m", "melshards", "synthesize", *args],
             capture_output=True,
@@ -310,8 +286,6 @@ def spoken(speaking_model_dir, tmp_path_factory) -> dict:
         facts = {
             "second": {"returncode": done.returncode, "stderr": done.stderr},
             "inodes": [before, wav.stat().st_ino if wav.exists() else None],
-            "cache": [cached, sorted(os.listdir(cache))],
-            "compiled": sorted(os.listdir(dumps)) if dumps.exists() else [],
         }
         (root / "second.json").write_text(json.dumps(facts))
 

@@ -1,6 +1,6 @@
 """`melshards synthesize` refuses what it cannot do with exit 2 and a reason, before the slow work; and what
-its runs write: the WAV, the export, and a second process's compiled program loaded from the persistent
-XLA cache (the session's `spoken` fixture, tests/train/conftest.py, read only here)."""
+its runs write: the WAV and the export (the session's `spoken` fixture, tests/train/conftest.py, read only
+here)."""
 
 from __future__ import annotations
 
@@ -287,15 +287,6 @@ def test_the_same_text_gives_the_same_wav_in_two_processes(spoken):
     (Moved from test_checkpoints.py: every reader of `spoken` is in this file.)"""
     assert spoken["second"]["returncode"] == 0, spoken["second"]["stderr"]
     assert spoken["first"].read_bytes() == spoken["wav"].read_bytes()
-
-
-def test_a_second_synthesize_process_loads_generate_from_the_persistent_xla_cache(spoken):
-    """`spoken`'s fresh process, its cache holding what the first synthesis compiled (that process's uid
-    counter far from a fresh one's): it compiles nothing and adds no entry."""
-    assert spoken["second"]["returncode"] == 0, spoken["second"]["stderr"]
-    cached, after = spoken["cache"]
-    assert cached, "the first synthesis left no compiled program: the test session runs without the XLA cache"
-    assert spoken["compiled"] == [] and after == cached
 
 
 def test_a_cpu_run_prints_no_cuinit_error_unless_a_gpu_was_asked_for(spoken):
