@@ -2,11 +2,12 @@
 
 The model is rebuilt with the factory recorded in the model dir's train_config.json, and speaks
 through the contract's optional `generate` (train/contract.py) compiled with XLA at fixed shapes;
-a model without it cannot synthesize, and is refused before loading its weights. Its first call traces it
-from the uid counter aligned as train/compile.py aligns the train steps (`Synthesizer._aligned`), so the
-persistent XLA cache `melshards synthesize` turns on (train/xla_cache.py) finds the program a previous
-process compiled for the same model (a process that built other Keras models first names the layers
-differently, and compiles again). The same function,
+a model without it cannot synthesize, and is refused before loading its weights. `melshards synthesize`
+keeps its compiled program in the persistent XLA cache (train/xla_cache.py), keyed by the traced
+function's and the layers' names and the program: a new process that synthesizes from the same model
+traces the same names (it does the same work first) and loads the program instead of compiling it; a
+process that built other Keras models or traced other functions first names them differently, and
+compiles again. The same function,
 behind a string-in serving signature (text, speaker name, language code), is what `--export` saves
 as a SavedModel.
 
@@ -30,7 +31,6 @@ from melshards.shards_schema.schema import first_few
 from melshards.shards_schema.text import normalizer_for
 from melshards.shards_schema.text_clean import canonical_language
 from melshards.shards_schema.vocab import UnknownSymbols, text_ids
-from melshards.train.compile import align_function_names
 from melshards.train.tf_quiet import tf
 
 log = logging.getLogger("melshards.synthesize")
@@ -253,7 +253,7 @@ class Synthesizer(tf.Module):
                     "(examples/reference_tts.py) on a run with reference.source: other_clip or same_clip"
                 )
             mel, valid = reference
-            return self._aligned(self.generate_with_reference)(
+            return self.generate_with_reference(
                 tf.constant(ids),
                 tf.constant([n], tf.int32),
                 tf.constant([speaker.id], tf.int32),
@@ -261,21 +261,12 @@ class Synthesizer(tf.Module):
                 tf.constant(np.asarray(mel, np.float32)[None]),
                 tf.constant([valid], tf.int32),
             )
-        return self._aligned(self.generate)(
+        return self.generate(
             tf.constant(ids),
             tf.constant([n], tf.int32),
             tf.constant([speaker.id], tf.int32),
             tf.constant([language.id], tf.int32),
         )
-
-    @staticmethod
-    def _aligned(function):
-        """`function`, the uid counter aligned (train/compile.py `align_function_names`) when it has not
-        been traced yet: its first call traces it under the names a fresh process gives it, whatever this
-        process traced before, so the persistent XLA cache (train/xla_cache.py) finds its compiled program."""
-        if function.experimental_get_tracing_count() == 0:
-            align_function_names()
-        return function
 
     def export(self, path: str) -> None:
         """The SavedModel into `path`, then `EXPORT_MARK` (what a later --export may write over)."""

@@ -5,8 +5,8 @@ $XDG_CACHE_HOME/melshards/xla (~/.cache/melshards/xla); an empty MELSHARDS_XLA_C
 a directory TF_XLA_FLAGS already names is left as it is. TensorFlow reads TF_XLA_FLAGS once per
 process, when it sets up its devices (train/tf_quiet.py does at import), so this module imports no
 TensorFlow. Entries are keyed by the function's name and its HLO; train/compile.py traces in a fixed
-order so that a resumed run and a re-run with the same shapes find theirs; train/synthesize.py aligns the
-names before generate's first trace, so a second synthesis of the same model finds its program.
+order so that a resumed run and a re-run with the same shapes find theirs; a new `melshards synthesize`
+process traces generate under the names the previous one used for the same model, and finds its program.
 
 XLA never removes an entry: each start of either command prunes the directory it chose to
 `MAX_BYTES`, the least recently used programs first (`prune`).

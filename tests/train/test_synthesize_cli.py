@@ -47,7 +47,7 @@ def test_text_preprocess_would_reject_is_refused_with_the_same_reason(speaking_m
 
 
 def test_output_into_a_missing_directory_creates_it(spoken):
-    """`spoken` synthesized in a test process to -o new/deeper/out.wav, where new/ did not exist."""
+    """`spoken` synthesized to -o new/deeper/out.wav, where new/ did not exist."""
     y, _ = sf.read(spoken["first"])
     assert y.ndim == 1 and len(y) > 0 and spoken["wav"].parent.name == "deeper"
 
@@ -283,10 +283,21 @@ def test_synthesize_marks_its_wav_and_writes_over_its_own(spoken):
 
 
 def test_the_same_text_gives_the_same_wav_in_two_processes(spoken):
-    """`spoken`: synthesized in a test process, then again by a fresh Python process to the same -o.
+    """`spoken`: synthesized by one process, then again by another to the same -o.
     (Moved from test_checkpoints.py: every reader of `spoken` is in this file.)"""
     assert spoken["second"]["returncode"] == 0, spoken["second"]["stderr"]
     assert spoken["first"].read_bytes() == spoken["wav"].read_bytes()
+
+
+def test_a_second_synthesis_in_a_new_process_loads_generate_from_the_persistent_cache(spoken):
+    """`spoken`: the first process compiled generate into the cache MELSHARDS_XLA_CACHE names; the second,
+    a new process, found it there: it compiled nothing (XLA dumped nothing) and added no entry."""
+    from melshards.train.xla_cache import ENTRY
+
+    assert spoken["second"]["returncode"] == 0, spoken["second"]["stderr"]
+    assert spoken["cached"] and all(ENTRY.fullmatch(name) for name in spoken["cached"])
+    assert spoken["cached_after"] == spoken["cached"]
+    assert spoken["dumped"] == []
 
 
 def test_a_cpu_run_prints_no_cuinit_error_unless_a_gpu_was_asked_for(spoken):
