@@ -20,6 +20,7 @@ Default: the full documented run (docs/performance.md, which gives its duration)
   stats_scale            --rounds 3   (on the cache_wall run's stats.json)
   cache_key              --clips 13100 --rounds 3   (on the scale corpus)
   read_scale             --rows 13100,131000,1048000
+  synthesize_wall        --rounds 3
 Quick mode (`python -m benchmarks.run_all --quick`, or env MELSHARDS_BENCH_QUICK=1): small sizes,
 a few minutes, for checking the benchmarks still run; its figures are not the documented ones.
 
@@ -77,6 +78,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
             ),
             ("cache_key", ["--clips", "300", "--corpus", f"{work}/lj300", "--rounds", "1"]),
             ("read_scale", ["--rows", "1000,4000", "--files", "1000", "--work-dir", work]),
+            ("synthesize_wall", ["--rounds", "1", "--steps", "4"]),
             ("step_device", ["--quick"]),
             ("compile_wall", ["--clips", "200", "--rounds", "1"]),
         ]
@@ -118,6 +120,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
         ("stats_scale", ["--stats", f"{work}/cache-wall/out-plain/stats.json", "--rounds", "3"]),
         ("cache_key", ["--clips", "13100", "--corpus", f"{work}/ljbig", "--rounds", "3"]),
         ("read_scale", ["--rows", "13100,131000,1048000", "--work-dir", work]),
+        ("synthesize_wall", ["--rounds", "3"]),
         ("step_device", ["--steps", "120", "--rounds", "1"]),  # train_base sizes: meant for a GPU machine
         ("compile_wall", ["--clips", "800", "--rounds", "2"]),
     ]

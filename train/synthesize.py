@@ -2,7 +2,12 @@
 
 The model is rebuilt with the factory recorded in the model dir's train_config.json, and speaks
 through the contract's optional `generate` (train/contract.py) compiled with XLA at fixed shapes;
-a model without it cannot synthesize, and is refused before loading its weights. The same function,
+a model without it cannot synthesize, and is refused before loading its weights. `melshards synthesize`
+keeps its compiled program in the persistent XLA cache (train/xla_cache.py), keyed by the traced
+function's and the layers' names and the program: a new process that synthesizes from the same model
+traces the same names (it does the same work first) and loads the program instead of compiling it; a
+process that built other Keras models or traced other functions first names them differently, and
+compiles again. The same function,
 behind a string-in serving signature (text, speaker name, language code), is what `--export` saves
 as a SavedModel.
 

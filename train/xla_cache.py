@@ -1,13 +1,14 @@
 """The persistent XLA cache: compiled steps kept across runs (`--tf_xla_persistent_cache_directory`).
 
-`melshards train` turns it on before TensorFlow is imported: in $MELSHARDS_XLA_CACHE, else
+`melshards train` and `melshards synthesize` turn it on before TensorFlow is imported: in $MELSHARDS_XLA_CACHE, else
 $XDG_CACHE_HOME/melshards/xla (~/.cache/melshards/xla); an empty MELSHARDS_XLA_CACHE turns it off, and
 a directory TF_XLA_FLAGS already names is left as it is. TensorFlow reads TF_XLA_FLAGS once per
 process, when it sets up its devices (train/tf_quiet.py does at import), so this module imports no
 TensorFlow. Entries are keyed by the function's name and its HLO; train/compile.py traces in a fixed
-order so that a resumed run and a re-run with the same shapes find theirs.
+order so that a resumed run and a re-run with the same shapes find theirs; a new `melshards synthesize`
+process traces generate under the names the previous one used for the same model, and finds its program.
 
-XLA never removes an entry: each start of `melshards train` prunes the directory it chose to
+XLA never removes an entry: each start of either command prunes the directory it chose to
 `MAX_BYTES`, the least recently used programs first (`prune`).
 """
 
@@ -50,7 +51,7 @@ def enable_persistent_cache(directory: str | None = None) -> str | None:
     os.makedirs(directory, exist_ok=True)
     try:
         prune(directory)
-    except OSError as e:  # the cache only grows: training goes on
+    except OSError as e:  # the cache only grows: the command goes on
         logging.getLogger("melshards.train").warning("could not trim the XLA cache %s: %s", directory, e)
     os.environ["TF_XLA_FLAGS"] = f"{flags} {CACHE_FLAG}={directory}".strip()
     return directory

@@ -43,6 +43,7 @@ _COMMANDS = {
     "cache": ("melshards.commands.cache", "cache_command", "Size of the preprocess feature cache, and pruning it."),
 }
 _USES_TENSORFLOW = ("train", "synthesize", "inspect")
+_KEEPS_COMPILED = ("train", "synthesize")  # the commands that compile with XLA: their programs kept across runs
 
 
 def setup_logging() -> None:
@@ -85,8 +86,9 @@ def run_command(command: click.Command, argv: list[str] | None, prog_name: str) 
 
 def import_tensorflow_quietly(command: str) -> None:
     """TensorFlow without its C++ start-up INFO lines (`melshards.train.tf_quiet`), before a command runs;
-    for `train`, with the persistent XLA cache on (TensorFlow reads its XLA flags as it starts)."""
-    if command == "train":
+    for `train` and `synthesize`, with the persistent XLA cache on (`melshards.train.xla_cache`; TensorFlow
+    reads its XLA flags as it starts)."""
+    if command in _KEEPS_COMPILED:
         from melshards.train.xla_cache import enable_persistent_cache
 
         enable_persistent_cache()

@@ -206,6 +206,11 @@ def model_dir_from_weights(shards_dir: Path, model_dir: Path, stop_bias: float, 
     rng = np.random.default_rng(seed)
     for v in model.variables:
         v.assign(rng.normal(0.0, 0.3, v.shape).astype(np.float32))
+    # the mel's two output layers a third as large: the log-mel then stays within the corpus's range
+    # (-10.7 to -0.8 for the speaking model, against -17.8 to 13.3), as a trained model's does; librosa's
+    # mel inversion in `griffin_lim` took 6x longer on the larger values
+    for v in [*model.mel_head.variables, *model.postnet_out.variables]:
+        v.assign(v * 0.3)
     model.stop_head.bias.assign(np.full(model.stop_head.bias.shape, stop_bias, np.float32))
     model_dir.mkdir(parents=True)
     shutil.copy(shards_dir / "schema.json", model_dir / "schema.json")
@@ -250,34 +255,53 @@ def saved_weights(model_dir: Path) -> dict:
 
 @pytest.fixture(scope="session")
 def spoken(speaking_model_dir, tmp_path_factory) -> dict:
-    """SPOKEN_TEXT synthesized from `speaking_model_dir` by `melshards synthesize` twice, to one -o path in
-    directories that did not exist (`wav`): first in a test process, with --export (`export`; the WAV's
-    bytes then kept as `first`), then by a fresh Python process writing over that WAV (`second`: its exit
-    code and stderr, started as a user's shell would: without TF_CPP_MIN_LOG_LEVEL or CUDA_VISIBLE_DEVICES;
-    `inodes`: the WAV's before and after it). Built once per session, shared by the xdist
-    workers (`built_once`). Read-only."""
+    """SPOKEN_TEXT synthesized from `speaking_model_dir` by `python -m melshards synthesize` in two fresh
+    processes, to one -o path in directories that did not exist (`wav`), each started as a user's shell
+    starts it (TensorFlow's own log level unset, no GPU asked for), with a persistent XLA cache of their own
+    (`cache`, MELSHARDS_XLA_CACHE):
+    - the first with --export (`export`); its WAV's bytes are kept as `first`, and `cached` lists the
+      cache's entries after it;
+    - the second writing over that WAV (`second`: its exit code and stderr; `inodes`: the WAV's before and
+      after it), XLA dumping whatever it compiles into `dumped` (`--xla_dump_to`; the files' names), and
+      `cached_after` listing the cache after it.
+    Built once per session, shared by the xdist workers (`built_once`); read only by
+    test_synthesize_cli.py, so one worker builds and reads it."""
     import json
     import subprocess
     import sys
 
-    from melshards.commands.synthesize import synthesize_command
-
     def build(root: Path) -> None:
-        wav = root / "new" / "deeper" / "out.wav"
+        wav, cache, dump = root / "new" / "deeper" / "out.wav", root / "xla", root / "dump"
         args = ["--model-dir", str(speaking_model_dir), SPOKEN_TEXT, "-o", str(wav), "--griffin-lim-iters", "2"]
-        synthesize_command.main([*args, "--export", str(root / "export")], standalone_mode=False)
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k
+            not in ("TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES", "TF_XLA_FLAGS")  # TF_XLA_FLAGS: the session's cache
+        }
+        env["MELSHARDS_XLA_CACHE"] = str(cache)
+
+        def listing(d: Path) -> list[str]:
+            return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+        def synthesize(*extra: str, **more_env: str) -> subprocess.CompletedProcess:
+            cmd = [sys.executable, "-m", "melshards", "synthesize", *args, *extra]
+            return subprocess.run(cmd, capture_output=True, text=True, env=dict(env, **more_env), timeout=600)
+
+        first = synthesize("--export", str(root / "export"))
+        assert first.returncode == 0, first.stderr[-3000:]
         shutil.copy(wav, root / "first.wav")
-        before = wav.stat().st_ino
-        # as a user's shell starts it: TensorFlow's own log level unset, no GPU asked for (test_console.py)
-        env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES")}
-        code = (
-            "import sys; from melshards.commands.synthesize import synthesize_command; "
-            "synthesize_command.main(sys.argv[1:])"
-        )
-        done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env, timeout=600)
-        second = {"returncode": done.returncode, "stderr": done.stderr}
-        inodes = [before, wav.stat().st_ino if wav.exists() else None]
-        (root / "second.json").write_text(json.dumps({"second": second, "inodes": inodes}))
+        before, cached = wav.stat().st_ino, listing(cache)
+        flags = f"{env.get('XLA_FLAGS', '')} --xla_dump_to={dump}".strip()
+        done = synthesize(XLA_FLAGS=flags)
+        facts = {
+            "second": {"returncode": done.returncode, "stderr": done.stderr},
+            "inodes": [before, wav.stat().st_ino if wav.exists() else None],
+            "cached": cached,
+            "cached_after": listing(cache),
+            "dumped": listing(dump),
+        }
+        (root / "second.json").write_text(json.dumps(facts))
 
     root = built_once(tmp_path_factory, "spoken", build)
     facts = json.loads((root / "second.json").read_text())

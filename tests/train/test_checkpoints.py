@@ -1,4 +1,5 @@
-"""Checkpoints hold and restore every model variable; synthesis and export use exactly those weights.
+"""Checkpoints hold and restore every model variable; synthesis uses exactly those weights (the export's:
+test_synthesize_cli.py).
 
 The model dirs here hold random (not initial) weights written without training, in the layout
 training writes, so nothing is compiled except the synthesis generator.
@@ -76,20 +77,6 @@ def _synthesize(model_dir, wav, *extra):
         ["--model-dir", str(model_dir), SPOKEN_TEXT, "-o", str(wav), "--griffin-lim-iters", "2", *map(str, extra)],
         standalone_mode=False,
     )
-
-
-def test_the_same_text_gives_the_same_wav_in_two_processes(spoken):
-    """`spoken`: synthesized in a test process, then again by a fresh Python process to the same -o."""
-    assert spoken["second"]["returncode"] == 0, spoken["second"]["stderr"]
-    assert spoken["first"].read_bytes() == spoken["wav"].read_bytes()
-
-
-def test_the_saved_model_holds_the_checkpoint_variables(speaking, spoken):
-    _, saved = speaking
-    exported = tf.saved_model.load(str(spoken["export"]))
-    values = [v.numpy() for v in exported.model_variables]
-    assert len(values) == len(saved)
-    assert [p for p, v in zip(saved, values) if not np.array_equal(saved[p], v)] == []
 
 
 def test_a_model_that_stops_before_speaking_is_reported_not_synthesized(shards_dir, tmp_path):

@@ -108,14 +108,6 @@ def test_cuinit_failing_is_shown_only_when_a_gpu_was_asked_for():
     assert keep_line(ERROR, 2)
 
 
-def test_a_cpu_run_prints_no_cuinit_error_unless_a_gpu_was_asked_for(spoken):
-    """`spoken`'s second synthesis: `melshards synthesize` in a fresh process on this CPU, with neither
-    TF_CPP_MIN_LOG_LEVEL nor CUDA_VISIBLE_DEVICES set."""
-    second = spoken["second"]
-    assert second["returncode"] == 0, second["stderr"]
-    assert "cuInit" not in second["stderr"] and "cuda_platform" not in second["stderr"]
-
-
 def test_gpu_asked_means_cuda_visible_devices_names_a_device(monkeypatch):
     from melshards.train.tf_quiet import gpu_asked
 

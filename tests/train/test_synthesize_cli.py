@@ -1,4 +1,6 @@
-"""`melshards synthesize` refuses what it cannot do with exit 2 and a reason, before the slow work."""
+"""`melshards synthesize` refuses what it cannot do with exit 2 and a reason, before the slow work; and what
+its runs write: the WAV and the export (the session's `spoken` fixture, tests/train/conftest.py, read only
+here)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from click.testing import CliRunner, Result
 from melshards.commands.synthesize import synthesize_command
 from melshards.shards_schema.text import TextRejected, check_text
 from melshards.train import synthesize as synthesize_module
+from tests.train.conftest import saved_weights
 
 FIX = "pass the --model-dir of a `melshards train` run"
 
@@ -44,7 +47,7 @@ def test_text_preprocess_would_reject_is_refused_with_the_same_reason(speaking_m
 
 
 def test_output_into_a_missing_directory_creates_it(spoken):
-    """`spoken` synthesized in a test process to -o new/deeper/out.wav, where new/ did not exist."""
+    """`spoken` synthesized to -o new/deeper/out.wav, where new/ did not exist."""
     y, _ = sf.read(spoken["first"])
     assert y.ndim == 1 and len(y) > 0 and spoken["wav"].parent.name == "deeper"
 
@@ -277,6 +280,45 @@ def test_synthesize_marks_its_wav_and_writes_over_its_own(spoken):
     assert after is not None and after != before  # written over: a new file moved onto the path
     with sf.SoundFile(spoken["wav"]) as f:
         assert f.software.startswith(WAV_SOFTWARE) and f.frames > 0
+
+
+def test_the_same_text_gives_the_same_wav_in_two_processes(spoken):
+    """`spoken`: synthesized by one process, then again by another to the same -o.
+    (Moved from test_checkpoints.py: every reader of `spoken` is in this file.)"""
+    assert spoken["second"]["returncode"] == 0, spoken["second"]["stderr"]
+    assert spoken["first"].read_bytes() == spoken["wav"].read_bytes()
+
+
+def test_a_second_synthesis_in_a_new_process_loads_generate_from_the_persistent_cache(spoken):
+    """`spoken`: the first process compiled generate into the cache MELSHARDS_XLA_CACHE names; the second,
+    a new process, found it there: it compiled nothing (XLA dumped nothing) and added no entry."""
+    from melshards.train.xla_cache import ENTRY
+
+    assert spoken["second"]["returncode"] == 0, spoken["second"]["stderr"]
+    assert spoken["cached"] and all(ENTRY.fullmatch(name) for name in spoken["cached"])
+    assert spoken["cached_after"] == spoken["cached"]
+    assert spoken["dumped"] == []
+
+
+def test_a_cpu_run_prints_no_cuinit_error_unless_a_gpu_was_asked_for(spoken):
+    """`spoken`'s second synthesis: `melshards synthesize` in a fresh process on this CPU, with neither
+    TF_CPP_MIN_LOG_LEVEL nor CUDA_VISIBLE_DEVICES set. (Moved from test_console.py: every reader of
+    `spoken` is in this file.)"""
+    second = spoken["second"]
+    assert second["returncode"] == 0, second["stderr"]
+    assert "cuInit" not in second["stderr"] and "cuda_platform" not in second["stderr"]
+
+
+def test_the_saved_model_holds_the_checkpoint_variables(speaking_model_dir, spoken):
+    """(Moved from test_checkpoints.py: every reader of `spoken` is in this file.)"""
+    import numpy as np
+    import tensorflow as tf
+
+    saved = saved_weights(speaking_model_dir)
+    exported = tf.saved_model.load(str(spoken["export"]))
+    values = [v.numpy() for v in exported.model_variables]
+    assert len(values) == len(saved)
+    assert [p for p, v in zip(saved, values) if not np.array_equal(saved[p], v)] == []
 
 
 def test_synthesize_writes_a_playable_wav_and_exports_a_serving_signature(spoken, serve, speaking_model_dir):
