@@ -15,6 +15,9 @@ $(STAMP): setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet uv
 	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[test,bench]'
+	# numba compiles librosa's gufuncs at its first import (~20 s) and caches them in the venv: done here,
+	# once, not by the first job or test process while the others wait for it (preprocess/audio.py load_librosa)
+	$(BIN)/python -c 'from melshards.preprocess.audio import load_librosa; load_librosa()'
 	touch $(STAMP)
 
 demo: $(STAMP)
