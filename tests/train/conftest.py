@@ -273,12 +273,9 @@ def spoken(speaking_model_dir, tmp_path_factory) -> dict:
     def build(root: Path) -> None:
         wav, cache, dump = root / "new" / "deeper" / "out.wav", root / "xla", root / "dump"
         args = ["--model-dir", str(speaking_model_dir), SPOKEN_TEXT, "-o", str(wav), "--griffin-lim-iters", "2"]
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k
-            not in ("TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES", "TF_XLA_FLAGS")  # TF_XLA_FLAGS: the session's cache
-        }
+        # as a user's shell starts it (log level and GPU unset), without the session's cache (TF_XLA_FLAGS)
+        unset = ("TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES", "TF_XLA_FLAGS")
+        env = {k: v for k, v in os.environ.items() if k not in unset}
         env["MELSHARDS_XLA_CACHE"] = str(cache)
 
         def listing(d: Path) -> list[str]:

@@ -298,8 +298,7 @@ def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, bu
 def test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache(one_and_mirrored, bucketed_dir, tmp_path):
     """On one device every bucket's train and eval step is compiled up front, once, and kept in the cache; the
     run resumed from its checkpoint (which holds the input position: its check reads tensors eagerly before
-    the steps are traced) in a new process finds every one of them there and adds nothing. (Moved from
-    tests/train/test_compile.py onto the one-device run this file makes anyway.)"""
+    the steps are traced) in a new process finds every one of them there and adds nothing."""
     before = sorted(p.name for p in (one_and_mirrored / "xla-one").iterdir())
     _resume(one_and_mirrored, bucketed_dir, tmp_path, "one", "--val", str(bucketed_dir / VAL_GLOB))
     first, resumed = _summary(one_and_mirrored / "one"), _summary(tmp_path / "m")

@@ -283,8 +283,7 @@ def test_synthesize_marks_its_wav_and_writes_over_its_own(spoken):
 
 
 def test_the_same_text_gives_the_same_wav_in_two_processes(spoken):
-    """`spoken`: synthesized by one process, then again by another to the same -o.
-    (Moved from test_checkpoints.py: every reader of `spoken` is in this file.)"""
+    """`spoken`: synthesized by one process, then again by another to the same -o."""
     assert spoken["second"]["returncode"] == 0, spoken["second"]["stderr"]
     assert spoken["first"].read_bytes() == spoken["wav"].read_bytes()
 
@@ -302,15 +301,14 @@ def test_a_second_synthesis_in_a_new_process_loads_generate_from_the_persistent_
 
 def test_a_cpu_run_prints_no_cuinit_error_unless_a_gpu_was_asked_for(spoken):
     """`spoken`'s second synthesis: `melshards synthesize` in a fresh process on this CPU, with neither
-    TF_CPP_MIN_LOG_LEVEL nor CUDA_VISIBLE_DEVICES set. (Moved from test_console.py: every reader of
-    `spoken` is in this file.)"""
+    TF_CPP_MIN_LOG_LEVEL nor CUDA_VISIBLE_DEVICES set."""
     second = spoken["second"]
     assert second["returncode"] == 0, second["stderr"]
     assert "cuInit" not in second["stderr"] and "cuda_platform" not in second["stderr"]
 
 
 def test_the_saved_model_holds_the_checkpoint_variables(speaking_model_dir, spoken):
-    """(Moved from test_checkpoints.py: every reader of `spoken` is in this file.)"""
+    """`spoken`'s export holds the values the speaking model's checkpoint saved, every one."""
     import numpy as np
     import tensorflow as tf
 
