@@ -1,7 +1,8 @@
 """The train step on the device this machine has: `melshards train` variants side by side, and the host's
 parse-only throughput per core.
 
-Variants (each its own `melshards train` process over the same shards; rounds interleave them):
+Variants (each its own process over the same shards, a `melshards train` or, for `before`, a Python child;
+rounds interleave them):
 
   bf16        the built-in model at configs/train_base.yaml sizes as shipped: mixed_bfloat16, XLA
   fp32        the same in float32
@@ -39,6 +40,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -179,19 +181,36 @@ def train_variant(variant: str, shards: Path, work: Path, quick: bool, steps: in
     }
 
 
-def before_variant(shards: Path, quick: bool, steps: int, work: Path) -> dict:
-    """benchmarks/before_after.py's classic loader and plain step, in a child process (a fresh TensorFlow)."""
-    cfg = config_for("fp32", quick, steps, work / "before.yaml")
+def before_loader(shards: str, config: str, steps: int) -> dict:
+    """benchmarks/before_after.py's `before` variant (its classic loader and plain step) for `steps` steps
+    on the clips the shards at `shards` hold: run_variant's figures. What before_variant's child runs."""
+    from benchmarks.before_after import _kept_clips, run_variant
+
+    return run_variant("before", Path(shards), _kept_clips(Path(shards)), config, steps)
+
+
+def in_fresh_process(function: str, *args: Any) -> Any:
+    """`function(*args)` of this module run in a child Python process (a fresh import of everything it
+    uses, TensorFlow's state included); what it returned, through JSON. A failing child stops the
+    benchmark with the tail of its stderr."""
     code = (
-        "import json, sys; from pathlib import Path; from benchmarks.before_after import run_variant, _kept_clips;"
-        f"s = Path({str(shards)!r}); print(json.dumps(run_variant('before', s, _kept_clips(s), {str(cfg)!r}, {steps})))"
+        "import json, sys; from benchmarks import step_device; "
+        "print(json.dumps(getattr(step_device, sys.argv[1])(*json.loads(sys.argv[2]))))"
     )
-    with Nvml() as nvml:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
-        ended = time.perf_counter()
+    argv = [sys.executable, "-c", code, function, json.dumps(args)]
+    proc = subprocess.run(argv, capture_output=True, text=True, cwd=REPO)
     if proc.returncode:
-        raise SystemExit(f"the before loader failed:\n{proc.stderr[-3000:]}")
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+        raise SystemExit(f"step_device.{function} failed in its child process:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def before_variant(shards: Path, quick: bool, steps: int, work: Path) -> dict:
+    """`before_loader` in a child process (a fresh TensorFlow, as each trainer variant has); its figures
+    plus NVML's."""
+    cfg = config_for("fp32", quick, steps, work / "before.yaml")
+    with Nvml() as nvml:
+        out = in_fresh_process("before_loader", str(shards), str(cfg), steps)
+        ended = time.perf_counter()
     steady_s = (steps - 1) / out["steady_steps_per_s"]
     return {
         "step_ms": 1000.0 / out["steady_steps_per_s"],

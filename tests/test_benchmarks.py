@@ -4,12 +4,15 @@ One end-to-end run (`--quick --steps 2`) of one trainer variant (bf16_noxla: the
 XLA compile, the cheapest of the four to run) and the `before` loader, the two kinds of variant it has, shows
 the script runs to completion and reports every figure. The script's own part (the variants in turn,
 parse-only throughput, the table, the JSON line) runs in the test's process through `step_device.main`, as
-`python -m benchmarks.step_device` calls it; each variant still runs in the child process the script starts
-for it (`melshards train`, the before loader), as a user's run does. Every trainer variant (bf16, fp32,
-bf16_noxla, synthetic) differs from the others only in the config and the arguments it gives `melshards
-train`: those go through the trainer's own argument parser and config loader, and the figures come out of
-the end-to-end run's real run_summary.json. Training itself at each precision, with and without XLA and with
-synthetic data, is tests/train's.
+`python -m benchmarks.step_device` calls it; the trainer variant runs in the `melshards train` process the
+script starts for it, as a user's run does. The before loader (`step_device.before_loader`) runs in the
+test's process, which has TensorFlow already: `in_fresh_process`, which a user's run starts it through, is
+swapped for a call of the same function with the same JSON-encoded arguments and result, and is itself
+shown to run a function of the script in a child process (a cheap one, no TensorFlow) and to stop the
+script when the child fails. Every trainer variant (bf16, fp32, bf16_noxla, synthetic) differs from the
+others only in the config and the arguments it gives `melshards train`: those go through the trainer's own
+argument parser and config loader, and the figures come out of the end-to-end run's real run_summary.json.
+Training itself at each precision, with and without XLA and with synthetic data, is tests/train's.
 
 No figure's value is asserted, only that it is there (and null where this machine has no NVIDIA GPU).
 """
@@ -59,14 +62,20 @@ def eight_records(shards_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def quick_run(eight_records, tmp_path_factory):
     """`python -m benchmarks.step_device --quick --steps 2 --variants bf16_noxla,before --shards
-    <eight_records>`, its `main` called in this process (no third process, no TensorFlow imported once more
-    for it): what it printed (the table, then the JSON line) and the directory it worked in."""
+    <eight_records>`, its `main` called in this process, and the before loader with it (one process, one
+    TensorFlow import, instead of two; `in_fresh_process` has its own test): what it printed (the table,
+    then the JSON line), the directory it worked in and the functions run in place of a child process."""
     from benchmarks import step_device
 
-    bench_dir = tmp_path_factory.mktemp("bench")
+    def in_this_process(function, *args):
+        ran.append(function)
+        return json.loads(json.dumps(getattr(step_device, function)(*json.loads(json.dumps(args)))))
+
+    bench_dir, ran = tmp_path_factory.mktemp("bench"), []
     printed = io.StringIO()
     with pytest.MonkeyPatch.context() as monkeypatch:
         monkeypatch.setattr(step_device, "WORK", bench_dir)  # what MELSHARDS_BENCH_DIR sets
+        monkeypatch.setattr(step_device, "in_fresh_process", in_this_process)
         with contextlib.redirect_stdout(printed):
             step_device.main(
                 [
@@ -81,11 +90,12 @@ def quick_run(eight_records, tmp_path_factory):
                     str(eight_records),
                 ]
             )
-    return printed.getvalue(), bench_dir
+    return printed.getvalue(), bench_dir, ran
 
 
 def test_step_device_quick_runs_a_trainer_variant_and_the_before_loader_and_reports_every_figure(quick_run):
-    stdout, _ = quick_run
+    stdout, _, ran = quick_run
+    assert ran == ["before_loader"]  # the before loader, through the function a user's run starts its child with
     result = json.loads(stdout.strip().splitlines()[-1])
     assert set(result["variants"]) == {"bf16_noxla", "before"}
     for name, v in result["variants"].items():
@@ -106,7 +116,7 @@ def test_every_trainer_variant_gives_melshards_train_arguments_and_a_config_it_a
     from melshards.train import device
     from melshards.train.config import load_config
 
-    _, bench_dir = quick_run
+    _, bench_dir, _ = quick_run
     summary = json.loads((bench_dir / "step-device" / "model-bf16_noxla" / "run_summary.json").read_text())
     given = {}
 
@@ -133,3 +143,14 @@ def test_every_trainer_variant_gives_melshards_train_arguments_and_a_config_it_a
         assert cfg.loop.steps == 2 and cfg.data.batch_size == 8, (name, "the quick sizes")
         assert cfg.model["d_model"] == step_device.QUICK_MODEL["d_model"], (name, "the quick model")
         assert env == {"MELSHARDS_XLA_CACHE": ""}, (name, "compile seconds are the cold ones")
+
+
+def test_in_fresh_process_runs_a_function_of_the_script_in_a_child_and_stops_the_script_when_it_fails(monkeypatch):
+    from benchmarks import step_device
+
+    here = step_device.device_name()
+    monkeypatch.setattr(step_device, "device_name", lambda: "this process's")  # a child imports its own
+    assert step_device.in_fresh_process("device_name") == here
+    assert step_device.in_fresh_process("median_of", [{"a": 1, "b": "x"}, {"a": 3, "b": "y"}]) == {"a": 2, "b": "x"}
+    with pytest.raises(SystemExit, match=r"(?s)step_device\.no_such_function failed in its child.*AttributeError"):
+        step_device.in_fresh_process("no_such_function")
