@@ -3,7 +3,8 @@ one patch per histogram) against `ax.hist`'s bars (one Rectangle per bar, the re
 the whole report (`render_html`) each way, interleaved, in CPU seconds of this process.
 
 Run: python -m benchmarks.html_render [--run DIR] [--rounds 5]
-(DIR: a preprocess run; by default the shipped corpus, preprocessed once into /tmp/melshards-bench-shards)
+(DIR: a preprocess run; the shipped corpus is preprocessed into it first if it holds none; default
+/tmp/melshards-bench/demo-shards)
 """
 
 from __future__ import annotations
@@ -26,10 +27,10 @@ def bars(ax, values, bins, weights, colour, label=None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--run", default=None)
+    parser.add_argument("--run", default="/tmp/melshards-bench/demo-shards")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    run = load_run(str(args.run or demo_shards("/tmp/melshards-bench-shards")), None)
+    run = load_run(str(demo_shards(args.run)), None)
     report = build_report(run, 32, list(DEFAULT_WHAT_IF))
 
     def render() -> None:
