@@ -18,6 +18,7 @@ Default: the full documented run (docs/performance.md, which gives its duration)
   reference_headroom     --steps 120 --rounds 2
   cache_wall             --clips 13100 --rounds 2
   stats_scale            --rounds 3   (on the cache_wall run's stats.json)
+  html_render            --rounds 3
   cache_key              --clips 13100 --rounds 3   (on the scale corpus)
   read_scale             --rows 13100,131000,1048000
   synthesize_wall        --rounds 3
@@ -76,6 +77,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
                 "stats_scale",
                 ["--stats", f"{work}/cache-wall/out-plain/stats.json", "--clips", "10000", "--rounds", "1"],
             ),
+            ("html_render", ["--rounds", "1", "--run", f"{work}/demo-shards"]),
             ("cache_key", ["--clips", "300", "--corpus", f"{work}/lj300", "--rounds", "1"]),
             ("read_scale", ["--rows", "1000,4000", "--files", "1000", "--work-dir", work]),
             ("synthesize_wall", ["--rounds", "1", "--steps", "4"]),
@@ -118,6 +120,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
         ("reference_headroom", ["--steps", "120", "--rounds", "2", "--work", f"{work}/reference-headroom"]),
         ("cache_wall", ["--clips", "13100", "--rounds", "2", "--work-dir", work]),
         ("stats_scale", ["--stats", f"{work}/cache-wall/out-plain/stats.json", "--rounds", "3"]),
+        ("html_render", ["--rounds", "3", "--run", f"{work}/demo-shards"]),
         ("cache_key", ["--clips", "13100", "--corpus", f"{work}/ljbig", "--rounds", "3"]),
         ("read_scale", ["--rows", "13100,131000,1048000", "--work-dir", work]),
         ("synthesize_wall", ["--rounds", "3"]),

@@ -10,6 +10,8 @@ import base64
 import html
 import io
 
+import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from melshards.reports.by_tables import (
@@ -100,6 +102,15 @@ def shown_range(before: dict, after: dict, marks: list[float]) -> tuple[int, int
     return lo, hi, sum(c for v, c in before.items() if v > hi)
 
 
+def _filled_hist(
+    ax: Axes, values: list[float], bins: list[float] | int, weights: list[int], colour: str, label: str | None = None
+) -> None:
+    """A weighted histogram drawn as one filled outline (`stairs`): the bars `ax.hist` draws, without one
+    Rectangle artist per bar to lay out and render (most of a report's plotting time went there)."""
+    counts, edges = np.histogram(values, bins=bins, weights=weights)
+    ax.stairs(counts, edges, fill=True, color=colour, label=label)
+
+
 def histogram_figure(report: dict, histograms: dict) -> Figure:
     """The three length distributions before (grey) and after (blue) filtering, cut-offs and padding marked."""
     fig = Figure(figsize=(13, 3.6), dpi=100, layout="constrained")
@@ -125,12 +136,13 @@ def histogram_figure(report: dict, histograms: dict) -> Figure:
         ):
             shown = {v: c for v, c in hist.items() if v * scale <= hi}
             if shown:
-                ax.hist([v * scale for v in shown], bins=bins, weights=list(shown.values()), color=colour, label=label)
+                _filled_hist(ax, [v * scale for v in shown], bins, list(shown.values()), colour, label)
         if beyond:
             ax.plot([], [], " ", label=f"{beyond} longer clip(s) beyond {hi:.4g}, not drawn")
         for x, mark_label, colour, style in marks:
             ax.axvline(x, color=colour, linestyle=style, linewidth=1.2 if style != ":" else 1.0, label=mark_label)
-        ax.legend(fontsize=7, frameon=False)
+        # "best" cannot see the bars of a filled outline (one patch over the whole panel)
+        ax.legend(fontsize=7, frameon=False, loc="upper right")
     return fig
 
 
@@ -184,7 +196,7 @@ def quality_figure(report: dict, quality: dict) -> Figure:
             max(values + ([bound] if bound is not None else [])),
         )
         bins = [lo + (hi - lo) * i / 40 for i in range(41)] if hi > lo else 1
-        ax.hist(values, bins=bins, weights=list(hist.values()), color=BEFORE)
+        _filled_hist(ax, values, bins, list(hist.values()), BEFORE)
         if bound is not None:
             ax.axvline(bound, color=CUT, linewidth=1.2, label=f"{m['rule']} bound {bound:g}")
             ax.legend(fontsize=7, frameon=False)

@@ -17,11 +17,11 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from melshards.commands.synthesize import synthesize_command
 from melshards.shards_schema import read_schema
-from melshards.train.checkpoints import RestoreError, restore_model, untracked_variables
+from melshards.train.checkpoints import CHECKPOINT_DIR, RestoreError, restore_model, untracked_variables
 from melshards.train.config import config_from_dict
 from melshards.train.model import build_text_to_mel
 from melshards.train.synthesize import load_synthesizer
-from tests.train.conftest import SPOKEN_TEXT, TEST_CONFIG, model_dir_from_weights, saved_weights
+from tests.train.conftest import SPOKEN_TEXT, TEST_CONFIG, saved_weights
 
 
 def _variables_reachable_from(checkpoint_prefix: str, child: str) -> int:
@@ -79,8 +79,23 @@ def _synthesize(model_dir, wav, *extra):
     )
 
 
-def test_a_model_that_stops_before_speaking_is_reported_not_synthesized(shards_dir, tmp_path):
-    model_dir_from_weights(shards_dir, tmp_path / "m", stop_bias=20.0)
+STOP_BIAS = "model/stop_head/bias/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def _with_stop_bias(model_dir, copy, bias: float) -> None:
+    """A copy of model_dir whose newest checkpoint holds `bias` as the stop head's bias and every other
+    tensor as saved: the checkpoint rewritten tensor by tensor (TF's SaveV2), no model built."""
+    shutil.copytree(model_dir, copy)
+    prefix = tf.train.latest_checkpoint(str(copy / CHECKPOINT_DIR))
+    reader = tf.train.load_checkpoint(prefix)
+    names = sorted(reader.get_variable_to_shape_map())
+    tensors = [reader.get_tensor(n) for n in names]
+    tensors[names.index(STOP_BIAS)] = np.full_like(tensors[names.index(STOP_BIAS)], bias)
+    tf.raw_ops.SaveV2(prefix=prefix, tensor_names=names, shape_and_slices=[""] * len(names), tensors=tensors)
+
+
+def test_a_model_that_stops_before_speaking_is_reported_not_synthesized(speaking_model_dir, tmp_path):
+    _with_stop_bias(speaking_model_dir, tmp_path / "m", 20.0)  # the stop token fires at the first step
     wav = tmp_path / "out.wav"
     with pytest.raises(click.ClickException) as raised:
         _synthesize(tmp_path / "m", wav)
