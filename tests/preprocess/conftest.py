@@ -19,6 +19,17 @@ import soundfile as sf
 
 from tests.conftest import TINY_CONFIG, quality_rules_off
 
+
+def beam_pipeline():
+    """A Beam pipeline on the in-process runner, built as the job builds its own (a plain Pipeline on
+    FnApiRunner; the default DirectRunner would first try to download Prism): the tests of single transforms
+    run in it with `assert_that`. Not TestPipeline, which first round-trips each pipeline through its runner
+    API proto and back (about half of a small pipeline's CPU), which FnApiRunner then does again to run it."""
+    import apache_beam as beam
+
+    return beam.Pipeline(runner="FnApiRunner")
+
+
 # Bytes after the 4-byte frame header where the Xing/Info tag sits: MPEG-2 mono (libsndfile's MP3
 # writer at 22.05 or 16 kHz), MPEG-2 stereo / MPEG-1 mono, MPEG-1 stereo.
 _TAG_OFFSETS = (13, 21, 36)

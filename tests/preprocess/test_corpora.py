@@ -5,7 +5,6 @@ import json
 
 import apache_beam as beam
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from melshards.preprocess import layouts, manifests
@@ -16,7 +15,7 @@ from melshards.preprocess.sources import LAYOUTS, check_rows_file, detect_corpus
 from melshards.preprocess.spill import Spill
 from melshards.preprocess.stash import load_rows
 from tests.conftest import TINY_CONFIG, quality_rules_off
-from tests.preprocess.conftest import encode, tone
+from tests.preprocess.conftest import beam_pipeline, encode, tone
 
 VCTK_INFO = (
     "ID  AGE  GENDER  ACCENTS  REGION COMMENTS \n"
@@ -518,10 +517,6 @@ def test_language_comes_from_the_rows_then_language_then_the_layout(tmp_path):
 
 
 # -- the read stage --------------------------------------------------------------------------------
-def pipeline():
-    return TestPipeline(runner="FnApiRunner")
-
-
 def test_read_corpus_merges_inputs_and_prefixes_a_shared_speaker_and_id(tmp_path):
     """VCTK (p315 rejected missing_text, p225_003 missing_audio, p226_002 without mic1) beside a
     manifest that also has a speaker p225 and a clip p225_001: both prefixed, in both inputs."""
@@ -533,7 +528,7 @@ def test_read_corpus_merges_inputs_and_prefixes_a_shared_speaker_and_id(tmp_path
     )
     corpora = [detect_corpus(str(vctk)), detect_corpus(str(tmp_path / "mine" / "m.jsonl"), language="en")]
     wav = str(vctk / layouts.VCTK_AUDIO_DIR)
-    with pipeline() as p:
+    with beam_pipeline() as p:
         out = p | ReadCorpus(corpora, str(tmp_path / "stash"))
         given = {"given_id": "p225_001", "given_speaker": "p225"}  # as the inputs give them (TextGrids' names)
         assert_that(

@@ -12,7 +12,6 @@ from collections import Counter
 
 import apache_beam as beam
 import pytest
-from apache_beam.testing.test_pipeline import TestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 from benchmarks import quality_faults
@@ -30,6 +29,7 @@ from melshards.preprocess.spill import Spill
 from melshards.reports.stats_json_tables import quality_loss_lines
 from melshards.shards_schema.stats import QUALITY_REASONS, Cutoffs
 from tests.conftest import TINY_CONFIG
+from tests.preprocess.conftest import beam_pipeline
 
 RULES = QualityRulesConfig()
 CLEAN = dict.fromkeys(MEASURES, math.nan) | {
@@ -126,7 +126,7 @@ def test_duplicate_audio_keeps_the_earliest_input_then_its_earliest_row():
     assert [r["input"] for r in rows] == [0, 0, 0, 1, 1]
     hashes = {"late": "H", "solo": "S", "later": "H", "early": "H", "again": "H"}
     clips = [dict(r, audio_hash=hashes[r["id"]]) for r in rows]
-    with TestPipeline(runner="FnApiRunner") as p:
+    with beam_pipeline() as p:
         out = p | beam.Create([{"clips": clips[3:]}, {"clips": clips[:3]}]) | DuplicateAudio()
         assert_that(out, equal_to([("later", "late"), ("early", "late"), ("again", "late")]))
 

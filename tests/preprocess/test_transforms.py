@@ -23,15 +23,9 @@ from melshards.preprocess.spill import Spill
 from melshards.preprocess.stash import load_clips, load_features, load_rows, stash_batch, stash_rows
 from melshards.preprocess.tables import finish_tables, split_of, summarize_clips
 from melshards.shards_schema.stats import Cutoffs
+from tests.preprocess.conftest import beam_pipeline
 
 CFG = PreprocessConfig()
-
-
-def pipeline():
-    # The in-process runner (the default DirectRunner first tries to download Prism), in a plain Pipeline as
-    # the job builds its own: TestPipeline would first round-trip each pipeline through its runner API proto
-    # and back (about half of a small pipeline's CPU), which FnApiRunner does again to run it.
-    return beam.Pipeline(runner="FnApiRunner")
 
 
 def _ids(rows):
@@ -44,7 +38,7 @@ def _flat(batches):
 
 def test_read_corpus_ljspeech_attaches_audio_and_rejects_malformed_rows(corpus_dir, tmp_path):
     corpus = detect_corpus(str(corpus_dir))
-    with pipeline() as p:
+    with beam_pipeline() as p:
         out = p | ReadCorpus(corpus, str(tmp_path))
 
         def check_rows(rows):
@@ -71,7 +65,7 @@ def test_read_corpus_manifest_jsonl_resolves_relative_paths(tmp_path, corpus_dir
         {"audio": "wavs/x.wav", "text": "There.", "id": "x"},
     ]
     manifest.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
-    with pipeline() as p:
+    with beam_pipeline() as p:
         out = p | ReadCorpus(detect_corpus(str(manifest), language="en"), str(tmp_path / "stash"))
         assert_that(
             _flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["speaker"], r["audio"])),
@@ -89,7 +83,7 @@ def test_read_corpus_manifest_jsonl_resolves_relative_paths(tmp_path, corpus_dir
 def test_read_corpus_csv_manifest_reads_header_columns(tmp_path):
     manifest = tmp_path / "m.csv"
     manifest.write_text('audio,text,speaker\na.wav,"Hi, there",bob\n')
-    with pipeline() as p:
+    with beam_pipeline() as p:
         out = p | ReadCorpus(detect_corpus(str(manifest), language="en"), str(tmp_path / "stash"))
         assert_that(
             _flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["text"], r["speaker"])),
@@ -121,7 +115,7 @@ def test_rows_are_batched_into_at_least_16_elements_of_at_most_32(rows, size, ba
 def test_read_corpus_spreads_every_row_in_batches(tmp_path):
     (tmp_path / "wavs").mkdir()
     (tmp_path / "metadata.csv").write_text("".join(f"id{i}|Text {i}.|\n" for i in range(40)))
-    with pipeline() as p:
+    with beam_pipeline() as p:
         out = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "stash"))
         assert_that(out["batches"] | beam.Map(lambda b: b["count"]), equal_to([3] * 13 + [1]), label="sizes")
         assert_that(
@@ -149,7 +143,7 @@ def test_measure_clips_gives_lengths_and_a_reason_per_bad_clip(corpus_dir, tmp_p
         _row(corpus_dir, "LJT001-0002", text=" "),
         dict(_row(corpus_dir, "nope"), audio=str(corpus_dir / "x.wav")),
     ]
-    with pipeline() as p:
+    with beam_pipeline() as p:
         out = p | beam.Create(list(stash_rows(str(tmp_path), [rows]))) | MeasureClips(CFG, str(tmp_path))
 
         def check(batches):
@@ -192,7 +186,7 @@ def _tables(clips, cfg=CFG):
 
 def test_length_histograms_are_exact_counts():
     clips = [_clip("a", 5, 100, 1000), _clip("b", 5, 120, 1300), _clip("c", 7, 100, 1000)]
-    with pipeline() as p:
+    with beam_pipeline() as p:
         out = p | beam.Create([{"clips": clips[:2]}, {"clips": []}, {"clips": clips[2:]}]) | LengthHistograms()
         assert_that(
             out,
@@ -282,7 +276,7 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
     cut = Cutoffs(0, 1, frames[longest] - 1, 1000, frames[longest] - 1, 1000)  # the longest clip is filtered
     buckets = {"bounds": (1000,), "plan": None, "raised_last_bound": None}
     text = {0: {200: 1}}
-    with pipeline() as p:
+    with beam_pipeline() as p:
         rows = stash_rows(str(tmp_path), [[_row(corpus_dir, i) for i in ids]])
         measured = p | beam.Create(list(rows)) | MeasureClips(CFG, str(tmp_path))
         plan = {"buckets": buckets, "text": text}
@@ -340,7 +334,7 @@ def test_measured_clips_wait_for_the_cutoffs_in_the_stash_not_in_the_runner(corp
         (empty,) = [r for r in refs if not r["count"]]
         assert empty["clips"] is None and load_clips(empty) == [] and load_features(empty) == []
 
-    with pipeline() as p:
+    with beam_pipeline() as p:
         batches = list(stash_rows(str(tmp_path), [[_row(corpus_dir, i) for i in ids], []]))
         out = p | beam.Create(batches) | MeasureClips(CFG, str(tmp_path))
         assert_that(out["stashed"], check)
@@ -367,7 +361,7 @@ def test_choose_buckets_plans_from_the_kept_clips_of_every_batch(monkeypatch, tm
     tables = _tables([c for b in batches for c in b["clips"]])
     monkeypatch.setattr("melshards.preprocess.tables.split_of", lambda clip, *_: clip["split"])
     stashed = [stash_batch(str(tmp_path), b["clips"], [{} for _ in b["clips"]]) for b in batches]
-    with pipeline() as p:
+    with beam_pipeline() as p:
         plan = (p | beam.Create(stashed)) | ChooseBuckets(
             p | "Cut" >> beam.Create([cut]),
             p | "Tables" >> beam.Create([tables]),
@@ -431,7 +425,7 @@ def test_mel_statistics_merge_the_batches_moments_exactly():
 
     a = Moments.of(np.array([[0.0, 2.0], [2.0, 2.0]], np.float32))
     b = Moments.of(np.array([[4.0, 2.0]], np.float32))
-    with pipeline() as p:
+    with beam_pipeline() as p:
         out = p | beam.Create([a, Moments.empty(2), b]) | MelStatistics(2)
         assert_that(
             out | beam.Map(lambda m: (m.n, m.mean.tolist(), m.std().round(6).tolist())),
@@ -480,7 +474,7 @@ def test_rolling_files_and_assembly_give_shards_of_the_target_size(tmp_path):
     files = RollingFiles(str(tmp_path), 10_000)
     parts = [part for r in records for part in files.write(*r)] + files.close_all()
     assert sorted(p["records"] for p in parts) == [1, 3, 10, 10, 10]  # a file rolls once it holds >= 10 kB
-    with pipeline() as p:
+    with beam_pipeline() as p:
         out = p | beam.Create(parts) | AssembleShards(str(tmp_path), target_shard_mb=0.01)
         assert_that(
             out | beam.Map(lambda s: (s["split"], s["bucket"], s["records"])),
@@ -525,7 +519,7 @@ def test_concatenated_parts_read_as_one_tfrecord_file(tmp_path):
         with tf.io.TFRecordWriter(str(tmp_path / f"part{i}")) as w:
             for j in range(3):
                 w.write(f"{i}-{j}".encode())
-    with pipeline() as p:
+    with beam_pipeline() as p:
         plan = [
             {
                 "split": "train",
@@ -667,7 +661,7 @@ def _counters(result) -> dict:
 def _read_and_dedupe(tmp_path, lines):
     (tmp_path / "wavs").mkdir()
     (tmp_path / "metadata.csv").write_text("\n".join(lines) + "\n")
-    p = pipeline()
+    p = beam_pipeline()
     read = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "stash"))
     return p, _flat(read["batches"]), read["rejected"]
 
@@ -702,7 +696,7 @@ def test_ljspeech_layout_finds_mp3_ogg_and_flac(tmp_path):
     for clip_id, fmt in (("m", "MP3"), ("o", "OGG"), ("f", "FLAC")):
         (tmp_path / "wavs" / f"{clip_id}.{fmt.lower()}").write_bytes(encode(tone(0.5), 22050, fmt))
     (tmp_path / "metadata.csv").write_text("m|One.|One.\no|Two.|Two.\nf|Three.|Three.\n")
-    with pipeline() as p:
+    with beam_pipeline() as p:
         out = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "stash"))
         assert_that(
             _flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"].rsplit(".", 1)[1])),
@@ -781,7 +775,7 @@ def test_read_corpus_rejects_an_ljspeech_id_with_a_wav_and_a_flac_and_counts_it(
     for name in ("c1.wav", "c1.flac", "c2.flac"):
         (tmp_path / "wavs" / name).write_bytes(b"")  # the read stage lists files, it does not open them
     (tmp_path / "metadata.csv").write_text("c1|The speech of the wav.|\nc2|Only a flac.|\nc1|Again.|\n")
-    p = pipeline()
+    p = beam_pipeline()
     out = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "stash"))
     assert_that(
         _flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"])),
@@ -813,7 +807,7 @@ def test_a_manifest_names_its_audio_file_so_a_second_file_beside_it_is_no_ambigu
     for name in ("c1.wav", "c1.flac"):
         (tmp_path / "wavs" / name).write_bytes(b"")
     (tmp_path / "m.csv").write_text("audio,text\nwavs/c1.wav,The speech of the wav.\n")
-    with pipeline() as p:
+    with beam_pipeline() as p:
         out = p | ReadCorpus(detect_corpus(str(tmp_path / "m.csv"), language="en"), str(tmp_path / "stash"))
         assert_that(
             _flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"])),
@@ -839,7 +833,7 @@ def test_a_manifest_row_with_too_few_columns_is_malformed_not_empty_text(tmp_pat
     (i, first), (j, second) = parse_manifest(content.splitlines(keepends=True), str(tmp_path / name), str(tmp_path))
     assert (i, first["id"], first["text"], j) == (0, "a", "Hello.", 1)
     assert isinstance(second, ValueError) and str(second).startswith("row 2: ")
-    with pipeline() as p:
+    with beam_pipeline() as p:
         out = p | ReadCorpus(detect_corpus(str(tmp_path / name), language="en"), str(tmp_path / "stash"))
         assert_that(_flat(out["batches"]) | beam.Map(lambda r: r["id"]), equal_to(["a"]), label="rows")
         assert_that(
@@ -881,7 +875,7 @@ def test_measure_clips_rejects_constant_dc_as_silent_and_nan_as_invalid_samples(
         dict(_row(corpus_dir, "nan"), audio=str(tmp_path / "nan.wav")),
         dict(_row(corpus_dir, "dc"), audio=str(tmp_path / "dc.wav")),
     ]
-    with pipeline() as p:
+    with beam_pipeline() as p:
         out = p | beam.Create(list(stash_rows(str(tmp_path), [rows]))) | MeasureClips(CFG, str(tmp_path))
         assert_that(
             out.clips | beam.FlatMap(lambda b: [c["id"] for c in b["clips"]]), equal_to(["LJT001-0001"]), label="clips"
@@ -920,7 +914,7 @@ def test_rejected_rows_are_counted_by_a_combiner_and_written_in_sorted_shards_me
         {"id": f"r{i % 97:03d}", "reason": ("missing_audio", "too_short")[i % 2], "detail": f"d{i % 5}"}
         for i in range(500)
     ]
-    with pipeline() as p:
+    with beam_pipeline() as p:
         out = p | beam.Create(rows) | WriteRejected(str(tmp_path), rows_per_shard=40)
         assert_that(out["reasons"], equal_to([("missing_audio", 250), ("too_short", 250)]), label="reasons")
         used = {rejected_shard_of(r, rejected_shard_count(len(rows), 40)) for r in rows}
@@ -942,7 +936,7 @@ def test_no_rejected_row_gives_no_count_and_an_empty_rejected_jsonl(tmp_path):
     from melshards.preprocess.shards import TEMP_DIR
 
     (tmp_path / TEMP_DIR).mkdir()
-    with pipeline() as p:
+    with beam_pipeline() as p:
         out = p | beam.Create([]) | WriteRejected(str(tmp_path))
         assert_that(out["reasons"], equal_to([]), label="reasons")
         assert_that(out["shards"], equal_to([]), label="shards")
