@@ -267,27 +267,29 @@ def test_mirrored_on_3_devices_gives_every_bucket_a_batch_they_divide_and_valida
     assert np.isfinite(s["final_losses"]["val"]["loss"])
 
 
-def _resume(one_and_mirrored, bucketed_dir, tmp, run_dir, *args) -> str:
-    """A copy of `run_dir` (in `tmp/m`) trained 2 steps more on one device, in a new process, from a copy of
-    the one-device run's persistent cache (`tmp/xla`). Returns its output."""
-    shutil.copytree(one_and_mirrored / run_dir, tmp / "m")
+@pytest.fixture(scope="module")
+def mirrored_resumed(one_and_mirrored, bucketed_dir, tmp_path_factory):
+    """A copy of the mirrored run (`m/`) trained 2 steps more on one device, with validation, in a new
+    process (as a user resumes it), from a copy of the one-device run's persistent cache (`xla/`): the
+    programs it compiles are the one-device run's, so it finds every one there. Returns (its dir, its
+    output). Read-only for tests."""
+    tmp = tmp_path_factory.mktemp("mirrored_resumed")
+    shutil.copytree(one_and_mirrored / "mirrored", tmp / "m")
     shutil.copytree(one_and_mirrored / "xla-one", tmp / "xla")
-    args = ("--strategy", "one", "--steps", str(STEPS + 2), *args)
-    return _finish(
-        _train(bucketed_dir, tmp / "m", one_and_mirrored / "c.yaml", tmp / "xla", *args, train_glob=TRAIN_GLOB)
-    )
+    args = ("--strategy", "one", "--steps", str(STEPS + 2), "--val", str(bucketed_dir / VAL_GLOB))
+    cfg = one_and_mirrored / "c.yaml"
+    return tmp, _finish(_train(bucketed_dir, tmp / "m", cfg, tmp / "xla", *args, train_glob=TRAIN_GLOB))
 
 
-def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, bucketed_dir, tmp_path):
-    """Weights, optimizer and step come back; the input position (not saved under a strategy) is reshuffled.
-    (A new process, as a user resumes it.)"""
-    out = _resume(one_and_mirrored, bucketed_dir, tmp_path, "mirrored")
+def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, mirrored_resumed):
+    """Weights, optimizer and step come back; the input position (not saved under a strategy) is reshuffled."""
+    tmp, out = mirrored_resumed
     mirrored = tf.train.load_checkpoint(str(one_and_mirrored / "mirrored" / "checkpoints"))
     more = STEPS + 2
     assert f"at step {STEPS}" in out and "holds no input position" in out and "reshuffled the input" in out
-    s = _summary(tmp_path / "m")
+    s = _summary(tmp / "m")
     assert (s["strategy"], s["start_step"], s["final_step"]) == ("one", STEPS, more)
-    resumed = tf.train.load_checkpoint(str(tmp_path / "m" / "checkpoints"))
+    resumed = tf.train.load_checkpoint(str(tmp / "m" / "checkpoints"))
     assert resumed.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == more
     assert any(k.startswith("iterator/") for k in resumed.get_variable_to_shape_map())  # one device saves it
     assert int(mirrored.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == STEPS
@@ -295,16 +297,17 @@ def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, bu
     assert int(resumed.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == more
 
 
-def test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache(one_and_mirrored, bucketed_dir, tmp_path):
-    """On one device every bucket's train and eval step is compiled up front, once, and kept in the cache; the
-    run resumed from its checkpoint (which holds the input position: its check reads tensors eagerly before
-    the steps are traced) in a new process finds every one of them there and adds nothing."""
+def test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache(one_and_mirrored, mirrored_resumed):
+    """On one device every bucket's train and eval step is compiled up front, once, and kept in the cache; a
+    run resumed on one device in a new process finds every one of them there and adds nothing. (It resumes
+    the mirrored run's checkpoint, checked before its steps are traced: without align_function_names they
+    are traced under other names than the first run's, and miss.)"""
+    tmp, _ = mirrored_resumed
     before = sorted(p.name for p in (one_and_mirrored / "xla-one").iterdir())
-    _resume(one_and_mirrored, bucketed_dir, tmp_path, "one", "--val", str(bucketed_dir / VAL_GLOB))
-    first, resumed = _summary(one_and_mirrored / "one"), _summary(tmp_path / "m")
+    first, resumed = _summary(one_and_mirrored / "one"), _summary(tmp / "m")
     assert (resumed["start_step"], resumed["final_step"]) == (STEPS, STEPS + 2)
     assert len(before) == 2 * N_BUCKETS  # the train and the eval step of each bucket
-    assert sorted(p.name for p in (tmp_path / "xla").iterdir()) == before  # nothing compiled again: every step found
+    assert sorted(p.name for p in (tmp / "xla").iterdir()) == before  # nothing compiled again: every step found
     for summary in (first, resumed):
         assert summary["train_step_traces"] == N_BUCKETS and summary["eval_step_traces"] == N_BUCKETS
         assert list(summary["compile_by_bucket"]) == [str(b) for b in TRAINED]
@@ -328,11 +331,12 @@ def _digest(out: str) -> str:
 
 
 def test_two_workers_preempted_by_sigterm_resume_to_the_target_with_equal_weights(shards_dir, tmp_path):
-    """Worker 1 gets SIGTERM mid-run: every worker checkpoints and exits 0; a restart resumes and finishes."""
-    steps = 16
+    """Worker 1 gets SIGTERM mid-run: every worker checkpoints and exits 0; a restart resumes and finishes.
+    Checkpoints at the preemption and the target only (checkpoint_every is the target)."""
+    steps = 12
     cfg = write_lite_config(
         tmp_path / "c.yaml",
-        loop={"steps": steps, "log_every": 1, "checkpoint_every": 8, "val_every": 8},
+        loop={"steps": steps, "log_every": 1, "checkpoint_every": steps, "val_every": steps},
     )
     model_dir, cache = tmp_path / "model", tmp_path / "xla"
     chief, other = _cluster(shards_dir, model_dir, cfg, cache, [_free_port(), _free_port()])
