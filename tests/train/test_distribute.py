@@ -8,12 +8,15 @@ built-in model's time. That the built-in model's losses split exactly over repli
 loss functions (test_the_built_in_models_replica_losses_over_the_global_counts_add_up_to_the_global_loss).
 
 Runs that need their own devices (--cpu-devices, TF_CONFIG) are `python -m melshards train`
-subprocesses, each with the persistent XLA cache the test names; the one-device runs of one model share one.
+subprocesses, each with the persistent XLA cache the test names; the one-device runs of one model share one,
+and the resume that finds its steps in it is a new process too. The mirrored run resumed on one device
+trains in this process, through the CLI entry point (`melshards.commands.train.run`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -267,29 +270,23 @@ def test_mirrored_on_3_devices_gives_every_bucket_a_batch_they_divide_and_valida
     assert np.isfinite(s["final_losses"]["val"]["loss"])
 
 
-@pytest.fixture(scope="module")
-def mirrored_resumed(one_and_mirrored, bucketed_dir, tmp_path_factory):
-    """A copy of the mirrored run (`m/`) trained 2 steps more on one device, with validation, in a new
-    process (as a user resumes it), from a copy of the one-device run's persistent cache (`xla/`): the
-    programs it compiles are the one-device run's, so it finds every one there. Returns (its dir, its
-    output). Read-only for tests."""
-    tmp = tmp_path_factory.mktemp("mirrored_resumed")
-    shutil.copytree(one_and_mirrored / "mirrored", tmp / "m")
-    shutil.copytree(one_and_mirrored / "xla-one", tmp / "xla")
-    args = ("--strategy", "one", "--steps", str(STEPS + 2), "--val", str(bucketed_dir / VAL_GLOB))
-    cfg = one_and_mirrored / "c.yaml"
-    return tmp, _finish(_train(bucketed_dir, tmp / "m", cfg, tmp / "xla", *args, train_glob=TRAIN_GLOB))
+def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, bucketed_dir, tmp_path, caplog):
+    """Weights, optimizer and step come back; the input position (not saved under a strategy) is reshuffled.
+    In this process, through the CLI entry point (the resume is the loop's; a new process resuming is
+    test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache)."""
+    from melshards.commands.train import run
 
-
-def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, mirrored_resumed):
-    """Weights, optimizer and step come back; the input position (not saved under a strategy) is reshuffled."""
-    tmp, out = mirrored_resumed
-    mirrored = tf.train.load_checkpoint(str(one_and_mirrored / "mirrored" / "checkpoints"))
+    shutil.copytree(one_and_mirrored / "mirrored", tmp_path / "m")
     more = STEPS + 2
+    args = ["--model-dir", str(tmp_path / "m"), "--config", str(one_and_mirrored / "c.yaml")]
+    with caplog.at_level(logging.INFO, logger="melshards.train"):
+        assert run([str(bucketed_dir / TRAIN_GLOB), *args, "--strategy", "one", "--steps", str(more)]) == 0
+    out = caplog.text
+    mirrored = tf.train.load_checkpoint(str(one_and_mirrored / "mirrored" / "checkpoints"))
     assert f"at step {STEPS}" in out and "holds no input position" in out and "reshuffled the input" in out
-    s = _summary(tmp / "m")
+    s = _summary(tmp_path / "m")
     assert (s["strategy"], s["start_step"], s["final_step"]) == ("one", STEPS, more)
-    resumed = tf.train.load_checkpoint(str(tmp / "m" / "checkpoints"))
+    resumed = tf.train.load_checkpoint(str(tmp_path / "m" / "checkpoints"))
     assert resumed.get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE") == more
     assert any(k.startswith("iterator/") for k in resumed.get_variable_to_shape_map())  # one device saves it
     assert int(mirrored.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == STEPS
@@ -297,17 +294,20 @@ def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, mi
     assert int(resumed.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == more
 
 
-def test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache(one_and_mirrored, mirrored_resumed):
-    """On one device every bucket's train and eval step is compiled up front, once, and kept in the cache; a
-    run resumed on one device in a new process finds every one of them there and adds nothing. (It resumes
-    the mirrored run's checkpoint, checked before its steps are traced: without align_function_names they
-    are traced under other names than the first run's, and miss.)"""
-    tmp, _ = mirrored_resumed
+def test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache(one_and_mirrored, bucketed_dir, tmp_path):
+    """On one device every bucket's train and eval step is compiled up front, once, and kept in the cache; the
+    run resumed from its checkpoint (which holds the input position: its check reads tensors eagerly before
+    the steps are traced) in a new process finds every one of them there and adds nothing."""
+    shutil.copytree(one_and_mirrored / "one", tmp_path / "m")
+    shutil.copytree(one_and_mirrored / "xla-one", tmp_path / "xla")
+    args = ("--strategy", "one", "--steps", str(STEPS + 2), "--val", str(bucketed_dir / VAL_GLOB))
+    cfg = one_and_mirrored / "c.yaml"
+    _finish(_train(bucketed_dir, tmp_path / "m", cfg, tmp_path / "xla", *args, train_glob=TRAIN_GLOB))
     before = sorted(p.name for p in (one_and_mirrored / "xla-one").iterdir())
-    first, resumed = _summary(one_and_mirrored / "one"), _summary(tmp / "m")
+    first, resumed = _summary(one_and_mirrored / "one"), _summary(tmp_path / "m")
     assert (resumed["start_step"], resumed["final_step"]) == (STEPS, STEPS + 2)
     assert len(before) == 2 * N_BUCKETS  # the train and the eval step of each bucket
-    assert sorted(p.name for p in (tmp / "xla").iterdir()) == before  # nothing compiled again: every step found
+    assert sorted(p.name for p in (tmp_path / "xla").iterdir()) == before  # nothing compiled again: every step found
     for summary in (first, resumed):
         assert summary["train_step_traces"] == N_BUCKETS and summary["eval_step_traces"] == N_BUCKETS
         assert list(summary["compile_by_bucket"]) == [str(b) for b in TRAINED]
