@@ -8,12 +8,15 @@ built-in model's time. That the built-in model's losses split exactly over repli
 loss functions (test_the_built_in_models_replica_losses_over_the_global_counts_add_up_to_the_global_loss).
 
 Runs that need their own devices (--cpu-devices, TF_CONFIG) are `python -m melshards train`
-subprocesses, each with the persistent XLA cache the test names; the one-device runs of one model share one.
+subprocesses, each with the persistent XLA cache the test names; the one-device runs of one model share one,
+and the resume that finds its steps in it is a new process too. The mirrored run resumed on one device
+trains in this process, through the CLI entry point (`melshards.commands.train.run`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -267,23 +270,19 @@ def test_mirrored_on_3_devices_gives_every_bucket_a_batch_they_divide_and_valida
     assert np.isfinite(s["final_losses"]["val"]["loss"])
 
 
-def _resume(one_and_mirrored, bucketed_dir, tmp, run_dir, *args) -> str:
-    """A copy of `run_dir` (in `tmp/m`) trained 2 steps more on one device, in a new process, from a copy of
-    the one-device run's persistent cache (`tmp/xla`). Returns its output."""
-    shutil.copytree(one_and_mirrored / run_dir, tmp / "m")
-    shutil.copytree(one_and_mirrored / "xla-one", tmp / "xla")
-    args = ("--strategy", "one", "--steps", str(STEPS + 2), *args)
-    return _finish(
-        _train(bucketed_dir, tmp / "m", one_and_mirrored / "c.yaml", tmp / "xla", *args, train_glob=TRAIN_GLOB)
-    )
-
-
-def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, bucketed_dir, tmp_path):
+def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, bucketed_dir, tmp_path, caplog):
     """Weights, optimizer and step come back; the input position (not saved under a strategy) is reshuffled.
-    (A new process, as a user resumes it.)"""
-    out = _resume(one_and_mirrored, bucketed_dir, tmp_path, "mirrored")
-    mirrored = tf.train.load_checkpoint(str(one_and_mirrored / "mirrored" / "checkpoints"))
+    In this process, through the CLI entry point (the resume is the loop's; a new process resuming is
+    test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache)."""
+    from melshards.commands.train import run
+
+    shutil.copytree(one_and_mirrored / "mirrored", tmp_path / "m")
     more = STEPS + 2
+    args = ["--model-dir", str(tmp_path / "m"), "--config", str(one_and_mirrored / "c.yaml")]
+    with caplog.at_level(logging.INFO, logger="melshards.train"):
+        assert run([str(bucketed_dir / TRAIN_GLOB), *args, "--strategy", "one", "--steps", str(more)]) == 0
+    out = caplog.text
+    mirrored = tf.train.load_checkpoint(str(one_and_mirrored / "mirrored" / "checkpoints"))
     assert f"at step {STEPS}" in out and "holds no input position" in out and "reshuffled the input" in out
     s = _summary(tmp_path / "m")
     assert (s["strategy"], s["start_step"], s["final_step"]) == ("one", STEPS, more)
@@ -299,8 +298,12 @@ def test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache(one_a
     """On one device every bucket's train and eval step is compiled up front, once, and kept in the cache; the
     run resumed from its checkpoint (which holds the input position: its check reads tensors eagerly before
     the steps are traced) in a new process finds every one of them there and adds nothing."""
+    shutil.copytree(one_and_mirrored / "one", tmp_path / "m")
+    shutil.copytree(one_and_mirrored / "xla-one", tmp_path / "xla")
+    args = ("--strategy", "one", "--steps", str(STEPS + 2), "--val", str(bucketed_dir / VAL_GLOB))
+    cfg = one_and_mirrored / "c.yaml"
+    _finish(_train(bucketed_dir, tmp_path / "m", cfg, tmp_path / "xla", *args, train_glob=TRAIN_GLOB))
     before = sorted(p.name for p in (one_and_mirrored / "xla-one").iterdir())
-    _resume(one_and_mirrored, bucketed_dir, tmp_path, "one", "--val", str(bucketed_dir / VAL_GLOB))
     first, resumed = _summary(one_and_mirrored / "one"), _summary(tmp_path / "m")
     assert (resumed["start_step"], resumed["final_step"]) == (STEPS, STEPS + 2)
     assert len(before) == 2 * N_BUCKETS  # the train and the eval step of each bucket
@@ -328,11 +331,12 @@ def _digest(out: str) -> str:
 
 
 def test_two_workers_preempted_by_sigterm_resume_to_the_target_with_equal_weights(shards_dir, tmp_path):
-    """Worker 1 gets SIGTERM mid-run: every worker checkpoints and exits 0; a restart resumes and finishes."""
-    steps = 16
+    """Worker 1 gets SIGTERM mid-run: every worker checkpoints and exits 0; a restart resumes and finishes.
+    Checkpoints at the preemption and the target only (checkpoint_every is the target)."""
+    steps = 12
     cfg = write_lite_config(
         tmp_path / "c.yaml",
-        loop={"steps": steps, "log_every": 1, "checkpoint_every": 8, "val_every": 8},
+        loop={"steps": steps, "log_every": 1, "checkpoint_every": steps, "val_every": steps},
     )
     model_dir, cache = tmp_path / "model", tmp_path / "xla"
     chief, other = _cluster(shards_dir, model_dir, cfg, cache, [_free_port(), _free_port()])
