@@ -19,6 +19,14 @@ def two_speaker_model(two_speaker_bucketed_run):
     return two_speaker_bucketed_run
 
 
+@pytest.fixture(scope="module")
+def synth(two_speaker_model):
+    """The run's synthesizer, loaded (and its generate compiled) once for the tests that speak."""
+    from melshards.train.synthesize import load_synthesizer
+
+    return load_synthesizer(str(two_speaker_model[0]))
+
+
 def test_the_builtin_model_trains_on_two_speakers_and_languages_with_one_trace_per_bucket(two_speaker_model):
     model_dir, summary = two_speaker_model
     assert summary["steps_run"] == 16 and summary["train_step_traces"] == len(summary["buckets"]) == 2
@@ -38,10 +46,9 @@ def test_the_builtin_model_trains_on_two_speakers_and_languages_with_one_trace_p
     assert tables.proj.kernel.shape == (32 + 16, TEST_CONFIG["model"]["d_model"])
 
 
-def test_the_speaker_and_language_change_what_the_model_says(two_speaker_model):
-    from melshards.train.synthesize import load_synthesizer, normalise, padded_text_ids
+def test_the_speaker_and_language_change_what_the_model_says(synth):
+    from melshards.train.synthesize import normalise, padded_text_ids
 
-    synth = load_synthesizer(str(two_speaker_model[0]))
     schema = synth.schema
     ids, n = padded_text_ids(normalise("Printing, in the only sense.", schema.languages[0]), schema)
     mels = {
@@ -65,7 +72,23 @@ def test_the_speaker_and_language_change_what_the_model_says(two_speaker_model):
         synth.serve(tf.constant("printing."), tf.constant("nobody"), tf.constant(LANGUAGES[0]))
 
 
-def test_synthesize_speaks_as_the_speaker_asked_for(two_speaker_model, tmp_path):
+def test_synthesize_speaks_as_the_speaker_asked_for(two_speaker_model, synth, tmp_path, monkeypatch):
+    """The command passes --speaker and --language to the model's generate and writes its WAV (with the
+    module's synthesizer: loading one from a model dir is what test_synthesize_cli.py's runs show)."""
+    from melshards.train import synthesize as synthesize_module
+
+    loaded, spoken = [], []
+
+    def load_synthesizer(model_dir, checkpoint=None):
+        loaded.append((model_dir, checkpoint))
+        return synth
+
+    def speak(ids, n, speaker, language, reference=None):
+        spoken.append((speaker.name, language.code, reference))
+        return type(synth).speak(synth, ids, n, speaker, language, reference)
+
+    monkeypatch.setattr(synthesize_module, "load_synthesizer", load_synthesizer)
+    monkeypatch.setattr(synth, "speak", speak)
     wav = tmp_path / "out.wav"
     synthesize_command.main(
         [
@@ -85,6 +108,8 @@ def test_synthesize_speaks_as_the_speaker_asked_for(two_speaker_model, tmp_path)
     )
     y, _ = sf.read(wav)
     assert y.ndim == 1 and len(y) > 0
+    assert [d for d, _ in loaded] == [str(two_speaker_model[0])]
+    assert spoken == [(SPEAKERS[1], LANGUAGES[1], None)]
 
 
 def test_speaker_and_language_embeddings_can_be_turned_off(two_speakers_dir):
