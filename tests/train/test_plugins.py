@@ -45,15 +45,29 @@ def _train(shards, model_dir, cfg, *extra):
 
 
 @pytest.fixture(scope="module")
-def example_run(four_records, shards_dir, tmp_path_factory):
+def example_run(two_speakers_dir, tmp_path_factory):
+    """8 steps of the example on `two_speakers_dir` (two speakers, two languages), validating, through the CLI
+    entry point: (model dir, run_summary.json, the run's Trainer). The one plug-in run the tests below read."""
+    from melshards.train import loop
+
+    built = []
+
+    class Recorded(loop.Trainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
     tmp = tmp_path_factory.mktemp("fs")
-    cfg = _config(tmp / "c.yaml", 8)
-    assert _train(four_records, tmp / "model", cfg, "--val", str(shards_dir / "val-*.tfrecord")) == 0
-    return tmp / "model", json.loads((tmp / "model" / "run_summary.json").read_text())
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, "Trainer", Recorded)
+        val = str(two_speakers_dir / "val-*.tfrecord")
+        assert _train(two_speakers_dir, tmp / "model", _config(tmp / "c.yaml", 8), "--val", val) == 0
+    (trainer,) = built
+    return tmp / "model", json.loads((tmp / "model" / "run_summary.json").read_text()), trainer
 
 
 def test_example_plugin_trains_with_one_trace_checkpoints_and_tensorboard(example_run):
-    model_dir, summary = example_run
+    model_dir, summary, _ = example_run
     assert summary["model_factory"] == EXAMPLE and summary["steps_run"] == 8
     assert summary["train_step_traces"] == 1 and summary["eval_step_traces"] == 1
     assert summary["final_losses"]["train"]["loss"] < summary["first_loss"]
@@ -65,12 +79,12 @@ def test_example_plugin_trains_with_one_trace_checkpoints_and_tensorboard(exampl
 
 
 def test_example_plugin_trains_on_two_speakers_and_two_languages_and_resumes_as_an_uninterrupted_run(
-    two_speakers_dir, tmp_path
+    example_run, two_speakers_dir, tmp_path
 ):
-    whole, parts = tmp_path / "whole", tmp_path / "parts"
-    assert _train(two_speakers_dir, whole, _config(tmp_path / "a.yaml", 8)) == 0
-    summary = json.loads((whole / "run_summary.json").read_text())
-    assert summary["train_step_traces"] == 1 and np.isfinite(summary["final_losses"]["train"]["loss"])
+    """`example_run` is the uninterrupted run; the same 8 steps in two runs of 4 (the second resuming) end
+    on the same weights, optimizer state and step."""
+    whole, summary, _ = example_run
+    assert np.isfinite(summary["final_losses"]["train"]["loss"])
     from examples.fastspeech_lite import build
     from melshards.shards_schema import read_schema
     from melshards.train.checkpoints import restore_model
@@ -79,8 +93,9 @@ def test_example_plugin_trains_on_two_speakers_and_two_languages_and_resumes_as_
     restore_model(model, tf.train.latest_checkpoint(str(whole / "checkpoints")))  # every variable
     assert model.speaker_embed.embeddings.shape == model.language_embed.embeddings.shape == (2, FS_MODEL["d_model"])
 
-    assert _train(two_speakers_dir, parts, _config(tmp_path / "b.yaml", 4)) == 0
-    assert _train(two_speakers_dir, parts, _config(tmp_path / "c.yaml", 8)) == 0
+    parts, val = tmp_path / "parts", ("--val", str(two_speakers_dir / "val-*.tfrecord"))
+    assert _train(two_speakers_dir, parts, _config(tmp_path / "b.yaml", 4), *val) == 0
+    assert _train(two_speakers_dir, parts, _config(tmp_path / "c.yaml", 8), *val) == 0
     assert json.loads((parts / "run_summary.json").read_text())["start_step"] == 4
     a, b = (tf.train.load_checkpoint(str(d / "checkpoints")) for d in (whole, parts))
     names = [n for n in a.get_variable_to_shape_map() if n.startswith(("model/", "optimizer/", "step/"))]
@@ -90,17 +105,12 @@ def test_example_plugin_trains_on_two_speakers_and_two_languages_and_resumes_as_
     )
 
 
-def test_example_plugin_dataset_graph_holds_no_python_ops(four_records, tmp_path):
-    from melshards.train.config import config_from_dict
+def test_example_plugin_dataset_graph_holds_no_python_ops(example_run):
+    """The input `example_run`'s Trainer built for the example (its features, both speakers balanced as the
+    config says): pure TF ops, and one trace of each step it compiled up front."""
     from melshards.train.input_pipeline import python_ops_in
-    from melshards.train.inputs import resolve_inputs
-    from melshards.train.trainer import Trainer
 
-    cfg = config_from_dict(
-        {"model": dict(FS_MODEL, factory=EXAMPLE), "data": {"batch_size": 2}, "loop": {"jit_compile": False}}
-    )
-    inputs = resolve_inputs([str(four_records / "train-*.tfrecord")], [], None, cfg)
-    built = Trainer(inputs, str(tmp_path / "m"), synthetic=False)  # builds and compiles every step up front
+    built = example_run[2]
     assert built.datasets and all(s.experimental_get_tracing_count() == 1 for s in built.train_steps.values())
     for ds in built.datasets.values():
         assert python_ops_in(ds) == []

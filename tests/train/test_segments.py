@@ -28,7 +28,18 @@ def test_segments_have_static_shapes_and_no_python_ops(features_dir):
     assert python_ops_in(ds) == []
 
 
-def test_the_segments_audio_gives_the_segments_mel(features_dir):
+@pytest.fixture(scope="module")
+def seed_3(features_dir, tmp_path_factory):
+    """Seed 3's segments two ways: `whole`, the first 6 batches of one iterator; `first`, the first 2 batches
+    of another, saved with it (`tf.train.Checkpoint` at `saved`) after them."""
+    whole = [{k: v.numpy() for k, v in b.items()} for b in segments(features_dir, seed=3).take(6)]
+    it = iter(segments(features_dir, seed=3))
+    first = [{k: v.numpy() for k, v in next(it).items()} for _ in range(2)]
+    saved = tf.train.Checkpoint(iterator=it).save(str(tmp_path_factory.mktemp("segments") / "ckpt"))
+    return {"whole": whole, "first": first, "saved": saved}
+
+
+def test_the_segments_audio_gives_the_segments_mel(features_dir, seed_3):
     schema = melshards.read_schema(str(features_dir))
     m = schema.mel
     cfg = MelConfig(m.n_fft, m.hop_length, m.win_length, m.n_mels, m.fmin, m.fmax, m.log_floor, m.power)
@@ -42,10 +53,10 @@ def test_the_segments_audio_gives_the_segments_mel(features_dir):
     )
     for k, r in enumerate(records):
         full[k] = (r["audio"][0].numpy(), r["mel"][0].numpy(), int(r["mel_len"][0]), int(r["audio_len"][0]))
-    batch = next(iter(segments(features_dir)))
+    batch = seed_3["whole"][0]
     checked = 0
     for i in range(4):
-        seg_audio = np.rint(batch["audio"][i].numpy() * 32767).astype(np.int16)
+        seg_audio = np.rint(batch["audio"][i] * 32767).astype(np.int16)
         a = int(batch["start"][i])
         # find the record: the one whose samples at a * hop are the segment's
         match = [
@@ -55,9 +66,9 @@ def test_the_segments_audio_gives_the_segments_mel(features_dir):
         ]
         assert len(match) == 1
         audio, mel, mel_len, audio_len = full[match[0]]
-        valid = int(batch["mask"][i].numpy().sum())
+        valid = int(batch["mask"][i].sum())
         assert valid == min(S, mel_len - a)
-        np.testing.assert_array_equal(batch["mel"][i, :valid].numpy(), mel[a : a + valid])
+        np.testing.assert_array_equal(batch["mel"][i, :valid], mel[a : a + valid])
         again = log_mel(audio[:audio_len].astype(np.float32) / 32767, schema.audio.sample_rate, cfg)[a : a + valid]
         loud = mel[a : a + valid] > -5
         assert np.max(np.abs(again - mel[a : a + valid])[loud], initial=0) < 0.01
@@ -65,24 +76,19 @@ def test_the_segments_audio_gives_the_segments_mel(features_dir):
     assert checked == 4
 
 
-def test_the_same_seed_gives_the_same_segments_and_another_seed_others(features_dir):
-    def starts(seed):
-        return [b["start"].numpy().tolist() for b in segments(features_dir, seed=seed).take(3)]
+def test_the_same_seed_gives_the_same_segments_and_another_seed_others(features_dir, seed_3):
+    def starts(batches):
+        return [b["start"].tolist() for b in batches[:2]]
 
-    assert starts(1) == starts(1) != starts(2)
+    other = [{"start": b["start"].numpy()} for b in segments(features_dir, seed=2).take(2)]
+    assert starts(seed_3["whole"]) == starts(seed_3["first"]) != starts(other)
 
 
-def test_a_restored_iterator_resumes_on_the_segments_of_an_uninterrupted_run(features_dir, tmp_path):
-    whole = [b["audio"].numpy() for b in segments(features_dir, seed=3).take(6)]
-    it = iter(segments(features_dir, seed=3))
-    for _ in range(2):
-        next(it)
-    ckpt = tf.train.Checkpoint(iterator=it)
-    path = ckpt.save(str(tmp_path / "ckpt"))
+def test_a_restored_iterator_resumes_on_the_segments_of_an_uninterrupted_run(features_dir, seed_3):
     it2 = iter(segments(features_dir, seed=3))
-    tf.train.Checkpoint(iterator=it2).restore(path)
-    for expected in whole[2:]:
-        np.testing.assert_array_equal(next(it2)["audio"].numpy(), expected)
+    tf.train.Checkpoint(iterator=it2).restore(seed_3["saved"])
+    for expected in seed_3["whole"][2:]:
+        np.testing.assert_array_equal(next(it2)["audio"].numpy(), expected["audio"])
 
 
 def test_crop_takes_a_short_record_whole_and_pads_it_with_a_mask():
