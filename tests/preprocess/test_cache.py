@@ -173,7 +173,9 @@ def test_only_new_rows_are_computed_and_a_changed_file_or_setting_is_computed_ag
     sf.write(wav, y[::-1] * 0.9, sr, subtype="PCM_16")  # other audio now (not another clip's: that is a duplicate)
     stats = _run(tmp_path / "b", cache_dir, corpus=corpus)
     assert first["cache"]["computed"] == 8
-    assert stats["cache"]["hits"] == 7, "rows added, a file changed: an old row was not read from the cache"
+    assert stats["cache"]["hits"] == 7, (
+        "rows added, a file changed: not just the unchanged old rows read from the cache"
+    )
     assert stats["cache"]["computed"] == 8 + 1, "rows added, a file changed: not only the new rows and it computed"
     before, after = mels(tmp_path / "first"), mels(tmp_path / "b")
     assert after[b"LJT001-0001"] != before[b"LJT001-0001"], "a changed file: served stale"

@@ -795,7 +795,8 @@ def test_sigterm_stops_the_run_like_ctrl_c_with_one_line_exit_143_and_no_lock_st
 def _failing_job(monkeypatch, error: Exception, worker_says: str, logger: str):
     """The job run in the job process replaced by one whose failed bundle logs `worker_says` to `logger`
     (as Beam's local runner does, traceback and all), prints it too (as a worker does to the stderr it
-    inherited) and which then fails with `error`."""
+    inherited) and which then fails with `error`. The job's graph is not built (what runs it never reads
+    it): building it takes a second, and test_dataflow_job_graph_builds_offline builds it."""
     import logging
 
     def job(p):
@@ -803,6 +804,7 @@ def _failing_job(monkeypatch, error: Exception, worker_says: str, logger: str):
         print(worker_says, file=sys.stderr)
         raise error
 
+    monkeypatch.setattr("melshards.preprocess.run.build_pipeline", lambda *args, **kwargs: None)
     monkeypatch.setattr("melshards.preprocess.run._submit", job)
 
 
