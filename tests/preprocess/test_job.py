@@ -516,48 +516,39 @@ def test_summary_names_val_shards_only_when_there_are_some(capsys, shards_dir, t
     assert "train-*, val-*}" in wrote and not after
 
 
-def _format_clips(wavs) -> dict[str, str]:
+def _format_clips(wavs, prefix: str = "") -> dict[str, str]:
     """An MP3 without its length tag (after leading silence), a 16 kHz OGG and a 44.1 kHz FLAC in `wavs`:
     {clip id: extension}."""
     from tests.preprocess.conftest import encode, mp3_without_length_tag, tone
 
     files = {
-        "clip-mp3": ("mp3", mp3_without_length_tag(tone(1.2, lead_silence_s=0.2))),
-        "clip-ogg": ("ogg", encode(tone(1.0, sr=16000), 16000, "OGG")),
-        "clip-flac": ("flac", encode(tone(1.4, sr=44100), 44100, "FLAC")),
+        f"{prefix}clip-mp3": ("mp3", mp3_without_length_tag(tone(1.2, lead_silence_s=0.2))),
+        f"{prefix}clip-ogg": ("ogg", encode(tone(1.0, sr=16000), 16000, "OGG")),
+        f"{prefix}clip-flac": ("flac", encode(tone(1.4, sr=44100), 44100, "FLAC")),
     }
     for clip_id, (ext, data) in files.items():
         (wavs / f"{clip_id}.{ext}").write_bytes(data)
     return {clip_id: ext for clip_id, (ext, _) in files.items()}
 
 
-def test_mp3_ogg_and_flac_clips_of_a_manifest_all_reach_the_shards(capsys, tmp_path):
-    """(The LJSpeech layout's: test_rows_that_used_to_be_read_silently_wrong_are_rejected_with_their_reason.)"""
-    wavs = tmp_path / "in" / "wavs"
-    wavs.mkdir(parents=True)
-    files = _format_clips(wavs)
-    src = tmp_path / "in" / "m.csv"
-    src.write_text("audio,text,language\n" + "".join(f"wavs/{i}.{e},Hello there.,en\n" for i, e in files.items()))
-    out = tmp_path / "o"
-    cfg = quality_rules_off(tmp_path)  # tones of one recording: narrowband and duplicates
-    assert run(["--input", str(src), "--output", str(out), "--config", str(cfg)]) == 0, capsys.readouterr().err[-2000:]
-    _, records = _records(out)
-    assert sorted(r["id"].numpy()[0].decode() for r in records) == sorted(files)
-    assert (out / "rejected.jsonl").read_text() == ""
-
-
-def test_rows_that_used_to_be_read_silently_wrong_are_rejected_with_their_reason(capsys, tmp_path):
-    """Two audio files for one id, a constant DC offset and NaN/inf samples, through the whole job: each
-    row is rejected with its own reason, no warning is printed, and the counts add up. A clip recorded
-    with a DC offset is kept, with the mel of the same clip without it. MP3, OGG and FLAC clips of the
-    LJSpeech layout reach the shards."""
+@pytest.fixture(scope="module")
+def odd_clips(tmp_path_factory):
+    """One run (one Beam pipeline) over two corpora: an LJSpeech layout whose rows used to be read silently
+    wrong (two audio files for one id, a constant DC offset, NaN/inf samples, a clip with a DC offset to keep)
+    plus its MP3, OGG and FLAC clips, and a manifest of MP3, OGG and FLAC clips. Every warning is printed
+    while it runs (by the job process too: its log is shown). -> (tmp dir, output dir, {manifest clip id:
+    extension}, {LJSpeech clip id: extension}, what the run printed to stderr, the speech of `offset.wav`
+    without its offset). Read-only."""
+    import contextlib
+    import io
     import warnings
 
     import soundfile as sf
 
     from tests.preprocess.conftest import encode, tone
 
-    wavs = tmp_path / "in" / "wavs"
+    tmp = tmp_path_factory.mktemp("odd")
+    wavs = tmp / "in" / "wavs"
     wavs.mkdir(parents=True)
     speech = tone(1.2, lead_silence_s=0.3)
     (wavs / "good.wav").write_bytes(encode(tone(1.4), 22050, "WAV"))
@@ -571,15 +562,43 @@ def test_rows_that_used_to_be_read_silently_wrong_are_rejected_with_their_reason
         sf.write(wavs / f"{clip_id}.wav", y, 22050, subtype="FLOAT")
     formats = _format_clips(wavs)
     ids = ["good", "offset", "two", "dc", "nan", "inf", *formats]
-    (tmp_path / "in" / "metadata.csv").write_text("".join(f"{i}|Hello there.|\n" for i in ids))
-    out = tmp_path / "o"
-    with warnings.catch_warnings():  # each warning printed, by the job process too (its log is shown)
+    (tmp / "in" / "metadata.csv").write_text("".join(f"{i}|Hello there.|\n" for i in ids))
+    manifest_wavs = tmp / "manifest" / "wavs"
+    manifest_wavs.mkdir(parents=True)
+    manifest_files = _format_clips(manifest_wavs, prefix="m-")
+    src = tmp / "manifest" / "m.csv"
+    src.write_text(
+        "audio,text,language\n" + "".join(f"wavs/{i}.{e},Hello there.,en\n" for i, e in manifest_files.items())
+    )
+    out = tmp / "o"
+    cfg = quality_rules_off(tmp)  # tones of one recording: narrowband and duplicates
+    err = io.StringIO()
+    with warnings.catch_warnings(), contextlib.redirect_stderr(err):
         warnings.simplefilter("always")
-        cfg = quality_rules_off(tmp_path)  # tones: narrowband
-        assert run(["--input", str(tmp_path / "in"), "--output", str(out), "--config", str(cfg)]) == 0, (
-            capsys.readouterr().err[-2000:]
-        )
-    assert "Warning" not in capsys.readouterr().err
+        code = run(["--input", str(tmp / "in"), "--input", str(src), "--output", str(out), "--config", str(cfg)])
+    assert code == 0, err.getvalue()[-2000:]
+    return tmp, out, manifest_files, formats, err.getvalue(), speech
+
+
+def test_mp3_ogg_and_flac_clips_of_a_manifest_all_reach_the_shards(odd_clips):
+    """(The LJSpeech layout's: test_rows_that_used_to_be_read_silently_wrong_are_rejected_with_their_reason.)"""
+    _, out, manifest_files, _, _, _ = odd_clips
+    _, records = _records(out)
+    assert set(manifest_files) <= {r["id"].numpy()[0].decode() for r in records}
+    rejected = [json.loads(line)["id"] for line in (out / "rejected.jsonl").read_text().splitlines()]
+    assert not set(rejected) & set(manifest_files)
+
+
+def test_rows_that_used_to_be_read_silently_wrong_are_rejected_with_their_reason(odd_clips, tmp_path):
+    """Two audio files for one id, a constant DC offset and NaN/inf samples, through the whole job: each
+    row is rejected with its own reason, no warning is printed, and the counts add up. A clip recorded
+    with a DC offset is kept, with the mel of the same clip without it. MP3, OGG and FLAC clips of the
+    LJSpeech layout reach the shards."""
+    import soundfile as sf
+
+    tmp, out, manifest_files, formats, err, speech = odd_clips
+    wavs = tmp / "in" / "wavs"
+    assert "Warning" not in err
     rejected = {r["id"]: r for r in map(json.loads, (out / "rejected.jsonl").read_text().splitlines())}
     assert {i: r["reason"] for i, r in rejected.items()} == {
         "two": "ambiguous_audio",
@@ -589,10 +608,11 @@ def test_rows_that_used_to_be_read_silently_wrong_are_rejected_with_their_reason
     }
     assert str(wavs / "two.wav") in rejected["two"]["detail"] and str(wavs / "two.flac") in rejected["two"]["detail"]
     c = json.loads((out / "stats.json").read_text())["counts"]
-    assert (c["input_rows"], c["in_shards"], c["filtered"], c["rejected"]) == (9, 5, 0, 4)
+    # the manifest's 3 rows too (test_mp3_ogg_and_flac_clips_of_a_manifest_all_reach_the_shards)
+    assert (c["input_rows"], c["in_shards"], c["filtered"], c["rejected"]) == (9 + 3, 5 + 3, 0, 4)
     assert c["per_reason"] == {"invalid_samples": 2, "ambiguous_audio": 1, "silent_audio": 1}
     schema, records = _records(out)
-    assert sorted(r["id"].numpy()[0].decode() for r in records) == sorted(["good", "offset", *formats])
+    assert sorted(r["id"].numpy()[0].decode() for r in records) == sorted(["good", "offset", *formats, *manifest_files])
     assert schema.audio.remove_dc is True
     rec = next(r for r in records if r["id"].numpy()[0] == b"offset")
     cfg = PreprocessConfig()
@@ -775,7 +795,8 @@ def test_sigterm_stops_the_run_like_ctrl_c_with_one_line_exit_143_and_no_lock_st
 def _failing_job(monkeypatch, error: Exception, worker_says: str, logger: str):
     """The job run in the job process replaced by one whose failed bundle logs `worker_says` to `logger`
     (as Beam's local runner does, traceback and all), prints it too (as a worker does to the stderr it
-    inherited) and which then fails with `error`."""
+    inherited) and which then fails with `error`. The job's graph is not built (what runs it never reads
+    it): building it takes a second, and test_dataflow_job_graph_builds_offline builds it."""
     import logging
 
     def job(p):
@@ -783,6 +804,7 @@ def _failing_job(monkeypatch, error: Exception, worker_says: str, logger: str):
         print(worker_says, file=sys.stderr)
         raise error
 
+    monkeypatch.setattr("melshards.preprocess.run.build_pipeline", lambda *args, **kwargs: None)
     monkeypatch.setattr("melshards.preprocess.run._submit", job)
 
 
