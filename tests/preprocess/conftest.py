@@ -35,6 +35,19 @@ def beam_pipeline():
 _TAG_OFFSETS = (13, 21, 36)
 
 
+def decoded_records(out_dir: Path, pattern: str = "*.tfrecord"):
+    """(schema, every record of a run's shards matching `pattern`, each decoded as a batch of one by the
+    schema's codec), the files in name order."""
+    import tensorflow as tf  # here, not at the top: collecting the tests does not import TensorFlow
+
+    from melshards.shards_schema import read_schema
+    from melshards.shards_schema.records import decode_parsed, parse_spec
+
+    schema = read_schema(str(out_dir))
+    ds = tf.data.TFRecordDataset(sorted(str(p) for p in out_dir.glob(pattern))).batch(1)
+    return schema, [decode_parsed(schema, tf.io.parse_example(b, parse_spec(schema)), 1) for b in ds]
+
+
 def tone(seconds: float, sr: int = 22050, hz: float = 220.0, lead_silence_s: float = 0.0) -> np.ndarray:
     """A 0.5-amplitude sine, after `lead_silence_s` of digital silence."""
     t = np.arange(int(seconds * sr)) / sr

@@ -23,7 +23,14 @@ from melshards.commands.preprocess import run
 from melshards.preprocess import audio, cache, lock, output
 from melshards.shards_schema.stats import Moments
 from tests.conftest import CORPUS, TINY_CONFIG
-from tests.preprocess.conftest import CallLog, descendants, preprocess_command, running, start_long_run
+from tests.preprocess.conftest import (
+    CallLog,
+    decoded_records,
+    descendants,
+    preprocess_command,
+    running,
+    start_long_run,
+)
 
 
 def _run(out, cache_dir=None, *extra, corpus=CORPUS):
@@ -144,18 +151,8 @@ def test_a_warm_rerun_with_other_buckets_decodes_no_audio_stashes_no_array_the_c
 
 def mels(out) -> dict[bytes, bytes]:
     """Each record's mel by its id, without its padding (which follows the run's buckets): the bytes."""
-    import tensorflow as tf
-
-    from melshards.shards_schema import read_schema
-    from melshards.shards_schema.records import decode_parsed, parse_spec
-
-    schema = read_schema(str(out))
-    ds = tf.data.TFRecordDataset(sorted(str(p) for p in out.glob("*.tfrecord"))).batch(1)
-    found = {}
-    for batch in ds:
-        r = decode_parsed(schema, tf.io.parse_example(batch, parse_spec(schema)), 1)
-        found[r["id"].numpy()[0]] = r["mel"][0, : int(r["mel_len"][0])].numpy().tobytes()
-    return found
+    _, found = decoded_records(out)
+    return {r["id"].numpy()[0]: r["mel"][0, : int(r["mel_len"][0])].numpy().tobytes() for r in found}
 
 
 def test_only_new_rows_are_computed_and_a_changed_file_or_setting_is_computed_again_never_served_stale(tmp_path):

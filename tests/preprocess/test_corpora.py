@@ -15,7 +15,7 @@ from melshards.preprocess.sources import LAYOUTS, check_rows_file, detect_corpus
 from melshards.preprocess.spill import Spill
 from melshards.preprocess.stash import load_rows
 from tests.conftest import TINY_CONFIG, quality_rules_off
-from tests.preprocess.conftest import beam_pipeline, encode, tone
+from tests.preprocess.conftest import beam_pipeline, decoded_records, encode, tone
 
 VCTK_INFO = (
     "ID  AGE  GENDER  ACCENTS  REGION COMMENTS \n"
@@ -760,9 +760,8 @@ def test_several_inputs_through_the_cli_are_one_run_whose_counts_add_up(capsys, 
         ("mine", "manifest", 1, "en", 1),
     ]
     assert "input vctk (vctk, " in printed.out and "1 speaker label(s) prefixed with 'vctk/'" in printed.out
-    from tests.preprocess.test_job import _records
 
-    _, records = _records(out)
+    _, records = decoded_records(out)
     speakers = {r["id"].numpy()[0].decode(): r["speaker"].numpy()[0].decode() for r in records}
     assert speakers.get("a") == "mine/p225" and speakers.get("p225_001") == "vctk/p225"
     assert speakers.get("common_voice_cy_3") == "b2"

@@ -15,14 +15,7 @@ from melshards.shards_schema.records import decode_parsed, parse_spec
 from melshards.shards_schema.stats import FILTER_REASONS, REJECT_REASONS, percentile
 from melshards.shards_schema.text import normalize_text
 from tests.conftest import REPO, TINY_CONFIG, quality_rules_off
-
-
-def _records(out_dir, pattern="*.tfrecord"):
-    import tensorflow as tf  # here, not at the top: collecting this file does not import TensorFlow
-
-    schema = read_schema(str(out_dir))
-    ds = tf.data.TFRecordDataset(sorted(str(p) for p in out_dir.glob(pattern))).batch(1)
-    return schema, [decode_parsed(schema, tf.io.parse_example(b, parse_spec(schema)), 1) for b in ds]
+from tests.preprocess.conftest import decoded_records
 
 
 def _input_rows(corpus_dir):
@@ -30,7 +23,7 @@ def _input_rows(corpus_dir):
 
 
 def test_every_input_row_is_in_a_shard_or_in_rejected_jsonl(shards_dir, corpus_dir):
-    _, records = _records(shards_dir)
+    _, records = decoded_records(shards_dir)
     rejected = [json.loads(line) for line in (shards_dir / "rejected.jsonl").read_text().splitlines()]
     rows = _input_rows(corpus_dir)
     assert len(records) + len(rejected) == len(rows) == 56
@@ -72,7 +65,7 @@ def test_docs_reasons_table_lists_every_reason_once():
 
 
 def test_schema_json_is_the_contract_the_records_follow(shards_dir):
-    schema, records = _records(shards_dir)
+    schema, records = decoded_records(shards_dir)
     assert schema.counts["train"] + schema.counts["val"] == len(records)
     assert sum(s["records"] for s in schema.shards["train"]) == schema.counts["train"]
     assert schema.max_mel_frames % 8 == 0 and schema.max_text_len % 8 == 0
@@ -85,7 +78,7 @@ def test_schema_json_is_the_contract_the_records_follow(shards_dir):
 
 
 def test_shards_hold_the_librosa_mel_and_normalised_text_of_each_clip(shards_dir, corpus_dir):
-    schema, records = _records(shards_dir)
+    schema, records = decoded_records(shards_dir)
     cfg = load_config(str(TINY_CONFIG))
     rec = next(r for r in records if r["id"].numpy()[0] == b"LJT001-0003")  # 16 kHz FLAC, resampled
     y, _ = audio.decode_audio((corpus_dir / "wavs" / "LJT001-0003.flac").read_bytes(), 22050)
@@ -133,8 +126,8 @@ def test_cli_with_two_worker_processes_writes_the_same_records_quietly(shards_di
     assert code == 0, console.err[-3000:]
     assert "56 input rows" in console.out and "p99.9" in console.out
     assert "Worker:" not in console.err  # the worker processes' own log lines stay out of the console
-    _, a = _records(shards_dir)
-    _, b = _records(out)
+    _, a = decoded_records(shards_dir)
+    _, b = decoded_records(out)
     assert sorted(r["id"].numpy()[0] for r in a) == sorted(r["id"].numpy()[0] for r in b)
     assert json.loads((out / "schema.json").read_text())["mel_mean"] == pytest.approx(
         json.loads((shards_dir / "schema.json").read_text())["mel_mean"], abs=1e-4
@@ -583,7 +576,7 @@ def odd_clips(tmp_path_factory):
 def test_mp3_ogg_and_flac_clips_of_a_manifest_all_reach_the_shards(odd_clips):
     """(The LJSpeech layout's: test_rows_that_used_to_be_read_silently_wrong_are_rejected_with_their_reason.)"""
     _, out, manifest_files, _, _, _ = odd_clips
-    _, records = _records(out)
+    _, records = decoded_records(out)
     assert set(manifest_files) <= {r["id"].numpy()[0].decode() for r in records}
     rejected = [json.loads(line)["id"] for line in (out / "rejected.jsonl").read_text().splitlines()]
     assert not set(rejected) & set(manifest_files)
@@ -611,7 +604,7 @@ def test_rows_that_used_to_be_read_silently_wrong_are_rejected_with_their_reason
     # the manifest's 3 rows too (test_mp3_ogg_and_flac_clips_of_a_manifest_all_reach_the_shards)
     assert (c["input_rows"], c["in_shards"], c["filtered"], c["rejected"]) == (9 + 3, 5 + 3, 0, 4)
     assert c["per_reason"] == {"invalid_samples": 2, "ambiguous_audio": 1, "silent_audio": 1}
-    schema, records = _records(out)
+    schema, records = decoded_records(out)
     assert sorted(r["id"].numpy()[0].decode() for r in records) == sorted(["good", "offset", *formats, *manifest_files])
     assert schema.audio.remove_dc is True
     rec = next(r for r in records if r["id"].numpy()[0] == b"offset")
