@@ -7,9 +7,8 @@ keeps its compiled program in the persistent XLA cache (train/xla_cache.py), key
 function's and the layers' names and the program: a new process that synthesizes from the same model
 traces the same names (it does the same work first) and loads the program instead of compiling it; a
 process that built other Keras models or traced other functions first names them differently, and
-compiles again. The same function,
-behind a string-in serving signature (text, speaker name, language code), is what `--export` saves
-as a SavedModel.
+compiles again. The same function, behind a string-in serving signature (text, speaker name, language
+code), is what `--export` saves as a SavedModel.
 
 Who speaks and in which language: `pick_speaker` and `pick_language` resolve --speaker and
 --language against the schema's tables (the only one by default), and `normalise` puts TEXT through
