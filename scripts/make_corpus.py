@@ -381,9 +381,9 @@ def write_readme(clips: list[dict], n_rows: int, n_files: int) -> None:
         "# ljspeech_tiny",
         "",
         "A tiny speech corpus in [LJSpeech](https://keithito.com/LJ-Speech-Dataset/) layout, "
-        "used by the melshards tests and examples. It contains real (synthetic, but "
-        "intelligible) English speech plus a handful of deliberately broken rows so that a "
-        "pipeline can demonstrate its rejection paths.",
+        "used by the melshards tests and examples. It holds speech synthesised by espeak-ng "
+        "(intelligible English, no human voice) and a handful of deliberately broken rows "
+        "so that a pipeline can demonstrate its rejection paths.",
         "",
         "**Generated file — do not edit by hand.** Regenerate with",
         "",
