@@ -134,25 +134,93 @@ def _try(fn: Callable, *args):
 
 
 def _read_text(path: str) -> str:
-    with FileSystems.open(path) as f:
-        return f.read().decode("utf-8-sig")
+    """A small text file's text (a transcript, speaker-info.txt), decoded as `_lines` decodes."""
+    return "".join(_lines(path, max_line=None))
 
 
-def _lines(path: str, max_line: int = MAX_LINE) -> Iterator[str]:
-    """A text file's lines as `str.splitlines(keepends=True)` splits them, read a chunk at a time.
-    CorpusError for a line longer than `max_line` characters: no rows file has one, and reading on
-    would hold it all in memory."""
-    decoder = codecs.getincrementaldecoder("utf-8-sig")()
+_BOMS = ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+_CODEC_NAMES = {"utf-8-sig": "UTF-8", "utf-16": "UTF-16"}
+
+
+def text_codec(head: bytes) -> str:
+    """The codec of a text file from its first bytes: UTF-16 where they are UTF-16's byte-order mark
+    (what Notepad and Excel write as "Unicode"), else UTF-8 (its byte-order mark, if any, skipped)."""
+    return next((codec for bom, codec in _BOMS if head.startswith(bom)), "utf-8-sig")
+
+
+class _Unreadable(Exception):
+    """Text that cannot be a rows file's: `before` is the text decoded before it, `what` says why."""
+
+    def __init__(self, before: str, what: str):
+        super().__init__(what)
+        self.before, self.what = before, what
+
+
+def _decoded(f) -> Iterator[tuple[str, bool]]:
+    """A binary file's text, a chunk of `_CHUNK` bytes at a time: (text, whether it is the last),
+    decoded with `text_codec` of its first bytes. _Unreadable for bytes the codec cannot read or for
+    a NUL character (no text row holds one: a UTF-16 file without its byte-order mark)."""
+    head = b""
+    while len(head) < len(codecs.BOM_UTF8):  # enough bytes to tell a byte-order mark
+        chunk = f.read(_CHUNK)
+        head += chunk
+        if not chunk:
+            break
+    codec = text_codec(head)
+    decoder = codecs.getincrementaldecoder(codec)()
+    chunk = head
+    while True:
+        last = not chunk
+        try:
+            text = decoder.decode(chunk, final=last)
+        except UnicodeDecodeError as e:
+            before = e.object[: e.start].decode(e.encoding, "replace")
+            raise _Unreadable(
+                before,
+                f"is not {_CODEC_NAMES[codec]} (byte 0x{e.object[e.start]:02x}: {e.reason}); re-save the file "
+                "as UTF-8 (from Latin-1: iconv -f LATIN1 -t UTF-8 FILE > NEW), or as UTF-16 with a byte-order mark",
+            ) from None
+        nul = text.find("\x00")
+        if nul >= 0:
+            raise _Unreadable(
+                text[:nul],
+                "holds a NUL character, which no text row has: a UTF-16 or UTF-32 file without a "
+                "byte-order mark? Re-save the file as UTF-8, or as UTF-16 with a byte-order mark",
+            )
+        yield text, last
+        if last:
+            return
+        chunk = f.read(_CHUNK)
+
+
+def _line_breaks(text: str) -> int:
+    return len((text + "x").splitlines()) - 1
+
+
+def _lines(path: str, max_line: int | None = MAX_LINE) -> Iterator[str]:
+    """A text file's lines as `str.splitlines(keepends=True)` splits them, read a chunk at a time and
+    decoded as `_decoded` decodes them (UTF-8, or UTF-16 with a byte-order mark). CorpusError, naming
+    the file and the line, for bytes the codec cannot read, a NUL character, or a line longer than
+    `max_line` characters (None: no limit): no rows file has one, and reading on would hold it all in
+    memory."""
     held, n = "", 0
     with FileSystems.open(path) as f:
+        pieces = _decoded(f)
         while True:
-            chunk = f.read(_CHUNK)
-            lines = (held + decoder.decode(chunk, final=not chunk)).splitlines(keepends=True)
+            try:
+                text, last = next(pieces)
+            except _Unreadable as e:
+                raise CorpusError(f"{path}: line {n + _line_breaks(held + e.before) + 1} {e.what}") from None
+            lines = (held + text).splitlines(keepends=True)
             # The last line may go on in the next chunk (a "\r" too: the "\n" of a "\r\n" may follow).
-            held = lines.pop() if chunk and lines else ""
-            long = next(
-                (i for i, line in enumerate(lines) if len(line) > max_line),
-                len(lines) if len(held) > max_line else None,
+            held = lines.pop() if not last and lines else ""
+            long = (
+                None
+                if max_line is None
+                else next(
+                    (i for i, line in enumerate(lines) if len(line) > max_line),
+                    len(lines) if len(held) > max_line else None,
+                )
             )
             if long is not None:
                 yield from lines[:long]
@@ -162,7 +230,7 @@ def _lines(path: str, max_line: int = MAX_LINE) -> Iterator[str]:
                 )
             n += len(lines)
             yield from lines
-            if not chunk:
+            if last:
                 return
 
 
@@ -173,20 +241,18 @@ def _read_texts(paths: Iterable[str]) -> dict[str, str]:
 
 
 def _first_line(path: str, limit: int = 1 << 20) -> tuple[str | None, bool]:
-    """(first non-blank line or None, whether the whole file was read). Reads at most `limit` bytes."""
-    decoder = codecs.getincrementaldecoder("utf-8-sig")(errors="replace")
-    text, done = "", False
-    with FileSystems.open(path) as f:
-        while len(text) < limit:
-            chunk = f.read(64 * 1024)
-            done = not chunk
-            text += decoder.decode(chunk, final=done)
-            lines = text.splitlines()
-            complete = lines if done else lines[:-1]  # the last piece may continue in the next chunk
-            line = next((line for line in complete if line.strip()), None)
-            if line is not None or done:
-                return line, done
-    return None, False
+    """(the first non-blank line, without its line break, or None; for None, whether the file ended:
+    it holds no rows), as `_lines` reads and decodes it (a CorpusError for text it cannot decode in
+    the first chunk read). Gives up after `limit` characters of blank lines; a first line longer than
+    `limit` is a CorpusError."""
+    blank = 0
+    for line in _lines(path, max_line=limit):
+        if line.strip():
+            return line.splitlines()[0], False
+        blank += len(line)
+        if blank > limit:
+            return None, False
+    return None, True
 
 
 def _is_table(path: str) -> bool:
@@ -200,9 +266,10 @@ def _is_dir(path: str) -> bool:
 
 
 def _count_lines(corpus: Corpus) -> int:
-    """Non-blank lines of the rows file, less a table's header (every CSV/TSV but LJSpeech's metadata.csv)."""
-    with FileSystems.open(corpus.rows_file()) as f:
-        n = sum(1 for line in f if line.strip())
+    """Non-blank lines of the rows file as the readers see them (`_lines`: so a file they cannot
+    decode stops a local run here, before the job), less a table's header (every CSV/TSV but
+    LJSpeech's metadata.csv)."""
+    n = sum(1 for line in _lines(corpus.rows_file()) if line.strip())
     header = corpus.kind != "ljspeech" and not corpus.rows_file().lower().endswith(".jsonl")
     return n - 1 if header else n
 

@@ -1,0 +1,67 @@
+"""The table readers on inputs a new user brings: quoting the csv reader used to read silently, rows
+files in another encoding, `--column` where it names nothing, segment rows no recording has, and one
+recording spelt two ways. Pure readers (`melshards.preprocess.manifests`) and the checks run before
+the job (`melshards.preprocess.sources`); no pipeline runs."""
+
+from __future__ import annotations
+
+import codecs
+
+import pytest
+
+from melshards.preprocess import manifests, sources
+from melshards.preprocess.rows import CorpusError, LayoutRows
+from melshards.preprocess.sources import check_rows_file, count_input_rows, detect_corpus, read_input
+
+
+def _read(text: str, path: str = "/m/x.csv", root: str = "/m", named: dict | None = None) -> LayoutRows:
+    lines = text.splitlines(keepends=True)
+    return LayoutRows.of(
+        manifests.manifest_rows(lines, path, root, named) if named else manifests.manifest_rows(lines, path, root)
+    )
+
+
+# -- encodings ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 1 << 20])
+def test_a_latin1_rows_file_stops_the_read_naming_the_file_and_the_line(tmp_path, monkeypatch, chunk):
+    monkeypatch.setattr(sources, "_CHUNK", chunk)
+    (tmp_path / "metadata.csv").write_bytes("a|One.|\r\nb|Two.|\r\n\r\nc|Caf\u00e9.|\nd|x|\n".encode("latin-1"))
+    lines = sources._lines(str(tmp_path / "metadata.csv"))
+    with pytest.raises(CorpusError) as e:
+        list(lines)
+    assert str(e.value).startswith(f"{tmp_path}/metadata.csv: line 4 is not UTF-8 (byte 0xe9: ")
+    assert "re-save the file as UTF-8" in str(e.value)
+
+
+@pytest.mark.parametrize("codec", ["utf-16-le", "utf-16-be"])
+@pytest.mark.parametrize("chunk", [1, 3, 1 << 20])
+def test_a_utf16_rows_file_with_its_byte_order_mark_is_read_as_its_utf8_copy(tmp_path, monkeypatch, codec, chunk):
+    """What Notepad and Excel save as "Unicode": UTF-16 with a byte-order mark."""
+    monkeypatch.setattr(sources, "_CHUNK", chunk)
+    text = "audio\ttext\r\na.wav\tCaf\u00e9 \u4f60\u597d.\r\nb.wav\tTwo.\r\n"
+    bom = codecs.BOM_UTF16_LE if codec.endswith("le") else codecs.BOM_UTF16_BE
+    (tmp_path / "m.tsv").write_bytes(bom + text.encode(codec))
+    assert list(sources._lines(str(tmp_path / "m.tsv"))) == text.splitlines(keepends=True)
+    corpus = detect_corpus(str(tmp_path / "m.tsv"), language="en")
+    check_rows_file(corpus)
+    assert [r["text"] for r in read_input(corpus).rows] == ["Caf\u00e9 \u4f60\u597d.", "Two."]
+
+
+def test_a_rows_file_that_cannot_be_decoded_stops_the_run_before_the_job(tmp_path):
+    """UTF-16 without its byte-order mark decodes as UTF-8 with a NUL after each letter; a Latin-1
+    byte far down a local file stops the count of rows, which a local run makes before the job."""
+    (tmp_path / "m.csv").write_bytes("audio,text\na.wav,Hi.\n".encode("utf-16-le"))
+    with pytest.raises(CorpusError, match=r"m.csv: line 1 holds a NUL character.*Re-save the file as UTF-8"):
+        check_rows_file(detect_corpus(str(tmp_path / "m.csv"), language="en"))
+    (tmp_path / "lj").mkdir()
+    rows = [f"r{i}|Row {i}.|" for i in range(2999)] + ["last|Caf\u00e9.|"]
+    (tmp_path / "lj" / "metadata.csv").write_bytes("\n".join(rows).encode("latin-1"))
+    corpus = detect_corpus(str(tmp_path / "lj"))
+    with pytest.raises(CorpusError, match=r"lj/metadata.csv: line 3000 is not UTF-8"):
+        count_input_rows(corpus)
+
+
+def test_a_transcript_file_that_is_not_utf8_is_named_not_a_traceback(tmp_path):
+    (tmp_path / "p225_001.txt").write_bytes("Caf\u00e9.\n".encode("latin-1"))
+    with pytest.raises(CorpusError, match=r"p225_001.txt: line 1 is not UTF-8"):
+        sources._read_text(str(tmp_path / "p225_001.txt"))
