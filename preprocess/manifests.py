@@ -126,9 +126,11 @@ def parse_manifest(lines: Iterable[str], path: str, root: str):
     """Yield (index, row-or-ValueError) for every data row of a CSV/TSV/JSONL manifest's lines (with
     their line breaks: a quoted CSV field may hold one).
 
-    A CSV/TSV field holding both a line break and the separator is a quote opened by mistake that
-    swallowed the rows after it: each non-blank line the record spans is a ValueError of its own
-    (`malformed_row`), naming its line number, so every line of the file is a row or a rejection."""
+    A CSV/TSV record the csv reader cannot read in its strict mode (a `"` inside a quoted field not
+    written twice, a quote never closed, a field past its size limit), or one with a field holding
+    both a line break and the separator (a quote opened by mistake that swallowed the rows after it),
+    is a ValueError for each non-blank line it spans (`malformed_row`), naming its line number, so
+    every line of the file is a row or a rejection."""
     if path.lower().endswith(".jsonl"):
         for i, line in enumerate(bare_lines(lines)):
             try:
@@ -195,10 +197,12 @@ class _Tape:
 def table_records(lines: Iterable[str], delimiter: str) -> Iterator[tuple[int, list[int], list[str] | Exception]]:
     """A CSV/TSV's lines (with their line breaks) -> (the line number its record starts on, the
     numbers of the non-blank lines it spans, its fields) for every record that is not blank, header
-    included; a record the csv module cannot read (a field past its size limit: a quote opened and
-    never closed) -> its csv.Error in place of the fields, and reading goes on from the next line."""
+    included. The csv reader is strict: a record it cannot read (`x,"a "b" c",y`: a quote inside a
+    quoted field not written twice; a quote never closed; a field past its size limit) -> its
+    csv.Error in place of the fields, and reading goes on from the next line (not strict, the reader
+    would keep the first example as the text `a b" c`)."""
     tape = _Tape(lines)
-    reader = csv.reader(tape, delimiter=delimiter)
+    reader = csv.reader(tape, delimiter=delimiter, strict=True)
     n = 0  # lines read before the record
     while True:
         try:
@@ -221,15 +225,22 @@ def swallowed(fields: list[str], delimiter: str) -> bool:
 
 
 def _swallowed_detail(line: int, first: int, spanned: list[int], fields: list[str] | Exception) -> str:
-    if isinstance(fields, Exception):
+    """The `malformed_row` detail of one line of a record `table_records` gave as unreadable or
+    `swallowed`: a record over several lines is a quoted field that opened on its first line."""
+    if isinstance(fields, Exception) and spanned == [first]:
         return (
-            f"line {line} is in a record from line {first} the csv reader cannot read ({fields}): a quote "
-            "opened and never closed? Remove the stray '\"', or quote the field whole"
+            f"line {line}: the csv reader cannot read it ({fields}): a '\"' inside a quoted field must be "
+            'written twice ("a ""quoted"" word"); fix the quoting'
         )
+    what = (
+        f"and cannot be read by the csv reader ({fields})"
+        if isinstance(fields, Exception)
+        else f"and holds the separator and {len(spanned) - 1} line break(s)"
+    )
     return (
-        f"line {line} is inside a quoted field that opens on line {first} and holds the separator and "
-        f"{len(spanned) - 1} line break(s) (lines {first}-{spanned[-1]}): a stray '\"' at the start of a field? "
-        "Remove it, or quote the field whole"
+        f"line {line} is inside a quoted field that opens on line {first} {what} (lines {first}-{spanned[-1]}): "
+        "a stray '\"' at the start of a field, or a '\"' inside a quoted field not written twice? Remove it, "
+        "or write it twice"
     )
 
 

@@ -21,6 +21,34 @@ def _read(text: str, path: str = "/m/x.csv", root: str = "/m", named: dict | Non
     )
 
 
+# -- quoting ----------------------------------------------------------------------------------------
+def test_a_quote_inside_a_quoted_field_is_a_malformed_row_naming_its_line_not_a_mangled_text():
+    """Read leniently, the row's text was `the definition, submitted""`."""
+    text = (
+        "audio,text,language\n"
+        'x.wav,"the definition, "submitted"",en\n'
+        'y.wav,"a ""doubled"" quote, kept",en\n'
+        'z.wav,say "hi" unquoted,en\n'
+    )
+    read = _read(text)
+    assert [(r["id"], r["text"]) for r in read.rows] == [("y", 'a "doubled" quote, kept'), ("z", 'say "hi" unquoted')]
+    assert [(r["id"], r["reason"]) for r in read.rejected] == [("row-1", "malformed_row")]
+    assert read.rejected[0]["detail"].startswith("row 1: line 2: the csv reader cannot read it")
+    assert 'must be written twice ("a ""quoted"" word"); fix the quoting' in read.rejected[0]["detail"]
+    assert read.input_rows == 3  # every line after the header is a row or a rejection
+
+
+def test_a_quote_never_closed_at_the_end_of_the_file_rejects_each_line_it_holds():
+    """No separator in the swallowed lines, so it was one row whose text ran to the end of the file."""
+    read = _read('audio\ttext\na.wav\tHi.\nb.wav\t"Open\nc.wav\n', path="/m/x.tsv")
+    assert [r["id"] for r in read.rows] == ["a"]
+    assert [r["id"] for r in read.rejected] == ["row-2", "row-3"]
+    assert read.rejected[1]["detail"].startswith(
+        "row 3: line 4 is inside a quoted field that opens on line 3 and cannot be read by the csv reader "
+        "(unexpected end of data) (lines 3-4): a stray '\"'"
+    )
+
+
 # -- encodings ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("chunk", [1, 2, 3, 5, 1 << 20])
 def test_a_latin1_rows_file_stops_the_read_naming_the_file_and_the_line(tmp_path, monkeypatch, chunk):
