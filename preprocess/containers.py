@@ -52,6 +52,7 @@ EXTRA_FIELDS = ("asr_text",)
 AUDIO_EXTENSIONS = (".flac", ".wav", ".mp3", ".ogg", ".opus")
 PARQUET_EXTENSIONS = (".parquet",)
 TAR_EXTENSIONS = (".tar",)
+MAX_SEGMENT_END_S = 1e9  # seconds (31 years): a segment's end beyond it is a sentinel or a typo, not a time
 
 
 def column_names(columns: Iterable[str], overrides: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -486,7 +487,8 @@ def clip_bytes(path: str, locator: Mapping) -> bytes:
 def segment_locator(rec: Mapping, i: int) -> dict | str | None:
     """A manifest record's `start`/`end` (seconds) -> its locator {"start", "end"}, None when it has
     neither, or the reason it is refused (a `bad_segment` detail): one without the other, not a
-    number, a negative start, end <= start."""
+    number, a negative start, end <= start, an end not below MAX_SEGMENT_END_S (inf, 1e309: no
+    recording is that long, and its sample index would overflow)."""
     has = [k for k in ("start", "end") if str(rec.get(k) if rec.get(k) is not None else "").strip()]
     if not has:
         return None
@@ -498,6 +500,11 @@ def segment_locator(rec: Mapping, i: int) -> dict | str | None:
         return f"row {i + 1}: start {rec['start']!r} and end {rec['end']!r} are not both seconds"
     if not (start >= 0 and end > start):  # NaN fails too
         return f"row {i + 1}: the segment {start:g}-{end:g} s is empty or reversed (end <= start) or starts before 0"
+    if not end < MAX_SEGMENT_END_S:
+        return (
+            f"row {i + 1}: end {rec['end']!r} is not a time in a recording (at most {MAX_SEGMENT_END_S:,.0f} s); "
+            "give the segment's end in seconds"
+        )
     return {"start": start, "end": end}
 
 

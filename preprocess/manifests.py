@@ -6,6 +6,9 @@ under `clips/` beside the TSV).
 The column checks (`check_columns`, `check_commonvoice_columns`, `check_language`) are run on the
 first line by `melshards.preprocess.sources.check_rows_file` before the job, and on the header again
 when the rows are read.
+
+A row's audio path is spelt one way per file (`audio_path`), so rows of one recording compare equal
+however their manifests wrote it.
 """
 
 from __future__ import annotations
@@ -35,8 +38,18 @@ COMMONVOICE_COLUMNS = ("client_id", "path", "sentence")  # required; locale and 
 _LOCALE = re.compile(r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})*$")  # en, cy, zh-CN, rm-sursilv
 
 
-def _join(root: str, rel: str) -> str:
-    return rel if "://" in rel or rel.startswith("/") else posixpath.join(root, rel)
+def audio_path(root: str, path: str) -> str:
+    """A row's audio path as every later comparison sees it: a URL (`gs://...`) as written; a path
+    relative to `root` (the table's directory) joined to it; a local path normalised
+    (`posixpath.normpath`: `./rec.wav`, `rec.wav` and `d/../rec.wav` under one root are one file), and
+    under a URL root its relative part normalised (`./rec.wav` -> `gs://b/rec.wav`)."""
+    if "://" in path:
+        return path
+    if path.startswith("/"):
+        return posixpath.normpath(path)
+    if "://" in root:
+        return posixpath.join(root, posixpath.normpath(path))
+    return posixpath.normpath(posixpath.join(root, path))
 
 
 def _delimiter(path: str) -> str:
@@ -251,15 +264,14 @@ def _manifest_row(rec: dict, i: int, root: str):
         return ValueError(f"row {i + 1}: no text field")
     audio = str(rec["audio"])
     locator = segment_locator(rec, i)
-    clip_id = str(rec.get("id") or "") or (
-        f"{_stem(audio)}-{rec['start']}-{rec['end']}" if isinstance(locator, dict) else _stem(audio)
-    )
-    if isinstance(locator, str):
-        return reject(clip_id, "bad_segment", locator)
+    given = str(rec.get("id") or "")
+    if isinstance(locator, str):  # the row's number tells apart the bad segments of one recording
+        return reject(given or f"{_stem(audio)}-row-{i + 1}", "bad_segment", locator)
+    clip_id = given or (f"{_stem(audio)}-{rec['start']}-{rec['end']}" if locator is not None else _stem(audio))
     out = row(
         clip_id,
         str(rec.get("text") or ""),
-        _join(root, audio),
+        audio_path(root, audio),
         i,
         speaker=str(rec.get("speaker") or ""),
         language=str(rec.get("language") or "").strip(),
@@ -312,7 +324,7 @@ def _commonvoice_items(lines: Iterable[str], columns: list[str], clips: str):
                 row(
                     _stem(clip),
                     rec["sentence"],
-                    _join(clips, clip),
+                    audio_path(clips, clip),
                     i,
                     speaker=rec["client_id"],
                     language=rec.get("locale", "").strip(),

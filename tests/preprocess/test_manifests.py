@@ -9,9 +9,10 @@ import codecs
 
 import pytest
 
-from melshards.preprocess import manifests, sources
+from melshards.preprocess import containers, manifests, sources
 from melshards.preprocess.rows import CorpusError, LayoutRows
 from melshards.preprocess.sources import check_rows_file, count_input_rows, detect_corpus, read_input
+from melshards.preprocess.spill import Spill
 
 
 def _read(text: str, path: str = "/m/x.csv", root: str = "/m", named: dict | None = None) -> LayoutRows:
@@ -93,3 +94,46 @@ def test_a_transcript_file_that_is_not_utf8_is_named_not_a_traceback(tmp_path):
     (tmp_path / "p225_001.txt").write_bytes("Caf\u00e9.\n".encode("latin-1"))
     with pytest.raises(CorpusError, match=r"p225_001.txt: line 1 is not UTF-8"):
         sources._read_text(str(tmp_path / "p225_001.txt"))
+
+
+# -- segments ------------------------------------------------------------------------------------------
+def test_a_segment_ending_at_infinity_is_a_bad_segment_with_an_id_of_its_own():
+    """`inf` and `1e309` (a float's infinity) passed the read and overflowed the sample index later,
+    killing the job; the read-time rejections of one recording all had the id `long`."""
+    text = (
+        "audio,text,start,end\n"
+        "long.wav,a,0,inf\n"
+        "long.wav,b,1,1e309\n"
+        "long.wav,c,2,1e308\n"
+        "long.wav,d,5,\n"
+        "long.wav,e,3,4\n"
+    )
+    read = _read(text)
+    assert [r["id"] for r in read.rows] == ["long-3-4"]
+    assert [(r["id"], r["reason"]) for r in read.rejected] == [
+        ("long-row-1", "bad_segment"),
+        ("long-row-2", "bad_segment"),
+        ("long-row-3", "bad_segment"),
+        ("long-row-4", "bad_segment"),
+    ]
+    assert read.rejected[1]["detail"] == (
+        "row 2: end '1e309' is not a time in a recording (at most 1,000,000,000 s); give the segment's end in seconds"
+    )
+
+
+# -- audio paths -----------------------------------------------------------------------------------------
+def test_a_rows_audio_path_is_spelt_one_way_per_file():
+    assert manifests.audio_path(".", "./rec.wav") == manifests.audio_path(".", "rec.wav") == "rec.wav"
+    assert manifests.audio_path("/m", "a/../rec.wav") == manifests.audio_path("/m", "/m/./rec.wav") == "/m/rec.wav"
+    assert manifests.audio_path("gs://b/m", "./rec.wav") == "gs://b/m/rec.wav"
+    assert manifests.audio_path("/m", "gs://b//x/./rec.wav") == "gs://b//x/./rec.wav"  # a URL as written
+
+
+def test_segments_of_one_recording_spelt_two_ways_are_checked_for_overlap_as_one():
+    text = "audio,text,start,end\n./long.wav,a,0,2\nlong.wav,b,1,3\n"
+    with Spill() as spill:
+        read = LayoutRows.of(
+            containers.refuse_overlaps(manifests.manifest_rows(text.splitlines(True), "m.csv", "."), spill)
+        )
+    assert [r["audio"] for r in read.rows] == ["long.wav"]
+    assert [r["reason"] for r in read.rejected] == ["overlapping_segment"]
