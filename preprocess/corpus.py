@@ -23,6 +23,7 @@ from melshards.preprocess.rows import CorpusError
 from melshards.preprocess.sources import (
     Corpus,
     check_distinct_inputs,
+    check_named_columns,
     check_rows_file,
     detect_corpus,
     input_items,
@@ -42,6 +43,7 @@ __all__ = [
     "ReadCorpus",
     "batch_rows",
     "check_distinct_inputs",
+    "check_named_columns",
     "check_rows_file",
     "count",
     "detect_corpus",

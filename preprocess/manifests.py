@@ -3,9 +3,10 @@ manifests (`.csv`, `.tsv`, `.jsonl` with `audio`, `text` and optional `id`, `spe
 `gender`, `asr_text`: an ASR transcript, for the quality measures) and Common Voice TSVs (`client_id`, `path`, `sentence`, optional `locale`, `gender`; audio
 under `clips/` beside the TSV).
 
-The column checks (`check_columns`, `check_commonvoice_columns`, `check_language`) are run on the
-first line by `melshards.preprocess.sources.check_rows_file` before the job, and on the header again
-when the rows are read.
+`--column FIELD=NAME` reads a manifest's field from the column NAME (`manifest_fields`). The column
+checks (`check_columns`, `check_commonvoice_columns`, `check_language`) are run on the first line by
+`melshards.preprocess.sources.check_rows_file` before the job, and on the header again when the rows
+are read.
 
 A row's audio path is spelt one way per file (`audio_path`), so rows of one recording compare equal
 however their manifests wrote it.
@@ -17,7 +18,7 @@ import csv
 import json
 import posixpath
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 
 from melshards.preprocess.containers import segment_locator
 from melshards.preprocess.rows import CorpusError, bare_lines, gender_code, reject, row, split_malformed
@@ -91,13 +92,37 @@ def _check_repeats(columns: list[str] | None, path: str, what: str) -> None:
         )
 
 
-def check_columns(columns: list[str] | None, path: str) -> None:
+def manifest_fields(named: Mapping[str, str] | None = None) -> dict[str, str]:
+    """field -> the manifest column it is read from: its own name (MANIFEST_READ), or the column
+    `--column FIELD=NAME` names (`named`)."""
+    return {field: (named or {}).get(field, field) for field in MANIFEST_READ}
+
+
+def check_named_columns(named: Mapping[str, str] | None, columns: list[str], what: str) -> None:
+    """Refuse a `--column FIELD=NAME` whose NAME is not one of the table's `columns`; `what` says
+    where the columns were read (`m.csv: its header has columns`)."""
+    for field, name in (named or {}).items():
+        if name not in columns:
+            raise CorpusError(
+                f"--column {field}={name}: {what} {', '.join(columns) or 'none'}, no {name!r}; "
+                "name one of these (column names are case-sensitive)"
+            )
+
+
+def check_columns(columns: list[str] | None, path: str, named: Mapping[str, str] | None = None) -> None:
+    """Refuse a manifest header (None: a first JSONL line that is no object, a malformed row) with a
+    column twice, a `--column` naming no column of it (`named`), or no audio or text column."""
     _check_repeats(columns, path, "manifest")
-    missing = [c for c in MANIFEST_COLUMNS if columns is not None and c not in columns]
+    if columns is None:
+        return
+    check_named_columns(named, columns, f"manifest {path}: {_has(path)}")
+    fields = manifest_fields(named)
+    missing = [fields[f] for f in MANIFEST_COLUMNS if fields[f] not in columns]
     if missing:
         raise CorpusError(
             f"manifest {path}: {_has(path)} {columns}, missing {', '.join(missing)}; a manifest needs "
-            "audio and text (and may have id, speaker, language, gender). Rename the columns."
+            "audio and text (and may have id, speaker, language, gender). Rename the columns, or name "
+            "them with --column audio=NAME, --column text=NAME."
         )
 
 
@@ -135,15 +160,17 @@ def commonvoice_language(tsv_path: str) -> str | None:
 
 
 # -- manifests ------------------------------------------------------------------------------------
-def parse_manifest(lines: Iterable[str], path: str, root: str):
+def parse_manifest(lines: Iterable[str], path: str, root: str, named: Mapping[str, str] | None = None):
     """Yield (index, row-or-ValueError) for every data row of a CSV/TSV/JSONL manifest's lines (with
-    their line breaks: a quoted CSV field may hold one).
+    their line breaks: a quoted CSV field may hold one); each field read from its column
+    (`manifest_fields`: `named` holds the `--column FIELD=NAME` values).
 
     A CSV/TSV record the csv reader cannot read in its strict mode (a `"` inside a quoted field not
     written twice, a quote never closed, a field past its size limit), or one with a field holding
     both a line break and the separator (a quote opened by mistake that swallowed the rows after it),
     is a ValueError for each non-blank line it spans (`malformed_row`), naming its line number, so
     every line of the file is a row or a rejection."""
+    fields = manifest_fields(named)
     if path.lower().endswith(".jsonl"):
         for i, line in enumerate(bare_lines(lines)):
             try:
@@ -153,30 +180,35 @@ def parse_manifest(lines: Iterable[str], path: str, root: str):
             except ValueError as e:
                 yield i, ValueError(f"line {i + 1}: not a JSON object ({e})")
                 continue
-            yield i, _manifest_row(rec, i, root)
+            yield i, _manifest_row(_named(rec, fields), i, root)
         return
     delimiter = _delimiter(path)
     records = table_records(lines, delimiter)
     header = next(records, None)  # the first non-blank record
     columns = header[2] if header is not None and not isinstance(header[2], Exception) else []
-    check_columns(columns, path)
+    check_columns(columns, path, named)
     i = 0
-    for first, spanned, fields in records:
-        if isinstance(fields, Exception) or swallowed(fields, delimiter):
+    for first, spanned, values in records:
+        if isinstance(values, Exception) or swallowed(values, delimiter):
             for number in spanned:  # one rejection per line: every line of the file is accounted for
-                yield i, ValueError(f"row {i + 1}: {_swallowed_detail(number, first, spanned, fields)}")
+                yield i, ValueError(f"row {i + 1}: {_swallowed_detail(number, first, spanned, values)}")
                 i += 1
             continue
-        yield i, _manifest_fields(fields, columns, i, root)
+        yield i, _manifest_fields(values, columns, fields, i, root)
         i += 1
 
 
-def _manifest_fields(fields: list[str], columns: list[str], i: int, root: str):
-    """One CSV/TSV record's fields -> row, or the ValueError of a record with another number of fields."""
-    extra = [v for v in fields[len(columns) :] if v.strip()]
-    if len(fields) < len(columns):
+def _named(rec: Mapping, fields: Mapping[str, str]) -> dict:
+    """A record's values by field (`manifest_fields`); a field whose column it lacks is left out."""
+    return {field: rec[column] for field, column in fields.items() if column in rec}
+
+
+def _manifest_fields(values: list[str], columns: list[str], fields: Mapping[str, str], i: int, root: str):
+    """One CSV/TSV record's values -> row, or the ValueError of a record with another number of values."""
+    extra = [v for v in values[len(columns) :] if v.strip()]
+    if len(values) < len(columns):
         return ValueError(
-            f"row {i + 1}: {len(fields)} fields, the header has {len(columns)} "
+            f"row {i + 1}: {len(values)} fields, the header has {len(columns)} "
             f"({', '.join(columns)}); a missing separator?"
         )
     if extra:  # e.g. an unquoted comma in the text: reading on would cut the transcript short
@@ -184,7 +216,7 @@ def _manifest_fields(fields: list[str], columns: list[str], i: int, root: str):
             f"row {i + 1}: {len(columns) + len(extra)} fields, the header has {len(columns)} "
             f"({', '.join(columns)}); quote a field that holds the separator"
         )
-    return _manifest_row(dict(zip(columns, fields)), i, root)
+    return _manifest_row(_named(dict(zip(columns, values)), fields), i, root)
 
 
 class _Tape:
@@ -283,9 +315,10 @@ def _manifest_row(rec: dict, i: int, root: str):
     return out
 
 
-def manifest_rows(lines: Iterable[str], path: str, root: str) -> Iterator[dict]:
-    """A manifest's lines -> items; audio paths relative to `root` (the manifest's directory)."""
-    return split_malformed(parse_manifest(lines, path, root))
+def manifest_rows(lines: Iterable[str], path: str, root: str, named: Mapping[str, str] | None = None) -> Iterator[dict]:
+    """A manifest's lines -> items; audio paths relative to `root` (the manifest's directory); `named`:
+    the `--column FIELD=NAME` values."""
+    return split_malformed(parse_manifest(lines, path, root, named))
 
 
 # -- Common Voice ---------------------------------------------------------------------------------

@@ -24,7 +24,14 @@ from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions,
 
 from melshards.preprocess import cache
 from melshards.preprocess.config import load_config
-from melshards.preprocess.corpus import Corpus, CorpusError, check_distinct_inputs, check_rows_file, detect_corpus
+from melshards.preprocess.corpus import (
+    Corpus,
+    CorpusError,
+    check_distinct_inputs,
+    check_named_columns,
+    check_rows_file,
+    detect_corpus,
+)
 from melshards.preprocess.lock import is_local_path
 from melshards.preprocess.options import OptionsError, is_local, pipeline_options
 from melshards.preprocess.output import (
@@ -157,6 +164,7 @@ def find_corpora(
         raise CorpusError("no --input given; give one or more corpora (--input PATH, repeated)")
     corpora = [detect_corpus(path, format, language, columns) for path in input_paths]
     check_distinct_inputs(corpora)
+    check_named_columns(corpora)
     for corpus in corpora:
         if check_remote or is_local_path(corpus.rows_path or corpus.root):
             check_rows_file(corpus)

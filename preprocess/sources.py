@@ -66,6 +66,7 @@ class Layout:
     count: Callable[[Corpus], int]
     language: Callable[[Corpus, str | None], str | None]
     unused: Callable[[Corpus], list[str]] = lambda corpus: []  # columns reading leaves out (the summary says)
+    named_columns: bool = False  # whether --column FIELD=NAME names its columns (a table of columns of any name)
 
 
 # -- FileSystems --------------------------------------------------------------------------------------
@@ -358,7 +359,7 @@ def _locate_manifest(path: str, forced: bool) -> Corpus | None:
 
 
 def _read_manifest(c: Corpus, spill: Spill) -> Iterator[dict]:
-    items = manifests.manifest_rows(_lines(c.rows_file()), c.rows_file(), c.root)
+    items = manifests.manifest_rows(_lines(c.rows_file()), c.rows_file(), c.root, dict(c.columns))
     return unique_ids(containers.refuse_overlaps(items, spill), spill.map())
 
 
@@ -366,7 +367,8 @@ def _manifest_unused(c: Corpus) -> list[str]:
     """A manifest's columns that no field is read from (`start`/`end` are: a segment's span)."""
     line = _first_line(c.rows_file())[0]
     columns = manifests.manifest_columns(line, c.rows_file()) if line is not None else None
-    return [k for k in columns or [] if k not in manifests.MANIFEST_READ]
+    read = manifests.manifest_fields(dict(c.columns)).values()
+    return [k for k in columns or [] if k not in read]
 
 
 def _container_files(c: Corpus, extensions: tuple[str, ...]) -> list[str]:
@@ -479,6 +481,7 @@ LAYOUTS: dict[str, Layout] = {
             _count_parquet,
             _given,
             _parquet_unused,
+            named_columns=True,
         ),
         Layout(
             "webdataset",
@@ -488,6 +491,7 @@ LAYOUTS: dict[str, Layout] = {
             _count_webdataset,
             _given,
             _webdataset_unused,
+            named_columns=True,
         ),
         Layout(
             "manifest",
@@ -497,6 +501,7 @@ LAYOUTS: dict[str, Layout] = {
             _count_lines,
             _given,
             _manifest_unused,
+            named_columns=True,
         ),
     )
 }
@@ -551,6 +556,21 @@ def parse_columns(given: Sequence[str]) -> tuple[tuple[str, str], ...]:
             )
         pairs.append((field.strip(), name.strip()))
     return tuple(pairs)
+
+
+def check_named_columns(corpora: Sequence[Corpus]) -> None:
+    """Refuse `--column` when no input has columns for it to name (LJSpeech, VCTK, LibriTTS and Common
+    Voice read fixed files): it would change nothing. Where some input has columns, each such input
+    checks the names against its own (`check_rows_file`)."""
+    given = next((c.columns for c in corpora if c.columns), ())
+    if given and not any(LAYOUTS[c.kind].named_columns for c in corpora):
+        field, name = given[0]
+        inputs = ", ".join(f"{c.input or c.root} is {c.kind}" for c in corpora)
+        tables = ", ".join(n for n, layout in LAYOUTS.items() if layout.named_columns)
+        raise CorpusError(
+            f"--column {field}={name}: no input has columns to name ({inputs}); --column names a column "
+            f"of a table ({tables}). Leave it out"
+        )
 
 
 def unused_columns(corpus: Corpus) -> list[str]:
@@ -608,8 +628,9 @@ def check_rows_file(corpus: Corpus) -> None:
         return  # a megabyte of blank lines: leave it to the pipeline
     if corpus.kind == "manifest":
         columns = manifests.manifest_columns(line, corpus.rows_path)
-        manifests.check_columns(columns, corpus.rows_path)
-        manifests.check_language(columns, "language", corpus.language, corpus.rows_path)
+        manifests.check_columns(columns, corpus.rows_path, dict(corpus.columns))
+        language = manifests.manifest_fields(dict(corpus.columns))["language"]
+        manifests.check_language(columns, language, corpus.language, corpus.rows_path)
     elif corpus.kind == "commonvoice":
         columns = manifests.commonvoice_columns(line)
         manifests.check_commonvoice_columns(columns, corpus.rows_path)
@@ -624,6 +645,9 @@ def _check_container_columns(corpus: Corpus) -> None:
     if not files:
         raise CorpusError(f"--input {corpus.input or corpus.root}: no {'.parquet' if parquet else '.tar'} file in it")
     names = containers.parquet_schema_columns(files[0]) if parquet else containers.tar_json_keys(files[0])
+    manifests.check_named_columns(
+        dict(corpus.columns), names, f"{files[0]}: its {'columns are' if parquet else 'first .json has keys'}"
+    )
     used = containers.column_names(names, dict(corpus.columns))
     what = f"{files[0]}: its {'columns' if parquet else '.json keys'} are {', '.join(names) or 'none'}"
     needed = ("audio", "text") if parquet else ("text",)

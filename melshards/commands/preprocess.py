@@ -116,8 +116,9 @@ def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
     "columns",
     multiple=True,
     metavar="FIELD=COLUMN",
-    help="Read FIELD (text, id, speaker, language, gender, audio, asr_text) from COLUMN of a parquet file "
-    "or a WebDataset .json (default: the names Hugging Face exports and Emilia use). Repeatable.",
+    help="Read FIELD (text, id, speaker, language, gender, audio, asr_text) from COLUMN of a manifest, a "
+    "parquet file or a WebDataset .json (default: a manifest's column of the field's name; the names Hugging "
+    "Face exports and Emilia use). Every input with columns must have COLUMN. Repeatable.",
 )
 @click.option(
     "--language",

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import codecs
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from melshards.preprocess import containers, manifests, sources
 from melshards.preprocess.rows import CorpusError, LayoutRows
-from melshards.preprocess.sources import check_rows_file, count_input_rows, detect_corpus, read_input
+from melshards.preprocess.sources import check_rows_file, count_input_rows, detect_corpus, read_input, unused_columns
 from melshards.preprocess.spill import Spill
 
 
@@ -48,6 +50,56 @@ def test_a_quote_never_closed_at_the_end_of_the_file_rejects_each_line_it_holds(
         "row 3: line 4 is inside a quoted field that opens on line 3 and cannot be read by the csv reader "
         "(unexpected end of data) (lines 3-4): a stray '\"'"
     )
+
+
+# -- --column -----------------------------------------------------------------------------------------
+def _ljspeech(root):
+    root.mkdir()
+    (root / "metadata.csv").write_text("a|Hi.|Hi.\n")
+    return detect_corpus(str(root), columns=["text=foo"])
+
+
+def test_column_is_refused_when_no_input_has_columns_to_name(tmp_path):
+    lj = _ljspeech(tmp_path / "lj")
+    with pytest.raises(CorpusError) as e:
+        sources.check_named_columns([lj])
+    assert str(e.value).startswith("--column text=foo: no input has columns to name (")
+    assert "is ljspeech" in str(e.value) and "Leave it out" in str(e.value)
+    (tmp_path / "m.csv").write_text("audio,text,foo\na.wav,,Hello.\n")
+    manifest = detect_corpus(str(tmp_path / "m.csv"), language="en", columns=["text=foo"])
+    sources.check_named_columns([lj, manifest])  # it names the manifest's column; the LJSpeech input has none
+
+
+def test_column_naming_no_column_of_a_manifest_is_refused_listing_the_columns_it_has(tmp_path):
+    (tmp_path / "m.csv").write_text("audio,caption,language\na.wav,Hello.,en\n")
+    corpus = detect_corpus(str(tmp_path / "m.csv"), columns=["text=captoin"])
+    with pytest.raises(CorpusError) as e:
+        check_rows_file(corpus)
+    assert str(e.value) == (
+        f"--column text=captoin: manifest {tmp_path}/m.csv: its header has columns audio, caption, language, "
+        "no 'captoin'; name one of these (column names are case-sensitive)"
+    )
+    with pytest.raises(CorpusError, match="--column text=captoin: "):  # a remote input, checked as it is read
+        _read("audio,caption\na.wav,Hello.\n", named={"text": "captoin"})
+
+
+def test_column_names_the_manifest_column_a_field_is_read_from(tmp_path):
+    (tmp_path / "m.jsonl").write_text('{"wav": "a.wav", "text": "old", "caption": "Hello.", "lang": "de"}\n')
+    corpus = detect_corpus(str(tmp_path / "m.jsonl"), columns=["text=caption", "audio=wav", "language=lang"])
+    check_rows_file(corpus)  # the language column is named: no --language needed
+    (r,) = read_input(corpus).rows
+    assert (r["text"], r["audio"], r["language"]) == ("Hello.", f"{tmp_path}/a.wav", "de")
+    assert unused_columns(corpus) == ["text"]
+
+
+def test_column_naming_no_column_of_a_parquet_export_is_refused_not_ignored(tmp_path):
+    """An optional field (speaker) misspelt: the run would have made one speaker of every row."""
+    pq.write_table(pa.table({"audio": [b"x"], "text": ["hi"], "spkr": ["A"]}), tmp_path / "t.parquet")
+    with pytest.raises(
+        CorpusError, match=r"--column speaker=spk: .*t.parquet: its columns are audio, text, spkr, no 'spk'"
+    ):
+        check_rows_file(detect_corpus(str(tmp_path / "t.parquet"), language="en", columns=["speaker=spk"]))
+    check_rows_file(detect_corpus(str(tmp_path / "t.parquet"), language="en", columns=["speaker=spkr"]))
 
 
 # -- encodings ---------------------------------------------------------------------------------------
