@@ -22,6 +22,7 @@ from melshards.preprocess.clips import ClipRejected, load_decoded
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import batches
 from melshards.preprocess.manifests import manifest_rows
+from melshards.preprocess.merge import input_name
 from melshards.preprocess.rows import CorpusError, LayoutRows
 from melshards.preprocess.sources import check_rows_file, detect_corpus, read_input, unused_columns
 from melshards.preprocess.spill import Spill
@@ -376,7 +377,31 @@ def test_the_cache_key_tells_rows_members_and_segments_of_one_file_apart(tmp_pat
     assert whole not in keys and whole == cache.clip_key(str(long.parent / "session.flac"), "s", None)
 
 
-# -- one run over every form --------------------------------------------------------------------
+# -- field types, names and ids ------------------------------------------------------------------
+def _json_tar(path: Path, samples: list[tuple[str, dict]]) -> Path:
+    """A tar of KEY.flac (a few bytes: never decoded here) + KEY.json for each (key, json)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tar:
+        for key, meta in samples:
+            _add(tar, f"{key}.flac", b"fLaC")
+            _add(tar, f"{key}.json", json.dumps(meta).encode())
+    return path
+
+
+def test_parquet_and_tar_inputs_and_their_speaker_are_named_without_the_extension(tmp_path):
+    assert [input_name(p) for p in ("/d/binary.parquet", "gs://b/EN-B000000.tar", "/d/x.TAR", "/d/x.tgz")] == [
+        "binary",
+        "EN-B000000",
+        "x",
+        "x.tgz",  # not an input this reads
+    ]
+    pq.write_table(pa.table({"audio": [b"x"], "text": ["hi"]}), tmp_path / "binary.parquet")
+    tar = _json_tar(tmp_path / "shard-000.tar", [("k", {"text": "hi"})])
+    for path, name in ((tmp_path / "binary.parquet", "binary"), (tar, "shard-000")):
+        (r,) = read_input(detect_corpus(str(path), language="en")).rows
+        assert r["speaker"] == name  # a corpus without speakers is one, named after the input
+
+
 FORMS = ("wav", "parquet", "tar", "long", "mp3")
 CONFIG = """
 filter:
@@ -422,7 +447,7 @@ def every_form(tmp_path_factory):
     return stats, rejected, records, out
 
 
-NAMES = {"wav": "clips", "parquet": "train.parquet", "tar": "tar", "long": "segments", "mp3": "mp3"}
+NAMES = {"wav": "clips", "parquet": "train", "tar": "tar", "long": "segments", "mp3": "mp3"}
 
 
 def _by_form(records: list[dict]) -> dict[str, dict[str, dict]]:
@@ -477,5 +502,5 @@ def test_the_summary_names_each_inputs_kind_rows_and_the_columns_it_did_not_read
     from melshards.reports.stats_report import build_report, load_run
 
     shown = terminal_report(build_report(load_run(str(out)), batch_size=8))
-    assert "input train.parquet (parquet, " in shown
+    assert "input train (parquet, " in shown
     assert "6 input rows" in shown and "columns not read: snr" in shown
