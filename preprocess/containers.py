@@ -501,32 +501,65 @@ def segment_locator(rec: Mapping, i: int) -> dict | str | None:
     return {"start": start, "end": end}
 
 
+def canonical_path(path: str, cwd: str | None = None) -> str:
+    """One spelling per file, to tell whether two rows name one recording: a local path absolute
+    (relative to `cwd`, default the working directory) and normalised (`rec.wav`, `./rec.wav`,
+    `d/../rec.wav` and its absolute path are one file; symbolic links are not followed); a URL as
+    written (an object name may hold `//` or `./`: `gs://b/x/./r.flac` is another object than
+    `gs://b/x/r.flac`)."""
+    if not is_local_path(path):
+        return path
+    return "/" + posixpath.normpath(posixpath.join(os.getcwd() if cwd is None else cwd, path)).lstrip("/")
+
+
 def refuse_overlaps(items: Iterable[dict], spill) -> Iterator[dict]:
-    """Segment rows -> the same, but a segment that overlaps one kept earlier (in input order) of the
-    same recording -> `overlapping_segment`: the overlap holds another utterance's speech (crosstalk,
-    or one stretch segmented twice), which the row's text does not say. Segments that touch (one's
-    end the next one's start) do not overlap. What is kept waits in the spill's sqlite file."""
+    """A manifest's rows -> the same, but a row whose audio overlaps that of a row kept earlier (in
+    input order) of the same recording -> `overlapping_segment`: the overlap holds another
+    utterance's speech (crosstalk, or one stretch segmented twice), which the row's text does not
+    say, and a clip of one split would hold audio of the other. A segment is its span; a whole-file
+    row is its whole recording, [0, its duration): it overlaps every segment of the recording, but
+    not another whole-file row of it (one file twice is the duplicate rules' to judge). Segments that
+    touch (one's end the next one's start) do not overlap. A recording is its `canonical_path`. What
+    is kept waits in the spill's sqlite file."""
     table = spill.table("segments")
     spill.db.execute(f"CREATE TABLE {table} (rec TEXT, s REAL, e REAL)")
     spill.db.execute(f"CREATE INDEX {table}_rec ON {table} (rec, s)")
+    whole_table = spill.table("wholes")  # each recording with a whole-file row kept: the first such row
+    spill.db.execute(f"CREATE TABLE {whole_table} (rec TEXT PRIMARY KEY, row INTEGER) WITHOUT ROWID")
+    here = os.getcwd()
+    db, segments, wholes = spill.db, False, False  # whether any is kept yet: whole files alone ask nothing
     for item in items:
         loc = item.get("locator")
-        if "reason" in item or not loc or "start" not in loc:
+        if "reason" in item or (loc and "start" not in loc):
             yield item
             continue
-        s, e = loc["start"], loc["end"]
-        hit = spill.db.execute(
-            f"SELECT s, e FROM {table} WHERE rec = ? AND s < ? AND e > ? LIMIT 1", (item["audio"], e, s)
-        ).fetchone()
-        if hit:
-            yield reject(
-                item["id"],
-                "overlapping_segment",
-                f"row {item['row'] + 1}: {s:g}-{e:g} s of {item['audio']} overlaps {hit[0]:g}-{hit[1]:g} s, "
-                "an earlier row's segment",
+        rec = canonical_path(item["audio"], here)
+        other: str | None = None  # what kept row it overlaps
+        if loc:
+            s, e = loc["start"], loc["end"]
+            what = f"{s:g}-{e:g} s of {item['audio']}"
+            hit = (
+                segments
+                and db.execute(
+                    f"SELECT s, e FROM {table} WHERE rec = ? AND s < ? AND e > ? LIMIT 1", (rec, e, s)
+                ).fetchone()
             )
+            whole = not hit and wholes and db.execute(f"SELECT row FROM {whole_table} WHERE rec = ?", (rec,)).fetchone()
+            other = f"the whole file, row {whole[0] + 1}" if whole else None
+        else:
+            what = f"the whole of {item['audio']} (a row without start and end)"
+            hit = segments and db.execute(f"SELECT s, e FROM {table} WHERE rec = ? LIMIT 1", (rec,)).fetchone()
+        if hit:
+            other = f"{hit[0]:g}-{hit[1]:g} s, an earlier row's segment"
+        if other:
+            yield reject(item["id"], "overlapping_segment", f"row {item['row'] + 1}: {what} overlaps {other}")
             continue
-        spill.db.execute(f"INSERT INTO {table} VALUES (?, ?, ?)", (item["audio"], s, e))
+        if loc:
+            db.execute(f"INSERT INTO {table} VALUES (?, ?, ?)", (rec, s, e))
+            segments = True
+        else:
+            db.execute(f"INSERT OR IGNORE INTO {whole_table} VALUES (?, ?)", (rec, item["row"]))
+            wholes = True
         yield item
 
 

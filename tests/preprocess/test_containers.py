@@ -24,6 +24,7 @@ from melshards.preprocess.corpus import batches
 from melshards.preprocess.manifests import manifest_rows
 from melshards.preprocess.merge import input_name
 from melshards.preprocess.rows import CorpusError, LayoutRows
+from melshards.preprocess.rows import row as make_row
 from melshards.preprocess.sources import check_rows_file, detect_corpus, read_input, unused_columns
 from melshards.preprocess.spill import Spill
 from tests.conftest import QUALITY_RULES_OFF
@@ -400,6 +401,41 @@ def test_parquet_and_tar_inputs_and_their_speaker_are_named_without_the_extensio
     for path, name in ((tmp_path / "binary.parquet", "binary"), (tar, "shard-000")):
         (r,) = read_input(detect_corpus(str(path), language="en")).rows
         assert r["speaker"] == name  # a corpus without speakers is one, named after the input
+
+
+def _item(n: int, audio: str, span: tuple[float, float] | None = None) -> dict:
+    item = make_row(f"r{n}", "t", audio, n)
+    if span:
+        item["locator"] = {"start": span[0], "end": span[1]}
+    return item
+
+
+def test_a_whole_file_row_overlaps_every_segment_of_its_recording_however_its_path_is_spelt(tmp_path):
+    rec, other = str(tmp_path / "rec.wav"), str(tmp_path / "other.wav")
+    items = [
+        _item(0, rec),  # the whole recording: kept
+        _item(1, f"{tmp_path}/./rec.wav", (1.0, 2.0)),  # inside it
+        _item(2, other, (0.0, 1.0)),
+        _item(3, f"{tmp_path}/sub/../other.wav"),  # the whole of it holds the segment before
+        _item(4, rec),  # the same file twice is no overlap: the duplicate rules judge it
+        _item(5, other, (1.0, 2.0)),  # touches the segment 0-1: kept
+        _item(6, f"{tmp_path}//other.wav", (0.5, 1.5)),
+        _item(7, "gs://b/x/r.flac", (0.0, 1.0)),
+        _item(8, "gs://b/x/./r.flac", (0.5, 2.0)),  # another object: a URL is compared as written
+        _item(9, "gs://b/x/r.flac", (0.9, 2.0)),
+    ]
+    with Spill() as spill:
+        read = LayoutRows.of(containers.refuse_overlaps(items, spill))
+    assert [r["id"] for r in read.rows] == ["r0", "r2", "r4", "r5", "r7", "r8"]
+    assert {r["id"]: r["reason"] for r in read.rejected} == dict.fromkeys(
+        ["r1", "r3", "r6", "r9"], "overlapping_segment"
+    )
+    details = {r["id"]: r["detail"] for r in read.rejected}
+    assert details["r1"].endswith("overlaps the whole file, row 1")
+    assert (
+        details["r3"].startswith(f"row 4: the whole of {tmp_path}/sub/../other.wav")
+        and "overlaps 0-1 s" in details["r3"]
+    )
 
 
 FORMS = ("wav", "parquet", "tar", "long", "mp3")
