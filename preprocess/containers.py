@@ -28,7 +28,7 @@ import posixpath
 import tarfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import Any, TypeVar
 
 import numpy as np
@@ -83,20 +83,65 @@ def _stem(path: str) -> str:
     return posixpath.splitext(posixpath.basename(path))[0]
 
 
-def _row_of(rec: Mapping, used: Mapping[str, str], i: int, clip_id: str, audio: str, locator: dict) -> dict:
+def _label(value) -> str | None:
+    """A label field's value (id, speaker, language) as text: a string, or a number as written
+    (`speaker_id` 19 -> "19"); "" for null; None for anything else (a list, an object, true/false)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+_KINDS = {list: "a list", tuple: "a list", dict: "an object", bool: "a boolean", int: "a number", float: "a number"}
+
+
+def _not_read(field: str, column: str, value, want: str) -> str:
+    """A `malformed_row` detail: the field's value (its start) is not what it must be."""
+    shown = repr(value)
+    kind = _KINDS.get(type(value), type(value).__name__)
+    return f"{field} ({column}) is {kind}, {shown[:80]}{'...' if len(shown) > 80 else ''}, not {want}"
+
+
+def _row_of(rec: Mapping, used: Mapping[str, str], i: int, clip_id: str, audio: str, locator: dict, where: str) -> dict:
+    """A record's fields (`used`: field -> its key in `rec`) -> a row, or its rejection: a text or
+    ASR text that is no string (a list, a number, an object) or a speaker or language that is
+    neither a string nor a number -> `malformed_row`, their value never turned into text by Python's
+    repr; a null text -> `missing_text`. `where` (file and row) begins a rejection's detail."""
+    texts: dict[str, str] = {}
+    for field in ("text", *EXTRA_FIELDS):
+        if field not in used:
+            continue
+        value = rec.get(used[field])
+        if value is None and field == "text":
+            return reject(clip_id, "missing_text", f"{where}: its text ({used[field]}) is null")
+        if value is not None and not isinstance(value, str):
+            return reject(clip_id, "malformed_row", f"{where}: {_not_read(field, used[field], value, 'a string')}")
+        texts[field] = value or ""
+    labels: dict[str, str] = {}
+    for field in ("speaker", "language"):
+        if field in used:
+            value = rec.get(used[field])
+            label = _label(value)
+            if label is None:
+                why = _not_read(field, used[field], value, "a string or a number")
+                return reject(clip_id, "malformed_row", f"{where}: {why}")
+            labels[field] = label
     out = row(
         clip_id,
-        str(rec.get(used["text"]) or "") if "text" in used else "",
+        texts.get("text", ""),
         audio,
         i,
-        speaker=str(rec.get(used["speaker"]) or "") if "speaker" in used else "",
-        language=str(rec.get(used["language"]) or "").strip() if "language" in used else "",
+        speaker=labels.get("speaker", ""),
+        language=labels.get("language", "").strip(),
         gender=gender_code(rec.get(used["gender"])) if "gender" in used else "",
     )
     out["locator"] = locator
     for extra in EXTRA_FIELDS:
         if extra in used:
-            out[extra] = str(rec.get(used[extra]) or "")
+            out[extra] = texts[extra]
     return out
 
 
@@ -113,16 +158,36 @@ def parquet_row_count(path: str) -> int:
         return int(_parquet_file(path, stack).metadata.num_rows)
 
 
-def parquet_rows(path: str, start: int, overrides: Mapping[str, str] | None = None) -> Iterator[dict]:
+def path_id(path: str) -> str:
+    """A clip id from its audio's path: the path without its extension, normalised (`./spkA/001.wav`
+    -> `spkA/001`, so `spkB/001.wav` is another clip); of an absolute path or a URL, the base name's
+    stem (its directories name the disk it was exported from, not the corpus)."""
+    if path.startswith("/") or "://" in path:
+        return _stem(path)
+    return posixpath.splitext(posixpath.normpath(path))[0]
+
+
+def parquet_rows(
+    path: str,
+    start: int,
+    overrides: Mapping[str, str] | None = None,
+    name: str | None = None,
+    taken: MutableMapping[str, int] | None = None,
+) -> Iterator[dict]:
     """One parquet file's rows -> items, row positions from `start`. Its columns but the audio bytes
-    are read, a batch at a time; a row's id is its id column, else its audio `path`'s stem, else
-    `<file stem>-<row>`. A row whose audio is null, or whose table has no audio or text column ->
-    `missing_audio` / `missing_text`.
+    are read, a batch at a time. A row's id is its id column; else its audio `path`'s `path_id`,
+    unless an earlier row of the input had that one (`taken`, path id -> row position: an export
+    that kept base names only); else `<name>-<row in the file, from 0>`, `name` being the file's
+    path under its input without `.parquet` (default: its stem). A row whose audio is null, or whose
+    table has no audio or text column -> `missing_audio` / `missing_text`; a field of the wrong type
+    (`_row_of`) -> `malformed_row`.
 
     Holds the file's footer, parsed whole by Arrow (no part of a footer can be read alone: about 8 KB
     per row group of 5 columns), one batch of the columns read and one row, nothing per row group or
     row beyond: the memory grows with the largest file's row groups, not with the rows read. The
     footer is parsed here, not taken from FOOTERS, so the read stage holds one file's at a time."""
+    name = name or _stem(path)
+    taken = {} if taken is None else taken
     with contextlib.ExitStack() as stack:
         pf = _parquet_file(path, stack)
         names = pf.schema_arrow.names
@@ -143,9 +208,16 @@ def parquet_rows(path: str, start: int, overrides: Mapping[str, str] | None = No
                 for rec in batch.to_pylist():
                     inner = rec.get(audio_col) if has_path else None
                     apath = str(inner.get("path") or "") if isinstance(inner, dict) else ""
-                    ident = str(rec.get(used["id"]) or "") if "id" in used else ""
-                    clip_id = ident or (_stem(apath) if apath else f"{_stem(path)}-{i - start}")
-                    if audio_col is None:
+                    ident = _label(rec.get(used["id"])) if "id" in used else ""
+                    clip_id = ident or f"{name}-{i - start}"
+                    from_path = path_id(apath) if apath and not ident else ""
+                    if from_path and taken.setdefault(from_path, i) == i:
+                        clip_id = from_path
+                    where = f"{path}: row {i - start}"
+                    if ident is None:
+                        why = _not_read("id", used["id"], rec.get(used["id"]), "a string or a number")
+                        yield reject(clip_id, "malformed_row", f"{where}: {why}")
+                    elif audio_col is None:
                         yield reject(clip_id, "missing_audio", f"{path}: no audio column ({', '.join(names)})")
                     elif not_bytes:
                         why = f"{path}: column {audio_col} holds {audio_type}, not encoded audio (binary, or a struct with `bytes`)"
@@ -154,7 +226,7 @@ def parquet_rows(path: str, start: int, overrides: Mapping[str, str] | None = No
                         yield reject(clip_id, "missing_text", f"{path}: no text column ({', '.join(names)})")
                     else:
                         locator = {"parquet": audio_col, "row_group": g, "index": index}
-                        yield _row_of(rec, used, i, clip_id, path, locator)
+                        yield _row_of(rec, used, i, clip_id, path, locator, where)
                     i += 1
                     index += 1
 
@@ -413,16 +485,19 @@ def tar_rows(path: str, start: int, overrides: Mapping[str, str] | None = None) 
     `.wav`, `.mp3`, `.ogg`, `.opus`; exactly one) with the fields of the `.json` member (text, id,
     speaker, language, gender as FIELD_COLUMNS name them; id defaults to the key). A sample without
     its `.json` -> `missing_text`; a `.json` without audio -> `missing_audio`; two audio members ->
-    `ambiguous_audio`; a `.json` that is no object or lacks the text -> `malformed_row`."""
+    `ambiguous_audio`; a `.json` that is no object or lacks the text, or a field of the wrong type
+    (`_row_of`) -> `malformed_row`; a null text -> `missing_text`."""
     for n, (key, members, meta, problem) in enumerate(tar_samples(path), start):
         audio = [ext for ext in members if "." + ext.rsplit(".", 1)[-1] in AUDIO_EXTENSIONS]
-        ident = key
         used = column_names(meta, overrides) if meta is not None else {}
-        if meta is not None and "id" in used and meta.get(used["id"]):
-            ident = str(meta[used["id"]])
+        given = _label(meta.get(used["id"])) if meta is not None and "id" in used else ""
+        ident = given or key
         where = f"{path}: {key}"
         if problem:
             yield reject(ident, "malformed_row", f"{where}: {problem}")
+        elif given is None:
+            why = _not_read("id", used["id"], meta.get(used["id"]) if meta else None, "a string or a number")
+            yield reject(ident, "malformed_row", f"{where}: {why}")
         elif len(audio) > 1:
             yield reject(ident, "ambiguous_audio", f"{where}: {len(audio)} audio members ({', '.join(audio)})")
         elif not audio:
@@ -434,7 +509,7 @@ def tar_rows(path: str, start: int, overrides: Mapping[str, str] | None = None) 
         else:
             m = members[audio[0]]
             locator = {"tar_offset": m.offset_data, "size": m.size, "member": m.name}
-            yield _row_of(meta, used, n, ident, path, locator)
+            yield _row_of(meta, used, n, ident, path, locator, where)
 
 
 def tar_json_keys(path: str) -> list[str]:

@@ -330,9 +330,22 @@ def _locate_container(kind: str, extensions: tuple[str, ...]) -> Callable[[str, 
     return locate
 
 
+def _name_in(c: Corpus, path: str) -> str:
+    """A file's path under its input, without its extension (`data/en/train-0.parquet` under the
+    input `ds` -> `data/en/train-0`); the input's own file -> its stem."""
+    root = c.root.rstrip("/") + "/"
+    rel = path[len(root) :] if path.startswith(root) else posixpath.basename(path)
+    return posixpath.splitext(rel)[0]
+
+
 def _read_parquet(c: Corpus, spill: Spill) -> Iterator[dict]:
     files = _container_files(c, containers.PARQUET_EXTENSIONS)
-    return unique_ids(_numbered(containers.parquet_rows, files, dict(c.columns)), spill.map())
+    taken = spill.map()  # the ids taken from audio paths (`containers.parquet_rows`)
+
+    def read(path: str, start: int, columns: dict) -> Iterator[dict]:
+        return containers.parquet_rows(path, start, columns, _name_in(c, path), taken)
+
+    return unique_ids(_numbered(read, files, dict(c.columns)), spill.map())
 
 
 def _count_parquet(c: Corpus) -> int:

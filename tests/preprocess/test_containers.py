@@ -389,6 +389,41 @@ def _json_tar(path: Path, samples: list[tuple[str, dict]]) -> Path:
     return path
 
 
+def test_a_text_that_is_not_a_string_is_a_rejected_row_never_read_as_its_repr(tmp_path):
+    base = {"language": "en", "speaker": "A"}
+    path = _json_tar(
+        tmp_path / "t.tar",
+        [
+            ("good", {**base, "text": "fine", "speaker": 19}),  # a number is a label as written
+            ("list", {**base, "text": ["a", "b"]}),
+            ("number", {**base, "text": 42}),
+            ("object", {**base, "text": {"en": "hi"}}),
+            ("null", {**base, "text": None}),
+            ("speakers", {**base, "text": "two speakers", "speaker": ["A", "B"]}),
+            ("ids", {**base, "text": "an id list", "id": ["x"]}),
+        ],
+    )
+    read = LayoutRows.of(containers.tar_rows(str(path), 0))
+    assert [(r["id"], r["text"], r["speaker"]) for r in read.rows] == [("good", "fine", "19")]
+    got = {r["id"]: (r["reason"], r["detail"]) for r in read.rejected}
+    assert {k: reason for k, (reason, _) in got.items()} == {
+        "list": "malformed_row",
+        "number": "malformed_row",
+        "object": "malformed_row",
+        "null": "missing_text",
+        "speakers": "malformed_row",
+        "ids": "malformed_row",
+    }
+    assert got["list"][1] == f"{path}: list: text (text) is a list, ['a', 'b'], not a string"
+    assert "speaker (speaker) is a list" in got["speakers"][1] and "id (id) is a list" in got["ids"][1]
+    parquet = tmp_path / "t.parquet"  # a parquet column of lists: every row
+    pq.write_table(pa.table({"audio": [b"x", b"y"], "text": [["a", "b"], None]}), parquet)
+    assert [r["reason"] for r in LayoutRows.of(containers.parquet_rows(str(parquet), 0)).rejected] == [
+        "malformed_row",
+        "missing_text",
+    ]
+
+
 def test_parquet_and_tar_inputs_and_their_speaker_are_named_without_the_extension(tmp_path):
     assert [input_name(p) for p in ("/d/binary.parquet", "gs://b/EN-B000000.tar", "/d/x.TAR", "/d/x.tgz")] == [
         "binary",
@@ -401,6 +436,26 @@ def test_parquet_and_tar_inputs_and_their_speaker_are_named_without_the_extensio
     for path, name in ((tmp_path / "binary.parquet", "binary"), (tar, "shard-000")):
         (r,) = read_input(detect_corpus(str(path), language="en")).rows
         assert r["speaker"] == name  # a corpus without speakers is one, named after the input
+
+
+def _audio_structs(paths: list[str | None]) -> pa.Array:
+    return pa.array(
+        [{"bytes": b"x", "path": p} for p in paths], pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    )
+
+
+def test_parquet_rows_without_an_id_get_unique_stable_ids_from_their_path_else_their_file_and_row(tmp_path):
+    paths = ["spkA/001.wav", "spkB/001.wav", "./spkA/002.wav", "001.wav", "001.wav", "/home/me/x/003.wav"]
+    (tmp_path / "ds" / "en").mkdir(parents=True)
+    (tmp_path / "ds" / "de").mkdir()
+    audio = _audio_structs(paths)  # `001.wav` twice: an export that kept base names only
+    pq.write_table(pa.table({"audio": audio, "text": ["t"] * 6}), tmp_path / "ds" / "en" / "train.parquet")
+    pq.write_table(pa.table({"audio": [b"x", b"y"], "text": ["t"] * 2}), tmp_path / "ds" / "de" / "train.parquet")
+    corpus = detect_corpus(str(tmp_path / "ds"), language="en")
+    read = read_input(corpus)
+    ids = ["de/train-0", "de/train-1", "spkA/001", "spkB/001", "spkA/002", "001", "en/train-4", "003"]
+    assert [r["id"] for r in read.rows] == ids and read.rejected == []
+    assert [r["id"] for r in read_input(corpus).rows] == ids  # a re-run names each row alike
 
 
 def _item(n: int, audio: str, span: tuple[float, float] | None = None) -> dict:
