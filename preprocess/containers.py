@@ -35,7 +35,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess.lock import is_local_path
-from melshards.preprocess.rows import gender_code, reject, row
+from melshards.preprocess.rows import CorpusError, gender_code, reject, row
 
 # The column names each field is read from, first found wins: Hugging Face exports and Emilia's
 # `.json` use these; `--column FIELD=NAME` names another.
@@ -146,15 +146,38 @@ def _row_of(rec: Mapping, used: Mapping[str, str], i: int, clip_id: str, audio: 
 
 
 # -- parquet --------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _readable(path: str, what: str, errors: tuple[type[BaseException], ...]) -> Iterator[None]:
+    """`errors` raised inside -> CorpusError, in one line naming the file: a container file that
+    cannot be read is a bad input (cut short by an interrupted download, damaged, or not the format
+    its name says), and the run stops before any work rather than read part of a corpus."""
+    try:
+        yield
+    except errors as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise CorpusError(
+            f"{path} cannot be read as {what} ({reason}): a file cut short or damaged? Download it again, "
+            "or leave it out of the input"
+        ) from None
+
+
+def _parquet_errors() -> tuple[type[BaseException], ...]:
+    """What Arrow raises for a file that is no parquet file, or a damaged one (its own errors, and
+    OSError for an unreadable footer)."""
+    import pyarrow as pa
+
+    return (pa.ArrowException, OSError)
+
+
 def parquet_schema_columns(path: str) -> list[str]:
-    """A parquet file's top-level column names, from its footer."""
-    with contextlib.ExitStack() as stack:
+    """A parquet file's top-level column names, from its footer (CorpusError for an unreadable file)."""
+    with contextlib.ExitStack() as stack, _readable(path, "a parquet file", _parquet_errors()):
         return list(_parquet_file(path, stack).schema_arrow.names)
 
 
 def parquet_row_count(path: str) -> int:
-    """A parquet file's rows, from its footer."""
-    with contextlib.ExitStack() as stack:
+    """A parquet file's rows, from its footer (CorpusError for an unreadable file)."""
+    with contextlib.ExitStack() as stack, _readable(path, "a parquet file", _parquet_errors()):
         return int(_parquet_file(path, stack).metadata.num_rows)
 
 
@@ -180,7 +203,7 @@ def parquet_rows(
     that kept base names only); else `<name>-<row in the file, from 0>`, `name` being the file's
     path under its input without `.parquet` (default: its stem). A row whose audio is null, or whose
     table has no audio or text column -> `missing_audio` / `missing_text`; a field of the wrong type
-    (`_row_of`) -> `malformed_row`.
+    (`_row_of`) -> `malformed_row`. CorpusError, naming the file, for a file Arrow cannot read.
 
     Holds the file's footer, parsed whole by Arrow (no part of a footer can be read alone: about 8 KB
     per row group of 5 columns), one batch of the columns read and one row, nothing per row group or
@@ -188,7 +211,7 @@ def parquet_rows(
     footer is parsed here, not taken from FOOTERS, so the read stage holds one file's at a time."""
     name = name or _stem(path)
     taken = {} if taken is None else taken
-    with contextlib.ExitStack() as stack:
+    with contextlib.ExitStack() as stack, _readable(path, "a parquet file", _parquet_errors()):
         pf = _parquet_file(path, stack)
         names = pf.schema_arrow.names
         used = column_names(names, overrides)
@@ -442,33 +465,52 @@ def tar_samples(
 ) -> Iterator[tuple[str, dict[str, tarfile.TarInfo], dict | None, str | None]]:
     """A tar's samples in order: (key, {extension: member}, its `.json` parsed or None, why the json
     could not be read or None). Members are read by header only, except the `.json` ones (not even
-    those with `read_json` False)."""
-    with _open(path) as f, tarfile.open(fileobj=f, mode="r:", tarinfo=_UstarFile) as tar:
-        key: str | None = None
-        members: dict[str, tarfile.TarInfo] = {}
-        meta: dict | None = None
-        problem: str | None = None
-        for m in tar:
-            if not m.isfile():
-                continue
-            k, ext = _split_key(m.name)
-            if k != key:
-                if key is not None:
-                    yield key, members, meta, problem
-                key, members, meta, problem = k, {}, None, None
-            members[ext] = m
-            if ext == "json" and read_json:
-                try:
-                    data = _member_bytes(f, tar, m)
-                    parsed = json.loads(data.decode("utf-8"))
-                    if isinstance(parsed, dict):
-                        meta = parsed
-                    else:
-                        problem = "its .json is not an object"
-                except (ValueError, UnicodeDecodeError) as e:
-                    meta, problem = None, f"its .json cannot be read ({e})"
-        if key is not None:
-            yield key, members, meta, problem
+    those with `read_json` False).
+
+    CorpusError, in one line naming the file, for a file that is not a whole tar (`_readable`):
+    empty, not a tar, cut short (a member's data past the file's end, or no end-of-archive block
+    where the members end: every tar writer ends a tar with one), or a header that cannot be read
+    after the first; and for a sample whose members are not together (a key met again after other
+    keys: WebDataset writes a sample's members one after another and reads them so). The keys met
+    are held, a few bytes each, until the tar is read."""
+    with _readable(path, "a tar", (tarfile.TarError,)), _open(path) as f:
+        with tarfile.open(fileobj=f, mode="r:", tarinfo=_UstarFile) as tar:
+            key: str | None = None
+            members: dict[str, tarfile.TarInfo] = {}
+            meta: dict | None = None
+            problem: str | None = None
+            done: set[str] = set()
+            for m in tar:
+                if not m.isfile():
+                    continue
+                k, ext = _split_key(m.name)
+                if k != key:
+                    if key is not None:
+                        yield key, members, meta, problem
+                        done.add(key)
+                    if k in done:
+                        raise CorpusError(
+                            f"{path}: the members of sample {k} are not together ({m.name} comes after other "
+                            "samples' members); a WebDataset tar holds each sample's files one after another: "
+                            "write it again so (e.g. tar --sort=name)"
+                        )
+                    key, members, meta, problem = k, {}, None, None
+                members[ext] = m
+                if ext == "json" and read_json:
+                    try:
+                        data = _member_bytes(f, tar, m)
+                        parsed = json.loads(data.decode("utf-8"))
+                        if isinstance(parsed, dict):
+                            meta = parsed
+                        else:
+                            problem = "its .json is not an object"
+                    except (ValueError, UnicodeDecodeError) as e:
+                        meta, problem = None, f"its .json cannot be read ({e})"
+            f.seek(tar.offset)
+            if f.read(tarfile.BLOCKSIZE) != tarfile.NUL * tarfile.BLOCKSIZE:
+                raise tarfile.ReadError(f"no end-of-archive block at byte {tar.offset}")
+            if key is not None:
+                yield key, members, meta, problem
 
 
 def _member_bytes(f, tar: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:
@@ -486,7 +528,8 @@ def tar_rows(path: str, start: int, overrides: Mapping[str, str] | None = None) 
     speaker, language, gender as FIELD_COLUMNS name them; id defaults to the key). A sample without
     its `.json` -> `missing_text`; a `.json` without audio -> `missing_audio`; two audio members ->
     `ambiguous_audio`; a `.json` that is no object or lacks the text, or a field of the wrong type
-    (`_row_of`) -> `malformed_row`; a null text -> `missing_text`."""
+    (`_row_of`) -> `malformed_row`; a null text -> `missing_text`. CorpusError for a file that is not
+    a whole tar (`tar_samples`)."""
     for n, (key, members, meta, problem) in enumerate(tar_samples(path), start):
         audio = [ext for ext in members if "." + ext.rsplit(".", 1)[-1] in AUDIO_EXTENSIONS]
         used = column_names(meta, overrides) if meta is not None else {}
@@ -512,12 +555,15 @@ def tar_rows(path: str, start: int, overrides: Mapping[str, str] | None = None) 
             yield _row_of(meta, used, n, ident, path, locator, where)
 
 
-def tar_json_keys(path: str) -> list[str]:
-    """The keys of a tar's first `.json` member (the fields its samples carry)."""
+def tar_json_keys(path: str) -> list[str] | None:
+    """The keys of a tar's first `.json` member (the fields its samples carry): [] if it has none,
+    None if the tar holds no sample."""
+    found: list[str] | None = None
     for _key, _members, meta, _problem in tar_samples(path):
         if meta is not None:
             return list(meta)
-    return []
+        found = []
+    return found
 
 
 # -- reading a clip's bytes -----------------------------------------------------------------------

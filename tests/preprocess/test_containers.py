@@ -493,6 +493,84 @@ def test_a_whole_file_row_overlaps_every_segment_of_its_recording_however_its_pa
     )
 
 
+# -- container files that cannot be read ---------------------------------------------------------
+def _tar_bytes(names: list[str]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in names:
+            _add(tar, name, b'{"text": "hi"}' if name.endswith(".json") else b"x" * 1000)
+    return buf.getvalue()
+
+
+def _zero_row_parquet() -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"audio": pa.array([], pa.binary()), "text": pa.array([], pa.string())}), buf)
+    return buf.getvalue()
+
+
+def _parquet_bytes() -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"audio": [b"x"], "text": ["hi"]}), buf)
+    return buf.getvalue()
+
+
+WHOLE_TAR = _tar_bytes(["a.flac", "a.json", "b.flac", "b.json"])
+UNREADABLE = {  # name: (the file's bytes, what the one line says)
+    "cut-in-a-member.tar": (WHOLE_TAR[:1000], "cannot be read as a tar (unexpected end of data)"),
+    "cut-in-a-header.tar": (WHOLE_TAR[:1700], "cannot be read as a tar (no end-of-archive block at byte 1536)"),
+    "cut-at-a-block.tar": (WHOLE_TAR[: 512 * 5], "cannot be read as a tar (no end-of-archive block"),
+    "empty.tar": (b"", "cannot be read as a tar (empty file)"),
+    "not-a.tar": (b"<html>not found</html>" * 40, "cannot be read as a tar"),
+    "out-of-order.tar": (
+        _tar_bytes(["a.flac", "b.flac", "a.json", "b.json"]),
+        ": the members of sample a are not together (a.json comes after",
+    ),
+    "cut.parquet": (_parquet_bytes()[:-30], "cannot be read as a parquet file"),
+    "empty.parquet": (b"", "cannot be read as a parquet file (Parquet file size is 0 bytes)"),
+    "zero-rows.parquet": (_zero_row_parquet(), "holds no rows"),
+}
+
+
+@pytest.mark.parametrize("name", UNREADABLE)
+def test_a_container_file_that_cannot_be_read_stops_the_run_in_one_line_naming_it(tmp_path, capsys, name):
+    from melshards.commands.preprocess import run
+
+    data, says = UNREADABLE[name]
+    path = tmp_path / name
+    path.write_bytes(data)
+    code = run(["--input", str(path), "--language", "en", "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    (line,) = [x for x in err.splitlines() if x.startswith("Error:")]
+    assert line.startswith(f"Error: {path}") and says in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_input_whose_files_hold_no_row_stops_the_run_naming_it(tmp_path, capsys):
+    from melshards.commands.preprocess import run
+
+    for name in ("a", "b"):
+        (tmp_path / "ds" / name).mkdir(parents=True)
+        (tmp_path / "ds" / name / "train.parquet").write_bytes(_zero_row_parquet())
+    code = run(["--input", str(tmp_path / "ds"), "--language", "en", "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"Error: --input {tmp_path / 'ds'}: its 2 .parquet file(s) hold no rows." in err
+
+
+def test_one_unreadable_parquet_file_of_three_stops_the_run_naming_it(tmp_path, capsys):
+    from melshards.commands.preprocess import run
+
+    for name in ("a", "b", "c"):
+        (tmp_path / "ds" / name).mkdir(parents=True)
+        (tmp_path / "ds" / name / "train.parquet").write_bytes(
+            _parquet_bytes()[:-30] if name == "b" else _parquet_bytes()
+        )
+    code = run(["--input", str(tmp_path / "ds"), "--language", "en", "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"Error: {tmp_path / 'ds' / 'b' / 'train.parquet'} cannot be read as a parquet file" in err
+
+
+# -- one run over every form --------------------------------------------------------------------
 FORMS = ("wav", "parquet", "tar", "long", "mp3")
 CONFIG = """
 filter:
