@@ -28,14 +28,14 @@ import posixpath
 import tarfile
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import Any, TypeVar
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess.lock import is_local_path
-from melshards.preprocess.rows import gender_code, reject, row
+from melshards.preprocess.rows import CorpusError, gender_code, reject, row
 
 # The column names each field is read from, first found wins: Hugging Face exports and Emilia's
 # `.json` use these; `--column FIELD=NAME` names another.
@@ -84,47 +84,135 @@ def _stem(path: str) -> str:
     return posixpath.splitext(posixpath.basename(path))[0]
 
 
-def _row_of(rec: Mapping, used: Mapping[str, str], i: int, clip_id: str, audio: str, locator: dict) -> dict:
+def _label(value) -> str | None:
+    """A label field's value (id, speaker, language) as text: a string, or a number as written
+    (`speaker_id` 19 -> "19"); "" for null; None for anything else (a list, an object, true/false)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    return None
+
+
+_KINDS = {list: "a list", tuple: "a list", dict: "an object", bool: "a boolean", int: "a number", float: "a number"}
+
+
+def _not_read(field: str, column: str, value, want: str) -> str:
+    """A `malformed_row` detail: the field's value (its start) is not what it must be."""
+    shown = repr(value)
+    kind = _KINDS.get(type(value), type(value).__name__)
+    return f"{field} ({column}) is {kind}, {shown[:80]}{'...' if len(shown) > 80 else ''}, not {want}"
+
+
+def _row_of(rec: Mapping, used: Mapping[str, str], i: int, clip_id: str, audio: str, locator: dict, where: str) -> dict:
+    """A record's fields (`used`: field -> its key in `rec`) -> a row, or its rejection: a text or
+    ASR text that is no string (a list, a number, an object) or a speaker or language that is
+    neither a string nor a number -> `malformed_row`, their value never turned into text by Python's
+    repr; a null text -> `missing_text`. `where` (file and row) begins a rejection's detail."""
+    texts: dict[str, str] = {}
+    for field in ("text", *EXTRA_FIELDS):
+        if field not in used:
+            continue
+        value = rec.get(used[field])
+        if value is None and field == "text":
+            return reject(clip_id, "missing_text", f"{where}: its text ({used[field]}) is null")
+        if value is not None and not isinstance(value, str):
+            return reject(clip_id, "malformed_row", f"{where}: {_not_read(field, used[field], value, 'a string')}")
+        texts[field] = value or ""
+    labels: dict[str, str] = {}
+    for field in ("speaker", "language"):
+        if field in used:
+            value = rec.get(used[field])
+            label = _label(value)
+            if label is None:
+                why = _not_read(field, used[field], value, "a string or a number")
+                return reject(clip_id, "malformed_row", f"{where}: {why}")
+            labels[field] = label
     out = row(
         clip_id,
-        str(rec.get(used["text"]) or "") if "text" in used else "",
+        texts.get("text", ""),
         audio,
         i,
-        speaker=str(rec.get(used["speaker"]) or "") if "speaker" in used else "",
-        language=str(rec.get(used["language"]) or "").strip() if "language" in used else "",
+        speaker=labels.get("speaker", ""),
+        language=labels.get("language", "").strip(),
         gender=gender_code(rec.get(used["gender"])) if "gender" in used else "",
     )
     out["locator"] = locator
     for extra in EXTRA_FIELDS:
         if extra in used:
-            out[extra] = str(rec.get(used[extra]) or "")
+            out[extra] = texts[extra]
     return out
 
 
 # -- parquet --------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _readable(path: str, what: str, errors: tuple[type[BaseException], ...]) -> Iterator[None]:
+    """`errors` raised inside -> CorpusError, in one line naming the file: a container file that
+    cannot be read is a bad input (cut short by an interrupted download, damaged, or not the format
+    its name says), and the run stops before any work rather than read part of a corpus."""
+    try:
+        yield
+    except errors as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise CorpusError(
+            f"{path} cannot be read as {what} ({reason}): a file cut short or damaged? Download it again, "
+            "or leave it out of the input"
+        ) from None
+
+
+def _parquet_errors() -> tuple[type[BaseException], ...]:
+    """What Arrow raises for a file that is no parquet file, or a damaged one (its own errors, and
+    OSError for an unreadable footer)."""
+    import pyarrow as pa
+
+    return (pa.ArrowException, OSError)
+
+
 def parquet_schema_columns(path: str) -> list[str]:
-    """A parquet file's top-level column names, from its footer."""
-    with contextlib.ExitStack() as stack:
+    """A parquet file's top-level column names, from its footer (CorpusError for an unreadable file)."""
+    with contextlib.ExitStack() as stack, _readable(path, "a parquet file", _parquet_errors()):
         return list(_parquet_file(path, stack).schema_arrow.names)
 
 
 def parquet_row_count(path: str) -> int:
-    """A parquet file's rows, from its footer."""
-    with contextlib.ExitStack() as stack:
+    """A parquet file's rows, from its footer (CorpusError for an unreadable file)."""
+    with contextlib.ExitStack() as stack, _readable(path, "a parquet file", _parquet_errors()):
         return int(_parquet_file(path, stack).metadata.num_rows)
 
 
-def parquet_rows(path: str, start: int, overrides: Mapping[str, str] | None = None) -> Iterator[dict]:
+def path_id(path: str) -> str:
+    """A clip id from its audio's path: the path without its extension, normalised (`./spkA/001.wav`
+    -> `spkA/001`, so `spkB/001.wav` is another clip); of an absolute path or a URL, the base name's
+    stem (its directories name the disk it was exported from, not the corpus)."""
+    if path.startswith("/") or "://" in path:
+        return _stem(path)
+    return posixpath.splitext(posixpath.normpath(path))[0]
+
+
+def parquet_rows(
+    path: str,
+    start: int,
+    overrides: Mapping[str, str] | None = None,
+    name: str | None = None,
+    taken: MutableMapping[str, int] | None = None,
+) -> Iterator[dict]:
     """One parquet file's rows -> items, row positions from `start`. Its columns but the audio bytes
-    are read, a batch at a time; a row's id is its id column, else its audio `path`'s stem, else
-    `<file stem>-<row>`. A row whose audio is null, or whose table has no audio or text column ->
-    `missing_audio` / `missing_text`.
+    are read, a batch at a time. A row's id is its id column; else its audio `path`'s `path_id`,
+    unless an earlier row of the input had that one (`taken`, path id -> row position: an export
+    that kept base names only); else `<name>-<row in the file, from 0>`, `name` being the file's
+    path under its input without `.parquet` (default: its stem). A row whose audio is null, or whose
+    table has no audio or text column -> `missing_audio` / `missing_text`; a field of the wrong type
+    (`_row_of`) -> `malformed_row`. CorpusError, naming the file, for a file Arrow cannot read.
 
     Holds the file's footer, parsed whole by Arrow (no part of a footer can be read alone: about 8 KB
     per row group of 5 columns), one batch of the columns read and one row, nothing per row group or
     row beyond: the memory grows with the largest file's row groups, not with the rows read. The
     footer is parsed here, not taken from FOOTERS, so the read stage holds one file's at a time."""
-    with contextlib.ExitStack() as stack:
+    name = name or _stem(path)
+    taken = {} if taken is None else taken
+    with contextlib.ExitStack() as stack, _readable(path, "a parquet file", _parquet_errors()):
         pf = _parquet_file(path, stack)
         names = pf.schema_arrow.names
         used = column_names(names, overrides)
@@ -144,9 +232,16 @@ def parquet_rows(path: str, start: int, overrides: Mapping[str, str] | None = No
                 for rec in batch.to_pylist():
                     inner = rec.get(audio_col) if has_path else None
                     apath = str(inner.get("path") or "") if isinstance(inner, dict) else ""
-                    ident = str(rec.get(used["id"]) or "") if "id" in used else ""
-                    clip_id = ident or (_stem(apath) if apath else f"{_stem(path)}-{i - start}")
-                    if audio_col is None:
+                    ident = _label(rec.get(used["id"])) if "id" in used else ""
+                    clip_id = ident or f"{name}-{i - start}"
+                    from_path = path_id(apath) if apath and not ident else ""
+                    if from_path and taken.setdefault(from_path, i) == i:
+                        clip_id = from_path
+                    where = f"{path}: row {i - start}"
+                    if ident is None:
+                        why = _not_read("id", used["id"], rec.get(used["id"]), "a string or a number")
+                        yield reject(clip_id, "malformed_row", f"{where}: {why}")
+                    elif audio_col is None:
                         yield reject(clip_id, "missing_audio", f"{path}: no audio column ({', '.join(names)})")
                     elif not_bytes:
                         why = f"{path}: column {audio_col} holds {audio_type}, not encoded audio (binary, or a struct with `bytes`)"
@@ -155,7 +250,7 @@ def parquet_rows(path: str, start: int, overrides: Mapping[str, str] | None = No
                         yield reject(clip_id, "missing_text", f"{path}: no text column ({', '.join(names)})")
                     else:
                         locator = {"parquet": audio_col, "row_group": g, "index": index}
-                        yield _row_of(rec, used, i, clip_id, path, locator)
+                        yield _row_of(rec, used, i, clip_id, path, locator, where)
                     i += 1
                     index += 1
 
@@ -371,33 +466,52 @@ def tar_samples(
 ) -> Iterator[tuple[str, dict[str, tarfile.TarInfo], dict | None, str | None]]:
     """A tar's samples in order: (key, {extension: member}, its `.json` parsed or None, why the json
     could not be read or None). Members are read by header only, except the `.json` ones (not even
-    those with `read_json` False)."""
-    with _open(path) as f, tarfile.open(fileobj=f, mode="r:", tarinfo=_UstarFile) as tar:
-        key: str | None = None
-        members: dict[str, tarfile.TarInfo] = {}
-        meta: dict | None = None
-        problem: str | None = None
-        for m in tar:
-            if not m.isfile():
-                continue
-            k, ext = _split_key(m.name)
-            if k != key:
-                if key is not None:
-                    yield key, members, meta, problem
-                key, members, meta, problem = k, {}, None, None
-            members[ext] = m
-            if ext == "json" and read_json:
-                try:
-                    data = _member_bytes(f, tar, m)
-                    parsed = json.loads(data.decode("utf-8"))
-                    if isinstance(parsed, dict):
-                        meta = parsed
-                    else:
-                        problem = "its .json is not an object"
-                except (ValueError, UnicodeDecodeError) as e:
-                    meta, problem = None, f"its .json cannot be read ({e})"
-        if key is not None:
-            yield key, members, meta, problem
+    those with `read_json` False).
+
+    CorpusError, in one line naming the file, for a file that is not a whole tar (`_readable`):
+    empty, not a tar, cut short (a member's data past the file's end, or no end-of-archive block
+    where the members end: every tar writer ends a tar with one), or a header that cannot be read
+    after the first; and for a sample whose members are not together (a key met again after other
+    keys: WebDataset writes a sample's members one after another and reads them so). The keys met
+    are held, a few bytes each, until the tar is read."""
+    with _readable(path, "a tar", (tarfile.TarError,)), _open(path) as f:
+        with tarfile.open(fileobj=f, mode="r:", tarinfo=_UstarFile) as tar:
+            key: str | None = None
+            members: dict[str, tarfile.TarInfo] = {}
+            meta: dict | None = None
+            problem: str | None = None
+            done: set[str] = set()
+            for m in tar:
+                if not m.isfile():
+                    continue
+                k, ext = _split_key(m.name)
+                if k != key:
+                    if key is not None:
+                        yield key, members, meta, problem
+                        done.add(key)
+                    if k in done:
+                        raise CorpusError(
+                            f"{path}: the members of sample {k} are not together ({m.name} comes after other "
+                            "samples' members); a WebDataset tar holds each sample's files one after another: "
+                            "write it again so (e.g. tar --sort=name)"
+                        )
+                    key, members, meta, problem = k, {}, None, None
+                members[ext] = m
+                if ext == "json" and read_json:
+                    try:
+                        data = _member_bytes(f, tar, m)
+                        parsed = json.loads(data.decode("utf-8"))
+                        if isinstance(parsed, dict):
+                            meta = parsed
+                        else:
+                            problem = "its .json is not an object"
+                    except (ValueError, UnicodeDecodeError) as e:
+                        meta, problem = None, f"its .json cannot be read ({e})"
+            f.seek(tar.offset)
+            if f.read(tarfile.BLOCKSIZE) != tarfile.NUL * tarfile.BLOCKSIZE:
+                raise tarfile.ReadError(f"no end-of-archive block at byte {tar.offset}")
+            if key is not None:
+                yield key, members, meta, problem
 
 
 def _member_bytes(f, tar: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:
@@ -414,16 +528,20 @@ def tar_rows(path: str, start: int, overrides: Mapping[str, str] | None = None) 
     `.wav`, `.mp3`, `.ogg`, `.opus`; exactly one) with the fields of the `.json` member (text, id,
     speaker, language, gender as FIELD_COLUMNS name them; id defaults to the key). A sample without
     its `.json` -> `missing_text`; a `.json` without audio -> `missing_audio`; two audio members ->
-    `ambiguous_audio`; a `.json` that is no object or lacks the text -> `malformed_row`."""
+    `ambiguous_audio`; a `.json` that is no object or lacks the text, or a field of the wrong type
+    (`_row_of`) -> `malformed_row`; a null text -> `missing_text`. CorpusError for a file that is not
+    a whole tar (`tar_samples`)."""
     for n, (key, members, meta, problem) in enumerate(tar_samples(path), start):
         audio = [ext for ext in members if "." + ext.rsplit(".", 1)[-1] in AUDIO_EXTENSIONS]
-        ident = key
         used = column_names(meta, overrides) if meta is not None else {}
-        if meta is not None and "id" in used and meta.get(used["id"]):
-            ident = str(meta[used["id"]])
+        given = _label(meta.get(used["id"])) if meta is not None and "id" in used else ""
+        ident = given or key
         where = f"{path}: {key}"
         if problem:
             yield reject(ident, "malformed_row", f"{where}: {problem}")
+        elif given is None:
+            why = _not_read("id", used["id"], meta.get(used["id"]) if meta else None, "a string or a number")
+            yield reject(ident, "malformed_row", f"{where}: {why}")
         elif len(audio) > 1:
             yield reject(ident, "ambiguous_audio", f"{where}: {len(audio)} audio members ({', '.join(audio)})")
         elif not audio:
@@ -435,15 +553,18 @@ def tar_rows(path: str, start: int, overrides: Mapping[str, str] | None = None) 
         else:
             m = members[audio[0]]
             locator = {"tar_offset": m.offset_data, "size": m.size, "member": m.name}
-            yield _row_of(meta, used, n, ident, path, locator)
+            yield _row_of(meta, used, n, ident, path, locator, where)
 
 
-def tar_json_keys(path: str) -> list[str]:
-    """The keys of a tar's first `.json` member (the fields its samples carry)."""
+def tar_json_keys(path: str) -> list[str] | None:
+    """The keys of a tar's first `.json` member (the fields its samples carry): [] if it has none,
+    None if the tar holds no sample."""
+    found: list[str] | None = None
     for _key, _members, meta, _problem in tar_samples(path):
         if meta is not None:
             return list(meta)
-    return []
+        found = []
+    return found
 
 
 # -- reading a clip's bytes -----------------------------------------------------------------------
@@ -508,32 +629,65 @@ def segment_locator(rec: Mapping, i: int) -> dict | str | None:
     return {"start": start, "end": end}
 
 
+def canonical_path(path: str, cwd: str | None = None) -> str:
+    """One spelling per file, to tell whether two rows name one recording: a local path absolute
+    (relative to `cwd`, default the working directory) and normalised (`rec.wav`, `./rec.wav`,
+    `d/../rec.wav` and its absolute path are one file; symbolic links are not followed); a URL as
+    written (an object name may hold `//` or `./`: `gs://b/x/./r.flac` is another object than
+    `gs://b/x/r.flac`)."""
+    if not is_local_path(path):
+        return path
+    return "/" + posixpath.normpath(posixpath.join(os.getcwd() if cwd is None else cwd, path)).lstrip("/")
+
+
 def refuse_overlaps(items: Iterable[dict], spill) -> Iterator[dict]:
-    """Segment rows -> the same, but a segment that overlaps one kept earlier (in input order) of the
-    same recording -> `overlapping_segment`: the overlap holds another utterance's speech (crosstalk,
-    or one stretch segmented twice), which the row's text does not say. Segments that touch (one's
-    end the next one's start) do not overlap. What is kept waits in the spill's sqlite file."""
+    """A manifest's rows -> the same, but a row whose audio overlaps that of a row kept earlier (in
+    input order) of the same recording -> `overlapping_segment`: the overlap holds another
+    utterance's speech (crosstalk, or one stretch segmented twice), which the row's text does not
+    say, and a clip of one split would hold audio of the other. A segment is its span; a whole-file
+    row is its whole recording, [0, its duration): it overlaps every segment of the recording, but
+    not another whole-file row of it (one file twice is the duplicate rules' to judge). Segments that
+    touch (one's end the next one's start) do not overlap. A recording is its `canonical_path`. What
+    is kept waits in the spill's sqlite file."""
     table = spill.table("segments")
     spill.db.execute(f"CREATE TABLE {table} (rec TEXT, s REAL, e REAL)")
     spill.db.execute(f"CREATE INDEX {table}_rec ON {table} (rec, s)")
+    whole_table = spill.table("wholes")  # each recording with a whole-file row kept: the first such row
+    spill.db.execute(f"CREATE TABLE {whole_table} (rec TEXT PRIMARY KEY, row INTEGER) WITHOUT ROWID")
+    here = os.getcwd()
+    db, segments, wholes = spill.db, False, False  # whether any is kept yet: whole files alone ask nothing
     for item in items:
         loc = item.get("locator")
-        if "reason" in item or not loc or "start" not in loc:
+        if "reason" in item or (loc and "start" not in loc):
             yield item
             continue
-        s, e = loc["start"], loc["end"]
-        hit = spill.db.execute(
-            f"SELECT s, e FROM {table} WHERE rec = ? AND s < ? AND e > ? LIMIT 1", (item["audio"], e, s)
-        ).fetchone()
-        if hit:
-            yield reject(
-                item["id"],
-                "overlapping_segment",
-                f"row {item['row'] + 1}: {s:g}-{e:g} s of {item['audio']} overlaps {hit[0]:g}-{hit[1]:g} s, "
-                "an earlier row's segment",
+        rec = canonical_path(item["audio"], here)
+        other: str | None = None  # what kept row it overlaps
+        if loc:
+            s, e = loc["start"], loc["end"]
+            what = f"{s:g}-{e:g} s of {item['audio']}"
+            hit = (
+                segments
+                and db.execute(
+                    f"SELECT s, e FROM {table} WHERE rec = ? AND s < ? AND e > ? LIMIT 1", (rec, e, s)
+                ).fetchone()
             )
+            whole = not hit and wholes and db.execute(f"SELECT row FROM {whole_table} WHERE rec = ?", (rec,)).fetchone()
+            other = f"the whole file, row {whole[0] + 1}" if whole else None
+        else:
+            what = f"the whole of {item['audio']} (a row without start and end)"
+            hit = segments and db.execute(f"SELECT s, e FROM {table} WHERE rec = ? LIMIT 1", (rec,)).fetchone()
+        if hit:
+            other = f"{hit[0]:g}-{hit[1]:g} s, an earlier row's segment"
+        if other:
+            yield reject(item["id"], "overlapping_segment", f"row {item['row'] + 1}: {what} overlaps {other}")
             continue
-        spill.db.execute(f"INSERT INTO {table} VALUES (?, ?, ?)", (item["audio"], s, e))
+        if loc:
+            db.execute(f"INSERT INTO {table} VALUES (?, ?, ?)", (rec, s, e))
+            segments = True
+        else:
+            db.execute(f"INSERT OR IGNORE INTO {whole_table} VALUES (?, ?)", (rec, item["row"]))
+            wholes = True
         yield item
 
 

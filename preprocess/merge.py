@@ -16,12 +16,14 @@ import pickle
 import posixpath
 from collections.abc import Iterable, Iterator, Sequence
 
+from melshards.preprocess.containers import PARQUET_EXTENSIONS, TAR_EXTENSIONS
 from melshards.preprocess.manifests import MANIFEST_EXTENSIONS
 from melshards.preprocess.rows import is_rejection
 from melshards.preprocess.spill import Spill
 
 GIVEN_ID, GIVEN_SPEAKER = "given_id", "given_speaker"  # on a prefixed row: the label before the prefix
 INPUT = "input"  # on every row: the index of its input among the run's --input options
+INPUT_EXTENSIONS = (*MANIFEST_EXTENSIONS, *PARQUET_EXTENSIONS, *TAR_EXTENSIONS)  # a file --input can be
 
 
 def as_given(row: dict) -> tuple[str, str]:
@@ -31,10 +33,11 @@ def as_given(row: dict) -> tuple[str, str]:
 
 
 def input_name(path: str) -> str:
-    """An input's name: its directory's name, or its table file's stem (`/data/LJSpeech-1.1/` ->
-    `LJSpeech-1.1`, `gs://b/cv/cy/validated.tsv` -> `validated`)."""
+    """An input's name: its directory's name, or its file's stem, without the extension of any file
+    an input can be (`/data/LJSpeech-1.1/` -> `LJSpeech-1.1`, `gs://b/cv/cy/validated.tsv` ->
+    `validated`, `binary.parquet` -> `binary`, `shard-000.tar` -> `shard-000`)."""
     base = posixpath.basename(path.rstrip("/")) or path
-    ext = next((e for e in MANIFEST_EXTENSIONS if base.lower().endswith(e)), "")
+    ext = next((e for e in INPUT_EXTENSIONS if base.lower().endswith(e)), "")
     return base[: len(base) - len(ext)] or base
 
 

@@ -388,6 +388,9 @@ def _numbered(read: Callable[[str, int, dict], Iterator[dict]], files: list[str]
             yield item
 
 
+_CONTAINER_EXTENSIONS = {"parquet": containers.PARQUET_EXTENSIONS, "webdataset": containers.TAR_EXTENSIONS}
+
+
 def _locate_container(kind: str, extensions: tuple[str, ...]) -> Callable[[str, bool], Corpus | None]:
     def locate(path: str, forced: bool) -> Corpus | None:
         if path.lower().endswith(extensions) and not _is_dir(path):
@@ -399,9 +402,22 @@ def _locate_container(kind: str, extensions: tuple[str, ...]) -> Callable[[str, 
     return locate
 
 
+def _name_in(c: Corpus, path: str) -> str:
+    """A file's path under its input, without its extension (`data/en/train-0.parquet` under the
+    input `ds` -> `data/en/train-0`); the input's own file -> its stem."""
+    root = c.root.rstrip("/") + "/"
+    rel = path[len(root) :] if path.startswith(root) else posixpath.basename(path)
+    return posixpath.splitext(rel)[0]
+
+
 def _read_parquet(c: Corpus, spill: Spill) -> Iterator[dict]:
     files = _container_files(c, containers.PARQUET_EXTENSIONS)
-    return unique_ids(_numbered(containers.parquet_rows, files, dict(c.columns)), spill.map())
+    taken = spill.map()  # the ids taken from audio paths (`containers.parquet_rows`)
+
+    def read(path: str, start: int, columns: dict) -> Iterator[dict]:
+        return containers.parquet_rows(path, start, columns, _name_in(c, path), taken)
+
+    return unique_ids(_numbered(read, files, dict(c.columns)), spill.map())
 
 
 def _count_parquet(c: Corpus) -> int:
@@ -409,8 +425,7 @@ def _count_parquet(c: Corpus) -> int:
 
 
 def _parquet_unused(c: Corpus) -> list[str]:
-    files = _container_files(c, containers.PARQUET_EXTENSIONS)
-    names = containers.parquet_schema_columns(files[0]) if files else []
+    names = (_first_columns(c) or ("", []))[1]
     return containers.unused(names, containers.column_names(names, dict(c.columns)))
 
 
@@ -428,9 +443,21 @@ def _count_webdataset(c: Corpus) -> int:
 
 
 def _webdataset_unused(c: Corpus) -> list[str]:
-    files = _container_files(c, containers.TAR_EXTENSIONS)
-    keys = containers.tar_json_keys(files[0]) if files else []
+    keys = (_first_columns(c) or ("", []))[1]
     return containers.unused(keys, containers.column_names(keys, dict(c.columns)))
+
+
+def _first_columns(c: Corpus) -> tuple[str, list[str]] | None:
+    """The input's first container file that holds a row, and its columns (a parquet file's, from its
+    footer; a tar's, the keys of its first `.json`); None when none holds a row."""
+    for path in _container_files(c, _CONTAINER_EXTENSIONS[c.kind]):
+        if c.kind == "parquet" and containers.parquet_row_count(path):
+            return path, containers.parquet_schema_columns(path)
+        if c.kind == "webdataset":
+            keys = containers.tar_json_keys(path)
+            if keys is not None:
+                return path, keys
+    return None
 
 
 # The default language of a layout's rows that give none, from the corpus and --language (or None).
@@ -638,18 +665,28 @@ def check_rows_file(corpus: Corpus) -> None:
 
 
 def _check_container_columns(corpus: Corpus) -> None:
-    """A parquet export's columns (its first file's footer) or a WebDataset's `.json` keys (its first
-    tar's first sample) must give each row an audio, a text and a language (or --language)."""
+    """A parquet export's columns (the footer of its first file that holds a row) or a WebDataset's
+    `.json` keys (the first `.json` of its first tar that holds a sample) must give each row an audio,
+    a text and a language (or --language). An input whose files hold no row at all stops the run
+    here, as an empty rows file does; a file that cannot be read, on the way, too (`containers`)."""
     parquet = corpus.kind == "parquet"
-    files = _container_files(corpus, containers.PARQUET_EXTENSIONS if parquet else containers.TAR_EXTENSIONS)
+    ext = ".parquet" if parquet else ".tar"
+    given = corpus.input or corpus.root
+    files = _container_files(corpus, _CONTAINER_EXTENSIONS[corpus.kind])
     if not files:
-        raise CorpusError(f"--input {corpus.input or corpus.root}: no {'.parquet' if parquet else '.tar'} file in it")
-    names = containers.parquet_schema_columns(files[0]) if parquet else containers.tar_json_keys(files[0])
+        raise CorpusError(f"--input {given}: no {ext} file in it")
+    first = _first_columns(corpus)
+    if first is None:
+        what = files[0] if files == [given] else f"--input {given}: its {len(files)} {ext} file(s)"
+        raise CorpusError(
+            f"{what} hold{'s' if files == [given] else ''} no rows. Point --input at a corpus with at least one row."
+        )
+    path, names = first
     manifests.check_named_columns(
-        dict(corpus.columns), names, f"{files[0]}: its {'columns are' if parquet else 'first .json has keys'}"
+        dict(corpus.columns), names, f"{path}: its {'columns are' if parquet else 'first .json has keys'}"
     )
     used = containers.column_names(names, dict(corpus.columns))
-    what = f"{files[0]}: its {'columns' if parquet else '.json keys'} are {', '.join(names) or 'none'}"
+    what = f"{path}: its {'columns' if parquet else '.json keys'} are {', '.join(names) or 'none'}"
     needed = ("audio", "text") if parquet else ("text",)
     for field in [f for f in needed if f not in used] + (
         ["language"] if "language" not in used and corpus.language is None else []

@@ -22,7 +22,9 @@ from melshards.preprocess.clips import ClipRejected, load_decoded
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import batches
 from melshards.preprocess.manifests import manifest_rows
+from melshards.preprocess.merge import input_name
 from melshards.preprocess.rows import CorpusError, LayoutRows
+from melshards.preprocess.rows import row as make_row
 from melshards.preprocess.sources import check_rows_file, detect_corpus, read_input, unused_columns
 from melshards.preprocess.spill import Spill
 from tests.conftest import QUALITY_RULES_OFF
@@ -376,6 +378,198 @@ def test_the_cache_key_tells_rows_members_and_segments_of_one_file_apart(tmp_pat
     assert whole not in keys and whole == cache.clip_key(str(long.parent / "session.flac"), "s", None)
 
 
+# -- field types, names and ids ------------------------------------------------------------------
+def _json_tar(path: Path, samples: list[tuple[str, dict]]) -> Path:
+    """A tar of KEY.flac (a few bytes: never decoded here) + KEY.json for each (key, json)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w") as tar:
+        for key, meta in samples:
+            _add(tar, f"{key}.flac", b"fLaC")
+            _add(tar, f"{key}.json", json.dumps(meta).encode())
+    return path
+
+
+def test_a_text_that_is_not_a_string_is_a_rejected_row_never_read_as_its_repr(tmp_path):
+    base = {"language": "en", "speaker": "A"}
+    path = _json_tar(
+        tmp_path / "t.tar",
+        [
+            ("good", {**base, "text": "fine", "speaker": 19}),  # a number is a label as written
+            ("list", {**base, "text": ["a", "b"]}),
+            ("number", {**base, "text": 42}),
+            ("object", {**base, "text": {"en": "hi"}}),
+            ("null", {**base, "text": None}),
+            ("speakers", {**base, "text": "two speakers", "speaker": ["A", "B"]}),
+            ("ids", {**base, "text": "an id list", "id": ["x"]}),
+        ],
+    )
+    read = LayoutRows.of(containers.tar_rows(str(path), 0))
+    assert [(r["id"], r["text"], r["speaker"]) for r in read.rows] == [("good", "fine", "19")]
+    got = {r["id"]: (r["reason"], r["detail"]) for r in read.rejected}
+    assert {k: reason for k, (reason, _) in got.items()} == {
+        "list": "malformed_row",
+        "number": "malformed_row",
+        "object": "malformed_row",
+        "null": "missing_text",
+        "speakers": "malformed_row",
+        "ids": "malformed_row",
+    }
+    assert got["list"][1] == f"{path}: list: text (text) is a list, ['a', 'b'], not a string"
+    assert "speaker (speaker) is a list" in got["speakers"][1] and "id (id) is a list" in got["ids"][1]
+    parquet = tmp_path / "t.parquet"  # a parquet column of lists: every row
+    pq.write_table(pa.table({"audio": [b"x", b"y"], "text": [["a", "b"], None]}), parquet)
+    assert [r["reason"] for r in LayoutRows.of(containers.parquet_rows(str(parquet), 0)).rejected] == [
+        "malformed_row",
+        "missing_text",
+    ]
+
+
+def test_parquet_and_tar_inputs_and_their_speaker_are_named_without_the_extension(tmp_path):
+    assert [input_name(p) for p in ("/d/binary.parquet", "gs://b/EN-B000000.tar", "/d/x.TAR", "/d/x.tgz")] == [
+        "binary",
+        "EN-B000000",
+        "x",
+        "x.tgz",  # not an input this reads
+    ]
+    pq.write_table(pa.table({"audio": [b"x"], "text": ["hi"]}), tmp_path / "binary.parquet")
+    tar = _json_tar(tmp_path / "shard-000.tar", [("k", {"text": "hi"})])
+    for path, name in ((tmp_path / "binary.parquet", "binary"), (tar, "shard-000")):
+        (r,) = read_input(detect_corpus(str(path), language="en")).rows
+        assert r["speaker"] == name  # a corpus without speakers is one, named after the input
+
+
+def _audio_structs(paths: list[str | None]) -> pa.Array:
+    return pa.array(
+        [{"bytes": b"x", "path": p} for p in paths], pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    )
+
+
+def test_parquet_rows_without_an_id_get_unique_stable_ids_from_their_path_else_their_file_and_row(tmp_path):
+    paths = ["spkA/001.wav", "spkB/001.wav", "./spkA/002.wav", "001.wav", "001.wav", "/home/me/x/003.wav"]
+    (tmp_path / "ds" / "en").mkdir(parents=True)
+    (tmp_path / "ds" / "de").mkdir()
+    audio = _audio_structs(paths)  # `001.wav` twice: an export that kept base names only
+    pq.write_table(pa.table({"audio": audio, "text": ["t"] * 6}), tmp_path / "ds" / "en" / "train.parquet")
+    pq.write_table(pa.table({"audio": [b"x", b"y"], "text": ["t"] * 2}), tmp_path / "ds" / "de" / "train.parquet")
+    corpus = detect_corpus(str(tmp_path / "ds"), language="en")
+    read = read_input(corpus)
+    ids = ["de/train-0", "de/train-1", "spkA/001", "spkB/001", "spkA/002", "001", "en/train-4", "003"]
+    assert [r["id"] for r in read.rows] == ids and read.rejected == []
+    assert [r["id"] for r in read_input(corpus).rows] == ids  # a re-run names each row alike
+
+
+def _item(n: int, audio: str, span: tuple[float, float] | None = None) -> dict:
+    item = make_row(f"r{n}", "t", audio, n)
+    if span:
+        item["locator"] = {"start": span[0], "end": span[1]}
+    return item
+
+
+def test_a_whole_file_row_overlaps_every_segment_of_its_recording_however_its_path_is_spelt(tmp_path):
+    rec, other = str(tmp_path / "rec.wav"), str(tmp_path / "other.wav")
+    items = [
+        _item(0, rec),  # the whole recording: kept
+        _item(1, f"{tmp_path}/./rec.wav", (1.0, 2.0)),  # inside it
+        _item(2, other, (0.0, 1.0)),
+        _item(3, f"{tmp_path}/sub/../other.wav"),  # the whole of it holds the segment before
+        _item(4, rec),  # the same file twice is no overlap: the duplicate rules judge it
+        _item(5, other, (1.0, 2.0)),  # touches the segment 0-1: kept
+        _item(6, f"{tmp_path}//other.wav", (0.5, 1.5)),
+        _item(7, "gs://b/x/r.flac", (0.0, 1.0)),
+        _item(8, "gs://b/x/./r.flac", (0.5, 2.0)),  # another object: a URL is compared as written
+        _item(9, "gs://b/x/r.flac", (0.9, 2.0)),
+    ]
+    with Spill() as spill:
+        read = LayoutRows.of(containers.refuse_overlaps(items, spill))
+    assert [r["id"] for r in read.rows] == ["r0", "r2", "r4", "r5", "r7", "r8"]
+    assert {r["id"]: r["reason"] for r in read.rejected} == dict.fromkeys(
+        ["r1", "r3", "r6", "r9"], "overlapping_segment"
+    )
+    details = {r["id"]: r["detail"] for r in read.rejected}
+    assert details["r1"].endswith("overlaps the whole file, row 1")
+    assert (
+        details["r3"].startswith(f"row 4: the whole of {tmp_path}/sub/../other.wav")
+        and "overlaps 0-1 s" in details["r3"]
+    )
+
+
+# -- container files that cannot be read ---------------------------------------------------------
+def _tar_bytes(names: list[str]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in names:
+            _add(tar, name, b'{"text": "hi"}' if name.endswith(".json") else b"x" * 1000)
+    return buf.getvalue()
+
+
+def _zero_row_parquet() -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"audio": pa.array([], pa.binary()), "text": pa.array([], pa.string())}), buf)
+    return buf.getvalue()
+
+
+def _parquet_bytes() -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"audio": [b"x"], "text": ["hi"]}), buf)
+    return buf.getvalue()
+
+
+WHOLE_TAR = _tar_bytes(["a.flac", "a.json", "b.flac", "b.json"])
+UNREADABLE = {  # name: (the file's bytes, what the one line says)
+    "cut-in-a-member.tar": (WHOLE_TAR[:1000], "cannot be read as a tar (unexpected end of data)"),
+    "cut-in-a-header.tar": (WHOLE_TAR[:1700], "cannot be read as a tar (no end-of-archive block at byte 1536)"),
+    "cut-at-a-block.tar": (WHOLE_TAR[: 512 * 5], "cannot be read as a tar (no end-of-archive block"),
+    "empty.tar": (b"", "cannot be read as a tar (empty file)"),
+    "not-a.tar": (b"<html>not found</html>" * 40, "cannot be read as a tar"),
+    "out-of-order.tar": (
+        _tar_bytes(["a.flac", "b.flac", "a.json", "b.json"]),
+        ": the members of sample a are not together (a.json comes after",
+    ),
+    "cut.parquet": (_parquet_bytes()[:-30], "cannot be read as a parquet file"),
+    "empty.parquet": (b"", "cannot be read as a parquet file (Parquet file size is 0 bytes)"),
+    "zero-rows.parquet": (_zero_row_parquet(), "holds no rows"),
+}
+
+
+@pytest.mark.parametrize("name", UNREADABLE)
+def test_a_container_file_that_cannot_be_read_stops_the_run_in_one_line_naming_it(tmp_path, capsys, name):
+    from melshards.commands.preprocess import run
+
+    data, says = UNREADABLE[name]
+    path = tmp_path / name
+    path.write_bytes(data)
+    code = run(["--input", str(path), "--language", "en", "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    (line,) = [x for x in err.splitlines() if x.startswith("Error:")]
+    assert line.startswith(f"Error: {path}") and says in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_input_whose_files_hold_no_row_stops_the_run_naming_it(tmp_path, capsys):
+    from melshards.commands.preprocess import run
+
+    for name in ("a", "b"):
+        (tmp_path / "ds" / name).mkdir(parents=True)
+        (tmp_path / "ds" / name / "train.parquet").write_bytes(_zero_row_parquet())
+    code = run(["--input", str(tmp_path / "ds"), "--language", "en", "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"Error: --input {tmp_path / 'ds'}: its 2 .parquet file(s) hold no rows." in err
+
+
+def test_one_unreadable_parquet_file_of_three_stops_the_run_naming_it(tmp_path, capsys):
+    from melshards.commands.preprocess import run
+
+    for name in ("a", "b", "c"):
+        (tmp_path / "ds" / name).mkdir(parents=True)
+        (tmp_path / "ds" / name / "train.parquet").write_bytes(
+            _parquet_bytes()[:-30] if name == "b" else _parquet_bytes()
+        )
+    code = run(["--input", str(tmp_path / "ds"), "--language", "en", "--output", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"Error: {tmp_path / 'ds' / 'b' / 'train.parquet'} cannot be read as a parquet file" in err
+
+
 # -- one run over every form --------------------------------------------------------------------
 FORMS = ("wav", "parquet", "tar", "long", "mp3")
 CONFIG = """
@@ -422,7 +616,7 @@ def every_form(tmp_path_factory):
     return stats, rejected, records, out
 
 
-NAMES = {"wav": "clips", "parquet": "train.parquet", "tar": "tar", "long": "segments", "mp3": "mp3"}
+NAMES = {"wav": "clips", "parquet": "train", "tar": "tar", "long": "segments", "mp3": "mp3"}
 
 
 def _by_form(records: list[dict]) -> dict[str, dict[str, dict]]:
@@ -477,5 +671,5 @@ def test_the_summary_names_each_inputs_kind_rows_and_the_columns_it_did_not_read
     from melshards.reports.stats_report import build_report, load_run
 
     shown = terminal_report(build_report(load_run(str(out)), batch_size=8))
-    assert "input train.parquet (parquet, " in shown
+    assert "input train (parquet, " in shown
     assert "6 input rows" in shown and "columns not read: snr" in shown
