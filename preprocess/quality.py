@@ -302,44 +302,53 @@ def asr_repeat(text: str, max_n: int = MAX_REPEAT_NGRAM) -> float:
     return float(best)
 
 
-# The scripts of a language's letters by its primary subtag, as the first word of a letter's Unicode
-# name; a language not listed has the script most of its letters are in.
+# The scripts of a language's letters by its primary subtag, as ISO 15924 codes of the Unicode Script
+# property (`letter_script`); a language not listed has the script most of its letters are in.
 LANGUAGE_SCRIPTS: dict[str, frozenset[str]] = {
     **{
-        code: frozenset({"LATIN"})
+        code: frozenset({"Latn"})
         for code in (
             "en de fr es it nl pt pl cs sk sl hr bs ro hu fi et lv lt sv da no nb nn is ga cy eu ca gl tr az "
             "id ms vi tl sw yo ha ig zu xh af sq mt lb eo la"
         ).split()
     },
-    **{code: frozenset({"CYRILLIC"}) for code in "ru uk be bg mk kk ky tg mn".split()},
-    "sr": frozenset({"CYRILLIC", "LATIN"}),
-    "el": frozenset({"GREEK"}),
-    **{code: frozenset({"ARABIC"}) for code in "ar fa ur ps ug".split()},
-    **{code: frozenset({"HEBREW"}) for code in "he yi".split()},
-    "zh": frozenset({"CJK"}),
-    "yue": frozenset({"CJK"}),
-    "ja": frozenset({"CJK", "HIRAGANA", "KATAKANA"}),
-    "ko": frozenset({"HANGUL", "CJK"}),
-    **{code: frozenset({"DEVANAGARI"}) for code in "hi mr ne sa".split()},
-    "bn": frozenset({"BENGALI"}),
-    "ta": frozenset({"TAMIL"}),
-    "te": frozenset({"TELUGU"}),
-    "th": frozenset({"THAI"}),
-    "ka": frozenset({"GEORGIAN"}),
-    "hy": frozenset({"ARMENIAN"}),
+    **{code: frozenset({"Cyrl"}) for code in "ru uk be bg mk kk ky tg mn".split()},
+    "sr": frozenset({"Cyrl", "Latn"}),
+    "el": frozenset({"Grek"}),
+    **{code: frozenset({"Arab"}) for code in "ar fa ur ps ug".split()},
+    **{code: frozenset({"Hebr"}) for code in "he yi".split()},
+    "zh": frozenset({"Hani"}),
+    "yue": frozenset({"Hani"}),
+    "ja": frozenset({"Hani", "Hira", "Kana"}),
+    "ko": frozenset({"Hang", "Hani"}),
+    **{code: frozenset({"Deva"}) for code in "hi mr ne sa".split()},
+    "bn": frozenset({"Beng"}),
+    "ta": frozenset({"Taml"}),
+    "te": frozenset({"Telu"}),
+    "th": frozenset({"Thai"}),
+    "ka": frozenset({"Geor"}),
+    "hy": frozenset({"Armn"}),
 }
+SCRIPTLESS = frozenset({"Zyyy", "Zinh", "Zzzz"})  # Common, Inherited, Unknown: of no one language
 
 
+@functools.lru_cache(maxsize=4096)
 def letter_script(ch: str) -> str:
-    """The script of a letter: the first word of its Unicode name (LATIN, CYRILLIC, CJK, ...)."""
-    return unicodedata.name(ch, "UNKNOWN").split(" ", 1)[0]
+    """The Unicode Script property of a character as its ISO 15924 code ("Latn", "Cyrl", "Hani", ...;
+    "Zyyy" for Common, "Zinh" for Inherited), from fontTools' copy of the Unicode Character Database."""
+    from fontTools import unicodedata as ucd
+
+    return str(ucd.script(ch))
 
 
 def foreign_script_fraction(text: str, language: str) -> float:
     """The share of the text's letters whose script is not one of the language's (`LANGUAGE_SCRIPTS`
-    by primary subtag; else the script most of its letters are in). NaN for a text without letters."""
-    scripts = [letter_script(ch) for ch in unicodedata.normalize("NFC", text) if ch.isalpha()]
+    by primary subtag; else the script most of its letters are in). The text is NFKC-normalised first
+    (fullwidth "Ａ" is "A", "º" is "o"); letters of the Common or Inherited script (the prolonged sound
+    mark "ー", a modifier letter) belong to no one language and are not counted. NaN for a text without
+    a counted letter."""
+    scripts = [letter_script(ch) for ch in unicodedata.normalize("NFKC", text) if ch.isalpha()]
+    scripts = [s for s in scripts if s not in SCRIPTLESS]
     if not scripts:
         return NAN
     own = LANGUAGE_SCRIPTS.get(language.strip().replace("_", "-").lower().split("-")[0])

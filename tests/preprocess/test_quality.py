@@ -174,7 +174,21 @@ def test_foreign_script_fraction_counts_letters_outside_the_languages_scripts():
     assert quality.foreign_script_fraction("привет, мир", "ru-RU") == 0.0
     assert quality.foreign_script_fraction("日本語とカタカナ", "ja") == 0.0
     assert quality.foreign_script_fraction("abc d ж", "xx") == 1 / 5  # unlisted: the majority script
+    assert quality.foreign_script_fraction("Tokyo 東京", "en") == 2 / 7
     assert math.isnan(quality.foreign_script_fraction("123 ...", "en"))
+
+
+def test_foreign_script_reads_the_script_property_after_nfkc_and_common_letters_are_never_foreign():
+    from fontTools.unicodedata import Scripts
+
+    assert quality.foreign_script_fraction("時々ラーメン", "ja") == 0.0  # 々 is Han; ー is Common, not counted
+    assert quality.foreign_script_fraction("ラーメン and", "ja") == 3 / 6  # ー counts on neither side
+    assert quality.foreign_script_fraction("ＡＢＣ abc", "en") == 0.0  # fullwidth Latin is Latin
+    assert quality.foreign_script_fraction("1º and 2ª", "es") == 0.0  # the ordinals are o and a
+    assert quality.foreign_script_fraction("ー abc", "en") == 0.0
+    assert math.isnan(quality.foreign_script_fraction("ーー", "ja"))  # no letter of any one script
+    assert {s for scripts in quality.LANGUAGE_SCRIPTS.values() for s in scripts} <= set(Scripts.NAMES)
+    assert [quality.letter_script(c) for c in "aж日かカ한ー"] == "Latn Cyrl Hani Hira Kana Hang Zyyy".split()
 
 
 def test_audio_hash_is_the_same_for_one_recording_as_wav_and_flac_and_differs_for_other_audio():
