@@ -151,6 +151,8 @@ def test_loudness_of_a_full_scale_997_hz_sine_is_minus_3_lufs_and_peak_is_its_am
     assert quality.loudness_lufs(_sine(3.0, 997.0, 1.0, sr), sr) == pytest.approx(-3.01, abs=0.05)
     assert math.isnan(quality.loudness_lufs(_sine(0.3, sr=sr), sr))  # shorter than one gating block
     assert quality.peak_dbfs(_sine(1.0)) == pytest.approx(20 * math.log10(0.5))
+    assert quality.peak_dbfs(np.array([0.5, -1.0], np.float32)) == 0.0
+    assert math.isnan(quality.peak_dbfs(np.zeros(3, np.float32))) and math.isnan(quality.peak_dbfs(np.zeros(0)))
     y = _sine(3.0, 997.0, 0.1, sr)
     gain = quality.loudness_gain(y, sr, -23.0)
     assert quality.loudness_lufs(y * gain, sr) == pytest.approx(-23.0, abs=1e-6)
