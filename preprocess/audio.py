@@ -230,11 +230,6 @@ def _mono_at(y: np.ndarray, sr: int, target_sr: int) -> np.ndarray:
     return np.ascontiguousarray(y, dtype=np.float32)
 
 
-def peak_dbfs(y: np.ndarray) -> float:
-    peak = float(np.max(np.abs(y))) if y.size else 0.0
-    return -np.inf if peak == 0.0 else 20.0 * np.log10(peak)
-
-
 TRIM_FRAME, TRIM_HOP = 2048, 512  # librosa.effects.trim's defaults
 
 

@@ -57,7 +57,7 @@ from melshards.shards_schema.stats import Moments
 
 log = logging.getLogger("melshards.preprocess")
 
-FORMAT = 3  # bumped whenever what an entry holds, how it is stored, or how it is computed, changes
+FORMAT = 4  # bumped whenever what an entry holds, how it is stored, or how it is computed, changes
 ENTRIES, RUNS = "entries", "runs"
 LEASE_SUFFIX = ".live"  # runs/<run id>.live: a run using the cache now
 

@@ -13,6 +13,8 @@ writer drops the clips it rejects.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
@@ -82,8 +84,8 @@ def load_decoded(path: str | None, cfg: PreprocessConfig, locator: dict | None =
         raise ClipRejected("invalid_samples", f"{path}: {e}") from e
     except audio.AudioError as e:
         raise ClipRejected("unreadable_audio", f"{path}: {e}") from e
-    peak = audio.peak_dbfs(y)  # of the samples less their DC offset: a constant is not sound
-    if peak == -np.inf:
+    peak = quality.peak_dbfs(y)  # of the samples less their DC offset: a constant is not sound
+    if math.isnan(peak):
         raise ClipRejected(
             "silent_audio", "no signal: every sample has the same value (digital silence or a constant DC offset)"
         )

@@ -82,9 +82,14 @@ def measure_bins(sample_rate: int, n_fft: int, dnsmos: bool = False) -> dict[str
 NAN = float("nan")
 CLIP_LEVEL = 0.99  # |sample| at or above this share of full scale counts as clipped
 PAUSE_BLOCK_S = 0.010  # the blocks a pause is measured in
+PAUSE_ABOVE_FLOOR_DB = 6.0  # a block less than this above the noise floor is quiet (`longest_pause_s`)
+PAUSE_BRIDGE_S = 0.030  # a loud run shorter than this is no speech: a click, a swell of the noise
 NOISE_BLOCK_S = 0.020  # the blocks the noise floor is measured in
-NOISE_SHARE = 0.10  # the quietest share of blocks is the noise floor
-SNR_CAP_DB = 100.0  # a digitally silent floor: the SNR is at least this, reported as this
+NOISE_SHARE = 0.10  # the quietest share of the recorded blocks is the noise floor
+# A block whose samples vary about their mean by less than one 16-bit step (RMS 2**-15, -90.3 dBFS) is
+# digital silence, no recording: zero padding, a constant (padding less the clip's DC offset), dither.
+DIGITAL_SILENCE = 2.0**-30
+STEADY = 0.01  # a speech level within this share of the noise floor: a steady sound, no floor to find
 BANDWIDTH_FLOOR_DB = -50.0  # a frequency bin below the strongest by more than this has no real energy
 MAX_REPEAT_NGRAM = 4  # word n-grams up to this length are looked for repeated back to back
 
@@ -95,13 +100,15 @@ def speaking_rate(symbols: int, speech_s: float) -> float:
     return symbols / speech_s if speech_s > 0 else NAN
 
 
-def _block_power(y: np.ndarray, block: int) -> np.ndarray:
-    """Mean square of each whole block of `block` samples (a partial last block is dropped)."""
+def _blocks(y: np.ndarray, block: int) -> np.ndarray:
+    """The whole blocks of `block` samples, [blocks, block] float64 (a partial last block is dropped)."""
     n = y.size // block
-    if n == 0:
-        return np.zeros(0)
-    blocks = y[: n * block].astype(np.float64).reshape(n, block)
-    return np.einsum("ij,ij->i", blocks, blocks) / block
+    return y[: n * block].astype(np.float64).reshape(n, block)
+
+
+def _block_power(blocks: np.ndarray) -> np.ndarray:
+    """Mean square of each block of `_blocks`."""
+    return np.einsum("ij,ij->i", blocks, blocks) / max(1, blocks.shape[1])
 
 
 def _runs(mask: np.ndarray) -> np.ndarray:
@@ -112,16 +119,64 @@ def _runs(mask: np.ndarray) -> np.ndarray:
     return np.flatnonzero(edges == -1) - np.flatnonzero(edges == 1)
 
 
-def longest_pause_s(y: np.ndarray, sr: int, top_db: float, block_s: float = PAUSE_BLOCK_S) -> float:
-    """The longest run of quiet blocks between the first and the last loud block, in seconds: a block
-    (of `block_s`, consecutive, not overlapping) is quiet when its power is more than `top_db` below the
-    loudest block's (the trim's threshold). 0.0 when no quiet block lies inside the speech."""
+def noise_levels(
+    y: np.ndarray, sr: int, block_s: float = NOISE_BLOCK_S, share: float = NOISE_SHARE
+) -> tuple[float, float]:
+    """(noise floor, speech level) of a clip as mean powers (full scale 1.0), over its recorded blocks
+    of `block_s` (consecutive, not overlapping): those that are not `DIGITAL_SILENCE`, so that digital
+    silence anywhere in a clip (zero padding, gated pauses) changes neither. The floor is the mean power
+    of the quietest `share` of the recorded blocks, the level that of their loudest half. (NaN, NaN)
+    where there is no noise floor to find: fewer than two recorded blocks, or a steady sound (a tone,
+    a drone) whose level is within `STEADY` of its floor."""
+    blocks = _blocks(y, max(1, int(round(block_s * sr))))
+    power = _block_power(blocks)
+    mean = blocks.mean(axis=1)
+    recorded = np.sort(power[power - mean * mean >= DIGITAL_SILENCE])  # the variance about the block's mean
+    if recorded.size < 2:
+        return NAN, NAN
+    floor = float(recorded[: max(1, int(recorded.size * share))].mean())
+    level = float(recorded[recorded.size // 2 :].mean())
+    if level <= floor * (1.0 + STEADY):
+        return NAN, NAN
+    return floor, level
+
+
+def _sustained(loud: np.ndarray, shortest: int) -> np.ndarray:
+    """`loud` without its runs of True shorter than `shortest`."""
+    if loud.size == 0:
+        return loud
+    starts = np.concatenate(([0], np.flatnonzero(loud[1:] != loud[:-1]) + 1))
+    lengths = np.diff(np.concatenate((starts, [loud.size])))
+    return np.repeat(loud[starts] & (lengths >= shortest), lengths)
+
+
+def longest_pause_s(
+    y: np.ndarray,
+    sr: int,
+    top_db: float,
+    levels: tuple[float, float] = (NAN, NAN),
+    block_s: float = PAUSE_BLOCK_S,
+) -> float:
+    """The longest run of quiet blocks between the first and the last loud one, in seconds. Blocks of
+    `block_s`, consecutive, not overlapping. A block is quiet when its power is more than `top_db` below
+    the loudest block's (the trim's threshold), or less than `PAUSE_ABOVE_FLOOR_DB` above the clip's
+    noise floor where its speech level stands at least twice that above the floor (`levels`: the
+    clip's `noise_levels`): so a pause of room noise is found in a recording whose floor lies within
+    `top_db` of its loudest block. A loud run shorter than `PAUSE_BRIDGE_S` (a click, a swell of the
+    noise) counts as quiet. 0.0 when no quiet block lies inside the speech."""
     block = max(1, int(round(block_s * sr)))
-    power = _block_power(y, block)
+    power = _block_power(_blocks(y, block))
     if power.size == 0 or power.max() <= 0:
         return 0.0
-    loud = power > power.max() * 10.0 ** (-top_db / 10.0)
+    threshold = float(power.max()) * 10.0 ** (-top_db / 10.0)
+    floor, level = levels
+    above = 10.0 ** (PAUSE_ABOVE_FLOOR_DB / 10.0)
+    if level >= floor * above * above:  # False for NaN
+        threshold = max(threshold, floor * above)
+    loud = _sustained(power > threshold, max(1, int(round(PAUSE_BRIDGE_S * sr / block))))
     idx = np.flatnonzero(loud)
+    if idx.size == 0:
+        return 0.0
     runs = _runs(~loud[idx[0] : idx[-1] + 1])
     return (int(runs.max()) if runs.size else 0) * block / sr
 
@@ -148,21 +203,19 @@ def bandwidth_hz(mag: np.ndarray, sr: int, n_fft: int, floor_db: float = BANDWID
     return float(real[-1]) * sr / n_fft
 
 
-def snr_db(y: np.ndarray, sr: int, block_s: float = NOISE_BLOCK_S, share: float = NOISE_SHARE) -> float:
-    """A blind signal-to-noise estimate from the noise floor, in dB: the noise is the mean power of the
-    quietest `share` of the blocks (of `block_s`), the signal the mean power of the loudest half less
-    the noise. Measured on the untrimmed clip, whose pauses show the floor. Capped at `SNR_CAP_DB`
-    (a floor of digital silence); NaN for a clip shorter than two blocks."""
-    power = np.sort(_block_power(y, max(1, int(round(block_s * sr)))))
-    if power.size < 2:
-        return NAN
-    noise = float(power[: max(1, int(power.size * share))].mean())
-    signal = float(power[power.size // 2 :].mean()) - noise
-    if signal <= 0:
-        return 0.0 if noise > 0 else NAN
-    if noise <= signal * 10.0 ** (-SNR_CAP_DB / 10.0):
-        return SNR_CAP_DB
-    return 10.0 * math.log10(signal / noise)
+def snr_db(y: np.ndarray, sr: int) -> float:
+    """A blind signal-to-noise estimate from the noise floor, in dB: 10 log10((level - floor) / floor)
+    of the clip's `noise_levels` (its recorded 20 ms blocks: the loudest half's mean power less the
+    floor, over the floor, the quietest tenth's). Measured on the untrimmed clip, whose pauses show the
+    floor; digital silence (zero padding) is no floor. At most about 90 dB (a floor at the 16-bit step);
+    at or below 0 dB, nothing in the clip stands 3 dB above its quietest tenth: noise as loud as the
+    speech, or no speech; NaN where there is no floor to find (a steady sound, digital silence only, a
+    clip shorter than two blocks)."""
+    return _snr(*noise_levels(y, sr))
+
+
+def _snr(floor: float, level: float) -> float:
+    return NAN if math.isnan(floor) else 10.0 * math.log10((level - floor) / floor)
 
 
 @functools.lru_cache(maxsize=8)
@@ -249,44 +302,53 @@ def asr_repeat(text: str, max_n: int = MAX_REPEAT_NGRAM) -> float:
     return float(best)
 
 
-# The scripts of a language's letters by its primary subtag, as the first word of a letter's Unicode
-# name; a language not listed has the script most of its letters are in.
+# The scripts of a language's letters by its primary subtag, as ISO 15924 codes of the Unicode Script
+# property (`letter_script`); a language not listed has the script most of its letters are in.
 LANGUAGE_SCRIPTS: dict[str, frozenset[str]] = {
     **{
-        code: frozenset({"LATIN"})
+        code: frozenset({"Latn"})
         for code in (
             "en de fr es it nl pt pl cs sk sl hr bs ro hu fi et lv lt sv da no nb nn is ga cy eu ca gl tr az "
             "id ms vi tl sw yo ha ig zu xh af sq mt lb eo la"
         ).split()
     },
-    **{code: frozenset({"CYRILLIC"}) for code in "ru uk be bg mk kk ky tg mn".split()},
-    "sr": frozenset({"CYRILLIC", "LATIN"}),
-    "el": frozenset({"GREEK"}),
-    **{code: frozenset({"ARABIC"}) for code in "ar fa ur ps ug".split()},
-    **{code: frozenset({"HEBREW"}) for code in "he yi".split()},
-    "zh": frozenset({"CJK"}),
-    "yue": frozenset({"CJK"}),
-    "ja": frozenset({"CJK", "HIRAGANA", "KATAKANA"}),
-    "ko": frozenset({"HANGUL", "CJK"}),
-    **{code: frozenset({"DEVANAGARI"}) for code in "hi mr ne sa".split()},
-    "bn": frozenset({"BENGALI"}),
-    "ta": frozenset({"TAMIL"}),
-    "te": frozenset({"TELUGU"}),
-    "th": frozenset({"THAI"}),
-    "ka": frozenset({"GEORGIAN"}),
-    "hy": frozenset({"ARMENIAN"}),
+    **{code: frozenset({"Cyrl"}) for code in "ru uk be bg mk kk ky tg mn".split()},
+    "sr": frozenset({"Cyrl", "Latn"}),
+    "el": frozenset({"Grek"}),
+    **{code: frozenset({"Arab"}) for code in "ar fa ur ps ug".split()},
+    **{code: frozenset({"Hebr"}) for code in "he yi".split()},
+    "zh": frozenset({"Hani"}),
+    "yue": frozenset({"Hani"}),
+    "ja": frozenset({"Hani", "Hira", "Kana"}),
+    "ko": frozenset({"Hang", "Hani"}),
+    **{code: frozenset({"Deva"}) for code in "hi mr ne sa".split()},
+    "bn": frozenset({"Beng"}),
+    "ta": frozenset({"Taml"}),
+    "te": frozenset({"Telu"}),
+    "th": frozenset({"Thai"}),
+    "ka": frozenset({"Geor"}),
+    "hy": frozenset({"Armn"}),
 }
+SCRIPTLESS = frozenset({"Zyyy", "Zinh", "Zzzz"})  # Common, Inherited, Unknown: of no one language
 
 
+@functools.lru_cache(maxsize=4096)
 def letter_script(ch: str) -> str:
-    """The script of a letter: the first word of its Unicode name (LATIN, CYRILLIC, CJK, ...)."""
-    return unicodedata.name(ch, "UNKNOWN").split(" ", 1)[0]
+    """The Unicode Script property of a character as its ISO 15924 code ("Latn", "Cyrl", "Hani", ...;
+    "Zyyy" for Common, "Zinh" for Inherited), from fontTools' copy of the Unicode Character Database."""
+    from fontTools import unicodedata as ucd
+
+    return str(ucd.script(ch))
 
 
 def foreign_script_fraction(text: str, language: str) -> float:
     """The share of the text's letters whose script is not one of the language's (`LANGUAGE_SCRIPTS`
-    by primary subtag; else the script most of its letters are in). NaN for a text without letters."""
-    scripts = [letter_script(ch) for ch in unicodedata.normalize("NFC", text) if ch.isalpha()]
+    by primary subtag; else the script most of its letters are in). The text is NFKC-normalised first
+    (fullwidth "Ａ" is "A", "º" is "o"); letters of the Common or Inherited script (the prolonged sound
+    mark "ー", a modifier letter) belong to no one language and are not counted. NaN for a text without
+    a counted letter."""
+    scripts = [letter_script(ch) for ch in unicodedata.normalize("NFKC", text) if ch.isalpha()]
+    scripts = [s for s in scripts if s not in SCRIPTLESS]
     if not scripts:
         return NAN
     own = LANGUAGE_SCRIPTS.get(language.strip().replace("_", "-").lower().split("-")[0])
@@ -318,14 +380,14 @@ def audio_quality(
     """The `AUDIO_MEASURES` of a decoded clip `y` whose speech is `y[start:end]`; `mag`: the |STFT| of
     the speech the mel is made from (None: bandwidth NaN, a run that computes no mel); `loudness`
     False: loudness_lufs NaN (not measured)."""
-    speech = y[start:end]
+    speech, levels = y[start:end], noise_levels(y, sr)
     fraction, run = clipping(speech)
     return {
-        "longest_pause_s": longest_pause_s(speech, sr, top_db),
+        "longest_pause_s": longest_pause_s(speech, sr, top_db, levels),
         "clipped_fraction": fraction,
         "clipped_run_max": run,
         "bandwidth_hz": bandwidth_hz(mag, sr, n_fft) if mag is not None else NAN,
-        "snr_db": snr_db(y, sr),
+        "snr_db": _snr(*levels),
         "loudness_lufs": loudness_lufs(speech, sr) if loudness else NAN,
         "peak_dbfs": peak_dbfs(y),
     }

@@ -35,6 +35,50 @@ def test_longest_pause_is_the_longest_quiet_run_inside_the_speech_not_at_its_edg
     assert quality.longest_pause_s(s, SR, top_db=40.0) == 0.0
 
 
+def _noisy_speech(snr_db: float, gap_s: float, seed: int = 0) -> np.ndarray:
+    """Sixteen 0.2 s bursts of a 150 Hz harmonic series, 0.1 s apart, with a gap of `gap_s` after the
+    eighth, in white noise `snr_db` below the bursts' power; every edge on a 10 ms block."""
+    t = np.arange(int(0.2 * SR)) / SR
+    burst = sum(np.sin(2 * np.pi * 150 * k * t) / k for k in range(1, 20)) * 0.1
+    space = np.zeros(int(0.1 * SR))
+    half = np.concatenate([np.concatenate([burst, space]) for _ in range(8)])[: -space.size]
+    clean = np.concatenate([half, np.zeros(int(gap_s * SR)), half])
+    noise = np.random.default_rng(seed).standard_normal(clean.size) * np.sqrt(np.mean(burst**2) / 10 ** (snr_db / 10))
+    return (clean + noise).astype(np.float32)
+
+
+def test_a_pause_of_room_noise_is_measured_against_the_noise_floor():
+    # 20 dB SNR: the floor is within top_db (40) of the loudest block, so no block is 40 dB below it;
+    # the 2 s gap is every block less than 6 dB above the floor
+    y = _noisy_speech(20.0, 2.0)
+    levels = quality.noise_levels(y, SR)
+    assert quality.longest_pause_s(y, SR, 40.0) == 0.0  # top_db alone
+    assert quality.longest_pause_s(y, SR, 40.0, levels) == 2.0
+    assert quality.longest_pause_s(_noisy_speech(20.0, 0.0), SR, 40.0, levels) == 0.1  # the spaces alone
+    # a steady sound has no floor: top_db alone, not every block of the tone a pause
+    assert all(math.isnan(v) for v in quality.noise_levels(_sine(1.0), SR))
+
+
+def test_a_noise_floor_a_few_db_below_the_speech_does_not_make_the_speech_a_pause():
+    # 6 dB SNR: the speech level is less than 12 dB above the floor, which then marks no pause
+    y = _noisy_speech(6.0, 2.0)
+    floor, level = quality.noise_levels(y, SR)
+    assert level < 16 * floor
+    assert quality.longest_pause_s(y, SR, 40.0, (floor, level)) == 0.0
+
+
+def test_a_click_inside_a_pause_does_not_end_it_and_a_sound_of_30_ms_does():
+    block = SR // 100
+
+    def pause_with(burst_blocks: int) -> float:
+        gap = np.zeros(120 * block, np.float32)
+        gap[60 * block : (60 + burst_blocks) * block] = _sine(burst_blocks / 100)
+        return quality.longest_pause_s(np.concatenate([_sine(1.0), gap, _sine(1.0)]), SR, 40.0)
+
+    assert pause_with(2) == 1.2  # a 20 ms click: one pause of 1.2 s
+    assert pause_with(3) == 0.6  # a 30 ms sound: two pauses of 0.6 s
+
+
 def test_clipping_counts_samples_at_full_scale_and_their_longest_run():
     # 16 samples a period: |2 sin| >= 0.99 for 5 consecutive samples in each half period
     clipped = np.clip(2 * _sine(1.0, amplitude=1.0), -1.0, 1.0)
@@ -61,11 +105,45 @@ def test_bandwidth_of_noise_resampled_up_from_8_khz_stops_near_4_khz():
     assert quality.bandwidth_hz(audio.magnitude(full, cfg), SR, cfg.n_fft) == SR / 2
 
 
-def test_snr_is_the_loud_half_over_the_quietest_tenth_of_the_blocks():
+def _nyquist_blocks(*amplitudes: float) -> np.ndarray:
+    """One 20 ms block per amplitude, each a square wave at the Nyquist frequency (power amplitude**2)."""
     block = int(quality.NOISE_BLOCK_S * SR)
-    y = np.repeat(np.array([1.0, -1.0] * 50 + [0.01, -0.01] * 50), block)  # powers 1 and 1e-4, half each
+    return np.concatenate([a * np.tile([1.0, -1.0], block // 2) for a in amplitudes])
+
+
+def test_snr_is_the_loud_half_over_the_quietest_tenth_of_the_recorded_blocks():
+    y = _nyquist_blocks(*[1.0] * 100, *[0.01] * 100)  # powers 1 and 1e-4, half each
+    assert quality.noise_levels(y, SR) == (pytest.approx(1e-4), 1.0)
     assert quality.snr_db(y, SR) == pytest.approx(10 * math.log10((1 - 1e-4) / 1e-4), abs=1e-9)
-    assert quality.snr_db(np.concatenate([_sine(1.0), np.zeros(SR, np.float32)]), SR) == quality.SNR_CAP_DB
+
+
+def test_digital_silence_is_no_noise_floor_so_padding_leaves_the_snr():
+    y = _noisy_speech(5.0, 0.0)
+    unpadded = quality.snr_db(y, SR)
+    block = int(quality.NOISE_BLOCK_S * SR)
+    lsb = 2.0**-15
+    dither = np.random.default_rng(1).integers(-1, 2, 12 * block) * lsb  # +-1 step of 16 bits
+    for pad in (np.zeros(12 * block), np.full(12 * block, -0.003), dither):  # 0.24 s: whole blocks
+        padded = np.concatenate([pad, y, pad]).astype(np.float32)
+        assert quality.snr_db(padded, SR) == unpadded
+    quarter = np.zeros(SR // 4, np.float32)  # 0.25 s: a block holds the edge of the noise
+    assert quality.snr_db(np.concatenate([quarter, y, quarter]), SR) == pytest.approx(unpadded, abs=0.5)
+    assert 5.0 < unpadded < 8.0  # the estimate reads the bursts' level over the noise
+    # silence inside the clip (a gated pause) is no floor either; a steady tone has none
+    gated = np.concatenate([y[: y.size // 2], np.zeros(SR), y[y.size // 2 :]])
+    assert quality.snr_db(gated, SR) == pytest.approx(unpadded, abs=0.5)
+
+
+def test_a_steady_sound_has_no_noise_floor_and_noise_alone_reads_below_0_db():
+    from scipy import signal
+
+    saw = (0.5 * signal.sawtooth(2 * np.pi * 100 * np.arange(2 * SR) / SR)).astype(np.float32)
+    assert math.isnan(quality.snr_db(saw, SR))  # 20 ms blocks of a 100 Hz sawtooth: one power
+    assert math.isnan(quality.snr_db(np.concatenate([_sine(1.0), np.zeros(SR, np.float32)]), SR))
+    assert math.isnan(quality.snr_db(np.zeros(SR, np.float32), SR))  # digital silence only
+    assert math.isnan(quality.snr_db(_sine(0.03), SR))  # one whole block
+    noise = np.random.default_rng(0).standard_normal(2 * SR).astype(np.float32) * 0.1
+    assert -10.0 < quality.snr_db(noise, SR) < 0.0  # noise as loud as anything in the clip: noisy
 
 
 def test_loudness_of_a_full_scale_997_hz_sine_is_minus_3_lufs_and_peak_is_its_amplitude():
@@ -73,6 +151,8 @@ def test_loudness_of_a_full_scale_997_hz_sine_is_minus_3_lufs_and_peak_is_its_am
     assert quality.loudness_lufs(_sine(3.0, 997.0, 1.0, sr), sr) == pytest.approx(-3.01, abs=0.05)
     assert math.isnan(quality.loudness_lufs(_sine(0.3, sr=sr), sr))  # shorter than one gating block
     assert quality.peak_dbfs(_sine(1.0)) == pytest.approx(20 * math.log10(0.5))
+    assert quality.peak_dbfs(np.array([0.5, -1.0], np.float32)) == 0.0
+    assert math.isnan(quality.peak_dbfs(np.zeros(3, np.float32))) and math.isnan(quality.peak_dbfs(np.zeros(0)))
     y = _sine(3.0, 997.0, 0.1, sr)
     gain = quality.loudness_gain(y, sr, -23.0)
     assert quality.loudness_lufs(y * gain, sr) == pytest.approx(-23.0, abs=1e-6)
@@ -96,7 +176,21 @@ def test_foreign_script_fraction_counts_letters_outside_the_languages_scripts():
     assert quality.foreign_script_fraction("привет, мир", "ru-RU") == 0.0
     assert quality.foreign_script_fraction("日本語とカタカナ", "ja") == 0.0
     assert quality.foreign_script_fraction("abc d ж", "xx") == 1 / 5  # unlisted: the majority script
+    assert quality.foreign_script_fraction("Tokyo 東京", "en") == 2 / 7
     assert math.isnan(quality.foreign_script_fraction("123 ...", "en"))
+
+
+def test_foreign_script_reads_the_script_property_after_nfkc_and_common_letters_are_never_foreign():
+    from fontTools.unicodedata import Scripts
+
+    assert quality.foreign_script_fraction("時々ラーメン", "ja") == 0.0  # 々 is Han; ー is Common, not counted
+    assert quality.foreign_script_fraction("ラーメン and", "ja") == 3 / 6  # ー counts on neither side
+    assert quality.foreign_script_fraction("ＡＢＣ abc", "en") == 0.0  # fullwidth Latin is Latin
+    assert quality.foreign_script_fraction("1º and 2ª", "es") == 0.0  # the ordinals are o and a
+    assert quality.foreign_script_fraction("ー abc", "en") == 0.0
+    assert math.isnan(quality.foreign_script_fraction("ーー", "ja"))  # no letter of any one script
+    assert {s for scripts in quality.LANGUAGE_SCRIPTS.values() for s in scripts} <= set(Scripts.NAMES)
+    assert [quality.letter_script(c) for c in "aж日かカ한ー"] == "Latn Cyrl Hani Hira Kana Hang Zyyy".split()
 
 
 def test_audio_hash_is_the_same_for_one_recording_as_wav_and_flac_and_differs_for_other_audio():
