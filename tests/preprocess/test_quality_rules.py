@@ -8,6 +8,7 @@ import io
 import json
 import math
 import re
+import unicodedata
 from collections import Counter
 
 import apache_beam as beam
@@ -103,7 +104,8 @@ def test_the_kind_of_symbol_is_phones_in_a_phone_run_else_syllabic_for_mostly_ha
     kinds = {
         "今天天气很好。": "syllabic",
         "こんにちは": "syllabic",
-        "ｶﾀｶﾅ": "syllabic",  # halfwidth katakana, folded by NFKC
+        "ｶﾀｶﾅ": "syllabic",  # halfwidth katakana
+        unicodedata.normalize("NFD", "안녕"): "syllabic",  # Hangul as jamo, composed into syllables by NFKC
         "CDを買った": "syllabic",  # 4 of 6 letters
         "안녕하세요": "syllabic",
         "the quick brown fox": "alphabetic",
