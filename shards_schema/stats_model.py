@@ -12,7 +12,10 @@ to counts.per_split, the languages' clips sum to in_shards, and ids run 0..N-1 i
 dropped by filter.min_speaker_clips, id null, last). The quality figures (`quality`, and the speaker and
 language rows' `quality`, `per_reason`, `rate_outliers`; absent from runs made before them) add up too:
 a histogram sums to its count, a speaker's measures count its clips measured, the speakers' clips
-dropped per filter reason sum to counts.per_reason, and every measure has its grid in quality.measures.
+dropped per filter reason sum to counts.per_reason, and every measure has its grid in quality.measures;
+a language left unjudged by the rate bounds has fewer rated clips than the rule needs, and each
+speaker or language listed as mostly dropped lost more than half its measured clips, per_reason summing
+to them.
 
 `stats_problem` turns the first validation error into one sentence naming the field's dotted path
 ("counts.input_rows is a string ('56'), not an integer"). Only pydantic is imported here.
