@@ -20,7 +20,7 @@ Three kinds of rule:
   the first by input order (the earliest --input, then its earliest row) is kept and the others are
   duplicates of it; a copy another rule drops is dropped for that rule. So a group keeps a copy
   whenever any copy passes the rest. The verdict travels on the clip (`DUPLICATE_OF`, set by
-  `mark_duplicates` when the writer reads its batch back).
+  `mark_duplicates` when its batch is read back, `stash.load_clips`).
 
 `quality_rejection` applies them all to one clip and gives the reason with a detail naming the measure,
 its value and the bound; the writer counts what they dropped per speaker
@@ -43,8 +43,8 @@ SPEAKER, LANGUAGE = "speaker", "language"  # the rate rule's groups: a speaker i
 DUPLICATE_OF = "duplicate_of"  # on a clip another copy of whose audio is kept: that copy's id
 
 # The most symbols per second of speech a kind of symbol is read at: about twice the fastest speech's
-# rate (12-13 syllables/s for the fastest talkers measured) in each kind, so no reading reaches it and a
-# transcript that does is not the audio's (docs/preprocess.md, Quality rules).
+# rate in each kind, so no reading reaches it and a transcript that does is not the audio's
+# (docs/preprocess.md, Quality rules).
 RATE_CEILINGS = {
     "syllabic": 25.0,  # Han, kana, Hangul, Yi, Ethiopic: a character per syllable or mora
     "phone": 40.0,  # the phones of TextGrids (a run with alignments)
