@@ -289,10 +289,11 @@ def filter_rejection(
     clip: dict, cutoffs: Cutoffs, tables: dict, gate: quality_rules.QualityGate | None = None
 ) -> dict | None:
     """The filter's rule: a speaker with too few clips (`tables`), then the percentile cut-offs
-    (`Cutoffs.reason`), then a duplicate recording and the quality rules
-    (`quality_rules.quality_rejection`, with `gate`). None if it keeps the clip, else the clip's
-    rejected.jsonl entry (a clip is dropped, never truncated). The cut-offs come first: a clip outside
-    them keeps the reason it had before the quality rules existed."""
+    (`Cutoffs.reason`), then the quality rules and last a duplicate recording
+    (`quality_rules.quality_rejection`, with `gate`; the duplicate verdict is on the clip once its
+    batch is joined with them, `global_stats.DuplicateAudio`). None if it keeps the clip, else the
+    clip's rejected.jsonl entry (a clip is dropped, never truncated). The cut-offs come first: a clip
+    outside them keeps the reason it had before the quality rules existed."""
     speaker = speaker_rejection_detail(clip, tables)
     if speaker is not None:
         return reject(clip["id"], "speaker_too_few_clips", speaker)

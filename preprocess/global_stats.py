@@ -4,8 +4,9 @@
   the filter), from which `cutoffs_from` gives the filter's cut-offs;
 - `CorpusTables`: the speaker and language tables, the vocabulary and the validation split
   (`melshards.preprocess.tables`);
-- `QualityGate`: the speaking-rate bounds and the duplicate recordings the quality rules read
-  (`melshards.preprocess.quality_rules`);
+- `QualityGate`: the speaking-rate bounds the quality rules read (`melshards.preprocess.quality_rules`);
+- `DuplicateAudio`: not a side input but a keyed join: each stashed batch with the duplicate verdicts
+  of its clips, once the cut-offs, the tables and the gate are known;
 - `QualityHistograms`: exact histograms of the quality measures of the measured clips, per corpus,
   speaker and language (`melshards.preprocess.quality_stats`), for stats.json;
 - `MelStatistics`: per-bin mean/std of the mel for normalisation, merged from the writer's
@@ -21,8 +22,10 @@ from collections import Counter
 import apache_beam as beam
 
 from melshards.preprocess import quality, quality_rules, quality_stats, tables
+from melshards.preprocess.clips import filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.merge import INPUT
+from melshards.preprocess.stash import DUPLICATES, load_clips
 from melshards.shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
 
 
@@ -157,58 +160,90 @@ def cutoffs_from(hists: dict, corpus_tables: dict, cfg: PreprocessConfig) -> Cut
     )
 
 
-def _hash_members(batch: dict):
-    """(audio hash, ((input index, row), id)) of each clip with a hash: its place in input order."""
-    for c in batch["clips"]:
-        if c.get("audio_hash"):
-            yield c["audio_hash"], ((c[INPUT], c["row"]), c["id"])
-
-
-def _duplicate_pairs(item):
-    _, members = item
-    members = list(members)
-    if len(members) > 1:
-        yield from quality_rules.duplicates_of(members)
-
-
-def _gate(rate_hists, duplicates, cfg: PreprocessConfig) -> quality_rules.QualityGate:
+def _gate(rate_hists, cfg: PreprocessConfig) -> quality_rules.QualityGate:
     rules = cfg.quality_rules
     return quality_rules.QualityGate(
-        rules, cfg.audio.sample_rate, quality_rules.rate_bounds(rate_hists, rules), dict(duplicates)
+        rules, cfg.audio.sample_rate, quality_rules.rate_bounds(rate_hists, rules), cfg.text_unit
     )
 
 
 class QualityGate(beam.PTransform):
     """Batches of measured clips -> one `quality_rules.QualityGate`: the speaking-rate bounds per
-    speaker, language and corpus from exact rate histograms, and the duplicate recordings (clips grouped
-    by `audio_hash` with a GroupByKey: no worker holds every hash), each id -> the id kept."""
+    speaker in a language and per language, from exact rate histograms (its size grows with the
+    speakers, not the clips)."""
 
     def __init__(self, cfg: PreprocessConfig):
         super().__init__()
         self.cfg = cfg
 
     def expand(self, batches):
-        rates = (
+        return (
             batches
             | "RateHists" >> beam.Map(lambda b: quality_rules.rate_histograms(b["clips"]))
             | "SumRates" >> beam.CombineGlobally(merge_histograms)
+            | "Gate" >> beam.Map(_gate, self.cfg)
         )
-        if self.cfg.quality_rules.duplicates:
-            dups = batches | "Duplicates" >> DuplicateAudio()
-        else:
-            dups = batches.pipeline | "NoDuplicates" >> beam.Create([])
-        return rates | "Gate" >> beam.Map(_gate, beam.pvalue.AsList(dups), self.cfg)
+
+
+def _batch_key(batch: dict) -> str:
+    """A stashed batch's key in the join: its clips file ("" for a batch of no clips)."""
+    return batch["clips"] or ""
+
+
+def _copies(batch: dict, cutoffs, corpus_tables: dict, gate):
+    """(audio hash, ((input index, row), id, passes every other rule, batch key)) of each clip of a
+    stashed batch with a hash: its place in input order and the filter's verdict without the duplicates."""
+    key = _batch_key(batch)
+    for c in load_clips(batch):
+        if c.get("audio_hash"):
+            passes = cutoffs is not None and filter_rejection(c, cutoffs, corpus_tables, gate) is None
+            yield c["audio_hash"], ((c[INPUT], c["row"]), c["id"], passes, key)
+
+
+def _verdicts(item):
+    """One hash's copies -> (batch key, (id, kept id)) of each duplicate (`quality_rules.duplicates_of`)."""
+    _, members = item
+    members = list(members)
+    if len(members) > 1:
+        where = {clip_id: key for _, clip_id, _, key in members}
+        for clip_id, kept in quality_rules.duplicates_of(m[:3] for m in members):
+            yield where[clip_id], (clip_id, kept)
+
+
+def _with_verdicts(item):
+    """A batch key's batch (several for "") and its clips' verdicts -> each batch, with its verdicts
+    under `stash.DUPLICATES` when it has any."""
+    _, joined = item
+    verdicts = dict(joined["verdicts"])
+    for batch in joined["batch"]:
+        yield dict(batch, **{DUPLICATES: verdicts}) if verdicts else batch
 
 
 class DuplicateAudio(beam.PTransform):
-    """Batches of measured clips -> (id, kept id) for every clip whose decoded audio (`audio_hash`) an
-    earlier clip by input order already has: an earlier --input, else an earlier row of the same input
-    (each clip's `merge.INPUT` and `row`)."""
+    """Stashed batches (`MeasureClips`'s `stashed`) -> the same batches, each joined with the verdicts
+    of its clips whose decoded audio (`audio_hash`) another kept copy has (`stash.DUPLICATES`, read by
+    `stash.load_clips`): the copies of one hash are grouped with a GroupByKey (no worker holds every
+    hash), and of those that pass every other rule (`clips.filter_rejection` with the cut-offs, the
+    corpus tables and the quality gate, side inputs) the first by input order is kept: an earlier
+    --input, else an earlier row of the same input (each clip's `merge.INPUT` and `row`). The verdicts
+    reach their batch by a keyed join, so no worker holds them all."""
+
+    def __init__(self, cutoffs, corpus_tables, gate):
+        super().__init__()
+        self.cutoffs, self.tables, self.gate = cutoffs, corpus_tables, gate
 
     def expand(self, batches):
-        return (
+        S = beam.pvalue
+        verdicts = (
             batches
-            | "ByHash" >> beam.FlatMap(_hash_members)
+            | "ByHash"
+            >> beam.FlatMap(_copies, S.AsSingleton(self.cutoffs), S.AsSingleton(self.tables), S.AsSingleton(self.gate))
             | "Group" >> beam.GroupByKey()
-            | "Pairs" >> beam.FlatMap(_duplicate_pairs)
+            | "Verdicts" >> beam.FlatMap(_verdicts)
+        )
+        keyed = batches | "KeyBatches" >> beam.Map(lambda b: (_batch_key(b), b))
+        return (
+            {"batch": keyed, "verdicts": verdicts}
+            | "JoinVerdicts" >> beam.CoGroupByKey()
+            | "WithVerdicts" >> beam.FlatMap(_with_verdicts)
         )

@@ -7,7 +7,7 @@ repeat within one input is still `duplicate_id`). Labels found in one input only
 A prefixed row keeps its labels as its input gives them (`as_given`): files made from that input
 alone, such as Montreal Forced Aligner's TextGrids, are named after those. Every row carries the
 index of its input (`INPUT`: 0 for the first --input), so a rule that keeps one of several clips
-(`duplicate_audio`) keeps the first by input order: (input, row).
+(`duplicate_audio`) keeps the first by input order, (input, row), of those that pass the other rules.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ One composite PTransform per stage, each with a labelled expand(), in a module o
 
 - `corpus.ReadCorpus` (stage 1): every input read, deduplicated and batched into the stash;
 - `measure.MeasureClips` (stages 2-3): each clip decoded once, its text, lengths and features;
-- `global_stats` (stage 4): length histograms -> cut-offs, the corpus tables, the mel statistics;
+- `global_stats` (stage 4): length histograms -> cut-offs, the corpus tables, the mel statistics, the
+  quality gate; then each stashed batch joined with its duplicate verdicts (`DuplicateAudio`);
 - `choose_buckets.ChooseBuckets` (stage 6a): the length buckets from the clips the filter keeps;
 - `references.AttachReferences` (a run with other_clip references): each kept clip's reference slice;
 - `filter_and_write.FilterAndWrite` (stages 5-6): filter, pad, encode, write temp files;
@@ -28,6 +29,7 @@ from melshards.preprocess.corpus import INPUT_ROWS, INPUTS, REJECTED, Corpus, Re
 from melshards.preprocess.filter_and_write import FEATURE_STATS, MOMENTS, WRITTEN, FilterAndWrite
 from melshards.preprocess.global_stats import (
     CorpusTables,
+    DuplicateAudio,
     LengthHistograms,
     MelStatistics,
     QualityGate,
@@ -70,8 +72,11 @@ def build_pipeline(
     cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, beam.pvalue.AsSingleton(corpus_tables), cfg)
     gate = measured.clips | "QualityGate" >> QualityGate(cfg)
     quality_hists = measured.clips | "QualityHistograms" >> QualityHistograms(cfg)
-    chosen = measured[STASHED] | "ChooseBuckets" >> ChooseBuckets(cutoffs, corpus_tables, gate, cfg)
-    to_write = measured[STASHED]
+    stashed = measured[STASHED]
+    if cfg.quality_rules.duplicates:  # each batch joined with its clips' duplicate verdicts
+        stashed = stashed | "DuplicateAudio" >> DuplicateAudio(cutoffs, corpus_tables, gate)
+    chosen = stashed | "ChooseBuckets" >> ChooseBuckets(cutoffs, corpus_tables, gate, cfg)
+    to_write = stashed
     if cfg.reference.source == "other_clip":
         pad_value = mel_params(cfg.mel).pad_value
         to_write = to_write | "References" >> AttachReferences(cutoffs, corpus_tables, gate, cfg, pad_value)

@@ -1,30 +1,37 @@
 """The filter rules on a clip's quality measures (`melshards.preprocess.quality`; docs/preprocess.md,
 Quality rules): pure functions, no I/O, no Beam.
 
-Two kinds of rule:
+Three kinds of rule:
 
-- a robust per-speaker outlier rule for the speaking rate, which differs between speakers (a
-  corpus-wide bound would cut a whole fast or slow speaker): a clip is `speaking_rate_outlier` outside
-  Q1 - k*IQR .. Q3 + k*IQR of its speaker's rates; a speaker with fewer than `rate_min_clips` measured
-  clips takes its language's bounds, and a language with too few its corpus's (`rate_bounds`). The
+- the speaking rate against the clips it can fairly be compared with (a rate in symbols per second
+  compares only within one writing system and one text front end, and speakers differ): a clip is
+  `speaking_rate_outlier` outside Q1 - k*IQR .. Q3 + k*IQR of its speaker's rates in its language
+  (one language has one front end in a run); a speaker with fewer than `rate_min_clips` rated clips
+  there takes its language's bounds; a language with fewer is left unjudged by the bounds
+  (`rate_bounds`, `bounds_for`, `unjudged_languages`), never judged against other languages. The
   quartiles are exact, read from histograms of the rate in hundredths of a symbol per second
-  (`rate_histograms`), the way the length cut-offs read theirs;
+  (`rate_histograms`), the way the length cut-offs read theirs. Every clip, judged or not, is held to
+  an absolute ceiling per kind of symbol (`RATE_CEILINGS`, `symbol_kind`): no speech is that fast;
 - absolute bounds where the physics is clear: `clipped` (share of samples at full scale),
   `narrowband` (bandwidth below a share of the output's Nyquist), `noisy` (an SNR floor), `long_pause`,
-  `transcript_mismatch` (CER against the corpus's ASR transcript), `asr_repeat`, `foreign_script`.
+  `transcript_mismatch` (CER against the corpus's ASR transcript), `asr_repeat`, `foreign_script`;
+- `duplicate_audio` (one recording under two ids, in one input or several), decided last from the
+  groups of clips with one `audio_hash` (`duplicates_of`): of the copies that pass every other rule,
+  the first by input order (the earliest --input, then its earliest row) is kept and the others are
+  duplicates of it; a copy another rule drops is dropped for that rule. So a group keeps a copy
+  whenever any copy passes the rest. The verdict travels on the clip (`DUPLICATE_OF`, set by
+  `mark_duplicates` when its batch is read back, `stash.load_clips`).
 
-`duplicate_audio` (one recording under two ids, in one input or several) is decided from the groups
-of clips with one `audio_hash` (`duplicates_of`): the first by input order (the earliest --input,
-then its earliest row) is kept. `quality_rejection` applies them all
-to one clip and gives the reason with a detail naming the measure, its value and the bound; the
-writer counts what they dropped per speaker (`filter_and_write.dropped_counts`; stats.json
-`quality_dropped_by_speaker` and `speakers[].per_reason`).
+`quality_rejection` applies them all to one clip and gives the reason with a detail naming the measure,
+its value and the bound; the writer counts what they dropped per speaker
+(`filter_and_write.dropped_counts`; stats.json `quality_dropped_by_speaker` and `speakers[].per_reason`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
@@ -32,7 +39,30 @@ from melshards.preprocess.config import QualityRulesConfig
 from melshards.shards_schema.stats import percentile
 
 RATE_SCALE = 100  # the rate histograms count rates in hundredths of a symbol per second
-CORPUS = "corpus"
+SPEAKER, LANGUAGE = "speaker", "language"  # the rate rule's groups: a speaker in a language, a language
+DUPLICATE_OF = "duplicate_of"  # on a clip another copy of whose audio is kept: that copy's id
+
+# The most symbols per second of speech a kind of symbol is read at: about twice the fastest speech's
+# rate in each kind, so no reading reaches it and a transcript that does is not the audio's
+# (docs/preprocess.md, Quality rules).
+RATE_CEILINGS = {
+    "syllabic": 25.0,  # Han, kana, Hangul, Yi, Ethiopic: a character per syllable or mora
+    "phone": 40.0,  # the phones of TextGrids (a run with alignments)
+    "alphabetic": 60.0,  # any other script (Latin, Cyrillic, IPA, ...): letters, spaces and punctuation
+}
+# A letter whose Unicode name holds one of these stands for a syllable or a mora
+SYLLABIC_NAMES = ("IDEOGRAPH", "HIRAGANA", "KATAKANA", "SYLLABLE", "SYLLABICS")
+
+
+def symbol_kind(text: str, unit: str) -> str:
+    """The kind of symbol a clip's text is counted in (a key of `RATE_CEILINGS`): "phone" in a run of
+    phones (`unit`); else "syllabic" when at least half its letters are syllabic (`SYLLABIC_NAMES`, after
+    NFKC), else "alphabetic"."""
+    if unit == "phone":
+        return "phone"
+    letters = [ch for ch in unicodedata.normalize("NFKC", text) if ch.isalpha()]
+    syllabic = sum(any(n in unicodedata.name(ch, "") for n in SYLLABIC_NAMES) for ch in letters)
+    return "syllabic" if letters and 2 * syllabic >= len(letters) else "alphabetic"
 
 
 def rate_key(rate: float) -> int:
@@ -41,18 +71,17 @@ def rate_key(rate: float) -> int:
 
 
 def rate_histograms(clips: Iterable[dict]) -> Counter:
-    """Measured clips -> the speaking-rate histogram of each group: keys (scope, name, rate_key) for
-    ("speaker", speaker), ("language", language) and ("corpus", ""); clips without a rate (NaN) are
-    left out."""
+    """Measured clips -> the speaking-rate histogram of each group the rule judges by: keys
+    (SPEAKER, (speaker, language), rate_key) and (LANGUAGE, language, rate_key); clips without a rate
+    (NaN) are left out."""
     out: Counter[tuple] = Counter()
     for c in clips:
         rate = c.get("quality", {}).get("speaking_rate", math.nan)
         if math.isnan(rate):
             continue
         k = rate_key(rate)
-        out[("speaker", c["speaker"], k)] += 1
-        out[("language", c["language"], k)] += 1
-        out[(CORPUS, "", k)] += 1
+        out[(SPEAKER, (c["speaker"], c["language"]), k)] += 1
+        out[(LANGUAGE, c["language"], k)] += 1
     return out
 
 
@@ -64,49 +93,75 @@ def iqr_bounds(hist: Mapping[int, int], k: float) -> tuple[float, float]:
     return (q1 - k * iqr, q3 + k * iqr)
 
 
-def rate_bounds(hists: Mapping[tuple, int], rules: QualityRulesConfig) -> dict:
-    """The speaking-rate bounds of every group with at least `rules.rate_min_clips` rated clips:
-    {"speaker": {name: (low, high)}, "language": {code: (low, high)}, "corpus": {"": (low, high)}};
-    none when `rules.rate_iqr_k` is None."""
-    groups: dict[tuple[str, str], Counter] = {}
+def _groups(hists: Mapping[tuple, int]) -> dict[tuple, Counter]:
+    groups: dict[tuple, Counter] = {}
     for (scope, name, k), n in hists.items():
         groups.setdefault((scope, name), Counter())[k] += n
-    out: dict[str, dict] = {"speaker": {}, "language": {}, CORPUS: {}}
+    return groups
+
+
+def rate_bounds(hists: Mapping[tuple, int], rules: QualityRulesConfig) -> dict:
+    """The speaking-rate bounds of every group (`rate_histograms`) with at least `rules.rate_min_clips`
+    rated clips: {SPEAKER: {(speaker, language): (low, high)}, LANGUAGE: {code: (low, high)}}; none
+    when `rules.rate_iqr_k` is None."""
+    out: dict[str, dict] = {SPEAKER: {}, LANGUAGE: {}}
     if rules.rate_iqr_k is None:  # the rule is off
         return out
-    for (scope, name), hist in sorted(groups.items()):
+    for (scope, name), hist in sorted(_groups(hists).items()):
         if sum(hist.values()) >= rules.rate_min_clips:
             out[scope][name] = iqr_bounds(hist, rules.rate_iqr_k)
     return out
 
 
+def unjudged_languages(hists: Mapping[tuple, int], rules: QualityRulesConfig) -> dict[str, int]:
+    """The languages with rated clips but fewer than `rules.rate_min_clips`, each with its rated clips:
+    no clip of theirs is judged by the rate bounds (a speaker's clips in a language are never more than
+    the language's), only by the ceiling. None when the rule is off."""
+    if rules.rate_iqr_k is None:
+        return {}
+    rated = {name: sum(h.values()) for (scope, name), h in _groups(hists).items() if scope == LANGUAGE}
+    return {code: n for code, n in sorted(rated.items()) if n < rules.rate_min_clips}
+
+
 def bounds_for(bounds: Mapping, speaker: str, language: str) -> tuple[tuple[float, float], str] | None:
-    """A clip's speaking-rate bounds and where they come from: its speaker's, else its language's, else
-    the corpus's; None when no group has enough clips."""
-    for scope, name in (("speaker", speaker), ("language", language), (CORPUS, "")):
+    """A clip's speaking-rate bounds and where they come from: its speaker's in its language, else its
+    language's; None when neither has enough rated clips (the clip is not judged by bounds)."""
+    for scope, name, label in (
+        (SPEAKER, (speaker, language), f"speaker {speaker}"),
+        (LANGUAGE, language, f"language {language}"),
+    ):
         if name in bounds.get(scope, {}):
-            return tuple(bounds[scope][name]), f"{scope} {name}".rstrip()
+            return tuple(bounds[scope][name]), label
     return None
 
 
-def duplicates_of(members: Iterable[tuple[tuple, str]]) -> list[tuple[str, str]]:
-    """The clips of one audio hash, each as ((input index, row), id) -> (id, kept id) for every clip but
-    the first by input order: the earliest input, then the earliest row in it (ties, which input order
-    does not have, by id)."""
-    ordered = sorted(members)
-    kept = ordered[0][1]
-    return [(clip_id, kept) for _, clip_id in ordered[1:]]
+def duplicates_of(members: Iterable[tuple[tuple, str, bool]]) -> list[tuple[str, str]]:
+    """The copies of one audio hash, each as ((input index, row), id, whether it passes every other
+    rule) -> (id, kept id) for every copy that passes but the first such by input order: the earliest
+    input, then the earliest row in it (ties, which input order does not have, by id). A copy that fails
+    another rule is dropped for that rule and is in no pair; no copy passing: no pair."""
+    passing = sorted((place, clip_id) for place, clip_id, passes in members if passes)
+    if not passing:
+        return []
+    kept = passing[0][1]
+    return [(clip_id, kept) for _, clip_id in passing[1:]]
+
+
+def mark_duplicates(clips: list[dict], duplicates: Mapping[str, str]) -> list[dict]:
+    """`clips` with each one in `duplicates` (id -> kept id, `duplicates_of`) marked `DUPLICATE_OF`."""
+    return [dict(c, **{DUPLICATE_OF: duplicates[c["id"]]}) if c["id"] in duplicates else c for c in clips]
 
 
 @dataclasses.dataclass(frozen=True)
 class QualityGate:
     """What the quality rules need beside a clip: the rules, the output's sample rate, the speaking-rate
-    bounds (`rate_bounds`) and the duplicates (id -> the kept id)."""
+    bounds (`rate_bounds`) and the run's text unit (`symbol_kind`). The duplicates travel on the clips
+    (`DUPLICATE_OF`)."""
 
     rules: QualityRulesConfig
     sample_rate: int
     rate: Mapping = dataclasses.field(default_factory=dict)
-    duplicates: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    text_unit: str = "character"
 
 
 def _above(value: float, bound: float | None) -> bool:
@@ -117,11 +172,29 @@ def _below(value: float, bound: float | None) -> bool:
     return bound is not None and not math.isnan(value) and value < bound
 
 
+def rate_rejection(clip: dict, gate: QualityGate) -> str | None:
+    """The speaking-rate rule's detail when a clip breaks it, else None: outside its group's bounds
+    (`bounds_for`; a clip of an unjudged language has none), then above its kind of symbol's ceiling
+    (`RATE_CEILINGS`). Off, and NaN, break nothing."""
+    rate = clip.get("quality", {}).get("speaking_rate", math.nan)
+    if gate.rules.rate_iqr_k is None or math.isnan(rate):
+        return None
+    found = bounds_for(gate.rate, clip["speaker"], clip["language"])
+    if found is not None:
+        (low, high), source = found
+        if not low <= rate <= high:
+            return f"speaking_rate={rate:.2f} outside {low:.2f}..{high:.2f} ({source})"
+    kind = symbol_kind(clip.get("text", ""), gate.text_unit)
+    if rate > RATE_CEILINGS[kind]:
+        return f"speaking_rate={rate:.2f} > {RATE_CEILINGS[kind]:g} ({kind} symbols: faster than any speech)"
+    return None
+
+
 def quality_rejection(clip: dict, gate: QualityGate) -> tuple[str, str] | None:
     """The first rule a clip breaks, as (reason, detail naming the measure, its value and the bound), or
-    None. A rule whose bound is None is off; a NaN measure breaks no rule."""
-    if clip["id"] in gate.duplicates:
-        return "duplicate_audio", f"audio_hash={clip.get('audio_hash', '')} same as kept {gate.duplicates[clip['id']]}"
+    None: the measures' rules in `QUALITY_REASONS` order, then `duplicate_audio` (the clip's
+    `DUPLICATE_OF`, given only to a copy that passes the rest). A rule whose bound is None is off; a NaN
+    measure breaks no rule."""
     q, r = clip.get("quality", {}), gate.rules
     nan = math.nan
     clipped = q.get("clipped_fraction", nan)
@@ -146,10 +219,9 @@ def quality_rejection(clip: dict, gate: QualityGate) -> tuple[str, str] | None:
     foreign = q.get("foreign_script_fraction", nan)
     if _above(foreign, r.max_foreign_script_fraction):
         return "foreign_script", f"foreign_script_fraction={foreign:.3f} > {r.max_foreign_script_fraction}"
-    rate = q.get("speaking_rate", nan)
-    found = bounds_for(gate.rate, clip["speaker"], clip["language"]) if r.rate_iqr_k is not None else None
-    if found is not None and not math.isnan(rate):
-        (low, high), source = found
-        if not low <= rate <= high:
-            return "speaking_rate_outlier", f"speaking_rate={rate:.2f} outside {low:.2f}..{high:.2f} ({source})"
+    rate = rate_rejection(clip, gate)
+    if rate is not None:
+        return "speaking_rate_outlier", rate
+    if clip.get(DUPLICATE_OF):
+        return "duplicate_audio", f"audio_hash={clip.get('audio_hash', '')} same as kept {clip[DUPLICATE_OF]}"
     return None

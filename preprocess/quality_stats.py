@@ -8,8 +8,8 @@ the filter, for stats.json (docs/stats.md, Quality): pure functions on plain val
   side follows the measure's rule, so a bound on the grid keeps and drops exactly what the rule does.
 - **Bounded.** The corpus and each language keep the whole histogram (its size is the distinct keys);
   a speaker keeps its percentiles at `SPEAKER_PERCENTILES`, a fixed size however many clips it has,
-  and the speaking-rate rule's outliers at the k values of `RATE_WHAT_IF_K` (the rule's fallbacks read
-  histograms no speaker row holds).
+  and the speaking-rate rule's outliers at the k values of `RATE_WHAT_IF_K` (the rule reads a speaker's
+  histogram per language, and its language's, which no speaker row holds).
 - A NaN (the measure does not apply: `cer` without an `asr_text`) is counted as not measured.
 """
 
@@ -26,8 +26,8 @@ from melshards.shards_schema.stats import count_beyond, measure_key, summarize_m
 
 SPEAKER_PERCENTILES = (0, 5, 25, 50, 75, 95, 100)
 RATE_WHAT_IF_K = (1.0, 1.5, 2.0, 2.5, 3.0)  # and the job's own rate_iqr_k
-CORPUS = quality_rules.CORPUS
-SPEAKER_LANGUAGE = "speaker_language"  # the rate rule's fallback is per clip's language: (speaker, language)
+CORPUS = "corpus"  # the scope of the whole run's figures (stats.json `quality.global`)
+SPEAKER_LANGUAGE = "speaker_language"  # the rate rule judges a speaker per language: (speaker, language)
 RATE = "speaking_rate"
 
 
@@ -80,24 +80,44 @@ def group_figures(group: Mapping[str, Mapping], bins: Mapping, histogram: bool, 
     return {m: figures(group[m], bins[m][0], histogram, qs) for m in bins if m in group}
 
 
+RATE_SCOPES = {SPEAKER_LANGUAGE: quality_rules.SPEAKER, "language": quality_rules.LANGUAGE}
+
+
 def rate_histograms(groups: Mapping[tuple, Mapping]) -> Counter:
-    """The groups' speaking-rate histograms as `quality_rules.rate_bounds` reads them: (scope, name, key)."""
+    """The groups' speaking-rate histograms as `quality_rules.rate_bounds` reads them (`quality_rules
+    .rate_histograms`' keys): a speaker in a language, and a language."""
     return Counter(
         {
-            (scope, name, key): c
+            (RATE_SCOPES[scope], name, key): c
             for (scope, name), g in groups.items()
-            if RATE in g and scope != SPEAKER_LANGUAGE
+            if RATE in g and scope in RATE_SCOPES
             for key, c in g[RATE].items()
             if key is not None
         }
     )
 
 
+def rate_unjudged(groups: Mapping[tuple, Mapping], rules, frontend_for) -> list[dict]:
+    """stats.json `quality.rate_unjudged`: each language whose clips the speaking-rate bounds do not
+    judge (fewer than `rules.rate_min_clips` rated clips, `quality_rules.unjudged_languages`): its code,
+    its text front end (`frontend_for(code)`), its rated clips and the speakers with rated clips in it."""
+    unjudged = quality_rules.unjudged_languages(rate_histograms(groups), rules)
+    speakers: dict[str, set] = {}
+    for (scope, pair), g in groups.items():
+        if scope == SPEAKER_LANGUAGE and any(k is not None for k in g.get(RATE, {})):
+            speakers.setdefault(pair[1], set()).add(pair[0])
+    return [
+        {"language": code, "frontend": frontend_for(code), "rated": n, "speakers": sorted(speakers.get(code, ()))}
+        for code, n in unjudged.items()
+    ]
+
+
 def rate_outliers(groups: Mapping[tuple, Mapping], rules, k: float, rates: Counter | None = None) -> dict:
     """Each speaker's clips outside its speaking-rate bounds at `k` (the rule of `quality_rules`: its own
-    bounds, else its clip's language's, else the corpus's, with `rules.rate_min_clips`), as (least, most):
-    exact but for clips within half a key (0.005 symbols/s) of a bound, which `most` counts. `rates`:
-    `rate_histograms(groups)`, computed once for several k."""
+    in its clip's language, else that language's, with `rules.rate_min_clips`; a clip of an unjudged
+    language counts as inside), as (least, most): exact but for clips within half a key (0.005 symbols/s)
+    of a bound, which `most` counts. The rule's ceiling (`quality_rules.RATE_CEILINGS`) is not counted.
+    `rates`: `rate_histograms(groups)`, computed once for several k."""
     rates = rate_histograms(groups) if rates is None else rates
     bounds = quality_rules.rate_bounds(rates, dataclasses.replace(rules, rate_iqr_k=float(k)))
     scale, side = quality.GRIDS[RATE]
@@ -135,6 +155,7 @@ class QualityFigures:
     per_k: dict[float, dict[str, tuple[int, int]]]
     rules: quality_rules.QualityRulesConfig
     sample_rate: int
+    unjudged: list[dict] = dataclasses.field(default_factory=list)
 
     @classmethod
     def of(cls, hists: Mapping[tuple, int], cfg: PreprocessConfig) -> QualityFigures:
@@ -145,11 +166,13 @@ class QualityFigures:
         rules = cfg.quality_rules
         rates = rate_histograms(groups)
         per_k = {k: rate_outliers(groups, rules, k, rates) for k in rate_ks(rules)} if RATE in present else {}
-        return cls(groups, bins, per_k, rules, cfg.audio.sample_rate)
+        unjudged = rate_unjudged(groups, rules, cfg.frontend_for) if RATE in present else []
+        return cls(groups, bins, per_k, rules, cfg.audio.sample_rate, unjudged)
 
     def section(self) -> dict:
         """stats.json `quality`: each measure's grid and unit, the rules as the run used them, the
-        corpus's figures per measure (with the exact histograms) and the rate rule's outliers per k."""
+        corpus's figures per measure (with the exact histograms), the rate rule's outliers per k and the
+        languages its bounds do not judge."""
         return {
             "measures": {
                 m: {"unit": quality.UNITS[m], "scale": scale, "side": side} for m, (scale, side) in self.bins.items()
@@ -161,6 +184,7 @@ class QualityFigures:
                 {"k": k, "least": sum(v[0] for v in out.values()), "most": sum(v[1] for v in out.values())}
                 for k, out in self.per_k.items()
             ],
+            "rate_unjudged": self.unjudged,
         }
 
     def speaker(self, name: str) -> dict:

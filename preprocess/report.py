@@ -160,6 +160,21 @@ def quality_dropped_by_speaker(written: dict) -> dict[str, dict[str, int]]:
     return {s: {r: out[s][r] for r in QUALITY_REASONS if r in out[s]} for s in sorted(out)}
 
 
+def mostly_dropped(speakers: list[dict], languages: list[dict]) -> list[dict]:
+    """stats.json `mostly_dropped`: each language, then each speaker, the filter (its length cut-offs,
+    its quality rules, `filter.min_speaker_clips`, a refused reference) dropped more than half the
+    measured clips of, the largest share first (then the most clips, then by name): kind, name, clips
+    measured, clips dropped and per reason (the rows' `per_reason`). What the summary says first."""
+    groups = [("language", x["code"], x["before_filter"]["text_len"]["count"], x["per_reason"]) for x in languages]
+    groups += [("speaker", s["name"], s["measured"], s["per_reason"]) for s in speakers]
+    out = []
+    for kind, name, measured, per_reason in groups:
+        dropped = sum(per_reason.values())
+        if 2 * dropped > measured:
+            out.append({"kind": kind, "name": name, "measured": measured, "dropped": dropped, "per_reason": per_reason})
+    return sorted(out, key=lambda x: (x["kind"] != "language", -x["dropped"] / x["measured"], -x["dropped"], x["name"]))
+
+
 def language_stats(
     corpus_tables: dict,
     written: dict,
@@ -230,6 +245,7 @@ def build_stats(
     if corpus_tables is not None:
         stats["speakers"] = speaker_stats(corpus_tables, written or {}, features, quality)
         stats["languages"] = language_stats(corpus_tables, written or {}, cutoffs, features, quality)
+        stats["mostly_dropped"] = mostly_dropped(stats["speakers"], stats["languages"])
         stats["split"] = {
             "val_fraction": cfg.split.val_fraction,
             "val_speakers": list(cfg.split.val_speakers),

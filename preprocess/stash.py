@@ -29,9 +29,11 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from melshards.preprocess.quality_rules import mark_duplicates
 from melshards.preprocess.shards import TEMP_DIR, create_file
 
 ROWS_FILE_BYTES = 4 << 20  # the read stage's batches of rows, packed into files of about this size
+DUPLICATES = "duplicates"  # on a stashed batch: {clip id: id kept} of its clips that are duplicates
 
 
 def stash_dir(out_dir: str) -> str:
@@ -124,13 +126,15 @@ def stash_batch(stash_dir: str, clips: list[dict], features: list[dict[str, np.n
 
 
 def load_clips(batch: dict) -> list[dict]:
-    """The measured clips of a batch `stash_batch` wrote, in order."""
+    """The measured clips of a batch `stash_batch` wrote, in order; in a batch joined with its
+    duplicate verdicts (`DUPLICATES`, `global_stats.DuplicateAudio`), each duplicate marked with the id
+    kept (`quality_rules.mark_duplicates`)."""
     if batch["clips"] is None:
         return []
     clips = pickle.loads(_read(batch["clips"]))  # our own temp file, written by this run
     if len(clips) != batch["count"]:  # another count is a bug or a lost write
         raise OSError(f"{batch['clips']} holds {len(clips)} clips, expected {batch['count']}")
-    return clips
+    return mark_duplicates(clips, batch[DUPLICATES]) if batch.get(DUPLICATES) else clips
 
 
 def load_features(batch: dict) -> list[dict[str, np.ndarray]]:

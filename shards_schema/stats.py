@@ -22,7 +22,6 @@ LENGTH_KEYS = ("text_len", "mel_frames", "duration_ms")
 # Reasons the filter gives (`Cutoffs.reason`, the quality rules): counted as "filtered", the rest of rejected.jsonl as "rejected".
 # The quality rules' reasons (preprocess/quality_rules.py), in the order the filter tries them.
 QUALITY_REASONS = (
-    "duplicate_audio",
     "clipped",
     "narrowband",
     "noisy",
@@ -31,6 +30,7 @@ QUALITY_REASONS = (
     "asr_repeat",
     "foreign_script",
     "speaking_rate_outlier",
+    "duplicate_audio",  # last: of the copies that pass every other rule, the first is kept
 )
 FILTER_REASONS = (
     "speaker_too_few_clips",

@@ -12,7 +12,10 @@ to counts.per_split, the languages' clips sum to in_shards, and ids run 0..N-1 i
 dropped by filter.min_speaker_clips, id null, last). The quality figures (`quality`, and the speaker and
 language rows' `quality`, `per_reason`, `rate_outliers`; absent from runs made before them) add up too:
 a histogram sums to its count, a speaker's measures count its clips measured, the speakers' clips
-dropped per filter reason sum to counts.per_reason, and every measure has its grid in quality.measures.
+dropped per filter reason sum to counts.per_reason, and every measure has its grid in quality.measures;
+a language left unjudged by the rate bounds has fewer rated clips than the rule needs, and each
+speaker or language listed as mostly dropped lost more than half its measured clips, per_reason summing
+to them.
 
 `stats_problem` turns the first validation error into one sentence naming the field's dotted path
 ("counts.input_rows is a string ('56'), not an integer"). Only pydantic is imported here.
@@ -285,6 +288,17 @@ class RateOutliers(_Section):
         return self
 
 
+class RateUnjudged(_Section):
+    """A language the speaking-rate bounds do not judge (`melshards.preprocess.quality_stats
+    .rate_unjudged`): fewer rated clips than `quality.rules.rate_min_clips`; only the rule's ceiling
+    applies to its clips."""
+
+    language: StrictStr
+    frontend: StrictStr  # its text front end
+    rated: Count  # its clips with a speaking rate
+    speakers: list[StrictStr]  # the speakers with rated clips in it
+
+
 class Quality(_Section):
     """stats.json `quality` (`melshards.preprocess.quality_stats.QualityFigures.section`): the quality
     measures over the clips measured, before the filter, with the rules as the run had them."""
@@ -294,6 +308,43 @@ class Quality(_Section):
     sample_rate: StrictInt
     per_measure: dict[str, MeasureFigures] = Field(alias="global")
     rate_what_if: list[RateOutliers] = []
+    rate_unjudged: list[RateUnjudged] = []  # absent from runs made before it was recorded
+
+    @model_validator(mode="after")
+    def _unjudged_are_small(self) -> Quality:
+        least = self.rules.get("rate_min_clips")
+        for x in self.rate_unjudged:
+            if isinstance(least, int) and x.rated >= least:
+                raise _problem(
+                    f"quality.rate_unjudged has {x.language} with {x.rated} rated clips, but "
+                    f"quality.rules.rate_min_clips is {least}: it was judged"
+                )
+        return self
+
+
+class MostlyDropped(_Section):
+    """A speaker or language the filter dropped most clips of (`melshards.preprocess.report.mostly_dropped`):
+    its clips measured, those dropped, and per reason (its row's `per_reason`)."""
+
+    kind: Literal["speaker", "language"]
+    name: StrictStr
+    measured: Count
+    dropped: Count
+    per_reason: dict[str, Count]
+
+    @model_validator(mode="after")
+    def _adds_up(self) -> MostlyDropped:
+        if sum(self.per_reason.values()) != self.dropped:
+            raise _problem(
+                f"mostly_dropped {self.kind} {self.name}: per_reason sums to {sum(self.per_reason.values())}, "
+                f"but dropped is {self.dropped}"
+            )
+        if not self.measured >= self.dropped > self.measured / 2:
+            raise _problem(
+                f"mostly_dropped {self.kind} {self.name}: {self.dropped} dropped of {self.measured} measured "
+                "is not most of them"
+            )
+        return self
 
 
 class SpeakerRow(_Section):
@@ -495,6 +546,9 @@ class StatsFile(_Section):
     # speaker -> quality rule (QUALITY_REASONS) -> clips it dropped, speakers with a drop only; absent
     # from runs made before it was counted (`melshards.preprocess.report.quality_dropped_by_speaker`)
     quality_dropped_by_speaker: dict[StrictStr, dict[StrictStr, Count]] | None = None
+    # the speakers and languages the filter dropped most (over half) of the measured clips of; absent
+    # from runs made before it was recorded (`melshards.preprocess.report.mostly_dropped`)
+    mostly_dropped: list[MostlyDropped] | None = None
 
     @model_validator(mode="after")
     def _measured(self) -> StatsFile:

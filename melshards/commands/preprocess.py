@@ -12,7 +12,14 @@ import click
 
 from melshards.commands import run_command, setup_logging
 from melshards.preprocess.layouts import FORMATS
-from melshards.reports.stats_json_tables import bucket_table, input_lines, percentile_table, quality_loss_lines
+from melshards.reports.stats_json_tables import (
+    bucket_table,
+    input_lines,
+    mostly_dropped_lines,
+    percentile_table,
+    quality_loss_lines,
+    rate_unjudged_lines,
+)
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, STATS_FILE
 
 
@@ -60,6 +67,9 @@ def feature_lines(stats: dict) -> list[str]:
 
 def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
     c = stats["counts"]
+    warning = mostly_dropped_lines(stats)  # first and loudest: speakers or languages mostly dropped
+    if warning:
+        click.echo("\n" + "\n".join(warning))
     click.echo(
         f"\n{c['input_rows']} input rows in {seconds:.1f}s: {c['in_shards']} in shards "
         f"(train {c['per_split']['train']}, val {c['per_split']['val']}), {c['filtered']} filtered, "
@@ -67,7 +77,7 @@ def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
     )
     for reason, n in c["per_reason"].items():
         click.echo(f"  {reason:<26}{n:>6}")
-    for line in quality_loss_lines(stats):
+    for line in quality_loss_lines(stats) + rate_unjudged_lines(stats):
         click.echo(line)
     for line in input_lines(stats.get("inputs") or []):
         click.echo(line)

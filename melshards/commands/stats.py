@@ -28,6 +28,7 @@ def terminal_report(report: dict) -> str:
         bucket_whatif_table,
         counts_table,
         input_lines,
+        mostly_dropped_lines,
         padding_table,
         percentile_table,
     )
@@ -36,6 +37,7 @@ def terminal_report(report: dict) -> str:
     pad = report["padding"]
     parts = [
         f"stats of {report['source']}",
+        *mostly_dropped_lines(report),
         corpus_line(report),
         *input_lines(report.get("inputs") or []),
         "",

@@ -121,6 +121,7 @@ def quality_report(stats: dict) -> dict | None:
         ],
         "rate_min_clips": q["rules"].get("rate_min_clips"),
         "rate_iqr_k": q["rules"].get("rate_iqr_k"),
+        "rate_unjudged": q.get("rate_unjudged", []),
     }
 
 
@@ -212,11 +213,22 @@ def quality_notes(report: dict) -> list[str]:
 
 
 def rate_notes(report: dict) -> list[str]:
-    return [
-        "Speaking-rate rule at other k: each speaker's clips outside its own bounds (a speaker with fewer "
-        f"than {report['quality']['rate_min_clips']} rated clips: its language's, then the corpus's); "
-        "a..b: clips within 0.005 symbols/s of a bound. * the run's k."
+    """What the rate what-if counts, and the languages its bounds judge no clip of."""
+    q = report["quality"]
+    notes = [
+        "Speaking-rate rule at other k: each speaker's clips outside its own bounds in the clip's language (a "
+        f"speaker with fewer than {q['rate_min_clips']} rated clips there: the language's; a language with "
+        "fewer: none, never another language's); a..b: clips within 0.005 symbols/s of a bound. * the run's k."
     ]
+    if q.get("rate_unjudged"):
+        notes.append(
+            "Not judged by the rate bounds (too few rated clips), only by the ceiling on symbols per second: "
+            + "; ".join(
+                f"{x['language']} ({x['frontend']}, {x['rated']} rated clips: {', '.join(x['speakers'])})"
+                for x in q["rate_unjudged"]
+            )
+        )
+    return notes
 
 
 def quality_table(report: dict) -> str:

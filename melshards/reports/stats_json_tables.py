@@ -273,3 +273,59 @@ def quality_loss_lines(stats: dict, share: float = LOSS_SHARE, most: int = LOSS_
     if len(losing) > most:
         lines.append(f"  ... and {len(losing) - most} more (stats.json quality_dropped_by_speaker)")
     return lines
+
+
+MOSTLY_DROPPED_SHOWN = 10  # the most speakers and languages the summary names as mostly dropped
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' * (n != 1)}"
+
+
+def mostly_dropped_lines(stats: dict, most: int = MOSTLY_DROPPED_SHOWN) -> list[str]:
+    """The speakers and languages the filter dropped most of the measured clips of (stats.json
+    `mostly_dropped`, languages first, the largest share first): a warning naming how many, then one
+    line each (at most `most`) with its clips dropped per reason. No lines when there are none (or the
+    run was made before they were recorded)."""
+    found = stats.get("mostly_dropped") or []
+    if not found:
+        return []
+    kinds = [_plural(sum(x["kind"] == kind for x in found), kind) for kind in ("language", "speaker")]
+    named = " and ".join(k for k in kinds if not k.startswith("0 "))
+    lines = [
+        f"WARNING: the filter dropped most of the clips of {named} (stats.json mostly_dropped); listen to some "
+        "of their rejected.jsonl rows before training without them:"
+    ]
+    shown = found[:most]
+    width = max(len(f"{x['kind']} {x['name']}") for x in shown)
+    for x in shown:
+        label = f"{x['kind']} {x['name']}"
+        reasons = ", ".join(f"{r} {n}" for r, n in x["per_reason"].items())
+        lines.append(
+            f"  {label:<{width}}  {x['dropped']} of {x['measured']} ({pct(x['dropped'] / x['measured'])}): {reasons}"
+        )
+    if len(found) > most:
+        lines.append(f"  ... and {len(found) - most} more (stats.json mostly_dropped)")
+    return lines
+
+
+def rate_unjudged_lines(stats: dict) -> list[str]:
+    """The languages the speaking-rate rule's bounds did not judge (stats.json `quality.rate_unjudged`):
+    why, then each with its front end, rated clips and speakers. No lines when every rated clip was
+    judged."""
+    q = stats.get("quality") or {}
+    unjudged = q.get("rate_unjudged") or []
+    if not unjudged:
+        return []
+    least = q.get("rules", {}).get("rate_min_clips")
+    lines = [
+        f"speaking-rate rule: {_plural(len(unjudged), 'language')} with fewer than {least} rated clips "
+        "(quality_rules.rate_min_clips) judged by no bounds, only by the ceiling on symbols per second "
+        "(other languages' rates are no measure of theirs):"
+    ]
+    for x in unjudged:
+        lines.append(
+            f"  {x['language']} ({x['frontend']} front end): {_plural(x['rated'], 'rated clip')}; "
+            f"speakers {', '.join(x['speakers'])}"
+        )
+    return lines

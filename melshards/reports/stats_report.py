@@ -239,4 +239,5 @@ def build_report(
         "languages": language_figures(s.get("languages") or []),
         "inputs": s.get("inputs") or [],
         "quality": quality_report(s),
+        "mostly_dropped": s.get("mostly_dropped") or [],
     }

@@ -11,6 +11,7 @@ import re
 import pytest
 
 from melshards.preprocess.quality_stats import QualityFigures, measure_histograms
+from melshards.preprocess.report import mostly_dropped
 from melshards.shards_schema.stats_model import stats_problem
 from tests.melshards.test_stats_by import run_stats, two_speaker_stats
 from tests.preprocess.test_quality_stats import BINS, CFG, CLIPS
@@ -27,6 +28,7 @@ def quality_stats() -> dict:
         row.update(q.speaker(row["name"]), per_reason=dict(PER_REASON[row["name"]]))
     for row in stats["languages"]:
         row.update(q.language(row["code"]), per_reason={})
+    stats["mostly_dropped"] = mostly_dropped(stats["speakers"], stats["languages"])  # cleo: 2 of 2
     return stats
 
 
@@ -66,12 +68,35 @@ def test_the_model_accepts_the_quality_figures_and_a_stats_json_without_them():
             lambda s: s["quality"]["rate_what_if"][0].update(least=5),
             "rate outliers at k=1.0: least 5 is more than most 1",
         ),
+        (
+            lambda s: s["quality"]["rate_unjudged"].append(
+                {"language": "en-US", "frontend": "english", "rated": 8, "speakers": ["anna", "cleo"]}
+            ),
+            "quality.rate_unjudged has en-US with 8 rated clips, but quality.rules.rate_min_clips is 3: it was judged",
+        ),
+        (
+            lambda s: s["mostly_dropped"][0].update(dropped=1, per_reason={"speaker_too_few_clips": 1}),
+            "mostly_dropped speaker cleo: 1 dropped of 2 measured is not most of them",
+        ),
+        (
+            lambda s: s["mostly_dropped"][0].update(dropped=1),
+            "mostly_dropped speaker cleo: per_reason sums to 2, but dropped is 1",
+        ),
     ],
 )
 def test_the_model_refuses_quality_figures_that_do_not_add_up(edit, problem):
     stats = quality_stats()
     edit(stats)
     assert stats_problem(stats) == problem
+
+
+def test_the_report_leads_with_the_speakers_and_languages_mostly_dropped(stats_file):
+    lines = run_stats(stats_file).output.splitlines()
+    assert lines[1:3] == [
+        "WARNING: the filter dropped most of the clips of 1 speaker (stats.json mostly_dropped); listen to some of "
+        "their rejected.jsonl rows before training without them:",
+        "  speaker cleo  2 of 2 (100.0%): speaker_too_few_clips 2",
+    ]
 
 
 def test_the_report_shows_each_measure_its_rule_and_what_other_bounds_would_drop(stats_file):
@@ -128,3 +153,15 @@ def test_compare_by_speaker_shows_each_runs_quality_drops(stats_file, tmp_path):
     old.write_text(json.dumps(two_speaker_stats()))
     out = run_stats(old, "--by", "speaker", "--compare", tmp_path / "b.json").output
     assert re.search(r"^anna\s+6\s+6\s+.*\s+-\s+1$", out, re.M)  # A was written before the counts
+
+
+def test_the_quality_section_names_the_languages_the_rate_bounds_did_not_judge():
+    from melshards.reports.quality_tables import quality_report, quality_table
+
+    stats = quality_stats()
+    stats["quality"]["rate_unjudged"] = [{"language": "cmn", "frontend": "characters", "rated": 2, "speakers": ["dai"]}]
+    text = " ".join(quality_table({"quality": quality_report(stats)}).split())
+    assert (
+        "Not judged by the rate bounds (too few rated clips), only by the ceiling on symbols per second: cmn "
+        "(characters, 2 rated clips: dai)" in text
+    )

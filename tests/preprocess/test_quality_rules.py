@@ -8,6 +8,7 @@ import io
 import json
 import math
 import re
+import unicodedata
 from collections import Counter
 
 import apache_beam as beam
@@ -23,10 +24,10 @@ from melshards.preprocess.global_stats import DuplicateAudio
 from melshards.preprocess.merge import MergedInputs
 from melshards.preprocess.quality import MEASURES
 from melshards.preprocess.quality_rules import QualityGate, quality_rejection
-from melshards.preprocess.report import quality_dropped_by_speaker
+from melshards.preprocess.report import mostly_dropped, quality_dropped_by_speaker
 from melshards.preprocess.rows import row
 from melshards.preprocess.spill import Spill
-from melshards.reports.stats_json_tables import quality_loss_lines
+from melshards.reports.stats_json_tables import mostly_dropped_lines, quality_loss_lines, rate_unjudged_lines
 from melshards.shards_schema.stats import QUALITY_REASONS, Cutoffs
 from tests.conftest import TINY_CONFIG
 from tests.preprocess.conftest import beam_pipeline
@@ -56,24 +57,89 @@ def test_iqr_bounds_are_q1_minus_k_iqr_to_q3_plus_k_iqr_of_observed_rates():
     assert quality_rules.iqr_bounds(hist, 2.0) == (6.0, 16.0)
 
 
-def test_rate_bounds_per_speaker_fall_back_to_language_then_corpus():
-    clips = [{"speaker": "fast", "language": "en", "quality": {"speaking_rate": r}} for r in (20, 21, 22, 23)]
-    clips += [{"speaker": "slow", "language": "en", "quality": {"speaking_rate": r}} for r in (8, 9, 10, 11)]
-    clips += [{"speaker": "new", "language": "de", "quality": {"speaking_rate": 15.0}}]
-    clips += [{"speaker": "mute", "language": "de", "quality": {"speaking_rate": math.nan}}]
+def _rated(speaker, language, rates):
+    return [{"speaker": speaker, "language": language, "quality": {"speaking_rate": r}} for r in rates]
+
+
+def test_rate_bounds_are_per_speaker_in_a_language_then_the_language_never_another_language():
+    clips = _rated("fast", "en", (20, 21, 22, 23)) + _rated("slow", "en", (8, 9, 10, 11))
+    clips += _rated("bi", "en", (12, 13, 14, 15)) + _rated("bi", "cmn", (2.5, 3, 3.5, 4))  # one speaker, two languages
+    clips += _rated("new", "de", (15.0,)) + _rated("mute", "de", (math.nan,))
     hists = quality_rules.rate_histograms(clips)
     bounds = quality_rules.rate_bounds(hists, dataclasses.replace(RULES, rate_min_clips=4))
-    assert bounds["speaker"] == {"fast": (16.0, 26.0), "slow": (4.0, 14.0)}
-    assert bounds["language"] == {"en": (-15.0, 45.0)}  # Q1 9, Q3 21 of 8 rates
-    assert bounds["corpus"] == {"": (-12.0, 43.0)}  # Q1 10, Q3 21 of 9 rates
-    assert "de" not in bounds["language"]  # 1 rated clip < 4
+    assert bounds["speaker"] == {
+        ("fast", "en"): (16.0, 26.0),
+        ("slow", "en"): (4.0, 14.0),
+        ("bi", "en"): (8.0, 18.0),  # Q1 12, Q3 14
+        ("bi", "cmn"): (0.5, 5.5),  # Q1 2.5, Q3 3.5: not pooled with bi's English
+    }
+    assert bounds["language"] == {"en": (-10.0, 40.0), "cmn": (0.5, 5.5)}  # en: Q1 10, Q3 20 of 12 rates
+    assert "de" not in bounds["language"] and "corpus" not in bounds  # de: 1 rated clip < 4
     assert quality_rules.bounds_for(bounds, "fast", "en") == ((16.0, 26.0), "speaker fast")
-    assert quality_rules.bounds_for(bounds, "new", "de") == ((-12.0, 43.0), "corpus")
-    assert quality_rules.bounds_for({"speaker": {}, "language": {}, "corpus": {}}, "x", "en") is None
+    assert quality_rules.bounds_for(bounds, "bi", "cmn") == ((0.5, 5.5), "speaker bi")
+    assert quality_rules.bounds_for(bounds, "new", "de") is None  # unjudged, not judged by en's or all's
+    assert quality_rules.unjudged_languages(hists, dataclasses.replace(RULES, rate_min_clips=4)) == {"de": 1}
+    assert quality_rules.unjudged_languages(hists, dataclasses.replace(RULES, rate_iqr_k=None)) == {}
+
+
+def test_a_small_mandarin_group_is_left_unjudged_not_judged_by_latin_letter_bounds():
+    # the issue's run: 8 cmn clips (2 speakers) at 2.5-3.55 characters/s beside 40 Latin-letter clips at
+    # 14-15.95 letters/s; with the default rate_min_clips (10) no cmn group has bounds of its own
+    clips = _rated("en1", "en", [14 + 0.05 * i for i in range(40)])
+    zh = [(f"zh{i}", "zh1" if i < 4 else "zh2", 2.5 + 0.15 * i) for i in range(8)]
+    clips += [c for i, s, r in zh for c in _rated(s, "cmn", (r,))]
+    hists = quality_rules.rate_histograms(clips)
+    gate = _gate(rate=quality_rules.rate_bounds(hists, RULES))
+    assert quality_rules.unjudged_languages(hists, RULES) == {"cmn": 8}
+    for i, s, r in zh:
+        cmn = _clip(i, s, "cmn", speaking_rate=r) | {"text": "今天天气很好。"}
+        assert quality_rejection(cmn, gate) is None
+    assert quality_rejection(_clip("x", "en1", speaking_rate=3.0) | {"text": "yes"}, gate) == (
+        "speaking_rate_outlier",
+        "speaking_rate=3.00 outside 12.45..17.45 (speaker en1)",  # en1: Q1 14.45, Q3 15.45
+    )
+
+
+def test_the_kind_of_symbol_is_phones_in_a_phone_run_else_syllabic_for_mostly_han_kana_hangul():
+    kinds = {
+        "今天天气很好。": "syllabic",
+        "こんにちは": "syllabic",
+        "ｶﾀｶﾅ": "syllabic",  # halfwidth katakana
+        unicodedata.normalize("NFD", "안녕"): "syllabic",  # Hangul as jamo, composed into syllables by NFKC
+        "CDを買った": "syllabic",  # 4 of 6 letters
+        "안녕하세요": "syllabic",
+        "the quick brown fox": "alphabetic",
+        "ˈhɛloʊ wˈɜːld": "alphabetic",  # the phonemes front end's IPA
+        "12, 13.": "alphabetic",  # no letter
+    }
+    assert {text: quality_rules.symbol_kind(text, "character") for text in kinds} == kinds
+    assert quality_rules.symbol_kind("HH AH0 L OW1", "phone") == "phone"
+
+
+def test_no_clip_is_read_faster_than_its_kind_of_symbols_ceiling_even_unjudged():
+    gate = _gate()  # no group has bounds: a corpus too small for any
+    huge = _clip(speaking_rate=100_000 / 3.808) | {"text": "a" * 100_000}
+    assert quality_rejection(huge, gate) == (
+        "speaking_rate_outlier",
+        "speaking_rate=26260.50 > 60 (alphabetic symbols: faster than any speech)",
+    )
+    zh = _clip(language="cmn", speaking_rate=30.0) | {"text": "今天天气很好。"}
+    assert quality_rejection(zh, gate) == (
+        "speaking_rate_outlier",
+        "speaking_rate=30.00 > 25 (syllabic symbols: faster than any speech)",
+    )
+    assert quality_rejection(zh | {"text": "jintian tianqi hen hao"}, gate) is None  # 30 letters/s: possible
+    phones = QualityGate(RULES, 22050, text_unit="phone")
+    assert quality_rejection(_clip(speaking_rate=41.0) | {"text": "AH0 " * 40}, phones) == (
+        "speaking_rate_outlier",
+        "speaking_rate=41.00 > 40 (phone symbols: faster than any speech)",
+    )
+    off = QualityGate(dataclasses.replace(RULES, rate_iqr_k=None), 22050)
+    assert quality_rejection(huge, off) is None  # rate_iqr_k: null turns the whole rate rule off
 
 
 def test_speaking_rate_outlier_is_judged_against_its_own_speaker():
-    gate = _gate(rate={"speaker": {"fast": (16.0, 26.0), "slow": (4.0, 14.0)}})
+    gate = _gate(rate={"speaker": {("fast", "en"): (16.0, 26.0), ("slow", "en"): (4.0, 14.0)}})
     assert quality_rejection(_clip(speaker="fast", speaking_rate=22.0), gate) is None
     assert quality_rejection(_clip(speaker="slow", speaking_rate=22.0), gate) == (
         "speaking_rate_outlier",
@@ -107,28 +173,77 @@ def test_a_bound_of_none_turns_its_rule_off_and_nan_breaks_no_rule():
     assert quality_rejection(_clip(snr_db=math.nan, cer=math.nan), _gate()) is None
 
 
-def test_the_filter_rule_rejects_a_duplicate_naming_the_kept_id():
-    tables = {"dropped_speakers": {}, "min_speaker_clips": 1}
-    cut = Cutoffs(0, 1, 10_000, 10_000, 10_000, 10_000)
-    clip = _clip("b") | {"text_len": 5, "mel_frames": 100, "duration_ms": 1000}
-    got = filter_rejection(clip, cut, tables, _gate(duplicates={"b": "a"}))
-    assert got is not None and got["reason"] == "duplicate_audio"
-    assert got["detail"] == "audio_hash=h same as kept a"
+CUT = Cutoffs(0, 1, 10_000, 100, 10_000, 10_000)  # text_len above 100: text_len_above_cutoff
+TABLES = {"dropped_speakers": {}, "min_speaker_clips": 1}
 
 
-def test_duplicate_audio_keeps_the_earliest_input_then_its_earliest_row():
+def _copy(clip_id, text_len=5, **quality):
+    return _clip(clip_id, **quality) | {"text_len": text_len, "mel_frames": 100, "duration_ms": 1000, "text": "x"}
+
+
+def _verdicts(copies, places):
+    """The filter's verdict on each copy of one recording: `duplicates_of` over the copies that pass the
+    rest, marked on the clips (as the writer reads them back), then `filter_rejection`."""
+    gate = _gate()
+    members = [(place, c["id"], filter_rejection(c, CUT, TABLES, gate) is None) for place, c in zip(places, copies)]
+    marked = quality_rules.mark_duplicates(copies, dict(quality_rules.duplicates_of(members)))
+    return {c["id"]: filter_rejection(c, CUT, TABLES, gate) for c in marked}
+
+
+def test_of_copies_that_all_pass_the_first_by_input_order_is_kept_and_the_rest_name_it():
+    got = _verdicts([_copy("b"), _copy("a"), _copy("c")], [(0, 5), (0, 2), (1, 0)])
+    assert got["a"] is None  # input 0, row 2: the first
+    assert got["b"] == {"id": "b", "reason": "duplicate_audio", "detail": "audio_hash=h same as kept a"}
+    assert got["c"]["detail"] == "audio_hash=h same as kept a"
+
+
+def test_a_copy_pair_whose_first_copy_fails_a_cutoff_or_a_rule_keeps_the_second():
+    cut = _verdicts([_copy("first", text_len=500), _copy("second")], [(0, 0), (1, 0)])
+    assert cut["first"]["reason"] == "text_len_above_cutoff" and cut["second"] is None
+    noisy = _verdicts([_copy("first", snr_db=3.0), _copy("second"), _copy("third")], [(0, 0), (0, 1), (0, 2)])
+    assert noisy["first"]["reason"] == "noisy" and noisy["second"] is None
+    assert noisy["third"]["detail"] == "audio_hash=h same as kept second"  # a copy actually kept
+    both = _verdicts([_copy("first", snr_db=3.0), _copy("second", clipped_fraction=0.5)], [(0, 0), (0, 1)])
+    assert [r["reason"] for r in both.values()] == ["noisy", "clipped"]  # none passes: each its own reason
+    assert quality_rules.duplicates_of([((0, 0), "a", False), ((0, 1), "b", False)]) == []
+
+
+def test_duplicate_audio_joins_each_batch_with_its_verdicts_first_passing_copy_by_input_then_row(tmp_path):
+    from melshards.preprocess.stash import load_clips, stash_batch
+
     # the second input's rows come first in it (rows 0, 1), the first input's late (rows 7..9): the
-    # first input still wins; within it, row 7 before row 9
+    # first input still wins; within it row 7 comes before row 9, but row 7's text is cut off: row 9 is kept
     first = [row("late", "x", "1.wav", 7), row("solo", "x", "2.wav", 8), row("later", "x", "3.wav", 9)]
     second = [row("early", "x", "4.wav", 0), row("again", "x", "5.wav", 1)]
     with Spill() as spill:
         rows = list(MergedInputs([("a", first), ("b", second)], spill).rows())
     assert [r["input"] for r in rows] == [0, 0, 0, 1, 1]
     hashes = {"late": "H", "solo": "S", "later": "H", "early": "H", "again": "H"}
-    clips = [dict(r, audio_hash=hashes[r["id"]]) for r in rows]
+    clips = [
+        dict(r, **_copy(r["id"], text_len=500 if r["id"] == "late" else 5) | {"audio_hash": hashes[r["id"]]})
+        for r in rows
+    ]
+    batches = [stash_batch(str(tmp_path), part, [{}] * len(part)) for part in (clips[3:], clips[:3])]
+    empty = {"clips": None, "features": None, "count": 0}  # a batch of no clips passes through
     with beam_pipeline() as p:
-        out = p | beam.Create([{"clips": clips[3:]}, {"clips": clips[:3]}]) | DuplicateAudio()
-        assert_that(out, equal_to([("later", "late"), ("early", "late"), ("again", "late")]))
+        side = [p | name >> beam.Create([v]) for name, v in (("Cut", CUT), ("Tables", TABLES), ("Gate", _gate()))]
+        out = (
+            p
+            | beam.Create([*batches, empty])
+            | DuplicateAudio(*side)
+            | beam.FlatMap(
+                lambda b: [(c["id"], c.get(quality_rules.DUPLICATE_OF)) for c in load_clips(b)] or [("-", None)]
+            )
+        )
+        expected = [
+            ("late", None),
+            ("solo", None),
+            ("later", None),
+            ("early", "later"),
+            ("again", "later"),
+            ("-", None),
+        ]
+        assert_that(out, equal_to(expected))
 
 
 @pytest.fixture(scope="module")
@@ -227,8 +342,8 @@ def test_the_summary_says_what_each_rule_dropped_from_a_speaker_losing_many(faul
     (fast,) = [s for s in stats["speakers"] if s["name"] == "fast"]
     share = f"{100 * 7 / fast['measured']:.1f}%"
     assert f"quality rules dropped 7 clips of {fast['measured']} measured ({share}); speakers losing 10%" in printed
-    rules = "duplicate_audio 1, clipped 1, narrowband 1, noisy 1, long_pause 1, transcript_mismatch 1"
-    assert f"  fast  7 of {fast['measured']} ({share}): {rules}, speaking_rate_outlier 1\n" in printed
+    rules = "clipped 1, narrowband 1, noisy 1, long_pause 1, transcript_mismatch 1, speaking_rate_outlier 1"
+    assert f"  fast  7 of {fast['measured']} ({share}): {rules}, duplicate_audio 1\n" in printed
 
 
 def test_quality_drops_are_counted_per_speaker_and_rule_from_the_filters_reasons():
@@ -260,3 +375,105 @@ def test_the_summary_names_the_speakers_losing_at_least_a_tenth_largest_share_fi
         "quality rules dropped 9 clips of 135 measured (6.7%); no speaker lost 10% or more of its clips to them"
     ]
     assert quality_loss_lines({"quality_dropped_by_speaker": {}}) == quality_loss_lines({}) == []
+
+
+def test_the_speakers_and_languages_mostly_dropped_are_listed_languages_first_largest_share_first():
+    speakers = [
+        {"name": "a", "measured": 10, "per_reason": {"noisy": 5}},  # half: not most
+        {"name": "b", "measured": 4, "per_reason": {"clipped": 2, "too_short": 1}},
+        {"name": "c", "measured": 2, "per_reason": {"speaker_too_few_clips": 2}},
+    ]
+    languages = [
+        {"code": "en", "before_filter": {"text_len": {"count": 14}}, "per_reason": {"noisy": 5, "clipped": 2}},
+        {"code": "cmn", "before_filter": {"text_len": {"count": 2}}, "per_reason": {"speaker_too_few_clips": 2}},
+    ]
+    found = mostly_dropped(speakers, languages)
+    assert [(x["kind"], x["name"], x["dropped"], x["measured"]) for x in found] == [
+        ("language", "cmn", 2, 2),
+        ("speaker", "c", 2, 2),
+        ("speaker", "b", 3, 4),
+    ]
+    assert mostly_dropped_lines({"mostly_dropped": found}, most=2) == [
+        "WARNING: the filter dropped most of the clips of 1 language and 2 speakers (stats.json mostly_dropped); "
+        "listen to some of their rejected.jsonl rows before training without them:",
+        "  language cmn  2 of 2 (100.0%): speaker_too_few_clips 2",
+        "  speaker c     2 of 2 (100.0%): speaker_too_few_clips 2",
+        "  ... and 1 more (stats.json mostly_dropped)",
+    ]
+    assert mostly_dropped_lines({"mostly_dropped": []}) == mostly_dropped_lines({}) == []
+
+
+def test_the_summary_says_which_languages_the_rate_bounds_did_not_judge_and_why():
+    unjudged = [{"language": "cmn", "frontend": "characters", "rated": 8, "speakers": ["zh1", "zh2"]}]
+    stats = {"quality": {"rules": {"rate_min_clips": 10}, "rate_unjudged": unjudged}}
+    assert rate_unjudged_lines(stats) == [
+        "speaking-rate rule: 1 language with fewer than 10 rated clips (quality_rules.rate_min_clips) judged by no "
+        "bounds, only by the ceiling on symbols per second (other languages' rates are no measure of theirs):",
+        "  cmn (characters front end): 8 rated clips; speakers zh1, zh2",
+    ]
+    assert rate_unjudged_lines({"quality": {"rate_unjudged": []}}) == rate_unjudged_lines({}) == []
+
+
+ZH = ("今天天气很好。", "我们明天去北京。", "这本书非常有意思。")
+
+
+@pytest.fixture(scope="module")
+def merged_run(tmp_path_factory):
+    """One `melshards preprocess` of two manifests (the demo speech, default quality rules): input a holds
+    11 clips of en1, one of them `copy_a` with another clip's text (its asr_text is what it says), three
+    Mandarin clips of zh1 and a French clip of big with a 100,000-character text; input b holds `copy_b`,
+    copy_a's audio with its right text. -> its rejected.jsonl rows by id, stats.json and the summary."""
+    import soundfile
+
+    from benchmarks.make_big_corpus import good_clips
+    from melshards.commands.preprocess import run
+
+    work = tmp_path_factory.mktemp("merged")
+    (work / "wavs").mkdir()
+    demo = good_clips()[:16]  # (id, text, audio)
+    inputs: dict[str, list[dict]] = {"a": [], "b": []}
+
+    def add(part, clip_id, speaker, language, text, audio, **extra):
+        soundfile.write(work / "wavs" / f"{clip_id}.wav", audio, 22050, subtype="PCM_16")
+        row = {"id": clip_id, "speaker": speaker, "language": language, "text": text, "audio": f"wavs/{clip_id}.wav"}
+        inputs[part].append(row | extra)
+
+    for i, (_, text, audio) in enumerate(demo[:10]):
+        add("a", f"en1_{i}", "en1", "en", text, audio)
+    _, text, audio = demo[10]
+    add("a", "copy_a", "en1", "en", demo[11][1], audio, asr_text=text)  # a wrong transcript
+    for i, zh in enumerate(ZH):
+        add("a", f"zh_{i}", "zh1", "cmn", zh, demo[12 + i][2])
+    add("a", "big", "big", "fr", "bonjour " * 12_500, demo[15][2])
+    add("b", "copy_b", "en2", "en", text, audio)  # the same recording, its right transcript
+    for part, rows in inputs.items():
+        (work / f"{part}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    out = work / "out"
+    args = ["--input", str(work / "a.jsonl"), "--input", str(work / "b.jsonl"), "--output", str(out)]
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        assert run([*args, "--config", str(TINY_CONFIG)]) == 0
+    rejected = {r["id"]: r for r in map(json.loads, (out / "rejected.jsonl").read_text().splitlines())}
+    return rejected, json.loads((out / "stats.json").read_text()), printed.getvalue()
+
+
+def test_a_merged_run_keeps_the_good_copy_judges_no_language_by_another_and_says_so_first(merged_run):
+    rejected, stats, printed = merged_run
+    assert rejected["copy_a"]["reason"] == "transcript_mismatch" and "copy_b" not in rejected  # the good copy kept
+    assert not [i for i in rejected if i.startswith("zh_")]  # 3 Mandarin clips: too few to judge, none judged
+    assert rejected["big"]["reason"] == "speaking_rate_outlier"
+    assert re.fullmatch(
+        r"speaking_rate=[0-9.]+ > 60 \(alphabetic symbols: faster than any speech\)", rejected["big"]["detail"]
+    )
+    assert stats["padding"]["max_text_len"] < 1000  # the 100,000 characters set no padding
+    assert stats["quality"]["rate_unjudged"] == [
+        {"language": "cmn", "frontend": "characters", "rated": 3, "speakers": ["zh1"]},
+        {"language": "fr", "frontend": "characters", "rated": 1, "speakers": ["big"]},
+    ]
+    assert stats["mostly_dropped"] == [
+        {"kind": "language", "name": "fr", "measured": 1, "dropped": 1, "per_reason": {"speaking_rate_outlier": 1}},
+        {"kind": "speaker", "name": "big", "measured": 1, "dropped": 1, "per_reason": {"speaking_rate_outlier": 1}},
+    ]
+    summary = printed[printed.index("\nWARNING") :]  # the summary's first line
+    assert summary.startswith("\nWARNING: the filter dropped most of the clips of 1 language and 1 speaker")
+    assert summary.index("  speaker big  1 of 1 (100.0%): speaking_rate_outlier 1") < summary.index(" input rows in ")
+    assert "  cmn (characters front end): 3 rated clips; speakers zh1\n" in summary

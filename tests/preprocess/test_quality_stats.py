@@ -72,3 +72,15 @@ def test_the_filters_drops_are_counted_per_speaker_and_language():
         ("dropped", "speaker", "bert", "clipped"): 1,
         ("dropped", "language", "en-GB", "clipped"): 1,
     }
+
+
+def test_a_language_too_small_for_rate_bounds_is_recorded_unjudged_and_counts_no_outlier():
+    # dai's 2 Mandarin clips at 3 characters/s: fewer than rate_min_clips (3), and never judged by the
+    # English speakers' bounds (there are no corpus-wide ones)
+    clips = CLIPS + [clip("dai", "cmn", 3.0, 40), clip("dai", "cmn", 3.2, 41)]
+    q = QualityFigures.of(measure_histograms(clips, BINS), CFG)
+    assert q.section()["rate_unjudged"] == [
+        {"language": "cmn", "frontend": "characters", "rated": 2, "speakers": ["dai"]}
+    ]
+    assert [(r["least"], r["most"]) for r in q.speaker("dai")["rate_outliers"]] == [(0, 0)] * 5
+    assert QualityFigures.of(measure_histograms(CLIPS, BINS), CFG).section()["rate_unjudged"] == []
