@@ -471,6 +471,14 @@ def languages_problem(languages: list[LanguageRow], counts: Counts, cutoffs: Cut
     return None
 
 
+class References(_Section):
+    """An other_clip run's records whose reference is not another clip of their split
+    (`melshards.preprocess.report.reference_counts`)."""
+
+    own_clip: dict[StrictStr, Count]  # split -> records cut from themselves (no other clip to take)
+    val_from_train: Count  # validation records cut from a training clip of their speaker (no other val clip)
+
+
 class StatsFile(_Section):
     """stats.json. `filter`, `cutoffs`, `padding` and `buckets` are null or absent when no clip was measured;
     so may `speakers`, `languages` and `split` be (or the tables empty)."""
@@ -495,6 +503,7 @@ class StatsFile(_Section):
     # speaker -> quality rule (QUALITY_REASONS) -> clips it dropped, speakers with a drop only; absent
     # from runs made before it was counted (`melshards.preprocess.report.quality_dropped_by_speaker`)
     quality_dropped_by_speaker: dict[StrictStr, dict[StrictStr, Count]] | None = None
+    references: References | None = None  # other_clip runs (absent from the others and runs made before it)
 
     @model_validator(mode="after")
     def _measured(self) -> StatsFile:
