@@ -467,6 +467,20 @@ class Schema:
         """The speaker called `name`; SchemaError naming a few known ones and the count otherwise."""
         return _lookup(self.speakers, "name", name, "speaker")
 
+    def training_records(self) -> list[int]:
+        """Each speaker's training records, in speaker id order (the buckets' `groups`); each one's
+        `clips`, records of either split, where schema.json does not say (written before 3.2). A
+        speaker whose clips were all filtered or rejected keeps its row and id (the records' speaker_id
+        index this table) with 0 records: a model's embedding of it never trained."""
+        out = [0] * len(self.speakers)
+        for b in self.buckets:
+            counts = b.group_counts("train", "speaker")
+            if counts is None:
+                return [s.clips for s in self.speakers]
+            for i, n in enumerate(counts):
+                out[i] += n
+        return out
+
     def centroids(self, name: str) -> list[list[float]]:
         """Each speaker's centroid of the vector extractor output `name`, in speaker id order (a table
         a model can gather by speaker_id); zeros for a speaker without clips in the shards.
