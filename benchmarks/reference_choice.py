@@ -74,13 +74,13 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.clips.split(",")]
     rows, measured = [], None
+    cfg = PreprocessConfig(reference=ReferenceConfig(source="other_clip", frames=FRAMES))
     for n in sizes:
         clips = speaker(n)
         after_s, chosen = cpu_seconds(
             lambda clips=clips: choose_references([(i, f, "train") for i, f in clips], 0, MIN_FRAMES, FRAMES),
             args.rounds,
         )
-        cfg = PreprocessConfig(reference=ReferenceConfig(source="other_clip", frames=FRAMES))
         group = ("s", [(i, f, "train", f"batch-{k // 100}") for k, (i, f) in enumerate(clips)])
         step_s, _ = cpu_seconds(lambda group=group: list(_choose(group, cfg)), args.rounds)
         if n <= args.before_max:
@@ -103,7 +103,9 @@ def main(argv: list[str] | None = None) -> dict:
                 "same_choices": not extrapolated,
             }
         )
-    print(f"{'clips':>8}  {'before CPU s':>16}  {'after CPU s':>11}  {'before/after':>12}  same choices  job step CPU s")
+    print(
+        f"{'clips':>8}  {'before CPU s':>16}  {'after CPU s':>11}  {'before/after':>12}  same choices  job step CPU s"
+    )
     for r in rows:
         b = f"{r['before_cpu_s']:.2f}" + (" (extr.)" if r["before_extrapolated"] else "")
         same = "yes" if r["same_choices"] else "-"
