@@ -14,6 +14,7 @@ Default: the full documented run (docs/performance.md, which gives its duration)
   feature_wall           --clips 1000 --rounds 3 --workers 2
   extractor_cost         --clips 1000 --rounds 3 --workers 2
   reference_wall         --clips 1000 --rounds 2 --workers 2
+  reference_choice       --clips 2000,8000,16000,200000 --before-max 16000 --rounds 3
   audio_headroom         --steps 120 --rounds 2
   reference_headroom     --steps 120 --rounds 2
   cache_wall             --clips 13100 --rounds 2
@@ -67,6 +68,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
             ("feature_wall", ["--clips", "60", "--rounds", "1", "--profile-clips", "10", "--work-dir", work]),
             ("extractor_cost", ["--clips", "60", "--rounds", "1", "--work-dir", work]),
             ("reference_wall", ["--clips", "60", "--rounds", "1", "--work-dir", work]),
+            ("reference_choice", ["--clips", "2000,20000", "--before-max", "2000", "--rounds", "1"]),
             ("audio_headroom", ["--steps", "20", "--rounds", "1", "--work", f"{work}/audio-headroom"]),
             (
                 "reference_headroom",
@@ -116,6 +118,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
         ("feature_wall", ["--clips", "1000", "--rounds", "3", "--workers", "2", "--work-dir", work]),
         ("extractor_cost", ["--clips", "1000", "--rounds", "3", "--workers", "2", "--work-dir", work]),
         ("reference_wall", ["--clips", "1000", "--rounds", "2", "--workers", "2", "--work-dir", work]),
+        ("reference_choice", ["--clips", "2000,8000,16000,200000", "--before-max", "16000", "--rounds", "3"]),
         ("audio_headroom", ["--steps", "120", "--rounds", "2", "--work", f"{work}/audio-headroom"]),
         ("reference_headroom", ["--steps", "120", "--rounds", "2", "--work", f"{work}/reference-headroom"]),
         ("cache_wall", ["--clips", "13100", "--rounds", "2", "--work-dir", work]),

@@ -216,15 +216,15 @@ class ReferenceConfig:
     """A reference per record for zero-shot voice models (docs/preprocess.md, References); off by default."""
 
     source: Annotated[StrictStr, one_of(*REFERENCE_SOURCES)] = (
-        "none"  # other_clip: another kept clip of the speaker and split, stored; same_clip: cut at train time
+        "none"  # other_clip: another kept clip of the speaker (docs/preprocess.md), stored; same_clip: cut at train time
     )
     frames: Annotated[StrictInt, POSITIVE] = 256  # the reference's fixed length in mel frames (static shape)
     min_seconds: Annotated[StrictFloat, Field(ge=0)] = 3.0  # other_clip prefers reference clips at least this long
     seed: Annotated[StrictInt, Field(ge=0)] = (
         0  # which clip and which slice each record gets (same seed, same corpus: same references)
     )
-    # a speaker with one clip in a split: "own_clip" gives it a slice of that clip (counted in schema.json),
-    # "reject" rejects the clip (rejected.jsonl, reason no_reference_clip)
+    # a clip no other clip of its speaker may serve (its speaker's only clip, or only training clip): "own_clip"
+    # gives it a slice of itself (counted in schema.json), "reject" rejects it (rejected.jsonl, no_reference_clip)
     single_clip: Annotated[StrictStr, one_of("own_clip", "reject")] = "own_clip"
 
 

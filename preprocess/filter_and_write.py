@@ -41,7 +41,8 @@ def sum_counters(counters) -> Counter:
 def written_counts(clips) -> Counter:
     """What a batch put in the shards, for the speaker and language tables: clips and milliseconds per
     ("speaker", name), ("language", code) and ("split", speaker, split); with a clip's "bucket", its
-    records per ("bucket", index, split, "speaker" | "language", name) (schema.json `Bucket.groups`)."""
+    records per ("bucket", index, split, "speaker" | "language", name) (schema.json `Bucket.groups`); in
+    a run with other_clip references, the records per ("reference", `reference_from`, split)."""
     out: Counter[tuple] = Counter()
     for c in clips:
         for key in (("speaker", c["speaker"]), ("language", c["language"])):
@@ -50,9 +51,20 @@ def written_counts(clips) -> Counter:
             if "bucket" in c:
                 out[("bucket", c["bucket"], c["split"]) + key] += 1
         out[("split", c["speaker"], c["split"])] += 1
-        if c.get("own_reference"):
-            out[("reference", "own_clip")] += 1
+        if c.get("reference_from"):
+            out[("reference", c["reference_from"], c["split"])] += 1
     return out
+
+
+def reference_from(clip: dict, ref_id: str, corpus_tables: dict, salt: str) -> str | None:
+    """What written_counts counts of a kept clip's reference: "own_clip" (a slice of itself),
+    "val_from_train" (a validation clip's reference cut from a training clip of its speaker), or None
+    (another clip of its split). The reference is a clip of the same speaker, whose split `split_of` gives."""
+    if ref_id == clip["id"]:
+        return "own_clip"
+    if tables.split_of({"id": ref_id, "speaker": clip["speaker"]}, corpus_tables, salt) != clip["split"]:
+        return "val_from_train"
+    return None
 
 
 def dropped_counts(dropped) -> Counter:
@@ -114,7 +126,7 @@ class _FilterAndWriteFn(beam.DoFn):
         for clip in clips:
             rejection = filter_rejection(clip, cutoffs, corpus_tables, gate)
             if rejection is None and references is not None and references[clip["id"]] is None:
-                detail = "the only clip of its speaker in its split (reference.single_clip: reject)"
+                detail = "its speaker has no other clip it may take a reference from (reference.single_clip: reject)"
                 rejection = reject(clip["id"], "no_reference_clip", detail)
             if rejection:
                 count(rejection["reason"])
@@ -144,7 +156,7 @@ class _FilterAndWriteFn(beam.DoFn):
                 reference_len=ref_len,
                 reference_start=start,
             )
-            clip["own_reference"] = ref_id == clip["id"]  # for written_counts
+            clip["reference_from"] = reference_from(clip, ref_id, corpus_tables, self.cfg.split.salt)
         for clip in kept:
             split, bucket, data = encode_clip(
                 clip, by_id[clip["id"]], buckets, text, corpus_tables, vocab, self.cfg, outputs

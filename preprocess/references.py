@@ -1,10 +1,12 @@
 """References (config `reference: source: other_clip`): each kept clip gets a slice of another kept clip
-of the same speaker and split, chosen deterministically from `reference.seed`, for zero-shot voice models.
+of the same speaker, chosen deterministically from `reference.seed`, for zero-shot voice models: one of
+its split, or for a validation clip that is its speaker's only one, one of the speaker's training clips
+(`choose_references` says the rule).
 
 Two joins, so no worker ever holds a speaker's mels:
 
-1. ids and lengths: every kept clip's (id, mel frames, stash batch) grouped by (speaker, split); the
-   pure `choose_references` picks each clip's reference clip and slice start;
+1. ids and lengths: every kept clip's (id, mel frames, split, stash batch) grouped by speaker; the pure
+   `choose_references` picks each clip's reference clip and slice start, in O(n log n) per speaker;
 2. the slices: the requests keyed by the reference clip's stash batch are co-grouped with the stashed
    batches; each batch's mels are read once and cut (`cut_reference`), and the slices, keyed by the
    requesting clip's batch, are co-grouped with the batches again for `FilterAndWrite`, which encodes
@@ -32,7 +34,8 @@ from melshards.preprocess.stash import load_clips
 from melshards.preprocess.workers import worker_setup
 
 OWN_CLIP = "own_clip"  # written_counts' key of the records whose reference is their own clip
-NO_REFERENCE = "no_reference_clip"  # the rejection of a single-clip speaker's clip (single_clip: reject)
+NO_REFERENCE = "no_reference_clip"  # the rejection of a clip with no other clip to take (single_clip: reject)
+VAL_FROM_TRAIN = "val_from_train"  # written_counts' key of the validation records cut from a training clip
 
 
 def _draw(seed: int, clip_id: str, what: str, n: int) -> int:
@@ -41,26 +44,60 @@ def _draw(seed: int, clip_id: str, what: str, n: int) -> int:
     return int.from_bytes(digest[:8], "little") % n
 
 
+class _Pool:
+    """The clips one split of a speaker offers as references, sorted by id: those of at least
+    `min_frames` frames, and all of them. `draw` leaves the asking clip out by index arithmetic (no copy
+    of the list per clip), so a pool of n clips answers n draws in O(n log n) in all."""
+
+    def __init__(self, clips: list[tuple[str, int]], min_frames: int):
+        self.all = sorted(clips)
+        self.long = [c for c in self.all if c[1] >= min_frames]
+        self.at_all = {c[0]: i for i, c in enumerate(self.all)}
+        self.at_long = {c[0]: i for i, c in enumerate(self.long)}
+
+    def draw(self, seed: int, clip_id: str) -> tuple[str, int] | None:
+        """A clip drawn uniformly from the long ones other than `clip_id` (from all the others when no
+        other is that long); None when the pool holds no other clip."""
+        for clips, at in ((self.long, self.at_long), (self.all, self.at_all)):
+            mine = at.get(clip_id)
+            n = len(clips) - (mine is not None)
+            if n:
+                k = _draw(seed, clip_id, "clip", n)
+                return clips[k if mine is None or k < mine else k + 1]
+        return None
+
+
 def choose_references(
-    clips: list[tuple[str, int]], seed: int, min_frames: int, frames: int, single_clip: str = OWN_CLIP
+    clips: list[tuple[str, int, str]], seed: int, min_frames: int, frames: int, single_clip: str = OWN_CLIP
 ) -> dict[str, tuple[str, int] | None]:
-    """One speaker's kept clips of one split, (id, mel frames) in any order -> {id: (reference id, first
-    frame of the slice)}. The reference is another clip, drawn uniformly from those of at least
-    `min_frames` frames (from all the others when none is that long); the slice start is drawn uniformly
-    from [0, max(0, its frames - frames)]. A lone clip gets its own (None with single_clip "reject").
-    Both draws depend only on the seed and the clip's id and the group's ids and lengths."""
-    ordered = sorted(clips)
+    """One speaker's kept clips, (id, mel frames, split) in any order, ids unique -> {id: (reference id,
+    first frame of the slice)}.
+
+    A clip's reference is another clip of its split; a validation clip that is its speaker's only one
+    takes one of the speaker's training clips (conditioning only: no validation audio reaches training);
+    a clip with neither gets its own (None with single_clip "reject"). A training clip never takes a
+    validation clip. Within those, the reference is drawn uniformly from the clips of at least
+    `min_frames` frames (from all of them when none is that long); the slice start uniformly from
+    [0, max(0, its frames - frames)]. Both draws depend only on the seed, the clip's id and the
+    speaker's ids, lengths and splits. O(n log n) in the speaker's clips."""
+    by_split: dict[str, list[tuple[str, int]]] = {}
+    for clip_id, n, split in clips:
+        by_split.setdefault(split, []).append((clip_id, n))
+    pools = {split: _Pool(members, min_frames) for split, members in by_split.items()}
+    training = pools.get("train")
     out: dict[str, tuple[str, int] | None] = {}
-    long_ids = [c for c in ordered if c[1] >= min_frames]
-    for clip_id, _ in ordered:
-        others = [c for c in long_ids if c[0] != clip_id] or [c for c in ordered if c[0] != clip_id]
-        if not others:
-            if single_clip != OWN_CLIP:
-                out[clip_id] = None
-                continue
-            others = [c for c in ordered if c[0] == clip_id]
-        ref_id, ref_frames = others[_draw(seed, clip_id, "clip", len(others))]
-        out[clip_id] = (ref_id, _draw(seed, clip_id, "start", max(0, ref_frames - frames) + 1))
+    for split, pool in sorted(pools.items()):
+        for clip_id, n in pool.all:
+            ref = pool.draw(seed, clip_id)
+            if ref is None and split == "val" and training is not None:
+                ref = training.draw(seed, clip_id)
+            if ref is None:
+                if single_clip != OWN_CLIP:
+                    out[clip_id] = None
+                    continue
+                ref = (clip_id, n)
+            ref_id, ref_frames = ref
+            out[clip_id] = (ref_id, _draw(seed, clip_id, "start", max(0, ref_frames - frames) + 1))
     return out
 
 
@@ -96,22 +133,22 @@ def batch_key(batch: dict) -> str:
 
 
 def _kept_lengths(batch: dict, cutoffs, corpus_tables: dict, gate, salt: str):
-    """((speaker, split), (id, mel frames, batch key)) of each clip of a batch the filter keeps."""
+    """(speaker, (id, mel frames, split, batch key)) of each clip of a batch the filter keeps."""
     for clip in load_clips(batch):
         if filter_rejection(clip, cutoffs, corpus_tables, gate) is None:
             split = tables.split_of(clip, corpus_tables, salt)
-            yield (clip["speaker"], split), (clip["id"], clip["mel_frames"], batch_key(batch))
+            yield clip["speaker"], (clip["id"], clip["mel_frames"], split, batch_key(batch))
 
 
 def _choose(group, cfg: PreprocessConfig):
-    """A (speaker, split) group -> (the reference clip's batch, (reference id, start, clip id, clip's
-    batch)) per clip; (the clip's batch, (None, 0, clip id, clip's batch)) for a refused one."""
+    """A speaker's group -> (the reference clip's batch, (reference id, start, clip id, clip's batch))
+    per clip; (the clip's batch, (None, 0, clip id, clip's batch)) for a refused one."""
     _, members = group
     members = list(members)
-    where = {clip_id: key for clip_id, _, key in members}
+    where = {clip_id: key for clip_id, _, _, key in members}
     r = cfg.reference
     min_frames = int(np.ceil(r.min_seconds * cfg.audio.sample_rate / cfg.mel.hop_length))
-    chosen = choose_references([(i, n) for i, n, _ in members], r.seed, min_frames, r.frames, r.single_clip)
+    chosen = choose_references([m[:3] for m in members], r.seed, min_frames, r.frames, r.single_clip)
     for clip_id, choice in chosen.items():
         if choice is None:
             yield where[clip_id], (None, 0, clip_id, where[clip_id])
@@ -191,7 +228,7 @@ class AttachReferences(beam.PTransform):
                 S.AsSingleton(self.gate),
                 self.cfg.split.salt,
             )
-            | "BySpeakerSplit" >> beam.GroupByKey()
+            | "BySpeaker" >> beam.GroupByKey()
             | "Choose" >> beam.FlatMap(_choose, self.cfg)
         )
         slices = (

@@ -242,6 +242,8 @@ def build_stats(
     }
     if quality is not None:
         stats["quality"] = quality.section()
+    if cfg.reference.source == "other_clip":
+        stats["references"] = reference_counts(written or {})
     if corpus_tables is not None:
         stats["speakers"] = speaker_stats(corpus_tables, written or {}, features, quality)
         stats["languages"] = language_stats(corpus_tables, written or {}, cutoffs, features, quality)
@@ -334,16 +336,26 @@ def build_schema(
     )
 
 
+def reference_counts(written: dict) -> dict:
+    """An other_clip run's records whose reference is not another clip of their split: `own_clip`, per
+    split, those cut from themselves (their speaker has no other clip they may take), and
+    `val_from_train`, the validation records cut from a training clip of their speaker (it has no other
+    validation clip). schema.json's `reference` and stats.json's `references` hold them."""
+    return {
+        "own_clip": {split: int(written.get(("reference", "own_clip", split), 0)) for split in SPLITS},
+        "val_from_train": int(written.get(("reference", "val_from_train", "val"), 0)),
+    }
+
+
 def reference_record(cfg: PreprocessConfig, written: dict) -> dict:
-    """schema.json's `reference`: the config's choice and, for other_clip, how many records fell back to a
-    slice of their own clip (their speaker's only clip in the split); {} in a run without references."""
+    """schema.json's `reference`: the config's choice and, for other_clip, `reference_counts`; {} in a run
+    without references."""
     r = cfg.reference
     if r.source == "none":
         return {}
     out = {"source": r.source, "frames": r.frames}
     if r.source == "other_clip":
-        own = int(written.get(("reference", "own_clip"), 0))
-        out.update(min_seconds=r.min_seconds, seed=r.seed, single_clip=r.single_clip, own_clip=own)
+        out.update(min_seconds=r.min_seconds, seed=r.seed, single_clip=r.single_clip, **reference_counts(written))
     return out
 
 

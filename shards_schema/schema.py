@@ -64,8 +64,9 @@ def parse_shard_name(name: str) -> dict[str, Any] | None:
     return {"split": m["split"], "bucket": int(m["bucket"]), "index": int(m["index"]), "count": int(m["count"])}
 
 
-# schema.json `reference` keys that count records (how many fell back to their own clip), not settings
-REFERENCE_COUNTS = ("own_clip",)
+# schema.json `reference` keys that count records (how many fell back to their own clip, per split, or
+# took a training clip for a validation record), not settings
+REFERENCE_COUNTS = ("own_clip", "val_from_train")
 
 
 class SchemaError(ValueError):
@@ -223,8 +224,9 @@ class Schema:
     # sample_rate, outputs: [ExtractorOutput as a dict]} (`melshards.preprocess.extractors`)
     extractors: tuple[dict[str, Any], ...] = ()
     # the references the run chose (docs/preprocess.md, References): {source: other_clip | same_clip,
-    # frames, min_seconds, seed, single_clip, own_clip: records whose reference is a slice of their own
-    # clip}; empty when the run has none (and in files written before it)
+    # frames, min_seconds, seed, single_clip, own_clip: {split: records whose reference is a slice of their
+    # own clip}, val_from_train: validation records whose reference is a training clip}; empty when the run
+    # has none (and in files written before it)
     reference: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     # -- construction -------------------------------------------------------------------
@@ -464,6 +466,20 @@ class Schema:
     def speaker(self, name: str) -> Speaker:
         """The speaker called `name`; SchemaError naming a few known ones and the count otherwise."""
         return _lookup(self.speakers, "name", name, "speaker")
+
+    def training_records(self) -> list[int]:
+        """Each speaker's training records, in speaker id order (the buckets' `groups`); each one's
+        `clips`, records of either split, where schema.json does not say (written before 3.2). A
+        speaker whose clips were all filtered or rejected keeps its row and id (the records' speaker_id
+        index this table) with 0 records: a model's embedding of it never trained."""
+        out = [0] * len(self.speakers)
+        for b in self.buckets:
+            counts = b.group_counts("train", "speaker")
+            if counts is None:
+                return [s.clips for s in self.speakers]
+            for i, n in enumerate(counts):
+                out[i] += n
+        return out
 
     def centroids(self, name: str) -> list[list[float]]:
         """Each speaker's centroid of the vector extractor output `name`, in speaker id order (a table

@@ -424,8 +424,9 @@ def check_references(records, pad_value: float) -> list[Problem]:
     for every record, and is called twice: first to note each record's speaker and split and each
     reference's request (a digest of its frames, not the frames), then to compare every named clip's stored
     mel over [reference_start, reference_start + reference_len) with those digests. A problem for a
-    reference naming a clip not in the records, of another speaker or split, whose frames differ, or whose
-    padding is not `pad_value`."""
+    reference naming a clip not in the records, of another speaker, of the validation split in a training
+    record (a validation record may name a training clip: `choose_references`), whose frames differ, or
+    whose padding is not `pad_value`."""
     where: dict[str, tuple] = {}
     asked: dict[str, list] = {}
     problems: list[Problem] = []
@@ -443,8 +444,11 @@ def check_references(records, pad_value: float) -> list[Problem]:
         for path, i, speaker, split, *_ in requests:
             if name not in where:
                 problems.append(Problem(path, i, f"reference_id {name!r} names no record of these shards"))
-            elif where[name] != (speaker, split):
-                problems.append(Problem(path, i, f"reference_id {name!r} is of another speaker or split"))
+            elif where[name][0] != speaker:
+                problems.append(Problem(path, i, f"reference_id {name!r} is of another speaker"))
+            elif where[name][1] != split and split == "train":
+                what = f"reference_id {name!r} is a {where[name][1]} clip: a training record's reference is a training clip"
+                problems.append(Problem(path, i, what))
     for _, _, _, rec in records():
         clip_id = rec["id"].decode() if isinstance(rec["id"], bytes) else str(rec["id"])
         for path, i, _, _, start, n, digest in asked.get(clip_id, ()):

@@ -59,7 +59,7 @@ REJECT_REASONS = (
     "missing_alignment",
     "alignment_mismatch",
     "extractor_failed",  # a per-clip extractor raised on the clip, or its output broke its declaration
-    "no_reference_clip",  # reference.single_clip: reject, a speaker's only clip in its split
+    "no_reference_clip",  # reference.single_clip: reject, no other clip of its speaker may be its reference
 )
 
 

@@ -522,6 +522,14 @@ def languages_problem(languages: list[LanguageRow], counts: Counts, cutoffs: Cut
     return None
 
 
+class References(_Section):
+    """An other_clip run's records whose reference is not another clip of their split
+    (`melshards.preprocess.report.reference_counts`)."""
+
+    own_clip: dict[StrictStr, Count]  # split -> records cut from themselves (no other clip to take)
+    val_from_train: Count  # validation records cut from a training clip of their speaker (no other val clip)
+
+
 class StatsFile(_Section):
     """stats.json. `filter`, `cutoffs`, `padding` and `buckets` are null or absent when no clip was measured;
     so may `speakers`, `languages` and `split` be (or the tables empty)."""
@@ -549,6 +557,7 @@ class StatsFile(_Section):
     # the speakers and languages the filter dropped most (over half) of the measured clips of; absent
     # from runs made before it was recorded (`melshards.preprocess.report.mostly_dropped`)
     mostly_dropped: list[MostlyDropped] | None = None
+    references: References | None = None  # other_clip runs (absent from the others and runs made before it)
 
     @model_validator(mode="after")
     def _measured(self) -> StatsFile:

@@ -272,8 +272,9 @@ STRETCHED = "LJT001-0007"
 
 @pytest.fixture(scope="session")
 def reference_runs(corpus_dir, tmp_path_factory):
-    """Speakers "anna" and "bert" with 12 clips each and "cleo" with one, other_clip references of 40
-    frames, in two buckets; run twice over one feature cache (the second run reads every clip from it).
+    """Speakers "anna" and "bert" with 10 clips each (3 in val), "cleo" with one (in train) and "dora" with
+    two (one in each split), other_clip references of 40 frames, in two buckets; run twice over one
+    feature cache (the second run reads every clip from it).
     Built once per session (`built_once`), shared by tests/preprocess and tests/train. Read-only."""
     import csv
 
@@ -288,10 +289,11 @@ def reference_runs(corpus_dir, tmp_path_factory):
             if line.count("|") == 2
         )
         wavs = {p.stem: p for p in (corpus_dir / "wavs").iterdir()}
-        good = [c for c in REFERENCE_CLIPS if c in wavs and texts.get(c, "").strip()][:25]
+        good = [c for c in REFERENCE_CLIPS if c in wavs and texts.get(c, "").strip()]  # 23
+        speakers = ["cleo", "dora", "dora"] + ["bert", "anna"] * 10
         rows = [
-            {"audio": str(wavs[c]), "text": texts[c], "id": c, "speaker": "cleo" if i == 0 else ("anna", "bert")[i % 2]}
-            for i, c in enumerate(good)
+            {"audio": str(wavs[c]), "text": texts[c], "id": c, "speaker": speaker}
+            for c, speaker in zip(good, speakers, strict=True)
         ]
         manifest = tmp / "corpus.csv"
         with manifest.open("w", newline="") as f:
@@ -306,6 +308,8 @@ def reference_runs(corpus_dir, tmp_path_factory):
                     "split": {"val_fraction": 0.25},
                     "pad": {"buckets": 2},
                     "reference": {"source": "other_clip", "frames": 40, "min_seconds": 1.5, "seed": 3},
+                    # every clip kept (ten clips make a speaker's own speaking-rate bounds)
+                    "quality_rules": {"rate_iqr_k": None},
                 }
             )
         )

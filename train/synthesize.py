@@ -62,8 +62,18 @@ def _pick(table, names, value: str | None, option: str, what: str, find):
 
 
 def pick_speaker(schema: Schema, name: str | None) -> Speaker:
-    """--speaker NAME; the only speaker when it is left out."""
-    return _pick(schema.speakers, (s.name for s in schema.speakers), name, "--speaker NAME", "speaker", schema.speaker)
+    """--speaker NAME, one of the speakers with training records (`Schema.training_records`); the only
+    one when it is left out. ConfigError for a speaker of the table without any (its embedding never
+    trained), naming those the model trained on."""
+    trained = [s for s, n in zip(schema.speakers, schema.training_records()) if n]
+    if name is not None and name not in {s.name for s in trained} and name in {s.name for s in schema.speakers}:
+        raise ConfigError(
+            f"--speaker {name!r} has no training records in the shards this model was trained on (its clips were "
+            f"all filtered, rejected or in the validation split), so the model never learnt its voice; pass one "
+            f"of the {len(trained)} speaker(s) it trained on: {first_few(s.name for s in trained)} (`melshards "
+            f"stats SHARDS --by speaker` lists the run's speakers with their clips per split)"
+        )
+    return _pick(trained, (s.name for s in trained), name, "--speaker NAME", "speaker", schema.speaker)
 
 
 def pick_language(schema: Schema, code: str | None) -> Language:
@@ -115,7 +125,9 @@ class Synthesizer(tf.Module):
             tf.lookup.KeyValueTensorInitializer(symbols, tf.range(len(schema.vocabulary), dtype=tf.int32)),
             default_value=-1,
         )
-        self.speaker_ids = _name_table([x.name for x in schema.speakers])
+        # the speakers with training records only (`pick_speaker`): another's embedding never trained
+        trained = [x for x, n in zip(schema.speakers, schema.training_records()) if n]
+        self.speaker_ids = _name_table([x.name for x in trained], [x.id for x in trained])
         self.language_ids = _name_table([x.code for x in schema.languages])
         self.capacity = length = text_capacity(schema)
 
@@ -133,7 +145,7 @@ class Synthesizer(tf.Module):
             return {"mel": tf.cast(out["mel"], tf.float32), "mel_len": tf.cast(out["mel_len"], tf.int32)}
 
         # unquoted: tf.debugging escapes quotes in its messages
-        speakers = first_few((x.name for x in schema.speakers), quote=str)
+        speakers = first_few((x.name for x in trained), quote=str)
         languages = first_few((x.code for x in schema.languages), quote=str)
 
         @tf.function(
@@ -180,9 +192,7 @@ class Synthesizer(tf.Module):
                 tf.debugging.assert_positive(n, message="the text holds no symbol of the vocabulary this model reads"),
                 tf.debugging.assert_non_negative(
                     speaker_id,
-                    message=(
-                        f"unknown speaker: this model was trained on {len(schema.speakers)} speaker(s): {speakers}"
-                    ),
+                    message=f"unknown speaker: this model was trained on {len(trained)} speaker(s): {speakers}",
                 ),
                 tf.debugging.assert_non_negative(
                     language_id,
@@ -279,11 +289,12 @@ class Synthesizer(tf.Module):
             f.write(json.dumps({"written_by": "melshards synthesize --export", "schema_version": self.schema.version}))
 
 
-def _name_table(names: list[str]) -> tf.lookup.StaticHashTable:
-    """name -> its index (its id in schema.json's table); -1 for a name not in it."""
+def _name_table(names: list[str], ids: list[int] | None = None) -> tf.lookup.StaticHashTable:
+    """name -> its id in schema.json's table (`ids`; its index in `names` without them); -1 for a name
+    not in it."""
+    values = tf.range(len(names), dtype=tf.int32) if ids is None else tf.constant(ids, tf.int32, [len(names)])
     return tf.lookup.StaticHashTable(
-        tf.lookup.KeyValueTensorInitializer(tf.constant(names, tf.string), tf.range(len(names), dtype=tf.int32)),
-        default_value=-1,
+        tf.lookup.KeyValueTensorInitializer(tf.constant(names, tf.string, [len(names)]), values), default_value=-1
     )
 
 

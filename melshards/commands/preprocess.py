@@ -65,6 +65,20 @@ def feature_lines(stats: dict) -> list[str]:
     return out
 
 
+def reference_lines(stats: dict) -> list[str]:
+    """An other_clip run's records whose reference is not another clip of their split (stats.json
+    `references`): validation records cut from a training clip, and records cut from themselves."""
+    r = stats.get("references")
+    if not r:
+        return []
+    own, total = r["own_clip"], sum(r["own_clip"].values())
+    per_split = ", ".join(f"{split} {n}" for split, n in own.items())
+    return [
+        f"references: {r['val_from_train']} val record(s) cut from a training clip of their speaker (no other "
+        f"val clip); {total} cut from their own clip ({per_split}: their speaker has no other clip to take)"
+    ]
+
+
 def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
     c = stats["counts"]
     warning = mostly_dropped_lines(stats)  # first and loudest: speakers or languages mostly dropped
@@ -94,7 +108,7 @@ def print_summary(stats: dict, out_dir: str, seconds: float) -> None:
             f"feature cache {k['dir']}: {k['hits']} clips read from it, {k['computed']} computed and added"
             + (f", {k['damaged_files']} damaged file(s) recomputed" if k["damaged_files"] else "")
         )
-    for line in feature_lines(stats):
+    for line in feature_lines(stats) + reference_lines(stats):
         click.echo(line)
     written = [SCHEMA_FILE, STATS_FILE, REJECTED_FILE] + [f"{s}-*" for s in ("train", "val") if c["per_split"][s]]
     click.echo(f"wrote {out_dir}/{{{', '.join(written)}}}")

@@ -1,14 +1,19 @@
 """References (config `reference: source: other_clip`): the pure chooser and cutter with exact values, and
 the shared run over a three-speaker manifest (tests/conftest.py `reference_runs`, twice over one cache)."""
 
+import hashlib
+import json
+import random
+
 import numpy as np
 
+from melshards.commands.preprocess import reference_lines
 from melshards.preprocess.references import choose_references, cut_reference
 from melshards.shards_schema import read_schema
 
 
 def test_each_clip_gets_another_long_clip_and_a_start_inside_it_whatever_the_input_order():
-    clips = [("a", 400), ("b", 100), ("c", 300), ("d", 50)]
+    clips = [("a", 400, "train"), ("b", 100, "train"), ("c", 300, "train"), ("d", 50, "train")]
     chosen = choose_references(clips, seed=7, min_frames=200, frames=256)
     assert chosen == choose_references(list(reversed(clips)), seed=7, min_frames=200, frames=256)
     assert chosen["a"] == ("c", chosen["a"][1]) and 0 <= chosen["a"][1] <= 300 - 256  # c: the other long one
@@ -25,11 +30,60 @@ def test_each_clip_gets_another_long_clip_and_a_start_inside_it_whatever_the_inp
 
 
 def test_no_long_clip_falls_back_to_any_other_and_a_lone_clip_to_itself_or_nothing():
-    assert choose_references([("a", 10), ("b", 20)], 0, 1000, 256) == {"a": ("b", 0), "b": ("a", 0)}
-    assert choose_references([("a", 300)], 0, 10, 256) == {
-        "a": ("a", choose_references([("a", 300)], 0, 10, 256)["a"][1])
+    assert choose_references([("a", 10, "train"), ("b", 20, "train")], 0, 1000, 256) == {
+        "a": ("b", 0),
+        "b": ("a", 0),
     }
-    assert choose_references([("a", 300)], 0, 10, 256, "reject") == {"a": None}
+    (own,) = choose_references([("a", 300, "train")], 0, 10, 256).values()
+    assert own[0] == "a" and 0 <= own[1] <= 300 - 256
+    assert choose_references([("a", 300, "val")], 0, 10, 256, "reject") == {"a": None}
+
+
+def test_a_lone_validation_clip_takes_a_training_clip_and_a_training_clip_never_a_validation_one():
+    clips = [("t1", 300, "train"), ("t2", 50, "train"), ("v1", 300, "val")]
+    chosen = choose_references(clips, 0, 200, 256, "reject")
+    assert chosen["v1"][0] == "t1"  # the speaker's long training clip, not itself nor nothing
+    assert chosen["t1"][0] == "t2" and chosen["t2"][0] == "t1"  # never v1
+    # two validation clips take each other; a lone training clip beside them takes itself (or nothing)
+    clips = [("t1", 300, "train"), ("v1", 300, "val"), ("v2", 300, "val")]
+    assert {k: v[0] for k, v in choose_references(clips, 0, 200, 256).items()} == {"t1": "t1", "v1": "v2", "v2": "v1"}
+    assert choose_references(clips, 0, 200, 256, "reject")["t1"] is None
+
+
+def _draw(seed, clip_id, what, n):
+    return int.from_bytes(hashlib.sha256(f"{seed}:{what}:{clip_id}".encode()).digest()[:8], "little") % n
+
+
+def _brute_force(clips, seed, min_frames, frames, single_clip):
+    """The rule as docs/preprocess.md states it, one candidate list per clip."""
+    out = {}
+    for clip_id, n, split in clips:
+        pool = sorted((i, m) for i, m, s in clips if s == split and i != clip_id)
+        if not pool and split == "val":
+            pool = sorted((i, m) for i, m, s in clips if s == "train")
+        pool = [c for c in pool if c[1] >= min_frames] or pool
+        if not pool and single_clip == "reject":
+            out[clip_id] = None
+            continue
+        ref_id, ref_frames = pool[_draw(seed, clip_id, "clip", len(pool))] if pool else (clip_id, n)
+        out[clip_id] = (ref_id, _draw(seed, clip_id, "start", max(0, ref_frames - frames) + 1))
+    return out
+
+
+def test_the_choice_is_the_rules_brute_force_choice_on_small_speakers():
+    rng = random.Random(0)
+    for trial in range(400):
+        clips = [
+            (f"c{rng.randrange(10**6)}-{i}", rng.randrange(1, 400), rng.choice(("train", "train", "val")))
+            for i in range(rng.randrange(1, 9))
+        ]
+        seed, min_frames, single_clip = (
+            rng.randrange(5),
+            rng.choice((0, 100, 250, 1000)),
+            rng.choice(("own_clip", "reject")),
+        )
+        got = choose_references(clips, seed, min_frames, 64, single_clip)
+        assert got == _brute_force(clips, seed, min_frames, 64, single_clip), (trial, clips, seed, min_frames)
 
 
 def test_a_cut_reference_is_the_mels_frames_padded_after_its_end():
@@ -55,7 +109,7 @@ def _records(out):
     return schema, recs
 
 
-def test_every_reference_is_a_slice_of_another_clip_of_the_speaker_and_split(reference_runs):
+def test_every_reference_is_a_slice_of_another_clip_of_the_speaker_a_lone_val_clip_of_a_training_one(reference_runs):
     rows, (out, _) = reference_runs
     schema, recs = _records(out)
     assert schema.reference == {
@@ -64,21 +118,30 @@ def test_every_reference_is_a_slice_of_another_clip_of_the_speaker_and_split(ref
         "min_seconds": 1.5,
         "seed": 3,
         "single_clip": "own_clip",
-        "own_clip": 1,
+        "own_clip": {"train": 2, "val": 0},  # cleo's only clip; dora's only training clip (never a val one)
+        "val_from_train": 1,  # dora's only val clip
     }
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["references"] == {"own_clip": {"train": 2, "val": 0}, "val_from_train": 1}
+    assert reference_lines(stats) == [  # the run's summary
+        "references: 1 val record(s) cut from a training clip of their speaker (no other val clip); 2 cut from "
+        "their own clip (train 2, val 0: their speaker has no other clip to take)"
+    ]
     by_id = {r["id"].decode(): r for r in recs}
     assert len(by_id) == len(rows)  # none rejected
     for rec in recs:
         ref = by_id[rec["reference_id"].decode()]
-        assert (ref["speaker"], ref["split"]) == (rec["speaker"], rec["split"])
+        assert ref["speaker"] == rec["speaker"]
+        assert ref["split"] == rec["split"] or (rec["split"], ref["split"], rec["speaker"]) == ("val", "train", b"dora")
         assert rec["reference_mel"].shape == (40, schema.n_mels)
         n, start = int(rec["reference_len"]), int(rec["reference_start"])
         assert n == min(40, int(ref["mel_len"]) - start) and 0 <= start <= max(int(ref["mel_len"]) - 40, 0)
         np.testing.assert_array_equal(ref["mel"][start : start + n], rec["reference_mel"][:n])
         assert np.all(rec["reference_mel"][n:] == np.float32(np.float16(schema.mel.pad_value)))
-        if rec["speaker"] != b"cleo":
-            assert ref["id"] != rec["id"]
-    assert by_id[good_cleo(rows)]["reference_id"].decode() == good_cleo(rows)
+    own = sorted(r["id"].decode() for r in recs if r["reference_id"] == r["id"])
+    dora = {r["split"]: r["id"].decode() for r in recs if r["speaker"] == b"dora"}
+    assert own == sorted([good_cleo(rows), dora["train"]])
+    assert by_id[dora["val"]]["reference_id"].decode() == dora["train"]
 
 
 def good_cleo(rows):

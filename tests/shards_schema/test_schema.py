@@ -107,8 +107,8 @@ def test_runs_with_other_reference_settings_do_not_mix_but_other_fallback_counts
     schema = read_schema(str(shards_dir))
     other_clip = {"source": "other_clip", "frames": 40, "min_seconds": 3.0, "seed": 0, "single_clip": "own_clip"}
     runs = {
-        "a": dict(other_clip, own_clip=0),
-        "b": dict(other_clip, own_clip=5),
+        "a": dict(other_clip, own_clip={"train": 0, "val": 0}, val_from_train=0),
+        "b": dict(other_clip, own_clip={"train": 3, "val": 2}, val_from_train=4),
         "c": {"source": "same_clip", "frames": 40},
         "d": {"source": "same_clip", "frames": 64},
         "none": {},

@@ -127,3 +127,72 @@ def test_speaker_and_language_embeddings_can_be_turned_off(two_speakers_dir):
     assert speaker_only.conditioning.language is None and speaker_only.conditioning.speaker is not None
     terms = speaker_only.loss_terms(zero_batch(schema, 2), tf.zeros([2], tf.int32), training=False)
     assert float(terms["examples"]) == 0.0  # padding records add nothing
+
+
+def _without_training_records(schema, name: str):
+    """`schema` as a run whose speaker `name` kept no training record (its clips filtered, rejected or
+    in val): its row and id stay, its training records per bucket are 0."""
+    import dataclasses
+
+    gone = schema.speaker(name).id
+    buckets = tuple(
+        dataclasses.replace(
+            b,
+            groups=dict(
+                b.groups,
+                train=dict(
+                    b.groups["train"],
+                    speaker=[0 if i == gone else n for i, n in enumerate(b.groups["train"]["speaker"])],
+                ),
+            ),
+        )
+        for b in schema.buckets
+    )
+    return dataclasses.replace(schema, buckets=buckets)
+
+
+def test_synthesize_refuses_a_speaker_without_training_records_in_one_line(two_speakers_dir, tmp_path):
+    from click.testing import CliRunner
+
+    from melshards.shards_schema import read_schema
+    from melshards.shards_schema.config import ConfigError
+    from melshards.train.synthesize import Synthesizer, pick_speaker
+    from melshards.train.tf_quiet import tf
+
+    gone, kept = SPEAKERS  # ids 0 and 1
+    schema = _without_training_records(read_schema(str(two_speakers_dir)), gone)
+    assert [s.name for s in schema.speakers] == [gone, kept] and schema.training_records()[0] == 0
+    assert schema.training_records()[1] > 0 and schema.speaker(gone).clips > 0  # the row stays
+    assert pick_speaker(schema, None).name == kept  # the only speaker it trained on
+    said = (
+        f"--speaker '{gone}' has no training records in the shards this model was trained on (its clips "
+        "were all filtered, rejected or in the validation split), so the model never learnt its voice; pass one "
+        f"of the 1 speaker(s) it trained on: '{kept}' (`melshards stats SHARDS --by speaker` lists the "
+        "run's speakers with their clips per split)"
+    )
+    with pytest.raises(ConfigError) as e:
+        pick_speaker(schema, gone)
+    assert str(e.value) == said
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "schema.json").write_text(schema.to_json())
+    (model / "train_config.json").write_text("{}")
+    args = ["Printing.", "--model-dir", str(model), "-o", str(tmp_path / "out.wav"), "--speaker", gone]
+    result = CliRunner().invoke(synthesize_command, [*args, "--language", LANGUAGES[0]])
+    assert result.exit_code == 2 and said in " ".join(result.output.split()), result.output
+    assert "Traceback" not in result.output and not (tmp_path / "out.wav").exists()
+
+    class Echo:  # the serving signature's lookup, without a model
+        variables = []
+
+        def generate(self, text_ids, text_len, speaker_id, language_id):
+            return {"mel": tf.zeros([1, 4, 2]), "mel_len": speaker_id}
+
+    synth = Synthesizer(Echo(), schema)
+    served = synth.serve(tf.constant("stop"), tf.constant(kept), tf.constant(LANGUAGES[0]))
+    assert int(served["mel_len"][0]) == 1  # the speaker's id in schema.json's table
+    with pytest.raises(
+        tf.errors.InvalidArgumentError,
+        match=rf"unknown speaker: this model was trained on 1 speaker\(s\): {kept}",
+    ):
+        synth.serve(tf.constant("stop"), tf.constant(gone), tf.constant(LANGUAGES[0]))

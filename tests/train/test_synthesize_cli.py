@@ -237,7 +237,11 @@ def test_the_only_speaker_and_language_are_the_defaults_and_many_names_are_cut_s
     assert synthesize_module.pick_language(schema, None) == schema.languages[0]
     code = schema.languages[0].code
     assert synthesize_module.pick_language(schema, code.upper()) == schema.languages[0]  # BCP 47 ignores case
-    many = dataclasses.replace(schema, speakers=tuple(Speaker(i, f"s{i}", 1, 0.0) for i in range(12)))
+    many = dataclasses.replace(
+        schema,
+        speakers=tuple(Speaker(i, f"s{i}", 1, 0.0) for i in range(12)),
+        buckets=tuple(dataclasses.replace(b, groups={}) for b in schema.buckets),  # records per speaker: its clips
+    )
     with pytest.raises(ConfigError, match=r"trained on 12 speaker\(s\): 's0', 's1', .*, 's7', \.\.\.$"):
         synthesize_module.pick_speaker(many, "s12")
     assert synthesize_module.pick_speaker(many, "s11").id == 11
