@@ -472,6 +472,11 @@ class _WriteReportFn(beam.DoFn):
             stats["cache"] = {
                 "dir": self.cache_dir,
                 **{k: int(use["counts"].get(k, 0)) for k in CACHE_COUNTS},
+                # the clips each part of an entry was computed for (`cache.part_names`); 0: read from the cache
+                "parts_computed": {
+                    p: int(use.get("parts", {}).get(p, 0))
+                    for p in cache.part_names(self.cfg, [x["name"] for x in use.get("extractors", [])])
+                },
                 "files_used": len(use["files"]),
             }
             cache.record_use(self.cache_dir, run_id, use["files"])

@@ -220,7 +220,8 @@ class Schema:
     # (pitch over voiced frames only); per speaker and language in their tables' `stats`
     feature_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
     # the per-clip extractors whose outputs the records hold: {name, version, fingerprint, factory,
-    # sample_rate, outputs: [ExtractorOutput as a dict]} (`melshards.preprocess.extractors`)
+    # options (its keyword arguments), sample_rate, outputs: [ExtractorOutput as a dict]}
+    # (`melshards.preprocess.extractors`)
     extractors: tuple[dict[str, Any], ...] = ()
     # the references the run chose (docs/preprocess.md, References): {source: other_clip | same_clip,
     # frames, min_seconds, seed, single_clip, own_clip: records whose reference is a slice of their own
@@ -492,9 +493,11 @@ class Schema:
         # what the ids mean (not how many clips each has)
         out["speakers"] = [[s["id"], s["name"]] for s in d["speakers"]]
         out["languages"] = [[lang["id"], lang["code"], lang["text_frontend"]] for lang in d["languages"]]
-        # extractor outputs of other code or weights do not mix (the fingerprint), whatever their shapes
+        # extractor outputs of other code, weights or options do not mix (the fingerprint, the options),
+        # whatever their shapes
         out["extractors"] = [
-            {k: x[k] for k in ("name", "version", "fingerprint", "sample_rate", "outputs")} for x in d["extractors"]
+            {k: x.get(k) for k in ("name", "version", "fingerprint", "options", "sample_rate", "outputs")}
+            for x in d["extractors"]
         ]
         # the references' settings (same_clip's shape is in no bucket's features), not how many fell back
         out["reference"] = {k: v for k, v in d["reference"].items() if k not in REFERENCE_COUNTS}
