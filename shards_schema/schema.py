@@ -35,8 +35,11 @@ from typing import Any
 # version, fingerprint and declared outputs; their record features after the optional ones;
 # `Speaker.centroids`); the run's references (`reference`, and the `reference` optional features);
 # a 3.2 file reads as energy-trimmed, not normalised, without extractors or references.
+# 3.4: `audio.vad_aggressiveness` (webrtcvad's mode in a run trimmed by it, null otherwise) and each
+# extractor's `options` (its factory's keyword arguments), part of the contract; a 3.3 file reads
+# without them (and a webrtcvad-trimmed 3.3 run cannot say how aggressively it trimmed).
 # 2.x had no ids (one English front end); 1.x one shape and no buckets. Neither is read: re-run preprocess.
-SCHEMA_VERSION = "3.3.0"
+SCHEMA_VERSION = "3.4.0"
 SCHEMA_FILE = "schema.json"
 STATS_FILE = "stats.json"
 REJECTED_FILE = "rejected.jsonl"
@@ -101,6 +104,7 @@ class AudioParams:
     remove_dc: bool = True  # the clip's mean is subtracted before trimming and the mel
     trim_method: str = "energy"  # how the silence was trimmed: energy, or webrtcvad (voice activity)
     loudness_target_lufs: float | None = None  # each clip scaled to this BS.1770 loudness before the mel; None: not
+    vad_aggressiveness: int | None = None  # webrtcvad's mode (0-3) when trim_method is webrtcvad; None otherwise
 
 
 @dataclasses.dataclass(frozen=True)
