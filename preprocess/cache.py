@@ -1,21 +1,26 @@
 """The feature cache (`melshards preprocess --cache DIR`): each clip's audio features, kept across runs
 so a re-run computes only what changed (docs/preprocess.md, Feature cache).
 
-- **What is kept.** What `clips.analyse_audio` computes from the audio alone: the span (decoded
-  samples, trim start, kept samples, the decoded samples' hash and the audio quality measures), the log-mel (float16, as the shards store it) with its float32
-  per-bin moments, and pitch, energy and audio where the run computes them. Text, durations, the
-  filter, buckets and split are recomputed every run: they cost little and change with the config.
-- **The key** of an entry: the audio file's canonical location (`clip_key`: a local file's real
-  path, a gs:// object's name), size and modification time (local) or object update time (gs://),
-  and every setting the features depend on (`settings_key`: audio, mel,
-  features, pitch, this format's version and the versions of the libraries that compute them). A
-  changed file, setting or library is a new key: never served stale. The file's identity is its
-  metadata, not a hash of its bytes: a hash would read every file on a warm run, which is the cost
-  the cache removes.
-- **Batches.** The entries one Measure batch computes go into one file, `entries/<sha1>.npz`, beside
-  `entries/<sha1>.keys` (its keys, one per line, written last): a 100k-clip corpus is a few thousand
-  objects, not a million. In the file each quantity is one array for the whole batch (features
-  concatenated, with offsets): reading it parses a few array headers, not five per clip. The name comes from the keys, so a retried bundle, or two workers
+- **What is kept.** What `clips.analyse_audio` computes from the audio alone, in parts (`part_names`):
+  the mel part (the span: decoded samples, trim start, kept samples; the decoded samples' hash; the
+  log-mel, float16 as the shards store it, with its float32 per-bin moments), pitch, energy and audio
+  where the run computes them, the audio quality measures (the measures, loudness, DNSMOS) and each
+  extractor's outputs. Text, durations, the filter, buckets and split are recomputed every run: they
+  cost little and change with the config.
+- **The key** of a part: the audio file's identity (`file_identity`: a local file's real path, a gs://
+  object's name, its size and modification time (local) or object update time (gs://), where in it the
+  clip is) and the part's settings (`run_parts`: exactly what the part depends on, this format's
+  version and the versions of the libraries that compute it). A changed file, setting or library is a
+  new key for the parts that use it, and only those: never served stale, never computed for nothing
+  (turning `quality.dnsmos` on computes DNSMOS, not the mel). A clip whose parts are all in the cache
+  is not decoded; one that lacks a part is decoded once and only the missing parts are computed. The
+  file's identity is its metadata, not a hash of its bytes: a hash would read every file on a warm
+  run, which is the cost the cache removes.
+- **Batches.** The parts one Measure batch computes go into one file, `entries/<sha1>.npz`, beside
+  `entries/<sha1>.keys` (its keys, one per line, the entry holding a clip's span marked `clip`; written
+  last): a 100k-clip corpus is a few thousand objects, not a million. In the file each quantity is one
+  array over the entries that have it (features concatenated, with offsets): reading it parses a few
+  array headers, not five per clip. The name comes from the keys, so a retried bundle, or two workers
   computing the same clips, write the same bytes; each file is written under a temporary name and
   renamed, so no reader sees half of one. A file that does not read back (damaged, truncated) is
   recomputed and counted, never a crash.
@@ -49,7 +54,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess import containers, lock
+from melshards.preprocess import containers, lock, quality
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.lock import is_local_path
 from melshards.shards_schema.atomic import atomic_write
@@ -66,17 +71,29 @@ class CacheDamaged(IOError):
     """A cache file that does not read back as the entries its name promises."""
 
 
-# The libraries that compute an entry, each by the distribution names it is installed under: they
-# decode (soundfile, and the libsndfile it loads), resample (soxr), take the STFT and the mel (librosa,
-# numpy, scipy); pitch also with WORLD (pyworld, installed as pyworld-prebuilt) or pyin (librosa, numba).
-FEATURE_LIBRARIES = {
+# The libraries each part of an entry is computed with (`run_parts`), by the distribution names they
+# are installed under. Every part decodes (soundfile, and the libsndfile it loads), resamples (soxr,
+# through librosa) and trims (librosa's RMS; webrtcvad with `audio.trim_method: webrtcvad`); an STFT
+# takes its window from scipy; loudness (BS.1770: the `loudness` measure, and the gain of
+# `audio.loudness_target_lufs`) is pyloudnorm's K-weighting filters (scipy); DNSMOS is speechmos'
+# ONNX models run by onnxruntime; pitch is WORLD (pyworld, installed as pyworld-prebuilt) or pyin
+# (librosa's, compiled by numba, with scipy's distributions).
+LIBRARIES = {
     "numpy": ("numpy",),
     "scipy": ("scipy",),
     "librosa": ("librosa",),
     "soxr": ("soxr",),
     "soundfile": ("soundfile",),
+    "webrtcvad": ("webrtcvad-wheels", "webrtcvad"),
+    "pyloudnorm": ("pyloudnorm",),
+    "speechmos": ("speechmos",),
+    "onnxruntime": ("onnxruntime", "onnxruntime-gpu"),
+    "pyworld": ("pyworld", "pyworld-prebuilt"),
+    "numba": ("numba",),
 }
-PITCH_LIBRARIES = {"pyworld": ("pyworld", "pyworld-prebuilt"), "numba": ("numba",)}
+DECODE_LIBRARIES = ("numpy", "soundfile", "libsndfile", "soxr", "librosa")
+LOUDNESS_LIBRARIES = ("pyloudnorm", "scipy")
+PITCH_LIBRARIES = {"dio": ("pyworld",), "pyin": ("numba", "scipy")}
 
 
 def _installed_version(distributions: Sequence[str]) -> str | None:
@@ -88,34 +105,146 @@ def _installed_version(distributions: Sequence[str]) -> str | None:
     return None
 
 
-def library_versions(pitch: bool) -> dict[str, str | None]:
-    """The installed versions of the libraries that compute an entry's features (None: not installed),
-    libsndfile's included; with `pitch`, those of the pitch trackers too."""
-    import soundfile  # decodes every clip: the worker has imported it already
+def library_versions(names: Iterable[str]) -> dict[str, str | None]:
+    """The installed versions of the libraries `names` (keys of `LIBRARIES`, and "libsndfile": the
+    one soundfile loads); None: not installed."""
+    out: dict[str, str | None] = {}
+    for name in sorted(set(names)):
+        if name == "libsndfile":
+            import soundfile  # decodes every clip: the worker has imported it already
 
-    libraries = {**FEATURE_LIBRARIES, **(PITCH_LIBRARIES if pitch else {})}
-    return {
-        **{name: _installed_version(dists) for name, dists in libraries.items()},
-        "libsndfile": getattr(soundfile, "__libsndfile_version__", None),
+            out[name] = getattr(soundfile, "__libsndfile_version__", None)
+        else:
+            out[name] = _installed_version(LIBRARIES[name])
+    return out
+
+
+# The parts of a clip's entry. Each is keyed apart, by exactly what it depends on (`run_parts`), so a
+# changed setting or library computes again only the parts that use it: turning `quality.dnsmos` on
+# computes DNSMOS and reads the mel from the cache.
+MEL = "mel"  # the span (samples decoded, trim start, kept samples), the audio hash, the mel and its moments
+ENERGY, PITCH, AUDIO = "energy", "pitch", "audio"  # one feature array each
+MEASURES = "measures"  # the audio quality measures but loudness (`quality.measures`)
+LOUDNESS = "loudness"  # loudness_lufs (`quality.loudness`)
+DNSMOS = "dnsmos"  # dnsmos_ovrl (`quality.dnsmos`)
+EXTRACTOR = "extractor"  # extractor i's outputs: the part `extractor<i>:<its name>`
+# What of an extractor's schema record its part's key holds: all that changes its outputs
+EXTRACTOR_KEY = ("name", "version", "fingerprint", "options", "sample_rate", "outputs")
+PART_MEASURES = {
+    MEASURES: tuple(m for m in quality.AUDIO_MEASURES if m != "loudness_lufs"),
+    LOUDNESS: ("loudness_lufs",),
+    DNSMOS: ("dnsmos_ovrl",),
+}
+
+
+def part_names(cfg: PreprocessConfig, extractors: Sequence[str] | None = None) -> tuple[str, ...]:
+    """The parts of the entries of a run with `cfg` (`extractors`: their names, in order; default: one
+    unnamed part per configured extractor, for `clips.analyse_audio`, which tells them apart by prefix)."""
+    f, q = cfg.features, cfg.quality
+    names = [MEL] + [n for n, on in ((ENERGY, f.energy), (PITCH, f.pitch), (AUDIO, f.audio)) if on]
+    names += [MEASURES] * q.measures + [LOUDNESS] * (q.measures and q.loudness) + [DNSMOS] * q.dnsmos
+    given = extractors if extractors is not None else [""] * len(cfg.extractors)
+    return (*names, *(f"{EXTRACTOR}{i}:{name}" for i, name in enumerate(given)))
+
+
+def is_extractor_part(name: str) -> bool:
+    return name.startswith(EXTRACTOR)
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """A part of a clip's entry (`part_names`): what it holds, and `settings`, the hash of everything it
+    depends on besides the audio file (the key of a clip's part is its file's identity and these)."""
+
+    name: str
+    settings: str
+    arrays: tuple[str, ...] = ()  # the feature arrays it holds
+    measures: tuple[str, ...] = ()  # the quality measures it holds
+    extractor: int | None = None  # the index of the extractor whose outputs it holds (in `extractors:`)
+
+    @property
+    def span(self) -> bool:
+        """Whether it holds the clip's span, audio hash and mel moments (the mel part)."""
+        return self.name == MEL
+
+    def entry(self, span: dict, arrays: dict, moments: Moments) -> tuple[dict, dict, Moments | None]:
+        """What this part holds of a computed clip: (span, arrays, moments) as `write_batch` takes them."""
+        kept = {k: span[k] for k in ("samples", "start", "length", "audio_hash")} if self.span else {}
+        if self.measures:
+            kept["quality"] = {m: span["quality"][m] for m in self.measures}
+        return kept, {a: arrays[a] for a in self.arrays}, moments if self.span else None
+
+
+def run_parts(cfg: PreprocessConfig, extractors: Sequence[dict] = ()) -> tuple[Part, ...]:
+    """The parts of a run's entries (`part_names`), each with the hash of what it depends on: this
+    format's version, the part's name, the settings that change what it holds and the installed
+    versions of the libraries that compute it (`library_versions`, read in the worker that computes).
+
+    Every part depends on the decode and the trim: `audio.sample_rate`, `silence_peak_dbfs` (a clip
+    under it is rejected, never cached), `trim_silence` and, when trimming, `trim_method` with
+    `trim_top_db` (energy) or `vad_aggressiveness` (webrtcvad). The arrays the model reads (mel,
+    energy, pitch, audio, extractor outputs) are made of the normalised audio: they depend on
+    `loudness_target_lufs` (and pyloudnorm, when set). Then the mel on `mel`; energy and the
+    `measures` (bandwidth) on the STFT (`n_fft`, `hop_length`, `win_length`); the measures on
+    `trim_top_db` (pauses); audio and pitch on `hop_length`, pitch on `pitch`; an extractor on its
+    schema record (name, version, fingerprint, options, outputs, rate) and `hop_length` (frames
+    outputs are checked against the mel's frames). `extractors`: the run's extractor records."""
+    a, m = cfg.audio, cfg.mel
+    decode: dict = {
+        "sample_rate": a.sample_rate,
+        "silence_peak_dbfs": a.silence_peak_dbfs,
+        "trim_silence": a.trim_silence,
     }
-
-
-def settings_key(cfg: PreprocessConfig, extractors: list[dict] | None = None) -> str:
-    """Everything an entry's arrays depend on besides the audio file: the settings, this format's
-    version and the versions of the libraries that compute them (`library_versions`), so an upgrade
-    computes the clips again instead of mixing old and new features; with `extractors` (their schema
-    records: name, version, fingerprint of code and weights, outputs), those too, so other weights
-    never reuse a clip's entry. Computed where the features are (a worker's libraries, not the launcher's)."""
-    parts = {
-        "format": FORMAT,
-        **{k: dataclasses.asdict(getattr(cfg, k)) for k in ("audio", "mel", "features", "pitch", "quality")},
-        "libraries": library_versions(bool(cfg.features.pitch)),
+    libraries = list(DECODE_LIBRARIES)
+    if a.trim_silence:
+        decode["trim_method"] = a.trim_method
+        if a.trim_method == "webrtcvad":
+            decode["vad_aggressiveness"] = a.vad_aggressiveness
+            libraries.append("webrtcvad")
+        else:
+            decode["trim_top_db"] = a.trim_top_db
+    gain = {"loudness_target_lufs": a.loudness_target_lufs}
+    gain_libraries = LOUDNESS_LIBRARIES if a.loudness_target_lufs is not None else ()
+    stft = {"n_fft": m.n_fft, "hop_length": m.hop_length, "win_length": m.win_length}
+    hop = {"hop_length": m.hop_length}
+    records = {f"{EXTRACTOR}{i}:{x['name']}": (i, x) for i, x in enumerate(extractors)}
+    depends: dict[str, tuple[dict, Sequence[str]]] = {
+        MEL: ({**gain, "mel": dataclasses.asdict(m)}, [*gain_libraries, "scipy"]),
+        ENERGY: ({**gain, **stft}, [*gain_libraries, "scipy"]),
+        PITCH: (
+            {**gain, **hop, "pitch": dataclasses.asdict(cfg.pitch)},
+            [*gain_libraries, *PITCH_LIBRARIES[cfg.pitch.tracker]],
+        ),
+        AUDIO: ({**gain, **hop}, gain_libraries),
+        MEASURES: ({**stft, "trim_top_db": a.trim_top_db}, ["scipy"]),
+        LOUDNESS: ({}, LOUDNESS_LIBRARIES),
+        DNSMOS: ({}, ["speechmos", "onnxruntime"]),
+        **{
+            name: (
+                {**gain, **hop, "extractor": {k: x[k] for k in EXTRACTOR_KEY}},
+                gain_libraries,
+            )
+            for name, (_, x) in records.items()
+        },
     }
-    if extractors:  # absent otherwise: a run without extractors keeps the keys it had
-        parts["extractors"] = [
-            {k: x[k] for k in ("name", "version", "fingerprint", "sample_rate", "outputs")} for x in extractors
-        ]
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:16]
+    parts = []
+    for name in part_names(cfg, [x["name"] for x in extractors]):
+        settings, used = depends[name]
+        described = {
+            "format": FORMAT,
+            "part": name,
+            "decode": decode,
+            **settings,
+            "libraries": library_versions([*libraries, *used]),
+        }
+        digest = hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
+        if name in records:
+            i, x = records[name]
+            parts.append(Part(name, digest, arrays=tuple(o["name"] for o in x["outputs"]), extractor=i))
+        else:
+            arrays = (name,) if name in (MEL, ENERGY, PITCH, AUDIO) else ()
+            parts.append(Part(name, digest, arrays=arrays, measures=PART_MEASURES.get(name, ())))
+    return tuple(parts)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -125,15 +254,15 @@ def _real_dir(directory: str) -> str:
     return os.path.realpath(directory)
 
 
-def clip_key(path: str | None, settings: str, locator: Mapping | None = None) -> str | None:
-    """The entry key of an audio file: its location, size and modification time, where in it the clip
-    is (`locator`: a parquet row, a tar member, a recording's segment), and the settings; None
-    when the file cannot be listed (the clip is then computed, and rejected, as without a cache).
+def file_identity(path: str | None, locator: Mapping | None = None) -> str | None:
+    """The identity of an audio file in the keys: its location, size and modification time, and where
+    in it the clip is (`locator`: a parquet row, a tar member, a recording's segment); None when the
+    file cannot be listed (the clip is then computed, and rejected, as without a cache).
 
     The location is canonical, so one file spelt two ways (relative or absolute, from another working
-    directory, with `./`, `..` or a symbolic link on the way) is one key: a local path is the file's
-    real path (`os.path.realpath`); a gs:// path is taken as it is, since an object's name is exact
-    (`gs://b/a//x` is another object than `gs://b/a/x`)."""
+    directory, with `./`, `..` or a symbolic link on the way) is one identity: a local path is the
+    file's real path (`os.path.realpath`); a gs:// path is taken as it is, since an object's name is
+    exact (`gs://b/a//x` is another object than `gs://b/a/x`)."""
     if not path:
         return None
     try:
@@ -149,9 +278,19 @@ def clip_key(path: str | None, settings: str, locator: Mapping | None = None) ->
             size, updated = m.size_in_bytes, getattr(m, "last_updated_in_seconds", 0)
     except Exception:  # noqa: BLE001 (a missing or unreadable path: measured without the cache)
         return None
-    inside = f"\n{containers.locator_key(locator)}" if locator else ""  # a whole file's key is as before
-    ident = f"{path}\n{size}\n{updated}{inside}\n{settings}"
-    return hashlib.sha256(ident.encode("utf-8")).hexdigest()
+    inside = f"\n{containers.locator_key(locator)}" if locator else ""  # a whole file's is as before
+    return f"{path}\n{size}\n{updated}{inside}"
+
+
+def part_key(identity: str, settings: str) -> str:
+    """The key of a clip's part: its file's `file_identity` and the part's `settings`."""
+    return hashlib.sha256(f"{identity}\n{settings}".encode()).hexdigest()
+
+
+def clip_key(path: str | None, settings: str, locator: Mapping | None = None) -> str | None:
+    """`part_key` of the file `path` (`file_identity`) and `settings`; None when the file cannot be listed."""
+    identity = file_identity(path, locator)
+    return None if identity is None else part_key(identity, settings)
 
 
 def _reason(e: BaseException) -> str:
@@ -188,34 +327,45 @@ def batch_name(keys: list[str]) -> str:
     return hashlib.sha1("\n".join(keys).encode()).hexdigest()
 
 
-def write_batch(cache_dir: str, entries: list[tuple[str, dict, dict, Moments]]) -> str:
-    """[(key, span, arrays, mel moments)] -> one entries file and its keys file; returns the .npz path.
+def write_batch(cache_dir: str, entries: list[tuple[str, dict, dict, Moments | None]]) -> str:
+    """[(key, span, arrays, mel moments or None)] -> one entries file and its keys file; returns the .npz
+    path. The entries are the parts of clips (`Part.entry`): each holds what its part holds.
 
-    The file holds each quantity of the batch as one array: `span` [n, 3], `audio_hash` [n] (S64),
-    `quality/<measure>` [n] float64 for each audio quality measure, the moments' `moments_n`
-    [n], `moments_mean` and `moments_m2` [n, n_mels], and each feature's arrays concatenated along
-    their first axis with `<name>/offsets` [n + 1] (clip i is rows offsets[i]:offsets[i + 1]). Reading a
-    batch then parses a few array headers, however many clips it holds."""
+    The file holds each quantity as one array over the entries that have it, with `<quantity>/rows`
+    [k] int32, the indices (in the keys' order) of those entries: `span` [k, 3] (samples, start,
+    length) with `audio_hash` [k] (S64) on the rows of `span/rows`; `quality/<measure>` [k] float64;
+    the moments' `moments_n` [k], `moments_mean` and `moments_m2` [k, n_mels] on `moments/rows`; and
+    each feature's arrays concatenated along their first axis with `<name>/offsets` [k + 1] (its j-th
+    entry is rows offsets[j]:offsets[j + 1]). Reading a batch then parses a few array headers,
+    however many clips it holds."""
     keys = [e[0] for e in entries]
     base = FileSystems.join(cache_dir, ENTRIES, batch_name(keys))
-    names = sorted(entries[0][2]) if entries else []
-    if any(sorted(e[2]) != names for e in entries):
-        raise ValueError(
-            f"the entries of one batch hold different features: {sorted({tuple(sorted(e[2])) for e in entries})}"
-        )
-    arrays = {
-        "span": np.array([[e[1]["samples"], e[1]["start"], e[1]["length"]] for e in entries], np.int64).reshape(-1, 3),
-        "moments_n": np.array([e[3].n for e in entries], np.int64),
-        "audio_hash": np.array([e[1].get("audio_hash", "") for e in entries], "S64"),
-    }
-    measures = sorted(entries[0][1].get("quality", {})) if entries else []
-    for name in measures:  # a span without measures (a caller of its own) stores none
-        arrays[f"quality/{name}"] = np.array([e[1]["quality"][name] for e in entries], np.float64)
-    if entries:
-        arrays["moments_mean"] = np.stack([e[3].mean for e in entries])
-        arrays["moments_m2"] = np.stack([e[3].m2 for e in entries])
-    for name in names:
-        values = [e[2][name].astype("<f2") if name == "mel" else e[2][name] for e in entries]
+    arrays: dict[str, np.ndarray] = {}
+
+    def rows(name: str, have: list[int]) -> None:
+        arrays[f"{name}/rows"] = np.array(have, np.int32)
+
+    spans = [i for i, e in enumerate(entries) if "samples" in e[1]]
+    rows("span", spans)
+    arrays["span"] = np.array(
+        [[entries[i][1]["samples"], entries[i][1]["start"], entries[i][1]["length"]] for i in spans], np.int64
+    ).reshape(-1, 3)
+    arrays["audio_hash"] = np.array([entries[i][1].get("audio_hash", "") for i in spans], "S64")
+    measures = sorted({m for e in entries for m in e[1].get("quality", {})})
+    for m in measures:
+        have = [i for i, e in enumerate(entries) if m in e[1].get("quality", {})]
+        rows(f"quality/{m}", have)
+        arrays[f"quality/{m}"] = np.array([entries[i][1]["quality"][m] for i in have], np.float64)
+    moments = [i for i, e in enumerate(entries) if e[3] is not None]
+    if moments:
+        rows("moments", moments)
+        arrays["moments_n"] = np.array([entries[i][3].n for i in moments], np.int64)  # type: ignore[union-attr]  # not None on these rows
+        arrays["moments_mean"] = np.stack([entries[i][3].mean for i in moments])  # type: ignore[union-attr]
+        arrays["moments_m2"] = np.stack([entries[i][3].m2 for i in moments])  # type: ignore[union-attr]
+    for name in sorted({n for e in entries for n in e[2]}):
+        have = [i for i, e in enumerate(entries) if name in e[2]]
+        values = [entries[i][2][name].astype("<f2") if name == "mel" else entries[i][2][name] for i in have]
+        rows(name, have)
         arrays[f"{name}/offsets"] = np.cumsum([0] + [len(v) for v in values], dtype=np.int64)
         arrays[name] = np.concatenate(values)
     buffer = io.BytesIO()
@@ -223,7 +373,8 @@ def write_batch(cache_dir: str, entries: list[tuple[str, dict, dict, Moments]]) 
     with atomic_write(base + ".npz", fs=FileSystems) as out:
         out.write(buffer.getvalue())
     with atomic_write(base + ".keys", fs=FileSystems) as out:  # last: an index entry has its data
-        out.write("".join(k + "\n" for k in keys).encode())
+        marked = set(spans)  # one a clip: what `info` counts
+        out.write("".join(k + (f" {CLIP}" if i in marked else "") + "\n" for i, k in enumerate(keys)).encode())
     return base + ".npz"
 
 
@@ -264,47 +415,66 @@ def npz_arrays(data: bytes) -> dict[str, np.ndarray]:
     return out
 
 
-def read_batch(npz_path: str) -> dict[str, tuple[dict, dict, Moments]]:
-    """An entries file -> {key: (span, arrays, mel moments)}; CacheDamaged if it does not read back.
-    The arrays are read-only views of the file's bytes."""
+def _positions(batch: dict[str, np.ndarray], name: str, n: int, size: int) -> dict[int, int]:
+    """{entry index: its position in the quantity `name`} from `name/rows`; ValueError unless the rows
+    are `size` distinct entries of the `n`."""
+    found = batch[f"{name}/rows"]
+    if len(found) != size or len(set(found.tolist())) != size or (size and not 0 <= found.min() <= found.max() < n):
+        raise ValueError(f"{name}: {size} values for the rows {found.tolist()} of {n} entries")
+    return {int(i): j for j, i in enumerate(found)}
+
+
+def read_batch(npz_path: str) -> dict[str, tuple[dict, dict, Moments | None]]:
+    """An entries file -> {key: (span, arrays, mel moments or None)}, each entry with what its part holds
+    (`write_batch`): span {"samples", "start", "length", "audio_hash"} where it has them and
+    "quality" {measure: value} (empty where it has none). CacheDamaged if it does not read back. The
+    arrays are read-only views of the file's bytes."""
     try:
         keys = _keys(npz_path[:-4] + ".keys")
         with FileSystems.open(npz_path) as f:
             data = f.read()
-        out: dict[str, tuple[dict, dict, Moments]] = {}
         batch = npz_arrays(data)
+        n = len(keys)
+        spans = _positions(batch, "span", n, len(batch["span"]))
+        if len(batch["audio_hash"]) != len(spans):
+            raise ValueError(f"{len(batch['audio_hash'])} audio hashes for {len(spans)} spans")
+        measures = {
+            name.removeprefix("quality/"): _positions(batch, name, n, len(batch[name]))
+            for name in batch
+            if name.startswith("quality/") and not name.endswith("/rows")
+        }
+        moments = _positions(batch, "moments", n, len(batch["moments_n"])) if "moments_n" in batch else {}
         for name in ("moments_mean", "moments_m2"):  # a clip's moments outlive the batch: not views of the file
             if name in batch:
                 batch[name] = batch[name].copy()
-        spans, counts, hashes = batch["span"], batch["moments_n"], batch["audio_hash"]
-        measures = sorted(n.removeprefix("quality/") for n in batch if n.startswith("quality/"))
+                if len(batch[name]) != len(moments):
+                    raise ValueError(f"{name}: {len(batch[name])} rows for {len(moments)} moments")
         # mel, pitch, energy, audio and the extractors' outputs: every array with its offsets
-        features = sorted(n for n in batch if f"{n}/offsets" in batch)
-        if (
-            len(spans) != len(keys)
-            or len(counts) != len(keys)
-            or len(hashes) != len(keys)
-            or any(len(batch[f"quality/{m}"]) != len(keys) for m in measures)
-            or any(
-                len(batch[f"{n}/offsets"]) != len(keys) + 1 or batch[f"{n}/offsets"][-1] != len(batch[n])
-                for n in features
-            )
-        ):
-            raise CacheDamaged(f"{npz_path}: its arrays do not hold {len(keys)} clips")
+        features = {}
+        for name in sorted(x for x in batch if f"{x}/offsets" in batch):
+            offsets = batch[f"{name}/offsets"]
+            if len(offsets) < 1 or offsets[-1] != len(batch[name]):
+                raise ValueError(f"{name}: its offsets do not end at its {len(batch[name])} rows")
+            features[name] = _positions(batch, name, n, len(offsets) - 1)
+        out: dict[str, tuple[dict, dict, Moments | None]] = {}
         for i, key in enumerate(keys):
-            samples, start, length = (int(x) for x in spans[i])
-            arrays = {n: batch[n][batch[f"{n}/offsets"][i] : batch[f"{n}/offsets"][i + 1]] for n in features}
-            moments = Moments(int(counts[i]), batch["moments_mean"][i], batch["moments_m2"][i])
-            span = {
-                "samples": samples,
-                "start": start,
-                "length": length,
-                "audio_hash": hashes[i].decode("ascii"),
-                "quality": {m: float(batch[f"quality/{m}"][i]) for m in measures},
-            }
-            out[key] = (span, arrays, moments)
-    except CacheDamaged:
-        raise
+            span: dict = {"quality": {m: float(batch[f"quality/{m}"][at[i]]) for m, at in measures.items() if i in at}}
+            if i in spans:
+                samples, start, length = (int(x) for x in batch["span"][spans[i]])
+                span.update(samples=samples, start=start, length=length)
+                span["audio_hash"] = batch["audio_hash"][spans[i]].decode("ascii")
+            arrays = {}
+            for name, at in features.items():
+                if i in at:
+                    offsets = batch[f"{name}/offsets"]
+                    arrays[name] = batch[name][offsets[at[i]] : offsets[at[i] + 1]]
+            j = moments.get(i)
+            m = (
+                None
+                if j is None
+                else Moments(int(batch["moments_n"][j]), batch["moments_mean"][j], batch["moments_m2"][j])
+            )
+            out[key] = (span, arrays, m)
     except Exception as e:  # noqa: BLE001 (a truncated zip, a missing member, bad bytes: all are damage)
         raise CacheDamaged(f"{npz_path}: {type(e).__name__}: {e}") from e
     if batch_name(keys) != npz_path.rsplit("/", 1)[-1][:-4]:
@@ -326,6 +496,18 @@ def read_entry(npz_path: str, key: str, loaded: dict[str, dict]) -> dict | None:
     return None if found is None else found[1]
 
 
+def read_entries(where: Sequence[Sequence[str]], loaded: dict[str, dict]) -> dict | None:
+    """The arrays of a clip's parts, `where` [(entries file, key)] (`read_entry`), in one dict; None
+    when one of them cannot be read back: the caller computes the clip again."""
+    out: dict = {}
+    for npz_path, key in where:
+        found = read_entry(npz_path, key, loaded)
+        if found is None:
+            return None
+        out.update(found)
+    return out
+
+
 def key_files(cache_dir: str) -> list[str]:
     """Every complete entries file of the cache (its .keys file is written last)."""
     pattern = FileSystems.join(cache_dir, ENTRIES, "*.keys")
@@ -335,9 +517,16 @@ def key_files(cache_dir: str) -> list[str]:
         return []
 
 
-def _keys(keys_path: str) -> list[str]:
+CLIP = "clip"  # a keys file's mark of the entry that holds a clip's span: one per clip (the mel part)
+
+
+def _key_lines(keys_path: str) -> list[list[str]]:
     with FileSystems.open(keys_path) as f:
-        return f.read().decode("utf-8").split()
+        return [line.split() for line in f.read().decode("utf-8").splitlines() if line.strip()]
+
+
+def _keys(keys_path: str) -> list[str]:
+    return [line[0] for line in _key_lines(keys_path)]
 
 
 def keys_in(keys_path: str) -> list[str]:
@@ -348,6 +537,14 @@ def keys_in(keys_path: str) -> list[str]:
         return []
 
 
+def clips_in(keys_path: str) -> int:
+    """The clips one keys file holds the span of (`CLIP`); 0 if it cannot be read."""
+    try:
+        return sum(line[1:] == [CLIP] for line in _key_lines(keys_path))
+    except Exception:  # noqa: BLE001
+        return 0
+
+
 def _key_bits(keys: Sequence[str]) -> np.ndarray:
     """The first 128 bits of each (hex) key, as [n, 2] uint64. ValueError for a key that is not hex."""
     return np.frombuffer(bytes.fromhex("".join(k[:32].rjust(32, "0") for k in keys)), ">u8").reshape(-1, 2)
@@ -355,8 +552,9 @@ def _key_bits(keys: Sequence[str]) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class CacheIndex:
-    """Which entries file holds each key, in 20 bytes a clip: the keys' first 128 bits (`hi`, `lo`,
-    sorted) and each one's file, an index into `files` (an entries file per 32 clips or so). Every
+    """Which entries file holds each key, in 20 bytes a key (a key per part of a clip): the keys' first
+    128 bits (`hi`, `lo`, sorted) and each one's file, an index into `files` (an entries file per 32
+    clips or so). Every
     worker holds it, so it is packed arrays, not a dict of key and path strings
     (docs/performance.md#feature-cache).
     Two keys sharing 128 bits (of a sha256) is not a concern at any corpus size."""
@@ -427,7 +625,7 @@ def record_use(cache_dir: str, run_id: str, files) -> str:
 @dataclasses.dataclass(frozen=True)
 class CacheInfo:
     files: int  # entries files (.npz)
-    entries: int  # clips
+    entries: int  # clips (the entries holding a clip's span, `CLIP`)
     bytes: int
     runs: int  # runs recorded in runs/
     unused_files: int  # entries files no recorded run used
@@ -461,7 +659,7 @@ def _entries_files(cache_dir: str) -> list:
 def info(cache_dir: str) -> CacheInfo:
     """What the cache holds, and how much of it no recorded run used."""
     files = _entries_files(cache_dir)
-    entries = sum(len(keys_in(m.path[:-4] + ".keys")) for m in files)
+    entries = sum(clips_in(m.path[:-4] + ".keys") for m in files)
     used, kept, _ = _used_by_runs(cache_dir)
     return CacheInfo(
         len(files),

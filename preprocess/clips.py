@@ -14,11 +14,12 @@ writer drops the clips it rejects.
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess import alignments, audio, containers, features, quality, quality_rules
+from melshards.preprocess import alignments, audio, cache, containers, features, quality, quality_rules
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.merge import as_given
 from melshards.preprocess.rows import reject
@@ -179,17 +180,26 @@ def read_alignment(row: dict, cfg: PreprocessConfig) -> alignments.Alignment:
 
 
 def analyse_audio(
-    path: str | None, cfg: PreprocessConfig, arrays: bool = True, locator: dict | None = None
+    path: str | None,
+    cfg: PreprocessConfig,
+    arrays: bool = True,
+    locator: dict | None = None,
+    parts: Collection[str] | None = None,
 ) -> tuple[dict, dict]:
     """A clip's audio -> (its span {"samples": decoded, "start": first kept, "length": kept, "audio_hash":
-    the decoded samples' `quality.audio_hash`, "quality": its `quality.AUDIO_MEASURES` (NaN each with
-    `quality.measures` off)}, the features of the kept samples): `mel` [frames, n_mels] float32 and, as
-    `cfg` asks, `pitch`, `energy` [frames] float32 and `audio` [frames * hop] int16, from one decode and
-    one STFT (the project's one mel, pitch and energy computation), after the loudness normalisation
-    when `audio.loudness_target_lufs` asks for it; in a run with extractors, the kept samples (float32)
+    the decoded samples' `quality.audio_hash`, "quality": the `quality.AUDIO_MEASURES` the run measures
+    (`quality.measures`, loudness_lufs with `quality.loudness`, and dnsmos_ovrl with `quality.dnsmos`)},
+    the features of the kept samples): `mel` [frames, n_mels] float32 and, as `cfg` asks, `pitch`,
+    `energy` [frames] float32 and `audio` [frames * hop] int16, from one decode and one STFT (the
+    project's one mel, pitch and energy computation), after the loudness normalisation when
+    `audio.loudness_target_lufs` asks for it; in a run with extractors, the kept samples (float32)
     under `SAMPLES`, which the caller takes out. `arrays=False`: the span alone (no STFT: bandwidth
-    NaN). What the feature cache keeps (`melshards.preprocess.cache`). `locator`: where in `path` the
-    clip is (a parquet row, a tar member, a segment)."""
+    NaN). `locator`: where in `path` the clip is (a parquet row, a tar member, a segment).
+
+    `parts`: only the feature cache's parts of these names (`cache.part_names`; default: all of the
+    run's), so a part the cache holds is not computed again; the span is always measured."""
+    todo = set(cache.part_names(cfg) if parts is None else parts)
+    extract = any(cache.is_extractor_part(p) for p in todo)
     y = load_decoded(path, cfg, locator)
     start, end = trim_span(y, cfg)
     trimmed, hop, sr = y[start:end], cfg.mel.hop_length, cfg.audio.sample_rate
@@ -199,33 +209,38 @@ def analyse_audio(
         "length": int(end - start),
         "audio_hash": quality.audio_hash(y),
     }
-    mag = audio.magnitude(trimmed, cfg.mel) if arrays else None
-    q = cfg.quality
-    measured = (
-        quality.audio_quality(y, start, end, sr, mag, cfg.mel.n_fft, cfg.audio.trim_top_db, q.loudness)
-        if q.measures
-        else {m: quality.NAN for m in quality.AUDIO_MEASURES}
-    )
-    if q.dnsmos:
+    mag = audio.magnitude(trimmed, cfg.mel) if arrays and todo & {cache.MEL, cache.ENERGY, cache.MEASURES} else None
+    measured: dict[str, float] = {}
+    if todo & {cache.MEASURES, cache.LOUDNESS}:
+        loudness = cache.LOUDNESS in todo
+        values = quality.audio_quality(
+            y, start, end, sr, mag if cache.MEASURES in todo else None, cfg.mel.n_fft, cfg.audio.trim_top_db, loudness
+        )
+        measured.update(
+            {m: values[m] for p in (cache.MEASURES, cache.LOUDNESS) if p in todo for m in cache.PART_MEASURES[p]}
+        )
+    if cache.DNSMOS in todo:
         measured["dnsmos_ovrl"] = quality.dnsmos_ovrl(trimmed, sr)
     span["quality"] = measured
     out: dict = {}
-    if mag is None:
+    if not arrays:
         return span, out
     target = cfg.audio.loudness_target_lufs
-    if target is not None:  # measured as decoded, then scaled: the features are the normalised audio's
+    if target is not None and (extract or todo & {cache.MEL, cache.ENERGY, cache.PITCH, cache.AUDIO}):
+        # measured as decoded, then scaled: the features are the normalised audio's
         gain = quality.loudness_gain(trimmed, sr, target)
         trimmed = (trimmed * gain).astype(np.float32)
-        mag = mag * np.float32(gain)  # the STFT is linear
-    if cfg.extractors:  # for the extractors (`melshards.preprocess.extractors`), which the caller runs on batches
+        mag = None if mag is None else mag * np.float32(gain)  # the STFT is linear
+    if extract:  # for the extractors (`melshards.preprocess.extractors`), which the caller runs on batches
         out[SAMPLES] = trimmed
     frames = audio.num_frames(trimmed.size, hop)
-    out["mel"] = audio.log_mel_of(mag, sr, cfg.mel)
-    if cfg.features.energy:
-        out["energy"] = audio.energy_of(mag)
-    if cfg.features.pitch:
+    if cache.MEL in todo:
+        out["mel"] = audio.log_mel_of(mag, sr, cfg.mel)  # type: ignore[arg-type]  # computed above for the mel
+    if cache.ENERGY in todo:
+        out["energy"] = audio.energy_of(mag)  # type: ignore[arg-type]  # and for the energy
+    if cache.PITCH in todo:
         out["pitch"] = features.pitch(trimmed, sr, hop, frames, cfg.pitch)
-    if cfg.features.audio:
+    if cache.AUDIO in todo:
         out["audio"] = features.audio_int16(trimmed, frames, hop)
     return span, out
 
@@ -245,15 +260,22 @@ def featurize_span(
     text: str | ClipRejected | None = None,
     arrays: bool = True,
     analysed: tuple[dict, dict] | None = None,
+    parts: Collection[str] | None = None,
 ) -> tuple[dict, dict, dict]:
     """`featurize`, and the audio's span; `analysed`: the span and audio features already known (the
-    feature cache's), so the audio is not decoded. The checks keep their order either way: the
+    feature cache's), so the audio is not decoded; `parts`: the feature cache's parts to compute
+    besides (`analyse_audio`, from one decode; default: none with `analysed`, every one without),
+    their measures and arrays added to those known. The checks keep their order either way: the
     alignment, the text, then the audio."""
     aligned = read_alignment(row, cfg) if cfg.alignments.dir else None
     if aligned is None:
         text = _text(row, text, cfg)
-    span, out = analysed if analysed is not None else analyse_audio(row["audio"], cfg, arrays, row.get("locator"))
-    out = dict(out)
+    span, known = analysed if analysed is not None else ({}, {})
+    out = dict(known)
+    if analysed is None or parts:
+        new_span, new_out = analyse_audio(row["audio"], cfg, arrays, row.get("locator"), parts)
+        span = {**span, **new_span, "quality": {**span.get("quality", {}), **new_span["quality"]}}
+        out.update(new_out)
     if aligned is not None:
         sr = cfg.audio.sample_rate
         problem = alignments.mismatch(aligned, span["samples"], sr, cfg.alignments.tolerance_ms)

@@ -15,8 +15,12 @@ factory returns an object with:
 
 An extractor that raises on a batch is called again clip by clip; a clip it fails on, or whose output
 does not match the declaration (`ExtractorOutput.check`), is rejected with the reason
-`extractor_failed` and its detail (rejected.jsonl). A factory that does not import or returns
-something unusable stops the job at once (`ExtractorError`, a ConfigError).
+`extractor_failed` and its detail (rejected.jsonl), unless it fails on most clips: more than half of
+the last 100 a worker gave it, once it was given 20 (`FailureGuard`), stops the job with one line
+naming it and its first error (`ExtractorFailing`; `failing_extractor` finds it in what the job
+raised). A factory that does not import or returns something unusable stops the job at once
+(`ExtractorError`, a ConfigError). Its schema record (`load`) holds its `options`, which must be JSON
+values: they are in schema.json and in its feature cache part's key.
 
 Two adapters wrap model files, in `melshards.extractors` (above the job: the SavedModel one imports
 TensorFlow, which the job itself never does): `onnx_model` (onnxruntime) and `saved_model`.
@@ -24,18 +28,22 @@ TensorFlow, which the job itself never does): `onnx_model` (onnxruntime) and `sa
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import hashlib
 import inspect
+import json
+import re
 import sys
 import traceback
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import numpy as np
 
 from melshards.preprocess import audio
 from melshards.preprocess.config import ExtractorConfig, PreprocessConfig
+from melshards.preprocess.output import exception_chain
 from melshards.shards_schema.config import ConfigError
 from melshards.shards_schema.extracted import ExtractorOutput
 from melshards.shards_schema.factories import load_callable
@@ -80,9 +88,22 @@ def source_fingerprint(obj: Any) -> str:
     return hashlib.sha256(f"{name}\n{text}".encode()).hexdigest()
 
 
+def recorded_options(entry: ExtractorConfig) -> dict[str, Any]:
+    """The factory's options as schema.json and the cache key record them (JSON: a tuple becomes a
+    list); ExtractorError for an option JSON cannot hold."""
+    try:
+        return json.loads(json.dumps(entry.options, sort_keys=True, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise ExtractorError(
+            f"extractor factory {entry.factory!r}: its options {entry.options!r} are recorded in schema.json "
+            f"and the feature cache's key, and {e}; give strings, numbers, booleans, lists and mappings"
+        ) from e
+
+
 def load(entry: ExtractorConfig) -> Loaded:
     """Build one configured extractor and check what it declares; ExtractorError if it cannot be used."""
     factory = load_callable(entry.factory, "extractor factory", "melshards.extractors:onnx_model", ExtractorError)
+    options = recorded_options(entry)
     try:
         extractor = factory(**entry.options)
     except ExtractorError:
@@ -106,6 +127,7 @@ def load(entry: ExtractorConfig) -> Loaded:
         "version": str(extractor.version),
         "fingerprint": str(fingerprint),
         "factory": entry.factory,
+        "options": options,
         "sample_rate": sr,
         "outputs": [o.to_dict() for o in outputs],
     }
@@ -133,6 +155,7 @@ class Extractors:
     def __init__(self, entries: Sequence[ExtractorConfig], taken: Sequence[str] = ()):
         self.entries, self.taken = tuple(entries), tuple(taken)
         self._loaded: list[Loaded] | None = None
+        self.guards: dict[int, FailureGuard] = {}  # per extractor (its index), in this worker
 
     @property
     def loaded(self) -> list[Loaded]:
@@ -149,31 +172,107 @@ class Extractors:
         return tuple(o.name for x in self.loaded for o in x.outputs if o.kind == "vector")
 
     def apply(
-        self, clips: Sequence[np.ndarray], mel_frames: Sequence[int], sample_rate: int, hop_length: int
+        self,
+        clips: Sequence[np.ndarray],
+        mel_frames: Sequence[int],
+        sample_rate: int,
+        hop_length: int,
+        wanted: Sequence[Collection[int]] | None = None,
     ) -> list[dict[str, np.ndarray] | str]:
-        """Trimmed clips at `sample_rate` and their mel frames -> per clip, every extractor's outputs
-        (checked and cast to their declared dtypes), or the detail of why a clip is rejected."""
+        """Trimmed clips at `sample_rate` and their mel frames -> per clip, the outputs of the extractors
+        `wanted[clip]` (indices into the config's list; default: every one), checked and cast to their
+        declared dtypes, or the detail of why a clip is rejected. ExtractorFailing when one fails on too
+        many of the clips this worker gives it (`FailureGuard`)."""
         results: list[dict[str, np.ndarray] | str] = [{} for _ in clips]
-        for x in self.loaded:
-            todo = [i for i, r in enumerate(results) if isinstance(r, dict)]
+        for j, x in enumerate(self.loaded):
+            todo = [i for i, r in enumerate(results) if isinstance(r, dict) and (wanted is None or j in wanted[i])]
+            guard = self.guards.setdefault(j, FailureGuard(x.record["name"]))
             for start in range(0, len(todo), x.batch_size):
                 idx = todo[start : start + x.batch_size]
                 batch = [resample(clips[i], sample_rate, x.extractor.sample_rate) for i in idx]
                 for i, out in zip(idx, call_batch(x, batch)):
-                    done = results[i]
-                    if isinstance(out, str):
-                        results[i] = f"{x.record['name']}: {out}"
-                        continue
-                    for o in x.outputs:
-                        if o.name not in out:
-                            results[i] = f"{x.record['name']}: no output {o.name!r} (it gave {sorted(out)})"
-                            break
-                        value, problem = o.check(out[o.name], mel_frames[i], hop_length, sample_rate)
-                        if problem:
-                            results[i] = f"{x.record['name']}: {problem}"
-                            break
-                        done[o.name] = value  # type: ignore[index]  # a dict until rejected
+                    checked = out if isinstance(out, str) else _checked(x, out, mel_frames[i], hop_length, sample_rate)
+                    guard.add(checked if isinstance(checked, str) else None)
+                    if isinstance(checked, str):
+                        results[i] = f"{x.record['name']}: {checked}"
+                    else:
+                        results[i].update(checked)  # type: ignore[union-attr]  # a dict until rejected
+                guard.check()
         return results
+
+
+def _checked(x: Loaded, out: dict, mel_frames: int, hop_length: int, sample_rate: int) -> dict | str:
+    """An extractor's outputs for one clip -> its declared outputs checked against the declaration
+    (`ExtractorOutput.check`) and cast to their dtypes, or what is wrong with them."""
+    checked = {}
+    for o in x.outputs:
+        if o.name not in out:
+            return f"no output {o.name!r} (it gave {sorted(out)})"
+        value, problem = o.check(out[o.name], mel_frames, hop_length, sample_rate)
+        if problem:
+            return problem
+        checked[o.name] = value
+    return checked
+
+
+GUARD_MIN_CLIPS = 20  # an extractor is judged once a worker has given it this many clips
+GUARD_WINDOW = 100  # on the last this many clips a worker gave it
+GUARD_SHARE = 0.5  # more than this share of them failed: the job stops
+
+
+class ExtractorFailing(ExtractorError):
+    """An extractor failed on more than half of the last clips a worker gave it (`FailureGuard`): the job
+    stops, its one line naming the extractor and its first error, instead of rejecting them all."""
+
+
+_RAISED = re.compile(re.escape(f"{__name__}.ExtractorFailing: ") + r"(.*)")
+_WHERE = re.compile(r" \[while running '[^\n]*'\]$")  # what Beam adds to an error out of a DoFn
+
+
+def failing_extractor(exc: BaseException) -> ExtractorFailing | None:
+    """The ExtractorFailing a job stopped on, from the error it ended with (None if another): the error
+    itself, or in its causes (a job in this process), or its line in the text of a worker process's
+    traceback (Beam's RuntimeError from a local worker process); without the transform Beam names."""
+    for e in exception_chain(exc):
+        if isinstance(e, ExtractorFailing):
+            return ExtractorFailing(_WHERE.sub("", str(e)))
+        found = _RAISED.search(str(e))
+        if found:
+            return ExtractorFailing(_WHERE.sub("", found.group(1)))
+    return None
+
+
+def too_many_failures(failed: Sequence[bool]) -> bool:
+    """Whether an extractor's outcomes on the last clips a worker gave it (True: failed), oldest first,
+    stop the job: more than `GUARD_SHARE` of the last `GUARD_WINDOW` failed, once there are at least
+    `GUARD_MIN_CLIPS`."""
+    last = list(failed)[-GUARD_WINDOW:]
+    return len(last) >= GUARD_MIN_CLIPS and sum(last) > GUARD_SHARE * len(last)
+
+
+@dataclasses.dataclass
+class FailureGuard:
+    """One extractor's outcomes on the clips one worker gave it: a clip it raised on, or whose outputs
+    broke the declaration, failed. `check` stops the job (ExtractorFailing) when `too_many_failures`:
+    a model server that is down, a wrong model or option, fails every clip, where a clip it cannot
+    take (too long, too short) fails alone and is rejected."""
+
+    name: str
+    failed: collections.deque = dataclasses.field(default_factory=lambda: collections.deque(maxlen=GUARD_WINDOW))
+    first: str | None = None  # the first failure's detail
+
+    def add(self, problem: str | None) -> None:
+        self.failed.append(problem is not None)
+        if problem is not None and self.first is None:
+            self.first = " ".join(problem.split())  # one line
+
+    def check(self) -> None:
+        if too_many_failures(self.failed):
+            raise ExtractorFailing(
+                f"extractor {self.name!r} failed on {sum(self.failed)} of the last {len(self.failed)} clips a "
+                f"worker gave it, the first with: {self.first}; the job stopped rather than reject them all: "
+                "fix the extractor or what it reads (a model server, a model file, its options) and run again"
+            )
 
 
 def for_run(cfg: PreprocessConfig) -> Extractors:

@@ -138,10 +138,9 @@ class _FilterAndWriteFn(beam.DoFn):
         arrays = load_features(batch) if kept else []
         by_id = dict(zip((c["id"] for c in clips), arrays))
         from_cache: dict[str, dict] = {}
-        for clip in kept:  # a clip Measure read from the feature cache: its arrays are in the cache file
+        for clip in kept:  # a clip Measure read from the feature cache: its arrays are in the cache files
             if "cached" in clip:
-                where, key = clip["cached"]
-                found = cache.read_entry(where, key, from_cache)
+                found = cache.read_entries([clip["cached"], *clip.get("cached_parts", ())], from_cache)
                 if found is None:  # the file went (a prune, a user) or was damaged since Measure read it
                     count("cache_recomputed_in_writer")
                     found = analyse_again(clip, self.cfg, self.extractors)

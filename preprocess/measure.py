@@ -28,24 +28,30 @@ from melshards.shards_schema.stats import Moments
 log = logging.getLogger("melshards.preprocess")
 
 
-class _Cached:
-    """One batch's view of the feature cache: each row's key, the entries it finds (each cache file read
-    once), and what the batch computes, written back as one file (`melshards.preprocess.cache`)."""
+_DAMAGED = object()  # a part in a damaged entries file
 
-    def __init__(self, cache_dir: str | None, index: cache.CacheIndex | None, settings: str):
-        self.dir, self.index, self.settings = cache_dir, index, settings
+
+class _Cached:
+    """One batch's view of the feature cache: each row's part keys, the parts it finds (each cache file
+    read once), and the parts the batch computes, written back as one file (`melshards.preprocess.cache`)."""
+
+    def __init__(self, cache_dir: str | None, index: cache.CacheIndex | None, parts: tuple[cache.Part, ...]):
+        self.dir, self.index, self.parts = cache_dir, index, parts
         self.loaded: dict[str, dict] = {}
         self.new: list = []
         self.used: set[str] = set()
         self.counts: Counter[str] = Counter()
+        self.computed: Counter[str] = Counter()  # clips per part computed
 
-    def key(self, row: dict) -> str | None:
-        return cache.clip_key(row.get("audio"), self.settings, row.get("locator")) if self.dir else None
+    def keys(self, row: dict) -> dict[str, str] | None:
+        """{part name: key} of a row's clip; None without a cache, or for a file that cannot be listed."""
+        identity = cache.file_identity(row.get("audio"), row.get("locator")) if self.dir else None
+        return None if identity is None else {p.name: cache.part_key(identity, p.settings) for p in self.parts}
 
-    def find(self, key: str | None):
-        """(span, arrays, moments, entries file) of a cached clip, or None (not cached, or its file is
-        damaged)."""
-        where = self.index.get(key) if key else None  # type: ignore[union-attr]  # a key only with a cache, whose index is given
+    def _entry(self, key: str):
+        """(span, arrays, moments, entries file) of a cached part, None (not cached) or `_DAMAGED` (its
+        file does not read back)."""
+        where = self.index.get(key)  # type: ignore[union-attr]  # a key only with a cache, whose index is given
         if where is None:
             return None
         if where not in self.loaded:
@@ -56,19 +62,30 @@ class _Cached:
                 self.loaded[where] = {}
                 self.counts["damaged_files"] += 1
         if not self.loaded[where]:
-            self.counts["damaged"] += 1  # computed again, and written to a new file
-            return None
+            return _DAMAGED
         found = self.loaded[where].get(key)
         if found is None:
             return None
         self.used.add(where)
         return (*found, where)
 
-    def keep(self, key: str | None, span: dict, arrays: dict, moments: Moments) -> bool:
-        """Add a computed clip to the batch's new entries; False when it has no key (not cached)."""
-        if key:
-            self.new.append((key, span, arrays, moments))
-        return bool(key)
+    def find(self, keys: dict[str, str] | None) -> dict[str, tuple]:
+        """{part name: (span, arrays, moments, entries file)} of the parts of a clip the cache holds."""
+        found, damaged = {}, False
+        for name, key in (keys or {}).items():
+            entry = self._entry(key)
+            damaged |= entry is _DAMAGED
+            if entry is not None and entry is not _DAMAGED:
+                found[name] = entry
+        if damaged:
+            self.counts["damaged"] += 1  # computed again, and written to a new file
+        return found
+
+    def keep(self, keys: dict[str, str], parts: list[cache.Part], span: dict, arrays: dict, moments: Moments) -> None:
+        """Add the parts `parts` of a computed clip to the batch's new entries."""
+        for part in parts:
+            self.new.append((keys[part.name], *part.entry(span, arrays, moments)))
+            self.computed[part.name] += 1
 
     def flush(self) -> str | None:
         """Write the new entries as one cache file; its path (None when there were none)."""
@@ -77,6 +94,20 @@ class _Cached:
         path = cache.write_batch(self.dir, self.new)  # type: ignore[arg-type]  # new entries have keys: only with a cache dir
         self.used.add(path)
         return path
+
+
+def known_parts(found: dict[str, tuple]) -> tuple[dict, dict] | None:
+    """The span and arrays of the cached parts of a clip (`_Cached.find`), as `featurize_span` takes
+    them; None when it has none."""
+    if not found:
+        return None
+    span: dict = {"quality": {}}
+    arrays: dict = {}
+    for part_span, part_arrays, _, _ in found.values():
+        span["quality"].update(part_span.get("quality", {}))
+        span.update({k: v for k, v in part_span.items() if k != "quality"})
+        arrays.update(part_arrays)
+    return span, arrays
 
 
 STASHED = "stashed"
@@ -101,11 +132,11 @@ class _MeasureFn(beam.DoFn):
 
     def setup(self):
         worker_setup()
-        # loaded once per worker; their fingerprints are part of the cache key
+        # loaded once per worker; their records are part of their cache parts' keys
         self.extractors = extractors.for_run(self.cfg) if self.cfg.extractors else None
         self.records = self.extractors.records() if self.extractors else []
         self.vectors = self.extractors.vectors() if self.extractors else ()
-        self.settings = cache.settings_key(self.cfg, self.records)  # the worker's libraries compute the features
+        self.parts = cache.run_parts(self.cfg, self.records)  # the worker's libraries compute the features
         self.progress = ProgressFile(self.progress_dir) if self.progress_dir else None
 
     def finish_bundle(self):
@@ -115,38 +146,40 @@ class _MeasureFn(beam.DoFn):
     def process(self, batch, index=None):
         rows = load_rows(batch)
         clips, arrays, written = [], [], []
-        cached = _Cached(self.cache_dir, index, self.settings)
+        cached = _Cached(self.cache_dir, index, self.parts)
         measured = []
         for row, text in zip(rows, prepare_texts(rows, self.cfg)):
             count("rows_measured")  # with the per-reason counters, the job's progress on Dataflow
-            key = cached.key(row)
-            hit = cached.find(key)
+            keys = cached.keys(row)
+            found = cached.find(keys)
+            missing = [p for p in self.parts if p.name not in found]
             try:
-                clip, features, span = featurize_span(row, self.cfg, text, analysed=hit and hit[:2])
+                clip, features, span = featurize_span(
+                    row, self.cfg, text, analysed=known_parts(found), parts=[p.name for p in missing]
+                )
             except ClipRejected as e:
                 count(e.reason)
                 yield beam.pvalue.TaggedOutput(REJECTED, as_rejection(row["id"], e))
                 continue
-            measured.append((row, key, hit, clip, features, span))
+            measured.append((row, (keys, found, missing), clip, features, span))
         if self.extractors:
             measured, failed = extract(self.extractors, measured, self.cfg)
             for rejection in failed:
                 count(rejection["reason"])
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
-        for _row, key, hit, clip, features, span in measured:
+        for _row, (keys, found, missing), clip, features, span in measured:
             # A clip in the cache, found or added, is stashed without what the cache holds: the
             # writer reads that from the cache file, so a run with a cache writes each array once.
             stashed = {k: v for k, v in features.items() if k == "durations"}
-            if hit is None:  # from the float32 mel, before it is stored as float16
-                moments = Moments.of(features["mel"])
-                if cached.keep(key, span, {k: v for k, v in features.items() if k != "durations"}, moments):
-                    written.append((clip, key))  # its cache file is named once the batch is complete
-                else:
-                    stashed = features
+            # from the float32 mel, before it is stored as float16
+            moments = found[cache.MEL][2] if cache.MEL in found else Moments.of(features["mel"])
+            if keys is None:
+                stashed = features
             else:
-                moments = hit[2]
-                clip["cached"] = [hit[3], key]
-            cached.counts["hits" if hit is not None else "computed"] += 1
+                cached.keep(keys, missing, span, features, moments)
+                where = {name: [entry[3], keys[name]] for name, entry in found.items()}
+                written.append((clip, keys, where, missing))  # the new parts' file is named once the batch is complete
+            cached.counts["hits" if not missing else "computed"] += 1
             Metrics.distribution(NS, "mel_frames").update(clip["mel_frames"])
             clip["moments"] = moments
             clip["feature_summary"] = feature_stats.clip_summary(features, self.vectors)
@@ -154,15 +187,23 @@ class _MeasureFn(beam.DoFn):
             arrays.append(stashed)
         containers.release_held()  # the parquet row group the batch's rows were read from
         path = cached.flush()
-        for clip, key in written:
-            clip["cached"] = [path, key]
+        for clip, keys, where, missing in written:
+            where.update({p.name: [path, keys[p.name]] for p in missing})
+            clip["cached"] = where[cache.MEL]  # the mel's (what other_clip references read)
+            clip["cached_parts"] = [where[p.name] for p in self.parts if p.arrays and p.name != cache.MEL]
         for name, n in cached.counts.items():
             count(f"cache_{name}", n)
         if self.progress:
             self.progress.add(len(rows))
         count("clips_measured", len(clips))
         yield beam.pvalue.TaggedOutput(STASHED, stash_batch(self.stash_dir, clips, arrays))
-        yield {"clips": clips, "cache": cached.counts, "cache_files": sorted(cached.used), "extractors": self.records}
+        yield {
+            "clips": clips,
+            "cache": cached.counts,
+            "cache_parts": cached.computed,
+            "cache_files": sorted(cached.used),
+            "extractors": self.records,
+        }
 
 
 class MeasureClips(beam.PTransform):
@@ -195,38 +236,48 @@ class MeasureClips(beam.PTransform):
 
 
 def cache_summary(batches) -> dict:
-    """The measured batches' cache counts summed, the cache files they read or wrote, and the extractors
-    they ran (`extractors.same_records`: every worker's must be the same)."""
+    """The measured batches' cache counts summed (`parts`: the clips each part was computed for), the
+    cache files they read or wrote, and the extractors they ran (`extractors.same_records`: every
+    worker's must be the same)."""
     counts: Counter[str] = Counter()
+    parts: Counter[str] = Counter()
     files: set[str] = set()
     records: list = []
     for b in batches:
         counts.update(b.get("cache", {}))
+        parts.update(b.get("cache_parts", {}))
         files.update(b.get("cache_files", ()))
         records = extractors.same_records(records, b.get("extractors", []))
-    return {"counts": counts, "files": files, "extractors": records}
+    return {"counts": counts, "parts": parts, "files": files, "extractors": records}
 
 
 def merge_cache_summaries(parts) -> dict:
     return cache_summary(
-        {"cache": p["counts"], "cache_files": p["files"], "extractors": p.get("extractors", [])} for p in parts
+        {
+            "cache": p["counts"],
+            "cache_parts": p.get("parts", {}),
+            "cache_files": p["files"],
+            "extractors": p.get("extractors", []),
+        }
+        for p in parts
     )
 
 
 def extract(runner: extractors.Extractors, measured: list, cfg: PreprocessConfig) -> tuple[list, list[dict]]:
-    """Measured clips (row, key, hit, clip, features, span) -> (those with their extractor outputs in
-    `features`, the rejections of the clips an extractor failed on). A clip found in the cache has its
-    outputs already; the others' kept samples (`clips.SAMPLES`) go to the extractors in batches and
-    leave `features`."""
-    todo = [m for m in measured if m[2] is None]
-    samples = [m[4].pop(SAMPLES) for m in todo]
-    for m in measured:
-        m[4].pop(SAMPLES, None)
-    results = runner.apply(samples, [m[3]["mel_frames"] for m in todo], cfg.audio.sample_rate, cfg.mel.hop_length)
+    """Measured clips (row, (keys, found, missing parts), clip, features, span) -> (those with their
+    extractor outputs in `features`, the rejections of the clips an extractor failed on). The
+    extractors whose parts a clip lacks run on its kept samples (`clips.SAMPLES`), in batches; the
+    samples leave `features`; a clip found in the cache has the others' outputs already."""
+    todo = [m for m in measured if SAMPLES in m[3]]
+    samples = [m[3].pop(SAMPLES) for m in todo]
+    wanted = [{p.extractor for p in m[1][2] if p.extractor is not None} for m in todo]
+    results = runner.apply(
+        samples, [m[2]["mel_frames"] for m in todo], cfg.audio.sample_rate, cfg.mel.hop_length, wanted
+    )
     failed = {id(m): r for m, r in zip(todo, results) if isinstance(r, str)}
     for m, r in zip(todo, results):
         if not isinstance(r, str):
-            m[4].update(r)
+            m[3].update(r)
     kept = [m for m in measured if id(m) not in failed]
     rejected = [reject(m[0]["id"], extractors.FAILED, failed[id(m)]) for m in measured if id(m) in failed]
     return kept, rejected

@@ -112,19 +112,15 @@ def cut_reference(mel: np.ndarray, start: int, frames: int, pad_value: float) ->
 
 def reference_of_wav(path: str, schema) -> tuple[np.ndarray, int]:
     """A WAV's reference as a model reading references gets it at synthesis (`melshards synthesize
-    --reference`): the project's one log-mel (`clips.analyse_audio`) with the shards' audio and mel settings
-    (`schema`), its first `reference_mel` frames as float16, padded; (reference [frames, n_mels], valid
-    frames). ClipRejected when the audio is unreadable or silent."""
+    --reference`): the project's one log-mel (`clips.analyse_audio`) through the run's front end as
+    schema.json records it (`report.front_end`: the rate, the trim, the loudness target, the mel), its
+    first `reference_mel` frames as float16, padded; (reference [frames, n_mels], valid frames).
+    ClipRejected when the audio is unreadable or silent."""
     from melshards.preprocess.clips import analyse_audio
-    from melshards.preprocess.config import AudioConfig, MelConfig, PreprocessConfig
+    from melshards.preprocess.report import front_end
 
-    a, m = schema.audio, schema.mel
-    cfg = PreprocessConfig(
-        audio=AudioConfig(sample_rate=a.sample_rate, trim_silence=a.trim_silence, trim_top_db=a.trim_top_db),
-        mel=MelConfig(m.n_fft, m.hop_length, m.win_length, m.n_mels, m.fmin, m.fmax, m.log_floor, m.power),
-    )
-    _, arrays = analyse_audio(path, cfg)
-    return cut_reference(arrays["mel"].astype("<f2"), 0, schema.reference_frames, m.pad_value)
+    _, arrays = analyse_audio(path, front_end(schema), parts=(cache.MEL,))
+    return cut_reference(arrays["mel"].astype("<f2"), 0, schema.reference_frames, schema.mel.pad_value)
 
 
 def batch_key(batch: dict) -> str:

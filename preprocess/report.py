@@ -19,7 +19,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess import bucketing, cache, feature_stats
-from melshards.preprocess.config import MelConfig, PreprocessConfig
+from melshards.preprocess.config import AudioConfig, MelConfig, PreprocessConfig
 from melshards.preprocess.quality_stats import QualityFigures
 from melshards.preprocess.shards import TEMP_DIR, StagingFiles, remove_temp_dir
 from melshards.shards_schema import (
@@ -32,6 +32,7 @@ from melshards.shards_schema import (
     Language,
     MelParams,
     Schema,
+    SchemaError,
     Speaker,
 )
 from melshards.shards_schema.atomic import atomic_write
@@ -279,6 +280,43 @@ def mel_params(m: MelConfig) -> MelParams:
     return MelParams(m.n_fft, m.hop_length, m.win_length, m.n_mels, m.fmin, m.fmax, m.log_floor, m.power)
 
 
+def audio_params(a: AudioConfig) -> AudioParams:
+    """What the run's front end did to the audio before the mel, as schema.json records it: the rate,
+    the trim (its method, and the setting that method reads) and the loudness target."""
+    vad = a.trim_silence and a.trim_method == "webrtcvad"
+    return AudioParams(
+        a.sample_rate,
+        a.trim_silence,
+        a.trim_top_db,
+        trim_method=a.trim_method,
+        loudness_target_lufs=a.loudness_target_lufs,
+        vad_aggressiveness=a.vad_aggressiveness if vad else None,
+    )
+
+
+def front_end(schema: Schema) -> PreprocessConfig:
+    """The config that computes a clip's log-mel as the run that wrote `schema` did (`audio_params`,
+    `mel_params`): what `melshards synthesize --reference` takes a reference WAV through. SchemaError
+    for a run trimmed by webrtcvad whose schema.json (3.3) does not say how aggressively."""
+    a, m = schema.audio, schema.mel
+    vad = a.vad_aggressiveness
+    if a.trim_silence and a.trim_method == "webrtcvad" and vad is None:
+        raise SchemaError(
+            f"schema.json {schema.version} does not record the webrtcvad aggressiveness the run trimmed with; "
+            "re-run `melshards preprocess` with this melshards to compute a reference as the run did"
+        )
+    audio = AudioConfig(
+        sample_rate=a.sample_rate,
+        trim_silence=a.trim_silence,
+        trim_top_db=a.trim_top_db,
+        trim_method=a.trim_method,
+        loudness_target_lufs=a.loudness_target_lufs,
+        **({} if vad is None else {"vad_aggressiveness": vad}),
+    )
+    mel = MelConfig(m.n_fft, m.hop_length, m.win_length, m.n_mels, m.fmin, m.fmax, m.log_floor, m.power)
+    return PreprocessConfig(audio=audio, mel=mel)
+
+
 def build_schema(
     cfg: PreprocessConfig,
     buckets: dict,
@@ -299,13 +337,7 @@ def build_schema(
     texts = bucketing.text_bounds(text, len(buckets["bounds"]), cfg.pad.multiple)
     return Schema(
         version=SCHEMA_VERSION,
-        audio=AudioParams(
-            cfg.audio.sample_rate,
-            cfg.audio.trim_silence,
-            cfg.audio.trim_top_db,
-            trim_method=cfg.audio.trim_method,
-            loudness_target_lufs=cfg.audio.loudness_target_lufs,
-        ),
+        audio=audio_params(cfg.audio),
         mel=mel_params(m),
         vocabulary=tuple(corpus_tables["vocabulary"]),
         speakers=tuple(schema_speakers(corpus_tables, written, features)),
@@ -500,6 +532,11 @@ class _WriteReportFn(beam.DoFn):
             stats["cache"] = {
                 "dir": self.cache_dir,
                 **{k: int(use["counts"].get(k, 0)) for k in CACHE_COUNTS},
+                # the clips each part of an entry was computed for (`cache.part_names`); 0: read from the cache
+                "parts_computed": {
+                    p: int(use.get("parts", {}).get(p, 0))
+                    for p in cache.part_names(self.cfg, [x["name"] for x in use.get("extractors", [])])
+                },
                 "files_used": len(use["files"]),
             }
             cache.record_use(self.cache_dir, run_id, use["files"])

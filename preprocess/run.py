@@ -32,6 +32,7 @@ from melshards.preprocess.corpus import (
     check_rows_file,
     detect_corpus,
 )
+from melshards.preprocess.extractors import failing_extractor
 from melshards.preprocess.lock import is_local_path
 from melshards.preprocess.options import OptionsError, is_local, pipeline_options
 from melshards.preprocess.output import (
@@ -351,11 +352,12 @@ def watch_output(run: OutputRun, every: float | None = None) -> Callable[[], str
 
 def told_in_one_line(e: BaseException, run: OutputRun) -> bool:
     """Whether the command knows the cause of the job's failure and says it in one line (`one_line_error`):
-    a worker that died, the staging dir or lock removed during the run, a full disk. An OutputError (a
+    a worker that died, the staging dir or lock removed during the run, a full disk, an extractor that
+    failed on too many clips (`extractors.failing_extractor`). An OutputError (a
     refusal at publish) is its own one line and is passed on as it is."""
     if isinstance(e, OutputError):
         return False
-    if isinstance(e, (WorkerDiedError, JobStoppedError, OutputGoneError)):
+    if isinstance(e, (WorkerDiedError, JobStoppedError, OutputGoneError)) or failing_extractor(e) is not None:
         return True
     try:
         if removed_during_run(run):
@@ -373,6 +375,9 @@ def one_line_error(
     None for a failure it cannot explain (its traceback is the message)."""
     if not told_in_one_line(e, run):
         return None
+    failing = failing_extractor(e)
+    if failing is not None:
+        return failing
     if isinstance(e, WorkerDiedError):
         again = (
             f"a re-run computes only the clips not yet in --cache {cache_dir}"

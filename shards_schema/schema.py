@@ -35,8 +35,11 @@ from typing import Any
 # version, fingerprint and declared outputs; their record features after the optional ones;
 # `Speaker.centroids`); the run's references (`reference`, and the `reference` optional features);
 # a 3.2 file reads as energy-trimmed, not normalised, without extractors or references.
+# 3.4: `audio.vad_aggressiveness` (webrtcvad's mode in a run trimmed by it, null otherwise) and each
+# extractor's `options` (its factory's keyword arguments), part of the contract; a 3.3 file reads
+# without them (and a webrtcvad-trimmed 3.3 run cannot say how aggressively it trimmed).
 # 2.x had no ids (one English front end); 1.x one shape and no buckets. Neither is read: re-run preprocess.
-SCHEMA_VERSION = "3.3.0"
+SCHEMA_VERSION = "3.4.0"
 SCHEMA_FILE = "schema.json"
 STATS_FILE = "stats.json"
 REJECTED_FILE = "rejected.jsonl"
@@ -102,6 +105,7 @@ class AudioParams:
     remove_dc: bool = True  # the clip's mean is subtracted before trimming and the mel
     trim_method: str = "energy"  # how the silence was trimmed: energy, or webrtcvad (voice activity)
     loudness_target_lufs: float | None = None  # each clip scaled to this BS.1770 loudness before the mel; None: not
+    vad_aggressiveness: int | None = None  # webrtcvad's mode (0-3) when trim_method is webrtcvad; None otherwise
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +225,8 @@ class Schema:
     # (pitch over voiced frames only); per speaker and language in their tables' `stats`
     feature_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
     # the per-clip extractors whose outputs the records hold: {name, version, fingerprint, factory,
-    # sample_rate, outputs: [ExtractorOutput as a dict]} (`melshards.preprocess.extractors`)
+    # options (its keyword arguments), sample_rate, outputs: [ExtractorOutput as a dict]}
+    # (`melshards.preprocess.extractors`)
     extractors: tuple[dict[str, Any], ...] = ()
     # the references the run chose (docs/preprocess.md, References): {source: other_clip | same_clip,
     # frames, min_seconds, seed, single_clip, own_clip: {split: records whose reference is a slice of their
@@ -508,9 +513,11 @@ class Schema:
         # what the ids mean (not how many clips each has)
         out["speakers"] = [[s["id"], s["name"]] for s in d["speakers"]]
         out["languages"] = [[lang["id"], lang["code"], lang["text_frontend"]] for lang in d["languages"]]
-        # extractor outputs of other code or weights do not mix (the fingerprint), whatever their shapes
+        # extractor outputs of other code, weights or options do not mix (the fingerprint, the options),
+        # whatever their shapes
         out["extractors"] = [
-            {k: x[k] for k in ("name", "version", "fingerprint", "sample_rate", "outputs")} for x in d["extractors"]
+            {k: x.get(k) for k in ("name", "version", "fingerprint", "options", "sample_rate", "outputs")}
+            for x in d["extractors"]
         ]
         # the references' settings (same_clip's shape is in no bucket's features), not how many fell back
         out["reference"] = {k: v for k, v in d["reference"].items() if k not in REFERENCE_COUNTS}

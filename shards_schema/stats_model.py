@@ -548,7 +548,9 @@ class StatsFile(_Section):
     split: Split | None = None
     inputs: list[InputSummary] | None = None  # absent from runs made before several inputs were read
     features: list[StrictStr] = []  # the optional features the records hold (schema.OPTIONAL_FEATURES)
-    cache: dict[str, Any] | None = None  # runs with --cache: {dir, hits, computed, damaged, damaged_files, files_used}
+    cache: dict[str, Any] | None = (
+        None  # runs with --cache: {dir, hits, computed, damaged, damaged_files, parts_computed, files_used}
+    )
     feature_stats: dict[str, FeatureMoments] = {}  # global pitch and energy statistics (training split)
     quality: Quality | None = None  # the quality measures' figures (absent from runs made before them)
     # speaker -> quality rule (QUALITY_REASONS) -> clips it dropped, speakers with a drop only; absent

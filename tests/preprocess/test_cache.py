@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from melshards.commands.cache import cache_command
 from melshards.commands.preprocess import run
-from melshards.preprocess import audio, cache, lock, output
+from melshards.preprocess import audio, cache, lock, output, quality
 from melshards.shards_schema.stats import Moments
 from tests.conftest import CORPUS, TINY_CONFIG
 from tests.preprocess.conftest import (
@@ -181,13 +181,114 @@ def test_only_new_rows_are_computed_and_a_changed_file_or_setting_is_computed_ag
     }, "a changed file: another record changed"
 
 
-def test_a_changed_feature_setting_is_a_new_key():
-    """A run with other settings never reads what a run with these computed (clip_key takes this key)."""
+def _settings(cfg, extractors=()) -> dict[str, str]:
+    return {p.name: p.settings for p in cache.run_parts(cfg, extractors)}
+
+
+def _with(cfg, **sections):
+    """`cfg` with fields of its sections replaced: _with(cfg, audio={"trim_top_db": 30.0})."""
+    return dataclasses.replace(
+        cfg, **{name: dataclasses.replace(getattr(cfg, name), **fields) for name, fields in sections.items()}
+    )
+
+
+def test_each_part_of_an_entry_is_keyed_by_exactly_the_settings_it_depends_on():
+    """A run with other settings never reads a part that depends on them, and reads every other part:
+    turning a quality measure on or off computes no mel again (clip_key takes a part's settings)."""
     from melshards.preprocess.config import load_config
 
-    plain = load_config(str(TINY_CONFIG), None, None)
-    energy = dataclasses.replace(plain, features=dataclasses.replace(plain.features, energy=True))
-    assert cache.settings_key(energy) != cache.settings_key(plain) == cache.settings_key(dataclasses.replace(plain))
+    plain = _with(load_config(str(TINY_CONFIG), None, None), features={"energy": True, "pitch": True, "audio": True})
+    plain = _with(plain, quality={"loudness": True, "dnsmos": True})
+    base = _settings(plain)
+    assert list(base) == ["mel", "energy", "pitch", "audio", "measures", "loudness", "dnsmos"]
+    assert _settings(dataclasses.replace(plain)) == base
+    for change, parts in (
+        ({"audio": {"sample_rate": 16000}, "mel": {"fmax": 7600.0}}, set(base)),
+        ({"audio": {"silence_peak_dbfs": -40.0}}, set(base)),  # a cached clip skips the silence check
+        ({"audio": {"trim_top_db": 30.0}}, set(base)),  # the trim, and the measures' pauses
+        ({"audio": {"trim_silence": False, "trim_top_db": 30.0}}, set(base)),
+        ({"audio": {"vad_aggressiveness": 3}}, set()),  # unused by the energy trim
+        ({"audio": {"trim_method": "webrtcvad"}}, set(base)),
+        ({"audio": {"loudness_target_lufs": -23.0}}, {"mel", "energy", "pitch", "audio"}),  # measured as decoded
+        ({"mel": {"n_mels": 40}}, {"mel"}),
+        ({"mel": {"fmax": 7600.0}}, {"mel"}),
+        ({"mel": {"n_fft": 2048}}, {"mel", "energy", "measures"}),  # the STFT; bandwidth is one of its bins
+        ({"mel": {"hop_length": 128}}, {"mel", "energy", "pitch", "audio", "measures"}),
+        ({"pitch": {"fmax": 600.0}}, {"pitch"}),
+        ({"pitch": {"tracker": "pyin"}}, {"pitch"}),
+        ({"filter": {"min_duration_s": 1.0}, "split": {"val_fraction": 0.5}}, set()),
+    ):
+        changed = _settings(_with(plain, **change))
+        assert set(changed) == set(base), change
+        assert {p for p in base if changed[p] != base[p]} == parts, change
+    vad = _with(plain, audio={"trim_method": "webrtcvad"})
+    assert {
+        p for p, s in _settings(_with(vad, audio={"vad_aggressiveness": 3})).items() if s != _settings(vad)[p]
+    } == set(base)
+    # a measure or feature turned off leaves its part out, turned on adds it: the others keep their keys
+    for section, field, part in (
+        ("quality", "loudness", "loudness"),
+        ("quality", "dnsmos", "dnsmos"),
+        ("features", "energy", "energy"),
+        ("features", "pitch", "pitch"),
+        ("features", "audio", "audio"),
+    ):
+        off = _settings(_with(plain, **{section: {field: False}}))
+        assert off == {p: s for p, s in base.items() if p != part}, part
+    unmeasured = _settings(_with(plain, quality={"measures": False}))
+    assert unmeasured == {p: s for p, s in base.items() if p not in ("measures", "loudness")}
+
+
+def test_an_extractors_part_is_keyed_by_its_record_options_included_and_no_other_part_by_it():
+    from melshards.preprocess.config import ExtractorConfig, PreprocessConfig
+
+    cfg = dataclasses.replace(PreprocessConfig(), extractors=(ExtractorConfig("examples.extractors:frame_loudness"),))
+    record = {
+        "name": "frame_loudness",
+        "version": "1",
+        "fingerprint": "aa",
+        "factory": "examples.extractors:frame_loudness",
+        "options": {"hop": 256},
+        "sample_rate": 22050,
+        "outputs": [{"name": "loudness", "kind": "frames"}],
+    }
+    base = _settings(cfg, [record])
+    assert list(base) == ["mel", "measures", "extractor0:frame_loudness"]
+    for change in ({"options": {"hop": 512}}, {"fingerprint": "bb"}, {"version": "2"}, {"sample_rate": 16000}):
+        other = _settings(cfg, [dict(record, **change)])
+        assert {p for p in base if other[p] != base[p]} == {"extractor0:frame_loudness"}, change
+    assert _settings(cfg, [dict(record, factory="elsewhere:frame_loudness")]) == base  # the code is the fingerprint
+    louder = _settings(_with(cfg, audio={"loudness_target_lufs": -23.0}), [record])
+    assert {p for p in base if louder[p] != base[p]} == {
+        "mel",
+        "extractor0:frame_loudness",
+    }  # it hears the normalised audio
+
+
+def test_turning_a_quality_measure_on_computes_it_alone_and_reads_every_mel_from_the_cache(warm, tmp_path, monkeypatch):
+    """The warm cache was filled without `quality.loudness`; a run with it measures loudness (a decode per
+    clip) and computes no mel nor other measure, and writes the records the run without it wrote."""
+    import yaml
+
+    tmp, cold = warm
+    shutil.copytree(tmp / "cache", tmp_path / "cache")
+    config = yaml.safe_load(TINY_CONFIG.read_text())
+    config["quality"] = {"loudness": True}
+    (tmp_path / "loud.yaml").write_text(yaml.safe_dump(config))
+    mels_made, measured = CallLog(tmp_path / "mels"), CallLog(tmp_path / "measured")
+    real_mel, real_quality = audio.log_mel_of, quality.audio_quality
+    monkeypatch.setattr(audio, "log_mel_of", lambda *a: mels_made.append(1) or real_mel(*a))
+    monkeypatch.setattr(quality, "audio_quality", lambda *a: measured.append(a[4] is None) or real_quality(*a))
+    args = ["--input", str(CORPUS), "--output", str(tmp_path / "loud"), "--config", str(tmp_path / "loud.yaml")]
+    assert run([*args, "--workers", "1", "--cache", str(tmp_path / "cache")]) == 0
+    stats = json.loads((tmp_path / "loud" / "stats.json").read_text())
+    assert stats["cache"]["parts_computed"] == {"mel": 0, "measures": 0, "loudness": 47}
+    assert stats["cache"]["computed"] == 47 and stats["cache"]["hits"] == 0
+    assert len(mels_made) == 0, "a mel computed again for a quality measure"
+    assert measured.items() == [True] * 47, "the measures computed again, or from an STFT"
+    assert records(tmp_path / "loud") == records(tmp / "cold")
+    loudness = stats["quality"]["global"]["loudness_lufs"]
+    assert loudness["count"] > 40 and loudness["count"] + loudness["not_measured"] == 47
 
 
 def test_a_damaged_cache_file_or_one_gone_from_under_the_writer_is_computed_again_and_prune_during_a_run_removes_nothing(
@@ -436,8 +537,10 @@ def test_a_warm_rerun_with_every_feature_and_durations_writes_the_same_records(f
 
 
 def cached_keys(cache_dir) -> list[str]:
-    """Every key of every complete entries file, repeats included."""
-    return [k for f in sorted((cache_dir / "entries").glob("*.keys")) for k in f.read_text().split()]
+    """The key of each clip's span entry (its mel part: one a clip, marked in the keys files) of every
+    complete entries file, repeats included."""
+    files = sorted((cache_dir / "entries").glob("*.keys"))
+    return [line.split()[0] for f in files for line in f.read_text().splitlines() if line.split()[1:] == ["clip"]]
 
 
 def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes_only_the_rest(tmp_path, corpus_dir):
@@ -500,27 +603,42 @@ def test_a_clip_key_follows_the_file_size_and_time_even_with_glob_characters_in_
     assert cache.clip_key(str(tmp_path / "missing.wav"), "s") is None
 
 
-def test_an_upgrade_of_a_library_that_computes_the_features_is_a_new_key(monkeypatch):
+def test_an_upgrade_of_a_library_is_a_new_key_for_the_parts_it_computes_and_only_those(monkeypatch):
     from melshards.preprocess.config import load_config
 
     plain = load_config(str(TINY_CONFIG), None, None)
-    pitch = dataclasses.replace(plain, features=dataclasses.replace(plain.features, pitch=True))
-    configs = {"plain": plain, "pitch": pitch}
-    before = {n: cache.settings_key(c) for n, c in configs.items()}
+    every = _with(plain, features={"energy": True, "pitch": True}, quality={"loudness": True, "dnsmos": True})
+    configs = {
+        "plain": plain,  # mel, measures
+        "every": every,  # mel, energy, pitch (dio), measures, loudness, dnsmos
+        "pyin": _with(plain, features={"pitch": True}, pitch={"tracker": "pyin"}),
+        "normalised": _with(plain, audio={"loudness_target_lufs": -23.0}),
+        "vad": _with(plain, audio={"trim_method": "webrtcvad"}),
+    }
+    before = {n: _settings(c) for n, c in configs.items()}
     real = importlib.metadata.version
+    everything = {(n, p) for n, parts in before.items() for p in parts}
     for dist, changes in (
-        ("librosa", {"plain", "pitch"}),
-        ("soxr", {"plain", "pitch"}),
-        ("numpy", {"plain", "pitch"}),
-        ("scipy", {"plain", "pitch"}),
-        ("soundfile", {"plain", "pitch"}),
-        ("pyworld-prebuilt", {"pitch"}),
-        ("numba", {"pitch"}),
+        ("librosa", everything),
+        ("soxr", everything),
+        ("numpy", everything),
+        ("soundfile", everything),
+        (
+            "scipy",
+            {(n, p) for n, p in everything if p in ("mel", "energy", "measures", "loudness")} | {("pyin", "pitch")},
+        ),
+        ("pyworld-prebuilt", {("every", "pitch")}),
+        ("numba", {("pyin", "pitch")}),
+        ("pyloudnorm", {("every", "loudness"), ("normalised", "mel")}),
+        ("speechmos", {("every", "dnsmos")}),
+        ("onnxruntime", {("every", "dnsmos")}),
+        ("webrtcvad-wheels", {("vad", "mel"), ("vad", "measures")}),
     ):
         monkeypatch.setattr(importlib.metadata, "version", lambda d, dist=dist: "99.0" if d == dist else real(d))
-        assert {n for n, c in configs.items() if cache.settings_key(c) != before[n]} == changes, dist
+        after = {n: _settings(c) for n, c in configs.items()}
+        assert {(n, p) for n, parts in before.items() for p in parts if after[n][p] != parts[p]} == changes, dist
     monkeypatch.setattr(importlib.metadata, "version", real)
-    assert {n: cache.settings_key(c) for n, c in configs.items()} == before
+    assert {n: _settings(c) for n, c in configs.items()} == before
 
 
 def test_one_file_spelt_another_way_or_from_another_directory_is_one_key(tmp_path, monkeypatch):

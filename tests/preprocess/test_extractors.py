@@ -6,6 +6,7 @@ re-run, and a plug-in trained on the embedding."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 
 import numpy as np
@@ -16,8 +17,9 @@ import yaml
 from melshards.preprocess import cache, extractors, feature_stats
 from melshards.preprocess.config import ExtractorConfig, PreprocessConfig
 from melshards.shards_schema import read_schema
+from melshards.shards_schema.config import ConfigError
 from melshards.shards_schema.extracted import ExtractorOutput, token_capacity
-from melshards.shards_schema.schema import Schema, SchemaError
+from melshards.shards_schema.schema import SCHEMA_VERSION, Schema, SchemaError
 from tests.conftest import REPO
 from tests.preprocess.conftest import tone
 
@@ -125,15 +127,152 @@ def test_a_failing_batch_is_retried_clip_by_clip_so_only_the_bad_clip_fails():
     ]
 
 
+def _extractor_key(cfg: PreprocessConfig, records: list[dict]) -> str:
+    (part,) = [p for p in cache.run_parts(cfg, records) if p.extractor is not None]
+    return part.settings
+
+
+class _Down:
+    """An extractor whose model server is down: every call raises."""
+
+    name, version, sample_rate = "remote", "1", 22050
+    outputs = ({"name": "spk", "kind": "vector", "dim": 1},)
+
+    def __call__(self, clips):
+        raise ConnectionError("[Errno 111] Connection refused")
+
+
+def _runner(extractor, batch_size: int = 8) -> extractors.Extractors:
+    runner = extractors.Extractors([])
+    runner._loaded = [extractors.Loaded(extractor, _outputs_of(extractor), {"name": extractor.name}, batch_size)]
+    return runner
+
+
+def _outputs_of(extractor) -> tuple[ExtractorOutput, ...]:
+    return tuple(ExtractorOutput(**o) for o in extractor.outputs)
+
+
+def test_more_than_half_of_the_last_100_clips_failing_once_20_were_given_stops_the_job():
+    def stops(failed: list[bool]) -> bool:
+        return extractors.too_many_failures(failed)
+
+    assert not stops([True] * 19)  # too few to judge
+    assert stops([True] * 20) and stops([False] * 9 + [True] * 11)
+    assert not stops([False] * 10 + [True] * 10)  # half is not more than half
+    assert not stops([False] * 1000 + [True] * 50)  # the last 100: 50 failed
+    assert stops([False] * 1000 + [True] * 51)  # a server gone down mid-run
+    assert not stops(([False] * 9 + [True]) * 30)  # a clip in ten it cannot take: each rejected
+
+
+def test_an_extractor_that_fails_every_clip_stops_the_job_naming_it_and_its_first_error():
+    runner = _runner(_Down())
+    clips = [np.zeros(100, np.float32)] * 8
+    for _ in range(2):  # 16 clips given: each rejected, as a clip it fails on
+        assert (
+            runner.apply(clips, [1] * 8, 22050, 256) == ["remote: ConnectionError: [Errno 111] Connection refused"] * 8
+        )
+    with pytest.raises(extractors.ExtractorFailing) as e:
+        runner.apply(clips, [1] * 8, 22050, 256)
+    assert str(e.value).startswith(
+        "extractor 'remote' failed on 24 of the last 24 clips a worker gave it, the first with: "
+        "ConnectionError: [Errno 111] Connection refused; the job stopped"
+    )
+    assert isinstance(e.value, ConfigError)  # the command's one line (no traceback)
+    flaky = _runner(_Flaky())
+    for _ in range(40):  # one clip in three fails: rejected, the job goes on
+        assert isinstance(flaky.apply([np.zeros(2), np.zeros(3), np.zeros(5)], [1] * 3, 22050, 256)[1], str)
+
+
+def test_a_run_whose_extractor_fails_every_clip_stops_with_one_line_and_publishes_nothing(tmp_path, capsys):
+    from melshards.commands.preprocess import run
+    from tests.conftest import CORPUS
+
+    (tmp_path / "cfg.yaml").write_text(
+        yaml.safe_dump(
+            {"extractors": [{"factory": "examples.extractors:frame_loudness", "options": {"fail_above_s": 0.1}}]}
+        )
+    )
+    out = tmp_path / "out"
+    args = ["--input", str(CORPUS), "--output", str(out), "--config", str(tmp_path / "cfg.yaml"), "--workers", "1"]
+    assert run(args) == 2
+    printed = capsys.readouterr()
+    errors = [line for line in (printed.out + printed.err).splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in printed.out + printed.err
+    assert errors[0].startswith(
+        "Error: extractor 'frame_loudness' failed on 20 of the last 20 clips a worker gave it, the first with: "
+        "ValueError: clip of "
+    )
+    assert not list(out.iterdir())  # nothing published, no staging dir left
+
+
+def test_the_failing_extractor_is_found_in_what_a_local_job_raises_with_or_without_worker_processes():
+    """In this process Beam re-raises the error with where it ran; from a worker process it is a
+    RuntimeError holding the worker's traceback as text."""
+    message = "extractor 'remote' failed on 20 of the last 20 clips a worker gave it, the first with: x; fix it"
+    augmented = extractors.ExtractorFailing(message + " [while running 'Measure/Measure/ParDo(_MeasureFn)']")
+    text = (
+        'Traceback (most recent call last):\n  File "extractors.py", line 250, in check\n    raise ExtractorFailing(\n'
+        f"melshards.preprocess.extractors.ExtractorFailing: {message} [while running 'Measure/ParDo(_MeasureFn)']\n"
+    )
+    for raised in (augmented, RuntimeError(text)):
+        found = extractors.failing_extractor(raised)
+        assert isinstance(found, extractors.ExtractorFailing) and str(found) == message
+    try:
+        raise RuntimeError("the job failed") from RuntimeError(text)
+    except RuntimeError as e:
+        assert str(extractors.failing_extractor(e)) == message
+    assert extractors.failing_extractor(RuntimeError("ExtractorFailing: not ours")) is None
+
+
 def test_other_extractor_weights_change_the_cache_key_and_the_contract():
-    cfg = PreprocessConfig()
-    record = {"name": "e", "version": "1", "fingerprint": "aa", "sample_rate": 16000, "outputs": []}
+    cfg = dataclasses.replace(PreprocessConfig(), extractors=(ExtractorConfig("e:e"),))
+    record = {"name": "e", "version": "1", "fingerprint": "aa", "options": {}, "sample_rate": 16000, "outputs": []}
     other = dict(record, fingerprint="bb")
-    keys = {cache.settings_key(cfg), cache.settings_key(cfg, [record]), cache.settings_key(cfg, [other])}
-    assert len(keys) == 3
+    assert _extractor_key(cfg, [record]) != _extractor_key(cfg, [other])
     with pytest.raises(extractors.ExtractorError, match="different extractors"):
         extractors.same_records([record], [other])
     assert extractors.same_records([], [record]) == [record]
+
+
+def test_an_extractors_options_are_in_its_record_its_cache_key_and_the_contract():
+    """examples.extractors:frame_loudness with `hop` 256 and 512 gives 87 and 44 frames of one clip: the
+    two are other keys (a warm cache never serves one for the other) and other shards."""
+    hops = [extractors.load(ExtractorConfig("examples.extractors:frame_loudness", {"hop": h})) for h in (256, 512)]
+    y = tone(1.0)
+    assert [len(x.extractor([y])[0]["loudness"]) for x in hops] == [87, 44]
+    records = [x.record for x in hops]
+    assert [r["options"] for r in records] == [{"hop": 256}, {"hop": 512}]
+    assert records[0]["fingerprint"] == records[1]["fingerprint"]  # the same code
+    cfg = dataclasses.replace(PreprocessConfig(), extractors=(ExtractorConfig("examples.extractors:frame_loudness"),))
+    assert _extractor_key(cfg, records[:1]) != _extractor_key(cfg, records[1:])
+    schema = _schema_with(records[0])
+    assert schema.extractors[0]["options"] == {"hop": 256}
+    with pytest.raises(SchemaError, match="extractors"):
+        schema.check_compatible(_schema_with(records[1]), "a", "b")
+    with pytest.raises(extractors.ExtractorError, match="options .* recorded in schema.json"):
+        extractors.recorded_options(ExtractorConfig("examples.extractors:frame_loudness", {"hop": object()}))
+
+
+def _schema_with(record: dict) -> Schema:
+    """A one-bucket schema whose run had the extractor `record`."""
+    from melshards.preprocess.report import mel_params
+    from melshards.shards_schema import AudioParams
+
+    outputs = tuple(ExtractorOutput(**o) for o in record["outputs"])
+    bucket = Schema.make_bucket(0, 8, 16, 80, [], hop_length=256, extracted=outputs, sample_rate=22050)
+    return Schema(
+        SCHEMA_VERSION,
+        AudioParams(22050, True, 40.0),
+        mel_params(PreprocessConfig().mel),
+        ("<pad>", "<eos>"),
+        (),
+        (),
+        (0.0,) * 80,
+        (1.0,) * 80,
+        8,
+        (bucket,),
+        extractors=(record,),
+    )
 
 
 def test_an_extractor_whose_factory_does_not_exist_stops_with_one_line():
@@ -268,6 +407,8 @@ def test_the_schema_records_each_extractors_fingerprint_and_its_outputs(runs):
     assert len({x["fingerprint"] for x in schema.extractors}) == 3
     assert all(len(x["fingerprint"]) == 64 for x in schema.extractors)
     assert codec["outputs"][0]["frame_rate"] == 50.0 and loudness["outputs"][0]["kind"] == "frames"
+    assert loudness["options"] == {"fail_above_s": 5.0} and codec["options"] == {}
+    assert embedding["options"]["name"] == "tiny_embedding" and embedding["options"]["sample_rate"] == 16000
     other = json.loads(schema.to_json())
     other["extractors"][0]["fingerprint"] = "0" * 64
     with pytest.raises(SchemaError, match="extractors"):
