@@ -25,8 +25,10 @@ TensorFlow, which the job itself never does): `onnx_model` (onnxruntime) and `sa
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import inspect
+import json
 import sys
 import traceback
 from collections.abc import Sequence
@@ -38,7 +40,7 @@ from melshards.preprocess import audio
 from melshards.preprocess.config import ExtractorConfig, PreprocessConfig
 from melshards.shards_schema.config import ConfigError
 from melshards.shards_schema.extracted import ExtractorOutput
-from melshards.shards_schema.factories import load_callable
+from melshards.shards_schema.factories import load_callable, split_spec
 from melshards.shards_schema.schema import Schema
 
 FAILED = "extractor_failed"  # the rejection reason of a clip an extractor fails on
@@ -80,9 +82,59 @@ def source_fingerprint(obj: Any) -> str:
     return hashlib.sha256(f"{name}\n{text}".encode()).hexdigest()
 
 
+# How an extractor factory is named, for `split_spec` and `load_callable`'s messages.
+_NAMING = ("extractor factory", "melshards.extractors:onnx_model", ExtractorError)
+
+
+def check_entries(entries: Sequence[ExtractorConfig], importable: bool) -> None:
+    """ExtractorError, before the job, for what the config shows wrong without building an extractor:
+    a factory not named `package.module:function`, an entry given twice (the same factory and
+    options), and, where `importable` (a local run: a remote runner's workers may have packages this
+    machine lacks), a factory that does not import or is not there, or options its signature does not
+    take. What only building one shows (it raises, returns no extractor) is found by `load`, in the job."""
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(entries, 1):
+        split_spec(entry.factory, *_NAMING)
+        same = json.dumps([entry.factory, entry.options], sort_keys=True, default=repr)
+        if same in seen:
+            raise ExtractorError(
+                f"extractors: entries {seen[same]} and {i} are the same extractor ({entry.factory!r} with options "
+                f"{entry.options}); remove one"
+            )
+        seen[same] = i
+        if importable:
+            check_options(entry.factory, load_callable(entry.factory, *_NAMING), entry.options)
+
+
+def check_options(spec: str, factory: Any, options: dict[str, Any]) -> None:
+    """ExtractorError for options the factory's signature does not take, or a required one missing
+    (nothing is checked for a factory taking **options, or one whose signature cannot be read)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return
+    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes = f"it takes {', '.join(named)}" if named else "it takes no options"
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        for name in options:
+            if name not in named:
+                close = difflib.get_close_matches(name, named, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ExtractorError(f"extractor factory {spec!r} has no option {name!r}: {hint}({takes})")
+    missing = [
+        n
+        for n, p in params.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty and n not in options
+    ]
+    if missing:
+        raise ExtractorError(
+            f"extractor factory {spec!r} needs the option(s) {', '.join(missing)}: give them under the entry's options"
+        )
+
+
 def load(entry: ExtractorConfig) -> Loaded:
     """Build one configured extractor and check what it declares; ExtractorError if it cannot be used."""
-    factory = load_callable(entry.factory, "extractor factory", "melshards.extractors:onnx_model", ExtractorError)
+    factory = load_callable(entry.factory, *_NAMING)
     try:
         extractor = factory(**entry.options)
     except ExtractorError:
