@@ -33,8 +33,10 @@ so a re-run computes only what changed (docs/preprocess.md, Feature cache).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import glob
 import hashlib
 import importlib.metadata
 import io
@@ -46,12 +48,14 @@ import stat
 import struct
 import time
 import uuid
+import warnings
 import zipfile
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from apache_beam.io.filesystem import FileMetadata
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess import containers, lock, quality
@@ -302,21 +306,94 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
+# -- the cache's files, their paths read as spelt --------------------------------------------------
+# Beam's FileSystems.match, and its delete (which matches each path), read `*`, `?` and `[` in a path as
+# a pattern: a cache in `dir [x]` would find none of its files and remove none. Here a listing is of
+# one directory's files, the directory's path literal, and a removal takes each path as it is. Local
+# paths go through os; a gs:// path goes to Beam escaped (`glob.escape`: each such character a class
+# of one, which Beam's matcher reads as that character).
+
+
+@contextlib.contextmanager
+def _escaped_paths():
+    with warnings.catch_warnings():  # Beam's regex of the class `[[]`: re's "possible nested set"
+        warnings.simplefilter("ignore", FutureWarning)
+        yield
+
+
+def files_in(directory: str, suffix: str) -> list[FileMetadata]:
+    """The files directly in `directory` whose names end with `suffix`; none where it does not exist.
+    BeamIOError (gs://) or OSError (local) if it cannot be listed."""
+    if not is_local_path(directory):
+        with _escaped_paths():
+            return FileSystems.match([glob.escape(directory.rstrip("/")) + "/*" + suffix])[0].metadata_list
+    found = []
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                try:
+                    if entry.name.endswith(suffix) and entry.is_file():
+                        st = entry.stat()
+                        found.append(FileMetadata(entry.path, st.st_size, st.st_mtime))
+                except FileNotFoundError:  # removed since the listing
+                    continue
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    return found
+
+
+def delete(paths: Sequence[str]) -> None:
+    """Remove each file, its path as it is spelt (an error, as Beam's delete, if one is not there)."""
+    for path in paths:
+        if is_local_path(path):
+            os.remove(path)
+    remote = [glob.escape(p) for p in paths if not is_local_path(p)]
+    if remote:
+        with _escaped_paths():
+            FileSystems.delete(remote)
+
+
+class CacheFiles:
+    """Beam's FileSystems for the cache's `atomic_write`s, with `delete` taking paths as spelt."""
+
+    create = staticmethod(FileSystems.create)
+    rename = staticmethod(FileSystems.rename)
+    delete = staticmethod(delete)
+
+
+FILES = CacheFiles()
+
+
+def not_a_cache_dir(cache_dir: str) -> str | None:
+    """Why `cache_dir` is no directory to read a cache from (missing, a file), or None."""
+    if is_local_path(cache_dir):
+        if not os.path.exists(cache_dir):
+            return "no such directory"
+        return None if os.path.isdir(cache_dir) else "a file, not a cache directory"
+    with _escaped_paths():
+        found = FileSystems.match([glob.escape(cache_dir.rstrip("/")) + "/**"], [1])[0].metadata_list
+    return None if found else "no such directory (nothing is stored under it)"
+
+
 def check_writable(cache_dir: str) -> None:
     """OutputError, before any work, for a cache a run cannot use: a path that is a file, or a
     directory where a run cannot write its entries and its records (read-only, not ours). A run
     writes in both from its first batch to its last (`write_batch`, `Lease`, `record_use`), so a
     cache it can only read is refused here, not found out after the job has done its work. Writes
-    and removes one small file in `entries/` and `runs/` (making them where missing)."""
+    and removes one small file in `entries/` and `runs/` (making them where missing): never left
+    there, however the check ends."""
     fix = "give a directory you can write (made if missing), or run without --cache"
     if is_local_path(cache_dir) and os.path.exists(cache_dir) and not os.path.isdir(cache_dir):
         raise lock.OutputError(f"--cache {cache_dir} is a file, not a directory; {fix}")
     for sub in (ENTRIES, RUNS):
         probe = FileSystems.join(cache_dir, sub, f".probe-{uuid.uuid4().hex}")
         try:
-            with atomic_write(probe, fs=FileSystems):
-                pass  # an empty file
-            FileSystems.delete([probe])
+            try:
+                with atomic_write(probe, fs=FILES):
+                    pass  # an empty file
+            finally:
+                if FileSystems.exists(probe):
+                    delete([probe])
         except Exception as e:  # noqa: BLE001 (whatever the file system says, the run cannot use it)
             raise lock.OutputError(
                 f"--cache {cache_dir} cannot be written ({FileSystems.join(cache_dir, sub)}: {_reason(e)}); {fix}"
@@ -370,9 +447,9 @@ def write_batch(cache_dir: str, entries: list[tuple[str, dict, dict, Moments | N
         arrays[name] = np.concatenate(values)
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)  # type: ignore[arg-type]  # mypy matches **arrays with savez's allow_pickle: bool too (numpy >= 2.1); no array has that name
-    with atomic_write(base + ".npz", fs=FileSystems) as out:
+    with atomic_write(base + ".npz", fs=FILES) as out:
         out.write(buffer.getvalue())
-    with atomic_write(base + ".keys", fs=FileSystems) as out:  # last: an index entry has its data
+    with atomic_write(base + ".keys", fs=FILES) as out:  # last: an index entry has its data
         marked = set(spans)  # one a clip: what `info` counts
         out.write("".join(k + (f" {CLIP}" if i in marked else "") + "\n" for i, k in enumerate(keys)).encode())
     return base + ".npz"
@@ -510,9 +587,8 @@ def read_entries(where: Sequence[Sequence[str]], loaded: dict[str, dict]) -> dic
 
 def key_files(cache_dir: str) -> list[str]:
     """Every complete entries file of the cache (its .keys file is written last)."""
-    pattern = FileSystems.join(cache_dir, ENTRIES, "*.keys")
     try:
-        return sorted(m.path for m in FileSystems.match([pattern])[0].metadata_list)
+        return sorted(m.path for m in files_in(FileSystems.join(cache_dir, ENTRIES), ".keys"))
     except Exception:  # noqa: BLE001 (an empty or new cache: nothing matches)
         return []
 
@@ -617,7 +693,7 @@ def read_index(cache_dir: str) -> CacheIndex:
 def record_use(cache_dir: str, run_id: str, files) -> str:
     """The entries files a run read or wrote, as runs/<run_id>.txt (what `cache prune` keeps)."""
     path = FileSystems.join(cache_dir, RUNS, f"{run_id}.txt")
-    with atomic_write(path, fs=FileSystems) as out:
+    with atomic_write(path, fs=FILES) as out:
         out.write("".join(sorted(f.rsplit("/", 1)[-1] + "\n" for f in set(files))).encode())
     return path
 
@@ -633,9 +709,8 @@ class CacheInfo:
 
 def _used_by_runs(cache_dir: str, newer_than: float | None = None) -> tuple[set[str], list[str], list[str]]:
     """(entries files the recorded runs used, run records kept, run records older than `newer_than`)."""
-    pattern = FileSystems.join(cache_dir, RUNS, "*.txt")
     try:
-        records = FileSystems.match([pattern])[0].metadata_list
+        records = files_in(FileSystems.join(cache_dir, RUNS), ".txt")
     except Exception:  # noqa: BLE001
         records = []
     used, kept, old = set(), [], []
@@ -651,7 +726,7 @@ def _used_by_runs(cache_dir: str, newer_than: float | None = None) -> tuple[set[
 
 def _entries_files(cache_dir: str) -> list:
     try:
-        return FileSystems.match([FileSystems.join(cache_dir, ENTRIES, "*.npz")])[0].metadata_list
+        return files_in(FileSystems.join(cache_dir, ENTRIES), ".npz")
     except Exception:  # noqa: BLE001
         return []
 
@@ -683,7 +758,7 @@ class Lease:
 
     def _write(self) -> None:
         self.info["heartbeat"] = time.time()
-        with atomic_write(self.path, fs=FileSystems) as out:
+        with atomic_write(self.path, fs=FILES) as out:
             out.write(json.dumps(self.info, sort_keys=True).encode())
 
     def start(self, every: float = lock.HEARTBEAT_S) -> Lease:
@@ -695,7 +770,7 @@ class Lease:
     def release(self) -> None:
         self.heartbeat.stop()
         try:
-            FileSystems.delete([self.path])
+            delete([self.path])
         except Exception as e:  # noqa: BLE001 (left behind, it goes stale and prune removes it)
             log.warning("could not remove %s (%s)", self.path, e)
 
@@ -705,7 +780,7 @@ def live_leases(cache_dir: str, now: float) -> tuple[list[dict], list[str]]:
     (`lock.is_stale`: no heartbeat for `lock.STALE_AFTER_S`, or its process gone from this process
     table); one that does not parse is judged by its file's modification time."""
     try:
-        found = FileSystems.match([FileSystems.join(cache_dir, RUNS, "*" + LEASE_SUFFIX)])[0].metadata_list
+        found = files_in(FileSystems.join(cache_dir, RUNS), LEASE_SUFFIX)
     except Exception:  # noqa: BLE001 (no runs/ yet)
         found = []
     here, live, stale = lock.machine_identity(), [], []
@@ -746,7 +821,7 @@ def prune(cache_dir: str, unused_days: float, now: float) -> Pruned:
     live, stale = live_leases(cache_dir, now)
     used, _, old = _used_by_runs(cache_dir, newer_than=cutoff)
     if old or stale:
-        FileSystems.delete(old + stale)
+        delete(old + stale)
     if live:
         return Pruned(0, 0, live)
     doomed = [
@@ -758,5 +833,5 @@ def prune(cache_dir: str, unused_days: float, now: float) -> Pruned:
     ]  # <40 hex digits>.npz: a name this module wrote
     paths = [p for m in doomed for p in (m.path, m.path[:-4] + ".keys")]
     if paths:
-        FileSystems.delete([p for p in paths if FileSystems.exists(p)])
+        delete([p for p in paths if FileSystems.exists(p)])
     return Pruned(len(doomed), sum(m.size_in_bytes for m in doomed), [])

@@ -17,7 +17,7 @@ An extractor that raises on a batch is called again clip by clip; a clip it fail
 does not match the declaration (`ExtractorOutput.check`), is rejected with the reason
 `extractor_failed` and its detail (rejected.jsonl), unless it fails on most clips: more than half of
 the last 100 a worker gave it, once it was given 20 (`FailureGuard`), stops the job with one line
-naming it and its first error (`ExtractorFailing`; `failing_extractor` finds it in what the job
+naming it and its first error (`ExtractorFailing`; `run.input_error` finds it in what the job
 raised). A factory that does not import or returns something unusable stops the job at once
 (`ExtractorError`, a ConfigError). Its schema record (`load`) holds its `options`, which must be JSON
 values: they are in schema.json and in its feature cache part's key.
@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import difflib
 import hashlib
 import inspect
 import json
-import re
 import sys
 import traceback
 from collections.abc import Collection, Sequence
@@ -43,10 +43,9 @@ import numpy as np
 
 from melshards.preprocess import audio
 from melshards.preprocess.config import ExtractorConfig, PreprocessConfig
-from melshards.preprocess.output import exception_chain
 from melshards.shards_schema.config import ConfigError
 from melshards.shards_schema.extracted import ExtractorOutput
-from melshards.shards_schema.factories import load_callable
+from melshards.shards_schema.factories import load_callable, split_spec
 from melshards.shards_schema.schema import Schema
 
 FAILED = "extractor_failed"  # the rejection reason of a clip an extractor fails on
@@ -100,9 +99,59 @@ def recorded_options(entry: ExtractorConfig) -> dict[str, Any]:
         ) from e
 
 
+# How an extractor factory is named, for `split_spec` and `load_callable`'s messages.
+_NAMING = ("extractor factory", "melshards.extractors:onnx_model", ExtractorError)
+
+
+def check_entries(entries: Sequence[ExtractorConfig], importable: bool) -> None:
+    """ExtractorError, before the job, for what the config shows wrong without building an extractor:
+    a factory not named `package.module:function`, an entry given twice (the same factory and
+    options), and, where `importable` (a local run: a remote runner's workers may have packages this
+    machine lacks), a factory that does not import or is not there, or options its signature does not
+    take. What only building one shows (it raises, returns no extractor) is found by `load`, in the job."""
+    seen: dict[str, int] = {}
+    for i, entry in enumerate(entries, 1):
+        split_spec(entry.factory, *_NAMING)
+        same = json.dumps([entry.factory, entry.options], sort_keys=True, default=repr)
+        if same in seen:
+            raise ExtractorError(
+                f"extractors: entries {seen[same]} and {i} are the same extractor ({entry.factory!r} with options "
+                f"{entry.options}); remove one"
+            )
+        seen[same] = i
+        if importable:
+            check_options(entry.factory, load_callable(entry.factory, *_NAMING), entry.options)
+
+
+def check_options(spec: str, factory: Any, options: dict[str, Any]) -> None:
+    """ExtractorError for options the factory's signature does not take, or a required one missing
+    (nothing is checked for a factory taking **options, or one whose signature cannot be read)."""
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return
+    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes = f"it takes {', '.join(named)}" if named else "it takes no options"
+    if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        for name in options:
+            if name not in named:
+                close = difflib.get_close_matches(name, named, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                raise ExtractorError(f"extractor factory {spec!r} has no option {name!r}: {hint}({takes})")
+    missing = [
+        n
+        for n, p in params.items()
+        if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty and n not in options
+    ]
+    if missing:
+        raise ExtractorError(
+            f"extractor factory {spec!r} needs the option(s) {', '.join(missing)}: give them under the entry's options"
+        )
+
+
 def load(entry: ExtractorConfig) -> Loaded:
     """Build one configured extractor and check what it declares; ExtractorError if it cannot be used."""
-    factory = load_callable(entry.factory, "extractor factory", "melshards.extractors:onnx_model", ExtractorError)
+    factory = load_callable(entry.factory, *_NAMING)
     options = recorded_options(entry)
     try:
         extractor = factory(**entry.options)
@@ -223,23 +272,6 @@ GUARD_SHARE = 0.5  # more than this share of them failed: the job stops
 class ExtractorFailing(ExtractorError):
     """An extractor failed on more than half of the last clips a worker gave it (`FailureGuard`): the job
     stops, its one line naming the extractor and its first error, instead of rejecting them all."""
-
-
-_RAISED = re.compile(re.escape(f"{__name__}.ExtractorFailing: ") + r"(.*)")
-_WHERE = re.compile(r" \[while running '[^\n]*'\]$")  # what Beam adds to an error out of a DoFn
-
-
-def failing_extractor(exc: BaseException) -> ExtractorFailing | None:
-    """The ExtractorFailing a job stopped on, from the error it ended with (None if another): the error
-    itself, or in its causes (a job in this process), or its line in the text of a worker process's
-    traceback (Beam's RuntimeError from a local worker process); without the transform Beam names."""
-    for e in exception_chain(exc):
-        if isinstance(e, ExtractorFailing):
-            return ExtractorFailing(_WHERE.sub("", str(e)))
-        found = _RAISED.search(str(e))
-        if found:
-            return ExtractorFailing(_WHERE.sub("", found.group(1)))
-    return None
 
 
 def too_many_failures(failed: Sequence[bool]) -> bool:

@@ -8,6 +8,7 @@ import difflib
 from collections.abc import Sequence
 
 from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+from apache_beam.runners.runner import create_runner
 
 # Beam 2.77's DirectRunner first tries to download the Prism runner (no network here, and a slow
 # start everywhere); the in-process FnApiRunner runs this job and honours --direct_num_workers
@@ -17,7 +18,7 @@ LOCAL_RUNNERS = ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner", "Bundle
 
 
 class OptionsError(ValueError):
-    pass
+    """A Beam option (or --workers) the job cannot run with: said in one line, before any work."""
 
 
 def _beam_parser() -> argparse.ArgumentParser:
@@ -56,12 +57,28 @@ def check_beam_args(beam_args: list[str], own_options: list[str]) -> None:
     raise OptionsError(f"unknown option {name}: neither melshards nor Beam knows it{hint}")
 
 
+def check_runner(runner: str) -> None:
+    """OptionsError for a --runner Beam cannot make (an unknown name, a module that does not import):
+    Beam would say so only when the job is built."""
+    try:
+        create_runner(runner)
+    except (ValueError, ImportError) as e:
+        raise OptionsError(f"bad Beam option --runner {runner}: {e}") from e
+
+
 def pipeline_options(beam_args: list[str], own_options: Sequence[str] = ()) -> PipelineOptions:
+    """The job's options from the arguments neither melshards nor click took; OptionsError (the only
+    error here said to be a bad Beam option) for one Beam cannot parse or run with."""
     check_beam_args(beam_args, list(own_options))
-    options = PipelineOptions(beam_args)
-    std = options.view_as(StandardOptions)
+    try:
+        options = PipelineOptions(beam_args)
+        std = options.view_as(StandardOptions)
+    except ValueError as e:  # what Beam's own parsing refuses beyond argparse's checks
+        raise OptionsError(f"bad Beam option: {e}") from e
     if std.runner is None:
         std.runner = DEFAULT_RUNNER
+    if isinstance(std.runner, str):
+        check_runner(std.runner)
     return options
 
 

@@ -15,6 +15,7 @@ import re
 import sys
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from typing import IO
 
@@ -22,8 +23,8 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
-from melshards.preprocess import cache
-from melshards.preprocess.config import load_config
+from melshards.preprocess import cache, extractors
+from melshards.preprocess.config import ConfigError, load_config
 from melshards.preprocess.corpus import (
     Corpus,
     CorpusError,
@@ -32,7 +33,6 @@ from melshards.preprocess.corpus import (
     check_rows_file,
     detect_corpus,
 )
-from melshards.preprocess.extractors import failing_extractor
 from melshards.preprocess.lock import is_local_path
 from melshards.preprocess.options import OptionsError, is_local, pipeline_options
 from melshards.preprocess.output import (
@@ -62,11 +62,14 @@ log = logging.getLogger("melshards.preprocess")
 __all__ = [
     "DiskFullError",
     "EmptyRunError",
+    "JobFailedError",
     "OptionsError",
     "OutputError",
     "OutputGoneError",
+    "failure_line",
     "quiet_beam_logging",
     "run_job",
+    "where_raised",
 ]
 
 
@@ -236,13 +239,16 @@ def run_job(
 
     Returns None for a dry run (the graph was built, not submitted). Raises ConfigError,
     CorpusError, OutputError or OptionsError (all ValueError) before any work when the call is
-    wrong, EmptyRunError when every row was rejected, DiskFullError when the disk filled up,
-    WorkerDiedError when a local worker process crashed or was killed.
+    wrong, and ConfigError or CorpusError too when the job fails on a bad input (`input_error`: an
+    extractor that cannot be built, a file that does not read); EmptyRunError when every row was
+    rejected, DiskFullError when the disk filled up, WorkerDiedError when a local worker process
+    crashed or was killed, JobFailedError when the job failed otherwise.
     `echo` receives the progress lines.
     """
     cfg = load_config(config_path, buckets, alignments)
     options = pipeline_options(list(beam_args), list(own_options))
     dry_run = options.view_as(TestOptions).dry_run
+    extractors.check_entries(cfg.extractors, importable=is_local(options))
     if cfg.alignments.dir and (not dry_run or is_local_path(cfg.alignments.dir)):
         check_alignments_dir(cfg.alignments.dir)
     if cache_dir:
@@ -290,8 +296,8 @@ def run_job(
                 if told is None:
                     show_log(job_log)
                     raise
-                if isinstance(e, WorkerDiedError) and not e.by_signal:
-                    show_log(job_log)  # the process's own error: its traceback is the diagnosis
+                if isinstance(told, JobFailedError) or (isinstance(e, WorkerDiedError) and not e.by_signal):
+                    show_log(job_log)  # an error of its own: what the job printed is the diagnosis
                 close_run(run, ok=False)
                 raise told from e
     finally:  # failed or interrupted (KeyboardInterrupt): the staging dir goes, the lock too. After a
@@ -350,14 +356,71 @@ def watch_output(run: OutputRun, every: float | None = None) -> Callable[[], str
     return check
 
 
+# The errors the job's own code raises for a bad corpus or config (an extractor that cannot be built,
+# a file that does not read): wherever the job ran, the command says them as themselves, in one line.
+# Most specific first (an ExtractorError is a ConfigError).
+# the subclass first: an extractor that failed on too many clips is told as that
+INPUT_ERRORS: tuple[type[Exception], ...] = (extractors.ExtractorFailing, extractors.ExtractorError, CorpusError, ConfigError)
+
+
+def _without_step(message: str) -> str:
+    """A worker's error message without the step Beam appends when it re-raises it."""
+    return re.sub(r"\s*\[while running '[^']*'\]\s*$", "", message.strip())
+
+
+def input_error(e: BaseException) -> Exception | None:
+    """The bad-input error (`INPUT_ERRORS`) the job failed with, rebuilt with its own message, or None.
+    A local job in this process's child raises it (its causes kept, `run_in_job_process`); Beam's
+    worker processes and remote runners send back its traceback as text, whose line
+    `package.module.ErrorName: message` names it."""
+    chain = list(exception_chain(e))
+    for error in chain:
+        for cls in INPUT_ERRORS:
+            if isinstance(error, cls):
+                return cls(_without_step(str(error)))
+    for error in chain:
+        for cls in INPUT_ERRORS:
+            said = re.findall(rf"^{re.escape(f'{cls.__module__}.{cls.__qualname__}')}: (.+)$", str(error), re.M)
+            if said:
+                return cls(_without_step(said[-1]))
+    return None
+
+
+def _last_line(e: BaseException) -> str:
+    """`ErrorName: message` of an error; of one whose message is a worker's traceback, its last line."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if len(lines) > 1:
+        return lines[-1]
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+def failure_line(e: BaseException) -> str:
+    """The job's error in one line, with its first cause where that says something more."""
+    chain = [_last_line(x) for x in exception_chain(e)]
+    first, root = chain[0], chain[-1]
+    return first if _without_step(root) in first else f"{first} (caused by {root})"
+
+
+def where_raised(e: BaseException) -> str:
+    """`at FILE:LINE in FUNCTION`: where the deepest error of the chain that has a traceback was raised."""
+    frames = [tb for x in exception_chain(e) if (tb := traceback.extract_tb(x.__traceback__))]
+    if not frames:
+        return "raised with no traceback"
+    last = frames[-1][-1]
+    return f"at {last.filename}:{last.lineno} in {last.name}"
+
+
+class JobFailedError(RuntimeError):
+    """The job failed for a reason the command cannot name (what the job printed says it)."""
+
+
 def told_in_one_line(e: BaseException, run: OutputRun) -> bool:
     """Whether the command knows the cause of the job's failure and says it in one line (`one_line_error`):
-    a worker that died, the staging dir or lock removed during the run, a full disk, an extractor that
-    failed on too many clips (`extractors.failing_extractor`). An OutputError (a
+    a worker that died, the staging dir or lock removed during the run, a full disk. An OutputError (a
     refusal at publish) is its own one line and is passed on as it is."""
     if isinstance(e, OutputError):
         return False
-    if isinstance(e, (WorkerDiedError, JobStoppedError, OutputGoneError)) or failing_extractor(e) is not None:
+    if isinstance(e, (WorkerDiedError, JobStoppedError, OutputGoneError)):
         return True
     try:
         if removed_during_run(run):
@@ -370,14 +433,21 @@ def told_in_one_line(e: BaseException, run: OutputRun) -> bool:
 def one_line_error(
     e: Exception, run: OutputRun, out_dir: str, cache_dir: str | None, done: int, total: int | None
 ) -> Exception | None:
-    """What a failed job is told as, in one line, where the command knows the cause (`told_in_one_line`):
-    then neither the cause's traceback nor what the workers logged or printed about it is shown.
-    None for a failure it cannot explain (its traceback is the message)."""
-    if not told_in_one_line(e, run):
+    """What a failed job is told as, in one line: the cause where the command knows it
+    (`told_in_one_line`), or the bad input it failed on (`input_error`); then neither the cause's
+    traceback nor what the workers logged or printed about it is shown. Any other failure is a
+    JobFailedError saying the error and its cause (what the job printed, its traceback, is shown).
+    None for a refusal after the job (OutputError at publish, EmptyRunError): it is its own line."""
+    if isinstance(e, (OutputError, EmptyRunError)):
         return None
-    failing = failing_extractor(e)
-    if failing is not None:
-        return failing
+    if not told_in_one_line(e, run):
+        said = input_error(e)
+        if said is not None:
+            return said
+        return JobFailedError(
+            f"the job failed: {failure_line(e)}; the run's temporary files were removed and {out_dir} is as it "
+            "was (what the job printed is above)"
+        )
     if isinstance(e, WorkerDiedError):
         again = (
             f"a re-run computes only the clips not yet in --cache {cache_dir}"

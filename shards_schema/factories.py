@@ -15,12 +15,20 @@ from collections.abc import Callable
 from typing import Any
 
 
+def split_spec(spec: str, what: str, example: str, error: type[Exception], form: str = "function") -> tuple[str, str]:
+    """`package.module:function` -> (module, function), importing nothing; `error(message)` naming `what`
+    for a spec of another form (a dotted path without its colon gets the spelling it meant)."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        meant = f"; did you mean {':'.join(spec.rsplit('.', 1))!r}?" if not sep and "." in spec.strip(".") else ""
+        raise error(f"{what} {spec!r} is not of the form package.module:{form} (e.g. {example}){meant}")
+    return module_name, attr
+
+
 def load_callable(spec: str, what: str, example: str, error: type[Exception], form: str = "function") -> Callable:
     """`package.module:function` -> the callable; `error(message)` naming `what` ("model factory") and
     what is wrong (the form, a module that does not import, a missing name, not a callable)."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise error(f"{what} {spec!r} is not of the form package.module:{form} (e.g. {example})")
+    module_name, attr = split_spec(spec, what, example, error, form)
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.append(os.getcwd())  # last: an installed package of the same name wins
     try:

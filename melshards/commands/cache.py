@@ -20,12 +20,24 @@ def cache_command() -> None:
     """The feature cache of `melshards preprocess --cache DIR` (docs/preprocess.md, Feature cache)."""
 
 
+def check_cache_dir(cache_dir: str) -> None:
+    """Refuse (exit 2, one line) a DIR that is missing or a file: nothing to report or prune there."""
+    from melshards.preprocess import cache
+
+    why = cache.not_a_cache_dir(cache_dir)
+    if why:
+        raise click.UsageError(
+            f"{cache_dir}: {why}; give the directory a run was given as `melshards preprocess --cache DIR`"
+        )
+
+
 @cache_command.command("info")
 @click.argument("cache_dir", metavar="DIR")
 def info_command(cache_dir: str) -> None:
     """What the cache holds: entries (clips), files, bytes, and what no recorded run used."""
     from melshards.preprocess import cache
 
+    check_cache_dir(cache_dir)
     i = cache.info(cache_dir)
     if not i.files:
         click.echo(f"{cache_dir}: no cache entries (a cache is made by `melshards preprocess --cache {cache_dir}`)")
@@ -49,6 +61,7 @@ def prune_command(cache_dir: str, unused_days: float) -> None:
     """Remove the entries no run of the last --unused-days used; none while a run is using the cache."""
     from melshards.preprocess import cache
 
+    check_cache_dir(cache_dir)
     pruned = cache.prune(cache_dir, unused_days, time.time())
     click.echo(f"{cache_dir}: removed {pruned.files} file(s), {_size(pruned.bytes)}")
     if pruned.live:

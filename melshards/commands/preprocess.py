@@ -47,6 +47,13 @@ class WorkerDied(click.ClickException):
     exit_code = 1
 
 
+class Failed(click.ClickException):
+    """The job (or the command) failed for a reason it cannot name: exit 1, the error and its cause in
+    one line (after what the job printed, for the job), temp files removed."""
+
+    exit_code = 1
+
+
 def run(argv: list[str] | None = None) -> int:
     """Entry point for tests; returns the process exit code."""
     return run_command(preprocess_command, argv, "melshards preprocess")
@@ -206,12 +213,15 @@ def preprocess_command(
     from melshards.preprocess.run import (
         DiskFullError,
         EmptyRunError,
+        JobFailedError,
         OptionsError,
         OutputError,
         OutputGoneError,
         WorkerDiedError,
+        failure_line,
         quiet_beam_logging,
         run_job,
+        where_raised,
     )
 
     quiet_beam_logging()
@@ -248,8 +258,12 @@ def preprocess_command(
         raise WorkerDied(str(e)) from e
     except OutputGoneError as e:
         raise OutputGone(str(e)) from e
-    except ValueError as e:  # PipelineOptions rejects malformed Beam flags with ValueError
-        raise click.UsageError(f"bad Beam option: {e}") from e
+    except JobFailedError as e:
+        raise Failed(str(e)) from e
+    except (click.ClickException, click.exceptions.Exit):  # StopOnCtrlC's exit after a signal
+        raise
+    except Exception as e:  # noqa: BLE001 (an error no check names, e.g. a file system's: one line, where it was raised)
+        raise Failed(f"preprocess failed: {failure_line(e)} ({where_raised(e)})") from e
     if stats is None:
         click.echo("dry run: the job graph was built and not submitted")
         return

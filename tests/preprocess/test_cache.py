@@ -490,6 +490,56 @@ def test_a_cache_the_run_cannot_write_is_refused_with_the_file_system_s_reason(t
         cache.check_writable(str(tmp_path / "cache"))
 
 
+def test_a_cache_whose_path_holds_glob_characters_is_written_listed_and_pruned_as_spelt(tmp_path):
+    """`--cache "dir [x]"` was refused as unwritable (Beam's FileSystems read `[x]` as a pattern) and its
+    probe file was left behind."""
+    cache_dir = tmp_path / "c [x]*?"
+    (tmp_path / "c x").mkdir()  # what `[x]` matches as a pattern: never read as the cache
+    (tmp_path / "c x" / "entries").mkdir()
+    cache.check_writable(str(cache_dir))
+    assert sorted(p.name for p in cache_dir.rglob("*")) == ["entries", "runs"]  # no probe left
+    mel = np.zeros((4, 8), np.float32)
+    key = f"{7:064x}"
+    path = cache.write_batch(
+        str(cache_dir), [(key, {"samples": 10, "start": 0, "length": 10}, {"mel": mel}, Moments.of(mel))]
+    )
+    assert cache.read_index(str(cache_dir)).get(key) == path
+    lease = cache.Lease(str(cache_dir), "r1").start()
+    assert [h["run_id"] for h in cache.live_leases(str(cache_dir), time.time())[0]] == ["r1"]
+    lease.release()
+    assert not (cache_dir / "runs" / "r1.live").exists()
+    out = CliRunner().invoke(cache_command, ["info", str(cache_dir)])
+    assert out.exit_code == 0 and "1 clips in 1 files" in out.output, out.output
+    old = time.time() - 86400
+    for f in (cache_dir / "entries").iterdir():
+        os.utime(f, (old, old))
+    out = CliRunner().invoke(cache_command, ["prune", str(cache_dir), "--unused-days", "0.5"])
+    assert out.exit_code == 0 and "removed 1 file(s)" in out.output, out.output
+    assert not list((cache_dir / "entries").iterdir())
+
+
+@pytest.mark.parametrize(
+    "command, given, says",
+    [
+        ("prune", "missing", "no such directory"),
+        ("info", "missing", "no such directory"),
+        ("info", "file", "a file, not a cache directory"),
+        ("prune", "file", "a file, not a cache directory"),
+    ],
+)
+def test_cache_info_or_prune_of_a_missing_directory_or_a_file_is_refused_in_one_line(tmp_path, command, given, says):
+    """`cache prune` of a mistyped directory said "removed 0 file(s)" and exited 0; `cache info FILE`
+    suggested the file as a cache."""
+    (tmp_path / "file").write_text("mine")
+    out = CliRunner().invoke(cache_command, [command, str(tmp_path / given)])
+    (line,) = [line for line in out.output.splitlines() if line.startswith("Error:")]
+    assert out.exit_code == 2 and line == (
+        f"Error: {tmp_path / given}: {says}; give the directory a run was given as `melshards preprocess --cache DIR`"
+    ), out.output
+    assert "Traceback" not in out.output and (tmp_path / "file").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
 def test_cache_info_and_prune(warm, tmp_path):
     tmp, _ = warm
     cache_dir = tmp_path / "cache"

@@ -20,7 +20,7 @@ from melshards.shards_schema import read_schema
 from melshards.shards_schema.config import ConfigError
 from melshards.shards_schema.extracted import ExtractorOutput, token_capacity
 from melshards.shards_schema.schema import SCHEMA_VERSION, Schema, SchemaError
-from tests.conftest import REPO
+from tests.conftest import CORPUS, REPO
 from tests.preprocess.conftest import tone
 
 # -- declarations and padding ---------------------------------------------------------------------
@@ -214,14 +214,16 @@ def test_the_failing_extractor_is_found_in_what_a_local_job_raises_with_or_witho
         'Traceback (most recent call last):\n  File "extractors.py", line 250, in check\n    raise ExtractorFailing(\n'
         f"melshards.preprocess.extractors.ExtractorFailing: {message} [while running 'Measure/ParDo(_MeasureFn)']\n"
     )
+    from melshards.preprocess.run import input_error
+
     for raised in (augmented, RuntimeError(text)):
-        found = extractors.failing_extractor(raised)
+        found = input_error(raised)
         assert isinstance(found, extractors.ExtractorFailing) and str(found) == message
     try:
         raise RuntimeError("the job failed") from RuntimeError(text)
     except RuntimeError as e:
-        assert str(extractors.failing_extractor(e)) == message
-    assert extractors.failing_extractor(RuntimeError("ExtractorFailing: not ours")) is None
+        assert str(input_error(e)) == message
+    assert input_error(RuntimeError("ExtractorFailing: not ours")) is None
 
 
 def test_other_extractor_weights_change_the_cache_key_and_the_contract():
@@ -300,6 +302,94 @@ def test_the_saved_model_adapter_runs_a_savedmodel_and_fingerprints_its_files(tm
     assert len(codec.fingerprint) == 64
     (path / "extra.txt").write_bytes(b"x")
     assert saved_model(**options).fingerprint != codec.fingerprint  # every file's bytes count
+
+
+# -- a bad extractor entry, through the command: one line each ---------------------------------------
+
+
+class _NoOutputs:
+    name, version, sample_rate = "no_outputs", "1", 22050
+
+    def __call__(self, clips):
+        return [{} for _ in clips]
+
+
+class _BadRate(_Flaky):
+    name, sample_rate = "bad_rate", 0
+
+
+def broken(how: str):
+    """An extractor factory that fails as `how` says, in a way only building it shows."""
+    if how == "raises":
+        raise RuntimeError("model server down")
+    return {"returns None": None, "lacks outputs": _NoOutputs(), "bad rate": _BadRate()}[how]
+
+
+def takes_hop(hop: int = 256, *, sample_rate: int = 22050):
+    return _Flaky()
+
+
+BROKEN = f"{__name__}:broken"
+
+
+def _preprocess_with(tmp_path, capsys, *entries: dict) -> tuple[int, list[str], str]:
+    """`melshards preprocess` of the shipped corpus with these extractor entries -> (exit code, its
+    `Error:` lines, its stderr)."""
+    from melshards.commands.preprocess import run
+
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump({"extractors": list(entries)}))
+    out = tmp_path / "out"
+    code = run(["--input", str(CORPUS), "--output", str(out), "--config", str(tmp_path / "cfg.yaml"), "--workers", "1"])
+    err = capsys.readouterr().err
+    assert not out.exists() or not list(out.iterdir()), "a failed run left files in --output"
+    return code, [line for line in err.splitlines() if line.startswith("Error:")], err
+
+
+@pytest.mark.parametrize(
+    "entries, says",
+    [
+        (
+            [{"factory": "examples.extractors.frame_loudness"}],
+            "is not of the form package.module:function (e.g. melshards.extractors:onnx_model); "
+            "did you mean 'examples.extractors:frame_loudness'?",
+        ),
+        ([{"factory": "examples.extractor:frame_loudness"}], "module 'examples.extractor' does not import"),
+        ([{"factory": "examples.extractors:frame_loudnes"}], "has no 'frame_loudnes'"),
+        (
+            [{"factory": f"{__name__}:takes_hop", "options": {"hopp": 512}}],
+            "has no option 'hopp': did you mean 'hop'? (it takes hop, sample_rate)",
+        ),
+        ([{"factory": "examples.extractors:rms_codes"}] * 2, "entries 1 and 2 are the same extractor"),
+    ],
+    ids=["no colon", "does not import", "not in its module", "unknown option", "given twice"],
+)
+def test_an_extractor_entry_the_config_shows_wrong_is_refused_in_one_line_before_the_job(
+    tmp_path, capsys, entries, says
+):
+    code, errors, err = _preprocess_with(tmp_path, capsys, *entries)
+    assert code == 2 and len(errors) == 1 and says in errors[0], err
+    assert "Traceback" not in err and " INFO " not in err, err  # refused before the run took --output
+
+
+@pytest.mark.parametrize(
+    "how, says",
+    [
+        (
+            "raises",
+            f"extractor factory {BROKEN!r} failed with options {{'how': 'raises'}}: RuntimeError: model server down",
+        ),
+        (
+            "returns None",
+            f"extractor factory {BROKEN!r} returned a NoneType without name, version, sample_rate, outputs",
+        ),
+        ("lacks outputs", f"extractor factory {BROKEN!r} returned a _NoOutputs without outputs"),
+        ("bad rate", "extractor 'bad_rate': sample_rate 0 must be a positive integer"),
+    ],
+)
+def test_an_extractor_that_fails_to_build_in_the_job_stops_it_with_one_line_naming_it(tmp_path, capsys, how, says):
+    code, errors, err = _preprocess_with(tmp_path, capsys, {"factory": BROKEN, "options": {"how": how}})
+    assert code == 2 and len(errors) == 1 and errors[0].startswith(f"Error: {says}"), err
+    assert "while running" not in errors[0] and "Traceback" not in err and "Worker:" not in err, err
 
 
 # -- one small run ------------------------------------------------------------------------------------

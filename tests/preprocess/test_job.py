@@ -461,6 +461,30 @@ def test_beam_option_without_its_value_is_a_usage_error(capsys, tmp_path, corpus
     assert "--runner: expected one argument" in _one_error_line(capsys.readouterr().err)
 
 
+def test_a_runner_beam_does_not_know_is_a_bad_beam_option_before_any_work(capsys, tmp_path, corpus_dir):
+    assert run(["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--runner", "Dataflw"]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert line.startswith("Error: bad Beam option --runner Dataflw: Unexpected pipeline runner"), line
+    assert not (tmp_path / "o").exists()
+
+
+def test_an_error_outside_the_job_is_one_line_saying_what_it_is_not_a_bad_beam_option(
+    monkeypatch, capsys, tmp_path, corpus_dir
+):
+    """A file system's ValueError (GCS's client says "Bad response: not multi-part") while the command
+    takes --output was once told as a bad Beam option."""
+
+    def gcs_fails(*args, **kwargs):
+        raise ValueError("Bad response: not multi-part")
+
+    monkeypatch.setattr("melshards.preprocess.run.open_run", gcs_fails)
+    assert run(["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--config", str(TINY_CONFIG)]) == 1
+    err = capsys.readouterr().err
+    line = _one_error_line(err)
+    assert line.startswith("Error: preprocess failed: ValueError: Bad response: not multi-part (at "), line
+    assert "in gcs_fails" in line and "Beam option" not in line and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize(
     "output,message",
     [
@@ -826,16 +850,52 @@ def test_a_full_disk_is_told_in_one_line_without_what_the_workers_logged_about_i
     assert sorted(p.name for p in out.iterdir()) == []  # no lock, no staging dir
 
 
-def test_what_the_workers_logged_reaches_the_console_when_the_failure_is_not_explained(
+def test_a_failure_the_command_cannot_explain_shows_what_the_workers_logged_then_the_error_and_its_cause(
     monkeypatch, capsys, tmp_path, corpus_dir
 ):
+    """A ValueError out of the job (GCS's client: "Bad response: not multi-part") was once told as a bad
+    Beam option."""
     logger = "apache_beam.runners.portability.local_job_service"
-    _failing_job(monkeypatch, RuntimeError("a bug"), "Traceback (most recent call last): ... ValueError: a bug", logger)
-    with pytest.raises(RuntimeError, match="a bug"):
-        run(["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--config", str(TINY_CONFIG)])
+    error = RuntimeError("ValueError: Bad response: not multi-part [while running 'Write/Finalize']")
+    error.__cause__ = ValueError("Bad response: not multi-part")
+    _failing_job(monkeypatch, error, "Traceback (most recent call last): ... ValueError: a bug", logger)
+    out = tmp_path / "o"
+    assert run(["--input", str(corpus_dir), "--output", str(out), "--config", str(TINY_CONFIG)]) == 1
     err = capsys.readouterr().err
     assert f"{logger}" in err and "Worker: Traceback (most recent call last): ... ValueError: a bug" in err, err
     assert "\nTraceback (most recent call last): ... ValueError: a bug\n" in err, err
+    (line,) = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert line == (
+        "Error: the job failed: RuntimeError: ValueError: Bad response: not multi-part [while running "
+        f"'Write/Finalize']; the run's temporary files were removed and {out} is as it was (what the job "
+        "printed is above)"
+    )
+    assert "Beam option" not in err and sorted(p.name for p in out.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["worker process", "job process"])
+def test_a_bad_input_error_raised_in_the_job_is_told_as_itself_in_one_line(
+    monkeypatch, capsys, tmp_path, corpus_dir, where
+):
+    from melshards.preprocess.corpus import CorpusError
+
+    said = "b.parquet: not a parquet file (magic bytes missing); re-export it"
+    if where == "job process":  # one worker, in the job process: the error itself, Beam's step added
+        error: Exception = CorpusError(f"{said} [while running 'Read/Parquet']")
+    else:  # what Beam's worker processes (and Dataflow) send back: a RuntimeError holding the traceback
+        error = RuntimeError(
+            "Traceback (most recent call last):\n"
+            '  File "apache_beam/runners/common.py", line 1576, in _invoke_lifecycle_method\n'
+            '  File "/repo/melshards/preprocess/sources.py", line 90, in read\n'
+            '    raise CorpusError(f"{path}: not a parquet file")\n'
+            f"{CorpusError.__module__}.CorpusError: {said} [while running 'Read/Parquet']\n"
+        )
+    logger = "apache_beam.runners.portability.local_job_service"
+    _failing_job(monkeypatch, error, "Traceback (most recent call last): ... CorpusError", logger)
+    assert run(["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--config", str(TINY_CONFIG)]) == 2
+    err = capsys.readouterr().err
+    assert _one_error_line(err) == f"Error: {said}"
+    assert "Traceback" not in err and "Worker:" not in err, err
 
 
 def test_an_output_removed_during_the_run_is_told_in_one_line_and_nothing_is_made_again(
