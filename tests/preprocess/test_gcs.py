@@ -4,7 +4,6 @@ Beam's GcsIO and google-cloud-storage as on Dataflow."""
 from __future__ import annotations
 
 import uuid
-from pathlib import Path
 
 from tests.conftest import CORPUS, TINY_CONFIG
 from tests.gcs_emulator import download_tree, upload_tree
