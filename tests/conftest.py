@@ -331,3 +331,13 @@ def reference_runs(corpus_dir, tmp_path_factory):
 
     tmp = built_once(tmp_path_factory, "references", build)
     return list(csv.DictReader((tmp / "corpus.csv").open())), [tmp / "first", tmp / "again"]
+
+
+@pytest.fixture(scope="session")
+def gcs():
+    """A GCS emulator for the session (tests/gcs_emulator.py: fake-gcs-server behind a counting proxy), with
+    `STORAGE_EMULATOR_HOST` set for this process and the processes it starts."""
+    from tests.gcs_emulator import running_emulator
+
+    with running_emulator() as emulator:
+        yield emulator
