@@ -363,7 +363,12 @@ def watch_output(run: OutputRun, every: float | None = None) -> Callable[[], str
 # a file that does not read): wherever the job ran, the command says them as themselves, in one line.
 # Most specific first (an ExtractorError is a ConfigError).
 # the subclass first: an extractor that failed on too many clips is told as that
-INPUT_ERRORS: tuple[type[Exception], ...] = (extractors.ExtractorFailing, extractors.ExtractorError, CorpusError, ConfigError)
+INPUT_ERRORS: tuple[type[Exception], ...] = (
+    extractors.ExtractorFailing,
+    extractors.ExtractorError,
+    CorpusError,
+    ConfigError,
+)
 
 
 def _without_step(message: str) -> str:
