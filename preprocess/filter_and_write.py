@@ -117,11 +117,11 @@ class _FilterAndWriteFn(beam.DoFn):
     def start_bundle(self):
         self.files = RollingFiles(self.out_dir, self.target)
 
-    def process(self, element, cutoffs, chosen, corpus_tables, gate, measured=()):
+    def process(self, element, cutoffs, chosen, corpus_tables, gate, ran=()):
         # a run with other_clip references: (batch, {clip id: (reference id, slice, frames, start) | None})
         batch, references = element if isinstance(element, tuple) else (element, None)
         buckets, text = chosen["buckets"], chosen["text"]
-        outputs = outputs_of(measured[0]["extractors"]) if measured else ()
+        outputs = outputs_of(ran[0]) if ran else ()
         clips, kept, dropped = load_clips(batch), [], []
         for clip in clips:
             rejection = filter_rejection(clip, cutoffs, corpus_tables, gate)
@@ -189,11 +189,11 @@ class FilterAndWrite(beam.PTransform):
     statistics per group (`feature_stats.batch_stats`, merged; empty when the run computes neither)}.
     """
 
-    def __init__(self, cutoffs, chosen, corpus_tables, gate, out_dir: str, cfg: PreprocessConfig, measured=None):
+    def __init__(self, cutoffs, chosen, corpus_tables, gate, out_dir: str, cfg: PreprocessConfig, ran=None):
         super().__init__()
         self.cutoffs, self.chosen, self.tables, self.out_dir, self.cfg = cutoffs, chosen, corpus_tables, out_dir, cfg
         self.gate = gate
-        self.measured = measured  # the measure stage's summary (`measure.cache_summary`): the extractors it ran
+        self.ran = ran  # the extractors' records the measure stage ran (`measure.cache_summary`'s "extractors")
 
     def expand(self, batches):
         S = beam.pvalue
@@ -203,7 +203,7 @@ class FilterAndWrite(beam.PTransform):
             S.AsSingleton(self.chosen),
             S.AsSingleton(self.tables),
             S.AsSingleton(self.gate),
-            **({"measured": S.AsList(self.measured)} if self.measured is not None else {}),
+            **({"ran": S.AsList(self.ran)} if self.ran is not None else {}),
         ).with_outputs(REJECTED, MOMENTS, WRITTEN, FEATURE_STATS, main="parts")
         written = out[WRITTEN] | "SumWritten" >> beam.CombineGlobally(sum_counters).without_defaults()
         stats = out[FEATURE_STATS] | "FeatureStats" >> beam.CombineGlobally(feature_stats.merge).without_defaults()

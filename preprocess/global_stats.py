@@ -3,16 +3,21 @@
 - `LengthHistograms`: exact value->count histograms of the measured clips' three lengths (before
   the filter), from which `cutoffs_from` gives the filter's cut-offs;
 - `CorpusTables`: the speaker and language tables, the vocabulary and the validation split
-  (`melshards.preprocess.tables`);
-- `QualityGate`: the speaking-rate bounds the quality rules read (`melshards.preprocess.quality_rules`);
+  (`melshards.preprocess.tables`), summed per speaker where that speaker's key lands;
+- `QualityGate`: the speaking-rate bounds the quality rules read (`melshards.preprocess.quality_rules`),
+  each group's from its histogram summed where its key lands;
 - `DuplicateAudio`: not a side input but a keyed join: each stashed batch with the duplicate verdicts
   of its clips, once the cut-offs, the tables and the gate are known;
 - `QualityHistograms`: exact histograms of the quality measures of the measured clips, per corpus,
-  speaker and language (`melshards.preprocess.quality_stats`), for stats.json;
+  speaker and language, each group summed where its key lands and reduced there to what stats.json
+  keeps of it (`melshards.preprocess.quality_stats`);
 - `MelStatistics`: per-bin mean/std of the mel for normalisation, merged from the writer's
   per-batch moments.
 
-Every combine is exact and merges in any order (Counter sums, `tables.merge`, `Moments.merge`).
+Every combine is exact and merges in any order (Counter sums, `tables.add_part`, `Moments.merge`). What
+grows with the speakers is summed per key (`beam.CombinePerKey`, whose partial sums Beam makes in the
+workers that produce the parts), so the one worker that sums a whole run's figures holds a fixed size per
+speaker, never a value per clip (docs/performance.md lists every combine and side input with its size).
 """
 
 from __future__ import annotations
@@ -63,20 +68,56 @@ class LengthHistograms(beam.PTransform):
         return batches | "Histograms" >> beam.CombineGlobally(_HistogramsFn()).without_defaults()
 
 
+class _SumFn(beam.CombineFn):
+    """Parts -> their sum: `add(acc, part)` adds a part into an accumulator (`empty()`, of the parts' shape)
+    in place and returns it, never changing the part; accumulators merge into the first the same way."""
+
+    def __init__(self, empty, add):
+        self.empty, self.add = empty, add
+
+    def create_accumulator(self):
+        return self.empty()
+
+    def add_input(self, acc, part):
+        return self.add(acc, part)
+
+    def merge_accumulators(self, accs):
+        accs = iter(accs)
+        out = next(accs, None)
+        out = self.empty() if out is None else out
+        for acc in accs:
+            out = self.add(out, acc)
+        return out
+
+    def extract_output(self, acc):
+        return acc
+
+
 class QualityHistograms(beam.PTransform):
-    """Batches of measured clips -> one Counter (`quality_stats.measure_histograms`, summed): every
-    quality measure's exact histogram per corpus, speaker and language, before the filter."""
+    """Batches of measured clips -> one summary (`quality_stats.empty_summary`) for stats.json: every quality
+    measure's exact histogram per group (the corpus, each speaker, each language, each speaker in a
+    language) summed per group (`CombinePerKey`), each group reduced where it is summed to what stats.json
+    keeps of it (`quality_stats.group_summary`; its side input: the languages' rate histograms), and the
+    reductions summed."""
 
     def __init__(self, cfg: PreprocessConfig):
         super().__init__()
         self.bins = quality.measure_bins(cfg.audio.sample_rate, cfg.mel.n_fft, cfg.quality.dnsmos)
+        self.rules = cfg.quality_rules
 
-    def expand(self, batches):  # the read always emits a batch: no default needed
+    def expand(self, batches):
         bins = self.bins
-        return (
+        groups = (
             batches
-            | "MeasureHists" >> beam.Map(lambda b: quality_stats.measure_histograms(b["clips"], bins))
-            | "SumMeasures" >> beam.CombineGlobally(merge_histograms).without_defaults()
+            | "GroupHists" >> beam.FlatMap(lambda b: quality_stats.group_histograms(b["clips"], bins).items())
+            | "SumPerGroup" >> beam.CombinePerKey(_SumFn(dict, quality_stats.add_group))
+        )
+        rates = groups | "LanguageRates" >> beam.FlatMap(quality_stats.language_rate)
+        return (  # every batch gives the corpus's group: never empty, no default needed
+            groups
+            | "Summaries" >> beam.Map(quality_stats.group_summary, bins, self.rules, beam.pvalue.AsDict(rates))
+            | "SumSummaries"
+            >> beam.CombineGlobally(_SumFn(quality_stats.empty_summary, quality_stats.add_summary)).without_defaults()
         )
 
 
@@ -112,35 +153,26 @@ class MelStatistics(beam.PTransform):
         return moments | "Moments" >> beam.CombineGlobally(_MomentsFn(self.n_mels)).without_defaults()
 
 
-class _TablesFn(beam.CombineFn):
-    """Batches of clips -> `tables.finish_tables`: speakers, languages, vocabulary, validation split."""
-
-    def __init__(self, cfg: PreprocessConfig):
-        self.cfg = cfg
-
-    def create_accumulator(self):
-        return tables.empty()
-
-    def add_input(self, acc, batch):
-        return tables.merge([acc, tables.summarize_clips(batch["clips"], self.cfg.split.salt, self.cfg.text_unit)])
-
-    def merge_accumulators(self, accs):
-        return tables.merge(accs)
-
-    def extract_output(self, acc):
-        return tables.finish_tables(acc, self.cfg)
-
-
 class CorpusTables(beam.PTransform):
     """Batches of clips -> one dict (`melshards.preprocess.tables`): the speaker and language tables,
-    the corpus's vocabulary, each speaker's validation clips, per-language length histograms."""
+    the corpus's vocabulary, each speaker's validation clips, per-language length histograms. Each
+    speaker's part is summed where its key lands and reduced there to its row (`tables.finish_part`)."""
 
     def __init__(self, cfg: PreprocessConfig):
         super().__init__()
         self.cfg = cfg
 
-    def expand(self, batches):  # the read always emits a batch: no default needed
-        return batches | "Tables" >> beam.CombineGlobally(_TablesFn(self.cfg)).without_defaults()
+    def expand(self, batches):
+        cfg = self.cfg
+        return (  # every batch gives the corpus's part: never empty, no default needed
+            batches
+            | "Parts"
+            >> beam.FlatMap(lambda b: tables.summarize_clips(b["clips"], cfg.split.salt, cfg.text_unit).items())
+            | "SumPerKey" >> beam.CombinePerKey(_SumFn(dict, tables.add_part))
+            | "Rows" >> beam.Map(tables.finish_part, cfg)
+            | "AllRows" >> beam.CombineGlobally(_SumFn(dict, tables.add_rows)).without_defaults()
+            | "Tables" >> beam.Map(tables.finish_tables, cfg)
+        )
 
 
 def cutoffs_from(hists: dict, corpus_tables: dict, cfg: PreprocessConfig) -> Cutoffs | None:
@@ -160,27 +192,49 @@ def cutoffs_from(hists: dict, corpus_tables: dict, cfg: PreprocessConfig) -> Cut
     )
 
 
-def _gate(rate_hists, cfg: PreprocessConfig) -> quality_rules.QualityGate:
-    rules = cfg.quality_rules
-    return quality_rules.QualityGate(
-        rules, cfg.audio.sample_rate, quality_rules.rate_bounds(rate_hists, rules), cfg.text_unit
-    )
+def _no_bounds() -> dict:
+    return {quality_rules.SPEAKER: {}, quality_rules.LANGUAGE: {}}
+
+
+def _group_bounds(item, rules) -> list[dict]:
+    """A group's summed rate histogram -> [its share of the bounds (`_no_bounds`' shape)], [] without bounds."""
+    (scope, name), hist = item
+    found = quality_rules.group_bounds(hist, rules)
+    return [] if found is None else [{scope: {name: found}}]
+
+
+def _add_bounds(acc: dict, part: dict) -> dict:
+    for scope, found in part.items():
+        acc[scope].update(found)
+    return acc
+
+
+def _add_counter(acc: Counter, part) -> Counter:
+    acc.update(part)
+    return acc
+
+
+def _gate(bounds: dict, cfg: PreprocessConfig) -> quality_rules.QualityGate:
+    return quality_rules.QualityGate(cfg.quality_rules, cfg.audio.sample_rate, bounds, cfg.text_unit)
 
 
 class QualityGate(beam.PTransform):
-    """Batches of measured clips -> one `quality_rules.QualityGate`: the speaking-rate bounds per
-    speaker in a language and per language, from exact rate histograms (its size grows with the
-    speakers, not the clips)."""
+    """Batches of measured clips -> one `quality_rules.QualityGate`: the speaking-rate bounds per speaker in
+    a language and per language (`quality_rules.rate_bounds`' form), each group's from its exact rate
+    histogram summed where its key lands (`CombinePerKey`); the gate holds two numbers a group."""
 
     def __init__(self, cfg: PreprocessConfig):
         super().__init__()
         self.cfg = cfg
 
     def expand(self, batches):
+        rules = self.cfg.quality_rules
         return (
             batches
-            | "RateHists" >> beam.Map(lambda b: quality_rules.rate_histograms(b["clips"]))
-            | "SumRates" >> beam.CombineGlobally(merge_histograms)
+            | "RateHists" >> beam.FlatMap(lambda b: quality_rules.rate_histograms(b["clips"]).items())
+            | "SumPerGroup" >> beam.CombinePerKey(_SumFn(Counter, _add_counter))
+            | "Bounds" >> beam.FlatMap(_group_bounds, rules)
+            | "AllBounds" >> beam.CombineGlobally(_SumFn(_no_bounds, _add_bounds))  # none rated: still a gate
             | "Gate" >> beam.Map(_gate, self.cfg)
         )
 

@@ -80,9 +80,8 @@ def build_pipeline(
     if cfg.reference.source == "other_clip":
         pad_value = mel_params(cfg.mel).pad_value
         to_write = to_write | "References" >> AttachReferences(cutoffs, corpus_tables, gate, cfg, pad_value)
-    written = to_write | "FilterAndWrite" >> FilterAndWrite(
-        cutoffs, chosen, corpus_tables, gate, out_dir, cfg, cache_used if cfg.extractors else None
-    )
+    ran = cache_used | "Extractors" >> beam.Map(lambda u: u["extractors"]) if cfg.extractors else None
+    written = to_write | "FilterAndWrite" >> FilterAndWrite(cutoffs, chosen, corpus_tables, gate, out_dir, cfg, ran)
     moments = written[MOMENTS] | "MelStats" >> MelStatistics(cfg.mel.n_mels)
     shards = written["parts"] | "Shards" >> AssembleShards(out_dir, cfg.write.target_shard_mb)
     rejected = (read[REJECTED], measured[REJECTED], written[REJECTED]) | "AllRejected" >> beam.Flatten()

@@ -70,18 +70,21 @@ def rate_key(rate: float) -> int:
     return int(round(rate * RATE_SCALE))
 
 
-def rate_histograms(clips: Iterable[dict]) -> Counter:
-    """Measured clips -> the speaking-rate histogram of each group the rule judges by: keys
-    (SPEAKER, (speaker, language), rate_key) and (LANGUAGE, language, rate_key); clips without a rate
-    (NaN) are left out."""
-    out: Counter[tuple] = Counter()
+def rate_histograms(clips: Iterable[dict]) -> dict[tuple, Counter]:
+    """Measured clips -> the speaking-rate histogram {rate_key: clips} of each group the rule judges by:
+    (SPEAKER, (speaker, language)) and (LANGUAGE, language); clips without a rate (NaN) are left out, and
+    a group without a rated clip is not there. Histograms of parts of a corpus sum to the corpus's."""
+    out: dict[tuple, Counter] = {}
     for c in clips:
         rate = c.get("quality", {}).get("speaking_rate", math.nan)
         if math.isnan(rate):
             continue
         k = rate_key(rate)
-        out[(SPEAKER, (c["speaker"], c["language"]), k)] += 1
-        out[(LANGUAGE, c["language"], k)] += 1
+        for group in ((SPEAKER, (c["speaker"], c["language"])), (LANGUAGE, c["language"])):
+            hist = out.get(group)
+            if hist is None:
+                hist = out[group] = Counter()
+            hist[k] += 1
     return out
 
 
@@ -93,34 +96,33 @@ def iqr_bounds(hist: Mapping[int, int], k: float) -> tuple[float, float]:
     return (q1 - k * iqr, q3 + k * iqr)
 
 
-def _groups(hists: Mapping[tuple, int]) -> dict[tuple, Counter]:
-    groups: dict[tuple, Counter] = {}
-    for (scope, name, k), n in hists.items():
-        groups.setdefault((scope, name), Counter())[k] += n
-    return groups
+def group_bounds(hist: Mapping[int, int], rules: QualityRulesConfig) -> tuple[float, float] | None:
+    """One group's speaking-rate bounds (`iqr_bounds` at `rules.rate_iqr_k`) from its rate histogram, or
+    None: fewer than `rules.rate_min_clips` rated clips, or the rule is off (`rate_iqr_k` None)."""
+    if rules.rate_iqr_k is None or sum(hist.values()) < rules.rate_min_clips:
+        return None
+    return iqr_bounds(hist, rules.rate_iqr_k)
 
 
-def rate_bounds(hists: Mapping[tuple, int], rules: QualityRulesConfig) -> dict:
-    """The speaking-rate bounds of every group (`rate_histograms`) with at least `rules.rate_min_clips`
-    rated clips: {SPEAKER: {(speaker, language): (low, high)}, LANGUAGE: {code: (low, high)}}; none
-    when `rules.rate_iqr_k` is None."""
+def rate_bounds(hists: Mapping[tuple, Mapping[int, int]], rules: QualityRulesConfig) -> dict:
+    """The speaking-rate bounds of every group of `hists` (`rate_histograms`' form) that has them
+    (`group_bounds`): {SPEAKER: {(speaker, language): (low, high)}, LANGUAGE: {code: (low, high)}}."""
     out: dict[str, dict] = {SPEAKER: {}, LANGUAGE: {}}
-    if rules.rate_iqr_k is None:  # the rule is off
-        return out
-    for (scope, name), hist in sorted(_groups(hists).items()):
-        if sum(hist.values()) >= rules.rate_min_clips:
-            out[scope][name] = iqr_bounds(hist, rules.rate_iqr_k)
+    for (scope, name), hist in sorted(hists.items()):
+        found = group_bounds(hist, rules)
+        if found is not None:
+            out[scope][name] = found
     return out
 
 
-def unjudged_languages(hists: Mapping[tuple, int], rules: QualityRulesConfig) -> dict[str, int]:
-    """The languages with rated clips but fewer than `rules.rate_min_clips`, each with its rated clips:
-    no clip of theirs is judged by the rate bounds (a speaker's clips in a language are never more than
-    the language's), only by the ceiling. None when the rule is off."""
+def unjudged_languages(hists: Mapping[tuple, Mapping[int, int]], rules: QualityRulesConfig) -> dict[str, int]:
+    """The languages with rated clips but fewer than `rules.rate_min_clips` (in `rate_histograms`' form),
+    each with its rated clips: no clip of theirs is judged by the rate bounds (a speaker's clips in a
+    language are never more than the language's), only by the ceiling. None when the rule is off."""
     if rules.rate_iqr_k is None:
         return {}
-    rated = {name: sum(h.values()) for (scope, name), h in _groups(hists).items() if scope == LANGUAGE}
-    return {code: n for code, n in sorted(rated.items()) if n < rules.rate_min_clips}
+    rated = {name: sum(h.values()) for (scope, name), h in hists.items() if scope == LANGUAGE}
+    return {code: n for code, n in sorted(rated.items()) if 0 < n < rules.rate_min_clips}
 
 
 def bounds_for(bounds: Mapping, speaker: str, language: str) -> tuple[tuple[float, float], str] | None:

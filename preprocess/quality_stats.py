@@ -1,15 +1,19 @@
 """Exact statistics of the quality measures (`melshards.preprocess.quality`) over the clips measured, before
-the filter, for stats.json (docs/stats.md, Quality): pure functions on plain values; a CombineFn sums
-`measure_histograms` over the batches (`global_stats.QualityHistograms`), the report calls the rest.
+the filter, for stats.json (docs/stats.md, Quality): pure functions on plain values, each step of which
+`global_stats.QualityHistograms` runs as a Beam transform.
 
 - **Exact.** Each measure is counted on its declared grid (`quality.measure_bins`, keys per unit and a
   side, `shards_schema.stats.measure_key`): a value->count histogram of integer keys, as the lengths
   are, so its percentiles are exact on the grid and it merges by summing, in any order. The grid's
   side follows the measure's rule, so a bound on the grid keeps and drops exactly what the rule does.
-- **Bounded.** The corpus and each language keep the whole histogram (its size is the distinct keys);
-  a speaker keeps its percentiles at `SPEAKER_PERCENTILES`, a fixed size however many clips it has,
-  and the speaking-rate rule's outliers at the k values of `RATE_WHAT_IF_K` (the rule reads a speaker's
-  histogram per language, and its language's, which no speaker row holds).
+- **Per group, then a summary.** A batch gives one histogram per measure for each group of its clips
+  (`group_histograms`: the corpus, each speaker, each language, and each speaker in a language for the
+  speaking rate), summed per group (`add_group`) where that group's key lands. Each group is then
+  reduced to what stats.json keeps of it (`group_summary`): the corpus and a language keep the whole
+  histogram (its size is the distinct keys, at most the grid's); a speaker keeps its percentiles at
+  `SPEAKER_PERCENTILES`, and each speaker in a language the speaking-rate rule's outliers at the k values
+  of `RATE_WHAT_IF_K` (the rule reads its language's histogram too, `language_rates`). The summaries
+  (`add_summary`) are what one worker holds: a fixed size per speaker, however many clips it has.
 - A NaN (the measure does not apply: `cer` without an `asr_text`) is counted as not measured.
 """
 
@@ -31,37 +35,36 @@ SPEAKER_LANGUAGE = "speaker_language"  # the rate rule judges a speaker per lang
 RATE = "speaking_rate"
 
 
-def measure_histograms(clips: Iterable[dict], bins: Mapping[str, tuple[float, str]]) -> Counter:
-    """Measured clips -> {(scope, name, measure, key): clips} for the corpus (scope "corpus", name ""),
-    each speaker and each language, key None for a NaN or a measure of `bins` the clip does not hold;
-    and the speaking rate per (speaker, language) (scope SPEAKER_LANGUAGE, name the pair). So every clip
-    counts once in every measure of `bins` (`quality.measure_bins`: those the run computes)."""
-    out: Counter[tuple] = Counter()
+def group_histograms(clips: Iterable[dict], bins: Mapping[str, tuple[float, str]]) -> dict[tuple, dict[str, Counter]]:
+    """Measured clips -> {(scope, name): {measure: Counter {key (None: NaN or not held): clips}}} for the
+    corpus (scope CORPUS, name "", always there, empty without clips), each speaker and each language;
+    and the speaking rate per speaker in a language (scope SPEAKER_LANGUAGE, name (speaker, language)).
+    So every clip counts once in every measure of `bins` (`quality.measure_bins`: those the run computes)."""
+    out: dict[tuple, dict[str, Counter]] = {(CORPUS, ""): {}}
     for c in clips:
         q = c.get("quality", {})
         groups = ((CORPUS, ""), ("speaker", c["speaker"]), ("language", c["language"]))
+        with_pair = (*groups, (SPEAKER_LANGUAGE, (c["speaker"], c["language"])))
         for m, (scale, side) in bins.items():
             v = q.get(m, math.nan)
             key = None if math.isnan(v) else measure_key(v, scale, side)
-            for scope, name in groups:
-                out[(scope, name, m, key)] += 1
-            if m == RATE:
-                out[(SPEAKER_LANGUAGE, (c["speaker"], c["language"]), m, key)] += 1
+            for g in with_pair if m == RATE else groups:
+                group = out.setdefault(g, {})
+                hist = group.get(m)
+                if hist is None:
+                    hist = group[m] = Counter()
+                hist[key] += 1
     return out
 
 
-def grouped(hists: Mapping[tuple, int]) -> dict[tuple, dict[str, Counter]]:
-    """`measure_histograms` -> {(scope, name): {measure: Counter {key (None: NaN): clips}}}."""
-    out: dict[tuple, dict[str, Counter]] = {}
-    for (scope, name, m, key), n in hists.items():
-        group = out.get((scope, name))
-        if group is None:
-            group = out[(scope, name)] = {}
-        hist = group.get(m)
-        if hist is None:
-            hist = group[m] = Counter()
-        hist[key] += n
-    return out
+def add_group(acc: dict[str, Counter], part: Mapping[str, Mapping]) -> dict[str, Counter]:
+    """One group's histograms (`group_histograms`' values) added into `acc`, in place; returns `acc`."""
+    for m, hist in part.items():
+        mine = acc.get(m)
+        if mine is None:
+            mine = acc[m] = Counter()
+        mine.update(hist)
+    return acc
 
 
 def figures(counts: Mapping, scale: float, histogram: bool, qs: tuple = ()) -> dict:
@@ -80,63 +83,22 @@ def group_figures(group: Mapping[str, Mapping], bins: Mapping, histogram: bool, 
     return {m: figures(group[m], bins[m][0], histogram, qs) for m in bins if m in group}
 
 
-RATE_SCOPES = {SPEAKER_LANGUAGE: quality_rules.SPEAKER, "language": quality_rules.LANGUAGE}
+def rated(group: Mapping[str, Mapping]) -> Counter:
+    """A group's speaking-rate histogram without its NaN (the clips the rate rule can judge)."""
+    return Counter({k: n for k, n in group.get(RATE, {}).items() if k is not None})
 
 
-def rate_histograms(groups: Mapping[tuple, Mapping]) -> Counter:
-    """The groups' speaking-rate histograms as `quality_rules.rate_bounds` reads them (`quality_rules
-    .rate_histograms`' keys): a speaker in a language, and a language."""
-    return Counter(
-        {
-            (RATE_SCOPES[scope], name, key): c
-            for (scope, name), g in groups.items()
-            if RATE in g and scope in RATE_SCOPES
-            for key, c in g[RATE].items()
-            if key is not None
-        }
-    )
+def language_rate(item: tuple[tuple, Mapping]) -> list[tuple[str, Counter]]:
+    """A summed group (`add_group`) -> [(language, its rated clips' rate histogram)] for a language group
+    with rated clips, else []: what `group_summary` judges a speaker by when it has too few of its own."""
+    (scope, name), group = item
+    hist = rated(group) if scope == "language" else Counter()
+    return [(name, hist)] if hist else []
 
 
-def rate_unjudged(groups: Mapping[tuple, Mapping], rules, frontend_for) -> list[dict]:
-    """stats.json `quality.rate_unjudged`: each language whose clips the speaking-rate bounds do not
-    judge (fewer than `rules.rate_min_clips` rated clips, `quality_rules.unjudged_languages`): its code,
-    its text front end (`frontend_for(code)`), its rated clips and the speakers with rated clips in it."""
-    unjudged = quality_rules.unjudged_languages(rate_histograms(groups), rules)
-    speakers: dict[str, set] = {}
-    for (scope, pair), g in groups.items():
-        if scope == SPEAKER_LANGUAGE and any(k is not None for k in g.get(RATE, {})):
-            speakers.setdefault(pair[1], set()).add(pair[0])
-    return [
-        {"language": code, "frontend": frontend_for(code), "rated": n, "speakers": sorted(speakers.get(code, ()))}
-        for code, n in unjudged.items()
-    ]
-
-
-def rate_outliers(groups: Mapping[tuple, Mapping], rules, k: float, rates: Counter | None = None) -> dict:
-    """Each speaker's clips outside its speaking-rate bounds at `k` (the rule of `quality_rules`: its own
-    in its clip's language, else that language's, with `rules.rate_min_clips`; a clip of an unjudged
-    language counts as inside), as (least, most): exact but for clips within half a key (0.005 symbols/s)
-    of a bound, which `most` counts. The rule's ceiling (`quality_rules.RATE_CEILINGS`) is not counted.
-    `rates`: `rate_histograms(groups)`, computed once for several k."""
-    rates = rate_histograms(groups) if rates is None else rates
-    bounds = quality_rules.rate_bounds(rates, dataclasses.replace(rules, rate_iqr_k=float(k)))
-    scale, side = quality.GRIDS[RATE]
-    out: dict[str, tuple[int, int]] = {}
-    for (scope, pair), g in groups.items():
-        if scope != SPEAKER_LANGUAGE or RATE not in g:
-            continue
-        hist = g[RATE]
-        speaker, language = pair
-        least, most = out.get(speaker, (0, 0))
-        found = quality_rules.bounds_for(bounds, speaker, language)
-        if found is not None:
-            (low, high), _ = found
-            rated = {key: c for key, c in hist.items() if key is not None}
-            below, above = count_beyond(rated, scale, side, low, False), count_beyond(rated, scale, side, high, True)
-            least += below[0] + above[0]
-            most += min(sum(rated.values()), below[1] + above[1])
-        out[speaker] = (least, most)
-    return out
+def language_rates(groups: Mapping[tuple, Mapping]) -> dict[str, Counter]:
+    """`language_rate` of every group."""
+    return dict(x for item in groups.items() for x in language_rate(item))
 
 
 def rate_ks(rules) -> tuple[float, ...]:
@@ -144,13 +106,107 @@ def rate_ks(rules) -> tuple[float, ...]:
     return tuple(sorted(set(RATE_WHAT_IF_K) | ({float(rules.rate_iqr_k)} if rules.rate_iqr_k is not None else set())))
 
 
+def pair_outliers(hist: Mapping[int, int], language: Mapping[int, int], rules) -> dict[float, tuple[int, int]]:
+    """A speaker's rated clips in a language (`hist`) outside the speaking-rate bounds at each k of `rate_ks`
+    -> {k: (least, most)}: the rule of `quality_rules` (its own bounds, else its language's, `language`,
+    with `rules.rate_min_clips`; none: no outlier), exact but for clips within half a key (0.005
+    symbols/s) of a bound, which `most` counts. The rule's ceiling (`quality_rules.RATE_CEILINGS`) is not
+    counted."""
+    scale, side = quality.GRIDS[RATE]
+    out = {}
+    for k in rate_ks(rules):
+        at_k = dataclasses.replace(rules, rate_iqr_k=float(k))
+        bounds = quality_rules.group_bounds(hist, at_k)
+        if bounds is None:
+            bounds = quality_rules.group_bounds(language, at_k)
+        if bounds is None:
+            out[k] = (0, 0)
+            continue
+        below, above = (
+            count_beyond(hist, scale, side, bounds[0], False),
+            count_beyond(hist, scale, side, bounds[1], True),
+        )
+        out[k] = (below[0] + above[0], min(sum(hist.values()), below[1] + above[1]))
+    return out
+
+
+def empty_summary() -> dict:
+    """What stats.json keeps of the groups (`group_summary`, summed by `add_summary`): `groups` {(scope,
+    name): histograms} of the corpus and the languages; `speakers` {name: figures at SPEAKER_PERCENTILES};
+    `outliers` {speaker: {k: (least, most)}} over its languages; `rated` {language: the speakers with a
+    rated clip in it}."""
+    return {"groups": {}, "speakers": {}, "outliers": {}, "rated": {}}
+
+
+def group_summary(item: tuple[tuple, Mapping], bins: Mapping, rules, rates: Mapping[str, Mapping]) -> dict:
+    """One summed group (`add_group`) -> its share of the summary (`empty_summary`); `bins`: the run's
+    (`quality.measure_bins`), `rates`: `language_rates` of the run."""
+    (scope, name), group = item
+    out = empty_summary()
+    if scope in (CORPUS, "language"):
+        out["groups"][(scope, name)] = group
+    elif scope == "speaker":
+        out["speakers"][name] = group_figures(group, bins, histogram=False, qs=SPEAKER_PERCENTILES)
+    elif scope == SPEAKER_LANGUAGE:
+        speaker, language = name
+        hist = rated(group)
+        out["outliers"][speaker] = pair_outliers(hist, rates.get(language, {}), rules)
+        if hist:
+            out["rated"][language] = {speaker}
+    return out
+
+
+def add_summary(acc: dict, part: dict) -> dict:
+    """A share of the summary (`group_summary`) added into `acc`, in place; returns `acc`."""
+    for key, group in part["groups"].items():
+        add_group(acc["groups"].setdefault(key, {}), group)
+    acc["speakers"].update(part["speakers"])
+    for speaker, per_k in part["outliers"].items():
+        mine = acc["outliers"].setdefault(speaker, {})
+        for k, (least, most) in per_k.items():
+            had = mine.get(k, (0, 0))
+            mine[k] = (had[0] + least, had[1] + most)
+    for language, speakers in part["rated"].items():
+        acc["rated"].setdefault(language, set()).update(speakers)
+    return acc
+
+
+def summary_of(groups: Mapping[tuple, Mapping], cfg: PreprocessConfig) -> dict:
+    """The summed groups of a run -> its summary: `group_summary` of each, added (what the job does
+    across its workers)."""
+    bins = quality.measure_bins(cfg.audio.sample_rate, cfg.mel.n_fft, cfg.quality.dnsmos)
+    rates = language_rates(groups)
+    acc = empty_summary()
+    for item in groups.items():
+        add_summary(acc, group_summary(item, bins, cfg.quality_rules, rates))
+    return acc
+
+
+def rate_unjudged(summary: dict, rules, frontend_for) -> list[dict]:
+    """stats.json `quality.rate_unjudged`: each language whose clips the speaking-rate bounds do not
+    judge (fewer than `rules.rate_min_clips` rated clips, `quality_rules.unjudged_languages`): its code,
+    its text front end (`frontend_for(code)`), its rated clips and the speakers with rated clips in it."""
+    rates = {(quality_rules.LANGUAGE, code): h for code, h in language_rates(summary["groups"]).items()}
+    unjudged = quality_rules.unjudged_languages(rates, rules)
+    return [
+        {
+            "language": code,
+            "frontend": frontend_for(code),
+            "rated": n,
+            "speakers": sorted(summary["rated"].get(code, ())),
+        }
+        for code, n in unjudged.items()
+    ]
+
+
 @dataclasses.dataclass(frozen=True)
 class QualityFigures:
-    """The summed `measure_histograms` of a run, grouped, with the grids of the measures it holds and
+    """A run's quality summary (`summary_of`, or the job's), with the grids of the measures it holds and
     the speaking-rate rule's outliers per speaker at each k of `rate_ks`: what stats.json's `quality`
     and the speaker and language rows' `quality` are made from."""
 
-    groups: dict[tuple, dict[str, Counter]]
+    groups: dict[tuple, dict[str, Counter]]  # the corpus's and the languages'
+    speakers: dict[str, dict]
     bins: dict[str, tuple[float, str]]
     per_k: dict[float, dict[str, tuple[int, int]]]
     rules: quality_rules.QualityRulesConfig
@@ -158,16 +214,17 @@ class QualityFigures:
     unjudged: list[dict] = dataclasses.field(default_factory=list)
 
     @classmethod
-    def of(cls, hists: Mapping[tuple, int], cfg: PreprocessConfig) -> QualityFigures:
-        groups = grouped(hists)
-        present = {m for g in groups.values() for m in g}
+    def of(cls, summary: dict, cfg: PreprocessConfig) -> QualityFigures:
+        present = set(summary["groups"].get((CORPUS, ""), {}))  # every clip counts in every measure there
         run_bins = quality.measure_bins(cfg.audio.sample_rate, cfg.mel.n_fft, cfg.quality.dnsmos)
         bins = {m: b for m, b in run_bins.items() if m in present}
         rules = cfg.quality_rules
-        rates = rate_histograms(groups)
-        per_k = {k: rate_outliers(groups, rules, k, rates) for k in rate_ks(rules)} if RATE in present else {}
-        unjudged = rate_unjudged(groups, rules, cfg.frontend_for) if RATE in present else []
-        return cls(groups, bins, per_k, rules, cfg.audio.sample_rate, unjudged)
+        per_k: dict[float, dict[str, tuple[int, int]]] = {}
+        unjudged: list[dict] = []
+        if RATE in present:
+            per_k = {k: {s: out[k] for s, out in summary["outliers"].items()} for k in rate_ks(rules)}
+            unjudged = rate_unjudged(summary, rules, cfg.frontend_for)
+        return cls(summary["groups"], summary["speakers"], bins, per_k, rules, cfg.audio.sample_rate, unjudged)
 
     def section(self) -> dict:
         """stats.json `quality`: each measure's grid and unit, the rules as the run used them, the
@@ -189,9 +246,8 @@ class QualityFigures:
 
     def speaker(self, name: str) -> dict:
         """A speaker row's `quality` (percentiles at SPEAKER_PERCENTILES, no histogram) and `rate_outliers`."""
-        group = self.groups.get(("speaker", name), {})
         return {
-            "quality": group_figures(group, self.bins, histogram=False, qs=SPEAKER_PERCENTILES),
+            "quality": self.speakers.get(name, {}),
             "rate_outliers": [
                 {"k": k, "least": out.get(name, (0, 0))[0], "most": out.get(name, (0, 0))[1]}
                 for k, out in self.per_k.items()

@@ -502,7 +502,7 @@ class _WriteReportFn(beam.DoFn):
         inputs,
         feature_groups,
         cache_use,
-        quality_hists,
+        quality_summary,
     ):
         buckets, text = plan["buckets"], plan["text"]
         written = written[0] if written else {}  # none when no batch was written
@@ -524,7 +524,7 @@ class _WriteReportFn(beam.DoFn):
             written,
             inputs,
             features,
-            QualityFigures.of(quality_hists, self.cfg),
+            QualityFigures.of(quality_summary, self.cfg),
         )
         if self.cache_dir:  # what the feature cache gave, and the files this run used (for `cache prune`)
             use = cache_use[0] if cache_use else {"counts": {}, "files": set()}
@@ -582,6 +582,6 @@ class WriteReport(beam.PTransform):
                 inputs=S.AsSingleton(inputs["inputs"]),
                 feature_groups=S.AsList(inputs["feature_stats"]),
                 cache_use=S.AsList(inputs["cache"]),
-                quality_hists=S.AsSingleton(inputs["quality"]),
+                quality_summary=S.AsSingleton(inputs["quality"]),
             )
         )

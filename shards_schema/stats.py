@@ -12,6 +12,7 @@ import bisect
 import dataclasses
 import itertools
 import math
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
@@ -64,7 +65,8 @@ REJECT_REASONS = (
 
 
 def pkey(q: float) -> str:
-    return f"p{q:g}"
+    """A percentile's key in stats.json ("p99.9"), interned: every speaker's figures share its one string."""
+    return sys.intern(f"p{q:g}")
 
 
 def percentile(hist: Mapping[int, int], q: float) -> int:

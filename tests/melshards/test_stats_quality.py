@@ -10,11 +10,10 @@ import re
 
 import pytest
 
-from melshards.preprocess.quality_stats import QualityFigures, measure_histograms
 from melshards.preprocess.report import mostly_dropped
 from melshards.shards_schema.stats_model import stats_problem
 from tests.melshards.test_stats_by import run_stats, two_speaker_stats
-from tests.preprocess.test_quality_stats import BINS, CFG, CLIPS
+from tests.preprocess.test_quality_stats import CLIPS, figures_of
 
 PER_REASON = {"anna": {"mel_frames_above_cutoff": 1}, "bert": {}, "cleo": {"speaker_too_few_clips": 2}}
 
@@ -22,7 +21,7 @@ PER_REASON = {"anna": {"mel_frames_above_cutoff": 1}, "bert": {}, "cleo": {"spea
 def quality_stats() -> dict:
     """two_speaker_stats with the quality figures of CLIPS (anna 7, bert 4, cleo 2: its speakers' measured)."""
     stats = two_speaker_stats()
-    q = QualityFigures.of(measure_histograms(CLIPS, BINS), CFG)
+    q = figures_of(CLIPS)
     stats["quality"] = q.section()
     for row in stats["speakers"]:
         row.update(q.speaker(row["name"]), per_reason=dict(PER_REASON[row["name"]]))

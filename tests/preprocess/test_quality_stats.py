@@ -1,16 +1,33 @@
 """The quality measures' statistics for stats.json (`melshards.preprocess.quality_stats`): exact histograms per
-corpus, speaker and language, and the speaking-rate rule's outliers at other k, on a few synthetic clips."""
+corpus, speaker and language, and the speaking-rate rule's outliers at other k, on a few synthetic clips; summed
+per group and reduced to a fixed size per speaker, they give the figures the whole run's flat histograms gave
+(`tests.preprocess.quality_stats_before`), in the shipped corpus's stats.json too."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import math
+import pickle
+import random
 
-from melshards.preprocess.config import PreprocessConfig, QualityRulesConfig
+import apache_beam as beam
+import pytest
+from apache_beam.testing.util import assert_that
+
+from melshards.preprocess import quality_rules
+from melshards.preprocess.clips import ClipRejected, featurize, prepare_texts
+from melshards.preprocess.config import PreprocessConfig, QualityRulesConfig, load_config
 from melshards.preprocess.filter_and_write import dropped_counts
+from melshards.preprocess.global_stats import QualityGate, QualityHistograms
 from melshards.preprocess.quality import measure_bins
 from melshards.preprocess.quality_rules import rate_key
-from melshards.preprocess.quality_stats import QualityFigures, measure_histograms
+from melshards.preprocess.quality_stats import QualityFigures, add_group, group_histograms, summary_of
+from melshards.preprocess.sources import detect_corpus, read_input
+from tests.conftest import TINY_CONFIG
+from tests.preprocess import quality_stats_before as before
+from tests.preprocess.conftest import beam_pipeline
 
 NAN = math.nan
 
@@ -30,18 +47,25 @@ CFG = PreprocessConfig(quality_rules=dataclasses.replace(QualityRulesConfig(), r
 BINS = {m: b for m, b in measure_bins(22050, 1024).items() if m in ("speaking_rate", "snr_db", "cer")}
 
 
-def test_measure_histograms_count_each_clip_on_its_grid_per_corpus_speaker_and_language():
-    h = measure_histograms(CLIPS, BINS)
-    assert h[("corpus", "", "snr_db", 149)] == 1  # bert's 14.95 dB: floor key of 0.1 dB
-    assert h[("speaker", "cleo", "snr_db", None)] == 1  # NaN: not measured
-    assert h[("language", "en-GB", "cer", 250)] == 4
-    assert h[("speaker", "anna", "cer", None)] == 7
-    assert h[("speaker", "anna", "speaking_rate", rate_key(30))] == 1  # the rate rule's own key
-    assert sum(n for (scope, _, m, _), n in h.items() if scope == "corpus" and m == "snr_db") == len(CLIPS)
+def figures_of(clips, cfg=CFG) -> QualityFigures:
+    """The quality figures of `clips` by the job's steps (`summary_of` what the workers sum per group)."""
+    return QualityFigures.of(summary_of(group_histograms(clips, BINS), cfg), cfg)
+
+
+def test_group_histograms_count_each_clip_on_its_grid_per_corpus_speaker_and_language():
+    h = group_histograms(CLIPS, BINS)
+    assert h[("corpus", "")]["snr_db"][149] == 1  # bert's 14.95 dB: floor key of 0.1 dB
+    assert h[("speaker", "cleo")]["snr_db"][None] == 1  # NaN: not measured
+    assert h[("language", "en-GB")]["cer"][250] == 4
+    assert h[("speaker", "anna")]["cer"][None] == 7
+    assert h[("speaker", "anna")]["speaking_rate"][rate_key(30)] == 1  # the rate rule's own key
+    assert h[("speaker_language", ("anna", "en-US"))] == {"speaking_rate": h[("speaker", "anna")]["speaking_rate"]}
+    assert sum(h[("corpus", "")]["snr_db"].values()) == len(CLIPS)
+    assert group_histograms([], BINS) == {("corpus", ""): {}}  # a batch of no clips: the corpus's group, empty
 
 
 def test_figures_hold_exact_histograms_and_percentiles_in_the_measures_units():
-    q = QualityFigures.of(measure_histograms(CLIPS, BINS), CFG)
+    q = figures_of(CLIPS)
     section = q.section()
     snr = section["global"]["snr_db"]
     assert (snr["count"], snr["not_measured"]) == (12, 1)
@@ -55,7 +79,7 @@ def test_figures_hold_exact_histograms_and_percentiles_in_the_measures_units():
 
 
 def test_rate_outliers_follow_the_rule_per_speaker_with_its_language_fallback():
-    q = QualityFigures.of(measure_histograms(CLIPS, BINS), CFG)
+    q = figures_of(CLIPS)
     # anna: Q1 15, Q3 17 -> k=1: 13..19, k=2: 11..21, so her 30 only; bert: 10..12 -> k=1: 8..14, none;
     # cleo (2 clips < rate_min_clips 3) takes en-US's (anna's and hers): Q1 15, Q3 16.5 -> her 15 and 16 inside
     rows = {r["k"]: (r["least"], r["most"]) for r in q.section()["rate_what_if"]}
@@ -78,9 +102,110 @@ def test_a_language_too_small_for_rate_bounds_is_recorded_unjudged_and_counts_no
     # dai's 2 Mandarin clips at 3 characters/s: fewer than rate_min_clips (3), and never judged by the
     # English speakers' bounds (there are no corpus-wide ones)
     clips = CLIPS + [clip("dai", "cmn", 3.0, 40), clip("dai", "cmn", 3.2, 41)]
-    q = QualityFigures.of(measure_histograms(clips, BINS), CFG)
+    q = figures_of(clips)
     assert q.section()["rate_unjudged"] == [
         {"language": "cmn", "frontend": "characters", "rated": 2, "speakers": ["dai"]}
     ]
     assert [(r["least"], r["most"]) for r in q.speaker("dai")["rate_outliers"]] == [(0, 0)] * 5
-    assert QualityFigures.of(measure_histograms(CLIPS, BINS), CFG).section()["rate_unjudged"] == []
+    assert figures_of(CLIPS).section()["rate_unjudged"] == []
+
+
+def _varied_clips() -> list[dict]:
+    """CLIPS, a Mandarin speaker too small for bounds, a speaker in two languages, one with no rate (NaN), and
+    40 clips of 25 speakers with rates on and off the grid's keys (so the bounds fall near keys)."""
+    rnd = random.Random(7)
+    clips = CLIPS + [clip("dai", "cmn", 3.0, 40), clip("dai", "cmn", 3.2, 41)]
+    clips += [clip("bi", "en-US", 14 + 0.5 * i, 30) for i in range(6)] + [
+        clip("bi", "cmn", 3 + 0.1 * i, 30) for i in range(5)
+    ]
+    clips += [clip("mute", "en-GB", NAN, 20, 0.1), clip("mute", "en-GB", NAN, 21)]
+    clips += [
+        clip(f"v{i % 25}", ("en-US", "en-GB")[i % 2], rnd.choice((12.005, 12.5, 13, 14.255, 30)), rnd.uniform(0, 60))
+        for i in range(40)
+    ]
+    return clips
+
+
+RULE_SETS = [
+    CFG,
+    PreprocessConfig(),  # rate_min_clips 10: most speakers take their language's bounds
+    PreprocessConfig(quality_rules=dataclasses.replace(QualityRulesConfig(), rate_iqr_k=None)),  # the rule off
+    PreprocessConfig(quality_rules=dataclasses.replace(QualityRulesConfig(), rate_iqr_k=1.75, rate_min_clips=2)),
+]
+
+
+def _as_json(q) -> str:
+    """Everything stats.json takes from quality figures `q` (a `QualityFigures`, now or before), as its text."""
+    speakers = sorted({c["speaker"] for c in _varied_clips()} | {"nobody"})
+    languages = sorted({c["language"] for c in _varied_clips()} | {"xx"})
+    rows = {"section": q.section(), "speakers": [q.speaker(s) for s in speakers]}
+    return json.dumps(dict(rows, languages=[q.language(code) for code in languages]), indent=2)
+
+
+@pytest.mark.parametrize("cfg", RULE_SETS, ids=["min3", "defaults", "rule_off", "k1.75"])
+def test_summed_per_group_and_summarised_the_figures_are_those_of_the_runs_flat_histograms(cfg):
+    clips = _varied_clips()
+    parts = [group_histograms(clips[i : i + 7], BINS) for i in range(0, len(clips), 7)]
+    groups: dict = {}
+    for part in reversed(parts):  # any order
+        for key, group in part.items():
+            add_group(groups.setdefault(key, {}), group)
+    now = QualityFigures.of(summary_of(groups, cfg), cfg)
+    then = before.QualityFigures.of(before.measure_histograms(clips, BINS), cfg)
+    assert _as_json(now) == _as_json(then)
+
+
+def test_the_job_sums_each_group_where_its_key_lands_and_one_worker_holds_figures_per_speaker():
+    # 60 speakers of 1 to 30 clips: the element the run's summary is summed into holds each speaker's figures
+    # (a fixed size), the corpus's and each language's histograms, and no histogram of any speaker
+    rnd = random.Random(3)
+    clips = [
+        clip(f"s{i}", ("en-US", "en-GB")[i % 2], rnd.uniform(8, 20), rnd.uniform(5, 60))
+        for i in range(60)
+        for _ in range(1 + i % 30)
+    ]
+    cfg = PreprocessConfig()
+    bins = measure_bins(cfg.audio.sample_rate, cfg.mel.n_fft)
+    then = before.QualityFigures.of(before.measure_histograms(clips, bins), cfg)
+    with beam_pipeline() as p:
+        batches = p | beam.Create([{"clips": clips[i : i + 32]} for i in range(0, len(clips), 32)] + [{"clips": []}])
+        summary = batches | QualityHistograms(cfg)
+        gate = batches | QualityGate(cfg)
+
+        def check(found):
+            ((s,),) = [found]
+            assert _as_json(QualityFigures.of(s, cfg)) == _as_json(then)
+            assert set(s["groups"]) == {("corpus", ""), ("language", "en-US"), ("language", "en-GB")}
+            assert len(s["speakers"]) == 60 and all(
+                "histogram" not in f for x in s["speakers"].values() for f in x.values()
+            )
+            sizes = {len(pickle.dumps(s["speakers"][name])) for name in ("s0", "s29")}  # 1 clip and 30
+            assert max(sizes) - min(sizes) < 16  # digits of the figures, not clips
+
+        def check_gate(found):
+            ((g,),) = [found]
+            assert g.rate == quality_rules.rate_bounds(quality_rules.rate_histograms(clips), cfg.quality_rules)
+
+        assert_that(summary, check, label="summary")
+        assert_that(gate, check_gate, label="gate")
+
+
+def test_the_shipped_corpus_stats_json_quality_figures_are_those_the_flat_histograms_gave(shards_dir, corpus_dir):
+    # the clips measured in this process as the job measures them, their figures by the code before the
+    # per-group sums, against the session run's stats.json: the same text
+    cfg = load_config(str(TINY_CONFIG))
+    rows = read_input(detect_corpus(str(corpus_dir))).rows
+    clips = []
+    for row, text in zip(rows, prepare_texts(rows, cfg)):
+        with contextlib.suppress(ClipRejected):
+            clips.append(featurize(row, cfg, text)[0])
+    bins = measure_bins(cfg.audio.sample_rate, cfg.mel.n_fft, cfg.quality.dnsmos)
+    then = before.QualityFigures.of(before.measure_histograms(clips, bins), cfg)
+    stats = json.loads((shards_dir / "stats.json").read_text())
+    assert json.dumps(stats["quality"], indent=2) == json.dumps(then.section(), indent=2)
+    for row in stats["speakers"]:
+        expected = then.speaker(row["name"])
+        assert json.dumps({k: row[k] for k in expected}, indent=2) == json.dumps(expected, indent=2)
+    for row in stats["languages"]:
+        assert json.dumps(row["quality"], indent=2) == json.dumps(then.language(row["code"])["quality"], indent=2)
+    assert stats["quality"]["global"]["snr_db"]["count"] == len(clips)  # every measured clip

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import pickle
 
 import apache_beam as beam
 import numpy as np
@@ -15,13 +16,13 @@ from melshards.preprocess.config import PadConfig, PreprocessConfig
 from melshards.preprocess.corpus import ReadCorpus, batch_rows, detect_corpus
 from melshards.preprocess.encode import encode_clip
 from melshards.preprocess.filter_and_write import FilterAndWrite
-from melshards.preprocess.global_stats import LengthHistograms, MelStatistics
+from melshards.preprocess.global_stats import CorpusTables, LengthHistograms, MelStatistics
 from melshards.preprocess.measure import MeasureClips
 from melshards.preprocess.rows import LayoutRows, unique_ids
 from melshards.preprocess.shards import AssembleShards, RollingFiles, group_into_shards
 from melshards.preprocess.spill import Spill
 from melshards.preprocess.stash import load_clips, load_features, load_rows, stash_batch, stash_rows
-from melshards.preprocess.tables import finish_tables, split_of, summarize_clips
+from melshards.preprocess.tables import finish_part, finish_tables, split_of, summarize_clips
 from melshards.shards_schema.stats import Cutoffs
 from tests.preprocess.conftest import beam_pipeline
 
@@ -181,7 +182,10 @@ def _clip(clip_id, text_len, mel_frames, duration_ms, speaker="s", language="en"
 
 def _tables(clips, cfg=CFG):
     """The corpus tables of `clips`, as the job computes them (`melshards.preprocess.tables`)."""
-    return finish_tables(summarize_clips(clips, cfg.split.salt), cfg)
+    rows: dict = {}
+    for item in summarize_clips(clips, cfg.split.salt).items():
+        rows.update(finish_part(item, cfg))
+    return finish_tables(rows, cfg)
 
 
 def test_length_histograms_are_exact_counts():
@@ -418,6 +422,30 @@ def test_tables_give_ids_in_name_order_and_the_corpus_vocabulary():
     assert {c: x["id"] for c, x in tables["languages"].items()} == {"de": 0, "zh-CN": 1}
     assert tables["vocabulary"] == [PAD, EOS, "a", "c", "h", "n", "s", "ö", "妈", "马"]
     assert tables["language_lengths"]["de"]["text_len"] == {3: 2}
+
+
+def test_tables_are_summed_per_speaker_and_the_run_wide_sum_holds_a_row_per_speaker_not_its_clips():
+    # a speaker's split hashes (8 bytes a clip) go no further than the worker its key lands on: what the
+    # one worker summing the run's tables holds is a row per speaker, the same size for 1 clip and 300
+    cfg = PreprocessConfig(split=dataclasses.replace(CFG.split, val_fraction=0.1, val_speakers=("mid",)))
+    sizes = {"big": 300, "mid": 6, "one": 1}
+    clips = [
+        _clip(f"{s}{i}", 3 + i % 4, 100 + i % 9, 1000, s, ("de", "en")[i % 2])
+        for s, n in sizes.items()
+        for i in range(n)
+    ]
+    rows: dict = {}
+    for item in summarize_clips(clips, cfg.split.salt).items():
+        rows.update(finish_part(item, cfg))
+    assert {key[1]: row["measured"] for key, row in rows.items() if key[0] == "speaker"} == sizes
+    assert all(
+        set(row) == {"measured", "gender", "languages", "val_below"} for k, row in rows.items() if k[0] == "speaker"
+    )
+    assert len(pickle.dumps(rows[("speaker", "big")])) - len(pickle.dumps(rows[("speaker", "one")])) < 16
+    with beam_pipeline() as p:
+        batches = [{"clips": clips[i : i + 32]} for i in range(0, len(clips), 32)] + [{"clips": []}]
+        out = p | beam.Create(batches) | CorpusTables(cfg)
+        assert_that(out, equal_to([_tables(clips, cfg)]))
 
 
 def test_mel_statistics_merge_the_batches_moments_exactly():
