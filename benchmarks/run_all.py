@@ -22,6 +22,8 @@ Default: the full documented run (docs/performance.md, which gives its duration)
   html_render            --rounds 3
   cache_key              --clips 13100 --rounds 3   (on the scale corpus)
   read_scale             --rows 13100,131000,1048000
+  combine_sizes          --clips 20000,200000
+  worker_memory          --rows 20000,200000   (makes a 200,000-clip corpus, 2.6 GB, once)
   synthesize_wall        --rounds 3
 Quick mode (`python -m benchmarks.run_all --quick`, or env MELSHARDS_BENCH_QUICK=1): small sizes,
 a few minutes, for checking the benchmarks still run; its figures are not the documented ones.
@@ -82,6 +84,8 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
             ("html_render", ["--rounds", "1", "--run", f"{work}/demo-shards"]),
             ("cache_key", ["--clips", "300", "--corpus", f"{work}/lj300", "--rounds", "1"]),
             ("read_scale", ["--rows", "1000,4000", "--files", "1000", "--work-dir", work]),
+            ("combine_sizes", ["--clips", "2000,4000"]),
+            ("worker_memory", ["--rows", "300,600", "--work-dir", f"{work}/quick"]),  # not the full run's corpus
             ("synthesize_wall", ["--rounds", "1", "--steps", "4"]),
             ("step_device", ["--quick"]),
             ("compile_wall", ["--clips", "200", "--rounds", "1"]),
@@ -126,6 +130,8 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
         ("html_render", ["--rounds", "3", "--run", f"{work}/demo-shards"]),
         ("cache_key", ["--clips", "13100", "--corpus", f"{work}/ljbig", "--rounds", "3"]),
         ("read_scale", ["--rows", "13100,131000,1048000", "--work-dir", work]),
+        ("combine_sizes", ["--clips", "20000,200000"]),
+        ("worker_memory", ["--rows", "20000,200000", "--work-dir", work]),
         ("synthesize_wall", ["--rounds", "3"]),
         ("step_device", ["--steps", "120", "--rounds", "1"]),  # train_base sizes: meant for a GPU machine
         ("compile_wall", ["--clips", "800", "--rounds", "2"]),
