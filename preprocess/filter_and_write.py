@@ -9,6 +9,7 @@ Clips outside the cut-offs are dropped (never truncated) by the filter's one rul
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 
 import apache_beam as beam
@@ -20,6 +21,7 @@ from melshards.preprocess.clips import SAMPLES, analyse_audio, filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import REJECTED, count
 from melshards.preprocess.encode import encode_clip
+from melshards.preprocess.global_stats import AddParts
 from melshards.preprocess.rows import reject
 from melshards.preprocess.shards import RollingFiles
 from melshards.preprocess.stash import load_clips, load_features
@@ -168,9 +170,8 @@ class _FilterAndWriteFn(beam.DoFn):
         yield beam.pvalue.TaggedOutput(MOMENTS, moments)
         yield beam.pvalue.TaggedOutput(WRITTEN, written_counts(kept) + dropped_counts(dropped))
         if self.cfg.features.pitch or self.cfg.features.energy or self.cfg.extractors:
-            yield beam.pvalue.TaggedOutput(
-                FEATURE_STATS, feature_stats.batch_stats((c, c["feature_summary"]) for c in kept)
-            )
+            for group in feature_stats.batch_stats((c, c["feature_summary"]) for c in kept).items():
+                yield beam.pvalue.TaggedOutput(FEATURE_STATS, group)
 
     def finish_bundle(self):
         for part in self.files.close_all():
@@ -186,7 +187,7 @@ class FilterAndWrite(beam.PTransform):
     batch's kept training clips (one per batch, maybe empty), "written": the clips and milliseconds
     written per speaker and language (`written_counts`) and the clips the filter dropped per speaker
     and language and reason (`dropped_counts`), summed, "feature_stats": the pitch and energy
-    statistics per group (`feature_stats.batch_stats`, merged; empty when the run computes neither)}.
+    statistics (`feature_stats.empty_finished`'s dict; no element when no group has a frame)}.
     """
 
     def __init__(self, cutoffs, chosen, corpus_tables, gate, out_dir: str, cfg: PreprocessConfig, ran=None):
@@ -206,7 +207,16 @@ class FilterAndWrite(beam.PTransform):
             **({"ran": S.AsList(self.ran)} if self.ran is not None else {}),
         ).with_outputs(REJECTED, MOMENTS, WRITTEN, FEATURE_STATS, main="parts")
         written = out[WRITTEN] | "SumWritten" >> beam.CombineGlobally(sum_counters).without_defaults()
-        stats = out[FEATURE_STATS] | "FeatureStats" >> beam.CombineGlobally(feature_stats.merge).without_defaults()
+        features = self.cfg.optional_features
+        stats = (  # each group summed where its key lands and reduced there; none: the report's empty_finished
+            out[FEATURE_STATS]
+            | "FeatureStats" >> beam.CombinePerKey(AddParts(dict, feature_stats.add_group))
+            | "FinishGroups" >> beam.Map(feature_stats.finish_group, features)
+            | "AllGroups"
+            >> beam.CombineGlobally(
+                AddParts(functools.partial(feature_stats.empty_finished, features), feature_stats.add_finished)
+            ).without_defaults()
+        )
         return {
             "parts": out.parts,
             REJECTED: out[REJECTED],

@@ -68,7 +68,7 @@ class LengthHistograms(beam.PTransform):
         return batches | "Histograms" >> beam.CombineGlobally(_HistogramsFn()).without_defaults()
 
 
-class _SumFn(beam.CombineFn):
+class AddParts(beam.CombineFn):
     """Parts -> their sum: `add(acc, part)` adds a part into an accumulator (`empty()`, of the parts' shape)
     in place and returns it, never changing the part; accumulators merge into the first the same way."""
 
@@ -110,14 +110,14 @@ class QualityHistograms(beam.PTransform):
         groups = (
             batches
             | "GroupHists" >> beam.FlatMap(lambda b: quality_stats.group_histograms(b["clips"], bins).items())
-            | "SumPerGroup" >> beam.CombinePerKey(_SumFn(dict, quality_stats.add_group))
+            | "SumPerGroup" >> beam.CombinePerKey(AddParts(dict, quality_stats.add_group))
         )
         rates = groups | "LanguageRates" >> beam.FlatMap(quality_stats.language_rate)
         return (  # every batch gives the corpus's group: never empty, no default needed
             groups
             | "Summaries" >> beam.Map(quality_stats.group_summary, bins, self.rules, beam.pvalue.AsDict(rates))
             | "SumSummaries"
-            >> beam.CombineGlobally(_SumFn(quality_stats.empty_summary, quality_stats.add_summary)).without_defaults()
+            >> beam.CombineGlobally(AddParts(quality_stats.empty_summary, quality_stats.add_summary)).without_defaults()
         )
 
 
@@ -168,9 +168,9 @@ class CorpusTables(beam.PTransform):
             batches
             | "Parts"
             >> beam.FlatMap(lambda b: tables.summarize_clips(b["clips"], cfg.split.salt, cfg.text_unit).items())
-            | "SumPerKey" >> beam.CombinePerKey(_SumFn(dict, tables.add_part))
+            | "SumPerKey" >> beam.CombinePerKey(AddParts(dict, tables.add_part))
             | "Rows" >> beam.Map(tables.finish_part, cfg)
-            | "AllRows" >> beam.CombineGlobally(_SumFn(dict, tables.add_rows)).without_defaults()
+            | "AllRows" >> beam.CombineGlobally(AddParts(dict, tables.add_rows)).without_defaults()
             | "Tables" >> beam.Map(tables.finish_tables, cfg)
         )
 
@@ -232,9 +232,9 @@ class QualityGate(beam.PTransform):
         return (
             batches
             | "RateHists" >> beam.FlatMap(lambda b: quality_rules.rate_histograms(b["clips"]).items())
-            | "SumPerGroup" >> beam.CombinePerKey(_SumFn(Counter, _add_counter))
+            | "SumPerGroup" >> beam.CombinePerKey(AddParts(Counter, _add_counter))
             | "Bounds" >> beam.FlatMap(_group_bounds, rules)
-            | "AllBounds" >> beam.CombineGlobally(_SumFn(_no_bounds, _add_bounds))  # none rated: still a gate
+            | "AllBounds" >> beam.CombineGlobally(AddParts(_no_bounds, _add_bounds))  # none rated: still a gate
             | "Gate" >> beam.Map(_gate, self.cfg)
         )
 

@@ -61,7 +61,7 @@ CACHE_COUNTS = ("hits", "computed", "damaged", "damaged_files")  # stats.json `c
 
 def schema_speakers(corpus_tables: dict, written: dict, features: dict | None = None) -> list[Speaker]:
     """The speakers with ids, in id order; clips and hours as written into the shards; `features`
-    (`feature_stats.finish`) gives each its pitch and energy statistics."""
+    (`feature_stats.finish`'s dict) gives each its pitch and energy statistics."""
     own = (features or {}).get("speakers", {})
     return [
         Speaker(
@@ -217,7 +217,7 @@ def build_stats(
     quality: QualityFigures | None = None,
 ) -> dict:
     """stats.json, checked against its declaration (StatsFile) before it is written; `features`:
-    `feature_stats.finish` (runs with pitch or energy); `quality`: the quality measures' figures."""
+    `feature_stats.finish`'s dict (runs with pitch or energy); `quality`: the quality measures' figures."""
     stats = {
         "schema_version": SCHEMA_VERSION,
         "counts": {
@@ -508,7 +508,7 @@ class _WriteReportFn(beam.DoFn):
         written = written[0] if written else {}  # none when no batch was written
         features = None
         if self.cfg.features.pitch or self.cfg.features.energy or self.cfg.extractors:
-            features = feature_stats.finish(feature_groups[0] if feature_groups else {}, self.cfg.optional_features)
+            features = feature_groups[0] if feature_groups else feature_stats.empty_finished(self.cfg.optional_features)
         stats = build_stats(
             self.cfg,
             input_rows,

@@ -1,10 +1,12 @@
 """The per-frame features as pure functions: pitch on tones of known f0, energy against a direct
-computation, the int16 audio against the mel it gives."""
+computation, the int16 audio against the mel it gives; their statistics summed per group."""
+
+import pickle
 
 import numpy as np
 import pytest
 
-from melshards.preprocess import audio, features
+from melshards.preprocess import audio, feature_stats, features
 from melshards.preprocess.config import MelConfig, PitchConfig
 
 librosa = audio.load_librosa()  # imported as the job imports it: one process at a time
@@ -96,3 +98,30 @@ def test_the_int16_audio_gives_the_same_log_mel_as_the_clip():
     loud = mel > -5  # quantisation noise (~1e-4 per mel bin) matters only near the floor
     assert again.shape == mel.shape and loud.mean() > 0.3
     assert np.max(np.abs(again - mel)[loud]) < 0.01
+
+
+def test_feature_statistics_summed_per_group_keep_a_fixed_size_per_speaker_whatever_its_frames():
+    # each group's {split: summary} is summed where its key lands and reduced there (`finish_group`): what
+    # the one worker gathering them holds of a speaker (its records, f0 percentiles, centroids) is the same
+    # size for 1 clip and for 300 clips of distinct f0 values, and the gathered result is `finish`'s
+    rng = np.random.default_rng(5)
+
+    def clip(speaker, split):
+        summary = feature_stats.clip_summary({"pitch": rng.uniform(80, 400, 50), "energy": rng.uniform(0, 1, 50)})
+        return {"speaker": speaker, "language": "en", "split": split}, summary
+
+    clips = [clip("big", ("train", "val")[i % 10 == 0]) for i in range(300)] + [clip("one", "val")]
+    parts = [feature_stats.batch_stats(clips[i : i + 32]) for i in range(0, len(clips), 32)]
+    groups: dict = {}
+    for part in reversed(parts):
+        for key, group in part.items():
+            feature_stats.add_group(groups.setdefault(key, {}), group)
+    shares = {key: feature_stats.finish_group((key, g), ("pitch", "energy")) for key, g in groups.items()}
+    big, one = (len(pickle.dumps(shares[("speaker", name)])) for name in ("big", "one"))
+    assert abs(big - one) < 64  # digits of the figures, not frames
+    gathered = feature_stats.empty_finished(("pitch", "energy"))
+    for share in shares.values():
+        feature_stats.add_finished(gathered, share)
+    assert gathered == feature_stats.finish(feature_stats.merge(parts), ("pitch", "energy"))
+    assert gathered["speakers"]["one"]["pitch"]["frames"] == 50  # no training clip: its validation clip's
+    assert gathered["pitch_percentiles"]["big"]["count"] == 270 * 50
