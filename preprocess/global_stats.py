@@ -22,6 +22,7 @@ speaker, never a value per clip (docs/performance.md lists every combine and sid
 
 from __future__ import annotations
 
+import hashlib
 from collections import Counter
 
 import apache_beam as beam
@@ -239,19 +240,21 @@ class QualityGate(beam.PTransform):
         )
 
 
-def _batch_key(batch: dict) -> str:
-    """A stashed batch's key in the join: its clips file ("" for a batch of no clips)."""
-    return batch["clips"] or ""
+def _batch_key(batch: dict) -> bytes:
+    """A stashed batch's key in the join: 12 bytes of a digest of its clips file's path (b"" for a batch of
+    no clips). Two batches sharing a key would only share their verdicts, which name their clips' ids."""
+    return hashlib.blake2b(batch["clips"].encode(), digest_size=12).digest() if batch["clips"] else b""
 
 
 def _copies(batch: dict, cutoffs, corpus_tables: dict, gate):
-    """(audio hash, ((input index, row), id, passes every other rule, batch key)) of each clip of a
-    stashed batch with a hash: its place in input order and the filter's verdict without the duplicates."""
+    """(audio hash as its 32 bytes, (input index, row, id, passes every other rule, batch key)) of each clip
+    of a stashed batch with a hash: its place in input order and the filter's verdict without the
+    duplicates. Compact: one crosses the shuffle per clip."""
     key = _batch_key(batch)
     for c in load_clips(batch):
         if c.get("audio_hash"):
             passes = cutoffs is not None and filter_rejection(c, cutoffs, corpus_tables, gate) is None
-            yield c["audio_hash"], ((c[INPUT], c["row"]), c["id"], passes, key)
+            yield bytes.fromhex(c["audio_hash"]), (c[INPUT], c["row"], c["id"], passes, key)
 
 
 def _verdicts(item):
@@ -259,13 +262,14 @@ def _verdicts(item):
     _, members = item
     members = list(members)
     if len(members) > 1:
-        where = {clip_id: key for _, clip_id, _, key in members}
-        for clip_id, kept in quality_rules.duplicates_of(m[:3] for m in members):
+        where = {clip_id: key for _, _, clip_id, _, key in members}
+        places = (((i, row), clip_id, passes) for i, row, clip_id, passes, _ in members)
+        for clip_id, kept in quality_rules.duplicates_of(places):
             yield where[clip_id], (clip_id, kept)
 
 
 def _with_verdicts(item):
-    """A batch key's batch (several for "") and its clips' verdicts -> each batch, with its verdicts
+    """A batch key's batch (several for b"") and its clips' verdicts -> each batch, with its verdicts
     under `stash.DUPLICATES` when it has any."""
     _, joined = item
     verdicts = dict(joined["verdicts"])

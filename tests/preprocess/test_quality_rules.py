@@ -218,7 +218,8 @@ def test_duplicate_audio_joins_each_batch_with_its_verdicts_first_passing_copy_b
     with Spill() as spill:
         rows = list(MergedInputs([("a", first), ("b", second)], spill).rows())
     assert [r["input"] for r in rows] == [0, 0, 0, 1, 1]
-    hashes = {"late": "H", "solo": "S", "later": "H", "early": "H", "again": "H"}
+    same, other = "ab" * 32, "cd" * 32  # audio hashes: SHA-256 in hex
+    hashes = {"late": same, "solo": other, "later": same, "early": same, "again": same}
     clips = [
         dict(r, **_copy(r["id"], text_len=500 if r["id"] == "late" else 5) | {"audio_hash": hashes[r["id"]]})
         for r in rows
