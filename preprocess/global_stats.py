@@ -22,10 +22,12 @@ speaker, never a value per clip (docs/performance.md lists every combine and sid
 
 from __future__ import annotations
 
+import array
 import hashlib
 from collections import Counter
 
 import apache_beam as beam
+import numpy as np
 
 from melshards.preprocess import quality, quality_rules, quality_stats, tables
 from melshards.preprocess.clips import filter_rejection
@@ -246,13 +248,70 @@ def _batch_key(batch: dict) -> bytes:
     return hashlib.blake2b(batch["clips"].encode(), digest_size=12).digest() if batch["clips"] else b""
 
 
-def _copies(batch: dict, cutoffs, corpus_tables: dict, gate):
-    """(audio hash as its 32 bytes, (input index, row, id, passes every other rule, batch key)) of each clip
-    of a stashed batch with a hash: its place in input order and the filter's verdict without the
-    duplicates. Compact: one crosses the shuffle per clip."""
-    key = _batch_key(batch)
-    for c in load_clips(batch):
+def hash_prefix(audio_hash: str) -> int:
+    """An audio hash's (`quality.audio_hash`, hex) first 8 bytes as an unsigned int: what the search for
+    duplicates compares first (`RepeatedHashes`)."""
+    return int(audio_hash[:16], 16)
+
+
+def hash_prefixes(clips) -> list[tuple[int, array.array]]:
+    """Measured clips -> [(a first byte, the `hash_prefix` of each clip's hash that starts with it, packed)]."""
+    out: dict[int, array.array] = {}
+    for c in clips:
         if c.get("audio_hash"):
+            prefix = hash_prefix(c["audio_hash"])
+            out.setdefault(prefix >> 56, array.array("Q")).append(prefix)
+    return list(out.items())
+
+
+def _extend(acc: array.array, part) -> array.array:
+    acc.extend(part)
+    return acc
+
+
+def _prefix_array() -> array.array:
+    return array.array("Q")
+
+
+def repeated_prefixes(item: tuple[int, array.array]) -> array.array:
+    """(a first byte, every prefix starting with it) -> the prefixes found more than once, packed."""
+    values, counts = np.unique(np.frombuffer(item[1], dtype=np.uint64), return_counts=True)
+    return array.array("Q", values[counts > 1].tolist())
+
+
+def _sorted(prefixes: array.array) -> np.ndarray:
+    return np.sort(np.frombuffer(prefixes, dtype=np.uint64))
+
+
+class RepeatedHashes(beam.PTransform):
+    """Batches of measured clips -> one sorted uint64 array: the hash prefixes (`hash_prefix`) that two
+    clips or more share, the only clips `DuplicateAudio` groups by their whole hash. The prefixes are
+    packed 8 bytes a clip and summed per first byte where that key lands (`CombinePerKey`); what is
+    gathered is the repeated ones (a few bytes a duplicate). No element when there are no clips."""
+
+    def expand(self, batches):
+        return (
+            batches
+            | "Prefixes" >> beam.FlatMap(lambda b: hash_prefixes(b["clips"]))
+            | "PerFirstByte" >> beam.CombinePerKey(AddParts(_prefix_array, _extend))
+            | "Repeated" >> beam.Map(repeated_prefixes)
+            | "AllRepeated" >> beam.CombineGlobally(AddParts(_prefix_array, _extend)).without_defaults()
+            | "Sorted" >> beam.Map(_sorted)
+        )
+
+
+def _copies(batch: dict, cutoffs, corpus_tables: dict, gate, repeated: np.ndarray | None):
+    """(audio hash as its 32 bytes, (input index, row, id, passes every other rule, batch key)) of each clip
+    of a stashed batch whose hash prefix is in `repeated` (`RepeatedHashes`; None: a run without clips):
+    its place in input order and the filter's verdict without the duplicates. Compact: one crosses the
+    shuffle per candidate copy."""
+    if repeated is None or not len(repeated):
+        return
+    clips = [c for c in load_clips(batch) if c.get("audio_hash")]
+    prefixes = np.array([hash_prefix(c["audio_hash"]) for c in clips], dtype=np.uint64)
+    key = _batch_key(batch)
+    for c, candidate in zip(clips, np.isin(prefixes, repeated)):
+        if candidate:
             passes = cutoffs is not None and filter_rejection(c, cutoffs, corpus_tables, gate) is None
             yield bytes.fromhex(c["audio_hash"]), (c[INPUT], c["row"], c["id"], passes, key)
 
@@ -281,21 +340,21 @@ class DuplicateAudio(beam.PTransform):
     """Stashed batches (`MeasureClips`'s `stashed`) -> the same batches, each joined with the verdicts
     of its clips whose decoded audio (`audio_hash`) another kept copy has (`stash.DUPLICATES`, read by
     `stash.load_clips`): the copies of one hash are grouped with a GroupByKey (no worker holds every
-    hash), and of those that pass every other rule (`clips.filter_rejection` with the cut-offs, the
+    hash; only the clips whose hash prefix another clip shares, `RepeatedHashes`, cross it), and of those that pass every other rule (`clips.filter_rejection` with the cut-offs, the
     corpus tables and the quality gate, side inputs) the first by input order is kept: an earlier
     --input, else an earlier row of the same input (each clip's `merge.INPUT` and `row`). The verdicts
     reach their batch by a keyed join, so no worker holds them all."""
 
-    def __init__(self, cutoffs, corpus_tables, gate):
+    def __init__(self, cutoffs, corpus_tables, gate, repeated):
         super().__init__()
-        self.cutoffs, self.tables, self.gate = cutoffs, corpus_tables, gate
+        self.cutoffs, self.tables, self.gate, self.repeated = cutoffs, corpus_tables, gate, repeated
 
     def expand(self, batches):
         S = beam.pvalue
+        sides = (S.AsSingleton(self.cutoffs), S.AsSingleton(self.tables), S.AsSingleton(self.gate))
         verdicts = (
             batches
-            | "ByHash"
-            >> beam.FlatMap(_copies, S.AsSingleton(self.cutoffs), S.AsSingleton(self.tables), S.AsSingleton(self.gate))
+            | "ByHash" >> beam.FlatMap(_copies, *sides, S.AsSingleton(self.repeated, default_value=None))
             | "Group" >> beam.GroupByKey()
             | "Verdicts" >> beam.FlatMap(_verdicts)
         )

@@ -34,6 +34,7 @@ from melshards.preprocess.global_stats import (
     MelStatistics,
     QualityGate,
     QualityHistograms,
+    RepeatedHashes,
     cutoffs_from,
 )
 from melshards.preprocess.measure import STASHED, MeasureClips, cache_summary, merge_cache_summaries
@@ -74,7 +75,8 @@ def build_pipeline(
     quality_hists = measured.clips | "QualityHistograms" >> QualityHistograms(cfg)
     stashed = measured[STASHED]
     if cfg.quality_rules.duplicates:  # each batch joined with its clips' duplicate verdicts
-        stashed = stashed | "DuplicateAudio" >> DuplicateAudio(cutoffs, corpus_tables, gate)
+        repeated = measured.clips | "RepeatedHashes" >> RepeatedHashes()
+        stashed = stashed | "DuplicateAudio" >> DuplicateAudio(cutoffs, corpus_tables, gate, repeated)
     chosen = stashed | "ChooseBuckets" >> ChooseBuckets(cutoffs, corpus_tables, gate, cfg)
     to_write = stashed
     if cfg.reference.source == "other_clip":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import contextlib
 import dataclasses
 import io
@@ -12,6 +13,7 @@ import unicodedata
 from collections import Counter
 
 import apache_beam as beam
+import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
@@ -20,7 +22,7 @@ from melshards.preprocess import quality_rules
 from melshards.preprocess.clips import filter_rejection
 from melshards.preprocess.config import QualityRulesConfig
 from melshards.preprocess.filter_and_write import dropped_counts
-from melshards.preprocess.global_stats import DuplicateAudio
+from melshards.preprocess.global_stats import DuplicateAudio, RepeatedHashes, hash_prefixes, repeated_prefixes
 from melshards.preprocess.merge import MergedInputs
 from melshards.preprocess.quality import MEASURES
 from melshards.preprocess.quality_rules import QualityGate, quality_rejection
@@ -218,7 +220,8 @@ def test_duplicate_audio_joins_each_batch_with_its_verdicts_first_passing_copy_b
     with Spill() as spill:
         rows = list(MergedInputs([("a", first), ("b", second)], spill).rows())
     assert [r["input"] for r in rows] == [0, 0, 0, 1, 1]
-    same, other = "ab" * 32, "cd" * 32  # audio hashes: SHA-256 in hex
+    # audio hashes (SHA-256 in hex): solo's shares its first 8 bytes with the others', not the rest
+    same, other = "ab" * 32, "ab" * 8 + "cd" * 24
     hashes = {"late": same, "solo": other, "later": same, "early": same, "again": same}
     clips = [
         dict(r, **_copy(r["id"], text_len=500 if r["id"] == "late" else 5) | {"audio_hash": hashes[r["id"]]})
@@ -228,6 +231,7 @@ def test_duplicate_audio_joins_each_batch_with_its_verdicts_first_passing_copy_b
     empty = {"clips": None, "features": None, "count": 0}  # a batch of no clips passes through
     with beam_pipeline() as p:
         side = [p | name >> beam.Create([v]) for name, v in (("Cut", CUT), ("Tables", TABLES), ("Gate", _gate()))]
+        side.append(p | "Clips" >> beam.Create([{"clips": clips[:2]}, {"clips": clips[2:]}]) | RepeatedHashes())
         out = (
             p
             | beam.Create([*batches, empty])
@@ -245,6 +249,25 @@ def test_duplicate_audio_joins_each_batch_with_its_verdicts_first_passing_copy_b
             ("-", None),
         ]
         assert_that(out, equal_to(expected))
+
+
+def test_only_copies_whose_hash_prefix_another_clip_shares_are_grouped_by_their_whole_hash(tmp_path):
+    # a million distinct recordings cross the shuffle as 8 packed bytes each; the clips of a repeated prefix
+    # (here a duplicate pair, and a clip sharing their first 8 bytes only) as (hash, place) pairs
+    from melshards.preprocess.global_stats import _copies
+    from melshards.preprocess.stash import stash_batch
+
+    hashes = ["ab" * 32, "ab" * 8 + "cd" * 24, "ab" * 32, *(f"{i:016x}" + "0" * 48 for i in range(1, 98))]
+    clips = [dict(_copy(f"c{i}"), audio_hash=h, input=0, row=i) for i, h in enumerate(hashes)]
+    parts = {}
+    for first, prefixes in hash_prefixes(clips[:50]) + hash_prefixes(clips[50:]):
+        parts.setdefault(first, array.array("Q")).extend(prefixes)
+    repeated = np.sort(np.concatenate([np.frombuffer(repeated_prefixes(kv), np.uint64) for kv in parts.items()]))
+    assert repeated.tolist() == [int("ab" * 8, 16)]
+    batch = stash_batch(str(tmp_path), clips, [{}] * len(clips))
+    found = list(_copies(batch, CUT, TABLES, _gate(), repeated))
+    assert [(key.hex(), place[2]) for key, place in found] == [(hashes[0], "c0"), (hashes[1], "c1"), (hashes[2], "c2")]
+    assert list(_copies(batch, CUT, TABLES, _gate(), None)) == []  # none repeated (no clips): none read
 
 
 @pytest.fixture(scope="module")
