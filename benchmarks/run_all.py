@@ -22,7 +22,7 @@ Default: the full documented run (docs/performance.md, which gives its duration)
   html_render            --rounds 3
   cache_key              --clips 13100 --rounds 3   (on the scale corpus)
   read_scale             --rows 13100,131000,1048000
-  combine_sizes          --clips 20000,200000
+  combine_sizes          --clips 20000,200000 --pitch
   worker_memory          --rows 20000,200000   (makes a 200,000-clip corpus, 2.6 GB, once)
   synthesize_wall        --rounds 3
 Quick mode (`python -m benchmarks.run_all --quick`, or env MELSHARDS_BENCH_QUICK=1): small sizes,
@@ -130,7 +130,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
         ("html_render", ["--rounds", "3", "--run", f"{work}/demo-shards"]),
         ("cache_key", ["--clips", "13100", "--corpus", f"{work}/ljbig", "--rounds", "3"]),
         ("read_scale", ["--rows", "13100,131000,1048000", "--work-dir", work]),
-        ("combine_sizes", ["--clips", "20000,200000"]),
+        ("combine_sizes", ["--clips", "20000,200000", "--pitch"]),
         ("worker_memory", ["--rows", "20000,200000", "--work-dir", work]),
         ("synthesize_wall", ["--rounds", "3"]),
         ("step_device", ["--steps", "120", "--rounds", "1"]),  # train_base sizes: meant for a GPU machine
