@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import BinaryIO, Protocol
 
 # what makes a directory a `melshards train` model dir (train/model_dir.py): its train_config.json, a JSON
-# object of the train config's sections (train/config.py TrainConfig), the model's factory named
+# object of the train config's sections (train/config.py TrainConfig)
 MODEL_CONFIG_FILE = "train_config.json"
 MODEL_CONFIG_SECTIONS = ("data", "model", "optim", "loop")
 MODEL_CONFIG_MAX_BYTES = 1 << 20  # a train config is a few KiB: a larger file is not one
@@ -223,7 +223,8 @@ def model_dir_marks(names: set[str] | list[str]) -> list[str]:
 
 def model_config_is_ours(f: BinaryIO) -> bool:
     """A train_config.json `melshards train` wrote: a JSON object whose keys are the train config's
-    sections (MODEL_CONFIG_SECTIONS), each an object, the model section naming its factory."""
+    sections (MODEL_CONFIG_SECTIONS), each an object, the model's factory (if named: runs before model
+    plug-ins did not) a string."""
     data = f.read(MODEL_CONFIG_MAX_BYTES + 1)
     if len(data) > MODEL_CONFIG_MAX_BYTES:
         return False
@@ -235,7 +236,7 @@ def model_config_is_ours(f: BinaryIO) -> bool:
         isinstance(config, dict)
         and set(config) == set(MODEL_CONFIG_SECTIONS)
         and all(isinstance(config[k], dict) for k in MODEL_CONFIG_SECTIONS)
-        and isinstance(config["model"].get("factory"), str)
+        and isinstance(config["model"].get("factory", ""), str)
     )
 
 

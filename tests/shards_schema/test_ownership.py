@@ -120,7 +120,9 @@ def test_a_model_dir_is_recognised_by_its_config_never_by_a_checkpoints_folder(t
     for content, expected in [
         (json.dumps(ours), True),
         (json.dumps({"lr": 0.1, "epochs": 3}), False),  # another project's train_config.json
-        (json.dumps(dict(ours, model={})), False),
+        (json.dumps(dict(ours, model={})), True),  # a run from before model plug-ins: no factory named
+        (json.dumps(dict(ours, model={"factory": 3})), False),
+        (json.dumps(dict(ours, loop=[])), False),
         (json.dumps(dict(ours, trainer={})), False),
         ("[1, 2]", False),
         ("not json", False),
