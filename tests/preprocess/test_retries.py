@@ -5,6 +5,7 @@ makes one; AssembleShards' retries are tested beside its other tests (test_trans
 
 from __future__ import annotations
 
+import json
 import pickle
 import shutil
 from pathlib import Path
@@ -13,12 +14,14 @@ import pytest
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.pvalue import TaggedOutput
 from apache_beam.utils.windowed_value import WindowedValue
+from google.api_core.exceptions import PreconditionFailed, ServiceUnavailable
 
-from melshards.preprocess import cache, filter_and_write, measure, report, stash
+from melshards.preprocess import cache, filter_and_write, lock, measure, report, stash
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.shards import TEMP_DIR
 from melshards.preprocess.tables import finish_tables, summarize_clips
 from melshards.shards_schema.stats import Cutoffs
+from tests.preprocess.test_output import _FakeBlob, _FakeBucket
 
 CFG = PreprocessConfig()
 IDS = ["LJT001-0001", "LJT001-0002", "LJT001-0004", "LJT900-0006"]  # the last one silent: rejected
@@ -266,6 +269,58 @@ def test_the_report_run_twice_or_after_failing_half_way_through_removing_the_tem
     monkeypatch.setattr(FileSystems, "delete", staticmethod(real))
     assert _report(out, cache_dir, finished) == first
     assert snapshot(tmp_path) == clean
+
+
+# -- the output's lock on gs://: a create or renewal whose answer was lost ------------------------------
+class _AnswersLost(_FakeBucket):
+    """Its next `lost` uploads land, then fail as the client reports them: `PreconditionFailed` (its
+    retry of the upload, at the generation before, finds the one the first made) or the `error` given."""
+
+    def __init__(self):
+        super().__init__()
+        self.lost, self.error = 0, PreconditionFailed("the retry's precondition: the upload had landed")
+
+    def blob(self, name):
+        blob, bucket = _FakeBlob(self.store, name), self
+        real = blob.upload_from_string
+
+        def upload(data, if_generation_match=None):
+            real(data, if_generation_match=if_generation_match)
+            if bucket.lost:
+                bucket.lost -= 1
+                raise bucket.error
+
+        blob.upload_from_string = upload
+        return blob
+
+
+def test_a_lock_whose_create_answer_was_lost_is_the_runs_own_not_another_runs():
+    bucket = _AnswersLost()
+    bucket.lost = 1
+    held = lock.Lock("gs://b/out", "me", gcs_bucket=bucket)
+    held.acquire()  # was: "in use by another melshards preprocess run me"
+    assert held.still_held()
+    held.release()
+    assert bucket.store == {}
+
+
+@pytest.mark.parametrize("error", ["precondition", "unavailable"])
+def test_a_lock_renewal_whose_answer_was_lost_keeps_the_lock(error):
+    """Reported as the client's retry failing its precondition (the renewal then keeps the lock), or as
+    an error (the heartbeat tries again at the next beat, which then keeps it)."""
+    bucket = _AnswersLost()
+    held = lock.Lock("gs://b/out", "me", gcs_bucket=bucket)
+    held.acquire()
+    bucket.lost = 1
+    if error == "unavailable":
+        bucket.error = ServiceUnavailable("no answer")
+        with pytest.raises(ServiceUnavailable):
+            held.renew()
+    assert held.renew() is True and held.still_held()  # was: False, and the run would not publish
+    assert held.renew() is True and held.still_held()
+    someone = dict(lock.machine_identity(), run_id="someone else", pid=1, heartbeat=0)
+    bucket.store["out/.melshards-lock"] = (json.dumps(someone).encode(), 99)  # taken over meanwhile
+    assert held.renew() is False and not held.still_held()
 
 
 def test_on_gcs_the_temp_files_written_twice_or_after_failing_half_way_are_the_same_objects(gcs, monkeypatch):
