@@ -19,9 +19,9 @@ from melshards.preprocess import cache, containers, extractors, feature_stats
 from melshards.preprocess.clips import SAMPLES, ClipRejected, as_rejection, featurize_span, prepare_texts
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import NS, REJECTED, count
-from melshards.preprocess.progress import ProgressFile
+from melshards.preprocess.progress import batch_measured
 from melshards.preprocess.rows import reject
-from melshards.preprocess.stash import load_rows, stash_batch
+from melshards.preprocess.stash import batch_name, load_rows, stash_batch
 from melshards.preprocess.workers import worker_setup
 from melshards.shards_schema.stats import Moments
 
@@ -122,7 +122,9 @@ class _MeasureFn(beam.DoFn):
 
     Each clip is decoded, resampled and trimmed once, here, and its features computed from it, or
     read from the feature cache when the run has one (`index`: a `cache.CacheIndex`, a side input). The
-    clips and their features cross the statistics barrier in the stash, not in the runner.
+    clips and their features cross the statistics barrier in the stash, not in the runner. A bundle
+    run again (a runner's retry) writes the same stash, cache and progress files: each is named by
+    the ids or cache keys it holds.
     """
 
     def __init__(
@@ -137,11 +139,6 @@ class _MeasureFn(beam.DoFn):
         self.records = self.extractors.records() if self.extractors else []
         self.vectors = self.extractors.vectors() if self.extractors else ()
         self.parts = cache.run_parts(self.cfg, self.records)  # the worker's libraries compute the features
-        self.progress = ProgressFile(self.progress_dir) if self.progress_dir else None
-
-    def finish_bundle(self):
-        if self.progress:
-            self.progress.flush()
 
     def process(self, batch, index=None):
         rows = load_rows(batch)
@@ -193,8 +190,8 @@ class _MeasureFn(beam.DoFn):
             clip["cached_parts"] = [where[p.name] for p in self.parts if p.arrays and p.name != cache.MEL]
         for name, n in cached.counts.items():
             count(f"cache_{name}", n)
-        if self.progress:
-            self.progress.add(len(rows))
+        if self.progress_dir and rows:
+            batch_measured(self.progress_dir, batch_name(r["id"] for r in rows), len(rows))
         count("clips_measured", len(clips))
         yield beam.pvalue.TaggedOutput(STASHED, stash_batch(self.stash_dir, clips, arrays))
         yield {

@@ -1,51 +1,42 @@
 """The local run's progress line, through a side channel of small files outside Beam's model.
 
-The local runner hands out Beam Metrics only once the job is over, so each Measure worker rewrites
-its count of measured rows (`ProgressFile`, at most every few seconds) into a file of its own under
-the run's temp dir, and the command sums them (`ProgressReporter`) for a line every few seconds. On
-Dataflow the job's counters show the same progress and no files are written.
+The local runner hands out Beam Metrics only once the job is over, so each Measure worker marks each
+batch it has measured with an empty file under the run's temp dir, named by the batch and its rows
+(`batch_measured`), and the command sums the rows in the names (`ProgressReporter`) for a line every
+few seconds. A batch measured twice (a retried bundle) makes the same file again: its rows count once.
+On Dataflow the job's counters show the same progress and no files are written.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess.shards import TEMP_DIR, StagingFiles
+from melshards.preprocess.shards import TEMP_DIR, create_file
 from melshards.preprocess.sources import Corpus, count_input_rows
-from melshards.shards_schema.atomic import atomic_write
 
 PROGRESS_PREFIX = "progress-"
-_PROGRESS_EVERY_S = 2.0
+PROGRESS_SUFFIX = ".txt"
 
 
 def progress_dir(out_dir: str) -> str:
-    """Where the workers' count files go: the run's temp dir, removed by the report stage."""
+    """Where the workers' progress files go: the run's temp dir, removed by the report stage."""
     return FileSystems.join(out_dir, TEMP_DIR)
 
 
-class ProgressFile:
-    """In a worker: this worker's count of measured rows, rewritten every few seconds into a small
-    file that `ProgressReporter` sums."""
+def batch_measured(directory: str, name: str, rows: int) -> None:
+    """In a worker: the batch `name` (`stash.batch_name`) of `rows` rows is measured, as the empty file
+    `progress-<name>-<rows>.txt` that `ProgressReporter` counts."""
+    create_file(FileSystems.join(directory, f"{PROGRESS_PREFIX}{name}-{rows}{PROGRESS_SUFFIX}")).close()
 
-    def __init__(self, directory: str):
-        self.path = FileSystems.join(directory, f"{PROGRESS_PREFIX}{uuid.uuid4().hex}.txt")
-        self.rows, self.written_at = 0, 0.0
 
-    def add(self, rows: int) -> None:
-        self.rows += rows
-        if time.monotonic() - self.written_at >= _PROGRESS_EVERY_S:
-            self.flush()
-
-    def flush(self) -> None:
-        # the reader never sees a half-written count
-        with atomic_write(self.path, temp=self.path + ".writing", fs=StagingFiles) as f:
-            f.write(str(self.rows).encode())
-        self.written_at = time.monotonic()
+def rows_in(name: str) -> int:
+    """The rows a progress file's name (`batch_measured`) counts; 0 for another name."""
+    rows = name[: -len(PROGRESS_SUFFIX)].rpartition("-")[2] if name.endswith(PROGRESS_SUFFIX) else ""
+    return int(rows) if rows.isdigit() else 0
 
 
 def count_rows(corpora: Sequence[Corpus]) -> int:
@@ -56,24 +47,17 @@ def count_rows(corpora: Sequence[Corpus]) -> int:
 
 class ProgressReporter(threading.Thread):
     """In the command: prints rows done of total, clips/s and ETA every `every` seconds while a local
-    job runs, from the workers' `ProgressFile`s under `out_dir`'s temp dir."""
+    job runs, from the workers' progress files under `out_dir`'s temp dir (`batch_measured`)."""
 
     def __init__(self, out_dir: str, total: int, echo: Callable[[str], None], every: float = 5.0):
         super().__init__(daemon=True)
         self.echo = echo
-        self.pattern = FileSystems.join(progress_dir(out_dir), f"{PROGRESS_PREFIX}*.txt")
+        self.pattern = FileSystems.join(progress_dir(out_dir), f"{PROGRESS_PREFIX}*{PROGRESS_SUFFIX}")
         self.total, self.every = total, every
         self.stopped = threading.Event()
 
     def rows_done(self) -> int:
-        n = 0
-        for m in FileSystems.match([self.pattern])[0].metadata_list:
-            try:
-                with FileSystems.open(m.path) as f:
-                    n += int(f.read() or 0)
-            except (OSError, ValueError):  # being rewritten right now: counted at the next tick
-                pass
-        return n
+        return sum(rows_in(m.path.rsplit("/", 1)[-1]) for m in FileSystems.match([self.pattern])[0].metadata_list)
 
     def line(self, done: int, rate: float | None) -> str:
         pct = 100 * done / self.total if self.total else 100.0

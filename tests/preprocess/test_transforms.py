@@ -466,10 +466,13 @@ def test_encode_clip_pads_each_clip_to_its_buckets_shapes(corpus_dir):
 
 
 def test_rolling_files_and_assembly_give_shards_of_the_target_size(tmp_path):
+    def record(i):  # records differ, as a run's do (each holds its clip's id)
+        return str(i).encode().ljust(1000, b"\0")
+
     records = (
-        [("train", 0, bytes(1000)) for i in range(30)]
-        + [("val", 0, bytes(1000))]
-        + [("train", 2, bytes(1000)) for i in range(3)]
+        [("train", 0, record(i)) for i in range(30)]
+        + [("val", 0, record(30))]
+        + [("train", 2, record(31 + i)) for i in range(3)]
     )
     files = RollingFiles(str(tmp_path), 10_000)
     parts = [part for r in records for part in files.write(*r)] + files.close_all()
