@@ -323,16 +323,11 @@ def test_a_lock_renewal_whose_answer_was_lost_keeps_the_lock(error):
     assert held.renew() is False and not held.still_held()
 
 
-def test_on_gcs_the_temp_files_written_twice_or_after_failing_half_way_are_the_same_objects(gcs, monkeypatch):
+def test_on_gcs_the_temp_files_written_twice_or_after_failing_half_way_are_the_same_objects(gcs):
     """The temp files' renames and a failed attempt's removal, through Beam's GcsIO on the emulator."""
-    from apache_beam.internal.gcp import auth
-
     from melshards.preprocess.shards import RollingFiles
     from tests.preprocess.test_gcs import _bucket
 
-    # anonymous, as --no_auth is: without Beam's ~20 s of looking for credentials there are none of
-    monkeypatch.setattr(auth._Credentials, "_credentials_init", True)
-    monkeypatch.setattr(auth._Credentials, "_credentials", None)
     out = f"gs://{_bucket(gcs)}/run"
     records = [("train", 0, f"record {i}".encode()) for i in range(5)] + [("val", 0, b"record v")]
 
