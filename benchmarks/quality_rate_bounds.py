@@ -59,6 +59,7 @@ MODEL_MEDIAN = 15.0  # letters per second, for the models
 LOST_SHARE = 0.05  # a speaker losing more than this share of its clips breaks the goal
 FAULT_SPEED = 3.0  # the planted rate fault: the clip read three times as fast
 FAULT_SHARE = 0.05  # of a language's clips in a fault trial (benchmarks/quality_faults.py: 3 of 49 a speaker)
+FAULT_CORPORA = ((6, 1), (12, 1), (25, 1), (25, 3))  # (clean clips, clips of each fault kind) of a speaker
 FAST_ON_PURPOSE = "LJT003-0002"  # the demo corpus's clip read at 380 words a minute (its README)
 CEILING = quality_rules.RATE_CEILINGS["alphabetic"]  # every source is English letters
 
@@ -188,9 +189,6 @@ def measure(draw: Callable, trials: int, seed: int, pace_sd: float) -> dict:
                 "faults_kept_out": float(np.mean(caught[where, k])),
             }
     return out
-
-
-FAULT_CORPORA = ((6, 1), (12, 1), (25, 1), (25, 3))  # (clean clips, clips of each fault kind) of a speaker
 
 
 def fault_corpora(work: Path, cfg: PreprocessConfig) -> dict:
