@@ -1,9 +1,10 @@
 """Every gs:// path of `melshards preprocess` and `melshards stats` against a real GCS (fake-gcs-server behind
 a proxy, tests/gcs_emulator.py): every input kind read from gs://, the feature cache, the TextGrids and an
-extractor's model file on gs://, a killed run resumed, the output lock and its generation preconditions,
-`--overwrite`, `cache info` / `prune` and `stats` of a gs:// run. Four job runs (`--workers 1`) serve them
-all: the corpora read from local files; the same files on gs://, a run killed once its first batch is in
-the cache, the same command again (it resumes), and again with `--overwrite` (every clip from the cache).
+extractor's model file on gs://, a killed run resumed (and a publish cut short finished), the output lock
+and its generation preconditions, `--overwrite`, `cache info` / `prune` and `stats` of a gs:// run. Four
+job runs (`--workers 1`) serve them all: the corpora read from local files; the same files on gs://, a
+run killed once its first batch is in the cache, the same command again (it resumes), and again with
+`--overwrite` (every clip from the cache).
 
 `melshards inspect` and the trainer read gs:// through TensorFlow's own GCS file system, which has no
 endpoint override (its API address is built in), so they cannot reach the emulator: docs/testing-gcs.md."""
@@ -312,6 +313,34 @@ def test_a_warm_rerun_reads_every_clip_from_the_gcs_cache_and_no_audio_file(remo
 
 def objects_of(remote, under: str) -> dict[str, int]:
     return objects(remote["gcs"], f"{remote['root']}/{under}")
+
+
+def test_a_publish_cut_short_on_gcs_is_finished_by_the_next_run_that_takes_the_directory(remote):
+    """Killed while it moved a finished run into place: the old schema.json gone, one shard moved, the
+    rest staged. The next run to take the directory finishes that publish from the journal first."""
+    from melshards.preprocess import output
+    from melshards.shards_schema.schema import PUBLISH_JOURNAL
+
+    run_id, new = "20260101-000000-abcdef12", remote["local"] / "resumed"
+    stage, names = f"{output.STAGE_PREFIX}{run_id}", sorted(p.name for p in new.iterdir())
+    out = f"{remote['root']}/cut"
+    bucket, prefix = gcs_bucket(remote["gcs"], out)
+    for name in names:  # the earlier run in place, and the new one staged
+        bucket.blob(f"{prefix}/{name}").upload_from_filename(str(remote["local"] / "warm" / name))
+        bucket.blob(f"{prefix}/{stage}/{name}").upload_from_filename(str(new / name))
+    bucket.blob(f"{prefix}/{stage}/{output.RUN_FILE}").upload_from_string(json.dumps({"run_id": run_id}))
+    journal = {"run_id": run_id, "stage": stage, "remove": names, "move": names}
+    bucket.blob(f"{prefix}/{PUBLISH_JOURNAL}").upload_from_string(json.dumps(journal))
+    bucket.blob(f"{prefix}/schema.json").delete()
+    shard = next(n for n in names if n.endswith(".tfrecord"))
+    bucket.rename_blob(bucket.blob(f"{prefix}/{stage}/{shard}"), f"{prefix}/{shard}")
+
+    said: list[str] = []
+    run = output.open_run(out, overwrite=True, echo=said.append)
+    output.close_run(run, ok=False)
+    assert said == [f"finishing the publish of run {run_id} that was cut short in {out}"]
+    assert sorted(objects_of(remote, "cut")) == names
+    assert all(bucket.blob(f"{prefix}/{n}").download_as_bytes() == (new / n).read_bytes() for n in names)
 
 
 def test_overwrite_on_gcs_replaces_every_file_of_its_own_earlier_run(remote):
