@@ -345,7 +345,8 @@ def reference_runs(corpus_dir, tmp_path_factory):
 @pytest.fixture(scope="session")
 def gcs():
     """A GCS emulator for the session (tests/gcs_emulator.py: fake-gcs-server behind a counting proxy), with
-    `STORAGE_EMULATOR_HOST` set for this process and the processes it starts."""
+    its `environ` (`STORAGE_EMULATOR_HOST`, credentials and a project) set for this process and the
+    processes it starts."""
     from tests.gcs_emulator import running_emulator
 
     with running_emulator() as emulator:
