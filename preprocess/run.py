@@ -248,7 +248,7 @@ def run_job(
     cfg = load_config(config_path, buckets, alignments)
     options = pipeline_options(list(beam_args), list(own_options))
     # the command's own reads and writes (finding the inputs, the lock, publishing) go through the
-    # job's options too: its credentials, or --no_auth, reach GCS from here as from the workers
+    # job's options too (--impersonate_service_account and the rest Beam's GcsIO reads from them)
     FileSystems.set_options(options)
     dry_run = options.view_as(TestOptions).dry_run
     extractors.check_entries(cfg.extractors, importable=is_local(options))

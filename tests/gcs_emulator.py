@@ -5,11 +5,17 @@ the GCS JSON API that Beam's GcsIO and `google-cloud-storage` use, honours gener
 uploads (the output lock's create-if-absent) and ranged reads. It does not answer the JSON batch
 endpoint (`POST /batch/storage/v1`), which GcsIO uses for batched deletes and copies; the proxy in front
 of it answers those by sending each part of the batch to the server on its own and returning the
-answers in GCS's multipart form. The proxy also counts the media bytes it serves (object downloads),
-so a test can say how many times a corpus was read.
+answers in GCS's multipart form. It ignores `ifGenerationMatch` / `ifGenerationNotMatch` on an object's
+reads and deletes, which GCS answers with 412 when the object is at another generation (the output
+lock's delete and read of the generation it judged: `melshards.preprocess.lock`); the proxy checks those
+against the object's generation itself and answers 412 as GCS does. The proxy also counts the media
+bytes it serves (object downloads), so a test can say how many times a corpus was read.
 
-Clients find it through `STORAGE_EMULATOR_HOST`, and credentials through google-auth's GCE metadata
-variables, which the proxy answers too (`GcsEmulator.environ`).
+Clients find it through `STORAGE_EMULATOR_HOST` (`GcsEmulator.environ`). Beam's GcsIO looks up Google's
+default credentials in every process whatever its options say (`--no_auth` included), and where there are
+none it retries for about 20 s before it goes on anonymously; `environ` also names a credentials file of
+the emulator's own (an access token that never expires, which the server ignores) and a project, so every
+client process, the job's worker processes included, finds credentials at once and never asks a network.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import os
 import platform
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -83,27 +90,6 @@ def _is_media(method: str, path: str) -> bool:
     return not url.path.startswith(("/storage/", "/upload/", "/batch/", "/_internal/"))
 
 
-def _metadata(path: str) -> tuple[int, str, list, bytes]:
-    """The answers of a GCE metadata server that google-auth needs to find credentials: a service
-    account and its access token (which the emulator does not check), and the project."""
-    url = urllib.parse.urlsplit(path).path.removeprefix("/computeMetadata/v1").lstrip("/")
-    account = {"email": "emulator@melshards-test.iam.gserviceaccount.com", "aliases": ["default"], "scopes": []}
-    answers = {
-        "": "",
-        "project/project-id": "melshards-test",
-        "instance/service-accounts/default/": json.dumps(account),
-        "instance/service-accounts/default/token": json.dumps(
-            {"access_token": "emulator", "expires_in": 3600, "token_type": "Bearer"}
-        ),
-        "instance/service-accounts/default/email": account["email"],
-    }
-    if url not in answers:
-        return 404, "Not Found", [("Metadata-Flavor", "Google")], b""
-    body = answers[url].encode()
-    kind = "application/json" if body.startswith(b"{") else "application/text"
-    return 200, "OK", [("Metadata-Flavor", "Google"), ("Content-Type", kind)], body
-
-
 def _split_batch(body: bytes, content_type: str) -> list[tuple[str, str, dict[str, str], bytes]]:
     """A multipart/mixed batch request -> its parts as (method, path, headers, body)."""
     message = email.parser.BytesParser().parsebytes(b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body)
@@ -134,6 +120,7 @@ class GcsEmulator:
         self.served: list[Served] = []
         self._lock = threading.Lock()
         self._proxy: http.server.ThreadingHTTPServer | None = None
+        self._credentials: Path | None = None
 
     @property
     def url(self) -> str:
@@ -142,14 +129,31 @@ class GcsEmulator:
 
     @property
     def environ(self) -> dict[str, str]:
-        """The variables a client process needs to talk to this emulator: GCS's address, and google-auth's
-        GCE metadata server (the proxy answers as one), so that Beam's GcsIO, which looks for credentials
-        whatever its options say, finds a service account at once instead of retrying for ~20 s."""
-        host = self.url.removeprefix("http://")
-        return {"STORAGE_EMULATOR_HOST": self.url, "GCE_METADATA_HOST": host, "GCE_METADATA_IP": host}
+        """The variables a client process needs to talk to this emulator: its address, and credentials and
+        a project that google-auth takes without a network lookup."""
+        assert self._credentials is not None
+        return {
+            "STORAGE_EMULATOR_HOST": self.url,
+            "GOOGLE_APPLICATION_CREDENTIALS": str(self._credentials),
+            "GOOGLE_CLOUD_PROJECT": "test",
+        }
 
     def start(self) -> GcsEmulator:
         backend = f"http://127.0.0.1:{self.backend_port}"
+        fd, name = tempfile.mkstemp(prefix="gcs-emulator-credentials-", suffix=".json")
+        with os.fdopen(fd, "w") as f:  # an authorized user whose token is valid until 2999: never refreshed
+            json.dump(
+                {
+                    "type": "authorized_user",
+                    "client_id": "emulator",
+                    "client_secret": "emulator",
+                    "refresh_token": "emulator",
+                    "token": "emulator",
+                    "expiry": "2999-01-01T00:00:00Z",
+                },
+                f,
+            )
+        self._credentials = Path(name)
         self._process = subprocess.Popen(
             [
                 str(server_binary()),
@@ -193,6 +197,9 @@ class GcsEmulator:
             self._process.terminate()
             self._process.wait(timeout=10)
             self._process = None
+        if self._credentials is not None:
+            self._credentials.unlink(missing_ok=True)
+            self._credentials = None
 
     def make_bucket(self, name: str) -> None:
         request = urllib.request.Request(
@@ -213,7 +220,37 @@ class GcsEmulator:
             self.served.clear()
 
     def forward(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, list, bytes]:
-        """Send one request to fake-gcs-server: (status, reason, headers, body)."""
+        """Send one request to fake-gcs-server: (status, reason, headers, body); a read or delete of an object
+        whose generation precondition fails is answered 412 here, as GCS answers it (`_precondition`)."""
+        failed = self._precondition(method, path)
+        if failed is not None:
+            return failed
+        return self._send(method, path, headers, body)
+
+    def _precondition(self, method: str, path: str) -> tuple[int, str, list, bytes] | None:
+        """412 for a GET or DELETE of an object (JSON API: metadata, media or delete) carrying
+        `ifGenerationMatch` or `ifGenerationNotMatch` that the object's current generation fails; None to
+        forward it (an object that does not exist is the server's 404)."""
+        url = urllib.parse.urlsplit(path)
+        query = urllib.parse.parse_qs(url.query)
+        object_path = url.path.removeprefix("/download")
+        if method not in ("GET", "DELETE") or not object_path.startswith("/storage/v1/b/") or "/o/" not in object_path:
+            return None
+        match, not_match = query.get("ifGenerationMatch"), query.get("ifGenerationNotMatch")
+        if not match and not not_match:
+            return None
+        status, _, _, data = self._send("GET", object_path, {}, b"")
+        if status != 200:
+            return None
+        generation = str(json.loads(data)["generation"])
+        if (match and match[0] != generation) or (not_match and not_match[0] == generation):
+            error = {
+                "error": {"code": 412, "message": "At least one of the pre-conditions you specified did not hold."}
+            }
+            return 412, "Precondition Failed", [("Content-Type", "application/json")], json.dumps(error).encode()
+        return None
+
+    def _send(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, list, bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", self.backend_port, timeout=120)
         try:
             sent = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != "host"}
@@ -258,9 +295,7 @@ class GcsEmulator:
                     length = int(self.headers.get("Content-Length") or 0)
                     body = self.rfile.read(length) if length else b""
                 headers = dict(self.headers.items())
-                if self.headers.get("Metadata-Flavor") == "Google":  # google-auth asking the metadata server
-                    status, reason, out_headers, data = _metadata(self.path)
-                elif self.command == "POST" and urllib.parse.urlsplit(self.path).path.startswith("/batch/"):
+                if self.command == "POST" and urllib.parse.urlsplit(self.path).path.startswith("/batch/"):
                     status, reason, out_headers, data = emulator._batch(headers, body)
                 else:
                     status, reason, out_headers, data = emulator.forward(self.command, self.path, headers, body)
@@ -298,7 +333,7 @@ class GcsEmulator:
 
 @contextlib.contextmanager
 def running_emulator() -> Iterator[GcsEmulator]:
-    """A started emulator with `STORAGE_EMULATOR_HOST` set in this process for the block."""
+    """A started emulator with its `environ` set in this process for the block."""
     emulator = GcsEmulator().start()
     old = {name: os.environ.get(name) for name in emulator.environ}
     os.environ.update(emulator.environ)
