@@ -7,7 +7,9 @@ Three kinds of rule:
   compares only within one writing system and one text front end, and speakers differ): a clip is
   `speaking_rate_outlier` outside Q1 - k*IQR .. Q3 + k*IQR of its speaker's rates in its language
   (one language has one front end in a run); a speaker with fewer than `rate_min_clips` rated clips
-  there takes its language's bounds; a language with fewer is left unjudged by the bounds
+  there but at least `PACE_MIN_CLIPS` takes its language's within-speaker spread centred on its own
+  median, at `PACE_K_FACTOR` times k (`pace_ratios`, `pace_bounds`); a smaller one takes its
+  language's bounds; a language with fewer than `rate_min_clips` is left unjudged by the bounds
   (`rate_bounds`, `bounds_for`, `unjudged_languages`), never judged against other languages. The
   quartiles are exact, read from histograms of the rate in hundredths of a symbol per second
   (`rate_histograms`), the way the length cut-offs read theirs. Every clip, judged or not, is held to
@@ -39,7 +41,17 @@ from melshards.preprocess.config import QualityRulesConfig
 from melshards.shards_schema.stats import percentile
 
 RATE_SCALE = 100  # the rate histograms count rates in hundredths of a symbol per second
+RATIO_SCALE = 1000  # the pace-ratio histograms count a rate over its speaker's median in thousandths
+# The fewest rated clips of a speaker in a language whose median sets its pace (`pace_bounds`) and whose
+# rates are in its language's within-speaker spread (`pace_ratios`): the median of 5 is a clean clip's
+# rate while 2 of them are faults (docs/preprocess.md, Quality rules).
+PACE_MIN_CLIPS = 5
+# The pace bounds' k is this times `rate_iqr_k`: one clip is more than 5% of a speaker of fewer than
+# `rate_min_clips`, so its bounds must drop fewer clean clips per clip than a large speaker's; three times
+# its pace still lies far outside them (docs/preprocess.md, Quality rules).
+PACE_K_FACTOR = 2
 SPEAKER, LANGUAGE = "speaker", "language"  # the rate rule's groups: a speaker in a language, a language
+PACE = "pace"  # bounds of a speaker in a language: its own median times its language's spread
 DUPLICATE_OF = "duplicate_of"  # on a clip another copy of whose audio is kept: that copy's id
 
 # The most symbols per second of speech a kind of symbol is read at: about twice the fastest speech's
@@ -100,16 +112,57 @@ def _groups(hists: Mapping[tuple, int]) -> dict[tuple, Counter]:
     return groups
 
 
+def pace_ratio_key(key: int, median: int) -> int:
+    """A rate's histogram key over its speaker's median key as a pace-ratio key: thousandths, rounded
+    half up, in integers (so exact)."""
+    return (2 * key * RATIO_SCALE + median) // (2 * median)
+
+
+def pace_ratios(hists: Mapping[tuple, int]) -> dict[str, Counter]:
+    """Each language's within-speaker spread: the histogram of its speakers' rates each over its own
+    speaker's median (`pace_ratio_key`), summed over the speakers with at least `PACE_MIN_CLIPS` rated
+    clips in it and a median above 0 (a smaller speaker's median is one of its few rates, which would
+    pull the ratios to 1)."""
+    out: dict[str, Counter] = {}
+    for (scope, name), hist in sorted(_groups(hists).items()):
+        if scope != SPEAKER or sum(hist.values()) < PACE_MIN_CLIPS:
+            continue
+        median = percentile(hist, 50)
+        if median <= 0:
+            continue
+        ratios = out.setdefault(name[1], Counter())
+        for key, n in hist.items():
+            ratios[pace_ratio_key(key, median)] += n
+    return out
+
+
+def pace_bounds(hist: Mapping[int, int], ratios: Mapping[int, int], k: float) -> tuple[float, float]:
+    """A speaker's bounds at its own pace: its median rate (of `hist`, rate keys) times q1 - k*(q3 - q1)
+    .. q3 + k*(q3 - q1), q1 and q3 the quartiles of its language's pace ratios (`pace_ratios`), in
+    symbols per second."""
+    median = percentile(hist, 50) / RATE_SCALE
+    q1, q3 = percentile(ratios, 25) / RATIO_SCALE, percentile(ratios, 75) / RATIO_SCALE
+    iqr = q3 - q1
+    return (median * (q1 - k * iqr), median * (q3 + k * iqr))
+
+
 def rate_bounds(hists: Mapping[tuple, int], rules: QualityRulesConfig) -> dict:
     """The speaking-rate bounds of every group (`rate_histograms`) with at least `rules.rate_min_clips`
-    rated clips: {SPEAKER: {(speaker, language): (low, high)}, LANGUAGE: {code: (low, high)}}; none
-    when `rules.rate_iqr_k` is None."""
-    out: dict[str, dict] = {SPEAKER: {}, LANGUAGE: {}}
+    rated clips, and of every speaker in a language with fewer but at least `PACE_MIN_CLIPS` whose
+    language's pace ratios (`pace_ratios`) number at least `rules.rate_min_clips` (`pace_bounds` at
+    `PACE_K_FACTOR` times `rules.rate_iqr_k`):
+    {SPEAKER: {(speaker, language): (low, high)}, PACE: {(speaker, language): (low, high)},
+    LANGUAGE: {code: (low, high)}}; none when `rules.rate_iqr_k` is None."""
+    out: dict[str, dict] = {SPEAKER: {}, PACE: {}, LANGUAGE: {}}
     if rules.rate_iqr_k is None:  # the rule is off
         return out
+    ratios = pace_ratios(hists)
     for (scope, name), hist in sorted(_groups(hists).items()):
-        if sum(hist.values()) >= rules.rate_min_clips:
+        n = sum(hist.values())
+        if n >= rules.rate_min_clips:
             out[scope][name] = iqr_bounds(hist, rules.rate_iqr_k)
+        elif scope == SPEAKER and n >= PACE_MIN_CLIPS and sum(ratios.get(name[1], {}).values()) >= rules.rate_min_clips:
+            out[PACE][name] = pace_bounds(hist, ratios[name[1]], PACE_K_FACTOR * rules.rate_iqr_k)
     return out
 
 
@@ -125,9 +178,11 @@ def unjudged_languages(hists: Mapping[tuple, int], rules: QualityRulesConfig) ->
 
 def bounds_for(bounds: Mapping, speaker: str, language: str) -> tuple[tuple[float, float], str] | None:
     """A clip's speaking-rate bounds and where they come from: its speaker's in its language, else its
-    language's; None when neither has enough rated clips (the clip is not judged by bounds)."""
+    speaker's pace in its language's spread, else its language's; None when none has enough rated clips
+    (the clip is not judged by bounds)."""
     for scope, name, label in (
         (SPEAKER, (speaker, language), f"speaker {speaker}"),
+        (PACE, (speaker, language), f"speaker {speaker} at language {language}'s spread"),
         (LANGUAGE, language, f"language {language}"),
     ):
         if name in bounds.get(scope, {}):

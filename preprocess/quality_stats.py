@@ -113,8 +113,9 @@ def rate_unjudged(groups: Mapping[tuple, Mapping], rules, frontend_for) -> list[
 
 
 def rate_outliers(groups: Mapping[tuple, Mapping], rules, k: float, rates: Counter | None = None) -> dict:
-    """Each speaker's clips outside its speaking-rate bounds at `k` (the rule of `quality_rules`: its own
-    in its clip's language, else that language's, with `rules.rate_min_clips`; a clip of an unjudged
+    """Each speaker's clips outside its speaking-rate bounds at `k` (the rule of `quality_rules`,
+    `bounds_for`: its own in its clip's language, else its pace in that language's spread, else that
+    language's, with `rules.rate_min_clips`; a clip of an unjudged
     language counts as inside), as (least, most): exact but for clips within half a key (0.005 symbols/s)
     of a bound, which `most` counts. The rule's ceiling (`quality_rules.RATE_CEILINGS`) is not counted.
     `rates`: `rate_histograms(groups)`, computed once for several k."""

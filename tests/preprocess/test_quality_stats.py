@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from melshards.preprocess import quality_rules
 from melshards.preprocess.config import PreprocessConfig, QualityRulesConfig
 from melshards.preprocess.filter_and_write import dropped_counts
 from melshards.preprocess.quality import measure_bins
@@ -84,3 +85,22 @@ def test_a_language_too_small_for_rate_bounds_is_recorded_unjudged_and_counts_no
     ]
     assert [(r["least"], r["most"]) for r in q.speaker("dai")["rate_outliers"]] == [(0, 0)] * 5
     assert QualityFigures.of(measure_histograms(CLIPS, BINS), CFG).section()["rate_unjudged"] == []
+
+
+def test_rate_outliers_of_a_small_speaker_are_counted_at_its_pace_as_the_rule_drops_them():
+    # slow (6 clips, median 8) and fast (5, median 16) read at 0.75..1.25 of their medians but slow's 17;
+    # with rate_min_clips 8 neither has bounds of its own: each is judged at its median times en's spread
+    clips = [clip("slow", "en", r, 40) for r in (6, 7, 8, 9, 10, 17)]
+    clips += [clip("fast", "en", r, 40) for r in (12, 14, 16, 18, 20)]
+    cfg = PreprocessConfig(quality_rules=dataclasses.replace(QualityRulesConfig(), rate_min_clips=8))
+    q = QualityFigures.of(measure_histograms(clips, BINS), cfg)
+    hists = quality_rules.rate_histograms(clips)
+    for k, out in q.per_k.items():
+        rules = dataclasses.replace(cfg.quality_rules, rate_iqr_k=k)
+        gate = quality_rules.QualityGate(rules, 22050, quality_rules.rate_bounds(hists, rules))
+        for name in ("slow", "fast"):
+            dropped = sum(quality_rules.rate_rejection(c, gate) is not None for c in clips if c["speaker"] == name)
+            assert out.get(name, (0, 0)) == (dropped, dropped)
+    # k 1 (pace bounds at k 2): en's pace ratios q1 0.875, q3 1.25 -> slow 1..16, so its 17 (en's bounds,
+    # Q1 8, Q3 17 of 11 rates: -1..26, keep it)
+    assert [r["least"] for r in q.speaker("slow")["rate_outliers"] if r["k"] == 1.0] == [1]
