@@ -342,11 +342,12 @@ def reference_runs(corpus_dir, tmp_path_factory):
     return list(csv.DictReader((tmp / "corpus.csv").open())), [tmp / "first", tmp / "again"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gcs():
-    """A GCS emulator for the session (tests/gcs_emulator.py: fake-gcs-server behind a counting proxy), with
-    its `environ` (`STORAGE_EMULATOR_HOST`, credentials and a project) set for this process and the
-    processes it starts."""
+    """A GCS emulator for the test module (tests/gcs_emulator.py: fake-gcs-server behind a counting proxy),
+    with its `environ` (`STORAGE_EMULATOR_HOST`, credentials and a project) set for this process and the
+    processes it starts. Per module, not per session: the server is a child of the test process, and the
+    tests that check a job leaves no process behind (test_workers) count this process's descendants."""
     from tests.gcs_emulator import running_emulator
 
     with running_emulator() as emulator:
