@@ -205,26 +205,41 @@ def test_the_tar_scan_finds_the_members_tarfile_finds_at_the_same_offsets(tmp_pa
     with tarfile.open(path) as tar:
         expected = [(m.name, m.size, m.offset_data) for m in tar if m.isfile()]
     found = [
-        (m.name, m.size, m.offset_data)
+        (m.name, m.size, m.offset)
         for _key, members, _meta, _problem in containers.tar_samples(str(path))
         for m in members.values()
     ]
     assert found == expected and len(found) == 4
 
 
-def test_a_batch_of_tar_members_opens_the_tar_once_and_reads_each_at_its_offset(tmp_path, monkeypatch):
+@pytest.fixture
+def opened(monkeypatch) -> list:
+    """Every `RangedFile` containers opens from here on (its `fetched` bytes and `fetches` counted)."""
+    made: list = []
+
+    class Counted(containers.RangedFile):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(containers, "RangedFile", Counted)
+    return made
+
+
+def test_a_batch_of_tar_members_opens_the_tar_once_and_reads_each_members_bytes_alone(tmp_path, opened):
     path = str(write_tar(tmp_path / "000000.tar", bad=False))
     rows = LayoutRows.of(containers.tar_rows(path, 0)).rows
-    opened = []
-    real_open = containers._open
-    monkeypatch.setattr(containers, "_open", lambda p: opened.append(p) or real_open(p))
+    scan = opened.pop()
     with tarfile.open(path) as tar:
         expected = [tar.extractfile(r["locator"]["member"]).read() for r in rows]  # type: ignore[union-attr]
     got = [containers.clip_bytes(path, r["locator"]) for r in rows]
     containers.release_held()
     got.append(containers.clip_bytes(path, rows[0]["locator"]))  # the next batch opens it again
     containers.release_held()
-    assert got == expected + expected[:1] and opened == [path, path]
+    assert got == expected + expected[:1] and len(opened) == 2
+    assert (opened[0].fetches, opened[0].fetched) == (len(rows), sum(map(len, expected)))  # each member once, alone
+    # the scan fetched the headers and `.json` members, a few KB a sample, not the audio
+    assert scan.fetched <= len(rows) * (containers.TAR_SCAN_FETCH + 512) < sum(map(len, expected)), scan.fetched
 
 
 def test_container_rows_go_to_the_workers_in_batches_a_parquet_row_group_to_a_batch():
