@@ -59,9 +59,9 @@ def write_total(directory: str, rows: int) -> None:
 
 
 def count_rows(corpora: Sequence[Corpus]) -> int:
-    """At most the input rows of every corpus, known before the job (`sources.count_input_rows`:
-    a table's non-empty lines less its header, the utterances a VCTK or LibriTTS listing holds, the
-    parquet footers' rows, a bound from the tars' sizes): the local worker count is chosen from it."""
+    """The input rows of every corpus, known before the job (`sources.count_input_rows`: a table's
+    non-empty lines less its header, the utterances a VCTK or LibriTTS listing holds, the parquet
+    footers' rows, an estimate for tars): the local worker count is chosen from it."""
     return sum(count_input_rows(c) for c in corpora)
 
 

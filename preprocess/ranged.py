@@ -10,7 +10,8 @@ its policy:
 - at least `min_fetch` bytes (a tar's headers: one fetch holds a header, the small `.json` member
   after it and the next header);
 - with `grow`, a miss where the last fetch ended (a decoder reading on, 8 KiB at a time) fetches
-  twice as much as the last, up to MAX_GROWN; elsewhere `min_fetch` again;
+  twice as much as the last such fetch, up to MAX_GROWN; elsewhere, or after an expected span's
+  fetch, `min_fetch` again;
 - `expect(start, end)`: a miss in [start, end) fetches up to `end` in one read (a segment's bytes,
   from where the decoder seeks to in it).
 
@@ -101,7 +102,7 @@ class RangedFile(io.RawIOBase):
         self._pos = 0
         self._held: list[tuple[int, bytes]] = []  # (start, bytes) fetched, oldest first
         self._held_bytes = 0
-        self._last = (-1, 0)  # (end, size) of the last fetch
+        self._end, self._grown = -1, 0  # where the last fetch ended; the size of the last grown one (0: none)
         self._expected: tuple[int, int] | None = None
         self.fetched = self.fetches = 0
 
@@ -160,11 +161,12 @@ class RangedFile(io.RawIOBase):
 
     def _fetch(self, p: int, want: int) -> tuple[int, bytes]:
         size = max(want, self.min_fetch)
+        grown = 0
         if self._expected and self._expected[0] <= p < self._expected[1]:
             size = max(want, self._expected[1] - p)
         elif self.grow:
-            end, last = self._last
-            size = max(want, min(MAX_GROWN, 2 * last) if p == end else self.min_fetch)
+            grown = max(self.min_fetch, min(MAX_GROWN, 2 * self._grown)) if p == self._end else self.min_fetch
+            size = max(want, grown)
         after = [start for start, _ in self._held if start > p]  # never fetch again what is held
         size = min(size, self.size - p, *(s - p for s in after))
         data = self._source.fetch(p, size)
@@ -172,7 +174,7 @@ class RangedFile(io.RawIOBase):
             raise OSError(f"{self.path}: {len(data)} bytes at {p}, expected {size} (the file changed during the run?)")
         self.fetched += size
         self.fetches += 1
-        self._last = (p + size, size)
+        self._end, self._grown = p + size, grown
         self._held.append((p, data))
         self._held_bytes += size
         while len(self._held) > 1 and self._held_bytes > self.keep:

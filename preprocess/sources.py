@@ -14,6 +14,7 @@ from __future__ import annotations
 import codecs
 import dataclasses
 import functools
+import itertools
 import os
 import posixpath
 import threading
@@ -63,8 +64,9 @@ class Layout:
     """A corpus layout: `locate(path, forced)` the corpus at path if its telltale files are there
     (forced by --format: only what reading needs), `read(corpus, spill, scans)` its items with unique
     ids (the spill holds what reading must remember; `scans`: a container layout's files with their
-    scans, unused by the others), `count` at most its input rows from what tells them without reading
-    the rows (a rows file's lines, listings, parquet footers; the local worker count) and
+    scans, unused by the others), `count` its input rows from what tells them without reading the
+    rows (a rows file's lines, listings, parquet footers; a WebDataset's, an estimate: the local
+    worker count is chosen from it) and
     `language(corpus, --language)` its default language. A layout of container files (parquet, tars)
     has `files(corpus)`, its files in input order, and `scan(corpus, path)`, one file's records (all
     of its I/O: the job scans the files in parallel, one file to a worker)."""
@@ -459,15 +461,24 @@ def _scan_webdataset(c: Corpus, path: str) -> Iterator:
     return containers.tar_samples(path)
 
 
-_TAR_SAMPLE_BYTES = 3 * 512  # a sample is at least a `.json` member's header and data block and its audio's header
-_TAR_END_BYTES = 2 * 512  # the end-of-archive blocks
+_ESTIMATE_SAMPLES = 32  # a WebDataset input's row count is estimated from its first tar's first samples
 
 
 def _count_webdataset(c: Corpus) -> int:
-    """At most the tars' samples, from their sizes: the count a scan of every header would give costs
-    a read of every tar (the job's scan reads them once, in parallel)."""
-    sizes = FileSystems.match(_container_files(c, containers.TAR_EXTENSIONS))
-    return sum(max(0, m.size_in_bytes - _TAR_END_BYTES) // _TAR_SAMPLE_BYTES for r in sizes for m in r.metadata_list)
+    """About the tars' samples (the local worker count's figure): their bytes over the bytes a sample
+    takes in the first tar's first _ESTIMATE_SAMPLES samples (their headers read, a few KB each),
+    exact for a first tar of no more samples. Counting every tar's samples would cost a read of every
+    tar's headers before the job (the job's read stage scans them once, in parallel)."""
+    files = _container_files(c, containers.TAR_EXTENSIONS)
+    if not files:
+        return 0
+    first = list(itertools.islice(containers.tar_samples(files[0], read_json=False), _ESTIMATE_SAMPLES + 1))
+    sizes = [m.size_in_bytes for r in FileSystems.match(files) for m in r.metadata_list]
+    if len(first) <= _ESTIMATE_SAMPLES:
+        head, n = sizes[0], len(first)
+    else:
+        head, n = min(m.offset for m in first[-1][1].values()), _ESTIMATE_SAMPLES
+    return round(sum(sizes) * n / head) if head else 0
 
 
 def _webdataset_unused(c: Corpus) -> list[str]:
@@ -731,9 +742,9 @@ def _check_container_columns(corpus: Corpus) -> None:
 
 
 def count_input_rows(corpus: Corpus) -> int:
-    """At most the corpus' input rows, from its rows file's lines, its listings or its parquet footers
-    (no transcript and no tar header is read: a WebDataset input's count is a bound from its tars'
-    sizes): what the local worker count is chosen from."""
+    """The corpus' input rows from its rows file's lines, its listings or its parquet footers (no
+    transcript is read; a WebDataset input's, an estimate from its sizes and its first samples: no
+    tar is scanned): what the local worker count is chosen from."""
     return LAYOUTS[corpus.kind].count(corpus)
 
 
