@@ -69,13 +69,14 @@ def _read_bytes(path: str | None) -> bytes:
 
 def _decode(path: str | None, cfg: PreprocessConfig, locator: dict | None) -> np.ndarray:
     """The clip's samples: a whole file, a member of a tar or a row of a parquet file (its bytes,
-    decoded from memory), or a segment of a recording (its span only: `containers`)."""
+    decoded from memory), or a segment of a recording (its span only, the recording held for the
+    batch's next segments: `containers.recording`)."""
     if locator and "start" in locator:
         if path is None:
             raise ClipRejected("missing_audio", "no audio file for this id")
         try:
-            with FileSystems.open(path) as f:
-                return audio.decode_span(f, cfg.audio.sample_rate, locator["start"], locator["end"])[0]
+            f = containers.recording(path, locator["start"], locator["end"])
+            return audio.decode_span(f, cfg.audio.sample_rate, locator["start"], locator["end"])[0]
         except audio.SegmentOutOfRange as e:
             raise ClipRejected("bad_segment", f"{path}: {e}") from e
         except READ_ERRORS as e:

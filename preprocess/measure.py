@@ -115,10 +115,12 @@ STASHED = "stashed"
 
 @beam.typehints.with_output_types(dict)  # declared: inferring it would import librosa into the launcher
 class _MeasureFn(beam.DoFn):
-    """A batch of rows (`stash.stash_rows`' reference) -> {"clips": [clip with its front end's text,
-    lengths, the mel's moments], "cache": {hits, computed, damaged_files}, "cache_files": [...]} for
-    the statistics; the batch's stash reference (`stash.stash_batch`) -> `stashed`; bad clips ->
-    `rejected`.
+    """A list of references to batches of rows (`corpus.together`: one batch, or the batches of one
+    parquet row group, measured in order) -> for each batch, {"clips": [clip with its front end's
+    text, lengths, the mel's moments], "cache": {hits, computed, damaged_files}, "cache_files": [...]}
+    for the statistics and its stash reference (`stash.stash_batch`) -> `stashed`; bad clips ->
+    `rejected`. What the batches' audio was read from (`containers.release_held`) is let go once all
+    are measured.
 
     Each clip is decoded, resampled and trimmed once, here, and its features computed from it, or
     read from the feature cache when the run has one (`index`: a `cache.CacheIndex`, a side input). The
@@ -140,7 +142,14 @@ class _MeasureFn(beam.DoFn):
         self.vectors = self.extractors.vectors() if self.extractors else ()
         self.parts = cache.run_parts(self.cfg, self.records)  # the worker's libraries compute the features
 
-    def process(self, batch, index=None):
+    def process(self, refs, index=None):
+        try:
+            for batch in refs:
+                yield from self._measure(batch, index)
+        finally:
+            containers.release_held()  # the tars, row group streams and recordings the batches were read from
+
+    def _measure(self, batch, index):
         rows = load_rows(batch)
         clips, arrays, written = [], [], []
         cached = _Cached(self.cache_dir, index, self.parts)
@@ -182,7 +191,6 @@ class _MeasureFn(beam.DoFn):
             clip["feature_summary"] = feature_stats.clip_summary(features, self.vectors)
             clips.append(clip)
             arrays.append(stashed)
-        containers.release_held()  # the parquet row group the batch's rows were read from
         path = cached.flush()
         for clip, keys, where, missing in written:
             where.update({p.name: [path, keys[p.name]] for p in missing})
@@ -204,7 +212,7 @@ class _MeasureFn(beam.DoFn):
 
 
 class MeasureClips(beam.PTransform):
-    """Batches of rows (`stash.stash_rows`' references) -> {"clips": batches of clips with normalised
+    """Lists of references to batches of rows (`corpus.together`) -> {"clips": batches of clips with normalised
     text and lengths, for the statistics; "stashed": each batch's stash reference, for the stages
     after the statistics; "rejected": bad clips}. With `cache_dir`, each clip's audio features are
     looked up in the feature cache first (its index, `cache.read_index`, read by one worker into a

@@ -283,7 +283,7 @@ def run_job(
         run.stage,
         options.view_as(StandardOptions).runner,
     )
-    reporter = ProgressReporter(run.stage, rows, echo) if rows is not None else None
+    reporter = ProgressReporter(run.stage, echo) if local else None
     lease = None
     try:
         if cache_dir:  # `melshards cache prune` removes no entries while the run holds the cache
@@ -295,7 +295,8 @@ def run_job(
                 show_log(job_log)
                 return _finish(run)
             except Exception as e:
-                told = one_line_error(e, run, out_dir, cache_dir, reporter.rows_done() if reporter else 0, rows)
+                done, total = (reporter.rows_done(), reporter.read_total()) if reporter else (0, None)
+                told = one_line_error(e, run, out_dir, cache_dir, done, total)
                 if told is None:
                     show_log(job_log)
                     raise

@@ -284,6 +284,7 @@ class GcsEmulator:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are two writes: Nagle would hold a small body for the client's delayed ACK (40 ms)
 
             def log_message(self, *args) -> None:  # quiet
                 pass
