@@ -81,7 +81,9 @@ def batch_rows(n: int) -> int:
     return max(1, min(MAX_BATCH_ROWS, -(-n // 16)))
 
 
-MAX_ROW_GROUP_BATCH = 256  # rows: a parquet row group up to this size is one batch (Hugging Face writes 100)
+# rows: a parquet row group up to this size is one batch (Hugging Face writes 100); a larger one, batches
+# of this size that one worker measures together (`together`)
+MAX_ROW_GROUP_BATCH = 256
 
 
 def named(corpora: Sequence[Corpus]) -> tuple[Corpus, ...]:

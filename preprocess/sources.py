@@ -388,9 +388,14 @@ def _manifest_unused(c: Corpus) -> list[str]:
 def _container_files(c: Corpus, extensions: tuple[str, ...]) -> list[str]:
     """The input's files with one of `extensions`: itself, or those under it (any depth; one listing
     per extension, of those files alone), sorted."""
-    if c.root.lower().endswith(extensions) and not _is_dir(c.root):
-        return [c.root]
-    return sorted({p for ext in extensions for p in _list(_join(c.root, f"**{ext}"))})
+    return sorted(_container_sizes(c, extensions))
+
+
+def _container_sizes(c: Corpus, extensions: tuple[str, ...]) -> dict[str, int]:
+    """`_container_files`, each with its size in bytes (from the same listings)."""
+    patterns = [c.root] if c.root.lower().endswith(extensions) and not _is_dir(c.root) else None
+    patterns = patterns or [_join(c.root, f"**{ext}") for ext in extensions]
+    return {m.path: m.size_in_bytes for r in FileSystems.match(patterns) for m in r.metadata_list}
 
 
 def _numbered(read: Callable[[str, int, Iterable], Iterator[dict]], scans: Scans) -> Iterator[dict]:
@@ -469,16 +474,16 @@ def _count_webdataset(c: Corpus) -> int:
     takes in the first tar's first _ESTIMATE_SAMPLES samples (their headers read, a few KB each),
     exact for a first tar of no more samples. Counting every tar's samples would cost a read of every
     tar's headers before the job (the job's read stage scans them once, in parallel)."""
-    files = _container_files(c, containers.TAR_EXTENSIONS)
-    if not files:
+    sizes = _container_sizes(c, containers.TAR_EXTENSIONS)
+    if not sizes:
         return 0
-    first = list(itertools.islice(containers.tar_samples(files[0], read_json=False), _ESTIMATE_SAMPLES + 1))
-    sizes = [m.size_in_bytes for r in FileSystems.match(files) for m in r.metadata_list]
+    path = min(sizes)
+    first = list(itertools.islice(containers.tar_samples(path, read_json=False), _ESTIMATE_SAMPLES + 1))
     if len(first) <= _ESTIMATE_SAMPLES:
-        head, n = sizes[0], len(first)
+        head, n = sizes[path], len(first)
     else:
         head, n = min(m.offset for m in first[-1][1].values()), _ESTIMATE_SAMPLES
-    return round(sum(sizes) * n / head) if head else 0
+    return round(sum(sizes.values()) * n / head) if head else 0
 
 
 def _webdataset_unused(c: Corpus) -> list[str]:
