@@ -97,7 +97,8 @@ def _measure(work: Path, batches, with_cache: bool) -> list:
     cache_dir = str(work / "cache") if with_cache else None
     fn = measure._MeasureFn(CFG, str(work / TEMP_DIR), str(work / TEMP_DIR), cache_dir)
     fn.setup()
-    return [out for batch in batches for out in fn.process(batch, EMPTY_CACHE if with_cache else None)]
+    # each batch its own element: a list of the batches that travel together (one, but a row group's)
+    return [out for batch in batches for out in fn.process([batch], EMPTY_CACHE if with_cache else None)]
 
 
 @pytest.mark.parametrize("with_cache", [True, False], ids=["cache", "no_cache"])
