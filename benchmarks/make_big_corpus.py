@@ -81,6 +81,18 @@ def plan_clip(
     return parts
 
 
+def joined_clip(plan: list[tuple[int, float]], src: list[tuple[str, str, np.ndarray]]) -> tuple[str, np.ndarray]:
+    """The clip of `plan` (`plan_clip`) from `src` (`good_clips`): its text (the parts' texts joined by
+    spaces) and its samples (the parts with their gaps of silence before them, clipped to full scale)."""
+    pieces, texts = [], []
+    for k, gap in plan:
+        if gap:
+            pieces.append(np.zeros(int(round(gap * SR)), np.float32))
+        pieces.append(src[k][2])
+        texts.append(src[k][1])
+    return " ".join(texts), np.clip(np.concatenate(pieces), -1.0, 1.0)
+
+
 def link_corpus(src: str | Path, out: str | Path, times: int) -> dict:
     """`out`: the LJSpeech-layout corpus in `src` `times` times over, each wav hard-linked under `times`
     new ids (`<id>x<k>`) and each metadata row repeated with them. An `out` this function made before
@@ -168,15 +180,8 @@ def main(argv=None) -> dict:
     lines = []
     for i, plan in enumerate(plans):
         cid = f"LJB{i // 1000:03d}-{i % 1000:04d}"
-        pieces, texts = [], []
-        for k, gap in plan:
-            if gap:
-                pieces.append(np.zeros(int(round(gap * SR)), np.float32))
-            pieces.append(src[k][2])
-            texts.append(src[k][1])
-        y = np.clip(np.concatenate(pieces), -1.0, 1.0)
+        text, y = joined_clip(plan, src)
         sf.write(out / "wavs" / f"{cid}.wav", y, SR, subtype="PCM_16")
-        text = " ".join(texts)
         lines.append(f"{cid}|{text}|{text}")
         if (i + 1) % 2000 == 0:
             print(f"  {i + 1} clips written", flush=True)

@@ -90,7 +90,13 @@ class _Files:
 def _paths(patterns) -> list[str]:
     """Shard globs as strings: one str or os.PathLike, or a sequence of them; else a TypeError naming it."""
     import os
+    from collections.abc import Mapping
 
+    if isinstance(patterns, Mapping):
+        raise TypeError(
+            f"patterns is a {type(patterns).__name__}; pass shard globs as a str, a "
+            "pathlib.Path or a list of them, e.g. ['DIR/train-*.tfrecord']"
+        )
     given = [patterns] if isinstance(patterns, (str, os.PathLike)) else patterns
     try:
         given = list(given)
@@ -106,8 +112,22 @@ def _paths(patterns) -> list[str]:
 
 
 def _features(features) -> tuple[str, ...]:
-    """`features` as a tuple of names: one str is one feature."""
-    return (features,) if isinstance(features, str) else tuple(features)
+    """`features` as a tuple of names: one str is one feature; else a TypeError or ValueError saying what
+    to pass (the schema's check names an unknown one)."""
+    from collections.abc import Mapping
+
+    example = f"e.g. features=('mel', 'mel_len'), or leave it out for {DEFAULT_FEATURES}"
+    if isinstance(features, str):
+        return (features,)
+    if isinstance(features, Mapping) or not hasattr(features, "__iter__"):
+        raise TypeError(f"features is {features!r} ({type(features).__name__}); pass record field names, {example}")
+    names = tuple(features)
+    if not names:
+        raise ValueError(f"features is empty, so the records would give nothing; pass the fields to keep, {example}")
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"features holds {bad[0]!r} ({type(bad[0]).__name__}); pass record field names, {example}")
+    return names
 
 
 def _resolve(patterns, split: str | None, schema_path) -> _Files:
@@ -246,6 +266,7 @@ def _datasets(
     schema_path,
     balance,
     balance_alpha,
+    only: int | None = None,
 ) -> tuple[_Files, Balancing | None, dict[int, tf.data.Dataset]]:
     for name, value, minimum in (
         ("batch_size", batch_size, 1),
@@ -255,9 +276,11 @@ def _datasets(
     ):
         _check_int(name, value, minimum)
     _check_balance(balance, balance_alpha)
+    _features(features)
     from melshards.train.balance import balancing
 
     found = _resolve(patterns, split, schema_path)
+    _check_batch(found, batch_size, only)
     balanced = balancing(found.schema, balance, float(balance_alpha))
     return (
         found,
@@ -278,8 +301,21 @@ def _datasets(
                 found.schema,
             )
             for i, files in sorted(found.by_bucket.items())
+            if only is None or i == only
         },
     )
+
+
+def _check_batch(found: _Files, batch_size: int, only: int | None) -> None:
+    """The trainer's refusal (`melshards.train.buckets.check_batch_fits`) of a batch larger than the records
+    of a bucket read (`only`, else every bucket the patterns hold): shuffled and repeated, its batches
+    would hold records twice; read once, it would give no batch at all."""
+    from melshards.train.buckets import check_batch_fits
+
+    if only is not None and only not in found.records:
+        return  # `dataset` names the buckets the patterns hold
+    records = [found.records.get(b.index, 0) if only in (None, b.index) else 0 for b in found.schema.buckets]
+    check_batch_fits(records, batch_size, name="batch_size", setting="batch_size={}", what="records")
 
 
 def dataset(
@@ -307,7 +343,10 @@ def dataset(
       be finished (else SchemaError / InputError, before anything is read). A shard schema.json does
       not list is read once and checked against its bucket's shapes (InputError naming it).
     batch_size: records per batch; the last partial batch is dropped, so the batch dimension is
-      static too. Padding frames hold log(log_floor); `mel_len` / `text_len` say what is real.
+      static too. Padding frames hold log(log_floor); `mel_len` / `text_len` say what is real. A
+      batch_size larger than the records of a bucket read is refused, as the trainer refuses it
+      (BatchError, a ValueError naming the counts and the largest batch that fits): a batch never
+      holds a record twice.
     shuffle: shuffle the file order and records (a `shuffle_buffer` of serialized records), from
       `seed`; False reads in a fixed order. repeat: endless (use `steps_per_epoch` with
       `model.fit`); False makes one pass.
@@ -338,10 +377,11 @@ def dataset(
         schema_path,
         balance,
         balance_alpha,
+        bucket,
     )
     if bucket is not None:
         if bucket not in per_bucket:
-            raise InputError(f"bucket {bucket}: {patterns!r} holds shards of bucket(s) {sorted(per_bucket)} only")
+            raise InputError(f"bucket {bucket}: {patterns!r} holds shards of bucket(s) {sorted(found.by_bucket)} only")
         return per_bucket[bucket]
     from melshards.train.balance import bucket_weights, describe
 
@@ -390,7 +430,7 @@ def audio_segments(
     seed: the record order and the crops; the same seed gives the same segments, and the draws are
     part of the iterator's state: `tf.train.Checkpoint(iterator=it)` resumes exactly where it was.
     repeat=False makes one pass (up to batch_size - 1 records of each bucket are dropped).
-    Other arguments as for `dataset`.
+    Other arguments as for `dataset` (a batch_size larger than a bucket's records is refused).
     """
     from melshards.train.config import DataConfig
     from melshards.train.segments import segment_dataset
@@ -404,6 +444,7 @@ def audio_segments(
     ):
         _check_int(name, value, minimum)
     found = _resolve(patterns, split, schema_path)
+    _check_batch(found, batch_size, None)
     cfg = DataConfig(
         batch_size=batch_size,
         shuffle_buffer=shuffle_buffer,

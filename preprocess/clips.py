@@ -18,6 +18,7 @@ from collections.abc import Collection
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
+from google.api_core.exceptions import GoogleAPICallError
 
 from melshards.preprocess import alignments, audio, cache, containers, features, quality, quality_rules
 from melshards.preprocess.config import PreprocessConfig
@@ -38,39 +39,54 @@ class ClipRejected(Exception):
         self.reason, self.detail = reason, detail
 
 
+# What reading a clip's file raises when it cannot be read: OSError (a local file; Beam's BeamIOError is
+# one) and the GCS client's errors, which Beam's GcsIO lets through (NotFound for a missing object,
+# Forbidden, ...). Each is the clip's rejection (`_unreadable`), never the job's end.
+READ_ERRORS = (OSError, GoogleAPICallError)
+
+
+def _unreadable(path: str, e: BaseException) -> ClipRejected:
+    """The rejection of a clip whose file `path` could not be read (`e`): missing_audio where no file is
+    there, else unreadable_audio (so is a file whose existence cannot be asked either)."""
+    try:
+        missing = not FileSystems.exists(path)
+    except READ_ERRORS:
+        missing = False
+    if missing:
+        return ClipRejected("missing_audio", f"{path} does not exist")
+    return ClipRejected("unreadable_audio", f"{path}: {e}")
+
+
 def _read_bytes(path: str | None) -> bytes:
     if path is None:
         raise ClipRejected("missing_audio", "no audio file for this id")
     try:
         with FileSystems.open(path) as f:
             return f.read()
-    except OSError as e:  # BeamIOError is an IOError
-        if not FileSystems.exists(path):
-            raise ClipRejected("missing_audio", f"{path} does not exist") from e
-        raise ClipRejected("unreadable_audio", f"{path}: {e}") from e
+    except READ_ERRORS as e:
+        raise _unreadable(path, e) from e
 
 
 def _decode(path: str | None, cfg: PreprocessConfig, locator: dict | None) -> np.ndarray:
     """The clip's samples: a whole file, a member of a tar or a row of a parquet file (its bytes,
-    decoded from memory), or a segment of a recording (its span only: `containers`)."""
+    decoded from memory), or a segment of a recording (its span only, the recording held for the
+    batch's next segments: `containers.recording`)."""
     if locator and "start" in locator:
         if path is None:
             raise ClipRejected("missing_audio", "no audio file for this id")
         try:
-            with FileSystems.open(path) as f:
-                return audio.decode_span(f, cfg.audio.sample_rate, locator["start"], locator["end"])[0]
+            f = containers.recording(path, locator["start"], locator["end"])
+            return audio.decode_span(f, cfg.audio.sample_rate, locator["start"], locator["end"])[0]
         except audio.SegmentOutOfRange as e:
             raise ClipRejected("bad_segment", f"{path}: {e}") from e
-        except OSError as e:
-            if not FileSystems.exists(path):
-                raise ClipRejected("missing_audio", f"{path} does not exist") from e
-            raise ClipRejected("unreadable_audio", f"{path}: {e}") from e
+        except READ_ERRORS as e:
+            raise _unreadable(path, e) from e
     if locator and path is not None:
         try:
             data = containers.clip_bytes(path, locator)
         except containers.NoAudio as e:
             raise ClipRejected("missing_audio", f"{path} {containers.locator_key(locator)}: {e}") from e
-        except OSError as e:
+        except READ_ERRORS as e:
             raise ClipRejected("unreadable_audio", f"{path} {containers.locator_key(locator)}: {e}") from e
         return audio.decode_audio(data, cfg.audio.sample_rate)[0]
     return audio.decode_audio(_read_bytes(path), cfg.audio.sample_rate)[0]

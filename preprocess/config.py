@@ -55,10 +55,10 @@ class QualityRulesConfig:
     Quality rules). A bound set to null turns its rule off."""
 
     rate_iqr_k: Annotated[StrictFloat, Field(ge=0)] | None = (
-        2.0  # speaking_rate_outlier outside Q1 - k*IQR .. Q3 + k*IQR of the speaker's rates in its language (Piper's k)
+        3.0  # speaking_rate_outlier outside Q1 - k*IQR .. Q3 + k*IQR of the speaker's rates in its language
     )
     rate_min_clips: Annotated[StrictInt, Field(ge=1)] = (
-        10  # a speaker with fewer rated clips in a language takes the language's bounds; a language with fewer: none
+        20  # a speaker with fewer rated clips in a language: its median x the language's spread; a language with fewer: none
     )
     max_clipped_fraction: Annotated[StrictFloat, Field(ge=0, le=1)] | None = (
         0.001  # clipped: a larger share of samples at >= 0.99 of full scale

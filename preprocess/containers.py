@@ -9,18 +9,25 @@ A row of these layouts names its audio as `audio` (the parquet file, the tar, th
 * `{"tar_offset": OFFSET, "size": N, "member": NAME}`: the member's bytes at OFFSET in the tar;
 * `{"start": S, "end": E}`: seconds S to E of the recording.
 
-The read stage reads no audio: a parquet file's other columns (the audio column's `path` alone), a
-tar's headers and its small `.json` members (the audio members are skipped by seeking). The audio is
-read where the clip is measured, by `clip_bytes` (one row group's audio column, held for the rows
-of a batch that fall in it, the file's parsed footer kept for its next batches: FOOTERS; a tar
-member's byte range, the tar held open for the batch's next members) and decoded from memory
-(`melshards.preprocess.audio.decode_audio`); a segment decodes its span only. So the audio is read
-by every worker in parallel, never all by one process.
+Reading a container file is two steps: its scan (`parquet_scan`, `tar_samples`: the I/O, one file at a
+time, each file by a worker of its own in the job) and its rows (`parquet_rows`, `tar_rows`: pure, from
+the scan's records, in input order). The scan reads no audio: a parquet file's footer and its other
+columns (the audio column's `path` alone), a tar's headers and its small `.json` members (the audio
+members are seeked over), through `melshards.preprocess.ranged.RangedFile`, whose reads fetch what
+they need (a few KB around each tar header, pyarrow's exact ranges), not Beam's 16 MiB chunks.
+
+The audio is read where the clip is measured, each clip's bytes once: a tar member at its offset
+(`clip_bytes`), a parquet row group's audio column streamed forward a few rows at a time (the rows of
+a row group, in as many batches as it takes, are measured in order by one worker: `GROUP_STREAM_ROWS`;
+the file's parsed footer kept for its next batches: FOOTERS), a segment's span from where the decoder
+seeks to (`recording`: the recording held for the batch's next segments, its header read once). What
+a batch reads is held until its rows are measured (`release_held`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -29,12 +36,13 @@ import tarfile
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess.lock import is_local_path
+from melshards.preprocess.ranged import RangedFile
 from melshards.preprocess.rows import CorpusError, gender_code, reject, row
 
 # The column names each field is read from, first found wins: Hugging Face exports and Emilia's
@@ -191,29 +199,31 @@ def path_id(path: str) -> str:
     return posixpath.splitext(posixpath.normpath(path))[0]
 
 
-def parquet_rows(
-    path: str,
-    start: int,
-    overrides: Mapping[str, str] | None = None,
-    name: str | None = None,
-    taken: MutableMapping[str, int] | None = None,
-) -> Iterator[dict]:
-    """One parquet file's rows -> items, row positions from `start`. Its columns but the audio bytes
-    are read, a batch at a time. A row's id is its id column; else its audio `path`'s `path_id`,
-    unless an earlier row of the input had that one (`taken`, path id -> row position: an export
-    that kept base names only); else `<name>-<row in the file, from 0>`, `name` being the file's
-    path under its input without `.parquet` (default: its stem). A row whose audio is null, or whose
-    table has no audio or text column -> `missing_audio` / `missing_text`; a field of the wrong type
-    (`_row_of`) -> `malformed_row`. CorpusError, naming the file, for a file Arrow cannot read.
+@dataclasses.dataclass(frozen=True)
+class ParquetHead:
+    """What a parquet file's footer says its rows are read from: its top-level columns, and of the
+    audio column (the field `audio`'s, None without one) its Arrow type as text, whether it is a
+    struct with a `path` and whether it holds no encoded audio."""
+
+    names: tuple[str, ...]
+    audio_type: str | None
+    has_path: bool
+    not_bytes: bool
+
+
+def parquet_scan(path: str, overrides: Mapping[str, str] | None = None) -> Iterator:
+    """A parquet file's scan: its `ParquetHead`, then each row's (fields, row group, index in it), the
+    fields being the columns a field is read from but the audio, and the audio's `path` (a Hugging Face
+    struct's) as `{audio column: {"path": ...}}`. The audio bytes are not read: the footer and these
+    columns' chunks only, a batch at a time, a row group's chunks in one read where they lie together.
+    CorpusError, naming the file, for a file Arrow cannot read.
 
     Holds the file's footer, parsed whole by Arrow (no part of a footer can be read alone: about 8 KB
     per row group of 5 columns), one batch of the columns read and one row, nothing per row group or
     row beyond: the memory grows with the largest file's row groups, not with the rows read. The
-    footer is parsed here, not taken from FOOTERS, so the read stage holds one file's at a time."""
-    name = name or _stem(path)
-    taken = {} if taken is None else taken
+    footer is parsed here, not taken from FOOTERS, so a scan holds one file's at a time."""
     with contextlib.ExitStack() as stack, _readable(path, "a parquet file", _parquet_errors()):
-        pf = _parquet_file(path, stack)
+        pf = _parquet_file(path, stack, pre_buffer=True)
         names = pf.schema_arrow.names
         used = column_names(names, overrides)
         audio_col = used.get("audio")
@@ -224,35 +234,66 @@ def parquet_rows(
             and audio_type.get_field_index("path") >= 0
         )
         not_bytes = audio_type is not None and not _holds_audio_bytes(audio_type)
+        yield ParquetHead(tuple(names), None if audio_type is None else str(audio_type), has_path, not_bytes)
         read = [c for c in used.values() if c != audio_col] + ([f"{audio_col}.path"] if has_path else [])
-        i = start
         for g in range(pf.metadata.num_row_groups):
+            if not read:  # no column to read (an audio column alone): the rows are counted from the footer
+                yield from (({}, g, index) for index in range(pf.metadata.row_group(g).num_rows))
+                continue
             index = 0
-            for batch in pf.iter_batches(row_groups=[g], columns=read or None, batch_size=1024):
+            for batch in pf.iter_batches(row_groups=[g], columns=read, batch_size=1024, use_threads=False):
                 for rec in batch.to_pylist():
-                    inner = rec.get(audio_col) if has_path else None
-                    apath = str(inner.get("path") or "") if isinstance(inner, dict) else ""
-                    ident = _label(rec.get(used["id"])) if "id" in used else ""
-                    clip_id = ident or f"{name}-{i - start}"
-                    from_path = path_id(apath) if apath and not ident else ""
-                    if from_path and taken.setdefault(from_path, i) == i:
-                        clip_id = from_path
-                    where = f"{path}: row {i - start}"
-                    if ident is None:
-                        why = _not_read("id", used["id"], rec.get(used["id"]), "a string or a number")
-                        yield reject(clip_id, "malformed_row", f"{where}: {why}")
-                    elif audio_col is None:
-                        yield reject(clip_id, "missing_audio", f"{path}: no audio column ({', '.join(names)})")
-                    elif not_bytes:
-                        why = f"{path}: column {audio_col} holds {audio_type}, not encoded audio (binary, or a struct with `bytes`)"
-                        yield reject(clip_id, "missing_audio", why)
-                    elif "text" not in used:
-                        yield reject(clip_id, "missing_text", f"{path}: no text column ({', '.join(names)})")
-                    else:
-                        locator = {"parquet": audio_col, "row_group": g, "index": index}
-                        yield _row_of(rec, used, i, clip_id, path, locator, where)
-                    i += 1
+                    yield rec, g, index
                     index += 1
+
+
+def parquet_rows(
+    path: str,
+    start: int,
+    overrides: Mapping[str, str] | None = None,
+    name: str | None = None,
+    taken: MutableMapping[str, int] | None = None,
+    scanned: Iterable | None = None,
+) -> Iterator[dict]:
+    """One parquet file's rows -> items, row positions from `start`, from its scan (`scanned`: what
+    `parquet_scan` gave; default: the file scanned now). A row's id is its id column; else its audio
+    `path`'s `path_id`, unless an earlier row of the input had that one (`taken`, path id -> row
+    position: an export that kept base names only); else `<name>-<row in the file, from 0>`, `name`
+    being the file's path under its input without `.parquet` (default: its stem). A row whose audio is
+    null, or whose table has no audio or text column -> `missing_audio` / `missing_text`; a field of
+    the wrong type (`_row_of`) -> `malformed_row`. CorpusError, naming the file, for a file Arrow
+    cannot read."""
+    name = name or _stem(path)
+    taken = {} if taken is None else taken
+    records = iter(parquet_scan(path, overrides) if scanned is None else scanned)
+    head: ParquetHead = next(records)
+    names = head.names
+    used = column_names(names, overrides)
+    audio_col = used.get("audio")
+    i = start
+    for rec, g, index in records:
+        inner = rec.get(audio_col) if head.has_path else None
+        apath = str(inner.get("path") or "") if isinstance(inner, dict) else ""
+        ident = _label(rec.get(used["id"])) if "id" in used else ""
+        clip_id = ident or f"{name}-{i - start}"
+        from_path = path_id(apath) if apath and not ident else ""
+        if from_path and taken.setdefault(from_path, i) == i:
+            clip_id = from_path
+        where = f"{path}: row {i - start}"
+        if ident is None:
+            why = _not_read("id", used["id"], rec.get(used["id"]), "a string or a number")
+            yield reject(clip_id, "malformed_row", f"{where}: {why}")
+        elif audio_col is None:
+            yield reject(clip_id, "missing_audio", f"{path}: no audio column ({', '.join(names)})")
+        elif head.not_bytes:
+            why = f"{path}: column {audio_col} holds {head.audio_type}, not encoded audio (binary, or a struct with `bytes`)"
+            yield reject(clip_id, "missing_audio", why)
+        elif "text" not in used:
+            yield reject(clip_id, "missing_text", f"{path}: no text column ({', '.join(names)})")
+        else:
+            locator = {"parquet": audio_col, "row_group": g, "index": index}
+            yield _row_of(rec, used, i, clip_id, path, locator, where)
+        i += 1
 
 
 def _holds_audio_bytes(kind) -> bool:
@@ -266,16 +307,42 @@ def _holds_audio_bytes(kind) -> bool:
     return bool(pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind))
 
 
-def _parquet_file(path: str, stack: contextlib.ExitStack, metadata=None):
+def _parquet_file(
+    path: str, stack: contextlib.ExitStack, metadata=None, pre_buffer: bool = False, buffer_size: int = 0
+):
     """A `pyarrow.parquet.ParquetFile` of `path`: a local file by its path (Arrow's own reads, no
     Python file object between; not memory-mapped, which would keep every page the reads touch in
-    the process' RSS), a remote one through Beam's FileSystems (closed with `stack`). With
-    `metadata` (the file's parsed footer) the footer is not read again."""
+    the process' RSS), a remote one through a `RangedFile` (closed with `stack`), whose reads fetch
+    the ranges Arrow asks for, its footer read exactly (`_footer`). With `metadata` (the file's parsed
+    footer) the footer is not read again. `pre_buffer`: the column chunks a read needs fetched at
+    once, those that lie together in one read; `buffer_size` > 0: a column chunk streamed through a
+    buffer of that many bytes rather than read whole."""
     import pyarrow.parquet as pq
 
     if is_local_path(path):
-        return pq.ParquetFile(path, metadata=metadata)
-    return pq.ParquetFile(stack.enter_context(FileSystems.open(path)), metadata=metadata)
+        return pq.ParquetFile(path, metadata=metadata, pre_buffer=pre_buffer, buffer_size=buffer_size)
+    f = stack.enter_context(RangedFile(path))
+    return pq.ParquetFile(
+        f, metadata=_footer(f) if metadata is None else metadata, pre_buffer=pre_buffer, buffer_size=buffer_size
+    )
+
+
+def _footer(f: RangedFile):
+    """A parquet file's parsed footer, its bytes alone read (pyarrow reads the file's last 64 KiB to find
+    it, most of it the last row group's audio); None where the file does not end as a parquet file
+    does (pyarrow then reads it and says what is wrong)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if f.size < 12:
+        return None
+    f.seek(-8, os.SEEK_END)
+    tail = f.read(8)
+    length = int.from_bytes(tail[:4], "little")
+    if tail[4:] != b"PAR1" or length + 12 > f.size:
+        return None
+    f.seek(-8 - length, os.SEEK_END)
+    return pq.read_metadata(pa.BufferReader(b"PAR1" + f.read(length) + tail))
 
 
 def _file_stamp(path: str) -> tuple:
@@ -329,64 +396,105 @@ class _Footers:
 FOOTERS = _Footers()
 
 
-def _kept_parquet_file(path: str, stack: contextlib.ExitStack):
+def _kept_parquet_file(path: str, stack: contextlib.ExitStack, buffer_size: int = 0):
     """`_parquet_file(path)` with its footer parsed once per process while the file is unchanged
     (FOOTERS): a worker reads a file's row groups batch by batch, and Arrow parses a footer whole,
     so parsing it per batch costs a file of N row groups N parses of size N."""
     stamp = _file_stamp(path)
     metadata = FOOTERS.get(path, stamp)
-    pf = _parquet_file(path, stack, metadata)
+    pf = _parquet_file(path, stack, metadata, buffer_size=buffer_size)
     if metadata is None:
         FOOTERS.put(path, stamp, pf.metadata)
     return pf
 
 
-_HELD = threading.local()  # this thread's held reader: (kind, path, ...) -> an open file, or a row group's audio
+_HELD = threading.local()  # this thread's held readers: (kind, path, ...) -> an open tar, a row group's stream, ...
 
 
 def _held(key: tuple, make: Callable[[], Any]) -> Any:
-    """What `make` gives for `key`, made once and held for the next calls with the same key (the rows
-    of a batch are consecutive: they share their row group, their tar); one thing is held at a time,
-    the old one let go (closed) before the new one is made."""
-    held = getattr(_HELD, "item", None)
-    if held is not None and held[0] == key:
-        return held[1]
-    release_held()
-    value = make()
-    _HELD.item = (key, value)
-    return value
+    """What `make` gives for `key`, made once and held for the next calls with the same key until
+    `release_held` (the rows a worker measures together share their row group, their tar, their
+    recording)."""
+    held = _HELD.__dict__.setdefault("items", {})
+    if key not in held:
+        held[key] = make()
+    return held[key]
+
+
+def _let_go(key: tuple) -> None:
+    value = _HELD.__dict__.setdefault("items", {}).pop(key, None)
+    if value is not None and hasattr(value, "close"):
+        value.close()
 
 
 def release_held() -> None:
-    """Let go of what is held for the next rows (at the end of a batch): a row group's audio, an open
-    tar (closed)."""
-    held = getattr(_HELD, "item", None)
-    _HELD.item = None
-    if held is not None and hasattr(held[1], "close"):
-        held[1].close()
+    """Let go of what is held for the next rows (once a worker has measured the rows it was given):
+    the row groups' streams, the open tars and recordings (closed)."""
+    for key in list(_HELD.__dict__.get("items", {})):
+        _let_go(key)
 
 
-def _row_group_audio(path: str, group: int, column: str) -> _AudioValues:
-    """The audio column of one row group, as Arrow holds it (a row's bytes are copied out only when
-    asked for); held for the next rows of the batch."""
+GROUP_STREAM_ROWS = 8  # rows: a row group's audio column is streamed this many rows at a time
+GROUP_STREAM_BUFFER = 1 << 20  # bytes: ... through a buffer of this size (a page larger than it is read whole)
 
-    def read() -> _AudioValues:
-        with contextlib.ExitStack() as stack:
-            pf = _kept_parquet_file(path, stack)
+
+class _GroupAudio:
+    """One row group's audio column read forward from its first row, GROUP_STREAM_ROWS at a time
+    (pyarrow's `iter_batches` over a buffered stream of the column chunk): the chunk's bytes are read
+    once, in order, and a few rows and the page they are in are held, whatever the row group's size.
+    An audio struct's `bytes` alone is read (its `path` is not)."""
+
+    def __init__(self, path: str, group: int, column: str):
+        self.stack = contextlib.ExitStack()
+        try:
+            pf = _kept_parquet_file(path, self.stack, buffer_size=GROUP_STREAM_BUFFER)
             if group >= pf.metadata.num_row_groups:
                 raise IndexError(f"row group {group} of {pf.metadata.num_row_groups}")
             kind = pf.schema_arrow.field(column).type
             struct = hasattr(kind, "get_field_index") and kind.get_field_index("bytes") >= 0
-            # An audio struct's `bytes` alone (its `path` is not read); one thread: a column is one job
-            wanted = [f"{column}.bytes" if struct else column]
-            chunks = pf.read_row_group(group, columns=wanted, use_threads=False).column(0)
-        return _AudioValues(chunks.chunk(0) if chunks.num_chunks == 1 else chunks.combine_chunks())
+            self.batches = pf.iter_batches(
+                batch_size=GROUP_STREAM_ROWS,
+                row_groups=[group],
+                columns=[f"{column}.bytes" if struct else column],
+                use_threads=False,  # one column: one job
+            )
+        except BaseException:
+            self.stack.close()
+            raise
+        self.first = 0  # the first row of `values`
+        self.values: _AudioValues | None = None
 
-    return _held(("parquet", path, group, column), read)
+    def __getitem__(self, index: int) -> bytes | None:
+        """Row `index`'s audio; the rows before it are let go (IndexError past the group's last row)."""
+        if index < self.first:
+            raise ValueError(f"row {index} is behind the stream (at row {self.first})")
+        while self.values is None or index >= self.first + len(self.values):
+            if self.values is not None:
+                self.first += len(self.values)
+            batch = next(self.batches, None)
+            if batch is None:
+                raise IndexError(f"row {index} of {self.first}")
+            self.values = _AudioValues(batch.column(0))
+        return self.values[index - self.first]
+
+    def close(self) -> None:
+        self.values = None
+        self.stack.close()
+
+
+def _row_group_row(path: str, group: int, column: str, index: int) -> bytes | None:
+    """Row `index` of a row group's audio column, from the stream held for the next rows (a new one,
+    read from the group's first row, for a row before the stream's)."""
+    key = ("parquet", path, group, column)
+    stream = _held(key, lambda: _GroupAudio(path, group, column))
+    if index < stream.first:
+        _let_go(key)
+        stream = _held(key, lambda: _GroupAudio(path, group, column))
+    return stream[index]
 
 
 class _AudioValues:
-    """A row group's audio values: a binary column, or a struct column's `bytes` (a Hugging Face audio
+    """Audio values of a row group's rows: a binary column, or a struct column's `bytes` (a Hugging Face audio
     struct; null where the struct is). A binary column's row is sliced out of its Arrow buffers: no
     Python object per row but the bytes returned; other types go through `as_py`."""
 
@@ -407,6 +515,9 @@ class _AudioValues:
             ).tolist()
             self.data = memoryview(bufs[2] if bufs[2] is not None else b"").cast("B")
             self.nulls = values.is_null().to_numpy(zero_copy_only=False)
+
+    def __len__(self) -> int:
+        return len(self.values)
 
     def __getitem__(self, i: int) -> bytes | None:
         if self.data is None:
@@ -461,12 +572,23 @@ class _UstarFile(tarfile.TarInfo):
         return super().frombuf(buf, encoding, errors)
 
 
-def tar_samples(
-    path: str, read_json: bool = True
-) -> Iterator[tuple[str, dict[str, tarfile.TarInfo], dict | None, str | None]]:
-    """A tar's samples in order: (key, {extension: member}, its `.json` parsed or None, why the json
-    could not be read or None). Members are read by header only, except the `.json` ones (not even
-    those with `read_json` False).
+class Member(NamedTuple):
+    """A tar member as a scan finds it: its name, its data's offset in the tar and its size."""
+
+    name: str
+    offset: int
+    size: int
+
+
+TAR_SCAN_FETCH = 2048  # bytes: the least a tar scan's read fetches (a header, a small `.json` member, the next header)
+
+
+def tar_samples(path: str, read_json: bool = True) -> Iterator[tuple[str, dict[str, Member], dict | None, str | None]]:
+    """A tar's samples in order, its scan: (key, {extension: member}, its `.json` parsed or None, why
+    the json could not be read or None). Members are read by header only, except the `.json` ones (not
+    even those with `read_json` False), through a `RangedFile` fetching TAR_SCAN_FETCH bytes or more
+    where a header is read: a header, the small `.json` after it and the next header in one read, and
+    of the audio members a few KB at most.
 
     CorpusError, in one line naming the file, for a file that is not a whole tar (`_readable`):
     empty, not a tar, cut short (a member's data past the file's end, or no end-of-archive block
@@ -474,44 +596,47 @@ def tar_samples(
     after the first; and for a sample whose members are not together (a key met again after other
     keys: WebDataset writes a sample's members one after another and reads them so). The keys met
     are held, a few bytes each, until the tar is read."""
-    with _readable(path, "a tar", (tarfile.TarError,)), _open(path) as f:
-        with tarfile.open(fileobj=f, mode="r:", tarinfo=_UstarFile) as tar:
-            key: str | None = None
-            members: dict[str, tarfile.TarInfo] = {}
-            meta: dict | None = None
-            problem: str | None = None
-            done: set[str] = set()
-            for m in tar:
-                if not m.isfile():
-                    continue
-                k, ext = _split_key(m.name)
-                if k != key:
-                    if key is not None:
-                        yield key, members, meta, problem
-                        done.add(key)
-                    if k in done:
-                        raise CorpusError(
-                            f"{path}: the members of sample {k} are not together ({m.name} comes after other "
-                            "samples' members); a WebDataset tar holds each sample's files one after another: "
-                            "write it again so (e.g. tar --sort=name)"
-                        )
-                    key, members, meta, problem = k, {}, None, None
-                members[ext] = m
-                if ext == "json" and read_json:
-                    try:
-                        data = _member_bytes(f, tar, m)
-                        parsed = json.loads(data.decode("utf-8"))
-                        if isinstance(parsed, dict):
-                            meta = parsed
-                        else:
-                            problem = "its .json is not an object"
-                    except (ValueError, UnicodeDecodeError) as e:
-                        meta, problem = None, f"its .json cannot be read ({e})"
-            f.seek(tar.offset)
-            if f.read(tarfile.BLOCKSIZE) != tarfile.NUL * tarfile.BLOCKSIZE:
-                raise tarfile.ReadError(f"no end-of-archive block at byte {tar.offset}")
-            if key is not None:
-                yield key, members, meta, problem
+    with (
+        _readable(path, "a tar", (tarfile.TarError,)),
+        RangedFile(path, min_fetch=TAR_SCAN_FETCH) as f,
+        tarfile.open(fileobj=f, mode="r:", tarinfo=_UstarFile) as tar,
+    ):
+        key: str | None = None
+        members: dict[str, Member] = {}
+        meta: dict | None = None
+        problem: str | None = None
+        done: set[str] = set()
+        for m in tar:
+            if not m.isfile():
+                continue
+            k, ext = _split_key(m.name)
+            if k != key:
+                if key is not None:
+                    yield key, members, meta, problem
+                    done.add(key)
+                if k in done:
+                    raise CorpusError(
+                        f"{path}: the members of sample {k} are not together ({m.name} comes after other "
+                        "samples' members); a WebDataset tar holds each sample's files one after another: "
+                        "write it again so (e.g. tar --sort=name)"
+                    )
+                key, members, meta, problem = k, {}, None, None
+            members[ext] = Member(m.name, m.offset_data, m.size)
+            if ext == "json" and read_json:
+                try:
+                    data = _member_bytes(f, tar, m)
+                    parsed = json.loads(data.decode("utf-8"))
+                    if isinstance(parsed, dict):
+                        meta = parsed
+                    else:
+                        problem = "its .json is not an object"
+                except (ValueError, UnicodeDecodeError) as e:
+                    meta, problem = None, f"its .json cannot be read ({e})"
+        f.seek(tar.offset)
+        if f.read(tarfile.BLOCKSIZE) != tarfile.NUL * tarfile.BLOCKSIZE:
+            raise tarfile.ReadError(f"no end-of-archive block at byte {tar.offset}")
+        if key is not None:
+            yield key, members, meta, problem
 
 
 def _member_bytes(f, tar: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:
@@ -523,15 +648,19 @@ def _member_bytes(f, tar: tarfile.TarFile, m: tarfile.TarInfo) -> bytes:
     return f.read(m.size)
 
 
-def tar_rows(path: str, start: int, overrides: Mapping[str, str] | None = None) -> Iterator[dict]:
-    """One WebDataset tar's samples -> items, row positions from `start`: the audio member (`.flac`,
-    `.wav`, `.mp3`, `.ogg`, `.opus`; exactly one) with the fields of the `.json` member (text, id,
-    speaker, language, gender as FIELD_COLUMNS name them; id defaults to the key). A sample without
-    its `.json` -> `missing_text`; a `.json` without audio -> `missing_audio`; two audio members ->
+def tar_rows(
+    path: str, start: int, overrides: Mapping[str, str] | None = None, scanned: Iterable | None = None
+) -> Iterator[dict]:
+    """One WebDataset tar's samples -> items, row positions from `start`, from its scan (`scanned`:
+    what `tar_samples` gave; default: the tar scanned now): the audio member (`.flac`, `.wav`, `.mp3`,
+    `.ogg`, `.opus`; exactly one) with the fields of the `.json` member (text, id, speaker, language,
+    gender as FIELD_COLUMNS name them; id defaults to the key). A sample without its `.json` ->
+    `missing_text`; a `.json` without audio -> `missing_audio`; two audio members ->
     `ambiguous_audio`; a `.json` that is no object or lacks the text, or a field of the wrong type
     (`_row_of`) -> `malformed_row`; a null text -> `missing_text`. CorpusError for a file that is not
     a whole tar (`tar_samples`)."""
-    for n, (key, members, meta, problem) in enumerate(tar_samples(path), start):
+    samples = tar_samples(path) if scanned is None else scanned
+    for n, (key, members, meta, problem) in enumerate(samples, start):
         audio = [ext for ext in members if "." + ext.rsplit(".", 1)[-1] in AUDIO_EXTENSIONS]
         used = column_names(meta, overrides) if meta is not None else {}
         given = _label(meta.get(used["id"])) if meta is not None and "id" in used else ""
@@ -552,7 +681,7 @@ def tar_rows(path: str, start: int, overrides: Mapping[str, str] | None = None) 
             yield reject(ident, "malformed_row", f"{where}: its .json has no text ({', '.join(meta)})")
         else:
             m = members[audio[0]]
-            locator = {"tar_offset": m.offset_data, "size": m.size, "member": m.name}
+            locator = {"tar_offset": m.offset, "size": m.size, "member": m.name}
             yield _row_of(meta, used, n, ident, path, locator, where)
 
 
@@ -572,36 +701,75 @@ class NoAudio(ValueError):
     """A row's audio is null (a parquet row without bytes)."""
 
 
-def _open(path: str):
-    """`path` open for reading: a local file by the OS (buffered), a remote one through Beam's FileSystems."""
-    return open(path, "rb") if is_local_path(path) else FileSystems.open(path)
-
-
 def clip_bytes(path: str, locator: Mapping) -> bytes:
-    """The encoded audio of a clip inside a parquet file or a tar (NoAudio for a null value). The tar
-    stays open, the parquet row group's audio column stays read, for the next rows of the batch
+    """The encoded audio of a clip inside a parquet file or a tar (NoAudio for a null value): a tar
+    member's bytes at its offset, in one read of exactly them; a parquet row from its row group's
+    stream (`_GroupAudio`). The tar stays open, the stream stays where it is, for the next rows
     (`release_held` lets them go)."""
     if "tar_offset" in locator:
-        f = _held(("tar", path), lambda: _open(path))
         try:
+            f = _held(("tar", path), lambda: RangedFile(path))
             f.seek(int(locator["tar_offset"]))
             member = f.read(int(locator["size"]))
         except OSError:
-            release_held()
+            _let_go(("tar", path))
             raise
         if len(member) != int(locator["size"]):
             raise OSError(f"{path}: member {locator['member']} is cut short ({len(member)} of {locator['size']} bytes)")
         return member
-    group, index = int(locator["row_group"]), int(locator["index"])
+    group, index, column = int(locator["row_group"]), int(locator["index"]), str(locator["parquet"])
     try:
-        data = _row_group_audio(path, group, str(locator["parquet"]))[index]
+        data = _row_group_row(path, group, column, index)
     except IndexError as e:  # the row was listed from the file's footer at the read stage: the file changed since
+        _let_go(("parquet", path, group, column))
         raise OSError(f"{path}: row group {group} has no row {index} (the file changed during the run?)") from e
-    except ValueError as e:  # pyarrow's ArrowInvalid: a page Arrow cannot decode
+    except (OSError, ValueError) as e:  # a read that failed; pyarrow's ArrowInvalid: a page Arrow cannot decode
+        _let_go(("parquet", path, group, column))
         raise OSError(f"{path}: row group {group}: {e}") from e
     if not data:
         raise NoAudio("the row's audio bytes are null" if data is None else "the row's audio bytes are empty")
     return data
+
+
+SEGMENT_FETCH = 8192  # bytes: a recording's header, and the least a segment's read past its estimate fetches
+SEGMENT_SLACK = 16384  # bytes: a segment's estimated span widened by this much each side
+RECORDING_KEEP = 32 << 20  # bytes of a recording held for a batch's next segments
+
+
+class _Recording:
+    """A long recording held for the segments of a batch: a `RangedFile` (its header fetched once,
+    what it fetched kept up to RECORDING_KEEP), and its length in seconds from its header (0 when the
+    header does not read: the decoder then says why)."""
+
+    def __init__(self, path: str):
+        import soundfile as sf
+
+        self.file = RangedFile(path, min_fetch=SEGMENT_FETCH, keep=RECORDING_KEEP, grow=True)
+        try:
+            info = sf.info(self.file)
+            self.seconds = info.frames / info.samplerate if info.samplerate and info.frames > 0 else 0.0
+        except (RuntimeError, TypeError, ValueError):  # soundfile's LibsndfileError is a RuntimeError
+            self.seconds = 0.0
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def recording(path: str, start_s: float, end_s: float) -> RangedFile:
+    """The recording at `path`, at its start, to decode seconds [start_s, end_s) from: a `RangedFile`
+    held for the batch's next segments of it (`release_held` lets it go), told where the segment's
+    bytes are (their estimate: the recording's bytes in proportion to its seconds, exact for PCM
+    and close for FLAC, SEGMENT_SLACK wider each side), so the decoder's reads from where it seeks
+    to fetch the segment's bytes in one read, and past the estimate fetch SEGMENT_FETCH, then twice
+    as much each read on. OSError when the recording cannot be opened."""
+    held = _held(("recording", path), lambda: _Recording(path))
+    f = held.file
+    if held.seconds:
+        f.expect(
+            int(f.size * start_s / held.seconds) - SEGMENT_SLACK, int(f.size * end_s / held.seconds) + SEGMENT_SLACK
+        )
+    f.seek(0)
+    return f
 
 
 # -- segments of long recordings -----------------------------------------------------------------

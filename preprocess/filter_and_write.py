@@ -105,7 +105,8 @@ class _FilterAndWriteFn(beam.DoFn):
 
     Dropped clips -> `rejected`; the training clips' mel moments, one per batch -> `moments`; what
     the batch wrote and dropped per speaker and language -> `written`. Each batch's clips and arrays are read back
-    from its stash files once.
+    from its stash files once. A bundle run again on the same batches (a runner's retry, after a
+    failure or not) writes the same files and gives the same outputs (`RollingFiles`).
     """
 
     def __init__(self, out_dir: str, target_bytes: int, cfg: PreprocessConfig):
@@ -120,6 +121,13 @@ class _FilterAndWriteFn(beam.DoFn):
         self.files = RollingFiles(self.out_dir, self.target)
 
     def process(self, element, cutoffs, chosen, corpus_tables, gate, ran=()):
+        try:
+            yield from self._filter_and_write(element, cutoffs, chosen, corpus_tables, gate, ran)
+        except Exception:  # the runner retries the bundle, which writes its files again
+            self.files.discard()
+            raise
+
+    def _filter_and_write(self, element, cutoffs, chosen, corpus_tables, gate, ran):
         # a run with other_clip references: (batch, {clip id: (reference id, slice, frames, start) | None})
         batch, references = element if isinstance(element, tuple) else (element, None)
         buckets, text = chosen["buckets"], chosen["text"]

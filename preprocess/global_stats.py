@@ -100,8 +100,8 @@ class QualityHistograms(beam.PTransform):
     """Batches of measured clips -> one summary (`quality_stats.empty_summary`) for stats.json: every quality
     measure's exact histogram per group (the corpus, each speaker, each language, each speaker in a
     language) summed per group (`CombinePerKey`), each group reduced where it is summed to what stats.json
-    keeps of it (`quality_stats.group_summary`; its side input: the languages' rate histograms), and the
-    reductions summed."""
+    keeps of it (`quality_stats.group_summary`; its side inputs: the languages' rate histograms and pace
+    ratios), and the reductions summed."""
 
     def __init__(self, cfg: PreprocessConfig):
         super().__init__()
@@ -116,9 +116,15 @@ class QualityHistograms(beam.PTransform):
             | "SumPerGroup" >> beam.CombinePerKey(AddParts(dict, quality_stats.add_group))
         )
         rates = groups | "LanguageRates" >> beam.FlatMap(quality_stats.language_rate)
+        paces = (
+            groups
+            | "PaceParts" >> beam.FlatMap(quality_stats.pace_part)
+            | "PaceRatios" >> beam.CombinePerKey(AddParts(Counter, _add_counter))
+        )
+        S = beam.pvalue
         return (  # every batch gives the corpus's group: never empty, no default needed
             groups
-            | "Summaries" >> beam.Map(quality_stats.group_summary, bins, self.rules, beam.pvalue.AsDict(rates))
+            | "Summaries" >> beam.Map(quality_stats.group_summary, bins, self.rules, S.AsDict(rates), S.AsDict(paces))
             | "SumSummaries"
             >> beam.CombineGlobally(AddParts(quality_stats.empty_summary, quality_stats.add_summary)).without_defaults()
         )
@@ -196,14 +202,25 @@ def cutoffs_from(hists: dict, corpus_tables: dict, cfg: PreprocessConfig) -> Cut
 
 
 def _no_bounds() -> dict:
-    return {quality_rules.SPEAKER: {}, quality_rules.LANGUAGE: {}}
+    return {quality_rules.SPEAKER: {}, quality_rules.PACE: {}, quality_rules.LANGUAGE: {}}
 
 
-def _group_bounds(item, rules) -> list[dict]:
-    """A group's summed rate histogram -> [its share of the bounds (`_no_bounds`' shape)], [] without bounds."""
+def _pace_part(item) -> list[tuple[str, Counter]]:
+    """A group's summed rate histogram -> [(its language, its share of the pace ratios)] for a speaker
+    with one (`quality_rules.pace_ratio_part`), else []."""
     (scope, name), hist = item
-    found = quality_rules.group_bounds(hist, rules)
-    return [] if found is None else [{scope: {name: found}}]
+    part = quality_rules.pace_ratio_part(hist) if scope == quality_rules.SPEAKER else Counter()
+    return [(name[1], part)] if part else []
+
+
+def _group_bounds(item, rules, ratios: dict) -> list[dict]:
+    """A group's summed rate histogram -> [its share of the bounds (`_no_bounds`' shape)], [] without
+    bounds; `ratios`: each language's pace ratios."""
+    (scope, name), hist = item
+    found = quality_rules.group_bounds(
+        scope, hist, rules, ratios.get(name[1]) if scope == quality_rules.SPEAKER else None
+    )
+    return [] if found is None else [{found[0]: {name: found[1]}}]
 
 
 def _add_bounds(acc: dict, part: dict) -> dict:
@@ -224,7 +241,8 @@ def _gate(bounds: dict, cfg: PreprocessConfig) -> quality_rules.QualityGate:
 class QualityGate(beam.PTransform):
     """Batches of measured clips -> one `quality_rules.QualityGate`: the speaking-rate bounds per speaker in
     a language and per language (`quality_rules.rate_bounds`' form), each group's from its exact rate
-    histogram summed where its key lands (`CombinePerKey`); the gate holds two numbers a group."""
+    histogram summed where its key lands (`CombinePerKey`) and its language's pace ratios (summed per
+    language from its speakers', a side input); the gate holds two numbers a group."""
 
     def __init__(self, cfg: PreprocessConfig):
         super().__init__()
@@ -232,11 +250,19 @@ class QualityGate(beam.PTransform):
 
     def expand(self, batches):
         rules = self.cfg.quality_rules
-        return (
+        groups = (
             batches
             | "RateHists" >> beam.FlatMap(lambda b: quality_rules.rate_histograms(b["clips"]).items())
             | "SumPerGroup" >> beam.CombinePerKey(AddParts(Counter, _add_counter))
-            | "Bounds" >> beam.FlatMap(_group_bounds, rules)
+        )
+        ratios = (
+            groups
+            | "PaceParts" >> beam.FlatMap(_pace_part)
+            | "PaceRatios" >> beam.CombinePerKey(AddParts(Counter, _add_counter))
+        )
+        return (
+            groups
+            | "Bounds" >> beam.FlatMap(_group_bounds, rules, beam.pvalue.AsDict(ratios))
             | "AllBounds" >> beam.CombineGlobally(AddParts(_no_bounds, _add_bounds))  # none rated: still a gate
             | "Gate" >> beam.Map(_gate, self.cfg)
         )

@@ -10,7 +10,9 @@ locally under the marker's flock, on gs:// an upload conditional on the generati
 is `STALE_AFTER_S` old, or when it ran in this process table (same host, boot and pid namespace) and
 its process is gone. A stale lock is taken over by removing it only if it is still the one judged
 stale: locally under an exclusive flock of the marker (`_LocalMarker`), on gs:// by a delete
-conditional on the generation judged stale. `preprocess.output` uses it.
+conditional on the generation judged stale. A create or a renewal that landed though its answer was
+lost (google-cloud-storage retries such an upload, and the retry fails its precondition) is known
+by the marker holding what this run wrote: the run keeps its lock. `preprocess.output` uses it.
 """
 
 from __future__ import annotations
@@ -329,6 +331,7 @@ class Lock:
         self.info = {"run_id": run_id, **self.here, "pid": os.getpid(), "started": _now(), "heartbeat": _now()}
         self.token = None
         self.lost = False
+        self._sent: list[bytes] = []  # what this run wrote to the marker since `token` was confirmed
         self._mutex = threading.RLock()  # the token, and the marker as this process reads and renews it (an
         # interrupt handler in the thread that holds it may take it again)
         self.heartbeat = Heartbeat(self.path, self.renew, "is no longer held by this run; it will not publish")
@@ -336,15 +339,26 @@ class Lock:
     def _data(self) -> bytes:
         return json.dumps(self.info, sort_keys=True).encode()
 
+    def _write_landed(self, current: tuple[bytes, object] | None):
+        """The marker's token when it holds what this run wrote (`_sent`), else None: a write whose
+        answer was lost (a GCS client retries an upload; the retry, conditional on the generation
+        before, finds the one the first attempt made and fails) is this run's all the same."""
+        return current[1] if current is not None and current[0] in self._sent else None
+
     def acquire(self) -> None:
         for _ in range(3):
-            token = self.marker.create(self._data())
+            self._sent = [self._data()]
+            token = self.marker.create(self._sent[0])
             if token is not None:
-                self.token = token
+                self.token, self._sent = token, []
                 return
             current = self.marker.read()
             if current is None:  # released between our create and read
                 continue
+            token = self._write_landed(current)
+            if token is not None:
+                self.token, self._sent = token, []
+                return
             try:
                 holder = json.loads(current[0])
             except ValueError:
@@ -371,11 +385,14 @@ class Lock:
             if self.lost or self.token is None:
                 return False
             self.info["heartbeat"] = _now()
-            token = self.marker.replace(self._data(), self.token)
+            self._sent.append(self._data())  # kept until confirmed: a renewal that raised may have landed
+            token = self.marker.replace(self._sent[-1], self.token)
+            if token is None:
+                token = self._write_landed(self.marker.read())
             if token is None:
                 self.lost = True
                 return False
-            self.token = token
+            self.token, self._sent = token, []
             return True
 
     def start_heartbeat(self, every: float | None = None) -> None:

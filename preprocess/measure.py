@@ -19,9 +19,9 @@ from melshards.preprocess import cache, containers, extractors, feature_stats
 from melshards.preprocess.clips import SAMPLES, ClipRejected, as_rejection, featurize_span, prepare_texts
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import NS, REJECTED, count
-from melshards.preprocess.progress import ProgressFile
+from melshards.preprocess.progress import batch_measured
 from melshards.preprocess.rows import reject
-from melshards.preprocess.stash import load_rows, stash_batch
+from melshards.preprocess.stash import batch_name, load_rows, stash_batch
 from melshards.preprocess.workers import worker_setup
 from melshards.shards_schema.stats import Moments
 
@@ -115,14 +115,18 @@ STASHED = "stashed"
 
 @beam.typehints.with_output_types(dict)  # declared: inferring it would import librosa into the launcher
 class _MeasureFn(beam.DoFn):
-    """A batch of rows (`stash.stash_rows`' reference) -> {"clips": [clip with its front end's text,
-    lengths, the mel's moments], "cache": {hits, computed, damaged_files}, "cache_files": [...]} for
-    the statistics; the batch's stash reference (`stash.stash_batch`) -> `stashed`; bad clips ->
-    `rejected`.
+    """A list of references to batches of rows (`corpus.together`: one batch, or the batches of one
+    parquet row group, measured in order) -> for each batch, {"clips": [clip with its front end's
+    text, lengths, the mel's moments], "cache": {hits, computed, damaged_files}, "cache_files": [...]}
+    for the statistics and its stash reference (`stash.stash_batch`) -> `stashed`; bad clips ->
+    `rejected`. What the batches' audio was read from (`containers.release_held`) is let go once all
+    are measured.
 
     Each clip is decoded, resampled and trimmed once, here, and its features computed from it, or
     read from the feature cache when the run has one (`index`: a `cache.CacheIndex`, a side input). The
-    clips and their features cross the statistics barrier in the stash, not in the runner.
+    clips and their features cross the statistics barrier in the stash, not in the runner. A bundle
+    run again (a runner's retry) writes the same stash, cache and progress files: each is named by
+    the ids or cache keys it holds.
     """
 
     def __init__(
@@ -137,13 +141,15 @@ class _MeasureFn(beam.DoFn):
         self.records = self.extractors.records() if self.extractors else []
         self.vectors = self.extractors.vectors() if self.extractors else ()
         self.parts = cache.run_parts(self.cfg, self.records)  # the worker's libraries compute the features
-        self.progress = ProgressFile(self.progress_dir) if self.progress_dir else None
 
-    def finish_bundle(self):
-        if self.progress:
-            self.progress.flush()
+    def process(self, refs, index=None):
+        try:
+            for batch in refs:
+                yield from self._measure(batch, index)
+        finally:
+            containers.release_held()  # the tars, row group streams and recordings the batches were read from
 
-    def process(self, batch, index=None):
+    def _measure(self, batch, index):
         rows = load_rows(batch)
         clips, arrays, written = [], [], []
         cached = _Cached(self.cache_dir, index, self.parts)
@@ -185,7 +191,6 @@ class _MeasureFn(beam.DoFn):
             clip["feature_summary"] = feature_stats.clip_summary(features, self.vectors)
             clips.append(clip)
             arrays.append(stashed)
-        containers.release_held()  # the parquet row group the batch's rows were read from
         path = cached.flush()
         for clip, keys, where, missing in written:
             where.update({p.name: [path, keys[p.name]] for p in missing})
@@ -193,8 +198,8 @@ class _MeasureFn(beam.DoFn):
             clip["cached_parts"] = [where[p.name] for p in self.parts if p.arrays and p.name != cache.MEL]
         for name, n in cached.counts.items():
             count(f"cache_{name}", n)
-        if self.progress:
-            self.progress.add(len(rows))
+        if self.progress_dir and rows:
+            batch_measured(self.progress_dir, batch_name(r["id"] for r in rows), len(rows))
         count("clips_measured", len(clips))
         yield beam.pvalue.TaggedOutput(STASHED, stash_batch(self.stash_dir, clips, arrays))
         yield {
@@ -207,7 +212,7 @@ class _MeasureFn(beam.DoFn):
 
 
 class MeasureClips(beam.PTransform):
-    """Batches of rows (`stash.stash_rows`' references) -> {"clips": batches of clips with normalised
+    """Lists of references to batches of rows (`corpus.together`) -> {"clips": batches of clips with normalised
     text and lengths, for the statistics; "stashed": each batch's stash reference, for the stages
     after the statistics; "rejected": bad clips}. With `cache_dir`, each clip's audio features are
     looked up in the feature cache first (its index, `cache.read_index`, read by one worker into a

@@ -59,7 +59,7 @@ def build_pipeline(
     paid per batch. progress: workers also write their row counts under the output's temp dir (for
     a local run's progress line; on Dataflow the counters show it).
     """
-    read = p | "Read" >> ReadCorpus(corpus, stash_dir(out_dir))
+    read = p | "Read" >> ReadCorpus(corpus, stash_dir(out_dir), progress_dir(out_dir) if progress else None)
     measured = read["batches"] | "Measure" >> MeasureClips(
         cfg, stash_dir(out_dir), progress_dir(out_dir) if progress else None, cache_dir
     )

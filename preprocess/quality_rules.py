@@ -7,7 +7,9 @@ Three kinds of rule:
   compares only within one writing system and one text front end, and speakers differ): a clip is
   `speaking_rate_outlier` outside Q1 - k*IQR .. Q3 + k*IQR of its speaker's rates in its language
   (one language has one front end in a run); a speaker with fewer than `rate_min_clips` rated clips
-  there takes its language's bounds; a language with fewer is left unjudged by the bounds
+  there but at least `PACE_MIN_CLIPS` takes its language's within-speaker spread centred on its own
+  median, at `PACE_K_FACTOR` times k (`pace_ratios`, `pace_bounds`); a smaller one takes its
+  language's bounds; a language with fewer than `rate_min_clips` is left unjudged by the bounds
   (`rate_bounds`, `bounds_for`, `unjudged_languages`), never judged against other languages. The
   quartiles are exact, read from histograms of the rate in hundredths of a symbol per second
   (`rate_histograms`), the way the length cut-offs read theirs. Every clip, judged or not, is held to
@@ -39,7 +41,17 @@ from melshards.preprocess.config import QualityRulesConfig
 from melshards.shards_schema.stats import percentile
 
 RATE_SCALE = 100  # the rate histograms count rates in hundredths of a symbol per second
+RATIO_SCALE = 1000  # the pace-ratio histograms count a rate over its speaker's median in thousandths
+# The fewest rated clips of a speaker in a language whose median sets its pace (`pace_bounds`) and whose
+# rates are in its language's within-speaker spread (`pace_ratios`): the median of 5 is a clean clip's
+# rate while 2 of them are faults (docs/preprocess.md, Quality rules).
+PACE_MIN_CLIPS = 5
+# The pace bounds' k is this times `rate_iqr_k`: one clip is more than 5% of a speaker of fewer than
+# `rate_min_clips`, so its bounds must drop fewer clean clips per clip than a large speaker's; three times
+# its pace still lies far outside them (docs/preprocess.md, Quality rules).
+PACE_K_FACTOR = 2
 SPEAKER, LANGUAGE = "speaker", "language"  # the rate rule's groups: a speaker in a language, a language
+PACE = "pace"  # bounds of a speaker in a language: its own median times its language's spread
 DUPLICATE_OF = "duplicate_of"  # on a clip another copy of whose audio is kept: that copy's id
 
 # The most symbols per second of speech a kind of symbol is read at: about twice the fastest speech's
@@ -96,22 +108,77 @@ def iqr_bounds(hist: Mapping[int, int], k: float) -> tuple[float, float]:
     return (q1 - k * iqr, q3 + k * iqr)
 
 
-def group_bounds(hist: Mapping[int, int], rules: QualityRulesConfig) -> tuple[float, float] | None:
-    """One group's speaking-rate bounds (`iqr_bounds` at `rules.rate_iqr_k`) from its rate histogram, or
-    None: fewer than `rules.rate_min_clips` rated clips, or the rule is off (`rate_iqr_k` None)."""
-    if rules.rate_iqr_k is None or sum(hist.values()) < rules.rate_min_clips:
+def pace_ratio_key(key: int, median: int) -> int:
+    """A rate's histogram key over its speaker's median key as a pace-ratio key: thousandths, rounded
+    half up, in integers (so exact)."""
+    return (2 * key * RATIO_SCALE + median) // (2 * median)
+
+
+def pace_ratio_part(hist: Mapping[int, int]) -> Counter:
+    """A speaker's rate histogram in a language -> its share of the language's pace ratios: each rate over
+    the speaker's median (`pace_ratio_key`); none for fewer than `PACE_MIN_CLIPS` rated clips or a median
+    of 0 (a smaller speaker's median is one of its few rates, which would pull the ratios to 1)."""
+    out: Counter = Counter()
+    if sum(hist.values()) < PACE_MIN_CLIPS:
+        return out
+    median = percentile(hist, 50)
+    if median <= 0:
+        return out
+    for key, n in hist.items():
+        out[pace_ratio_key(key, median)] += n
+    return out
+
+
+def pace_ratios(hists: Mapping[tuple, Mapping[int, int]]) -> dict[str, Counter]:
+    """Each language's within-speaker spread (`rate_histograms`' form in): the `pace_ratio_part` of each of
+    its speakers, summed; a language none of whose speakers has one is not there."""
+    out: dict[str, Counter] = {}
+    for (scope, name), hist in sorted(hists.items()):
+        part = pace_ratio_part(hist) if scope == SPEAKER else Counter()
+        if part:
+            out.setdefault(name[1], Counter()).update(part)
+    return out
+
+
+def pace_bounds(hist: Mapping[int, int], ratios: Mapping[int, int], k: float) -> tuple[float, float]:
+    """A speaker's bounds at its own pace: its median rate (of `hist`, rate keys) times q1 - k*(q3 - q1)
+    .. q3 + k*(q3 - q1), q1 and q3 the quartiles of its language's pace ratios (`pace_ratios`), in
+    symbols per second."""
+    median = percentile(hist, 50) / RATE_SCALE
+    q1, q3 = percentile(ratios, 25) / RATIO_SCALE, percentile(ratios, 75) / RATIO_SCALE
+    iqr = q3 - q1
+    return (median * (q1 - k * iqr), median * (q3 + k * iqr))
+
+
+def group_bounds(
+    scope: str, hist: Mapping[int, int], rules: QualityRulesConfig, ratios: Mapping[int, int] | None = None
+) -> tuple[str, tuple[float, float]] | None:
+    """One group's speaking-rate bounds, from its rate histogram, and their kind: its own (`iqr_bounds`
+    at `rules.rate_iqr_k`; `scope`, SPEAKER or LANGUAGE) with at least `rules.rate_min_clips` rated
+    clips; else for a speaker in a language with at least `PACE_MIN_CLIPS` whose language's pace ratios
+    (`ratios`, `pace_ratios`) number at least `rules.rate_min_clips`, its pace (PACE, `pace_bounds` at
+    `PACE_K_FACTOR` times `rules.rate_iqr_k`); else None, and None when the rule is off."""
+    if rules.rate_iqr_k is None:
         return None
-    return iqr_bounds(hist, rules.rate_iqr_k)
+    n = sum(hist.values())
+    if n >= rules.rate_min_clips:
+        return scope, iqr_bounds(hist, rules.rate_iqr_k)
+    if scope == SPEAKER and n >= PACE_MIN_CLIPS and ratios and sum(ratios.values()) >= rules.rate_min_clips:
+        return PACE, pace_bounds(hist, ratios, PACE_K_FACTOR * rules.rate_iqr_k)
+    return None
 
 
 def rate_bounds(hists: Mapping[tuple, Mapping[int, int]], rules: QualityRulesConfig) -> dict:
     """The speaking-rate bounds of every group of `hists` (`rate_histograms`' form) that has them
-    (`group_bounds`): {SPEAKER: {(speaker, language): (low, high)}, LANGUAGE: {code: (low, high)}}."""
-    out: dict[str, dict] = {SPEAKER: {}, LANGUAGE: {}}
+    (`group_bounds`, with its language's `pace_ratios`): {SPEAKER: {(speaker, language): (low, high)},
+    PACE: {(speaker, language): (low, high)}, LANGUAGE: {code: (low, high)}}; none when
+    `rules.rate_iqr_k` is None."""
+    out: dict[str, dict] = {SPEAKER: {}, PACE: {}, LANGUAGE: {}}
+    ratios = pace_ratios(hists)
     for (scope, name), hist in sorted(hists.items()):
-        found = group_bounds(hist, rules)
+        found = group_bounds(scope, hist, rules, ratios.get(name[1]) if scope == SPEAKER else None)
         if found is not None:
-            out[scope][name] = found
+            out[found[0]][name] = found[1]
     return out
 
 
@@ -127,9 +194,11 @@ def unjudged_languages(hists: Mapping[tuple, Mapping[int, int]], rules: QualityR
 
 def bounds_for(bounds: Mapping, speaker: str, language: str) -> tuple[tuple[float, float], str] | None:
     """A clip's speaking-rate bounds and where they come from: its speaker's in its language, else its
-    language's; None when neither has enough rated clips (the clip is not judged by bounds)."""
+    speaker's pace in its language's spread, else its language's; None when none has enough rated clips
+    (the clip is not judged by bounds)."""
     for scope, name, label in (
         (SPEAKER, (speaker, language), f"speaker {speaker}"),
+        (PACE, (speaker, language), f"speaker {speaker} at language {language}'s spread"),
         (LANGUAGE, language, f"language {language}"),
     ):
         if name in bounds.get(scope, {}):

@@ -101,31 +101,48 @@ def language_rates(groups: Mapping[tuple, Mapping]) -> dict[str, Counter]:
     return dict(x for item in groups.items() for x in language_rate(item))
 
 
+def pace_part(item: tuple[tuple, Mapping]) -> list[tuple[str, Counter]]:
+    """A summed group (`add_group`) -> [(language, its share of the language's pace ratios)] for a speaker
+    in a language with one (`quality_rules.pace_ratio_part`), else []."""
+    (scope, name), group = item
+    part = quality_rules.pace_ratio_part(rated(group)) if scope == SPEAKER_LANGUAGE else Counter()
+    return [(name[1], part)] if part else []
+
+
+def pace_ratios(groups: Mapping[tuple, Mapping]) -> dict[str, Counter]:
+    """`pace_part` of every group, summed per language (`quality_rules.pace_ratios`)."""
+    out: dict[str, Counter] = {}
+    for item in groups.items():
+        for language, part in pace_part(item):
+            out.setdefault(language, Counter()).update(part)
+    return out
+
+
 def rate_ks(rules) -> tuple[float, ...]:
     """The k values of the rate what-if: `RATE_WHAT_IF_K` and the job's own."""
     return tuple(sorted(set(RATE_WHAT_IF_K) | ({float(rules.rate_iqr_k)} if rules.rate_iqr_k is not None else set())))
 
 
-def pair_outliers(hist: Mapping[int, int], language: Mapping[int, int], rules) -> dict[float, tuple[int, int]]:
+def pair_outliers(
+    hist: Mapping[int, int], language: Mapping[int, int], ratios: Mapping[int, int] | None, rules
+) -> dict[float, tuple[int, int]]:
     """A speaker's rated clips in a language (`hist`) outside the speaking-rate bounds at each k of `rate_ks`
-    -> {k: (least, most)}: the rule of `quality_rules` (its own bounds, else its language's, `language`,
-    with `rules.rate_min_clips`; none: no outlier), exact but for clips within half a key (0.005
-    symbols/s) of a bound, which `most` counts. The rule's ceiling (`quality_rules.RATE_CEILINGS`) is not
-    counted."""
+    -> {k: (least, most)}: the rule of `quality_rules` (`group_bounds`: its own bounds, else its pace in its
+    language's spread, `ratios`, else its language's, `language`, with `rules.rate_min_clips`; none: no
+    outlier), exact but for clips within half a key (0.005 symbols/s) of a bound, which `most` counts. The
+    rule's ceiling (`quality_rules.RATE_CEILINGS`) is not counted."""
     scale, side = quality.GRIDS[RATE]
     out = {}
     for k in rate_ks(rules):
         at_k = dataclasses.replace(rules, rate_iqr_k=float(k))
-        bounds = quality_rules.group_bounds(hist, at_k)
-        if bounds is None:
-            bounds = quality_rules.group_bounds(language, at_k)
-        if bounds is None:
+        found = quality_rules.group_bounds(quality_rules.SPEAKER, hist, at_k, ratios)
+        if found is None:
+            found = quality_rules.group_bounds(quality_rules.LANGUAGE, language, at_k)
+        if found is None:
             out[k] = (0, 0)
             continue
-        below, above = (
-            count_beyond(hist, scale, side, bounds[0], False),
-            count_beyond(hist, scale, side, bounds[1], True),
-        )
+        low, high = found[1]
+        below, above = count_beyond(hist, scale, side, low, False), count_beyond(hist, scale, side, high, True)
         out[k] = (below[0] + above[0], min(sum(hist.values()), below[1] + above[1]))
     return out
 
@@ -138,9 +155,11 @@ def empty_summary() -> dict:
     return {"groups": {}, "speakers": {}, "outliers": {}, "rated": {}}
 
 
-def group_summary(item: tuple[tuple, Mapping], bins: Mapping, rules, rates: Mapping[str, Mapping]) -> dict:
+def group_summary(
+    item: tuple[tuple, Mapping], bins: Mapping, rules, rates: Mapping[str, Mapping], paces: Mapping[str, Mapping]
+) -> dict:
     """One summed group (`add_group`) -> its share of the summary (`empty_summary`); `bins`: the run's
-    (`quality.measure_bins`), `rates`: `language_rates` of the run."""
+    (`quality.measure_bins`), `rates`: `language_rates` of the run, `paces`: its `pace_ratios`."""
     (scope, name), group = item
     out = empty_summary()
     if scope in (CORPUS, "language"):
@@ -150,7 +169,7 @@ def group_summary(item: tuple[tuple, Mapping], bins: Mapping, rules, rates: Mapp
     elif scope == SPEAKER_LANGUAGE:
         speaker, language = name
         hist = rated(group)
-        out["outliers"][speaker] = pair_outliers(hist, rates.get(language, {}), rules)
+        out["outliers"][speaker] = pair_outliers(hist, rates.get(language, {}), paces.get(language), rules)
         if hist:
             out["rated"][language] = {speaker}
     return out
@@ -175,10 +194,10 @@ def summary_of(groups: Mapping[tuple, Mapping], cfg: PreprocessConfig) -> dict:
     """The summed groups of a run -> its summary: `group_summary` of each, added (what the job does
     across its workers)."""
     bins = quality.measure_bins(cfg.audio.sample_rate, cfg.mel.n_fft, cfg.quality.dnsmos)
-    rates = language_rates(groups)
+    rates, paces = language_rates(groups), pace_ratios(groups)
     acc = empty_summary()
     for item in groups.items():
-        add_summary(acc, group_summary(item, bins, cfg.quality_rules, rates))
+        add_summary(acc, group_summary(item, bins, cfg.quality_rules, rates, paces))
     return acc
 
 

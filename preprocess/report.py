@@ -482,6 +482,23 @@ class WriteRejected(beam.PTransform):
         return {"reasons": reasons, "shards": shards}
 
 
+def write_reports(out_dir: str, rejected_shards: Iterable[str], stats: str, schema: str | None) -> None:
+    """rejected.jsonl (`write_merged` of the rejected shards), stats.json, then schema.json (a run that
+    finished), each through a temporary name in the temp dir; then the temp dir is removed, once,
+    after the last file, so schema.json is never written into a temp dir already removed.
+
+    Safe to run again, as a retried bundle does: the last of the reports in place (schema.json, or
+    stats.json in a run without one) means an earlier attempt wrote them all and may have begun
+    removing the temp dir, rejected shards included; then the removal alone is finished."""
+    last = SCHEMA_FILE if schema is not None else STATS_FILE
+    if not FileSystems.exists(FileSystems.join(out_dir, last)):
+        write_merged(out_dir, REJECTED_FILE, rejected_shards)
+        _write_text(out_dir, STATS_FILE, stats)
+        if schema is not None:
+            _write_text(out_dir, SCHEMA_FILE, schema)
+    remove_temp_dir(out_dir)
+
+
 class _WriteReportFn(beam.DoFn):
     def __init__(self, out_dir: str, cfg: PreprocessConfig, cache_dir: str | None = None):
         self.out_dir, self.cfg, self.cache_dir = out_dir, cfg, cache_dir
@@ -540,16 +557,13 @@ class _WriteReportFn(beam.DoFn):
                 "files_used": len(use["files"]),
             }
             cache.record_use(self.cache_dir, run_id, use["files"])
-        write_merged(self.out_dir, REJECTED_FILE, rejected_shards)
-        _write_text(self.out_dir, STATS_FILE, json.dumps(stats, indent=2) + "\n")
-        finished = cutoffs is not None and buckets is not None
-        if finished:  # else every row was rejected (or filtered): no schema.json, the CLI says so from stats.json
+        schema = None  # every row rejected (or filtered): no schema.json, the CLI says so from stats.json
+        if cutoffs is not None and buckets is not None:
             ran = cache_use[0].get("extractors", []) if cache_use else []  # the extractors' records
-            schema = build_schema(self.cfg, buckets, text, moments, list(shards), tables, written, features, ran)
-            _write_text(self.out_dir, SCHEMA_FILE, schema.to_json())
-        # Once, after the last file: schema.json is never written into a temp dir already removed.
-        remove_temp_dir(self.out_dir)
-        if finished:
+            built = build_schema(self.cfg, buckets, text, moments, list(shards), tables, written, features, ran)
+            schema = built.to_json()
+        write_reports(self.out_dir, rejected_shards, json.dumps(stats, indent=2) + "\n", schema)
+        if schema is not None:
             yield FileSystems.join(self.out_dir, SCHEMA_FILE)
 
 

@@ -248,7 +248,7 @@ def run_job(
     cfg = load_config(config_path, buckets, alignments)
     options = pipeline_options(list(beam_args), list(own_options))
     # the command's own reads and writes (finding the inputs, the lock, publishing) go through the
-    # job's options too: its credentials, or --no_auth, reach GCS from here as from the workers
+    # job's options too (--impersonate_service_account and the rest Beam's GcsIO reads from them)
     FileSystems.set_options(options)
     dry_run = options.view_as(TestOptions).dry_run
     extractors.check_entries(cfg.extractors, importable=is_local(options))
@@ -283,7 +283,7 @@ def run_job(
         run.stage,
         options.view_as(StandardOptions).runner,
     )
-    reporter = ProgressReporter(run.stage, rows, echo) if rows is not None else None
+    reporter = ProgressReporter(run.stage, echo) if local else None
     lease = None
     try:
         if cache_dir:  # `melshards cache prune` removes no entries while the run holds the cache
@@ -295,7 +295,8 @@ def run_job(
                 show_log(job_log)
                 return _finish(run)
             except Exception as e:
-                told = one_line_error(e, run, out_dir, cache_dir, reporter.rows_done() if reporter else 0, rows)
+                done, total = (reporter.rows_done(), reporter.read_total()) if reporter else (0, None)
+                told = one_line_error(e, run, out_dir, cache_dir, done, total)
                 if told is None:
                     show_log(job_log)
                     raise

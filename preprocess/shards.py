@@ -12,6 +12,8 @@ google-crc32c) and written through FileSystems, so gs:// works.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import os
 import uuid
 
@@ -87,7 +89,14 @@ def group_into_shards(parts: list[dict], target_bytes: int) -> list[dict]:
 
 class RollingFiles:
     """Temp TFRecord files of ~target bytes under the output's temp dir, one open file per split and
-    bucket; `write` and `close_all` return the closed files as {split, bucket, path, records, bytes}."""
+    bucket; `write` and `close_all` return the closed files as {split, bucket, path, records, bytes}.
+
+    A file is written under a temporary name of its own (`split-bNN-<random>.writing`) and, once
+    closed, renamed to `split-bNN-<sha1 of its bytes>.tfrecord`: a bundle run again on the same
+    batches (a runner's retry) gives the same files, names and bytes, and two attempts running at
+    once never write into one file. A run's records differ (each holds its clip's id), so do its
+    files' names. `discard` removes the temporary files of an attempt that failed.
+    """
 
     def __init__(self, out_dir: str, target_bytes: int):
         self.out_dir, self.target = out_dir, target_bytes
@@ -96,6 +105,9 @@ class RollingFiles:
     def _close(self, key: tuple[str, int]) -> dict:
         w = self.open.pop(key)
         w.pop("fh").close()
+        temp, name = w.pop("temp"), f"{key[0]}-b{key[1]:02d}-{w.pop('sha1').hexdigest()}{SHARD_SUFFIX}"
+        w["path"] = FileSystems.join(self.out_dir, TEMP_DIR, name)
+        FileSystems.rename([temp], [w["path"]])  # the same bytes if a retried bundle wrote it before
         beam.metrics.Metrics.counter("melshards", "temp_files_written").inc()
         return w
 
@@ -106,23 +118,33 @@ class RollingFiles:
             closed.append(self._close(key))
             w = None
         if w is None:
-            path = FileSystems.join(self.out_dir, TEMP_DIR, f"{split}-b{bucket:02d}-{uuid.uuid4().hex}{SHARD_SUFFIX}")
+            temp = FileSystems.join(self.out_dir, TEMP_DIR, f"{split}-b{bucket:02d}-{uuid.uuid4().hex}.writing")
             w = self.open[key] = {
                 "split": split,
                 "bucket": bucket,
-                "path": path,
                 "records": 0,
                 "bytes": 0,
-                "fh": create_file(path),
+                "temp": temp,
+                "sha1": hashlib.sha1(),
+                "fh": create_file(temp),
             }
         framed = frame_record(data)
         w["fh"].write(framed)
+        w["sha1"].update(framed)
         w["records"] += 1
         w["bytes"] += len(framed)
         return closed
 
     def close_all(self) -> list[dict]:
         return [self._close(key) for key in list(self.open)]
+
+    def discard(self) -> None:
+        """Close and remove the files still open (a bundle that failed: its retry writes them again)."""
+        for w in self.open.values():
+            with contextlib.suppress(Exception):  # the error that failed the bundle is the one to tell
+                w["fh"].close()
+                FileSystems.delete([w["temp"]])
+        self.open.clear()
 
 
 class _AssembleShard(beam.DoFn):

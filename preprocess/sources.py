@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import functools
+import itertools
 import os
 import posixpath
 import threading
@@ -52,21 +54,33 @@ class Corpus:
         return self.rows_path
 
 
+# A container input's files in input order, each with its scan's records (`Layout.scan`): read now,
+# or read back from where the job's scan stage put them.
+Scans = Sequence[tuple[str, Callable[[], Iterable]]]
+
+
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """A corpus layout: `locate(path, forced)` the corpus at path if its telltale files are there
-    (forced by --format: only what reading needs), `read(corpus, spill)` its items with unique ids
-    (the spill holds what reading must remember), `count` its input rows (the progress line's total)
-    and `language(corpus, --language)` its default language."""
+    (forced by --format: only what reading needs), `read(corpus, spill, scans)` its items with unique
+    ids (the spill holds what reading must remember; `scans`: a container layout's files with their
+    scans, unused by the others), `count` its input rows from what tells them without reading the
+    rows (a rows file's lines, listings, parquet footers; a WebDataset's, an estimate: the local
+    worker count is chosen from it) and
+    `language(corpus, --language)` its default language. A layout of container files (parquet, tars)
+    has `files(corpus)`, its files in input order, and `scan(corpus, path)`, one file's records (all
+    of its I/O: the job scans the files in parallel, one file to a worker)."""
 
     name: str
     telltale: str  # what `locate` looks for, as the error for an unrecognised input lists it
     locate: Callable[[str, bool], Corpus | None]
-    read: Callable[[Corpus, Spill], Iterator[dict]]
+    read: Callable[[Corpus, Spill, Scans], Iterator[dict]]
     count: Callable[[Corpus], int]
     language: Callable[[Corpus, str | None], str | None]
     unused: Callable[[Corpus], list[str]] = lambda corpus: []  # columns reading leaves out (the summary says)
     named_columns: bool = False  # whether --column FIELD=NAME names its columns (a table of columns of any name)
+    files: Callable[[Corpus], list[str]] | None = None
+    scan: Callable[[Corpus, str], Iterator] | None = None
 
 
 # -- FileSystems --------------------------------------------------------------------------------------
@@ -281,7 +295,7 @@ def _locate_ljspeech(path: str, forced: bool) -> Corpus | None:
     return Corpus("ljspeech", metadata, path) if _exists(metadata) else None
 
 
-def _read_ljspeech(c: Corpus, spill: Spill) -> Iterator[dict]:
+def _read_ljspeech(c: Corpus, spill: Spill, scans: Scans = ()) -> Iterator[dict]:
     files = spill.lists(layouts.audio_files(_list_dir(_join(c.root, "wavs"))))
     return layouts.ljspeech_rows(_lines(c.rows_file()), files, spill.map())
 
@@ -300,7 +314,7 @@ def _vctk_files(c: Corpus) -> tuple[list[str], list[str]]:
     return _list(_join(c.root, "txt", "*", "*.txt")), _list(_join(c.root, layouts.VCTK_AUDIO_DIR, "*", "*"))
 
 
-def _read_vctk(c: Corpus, spill: Spill) -> Iterator[dict]:
+def _read_vctk(c: Corpus, spill: Spill, scans: Scans = ()) -> Iterator[dict]:
     txts, audio = _vctk_files(c)
     info = _read_text(c.speakers_path) if c.speakers_path else None
     return unique_ids(layouts.vctk_rows(_read_texts(txts), audio, info), spill.map())
@@ -326,7 +340,7 @@ def _libritts_files(c: Corpus) -> tuple[list[str], list[str]]:
     return [p for p in files if p.endswith(layouts.LIBRITTS_TEXT)], files
 
 
-def _read_libritts(c: Corpus, spill: Spill) -> Iterator[dict]:
+def _read_libritts(c: Corpus, spill: Spill, scans: Scans = ()) -> Iterator[dict]:
     txts, files = _libritts_files(c)
     speakers = _read_text(c.speakers_path) if c.speakers_path else None
     return unique_ids(
@@ -350,7 +364,7 @@ def _locate_commonvoice(path: str, forced: bool) -> Corpus | None:
     return Corpus("commonvoice", tsv, path) if _exists(tsv) else None
 
 
-def _read_commonvoice(c: Corpus, spill: Spill) -> Iterator[dict]:
+def _read_commonvoice(c: Corpus, spill: Spill, scans: Scans = ()) -> Iterator[dict]:
     return unique_ids(manifests.commonvoice_rows(_lines(c.rows_file()), c.rows_file()), spill.map())
 
 
@@ -358,7 +372,7 @@ def _locate_manifest(path: str, forced: bool) -> Corpus | None:
     return Corpus("manifest", path, posixpath.dirname(path) or ".") if _is_table(path) and not _is_dir(path) else None
 
 
-def _read_manifest(c: Corpus, spill: Spill) -> Iterator[dict]:
+def _read_manifest(c: Corpus, spill: Spill, scans: Scans = ()) -> Iterator[dict]:
     items = manifests.manifest_rows(_lines(c.rows_file()), c.rows_file(), c.root, dict(c.columns))
     return unique_ids(containers.refuse_overlaps(items, spill), spill.map())
 
@@ -374,16 +388,22 @@ def _manifest_unused(c: Corpus) -> list[str]:
 def _container_files(c: Corpus, extensions: tuple[str, ...]) -> list[str]:
     """The input's files with one of `extensions`: itself, or those under it (any depth; one listing
     per extension, of those files alone), sorted."""
-    if c.root.lower().endswith(extensions) and not _is_dir(c.root):
-        return [c.root]
-    return sorted({p for ext in extensions for p in _list(_join(c.root, f"**{ext}"))})
+    return sorted(_container_sizes(c, extensions))
 
 
-def _numbered(read: Callable[[str, int, dict], Iterator[dict]], files: list[str], columns: dict) -> Iterator[dict]:
-    """Each file's items in turn, the row positions running on from file to file."""
+def _container_sizes(c: Corpus, extensions: tuple[str, ...]) -> dict[str, int]:
+    """`_container_files`, each with its size in bytes (from the same listings)."""
+    patterns = [c.root] if c.root.lower().endswith(extensions) and not _is_dir(c.root) else None
+    patterns = patterns or [_join(c.root, f"**{ext}") for ext in extensions]
+    return {m.path: m.size_in_bytes for r in FileSystems.match(patterns) for m in r.metadata_list}
+
+
+def _numbered(read: Callable[[str, int, Iterable], Iterator[dict]], scans: Scans) -> Iterator[dict]:
+    """Each file's items in turn (`read(path, first row position, its scan's records)`), the row
+    positions running on from file to file."""
     n = 0
-    for path in files:
-        for item in read(path, n, columns):
+    for path, records in scans:
+        for item in read(path, n, records()):
             n += 1
             yield item
 
@@ -410,14 +430,18 @@ def _name_in(c: Corpus, path: str) -> str:
     return posixpath.splitext(rel)[0]
 
 
-def _read_parquet(c: Corpus, spill: Spill) -> Iterator[dict]:
-    files = _container_files(c, containers.PARQUET_EXTENSIONS)
+def _read_parquet(c: Corpus, spill: Spill, scans: Scans) -> Iterator[dict]:
     taken = spill.map()  # the ids taken from audio paths (`containers.parquet_rows`)
+    columns = dict(c.columns)
 
-    def read(path: str, start: int, columns: dict) -> Iterator[dict]:
-        return containers.parquet_rows(path, start, columns, _name_in(c, path), taken)
+    def read(path: str, start: int, records: Iterable) -> Iterator[dict]:
+        return containers.parquet_rows(path, start, columns, _name_in(c, path), taken, records)
 
-    return unique_ids(_numbered(read, files, dict(c.columns)), spill.map())
+    return unique_ids(_numbered(read, scans), spill.map())
+
+
+def _scan_parquet(c: Corpus, path: str) -> Iterator:
+    return containers.parquet_scan(path, dict(c.columns))
 
 
 def _count_parquet(c: Corpus) -> int:
@@ -429,17 +453,37 @@ def _parquet_unused(c: Corpus) -> list[str]:
     return containers.unused(names, containers.column_names(names, dict(c.columns)))
 
 
-def _read_webdataset(c: Corpus, spill: Spill) -> Iterator[dict]:
-    files = _container_files(c, containers.TAR_EXTENSIONS)
-    return unique_ids(_numbered(containers.tar_rows, files, dict(c.columns)), spill.map())
+def _read_webdataset(c: Corpus, spill: Spill, scans: Scans) -> Iterator[dict]:
+    columns = dict(c.columns)
+
+    def read(path: str, start: int, records: Iterable) -> Iterator[dict]:
+        return containers.tar_rows(path, start, columns, records)
+
+    return unique_ids(_numbered(read, scans), spill.map())
+
+
+def _scan_webdataset(c: Corpus, path: str) -> Iterator:
+    return containers.tar_samples(path)
+
+
+_ESTIMATE_SAMPLES = 32  # a WebDataset input's row count is estimated from its first tar's first samples
 
 
 def _count_webdataset(c: Corpus) -> int:
-    return sum(
-        1
-        for path in _container_files(c, containers.TAR_EXTENSIONS)
-        for _ in containers.tar_samples(path, read_json=False)
-    )
+    """About the tars' samples (the local worker count's figure): their bytes over the bytes a sample
+    takes in the first tar's first _ESTIMATE_SAMPLES samples (their headers read, a few KB each),
+    exact for a first tar of no more samples. Counting every tar's samples would cost a read of every
+    tar's headers before the job (the job's read stage scans them once, in parallel)."""
+    sizes = _container_sizes(c, containers.TAR_EXTENSIONS)
+    if not sizes:
+        return 0
+    path = min(sizes)
+    first = list(itertools.islice(containers.tar_samples(path, read_json=False), _ESTIMATE_SAMPLES + 1))
+    if len(first) <= _ESTIMATE_SAMPLES:
+        head, n = sizes[path], len(first)
+    else:
+        head, n = min(m.offset for m in first[-1][1].values()), _ESTIMATE_SAMPLES
+    return round(sum(sizes.values()) * n / head) if head else 0
 
 
 def _webdataset_unused(c: Corpus) -> list[str]:
@@ -509,6 +553,8 @@ LAYOUTS: dict[str, Layout] = {
             _given,
             _parquet_unused,
             named_columns=True,
+            files=lambda c: _container_files(c, containers.PARQUET_EXTENSIONS),
+            scan=_scan_parquet,
         ),
         Layout(
             "webdataset",
@@ -519,6 +565,8 @@ LAYOUTS: dict[str, Layout] = {
             _given,
             _webdataset_unused,
             named_columns=True,
+            files=lambda c: _container_files(c, containers.TAR_EXTENSIONS),
+            scan=_scan_webdataset,
         ),
         Layout(
             "manifest",
@@ -699,15 +747,29 @@ def _check_container_columns(corpus: Corpus) -> None:
 
 
 def count_input_rows(corpus: Corpus) -> int:
-    """The corpus' input rows, from its rows file's lines or its listings (no transcript is read)."""
+    """The corpus' input rows from its rows file's lines, its listings or its parquet footers (no
+    transcript is read; a WebDataset input's, an estimate from its sizes and its first samples: no
+    tar is scanned): what the local worker count is chosen from."""
     return LAYOUTS[corpus.kind].count(corpus)
 
 
-def input_items(corpus: Corpus, spill: Spill, folded: dict | None = None) -> Iterator[dict]:
+def file_scans(corpus: Corpus) -> Scans:
+    """A container input's files, each with its scan read when it is asked for (nothing for a layout
+    that scans no file)."""
+    layout = LAYOUTS[corpus.kind]
+    if layout.files is None or layout.scan is None:
+        return ()
+    scan = layout.scan
+    return [(path, functools.partial(scan, corpus, path)) for path in layout.files(corpus)]
+
+
+def input_items(corpus: Corpus, spill: Spill, folded: dict | None = None, scans: Scans | None = None) -> Iterator[dict]:
     """One input's items as they are read: its rows, each with a speaker and a language and an id of
     its own (the first row of an id wins), and its rejected input rows; `folded` gets the language
-    codes respelt (`complete_rows`)."""
-    return complete_rows(LAYOUTS[corpus.kind].read(corpus, spill), corpus.name, corpus.language, folded)
+    codes respelt (`complete_rows`). `scans`: a container input's files and their scans (default:
+    `file_scans`, each file scanned as it is read)."""
+    scans = file_scans(corpus) if scans is None else scans
+    return complete_rows(LAYOUTS[corpus.kind].read(corpus, spill, scans), corpus.name, corpus.language, folded)
 
 
 def read_input(corpus: Corpus) -> LayoutRows:

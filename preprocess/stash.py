@@ -41,6 +41,11 @@ def stash_dir(out_dir: str) -> str:
     return FileSystems.join(out_dir, TEMP_DIR)
 
 
+def batch_name(ids: Iterable[str]) -> str:
+    """A batch's name in the temp dir: the sha1 of its ids (unique in a run), the same in every attempt."""
+    return hashlib.sha1("\n".join(ids).encode("utf-8")).hexdigest()
+
+
 def _write(path: str, data: bytes) -> str:
     with create_file(path) as f:
         f.write(data)
@@ -104,7 +109,7 @@ def stash_batch(stash_dir: str, clips: list[dict], features: list[dict[str, np.n
     """
     if not clips:
         return {"clips": None, "features": None, "count": 0}
-    name = hashlib.sha1("\n".join(c["id"] for c in clips).encode("utf-8")).hexdigest()
+    name = batch_name(c["id"] for c in clips)
     arrays = {
         f"{i}/{key}": (value.astype("<f2") if key == "mel" else value)
         for i, clip in enumerate(features)

@@ -51,3 +51,23 @@ def load_callable(spec: str, what: str, example: str, error: type[Exception], fo
     if not callable(found):
         raise error(f"{what} {spec!r} is a {type(found).__name__}, not a callable")
     return found
+
+
+def check_call(found: Callable, spec: str, what: str, call: str, error: type[Exception], *args: Any) -> None:
+    """`error(message)` unless `found(*args)` binds to its signature (`inspect.signature`), before it is
+    called: the message names `what` and `spec`, the parameters it takes and `call`, how it is called (e.g.
+    "factory(schema, options)"). A callable whose signature cannot be read (some builtins) passes."""
+    import inspect
+
+    try:
+        signature = inspect.signature(found)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind(*args)
+    except TypeError as e:
+        name = spec.rpartition(":")[2].rpartition(".")[2] or call.partition("(")[0]
+        raise error(
+            f"{what} {spec!r} takes {signature}, so it cannot be called as {call} ({e}); give it the "
+            f"parameters of that call, e.g. def {name}({call.partition('(')[2]}: ..."
+        ) from None

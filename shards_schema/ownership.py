@@ -10,26 +10,33 @@ or removed anything. The marks:
 | `stats --html` | an HTML report | `<meta name="generator" content="melshards stats">` in its head (`HTML`) |
 | `synthesize -o` | a WAV | the RIFF `LIST/INFO` chunk's `ISFT` (software) starting `melshards synthesize` (`WAV`) |
 | `inspect --out` | a mel PNG | the PNG `tEXt` chunk `Software` = `melshards inspect` (`PNG`) |
-| `train --model-dir` | a model dir | `train_config.json` or `checkpoints/` in it (`MODEL_DIR_MARKS`) |
+| `train --model-dir` | a model dir | a `train_config.json` in it (`MODEL_DIR_MARKS`) holding a JSON object of the train config's sections (`model_config_is_ours`), written before any checkpoint |
 | `synthesize --export` | a SavedModel dir | `melshards-export.json` in it (`EXPORT_MARK`); an empty dir may be used |
 
-A model dir is recognised by those names alone, so `preprocess --output` can refuse one without
-importing the trainer. Local paths are read with `os`; other URLs (gs://) through the `fs` passed in,
+No folder name marks a model dir: `checkpoints/` is every trainer's (a PyTorch Lightning project has
+one). `preprocess --output` refuses any directory holding a `train_config.json` (`model_dir_marks`,
+the name alone: a refusal writes nothing); `train` writes only where that file is its own
+(`holds_model_config`). Local paths are read with `os`; other URLs (gs://) through the `fs` passed in,
 by default `tf.io.gfile`, imported only then. Imports neither Beam nor TensorFlow at import time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+import posixpath
 import struct
 from collections.abc import Callable
 from typing import BinaryIO, Protocol
 
-# the names that make a directory a `melshards train` model dir (train/model_dir.py, train/checkpoints.py)
+# what makes a directory a `melshards train` model dir (train/model_dir.py): its train_config.json, a JSON
+# object of the train config's sections (train/config.py TrainConfig)
 MODEL_CONFIG_FILE = "train_config.json"
+MODEL_CONFIG_SECTIONS = ("data", "model", "optim", "loop")
+MODEL_CONFIG_MAX_BYTES = 1 << 20  # a train config is a few KiB: a larger file is not one
 MODEL_CHECKPOINT_DIR = "checkpoints"
-MODEL_DIR_MARKS = (MODEL_CONFIG_FILE, MODEL_CHECKPOINT_DIR)
+MODEL_DIR_MARKS = (MODEL_CONFIG_FILE,)
 
 HTML_GENERATOR = "melshards stats"
 HTML_MARK = f'<meta name="generator" content="{HTML_GENERATOR}">'
@@ -208,7 +215,40 @@ def check_may_fill_dir(option: str, path: str, mark: str, what: str, fs: Files |
 
 
 def model_dir_marks(names: set[str] | list[str]) -> list[str]:
-    """Which of MODEL_DIR_MARKS a directory listing (base names, a trailing / allowed) holds: any one makes
-    the directory a `melshards train` model dir."""
+    """Which of MODEL_DIR_MARKS a directory listing (base names, a trailing / allowed) holds: what
+    `preprocess --output` refuses as a `melshards train` model dir, by the name alone."""
     held = {n.rstrip("/") for n in names}
     return [m for m in MODEL_DIR_MARKS if m in held]
+
+
+def model_config_is_ours(f: BinaryIO) -> bool:
+    """A train_config.json `melshards train` wrote: a JSON object whose keys are the train config's
+    sections (MODEL_CONFIG_SECTIONS), each an object, the model's factory (if named: runs before model
+    plug-ins did not) a string."""
+    data = f.read(MODEL_CONFIG_MAX_BYTES + 1)
+    if len(data) > MODEL_CONFIG_MAX_BYTES:
+        return False
+    try:
+        config = json.loads(data)
+    except ValueError:  # not JSON, not UTF-8
+        return False
+    return (
+        isinstance(config, dict)
+        and set(config) == set(MODEL_CONFIG_SECTIONS)
+        and all(isinstance(config[k], dict) for k in MODEL_CONFIG_SECTIONS)
+        and isinstance(config["model"].get("factory", ""), str)
+    )
+
+
+def holds_model_config(model_dir: str, fs: Files | None = None) -> bool:
+    """Whether `model_dir` holds the train_config.json `melshards train` writes (`model_config_is_ours`):
+    what makes it a model dir that training may write into. False when it cannot be read."""
+    files = files_for(model_dir, fs)
+    path = posixpath.join(model_dir, MODEL_CONFIG_FILE)
+    try:
+        if not files.exists(path) or files.isdir(path):
+            return False
+        with files.open(path) as f:
+            return model_config_is_ours(f)
+    except Exception:  # noqa: BLE001 (OSError, tf.errors.OpError of a remote read: not shown to be ours)
+        return False

@@ -184,13 +184,11 @@ def bucketed_dir(tmp_path_factory) -> Path:
 
 
 def write_textgrids(corpus: Path, dest: Path, skip=(), stretch: dict | None = None) -> list[str]:
-    """Montreal Forced Aligner-like TextGrids (tiers `words` and `phones`, long format) for the clips of
-    an LJSpeech-layout corpus: each word of the normalised transcript spread evenly over 5-95% of the
-    clip's duration, one phone per letter (upper case), silences as MFA writes them (gaps, and an `sp`
-    between every third word). No TextGrid for the ids in `skip`; `stretch` {id: seconds} moves a
-    TextGrid's end away from the audio's. Returns the ids written. Unreadable audio gets none."""
+    """Montreal Forced Aligner-like TextGrids (`write_textgrid`) for the clips of an LJSpeech-layout
+    corpus, from each clip's normalised transcript and audio duration. No TextGrid for the ids in `skip`;
+    `stretch` {id: seconds} moves a TextGrid's end away from the audio's. Returns the ids written.
+    Unreadable audio gets none."""
     import soundfile as sf
-    from praatio import textgrid
 
     dest.mkdir(parents=True, exist_ok=True)
     written = []
@@ -203,24 +201,35 @@ def write_textgrids(corpus: Path, dest: Path, skip=(), stretch: dict | None = No
             end = sf.info(str(wavs[0])).duration + (stretch or {}).get(clip_id, 0.0)
         except Exception:  # noqa: BLE001 (the corpus's broken files: the job rejects them)
             continue
-        words = [w for w in "".join(c if c.isalpha() else " " for c in text.lower()).split()] or ["a"]
-        span, t = 0.9 * end / len(words), 0.05 * end
-        word_entries, phone_entries = [], []
-        for i, word in enumerate(words):
-            start, stop = t, t + span
-            speech_end = stop - (0.2 * span if i % 3 == 2 else 0.0)
-            word_entries.append((start, speech_end, word))
-            step = (speech_end - start) / len(word)
-            phone_entries += [(start + k * step, start + (k + 1) * step, c.upper()) for k, c in enumerate(word)]
-            if speech_end < stop:
-                phone_entries.append((speech_end, stop, "sp"))
-            t = stop
-        tg = textgrid.Textgrid()
-        tg.addTier(textgrid.IntervalTier("words", word_entries, 0, end))
-        tg.addTier(textgrid.IntervalTier("phones", phone_entries, 0, end))
-        tg.save(str(dest / f"{clip_id}.TextGrid"), format="long_textgrid", includeBlankSpaces=True)
+        write_textgrid(dest / f"{clip_id}.TextGrid", text, end)
         written.append(clip_id)
     return written
+
+
+def write_textgrid(path: Path, text: str, end: float) -> None:
+    """A Montreal Forced Aligner-like TextGrid (tiers `words` and `phones`, long format) for a clip of
+    `end` seconds: each word of `text` spread evenly over 5-95% of it, one phone per letter (upper
+    case), silences as MFA writes them (gaps, and an `sp` between every third word)."""
+    from praatio import textgrid
+
+    words = [w for w in "".join(c if c.isalpha() else " " for c in text.lower()).split()] or ["a"]
+    span, t = 0.9 * end / len(words), 0.05 * end
+    word_entries, phone_entries = [], []
+    for i, word in enumerate(words):
+        start, stop = t, t + span
+        speech_end = stop - (0.2 * span if i % 3 == 2 else 0.0)
+        word_entries.append((start, speech_end, word))
+        step = (speech_end - start) / len(word)
+        ends = [start + (k + 1) * step for k in range(len(word) - 1)] + [speech_end]  # the word's end exactly
+        phone_entries += [(start + k * step, ends[k], c.upper()) for k, c in enumerate(word)]
+        if speech_end < stop:
+            phone_entries.append((speech_end, stop, "sp"))
+        t = stop
+    tg = textgrid.Textgrid()
+    tg.addTier(textgrid.IntervalTier("words", word_entries, 0, end))
+    tg.addTier(textgrid.IntervalTier("phones", phone_entries, 0, end))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    tg.save(str(path), format="long_textgrid", includeBlankSpaces=True)
 
 
 FEATURES_CONFIG = """\
@@ -333,10 +342,12 @@ def reference_runs(corpus_dir, tmp_path_factory):
     return list(csv.DictReader((tmp / "corpus.csv").open())), [tmp / "first", tmp / "again"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def gcs():
-    """A GCS emulator for the session (tests/gcs_emulator.py: fake-gcs-server behind a counting proxy), with
-    `STORAGE_EMULATOR_HOST` set for this process and the processes it starts."""
+    """A GCS emulator for the test module (tests/gcs_emulator.py: fake-gcs-server behind a counting proxy),
+    with its `environ` (`STORAGE_EMULATOR_HOST`, credentials and a project) set for this process and the
+    processes it starts. Per module, not per session: the server is a child of the test process, and the
+    tests that check a job leaves no process behind (test_workers) count this process's descendants."""
     from tests.gcs_emulator import running_emulator
 
     with running_emulator() as emulator:

@@ -5,11 +5,17 @@ the GCS JSON API that Beam's GcsIO and `google-cloud-storage` use, honours gener
 uploads (the output lock's create-if-absent) and ranged reads. It does not answer the JSON batch
 endpoint (`POST /batch/storage/v1`), which GcsIO uses for batched deletes and copies; the proxy in front
 of it answers those by sending each part of the batch to the server on its own and returning the
-answers in GCS's multipart form. The proxy also counts the media bytes it serves (object downloads),
-so a test can say how many times a corpus was read.
+answers in GCS's multipart form. It ignores `ifGenerationMatch` / `ifGenerationNotMatch` on an object's
+reads and deletes, which GCS answers with 412 when the object is at another generation (the output
+lock's delete and read of the generation it judged: `melshards.preprocess.lock`); the proxy checks those
+against the object's generation itself and answers 412 as GCS does. The proxy also counts the media
+bytes it serves (object downloads), so a test can say how many times a corpus was read.
 
-Clients find it through `STORAGE_EMULATOR_HOST` (`GcsEmulator.environ`); Beam's `--no_auth` skips the
-credentials lookup.
+Clients find it through `STORAGE_EMULATOR_HOST` (`GcsEmulator.environ`). Beam's GcsIO looks up Google's
+default credentials in every process whatever its options say (`--no_auth` included), and where there are
+none it retries for about 20 s before it goes on anonymously; `environ` also names a credentials file of
+the emulator's own (an access token that never expires, which the server ignores) and a project, so every
+client process, the job's worker processes included, finds credentials at once and never asks a network.
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ import dataclasses
 import email.parser
 import http.client
 import http.server
+import json
 import os
 import platform
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -112,6 +120,7 @@ class GcsEmulator:
         self.served: list[Served] = []
         self._lock = threading.Lock()
         self._proxy: http.server.ThreadingHTTPServer | None = None
+        self._credentials: Path | None = None
 
     @property
     def url(self) -> str:
@@ -120,11 +129,31 @@ class GcsEmulator:
 
     @property
     def environ(self) -> dict[str, str]:
-        """The variables a client process needs to talk to this emulator."""
-        return {"STORAGE_EMULATOR_HOST": self.url}
+        """The variables a client process needs to talk to this emulator: its address, and credentials and
+        a project that google-auth takes without a network lookup."""
+        assert self._credentials is not None
+        return {
+            "STORAGE_EMULATOR_HOST": self.url,
+            "GOOGLE_APPLICATION_CREDENTIALS": str(self._credentials),
+            "GOOGLE_CLOUD_PROJECT": "test",
+        }
 
     def start(self) -> GcsEmulator:
         backend = f"http://127.0.0.1:{self.backend_port}"
+        fd, name = tempfile.mkstemp(prefix="gcs-emulator-credentials-", suffix=".json")
+        with os.fdopen(fd, "w") as f:  # an authorized user whose token is valid until 2999: never refreshed
+            json.dump(
+                {
+                    "type": "authorized_user",
+                    "client_id": "emulator",
+                    "client_secret": "emulator",
+                    "refresh_token": "emulator",
+                    "token": "emulator",
+                    "expiry": "2999-01-01T00:00:00Z",
+                },
+                f,
+            )
+        self._credentials = Path(name)
         self._process = subprocess.Popen(
             [
                 str(server_binary()),
@@ -168,6 +197,9 @@ class GcsEmulator:
             self._process.terminate()
             self._process.wait(timeout=10)
             self._process = None
+        if self._credentials is not None:
+            self._credentials.unlink(missing_ok=True)
+            self._credentials = None
 
     def make_bucket(self, name: str) -> None:
         request = urllib.request.Request(
@@ -188,7 +220,37 @@ class GcsEmulator:
             self.served.clear()
 
     def forward(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, list, bytes]:
-        """Send one request to fake-gcs-server: (status, reason, headers, body)."""
+        """Send one request to fake-gcs-server: (status, reason, headers, body); a read or delete of an object
+        whose generation precondition fails is answered 412 here, as GCS answers it (`_precondition`)."""
+        failed = self._precondition(method, path)
+        if failed is not None:
+            return failed
+        return self._send(method, path, headers, body)
+
+    def _precondition(self, method: str, path: str) -> tuple[int, str, list, bytes] | None:
+        """412 for a GET or DELETE of an object (JSON API: metadata, media or delete) carrying
+        `ifGenerationMatch` or `ifGenerationNotMatch` that the object's current generation fails; None to
+        forward it (an object that does not exist is the server's 404)."""
+        url = urllib.parse.urlsplit(path)
+        query = urllib.parse.parse_qs(url.query)
+        object_path = url.path.removeprefix("/download")
+        if method not in ("GET", "DELETE") or not object_path.startswith("/storage/v1/b/") or "/o/" not in object_path:
+            return None
+        match, not_match = query.get("ifGenerationMatch"), query.get("ifGenerationNotMatch")
+        if not match and not not_match:
+            return None
+        status, _, _, data = self._send("GET", object_path, {}, b"")
+        if status != 200:
+            return None
+        generation = str(json.loads(data)["generation"])
+        if (match and match[0] != generation) or (not_match and not_match[0] == generation):
+            error = {
+                "error": {"code": 412, "message": "At least one of the pre-conditions you specified did not hold."}
+            }
+            return 412, "Precondition Failed", [("Content-Type", "application/json")], json.dumps(error).encode()
+        return None
+
+    def _send(self, method: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, str, list, bytes]:
         conn = http.client.HTTPConnection("127.0.0.1", self.backend_port, timeout=120)
         try:
             sent = {k: v for k, v in headers.items() if k.lower() not in HOP_BY_HOP and k.lower() != "host"}
@@ -222,6 +284,7 @@ class GcsEmulator:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # headers and body are two writes: Nagle would hold a small body for the client's delayed ACK (40 ms)
 
             def log_message(self, *args) -> None:  # quiet
                 pass
@@ -271,14 +334,15 @@ class GcsEmulator:
 
 @contextlib.contextmanager
 def running_emulator() -> Iterator[GcsEmulator]:
-    """A started emulator with `STORAGE_EMULATOR_HOST` set in this process for the block."""
+    """A started emulator with its `environ` set in this process for the block."""
     emulator = GcsEmulator().start()
-    old = os.environ.get("STORAGE_EMULATOR_HOST")
+    old = {name: os.environ.get(name) for name in emulator.environ}
     os.environ.update(emulator.environ)
     try:
         yield emulator
     finally:
-        _restore("STORAGE_EMULATOR_HOST", old)
+        for name, value in old.items():
+            _restore(name, value)
         emulator.stop()
 
 

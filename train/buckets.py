@@ -15,7 +15,8 @@ capped at the bucket's training records (one batch never holds a record twice), 
 to a multiple of lcm(replicas, gcd(B, 8)): the replicas divide it, and so does whatever divides B
 up to 8 (multiples of 8 suit tensor cores). That multiple divides B, so a bucket with at least B
 records gets at least B. A bucket with fewer training records than B cannot fill a batch without
-repeating records: the run is refused (`BatchError`), naming the largest batch every bucket fits.
+repeating records: the run is refused (`check_batch_fits`, `BatchError`), naming the largest batch every
+bucket fits; `melshards.dataset` refuses such a batch_size by the same check.
 `data.fixed_batch_size: true` gives every bucket batch B (the same refusal applies).
 
 Schedule (`schedule`). Calls run in epochs of the schedule: bucket i appears n_i times per epoch,
@@ -62,9 +63,7 @@ def batch_sizes(
     Raises BatchError when a bucket with records has fewer than B (B must divide by the replicas:
     Topology.per_replica_batch checks that first). A bucket without records gets B (it is never run).
     """
-    short = [(i, n) for i, n in enumerate(records) if 0 < n < batch_size]
-    if short:
-        raise BatchError(_too_few_records(short, records, batch_size, replicas))
+    check_batch_fits(records, batch_size, replicas)
     if fixed:
         return [batch_size] * len(frames)
     longest, multiple = max(frames), batch_multiple(batch_size, replicas)
@@ -74,19 +73,45 @@ def batch_sizes(
     ]
 
 
-def _too_few_records(short: list[tuple[int, int]], records: Sequence[int], batch_size: int, replicas: int) -> str:
+def check_batch_fits(
+    records: Sequence[int],
+    batch_size: int,
+    replicas: int = 1,
+    *,
+    name: str = "data.batch_size",
+    setting: str = "--batch-size {}",
+    what: str = "training records",
+) -> None:
+    """BatchError when a bucket with records (`records`: each bucket's, by index; 0 for a bucket not
+    read) holds fewer than `batch_size`: its batches would hold records twice, or none would be whole.
+    The message names the counts and the largest batch that fits (a multiple of `replicas`), as `name`
+    ("data.batch_size") and spelt as `setting` gives it ("--batch-size {}"); `what` is what is counted."""
+    short = [(i, n) for i, n in enumerate(records) if 0 < n < batch_size]
+    if short:
+        raise BatchError(_too_few_records(short, records, batch_size, replicas, name, setting, what))
+
+
+def _too_few_records(
+    short: list[tuple[int, int]],
+    records: Sequence[int],
+    batch_size: int,
+    replicas: int,
+    name: str,
+    setting: str,
+    what: str,
+) -> str:
     fits = min(n for n in records if n) // replicas * replicas
     which = ", ".join(f"bucket {i} has {n}" for i, n in short)
-    if len(records) == 1:
+    if sum(1 for n in records if n) == 1:
         which = f"the shards hold {short[0][1]}"
     advice = (
-        f"the largest batch that fits is {fits}: pass --batch-size {fits} or less"
+        f"the largest batch that fits is {fits}: pass {setting.format(fits)} or less"
         if fits
         else f"no bucket batch can divide by the {replicas} replicas: use fewer replicas or more records"
     )
     per_bucket = (
         ""
-        if len(records) == 1
+        if sum(1 for n in records if n) == 1
         else (
             " (largest per bucket: "
             + ", ".join(f"bucket {i} {n // replicas * replicas}" for i, n in enumerate(records) if n)
@@ -94,8 +119,8 @@ def _too_few_records(short: list[tuple[int, int]], records: Sequence[int], batch
         )
     )
     return (
-        f"data.batch_size {batch_size} is more than the training records ({which}): a batch never holds a "
-        f"record twice, so {advice}{per_bucket}, or add training shards"
+        f"{name} {batch_size} is more than the {what} ({which}): a batch never holds a "
+        f"record twice, so {advice}{per_bucket}, or add shards"
     )
 
 

@@ -27,8 +27,11 @@ DATA_KEY = "data_settings/.ATTRIBUTES/VARIABLE_VALUE"
 
 
 def check_writable(model_dir: str) -> None:
-    """Create model_dir and its checkpoints/ and write a probe file in each, before anything compiles."""
+    """Create model_dir and write a probe file in it and in its checkpoints/ if that exists (the first
+    checkpoint creates it), before anything compiles; removes the probes."""
     for d in (model_dir, posixpath.join(model_dir, CHECKPOINT_DIR)):
+        if d != model_dir and not tf.io.gfile.exists(d):
+            continue
         probe = posixpath.join(d, f".melshards-write-test-{os.getpid()}")
         try:
             tf.io.gfile.makedirs(d)

@@ -20,7 +20,14 @@ from melshards.train.checkpoints import CHECKPOINT_DIR, check_writable, resume_c
 from melshards.train.errors import ModelDirError, RestoreError, TrainError
 from melshards.train.inputs import Inputs, resolve_inputs
 from melshards.train.metrics import RunState, format_summary
-from melshards.train.model_dir import CONFIG_FILE, SUMMARY_FILE, prepare_model_dir, write_json
+from melshards.train.model_dir import (
+    CONFIG_FILE,
+    SUMMARY_FILE,
+    check_model_dir,
+    check_model_dir_target,
+    record_settings,
+    write_json,
+)
 from melshards.train.progress import Progress, log_validation
 from melshards.train.signals import StopFlag
 from melshards.train.summaries import TENSORBOARD_DIR, Scalars
@@ -54,6 +61,8 @@ def train(inputs: Inputs, model_dir: str, synthetic: bool = False, topo: distrib
     with StopFlag() as stop:  # from the start: a Ctrl-C during set-up stops before the first call
         check_before_writing(inputs, model_dir, topo)
         trainer = Trainer(inputs, model_dir, synthetic, topo, stopped=lambda: stop.signal_name is not None)
+        if topo.chief:  # the model is built and its steps compiled: the run starts, and its dir is marked
+            record_settings(model_dir, inputs)
         state = start(trainer, began)
         scalars = Scalars(trainer.write_dir)
         run_calls(trainer, state, stop, scalars)
@@ -62,12 +71,16 @@ def train(inputs: Inputs, model_dir: str, synthetic: bool = False, topo: distrib
 
 
 def check_before_writing(inputs: Inputs, model_dir: str, topo: distribute.Topology) -> None:
-    """What can be refused before anything is built, then the model dir (on the chief)."""
+    """What can be refused before anything is built, then the model dir (on the chief): nothing is
+    written in a directory that is not one melshards train may write into, and nothing but a probe file
+    before the run starts (`record_settings`)."""
     check_buckets(inputs, topo)  # batch vs replicas and records: a ConfigError before anything is written
+    if topo.chief:  # a dir of someone else's files: refused before its checkpoint file is read or repaired
+        check_model_dir_target(model_dir, inputs)
     # a damaged newest checkpoint: a CheckpointError before anything is written or built
-    resume_checkpoint(posixpath.join(model_dir, CHECKPOINT_DIR), repair=topo.chief)
+    latest = resume_checkpoint(posixpath.join(model_dir, CHECKPOINT_DIR), repair=topo.chief)
     if topo.chief:  # the others would race the chief's writes; the chief's refusal stops them all
-        prepare_model_dir(model_dir, inputs)
+        check_model_dir(model_dir, inputs, trained=latest is not None)
 
 
 def start(trainer: Trainer, began: float) -> RunState:

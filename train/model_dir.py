@@ -1,9 +1,16 @@
-"""The model dir: what a training run records there before it starts, and what it refuses.
+"""The model dir: what a training run refuses, and what it records there once it starts.
 
 `MODEL_DIR/{checkpoints/, tensorboard/, schema.json, train_config.json, run_summary.json}`: the
-checkpoints are train/checkpoints.py's, the TensorBoard files train/summaries.py's. `train_config.json`
-or `checkpoints/` make a directory a model dir (`melshards.shards_schema.ownership.MODEL_DIR_MARKS`):
-training writes over nothing in a directory without them, and `preprocess --output` refuses one with them.
+checkpoints are train/checkpoints.py's, the TensorBoard files train/summaries.py's. The train_config.json
+training writes makes a directory a model dir (`melshards.shards_schema.ownership.holds_model_config`:
+the file's name and content, never a folder name such as `checkpoints/`, which other trainers write
+too): training writes over nothing in a directory without one, and `preprocess --output` refuses one
+with it.
+
+A run checks the dir first (`check_model_dir`: nothing written but a probe file), and records its
+settings (`record_settings`: train_config.json, then schema.json) only once its model is built and its
+steps compiled, before anything else is written there: a run that fails to start leaves no
+settings, and the settings of a dir without a checkpoint (nothing trained) are replaced, not compared.
 """
 
 from __future__ import annotations
@@ -14,7 +21,7 @@ import os
 import posixpath
 
 from melshards.shards_schema import REJECTED_FILE, SCHEMA_FILE, SHARD_SUFFIX, STATS_FILE
-from melshards.shards_schema.ownership import MODEL_CONFIG_FILE, model_dir_marks
+from melshards.shards_schema.ownership import MODEL_CONFIG_FILE, holds_model_config
 from melshards.shards_schema.schema import PUBLISH_JOURNAL
 from melshards.shards_schema.shards import dir_of
 from melshards.train.checkpoints import CHECKPOINT_DIR, check_writable
@@ -47,10 +54,11 @@ def is_run_file(name: str) -> bool:
     return name.rstrip("/").endswith(SHARD_SUFFIX) or name in (STATS_FILE, REJECTED_FILE, PUBLISH_JOURNAL)
 
 
-def model_dir_problem(model_dir: str, names: list[str], shard_dirs: list[str]) -> str | None:
+def model_dir_problem(model_dir: str, names: list[str], shard_dirs: list[str], ours: bool) -> str | None:
     """Why training must not write into model_dir (holding `names`, base names, directories with a
-    trailing /) when it reads shards from `shard_dirs`; None when it may. Training never writes among
-    the shards it reads nor into a preprocess run, and writes over its own files only in a model dir."""
+    trailing /; `ours`: its train_config.json is one melshards train wrote) when it reads shards from
+    `shard_dirs`; None when it may. Training never writes among the shards it reads nor into a
+    preprocess run, and writes over its own files only in a model dir."""
     if any(same_dir(model_dir, d) for d in shard_dirs):
         return (
             f"--model-dir {model_dir} is the directory of the shards it trains on: training would write "
@@ -63,20 +71,21 @@ def model_dir_problem(model_dir: str, names: list[str], shard_dirs: list[str]) -
             f"{', ...' if len(run) > 3 else ''}): training would write among them; pass a new --model-dir"
         )
     in_the_way = sorted(n.rstrip("/") for n in names if n.rstrip("/") in WRITES)
-    if in_the_way and not model_dir_marks(names):
+    if in_the_way and not ours:
         return (
             f"--model-dir {model_dir} holds {', '.join(in_the_way)}, which melshards train did not write (a "
-            f"model dir holds {CONFIG_FILE} or {CHECKPOINT_DIR}/): they are left as they are; pass a new "
-            "--model-dir, or move them away first"
+            f"model dir holds the {CONFIG_FILE} melshards train writes): they are left as they are; pass a "
+            "new --model-dir, or move them away first"
         )
     return None
 
 
 def check_model_dir_target(model_dir: str, inputs: Inputs) -> None:
     """ModelDirError (a usage error) when training must not write into model_dir (`model_dir_problem`);
-    reads only its listing, so it runs before anything is built."""
+    reads its listing and its train_config.json, so it runs before anything is built."""
     names = tf.io.gfile.listdir(model_dir) if tf.io.gfile.isdir(model_dir) else []
-    problem = model_dir_problem(model_dir, names, [dir_of(f) for f in [*inputs.files, *inputs.val_files]])
+    ours = CONFIG_FILE in {n.rstrip("/") for n in names} and holds_model_config(model_dir)
+    problem = model_dir_problem(model_dir, names, [dir_of(f) for f in [*inputs.files, *inputs.val_files]], ours)
     if problem:
         raise ModelDirError(problem)
 
@@ -96,7 +105,8 @@ def record_schema(source: str, model_dir: str) -> None:
 
 
 def refuse_other_model(model_dir: str, inputs: Inputs) -> None:
-    """A model dir holds one model: refuse to resume it with other shards' schema or another model."""
+    """A model dir holds one model: refuse to resume its checkpoint with other shards' schema or another
+    model."""
     from melshards.shards_schema import read_schema
 
     here = posixpath.join(model_dir, SCHEMA_FILE)
@@ -121,12 +131,18 @@ def recorded_model_section(cfg: TrainConfig) -> dict:
     return dict(cfg.model, factory=cfg.model_factory)
 
 
-def prepare_model_dir(model_dir: str, inputs: Inputs) -> None:
-    """Refuse a dir training must not write into and another model's dir, check it is writable, then
-    record the config (what makes it a model dir) and the schema."""
+def check_model_dir(model_dir: str, inputs: Inputs, trained: bool) -> None:
+    """Refuse a dir training must not write into, and, when it holds a checkpoint (`trained`), another
+    model's dir; check it is writable. Writes nothing but a probe file (train/checkpoints.py)."""
     check_model_dir_target(model_dir, inputs)
-    refuse_other_model(model_dir, inputs)
+    if trained:
+        refuse_other_model(model_dir, inputs)
     check_writable(model_dir)
+
+
+def record_settings(model_dir: str, inputs: Inputs) -> None:
+    """Record the config (what makes the dir a model dir: first, before anything else is written there)
+    and the schema; called once the run's model is built and its steps compiled."""
     write_json(
         posixpath.join(model_dir, CONFIG_FILE),
         dict(dataclasses.asdict(inputs.cfg), model=recorded_model_section(inputs.cfg)),

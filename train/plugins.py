@@ -15,7 +15,7 @@ from typing import Any
 import keras
 
 from melshards.shards_schema.config import ConfigError
-from melshards.shards_schema.factories import load_callable
+from melshards.shards_schema.factories import check_call, load_callable
 from melshards.train import device
 from melshards.train.contract import MODEL_INPUTS, REQUIRED_TERMS
 from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
@@ -27,8 +27,11 @@ class PluginError(ConfigError):
 
 def load_factory(spec: str) -> Callable:
     """`package.module:factory` -> the callable; raises PluginError if it cannot be found
-    (`melshards.shards_schema.factories.load_callable`)."""
-    return load_callable(spec, "model factory", "examples.fastspeech_lite:build", PluginError, "factory")
+    (`melshards.shards_schema.factories.load_callable`) or cannot be called as factory(schema, options)
+    (`check_call`: its signature, read before anything is built or written)."""
+    factory = load_callable(spec, "model factory", "examples.fastspeech_lite:build", PluginError, "factory")
+    check_call(factory, spec, "model factory", "factory(schema, options)", PluginError, None, {})
+    return factory
 
 
 def model_inputs(spec: str) -> tuple[str, ...]:

@@ -31,6 +31,7 @@ class Normaliser:
 
     def __init__(self, schema: Schema, check_ids: bool = False):
         self.check_ids = check_ids  # speaker ids checked against the table (`checked_speaker_ids`)
+        self.n_mels = len(schema.mel_mean)
         self.mean = tf.constant(np.asarray(schema.mel_mean, np.float32))
         # a constant bin (std 0) must not divide by zero
         self.std = tf.constant(np.maximum(np.asarray(schema.mel_std, np.float32), 1e-3))
@@ -41,10 +42,25 @@ class Normaliser:
         }
 
     def __call__(self, mel):
-        return (mel - self.mean) / self.std
+        return (self._bins(mel, "normalizer(mel)") - self.mean) / self.std
 
     def invert(self, mel):
-        return mel * self.std + self.mean
+        return self._bins(mel, "normalizer.invert(mel)") * self.std + self.mean
+
+    def _bins(self, mel, call: str):
+        """`mel` as a tensor, or a ValueError when its static last axis is not the schema's mel bins or its
+        dtype is not floating (checked as it is traced: nothing runs per call)."""
+        mel = tf.convert_to_tensor(mel)
+        if not mel.dtype.is_floating:
+            raise ValueError(f"{call}: mel is {mel.dtype.name}; pass log-mel as floats, e.g. tf.cast(mel, tf.float32)")
+        bins = mel.shape[-1] if mel.shape.rank else None
+        if bins is not None and bins != self.n_mels:
+            raise ValueError(
+                f"{call}: mel has {bins} bins in its last axis, and this schema's log-mel has {self.n_mels}; "
+                f"pass log-mel [..., {self.n_mels}] of the shards the schema describes, or the normalizer of "
+                "the run the mel comes from"
+            )
+        return mel
 
     def _stats(self, name: str, speaker_id):
         """(mean, std) broadcastable against [B, T]: global, or gathered by speaker_id [B]."""

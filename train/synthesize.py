@@ -17,6 +17,7 @@ the front end that made that language's shards.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
@@ -30,7 +31,7 @@ from melshards.shards_schema.schema import first_few
 from melshards.shards_schema.text import normalizer_for
 from melshards.shards_schema.text_clean import canonical_language
 from melshards.shards_schema.vocab import UnknownSymbols, text_ids
-from melshards.train.tf_quiet import tf
+from melshards.train.tf_quiet import reading_xla_cache, tf
 
 log = logging.getLogger("melshards.synthesize")
 
@@ -130,6 +131,8 @@ class Synthesizer(tf.Module):
         self.speaker_ids = _name_table([x.name for x in trained], [x.id for x in trained])
         self.language_ids = _name_table([x.code for x in schema.languages])
         self.capacity = length = text_capacity(schema)
+        # which generate ran (was compiled) in this process; bools, which tf.Module does not track
+        self.compiled_plain = self.compiled_reference = False
 
         @tf.function(
             input_signature=[
@@ -262,20 +265,29 @@ class Synthesizer(tf.Module):
                     "(examples/reference_tts.py) on a run with reference.source: other_clip or same_clip"
                 )
             mel, valid = reference
-            return self.generate_with_reference(
+            with self._first_call("reference"):
+                return self.generate_with_reference(
+                    tf.constant(ids),
+                    tf.constant([n], tf.int32),
+                    tf.constant([speaker.id], tf.int32),
+                    tf.constant([language.id], tf.int32),
+                    tf.constant(np.asarray(mel, np.float32)[None]),
+                    tf.constant([valid], tf.int32),
+                )
+        with self._first_call("plain"):
+            return self.generate(
                 tf.constant(ids),
                 tf.constant([n], tf.int32),
                 tf.constant([speaker.id], tf.int32),
                 tf.constant([language.id], tf.int32),
-                tf.constant(np.asarray(mel, np.float32)[None]),
-                tf.constant([valid], tf.int32),
             )
-        return self.generate(
-            tf.constant(ids),
-            tf.constant([n], tf.int32),
-            tf.constant([speaker.id], tf.int32),
-            tf.constant([language.id], tf.int32),
-        )
+
+    def _first_call(self, which: str):
+        """Around a call of a generate: at its first, which compiles it and may load its program from the
+        persistent XLA cache, that cache's read noise is dropped (`tf_quiet.reading_xla_cache`)."""
+        first = not getattr(self, f"compiled_{which}")
+        setattr(self, f"compiled_{which}", True)
+        return reading_xla_cache() if first else contextlib.nullcontext()
 
     def export(self, path: str) -> None:
         """The SavedModel into `path`, then `EXPORT_MARK` (what a later --export may write over)."""

@@ -12,14 +12,27 @@ The physical devices are listed inside the same capture: that is when CUDA is in
 machine without a GPU it logs "E0000 ... cuda_platform.cc:52] failed call to cuInit: ... UNKNOWN
 ERROR (303)" at ERROR level. That line is dropped unless the user asked for a GPU (`gpu_asked`:
 CUDA_VISIBLE_DEVICES set to a device, not "" or "-1"), or TF_CPP_MIN_LOG_LEVEL is 0.
+
+Every read of the persistent XLA cache (train/xla_cache.py) logs "E0000 ... text_format.cc] Error
+parsing text-format tensorflow.XlaSerializedCacheEntry: ..." at ERROR level, although the program
+loads: TensorFlow writes each entry as a binary proto (WriteBinaryProto) and reads it with
+ReadTextOrBinaryProto, which tries the text format first, and protobuf's text parser logs its
+failure through absl before the binary read succeeds. absl takes no filter but a minimum severity
+(TF_CPP_MIN_LOG_LEVEL 3 would hide every ERROR line, real ones too), so around the calls that compile
+with XLA, and so may read the cache, `reading_xla_cache` sends file descriptor 2 through a filter
+process that drops exactly the lines holding that message (`CACHE_ENTRY_TEXT_PARSE`) and passes
+every other line on, in order, a fatal error's included (the filter outlives this process).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 
 # absl/glog line prefix: severity letter, then MMDD (0000 before absl is initialised) and the time
 _ABSL_LINE = re.compile(r"^([IWEF])\d{4} \d\d:\d\d:\d\d")
@@ -54,6 +67,82 @@ def keep_line(line: str, level: int, gpu: bool = False) -> bool:
         return False
     match = _ABSL_LINE.match(line)
     return match is None or _SEVERITY[match.group(1)] >= level
+
+
+# what protobuf logs each time TensorFlow reads a persistent XLA cache entry (see the module doc)
+CACHE_ENTRY_TEXT_PARSE = "Error parsing text-format tensorflow.XlaSerializedCacheEntry"
+FILTER_DRAIN_S = 10.0  # at most this long for the filter to pass the block's last lines on
+
+# the filter: stdin (the command's fd 2 meanwhile) line by line to stdout (the command's stderr), less
+# the lines holding argv[1]; it reads to the end whatever happens to a write, so no writer ever blocks
+_DROP_LINES = """\
+import sys
+drop, out = sys.argv[1].encode(), sys.stdout.buffer
+for line in iter(sys.stdin.buffer.readline, b""):
+    if drop not in line:
+        try:
+            out.write(line)
+            out.flush()
+        except OSError:
+            pass
+"""
+
+
+@contextlib.contextmanager
+def dropping_stderr_lines(fragment: str) -> Iterator[None]:
+    """Meanwhile file descriptor 2 (TensorFlow's C++ logging and Python's sys.stderr) goes through a
+    filter process that drops the lines holding `fragment` and passes every other line on, in order;
+    it has passed them all on when the block ends. The filter runs in a session of its own: a Ctrl-C
+    does not reach it, and if this process dies in the block it still passes on what was written
+    before. With TF_CPP_MIN_LOG_LEVEL 0 (show everything), or when the filter cannot start, nothing is
+    filtered."""
+    started = _start_filter(fragment) if min_log_level() > 0 else None
+    if started is None:
+        yield
+        return
+    saved, proc = started
+    os.dup2(proc.stdin.fileno(), 2)  # type: ignore[union-attr]  # stdin=PIPE
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        proc.stdin.close()  # type: ignore[union-attr]
+        try:
+            proc.wait(timeout=FILTER_DRAIN_S)
+        except subprocess.TimeoutExpired:  # a process started in the block holds the pipe: the filter ends with it
+            pass
+
+
+def _start_filter(fragment: str) -> tuple[int, subprocess.Popen] | None:
+    """(a copy of fd 2, the filter process writing to it), or None when either cannot be had."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to filter
+        return None
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _DROP_LINES, fragment],
+            stdin=subprocess.PIPE,
+            stdout=saved,
+            start_new_session=True,
+        )
+    except OSError:
+        os.close(saved)
+        return None
+    return saved, proc
+
+
+def reading_xla_cache():
+    """`dropping_stderr_lines(CACHE_ENTRY_TEXT_PARSE)` when the persistent XLA cache is on (TF_XLA_FLAGS
+    names it), else a block that changes nothing: around a call that may compile with XLA."""
+    from melshards.train.xla_cache import cache_dir_in_flags
+
+    if cache_dir_in_flags(os.environ.get("TF_XLA_FLAGS", "")) is None:
+        return contextlib.nullcontext()
+    return dropping_stderr_lines(CACHE_ENTRY_TEXT_PARSE)
 
 
 def import_tensorflow():

@@ -9,6 +9,7 @@ anything compiles (each step compiles at its first call).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -29,7 +30,7 @@ from melshards.train.inputs import Inputs
 from melshards.train.plugins import build_model, model_inputs
 from melshards.train.references import same_clip
 from melshards.train.step import make_eval_step, make_optimizer, make_train_step, step_specs
-from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
+from melshards.train.tf_quiet import reading_xla_cache, tf  # noqa: I001 (first: keras imports TensorFlow)
 
 log = logging.getLogger("melshards.train")
 
@@ -94,6 +95,7 @@ class Trainer:
         self.schedule = Schedule([tb.calls_per_epoch for tb in self.buckets], cfg.data.seed)
         self.next_call = 0  # the schedule position: set from the restored step
         self.called: set[int] = set()  # buckets called so far: a bucket's first call is not steady state
+        self.evaluated = False  # whether validation ran (its steps compiled) in this process
         self._make_steps()
         self.compiled = self._compile_steps(stopped)  # before any restore or input: the same traces every run
         self.write_dir = distribute.write_dir(model_dir, self.topo)
@@ -318,8 +320,10 @@ class Trainer:
         t0 = time.perf_counter()
         batch = read_or_name_shard(lambda: next(self.iterators[tb.index]), list(tb.files), self.inputs.schema)
         t1 = time.perf_counter()
-        out = train_step(batch)
-        losses = out.pop("losses").numpy()  # waits for the call: the per-call sync point
+        # a step compiled at its first call (under a strategy) may load its program from the persistent cache
+        with reading_xla_cache() if first and not self.compiled else contextlib.nullcontext():
+            out = train_step(batch)
+            losses = out.pop("losses").numpy()  # waits for the call: the per-call sync point
         t2 = time.perf_counter()
         self.next_call += 1
         if first and not self.compiled:
@@ -341,6 +345,8 @@ class Trainer:
         records seen."""
         sums: dict
         max_batches, sums = self.inputs.cfg.loop.val_batches, {}
+        first = not self.compiled and not self.evaluated  # each eval step compiles at its first call
+        self.evaluated = True
         for tb in self.buckets:
             if tb.index not in self.eval_steps:
                 continue
@@ -352,9 +358,10 @@ class Trainer:
                 tb.bucket,
                 self.same_clip,
             )
-            for batch in ds.take(max_batches) if max_batches else ds:
-                for k, v in self.eval_steps[tb.index](batch).items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
+            with reading_xla_cache() if first else contextlib.nullcontext():
+                for batch in ds.take(max_batches) if max_batches else ds:
+                    for k, v in self.eval_steps[tb.index](batch).items():
+                        sums[k] = sums.get(k, 0.0) + float(v)
         losses = self.model.losses_from_terms({k: tf.constant(v, tf.float32) for k, v in sums.items()})
         return dict({k: float(v) for k, v in losses.items()}, examples=sums.get("examples", 0.0))
 

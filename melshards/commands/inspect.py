@@ -125,14 +125,15 @@ def check_out_dir(out_dir: str) -> None:
 
 
 def png_paths(shown, out_dir: str) -> list[str]:
-    """Where the --show PNGs go; UsageError (exit 2) naming any file there that inspect did not write
+    """Where the --show PNGs go, one per record (`record_view.png_names`: distinct clip ids never share a
+    file); UsageError (exit 2) naming any file there that inspect did not write
     (`melshards.shards_schema.ownership`), before one is written."""
-    from melshards.reports.record_view import png_name
+    from melshards.reports.record_view import png_names
     from melshards.shards_schema.ownership import PNG, NotOurs, check_may_write
 
-    paths = [posixpath.join(out_dir, png_name(record) + ".png") for record, _ in shown]
+    paths = [posixpath.join(out_dir, name + ".png") for name in png_names([record for record, _ in shown])]
     try:
-        for path in dict.fromkeys(paths):
+        for path in paths:
             check_may_write("--out", path, PNG)
     except NotOurs as e:
         raise click.UsageError(str(e)) from e

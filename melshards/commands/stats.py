@@ -109,20 +109,21 @@ def check_html_target(path: str) -> None:
 
 
 def write_html(path: str, html: str) -> None:
-    """The report to path; a failed write is exit 2 with the reason, and leaves no partial file."""
+    """The report to path, whole or not at all (`melshards.shards_schema.atomic.atomic_write`: written
+    beside it, then renamed over it; a local file is on disk first): a write that fails or is
+    interrupted leaves the previous report as it was and no partial page. A failure is exit 2 with the
+    reason."""
     from apache_beam.io.filesystems import FileSystems
+
+    from melshards.shards_schema.atomic import LOCAL, atomic_write
 
     data = html.encode("utf-8")
     check_html_target(path)  # again, as the report is written: a file may have been put there meanwhile
+    local = "://" not in path
     try:
-        f = FileSystems.create(path)
-    except OSError as e:
-        raise click.UsageError(f"--html {path}: cannot write it ({e}); pass a writable file path") from e
-    try:
-        with f:
+        with atomic_write(path, fs=LOCAL if local else FileSystems, sync=local) as f:
             f.write(data)
-    except OSError as e:  # e.g. the disk filled up: remove the partial report
-        FileSystems.delete([path])
+    except OSError as e:  # e.g. the disk filled up
         raise click.UsageError(f"--html {path}: cannot write it ({e}); pass a writable file path") from e
 
 

@@ -217,8 +217,9 @@ def rate_notes(report: dict) -> list[str]:
     q = report["quality"]
     notes = [
         "Speaking-rate rule at other k: each speaker's clips outside its own bounds in the clip's language (a "
-        f"speaker with fewer than {q['rate_min_clips']} rated clips there: the language's; a language with "
-        "fewer: none, never another language's); a..b: clips within 0.005 symbols/s of a bound. * the run's k."
+        f"speaker with fewer than {q['rate_min_clips']} rated clips there: its median times the language's "
+        "within-speaker spread, or the language's when too few for a median; a language with fewer: none, "
+        "never another language's); a..b: clips within 0.005 symbols/s of a bound. * the run's k."
     ]
     if q.get("rate_unjudged"):
         notes.append(

@@ -86,6 +86,31 @@ def save_png(record: dict, schema: Schema, f) -> None:
     mel_figure(record, schema).savefig(f, format="png", dpi=100, metadata={"Software": PNG_SOFTWARE})
 
 
-def png_name(record: dict) -> str:
-    """A file name from the clip id, safe on every filesystem."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", _text(record["id"])) or f"record-{record['_index']}"
+_KEPT = re.compile(r"[A-Za-z0-9.-]")  # what a PNG's name keeps of a clip id as it is
+
+
+def png_name(clip_id: str) -> str:
+    """A file name (without .png) for a clip id, safe on every filesystem and one to one: letters,
+    digits, '.' and '-' stay, every other character (`_` and `/` included) becomes its UTF-8 bytes as
+    `_xx` (hex), so `a/b` gives `a_2fb` and `a_b` gives `a_5fb`. An empty id gives `_`, which no other
+    id gives."""
+    if not clip_id:
+        return "_"
+    return "".join(c if _KEPT.fullmatch(c) else "".join(f"_{b:02x}" for b in c.encode()) for c in clip_id)
+
+
+def png_names(records: list[dict]) -> list[str]:
+    """`png_name` of each record's id, distinct even on a case-insensitive filesystem: a name already
+    taken in the list (the same id twice, e.g. from two runs, or ids that differ in case only) gets
+    `_+2`, `_+3`, ..., which no `png_name` holds."""
+    taken: set[str] = set()
+    names = []
+    for record in records:
+        base = name = png_name(_text(record["id"]))
+        k = 1
+        while name.casefold() in taken:
+            k += 1
+            name = f"{base}_+{k}"
+        taken.add(name.casefold())
+        names.append(name)
+    return names

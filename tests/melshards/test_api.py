@@ -233,3 +233,69 @@ def test_a_speaker_id_out_of_range_in_normalizer_pitch_names_the_range(shards_di
     in_graph = tf.function(lambda p, s: norm.pitch(p, s))
     with pytest.raises(tf.errors.InvalidArgumentError, match=rf"speaker_id outside 0..{n - 1}"):
         in_graph(pitch, tf.constant([-1, 0]))
+
+
+def test_a_batch_larger_than_the_records_is_refused_as_the_trainer_refuses_it(shards_dir, bucketed_dir):
+    """40 training records: a batch of 41 would repeat records (shuffled, repeated) or give nothing (one
+    pass); the trainer's check refuses it, naming the counts. 40 reads each record once."""
+    from melshards.train.buckets import BatchError
+
+    glob = str(shards_dir / "train-*.tfrecord")
+    assert melshards.read_schema(shards_dir).counts["train"] == 40
+    expected = (
+        r"^batch_size 41 is more than the records \(the shards hold 40\): a batch never holds a record twice, "
+        r"so the largest batch that fits is 40: pass batch_size=40 or less, or add shards$"
+    )
+    for repeat in (True, False):
+        with pytest.raises(BatchError, match=expected):
+            melshards.dataset(glob, 41, repeat=repeat)
+    with pytest.raises(BatchError, match=expected):
+        melshards.bucket_datasets(glob, 41)
+    (batch,) = list(melshards.dataset(glob, 40, repeat=False, features=("id",)))
+    assert len(set(batch["id"].numpy().tolist())) == 40
+    # several buckets: each one read is checked; one bucket asked for is checked alone
+    schema = melshards.read_schema(bucketed_dir)
+    counts = [b.counts["train"] for b in schema.buckets]
+    small, large = counts.index(min(counts)), counts.index(max(counts))
+    bglob = str(bucketed_dir / "train-*.tfrecord")
+    with pytest.raises(
+        BatchError, match=rf"bucket {small} has {counts[small]}.* largest batch that fits is {min(counts)}"
+    ):
+        melshards.dataset(bglob, max(counts))
+    assert melshards.dataset(bglob, max(counts), bucket=large).element_spec["mel"].shape[0] == max(counts)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        ({"features": []}, ValueError, r"^features is empty, so the records would give nothing; pass the fields"),
+        ({"features": {"mel": 1}}, TypeError, r"^features is \{'mel': 1\} \(dict\); pass record field names, e\.g\."),
+        ({"features": ["mel", 2]}, TypeError, r"^features holds 2 \(int\); pass record field names"),
+    ],
+)
+def test_features_that_name_no_field_are_refused_saying_what_to_pass(shards_dir, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        melshards.dataset(str(shards_dir / "train-*.tfrecord"), 2, **kwargs)
+
+
+def test_a_dict_as_patterns_is_refused_not_read_as_its_keys(shards_dir):
+    with pytest.raises(TypeError, match=r"^patterns is a dict; pass shard globs as a str, a pathlib.Path or a list"):
+        melshards.dataset({str(shards_dir / "train-*.tfrecord"): "train"}, 2)
+
+
+def test_normalizer_of_mel_with_other_bins_or_integers_says_what_to_pass(shards_dir):
+    import tensorflow as tf
+
+    schema = melshards.read_schema(shards_dir)
+    norm = melshards.normalizer(schema)
+    assert schema.n_mels == 80
+    wrong = tf.zeros([2, 10, 40])
+    bins = r"mel has 40 bins in its last axis, and this schema's log-mel has 80; pass log-mel \[\.\.\., 80\]"
+    with pytest.raises(ValueError, match=rf"^normalizer\(mel\): {bins}"):
+        norm(wrong)
+    with pytest.raises(ValueError, match=rf"^normalizer\.invert\(mel\): {bins}"):
+        norm.invert(wrong)
+    with pytest.raises(ValueError, match=bins):  # as it is traced
+        tf.function(norm)(wrong)
+    with pytest.raises(ValueError, match=r"^normalizer\(mel\): mel is int32; pass log-mel as floats"):
+        norm(tf.zeros([2, 10, 80], tf.int32))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 
 import numpy as np
@@ -210,3 +211,17 @@ def test_inspect_writes_over_its_own_pngs_only(shards_dir, tmp_path):
     assert result.exit_code == 2, result.output
     assert f"--out {png}: it exists and is not a mel PNG `melshards inspect --show` wrote" in result.output
     assert png.read_bytes().endswith(b"a picture of the user's")
+
+
+def test_png_names_are_one_to_one_even_on_a_case_insensitive_filesystem():
+    """`a/b` and `a_b` (and `a b`, `a__b`) used to share one PNG; every id now has a name of its own, the
+    same id twice (two runs) or ids that differ in case only get distinct ones too."""
+    from melshards.reports.record_view import png_name, png_names
+
+    ids = ["a/b", "a_b", "a b", "a__b", "a_2fb", "", "_", "LJ001-0001", "spk/001", "spkB/001", "é", "A1", "a1", "a1"]
+    names = png_names([{"id": i.encode()} for i in ids])
+    assert len({n.casefold() for n in names}) == len(ids)
+    assert names[:8] == ["a_2fb", "a_5fb", "a_20b", "a_5f_5fb", "a_5f2fb", "_", "_5f", "LJ001-0001"]
+    assert names[10:] == ["_c3_a9", "A1", "a1_+2", "a1_+3"]
+    assert all(re.fullmatch(r"[A-Za-z0-9._+-]+", n) for n in names)  # safe on every filesystem
+    assert png_name("LJT001-0002") == "LJT001-0002"  # an id of letters, digits, - and . is its own name

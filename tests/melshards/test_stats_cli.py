@@ -349,17 +349,59 @@ def test_html_to_a_path_that_cannot_be_a_file_is_exit_2_before_any_output(shards
 
 
 def test_html_write_failure_is_exit_2_naming_the_path(all_rejected_dir, tmp_path, monkeypatch):
-    from apache_beam.io.filesystems import FileSystems
+    from melshards.shards_schema.atomic import LocalFiles
 
     def create(path, *args, **kwargs):
         raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr(FileSystems, "create", staticmethod(create))
+    monkeypatch.setattr(LocalFiles, "create", staticmethod(create))
     out = tmp_path / "r.html"
     result = run_stats(all_rejected_dir, "--html", out)
     assert result.exit_code == 2, result.output
     assert f"--html {out}: cannot write it" in result.output and "Permission denied" in result.output
-    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_html_write_cut_short_keeps_the_previous_report_whole(all_rejected_dir, tmp_path, html_report, monkeypatch):
+    """The disk fills up half-way through the page: the previous report is left as it was (the page is
+    written beside it and renamed over it), and nothing else is left behind."""
+    import builtins
+    import io
+
+    out = tmp_path / "report.html"
+    shutil.copyfile(html_report, out)
+    before = out.read_bytes()
+    real_open = io.open
+
+    class HalfWritten:
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            self.f.write(data[: len(data) // 2])
+            raise OSError(28, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def cut_short(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        return HalfWritten(f) if "w" in mode and str(file).startswith(str(tmp_path)) else f
+
+    monkeypatch.setattr(io, "open", cut_short)  # Beam's local files open through io.open
+    monkeypatch.setattr(builtins, "open", cut_short)
+    result = run_stats(all_rejected_dir, "--html", out)
+    monkeypatch.undo()
+    assert result.exit_code == 2 and f"--html {out}: cannot write it" in result.output, result.output
+    assert "No space left on device" in result.output
+    assert out.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
 
 
 def test_the_stats_json_preprocess_wrote_has_the_shape_stats_reads(stats):

@@ -106,7 +106,7 @@ def test_the_report_shows_each_measure_its_rule_and_what_other_bounds_would_drop
     rows = re.findall(r"^\s*(?:noisy\s+snr_db)?\s+(\d+) (\*)?\s+(\d+)\s+[\d.]+%\s+12$", section, re.M)
     assert [(b, n) for b, _, n in rows] == [("5", "0"), ("10", "0"), ("15", "2"), ("20", "2"), ("25", "3"), ("30", "5")]
     assert [star for _, star, _ in rows].count("*") == 1
-    assert re.search(r"^\s*2 \*\s+1$", section, re.M)  # the rate rule at the run's k: anna's 30 symbols/s
+    assert re.search(r"^\s*3 \*\s+1$", section, re.M)  # the rate rule at the run's k (3): anna's 30 symbols/s
 
 
 def test_json_holds_the_what_if_rows_and_by_views_hold_quality_per_speaker_and_language(stats_file):
@@ -116,7 +116,7 @@ def test_json_holds_the_what_if_rows_and_by_views_hold_quality_per_speaker_and_l
     cer = next(m for m in report["measures"] if m["measure"] == "cer")
     assert (cer["count"], cer["not_measured"], cer["percentiles"]["p50"]) == (4, 9, 0.25)
     by_speaker = run_stats(stats_file, "--by", "speaker").output
-    # name, rate p50, snr p50, speaker_too_few_clips, mel_frames_above_cutoff, rate outliers at k=2
+    # name, rate p50, snr p50, speaker_too_few_clips, mel_frames_above_cutoff, rate outliers at the run's k (3)
     assert re.search(r"^anna\s+16\s+33\s+0\s+1\s+1$", by_speaker, re.M)
     assert re.search(r"^cleo\s+15\s+50\s+2\s+0\s+0$", by_speaker, re.M)
     languages = json.loads(run_stats(stats_file, "--by", "language", "--json").output)["languages"]["rows"]

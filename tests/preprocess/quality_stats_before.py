@@ -11,16 +11,24 @@ from collections.abc import Iterable, Mapping
 
 from melshards.preprocess import quality, quality_rules
 from melshards.preprocess.config import PreprocessConfig, QualityRulesConfig
+from melshards.preprocess.quality_rules import (
+    LANGUAGE,
+    PACE,
+    PACE_K_FACTOR,
+    PACE_MIN_CLIPS,
+    SPEAKER,
+    iqr_bounds,
+    pace_bounds,
+    pace_ratio_key,
+)
 from melshards.preprocess.quality_stats import group_figures
-from melshards.shards_schema.stats import count_beyond, measure_key
+from melshards.shards_schema.stats import count_beyond, measure_key, percentile
 
 SPEAKER_PERCENTILES = (0, 5, 25, 50, 75, 95, 100)
 RATE_WHAT_IF_K = (1.0, 1.5, 2.0, 2.5, 3.0)
 CORPUS = "corpus"
 SPEAKER_LANGUAGE = "speaker_language"
 RATE = "speaking_rate"
-SPEAKER, LANGUAGE = quality_rules.SPEAKER, quality_rules.LANGUAGE
-iqr_bounds = quality_rules.iqr_bounds
 
 
 def _groups(hists: Mapping[tuple, int]) -> dict[tuple, Counter]:
@@ -30,16 +38,41 @@ def _groups(hists: Mapping[tuple, int]) -> dict[tuple, Counter]:
     return groups
 
 
+def pace_ratios(hists: Mapping[tuple, int]) -> dict[str, Counter]:
+    """Each language's within-speaker spread: the histogram of its speakers' rates each over its own
+    speaker's median (`pace_ratio_key`), summed over the speakers with at least `PACE_MIN_CLIPS` rated
+    clips in it and a median above 0 (a smaller speaker's median is one of its few rates, which would
+    pull the ratios to 1)."""
+    out: dict[str, Counter] = {}
+    for (scope, name), hist in sorted(_groups(hists).items()):
+        if scope != SPEAKER or sum(hist.values()) < PACE_MIN_CLIPS:
+            continue
+        median = percentile(hist, 50)
+        if median <= 0:
+            continue
+        ratios = out.setdefault(name[1], Counter())
+        for key, n in hist.items():
+            ratios[pace_ratio_key(key, median)] += n
+    return out
+
+
 def rate_bounds(hists: Mapping[tuple, int], rules: QualityRulesConfig) -> dict:
     """The speaking-rate bounds of every group (`rate_histograms`) with at least `rules.rate_min_clips`
-    rated clips: {SPEAKER: {(speaker, language): (low, high)}, LANGUAGE: {code: (low, high)}}; none
-    when `rules.rate_iqr_k` is None."""
-    out: dict[str, dict] = {SPEAKER: {}, LANGUAGE: {}}
+    rated clips, and of every speaker in a language with fewer but at least `PACE_MIN_CLIPS` whose
+    language's pace ratios (`pace_ratios`) number at least `rules.rate_min_clips` (`pace_bounds` at
+    `PACE_K_FACTOR` times `rules.rate_iqr_k`):
+    {SPEAKER: {(speaker, language): (low, high)}, PACE: {(speaker, language): (low, high)},
+    LANGUAGE: {code: (low, high)}}; none when `rules.rate_iqr_k` is None."""
+    out: dict[str, dict] = {SPEAKER: {}, PACE: {}, LANGUAGE: {}}
     if rules.rate_iqr_k is None:  # the rule is off
         return out
+    ratios = pace_ratios(hists)
     for (scope, name), hist in sorted(_groups(hists).items()):
-        if sum(hist.values()) >= rules.rate_min_clips:
+        n = sum(hist.values())
+        if n >= rules.rate_min_clips:
             out[scope][name] = iqr_bounds(hist, rules.rate_iqr_k)
+        elif scope == SPEAKER and n >= PACE_MIN_CLIPS and sum(ratios.get(name[1], {}).values()) >= rules.rate_min_clips:
+            out[PACE][name] = pace_bounds(hist, ratios[name[1]], PACE_K_FACTOR * rules.rate_iqr_k)
     return out
 
 
@@ -51,6 +84,20 @@ def unjudged_languages(hists: Mapping[tuple, int], rules: QualityRulesConfig) ->
         return {}
     rated = {name: sum(h.values()) for (scope, name), h in _groups(hists).items() if scope == LANGUAGE}
     return {code: n for code, n in sorted(rated.items()) if n < rules.rate_min_clips}
+
+
+def bounds_for(bounds: Mapping, speaker: str, language: str) -> tuple[tuple[float, float], str] | None:
+    """A clip's speaking-rate bounds and where they come from: its speaker's in its language, else its
+    speaker's pace in its language's spread, else its language's; None when none has enough rated clips
+    (the clip is not judged by bounds)."""
+    for scope, name, label in (
+        (SPEAKER, (speaker, language), f"speaker {speaker}"),
+        (PACE, (speaker, language), f"speaker {speaker} at language {language}'s spread"),
+        (LANGUAGE, language, f"language {language}"),
+    ):
+        if name in bounds.get(scope, {}):
+            return tuple(bounds[scope][name]), label
+    return None
 
 
 def measure_histograms(clips: Iterable[dict], bins: Mapping[str, tuple[float, str]]) -> Counter:
@@ -119,8 +166,9 @@ def rate_unjudged(groups: Mapping[tuple, Mapping], rules, frontend_for) -> list[
 
 
 def rate_outliers(groups: Mapping[tuple, Mapping], rules, k: float, rates: Counter | None = None) -> dict:
-    """Each speaker's clips outside its speaking-rate bounds at `k` (the rule of `quality_rules`: its own
-    in its clip's language, else that language's, with `rules.rate_min_clips`; a clip of an unjudged
+    """Each speaker's clips outside its speaking-rate bounds at `k` (the rule of `quality_rules`,
+    `bounds_for`: its own in its clip's language, else its pace in that language's spread, else that
+    language's, with `rules.rate_min_clips`; a clip of an unjudged
     language counts as inside), as (least, most): exact but for clips within half a key (0.005 symbols/s)
     of a bound, which `most` counts. The rule's ceiling (`quality_rules.RATE_CEILINGS`) is not counted.
     `rates`: `rate_histograms(groups)`, computed once for several k."""
@@ -134,7 +182,7 @@ def rate_outliers(groups: Mapping[tuple, Mapping], rules, k: float, rates: Count
         hist = g[RATE]
         speaker, language = pair
         least, most = out.get(speaker, (0, 0))
-        found = quality_rules.bounds_for(bounds, speaker, language)
+        found = bounds_for(bounds, speaker, language)
         if found is not None:
             (low, high), _ = found
             rated = {key: c for key, c in hist.items() if key is not None}

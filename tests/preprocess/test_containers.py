@@ -17,7 +17,7 @@ import pytest
 import soundfile as sf
 import yaml
 
-from melshards.preprocess import cache, containers
+from melshards.preprocess import cache, containers, corpus
 from melshards.preprocess.clips import ClipRejected, load_decoded
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.corpus import batches
@@ -25,8 +25,9 @@ from melshards.preprocess.manifests import manifest_rows
 from melshards.preprocess.merge import input_name
 from melshards.preprocess.rows import CorpusError, LayoutRows
 from melshards.preprocess.rows import row as make_row
-from melshards.preprocess.sources import check_rows_file, detect_corpus, read_input, unused_columns
+from melshards.preprocess.sources import check_rows_file, count_input_rows, detect_corpus, read_input, unused_columns
 from melshards.preprocess.spill import Spill
+from melshards.preprocess.stash import load_rows
 from tests.conftest import QUALITY_RULES_OFF
 from tests.preprocess.conftest import encode, tone
 
@@ -205,38 +206,122 @@ def test_the_tar_scan_finds_the_members_tarfile_finds_at_the_same_offsets(tmp_pa
     with tarfile.open(path) as tar:
         expected = [(m.name, m.size, m.offset_data) for m in tar if m.isfile()]
     found = [
-        (m.name, m.size, m.offset_data)
+        (m.name, m.size, m.offset)
         for _key, members, _meta, _problem in containers.tar_samples(str(path))
         for m in members.values()
     ]
     assert found == expected and len(found) == 4
 
 
-def test_a_batch_of_tar_members_opens_the_tar_once_and_reads_each_at_its_offset(tmp_path, monkeypatch):
+@pytest.fixture
+def opened(monkeypatch) -> list:
+    """Every `RangedFile` containers opens from here on (its `fetched` bytes and `fetches` counted)."""
+    made: list = []
+
+    class Counted(containers.RangedFile):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(containers, "RangedFile", Counted)
+    return made
+
+
+def test_a_batch_of_tar_members_opens_the_tar_once_and_reads_each_members_bytes_alone(tmp_path, opened):
     path = str(write_tar(tmp_path / "000000.tar", bad=False))
     rows = LayoutRows.of(containers.tar_rows(path, 0)).rows
-    opened = []
-    real_open = containers._open
-    monkeypatch.setattr(containers, "_open", lambda p: opened.append(p) or real_open(p))
+    scan = opened.pop()
     with tarfile.open(path) as tar:
         expected = [tar.extractfile(r["locator"]["member"]).read() for r in rows]  # type: ignore[union-attr]
     got = [containers.clip_bytes(path, r["locator"]) for r in rows]
     containers.release_held()
     got.append(containers.clip_bytes(path, rows[0]["locator"]))  # the next batch opens it again
     containers.release_held()
-    assert got == expected + expected[:1] and opened == [path, path]
+    assert got == expected + expected[:1] and len(opened) == 2
+    assert (opened[0].fetches, opened[0].fetched) == (len(rows), sum(map(len, expected)))  # each member once, alone
+    # the scan fetched the headers and `.json` members, a few KB a sample, not the audio
+    assert scan.fetched <= len(rows) * (containers.TAR_SCAN_FETCH + 512) < sum(map(len, expected)), scan.fetched
 
 
-def test_container_rows_go_to_the_workers_in_batches_a_parquet_row_group_to_a_batch():
+def test_container_rows_go_to_the_workers_in_batches_the_batches_of_a_row_group_together(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus, "MAX_ROW_GROUP_BATCH", 3)
     parquet = [
-        {"audio": "a.parquet", "locator": {"parquet": "audio", "row_group": g, "index": i}}
-        for g, n in ((0, 3), (1, 2))
+        {"id": f"{g}-{i}", "audio": "a.parquet", "locator": {"parquet": "audio", "row_group": g, "index": i}}
+        for g, n in ((0, 2), (1, 7), (2, 1))
         for i in range(n)
     ]
-    tar = [{"audio": "a.tar", "locator": {"tar_offset": 512 * k, "size": 1, "member": f"{k}.flac"}} for k in range(5)]
-    grouped = [[(r["locator"]["row_group"], r["locator"]["index"]) for r in b] for b in batches(parquet, 2)]
-    assert grouped == [[(0, 0), (0, 1), (0, 2)], [(1, 0), (1, 1)]]  # a group whole even past `size`
+    tar = [
+        {"id": f"t{k}", "audio": "a.tar", "locator": {"tar_offset": 512 * k, "size": 1, "member": f"{k}.flac"}}
+        for k in range(5)
+    ]
+    grouped = [[(r["locator"]["row_group"], r["locator"]["index"]) for r in b] for b in batches(parquet, 5)]
+    # a row group to a batch, even past `size`; one past MAX_ROW_GROUP_BATCH in batches of it
+    assert grouped == [[(0, 0), (0, 1)], [(1, 0), (1, 1), (1, 2)], [(1, 3), (1, 4), (1, 5)], [(1, 6)], [(2, 0)]]
     assert [len(b) for b in batches(tar, 2)] == [2, 2, 1]
+    # one worker is given the batches of a row group together, in order; other batches alone
+    elements = list(corpus.together(str(tmp_path), batches(parquet + tar, 2)))
+    assert [[[r["id"] for r in load_rows(ref)] for ref in e] for e in elements] == [
+        [["0-0", "0-1"]],
+        [["1-0", "1-1", "1-2"], ["1-3", "1-4", "1-5"], ["1-6"]],
+        [["2-0"]],
+        [["t0", "t1"]],
+        [["t2", "t3"]],
+        [["t4"]],
+    ]
+
+
+def test_a_row_groups_audio_is_streamed_forward_a_few_rows_held_and_read_again_only_for_a_row_behind(
+    tmp_path, monkeypatch
+):
+    path = str(tmp_path / "a.parquet")
+    values = [f"clip {i}".encode() * 100 for i in range(40)]
+    pq.write_table(pa.table({"audio": values, "text": ["t"] * 40}), path, row_group_size=40)
+    streams: list = []
+    real = containers._GroupAudio
+    monkeypatch.setattr(containers, "_GroupAudio", lambda *a: streams.append(real(*a)) or streams[-1])
+    rows = [0, 1, 9, 17, 39]  # the rows a worker measures of it, in its batches' order
+    got = [containers.clip_bytes(path, {"parquet": "audio", "row_group": 0, "index": i}) for i in rows]
+    assert got == [values[i] for i in rows] and len(streams) == 1
+    values_held = streams[0].values
+    assert values_held is not None and len(values_held) == containers.GROUP_STREAM_ROWS  # a few rows, not the group
+    assert containers.clip_bytes(path, {"parquet": "audio", "row_group": 0, "index": 3}) == values[3]
+    assert len(streams) == 2  # a row behind the stream: the group read again from its start
+    containers.release_held()
+
+
+def test_the_read_stage_scans_each_container_file_alone_and_reads_the_rows_from_the_scans(tmp_path):
+    ds = tmp_path / "ds"
+    write_tar(ds / "a.tar")
+    write_tar(ds / "b.tar", bad=False)  # its ids repeat a.tar's: duplicate_id, the first tar's kept
+    inputs = corpus.named([detect_corpus(str(ds), language="en")])
+    want = read_input(inputs[0])
+    files = list(corpus._ListFiles(inputs).process(None))
+    assert files == [(0, 0, str(ds / "a.tar")), (0, 1, str(ds / "b.tar"))]  # one element per file
+    (tmp_path / "stash").mkdir()
+    scans = [s for f in reversed(files) for s in corpus._ScanFile(inputs, str(tmp_path / "stash")).process(f)]
+    write_tar(ds / "b.tar", fmt="WAV", bad=False)  # changed since its scan: the rows are the scan's
+    out = list(corpus._ReadRows(inputs, str(tmp_path / "stash"), str(tmp_path)).process(None, scans=scans))
+    rows = [r for refs in out if isinstance(refs, list) for ref in refs for r in load_rows(ref)]
+    rejected = [x.value for x in out if getattr(x, "tag", None) == corpus.REJECTED]
+    assert rows == [dict(r, input=0) for r in want.rows] and rejected == want.rejected
+    assert [r["locator"]["member"] for r in rows] == ["u1.flac", "u2.flac", "u3.flac", "u4.flac"]
+    assert (tmp_path / "input-rows.txt").read_text() == str(want.input_rows) == "10"  # the progress line's total
+
+
+def test_a_webdatasets_rows_are_counted_before_the_job_from_its_sizes_and_its_first_samples_alone(tmp_path, opened):
+    small = write_tar(tmp_path / "small" / "a.tar", bad=False)  # 4 samples: counted exactly
+    assert count_input_rows(detect_corpus(str(small.parent), language="en")) == 4
+    opened.clear()
+    (tmp_path / "big").mkdir()
+    for k in range(3):  # 3 tars of 40 samples of one size: 120, estimated from the first tar's first 32
+        with tarfile.open(tmp_path / "big" / f"{k}.tar", "w") as tar:
+            for i in range(40):
+                _add(tar, f"s{k}-{i}.wav", b"x" * 3000)
+                _add(tar, f"s{k}-{i}.json", b'{"text": "t"}')
+    estimate = count_input_rows(detect_corpus(str(tmp_path / "big"), language="en"))
+    assert 120 <= estimate <= 1.1 * 120  # each tar's end blocks and padding count as a bit more samples
+    (f,) = opened  # the first tar alone, its first 33 samples' headers: a few KB each
+    assert f.fetched <= 33 * (containers.TAR_SCAN_FETCH + 512) < f.size / 2
 
 
 def test_a_parquet_rows_audio_bytes_are_read_from_binary_large_binary_or_struct_columns(tmp_path):
@@ -359,6 +444,23 @@ def test_a_segment_decodes_the_same_samples_as_the_clip_alone(tmp_path):
     want = load_decoded(str(alone), cfg)
     assert got.size == want.size
     np.testing.assert_allclose(got, want, atol=1e-4)  # the DC offset removed is the mean of 16-bit samples
+
+
+@pytest.mark.parametrize("fmt", ["WAV", "FLAC"])
+def test_a_batchs_segments_of_one_recording_open_it_once_and_fetch_its_bytes_once(tmp_path, opened, fmt):
+    y = np.concatenate([_clip(2.0, 150.0 + 20 * k) for k in range(12)])  # 24 s, a segment every 2 s
+    sf.write(tmp_path / f"rec.{fmt.lower()}", y, SR, format=fmt)
+    cfg = PreprocessConfig()
+    spans = [(2.0 * k + 0.1, 2.0 * k + 1.9) for k in range(3, 9)]  # a batch's segments, in the middle
+    for start, end in spans:
+        got = load_decoded(str(tmp_path / f"rec.{fmt.lower()}"), cfg, {"start": start, "end": end})
+        assert got.size == round((end - start) * cfg.audio.sample_rate)
+    containers.release_held()
+    (f,) = opened
+    size = (tmp_path / f"rec.{fmt.lower()}").stat().st_size
+    span_bytes = size * (spans[-1][1] - spans[0][0]) / 24
+    # the header, then each segment's bytes in a read or two; about the batch's span, not the recording
+    assert f.fetches <= 2 + 2 * len(spans) and f.fetched <= 1.1 * span_bytes + 64 * 1024, (f.fetches, f.fetched)
 
 
 def test_the_cache_key_tells_rows_members_and_segments_of_one_file_apart(tmp_path):

@@ -8,8 +8,6 @@ import uuid
 from tests.conftest import CORPUS, TINY_CONFIG
 from tests.gcs_emulator import download_tree, upload_tree
 
-NO_AUTH = "--no_auth"  # Beam's: no credentials lookup (the emulator takes anonymous requests)
-
 
 def _bucket(gcs) -> str:
     name = f"t-{uuid.uuid4().hex[:12]}"
@@ -36,7 +34,6 @@ def test_a_corpus_on_gcs_gives_the_records_of_the_same_files_read_locally_downlo
             str(TINY_CONFIG),
             "--buckets",
             "4",
-            NO_AUTH,
         ]
     )
     assert code == 0

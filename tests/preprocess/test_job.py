@@ -327,16 +327,20 @@ def test_documented_dataflow_dry_run_builds_offline_through_the_cli(capsys, monk
     assert not any(tmp_path.iterdir())
 
 
-def test_progress_sums_the_workers_counts_and_ignores_files_being_written(tmp_path):
-    from melshards.preprocess.progress import ProgressReporter
+def test_progress_sums_the_rows_each_measured_batch_s_file_names_of_the_read_stages_total(tmp_path):
+    from melshards.preprocess.progress import ProgressReporter, batch_measured, progress_dir, write_total
     from melshards.preprocess.shards import TEMP_DIR
 
     (tmp_path / TEMP_DIR).mkdir()
-    (tmp_path / TEMP_DIR / "progress-a.txt").write_text("120")
-    (tmp_path / TEMP_DIR / "progress-b.txt").write_text("80")
-    (tmp_path / TEMP_DIR / "progress-b.txt.writing").write_text("9")
-    reporter = ProgressReporter(str(tmp_path), total=1000, echo=print)
+    batch_measured(str(tmp_path / TEMP_DIR), "a0", 120)
+    batch_measured(str(tmp_path / TEMP_DIR), "b1", 80)
+    batch_measured(str(tmp_path / TEMP_DIR), "b1", 80)  # the same batch again (a retried bundle): once
+    (tmp_path / TEMP_DIR / "progress-c2.txt.writing").write_text("9")  # not a progress file
+    reporter = ProgressReporter(str(tmp_path), echo=print)
     assert reporter.rows_done() == 200
+    assert reporter.read_total() is None and reporter.line(0, None) == "progress: reading the inputs"
+    write_total(progress_dir(str(tmp_path)), 1000)  # the read stage has read the inputs
+    assert reporter.read_total() == 1000 and reporter.rows_done() == 200
     assert reporter.line(200, 40.0) == "progress: 200/1000 rows (20%), 40.0 clips/s, ETA 20s"
 
 

@@ -243,8 +243,9 @@ def _model_dir(d: Path, shards_dir: Path, marks: tuple[str, ...]) -> Path:
 
 
 @pytest.mark.parametrize("overwrite", [True, False])
-@pytest.mark.parametrize("marks", [("train_config.json", "checkpoints"), ("checkpoints",), ("train_config.json",)])
+@pytest.mark.parametrize("marks", [("train_config.json", "checkpoints"), ("train_config.json",)])
 def test_a_train_model_dir_is_refused_as_such_with_or_without_overwrite(tmp_path, shards_dir, marks, overwrite):
+    """train_config.json marks a model dir (`checkpoints/` alone does not: every trainer writes one)."""
     out = _model_dir(tmp_path / "m", shards_dir, marks)
     before = _snapshot(out)
     with pytest.raises(output.OutputError, match="is a melshards train model dir") as e:

@@ -68,7 +68,7 @@ def test_rate_bounds_are_per_speaker_in_a_language_then_the_language_never_anoth
     clips += _rated("bi", "en", (12, 13, 14, 15)) + _rated("bi", "cmn", (2.5, 3, 3.5, 4))  # one speaker, two languages
     clips += _rated("new", "de", (15.0,)) + _rated("mute", "de", (math.nan,))
     hists = quality_rules.rate_histograms(clips)
-    bounds = quality_rules.rate_bounds(hists, dataclasses.replace(RULES, rate_min_clips=4))
+    bounds = quality_rules.rate_bounds(hists, dataclasses.replace(RULES, rate_iqr_k=2.0, rate_min_clips=4))
     assert bounds["speaker"] == {
         ("fast", "en"): (16.0, 26.0),
         ("slow", "en"): (4.0, 14.0),
@@ -84,9 +84,70 @@ def test_rate_bounds_are_per_speaker_in_a_language_then_the_language_never_anoth
     assert quality_rules.unjudged_languages(hists, dataclasses.replace(RULES, rate_iqr_k=None)) == {}
 
 
+def test_by_default_a_speaker_needs_20_rated_clips_for_bounds_of_its_own_and_5_for_its_pace_at_k_3():
+    # one clip is more than 5% of a speaker of fewer than 20, whose quartiles are too noisy to judge it by
+    # (benchmarks/quality_rate_bounds.py): from 5 clips its median sets its pace in its language's spread;
+    # below 5 it takes its language's bounds
+    clips = _rated("big", "en", [14.0] * 5 + [15.0] * 10 + [16.0] * 5)  # Q1 14, Q3 15
+    clips += _rated("small", "en", [13.0 + 0.25 * i for i in range(19)])
+    clips += _rated("few", "en", [13.0, 14.0, 15.0, 16.0])
+    bounds = quality_rules.rate_bounds(quality_rules.rate_histograms(clips), RULES)
+    assert bounds["speaker"] == {("big", "en"): (11.0, 18.0)}  # 14 - 3 x 1 .. 15 + 3 x 1
+    assert set(bounds["pace"]) == {("small", "en")}
+    assert quality_rules.bounds_for(bounds, "small", "en") == (
+        bounds["pace"]["small", "en"],
+        "speaker small at language en's spread",
+    )
+    assert quality_rules.bounds_for(bounds, "few", "en") == (bounds["language"]["en"], "language en")
+
+
+def test_a_ratio_key_is_thousandths_of_the_speakers_median_rounded_half_up():
+    assert quality_rules.pace_ratio_key(1250, 1000) == 1250
+    assert quality_rules.pace_ratio_key(1, 3) == 333  # 333.33
+    assert quality_rules.pace_ratio_key(2, 3) == 667  # 666.67
+    assert quality_rules.pace_ratio_key(1, 2000) == 1  # 0.5: half up
+
+
+def _paces():
+    # slow and fast read at 6..10 and 12..20 symbols/s: both 0.75..1.25 of their medians (8, 16);
+    # tiny has 2 clips, too few for a median; in de only d1 has 5 clips, d2 4
+    clips = _rated("slow", "en", (6, 7, 8, 9, 10)) + _rated("fast", "en", (12, 14, 16, 18, 20))
+    clips += _rated("tiny", "en", (30, 31))
+    clips += _rated("d1", "de", (10, 11, 12, 13, 14)) + _rated("d2", "de", (10, 11, 12, 13))
+    return quality_rules.rate_histograms(clips), dataclasses.replace(RULES, rate_iqr_k=1.0, rate_min_clips=8)
+
+
+def test_a_small_speaker_is_bounded_at_its_pace_its_median_times_its_languages_spread_at_twice_k():
+    hists, rules = _paces()
+    ratios = quality_rules.pace_ratios(hists)
+    # speakers of at least 5 clips only: tiny's and d2's rates are not in the spread
+    assert ratios == {
+        "en": Counter({750: 2, 875: 2, 1000: 2, 1125: 2, 1250: 2}),
+        "de": Counter([833, 917, 1000, 1083, 1167]),
+    }
+    bounds = quality_rules.rate_bounds(hists, rules)
+    # en's ratios: q1 0.875, q3 1.125 (10 of them >= rate_min_clips 8) -> 0.375 .. 1.625 of the median at
+    # k 2 (PACE_K_FACTOR x rate_iqr_k 1)
+    assert bounds["pace"] == {("slow", "en"): (3.0, 13.0), ("fast", "en"): (6.0, 26.0)}
+    assert bounds["speaker"] == {}
+    assert bounds["language"] == {"en": (-2.0, 28.0), "de": (9.0, 15.0)}  # de: Q1 11, Q3 13 of 9 rates
+    # tiny has too few clips for a median: en's bounds (Q1 8, Q3 18 of 12 rates, k 1); d1 is in a language
+    # of 9 clips but 5 pace ratios (< 8): de's bounds
+    assert quality_rules.bounds_for(bounds, "tiny", "en") == ((-2.0, 28.0), "language en")
+    assert quality_rules.bounds_for(bounds, "d1", "de")[1] == "language de"
+    gate = QualityGate(rules, 22050, bounds)
+    assert quality_rejection(_clip("s", "slow", speaking_rate=14.0) | {"text": "abc"}, gate) == (
+        "speaking_rate_outlier",
+        "speaking_rate=14.00 outside 3.00..13.00 (speaker slow at language en's spread)",
+    )
+    assert quality_rejection(_clip("f", "fast", speaking_rate=14.0) | {"text": "abc"}, gate) is None
+    off = quality_rules.rate_bounds(hists, dataclasses.replace(rules, rate_iqr_k=None))
+    assert off == {"speaker": {}, "pace": {}, "language": {}}
+
+
 def test_a_small_mandarin_group_is_left_unjudged_not_judged_by_latin_letter_bounds():
     # the issue's run: 8 cmn clips (2 speakers) at 2.5-3.55 characters/s beside 40 Latin-letter clips at
-    # 14-15.95 letters/s; with the default rate_min_clips (10) no cmn group has bounds of its own
+    # 14-15.95 letters/s; with the default rate_min_clips (20) no cmn group has bounds of its own
     clips = _rated("en1", "en", [14 + 0.05 * i for i in range(40)])
     zh = [(f"zh{i}", "zh1" if i < 4 else "zh2", 2.5 + 0.15 * i) for i in range(8)]
     clips += [c for i, s, r in zh for c in _rated(s, "cmn", (r,))]
@@ -98,7 +159,7 @@ def test_a_small_mandarin_group_is_left_unjudged_not_judged_by_latin_letter_boun
         assert quality_rejection(cmn, gate) is None
     assert quality_rejection(_clip("x", "en1", speaking_rate=3.0) | {"text": "yes"}, gate) == (
         "speaking_rate_outlier",
-        "speaking_rate=3.00 outside 12.45..17.45 (speaker en1)",  # en1: Q1 14.45, Q3 15.45
+        "speaking_rate=3.00 outside 11.45..18.45 (speaker en1)",  # en1: Q1 14.45, Q3 15.45; the default k 3
     )
 
 
@@ -273,12 +334,13 @@ def test_only_copies_whose_hash_prefix_another_clip_shares_are_grouped_by_their_
 @pytest.fixture(scope="module")
 def fault_run(tmp_path_factory):
     """One `melshards preprocess` (default quality rules; in this process, its job in a job process) of a
-    one-speaker fault corpus (benchmarks/quality_faults.py): 6 clean clips and one clip of each fault kind
-    -> its rows, its rejected.jsonl rows, its stats.json and the summary it printed."""
+    one-speaker fault corpus (benchmarks/quality_faults.py): 13 clean clips and one clip of each fault kind
+    (21 clips: enough for rate bounds of the speaker's own) -> its rows, its rejected.jsonl rows, its
+    stats.json and the summary it printed."""
     from melshards.commands.preprocess import run
 
     work = tmp_path_factory.mktemp("faults")
-    rows = quality_faults.build_fault_corpus(work / "corpus", clean=6, per_fault=1, speakers=("fast",), parts=1)
+    rows = quality_faults.build_fault_corpus(work / "corpus", clean=13, per_fault=1, speakers=("fast",), parts=1)
     out = work / "out"
     args = ["--input", str(work / "corpus" / "manifest.jsonl"), "--output", str(out), "--config", str(TINY_CONFIG)]
     with contextlib.redirect_stdout(io.StringIO()) as printed:
@@ -443,11 +505,13 @@ ZH = ("今天天气很好。", "我们明天去北京。", "这本书非常有�
 
 @pytest.fixture(scope="module")
 def merged_run(tmp_path_factory):
-    """One `melshards preprocess` of two manifests (the demo speech, default quality rules): input a holds
-    11 clips of en1, one of them `copy_a` with another clip's text (its asr_text is what it says), three
-    Mandarin clips of zh1 and a French clip of big with a 100,000-character text; input b holds `copy_b`,
-    copy_a's audio with its right text. -> its rejected.jsonl rows by id, stats.json and the summary."""
+    """One `melshards preprocess` of two manifests (the demo speech, default quality rules but
+    `rate_min_clips` 10, so that English has rate bounds): input a holds 11 clips of en1, one of them
+    `copy_a` with another clip's text (its asr_text is what it says), three Mandarin clips of zh1 and a
+    French clip of big with a 100,000-character text; input b holds `copy_b`, copy_a's audio with its right
+    text. -> its rejected.jsonl rows by id, stats.json and the summary."""
     import soundfile
+    import yaml
 
     from benchmarks.make_big_corpus import good_clips
     from melshards.commands.preprocess import run
@@ -473,9 +537,13 @@ def merged_run(tmp_path_factory):
     for part, rows in inputs.items():
         (work / f"{part}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     out = work / "out"
+    config = work / "config.yaml"
+    config.write_text(
+        yaml.safe_dump(yaml.safe_load(TINY_CONFIG.read_text()) | {"quality_rules": {"rate_min_clips": 10}})
+    )
     args = ["--input", str(work / "a.jsonl"), "--input", str(work / "b.jsonl"), "--output", str(out)]
     with contextlib.redirect_stdout(io.StringIO()) as printed:
-        assert run([*args, "--config", str(TINY_CONFIG)]) == 0
+        assert run([*args, "--config", str(config)]) == 0
     rejected = {r["id"]: r for r in map(json.loads, (out / "rejected.jsonl").read_text().splitlines())}
     return rejected, json.loads((out / "stats.json").read_text()), printed.getvalue()
 

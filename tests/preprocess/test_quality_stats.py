@@ -131,6 +131,7 @@ RULE_SETS = [
     PreprocessConfig(),  # rate_min_clips 10: most speakers take their language's bounds
     PreprocessConfig(quality_rules=dataclasses.replace(QualityRulesConfig(), rate_iqr_k=None)),  # the rule off
     PreprocessConfig(quality_rules=dataclasses.replace(QualityRulesConfig(), rate_iqr_k=1.75, rate_min_clips=2)),
+    PreprocessConfig(quality_rules=dataclasses.replace(QualityRulesConfig(), rate_min_clips=8)),  # anna, bi: pace
 ]
 
 
@@ -142,7 +143,7 @@ def _as_json(q) -> str:
     return json.dumps(dict(rows, languages=[q.language(code) for code in languages]), indent=2)
 
 
-@pytest.mark.parametrize("cfg", RULE_SETS, ids=["min3", "defaults", "rule_off", "k1.75"])
+@pytest.mark.parametrize("cfg", RULE_SETS, ids=["min3", "defaults", "rule_off", "k1.75", "min8"])
 def test_summed_per_group_and_summarised_the_figures_are_those_of_the_runs_flat_histograms(cfg):
     clips = _varied_clips()
     parts = [group_histograms(clips[i : i + 7], BINS) for i in range(0, len(clips), 7)]
@@ -209,3 +210,22 @@ def test_the_shipped_corpus_stats_json_quality_figures_are_those_the_flat_histog
     for row in stats["languages"]:
         assert json.dumps(row["quality"], indent=2) == json.dumps(then.language(row["code"])["quality"], indent=2)
     assert stats["quality"]["global"]["snr_db"]["count"] == len(clips)  # every measured clip
+
+
+def test_rate_outliers_of_a_small_speaker_are_counted_at_its_pace_as_the_rule_drops_them():
+    # slow (6 clips, median 8) and fast (5, median 16) read at 0.75..1.25 of their medians but slow's 17;
+    # with rate_min_clips 8 neither has bounds of its own: each is judged at its median times en's spread
+    clips = [clip("slow", "en", r, 40) for r in (6, 7, 8, 9, 10, 17)]
+    clips += [clip("fast", "en", r, 40) for r in (12, 14, 16, 18, 20)]
+    cfg = PreprocessConfig(quality_rules=dataclasses.replace(QualityRulesConfig(), rate_min_clips=8))
+    q = figures_of(clips, cfg)
+    hists = quality_rules.rate_histograms(clips)
+    for k, out in q.per_k.items():
+        rules = dataclasses.replace(cfg.quality_rules, rate_iqr_k=k)
+        gate = quality_rules.QualityGate(rules, 22050, quality_rules.rate_bounds(hists, rules))
+        for name in ("slow", "fast"):
+            dropped = sum(quality_rules.rate_rejection(c, gate) is not None for c in clips if c["speaker"] == name)
+            assert out.get(name, (0, 0)) == (dropped, dropped)
+    # k 1 (pace bounds at k 2): en's pace ratios q1 0.875, q3 1.25 -> slow 1..16, so its 17 (en's bounds,
+    # Q1 8, Q3 17 of 11 rates: -1..26, keep it)
+    assert [r["least"] for r in q.speaker("slow")["rate_outliers"] if r["k"] == 1.0] == [1]

@@ -34,7 +34,8 @@ def _ids(rows):
 
 
 def _flat(batches):
-    return batches | "Unbatch" >> beam.FlatMap(load_rows)
+    """ReadCorpus' elements (lists of batch references) -> their rows."""
+    return batches | "Unbatch" >> beam.FlatMap(lambda refs: [r for ref in refs for r in load_rows(ref)])
 
 
 def test_read_corpus_ljspeech_attaches_audio_and_rejects_malformed_rows(corpus_dir, tmp_path):
@@ -118,7 +119,11 @@ def test_read_corpus_spreads_every_row_in_batches(tmp_path):
     (tmp_path / "metadata.csv").write_text("".join(f"id{i}|Text {i}.|\n" for i in range(40)))
     with beam_pipeline() as p:
         out = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "stash"))
-        assert_that(out["batches"] | beam.Map(lambda b: b["count"]), equal_to([3] * 13 + [1]), label="sizes")
+        assert_that(
+            out["batches"] | beam.Map(lambda refs: [b["count"] for b in refs]),
+            equal_to([[3]] * 13 + [[1]]),
+            label="sizes",
+        )
         assert_that(
             _flat(out["batches"]) | beam.Map(lambda r: r["id"]), equal_to([f"id{i}" for i in range(40)]), label="ids"
         )
@@ -145,7 +150,7 @@ def test_measure_clips_gives_lengths_and_a_reason_per_bad_clip(corpus_dir, tmp_p
         dict(_row(corpus_dir, "nope"), audio=str(corpus_dir / "x.wav")),
     ]
     with beam_pipeline() as p:
-        out = p | beam.Create(list(stash_rows(str(tmp_path), [rows]))) | MeasureClips(CFG, str(tmp_path))
+        out = p | beam.Create([[ref] for ref in stash_rows(str(tmp_path), [rows])]) | MeasureClips(CFG, str(tmp_path))
 
         def check(batches):
             ((c,),) = [b["clips"] for b in batches]
@@ -282,7 +287,7 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
     text = {0: {200: 1}}
     with beam_pipeline() as p:
         rows = stash_rows(str(tmp_path), [[_row(corpus_dir, i) for i in ids]])
-        measured = p | beam.Create(list(rows)) | MeasureClips(CFG, str(tmp_path))
+        measured = p | beam.Create([[ref] for ref in rows]) | MeasureClips(CFG, str(tmp_path))
         plan = {"buckets": buckets, "text": text}
         written = measured["stashed"] | FilterAndWrite(
             p | "C" >> beam.Create([cut]),
@@ -340,7 +345,7 @@ def test_measured_clips_wait_for_the_cutoffs_in_the_stash_not_in_the_runner(corp
 
     with beam_pipeline() as p:
         batches = list(stash_rows(str(tmp_path), [[_row(corpus_dir, i) for i in ids], []]))
-        out = p | beam.Create(batches) | MeasureClips(CFG, str(tmp_path))
+        out = p | beam.Create([[ref] for ref in batches]) | MeasureClips(CFG, str(tmp_path))
         assert_that(out["stashed"], check)
 
 
@@ -494,10 +499,13 @@ def test_encode_clip_pads_each_clip_to_its_buckets_shapes(corpus_dir):
 
 
 def test_rolling_files_and_assembly_give_shards_of_the_target_size(tmp_path):
+    def record(i):  # records differ, as a run's do (each holds its clip's id)
+        return str(i).encode().ljust(1000, b"\0")
+
     records = (
-        [("train", 0, bytes(1000)) for i in range(30)]
-        + [("val", 0, bytes(1000))]
-        + [("train", 2, bytes(1000)) for i in range(3)]
+        [("train", 0, record(i)) for i in range(30)]
+        + [("val", 0, record(30))]
+        + [("train", 2, record(31 + i)) for i in range(3)]
     )
     files = RollingFiles(str(tmp_path), 10_000)
     parts = [part for r in records for part in files.write(*r)] + files.close_all()
@@ -904,7 +912,7 @@ def test_measure_clips_rejects_constant_dc_as_silent_and_nan_as_invalid_samples(
         dict(_row(corpus_dir, "dc"), audio=str(tmp_path / "dc.wav")),
     ]
     with beam_pipeline() as p:
-        out = p | beam.Create(list(stash_rows(str(tmp_path), [rows]))) | MeasureClips(CFG, str(tmp_path))
+        out = p | beam.Create([[ref] for ref in stash_rows(str(tmp_path), [rows])]) | MeasureClips(CFG, str(tmp_path))
         assert_that(
             out.clips | beam.FlatMap(lambda b: [c["id"] for c in b["clips"]]), equal_to(["LJT001-0001"]), label="clips"
         )

@@ -21,6 +21,7 @@ from melshards.shards_schema.ownership import (
     NotOurs,
     check_may_fill_dir,
     check_may_write,
+    holds_model_config,
     model_dir_marks,
 )
 
@@ -106,11 +107,34 @@ def test_a_remote_path_is_read_through_the_files_passed_in():
     check_may_write("--html", "gs://b/r.html", HTML, fs=Fake())
 
 
-def test_a_model_dir_is_recognised_by_its_config_or_its_checkpoints():
-    assert MODEL_DIR_MARKS == ("train_config.json", "checkpoints")
-    assert model_dir_marks(["schema.json", "checkpoints/"]) == ["checkpoints"]
+def test_a_model_dir_is_recognised_by_its_config_never_by_a_checkpoints_folder(tmp_path):
+    """`checkpoints/` is every trainer's (PyTorch Lightning writes one): only train_config.json marks a model
+    dir, and training writes only where that file is a train config melshards wrote."""
+    import json
+
+    assert MODEL_DIR_MARKS == ("train_config.json",)
+    assert model_dir_marks(["schema.json", "checkpoints/"]) == []
     assert model_dir_marks({"train_config.json", "run_summary.json"}) == ["train_config.json"]
     assert model_dir_marks(["schema.json", "stats.json", "train-00000-of-00001.tfrecord"]) == []
+    ours = {"data": {"batch_size": 8}, "model": {"factory": "melshards.train.model:build"}, "optim": {}, "loop": {}}
+    for content, expected in [
+        (json.dumps(ours), True),
+        (json.dumps({"lr": 0.1, "epochs": 3}), False),  # another project's train_config.json
+        (json.dumps(dict(ours, model={})), True),  # a run from before model plug-ins: no factory named
+        (json.dumps(dict(ours, model={"factory": 3})), False),
+        (json.dumps(dict(ours, loop=[])), False),
+        (json.dumps(dict(ours, trainer={})), False),
+        ("[1, 2]", False),
+        ("not json", False),
+        ("\udcff", False),
+    ]:
+        (tmp_path / "train_config.json").write_text(content, errors="surrogateescape")
+        assert holds_model_config(str(tmp_path)) is expected, content
+    (tmp_path / "train_config.json").unlink()
+    (tmp_path / "checkpoints").mkdir()
+    assert holds_model_config(str(tmp_path)) is False
+    (tmp_path / "train_config.json").mkdir()
+    assert holds_model_config(str(tmp_path)) is False
 
 
 def test_a_dir_is_filled_only_when_missing_empty_or_holding_the_commands_mark(tmp_path):

@@ -116,3 +116,29 @@ def test_gpu_asked_means_cuda_visible_devices_names_a_device(monkeypatch):
     for value, asked in (("0", True), ("0,1", True), ("", False), ("-1", False)):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
         assert gpu_asked() is asked
+
+
+CACHE_READ = (
+    "E0000 00:00:1795874332.247076    9731 text_format.cc:378] Error parsing text-format "
+    "tensorflow.XlaSerializedCacheEntry: 2:1: Expected identifier, got: 4"
+)
+
+
+def test_reading_the_xla_cache_drops_its_text_parse_line_and_passes_every_other_line_in_order(capfd, monkeypatch):
+    """What TensorFlow logs each time it reads a persistent-cache entry is dropped; every other line written
+    to file descriptor 2 meanwhile (C++ errors, a line left open) comes through, in order. (Python's
+    sys.stderr writes to file descriptor 2 too, except under pytest's capture.)"""
+    from melshards.train.tf_quiet import reading_xla_cache
+
+    monkeypatch.setenv("TF_XLA_FLAGS", "--tf_xla_persistent_cache_directory=/tmp/x")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")
+    with reading_xla_cache():
+        os.write(2, f"{ERROR}\n{CACHE_READ}\n".encode())
+        os.write(2, f"{OTHER}\n".encode())
+        os.write(2, f"{CACHE_READ}\nno newline yet".encode())
+    os.write(2, b", now one\n")
+    assert capfd.readouterr().err == f"{ERROR}\n{OTHER}\nno newline yet, now one\n"
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # the user asked for every line
+    with reading_xla_cache():
+        os.write(2, f"{CACHE_READ}\n".encode())
+    assert capfd.readouterr().err == f"{CACHE_READ}\n"

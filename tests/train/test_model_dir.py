@@ -19,11 +19,24 @@ import pytest
 from melshards.commands.train import run
 from melshards.train.config import load_config
 from melshards.train.inputs import resolve_inputs
-from melshards.train.model_dir import prepare_model_dir
+from melshards.train.model_dir import check_model_dir, record_settings
 from melshards.train.trainer import Trainer
 from tests.train.conftest import write_lite_config
 
 AT = 4  # the step the hand-written checkpoints are at
+
+
+def prepare_model_dir(model_dir: str, inputs) -> None:
+    """The model dir as a run leaves it once it starts: checked (nothing trained yet), its settings recorded."""
+    check_model_dir(model_dir, inputs, trained=False)
+    record_settings(model_dir, inputs)
+
+
+def write_own_config(model_dir) -> None:
+    """A train_config.json such as melshards train writes (its sections, the model's factory)."""
+    model_dir.mkdir(parents=True, exist_ok=True)
+    config = {"data": {}, "model": {"factory": "melshards.train.model:build"}, "optim": {}, "loop": {}}
+    (model_dir / "train_config.json").write_text(json.dumps(config))
 
 
 def _checkpoint_without_training(globs, model_dir, cfg_path, synthetic=False, batch_size=None):
@@ -110,7 +123,7 @@ def test_a_changed_input_restores_the_weights_starts_the_iterator_afresh_and_tra
 def test_an_unusable_model_dir_stops_before_anything_is_built(blocker, shards_dir, tmp_path, test_config, capsys):
     if blocker == "checkpoints_is_a_file":
         model_dir = tmp_path / "m"
-        model_dir.mkdir()
+        write_own_config(model_dir)
         (model_dir / "checkpoints").write_text("")
         bad = model_dir / "checkpoints"
     else:
@@ -125,6 +138,7 @@ def test_an_unusable_model_dir_stops_before_anything_is_built(blocker, shards_di
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
 def test_a_read_only_checkpoints_dir_stops_before_anything_is_built(shards_dir, tmp_path, test_config, capsys):
     (tmp_path / "m" / "checkpoints").mkdir(parents=True)
+    write_own_config(tmp_path / "m")
     os.chmod(tmp_path / "m" / "checkpoints", 0o555)
     try:
         code = run(
@@ -158,12 +172,14 @@ def test_the_model_dir_records_the_schema_the_shards_were_read_and_normalised_wi
     assert recorded["mel_mean"] == pytest.approx(expected["mel_mean"])
 
 
-@pytest.mark.parametrize("model_dir", ["run", "run/./", "other_run", "own_schema"])
+@pytest.mark.parametrize("model_dir", ["run", "run/./", "other_run", "own_schema", "lightning", "own_config"])
 def test_train_refuses_a_model_dir_holding_shards_a_run_or_files_it_did_not_write(
     model_dir, shards_dir, tmp_path, test_config, capsys, monkeypatch
 ):
-    """The shards' own directory (however spelt), another preprocess run, or a directory with a schema.json
-    of the user's: exit 2 naming the problem, before anything is built, every file as it was."""
+    """The shards' own directory (however spelt), another preprocess run, a directory with a schema.json
+    of the user's, a PyTorch Lightning project (its `checkpoints/` is no melshards mark) or one with a
+    train_config.json of another trainer's: exit 2 naming the problem, before anything is built, every
+    file as it was."""
     import melshards.train.loop as loop
 
     def built(*args, **kwargs):
@@ -174,7 +190,14 @@ def test_train_refuses_a_model_dir_holding_shards_a_run_or_files_it_did_not_writ
     shutil.copytree(shards_dir, tmp_path / "other_run")
     (tmp_path / "own_schema").mkdir()
     (tmp_path / "own_schema" / "schema.json").write_text('{"mine": true}')
+    (tmp_path / "lightning" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "lightning" / "checkpoints" / "epoch=3-step=120.ckpt").write_bytes(b"weights")
+    (tmp_path / "lightning" / "checkpoints" / "checkpoint").write_text('model_checkpoint_path: "ckpt-1"\n')
+    (tmp_path / "lightning" / "hparams.yaml").write_text("lr: 0.001\n")
+    (tmp_path / "own_config").mkdir()
+    (tmp_path / "own_config" / "train_config.json").write_text('{"lr": 0.001, "epochs": 3}')
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    dirs = sorted(p for p in tmp_path.rglob("*") if p.is_dir())
     monkeypatch.chdir(tmp_path)
     code = run(["run/train-*.tfrecord", "--model-dir", model_dir, "--config", str(test_config)])
     err = capsys.readouterr().err
@@ -184,10 +207,13 @@ def test_train_refuses_a_model_dir_holding_shards_a_run_or_files_it_did_not_writ
         "run/./": "is the directory of the shards",
         "other_run": "holds a preprocess run or shards (rejected.jsonl, stats.json, train-",
         "own_schema": "holds schema.json, which melshards train did not write",
+        "lightning": "holds checkpoints, which melshards train did not write",
+        "own_config": "holds train_config.json, which melshards train did not write",
     }[model_dir]
     assert f"--model-dir {model_dir} {problem}" in err and "pass a new --model-dir" in err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("Error: --model-dir"), err
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
-    assert not list(tmp_path.rglob("checkpoints")) and not list(tmp_path.rglob("train_config.json"))
+    assert sorted(p for p in tmp_path.rglob("*") if p.is_dir()) == dirs
 
 
 def test_a_schema_given_from_the_model_dir_itself_is_not_copied_onto_itself(shards_dir, tmp_path, test_config):
@@ -208,27 +234,59 @@ def test_a_schema_given_from_the_model_dir_itself_is_not_copied_onto_itself(shar
 def test_model_dir_problem_allows_a_new_or_empty_dir_and_a_model_dir_only():
     from melshards.train.model_dir import model_dir_problem
 
-    assert model_dir_problem("m", [], ["shards"]) is None
-    assert model_dir_problem("m", ["notes.txt"], ["shards"]) is None  # nothing of the user's written over
-    assert (
-        model_dir_problem(
-            "m", ["schema.json", "train_config.json", "checkpoints/", "tensorboard/", "run_summary.json"], ["shards"]
-        )
-        is None
+    assert model_dir_problem("m", [], ["shards"], False) is None
+    assert model_dir_problem("m", ["notes.txt"], ["shards"], False) is None  # nothing of the user's written over
+    every = ["schema.json", "train_config.json", "checkpoints/", "tensorboard/", "run_summary.json"]
+    assert model_dir_problem("m", every, ["shards"], True) is None
+    assert "holds checkpoints, schema.json, train_config.json, which melshards train did not write" in (
+        model_dir_problem("m", ["schema.json", "checkpoints/", "train_config.json"], ["shards"], False)
     )
-    assert model_dir_problem("m", ["schema.json", "checkpoints/"], ["shards"]) is None
-    assert "did not write" in model_dir_problem("m", ["run_summary.json", "tensorboard/"], ["shards"])
-    assert "holds a preprocess run" in model_dir_problem("m", ["train_config.json", "a.tfrecord"], ["shards"])
-    assert "the directory of the shards" in model_dir_problem("gs://b/run/", [], ["gs://b/run"])
+    assert "holds checkpoints, schema.json, which" in model_dir_problem("m", ["schema.json", "checkpoints/"], [], False)
+    assert "did not write" in model_dir_problem("m", ["run_summary.json", "tensorboard/"], ["shards"], False)
+    assert "holds a preprocess run" in model_dir_problem("m", ["train_config.json", "a.tfrecord"], ["shards"], True)
+    assert "the directory of the shards" in model_dir_problem("gs://b/run/", [], ["gs://b/run"], False)
 
 
 def test_a_model_dir_training_prepared_is_recognised_as_one(shards_dir, tmp_path, test_config):
-    """train_config.json and checkpoints/ are what `preprocess --output` refuses as a model dir."""
-    from melshards.shards_schema.ownership import MODEL_DIR_MARKS, model_dir_marks
-    from melshards.train.checkpoints import CHECKPOINT_DIR
+    """The train_config.json a run records is what `preprocess --output` refuses as a model dir, and what
+    lets training write into the dir again; its sections are the train config's."""
+    import dataclasses
+
+    from melshards.shards_schema.ownership import (
+        MODEL_CONFIG_SECTIONS,
+        MODEL_DIR_MARKS,
+        holds_model_config,
+        model_dir_marks,
+    )
+    from melshards.train.config import TrainConfig
     from melshards.train.model_dir import CONFIG_FILE
 
-    assert (CONFIG_FILE, CHECKPOINT_DIR) == MODEL_DIR_MARKS
+    assert (CONFIG_FILE,) == MODEL_DIR_MARKS
+    assert MODEL_CONFIG_SECTIONS == tuple(f.name for f in dataclasses.fields(TrainConfig))
     inputs = resolve_inputs([str(shards_dir / "train-*.tfrecord")], [], None, load_config(str(test_config)))
     prepare_model_dir(str(tmp_path / "m"), inputs)
     assert model_dir_marks(os.listdir(tmp_path / "m")) == list(MODEL_DIR_MARKS)
+    assert holds_model_config(str(tmp_path / "m"))
+
+
+def test_a_model_dir_without_a_checkpoint_takes_another_model_and_one_with_a_checkpoint_refuses_it(
+    checkpointed, shards_dir, tmp_path
+):
+    """The settings of a dir where nothing was trained describe no model: another model's run replaces
+    them. A checkpoint's settings are kept: another model is refused, naming what differs."""
+    import dataclasses
+
+    from melshards.train.distribute import Topology
+    from melshards.train.errors import TrainError
+    from melshards.train.loop import check_before_writing
+
+    cfg = load_config(str(checkpointed.parent / "c.yaml"))
+    inputs = resolve_inputs([str(shards_dir / "train-*.tfrecord")], [], None, cfg)
+    wider = dataclasses.replace(cfg, model=dict(cfg.model, d_model=2 * cfg.model["d_model"]))
+    other = resolve_inputs([str(shards_dir / "train-*.tfrecord")], [], None, wider)
+    untrained = tmp_path / "untrained"
+    prepare_model_dir(str(untrained), inputs)
+    check_before_writing(other, str(untrained), Topology("one", None))
+    trained = shutil.copytree(checkpointed, tmp_path / "trained")
+    with pytest.raises(TrainError, match=r"holds a model trained with other model settings \(d_model\)"):
+        check_before_writing(other, str(trained), Topology("one", None))

@@ -173,6 +173,9 @@ BAD_PLUGINS = textwrap.dedent('''
 
     def not_a_model(schema, options):
         return {"weights": 1}
+
+    def one_argument(schema):
+        return NoFrames(schema, full=True)
 ''')
 
 
@@ -195,9 +198,17 @@ def bad_plugins(tmp_path, monkeypatch):
         ("bad_plugins", "is not of the form package.module:factory"),
         ("bad_plugins:not_a_model", "returned a builtins.dict, not a keras.Model"),
         ("bad_plugins:no_frames", "NoFrames.loss_terms misses the key(s) mel_frames"),
+        (
+            "bad_plugins:one_argument",
+            "model factory 'bad_plugins:one_argument' takes (schema), so it cannot be called as "
+            "factory(schema, options) (too many positional arguments); give it the parameters of that call, "
+            "e.g. def one_argument(schema, options): ...",
+        ),
     ],
 )
 def test_a_bad_plugin_is_a_usage_error_before_anything_compiles(factory, message, four_records, bad_plugins, capsys):
+    """One line naming what is wrong, and the model dir left unmarked: a run that never started records no
+    settings (which would refuse the next run's model as "trained with other settings")."""
     cfg = write_config(bad_plugins / "c.yaml", model={})
     model_dir = bad_plugins / "m"
     code = run(
@@ -211,8 +222,9 @@ def test_a_bad_plugin_is_a_usage_error_before_anything_compiles(factory, message
             factory,
         ]
     )
-    assert code == 2 and message in capsys.readouterr().err
-    assert not (model_dir / "run_summary.json").exists() and not (model_dir / "tensorboard").exists()
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err, err
+    assert not model_dir.exists() or list(model_dir.iterdir()) == []
 
 
 @pytest.mark.parametrize(

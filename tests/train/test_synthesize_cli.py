@@ -311,6 +311,14 @@ def test_a_cpu_run_prints_no_cuinit_error_unless_a_gpu_was_asked_for(spoken):
     assert "cuInit" not in second["stderr"] and "cuda_platform" not in second["stderr"]
 
 
+def test_a_synthesis_that_loads_its_program_from_the_cache_prints_no_cache_parse_error(spoken):
+    """`spoken`'s second synthesis finds generate's program in the persistent XLA cache; TensorFlow's read of
+    the entry logs a text-format parse error of it at ERROR level, which is dropped (train/tf_quiet.py)."""
+    second = spoken["second"]
+    assert second["returncode"] == 0 and spoken["cached_after"] == spoken["cached"], second["stderr"]
+    assert "XlaSerializedCacheEntry" not in second["stderr"], second["stderr"]
+
+
 def test_the_saved_model_holds_the_checkpoint_variables(speaking_model_dir, spoken):
     """`spoken`'s export holds the values the speaking model's checkpoint saved, every one."""
     import numpy as np
