@@ -17,8 +17,8 @@ $(STAMP): setup.cfg setup.py
 	$(BIN)/uv pip install --quiet --compile-bytecode --python $(BIN)/python -e '.[test,bench]'
 	# numba compiles librosa's gufuncs at its first import (~20 s), and Griffin-Lim's overlap-add and pyin's
 	# Viterbi at their first call (~7 s), and caches them in the venv: done here, once, not by the first job,
-	# synthesis or test processes (which wait for the import's: preprocess/audio.py load_librosa)
-	$(BIN)/python -c 'import numpy as np; from melshards.preprocess.audio import load_librosa; librosa = load_librosa(); \
+	# synthesis or test processes (which wait for the import's: preprocess/clip/audio.py load_librosa)
+	$(BIN)/python -c 'import numpy as np; from melshards.preprocess.clip.audio import load_librosa; librosa = load_librosa(); \
 	    librosa.griffinlim(np.ones((257, 9)), n_iter=1, n_fft=512, hop_length=128, random_state=0); \
 	    librosa.pyin(np.sin(np.arange(8192) / 5.6).astype(np.float32), fmin=65, fmax=800, sr=22050)'
 	touch $(STAMP)

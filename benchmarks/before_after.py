@@ -56,7 +56,7 @@ def before_dataset(clips, batch_size: int, schema):
     through the front end and vocabulary the shards record (the model's ids)."""
     import tensorflow as tf
 
-    from melshards.preprocess import audio
+    from melshards.preprocess.clip import audio
     from melshards.preprocess.config import PreprocessConfig
     from melshards.shards_schema import Vocabulary
     from melshards.shards_schema.text import normalizer_for

@@ -24,7 +24,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from benchmarks.common import emit
 from benchmarks.preprocess_scale import WORK, ensure_corpus
-from melshards.preprocess.cache import clip_key
+from melshards.preprocess.clip.cache import clip_key
 
 
 def content_key(path: str, hasher: str) -> str:

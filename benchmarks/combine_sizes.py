@@ -38,11 +38,11 @@ from collections import Counter
 import numpy as np
 
 from benchmarks.common import emit
-from melshards.preprocess import feature_stats, quality_rules, quality_stats, tables
+from melshards.preprocess.clip.quality import MEASURES, measure_bins
 from melshards.preprocess.config import PreprocessConfig
-from melshards.preprocess.filter_and_write import written_counts
-from melshards.preprocess.global_stats import length_histograms
-from melshards.preprocess.quality import MEASURES, measure_bins
+from melshards.preprocess.stats import feature_stats, quality_rules, quality_stats, tables
+from melshards.preprocess.stats.global_stats import length_histograms
+from melshards.preprocess.write.filter_and_write import written_counts
 
 RANGES = {"speaking_rate": (8, 25), "snr_db": (5, 80), "bandwidth_hz": (3000, 11025), "peak_dbfs": (-20, 0)}
 

@@ -6,7 +6,7 @@ files with a manifest, as one parquet file (audio {bytes, path}, row groups of 1
 `datasets` writes for audio), and as tars of 250 samples (KEY.wav + KEY.json). For each form, in
 rounds interleaved form by form (`--rounds`), the read stage's rows (`sources.read_input`) and each
 clip's audio fetched and decoded as Measure does it (`clips.load_decoded`, in the read stage's
-batches, `corpus.batches`: 32 rows, or one parquet row group; what is held let go after each),
+batches, `read_stage.batches`: 32 rows, or one parquet row group; what is held let go after each),
 then measured (`clips.analyse_audio`: decode, trim, mel); and apart, each clip's bytes fetched alone
 (the decode is the same work for every form: the fetch is what the container changes); and the rows
 counted before a local job (`sources.count_input_rows`, the worker count's: an estimate for tars). Printed: ms per clip,
@@ -15,15 +15,15 @@ median over rounds (the forms' order turned each round), and the ratio to the WA
 memory (`--rows`, default 10000,100000,200000): a parquet export of that many rows (about 0.8 KB of
 audio bytes each, row groups of 100) in files of `--rows-per-file` rows (default 10,000: `datasets`
 shards an export by size, and a file of real clips that size holds about as many row groups; 0: one
-file), the read stage's DoFn (`corpus._ReadRows`) drained in a fresh process; its peak RSS above the
+file), the read stage's DoFn (`read_stage._ReadRows`) drained in a fresh process; its peak RSS above the
 RSS before reading (the process' own peak, from `/proc/self/status`), and the largest file's footer.
 With `--footer`, the largest file's footer alone (`pq.read_metadata`), and its rows drained as the read
-stage reads them (`containers.parquet_rows`), each in a fresh process: the RSS they take.
+stage reads them (`packed_clips.parquet_rows`), each in a fresh process: the RSS they take.
 
 worker fetch (`--fetch-row-groups`, e.g. 1000,5000): one parquet file of that many row groups of 100
 rows (the memory benchmark's file of as many rows), and a worker's fetch of `--fetch-batches` batches
-(row groups spread over the file, every row's bytes, `containers.clip_bytes`), in a fresh process,
-with the footers kept across batches (`containers.FOOTERS`, as the worker reads) and forgotten after
+(row groups spread over the file, every row's bytes, `packed_clips.clip_bytes`), in a fresh process,
+with the footers kept across batches (`packed_clips.FOOTERS`, as the worker reads) and forgotten after
 every batch (each batch parses the footer: how the worker read before); the two interleaved in
 `--rounds` rounds, the order turned each round. Printed: ms per batch and µs per row (medians), the
 ratio, and the process' peak RSS growth.
@@ -114,10 +114,10 @@ def _fetch(row: dict) -> bytes:
     """A clip's encoded bytes as Measure gets them: a file read whole, a tar member or a parquet row."""
     from apache_beam.io.filesystems import FileSystems
 
-    from melshards.preprocess import containers
+    from melshards.preprocess.inputs import packed_clips
 
     if row.get("locator"):
-        return containers.clip_bytes(row["audio"], row["locator"])
+        return packed_clips.clip_bytes(row["audio"], row["locator"])
     with FileSystems.open(row["audio"]) as f:
         return f.read()
 
@@ -125,11 +125,11 @@ def _fetch(row: dict) -> bytes:
 def time_form(path: Path, mel: bool = True) -> tuple[float, float, float, float, float, int]:
     """(read stage s, fetch s, fetch + decode s, fetch + decode + trim + mel s, the local progress line's
     row count s, clips) for one form."""
-    from melshards.preprocess import containers
-    from melshards.preprocess.clips import analyse_audio, load_decoded
+    from melshards.preprocess.clip.clips import analyse_audio, load_decoded
     from melshards.preprocess.config import PreprocessConfig
-    from melshards.preprocess.corpus import MAX_BATCH_ROWS, batches
-    from melshards.preprocess.sources import count_input_rows, detect_corpus, read_input
+    from melshards.preprocess.inputs import packed_clips
+    from melshards.preprocess.inputs.read_stage import MAX_BATCH_ROWS, batches
+    from melshards.preprocess.inputs.sources import count_input_rows, detect_corpus, read_input
 
     cfg = PreprocessConfig()
     corpus = detect_corpus(str(path), language="en")
@@ -144,19 +144,19 @@ def time_form(path: Path, mel: bool = True) -> tuple[float, float, float, float,
     for batch in batches(rows, MAX_BATCH_ROWS):
         for r in batch:
             _fetch(r)
-        containers.release_held()
+        packed_clips.release_held()
     fetch = time.perf_counter() - start
     start = time.perf_counter()
     for batch in batches(rows, MAX_BATCH_ROWS):
         for r in batch:
             load_decoded(r["audio"], cfg, r.get("locator"))
-        containers.release_held()
+        packed_clips.release_held()
     decode = time.perf_counter() - start
     start = time.perf_counter()
     for batch in batches(rows, MAX_BATCH_ROWS) if mel else []:
         for r in batch:
             analyse_audio(r["audio"], cfg, locator=r.get("locator"))
-        containers.release_held()
+        packed_clips.release_held()
     return read, fetch, decode, time.perf_counter() - start, count, len(rows)
 
 
@@ -258,8 +258,8 @@ def _peak_mib() -> float:
 
 
 def child(path: str) -> dict:
-    from melshards.preprocess.corpus import _ReadRows, named
-    from melshards.preprocess.sources import detect_corpus
+    from melshards.preprocess.inputs.read_stage import _ReadRows, named
+    from melshards.preprocess.inputs.sources import detect_corpus
 
     corpora = named([detect_corpus(path, language="en")])
     before = _peak_from_here()
@@ -288,12 +288,12 @@ def child_footer(path: str) -> dict:
 
 
 def child_rows(path: str) -> dict:
-    """The peak RSS of draining one file's rows as the read stage reads them (`containers.parquet_rows`,
+    """The peak RSS of draining one file's rows as the read stage reads them (`packed_clips.parquet_rows`,
     without the spill and the batches after it): its footer, one batch of its columns, one row."""
-    from melshards.preprocess import containers
+    from melshards.preprocess.inputs import packed_clips
 
     before = _peak_from_here()
-    rows = sum(1 for _ in containers.parquet_rows(path, 0))
+    rows = sum(1 for _ in packed_clips.parquet_rows(path, 0))
     return {"rss_growth_mib": _peak_mib() - before, "rows": rows}
 
 
@@ -301,18 +301,18 @@ def child_fetch(path: str, groups: int, batches: int, keep: bool) -> dict:
     """A worker's fetch of `batches` row groups spread over one file of `groups` row groups of 100 rows
     (`write_big_parquet`'s; not read from its footer here, which would be in the RSS before), each
     row's bytes as Measure fetches them; the footers kept across batches (`keep`) or forgotten after each."""
-    from melshards.preprocess import containers
+    from melshards.preprocess.inputs import packed_clips
 
     chosen = sorted({g * groups // batches for g in range(batches)})
-    containers.FOOTERS.clear()
+    packed_clips.FOOTERS.clear()
     before = _peak_from_here()
     start = time.perf_counter()
     for g in chosen:
         for i in range(100):
-            containers.clip_bytes(path, {"parquet": "audio", "row_group": g, "index": i})
-        containers.release_held()
+            packed_clips.clip_bytes(path, {"parquet": "audio", "row_group": g, "index": i})
+        packed_clips.release_held()
         if not keep:
-            containers.FOOTERS.clear()
+            packed_clips.FOOTERS.clear()
     wall = time.perf_counter() - start
     return {
         "ms_per_batch": 1e3 * wall / len(chosen),

@@ -60,8 +60,8 @@ def profile(corpus: str, clips: int, model: str) -> dict:
     """CPU seconds per audio hour of `clips.featurize` (mel only) and of the extractor on the same clips."""
     import time
 
-    from melshards.preprocess import extractors
-    from melshards.preprocess.clips import SAMPLES, featurize
+    from melshards.preprocess.clip import extractors
+    from melshards.preprocess.clip.clips import SAMPLES, featurize
     from melshards.preprocess.config import ExtractorConfig, PreprocessConfig
 
     entry = yaml.safe_load(Path(model).read_text())["extractors"][0]

@@ -62,8 +62,8 @@ def shard_sizes(out: Path) -> dict:
 
 def profile(corpus: str, clips: int, tracker: str) -> dict:
     """Seconds per clip of each part of `clips.featurize` with every feature on, in this process."""
-    from melshards.preprocess import audio, features
-    from melshards.preprocess.clips import featurize, load_trimmed
+    from melshards.preprocess.clip import audio, features
+    from melshards.preprocess.clip.clips import featurize, load_trimmed
     from melshards.preprocess.config import FeaturesConfig, PitchConfig, PreprocessConfig
 
     cfg = PreprocessConfig(features=FeaturesConfig(True, True, True), pitch=PitchConfig(tracker=tracker))

@@ -1,7 +1,7 @@
 """Generate an LJSpeech-sized benchmark corpus from the shipped demo corpus (never committed).
 
 Every clip is 1-4 good clips of data/ljspeech_tiny (decoded and resampled to 22050 Hz by the
-project's own `melshards.preprocess.audio.decode_audio`) joined by short silent gaps, with their normalised
+project's own `melshards.preprocess.clip.audio.decode_audio`) joined by short silent gaps, with their normalised
 texts joined by spaces. Clip lengths follow an LJSpeech-like distribution: 1-10 s, mean ~6.6 s.
 Output is LJSpeech layout: <out>/metadata.csv (`id|text|normalized_text`) + <out>/wavs/<id>.wav,
 22050 Hz mono 16-bit PCM.
@@ -45,7 +45,7 @@ LINKED_MARK = ".melshards-linked-corpus"  # in a corpus link_corpus made: it may
 
 def good_clips(max_s: float = MAX_S) -> list[tuple[str, str, np.ndarray]]:
     """(id, normalized text, mono float32 @ 22050 Hz) of the demo corpus's good clips <= 10 s."""
-    from melshards.preprocess import audio
+    from melshards.preprocess.clip import audio
 
     seen, out = set(), []
     for line in (TINY / "metadata.csv").read_text(encoding="utf-8").splitlines():

@@ -64,7 +64,7 @@ def measure_corpus(corpus: str, work_dir: str) -> list[tuple[int, int, int]]:
     if cache.exists():
         return [tuple(x) for x in json.loads(cache.read_text())]
     from benchmarks.preprocess_throughput import corpus_rows
-    from melshards.preprocess import clips
+    from melshards.preprocess.clip import clips
     from melshards.preprocess.config import PreprocessConfig
 
     cfg, out = PreprocessConfig(), []
@@ -85,7 +85,7 @@ def from_corpus(corpus: str, work_dir: str, qs: list[float]) -> tuple[list[dict]
     from collections import Counter
 
     from melshards.preprocess.config import PreprocessConfig
-    from melshards.preprocess.global_stats import cutoffs_from
+    from melshards.preprocess.stats.global_stats import cutoffs_from
     from melshards.reports.whatif import hist_padding
 
     lengths = measure_corpus(corpus, work_dir)

@@ -1,6 +1,6 @@
 """Pitch trackers compared: accuracy on signals of known f0, and CPU seconds per hour of audio.
 
-Trackers: `dio` (WORLD DIO + StoneMask, pyworld) and `pyin` (librosa), as `melshards.preprocess.features.pitch`
+Trackers: `dio` (WORLD DIO + StoneMask, pyworld) and `pyin` (librosa), as `melshards.preprocess.clip.features.pitch`
 runs them on the mel's frames (22,050 Hz, hop 256, fmin 65, fmax 800); `dio_full_rate` is DIO +
 StoneMask at WORLD's own settings (DIO's candidate search and StoneMask both at 22,050 Hz), against
 which melshards' choices (`features.dio_speed`, `features.refine_rate`) are measured; `yin` (librosa,
@@ -91,7 +91,7 @@ def tone(f0: float, kind: str, seconds: float = 2.0) -> np.ndarray:
 
 
 def track(name: str, y: np.ndarray) -> np.ndarray:
-    from melshards.preprocess import features
+    from melshards.preprocess.clip import features
     from melshards.preprocess.config import PitchConfig
 
     frames = 1 + y.size // HOP
@@ -102,7 +102,7 @@ def track(name: str, y: np.ndarray) -> np.ndarray:
         f0, times = pyworld.dio(x, SR, f0_floor=65.0, f0_ceil=800.0, frame_period=1000.0 * HOP / SR)
         return features.fit_frames(pyworld.stonemask(x, f0, times, SR), frames)
     if name == "yin":
-        from melshards.preprocess.audio import load_librosa
+        from melshards.preprocess.clip.audio import load_librosa
 
         return load_librosa().yin(y, fmin=65, fmax=800, sr=SR, frame_length=2048, hop_length=HOP, center=True)[:frames]
     return features.pitch(y, SR, HOP, frames, PitchConfig(tracker=name))
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     from threadpoolctl import threadpool_limits
 
-    from melshards.preprocess import audio
+    from melshards.preprocess.clip import audio
     from melshards.preprocess.config import MelConfig
 
     y, truth = speech_like(args.seconds)

@@ -20,7 +20,7 @@ def _work(job):
     import numpy as np
     import soundfile as sf
 
-    from melshards.preprocess.audio import load_librosa
+    from melshards.preprocess.clip.audio import load_librosa
 
     librosa = load_librosa()  # `import librosa`, one process at a time until numba's caches are written
 
@@ -30,7 +30,7 @@ def _work(job):
         y = librosa.resample(y, orig_sr=file_sr, target_sr=sr, res_type="soxr_hq")
     y, _ = librosa.effects.trim(y, top_db=top_db)
     if job_mel:  # the job's own log_mel: the same numbers, a matmul where librosa uses einsum
-        from melshards.preprocess.audio import log_mel
+        from melshards.preprocess.clip.audio import log_mel
         from melshards.preprocess.config import MelConfig
 
         mel = log_mel(y, sr, MelConfig(n_fft, hop, win, n_mels, fmin, fmax, floor, 1.0))

@@ -36,7 +36,7 @@ LJSPEECH_CLIPS = 13100
 
 def corpus_rows(corpus: str) -> list[dict]:
     """The rows the job would measure (malformed rows and repeated ids dropped, audio resolved)."""
-    from melshards.preprocess.layouts import parse_ljspeech_line
+    from melshards.preprocess.inputs.layouts import parse_ljspeech_line
 
     lines = [line for line in (Path(corpus) / "metadata.csv").read_text(encoding="utf-8").splitlines() if line.strip()]
     rows, seen = [], set()

@@ -17,7 +17,7 @@ import os
 import statistics
 import time
 
-from melshards.preprocess import audio, clips, quality
+from melshards.preprocess.clip import audio, clips, quality
 from melshards.preprocess.config import PreprocessConfig
 
 

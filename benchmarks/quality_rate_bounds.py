@@ -52,8 +52,9 @@ import numpy as np
 
 from benchmarks.common import emit
 from benchmarks.preprocess_scale import WORK
-from melshards.preprocess import clips, quality, quality_rules
+from melshards.preprocess.clip import clips, quality
 from melshards.preprocess.config import PreprocessConfig, QualityRulesConfig
+from melshards.preprocess.stats import quality_rules
 from melshards.shards_schema.vocab import tokens
 
 SIZES = (5, 10, 15, 20, 30, 50, 100, 400)  # clips of a speaker
@@ -246,7 +247,7 @@ def fault_corpora(work: Path, cfg: PreprocessConfig) -> dict:
     rate: the 3x-rate faults it keeps out, the clean clips it drops, and the speakers losing more than
     `LOST_SHARE` of their clean clips."""
     from benchmarks import quality_faults
-    from melshards.preprocess import audio
+    from melshards.preprocess.clip import audio
 
     out = {}
     for clean, per_fault in FAULT_CORPORA:

@@ -14,10 +14,10 @@ import random
 import time
 
 from benchmarks.common import emit
+from melshards.preprocess.clip.quality import MEASURES, measure_bins
 from melshards.preprocess.config import PreprocessConfig
-from melshards.preprocess.quality import MEASURES, measure_bins
-from melshards.preprocess.quality_rules import rate_histograms
-from melshards.preprocess.quality_stats import QualityFigures, group_histograms, summary_of
+from melshards.preprocess.stats.quality_rules import rate_histograms
+from melshards.preprocess.stats.quality_stats import QualityFigures, group_histograms, summary_of
 
 
 def synthetic_clips(n: int, speakers: int, seed: int = 1) -> list[dict]:

@@ -6,7 +6,7 @@ round, the order swapped every other round so neither variant always runs second
 shared: compare same-round ratios):
 
 - `none`: `quality: {measures: false}` (every measure NaN; the audio hash is still taken);
-- `default`: the default config (the measures of `melshards.preprocess.quality.MEASURES`).
+- `default`: the default config (the measures of `melshards.preprocess.clip.quality.MEASURES`).
 
 Goal (issue 35): default / none <= 1.15 at 1,000 clips and 2 workers.
 

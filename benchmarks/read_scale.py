@@ -4,7 +4,7 @@ the job reads, beside the same rows collected in memory.
 For each `--rows` size an LJSpeech-layout corpus of that many rows is written under the work dir
 (`read-scale/rows-N`: metadata.csv, and `wavs/` with an empty file for each of the first `--files`
 ids: the read stage lists the audio, it never opens it). Each variant runs in a fresh process:
-  stream     the read stage's DoFn (`corpus._ReadRows`) drained: rows to the stash, rejections out
+  stream     the read stage's DoFn (`read_stage._ReadRows`) drained: rows to the stash, rejections out
   in_memory  the same reader's items collected into lists (`sources.read_input`): what holding the
              rows costs, the read stage's design before the spill
 and reports its wall, and its peak RSS above the RSS it had before reading (growth). Rows past
@@ -58,8 +58,8 @@ def _rss_gib() -> float:
 
 def child(variant: str, corpus: str) -> dict:
     """One variant in this (fresh) process: wall, and peak RSS above the RSS before reading."""
-    from melshards.preprocess.corpus import _ReadRows, named
-    from melshards.preprocess.sources import detect_corpus, read_input
+    from melshards.preprocess.inputs.read_stage import _ReadRows, named
+    from melshards.preprocess.inputs.sources import detect_corpus, read_input
 
     corpora = named([detect_corpus(corpus)])
     before = _rss_gib()

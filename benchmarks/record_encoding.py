@@ -25,7 +25,7 @@ CORPUS = Path(__file__).resolve().parents[1] / "data" / "ljspeech_tiny"
 
 
 def corpus_mels(frames: int) -> list[np.ndarray]:
-    from melshards.preprocess import audio
+    from melshards.preprocess.clip import audio
     from melshards.preprocess.config import PreprocessConfig
 
     cfg = PreprocessConfig()

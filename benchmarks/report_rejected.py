@@ -23,8 +23,8 @@ import tracemalloc
 from collections import defaultdict
 from pathlib import Path
 
-from melshards.preprocess import report
-from melshards.preprocess.shards import TEMP_DIR
+from melshards.preprocess.out_dir.shards import TEMP_DIR
+from melshards.preprocess.write import report
 
 
 def rows(n: int):

@@ -91,8 +91,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--work-dir", default=WORK)
     args = ap.parse_args(argv)
-    from melshards.preprocess import bucketing
     from melshards.preprocess.config import PreprocessConfig
+    from melshards.preprocess.stats import bucketing
     from melshards.reports.stats_report import Run, build_report
     from melshards.shards_schema.stats import compute_cutoffs
     from melshards.shards_schema.stats_model import stats_problem

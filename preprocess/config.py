@@ -51,7 +51,7 @@ class MelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class QualityRulesConfig:
-    """The filter rules on the quality measures (`melshards.preprocess.quality_rules`; docs/preprocess.md,
+    """The filter rules on the quality measures (`melshards.preprocess.stats.quality_rules`; docs/preprocess.md,
     Quality rules). A bound set to null turns its rule off."""
 
     rate_iqr_k: Annotated[StrictFloat, Field(ge=0)] | None = (
@@ -176,7 +176,7 @@ class FeaturesConfig:
 
 @dataclasses.dataclass(frozen=True)
 class QualityConfig:
-    """The quality measures of every clip (`melshards.preprocess.quality`; docs/preprocess.md, Quality
+    """The quality measures of every clip (`melshards.preprocess.clip.quality`; docs/preprocess.md, Quality
     measures), computed in the measure stage from the one decode and the mel's STFT."""
 
     measures: StrictBool = True  # off: every measure NaN (the audio hash is still taken)
@@ -231,7 +231,7 @@ class ReferenceConfig:
 @dataclasses.dataclass(frozen=True)
 class ExtractorConfig:
     """One per-clip extractor (docs/preprocess.md, Extractors): `factory(**options)` returns it
-    (`melshards.preprocess.extractors`), loaded once per worker."""
+    (`melshards.preprocess.clip.extractors`), loaded once per worker."""
 
     factory: StrictStr  # package.module:function, as `melshards train --model` names a model factory
     options: dict[StrictStr, typing.Any] = dataclasses.field(default_factory=dict)  # the factory's keyword arguments

@@ -1,7 +1,7 @@
 """Length buckets: the K static mel shapes that minimise padding, chosen from an exact length histogram.
 
 Pure math, no Beam and no TensorFlow: the preprocessing job calls it with its exact histogram of kept
-clips' mel frames (`melshards.preprocess.bucketing`; the figures go into stats.json's `buckets`), and
+clips' mel frames (`melshards.preprocess.stats.bucketing`; the figures go into stats.json's `buckets`), and
 the benchmarks for their tables. Over 300 lines because the derivation below is part of it: the code
 is ~200 lines.
 

@@ -21,7 +21,7 @@ import numpy as np
 REPORT_PERCENTILES = (0, 1, 5, 10, 25, 50, 75, 90, 95, 99, 99.9, 100)
 LENGTH_KEYS = ("text_len", "mel_frames", "duration_ms")
 # Reasons the filter gives (`Cutoffs.reason`, the quality rules): counted as "filtered", the rest of rejected.jsonl as "rejected".
-# The quality rules' reasons (preprocess/quality_rules.py), in the order the filter tries them.
+# The quality rules' reasons (preprocess/stats/quality_rules.py), in the order the filter tries them.
 QUALITY_REASONS = (
     "clipped",
     "narrowband",

@@ -1,5 +1,5 @@
 """stats.json, declared once: the pydantic model the job validates what it writes against
-(`melshards.preprocess.report.build_stats`) and `melshards stats` validates what it reads against
+(`melshards.preprocess.write.report.build_stats`) and `melshards stats` validates what it reads against
 (`melshards.reports.stats_report.load_run`), before either trusts a figure.
 
 Numbers are strict (a string "56" or a boolean is not a count). The counts must add up:
@@ -217,7 +217,7 @@ class WhatIfK(_Section):
 
 
 class Buckets(_Section):
-    """`melshards.preprocess.bucketing.bucket_stats`: the length buckets of the shards."""
+    """`melshards.preprocess.stats.bucketing.bucket_stats`: the length buckets of the shards."""
 
     buckets: list[BucketRow]
     mel_padding_fraction: Number
@@ -230,7 +230,7 @@ class Buckets(_Section):
 
 
 class FeatureMoments(_Section):
-    """`melshards.preprocess.feature_stats.moments_record`: mean and std of a per-frame feature over
+    """`melshards.preprocess.stats.feature_stats.moments_record`: mean and std of a per-frame feature over
     `frames` frames (both null without frames)."""
 
     mean: Number | None = None
@@ -248,7 +248,7 @@ class PitchPercentiles(_Section):
 
 class MeasureFigures(_Section):
     """One quality measure over one group's clips measured, before the filter
-    (`melshards.preprocess.quality_stats.figures`): clips with a value (`count`) and without (NaN:
+    (`melshards.preprocess.stats.quality_stats.figures`): clips with a value (`count`) and without (NaN:
     `not_measured`), mean and percentiles in the measure's units, and (corpus and languages) the exact
     histogram: key (value x scale, on the measure's side) -> clips, summing to `count`."""
 
@@ -289,7 +289,7 @@ class RateOutliers(_Section):
 
 
 class RateUnjudged(_Section):
-    """A language the speaking-rate bounds do not judge (`melshards.preprocess.quality_stats
+    """A language the speaking-rate bounds do not judge (`melshards.preprocess.stats.quality_stats
     .rate_unjudged`): fewer rated clips than `quality.rules.rate_min_clips`; only the rule's ceiling
     applies to its clips."""
 
@@ -300,7 +300,7 @@ class RateUnjudged(_Section):
 
 
 class Quality(_Section):
-    """stats.json `quality` (`melshards.preprocess.quality_stats.QualityFigures.section`): the quality
+    """stats.json `quality` (`melshards.preprocess.stats.quality_stats.QualityFigures.section`): the quality
     measures over the clips measured, before the filter, with the rules as the run had them."""
 
     measures: dict[str, MeasureGrid]
@@ -323,7 +323,7 @@ class Quality(_Section):
 
 
 class MostlyDropped(_Section):
-    """A speaker or language the filter dropped most clips of (`melshards.preprocess.report.mostly_dropped`):
+    """A speaker or language the filter dropped most clips of (`melshards.preprocess.write.report.mostly_dropped`):
     its clips measured, those dropped, and per reason (its row's `per_reason`)."""
 
     kind: Literal["speaker", "language"]
@@ -348,7 +348,7 @@ class MostlyDropped(_Section):
 
 
 class SpeakerRow(_Section):
-    """`melshards.preprocess.report.speaker_stats`: one speaker; id null when filter.min_speaker_clips
+    """`melshards.preprocess.write.report.speaker_stats`: one speaker; id null when filter.min_speaker_clips
     dropped it (then it has no clips in the shards)."""
 
     id: Count | None
@@ -373,7 +373,7 @@ class TextFrontend(_Section):
 
 
 class LanguageRow(_Section):
-    """`melshards.preprocess.report.language_stats`: one language, its lengths before the filter and its
+    """`melshards.preprocess.write.report.language_stats`: one language, its lengths before the filter and its
     text-length cut-off (null when no clip was measured)."""
 
     id: Count
@@ -397,7 +397,7 @@ class Split(_Section):
 
 
 class InputSummary(_Section):
-    """One --input of the run (`melshards.preprocess.corpus.input_summary`): its layout, its input rows,
+    """One --input of the run (`melshards.preprocess.inputs.read_stage.input_summary`): its layout, its input rows,
     the language of its rows that give none, how many of its speaker labels and ids were prefixed
     with its name because another input has them too, and the language codes its rows spelt otherwise
     than their canonical BCP 47 form (as written -> as used)."""
@@ -524,7 +524,7 @@ def languages_problem(languages: list[LanguageRow], counts: Counts, cutoffs: Cut
 
 class References(_Section):
     """An other_clip run's records whose reference is not another clip of their split
-    (`melshards.preprocess.report.reference_counts`)."""
+    (`melshards.preprocess.write.report.reference_counts`)."""
 
     own_clip: dict[StrictStr, Count]  # split -> records cut from themselves (no other clip to take)
     val_from_train: Count  # validation records cut from a training clip of their speaker (no other val clip)
@@ -554,10 +554,10 @@ class StatsFile(_Section):
     feature_stats: dict[str, FeatureMoments] = {}  # global pitch and energy statistics (training split)
     quality: Quality | None = None  # the quality measures' figures (absent from runs made before them)
     # speaker -> quality rule (QUALITY_REASONS) -> clips it dropped, speakers with a drop only; absent
-    # from runs made before it was counted (`melshards.preprocess.report.quality_dropped_by_speaker`)
+    # from runs made before it was counted (`melshards.preprocess.write.report.quality_dropped_by_speaker`)
     quality_dropped_by_speaker: dict[StrictStr, dict[StrictStr, Count]] | None = None
     # the speakers and languages the filter dropped most (over half) of the measured clips of; absent
-    # from runs made before it was recorded (`melshards.preprocess.report.mostly_dropped`)
+    # from runs made before it was recorded (`melshards.preprocess.write.report.mostly_dropped`)
     mostly_dropped: list[MostlyDropped] | None = None
     references: References | None = None  # other_clip runs (absent from the others and runs made before it)
 

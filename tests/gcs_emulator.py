@@ -7,7 +7,7 @@ endpoint (`POST /batch/storage/v1`), which GcsIO uses for batched deletes and co
 of it answers those by sending each part of the batch to the server on its own and returning the
 answers in GCS's multipart form. It ignores `ifGenerationMatch` / `ifGenerationNotMatch` on an object's
 reads and deletes, which GCS answers with 412 when the object is at another generation (the output
-lock's delete and read of the generation it judged: `melshards.preprocess.lock`); the proxy checks those
+lock's delete and read of the generation it judged: `melshards.preprocess.out_dir.lock`); the proxy checks those
 against the object's generation itself and answers 412 as GCS does. The proxy also counts the media
 bytes it serves (object downloads), so a test can say how many times a corpus was read.
 

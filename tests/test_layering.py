@@ -109,7 +109,7 @@ def test_the_beam_job_melshards_help_and_stats_import_no_tensorflow(shards_dir):
             sys.executable,
             "-c",
             "import sys\n"
-            "import melshards.preprocess.pipeline, melshards.preprocess.run\n"
+            "import melshards.preprocess.job.pipeline, melshards.preprocess.job.run\n"
             "print('job:', 'tensorflow' in sys.modules)\n"
             "from melshards.commands import cli\n"
             f"for args in (['--help'], ['stats', '--help'], ['stats', {str(shards_dir)!r}]):\n"

@@ -22,7 +22,7 @@ def cache_command() -> None:
 
 def check_cache_dir(cache_dir: str) -> None:
     """Refuse (exit 2, one line) a DIR that is missing or a file: nothing to report or prune there."""
-    from melshards.preprocess import cache
+    from melshards.preprocess.clip import cache
 
     why = cache.not_a_cache_dir(cache_dir)
     if why:
@@ -35,7 +35,7 @@ def check_cache_dir(cache_dir: str) -> None:
 @click.argument("cache_dir", metavar="DIR")
 def info_command(cache_dir: str) -> None:
     """What the cache holds: entries (clips), files, bytes, and what no recorded run used."""
-    from melshards.preprocess import cache
+    from melshards.preprocess.clip import cache
 
     check_cache_dir(cache_dir)
     i = cache.info(cache_dir)
@@ -59,7 +59,7 @@ def info_command(cache_dir: str) -> None:
 )
 def prune_command(cache_dir: str, unused_days: float) -> None:
     """Remove the entries no run of the last --unused-days used; none while a run is using the cache."""
-    from melshards.preprocess import cache
+    from melshards.preprocess.clip import cache
 
     check_cache_dir(cache_dir)
     pruned = cache.prune(cache_dir, unused_days, time.time())

@@ -6,7 +6,7 @@ The Beam job runs in a job process that leads a process group of its own, with i
 workers' in a log file (`melshards.preprocess.workers.run_in_job_process`): a signal sent to the
 command's process group (a terminal's Ctrl-C, `timeout`) reaches this process alone. Its handler
 raises KeyboardInterrupt in the main thread; on its way out the job's process group is killed and
-waited for, and the staging dir removed (`melshards.preprocess.run.run_job`); the job's log is not
+waited for, and the staging dir removed (`melshards.preprocess.job.run.run_job`); the job's log is not
 shown. Then one line, and the exit code (143 for SIGTERM: 128 + 15, what a shell reports for a
 process SIGTERM ended). A publish under way (the finished run being moved into place, in this
 process) is never cut in half: the interrupt takes effect after it, and the line says the new run
@@ -22,7 +22,7 @@ from typing import Literal
 
 import click
 
-from melshards.preprocess import output
+from melshards.preprocess.out_dir import staging
 
 # The signals that stop a run -> (exit code, how its line begins).
 STOPPING_SIGNALS: dict[int, tuple[int, str]] = {
@@ -55,8 +55,8 @@ class StopOnCtrlC:
         self.signum: int | None = None
 
     def __enter__(self):
-        output.STOPPING.clear()  # this run's own state: an earlier run in this process may have left its own
-        output.PUBLISHED.clear()
+        staging.STOPPING.clear()  # this run's own state: an earlier run in this process may have left its own
+        staging.PUBLISHED.clear()
         self.old_handlers = {s: signal.signal(s, self._on_signal) for s in self.signals}
         return self
 
@@ -67,21 +67,21 @@ class StopOnCtrlC:
         for s in self.signals:  # the command is ending: a second signal changes nothing
             signal.signal(s, signal.SIG_IGN)
         logging.disable(logging.CRITICAL)  # nothing but the line from here on
-        output.STOPPING.set()  # no publish begins from now on
-        if not output.PUBLISHING:  # else the publish finishes, then __exit__ ends the command
+        staging.STOPPING.set()  # no publish begins from now on
+        if not staging.PUBLISHING:  # else the publish finishes, then __exit__ ends the command
             raise KeyboardInterrupt
 
     def __exit__(self, *exc) -> Literal[False]:
         try:
             if self.signum is not None:
-                output.abort_active()  # what a run staged and still holds (none after `run_job`'s own clean-up)
-                click.echo(stopped_line(self.signum, self.out_dir, bool(output.PUBLISHED)), err=True)
+                staging.abort_active()  # what a run staged and still holds (none after `run_job`'s own clean-up)
+                click.echo(stopped_line(self.signum, self.out_dir, bool(staging.PUBLISHED)), err=True)
         finally:  # the process goes on as it was (a notebook, a script that runs the command again)
             for s, old in self.old_handlers.items():
                 signal.signal(s, old)
             if self.signum is not None:
                 logging.disable(logging.NOTSET)
-                output.STOPPING.clear()
+                staging.STOPPING.clear()
         if self.signum is not None:
             raise click.exceptions.Exit(STOPPING_SIGNALS[self.signum][0])
         return False

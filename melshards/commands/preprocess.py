@@ -1,4 +1,4 @@
-"""`melshards preprocess`: the command over `melshards.preprocess.run.run_job`, and the summary it prints.
+"""`melshards preprocess`: the command over `melshards.preprocess.job.run.run_job`, and the summary it prints.
 
 Beam is imported when the command runs, not when `melshards --help` lists it.
 """
@@ -11,7 +11,7 @@ import time
 import click
 
 from melshards.commands import run_command, setup_logging
-from melshards.preprocess.layouts import FORMATS
+from melshards.preprocess.inputs.layouts import FORMATS
 from melshards.reports.stats_json_tables import (
     bucket_table,
     input_lines,
@@ -209,8 +209,8 @@ def preprocess_command(
     setup_logging()
     from melshards.commands.ctrl_c import StopOnCtrlC
     from melshards.preprocess.config import ConfigError
-    from melshards.preprocess.corpus import CorpusError
-    from melshards.preprocess.run import (
+    from melshards.preprocess.inputs.read_stage import CorpusError
+    from melshards.preprocess.job.run import (
         DiskFullError,
         EmptyRunError,
         JobFailedError,

@@ -40,7 +40,7 @@ def check_spoke(frames: int, schema: Schema) -> None:
 
 def griffin_lim(log_mel: np.ndarray, schema: Schema, n_iter: int) -> np.ndarray:
     """[frames, n_mels] natural-log mel -> waveform, with the schema's STFT and mel parameters."""
-    from melshards.preprocess.audio import load_librosa
+    from melshards.preprocess.clip.audio import load_librosa
 
     librosa = load_librosa()  # numba's caches compiled by one process at a time
     m = schema.mel
@@ -117,9 +117,9 @@ def write_wav(output: str, y: np.ndarray, sample_rate: int) -> None:
 
 def reference_from(path: str, schema) -> tuple:
     """`--reference WAV` -> (log-mel [frames, n_mels], valid frames) by the preprocess mel
-    (`melshards.preprocess.references.reference_of_wav`); UsageError for audio it cannot use."""
-    from melshards.preprocess.clips import ClipRejected
-    from melshards.preprocess.references import reference_of_wav
+    (`melshards.preprocess.write.references.reference_of_wav`); UsageError for audio it cannot use."""
+    from melshards.preprocess.clip.clips import ClipRejected
+    from melshards.preprocess.write.references import reference_of_wav
 
     if not schema.reference_frames:
         raise click.UsageError(

@@ -6,7 +6,7 @@ and the bytes of one decoded batch.
 
 What is exact and what is not: stats.json holds one histogram per length, not their joint
 distribution. Duration and mel frames both grow with the clip's sample count
-(`melshards.preprocess.audio.num_frames` is 1 + samples // hop), so the clips below the minimum duration
+(`melshards.preprocess.clip.audio.num_frames` is 1 + samples // hop), so the clips below the minimum duration
 and those below the lower mel-frame cut-off are both "the shortest clips", and the frame
 filters together are exact. Text length is not tied to the sample count, so how many of the
 clips the frame filters keep also fail the text cut-off is unknown; `text_over_cut` gives the

@@ -1,6 +1,6 @@
 """The quality figures of stats.json and `melshards stats`: the model's checks, the quality section and its
 what-if tables, `--by`, `--json`, `--compare` and `--html`, from the two-speaker stats.json of test_stats_by with
-the quality figures of a few synthetic clips added (`melshards.preprocess.quality_stats`, as the job makes them)."""
+the quality figures of a few synthetic clips added (`melshards.preprocess.stats.quality_stats`, as the job makes them)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from melshards.preprocess.report import mostly_dropped
+from melshards.preprocess.write.report import mostly_dropped
 from melshards.shards_schema.stats_model import stats_problem
 from tests.melshards.test_stats_by import run_stats, two_speaker_stats
 from tests.preprocess.test_quality_stats import CLIPS, figures_of

@@ -210,12 +210,12 @@ def start_long_run(tmp_path, corpus_dir, out, *extra, rows=20000, distinct_audio
     """A real `melshards preprocess` of `rows` rows (long enough to interrupt) in its own process group,
     returned once `ready(process)` is true; by default once its workers report progress (the worker
     processes measure clips)."""
-    from melshards.preprocess import output
+    from melshards.preprocess.out_dir import staging
 
     if ready is None:
 
         def ready(_):
-            return list(out.glob(f"{output.STAGE_PREFIX}*/.melshards-tmp/progress-*.txt"))
+            return list(out.glob(f"{staging.STAGE_PREFIX}*/.melshards-tmp/progress-*.txt"))
 
     cmd = preprocess_command(long_corpus(tmp_path, corpus_dir, rows, distinct_audio), out, *extra)
     p = subprocess.Popen(

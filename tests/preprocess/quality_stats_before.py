@@ -1,4 +1,4 @@
-"""`melshards.preprocess.quality_stats` and the speaking-rate bounds of `quality_rules` as they were before the
+"""`melshards.preprocess.stats.quality_stats` and the speaking-rate bounds of `quality_rules` as they were before the
 quality statistics were summed per group (one flat Counter of (scope, name, measure, key) summed over the whole
 run in one worker): what stats.json's quality figures must stay, byte for byte. Test code only."""
 
@@ -9,9 +9,10 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from melshards.preprocess import quality, quality_rules
+from melshards.preprocess.clip import quality
 from melshards.preprocess.config import PreprocessConfig, QualityRulesConfig
-from melshards.preprocess.quality_rules import (
+from melshards.preprocess.stats import quality_rules
+from melshards.preprocess.stats.quality_rules import (
     LANGUAGE,
     PACE,
     PACE_K_FACTOR,
@@ -21,7 +22,7 @@ from melshards.preprocess.quality_rules import (
     pace_bounds,
     pace_ratio_key,
 )
-from melshards.preprocess.quality_stats import group_figures
+from melshards.preprocess.stats.quality_stats import group_figures
 from melshards.shards_schema.stats import count_beyond, measure_key, percentile
 
 SPEAKER_PERCENTILES = (0, 5, 25, 50, 75, 95, 100)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from praatio import textgrid
 
-from melshards.preprocess import alignments
+from melshards.preprocess.clip import alignments
 
 SR, HOP = 22050, 256
 
@@ -118,7 +118,7 @@ def long_textgrid_text(phones, end) -> bytes:
 def test_a_phones_tier_of_silence_alone_is_an_unusable_alignment_not_the_text_sil(tmp_path, phones):
     import dataclasses
 
-    from melshards.preprocess.clips import ClipRejected, read_alignment
+    from melshards.preprocess.clip.clips import ClipRejected, read_alignment
     from melshards.preprocess.config import AlignmentsConfig, PreprocessConfig
 
     data = long_textgrid_text(phones, 1.0)
@@ -156,11 +156,11 @@ def test_a_clip_prefixed_by_a_merge_finds_its_textgrid_by_the_id_and_speaker_its
     DIR/spk/0001.TextGrid and DIR/0002.TextGrid as the inputs name them."""
     import dataclasses
 
-    from melshards.preprocess.clips import ClipRejected, read_alignment
+    from melshards.preprocess.clip.clips import ClipRejected, read_alignment
     from melshards.preprocess.config import AlignmentsConfig, PreprocessConfig
-    from melshards.preprocess.merge import MergedInputs
-    from melshards.preprocess.rows import row
-    from melshards.preprocess.spill import Spill
+    from melshards.preprocess.inputs.merge import MergedInputs
+    from melshards.preprocess.inputs.rows import row
+    from melshards.preprocess.inputs.spill import Spill
 
     tg = textgrid_bytes(tmp_path, [(0.1, 0.4, "HH"), (0.4, 0.8, "AY1")], 1.0)
     (tmp_path / "tg" / "spk").mkdir(parents=True)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from melshards.preprocess import audio
+from melshards.preprocess.clip import audio
 from melshards.preprocess.config import AudioConfig, MelConfig
 from tests.preprocess.conftest import encode, mp3_without_length_tag, tone
 
@@ -286,7 +286,7 @@ def test_a_nan_in_one_channel_of_a_stereo_file_is_invalid():
 
 
 def _load(tmp_path, y, sr=22050):
-    from melshards.preprocess.clips import load_trimmed
+    from melshards.preprocess.clip.clips import load_trimmed
     from melshards.preprocess.config import PreprocessConfig
 
     path = tmp_path / "c.wav"
@@ -295,7 +295,7 @@ def _load(tmp_path, y, sr=22050):
 
 
 def _rejection(tmp_path, y, sr=22050):
-    from melshards.preprocess.clips import ClipRejected
+    from melshards.preprocess.clip.clips import ClipRejected
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # librosa used to warn about NaN on the console

@@ -1,7 +1,7 @@
 """Choosing the job's buckets (pure): bounds from the training histogram, fitted to validation."""
 
-from melshards.preprocess.bucketing import bucket_stats, choose, text_bounds
 from melshards.preprocess.config import PadConfig
+from melshards.preprocess.stats.bucketing import bucket_stats, choose, text_bounds
 
 
 def test_bounds_come_from_the_training_histogram_with_the_minimum_records():

@@ -20,7 +20,8 @@ from click.testing import CliRunner
 
 from melshards.commands.cache import cache_command
 from melshards.commands.preprocess import run
-from melshards.preprocess import audio, cache, lock, output, quality
+from melshards.preprocess.clip import audio, cache, quality
+from melshards.preprocess.out_dir import lock, staging
 from melshards.shards_schema.stats import Moments
 from tests.conftest import CORPUS, TINY_CONFIG
 from tests.preprocess.conftest import (
@@ -75,11 +76,11 @@ def decodes(monkeypatch, tmp_path):
 
 def record_stashes(monkeypatch, path) -> CallLog:
     """Every batch the runs from now on stash for the writer: (clips, features), logged to `path`."""
-    from melshards.preprocess import measure
+    from melshards.preprocess.clip import measure_stage
 
-    calls, real = CallLog(path), measure.stash_batch
+    calls, real = CallLog(path), measure_stage.stash_batch
     monkeypatch.setattr(
-        measure,
+        measure_stage,
         "stash_batch",
         lambda d, clips, features: calls.append((clips, features)) or real(d, clips, features),
     )
@@ -107,7 +108,7 @@ def warm(tmp_path_factory, bucketed_dir):
     """A cache filled by one run (what that run stashed for the writer checked), and in `plain` a run
     without a cache for reference: the session's `bucketed_dir` (`--buckets 4` is what the demo config's
     `auto` chooses: the same records and schema.json). Read-only."""
-    from melshards.preprocess import report
+    from melshards.preprocess.write import report
 
     tmp = tmp_path_factory.mktemp("cache")
     with pytest.MonkeyPatch.context() as monkeypatch:
@@ -486,7 +487,7 @@ def test_a_cache_the_run_cannot_write_is_refused_with_the_file_system_s_reason(t
         raise PermissionError(13, "Permission denied", path)
 
     monkeypatch.setattr(cache, "atomic_write", read_only)
-    with pytest.raises(output.OutputError, match=r"--cache .* cannot be written \(.*entries: Permission denied\)"):
+    with pytest.raises(staging.OutputError, match=r"--cache .* cannot be written \(.*entries: Permission denied\)"):
         cache.check_writable(str(tmp_path / "cache"))
 
 
@@ -594,7 +595,7 @@ def cached_keys(cache_dir) -> list[str]:
 
 
 def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes_only_the_rest(tmp_path, corpus_dir):
-    # 80 rows: 16 batches of 5 (corpus.batch_rows); killed at the first poll (every 20 ms) that finds one
+    # 80 rows: 16 batches of 5 (read_stage.batch_rows); killed at the first poll (every 20 ms) that finds one
     # cached, while the other 15 and the stages after them take seconds
     rows, out, cache_dir = 80, tmp_path / "out", tmp_path / "cache"
     extra = ("--workers", "2", "--cache", str(cache_dir))
@@ -635,7 +636,7 @@ def test_a_run_killed_with_sigkill_keeps_what_it_computed_and_the_rerun_computes
     assert stats["cache"]["computed"] == rows - stats["cache"]["hits"]
     after = cached_keys(cache_dir)
     assert len(after) == len(set(after)) == rows  # no clip computed twice
-    assert not list(out.glob(f"{output.STAGE_PREFIX}*"))  # the killed run's staging dir is gone
+    assert not list(out.glob(f"{staging.STAGE_PREFIX}*"))  # the killed run's staging dir is gone
     # every row is the same clip and text: each record, served from what the killed run left or computed by the
     # rerun (both kinds are there: 0 < kept < rows), differs from every other in its id only; that a record read
     # from the cache is the one a run without a cache writes: the `warm` fixture's cold run

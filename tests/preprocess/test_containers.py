@@ -1,5 +1,5 @@
 """Corpora whose clips live inside bigger files: Hugging Face parquet exports, WebDataset tars, and
-manifests of segments of long recordings (`melshards.preprocess.containers`), read from fixtures
+manifests of segments of long recordings (`melshards.preprocess.inputs.packed_clips`), read from fixtures
 written here (pyarrow writes the parquet, tarfile the tars, soundfile the audio)."""
 
 from __future__ import annotations
@@ -17,17 +17,24 @@ import pytest
 import soundfile as sf
 import yaml
 
-from melshards.preprocess import cache, containers, corpus
-from melshards.preprocess.clips import ClipRejected, load_decoded
+from melshards.preprocess.clip import cache
+from melshards.preprocess.clip.clips import ClipRejected, load_decoded
 from melshards.preprocess.config import PreprocessConfig
-from melshards.preprocess.corpus import batches
-from melshards.preprocess.manifests import manifest_rows
-from melshards.preprocess.merge import input_name
-from melshards.preprocess.rows import CorpusError, LayoutRows
-from melshards.preprocess.rows import row as make_row
-from melshards.preprocess.sources import check_rows_file, count_input_rows, detect_corpus, read_input, unused_columns
-from melshards.preprocess.spill import Spill
-from melshards.preprocess.stash import load_rows
+from melshards.preprocess.inputs import packed_clips, read_stage
+from melshards.preprocess.inputs.manifests import manifest_rows
+from melshards.preprocess.inputs.merge import input_name
+from melshards.preprocess.inputs.read_stage import batches
+from melshards.preprocess.inputs.rows import CorpusError, LayoutRows
+from melshards.preprocess.inputs.rows import row as make_row
+from melshards.preprocess.inputs.sources import (
+    check_rows_file,
+    count_input_rows,
+    detect_corpus,
+    read_input,
+    unused_columns,
+)
+from melshards.preprocess.inputs.spill import Spill
+from melshards.preprocess.out_dir.stash import load_rows
 from tests.conftest import QUALITY_RULES_OFF
 from tests.preprocess.conftest import encode, tone
 
@@ -159,7 +166,7 @@ def test_a_parquet_export_without_a_language_or_text_column_stops_the_run_until_
 
 def test_parquet_rows_with_null_or_undecodable_bytes_are_rejected_with_their_reason(tmp_path):
     path = str(write_parquet(tmp_path / "a.parquet"))
-    rows = {r["id"]: r for r in LayoutRows.of(containers.parquet_rows(path, 0)).rows}
+    rows = {r["id"]: r for r in LayoutRows.of(packed_clips.parquet_rows(path, 0)).rows}
     cfg = PreprocessConfig()
     assert load_decoded(path, cfg, rows["u2"]["locator"]).size > SR
     with pytest.raises(ClipRejected) as null:
@@ -173,7 +180,7 @@ def test_parquet_rows_with_null_or_undecodable_bytes_are_rejected_with_their_rea
 def test_parquet_rows_whose_audio_column_holds_no_bytes_are_rejected_not_fatal(tmp_path):
     path = tmp_path / "paths.parquet"  # an export whose audio column holds file names, not the files
     pq.write_table(pa.table({"audio": ["a.wav", "b.wav"], "text": ["hello", "there"]}), path)
-    read = LayoutRows.of(containers.parquet_rows(str(path), 0))
+    read = LayoutRows.of(packed_clips.parquet_rows(str(path), 0))
     assert read.rows == []
     assert [r["reason"] for r in read.rejected] == ["missing_audio", "missing_audio"]
     assert "column audio holds string, not encoded audio" in read.rejected[0]["detail"]
@@ -182,12 +189,12 @@ def test_parquet_rows_whose_audio_column_holds_no_bytes_are_rejected_not_fatal(t
 def test_a_tar_sample_without_its_audio_or_its_json_is_rejected(tmp_path):
     path = str(write_tar(tmp_path / "shards" / "000000.tar"))
     assert detect_corpus(str(tmp_path / "shards")).kind == "webdataset"
-    read = LayoutRows.of(containers.tar_rows(path, 0))
+    read = LayoutRows.of(packed_clips.tar_rows(path, 0))
     assert [r["id"] for r in read.rows] == ["u1", "u2", "u3", "u4"]
     assert {(r["id"], r["reason"]) for r in read.rejected} == {("lonely", "missing_audio"), ("mute", "missing_text")}
     assert unused_columns(detect_corpus(str(tmp_path / "shards"))) == ["duration", "dnsmos"]
     member = read.rows[1]["locator"]
-    assert containers.clip_bytes(path, member)[:4] == b"fLaC"
+    assert packed_clips.clip_bytes(path, member)[:4] == b"fLaC"
 
 
 @pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT, tarfile.USTAR_FORMAT])
@@ -207,7 +214,7 @@ def test_the_tar_scan_finds_the_members_tarfile_finds_at_the_same_offsets(tmp_pa
         expected = [(m.name, m.size, m.offset_data) for m in tar if m.isfile()]
     found = [
         (m.name, m.size, m.offset)
-        for _key, members, _meta, _problem in containers.tar_samples(str(path))
+        for _key, members, _meta, _problem in packed_clips.tar_samples(str(path))
         for m in members.values()
     ]
     assert found == expected and len(found) == 4
@@ -218,33 +225,33 @@ def opened(monkeypatch) -> list:
     """Every `RangedFile` containers opens from here on (its `fetched` bytes and `fetches` counted)."""
     made: list = []
 
-    class Counted(containers.RangedFile):
+    class Counted(packed_clips.RangedFile):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             made.append(self)
 
-    monkeypatch.setattr(containers, "RangedFile", Counted)
+    monkeypatch.setattr(packed_clips, "RangedFile", Counted)
     return made
 
 
 def test_a_batch_of_tar_members_opens_the_tar_once_and_reads_each_members_bytes_alone(tmp_path, opened):
     path = str(write_tar(tmp_path / "000000.tar", bad=False))
-    rows = LayoutRows.of(containers.tar_rows(path, 0)).rows
+    rows = LayoutRows.of(packed_clips.tar_rows(path, 0)).rows
     scan = opened.pop()
     with tarfile.open(path) as tar:
         expected = [tar.extractfile(r["locator"]["member"]).read() for r in rows]  # type: ignore[union-attr]
-    got = [containers.clip_bytes(path, r["locator"]) for r in rows]
-    containers.release_held()
-    got.append(containers.clip_bytes(path, rows[0]["locator"]))  # the next batch opens it again
-    containers.release_held()
+    got = [packed_clips.clip_bytes(path, r["locator"]) for r in rows]
+    packed_clips.release_held()
+    got.append(packed_clips.clip_bytes(path, rows[0]["locator"]))  # the next batch opens it again
+    packed_clips.release_held()
     assert got == expected + expected[:1] and len(opened) == 2
     assert (opened[0].fetches, opened[0].fetched) == (len(rows), sum(map(len, expected)))  # each member once, alone
     # the scan fetched the headers and `.json` members, a few KB a sample, not the audio
-    assert scan.fetched <= len(rows) * (containers.TAR_SCAN_FETCH + 512) < sum(map(len, expected)), scan.fetched
+    assert scan.fetched <= len(rows) * (packed_clips.TAR_SCAN_FETCH + 512) < sum(map(len, expected)), scan.fetched
 
 
 def test_container_rows_go_to_the_workers_in_batches_the_batches_of_a_row_group_together(tmp_path, monkeypatch):
-    monkeypatch.setattr(corpus, "MAX_ROW_GROUP_BATCH", 3)
+    monkeypatch.setattr(read_stage, "MAX_ROW_GROUP_BATCH", 3)
     parquet = [
         {"id": f"{g}-{i}", "audio": "a.parquet", "locator": {"parquet": "audio", "row_group": g, "index": i}}
         for g, n in ((0, 2), (1, 7), (2, 1))
@@ -259,7 +266,7 @@ def test_container_rows_go_to_the_workers_in_batches_the_batches_of_a_row_group_
     assert grouped == [[(0, 0), (0, 1)], [(1, 0), (1, 1), (1, 2)], [(1, 3), (1, 4), (1, 5)], [(1, 6)], [(2, 0)]]
     assert [len(b) for b in batches(tar, 2)] == [2, 2, 1]
     # one worker is given the batches of a row group together, in order; other batches alone
-    elements = list(corpus.together(str(tmp_path), batches(parquet + tar, 2)))
+    elements = list(read_stage.together(str(tmp_path), batches(parquet + tar, 2)))
     assert [[[r["id"] for r in load_rows(ref)] for ref in e] for e in elements] == [
         [["0-0", "0-1"]],
         [["1-0", "1-1", "1-2"], ["1-3", "1-4", "1-5"], ["1-6"]],
@@ -277,32 +284,32 @@ def test_a_row_groups_audio_is_streamed_forward_a_few_rows_held_and_read_again_o
     values = [f"clip {i}".encode() * 100 for i in range(40)]
     pq.write_table(pa.table({"audio": values, "text": ["t"] * 40}), path, row_group_size=40)
     streams: list = []
-    real = containers._GroupAudio
-    monkeypatch.setattr(containers, "_GroupAudio", lambda *a: streams.append(real(*a)) or streams[-1])
+    real = packed_clips._GroupAudio
+    monkeypatch.setattr(packed_clips, "_GroupAudio", lambda *a: streams.append(real(*a)) or streams[-1])
     rows = [0, 1, 9, 17, 39]  # the rows a worker measures of it, in its batches' order
-    got = [containers.clip_bytes(path, {"parquet": "audio", "row_group": 0, "index": i}) for i in rows]
+    got = [packed_clips.clip_bytes(path, {"parquet": "audio", "row_group": 0, "index": i}) for i in rows]
     assert got == [values[i] for i in rows] and len(streams) == 1
     values_held = streams[0].values
-    assert values_held is not None and len(values_held) == containers.GROUP_STREAM_ROWS  # a few rows, not the group
-    assert containers.clip_bytes(path, {"parquet": "audio", "row_group": 0, "index": 3}) == values[3]
+    assert values_held is not None and len(values_held) == packed_clips.GROUP_STREAM_ROWS  # a few rows, not the group
+    assert packed_clips.clip_bytes(path, {"parquet": "audio", "row_group": 0, "index": 3}) == values[3]
     assert len(streams) == 2  # a row behind the stream: the group read again from its start
-    containers.release_held()
+    packed_clips.release_held()
 
 
 def test_the_read_stage_scans_each_container_file_alone_and_reads_the_rows_from_the_scans(tmp_path):
     ds = tmp_path / "ds"
     write_tar(ds / "a.tar")
     write_tar(ds / "b.tar", bad=False)  # its ids repeat a.tar's: duplicate_id, the first tar's kept
-    inputs = corpus.named([detect_corpus(str(ds), language="en")])
+    inputs = read_stage.named([detect_corpus(str(ds), language="en")])
     want = read_input(inputs[0])
-    files = list(corpus._ListFiles(inputs).process(None))
+    files = list(read_stage._ListFiles(inputs).process(None))
     assert files == [(0, 0, str(ds / "a.tar")), (0, 1, str(ds / "b.tar"))]  # one element per file
     (tmp_path / "stash").mkdir()
-    scans = [s for f in reversed(files) for s in corpus._ScanFile(inputs, str(tmp_path / "stash")).process(f)]
+    scans = [s for f in reversed(files) for s in read_stage._ScanFile(inputs, str(tmp_path / "stash")).process(f)]
     write_tar(ds / "b.tar", fmt="WAV", bad=False)  # changed since its scan: the rows are the scan's
-    out = list(corpus._ReadRows(inputs, str(tmp_path / "stash"), str(tmp_path)).process(None, scans=scans))
+    out = list(read_stage._ReadRows(inputs, str(tmp_path / "stash"), str(tmp_path)).process(None, scans=scans))
     rows = [r for refs in out if isinstance(refs, list) for ref in refs for r in load_rows(ref)]
-    rejected = [x.value for x in out if getattr(x, "tag", None) == corpus.REJECTED]
+    rejected = [x.value for x in out if getattr(x, "tag", None) == read_stage.REJECTED]
     assert rows == [dict(r, input=0) for r in want.rows] and rejected == want.rejected
     assert [r["locator"]["member"] for r in rows] == ["u1.flac", "u2.flac", "u3.flac", "u4.flac"]
     assert (tmp_path / "input-rows.txt").read_text() == str(want.input_rows) == "10"  # the progress line's total
@@ -321,7 +328,7 @@ def test_a_webdatasets_rows_are_counted_before_the_job_from_its_sizes_and_its_fi
     estimate = count_input_rows(detect_corpus(str(tmp_path / "big"), language="en"))
     assert 120 <= estimate <= 1.1 * 120  # each tar's end blocks and padding count as a bit more samples
     (f,) = opened  # the first tar alone, its first 33 samples' headers: a few KB each
-    assert f.fetched <= 33 * (containers.TAR_SCAN_FETCH + 512) < f.size / 2
+    assert f.fetched <= 33 * (packed_clips.TAR_SCAN_FETCH + 512) < f.size / 2
 
 
 def test_a_parquet_rows_audio_bytes_are_read_from_binary_large_binary_or_struct_columns(tmp_path):
@@ -345,10 +352,10 @@ def test_a_parquet_rows_audio_bytes_are_read_from_binary_large_binary_or_struct_
         for row in range(4):
             locator = {"parquet": "audio", "row_group": row // 2, "index": row % 2}
             try:
-                got.append(containers.clip_bytes(path, locator))
-            except containers.NoAudio as e:
+                got.append(packed_clips.clip_bytes(path, locator))
+            except packed_clips.NoAudio as e:
                 got.append(str(e))
-        containers.release_held()
+        packed_clips.release_held()
         expected_empty = "the row's audio bytes are null" if name == "struct" else "the row's audio bytes are empty"
         assert got == [b"one", "the row's audio bytes are null", expected_empty, b"four"], name
 
@@ -366,14 +373,14 @@ def footer_parses(monkeypatch):
         return real(source, *args, metadata=metadata, **kwargs)
 
     monkeypatch.setattr(pq, "ParquetFile", spy)
-    containers.FOOTERS.clear()
+    packed_clips.FOOTERS.clear()
     yield parsed
-    containers.FOOTERS.clear()
+    packed_clips.FOOTERS.clear()
 
 
 def _fetch_batch(path: str, group: int, rows: int) -> list[bytes]:
-    got = [containers.clip_bytes(path, {"parquet": "audio", "row_group": group, "index": i}) for i in range(rows)]
-    containers.release_held()  # the end of a batch, as Measure lets go
+    got = [packed_clips.clip_bytes(path, {"parquet": "audio", "row_group": group, "index": i}) for i in range(rows)]
+    packed_clips.release_held()  # the end of a batch, as Measure lets go
     return got
 
 
@@ -395,7 +402,7 @@ def test_a_parquet_row_gone_from_its_file_since_it_was_listed_is_rejected_not_fa
     for group, index in ((5, 0), (1, 1)):  # a row group or a row the file no longer has
         with pytest.raises(ClipRejected) as gone:
             load_decoded(str(path), cfg, {"parquet": "audio", "row_group": group, "index": index})
-        containers.release_held()
+        packed_clips.release_held()
         assert gone.value.reason == "unreadable_audio" and "the file changed during the run" in gone.value.detail
 
 
@@ -404,11 +411,11 @@ def test_the_kept_footers_stay_within_their_budget_the_least_recently_used_let_g
     for p in paths:
         pq.write_table(pa.table({"audio": [p.encode()], "text": ["t"]}), p)
     size = pq.read_metadata(paths[0]).serialized_size
-    monkeypatch.setattr(containers, "FOOTER_CACHE_BYTES", 2 * size)  # two of these footers
+    monkeypatch.setattr(packed_clips, "FOOTER_CACHE_BYTES", 2 * size)  # two of these footers
     for p in (*paths, paths[2], paths[1], paths[0]):
         assert _fetch_batch(p, 0, 1) == [p.encode()]
     assert footer_parses == [*paths, paths[0]]  # c and b were kept; a, the oldest, was let go for c
-    monkeypatch.setattr(containers, "FOOTER_CACHE_BYTES", 0)  # below one footer: the last one read is kept
+    monkeypatch.setattr(packed_clips, "FOOTER_CACHE_BYTES", 0)  # below one footer: the last one read is kept
     assert _fetch_batch(paths[2], 0, 1) + _fetch_batch(paths[2], 0, 1) + _fetch_batch(paths[0], 0, 1) == [
         paths[2].encode(),
         paths[2].encode(),
@@ -420,7 +427,7 @@ def test_the_kept_footers_stay_within_their_budget_the_least_recently_used_let_g
 def test_a_segment_past_its_recording_reversed_or_overlapping_is_rejected(tmp_path):
     manifest = write_long(tmp_path / "long")
     with Spill() as spill:
-        items = containers.refuse_overlaps(
+        items = packed_clips.refuse_overlaps(
             manifest_rows(manifest.read_text().splitlines(True), str(manifest), str(manifest.parent)), spill
         )
         read = LayoutRows.of(items)
@@ -455,7 +462,7 @@ def test_a_batchs_segments_of_one_recording_open_it_once_and_fetch_its_bytes_onc
     for start, end in spans:
         got = load_decoded(str(tmp_path / f"rec.{fmt.lower()}"), cfg, {"start": start, "end": end})
         assert got.size == round((end - start) * cfg.audio.sample_rate)
-    containers.release_held()
+    packed_clips.release_held()
     (f,) = opened
     size = (tmp_path / f"rec.{fmt.lower()}").stat().st_size
     span_bytes = size * (spans[-1][1] - spans[0][0]) / 24
@@ -468,8 +475,8 @@ def test_the_cache_key_tells_rows_members_and_segments_of_one_file_apart(tmp_pat
     tar = str(write_tar(tmp_path / "t" / "a.tar", bad=False))
     long = write_long(tmp_path / "long", bad=False)
     rows = [
-        *LayoutRows.of(containers.parquet_rows(parquet, 0)).rows,
-        *LayoutRows.of(containers.tar_rows(tar, 0)).rows,
+        *LayoutRows.of(packed_clips.parquet_rows(parquet, 0)).rows,
+        *LayoutRows.of(packed_clips.tar_rows(tar, 0)).rows,
         *read_input(detect_corpus(str(long), language="en")).rows,
     ]
     keys = {cache.clip_key(r["audio"], "s", r["locator"]) for r in rows}
@@ -505,7 +512,7 @@ def test_a_text_that_is_not_a_string_is_a_rejected_row_never_read_as_its_repr(tm
             ("ids", {**base, "text": "an id list", "id": ["x"]}),
         ],
     )
-    read = LayoutRows.of(containers.tar_rows(str(path), 0))
+    read = LayoutRows.of(packed_clips.tar_rows(str(path), 0))
     assert [(r["id"], r["text"], r["speaker"]) for r in read.rows] == [("good", "fine", "19")]
     got = {r["id"]: (r["reason"], r["detail"]) for r in read.rejected}
     assert {k: reason for k, (reason, _) in got.items()} == {
@@ -520,7 +527,7 @@ def test_a_text_that_is_not_a_string_is_a_rejected_row_never_read_as_its_repr(tm
     assert "speaker (speaker) is a list" in got["speakers"][1] and "id (id) is a list" in got["ids"][1]
     parquet = tmp_path / "t.parquet"  # a parquet column of lists: every row
     pq.write_table(pa.table({"audio": [b"x", b"y"], "text": [["a", "b"], None]}), parquet)
-    assert [r["reason"] for r in LayoutRows.of(containers.parquet_rows(str(parquet), 0)).rejected] == [
+    assert [r["reason"] for r in LayoutRows.of(packed_clips.parquet_rows(str(parquet), 0)).rejected] == [
         "malformed_row",
         "missing_text",
     ]
@@ -582,7 +589,7 @@ def test_a_whole_file_row_overlaps_every_segment_of_its_recording_however_its_pa
         _item(9, "gs://b/x/r.flac", (0.9, 2.0)),
     ]
     with Spill() as spill:
-        read = LayoutRows.of(containers.refuse_overlaps(items, spill))
+        read = LayoutRows.of(packed_clips.refuse_overlaps(items, spill))
     assert [r["id"] for r in read.rows] == ["r0", "r2", "r4", "r5", "r7", "r8"]
     assert {r["id"]: r["reason"] for r in read.rejected} == dict.fromkeys(
         ["r1", "r3", "r6", "r9"], "overlapping_segment"

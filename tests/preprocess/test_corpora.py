@@ -7,13 +7,13 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from melshards.preprocess import layouts, manifests
-from melshards.preprocess.corpus import ReadCorpus
-from melshards.preprocess.merge import MergedInputs, input_name, unique_names
-from melshards.preprocess.rows import CorpusError, LayoutRows, complete_rows, gender_code, reject, row
-from melshards.preprocess.sources import LAYOUTS, check_rows_file, detect_corpus, read_input
-from melshards.preprocess.spill import Spill
-from melshards.preprocess.stash import load_rows
+from melshards.preprocess.inputs import layouts, manifests
+from melshards.preprocess.inputs.merge import MergedInputs, input_name, unique_names
+from melshards.preprocess.inputs.read_stage import ReadCorpus
+from melshards.preprocess.inputs.rows import CorpusError, LayoutRows, complete_rows, gender_code, reject, row
+from melshards.preprocess.inputs.sources import LAYOUTS, check_rows_file, detect_corpus, read_input
+from melshards.preprocess.inputs.spill import Spill
+from melshards.preprocess.out_dir.stash import load_rows
 from tests.conftest import TINY_CONFIG, quality_rules_off
 from tests.preprocess.conftest import beam_pipeline, decoded_records, encode, tone
 
@@ -407,7 +407,7 @@ def test_an_unrecognised_input_fails_in_one_line_listing_what_each_layout_looks_
 def test_one_corpus_spelt_two_ways_is_refused_as_given_twice(tmp_path, monkeypatch):
     """`lj8` and `./lj8/`, a symlink to it, a Common Voice dir and its validated.tsv, a LibriTTS root
     and one of its subsets: each pair would read every clip twice."""
-    from melshards.preprocess.run import find_corpora
+    from melshards.preprocess.job.run import find_corpora
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "lj8").mkdir()
@@ -429,7 +429,7 @@ def test_one_corpus_spelt_two_ways_is_refused_as_given_twice(tmp_path, monkeypat
 
 
 def test_a_gs_corpus_location_has_one_spelling():
-    from melshards.preprocess.sources import Corpus, corpus_location
+    from melshards.preprocess.inputs.sources import Corpus, corpus_location
 
     assert {corpus_location(Corpus("vctk", None, p)) for p in ("gs://b/vctk", "gs://b//vctk/", "gs://b/vctk/")} == {
         "gs://b/vctk"
@@ -441,8 +441,8 @@ def test_a_gs_input_that_cannot_be_reached_is_refused_in_one_line_within_the_bou
     REMOTE_ANSWER_S with one line; one that fails is one line too."""
     import threading
 
-    from melshards.preprocess import sources
-    from melshards.preprocess.run import find_corpora
+    from melshards.preprocess.inputs import sources
+    from melshards.preprocess.job.run import find_corpora
 
     hung = threading.Event()
     monkeypatch.setattr(sources, "_exists", lambda path: hung.wait(5) and False)
@@ -467,7 +467,7 @@ def test_a_gs_input_that_cannot_be_reached_is_refused_in_one_line_within_the_bou
 
 
 def test_a_header_with_a_column_twice_is_refused_before_the_run_naming_it(tmp_path):
-    from melshards.preprocess.run import find_corpora
+    from melshards.preprocess.job.run import find_corpora
 
     (tmp_path / "m.csv").write_text("audio,text,speaker,text\na.wav,Hi.,s1,Hello.\n")
     with pytest.raises(
@@ -632,7 +632,7 @@ def test_read_corpus_merges_inputs_and_prefixes_a_shared_speaker_and_id(tmp_path
 
 
 def test_a_rows_file_is_read_a_chunk_at_a_time_into_the_lines_splitlines_gives(tmp_path, monkeypatch):
-    from melshards.preprocess import sources
+    from melshards.preprocess.inputs import sources
 
     text = "a|Hi.|\r\nb|Tw\u00f6.|\r\n\r\nc|Th\u2028ree|\rd|x\u00e9\u00e9|"  # chunks split "\r\n" and "é"
     (tmp_path / "m.csv").write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
@@ -643,7 +643,7 @@ def test_a_rows_file_is_read_a_chunk_at_a_time_into_the_lines_splitlines_gives(t
 
 @pytest.mark.parametrize("chunk", [3, 1 << 20])
 def test_a_line_longer_than_any_row_stops_the_read_naming_it_instead_of_filling_memory(tmp_path, monkeypatch, chunk):
-    from melshards.preprocess import sources
+    from melshards.preprocess.inputs import sources
 
     monkeypatch.setattr(sources, "_CHUNK", chunk)
     (tmp_path / "m.csv").write_text("a|One.|\nb|Two.|\n" + "x" * 50 + "\nc|Three.|\n")
@@ -667,7 +667,7 @@ def test_the_read_stage_holds_no_row_in_memory_whatever_the_corpus_size(tmp_path
     the 3,000 more."""
     import tracemalloc
 
-    from melshards.preprocess.corpus import _ReadRows, named
+    from melshards.preprocess.inputs.read_stage import _ReadRows, named
 
     text = "The lighthouse keeper climbed the stairs. " * 80  # long rows: bytes to hold, few rows to time
     peaks = []
@@ -687,7 +687,7 @@ def test_the_read_stage_holds_no_row_in_memory_whatever_the_corpus_size(tmp_path
 
 
 def test_count_rows_counts_every_inputs_rows_without_reading_transcripts(tmp_path):
-    from melshards.preprocess.progress import count_rows
+    from melshards.preprocess.inputs.progress import count_rows
 
     corpora = [
         detect_corpus(str(write_vctk(tmp_path / "vctk"))),

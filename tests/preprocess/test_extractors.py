@@ -14,8 +14,9 @@ import pytest
 import soundfile as sf
 import yaml
 
-from melshards.preprocess import cache, extractors, feature_stats
+from melshards.preprocess.clip import cache, extractors
 from melshards.preprocess.config import ExtractorConfig, PreprocessConfig
+from melshards.preprocess.stats import feature_stats
 from melshards.shards_schema import read_schema
 from melshards.shards_schema.config import ConfigError
 from melshards.shards_schema.extracted import ExtractorOutput, token_capacity
@@ -212,9 +213,9 @@ def test_the_failing_extractor_is_found_in_what_a_local_job_raises_with_or_witho
     augmented = extractors.ExtractorFailing(message + " [while running 'Measure/Measure/ParDo(_MeasureFn)']")
     text = (
         'Traceback (most recent call last):\n  File "extractors.py", line 250, in check\n    raise ExtractorFailing(\n'
-        f"melshards.preprocess.extractors.ExtractorFailing: {message} [while running 'Measure/ParDo(_MeasureFn)']\n"
+        f"melshards.preprocess.clip.extractors.ExtractorFailing: {message} [while running 'Measure/ParDo(_MeasureFn)']\n"
     )
-    from melshards.preprocess.run import input_error
+    from melshards.preprocess.job.run import input_error
 
     for raised in (augmented, RuntimeError(text)):
         found = input_error(raised)
@@ -257,7 +258,7 @@ def test_an_extractors_options_are_in_its_record_its_cache_key_and_the_contract(
 
 def _schema_with(record: dict) -> Schema:
     """A one-bucket schema whose run had the extractor `record`."""
-    from melshards.preprocess.report import mel_params
+    from melshards.preprocess.write.report import mel_params
     from melshards.shards_schema import AudioParams
 
     outputs = tuple(ExtractorOutput(**o) for o in record["outputs"])

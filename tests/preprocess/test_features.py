@@ -6,8 +6,9 @@ import pickle
 import numpy as np
 import pytest
 
-from melshards.preprocess import audio, feature_stats, features
+from melshards.preprocess.clip import audio, features
 from melshards.preprocess.config import MelConfig, PitchConfig
+from melshards.preprocess.stats import feature_stats
 
 librosa = audio.load_librosa()  # imported as the job imports it: one process at a time
 

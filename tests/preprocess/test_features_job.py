@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from melshards.commands.inspect import inspect_command
 from melshards.commands.stats import stats_command
-from melshards.preprocess import audio
+from melshards.preprocess.clip import audio
 from melshards.preprocess.config import MelConfig
 from melshards.shards_schema import read_schema
 from melshards.shards_schema.shards import check_shard

@@ -87,7 +87,7 @@ def write_corpora(root: Path) -> None:
     segments a row each whose audio file is not there), the TextGrid of every clip that has audio and
     text in `root/alignments`, and the extractor's model at `root/MODEL`."""
     from examples.extractors import build_onnx_embedding
-    from melshards.preprocess.layouts import VCTK_AUDIO_DIR
+    from melshards.preprocess.inputs.layouts import VCTK_AUDIO_DIR
 
     write_vctk(root / "vctk", real_audio=True)
     write_libritts(root / "LibriTTS", real_audio=True)
@@ -280,11 +280,11 @@ def test_a_run_killed_on_gcs_is_resumed_by_the_next_which_takes_its_lock_over_an
     from click.testing import CliRunner
 
     from melshards.commands.cache import cache_command
-    from melshards.preprocess import lock, output
+    from melshards.preprocess.out_dir import lock, staging
 
     killed, root = remote["killed"], remote["root"]
-    stage = f"{output.STAGE_PREFIX}{killed['run_id']}"
-    assert {lock.LOCK_FILE, f"{stage}/{output.RUN_FILE}"} <= set(remote["left_by_killed"])
+    stage = f"{staging.STAGE_PREFIX}{killed['run_id']}"
+    assert {lock.LOCK_FILE, f"{stage}/{staging.RUN_FILE}"} <= set(remote["left_by_killed"])
     lease = f"runs/{stage.lstrip('.')}.live"  # as a run names its lease
     assert lease in remote["cache_after_kill"]
     # the next run published, and nothing of the killed one (nor of its own staging) is left in the output
@@ -318,17 +318,17 @@ def objects_of(remote, under: str) -> dict[str, int]:
 def test_a_publish_cut_short_on_gcs_is_finished_by_the_next_run_that_takes_the_directory(remote):
     """Killed while it moved a finished run into place: the old schema.json gone, one shard moved, the
     rest staged. The next run to take the directory finishes that publish from the journal first."""
-    from melshards.preprocess import output
+    from melshards.preprocess.out_dir import staging
     from melshards.shards_schema.schema import PUBLISH_JOURNAL
 
     run_id, new = "20260101-000000-abcdef12", remote["local"] / "resumed"
-    stage, names = f"{output.STAGE_PREFIX}{run_id}", sorted(p.name for p in new.iterdir())
+    stage, names = f"{staging.STAGE_PREFIX}{run_id}", sorted(p.name for p in new.iterdir())
     out = f"{remote['root']}/cut"
     bucket, prefix = gcs_bucket(remote["gcs"], out)
     for name in names:  # the earlier run in place, and the new one staged
         bucket.blob(f"{prefix}/{name}").upload_from_filename(str(remote["local"] / "warm" / name))
         bucket.blob(f"{prefix}/{stage}/{name}").upload_from_filename(str(new / name))
-    bucket.blob(f"{prefix}/{stage}/{output.RUN_FILE}").upload_from_string(json.dumps({"run_id": run_id}))
+    bucket.blob(f"{prefix}/{stage}/{staging.RUN_FILE}").upload_from_string(json.dumps({"run_id": run_id}))
     journal = {"run_id": run_id, "stage": stage, "remove": names, "move": names}
     bucket.blob(f"{prefix}/{PUBLISH_JOURNAL}").upload_from_string(json.dumps(journal))
     bucket.blob(f"{prefix}/schema.json").delete()
@@ -336,8 +336,8 @@ def test_a_publish_cut_short_on_gcs_is_finished_by_the_next_run_that_takes_the_d
     bucket.rename_blob(bucket.blob(f"{prefix}/{stage}/{shard}"), f"{prefix}/{shard}")
 
     said: list[str] = []
-    run = output.open_run(out, overwrite=True, echo=said.append)
-    output.close_run(run, ok=False)
+    run = staging.open_run(out, overwrite=True, echo=said.append)
+    staging.close_run(run, ok=False)
     assert said == [f"finishing the publish of run {run_id} that was cut short in {out}"]
     assert sorted(objects_of(remote, "cut")) == names
     assert all(bucket.blob(f"{prefix}/{n}").download_as_bytes() == (new / n).read_bytes() for n in names)
@@ -346,11 +346,11 @@ def test_a_publish_cut_short_on_gcs_is_finished_by_the_next_run_that_takes_the_d
 def test_overwrite_on_gcs_replaces_every_file_of_its_own_earlier_run(remote):
     """The warm run (`--overwrite`) published over the resumed one: the output holds exactly the new run's
     files (what its schema.json lists and its three reports), each written anew."""
-    from melshards.preprocess import output
+    from melshards.preprocess.out_dir import staging
     from melshards.shards_schema import Schema
 
     warm = remote["local"] / "warm"
-    listed = output.run_files(Schema.from_json((warm / "schema.json").read_text()))
+    listed = staging.run_files(Schema.from_json((warm / "schema.json").read_text()))
     assert sorted(remote["warm_objects"]) == listed
     before = remote["resumed_objects"]
     assert sorted(before) == listed  # the same records: the same names, every one replaced
@@ -383,7 +383,7 @@ def test_overwrite_on_gcs_refuses_a_directory_it_cannot_prove_it_made_and_change
 
 
 def test_a_second_run_into_a_gcs_output_a_live_run_holds_stops_at_once_naming_the_holder(remote, corpora, capsys):
-    from melshards.preprocess import lock
+    from melshards.preprocess.out_dir import lock
 
     out = f"{remote['root']}/held"
     holder = lock.Lock(out, "first")
@@ -401,7 +401,7 @@ def test_a_second_run_into_a_gcs_output_a_live_run_holds_stops_at_once_naming_th
 def test_the_gcs_lock_is_created_renewed_and_removed_only_at_the_generation_it_read(remote):
     """The lock's compare-and-swap on a real GCS: google-cloud-storage's generation preconditions as the
     server applies them."""
-    from melshards.preprocess import lock
+    from melshards.preprocess.out_dir import lock
 
     out = f"{remote['root']}/cas"
     first = lock.Lock(out, "first")
@@ -457,7 +457,7 @@ def test_stats_of_a_gcs_run_reads_it_as_the_same_run_downloaded_and_writes_its_h
 def test_a_clip_whose_gcs_object_is_missing_is_a_missing_audio_rejection_not_the_jobs_end(gcs, locator):
     """Beam's GcsIO raises the GCS client's NotFound, no OSError, for an object that is not there: read as
     a local file's FileNotFoundError is, the row is rejected and the job goes on."""
-    from melshards.preprocess.clips import ClipRejected, load_decoded
+    from melshards.preprocess.clip.clips import ClipRejected, load_decoded
     from melshards.preprocess.config import PreprocessConfig
 
     path = f"gs://{_new_bucket(gcs)}/corpus/gone.flac"

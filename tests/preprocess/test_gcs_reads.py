@@ -18,12 +18,12 @@ import apache_beam as beam
 import pytest
 
 from benchmarks.remote_read import write_parquet, write_segments, write_tars, write_wavs
-from melshards.preprocess import quality
-from melshards.preprocess.clips import load_decoded
+from melshards.preprocess.clip import quality
+from melshards.preprocess.clip.clips import load_decoded
+from melshards.preprocess.clip.measure_stage import MeasureClips
 from melshards.preprocess.config import PreprocessConfig
-from melshards.preprocess.containers import release_held
-from melshards.preprocess.corpus import ReadCorpus, detect_corpus
-from melshards.preprocess.measure import MeasureClips
+from melshards.preprocess.inputs.packed_clips import release_held
+from melshards.preprocess.inputs.read_stage import ReadCorpus, detect_corpus
 from tests.gcs_emulator import upload_tree
 from tests.preprocess.conftest import beam_pipeline
 

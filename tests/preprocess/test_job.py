@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from melshards.commands.preprocess import run
-from melshards.preprocess import audio
+from melshards.preprocess.clip import audio
 from melshards.preprocess.config import FeaturesConfig, PreprocessConfig, load_config
 from melshards.shards_schema import read_schema
 from melshards.shards_schema.records import decode_parsed, parse_spec
@@ -253,8 +253,8 @@ def test_dataflow_job_graph_builds_offline():
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    from melshards.preprocess.corpus import Corpus
-    from melshards.preprocess.pipeline import build_pipeline
+    from melshards.preprocess.inputs.read_stage import Corpus
+    from melshards.preprocess.job.pipeline import build_pipeline
 
     # no --setup_file: the sdist Beam builds from it (a setup.py subprocess, ~3 s) is shown by
     # test_documented_dataflow_dry_run_builds_offline_through_the_cli
@@ -328,8 +328,8 @@ def test_documented_dataflow_dry_run_builds_offline_through_the_cli(capsys, monk
 
 
 def test_progress_sums_the_rows_each_measured_batch_s_file_names_of_the_read_stages_total(tmp_path):
-    from melshards.preprocess.progress import ProgressReporter, batch_measured, progress_dir, write_total
-    from melshards.preprocess.shards import TEMP_DIR
+    from melshards.preprocess.inputs.progress import ProgressReporter, batch_measured, progress_dir, write_total
+    from melshards.preprocess.out_dir.shards import TEMP_DIR
 
     (tmp_path / TEMP_DIR).mkdir()
     batch_measured(str(tmp_path / TEMP_DIR), "a0", 120)
@@ -481,7 +481,7 @@ def test_an_error_outside_the_job_is_one_line_saying_what_it_is_not_a_bad_beam_o
     def gcs_fails(*args, **kwargs):
         raise ValueError("Bad response: not multi-part")
 
-    monkeypatch.setattr("melshards.preprocess.run.open_run", gcs_fails)
+    monkeypatch.setattr("melshards.preprocess.job.run.open_run", gcs_fails)
     assert run(["--input", str(corpus_dir), "--output", str(tmp_path / "o"), "--config", str(TINY_CONFIG)]) == 1
     err = capsys.readouterr().err
     line = _one_error_line(err)
@@ -825,8 +825,8 @@ def _failing_job(monkeypatch, error: Exception, worker_says: str, logger: str):
         print(worker_says, file=sys.stderr)
         raise error
 
-    monkeypatch.setattr("melshards.preprocess.run.build_pipeline", lambda *args, **kwargs: None)
-    monkeypatch.setattr("melshards.preprocess.run._submit", job)
+    monkeypatch.setattr("melshards.preprocess.job.run.build_pipeline", lambda *args, **kwargs: None)
+    monkeypatch.setattr("melshards.preprocess.job.run._submit", job)
 
 
 @pytest.mark.parametrize(
@@ -881,7 +881,7 @@ def test_a_failure_the_command_cannot_explain_shows_what_the_workers_logged_then
 def test_a_bad_input_error_raised_in_the_job_is_told_as_itself_in_one_line(
     monkeypatch, capsys, tmp_path, corpus_dir, where
 ):
-    from melshards.preprocess.corpus import CorpusError
+    from melshards.preprocess.inputs.read_stage import CorpusError
 
     said = "b.parquet: not a parquet file (magic bytes missing); re-export it"
     if where == "job process":  # one worker, in the job process: the error itself, Beam's step added
@@ -890,7 +890,7 @@ def test_a_bad_input_error_raised_in_the_job_is_told_as_itself_in_one_line(
         error = RuntimeError(
             "Traceback (most recent call last):\n"
             '  File "apache_beam/runners/common.py", line 1576, in _invoke_lifecycle_method\n'
-            '  File "/repo/melshards/preprocess/sources.py", line 90, in read\n'
+            '  File "/repo/melshards/preprocess/inputs/sources.py", line 90, in read\n'
             '    raise CorpusError(f"{path}: not a parquet file")\n'
             f"{CorpusError.__module__}.CorpusError: {said} [while running 'Read/Parquet']\n"
         )
@@ -909,7 +909,7 @@ def test_an_output_removed_during_the_run_is_told_in_one_line_and_nothing_is_mad
     FileSystems.create made the directories again: debris no run would remove)."""
     import shutil
 
-    from melshards.preprocess.stash import stash_dir, stash_rows
+    from melshards.preprocess.out_dir.stash import stash_dir, stash_rows
 
     out = tmp_path / "o"
 
@@ -917,7 +917,7 @@ def test_an_output_removed_during_the_run_is_told_in_one_line_and_nothing_is_mad
         shutil.rmtree(out)
         list(stash_rows(stash_dir(run.stage), [[{"id": "a"}]]))  # what a worker writes next
 
-    monkeypatch.setattr("melshards.preprocess.run._run_pipeline", job)
+    monkeypatch.setattr("melshards.preprocess.job.run._run_pipeline", job)
     assert run(["--input", str(corpus_dir), "--output", str(out), "--config", str(TINY_CONFIG)]) == 2
     (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Error:")]
     assert (
@@ -931,8 +931,8 @@ def test_the_watch_of_a_run_says_when_its_staging_dir_or_lock_is_removed(tmp_pat
     import os
     import shutil
 
-    from melshards.preprocess.output import close_run, open_run
-    from melshards.preprocess.run import watch_output
+    from melshards.preprocess.job.run import watch_output
+    from melshards.preprocess.out_dir.staging import close_run, open_run
 
     for removed in ("staging dir", "lock"):
         out = tmp_path / removed.replace(" ", "-")

@@ -7,7 +7,7 @@ import os
 import threading
 import time
 
-from melshards.preprocess import lock
+from melshards.preprocess.out_dir import lock
 
 
 def test_a_fork_waits_for_the_heartbeat_to_let_go_of_the_flocked_marker(tmp_path):

@@ -1,7 +1,7 @@
 """The table readers on inputs a new user brings: quoting the csv reader used to read silently, rows
 files in another encoding, `--column` where it names nothing, segment rows no recording has, and one
-recording spelt two ways. Pure readers (`melshards.preprocess.manifests`) and the checks run before
-the job (`melshards.preprocess.sources`); no pipeline runs."""
+recording spelt two ways. Pure readers (`melshards.preprocess.inputs.manifests`) and the checks run before
+the job (`melshards.preprocess.inputs.sources`); no pipeline runs."""
 
 from __future__ import annotations
 
@@ -11,10 +11,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from melshards.preprocess import containers, manifests, sources
-from melshards.preprocess.rows import CorpusError, LayoutRows
-from melshards.preprocess.sources import check_rows_file, count_input_rows, detect_corpus, read_input, unused_columns
-from melshards.preprocess.spill import Spill
+from melshards.preprocess.inputs import manifests, packed_clips, sources
+from melshards.preprocess.inputs.rows import CorpusError, LayoutRows
+from melshards.preprocess.inputs.sources import (
+    check_rows_file,
+    count_input_rows,
+    detect_corpus,
+    read_input,
+    unused_columns,
+)
+from melshards.preprocess.inputs.spill import Spill
 
 
 def _read(text: str, path: str = "/m/x.csv", root: str = "/m", named: dict | None = None) -> LayoutRows:
@@ -185,7 +191,7 @@ def test_segments_of_one_recording_spelt_two_ways_are_checked_for_overlap_as_one
     text = "audio,text,start,end\n./long.wav,a,0,2\nlong.wav,b,1,3\n"
     with Spill() as spill:
         read = LayoutRows.of(
-            containers.refuse_overlaps(manifests.manifest_rows(text.splitlines(True), "m.csv", "."), spill)
+            packed_clips.refuse_overlaps(manifests.manifest_rows(text.splitlines(True), "m.csv", "."), spill)
         )
     assert [r["audio"] for r in read.rows] == ["long.wav"]
     assert [r["reason"] for r in read.rejected] == ["overlapping_segment"]

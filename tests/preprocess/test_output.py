@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from melshards.commands.preprocess import run
-from melshards.preprocess import lock, output
+from melshards.preprocess.out_dir import lock, staging
 from melshards.shards_schema.schema import PUBLISH_JOURNAL
 from tests.conftest import TINY_CONFIG
 from tests.preprocess.conftest import beam_worker_pids, start_long_run, workers_started
@@ -112,17 +112,17 @@ def test_a_run_that_rejects_every_row_exits_2_keeps_only_rejected_jsonl_and_leav
     assert _preprocess(corpus, out, "--overwrite") == 2
     line = _error_line(capsys.readouterr().err)
     assert "all 2 input rows were rejected (1 malformed_row, 1 missing_audio)" in line and "as it was" in line
-    (stage,) = [p for p in out.iterdir() if p.name.startswith(output.STAGE_PREFIX)]
+    (stage,) = [p for p in out.iterdir() if p.name.startswith(staging.STAGE_PREFIX)]
     assert str(stage / "rejected.jsonl") in line
-    assert sorted(p.name for p in stage.iterdir()) == ["rejected.jsonl", output.RUN_FILE]
+    assert sorted(p.name for p in stage.iterdir()) == ["rejected.jsonl", staging.RUN_FILE]
     reasons = sorted(json.loads(row)["reason"] for row in (stage / "rejected.jsonl").read_text().splitlines())
     assert reasons == ["malformed_row", "missing_audio"]
-    assert {k: v for k, v in _snapshot(out).items() if not k.startswith(output.STAGE_PREFIX)} == before
+    assert {k: v for k, v in _snapshot(out).items() if not k.startswith(staging.STAGE_PREFIX)} == before
     files = expand_globs([str(out / "train-*.tfrecord")])
     schema, _ = check_schemas(files, None)  # what the trainer checks first: the old run is still whole
     assert schema.counts["train"] > 0
     # the next run (its opening, called directly) removes that staging dir, and only it
-    output.close_run(output.open_run(str(out), overwrite=True), ok=False)
+    staging.close_run(staging.open_run(str(out), overwrite=True), ok=False)
     assert not stage.exists() and _snapshot(out) == before
 
 
@@ -161,11 +161,11 @@ def test_a_stale_holder_is_taken_over_and_a_live_one_is_not(tmp_path, holder, st
     _hold(tmp_path, **holder)
     if not stale:
         with pytest.raises(lock.OutputBusyError, match="pid"):
-            output.open_run(str(tmp_path), overwrite=False)
+            staging.open_run(str(tmp_path), overwrite=False)
         return
-    run_ = output.open_run(str(tmp_path), overwrite=False)
+    run_ = staging.open_run(str(tmp_path), overwrite=False)
     assert json.loads((tmp_path / lock.LOCK_FILE).read_text())["run_id"] == run_.lock.info["run_id"]
-    output.close_run(run_, ok=False)
+    staging.close_run(run_, ok=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
@@ -280,17 +280,17 @@ def test_one_directory_spelt_two_ways_is_one_directory(capsys, tmp_path, corpus_
 
 
 def test_staging_dirs_of_unfinished_runs_are_removed_and_nothing_else(tmp_path):
-    ours = tmp_path / f"{output.STAGE_PREFIX}20260101-000000-abcd1234"
+    ours = tmp_path / f"{staging.STAGE_PREFIX}20260101-000000-abcd1234"
     (ours / ".melshards-tmp").mkdir(parents=True)
-    (ours / output.RUN_FILE).write_text(json.dumps({"run_id": "20260101-000000-abcd1234"}))
+    (ours / staging.RUN_FILE).write_text(json.dumps({"run_id": "20260101-000000-abcd1234"}))
     (ours / ".melshards-tmp" / "train-b00-x.tfrecord").write_bytes(b"x")
-    lookalike = tmp_path / f"{output.STAGE_PREFIX}mine"  # no run.json naming it: not proven ours
+    lookalike = tmp_path / f"{staging.STAGE_PREFIX}mine"  # no run.json naming it: not proven ours
     lookalike.mkdir()
     (lookalike / "data.bin").write_bytes(b"users")
     (tmp_path / ".melshards-tmp").mkdir()
     (tmp_path / ".melshards-tmp" / "x").write_text("users")
-    run_ = output.open_run(str(tmp_path), overwrite=False)
-    output.close_run(run_, ok=False)
+    run_ = staging.open_run(str(tmp_path), overwrite=False)
+    staging.close_run(run_, ok=False)
     assert not ours.exists()
     assert (lookalike / "data.bin").read_bytes() == b"users"
     assert (tmp_path / ".melshards-tmp" / "x").read_text() == "users"
@@ -300,11 +300,11 @@ def test_a_publish_cut_short_is_refused_by_the_trainer_and_finished_by_the_next_
     from melshards.shards_schema.shards import InputError, check_schemas
 
     out = _copy_run(bucketed_dir, tmp_path / "o")
-    old = output.run_files(output.read_schema_at(str(out / "schema.json")))
-    stage = out / f"{output.STAGE_PREFIX}x"
+    old = staging.run_files(staging.read_schema_at(str(out / "schema.json")))
+    stage = out / f"{staging.STAGE_PREFIX}x"
     shutil.copytree(shards_dir, stage)
-    (stage / output.RUN_FILE).write_text(json.dumps({"run_id": "x"}))
-    new = output.run_files(output.read_schema_at(str(stage / "schema.json")))
+    (stage / staging.RUN_FILE).write_text(json.dumps({"run_id": "x"}))
+    new = staging.run_files(staging.read_schema_at(str(stage / "schema.json")))
     journal = {"run_id": "x", "stage": stage.name, "remove": old, "move": new}
     (out / PUBLISH_JOURNAL).write_text(json.dumps(journal))
     # cut short after the old schema.json and one new shard moved: a mix on disk
@@ -315,8 +315,8 @@ def test_a_publish_cut_short_is_refused_by_the_trainer_and_finished_by_the_next_
     with pytest.raises(InputError, match="having its run replaced"):
         check_schemas([str(out / moved)], None)
     moved_away = shutil.move(str(out), str(tmp_path / "elsewhere"))  # the directory moved since: no matter
-    run_ = output.open_run(moved_away, overwrite=True)
-    output.close_run(run_, ok=False)
+    run_ = staging.open_run(moved_away, overwrite=True)
+    staging.close_run(run_, ok=False)
     assert not (Path(moved_away) / PUBLISH_JOURNAL).exists() and not (Path(moved_away) / stage.name).exists()
     assert _snapshot(Path(moved_away)) == {k: v for k, v in _snapshot(shards_dir).items()}
 
@@ -325,13 +325,13 @@ def test_a_journal_naming_no_staging_dir_of_ours_stops_and_removes_nothing(tmp_p
     out = _copy_run(shards_dir, tmp_path / "o")
     (tmp_path / "precious").mkdir()
     (tmp_path / "precious" / "data").write_text("users")
-    for stage in ("../precious", str(tmp_path / "precious"), f"{output.STAGE_PREFIX}gone"):
+    for stage in ("../precious", str(tmp_path / "precious"), f"{staging.STAGE_PREFIX}gone"):
         (out / PUBLISH_JOURNAL).write_text(
             json.dumps({"run_id": "gone", "stage": stage, "remove": [], "move": ["schema.json"]})
         )
         before = _snapshot(out)
-        with pytest.raises(output.OutputError, match="names no staging dir of melshards"):
-            output.open_run(str(out), overwrite=True)
+        with pytest.raises(staging.OutputError, match="names no staging dir of melshards"):
+            staging.open_run(str(out), overwrite=True)
         assert _snapshot(out) == before and (tmp_path / "precious" / "data").exists()
 
 
@@ -350,7 +350,7 @@ def test_a_run_made_by_another_melshards_version_is_named_as_such_not_replaced(
 def test_a_full_disk_stops_the_run_with_one_line_and_leaves_the_old_run(
     monkeypatch, capsys, tmp_path, corpus_dir, shards_dir
 ):
-    from melshards.preprocess import shards
+    from melshards.preprocess.out_dir import shards
 
     out = _copy_run(shards_dir, tmp_path / "o")
     before = _snapshot(out)
@@ -367,7 +367,7 @@ def test_a_full_disk_stops_the_run_with_one_line_and_leaves_the_old_run(
     monkeypatch.setattr(shards.RollingFiles, "write", write)
     assert _preprocess(corpus_dir, out, "--overwrite") == 1
     line = _error_line(capsys.readouterr().err)
-    assert "no space left on the device of" in line and f"{out}/{output.STAGE_PREFIX}" in line
+    assert "no space left on the device of" in line and f"{out}/{staging.STAGE_PREFIX}" in line
     assert "needs about" in line and "rows" in line
     assert re.search(r"\(\d+(\.\d)? [KMGT]?B free\)", line), line
     assert _snapshot(out) == before  # no staging dir, no lock, the old run whole
@@ -388,8 +388,8 @@ def test_a_second_run_into_an_output_a_running_job_holds_stops_and_ctrl_c_of_the
     assert p.poll() is None, "the first run should still be running"
     assert second == 2, err
     assert "is in use by another melshards preprocess run" in err and f"pid {p.pid}" in err
-    (stage,) = out.glob(f"{output.STAGE_PREFIX}*")
-    assert json.loads((stage / output.RUN_FILE).read_text())["pid"] == p.pid  # the first run's staging dir
+    (stage,) = out.glob(f"{staging.STAGE_PREFIX}*")
+    assert json.loads((stage / staging.RUN_FILE).read_text())["pid"] == p.pid  # the first run's staging dir
     os.killpg(p.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole process group
     stdout, stderr = p.communicate(timeout=300)
     assert p.returncode == 130, stderr
@@ -437,17 +437,17 @@ def test_ctrl_c_during_a_publish_lets_it_finish_and_says_the_new_run_is_in_place
     try:
         with pytest.raises(click.exceptions.Exit) as ended:
             with StopOnCtrlC(out):
-                output.PUBLISHING = True  # as OutputRun.publish sets it
+                staging.PUBLISHING = True  # as OutputRun.publish sets it
                 os.kill(os.getpid(), signal.SIGINT)  # the handler runs here and raises nothing
-                assert output.STOPPING.is_set()
-                output.PUBLISHING = False
-                output.PUBLISHED.append(out)
+                assert staging.STOPPING.is_set()
+                staging.PUBLISHING = False
+                staging.PUBLISHED.append(out)
         # the process goes on as it was: a later run in it is not stopped nor silenced by this one
-        assert not output.STOPPING.is_set() and logging.root.manager.disable == logging.NOTSET
+        assert not staging.STOPPING.is_set() and logging.root.manager.disable == logging.NOTSET
     finally:
-        output.PUBLISHING = False
-        output.STOPPING.clear()
-        output.PUBLISHED.clear()
+        staging.PUBLISHING = False
+        staging.STOPPING.clear()
+        staging.PUBLISHED.clear()
         logging.disable(logging.NOTSET)
         after = signal.signal(signal.SIGINT, signal.default_int_handler if given is None else given)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)

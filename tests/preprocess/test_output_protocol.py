@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from apache_beam.io.filesystems import FileSystems
 
-from melshards.preprocess import lock, output
+from melshards.preprocess.out_dir import lock, staging
 from melshards.shards_schema.schema import PUBLISH_JOURNAL
 
 
@@ -20,9 +20,9 @@ def _snapshot(d: Path) -> dict[str, bytes]:
 
 def _cut_short_publish(out: Path, run_id: str = "x") -> Path:
     """A publish cut short: its journal, and its staging dir holding the rest of the new run."""
-    stage = out / f"{output.STAGE_PREFIX}{run_id}"
+    stage = out / f"{staging.STAGE_PREFIX}{run_id}"
     stage.mkdir(parents=True)
-    (stage / output.RUN_FILE).write_text(json.dumps({"run_id": run_id}))
+    (stage / staging.RUN_FILE).write_text(json.dumps({"run_id": run_id}))
     (stage / "train-b00-00000-of-00001.tfrecord").write_bytes(b"the new run")
     (out / PUBLISH_JOURNAL).write_text(
         json.dumps({"run_id": run_id, "stage": stage.name, "remove": [], "move": ["train-b00-00000-of-00001.tfrecord"]})
@@ -42,15 +42,15 @@ def _failing_open(monkeypatch, name: str):
 
 
 # -- item 4: a journal that cannot be read is never taken for no journal -----------------------------
-@pytest.mark.parametrize("unreadable", [PUBLISH_JOURNAL, output.RUN_FILE])
+@pytest.mark.parametrize("unreadable", [PUBLISH_JOURNAL, staging.RUN_FILE])
 def test_a_journal_or_its_run_json_that_cannot_be_read_stops_the_run_and_keeps_the_staging_dir(
     tmp_path, monkeypatch, unreadable
 ):
     stage = _cut_short_publish(tmp_path)
     before = _snapshot(tmp_path)
     _failing_open(monkeypatch, unreadable)
-    with pytest.raises(output.OutputError, match="cannot read .*run again once it can be read") as e:
-        output.open_run(str(tmp_path), overwrite=True)
+    with pytest.raises(staging.OutputError, match="cannot read .*run again once it can be read") as e:
+        staging.open_run(str(tmp_path), overwrite=True)
     assert "delete the journal" not in str(e.value) and "\n" not in str(e.value)
     assert stage.exists() and _snapshot(tmp_path) == before  # the lock was released, nothing else changed
 
@@ -69,15 +69,15 @@ def test_a_journal_that_cannot_be_understood_stops_the_run_as_one_naming_no_stag
     (tmp_path / PUBLISH_JOURNAL).write_text(journal)
     before = _snapshot(tmp_path)
     with pytest.raises(
-        output.OutputError,
+        staging.OutputError,
         match="is not a publish journal melshards can read; move the directory's "
         "files somewhere safe, delete the journal, and run again",
     ):
-        output.open_run(str(tmp_path), overwrite=True)
+        staging.open_run(str(tmp_path), overwrite=True)
     assert stage.exists() and _snapshot(tmp_path) == before
 
 
-def _stage_a_finished_run(run: output.OutputRun, shards_dir: Path) -> None:
+def _stage_a_finished_run(run: staging.OutputRun, shards_dir: Path) -> None:
     for p in shards_dir.iterdir():
         if p.is_file():
             shutil.copy(p, Path(run.stage) / p.name)
@@ -97,9 +97,9 @@ def test_a_publish_over_an_old_run_replaces_all_its_shards_and_keeps_the_users_o
     out = tmp_path / "o"
     shutil.copytree(bucketed_dir, out)
     (out / "notes.txt").write_text("mine")
-    run = output.open_run(str(out), overwrite=True)
+    run = staging.open_run(str(out), overwrite=True)
     _stage_a_finished_run(run, shards_dir)
-    output.close_run(run, ok=True)
+    staging.close_run(run, ok=True)
     assert run.published
     schema = read_schema(str(out))
     listed = {s["file"] for b in schema.buckets for split in b.shards.values() for s in split}
@@ -118,9 +118,9 @@ def test_the_lock_is_renewed_while_a_finished_run_is_published(tmp_path, monkeyp
     """A publish longer than the stale limit (gs://: a copy per shard) must not be taken over."""
     monkeypatch.setattr(lock, "HEARTBEAT_S", 0.02)
     out = tmp_path / "o"
-    run = output.open_run(str(out), overwrite=False)
+    run = staging.open_run(str(out), overwrite=False)
     _stage_a_finished_run(run, shards_dir)
-    real, renewed = output.apply_journal, []
+    real, renewed = staging.apply_journal, []
 
     def long_publish(out_dir, journal):
         first, deadline = _heartbeat(out), time.time() + 30
@@ -129,8 +129,8 @@ def test_the_lock_is_renewed_while_a_finished_run_is_published(tmp_path, monkeyp
         renewed.append(_heartbeat(out) > first)
         real(out_dir, journal)
 
-    monkeypatch.setattr(output, "apply_journal", long_publish)
-    output.close_run(run, ok=True)
+    monkeypatch.setattr(staging, "apply_journal", long_publish)
+    staging.close_run(run, ok=True)
     assert renewed == [True] and run.published
     assert (out / "schema.json").exists() and not (out / lock.LOCK_FILE).exists()
 
@@ -155,8 +155,8 @@ def test_overwrite_refuses_up_front_a_users_directory_where_the_finished_run_lis
     shutil.copytree(shards_dir, out)
     shard = _users_dir_in_place_of_a_shard(out, how)
     before = _snapshot(out)
-    with pytest.raises(output.OutputError, match=f"{shard} is a {how}, not a file melshards wrote") as e:
-        output.open_run(str(out), overwrite=True)
+    with pytest.raises(staging.OutputError, match=f"{shard} is a {how}, not a file melshards wrote") as e:
+        staging.open_run(str(out), overwrite=True)
     assert "\n" not in str(e.value) and "move it out of" in str(e.value)
     assert _snapshot(out) == before and not (out / lock.LOCK_FILE).exists()
     assert (shard / "mine").read_text() == "users"
@@ -166,14 +166,14 @@ def _finished_run_staged_over_an_old_one(tmp_path, shards_dir):
     """A copy of a finished run in tmp_path/o, and a new run opened over it that has staged its files."""
     out = tmp_path / "o"
     shutil.copytree(shards_dir, out)
-    run = output.open_run(str(out), overwrite=True)
+    run = staging.open_run(str(out), overwrite=True)
     _stage_a_finished_run(run, shards_dir)
     return out, run
 
 
 def _published_part(out):
     """The output's files but the live run's own (its staging dir and lock)."""
-    return {k: v for k, v in _snapshot(out).items() if not k.startswith(output.STAGE_PREFIX) and k != lock.LOCK_FILE}
+    return {k: v for k, v in _snapshot(out).items() if not k.startswith(staging.STAGE_PREFIX) and k != lock.LOCK_FILE}
 
 
 def test_a_directory_put_where_a_shard_goes_during_the_run_stops_the_publish_before_it_touches_anything(
@@ -182,10 +182,10 @@ def test_a_directory_put_where_a_shard_goes_during_the_run_stops_the_publish_bef
     out, run = _finished_run_staged_over_an_old_one(tmp_path, shards_dir)
     shard = _users_dir_in_place_of_a_shard(out, "directory")
     before = _published_part(out)
-    with pytest.raises(output.OutputError, match=f"{shard} is a directory.*nothing was published"):
-        output.close_run(run, ok=True)
+    with pytest.raises(staging.OutputError, match=f"{shard} is a directory.*nothing was published"):
+        staging.close_run(run, ok=True)
     assert _snapshot(out) == before  # the old run's schema.json and files as they were; no journal, lock or stage
-    assert output.read_schema_at(str(out / "schema.json"))
+    assert staging.read_schema_at(str(out / "schema.json"))
 
 
 def test_a_users_shard_named_file_that_appears_during_the_run_stops_the_publish_before_it_touches_anything(
@@ -194,18 +194,18 @@ def test_a_users_shard_named_file_that_appears_during_the_run_stops_the_publish_
     out, run = _finished_run_staged_over_an_old_one(tmp_path, shards_dir)
     (out / "train-b09-00000-of-00001.tfrecord").write_bytes(b"the user's")
     before = _published_part(out)
-    with pytest.raises(output.OutputError, match="train-b09-00000-of-00001.tfrecord.*nothing was published"):
-        output.close_run(run, ok=True)
+    with pytest.raises(staging.OutputError, match="train-b09-00000-of-00001.tfrecord.*nothing was published"):
+        staging.close_run(run, ok=True)
     assert _snapshot(out) == before
 
 
 def test_a_refusal_at_publish_is_told_as_itself_not_as_a_staging_dir_removed_during_the_run(tmp_path, shards_dir):
-    from melshards.preprocess.run import one_line_error
+    from melshards.preprocess.job.run import one_line_error
 
     out, run = _finished_run_staged_over_an_old_one(tmp_path, shards_dir)
     _users_dir_in_place_of_a_shard(out, "directory")
-    with pytest.raises(output.OutputError) as refused:
-        output.close_run(run, ok=True)
+    with pytest.raises(staging.OutputError) as refused:
+        staging.close_run(run, ok=True)
     assert one_line_error(refused.value, run, str(out), None, 0, None) is None  # the OutputError is the line
 
 
@@ -214,8 +214,8 @@ def test_a_directory_in_the_way_of_a_cut_short_publish_stops_its_replay_before_i
     (tmp_path / "train-b00-00000-of-00001.tfrecord").mkdir()
     (tmp_path / "train-b00-00000-of-00001.tfrecord" / "mine").write_text("users")
     before = _snapshot(tmp_path)
-    with pytest.raises(output.OutputError, match="is a directory.*the journal is kept"):
-        output.open_run(str(tmp_path), overwrite=True)
+    with pytest.raises(staging.OutputError, match="is a directory.*the journal is kept"):
+        staging.open_run(str(tmp_path), overwrite=True)
     assert stage.exists() and _snapshot(tmp_path) == before
 
 
@@ -223,8 +223,8 @@ def test_a_directory_in_the_way_of_a_cut_short_publish_stops_its_replay_before_i
 @pytest.mark.parametrize("spelling", ["", "gs://"])
 def test_an_output_naming_no_directory_is_refused_and_the_working_directory_left_alone(tmp_path, monkeypatch, spelling):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(output.OutputError, match="names no directory"):
-        output.open_run(spelling, overwrite=True)
+    with pytest.raises(staging.OutputError, match="names no directory"):
+        staging.open_run(spelling, overwrite=True)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -248,8 +248,8 @@ def test_a_train_model_dir_is_refused_as_such_with_or_without_overwrite(tmp_path
     """train_config.json marks a model dir (`checkpoints/` alone does not: every trainer writes one)."""
     out = _model_dir(tmp_path / "m", shards_dir, marks)
     before = _snapshot(out)
-    with pytest.raises(output.OutputError, match="is a melshards train model dir") as e:
-        output.open_run(str(out), overwrite=overwrite)
+    with pytest.raises(staging.OutputError, match="is a melshards train model dir") as e:
+        staging.open_run(str(out), overwrite=overwrite)
     assert "--overwrite" not in str(e.value) and "finished run" not in str(e.value)
     assert _snapshot(out) == before and sorted(p.name for p in out.iterdir()) == sorted(
         ["schema.json", "run_summary.json", "tensorboard", *marks]
@@ -260,9 +260,9 @@ def test_an_output_that_cannot_be_listed_is_one_line_not_a_traceback(tmp_path, m
     def denied(path):
         raise PermissionError(13, "Permission denied", path)
 
-    monkeypatch.setattr(output.os, "listdir", denied)
-    with pytest.raises(output.OutputError, match=r"is not writable \(PermissionError.*Permission denied"):
-        output.open_run(str(tmp_path), overwrite=False)
+    monkeypatch.setattr(staging.os, "listdir", denied)
+    with pytest.raises(staging.OutputError, match=r"is not writable \(PermissionError.*Permission denied"):
+        staging.open_run(str(tmp_path), overwrite=False)
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
@@ -275,8 +275,8 @@ def test_the_users_own_schema_json_is_never_called_a_finished_run_nor_replaced(t
     else:
         shutil.copy(shards_dir / "schema.json", tmp_path / "schema.json")
     before = _snapshot(tmp_path)
-    with pytest.raises(output.OutputError, match="move it away or choose another --output") as e:
-        output.open_run(str(tmp_path), overwrite=overwrite)
+    with pytest.raises(staging.OutputError, match="move it away or choose another --output") as e:
+        staging.open_run(str(tmp_path), overwrite=overwrite)
     assert "--overwrite" not in str(e.value) and "finished run" not in str(e.value)
     assert _snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["schema.json"]
 
@@ -354,21 +354,21 @@ def test_a_local_renewal_and_a_takeover_of_the_same_lock_never_both_succeed(tmp_
 # -- an --output that globbing would misread is refused before any work --------------------------------
 @pytest.mark.parametrize("name", ["run[1]", "run]", "run?", "run*"])
 def test_an_output_holding_glob_characters_is_refused_before_any_work(tmp_path, monkeypatch, name):
-    with pytest.raises(output.OutputError, match=r"its path holds .*glob pattern") as e:
-        output.open_run(str(tmp_path / name), overwrite=False)
+    with pytest.raises(staging.OutputError, match=r"its path holds .*glob pattern") as e:
+        staging.open_run(str(tmp_path / name), overwrite=False)
     assert "\n" not in str(e.value) and list(tmp_path.iterdir()) == []
     monkeypatch.chdir(tmp_path)  # relative, the directory it names is what counts
     (tmp_path / "a[b]").mkdir()
     monkeypatch.chdir(tmp_path / "a[b]")
-    with pytest.raises(output.OutputError, match=r"a\[b\]/out: its path holds \[ \]"):
-        output.open_run("out", overwrite=False)
+    with pytest.raises(staging.OutputError, match=r"a\[b\]/out: its path holds \[ \]"):
+        staging.open_run("out", overwrite=False)
     assert list((tmp_path / "a[b]").iterdir()) == []
 
 
 def test_a_directory_named_schema_json_is_named_not_a_traceback(tmp_path):
     (tmp_path / "schema.json").mkdir()
-    with pytest.raises(output.OutputError, match="schema.json is a directory, not a file melshards wrote"):
-        output.open_run(str(tmp_path), overwrite=True)
+    with pytest.raises(staging.OutputError, match="schema.json is a directory, not a file melshards wrote"):
+        staging.open_run(str(tmp_path), overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["schema.json"]
 
 

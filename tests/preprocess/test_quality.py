@@ -1,4 +1,4 @@
-"""The quality measures (melshards.preprocess.quality) for exact values on synthetic signals, and how they
+"""The quality measures (melshards.preprocess.clip.quality) for exact values on synthetic signals, and how they
 travel: the clip carries them, the feature cache keeps them, a manifest's asr_text feeds them."""
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from melshards.preprocess import audio, cache, clips, manifests, quality
+from melshards.preprocess.clip import audio, cache, clips, quality
 from melshards.preprocess.config import MelConfig, PreprocessConfig
-from melshards.preprocess.rows import LayoutRows, row
+from melshards.preprocess.inputs import manifests
+from melshards.preprocess.inputs.rows import LayoutRows, row
 from melshards.shards_schema.config import ConfigError
 from melshards.shards_schema.stats import Moments
 from tests.preprocess.conftest import encode

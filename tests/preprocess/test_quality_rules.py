@@ -18,17 +18,17 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 from benchmarks import quality_faults
-from melshards.preprocess import quality_rules
-from melshards.preprocess.clips import filter_rejection
+from melshards.preprocess.clip.clips import filter_rejection
+from melshards.preprocess.clip.quality import MEASURES
 from melshards.preprocess.config import QualityRulesConfig
-from melshards.preprocess.filter_and_write import dropped_counts
-from melshards.preprocess.global_stats import DuplicateAudio, RepeatedHashes, hash_prefixes, repeated_prefixes
-from melshards.preprocess.merge import MergedInputs
-from melshards.preprocess.quality import MEASURES
-from melshards.preprocess.quality_rules import QualityGate, quality_rejection
-from melshards.preprocess.report import mostly_dropped, quality_dropped_by_speaker
-from melshards.preprocess.rows import row
-from melshards.preprocess.spill import Spill
+from melshards.preprocess.inputs.merge import MergedInputs
+from melshards.preprocess.inputs.rows import row
+from melshards.preprocess.inputs.spill import Spill
+from melshards.preprocess.stats import quality_rules
+from melshards.preprocess.stats.global_stats import DuplicateAudio, RepeatedHashes, hash_prefixes, repeated_prefixes
+from melshards.preprocess.stats.quality_rules import QualityGate, quality_rejection
+from melshards.preprocess.write.filter_and_write import dropped_counts
+from melshards.preprocess.write.report import mostly_dropped, quality_dropped_by_speaker
 from melshards.reports.stats_json_tables import mostly_dropped_lines, quality_loss_lines, rate_unjudged_lines
 from melshards.shards_schema.stats import QUALITY_REASONS, Cutoffs
 from tests.conftest import TINY_CONFIG
@@ -272,7 +272,7 @@ def test_a_copy_pair_whose_first_copy_fails_a_cutoff_or_a_rule_keeps_the_second(
 
 
 def test_duplicate_audio_joins_each_batch_with_its_verdicts_first_passing_copy_by_input_then_row(tmp_path):
-    from melshards.preprocess.stash import load_clips, stash_batch
+    from melshards.preprocess.out_dir.stash import load_clips, stash_batch
 
     # the second input's rows come first in it (rows 0, 1), the first input's late (rows 7..9): the
     # first input still wins; within it row 7 comes before row 9, but row 7's text is cut off: row 9 is kept
@@ -315,8 +315,8 @@ def test_duplicate_audio_joins_each_batch_with_its_verdicts_first_passing_copy_b
 def test_only_copies_whose_hash_prefix_another_clip_shares_are_grouped_by_their_whole_hash(tmp_path):
     # a million distinct recordings cross the shuffle as 8 packed bytes each; the clips of a repeated prefix
     # (here a duplicate pair, and a clip sharing their first 8 bytes only) as (hash, place) pairs
-    from melshards.preprocess.global_stats import _copies
-    from melshards.preprocess.stash import stash_batch
+    from melshards.preprocess.out_dir.stash import stash_batch
+    from melshards.preprocess.stats.global_stats import _copies
 
     hashes = ["ab" * 32, "ab" * 8 + "cd" * 24, "ab" * 32, *(f"{i:016x}" + "0" * 48 for i in range(1, 98))]
     clips = [dict(_copy(f"c{i}"), audio_hash=h, input=0, row=i) for i, h in enumerate(hashes)]

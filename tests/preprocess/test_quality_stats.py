@@ -1,4 +1,4 @@
-"""The quality measures' statistics for stats.json (`melshards.preprocess.quality_stats`): exact histograms per
+"""The quality measures' statistics for stats.json (`melshards.preprocess.stats.quality_stats`): exact histograms per
 corpus, speaker and language, and the speaking-rate rule's outliers at other k, on a few synthetic clips; summed
 per group and reduced to a fixed size per speaker, they give the figures the whole run's flat histograms gave
 (`tests.preprocess.quality_stats_before`), in the shipped corpus's stats.json too."""
@@ -16,15 +16,15 @@ import apache_beam as beam
 import pytest
 from apache_beam.testing.util import assert_that
 
-from melshards.preprocess import quality_rules
-from melshards.preprocess.clips import ClipRejected, featurize, prepare_texts
+from melshards.preprocess.clip.clips import ClipRejected, featurize, prepare_texts
+from melshards.preprocess.clip.quality import measure_bins
 from melshards.preprocess.config import PreprocessConfig, QualityRulesConfig, load_config
-from melshards.preprocess.filter_and_write import dropped_counts
-from melshards.preprocess.global_stats import QualityGate, QualityHistograms
-from melshards.preprocess.quality import measure_bins
-from melshards.preprocess.quality_rules import rate_key
-from melshards.preprocess.quality_stats import QualityFigures, add_group, group_histograms, summary_of
-from melshards.preprocess.sources import detect_corpus, read_input
+from melshards.preprocess.inputs.sources import detect_corpus, read_input
+from melshards.preprocess.stats import quality_rules
+from melshards.preprocess.stats.global_stats import QualityGate, QualityHistograms
+from melshards.preprocess.stats.quality_rules import rate_key
+from melshards.preprocess.stats.quality_stats import QualityFigures, add_group, group_histograms, summary_of
+from melshards.preprocess.write.filter_and_write import dropped_counts
 from tests.conftest import TINY_CONFIG
 from tests.preprocess import quality_stats_before as before
 from tests.preprocess.conftest import beam_pipeline

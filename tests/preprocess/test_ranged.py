@@ -1,11 +1,11 @@
-"""`RangedFile`: what each read of a corpus file fetches (melshards.preprocess.ranged), on a local file whose
+"""`RangedFile`: what each read of a corpus file fetches (melshards.preprocess.inputs.ranged), on a local file whose
 fetches are logged; the same policy fetches a gs:// object's ranges (tests/preprocess/test_gcs_reads.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from melshards.preprocess.ranged import MAX_GROWN, RangedFile
+from melshards.preprocess.inputs.ranged import MAX_GROWN, RangedFile
 
 DATA = bytes(range(256)) * 4096  # 1 MiB
 

@@ -16,10 +16,12 @@ from apache_beam.pvalue import TaggedOutput
 from apache_beam.utils.windowed_value import WindowedValue
 from google.api_core.exceptions import PreconditionFailed, ServiceUnavailable
 
-from melshards.preprocess import cache, filter_and_write, lock, measure, report, stash
+from melshards.preprocess.clip import cache, measure_stage
 from melshards.preprocess.config import PreprocessConfig
-from melshards.preprocess.shards import TEMP_DIR
-from melshards.preprocess.tables import finish_part, finish_tables, summarize_clips
+from melshards.preprocess.out_dir import lock, stash
+from melshards.preprocess.out_dir.shards import TEMP_DIR
+from melshards.preprocess.stats.tables import finish_part, finish_tables, summarize_clips
+from melshards.preprocess.write import filter_and_write, report
 from melshards.shards_schema.stats import Cutoffs
 from tests.preprocess.test_output import _FakeBlob, _FakeBucket
 
@@ -95,7 +97,7 @@ def _measure(work: Path, batches, with_cache: bool) -> list:
     """One attempt at a bundle of `batches`: a fresh DoFn, as a runner makes for a retry; the stash and
     progress files in `work`'s temp dir, the cache in `work/cache`."""
     cache_dir = str(work / "cache") if with_cache else None
-    fn = measure._MeasureFn(CFG, str(work / TEMP_DIR), str(work / TEMP_DIR), cache_dir)
+    fn = measure_stage._MeasureFn(CFG, str(work / TEMP_DIR), str(work / TEMP_DIR), cache_dir)
     fn.setup()
     # each batch its own element: a list of the batches that travel together (one, but a row group's)
     return [out for batch in batches for out in fn.process([batch], EMPTY_CACHE if with_cache else None)]
@@ -107,7 +109,7 @@ def test_measure_run_twice_or_after_failing_half_way_writes_the_same_stash_cache
 ):
     """The stash and cache files are named by their ids and keys; a batch's progress file by its rows,
     so the progress line counts a retried batch once."""
-    from melshards.preprocess.progress import ProgressReporter
+    from melshards.preprocess.inputs.progress import ProgressReporter
 
     first = outputs(_measure(tmp_path, rows, with_cache))
     clean = snapshot(tmp_path)
@@ -134,7 +136,7 @@ def stashed(rows, tmp_path_factory):
     """The two batches measured (with a feature cache), and the side inputs the writer takes (read-only)."""
     work = tmp_path_factory.mktemp("measured")
     out = _measure(work, rows, with_cache=True)
-    batches = [o.value for o in out if isinstance(o, TaggedOutput) and o.tag == measure.STASHED]
+    batches = [o.value for o in out if isinstance(o, TaggedOutput) and o.tag == measure_stage.STASHED]
     clips = [c for b in batches for c in stash.load_clips(b)]
     frames = max(c["mel_frames"] for c in clips)
     side = (
@@ -333,7 +335,7 @@ def test_a_lock_renewal_whose_answer_was_lost_keeps_the_lock(error):
 
 def test_on_gcs_the_temp_files_written_twice_or_after_failing_half_way_are_the_same_objects(gcs):
     """The temp files' renames and a failed attempt's removal, through Beam's GcsIO on the emulator."""
-    from melshards.preprocess.shards import RollingFiles
+    from melshards.preprocess.out_dir.shards import RollingFiles
     from tests.preprocess.test_gcs import _bucket
 
     out = f"gs://{_bucket(gcs)}/run"

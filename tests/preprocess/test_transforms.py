@@ -10,19 +10,19 @@ import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from melshards.preprocess.choose_buckets import ChooseBuckets
-from melshards.preprocess.clips import filter_rejection
+from melshards.preprocess.clip.clips import filter_rejection
+from melshards.preprocess.clip.measure_stage import MeasureClips
 from melshards.preprocess.config import PadConfig, PreprocessConfig
-from melshards.preprocess.corpus import ReadCorpus, batch_rows, detect_corpus
-from melshards.preprocess.encode import encode_clip
-from melshards.preprocess.filter_and_write import FilterAndWrite
-from melshards.preprocess.global_stats import CorpusTables, LengthHistograms, MelStatistics
-from melshards.preprocess.measure import MeasureClips
-from melshards.preprocess.rows import LayoutRows, unique_ids
-from melshards.preprocess.shards import AssembleShards, RollingFiles, group_into_shards
-from melshards.preprocess.spill import Spill
-from melshards.preprocess.stash import load_clips, load_features, load_rows, stash_batch, stash_rows
-from melshards.preprocess.tables import finish_part, finish_tables, split_of, summarize_clips
+from melshards.preprocess.inputs.read_stage import ReadCorpus, batch_rows, detect_corpus
+from melshards.preprocess.inputs.rows import LayoutRows, unique_ids
+from melshards.preprocess.inputs.spill import Spill
+from melshards.preprocess.out_dir.shards import AssembleShards, RollingFiles, group_into_shards
+from melshards.preprocess.out_dir.stash import load_clips, load_features, load_rows, stash_batch, stash_rows
+from melshards.preprocess.stats.choose_buckets import ChooseBuckets
+from melshards.preprocess.stats.global_stats import CorpusTables, LengthHistograms, MelStatistics
+from melshards.preprocess.stats.tables import finish_part, finish_tables, split_of, summarize_clips
+from melshards.preprocess.write.encode import encode_clip
+from melshards.preprocess.write.filter_and_write import FilterAndWrite
 from melshards.shards_schema.stats import Cutoffs
 from tests.preprocess.conftest import beam_pipeline
 
@@ -186,7 +186,7 @@ def _clip(clip_id, text_len, mel_frames, duration_ms, speaker="s", language="en"
 
 
 def _tables(clips, cfg=CFG):
-    """The corpus tables of `clips`, as the job computes them (`melshards.preprocess.tables`)."""
+    """The corpus tables of `clips`, as the job computes them (`melshards.preprocess.stats.tables`)."""
     rows: dict = {}
     for item in summarize_clips(clips, cfg.split.salt).items():
         rows.update(finish_part(item, cfg))
@@ -263,9 +263,9 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
     frames only; the stash is one file per batch."""
     import tensorflow as tf
 
-    from melshards.preprocess import audio
-    from melshards.preprocess.clips import featurize
-    from melshards.preprocess.report import build_schema
+    from melshards.preprocess.clip import audio
+    from melshards.preprocess.clip.clips import featurize
+    from melshards.preprocess.write.report import build_schema
     from melshards.shards_schema.records import decode_parsed, parse_spec
     from melshards.shards_schema.stats import Moments
 
@@ -280,7 +280,7 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
     splits = {"LJT001-0001": "train", "LJT001-0002": "val", "LJT001-0004": "train"}
     frames = {i: m.shape[0] for i, m in expected.items()}
     longest = max(frames, key=frames.get)
-    monkeypatch.setattr("melshards.preprocess.tables.split_of", lambda clip, *_: splits[clip["id"]])
+    monkeypatch.setattr("melshards.preprocess.stats.tables.split_of", lambda clip, *_: splits[clip["id"]])
     decodes.clear()
     cut = Cutoffs(0, 1, frames[longest] - 1, 1000, frames[longest] - 1, 1000)  # the longest clip is filtered
     buckets = {"bounds": (1000,), "plan": None, "raised_last_bound": None}
@@ -368,7 +368,7 @@ def test_choose_buckets_plans_from_the_kept_clips_of_every_batch(monkeypatch, tm
     ]
     cfg = PreprocessConfig(pad=PadConfig(buckets=2, min_bucket_records=1))
     tables = _tables([c for b in batches for c in b["clips"]])
-    monkeypatch.setattr("melshards.preprocess.tables.split_of", lambda clip, *_: clip["split"])
+    monkeypatch.setattr("melshards.preprocess.stats.tables.split_of", lambda clip, *_: clip["split"])
     stashed = [stash_batch(str(tmp_path), b["clips"], [{} for _ in b["clips"]]) for b in batches]
     with beam_pipeline() as p:
         plan = (p | beam.Create(stashed)) | ChooseBuckets(
@@ -469,8 +469,8 @@ def test_mel_statistics_merge_the_batches_moments_exactly():
 def test_encode_clip_pads_each_clip_to_its_buckets_shapes(corpus_dir):
     import tensorflow as tf
 
-    from melshards.preprocess.clips import featurize
-    from melshards.preprocess.report import build_schema
+    from melshards.preprocess.clip.clips import featurize
+    from melshards.preprocess.write.report import build_schema
     from melshards.shards_schema import Vocabulary
     from melshards.shards_schema.records import decode_parsed, parse_spec
     from melshards.shards_schema.stats import Moments
@@ -566,7 +566,7 @@ def test_concatenated_parts_read_as_one_tfrecord_file(tmp_path):
                 "parts": [str(tmp_path / "part0"), str(tmp_path / "part1")],
             }
         ]
-        from melshards.preprocess.shards import _AssembleShard
+        from melshards.preprocess.out_dir.shards import _AssembleShard
 
         p | beam.Create(plan) | beam.ParDo(_AssembleShard(str(tmp_path)))
     got = [r.numpy().decode() for r in tf.data.TFRecordDataset(str(tmp_path / "train-b00-00000-of-00001.tfrecord"))]
@@ -575,7 +575,7 @@ def test_concatenated_parts_read_as_one_tfrecord_file(tmp_path):
 
 
 def test_remove_temp_dir_deletes_leftover_parts(tmp_path):
-    from melshards.preprocess.shards import TEMP_DIR, remove_temp_dir
+    from melshards.preprocess.out_dir.shards import TEMP_DIR, remove_temp_dir
 
     (tmp_path / TEMP_DIR).mkdir()
     (tmp_path / TEMP_DIR / "train-abc.tfrecord").write_bytes(b"x")
@@ -586,7 +586,7 @@ def test_remove_temp_dir_deletes_leftover_parts(tmp_path):
 
 def _plan_with_parts(tmp_path):
     """Two shards: one concatenated from two parts, one renamed from a single part."""
-    from melshards.preprocess.shards import TEMP_DIR
+    from melshards.preprocess.out_dir.shards import TEMP_DIR
     from melshards.shards_schema.records import frame_record
 
     tmp = tmp_path / TEMP_DIR
@@ -615,7 +615,7 @@ def _plan_with_parts(tmp_path):
 
 
 def _assemble(tmp_path, plan):
-    from melshards.preprocess.shards import _AssembleShard
+    from melshards.preprocess.out_dir.shards import _AssembleShard
 
     fn = _AssembleShard(str(tmp_path))
     return [out for shard in plan for out in fn.process(shard)]
@@ -672,14 +672,14 @@ EXTRA_FIELD_ROWS = [
 
 @pytest.mark.parametrize("line", EXTRA_FIELD_ROWS)
 def test_ljspeech_line_with_more_than_three_fields_is_malformed(line):
-    from melshards.preprocess.layouts import parse_ljspeech_line
+    from melshards.preprocess.inputs.layouts import parse_ljspeech_line
 
     with pytest.raises(ValueError, match=r"\|-separated fields, expected at most 3"):
         parse_ljspeech_line(line, 0)
 
 
 def test_ljspeech_line_with_two_or_three_fields_is_a_row():
-    from melshards.preprocess.layouts import parse_ljspeech_line
+    from melshards.preprocess.inputs.layouts import parse_ljspeech_line
 
     assert parse_ljspeech_line("a|Hello.", 0)["text"] == "Hello."
     assert parse_ljspeech_line("a|Dr. Who|Doctor Who", 0)["text"] == "Doctor Who"
@@ -754,7 +754,7 @@ def test_ljspeech_layout_finds_mp3_ogg_and_flac(tmp_path):
     ],
 )
 def test_rows_file_check_reads_the_first_line(tmp_path, name, content, problem):
-    from melshards.preprocess.corpus import CorpusError, check_rows_file
+    from melshards.preprocess.inputs.read_stage import CorpusError, check_rows_file
 
     (tmp_path / name).write_text(content)
     corpus = detect_corpus(str(tmp_path / name) if name != "metadata.csv" else str(tmp_path), language="en")
@@ -767,7 +767,7 @@ def test_rows_file_check_reads_the_first_line(tmp_path, name, content, problem):
 
 # -- rows that would be read silently wrong ------------------------------------------------------
 def test_audio_files_of_an_id_are_listed_in_extension_order_local_or_gcs():
-    from melshards.preprocess.layouts import audio_files
+    from melshards.preprocess.inputs.layouts import audio_files
 
     listing = [
         "gs://b/lj/wavs/c1.wav",
@@ -790,7 +790,7 @@ def test_audio_files_of_an_id_are_listed_in_extension_order_local_or_gcs():
 
 
 def test_an_id_with_two_audio_files_is_rejected_naming_both_not_guessed():
-    from melshards.preprocess.layouts import attach_audio
+    from melshards.preprocess.inputs.layouts import attach_audio
 
     files = {"c1": ["gs://b/wavs/c1.wav", "gs://b/wavs/c1.flac"], "c2": ["gs://b/wavs/c2.flac"]}
     rows = [{"id": i, "audio": None, "row": n} for n, i in enumerate(["c1", "c2", "c3"])]
@@ -863,7 +863,7 @@ def test_a_manifest_names_its_audio_file_so_a_second_file_beside_it_is_no_ambigu
     ],
 )
 def test_a_manifest_row_with_too_few_columns_is_malformed_not_empty_text(tmp_path, name, content):
-    from melshards.preprocess.manifests import parse_manifest
+    from melshards.preprocess.inputs.manifests import parse_manifest
 
     (tmp_path / name).write_text(content)
     (i, first), (j, second) = parse_manifest(content.splitlines(keepends=True), str(tmp_path / name), str(tmp_path))
@@ -880,7 +880,7 @@ def test_a_manifest_row_with_too_few_columns_is_malformed_not_empty_text(tmp_pat
 
 
 def test_a_short_csv_row_is_named_with_the_header_it_falls_short_of():
-    from melshards.preprocess.manifests import parse_manifest
+    from melshards.preprocess.inputs.manifests import parse_manifest
 
     (_, _), (_, err) = parse_manifest(["audio,text,speaker\n", "a.wav,Hi,s\n", "b.wav,Hi\n"], "m.csv", ".")
     assert str(err) == "row 2: 2 fields, the header has 3 (audio, text, speaker); a missing separator?"
@@ -888,7 +888,7 @@ def test_a_short_csv_row_is_named_with_the_header_it_falls_short_of():
 
 def test_a_csv_row_with_more_fields_than_the_header_is_malformed_not_cut_short():
     """An unquoted comma in the text: reading the first fields would silently drop the rest of it."""
-    from melshards.preprocess.manifests import parse_manifest
+    from melshards.preprocess.inputs.manifests import parse_manifest
 
     text = 'audio,text\na.wav,Hello, world.\nb.wav,"Hi, there."\nc.wav,Bye.,\n'
     rows = list(parse_manifest(text.splitlines(keepends=True), "m.csv", "."))
@@ -935,7 +935,8 @@ def test_the_jobs_writers_make_no_directory_in_a_staging_dir_a_removed_one_stays
 def test_rejected_rows_are_counted_by_a_combiner_and_written_in_sorted_shards_merged_into_one_sorted_file(tmp_path):
     """No worker holds every rejected row: each shard holds about `rows_per_shard` of them, sorted, and
     rejected.jsonl is their merge, in the order it always had (id, reason, detail)."""
-    from melshards.preprocess.report import (
+    from melshards.preprocess.out_dir.shards import TEMP_DIR
+    from melshards.preprocess.write.report import (
         WriteRejected,
         rejected_line,
         rejected_order,
@@ -943,7 +944,6 @@ def test_rejected_rows_are_counted_by_a_combiner_and_written_in_sorted_shards_me
         rejected_shard_of,
         write_merged,
     )
-    from melshards.preprocess.shards import TEMP_DIR
 
     (tmp_path / TEMP_DIR).mkdir()
     rows = [
@@ -968,8 +968,8 @@ def test_rejected_rows_are_counted_by_a_combiner_and_written_in_sorted_shards_me
 
 
 def test_no_rejected_row_gives_no_count_and_an_empty_rejected_jsonl(tmp_path):
-    from melshards.preprocess.report import WriteRejected, write_merged
-    from melshards.preprocess.shards import TEMP_DIR
+    from melshards.preprocess.out_dir.shards import TEMP_DIR
+    from melshards.preprocess.write.report import WriteRejected, write_merged
 
     (tmp_path / TEMP_DIR).mkdir()
     with beam_pipeline() as p:

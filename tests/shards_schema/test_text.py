@@ -390,7 +390,7 @@ def test_canonical_language_folds_case_and_underscores_to_the_tags_conventional_
 def test_rows_in_en_and_EN_are_one_language_read_by_the_english_front_end_and_the_summary_names_the_fold():
     from melshards.commands.preprocess import input_lines
     from melshards.preprocess.config import TextConfig
-    from melshards.preprocess.rows import complete_rows, row
+    from melshards.preprocess.inputs.rows import complete_rows, row
 
     rows = [
         row("a", "2024", "a.wav", 0, language="en"),
@@ -422,7 +422,7 @@ def test_rows_in_en_and_EN_are_one_language_read_by_the_english_front_end_and_th
 def test_the_read_stage_lists_each_inputs_folded_language_codes_in_stats_inputs(tmp_path, corpus_dir):
     import shutil
 
-    from melshards.preprocess.corpus import _ReadRows, detect_corpus, named
+    from melshards.preprocess.inputs.read_stage import _ReadRows, detect_corpus, named
 
     shutil.copy(next((corpus_dir / "wavs").glob("*.wav")), tmp_path / "a.wav")
     (tmp_path / "m.csv").write_text("id,audio,text,language\na,a.wav,Hello,EN\nb,a.wav,Hi,en\nc,a.wav,Hey,en_gb\n")

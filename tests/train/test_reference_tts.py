@@ -78,7 +78,7 @@ def test_every_front_end_setting_a_run_applies_to_the_audio_comes_back_from_its_
     import dataclasses
 
     from melshards.preprocess.config import AudioConfig, MelConfig, PreprocessConfig
-    from melshards.preprocess.report import audio_params, front_end, mel_params
+    from melshards.preprocess.write.report import audio_params, front_end, mel_params
     from melshards.shards_schema.schema import SCHEMA_VERSION, AudioParams, Schema
 
     audio = AudioConfig(sample_rate=16000, trim_silence=True, silence_peak_dbfs=-40.0, **FRONT_END)

@@ -23,7 +23,7 @@ FRAMES = 40
 @pytest.fixture(scope="module")
 def same_clip_dir(shards_dir, tmp_path_factory):
     """`shards_dir` as a same_clip run: such a run stores nothing more than a run without references, only
-    schema.json's `reference` (preprocess/report.py `reference_record`: source and frames) differs."""
+    schema.json's `reference` (preprocess/write/report.py `reference_record`: source and frames) differs."""
     out = tmp_path_factory.mktemp("same_clip") / "shards"
     shutil.copytree(shards_dir, out)
     schema = json.loads((out / "schema.json").read_text())
@@ -98,7 +98,7 @@ def test_a_same_clip_run_gives_references_only_to_models_asking_and_others_are_t
 def test_the_export_of_a_reference_model_takes_a_reference_mel(same_clip_model, same_clip_dir, corpus_dir, tmp_path):
     """`melshards synthesize --export`'s SavedModel: `serving_with_reference` takes a reference log-mel
     computed by the preprocess mel (`reference_of_wav`); another reference gives another mel."""
-    from melshards.preprocess.references import reference_of_wav
+    from melshards.preprocess.write.references import reference_of_wav
     from melshards.train.synthesize import REFERENCE_SIGNATURE, load_synthesizer
 
     model_dir, _ = same_clip_model

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import melshards
-from melshards.preprocess.audio import log_mel
+from melshards.preprocess.clip.audio import log_mel
 from melshards.preprocess.config import MelConfig
 from melshards.shards_schema import SchemaError
 from melshards.train.input_pipeline import python_ops_in
