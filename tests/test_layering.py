@@ -1,4 +1,5 @@
-"""The import rules of docs/architecture.md: the contract at the bottom, the two halves apart, the CLI on top."""
+"""The import rules of docs/architecture.md: the contract at the bottom, the two halves apart, the CLI on top,
+and inside preprocess/ its rooms in the order the data flows through them."""
 
 from __future__ import annotations
 
@@ -85,6 +86,73 @@ def test_reports_and_the_api_import_no_command():
         for p in paths
     }
     assert {p: bad for p, bad in offences.items() if bad} == {}
+
+
+# preprocess/'s rooms, bottom to top: each imports only the rooms below it (and the modules directly in
+# preprocess/: the config, Beam's options, the worker processes, which import no room).
+ROOMS = ("out_dir", "inputs", "clip", "stats", "write", "job")
+# (importing module, imported module): the arrows that still point up, each with why. The test fails when
+# one is gone too, so the list shrinks with them.
+UPWARD = {
+    # the filter's rule (`clips.filter_rejection`) sits beside the measuring: the speaker rule and the quality rules
+    ("preprocess/clip/clips.py", "melshards.preprocess.stats.quality_rules"),
+    ("preprocess/clip/clips.py", "melshards.preprocess.stats.tables"),
+    # each clip's feature summary for the statistics (`feature_stats.clip_summary`) is made where it is measured
+    ("preprocess/clip/measure_stage.py", "melshards.preprocess.stats.feature_stats"),
+    # reading a stashed batch back applies its duplicate verdicts (`quality_rules.mark_duplicates`)
+    ("preprocess/out_dir/stash.py", "melshards.preprocess.stats.quality_rules"),
+}
+
+
+def room_of(module: str) -> int | None:
+    """The floor of a module of ours inside preprocess/: 0 for the modules directly in it, 1 + the room's
+    index for a room's modules; None for any other module."""
+    parts = module.split(".")
+    if parts[:2] != ["melshards", "preprocess"]:
+        return None
+    return 1 + ROOMS.index(parts[2]) if len(parts) > 3 and parts[2] in ROOMS else 0
+
+
+def module_files(path: Path) -> set[str]:
+    """The modules of preprocess/ a module imports, as dotted names: each imported name that is a module file
+    (`from melshards.preprocess.stats import tables` -> `melshards.preprocess.stats.tables`; not the room's
+    package, nor a function or class imported from a module)."""
+    return {
+        m
+        for m in imported_modules(path)
+        if room_of(m) is not None and (REPO / "preprocess" / Path(*m.split(".")[2:])).with_suffix(".py").is_file()
+    }
+
+
+def upward_imports(path: Path) -> set[tuple[str, str]]:
+    """(module, imported module) for each import of a module of preprocess/ that points to a room above its own."""
+    name = ".".join(("melshards", *path.relative_to(REPO).with_suffix("").parts))
+    return {(str(path.relative_to(REPO)), m) for m in module_files(path) if room_of(m) > room_of(name)}
+
+
+def test_preprocess_rooms_import_only_the_rooms_below_them():
+    rooms = {p.name for p in (REPO / "preprocess").iterdir() if (p / "__init__.py").is_file()}
+    assert rooms == set(ROOMS), "a room of preprocess/ that ROOMS does not place, or a room gone"
+    assert {arrow for p in (REPO / "preprocess").rglob("*.py") for arrow in upward_imports(p)} == UPWARD
+
+
+def test_the_room_checker_sees_an_arrow_up_even_inside_a_function(tmp_path, monkeypatch):
+    module = tmp_path / "preprocess" / "inputs" / "m.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(
+        "from melshards.preprocess.config import load_config\n"
+        "from melshards.preprocess.out_dir import lock\n"
+        "def f():\n    from melshards.preprocess.write.report import build_stats\n"
+        "    from melshards.preprocess.clip import audio\n"
+    )
+    for name in ("config.py", "out_dir/lock.py", "write/report.py", "clip/audio.py"):
+        (tmp_path / "preprocess" / name).parent.mkdir(exist_ok=True)
+        (tmp_path / "preprocess" / name).touch()
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    assert upward_imports(module) == {
+        ("preprocess/inputs/m.py", "melshards.preprocess.write.report"),
+        ("preprocess/inputs/m.py", "melshards.preprocess.clip.audio"),
+    }
 
 
 def test_rule_checker_sees_imports_inside_functions(tmp_path):
