@@ -180,10 +180,13 @@ class QualityConfig:
     measures), computed in the measure stage from the one decode and the mel's STFT."""
 
     measures: StrictBool = True  # off: every measure NaN (the audio hash is still taken)
-    # BS.1770 integrated loudness (pyloudnorm): off, loudness_lufs is NaN. Off by default: it is two thirds
-    # of the default measures' cost (docs/performance.md) and quiet is no fault (normalise instead)
+    # BS.1770 integrated loudness (pyloudnorm): off, loudness_lufs is NaN. Off by default: it costs more
+    # than the other default measures together (docs/performance.md#quality-measures) and quiet is no
+    # fault (normalise instead)
     loudness: StrictBool = False
-    dnsmos: StrictBool = False  # DNSMOS P.835 overall (speechmos' ONNX model): >100x a clip's other work
+    # DNSMOS P.835 overall (speechmos' ONNX model): off by default, it costs far more than all of a clip's
+    # other work (docs/performance.md#quality-measures)
+    dnsmos: StrictBool = False
 
 
 PITCH_TRACKERS = ("dio", "pyin")

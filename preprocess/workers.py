@@ -34,9 +34,9 @@ def all_cores() -> int:
 def default_workers(rows: int | None) -> int:
     """Every core, but one worker per ROWS_PER_WORKER rows at most.
 
-    A worker process costs ~2 s to start and stop (Beam's harness, librosa's import), paid back
-    by about 1,000 clips of work shared (measured on 2 cores: 56 clips 3.3 s with one worker,
-    5.2 s with two; 1,000 clips 8.8 s and 9.5 s). rows None (a remote corpus not counted): every core.
+    A worker process has a fixed cost to start and stop (Beam's harness, librosa's import), which
+    only enough clips of shared work pay back (docs/performance.md#preprocess-throughput). rows None
+    (a remote corpus not counted): every core.
     """
     cores = all_cores()
     return cores if rows is None else max(1, min(cores, -(-rows // ROWS_PER_WORKER)))
@@ -318,7 +318,7 @@ def _freeze_heap_at_exit() -> None:
 
 def _one_blas_thread() -> None:
     """Runners start one worker process per core; BLAS threads per worker then oversubscribe the
-    cores and spin (measured: 52.3 -> 41.6 CPU s for 500 clips on 2 workers with 1 thread each)."""
+    cores and spin, spending CPU for nothing (docs/performance.md#preprocess-throughput)."""
     from threadpoolctl import threadpool_limits
 
     threadpool_limits(limits=1)
@@ -327,8 +327,9 @@ def _one_blas_thread() -> None:
 def worker_setup() -> None:
     """In each worker (DoFn.setup): one BLAS thread, and no walk of the heap at exit.
 
-    A worker's interpreter spends ~0.45 s at exit in its last garbage collections over librosa,
-    numba and Beam (measured), and the local runner stops its workers one after the other. The
+    A worker's interpreter would end with garbage collections over every object librosa, numba and
+    Beam made, and the local runner stops its workers one after the other, so each worker's
+    collections add to the run's end (docs/performance.md#preprocess-start-up). The
     hook runs only when the process ends, so a long-lived (Dataflow) worker is unaffected.
     """
     _one_blas_thread()

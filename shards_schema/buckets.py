@@ -2,8 +2,7 @@
 
 Pure math, no Beam and no TensorFlow: the preprocessing job calls it with its exact histogram of kept
 clips' mel frames (`melshards.preprocess.stats.bucketing`; the figures go into stats.json's `buckets`), and
-the benchmarks for their tables. Over 300 lines because the derivation below is part of it: the code
-is ~200 lines.
+the benchmarks for their tables. Long because the derivation below is part of it.
 
 Names: a `BucketFill` is how full one bound leaves its bucket (clips, valid frames), not the
 schema's `melshards.shards_schema.schema.Bucket` (a bucket's shapes and shards); `choose_buckets`

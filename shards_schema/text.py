@@ -43,7 +43,7 @@ __all__ = [
     "frontend_record",
     "has_speakable_content",
     "normalizer_for",
-    # the english front end's pieces, under the names this module had before
+    # the english front end's pieces, under names of this module (for callers of the English-only API)
     "FRONTEND",
     "expand_numbers",
     "expand_abbreviations",
@@ -256,7 +256,7 @@ def normalizer_for(record: dict) -> Callable[[str, str], str]:
     return normalize
 
 
-# --- the names this module had when it was the English front end alone ----------------------------
+# --- the english front end's pieces under names of this module, for callers of the English-only API -
 
 FRONTEND = frontend_record("english")
 expand_numbers = text_english.expand_numbers

@@ -15,7 +15,7 @@ espeak's own list (`EspeakBackend.supported_languages()`), not a hand list.
 
 A backend (the espeak library loaded, the voice set) is made once per process and voice and kept;
 `phonemize_many` phonemizes a batch of rows in one call, which costs less per row than one call per
-row (benchmarks/frontend_cost.py).
+row (docs/performance.md#text-front-ends).
 
 Any change to the output must bump VERSION: a change here, in `text_clean`, or in the espeak-ng
 release the wheel ships (`ESPEAK_VERSION`; tests/shards_schema/test_text_frontends.py checks it).

@@ -24,8 +24,9 @@ pipeline by `melshards.train.references`). The batch then holds MODEL_INPUTS and
 those, with the bucket's static shapes (`melshards.train.plugins.model_inputs`). Shards without one of
 them stop the run while the command line is checked, before anything is built or compiled, with one
 line naming the feature and the preprocess setting that adds it. A model gets only what it asks for,
-not every feature the run holds: audio alone is 3.2x the bytes of an 80-bin mel per frame, and would
-be parsed and copied to the device every step for models that ignore it.
+not every feature the run holds: audio alone is several times the bytes of an 80-bin mel per frame
+(docs/performance.md#the-waveform-in-the-batch), and would be parsed and copied to the device every
+step for models that ignore it.
 
 The **model** (`TTSModel` below) turns one batch into masked **sums and counts**, never means: the
 trainer adds them up over batches, length buckets and replicas (and over the zero-length records

@@ -311,7 +311,7 @@ class TextToMel(keras.Model):
         """Frame mask [B, T, 1], stop target and stop weight [B, G]: functions of the lengths only."""
         frame_mask = tf.cast(tf.sequence_mask(mel_len, frames), tf.float32)[..., None]
         # stop target: 1 at the step holding the last real frame; weighted up to that step only, so the
-        # padding (half of all steps here) does not teach "stop now". Length-0 (padding) records weigh 0.
+        # padding steps do not teach "stop now". Length-0 (padding) records weigh 0.
         last_step = (mel_len - 1) // self.r
         steps = tf.range(frames // self.r)[None, :]
         return (

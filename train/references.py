@@ -30,7 +30,8 @@ def same_clip_reference(mel, mel_len, frames: int, seed, pad_value: float) -> di
     start = tf.minimum(tf.cast(tf.floor(u * tf.cast(room + 1, tf.float32)), tf.int32), room)
     last = (mel.shape[1] if mel.shape[1] is not None else tf.shape(mel)[1]) - 1
     # [B, frames]; a frame past the mel reads its last one, and is masked below (past mel_len <= F): no
-    # padded copy of the whole mel (half the time of padding it, the same values)
+    # padded copy of the whole mel: the same values, without copying every frame of the batch
+    # (docs/performance.md#references-in-the-batch)
     idx = tf.minimum(start[:, None] + tf.range(frames)[None, :], last)
     taken = tf.gather(mel, idx, batch_dims=1)
     length = tf.clip_by_value(mel_len - start, 0, frames)

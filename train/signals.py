@@ -16,7 +16,7 @@ class StopFlag:
     """SIGINT/SIGTERM set a flag; the loop checkpoints at the next step boundary and exits cleanly.
 
     A second signal ends the process at once, without a checkpoint, even while the main thread
-    sits in a long C++ call (the first XLA compile takes tens of seconds). Python runs its signal
+    sits in a long C++ call (an XLA compile: docs/performance.md#compile). Python runs its signal
     handlers only on the main thread between bytecodes, so they would wait for the call to end; and
     while one signal is pending CPython does not even report the next one to `set_wakeup_fd`. So a
     watcher thread, woken through the wakeup fd by the first signal, acknowledges it at once and

@@ -1,8 +1,9 @@
 """The `melshards` command: the click group here, one module per subcommand beside it, each imported
 only when it runs.
 
-TensorFlow takes seconds to import and Beam more than one, so `melshards --help` lists the
-commands from the short help kept here and imports neither; `melshards stats` imports no TensorFlow.
+TensorFlow and Beam are slow to import (docs/performance.md#preprocess-start-up), so `melshards --help`
+lists the commands from the short help kept here and imports neither; `melshards stats` imports no
+TensorFlow.
 The subcommands share the helpers below (logging, output-file checks, running without exiting).
 The tables, what-ifs and HTML they print live in `melshards.reports`.
 """

@@ -1,7 +1,7 @@
 """`melshards train`: check the invocation, then train (`melshards.train.loop`).
 
 Every check that can fail (globs, schemas, config, batch and step arithmetic) runs before the model
-is built or anything is compiled, so a bad call fails in seconds with a message.
+is built or anything is compiled, so a bad call fails at once with a message.
 """
 
 from __future__ import annotations

@@ -218,9 +218,9 @@ def parquet_scan(path: str, overrides: Mapping[str, str] | None = None) -> Itera
     columns' chunks only, a batch at a time, a row group's chunks in one read where they lie together.
     CorpusError, naming the file, for a file Arrow cannot read.
 
-    Holds the file's footer, parsed whole by Arrow (no part of a footer can be read alone: about 8 KB
-    per row group of 5 columns), one batch of the columns read and one row, nothing per row group or
-    row beyond: the memory grows with the largest file's row groups, not with the rows read. The
+    Holds the file's footer, parsed whole by Arrow (no part of a footer can be read alone; it grows
+    with the row groups: docs/performance.md#the-read-stages-memory-on-a-parquet-export), one batch
+    of the columns read and one row, nothing per row group or row beyond: the memory grows with the largest file's row groups, not with the rows read. The
     footer is parsed here, not taken from FOOTERS, so a scan holds one file's at a time."""
     with contextlib.ExitStack() as stack, _readable(path, "a parquet file", _parquet_errors()):
         pf = _parquet_file(path, stack, pre_buffer=True)
@@ -356,7 +356,7 @@ def _file_stamp(path: str) -> tuple:
 
 
 # The parsed footers a process keeps for the workers' batches: at most this many bytes of serialized
-# footer (parsed, Arrow holds about 4 times that: docs/performance.md#parquet-and-webdataset-inputs),
+# footer (parsed, Arrow holds several times that: docs/performance.md#a-workers-fetch-from-one-large-file),
 # or the one footer read last when it alone is bigger.
 FOOTER_CACHE_BYTES = 4 * 2**20
 

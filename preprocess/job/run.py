@@ -1,7 +1,7 @@
 """`run_job`: check an invocation of the preprocessing job, then run it (`melshards preprocess` calls it).
 
 Everything that can be wrong with the invocation (options, config, input, output) is checked before
-the pipeline is built, so a bad call fails in a second with a message, not after minutes of work.
+the pipeline is built, so a bad call fails at once with a message, before any clip is read.
 A corpus whose every row is rejected is only known after the job: `EmptyRunError`, in one line.
 """
 

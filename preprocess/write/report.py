@@ -401,7 +401,9 @@ def _write_text(out_dir: str, name: str, text: str) -> None:
 
 
 # -- rejected.jsonl: written in sorted shards, merged into one file ---------------------------------
-ROWS_PER_REJECTED_SHARD = 100_000  # what one worker holds and sorts (~100 bytes a row)
+# what one worker holds and sorts: bounds the report stage's memory whatever the rows rejected
+# (docs/performance.md#the-report-stage-rejected-rows)
+ROWS_PER_REJECTED_SHARD = 100_000
 
 
 def rejected_order(row: dict) -> tuple[str, str, str]:
