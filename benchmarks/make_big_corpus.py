@@ -10,7 +10,7 @@ Deterministic: clip i depends only on (--seed, i), so the first N clips of a 13,
 are exactly the clips of an N-clip corpus (the small throughput corpus is a prefix of the big one).
 
 `--max-s 15 --sd-s 3.5` makes the broader 1-15 s spread the length-bucket benchmark trains on
-(benchmarks/train_buckets.py).
+(benchmarks/buckets/training.py).
 
 `--links-of DIR --times N` builds a corpus N times the size of the corpus in DIR without writing
 audio: each wav of DIR gets N new names (hard links, `<id>x<k>.wav`, k = 0..N-1), and each metadata

@@ -9,7 +9,7 @@ Beam's multi_processing workers are child processes, so the figures are sums ove
                    pages shared between processes split between them instead of counted in each
   timeline         [t, rss_bytes, processes, cores_busy over the last interval, pss_bytes], every `interval` s
 
-Used by benchmarks.preprocess_throughput and benchmarks.preprocess_scale.
+Used by benchmarks.preprocess.throughput and benchmarks.preprocess.scale.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Smoke test of the device benchmark, benchmarks/step_device.py.
+"""Smoke test of the device benchmark, benchmarks/train/step_device.py.
 
 One end-to-end run (`--quick --steps 2`) of one trainer variant (bf16_noxla: the trainer's loop without an
 XLA compile, the cheapest of the four to run) and the `before` loader, the two kinds of variant it has, shows
 the script runs to completion and reports every figure. The script's own part (the variants in turn,
 parse-only throughput, the table, the JSON line) runs in the test's process through `step_device.main`, as
-`python -m benchmarks.step_device` calls it; the trainer variant runs in the `melshards train` process the
+`python -m benchmarks.train.step_device` calls it; the trainer variant runs in the `melshards train` process the
 script starts for it, as a user's run does. The before loader (`step_device.before_loader`) runs in the
 test's process, which has TensorFlow already: `in_fresh_process`, which a user's run starts it through, is
 swapped for a call of the same function with the same JSON-encoded arguments and result, and is itself
@@ -61,11 +61,11 @@ def eight_records(shards_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def quick_run(eight_records, tmp_path_factory):
-    """`python -m benchmarks.step_device --quick --steps 2 --variants bf16_noxla,before --shards
+    """`python -m benchmarks.train.step_device --quick --steps 2 --variants bf16_noxla,before --shards
     <eight_records>`, its `main` called in this process, and the before loader with it (one process, one
     TensorFlow import, instead of two; `in_fresh_process` has its own test): what it printed (the table,
     then the JSON line), the directory it worked in and the functions run in place of a child process."""
-    from benchmarks import step_device
+    from benchmarks.train import step_device
 
     def in_this_process(function, *args):
         ran.append(function)
@@ -111,7 +111,7 @@ def test_step_device_quick_runs_a_trainer_variant_and_the_before_loader_and_repo
 def test_every_trainer_variant_gives_melshards_train_arguments_and_a_config_it_accepts_and_reports_every_figure(
     quick_run, shards_dir, tmp_path, monkeypatch
 ):
-    from benchmarks import step_device
+    from benchmarks.train import step_device
     from melshards.commands.train import train_command
     from melshards.train import device
     from melshards.train.config import load_config
@@ -146,7 +146,7 @@ def test_every_trainer_variant_gives_melshards_train_arguments_and_a_config_it_a
 
 
 def test_in_fresh_process_runs_a_function_of_the_script_in_a_child_and_stops_the_script_when_it_fails(monkeypatch):
-    from benchmarks import step_device
+    from benchmarks.train import step_device
 
     here = step_device.device_name()
     monkeypatch.setattr(step_device, "device_name", lambda: "this process's")  # a child imports its own

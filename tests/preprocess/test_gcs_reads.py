@@ -4,7 +4,7 @@ bytes it serves), each corpus under its own prefix, in one pipeline; files past 
 chunk where the kind has big files. The clips measured from gs:// decode to the samples the same files
 give read locally.
 
-The corpora are noise clips (benchmarks/remote_read.py writes them) at 48 kHz: few seconds of audio
+The corpora are noise clips (benchmarks/remote/read.py writes them) at 48 kHz: few seconds of audio
 for many bytes, so measuring them costs little."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from pathlib import Path
 import apache_beam as beam
 import pytest
 
-from benchmarks.remote_read import write_parquet, write_segments, write_tars, write_wavs
+from benchmarks.remote.read import write_parquet, write_segments, write_tars, write_wavs
 from melshards.preprocess.clip import quality
 from melshards.preprocess.clip.clips import load_decoded
 from melshards.preprocess.clip.measure_stage import MeasureClips

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from benchmarks import quality_faults
+from benchmarks.quality import faults
 from melshards.preprocess.clip.clips import filter_rejection
 from melshards.preprocess.clip.quality import MEASURES
 from melshards.preprocess.config import QualityRulesConfig
@@ -86,7 +86,7 @@ def test_rate_bounds_are_per_speaker_in_a_language_then_the_language_never_anoth
 
 def test_by_default_a_speaker_needs_20_rated_clips_for_bounds_of_its_own_and_5_for_its_pace_at_k_3():
     # one clip is more than 5% of a speaker of fewer than 20, whose quartiles are too noisy to judge it by
-    # (benchmarks/quality_rate_bounds.py): from 5 clips its median sets its pace in its language's spread;
+    # (benchmarks/quality/rate_bounds.py): from 5 clips its median sets its pace in its language's spread;
     # below 5 it takes its language's bounds
     clips = _rated("big", "en", [14.0] * 5 + [15.0] * 10 + [16.0] * 5)  # Q1 14, Q3 15
     clips += _rated("small", "en", [13.0 + 0.25 * i for i in range(19)])
@@ -334,13 +334,13 @@ def test_only_copies_whose_hash_prefix_another_clip_shares_are_grouped_by_their_
 @pytest.fixture(scope="module")
 def fault_run(tmp_path_factory):
     """One `melshards preprocess` (default quality rules; in this process, its job in a job process) of a
-    one-speaker fault corpus (benchmarks/quality_faults.py): 13 clean clips and one clip of each fault kind
+    one-speaker fault corpus (benchmarks/quality/faults.py): 13 clean clips and one clip of each fault kind
     (21 clips: enough for rate bounds of the speaker's own) -> its rows, its rejected.jsonl rows, its
     stats.json and the summary it printed."""
     from melshards.commands.preprocess import run
 
     work = tmp_path_factory.mktemp("faults")
-    rows = quality_faults.build_fault_corpus(work / "corpus", clean=13, per_fault=1, speakers=("fast",), parts=1)
+    rows = faults.build_fault_corpus(work / "corpus", clean=13, per_fault=1, speakers=("fast",), parts=1)
     out = work / "out"
     args = ["--input", str(work / "corpus" / "manifest.jsonl"), "--output", str(out), "--config", str(TINY_CONFIG)]
     with contextlib.redirect_stdout(io.StringIO()) as printed:

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from benchmarks.bucket_bounds import equal_count_bounds
+from benchmarks.buckets.bounds import equal_count_bounds
 from melshards.shards_schema.buckets import (
     BucketFill,
     Merge,

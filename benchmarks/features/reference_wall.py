@@ -1,0 +1,100 @@
+"""What other_clip references cost: preprocess wall with and without them, side by side.
+
+The same corpus (benchmarks/make_big_corpus.py, 1,000 clips by default) read as a manifest whose clips
+are dealt round-robin to `--speakers` speakers, preprocessed two ways, each a separate `python -m
+melshards preprocess` process timed from start to exit, interleaved in every round (the machine is
+shared: compare same-round ratios):
+
+- `none`: the default config;
+- `other_clip`: + `reference: {source: other_clip, frames: 256, min_seconds: 3.0}`.
+
+Reported: wall and CPU seconds (the process tree's) per variant per round, the per-round ratios
+other_clip / none and their medians (goal, issue 37: wall <= 1.2), and the bytes per record of each.
+
+Run: python -m benchmarks.features.reference_wall [--clips 1000] [--rounds 2] [--workers 2] [--speakers 10]
+         [--work-dir /tmp/melshards-bench]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import yaml
+
+from benchmarks.common import emit
+from benchmarks.preprocess.scale import WORK, beam_flags, ensure_corpus
+from benchmarks.proctree import run_sampled
+
+VARIANTS = {"none": {}, "other_clip": {"reference": {"source": "other_clip", "frames": 256, "min_seconds": 3.0}}}
+
+
+def manifest(corpus: str, speakers: int, work: Path) -> str:
+    """The corpus's clips as a manifest, clip i spoken by speaker i % speakers."""
+    path = work / f"references-{Path(corpus).name}-{speakers}.csv"
+    lines = (Path(corpus) / "metadata.csv").read_text(encoding="utf-8").splitlines()
+    with path.open("w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "audio", "text", "speaker"])
+        for i, line in enumerate(lines):
+            clip_id, text = line.split("|")[:2]
+            w.writerow([clip_id, str(Path(corpus) / "wavs" / f"{clip_id}.wav"), text, f"s{i % speakers}"])
+    return str(path)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clips", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--speakers", type=int, default=10)
+    ap.add_argument("--work-dir", default=WORK)
+    args = ap.parse_args(argv)
+    work = Path(args.work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    rows = manifest(ensure_corpus(str(work / f"ljbig-{args.clips}"), args.clips), args.speakers, work)
+    walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpus: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    sizes = {}
+    for r in range(args.rounds):
+        for v, cfg in VARIANTS.items():
+            out = work / f"references-out-{v}"
+            config = work / f"references-{v}.yaml"
+            config.write_text(yaml.safe_dump(cfg))
+            cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", rows, "--language", "en"]
+            cmd += ["--output", str(out), "--overwrite", "--config", str(config), *beam_flags(args.workers)]
+            res = run_sampled(cmd, log_path=str(work / f"references-{v}.log"))
+            if res["rc"] != 0:
+                raise SystemExit(f"{v}: preprocess exited {res['rc']}; see {work / f'references-{v}.log'}")
+            walls[v].append(round(res["wall_s"], 1))
+            cpus[v].append(round(res["cpu_s"], 1))
+            print(f"round {r + 1} {v:<10} wall {res['wall_s']:6.1f} s  cpu {res['cpu_s']:6.1f} s", flush=True)
+            records = json.loads((out / "stats.json").read_text())["counts"]["in_shards"]
+            total = sum(f.stat().st_size for f in out.glob("*.tfrecord"))
+            sizes[v] = {"records": records, "bytes_per_record": round(total / records)}
+    ratios = [round(a / b, 3) for a, b in zip(walls["other_clip"], walls["none"])]
+    cpu_ratios = [round(a / b, 3) for a, b in zip(cpus["other_clip"], cpus["none"]) if b]
+    result = {
+        "benchmark": "reference_wall",
+        "clips": args.clips,
+        "speakers": args.speakers,
+        "workers": args.workers,
+        "wall_s": walls,
+        "ratio_other_clip_over_none": ratios,
+        "median_ratio": statistics.median(ratios),
+        "cpu_s": cpus,
+        "cpu_ratio_other_clip_over_none": cpu_ratios,
+        "median_cpu_ratio": statistics.median(cpu_ratios) if cpu_ratios else None,
+        "goal": "<= 1.2",
+        "shards": sizes,
+    }
+    emit(result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
