@@ -43,7 +43,7 @@ __all__ = [
     "frontend_record",
     "has_speakable_content",
     "normalizer_for",
-    # the english front end's pieces, under names of this module (for callers of the English-only API)
+    # the english front end's pieces, also under these names of this module
     "FRONTEND",
     "expand_numbers",
     "expand_abbreviations",
@@ -256,7 +256,7 @@ def normalizer_for(record: dict) -> Callable[[str, str], str]:
     return normalize
 
 
-# --- the english front end's pieces under names of this module, for callers of the English-only API -
+# --- the english front end's pieces, also under these names of this module ------------------------
 
 FRONTEND = frontend_record("english")
 expand_numbers = text_english.expand_numbers

@@ -117,7 +117,7 @@ def refuse_other_model(model_dir: str, inputs: Inputs) -> None:
         with tf.io.gfile.GFile(cfg_path) as f:
             saved = json.load(f)["model"]
         now = recorded_model_section(inputs.cfg)
-        # a section recorded without a factory is the built-in model's; a factory under its current name
+        # a section recorded without a factory takes this run's; a renamed factory compares under its current name
         saved = dict(saved, factory=current_factory(saved.get("factory", now["factory"])))
         if saved != now:
             diff = sorted(k for k in set(now) | set(saved) if saved.get(k) != now.get(k))

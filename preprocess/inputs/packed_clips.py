@@ -220,8 +220,9 @@ def parquet_scan(path: str, overrides: Mapping[str, str] | None = None) -> Itera
 
     Holds the file's footer, parsed whole by Arrow (no part of a footer can be read alone; it grows
     with the row groups: docs/performance.md#the-read-stages-memory-on-a-parquet-export), one batch
-    of the columns read and one row, nothing per row group or row beyond: the memory grows with the largest file's row groups, not with the rows read. The
-    footer is parsed here, not taken from FOOTERS, so a scan holds one file's at a time."""
+    of the columns read and one row, nothing per row group or row beyond: the memory grows with the
+    largest file's row groups, not with the rows read. The footer is parsed here, not taken from
+    FOOTERS, so a scan holds one file's at a time."""
     with contextlib.ExitStack() as stack, _readable(path, "a parquet file", _parquet_errors()):
         pf = _parquet_file(path, stack, pre_buffer=True)
         names = pf.schema_arrow.names
