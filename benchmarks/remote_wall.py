@@ -42,7 +42,7 @@ the fixed-cost run's), wall and CPU per audio hour (whole run, and marginal), th
 vCPU-hours per 1,000 audio hours, the workers' peak, the emulator's CPU, the load; then the gs:// ÷ local
 ratios of the per-round figures (median).
 
-Run: python -m benchmarks.remote_wall [--clips 400] [--fixed-clips 8] [--rounds 2] [--workers 2]
+Run: python -m benchmarks.remote_wall [--clips 400] [--fixed-clips 8] [--rounds 1] [--workers 2]
          [--kinds wav,tars,parquet] [--per-tar 80] [--work-dir DIR]
 """
 
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clips", type=int, default=400, help="clips per corpus kind (6.6 s on average)")
     ap.add_argument("--fixed-clips", type=int, default=8, help="clips of the fixed-cost run")
-    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=1, help="rounds of the two sides, alternating which goes first")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--kinds", default=",".join(KINDS))
     ap.add_argument("--per-tar", type=int, default=80, help="samples a tar (about 290 KB each)")
