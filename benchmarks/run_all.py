@@ -24,6 +24,7 @@ Default: the full documented run (docs/performance.md, which gives its duration)
   read_scale             --rows 13100,131000,1048000
   combine_sizes          --clips 20000,200000 --pitch
   worker_memory          --rows 20000,200000   (makes a 200,000-clip corpus, 2.6 GB, once)
+  remote_wall            --clips 1000 --rounds 2   (local files against gs:// on the GCS emulator)
   synthesize_wall        --rounds 3
 Quick mode (`python -m benchmarks.run_all --quick`, or env MELSHARDS_BENCH_QUICK=1): small sizes,
 a few minutes, for checking the benchmarks still run; its figures are not the documented ones.
@@ -86,6 +87,21 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
             ("read_scale", ["--rows", "1000,4000", "--files", "1000", "--work-dir", work]),
             ("combine_sizes", ["--clips", "2000,4000"]),
             ("worker_memory", ["--rows", "300,600", "--work-dir", f"{work}/quick"]),  # not the full run's corpus
+            (
+                "remote_wall",
+                [
+                    "--clips",
+                    "12",
+                    "--fixed-clips",
+                    "4",
+                    "--rounds",
+                    "1",
+                    "--per-tar",
+                    "8",
+                    "--work-dir",
+                    f"{work}/quick",
+                ],
+            ),
             ("synthesize_wall", ["--rounds", "1", "--steps", "4"]),
             ("step_device", ["--quick"]),
             ("compile_wall", ["--clips", "200", "--rounds", "1"]),
@@ -132,6 +148,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
         ("read_scale", ["--rows", "13100,131000,1048000", "--work-dir", work]),
         ("combine_sizes", ["--clips", "20000,200000", "--pitch"]),
         ("worker_memory", ["--rows", "20000,200000", "--work-dir", work]),
+        ("remote_wall", ["--clips", "1000", "--rounds", "2", "--work-dir", work]),
         ("synthesize_wall", ["--rounds", "3"]),
         ("step_device", ["--steps", "120", "--rounds", "1"]),  # train_base sizes: meant for a GPU machine
         ("compile_wall", ["--clips", "800", "--rounds", "2"]),
