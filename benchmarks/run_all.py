@@ -24,6 +24,7 @@ Default: the full documented run (docs/performance.md, which gives its duration)
   inputs.read_scale            --rows 13100,131000,1048000
   preprocess.combine_sizes     --clips 20000,200000 --pitch
   preprocess.worker_memory     --rows 20000,200000   (makes a 200,000-clip corpus, 2.6 GB, once)
+  remote.wall                  --clips 1000 --rounds 2   (local files against gs:// on the GCS emulator)
   train.synthesize_wall        --rounds 3
 Quick mode (`python -m benchmarks.run_all --quick`, or env MELSHARDS_BENCH_QUICK=1): small sizes,
 a few minutes, for checking the benchmarks still run; its figures are not the documented ones.
@@ -89,6 +90,21 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
                 "preprocess.worker_memory",
                 ["--rows", "300,600", "--work-dir", f"{work}/quick"],
             ),  # not the full run's corpus
+            (
+                "remote.wall",
+                [
+                    "--clips",
+                    "12",
+                    "--fixed-clips",
+                    "4",
+                    "--rounds",
+                    "1",
+                    "--per-tar",
+                    "8",
+                    "--work-dir",
+                    f"{work}/quick",
+                ],
+            ),
             ("train.synthesize_wall", ["--rounds", "1", "--steps", "4"]),
             ("train.step_device", ["--quick"]),
             ("train.compile_wall", ["--clips", "200", "--rounds", "1"]),
@@ -135,6 +151,7 @@ def plan(quick: bool, work: str) -> list[tuple[str, list[str]]]:
         ("inputs.read_scale", ["--rows", "13100,131000,1048000", "--work-dir", work]),
         ("preprocess.combine_sizes", ["--clips", "20000,200000", "--pitch"]),
         ("preprocess.worker_memory", ["--rows", "20000,200000", "--work-dir", work]),
+        ("remote.wall", ["--clips", "1000", "--rounds", "2", "--work-dir", work]),
         ("train.synthesize_wall", ["--rounds", "3"]),
         ("train.step_device", ["--steps", "120", "--rounds", "1"]),  # train_base sizes: meant for a GPU machine
         ("train.compile_wall", ["--clips", "800", "--rounds", "2"]),

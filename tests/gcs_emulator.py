@@ -128,6 +128,12 @@ class GcsEmulator:
         return f"http://127.0.0.1:{self._proxy.server_address[1]}"
 
     @property
+    def server_pid(self) -> int:
+        """fake-gcs-server's process id (what a benchmark reads its CPU time from)."""
+        assert self._process is not None
+        return self._process.pid
+
+    @property
     def environ(self) -> dict[str, str]:
         """The variables a client process needs to talk to this emulator: its address, and credentials and
         a project that google-auth takes without a network lookup."""
