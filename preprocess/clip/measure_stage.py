@@ -23,7 +23,7 @@ from melshards.preprocess.inputs.progress import batch_measured
 from melshards.preprocess.inputs.read_stage import NS, REJECTED, count
 from melshards.preprocess.inputs.rows import reject
 from melshards.preprocess.out_dir.stash import batch_name, load_rows, stash_batch
-from melshards.preprocess.stats import feature_stats
+from melshards.preprocess.clip.features import clip_summary
 from melshards.preprocess.workers import worker_setup
 from melshards.shards_schema.stats import Moments
 
@@ -190,7 +190,7 @@ class _MeasureFn(beam.DoFn):
             cached.counts["hits" if not missing else "computed"] += 1
             Metrics.distribution(NS, "mel_frames").update(clip["mel_frames"])
             clip["moments"] = moments
-            clip["feature_summary"] = feature_stats.clip_summary(features, self.vectors)
+            clip["feature_summary"] = clip_summary(features, self.vectors)
             clips.append(clip)
             arrays.append(stashed)
         path = cached.flush()

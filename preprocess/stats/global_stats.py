@@ -30,7 +30,7 @@ import apache_beam as beam
 import numpy as np
 
 from melshards.preprocess.clip import quality
-from melshards.preprocess.clip.clips import filter_rejection
+from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.inputs.merge import INPUT
 from melshards.preprocess.out_dir.stash import DUPLICATES, load_clips
@@ -367,7 +367,7 @@ class DuplicateAudio(beam.PTransform):
     """Stashed batches (`MeasureClips`'s `stashed`) -> the same batches, each joined with the verdicts
     of its clips whose decoded audio (`audio_hash`) another kept copy has (`stash.DUPLICATES`, read by
     `stash.load_clips`): the copies of one hash are grouped with a GroupByKey (no worker holds every
-    hash; only the clips whose hash prefix another clip shares, `RepeatedHashes`, cross it), and of those that pass every other rule (`clips.filter_rejection` with the cut-offs, the
+    hash; only the clips whose hash prefix another clip shares, `RepeatedHashes`, cross it), and of those that pass every other rule (`filter_rule.filter_rejection` with the cut-offs, the
     corpus tables and the quality gate, side inputs) the first by input order is kept: an earlier
     --input, else an earlier row of the same input (each clip's `merge.INPUT` and `row`). The verdicts
     reach their batch by a keyed join, so no worker holds them all."""

@@ -2,7 +2,7 @@
 shapes, encoded and written to temp TFRecord files, in one pass over the stash.
 
 Clips outside the cut-offs are dropped (never truncated) by the filter's one rule
-(`melshards.preprocess.clip.clips.filter_rejection`); padding and encoding are
+(`melshards.preprocess.stats.filter_rule.filter_rejection`); padding and encoding are
 `melshards.preprocess.write.encode.encode_clip`; the temp files roll at the target shard size
 (`melshards.preprocess.out_dir.shards.RollingFiles`) and `AssembleShards` makes the shards from them.
 """
@@ -17,7 +17,8 @@ from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
 from melshards.preprocess.clip import cache, extractors
-from melshards.preprocess.clip.clips import SAMPLES, analyse_audio, filter_rejection
+from melshards.preprocess.clip.clips import SAMPLES, analyse_audio
+from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.inputs.read_stage import REJECTED, count
 from melshards.preprocess.inputs.rows import reject

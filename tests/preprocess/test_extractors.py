@@ -14,7 +14,7 @@ import pytest
 import soundfile as sf
 import yaml
 
-from melshards.preprocess.clip import cache, extractors
+from melshards.preprocess.clip import cache, extractors, features
 from melshards.preprocess.config import ExtractorConfig, PreprocessConfig
 from melshards.preprocess.stats import feature_stats
 from melshards.shards_schema import read_schema
@@ -91,7 +91,7 @@ def test_padding_fills_each_kind_to_the_bucket_with_its_pad_value():
 
 def test_centroids_are_the_mean_of_training_vectors_else_validation():
     def summary(v):
-        return feature_stats.clip_summary({"spk": np.array(v, np.float32)}, ("spk",))
+        return features.clip_summary({"spk": np.array(v, np.float32)}, ("spk",))
 
     clips = [
         ({"speaker": "a", "language": "en", "split": "train"}, summary([1.0, 2.0])),

@@ -18,7 +18,7 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 from benchmarks import quality_faults
-from melshards.preprocess.clip.clips import filter_rejection
+from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.clip.quality import MEASURES
 from melshards.preprocess.config import QualityRulesConfig
 from melshards.preprocess.inputs.merge import MergedInputs

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from melshards.preprocess.clip.clips import filter_rejection
+from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.clip.measure_stage import MeasureClips
 from melshards.preprocess.config import PadConfig, PreprocessConfig
 from melshards.preprocess.inputs.read_stage import ReadCorpus, batch_rows, detect_corpus
