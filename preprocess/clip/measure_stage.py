@@ -17,13 +17,13 @@ from apache_beam.metrics import Metrics
 
 from melshards.preprocess.clip import cache, extractors
 from melshards.preprocess.clip.clips import SAMPLES, ClipRejected, as_rejection, featurize_span, prepare_texts
+from melshards.preprocess.clip.features import clip_summary
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.inputs import packed_clips
 from melshards.preprocess.inputs.progress import batch_measured
 from melshards.preprocess.inputs.read_stage import NS, REJECTED, count
 from melshards.preprocess.inputs.rows import reject
 from melshards.preprocess.out_dir.stash import batch_name, load_rows, stash_batch
-from melshards.preprocess.clip.features import clip_summary
 from melshards.preprocess.workers import worker_setup
 from melshards.shards_schema.stats import Moments
 

@@ -11,10 +11,10 @@ from collections import Counter
 
 import apache_beam as beam
 
-from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.out_dir.stash import load_clips
 from melshards.preprocess.stats import bucketing, tables
+from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.stats.global_stats import length_histograms, merge_lengths
 from melshards.preprocess.stats.quality_rules import QualityGate
 from melshards.shards_schema.stats import Cutoffs, merge_histograms

@@ -21,8 +21,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import numpy as np
-
 from melshards.preprocess.clip.features import VECTOR
 from melshards.shards_schema.stats import Moments, summarize
 

@@ -30,11 +30,11 @@ import apache_beam as beam
 import numpy as np
 
 from melshards.preprocess.clip import quality
-from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.inputs.merge import INPUT
 from melshards.preprocess.out_dir.stash import DUPLICATES, load_clips
 from melshards.preprocess.stats import quality_rules, quality_stats, tables
+from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
 
 

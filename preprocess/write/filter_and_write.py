@@ -18,13 +18,13 @@ from apache_beam.utils.windowed_value import WindowedValue
 
 from melshards.preprocess.clip import cache, extractors
 from melshards.preprocess.clip.clips import SAMPLES, analyse_audio
-from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.inputs.read_stage import REJECTED, count
 from melshards.preprocess.inputs.rows import reject
 from melshards.preprocess.out_dir.shards import RollingFiles
 from melshards.preprocess.out_dir.stash import load_clips, load_features
 from melshards.preprocess.stats import feature_stats, tables
+from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.stats.global_stats import AddParts
 from melshards.preprocess.workers import worker_setup
 from melshards.preprocess.write.encode import encode_clip

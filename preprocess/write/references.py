@@ -26,11 +26,11 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess.clip import cache
-from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.inputs.read_stage import count
 from melshards.preprocess.out_dir.stash import load_clips
 from melshards.preprocess.stats import tables
+from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.workers import worker_setup
 from melshards.preprocess.write.filter_and_write import analyse_again
 

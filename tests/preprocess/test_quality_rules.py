@@ -18,13 +18,13 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 from benchmarks import quality_faults
-from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.clip.quality import MEASURES
 from melshards.preprocess.config import QualityRulesConfig
 from melshards.preprocess.inputs.merge import MergedInputs
 from melshards.preprocess.inputs.rows import row
 from melshards.preprocess.inputs.spill import Spill
 from melshards.preprocess.stats import quality_rules
+from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.stats.global_stats import DuplicateAudio, RepeatedHashes, hash_prefixes, repeated_prefixes
 from melshards.preprocess.stats.quality_rules import QualityGate, quality_rejection
 from melshards.preprocess.write.filter_and_write import dropped_counts
