@@ -23,6 +23,7 @@ from melshards.preprocess.config import QualityRulesConfig
 from melshards.preprocess.inputs.merge import MergedInputs
 from melshards.preprocess.inputs.rows import row
 from melshards.preprocess.inputs.spill import Spill
+from melshards.preprocess.out_dir import duplicate_marks
 from melshards.preprocess.stats import quality_rules
 from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.stats.global_stats import DuplicateAudio, RepeatedHashes, hash_prefixes, repeated_prefixes
@@ -249,7 +250,7 @@ def _verdicts(copies, places):
     rest, marked on the clips (as the writer reads them back), then `filter_rejection`."""
     gate = _gate()
     members = [(place, c["id"], filter_rejection(c, CUT, TABLES, gate) is None) for place, c in zip(places, copies)]
-    marked = quality_rules.mark_duplicates(copies, dict(quality_rules.duplicates_of(members)))
+    marked = duplicate_marks.mark_duplicates(copies, dict(quality_rules.duplicates_of(members)))
     return {c["id"]: filter_rejection(c, CUT, TABLES, gate) for c in marked}
 
 
@@ -298,7 +299,7 @@ def test_duplicate_audio_joins_each_batch_with_its_verdicts_first_passing_copy_b
             | beam.Create([*batches, empty])
             | DuplicateAudio(*side)
             | beam.FlatMap(
-                lambda b: [(c["id"], c.get(quality_rules.DUPLICATE_OF)) for c in load_clips(b)] or [("-", None)]
+                lambda b: [(c["id"], c.get(duplicate_marks.DUPLICATE_OF)) for c in load_clips(b)] or [("-", None)]
             )
         )
         expected = [
