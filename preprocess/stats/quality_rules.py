@@ -27,6 +27,11 @@ Three kinds of rule:
 `quality_rejection` applies them all to one clip and gives the reason with a detail naming the measure,
 its value and the bound; the writer counts what they dropped per speaker
 (`filter_and_write.dropped_counts`; stats.json `quality_dropped_by_speaker` and `speakers[].per_reason`).
+
+The quality family, one module each: the measures (`melshards.preprocess.clip.quality`), the rules
+(`melshards.preprocess.stats.quality_rules`), the statistics for stats.json
+(`melshards.preprocess.stats.quality_stats`), their Beam transforms (`melshards.preprocess.stats.quality_stage`)
+and the tables of `melshards stats` (`melshards.reports.quality_tables`).
 """
 
 from __future__ import annotations
@@ -221,8 +226,8 @@ def duplicates_of(members: Iterable[tuple[tuple, str, bool]]) -> list[tuple[str,
 @dataclasses.dataclass(frozen=True)
 class QualityGate:
     """What the quality rules need beside a clip: the rules, the output's sample rate, the speaking-rate
-    bounds (`rate_bounds`) and the run's text unit (`symbol_kind`). The duplicates travel on the clips
-    (`DUPLICATE_OF`)."""
+    bounds (`rate_bounds`) and the run's text unit (`symbol_kind`); the job's is made by
+    `quality_stage.SpeakingRateBounds`. The duplicates travel on the clips (`DUPLICATE_OF`)."""
 
     rules: QualityRulesConfig
     sample_rate: int

@@ -190,7 +190,7 @@ class _FilterAndWriteFn(beam.DoFn):
 
 class FilterAndWrite(beam.PTransform):
     """Drop (never truncate) clips outside the percentile cut-offs, pad the rest to their bucket's
-    shapes and write them; the cut-offs, the quality gate (`global_stats.QualityGate`), the chosen buckets (`ChooseBuckets`) and the corpus tables
+    shapes and write them; the cut-offs, the quality gate (`quality_stage.SpeakingRateBounds`), the chosen buckets (`ChooseBuckets`) and the corpus tables
     (`CorpusTables`) arrive as side inputs.
 
     Returns {"parts": temp files written, "rejected": dropped clips, "moments": mel moments of each

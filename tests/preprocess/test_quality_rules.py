@@ -26,8 +26,8 @@ from melshards.preprocess.inputs.spill import Spill
 from melshards.preprocess.out_dir import duplicate_marks
 from melshards.preprocess.stats import quality_rules
 from melshards.preprocess.stats.filter_rule import filter_rejection
-from melshards.preprocess.stats.global_stats import DuplicateAudio, RepeatedHashes, hash_prefixes, repeated_prefixes
 from melshards.preprocess.stats.quality_rules import QualityGate, quality_rejection
+from melshards.preprocess.stats.quality_stage import DuplicateAudio, RepeatedHashes, hash_prefixes, repeated_prefixes
 from melshards.preprocess.write.filter_and_write import dropped_counts
 from melshards.preprocess.write.report import mostly_dropped, quality_dropped_by_speaker
 from melshards.reports.stats_json_tables import mostly_dropped_lines, quality_loss_lines, rate_unjudged_lines
@@ -317,7 +317,7 @@ def test_only_copies_whose_hash_prefix_another_clip_shares_are_grouped_by_their_
     # a million distinct recordings cross the shuffle as 8 packed bytes each; the clips of a repeated prefix
     # (here a duplicate pair, and a clip sharing their first 8 bytes only) as (hash, place) pairs
     from melshards.preprocess.out_dir.stash import stash_batch
-    from melshards.preprocess.stats.global_stats import _copies
+    from melshards.preprocess.stats.quality_stage import _copies
 
     hashes = ["ab" * 32, "ab" * 8 + "cd" * 24, "ab" * 32, *(f"{i:016x}" + "0" * 48 for i in range(1, 98))]
     clips = [dict(_copy(f"c{i}"), audio_hash=h, input=0, row=i) for i, h in enumerate(hashes)]

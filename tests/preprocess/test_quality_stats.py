@@ -21,8 +21,8 @@ from melshards.preprocess.clip.quality import measure_bins
 from melshards.preprocess.config import PreprocessConfig, QualityRulesConfig, load_config
 from melshards.preprocess.inputs.sources import detect_corpus, read_input
 from melshards.preprocess.stats import quality_rules
-from melshards.preprocess.stats.global_stats import QualityGate, QualityHistograms
 from melshards.preprocess.stats.quality_rules import rate_key
+from melshards.preprocess.stats.quality_stage import QualityHistograms, SpeakingRateBounds
 from melshards.preprocess.stats.quality_stats import QualityFigures, add_group, group_histograms, summary_of
 from melshards.preprocess.write.filter_and_write import dropped_counts
 from tests.conftest import TINY_CONFIG
@@ -171,7 +171,7 @@ def test_the_job_sums_each_group_where_its_key_lands_and_one_worker_holds_figure
     with beam_pipeline() as p:
         batches = p | beam.Create([{"clips": clips[i : i + 32]} for i in range(0, len(clips), 32)] + [{"clips": []}])
         summary = batches | QualityHistograms(cfg)
-        gate = batches | QualityGate(cfg)
+        gate = batches | SpeakingRateBounds(cfg)
 
         def check(found):
             ((s,),) = [found]
