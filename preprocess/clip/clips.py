@@ -5,7 +5,7 @@ the features the config asks for (pitch, energy, audio; durations from a TextGri
 and its quality measures (`clip["quality"]`, `melshards.preprocess.clip.quality.MEASURES`) and
 `clip["audio_hash"]`, which travel with the clip to the filter stage;
 the job carries them across the statistics barrier (`melshards.preprocess.out_dir.stash`) instead of decoding
-the clip a second time. `measure` is the lengths alone, for tools that need no mel.
+the clip a second time. `measure_lengths` is the text and lengths alone, for tools that need no mel.
 The filter's rule on a measured clip is `melshards.preprocess.stats.filter_rule.filter_rejection`.
 """
 
@@ -170,7 +170,7 @@ def _text(row: dict, text: str | ClipRejected | None, cfg: PreprocessConfig) -> 
     return text  # type: ignore[return-value]  # prepare_texts gives None only in a run with alignments, which never calls _text
 
 
-def measure(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = None) -> dict:
+def measure_lengths(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = None) -> dict:
     """Row -> row + normalised text and the three lengths the statistics are made of. `text`: the
     row's `prepare_texts` result when the caller made it for a batch."""
     return featurize(row, cfg, text, arrays=False)[0]
