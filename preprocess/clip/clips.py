@@ -244,7 +244,7 @@ def analyse_audio(
         gain = quality.loudness_gain(trimmed, sr, target)
         trimmed = (trimmed * gain).astype(np.float32)
         mag = None if mag is None else mag * np.float32(gain)  # the STFT is linear
-    if extract:  # for the extractors (`melshards.preprocess.clip.extractors`), which the caller runs on batches
+    if extract:  # for the extractors (`melshards.preprocess.clip.extractor_plugins`), which the caller runs on batches
         out[SAMPLES] = trimmed
     frames = audio.num_frames(trimmed.size, hop)
     if cache.MEL in todo:

@@ -16,7 +16,7 @@ import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from melshards.preprocess.clip import cache, extractors
+from melshards.preprocess.clip import cache, extractor_plugins
 from melshards.preprocess.clip.clips import SAMPLES, analyse_audio
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.inputs.read_stage import REJECTED, count
@@ -81,7 +81,7 @@ def dropped_counts(dropped) -> Counter:
     return out
 
 
-def analyse_again(clip: dict, cfg: PreprocessConfig, runner: extractors.Extractors | None = None) -> dict:
+def analyse_again(clip: dict, cfg: PreprocessConfig, runner: extractor_plugins.Extractors | None = None) -> dict:
     """The audio features of a measured clip whose cache entry could not be read back, computed again
     from its audio (the same computation, so the same arrays; the mel as float16, as the cache holds it),
     and the extractors' outputs (`runner`, in a run with extractors). IOError if the audio no longer
@@ -117,7 +117,7 @@ class _FilterAndWriteFn(beam.DoFn):
     def setup(self):
         worker_setup()
         # built only if a cache entry went missing during the run (`analyse_again`)
-        self.extractors = extractors.for_run(self.cfg) if self.cfg.extractors else None
+        self.extractors = extractor_plugins.for_run(self.cfg) if self.cfg.extractors else None
 
     def start_bundle(self):
         self.files = RollingFiles(self.out_dir, self.target)
