@@ -8,7 +8,7 @@ One composite PTransform per stage, each with a labelled expand(), in a module o
 - `quality_stage` (stage 4): the quality gate (`SpeakingRateBounds`), the quality histograms; then each
   stashed batch joined with its duplicate verdicts (`DuplicateAudio`);
 - `choose_buckets.ChooseBuckets` (stage 6a): the length buckets from the clips the filter keeps;
-- `references.AttachReferences` (a run with other_clip references): each kept clip's reference slice;
+- `other_clip_references.AttachReferences` (a run with other_clip references): each kept clip's reference slice;
 - `filter_and_write.FilterAndWrite` (stages 5-6): filter, pad, encode, write temp files;
 - `shards.AssembleShards` (stage 8): the shards;
 - `report.WriteReport` (stage 9): rejected.jsonl, stats.json, schema.json.
@@ -39,7 +39,7 @@ from melshards.preprocess.stats.quality_stage import (
     SpeakingRateBounds,
 )
 from melshards.preprocess.write.filter_and_write import FEATURE_STATS, MOMENTS, WRITTEN, FilterAndWrite
-from melshards.preprocess.write.references import AttachReferences
+from melshards.preprocess.write.other_clip_references import AttachReferences
 from melshards.preprocess.write.report import WriteReport, mel_params
 
 

@@ -1,4 +1,5 @@
-"""References (config `reference: source: other_clip`): each kept clip gets a slice of another kept clip
+"""other_clip references (config `reference: source: other_clip`; same_clip references are cut at read time
+by `melshards.train.references`): each kept clip gets a slice of another kept clip
 of the same speaker, chosen deterministically from `reference.seed`, for zero-shot voice models: one of
 its split, or for a validation clip that is its speaker's only one, one of the speaker's training clips
 (`choose_references` says the rule).
