@@ -197,7 +197,7 @@ def _inside(path: str, directory: str) -> bool:
     return p == d or p.startswith(d.rstrip("/") + "/")
 
 
-def check_cache_dir(cache_dir: str, out_dir: str) -> None:
+def check_cache_apart(cache_dir: str, out_dir: str) -> None:
     """OutputError at once for a cache inside the output directory (or holding it): replacing a run
     there would take the cache with it, or the cache's files would mix with a run's."""
     if _inside(cache_dir, out_dir) or _inside(out_dir, cache_dir):
@@ -255,7 +255,7 @@ def run_job(
     if cfg.alignments.dir and (not dry_run or is_local_path(cfg.alignments.dir)):
         check_alignments_dir(cfg.alignments.dir)
     if cache_dir:
-        check_cache_dir(cache_dir, out_dir)
+        check_cache_apart(cache_dir, out_dir)
         if not dry_run:
             cache.check_writable(cache_dir)
     # Local rows files are checked always; remote ones only for a real run, so a Dataflow dry run

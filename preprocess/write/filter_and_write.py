@@ -46,7 +46,7 @@ def written_counts(clips) -> Counter:
     """What a batch put in the shards, for the speaker and language tables: clips and milliseconds per
     ("speaker", name), ("language", code) and ("split", speaker, split); with a clip's "bucket", its
     records per ("bucket", index, split, "speaker" | "language", name) (schema.json `Bucket.groups`); in
-    a run with other_clip references, the records per ("reference", `reference_from`, split)."""
+    a run with other_clip references, the records per ("reference", `reference_kind`, split)."""
     out: Counter[tuple] = Counter()
     for c in clips:
         for key in (("speaker", c["speaker"]), ("language", c["language"])):
@@ -55,12 +55,12 @@ def written_counts(clips) -> Counter:
             if "bucket" in c:
                 out[("bucket", c["bucket"], c["split"]) + key] += 1
         out[("split", c["speaker"], c["split"])] += 1
-        if c.get("reference_from"):
-            out[("reference", c["reference_from"], c["split"])] += 1
+        if c.get("reference_kind"):
+            out[("reference", c["reference_kind"], c["split"])] += 1
     return out
 
 
-def reference_from(clip: dict, ref_id: str, corpus_tables: dict, salt: str) -> str | None:
+def reference_kind(clip: dict, ref_id: str, corpus_tables: dict, salt: str) -> str | None:
     """What written_counts counts of a kept clip's reference: "own_clip" (a slice of itself),
     "val_from_train" (a validation clip's reference cut from a training clip of its speaker), or None
     (another clip of its split). The reference is a clip of the same speaker, whose split `split_of` gives."""
@@ -167,7 +167,7 @@ class _FilterAndWriteFn(beam.DoFn):
                 reference_len=ref_len,
                 reference_start=start,
             )
-            clip["reference_from"] = reference_from(clip, ref_id, corpus_tables, self.cfg.split.salt)
+            clip["reference_kind"] = reference_kind(clip, ref_id, corpus_tables, self.cfg.split.salt)
         for clip in kept:
             split, bucket, data = encode_clip(
                 clip, by_id[clip["id"]], buckets, text, corpus_tables, vocab, self.cfg, outputs
