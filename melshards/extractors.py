@@ -1,5 +1,5 @@
 """Extractor adapters (docs/preprocess.md, Extractors you plug in): a model file -> a per-clip extractor
-for `extractors:` in the preprocess config (`melshards.preprocess.clip.extractors` says what one is).
+for `extractors:` in the preprocess config (`melshards.preprocess.clip.extractor_plugins` says what one is).
 
 - `melshards.extractors:onnx_model`: an ONNX model, run by onnxruntime;
 - `melshards.extractors:saved_model`: a TensorFlow SavedModel (TensorFlow imported when one is loaded,

@@ -234,7 +234,7 @@ class ReferenceConfig:
 @dataclasses.dataclass(frozen=True)
 class ExtractorConfig:
     """One per-clip extractor (docs/preprocess.md, Extractors): `factory(**options)` returns it
-    (`melshards.preprocess.clip.extractors`), loaded once per worker."""
+    (`melshards.preprocess.clip.extractor_plugins`), loaded once per worker."""
 
     factory: StrictStr  # package.module:function, as `melshards train --model` names a model factory
     options: dict[StrictStr, typing.Any] = dataclasses.field(default_factory=dict)  # the factory's keyword arguments

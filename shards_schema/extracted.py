@@ -1,4 +1,4 @@
-"""What a per-clip extractor (`melshards.preprocess.clip.extractors`) declares, and how its outputs sit in a
+"""What a per-clip extractor (`melshards.preprocess.clip.extractor_plugins`) declares, and how its outputs sit in a
 record: pure functions shared by the job (check, pad) and the readers (the bucket's feature table).
 
 An extractor's output is one of three kinds, each with a dtype (float32, float16, int32, int16):

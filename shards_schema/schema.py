@@ -226,7 +226,7 @@ class Schema:
     feature_stats: dict[str, Any] = dataclasses.field(default_factory=dict)
     # the per-clip extractors whose outputs the records hold: {name, version, fingerprint, factory,
     # options (its keyword arguments), sample_rate, outputs: [ExtractorOutput as a dict]}
-    # (`melshards.preprocess.clip.extractors`)
+    # (`melshards.preprocess.clip.extractor_plugins`)
     extractors: tuple[dict[str, Any], ...] = ()
     # the references the run chose (docs/preprocess.md, References): {source: other_clip | same_clip,
     # frames, min_seconds, seed, single_clip, own_clip: {split: records whose reference is a slice of their

@@ -141,8 +141,9 @@ class FilterSettings(_Section):
     text_len_upper_percentile: Number | None = None
 
 
-class Cutoffs(_Section):
-    """`melshards.shards_schema.stats.Cutoffs`: the filter bounds (inclusive) and padded lengths."""
+class CutoffsSection(_Section):
+    """stats.json `cutoffs`, a `melshards.shards_schema.stats.Cutoffs` as written: the filter bounds
+    (inclusive) and padded lengths."""
 
     min_duration_ms: StrictInt
     min_mel_frames: StrictInt
@@ -183,8 +184,9 @@ class PlanBucket(_Section):
     padding_fraction: Number
 
 
-class Merge(_Section):
-    """`melshards.shards_schema.buckets.Merge.to_dict`: a bucket too small, padded up `into` a bound."""
+class MergeEntry(_Section):
+    """An entry of stats.json's bucket merges (`buckets.merges`, `buckets.plan.merges`),
+    `melshards.shards_schema.buckets.Merge.to_dict`: a bucket too small, padded up `into` a bound."""
 
     bound: StrictInt
     records: Count
@@ -204,7 +206,7 @@ class BucketPlan(_Section):
     buckets: list[PlanBucket]
     padding_fraction: Number
     unconstrained_padding_fraction: Number
-    merges: list[Merge]
+    merges: list[MergeEntry]
     min_records_met: StrictBool
 
 
@@ -224,7 +226,7 @@ class Buckets(_Section):
     text_padding_fraction: Number
     min_bucket_records: StrictInt
     plan: BucketPlan | None
-    merges: list[Merge]
+    merges: list[MergeEntry]
     raised_last_bound: Any = None
     what_if: list[WhatIfK]
 
@@ -494,7 +496,7 @@ def quality_problem(stats: StatsFile) -> str | None:
     return None
 
 
-def languages_problem(languages: list[LanguageRow], counts: Counts, cutoffs: Cutoffs | None) -> str | None:
+def languages_problem(languages: list[LanguageRow], counts: Counts, cutoffs: CutoffsSection | None) -> str | None:
     """The language table against the counts and the cut-offs: ids, unique codes, clips adding up to
     the clips in the shards, and each language's text-length cut-off as the cut-offs give it."""
     problem = _ids_problem("languages", [x.id for x in languages])
@@ -540,7 +542,7 @@ class StatsFile(_Section):
     after_filter: LengthSummaries
     histograms: Histograms
     filter: FilterSettings | None = None
-    cutoffs: Cutoffs | None = None
+    cutoffs: CutoffsSection | None = None
     padding: Padding | None = None
     buckets: Buckets | None = None
     speakers: list[SpeakerRow] | None = None

@@ -244,7 +244,7 @@ class Synthesizer(tf.Module):
             )
             def serve_with_reference(text, speaker, language, reference_mel, reference_len):
                 """serve's inputs and a reference: its log-mel [frames, n_mels] by the shards' settings
-                (`melshards.preprocess.write.references.reference_of_wav` computes it from a WAV, as `melshards
+                (`melshards.preprocess.write.other_clip_references.reference_of_wav` computes it from a WAV, as `melshards
                 synthesize --reference` does), padded with the schema's mel pad_value after its
                 reference_len valid frames -> {"mel": [1, T, n_mels], "mel_len": [1]} in its voice."""
                 return generate_with_reference(

@@ -10,7 +10,7 @@ dropped from the mel histogram), which marginal histograms cannot express, so th
 approximations; the `p99 (recomputed)` row, set against the job's exact figure, shows their error.
 
 With --corpus DIR instead, the lengths are measured in this process with the job's own
-`clips.measure` (decode + trim + text, no mel) and the job's filter (`cutoffs_from`, `Cutoffs.reason`)
+`clips.measure_lengths` (decode + trim + text, no mel) and the job's filter (`cutoffs_from`, `Cutoffs.reason`)
 is applied jointly, so every row is exact: the same figures the job's stats.json would hold, for a
 corpus whose job run is too slow or fails. The measured lengths are cached in <work-dir>/lengths-*.json.
 
@@ -54,7 +54,7 @@ def bucketed_fraction(hist: dict[int, int], buckets: int, multiple: int) -> floa
 
 
 def measure_corpus(corpus: str, work_dir: str) -> list[tuple[int, int, int]]:
-    """(text_len, mel_frames, duration_ms) of every measurable row, via the job's clips.measure."""
+    """(text_len, mel_frames, duration_ms) of every measurable row, via the job's clips.measure_lengths."""
     import hashlib
     import os
 
@@ -70,7 +70,7 @@ def measure_corpus(corpus: str, work_dir: str) -> list[tuple[int, int, int]]:
     cfg, out = PreprocessConfig(), []
     for r in corpus_rows(corpus):
         try:
-            c = clips.measure(r, cfg)
+            c = clips.measure_lengths(r, cfg)
         except clips.ClipRejected:
             continue
         out.append((c["text_len"], c["mel_frames"], c["duration_ms"]))
@@ -152,7 +152,7 @@ def main(argv=None) -> dict:
             pad_multiple=8,
             source=args.corpus,
             header=f"{args.corpus}: {info['measured']} measured clips, mean {info['mean_mel_after']} "
-            "mel frames after the default filter (lengths measured with clips.measure)",
+            "mel frames after the default filter (lengths measured with clips.measure_lengths)",
         )
     stats = json.loads(Path(args.stats).read_text())
     f, pad = stats["filter"], stats["padding"]

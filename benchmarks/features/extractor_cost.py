@@ -60,13 +60,13 @@ def profile(corpus: str, clips: int, model: str) -> dict:
     """CPU seconds per audio hour of `clips.featurize` (mel only) and of the extractor on the same clips."""
     import time
 
-    from melshards.preprocess.clip import extractors
+    from melshards.preprocess.clip import extractor_plugins
     from melshards.preprocess.clip.clips import SAMPLES, featurize
     from melshards.preprocess.config import ExtractorConfig, PreprocessConfig
 
     entry = yaml.safe_load(Path(model).read_text())["extractors"][0]
     cfg = PreprocessConfig(extractors=(ExtractorConfig(**entry),))
-    runner = extractors.for_run(cfg)
+    runner = extractor_plugins.for_run(cfg)
     runner.loaded  # noqa: B018 (build it outside the timing)
     lines = (Path(corpus) / "metadata.csv").read_text(encoding="utf-8").splitlines()[:clips]
     rows = [

@@ -7,9 +7,9 @@ implementations share. For each size, the CPU seconds (time.process_time, best o
 - `before`: the choice as it was, a list of the other clips built for every clip (quadratic), kept
   here verbatim as the baseline; measured up to `--before-max` clips and extrapolated beyond as
   t(largest measured) x (n / that n)^2, marked so;
-- `after`: `melshards.preprocess.write.references.choose_references` (sorted pools, the asking clip left out
+- `after`: `melshards.preprocess.write.other_clip_references.choose_references` (sorted pools, the asking clip left out
   by index arithmetic: O(n log n));
-- `job step`: the whole step a worker runs on the speaker's group (`references._choose`: the choice and
+- `job step`: the whole step a worker runs on the speaker's group (`other_clip_references._choose`: the choice and
   the requests it yields, keyed by stash batch; 100 clips a batch).
 
 Where both ran, the two choices are checked equal (clip for clip, reference and start). Reported: a
@@ -27,7 +27,7 @@ import time
 
 from benchmarks.common import emit
 from melshards.preprocess.config import PreprocessConfig, ReferenceConfig
-from melshards.preprocess.write.references import _choose, choose_references
+from melshards.preprocess.write.other_clip_references import _choose, choose_references
 
 MIN_FRAMES = 259  # 3.0 s at 22,050 Hz and hop 256, as the job derives it from min_seconds
 FRAMES = 256

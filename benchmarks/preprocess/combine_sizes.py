@@ -38,6 +38,7 @@ from collections import Counter
 import numpy as np
 
 from benchmarks.common import emit
+from melshards.preprocess.clip import features
 from melshards.preprocess.clip.quality import MEASURES, measure_bins
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.stats import feature_stats, quality_rules, quality_stats, tables
@@ -122,7 +123,7 @@ def elements(clips: list[dict], batch: int, cfg: PreprocessConfig, pitch: bool =
             kept = [
                 (
                     dict(c, split="train"),
-                    feature_stats.clip_summary({"pitch": rng.uniform(80, 400, 100), "energy": rng.uniform(0, 1, 100)}),
+                    features.clip_summary({"pitch": rng.uniform(80, 400, 100), "energy": rng.uniform(0, 1, 100)}),
                 )
                 for c in clips[i : i + batch]
             ]

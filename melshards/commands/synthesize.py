@@ -117,9 +117,9 @@ def write_wav(output: str, y: np.ndarray, sample_rate: int) -> None:
 
 def reference_from(path: str, schema) -> tuple:
     """`--reference WAV` -> (log-mel [frames, n_mels], valid frames) by the preprocess mel
-    (`melshards.preprocess.write.references.reference_of_wav`); UsageError for audio it cannot use."""
+    (`melshards.preprocess.write.other_clip_references.reference_of_wav`); UsageError for audio it cannot use."""
     from melshards.preprocess.clip.clips import ClipRejected
-    from melshards.preprocess.write.references import reference_of_wav
+    from melshards.preprocess.write.other_clip_references import reference_of_wav
 
     if not schema.reference_frames:
         raise click.UsageError(

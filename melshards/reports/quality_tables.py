@@ -11,6 +11,11 @@ What-if of an absolute bound: the clips measured whose value breaks it, from the
 Each rule is counted on its own, over every clip measured: the filter applies the length cut-offs and
 the earlier rules first, so a clip another rule drops is counted here too, and the run's own count
 (`dropped`) can be lower than the row of its own bound.
+
+The quality family, one module each: the measures (`melshards.preprocess.clip.quality`), the rules
+(`melshards.preprocess.stats.quality_rules`), the statistics for stats.json
+(`melshards.preprocess.stats.quality_stats`), their Beam transforms (`melshards.preprocess.stats.quality_stage`)
+and the tables of `melshards stats` (`melshards.reports.quality_tables`).
 """
 
 from __future__ import annotations

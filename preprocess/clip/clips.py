@@ -1,14 +1,12 @@
-"""Per-clip work, the pure functions the job's DoFns call: measure a clip (stages 2-3) and the
-filter's rule (stage 5).
+"""Per-clip work, the pure functions the job's DoFns call: measure a clip (stages 2-3).
 
 `featurize` reads, decodes, resamples and trims a clip once and computes its lengths, its log-mel and
 the features the config asks for (pitch, energy, audio; durations from a TextGrid) in the same pass,
 and its quality measures (`clip["quality"]`, `melshards.preprocess.clip.quality.MEASURES`) and
 `clip["audio_hash"]`, which travel with the clip to the filter stage;
 the job carries them across the statistics barrier (`melshards.preprocess.out_dir.stash`) instead of decoding
-the clip a second time. `measure` is the lengths alone, for tools that need no mel.
-`filter_rejection` is the one filter rule: the buckets are chosen from the clips it keeps, and the
-writer drops the clips it rejects.
+the clip a second time. `measure_lengths` is the text and lengths alone, for tools that need no mel.
+The filter's rule on a measured clip is `melshards.preprocess.stats.filter_rule.filter_rejection`.
 """
 
 from __future__ import annotations
@@ -25,9 +23,6 @@ from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.inputs import packed_clips
 from melshards.preprocess.inputs.merge import as_given
 from melshards.preprocess.inputs.rows import reject
-from melshards.preprocess.stats import quality_rules
-from melshards.preprocess.stats.tables import speaker_rejection_detail
-from melshards.shards_schema.stats import Cutoffs
 from melshards.shards_schema.text import TextRejected, check_texts
 from melshards.shards_schema.vocab import tokens
 
@@ -175,7 +170,7 @@ def _text(row: dict, text: str | ClipRejected | None, cfg: PreprocessConfig) -> 
     return text  # type: ignore[return-value]  # prepare_texts gives None only in a run with alignments, which never calls _text
 
 
-def measure(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = None) -> dict:
+def measure_lengths(row: dict, cfg: PreprocessConfig, text: str | ClipRejected | None = None) -> dict:
     """Row -> row + normalised text and the three lengths the statistics are made of. `text`: the
     row's `prepare_texts` result when the caller made it for a batch."""
     return featurize(row, cfg, text, arrays=False)[0]
@@ -249,7 +244,7 @@ def analyse_audio(
         gain = quality.loudness_gain(trimmed, sr, target)
         trimmed = (trimmed * gain).astype(np.float32)
         mag = None if mag is None else mag * np.float32(gain)  # the STFT is linear
-    if extract:  # for the extractors (`melshards.preprocess.clip.extractors`), which the caller runs on batches
+    if extract:  # for the extractors (`melshards.preprocess.clip.extractor_plugins`), which the caller runs on batches
         out[SAMPLES] = trimmed
     frames = audio.num_frames(trimmed.size, hop)
     if cache.MEL in todo:
@@ -323,28 +318,3 @@ def featurize_span(
 
 def as_rejection(clip_id: str, e: ClipRejected) -> dict:
     return reject(clip_id, e.reason, e.detail)
-
-
-def filter_rejection(
-    clip: dict, cutoffs: Cutoffs, tables: dict, gate: quality_rules.QualityGate | None = None
-) -> dict | None:
-    """The filter's rule: a speaker with too few clips (`tables`), then the percentile cut-offs
-    (`Cutoffs.reason`), then the quality rules and last a duplicate recording
-    (`quality_rules.quality_rejection`, with `gate`; the duplicate verdict is on the clip once its
-    batch is joined with them, `global_stats.DuplicateAudio`). None if it keeps the clip, else the
-    clip's rejected.jsonl entry (a clip is dropped, never truncated). The cut-offs come first: a clip
-    outside them keeps the reason it had before the quality rules existed."""
-    speaker = speaker_rejection_detail(clip, tables)
-    if speaker is not None:
-        return reject(clip["id"], "speaker_too_few_clips", speaker)
-    reason = cutoffs.reason(clip["text_len"], clip["mel_frames"], clip["duration_ms"], clip["language"])
-    if reason is not None:
-        detail = (
-            f"text_len={clip['text_len']} mel_frames={clip['mel_frames']} duration_ms={clip['duration_ms']}; "
-            f"kept: duration_ms>={cutoffs.min_duration_ms}, "
-            f"{cutoffs.min_mel_frames}<=mel_frames<={cutoffs.max_mel_frames}, "
-            f"text_len<={cutoffs.text_limit(clip['language'])} ({clip['language']})"
-        )
-        return reject(clip["id"], reason, detail)
-    bad = quality_rules.quality_rejection(clip, gate) if gate is not None else None
-    return reject(clip["id"], *bad) if bad is not None else None

@@ -3,15 +3,19 @@ mel's frames and the waveform as int16 aligned to them. Energy comes from the me
 (`melshards.preprocess.clip.audio.energy_of`).
 
 Frame i of every feature is the mel's frame i: centred on sample i * hop_length of the trimmed clip
-(librosa's `center=True`), `audio.num_frames(len(y), hop)` frames in all.
+(librosa's `center=True`), `audio.num_frames(len(y), hop)` frames in all. `clip_summary` is a clip's
+share of the feature statistics, made where the clip is measured.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 
 from melshards.preprocess.clip.audio import load_librosa
 from melshards.preprocess.config import PitchConfig
+from melshards.shards_schema.stats import Moments
 
 
 def fit_frames(x: np.ndarray, frames: int) -> np.ndarray:
@@ -84,4 +88,25 @@ def audio_int16(y: np.ndarray, frames: int, hop_length: int) -> np.ndarray:
     out = np.zeros(frames * hop_length, np.int16)
     n = min(y.size, out.size)
     out[:n] = np.rint(np.clip(y[:n], -1.0, 1.0) * 32767.0).astype(np.int16)
+    return out
+
+
+VECTOR = "vector:"  # a summary's key prefix for an extractor's vector output (its sum, for the centroids)
+
+
+def clip_summary(arrays: dict, vectors: tuple[str, ...] = ()) -> dict:
+    """One clip's unpadded features -> {feature: Moments (dim 1)} and `pitch_hz` (Hz -> voiced frames);
+    each of the extractors' `vectors` as Moments of one observation (`VECTOR` + name): what the feature
+    statistics sum (`melshards.preprocess.stats.feature_stats`)."""
+    out: dict = {}
+    for name in vectors:
+        if name in arrays:
+            out[VECTOR + name] = Moments.of(np.asarray(arrays[name], np.float64)[None, :])
+    if "pitch" in arrays:
+        f0 = np.asarray(arrays["pitch"], np.float64)
+        voiced = f0[f0 > 0]
+        out["pitch"] = Moments.of(voiced[:, None]) if voiced.size else Moments.empty(1)
+        out["pitch_hz"] = Counter(np.rint(voiced).astype(np.int64).tolist())
+    if "energy" in arrays:
+        out["energy"] = Moments.of(np.asarray(arrays["energy"], np.float64)[:, None])
     return out

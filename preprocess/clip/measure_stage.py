@@ -15,15 +15,15 @@ from collections import Counter
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
-from melshards.preprocess.clip import cache, extractors
+from melshards.preprocess.clip import cache, extractor_plugins
 from melshards.preprocess.clip.clips import SAMPLES, ClipRejected, as_rejection, featurize_span, prepare_texts
+from melshards.preprocess.clip.features import clip_summary
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.inputs import packed_clips
 from melshards.preprocess.inputs.progress import batch_measured
 from melshards.preprocess.inputs.read_stage import NS, REJECTED, count
 from melshards.preprocess.inputs.rows import reject
 from melshards.preprocess.out_dir.stash import batch_name, load_rows, stash_batch
-from melshards.preprocess.stats import feature_stats
 from melshards.preprocess.workers import worker_setup
 from melshards.shards_schema.stats import Moments
 
@@ -139,7 +139,7 @@ class _MeasureFn(beam.DoFn):
     def setup(self):
         worker_setup()
         # loaded once per worker; their records are part of their cache parts' keys
-        self.extractors = extractors.for_run(self.cfg) if self.cfg.extractors else None
+        self.extractors = extractor_plugins.for_run(self.cfg) if self.cfg.extractors else None
         self.records = self.extractors.records() if self.extractors else []
         self.vectors = self.extractors.vectors() if self.extractors else ()
         self.parts = cache.run_parts(self.cfg, self.records)  # the worker's libraries compute the features
@@ -190,7 +190,7 @@ class _MeasureFn(beam.DoFn):
             cached.counts["hits" if not missing else "computed"] += 1
             Metrics.distribution(NS, "mel_frames").update(clip["mel_frames"])
             clip["moments"] = moments
-            clip["feature_summary"] = feature_stats.clip_summary(features, self.vectors)
+            clip["feature_summary"] = clip_summary(features, self.vectors)
             clips.append(clip)
             arrays.append(stashed)
         path = cached.flush()
@@ -244,7 +244,7 @@ class MeasureClips(beam.PTransform):
 
 def cache_summary(batches) -> dict:
     """The measured batches' cache counts summed (`parts`: the clips each part was computed for), the
-    cache files they read or wrote, and the extractors they ran (`extractors.same_records`: every
+    cache files they read or wrote, and the extractors they ran (`extractor_plugins.same_records`: every
     worker's must be the same)."""
     counts: Counter[str] = Counter()
     parts: Counter[str] = Counter()
@@ -254,7 +254,7 @@ def cache_summary(batches) -> dict:
         counts.update(b.get("cache", {}))
         parts.update(b.get("cache_parts", {}))
         files.update(b.get("cache_files", ()))
-        records = extractors.same_records(records, b.get("extractors", []))
+        records = extractor_plugins.same_records(records, b.get("extractors", []))
     return {"counts": counts, "parts": parts, "files": files, "extractors": records}
 
 
@@ -270,7 +270,7 @@ def merge_cache_summaries(parts) -> dict:
     )
 
 
-def extract(runner: extractors.Extractors, measured: list, cfg: PreprocessConfig) -> tuple[list, list[dict]]:
+def extract(runner: extractor_plugins.Extractors, measured: list, cfg: PreprocessConfig) -> tuple[list, list[dict]]:
     """Measured clips (row, (keys, found, missing parts), clip, features, span) -> (those with their
     extractor outputs in `features`, the rejections of the clips an extractor failed on). The
     extractors whose parts a clip lacks run on its kept samples (`clips.SAMPLES`), in batches; the
@@ -286,5 +286,5 @@ def extract(runner: extractors.Extractors, measured: list, cfg: PreprocessConfig
         if not isinstance(r, str):
             m[3].update(r)
     kept = [m for m in measured if id(m) not in failed]
-    rejected = [reject(m[0]["id"], extractors.FAILED, failed[id(m)]) for m in measured if id(m) in failed]
+    rejected = [reject(m[0]["id"], extractor_plugins.FAILED, failed[id(m)]) for m in measured if id(m) in failed]
     return kept, rejected

@@ -7,6 +7,11 @@ measures that depend on the audio alone (`AUDIO_MEASURES`, from `audio_quality`)
 feature cache with the clip's span; those that depend on the text (`TEXT_MEASURES`) are computed every
 run, as the text is. `audio_hash` is the content hash of the decoded samples that finds one recording
 under two ids.
+
+The quality family, one module each: the measures (`melshards.preprocess.clip.quality`), the rules
+(`melshards.preprocess.stats.quality_rules`), the statistics for stats.json
+(`melshards.preprocess.stats.quality_stats`), their Beam transforms (`melshards.preprocess.stats.quality_stage`)
+and the tables of `melshards stats` (`melshards.reports.quality_tables`).
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 
 from melshards.preprocess.inputs.rows import (
     bare_lines,
+    file_stem,
     gender_code,
     is_rejection,
     reject,
@@ -38,10 +39,6 @@ LJSPEECH_FIELDS = 3  # id|text|normalized_text
 VCTK_AUDIO_DIR = "wav48_silence_trimmed"
 VCTK_MIC = "mic1"  # the omnidirectional DPA 4035; mic2 (Sennheiser MKH 800) only through a manifest
 LIBRITTS_TEXT = ".normalized.txt"  # `.original.txt` (unnormalised, with digits and abbreviations) is ignored
-
-
-def _stem(path: str) -> str:
-    return posixpath.splitext(posixpath.basename(path))[0]
 
 
 def _dir_name(path: str, up: int = 1) -> str:
@@ -72,7 +69,7 @@ def audio_files(paths: Iterable[str]) -> Iterator[tuple[str, int, str]]:
     for path in paths:
         ext = posixpath.splitext(path)[1].lower()
         if ext in AUDIO_EXTENSIONS:
-            yield _stem(path), AUDIO_EXTENSIONS.index(ext), path
+            yield file_stem(path), AUDIO_EXTENSIONS.index(ext), path
 
 
 def attach_audio(items: Iterable[dict], files: Mapping[str, list[str]]) -> Iterator[dict]:
@@ -131,7 +128,7 @@ def _vctk_audio(paths: Iterable[str]) -> dict[str, dict[str, str]]:
     """`.../pNNN/pNNN_MMM_micK.flac` -> utterance `pNNN_MMM` -> {"micK": path}."""
     found: dict[str, dict[str, str]] = {}
     for path in paths:
-        utt, _, mic = _stem(path).rpartition("_")
+        utt, _, mic = file_stem(path).rpartition("_")
         if utt and mic.startswith("mic") and posixpath.splitext(path)[1].lower() in AUDIO_EXTENSIONS:
             found.setdefault(utt, {})[mic] = path
     return found
@@ -143,7 +140,7 @@ def vctk_rows(transcripts: Mapping[str, str], audio_paths: Iterable[str], speake
     utterance, with the mic1 recording. Utterances are every id with a transcript or a recording, in
     id order; one with audio and no transcript (all of speaker p315) -> `missing_text`, one with a
     transcript and no mic1 file -> `missing_audio`."""
-    texts = {_stem(p): p for p in transcripts}
+    texts = {file_stem(p): p for p in transcripts}
     audio = _vctk_audio(audio_paths)
     genders = parse_speaker_info(speaker_info) if speaker_info else {}
     for i, utt in enumerate(sorted(texts.keys() | audio.keys())):

@@ -21,7 +21,15 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 
 from melshards.preprocess.inputs.packed_clips import segment_locator
-from melshards.preprocess.inputs.rows import CorpusError, bare_lines, gender_code, reject, row, split_malformed
+from melshards.preprocess.inputs.rows import (
+    CorpusError,
+    bare_lines,
+    file_stem,
+    gender_code,
+    reject,
+    row,
+    split_malformed,
+)
 
 MANIFEST_EXTENSIONS = (".csv", ".tsv", ".jsonl")
 MANIFEST_COLUMNS = ("audio", "text")  # required; id, speaker, language, gender and asr_text are optional
@@ -55,10 +63,6 @@ def audio_path(root: str, path: str) -> str:
 
 def _delimiter(path: str) -> str:
     return "\t" if path.lower().endswith(".tsv") else ","
-
-
-def _stem(path: str) -> str:
-    return posixpath.splitext(posixpath.basename(path))[0]
 
 
 # -- checks on the first line ---------------------------------------------------------------------
@@ -298,8 +302,8 @@ def _manifest_row(rec: dict, i: int, root: str):
     locator = segment_locator(rec, i)
     given = str(rec.get("id") or "")
     if isinstance(locator, str):  # the row's number tells apart the bad segments of one recording
-        return reject(given or f"{_stem(audio)}-row-{i + 1}", "bad_segment", locator)
-    clip_id = given or (f"{_stem(audio)}-{rec['start']}-{rec['end']}" if locator is not None else _stem(audio))
+        return reject(given or f"{file_stem(audio)}-row-{i + 1}", "bad_segment", locator)
+    clip_id = given or (f"{file_stem(audio)}-{rec['start']}-{rec['end']}" if locator is not None else file_stem(audio))
     out = row(
         clip_id,
         str(rec.get("text") or ""),
@@ -355,7 +359,7 @@ def _commonvoice_items(lines: Iterable[str], columns: list[str], clips: str):
             yield (
                 i,
                 row(
-                    _stem(clip),
+                    file_stem(clip),
                     rec["sentence"],
                     audio_path(clips, clip),
                     i,

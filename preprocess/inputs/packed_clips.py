@@ -42,7 +42,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess.inputs.ranged import RangedFile
-from melshards.preprocess.inputs.rows import CorpusError, gender_code, reject, row
+from melshards.preprocess.inputs.rows import CorpusError, file_stem, gender_code, reject, row
 from melshards.preprocess.out_dir.lock import is_local_path
 
 # The column names each field is read from, first found wins: Hugging Face exports and Emilia's
@@ -86,10 +86,6 @@ def _column_names(present: tuple[str, ...], overrides: tuple[tuple[str, str], ..
 def unused(columns: Iterable[str], used: Mapping[str, str]) -> list[str]:
     """The columns no field is read from (reported once in the summary)."""
     return [c for c in columns if c not in used.values()]
-
-
-def _stem(path: str) -> str:
-    return posixpath.splitext(posixpath.basename(path))[0]
 
 
 def _label(value) -> str | None:
@@ -195,7 +191,7 @@ def path_id(path: str) -> str:
     -> `spkA/001`, so `spkB/001.wav` is another clip); of an absolute path or a URL, the base name's
     stem (its directories name the disk it was exported from, not the corpus)."""
     if path.startswith("/") or "://" in path:
-        return _stem(path)
+        return file_stem(path)
     return posixpath.splitext(posixpath.normpath(path))[0]
 
 
@@ -264,7 +260,7 @@ def parquet_rows(
     null, or whose table has no audio or text column -> `missing_audio` / `missing_text`; a field of
     the wrong type (`_row_of`) -> `malformed_row`. CorpusError, naming the file, for a file Arrow
     cannot read."""
-    name = name or _stem(path)
+    name = name or file_stem(path)
     taken = {} if taken is None else taken
     records = iter(parquet_scan(path, overrides) if scanned is None else scanned)
     head: ParquetHead = next(records)

@@ -16,6 +16,7 @@ none: a corpus is read as a stream (`LayoutRows.of` collects one, for tests and 
 from __future__ import annotations
 
 import dataclasses
+import posixpath
 from collections.abc import Iterable, Iterator, MutableMapping
 
 from melshards.shards_schema.text_clean import canonical_language
@@ -80,6 +81,12 @@ def row(
     if asr_text.strip():
         out["asr_text"] = asr_text
     return out
+
+
+def file_stem(path: str) -> str:
+    """A file's name without its folder and last extension (`a/b/LJ001-0001.wav` -> `LJ001-0001`): the id a
+    layout or manifest gives a clip that its input names only by file."""
+    return posixpath.splitext(posixpath.basename(path))[0]
 
 
 def reject(row_id: str, reason: str, detail: str) -> dict:

@@ -4,17 +4,18 @@ One composite PTransform per stage, each with a labelled expand(), in a module o
 
 - `read_stage.ReadCorpus` (stage 1): every input read, deduplicated and batched into the stash;
 - `measure_stage.MeasureClips` (stages 2-3): each clip decoded once, its text, lengths and features;
-- `global_stats` (stage 4): length histograms -> cut-offs, the corpus tables, the mel statistics, the
-  quality gate; then each stashed batch joined with its duplicate verdicts (`DuplicateAudio`);
+- `global_stats` (stage 4): length histograms -> cut-offs, the corpus tables, the mel statistics;
+- `quality_stage` (stage 4): the quality gate (`SpeakingRateBounds`), the quality histograms; then each
+  stashed batch joined with its duplicate verdicts (`DuplicateAudio`);
 - `choose_buckets.ChooseBuckets` (stage 6a): the length buckets from the clips the filter keeps;
-- `references.AttachReferences` (a run with other_clip references): each kept clip's reference slice;
+- `other_clip_references.AttachReferences` (a run with other_clip references): each kept clip's reference slice;
 - `filter_and_write.FilterAndWrite` (stages 5-6): filter, pad, encode, write temp files;
 - `shards.AssembleShards` (stage 8): the shards;
 - `report.WriteReport` (stage 9): rejected.jsonl, stats.json, schema.json.
 
 Global statistics reach later stages as side inputs. `build_pipeline(p, ...)` wires the stages;
 `melshards.preprocess.job.run.run_job` checks an invocation and runs them. The per-clip and per-batch work
-are pure functions in the modules the stages call (clips, bucketing, encode, tables, feature_stats);
+are pure functions in the modules the stages call (clips, filter_rule, bucketing, encode, tables, feature_stats);
 the two side channels outside Beam's model have their own modules (stash: the measured batches across
 the statistics barrier; progress: the local progress line).
 """
@@ -30,18 +31,15 @@ from melshards.preprocess.inputs.read_stage import INPUT_ROWS, INPUTS, REJECTED,
 from melshards.preprocess.out_dir.shards import AssembleShards
 from melshards.preprocess.out_dir.stash import stash_dir
 from melshards.preprocess.stats.choose_buckets import ChooseBuckets
-from melshards.preprocess.stats.global_stats import (
-    CorpusTables,
+from melshards.preprocess.stats.global_stats import CorpusTables, LengthHistograms, MelStatistics, cutoffs_from
+from melshards.preprocess.stats.quality_stage import (
     DuplicateAudio,
-    LengthHistograms,
-    MelStatistics,
-    QualityGate,
     QualityHistograms,
     RepeatedHashes,
-    cutoffs_from,
+    SpeakingRateBounds,
 )
 from melshards.preprocess.write.filter_and_write import FEATURE_STATS, MOMENTS, WRITTEN, FilterAndWrite
-from melshards.preprocess.write.references import AttachReferences
+from melshards.preprocess.write.other_clip_references import AttachReferences
 from melshards.preprocess.write.report import WriteReport, mel_params
 
 
@@ -71,7 +69,7 @@ def build_pipeline(
     before = measured.clips | "StatsBefore" >> LengthHistograms()
     corpus_tables = measured.clips | "CorpusTables" >> CorpusTables(cfg)
     cutoffs = before | "Cutoffs" >> beam.Map(cutoffs_from, beam.pvalue.AsSingleton(corpus_tables), cfg)
-    gate = measured.clips | "QualityGate" >> QualityGate(cfg)
+    gate = measured.clips | "QualityGate" >> SpeakingRateBounds(cfg)
     quality_hists = measured.clips | "QualityHistograms" >> QualityHistograms(cfg)
     stashed = measured[STASHED]
     if cfg.quality_rules.duplicates:  # each batch joined with its clips' duplicate verdicts

@@ -23,7 +23,7 @@ import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions, TestOptions
 
-from melshards.preprocess.clip import cache, extractors
+from melshards.preprocess.clip import cache, extractor_plugins
 from melshards.preprocess.config import ConfigError, load_config
 from melshards.preprocess.inputs.progress import ProgressReporter, count_rows
 from melshards.preprocess.inputs.read_stage import (
@@ -197,7 +197,7 @@ def _inside(path: str, directory: str) -> bool:
     return p == d or p.startswith(d.rstrip("/") + "/")
 
 
-def check_cache_dir(cache_dir: str, out_dir: str) -> None:
+def check_cache_apart(cache_dir: str, out_dir: str) -> None:
     """OutputError at once for a cache inside the output directory (or holding it): replacing a run
     there would take the cache with it, or the cache's files would mix with a run's."""
     if _inside(cache_dir, out_dir) or _inside(out_dir, cache_dir):
@@ -251,11 +251,11 @@ def run_job(
     # job's options too (--impersonate_service_account and the rest Beam's GcsIO reads from them)
     FileSystems.set_options(options)
     dry_run = options.view_as(TestOptions).dry_run
-    extractors.check_entries(cfg.extractors, importable=is_local(options))
+    extractor_plugins.check_entries(cfg.extractors, importable=is_local(options))
     if cfg.alignments.dir and (not dry_run or is_local_path(cfg.alignments.dir)):
         check_alignments_dir(cfg.alignments.dir)
     if cache_dir:
-        check_cache_dir(cache_dir, out_dir)
+        check_cache_apart(cache_dir, out_dir)
         if not dry_run:
             cache.check_writable(cache_dir)
     # Local rows files are checked always; remote ones only for a real run, so a Dataflow dry run
@@ -365,8 +365,8 @@ def watch_output(run: OutputRun, every: float | None = None) -> Callable[[], str
 # Most specific first (an ExtractorError is a ConfigError).
 # the subclass first: an extractor that failed on too many clips is told as that
 INPUT_ERRORS: tuple[type[Exception], ...] = (
-    extractors.ExtractorFailing,
-    extractors.ExtractorError,
+    extractor_plugins.ExtractorFailing,
+    extractor_plugins.ExtractorError,
     CorpusError,
     ConfigError,
 )

@@ -29,8 +29,8 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
+from melshards.preprocess.out_dir.duplicate_marks import mark_duplicates
 from melshards.preprocess.out_dir.shards import TEMP_DIR, create_file
-from melshards.preprocess.stats.quality_rules import mark_duplicates
 
 ROWS_FILE_BYTES = 4 << 20  # the read stage's batches of rows, packed into files of about this size
 DUPLICATES = "duplicates"  # on a stashed batch: {clip id: id kept} of its clips that are duplicates

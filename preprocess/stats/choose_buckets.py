@@ -11,10 +11,10 @@ from collections import Counter
 
 import apache_beam as beam
 
-from melshards.preprocess.clip.clips import filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.out_dir.stash import load_clips
 from melshards.preprocess.stats import bucketing, tables
+from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.stats.global_stats import length_histograms, merge_lengths
 from melshards.preprocess.stats.quality_rules import QualityGate
 from melshards.shards_schema.stats import Cutoffs, merge_histograms
@@ -65,7 +65,7 @@ class ChooseBuckets(beam.PTransform):
     """Stashed batches (`MeasureClips`'s `stashed`) + cut-offs -> one element,
     `bucketing.choose_from_summary`'s dict.
 
-    Reads the measured clips with the filter's own rule (`clips.filter_rejection`), not the filter's output:
+    Reads the measured clips with the filter's own rule (`filter_rule.filter_rejection`), not the filter's output:
     the bounds are then ready before any mel is read back, so the filter, padding and writing run
     in one pass over the stashed mels.
     """

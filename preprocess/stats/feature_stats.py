@@ -1,6 +1,7 @@
 """Statistics of the per-frame features (pitch, energy): exact mean and standard deviation, global, per
 speaker and per language, and each speaker's pitch percentiles. Pure functions on plain values; the
-writer (`filter_and_write.FilterAndWrite`) gives one batch's share per group (`batch_stats`), the shares
+writer (`filter_and_write.FilterAndWrite`) gives one batch's share per group (`batch_stats`, from each
+clip's summary, `melshards.preprocess.clip.features.clip_summary`), the shares
 of a group are summed where its key lands (`add_group`) and reduced there to what stats.json and
 schema.json keep of it (`finish_group`: a fixed size per speaker, however many frames it has), and the
 reductions gathered (`add_finished`).
@@ -20,31 +21,10 @@ from __future__ import annotations
 
 from collections import Counter
 
-import numpy as np
-
+from melshards.preprocess.clip.features import VECTOR
 from melshards.shards_schema.stats import Moments, summarize
 
 STAT_FEATURES = ("pitch", "energy")
-
-
-VECTOR = "vector:"  # a summary's key prefix for an extractor's vector output (its sum, for the centroids)
-
-
-def clip_summary(arrays: dict, vectors: tuple[str, ...] = ()) -> dict:
-    """One clip's unpadded features -> {feature: Moments (dim 1)} and `pitch_hz` (Hz -> voiced frames);
-    each of the extractors' `vectors` as Moments of one observation (`VECTOR` + name)."""
-    out: dict = {}
-    for name in vectors:
-        if name in arrays:
-            out[VECTOR + name] = Moments.of(np.asarray(arrays[name], np.float64)[None, :])
-    if "pitch" in arrays:
-        f0 = np.asarray(arrays["pitch"], np.float64)
-        voiced = f0[f0 > 0]
-        out["pitch"] = Moments.of(voiced[:, None]) if voiced.size else Moments.empty(1)
-        out["pitch_hz"] = Counter(np.rint(voiced).astype(np.int64).tolist())
-    if "energy" in arrays:
-        out["energy"] = Moments.of(np.asarray(arrays["energy"], np.float64)[:, None])
-    return out
 
 
 def _merge_into(acc: dict, summary: dict) -> None:

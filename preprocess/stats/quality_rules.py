@@ -21,12 +21,17 @@ Three kinds of rule:
   groups of clips with one `audio_hash` (`duplicates_of`): of the copies that pass every other rule,
   the first by input order (the earliest --input, then its earliest row) is kept and the others are
   duplicates of it; a copy another rule drops is dropped for that rule. So a group keeps a copy
-  whenever any copy passes the rest. The verdict travels on the clip (`DUPLICATE_OF`, set by
-  `mark_duplicates` when its batch is read back, `stash.load_clips`).
+  whenever any copy passes the rest. The verdict travels on the clip (`duplicate_marks.DUPLICATE_OF`, set
+  by `duplicate_marks.mark_duplicates` when its batch is read back, `stash.load_clips`).
 
 `quality_rejection` applies them all to one clip and gives the reason with a detail naming the measure,
 its value and the bound; the writer counts what they dropped per speaker
 (`filter_and_write.dropped_counts`; stats.json `quality_dropped_by_speaker` and `speakers[].per_reason`).
+
+The quality family, one module each: the measures (`melshards.preprocess.clip.quality`), the rules
+(`melshards.preprocess.stats.quality_rules`), the statistics for stats.json
+(`melshards.preprocess.stats.quality_stats`), their Beam transforms (`melshards.preprocess.stats.quality_stage`)
+and the tables of `melshards stats` (`melshards.reports.quality_tables`).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from melshards.preprocess.config import QualityRulesConfig
+from melshards.preprocess.out_dir.duplicate_marks import DUPLICATE_OF
 from melshards.shards_schema.stats import percentile
 
 RATE_SCALE = 100  # the rate histograms count rates in hundredths of a symbol per second
@@ -52,7 +58,6 @@ PACE_MIN_CLIPS = 5
 PACE_K_FACTOR = 2
 SPEAKER, LANGUAGE = "speaker", "language"  # the rate rule's groups: a speaker in a language, a language
 PACE = "pace"  # bounds of a speaker in a language: its own median times its language's spread
-DUPLICATE_OF = "duplicate_of"  # on a clip another copy of whose audio is kept: that copy's id
 
 # The most symbols per second of speech a kind of symbol is read at: about twice the fastest speech's
 # rate in each kind, so no reading reaches it and a transcript that does is not the audio's
@@ -218,16 +223,11 @@ def duplicates_of(members: Iterable[tuple[tuple, str, bool]]) -> list[tuple[str,
     return [(clip_id, kept) for _, clip_id in passing[1:]]
 
 
-def mark_duplicates(clips: list[dict], duplicates: Mapping[str, str]) -> list[dict]:
-    """`clips` with each one in `duplicates` (id -> kept id, `duplicates_of`) marked `DUPLICATE_OF`."""
-    return [dict(c, **{DUPLICATE_OF: duplicates[c["id"]]}) if c["id"] in duplicates else c for c in clips]
-
-
 @dataclasses.dataclass(frozen=True)
 class QualityGate:
     """What the quality rules need beside a clip: the rules, the output's sample rate, the speaking-rate
-    bounds (`rate_bounds`) and the run's text unit (`symbol_kind`). The duplicates travel on the clips
-    (`DUPLICATE_OF`)."""
+    bounds (`rate_bounds`) and the run's text unit (`symbol_kind`); the job's is made by
+    `quality_stage.SpeakingRateBounds`. The duplicates travel on the clips (`DUPLICATE_OF`)."""
 
     rules: QualityRulesConfig
     sample_rate: int

@@ -1,6 +1,6 @@
 """Exact statistics of the quality measures (`melshards.preprocess.clip.quality`) over the clips measured, before
 the filter, for stats.json (docs/stats.md, Quality): pure functions on plain values, each step of which
-`global_stats.QualityHistograms` runs as a Beam transform.
+`quality_stage.QualityHistograms` runs as a Beam transform.
 
 - **Exact.** Each measure is counted on its declared grid (`quality.measure_bins`, keys per unit and a
   side, `shards_schema.stats.measure_key`): a value->count histogram of integer keys, as the lengths
@@ -15,6 +15,11 @@ the filter, for stats.json (docs/stats.md, Quality): pure functions on plain val
   of `RATE_WHAT_IF_K` (the rule reads its language's histogram too, `language_rates`). The summaries
   (`add_summary`) are what one worker holds: a fixed size per speaker, however many clips it has.
 - A NaN (the measure does not apply: `cer` without an `asr_text`) is counted as not measured.
+
+The quality family, one module each: the measures (`melshards.preprocess.clip.quality`), the rules
+(`melshards.preprocess.stats.quality_rules`), the statistics for stats.json
+(`melshards.preprocess.stats.quality_stats`), their Beam transforms (`melshards.preprocess.stats.quality_stage`)
+and the tables of `melshards stats` (`melshards.reports.quality_tables`).
 """
 
 from __future__ import annotations
@@ -110,8 +115,9 @@ def pace_part(item: tuple[tuple, Mapping]) -> list[tuple[str, Counter]]:
     return [(name[1], part)] if part else []
 
 
-def pace_ratios(groups: Mapping[tuple, Mapping]) -> dict[str, Counter]:
-    """`pace_part` of every group, summed per language (`quality_rules.pace_ratios`)."""
+def language_pace_ratios(groups: Mapping[tuple, Mapping]) -> dict[str, Counter]:
+    """`pace_part` of every group (`group_histograms`' form), summed per language: what
+    `quality_rules.pace_ratios` gives from `quality_rules.rate_histograms`' form."""
     out: dict[str, Counter] = {}
     for item in groups.items():
         for language, part in pace_part(item):
@@ -160,7 +166,7 @@ def group_summary(
     item: tuple[tuple, Mapping], bins: Mapping, rules, rates: Mapping[str, Mapping], paces: Mapping[str, Mapping]
 ) -> dict:
     """One summed group (`add_group`) -> its share of the summary (`empty_summary`); `bins`: the run's
-    (`quality.measure_bins`), `rates`: `language_rates` of the run, `paces`: its `pace_ratios`."""
+    (`quality.measure_bins`), `rates`: `language_rates` of the run, `paces`: its `language_pace_ratios`."""
     (scope, name), group = item
     out = empty_summary()
     if scope in (CORPUS, "language"):
@@ -195,7 +201,7 @@ def summary_of(groups: Mapping[tuple, Mapping], cfg: PreprocessConfig) -> dict:
     """The summed groups of a run -> its summary: `group_summary` of each, added (what the job does
     across its workers)."""
     bins = quality.measure_bins(cfg.audio.sample_rate, cfg.mel.n_fft, cfg.quality.dnsmos)
-    rates, paces = language_rates(groups), pace_ratios(groups)
+    rates, paces = language_rates(groups), language_pace_ratios(groups)
     acc = empty_summary()
     for item in groups.items():
         add_summary(acc, group_summary(item, bins, cfg.quality_rules, rates, paces))

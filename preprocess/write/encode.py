@@ -77,6 +77,7 @@ def encode_clip(
         values["audio_len"] = clip["num_samples"]
     for o in outputs:
         values.update(o.padded(arrays[o.name], mel_frames, hop, sr))
-    if "reference_mel" in arrays:  # other_clip references (`melshards.preprocess.write.references`), already cut
+    # other_clip references (`melshards.preprocess.write.other_clip_references`), already cut
+    if "reference_mel" in arrays:
         values.update({k: arrays[k] for k in ("reference_id", "reference_mel", "reference_len", "reference_start")})
     return clip["split"], b, encode_example(features, values)

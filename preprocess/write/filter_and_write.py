@@ -2,7 +2,7 @@
 shapes, encoded and written to temp TFRecord files, in one pass over the stash.
 
 Clips outside the cut-offs are dropped (never truncated) by the filter's one rule
-(`melshards.preprocess.clip.clips.filter_rejection`); padding and encoding are
+(`melshards.preprocess.stats.filter_rule.filter_rejection`); padding and encoding are
 `melshards.preprocess.write.encode.encode_clip`; the temp files roll at the target shard size
 (`melshards.preprocess.out_dir.shards.RollingFiles`) and `AssembleShards` makes the shards from them.
 """
@@ -16,14 +16,15 @@ import apache_beam as beam
 from apache_beam.transforms.window import GlobalWindow
 from apache_beam.utils.windowed_value import WindowedValue
 
-from melshards.preprocess.clip import cache, extractors
-from melshards.preprocess.clip.clips import SAMPLES, analyse_audio, filter_rejection
+from melshards.preprocess.clip import cache, extractor_plugins
+from melshards.preprocess.clip.clips import SAMPLES, analyse_audio
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.inputs.read_stage import REJECTED, count
 from melshards.preprocess.inputs.rows import reject
 from melshards.preprocess.out_dir.shards import RollingFiles
 from melshards.preprocess.out_dir.stash import load_clips, load_features
 from melshards.preprocess.stats import feature_stats, tables
+from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.stats.global_stats import AddParts
 from melshards.preprocess.workers import worker_setup
 from melshards.preprocess.write.encode import encode_clip
@@ -45,7 +46,7 @@ def written_counts(clips) -> Counter:
     """What a batch put in the shards, for the speaker and language tables: clips and milliseconds per
     ("speaker", name), ("language", code) and ("split", speaker, split); with a clip's "bucket", its
     records per ("bucket", index, split, "speaker" | "language", name) (schema.json `Bucket.groups`); in
-    a run with other_clip references, the records per ("reference", `reference_from`, split)."""
+    a run with other_clip references, the records per ("reference", `reference_kind`, split)."""
     out: Counter[tuple] = Counter()
     for c in clips:
         for key in (("speaker", c["speaker"]), ("language", c["language"])):
@@ -54,12 +55,12 @@ def written_counts(clips) -> Counter:
             if "bucket" in c:
                 out[("bucket", c["bucket"], c["split"]) + key] += 1
         out[("split", c["speaker"], c["split"])] += 1
-        if c.get("reference_from"):
-            out[("reference", c["reference_from"], c["split"])] += 1
+        if c.get("reference_kind"):
+            out[("reference", c["reference_kind"], c["split"])] += 1
     return out
 
 
-def reference_from(clip: dict, ref_id: str, corpus_tables: dict, salt: str) -> str | None:
+def reference_kind(clip: dict, ref_id: str, corpus_tables: dict, salt: str) -> str | None:
     """What written_counts counts of a kept clip's reference: "own_clip" (a slice of itself),
     "val_from_train" (a validation clip's reference cut from a training clip of its speaker), or None
     (another clip of its split). The reference is a clip of the same speaker, whose split `split_of` gives."""
@@ -80,7 +81,7 @@ def dropped_counts(dropped) -> Counter:
     return out
 
 
-def analyse_again(clip: dict, cfg: PreprocessConfig, runner: extractors.Extractors | None = None) -> dict:
+def analyse_again(clip: dict, cfg: PreprocessConfig, runner: extractor_plugins.Extractors | None = None) -> dict:
     """The audio features of a measured clip whose cache entry could not be read back, computed again
     from its audio (the same computation, so the same arrays; the mel as float16, as the cache holds it),
     and the extractors' outputs (`runner`, in a run with extractors). IOError if the audio no longer
@@ -116,7 +117,7 @@ class _FilterAndWriteFn(beam.DoFn):
     def setup(self):
         worker_setup()
         # built only if a cache entry went missing during the run (`analyse_again`)
-        self.extractors = extractors.for_run(self.cfg) if self.cfg.extractors else None
+        self.extractors = extractor_plugins.for_run(self.cfg) if self.cfg.extractors else None
 
     def start_bundle(self):
         self.files = RollingFiles(self.out_dir, self.target)
@@ -166,7 +167,7 @@ class _FilterAndWriteFn(beam.DoFn):
                 reference_len=ref_len,
                 reference_start=start,
             )
-            clip["reference_from"] = reference_from(clip, ref_id, corpus_tables, self.cfg.split.salt)
+            clip["reference_kind"] = reference_kind(clip, ref_id, corpus_tables, self.cfg.split.salt)
         for clip in kept:
             split, bucket, data = encode_clip(
                 clip, by_id[clip["id"]], buckets, text, corpus_tables, vocab, self.cfg, outputs
@@ -189,7 +190,7 @@ class _FilterAndWriteFn(beam.DoFn):
 
 class FilterAndWrite(beam.PTransform):
     """Drop (never truncate) clips outside the percentile cut-offs, pad the rest to their bucket's
-    shapes and write them; the cut-offs, the quality gate (`global_stats.QualityGate`), the chosen buckets (`ChooseBuckets`) and the corpus tables
+    shapes and write them; the cut-offs, the quality gate (`quality_stage.SpeakingRateBounds`), the chosen buckets (`ChooseBuckets`) and the corpus tables
     (`CorpusTables`) arrive as side inputs.
 
     Returns {"parts": temp files written, "rejected": dropped clips, "moments": mel moments of each

@@ -14,7 +14,7 @@ import pytest
 import soundfile as sf
 import yaml
 
-from melshards.preprocess.clip import cache, extractors
+from melshards.preprocess.clip import cache, extractor_plugins, features
 from melshards.preprocess.config import ExtractorConfig, PreprocessConfig
 from melshards.preprocess.stats import feature_stats
 from melshards.shards_schema import read_schema
@@ -91,7 +91,7 @@ def test_padding_fills_each_kind_to_the_bucket_with_its_pad_value():
 
 def test_centroids_are_the_mean_of_training_vectors_else_validation():
     def summary(v):
-        return feature_stats.clip_summary({"spk": np.array(v, np.float32)}, ("spk",))
+        return features.clip_summary({"spk": np.array(v, np.float32)}, ("spk",))
 
     clips = [
         ({"speaker": "a", "language": "en", "split": "train"}, summary([1.0, 2.0])),
@@ -117,8 +117,8 @@ class _Flaky:
 
 
 def test_a_failing_batch_is_retried_clip_by_clip_so_only_the_bad_clip_fails():
-    loaded = extractors.Loaded(_Flaky(), (ExtractorOutput("spk", "vector", dim=1),), {"name": "flaky"}, 8)
-    runner = extractors.Extractors([])
+    loaded = extractor_plugins.Loaded(_Flaky(), (ExtractorOutput("spk", "vector", dim=1),), {"name": "flaky"}, 8)
+    runner = extractor_plugins.Extractors([])
     runner._loaded = [loaded]
     results = runner.apply([np.zeros(2), np.zeros(3), np.zeros(5)], [1, 1, 1], 22050, 256)
     assert [r if isinstance(r, str) else r["spk"].tolist() for r in results] == [
@@ -143,9 +143,9 @@ class _Down:
         raise ConnectionError("[Errno 111] Connection refused")
 
 
-def _runner(extractor, batch_size: int = 8) -> extractors.Extractors:
-    runner = extractors.Extractors([])
-    runner._loaded = [extractors.Loaded(extractor, _outputs_of(extractor), {"name": extractor.name}, batch_size)]
+def _runner(extractor, batch_size: int = 8) -> extractor_plugins.Extractors:
+    runner = extractor_plugins.Extractors([])
+    runner._loaded = [extractor_plugins.Loaded(extractor, _outputs_of(extractor), {"name": extractor.name}, batch_size)]
     return runner
 
 
@@ -155,7 +155,7 @@ def _outputs_of(extractor) -> tuple[ExtractorOutput, ...]:
 
 def test_more_than_half_of_the_last_100_clips_failing_once_20_were_given_stops_the_job():
     def stops(failed: list[bool]) -> bool:
-        return extractors.too_many_failures(failed)
+        return extractor_plugins.too_many_failures(failed)
 
     assert not stops([True] * 19)  # too few to judge
     assert stops([True] * 20) and stops([False] * 9 + [True] * 11)
@@ -172,7 +172,7 @@ def test_an_extractor_that_fails_every_clip_stops_the_job_naming_it_and_its_firs
         assert (
             runner.apply(clips, [1] * 8, 22050, 256) == ["remote: ConnectionError: [Errno 111] Connection refused"] * 8
         )
-    with pytest.raises(extractors.ExtractorFailing) as e:
+    with pytest.raises(extractor_plugins.ExtractorFailing) as e:
         runner.apply(clips, [1] * 8, 22050, 256)
     assert str(e.value).startswith(
         "extractor 'remote' failed on 24 of the last 24 clips a worker gave it, the first with: "
@@ -210,16 +210,16 @@ def test_the_failing_extractor_is_found_in_what_a_local_job_raises_with_or_witho
     """In this process Beam re-raises the error with where it ran; from a worker process it is a
     RuntimeError holding the worker's traceback as text."""
     message = "extractor 'remote' failed on 20 of the last 20 clips a worker gave it, the first with: x; fix it"
-    augmented = extractors.ExtractorFailing(message + " [while running 'Measure/Measure/ParDo(_MeasureFn)']")
+    augmented = extractor_plugins.ExtractorFailing(message + " [while running 'Measure/Measure/ParDo(_MeasureFn)']")
     text = (
-        'Traceback (most recent call last):\n  File "extractors.py", line 250, in check\n    raise ExtractorFailing(\n'
-        f"melshards.preprocess.clip.extractors.ExtractorFailing: {message} [while running 'Measure/ParDo(_MeasureFn)']\n"
+        'Traceback (most recent call last):\n  File "extractor_plugins.py", line 250, in check\n    raise ExtractorFailing(\n'
+        f"melshards.preprocess.clip.extractor_plugins.ExtractorFailing: {message} [while running 'Measure/ParDo(_MeasureFn)']\n"
     )
     from melshards.preprocess.job.run import input_error
 
     for raised in (augmented, RuntimeError(text)):
         found = input_error(raised)
-        assert isinstance(found, extractors.ExtractorFailing) and str(found) == message
+        assert isinstance(found, extractor_plugins.ExtractorFailing) and str(found) == message
     try:
         raise RuntimeError("the job failed") from RuntimeError(text)
     except RuntimeError as e:
@@ -232,15 +232,17 @@ def test_other_extractor_weights_change_the_cache_key_and_the_contract():
     record = {"name": "e", "version": "1", "fingerprint": "aa", "options": {}, "sample_rate": 16000, "outputs": []}
     other = dict(record, fingerprint="bb")
     assert _extractor_key(cfg, [record]) != _extractor_key(cfg, [other])
-    with pytest.raises(extractors.ExtractorError, match="different extractors"):
-        extractors.same_records([record], [other])
-    assert extractors.same_records([], [record]) == [record]
+    with pytest.raises(extractor_plugins.ExtractorError, match="different extractors"):
+        extractor_plugins.same_records([record], [other])
+    assert extractor_plugins.same_records([], [record]) == [record]
 
 
 def test_an_extractors_options_are_in_its_record_its_cache_key_and_the_contract():
     """examples.extractors:frame_loudness with `hop` 256 and 512 gives 87 and 44 frames of one clip: the
     two are other keys (a warm cache never serves one for the other) and other shards."""
-    hops = [extractors.load(ExtractorConfig("examples.extractors:frame_loudness", {"hop": h})) for h in (256, 512)]
+    hops = [
+        extractor_plugins.load(ExtractorConfig("examples.extractors:frame_loudness", {"hop": h})) for h in (256, 512)
+    ]
     y = tone(1.0)
     assert [len(x.extractor([y])[0]["loudness"]) for x in hops] == [87, 44]
     records = [x.record for x in hops]
@@ -252,8 +254,8 @@ def test_an_extractors_options_are_in_its_record_its_cache_key_and_the_contract(
     assert schema.extractors[0]["options"] == {"hop": 256}
     with pytest.raises(SchemaError, match="extractors"):
         schema.check_compatible(_schema_with(records[1]), "a", "b")
-    with pytest.raises(extractors.ExtractorError, match="options .* recorded in schema.json"):
-        extractors.recorded_options(ExtractorConfig("examples.extractors:frame_loudness", {"hop": object()}))
+    with pytest.raises(extractor_plugins.ExtractorError, match="options .* recorded in schema.json"):
+        extractor_plugins.recorded_options(ExtractorConfig("examples.extractors:frame_loudness", {"hop": object()}))
 
 
 def _schema_with(record: dict) -> Schema:
@@ -279,10 +281,12 @@ def _schema_with(record: dict) -> Schema:
 
 
 def test_an_extractor_whose_factory_does_not_exist_stops_with_one_line():
-    with pytest.raises(extractors.ExtractorError, match="has no 'nope'"):
-        extractors.load(ExtractorConfig("examples.extractors:nope"))
-    with pytest.raises(extractors.ExtractorError, match="already a record feature"):
-        extractors.check_names([extractors.load(ExtractorConfig("examples.extractors:frame_loudness"))], ["loudness"])
+    with pytest.raises(extractor_plugins.ExtractorError, match="has no 'nope'"):
+        extractor_plugins.load(ExtractorConfig("examples.extractors:nope"))
+    with pytest.raises(extractor_plugins.ExtractorError, match="already a record feature"):
+        extractor_plugins.check_names(
+            [extractor_plugins.load(ExtractorConfig("examples.extractors:frame_loudness"))], ["loudness"]
+        )
 
 
 def test_the_saved_model_adapter_runs_a_savedmodel_and_fingerprints_its_files(tmp_path):

@@ -108,7 +108,7 @@ def test_feature_statistics_summed_per_group_keep_a_fixed_size_per_speaker_whate
     rng = np.random.default_rng(5)
 
     def clip(speaker, split):
-        summary = feature_stats.clip_summary({"pitch": rng.uniform(80, 400, 50), "energy": rng.uniform(0, 1, 50)})
+        summary = features.clip_summary({"pitch": rng.uniform(80, 400, 50), "energy": rng.uniform(0, 1, 50)})
         return {"speaker": speaker, "language": "en", "split": split}, summary
 
     clips = [clip("big", ("train", "val")[i % 10 == 0]) for i in range(300)] + [clip("one", "val")]

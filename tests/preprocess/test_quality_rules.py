@@ -18,15 +18,16 @@ import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
 from benchmarks.quality import faults
-from melshards.preprocess.clip.clips import filter_rejection
 from melshards.preprocess.clip.quality import MEASURES
 from melshards.preprocess.config import QualityRulesConfig
 from melshards.preprocess.inputs.merge import MergedInputs
 from melshards.preprocess.inputs.rows import row
 from melshards.preprocess.inputs.spill import Spill
+from melshards.preprocess.out_dir import duplicate_marks
 from melshards.preprocess.stats import quality_rules
-from melshards.preprocess.stats.global_stats import DuplicateAudio, RepeatedHashes, hash_prefixes, repeated_prefixes
+from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.stats.quality_rules import QualityGate, quality_rejection
+from melshards.preprocess.stats.quality_stage import DuplicateAudio, RepeatedHashes, hash_prefixes, repeated_prefixes
 from melshards.preprocess.write.filter_and_write import dropped_counts
 from melshards.preprocess.write.report import mostly_dropped, quality_dropped_by_speaker
 from melshards.reports.stats_json_tables import mostly_dropped_lines, quality_loss_lines, rate_unjudged_lines
@@ -249,7 +250,7 @@ def _verdicts(copies, places):
     rest, marked on the clips (as the writer reads them back), then `filter_rejection`."""
     gate = _gate()
     members = [(place, c["id"], filter_rejection(c, CUT, TABLES, gate) is None) for place, c in zip(places, copies)]
-    marked = quality_rules.mark_duplicates(copies, dict(quality_rules.duplicates_of(members)))
+    marked = duplicate_marks.mark_duplicates(copies, dict(quality_rules.duplicates_of(members)))
     return {c["id"]: filter_rejection(c, CUT, TABLES, gate) for c in marked}
 
 
@@ -298,7 +299,7 @@ def test_duplicate_audio_joins_each_batch_with_its_verdicts_first_passing_copy_b
             | beam.Create([*batches, empty])
             | DuplicateAudio(*side)
             | beam.FlatMap(
-                lambda b: [(c["id"], c.get(quality_rules.DUPLICATE_OF)) for c in load_clips(b)] or [("-", None)]
+                lambda b: [(c["id"], c.get(duplicate_marks.DUPLICATE_OF)) for c in load_clips(b)] or [("-", None)]
             )
         )
         expected = [
@@ -316,7 +317,7 @@ def test_only_copies_whose_hash_prefix_another_clip_shares_are_grouped_by_their_
     # a million distinct recordings cross the shuffle as 8 packed bytes each; the clips of a repeated prefix
     # (here a duplicate pair, and a clip sharing their first 8 bytes only) as (hash, place) pairs
     from melshards.preprocess.out_dir.stash import stash_batch
-    from melshards.preprocess.stats.global_stats import _copies
+    from melshards.preprocess.stats.quality_stage import _copies
 
     hashes = ["ab" * 32, "ab" * 8 + "cd" * 24, "ab" * 32, *(f"{i:016x}" + "0" * 48 for i in range(1, 98))]
     clips = [dict(_copy(f"c{i}"), audio_hash=h, input=0, row=i) for i, h in enumerate(hashes)]

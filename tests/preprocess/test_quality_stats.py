@@ -1,7 +1,7 @@
 """The quality measures' statistics for stats.json (`melshards.preprocess.stats.quality_stats`): exact histograms per
 corpus, speaker and language, and the speaking-rate rule's outliers at other k, on a few synthetic clips; summed
-per group and reduced to a fixed size per speaker, they give the figures the whole run's flat histograms gave
-(`tests.preprocess.quality_stats_before`), in the shipped corpus's stats.json too."""
+per group in parts, in any order, and reduced to a fixed size per speaker, they give the figures of the whole run
+summed at once, the outliers the rule itself drops, and the shipped corpus's stats.json."""
 
 from __future__ import annotations
 
@@ -21,12 +21,11 @@ from melshards.preprocess.clip.quality import measure_bins
 from melshards.preprocess.config import PreprocessConfig, QualityRulesConfig, load_config
 from melshards.preprocess.inputs.sources import detect_corpus, read_input
 from melshards.preprocess.stats import quality_rules
-from melshards.preprocess.stats.global_stats import QualityGate, QualityHistograms
 from melshards.preprocess.stats.quality_rules import rate_key
+from melshards.preprocess.stats.quality_stage import QualityHistograms, SpeakingRateBounds
 from melshards.preprocess.stats.quality_stats import QualityFigures, add_group, group_histograms, summary_of
 from melshards.preprocess.write.filter_and_write import dropped_counts
 from tests.conftest import TINY_CONFIG
-from tests.preprocess import quality_stats_before as before
 from tests.preprocess.conftest import beam_pipeline
 
 NAN = math.nan
@@ -47,9 +46,10 @@ CFG = PreprocessConfig(quality_rules=dataclasses.replace(QualityRulesConfig(), r
 BINS = {m: b for m, b in measure_bins(22050, 1024).items() if m in ("speaking_rate", "snr_db", "cer")}
 
 
-def figures_of(clips, cfg=CFG) -> QualityFigures:
-    """The quality figures of `clips` by the job's steps (`summary_of` what the workers sum per group)."""
-    return QualityFigures.of(summary_of(group_histograms(clips, BINS), cfg), cfg)
+def figures_of(clips, cfg=CFG, bins=BINS) -> QualityFigures:
+    """The quality figures of `clips` by the job's steps (`summary_of` what the workers sum per group), the
+    whole run summed as one part."""
+    return QualityFigures.of(summary_of(group_histograms(clips, bins), cfg), cfg)
 
 
 def test_group_histograms_count_each_clip_on_its_grid_per_corpus_speaker_and_language():
@@ -136,7 +136,7 @@ RULE_SETS = [
 
 
 def _as_json(q) -> str:
-    """Everything stats.json takes from quality figures `q` (a `QualityFigures`, now or before), as its text."""
+    """Everything stats.json takes from quality figures `q` (a `QualityFigures`), as its text."""
     speakers = sorted({c["speaker"] for c in _varied_clips()} | {"nobody"})
     languages = sorted({c["language"] for c in _varied_clips()} | {"xx"})
     rows = {"section": q.section(), "speakers": [q.speaker(s) for s in speakers]}
@@ -144,16 +144,27 @@ def _as_json(q) -> str:
 
 
 @pytest.mark.parametrize("cfg", RULE_SETS, ids=["min3", "defaults", "rule_off", "k1.75", "min8"])
-def test_summed_per_group_and_summarised_the_figures_are_those_of_the_runs_flat_histograms(cfg):
-    clips = _varied_clips()
+def test_summed_per_group_in_parts_the_figures_are_those_of_the_whole_run_and_the_rules_outliers(cfg):
+    # and a speaker whose tail clips fall outside the bounds at some k and not at others
+    clips = _varied_clips() + [
+        clip("wide", "en-GB", r, 30) for r in (10, 11, 12, 12, 13, 13, 14, 15, 17, 18.5, 20, 22, 25)
+    ]
     parts = [group_histograms(clips[i : i + 7], BINS) for i in range(0, len(clips), 7)]
     groups: dict = {}
     for part in reversed(parts):  # any order
         for key, group in part.items():
             add_group(groups.setdefault(key, {}), group)
     now = QualityFigures.of(summary_of(groups, cfg), cfg)
-    then = before.QualityFigures.of(before.measure_histograms(clips, BINS), cfg)
-    assert _as_json(now) == _as_json(then)
+    assert _as_json(now) == _as_json(figures_of(clips, cfg))
+    # each speaker's outliers at each k: the clips the rule itself drops (a range where rates fall between keys)
+    hists = quality_rules.rate_histograms(clips)
+    for k, out in now.per_k.items():
+        rules = dataclasses.replace(cfg.quality_rules, rate_iqr_k=k)
+        gate = quality_rules.QualityGate(rules, 22050, quality_rules.rate_bounds(hists, rules))
+        for name in {c["speaker"] for c in clips}:
+            dropped = sum(quality_rules.rate_rejection(c, gate) is not None for c in clips if c["speaker"] == name)
+            least, most = out.get(name, (0, 0))
+            assert least <= dropped <= most, (k, name)
 
 
 def test_the_job_sums_each_group_where_its_key_lands_and_one_worker_holds_figures_per_speaker():
@@ -167,11 +178,11 @@ def test_the_job_sums_each_group_where_its_key_lands_and_one_worker_holds_figure
     ]
     cfg = PreprocessConfig()
     bins = measure_bins(cfg.audio.sample_rate, cfg.mel.n_fft)
-    then = before.QualityFigures.of(before.measure_histograms(clips, bins), cfg)
+    then = figures_of(clips, cfg, bins)
     with beam_pipeline() as p:
         batches = p | beam.Create([{"clips": clips[i : i + 32]} for i in range(0, len(clips), 32)] + [{"clips": []}])
         summary = batches | QualityHistograms(cfg)
-        gate = batches | QualityGate(cfg)
+        gate = batches | SpeakingRateBounds(cfg)
 
         def check(found):
             ((s,),) = [found]
@@ -191,9 +202,9 @@ def test_the_job_sums_each_group_where_its_key_lands_and_one_worker_holds_figure
         assert_that(gate, check_gate, label="gate")
 
 
-def test_the_shipped_corpus_stats_json_quality_figures_are_those_the_flat_histograms_gave(shards_dir, corpus_dir):
-    # the clips measured in this process as the job measures them, their figures by the code before the
-    # per-group sums, against the session run's stats.json: the same text
+def test_the_shipped_corpus_stats_json_quality_figures_are_those_of_the_pure_functions(shards_dir, corpus_dir):
+    # the clips measured in this process as the job measures them, their figures by the pure functions summed
+    # at once, against the session run's stats.json: the same text
     cfg = load_config(str(TINY_CONFIG))
     rows = read_input(detect_corpus(str(corpus_dir))).rows
     clips = []
@@ -201,7 +212,7 @@ def test_the_shipped_corpus_stats_json_quality_figures_are_those_the_flat_histog
         with contextlib.suppress(ClipRejected):
             clips.append(featurize(row, cfg, text)[0])
     bins = measure_bins(cfg.audio.sample_rate, cfg.mel.n_fft, cfg.quality.dnsmos)
-    then = before.QualityFigures.of(before.measure_histograms(clips, bins), cfg)
+    then = figures_of(clips, cfg, bins)
     stats = json.loads((shards_dir / "stats.json").read_text())
     assert json.dumps(stats["quality"], indent=2) == json.dumps(then.section(), indent=2)
     for row in stats["speakers"]:

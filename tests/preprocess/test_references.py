@@ -8,7 +8,7 @@ import random
 import numpy as np
 
 from melshards.commands.preprocess import reference_lines
-from melshards.preprocess.write.references import choose_references, cut_reference
+from melshards.preprocess.write.other_clip_references import choose_references, cut_reference
 from melshards.shards_schema import read_schema
 
 

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from apache_beam.testing.util import assert_that, equal_to
 
-from melshards.preprocess.clip.clips import filter_rejection
 from melshards.preprocess.clip.measure_stage import MeasureClips
 from melshards.preprocess.config import PadConfig, PreprocessConfig
 from melshards.preprocess.inputs.read_stage import ReadCorpus, batch_rows, detect_corpus
@@ -19,6 +18,7 @@ from melshards.preprocess.inputs.spill import Spill
 from melshards.preprocess.out_dir.shards import AssembleShards, RollingFiles, group_into_shards
 from melshards.preprocess.out_dir.stash import load_clips, load_features, load_rows, stash_batch, stash_rows
 from melshards.preprocess.stats.choose_buckets import ChooseBuckets
+from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.stats.global_stats import CorpusTables, LengthHistograms, MelStatistics
 from melshards.preprocess.stats.tables import finish_part, finish_tables, split_of, summarize_clips
 from melshards.preprocess.write.encode import encode_clip

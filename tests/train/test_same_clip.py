@@ -98,7 +98,7 @@ def test_a_same_clip_run_gives_references_only_to_models_asking_and_others_are_t
 def test_the_export_of_a_reference_model_takes_a_reference_mel(same_clip_model, same_clip_dir, corpus_dir, tmp_path):
     """`melshards synthesize --export`'s SavedModel: `serving_with_reference` takes a reference log-mel
     computed by the preprocess mel (`reference_of_wav`); another reference gives another mel."""
-    from melshards.preprocess.write.references import reference_of_wav
+    from melshards.preprocess.write.other_clip_references import reference_of_wav
     from melshards.train.synthesize import REFERENCE_SIGNATURE, load_synthesizer
 
     model_dir, _ = same_clip_model

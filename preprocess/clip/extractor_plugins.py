@@ -164,7 +164,7 @@ def load(entry: ExtractorConfig) -> Loaded:
     if missing or not callable(extractor):
         raise ExtractorError(
             f"extractor factory {entry.factory!r} returned a {type(extractor).__name__} without "
-            f"{', '.join(missing) or '__call__'}; see melshards/preprocess/clip/extractors.py for what an extractor has"
+            f"{', '.join(missing) or '__call__'}; see melshards/preprocess/clip/extractor_plugins.py for what an extractor has"
         )
     sr = extractor.sample_rate
     if not isinstance(sr, int) or isinstance(sr, bool) or sr <= 0:

@@ -1,4 +1,5 @@
-"""References (config `reference: source: other_clip`): each kept clip gets a slice of another kept clip
+"""other_clip references (config `reference: source: other_clip`; same_clip references are cut at read time
+by `melshards.train.references`): each kept clip gets a slice of another kept clip
 of the same speaker, chosen deterministically from `reference.seed`, for zero-shot voice models: one of
 its split, or for a validation clip that is its speaker's only one, one of the speaker's training clips
 (`choose_references` says the rule).
@@ -26,11 +27,11 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess.clip import cache
-from melshards.preprocess.clip.clips import filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.inputs.read_stage import count
 from melshards.preprocess.out_dir.stash import load_clips
 from melshards.preprocess.stats import tables
+from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.workers import worker_setup
 from melshards.preprocess.write.filter_and_write import analyse_again
 
