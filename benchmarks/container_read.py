@@ -289,7 +289,7 @@ def child_footer(path: str) -> dict:
 
 def child_rows(path: str) -> dict:
     """The peak RSS of draining one file's rows as the read stage reads them (`packed_clips.parquet_rows`,
-    without the spill and the batches after it): its footer, one batch of its columns, one row."""
+    without the working set and the batches after it): its footer, one batch of its columns, one row."""
     from melshards.preprocess.inputs import packed_clips
 
     before = _peak_from_here()

@@ -1,4 +1,4 @@
-"""The read stage's memory at 1x, 10x and 80x LJSpeech's rows: streamed through its sqlite spill, as
+"""The read stage's memory at 1x, 10x and 80x LJSpeech's rows: streamed through its sqlite working set, as
 the job reads, beside the same rows collected in memory.
 
 For each `--rows` size an LJSpeech-layout corpus of that many rows is written under the work dir
@@ -6,7 +6,7 @@ For each `--rows` size an LJSpeech-layout corpus of that many rows is written un
 ids: the read stage lists the audio, it never opens it). Each variant runs in a fresh process:
   stream     the read stage's DoFn (`read_stage._ReadRows`) drained: rows to the stash, rejections out
   in_memory  the same reader's items collected into lists (`sources.read_input`): what holding the
-             rows costs, the read stage's design before the spill
+             rows costs, the read stage's design before the working set
 and reports its wall, and its peak RSS above the RSS it had before reading (growth). Rows past
 `--files` have no audio file: they are read (and would be rejected later as missing_audio).
 

@@ -99,8 +99,8 @@ UPWARD = {
     ("preprocess/clip/clips.py", "melshards.preprocess.stats.tables"),
     # each clip's feature summary for the statistics (`feature_stats.clip_summary`) is made where it is measured
     ("preprocess/clip/measure_stage.py", "melshards.preprocess.stats.feature_stats"),
-    # reading a stashed batch back applies its duplicate verdicts (`quality_rules.mark_duplicates`)
-    ("preprocess/out_dir/stash.py", "melshards.preprocess.stats.quality_rules"),
+    # reading a measured batch back applies its duplicate verdicts (`quality_rules.mark_duplicates`)
+    ("preprocess/out_dir/batch_files.py", "melshards.preprocess.stats.quality_rules"),
 }
 
 

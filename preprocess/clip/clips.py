@@ -5,7 +5,7 @@ filter's rule (stage 5).
 the features the config asks for (pitch, energy, audio; durations from a TextGrid) in the same pass,
 and its quality measures (`clip["quality"]`, `melshards.preprocess.clip.quality.MEASURES`) and
 `clip["audio_hash"]`, which travel with the clip to the filter stage;
-the job carries them across the statistics barrier (`melshards.preprocess.out_dir.stash`) instead of decoding
+the job carries them across the statistics barrier (`melshards.preprocess.out_dir.batch_files`) instead of decoding
 the clip a second time. `measure` is the lengths alone, for tools that need no mel.
 `filter_rejection` is the one filter rule: the buckets are chosen from the clips it keeps, and the
 writer drops the clips it rejects.

@@ -6,7 +6,7 @@
   (`melshards.preprocess.stats.tables`), summed per speaker where that speaker's key lands;
 - `QualityGate`: the speaking-rate bounds the quality rules read (`melshards.preprocess.stats.quality_rules`),
   each group's from its histogram summed where its key lands;
-- `DuplicateAudio`: not a side input but a keyed join: each stashed batch with the duplicate verdicts
+- `DuplicateAudio`: not a side input but a keyed join: each measured batch with the duplicate verdicts
   of its clips, once the cut-offs, the tables and the gate are known;
 - `QualityHistograms`: exact histograms of the quality measures of the measured clips, per corpus,
   speaker and language, each group summed where its key lands and reduced there to what stats.json
@@ -33,7 +33,7 @@ from melshards.preprocess.clip import quality
 from melshards.preprocess.clip.clips import filter_rejection
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.inputs.merge import INPUT
-from melshards.preprocess.out_dir.stash import DUPLICATES, load_clips
+from melshards.preprocess.out_dir.batch_files import DUPLICATES, read_clips
 from melshards.preprocess.stats import quality_rules, quality_stats, tables
 from melshards.shards_schema.stats import LENGTH_KEYS, Cutoffs, Moments, compute_cutoffs, merge_histograms
 
@@ -270,7 +270,7 @@ class QualityGate(beam.PTransform):
 
 
 def _batch_key(batch: dict) -> bytes:
-    """A stashed batch's key in the join: 12 bytes of a digest of its clips file's path (b"" for a batch of
+    """A measured batch's key in the join: 12 bytes of a digest of its clips file's path (b"" for a batch of
     no clips). Two batches sharing a key would only share their verdicts, which name their clips' ids."""
     return hashlib.blake2b(batch["clips"].encode(), digest_size=12).digest() if batch["clips"] else b""
 
@@ -329,12 +329,12 @@ class RepeatedHashes(beam.PTransform):
 
 def _copies(batch: dict, cutoffs, corpus_tables: dict, gate, repeated: np.ndarray | None):
     """(audio hash as its 32 bytes, (input index, row, id, passes every other rule, batch key)) of each clip
-    of a stashed batch whose hash prefix is in `repeated` (`RepeatedHashes`; None: a run without clips):
+    of a measured batch whose hash prefix is in `repeated` (`RepeatedHashes`; None: a run without clips):
     its place in input order and the filter's verdict without the duplicates. Compact: one crosses the
     shuffle per candidate copy."""
     if repeated is None or not len(repeated):
         return
-    clips = [c for c in load_clips(batch) if c.get("audio_hash")]
+    clips = [c for c in read_clips(batch) if c.get("audio_hash")]
     prefixes = np.array([hash_prefix(c["audio_hash"]) for c in clips], dtype=np.uint64)
     key = _batch_key(batch)
     for c, candidate in zip(clips, np.isin(prefixes, repeated)):
@@ -356,7 +356,7 @@ def _verdicts(item):
 
 def _with_verdicts(item):
     """A batch key's batch (several for b"") and its clips' verdicts -> each batch, with its verdicts
-    under `stash.DUPLICATES` when it has any."""
+    under `batch_files.DUPLICATES` when it has any."""
     _, joined = item
     verdicts = dict(joined["verdicts"])
     for batch in joined["batch"]:
@@ -364,9 +364,9 @@ def _with_verdicts(item):
 
 
 class DuplicateAudio(beam.PTransform):
-    """Stashed batches (`MeasureClips`'s `stashed`) -> the same batches, each joined with the verdicts
-    of its clips whose decoded audio (`audio_hash`) another kept copy has (`stash.DUPLICATES`, read by
-    `stash.load_clips`): the copies of one hash are grouped with a GroupByKey (no worker holds every
+    """Measured batches (`MeasureClips`'s `batches`) -> the same batches, each joined with the verdicts
+    of its clips whose decoded audio (`audio_hash`) another kept copy has (`batch_files.DUPLICATES`, read by
+    `batch_files.read_clips`): the copies of one hash are grouped with a GroupByKey (no worker holds every
     hash; only the clips whose hash prefix another clip shares, `RepeatedHashes`, cross it), and of those that pass every other rule (`clips.filter_rejection` with the cut-offs, the
     corpus tables and the quality gate, side inputs) the first by input order is kept: an earlier
     --input, else an earlier row of the same input (each clip's `merge.INPUT` and `row`). The verdicts
