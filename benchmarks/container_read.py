@@ -264,8 +264,8 @@ def child(path: str) -> dict:
     corpora = named([detect_corpus(path, language="en")])
     before = _peak_from_here()
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="melshards-container-read-") as stash:
-        elements = sum(1 for _ in _ReadRows(corpora, stash).process(None))
+    with tempfile.TemporaryDirectory(prefix="melshards-container-read-") as temp:
+        elements = sum(1 for _ in _ReadRows(corpora, temp).process(None))
     return {
         "wall_s": time.perf_counter() - start,
         "rss_growth_mib": _peak_mib() - before,

@@ -408,7 +408,10 @@ def _kept_parquet_file(path: str, stack: contextlib.ExitStack, buffer_size: int 
     return pf
 
 
-_HELD = threading.local()  # this thread's held readers: (kind, path, ...) -> an open tar, a row group's stream, ...
+# This thread's held readers: (kind, path, ...) -> an open tar, a row group's stream, a recording. A
+# cache of open files inside one worker thread, not data between stages: nothing is written, and each
+# element's readers are let go once it is measured (`release_held`), so a retried bundle opens its own.
+_HELD = threading.local()
 
 
 def _held(key: tuple, make: Callable[[], Any]) -> Any:

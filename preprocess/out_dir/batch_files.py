@@ -40,6 +40,8 @@ def write_rows(temp_dir: str, batches: Iterable[list[dict]]) -> Iterator[dict]:
     thousands of small objects); yields each batch's reference {"rows": path, "offset", "size",
     "count"} once its file is written (path None: a batch of no rows). A file is named by the ids of
     its rows."""
+    refs: list[dict]
+    ids: list[str]
     buffer, refs, ids = io.BytesIO(), [], []
 
     def flush():
