@@ -75,6 +75,35 @@ def test_the_rows_files_written_twice_or_after_failing_half_way_is_the_same_file
     assert list(batch_files.write_rows(str(tmp_path), batches)) == first and snapshot(tmp_path) == clean
 
 
+# -- every temp file: written whole or not at all ----------------------------------------------------
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_scan_that_fails_half_way_leaves_no_temp_file_locally_or_on_gcs(tmp_path, request, where):
+    """`temp_files.writing`: a container file whose scan fails after its first chunk leaves nothing
+    of it (was: the chunk, at the name a later attempt's reader takes as a whole scan)."""
+    from melshards.preprocess.inputs import read_stage
+
+    if where == "gcs":
+        from tests.preprocess.test_gcs import _bucket
+
+        temp = f"gs://{_bucket(request.getfixturevalue('gcs'))}/run/{TEMP_DIR}"
+    else:
+        (tmp_path / TEMP_DIR).mkdir()
+        temp = str(tmp_path / TEMP_DIR)
+
+    def found() -> list[str]:
+        return [m.path for m in FileSystems.match([f"{temp}/*"])[0].metadata_list]
+
+    def records():
+        yield from ({"row": i} for i in range(read_stage.SCAN_CHUNK))
+        raise OSError("the container file cannot be read past its first chunk")
+
+    with pytest.raises(OSError, match="first chunk"):
+        read_stage.write_scan(temp, "corpus/part-0.parquet", records())
+    assert found() == []
+    path = read_stage.write_scan(temp, "corpus/part-0.parquet", iter([{"row": 0}]))  # the next attempt
+    assert found() == [path] and list(read_stage.read_scan(path)) == [{"row": 0}]
+
+
 # -- Measure: the clips and features files, the feature cache's entries, the progress files ------------
 def _row(corpus_dir, clip_id):
     audio = corpus_dir / "wavs" / f"{clip_id}.wav"
