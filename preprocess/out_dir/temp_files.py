@@ -3,7 +3,8 @@ one reason each stays right when a runner runs a bundle again (after a failure, 
 
 A stage hands on what grows with the corpus (rows, measured clips, their arrays) as files in the
 run's temp dir, and the runner carries only where they are: its memory does not grow with the corpus.
-Every such file keeps four rules, and is written and read through this module:
+Every such file keeps four rules; this module names and writes each of them, and reads those read
+whole (a scan and the rejected rows' shards are read as streams, through the same references):
 
 1. **Named by what it holds** (`content_name`): its kind and the sha1 of the ids (or the input path)
    it holds. A bundle's elements are the same in every attempt and what it writes is a function of
@@ -15,7 +16,7 @@ Every such file keeps four rules, and is written and read through this module:
 3. **Read through a reference** (`read`): the path, and where in it, that a Beam element carries. A
    stage yields a reference after its file is written, and the runner passes on only the outputs of a
    bundle that succeeded: no stage looks for a file that a failed attempt left unwritten or half
-   made, and none lists the directory.
+   made, and none looks for one by listing the directory.
 4. **Removed with the temp dir** by the report stage, after the last reader (`shards.remove_temp_dir`),
    with what failed attempts left there (a `.writing` file, a file no passed-on reference names).
 
@@ -34,7 +35,9 @@ twice is one file, counted once.
 The temp TFRecord files (`shards.RollingFiles`) keep the same rules with a writer of their own, which
 names a file by the hash of its bytes once it has streamed them. Outside the temp dir: the feature
 cache's entries, which the writer reads back through the path a clip carries (`cache`: kept across
-runs, named by their keys, written whole; one gone or damaged is computed again).
+runs, named by their keys, written whole; one gone or damaged is computed again). No channel at all:
+the read stage's sqlite working set (`inputs.working_set`) and a worker thread's held readers
+(`inputs.packed_clips`), each made, used and dropped inside one attempt of one stage.
 """
 
 from __future__ import annotations
