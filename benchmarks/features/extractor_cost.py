@@ -10,7 +10,7 @@ shared: compare same-round ratios):
 
 The model's own arithmetic is negligible, so the difference is the extractor machinery: loading
 onnxruntime and the model once per worker, resampling each clip to 16 kHz, one session call per clip,
-the outputs' check, cache-free stash, the 16 bytes per record, and the centroids.
+the outputs' check, arrays written to temp files without a cache, the 16 bytes per record, and the centroids.
 
 Then, in this process on `--profile-clips` clips (one core): CPU seconds per audio hour of measuring a
 clip (decode, trim, STFT, mel) and of the extractor's part (resampling to 16 kHz, the model call, the

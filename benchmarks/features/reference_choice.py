@@ -10,7 +10,7 @@ implementations share. For each size, the CPU seconds (time.process_time, best o
 - `after`: `melshards.preprocess.write.other_clip_references.choose_references` (sorted pools, the asking clip left out
   by index arithmetic: O(n log n));
 - `job step`: the whole step a worker runs on the speaker's group (`other_clip_references._choose`: the choice and
-  the requests it yields, keyed by stash batch; 100 clips a batch).
+  the requests it yields, keyed by measured batch; 100 clips a batch).
 
 Where both ran, the two choices are checked equal (clip for clip, reference and start). Reported: a
 table of both and their ratio per size, then one JSON line.

@@ -264,8 +264,8 @@ def child(path: str) -> dict:
     corpora = named([detect_corpus(path, language="en")])
     before = _peak_from_here()
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="melshards-container-read-") as stash:
-        elements = sum(1 for _ in _ReadRows(corpora, stash).process(None))
+    with tempfile.TemporaryDirectory(prefix="melshards-container-read-") as temp:
+        elements = sum(1 for _ in _ReadRows(corpora, temp).process(None))
     return {
         "wall_s": time.perf_counter() - start,
         "rss_growth_mib": _peak_mib() - before,
@@ -289,7 +289,7 @@ def child_footer(path: str) -> dict:
 
 def child_rows(path: str) -> dict:
     """The peak RSS of draining one file's rows as the read stage reads them (`packed_clips.parquet_rows`,
-    without the spill and the batches after it): its footer, one batch of its columns, one row."""
+    without the working set and the batches after it): its footer, one batch of its columns, one row."""
     from melshards.preprocess.inputs import packed_clips
 
     before = _peak_from_here()

@@ -1,12 +1,12 @@
-"""The read stage's memory at 1x, 10x and 80x LJSpeech's rows: streamed through its sqlite spill, as
+"""The read stage's memory at 1x, 10x and 80x LJSpeech's rows: streamed through its sqlite working set, as
 the job reads, beside the same rows collected in memory.
 
 For each `--rows` size an LJSpeech-layout corpus of that many rows is written under the work dir
 (`read-scale/rows-N`: metadata.csv, and `wavs/` with an empty file for each of the first `--files`
 ids: the read stage lists the audio, it never opens it). Each variant runs in a fresh process:
-  stream     the read stage's DoFn (`read_stage._ReadRows`) drained: rows to the stash, rejections out
+  stream     the read stage's DoFn (`read_stage._ReadRows`) drained: rows to the rows files, rejections out
   in_memory  the same reader's items collected into lists (`sources.read_input`): what holding the
-             rows costs, the read stage's design before the spill
+             rows costs, the read stage's design before the working set
 and reports its wall, and its peak RSS above the RSS it had before reading (growth). Rows past
 `--files` have no audio file: they are read (and would be rejected later as missing_audio).
 
@@ -64,9 +64,9 @@ def child(variant: str, corpus: str) -> dict:
     corpora = named([detect_corpus(corpus)])
     before = _rss_gib()
     start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="melshards-read-scale-") as stash:
+    with tempfile.TemporaryDirectory(prefix="melshards-read-scale-") as temp:
         if variant == "stream":
-            elements = sum(1 for _ in _ReadRows(corpora, stash).process(None))
+            elements = sum(1 for _ in _ReadRows(corpora, temp).process(None))
         else:
             read = read_input(corpora[0])
             elements = len(read.rows) + len(read.rejected)

@@ -14,7 +14,7 @@ and copies the run's stats.json counts and padding figures. The timeline of ever
 processes, cores busy) is written next to the output as timeline-<workers>w[-x<N>].json.
 
 Stages: a watcher lists the run's staging dir every 0.5 s and names the stage the job is in from the
-files it finds: start-up (no feature stash yet), measure (stash files, no shard yet), write (shard
+files it finds: start-up (no features file yet), measure (features files, no shard yet), write (shard
 files, no schema.json), report+publish (schema.json written). Each timeline sample is given the
 stage the watcher saw last, and each stage's seconds, RSS at its start, peak and end are printed.
 
@@ -79,17 +79,17 @@ def stage_of(out: Path, before: str) -> str:
     stage = stages[0]
     if (stage / "schema.json").exists():
         return STAGES[3]
-    stash = shards = 0
+    features = shards = 0
     try:
         with os.scandir(stage / ".melshards-tmp") as it:
             for e in it:
-                stash += e.name.startswith("features-")
+                features += e.name.startswith("features-")
                 shards += e.name.endswith(".tfrecord")
     except OSError:
         pass
     if shards or any(stage.glob("*.tfrecord")):
         return STAGES[2]
-    return STAGES[1] if stash else STAGES[0]
+    return STAGES[1] if features else STAGES[0]
 
 
 class StageWatcher(threading.Thread):
@@ -212,7 +212,7 @@ def main(argv=None) -> dict:
             "wall_s": round(r["wall_s"], 1),
             "job_s": r["job_s"],
             "wall_ms_per_clip": round(1000 * r["wall_s"] / rows_in, 3),
-            # the wall after start-up (from the first feature stash on), per clip
+            # the wall after start-up (from the first features file on), per clip
             "after_startup_ms_per_clip": round(
                 1000 * (r["wall_s"] - r["stages"].get("measure", {}).get("from_s", 0)) / rows_in, 3
             ),

@@ -5,7 +5,7 @@ The emulator is tests/gcs_emulator.py (fake-gcs-server on loopback behind a prox
 of every object download). Each corpus kind is uploaded under its own prefix, and each tree runs
 `python -m melshards preprocess --input gs://BUCKET/KIND --output LOCAL --no_auth` in a child process
 (its PYTHONPATH the tree), one kind at a time; the bytes served under the prefix during that run are
-the run's reads of the corpus (the output, its stash and temp files are local).
+the run's reads of the corpus (the output and its temp files are local).
 
 The kinds (`--scale 1`: the issue's sizes; clips are 16 kHz mono 16-bit WAV, a sine and noise):
 

@@ -20,10 +20,12 @@ so a re-run computes only what changed (docs/preprocess.md, Feature cache).
   `entries/<sha1>.keys` (its keys, one per line, the entry holding a clip's span marked `clip`; written
   last): a 100k-clip corpus is a few thousand objects, not a million. In the file each quantity is one
   array over the entries that have it (features concatenated, with offsets): reading it parses a few
-  array headers, not five per clip. The name comes from the keys, so a retried bundle, or two workers
-  computing the same clips, write the same bytes; each file is written under a temporary name and
-  renamed, so no reader sees half of one. A file that does not read back (damaged, truncated) is
-  recomputed and counted, never a crash.
+  array headers, not five per clip. The files keep the rules of the run's temp files
+  (`melshards.preprocess.out_dir.temp_files`): named by the keys they hold, so a retried bundle, or
+  two workers computing the same clips, write the same bytes; written whole (a temporary name, then
+  a rename); read back by the writer only through the path and key a measured clip carries
+  (`"cached"`, `"cached_parts"`). Unlike a temp file they outlive the run, so one may be gone or
+  damaged when read: it is recomputed and counted, never a crash.
 - **Use.** Each run records the batch files it read or wrote in `runs/<run id>.txt`;
   `melshards cache info DIR` and `melshards cache prune DIR --unused-days N` read those. While it
   runs, a run holds a lease, `runs/<run id>.live` (`Lease`: its holder and a heartbeat renewed every

@@ -4,7 +4,7 @@
 the features the config asks for (pitch, energy, audio; durations from a TextGrid) in the same pass,
 and its quality measures (`clip["quality"]`, `melshards.preprocess.clip.quality.MEASURES`) and
 `clip["audio_hash"]`, which travel with the clip to the filter stage;
-the job carries them across the statistics barrier (`melshards.preprocess.out_dir.stash`) instead of decoding
+the job carries them across the statistics barrier (`melshards.preprocess.out_dir.batch_files`) instead of decoding
 the clip a second time. `measure_lengths` is the text and lengths alone, for tools that need no mel.
 The filter's rule on a measured clip is `melshards.preprocess.stats.filter_rule.filter_rejection`.
 """

@@ -1,10 +1,10 @@
-"""Stages 2-3, Measure: batches of rows -> measured clips for the statistics, each batch stashed for
-the stages after them.
+"""Stages 2-3, Measure: batches of rows -> measured clips for the statistics, each batch written to
+temp files for the stages after them.
 
 Each clip is decoded, resampled and trimmed once, here, and its text, lengths, log-mel and the
 features the config asks for are computed from it (`melshards.preprocess.clip.clips.featurize_span`), or
 read from the feature cache when the run has one (`melshards.preprocess.clip.cache`). The clips and their
-arrays cross the statistics barrier in the stash (`melshards.preprocess.out_dir.stash`), not in the runner.
+arrays cross the statistics barrier in temp files (`melshards.preprocess.out_dir.batch_files`), not in the runner.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from melshards.preprocess.inputs import packed_clips
 from melshards.preprocess.inputs.progress import batch_measured
 from melshards.preprocess.inputs.read_stage import NS, REJECTED, count
 from melshards.preprocess.inputs.rows import reject
-from melshards.preprocess.out_dir.stash import batch_name, load_rows, stash_batch
+from melshards.preprocess.out_dir.batch_files import read_rows, write_measured
 from melshards.preprocess.workers import worker_setup
 from melshards.shards_schema.stats import Moments
 
@@ -112,7 +112,7 @@ def known_parts(found: dict[str, tuple]) -> tuple[dict, dict] | None:
     return span, arrays
 
 
-STASHED = "stashed"
+MEASURED = "batches"
 
 
 @beam.typehints.with_output_types(dict)  # declared: inferring it would import librosa into the launcher
@@ -120,21 +120,21 @@ class _MeasureFn(beam.DoFn):
     """A list of references to batches of rows (`read_stage.together`: one batch, or the batches of one
     parquet row group, measured in order) -> for each batch, {"clips": [clip with its front end's
     text, lengths, the mel's moments], "cache": {hits, computed, damaged_files}, "cache_files": [...]}
-    for the statistics and its stash reference (`stash.stash_batch`) -> `stashed`; bad clips ->
+    for the statistics and its files' reference (`batch_files.write_measured`) -> `batches`; bad clips ->
     `rejected`. What the batches' audio was read from (`packed_clips.release_held`) is let go once all
     are measured.
 
     Each clip is decoded, resampled and trimmed once, here, and its features computed from it, or
     read from the feature cache when the run has one (`index`: a `cache.CacheIndex`, a side input). The
-    clips and their features cross the statistics barrier in the stash, not in the runner. A bundle
-    run again (a runner's retry) writes the same stash, cache and progress files: each is named by
-    the ids or cache keys it holds.
+    clips and their features cross the statistics barrier in temp files, not in the runner. A bundle
+    run again (a runner's retry) writes the same temp, cache and progress files: each is named by
+    the ids or cache keys it holds (`melshards.preprocess.out_dir.temp_files`).
     """
 
     def __init__(
-        self, cfg: PreprocessConfig, stash_dir: str, progress_dir: str | None = None, cache_dir: str | None = None
+        self, cfg: PreprocessConfig, temp_dir: str, progress_dir: str | None = None, cache_dir: str | None = None
     ):
-        self.cfg, self.stash_dir, self.progress_dir, self.cache_dir = cfg, stash_dir, progress_dir, cache_dir
+        self.cfg, self.temp_dir, self.progress_dir, self.cache_dir = cfg, temp_dir, progress_dir, cache_dir
 
     def setup(self):
         worker_setup()
@@ -152,7 +152,7 @@ class _MeasureFn(beam.DoFn):
             packed_clips.release_held()  # the tars, row group streams and recordings the batches were read from
 
     def _measure(self, batch, index):
-        rows = load_rows(batch)
+        rows = read_rows(batch)
         clips, arrays, written = [], [], []
         cached = _Cached(self.cache_dir, index, self.parts)
         measured = []
@@ -176,13 +176,13 @@ class _MeasureFn(beam.DoFn):
                 count(rejection["reason"])
                 yield beam.pvalue.TaggedOutput(REJECTED, rejection)
         for _row, (keys, found, missing), clip, features, span in measured:
-            # A clip in the cache, found or added, is stashed without what the cache holds: the
+            # A clip in the cache, found or added, is written without what the cache holds: the
             # writer reads that from the cache file, so a run with a cache writes each array once.
-            stashed = {k: v for k, v in features.items() if k == "durations"}
+            uncached = {k: v for k, v in features.items() if k == "durations"}
             # from the float32 mel, before it is stored as float16
             moments = found[cache.MEL][2] if cache.MEL in found else Moments.of(features["mel"])
             if keys is None:
-                stashed = features
+                uncached = features
             else:
                 cached.keep(keys, missing, span, features, moments)
                 where = {name: [entry[3], keys[name]] for name, entry in found.items()}
@@ -192,7 +192,7 @@ class _MeasureFn(beam.DoFn):
             clip["moments"] = moments
             clip["feature_summary"] = clip_summary(features, self.vectors)
             clips.append(clip)
-            arrays.append(stashed)
+            arrays.append(uncached)
         path = cached.flush()
         for clip, keys, where, missing in written:
             where.update({p.name: [path, keys[p.name]] for p in missing})
@@ -201,9 +201,9 @@ class _MeasureFn(beam.DoFn):
         for name, n in cached.counts.items():
             count(f"cache_{name}", n)
         if self.progress_dir and rows:
-            batch_measured(self.progress_dir, batch_name(r["id"] for r in rows), len(rows))
+            batch_measured(self.progress_dir, [r["id"] for r in rows])
         count("clips_measured", len(clips))
-        yield beam.pvalue.TaggedOutput(STASHED, stash_batch(self.stash_dir, clips, arrays))
+        yield beam.pvalue.TaggedOutput(MEASURED, write_measured(self.temp_dir, clips, arrays))
         yield {
             "clips": clips,
             "cache": cached.counts,
@@ -215,30 +215,30 @@ class _MeasureFn(beam.DoFn):
 
 class MeasureClips(beam.PTransform):
     """Lists of references to batches of rows (`read_stage.together`) -> {"clips": batches of clips with normalised
-    text and lengths, for the statistics; "stashed": each batch's stash reference, for the stages
+    text and lengths, for the statistics; "batches": each batch's reference to its files, for the stages
     after the statistics; "rejected": bad clips}. With `cache_dir`, each clip's audio features are
     looked up in the feature cache first (its index, `cache.read_index`, read by one worker into a
     side input) and what is computed is added.
 
     Only the statistics' combiners read `clips`: the runner fuses their partial combines into this
-    stage, so the clips never wait in the runner; what waits for the cut-offs is `stashed`, a few
+    stage, so the clips never wait in the runner; what waits for the cut-offs is `batches`, a few
     hundred bytes per batch."""
 
     def __init__(
-        self, cfg: PreprocessConfig, stash_dir: str, progress_dir: str | None = None, cache_dir: str | None = None
+        self, cfg: PreprocessConfig, temp_dir: str, progress_dir: str | None = None, cache_dir: str | None = None
     ):
         super().__init__()
-        self.cfg, self.stash_dir, self.progress_dir, self.cache_dir = cfg, stash_dir, progress_dir, cache_dir
+        self.cfg, self.temp_dir, self.progress_dir, self.cache_dir = cfg, temp_dir, progress_dir, cache_dir
 
     def expand(self, batches):
-        fn = _MeasureFn(self.cfg, self.stash_dir, self.progress_dir, self.cache_dir)
+        fn = _MeasureFn(self.cfg, self.temp_dir, self.progress_dir, self.cache_dir)
         if not self.cache_dir:
-            return batches | "Measure" >> beam.ParDo(fn).with_outputs(REJECTED, STASHED, main="clips")
+            return batches | "Measure" >> beam.ParDo(fn).with_outputs(REJECTED, MEASURED, main="clips")
         index = (
             batches.pipeline | "CacheDir" >> beam.Create([self.cache_dir]) | "ReadIndex" >> beam.Map(cache.read_index)
         )
         return batches | "Measure" >> beam.ParDo(fn, index=beam.pvalue.AsSingleton(index)).with_outputs(
-            REJECTED, STASHED, main="clips"
+            REJECTED, MEASURED, main="clips"
         )
 
 

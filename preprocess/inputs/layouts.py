@@ -65,7 +65,7 @@ def parse_ljspeech_line(line: str, index: int) -> dict:
 def audio_files(paths: Iterable[str]) -> Iterator[tuple[str, int, str]]:
     """Audio files (paths of one listing of `wavs/`) -> (id: the file's stem, rank: its extension's
     place in AUDIO_EXTENSIONS (`.wav`, `.flac`, `.ogg`, `.mp3`), path); other files are left out.
-    `spill.Spill.lists` turns them into the mapping `attach_audio` takes."""
+    `working_set.WorkingSet.lists` turns them into the mapping `attach_audio` takes."""
     for path in paths:
         ext = posixpath.splitext(path)[1].lower()
         if ext in AUDIO_EXTENSIONS:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from melshards.preprocess.inputs.manifests import MANIFEST_EXTENSIONS
 from melshards.preprocess.inputs.packed_clips import PARQUET_EXTENSIONS, TAR_EXTENSIONS
 from melshards.preprocess.inputs.rows import is_rejection
-from melshards.preprocess.inputs.spill import Spill
+from melshards.preprocess.inputs.working_set import WorkingSet
 
 GIVEN_ID, GIVEN_SPEAKER = "given_id", "given_speaker"  # on a prefixed row: the label before the prefix
 INPUT = "input"  # on every row: the index of its input among the run's --input options
@@ -60,16 +60,16 @@ class MergedInputs:
     row per id). A prefixed row holds its label as given too (`GIVEN_ID`, `GIVEN_SPEAKER`; `as_given`);
     every row holds its input's index (`INPUT`).
 
-    Whether a label is shared is known only once every input is read: the items wait in `spill`'s
+    Whether a label is shared is known only once every input is read: the items wait in the working set's
     tables (a file on local disk for a corpus, not a list in memory) and are read back from there.
     `input_rows[i]`, `prefixed_speakers[i]` and `prefixed_ids[i]` count input i's items and its
     distinct labels prefixed; `row_count` is the number of rows of all inputs.
     """
 
-    def __init__(self, inputs: Sequence[tuple[str, Iterable[dict]]], spill: Spill):
+    def __init__(self, inputs: Sequence[tuple[str, Iterable[dict]]], working_set: WorkingSet):
         self.names = [name for name, _ in inputs]
-        self.db, self.items = spill.db, spill.table("items")
-        self.shared = {kind: spill.table(f"shared_{kind}") for kind in ("id", "speaker")}
+        self.db, self.items = working_set.db, working_set.table("items")
+        self.shared = {kind: working_set.table(f"shared_{kind}") for kind in ("id", "speaker")}
         self.db.execute(
             f"CREATE TABLE {self.items} (n INTEGER PRIMARY KEY, inp INTEGER NOT NULL, id TEXT NOT NULL, "
             "speaker TEXT, body BLOB NOT NULL)"

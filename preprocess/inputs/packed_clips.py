@@ -405,7 +405,10 @@ def _kept_parquet_file(path: str, stack: contextlib.ExitStack, buffer_size: int 
     return pf
 
 
-_HELD = threading.local()  # this thread's held readers: (kind, path, ...) -> an open tar, a row group's stream, ...
+# This thread's held readers: (kind, path, ...) -> an open tar, a row group's stream, a recording. A
+# cache of open files inside one worker thread, not data between stages: nothing is written, and each
+# element's readers are let go once it is measured (`release_held`), so a retried bundle opens its own.
+_HELD = threading.local()
 
 
 def _held(key: tuple, make: Callable[[], Any]) -> Any:
@@ -805,7 +808,7 @@ def canonical_path(path: str, cwd: str | None = None) -> str:
     return "/" + posixpath.normpath(posixpath.join(os.getcwd() if cwd is None else cwd, path)).lstrip("/")
 
 
-def refuse_overlaps(items: Iterable[dict], spill) -> Iterator[dict]:
+def refuse_overlaps(items: Iterable[dict], working_set) -> Iterator[dict]:
     """A manifest's rows -> the same, but a row whose audio overlaps that of a row kept earlier (in
     input order) of the same recording -> `overlapping_segment`: the overlap holds another
     utterance's speech (crosstalk, or one stretch segmented twice), which the row's text does not
@@ -813,14 +816,14 @@ def refuse_overlaps(items: Iterable[dict], spill) -> Iterator[dict]:
     row is its whole recording, [0, its duration): it overlaps every segment of the recording, but
     not another whole-file row of it (one file twice is the duplicate rules' to judge). Segments that
     touch (one's end the next one's start) do not overlap. A recording is its `canonical_path`. What
-    is kept waits in the spill's sqlite file."""
-    table = spill.table("segments")
-    spill.db.execute(f"CREATE TABLE {table} (rec TEXT, s REAL, e REAL)")
-    spill.db.execute(f"CREATE INDEX {table}_rec ON {table} (rec, s)")
-    whole_table = spill.table("wholes")  # each recording with a whole-file row kept: the first such row
-    spill.db.execute(f"CREATE TABLE {whole_table} (rec TEXT PRIMARY KEY, row INTEGER) WITHOUT ROWID")
+    is kept waits in the read's working set (`working_set`)."""
+    table = working_set.table("segments")
+    working_set.db.execute(f"CREATE TABLE {table} (rec TEXT, s REAL, e REAL)")
+    working_set.db.execute(f"CREATE INDEX {table}_rec ON {table} (rec, s)")
+    whole_table = working_set.table("wholes")  # each recording with a whole-file row kept: the first such row
+    working_set.db.execute(f"CREATE TABLE {whole_table} (rec TEXT PRIMARY KEY, row INTEGER) WITHOUT ROWID")
     here = os.getcwd()
-    db, segments, wholes = spill.db, False, False  # whether any is kept yet: whole files alone ask nothing
+    db, segments, wholes = working_set.db, False, False  # whether any is kept yet: whole files alone ask nothing
     for item in items:
         loc = item.get("locator")
         if "reason" in item or (loc and "start" not in loc):

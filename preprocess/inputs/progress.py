@@ -1,11 +1,12 @@
-"""The local run's progress line, through a side channel of small files outside Beam's model.
+"""The local run's progress line, from temp files the workers write (`melshards.preprocess.out_dir.temp_files`).
 
 The local runner hands out Beam Metrics only once the job is over, so each Measure worker marks each
-batch it has measured with an empty file under the run's temp dir, named by the batch and its rows
+batch it has measured with an empty temp file, named by the batch's ids and its rows
 (`batch_measured`), and the command sums the rows in the names (`ProgressReporter`) for a line every
-few seconds. A batch measured twice (a retried bundle) makes the same file again: its rows count once.
-The total is the input rows the read stage found (`write_total`: from the rows files, listings, parquet
-footers and tar headers it reads anyway, no second pass over the corpus). On Dataflow the job's counters show the same progress and no files are written.
+few seconds: a batch measured twice is one file, counted once. The total is the input rows the read
+stage found (`write_total`: from the rows files, listings, parquet footers and tar headers it reads
+anyway, no second pass over the corpus). On Dataflow the job's counters show the same progress and
+no files are written.
 """
 
 from __future__ import annotations
@@ -17,23 +18,19 @@ from collections.abc import Callable, Sequence
 from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess.inputs.sources import Corpus, count_input_rows
-from melshards.preprocess.out_dir.shards import TEMP_DIR, StagingFiles, create_file
-from melshards.shards_schema.atomic import atomic_write
+from melshards.preprocess.out_dir import temp_files
 
-PROGRESS_PREFIX = "progress-"
+PROGRESS = "progress"
 PROGRESS_SUFFIX = ".txt"
 TOTAL_FILE = "input-rows.txt"
 
 
-def progress_dir(out_dir: str) -> str:
-    """Where the workers' progress files go: the run's temp dir, removed by the report stage."""
-    return FileSystems.join(out_dir, TEMP_DIR)
-
-
-def batch_measured(directory: str, name: str, rows: int) -> None:
-    """In a worker: the batch `name` (`stash.batch_name`) of `rows` rows is measured, as the empty file
-    `progress-<name>-<rows>.txt` that `ProgressReporter` counts."""
-    create_file(FileSystems.join(directory, f"{PROGRESS_PREFIX}{name}-{rows}{PROGRESS_SUFFIX}")).close()
+def batch_measured(directory: str, ids: list[str]) -> None:
+    """In a worker: the batch of rows `ids` is measured, as the empty file `progress-<sha1 of the
+    ids>-<rows>.txt` that `ProgressReporter` counts."""
+    temp_files.write(
+        FileSystems.join(directory, temp_files.content_name(PROGRESS, ids, f"-{len(ids)}{PROGRESS_SUFFIX}")), b""
+    )
 
 
 def rows_in(name: str) -> int:
@@ -44,9 +41,7 @@ def rows_in(name: str) -> int:
 
 def write_total(directory: str, rows: int) -> None:
     """In the read stage: the input rows it found, the progress line's total."""
-    path = FileSystems.join(directory, TOTAL_FILE)
-    with atomic_write(path, temp=path + ".writing", fs=StagingFiles) as f:
-        f.write(str(rows).encode())
+    temp_files.write(FileSystems.join(directory, TOTAL_FILE), str(rows).encode())
 
 
 def count_rows(corpora: Sequence[Corpus]) -> int:
@@ -64,8 +59,8 @@ class ProgressReporter(threading.Thread):
     def __init__(self, out_dir: str, echo: Callable[[str], None], every: float = 5.0):
         super().__init__(daemon=True)
         self.echo = echo
-        self.pattern = FileSystems.join(progress_dir(out_dir), f"{PROGRESS_PREFIX}*{PROGRESS_SUFFIX}")
-        self.total_path = FileSystems.join(progress_dir(out_dir), TOTAL_FILE)
+        self.pattern = FileSystems.join(temp_files.temp_dir(out_dir), f"{PROGRESS}-*{PROGRESS_SUFFIX}")
+        self.total_path = FileSystems.join(temp_files.temp_dir(out_dir), TOTAL_FILE)
         self.total: int | None = None
         self.every = every
         self.stopped = threading.Event()

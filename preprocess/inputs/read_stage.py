@@ -1,22 +1,21 @@
 """Stage 1, Read: one or more corpora (`--input`, each in any layout of `melshards.preprocess.inputs.sources`)
--> batches of row dicts {id, text, speaker, language, gender, audio, row}, each in a stash file.
+-> batches of row dicts {id, text, speaker, language, gender, audio, row}, each in a temp file.
 
 Building the pipeline opens no corpus file (`detect_corpus` only checks paths; the rows are read
 inside the pipeline), so a Dataflow graph builds offline. A container input's files (parquet, tars)
 are listed, spread over the workers and scanned one file to a worker (`Layout.scan`: a parquet
 footer and the columns the fields name, a tar's headers and `.json` members; no audio), each scan
-into a file of its own in the stash. The layouts' readers are pure functions (`layouts`,
+into a temp file of its own. The layouts' readers are pure functions (`layouts`,
 `manifests`, `containers`) that yield rows as they read (a container input's from its files'
 scans); what reading must remember (the ids seen, LJSpeech's audio files, the rows until every
 input is read and the shared labels are known) waits in a sqlite file on the reading worker's local
-disk (`spill`), not in its memory. `ReadCorpus` is the Beam wrapper around them.
+disk (`working_set`), not in its memory. `ReadCorpus` is the Beam wrapper around them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import os
 import pickle
 import tempfile
@@ -39,9 +38,9 @@ from melshards.preprocess.inputs.sources import (
     input_items,
     unused_columns,
 )
-from melshards.preprocess.inputs.spill import Spill
-from melshards.preprocess.out_dir.shards import create_file
-from melshards.preprocess.out_dir.stash import stash_rows
+from melshards.preprocess.inputs.working_set import WorkingSet
+from melshards.preprocess.out_dir import temp_files
+from melshards.preprocess.out_dir.batch_files import write_rows
 
 # What the rest of the job takes from here: the read stage, and the corpus it is given.
 __all__ = [
@@ -117,18 +116,14 @@ def input_summary(
     }
 
 
-def _scan_path(stash_dir: str, path: str) -> str:
-    """Where a container file's scan is stashed: named after the file, so a retried bundle writes the same file."""
-    return FileSystems.join(stash_dir, f"scan-{hashlib.sha1(path.encode('utf-8')).hexdigest()}.pkl")
+SCAN_CHUNK = 1024  # records: a scan is written and read back this many records at a time
 
 
-SCAN_CHUNK = 1024  # records: a scan is stashed and read back this many records at a time
-
-
-def stash_scan(stash_dir: str, path: str, records: Iterable) -> str:
-    """Write a container file's scan (`Layout.scan`'s records, SCAN_CHUNK at a time) into the stash; its path."""
-    out = _scan_path(stash_dir, path)
-    with create_file(out) as f:
+def write_scan(temp_dir: str, path: str, records: Iterable) -> str:
+    """Write a container file's scan (`Layout.scan`'s records, SCAN_CHUNK at a time) into a temp file
+    named by the container file's path; its path."""
+    out = FileSystems.join(temp_dir, temp_files.content_name("scan", [path], ".pkl"))
+    with temp_files.writing(out) as f:
         chunk: list = []
         for record in records:
             chunk.append(record)
@@ -140,8 +135,8 @@ def stash_scan(stash_dir: str, path: str, records: Iterable) -> str:
     return out
 
 
-def load_scan(scan_path: str) -> Iterator:
-    """The records of a scan `stash_scan` wrote, in order, a chunk held at a time."""
+def read_scan(scan_path: str) -> Iterator:
+    """The records of a scan `write_scan` wrote, in order, a chunk held at a time."""
     with FileSystems.open(scan_path) as f:
         while True:
             try:
@@ -166,18 +161,18 @@ class _ListFiles(beam.DoFn):
 
 
 class _ScanFile(beam.DoFn):
-    """(input index, file index, path) -> the same with where its scan is stashed (`stash_scan`); a
+    """(input index, file index, path) -> the same with where its scan is written (`write_scan`); a
     file that cannot be read fails the job with its CorpusError (`containers`)."""
 
-    def __init__(self, corpora: tuple[Corpus, ...], stash_dir: str):
-        self.corpora, self.stash_dir = corpora, stash_dir
+    def __init__(self, corpora: tuple[Corpus, ...], temp_dir: str):
+        self.corpora, self.temp_dir = corpora, temp_dir
 
     def process(self, element):
         i, j, path = element
         corpus = self.corpora[i]
         scan = LAYOUTS[corpus.kind].scan
         assert scan is not None  # only a layout with files lists them (_ListFiles)
-        yield i, j, path, stash_scan(self.stash_dir, path, scan(corpus, path))
+        yield i, j, path, write_scan(self.temp_dir, path, scan(corpus, path))
 
 
 def _row_group(item: dict) -> tuple | None:
@@ -202,12 +197,12 @@ def batches(items: Iterable[dict], size: int) -> Iterator[list[dict]]:
         yield batch
 
 
-def together(stash_dir: str, rows: Iterable[list[dict]]) -> Iterator[list[dict]]:
-    """Batches of rows -> lists of their references (`stash.stash_rows`), one list to an element: a
+def together(temp_dir: str, rows: Iterable[list[dict]]) -> Iterator[list[dict]]:
+    """Batches of rows -> lists of their references (`batch_files.write_rows`), one list to an element: a
     batch alone, but the batches of one parquet row group together, measured in order by one worker,
     which reads the group's audio column once, streaming it (`packed_clips.clip_bytes`), not once per
     batch."""
-    groups: deque = deque()  # each batch's row group, as stash_rows takes the batches
+    groups: deque = deque()  # each batch's row group, as write_rows takes the batches
 
     def noted() -> Iterator[list[dict]]:
         for batch in rows:
@@ -216,7 +211,7 @@ def together(stash_dir: str, rows: Iterable[list[dict]]) -> Iterator[list[dict]]
 
     element: list[dict] = []
     group = None
-    for ref in stash_rows(stash_dir, noted()):
+    for ref in write_rows(temp_dir, noted()):
         g = groups.popleft()
         if element and (g is None or g != group):
             yield element
@@ -234,24 +229,25 @@ class _ReadRows(beam.DoFn):
     progress line: `progress.write_total`), the inputs' summaries -> `inputs` (one element each).
     `scans`: the container files' scans (`_ScanFile`'s elements)."""
 
-    def __init__(self, corpora: tuple[Corpus, ...], stash_dir: str, progress_dir: str | None = None):
-        self.corpora, self.stash_dir, self.progress_dir = corpora, stash_dir, progress_dir
+    def __init__(self, corpora: tuple[Corpus, ...], temp_dir: str, progress_dir: str | None = None):
+        self.corpora, self.temp_dir, self.progress_dir = corpora, temp_dir, progress_dir
 
     def process(self, _, scans=None):
-        stashed: list[list[tuple[int, str, str]]] = [[] for _ in self.corpora]
+        scanned: list[list[tuple[int, str, str]]] = [[] for _ in self.corpora]
         for i, j, path, scan_path in scans or ():
-            stashed[i].append((j, path, scan_path))
+            scanned[i].append((j, path, scan_path))
         # without `scans` (a call outside the pipeline), each file is scanned as it is read
         per_input = [
-            None if scans is None else [(p, functools.partial(load_scan, s)) for _, p, s in sorted(b)] for b in stashed
+            None if scans is None else [(p, functools.partial(read_scan, s)) for _, p, s in sorted(b)] for b in scanned
         ]
         with (
             tempfile.TemporaryDirectory(prefix="melshards-read-") as tmp,
-            Spill(os.path.join(tmp, "rows.sqlite")) as spill,
+            WorkingSet(os.path.join(tmp, "rows.sqlite")) as working_set,
         ):
             folded: list[dict] = [{} for _ in self.corpora]
             merged = MergedInputs(
-                [(c.name, input_items(c, spill, f, s)) for c, f, s in zip(self.corpora, folded, per_input)], spill
+                [(c.name, input_items(c, working_set, f, s)) for c, f, s in zip(self.corpora, folded, per_input)],
+                working_set,
             )
             total = sum(merged.input_rows)
             count(INPUT_ROWS, total)
@@ -272,12 +268,12 @@ class _ReadRows(beam.DoFn):
                 yield beam.pvalue.TaggedOutput(REJECTED, item)
             # Always at least one (maybe empty) batch: every later statistic then has an input.
             rows = batches(merged.rows(), batch_rows(merged.row_count)) if merged.row_count else [[]]
-            yield from together(self.stash_dir, rows)
+            yield from together(self.temp_dir, rows)
 
 
 class ReadCorpus(beam.PTransform):
     """One corpus or several -> {"batches": lists of references to batches of unique rows in
-    `stash_dir` (`stash.load_rows` reads one; a list holds one batch, or the batches of one parquet
+    `temp_dir` (`batch_files.read_rows` reads one; a list holds one batch, or the batches of one parquet
     row group: `together`), spread over the workers; "rejected": the rows rejected while reading;
     "input_rows": the number of input rows; "inputs": one list of each input's summary
     (`input_summary`)}. With `progress_dir`, the number of input rows is written there for the
@@ -290,10 +286,10 @@ class ReadCorpus(beam.PTransform):
     carry the work, over every worker.
     """
 
-    def __init__(self, corpora: Corpus | Sequence[Corpus], stash_dir: str, progress_dir: str | None = None):
+    def __init__(self, corpora: Corpus | Sequence[Corpus], temp_dir: str, progress_dir: str | None = None):
         super().__init__()
         self.corpora = named([corpora] if isinstance(corpora, Corpus) else corpora)
-        self.stash_dir, self.progress_dir = stash_dir, progress_dir
+        self.temp_dir, self.progress_dir = temp_dir, progress_dir
 
     def expand(self, pbegin):
         scans = (
@@ -301,14 +297,14 @@ class ReadCorpus(beam.PTransform):
             | "Inputs" >> beam.Create([None])
             | "ListFiles" >> beam.ParDo(_ListFiles(self.corpora))
             | "SpreadFiles" >> beam.Reshuffle()
-            | "ScanFiles" >> beam.ParDo(_ScanFile(self.corpora, self.stash_dir))
+            | "ScanFiles" >> beam.ParDo(_ScanFile(self.corpora, self.temp_dir))
         )
         read = (
             pbegin
             | "Once" >> beam.Create([None])
             | "ReadRows"
             >> beam.ParDo(
-                _ReadRows(self.corpora, self.stash_dir, self.progress_dir), scans=beam.pvalue.AsList(scans)
+                _ReadRows(self.corpora, self.temp_dir, self.progress_dir), scans=beam.pvalue.AsList(scans)
             ).with_outputs(REJECTED, INPUT_ROWS, INPUTS, main="rows")
         )
         spread = read.rows | "Spread" >> beam.Reshuffle()

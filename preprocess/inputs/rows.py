@@ -119,7 +119,7 @@ def split_malformed(items: Iterable[tuple[int, dict | Exception]]) -> Iterator[d
 
 def unique_ids(items: Iterable[dict], first: MutableMapping[str, int]) -> Iterator[dict]:
     """Items in input order -> the first row of every id, and a `duplicate_id` rejection for each later
-    repeat; rejections pass. `first` (id -> row position; a dict, or a `spill.SqliteMap` for a large
+    repeat; rejections pass. `first` (id -> row position; a dict, or a `working_set.SqliteMap` for a large
     corpus) starts empty."""
     for item in items:
         if is_rejection(item):

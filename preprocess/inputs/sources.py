@@ -26,7 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 from melshards.preprocess.inputs import layouts, manifests, packed_clips
 from melshards.preprocess.inputs.merge import input_name
 from melshards.preprocess.inputs.rows import CorpusError, LayoutRows, complete_rows, unique_ids
-from melshards.preprocess.inputs.spill import Spill
+from melshards.preprocess.inputs.working_set import WorkingSet
 from melshards.preprocess.out_dir.lock import is_local_path
 from melshards.preprocess.out_dir.staging import normal_dir
 
@@ -62,8 +62,8 @@ Scans = Sequence[tuple[str, Callable[[], Iterable]]]
 @dataclasses.dataclass(frozen=True)
 class Layout:
     """A corpus layout: `locate(path, forced)` the corpus at path if its telltale files are there
-    (forced by --format: only what reading needs), `read(corpus, spill, scans)` its items with unique
-    ids (the spill holds what reading must remember; `scans`: a container layout's files with their
+    (forced by --format: only what reading needs), `read(corpus, working_set, scans)` its items with unique
+    ids (the working set holds what reading must remember; `scans`: a container layout's files with their
     scans, unused by the others), `count` its input rows from what tells them without reading the
     rows (a rows file's lines, listings, parquet footers; a WebDataset's, an estimate: the local
     worker count is chosen from it) and
@@ -74,7 +74,7 @@ class Layout:
     name: str
     telltale: str  # what `locate` looks for, as the error for an unrecognised input lists it
     locate: Callable[[str, bool], Corpus | None]
-    read: Callable[[Corpus, Spill, Scans], Iterator[dict]]
+    read: Callable[[Corpus, WorkingSet, Scans], Iterator[dict]]
     count: Callable[[Corpus], int]
     language: Callable[[Corpus, str | None], str | None]
     unused: Callable[[Corpus], list[str]] = lambda corpus: []  # columns reading leaves out (the summary says)
@@ -295,9 +295,9 @@ def _locate_ljspeech(path: str, forced: bool) -> Corpus | None:
     return Corpus("ljspeech", metadata, path) if _exists(metadata) else None
 
 
-def _read_ljspeech(c: Corpus, spill: Spill, scans: Scans = ()) -> Iterator[dict]:
-    files = spill.lists(layouts.audio_files(_list_dir(_join(c.root, "wavs"))))
-    return layouts.ljspeech_rows(_lines(c.rows_file()), files, spill.map())
+def _read_ljspeech(c: Corpus, working_set: WorkingSet, scans: Scans = ()) -> Iterator[dict]:
+    files = working_set.lists(layouts.audio_files(_list_dir(_join(c.root, "wavs"))))
+    return layouts.ljspeech_rows(_lines(c.rows_file()), files, working_set.map())
 
 
 def _locate_vctk(path: str, forced: bool) -> Corpus | None:
@@ -314,10 +314,10 @@ def _vctk_files(c: Corpus) -> tuple[list[str], list[str]]:
     return _list(_join(c.root, "txt", "*", "*.txt")), _list(_join(c.root, layouts.VCTK_AUDIO_DIR, "*", "*"))
 
 
-def _read_vctk(c: Corpus, spill: Spill, scans: Scans = ()) -> Iterator[dict]:
+def _read_vctk(c: Corpus, working_set: WorkingSet, scans: Scans = ()) -> Iterator[dict]:
     txts, audio = _vctk_files(c)
     info = _read_text(c.speakers_path) if c.speakers_path else None
-    return unique_ids(layouts.vctk_rows(_read_texts(txts), audio, info), spill.map())
+    return unique_ids(layouts.vctk_rows(_read_texts(txts), audio, info), working_set.map())
 
 
 def _count_vctk(c: Corpus) -> int:
@@ -340,11 +340,11 @@ def _libritts_files(c: Corpus) -> tuple[list[str], list[str]]:
     return [p for p in files if p.endswith(layouts.LIBRITTS_TEXT)], files
 
 
-def _read_libritts(c: Corpus, spill: Spill, scans: Scans = ()) -> Iterator[dict]:
+def _read_libritts(c: Corpus, working_set: WorkingSet, scans: Scans = ()) -> Iterator[dict]:
     txts, files = _libritts_files(c)
     speakers = _read_text(c.speakers_path) if c.speakers_path else None
     return unique_ids(
-        layouts.libritts_rows(_read_texts(txts), files, speakers), spill.map()
+        layouts.libritts_rows(_read_texts(txts), files, speakers), working_set.map()
     )  # one utterance in two subsets
 
 
@@ -364,17 +364,17 @@ def _locate_commonvoice(path: str, forced: bool) -> Corpus | None:
     return Corpus("commonvoice", tsv, path) if _exists(tsv) else None
 
 
-def _read_commonvoice(c: Corpus, spill: Spill, scans: Scans = ()) -> Iterator[dict]:
-    return unique_ids(manifests.commonvoice_rows(_lines(c.rows_file()), c.rows_file()), spill.map())
+def _read_commonvoice(c: Corpus, working_set: WorkingSet, scans: Scans = ()) -> Iterator[dict]:
+    return unique_ids(manifests.commonvoice_rows(_lines(c.rows_file()), c.rows_file()), working_set.map())
 
 
 def _locate_manifest(path: str, forced: bool) -> Corpus | None:
     return Corpus("manifest", path, posixpath.dirname(path) or ".") if _is_table(path) and not _is_dir(path) else None
 
 
-def _read_manifest(c: Corpus, spill: Spill, scans: Scans = ()) -> Iterator[dict]:
+def _read_manifest(c: Corpus, working_set: WorkingSet, scans: Scans = ()) -> Iterator[dict]:
     items = manifests.manifest_rows(_lines(c.rows_file()), c.rows_file(), c.root, dict(c.columns))
-    return unique_ids(packed_clips.refuse_overlaps(items, spill), spill.map())
+    return unique_ids(packed_clips.refuse_overlaps(items, working_set), working_set.map())
 
 
 def _manifest_unused(c: Corpus) -> list[str]:
@@ -430,14 +430,14 @@ def _name_in(c: Corpus, path: str) -> str:
     return posixpath.splitext(rel)[0]
 
 
-def _read_parquet(c: Corpus, spill: Spill, scans: Scans) -> Iterator[dict]:
-    taken = spill.map()  # the ids taken from audio paths (`packed_clips.parquet_rows`)
+def _read_parquet(c: Corpus, working_set: WorkingSet, scans: Scans) -> Iterator[dict]:
+    taken = working_set.map()  # the ids taken from audio paths (`packed_clips.parquet_rows`)
     columns = dict(c.columns)
 
     def read(path: str, start: int, records: Iterable) -> Iterator[dict]:
         return packed_clips.parquet_rows(path, start, columns, _name_in(c, path), taken, records)
 
-    return unique_ids(_numbered(read, scans), spill.map())
+    return unique_ids(_numbered(read, scans), working_set.map())
 
 
 def _scan_parquet(c: Corpus, path: str) -> Iterator:
@@ -453,13 +453,13 @@ def _parquet_unused(c: Corpus) -> list[str]:
     return packed_clips.unused(names, packed_clips.column_names(names, dict(c.columns)))
 
 
-def _read_webdataset(c: Corpus, spill: Spill, scans: Scans) -> Iterator[dict]:
+def _read_webdataset(c: Corpus, working_set: WorkingSet, scans: Scans) -> Iterator[dict]:
     columns = dict(c.columns)
 
     def read(path: str, start: int, records: Iterable) -> Iterator[dict]:
         return packed_clips.tar_rows(path, start, columns, records)
 
-    return unique_ids(_numbered(read, scans), spill.map())
+    return unique_ids(_numbered(read, scans), working_set.map())
 
 
 def _scan_webdataset(c: Corpus, path: str) -> Iterator:
@@ -763,16 +763,18 @@ def file_scans(corpus: Corpus) -> Scans:
     return [(path, functools.partial(scan, corpus, path)) for path in layout.files(corpus)]
 
 
-def input_items(corpus: Corpus, spill: Spill, folded: dict | None = None, scans: Scans | None = None) -> Iterator[dict]:
+def input_items(
+    corpus: Corpus, working_set: WorkingSet, folded: dict | None = None, scans: Scans | None = None
+) -> Iterator[dict]:
     """One input's items as they are read: its rows, each with a speaker and a language and an id of
     its own (the first row of an id wins), and its rejected input rows; `folded` gets the language
     codes respelt (`complete_rows`). `scans`: a container input's files and their scans (default:
     `file_scans`, each file scanned as it is read)."""
     scans = file_scans(corpus) if scans is None else scans
-    return complete_rows(LAYOUTS[corpus.kind].read(corpus, spill, scans), corpus.name, corpus.language, folded)
+    return complete_rows(LAYOUTS[corpus.kind].read(corpus, working_set, scans), corpus.name, corpus.language, folded)
 
 
 def read_input(corpus: Corpus) -> LayoutRows:
     """One input's `input_items`, collected (a small corpus, or a test: the read stage streams them)."""
-    with Spill() as spill:
-        return LayoutRows.of(input_items(corpus, spill))
+    with WorkingSet() as working_set:
+        return LayoutRows.of(input_items(corpus, working_set))

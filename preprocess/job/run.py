@@ -136,7 +136,7 @@ def _free_bytes(path: str) -> int | None:
 
 def disk_full_message(exc: BaseException, run: OutputRun, done: int, total: int | None) -> str:
     """Which path is full and about how much the run needed: what it had staged, scaled by the rows
-    done (the shards and the mel stash grow with the rows)."""
+    done (the shards and the temp files of the measured mels grow with the rows)."""
     found = re.search(r"No space left on device: '([^']+)'", "".join(str(e) for e in exception_chain(exc)))
     path = found.group(1) if found else run.stage
     staged = tree_bytes(run.stage)

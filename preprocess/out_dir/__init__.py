@@ -1,2 +1,2 @@
 """The output directory and the run's files in it: the lock, the staged run and its publication, the temp files
-the stages hand batches through (the stash), and the shards assembled there."""
+the stages hand each other (`temp_files`), and the shards assembled there."""

@@ -1,7 +1,7 @@
 """A clip's duplicate verdict as it travels on the clip: `DUPLICATE_OF`, the id of the copy of its audio
 that is kept. The verdicts are decided in the statistics (`melshards.preprocess.stats.quality_rules.duplicates_of`,
-joined with each stashed batch by `melshards.preprocess.stats.quality_stage.DuplicateAudio`), put on the
-clips when the stash reads a batch back (`melshards.preprocess.out_dir.stash.load_clips`), and read by the
+joined with each measured batch by `melshards.preprocess.stats.quality_stage.DuplicateAudio`), put on the
+clips when a measured batch is read back (`melshards.preprocess.out_dir.batch_files.read_clips`), and read by the
 quality rules (`quality_rules.quality_rejection`: `duplicate_audio`)."""
 
 from __future__ import annotations

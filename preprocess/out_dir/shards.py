@@ -1,6 +1,6 @@
 """Stage 8, Write: TFRecord shards of about `target_shard_mb`, written where the records are made.
 
-Records are written by the stage that filters and pads them (reading each batch's stashed mels
+Records are written by the stage that filters and pads them (reading each measured batch's mels
 back once), into temp files that roll over at the target size, so no encoded record is ever
 materialised between stages or shuffled (holding and grouping them all lost records in Beam's local
 runner at LJSpeech size: docs/performance.md#decode-once-where-the-mel-waits).
@@ -26,7 +26,7 @@ from melshards.shards_schema.records import frame_record
 from melshards.shards_schema.schema import SHARD_SUFFIX, shard_name
 
 _COPY_CHUNK = 16 << 20
-TEMP_DIR = ".melshards-tmp"  # under the run's staging dir: temp shards, mel stash, progress files
+TEMP_DIR = ".melshards-tmp"  # under the run's staging dir: temp shards and the other temp files (`temp_files`)
 
 
 def create_file(path: str):

@@ -1,4 +1,4 @@
-"""Stage 6a, ChooseBuckets: the stashed batches and the cut-offs -> the length buckets, one element
+"""Stage 6a, ChooseBuckets: the measured batches and the cut-offs -> the length buckets, one element
 read by the writer as a side input.
 
 Each batch contributes the length histograms of the clips the filter keeps (`kept_summary`); the
@@ -12,7 +12,7 @@ from collections import Counter
 import apache_beam as beam
 
 from melshards.preprocess.config import PreprocessConfig
-from melshards.preprocess.out_dir.stash import load_clips
+from melshards.preprocess.out_dir.batch_files import read_clips
 from melshards.preprocess.stats import bucketing, tables
 from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.stats.global_stats import length_histograms, merge_lengths
@@ -35,11 +35,11 @@ def kept_summary(
     }
 
 
-def stashed_kept_summary(
+def kept_summary_of(
     batch: dict, cutoffs: Cutoffs | None, corpus_tables: dict, salt: str, gate: QualityGate | None = None
 ) -> dict:
-    """`kept_summary` of a stashed batch (`stash.stash_batch`'s reference)."""
-    return kept_summary(load_clips(batch), cutoffs, corpus_tables, salt, gate)
+    """`kept_summary` of a measured batch (`batch_files.write_measured`'s reference)."""
+    return kept_summary(read_clips(batch), cutoffs, corpus_tables, salt, gate)
 
 
 class _KeptSummaryFn(beam.CombineFn):
@@ -62,12 +62,12 @@ class _KeptSummaryFn(beam.CombineFn):
 
 
 class ChooseBuckets(beam.PTransform):
-    """Stashed batches (`MeasureClips`'s `stashed`) + cut-offs -> one element,
+    """Measured batches (`MeasureClips`'s `batches`) + cut-offs -> one element,
     `bucketing.choose_from_summary`'s dict.
 
     Reads the measured clips with the filter's own rule (`filter_rule.filter_rejection`), not the filter's output:
     the bounds are then ready before any mel is read back, so the filter, padding and writing run
-    in one pass over the stashed mels.
+    in one pass over the measured batches' clips files.
     """
 
     def __init__(self, cutoffs, corpus_tables, gate, cfg: PreprocessConfig):
@@ -80,7 +80,7 @@ class ChooseBuckets(beam.PTransform):
             batches
             | "Kept"
             >> beam.Map(
-                stashed_kept_summary,
+                kept_summary_of,
                 S.AsSingleton(self.cutoffs),
                 S.AsSingleton(self.tables),
                 self.cfg.split.salt,

@@ -22,7 +22,7 @@ Three kinds of rule:
   the first by input order (the earliest --input, then its earliest row) is kept and the others are
   duplicates of it; a copy another rule drops is dropped for that rule. So a group keeps a copy
   whenever any copy passes the rest. The verdict travels on the clip (`duplicate_marks.DUPLICATE_OF`, set
-  by `duplicate_marks.mark_duplicates` when its batch is read back, `stash.load_clips`).
+  by `duplicate_marks.mark_duplicates` when its batch is read back, `batch_files.read_clips`).
 
 `quality_rejection` applies them all to one clip and gives the reason with a detail naming the measure,
 its value and the bound; the writer counts what they dropped per speaker

@@ -9,7 +9,7 @@ transforms over the measured clips (their measures: `melshards.preprocess.clip.q
   speaker and language, each group summed where its key lands and reduced there to what stats.json
   keeps of it (`quality_stats`);
 - `RepeatedHashes` and `DuplicateAudio`: the duplicate_audio rule's verdicts, not a side input but a keyed
-  join: each stashed batch with the verdicts of its clips, once the cut-offs, the tables and the gate
+  join: each measured batch with the verdicts of its clips, once the cut-offs, the tables and the gate
   are known.
 
 Every combine is exact and merges in any order (`global_stats.AddParts`; docs/performance.md lists each
@@ -33,7 +33,7 @@ import numpy as np
 from melshards.preprocess.clip import quality
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.inputs.merge import INPUT
-from melshards.preprocess.out_dir.stash import DUPLICATES, load_clips
+from melshards.preprocess.out_dir.batch_files import DUPLICATES, read_clips
 from melshards.preprocess.stats import quality_rules, quality_stats
 from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.stats.global_stats import AddParts
@@ -141,7 +141,7 @@ class SpeakingRateBounds(beam.PTransform):
 
 
 def _batch_key(batch: dict) -> bytes:
-    """A stashed batch's key in the join: 12 bytes of a digest of its clips file's path (b"" for a batch of
+    """A measured batch's key in the join: 12 bytes of a digest of its clips file's path (b"" for a batch of
     no clips). Two batches sharing a key would only share their verdicts, which name their clips' ids."""
     return hashlib.blake2b(batch["clips"].encode(), digest_size=12).digest() if batch["clips"] else b""
 
@@ -200,12 +200,12 @@ class RepeatedHashes(beam.PTransform):
 
 def _copies(batch: dict, cutoffs, corpus_tables: dict, gate, repeated: np.ndarray | None):
     """(audio hash as its 32 bytes, (input index, row, id, passes every other rule, batch key)) of each clip
-    of a stashed batch whose hash prefix is in `repeated` (`RepeatedHashes`; None: a run without clips):
+    of a measured batch whose hash prefix is in `repeated` (`RepeatedHashes`; None: a run without clips):
     its place in input order and the filter's verdict without the duplicates. Compact: one crosses the
     shuffle per candidate copy."""
     if repeated is None or not len(repeated):
         return
-    clips = [c for c in load_clips(batch) if c.get("audio_hash")]
+    clips = [c for c in read_clips(batch) if c.get("audio_hash")]
     prefixes = np.array([hash_prefix(c["audio_hash"]) for c in clips], dtype=np.uint64)
     key = _batch_key(batch)
     for c, candidate in zip(clips, np.isin(prefixes, repeated)):
@@ -227,7 +227,7 @@ def _verdicts(item):
 
 def _with_verdicts(item):
     """A batch key's batch (several for b"") and its clips' verdicts -> each batch, with its verdicts
-    under `stash.DUPLICATES` when it has any."""
+    under `batch_files.DUPLICATES` when it has any."""
     _, joined = item
     verdicts = dict(joined["verdicts"])
     for batch in joined["batch"]:
@@ -235,9 +235,9 @@ def _with_verdicts(item):
 
 
 class DuplicateAudio(beam.PTransform):
-    """Stashed batches (`MeasureClips`'s `stashed`) -> the same batches, each joined with the verdicts
-    of its clips whose decoded audio (`audio_hash`) another kept copy has (`stash.DUPLICATES`, read by
-    `stash.load_clips`): the copies of one hash are grouped with a GroupByKey (no worker holds every
+    """Measured batches (`MeasureClips`'s `batches`) -> the same batches, each joined with the verdicts
+    of its clips whose decoded audio (`audio_hash`) another kept copy has (`batch_files.DUPLICATES`, read by
+    `batch_files.read_clips`): the copies of one hash are grouped with a GroupByKey (no worker holds every
     hash; only the clips whose hash prefix another clip shares, `RepeatedHashes`, cross it), and of those that pass every other rule (`filter_rule.filter_rejection` with the cut-offs, the
     corpus tables and the quality gate, side inputs) the first by input order is kept: an earlier
     --input, else an earlier row of the same input (each clip's `merge.INPUT` and `row`). The verdicts

@@ -1,5 +1,5 @@
-"""Stages 5-6, FilterAndWrite: each stashed batch filtered, its kept clips padded to their bucket's
-shapes, encoded and written to temp TFRecord files, in one pass over the stash.
+"""Stages 5-6, FilterAndWrite: each measured batch filtered, its kept clips padded to their bucket's
+shapes, encoded and written to temp TFRecord files, in one pass over the measured batches' files.
 
 Clips outside the cut-offs are dropped (never truncated) by the filter's one rule
 (`melshards.preprocess.stats.filter_rule.filter_rejection`); padding and encoding are
@@ -21,8 +21,8 @@ from melshards.preprocess.clip.clips import SAMPLES, analyse_audio
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.inputs.read_stage import REJECTED, count
 from melshards.preprocess.inputs.rows import reject
+from melshards.preprocess.out_dir.batch_files import read_clips, read_features
 from melshards.preprocess.out_dir.shards import RollingFiles
-from melshards.preprocess.out_dir.stash import load_clips, load_features
 from melshards.preprocess.stats import feature_stats, tables
 from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.stats.global_stats import AddParts
@@ -102,12 +102,12 @@ def analyse_again(clip: dict, cfg: PreprocessConfig, runner: extractor_plugins.E
 
 
 class _FilterAndWriteFn(beam.DoFn):
-    """Stashed batch -> kept clips padded, encoded and appended to temp TFRecord files (one per split
+    """Measured batch -> kept clips padded, encoded and appended to temp TFRecord files (one per split
     and bucket, rolled at the target size); one dict per closed file at the end of the bundle.
 
     Dropped clips -> `rejected`; the training clips' mel moments, one per batch -> `moments`; what
     the batch wrote and dropped per speaker and language -> `written`. Each batch's clips and arrays are read back
-    from its stash files once. A bundle run again on the same batches (a runner's retry, after a
+    from its temp files once. A bundle run again on the same batches (a runner's retry, after a
     failure or not) writes the same files and gives the same outputs (`RollingFiles`).
     """
 
@@ -134,7 +134,7 @@ class _FilterAndWriteFn(beam.DoFn):
         batch, references = element if isinstance(element, tuple) else (element, None)
         buckets, text = chosen["buckets"], chosen["text"]
         outputs = outputs_of(ran[0]) if ran else ()
-        clips, kept, dropped = load_clips(batch), [], []
+        clips, kept, dropped = read_clips(batch), [], []
         for clip in clips:
             rejection = filter_rejection(clip, cutoffs, corpus_tables, gate)
             if rejection is None and references is not None and references[clip["id"]] is None:
@@ -147,7 +147,7 @@ class _FilterAndWriteFn(beam.DoFn):
             else:
                 kept.append(dict(clip, split=tables.split_of(clip, corpus_tables, self.cfg.split.salt)))
         moments = Moments.empty(self.cfg.mel.n_mels)
-        arrays = load_features(batch) if kept else []
+        arrays = read_features(batch) if kept else []
         by_id = dict(zip((c["id"] for c in clips), arrays))
         from_cache: dict[str, dict] = {}
         for clip in kept:  # a clip Measure read from the feature cache: its arrays are in the cache files

@@ -6,9 +6,9 @@ its split, or for a validation clip that is its speaker's only one, one of the s
 
 Two joins, so no worker ever holds a speaker's mels:
 
-1. ids and lengths: every kept clip's (id, mel frames, split, stash batch) grouped by speaker; the pure
+1. ids and lengths: every kept clip's (id, mel frames, split, measured batch) grouped by speaker; the pure
    `choose_references` picks each clip's reference clip and slice start, in O(n log n) per speaker;
-2. the slices: the requests keyed by the reference clip's stash batch are co-grouped with the stashed
+2. the slices: the requests keyed by the reference clip's measured batch are co-grouped with the measured
    batches; each batch's mels are read once and cut (`cut_reference`), and the slices, keyed by the
    requesting clip's batch, are co-grouped with the batches again for `FilterAndWrite`, which encodes
    them into the records (`reference_id`, `reference_mel`, `reference_len`).
@@ -24,12 +24,12 @@ import io
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess.clip import cache
 from melshards.preprocess.config import PreprocessConfig
 from melshards.preprocess.inputs.read_stage import count
-from melshards.preprocess.out_dir.stash import load_clips
+from melshards.preprocess.out_dir import temp_files
+from melshards.preprocess.out_dir.batch_files import read_clips
 from melshards.preprocess.stats import tables
 from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.workers import worker_setup
@@ -126,13 +126,13 @@ def reference_of_wav(path: str, schema) -> tuple[np.ndarray, int]:
 
 
 def batch_key(batch: dict) -> str:
-    """A stashed batch's key in the joins: its clips file (one per batch of clips)."""
+    """A measured batch's key in the joins: its clips file (one per batch of clips)."""
     return batch["clips"]
 
 
 def _kept_lengths(batch: dict, cutoffs, corpus_tables: dict, gate, salt: str):
     """(speaker, (id, mel frames, split, batch key)) of each clip of a batch the filter keeps."""
-    for clip in load_clips(batch):
+    for clip in read_clips(batch):
         if filter_rejection(clip, cutoffs, corpus_tables, gate) is None:
             split = tables.split_of(clip, corpus_tables, salt)
             yield clip["speaker"], (clip["id"], clip["mel_frames"], split, batch_key(batch))
@@ -154,16 +154,16 @@ def _choose(group, cfg: PreprocessConfig):
             yield where[choice[0]], (choice[0], choice[1], clip_id, where[clip_id])
 
 
-def stashed_mels(batch: dict, ids: set[str], cfg: PreprocessConfig) -> dict[str, np.ndarray]:
-    """The stored (float16) mels of the clips `ids` of a stashed batch: from its features file (only the
+def batch_mels(batch: dict, ids: set[str], cfg: PreprocessConfig) -> dict[str, np.ndarray]:
+    """The stored (float16) mels of the clips `ids` of a measured batch: from its features file (only the
     mel arrays are read) or the feature cache file the clip names."""
-    clips = load_clips(batch)
+    clips = read_clips(batch)
     out: dict[str, np.ndarray] = {}
     wanted = [(i, c) for i, c in enumerate(clips) if c["id"] in ids]
-    stashed = [(i, c) for i, c in wanted if "cached" not in c]
-    if stashed:
-        with FileSystems.open(batch["features"]) as f, np.load(io.BytesIO(f.read())) as npz:
-            for i, c in stashed:
+    in_files = [(i, c) for i, c in wanted if "cached" not in c]
+    if in_files:
+        with np.load(io.BytesIO(temp_files.read(batch["features"]))) as npz:
+            for i, c in in_files:
                 out[c["id"]] = npz[f"{i}/mel"]
     from_cache: dict[str, dict] = {}
     for _, c in wanted:
@@ -199,14 +199,14 @@ class _CutFn(beam.DoFn):
         if not asked:
             return
         (batch,) = joined["batch"]
-        mels = stashed_mels(batch, {w[0] for w in asked}, self.cfg)
+        mels = batch_mels(batch, {w[0] for w in asked}, self.cfg)
         for ref_id, start, clip_id, key in asked:
             part, n = cut_reference(mels[ref_id], start, self.cfg.reference.frames, self.pad_value)
             yield key, (clip_id, ref_id, part, n, start)
 
 
 class AttachReferences(beam.PTransform):
-    """Stashed batches -> (batch, {clip id: (reference id, slice, valid frames, start) or None when refused}) for
+    """Measured batches -> (batch, {clip id: (reference id, slice, valid frames, start) or None when refused}) for
     `FilterAndWrite`; the cut-offs and corpus tables arrive as side inputs (the filter's kept clips)."""
 
     def __init__(self, cutoffs, corpus_tables, gate, cfg: PreprocessConfig, pad_value: float):

@@ -20,6 +20,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from melshards.preprocess.clip import cache
 from melshards.preprocess.config import AudioConfig, MelConfig, PreprocessConfig
+from melshards.preprocess.out_dir import temp_files
 from melshards.preprocess.out_dir.shards import TEMP_DIR, StagingFiles, remove_temp_dir
 from melshards.preprocess.stats import bucketing, feature_stats
 from melshards.preprocess.stats.quality_stats import QualityFigures
@@ -448,8 +449,8 @@ class _WriteRejectedShardFn(beam.DoFn):
 
     def process(self, keyed):
         index, rows = keyed
-        path = FileSystems.join(self.out_dir, TEMP_DIR, f"rejected-{index:05d}.jsonl")
-        with atomic_write(path, temp=path + ".writing", fs=StagingFiles) as f:  # a retried bundle writes it again
+        path = FileSystems.join(temp_files.temp_dir(self.out_dir), f"rejected-{index:05d}.jsonl")
+        with temp_files.writing(path) as f:  # a retried bundle writes it again: the same rows, sorted
             for row in sorted(rows, key=rejected_order):
                 f.write(rejected_line(row).encode("utf-8"))
         yield path

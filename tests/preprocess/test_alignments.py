@@ -160,7 +160,7 @@ def test_a_clip_prefixed_by_a_merge_finds_its_textgrid_by_the_id_and_speaker_its
     from melshards.preprocess.config import AlignmentsConfig, PreprocessConfig
     from melshards.preprocess.inputs.merge import MergedInputs
     from melshards.preprocess.inputs.rows import row
-    from melshards.preprocess.inputs.spill import Spill
+    from melshards.preprocess.inputs.working_set import WorkingSet
 
     tg = textgrid_bytes(tmp_path, [(0.1, 0.4, "HH"), (0.4, 0.8, "AY1")], 1.0)
     (tmp_path / "tg" / "spk").mkdir(parents=True)
@@ -169,8 +169,8 @@ def test_a_clip_prefixed_by_a_merge_finds_its_textgrid_by_the_id_and_speaker_its
     cfg = dataclasses.replace(PreprocessConfig(), alignments=AlignmentsConfig(dir=str(tmp_path / "tg")))
     a = [row("0001", "Hi.", "a.wav", 0, speaker="spk"), row("0002", "Hi.", "b.wav", 1, speaker="spk")]
     b = [row("0001", "Hi.", "c.wav", 0, speaker="spk")]
-    with Spill() as spill:
-        rows = list(MergedInputs([("a", a), ("b", b)], spill).rows())
+    with WorkingSet() as working_set:
+        rows = list(MergedInputs([("a", a), ("b", b)], working_set).rows())
     assert [(r["id"], r["speaker"]) for r in rows] == [("a/0001", "a/spk"), ("0002", "a/spk"), ("b/0001", "b/spk")]
     assert [[p[2] for p in read_alignment(r, cfg).phones] for r in rows] == [["sil", "HH", "AY1", "sil"]] * 3
     with pytest.raises(ClipRejected, match=r"no 0003.TextGrid in .* \(nor in its 'spk' folder\)"):

@@ -74,45 +74,45 @@ def decodes(monkeypatch, tmp_path):
     return calls
 
 
-def record_stashes(monkeypatch, path) -> CallLog:
-    """Every batch the runs from now on stash for the writer: (clips, features), logged to `path`."""
+def record_measured(monkeypatch, path) -> CallLog:
+    """Every measured batch the runs from now on write for the writer: (clips, features), logged to `path`."""
     from melshards.preprocess.clip import measure_stage
 
-    calls, real = CallLog(path), measure_stage.stash_batch
+    calls, real = CallLog(path), measure_stage.write_measured
     monkeypatch.setattr(
         measure_stage,
-        "stash_batch",
+        "write_measured",
         lambda d, clips, features: calls.append((clips, features)) or real(d, clips, features),
     )
     return calls
 
 
 @pytest.fixture
-def stashed(monkeypatch, tmp_path):
-    return record_stashes(monkeypatch, tmp_path / "stashed")
+def measured(monkeypatch, tmp_path):
+    return record_measured(monkeypatch, tmp_path / "measured")
 
 
-def assert_stashes_no_array_the_cache_holds(calls: CallLog, stats: dict, cache_dir) -> None:
+def assert_writes_no_array_the_cache_holds(calls: CallLog, stats: dict, cache_dir) -> None:
     """Computed or found, a cached clip's arrays are written once, to the cache: the writer reads them there."""
-    stashed = calls.items()
-    clips = [c for batch, _ in stashed for c in batch]
-    assert len(clips) == stats["cache"]["hits"] + stats["cache"]["computed"] == 47, "a clip stashed twice or not"
+    written = calls.items()
+    clips = [c for batch, _ in written for c in batch]
+    assert len(clips) == stats["cache"]["hits"] + stats["cache"]["computed"] == 47, "a clip written twice or not"
     assert all(c["cached"][0].startswith(str(cache_dir)) for c in clips), (
         "a clip the writer does not read from the cache"
     )
-    assert all(not f for _, features in stashed for f in features), "an array stashed that the cache holds"
+    assert all(not f for _, features in written for f in features), "an array written that the cache holds"
 
 
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory, bucketed_dir):
-    """A cache filled by one run (what that run stashed for the writer checked), and in `plain` a run
+    """A cache filled by one run (what that run wrote for the writer checked), and in `plain` a run
     without a cache for reference: the session's `bucketed_dir` (`--buckets 4` is what the demo config's
     `auto` chooses: the same records and schema.json). Read-only."""
     from melshards.preprocess.write import report
 
     tmp = tmp_path_factory.mktemp("cache")
     with pytest.MonkeyPatch.context() as monkeypatch:
-        calls = record_stashes(monkeypatch, tmp / "stashed")
+        calls = record_measured(monkeypatch, tmp / "measured")
         removals, real = CallLog(tmp / "temp-dir-removals"), report.remove_temp_dir  # for the report's test
         monkeypatch.setattr(
             report,
@@ -120,7 +120,7 @@ def warm(tmp_path_factory, bucketed_dir):
             lambda out_dir: removals.append((Path(out_dir) / "schema.json").exists()) or real(out_dir),
         )
         cold = _run(tmp / "cold", tmp / "cache")
-    assert_stashes_no_array_the_cache_holds(calls, cold, tmp / "cache")
+    assert_writes_no_array_the_cache_holds(calls, cold, tmp / "cache")
     (tmp / "plain").symlink_to(bucketed_dir)
     return tmp, cold
 
@@ -132,8 +132,8 @@ def test_the_report_writes_schema_json_into_its_temp_dir_before_it_removes_that_
     assert CallLog(tmp / "temp-dir-removals").items() == [True], "the temp dir was removed before schema.json"
 
 
-def test_a_warm_rerun_with_other_buckets_decodes_no_audio_stashes_no_array_the_cache_holds_and_writes_the_same_records(
-    warm, tmp_path, decodes, stashed, shards_dir
+def test_a_warm_rerun_with_other_buckets_decodes_no_audio_writes_no_array_the_cache_holds_and_writes_the_same_records(
+    warm, tmp_path, decodes, measured, shards_dir
 ):
     """The cache was filled with the demo config's 4 buckets; a rerun with 1 bucket (other cutoffs, other
     padding) still reads every clip from it, and writes what a run without a cache writes (shards_dir:
@@ -145,7 +145,7 @@ def test_a_warm_rerun_with_other_buckets_decodes_no_audio_stashes_no_array_the_c
     # only the clips whose audio was rejected (never cached) are decoded again
     assert len(decodes) == audio_rejections(cold) > 0
     assert stats["cache"]["hits"] == 47 and stats["cache"]["computed"] == 0
-    assert_stashes_no_array_the_cache_holds(stashed, stats, tmp / "cache")
+    assert_writes_no_array_the_cache_holds(measured, stats, tmp / "cache")
     assert records(tmp_path / "again") == records(shards_dir)
     assert (tmp_path / "again" / "schema.json").read_text() == (shards_dir / "schema.json").read_text()
 

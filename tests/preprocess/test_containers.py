@@ -33,8 +33,8 @@ from melshards.preprocess.inputs.sources import (
     read_input,
     unused_columns,
 )
-from melshards.preprocess.inputs.spill import Spill
-from melshards.preprocess.out_dir.stash import load_rows
+from melshards.preprocess.inputs.working_set import WorkingSet
+from melshards.preprocess.out_dir.batch_files import read_rows
 from tests.conftest import QUALITY_RULES_OFF
 from tests.preprocess.conftest import encode, tone
 
@@ -267,7 +267,7 @@ def test_container_rows_go_to_the_workers_in_batches_the_batches_of_a_row_group_
     assert [len(b) for b in batches(tar, 2)] == [2, 2, 1]
     # one worker is given the batches of a row group together, in order; other batches alone
     elements = list(read_stage.together(str(tmp_path), batches(parquet + tar, 2)))
-    assert [[[r["id"] for r in load_rows(ref)] for ref in e] for e in elements] == [
+    assert [[[r["id"] for r in read_rows(ref)] for ref in e] for e in elements] == [
         [["0-0", "0-1"]],
         [["1-0", "1-1", "1-2"], ["1-3", "1-4", "1-5"], ["1-6"]],
         [["2-0"]],
@@ -304,11 +304,11 @@ def test_the_read_stage_scans_each_container_file_alone_and_reads_the_rows_from_
     want = read_input(inputs[0])
     files = list(read_stage._ListFiles(inputs).process(None))
     assert files == [(0, 0, str(ds / "a.tar")), (0, 1, str(ds / "b.tar"))]  # one element per file
-    (tmp_path / "stash").mkdir()
-    scans = [s for f in reversed(files) for s in read_stage._ScanFile(inputs, str(tmp_path / "stash")).process(f)]
+    (tmp_path / "temp").mkdir()
+    scans = [s for f in reversed(files) for s in read_stage._ScanFile(inputs, str(tmp_path / "temp")).process(f)]
     write_tar(ds / "b.tar", fmt="WAV", bad=False)  # changed since its scan: the rows are the scan's
-    out = list(read_stage._ReadRows(inputs, str(tmp_path / "stash"), str(tmp_path)).process(None, scans=scans))
-    rows = [r for refs in out if isinstance(refs, list) for ref in refs for r in load_rows(ref)]
+    out = list(read_stage._ReadRows(inputs, str(tmp_path / "temp"), str(tmp_path)).process(None, scans=scans))
+    rows = [r for refs in out if isinstance(refs, list) for ref in refs for r in read_rows(ref)]
     rejected = [x.value for x in out if getattr(x, "tag", None) == read_stage.REJECTED]
     assert rows == [dict(r, input=0) for r in want.rows] and rejected == want.rejected
     assert [r["locator"]["member"] for r in rows] == ["u1.flac", "u2.flac", "u3.flac", "u4.flac"]
@@ -426,9 +426,9 @@ def test_the_kept_footers_stay_within_their_budget_the_least_recently_used_let_g
 
 def test_a_segment_past_its_recording_reversed_or_overlapping_is_rejected(tmp_path):
     manifest = write_long(tmp_path / "long")
-    with Spill() as spill:
+    with WorkingSet() as working_set:
         items = packed_clips.refuse_overlaps(
-            manifest_rows(manifest.read_text().splitlines(True), str(manifest), str(manifest.parent)), spill
+            manifest_rows(manifest.read_text().splitlines(True), str(manifest), str(manifest.parent)), working_set
         )
         read = LayoutRows.of(items)
     assert {(r["id"], r["reason"]) for r in read.rejected} == {
@@ -588,8 +588,8 @@ def test_a_whole_file_row_overlaps_every_segment_of_its_recording_however_its_pa
         _item(8, "gs://b/x/./r.flac", (0.5, 2.0)),  # another object: a URL is compared as written
         _item(9, "gs://b/x/r.flac", (0.9, 2.0)),
     ]
-    with Spill() as spill:
-        read = LayoutRows.of(packed_clips.refuse_overlaps(items, spill))
+    with WorkingSet() as working_set:
+        read = LayoutRows.of(packed_clips.refuse_overlaps(items, working_set))
     assert [r["id"] for r in read.rows] == ["r0", "r2", "r4", "r5", "r7", "r8"]
     assert {r["id"]: r["reason"] for r in read.rejected} == dict.fromkeys(
         ["r1", "r3", "r6", "r9"], "overlapping_segment"

@@ -12,8 +12,8 @@ from melshards.preprocess.inputs.merge import MergedInputs, input_name, unique_n
 from melshards.preprocess.inputs.read_stage import ReadCorpus
 from melshards.preprocess.inputs.rows import CorpusError, LayoutRows, complete_rows, gender_code, reject, row
 from melshards.preprocess.inputs.sources import LAYOUTS, check_rows_file, detect_corpus, read_input
-from melshards.preprocess.inputs.spill import Spill
-from melshards.preprocess.out_dir.stash import load_rows
+from melshards.preprocess.inputs.working_set import WorkingSet
+from melshards.preprocess.out_dir.batch_files import read_rows
 from tests.conftest import TINY_CONFIG, quality_rules_off
 from tests.preprocess.conftest import beam_pipeline, decoded_records, encode, tone
 
@@ -265,12 +265,12 @@ def test_a_quoted_transcript_over_two_lines_without_separators_is_one_row():
 @pytest.mark.parametrize("on_disk", [False, True])
 def test_ljspeech_rows_drop_repeated_ids_before_attaching_audio(on_disk):
     lines = "a|One.|One.\nb|Two.|\nlonely\na|Again.|\n".splitlines(keepends=True)
-    with Spill() as spill:
-        files = spill.lists(
+    with WorkingSet() as working_set:
+        files = working_set.lists(
             layouts.audio_files(["/lj/wavs/a.mp3", "/lj/wavs/a.flac", "/lj/wavs/b.txt", "/lj/wavs/a.wav"])
         )
         assert dict(files) == {"a": ["/lj/wavs/a.wav", "/lj/wavs/a.flac", "/lj/wavs/a.mp3"]}
-        read = LayoutRows.of(layouts.ljspeech_rows(lines, files, spill.map() if on_disk else {}))
+        read = LayoutRows.of(layouts.ljspeech_rows(lines, files, working_set.map() if on_disk else {}))
     assert read.rows == [row("b", "Two.", None, 1)]
     assert [(r["id"], r["reason"]) for r in read.rejected] == [
         ("a", "ambiguous_audio"),
@@ -319,13 +319,13 @@ def test_rows_get_the_inputs_name_as_speaker_and_its_default_language_unless_the
 def test_a_label_in_two_inputs_is_prefixed_in_both_and_other_labels_are_not():
     a = [row("p225_001", "x", "1.flac", 0, speaker="p225"), row("p226_001", "x", "2.flac", 1, speaker="p226")]
     b = [row("p225_001", "x", "3.wav", 0, speaker="p225"), row("z", "x", "4.wav", 1, speaker="anna")]
-    with Spill() as spill:
+    with WorkingSet() as working_set:
         merged = MergedInputs(
             [
                 ("vctk", a + [reject("p315_001", "missing_text", "d")]),
                 ("mine", b + [reject("p315_001", "malformed_row", "d")]),
             ],
-            spill,
+            working_set,
         )
         assert [(r["id"], r["speaker"], r["input"]) for r in merged.rows()] == [
             ("vctk/p225_001", "vctk/p225", 0),
@@ -336,7 +336,7 @@ def test_a_label_in_two_inputs_is_prefixed_in_both_and_other_labels_are_not():
         assert [r["id"] for r in merged.rejections()] == ["vctk/p315_001", "mine/p315_001"]
         assert (merged.input_rows, merged.row_count) == ([3, 3], 4)
         assert (merged.prefixed_speakers, merged.prefixed_ids) == ([1, 1], [2, 2])
-        alone = MergedInputs([("vctk", a)], spill)
+        alone = MergedInputs([("vctk", a)], working_set)
         assert list(alone.rows()) == [dict(r, input=0) for r in a]
         assert (alone.prefixed_speakers, alone.prefixed_ids) == ([0], [0])
 
@@ -529,10 +529,10 @@ def test_read_corpus_merges_inputs_and_prefixes_a_shared_speaker_and_id(tmp_path
     corpora = [detect_corpus(str(vctk)), detect_corpus(str(tmp_path / "mine" / "m.jsonl"), language="en")]
     wav = str(vctk / layouts.VCTK_AUDIO_DIR)
     with beam_pipeline() as p:
-        out = p | ReadCorpus(corpora, str(tmp_path / "stash"))
+        out = p | ReadCorpus(corpora, str(tmp_path / "temp"))
         given = {"given_id": "p225_001", "given_speaker": "p225"}  # as the inputs give them (TextGrids' names)
         assert_that(
-            out["batches"] | beam.FlatMap(lambda refs: [r for ref in refs for r in load_rows(ref)]),
+            out["batches"] | beam.FlatMap(lambda refs: [r for ref in refs for r in read_rows(ref)]),
             equal_to(
                 [
                     dict(
@@ -663,7 +663,7 @@ def test_an_ljspeech_corpus_without_wavs_reads_every_row_without_audio(tmp_path)
 
 def test_the_read_stage_holds_no_row_in_memory_whatever_the_corpus_size(tmp_path):
     """The read DoFn drained on 1,000 and on 4,000 rows of 3.4 kB transcripts: its Python heap peaks
-    alike (rows wait in the sqlite spill and the stash files). Holding the rows would add some 13 MB for
+    alike (rows wait in the sqlite working set and the rows files). Holding the rows would add some 13 MB for
     the 3,000 more."""
     import tracemalloc
 
@@ -676,7 +676,7 @@ def test_the_read_stage_holds_no_row_in_memory_whatever_the_corpus_size(tmp_path
         (root / "wavs").mkdir(parents=True)
         (root / "wavs" / "c0.wav").write_bytes(b"")
         (root / "metadata.csv").write_text("".join(f"c{i}|{text}{i}|\n" for i in range(n)))
-        fn = _ReadRows(named([detect_corpus(str(root))]), str(tmp_path / f"stash{n}"))
+        fn = _ReadRows(named([detect_corpus(str(root))]), str(tmp_path / f"temp{n}"))
         tracemalloc.start()
         try:
             assert sum(1 for _ in fn.process(None)) == 2 + -(-n // 32)  # input_rows, inputs, the batches

@@ -63,8 +63,8 @@ def read_from_gcs(gcs, tmp_path_factory):
     corpora = [detect_corpus(f"gs://{bucket}/{kind}/{rel}".rstrip("/."), language="en") for kind, rel in inputs.items()]
     gcs.reset_counts()
     with beam_pipeline() as p:
-        read = p | ReadCorpus(corpora, str(root / "stash"))
-        measured = read["batches"] | MeasureClips(CFG, str(root / "stash"))
+        read = p | ReadCorpus(corpora, str(root / "temp"))
+        measured = read["batches"] | MeasureClips(CFG, str(root / "temp"))
         _ = (
             measured.clips
             | beam.FlatMap(lambda b: [{k: c.get(k) for k in ("audio", "locator", "audio_hash")} for c in b["clips"]])

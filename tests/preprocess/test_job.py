@@ -51,7 +51,7 @@ def test_every_input_row_is_in_a_shard_or_in_rejected_jsonl(shards_dir, corpus_d
         "rejected.jsonl",
         "schema.json",
         "stats.json",
-    ]  # the stashed mels and progress files are gone
+    ]  # the measured batches' and progress files are gone
 
 
 def test_docs_reasons_table_lists_every_reason_once():
@@ -328,18 +328,21 @@ def test_documented_dataflow_dry_run_builds_offline_through_the_cli(capsys, monk
 
 
 def test_progress_sums_the_rows_each_measured_batch_s_file_names_of_the_read_stages_total(tmp_path):
-    from melshards.preprocess.inputs.progress import ProgressReporter, batch_measured, progress_dir, write_total
+    from melshards.preprocess.inputs.progress import ProgressReporter, batch_measured, write_total
     from melshards.preprocess.out_dir.shards import TEMP_DIR
+    from melshards.preprocess.out_dir.temp_files import temp_dir
 
     (tmp_path / TEMP_DIR).mkdir()
-    batch_measured(str(tmp_path / TEMP_DIR), "a0", 120)
-    batch_measured(str(tmp_path / TEMP_DIR), "b1", 80)
-    batch_measured(str(tmp_path / TEMP_DIR), "b1", 80)  # the same batch again (a retried bundle): once
+    batch_measured(temp_dir(str(tmp_path)), [f"a{i}" for i in range(120)])
+    batch_measured(temp_dir(str(tmp_path)), [f"b{i}" for i in range(80)])
+    batch_measured(
+        temp_dir(str(tmp_path)), [f"b{i}" for i in range(80)]
+    )  # the same batch again (a retried bundle): once
     (tmp_path / TEMP_DIR / "progress-c2.txt.writing").write_text("9")  # not a progress file
     reporter = ProgressReporter(str(tmp_path), echo=print)
     assert reporter.rows_done() == 200
     assert reporter.read_total() is None and reporter.line(0, None) == "progress: reading the inputs"
-    write_total(progress_dir(str(tmp_path)), 1000)  # the read stage has read the inputs
+    write_total(temp_dir(str(tmp_path)), 1000)  # the read stage has read the inputs
     assert reporter.read_total() == 1000 and reporter.rows_done() == 200
     assert reporter.line(200, 40.0) == "progress: 200/1000 rows (20%), 40.0 clips/s, ETA 20s"
 
@@ -909,13 +912,14 @@ def test_an_output_removed_during_the_run_is_told_in_one_line_and_nothing_is_mad
     FileSystems.create made the directories again: debris no run would remove)."""
     import shutil
 
-    from melshards.preprocess.out_dir.stash import stash_dir, stash_rows
+    from melshards.preprocess.out_dir.batch_files import write_rows
+    from melshards.preprocess.out_dir.temp_files import temp_dir
 
     out = tmp_path / "o"
 
     def job(options, corpora, run, *args, **kwargs):
         shutil.rmtree(out)
-        list(stash_rows(stash_dir(run.stage), [[{"id": "a"}]]))  # what a worker writes next
+        list(write_rows(temp_dir(run.stage), [[{"id": "a"}]]))  # what a worker writes next
 
     monkeypatch.setattr("melshards.preprocess.job.run._run_pipeline", job)
     assert run(["--input", str(corpus_dir), "--output", str(out), "--config", str(TINY_CONFIG)]) == 2

@@ -20,7 +20,7 @@ from melshards.preprocess.inputs.sources import (
     read_input,
     unused_columns,
 )
-from melshards.preprocess.inputs.spill import Spill
+from melshards.preprocess.inputs.working_set import WorkingSet
 
 
 def _read(text: str, path: str = "/m/x.csv", root: str = "/m", named: dict | None = None) -> LayoutRows:
@@ -189,9 +189,9 @@ def test_a_rows_audio_path_is_spelt_one_way_per_file():
 
 def test_segments_of_one_recording_spelt_two_ways_are_checked_for_overlap_as_one():
     text = "audio,text,start,end\n./long.wav,a,0,2\nlong.wav,b,1,3\n"
-    with Spill() as spill:
+    with WorkingSet() as working_set:
         read = LayoutRows.of(
-            packed_clips.refuse_overlaps(manifests.manifest_rows(text.splitlines(True), "m.csv", "."), spill)
+            packed_clips.refuse_overlaps(manifests.manifest_rows(text.splitlines(True), "m.csv", "."), working_set)
         )
     assert [r["audio"] for r in read.rows] == ["long.wav"]
     assert [r["reason"] for r in read.rejected] == ["overlapping_segment"]

@@ -22,7 +22,7 @@ from melshards.preprocess.clip.quality import MEASURES
 from melshards.preprocess.config import QualityRulesConfig
 from melshards.preprocess.inputs.merge import MergedInputs
 from melshards.preprocess.inputs.rows import row
-from melshards.preprocess.inputs.spill import Spill
+from melshards.preprocess.inputs.working_set import WorkingSet
 from melshards.preprocess.out_dir import duplicate_marks
 from melshards.preprocess.stats import quality_rules
 from melshards.preprocess.stats.filter_rule import filter_rejection
@@ -273,14 +273,14 @@ def test_a_copy_pair_whose_first_copy_fails_a_cutoff_or_a_rule_keeps_the_second(
 
 
 def test_duplicate_audio_joins_each_batch_with_its_verdicts_first_passing_copy_by_input_then_row(tmp_path):
-    from melshards.preprocess.out_dir.stash import load_clips, stash_batch
+    from melshards.preprocess.out_dir.batch_files import read_clips, write_measured
 
     # the second input's rows come first in it (rows 0, 1), the first input's late (rows 7..9): the
     # first input still wins; within it row 7 comes before row 9, but row 7's text is cut off: row 9 is kept
     first = [row("late", "x", "1.wav", 7), row("solo", "x", "2.wav", 8), row("later", "x", "3.wav", 9)]
     second = [row("early", "x", "4.wav", 0), row("again", "x", "5.wav", 1)]
-    with Spill() as spill:
-        rows = list(MergedInputs([("a", first), ("b", second)], spill).rows())
+    with WorkingSet() as working_set:
+        rows = list(MergedInputs([("a", first), ("b", second)], working_set).rows())
     assert [r["input"] for r in rows] == [0, 0, 0, 1, 1]
     # audio hashes (SHA-256 in hex): solo's shares its first 8 bytes with the others', not the rest
     same, other = "ab" * 32, "ab" * 8 + "cd" * 24
@@ -289,7 +289,7 @@ def test_duplicate_audio_joins_each_batch_with_its_verdicts_first_passing_copy_b
         dict(r, **_copy(r["id"], text_len=500 if r["id"] == "late" else 5) | {"audio_hash": hashes[r["id"]]})
         for r in rows
     ]
-    batches = [stash_batch(str(tmp_path), part, [{}] * len(part)) for part in (clips[3:], clips[:3])]
+    batches = [write_measured(str(tmp_path), part, [{}] * len(part)) for part in (clips[3:], clips[:3])]
     empty = {"clips": None, "features": None, "count": 0}  # a batch of no clips passes through
     with beam_pipeline() as p:
         side = [p | name >> beam.Create([v]) for name, v in (("Cut", CUT), ("Tables", TABLES), ("Gate", _gate()))]
@@ -299,7 +299,7 @@ def test_duplicate_audio_joins_each_batch_with_its_verdicts_first_passing_copy_b
             | beam.Create([*batches, empty])
             | DuplicateAudio(*side)
             | beam.FlatMap(
-                lambda b: [(c["id"], c.get(duplicate_marks.DUPLICATE_OF)) for c in load_clips(b)] or [("-", None)]
+                lambda b: [(c["id"], c.get(duplicate_marks.DUPLICATE_OF)) for c in read_clips(b)] or [("-", None)]
             )
         )
         expected = [
@@ -316,7 +316,7 @@ def test_duplicate_audio_joins_each_batch_with_its_verdicts_first_passing_copy_b
 def test_only_copies_whose_hash_prefix_another_clip_shares_are_grouped_by_their_whole_hash(tmp_path):
     # a million distinct recordings cross the shuffle as 8 packed bytes each; the clips of a repeated prefix
     # (here a duplicate pair, and a clip sharing their first 8 bytes only) as (hash, place) pairs
-    from melshards.preprocess.out_dir.stash import stash_batch
+    from melshards.preprocess.out_dir.batch_files import write_measured
     from melshards.preprocess.stats.quality_stage import _copies
 
     hashes = ["ab" * 32, "ab" * 8 + "cd" * 24, "ab" * 32, *(f"{i:016x}" + "0" * 48 for i in range(1, 98))]
@@ -326,7 +326,7 @@ def test_only_copies_whose_hash_prefix_another_clip_shares_are_grouped_by_their_
         parts.setdefault(first, array.array("Q")).extend(prefixes)
     repeated = np.sort(np.concatenate([np.frombuffer(repeated_prefixes(kv), np.uint64) for kv in parts.items()]))
     assert repeated.tolist() == [int("ab" * 8, 16)]
-    batch = stash_batch(str(tmp_path), clips, [{}] * len(clips))
+    batch = write_measured(str(tmp_path), clips, [{}] * len(clips))
     found = list(_copies(batch, CUT, TABLES, _gate(), repeated))
     assert [(key.hex(), place[2]) for key, place in found] == [(hashes[0], "c0"), (hashes[1], "c1"), (hashes[2], "c2")]
     assert list(_copies(batch, CUT, TABLES, _gate(), None)) == []  # none repeated (no clips): none read

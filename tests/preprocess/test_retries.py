@@ -18,7 +18,7 @@ from google.api_core.exceptions import PreconditionFailed, ServiceUnavailable
 
 from melshards.preprocess.clip import cache, measure_stage
 from melshards.preprocess.config import PreprocessConfig
-from melshards.preprocess.out_dir import lock, stash
+from melshards.preprocess.out_dir import batch_files, lock, temp_files
 from melshards.preprocess.out_dir.shards import TEMP_DIR
 from melshards.preprocess.stats.tables import finish_part, finish_tables, summarize_clips
 from melshards.preprocess.write import filter_and_write, report
@@ -44,7 +44,7 @@ def outputs(results) -> list[tuple[str | None, bytes]]:
 
 
 class WriteFails:
-    """Wrap a module's file writer so that its `at`-th call writes half its data, then fails."""
+    """Wrap a file writer (`temp_files.write`) so that its `at`-th call writes half its data, then fails."""
 
     def __init__(self, real, at: int):
         self.real, self.at, self.calls = real, at, 0
@@ -58,24 +58,53 @@ class WriteFails:
 
 
 # -- the read stage's rows files ----------------------------------------------------------------------
-def test_the_rows_stash_written_twice_or_after_failing_half_way_is_the_same_files(tmp_path, monkeypatch):
-    monkeypatch.setattr(stash, "ROWS_FILE_BYTES", 200)  # several batches, several files
+def test_the_rows_files_written_twice_or_after_failing_half_way_is_the_same_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(batch_files, "ROWS_FILE_BYTES", 200)  # several batches, several files
     batches = [[{"id": f"r{b}-{i}", "text": "x" * 40} for i in range(3)] for b in range(5)] + [[]]
-    first = list(stash.stash_rows(str(tmp_path), batches))
+    first = list(batch_files.write_rows(str(tmp_path), batches))
     clean = snapshot(tmp_path)
     assert len(clean) > 1
-    assert list(stash.stash_rows(str(tmp_path), batches)) == first and snapshot(tmp_path) == clean
+    assert list(batch_files.write_rows(str(tmp_path), batches)) == first and snapshot(tmp_path) == clean
     shutil.rmtree(tmp_path)
-    monkeypatch.setattr(stash, "_write", WriteFails(stash._write, at=2))
+    monkeypatch.setattr(temp_files, "write", WriteFails(temp_files.write, at=2))
     with pytest.raises(OSError, match="half-way"):
-        list(stash.stash_rows(str(tmp_path), batches))
+        list(batch_files.write_rows(str(tmp_path), batches))
     assert snapshot(tmp_path) != clean  # a file half-written
     monkeypatch.undo()
-    monkeypatch.setattr(stash, "ROWS_FILE_BYTES", 200)
-    assert list(stash.stash_rows(str(tmp_path), batches)) == first and snapshot(tmp_path) == clean
+    monkeypatch.setattr(batch_files, "ROWS_FILE_BYTES", 200)
+    assert list(batch_files.write_rows(str(tmp_path), batches)) == first and snapshot(tmp_path) == clean
 
 
-# -- Measure: the clips and features stash, the feature cache's entries, the progress files ------------
+# -- every temp file: written whole or not at all ----------------------------------------------------
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_a_scan_that_fails_half_way_leaves_no_temp_file_locally_or_on_gcs(tmp_path, request, where):
+    """`temp_files.writing`: a container file whose scan fails after its first chunk leaves nothing
+    of it (was: the chunk, at the name a later attempt's reader takes as a whole scan)."""
+    from melshards.preprocess.inputs import read_stage
+
+    if where == "gcs":
+        from tests.preprocess.test_gcs import _bucket
+
+        temp = f"gs://{_bucket(request.getfixturevalue('gcs'))}/run/{TEMP_DIR}"
+    else:
+        (tmp_path / TEMP_DIR).mkdir()
+        temp = str(tmp_path / TEMP_DIR)
+
+    def found() -> list[str]:
+        return [m.path for m in FileSystems.match([f"{temp}/*"])[0].metadata_list]
+
+    def records():
+        yield from ({"row": i} for i in range(read_stage.SCAN_CHUNK))
+        raise OSError("the container file cannot be read past its first chunk")
+
+    with pytest.raises(OSError, match="first chunk"):
+        read_stage.write_scan(temp, "corpus/part-0.parquet", records())
+    assert found() == []
+    path = read_stage.write_scan(temp, "corpus/part-0.parquet", iter([{"row": 0}]))  # the next attempt
+    assert found() == [path] and list(read_stage.read_scan(path)) == [{"row": 0}]
+
+
+# -- Measure: the clips and features files, the feature cache's entries, the progress files ------------
 def _row(corpus_dir, clip_id):
     audio = corpus_dir / "wavs" / f"{clip_id}.wav"
     return {"id": clip_id, "text": "Hello there.", "speaker": "s", "language": "en", "gender": "", "audio": str(audio)}
@@ -83,10 +112,12 @@ def _row(corpus_dir, clip_id):
 
 @pytest.fixture(scope="module")
 def rows(corpus_dir, tmp_path_factory):
-    """Two batches of rows in a rows stash of their own (read-only)."""
+    """Two batches of rows in a rows file of their own (read-only)."""
     where = tmp_path_factory.mktemp("rows")
     return list(
-        stash.stash_rows(str(where), [[_row(corpus_dir, i) for i in IDS[:2]], [_row(corpus_dir, i) for i in IDS[2:]]])
+        batch_files.write_rows(
+            str(where), [[_row(corpus_dir, i) for i in IDS[:2]], [_row(corpus_dir, i) for i in IDS[2:]]]
+        )
     )
 
 
@@ -94,7 +125,7 @@ EMPTY_CACHE = cache.CacheIndex.of([])  # the side input of a run with a new cach
 
 
 def _measure(work: Path, batches, with_cache: bool) -> list:
-    """One attempt at a bundle of `batches`: a fresh DoFn, as a runner makes for a retry; the stash and
+    """One attempt at a bundle of `batches`: a fresh DoFn, as a runner makes for a retry; the temp and
     progress files in `work`'s temp dir, the cache in `work/cache`."""
     cache_dir = str(work / "cache") if with_cache else None
     fn = measure_stage._MeasureFn(CFG, str(work / TEMP_DIR), str(work / TEMP_DIR), cache_dir)
@@ -104,10 +135,10 @@ def _measure(work: Path, batches, with_cache: bool) -> list:
 
 
 @pytest.mark.parametrize("with_cache", [True, False], ids=["cache", "no_cache"])
-def test_measure_run_twice_or_after_failing_half_way_writes_the_same_stash_cache_and_progress_files(
+def test_measure_run_twice_or_after_failing_half_way_writes_the_same_temp_cache_and_progress_files(
     rows, tmp_path, monkeypatch, with_cache
 ):
-    """The stash and cache files are named by their ids and keys; a batch's progress file by its rows,
+    """The temp and cache files are named by their ids and keys; a batch's progress file by its rows,
     so the progress line counts a retried batch once."""
     from melshards.preprocess.inputs.progress import ProgressReporter
 
@@ -122,7 +153,8 @@ def test_measure_run_twice_or_after_failing_half_way_writes_the_same_stash_cache
 
     shutil.rmtree(tmp_path)
     # the second batch's clips file half-written: the first batch's files, and the cache's entries, are there
-    monkeypatch.setattr(stash, "_write", WriteFails(stash._write, at=2 if with_cache else 4))
+    # (each batch writes its progress file, then its features file without a cache, then its clips file)
+    monkeypatch.setattr(temp_files, "write", WriteFails(temp_files.write, at=4 if with_cache else 6))
     with pytest.raises(OSError, match="half-way"):
         _measure(tmp_path, rows, with_cache)
     monkeypatch.undo()
@@ -132,12 +164,12 @@ def test_measure_run_twice_or_after_failing_half_way_writes_the_same_stash_cache
 
 # -- FilterAndWrite: the temp TFRecord files ----------------------------------------------------------
 @pytest.fixture(scope="module")
-def stashed(rows, tmp_path_factory):
+def measured(rows, tmp_path_factory):
     """The two batches measured (with a feature cache), and the side inputs the writer takes (read-only)."""
     work = tmp_path_factory.mktemp("measured")
     out = _measure(work, rows, with_cache=True)
-    batches = [o.value for o in out if isinstance(o, TaggedOutput) and o.tag == measure_stage.STASHED]
-    clips = [c for b in batches for c in stash.load_clips(b)]
+    batches = [o.value for o in out if isinstance(o, TaggedOutput) and o.tag == measure_stage.MEASURED]
+    clips = [c for b in batches for c in batch_files.read_clips(b)]
     frames = max(c["mel_frames"] for c in clips)
     side = (
         Cutoffs(0, 1, frames - 1, 1000, frames - 1, 1000),  # the longest clip is dropped
@@ -164,11 +196,11 @@ def _filter_and_write(out_dir: Path, batches, side) -> list:
 
 
 def test_filter_and_write_run_twice_or_after_failing_half_way_writes_the_same_temp_files(
-    stashed, tmp_path, monkeypatch
+    measured, tmp_path, monkeypatch
 ):
     """A temp file is named by its bytes: the same outputs, names and bytes, and nothing left of the
     failed attempt."""
-    batches, side = stashed
+    batches, side = measured
     (tmp_path / TEMP_DIR).mkdir()
     first = outputs(_filter_and_write(tmp_path, batches, side))
     clean = snapshot(tmp_path)
@@ -254,7 +286,7 @@ def test_the_report_run_twice_or_after_failing_half_way_through_removing_the_tem
     def staged():
         (out / TEMP_DIR).mkdir(parents=True)
         (out / TEMP_DIR / "rejected-00000.jsonl").write_text('{"id": "a", "reason": "too_short"}\n')
-        (out / TEMP_DIR / "clips-0a.pkl").write_bytes(b"stashed")
+        (out / TEMP_DIR / "clips-0a.pkl").write_bytes(b"measured")
 
     staged()
     first = _report(out, cache_dir, finished)

@@ -14,9 +14,9 @@ from melshards.preprocess.clip.measure_stage import MeasureClips
 from melshards.preprocess.config import PadConfig, PreprocessConfig
 from melshards.preprocess.inputs.read_stage import ReadCorpus, batch_rows, detect_corpus
 from melshards.preprocess.inputs.rows import LayoutRows, unique_ids
-from melshards.preprocess.inputs.spill import Spill
+from melshards.preprocess.inputs.working_set import WorkingSet
+from melshards.preprocess.out_dir.batch_files import read_clips, read_features, read_rows, write_measured, write_rows
 from melshards.preprocess.out_dir.shards import AssembleShards, RollingFiles, group_into_shards
-from melshards.preprocess.out_dir.stash import load_clips, load_features, load_rows, stash_batch, stash_rows
 from melshards.preprocess.stats.choose_buckets import ChooseBuckets
 from melshards.preprocess.stats.filter_rule import filter_rejection
 from melshards.preprocess.stats.global_stats import CorpusTables, LengthHistograms, MelStatistics
@@ -35,7 +35,7 @@ def _ids(rows):
 
 def _flat(batches):
     """ReadCorpus' elements (lists of batch references) -> their rows."""
-    return batches | "Unbatch" >> beam.FlatMap(lambda refs: [r for ref in refs for r in load_rows(ref)])
+    return batches | "Unbatch" >> beam.FlatMap(lambda refs: [r for ref in refs for r in read_rows(ref)])
 
 
 def test_read_corpus_ljspeech_attaches_audio_and_rejects_malformed_rows(corpus_dir, tmp_path):
@@ -68,7 +68,7 @@ def test_read_corpus_manifest_jsonl_resolves_relative_paths(tmp_path, corpus_dir
     ]
     manifest.write_text("\n".join(json.dumps(r) for r in rows) + "\nnot json\n")
     with beam_pipeline() as p:
-        out = p | ReadCorpus(detect_corpus(str(manifest), language="en"), str(tmp_path / "stash"))
+        out = p | ReadCorpus(detect_corpus(str(manifest), language="en"), str(tmp_path / "temp"))
         assert_that(
             _flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["speaker"], r["audio"])),
             equal_to(
@@ -86,7 +86,7 @@ def test_read_corpus_csv_manifest_reads_header_columns(tmp_path):
     manifest = tmp_path / "m.csv"
     manifest.write_text('audio,text,speaker\na.wav,"Hi, there",bob\n')
     with beam_pipeline() as p:
-        out = p | ReadCorpus(detect_corpus(str(manifest), language="en"), str(tmp_path / "stash"))
+        out = p | ReadCorpus(detect_corpus(str(manifest), language="en"), str(tmp_path / "temp"))
         assert_that(
             _flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["text"], r["speaker"])),
             equal_to([("a", "Hi, there", "bob")]),
@@ -94,15 +94,15 @@ def test_read_corpus_csv_manifest_reads_header_columns(tmp_path):
 
 
 @pytest.mark.parametrize("on_disk", [False, True])
-def test_unique_ids_keeps_the_first_row_of_an_id_in_memory_or_in_a_spill(on_disk):
+def test_unique_ids_keeps_the_first_row_of_an_id_in_memory_or_in_a_sqlite_working_set(on_disk):
     items = [
         {"id": "a", "row": 1},
         {"id": "x", "reason": "malformed_row", "detail": "d"},
         {"id": "b", "row": 2},
         {"id": "a", "row": 3},
     ]
-    with Spill() as spill:
-        out = list(unique_ids(items, spill.map() if on_disk else {}))
+    with WorkingSet() as working_set:
+        out = list(unique_ids(items, working_set.map() if on_disk else {}))
     assert out[:3] == items[:3]
     assert out[3] == {"id": "a", "reason": "duplicate_id", "detail": "row 4 repeats the id of row 2"}
 
@@ -118,7 +118,7 @@ def test_read_corpus_spreads_every_row_in_batches(tmp_path):
     (tmp_path / "wavs").mkdir()
     (tmp_path / "metadata.csv").write_text("".join(f"id{i}|Text {i}.|\n" for i in range(40)))
     with beam_pipeline() as p:
-        out = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "stash"))
+        out = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "temp"))
         assert_that(
             out["batches"] | beam.Map(lambda refs: [b["count"] for b in refs]),
             equal_to([[3]] * 13 + [[1]]),
@@ -150,7 +150,7 @@ def test_measure_clips_gives_lengths_and_a_reason_per_bad_clip(corpus_dir, tmp_p
         dict(_row(corpus_dir, "nope"), audio=str(corpus_dir / "x.wav")),
     ]
     with beam_pipeline() as p:
-        out = p | beam.Create([[ref] for ref in stash_rows(str(tmp_path), [rows])]) | MeasureClips(CFG, str(tmp_path))
+        out = p | beam.Create([[ref] for ref in write_rows(str(tmp_path), [rows])]) | MeasureClips(CFG, str(tmp_path))
 
         def check(batches):
             ((c,),) = [b["clips"] for b in batches]
@@ -258,9 +258,9 @@ def test_speakers_with_too_few_clips_are_dropped_with_their_reason():
 
 
 def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpus_dir, tmp_path, monkeypatch):
-    """Measure -> stash -> FilterAndWrite: each clip is decoded once; the record holds the mel
+    """Measure -> temp files -> FilterAndWrite: each clip is decoded once; the record holds the mel
     Measure computed; filtered clips are rejected with their reason; moments count training
-    frames only; the stash is one file per batch."""
+    frames only; the measured batch is one file per batch."""
     import tensorflow as tf
 
     from melshards.preprocess.clip import audio
@@ -286,10 +286,10 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
     buckets = {"bounds": (1000,), "plan": None, "raised_last_bound": None}
     text = {0: {200: 1}}
     with beam_pipeline() as p:
-        rows = stash_rows(str(tmp_path), [[_row(corpus_dir, i) for i in ids]])
+        rows = write_rows(str(tmp_path), [[_row(corpus_dir, i) for i in ids]])
         measured = p | beam.Create([[ref] for ref in rows]) | MeasureClips(CFG, str(tmp_path))
         plan = {"buckets": buckets, "text": text}
-        written = measured["stashed"] | FilterAndWrite(
+        written = measured["batches"] | FilterAndWrite(
             p | "C" >> beam.Create([cut]),
             p | "P" >> beam.Create([plan]),
             p | "T" >> beam.Create([tables]),
@@ -324,7 +324,7 @@ def test_clip_decoded_once_at_measure_reaches_its_record_with_the_same_mel(corpu
         np.testing.assert_array_equal(rec["mel"][0, :m].numpy(), expected[clip_id].astype(np.float16))
 
 
-def test_measured_clips_wait_for_the_cutoffs_in_the_stash_not_in_the_runner(corpus_dir, tmp_path):
+def test_measured_clips_wait_for_the_cutoffs_in_temp_files_not_in_the_runner(corpus_dir, tmp_path):
     """What crosses the statistics barrier in the runner is a reference per batch: two paths and a
     count, whatever the clips carry; the clips (with their moments) and arrays are read back from it."""
     ids = ["LJT001-0001", "LJT001-0002"]
@@ -335,23 +335,23 @@ def test_measured_clips_wait_for_the_cutoffs_in_the_stash_not_in_the_runner(corp
             (["clips", "count", "features"], 2),
         ]
         (ref,) = [r for r in refs if r["count"]]
-        clips, arrays = load_clips(ref), load_features(ref)
+        clips, arrays = read_clips(ref), read_features(ref)
         assert [c["id"] for c in clips] == ids
         assert (
             [c["moments"].n for c in clips] == [a["mel"].shape[0] for a in arrays] == [c["mel_frames"] for c in clips]
         )
         (empty,) = [r for r in refs if not r["count"]]
-        assert empty["clips"] is None and load_clips(empty) == [] and load_features(empty) == []
+        assert empty["clips"] is None and read_clips(empty) == [] and read_features(empty) == []
 
     with beam_pipeline() as p:
-        batches = list(stash_rows(str(tmp_path), [[_row(corpus_dir, i) for i in ids], []]))
+        batches = list(write_rows(str(tmp_path), [[_row(corpus_dir, i) for i in ids], []]))
         out = p | beam.Create([[ref] for ref in batches]) | MeasureClips(CFG, str(tmp_path))
-        assert_that(out["stashed"], check)
+        assert_that(out["batches"], check)
 
 
-def test_a_batch_whose_arrays_are_all_in_the_feature_cache_stashes_no_features_file(tmp_path):
-    ref = stash_batch(str(tmp_path), [{"id": "a"}, {"id": "b"}], [{}, {}])
-    assert ref["features"] is None and load_features(ref) == [{}, {}]
+def test_a_batch_whose_arrays_are_all_in_the_feature_cache_writes_no_features_file(tmp_path):
+    ref = write_measured(str(tmp_path), [{"id": "a"}, {"id": "b"}], [{}, {}])
+    assert ref["features"] is None and read_features(ref) == [{}, {}]
     assert [p.name.split("-")[0] for p in tmp_path.iterdir()] == ["clips"]
 
 
@@ -369,9 +369,9 @@ def test_choose_buckets_plans_from_the_kept_clips_of_every_batch(monkeypatch, tm
     cfg = PreprocessConfig(pad=PadConfig(buckets=2, min_bucket_records=1))
     tables = _tables([c for b in batches for c in b["clips"]])
     monkeypatch.setattr("melshards.preprocess.stats.tables.split_of", lambda clip, *_: clip["split"])
-    stashed = [stash_batch(str(tmp_path), b["clips"], [{} for _ in b["clips"]]) for b in batches]
+    measured = [write_measured(str(tmp_path), b["clips"], [{} for _ in b["clips"]]) for b in batches]
     with beam_pipeline() as p:
-        plan = (p | beam.Create(stashed)) | ChooseBuckets(
+        plan = (p | beam.Create(measured)) | ChooseBuckets(
             p | "Cut" >> beam.Create([cut]),
             p | "Tables" >> beam.Create([tables]),
             p | "Gate" >> beam.Create([None]),
@@ -698,7 +698,7 @@ def _read_and_dedupe(tmp_path, lines):
     (tmp_path / "wavs").mkdir()
     (tmp_path / "metadata.csv").write_text("\n".join(lines) + "\n")
     p = beam_pipeline()
-    read = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "stash"))
+    read = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "temp"))
     return p, _flat(read["batches"]), read["rejected"]
 
 
@@ -733,7 +733,7 @@ def test_ljspeech_layout_finds_mp3_ogg_and_flac(tmp_path):
         (tmp_path / "wavs" / f"{clip_id}.{fmt.lower()}").write_bytes(encode(tone(0.5), 22050, fmt))
     (tmp_path / "metadata.csv").write_text("m|One.|One.\no|Two.|Two.\nf|Three.|Three.\n")
     with beam_pipeline() as p:
-        out = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "stash"))
+        out = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "temp"))
         assert_that(
             _flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"].rsplit(".", 1)[1])),
             equal_to([("m", "mp3"), ("o", "ogg"), ("f", "flac")]),
@@ -779,8 +779,8 @@ def test_audio_files_of_an_id_are_listed_in_extension_order_local_or_gcs():
         "/d/wavs/c4.mp3",
         "/d/wavs/c4.WAV",
     ]
-    with Spill() as spill:
-        by_id = dict(spill.lists(audio_files(listing)))
+    with WorkingSet() as working_set:
+        by_id = dict(working_set.lists(audio_files(listing)))
     assert by_id == {
         "c1": ["gs://b/lj/wavs/c1.wav", "gs://b/lj/wavs/c1.flac"],
         "c2": ["gs://b/lj/wavs/c2.ogg", "gs://b/lj/wavs/c2.MP3"],
@@ -812,7 +812,7 @@ def test_read_corpus_rejects_an_ljspeech_id_with_a_wav_and_a_flac_and_counts_it(
         (tmp_path / "wavs" / name).write_bytes(b"")  # the read stage lists files, it does not open them
     (tmp_path / "metadata.csv").write_text("c1|The speech of the wav.|\nc2|Only a flac.|\nc1|Again.|\n")
     p = beam_pipeline()
-    out = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "stash"))
+    out = p | ReadCorpus(detect_corpus(str(tmp_path)), str(tmp_path / "temp"))
     assert_that(
         _flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"])),
         equal_to([("c2", str(tmp_path / "wavs" / "c2.flac"))]),
@@ -844,7 +844,7 @@ def test_a_manifest_names_its_audio_file_so_a_second_file_beside_it_is_no_ambigu
         (tmp_path / "wavs" / name).write_bytes(b"")
     (tmp_path / "m.csv").write_text("audio,text\nwavs/c1.wav,The speech of the wav.\n")
     with beam_pipeline() as p:
-        out = p | ReadCorpus(detect_corpus(str(tmp_path / "m.csv"), language="en"), str(tmp_path / "stash"))
+        out = p | ReadCorpus(detect_corpus(str(tmp_path / "m.csv"), language="en"), str(tmp_path / "temp"))
         assert_that(
             _flat(out["batches"]) | beam.Map(lambda r: (r["id"], r["audio"])),
             equal_to([("c1", str(tmp_path / "wavs" / "c1.wav"))]),
@@ -870,7 +870,7 @@ def test_a_manifest_row_with_too_few_columns_is_malformed_not_empty_text(tmp_pat
     assert (i, first["id"], first["text"], j) == (0, "a", "Hello.", 1)
     assert isinstance(second, ValueError) and str(second).startswith("row 2: ")
     with beam_pipeline() as p:
-        out = p | ReadCorpus(detect_corpus(str(tmp_path / name), language="en"), str(tmp_path / "stash"))
+        out = p | ReadCorpus(detect_corpus(str(tmp_path / name), language="en"), str(tmp_path / "temp"))
         assert_that(_flat(out["batches"]) | beam.Map(lambda r: r["id"]), equal_to(["a"]), label="rows")
         assert_that(
             out["rejected"] | beam.Map(lambda r: (r["id"], r["reason"])),
@@ -912,7 +912,7 @@ def test_measure_clips_rejects_constant_dc_as_silent_and_nan_as_invalid_samples(
         dict(_row(corpus_dir, "dc"), audio=str(tmp_path / "dc.wav")),
     ]
     with beam_pipeline() as p:
-        out = p | beam.Create([[ref] for ref in stash_rows(str(tmp_path), [rows])]) | MeasureClips(CFG, str(tmp_path))
+        out = p | beam.Create([[ref] for ref in write_rows(str(tmp_path), [rows])]) | MeasureClips(CFG, str(tmp_path))
         assert_that(
             out.clips | beam.FlatMap(lambda b: [c["id"] for c in b["clips"]]), equal_to(["LJT001-0001"]), label="clips"
         )
@@ -926,7 +926,7 @@ def test_measure_clips_rejects_constant_dc_as_silent_and_nan_as_invalid_samples(
 def test_the_jobs_writers_make_no_directory_in_a_staging_dir_a_removed_one_stays_removed(tmp_path):
     removed = tmp_path / "o" / ".melshards-run-x" / ".melshards-tmp"
     with pytest.raises(FileNotFoundError):
-        list(stash_rows(str(removed), [[{"id": "a"}]]))
+        list(write_rows(str(removed), [[{"id": "a"}]]))
     with pytest.raises(FileNotFoundError):
         RollingFiles(str(removed.parent), 1000).write("train", 0, b"record")
     assert not (tmp_path / "o").exists()

@@ -426,8 +426,8 @@ def test_the_read_stage_lists_each_inputs_folded_language_codes_in_stats_inputs(
 
     shutil.copy(next((corpus_dir / "wavs").glob("*.wav")), tmp_path / "a.wav")
     (tmp_path / "m.csv").write_text("id,audio,text,language\na,a.wav,Hello,EN\nb,a.wav,Hi,en\nc,a.wav,Hey,en_gb\n")
-    read = _ReadRows(named([detect_corpus(str(tmp_path / "m.csv"))]), str(tmp_path / "stash"))
-    (tmp_path / "stash").mkdir()
+    read = _ReadRows(named([detect_corpus(str(tmp_path / "m.csv"))]), str(tmp_path / "temp"))
+    (tmp_path / "temp").mkdir()
     inputs = [x.value for x in read.process(None) if getattr(x, "tag", None) == "inputs"]
     assert [i["language_codes_folded"] for i in inputs[0]] == [{"EN": "en", "en_gb": "en-GB"}]
 

@@ -1,15 +1,19 @@
 """The read stage's working set on local disk: sqlite tables in place of the dicts and lists a reader
 would hold, so reading a corpus holds a few megabytes whatever its number of rows.
 
-A `Spill` is one sqlite database (a file in the read worker's temp dir, or `:memory:` for a small
-read such as `sources.read_input`), written by one thread. What lives in it:
+A `WorkingSet` is one sqlite database (a file in the read worker's temp dir, or `:memory:` for a
+small read such as `sources.read_input`), written by one thread. What lives in it:
 
 - a `SqliteMap` of the first row of every id (`rows.unique_ids`) and a `SqliteLists` of the audio
   files of every LJSpeech id (`layouts.audio_files`), mappings the pure readers take like dicts;
-- the items of every input in order, and the labels each input has (`merge.MergedInputs`).
+- the items of every input in order, and the labels each input has (`merge.MergedInputs`);
+- the segments of long recordings kept so far (`packed_clips.refuse_overlaps`).
 
-sqlite is in Python's standard library and is a local file: no rows travel to a server, and a
-crashed read leaves only a temp file behind. Nothing in it is kept across runs.
+It is no channel between stages: one attempt of the read stage makes it in a temp dir of its own,
+reads it back itself and drops it when the read ends (`read_stage._ReadRows`), so a retried bundle
+starts a new one and no other stage or attempt sees it; what the read hands on goes through the
+run's temp files (`melshards.preprocess.out_dir.temp_files`). sqlite is in Python's standard library
+and is a local file: no rows travel to a server, and nothing in it is kept across runs.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 _CACHE_KIB = 16 * 1024  # sqlite's page cache per database; the rest stays on disk
 
 
-class Spill:
+class WorkingSet:
     """One sqlite database for one read; `path` ":memory:" keeps it in memory (small reads)."""
 
     def __init__(self, path: str = ":memory:"):
@@ -52,7 +56,7 @@ class Spill:
     def close(self) -> None:
         self.db.close()
 
-    def __enter__(self) -> Spill:
+    def __enter__(self) -> WorkingSet:
         return self
 
     def __exit__(self, *exc) -> None:
