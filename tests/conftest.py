@@ -119,6 +119,17 @@ def signals_as_they_were():
     pytest.fail(f"the test left the process's signal state changed (before, after): {changed}")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def librosa_imported() -> None:
+    """librosa imported into the test process before its first test, as the job imports it
+    (`load_librosa`). A preprocessing run in the test process (`melshards.commands.preprocess.run`) runs
+    its job in a forked job process, which inherits what this process has imported: without this, each
+    such run would import librosa again in its own job process."""
+    from melshards.preprocess.audio import load_librosa
+
+    load_librosa()
+
+
 @pytest.fixture(scope="session")
 def corpus_dir() -> Path:
     return CORPUS
