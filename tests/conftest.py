@@ -59,11 +59,12 @@ def quality_rules_off(dest_dir: Path, base: Path | None = None, **sections) -> P
 REFERENCE_CLIPS = [f"LJT001-{i:04d}" for i in range(1, 31)]  # clips of the shipped corpus that measure fine
 
 
-# The files whose tests take longest (a compile or a training run each), run first: `make test` runs the
-# files in this order (pytest-xdist --dist loadfile --no-loadscope-reorder), so the last files a worker
-# takes are short ones and neither worker waits long for the other at the end. xdist's own order (most
-# tests first) put these few-test, long files last.
-SLOW_FILES_FIRST = ("tests/train/", "tests/test_benchmarks.py")
+# The files whose tests take longest (a compile, a training run or a process importing TensorFlow each), run
+# first: `make test` runs the files in this order (pytest-xdist --dist loadfile --no-loadscope-reorder), so
+# the last files a worker takes are short ones and neither worker waits long for the other at the end.
+# xdist's own order (most tests first) put these few-test, long files last; test_import_name.py would be
+# the second last file collected.
+SLOW_FILES_FIRST = ("tests/train/", "tests/test_benchmarks.py", "tests/test_import_name.py")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
