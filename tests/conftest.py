@@ -124,8 +124,9 @@ def signals_as_they_were():
 def librosa_imported() -> None:
     """librosa imported into the test process before its first test, as the job imports it
     (`load_librosa`). A preprocessing run in the test process (`melshards.commands.preprocess.run`) runs
-    its job in a forked job process, which inherits what this process has imported: without this, each
-    such run would import librosa again in its own job process."""
+    its job in a forked job process, which inherits what this process has imported; a process that has not
+    imported librosa would import it again in each job process. Whichever test files are run: collecting
+    tests/preprocess/test_audio.py imports it too, a run of other files would not."""
     from melshards.preprocess.audio import load_librosa
 
     load_librosa()
