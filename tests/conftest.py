@@ -59,11 +59,12 @@ def quality_rules_off(dest_dir: Path, base: Path | None = None, **sections) -> P
 REFERENCE_CLIPS = [f"LJT001-{i:04d}" for i in range(1, 31)]  # clips of the shipped corpus that measure fine
 
 
-# The files whose tests take longest (a compile or a training run each), run first: `make test` runs the
-# files in this order (pytest-xdist --dist loadfile --no-loadscope-reorder), so the last files a worker
-# takes are short ones and neither worker waits long for the other at the end. xdist's own order (most
-# tests first) put these few-test, long files last.
-SLOW_FILES_FIRST = ("tests/train/", "tests/test_benchmarks.py")
+# The files whose tests take longest (a compile, a training run or a process importing TensorFlow each), run
+# first: `make test` runs the files in this order (pytest-xdist --dist loadfile --no-loadscope-reorder), so
+# the last files a worker takes are short ones and neither worker waits long for the other at the end.
+# xdist's own order (most tests first) put these few-test, long files last; test_import_name.py would be
+# the second last file collected.
+SLOW_FILES_FIRST = ("tests/train/", "tests/test_benchmarks.py", "tests/test_import_name.py")
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -117,6 +118,18 @@ def signals_as_they_were():
         }
     )
     pytest.fail(f"the test left the process's signal state changed (before, after): {changed}")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def librosa_imported() -> None:
+    """librosa imported into the test process before its first test, as the job imports it
+    (`load_librosa`). A preprocessing run in the test process (`melshards.commands.preprocess.run`) runs
+    its job in a forked job process, which inherits what this process has imported; a process that has not
+    imported librosa would import it again in each job process. Whichever test files are run: collecting
+    tests/preprocess/test_audio.py imports it too, a run of other files would not."""
+    from melshards.preprocess.audio import load_librosa
+
+    load_librosa()
 
 
 @pytest.fixture(scope="session")

@@ -376,24 +376,27 @@ def test_an_extractor_entry_the_config_shows_wrong_is_refused_in_one_line_before
     assert "Traceback" not in err and " INFO " not in err, err  # refused before the run took --output
 
 
-@pytest.mark.parametrize(
-    "how, says",
-    [
-        (
-            "raises",
-            f"extractor factory {BROKEN!r} failed with options {{'how': 'raises'}}: RuntimeError: model server down",
-        ),
-        (
-            "returns None",
-            f"extractor factory {BROKEN!r} returned a NoneType without name, version, sample_rate, outputs",
-        ),
-        ("lacks outputs", f"extractor factory {BROKEN!r} returned a _NoOutputs without outputs"),
-        ("bad rate", "extractor 'bad_rate': sample_rate 0 must be a positive integer"),
-    ],
-)
-def test_an_extractor_that_fails_to_build_in_the_job_stops_it_with_one_line_naming_it(tmp_path, capsys, how, says):
-    code, errors, err = _preprocess_with(tmp_path, capsys, {"factory": BROKEN, "options": {"how": how}})
-    assert code == 2 and len(errors) == 1 and errors[0].startswith(f"Error: {says}"), err
+FAILS_TO_BUILD = {
+    "raises": f"extractor factory {BROKEN!r} failed with options {{'how': 'raises'}}: RuntimeError: model server down",
+    "returns None": f"extractor factory {BROKEN!r} returned a NoneType without name, version, sample_rate, outputs",
+    "lacks outputs": f"extractor factory {BROKEN!r} returned a _NoOutputs without outputs",
+    "bad rate": "extractor 'bad_rate': sample_rate 0 must be a positive integer",
+}
+
+
+@pytest.mark.parametrize("how", sorted(FAILS_TO_BUILD))
+def test_an_extractor_that_fails_to_build_is_an_extractor_error_saying_what_is_wrong(how):
+    """What the job says when an extractor fails to build: `extractors.load`, which the job calls."""
+    with pytest.raises(extractors.ExtractorError) as e:
+        extractors.load(ExtractorConfig(BROKEN, {"how": how}))
+    assert str(e.value).startswith(FAILS_TO_BUILD[how])
+
+
+def test_an_extractor_that_fails_to_build_in_the_job_stops_it_with_one_line_naming_it(tmp_path, capsys):
+    """One job run, with the factory whose own error is the ExtractorError's cause: each way of failing to
+    build is an ExtractorError from `extractors.load` (the test above), which the job tells alike."""
+    code, errors, err = _preprocess_with(tmp_path, capsys, {"factory": BROKEN, "options": {"how": "raises"}})
+    assert code == 2 and len(errors) == 1 and errors[0].startswith(f"Error: {FAILS_TO_BUILD['raises']}"), err
     assert "while running" not in errors[0] and "Traceback" not in err and "Worker:" not in err, err
 
 

@@ -56,10 +56,16 @@ def _element(x):
     return x
 
 
-def _two_worker_job_in_a_job_process(monkeypatch, what: str) -> BaseException | None:
-    """Runs a two-process job in a job process, watched, from a thread: the test fails, not hangs, if it hangs."""
+def _local_workers(num_workers: int) -> PipelineOptions:
+    """Beam's multi_processing runner with `num_workers` worker processes, as `--workers N` runs a job."""
+    return PipelineOptions([f"--direct_num_workers={num_workers}", "--direct_running_mode=multi_processing"])
+
+
+def _job_in_a_job_process(monkeypatch, what: str, num_workers: int) -> BaseException | None:
+    """Runs a job of `num_workers` worker processes in a job process, watched, from a thread: the test fails,
+    not hangs, if it hangs."""
     monkeypatch.setenv("MELSHARDS_TEST_ELEMENT_3", what)
-    p = beam.Pipeline(options=PipelineOptions(["--direct_num_workers=2", "--direct_running_mode=multi_processing"]))
+    p = beam.Pipeline(options=_local_workers(num_workers))
     _ = p | beam.Create(list(range(8))) | beam.Reshuffle() | beam.Map(_element)
     raised: list[BaseException | None] = []
 
@@ -79,7 +85,8 @@ def _two_worker_job_in_a_job_process(monkeypatch, what: str) -> BaseException | 
 
 
 def test_a_worker_that_crashes_stops_the_job_with_its_signal_and_no_process_left(monkeypatch):
-    e = _two_worker_job_in_a_job_process(monkeypatch, "segfault")
+    # two workers: the one left alive is what Beam's local runner alone would wait for for ever
+    e = _job_in_a_job_process(monkeypatch, "segfault", num_workers=2)
     assert isinstance(e, workers.WorkerDiedError)
     assert str(e) == "a worker process crashed (SIGSEGV) in native code while the job ran"
     assert descendants(os.getpid()) == []
@@ -87,8 +94,8 @@ def test_a_worker_that_crashes_stops_the_job_with_its_signal_and_no_process_left
 
 def test_a_job_that_fails_on_its_own_raises_its_own_error(monkeypatch):
     # a good job raises nothing: test_beams_local_workers_run_in_the_job_processs_group_and_a_good_job_raises_nothing
-    # runs one
-    e = _two_worker_job_in_a_job_process(monkeypatch, "raise")
+    # runs one. One worker: the worker that raised is the one the runner stops after the error.
+    e = _job_in_a_job_process(monkeypatch, "raise", num_workers=1)
     assert not isinstance(e, workers.WorkerDiedError) and "element 3 is bad" in str(e)
     assert descendants(os.getpid()) == []
 
@@ -97,13 +104,13 @@ def test_beams_local_workers_run_in_the_job_processs_group_and_a_good_job_raises
     """What the job process relies on in Beam's multi_processing runner: its workers are started below
     the process that runs the pipeline, in its process group (killing the group kills them), and a
     worker the runner stops at the job's end exits with status 0 (not taken for a death): the good job
-    raises nothing and leaves no process."""
+    raises nothing and leaves no process. (One worker: each worker is started and stopped alike.)"""
     monkeypatch.setenv("MELSHARDS_TEST_NOTES", str(tmp_path))
     job_pgid = []
 
     def job():
         job_pgid.append(os.getpgid(0))
-        p = beam.Pipeline(options=PipelineOptions(["--direct_num_workers=2", "--direct_running_mode=multi_processing"]))
+        p = beam.Pipeline(options=_local_workers(1))
         _ = p | beam.Create(list(range(8))) | beam.Reshuffle() | beam.Map(_element)
         p.run().wait_until_finish()
         with open(tmp_path / "job", "w") as f:
