@@ -386,15 +386,15 @@ FAILS_TO_BUILD = {
 
 @pytest.mark.parametrize("how", sorted(FAILS_TO_BUILD))
 def test_an_extractor_that_fails_to_build_is_an_extractor_error_saying_what_is_wrong(how):
-    """What the job says when an extractor fails to build: `extractors.load`, which the job calls."""
-    with pytest.raises(extractors.ExtractorError) as e:
-        extractors.load(ExtractorConfig(BROKEN, {"how": how}))
+    """What the job says when an extractor fails to build: `extractor_plugins.load`, which the job calls."""
+    with pytest.raises(extractor_plugins.ExtractorError) as e:
+        extractor_plugins.load(ExtractorConfig(BROKEN, {"how": how}))
     assert str(e.value).startswith(FAILS_TO_BUILD[how])
 
 
 def test_an_extractor_that_fails_to_build_in_the_job_stops_it_with_one_line_naming_it(tmp_path, capsys):
     """One job run, with the factory whose own error is the ExtractorError's cause: each way of failing to
-    build is an ExtractorError from `extractors.load` (the test above), which the job tells alike."""
+    build is an ExtractorError from `extractor_plugins.load` (the test above), which the job tells alike."""
     code, errors, err = _preprocess_with(tmp_path, capsys, {"factory": BROKEN, "options": {"how": "raises"}})
     assert code == 2 and len(errors) == 1 and errors[0].startswith(f"Error: {FAILS_TO_BUILD['raises']}"), err
     assert "while running" not in errors[0] and "Traceback" not in err and "Worker:" not in err, err
