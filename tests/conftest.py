@@ -127,7 +127,7 @@ def librosa_imported() -> None:
     its job in a forked job process, which inherits what this process has imported; a process that has not
     imported librosa would import it again in each job process. Whichever test files are run: collecting
     tests/preprocess/test_audio.py imports it too, a run of other files would not."""
-    from melshards.preprocess.audio import load_librosa
+    from melshards.preprocess.clip.audio import load_librosa
 
     load_librosa()
 
