@@ -24,15 +24,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
 import yaml
 
-from benchmarks.common import emit
+from benchmarks.common import add_corpus_args, emit, figures, preprocess_rounds, work_and_corpus, write_configs
 from benchmarks.features.feature_wall import shard_sizes
-from benchmarks.preprocess.scale import WORK, beam_flags, ensure_corpus
-from benchmarks.proctree import run_sampled
 
 
 def configs(work: Path) -> dict[str, str]:
@@ -48,12 +45,7 @@ def configs(work: Path) -> dict[str, str]:
             "outputs": [{"name": "speaker_embedding", "kind": "vector", "dim": 4}],
         },
     }
-    out = {}
-    for name, cfg in (("mel", {}), ("onnx_embedding", {"extractors": [extractor]})):
-        path = work / f"extractor-{name}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        out[name] = str(path)
-    return out
+    return write_configs(work, "extractor", {"mel": {}, "onnx_embedding": {"extractors": [extractor]}})
 
 
 def profile(corpus: str, clips: int, model: str) -> dict:
@@ -95,19 +87,11 @@ def profile(corpus: str, clips: int, model: str) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clips", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=2)
+    add_corpus_args(ap, rounds=3)
     ap.add_argument("--profile-clips", type=int, default=100)
-    ap.add_argument("--work-dir", default=WORK)
     args = ap.parse_args(argv)
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    corpus = ensure_corpus(str(work / f"ljbig-{args.clips}"), args.clips)
+    work, corpus = work_and_corpus(args)
     variants = configs(work)
-    walls: dict[str, list[float]] = {v: [] for v in variants}
-    cpus: dict[str, list[float]] = {v: [] for v in variants}
-    sizes = {}
     parts = profile(corpus, args.profile_clips, variants["onnx_embedding"])
     print(
         f"per clip, one core, {parts['clips']} clips ({parts['audio_s']} s of audio): measure "
@@ -118,18 +102,9 @@ def main(argv: list[str] | None = None) -> dict:
     if not args.rounds:
         emit({"benchmark": "extractor_cost", "per_clip": parts})
         return {"per_clip": parts}
-    for r in range(args.rounds):
-        for v, cfg in variants.items():
-            out = work / f"extractor-out-{v}"
-            cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", corpus, "--output", str(out)]
-            cmd += ["--overwrite", "--config", cfg, *beam_flags(args.workers)]
-            res = run_sampled(cmd, log_path=str(work / f"extractor-{v}.log"))
-            if res["rc"] != 0:
-                raise SystemExit(f"{v}: preprocess exited {res['rc']}; see {work / f'extractor-{v}.log'}")
-            walls[v].append(res["wall_s"])
-            cpus[v].append(res.get("cpu_s", 0.0))
-            sizes[v] = shard_sizes(out)
-            print(f"round {r + 1} {v:<15} wall {res['wall_s']:6.1f} s  cpu {res.get('cpu_s', 0):6.1f} s", flush=True)
+    runs = preprocess_rounds(corpus, variants, args.workers, args.rounds, work, "extractor")
+    walls, cpus = figures(runs, "wall_s"), figures(runs, "cpu_s")
+    sizes = {v: shard_sizes(work / f"extractor-out-{v}") for v in variants}
     ratios = [x / m for x, m in zip(walls["onnx_embedding"], walls["mel"])]
     cpu_ratios = [x / m for x, m in zip(cpus["onnx_embedding"], cpus["mel"]) if m]
     result = {
