@@ -29,8 +29,13 @@ def interleaved(fns: dict[str, Callable[[], int]], rounds: int) -> dict[str, lis
     return rates
 
 
+def round_ratios(figs: dict[str, list[float]], num: str, den: str) -> list[float]:
+    """Variant `num`'s figure over variant `den`'s, round by round (a round where `den`'s is 0 left out)."""
+    return [a / b for a, b in zip(figs[num], figs[den]) if b]
+
+
 def median_ratio(rates: dict[str, list[float]], num: str, den: str) -> float:
-    return statistics.median(a / b for a, b in zip(rates[num], rates[den]))
+    return statistics.median(round_ratios(rates, num, den))
 
 
 def add_corpus_args(ap: argparse.ArgumentParser, *, rounds: int, clips: int = 1000, workers: int = 2) -> None:
@@ -114,6 +119,20 @@ def preprocess_rounds(
 def figures(runs: dict[str, list[dict]], key: str) -> dict[str, list[float]]:
     """One figure (`wall_s`, `cpu_s`) of each round, per variant, from preprocess_rounds' runs."""
     return {v: [r[key] for r in rs] for v, rs in runs.items()}
+
+
+def round_medians(benchmark: str, args: argparse.Namespace, runs: dict[str, list[dict]]) -> dict:
+    """The head of a preprocess_rounds benchmark's result: its name, --clips, --workers, --rounds, and each
+    variant's median wall (`wall_s_<variant>`) and CPU seconds (`cpu_s_<variant>`)."""
+    walls, cpus = figures(runs, "wall_s"), figures(runs, "cpu_s")
+    return {
+        "benchmark": benchmark,
+        "clips": args.clips,
+        "workers": args.workers,
+        "rounds": args.rounds,
+        **{f"wall_s_{v}": round(statistics.median(walls[v]), 2) for v in runs},
+        **{f"cpu_s_{v}": round(statistics.median(cpus[v]), 1) for v in runs},
+    }
 
 
 def melshards_train(shards: Path, model_dir: Path, config: Path, *args: str, env: dict | None = None) -> dict:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.common import add_corpus_args, emit, figures, preprocess_rounds, work_and_corpus, write_configs
+from benchmarks import common
 from benchmarks.features.feature_wall import shard_sizes
 
 
@@ -45,7 +45,7 @@ def configs(work: Path) -> dict[str, str]:
             "outputs": [{"name": "speaker_embedding", "kind": "vector", "dim": 4}],
         },
     }
-    return write_configs(work, "extractor", {"mel": {}, "onnx_embedding": {"extractors": [extractor]}})
+    return common.write_configs(work, "extractor", {"mel": {}, "onnx_embedding": {"extractors": [extractor]}})
 
 
 def profile(corpus: str, clips: int, model: str) -> dict:
@@ -87,10 +87,10 @@ def profile(corpus: str, clips: int, model: str) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_corpus_args(ap, rounds=3)
+    common.add_corpus_args(ap, rounds=3)
     ap.add_argument("--profile-clips", type=int, default=100)
     args = ap.parse_args(argv)
-    work, corpus = work_and_corpus(args)
+    work, corpus = common.work_and_corpus(args)
     variants = configs(work)
     parts = profile(corpus, args.profile_clips, variants["onnx_embedding"])
     print(
@@ -100,20 +100,15 @@ def main(argv: list[str] | None = None) -> dict:
         flush=True,
     )
     if not args.rounds:
-        emit({"benchmark": "extractor_cost", "per_clip": parts})
+        common.emit({"benchmark": "extractor_cost", "per_clip": parts})
         return {"per_clip": parts}
-    runs = preprocess_rounds(corpus, variants, args.workers, args.rounds, work, "extractor")
-    walls, cpus = figures(runs, "wall_s"), figures(runs, "cpu_s")
+    runs = common.preprocess_rounds(corpus, variants, args.workers, args.rounds, work, "extractor")
+    walls, cpus = common.figures(runs, "wall_s"), common.figures(runs, "cpu_s")
     sizes = {v: shard_sizes(work / f"extractor-out-{v}") for v in variants}
-    ratios = [x / m for x, m in zip(walls["onnx_embedding"], walls["mel"])]
-    cpu_ratios = [x / m for x, m in zip(cpus["onnx_embedding"], cpus["mel"]) if m]
+    ratios = common.round_ratios(walls, "onnx_embedding", "mel")
+    cpu_ratios = common.round_ratios(cpus, "onnx_embedding", "mel")
     result = {
-        "benchmark": "extractor_cost",
-        "clips": args.clips,
-        "workers": args.workers,
-        "rounds": args.rounds,
-        **{f"wall_s_{v}": round(statistics.median(walls[v]), 2) for v in variants},
-        **{f"cpu_s_{v}": round(statistics.median(cpus[v]), 1) for v in variants},
+        **common.round_medians("extractor_cost", args, runs),
         "onnx_over_mel": round(statistics.median(ratios), 3),
         "onnx_over_mel_cpu": round(statistics.median(cpu_ratios), 3) if cpu_ratios else None,
         "per_round_ratios": [round(x, 3) for x in ratios],
@@ -129,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"| {v} | {result[f'wall_s_{v}']:.1f} | {ratio} | {result[f'cpu_s_{v}']:.1f} | {cpu} | "
             f"{sizes[v]['bytes_per_record']:,} |"
         )
-    emit(result)
+    common.emit(result)
     return result
 
 

@@ -26,7 +26,7 @@ import statistics
 import time
 from pathlib import Path
 
-from benchmarks.common import add_corpus_args, emit, figures, preprocess_rounds, work_and_corpus, write_configs
+from benchmarks import common
 
 VARIANTS = {
     "mel": {},
@@ -93,29 +93,24 @@ def profile(corpus: str, clips: int, tracker: str) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_corpus_args(ap, rounds=3)
+    common.add_corpus_args(ap, rounds=3)
     ap.add_argument("--tracker", default="dio")
     ap.add_argument("--profile-clips", type=int, default=100)
     args = ap.parse_args(argv)
-    work, corpus = work_and_corpus(args)
+    work, corpus = common.work_and_corpus(args)
     configs = {v: {"features": f, "pitch": {"tracker": args.tracker}} for v, f in VARIANTS.items()}
-    runs = preprocess_rounds(
-        corpus, write_configs(work, "features", configs), args.workers, args.rounds, work, "features"
+    runs = common.preprocess_rounds(
+        corpus, common.write_configs(work, "features", configs), args.workers, args.rounds, work, "features"
     )
-    walls, cpus = figures(runs, "wall_s"), figures(runs, "cpu_s")
+    walls, cpus = common.figures(runs, "wall_s"), common.figures(runs, "cpu_s")
     sizes = {v: shard_sizes(work / f"features-out-{v}") for v in VARIANTS}
-    ratios = {v: [x / m for x, m in zip(walls[v], walls["mel"])] for v in VARIANTS if v != "mel"}
-    cpu_ratios = {v: [x / m for x, m in zip(cpus[v], cpus["mel"]) if m] for v in VARIANTS if v != "mel"}
+    ratios = {v: common.round_ratios(walls, v, "mel") for v in VARIANTS if v != "mel"}
+    cpu_ratios = {v: common.round_ratios(cpus, v, "mel") for v in VARIANTS if v != "mel"}
     parts = profile(corpus, args.profile_clips, args.tracker)
     result = {
-        "benchmark": "feature_wall",
-        "clips": args.clips,
-        "workers": args.workers,
-        "rounds": args.rounds,
+        **common.round_medians("feature_wall", args, runs),
         "tracker": args.tracker,
-        **{f"wall_s_{v}": round(statistics.median(walls[v]), 2) for v in VARIANTS},
         **{f"{v}_over_mel": round(statistics.median(x), 3) for v, x in ratios.items()},
-        **{f"cpu_s_{v}": round(statistics.median(cpus[v]), 1) for v in VARIANTS},
         **{f"{v}_over_mel_cpu": round(statistics.median(x), 3) for v, x in cpu_ratios.items() if x},
         "per_round_ratios": {v: [round(x, 3) for x in xs] for v, xs in ratios.items()},
         "sizes": sizes,
@@ -137,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     for k, v in parts["cpu_s_per_audio_hour"].items():
         print(f"  {k:<12}{v:>8.1f}  ({100 * parts['share'][k]:.1f}%)")
     print(f"goal: pitch_energy / mel <= 1.5; measured {result['pitch_energy_over_mel']:.3f}")
-    emit(result)
+    common.emit(result)
     return result
 
 

@@ -16,26 +16,22 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from benchmarks.common import add_corpus_args, emit, figures, preprocess_rounds, work_and_corpus, write_configs
+from benchmarks import common
 
 VARIANTS = ("characters", "phonemes")
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_corpus_args(ap, rounds=3)
+    common.add_corpus_args(ap, rounds=3)
     args = ap.parse_args(argv)
-    work, corpus = work_and_corpus(args)
-    configs = write_configs(work, "frontend", {v: {"text": {"default": v, "languages": {}}} for v in VARIANTS})
-    runs = preprocess_rounds(corpus, configs, args.workers, args.rounds, work, "frontend")
-    walls = figures(runs, "wall_s")
-    ratios = [p / c for p, c in zip(walls["phonemes"], walls["characters"])]
+    work, corpus = common.work_and_corpus(args)
+    configs = common.write_configs(work, "frontend", {v: {"text": {"default": v, "languages": {}}} for v in VARIANTS})
+    runs = common.preprocess_rounds(corpus, configs, args.workers, args.rounds, work, "frontend")
+    walls = common.figures(runs, "wall_s")
+    ratios = common.round_ratios(walls, "phonemes", "characters")
     result = {
-        "benchmark": "frontend_wall",
-        "clips": args.clips,
-        "workers": args.workers,
-        "rounds": args.rounds,
-        **{f"wall_s_{v}": round(statistics.median(walls[v]), 2) for v in VARIANTS},
+        **common.round_medians("frontend_wall", args, runs),
         "phonemes_over_characters": round(statistics.median(ratios), 3),
         "per_round_ratios": [round(x, 3) for x in ratios],
     }
@@ -43,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         f"\nphonemes / characters wall: {result['phonemes_over_characters']:.3f} (median of "
         f"{', '.join(f'{x:.3f}' for x in ratios)}); goal <= 1.15"
     )
-    emit(result)
+    common.emit(result)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import json
 import statistics
 from pathlib import Path
 
-from benchmarks.common import add_corpus_args, emit, figures, preprocess_rounds, work_and_corpus, write_configs
+from benchmarks import common
 
 VARIANTS = {"none": {}, "other_clip": {"reference": {"source": "other_clip", "frames": 256, "min_seconds": 3.0}}}
 
@@ -43,23 +43,23 @@ def manifest(corpus: str, speakers: int, work: Path) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_corpus_args(ap, rounds=2)
+    common.add_corpus_args(ap, rounds=2)
     ap.add_argument("--speakers", type=int, default=10)
     args = ap.parse_args(argv)
-    work, corpus = work_and_corpus(args)
+    work, corpus = common.work_and_corpus(args)
     rows = manifest(corpus, args.speakers, work)
-    configs = write_configs(work, "references", VARIANTS)
-    runs = preprocess_rounds(rows, configs, args.workers, args.rounds, work, "references", "--language", "en")
-    walls = {v: [round(x, 1) for x in xs] for v, xs in figures(runs, "wall_s").items()}
-    cpus = {v: [round(x, 1) for x in xs] for v, xs in figures(runs, "cpu_s").items()}
+    configs = common.write_configs(work, "references", VARIANTS)
+    runs = common.preprocess_rounds(rows, configs, args.workers, args.rounds, work, "references", "--language", "en")
+    walls = {v: [round(x, 1) for x in xs] for v, xs in common.figures(runs, "wall_s").items()}
+    cpus = {v: [round(x, 1) for x in xs] for v, xs in common.figures(runs, "cpu_s").items()}
     sizes = {}
     for v in VARIANTS:
         out = work / f"references-out-{v}"
         records = json.loads((out / "stats.json").read_text())["counts"]["in_shards"]
         total = sum(f.stat().st_size for f in out.glob("*.tfrecord"))
         sizes[v] = {"records": records, "bytes_per_record": round(total / records)}
-    ratios = [round(a / b, 3) for a, b in zip(walls["other_clip"], walls["none"])]
-    cpu_ratios = [round(a / b, 3) for a, b in zip(cpus["other_clip"], cpus["none"]) if b]
+    ratios = [round(x, 3) for x in common.round_ratios(walls, "other_clip", "none")]
+    cpu_ratios = [round(x, 3) for x in common.round_ratios(cpus, "other_clip", "none")]
     result = {
         "benchmark": "reference_wall",
         "clips": args.clips,
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
         "goal": "<= 1.2",
         "shards": sizes,
     }
-    emit(result)
+    common.emit(result)
     return result
 
 

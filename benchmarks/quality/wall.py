@@ -18,37 +18,31 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from benchmarks.common import add_corpus_args, emit, figures, preprocess_rounds, work_and_corpus, write_configs
+from benchmarks import common
 
 VARIANTS = {"none": {"measures": False}, "default": {"measures": True}}
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_corpus_args(ap, rounds=3)
+    common.add_corpus_args(ap, rounds=3)
     args = ap.parse_args(argv)
-    work, corpus = work_and_corpus(args)
-    configs = write_configs(work, "quality", {v: {"quality": q} for v, q in VARIANTS.items()})
-    runs = preprocess_rounds(corpus, configs, args.workers, args.rounds, work, "quality")
-    walls, cpus = figures(runs, "wall_s"), figures(runs, "cpu_s")
-    ratios = [d / n for d, n in zip(walls["default"], walls["none"])]
-    cpu_ratios = [d / n for d, n in zip(cpus["default"], cpus["none"]) if n]
+    work, corpus = common.work_and_corpus(args)
+    configs = common.write_configs(work, "quality", {v: {"quality": q} for v, q in VARIANTS.items()})
+    runs = common.preprocess_rounds(corpus, configs, args.workers, args.rounds, work, "quality")
+    walls, cpus = common.figures(runs, "wall_s"), common.figures(runs, "cpu_s")
+    ratios, cpu_ratios = common.round_ratios(walls, "default", "none"), common.round_ratios(cpus, "default", "none")
     result = {
-        "benchmark": "quality_wall",
-        "clips": args.clips,
-        "workers": args.workers,
-        "rounds": args.rounds,
-        **{f"wall_s_{v}": round(statistics.median(walls[v]), 2) for v in VARIANTS},
+        **common.round_medians("quality_wall", args, runs),
         "default_over_none": round(statistics.median(ratios), 3),
         "per_round_ratios": [round(x, 3) for x in ratios],
-        **{f"cpu_s_{v}": round(statistics.median(cpus[v]), 1) for v in VARIANTS},
         "default_over_none_cpu": round(statistics.median(cpu_ratios), 3) if cpu_ratios else None,
         "per_round_cpu_ratios": [round(x, 3) for x in cpu_ratios],
     }
     print(
         f"goal: default / none <= 1.15; measured {result['default_over_none']:.3f} (rounds {result['per_round_ratios']})"
     )
-    emit(result)
+    common.emit(result)
     return result
 
 
