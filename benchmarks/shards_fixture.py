@@ -9,15 +9,23 @@ CORPUS = REPO / "data" / "ljspeech_tiny"
 TINY = REPO / "configs" / "ljspeech_tiny.yaml"
 
 
-def demo_shards(out: str) -> Path:
-    """Preprocess data/ljspeech_tiny into `out` unless a finished run is already there."""
+def demo_shards(out: str, **changes: dict) -> Path:
+    """Preprocess data/ljspeech_tiny into `out`, in one bucket, unless a finished run is already there; with
+    `changes`, the demo config with those top-level sections replaced (written as `<out>.yaml`)."""
     path = Path(out)
     if not (path / "schema.json").exists():
         from melshards.commands.preprocess import run
 
+        config = TINY
+        if changes:
+            import yaml
+
+            config = path.with_name(path.name + ".yaml")
+            config.parent.mkdir(parents=True, exist_ok=True)
+            config.write_text(yaml.safe_dump({**(yaml.safe_load(TINY.read_text()) or {}), **changes}))
         # one shape: these benchmarks compare input pipelines of the schema's one static shape
         code = run(
-            ["--input", str(CORPUS), "--output", str(path), "--config", str(TINY), "--overwrite", "--buckets", "1"]
+            ["--input", str(CORPUS), "--output", str(path), "--config", str(config), "--overwrite", "--buckets", "1"]
         )
         if code:
             raise SystemExit(f"preprocessing the demo corpus into {out} failed with exit code {code}")

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from benchmarks.common import emit
+from benchmarks.common import emit, preprocess_command
 
 KS = ("1", "2", "4", "8", "16", "auto")
 
@@ -61,23 +61,7 @@ def padding_table(corpus: str, config: str, work: Path) -> list[dict]:
     for k in KS:
         out = work / f"k{k}"
         subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "melshards",
-                "preprocess",
-                "--input",
-                corpus,
-                "--output",
-                str(out),
-                "--config",
-                config,
-                "--overwrite",
-                "--buckets",
-                k,
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
+            preprocess_command(corpus, out, "--config", config, "--buckets", k), check=True, stdout=subprocess.DEVNULL
         )
         rows.append({"k": k, **shard_padding(out)})
         r = rows[-1]

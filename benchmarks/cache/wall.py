@@ -27,33 +27,19 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import yaml
 
-from benchmarks.common import emit
-from benchmarks.preprocess.scale import WORK, beam_flags, ensure_corpus
+from benchmarks.common import add_corpus_args, emit, preprocess_command
+from benchmarks.preprocess.scale import beam_flags, ensure_corpus
 
 VARIANTS = ("plain", "cold", "changed", "killed", "new_rows")
 
 
 def command(corpus: str, out: Path, workers: int, cache: Path | None, *extra: str) -> list[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "melshards",
-        "preprocess",
-        "--input",
-        corpus,
-        "--output",
-        str(out),
-        "--overwrite",
-        *beam_flags(workers),
-        *extra,
-    ]
-    return cmd + (["--cache", str(cache)] if cache else [])
+    return preprocess_command(corpus, out, *beam_flags(workers), *extra, *(["--cache", str(cache)] if cache else []))
 
 
 def timed(cmd: list[str], log: Path, kill_after: float | None = None) -> float:
@@ -89,10 +75,7 @@ def growing_corpus(corpus: str, work: Path) -> tuple[str, Path, list[str]]:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clips", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--work-dir", default=WORK)
+    add_corpus_args(ap, rounds=2)
     args = ap.parse_args(argv)
     work = Path(args.work_dir) / "cache-wall"
     work.mkdir(parents=True, exist_ok=True)

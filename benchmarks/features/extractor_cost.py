@@ -24,15 +24,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
 import yaml
 
-from benchmarks.common import emit
+from benchmarks import common
 from benchmarks.features.feature_wall import shard_sizes
-from benchmarks.preprocess.scale import WORK, beam_flags, ensure_corpus
-from benchmarks.proctree import run_sampled
 
 
 def configs(work: Path) -> dict[str, str]:
@@ -48,12 +45,7 @@ def configs(work: Path) -> dict[str, str]:
             "outputs": [{"name": "speaker_embedding", "kind": "vector", "dim": 4}],
         },
     }
-    out = {}
-    for name, cfg in (("mel", {}), ("onnx_embedding", {"extractors": [extractor]})):
-        path = work / f"extractor-{name}.yaml"
-        path.write_text(yaml.safe_dump(cfg))
-        out[name] = str(path)
-    return out
+    return common.write_configs(work, "extractor", {"mel": {}, "onnx_embedding": {"extractors": [extractor]}})
 
 
 def profile(corpus: str, clips: int, model: str) -> dict:
@@ -95,19 +87,11 @@ def profile(corpus: str, clips: int, model: str) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clips", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=2)
+    common.add_corpus_args(ap, rounds=3)
     ap.add_argument("--profile-clips", type=int, default=100)
-    ap.add_argument("--work-dir", default=WORK)
     args = ap.parse_args(argv)
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    corpus = ensure_corpus(str(work / f"ljbig-{args.clips}"), args.clips)
+    work, corpus = common.work_and_corpus(args)
     variants = configs(work)
-    walls: dict[str, list[float]] = {v: [] for v in variants}
-    cpus: dict[str, list[float]] = {v: [] for v in variants}
-    sizes = {}
     parts = profile(corpus, args.profile_clips, variants["onnx_embedding"])
     print(
         f"per clip, one core, {parts['clips']} clips ({parts['audio_s']} s of audio): measure "
@@ -116,29 +100,15 @@ def main(argv: list[str] | None = None) -> dict:
         flush=True,
     )
     if not args.rounds:
-        emit({"benchmark": "extractor_cost", "per_clip": parts})
+        common.emit({"benchmark": "extractor_cost", "per_clip": parts})
         return {"per_clip": parts}
-    for r in range(args.rounds):
-        for v, cfg in variants.items():
-            out = work / f"extractor-out-{v}"
-            cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", corpus, "--output", str(out)]
-            cmd += ["--overwrite", "--config", cfg, *beam_flags(args.workers)]
-            res = run_sampled(cmd, log_path=str(work / f"extractor-{v}.log"))
-            if res["rc"] != 0:
-                raise SystemExit(f"{v}: preprocess exited {res['rc']}; see {work / f'extractor-{v}.log'}")
-            walls[v].append(res["wall_s"])
-            cpus[v].append(res.get("cpu_s", 0.0))
-            sizes[v] = shard_sizes(out)
-            print(f"round {r + 1} {v:<15} wall {res['wall_s']:6.1f} s  cpu {res.get('cpu_s', 0):6.1f} s", flush=True)
-    ratios = [x / m for x, m in zip(walls["onnx_embedding"], walls["mel"])]
-    cpu_ratios = [x / m for x, m in zip(cpus["onnx_embedding"], cpus["mel"]) if m]
+    runs = common.preprocess_rounds(corpus, variants, args.workers, args.rounds, work, "extractor")
+    walls, cpus = common.figures(runs, "wall_s"), common.figures(runs, "cpu_s")
+    sizes = {v: shard_sizes(work / f"extractor-out-{v}") for v in variants}
+    ratios = common.round_ratios(walls, "onnx_embedding", "mel")
+    cpu_ratios = common.round_ratios(cpus, "onnx_embedding", "mel")
     result = {
-        "benchmark": "extractor_cost",
-        "clips": args.clips,
-        "workers": args.workers,
-        "rounds": args.rounds,
-        **{f"wall_s_{v}": round(statistics.median(walls[v]), 2) for v in variants},
-        **{f"cpu_s_{v}": round(statistics.median(cpus[v]), 1) for v in variants},
+        **common.round_medians("extractor_cost", args, runs),
         "onnx_over_mel": round(statistics.median(ratios), 3),
         "onnx_over_mel_cpu": round(statistics.median(cpu_ratios), 3) if cpu_ratios else None,
         "per_round_ratios": [round(x, 3) for x in ratios],
@@ -154,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
             f"| {v} | {result[f'wall_s_{v}']:.1f} | {ratio} | {result[f'cpu_s_{v}']:.1f} | {cpu} | "
             f"{sizes[v]['bytes_per_record']:,} |"
         )
-    emit(result)
+    common.emit(result)
     return result
 
 

@@ -23,27 +23,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-import yaml
-
-from benchmarks.common import emit
-from benchmarks.preprocess.scale import WORK, beam_flags, ensure_corpus
-from benchmarks.proctree import run_sampled
+from benchmarks import common
 
 VARIANTS = {
     "mel": {},
     "pitch_energy": {"pitch": True, "energy": True},
     "all": {"pitch": True, "energy": True, "audio": True},
 }
-
-
-def config_for(name: str, tracker: str, work: Path) -> str:
-    path = work / f"features-{name}.yaml"
-    path.write_text(yaml.safe_dump({"features": VARIANTS[name], "pitch": {"tracker": tracker}}))
-    return str(path)
 
 
 def shard_sizes(out: Path) -> dict:
@@ -104,55 +93,24 @@ def profile(corpus: str, clips: int, tracker: str) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clips", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=2)
+    common.add_corpus_args(ap, rounds=3)
     ap.add_argument("--tracker", default="dio")
     ap.add_argument("--profile-clips", type=int, default=100)
-    ap.add_argument("--work-dir", default=WORK)
     args = ap.parse_args(argv)
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    corpus = ensure_corpus(str(work / f"ljbig-{args.clips}"), args.clips)
-    walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    cpus: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    sizes = {}
-    for r in range(args.rounds):
-        for v in VARIANTS:
-            out = work / f"features-out-{v}"
-            cmd = [
-                sys.executable,
-                "-m",
-                "melshards",
-                "preprocess",
-                "--input",
-                corpus,
-                "--output",
-                str(out),
-                "--overwrite",
-                "--config",
-                config_for(v, args.tracker, work),
-                *beam_flags(args.workers),
-            ]
-            res = run_sampled(cmd, log_path=str(work / f"features-{v}.log"))
-            if res["rc"] != 0:
-                raise SystemExit(f"{v}: preprocess exited {res['rc']}; see {work / f'features-{v}.log'}")
-            walls[v].append(res["wall_s"])
-            cpus[v].append(res.get("cpu_s", 0.0))
-            sizes[v] = shard_sizes(out)
-            print(f"round {r + 1} {v:<13} wall {res['wall_s']:6.1f} s  cpu {res.get('cpu_s', 0):6.1f} s", flush=True)
-    ratios = {v: [x / m for x, m in zip(walls[v], walls["mel"])] for v in VARIANTS if v != "mel"}
-    cpu_ratios = {v: [x / m for x, m in zip(cpus[v], cpus["mel"]) if m] for v in VARIANTS if v != "mel"}
+    work, corpus = common.work_and_corpus(args)
+    configs = {v: {"features": f, "pitch": {"tracker": args.tracker}} for v, f in VARIANTS.items()}
+    runs = common.preprocess_rounds(
+        corpus, common.write_configs(work, "features", configs), args.workers, args.rounds, work, "features"
+    )
+    walls, cpus = common.figures(runs, "wall_s"), common.figures(runs, "cpu_s")
+    sizes = {v: shard_sizes(work / f"features-out-{v}") for v in VARIANTS}
+    ratios = {v: common.round_ratios(walls, v, "mel") for v in VARIANTS if v != "mel"}
+    cpu_ratios = {v: common.round_ratios(cpus, v, "mel") for v in VARIANTS if v != "mel"}
     parts = profile(corpus, args.profile_clips, args.tracker)
     result = {
-        "benchmark": "feature_wall",
-        "clips": args.clips,
-        "workers": args.workers,
-        "rounds": args.rounds,
+        **common.round_medians("feature_wall", args, runs),
         "tracker": args.tracker,
-        **{f"wall_s_{v}": round(statistics.median(walls[v]), 2) for v in VARIANTS},
         **{f"{v}_over_mel": round(statistics.median(x), 3) for v, x in ratios.items()},
-        **{f"cpu_s_{v}": round(statistics.median(cpus[v]), 1) for v in VARIANTS},
         **{f"{v}_over_mel_cpu": round(statistics.median(x), 3) for v, x in cpu_ratios.items() if x},
         "per_round_ratios": {v: [round(x, 3) for x in xs] for v, xs in ratios.items()},
         "sizes": sizes,
@@ -174,7 +132,7 @@ def main(argv: list[str] | None = None) -> dict:
     for k, v in parts["cpu_s_per_audio_hour"].items():
         print(f"  {k:<12}{v:>8.1f}  ({100 * parts['share'][k]:.1f}%)")
     print(f"goal: pitch_energy / mel <= 1.5; measured {result['pitch_energy_over_mel']:.3f}")
-    emit(result)
+    common.emit(result)
     return result
 
 

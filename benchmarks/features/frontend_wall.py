@@ -15,64 +15,23 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
-import yaml
-
-from benchmarks.common import emit
-from benchmarks.preprocess.scale import WORK, beam_flags, ensure_corpus
-from benchmarks.proctree import run_sampled
+from benchmarks import common
 
 VARIANTS = ("characters", "phonemes")
 
 
-def config_for(frontend: str, work: Path) -> str:
-    path = work / f"frontend-{frontend}.yaml"
-    path.write_text(yaml.safe_dump({"text": {"default": frontend, "languages": {}}}))
-    return str(path)
-
-
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clips", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--work-dir", default=WORK)
+    common.add_corpus_args(ap, rounds=3)
     args = ap.parse_args(argv)
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    corpus = ensure_corpus(str(work / f"ljbig-{args.clips}"), args.clips)
-    walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    for r in range(args.rounds):
-        for v in VARIANTS:
-            out = work / f"frontend-out-{v}"
-            cmd = [
-                sys.executable,
-                "-m",
-                "melshards",
-                "preprocess",
-                "--input",
-                corpus,
-                "--output",
-                str(out),
-                "--overwrite",
-                "--config",
-                config_for(v, work),
-                *beam_flags(args.workers),
-            ]
-            res = run_sampled(cmd, log_path=str(work / f"frontend-{v}.log"))
-            if res["rc"] != 0:
-                raise SystemExit(f"{v}: preprocess exited {res['rc']}; see {work / f'frontend-{v}.log'}")
-            walls[v].append(res["wall_s"])
-            print(f"round {r + 1} {v:<11} wall {res['wall_s']:6.1f} s  cpu {res.get('cpu_s', 0):6.1f} s", flush=True)
-    ratios = [p / c for p, c in zip(walls["phonemes"], walls["characters"])]
+    work, corpus = common.work_and_corpus(args)
+    configs = common.write_configs(work, "frontend", {v: {"text": {"default": v, "languages": {}}} for v in VARIANTS})
+    runs = common.preprocess_rounds(corpus, configs, args.workers, args.rounds, work, "frontend")
+    walls = common.figures(runs, "wall_s")
+    ratios = common.round_ratios(walls, "phonemes", "characters")
     result = {
-        "benchmark": "frontend_wall",
-        "clips": args.clips,
-        "workers": args.workers,
-        "rounds": args.rounds,
-        **{f"wall_s_{v}": round(statistics.median(walls[v]), 2) for v in VARIANTS},
+        **common.round_medians("frontend_wall", args, runs),
         "phonemes_over_characters": round(statistics.median(ratios), 3),
         "per_round_ratios": [round(x, 3) for x in ratios],
     }
@@ -80,7 +39,7 @@ def main(argv: list[str] | None = None) -> None:
         f"\nphonemes / characters wall: {result['phonemes_over_characters']:.3f} (median of "
         f"{', '.join(f'{x:.3f}' for x in ratios)}); goal <= 1.15"
     )
-    emit(result)
+    common.emit(result)
 
 
 if __name__ == "__main__":

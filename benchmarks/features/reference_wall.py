@@ -21,14 +21,9 @@ import argparse
 import csv
 import json
 import statistics
-import sys
 from pathlib import Path
 
-import yaml
-
-from benchmarks.common import emit
-from benchmarks.preprocess.scale import WORK, beam_flags, ensure_corpus
-from benchmarks.proctree import run_sampled
+from benchmarks import common
 
 VARIANTS = {"none": {}, "other_clip": {"reference": {"source": "other_clip", "frames": 256, "min_seconds": 3.0}}}
 
@@ -48,36 +43,23 @@ def manifest(corpus: str, speakers: int, work: Path) -> str:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clips", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--workers", type=int, default=2)
+    common.add_corpus_args(ap, rounds=2)
     ap.add_argument("--speakers", type=int, default=10)
-    ap.add_argument("--work-dir", default=WORK)
     args = ap.parse_args(argv)
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    rows = manifest(ensure_corpus(str(work / f"ljbig-{args.clips}"), args.clips), args.speakers, work)
-    walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    cpus: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    work, corpus = common.work_and_corpus(args)
+    rows = manifest(corpus, args.speakers, work)
+    configs = common.write_configs(work, "references", VARIANTS)
+    runs = common.preprocess_rounds(rows, configs, args.workers, args.rounds, work, "references", "--language", "en")
+    walls = {v: [round(x, 1) for x in xs] for v, xs in common.figures(runs, "wall_s").items()}
+    cpus = {v: [round(x, 1) for x in xs] for v, xs in common.figures(runs, "cpu_s").items()}
     sizes = {}
-    for r in range(args.rounds):
-        for v, cfg in VARIANTS.items():
-            out = work / f"references-out-{v}"
-            config = work / f"references-{v}.yaml"
-            config.write_text(yaml.safe_dump(cfg))
-            cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", rows, "--language", "en"]
-            cmd += ["--output", str(out), "--overwrite", "--config", str(config), *beam_flags(args.workers)]
-            res = run_sampled(cmd, log_path=str(work / f"references-{v}.log"))
-            if res["rc"] != 0:
-                raise SystemExit(f"{v}: preprocess exited {res['rc']}; see {work / f'references-{v}.log'}")
-            walls[v].append(round(res["wall_s"], 1))
-            cpus[v].append(round(res["cpu_s"], 1))
-            print(f"round {r + 1} {v:<10} wall {res['wall_s']:6.1f} s  cpu {res['cpu_s']:6.1f} s", flush=True)
-            records = json.loads((out / "stats.json").read_text())["counts"]["in_shards"]
-            total = sum(f.stat().st_size for f in out.glob("*.tfrecord"))
-            sizes[v] = {"records": records, "bytes_per_record": round(total / records)}
-    ratios = [round(a / b, 3) for a, b in zip(walls["other_clip"], walls["none"])]
-    cpu_ratios = [round(a / b, 3) for a, b in zip(cpus["other_clip"], cpus["none"]) if b]
+    for v in VARIANTS:
+        out = work / f"references-out-{v}"
+        records = json.loads((out / "stats.json").read_text())["counts"]["in_shards"]
+        total = sum(f.stat().st_size for f in out.glob("*.tfrecord"))
+        sizes[v] = {"records": records, "bytes_per_record": round(total / records)}
+    ratios = [round(x, 3) for x in common.round_ratios(walls, "other_clip", "none")]
+    cpu_ratios = [round(x, 3) for x in common.round_ratios(cpus, "other_clip", "none")]
     result = {
         "benchmark": "reference_wall",
         "clips": args.clips,
@@ -92,7 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
         "goal": "<= 1.2",
         "shards": sizes,
     }
-    emit(result)
+    common.emit(result)
     return result
 
 

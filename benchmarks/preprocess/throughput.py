@@ -27,7 +27,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from benchmarks.common import emit
+from benchmarks.common import emit, preprocess_command
 from benchmarks.preprocess.scale import WORK, ensure_corpus
 from benchmarks.proctree import run_sampled
 
@@ -102,19 +102,7 @@ def main(argv=None) -> dict:
                 "--workers",
                 w,
             ] + (["--job-mel"] if v.startswith("poolm") else [])
-        return [
-            sys.executable,
-            "-m",
-            "melshards",
-            "preprocess",
-            "--input",
-            tiny if v.endswith("@1") else corpus,
-            "--output",
-            out,
-            "--overwrite",
-            "--workers",
-            w,
-        ]
+        return preprocess_command(tiny if v.endswith("@1") else corpus, Path(out), "--workers", w)
 
     runs = {v: [] for v in variants}
     for rnd in range(args.rounds):

@@ -27,15 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import soundfile
 
-from benchmarks.common import emit
+from benchmarks.common import emit, preprocess_command, preprocess_rejected
 from benchmarks.preprocess.scale import WORK, beam_flags
 from melshards.shards_schema.stats import QUALITY_REASONS
 
@@ -149,20 +147,24 @@ def score(rows: list[dict], rejected: list[dict]) -> dict:
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_fault_args(ap: argparse.ArgumentParser) -> None:
+    """The arguments of a benchmark over the fault corpus: --clean, --per-fault, --workers, --work-dir."""
     ap.add_argument("--clean", type=int, default=25)
     ap.add_argument("--per-fault", type=int, default=3)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--work-dir", default=WORK)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_fault_args(ap)
     args = ap.parse_args(argv)
     work = Path(args.work_dir) / f"faults-{args.clean}-{args.per_fault}"
     rows = build_fault_corpus(work / "corpus", args.clean, args.per_fault)
     out = work / "out"
-    cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", str(work / "corpus" / "manifest.jsonl")]
-    cmd += ["--output", str(out), "--overwrite", *beam_flags(args.workers)]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    rejected = [json.loads(line) for line in (out / "rejected.jsonl").read_text().splitlines() if line.strip()]
+    rejected = preprocess_rejected(
+        preprocess_command(work / "corpus" / "manifest.jsonl", out, *beam_flags(args.workers)), out
+    )
     result = {"benchmark": "quality_faults", "clips": len(rows), **score(rows, rejected)}
     for kind, f in result["faults"].items():
         print(f"{kind:<11} kept out {f['kept_out']}/{f['clips']} {f['reasons']}")

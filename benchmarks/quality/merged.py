@@ -27,15 +27,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import soundfile
 
-from benchmarks.common import emit
-from benchmarks.preprocess.scale import WORK, beam_flags
+from benchmarks.common import emit, preprocess_command, preprocess_rejected
+from benchmarks.preprocess.scale import beam_flags
 from benchmarks.quality import faults
 from melshards.shards_schema.stats import QUALITY_REASONS
 
@@ -118,21 +116,18 @@ def score(second: list[dict], pairs: list[tuple], rejected: list[dict]) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clean", type=int, default=25)
-    ap.add_argument("--per-fault", type=int, default=3)
+    faults.add_fault_args(ap)
     ap.add_argument("--clean-copies", type=int, default=12)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--work-dir", default=WORK)
     args = ap.parse_args(argv)
     work = Path(args.work_dir) / f"merged-{args.clean}-{args.per_fault}"
     corpus = work / "corpus"
     rows = faults.build_fault_corpus(corpus, args.clean, args.per_fault, speakers=("calm", "brisk"))
     second, pairs = build_second_input(corpus, rows, args.clean_copies)
     out = work / "out"
-    cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", str(corpus / "manifest.jsonl")]
-    cmd += ["--input", str(corpus / "b.jsonl"), "--output", str(out), "--overwrite", *beam_flags(args.workers)]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-    rejected = [json.loads(line) for line in (out / "rejected.jsonl").read_text().splitlines() if line.strip()]
+    cmd = preprocess_command(
+        corpus / "manifest.jsonl", out, "--input", str(corpus / "b.jsonl"), *beam_flags(args.workers)
+    )
+    rejected = preprocess_rejected(cmd, out)
     result = {
         "benchmark": "quality_merged",
         "input_a": faults.score(rows, rejected),

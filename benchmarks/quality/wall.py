@@ -17,61 +17,32 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 
-import yaml
-
-from benchmarks.common import emit
-from benchmarks.preprocess.scale import WORK, beam_flags, ensure_corpus
-from benchmarks.proctree import run_sampled
+from benchmarks import common
 
 VARIANTS = {"none": {"measures": False}, "default": {"measures": True}}
 
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--clips", type=int, default=1000)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--work-dir", default=WORK)
+    common.add_corpus_args(ap, rounds=3)
     args = ap.parse_args(argv)
-    work = Path(args.work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    corpus = ensure_corpus(str(work / f"ljbig-{args.clips}"), args.clips)
-    walls: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    cpus: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    for r in range(args.rounds):
-        for v, quality in list(VARIANTS.items())[:: 1 if r % 2 == 0 else -1]:
-            config = work / f"quality-{v}.yaml"
-            config.write_text(yaml.safe_dump({"quality": quality}))
-            out = work / f"quality-out-{v}"
-            cmd = [sys.executable, "-m", "melshards", "preprocess", "--input", corpus, "--output", str(out)]
-            cmd += ["--overwrite", "--config", str(config), *beam_flags(args.workers)]
-            res = run_sampled(cmd, log_path=str(work / f"quality-{v}.log"))
-            if res["rc"] != 0:
-                raise SystemExit(f"{v}: preprocess exited {res['rc']}; see {work / f'quality-{v}.log'}")
-            walls[v].append(res["wall_s"])
-            cpus[v].append(res.get("cpu_s", 0.0))
-            print(f"round {r + 1} {v:<8} wall {res['wall_s']:6.1f} s  cpu {res.get('cpu_s', 0.0):6.1f} s", flush=True)
-    ratios = [d / n for d, n in zip(walls["default"], walls["none"])]
-    cpu_ratios = [d / n for d, n in zip(cpus["default"], cpus["none"]) if n]
+    work, corpus = common.work_and_corpus(args)
+    configs = common.write_configs(work, "quality", {v: {"quality": q} for v, q in VARIANTS.items()})
+    runs = common.preprocess_rounds(corpus, configs, args.workers, args.rounds, work, "quality")
+    walls, cpus = common.figures(runs, "wall_s"), common.figures(runs, "cpu_s")
+    ratios, cpu_ratios = common.round_ratios(walls, "default", "none"), common.round_ratios(cpus, "default", "none")
     result = {
-        "benchmark": "quality_wall",
-        "clips": args.clips,
-        "workers": args.workers,
-        "rounds": args.rounds,
-        **{f"wall_s_{v}": round(statistics.median(walls[v]), 2) for v in VARIANTS},
+        **common.round_medians("quality_wall", args, runs),
         "default_over_none": round(statistics.median(ratios), 3),
         "per_round_ratios": [round(x, 3) for x in ratios],
-        **{f"cpu_s_{v}": round(statistics.median(cpus[v]), 1) for v in VARIANTS},
         "default_over_none_cpu": round(statistics.median(cpu_ratios), 3) if cpu_ratios else None,
         "per_round_cpu_ratios": [round(x, 3) for x in cpu_ratios],
     }
     print(
         f"goal: default / none <= 1.15; measured {result['default_over_none']:.3f} (rounds {result['per_round_ratios']})"
     )
-    emit(result)
+    common.emit(result)
     return result
 
 

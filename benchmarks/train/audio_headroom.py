@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 from pathlib import Path
 
 import yaml
 
 from benchmarks.common import emit
-from benchmarks.shards_fixture import CORPUS, REPO, TINY
-from benchmarks.train.input_headroom import train_run
+from benchmarks.shards_fixture import demo_shards
+from benchmarks.train.input_headroom import add_train_args, examples_per_second, train_rounds, train_run
 from melshards.train.model import build as _builtin
 from melshards.train.model import validate as _validate
 
@@ -38,29 +37,7 @@ build.features = ("audio",)
 
 
 def audio_shards(work: Path) -> Path:
-    out = work / "shards-audio"
-    if not (out / "schema.json").exists():
-        from melshards.commands.preprocess import run
-
-        cfg = yaml.safe_load(TINY.read_text())
-        cfg["features"] = {"audio": True}
-        (work / "audio.yaml").write_text(yaml.safe_dump(cfg))
-        code = run(
-            [
-                "--input",
-                str(CORPUS),
-                "--output",
-                str(out),
-                "--config",
-                str(work / "audio.yaml"),
-                "--overwrite",
-                "--buckets",
-                "1",
-            ]
-        )
-        if code:
-            raise SystemExit(f"preprocessing the demo corpus with audio failed with exit code {code}")
-    return out
+    return demo_shards(str(work / "shards-audio"), features={"audio": True})
 
 
 def with_model(config: str, factory: str | None, path: Path) -> Path:
@@ -73,10 +50,7 @@ def with_model(config: str, factory: str | None, path: Path) -> Path:
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=120)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--config", default=str(REPO / "configs" / "train_tiny.yaml"))
-    ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "melshards-bench" / "audio-headroom"))
+    add_train_args(ap, "audio-headroom")
     args = ap.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -85,19 +59,14 @@ def main(argv=None) -> dict:
         "audio": with_model(args.config, "benchmarks.train.audio_headroom:build", work / "audio-train.yaml"),
         "mel": with_model(args.config, None, work / "mel-train.yaml"),
     }
-    runs: dict[str, list[dict]] = {k: [] for k in KINDS}
-    for r in range(args.rounds):
-        for kind in KINDS:
-            base = kind.split("_")[0]
-            s = train_run(shards, work / f"model-{kind}", configs[base], args.steps, kind.endswith("synthetic"))
-            runs[kind].append(s)
-            st = s["steady_state"]
-            print(
-                f"round {r + 1} {kind:<16} {st['examples_per_second']:8.1f} examples/s  input wait "
-                f"{100 * st['input_wait_fraction']:.1f}%  traces {s['train_step_traces']}",
-                flush=True,
-            )
-    ex = {k: [s["steady_state"]["examples_per_second"] for s in v] for k, v in runs.items()}
+    runs = train_rounds(
+        lambda kind: train_run(
+            shards, work / f"model-{kind}", configs[kind.split("_")[0]], args.steps, kind.endswith("synthetic")
+        ),
+        KINDS,
+        args.rounds,
+    )
+    ex = examples_per_second(runs)
     ratios = {b: [a / s for a, s in zip(ex[b], ex[f"{b}_synthetic"])] for b in ("audio", "mel")}
     from melshards.shards_schema import read_schema
 

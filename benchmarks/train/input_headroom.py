@@ -19,6 +19,7 @@ import shutil
 import statistics
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import yaml
@@ -34,6 +35,51 @@ def train_run(shards: Path, model_dir: Path, config: Path, steps: int, synthetic
     return melshards_train(
         shards, model_dir, config, "--steps", str(steps), *(["--synthetic-data"] if synthetic else [])
     )
+
+
+def train_rounds(run: Callable[[str], dict], kinds: Sequence[str], rounds: int) -> dict[str, list[dict]]:
+    """`run(kind)` for every kind in turn, once per round, so that the machine's load falls on every kind
+    alike; the run summaries of each round, per kind. Prints a line per run."""
+    width = max(map(len, kinds))
+    runs: dict[str, list[dict]] = {k: [] for k in kinds}
+    for r in range(rounds):
+        for kind in kinds:
+            s = run(kind)
+            runs[kind].append(s)
+            st = s["steady_state"]
+            print(
+                f"round {r + 1} {kind:<{width}} {st['examples_per_second']:8.1f} examples/s  "
+                f"{st['steps_per_second']:6.2f} steps/s  input wait {100 * st['input_wait_fraction']:.1f}%  "
+                f"traces {s['train_step_traces']}  compile {s['compile_seconds']:.1f}s",
+                flush=True,
+            )
+    return runs
+
+
+def examples_per_second(runs: dict[str, list[dict]]) -> dict[str, list[float]]:
+    """The steady-state examples/s of each round, per kind, from train_rounds' summaries."""
+    return {k: [s["steady_state"]["examples_per_second"] for s in v] for k, v in runs.items()}
+
+
+def records_per_second(ds, batches: int, batch_size: int) -> float:
+    """Records/s of iterating the batched dataset `ds` alone for `batches` batches, after five warm-up
+    batches (thread pools, autotune)."""
+    it = iter(ds)
+    for _ in range(5):
+        next(it)
+    t = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    return batches * batch_size / (time.perf_counter() - t)
+
+
+def add_train_args(ap: argparse.ArgumentParser, work: str) -> None:
+    """The arguments of a headroom benchmark: --steps, --rounds, --config, and --work (a folder named
+    `work` under the temp dir's melshards-bench by default)."""
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--config", default=str(REPO / "configs" / "train_tiny.yaml"))
+    ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "melshards-bench" / work))
 
 
 def two_speakers(work: Path) -> Path:
@@ -67,13 +113,8 @@ def parse_only_rate(shards: Path, config: str, batches: int) -> float:
     schema = read_schema(str(shards))
     files = input_pipeline.expand_globs([str(shards / "train-*.tfrecord")])
     balance = balancing(schema, cfg.data.balance, cfg.data.balance_alpha)
-    it = iter(input_pipeline.train_dataset(files, schema, cfg.data, MODEL_INPUTS, 1, balance=balance))
-    for _ in range(5):  # warm-up: thread pools, autotune
-        next(it)
-    t = time.perf_counter()
-    for _ in range(batches):
-        next(it)
-    return batches * cfg.data.batch_size / (time.perf_counter() - t)
+    ds = input_pipeline.train_dataset(files, schema, cfg.data, MODEL_INPUTS, 1, balance=balance)
+    return records_per_second(ds, batches, cfg.data.batch_size)
 
 
 def main(argv=None) -> dict:
@@ -81,11 +122,8 @@ def main(argv=None) -> dict:
     from melshards.train.balance import accept_probs, group_counts, reads_per_kept
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=120)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--config", default=str(REPO / "configs" / "train_tiny.yaml"))
+    add_train_args(ap, "train-input")
     ap.add_argument("--alpha", type=float, default=0.0, help="data.balance_alpha of the balanced runs")
-    ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "melshards-bench" / "train-input"))
     args = ap.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -97,18 +135,12 @@ def main(argv=None) -> dict:
     }
     counts = group_counts(read_schema(str(shards)), "speaker")
     reads = reads_per_kept(counts, accept_probs(counts, args.alpha))
-    runs: dict[str, list[dict]] = {k: [] for k in KINDS}
-    for r in range(args.rounds):
-        for kind in KINDS:
-            s = train_run(shards, work / f"model-{kind}", configs[kind], args.steps, kind == "synthetic")
-            runs[kind].append(s)
-            st = s["steady_state"]
-            print(
-                f"round {r + 1} {kind:<9} {st['examples_per_second']:8.1f} examples/s  "
-                f"{st['steps_per_second']:6.2f} steps/s  input wait {100 * st['input_wait_fraction']:.1f}%  "
-                f"traces {s['train_step_traces']}  compile {s['compile_seconds']:.1f}s"
-            )
-    ex = {k: [s["steady_state"]["examples_per_second"] for s in v] for k, v in runs.items()}
+    runs = train_rounds(
+        lambda kind: train_run(shards, work / f"model-{kind}", configs[kind], args.steps, kind == "synthetic"),
+        KINDS,
+        args.rounds,
+    )
+    ex = examples_per_second(runs)
     ratios = {k: [a / b for a, b in zip(ex[k], ex["synthetic"])] for k in ("real", "balanced")}
     wait = {k: statistics.median(s["steady_state"]["input_wait_fraction"] for s in v) for k, v in runs.items()}
     parse = {

@@ -20,15 +20,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 from pathlib import Path
 
-import yaml
-
 from benchmarks.common import emit
-from benchmarks.shards_fixture import CORPUS, REPO, TINY
+from benchmarks.shards_fixture import demo_shards
 from benchmarks.train.audio_headroom import with_model
-from benchmarks.train.input_headroom import train_run
+from benchmarks.train.input_headroom import (
+    add_train_args,
+    examples_per_second,
+    records_per_second,
+    train_rounds,
+    train_run,
+)
 from melshards.train.model import build as _builtin
 from melshards.train.model import validate as _validate
 
@@ -48,35 +51,13 @@ build.features = ("reference_mel",)
 
 def reference_shards(work: Path, source: str, frames: int) -> Path:
     """The demo corpus with `reference: {source, frames}`, one bucket (made once per source and frames)."""
-    out = work / f"shards-{source}-{frames}"
-    if not (out / "schema.json").exists():
-        from melshards.commands.preprocess import run
-
-        cfg = yaml.safe_load(TINY.read_text())
-        cfg["reference"] = {"source": source, "frames": frames, "min_seconds": 1.0}
-        (work / f"{source}.yaml").write_text(yaml.safe_dump(cfg))
-        code = run(
-            [
-                "--input",
-                str(CORPUS),
-                "--output",
-                str(out),
-                "--config",
-                str(work / f"{source}.yaml"),
-                "--overwrite",
-                "--buckets",
-                "1",
-            ]
-        )
-        if code:
-            raise SystemExit(f"preprocessing the demo corpus with {source} references failed with exit code {code}")
-    return out
+    reference = {"source": source, "frames": frames, "min_seconds": 1.0}
+    return demo_shards(str(work / f"shards-{source}-{frames}"), reference=reference)
 
 
 def parse_only_rate(shards: Path, config: str, factory: str | None, batches: int) -> float:
     """Records/s of the trainer's own input pipeline for the model of `factory` (None: the built-in), a
     same_clip run's slices included, with nothing consuming it but a loop (benchmarks.train.input_headroom's)."""
-    import time
 
     from melshards.shards_schema import read_schema
     from melshards.train import input_pipeline
@@ -90,23 +71,14 @@ def parse_only_rate(shards: Path, config: str, factory: str | None, batches: int
     names = model_inputs(factory or BUILTIN_FACTORY)
     files = input_pipeline.expand_globs([str(shards / "train-*.tfrecord")])
     ds = input_pipeline.train_dataset(files, schema, cfg.data, names, 1, same_clip=same_clip(schema, names))
-    it = iter(ds)
-    for _ in range(5):  # warm-up: thread pools, autotune
-        next(it)
-    t = time.perf_counter()
-    for _ in range(batches):
-        next(it)
-    return batches * cfg.data.batch_size / (time.perf_counter() - t)
+    return records_per_second(ds, batches, cfg.data.batch_size)
 
 
 def main(argv=None) -> dict:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=120)
-    ap.add_argument("--rounds", type=int, default=2)
+    add_train_args(ap, "reference-headroom")
     ap.add_argument("--frames", type=int, default=256, help="reference.frames of both runs")
-    ap.add_argument("--config", default=str(REPO / "configs" / "train_tiny.yaml"))
     ap.add_argument("--parse-batches", type=int, default=200, help="batches of each parse-only measurement")
-    ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "melshards-bench" / "reference-headroom"))
     args = ap.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -117,19 +89,13 @@ def main(argv=None) -> dict:
         "none": with_model(args.config, None, work / "mel-train.yaml"),
     }
     configs["same_clip"] = configs["other_clip"]
-    runs: dict[str, list[dict]] = {k: [] for k in KINDS}
-    for r in range(args.rounds):
-        for kind in KINDS:
-            base = kind.removesuffix("_synthetic")
-            s = train_run(shards[base], work / f"model-{kind}", configs[base], args.steps, kind.endswith("synthetic"))
-            runs[kind].append(s)
-            st = s["steady_state"]
-            print(
-                f"round {r + 1} {kind:<20} {st['examples_per_second']:8.1f} examples/s  input wait "
-                f"{100 * st['input_wait_fraction']:.1f}%  traces {s['train_step_traces']}",
-                flush=True,
-            )
-    ex = {k: [s["steady_state"]["examples_per_second"] for s in v] for k, v in runs.items()}
+
+    def run(kind: str) -> dict:
+        base = kind.removesuffix("_synthetic")
+        return train_run(shards[base], work / f"model-{kind}", configs[base], args.steps, kind.endswith("synthetic"))
+
+    runs = train_rounds(run, KINDS, args.rounds)
+    ex = examples_per_second(runs)
     ratios = {b: [a / s for a, s in zip(ex[b], ex[f"{b}_synthetic"])] for b in SOURCES}
     factories = {b: FACTORY if b != "none" else None for b in SOURCES}
     parse: dict[str, list[float]] = {b: [] for b in SOURCES}

@@ -267,29 +267,21 @@ def quality_rejection(clip: dict, gate: QualityGate) -> tuple[str, str] | None:
     `DUPLICATE_OF`, given only to a copy that passes the rest). A rule whose bound is None is off; a NaN
     measure breaks no rule."""
     q, r = clip.get("quality", {}), gate.rules
-    nan = math.nan
-    clipped = q.get("clipped_fraction", nan)
-    if _above(clipped, r.max_clipped_fraction):
-        return "clipped", f"clipped_fraction={clipped:.5f} > {r.max_clipped_fraction}"
-    bandwidth = q.get("bandwidth_hz", nan)
-    if r.min_bandwidth_share is not None and _below(bandwidth, r.min_bandwidth_share * gate.sample_rate / 2):
-        floor = r.min_bandwidth_share * gate.sample_rate / 2
-        return "narrowband", f"bandwidth_hz={bandwidth:.0f} < {floor:.0f} ({r.min_bandwidth_share} of Nyquist)"
-    snr = q.get("snr_db", nan)
-    if _below(snr, r.min_snr_db):
-        return "noisy", f"snr_db={snr:.1f} < {r.min_snr_db}"
-    pause = q.get("longest_pause_s", nan)
-    if _above(pause, r.max_pause_s):
-        return "long_pause", f"longest_pause_s={pause:.2f} > {r.max_pause_s}"
-    cer = q.get("cer", nan)
-    if _above(cer, r.max_cer):
-        return "transcript_mismatch", f"cer={cer:.3f} > {r.max_cer}"
-    repeat = q.get("asr_repeat", nan)
-    if _above(repeat, r.max_asr_repeat):
-        return "asr_repeat", f"asr_repeat={repeat:.0f} > {r.max_asr_repeat}"
-    foreign = q.get("foreign_script_fraction", nan)
-    if _above(foreign, r.max_foreign_script_fraction):
-        return "foreign_script", f"foreign_script_fraction={foreign:.3f} > {r.max_foreign_script_fraction}"
+    share = r.min_bandwidth_share
+    floor = None if share is None else share * gate.sample_rate / 2
+    bounded = (  # reason, measure, the comparison that breaks the rule, bound, value's and bound's format, note
+        ("clipped", "clipped_fraction", ">", r.max_clipped_fraction, ".5f", "", ""),
+        ("narrowband", "bandwidth_hz", "<", floor, ".0f", ".0f", f" ({share} of Nyquist)"),
+        ("noisy", "snr_db", "<", r.min_snr_db, ".1f", "", ""),
+        ("long_pause", "longest_pause_s", ">", r.max_pause_s, ".2f", "", ""),
+        ("transcript_mismatch", "cer", ">", r.max_cer, ".3f", "", ""),
+        ("asr_repeat", "asr_repeat", ">", r.max_asr_repeat, ".0f", "", ""),
+        ("foreign_script", "foreign_script_fraction", ">", r.max_foreign_script_fraction, ".3f", "", ""),
+    )
+    for reason, measure, breaks, bound, value_format, bound_format, note in bounded:
+        value = q.get(measure, math.nan)
+        if (_above if breaks == ">" else _below)(value, bound):
+            return reason, f"{measure}={value:{value_format}} {breaks} {bound:{bound_format}}{note}"
     rate = rate_rejection(clip, gate)
     if rate is not None:
         return "speaking_rate_outlier", rate

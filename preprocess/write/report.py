@@ -61,6 +61,11 @@ HOURS = 3_600_000  # milliseconds
 CACHE_COUNTS = ("hits", "computed", "damaged", "damaged_files")  # stats.json `cache`: clips and files
 
 
+def written_clips_and_hours(written: dict, kind: str, name: str) -> tuple[int, float]:
+    """The clips and hours (to 4 places) written into the shards for one speaker or language (`kind`)."""
+    return written.get((kind, name, "clips"), 0), round(written.get((kind, name, "ms"), 0) / HOURS, 4)
+
+
 def schema_speakers(corpus_tables: dict, written: dict, features: dict | None = None) -> list[Speaker]:
     """The speakers with ids, in id order; clips and hours as written into the shards; `features`
     (`feature_stats.finish`'s dict) gives each its pitch and energy statistics."""
@@ -69,8 +74,7 @@ def schema_speakers(corpus_tables: dict, written: dict, features: dict | None = 
         Speaker(
             s["id"],
             name,
-            written.get(("speaker", name, "clips"), 0),
-            round(written.get(("speaker", name, "ms"), 0) / HOURS, 4),
+            *written_clips_and_hours(written, "speaker", name),
             s["gender"],
             own.get(name, {}),
             (features or {}).get("centroids", {}).get(name, {}),
@@ -85,8 +89,7 @@ def schema_languages(corpus_tables: dict, written: dict, features: dict | None =
         Language(
             x["id"],
             code,
-            written.get(("language", code, "clips"), 0),
-            round(written.get(("language", code, "ms"), 0) / HOURS, 4),
+            *written_clips_and_hours(written, "language", code),
             frontend_record(x["text_frontend"]),
             own.get(code, {}),
         )
