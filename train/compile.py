@@ -1,68 +1,40 @@
-"""Every bucket's step compiled before the first call, and compiled programs kept across runs.
+"""Each bucket's steps compiled behind training: the first step runs as soon as its own bucket's program is ready.
 
-`compile_steps` traces each bucket's train and eval step, then runs each once on a batch of padding
-records so XLA compiles it now rather than when the schedule first reaches the bucket; the train
-step's warm-up call changes the weights, the optimizer and the step counter, so their values are
-copied to host memory before and put back after. The traces run first and in a fixed order, before any checkpoint
-is restored or input built, from a uid counter moved to a round number (`align_function_names`): a
-fresh run and a resumed one then trace the same functions under the same names, and the persistent
-cache (train/xla_cache.py), whose keys hold those names, finds them.
+`Warmup` is one background thread that traces and compiles a run's programs one after another, in a
+fixed order (`warmup_order`): the train step of each bucket in the order the schedule first calls it,
+counted from the run's first call (a resumed run: from its checkpoint's), then the eval steps. The loop
+asks `Warmup.wait` before a program's first call; a program that is late makes that call wait for it,
+the schedule never changes, so a resumed run trains on exactly the batches an uninterrupted one would.
 
-Serial, not threaded: two threads calling two XLA-compiled functions compile one after the other in
-TF 2.21 on CPU, so threads would gain nothing (docs/performance.md#compile).
+Each program compiles by one call on a batch of padding records with a scratch copy of the variables
+the step captures (zeros of the same shapes and dtypes, on the same devices), through the traced
+function's flat call (`ConcreteFunction._call_flat`, the private entry that takes the captured inputs
+as arguments). XLA keys a compiled program by the function and the shapes and dtypes of its arguments,
+not by which variables they are, so the training call that follows finds it compiled; the warm-up
+never writes the weights, optimizer slots or step counter the loop is training, so it can run while
+the loop trains. The scratch copy (one, shared by every program) lives until the last program is
+ready. Where a TensorFlow lacks the flat call, `flat_call_available` is False and each step compiles
+at its first call instead (logged); tests/train/test_compile.py fails on such a TensorFlow.
 
-The persistent cache that keeps compiled steps across runs is train/xla_cache.py.
+The persistent cache that keeps compiled steps across runs is train/xla_cache.py; a program it holds
+is loaded, not compiled (`Program.from_cache`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
+import threading
 import time
+from collections.abc import Callable, Sequence
 
-import numpy as np
-
+from melshards.train.programs import StepProgram, from_trace, program_path, restore
 from melshards.train.tf_quiet import reading_xla_cache, tf
 
 log = logging.getLogger("melshards.train")
 
-
-def align_function_names(multiple: int = 100_000) -> bool:
-    """Move TensorFlow's uid counter, which numbers every traced function (`__inference_train_step_<uid>`),
-    up to the next multiple of `multiple`.
-
-    Whatever ran before (a checkpoint check reads its tensors eagerly: 4 uids per iterator state)
-    shifts the numbers, and with them the persistent cache's keys; from a round number a resumed run
-    traces under the names its first run used. TensorFlow has no public way to read or set the
-    counter: this uses the private `tensorflow.python.framework.ops.uid`. Where a TensorFlow no longer
-    has it, or it no longer counts up, it logs a warning and returns False, the names left as
-    they are (the persistent cache then misses; nothing else changes); tests/train/test_compile.py
-    fails on such a TensorFlow. True when the counter was moved. At most `multiple` calls of the counter.
-    """
-    try:
-        from tensorflow.python.framework.ops import uid
-
-        first = uid()
-        if not isinstance(first, int) or uid() <= first:
-            raise TypeError(f"ops.uid() gave {first!r}, then not a larger number")
-    except (ImportError, TypeError) as e:
-        log.warning(
-            "TensorFlow %s: cannot align the traced functions' names (%s); the persistent XLA cache "
-            "will miss on resumed runs (train/compile.py align_function_names)",
-            tf.__version__,
-            e,
-        )
-        return False
-    target = (first // multiple + 1) * multiple
-    while uid() < target - 1:
-        pass
-    return True
-
-
-def _host_copy(variable: tf.Variable) -> np.ndarray:
-    """The variable's value in host memory, owned by numpy (never a view of a TensorFlow buffer): the
-    device holds no second copy of the weights and optimizer slots while the warm-up steps run."""
-    value = variable.numpy()
-    return value if value.flags.owndata else value.copy()
+TRAIN, EVAL = "train", "eval"
 
 
 def zeros(specs: dict) -> dict:
@@ -70,42 +42,235 @@ def zeros(specs: dict) -> dict:
     return {k: tf.zeros(s.shape, s.dtype) for k, s in specs.items()}
 
 
-def compile_steps(
-    train_steps: dict,
-    train_specs: dict,
-    eval_steps: dict,
-    eval_specs: dict,
-    state: list[tf.Variable],
-    stopped=lambda: False,
-) -> dict[int, dict]:
-    """Trace every step (bucket order), then compile each by one call on padding records of the specs it
-    is called with (the train step's with their leading K), the `state` variables put back after.
-    The `state` is kept in host memory meanwhile (`_host_copy`): a device copy would double the
-    weights' and optimizer slots' device memory during the warm-up steps.
-    Returns {bucket: {"trace_s", "compile_s"}} (train and eval together). `stopped()` true (a first
-    Ctrl-C) ends it before the next compile; a step left out compiles at its first call, if any."""
-    report: dict[int, dict] = {}
-    buckets = sorted(set(train_steps) | set(eval_steps))
-    align_function_names()
-    for steps in (train_steps, eval_steps):
-        for i in buckets:
-            if i in steps:
-                t0 = time.perf_counter()
-                steps[i].get_concrete_function()  # bound to its input_signature
-                entry = report.setdefault(i, {"trace_s": 0.0, "compile_s": 0.0})
-                entry["trace_s"] += time.perf_counter() - t0
-    saved = [_host_copy(v) for v in state]
-    try:
-        with reading_xla_cache():  # each compile may load its program from the persistent cache
-            for kind, steps, specs in (("train", train_steps, train_specs), ("eval", eval_steps, eval_specs)):
-                for i in buckets:
-                    if i in steps and not stopped():
-                        t0 = time.perf_counter()
-                        tf.nest.map_structure(lambda t: t.numpy(), steps[i](zeros(specs[i])))  # waits for it
-                        seconds = time.perf_counter() - t0
-                        report[i]["compile_s"] += seconds
-                        log.info("compiled the %s step of bucket %d: %.1f s", kind, i, seconds)
-    finally:
-        for v, value in zip(state, saved):
-            v.assign(value)
-    return report
+def warmup_order(schedule: Callable[[int], int], first_call: int, buckets: Sequence[int]) -> list[int]:
+    """`buckets` in the order the schedule first calls them from call `first_call` on (a bucket it never
+    reaches within a few epochs' worth of calls comes last, in index order)."""
+    order: list[int] = []
+    left = set(buckets)
+    call, limit = first_call, first_call + 100_000
+    while left and call < limit:
+        b = schedule(call)
+        if b in left:
+            order.append(b)
+            left.discard(b)
+        call += 1
+    return order + sorted(left)
+
+
+def flat_call_available() -> bool:
+    """Whether this TensorFlow's traced functions take their captured inputs as arguments
+    (`ConcreteFunction._call_flat(tensor_inputs, captured_inputs)`), which the warm-up compiles through."""
+    from tensorflow.python.eager.polymorphic_function.concrete_function import ConcreteFunction
+
+    call = getattr(ConcreteFunction, "_call_flat", None)
+    if call is None:
+        return False
+    import inspect
+
+    return list(inspect.signature(call).parameters)[1:3] == ["tensor_inputs", "captured_inputs"]
+
+
+class Scratch:
+    """Zeros standing for the state variables (`state[i]`, or any variable `copy_of`), of the same shapes
+    and dtypes on the same devices, each made at its first use."""
+
+    def __init__(self, state: Sequence):
+        self.state = list(state)
+        self._copies: dict[int, tf.Variable] = {}
+
+    def copy_of(self, variable) -> tf.Variable:
+        if id(variable) not in self._copies:
+            with tf.device(variable.handle.device):
+                zeros = tf.zeros(variable.shape, tf.as_dtype(variable.dtype))
+                self._copies[id(variable)] = tf.Variable(zeros, trainable=False)
+        return self._copies[id(variable)]
+
+    def __getitem__(self, i: int) -> tf.Variable:
+        return self.copy_of(self.state[i])
+
+    def __len__(self) -> int:
+        return len(self.state)
+
+
+@dataclasses.dataclass
+class Program:
+    """One step to compile: its kind (train or eval), bucket, traced function and the specs it is called
+    with; what the warm-up measured (trace and compile seconds, when it was ready since the run began,
+    whether the persistent cache held it) and its error, if it failed."""
+
+    kind: str
+    bucket: int
+    step: object
+    specs: dict
+    key: str | None = None  # its StepProgram's key (train/programs.py); None: called as traced
+    program: StepProgram | None = None  # what the loop calls, once ready (None: the traced function)
+    restored: bool = False  # the program came from a saved StepProgram: not traced
+    trace_s: float = 0.0
+    compile_s: float = 0.0
+    ready_s: float | None = None
+    from_cache: bool | None = None
+    error: BaseException | None = None
+    waited_s: float | None = None  # how long the loop waited for it at its first call
+    ready: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
+
+    def facts(self) -> dict:
+        return {
+            "kind": self.kind,
+            "bucket": self.bucket,
+            "restored": self.restored,
+            "trace_s": round(self.trace_s, 3),
+            "compile_s": round(self.compile_s, 3),
+            "ready_s": None if self.ready_s is None else round(self.ready_s, 3),
+            "from_cache": self.from_cache,
+            "waited_s": None if self.waited_s is None else round(self.waited_s, 3),
+        }
+
+
+class Warmup:
+    """Traces and compiles `programs` in their order on one background thread (module doc).
+
+    began: time.perf_counter() at the start of the run (`ready_s` counts from it); cache_dir: the
+    persistent XLA cache (None: off), whose new entries tell a compiled program from a loaded one;
+    stopped(): true ends the warm-up before its next program (a program left out compiles at its first
+    call). `wait` returns at once for a program the warm-up does not hold."""
+
+    def __init__(
+        self,
+        programs: Sequence[Program],
+        began: float,
+        cache_dir: str | None = None,
+        stopped: Callable[[], bool] = lambda: False,
+        state: Sequence = (),
+    ):
+        self.programs = {(p.kind, p.bucket): p for p in programs}
+        self.began, self.cache_dir, self.stopped, self.state = began, cache_dir, stopped, list(state)
+        self._closing = False
+        self._scratch = Scratch(self.state)
+        self._thread = threading.Thread(target=self._run, name="melshards-warmup", daemon=True)
+
+    def start(self) -> Warmup:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            with reading_xla_cache():  # each compile may load its program from the persistent cache
+                for p in self.programs.values():
+                    if self._closing or self.stopped():
+                        break
+                    try:
+                        self._compile(p)
+                    except BaseException as e:  # noqa: BLE001 (handed to the thread that waits for it)
+                        p.error = e
+                    finally:
+                        p.ready.set()
+        finally:
+            self._scratch = Scratch(())  # the scratch copy's memory back once the last program is ready
+            for p in self.programs.values():  # left out: compiles at its first call
+                p.ready.set()
+
+    def _compile(self, p: Program) -> None:
+        t0 = time.perf_counter()
+        path = program_path(self.cache_dir, p.key) if self.cache_dir and p.key else None
+        program = restore(path, self.state) if path else None
+        p.restored = program is not None
+        if program is None:
+            concrete = p.step.get_concrete_function()  # type: ignore[attr-defined]  # bound to its input_signature
+            program = from_trace(concrete, p.kind, p.bucket, p.key, self.state) if p.key else None
+            if program is not None and path:
+                try:
+                    program.save(path)
+                except OSError as e:  # the next run traces it again
+                    log.warning("could not save the %s step of bucket %d in %s: %s", p.kind, p.bucket, path, e)
+        t1 = time.perf_counter()
+        p.trace_s = t1 - t0
+        before = self._cached()
+        batch = zeros(p.specs)
+        if program is not None:
+            out = program(batch, program.bind(self._scratch))
+        else:  # called as traced: its captured variables swapped for the scratch copy
+            captures = [self._scratch_for(c, concrete) for c in concrete.captured_inputs]
+            out = concrete._call_flat(tf.nest.flatten(batch, expand_composites=True), captures)
+        tf.nest.map_structure(lambda t: t.numpy(), out)  # waits for it
+        p.compile_s = time.perf_counter() - t1
+        p.from_cache = None if before is None else self._cached() == before
+        p.program = program
+        p.ready_s = time.perf_counter() - self.began
+        log.info(
+            "%s the %s step of bucket %d behind training: %s %.1f s, %s %.1f s (ready %.1f s after the start)",
+            "restored" if p.restored else "compiled",
+            p.kind,
+            p.bucket,
+            "restore" if p.restored else "trace",
+            p.trace_s,
+            "loaded from the persistent cache" if p.from_cache else "XLA compile",
+            p.compile_s,
+            p.ready_s,
+        )
+
+    def _scratch_for(self, capture, concrete):
+        """The scratch variable standing for a captured variable, or the capture itself when it is no
+        variable (a constant)."""
+        if capture.dtype != tf.resource:
+            return capture
+        owner = next((v for v in concrete.variables if v.handle is capture), None)
+        if owner is None:
+            raise RuntimeError(f"{concrete.name}: a captured resource that is no variable; cannot warm it up")
+        return self._scratch.copy_of(owner).handle
+
+    def _cached(self) -> frozenset[str] | None:
+        if self.cache_dir is None:
+            return None
+        try:
+            return frozenset(n for n in os.listdir(self.cache_dir) if n.startswith("xla_compile_cache__"))
+        except OSError:
+            return None
+
+    def wait(self, kind: str, bucket: int) -> float:
+        """Block until the program is ready (or the warm-up left it out); the seconds waited. A program
+        whose warm-up failed raises its error here. The first wait for each program is kept (`waited_s`)."""
+        p = self.programs.get((kind, bucket))
+        if p is None:
+            return 0.0
+        t0 = time.perf_counter()
+        if not p.ready.is_set():
+            log.info("waiting for the %s step of bucket %d: compiling behind training", kind, bucket)
+            while not p.ready.wait(0.1):  # short waits: the main thread keeps taking signals
+                pass
+        waited = time.perf_counter() - t0
+        if p.waited_s is None:
+            p.waited_s = waited
+        if p.error is not None:
+            raise p.error
+        return waited
+
+    def wait_unless_stopped(self, kind: str, bucket: int) -> bool:
+        """`wait`, or False as soon as `stopped()` turns true while the program is not ready."""
+        p = self.programs.get((kind, bucket))
+        if p is not None and not p.ready.is_set():
+            t0 = time.perf_counter()
+            log.info("waiting for the %s step of bucket %d: compiling behind training", kind, bucket)
+            while not p.ready.wait(0.1):
+                if self.stopped():
+                    return False
+            if p.waited_s is None:
+                p.waited_s = time.perf_counter() - t0
+        self.wait(kind, bucket)
+        return True
+
+    def close(self) -> None:
+        """Stop before the next program and wait for the one compiling now."""
+        self._closing = True
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def facts(self) -> dict:
+        """The run summary's figures: every program in warm-up order (with the loop's first wait for it),
+        how many the persistent cache held and how many were compiled."""
+        programs = [p.facts() for p in self.programs.values()]
+        return {
+            "programs": programs,
+            "programs_from_cache": sum(1 for p in programs if p["from_cache"]),
+            "programs_compiled": sum(1 for p in programs if p["ready_s"] is not None and not p["from_cache"]),
+            "programs_restored": sum(1 for p in programs if p["restored"]),
+        }

@@ -63,9 +63,12 @@ def train(inputs: Inputs, model_dir: str, synthetic: bool = False, topo: distrib
         trainer = Trainer(inputs, model_dir, synthetic, topo, stopped=lambda: stop.signal_name is not None)
         if topo.chief:  # the model is built and its steps compiled: the run starts, and its dir is marked
             record_settings(model_dir, inputs)
-        state = start(trainer, began)
-        scalars = Scalars(trainer.write_dir)
-        run_calls(trainer, state, stop, scalars)
+        try:
+            state = start(trainer, began)
+            scalars = Scalars(trainer.write_dir)
+            run_calls(trainer, state, stop, scalars)
+        finally:  # no compile left running when the run ends, however it ends
+            trainer.close_warmup()
         finish(trainer, state, scalars)
     return write_summary(trainer, state, model_dir)
 
@@ -84,10 +87,12 @@ def check_before_writing(inputs: Inputs, model_dir: str, topo: distribute.Topolo
 
 
 def start(trainer: Trainer, began: float) -> RunState:
-    """Restore the newest checkpoint (if any) and log the set-up: the state the first call starts from."""
+    """Restore the newest checkpoint (if any), start compiling the steps behind training from the call it
+    resumes at, and log the set-up: the state the first call starts from."""
     if not trainer.topo.chief:
         check_writable(trainer.write_dir)
     start_step, changes = trainer.restore()
+    trainer.start_warmup(began)
     lp, topo = trainer.inputs.cfg.loop, trainer.topo
     log.info(
         "model %d parameters, batch %d (%d per replica, %d replicas on %d workers, strategy %s), "
@@ -110,7 +115,7 @@ def start(trainer: Trainer, began: float) -> RunState:
         steps_per_call=trainer.k_steps,
         data_changes=changes,
         loss_names=trainer.loss_names,
-        compiled=trainer.compiled,
+        compiled=trainer.warmup is not None,
         began=began,
     )
 
@@ -126,9 +131,16 @@ def run_calls(trainer: Trainer, state: RunState, stop: StopFlag, scalars: Scalar
     progress = Progress(lp.steps, lp.log_every)
     try:
         while state.running and not stop.signal_name:
+            if not trainer.program_ready():  # a signal came while the call's program was compiling
+                break
             state.record(*trainer.call(), last_checkpoint=ckpt.latest)
             if state.time_to_first_step is None:
                 state.time_to_first_step = time.perf_counter() - state.began
+                log.info(
+                    "first call done %.1f s after the start (it waited %.1f s for its program)",
+                    state.time_to_first_step,
+                    trainer.first_step_wait or 0.0,
+                )
             if preemption is not None:
                 preemption.check(state.step)
             if state.due(lp.log_every):

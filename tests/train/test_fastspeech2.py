@@ -68,15 +68,15 @@ def test_fastspeech2_trains_on_durations_pitch_and_energy_with_one_trace_per_buc
     assert [b["eval_step_traces"] for b in summary["buckets"]] == read
 
 
-def test_the_batch_holds_the_features_the_model_asks_for_and_no_python_ops(features_dir, tmp_path, monkeypatch):
-    """The Trainer's datasets, built without compiling its steps (what is checked here is the input;
-    tests/train/test_plugins.py checks a plug-in's datasets with every step compiled)."""
+def test_the_batch_holds_the_features_the_model_asks_for_and_no_python_ops(features_dir, tmp_path):
+    """The Trainer's datasets, built without compiling its steps (a Trainer compiles them once the run
+    starts; what is checked here is the input; tests/train/test_plugins.py checks a plug-in's datasets
+    with every step compiled)."""
     from melshards.train.config import config_from_dict
     from melshards.train.input_pipeline import python_ops_in
     from melshards.train.inputs import resolve_inputs
     from melshards.train.trainer import Trainer
 
-    monkeypatch.setattr(Trainer, "_compile_steps", lambda self, stopped: {})
     cfg = config_from_dict({"model": dict(MODEL, factory=EXAMPLE), "data": {"batch_size": 2}})
     inputs = resolve_inputs([str(features_dir / "train-*.tfrecord")], [], None, cfg)
     built = Trainer(inputs, str(tmp_path / "m"), synthetic=False)
