@@ -6,15 +6,18 @@ counted from the run's first call (a resumed run: from its checkpoint's), then t
 asks `Warmup.wait` before a program's first call; a program that is late makes that call wait for it,
 the schedule never changes, so a resumed run trains on exactly the batches an uninterrupted one would.
 
-Each program compiles by one call on a batch of padding records with a scratch copy of the variables
-the step captures (zeros of the same shapes and dtypes, on the same devices), through the traced
-function's flat call (`ConcreteFunction._call_flat`, the private entry that takes the captured inputs
-as arguments). XLA keys a compiled program by the function and the shapes and dtypes of its arguments,
-not by which variables they are, so the training call that follows finds it compiled; the warm-up
-never writes the weights, optimizer slots or step counter the loop is training, so it can run while
-the loop trains. The scratch copy (one, shared by every program) lives until the last program is
-ready. Where a TensorFlow lacks the flat call, `flat_call_available` is False and each step compiles
-at its first call instead (logged); tests/train/test_compile.py fails on such a TensorFlow.
+Each program is a StepProgram (train/programs.py: the traced step under names derived from its key,
+or, with the persistent cache on, the one a previous run saved, restored without tracing) and compiles
+by one call on a batch of padding records with a scratch copy of the variables it captures (zeros of
+the same shapes and dtypes, on the same devices). XLA keys a compiled program by the function and the
+shapes and dtypes of its arguments, not by which variables they are, so the training call that follows
+finds it compiled; the warm-up never writes the weights, optimizer slots or step counter the loop is
+training, so it can run while the loop trains. The scratch copy (one, shared by every program) lives
+until the last program is ready. A step that cannot be a StepProgram (it captures a resource that is
+no state variable) compiles through the traced function's flat call (`ConcreteFunction._call_flat`,
+the private entry that takes the captured inputs as arguments); where a TensorFlow lacks it
+(`flat_call_available`), such a step compiles at its first call instead (logged), and
+tests/train/test_compile.py fails.
 
 The persistent cache that keeps compiled steps across runs is train/xla_cache.py; a program it holds
 is loaded, not compiled (`Program.from_cache`).
@@ -111,6 +114,7 @@ class Program:
     from_cache: bool | None = None
     error: BaseException | None = None
     waited_s: float | None = None  # how long the loop waited for it at its first call
+    called_s: float | None = None  # when the loop first called it, in seconds since the run began
     ready: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
 
     def facts(self) -> dict:
@@ -123,6 +127,7 @@ class Program:
             "ready_s": None if self.ready_s is None else round(self.ready_s, 3),
             "from_cache": self.from_cache,
             "waited_s": None if self.waited_s is None else round(self.waited_s, 3),
+            "called_s": None if self.called_s is None else round(self.called_s, 3),
         }
 
 
@@ -184,6 +189,14 @@ class Warmup:
                     log.warning("could not save the %s step of bucket %d in %s: %s", p.kind, p.bucket, path, e)
         t1 = time.perf_counter()
         p.trace_s = t1 - t0
+        if program is None and not flat_call_available():
+            log.warning(
+                "TensorFlow %s: no ConcreteFunction._call_flat; the %s step of bucket %d compiles at its first call",
+                tf.__version__,
+                p.kind,
+                p.bucket,
+            )
+            return
         before = self._cached()
         batch = zeros(p.specs)
         if program is not None:
@@ -240,6 +253,8 @@ class Warmup:
         waited = time.perf_counter() - t0
         if p.waited_s is None:
             p.waited_s = waited
+        if p.called_s is None:
+            p.called_s = time.perf_counter() - self.began
         if p.error is not None:
             raise p.error
         return waited

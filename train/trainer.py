@@ -25,7 +25,7 @@ from melshards.shards_schema.shards import first_bad_shard
 from melshards.train import balance, device, distribute, input_pipeline
 from melshards.train.buckets import Schedule, TrainerBucket, trainer_buckets
 from melshards.train.checkpoints import Checkpointer, data_settings
-from melshards.train.compile import EVAL, TRAIN, Program, Warmup, flat_call_available, warmup_order
+from melshards.train.compile import EVAL, TRAIN, Program, Warmup, warmup_order
 from melshards.train.config import LoopConfig
 from melshards.train.errors import TrainError
 from melshards.train.inputs import Inputs
@@ -177,13 +177,6 @@ class Trainer:
         from this run's first call; `began`: the run's start (perf_counter). Under a strategy each step
         compiles at its first call (its step takes distributed batches)."""
         if self.topo.distributed:
-            return
-        if not flat_call_available():
-            log.warning(
-                "TensorFlow %s: its traced functions take no captured inputs as arguments; each step compiles "
-                "at its first call instead of behind training (train/compile.py)",
-                tf.__version__,
-            )
             return
         specs = {
             TRAIN: {
