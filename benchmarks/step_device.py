@@ -172,7 +172,11 @@ def train_variant(variant: str, shards: Path, work: Path, quick: bool, steps: in
         "examples_per_s": st["examples_per_second"],
         "mel_frames_per_s": st["mel_frames_per_second"],
         "input_wait": st["input_wait_fraction"],
-        "compile_s_by_bucket": {b: round(t["trace_s"] + t["compile_s"], 1) for b, t in s["compile_by_bucket"].items()},
+        "compile_s_by_bucket": {
+            str(p["bucket"]): round(p["trace_s"] + p["compile_s"], 1)
+            for p in s.get("programs", [])
+            if p["kind"] == "train"
+        },
         "time_to_first_step_s": s["time_to_first_step"],
         "traces": s["train_step_traces"],
         "buckets": len(s["buckets"]),

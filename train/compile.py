@@ -2,7 +2,9 @@
 
 `Warmup` is one background thread that traces and compiles a run's programs one after another, in a
 fixed order (`warmup_order`): the train step of each bucket in the order the schedule first calls it,
-counted from the run's first call (a resumed run: from its checkpoint's), then the eval steps. The loop
+counted from the run's first call (a resumed run: from its checkpoint's), then the eval steps. It starts
+before the model is built: a program an earlier run saved is restored and compiled meanwhile, one to
+trace waits for the traced functions and the state (`Warmup.provide`). The loop
 asks `Warmup.wait` before a program's first call; a program that is late makes that call wait for it,
 the schedule never changes, so a resumed run trains on exactly the batches an uninterrupted one would.
 
@@ -73,28 +75,6 @@ def flat_call_available() -> bool:
     return list(inspect.signature(call).parameters)[1:3] == ["tensor_inputs", "captured_inputs"]
 
 
-class Scratch:
-    """Zeros standing for the state variables (`state[i]`, or any variable `copy_of`), of the same shapes
-    and dtypes on the same devices, each made at its first use."""
-
-    def __init__(self, state: Sequence):
-        self.state = list(state)
-        self._copies: dict[int, tf.Variable] = {}
-
-    def copy_of(self, variable) -> tf.Variable:
-        if id(variable) not in self._copies:
-            with tf.device(variable.handle.device):
-                zeros = tf.zeros(variable.shape, tf.as_dtype(variable.dtype))
-                self._copies[id(variable)] = tf.Variable(zeros, trainable=False)
-        return self._copies[id(variable)]
-
-    def __getitem__(self, i: int) -> tf.Variable:
-        return self.copy_of(self.state[i])
-
-    def __len__(self) -> int:
-        return len(self.state)
-
-
 @dataclasses.dataclass
 class Program:
     """One step to compile: its kind (train or eval), bucket, traced function and the specs it is called
@@ -103,7 +83,7 @@ class Program:
 
     kind: str
     bucket: int
-    step: object
+    step: object  # the traced function (tf.function); None until `Warmup.provide`
     specs: dict
     key: str | None = None  # its StepProgram's key (train/programs.py); None: called as traced
     program: StepProgram | None = None  # what the loop calls, once ready (None: the traced function)
@@ -145,17 +125,38 @@ class Warmup:
         began: float,
         cache_dir: str | None = None,
         stopped: Callable[[], bool] = lambda: False,
-        state: Sequence = (),
+        state: Sequence | None = None,
     ):
         self.programs = {(p.kind, p.bucket): p for p in programs}
-        self.began, self.cache_dir, self.stopped, self.state = began, cache_dir, stopped, list(state)
+        self.began, self.cache_dir, self.stopped = began, cache_dir, stopped
+        self.state: list = []
+        self._provided = threading.Event()  # the traced functions and the state are there (`provide`)
         self._closing = False
-        self._scratch = Scratch(self.state)
+        self._scratch: dict = {}  # the scratch copy: {state index or id(variable): variable}
+        if state is not None:
+            self.provide({}, state)
         self._thread = threading.Thread(target=self._run, name="melshards-warmup", daemon=True)
 
     def start(self) -> Warmup:
         self._thread.start()
         return self
+
+    def provide(self, steps: dict, state: Sequence) -> None:
+        """The traced functions ({(kind, bucket): tf.function}, for the programs made without one) and the
+        state variables, once the model is built: a program restored before them waits for them to be
+        checked against, one that is not restored to be traced."""
+        for key, step in steps.items():
+            if key in self.programs and self.programs[key].step is None:
+                self.programs[key].step = step
+        self.state = list(state)
+        self._provided.set()
+
+    def _await_model(self) -> bool:
+        """Wait for `provide`; False when the warm-up is closed or stopped meanwhile."""
+        while not self._provided.wait(0.1):
+            if self._closing or self.stopped():
+                return False
+        return True
 
     def _run(self) -> None:
         try:
@@ -170,16 +171,19 @@ class Warmup:
                     finally:
                         p.ready.set()
         finally:
-            self._scratch = Scratch(())  # the scratch copy's memory back once the last program is ready
+            self._scratch = {}  # the scratch copy's memory back once the last program is ready
             for p in self.programs.values():  # left out: compiles at its first call
                 p.ready.set()
 
     def _compile(self, p: Program) -> None:
         t0 = time.perf_counter()
         path = program_path(self.cache_dir, p.key) if self.cache_dir and p.key else None
-        program = restore(path, self.state) if path else None
+        program = restore(path) if path else None
         p.restored = program is not None
+        concrete = None
         if program is None:
+            if not self._await_model():
+                return
             concrete = p.step.get_concrete_function()  # type: ignore[attr-defined]  # bound to its input_signature
             program = from_trace(concrete, p.kind, p.bucket, p.key, self.state) if p.key else None
             if program is not None and path:
@@ -200,13 +204,28 @@ class Warmup:
         before = self._cached()
         batch = zeros(p.specs)
         if program is not None:
-            out = program(batch, program.bind(self._scratch))
+            out = program(batch, program.scratch(self._scratch))
         else:  # called as traced: its captured variables swapped for the scratch copy
+            assert concrete is not None  # traced above: no program without a trace but a restored one
             captures = [self._scratch_for(c, concrete) for c in concrete.captured_inputs]
             out = concrete._call_flat(tf.nest.flatten(batch, expand_composites=True), captures)
         tf.nest.map_structure(lambda t: t.numpy(), out)  # waits for it
         p.compile_s = time.perf_counter() - t1
         p.from_cache = None if before is None else self._cached() == before
+        if p.restored:  # restored before the model was built: it must capture this model's state
+            if not self._await_model():
+                return
+            if not program.matches(self.state):  # type: ignore[union-attr]
+                log.warning(
+                    "the %s step of bucket %d saved in %s does not fit this model's variables; tracing it instead",
+                    p.kind,
+                    p.bucket,
+                    path,
+                )
+                p.restored, p.trace_s, p.compile_s = False, 0.0, 0.0
+                p.key = None  # traced and called as traced, not saved over the file
+                self._compile(p)
+                return
         p.program = program
         p.ready_s = time.perf_counter() - self.began
         log.info(
@@ -229,7 +248,9 @@ class Warmup:
         owner = next((v for v in concrete.variables if v.handle is capture), None)
         if owner is None:
             raise RuntimeError(f"{concrete.name}: a captured resource that is no variable; cannot warm it up")
-        return self._scratch.copy_of(owner).handle
+        if id(owner) not in self._scratch:
+            self._scratch[id(owner)] = tf.Variable(tf.zeros(owner.shape, owner.dtype), trainable=False)
+        return self._scratch[id(owner)].handle
 
     def _cached(self) -> frozenset[str] | None:
         if self.cache_dir is None:

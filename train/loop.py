@@ -60,10 +60,10 @@ def train(inputs: Inputs, model_dir: str, synthetic: bool = False, topo: distrib
     began = time.perf_counter()
     with StopFlag() as stop:  # from the start: a Ctrl-C during set-up stops before the first call
         check_before_writing(inputs, model_dir, topo)
-        trainer = Trainer(inputs, model_dir, synthetic, topo, stopped=lambda: stop.signal_name is not None)
-        if topo.chief:  # the model is built and its steps compiled: the run starts, and its dir is marked
-            record_settings(model_dir, inputs)
+        trainer = Trainer(inputs, model_dir, synthetic, topo, stopped=lambda: stop.signal_name is not None, began=began)
         try:
+            if topo.chief:  # the model is built (its steps compiling behind): the run starts, its dir is marked
+                record_settings(model_dir, inputs)
             state = start(trainer, began)
             scalars = Scalars(trainer.write_dir)
             run_calls(trainer, state, stop, scalars)
@@ -87,12 +87,10 @@ def check_before_writing(inputs: Inputs, model_dir: str, topo: distribute.Topolo
 
 
 def start(trainer: Trainer, began: float) -> RunState:
-    """Restore the newest checkpoint (if any), start compiling the steps behind training from the call it
-    resumes at, and log the set-up: the state the first call starts from."""
+    """Restore the newest checkpoint (if any) and log the set-up: the state the first call starts from."""
     if not trainer.topo.chief:
         check_writable(trainer.write_dir)
     start_step, changes = trainer.restore()
-    trainer.start_warmup(began)
     lp, topo = trainer.inputs.cfg.loop, trainer.topo
     log.info(
         "model %d parameters, batch %d (%d per replica, %d replicas on %d workers, strategy %s), "

@@ -11,15 +11,17 @@ called under these names compiles to the same key in every run that traced the s
 With the persistent cache on, each StepProgram is saved next to XLA's entries
 (`melshards_program__<key>.npz`: the definitions, the input and output names, which state variables
 it captures and the values of the constants it captures), and a later run with the same key restores
-it (`restore`) instead of tracing: no Python trace, no lowering, and XLA then finds its compiled
-program in the cache. A file that does not load, or that names variables the model does not have, is
-skipped with a warning and the step is traced.
+it (`restore`) instead of tracing: no Python trace, and XLA then finds its compiled program in the
+cache (it still lowers the graph to HLO to look it up). A file that does not load, or whose program does
+not fit the model's variables, is skipped with a warning and the step is traced.
 
 The key (`program_key`) covers: the TensorFlow, Keras and Python versions, the run's settings (the
-whole train config), schema.json, the program's kind, bucket and input specs, the shapes, dtypes and
-paths of the state variables, and the source of melshards and of every loaded module of the model
-factory's top-level package. Code a factory imports from another package is not in the key: change the
-factory's own package (or clear the cache, `MELSHARDS_XLA_CACHE`) when such code changes.
+train config less the loop's counts and intervals, schema.json, the layer choices, and the source of
+melshards and of the model factory's top-level package: every .py file under it), the program's kind,
+bucket and input specs. The state variables follow from those; a restored program is checked against
+them (`StepProgram.matches`: the indices, shapes and dtypes of the variables it captures) before the
+loop calls it. Code a factory imports from another package is not in the key: change the factory's own
+package (or clear the cache, `MELSHARDS_XLA_CACHE`) when such code changes.
 """
 
 from __future__ import annotations
@@ -45,17 +47,20 @@ FORMAT = 1  # the saved file's layout
 
 
 def source_digest(factory: str) -> str:
-    """A hash over the source files of melshards and of the loaded modules of the model factory's top-level
-    package (`factory`: "package.module:function")."""
+    """A hash over the source files of melshards and of the model factory's top-level package (every .py
+    file under it), or its module when that is not a package (`factory`: "package.module:function")."""
+    import importlib.util
+
     import melshards
 
     root = Path(melshards.__file__).resolve().parent
     files = set(root.rglob("*.py"))
-    top = factory.split(":")[0].split(".")[0]
-    for name, module in list(sys.modules.items()):
-        path = getattr(module, "__file__", None)
-        if path and (name == top or name.startswith(top + ".")) and path.endswith(".py"):
-            files.add(Path(path).resolve())
+    spec = importlib.util.find_spec(factory.split(":")[0].split(".")[0])
+    if spec is not None and spec.submodule_search_locations:
+        for where in spec.submodule_search_locations:
+            files.update(p.resolve() for p in Path(where).rglob("*.py"))
+    elif spec is not None and spec.origin and spec.origin.endswith(".py"):
+        files.add(Path(spec.origin).resolve())
     h = hashlib.sha256()
     for f in sorted(files):
         h.update(str(f.relative_to(root) if f.is_relative_to(root) else f.name).encode())
@@ -63,10 +68,10 @@ def source_digest(factory: str) -> str:
     return h.hexdigest()
 
 
-def program_key(kind: str, bucket: int, specs: dict, settings: dict, state: Sequence) -> str:
-    """The hash a StepProgram is named and saved by: `settings` (the versions, train config, schema and source
-    digest the run passes) with the program's kind, bucket, input specs and the state variables' paths,
-    shapes and dtypes."""
+def program_key(kind: str, bucket: int, specs: dict, settings: dict) -> str:
+    """The hash a StepProgram is named and saved by: `settings` (the train config, schema, layer choices and
+    source digest the run passes) with the versions and the program's kind, bucket and input specs. The
+    state variables follow from them; a restored program is checked against them (`StepProgram.matches`)."""
     import keras
 
     what = {
@@ -78,7 +83,6 @@ def program_key(kind: str, bucket: int, specs: dict, settings: dict, state: Sequ
         "kind": kind,
         "bucket": bucket,
         "specs": {k: [list(s.shape), s.dtype.name] for k, s in sorted(specs.items())},
-        "state": [[getattr(v, "path", v.name), list(v.shape), tf.as_dtype(v.dtype).name] for v in state],
     }
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
@@ -107,13 +111,22 @@ def _renamed(library, main: str, new_main: str, key: str):
     return out
 
 
+def variable_spec(v) -> tuple[list[int], str]:
+    """(shape, dtype name) of a variable (a tf.Variable or a Keras one)."""
+    return [int(d) for d in v.shape], tf.as_dtype(v.dtype).name
+
+
 class StepProgram:
     """A step registered in this process under its key's name: called with a batch (a dict of the input
-    names) and the state, it returns {output name: tensor}. `captures`: for each captured input, the index
-    of the state variable it is, or a constant's value."""
+    names) and its captured inputs (`bind`), it returns {output name: tensor}. `captures`: for each captured
+    input, the index of the state variable it is, or a constant's value; `variables`: {index: (shape,
+    dtype name)} of the state variables it captures."""
 
-    def __init__(self, name: str, library: list, inputs: list[str], outputs: list[str], captures: list):
+    def __init__(
+        self, name: str, library: list, inputs: list[str], outputs: list[str], captures: list, variables: dict
+    ):
         self.name, self.library, self.inputs, self.outputs, self.captures = name, library, inputs, outputs, captures
+        self.variables = {int(i): (list(shape), dtype) for i, (shape, dtype) in variables.items()}
         from tensorflow.python.eager import context as eager  # no public way to call a function by name
 
         self._context = eager.context()
@@ -121,6 +134,18 @@ class StepProgram:
             if not self._context.has_function(f.signature.name):
                 self._context.add_function_def(f)
         self._constants = [None if isinstance(c, int) else tf.constant(c) for c in captures]
+
+    def matches(self, state: Sequence) -> bool:
+        """Whether `state` has the variables this program captures, with their shapes and dtypes."""
+        return all(i < len(state) and variable_spec(state[i]) == spec for i, spec in self.variables.items())
+
+    def scratch(self, copies: dict) -> list:
+        """Captured inputs with zeros standing for the state variables (`copies`: {index: variable}, filled
+        here with what is missing): a call with them writes no state."""
+        for i, (shape, dtype) in self.variables.items():
+            if i not in copies:
+                copies[i] = tf.Variable(tf.zeros(shape, dtype), trainable=False)
+        return self.bind(copies)
 
     def bind(self, state) -> list:
         """The captured inputs for `state` (indexable: the variables the indices name): handles and constants."""
@@ -140,6 +165,7 @@ class StepProgram:
             "inputs": self.inputs,
             "outputs": self.outputs,
             "captures": [c if isinstance(c, int) else None for c in self.captures],
+            "variables": {str(i): spec for i, spec in self.variables.items()},
         }
         arrays = {f"const_{i}": np.asarray(c) for i, c in enumerate(self.captures) if not isinstance(c, int)}
         library = [f.SerializeToString() for f in self.library]
@@ -167,11 +193,13 @@ def from_trace(concrete, kind: str, bucket: int, key: str, state: Sequence) -> S
 
     handles = {id(v.handle): i for i, v in enumerate(state)}
     captures: list = []
+    variables = {}
     for c in concrete.captured_inputs:
         if c.dtype == tf.resource:
             if id(c) not in handles:
                 return None
             captures.append(handles[id(c)])
+            variables[handles[id(c)]] = variable_spec(state[handles[id(c)]])
         else:
             captures.append(c.numpy())
     library = [f for f in concrete.graph.as_graph_def().library.function]
@@ -183,16 +211,17 @@ def from_trace(concrete, kind: str, bucket: int, key: str, state: Sequence) -> S
     inputs = sorted(concrete.structured_input_signature[0][0])
     outputs = sorted(structured)
     name = f"melshards_{kind}_b{bucket:02d}_{key}"
-    return StepProgram(name, _renamed([*library, main], main.signature.name, name, key), inputs, outputs, captures)
+    library = _renamed([*library, main], main.signature.name, name, key)
+    return StepProgram(name, library, inputs, outputs, captures, variables)
 
 
 def program_path(cache_dir: str, key: str) -> str:
     return os.path.join(cache_dir, f"{PREFIX}{key}.npz")
 
 
-def restore(path: str, state: Sequence) -> StepProgram | None:
-    """The StepProgram saved at `path`; None when there is none. One that does not load, or names a state
-    variable the run does not have, is logged and None."""
+def restore(path: str) -> StepProgram | None:
+    """The StepProgram saved at `path`; None when there is none. One that does not load is logged and None
+    (whether it fits the run's state is `StepProgram.matches`)."""
     if not os.path.exists(path):
         return None
     from tensorflow.core.framework import function_pb2
@@ -207,10 +236,8 @@ def restore(path: str, state: Sequence) -> StepProgram | None:
                 for i in range(sum(1 for k in z.files if k.startswith("function_")))
             ]
             captures = [c if c is not None else z[f"const_{i}"] for i, c in enumerate(meta["captures"])]
-        if any(isinstance(c, int) and not 0 <= c < len(state) for c in captures):
-            raise ValueError("it captures a state variable this model does not have")
         os.utime(path)  # its last use, for the cache's trimming
-        return StepProgram(meta["name"], library, meta["inputs"], meta["outputs"], captures)
+        return StepProgram(meta["name"], library, meta["inputs"], meta["outputs"], captures, meta["variables"])
     except Exception as e:  # noqa: BLE001 (a damaged or foreign file: trace instead)
         log.warning("could not restore the step saved in %s (%s); tracing it instead", path, e)
         return None

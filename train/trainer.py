@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import posixpath
 import time
 from collections.abc import Sequence
 
@@ -24,7 +25,7 @@ from melshards.shards_schema import Schema
 from melshards.shards_schema.shards import first_bad_shard
 from melshards.train import balance, device, distribute, input_pipeline
 from melshards.train.buckets import Schedule, TrainerBucket, trainer_buckets
-from melshards.train.checkpoints import Checkpointer, data_settings
+from melshards.train.checkpoints import CHECKPOINT_DIR, Checkpointer, checkpoint_step, data_settings
 from melshards.train.compile import EVAL, TRAIN, Program, Warmup, warmup_order
 from melshards.train.config import LoopConfig
 from melshards.train.errors import TrainError
@@ -86,14 +87,16 @@ class Trainer:
         synthetic: bool,
         topo: distribute.Topology | None = None,
         stopped=lambda: False,
+        began: float | None = None,
     ):
+        """began: the run's start (time.perf_counter()): on one device its steps then compile behind
+        training from now on (`start_warmup`); None: each compiles at its first call."""
         cfg = inputs.cfg
         self.inputs, self.synthetic = inputs, synthetic
         self.k_steps, self.batch_size = cfg.loop.steps_per_execution, cfg.data.batch_size
         self.topo = topo or distribute.Topology("one", None)
         self.per_replica = self.topo.per_replica_batch(self.batch_size)
         seed_everything(cfg.loop)
-        self._build_model()
         self.buckets = check_buckets(inputs, self.topo)
         self.balancing = balance.balancing(inputs.schema, cfg.data.balance, cfg.data.balance_alpha)
         self.schedule = Schedule([tb.calls_per_epoch for tb in self.buckets], cfg.data.seed)
@@ -101,11 +104,26 @@ class Trainer:
         self.called: set[int] = set()  # buckets called so far: a bucket's first call is not steady state
         self.evaluated = False  # whether validation ran (its steps compiled) in this process
         self.stopped = stopped
-        self._make_steps()
-        self.warmup: Warmup | None = None  # the steps compiling behind training (`start_warmup`)
         self.first_step_wait: float | None = None  # seconds the run's first call waited for its program
         self.state: list = []  # the variables the steps capture, in the order programs name them
         self._bound: dict[str, list] = {}  # each program's captured inputs (`captured`)
+        self.choices = device.choices_for(device.step_device(self.topo.strategy), cfg.loop.jit_compile)
+        with self.topo.scope():
+            self.names = model_inputs(cfg.model_factory)  # MODEL_INPUTS + the features the model asks for
+            # a same_clip run's references: cut from each batch's mels in the input pipeline
+            self.same_clip = same_clip(self.inputs.schema, self.names)
+        # the steps saved by an earlier run load while the model is built (train/compile.py)
+        self.warmup: Warmup | None = None if began is None else self.start_warmup(began, model_dir)
+        try:
+            self._build_model()
+            self._make_steps()
+            if self.warmup is not None:
+                self.state = [*self.model.variables, *self.optimizer.variables, self.step_var]
+                steps = {(TRAIN, i): f for i, f in self.train_steps.items()}
+                self.warmup.provide({**steps, **{(EVAL, i): f for i, f in self.eval_steps.items()}}, self.state)
+        except BaseException:
+            self.close_warmup()
+            raise
         self.write_dir = distribute.write_dir(model_dir, self.topo)
         self._make_input()
         self.checkpointer = Checkpointer(
@@ -125,11 +143,7 @@ class Trainer:
         """The factory's model (its contract checked before anything compiles), the optimizer and the
         step counter: variables mirrored over the replicas (the default scope on one device)."""
         cfg = self.inputs.cfg
-        self.choices = device.choices_for(device.step_device(self.topo.strategy), cfg.loop.jit_compile)
         with self.topo.scope():
-            self.names = model_inputs(cfg.model_factory)  # MODEL_INPUTS + the features the model asks for
-            # a same_clip run's references: cut from each batch's mels in the input pipeline
-            self.same_clip = same_clip(self.inputs.schema, self.names)
             self.model, self.loss_names = build_model(
                 cfg.model_factory, self.inputs.schema, cfg.model_options, cfg.loop.precision, self.choices
             )
@@ -171,42 +185,43 @@ class Trainer:
             if tb.val_files
         }
 
-    def start_warmup(self, began: float) -> None:
-        """On one device: every train step, then every eval step, traced and compiled on a background
-        thread (train/compile.py), the train steps in the order the schedule first calls their buckets
-        from this run's first call; `began`: the run's start (perf_counter). Under a strategy each step
-        compiles at its first call (its step takes distributed batches)."""
+    def start_warmup(self, began: float, model_dir: str) -> Warmup | None:
+        """On one device: every train step, then every eval step, compiled on a background thread
+        (train/compile.py), the train steps in the order the schedule first calls their buckets from the
+        call the newest checkpoint in `model_dir` resumes at. Started before the model is built: a step an
+        earlier run saved is restored and loaded meanwhile; one to trace waits for the model
+        (`Warmup.provide`). Under a strategy each step compiles at its first call (its step takes
+        distributed batches): None."""
         if self.topo.distributed:
-            return
+            return None
         specs = {
             TRAIN: {
                 tb.index: step_specs(tb.bucket, tb.batch_size, self.k_steps, self.names, self.same_clip)
                 for tb in self.buckets
-                if tb.index in self.train_steps
+                if tb.calls_per_epoch
             },  # one device: the replica's batch is the bucket's
             EVAL: {
                 tb.index: step_specs(tb.bucket, tb.batch_size, None, self.names, self.same_clip)
                 for tb in self.buckets
-                if tb.index in self.eval_steps
+                if tb.val_files
             },
         }
-        order = warmup_order(self.schedule.bucket, self.next_call, list(self.train_steps))
-        self.state = [*self.model.variables, *self.optimizer.variables, self.step_var]
+        start = checkpoint_step(posixpath.join(model_dir, CHECKPOINT_DIR)) // self.k_steps
+        order = warmup_order(self.schedule.bucket, start, list(specs[TRAIN]))
         settings = self.program_settings()
 
-        def program(kind: str, i: int, step) -> Program:
-            return Program(kind, i, step, specs[kind][i], program_key(kind, i, specs[kind][i], settings, self.state))
+        def program(kind: str, i: int) -> Program:
+            return Program(kind, i, None, specs[kind][i], program_key(kind, i, specs[kind][i], settings))
 
-        programs = [program(TRAIN, i, self.train_steps[i]) for i in order]
-        programs += [program(EVAL, i, self.eval_steps[i]) for i in sorted(self.eval_steps)]
+        programs = [program(TRAIN, i) for i in order] + [program(EVAL, i) for i in sorted(specs[EVAL])]
         log.info(
             "compiling %d train and %d eval steps (one per length bucket) behind training, in the order %s",
-            len(self.train_steps),
-            len(self.eval_steps),
+            len(specs[TRAIN]),
+            len(specs[EVAL]),
             ", ".join(f"{p.kind} {p.bucket}" for p in programs),
         )
         cache_dir = cache_dir_in_flags(os.environ.get("TF_XLA_FLAGS", ""))
-        self.warmup = Warmup(programs, began, cache_dir, self.stopped, self.state).start()
+        return Warmup(programs, began, cache_dir, self.stopped).start()
 
     def program_settings(self) -> dict:
         """What a step's trace depends on besides its kind, bucket, specs and the state (train/programs.py

@@ -14,6 +14,7 @@ import pytest
 
 from melshards.train import xla_cache
 from melshards.train.compile import EVAL, TRAIN, Program, Warmup, flat_call_available, warmup_order
+from melshards.train.programs import from_trace, restore
 from melshards.train.tf_quiet import tf  # noqa: I001
 
 
@@ -84,7 +85,7 @@ def test_the_warmup_compiles_each_step_once_on_a_scratch_copy_never_writing_the_
         Program(TRAIN, 0, train[0], {"x": tf.TensorSpec([3, 2])}),
         Program(EVAL, 2, evaluate, {"x": tf.TensorSpec([4, 2])}),
     ]
-    warmup = Warmup(programs, began=0.0).start()
+    warmup = Warmup(programs, began=0.0, state=[weight, counter]).start()
     for p in programs:
         assert warmup.wait(p.kind, p.bucket) >= 0.0
     warmup.close()
@@ -132,7 +133,7 @@ def test_a_call_whose_program_is_late_waits_for_it_and_a_failed_compile_raises_a
         Program(TRAIN, 1, _Gated("1", events, gate), {}),
         Program(EVAL, 0, _Gated("eval 0", events, error=ValueError("no XLA kernel for op Foo")), {}),
     ]
-    warmup = Warmup(programs, began=0.0).start()
+    warmup = Warmup(programs, began=0.0, state=[]).start()
     warmup.wait(TRAIN, 0)
     events.append("call 0")
     waiting = threading.Thread(target=lambda: (warmup.wait(TRAIN, 1), events.append("call 1")))
@@ -153,3 +154,37 @@ def test_this_tensorflow_still_takes_a_traced_functions_captured_inputs_as_argum
     assert flat_call_available(), (
         f"TensorFlow {tf.__version__}: no ConcreteFunction._call_flat(tensor_inputs, captured_inputs)"
     )
+
+
+def test_a_saved_step_is_restored_untraced_under_its_keys_name_and_updates_the_state_as_traced(tmp_path):
+    weight, counter = tf.Variable([1.0, 2.0]), tf.Variable(0, dtype=tf.int64)
+    step = _step(weight, counter, 3)
+    traced = from_trace(step.get_concrete_function(), TRAIN, 0, "k1", [weight, counter])
+    traced.save(str(tmp_path / "p.npz"))
+    restored = restore(str(tmp_path / "p.npz"))
+    assert restored.name == traced.name == "melshards_train_b00_k1"
+    assert restored.matches([weight, counter]) and not restored.matches([tf.Variable([1.0, 2.0, 3.0]), counter])
+    out = restored({"x": tf.ones([3, 2])}, restored.bind([weight, counter]))
+    assert weight.numpy().tolist() == [0.0, 1.0] and int(counter.numpy()) == 1 and float(out["loss"]) == 1.0
+    assert restore(str(tmp_path / "missing.npz")) is None
+
+
+def test_a_warmup_with_the_persistent_cache_saves_each_step_and_the_next_run_restores_it_without_tracing(tmp_path):
+    def run(key):
+        weight, counter = tf.Variable([1.0, 2.0]), tf.Variable(0, dtype=tf.int64)
+        step = _step(weight, counter, 4)
+        warmup = Warmup([Program(TRAIN, 1, None, {"x": tf.TensorSpec([4, 2])}, key)], 0.0, str(tmp_path)).start()
+        warmup.provide({(TRAIN, 1): step}, [weight, counter])
+        warmup.wait(TRAIN, 1)
+        warmup.close()
+        p = warmup.programs[TRAIN, 1]
+        p.program({"x": tf.ones([4, 2])}, p.program.bind([weight, counter]))
+        assert weight.numpy().tolist() == [0.0, 1.0]  # the program, bound to this run's variables
+        return p, step.experimental_get_tracing_count()
+
+    first, traces = run("k2")
+    assert (first.restored, traces) == (False, 1) and (tmp_path / "melshards_program__k2.npz").exists()
+    again, traces = run("k2")
+    assert (again.restored, traces) == (True, 0)  # the same key: restored, never traced
+    other, traces = run("k3")
+    assert (other.restored, traces) == (False, 1)  # another key: traced
