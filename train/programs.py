@@ -17,7 +17,8 @@ not fit the model's variables, is skipped with a warning and the step is traced.
 
 The key (`program_key`) covers: the TensorFlow, Keras and Python versions, the run's settings (the
 train config less the loop's counts and intervals, schema.json, the layer choices, and the source of
-melshards and of the model factory's top-level package: every .py file under it), the program's kind,
+melshards' train/ and shards_schema/ and of the model factory's top-level package: every .py file under
+it), the program's kind,
 bucket and input specs. The state variables follow from those; a restored program is checked against
 them (`StepProgram.matches`: the indices, shapes and dtypes of the variables it captures) before the
 loop calls it. Code a factory imports from another package is not in the key: change the factory's own
@@ -47,15 +48,16 @@ FORMAT = 1  # the saved file's layout
 
 
 def source_digest(factory: str) -> str:
-    """A hash over the source files of melshards and of the model factory's top-level package (every .py
-    file under it), or its module when that is not a package (`factory`: "package.module:function")."""
+    """A hash over the source files a step's trace can run: melshards' train/ and shards_schema/ (all train/
+    imports, tests/test_layering.py) and, for a factory outside melshards, its top-level package (every .py
+    file under it) or its module when that is not a package (`factory`: "package.module:function")."""
     import importlib.util
 
-    import melshards
-
-    root = Path(melshards.__file__).resolve().parent
-    files = set(root.rglob("*.py"))
-    spec = importlib.util.find_spec(factory.split(":")[0].split(".")[0])
+    train = Path(__file__).resolve().parent
+    root = train.parent
+    files = set(train.rglob("*.py")) | set((root / "shards_schema").rglob("*.py"))
+    top = factory.split(":")[0].split(".")[0]
+    spec = importlib.util.find_spec(top) if top != __name__.split(".")[0] else None
     if spec is not None and spec.submodule_search_locations:
         for where in spec.submodule_search_locations:
             files.update(p.resolve() for p in Path(where).rglob("*.py"))

@@ -224,9 +224,9 @@ class Trainer:
         return Warmup(programs, began, cache_dir, self.stopped).start()
 
     def program_settings(self) -> dict:
-        """What a step's trace depends on besides its kind, bucket, specs and the state (train/programs.py
+        """What a step's trace depends on besides its kind, bucket and specs (train/programs.py
         `program_key`): the train config less the loop's counts and intervals, schema.json, the layer
-        choices and the source of melshards and of the model's package."""
+        choices and the source (`source_digest`)."""
         cfg = dataclasses.asdict(self.inputs.cfg)
         for name in ("steps", "checkpoint_every", "keep_checkpoints", "log_every", "val_every", "val_batches"):
             cfg["loop"].pop(name, None)  # when and how long to train: no step depends on them
@@ -466,6 +466,10 @@ class Trainer:
                 )
         return out
 
+    def _restored(self, kind: str, bucket: int) -> bool:
+        p = self.warmup.programs.get((kind, bucket)) if self.warmup is not None else None
+        return p is not None and p.restored and p.program is not None
+
     def facts(self) -> dict:
         """The run summary's facts about the set-up and the compiled steps."""
         cfg = self.inputs.cfg
@@ -481,6 +485,9 @@ class Trainer:
                 "calls_per_epoch": tb.calls_per_epoch,
                 "train_step_traces": traces.get(tb.index, 0),
                 "eval_step_traces": evals.get(tb.index, 0),
+                # restored from the persistent cache instead of traced (train/programs.py)
+                "train_step_restored": int(self._restored(TRAIN, tb.index)),
+                "eval_step_restored": int(self._restored(EVAL, tb.index)),
             }
             for tb in self.buckets
         ]

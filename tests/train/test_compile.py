@@ -169,17 +169,23 @@ def test_a_saved_step_is_restored_untraced_under_its_keys_name_and_updates_the_s
     assert restore(str(tmp_path / "missing.npz")) is None
 
 
-def test_a_warmup_with_the_persistent_cache_saves_each_step_and_the_next_run_restores_it_without_tracing(tmp_path):
-    def run(key):
+def test_a_warmup_with_the_persistent_cache_saves_each_step_and_the_next_run_restores_it_without_tracing(
+    tmp_path, caplog
+):
+    def run(key, state_order=lambda weight, counter: [weight, counter]):
         weight, counter = tf.Variable([1.0, 2.0]), tf.Variable(0, dtype=tf.int64)
         step = _step(weight, counter, 4)
         warmup = Warmup([Program(TRAIN, 1, None, {"x": tf.TensorSpec([4, 2])}, key)], 0.0, str(tmp_path)).start()
-        warmup.provide({(TRAIN, 1): step}, [weight, counter])
+        state = state_order(weight, counter)
+        warmup.provide({(TRAIN, 1): step}, state)
         warmup.wait(TRAIN, 1)
         warmup.close()
         p = warmup.programs[TRAIN, 1]
-        p.program({"x": tf.ones([4, 2])}, p.program.bind([weight, counter]))
-        assert weight.numpy().tolist() == [0.0, 1.0]  # the program, bound to this run's variables
+        if p.program is not None:
+            p.program({"x": tf.ones([4, 2])}, p.program.bind(state))
+        else:
+            step({"x": tf.ones([4, 2])})
+        assert weight.numpy().tolist() == [0.0, 1.0]  # this run's variables updated
         return p, step.experimental_get_tracing_count()
 
     first, traces = run("k2")
@@ -188,3 +194,6 @@ def test_a_warmup_with_the_persistent_cache_saves_each_step_and_the_next_run_res
     assert (again.restored, traces) == (True, 0)  # the same key: restored, never traced
     other, traces = run("k3")
     assert (other.restored, traces) == (False, 1)  # another key: traced
+    with caplog.at_level("WARNING", logger="melshards.train"):
+        unfit, traces = run("k2", lambda weight, counter: [counter, weight])  # not the variables it was saved with
+    assert (unfit.restored, traces) == (False, 1) and "does not fit this model's variables" in caplog.text
