@@ -1,10 +1,12 @@
 """Each bucket's steps compiled behind training: the first step runs as soon as its own bucket's program is ready.
 
-`Warmup` is one background thread that traces and compiles a run's programs one after another, in a
-fixed order (`warmup_order`): the train step of each bucket in the order the schedule first calls it,
+`Warmup` compiles a run's programs one after another on a background thread, in a fixed order
+(`warmup_order`): the train step of each bucket in the order the schedule first calls it,
 counted from the run's first call (a resumed run: from its checkpoint's), then the eval steps. It starts
 before the model is built: a program an earlier run saved is restored and compiled meanwhile, one to
-trace waits for the traced functions and the state (`Warmup.provide`). The loop
+trace waits for the traced functions and the state (`Warmup.provide`). A second thread restores or
+traces the next program while one compiles (XLA compiles one program at a time, even from two threads;
+a trace is Python), once the first program, the one the first step waits for, is ready. The loop
 asks `Warmup.wait` before a program's first call; a program that is late makes that call wait for it,
 the schedule never changes, so a resumed run trains on exactly the batches an uninterrupted one would.
 
@@ -93,9 +95,11 @@ class Program:
     ready_s: float | None = None
     from_cache: bool | None = None
     error: BaseException | None = None
+    prepared: tuple | None = None  # (StepProgram or None, traced function or None, saved file or None)
     waited_s: float | None = None  # how long the loop waited for it at its first call
     called_s: float | None = None  # when the loop first called it, in seconds since the run began
     ready: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
+    made: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)  # `prepared` is set
 
     def facts(self) -> dict:
         return {
@@ -112,7 +116,7 @@ class Program:
 
 
 class Warmup:
-    """Traces and compiles `programs` in their order on one background thread (module doc).
+    """Traces and compiles `programs` in their order on two background threads (module doc).
 
     began: time.perf_counter() at the start of the run (`ready_s` counts from it); cache_dir: the
     persistent XLA cache (None: off), whose new entries tell a compiled program from a loaded one;
@@ -158,24 +162,57 @@ class Warmup:
                 return False
         return True
 
+    def _prepare_all(self) -> None:
+        """Restore or trace each program in order (the tracing thread): the compile thread compiles the one
+        before meanwhile (XLA compiles one program at a time; a trace is Python), except the first, which
+        the first step waits for."""
+        programs = list(self.programs.values())
+        try:
+            for k, p in enumerate(programs):
+                # one program ahead of the compiles; none while the first, the first step's, compiles
+                while k and not programs[max(k - 2, 0)].ready.wait(0.1):
+                    if self._closing or self.stopped():
+                        return
+                if self._closing or self.stopped():
+                    break
+                try:
+                    p.prepared = self._prepare(p)
+                except BaseException as e:  # noqa: BLE001 (handed to the thread that waits for it)
+                    p.error = e
+                finally:
+                    p.made.set()
+        finally:
+            for p in self.programs.values():
+                p.made.set()
+
     def _run(self) -> None:
+        tracer = threading.Thread(target=self._prepare_all, name="melshards-trace", daemon=True)
+        tracer.start()
         try:
             with reading_xla_cache():  # each compile may load its program from the persistent cache
                 for p in self.programs.values():
+                    while not p.made.wait(0.1):
+                        if self._closing or self.stopped():
+                            break
                     if self._closing or self.stopped():
                         break
                     try:
-                        self._compile(p)
+                        if p.error is None and p.prepared is not None:
+                            self._compile(p)
                     except BaseException as e:  # noqa: BLE001 (handed to the thread that waits for it)
                         p.error = e
                     finally:
                         p.ready.set()
         finally:
+            self._closing = True
+            tracer.join()
             self._scratch = {}  # the scratch copy's memory back once the last program is ready
             for p in self.programs.values():  # left out: compiles at its first call
                 p.ready.set()
 
-    def _compile(self, p: Program) -> None:
+    def _prepare(self, p: Program) -> tuple | None:
+        """(its StepProgram, or None; the traced function, when traced; the file it is saved in): restored
+        from the persistent cache, else traced (and saved); None when the warm-up closed meanwhile."""
         t0 = time.perf_counter()
         path = program_path(self.cache_dir, p.key) if self.cache_dir and p.key else None
         program = restore(path) if path else None
@@ -183,7 +220,7 @@ class Warmup:
         concrete = None
         if program is None:
             if not self._await_model():
-                return
+                return None
             concrete = p.step.get_concrete_function()  # type: ignore[attr-defined]  # bound to its input_signature
             program = from_trace(concrete, p.kind, p.bucket, p.key, self.state) if p.key else None
             if program is not None and path:
@@ -191,8 +228,12 @@ class Warmup:
                     program.save(path)
                 except OSError as e:  # the next run traces it again
                     log.warning("could not save the %s step of bucket %d in %s: %s", p.kind, p.bucket, path, e)
+        p.trace_s = time.perf_counter() - t0
+        return program, concrete, path
+
+    def _compile(self, p: Program) -> None:
+        program, concrete, path = p.prepared  # type: ignore[misc]
         t1 = time.perf_counter()
-        p.trace_s = t1 - t0
         if program is None and not flat_call_available():
             log.warning(
                 "TensorFlow %s: no ConcreteFunction._call_flat; the %s step of bucket %d compiles at its first call",
@@ -215,16 +256,17 @@ class Warmup:
         if p.restored:  # restored before the model was built: it must capture this model's state
             if not self._await_model():
                 return
-            if not program.matches(self.state):  # type: ignore[union-attr]
+            if not program.matches(self.state):
                 log.warning(
                     "the %s step of bucket %d saved in %s does not fit this model's variables; tracing it instead",
                     p.kind,
                     p.bucket,
                     path,
                 )
-                p.restored, p.trace_s, p.compile_s = False, 0.0, 0.0
                 p.key = None  # traced and called as traced, not saved over the file
-                self._compile(p)
+                p.prepared = self._prepare(p)
+                if p.prepared is not None:
+                    self._compile(p)
                 return
         p.program = program
         p.ready_s = time.perf_counter() - self.began
@@ -295,7 +337,7 @@ class Warmup:
         return True
 
     def close(self) -> None:
-        """Stop before the next program and wait for the one compiling now."""
+        """Stop before the next program and wait for the one compiling (and the one tracing) now."""
         self._closing = True
         if self._thread.is_alive():
             self._thread.join()
