@@ -102,6 +102,18 @@ def _listed(checkpoint_dir: str) -> list[str]:
     return paths
 
 
+def checkpoint_step(checkpoint_dir: str) -> int:
+    """The step counter saved in the newest checkpoint in `checkpoint_dir` with files, read without checking
+    or restoring anything; 0 when there is none or it cannot be read (the restore then says why)."""
+    try:
+        present = [p for p in _listed(checkpoint_dir) if _files_of(p)]
+        if not present:
+            return 0
+        return int(tf.train.load_checkpoint(present[-1]).get_tensor("step/.ATTRIBUTES/VARIABLE_VALUE"))
+    except Exception:  # noqa: BLE001 (a guess for the warm-up's order only)
+        return 0
+
+
 def resume_checkpoint(checkpoint_dir: str, repair: bool = True) -> str | None:
     """The checkpoint to resume (or synthesize) from: the newest listed one; None when there is none.
 

@@ -60,12 +60,15 @@ def train(inputs: Inputs, model_dir: str, synthetic: bool = False, topo: distrib
     began = time.perf_counter()
     with StopFlag() as stop:  # from the start: a Ctrl-C during set-up stops before the first call
         check_before_writing(inputs, model_dir, topo)
-        trainer = Trainer(inputs, model_dir, synthetic, topo, stopped=lambda: stop.signal_name is not None)
-        if topo.chief:  # the model is built and its steps compiled: the run starts, and its dir is marked
-            record_settings(model_dir, inputs)
-        state = start(trainer, began)
-        scalars = Scalars(trainer.write_dir)
-        run_calls(trainer, state, stop, scalars)
+        trainer = Trainer(inputs, model_dir, synthetic, topo, stopped=lambda: stop.signal_name is not None, began=began)
+        try:
+            if topo.chief:  # the model is built (its steps compiling behind): the run starts, its dir is marked
+                record_settings(model_dir, inputs)
+            state = start(trainer, began)
+            scalars = Scalars(trainer.write_dir)
+            run_calls(trainer, state, stop, scalars)
+        finally:  # no compile left running when the run ends, however it ends
+            trainer.close_warmup()
         finish(trainer, state, scalars)
     return write_summary(trainer, state, model_dir)
 
@@ -110,7 +113,7 @@ def start(trainer: Trainer, began: float) -> RunState:
         steps_per_call=trainer.k_steps,
         data_changes=changes,
         loss_names=trainer.loss_names,
-        compiled=trainer.compiled,
+        compiled=trainer.warmup is not None,
         began=began,
     )
 
@@ -126,9 +129,16 @@ def run_calls(trainer: Trainer, state: RunState, stop: StopFlag, scalars: Scalar
     progress = Progress(lp.steps, lp.log_every)
     try:
         while state.running and not stop.signal_name:
+            if not trainer.program_ready():  # a signal came while the call's program was compiling
+                break
             state.record(*trainer.call(), last_checkpoint=ckpt.latest)
             if state.time_to_first_step is None:
                 state.time_to_first_step = time.perf_counter() - state.began
+                log.info(
+                    "first call done %.1f s after the start (it waited %.1f s for its program)",
+                    state.time_to_first_step,
+                    trainer.first_step_wait or 0.0,
+                )
             if preemption is not None:
                 preemption.check(state.step)
             if state.due(lp.log_every):

@@ -38,8 +38,8 @@ class RunState:
     last: dict = dataclasses.field(default_factory=dict)
     rates: dict = dataclasses.field(default_factory=dict)
     val_losses: dict = dataclasses.field(default_factory=dict)
-    compile_seconds: float | None = None  # up front (every bucket's steps), else each bucket's first call
-    compiled: dict = dataclasses.field(default_factory=dict)  # {bucket: {trace_s, compile_s}} compiled up front
+    compile_seconds: float | None = None  # each bucket's first call, unless the steps compiled behind training
+    compiled: bool = False  # the steps compiled behind training (the run summary's facts give their seconds)
     first_call_seconds: float | None = None  # each bucket's first call (warm-up): out of the steady state
     time_to_first_step: float | None = None  # from the start of `train` to the end of its first call
     began: float = 0.0  # time.perf_counter() at the start of `train`
@@ -51,8 +51,6 @@ class RunState:
     padded_frames: float = 0.0
 
     def __post_init__(self):
-        if self.compiled and self.compile_seconds is None:  # every step compiled up front: their total
-            self.compile_seconds = sum(t["trace_s"] + t["compile_s"] for t in self.compiled.values())
         if self.step < 0:
             self.step = self.start
         if self.saved_at < 0:
@@ -68,7 +66,7 @@ class RunState:
         """One compiled call's results: K per-step losses (checked), mean metrics, the timings.
 
         metrics may carry "first_call" (1: the bucket's first call, which warms up, and traces and compiles
-        its step unless `compiled` says that was done up front; default: the run's first call) and
+        its step unless `compiled` says that was done behind training; default: the run's first call) and
         "padded_frames" (the frames the call ran, padding included: the padding fraction).
         """
         bad = np.flatnonzero(~np.isfinite(losses))
@@ -110,8 +108,10 @@ class RunState:
         return self.step % every == 0
 
     def summary(self, **facts) -> dict:
-        """run_summary.json: the counters, losses and steady-state rates, plus the caller's facts."""
+        """run_summary.json: the counters, losses and steady-state rates, plus the caller's facts (their
+        "compile_seconds", when given, is the compile behind training)."""
         s, secs = self.steady, self.steady.seconds
+        compile_seconds = facts.pop("compile_seconds", self.compile_seconds)
         return {
             "steps_run": self.step - self.start,
             "start_step": self.start,
@@ -125,8 +125,7 @@ class RunState:
                 "train": {k: self.last[k] for k in self.loss_names} if self.last else {},
                 "val": self.val_losses,
             },
-            "compile_seconds": self.compile_seconds,
-            "compile_by_bucket": {str(i): {k: round(v, 3) for k, v in t.items()} for i, t in self.compiled.items()},
+            "compile_seconds": compile_seconds,
             "first_call_seconds": self.first_call_seconds,
             "time_to_first_step": self.time_to_first_step,
             "padding_fraction": 1.0 - self.valid_frames / self.padded_frames if self.padded_frames else None,
@@ -161,9 +160,9 @@ def format_summary(summary: dict) -> str:
             else []
         ),
         f"train step traces  {summary['train_step_traces']}{_per_bucket(summary)}",
-        f"compile            {num(summary['compile_seconds'], '.1f')} s ("
-        f"{'every step up front' if summary.get('compile_by_bucket') else 'first call of each step'}: trace + XLA "
-        f"compile); first step after {num(summary.get('time_to_first_step'), '.1f')} s",
+        f"compile            {num(summary['compile_seconds'], '.1f')} s ({_compiled(summary)}); first step after "
+        f"{num(summary.get('time_to_first_step'), '.1f')} s, of which {num(summary.get('first_step_wait_s'), '.1f')} s "
+        "waiting for its program",
         f"padding            {num(_percent(summary.get('padding_fraction')), '.1f')}% of the mel frames run",
         f"steady state       {num(s['steps_per_second'], '.2f')} steps/s, {num(s['examples_per_second'], '.1f')} "
         f"examples/s, {num(s['mel_frames_per_second'], '.0f')} mel frames/s, input wait "
@@ -191,6 +190,17 @@ def _per_bucket(summary: dict) -> str:
         " ("
         + ", ".join(f"{b['max_mel_frames']} frames x {b['batch_size']}: {b['train_step_traces']}" for b in buckets)
         + ")"
+    )
+
+
+def _compiled(summary: dict) -> str:
+    """How the steps were compiled: behind training (how many programs, how many from the persistent
+    cache), else at each one's first call."""
+    if "programs" not in summary:
+        return "first call of each step: trace + XLA compile"
+    return (
+        f"{len(summary['programs'])} programs behind training, {summary['programs_from_cache']} of them "
+        "from the persistent cache"
     )
 
 

@@ -3,8 +3,9 @@ and checkpoints of one run, and the three things the loop asks of them: one comp
 scheduled bucket (`call`), validation (`evaluate`) and the facts of the run summary (`facts`).
 
 One input pipeline, train step and eval step per length bucket (train/buckets.py), each bound to the
-bucket's shapes and batch; the schedule picks the bucket of each call. Everything is built before
-anything compiles (each step compiles at its first call).
+bucket's shapes and batch; the schedule picks the bucket of each call. On one device the steps compile
+behind training once the checkpoint is restored (`start_warmup`, train/compile.py): a call whose
+program is not ready yet waits for it; under a strategy each step compiles at its first call.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
+import posixpath
 import time
 from collections.abc import Sequence
 
@@ -22,15 +25,17 @@ from melshards.shards_schema import Schema
 from melshards.shards_schema.shards import first_bad_shard
 from melshards.train import balance, device, distribute, input_pipeline
 from melshards.train.buckets import Schedule, TrainerBucket, trainer_buckets
-from melshards.train.checkpoints import Checkpointer, data_settings
-from melshards.train.compile import compile_steps
+from melshards.train.checkpoints import CHECKPOINT_DIR, Checkpointer, checkpoint_step, data_settings
+from melshards.train.compile import EVAL, TRAIN, Program, Warmup, warmup_order
 from melshards.train.config import LoopConfig
 from melshards.train.errors import TrainError
 from melshards.train.inputs import Inputs
 from melshards.train.plugins import build_model, model_inputs
+from melshards.train.programs import program_key, source_digest
 from melshards.train.references import same_clip
 from melshards.train.step import make_eval_step, make_optimizer, make_train_step, step_specs
 from melshards.train.tf_quiet import reading_xla_cache, tf  # noqa: I001 (first: keras imports TensorFlow)
+from melshards.train.xla_cache import cache_dir_in_flags
 
 log = logging.getLogger("melshards.train")
 
@@ -82,22 +87,43 @@ class Trainer:
         synthetic: bool,
         topo: distribute.Topology | None = None,
         stopped=lambda: False,
+        began: float | None = None,
     ):
+        """began: the run's start (time.perf_counter()): on one device its steps then compile behind
+        training from now on (`start_warmup`); None: each compiles at its first call."""
         cfg = inputs.cfg
         self.inputs, self.synthetic = inputs, synthetic
         self.k_steps, self.batch_size = cfg.loop.steps_per_execution, cfg.data.batch_size
         self.topo = topo or distribute.Topology("one", None)
         self.per_replica = self.topo.per_replica_batch(self.batch_size)
         seed_everything(cfg.loop)
-        self._build_model()
         self.buckets = check_buckets(inputs, self.topo)
         self.balancing = balance.balancing(inputs.schema, cfg.data.balance, cfg.data.balance_alpha)
         self.schedule = Schedule([tb.calls_per_epoch for tb in self.buckets], cfg.data.seed)
         self.next_call = 0  # the schedule position: set from the restored step
         self.called: set[int] = set()  # buckets called so far: a bucket's first call is not steady state
         self.evaluated = False  # whether validation ran (its steps compiled) in this process
-        self._make_steps()
-        self.compiled = self._compile_steps(stopped)  # before any restore or input: the same traces every run
+        self.stopped = stopped
+        self.first_step_wait: float | None = None  # seconds the run's first call waited for its program
+        self.state: list = []  # the variables the steps capture, in the order programs name them
+        self._bound: dict[str, list] = {}  # each program's captured inputs (`captured`)
+        self.choices = device.choices_for(device.step_device(self.topo.strategy), cfg.loop.jit_compile)
+        with self.topo.scope():
+            self.names = model_inputs(cfg.model_factory)  # MODEL_INPUTS + the features the model asks for
+            # a same_clip run's references: cut from each batch's mels in the input pipeline
+            self.same_clip = same_clip(self.inputs.schema, self.names)
+        # the steps saved by an earlier run load while the model is built (train/compile.py)
+        self.warmup: Warmup | None = None if began is None else self.start_warmup(began, model_dir)
+        try:
+            self._build_model()
+            self._make_steps()
+            if self.warmup is not None:
+                self.state = [*self.model.variables, *self.optimizer.variables, self.step_var]
+                steps = {(TRAIN, i): f for i, f in self.train_steps.items()}
+                self.warmup.provide({**steps, **{(EVAL, i): f for i, f in self.eval_steps.items()}}, self.state)
+        except BaseException:
+            self.close_warmup()
+            raise
         self.write_dir = distribute.write_dir(model_dir, self.topo)
         self._make_input()
         self.checkpointer = Checkpointer(
@@ -117,11 +143,7 @@ class Trainer:
         """The factory's model (its contract checked before anything compiles), the optimizer and the
         step counter: variables mirrored over the replicas (the default scope on one device)."""
         cfg = self.inputs.cfg
-        self.choices = device.choices_for(device.step_device(self.topo.strategy), cfg.loop.jit_compile)
         with self.topo.scope():
-            self.names = model_inputs(cfg.model_factory)  # MODEL_INPUTS + the features the model asks for
-            # a same_clip run's references: cut from each batch's mels in the input pipeline
-            self.same_clip = same_clip(self.inputs.schema, self.names)
             self.model, self.loss_names = build_model(
                 cfg.model_factory, self.inputs.schema, cfg.model_options, cfg.loop.precision, self.choices
             )
@@ -163,28 +185,62 @@ class Trainer:
             if tb.val_files
         }
 
-    def _compile_steps(self, stopped) -> dict[int, dict]:
-        """Every bucket's train and eval step traced and compiled now (train/compile.py); under a
-        strategy each compiles at its bucket's first call (its step takes distributed batches)."""
+    def start_warmup(self, began: float, model_dir: str) -> Warmup | None:
+        """On one device: every train step, then every eval step, compiled on a background thread
+        (train/compile.py), the train steps in the order the schedule first calls their buckets from the
+        call the newest checkpoint in `model_dir` resumes at. Started before the model is built: a step an
+        earlier run saved is restored and loaded meanwhile; one to trace waits for the model
+        (`Warmup.provide`). Under a strategy each step compiles at its first call (its step takes
+        distributed batches): None."""
         if self.topo.distributed:
-            return {}
-        train_specs = {
-            tb.index: step_specs(tb.bucket, tb.batch_size, self.k_steps, self.names, self.same_clip)
-            for tb in self.buckets
-            if tb.index in self.train_steps
-        }  # one device: the replica's batch is the bucket's
-        eval_specs = {
-            tb.index: step_specs(tb.bucket, tb.batch_size, None, self.names, self.same_clip)
-            for tb in self.buckets
-            if tb.index in self.eval_steps
+            return None
+        specs = {
+            TRAIN: {
+                tb.index: step_specs(tb.bucket, tb.batch_size, self.k_steps, self.names, self.same_clip)
+                for tb in self.buckets
+                if tb.calls_per_epoch
+            },  # one device: the replica's batch is the bucket's
+            EVAL: {
+                tb.index: step_specs(tb.bucket, tb.batch_size, None, self.names, self.same_clip)
+                for tb in self.buckets
+                if tb.val_files
+            },
         }
-        state = [*self.model.variables, *self.optimizer.variables, self.step_var]
+        start = checkpoint_step(posixpath.join(model_dir, CHECKPOINT_DIR)) // self.k_steps
+        order = warmup_order(self.schedule.bucket, start, list(specs[TRAIN]))
+        settings = self.program_settings()
+
+        def program(kind: str, i: int) -> Program:
+            return Program(kind, i, None, specs[kind][i], program_key(kind, i, specs[kind][i], settings))
+
+        programs = [program(TRAIN, i) for i in order] + [program(EVAL, i) for i in sorted(specs[EVAL])]
         log.info(
-            "compiling %d train and %d eval steps (one per length bucket) before the first call",
-            len(self.train_steps),
-            len(self.eval_steps),
+            "compiling %d train and %d eval steps (one per length bucket) behind training, in the order %s",
+            len(specs[TRAIN]),
+            len(specs[EVAL]),
+            ", ".join(f"{p.kind} {p.bucket}" for p in programs),
         )
-        return compile_steps(self.train_steps, train_specs, self.eval_steps, eval_specs, state, stopped)
+        cache_dir = cache_dir_in_flags(os.environ.get("TF_XLA_FLAGS", ""))
+        return Warmup(programs, began, cache_dir, self.stopped).start()
+
+    def program_settings(self) -> dict:
+        """What a step's trace depends on besides its kind, bucket and specs (train/programs.py
+        `program_key`): the train config less the loop's counts and intervals, schema.json, the layer
+        choices and the source (`source_digest`)."""
+        cfg = dataclasses.asdict(self.inputs.cfg)
+        for name in ("steps", "checkpoint_every", "keep_checkpoints", "log_every", "val_every", "val_batches"):
+            cfg["loop"].pop(name, None)  # when and how long to train: no step depends on them
+        return {
+            "config": cfg,
+            "schema": self.inputs.schema.to_dict(),
+            "layers": self.choices.facts(),
+            "source": source_digest(self.inputs.cfg.model_factory),
+        }
+
+    def close_warmup(self) -> None:
+        """Stop compiling after the program in progress (a program left out compiles at its first call)."""
+        if self.warmup is not None:
+            self.warmup.close()
 
     def _make_input(self) -> None:
         """On one device every bucket's iterator now, its position saved in the checkpoint
@@ -307,13 +363,30 @@ class Trainer:
             self.start_local_input(seed)
         return start, changes
 
+    def captured(self, program) -> list:
+        """The program's captured inputs bound to this run's state (made once per program)."""
+        if program.name not in self._bound:
+            self._bound[program.name] = program.bind(self.state)
+        return self._bound[program.name]
+
+    def program_ready(self) -> bool:
+        """Wait for the program of the next call; False when a stop was asked for meanwhile (no step runs)."""
+        if self.warmup is None:
+            return True
+        return self.warmup.wait_unless_stopped(TRAIN, self.buckets[self.schedule.bucket(self.next_call)].index)
+
     def call(self) -> tuple[dict, np.ndarray, float, float]:
         """One compiled call of the scheduled bucket: (mean metrics, the K step losses, input wait s, call s)."""
         tb = self.buckets[self.schedule.bucket(self.next_call)]
         train_step = self.train_steps[tb.index]
         first = tb.index not in self.called
         self.called.add(tb.index)
-        if first and not self.compiled:
+        warmed = self.warmup is not None and (TRAIN, tb.index) in self.warmup.programs
+        if warmed:  # the schedule never changes: a late program is waited for
+            self.warmup.wait(TRAIN, tb.index)  # type: ignore[union-attr]
+        if self.first_step_wait is None:
+            self.first_step_wait = self.warmup.programs[TRAIN, tb.index].waited_s or 0.0 if warmed else 0.0  # type: ignore[union-attr]
+        if first and not warmed:
             log.info(
                 "first call: tracing and XLA-compiling the train step of bucket %d (tens of seconds on CPU)", tb.index
             )
@@ -321,12 +394,13 @@ class Trainer:
         batch = read_or_name_shard(lambda: next(self.iterators[tb.index]), list(tb.files), self.inputs.schema)
         t1 = time.perf_counter()
         # a step compiled at its first call (under a strategy) may load its program from the persistent cache
-        with reading_xla_cache() if first and not self.compiled else contextlib.nullcontext():
-            out = train_step(batch)
+        program = self.warmup.programs[TRAIN, tb.index].program if warmed else None  # type: ignore[union-attr]
+        with reading_xla_cache() if first and not warmed else contextlib.nullcontext():
+            out = program(batch, self.captured(program)) if program is not None else train_step(batch)
             losses = out.pop("losses").numpy()  # waits for the call: the per-call sync point
         t2 = time.perf_counter()
         self.next_call += 1
-        if first and not self.compiled:
+        if first and not warmed:
             log.info(
                 "first call (trace + XLA compile + %d steps) of bucket %d: %.1f s", self.k_steps, tb.index, t2 - t0
             )
@@ -345,11 +419,14 @@ class Trainer:
         records seen."""
         sums: dict
         max_batches, sums = self.inputs.cfg.loop.val_batches, {}
-        first = not self.compiled and not self.evaluated  # each eval step compiles at its first call
+        first = not self.evaluated
         self.evaluated = True
         for tb in self.buckets:
             if tb.index not in self.eval_steps:
                 continue
+            warmed = self.warmup is not None and (EVAL, tb.index) in self.warmup.programs
+            if warmed:
+                self.warmup.wait(EVAL, tb.index)  # type: ignore[union-attr]
             ds = input_pipeline.val_dataset(
                 tb.val_files,
                 self.inputs.schema,
@@ -358,9 +435,12 @@ class Trainer:
                 tb.bucket,
                 self.same_clip,
             )
-            with reading_xla_cache() if first else contextlib.nullcontext():
+            # a step compiled at its first call may load its program from the persistent cache
+            program = self.warmup.programs[EVAL, tb.index].program if warmed else None  # type: ignore[union-attr]
+            step = self.eval_steps[tb.index] if program is None else lambda b, p=program: p(b, self.captured(p))
+            with reading_xla_cache() if first and not warmed else contextlib.nullcontext():
                 for batch in ds.take(max_batches) if max_batches else ds:
-                    for k, v in self.eval_steps[tb.index](batch).items():
+                    for k, v in step(batch).items():
                         sums[k] = sums.get(k, 0.0) + float(v)
         losses = self.model.losses_from_terms({k: tf.constant(v, tf.float32) for k, v in sums.items()})
         return dict({k: float(v) for k, v in losses.items()}, examples=sums.get("examples", 0.0))
@@ -386,6 +466,10 @@ class Trainer:
                 )
         return out
 
+    def _restored(self, kind: str, bucket: int) -> bool:
+        p = self.warmup.programs.get((kind, bucket)) if self.warmup is not None else None
+        return p is not None and p.restored and p.program is not None
+
     def facts(self) -> dict:
         """The run summary's facts about the set-up and the compiled steps."""
         cfg = self.inputs.cfg
@@ -401,10 +485,18 @@ class Trainer:
                 "calls_per_epoch": tb.calls_per_epoch,
                 "train_step_traces": traces.get(tb.index, 0),
                 "eval_step_traces": evals.get(tb.index, 0),
+                # restored from the persistent cache instead of traced (train/programs.py)
+                "train_step_restored": int(self._restored(TRAIN, tb.index)),
+                "eval_step_restored": int(self._restored(EVAL, tb.index)),
             }
             for tb in self.buckets
         ]
+        warmup = self.warmup.facts() if self.warmup is not None else {}
+        if warmup:  # behind training: every program's trace and compile (else each bucket's first call)
+            warmup["compile_seconds"] = sum(p["trace_s"] + p["compile_s"] for p in warmup["programs"])
         return {
+            **warmup,
+            "first_step_wait_s": self.first_step_wait,
             "model_factory": cfg.model_factory,
             "synthetic_data": self.synthetic,
             "batch_size": self.batch_size,

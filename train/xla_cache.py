@@ -21,7 +21,7 @@ from pathlib import Path
 
 CACHE_FLAG = "--tf_xla_persistent_cache_directory"
 MAX_BYTES = 2 << 30  # the compiled programs kept: a model's steps for a few configs and shapes
-ENTRY = re.compile(r"xla_compile_cache__.+\.pb")  # XLA's name for one compiled program
+ENTRY = re.compile(r"xla_compile_cache__.+\.pb|melshards_program__.+\.npz")  # a compiled program; a saved step
 
 
 def default_cache_dir() -> str | None:

@@ -44,7 +44,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.common import emit, melshards_train
+from benchmarks.common import emit, melshards_train, preprocess_command
 from benchmarks.shards_fixture import REPO, demo_shards
 
 VARIANTS = ("bf16", "fp32", "bf16_noxla", "synthetic", "before")
@@ -172,7 +172,11 @@ def train_variant(variant: str, shards: Path, work: Path, quick: bool, steps: in
         "examples_per_s": st["examples_per_second"],
         "mel_frames_per_s": st["mel_frames_per_second"],
         "input_wait": st["input_wait_fraction"],
-        "compile_s_by_bucket": {b: round(t["trace_s"] + t["compile_s"], 1) for b, t in s["compile_by_bucket"].items()},
+        "compile_s_by_bucket": {
+            str(p["bucket"]): round(p["trace_s"] + p["compile_s"], 1)
+            for p in s.get("programs", [])
+            if p["kind"] == "train"
+        },
         "time_to_first_step_s": s["time_to_first_step"],
         "traces": s["train_step_traces"],
         "buckets": len(s["buckets"]),
@@ -275,22 +279,8 @@ def benchmark_shards(args) -> Path:
         from benchmarks.preprocess.scale import ensure_corpus
 
         corpus = ensure_corpus(str(WORK / f"ljbig-{args.clips}"), args.clips)
-        code = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "melshards",
-                "preprocess",
-                "--input",
-                corpus,
-                "--output",
-                str(out),
-                "--config",
-                str(REPO / "configs" / "ljspeech.yaml"),
-                "--overwrite",
-            ],
-            cwd=REPO,
-        ).returncode
+        command = preprocess_command(corpus, out, "--config", str(REPO / "configs" / "ljspeech.yaml"))
+        code = subprocess.run(command, cwd=REPO).returncode
         if code:
             raise SystemExit(f"preprocessing {corpus} failed ({code})")
     return out

@@ -38,6 +38,13 @@ TEST_CONFIG = {
 }
 
 
+def made(summary: dict, kind: str = "train") -> list[int]:
+    """Per bucket of a run summary: how many times its `kind` step was traced or restored untraced from the
+    persistent cache (train/programs.py; the tests share one cache, so a run may restore what another saved).
+    One per bucket used is the one-trace-per-shape guarantee."""
+    return [b[f"{kind}_step_traces"] + b[f"{kind}_step_restored"] for b in summary["buckets"]]
+
+
 def write_config(path: Path, base: dict = TEST_CONFIG, **sections) -> Path:
     """`base` (TEST_CONFIG) with per-section overrides, e.g. write_config(p, loop={"steps": 40})."""
     cfg = {k: dict(v) for k, v in base.items()}

@@ -1,17 +1,20 @@
-"""Every bucket's step compiled up front (train/compile.py), and kept across runs (train/xla_cache.py).
+"""Every bucket's step compiled behind training (train/compile.py), and kept across runs (train/xla_cache.py).
 
-That a resumed `melshards train` run loads every compiled step from the persistent cache is checked on the
-one-device XLA runs tests/train/test_distribute.py makes anyway
-(`test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache`).
+That a resumed `melshards train` run restores every step untraced and loads its compiled program from the
+persistent cache is checked on the one-device XLA runs tests/train/test_distribute.py makes anyway
+(`test_a_resumed_run_restores_every_step_untraced_and_loads_its_program_from_the_persistent_cache`).
 """
 
 from __future__ import annotations
 
 import os
-import weakref
+import threading
+
+import pytest
 
 from melshards.train import xla_cache
-from melshards.train.compile import align_function_names, compile_steps
+from melshards.train.compile import EVAL, TRAIN, Program, Warmup, flat_call_available, warmup_order
+from melshards.train.programs import from_trace, restore
 from melshards.train.tf_quiet import tf  # noqa: I001
 
 
@@ -37,42 +40,6 @@ def test_enabling_the_cache_adds_its_flag_and_keeps_one_already_given(monkeypatc
     assert xla_cache.enable_persistent_cache() is None and os.environ["TF_XLA_FLAGS"] == ""
 
 
-def test_functions_traced_after_aligning_get_the_same_names_whatever_ran_before():
-    def traced_name(work_before: int) -> str:
-        for _ in range(work_before):
-            tf.constant(1.0) + 1.0  # eager ops take uids, as a checkpoint check does
-        align_function_names()
-        return tf.function(lambda x: x * 2).get_concrete_function(tf.TensorSpec([2])).name.decode()
-
-    traced_name(0)  # a process's first trace sets things up once
-    a, b = traced_name(0), traced_name(37)
-    assert a.rsplit("_", 1)[0] == b.rsplit("_", 1)[0]
-    assert int(a.rsplit("_", 1)[1]) % 100_000 == int(b.rsplit("_", 1)[1]) % 100_000 < 1000
-
-
-def test_this_tensorflow_still_numbers_traced_functions_with_the_private_uid_counter():
-    """Fails on a TensorFlow that moved or changed `ops.uid`: the persistent cache would miss on every
-    resumed run (align_function_names logs it and goes on)."""
-    from tensorflow.python.framework import ops
-
-    assert callable(getattr(ops, "uid", None)), (
-        f"TensorFlow {tf.__version__} has no tensorflow.python.framework.ops.uid"
-    )
-    assert align_function_names(), f"TensorFlow {tf.__version__}: ops.uid no longer counts up"
-    start = ops.uid()
-    name = tf.function(lambda x: x + 1).get_concrete_function(tf.TensorSpec([1])).name.decode()
-    assert start < int(name.rsplit("_", 1)[1]) <= ops.uid(), f"{name} is not numbered by ops.uid ({start})"
-
-
-def test_aligning_without_the_uid_counter_says_so_and_goes_on(monkeypatch, caplog):
-    from tensorflow.python.framework import ops
-
-    monkeypatch.delattr(ops, "uid")
-    with caplog.at_level("WARNING", logger="melshards.train"):
-        assert align_function_names() is False
-    assert "persistent XLA cache will miss" in caplog.text
-
-
 def test_trimming_the_xla_cache_removes_its_least_recently_used_programs_only(tmp_path):
     programs = [tmp_path / f"xla_compile_cache__{i}__{i}__XLA_CPU_JIT.pb" for i in range(5)]
     for age, f in enumerate(programs):  # programs[0] used last
@@ -94,72 +61,139 @@ def test_enabling_the_cache_trims_it(monkeypatch, tmp_path):
     assert len(list(tmp_path.glob("*.pb"))) == 1
 
 
-def test_compiling_up_front_traces_each_step_once_and_leaves_the_state_as_it_was():
-    weight, counter = tf.Variable([1.0, 2.0]), tf.Variable(0, dtype=tf.int64)
-
-    def make(n):
-        @tf.function(input_signature=[{"x": tf.TensorSpec([n, 2])}], jit_compile=True)
-        def step(batch):
-            weight.assign_sub(0.5 * tf.reduce_mean(batch["x"] + 1.0, 0))
-            counter.assign_add(1)
-            return {"loss": tf.reduce_sum(weight)}
-
-        return step
-
-    train = {0: make(3), 2: make(5)}
-    evals = {
-        2: tf.function(
-            lambda b: {"sum": tf.reduce_sum(b["x"]) + tf.reduce_sum(weight)},
-            input_signature=[{"x": tf.TensorSpec([4, 2])}],
-            jit_compile=True,
-        )
-    }
-    report = compile_steps(
-        train,
-        {0: {"x": tf.TensorSpec([3, 2])}, 2: {"x": tf.TensorSpec([5, 2])}},
-        evals,
-        {2: {"x": tf.TensorSpec([4, 2])}},
-        [weight, counter],
-    )
-    assert sorted(report) == [0, 2] and all(t["trace_s"] > 0 and t["compile_s"] > 0 for t in report.values())
-    assert weight.numpy().tolist() == [1.0, 2.0] and int(counter.numpy()) == 0
-    train[2]({"x": tf.ones([5, 2])})
-    assert weight.numpy().tolist() == [0.0, 1.0]  # the real call still updates
-    assert [s.experimental_get_tracing_count() for s in (*train.values(), *evals.values())] == [1, 1, 1]
-
-
-def test_the_state_is_kept_in_host_memory_not_on_the_device_while_the_warm_up_steps_run():
-    """No tensor copy of a state variable is alive during a warm-up call (on a GPU, device memory):
-    the copies are numpy's, in host memory."""
-    import gc
-
-    weight, slot = tf.Variable(tf.ones([7, 13])), tf.Variable(tf.zeros([7, 13]))
-
-    @tf.function(input_signature=[{"x": tf.TensorSpec([3, 13])}], jit_compile=True)
+def _step(weight, counter, n):
+    @tf.function(input_signature=[{"x": tf.TensorSpec([n, 2])}], jit_compile=True, autograph=False)
     def step(batch):
-        slot.assign_add(tf.ones([7, 13]))
-        weight.assign_sub(tf.reduce_mean(batch["x"]) + slot)
+        weight.assign_sub(0.5 * tf.reduce_mean(batch["x"] + 1.0, 0))
+        counter.assign_add(1)
         return {"loss": tf.reduce_sum(weight)}
 
-    def tensors_of_the_state_s_shape() -> int:
-        gc.collect()
-        return sum(
-            1
-            for o in gc.get_objects()
-            # a weak proxy is skipped unasked: one whose object is gone raises on any other question
-            if not isinstance(o, weakref.ProxyTypes)
-            and isinstance(o, tf.Tensor)
-            and not tf.is_symbolic_tensor(o)
-            and tuple(o.shape) == (7, 13)
-        )  # values, not the trace's graph tensors
+    return step
 
-    before, during = tensors_of_the_state_s_shape(), []
 
-    def watched(batch):
-        during.append(tensors_of_the_state_s_shape())
-        return step(batch)
+def test_the_warmup_compiles_each_step_once_on_a_scratch_copy_never_writing_the_trained_state():
+    weight, counter = tf.Variable([1.0, 2.0]), tf.Variable(0, dtype=tf.int64)
+    train = {0: _step(weight, counter, 3), 2: _step(weight, counter, 5)}
+    evaluate = tf.function(
+        lambda b: {"sum": tf.reduce_sum(b["x"]) + tf.reduce_sum(weight)},
+        input_signature=[{"x": tf.TensorSpec([4, 2])}],
+        jit_compile=True,
+        autograph=False,
+    )
+    programs = [
+        Program(TRAIN, 2, train[2], {"x": tf.TensorSpec([5, 2])}),
+        Program(TRAIN, 0, train[0], {"x": tf.TensorSpec([3, 2])}),
+        Program(EVAL, 2, evaluate, {"x": tf.TensorSpec([4, 2])}),
+    ]
+    warmup = Warmup(programs, began=0.0, state=[weight, counter]).start()
+    for p in programs:
+        assert warmup.wait(p.kind, p.bucket) >= 0.0
+    warmup.close()
+    assert weight.numpy().tolist() == [1.0, 2.0] and int(counter.numpy()) == 0  # the scratch copy took the steps
+    facts = warmup.facts()
+    assert [(p["kind"], p["bucket"]) for p in facts["programs"]] == [(TRAIN, 2), (TRAIN, 0), (EVAL, 2)]
+    ready = [p["ready_s"] for p in facts["programs"]]
+    assert ready == sorted(ready) and all(p["trace_s"] > 0 and p["compile_s"] > 0 for p in facts["programs"])
+    assert facts["programs_compiled"] == 3 and facts["programs_from_cache"] == 0  # no persistent cache here
+    train[2]({"x": tf.ones([5, 2])})
+    assert weight.numpy().tolist() == [0.0, 1.0] and int(counter.numpy()) == 1  # the real call still updates
+    assert [f.experimental_get_tracing_count() for f in (*train.values(), evaluate)] == [1, 1, 1]
 
-    watched.get_concrete_function = step.get_concrete_function
-    compile_steps({0: watched}, {0: {"x": tf.TensorSpec([3, 13])}}, {}, {}, [weight, slot])
-    assert during == [before]  # a device copy of each variable was 2 more
-    assert (weight.numpy() == 1).all() and (slot.numpy() == 0).all()
+
+def test_warmup_order_is_the_order_the_schedule_first_calls_each_bucket_from_the_first_call():
+    schedule = [3, 3, 1, 0, 3, 1, 2, 0].__getitem__
+    assert warmup_order(schedule, 0, [0, 1, 2, 3]) == [3, 1, 0, 2]
+    assert warmup_order(schedule, 3, [0, 1, 2, 3]) == [0, 3, 1, 2]  # a resumed run: from its call
+    assert warmup_order(lambda call: 0, 0, [0, 5]) == [0, 5]  # never called: last
+
+
+class _Gated:
+    """A stand-in for a traced step whose compile waits for `gate` and logs to `events`."""
+
+    def __init__(self, name, events, gate=None, error=None):
+        self.name, self.events, self.gate, self.error = name, events, gate, error
+        self.captured_inputs, self.variables = [], []
+
+    def get_concrete_function(self):
+        return self
+
+    def _call_flat(self, inputs, captures):
+        if self.gate is not None:
+            self.gate.wait()
+        if self.error is not None:
+            raise self.error
+        self.events.append(f"compiled {self.name}")
+        return {}
+
+
+def test_a_call_whose_program_is_late_waits_for_it_and_a_failed_compile_raises_at_the_wait():
+    events, gate = [], threading.Event()
+    programs = [
+        Program(TRAIN, 0, _Gated("0", events), {}),
+        Program(TRAIN, 1, _Gated("1", events, gate), {}),
+        Program(EVAL, 0, _Gated("eval 0", events, error=ValueError("no XLA kernel for op Foo")), {}),
+    ]
+    warmup = Warmup(programs, began=0.0, state=[]).start()
+    warmup.wait(TRAIN, 0)
+    events.append("call 0")
+    waiting = threading.Thread(target=lambda: (warmup.wait(TRAIN, 1), events.append("call 1")))
+    waiting.start()
+    assert not programs[1].ready.is_set()  # still compiling: the call must wait
+    gate.set()
+    waiting.join()
+    assert events == ["compiled 0", "call 0", "compiled 1", "call 1"]
+    with pytest.raises(ValueError, match="no XLA kernel"):
+        warmup.wait(EVAL, 0)
+    assert warmup.wait(EVAL, 7) == 0.0  # a program the warm-up does not hold: nothing to wait for
+    warmup.close()
+
+
+def test_this_tensorflow_still_takes_a_traced_functions_captured_inputs_as_arguments():
+    """Fails on a TensorFlow that moved or changed `ConcreteFunction._call_flat`: the steps would compile
+    at their first calls instead of behind training (the trainer logs it and goes on)."""
+    assert flat_call_available(), (
+        f"TensorFlow {tf.__version__}: no ConcreteFunction._call_flat(tensor_inputs, captured_inputs)"
+    )
+
+
+def test_a_saved_step_is_restored_untraced_under_its_keys_name_and_updates_the_state_as_traced(tmp_path):
+    weight, counter = tf.Variable([1.0, 2.0]), tf.Variable(0, dtype=tf.int64)
+    step = _step(weight, counter, 3)
+    traced = from_trace(step.get_concrete_function(), TRAIN, 0, "k1", [weight, counter])
+    traced.save(str(tmp_path / "p.npz"))
+    restored = restore(str(tmp_path / "p.npz"))
+    assert restored.name == traced.name == "melshards_train_b00_k1"
+    assert restored.matches([weight, counter]) and not restored.matches([tf.Variable([1.0, 2.0, 3.0]), counter])
+    out = restored({"x": tf.ones([3, 2])}, restored.bind([weight, counter]))
+    assert weight.numpy().tolist() == [0.0, 1.0] and int(counter.numpy()) == 1 and float(out["loss"]) == 1.0
+    assert restore(str(tmp_path / "missing.npz")) is None
+
+
+def test_a_warmup_with_the_persistent_cache_saves_each_step_and_the_next_run_restores_it_without_tracing(
+    tmp_path, caplog
+):
+    def run(key, state_order=lambda weight, counter: [weight, counter]):
+        weight, counter = tf.Variable([1.0, 2.0]), tf.Variable(0, dtype=tf.int64)
+        step = _step(weight, counter, 4)
+        warmup = Warmup([Program(TRAIN, 1, None, {"x": tf.TensorSpec([4, 2])}, key)], 0.0, str(tmp_path)).start()
+        state = state_order(weight, counter)
+        warmup.provide({(TRAIN, 1): step}, state)
+        warmup.wait(TRAIN, 1)
+        warmup.close()
+        p = warmup.programs[TRAIN, 1]
+        if p.program is not None:
+            p.program({"x": tf.ones([4, 2])}, p.program.bind(state))
+        else:
+            step({"x": tf.ones([4, 2])})
+        assert weight.numpy().tolist() == [0.0, 1.0]  # this run's variables updated
+        return p, step.experimental_get_tracing_count()
+
+    first, traces = run("k2")
+    assert (first.restored, traces) == (False, 1) and (tmp_path / "melshards_program__k2.npz").exists()
+    again, traces = run("k2")
+    assert (again.restored, traces) == (True, 0)  # the same key: restored, never traced
+    other, traces = run("k3")
+    assert (other.restored, traces) == (False, 1)  # another key: traced
+    with caplog.at_level("WARNING", logger="melshards.train"):
+        unfit, traces = run("k2", lambda weight, counter: [counter, weight])  # not the variables it was saved with
+    assert (unfit.restored, traces) == (False, 1) and "does not fit this model's variables" in caplog.text

@@ -273,7 +273,7 @@ def test_mirrored_on_3_devices_gives_every_bucket_a_batch_they_divide_and_valida
 def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, bucketed_dir, tmp_path, caplog):
     """Weights, optimizer and step come back; the input position (not saved under a strategy) is reshuffled.
     In this process, through the CLI entry point (the resume is the loop's; a new process resuming is
-    test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache)."""
+    test_a_resumed_run_restores_every_step_untraced_and_loads_its_program_from_the_persistent_cache)."""
     from melshards.commands.train import run
 
     shutil.copytree(one_and_mirrored / "mirrored", tmp_path / "m")
@@ -294,11 +294,14 @@ def test_a_run_trained_under_mirrored_resumes_on_one_device(one_and_mirrored, bu
     assert int(resumed.get_tensor("optimizer/_iterations/.ATTRIBUTES/VARIABLE_VALUE")) == more
 
 
-def test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache(one_and_mirrored, bucketed_dir, tmp_path):
-    """On one device every bucket's train and eval step is compiled up front, once, and kept in the cache; the
-    run resumed from its checkpoint (which holds the input position: its check reads tensors eagerly before
-    the steps are traced) in a new process finds every one of them there and adds nothing, and prints no
-    text-format parse error of the entries it reads (TensorFlow logs one per entry; train/tf_quiet.py drops it)."""
+def test_a_resumed_run_restores_every_step_untraced_and_loads_its_program_from_the_persistent_cache(
+    one_and_mirrored, bucketed_dir, tmp_path
+):
+    """On one device every bucket's train and eval step is traced once, compiled behind training and kept in
+    the cache with its graph (train/programs.py); the run resumed from its checkpoint in a new process traces
+    nothing: it restores every step's graph and finds every compiled program there, adds nothing, and prints
+    no text-format parse error of the entries it reads (TensorFlow logs one per entry; train/tf_quiet.py drops
+    it)."""
     shutil.copytree(one_and_mirrored / "one", tmp_path / "m")
     shutil.copytree(one_and_mirrored / "xla-one", tmp_path / "xla")
     args = ("--strategy", "one", "--steps", str(STEPS + 2), "--val", str(bucketed_dir / VAL_GLOB))
@@ -308,12 +311,17 @@ def test_a_resumed_run_loads_every_compiled_step_from_the_persistent_cache(one_a
     before = sorted(p.name for p in (one_and_mirrored / "xla-one").iterdir())
     first, resumed = _summary(one_and_mirrored / "one"), _summary(tmp_path / "m")
     assert (resumed["start_step"], resumed["final_step"]) == (STEPS, STEPS + 2)
-    assert len(before) == 2 * N_BUCKETS  # the train and the eval step of each bucket
+    # the train and the eval step of each bucket: its compiled program and its saved graph
+    assert sum(n.startswith("xla_compile_cache__") for n in before) == 2 * N_BUCKETS
+    assert sum(n.startswith("melshards_program__") for n in before) == 2 * N_BUCKETS
     assert sorted(p.name for p in (tmp_path / "xla").iterdir()) == before  # nothing compiled again: every step found
+    assert first["train_step_traces"] == N_BUCKETS and first["eval_step_traces"] == N_BUCKETS
+    assert resumed["train_step_traces"] == 0 and resumed["eval_step_traces"] == 0  # restored, not traced
+    assert (first["programs_restored"], first["programs_from_cache"]) == (0, 0)
+    assert (resumed["programs_restored"], resumed["programs_from_cache"]) == (2 * N_BUCKETS, 2 * N_BUCKETS)
     for summary in (first, resumed):
-        assert summary["train_step_traces"] == N_BUCKETS and summary["eval_step_traces"] == N_BUCKETS
-        assert list(summary["compile_by_bucket"]) == [str(b) for b in TRAINED]
-        assert summary["time_to_first_step"] >= summary["compile_seconds"] > 0
+        assert [(p["kind"], p["bucket"]) for p in summary["programs"]] == [("train", 0), ("eval", 0)]
+        assert summary["first_step_wait_s"] is not None and summary["programs"][0]["ready_s"] is not None
         assert summary["layers"] == {"device": "CPU", "conv": "im2col", "dropout_rng": "threefry"}
 
 

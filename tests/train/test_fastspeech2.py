@@ -13,7 +13,7 @@ import yaml
 
 from melshards.commands.train import run
 from melshards.shards_schema import read_schema
-from tests.train.conftest import TEST_CONFIG
+from tests.train.conftest import TEST_CONFIG, made
 
 EXAMPLE = "examples.fastspeech2:build"
 MODEL = {"d_model": 16, "encoder_layers": 1, "decoder_layers": 1, "predictor_layers": 1}
@@ -61,22 +61,22 @@ def test_fastspeech2_trains_on_durations_pitch_and_energy_with_one_trace_per_buc
     assert all(np.isfinite(v) for v in losses.values())
     schema = read_schema(str(features_dir))
     assert summary["steps_run"] == 6 and len(summary["buckets"]) == len(schema.buckets) > len(RUN_BUCKETS)
-    # the bucket read traced its step once, and its eval step once; the others none
+    # the bucket read traced (or restored) its step once, and its eval step once; the others none
     read = [int(b.index in RUN_BUCKETS) for b in schema.buckets]
-    assert [b["train_step_traces"] for b in summary["buckets"]] == read
+    assert made(summary) == read
     assert summary["buckets_used"] == len(RUN_BUCKETS)
-    assert [b["eval_step_traces"] for b in summary["buckets"]] == read
+    assert made(summary, "eval") == read
 
 
-def test_the_batch_holds_the_features_the_model_asks_for_and_no_python_ops(features_dir, tmp_path, monkeypatch):
-    """The Trainer's datasets, built without compiling its steps (what is checked here is the input;
-    tests/train/test_plugins.py checks a plug-in's datasets with every step compiled)."""
+def test_the_batch_holds_the_features_the_model_asks_for_and_no_python_ops(features_dir, tmp_path):
+    """The Trainer's datasets, built without compiling its steps (a Trainer compiles them once the run
+    starts; what is checked here is the input; tests/train/test_plugins.py checks a plug-in's datasets
+    with every step compiled)."""
     from melshards.train.config import config_from_dict
     from melshards.train.input_pipeline import python_ops_in
     from melshards.train.inputs import resolve_inputs
     from melshards.train.trainer import Trainer
 
-    monkeypatch.setattr(Trainer, "_compile_steps", lambda self, stopped: {})
     cfg = config_from_dict({"model": dict(MODEL, factory=EXAMPLE), "data": {"batch_size": 2}})
     inputs = resolve_inputs([str(features_dir / "train-*.tfrecord")], [], None, cfg)
     built = Trainer(inputs, str(tmp_path / "m"), synthetic=False)

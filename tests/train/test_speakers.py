@@ -9,7 +9,7 @@ import soundfile as sf
 import tensorflow as tf
 
 from melshards.commands.synthesize import synthesize_command
-from tests.train.conftest import LANGUAGES, SPEAKERS, TEST_CONFIG
+from tests.train.conftest import LANGUAGES, SPEAKERS, TEST_CONFIG, made
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +29,7 @@ def synth(two_speaker_model):
 
 def test_the_builtin_model_trains_on_two_speakers_and_languages_with_one_trace_per_bucket(two_speaker_model):
     model_dir, summary = two_speaker_model
-    assert summary["steps_run"] == 16 and summary["train_step_traces"] == len(summary["buckets"]) == 2
+    assert summary["steps_run"] == 16 and made(summary) == [1, 1]
     assert np.isfinite(summary["final_losses"]["train"]["loss"])
     # the tables, sized by schema.json's speakers and languages, restore from the checkpoint (every variable
     # of the model must be matched by a saved value)
