@@ -19,7 +19,7 @@ from melshards.train import distribute
 from melshards.train.checkpoints import CHECKPOINT_DIR, check_writable, resume_checkpoint
 from melshards.train.errors import ModelDirError, RestoreError, TrainError
 from melshards.train.inputs import Inputs, resolve_inputs
-from melshards.train.metrics import RunState, format_summary
+from melshards.train.metrics import RunState, Timeline, format_summary
 from melshards.train.model_dir import (
     CONFIG_FILE,
     SUMMARY_FILE,
@@ -59,11 +59,22 @@ def train(inputs: Inputs, model_dir: str, synthetic: bool = False, topo: distrib
     topo = topo or distribute.Topology("one", None)
     began = time.perf_counter()
     with StopFlag() as stop:  # from the start: a Ctrl-C during set-up stops before the first call
+        timeline = Timeline(began)
         check_before_writing(inputs, model_dir, topo)
-        trainer = Trainer(inputs, model_dir, synthetic, topo, stopped=lambda: stop.signal_name is not None, began=began)
+        timeline.mark("checks")
+        trainer = Trainer(
+            inputs,
+            model_dir,
+            synthetic,
+            topo,
+            stopped=lambda: stop.signal_name is not None,
+            began=began,
+            timeline=timeline,
+        )
         try:
             if topo.chief:  # the model is built (its steps compiling behind): the run starts, its dir is marked
                 record_settings(model_dir, inputs)
+            timeline.mark("settings")
             state = start(trainer, began)
             scalars = Scalars(trainer.write_dir)
             run_calls(trainer, state, stop, scalars)
@@ -91,6 +102,7 @@ def start(trainer: Trainer, began: float) -> RunState:
     if not trainer.topo.chief:
         check_writable(trainer.write_dir)
     start_step, changes = trainer.restore()
+    trainer.timeline.mark("restore")
     lp, topo = trainer.inputs.cfg.loop, trainer.topo
     log.info(
         "model %d parameters, batch %d (%d per replica, %d replicas on %d workers, strategy %s), "
@@ -115,6 +127,7 @@ def start(trainer: Trainer, began: float) -> RunState:
         loss_names=trainer.loss_names,
         compiled=trainer.warmup is not None,
         began=began,
+        startup=trainer.timeline,
     )
 
 
@@ -131,13 +144,16 @@ def run_calls(trainer: Trainer, state: RunState, stop: StopFlag, scalars: Scalar
         while state.running and not stop.signal_name:
             if not trainer.program_ready():  # a signal came while the call's program was compiling
                 break
+            trainer.timeline.mark("program wait")
             state.record(*trainer.call(), last_checkpoint=ckpt.latest)
             if state.time_to_first_step is None:
                 state.time_to_first_step = time.perf_counter() - state.began
+                trainer.timeline.mark("first call", state.began + state.time_to_first_step)
                 log.info(
-                    "first call done %.1f s after the start (it waited %.1f s for its program)",
+                    "first call done %.1f s after the start (it waited %.1f s for its program); start-up: %s",
                     state.time_to_first_step,
                     trainer.first_step_wait or 0.0,
+                    trainer.timeline.describe(),
                 )
             if preemption is not None:
                 preemption.check(state.step)

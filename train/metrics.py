@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 
 import numpy as np
 
@@ -28,6 +29,31 @@ class Steady:
 
 
 @dataclasses.dataclass
+class Timeline:
+    """Where a run's set-up goes: the end of each start-up phase, in seconds from the start of `train`,
+    in the order the phases ran (the run summary's `startup_s` gives each phase's own seconds)."""
+
+    began: float  # time.perf_counter() at the start of `train`
+    ends: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def mark(self, phase: str, now: float | None = None) -> None:
+        """`phase` ended now (or at `now`, a time.perf_counter() reading); a phase is marked once."""
+        if phase not in self.ends:
+            self.ends[phase] = (time.perf_counter() if now is None else now) - self.began
+
+    def phases(self) -> dict[str, float]:
+        """Each phase's own seconds: its end less the previous phase's end (the first's: less the start)."""
+        out, previous = {}, 0.0
+        for phase, end in self.ends.items():
+            out[phase] = end - previous
+            previous = end
+        return out
+
+    def describe(self) -> str:
+        return ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds in self.phases().items())
+
+
+@dataclasses.dataclass
 class RunState:
     start: int
     target: int
@@ -43,6 +69,7 @@ class RunState:
     first_call_seconds: float | None = None  # each bucket's first call (warm-up): out of the steady state
     time_to_first_step: float | None = None  # from the start of `train` to the end of its first call
     began: float = 0.0  # time.perf_counter() at the start of `train`
+    startup: Timeline | None = None  # the set-up's phases up to the end of the first call
     steady: Steady = dataclasses.field(default_factory=Steady)
     stopped_by: str = "steps"
     data_changes: list = dataclasses.field(default_factory=list)
@@ -128,6 +155,7 @@ class RunState:
             "compile_seconds": compile_seconds,
             "first_call_seconds": self.first_call_seconds,
             "time_to_first_step": self.time_to_first_step,
+            "startup_s": self.startup.phases() if self.startup is not None else {},
             "padding_fraction": 1.0 - self.valid_frames / self.padded_frames if self.padded_frames else None,
             "steady_state": {
                 "calls": s.calls,

@@ -30,6 +30,7 @@ from melshards.train.compile import EVAL, TRAIN, Program, Warmup, warmup_order
 from melshards.train.config import LoopConfig
 from melshards.train.errors import TrainError
 from melshards.train.inputs import Inputs
+from melshards.train.metrics import Timeline
 from melshards.train.plugins import build_model, model_inputs
 from melshards.train.programs import program_key, source_digest
 from melshards.train.references import same_clip
@@ -88,14 +89,17 @@ class Trainer:
         topo: distribute.Topology | None = None,
         stopped=lambda: False,
         began: float | None = None,
+        timeline: Timeline | None = None,
     ):
         """began: the run's start (time.perf_counter()): on one device its steps then compile behind
-        training from now on (`start_warmup`); None: each compiles at its first call."""
+        training from now on (`start_warmup`); None: each compiles at its first call. timeline: the run's
+        start-up phases, to which the model's and the input's are added (None: a new one)."""
         cfg = inputs.cfg
         self.inputs, self.synthetic = inputs, synthetic
         self.k_steps, self.batch_size = cfg.loop.steps_per_execution, cfg.data.batch_size
         self.topo = topo or distribute.Topology("one", None)
         self.per_replica = self.topo.per_replica_batch(self.batch_size)
+        self.timeline = timeline or Timeline(time.perf_counter() if began is None else began)
         seed_everything(cfg.loop)
         self.buckets = check_buckets(inputs, self.topo)
         self.balancing = balance.balancing(inputs.schema, cfg.data.balance, cfg.data.balance_alpha)
@@ -124,6 +128,7 @@ class Trainer:
         except BaseException:
             self.close_warmup()
             raise
+        self.timeline.mark("model")
         self.write_dir = distribute.write_dir(model_dir, self.topo)
         self._make_input()
         self.checkpointer = Checkpointer(
@@ -136,6 +141,7 @@ class Trainer:
             cfg.loop.keep_checkpoints,
             read_dir=model_dir,
         )
+        self.timeline.mark("input")
         self._log_buckets()
 
     # -- construction, in order -------------------------------------------------------------------

@@ -18,7 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from melshards.train.checkpoints import data_settings, remove_partial_writes, settings_diff
 from melshards.train.config import TrainConfig
 from melshards.train.errors import TrainError
-from melshards.train.metrics import RunState, format_summary
+from melshards.train.metrics import RunState, Timeline, format_summary
 from melshards.train.progress import Progress
 from melshards.train.summaries import Scalars
 from tests.train.conftest import write_lite_config
@@ -184,3 +184,15 @@ def test_run_state_compiled_behind_training_reports_the_warmups_compile_not_the_
     )
     assert state.compile_seconds is None and state.first_call_seconds == 0.5
     assert state.summary(compile_seconds=4.0)["compile_seconds"] == 4.0
+
+
+def test_startup_timeline_gives_each_phase_its_own_seconds_and_keeps_a_phases_first_end():
+    timeline = Timeline(began=100.0)
+    timeline.mark("checks", now=100.25)
+    timeline.mark("model", now=101.5)
+    timeline.mark("model", now=109.0)  # marked once: a later mark of the same phase changes nothing
+    timeline.mark("first call", now=102.0)
+    assert timeline.phases() == {"checks": 0.25, "model": 1.25, "first call": 0.5}
+    assert timeline.describe() == "checks 0.25 s, model 1.25 s, first call 0.50 s"
+    state = RunState(start=0, target=4, steps_per_call=2, startup=timeline)
+    assert state.summary()["startup_s"] == {"checks": 0.25, "model": 1.25, "first call": 0.5}
