@@ -33,12 +33,12 @@ import json
 import logging
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from melshards.shards_schema.atomic import atomic_write
 from melshards.train.tf_quiet import tf
 
 log = logging.getLogger("melshards.train")
@@ -160,7 +160,7 @@ class StepProgram:
 
     # -- saving --------------------------------------------------------------------------------------
     def save(self, path: str) -> None:
-        """Write the program to `path` (atomically: a temp file renamed)."""
+        """Write the program to `path`, whole or not at all (`atomic_write`)."""
         meta = {
             "format": FORMAT,
             "name": self.name,
@@ -176,16 +176,8 @@ class StepProgram:
         entries.update({f"function_{i}": np.frombuffer(b, np.uint8) for i, b in enumerate(library)})
         entries.update(arrays)
         np.savez(buf, **entries)  # type: ignore[arg-type]  # numpy's stubs type **kwds as its allow_pickle
-        directory = os.path.dirname(path)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-" + PREFIX, dir=directory)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(buf.getvalue())
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        with atomic_write(path) as f:
+            f.write(buf.getvalue())
 
 
 def from_trace(concrete, kind: str, bucket: int, key: str, state: Sequence) -> StepProgram | None:
