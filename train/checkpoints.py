@@ -214,12 +214,14 @@ def untracked_variables(root, model) -> list[str]:
     return [v.path for v in model.variables if id(v) not in reachable and id(getattr(v, "value", v)) not in reachable]
 
 
-def restore_checked(ckpt: tf.train.Checkpoint, path: str, model, consume_all: bool) -> None:
-    """ckpt.restore(path), failing if any model variable is left with its initial value.
+def restore_checked(ckpt: tf.train.Checkpoint, path: str, model):
+    """ckpt.restore(path), failing if any model variable is left with its initial value; returns the
+    restore's status (objects attached to `ckpt`'s graph later are restored as they are attached).
 
     Two checks: every model variable must be in the checkpoint's object graph (so restore can
-    reach it), and every object in that graph must have been matched by a saved value.
-    consume_all also requires every saved value to be used (an exact resume).
+    reach it), and every object in that graph must have been matched by a saved value. Whether every
+    saved value was used (an exact resume) is the status's `assert_consumed`, once every object is
+    attached (`Checkpointer.save`).
     """
     missing = untracked_variables(ckpt, model)
     if missing:
@@ -230,22 +232,19 @@ def restore_checked(ckpt: tf.train.Checkpoint, path: str, model, consume_all: bo
         )
     status = ckpt.restore(path)
     try:
-        if consume_all:
-            status.assert_consumed()
-        else:
-            status.expect_partial()
-            status.assert_existing_objects_matched()
+        status.assert_existing_objects_matched()
     except AssertionError as e:
         raise RestoreError(
             f"{path} does not restore this model: {str(e).splitlines()[0]} Train it with "
             "this version of melshards, or use another --model-dir"
         ) from e
+    return status
 
 
 def restore_model(model, path: str) -> None:
     """The model's weights (only) from a training checkpoint; every variable must be restored. `path`
     comes from `resume_checkpoint`, which has read it whole (a damaged one is a CheckpointError there)."""
-    restore_checked(tf.train.Checkpoint(model=model), path, model, consume_all=False)
+    restore_checked(tf.train.Checkpoint(model=model), path, model).expect_partial()
 
 
 class Checkpointer:
@@ -261,10 +260,15 @@ class Checkpointer:
         data: dict,
         keep: int,
         read_dir: str | None = None,
+        before_save=lambda: None,
     ):
-        """iterator None: the input position is not saved (distributed iterators are not trackable).
-        read_dir: the model dir to resume from when it is not the one written (a non-chief worker)."""
+        """iterator None: the input position is not saved (distributed iterators are not trackable); else a
+        tf.Module whose attributes are the iterators, which may be attached after `restore` (`attached`).
+        read_dir: the model dir to resume from when it is not the one written (a non-chief worker).
+        before_save(): called before each save (the trainer attaches every iterator it has not built yet)."""
         self.model, self.data, self.has_iterator = model, data, iterator is not None
+        self.before_save = before_save
+        self.pending = None  # the restore of the full checkpoint while iterators are still to be attached
         self.input_position_saved = True  # whether the restored checkpoint held the input position
         self.data_var = tf.Variable(json.dumps(data, sort_keys=True), trainable=False, dtype=tf.string)
         self.weights = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
@@ -289,15 +293,17 @@ class Checkpointer:
         diff = settings_diff(saved_data_settings(latest), self.data)
         self.input_position_saved = has_input_position(latest)
         if not diff and self.has_iterator and self.input_position_saved:
-            restore_checked(self.full, latest, self.model, consume_all=True)
+            # iterators attached later are restored as they are attached (`attached`); every saved
+            # value must be used by the first save (an exact resume)
+            self.pending = restore_checked(self.full, latest, self.model).expect_partial()
             return []
         if not diff and self.has_iterator:  # written under a strategy: no input position to restore
-            restore_checked(self.weights, latest, self.model, consume_all=False)
+            restore_checked(self.weights, latest, self.model).expect_partial()
             return []
         if not self.has_iterator:  # the input restarts anyway; a position saved by a one-device run is unused
-            restore_checked(self.weights, latest, self.model, consume_all=False)
+            restore_checked(self.weights, latest, self.model).expect_partial()
             return []
-        restore_checked(self.weights, latest, self.model, consume_all=False)
+        restore_checked(self.weights, latest, self.model).expect_partial()
         log.warning(
             "the input differs from the run that wrote %s (%s): restored the weights, optimizer "
             "and step, and started the input pipeline afresh. To resume exactly where it "
@@ -307,5 +313,28 @@ class Checkpointer:
         )
         return diff
 
+    def attached(self, name: str) -> None:
+        """The iterator `name` was attached: after a restore of the full checkpoint it must have been
+        restored with it (RestoreError: the checkpoint holds no position for it)."""
+        if self.pending is None:
+            return
+        try:
+            self.pending.assert_existing_objects_matched()
+        except AssertionError as e:
+            raise RestoreError(
+                f"{self.latest} holds no input position for {name}: {str(e).splitlines()[0]} Resume with "
+                "the shards and data settings it was trained with, or use another --model-dir"
+            ) from e
+
     def save(self, step: int) -> str:
+        self.before_save()
+        if self.pending is not None:  # every value the restored checkpoint held is in use: an exact resume
+            try:
+                self.pending.assert_consumed()
+            except AssertionError as e:
+                raise RestoreError(
+                    f"{self.latest} holds values this run did not restore: {str(e).splitlines()[0]} Resume with "
+                    "the shards and data settings it was trained with, or use another --model-dir"
+                ) from e
+            self.pending = None
         return self.manager.save(checkpoint_number=step)

@@ -103,6 +103,8 @@ def start(trainer: Trainer, began: float) -> RunState:
         check_writable(trainer.write_dir)
     start_step, changes = trainer.restore()
     trainer.timeline.mark("restore")
+    trainer.iterator(trainer.next_bucket())  # the first call's input (the others' at their first calls)
+    trainer.timeline.mark("input")
     lp, topo = trainer.inputs.cfg.loop, trainer.topo
     log.info(
         "model %d parameters, batch %d (%d per replica, %d replicas on %d workers, strategy %s), "

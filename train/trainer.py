@@ -140,8 +140,8 @@ class Trainer:
             data_settings(inputs.files, cfg, synthetic),
             cfg.loop.keep_checkpoints,
             read_dir=model_dir,
+            before_save=self.complete_input,
         )
-        self.timeline.mark("input")
         self._log_buckets()
 
     # -- construction, in order -------------------------------------------------------------------
@@ -249,14 +249,13 @@ class Trainer:
             self.warmup.close()
 
     def _make_input(self) -> None:
-        """On one device every bucket's iterator now, its position saved in the checkpoint
-        (`iterator/bucket_NN`); under a strategy at restore (distributed iterators are not trackable)."""
+        """On one device nothing is built here: each bucket's input is built at its first use (`iterator`),
+        so the first call waits for its own bucket's pipeline only. Under a strategy every bucket's input
+        is built at restore (`start_distributed_input`)."""
         self.datasets: dict = {}
         self.iterators: dict = {}
-        self.saved_iterators = None
-        if not self.topo.distributed:
-            self.saved_iterators = tf.Module()
-            self.start_local_input(seed=None)
+        self.saved_iterators = tf.Module() if not self.topo.distributed else None
+        self.input_seed: int | None = None  # overrides the config's seed (a checkpoint without a position)
 
     def _log_buckets(self) -> None:
         data = self.inputs.cfg.data
@@ -308,14 +307,23 @@ class Trainer:
             same_clip=self.same_clip,
         )
 
-    def start_local_input(self, seed: int | None) -> None:
-        """On one device: every bucket's input iterator, in the checkpoint's `iterator/bucket_NN`."""
-        self.datasets = {
-            tb.index: self.make_dataset(tb, seed=seed) for tb in self.buckets if tb.index in self.train_steps
-        }
-        self.iterators = {i: iter(ds) for i, ds in self.datasets.items()}
-        for i, it in self.iterators.items():
-            setattr(self.saved_iterators, f"bucket_{i:02d}", it)
+    def iterator(self, index: int):
+        """The input iterator of bucket `index`. On one device it is built at its first use and saved in the
+        checkpoint as `iterator/bucket_NN`; attached after a checkpoint was restored, it is restored as it
+        is attached (tf.train.Checkpoint restores an object added to a restored object graph), so a resumed
+        run continues each bucket's stream where it stopped, whenever that bucket is first called."""
+        if index not in self.iterators:
+            tb = next(tb for tb in self.buckets if tb.index == index)
+            self.datasets[index] = self.make_dataset(tb, seed=self.input_seed)
+            self.iterators[index] = iter(self.datasets[index])
+            setattr(self.saved_iterators, f"bucket_{index:02d}", self.iterators[index])
+            self.checkpointer.attached(f"bucket_{index:02d}")
+        return self.iterators[index]
+
+    def complete_input(self) -> None:
+        """Every bucket's input iterator built (and restored): a checkpoint then saves every position."""
+        for i in self.train_steps:
+            self.iterator(i)
 
     def start_distributed_input(self, start: int) -> None:
         """Under a strategy: every bucket's distributed input, reshuffled for the step it starts at
@@ -366,7 +374,7 @@ class Trainer:
                 seed,
                 start,
             )
-            self.start_local_input(seed)
+            self.input_seed = seed
         return start, changes
 
     def captured(self, program) -> list:
@@ -375,11 +383,15 @@ class Trainer:
             self._bound[program.name] = program.bind(self.state)
         return self._bound[program.name]
 
+    def next_bucket(self) -> int:
+        """The index of the bucket the next call trains."""
+        return self.buckets[self.schedule.bucket(self.next_call)].index
+
     def program_ready(self) -> bool:
         """Wait for the program of the next call; False when a stop was asked for meanwhile (no step runs)."""
         if self.warmup is None:
             return True
-        return self.warmup.wait_unless_stopped(TRAIN, self.buckets[self.schedule.bucket(self.next_call)].index)
+        return self.warmup.wait_unless_stopped(TRAIN, self.next_bucket())
 
     def call(self) -> tuple[dict, np.ndarray, float, float]:
         """One compiled call of the scheduled bucket: (mean metrics, the K step losses, input wait s, call s)."""
@@ -397,7 +409,7 @@ class Trainer:
                 "first call: tracing and XLA-compiling the train step of bucket %d (tens of seconds on CPU)", tb.index
             )
         t0 = time.perf_counter()
-        batch = read_or_name_shard(lambda: next(self.iterators[tb.index]), list(tb.files), self.inputs.schema)
+        batch = read_or_name_shard(lambda: next(self.iterator(tb.index)), list(tb.files), self.inputs.schema)
         t1 = time.perf_counter()
         # a step compiled at its first call (under a strategy) may load its program from the persistent cache
         program = self.warmup.programs[TRAIN, tb.index].program if warmed else None  # type: ignore[union-attr]
@@ -468,7 +480,7 @@ class Trainer:
                     i,
                     traces,
                     step.grad_fn.pretty_printed_concrete_signatures(),
-                    self.datasets[i].element_spec,
+                    self.datasets[i].element_spec if i in self.datasets else None,
                 )
         return out
 

@@ -17,7 +17,7 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from melshards.commands.synthesize import synthesize_command
 from melshards.shards_schema import read_schema
-from melshards.train.checkpoints import CHECKPOINT_DIR, RestoreError, restore_model, untracked_variables
+from melshards.train.checkpoints import CHECKPOINT_DIR, Checkpointer, RestoreError, restore_model, untracked_variables
 from melshards.train.config import config_from_dict
 from melshards.train.model import build_text_to_mel
 from melshards.train.synthesize import load_synthesizer
@@ -57,6 +57,42 @@ def test_restore_fails_when_the_checkpoint_lacks_model_variables(model, tmp_path
     path = tf.train.Checkpoint(other=tf.Variable(1.0)).write(str(tmp_path / "ckpt"))
     with pytest.raises(RestoreError, match="does not restore this model"):
         restore_model(model, path)
+
+
+def _stream():
+    return iter(tf.data.Dataset.range(100).shuffle(10, seed=1))
+
+
+def _checkpointer(model_dir, model, iterators, before_save=lambda: None) -> Checkpointer:
+    step = tf.Variable(0, dtype=tf.int64)
+    return Checkpointer(str(model_dir), model, tf.Module(), step, iterators, {"files": []}, 2, before_save=before_save)
+
+
+def test_an_iterator_attached_after_the_restore_continues_where_the_saved_run_left_it(model, tmp_path):
+    """A resumed run builds each bucket's input at its first call, after the checkpoint was restored: the
+    iterator is restored as it is attached, and every saved position is in use by the next save."""
+    saved = tf.Module()
+    saved.bucket_00, saved.bucket_01 = _stream(), _stream()
+    for _ in range(5):
+        next(saved.bucket_01)
+    _checkpointer(tmp_path, model, saved).save(1)
+    expected = [int(next(saved.bucket_01)) for _ in range(3)]
+
+    later = tf.Module()
+    resumed = _checkpointer(tmp_path, model, later, before_save=lambda: setattr(later, "bucket_00", _stream()))
+    assert resumed.restore() == []
+    later.bucket_01 = _stream()  # attached after the restore, as at the bucket's first call
+    resumed.attached("bucket_01")
+    assert [int(next(later.bucket_01)) for _ in range(3)] == expected
+    resumed.save(2)  # attaches bucket_00 first (before_save): every saved value was used
+
+    later.bucket_02 = _stream()  # a bucket the checkpoint holds no position for: not an exact resume
+    again = tf.Module()
+    strict = _checkpointer(tmp_path, model, again)
+    strict.restore()
+    again.bucket_02 = _stream()
+    with pytest.raises(RestoreError, match="holds no input position for bucket_02"):
+        strict.attached("bucket_02")
 
 
 @pytest.fixture(scope="module")

@@ -81,6 +81,7 @@ def test_the_batch_holds_the_features_the_model_asks_for_and_no_python_ops(featu
     inputs = resolve_inputs([str(features_dir / "train-*.tfrecord")], [], None, cfg)
     built = Trainer(inputs, str(tmp_path / "m"), synthetic=False)
     assert built.names[-3:] == ("pitch", "energy", "durations")
+    built.complete_input()  # each bucket's input is built at its first use
     assert built.datasets
     for ds in built.datasets.values():
         assert {"pitch", "energy", "durations"} <= set(ds.element_spec) and "audio" not in ds.element_spec
