@@ -113,6 +113,27 @@ def _renamed(library, main: str, new_main: str, key: str):
     return out
 
 
+def named_calls_available() -> bool:
+    """Whether this TensorFlow's eager context registers a function definition and calls a function by
+    name (`context().add_function_def(fdef)`, `has_function(name)`, `call_function(name, tensor_inputs,
+    num_outputs)`), which a StepProgram is called through. Where it does not, the trainer makes no
+    StepPrograms: each step is called as traced, and traced again by every run (logged)."""
+    import inspect
+
+    try:
+        from tensorflow.python.eager import context as eager
+
+        ctx = eager.context()
+        wanted = {
+            "add_function_def": ["fdef"],
+            "has_function": ["name"],
+            "call_function": ["name", "tensor_inputs", "num_outputs"],
+        }
+        return all(list(inspect.signature(getattr(ctx, n)).parameters) == args for n, args in wanted.items())
+    except (ImportError, AttributeError, TypeError, ValueError):
+        return False
+
+
 def variable_spec(v) -> tuple[list[int], str]:
     """(shape, dtype name) of a variable (a tf.Variable or a Keras one)."""
     return [int(d) for d in v.shape], tf.as_dtype(v.dtype).name

@@ -32,7 +32,7 @@ from melshards.train.errors import TrainError
 from melshards.train.inputs import Inputs
 from melshards.train.metrics import Timeline
 from melshards.train.plugins import build_model, model_inputs
-from melshards.train.programs import program_key, source_digest
+from melshards.train.programs import named_calls_available, program_key, source_digest
 from melshards.train.references import same_clip
 from melshards.train.step import make_eval_step, make_optimizer, make_train_step, step_specs
 from melshards.train.tf_quiet import reading_xla_cache, tf  # noqa: I001 (first: keras imports TensorFlow)
@@ -215,9 +215,17 @@ class Trainer:
         start = checkpoint_step(posixpath.join(model_dir, CHECKPOINT_DIR)) // self.k_steps
         order = warmup_order(self.schedule.bucket, start, list(specs[TRAIN]))
         settings = self.program_settings()
+        named = named_calls_available()
+        if not named:
+            log.warning(
+                "TensorFlow %s: the eager context cannot call a function by name; every step is traced, "
+                "none is saved or restored",
+                tf.__version__,
+            )
 
         def program(kind: str, i: int) -> Program:
-            return Program(kind, i, None, specs[kind][i], program_key(kind, i, specs[kind][i], settings))
+            key = program_key(kind, i, specs[kind][i], settings) if named else None
+            return Program(kind, i, None, specs[kind][i], key)
 
         programs = [program(TRAIN, i) for i in order] + [program(EVAL, i) for i in sorted(specs[EVAL])]
         log.info(

@@ -14,7 +14,7 @@ import pytest
 
 from melshards.train import xla_cache
 from melshards.train.compile import EVAL, TRAIN, Program, Warmup, flat_call_available, warmup_order
-from melshards.train.programs import from_trace, restore
+from melshards.train.programs import from_trace, named_calls_available, restore
 from melshards.train.tf_quiet import tf  # noqa: I001
 
 
@@ -154,6 +154,13 @@ def test_this_tensorflow_still_takes_a_traced_functions_captured_inputs_as_argum
     assert flat_call_available(), (
         f"TensorFlow {tf.__version__}: no ConcreteFunction._call_flat(tensor_inputs, captured_inputs)"
     )
+
+
+def test_this_tensorflow_still_calls_a_registered_function_by_name():
+    """Fails on a TensorFlow whose eager context no longer registers a function definition and calls it by
+    name (`add_function_def`, `has_function`, `call_function`): every run would trace every step again
+    (the trainer logs it and goes on)."""
+    assert named_calls_available(), f"TensorFlow {tf.__version__}: the eager context's call_function API changed"
 
 
 def test_a_saved_step_is_restored_untraced_under_its_keys_name_and_updates_the_state_as_traced(tmp_path):
