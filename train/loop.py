@@ -60,8 +60,7 @@ def train(inputs: Inputs, model_dir: str, synthetic: bool = False, topo: distrib
     began = time.perf_counter()
     with StopFlag() as stop:  # from the start: a Ctrl-C during set-up stops before the first call
         timeline = Timeline(began)
-        check_before_writing(inputs, model_dir, topo)
-        timeline.mark("checks")
+        check_target(inputs, model_dir, topo)
         trainer = Trainer(
             inputs,
             model_dir,
@@ -70,6 +69,7 @@ def train(inputs: Inputs, model_dir: str, synthetic: bool = False, topo: distrib
             stopped=lambda: stop.signal_name is not None,
             began=began,
             timeline=timeline,
+            checks=lambda: check_checkpoint(inputs, model_dir, topo),
         )
         try:
             if topo.chief:  # the model is built (its steps compiling behind): the run starts, its dir is marked
@@ -84,14 +84,21 @@ def train(inputs: Inputs, model_dir: str, synthetic: bool = False, topo: distrib
     return write_summary(trainer, state, model_dir)
 
 
-def check_before_writing(inputs: Inputs, model_dir: str, topo: distribute.Topology) -> None:
-    """What can be refused before anything is built, then the model dir (on the chief): nothing is
-    written in a directory that is not one melshards train may write into, and nothing but a probe file
-    before the run starts (`record_settings`)."""
-    check_buckets(inputs, topo)  # batch vs replicas and records: a ConfigError before anything is written
-    if topo.chief:  # a dir of someone else's files: refused before its checkpoint file is read or repaired
+def check_target(inputs: Inputs, model_dir: str, topo: distribute.Topology) -> None:
+    """What can be refused before anything is built or read from the model dir: the batch against the
+    replicas and records (a ConfigError), then, on the chief, a dir of someone else's files (refused
+    before its checkpoint file is read or repaired)."""
+    check_buckets(inputs, topo)
+    if topo.chief:
         check_model_dir_target(model_dir, inputs)
-    # a damaged newest checkpoint: a CheckpointError before anything is written or built
+
+
+def check_checkpoint(inputs: Inputs, model_dir: str, topo: distribute.Topology) -> None:
+    """The newest checkpoint read whole (a damaged one: a CheckpointError) and the model dir checked
+    against it (on the chief). Run by the Trainer once its steps started compiling behind (their programs
+    come from the persistent cache, not the model dir) and before the model is built: nothing is written
+    in a directory that is not one melshards train may write into, and nothing but a probe file before
+    the run starts (`record_settings`)."""
     latest = resume_checkpoint(posixpath.join(model_dir, CHECKPOINT_DIR), repair=topo.chief)
     if topo.chief:  # the others would race the chief's writes; the chief's refusal stops them all
         check_model_dir(model_dir, inputs, trained=latest is not None)

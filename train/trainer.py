@@ -90,10 +90,13 @@ class Trainer:
         stopped=lambda: False,
         began: float | None = None,
         timeline: Timeline | None = None,
+        checks=lambda: None,
     ):
         """began: the run's start (time.perf_counter()): on one device its steps then compile behind
         training from now on (`start_warmup`); None: each compiles at its first call. timeline: the run's
-        start-up phases, to which the model's and the input's are added (None: a new one)."""
+        start-up phases, to which the checks' and the model's are added (None: a new one). checks(): what
+        is refused before the model is built, run once the steps started compiling behind (the model dir
+        and its newest checkpoint: `loop.check_checkpoint`); what it raises stops the warm-up."""
         cfg = inputs.cfg
         self.inputs, self.synthetic = inputs, synthetic
         self.k_steps, self.batch_size = cfg.loop.steps_per_execution, cfg.data.batch_size
@@ -119,6 +122,8 @@ class Trainer:
         # the steps saved by an earlier run load while the model is built (train/compile.py)
         self.warmup: Warmup | None = None if began is None else self.start_warmup(began, model_dir)
         try:
+            checks()
+            self.timeline.mark("checks")
             self._build_model()
             self._make_steps()
             if self.warmup is not None:

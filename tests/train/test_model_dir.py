@@ -276,7 +276,7 @@ def test_a_model_dir_without_a_checkpoint_takes_another_model_and_one_with_a_che
 
     from melshards.train.distribute import Topology
     from melshards.train.errors import TrainError
-    from melshards.train.loop import check_before_writing
+    from melshards.train.loop import check_checkpoint, check_target
 
     cfg = load_config(str(checkpointed.parent / "c.yaml"))
     inputs = resolve_inputs([str(shards_dir / "train-*.tfrecord")], [], None, cfg)
@@ -284,7 +284,9 @@ def test_a_model_dir_without_a_checkpoint_takes_another_model_and_one_with_a_che
     other = resolve_inputs([str(shards_dir / "train-*.tfrecord")], [], None, wider)
     untrained = tmp_path / "untrained"
     prepare_model_dir(str(untrained), inputs)
-    check_before_writing(other, str(untrained), Topology("one", None))
+    check_target(other, str(untrained), Topology("one", None))
+    check_checkpoint(other, str(untrained), Topology("one", None))
     trained = shutil.copytree(checkpointed, tmp_path / "trained")
+    check_target(other, str(trained), Topology("one", None))
     with pytest.raises(TrainError, match=r"holds a model trained with other model settings \(d_model\)"):
-        check_before_writing(other, str(trained), Topology("one", None))
+        check_checkpoint(other, str(trained), Topology("one", None))
