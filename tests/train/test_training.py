@@ -64,7 +64,7 @@ def test_run_summary_reports_throughput_compile_time_and_data_source(overfit):
     assert s["examples_per_second"] > 0 and s["mel_frames_per_second"] > s["examples_per_second"]
     assert summary["compile_seconds"] > 0
     # where the set-up went, phase by phase, in the order they ran, up to the end of the first call
-    startup = ("checks", "model", "input", "settings", "restore", "program wait", "first call")
+    startup = ("checks", "model", "settings", "restore", "input", "program wait", "first call")
     assert tuple(summary["startup_s"]) == startup and all(s >= 0 for s in summary["startup_s"].values())
     assert sum(summary["startup_s"].values()) == pytest.approx(summary["time_to_first_step"])
     assert sorted(p.name for p in (model_dir / "checkpoints").glob("*.index")) == ["ckpt-10.index", "ckpt-20.index"]
