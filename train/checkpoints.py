@@ -203,6 +203,12 @@ def saved_data_settings(path: str) -> dict | None:
     return json.loads(reader.get_tensor(DATA_KEY))
 
 
+def saved_positions(path: str) -> list[str]:
+    """The names of the input iterators a checkpoint holds (`bucket_NN`), sorted."""
+    keys = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    return sorted({k.split("/")[1] for k in keys if k.startswith("iterator/") and k.count("/") >= 2})
+
+
 def has_input_position(path: str) -> bool:
     """Whether a checkpoint holds the input iterators (runs on one device save them; strategies cannot)."""
     return any(key.startswith("iterator/") for key in tf.train.load_checkpoint(path).get_variable_to_shape_map())
@@ -261,13 +267,16 @@ class Checkpointer:
         keep: int,
         read_dir: str | None = None,
         before_save=lambda: None,
+        positions: Sequence[str] = (),
     ):
         """iterator None: the input position is not saved (distributed iterators are not trackable); else a
         tf.Module whose attributes are the iterators, which may be attached after `restore` (`attached`).
         read_dir: the model dir to resume from when it is not the one written (a non-chief worker).
-        before_save(): called before each save (the trainer attaches every iterator it has not built yet)."""
+        before_save(): called before each save (the trainer attaches every iterator it has not built yet).
+        positions: the names of the iterators the run attaches (`bucket_NN`): an exact resume needs the
+        checkpoint to hold exactly these."""
         self.model, self.data, self.has_iterator = model, data, iterator is not None
-        self.before_save = before_save
+        self.before_save, self.positions = before_save, sorted(positions)
         self.pending = None  # the restore of the full checkpoint while iterators are still to be attached
         self.input_position_saved = True  # whether the restored checkpoint held the input position
         self.data_var = tf.Variable(json.dumps(data, sort_keys=True), trainable=False, dtype=tf.string)
@@ -293,6 +302,13 @@ class Checkpointer:
         diff = settings_diff(saved_data_settings(latest), self.data)
         self.input_position_saved = has_input_position(latest)
         if not diff and self.has_iterator and self.input_position_saved:
+            saved = saved_positions(latest)
+            if self.positions and saved != self.positions:  # every bucket's position, no other: refused now
+                raise RestoreError(
+                    f"{latest} holds the input positions of {', '.join(saved) or 'no bucket'}, this run's buckets "
+                    f"are {', '.join(self.positions)}: the shards' buckets changed since it was written. Resume "
+                    "with the shards it was trained on, or use another --model-dir"
+                )
             # iterators attached later are restored as they are attached (`attached`); every saved
             # value must be used by the first save (an exact resume)
             self.pending = restore_checked(self.full, latest, self.model).expect_partial()
@@ -322,8 +338,8 @@ class Checkpointer:
             self.pending.assert_existing_objects_matched()
         except AssertionError as e:
             raise RestoreError(
-                f"{self.latest} holds no input position for {name}: {str(e).splitlines()[0]} Resume with "
-                "the shards and data settings it was trained with, or use another --model-dir"
+                f"{self.latest} holds no input position for {name}. Resume with the shards and data settings "
+                "it was trained with, or use another --model-dir"
             ) from e
 
     def save(self, step: int) -> str:
@@ -332,9 +348,11 @@ class Checkpointer:
             try:
                 self.pending.assert_consumed()
             except AssertionError as e:
+                what = str(e).splitlines()[0].split(": attributes")[0]
                 raise RestoreError(
-                    f"{self.latest} holds values this run did not restore: {str(e).splitlines()[0]} Resume with "
-                    "the shards and data settings it was trained with, or use another --model-dir"
+                    f"{self.latest} holds values this run did not restore ({what}); the model or its input "
+                    "changed since it was written. Resume with the melshards version, shards and settings it "
+                    "was trained with, or use another --model-dir"
                 ) from e
             self.pending = None
         return self.manager.save(checkpoint_number=step)

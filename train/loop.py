@@ -110,7 +110,10 @@ def start(trainer: Trainer, began: float) -> RunState:
         check_writable(trainer.write_dir)
     start_step, changes = trainer.restore()
     trainer.timeline.mark("restore")
-    trainer.iterator(trainer.next_bucket())  # the first call's input (the others' at their first calls)
+    if trainer.synthetic:  # each bucket's input reads its first batch: a bad shard stops the run before it trains
+        trainer.complete_input()
+    else:  # the first call's input (the others' at their first calls)
+        trainer.iterator(trainer.next_bucket())
     trainer.timeline.mark("input")
     lp, topo = trainer.inputs.cfg.loop, trainer.topo
     log.info(

@@ -4,8 +4,9 @@ scheduled bucket (`call`), validation (`evaluate`) and the facts of the run summ
 
 One input pipeline, train step and eval step per length bucket (train/buckets.py), each bound to the
 bucket's shapes and batch; the schedule picks the bucket of each call. On one device the steps compile
-behind training once the checkpoint is restored (`start_warmup`, train/compile.py): a call whose
-program is not ready yet waits for it; under a strategy each step compiles at its first call.
+behind training from the start of the run (`start_warmup`, train/compile.py): a call whose program is
+not ready yet waits for it; under a strategy each step compiles at its first call. On one device each
+bucket's input pipeline is built at the bucket's first call (`iterator`).
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ class Trainer:
             cfg.loop.keep_checkpoints,
             read_dir=model_dir,
             before_save=self.complete_input,
+            positions=[f"bucket_{i:02d}" for i in self.train_steps],
         )
         self._log_buckets()
 
@@ -321,11 +323,14 @@ class Trainer:
         )
 
     def iterator(self, index: int):
-        """The input iterator of bucket `index`. On one device it is built at its first use and saved in the
-        checkpoint as `iterator/bucket_NN`; attached after a checkpoint was restored, it is restored as it
-        is attached (tf.train.Checkpoint restores an object added to a restored object graph), so a resumed
+        """The input iterator of bucket `index`. Under a strategy: the one `start_distributed_input` built.
+        On one device it is built at its first use and saved in the checkpoint as `iterator/bucket_NN`;
+        when the run resumed exactly (the full checkpoint restored, `Checkpointer.pending`), it is restored
+        as it is attached (tf.train.Checkpoint restores an object added to a restored object graph), so the
         run continues each bucket's stream where it stopped, whenever that bucket is first called."""
         if index not in self.iterators:
+            if self.saved_iterators is None:
+                raise TrainError(f"bucket {index}: a distributed input is built at restore, not at its first use")
             tb = next(tb for tb in self.buckets if tb.index == index)
             self.datasets[index] = self.make_dataset(tb, seed=self.input_seed)
             self.iterators[index] = iter(self.datasets[index])
@@ -334,7 +339,10 @@ class Trainer:
         return self.iterators[index]
 
     def complete_input(self) -> None:
-        """Every bucket's input iterator built (and restored): a checkpoint then saves every position."""
+        """On one device every bucket's input iterator built (and restored): a checkpoint then saves every
+        position. Under a strategy nothing (its inputs are built at restore, their positions not saved)."""
+        if self.saved_iterators is None:
+            return
         for i in self.train_steps:
             self.iterator(i)
 
@@ -422,7 +430,8 @@ class Trainer:
                 "first call: tracing and XLA-compiling the train step of bucket %d (tens of seconds on CPU)", tb.index
             )
         t0 = time.perf_counter()
-        batch = read_or_name_shard(lambda: next(self.iterator(tb.index)), list(tb.files), self.inputs.schema)
+        it = self.iterator(tb.index)  # built (and restored) outside the shard check: its errors are not a shard's
+        batch = read_or_name_shard(lambda: next(it), list(tb.files), self.inputs.schema)
         t1 = time.perf_counter()
         # a step compiled at its first call (under a strategy) may load its program from the persistent cache
         program = self.warmup.programs[TRAIN, tb.index].program if warmed else None  # type: ignore[union-attr]

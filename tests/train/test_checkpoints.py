@@ -63,9 +63,12 @@ def _stream():
     return iter(tf.data.Dataset.range(100).shuffle(10, seed=1))
 
 
-def _checkpointer(model_dir, model, iterators, before_save=lambda: None) -> Checkpointer:
+def _checkpointer(model_dir, model, iterators, before_save=lambda: None, positions=()) -> Checkpointer:
     step = tf.Variable(0, dtype=tf.int64)
-    return Checkpointer(str(model_dir), model, tf.Module(), step, iterators, {"files": []}, 2, before_save=before_save)
+    data = {"files": []}
+    return Checkpointer(
+        str(model_dir), model, tf.Module(), step, iterators, data, 2, before_save=before_save, positions=positions
+    )
 
 
 def test_an_iterator_attached_after_the_restore_continues_where_the_saved_run_left_it(model, tmp_path):
@@ -93,6 +96,11 @@ def test_an_iterator_attached_after_the_restore_continues_where_the_saved_run_le
     again.bucket_02 = _stream()
     with pytest.raises(RestoreError, match="holds no input position for bucket_02"):
         strict.attached("bucket_02")
+    other_buckets = _checkpointer(tmp_path, model, tf.Module(), positions=["bucket_00", "bucket_02"])
+    with pytest.raises(
+        RestoreError, match="positions of bucket_00, bucket_01, this run's buckets are bucket_00, bucket_02"
+    ):
+        other_buckets.restore()  # refused before the run trains, not at its first save
 
 
 @pytest.fixture(scope="module")
