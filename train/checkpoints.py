@@ -204,14 +204,10 @@ def saved_data_settings(path: str) -> dict | None:
 
 
 def saved_positions(path: str) -> list[str]:
-    """The names of the input iterators a checkpoint holds (`bucket_NN`), sorted."""
+    """The names of the input iterators a checkpoint holds (`bucket_NN`), sorted; none when it was written
+    under a strategy (runs on one device save them; strategies cannot)."""
     keys = tf.train.load_checkpoint(path).get_variable_to_shape_map()
     return sorted({k.split("/")[1] for k in keys if k.startswith("iterator/") and k.count("/") >= 2})
-
-
-def has_input_position(path: str) -> bool:
-    """Whether a checkpoint holds the input iterators (runs on one device save them; strategies cannot)."""
-    return any(key.startswith("iterator/") for key in tf.train.load_checkpoint(path).get_variable_to_shape_map())
 
 
 def untracked_variables(root, model) -> list[str]:
@@ -300,9 +296,9 @@ class Checkpointer:
         if latest is None:
             return []
         diff = settings_diff(saved_data_settings(latest), self.data)
-        self.input_position_saved = has_input_position(latest)
+        saved = saved_positions(latest)
+        self.input_position_saved = bool(saved)
         if not diff and self.has_iterator and self.input_position_saved:
-            saved = saved_positions(latest)
             if self.positions and saved != self.positions:  # every bucket's position, no other: refused now
                 raise RestoreError(
                     f"{latest} holds the input positions of {', '.join(saved) or 'no bucket'}, this run's buckets "
