@@ -305,6 +305,17 @@ class Warmup:
     def wait(self, kind: str, bucket: int) -> float:
         """Block until the program is ready (or the warm-up left it out); the seconds waited. A program
         whose warm-up failed raises its error here. The first wait for each program is kept (`waited_s`)."""
+        waited = self._wait(kind, bucket, lambda: False)
+        assert waited is not None  # never stopped
+        return waited
+
+    def wait_unless_stopped(self, kind: str, bucket: int) -> bool:
+        """`wait`, or False as soon as `stopped()` turns true while the program is not ready."""
+        return self._wait(kind, bucket, self.stopped) is not None
+
+    def _wait(self, kind: str, bucket: int, stop: Callable[[], bool]) -> float | None:
+        """The seconds waited for the program (0.0 for one the warm-up does not hold); None when `stop()`
+        turned true first (nothing recorded)."""
         p = self.programs.get((kind, bucket))
         if p is None:
             return 0.0
@@ -312,7 +323,8 @@ class Warmup:
         if not p.ready.is_set():
             log.info("waiting for the %s step of bucket %d: compiling behind training", kind, bucket)
             while not p.ready.wait(0.1):  # short waits: the main thread keeps taking signals
-                pass
+                if stop():
+                    return None
         waited = time.perf_counter() - t0
         if p.waited_s is None:
             p.waited_s = waited
@@ -321,20 +333,6 @@ class Warmup:
         if p.error is not None:
             raise p.error
         return waited
-
-    def wait_unless_stopped(self, kind: str, bucket: int) -> bool:
-        """`wait`, or False as soon as `stopped()` turns true while the program is not ready."""
-        p = self.programs.get((kind, bucket))
-        if p is not None and not p.ready.is_set():
-            t0 = time.perf_counter()
-            log.info("waiting for the %s step of bucket %d: compiling behind training", kind, bucket)
-            while not p.ready.wait(0.1):
-                if self.stopped():
-                    return False
-            if p.waited_s is None:
-                p.waited_s = time.perf_counter() - t0
-        self.wait(kind, bucket)
-        return True
 
     def close(self) -> None:
         """Stop before the next program and wait for the one compiling (and the one tracing) now."""

@@ -148,6 +148,25 @@ def test_a_call_whose_program_is_late_waits_for_it_and_a_failed_compile_raises_a
     warmup.close()
 
 
+def test_a_stop_while_a_call_waits_for_its_program_ends_the_wait_without_recording_it():
+    """A signal during the wait for a late program: the loop's call is not made (False), and the program's
+    first wait is recorded only by the wait that got it."""
+    gate, stop = threading.Event(), threading.Event()
+    programs = [Program(TRAIN, 0, _Gated("0", [], gate), {})]
+    warmup = Warmup(programs, began=0.0, stopped=stop.is_set, state=[]).start()
+    stopping, backstop = threading.Timer(0.3, stop.set), threading.Timer(10, gate.set)  # a wait that ignores
+    stopping.start()  # the stop ends when the program is ready, and fails below instead of hanging
+    backstop.start()
+    assert warmup.wait_unless_stopped(TRAIN, 0) is False
+    assert programs[0].waited_s is None and programs[0].called_s is None
+    stop.clear()
+    gate.set()
+    backstop.cancel()
+    assert warmup.wait_unless_stopped(TRAIN, 0) is True
+    assert programs[0].waited_s is not None and programs[0].called_s is not None
+    warmup.close()
+
+
 def test_this_tensorflow_still_takes_a_traced_functions_captured_inputs_as_arguments():
     """Fails on a TensorFlow that moved or changed `ConcreteFunction._call_flat`: the steps would compile
     at their first calls instead of behind training (the trainer logs it and goes on)."""
