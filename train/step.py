@@ -198,7 +198,8 @@ def make_optimizer(cfg: OptimConfig, precision: str, model: keras.Model):
 
 
 class SummedGradientsAdamW(keras.optimizers.AdamW):
-    """AdamW whose apply() takes gradients already summed over the replicas.
+    """AdamW whose apply() takes gradients already summed over the replicas, and updates each variable
+    with TensorFlow's fused Adam op.
 
     Keras 3's TensorFlow optimizer all-reduces the gradients inside apply()
     (`_all_reduce_sum_gradients`) and has no switch to turn that off (Keras 2's
@@ -206,20 +207,25 @@ class SummedGradientsAdamW(keras.optimizers.AdamW):
     needs the summed gradient before apply (its norm clips it), so it all-reduces once itself and
     this optimizer does not reduce again. Its variables are AdamW's (make_optimizer gives it AdamW's
     name too), so checkpoints are unchanged. On one device the reduction is the identity either way.
+
+    On one device (no tf.distribute strategy) and without amsgrad, apply() builds the learning rate and
+    Adam's step scalars once, decays each variable with one shared weight-decay constant, and updates
+    each variable, its momentum and velocity with one `ResourceApplyAdam` op (XLA has a kernel for it):
+    a few graph ops per variable where Keras builds some twenty, so the step traces and lowers faster.
+    Under a strategy, and with amsgrad, which the fused op does not cover, the update is Keras's own.
     """
 
-    _step_scalars: dict | None = None  # while apply() traces without a strategy: its per-step scalars
+    _step_scalars: dict | None = None  # while apply() traces on the fused path: its per-step scalars
 
     def _all_reduce_sum_gradients(self, grads_and_vars):
         return list(grads_and_vars)
 
     def _backend_apply_gradients(self, grads, trainable_variables):
-        """Keras's apply, with the learning rate and Adam's step scalars built once per apply instead of
-        once per variable (Keras calls the schedule in every variable's weight decay and recomputes the
-        bias corrections in every variable's update_step: half the step's graph ops). The same values:
-        `iterations` is read before apply() increments it either way. Under a tf.distribute strategy each
-        device computes its own (Keras's path, unchanged)."""
-        if tf.distribute.has_strategy() or self.amsgrad:
+        """Keras's apply, on the fused path (`fused`) with the learning rate and Adam's step scalars
+        built once per apply (Keras calls the schedule in every variable's weight decay and recomputes
+        the bias corrections in every variable's update_step). The same values: `iterations` is read
+        before apply() increments it either way."""
+        if not self.fused:
             return super()._backend_apply_gradients(grads, trainable_variables)
         self._step_scalars = {}
         try:
@@ -227,33 +233,76 @@ class SummedGradientsAdamW(keras.optimizers.AdamW):
         finally:
             self._step_scalars = None
 
+    @property
+    def fused(self) -> bool:
+        """Whether apply() updates with the fused op: on one device (a strategy's variables update per
+        replica device, Keras's path) and without amsgrad (the fused op has no v_hat)."""
+        return not tf.distribute.has_strategy() and not self.amsgrad
+
+    def _scalar(self, name: str, dtype, build):
+        """The step scalar `name` in `dtype`, built once per apply."""
+        scalars, key = self._step_scalars, (name, dtype)
+        assert scalars is not None  # only on the fused path, inside apply()
+        if key not in scalars:
+            scalars[key] = build()
+        return scalars[key]
+
     def _get_current_learning_rate(self):
         if self._step_scalars is None:
             return super()._get_current_learning_rate()
-        if "learning_rate" not in self._step_scalars:
-            self._step_scalars["learning_rate"] = super()._get_current_learning_rate()
-        return self._step_scalars["learning_rate"]
+        return self._scalar("learning_rate", None, super()._get_current_learning_rate)
+
+    def _apply_weight_decay(self, variables):
+        """Keras's decoupled decay, `variable - variable * wd * lr` in Keras's order, with `wd` one
+        constant per dtype instead of one per variable."""
+        if self._step_scalars is None or self.weight_decay is None:
+            return super()._apply_weight_decay(variables)
+        for variable in variables:
+            if self._use_weight_decay(variable):
+                variable = variable.value if isinstance(variable, keras.Variable) else variable
+                lr = tf.cast(self.learning_rate, variable.dtype)
+                wd = self._scalar(
+                    "weight_decay", variable.dtype, lambda dtype=variable.dtype: tf.cast(self.weight_decay, dtype)
+                )
+                variable.assign_sub(variable * wd * lr)
 
     def update_step(self, gradient, variable, learning_rate):
-        """keras.optimizers.Adam.update_step (amsgrad off), op for op, its step size `alpha` built once
-        per apply and dtype (tests/train/test_optimizer.py compares the two)."""
+        """keras.optimizers.Adam.update_step (amsgrad off) as one `ResourceApplyAdam`. Its XLA kernel
+        computes Keras's expressions in Keras's order: alpha = lr * sqrt(1 - b2^t) / (1 - b1^t),
+        m += (g - m) * (1 - b1), v += (g^2 - v) * (1 - b2), var -= m * alpha / (sqrt(v) + eps). One
+        difference: it forms 1 - b1 and 1 - b2 in the variable's dtype, where Keras rounds Python's
+        1 - beta to it (float32: 0.1 and 0.100000024 for beta 0.9), so the two agree to rounding, and
+        bit for bit where 1 - beta is exact in both (tests/train/test_optimizer.py)."""
         if self._step_scalars is None:
             return super().update_step(gradient, variable, learning_rate)
-        key = ("alpha", variable.dtype)
-        if key not in self._step_scalars:
-            lr = keras.ops.cast(learning_rate, variable.dtype)
-            local_step = keras.ops.cast(self.iterations + 1, variable.dtype)
-            beta_1_power = keras.ops.power(keras.ops.cast(self.beta_1, variable.dtype), local_step)
-            beta_2_power = keras.ops.power(keras.ops.cast(self.beta_2, variable.dtype), local_step)
-            self._step_scalars[key] = lr * keras.ops.sqrt(1 - beta_2_power) / (1 - beta_1_power)
-        alpha = self._step_scalars[key]
-        gradient = keras.ops.cast(gradient, variable.dtype)
+        dtype = variable.dtype
+
+        def powers():
+            local_step = keras.ops.cast(self.iterations + 1, dtype)
+            return (
+                keras.ops.power(keras.ops.cast(self.beta_1, dtype), local_step),
+                keras.ops.power(keras.ops.cast(self.beta_2, dtype), local_step),
+            )
+
+        beta_1_power, beta_2_power = self._scalar("beta_powers", dtype, powers)
+        lr, beta_1, beta_2, epsilon = self._scalar(
+            "hyper",
+            dtype,
+            lambda: tuple(tf.cast(x, dtype) for x in (learning_rate, self.beta_1, self.beta_2, self.epsilon)),
+        )
         m = self._momentums[self._get_variable_index(variable)]
         v = self._velocities[self._get_variable_index(variable)]
-        self.assign_add(m, keras.ops.multiply(keras.ops.subtract(gradient, m), 1 - self.beta_1))
-        self.assign_add(v, keras.ops.multiply(keras.ops.subtract(keras.ops.square(gradient), v), 1 - self.beta_2))
-        self.assign_sub(
-            variable, keras.ops.divide(keras.ops.multiply(m, alpha), keras.ops.add(keras.ops.sqrt(v), self.epsilon))
+        tf.raw_ops.ResourceApplyAdam(
+            var=variable.handle,
+            m=m.handle,
+            v=v.handle,
+            beta1_power=beta_1_power,
+            beta2_power=beta_2_power,
+            lr=lr,
+            beta1=beta_1,
+            beta2=beta_2,
+            epsilon=epsilon,
+            grad=tf.cast(tf.convert_to_tensor(gradient), dtype),  # dense, as Keras's arithmetic makes it
         )
 
 
