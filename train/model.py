@@ -46,14 +46,30 @@ def attach(owner: layers.Layer, prefix: str, items: list) -> tuple:
     return tuple(items)
 
 
+class SiteKeys:
+    """A step's dropout key split by site: site n draws with `stateless_fold_in(seed, n)` (philox).
+
+    That fold-in is [hash(seed), n]: its first number depends on `seed` alone, so it is hashed once
+    here and each site adds its own number (a model with many dropout sites builds one hash per
+    forward pass, not one per site). Keys differ by site, and by step and replica through the hash.
+    """
+
+    def __init__(self, seed):
+        self.base = tf.random.experimental.stateless_fold_in(seed, 0, alg="philox")  # [hash(seed), 0]
+
+    def site(self, n: int) -> tf.Tensor:
+        return self.base + tf.constant([0, n], tf.int32)
+
+
 class Dropout(layers.Layer):
     """Dropout from a stateless stream keyed by the step's key and the layer's own site number.
 
     The generator is the device's (train/device.py): threefry on CPU, where XLA runs TF's default
     ("auto_select") far slower; philox on a GPU; the hardware generator on a TPU. `seed` is the [2]
-    key of (run seed, step, replica) (train/step.py dropout_key); folding in the site gives every site
-    an independent stream, and a resumed run draws the same masks. (The fold-in draws with philox:
-    TF's threefry kernel outside XLA refuses a [2] key, and the fold-in is two numbers.)
+    key of (run seed, step, replica) (train/step.py dropout_key), or its `SiteKeys` built once for
+    every site of a forward pass; the site's key, `stateless_fold_in(seed, site)`, gives every site an
+    independent stream, and a resumed run draws the same masks. (The fold-in draws with philox: TF's
+    threefry kernel outside XLA refuses a [2] key, and the fold-in is two numbers.)
     """
 
     def __init__(self, rate: float, site: int, rng: str | None = None, **kw):
@@ -64,7 +80,7 @@ class Dropout(layers.Layer):
     def call(self, x, seed, training=False):
         if not training or self.rate == 0.0:
             return x
-        key = tf.random.experimental.stateless_fold_in(seed, self.site, alg="philox")
+        key = (seed if isinstance(seed, SiteKeys) else SiteKeys(seed)).site(self.site)
         keep = tf.random.stateless_uniform(tf.shape(x), key, alg=self.rng) >= self.rate
         return tf.where(keep, x / tf.cast(1.0 - self.rate, x.dtype), tf.zeros_like(x))
 
@@ -135,13 +151,13 @@ class TransformerBlock(layers.Layer):
     def call(self, x, self_mask, seed, memory=None, cross_mask=None, causal=False, training=False):
         h = self.norm1(x)
         x = x + self.drops[0](
-            self.attn(h, h, attention_mask=self_mask, use_causal_mask=causal), seed, training=training
+            self.attn(h, h, attention_mask=self_mask, use_causal_mask=causal), seed=seed, training=training
         )
         if self.cross:
             h = self.norm2(x)
-            x = x + self.drops[1](self.xattn(h, memory, attention_mask=cross_mask), seed, training=training)
+            x = x + self.drops[1](self.xattn(h, memory, attention_mask=cross_mask), seed=seed, training=training)
         h = self.norm3(x)
-        return x + self.drops[2](self.ff2(self.ff1(h)), seed, training=training)
+        return x + self.drops[2](self.ff2(self.ff1(h)), seed=seed, training=training)
 
 
 class Conditioning(layers.Layer):
@@ -262,12 +278,12 @@ class TextToMel(keras.Model):
         mask = tf.sequence_mask(text_len, length)  # [B, L]
         x = self.embed(text_ids)
         for conv, norm, drop in zip(self.enc_convs, self.enc_conv_norms, self.enc_conv_drops):
-            x = drop(norm(conv(x)), seed, training=training)
+            x = drop(norm(conv(x)), seed=seed, training=training)
         x = self.enc_proj(x) + tf.cast(self.enc_alpha * self.enc_pos[:length], x.dtype)
-        x = self.enc_drop(x, seed, training=training)
+        x = self.enc_drop(x, seed=seed, training=training)
         self_mask = mask[:, None, :] & mask[:, :, None]
         for block in self.enc_blocks:
-            x = block(x, self_mask, seed, training=training)
+            x = block(x, self_mask, seed=seed, training=training)
         x = self.enc_norm(x)
         if self.conditioning is not None:
             x = x + self.conditioning(speaker_id, language_id)[:, None, :]
@@ -277,12 +293,12 @@ class TextToMel(keras.Model):
         """prev_frames [B, G, n_mels] (frame before each step) -> mel [B, G*r, n_mels], stop logits [B, G]."""
         x, steps, length = prev_frames, prev_frames.shape[1], memory.shape[1]  # the bucket's shapes
         for dense, drop in zip(self.prenet, self.prenet_drops):
-            x = drop(dense(x), seed, training=training)
+            x = drop(dense(x), seed=seed, training=training)
         x = self.dec_proj(x) + tf.cast(self.dec_alpha * self.dec_pos[:steps], x.dtype)
-        x = self.dec_drop(x, seed, training=training)
+        x = self.dec_drop(x, seed=seed, training=training)
         cross_mask = tf.broadcast_to(text_mask[:, None, :], [tf.shape(x)[0], steps, length])
         for block in self.dec_blocks:
-            x = block(x, None, seed, memory=memory, cross_mask=cross_mask, causal=True, training=training)
+            x = block(x, None, seed=seed, memory=memory, cross_mask=cross_mask, causal=True, training=training)
         x = self.dec_norm(x)
         mel = tf.reshape(self.mel_head(x), [-1, steps * self.r, self.n_mels])
         return mel, tf.squeeze(self.stop_head(x), -1)
@@ -291,7 +307,7 @@ class TextToMel(keras.Model):
         """Postnet: residual correction of the decoder's frames."""
         x = mel
         for conv, norm, drop in zip(self.postnet, self.postnet_norms, self.post_drops):
-            x = drop(norm(conv(x)), seed, training=training)
+            x = drop(norm(conv(x)), seed=seed, training=training)
         return mel + self.postnet_out(x)
 
     def teacher_inputs(self, target):
@@ -302,6 +318,7 @@ class TextToMel(keras.Model):
 
     def call(self, text_ids, text_len, speaker_id, language_id, target, seed, training=False):
         """Teacher-forced pass. seed: int32 [2] dropout key of (run seed, step, replica) while training."""
+        seed = SiteKeys(seed) if training else seed  # every dropout site's key from one hash of the seed
         memory, text_mask = self.encode(text_ids, text_len, speaker_id, language_id, seed, training=training)
         mel, stop = self.decode(memory, text_mask, self.teacher_inputs(target), seed, training=training)
         return mel, self.refine(mel, seed, training=training), stop

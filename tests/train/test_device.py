@@ -8,7 +8,7 @@ import pytest
 
 from melshards.shards_schema import read_schema
 from melshards.train import device
-from melshards.train.model import Conv1D, Dropout, same_conv
+from melshards.train.model import Conv1D, Dropout, SiteKeys, same_conv
 from melshards.train.plugins import build_model, zero_batch
 from melshards.train.tf_quiet import tf  # noqa: I001
 from tests.train.conftest import TEST_CONFIG
@@ -100,3 +100,33 @@ def test_a_model_built_for_a_gpu_loads_cpu_weights_and_gives_the_same_losses(sha
     b = gpu.loss_terms(batch, key, training=False)
     for name in a:
         np.testing.assert_allclose(float(b[name]), float(a[name]), rtol=1e-4, atol=1e-4)
+
+
+def test_a_sites_key_is_the_fold_in_of_the_steps_key_and_the_site():
+    """SiteKeys hashes the step's key once and each site adds its number: the key of site n is still
+    stateless_fold_in(seed, n), so every site, step and replica keeps its own stream."""
+    for seed in ([0, 0], [7, 3], [-5, 2**31 - 1]):
+        keys = SiteKeys(tf.constant(seed, tf.int32))
+        for site in (1, 2, 100, 201):
+            expected = tf.random.experimental.stateless_fold_in(tf.constant(seed, tf.int32), site, alg="philox")
+            np.testing.assert_array_equal(keys.site(site).numpy(), expected.numpy())
+    x, seed = tf.ones([4, 16, 8]), tf.constant([7, 3], tf.int32)
+    layer = Dropout(0.3, site=5, rng="philox")
+    np.testing.assert_array_equal(
+        layer(x, seed=SiteKeys(seed), training=True).numpy(), layer(x, seed, training=True).numpy()
+    )
+
+
+def test_the_built_in_model_hashes_the_steps_key_once_per_forward_pass_not_once_per_site(shards_dir):
+    schema = read_schema(str(shards_dir))
+    model, _ = build_model("melshards.train.model:build", schema, dict(TEST_CONFIG["model"], dropout=0.1))
+    batch = zero_batch(schema, 2)
+    graph = (
+        tf.function(lambda seed: model.loss_terms(batch, seed, training=True), autograph=False)
+        .get_concrete_function(tf.TensorSpec([2], tf.int32))
+        .graph
+    )
+    hashes = [op for op in graph.get_operations() if op.type == "StatelessRandomUniformFullIntV2"]
+    draws = [op for op in graph.get_operations() if op.type == "StatelessRandomUniformV2"]
+    assert len(draws) > 3  # sites drawing a mask each
+    assert len(hashes) == 2  # one philox fold-in (its seed scramble and its draw), not one per site
