@@ -56,9 +56,22 @@ class SiteKeys:
 
     def __init__(self, seed):
         self.base = tf.random.experimental.stateless_fold_in(seed, 0, alg="philox")  # [hash(seed), 0]
+        # threefry's 64-bit key of [h, n] is h | n << 32 (as tf.random builds it): h's half built once
+        self._threefry_low = tf.cast(tf.bitcast(self.base[0], tf.uint32), tf.uint64)
+        self._counter = tf.zeros([1], tf.uint64)
 
     def site(self, n: int) -> tf.Tensor:
         return self.base + tf.constant([0, n], tf.int32)
+
+    def uniform(self, shape, n: int, alg: str) -> tf.Tensor:
+        """`tf.random.stateless_uniform(shape, self.site(n), alg=alg)` (float32 in [0, 1)); for threefry
+        from the key built above (the same numbers, a few graph ops instead of the seed's conversion)."""
+        if alg != "threefry":
+            return tf.random.stateless_uniform(shape, self.site(n), alg=alg)
+        key = tf.reshape(tf.bitwise.bitwise_or(self._threefry_low, tf.constant((n & 0xFFFFFFFF) << 32, tf.uint64)), [1])
+        return tf.raw_ops.StatelessRandomUniformV2(
+            shape=shape, key=key, counter=self._counter, alg=tf.random.Algorithm.THREEFRY.value, dtype=tf.float32
+        )
 
 
 class Dropout(layers.Layer):
@@ -80,8 +93,8 @@ class Dropout(layers.Layer):
     def call(self, x, seed, training=False):
         if not training or self.rate == 0.0:
             return x
-        key = (seed if isinstance(seed, SiteKeys) else SiteKeys(seed)).site(self.site)
-        keep = tf.random.stateless_uniform(tf.shape(x), key, alg=self.rng) >= self.rate
+        keys = seed if isinstance(seed, SiteKeys) else SiteKeys(seed)
+        keep = keys.uniform(tf.shape(x), self.site, self.rng) >= self.rate
         return tf.where(keep, x / tf.cast(1.0 - self.rate, x.dtype), tf.zeros_like(x))
 
 

@@ -104,12 +104,25 @@ def test_a_model_built_for_a_gpu_loads_cpu_weights_and_gives_the_same_losses(sha
 
 def test_a_sites_key_is_the_fold_in_of_the_steps_key_and_the_site():
     """SiteKeys hashes the step's key once and each site adds its number: the key of site n is still
-    stateless_fold_in(seed, n), so every site, step and replica keeps its own stream."""
+    stateless_fold_in(seed, n), so every site, step and replica keeps its own stream, and each generator
+    draws from it the numbers tf.random.stateless_uniform draws (threefry from its own key, under XLA)."""
+    draw = tf.function(
+        lambda seed, site, alg: (
+            SiteKeys(seed).uniform([5, 33], site, alg),
+            tf.random.stateless_uniform(
+                [5, 33], tf.random.experimental.stateless_fold_in(seed, site, alg="philox"), alg=alg
+            ),
+        ),
+        jit_compile=True,
+    )
     for seed in ([0, 0], [7, 3], [-5, 2**31 - 1]):
         keys = SiteKeys(tf.constant(seed, tf.int32))
         for site in (1, 2, 100, 201):
             expected = tf.random.experimental.stateless_fold_in(tf.constant(seed, tf.int32), site, alg="philox")
             np.testing.assert_array_equal(keys.site(site).numpy(), expected.numpy())
+            for alg in ("threefry", "philox"):
+                ours, theirs = draw(tf.constant(seed, tf.int32), site, alg)
+                np.testing.assert_array_equal(ours.numpy(), theirs.numpy())
     x, seed = tf.ones([4, 16, 8]), tf.constant([7, 3], tf.int32)
     layer = Dropout(0.3, site=5, rng="philox")
     np.testing.assert_array_equal(
@@ -126,7 +139,17 @@ def test_the_built_in_model_hashes_the_steps_key_once_per_forward_pass_not_once_
         .get_concrete_function(tf.TensorSpec([2], tf.int32))
         .graph
     )
-    hashes = [op for op in graph.get_operations() if op.type == "StatelessRandomUniformFullIntV2"]
-    draws = [op for op in graph.get_operations() if op.type == "StatelessRandomUniformV2"]
-    assert len(draws) > 3  # sites drawing a mask each
-    assert len(hashes) == 2  # one philox fold-in (its seed scramble and its draw), not one per site
+    fold_in = (
+        tf.function(lambda seed: tf.random.experimental.stateless_fold_in(seed, 0, alg="philox"), autograph=False)
+        .get_concrete_function(tf.TensorSpec([2], tf.int32))
+        .graph
+    )
+
+    def count(g, op_type: str) -> int:
+        return sum(op.type == op_type for op in g.get_operations())
+
+    assert count(graph, "StatelessRandomUniformV2") > 3  # sites drawing a mask each
+    # the hash of one philox fold-in, not one per site; each threefry draw keys from SiteKeys' halves,
+    # no per-site conversion of a [2] seed (its shifts)
+    for op_type in ("StatelessRandomUniformFullIntV2", "LeftShift"):
+        assert count(graph, op_type) == count(fold_in, op_type) > 0
