@@ -9,8 +9,9 @@ A **factory** is `factory(schema, options) -> keras.Model`:
 - `options` is the config's `model:` section as a plain dict, without its `factory` key (free-form:
   the factory owns its validation and should raise `melshards.shards_schema.config.ConfigError` naming a bad
   key);
-- the model's variables must exist when it returns (build it, e.g. by calling it once on zeros):
-  the trainer builds the optimizer before the first step, so the step traces once;
+- the model's variables must exist when it returns: the trainer builds the optimizer before the
+  first step, so the step traces once. Build it with Keras's `build(input_shape)` creating every
+  variable without running the network (as the built-in model does), or by calling it once on zeros;
 - layers built without an explicit dtype follow the Keras global dtype policy, which the trainer
   sets to `loop.precision` while the factory runs (float32 for synthesis).
 A factory may carry `factory.validate(schema, options)`: cheap checks the trainer runs while it

@@ -158,8 +158,17 @@ class TransformerBlock(layers.Layer):
         # one dropout site per residual branch: each draws its own mask
         self.drops = attach(self, "drop", [Dropout(cfg.dropout, first_site + i, dtype=dt) for i in range(3)])
 
-    def build(self, input_shape):  # sublayers build on first call
-        pass
+    def build(self, input_shape):
+        """The sublayers' variables, in the order `call` first uses them; input_shape [B, T, d_model]
+        (memory, which the cross-attention reads, has d_model channels too)."""
+        self.norm1.build(input_shape)
+        self.attn.build(input_shape, input_shape)
+        if self.cross:
+            self.norm2.build(input_shape)
+            self.xattn.build(input_shape, input_shape)
+        self.norm3.build(input_shape)
+        self.ff1.build(input_shape)
+        self.ff2.build((*input_shape[:-1], self.ff1.units))
 
     def call(self, x, self_mask, seed, memory=None, cross_mask=None, causal=False, training=False):
         h = self.norm1(x)
@@ -188,8 +197,12 @@ class Conditioning(layers.Layer):
         self.language = layers.Embedding(languages, cfg.language_dim, dtype=dt) if cfg.language_dim else None
         self.proj = layers.Dense(cfg.d_model, use_bias=False, dtype=dt)
 
-    def build(self, input_shape):  # sublayers build on first call
-        pass
+    def build(self, input_shape):
+        """The tables and the projection, in the order `call` first uses them; input_shape: the ids' [B]."""
+        tables = [t for t in (self.speaker, self.language) if t is not None]
+        for table in tables:
+            table.build(input_shape)
+        self.proj.build((*input_shape, sum(t.output_dim for t in tables)))
 
     def call(self, speaker_id, language_id):
         parts = [
@@ -283,6 +296,43 @@ class TextToMel(keras.Model):
         self.dec_alpha = self.add_weight(shape=(), initializer="ones", name="dec_alpha")
         self.enc_pos = tf.constant(sinusoids(max_text_len, d))
         self.dec_pos = tf.constant(sinusoids(self.steps, d))
+
+    def build(self, input_shape):
+        """Every variable, from the config alone (none depends on a length), without running the network.
+
+        The sublayers build in the order `call` first uses them: that order draws the initial values
+        of the layers that make their own sublayers while they build (MultiHeadAttention), so a model
+        built here starts from the values the first call would give it, under the same seed.
+        input_shape: text_ids' [B, L].
+        """
+        d, n_mels = self.cfg.d_model, self.n_mels
+        batch = input_shape[0]
+        self.embed.build(input_shape)
+        for conv, norm in zip(self.enc_convs, self.enc_conv_norms):
+            conv.build((batch, None, d))
+            norm.build((batch, None, d))
+        self.enc_proj.build((batch, None, d))
+        for block in self.enc_blocks:
+            block.build((batch, None, d))
+        self.enc_norm.build((batch, None, d))
+        if self.conditioning is not None:
+            self.conditioning.build((batch,))
+        x = (batch, None, n_mels)
+        for dense in self.prenet:
+            dense.build(x)
+            x = (batch, None, dense.units)
+        self.dec_proj.build(x)
+        for block in self.dec_blocks:
+            block.build((batch, None, d))
+        self.dec_norm.build((batch, None, d))
+        self.mel_head.build((batch, None, d))
+        self.stop_head.build((batch, None, d))
+        x = (batch, None, n_mels)
+        for conv, norm in zip(self.postnet, self.postnet_norms):
+            conv.build(x)
+            x = (batch, None, conv.dense.units)
+            norm.build(x)
+        self.postnet_out.build(x)
 
     # -- pieces used by training (all at once) and synthesis (decoder step by step) ------------
     def encode(self, text_ids, text_len, speaker_id, language_id, seed, training=False):
@@ -428,8 +478,9 @@ build.validate = validate  # type: ignore[attr-defined]  # the factory's optiona
 
 
 def build_text_to_mel(cfg: ModelConfig | dict, schema, precision: str) -> TextToMel:
-    """The built-in TextToMel for this schema, with its variables created (so the optimizer can be built);
-    `melshards.train.plugins.build_model` builds the configured factory's model and checks it."""
+    """The built-in TextToMel for this schema, with its variables created by `TextToMel.build` (so the
+    optimizer can be built), not yet run; `melshards.train.plugins.build_model` builds the configured
+    factory's model and checks it (its first run)."""
     if isinstance(cfg, dict):
         cfg = _options({k: v for k, v in cfg.items() if k != "factory"})
     # a shorter bucket may hold longer texts than the longest one: the text table covers them all
@@ -444,13 +495,5 @@ def build_text_to_mel(cfg: ModelConfig | dict, schema, precision: str) -> TextTo
         precision=precision,
         norm=Normaliser(schema),
     )
-    ids = tf.zeros([1], tf.int32)
-    model(
-        tf.zeros([1, schema.max_text_len], tf.int32),
-        tf.ones([1], tf.int32),
-        ids,
-        ids,
-        tf.zeros([1, schema.max_mel_frames, schema.n_mels]),
-        tf.zeros([2], tf.int32),
-    )
+    model.build((None, None))
     return model
