@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import tensorflow as tf
 
 from melshards.train.config import DataConfig
@@ -87,3 +89,22 @@ def test_record_sharding_keeps_every_nth_record_of_every_file_in_any_interleave_
         assert sorted(got) == sorted(x for file_ids in ids for x in file_ids[i::n])
         seen += got
     assert sorted(seen) == sorted(x for file_ids in ids for x in file_ids)  # every record once
+
+
+def _saved_stages(iterator) -> set[str]:
+    """The stages of `iterator`'s chain (tf.data's iterator names, e.g. Prefetch) whose state a checkpoint
+    of it saves, read from the names in its serialized state."""
+    state = tf.io.serialize_tensor(tf.raw_ops.SerializeIterator(resource_handle=iterator._iterator_resource))
+    names = re.findall(rb"Iterator::Root((?:::[A-Za-z]\w*)+)", state.numpy())
+    return {stage.decode() for name in names for stage in name.split(b"::") if stage}
+
+
+def test_the_parsed_batches_a_checkpoint_saves_are_prefetchs_alone(shards_dir):
+    """The parse runs in prefetch's thread: no parallel map (nor map-and-batch) stage holds parsed batches
+    of its own in the iterator state, beside the data.prefetch batches prepared ahead."""
+    files, schema = _inputs(shards_dir, "train")
+    it = iter(train_dataset(files, schema, DataConfig(batch_size=4, prefetch=2), MODEL_INPUTS, steps_per_execution=2))
+    next(it)
+    stages = _saved_stages(it)
+    assert {"Prefetch", "ShuffleAndRepeat"} <= stages, stages
+    assert [s for s in stages if "Parallel" in s and "Interleave" not in s or "MapAndBatch" in s] == []
