@@ -18,12 +18,14 @@ from collections.abc import Sequence
 
 from melshards.train.config import TrainConfig
 from melshards.train.errors import CheckpointError, ModelDirError, RestoreError
+from melshards.train.input_pipeline import STATE_LAYOUT
 from melshards.train.tf_quiet import tf
 
 log = logging.getLogger("melshards.train")
 
 CHECKPOINT_DIR = "checkpoints"
 DATA_KEY = "data_settings/.ATTRIBUTES/VARIABLE_VALUE"
+LAYOUT_KEY = "input_state_layout"  # in the data settings: input_pipeline.STATE_LAYOUT of the run that saved them
 
 
 def check_writable(model_dir: str) -> None:
@@ -149,11 +151,13 @@ def resume_checkpoint(checkpoint_dir: str, repair: bool = True) -> str | None:
 
 
 def data_settings(files: Sequence[str], cfg: TrainConfig, synthetic: bool) -> dict:
-    """Everything that fixes the shape of the input pipeline, hence of its saved iterator state."""
+    """Everything that fixes the shape of the input pipeline, hence of its saved iterator state: the
+    settings, and the layout of the state this melshards' pipeline saves (`input_pipeline.STATE_LAYOUT`)."""
     return {
         "files": list(files),
         "synthetic_data": synthetic,
         "steps_per_execution": cfg.loop.steps_per_execution,
+        LAYOUT_KEY: STATE_LAYOUT,
         **dataclasses.asdict(cfg.data),
     }
 
@@ -163,11 +167,17 @@ def settings_diff(saved: dict | None, now: dict) -> list[str]:
     if saved is None:
         return ["the checkpoint records no data settings"]
     diff = []
+    saved = {LAYOUT_KEY: 1, **saved}  # written before the layout was recorded
     for key in sorted(set(saved) | set(now)):
         a, b = saved.get(key), now.get(key)
         if a == b:
             continue
-        if key == "files" and isinstance(a, list) and isinstance(b, list):
+        if key == LAYOUT_KEY:
+            diff.append(
+                f"input state layout {a} -> {b} (the checkpoint's input position is of another melshards "
+                "version's pipeline; resume with that version to keep it)"
+            )
+        elif key == "files" and isinstance(a, list) and isinstance(b, list):
             added, removed = sorted(set(b) - set(a)), sorted(set(a) - set(b))
             parts = (
                 [f"{len(added)} added ({', '.join(added[:3])}{', ...' if len(added) > 3 else ''})"] if added else []
@@ -325,9 +335,17 @@ class Checkpointer:
         )
         return diff
 
-    def attached(self, name: str) -> None:
-        """The iterator `name` was attached: after a restore of the full checkpoint it must have been
-        restored with it (RestoreError: the checkpoint holds no position for it)."""
+    def attach(self, saved: tf.Module, name: str, iterator) -> None:
+        """Attach `iterator` to the saved iterators `saved` as `name`. After a restore of the full checkpoint
+        this restores its position, which must be there and restore into this pipeline (RestoreError)."""
+        try:
+            setattr(saved, name, iterator)
+        except tf.errors.OpError as e:  # tf.data refuses a state saved by another chain
+            raise RestoreError(
+                f"{self.latest} holds an input position for {name} that this input pipeline cannot restore "
+                f"({e.message.strip().splitlines()[0].split('. ')[0]}): it was saved by another melshards or "
+                "TensorFlow version. Resume with the version that wrote it, or use another --model-dir"
+            ) from e
         if self.pending is None:
             return
         try:

@@ -33,7 +33,7 @@ class DataConfig:
     fixed_batch_size: StrictBool = False  # true: batch_size in every bucket
     shuffle_buffer: AtLeast1 = 64  # records (serialized); the iterator checkpoint holds this buffer
     cycle_length: AtLeast1 = 4  # shards read at once by interleave
-    prefetch: AtLeast1 = 2  # batches (of steps_per_execution steps each) prepared ahead of the step
+    prefetch: AtLeast1 = 2  # batches (of steps_per_execution steps each) parsed ahead; the checkpoint holds them
     seed: StrictInt = 0
     deterministic: StrictBool = True  # fixed element order for a fixed seed, also across a resume
     balance: Annotated[StrictStr, one_of(*BALANCES)] = "none"  # none | speaker | language (train/balance.py)

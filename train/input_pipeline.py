@@ -129,6 +129,13 @@ def _if(flag: bool, transform):
     return transform if flag else (lambda ds: ds)
 
 
+# The layout of the iterator state train_dataset saves: a checkpoint's input position restores only into the
+# chain that wrote it. A checkpoint records it with its data settings (train/checkpoints.py data_settings), so
+# one of another layout resumes its weights with a fresh input instead of failing to restore. Raise it with
+# every change to the chain (its stages, their order, what they buffer); checkpoints without it are layout 1.
+STATE_LAYOUT = 2
+
+
 def train_dataset(
     files: Sequence[str],
     schema: Schema | Bucket,
@@ -190,16 +197,14 @@ def train_dataset(
         .apply(_if(balance is not None, lambda d: d.apply(sampler(balance, seed, cfg.deterministic))))  # type: ignore[arg-type]  # applied only when balance is not None
         # static batch dim for the signature-bound step
         .batch(b, drop_remainder=True)
-        # one vectorised parse per batch, decoded to the schema's static shapes
-        .map(
-            _parse_fn(schema, b, _stored(names, same_clip)),
-            num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=cfg.deterministic,
-        )
+        # one vectorised parse per batch, decoded to the schema's static shapes. Sequential, so it runs
+        # in prefetch's thread, ahead of the step: the parsed batches a checkpoint saves are prefetch's
+        # buffer alone (a parallel map keeps each of its calls' results in the iterator state as well)
+        .map(_parse_fn(schema, b, _stored(names, same_clip)))
         # same_clip references: a seeded slice of each record's own mel, per batch (before the stacking)
         .apply(_if(same_clip is not None, lambda d: same_clip.add(d, seed, names)))  # type: ignore[union-attr]  # applied only when same_clip is not None
         .apply(_stack(steps_per_execution))
-        # overlap input with the step
+        # overlap input with the step: data.prefetch calls' worth parsed ahead, in one background thread
         .prefetch(cfg.prefetch)
     )
     return ds.with_options(_options(cfg))
@@ -275,9 +280,13 @@ def first_batch(
 
 
 def _options(cfg: DataConfig) -> tf.data.Options:
+    """Deterministic as configured; a map without num_parallel_calls stays sequential and a batch after a
+    map stays a batch (TensorFlow would rewrite them into parallel calls, whose pending results the
+    iterator state holds: parsed float32 batches beside prefetch's, in every checkpoint)."""
     options = tf.data.Options()
     options.deterministic = cfg.deterministic
-    options.experimental_optimization.map_parallelization = True
+    options.experimental_optimization.map_parallelization = False
+    options.experimental_optimization.map_and_batch_fusion = False
     return options
 
 

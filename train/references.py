@@ -56,7 +56,8 @@ def with_same_clip_references(
         return {n: v for n, v in out.items() if n in keep or n in REFERENCE_FEATURES}
 
     # the counter is part of the iterator's state: a checkpointed iterator resumes on the same slices
-    return tf.data.Dataset.zip(tf.data.Dataset.counter(), ds).map(add, num_parallel_calls=tf.data.AUTOTUNE)
+    # sequential: it runs in the thread of the prefetch after it, which holds the only batches cut ahead
+    return tf.data.Dataset.zip(tf.data.Dataset.counter(), ds).map(add)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -334,8 +334,7 @@ class Trainer:
             tb = next(tb for tb in self.buckets if tb.index == index)
             self.datasets[index] = self.make_dataset(tb, seed=self.input_seed)
             self.iterators[index] = iter(self.datasets[index])
-            setattr(self.saved_iterators, f"bucket_{index:02d}", self.iterators[index])
-            self.checkpointer.attached(f"bucket_{index:02d}")
+            self.checkpointer.attach(self.saved_iterators, f"bucket_{index:02d}", self.iterators[index])
         return self.iterators[index]
 
     def complete_input(self) -> None:

@@ -17,8 +17,16 @@ from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from melshards.commands.synthesize import synthesize_command
 from melshards.shards_schema import read_schema
-from melshards.train.checkpoints import CHECKPOINT_DIR, Checkpointer, RestoreError, restore_model, untracked_variables
+from melshards.train.checkpoints import (
+    CHECKPOINT_DIR,
+    LAYOUT_KEY,
+    Checkpointer,
+    RestoreError,
+    restore_model,
+    untracked_variables,
+)
 from melshards.train.config import config_from_dict
+from melshards.train.input_pipeline import STATE_LAYOUT
 from melshards.train.model import build_text_to_mel
 from melshards.train.synthesize import load_synthesizer
 from tests.train.conftest import SPOKEN_TEXT, TEST_CONFIG, saved_weights
@@ -63,9 +71,16 @@ def _stream():
     return iter(tf.data.Dataset.range(100).shuffle(10, seed=1))
 
 
-def _checkpointer(model_dir, model, iterators, before_save=lambda: None, positions=()) -> Checkpointer:
+def _other_chain():
+    """Another chain (two stages more): its saved state does not restore into _stream's."""
+    return iter(tf.data.Dataset.range(100).shuffle(10, seed=1).map(lambda x: 2 * x).prefetch(2))
+
+
+NOW = {"files": [], LAYOUT_KEY: STATE_LAYOUT}  # the data settings of a run of this melshards
+
+
+def _checkpointer(model_dir, model, iterators, before_save=lambda: None, positions=(), data=NOW) -> Checkpointer:
     step = tf.Variable(0, dtype=tf.int64)
-    data = {"files": []}
     return Checkpointer(
         str(model_dir), model, tf.Module(), step, iterators, data, 2, before_save=before_save, positions=positions
     )
@@ -84,8 +99,7 @@ def test_an_iterator_attached_after_the_restore_continues_where_the_saved_run_le
     later = tf.Module()
     resumed = _checkpointer(tmp_path, model, later, before_save=lambda: setattr(later, "bucket_00", _stream()))
     assert resumed.restore() == []
-    later.bucket_01 = _stream()  # attached after the restore, as at the bucket's first call
-    resumed.attached("bucket_01")
+    resumed.attach(later, "bucket_01", _stream())  # attached after the restore, as at the bucket's first call
     assert [int(next(later.bucket_01)) for _ in range(3)] == expected
     resumed.save(2)  # attaches bucket_00 first (before_save): every saved value was used
 
@@ -93,14 +107,43 @@ def test_an_iterator_attached_after_the_restore_continues_where_the_saved_run_le
     again = tf.Module()
     strict = _checkpointer(tmp_path, model, again)
     strict.restore()
-    again.bucket_02 = _stream()
     with pytest.raises(RestoreError, match="holds no input position for bucket_02"):
-        strict.attached("bucket_02")
+        strict.attach(again, "bucket_02", _stream())
     other_buckets = _checkpointer(tmp_path, model, tf.Module(), positions=["bucket_00", "bucket_02"])
     with pytest.raises(
         RestoreError, match="positions of bucket_00, bucket_01, this run's buckets are bucket_00, bucket_02"
     ):
         other_buckets.restore()  # refused before the run trains, not at its first save
+
+
+def test_a_checkpoint_of_an_earlier_input_layout_resumes_with_a_fresh_input_and_another_chain_is_one_line(
+    model, tmp_path
+):
+    """A checkpoint whose data settings record no input state layout (an earlier melshards, whose chain
+    saved another state) restores the weights and starts the input afresh, naming the layout; an input
+    position that still does not restore into the pipeline is a RestoreError, not tf.data's traceback."""
+    saved = tf.Module()
+    saved.bucket_00 = _other_chain()
+    for _ in range(5):
+        next(saved.bucket_00)
+    before = {"files": []}  # what an earlier melshards recorded
+    _checkpointer(tmp_path / "earlier", model, saved, data=before).save(1)
+    _checkpointer(tmp_path / "now", model, saved, data=NOW).save(1)
+
+    later = tf.Module()
+    resumed = _checkpointer(tmp_path / "earlier", model, later)
+    assert resumed.restore() == [
+        f"input state layout 1 -> {STATE_LAYOUT} (the checkpoint's input position is of another melshards "
+        "version's pipeline; resume with that version to keep it)"
+    ]
+    resumed.attach(later, "bucket_00", _stream())
+    assert [int(next(later.bucket_00)) for _ in range(3)] == [int(x) for x in _stream()][:3], "not afresh"
+
+    again = tf.Module()
+    strict = _checkpointer(tmp_path / "now", model, again)
+    assert strict.restore() == []
+    with pytest.raises(RestoreError, match="holds an input position for bucket_00 that this input pipeline cannot"):
+        strict.attach(again, "bucket_00", _stream())
 
 
 @pytest.fixture(scope="module")

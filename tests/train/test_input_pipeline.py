@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import re
+
 import tensorflow as tf
 
 from melshards.train.config import DataConfig
-from melshards.train.input_pipeline import check_schemas, expand_globs, python_ops_in, train_dataset, val_dataset
+from melshards.train.input_pipeline import (
+    STATE_LAYOUT,
+    check_schemas,
+    expand_globs,
+    python_ops_in,
+    train_dataset,
+    val_dataset,
+)
 from melshards.train.step import MODEL_INPUTS
 from tests.train.conftest import ids_in, real_ids
 
@@ -87,3 +96,26 @@ def test_record_sharding_keeps_every_nth_record_of_every_file_in_any_interleave_
         assert sorted(got) == sorted(x for file_ids in ids for x in file_ids[i::n])
         seen += got
     assert sorted(seen) == sorted(x for file_ids in ids for x in file_ids)  # every record once
+
+
+def _saved_chain(iterator) -> str:
+    """The chain of stages whose state a checkpoint of `iterator` saves, as tf.data names it from the root
+    (e.g. Prefetch::BatchV2::...): the longest iterator name in its serialized state."""
+    state = tf.io.serialize_tensor(tf.raw_ops.SerializeIterator(resource_handle=iterator._iterator_resource))
+    names = re.findall(rb"Iterator::Root((?:::[A-Z]\w*)+)", state.numpy())
+    return max(names, key=lambda n: n.count(b"::")).decode().strip(":")
+
+
+def test_the_parsed_batches_a_checkpoint_saves_are_prefetchs_alone_in_the_chain_its_layout_names(shards_dir):
+    """The parse runs in prefetch's thread: no parallel map (nor map-and-batch) stage holds parsed batches of
+    its own in the iterator state, beside the data.prefetch batches prepared ahead. The chain is pinned with
+    STATE_LAYOUT, which the checkpoints record: a chain that changes must raise it."""
+    files, schema = _inputs(shards_dir, "train")
+    it = iter(train_dataset(files, schema, DataConfig(batch_size=4, prefetch=2), MODEL_INPUTS, steps_per_execution=2))
+    next(it)
+    chain = _saved_chain(it)
+    assert "Parallel" not in chain.replace("ParallelInterleave", "") and "MapAndBatch" not in chain, chain
+    assert (STATE_LAYOUT, chain) == (
+        2,
+        "Prefetch::BatchV2::Map::BatchV2::ShuffleAndRepeat::ParallelInterleaveV4::Shuffle",
+    ), "the chain whose state checkpoints save changed: raise input_pipeline.STATE_LAYOUT and pin the new chain here"

@@ -15,9 +15,10 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from melshards.train.checkpoints import data_settings, remove_partial_writes, settings_diff
+from melshards.train.checkpoints import LAYOUT_KEY, data_settings, remove_partial_writes, settings_diff
 from melshards.train.config import TrainConfig
 from melshards.train.errors import TrainError
+from melshards.train.input_pipeline import STATE_LAYOUT
 from melshards.train.metrics import RunState, Timeline, format_summary
 from melshards.train.progress import Progress
 from melshards.train.summaries import Scalars
@@ -119,6 +120,11 @@ def test_data_settings_differences_say_what_to_pass():
     ]
     assert settings_diff(now, json.loads(json.dumps(now))) == []
     assert settings_diff(None, now) == ["the checkpoint records no data settings"]
+    earlier = {k: v for k, v in now.items() if k != LAYOUT_KEY}  # settings an earlier melshards recorded
+    assert settings_diff(earlier, now) == [
+        f"input state layout 1 -> {STATE_LAYOUT} (the checkpoint's input position is of another melshards "
+        "version's pipeline; resume with that version to keep it)"
+    ]
 
 
 def test_remove_partial_writes_keeps_finished_checkpoints(tmp_path):
