@@ -74,6 +74,23 @@ class SiteKeys:
         )
 
 
+def masked_scale(x, keep, scale):
+    """`where(keep, x / scale, 0)`, with its gradient `where(keep, dy, 0) / scale` written out.
+
+    Those are the numbers TensorFlow's own gradients of `where` and `/` give; those would also build
+    the gradients of the zeros branch and of the constant divisor, which the step discards.
+    """
+
+    @tf.custom_gradient
+    def scaled(x):
+        def grad(dy):
+            return tf.where(keep, dy, tf.zeros([], dy.dtype)) / scale
+
+        return tf.where(keep, x / scale, tf.zeros([], x.dtype)), grad
+
+    return scaled(x)
+
+
 class Dropout(layers.Layer):
     """Dropout from a stateless stream keyed by the step's key and the layer's own site number.
 
@@ -95,7 +112,7 @@ class Dropout(layers.Layer):
             return x
         keys = seed if isinstance(seed, SiteKeys) else SiteKeys(seed)
         keep = keys.uniform(tf.shape(x), self.site, self.rng) >= self.rate
-        return tf.where(keep, x / tf.cast(1.0 - self.rate, x.dtype), tf.zeros_like(x))
+        return masked_scale(x, keep, tf.cast(1.0 - self.rate, x.dtype))
 
 
 def same_conv(x, dense: layers.Dense, kernel: int, impl: str | None = None):
