@@ -14,6 +14,8 @@ It is a plug-in like any other (train/contract.py): `build` is its factory, `los
 
 from __future__ import annotations
 
+import math
+
 import keras
 import numpy as np
 from keras import layers
@@ -156,6 +158,47 @@ class Conv1D(layers.Layer):
         return same_conv(x, self.dense, self.kernel, self.impl)
 
 
+def project(dense: layers.EinsumDense, x):
+    """`dense`'s output for x [B, T, *in] -> [B, T, *out] (its kernel [*in, *out], bias [*out]), as one
+    rank-2 MatMul of x reshaped to [B * T, in] and a BiasAdd.
+
+    The same products as `dense(x)`; Keras's einsum broadcasts the kernel over the batch instead (a
+    BatchMatMulV2), whose gradient builds the broadcast's shapes and a reduction over the batch that a
+    rank-2 MatMul's gradient does not need. The kernel's gradient then sums over the B * T rows in one
+    product, not per sequence and then over the batch: the same sum, rounded in another order.
+    """
+    batch, steps = x.shape[:2]
+    inner = int(np.prod(x.shape[2:]))
+    kernel = tf.cast(dense.kernel, x.dtype)
+    out = kernel.shape[len(x.shape) - 2 :]
+    y = tf.matmul(tf.reshape(x, [-1, inner]), tf.reshape(kernel, [inner, -1]))
+    if dense.bias is not None:
+        y = tf.nn.bias_add(y, tf.reshape(tf.cast(dense.bias, y.dtype), [-1]))
+    return tf.reshape(y, [-1 if batch is None else batch, steps, *out])
+
+
+def attend(mha: layers.MultiHeadAttention, query, value, mask):
+    """`mha(query, value, attention_mask=mask)`: Keras's multi-head attention on its variables, op for
+    op as its TensorFlow backend computes it (scaled logits in float32, masked to a large negative,
+    softmax), with the projections as rank-2 MatMuls (`project`).
+
+    query [B, T, d], value [B, S, d]; mask: bool, broadcastable to [B, heads, T, S] (a causal mask is
+    a constant [T, S]).
+    """
+    if not mha.built:  # as its first call would build it
+        mha.build(query.shape, value.shape)
+    dtype = mha.compute_dtype
+    query, value = tf.cast(query, dtype), tf.cast(value, dtype)
+    q = project(mha.query_dense, query)
+    k = project(mha.key_dense, value)
+    v = project(mha.value_dense, value)
+    logits = tf.cast(tf.einsum("BTNH,BSNH->BNTS", q, k, optimize="optimal"), tf.float32)
+    logits = tf.multiply(logits, tf.cast(1.0 / math.sqrt(float(mha.key_dim)), logits.dtype))
+    logits = tf.where(mask, logits, tf.constant(3.38953e38 * -0.7, logits.dtype))  # Keras's large negative
+    probs = tf.cast(tf.nn.softmax(logits, axis=-1), k.dtype)
+    return project(mha.output_dense, tf.einsum("BNTS,BSNH->BTNH", probs, v, optimize="optimal"))
+
+
 class TransformerBlock(layers.Layer):
     """Pre-LN transformer block: self-attention, optional cross-attention, feed-forward."""
 
@@ -187,14 +230,13 @@ class TransformerBlock(layers.Layer):
         self.ff1.build(input_shape)
         self.ff2.build((*input_shape[:-1], self.ff1.units))
 
-    def call(self, x, self_mask, seed, memory=None, cross_mask=None, causal=False, training=False):
+    def call(self, x, self_mask, seed, memory=None, cross_mask=None, training=False):
+        """self_mask and cross_mask: bool, broadcastable to [B, heads, T, T] and [B, heads, T, S] (`attend`)."""
         h = self.norm1(x)
-        x = x + self.drops[0](
-            self.attn(h, h, attention_mask=self_mask, use_causal_mask=causal), seed=seed, training=training
-        )
+        x = x + self.drops[0](attend(self.attn, h, h, self_mask), seed=seed, training=training)
         if self.cross:
             h = self.norm2(x)
-            x = x + self.drops[1](self.xattn(h, memory, attention_mask=cross_mask), seed=seed, training=training)
+            x = x + self.drops[1](attend(self.xattn, h, memory, cross_mask), seed=seed, training=training)
         h = self.norm3(x)
         return x + self.drops[2](self.ff2(self.ff1(h)), seed=seed, training=training)
 
@@ -361,7 +403,7 @@ class TextToMel(keras.Model):
             x = drop(norm(conv(x)), seed=seed, training=training)
         x = self.enc_proj(x) + tf.cast(self.enc_alpha * self.enc_pos[:length], x.dtype)
         x = self.enc_drop(x, seed=seed, training=training)
-        self_mask = mask[:, None, :] & mask[:, :, None]
+        self_mask = (mask[:, None, :] & mask[:, :, None])[:, None]  # [B, 1, L, L]
         for block in self.enc_blocks:
             x = block(x, self_mask, seed=seed, training=training)
         x = self.enc_norm(x)
@@ -371,14 +413,15 @@ class TextToMel(keras.Model):
 
     def decode(self, memory, text_mask, prev_frames, seed, training=False):
         """prev_frames [B, G, n_mels] (frame before each step) -> mel [B, G*r, n_mels], stop logits [B, G]."""
-        x, steps, length = prev_frames, prev_frames.shape[1], memory.shape[1]  # the bucket's shapes
+        x, steps = prev_frames, prev_frames.shape[1]  # the bucket's number of decoder steps
         for dense, drop in zip(self.prenet, self.prenet_drops):
             x = drop(dense(x), seed=seed, training=training)
         x = self.dec_proj(x) + tf.cast(self.dec_alpha * self.dec_pos[:steps], x.dtype)
         x = self.dec_drop(x, seed=seed, training=training)
-        cross_mask = tf.broadcast_to(text_mask[:, None, :], [tf.shape(x)[0], steps, length])
+        causal = tf.constant(np.tril(np.ones((steps, steps), bool)))  # [G, G]: step t sees steps <= t
+        cross_mask = text_mask[:, None, None, :]  # [B, 1, 1, L]
         for block in self.dec_blocks:
-            x = block(x, None, seed=seed, memory=memory, cross_mask=cross_mask, causal=True, training=training)
+            x = block(x, causal, seed=seed, memory=memory, cross_mask=cross_mask, training=training)
         x = self.dec_norm(x)
         mel = tf.reshape(self.mel_head(x), [-1, steps * self.r, self.n_mels])
         return mel, tf.squeeze(self.stop_head(x), -1)

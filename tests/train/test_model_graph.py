@@ -4,9 +4,13 @@ ops do, with fewer graph nodes in the step's gradient."""
 from __future__ import annotations
 
 import numpy as np
+from keras import layers
 
-from melshards.train.model import Dropout, SiteKeys
+from melshards.shards_schema import read_schema
+from melshards.train.model import Dropout, SiteKeys, attend
+from melshards.train.plugins import build_model, zero_batch
 from melshards.train.tf_quiet import tf  # noqa: I001
+from tests.train.conftest import TEST_CONFIG
 
 
 def _count(graph, op_type: str) -> int:
@@ -37,3 +41,42 @@ def test_dropouts_gradient_is_tensorflows_own_without_the_constant_divisors_grad
     np.testing.assert_array_equal(dx.numpy(), want_dx.numpy())
     # x / scale forward and dy / scale backward; no gradient for the divisor (two more divisions)
     assert _count(ours.get_concrete_function().graph, "RealDiv") == 2
+
+
+def test_attend_is_keras_multi_head_attention_on_its_variables():
+    mha = layers.MultiHeadAttention(2, 4)
+    query, value = tf.random.stateless_normal([3, 5, 8], [1, 2]), tf.random.stateless_normal([3, 7, 8], [3, 4])
+    mha.build(query.shape, value.shape)
+    mask = tf.random.stateless_uniform([3, 5, 7], [5, 6]) > 0.3
+    causal = tf.constant(np.tril(np.ones((5, 5), bool)))
+    dy = tf.random.stateless_normal([3, 5, 8], [7, 8])
+    sources = [query, value, *mha.trainable_variables]
+    for ours, keras_own in [
+        (lambda: attend(mha, query, value, mask[:, None]), lambda: mha(query, value, attention_mask=mask)),
+        (lambda: attend(mha, query, query, causal), lambda: mha(query, query, use_causal_mask=True)),
+    ]:
+        (y, grads), (want_y, want_grads) = (
+            _value_and_gradients(ours, sources, dy)(),
+            _value_and_gradients(keras_own, sources, dy)(),
+        )
+        np.testing.assert_allclose(y.numpy(), want_y.numpy(), rtol=1e-6, atol=1e-6)
+        for g, want in zip(grads, want_grads):
+            assert (g is None) == (want is None)  # value: unused by self-attention
+            if want is not None:
+                np.testing.assert_allclose(g.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_the_built_in_models_gradient_has_no_broadcast_matmuls(shards_dir):
+    """The attention projections' gradients are rank-2 MatMuls, not BatchMatMulV2 with a broadcast kernel."""
+    schema = read_schema(str(shards_dir))
+    model, _ = build_model("melshards.train.model:build", schema, dict(TEST_CONFIG["model"], dropout=0.1))
+    batch = zero_batch(schema, 2)
+
+    @tf.function(autograph=False)
+    def grads(seed):
+        with tf.GradientTape() as tape:
+            terms = model.loss_terms(batch, seed, training=True)
+        return tape.gradient(terms["mel_abs"] + terms["stop_bce"], model.trainable_variables)
+
+    graph = grads.get_concrete_function(tf.TensorSpec([2], tf.int32)).graph
+    assert _count(graph, "MatMul") > 0 and _count(graph, "BatchMatMulV2") == 0
