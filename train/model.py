@@ -159,28 +159,30 @@ class Conv1D(layers.Layer):
 
 
 def project(dense: layers.EinsumDense, x):
-    """`dense`'s output for x [B, T, *in] -> [B, T, *out] (its kernel [*in, *out], bias [*out]), as one
-    rank-2 MatMul of x reshaped to [B * T, in] and a BiasAdd.
+    """`dense`'s output for x [B, T, *in] -> [B, T, *out] (its kernel [*in, *out], bias [*out]): one
+    rank-2 MatMul of x reshaped to [B * T, in], plus the bias.
 
     The same products as `dense(x)`; Keras's einsum broadcasts the kernel over the batch instead (a
-    BatchMatMulV2), whose gradient builds the broadcast's shapes and a reduction over the batch that a
-    rank-2 MatMul's gradient does not need. The kernel's gradient then sums over the B * T rows in one
-    product, not per sequence and then over the batch: the same sum, rounded in another order.
+    BatchMatMulV2), whose gradient builds the broadcast's shapes and a reduction over the batch. The
+    kernel's gradient here sums over the B * T rows in one product, not per sequence and then over
+    the batch: the same sum, rounded in another order. The bias is added (AddV2), not BiasAdd: the
+    gradient of BiasAdd (BiasAddGrad) is one of the ops TensorFlow lowers to XLA through its MLIR
+    bridge, op by op, far slower to lower than a Sum.
     """
-    batch, steps = x.shape[:2]
-    inner = int(np.prod(x.shape[2:]))
+    steps, inner = x.shape[1], int(np.prod(x.shape[2:]))
     kernel = tf.cast(dense.kernel, x.dtype)
     out = kernel.shape[len(x.shape) - 2 :]
-    y = tf.matmul(tf.reshape(x, [-1, inner]), tf.reshape(kernel, [inner, -1]))
-    if dense.bias is not None:
-        y = tf.nn.bias_add(y, tf.reshape(tf.cast(dense.bias, y.dtype), [-1]))
-    return tf.reshape(y, [-1 if batch is None else batch, steps, *out])
+    y = tf.reshape(tf.matmul(tf.reshape(x, [-1, inner]), tf.reshape(kernel, [inner, -1])), [-1, steps, *out])
+    return y if dense.bias is None else y + tf.cast(dense.bias, y.dtype)
 
 
 def attend(mha: layers.MultiHeadAttention, query, value, mask):
-    """`mha(query, value, attention_mask=mask)`: Keras's multi-head attention on its variables, op for
-    op as its TensorFlow backend computes it (scaled logits in float32, masked to a large negative,
-    softmax), with the projections as rank-2 MatMuls (`project`).
+    """`mha(query, value, attention_mask=mask)`: Keras's multi-head attention on its variables, as its
+    TensorFlow backend computes it (scaled logits in float32, masked to a large negative, softmax),
+    with the projections as rank-2 MatMuls (`project`) and the per-head products as batched MatMuls
+    of [B, heads, T, H] where Keras uses Einsum: TensorFlow lowers Einsum (like BiasAddGrad) to XLA
+    through its MLIR bridge one op at a time, far slower than a MatMul, and each product's gradient
+    holds two more.
 
     query [B, T, d], value [B, S, d]; mask: bool, broadcastable to [B, heads, T, S] (a causal mask is
     a constant [T, S]).
@@ -192,11 +194,13 @@ def attend(mha: layers.MultiHeadAttention, query, value, mask):
     q = project(mha.query_dense, query)
     k = project(mha.key_dense, value)
     v = project(mha.value_dense, value)
-    logits = tf.cast(tf.einsum("BTNH,BSNH->BNTS", q, k, optimize="optimal"), tf.float32)
+    heads_first = [0, 2, 1, 3]  # [B, T, N, H] <-> [B, N, T, H]
+    q, k, v = (tf.transpose(t, heads_first) for t in (q, k, v))
+    logits = tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32)  # [B, N, T, S]
     logits = tf.multiply(logits, tf.cast(1.0 / math.sqrt(float(mha.key_dim)), logits.dtype))
     logits = tf.where(mask, logits, tf.constant(3.38953e38 * -0.7, logits.dtype))  # Keras's large negative
     probs = tf.cast(tf.nn.softmax(logits, axis=-1), k.dtype)
-    return project(mha.output_dense, tf.einsum("BNTS,BSNH->BTNH", probs, v, optimize="optimal"))
+    return project(mha.output_dense, tf.transpose(tf.matmul(probs, v), heads_first))
 
 
 class TransformerBlock(layers.Layer):
