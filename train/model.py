@@ -117,6 +117,28 @@ class Dropout(layers.Layer):
         return masked_scale(x, keep, tf.cast(1.0 - self.rate, x.dtype))
 
 
+def relu(x):
+    """max(x, 0) as `where(x > 0, x, 0)`: Relu's values, and through `where` its gradient (dy where
+    x > 0, else 0), without the Relu and ReluGrad ops, which TensorFlow lowers to XLA through its MLIR
+    bridge one op at a time, far slower than a select."""
+    return tf.where(x > 0, x, tf.zeros_like(x))
+
+
+class Dense(layers.Dense):
+    """keras.layers.Dense (the same variables, names and values) adding its bias with AddV2.
+
+    Keras's TensorFlow backend turns a bias add into BiasAdd, whose gradient (BiasAddGrad) is one of
+    the ops TensorFlow lowers to XLA through its MLIR bridge one op at a time; AddV2's gradient is a
+    Sum over the same rows.
+    """
+
+    def call(self, inputs, training=None):
+        x = keras.ops.matmul(inputs, self.kernel)
+        if self.bias is not None:
+            x = tf.add(x, tf.cast(self.bias, x.dtype))
+        return x if self.activation is None else self.activation(x)
+
+
 def same_conv(x, dense: layers.Dense, kernel: int, impl: str | None = None):
     """'same' 1-D convolution [B, T, C] -> [B, T, F] whose weights are `dense`'s: kernel [kernel * C, F]
     (row i * C + c: shift i, channel c), bias and activation.
@@ -149,7 +171,7 @@ class Conv1D(layers.Layer):
         super().__init__(**kw)
         self.kernel = kernel
         self.impl = impl or device.current().conv
-        self.dense = layers.Dense(filters, activation=activation, dtype=self.dtype_policy)
+        self.dense = Dense(filters, activation=activation, dtype=self.dtype_policy)
 
     def build(self, input_shape):
         self.dense.build((*input_shape[:-1], self.kernel * input_shape[-1]))
@@ -217,8 +239,8 @@ class TransformerBlock(layers.Layer):
             self.norm2 = layers.LayerNormalization(dtype=dt)
             self.xattn = layers.MultiHeadAttention(cfg.num_heads, key_dim, dtype=dt)
         self.norm3 = layers.LayerNormalization(dtype=dt)
-        self.ff1 = layers.Dense(cfg.ff_dim, activation="relu", dtype=dt)
-        self.ff2 = layers.Dense(d, dtype=dt)
+        self.ff1 = Dense(cfg.ff_dim, activation=relu, dtype=dt)
+        self.ff2 = Dense(d, dtype=dt)
         # one dropout site per residual branch: each draws its own mask
         self.drops = attach(self, "drop", [Dropout(cfg.dropout, first_site + i, dtype=dt) for i in range(3)])
 
@@ -258,7 +280,7 @@ class Conditioning(layers.Layer):
         dt = self.dtype_policy
         self.speaker = layers.Embedding(speakers, cfg.speaker_dim, dtype=dt) if cfg.speaker_dim else None
         self.language = layers.Embedding(languages, cfg.language_dim, dtype=dt) if cfg.language_dim else None
-        self.proj = layers.Dense(cfg.d_model, use_bias=False, dtype=dt)
+        self.proj = Dense(cfg.d_model, use_bias=False, dtype=dt)
 
     def build(self, input_shape):
         """The tables and the projection, in the order `call` first uses them; input_shape: the ids' [B]."""
@@ -297,12 +319,12 @@ class TextToMel(keras.Model):
         self.enc_convs = attach(
             self,
             "enc_conv",
-            [Conv1D(d, cfg.conv_kernel, activation="relu", dtype=dt) for _ in range(cfg.encoder_conv_layers)],
+            [Conv1D(d, cfg.conv_kernel, activation=relu, dtype=dt) for _ in range(cfg.encoder_conv_layers)],
         )
         self.enc_conv_norms = attach(
             self, "enc_conv_norm", [layers.LayerNormalization(dtype=dt) for _ in range(cfg.encoder_conv_layers)]
         )
-        self.enc_proj = layers.Dense(d, dtype=dt)
+        self.enc_proj = Dense(d, dtype=dt)
         self.enc_blocks = attach(
             self, "enc_block", [TransformerBlock(cfg, False, 10 + 3 * i, dtype=dt) for i in range(cfg.encoder_layers)]
         )
@@ -314,14 +336,14 @@ class TextToMel(keras.Model):
             self,
             "prenet",
             [
-                layers.Dense(cfg.prenet_dim, activation="relu", dtype=dt),
-                layers.Dense(cfg.prenet_dim, activation="relu", dtype=dt),
+                Dense(cfg.prenet_dim, activation=relu, dtype=dt),
+                Dense(cfg.prenet_dim, activation=relu, dtype=dt),
             ],
         )
         self.prenet_drops = attach(
             self, "prenet_drop", [Dropout(cfg.prenet_dropout, 1, dtype=dt), Dropout(cfg.prenet_dropout, 2, dtype=dt)]
         )
-        self.dec_proj = layers.Dense(d, dtype=dt)
+        self.dec_proj = Dense(d, dtype=dt)
         self.dec_blocks = attach(
             self,
             "dec_block",
@@ -340,8 +362,8 @@ class TextToMel(keras.Model):
             self, "post_drop", [Dropout(cfg.dropout, 200 + i, dtype=dt) for i in range(cfg.postnet_layers)]
         )
         # heads and postnet output stay float32: losses and the stop decision need the precision
-        self.mel_head = layers.Dense(r * n_mels, dtype="float32")
-        self.stop_head = layers.Dense(1, dtype="float32")
+        self.mel_head = Dense(r * n_mels, dtype="float32")
+        self.stop_head = Dense(1, dtype="float32")
         self.postnet = attach(
             self,
             "postnet",

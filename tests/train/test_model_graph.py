@@ -7,7 +7,7 @@ import numpy as np
 from keras import layers
 
 from melshards.shards_schema import read_schema
-from melshards.train.model import Dropout, SiteKeys, attend
+from melshards.train.model import Dense, Dropout, SiteKeys, attend, relu
 from melshards.train.plugins import build_model, zero_batch
 from melshards.train.tf_quiet import tf  # noqa: I001
 from tests.train.conftest import TEST_CONFIG
@@ -66,10 +66,31 @@ def test_attend_is_keras_multi_head_attention_on_its_variables():
                 np.testing.assert_allclose(g.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_the_built_in_models_attention_needs_no_einsum_and_no_broadcast_kernel(shards_dir):
-    """The attention's products are MatMuls (no Einsum, which TensorFlow lowers to XLA through its MLIR
-    bridge op by op), its projections rank-2 MatMuls (no BatchMatMulV2 broadcasting a kernel over the
-    batch)."""
+def test_dense_with_relu_is_kerass_without_the_ops_lowered_through_mlir():
+    """`Dense` and `relu` give Keras's Dense(activation="relu") values and gradients on the same
+    variables, with no Relu, ReluGrad, BiasAdd or BiasAddGrad in the graph."""
+    x = tf.nn.relu(tf.random.stateless_normal([4, 6, 8], [1, 2]))  # exact zeros: relu's edge
+    ours, keras_own = Dense(5, activation=relu), layers.Dense(5, activation="relu")
+    ours.build(x.shape), keras_own.build(x.shape)
+    keras_own.set_weights([np.ones([8, 5], np.float32) * 0.1, -np.arange(5, dtype=np.float32) * 0.1])
+    ours.set_weights(keras_own.get_weights())
+    dy = tf.random.stateless_normal([4, 6, 5], [3, 4])
+    run = _value_and_gradients(lambda: ours(x), [x, ours.kernel, ours.bias], dy)
+    (y, grads), (want_y, want_grads) = (
+        run(),
+        _value_and_gradients(lambda: keras_own(x), [x, keras_own.kernel, keras_own.bias], dy)(),
+    )
+    np.testing.assert_array_equal(y.numpy(), want_y.numpy())
+    for g, want in zip(grads, want_grads):
+        np.testing.assert_allclose(g.numpy(), want.numpy(), rtol=1e-6, atol=1e-7)
+    graph = run.get_concrete_function().graph
+    assert not {"Relu", "ReluGrad", "BiasAdd", "BiasAddGrad"} & {op.type for op in graph.get_operations()}
+
+
+def test_the_built_in_models_step_has_no_einsum_relu_bias_add_or_broadcast_kernel(shards_dir):
+    """The attention's products are MatMuls and its projections rank-2 MatMuls (no BatchMatMulV2
+    broadcasting a kernel over the batch); no Einsum, Relu or BiasAdd, whose forward or gradient ops
+    TensorFlow lowers to XLA through its MLIR bridge one op at a time."""
     schema = read_schema(str(shards_dir))
     model, _ = build_model("melshards.train.model:build", schema, dict(TEST_CONFIG["model"], dropout=0.1))
     batch = zero_batch(schema, 2)
@@ -81,6 +102,6 @@ def test_the_built_in_models_attention_needs_no_einsum_and_no_broadcast_kernel(s
         return tape.gradient(terms["mel_abs"] + terms["stop_bce"], model.trainable_variables)
 
     graph = grads.get_concrete_function(tf.TensorSpec([2], tf.int32)).graph
-    assert _count(graph, "Einsum") == 0
+    assert _count(graph, "Einsum") == _count(graph, "Relu") == _count(graph, "BiasAdd") == 0
     batched = [op for op in graph.get_operations() if op.type == "BatchMatMulV2"]
     assert batched and all(t.shape.rank == 4 for op in batched for t in op.inputs)
