@@ -1,0 +1,136 @@
+"""What lowering a train step to HLO costs (a resumed run's lookup in the persistent XLA cache), by op.
+
+Default: one bucket's train step of the built-in model, traced once per model file (this checkout's
+train/model.py, and with --before DIR that tree's train/model.py, loaded as a plug-in factory into this
+checkout's trainer, so only the model differs), then lowered to HLO (`experimental_get_compiler_ir(...)
+(stage="hlo")`) --reps times per model, alternating, in one process. Reported per model: the graph's
+nodes by first name component, the ops tf2xla lowers through its MLIR bridge (`MLIR_LOWERED`), and the
+lowering's CPU seconds (median, min).
+
+--ops: the lowering's CPU milliseconds per op of each type: a jit-compiled function of 40 copies of one
+op against 40 of Neg, alternating, median of --reps.
+
+Run: python -m benchmarks.train.lowering --shards DIR --config YAML [--bucket 5] [--before DIR] [--reps 8]
+     python -m benchmarks.train.lowering --ops [--reps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import importlib.util
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from melshards.train.tf_quiet import tf
+
+# registered with tf2xla's MlirXlaOpKernel (tensorflow/compiler/tf2xla/kernels), among the ops a TTS step uses
+MLIR_LOWERED = {
+    "Abs", "BiasAddGrad", "Einsum", "Exp", "Expm1", "IsFinite", "Log1p", "LogSoftmax", "Reciprocal", "Relu",
+    "Relu6", "ReluGrad", "Rsqrt", "Sigmoid", "Sign", "Softmax", "Sqrt", "Tanh",
+}  # fmt: skip
+
+
+def _cpu(f) -> float:
+    start = time.process_time()
+    f()
+    return time.process_time() - start
+
+
+def op_costs(reps: int) -> None:
+    n, x = 40, tf.ones([8, 16, 32])
+    w, keep = tf.ones([32, 32]), tf.ones([8, 16, 32]) > 0
+    ops = {
+        "Neg": lambda t: -t,
+        "AddV2": lambda t: t + 1.0,
+        "SelectV2": lambda t: tf.where(keep, t, 0.0),
+        "Sum": lambda t: tf.reduce_sum(t, -1, keepdims=True),
+        "MatMul": lambda t: tf.reshape(tf.matmul(tf.reshape(t, [-1, 32]), w), [8, 16, 32]),
+        "BatchMatMulV2": lambda t: tf.matmul(t, t, transpose_b=True),
+        "Transpose": lambda t: tf.transpose(t, [0, 2, 1]),
+        "BiasAdd": lambda t: tf.nn.bias_add(t, tf.ones([32])),
+        "Einsum": lambda t: tf.einsum("btd,bsd->bts", t, t),
+        "BiasAddGrad": lambda t: tf.raw_ops.BiasAddGrad(out_backprop=t),
+        "Relu": tf.nn.relu,
+        "ReluGrad": lambda t: tf.raw_ops.ReluGrad(gradients=t, features=t),
+        "Rsqrt": tf.math.rsqrt,
+        "Softmax": tf.nn.softmax,
+        "Abs": tf.abs,
+    }
+
+    def many(op):
+        return tf.function(lambda t: [tf.reduce_sum(op(t + float(k))) for k in range(n)], jit_compile=True)
+
+    fns = {name: many(op) for name, op in ops.items()}
+    for f in fns.values():
+        f.experimental_get_compiler_ir(x)(stage="hlo")
+    cpu = collections.defaultdict(list)
+    for _ in range(reps):
+        for name, f in fns.items():
+            cpu[name].append(_cpu(lambda f=f: f.experimental_get_compiler_ir(x)(stage="hlo")))
+    base = statistics.median(cpu["Neg"])
+    for name, xs in cpu.items():
+        print(f"{name:14s} {(statistics.median(xs) - base) / n * 1000:6.2f} ms per op more than Neg")
+
+
+def step_costs(shards: str, config: str, bucket: int, models: list[str], reps: int) -> None:
+    from melshards.shards_schema.schema import read_schema
+    from melshards.train.config import OptimConfig
+    from melshards.train.plugins import build_model
+    from melshards.train.step import make_optimizer, make_train_step, step_specs
+
+    schema = read_schema(shards)
+    options = yaml.safe_load(Path(config).read_text())["model"]
+    specs = step_specs(schema.buckets[min(bucket, len(schema.buckets) - 1)], 8)
+    batch = {k: tf.zeros([1, *s.shape], s.dtype) for k, s in specs.items()}
+    steps = {}
+    for i, path in enumerate(models):
+        name = f"lowering_model_{i}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        sys.modules[name] = module
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        model, loss_names = build_model(f"{name}:build", schema, dict(options), "float32")
+        cfg = OptimConfig()
+        fn = make_train_step(
+            model, make_optimizer(cfg, "float32", model), schema, cfg, specs, 1, 0, tf.Variable(0, tf.int64), loss_names
+        )
+        nodes = fn.get_concrete_function().graph.as_graph_def().node
+        groups = collections.Counter("(top)" if "/" not in n.name else n.name.split("/")[0] for n in nodes)
+        mlir = collections.Counter(n.op for n in nodes if n.op in MLIR_LOWERED)
+        print(path, "nodes", len(nodes), dict(groups.most_common(5)))
+        print(path, "MLIR-lowered ops", sum(mlir.values()), dict(sorted(mlir.items())))
+        steps[path] = fn
+    cpu = collections.defaultdict(list)
+    for _ in range(reps):
+        for path, fn in steps.items():
+            cpu[path].append(_cpu(lambda fn=fn: fn.experimental_get_compiler_ir(batch)(stage="hlo")))
+    for path, xs in cpu.items():
+        print(path, f"lowering CPU s: median {statistics.median(xs):.3f}, min {min(xs):.3f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ops", action="store_true")
+    parser.add_argument("--shards")
+    parser.add_argument("--config")
+    parser.add_argument("--bucket", type=int, default=5)
+    parser.add_argument("--before")
+    parser.add_argument("--reps", type=int, default=8)
+    args = parser.parse_args()
+    if args.ops:
+        return op_costs(args.reps)
+    if not (args.shards and args.config):
+        parser.error("--shards and --config are required without --ops")
+    models = [str(Path(__file__).resolve().parents[2] / "train" / "model.py")]
+    if args.before:
+        models.insert(0, str(Path(args.before) / "train" / "model.py"))
+    step_costs(args.shards, args.config, args.bucket, models, args.reps)
+
+
+if __name__ == "__main__":
+    main()
