@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from melshards.train.programs import StepProgram, from_trace, program_path, restore
+from melshards.train.programs import Scratch, StepProgram, from_trace, program_path, restore
 from melshards.train.tf_quiet import reading_xla_cache, tf
 
 log = logging.getLogger("melshards.train")
@@ -136,7 +136,7 @@ class Warmup:
         self.state: list = []
         self._provided = threading.Event()  # the traced functions and the state are there (`provide`)
         self._closing = False
-        self._scratch: dict = {}  # the scratch copy: {state index or id(variable): variable}
+        self._scratch = Scratch()  # the scratch copy: by state index, or ("traced", id(variable))
         if state is not None:
             self.provide({}, state)
         self._thread = threading.Thread(target=self._run, name="melshards-warmup", daemon=True)
@@ -206,7 +206,7 @@ class Warmup:
         finally:
             self._closing = True
             tracer.join()
-            self._scratch = {}  # the scratch copy's memory back once the last program is ready
+            self._scratch.free()  # the scratch copy's memory back once the last program is ready
             for p in self.programs.values():  # left out: compiles at its first call
                 p.ready.set()
 
@@ -290,9 +290,7 @@ class Warmup:
         owner = next((v for v in concrete.variables if v.handle is capture), None)
         if owner is None:
             raise RuntimeError(f"{concrete.name}: a captured resource that is no variable; cannot warm it up")
-        if id(owner) not in self._scratch:
-            self._scratch[id(owner)] = tf.Variable(tf.zeros(owner.shape, owner.dtype), trainable=False)
-        return self._scratch[id(owner)].handle
+        return self._scratch.handle(("traced", id(owner)), owner.shape, owner.dtype)
 
     def _cached(self) -> frozenset[str] | None:
         if self.cache_dir is None:

@@ -139,6 +139,39 @@ def variable_spec(v) -> tuple[list[int], str]:
     return [int(d) for d in v.shape], tf.as_dtype(v.dtype).name
 
 
+class Scratch:
+    """Variables holding zeros that stand for a step's state in a call that must not write it (the warm-up's
+    compile calls, train/compile.py): one per key (`handle`), each made by two ops (a resource handle under
+    TensorFlow's anonymous name, tf.raw_ops.VarHandleOp, and its assignment, AssignVariableOp) rather than
+    a tf.Variable's Python construction; the variables of one shape and dtype are assigned one zeros tensor
+    (a step's update writes a new buffer, never the shared one). An anonymous handle holds its variable: it
+    is freed with the last reference to its handle (`free` drops this object's)."""
+
+    def __init__(self):
+        from tensorflow.python.eager import context as eager  # the name that makes each handle a new variable
+
+        self._anonymous = eager.anonymous_name()
+        self._handles: dict = {}
+        self._zeros: dict = {}
+
+    def handle(self, key, shape, dtype):
+        """The handle of the zeros variable standing for `key` (shape, dtype), made on its first use."""
+        if key not in self._handles:
+            shape, dtype = [int(d) for d in shape], tf.as_dtype(dtype)
+            zeros = self._zeros.get((tuple(shape), dtype))
+            if zeros is None:
+                zeros = self._zeros[tuple(shape), dtype] = tf.zeros(shape, dtype)
+            h = tf.raw_ops.VarHandleOp(dtype=dtype, shape=shape, shared_name=self._anonymous)
+            tf.raw_ops.AssignVariableOp(resource=h, value=zeros)
+            self._handles[key] = h
+        return self._handles[key]
+
+    def free(self) -> None:
+        """Drop every variable made here (their memory back once no call holds their handles); `handle`
+        makes new ones after."""
+        self._handles, self._zeros = {}, {}
+
+
 class StepProgram:
     """A step registered in this process under its key's name: called with a batch (a dict of the input
     names) and its captured inputs (`bind`), it returns {output name: tensor}. `captures`: for each captured
@@ -162,13 +195,13 @@ class StepProgram:
         """Whether `state` has the variables this program captures, with their shapes and dtypes."""
         return all(i < len(state) and variable_spec(state[i]) == spec for i, spec in self.variables.items())
 
-    def scratch(self, copies: dict) -> list:
-        """Captured inputs with zeros standing for the state variables (`copies`: {index: variable}, filled
-        here with what is missing): a call with them writes no state."""
-        for i, (shape, dtype) in self.variables.items():
-            if i not in copies:
-                copies[i] = tf.Variable(tf.zeros(shape, dtype), trainable=False)
-        return self.bind(copies)
+    def scratch(self, scratch: Scratch) -> list:
+        """Captured inputs with `scratch`'s zeros standing for the state variables (one per state index,
+        made there on first use and shared by every program of the run): a call with them writes no state."""
+        return [
+            scratch.handle(c, *self.variables[c]) if isinstance(c, int) else const
+            for c, const in zip(self.captures, self._constants)
+        ]
 
     def bind(self, state) -> list:
         """The captured inputs for `state` (indexable: the variables the indices name): handles and constants."""

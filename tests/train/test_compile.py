@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 
 import pytest
 
 from melshards.train import xla_cache
 from melshards.train.compile import EVAL, TRAIN, Program, Warmup, flat_call_available, warmup_order
-from melshards.train.programs import from_trace, named_calls_available, restore
+from melshards.train.programs import Scratch, from_trace, named_calls_available, restore
 from melshards.train.tf_quiet import tf  # noqa: I001
 
 
@@ -71,7 +72,41 @@ def _step(weight, counter, n):
     return step
 
 
-def test_the_warmup_compiles_each_step_once_on_a_scratch_copy_never_writing_the_trained_state():
+@pytest.fixture
+def scratch_handles(monkeypatch):
+    """Weak references to every scratch variable handle the warm-ups make (`Scratch.handle`)."""
+    made: list = []
+    handle = Scratch.handle
+
+    def recording(self, key, shape, dtype):
+        h = handle(self, key, shape, dtype)
+        made.append(weakref.ref(h))
+        return h
+
+    monkeypatch.setattr(Scratch, "handle", recording)
+    return made
+
+
+def test_a_scratch_gives_each_key_its_own_zeros_variable_freed_with_its_last_handle():
+    scratch = Scratch()
+    a = scratch.handle(0, [2], "float32")
+    b = scratch.handle(1, tf.TensorShape([2]), tf.float32)  # the same shape and dtype: a variable of its own
+    c = scratch.handle(("traced", 7), [3], "int64")
+    assert scratch.handle(0, [2], "float32") is a
+    tf.raw_ops.AssignAddVariableOp(resource=a, value=tf.ones([2]))
+
+    def read(h, dtype):
+        return tf.raw_ops.ReadVariableOp(resource=h, dtype=dtype).numpy().tolist()
+
+    assert read(a, tf.float32) == [1.0, 1.0] and read(b, tf.float32) == [0.0, 0.0] and read(c, tf.int64) == [0, 0, 0]
+    handles = [weakref.ref(h) for h in (a, b, c)]
+    del a, b, c
+    assert all(h() is not None for h in handles)  # the scratch holds them until it is freed
+    scratch.free()
+    assert all(h() is None for h in handles)
+
+
+def test_the_warmup_compiles_each_step_once_on_a_scratch_copy_never_writing_the_trained_state(scratch_handles):
     weight, counter = tf.Variable([1.0, 2.0]), tf.Variable(0, dtype=tf.int64)
     train = {0: _step(weight, counter, 3), 2: _step(weight, counter, 5)}
     evaluate = tf.function(
@@ -98,6 +133,7 @@ def test_the_warmup_compiles_each_step_once_on_a_scratch_copy_never_writing_the_
     train[2]({"x": tf.ones([5, 2])})
     assert weight.numpy().tolist() == [0.0, 1.0] and int(counter.numpy()) == 1  # the real call still updates
     assert [f.experimental_get_tracing_count() for f in (*train.values(), evaluate)] == [1, 1, 1]
+    assert scratch_handles and all(h() is None for h in scratch_handles)  # the scratch copy freed at the end
 
 
 def test_warmup_order_is_the_order_the_schedule_first_calls_each_bucket_from_the_first_call():
@@ -196,7 +232,7 @@ def test_a_saved_step_is_restored_untraced_under_its_keys_name_and_updates_the_s
 
 
 def test_a_warmup_with_the_persistent_cache_saves_each_step_and_the_next_run_restores_it_without_tracing(
-    tmp_path, caplog
+    tmp_path, caplog, scratch_handles
 ):
     def run(key, state_order=lambda weight, counter: [weight, counter]):
         weight, counter = tf.Variable([1.0, 2.0]), tf.Variable(0, dtype=tf.int64)
@@ -212,6 +248,7 @@ def test_a_warmup_with_the_persistent_cache_saves_each_step_and_the_next_run_res
         else:
             step({"x": tf.ones([4, 2])})
         assert weight.numpy().tolist() == [0.0, 1.0]  # this run's variables updated
+        assert scratch_handles and all(h() is None for h in scratch_handles)  # the scratch copy freed at the end
         return p, step.experimental_get_tracing_count()
 
     first, traces = run("k2")
