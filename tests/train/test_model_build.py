@@ -27,16 +27,7 @@ def _built_by_its_first_call(cfg, schema, precision: str) -> TextToMel:
     with pytest.MonkeyPatch.context() as mp:
         for cls in (TextToMel, TransformerBlock, Conditioning):
             mp.setattr(cls, "build", lambda self, input_shape: None)
-        model = TextToMel(
-            cfg,
-            vocab_size=len(schema.vocabulary),
-            n_mels=schema.n_mels,
-            max_text_len=max(b.max_text_len for b in schema.buckets),
-            max_mel_frames=schema.max_mel_frames,
-            speakers=len(schema.speakers),
-            languages=len(schema.languages),
-            precision=precision,
-        )
+        model = build_text_to_mel(cfg, schema, precision)  # its build() a no-op here: nothing built yet
         ids = tf.zeros([1], tf.int32)
         frames = cfg.reduction_factor
         model(tf.zeros([1, 3], tf.int32), tf.ones([1], tf.int32), ids, ids, tf.zeros([1, frames, schema.n_mels]), ids)
