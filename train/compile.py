@@ -96,10 +96,12 @@ class Program:
     from_cache: bool | None = None
     error: BaseException | None = None
     prepared: tuple | None = None  # (StepProgram or None, traced function or None, saved file or None)
+    found: StepProgram | None = None  # what its look-up in the persistent cache restored (set with `looked_up`)
     waited_s: float | None = None  # how long the loop waited for it at its first call
     called_s: float | None = None  # when the loop first called it, in seconds since the run began
     ready: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)
     made: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)  # `prepared` is set
+    looked_up: threading.Event = dataclasses.field(default_factory=threading.Event, repr=False)  # `found` is set
 
     def facts(self) -> dict:
         return {
@@ -183,6 +185,7 @@ class Warmup:
                     p.made.set()
         finally:
             for p in self.programs.values():
+                p.looked_up.set()
                 p.made.set()
 
     def _run(self) -> None:
@@ -217,6 +220,8 @@ class Warmup:
         path = program_path(self.cache_dir, p.key) if self.cache_dir and p.key else None
         program = restore(path) if path else None
         p.restored = program is not None
+        p.found = program
+        p.looked_up.set()
         concrete = None
         if program is None:
             if not self._await_model():
@@ -299,6 +304,19 @@ class Warmup:
             return frozenset(n for n in os.listdir(self.cache_dir) if n.startswith("xla_compile_cache__"))
         except OSError:
             return None
+
+    def restored(self, kind: str, bucket: int) -> StepProgram | None:
+        """The StepProgram the persistent cache held for the program, once its look-up is done (it needs no
+        model: the first program's is done soon after `start`, a later one's after the programs before it);
+        None when the cache held none or the warm-up closed or stopped first. Whether it fits the model
+        is `StepProgram.matches`: one that does not is traced instead."""
+        p = self.programs.get((kind, bucket))
+        if p is None:
+            return None
+        while not p.looked_up.wait(0.1):
+            if self._closing or self.stopped():
+                return None
+        return p.found
 
     def wait(self, kind: str, bucket: int) -> float:
         """Block until the program is ready (or the warm-up left it out); the seconds waited. A program

@@ -106,11 +106,8 @@ def zero_batch(schema, batch_size: int = 1, names: tuple[str, ...] = MODEL_INPUT
     return {k: tf.zeros(s.shape, s.dtype) for k, s in specs.items()}
 
 
-def check_model(model: Any, spec: str, schema, names: tuple[str, ...] = MODEL_INPUTS) -> tuple[str, ...]:
-    """Check `model` against the contract by calling it once, eagerly, on a tiny padding batch.
-
-    Returns the names of its losses ("loss" first). Eager: nothing is traced or compiled here.
-    """
+def check_structure(model: Any, spec: str) -> None:
+    """The checks that call nothing: a keras.Model with the three methods the trainer calls."""
     if not isinstance(model, keras.Model):
         raise PluginError(
             f"model factory {spec!r} returned a {type(model).__module__}.{type(model).__name__}, "
@@ -122,6 +119,41 @@ def check_model(model: Any, spec: str, schema, names: tuple[str, ...] = MODEL_IN
                 f"the model of {spec!r} ({type(model).__name__}) has no {method}() method; "
                 "see train/contract.py for what the trainer calls"
             )
+
+
+def check_variables(model: Any, spec: str) -> None:
+    """The model has trainable variables (a model its factory left unbuilt has none before its first call)."""
+    if not model.trainable_variables:
+        raise PluginError(f"the model of {spec!r} has no trainable variables")
+
+
+def ordered_loss_names(names) -> tuple[str, ...]:
+    """Loss names as the trainer lists them: "loss" first, then the others sorted."""
+    return ("loss", *sorted(k for k in names if k != "loss"))
+
+
+def reserved_names() -> tuple[str, ...]:
+    """What the train step outputs besides the model's losses (train/step.py `k_steps`: STEP_METRICS and
+    "losses", the K total losses): a loss of one of these names would be overwritten by them."""
+    from melshards.train.step import STEP_METRICS
+
+    return (*STEP_METRICS, "losses")
+
+
+def step_loss_names(outputs) -> tuple[str, ...]:
+    """The loss names of the model a train step was traced with, from the step's output names
+    (`StepProgram.outputs`), as `check_model` returns them. Exact: check_model refuses losses named like
+    the step's other outputs (`reserved_names`)."""
+    return ordered_loss_names(k for k in outputs if k not in reserved_names())
+
+
+def check_model(model: Any, spec: str, schema, names: tuple[str, ...] = MODEL_INPUTS) -> tuple[str, ...]:
+    """Check `model` against the contract by calling it once, eagerly, on a tiny padding batch.
+
+    Returns the names of its losses (`ordered_loss_names`: "loss" first). Eager: nothing is traced or
+    compiled here. A model whose factory left it unbuilt is built by this call.
+    """
+    check_structure(model, spec)
     terms = model.loss_terms(zero_batch(schema, 1, names), tf.zeros([2], tf.int32), training=False)
     if not isinstance(terms, dict):
         raise PluginError(
@@ -151,21 +183,36 @@ def check_model(model: Any, spec: str, schema, names: tuple[str, ...] = MODEL_IN
         raise PluginError(
             f"{type(model).__name__}.losses_from_terms must return a dict with the key 'loss' (the value minimised)"
         )
-    if not model.trainable_variables:
-        raise PluginError(f"the model of {spec!r} has no trainable variables")
-    return ("loss", *sorted(k for k in losses if k != "loss"))
+    taken = [k for k in losses if k in reserved_names()]
+    if taken:
+        raise PluginError(
+            f"{type(model).__name__}.losses_from_terms returns {', '.join(taken)}, the name(s) of what the train "
+            f"step reports itself ({', '.join(reserved_names())}); rename the loss(es), e.g. {taken[0]}_loss"
+        )
+    check_variables(model, spec)
+    return ordered_loss_names(losses)
+
+
+def make_model(
+    spec: str, schema, options: dict, precision: str = "float32", choices: device.Choices | None = None
+) -> Any:
+    """factory(schema, options) under the `precision` policy and the layer choices of the device the step
+    is compiled for (train/device.py; None: this machine's); the features it asks for checked against the
+    schema (`check_features`) and the model's structure (`check_structure`), not called."""
+    factory = load_factory(spec)
+    check_features(spec, schema)
+    with dtype_policy(precision), device.building_for(choices or device.current()):
+        model = factory(schema, dict(options))
+    check_structure(model, spec)
+    return model
 
 
 def build_model(
     spec: str, schema, options: dict, precision: str = "float32", choices: device.Choices | None = None
 ) -> tuple[Any, tuple[str, ...]]:
-    """factory(schema, options) under the `precision` policy and the layer choices of the device the step
-    is compiled for (train/device.py; None: this machine's), checked; returns (model, loss names)."""
-    factory = load_factory(spec)
-    names = check_features(spec, schema)
-    with dtype_policy(precision), device.building_for(choices or device.current()):
-        model = factory(schema, dict(options))
-    return model, check_model(model, spec, schema, names)
+    """`make_model`, checked against the contract (`check_model`); returns (model, loss names)."""
+    model = make_model(spec, schema, options, precision, choices)
+    return model, check_model(model, spec, schema, model_inputs(spec))
 
 
 def can_generate(model: Any) -> bool:

@@ -32,7 +32,7 @@ from melshards.train.config import LoopConfig
 from melshards.train.errors import TrainError
 from melshards.train.inputs import Inputs
 from melshards.train.metrics import Timeline
-from melshards.train.plugins import build_model, model_inputs
+from melshards.train.plugins import check_model, check_variables, make_model, model_inputs, step_loss_names
 from melshards.train.programs import named_calls_available, program_key, source_digest
 from melshards.train.references import same_clip
 from melshards.train.step import make_eval_step, make_optimizer, make_train_step, step_specs
@@ -128,7 +128,7 @@ class Trainer:
             self._build_model()
             self._make_steps()
             if self.warmup is not None:
-                self.state = [*self.model.variables, *self.optimizer.variables, self.step_var]
+                self.state = self.state_variables()
                 steps = {(TRAIN, i): f for i, f in self.train_steps.items()}
                 self.warmup.provide({**steps, **{(EVAL, i): f for i, f in self.eval_steps.items()}}, self.state)
         except BaseException:
@@ -154,14 +154,46 @@ class Trainer:
     # -- construction, in order -------------------------------------------------------------------
     def _build_model(self) -> None:
         """The factory's model (its contract checked before anything compiles), the optimizer and the
-        step counter: variables mirrored over the replicas (the default scope on one device)."""
+        step counter: variables mirrored over the replicas (the default scope on one device).
+
+        The contract is checked by calling the model once, eagerly (`plugins.check_model`), unless the first
+        program of the warm-up was restored from the persistent cache and fits this model's state
+        (`StepProgram.matches`, the test the warm-up applies before it calls a restored program): the run
+        that saved it checked the same model (its key covers the factory's source, the model options,
+        the precision, the layer choices, schema.json and the versions), so the loss names are read from
+        the program's outputs (`plugins.step_loss_names`) and only the checks that call nothing run. A
+        program that does not fit is traced by the warm-up, so a run that traces its first step has
+        always called the model first; a model its factory left unbuilt (no variables yet) is always
+        called. `contract` says which happened."""
         cfg = self.inputs.cfg
+        spec, schema = cfg.model_factory, self.inputs.schema
         with self.topo.scope():
-            self.model, self.loss_names = build_model(
-                cfg.model_factory, self.inputs.schema, cfg.model_options, cfg.loop.precision, self.choices
-            )
-            self.optimizer = make_optimizer(cfg.optim, cfg.loop.precision, self.model)
+            self.model = make_model(spec, schema, cfg.model_options, cfg.loop.precision, self.choices)
             self.step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+            first = next(iter(self.warmup.programs), None) if self.warmup is not None else None
+            saved = self.warmup.restored(*first) if first and first[0] == TRAIN and self.model.variables else None
+            if saved is not None:
+                self.optimizer = make_optimizer(cfg.optim, cfg.loop.precision, self.model)
+                if saved.matches(self.state_variables()):
+                    check_variables(self.model, spec)
+                    self.loss_names = step_loss_names(saved.outputs)
+                    self.contract = "checked by the run that saved its program"
+                    log.info(
+                        "model contract checked by the run that saved the train step of bucket %d: not called "
+                        "eagerly; losses %s",
+                        first[1],  # type: ignore[index]
+                        ", ".join(self.loss_names),
+                    )
+                    return
+            self.loss_names = check_model(self.model, spec, schema, self.names)
+            # made after the eager call: a model that call built further gets the slots of every variable
+            self.optimizer = make_optimizer(cfg.optim, cfg.loop.precision, self.model)
+            self.contract = "checked"
+            log.info("model contract checked by one eager call; losses %s", ", ".join(self.loss_names))
+
+    def state_variables(self) -> list:
+        """The variables the steps capture, in the order programs name them (`StepProgram.matches`)."""
+        return [*self.model.variables, *self.optimizer.variables, self.step_var]
 
     def _make_steps(self) -> None:
         """A train step per bucket the schedule uses, an eval step per bucket with validation shards."""
@@ -537,6 +569,7 @@ class Trainer:
             **warmup,
             "first_step_wait_s": self.first_step_wait,
             "model_factory": cfg.model_factory,
+            "contract": self.contract,  # how the model's contract was checked (`_build_model`)
             "synthetic_data": self.synthetic,
             "batch_size": self.batch_size,
             "fixed_batch_size": cfg.data.fixed_batch_size,

@@ -69,6 +69,7 @@ def example_run(two_speakers_dir, tmp_path_factory):
 def test_example_plugin_trains_with_one_trace_checkpoints_and_tensorboard(example_run):
     model_dir, summary, _ = example_run
     assert summary["model_factory"] == EXAMPLE and summary["steps_run"] == 8
+    assert summary["contract"] in ("checked", "checked by the run that saved its program")  # a shared cache
     assert sum(made(summary)) == 1 and sum(made(summary, "eval")) == 1
     assert summary["final_losses"]["train"]["loss"] < summary["first_loss"]
     assert set(summary["final_losses"]["train"]) == {"loss", "mel_loss", "length_loss"}
@@ -131,13 +132,16 @@ BAD_PLUGINS = textwrap.dedent('''
     import keras
     import tensorflow as tf
 
+    EAGER_CALLS = []  # one entry per eager loss_terms call (the contract check's)
+    WIDTH, FULL = 1, True  # what `drifting` builds: module state, so outside its steps' program key
+
     class NoFrames(keras.Model):
         """Valid but for its loss terms: no mel_frames. Without generate. Conditions on the speaker
-        (every batch carries speaker_id and language_id)."""
-        def __init__(self, schema, full=False):
+        (every batch carries speaker_id and language_id). Built by its first call."""
+        def __init__(self, schema, full=False, width=1):
             super().__init__()
             self.full = full
-            self.dense = keras.layers.Dense(1)
+            self.dense = keras.layers.Dense(width)
             self.speaker = keras.layers.Embedding(len(schema.speakers), 1)
             self.language = keras.layers.Embedding(len(schema.languages), 1)
 
@@ -145,6 +149,8 @@ BAD_PLUGINS = textwrap.dedent('''
             return self.dense(mel) + (self.speaker(speaker_id) + self.language(language_id))[:, None, :]
 
         def loss_terms(self, batch, seed, training):
+            if tf.executing_eagerly():
+                EAGER_CALLS.append(type(self).__name__)
             err = tf.reduce_sum(tf.abs(self(batch["mel"], batch["speaker_id"], batch["language_id"])))
             terms = {"err": err, "examples": tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.float32))}
             if self.full:
@@ -156,6 +162,11 @@ BAD_PLUGINS = textwrap.dedent('''
 
         def losses_from_terms(self, terms):
             return {"loss": terms["err"] / tf.maximum(terms["examples"], 1.0)}
+
+    class StepNamed(NoFrames):
+        """Valid but for a loss named like the train step's gradient norm."""
+        def losses_from_terms(self, terms):
+            return dict(super().losses_from_terms(terms), grad_norm=terms["err"])
 
     class OldGenerate(NoFrames):
         """A generate without the speaker and language ids (train/contract.py before they existed)."""
@@ -170,6 +181,15 @@ BAD_PLUGINS = textwrap.dedent('''
 
     def old_generate(schema, options):
         return OldGenerate(schema, full=True)
+
+    def step_named(schema, options):
+        return StepNamed(schema, full=True)
+
+    def drifting(schema, options):
+        """NoFrames of WIDTH outputs with mel_frames if FULL, built here (not by its first call)."""
+        model = NoFrames(schema, full=FULL, width=WIDTH)
+        model(tf.zeros([1, 1, schema.n_mels]), tf.zeros([1], tf.int32), tf.zeros([1], tf.int32))
+        return model
 
     def not_a_model(schema, options):
         return {"weights": 1}
@@ -194,10 +214,11 @@ def bad_plugins(tmp_path, monkeypatch):
             "broken_plugin:build",
             "module 'broken_plugin' does not import (ModuleNotFoundError: No module named 'no_such_module_anywhere')",
         ),
-        ("bad_plugins:buld", "module 'bad_plugins' has no 'buld'; its callables are: NoFrames, OldGenerate, no_frames"),
+        ("bad_plugins:buld", "module 'bad_plugins' has no 'buld'; its callables are: NoFrames, OldGenerate, StepNamed"),
         ("bad_plugins", "is not of the form package.module:factory"),
         ("bad_plugins:not_a_model", "returned a builtins.dict, not a keras.Model"),
         ("bad_plugins:no_frames", "NoFrames.loss_terms misses the key(s) mel_frames"),
+        ("bad_plugins:step_named", "StepNamed.losses_from_terms returns grad_norm, the name(s) of what the train step"),
         (
             "bad_plugins:one_argument",
             "model factory 'bad_plugins:one_argument' takes (schema), so it cannot be called as "
@@ -225,6 +246,94 @@ def test_a_bad_plugin_is_a_usage_error_before_anything_compiles(factory, message
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err, err
     assert not model_dir.exists() or list(model_dir.iterdir()) == []
+
+
+def test_a_train_steps_outputs_give_its_models_loss_names_as_the_contract_check_does():
+    from melshards.train.plugins import step_loss_names
+
+    outputs = ["examples", "grad_norm", "learning_rate", "length_loss", "loss", "losses", "mel_frames", "a_loss"]
+    assert step_loss_names(outputs) == ("loss", "a_loss", "length_loss")
+
+
+def _trainer(factory: str, shards, model_dir):
+    """A Trainer of `factory` (no options) on `shards`, its steps compiling behind from now on."""
+    import time
+
+    from melshards.train.config import config_from_dict
+    from melshards.train.inputs import resolve_inputs
+    from melshards.train.trainer import Trainer
+
+    cfg = config_from_dict(dict(TEST_CONFIG, model={"factory": factory}))
+    inputs = resolve_inputs([str(shards / "train-*.tfrecord")], [], None, cfg)
+    return Trainer(inputs, str(model_dir), False, began=time.perf_counter())
+
+
+def _saved(factory: str, shards, model_dir):
+    """`_trainer`, its first train step traced, saved and compiled (the warm-up closed then): the run whose
+    program the next one restores. Returns the trainer."""
+    from melshards.train.compile import TRAIN
+
+    trainer = _trainer(factory, shards, model_dir)
+    try:
+        trainer.warmup.wait(TRAIN, next(iter(trainer.warmup.programs))[1])
+    finally:
+        trainer.close_warmup()
+    return trainer
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch, bad_plugins):
+    """The warm-ups save and restore their programs in a cache of this test's own, `bad_plugins` importable
+    with its module state (WIDTH, FULL, EAGER_CALLS) reset. Returns the module."""
+    import bad_plugins as module
+
+    monkeypatch.setenv("TF_XLA_FLAGS", f"--tf_xla_persistent_cache_directory={tmp_path / 'xla'}")
+    (tmp_path / "xla").mkdir()
+    monkeypatch.setattr(module, "WIDTH", 1)
+    monkeypatch.setattr(module, "FULL", True)
+    monkeypatch.setattr(module, "EAGER_CALLS", [])
+    return module
+
+
+def test_a_trainer_whose_first_step_is_restored_takes_its_loss_names_from_it_without_calling_the_model(
+    own_cache, four_records, tmp_path
+):
+    """The run that saved the program called the model (the contract check); one restoring it does not, and
+    lists the same losses."""
+    from melshards.train.compile import TRAIN
+
+    first = _saved("bad_plugins:drifting", four_records, tmp_path / "a")
+    again = _trainer("bad_plugins:drifting", four_records, tmp_path / "b")
+    again.close_warmup()
+    assert own_cache.EAGER_CALLS == ["NoFrames"]  # the first run's check; the second called nothing
+    assert (first.contract, again.contract) == ("checked", "checked by the run that saved its program")
+    assert again.loss_names == first.loss_names == ("loss",)
+    assert again.warmup.programs[TRAIN, 0].restored
+
+
+def test_a_broken_plugin_is_refused_cold_and_when_a_restored_program_does_not_fit_it(own_cache, four_records, tmp_path):
+    """A model without mel_frames: refused before anything is traced on a cold run, and on a run whose first
+    program the cache holds under the same key but for other variables (the warm-up would trace it)."""
+    from melshards.train.plugins import PluginError
+
+    own_cache.FULL = False
+    with pytest.raises(PluginError, match="misses the key"):
+        _trainer("bad_plugins:drifting", four_records, tmp_path / "cold")
+    own_cache.FULL = True
+    _saved("bad_plugins:drifting", four_records, tmp_path / "a")
+    own_cache.FULL, own_cache.WIDTH = False, 2
+    with pytest.raises(PluginError, match="misses the key"):
+        _trainer("bad_plugins:drifting", four_records, tmp_path / "b")
+
+
+def test_a_model_its_factory_leaves_unbuilt_is_called_even_when_its_program_is_restored(
+    own_cache, four_records, tmp_path
+):
+    first = _saved("bad_plugins:no_generate", four_records, tmp_path / "a")
+    again = _trainer("bad_plugins:no_generate", four_records, tmp_path / "b")
+    again.close_warmup()
+    assert own_cache.EAGER_CALLS == ["NoFrames", "NoFrames"] and again.contract == "checked"
+    assert again.loss_names == first.loss_names and again.model.trainable_variables
 
 
 @pytest.mark.parametrize(
