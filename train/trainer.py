@@ -33,7 +33,7 @@ from melshards.train.errors import TrainError
 from melshards.train.inputs import Inputs
 from melshards.train.metrics import Timeline
 from melshards.train.plugins import check_model, check_variables, make_model, model_inputs, step_loss_names
-from melshards.train.programs import named_calls_available, program_key, source_digest
+from melshards.train.programs import StepProgram, named_calls_available, program_key, source_digest
 from melshards.train.references import same_clip
 from melshards.train.step import make_eval_step, make_optimizer, make_train_step, step_specs
 from melshards.train.tf_quiet import reading_xla_cache, tf  # noqa: I001 (first: keras imports TensorFlow)
@@ -170,9 +170,9 @@ class Trainer:
         with self.topo.scope():
             self.model = make_model(spec, schema, cfg.model_options, cfg.loop.precision, self.choices)
             self.step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-            first = next(iter(self.warmup.programs), None) if self.warmup is not None else None
-            saved = self.warmup.restored(*first) if first and first[0] == TRAIN and self.model.variables else None
-            if saved is not None:
+            first = self._restored_first_step() if self.model.variables else None
+            if first is not None:
+                bucket, saved = first
                 self.optimizer = make_optimizer(cfg.optim, cfg.loop.precision, self.model)
                 if saved.matches(self.state_variables()):
                     check_variables(self.model, spec)
@@ -181,7 +181,7 @@ class Trainer:
                     log.info(
                         "model contract checked by the run that saved the train step of bucket %d: not called "
                         "eagerly; losses %s",
-                        first[1],  # type: ignore[index]
+                        bucket,
                         ", ".join(self.loss_names),
                     )
                     return
@@ -190,6 +190,15 @@ class Trainer:
             self.optimizer = make_optimizer(cfg.optim, cfg.loop.precision, self.model)
             self.contract = "checked"
             log.info("model contract checked by one eager call; losses %s", ", ".join(self.loss_names))
+
+    def _restored_first_step(self) -> tuple[int, StepProgram] | None:
+        """(bucket, StepProgram) when the warm-up's first program is a train step the persistent cache held
+        (`Warmup.restored`: waits for its look-up, not its compile); else None."""
+        if self.warmup is None or not self.warmup.programs:
+            return None
+        kind, bucket = next(iter(self.warmup.programs))
+        saved = self.warmup.restored(kind, bucket) if kind == TRAIN else None
+        return None if saved is None else (bucket, saved)
 
     def state_variables(self) -> list:
         """The variables the steps capture, in the order programs name them (`StepProgram.matches`)."""
