@@ -36,7 +36,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from melshards.train.programs import Scratch, StepProgram, from_trace, program_path, restore
+from melshards.train.programs import Scratch, StepProgram, from_trace, program_path, restore, variable_spec
 from melshards.train.tf_quiet import reading_xla_cache, tf
 
 log = logging.getLogger("melshards.train")
@@ -253,7 +253,8 @@ class Warmup:
             out = program(batch, program.scratch(self._scratch))
         else:  # called as traced: its captured variables swapped for the scratch copy
             assert concrete is not None  # traced above: no program without a trace but a restored one
-            captures = [self._scratch_for(c, concrete) for c in concrete.captured_inputs]
+            state = {id(v.handle): i for i, v in enumerate(self.state)}
+            captures = [self._scratch_for(c, concrete, state) for c in concrete.captured_inputs]
             out = concrete._call_flat(tf.nest.flatten(batch, expand_composites=True), captures)
         tf.nest.map_structure(lambda t: t.numpy(), out)  # waits for it
         p.compile_s = time.perf_counter() - t1
@@ -287,11 +288,15 @@ class Warmup:
             p.ready_s,
         )
 
-    def _scratch_for(self, capture, concrete):
-        """The scratch variable standing for a captured variable, or the capture itself when it is no
-        variable (a constant)."""
+    def _scratch_for(self, capture, concrete, state: dict):
+        """The scratch variable standing for a captured variable (a state variable's, by its index in
+        `state`, {id(handle): index}, as a StepProgram's; else one of the function's own variables:
+        the optimizer's slots, which its fused update reads by handle, are not among those), or the
+        capture itself when it is no variable (a constant)."""
         if capture.dtype != tf.resource:
             return capture
+        if id(capture) in state:
+            return self._scratch.handle(state[id(capture)], *variable_spec(self.state[state[id(capture)]]))
         owner = next((v for v in concrete.variables if v.handle is capture), None)
         if owner is None:
             raise RuntimeError(f"{concrete.name}: a captured resource that is no variable; cannot warm it up")

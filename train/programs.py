@@ -155,16 +155,18 @@ class Scratch:
         self._zeros: dict = {}
 
     def handle(self, key, shape, dtype):
-        """The handle of the zeros variable standing for `key` (shape, dtype), made on its first use."""
-        if key not in self._handles:
-            shape, dtype = [int(d) for d in shape], tf.as_dtype(dtype)
+        """The handle of the zeros variable standing for `key` of this shape and dtype, made on its first use
+        (a key asked for with another shape, a restored program's that does not fit the model, gets its own)."""
+        shape, dtype = [int(d) for d in shape], tf.as_dtype(dtype)
+        full = (key, tuple(shape), dtype)
+        if full not in self._handles:
             zeros = self._zeros.get((tuple(shape), dtype))
             if zeros is None:
                 zeros = self._zeros[tuple(shape), dtype] = tf.zeros(shape, dtype)
             h = tf.raw_ops.VarHandleOp(dtype=dtype, shape=shape, shared_name=self._anonymous)
             tf.raw_ops.AssignVariableOp(resource=h, value=zeros)
-            self._handles[key] = h
-        return self._handles[key]
+            self._handles[full] = h
+        return self._handles[full]
 
     def free(self) -> None:
         """Drop every variable made here (their memory back once no call holds their handles); `handle`

@@ -326,6 +326,21 @@ def test_a_broken_plugin_is_refused_cold_and_when_a_restored_program_does_not_fi
         _trainer("bad_plugins:drifting", four_records, tmp_path / "b")
 
 
+def test_a_restored_program_that_does_not_fit_the_model_is_traced_after_the_model_is_checked_and_compiles(
+    own_cache, four_records, tmp_path
+):
+    """The same key, other variables: the model is called (its optimizer made after that call) and the warm-up
+    traces the step and compiles it on a scratch copy of this model's state (optimizer slots included)."""
+    from melshards.train.compile import TRAIN
+
+    _saved("bad_plugins:drifting", four_records, tmp_path / "a")
+    own_cache.WIDTH = 2
+    other = _saved("bad_plugins:drifting", four_records, tmp_path / "b")
+    assert own_cache.EAGER_CALLS == ["NoFrames", "NoFrames"] and other.contract == "checked"
+    program = other.warmup.programs[TRAIN, 0]
+    assert not program.restored and program.error is None and program.ready_s is not None
+
+
 def test_a_model_its_factory_leaves_unbuilt_is_called_even_when_its_program_is_restored(
     own_cache, four_records, tmp_path
 ):
