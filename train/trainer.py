@@ -164,7 +164,8 @@ class Trainer:
         the program's outputs (`plugins.step_loss_names`) and only the checks that call nothing run. A
         program that does not fit is traced by the warm-up, so a run that traces its first step has
         always called the model first; a model its factory left unbuilt (no variables yet) is always
-        called. `contract` says which happened."""
+        called. As for the program itself, code the factory imports from another package is not in the key
+        (train/programs.py). `contract` says which happened."""
         cfg = self.inputs.cfg
         spec, schema = cfg.model_factory, self.inputs.schema
         with self.topo.scope():
@@ -186,7 +187,7 @@ class Trainer:
                     )
                     return
             self.loss_names = check_model(self.model, spec, schema, self.names)
-            # made after the eager call: a model that call built further gets the slots of every variable
+            # made (again) after the eager call: a model that call built further gets the slots of every variable
             self.optimizer = make_optimizer(cfg.optim, cfg.loop.precision, self.model)
             self.contract = "checked"
             log.info("model contract checked by one eager call; losses %s", ", ".join(self.loss_names))
