@@ -319,6 +319,8 @@ def test_a_resumed_run_restores_every_step_untraced_and_loads_its_program_from_t
     assert resumed["train_step_traces"] == 0 and resumed["eval_step_traces"] == 0  # restored, not traced
     assert (first["programs_restored"], first["programs_from_cache"]) == (0, 0)
     assert (resumed["programs_restored"], resumed["programs_from_cache"]) == (2 * N_BUCKETS, 2 * N_BUCKETS)
+    # the model called to check its contract by the run that saved the first step, not again
+    assert (first["contract"], resumed["contract"]) == ("checked", "checked by the run that saved its program")
     for summary in (first, resumed):
         assert [(p["kind"], p["bucket"]) for p in summary["programs"]] == [("train", 0), ("eval", 0)]
         assert summary["first_step_wait_s"] is not None and summary["programs"][0]["ready_s"] is not None
