@@ -21,7 +21,7 @@ import numpy as np
 from keras import layers
 
 from melshards.shards_schema.config import from_dict
-from melshards.train import device
+from melshards.train import device, native_ops
 from melshards.train.config import ModelConfig
 from melshards.train.step import Normaliser
 from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
@@ -139,6 +139,32 @@ class Dense(layers.Dense):
         return x if self.activation is None else self.activation(x)
 
 
+class LayerNormalization(layers.LayerNormalization):
+    """keras.layers.LayerNormalization (the same variables, names and values) with `native_ops.rsqrt`.
+
+    Keras's expression (keras.ops.layer_normalization, as its TensorFlow backend computes it without
+    rms_scaling) restated: inv = rsqrt(variance + epsilon) * gamma, x * inv + (beta - mean * inv),
+    in at least float32. Keras's rsqrt is TensorFlow's Rsqrt, which TensorFlow lowers to XLA through
+    its MLIR bridge one op at a time, far slower than the native kernels `native_ops.rsqrt` uses.
+    """
+
+    def call(self, inputs):
+        if self.rms_scaling:
+            return super().call(inputs)
+        dtype, ndims = inputs.dtype, len(inputs.shape)
+        x = tf.cast(inputs, keras.backend.result_type(dtype, "float32"))
+        axes = [a % ndims for a in self.axis]
+        shape = [x.shape[i] if i in axes else 1 for i in range(ndims)]  # gamma and beta broadcast
+        mean, variance = keras.ops.moments(x, self.axis, keepdims=True)
+        inv = native_ops.rsqrt(variance + self.epsilon)
+        if self.gamma is not None:
+            inv = inv * tf.reshape(tf.cast(self.gamma, x.dtype), shape)
+        res = -mean * inv
+        if self.beta is not None:
+            res = res + tf.reshape(tf.cast(self.beta, x.dtype), shape)
+        return tf.cast(tf.cast(x * inv + res, dtype), self.compute_dtype)
+
+
 def same_conv(x, dense: layers.Dense, kernel: int, impl: str | None = None):
     """'same' 1-D convolution [B, T, C] -> [B, T, F] whose weights are `dense`'s: kernel [kernel * C, F]
     (row i * C + c: shift i, channel c), bias and activation.
@@ -204,7 +230,7 @@ def attend(mha: layers.MultiHeadAttention, query, value, mask):
     with the projections as rank-2 MatMuls (`project`) and the per-head products as batched MatMuls
     of [B, heads, T, H] where Keras uses Einsum: TensorFlow lowers Einsum (like BiasAddGrad) to XLA
     through its MLIR bridge one op at a time, far slower than a MatMul, and each product's gradient
-    holds two more.
+    holds two more. The softmax is `native_ops.softmax`, for the same reason.
 
     query [B, T, d], value [B, S, d]; mask: bool, broadcastable to [B, heads, T, S] (a causal mask is
     a constant [T, S]).
@@ -221,7 +247,7 @@ def attend(mha: layers.MultiHeadAttention, query, value, mask):
     logits = tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32)  # [B, N, T, S]
     logits = tf.multiply(logits, tf.cast(1.0 / math.sqrt(float(mha.key_dim)), logits.dtype))
     logits = tf.where(mask, logits, tf.constant(3.38953e38 * -0.7, logits.dtype))  # Keras's large negative
-    probs = tf.cast(tf.nn.softmax(logits, axis=-1), k.dtype)
+    probs = tf.cast(native_ops.softmax(logits), k.dtype)
     return project(mha.output_dense, tf.transpose(tf.matmul(probs, v), heads_first))
 
 
@@ -232,13 +258,13 @@ class TransformerBlock(layers.Layer):
         super().__init__(**kw)
         d, dt = cfg.d_model, self.dtype_policy
         key_dim = d // cfg.num_heads
-        self.norm1 = layers.LayerNormalization(dtype=dt)
+        self.norm1 = LayerNormalization(dtype=dt)
         self.attn = layers.MultiHeadAttention(cfg.num_heads, key_dim, dtype=dt)
         self.cross = cross
         if cross:
-            self.norm2 = layers.LayerNormalization(dtype=dt)
+            self.norm2 = LayerNormalization(dtype=dt)
             self.xattn = layers.MultiHeadAttention(cfg.num_heads, key_dim, dtype=dt)
-        self.norm3 = layers.LayerNormalization(dtype=dt)
+        self.norm3 = LayerNormalization(dtype=dt)
         self.ff1 = Dense(cfg.ff_dim, activation=relu, dtype=dt)
         self.ff2 = Dense(d, dtype=dt)
         # one dropout site per residual branch: each draws its own mask
@@ -322,13 +348,13 @@ class TextToMel(keras.Model):
             [Conv1D(d, cfg.conv_kernel, activation=relu, dtype=dt) for _ in range(cfg.encoder_conv_layers)],
         )
         self.enc_conv_norms = attach(
-            self, "enc_conv_norm", [layers.LayerNormalization(dtype=dt) for _ in range(cfg.encoder_conv_layers)]
+            self, "enc_conv_norm", [LayerNormalization(dtype=dt) for _ in range(cfg.encoder_conv_layers)]
         )
         self.enc_proj = Dense(d, dtype=dt)
         self.enc_blocks = attach(
             self, "enc_block", [TransformerBlock(cfg, False, 10 + 3 * i, dtype=dt) for i in range(cfg.encoder_layers)]
         )
-        self.enc_norm = layers.LayerNormalization(dtype=dt)
+        self.enc_norm = LayerNormalization(dtype=dt)
         self.conditioning = (
             Conditioning(cfg, speakers, languages, dtype=dt) if cfg.speaker_dim or cfg.language_dim else None
         )
@@ -352,7 +378,7 @@ class TextToMel(keras.Model):
                 for i in range(cfg.decoder_layers)
             ],
         )
-        self.dec_norm = layers.LayerNormalization(dtype=dt)
+        self.dec_norm = LayerNormalization(dtype=dt)
         # one site per dropout layer: 3 encoder positions, 4 decoder positions, 100+ encoder convs, 200+ postnet
         self.enc_drop, self.dec_drop = (Dropout(cfg.dropout, i, dtype=dt) for i in (3, 4))
         self.enc_conv_drops = attach(
@@ -373,7 +399,7 @@ class TextToMel(keras.Model):
             ],
         )
         self.postnet_norms = attach(
-            self, "postnet_norm", [layers.LayerNormalization(dtype=dt) for _ in range(cfg.postnet_layers)]
+            self, "postnet_norm", [LayerNormalization(dtype=dt) for _ in range(cfg.postnet_layers)]
         )
         self.postnet_out = Conv1D(n_mels, cfg.conv_kernel, dtype="float32")
         # learned scale of the fixed position table (Transformer-TTS), one per side
@@ -506,11 +532,11 @@ class TextToMel(keras.Model):
             training=training,
         )
         frame_mask, stop_target, stop_weight = self.loss_masks(batch["mel_len"], target.shape[1])
-        bce = tf.nn.sigmoid_cross_entropy_with_logits(labels=stop_target, logits=stop_logits)
+        bce = native_ops.sigmoid_cross_entropy_with_logits(labels=stop_target, logits=stop_logits)
         return dict(
             self.loss_counts(batch),
-            mel_abs=tf.reduce_sum(tf.abs(mel - target) * frame_mask),
-            postnet_abs=tf.reduce_sum(tf.abs(refined - target) * frame_mask),
+            mel_abs=tf.reduce_sum(native_ops.absolute(mel - target) * frame_mask),
+            postnet_abs=tf.reduce_sum(native_ops.absolute(refined - target) * frame_mask),
             stop_bce=tf.reduce_sum(bce * stop_weight),
             examples=tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.float32)),
             mel_frames=tf.cast(tf.reduce_sum(batch["mel_len"]), tf.float32),

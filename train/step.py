@@ -16,6 +16,7 @@ import numpy as np
 from melshards.shards_schema import Schema
 from melshards.shards_schema.records import tensor_specs
 from melshards.shards_schema.schema import Bucket
+from melshards.train import native_ops
 from melshards.train.config import OptimConfig
 from melshards.train.contract import MODEL_INPUTS
 from melshards.train.references import SameClip
@@ -165,7 +166,7 @@ class WarmupRsqrt(keras.optimizers.schedules.LearningRateSchedule):
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32) + 1.0
-        return self.peak * tf.minimum(step / self.warmup, tf.math.rsqrt(step / self.warmup))
+        return self.peak * tf.minimum(step / self.warmup, native_ops.rsqrt(step / self.warmup))  # step / warmup > 0
 
     def get_config(self):
         return {"peak": self.peak, "warmup_steps": int(self.warmup)}
@@ -310,7 +311,7 @@ def clip_factor(norm, clip_norm: float):
     """The global-norm clip scale (as tf.clip_by_global_norm); NaN for a non-finite norm, so every
     replica sees non-finite gradients alike (the loss-scale optimizer then skips the step)."""
     scale = clip_norm * tf.minimum(1.0 / norm, 1.0 / clip_norm)
-    return tf.where(tf.math.is_finite(norm), scale, tf.constant(float("nan")))
+    return tf.where(native_ops.is_finite(norm), scale, tf.constant(float("nan")))
 
 
 def dropout_key(seed: int, step, replica) -> tf.Tensor:

@@ -4,11 +4,12 @@ Default: one bucket's train step of the built-in model, traced once per model fi
 train/model.py, and with --before DIR that tree's train/model.py, loaded as a plug-in factory into this
 checkout's trainer, so only the model differs), then lowered to HLO (`experimental_get_compiler_ir(...)
 (stage="hlo")`) --reps times per model, alternating, in one process. Reported per model: the graph's
-nodes by first name component, the ops tf2xla lowers through its MLIR bridge (`MLIR_LOWERED`), and the
-lowering's CPU seconds (median, min).
+nodes by first name component, the ops tf2xla lowers through its MLIR bridge (`MLIR_LOWERED`,
+train/native_ops.py), and the lowering's CPU seconds (median, min).
 
 --ops: the lowering's CPU milliseconds per op of each type: a jit-compiled function of 40 copies of one
-op against 40 of Neg, alternating, median of --reps.
+op against 40 of Neg, alternating, median of --reps; "native x" is train/native_ops.py's x, with its
+gradient where it has one (the gradient's ops as well as the forward's).
 
 Run: python -m benchmarks.train.lowering --shards DIR --config YAML [--bucket 5] [--before DIR] [--reps 8]
      python -m benchmarks.train.lowering --ops [--reps 5]
@@ -26,19 +27,23 @@ from pathlib import Path
 
 import yaml
 
-from melshards.train.tf_quiet import tf
-
-# registered with tf2xla's MlirXlaOpKernel (tensorflow/compiler/tf2xla/kernels), among the ops a TTS step uses
-MLIR_LOWERED = {
-    "Abs", "BiasAddGrad", "Einsum", "Exp", "Expm1", "IsFinite", "Log1p", "LogSoftmax", "Reciprocal", "Relu",
-    "Relu6", "ReluGrad", "Rsqrt", "Sigmoid", "Sign", "Softmax", "Sqrt", "Tanh",
-}  # fmt: skip
+from melshards.train import native_ops
+from melshards.train.native_ops import MLIR_LOWERED
+from melshards.train.tf_quiet import tf  # noqa: I001
 
 
 def _cpu(f) -> float:
     start = time.process_time()
     f()
     return time.process_time() - start
+
+
+def _with_gradient(op, t):
+    """op(t) plus its gradient with respect to t (one sum, so both are lowered)."""
+    with tf.GradientTape() as tape:
+        tape.watch(t)
+        y = op(t)
+    return y + tape.gradient(y, t)
 
 
 def op_costs(reps: int) -> None:
@@ -60,6 +65,19 @@ def op_costs(reps: int) -> None:
         "Rsqrt": tf.math.rsqrt,
         "Softmax": tf.nn.softmax,
         "Abs": tf.abs,
+        "Exp": tf.exp,
+        "Sqrt": tf.sqrt,
+        "Tanh": tf.tanh,
+        "Rsqrt+grad": lambda t: _with_gradient(tf.math.rsqrt, t),
+        "native rsqrt+grad": lambda t: _with_gradient(native_ops.rsqrt, t),
+        "Softmax+grad": lambda t: _with_gradient(tf.nn.softmax, t),
+        "native softmax+grad": lambda t: _with_gradient(native_ops.softmax, t),
+        "Abs+grad": lambda t: _with_gradient(tf.abs, t),
+        "native abs+grad": lambda t: _with_gradient(native_ops.absolute, t),
+        "Log1p+grad": lambda t: _with_gradient(tf.math.log1p, t),
+        "native log1p+grad": lambda t: _with_gradient(native_ops.log1p, t),
+        "IsFinite": lambda t: tf.cast(tf.math.is_finite(t), t.dtype),
+        "native is_finite": lambda t: tf.cast(native_ops.is_finite(t), t.dtype),
     }
 
     def many(op):

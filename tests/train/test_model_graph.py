@@ -1,26 +1,39 @@
 """The built-in model's graph (train/model.py): its layers compute what Keras's and TensorFlow's own
-ops do, with fewer graph nodes in the step's gradient."""
+ops do, with fewer graph nodes in the step's gradient and few ops that tf2xla lowers through its MLIR
+bridge."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from keras import layers
 
 from melshards.shards_schema import read_schema
-from melshards.train.model import Dense, Dropout, SiteKeys, attend, relu
-from melshards.train.plugins import build_model, zero_batch
+from melshards.train.config import OptimConfig
+from melshards.train.model import Dense, Dropout, LayerNormalization, SiteKeys, attend, relu
+from melshards.train.native_ops import MLIR_LOWERED
+from melshards.train.plugins import build_model
+from melshards.train.step import make_optimizer, make_train_step, step_specs
 from melshards.train.tf_quiet import tf  # noqa: I001
 from tests.train.conftest import TEST_CONFIG
+from tests.train.test_native_ops import assert_same_bits
+
+# what the built-in train step still lowers through tf2xla's MLIR bridge, and why (train/native_ops.py)
+MLIR_LOWERED_KEPT = {
+    "Exp": "the stop loss's log1p(exp(-|z|)): no native kernel builds XLA's exp of a tensor alone",
+    "Sqrt": "the gradients' global norm: no native kernel builds XLA's sqrt",
+    "Tanh": "the postnet's activation: no native kernel builds XLA's tanh",
+}
 
 
 def _count(graph, op_type: str) -> int:
     return sum(op.type == op_type for op in graph.get_operations())
 
 
-def _value_and_gradients(f, sources, dy):
+def _value_and_gradients(f, sources, dy, jit_compile=False):
     """f's value and the gradients of <f, dy> with respect to sources, in one traced function."""
 
-    @tf.function(autograph=False)
+    @tf.function(autograph=False, jit_compile=jit_compile)
     def run():
         with tf.GradientTape() as tape:
             tape.watch([s for s in sources if isinstance(s, tf.Tensor)])
@@ -87,21 +100,50 @@ def test_dense_with_relu_is_kerass_without_the_ops_lowered_through_mlir():
     assert not {"Relu", "ReluGrad", "BiasAdd", "BiasAddGrad"} & {op.type for op in graph.get_operations()}
 
 
-def test_the_built_in_models_step_has_no_einsum_relu_bias_add_or_broadcast_kernel(shards_dir):
-    """The attention's products are MatMuls and its projections rank-2 MatMuls (no BatchMatMulV2
-    broadcasting a kernel over the batch); no Einsum, Relu or BiasAdd, whose forward or gradient ops
-    TensorFlow lowers to XLA through its MLIR bridge one op at a time."""
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_layer_normalization_is_kerass_on_the_same_variables(policy):
+    """Values and gradients (input, gamma, beta) bit for bit, compiled with XLA and without, on rows of
+    every scale, a constant row (variance 0) and a zero row."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal([4, 6, 8]) * np.float32([1.0, 1e4, 1e-4, 1e-20])[:, None, None]
+    x[0, 0], x[0, 1] = 5.0, 0.0
+    x = tf.constant(x, tf.float16 if policy == "mixed_float16" else tf.float32)
+    ours, keras_own = LayerNormalization(dtype=policy), layers.LayerNormalization(dtype=policy)
+    ours.build(x.shape), keras_own.build(x.shape)
+    assert [v.path.split("/")[-1] for v in ours.variables] == [v.path.split("/")[-1] for v in keras_own.variables]
+    keras_own.set_weights([rng.standard_normal(8).astype(np.float32) for _ in range(2)])
+    ours.set_weights(keras_own.get_weights())
+    dy = tf.cast(tf.random.stateless_normal(x.shape, [3, 4]), ours.compute_dtype)
+    for jit_compile in (True, False):
+        (y, grads), (want_y, want_grads) = (
+            _value_and_gradients(lambda: ours(x), [x, ours.gamma, ours.beta], dy, jit_compile)(),
+            _value_and_gradients(lambda: keras_own(x), [x, keras_own.gamma, keras_own.beta], dy, jit_compile)(),
+        )
+        assert_same_bits(y.numpy(), want_y.numpy())
+        for g, want in zip(grads, want_grads, strict=True):
+            assert_same_bits(g.numpy(), want.numpy())
+
+
+def _op_types(graph_def) -> list[str]:
+    """The op of every node of a graph and of every function in its library."""
+    return [n.op for n in graph_def.node] + [n.op for f in graph_def.library.function for n in f.node_def]
+
+
+def test_the_built_in_train_step_lowers_few_ops_through_mlir(shards_dir):
+    """The whole XLA train step (forward, gradient, clip, optimizer): no Einsum, Relu or BiasAdd, the
+    attention's products MatMuls and its projections rank-2 MatMuls (no BatchMatMulV2 broadcasting a
+    kernel over the batch), and of the ops TensorFlow lowers to XLA through its MLIR bridge one op at a
+    time only those no native formulation reproduces bit for bit (MLIR_LOWERED_KEPT)."""
     schema = read_schema(str(shards_dir))
-    model, _ = build_model("melshards.train.model:build", schema, dict(TEST_CONFIG["model"], dropout=0.1))
-    batch = zero_batch(schema, 2)
-
-    @tf.function(autograph=False)
-    def grads(seed):
-        with tf.GradientTape() as tape:
-            terms = model.loss_terms(batch, seed, training=True)
-        return tape.gradient(terms["mel_abs"] + terms["stop_bce"], model.trainable_variables)
-
-    graph = grads.get_concrete_function(tf.TensorSpec([2], tf.int32)).graph
-    assert _count(graph, "Einsum") == _count(graph, "Relu") == _count(graph, "BiasAdd") == 0
+    model, loss_names = build_model("melshards.train.model:build", schema, dict(TEST_CONFIG["model"], dropout=0.1))
+    cfg = OptimConfig()
+    specs = step_specs(schema.largest, 2)
+    step = make_train_step(
+        model, make_optimizer(cfg, "float32", model), schema, cfg, specs, 1, 0, tf.Variable(0, tf.int64), loss_names
+    )
+    graph = step.get_concrete_function().graph
+    ops = _op_types(graph.as_graph_def())
+    assert {op for op in ops if op in MLIR_LOWERED} == set(MLIR_LOWERED_KEPT)
+    assert not {"Einsum", "Relu", "ReluGrad", "BiasAdd", "BiasAddGrad"} & set(ops)
     batched = [op for op in graph.get_operations() if op.type == "BatchMatMulV2"]
     assert batched and all(t.shape.rank == 4 for op in batched for t in op.inputs)
