@@ -72,15 +72,12 @@ def absolute(x):
 
 
 def rsqrt(x):
-    """`tf.math.rsqrt(x)` for float32 x of at least the smallest normal float (or +inf, NaN), with its
-    gradient `RsqrtGrad(y, dy)`.
+    """`tf.math.rsqrt(x)` (float32), with its gradient `RsqrtGrad(y, dy)`.
 
-    Under XLA: FusedBatchNormV3 in inference mode on a batch of ones, with x as the variance (zero
-    mean, offset and epsilon, unit scale). XLA expands it to ones * (1 * rsqrt(x + 0)) + (0 - 0 * ...),
-    which its simplifier reduces to rsqrt(x) + (0 - 0 * rsqrt(x)): rsqrt(x) wherever that is finite.
-    Where rsqrt is infinite (x = +-0, and subnormal x, which XLA on CPU flushes to zero) this gives
-    NaN: callers pass x well above zero (a variance plus epsilon, a step count over the warm-up).
-    Other dtypes and shapes not fully known: tf.math.rsqrt.
+    Under XLA: the input gradient of FusedBatchNormGradV3 in inference mode, y_backprop * (rsqrt(variance
+    + epsilon) * scale), with x as the variance, zero epsilon, and ones for y_backprop and scale; XLA's
+    simplifier folds the additions of zero and the products by one, which leaves rsqrt(x), the HLO
+    instruction Rsqrt lowers to. Other dtypes and shapes not fully known: tf.math.rsqrt.
     """
     if not compiling_with_xla() or x.dtype != tf.float32 or not x.shape.is_fully_defined():
         return tf.math.rsqrt(x)
@@ -88,13 +85,14 @@ def rsqrt(x):
     @tf.custom_gradient
     def reciprocal_root(x):
         n = x.shape.num_elements()
-        zeros = tf.zeros([n], x.dtype)
-        y = tf.raw_ops.FusedBatchNormV3(
-            x=tf.ones([1, 1, 1, n], x.dtype),
-            scale=tf.ones([n], x.dtype),
-            offset=zeros,
-            mean=zeros,
-            variance=tf.reshape(x, [n]),
+        ones, zeros = tf.ones([n], x.dtype), tf.zeros([n], x.dtype)
+        y = tf.raw_ops.FusedBatchNormGradV3(
+            y_backprop=tf.reshape(ones, [1, 1, 1, n]),
+            x=tf.reshape(ones, [1, 1, 1, n]),
+            scale=ones,
+            reserve_space_1=zeros,  # the mean, in inference mode
+            reserve_space_2=tf.reshape(x, [n]),  # the variance
+            reserve_space_3=zeros,
             epsilon=0.0,
             is_training=False,
         )[0]
