@@ -139,32 +139,6 @@ class Dense(layers.Dense):
         return x if self.activation is None else self.activation(x)
 
 
-class LayerNormalization(layers.LayerNormalization):
-    """keras.layers.LayerNormalization (the same variables, names and values) with `native_ops.rsqrt`.
-
-    Keras's expression (keras.ops.layer_normalization, as its TensorFlow backend computes it without
-    rms_scaling) restated: inv = rsqrt(variance + epsilon) * gamma, x * inv + (beta - mean * inv),
-    in at least float32. Keras's rsqrt is TensorFlow's Rsqrt, which TensorFlow lowers to XLA through
-    its MLIR bridge one op at a time, far slower than the native kernels `native_ops.rsqrt` uses.
-    """
-
-    def call(self, inputs):
-        if self.rms_scaling:
-            return super().call(inputs)
-        dtype, ndims = inputs.dtype, len(inputs.shape)
-        x = tf.cast(inputs, keras.backend.result_type(dtype, "float32"))
-        axes = [a % ndims for a in self.axis]
-        shape = [x.shape[i] if i in axes else 1 for i in range(ndims)]  # gamma and beta broadcast
-        mean, variance = keras.ops.moments(x, self.axis, keepdims=True)
-        inv = native_ops.rsqrt(variance + self.epsilon)
-        if self.gamma is not None:
-            inv = inv * tf.reshape(tf.cast(self.gamma, x.dtype), shape)
-        res = -mean * inv
-        if self.beta is not None:
-            res = res + tf.reshape(tf.cast(self.beta, x.dtype), shape)
-        return tf.cast(tf.cast(x * inv + res, dtype), self.compute_dtype)
-
-
 def same_conv(x, dense: layers.Dense, kernel: int, impl: str | None = None):
     """'same' 1-D convolution [B, T, C] -> [B, T, F] whose weights are `dense`'s: kernel [kernel * C, F]
     (row i * C + c: shift i, channel c), bias and activation.
@@ -258,13 +232,13 @@ class TransformerBlock(layers.Layer):
         super().__init__(**kw)
         d, dt = cfg.d_model, self.dtype_policy
         key_dim = d // cfg.num_heads
-        self.norm1 = LayerNormalization(dtype=dt)
+        self.norm1 = layers.LayerNormalization(dtype=dt)
         self.attn = layers.MultiHeadAttention(cfg.num_heads, key_dim, dtype=dt)
         self.cross = cross
         if cross:
-            self.norm2 = LayerNormalization(dtype=dt)
+            self.norm2 = layers.LayerNormalization(dtype=dt)
             self.xattn = layers.MultiHeadAttention(cfg.num_heads, key_dim, dtype=dt)
-        self.norm3 = LayerNormalization(dtype=dt)
+        self.norm3 = layers.LayerNormalization(dtype=dt)
         self.ff1 = Dense(cfg.ff_dim, activation=relu, dtype=dt)
         self.ff2 = Dense(d, dtype=dt)
         # one dropout site per residual branch: each draws its own mask
@@ -348,13 +322,13 @@ class TextToMel(keras.Model):
             [Conv1D(d, cfg.conv_kernel, activation=relu, dtype=dt) for _ in range(cfg.encoder_conv_layers)],
         )
         self.enc_conv_norms = attach(
-            self, "enc_conv_norm", [LayerNormalization(dtype=dt) for _ in range(cfg.encoder_conv_layers)]
+            self, "enc_conv_norm", [layers.LayerNormalization(dtype=dt) for _ in range(cfg.encoder_conv_layers)]
         )
         self.enc_proj = Dense(d, dtype=dt)
         self.enc_blocks = attach(
             self, "enc_block", [TransformerBlock(cfg, False, 10 + 3 * i, dtype=dt) for i in range(cfg.encoder_layers)]
         )
-        self.enc_norm = LayerNormalization(dtype=dt)
+        self.enc_norm = layers.LayerNormalization(dtype=dt)
         self.conditioning = (
             Conditioning(cfg, speakers, languages, dtype=dt) if cfg.speaker_dim or cfg.language_dim else None
         )
@@ -378,7 +352,7 @@ class TextToMel(keras.Model):
                 for i in range(cfg.decoder_layers)
             ],
         )
-        self.dec_norm = LayerNormalization(dtype=dt)
+        self.dec_norm = layers.LayerNormalization(dtype=dt)
         # one site per dropout layer: 3 encoder positions, 4 decoder positions, 100+ encoder convs, 200+ postnet
         self.enc_drop, self.dec_drop = (Dropout(cfg.dropout, i, dtype=dt) for i in (3, 4))
         self.enc_conv_drops = attach(
@@ -399,7 +373,7 @@ class TextToMel(keras.Model):
             ],
         )
         self.postnet_norms = attach(
-            self, "postnet_norm", [LayerNormalization(dtype=dt) for _ in range(cfg.postnet_layers)]
+            self, "postnet_norm", [layers.LayerNormalization(dtype=dt) for _ in range(cfg.postnet_layers)]
         )
         self.postnet_out = Conv1D(n_mels, cfg.conv_kernel, dtype="float32")
         # learned scale of the fixed position table (Transformer-TTS), one per side

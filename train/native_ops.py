@@ -10,10 +10,13 @@ the first step.
 Each function here computes the TensorFlow op it names, with the gradient TensorFlow registers for
 it. While a function is traced for XLA (`compiling_with_xla`: a `tf.function(jit_compile=True)` or
 a function it calls) the value comes from ops with native kernels whose optimised HLO holds the
-op's own HLO instruction, so the compiled program computes the same numbers bit for bit
+op's own HLO instructions, so the compiled program computes the same numbers bit for bit
 (tests/train/test_native_ops.py compares each with the op it replaces, values and gradients, on
-inputs with zeros, signs, tiny and huge values, inf and NaN). Outside XLA each is the TensorFlow op
-itself: TensorFlow's own kernels round some of these formulations differently.
+inputs with zeros of both signs, tiny and huge values, inf and NaN). Outside XLA each is the
+TensorFlow op itself: TensorFlow's own kernels round some of these formulations differently.
+
+Not here, for want of a native kernel that builds the op's HLO instruction alone and lowers faster:
+Rsqrt (FusedBatchNormGradV3 in inference mode folds to it, but lowers slower still), Exp, Sqrt, Tanh.
 """
 
 from __future__ import annotations
@@ -69,37 +72,6 @@ def absolute(x):
         return tf.bitcast(tf.bitwise.bitwise_and(tf.bitcast(x, bits), tf.constant(mask, bits)), x.dtype), grad
 
     return magnitude(x)
-
-
-def rsqrt(x):
-    """`tf.math.rsqrt(x)` (float32), with its gradient `RsqrtGrad(y, dy)`.
-
-    Under XLA: the input gradient of FusedBatchNormGradV3 in inference mode, y_backprop * (rsqrt(variance
-    + epsilon) * scale), with x as the variance, zero epsilon, and ones for y_backprop and scale; XLA's
-    simplifier folds the additions of zero and the products by one, which leaves rsqrt(x), the HLO
-    instruction Rsqrt lowers to. Other dtypes and shapes not fully known: tf.math.rsqrt.
-    """
-    if not compiling_with_xla() or x.dtype != tf.float32 or not x.shape.is_fully_defined():
-        return tf.math.rsqrt(x)
-
-    @tf.custom_gradient
-    def reciprocal_root(x):
-        n = x.shape.num_elements()
-        ones, zeros = tf.ones([n], x.dtype), tf.zeros([n], x.dtype)
-        y = tf.raw_ops.FusedBatchNormGradV3(
-            y_backprop=tf.reshape(ones, [1, 1, 1, n]),
-            x=tf.reshape(ones, [1, 1, 1, n]),
-            scale=ones,
-            reserve_space_1=zeros,  # the mean, in inference mode
-            reserve_space_2=tf.reshape(x, [n]),  # the variance
-            reserve_space_3=zeros,
-            epsilon=0.0,
-            is_training=False,
-        )[0]
-        y = tf.reshape(y, x.shape)
-        return y, lambda dy: tf.raw_ops.RsqrtGrad(y=y, dy=dy)
-
-    return reciprocal_root(x)
 
 
 def softmax(logits):

@@ -166,7 +166,7 @@ class WarmupRsqrt(keras.optimizers.schedules.LearningRateSchedule):
 
     def __call__(self, step):
         step = tf.cast(step, tf.float32) + 1.0
-        return self.peak * tf.minimum(step / self.warmup, native_ops.rsqrt(step / self.warmup))
+        return self.peak * tf.minimum(step / self.warmup, tf.math.rsqrt(step / self.warmup))
 
     def get_config(self):
         return {"peak": self.peak, "warmup_steps": int(self.warmup)}
