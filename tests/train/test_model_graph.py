@@ -30,10 +30,10 @@ def _count(graph, op_type: str) -> int:
     return sum(op.type == op_type for op in graph.get_operations())
 
 
-def _value_and_gradients(f, sources, dy, jit_compile=False):
+def _value_and_gradients(f, sources, dy):
     """f's value and the gradients of <f, dy> with respect to sources, in one traced function."""
 
-    @tf.function(autograph=False, jit_compile=jit_compile)
+    @tf.function(autograph=False)
     def run():
         with tf.GradientTape() as tape:
             tape.watch([s for s in sources if isinstance(s, tf.Tensor)])
