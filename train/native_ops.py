@@ -9,8 +9,9 @@ the first step.
 
 Each function here computes the TensorFlow op it names, with the gradient TensorFlow registers for
 it. While a function is traced for XLA (`compiling_with_xla`: a `tf.function(jit_compile=True)` or
-a function it calls) the value comes from ops with native kernels whose optimised HLO holds the
-op's own HLO instructions, so the compiled program computes the same numbers bit for bit
+a function it calls) the value comes from ops with native kernels that give the same bits: XLA's
+optimised HLO holds the op's own instructions (softmax, log1p), or the formulation is exact by
+construction (absolute, is_finite). So the compiled program computes the same numbers bit for bit
 (tests/train/test_native_ops.py compares each with the op it replaces, values and gradients, on
 inputs with zeros of both signs, tiny and huge values, inf and NaN). Outside XLA each is the
 TensorFlow op itself: TensorFlow's own kernels round some of these formulations differently.

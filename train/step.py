@@ -193,9 +193,20 @@ def make_optimizer(cfg: OptimConfig, precision: str, model: keras.Model):
         name="adam_w",
     )  # AdamW's own name: the same variable names
     if precision == "mixed_float16":
-        opt = keras.optimizers.LossScaleOptimizer(opt)
+        opt = LossScaleOptimizer(opt)
     opt.build(model.trainable_variables)
     return opt
+
+
+class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """keras.optimizers.LossScaleOptimizer (the same name, variables and decisions) checking the
+    gradients with `native_ops.is_finite`: Keras's check is one IsFinite per gradient, each lowered to
+    XLA through tf2xla's MLIR bridge one op at a time (train/native_ops.py)."""
+
+    def check_finite(self, grads):
+        """Keras's check: whether every element of every gradient is finite."""
+        finite = [tf.reduce_all(native_ops.is_finite(g)) for g in grads if g is not None]
+        return tf.reduce_all(tf.convert_to_tensor(finite))
 
 
 class SummedGradientsAdamW(keras.optimizers.AdamW):

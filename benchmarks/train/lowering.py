@@ -1,8 +1,9 @@
 """What lowering a train step to HLO costs (a resumed run's lookup in the persistent XLA cache), by op.
 
-Default: one bucket's train step of the built-in model, traced once per model file (this checkout's
-train/model.py, and with --before DIR that tree's train/model.py, loaded as a plug-in factory into this
-checkout's trainer, so only the model differs), then lowered to HLO (`experimental_get_compiler_ir(...)
+Default: one bucket's train step of the built-in model (in --precision's policy, float32 by default),
+traced once per model file (this checkout's train/model.py, and with --before DIR that tree's
+train/model.py, loaded as a plug-in factory into this checkout's trainer, so only the model differs),
+then lowered to HLO (`experimental_get_compiler_ir(...)
 (stage="hlo")`) --reps times per model, alternating, in one process. Reported per model: the graph's
 nodes by first name component, the ops tf2xla lowers through its MLIR bridge (`MLIR_LOWERED`,
 train/native_ops.py), and the lowering's CPU seconds (median, min).
@@ -12,6 +13,7 @@ op against 40 of Neg, alternating, median of --reps; "native x" is train/native_
 gradient where it has one (the gradient's ops as well as the forward's).
 
 Run: python -m benchmarks.train.lowering --shards DIR --config YAML [--bucket 5] [--before DIR] [--reps 8]
+     [--precision mixed_float16]
      python -m benchmarks.train.lowering --ops [--reps 5]
 """
 
@@ -113,7 +115,7 @@ def op_costs(reps: int) -> None:
         print(f"{name:14s} {(statistics.median(xs) - base) / n * 1000:6.2f} ms per op more than Neg")
 
 
-def step_costs(shards: str, config: str, bucket: int, models: list[str], reps: int) -> None:
+def step_costs(shards: str, config: str, bucket: int, models: list[str], reps: int, precision: str) -> None:
     from melshards.shards_schema.schema import read_schema
     from melshards.train.config import OptimConfig
     from melshards.train.plugins import build_model
@@ -130,10 +132,10 @@ def step_costs(shards: str, config: str, bucket: int, models: list[str], reps: i
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         sys.modules[name] = module
         spec.loader.exec_module(module)  # type: ignore[union-attr]
-        model, loss_names = build_model(f"{name}:build", schema, dict(options), "float32")
+        model, loss_names = build_model(f"{name}:build", schema, dict(options), precision)
         cfg = OptimConfig()
         fn = make_train_step(
-            model, make_optimizer(cfg, "float32", model), schema, cfg, specs, 1, 0, tf.Variable(0, tf.int64), loss_names
+            model, make_optimizer(cfg, precision, model), schema, cfg, specs, 1, 0, tf.Variable(0, tf.int64), loss_names
         )
         nodes = fn.get_concrete_function().graph.as_graph_def().node
         groups = collections.Counter("(top)" if "/" not in n.name else n.name.split("/")[0] for n in nodes)
@@ -157,6 +159,7 @@ def main() -> None:
     parser.add_argument("--bucket", type=int, default=5)
     parser.add_argument("--before")
     parser.add_argument("--reps", type=int, default=8)
+    parser.add_argument("--precision", default="float32", help="float32 | mixed_float16 | mixed_bfloat16")
     args = parser.parse_args()
     if args.ops:
         return op_costs(args.reps)
@@ -165,7 +168,7 @@ def main() -> None:
     models = [str(Path(__file__).resolve().parents[2] / "train" / "model.py")]
     if args.before:
         models.insert(0, str(Path(args.before) / "train" / "model.py"))
-    step_costs(args.shards, args.config, args.bucket, models, args.reps)
+    step_costs(args.shards, args.config, args.bucket, models, args.reps, args.precision)
 
 
 if __name__ == "__main__":
