@@ -21,7 +21,7 @@ import numpy as np
 from keras import layers
 
 from melshards.shards_schema.config import from_dict
-from melshards.train import device
+from melshards.train import device, native_ops
 from melshards.train.config import ModelConfig
 from melshards.train.step import Normaliser
 from melshards.train.tf_quiet import tf  # noqa: I001 (first: keras imports TensorFlow)
@@ -204,7 +204,7 @@ def attend(mha: layers.MultiHeadAttention, query, value, mask):
     with the projections as rank-2 MatMuls (`project`) and the per-head products as batched MatMuls
     of [B, heads, T, H] where Keras uses Einsum: TensorFlow lowers Einsum (like BiasAddGrad) to XLA
     through its MLIR bridge one op at a time, far slower than a MatMul, and each product's gradient
-    holds two more.
+    holds two more. The softmax is `native_ops.softmax`, for the same reason.
 
     query [B, T, d], value [B, S, d]; mask: bool, broadcastable to [B, heads, T, S] (a causal mask is
     a constant [T, S]).
@@ -221,7 +221,7 @@ def attend(mha: layers.MultiHeadAttention, query, value, mask):
     logits = tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32)  # [B, N, T, S]
     logits = tf.multiply(logits, tf.cast(1.0 / math.sqrt(float(mha.key_dim)), logits.dtype))
     logits = tf.where(mask, logits, tf.constant(3.38953e38 * -0.7, logits.dtype))  # Keras's large negative
-    probs = tf.cast(tf.nn.softmax(logits, axis=-1), k.dtype)
+    probs = tf.cast(native_ops.softmax(logits), k.dtype)
     return project(mha.output_dense, tf.transpose(tf.matmul(probs, v), heads_first))
 
 
@@ -506,11 +506,11 @@ class TextToMel(keras.Model):
             training=training,
         )
         frame_mask, stop_target, stop_weight = self.loss_masks(batch["mel_len"], target.shape[1])
-        bce = tf.nn.sigmoid_cross_entropy_with_logits(labels=stop_target, logits=stop_logits)
+        bce = native_ops.sigmoid_cross_entropy_with_logits(labels=stop_target, logits=stop_logits)
         return dict(
             self.loss_counts(batch),
-            mel_abs=tf.reduce_sum(tf.abs(mel - target) * frame_mask),
-            postnet_abs=tf.reduce_sum(tf.abs(refined - target) * frame_mask),
+            mel_abs=tf.reduce_sum(native_ops.absolute(mel - target) * frame_mask),
+            postnet_abs=tf.reduce_sum(native_ops.absolute(refined - target) * frame_mask),
             stop_bce=tf.reduce_sum(bce * stop_weight),
             examples=tf.reduce_sum(tf.cast(batch["mel_len"] > 0, tf.float32)),
             mel_frames=tf.cast(tf.reduce_sum(batch["mel_len"]), tf.float32),

@@ -16,6 +16,7 @@ import numpy as np
 from melshards.shards_schema import Schema
 from melshards.shards_schema.records import tensor_specs
 from melshards.shards_schema.schema import Bucket
+from melshards.train import native_ops
 from melshards.train.config import OptimConfig
 from melshards.train.contract import MODEL_INPUTS
 from melshards.train.references import SameClip
@@ -192,9 +193,20 @@ def make_optimizer(cfg: OptimConfig, precision: str, model: keras.Model):
         name="adam_w",
     )  # AdamW's own name: the same variable names
     if precision == "mixed_float16":
-        opt = keras.optimizers.LossScaleOptimizer(opt)
+        opt = LossScaleOptimizer(opt)
     opt.build(model.trainable_variables)
     return opt
+
+
+class LossScaleOptimizer(keras.optimizers.LossScaleOptimizer):
+    """keras.optimizers.LossScaleOptimizer (the same name, variables and decisions) checking the
+    gradients with `native_ops.is_finite`: Keras's check is one IsFinite per gradient, each lowered to
+    XLA through tf2xla's MLIR bridge one op at a time (train/native_ops.py)."""
+
+    def check_finite(self, grads):
+        """Keras's check: whether every element of every gradient is finite."""
+        finite = [tf.reduce_all(native_ops.is_finite(g)) for g in grads if g is not None]
+        return tf.reduce_all(tf.convert_to_tensor(finite))
 
 
 class SummedGradientsAdamW(keras.optimizers.AdamW):
@@ -310,7 +322,7 @@ def clip_factor(norm, clip_norm: float):
     """The global-norm clip scale (as tf.clip_by_global_norm); NaN for a non-finite norm, so every
     replica sees non-finite gradients alike (the loss-scale optimizer then skips the step)."""
     scale = clip_norm * tf.minimum(1.0 / norm, 1.0 / clip_norm)
-    return tf.where(tf.math.is_finite(norm), scale, tf.constant(float("nan")))
+    return tf.where(native_ops.is_finite(norm), scale, tf.constant(float("nan")))
 
 
 def dropout_key(seed: int, step, replica) -> tf.Tensor:

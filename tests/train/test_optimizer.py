@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from melshards.train.step import SummedGradientsAdamW, WarmupRsqrt
+from melshards.train.config import OptimConfig
+from melshards.train.step import LossScaleOptimizer, SummedGradientsAdamW, WarmupRsqrt, make_optimizer
 
 EXACT_BETAS = (0.875, 0.984375)  # 1 - beta is 1/8 and 1/64: the same in Python and in float32
 DEFAULT_BETAS = (0.9, 0.98)  # configs' defaults: float32(1 - 0.9) is 0.1, 1 - float32(0.9) is 0.100000024
@@ -117,3 +118,23 @@ def test_the_learning_rate_is_built_once_per_apply_not_once_per_variable():
 
     assert schedule_calls(SummedGradientsAdamW) == 1
     assert schedule_calls(keras.optimizers.AdamW) > 3  # Keras's own: once more per variable
+
+
+def test_loss_scale_optimizer_checks_finiteness_as_keras_does_without_is_finite_under_xla():
+    """The same decision as Keras's LossScaleOptimizer on finite, inf and NaN gradients (so the same
+    skipped steps and scale), the same name, and no IsFinite op in the compiled check."""
+    variables = [tf.Variable(np.ones(shape, np.float32)) for shape in ((3, 4), (4,))]
+    ours = LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    keras_own = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+    assert ours.name.startswith("loss_scale_optimizer") and keras_own.name.startswith("loss_scale_optimizer")
+    checks = [tf.function(opt.check_finite, autograph=False, jit_compile=True) for opt in (ours, keras_own)]
+    for bad in (None, np.inf, -np.inf, np.nan):
+        grads = [tf.ones_like(v) for v in variables]
+        if bad is not None:
+            grads[1] = tf.tensor_scatter_nd_update(grads[1], [[2]], [bad])
+        assert bool(checks[0](grads)) == bool(checks[1](grads)) == (bad is None)
+    graph = checks[0].get_concrete_function([tf.ones_like(v) for v in variables]).graph
+    assert "IsFinite" not in {op.type for op in graph.get_operations()}
+    assert isinstance(
+        make_optimizer(OptimConfig(), "mixed_float16", keras.Sequential([keras.layers.Dense(2)])), LossScaleOptimizer
+    )
