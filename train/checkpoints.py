@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import posixpath
+import re
 from collections.abc import Sequence
 
 from melshards.train.config import TrainConfig
@@ -25,6 +26,7 @@ log = logging.getLogger("melshards.train")
 
 CHECKPOINT_DIR = "checkpoints"
 DATA_KEY = "data_settings/.ATTRIBUTES/VARIABLE_VALUE"
+_FUNCTION_NODE = re.compile(r"^\{\{function_node [^}]*\}\}\s*")  # an eager op's wrapper, before its error message
 LAYOUT_KEY = "input_state_layout"  # in the data settings: input_pipeline.STATE_LAYOUT of the run that saved them
 
 
@@ -70,8 +72,10 @@ def _files_of(path: str) -> list[str]:
 def checkpoint_problem(path: str) -> str | None:
     """What is wrong with the checkpoint `path` (ckpt-N), or None when every saved tensor reads back.
 
-    Reads every tensor once (a truncated ckpt-N.data-* file fails only at the tensors past its end,
-    e.g. the object graph written last), so its cost is one read of the checkpoint.
+    Reads every tensor once, each checked against the checksum saved with it (a truncated ckpt-N.data-*
+    fails only at the tensors past its end, e.g. the object graph written last), so its cost is one read
+    of the checkpoint. One tensor at a time: each iterator state is decoded into the memory the one
+    before it freed.
     """
     name = posixpath.basename(path)
     if not tf.io.gfile.exists(path + ".index"):
@@ -85,9 +89,11 @@ def checkpoint_problem(path: str) -> str | None:
                 reader.get_tensor(key)
     except (tf.errors.OpError, IndexError, ValueError, RuntimeError, OSError) as e:
         message = (getattr(e, "message", None) or str(e) or type(e).__name__).strip().splitlines()[0]
-        if isinstance(e, IndexError):  # TensorFlow's way of saying the data file ends too early
-            message = f"its data file is truncated ({message})"
-        return message.split("[Op:")[0].strip()
+        message = _FUNCTION_NODE.sub("", message).split("[Op:")[0].strip()
+        # TensorFlow's ways of saying the data file ends too early (the reader's, the op's)
+        if isinstance(e, (IndexError, tf.errors.OutOfRangeError)):
+            return f"its data file is truncated ({message})"
+        return message
     return None
 
 

@@ -204,9 +204,15 @@ def _two_checkpoints(speaking_model_dir, model_dir):
 
 
 def _damage(ckpts, name, how):
+    data = next(ckpts.glob(f"{name}.data-*"))
     if how == "truncated":
-        data = next(ckpts.glob(f"{name}.data-*"))
         data.write_bytes(data.read_bytes()[:-100])
+    elif how == "corrupted":  # one bit flipped in the middle of the data: a saved tensor's checksum fails
+        flipped = bytearray(data.read_bytes())
+        flipped[len(flipped) // 2] ^= 0x10
+        data.write_bytes(bytes(flipped))
+    elif how == "no data file":
+        data.unlink()
     else:
         (ckpts / f"{name}.index").unlink()
 
@@ -216,7 +222,12 @@ def _files(d):
 
 
 @pytest.mark.parametrize(
-    "how, problem", [("truncated", "its data file is truncated"), ("no index", "ckpt-20.index is missing")]
+    "how, problem",
+    [
+        ("truncated", "its data file is truncated"),
+        ("no index", "ckpt-20.index is missing"),
+        ("corrupted", "TensorBundle at "),  # ... Checksum does not match
+    ],
 )
 def test_resuming_from_a_damaged_checkpoint_names_it_and_the_intact_one_before(
     shards_dir, speaking_model_dir, tmp_path, test_config, capsys, how, problem
@@ -234,6 +245,49 @@ def test_resuming_from_a_damaged_checkpoint_names_it_and_the_intact_one_before(
     assert f"checkpoint {ckpts / 'ckpt-20'} is damaged ({problem}" in line
     assert f"delete {ckpts}/ckpt-20.* to resume from ckpt-10, the previous checkpoint (intact)" in line
     assert "Traceback" not in err and _files(model_dir) == before  # nothing written
+
+
+@pytest.mark.parametrize(
+    "how, problem",
+    [("corrupted", "Checksum does not match"), ("no data file", "ckpt-20.data-00000-of-00001; No such file")],
+)
+def test_a_corrupted_or_missing_data_file_is_refused_naming_the_intact_checkpoint_before(
+    speaking_model_dir, tmp_path, how, problem
+):
+    from melshards.train.checkpoints import resume_checkpoint
+    from melshards.train.errors import CheckpointError
+
+    ckpts = _two_checkpoints(speaking_model_dir, tmp_path / "m")
+    _damage(ckpts, "ckpt-20", how)
+    with pytest.raises(CheckpointError) as refused:
+        resume_checkpoint(str(ckpts))
+    assert f"checkpoint {ckpts / 'ckpt-20'} is damaged (" in str(refused.value) and problem in str(refused.value)
+    assert "to resume from ckpt-10, the previous checkpoint (intact)" in str(refused.value)
+
+
+@pytest.mark.parametrize("how", ["corrupted", "truncated"])
+def test_a_damaged_input_position_is_named_in_a_plain_line(tmp_path, how):
+    """An iterator state (a variant tensor, read by the RestoreV2 op) with a flipped bit, or cut short: its
+    problem is TensorFlow's own message without the eager op's wrapper (`{{function_node ...}}`,
+    `[Op:RestoreV2]`), and a cut is named as a truncated data file, as it is for any other tensor."""
+    from melshards.train.checkpoints import checkpoint_problem
+
+    iterator = iter(tf.data.Dataset.range(1000).shuffle(100, seed=1))
+    next(iterator)
+    path = tf.train.Checkpoint(iterator=iterator).write(str(tmp_path / "ckpt-1"))
+    assert checkpoint_problem(path) is None
+    data = next(tmp_path.glob("ckpt-1.data-*"))
+    damaged = bytearray(data.read_bytes())
+    graph = damaged.find(tf.train.load_checkpoint(path).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    assert graph > 0  # the iterator state is written before the object graph
+    if how == "corrupted":
+        damaged[graph // 2] ^= 0x10
+    else:
+        del damaged[graph // 2 :]
+    data.write_bytes(bytes(damaged))
+    problem = checkpoint_problem(path)
+    assert problem and "function_node" not in problem and "[Op:" not in problem and not problem.startswith("{")
+    assert problem.startswith("its data file is truncated (") == (how == "truncated")
 
 
 def test_a_deleted_newest_checkpoint_resumes_from_the_one_before(speaking_model_dir, tmp_path):
