@@ -22,6 +22,13 @@ failure through absl before the binary read succeeds. absl takes no filter but a
 with XLA, and so may read the cache, `reading_xla_cache` sends file descriptor 2 through a filter
 process that drops exactly the lines holding that message (`CACHE_ENTRY_TEXT_PARSE`) and passes
 every other line on, in order, a fatal error's included (the filter outlives this process).
+
+Loading a cached XLA:CPU program also logs, at ERROR level, that its "Target machine feature
++prefer-no-scatter" and "+prefer-no-gather" are "not supported on the host machine ... could lead to
+execution errors such as SIGILL", on the machine that compiled it too: XLA records these two LLVM
+tuning attributes among the compile machine's features, and the host's list never holds them. They
+choose how code is scheduled, not which instructions exist, so those two lines are dropped as well
+(`HARMLESS_FEATURE_LINES`); a line naming any other missing feature (a real instruction set) is kept.
 """
 
 from __future__ import annotations
@@ -71,15 +78,19 @@ def keep_line(line: str, level: int, gpu: bool = False) -> bool:
 
 # what protobuf logs each time TensorFlow reads a persistent XLA cache entry (see the module doc)
 CACHE_ENTRY_TEXT_PARSE = "Error parsing text-format tensorflow.XlaSerializedCacheEntry"
+HARMLESS_FEATURE_LINES = tuple(
+    f"Target machine feature +{hint} is not  supported on the host machine"  # XLA's text, two spaces included
+    for hint in ("prefer-no-scatter", "prefer-no-gather")
+)
 FILTER_DRAIN_S = 10.0  # at most this long for the filter to pass the block's last lines on
 
 # the filter: stdin (the command's fd 2 meanwhile) line by line to stdout (the command's stderr), less
-# the lines holding argv[1]; it reads to the end whatever happens to a write, so no writer ever blocks
+# the lines holding any of argv[1:]; it reads to the end whatever happens to a write, so no writer ever blocks
 _DROP_LINES = """\
 import sys
-drop, out = sys.argv[1].encode(), sys.stdout.buffer
+drops, out = [a.encode() for a in sys.argv[1:]], sys.stdout.buffer
 for line in iter(sys.stdin.buffer.readline, b""):
-    if drop not in line:
+    if not any(drop in line for drop in drops):
         try:
             out.write(line)
             out.flush()
@@ -89,14 +100,14 @@ for line in iter(sys.stdin.buffer.readline, b""):
 
 
 @contextlib.contextmanager
-def dropping_stderr_lines(fragment: str) -> Iterator[None]:
+def dropping_stderr_lines(*fragments: str) -> Iterator[None]:
     """Meanwhile file descriptor 2 (TensorFlow's C++ logging and Python's sys.stderr) goes through a
-    filter process that drops the lines holding `fragment` and passes every other line on, in order;
+    filter process that drops the lines holding any of `fragments` and passes every other line on, in order;
     it has passed them all on when the block ends. The filter runs in a session of its own: a Ctrl-C
     does not reach it, and if this process dies in the block it still passes on what was written
     before. With TF_CPP_MIN_LOG_LEVEL 0 (show everything), or when the filter cannot start, nothing is
     filtered."""
-    started = _start_filter(fragment) if min_log_level() > 0 else None
+    started = _start_filter(fragments) if min_log_level() > 0 else None
     if started is None:
         yield
         return
@@ -115,7 +126,7 @@ def dropping_stderr_lines(fragment: str) -> Iterator[None]:
             pass
 
 
-def _start_filter(fragment: str) -> tuple[int, subprocess.Popen] | None:
+def _start_filter(fragments: tuple[str, ...]) -> tuple[int, subprocess.Popen] | None:
     """(a copy of fd 2, the filter process writing to it), or None when either cannot be had."""
     sys.stderr.flush()
     try:
@@ -124,7 +135,7 @@ def _start_filter(fragment: str) -> tuple[int, subprocess.Popen] | None:
         return None
     try:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _DROP_LINES, fragment],
+            [sys.executable, "-I", "-S", "-c", _DROP_LINES, *fragments],
             stdin=subprocess.PIPE,
             stdout=saved,
             start_new_session=True,
@@ -136,13 +147,14 @@ def _start_filter(fragment: str) -> tuple[int, subprocess.Popen] | None:
 
 
 def reading_xla_cache():
-    """`dropping_stderr_lines(CACHE_ENTRY_TEXT_PARSE)` when the persistent XLA cache is on (TF_XLA_FLAGS
-    names it), else a block that changes nothing: around a call that may compile with XLA."""
+    """`dropping_stderr_lines` of CACHE_ENTRY_TEXT_PARSE and HARMLESS_FEATURE_LINES when the persistent XLA
+    cache is on (TF_XLA_FLAGS names it), else a block that changes nothing: around a call that may compile
+    with XLA."""
     from melshards.train.xla_cache import cache_dir_in_flags
 
     if cache_dir_in_flags(os.environ.get("TF_XLA_FLAGS", "")) is None:
         return contextlib.nullcontext()
-    return dropping_stderr_lines(CACHE_ENTRY_TEXT_PARSE)
+    return dropping_stderr_lines(CACHE_ENTRY_TEXT_PARSE, *HARMLESS_FEATURE_LINES)
 
 
 def import_tensorflow():

@@ -289,7 +289,8 @@ class Trainer:
     def program_settings(self) -> dict:
         """What a step's trace depends on besides its kind, bucket and specs (train/programs.py
         `program_key`): the train config less the loop's counts and intervals, schema.json, the layer
-        choices and the source (`source_digest`)."""
+        choices, the source (`source_digest`) and XLA_FLAGS (XLA's persistent cache keys an entry by the
+        function's name and HLO, not by the flags it was compiled under)."""
         cfg = dataclasses.asdict(self.inputs.cfg)
         for name in ("steps", "checkpoint_every", "keep_checkpoints", "log_every", "val_every", "val_batches"):
             cfg["loop"].pop(name, None)  # when and how long to train: no step depends on them
@@ -298,6 +299,7 @@ class Trainer:
             "schema": self.inputs.schema.to_dict(),
             "layers": self.choices.facts(),
             "source": source_digest(self.inputs.cfg.model_factory),
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
         }
 
     def close_warmup(self) -> None:

@@ -124,6 +124,29 @@ CACHE_READ = (
 )
 
 
+AOT_LOADER = (
+    "E0000 00:00:1795912230.223508   21189 cpu_aot_loader.cc:220] Loading XLA:CPU AOT result. Target machine "
+    "feature +{} is not  supported on the host machine. Machine type used for XLA:CPU compilation doesn't "
+    "match the machine type for execution. Compile machine features: [+64bit,+avx512f,+prefer-no-scatter,"
+    "+prefer-no-gather] vs host machine features: [64bit]. This could lead to execution errors such as SIGILL."
+)
+
+
+def test_reading_the_xla_cache_drops_the_tuning_hint_feature_lines_and_keeps_a_missing_instruction_set(
+    capfd, monkeypatch
+):
+    """XLA:CPU's complaint that the tuning attributes +prefer-no-scatter and +prefer-no-gather are not host
+    features is dropped when a cached program loads; the same complaint for a real instruction set stays."""
+    from melshards.train.tf_quiet import reading_xla_cache
+
+    monkeypatch.setenv("TF_XLA_FLAGS", "--tf_xla_persistent_cache_directory=/tmp/x")
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")
+    scatter, gather, avx = (AOT_LOADER.format(f) for f in ("prefer-no-scatter", "prefer-no-gather", "avx512f"))
+    with reading_xla_cache():
+        os.write(2, f"{scatter}\n{gather}\n{avx}\n{CACHE_READ}\n".encode())
+    assert capfd.readouterr().err == f"{avx}\n"
+
+
 def test_reading_the_xla_cache_drops_its_text_parse_line_and_passes_every_other_line_in_order(capfd, monkeypatch):
     """What TensorFlow logs each time it reads a persistent-cache entry is dropped; every other line written
     to file descriptor 2 meanwhile (C++ errors, a line left open) comes through, in order. (Python's

@@ -311,6 +311,19 @@ def test_a_trainer_whose_first_step_is_restored_takes_its_loss_names_from_it_wit
     assert again.warmup.programs[TRAIN, 0].restored
 
 
+def test_a_step_saved_under_other_xla_flags_is_traced_and_compiled_again(own_cache, four_records, tmp_path, monkeypatch):
+    """XLA_FLAGS is in the program key: XLA's own cache would otherwise hand back the program compiled
+    under the old flags."""
+    from melshards.train.compile import TRAIN
+
+    _saved("bad_plugins:drifting", four_records, tmp_path / "a")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+    again = _trainer("bad_plugins:drifting", four_records, tmp_path / "b")
+    again.close_warmup()
+    assert not again.warmup.programs[TRAIN, 0].restored
+    assert again.contract == "checked"
+
+
 def test_a_broken_plugin_is_refused_cold_and_when_a_restored_program_does_not_fit_it(own_cache, four_records, tmp_path):
     """A model without mel_frames: refused before anything is traced on a cold run, and on a run whose first
     program the cache holds under the same key but for other variables (the warm-up would trace it)."""
