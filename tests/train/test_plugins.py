@@ -311,7 +311,9 @@ def test_a_trainer_whose_first_step_is_restored_takes_its_loss_names_from_it_wit
     assert again.warmup.programs[TRAIN, 0].restored
 
 
-def test_a_step_saved_under_other_xla_flags_is_traced_and_compiled_again(own_cache, four_records, tmp_path, monkeypatch):
+def test_a_step_saved_under_other_xla_flags_is_traced_and_compiled_again(
+    own_cache, four_records, tmp_path, monkeypatch
+):
     """XLA_FLAGS is in the program key: XLA's own cache would otherwise hand back the program compiled
     under the old flags."""
     from melshards.train.compile import TRAIN
