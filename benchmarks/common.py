@@ -158,6 +158,16 @@ def melshards_train(shards: Path, model_dir: Path, config: Path, *args: str, env
     return json.loads((model_dir / "run_summary.json").read_text())
 
 
+def child_json(cmd: list[str], env: dict, log: Path, cwd: Path) -> dict:
+    """Run `cmd` (its stderr to `log`): the JSON object its stdout's last line holds. Exits with the log's
+    tail when the child fails."""
+    with open(log, "w") as err:
+        proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{log.stem} exited {proc.returncode}; see {log}:\n{log.read_text()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def emit(result: dict) -> None:
     """The last line of every benchmark: one JSON object with its figures."""
     print(json.dumps(result, sort_keys=True))

@@ -41,14 +41,13 @@ import os
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import emit
+from benchmarks.common import child_json, emit
 from benchmarks.shards_fixture import REPO
 from benchmarks.train.step_device import WORK
 from melshards.train.xla_cache import CACHE_FLAG, ENTRY
@@ -99,12 +98,7 @@ def run_child(work: Path, what: str, *extra: str) -> dict:
     stderr to `<work>/<what>.log`): the JSON object of its last line. Exits with the log's tail on failure."""
     cmd = [sys.executable, "-m", "benchmarks.train.xla_call_module", "--work-dir", str(work), *extra]
     env = {**os.environ, "TF_XLA_FLAGS": f"{CACHE_FLAG}={work / 'xla-cache'}"}
-    log = work / f"{what}.log"
-    with open(log, "w") as err:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
-    if proc.returncode:
-        raise SystemExit(f"{what} exited {proc.returncode}; see {log}:\n{log.read_text()[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return child_json(cmd, env, work / f"{what}.log", REPO)
 
 
 def main(argv: list[str] | None = None) -> dict:

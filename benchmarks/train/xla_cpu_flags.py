@@ -34,13 +34,12 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.common import emit
+from benchmarks.common import child_json, emit
 from benchmarks.shards_fixture import REPO
 from benchmarks.train.step_device import WORK
 from benchmarks.train.xla_call_module import (
@@ -127,12 +126,7 @@ def run_child(work: Path, program: Path, cache: Path, env: dict, steps: int, wha
     `<work>/<what>.log`): the JSON object of its last line. Exits with the log's tail on failure."""
     cmd = [sys.executable, "-m", "benchmarks.train.xla_cpu_flags", "--child", str(program), "--steps", str(steps)]
     full = {**os.environ, **env, "TF_XLA_FLAGS": f"{CACHE_FLAG}={cache}"}
-    log = work / f"{what}.log"
-    with open(log, "w") as err:
-        proc = subprocess.run(cmd, cwd=REPO, env=full, stdout=subprocess.PIPE, stderr=err, text=True)
-    if proc.returncode:
-        raise SystemExit(f"{what} exited {proc.returncode}; see {log}:\n{log.read_text()[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return child_json(cmd, full, work / f"{what}.log", REPO)
 
 
 def max_rel_diff(a: dict, b: dict) -> float:
