@@ -157,9 +157,9 @@ class Warmup:
         self.state = list(state)
         self._provided.set()
 
-    def _await_model(self) -> bool:
-        """Wait for `provide`; False when the warm-up is closed or stopped meanwhile."""
-        while not self._provided.wait(0.1):
+    def _await(self, event: threading.Event) -> bool:
+        """Wait for `event` (`provide`'s, or a program's); False when the warm-up is closed or stopped meanwhile."""
+        while not event.wait(0.1):
             if self._closing or self.stopped():
                 return False
         return True
@@ -172,9 +172,8 @@ class Warmup:
         try:
             for k, p in enumerate(programs):
                 # one program ahead of the compiles; none while the first, the first step's, compiles
-                while k and not programs[max(k - 2, 0)].ready.wait(0.1):
-                    if self._closing or self.stopped():
-                        return
+                if k and not self._await(programs[max(k - 2, 0)].ready):
+                    return
                 if self._closing or self.stopped():
                     break
                 try:
@@ -194,10 +193,7 @@ class Warmup:
         try:
             with reading_xla_cache():  # each compile may load its program from the persistent cache
                 for p in self.programs.values():
-                    while not p.made.wait(0.1):
-                        if self._closing or self.stopped():
-                            break
-                    if self._closing or self.stopped():
+                    if not self._await(p.made) or self._closing or self.stopped():
                         break
                     try:
                         if p.error is None and p.prepared is not None:
@@ -224,7 +220,7 @@ class Warmup:
         p.looked_up.set()
         concrete = None
         if program is None:
-            if not self._await_model():
+            if not self._await(self._provided):
                 return None
             concrete = p.step.get_concrete_function()  # type: ignore[attr-defined]  # bound to its input_signature
             program = from_trace(concrete, p.kind, p.bucket, p.key, self.state) if p.key else None
@@ -260,7 +256,7 @@ class Warmup:
         p.compile_s = time.perf_counter() - t1
         p.from_cache = None if before is None else self._cached() == before
         if p.restored:  # restored before the model was built: it must capture this model's state
-            if not self._await_model():
+            if not self._await(self._provided):
                 return
             if not program.matches(self.state):
                 log.warning(
@@ -318,10 +314,7 @@ class Warmup:
         p = self.programs.get((kind, bucket))
         if p is None:
             return None
-        while not p.looked_up.wait(0.1):
-            if self._closing or self.stopped():
-                return None
-        return p.found
+        return p.found if self._await(p.looked_up) else None
 
     def wait(self, kind: str, bucket: int) -> float:
         """Block until the program is ready (or the warm-up left it out); the seconds waited. A program

@@ -565,8 +565,8 @@ build.validate = validate  # type: ignore[attr-defined]  # the factory's optiona
 
 def build_text_to_mel(cfg: ModelConfig | dict, schema, precision: str) -> TextToMel:
     """The built-in TextToMel for this schema, with its variables created by `TextToMel.build` (so the
-    optimizer can be built), not yet run; `melshards.train.plugins.build_model` builds the configured
-    factory's model and checks it (its first run)."""
+    optimizer can be built), not yet run; the trainer builds the configured factory's model and checks it
+    (its first run, unless the run's first step is restored: `Trainer._build_model`)."""
     if isinstance(cfg, dict):
         cfg = _options({k: v for k, v in cfg.items() if k != "factory"})
     # a shorter bucket may hold longer texts than the longest one: the text table covers them all

@@ -265,16 +265,20 @@ class SummedGradientsAdamW(keras.optimizers.AdamW):
         return self._scalar("learning_rate", None, super()._get_current_learning_rate)
 
     def _apply_weight_decay(self, variables):
-        """Keras's decoupled decay, `variable - variable * wd * lr` in Keras's order, with `wd` one
-        constant per dtype instead of one per variable."""
+        """Keras's decoupled decay, `variable - variable * wd * lr` in Keras's order, with `wd` and `lr`
+        one cast per dtype instead of one per variable."""
         if self._step_scalars is None or self.weight_decay is None:
             return super()._apply_weight_decay(variables)
         for variable in variables:
             if self._use_weight_decay(variable):
                 variable = variable.value if isinstance(variable, keras.Variable) else variable
-                lr = tf.cast(self.learning_rate, variable.dtype)
-                wd = self._scalar(
-                    "weight_decay", variable.dtype, lambda dtype=variable.dtype: tf.cast(self.weight_decay, dtype)
+                wd, lr = self._scalar(
+                    "decay",
+                    variable.dtype,
+                    lambda dtype=variable.dtype: (
+                        tf.cast(self.weight_decay, dtype),
+                        tf.cast(self.learning_rate, dtype),
+                    ),
                 )
                 variable.assign_sub(variable * wd * lr)
 
