@@ -144,7 +144,8 @@ def step_loss_names(outputs) -> tuple[str, ...]:
     """The loss names of the model a train step was traced with, from the step's output names
     (`StepProgram.outputs`), as `check_model` returns them. Exact: check_model refuses losses named like
     the step's other outputs (`reserved_names`)."""
-    return ordered_loss_names(k for k in outputs if k not in reserved_names())
+    reserved = reserved_names()
+    return ordered_loss_names(k for k in outputs if k not in reserved)
 
 
 def check_model(model: Any, spec: str, schema, names: tuple[str, ...] = MODEL_INPUTS) -> tuple[str, ...]:
@@ -183,11 +184,12 @@ def check_model(model: Any, spec: str, schema, names: tuple[str, ...] = MODEL_IN
         raise PluginError(
             f"{type(model).__name__}.losses_from_terms must return a dict with the key 'loss' (the value minimised)"
         )
-    taken = [k for k in losses if k in reserved_names()]
+    reserved = reserved_names()
+    taken = [k for k in losses if k in reserved]
     if taken:
         raise PluginError(
             f"{type(model).__name__}.losses_from_terms returns {', '.join(taken)}, the name(s) of what the train "
-            f"step reports itself ({', '.join(reserved_names())}); rename the loss(es), e.g. {taken[0]}_loss"
+            f"step reports itself ({', '.join(reserved)}); rename the loss(es), e.g. {taken[0]}_loss"
         )
     check_variables(model, spec)
     return ordered_loss_names(losses)
