@@ -113,7 +113,10 @@ def test_the_parsed_batches_a_checkpoint_saves_are_prefetchs_alone_in_the_chain_
     files, schema = _inputs(shards_dir, "train")
     it = iter(train_dataset(files, schema, DataConfig(batch_size=4, prefetch=2), MODEL_INPUTS, steps_per_execution=2))
     next(it)
-    chain = _saved_chain(it)
+    # the shard names' source (TensorSlice) is saved too while the shuffle of names above it has not read it to
+    # its end yet, which depends on how far the background threads got (it failed once under `make test`'s
+    # load): a source of file names, which holds no batch, so it is left out of the chain pinned below
+    chain = _saved_chain(it).removesuffix("::TensorSlice")
     assert "Parallel" not in chain.replace("ParallelInterleave", "") and "MapAndBatch" not in chain, chain
     assert (STATE_LAYOUT, chain) == (
         2,
