@@ -4,7 +4,7 @@ name derived from what determines it, called with its inputs in order and the va
 A traced step (`from_trace`) becomes a StepProgram by copying its function definitions (the step and
 every function it calls) under new names: `melshards_<kind>_b<bucket>_<key>` and `..._<key>_<n>` for
 the ones it calls, where the key (`program_key`) is a hash over everything the trace depends on. The
-copies carry no Python stack traces. XLA's persistent cache (train/xla_cache.py) keys a compiled
+copies carry no Python stack traces, and each distinct constant once (`_constants_once`). XLA's persistent cache (train/xla_cache.py) keys a compiled
 program by the function's name and its HLO, which holds those names and source lines, so a step
 called under these names compiles to the same key in every run that traced the same program.
 
@@ -111,6 +111,54 @@ def _renamed(library, main: str, new_main: str, key: str):
                             fn.name = names[fn.name]
         out.append(g)
     return out
+
+
+def _constants_once(f):
+    """The function definition `f` with each distinct constant once: a Const node equal to an earlier one in
+    everything but its name (dtype, value, device, attributes and control inputs) is dropped, and what read
+    it reads the earlier one. The values the function computes are the same; its graph, and so the HLO
+    that TensorFlow lowers it to before every lookup in XLA's cache, is smaller (a traced step holds one
+    Const per shape, axis and scalar each of its ops asked for, mostly repeats). A Const the function
+    returns as a control output is kept."""
+    from tensorflow.core.framework import node_def_pb2
+
+    kept_names = set(f.control_ret.values())
+    first: dict[bytes, str] = {}
+    alias: dict[str, str] = {}
+    for node in f.node_def:
+        if node.op != "Const" or node.name in kept_names:
+            continue
+        bare = node_def_pb2.NodeDef()
+        bare.CopyFrom(node)
+        bare.name = ""
+        bare.ClearField("experimental_debug_info")
+        same = bare.SerializeToString(deterministic=True)
+        if same in first:
+            alias[node.name] = first[same]
+        else:
+            first[same] = node.name
+    if not alias:
+        return f
+
+    def read(ref: str) -> str:  # "node:output:index", or "^node" for a control input
+        control = ref.startswith("^")
+        node, sep, rest = ref[control:].partition(":")
+        return ("^" if control else "") + alias.get(node, node) + sep + rest
+
+    g = type(f)()
+    g.CopyFrom(f)
+    nodes = [n for n in g.node_def if n.name not in alias]
+    for node in nodes:
+        inputs = [read(ref) for ref in node.input]
+        data = [r for r in inputs if not r.startswith("^")]
+        control = list(dict.fromkeys(r for r in inputs if r.startswith("^")))  # two aliases of one: one input
+        del node.input[:]
+        node.input.extend(data + control)
+    del g.node_def[:]
+    g.node_def.extend(nodes)
+    for name in list(g.ret):
+        g.ret[name] = read(g.ret[name])
+    return g
 
 
 def named_calls_available() -> bool:
@@ -261,7 +309,7 @@ def from_trace(concrete, kind: str, bucket: int, key: str, state: Sequence) -> S
     inputs = sorted(concrete.structured_input_signature[0][0])
     outputs = sorted(structured)
     name = f"melshards_{kind}_b{bucket:02d}_{key}"
-    library = _renamed([*library, main], main.signature.name, name, key)
+    library = [_constants_once(f) for f in _renamed([*library, main], main.signature.name, name, key)]
     return StepProgram(name, library, inputs, outputs, captures, variables)
 
 

@@ -231,6 +231,42 @@ def test_a_saved_step_is_restored_untraced_under_its_keys_name_and_updates_the_s
     assert restore(str(tmp_path / "missing.npz")) is None
 
 
+def _consts(fdef) -> list:
+    """The Const nodes of a function definition, each as (its value and attributes, its control inputs)."""
+    return [
+        (tuple((k, v.SerializeToString(deterministic=True)) for k, v in sorted(n.attr.items())), tuple(n.input))
+        for n in fdef.node_def
+        if n.op == "Const"
+    ]
+
+
+def test_a_step_program_holds_each_distinct_constant_once_and_computes_what_the_trace_does():
+    def make(weight):
+        @tf.function(input_signature=[{"x": tf.TensorSpec([3])}], jit_compile=True, autograph=False)
+        def step(batch):
+            x = batch["x"]
+            a = x * 2.0 + 2.0  # two Consts of one value
+            with tf.control_dependencies([a]):
+                c = tf.constant(2.0)  # the same value behind a control input: not the same node
+            b = tf.reshape(x, [3, 1]) + tf.reshape(x * 3.0, [3, 1])  # two shape Consts of one value
+            weight.assign_add(tf.reduce_sum(a * c) * 0.5)
+            return {"loss": tf.reduce_sum(b) * 2.0 + weight}
+
+        return step
+
+    weight, twin = tf.Variable(1.0), tf.Variable(1.0)
+    traced, step = make(twin), make(weight)
+    program = from_trace(step.get_concrete_function(), TRAIN, 0, "k2", [weight])
+    main = next(f for f in program.library if f.signature.name == program.name)
+    before, after = _consts(step.get_concrete_function().function_def), _consts(main)
+    assert len(after) < len(before) and len(set(after)) == len(after) == len(set(before))
+    assert any(inputs for _, inputs in after)  # the constant behind a control input kept its input
+    x = tf.constant([1.0, -2.0, 0.5])
+    want = traced({"x": x})
+    got = program({"x": x}, program.bind([weight]))
+    assert float(got["loss"]) == float(want["loss"]) and float(weight.numpy()) == float(twin.numpy())
+
+
 def test_a_warmup_with_the_persistent_cache_saves_each_step_and_the_next_run_restores_it_without_tracing(
     tmp_path, caplog, scratch_handles
 ):
