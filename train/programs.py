@@ -116,10 +116,10 @@ def _renamed(library, main: str, new_main: str, key: str):
 def _constants_once(f):
     """The function definition `f` with each distinct constant once: a Const node equal to an earlier one in
     everything but its name (dtype, value, device, attributes and control inputs) is dropped, and what read
-    it reads the earlier one. The values the function computes are the same; its graph, and so the HLO
-    that TensorFlow lowers it to before every lookup in XLA's cache, is smaller (a traced step holds one
-    Const per shape, axis and scalar each of its ops asked for, mostly repeats). A Const the function
-    returns as a control output is kept."""
+    it (or was colocated with it) reads (is colocated with) the earlier one. The values the function
+    computes are the same; its graph, and so the HLO that TensorFlow lowers it to before every lookup in
+    XLA's cache, is smaller (a traced step holds one Const per shape, axis and scalar each of its ops asked
+    for, mostly repeats). A Const the function returns as a control output is kept."""
     from tensorflow.core.framework import node_def_pb2
 
     kept_names = set(f.control_ret.values())
@@ -154,6 +154,10 @@ def _constants_once(f):
         control = list(dict.fromkeys(r for r in inputs if r.startswith("^")))  # two aliases of one: one input
         del node.input[:]
         node.input.extend(data + control)
+        if "_class" in node.attr:  # colocated with a dropped Const: with the one kept
+            groups = node.attr["_class"].list.s
+            named = [g.decode() for g in groups]
+            groups[:] = [("loc:@" + alias.get(g[5:], g[5:]) if g.startswith("loc:@") else g).encode() for g in named]
     del g.node_def[:]
     g.node_def.extend(nodes)
     for name in list(g.ret):

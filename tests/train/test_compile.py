@@ -249,6 +249,9 @@ def test_a_step_program_holds_each_distinct_constant_once_and_computes_what_the_
             with tf.control_dependencies([a]):
                 c = tf.constant(2.0)  # the same value behind a control input: not the same node
             b = tf.reshape(x, [3, 1]) + tf.reshape(x * 3.0, [3, 1])  # two shape Consts of one value
+            half, other = tf.constant(0.5), tf.constant(0.5)
+            with tf.compat.v1.colocate_with(other.op):  # colocated with a Const that goes
+                b = b * other + half
             weight.assign_add(tf.reduce_sum(a * c) * 0.5)
             return {"loss": tf.reduce_sum(b) * 2.0 + weight}
 
@@ -261,6 +264,9 @@ def test_a_step_program_holds_each_distinct_constant_once_and_computes_what_the_
     before, after = _consts(step.get_concrete_function().function_def), _consts(main)
     assert len(after) < len(before) and len(set(after)) == len(after) == len(set(before))
     assert any(inputs for _, inputs in after)  # the constant behind a control input kept its input
+    names = {n.name for n in main.node_def}
+    groups = [g.decode()[5:] for n in main.node_def for g in n.attr["_class"].list.s if "_class" in n.attr]
+    assert groups and all(g in names for g in groups)  # colocated with nodes that are there
     x = tf.constant([1.0, -2.0, 0.5])
     want = traced({"x": x})
     got = program({"x": x}, program.bind([weight]))
