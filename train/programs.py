@@ -4,9 +4,10 @@ name derived from what determines it, called with its inputs in order and the va
 A traced step (`from_trace`) becomes a StepProgram by copying its function definitions (the step and
 every function it calls) under new names: `melshards_<kind>_b<bucket>_<key>` and `..._<key>_<n>` for
 the ones it calls, where the key (`program_key`) is a hash over everything the trace depends on. The
-copies carry no Python stack traces, and each distinct constant once (`_constants_once`). XLA's persistent cache (train/xla_cache.py) keys a compiled
-program by the function's name and its HLO, which holds those names and source lines, so a step
-called under these names compiles to the same key in every run that traced the same program.
+copies carry no Python stack traces, and each distinct constant once (`_constants_once`). XLA's
+persistent cache (train/xla_cache.py) keys a compiled program by the function's name and its HLO, which
+holds those names and source lines, so a step called under these names compiles to the same key in every
+run that traced the same program.
 
 With the persistent cache on, each StepProgram is saved next to XLA's entries
 (`melshards_program__<key>.npz`: the definitions, the input and output names, which state variables
@@ -156,8 +157,8 @@ def _constants_once(f):
         node.input.extend(data + control)
         if "_class" in node.attr:  # colocated with a dropped Const: with the one kept
             groups = node.attr["_class"].list.s
-            named = [g.decode() for g in groups]
-            groups[:] = [("loc:@" + alias.get(g[5:], g[5:]) if g.startswith("loc:@") else g).encode() for g in named]
+            named = [c.decode() for c in groups]
+            groups[:] = [("loc:@" + alias.get(c[5:], c[5:]) if c.startswith("loc:@") else c).encode() for c in named]
     del g.node_def[:]
     g.node_def.extend(nodes)
     for name in list(g.ret):
