@@ -20,9 +20,9 @@ The key (`program_key`) covers: the TensorFlow, Keras and Python versions, the r
 train config less the loop's counts and intervals, schema.json, the layer choices, and the source of
 melshards' train/ and shards_schema/ and of the model factory's top-level package: every .py file under
 it, and XLA_FLAGS: XLA's cache keys an entry by the function's name and HLO, not by the flags it was
-compiled under), the program's kind, bucket and input specs. The state variables follow from those; a restored program is checked against
-them (`StepProgram.matches`: the indices, shapes and dtypes of the variables it captures) before the
-loop calls it. Code a factory imports from another package is not in the key: change the factory's own
+compiled under), the program's kind, bucket and input specs. The state variables follow from those; a
+restored program is checked against them (`StepProgram.matches`: the indices, shapes and dtypes of the
+variables it captures) before the loop calls it. Code a factory imports from another package is not in the key: change the factory's own
 package (or clear the cache, `MELSHARDS_XLA_CACHE`) when such code changes.
 """
 

@@ -265,7 +265,7 @@ def test_a_step_program_holds_each_distinct_constant_once_and_computes_what_the_
     assert len(after) < len(before) and len(set(after)) == len(after) == len(set(before))
     assert any(inputs for _, inputs in after)  # the constant behind a control input kept its input
     names = {n.name for n in main.node_def}
-    groups = [g.decode()[5:] for n in main.node_def for g in n.attr["_class"].list.s if "_class" in n.attr]
+    groups = [g.decode()[5:] for n in main.node_def if "_class" in n.attr for g in n.attr["_class"].list.s]
     assert groups and all(g in names for g in groups)  # colocated with nodes that are there
     x = tf.constant([1.0, -2.0, 0.5])
     want = traced({"x": x})
